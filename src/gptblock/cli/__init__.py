@@ -1,0 +1,59 @@
+"""The ``gptblock`` command line: argument parsing and printing only.
+
+Each command lives in its own module with ``register(subparsers)``, which adds the command's
+parser and sets ``run(args) -> int`` as its handler; everything a command does is a library call
+a user could make from Python.
+
+Errors a user can cause (bad arguments, missing or malformed files) reach the terminal as one
+line on stderr and exit code 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from . import example, info
+
+COMMANDS = (example, info)
+
+
+class CLIError(Exception):
+    """An error to report as one line on stderr, with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gptblock",
+        description="The GPT transformer block as the lessons teach it, verified and fast.",
+    )
+    parser.add_argument("--version", action="version", version=f"gptblock {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+        return code
+    except CLIError as e:
+        print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except (ValueError, TypeError, OSError) as e:
+        # The library raises these with messages that name the bad value; show just that.
+        print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gptblock {args.command}: interrupted", file=sys.stderr)
+        return 130

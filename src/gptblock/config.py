@@ -1,0 +1,137 @@
+"""Frozen, validated configuration and the input checks every block form shares.
+
+Every check raises ``ValueError`` (or ``TypeError`` for a wrong type) whose message names the
+bad value and what was expected. None of them uses ``assert``: asserts vanish under
+``python -O`` and their messages say nothing a learner can act on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+ACTIVATIONS = ("gelu", "relu")
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
+    # bool is an int subclass; True as a head count is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def check_dropout(value: object, name: str = "dropout") -> float:
+    """Return ``value`` as a float if it is a probability in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {value!r}")
+    if not (0.0 <= value < 1.0) or math.isnan(value):
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_activation(value: object) -> str:
+    """Return ``value`` if it names a supported activation, else list the choices."""
+    if value not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
+    return str(value)
+
+
+def check_heads(
+    d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
+) -> int:
+    """Return the head size ``d_model // n_heads``, refusing a remainder.
+
+    The lesson computes ``n_embd // n_head`` and silently builds a block whose concatenated
+    heads are narrower than the stream when the division is not exact.
+    """
+    check_positive_int(names[0], d_model)
+    check_positive_int(names[1], n_heads)
+    if d_model % n_heads != 0:
+        raise ValueError(
+            f"{names[0]}={d_model} is not divisible by {names[1]}={n_heads}: "
+            f"each head must get an equal share of the channels"
+        )
+    return d_model // n_heads
+
+
+def check_input(x: object, d_model: int, block_size: int | None = None) -> tuple[int, int, int]:
+    """Check that ``x`` is a (B, T, C) tensor with C == ``d_model`` and T <= ``block_size``.
+
+    Returns ``(B, T, C)``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
+        )
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
+            f"got {tuple(x.shape)}"
+        )
+    B, T, C = x.shape
+    if T == 0 or B == 0:
+        raise ValueError(
+            f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
+        )
+    if block_size is not None and T > block_size:
+        raise ValueError(f"sequence length T={T} exceeds block_size={block_size}")
+    return B, T, C
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """The hyperparameters of one pre-norm transformer block.
+
+    ``TransformerBlock`` and ``FusedBlock`` build one from their constructor arguments, so
+    the two forms validate identically and a block's ``config`` describes it completely.
+
+    Args:
+        d_model: C, the width of the residual stream.
+        n_heads: nh, the number of attention heads; each has head size hs = C // nh.
+        dropout: probability for every dropout in the block (attention weights, both
+            residual branches, the MLP hidden layer); used in training mode only.
+        activation: the MLP's nonlinearity, ``"gelu"`` (exact, erf-based) or ``"relu"``.
+        bias: whether the linear layers (q/k/v, output projection, MLP) have biases.
+        norm_eps: the LayerNorms' epsilon.
+
+    Example:
+        >>> BlockConfig(d_model=16, n_heads=2).head_size
+        8
+        >>> BlockConfig(d_model=16, n_heads=3)
+        Traceback (most recent call last):
+        ...
+        ValueError: d_model=16 is not divisible by n_heads=3: each head must get an equal share of the channels
+    """
+
+    d_model: int  # C: channels of the residual stream
+    n_heads: int  # nh: attention heads, each of size hs = C // nh
+    dropout: float = 0.0  # dropout probability, active in training mode only
+    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf form) or "relu"
+    bias: bool = True  # biases on q/k/v, the output projection and the MLP
+    norm_eps: float = 1e-5  # LayerNorm epsilon, as nn.LayerNorm's default
+
+    def __post_init__(self) -> None:
+        check_heads(self.d_model, self.n_heads)
+        check_dropout(self.dropout)
+        check_activation(self.activation)
+        if not isinstance(self.bias, bool):
+            raise TypeError(f"bias must be a bool, got {self.bias!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)):
+            raise TypeError(f"norm_eps must be a positive float, got {self.norm_eps!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be a positive float, got {self.norm_eps}")
+
+    @property
+    def head_size(self) -> int:
+        """hs: channels per head."""
+        return self.d_model // self.n_heads
+
+    @property
+    def d_ff(self) -> int:
+        """Width of the MLP's hidden layer: four times the stream, as in both lessons."""
+        return 4 * self.d_model

@@ -1,0 +1,153 @@
+"""The second lesson's block: pre-norm, on PyTorch's own ``nn.MultiheadAttention``.
+
+``TransformerBlock`` names its parts as ``nn.TransformerEncoderLayer`` does (``norm1``,
+``self_attn``, ``norm2``, ``linear1``, ``linear2``), so its state_dict loads with ``strict=True``
+into ``nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=..., activation=...,
+batch_first=True, norm_first=True)`` and back, and the two compute the same function.
+
+The dropouts sit where the encoder layer has them too: on the attention weights (inside
+``nn.MultiheadAttention``), on each residual branch (``dropout1``, ``dropout2``) and on the MLP's
+hidden layer (``dropout``).
+
+Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from .config import BlockConfig, check_input
+from .masks import blocked_positions, causal_mask
+
+__all__ = ["TransformerBlock"]
+
+
+class TransformerBlock(nn.Module):
+    """The pre-norm GPT block built on ``nn.MultiheadAttention(batch_first=True)``.
+
+    ``x = x + attn(norm1(x))`` then ``x = x + mlp(norm2(x))``, with causal self-attention and an
+    MLP ``linear1 -> activation -> linear2`` of hidden width ``4 * d_model``.
+
+    Masks follow ``nn.MultiheadAttention``: bool, ``True`` = blocked. The causal mask is always
+    applied; ``attn_mask`` and ``key_padding_mask`` block more. A query row left with no key to
+    attend to gets zero attention weights (its attention output is ``out_proj.bias``), not NaN.
+
+    Args:
+        d_model: C, width of the residual stream.
+        n_heads: nh, number of heads; must divide d_model.
+        dropout: probability for every dropout in the block, training mode only.
+        activation: ``"gelu"`` (exact, erf-based) or ``"relu"``.
+        bias: biases on the q/k/v and output projections and the MLP.
+        norm_eps: the LayerNorms' epsilon.
+
+    Shape:
+        Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
+        optional ``key_padding_mask`` bool (B, T).
+
+    Example:
+        >>> block = TransformerBlock(16, 2).eval()
+        >>> x = torch.randn(2, 5, 16)
+        >>> block(x).shape
+        torch.Size([2, 5, 16])
+        >>> layer = nn.TransformerEncoderLayer(16, 2, 64, dropout=0.0, activation="gelu",
+        ...                                    batch_first=True, norm_first=True).eval()
+        >>> layer.load_state_dict(block.state_dict())
+        <All keys matched successfully>
+        >>> torch.allclose(layer(x, src_mask=causal_mask(5), is_causal=True), block(x), atol=1e-5)
+        True
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps)
+        d_ff = self.config.d_ff
+        self.norm1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        self.self_attn = nn.MultiheadAttention(
+            d_model, n_heads, dropout=dropout, bias=bias, batch_first=True
+        )
+        self.dropout1 = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        check_input(x, self.config.d_model)
+        x = x + self.dropout1(self._attend(self.norm1(x), attn_mask, key_padding_mask))
+        x = x + self.dropout2(self._mlp(self.norm2(x)))
+        return x
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        act = F.gelu if self.config.activation == "gelu" else F.relu
+        return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
+
+    def _attend(
+        self,
+        h: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        B, T, C = h.shape
+        if attn_mask is None and key_padding_mask is None:
+            mask = causal_mask(T, device=h.device)  # (T, T)
+            a, _ = self.self_attn(h, h, h, attn_mask=mask, need_weights=False, is_causal=True)
+            return a
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
+        dead = blocked.all(dim=-1)  # (B, T): query rows with no key left to attend to
+        # nn.MultiheadAttention softmaxes an all -inf row into NaN. Unblock those rows so the
+        # softmax stays finite, then replace their output by what zero attention weights give
+        # (out_proj applied to a zero context: its bias). torch.where routes no gradient
+        # through the replaced rows, so no NaN reaches the backward pass either.
+        blocked = blocked & ~dead[:, :, None]
+        mask = blocked.repeat_interleave(self.config.n_heads, dim=0)  # (B * nh, T, T)
+        a, _ = self.self_attn(h, h, h, attn_mask=mask, need_weights=False)
+        bias = self.self_attn.out_proj.bias
+        empty = bias if bias is not None else torch.zeros((), dtype=a.dtype, device=a.device)
+        return torch.where(dead[:, :, None], empty, a)  # (B, T, C)
+
+    def attention_weights(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T).
+
+        Computed from ``self_attn``'s packed projection rather than taken from
+        ``nn.MultiheadAttention(need_weights=True)``, whose weights are after dropout in training
+        mode. Fully blocked rows are all zeros.
+        """
+        B, T, C = check_input(x, self.config.d_model)
+        nh, hs = self.config.n_heads, self.config.head_size
+        h = self.norm1(x)
+        qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)
+        q, k, _ = qkv.chunk(3, dim=-1)  # (B, T, C) each
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        att = (
+            q @ k.transpose(-2, -1)
+        ) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)[
+            :, None
+        ]  # (B, 1, T, T)
+        dead = blocked.all(dim=-1, keepdim=True)  # (B, 1, T, 1): rows with no key to attend to
+        att = att.masked_fill(blocked & ~dead, float("-inf"))
+        # A fully blocked row would softmax to NaN; its weights are zeros (see gptblock.masks).
+        return F.softmax(att, dim=-1).masked_fill(dead, 0.0)  # (B, nh, T, T)

@@ -1,0 +1,24 @@
+"""The public API is exactly what __all__ says; changing it is a deliberate act."""
+
+import gptblock
+
+EXPECTED = [
+    "BlockConfig",
+    "TransformerBlock",
+    "__version__",
+    "causal_mask",
+    "lesson",
+]
+
+
+def test_all_is_pinned():
+    assert sorted(gptblock.__all__) == sorted(EXPECTED)
+
+
+def test_every_name_in_all_exists():
+    for name in gptblock.__all__:
+        assert hasattr(gptblock, name), name
+
+
+def test_lesson_module_exports_the_lesson_names():
+    assert sorted(gptblock.lesson.__all__) == ["Block", "FeedForward", "Head", "MultiHeadAttention"]

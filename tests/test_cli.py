@@ -1,0 +1,40 @@
+"""The command line: one entry point, thin over the library, clean errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gptblock.cli import main
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("example", "info"):
+        assert command in out
+
+
+def test_python_dash_m_runs_the_cli():
+    r = subprocess.run(
+        [sys.executable, "-m", "gptblock", "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.startswith("gptblock ")
+
+
+def test_example_passes(capsys):
+    assert main(["example", "--seed", "3"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    assert "torch" in capsys.readouterr().out
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["nope"])
+    assert e.value.code == 2
