@@ -5,12 +5,11 @@ Usage: python tests/standin_run.py OUT_DIR MAX_ITERS EVAL_INTERVAL BATCH_SIZE [-
 
 import sys
 
-from standin import Bigram, pattern_tokens
-
 from gptblock.data import split_tokens
 from gptblock.distributed import finish_distributed, init_distributed
 from gptblock.recipe import TrainConfig
 from gptblock.train import Trainer
+from standin import Bigram, pattern_tokens
 
 
 def main(out_dir, max_iters, eval_interval, batch_size, resume=False):

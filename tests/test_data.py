@@ -69,7 +69,7 @@ def test_read_text_errors(tmp_path):
     with pytest.raises(IsADirectoryError, match="is a directory"):
         read_text(tmp_path)
     (tmp_path / "empty.txt").write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.txt is empty"):
+    with pytest.raises(ValueError, match=r"empty\.txt is empty"):
         read_text(tmp_path / "empty.txt")
     (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
     with pytest.raises(ValueError, match=r"not UTF-8 text: byte 0xe9 at offset 3"):

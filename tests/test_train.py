@@ -1,18 +1,19 @@
 """The trainer, on a stand-in bigram model: schedule, optimizer, losses, checkpoints, resume."""
 
+import itertools
 import math
 import os
 import signal
 
 import pytest
 import torch
-from standin import Bigram, pattern_tokens
 from torch.nn import functional as F
 
 from gptblock.checkpoint import CheckpointError, load_checkpoint
 from gptblock.data import split_tokens
 from gptblock.recipe import TrainConfig, configure_optimizer, lr_at
 from gptblock.train import NonFiniteLossError, Trainer
+from standin import Bigram, pattern_tokens
 
 V = 7
 
@@ -51,7 +52,7 @@ def test_lr_schedule_warmup_then_cosine():
         expected = 6e-5 + (6e-4 - 6e-5) * math.sin(math.pi * remaining / 2) ** 2
         assert lrs[s] == pytest.approx(expected, rel=1e-12, abs=1e-18)
     assert lrs[10] == pytest.approx(6e-4) and lrs[110] == pytest.approx(6e-5)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
     assert lr_at(500, cfg) == pytest.approx(6e-5)
     assert lr_at(0, TrainConfig(warmup=0, max_iters=10)) == pytest.approx(1e-3)
 

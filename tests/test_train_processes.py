@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from standin import Bigram
 
 from gptblock.checkpoint import load_checkpoint, load_model_state
+from standin import Bigram
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
