@@ -4,7 +4,7 @@ Each factory takes (d_model, n_heads, dropout) and returns a module mapping (B, 
 (B, T, C), with ``attention_weights(x) -> (B, nh, T, T)``.
 """
 
-from gptblock import TransformerBlock, lesson
+from gptblock import FusedBlock, TransformerBlock, lesson
 
 MAX_T = 32  # block_size for the forms that need one
 
@@ -17,4 +17,8 @@ def make_mha(d_model, n_heads, dropout=0.0):
     return TransformerBlock(d_model, n_heads, dropout=dropout)
 
 
-FORMS = {"lesson": make_lesson, "mha": make_mha}
+def make_fused(d_model, n_heads, dropout=0.0):
+    return FusedBlock(d_model, n_heads, dropout=dropout)
+
+
+FORMS = {"lesson": make_lesson, "mha": make_mha, "fused": make_fused}

@@ -4,6 +4,8 @@ import gptblock
 
 EXPECTED = [
     "BlockConfig",
+    "FusedBlock",
+    "KVCache",
     "TransformerBlock",
     "__version__",
     "causal_mask",
