@@ -5,6 +5,10 @@ import gptblock
 EXPECTED = [
     "BlockConfig",
     "FusedBlock",
+    "GPT",
+    "GPTConfig",
+    "GPTOutput",
+    "GenerationStep",
     "KVCache",
     "TransformerBlock",
     "__version__",
