@@ -4,6 +4,12 @@ import gptblock
 
 EXPECTED = [
     "BlockConfig",
+    "FusedBlock",
+    "GPT",
+    "GPTConfig",
+    "GPTOutput",
+    "GenerationStep",
+    "KVCache",
     "TransformerBlock",
     "__version__",
     "causal_mask",

@@ -78,6 +78,7 @@ def capture(module, store, key, what="output"):
 BRANCHES = {  # form -> (first norm, attention sub-layer, second norm, MLP's last module)
     "lesson": ("ln1", "sa", "ln2", "ffwd"),
     "mha": ("norm1", "self_attn", "norm2", "linear2"),
+    "fused": ("norm1", "self_attn", "norm2", "linear2"),
 }
 
 

@@ -5,17 +5,29 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
 * ``gptblock.lesson`` -- ``Head``, ``MultiHeadAttention``, ``FeedForward``, ``Block``, as taught.
 * ``TransformerBlock`` -- the same pre-norm block on ``nn.MultiheadAttention``; its state_dict
   loads into ``nn.TransformerEncoderLayer(..., norm_first=True)``.
+* ``FusedBlock`` -- the same function and parameter names, with packed QKV and
+  ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
+
+``GPT`` (configured by ``GPTConfig``) stacks them into the tiny GPT the lessons promise.
 """
 
 from . import lesson
-from .config import BlockConfig
+from .config import BlockConfig, GPTConfig
+from .fused import FusedBlock, KVCache
+from .gpt import GPT, GenerationStep, GPTOutput
 from .masks import causal_mask
 from .mha import TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GPT",
     "BlockConfig",
+    "FusedBlock",
+    "GPTConfig",
+    "GPTOutput",
+    "GenerationStep",
+    "KVCache",
     "TransformerBlock",
     "__version__",
     "causal_mask",

@@ -135,3 +135,67 @@ class BlockConfig:
     def d_ff(self) -> int:
         """Width of the MLP's hidden layer: four times the stream, as in both lessons."""
         return 4 * self.d_model
+
+
+BLOCK_FORMS = ("fused", "mha", "lesson")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a tiny GPT: embeddings, ``n_layer`` blocks, a final norm, a tied unembedding.
+
+    ``dataclasses.asdict(config)`` round-trips through ``GPTConfig(**d)``, which is how
+    checkpoints store it.
+
+    Args:
+        vocab_size: V, number of token ids.
+        block_size: the longest context the model reads (its position embeddings).
+        n_layer: number of blocks.
+        n_head: nh, attention heads per block; must divide n_embd.
+        n_embd: C, width of the residual stream.
+        dropout: dropout probability everywhere, training mode only.
+        bias: biases in the blocks' linear layers and LayerNorms.
+        activation: the MLP's nonlinearity, ``"gelu"`` or ``"relu"``.
+        block: the block form, ``"fused"`` (fast; has the KV cache), ``"mha"``
+            (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``, which is ReLU with
+            biases, so it needs ``activation="relu"`` and ``bias=True``).
+
+    Example:
+        >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block
+        'fused'
+        >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32, block="lesson")
+        Traceback (most recent call last):
+        ...
+        ValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
+    """
+
+    vocab_size: int  # V: token ids are 0 .. V-1
+    block_size: int  # longest context; the number of position embeddings
+    n_layer: int  # number of blocks
+    n_head: int  # nh: heads per block, each of size hs = n_embd // n_head
+    n_embd: int  # C: width of the residual stream
+    dropout: float = 0.0  # dropout probability, training mode only
+    bias: bool = True  # biases in the blocks' linear layers and LayerNorms
+    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf form) or "relu"
+    block: str = "fused"  # block form: "fused", "mha" or "lesson"
+
+    def __post_init__(self) -> None:
+        check_positive_int("vocab_size", self.vocab_size)
+        check_positive_int("block_size", self.block_size)
+        check_positive_int("n_layer", self.n_layer)
+        check_heads(self.n_embd, self.n_head, names=("n_embd", "n_head"))
+        check_dropout(self.dropout)
+        check_activation(self.activation)
+        if not isinstance(self.bias, bool):
+            raise TypeError(f"bias must be a bool, got {self.bias!r}")
+        if self.block not in BLOCK_FORMS:
+            raise ValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
+        if self.block == "lesson" and self.activation != "relu":
+            raise ValueError(
+                f"block='lesson' is the lesson's ReLU block: it needs activation='relu', "
+                f"got {self.activation!r}"
+            )
+        if self.block == "lesson" and not self.bias:
+            raise ValueError(
+                "block='lesson' is the lesson's block, which has biases: it needs bias=True"
+            )

@@ -1,0 +1,333 @@
+"""The tiny GPT the lessons promise: embeddings, a stack of blocks, a final norm, a tied head.
+
+Model-level names are GPT-2's (``transformer.wte``, ``transformer.wpe``, ``transformer.h``,
+``transformer.ln_f``, ``lm_head``), as in nanoGPT, so checkpoints line up where the blocks do.
+The blocks are any of gptblock's three forms, chosen by ``GPTConfig.block``; the fused one has a
+KV cache, which ``generate`` uses.
+
+Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import NamedTuple, cast
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from .config import GPTConfig
+from .fused import FusedBlock, KVCache
+from .lesson import Block as LessonBlock
+from .mha import TransformerBlock
+
+__all__ = ["GPT", "GPTOutput", "GenerationStep"]
+
+# The parameters that write into the residual stream at the end of each branch. GPT-2 scales
+# their initialisation by 1/sqrt(2 * n_layer): each block adds two branches to the stream, and
+# without the scaling the stream's variance grows with depth.
+RESIDUAL_PROJECTIONS = (
+    "self_attn.out_proj.weight",
+    "linear2.weight",
+    "sa.proj.weight",
+    "ffwd.net.2.weight",
+)
+
+
+class GPTOutput(NamedTuple):
+    """What ``GPT.forward`` returns; unpacks as ``logits, loss = model(idx, targets)``."""
+
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None  # mean cross-entropy over the targets, or None without targets
+
+
+class GPT(nn.Module):
+    """A GPT made of gptblock's blocks.
+
+    Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm and an
+    unembedding whose weight is the token embedding's (weight tying). Initialised as GPT-2:
+    normal(0, 0.02) weights, residual output projections scaled by 1/sqrt(2 * n_layer), zero
+    biases.
+
+    Args:
+        config: a ``GPTConfig``.
+
+    Shape:
+        ``forward``: idx (B, T) integer token ids, T <= block_size; targets (B, T) or None.
+        Returns logits (B, T, V) and the loss (a scalar) or None.
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        >>> idx = torch.randint(0, 11, (2, 5))
+        >>> logits, loss = model(idx, targets=idx)
+        >>> logits.shape
+        torch.Size([2, 5, 11])
+        >>> model.generate(idx[:, :1], max_new_tokens=4, temperature=0).shape
+        torch.Size([2, 5])
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        C = config.n_embd
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, C),
+                "wpe": nn.Embedding(config.block_size, C),
+                "drop": nn.Dropout(config.dropout),
+                "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
+                "ln_f": nn.LayerNorm(C, bias=config.bias),
+            }
+        )
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        # Weight tying: the unembedding reads the stream against the same vectors the embedding
+        # writes, which saves V * C parameters and trains better at this size (Press & Wolf 2017).
+        self.lm_head.weight = self.wte.weight
+        self._init_weights()
+
+    @property
+    def wte(self) -> nn.Embedding:
+        return cast(nn.Embedding, self.transformer["wte"])
+
+    @property
+    def wpe(self) -> nn.Embedding:
+        return cast(nn.Embedding, self.transformer["wpe"])
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(cast(nn.ModuleList, self.transformer["h"]))
+
+    def _init_weights(self) -> None:
+        resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith(RESIDUAL_PROJECTIONS):
+                nn.init.normal_(p, mean=0.0, std=resid_std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:  # embeddings, q/k/v (packed or per head), MLP input
+                nn.init.normal_(p, mean=0.0, std=0.02)
+            else:  # LayerNorm gains
+                nn.init.ones_(p)
+
+    def num_params(self, exclude_position_embeddings: bool = True) -> int:
+        """Number of parameters, the tied embedding/unembedding counted once.
+
+        The position embeddings are excluded by default, as nanoGPT reports its sizes; the
+        token embedding stays in because, tied, it is also the output layer.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if exclude_position_embeddings else n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
+        B, T = self._check_ids(idx, "idx")
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length T={T} exceeds block_size={self.config.block_size}; "
+                f"crop the context to the last {self.config.block_size} tokens"
+            )
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.transformer["drop"](self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        logits = self.lm_head(self.transformer["ln_f"](x))  # (B, T, C) @ (C, V) -> (B, T, V)
+        loss = None
+        if targets is not None:
+            if targets.shape != idx.shape:
+                raise ValueError(
+                    f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}"
+                )
+            self._check_ids(targets, "targets", allow_ignore=True)
+            # -1 marks positions without a target (padding), as in nanoGPT.
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
+        return GPTOutput(logits, loss)
+
+    def _check_ids(self, idx: object, name: str, allow_ignore: bool = False) -> tuple[int, int]:
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (
+            torch.long,
+            torch.int32,
+            torch.int16,
+            torch.uint8,
+            torch.int8,
+        ):
+            got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"{name} must be an integer tensor of token ids (B, T), got {got}")
+        if idx.dim() != 2 or idx.numel() == 0:
+            raise ValueError(
+                f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+            )
+        V = self.config.vocab_size
+        lo, hi = int(idx.min()), int(idx.max())
+        if hi >= V or lo < (-1 if allow_ignore else 0):
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
+        return idx.shape[0], idx.shape[1]
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue each prompt in ``idx`` by ``max_new_tokens`` sampled tokens.
+
+        Args:
+            idx: (B, T) prompts of equal length, T >= 1. Longer than block_size is cropped to the
+                last block_size tokens, as the model only reads that many.
+            max_new_tokens: how many tokens to add; 0 returns the prompt unchanged.
+            temperature: divides the logits; 0 means greedy (argmax, no sampling).
+            top_k: sample only among the k most likely tokens (clamped to the vocabulary).
+            use_cache: keep each block's keys and values so a step processes one token rather
+                than the whole context. Needs ``block="fused"``. The result is the same either
+                way: once the context exceeds block_size, the window slides, every position
+                embedding shifts, and the cache is rebuilt from the cropped window each step.
+            generator: the random generator for sampling, for reproducible output.
+
+        Returns:
+            (B, T + max_new_tokens) token ids. The model's train/eval mode is restored.
+        """
+        steps = self.stream(
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+        )
+        return torch.cat([idx] + [step.token for step in steps], dim=1)
+
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[GenerationStep]:
+        """``generate``, one step at a time: yields each step's logits and sampled tokens.
+
+        Takes ``generate``'s arguments. Useful to print text as it is produced, or to look at
+        the distribution each token was drawn from. The model is in eval mode until the
+        iterator is exhausted or closed; then its previous mode is restored.
+
+        Example:
+            >>> torch.manual_seed(0) and None
+            >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+            >>> [tuple(s.token.shape) for s in model.stream(torch.zeros(2, 1, dtype=torch.long), 3)]
+            [(2, 1), (2, 1), (2, 1)]
+        """
+        B, T = self._check_ids(idx, "idx")
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if (
+            not isinstance(temperature, (int, float))
+            or not temperature >= 0
+            or math.isinf(temperature)
+        ):
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
+            )
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
+        ):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if use_cache and self.config.block != "fused":
+            raise ValueError(
+                f"use_cache=True needs block='fused' (this model has block={self.config.block!r}); "
+                f"pass use_cache=False, or convert the blocks with gptblock.convert"
+            )
+        k = None if top_k is None else min(top_k, self.config.vocab_size)
+        was_training = self.training
+        self.eval()
+        try:
+            caches: list[KVCache] | None = None
+            for _ in range(max_new_tokens):
+                # no_grad inside the loop, not around it: a `with` spanning the yield would leak
+                # the grad mode into the caller between steps.
+                with torch.no_grad():
+                    window = idx[:, -self.config.block_size :]  # what the model can read
+                    if not use_cache:
+                        logits = self(window).logits
+                    elif caches is None or caches[0].length == self.config.block_size:
+                        caches = self._new_caches(
+                            B, window
+                        )  # prefill (again once the window slides)
+                        logits = self._forward_cached(window, caches)
+                    else:
+                        logits = self._forward_cached(idx[:, -1:], caches)  # only the newest token
+                    last = logits[:, -1, :]  # (B, V)
+                    token = _sample(last, temperature, k, generator)  # (B, 1)
+                    idx = torch.cat([idx, token], dim=1)
+                yield GenerationStep(last, token)
+        finally:
+            self.train(was_training)
+
+    def _new_caches(self, B: int, like: torch.Tensor) -> list[KVCache]:
+        cfg = self.config
+        dtype = self.wte.weight.dtype
+        return [
+            KVCache(
+                B,
+                cfg.n_head,
+                cfg.block_size,
+                cfg.n_embd // cfg.n_head,
+                dtype=dtype,
+                device=like.device,
+            )
+            for _ in range(cfg.n_layer)
+        ]
+
+    def _forward_cached(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """Logits (B, T, V) for ``idx`` at the positions following those already cached."""
+        start = caches[0].length
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
+        x = self.transformer["drop"](self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = cast(FusedBlock, block)(x, kv_cache=cache)  # (B, T, C)
+        return self.lm_head(self.transformer["ln_f"](x))  # (B, T, V)
+
+
+class GenerationStep(NamedTuple):
+    """One step of ``GPT.stream``."""
+
+    logits: torch.Tensor  # (B, V): next-token logits, before temperature and top-k
+    token: torch.Tensor  # (B, 1): the token chosen
+
+
+def _sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled."""
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if temperature == 0:
+        # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
+        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+    probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
+    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def _make_block(config: GPTConfig) -> nn.Module:
+    C, nh, p = config.n_embd, config.n_head, config.dropout
+    if config.block == "fused":
+        return FusedBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
+    if config.block == "mha":
+        return TransformerBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
+    return LessonBlock(C, nh, config.block_size, p)

@@ -1,0 +1,139 @@
+"""FusedBlock: TransformerBlock's names and function, computed by packed QKV + SDPA."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from gptblock import FusedBlock, KVCache, TransformerBlock, causal_mask
+
+
+def pair(C=16, nh=2, dtype=torch.float64, **kw):
+    torch.manual_seed(0)
+    fused = FusedBlock(C, nh, **kw).to(dtype)
+    mha = TransformerBlock(C, nh, **kw).to(dtype)
+    mha.load_state_dict(fused.state_dict(), strict=True)
+    return fused, mha
+
+
+def test_parameter_names_and_shapes_are_transformer_blocks():
+    for bias in (True, False):
+        f = {k: v.shape for k, v in FusedBlock(24, 3, bias=bias).state_dict().items()}
+        m = {k: v.shape for k, v in TransformerBlock(24, 3, bias=bias).state_dict().items()}
+        assert f == m
+
+
+@pytest.mark.parametrize("activation,bias", [("gelu", True), ("relu", False)])
+def test_loads_into_the_encoder_layer_and_back(activation, bias):
+    torch.manual_seed(1)
+    fused = FusedBlock(16, 4, activation=activation, bias=bias).eval()
+    layer = nn.TransformerEncoderLayer(
+        16, 4, 64, dropout=0.0, activation=activation, batch_first=True, norm_first=True, bias=bias
+    ).eval()
+    layer.load_state_dict(fused.state_dict(), strict=True)
+    x = torch.randn(3, 7, 16)
+    with torch.no_grad():
+        theirs = layer(x, src_mask=causal_mask(7), is_causal=True)
+        torch.testing.assert_close(fused(x), theirs, atol=1e-5, rtol=0)
+        fused2 = FusedBlock(16, 4, activation=activation, bias=bias).eval()
+        fused2.load_state_dict(layer.state_dict(), strict=True)
+        torch.testing.assert_close(fused2(x), theirs, atol=1e-5, rtol=0)
+
+
+def test_float64_outputs_and_gradients_equal_transformer_block():
+    fused, mha = pair()
+    x = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+    y1, y2 = fused(x), mha(x)
+    torch.testing.assert_close(y1, y2, atol=1e-10, rtol=0)
+    g1 = torch.autograd.grad(y1.square().sum(), [x, *fused.parameters()])
+    g2 = torch.autograd.grad(y2.square().sum(), [x, *mha.parameters()])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_masks_match_transformer_block_including_fully_blocked_rows():
+    fused, mha = pair()
+    x = torch.randn(3, 6, 16, dtype=torch.float64, requires_grad=True)
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[0, :2] = True  # rows 0 and 1 of sequence 0 have nothing to attend to
+    kpm[1, 4:] = True
+    extra = torch.zeros(3, 6, 6, dtype=torch.bool)
+    extra[2, 5, :3] = True
+    y1 = fused(x, attn_mask=extra, key_padding_mask=kpm)
+    y2 = mha(x, attn_mask=extra, key_padding_mask=kpm)
+    torch.testing.assert_close(y1, y2, atol=1e-10, rtol=0)
+    (gx,) = torch.autograd.grad(y1.sum(), x)
+    assert torch.isfinite(gx).all()
+    w1 = fused.attention_weights(x, extra, kpm)
+    torch.testing.assert_close(w1, mha.attention_weights(x, extra, kpm), atol=1e-12, rtol=0)
+    assert torch.equal(w1[0, :, :2], torch.zeros_like(w1[0, :, :2]))
+
+
+def test_dropout_only_in_training():
+    fused, _ = pair(dropout=0.5)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    fused.eval()
+    assert torch.equal(fused(x), fused(x))
+    fused.train()
+    assert not torch.equal(fused(x), fused(x))
+
+
+def test_forward_never_builds_the_attention_matrix(monkeypatch):
+    # The (B, nh, T, T) weights exist only inside SDPA's kernel, never as a softmax call here.
+    fused = FusedBlock(16, 2).eval()
+
+    def boom(*a, **k):
+        raise AssertionError("softmax called: the (T, T) matrix was materialised")
+
+    monkeypatch.setattr(F, "softmax", boom)
+    fused(torch.randn(2, 5, 16))
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
+def test_low_precision_on_cpu(dtype, atol):
+    fused, _ = pair(dtype=torch.float32)
+    x = torch.randn(2, 5, 16)
+    ref = fused(x)
+    low = fused.to(dtype)(x.to(dtype))
+    assert low.dtype == dtype
+    torch.testing.assert_close(low.float(), ref, atol=atol * 10, rtol=atol)
+
+
+def test_non_contiguous_input_gives_the_same_result():
+    fused, _ = pair()
+    base = torch.randn(5, 2, 16, dtype=torch.float64)
+    x = base.transpose(0, 1)  # (2, 5, 16), not contiguous
+    assert not x.is_contiguous()
+    torch.testing.assert_close(fused(x), fused(x.contiguous()), atol=0, rtol=0)
+
+
+# --- KV cache ---------------------------------------------------------------------------------
+
+
+def test_cache_prefill_then_steps_equals_full_forward():
+    fused, _ = pair()
+    fused.eval()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    full = fused(x)
+    cache = KVCache(2, 2, max_len=10, head_size=8, dtype=torch.float64)
+    parts = [fused(x[:, :4], kv_cache=cache)]  # prefill 4
+    parts += [fused(x[:, t : t + 1], kv_cache=cache) for t in range(4, 7)]  # 3 single steps
+    parts.append(fused(x[:, 7:], kv_cache=cache))  # a chunk of 3 after the cache has 7
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-12, rtol=0)
+    assert cache.length == 10
+
+
+def test_cache_overflow_and_masks_are_refused():
+    fused = FusedBlock(8, 2).eval()
+    cache = KVCache(1, 2, max_len=4, head_size=4)
+    fused(torch.randn(1, 4, 8), kv_cache=cache)
+    with pytest.raises(
+        ValueError, match="KV cache holds 4 positions; 4 are filled and 1 more do not fit"
+    ):
+        fused(torch.randn(1, 1, 8), kv_cache=cache)
+    with pytest.raises(ValueError, match="kv_cache cannot be combined"):
+        fused(
+            torch.randn(1, 1, 8),
+            key_padding_mask=torch.zeros(1, 1, dtype=torch.bool),
+            kv_cache=cache,
+        )
