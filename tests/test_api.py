@@ -4,16 +4,22 @@ import gptblock
 
 EXPECTED = [
     "BlockConfig",
+    "CharTokenizer",
+    "CheckpointError",
     "FusedBlock",
     "GPT",
     "GPTConfig",
     "GPTOutput",
     "GenerationStep",
     "KVCache",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "Trainer",
     "TransformerBlock",
     "__version__",
     "causal_mask",
     "lesson",
+    "load_gpt",
 ]
 
 

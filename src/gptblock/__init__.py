@@ -9,27 +9,39 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
   ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
 
 ``GPT`` (configured by ``GPTConfig``) stacks them into the tiny GPT the lessons promise.
+``Trainer`` (configured by ``TrainConfig``) trains it, or any model returning ``(logits, loss)``,
+on text a ``CharTokenizer`` encodes; ``load_gpt`` rebuilds a trained model from its checkpoint.
 """
 
 from . import lesson
+from .checkpoint import CheckpointError, load_gpt
 from .config import BlockConfig, GPTConfig
+from .data import CharTokenizer
 from .fused import FusedBlock, KVCache
 from .gpt import GPT, GenerationStep, GPTOutput
 from .masks import causal_mask
 from .mha import TransformerBlock
+from .recipe import TrainConfig
+from .train import NonFiniteLossError, Trainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT",
     "BlockConfig",
+    "CharTokenizer",
+    "CheckpointError",
     "FusedBlock",
     "GPTConfig",
     "GPTOutput",
     "GenerationStep",
     "KVCache",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "Trainer",
     "TransformerBlock",
     "__version__",
     "causal_mask",
     "lesson",
+    "load_gpt",
 ]

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +37,10 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
+from .config import GPTConfig
+from .data import CharTokenizer
+from .gpt import GPT
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -45,6 +48,7 @@ __all__ = [
     "check_same_field",
     "checkpoint_path",
     "load_checkpoint",
+    "load_gpt",
     "load_model_state",
     "load_optimizer_state",
     "optimizer_parts",
@@ -111,7 +115,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         b'hello'
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    # os.open with 0o666 lets the umask decide the permissions, as for any new file
+    # (tempfile.mkstemp would make it private to the user).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -354,3 +361,36 @@ def check_same_field(ckpt: Checkpoint, field: str, saved: Any, current: Any) -> 
         f"{ckpt.path}: a different {field} (the checkpoint's has {len(saved)} entries, this "
         f"run's {len(current)}); resume with the same data and model"
     )
+
+
+def load_gpt(
+    out_dir: str | os.PathLike[str], kind: str = "best", device: str | torch.device = "cpu"
+) -> tuple[GPT, CharTokenizer, Checkpoint]:
+    """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
+
+    Args:
+        out_dir: the directory ``gptblock train --out`` wrote.
+        kind: "best" (lowest validation loss, the default) or "last".
+        device: where to put the model.
+
+    Returns:
+        The model in eval mode, the tokenizer, and the checkpoint (for its other fields).
+
+    Raises:
+        FileNotFoundError, CheckpointError: naming the file and the problem.
+    """
+    ckpt = load_checkpoint(out_dir, kind)
+    ckpt.require("model_config", "vocab")
+    try:
+        config = GPTConfig(**ckpt.meta["model_config"])
+        tokenizer = CharTokenizer.from_json(ckpt.meta["vocab"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{ckpt.path}: invalid model_config or vocab ({e})") from None
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(
+            f"{ckpt.path}: vocab has {tokenizer.vocab_size} characters but model_config says "
+            f"vocab_size={config.vocab_size}"
+        )
+    model = GPT(config)
+    load_model_state(model, ckpt)
+    return model.to(device).eval(), tokenizer, ckpt

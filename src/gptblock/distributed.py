@@ -74,9 +74,17 @@ def init_distributed(device: str) -> tuple[DistInfo, str]:
     return dist_info(), device
 
 
-def finish_distributed() -> None:
-    """Leave the process group, if this process joined one."""
+def finish_distributed(wait: bool = True) -> None:
+    """Leave the process group, if this process joined one.
+
+    Args:
+        wait: first wait until every process gets here (rank 0 may still be printing samples;
+            a process that leaves early makes gloo abort the others). False on an error path,
+            where the other processes may never arrive.
+    """
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

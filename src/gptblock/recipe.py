@@ -18,7 +18,14 @@ import torch.nn as nn
 
 from .config import check_positive_int
 
-__all__ = ["DTYPES", "TrainConfig", "autocast_context", "configure_optimizer", "lr_at"]
+__all__ = [
+    "DTYPES",
+    "TrainConfig",
+    "autocast_context",
+    "configure_optimizer",
+    "lr_at",
+    "resolve_device",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -146,3 +153,29 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
             f"use float32{' or bfloat16' if device.type == 'cpu' else ''}"
         )
     return ctx
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` becomes ``"cuda"`` when a GPU is usable, else ``"cpu"``; others are checked.
+
+    Example:
+        >>> resolve_device("cpu")
+        'cpu'
+        >>> resolve_device("gpu")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown device 'gpu'; expected cpu, cuda, cuda:N, mps or auto
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(
+            f"unknown device {name!r}; expected cpu, cuda, cuda:N, mps or auto"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} asked for, but MPS is not available here; use cpu")
+    return name

@@ -153,36 +153,35 @@ class Trainer:
             CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
                 a different model (the message names the differing fields).
         """
-        if resume:
-            if self.out_dir is None:
-                raise ValueError("resume needs an out_dir to resume from")
-            self.restore(load_checkpoint(self.out_dir, "last"))
-        else:
-            # Each process gets its own dropout stream; rank 0's is the single-process one.
-            torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
-            self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
+        with _stop_on_signals(self.request_stop):
+            if resume:
+                if self.out_dir is None:
+                    raise ValueError("resume needs an out_dir to resume from")
+                self.restore(load_checkpoint(self.out_dir, "last"))
+            else:
+                # Each process gets its own dropout stream; rank 0's is the single-process one.
+                torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
+                self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
+            self._loop()
+            stopped = self.step < self.config.max_iters
+            if stopped and self._saved_step != self.step:
+                self.save("last")
+        return self._result(interrupted=stopped)
+
+    def _loop(self) -> None:
         bar = ProgressBar(
             self.step, self.config.max_iters, enabled=self.progress and self.dist.is_main
         )
         try:
-            with _stop_on_signals(self.request_stop):
-                while self.step < self.config.max_iters and not self._agree_to_stop():
-                    loss = self._train_step()
-                    bar.update(loss, lr_at(self.step - 1, self.config), self._tokens_per_step())
-                    for fn in self._callbacks["on_step_end"]:
-                        fn(self)
-                    if (
-                        self.step % self.config.eval_interval == 0
-                        or self.step == self.config.max_iters
-                    ):
-                        self._evaluate_and_save()
+            while self.step < self.config.max_iters and not self._agree_to_stop():
+                loss = self._train_step()
+                bar.update(loss, lr_at(self.step - 1, self.config), self._tokens_per_step())
+                for fn in self._callbacks["on_step_end"]:
+                    fn(self)
+                if self.step % self.config.eval_interval == 0 or self.step == self.config.max_iters:
+                    self._evaluate_and_save()
         finally:
             bar.close()
-        if self.step < self.config.max_iters:  # asked to stop
-            if self._saved_step != self.step:
-                self.save("last")
-            return self._result(interrupted=True)
-        return self._result(interrupted=False)
 
     def _agree_to_stop(self) -> bool:
         # Every process must stop at the same step, even if only one of them got the signal.

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import example, info
+from . import example, info, sample, train
 
-COMMANDS = (example, info)
+COMMANDS = (example, info, train, sample)
 
 
 class CLIError(Exception):
