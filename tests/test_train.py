@@ -261,3 +261,26 @@ def test_autocast_dtypes_train_on_cpu(dtype):
 def test_unknown_callback_event():
     with pytest.raises(ValueError, match="event must be one of"):
         Trainer(model(), data(), config(), progress=False).add_callback("on_batch", print)
+
+
+def test_data_shorter_than_a_window_is_refused():
+    splits = data()
+    short = type(splits)(splits.train, splits.val[:8])
+    with pytest.raises(
+        ValueError, match="validation data has 8 tokens; a window of block_size=8 needs 9"
+    ):
+        Trainer(model(), short, config(), progress=False)
+
+
+def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
+    def interrupt_twice(trainer):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = Trainer(model(), data(), config(), out_dir=tmp_path, progress=False)
+    trainer.add_callback("on_step_end", interrupt_twice)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert load_checkpoint(tmp_path).meta["step"] == 0  # the last checkpoint stays intact

@@ -108,6 +108,12 @@ class Trainer:
         meta: Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
+        for name, part in (("training", data.train), ("validation", data.val)):
+            if len(part) <= config.block_size:
+                raise ValueError(
+                    f"the {name} data has {len(part)} tokens; a window of block_size="
+                    f"{config.block_size} needs {config.block_size + 1}"
+                )
         self.config = config
         self.dist = dist_info()
         self.device = torch.device(config.device)
@@ -147,12 +153,17 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainResult:
         """Train to ``config.max_iters`` steps, or resume from ``out_dir``'s "last" checkpoint.
 
+        A fresh run seeds the global RNG, which dropout draws from, with ``config.seed`` (plus
+        1000 * rank under DDP) and saves a checkpoint at step 0; a resumed run restores the
+        RNG states, the data generator, the weights and the optimizer from "last".
+
         Raises:
             NonFiniteLossError: a training or validation loss was NaN or infinite; the message
                 names the step, and no checkpoint is written for that state.
             CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
                 a different model (the message names the differing fields).
         """
+        self._stop_requested = False
         with _stop_on_signals(self.request_stop):
             if resume:
                 if self.out_dir is None:
@@ -406,7 +417,9 @@ def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the second Ctrl-C aborts
+        # The second signal is not caught: it aborts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         request_stop()
 
     old_int = signal.signal(signal.SIGINT, handler)

@@ -23,7 +23,7 @@ from ..distributed import finish_distributed, init_distributed
 from ..gpt import GPT
 from ..recipe import DTYPES, TrainConfig, resolve_device
 from ..train import NonFiniteLossError, Trainer
-from .sample import sample_text
+from .sample import HelpFormatter, sample_text
 
 # Each preset sets every option below that defaults to None; explicit flags override it.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -74,29 +74,20 @@ PRESET_OPTIONS = [
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    # The preset options default to None ("take the preset's value"); their help text lists
-    # the presets' values instead of a meaningless "(default: None)".
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "train",
         help="train a tiny GPT on a text file (default: Python's help pages), then sample",
         description="Train a character-level GPT. With no arguments: the tiny preset on "
         "Python's own help pages (pydoc_data), about three minutes on a 2-core CPU.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--data",
         metavar="FILE",
         help="a UTF-8 text file (default: Python's pydoc_data help topics, no download)",
     )
-    p.add_argument("--out", default="out", help="directory for checkpoints and loss.png")
+    p.add_argument("--out", default="out-gptblock", help="directory for checkpoints and loss.png")
     p.add_argument("--preset", choices=tuple(PRESETS), default="tiny", help="model and run size")
     for name, kind, text in PRESET_OPTIONS:
         shown = ", ".join(f"{preset} {values[name]}" for preset, values in PRESETS.items())
