@@ -7,7 +7,9 @@ EXPECTED = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "exercises",
     "lesson",
+    "reference",
 ]
 
 

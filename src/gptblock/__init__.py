@@ -5,9 +5,14 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
 * ``gptblock.lesson`` -- ``Head``, ``MultiHeadAttention``, ``FeedForward``, ``Block``, as taught.
 * ``TransformerBlock`` -- the same pre-norm block on ``nn.MultiheadAttention``; its state_dict
   loads into ``nn.TransformerEncoderLayer(..., norm_first=True)``.
+
+And the oracle they are tested against, with the lesson's exercises:
+
+* ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
+* ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
 """
 
-from . import lesson
+from . import exercises, lesson, reference
 from .config import BlockConfig
 from .masks import causal_mask
 from .mha import TransformerBlock
@@ -19,5 +24,7 @@ __all__ = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "exercises",
     "lesson",
+    "reference",
 ]
