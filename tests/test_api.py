@@ -13,7 +13,9 @@ EXPECTED = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "exercises",
     "lesson",
+    "reference",
 ]
 
 

@@ -8,10 +8,15 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
 * ``FusedBlock`` -- the same function and parameter names, with packed QKV and
   ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
 
-``GPT`` (configured by ``GPTConfig``) stacks them into the tiny GPT the lessons promise.
+And the oracle they are tested against, with the lesson's exercises:
+
+* ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
+* ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
+
+``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
 """
 
-from . import lesson
+from . import exercises, lesson, reference
 from .config import BlockConfig, GPTConfig
 from .fused import FusedBlock, KVCache
 from .gpt import GPT, GenerationStep, GPTOutput
@@ -31,5 +36,7 @@ __all__ = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "exercises",
     "lesson",
+    "reference",
 ]

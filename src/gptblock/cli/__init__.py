@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import example, info
+from . import example, exercises, info
 
-COMMANDS = (example, info)
+COMMANDS = (example, exercises, info)
 
 
 class CLIError(Exception):
