@@ -4,9 +4,11 @@ import gptblock
 
 EXPECTED = [
     "BlockConfig",
+    "CheckReport",
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "check_block",
     "lesson",
 ]
 
