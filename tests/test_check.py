@@ -294,9 +294,12 @@ def test_common_arguments_are_filled_only_where_taken_and_never_override():
 def test_report_renders_as_text_and_json():
     report = check_block(zoo_lesson.LessonPostNormNoScaling, n_embd=16, n_head=2, block_size=8)
     assert isinstance(report, CheckReport)
+    lines = str(report).splitlines()
+    checks = [line for line in lines if line.startswith(("  PASS", "  FAIL"))]
+    assert checks == [
+        f"  {'PASS' if f.passed else 'FAIL'}  {f.name:<21} {f.message}" for f in report.findings
+    ]  # one line per check
     text = _flat(str(report))
-    for f in report.findings:
-        assert f"{'PASS' if f.passed else 'FAIL'} {f.name}" in text
     assert "diagnosis: no_scaling, post_norm" in text
     assert "x = x + self.sa(self.ln1(x))" in text  # the lesson line it deviates from
     assert "k.shape[-1] ** -0.5" in text

@@ -60,7 +60,7 @@ def test_file_target_with_a_mistake_exits_1_and_says_how_to_fix_it(block_file, c
     out = capsys.readouterr().out
     assert "diagnosis: post_norm" in out
     assert "FAIL  residual stream" in out
-    assert "fix:" in out and "lesson:" in out
+    assert "fix:" in out and "from:   lesson 1: x = x + self.sa(self.ln1(x))" in out
     assert "MyBlock(n_embd=32, n_head=4, block_size=16, dropout=0.1)" in out  # filled defaults
 
 

@@ -203,8 +203,7 @@ def causality(s: Subject) -> ProbeResult:
             f"({len(leaks)} (earlier, later) position pairs leak)"
         )
         return ProbeResult(False, msg, "future_leak")
-    msg = f"changing position t moves no output before t, for every t in 1..{T - 1}"
-    msg += f" (to {s.tol:g} of the output scale)"
+    msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
     return ProbeResult(True, msg)
 
 
@@ -240,13 +239,13 @@ def residual(s: Subject) -> ProbeResult:
         msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
         return ProbeResult(False, msg)
     r = float((y2 - y - d)[ok].norm() / d[ok].norm())
-    how = f"a change d to an input of size {_size(S)} moves the output by dy with |dy - d| / |d| = {r:.2g}"
+    change = f"a change d to a size-{_size(S)} input"
     if r <= RESIDUAL_LIMIT:
-        msg = f"{how} <= {RESIDUAL_LIMIT}: the input passes through (pre-norm residual stream)"
+        msg = f"{change} passes through (pre-norm): |dy - d| / |d| = {r:.2g} <= {RESIDUAL_LIMIT}"
         return ProbeResult(True, msg)
     msg = (
-        f"{how} > {RESIDUAL_LIMIT}: the input does not pass through the block, so it normalises "
-        "the stream after adding (post_norm) or a sub-layer overwrites it (no_residual)"
+        f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
+        "stream is normalised after adding (post_norm) or overwritten (no_residual)"
     )
     return ProbeResult(False, msg)
 

@@ -76,11 +76,14 @@ class CheckReport:
         return all(f.passed for f in self.findings) and not self.diagnosis
 
     def format(self, width: int = 100) -> str:
-        """The report as text: one line per check, then each diagnosis with its fix."""
+        """The report as text: one line per check, then each diagnosis with its fix.
+
+        Args:
+            width: where the notes and explanations wrap; a check's line never wraps.
+        """
         lines = [f"check {self.target}"]
         for f in self.findings:
-            status = "PASS" if f.passed else "FAIL"
-            lines += _wrap(f"{f.name:<21} {f.message}", width, f"  {status}  ", " " * 30)
+            lines.append(f"  {'PASS' if f.passed else 'FAIL'}  {f.name:<21} {f.message}")
         for note in self.notes:
             lines += _wrap(note, width, "  note: ", " " * 8)
         if self.diagnosis:
@@ -96,7 +99,7 @@ class CheckReport:
                 lines += _wrap(self.details[d], width, "    found:  ", " " * 12)
             lines += _wrap(m.explanation, width, "    why:    ", " " * 12)
             lines += _wrap(m.fix, width, "    fix:    ", " " * 12)
-            lines += _wrap(m.lesson, width, "    lesson: ", " " * 12)
+            lines += _wrap(m.lesson, width, "    from:   ", " " * 12)
         failed = sum(not f.passed for f in self.findings)
         if self.passed:
             lines.append("result: PASS")
