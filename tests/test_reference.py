@@ -31,10 +31,8 @@ from gptblock.reference import (
 REFERENCE_PY = pathlib.Path(gptblock.__file__).parent / "reference.py"
 TOL = 1e-10
 
-# The forms with TransformerBlock's names and constructor; FusedBlock (issue 3) joins when merged.
-BLOCKS = [TransformerBlock] + [
-    getattr(gptblock, n) for n in ("FusedBlock",) if hasattr(gptblock, n)
-]
+# The forms with TransformerBlock's names and constructor.
+BLOCKS = [TransformerBlock, gptblock.FusedBlock]
 block_classes = pytest.mark.parametrize("Block", BLOCKS, ids=lambda cls: cls.__name__)
 
 

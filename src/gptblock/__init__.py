@@ -13,10 +13,13 @@ And the oracle they are tested against, with the lesson's exercises:
 * ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
 * ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
 
+``check_block`` finds the mistakes in anyone's block (``gptblock check`` on the command line).
+
 ``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
 """
 
 from . import exercises, lesson, reference
+from .check import CheckReport, check_block
 from .config import BlockConfig, GPTConfig
 from .fused import FusedBlock, KVCache
 from .gpt import GPT, GenerationStep, GPTOutput
@@ -28,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT",
     "BlockConfig",
+    "CheckReport",
     "FusedBlock",
     "GPTConfig",
     "GPTOutput",
@@ -36,6 +40,7 @@ __all__ = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "check_block",
     "exercises",
     "lesson",
     "reference",

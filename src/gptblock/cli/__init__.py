@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import example, exercises, info
+from . import check, example, exercises, info
 
-COMMANDS = (example, exercises, info)
+COMMANDS = (example, exercises, check, info)
 
 
 class CLIError(Exception):
