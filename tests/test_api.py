@@ -15,11 +15,15 @@ EXPECTED = [
     "NonFiniteLossError",
     "TrainConfig",
     "Trainer",
+    "CheckReport",
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "check_block",
+    "exercises",
     "lesson",
     "load_gpt",
+    "reference",
 ]
 
 

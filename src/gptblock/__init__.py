@@ -8,12 +8,20 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
 * ``FusedBlock`` -- the same function and parameter names, with packed QKV and
   ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
 
-``GPT`` (configured by ``GPTConfig``) stacks them into the tiny GPT the lessons promise.
+And the oracle they are tested against, with the lesson's exercises:
+
+* ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
+* ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
+
+``check_block`` finds the mistakes in anyone's block (``gptblock check`` on the command line).
+
+``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
 ``Trainer`` (configured by ``TrainConfig``) trains it, or any model returning ``(logits, loss)``,
 on text a ``CharTokenizer`` encodes; ``load_gpt`` rebuilds a trained model from its checkpoint.
 """
 
-from . import lesson
+from . import exercises, lesson, reference
+from .check import CheckReport, check_block
 from .checkpoint import CheckpointError, load_gpt
 from .config import BlockConfig, GPTConfig
 from .data import CharTokenizer
@@ -30,6 +38,7 @@ __all__ = [
     "GPT",
     "BlockConfig",
     "CharTokenizer",
+    "CheckReport",
     "CheckpointError",
     "FusedBlock",
     "GPTConfig",
@@ -42,6 +51,9 @@ __all__ = [
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "check_block",
+    "exercises",
     "lesson",
     "load_gpt",
+    "reference",
 ]

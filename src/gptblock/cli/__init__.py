@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import example, info, sample, train
+from . import check, example, exercises, info, sample, train
 
-COMMANDS = (example, info, train, sample)
+COMMANDS = (example, exercises, check, info, train, sample)
 
 
 class CLIError(Exception):

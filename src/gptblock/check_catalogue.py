@@ -1,0 +1,156 @@
+"""The catalogue of mistakes ``gptblock check`` can name, each with its explanation and fix.
+
+Every entry quotes the line of the lessons it deviates from, so a learner can put their code
+next to the lesson's and see the difference. The identifiers are stable: they are what
+``CheckReport.diagnosis`` lists and what ``--json`` prints.
+
+Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
+lesson 2 is "A Transformer Block as nn.Module" (``nn.MultiheadAttention``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MISTAKES", "Mistake"]
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One entry of the catalogue.
+
+    Args:
+        id: the identifier reported in ``CheckReport.diagnosis``.
+        title: one line saying what is wrong.
+        explanation: why it is wrong and what it does to the block.
+        fix: what to change.
+        lesson: the lesson's line the block deviates from, quoted.
+
+    Example:
+        >>> MISTAKES["wrong_scale"].lesson
+        'lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5'
+    """
+
+    id: str  # stable identifier, e.g. "post_norm"
+    title: str  # one line: what is wrong
+    explanation: str  # why it matters
+    fix: str  # what to change
+    lesson: str  # the lesson's line it deviates from, quoted
+
+    def __post_init__(self) -> None:
+        if not self.id.isidentifier():
+            raise ValueError(f"a mistake id must be an identifier, got {self.id!r}")
+
+
+_ENTRIES = (
+    Mistake(
+        "shape",
+        "the block does not map a (B, T, C) input to a (B, T, C) output",
+        "A block is stacked on top of itself, so its output must have exactly its input's shape: "
+        "one C-vector per position of every sequence. A block that fails here cannot be stacked.",
+        "Return the residual stream x itself, shape (B, T, C); concatenate heads along the "
+        "channel axis (dim=-1) and project back to C channels.",
+        "lesson 2: With d_model = 16 and 2 heads, a (2, 5, 16) input gives a (2, 5, 16) output.",
+    ),
+    Mistake(
+        "future_leak",
+        "a position attends to later positions (no causal mask)",
+        "A language model predicts token t+1 from tokens <= t. If position t can read later "
+        "tokens, training loss drops by copying the answer and generation breaks.",
+        "Mask the scores above the diagonal with -inf before the softmax (or pass "
+        "attn_mask=causal_mask(T) / is_causal=True).",
+        'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
+    ),
+    Mistake(
+        "mask_reversed",
+        "the attention mask blocks the allowed positions and allows the blocked ones",
+        "nn.MultiheadAttention reads a bool mask as True = may NOT attend. A mask with True on "
+        "the allowed positions (torch.tril) makes every position attend to the future and not "
+        "to itself; the last position has nothing left to attend to and becomes NaN. "
+        "(F.scaled_dot_product_attention reads a bool mask the other way round: True = allowed.)",
+        "Use torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1) with "
+        "nn.MultiheadAttention (gptblock.causal_mask(T)), or its negation with "
+        "F.scaled_dot_product_attention.",
+        'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
+    ),
+    Mistake(
+        "batch_mixing",
+        "batch and time are mixed up: sequences of one batch attend to each other",
+        "nn.MultiheadAttention (and nn.TransformerEncoderLayer) default to batch_first=False, "
+        "reading a (B, T, C) tensor as (T, B, C). Attention then runs across the batch instead "
+        "of along each sequence, so one example's output depends on the others'.",
+        "Pass batch_first=True to nn.MultiheadAttention / nn.TransformerEncoderLayer (or "
+        "transpose to (T, B, C) and back).",
+        "lesson 2: nn.MultiheadAttention(d_model, n_heads, batch_first=True)",
+    ),
+    Mistake(
+        "no_scaling",
+        "attention scores are not scaled by 1/sqrt(head_size)",
+        "q . k over hs channels has variance ~hs, so unscaled scores saturate the softmax: "
+        "attention becomes nearly one-hot at initialisation and its gradients vanish.",
+        "Multiply the scores by k.shape[-1] ** -0.5 (the head size), before the mask and softmax.",
+        "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5",
+    ),
+    Mistake(
+        "wrong_scale",
+        "attention scores are scaled by the wrong factor",
+        "The scale that keeps the score variance at 1 is 1/sqrt(head_size). A well-known "
+        "lecture version scaled by C ** -0.5 (n_embd, the full width) instead, which with nh "
+        "heads is sqrt(nh) times too small and flattens attention; 1/head_size or "
+        "sqrt(head_size) are the other usual slips.",
+        "Scale by k.shape[-1] ** -0.5 (hs = C // n_head), not by C ** -0.5.",
+        "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5",
+    ),
+    Mistake(
+        "softmax_dim",
+        "the softmax runs over the wrong axis",
+        "Each query's row of scores must become a distribution over keys (the last axis). "
+        "A softmax over the query axis makes each key's column sum to 1 instead, and lets a "
+        "position's weights depend on later queries.",
+        "Use F.softmax(wei, dim=-1).",
+        "lesson 1: wei = F.softmax(wei, dim=-1)",
+    ),
+    Mistake(
+        "post_norm",
+        "post-norm: the LayerNorm is applied after adding the residual",
+        "x = ln(x + sublayer(x)) normalises the residual stream itself, so the input no longer "
+        "passes through the block unchanged. Deep stacks of post-norm blocks train unstably "
+        "without warm-up, and the GPT blocks of both lessons are pre-norm.",
+        "Normalise the sub-layer's input and add its output: x = x + self.sa(self.ln1(x)); "
+        "x = x + self.ffwd(self.ln2(x)) (norm_first=True for nn.TransformerEncoderLayer).",
+        "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
+    ),
+    Mistake(
+        "no_residual",
+        "a sub-layer overwrites the residual stream instead of adding to it",
+        "The block must return its input plus each branch's output. Writing x = branch(x) "
+        "(or x = ln(x) before adding) throws the stream away: gradients no longer flow "
+        "straight through deep stacks and the additive residual stream is gone.",
+        "Add each branch to the stream: x = x + self.sa(self.ln1(x)); x = x + self.ffwd(self.ln2(x)).",
+        "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
+    ),
+    Mistake(
+        "dropout_in_eval",
+        "dropout is still active in eval mode",
+        "Two calls on the same input in eval mode give different outputs, so evaluation and "
+        "generation are noisy. Usual causes: F.dropout(x, p) (its training argument defaults "
+        "to True), F.dropout(..., training=True), or "
+        "F.scaled_dot_product_attention(..., dropout_p=p) without checking self.training.",
+        "Use nn.Dropout modules (off after .eval()), or pass training=self.training / "
+        "dropout_p=p if self.training else 0.0.",
+        "lesson 1: self.dropout = nn.Dropout(dropout)",
+    ),
+    Mistake(
+        "nonfinite",
+        "the block produces inf or NaN for large or constant inputs",
+        "A hand-written softmax without subtracting the row maximum overflows for large "
+        "scores; a hand-written LayerNorm without eps divides by zero on a constant vector "
+        "(e.g. a zero padding embedding). One NaN then spreads to every later position.",
+        "Use F.softmax (it subtracts the maximum) and nn.LayerNorm / F.layer_norm (it adds eps "
+        "to the variance).",
+        "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)",
+    ),
+)
+
+MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}
+"""The catalogue, in the order diagnoses are listed."""

@@ -1,0 +1,314 @@
+"""Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
+
+Each probe calls a ``Subject`` (an eval-mode float64 deep copy of the user's block) on inputs it
+builds, and returns a ``ProbeResult``: passed or not, what it measured and, when the failure
+proves a catalogued mistake on its own, that mistake's id. How each probe measures:
+
+* ``shape``: a (T, T, C) and a (T + 1, T, C) input must come back with their own shapes. A block
+  that works only when B == T is mixing up batch and time.
+* ``eval determinism``: two eval-mode calls on one input must agree (dropout_in_eval).
+* ``causality``: for each position t, perturb the input at t; the output before t must not move
+  at all (beyond 1e-10 of the output scale in float64). Names the first position that sees a
+  later one (future_leak).
+* ``batch independence``: perturb one sequence; the others' outputs must not move (batch_mixing).
+* ``residual stream``: scale the input up by S (1e4) and perturb it by a unit-size d. A pre-norm
+  block computes y = x + f(ln(x)), whose branches see only the normalised input, so at that
+  scale d passes straight through: |dy - d| / |d| is about |f'| / S, far below ``RESIDUAL_LIMIT``.
+  A post-norm block ends in a LayerNorm and a block that overwrites the stream feeds it to a
+  sub-layer only through a norm: both shrink d by ~1/S, so |dy - d| / |d| is ~1. (This cannot
+  tell post_norm from no_residual; the reference comparison can.)
+* ``finite outputs``: inputs of ordinary size, of size 1e4, and with one position all zeros (a
+  norm without eps divides by zero there) must give finite outputs (nonfinite).
+* ``gradients``: a backward pass from the outputs must reach every parameter with finite values.
+
+Every call but the determinism probe's runs with the RNG re-seeded, so a block that wrongly
+keeps dropout on in eval still gets the same dropout mask for an input and its perturbation, and
+the other probes stay meaningful. The caller's RNG state is restored after every call (for the
+determinism probe, after its pair of calls).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "Subject", "one_line"]
+
+Tensor = torch.Tensor
+RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
+LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's outcome, the catalogued mistake its failure proves, and whether to stop."""
+
+    passed: bool
+    message: str  # what was measured and found
+    implies: str | None = None  # a catalogue id, when the failure proves that mistake
+    stop: bool = False  # True when later probes cannot run (the shape contract failed)
+
+
+class Subject:
+    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
+
+    The user's module is never changed: the copy is made with ``copy.deepcopy``.
+
+    Args:
+        module: the user's block.
+        C: channels of its input.
+        T: the sequence length to probe with (<= the block's block_size).
+    """
+
+    def __init__(self, module: nn.Module, C: int, T: int) -> None:
+        self.C, self.T = C, T
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.generator = torch.Generator().manual_seed(0)
+        self.note = ""
+        failure: Exception | None = None
+        for dtype in (torch.float64, torch.float32):
+            self.dtype = dtype
+            self.module = copy.deepcopy(module).to(dtype).eval()
+            try:
+                self(self.input(T, T, C))
+                break
+            except Exception as e:
+                failure = failure or e
+        else:
+            self.dtype = torch.float64
+            self.module = copy.deepcopy(module).to(torch.float64).eval()
+        if self.dtype != torch.float64:
+            self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
+        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
+        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+        """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
+
+        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``.
+        """
+        with torch.no_grad():
+            return self.forward(x, seeded=seeded)
+
+    def forward(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+        """Like calling the subject, but with autograd as the caller has it."""
+        if not seeded:
+            return _tensor(self.module(x))
+        with self.own_rng():
+            torch.manual_seed(0)
+            return _tensor(self.module(x))
+
+    def own_rng(self) -> ContextManager[None]:
+        """A context in which the block may draw random numbers; the caller's RNG is restored."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
+        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
+        scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
+        same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale)
+        return ~same
+
+
+def _tensor(y: object) -> Tensor:
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"the block returned a {type(y).__name__}, expected a (B, T, C) tensor")
+    return y
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report."""
+    if e is None:
+        return "unknown error"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0].rstrip('.')}" if lines else type(e).__name__
+
+
+def _size(scale: float) -> str:
+    """1e4, not 1e+04."""
+    return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def shape(s: Subject) -> ProbeResult:
+    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes."""
+    T, C = s.T, s.C
+    results = []
+    for B in (T, T + 1):
+        x = s.input(B, T, C)
+        try:
+            y = s(x)
+        except Exception as e:
+            if B == T:
+                msg = f"calling it on a {(B, T, C)} input raised {one_line(e)}"
+                return ProbeResult(False, msg, "shape", stop=True)
+            msg = (
+                f"it works on a {(T, T, C)} input but a {(B, T, C)} input raised {one_line(e)}; "
+                "it only works when the batch size equals the sequence length, a sign that "
+                "batch and time are mixed up"
+            )
+            return ProbeResult(False, msg, "shape")
+        if y.shape != x.shape:
+            msg = f"a {tuple(x.shape)} input gave a {tuple(y.shape)} output, expected {tuple(x.shape)}"
+            return ProbeResult(False, msg, "shape", stop=True)
+        results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
+    return ProbeResult(True, " and ".join(results))
+
+
+def determinism(s: Subject) -> ProbeResult:
+    """Two eval-mode calls on the same input agree."""
+    x = s.input(s.T, s.T, s.C)
+    with s.own_rng():  # one fork for both calls, so that a random block draws differently
+        y1, y2 = s(x, seeded=False), s(x, seeded=False)
+    moved = s.moved(y1, y2)
+    if moved.any():
+        worst = float((y1 - y2).abs().nan_to_num(0.0).max())
+        msg = (
+            f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
+            f"values, by up to {worst:.3g}): something random is still on in eval mode"
+        )
+        return ProbeResult(False, msg, "dropout_in_eval")
+    return ProbeResult(True, "two eval-mode calls give equal outputs")
+
+
+def causality(s: Subject) -> ProbeResult:
+    """Perturbing position t moves no output before t."""
+    T, C = s.T, s.C
+    x = s.input(T, T, C)
+    y = s(x)
+    leaks: list[tuple[int, int]] = []  # (earlier position that moved, later position perturbed)
+    for t in range(1, T):
+        x2 = x.clone()
+        x2[:, t] += s.input(T, C)  # (B, C): a different change in every sequence
+        moved = s.moved(y, s(x2))[:, :t].any(dim=2).any(dim=0)  # (t,): earlier positions moved
+        leaks += [(int(p), t) for p in moved.nonzero().flatten()]
+    if leaks:
+        p, t = min(leaks)
+        msg = (
+            f"position {p}'s output changes when position {t} changes, so it sees the future "
+            f"({len(leaks)} (earlier, later) position pairs leak)"
+        )
+        return ProbeResult(False, msg, "future_leak")
+    msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
+    return ProbeResult(True, msg)
+
+
+def batch_independence(s: Subject) -> ProbeResult:
+    """Perturbing one sequence of the batch moves no other sequence's output."""
+    T, C = s.T, s.C
+    x = s.input(T, T, C)
+    y = s(x)
+    for b in (0, T - 1):
+        x2 = x.clone()
+        x2[b] += s.input(T, C)
+        moved = s.moved(y, s(x2)).flatten(1).any(dim=1)  # (B,): sequences whose output moved
+        moved[b] = False
+        if moved.any():
+            other = int(moved.nonzero()[0])
+            msg = (
+                f"changing sequence {b} of the batch changes the output of sequence {other}: "
+                "examples of a batch are mixed"
+            )
+            return ProbeResult(False, msg, "batch_mixing")
+    msg = "changing one sequence moves no other sequence's output"
+    return ProbeResult(True, msg)
+
+
+def residual(s: Subject) -> ProbeResult:
+    """A small change to a large input passes straight through a pre-norm block."""
+    T, C, S = s.T, s.C, LARGE[s.dtype]
+    x = s.input(T, T, C, scale=S)
+    d = s.input(T, T, C)
+    y, y2 = s(x), s(x + d)
+    ok = torch.isfinite(y).all(dim=-1) & torch.isfinite(y2).all(dim=-1)  # (B, T)
+    if not ok.any():
+        msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
+        return ProbeResult(False, msg)
+    r = float((y2 - y - d)[ok].norm() / d[ok].norm())
+    change = f"a change d to a size-{_size(S)} input"
+    if r <= RESIDUAL_LIMIT:
+        msg = f"{change} passes through (pre-norm): |dy - d| / |d| = {r:.2g} <= {RESIDUAL_LIMIT}"
+        return ProbeResult(True, msg)
+    msg = (
+        f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
+        "stream is normalised after adding (post_norm) or overwritten (no_residual)"
+    )
+    return ProbeResult(False, msg)
+
+
+def finite(s: Subject) -> ProbeResult:
+    """Ordinary, large and partly-zero inputs give finite outputs."""
+    T, C, S = s.T, s.C, LARGE[s.dtype]
+    zero = s.input(T, T, C)
+    zero[:, 0] = 0.0  # position 0 of every sequence is the zero vector
+    cases = {
+        "ordinary inputs": s.input(T, T, C),
+        f"inputs of size {_size(S)}": s.input(T, T, C, scale=S),
+        "an all-zero position": zero,
+    }
+    bad = []
+    for what, x in cases.items():
+        y = s(x)
+        n = int((~torch.isfinite(y)).sum())
+        if n:
+            bad.append(f"{what} ({n} of {y.numel()} values)")
+    if bad:
+        msg = f"inf/NaN outputs for {', '.join(bad)}"
+        return ProbeResult(False, msg, "nonfinite")
+    msg = f"finite for {', '.join(cases)}"
+    return ProbeResult(True, msg)
+
+
+def gradients(s: Subject) -> ProbeResult:
+    """A backward pass reaches every parameter, with finite values."""
+    params = [(n, p) for n, p in s.module.named_parameters() if p.requires_grad]
+    if not params:
+        return ProbeResult(True, "the block has no trainable parameters")
+    with torch.enable_grad():
+        y = s.forward(s.input(s.T, s.T, s.C))
+        loss = (torch.where(torch.isfinite(y), y, 0.0) * s.input(*y.shape)).sum()
+        tensors = [p for _, p in params]
+        grads: list[Tensor | None]
+        if loss.requires_grad:
+            grads = list(torch.autograd.grad(loss, tensors, allow_unused=True))
+        else:  # the output depends on no parameter at all
+            grads = [None] * len(tensors)
+    pairs = list(zip((n for n, _ in params), grads, strict=True))
+    unreached = [n for n, g in pairs if g is None]
+    nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
+    problems = []
+    if unreached:
+        problems.append(f"no gradient reaches {_names(unreached)} (unused in forward?)")
+    if nonfinite:
+        problems.append(f"non-finite gradients in {_names(nonfinite)}")
+    if problems:
+        return ProbeResult(False, "; ".join(problems))
+    msg = f"all {len(params)} parameters get finite gradients"
+    return ProbeResult(True, msg)
+
+
+PROBES: dict[str, Callable[[Subject], ProbeResult]] = {
+    "shape": shape,
+    "eval determinism": determinism,
+    "causality": causality,
+    "batch independence": batch_independence,
+    "residual stream": residual,
+    "finite outputs": finite,
+    "gradients": gradients,
+}
+"""The probes by the name their finding gets, in the order they run; ``shape`` first, since the
+others need its contract."""

@@ -1,0 +1,233 @@
+"""The first lesson's three exercises, run: each returns its numbers and whether it passed.
+
+* ``exercise1`` -- Monte Carlo: an unscaled dot product of independent zero-mean, unit-variance
+  vectors has variance d_k; scaled by 1/sqrt(d_k) it has variance 1. The pass band is derived
+  from the sample size (docs/exercises.md has the derivation).
+* ``exercise2`` -- the NumPy causal head (``gptblock.reference.causal_head``): every row of the
+  weights sums to 1 and no weight falls on a future position.
+* ``exercise3`` -- over many random draws, the softmax of scaled scores has higher entropy than
+  the softmax of raw scores.
+
+``gptblock exercises`` prints them. Each function takes a ``seed`` and is deterministic given it.
+NumPy only, like the oracle the exercises are about.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .reference import causal_head, softmax
+
+__all__ = [
+    "CausalHeadCheck",
+    "EntropyComparison",
+    "ScoreVariance",
+    "VarianceRow",
+    "exercise1",
+    "exercise2",
+    "exercise3",
+    "run_all",
+]
+
+
+@dataclass(frozen=True)
+class VarianceRow:
+    """Exercise 1 for one d_k."""
+
+    d_k: int  # dimensions summed over
+    var_raw: float  # sample variance of q . k; the claim is d_k
+    var_scaled: float  # sample variance of q . k / sqrt(d_k); the claim is 1
+    std_error: float  # standard error of var_scaled when the claim holds
+    z: float  # (var_scaled - 1) / std_error
+    passed: bool  # |z| <= the band
+
+
+@dataclass(frozen=True)
+class ScoreVariance:
+    """Exercise 1: the variance of attention scores, unscaled and scaled."""
+
+    n_samples: int  # (q, k) pairs drawn per d_k
+    band: float  # a row passes when its variance is within this many standard errors
+    rows: tuple[VarianceRow, ...]
+    passed: bool
+
+
+@dataclass(frozen=True)
+class CausalHeadCheck:
+    """Exercise 2: the structure of the causal head's weights."""
+
+    n_sequences: int  # random (q, k, v) sequences checked
+    T: int  # sequence length
+    hs: int  # head size
+    max_row_sum_error: float  # max |sum of a row - 1|; passes at <= 1e-12
+    max_future_weight: float  # largest weight above the diagonal; passes only if exactly 0.0
+    passed: bool
+
+
+@dataclass(frozen=True)
+class EntropyComparison:
+    """Exercise 3: the entropy of softmax(raw scores) against softmax(scaled scores)."""
+
+    n_draws: int  # random (query, keys) draws
+    d_k: int  # dimensions of the query and keys
+    n_keys: int  # keys per draw; entropies are at most log2(n_keys) bits
+    scale: float  # the scaling under test; the head's is 1 / sqrt(d_k)
+    fraction_higher: float  # fraction of draws where H(scaled) > H(raw)
+    mean_entropy_raw: float  # bits
+    mean_entropy_scaled: float  # bits
+    min_gap: float  # smallest H(scaled) - H(raw) over the draws, bits
+    mean_max_weight_raw: float  # how close softmax(raw) is to one-hot, on average
+    mean_max_weight_scaled: float
+    passed: bool  # fraction_higher == 1: a theorem for any scale < 1, see docs/exercises.md
+
+
+def exercise1(
+    seed: int = 0,
+    *,
+    d_ks: tuple[int, ...] = (4, 16, 64, 256),
+    n_samples: int = 10_000,
+    band: float = 5.0,
+) -> ScoreVariance:
+    """Monte Carlo for Var(q . k) = d_k and Var(q . k / sqrt(d_k)) = 1.
+
+    q and k have independent standard normal coordinates. For each d_k, ``n_samples`` pairs
+    give a sample variance (``ddof=1``). Its standard error when the claim holds is exact for
+    Gaussian coordinates: the scores' fourth moment is 3 d_k^2 + 6 d_k, so
+    ``Var(s^2) = (mu4 - sigma^4 (N - 3) / (N - 1)) / N``. A row passes when its variance is within
+    ``band`` standard errors of the claim (two-sided; for 5, a false FAIL has probability ~6e-7).
+
+    Args:
+        seed: seed of the random draws.
+        d_ks: the head sizes to check.
+        n_samples: N, pairs per d_k.
+        band: the pass band in standard errors.
+
+    Example:
+        >>> r = exercise1(seed=0, d_ks=(4, 64), n_samples=2000)
+        >>> r.passed, [row.d_k for row in r.rows]
+        (True, [4, 64])
+    """
+    if n_samples < 4:
+        raise ValueError(f"n_samples must be >= 4 for a sample variance's error, got {n_samples}")
+    rng = _rng(seed)
+    N = n_samples
+    rows = []
+    for d in d_ks:
+        q = rng.standard_normal((N, d))
+        k = rng.standard_normal((N, d))
+        raw = np.einsum("nd,nd->n", q, k)  # (N,) dot products, without an (N, d) temporary
+        var_raw = float(np.var(raw, ddof=1))
+        var_scaled = float(np.var(raw / math.sqrt(d), ddof=1))
+        # The standard error of the sample variance of X = q.k / sqrt(d_k): sigma^2 = 1 and
+        # mu4 = E[X^4] = 3 + 6/d_k (docs/exercises.md).
+        mu4 = 3.0 + 6.0 / d
+        std_error = math.sqrt((mu4 - (N - 3) / (N - 1)) / N)
+        z = (var_scaled - 1.0) / std_error
+        rows.append(VarianceRow(d, var_raw, var_scaled, std_error, z, abs(z) <= band))
+    return ScoreVariance(N, band, tuple(rows), all(r.passed for r in rows))
+
+
+def exercise2(seed: int = 0, *, n_sequences: int = 100, T: int = 8, hs: int = 4) -> CausalHeadCheck:
+    """Rows of the causal head's weights sum to 1; weights on future positions are exactly 0.
+
+    Args:
+        seed: seed of the random q, k, v.
+        n_sequences: how many independent sequences to check.
+        T: sequence length.
+        hs: head size.
+
+    Example:
+        >>> r = exercise2(seed=0, n_sequences=3, T=5, hs=4)
+        >>> r.passed, r.max_future_weight
+        (True, 0.0)
+    """
+    rng = _rng(seed)
+    q, k, v = rng.standard_normal((3, n_sequences, T, hs))  # (n, T, hs) each
+    _, wei = causal_head(q, k, v)  # (n, T, T)
+    row_error = float(np.abs(wei.sum(axis=-1) - 1.0).max())
+    future = wei[:, np.triu(np.ones((T, T), dtype=bool), k=1)]  # (n, T(T-1)/2)
+    max_future = float(future.max()) if future.size else 0.0
+    # Round-off in a sum of T terms in [0, 1] is a few ulps; 1e-12 leaves room and still
+    # catches any real normalisation error. Future weights must be exactly 0, not small.
+    passed = row_error <= 1e-12 and max_future == 0.0
+    return CausalHeadCheck(n_sequences, T, hs, row_error, max_future, passed)
+
+
+def exercise3(
+    seed: int = 0,
+    *,
+    n_draws: int = 1000,
+    d_k: int = 64,
+    n_keys: int = 6,
+    scale: float | None = None,
+) -> EntropyComparison:
+    """Softmax of scaled scores is flatter (higher entropy) than softmax of raw scores.
+
+    Each draw takes a standard normal query and ``n_keys`` keys in d_k dimensions, as in the
+    lesson, and compares the entropies (bits) of ``softmax(k @ q)`` and ``softmax(scale * k @ q)``.
+    For any ``0 < scale < 1`` the scaled entropy is higher in *every* draw whose scores are not
+    all equal (entropy falls as the inverse temperature rises; docs/exercises.md), so the
+    exercise passes only if it holds in every draw; one exception would be a bug.
+
+    Args:
+        seed: seed of the random draws.
+        n_draws: how many (query, keys) draws.
+        d_k: dimensions of the query and the keys.
+        n_keys: keys per draw.
+        scale: the scaling to compare; ``None`` is the head's ``1 / sqrt(d_k)``. A scale > 1
+            sharpens instead, and the exercise fails.
+
+    Example:
+        >>> r = exercise3(seed=0, n_draws=50)
+        >>> r.passed, r.fraction_higher, r.mean_entropy_scaled > r.mean_entropy_raw
+        (True, 1.0, True)
+        >>> exercise3(seed=0, n_draws=50, scale=8.0).fraction_higher
+        0.0
+    """
+    rng = _rng(seed)
+    s = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
+    q = rng.standard_normal((n_draws, d_k))  # (n, d_k)
+    keys = rng.standard_normal((n_draws, n_keys, d_k))  # (n, n_keys, d_k)
+    raw = np.einsum("nkd,nd->nk", keys, q)  # (n, n_keys, d_k) . (n, d_k) -> (n, n_keys)
+    p_raw, p_scaled = softmax(raw), softmax(s * raw)  # (n, n_keys) each
+    h_raw, h_scaled = _entropy_bits(p_raw), _entropy_bits(p_scaled)  # (n,) each
+    higher = float(np.mean(h_scaled > h_raw))
+    return EntropyComparison(
+        n_draws=n_draws,
+        d_k=d_k,
+        n_keys=n_keys,
+        scale=s,
+        fraction_higher=higher,
+        mean_entropy_raw=float(h_raw.mean()),
+        mean_entropy_scaled=float(h_scaled.mean()),
+        min_gap=float((h_scaled - h_raw).min()),
+        mean_max_weight_raw=float(p_raw.max(axis=-1).mean()),
+        mean_max_weight_scaled=float(p_scaled.max(axis=-1).mean()),
+        passed=higher == 1.0,
+    )
+
+
+def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyComparison]:
+    """All three exercises with their default sizes, each seeded with ``seed``.
+
+    Example:
+        >>> [r.passed for r in run_all(seed=0)]
+        [True, True, True]
+    """
+    return exercise1(seed), exercise2(seed), exercise3(seed)
+
+
+def _rng(seed: int) -> np.random.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return np.random.default_rng(seed)
+
+
+def _entropy_bits(p: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Entropy in bits along the last axis, with 0 log 0 = 0 (the lesson's ``p[p > 0]``)."""
+    logp = np.log2(np.where(p > 0, p, 1.0))  # log2(1) = 0 where p = 0, with no warning
+    return np.asarray(-(p * logp).sum(axis=-1))

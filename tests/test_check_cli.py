@@ -1,0 +1,117 @@
+"""`gptblock check`: targets from files and modules, --arg, --json, and the exit codes 0 / 1 / 2."""
+
+import json
+import textwrap
+
+import pytest
+
+from gptblock.cli import main
+
+POST_NORM_FILE = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+
+    class MyBlock(nn.Module):
+        def __init__(self, n_embd, n_head, block_size, dropout=0.0):
+            super().__init__()
+            self.n_head = n_head
+            self.ln_1 = nn.LayerNorm(n_embd)
+            self.attn = nn.Module()
+            self.attn.c_attn = nn.Linear(n_embd, 3 * n_embd)
+            self.attn.c_proj = nn.Linear(n_embd, n_embd)
+            self.ln_2 = nn.LayerNorm(n_embd)
+            self.mlp = nn.Module()
+            self.mlp.c_fc = nn.Linear(n_embd, 4 * n_embd)
+            self.mlp.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+        def attention(self, x):
+            B, T, C = x.shape
+            q, k, v = self.attn.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+        def forward(self, x):
+            x = self.ln_1(x + self.attention(x))  # normalising after adding: post-norm
+            return self.ln_2(x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(x))))
+    """
+)
+
+
+@pytest.fixture
+def block_file(tmp_path):
+    path = tmp_path / "my_block.py"
+    path.write_text(POST_NORM_FILE)
+    return path
+
+
+def test_without_target_gptblocks_own_blocks_pass(capsys):
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("result: PASS") >= 2
+    assert "check Block(" in out and "check TransformerBlock(" in out
+
+
+def test_file_target_with_a_mistake_exits_1_and_says_how_to_fix_it(block_file, capsys):
+    assert main(["check", f"{block_file}:MyBlock"]) == 1
+    out = capsys.readouterr().out
+    assert "diagnosis: post_norm" in out
+    assert "FAIL  residual stream" in out
+    assert "fix:" in out and "from:   lesson 1: x = x + self.sa(self.ln1(x))" in out
+    assert "MyBlock(n_embd=32, n_head=4, block_size=16, dropout=0.1)" in out  # filled defaults
+
+
+def test_module_target_and_args(capsys):
+    code = main(
+        ["check", "zoo:LessonNoScaling", "--arg", "n_embd=16", "--arg", "n_head=2", "--json"]
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["passed"] is False
+    (report,) = data["reports"]
+    assert report["diagnosis"] == ["no_scaling"]
+    assert report["target"].startswith("LessonNoScaling(n_embd=16, n_head=2,")
+
+
+def test_json_of_a_passing_block(capsys):
+    code = main(["check", "gptblock:TransformerBlock", "--arg", "activation=relu", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["passed"] is True
+    (report,) = data["reports"]
+    assert "activation='relu'" in report["target"]  # not a literal: kept as a string
+    assert report["diagnosis"] == [] and all(f["passed"] for f in report["findings"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["check", "missing.py:Block"], "no such file"),
+        (["check", "gptblock.lesson:NoSuchBlock"], "has no 'NoSuchBlock'"),
+        (["check", "no_such_package_xyz:Block"], "cannot import no_such_package_xyz"),
+        (["check", "gptblock.lesson"], "TARGET must be"),
+        (["check", "gptblock.lesson:Block", "--arg", "n_head=3"], "not divisible"),
+        (["check", "gptblock.lesson:Block", "--arg", "oops"], "NAME=VALUE"),
+        (["check", "--arg", "n_embd=16"], "needs a TARGET"),
+    ],
+)
+def test_targets_that_cannot_be_loaded_or_built_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_that_fails_to_import_exits_2(tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text("import torch\nraise RuntimeError('boom\\nsecond line')\n")
+    assert main(["check", f"{path}:Block"]) == 2
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom" in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_shows_the_filled_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "n_embd=32" in out and "block_size=16" in out and "dropout=0.1" in out
