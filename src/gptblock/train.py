@@ -204,15 +204,7 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = get_batch(
-            self.data.train,
-            cfg.block_size,
-            cfg.batch_size,
-            self.generator,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-        )  # (B, T) each
-        x, y = x.to(self.device), y.to(self.device)
+        x, y = self._batch(self.data.train, self.generator)  # (B, T) each
         with self.autocast:
             _, loss = self.net(x, y)
         # The mean over all processes: the loss of the global batch, and the same on every rank,
@@ -234,6 +226,16 @@ class Trainer:
         self.step += 1
         self.losses.append(mean_loss)
         return mean_loss
+
+    def _batch(
+        self, tokens: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # This process's share of one global batch, on the device.
+        cfg, d = self.config, self.dist
+        x, y = get_batch(
+            tokens, cfg.block_size, cfg.batch_size, generator, rank=d.rank, world_size=d.world_size
+        )
+        return x.to(self.device), y.to(self.device)
 
     def _tokens_per_step(self) -> int:
         return self.config.batch_size * self.config.block_size
@@ -267,16 +269,9 @@ class Trainer:
                 g = torch.Generator().manual_seed(cfg.seed + 1 + offset)
                 total = 0.0
                 for _ in range(cfg.eval_iters):
-                    x, y = get_batch(
-                        tokens,
-                        cfg.block_size,
-                        cfg.batch_size,
-                        g,
-                        rank=self.dist.rank,
-                        world_size=self.dist.world_size,
-                    )  # (B, T) each
+                    x, y = self._batch(tokens, g)  # (B, T) each
                     with self.autocast:
-                        _, loss = self.model(x.to(self.device), y.to(self.device))
+                        _, loss = self.model(x, y)
                     total += loss.item()
                 summed = all_reduce_sum(
                     torch.tensor([total], dtype=torch.float64, device=self._comm_device())
@@ -347,6 +342,12 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "train_config": dataclasses.asdict(self.config),
             "world_size": self.dist.world_size,
+            # Where the randomness lives, for a reader of the JSON: the batches' generator
+            # (seeded with train_config.seed) and each process's global RNG (dropout).
+            "rng": {
+                "batches": "rng.data",
+                "dropout": sorted(k for k in tensors if k.startswith(("rng.cpu.", "rng.cuda."))),
+            },
             "optimizer": opt_json,
             "scaler": self.scaler.state_dict(),
             "history": {"loss": self.losses, "evals": self.evals},
