@@ -250,3 +250,19 @@ def test_check_same_field_names_the_differences(tmp_path):
             {"n_layer": 2, "n_embd": 32, "n_head": 4},
             {"n_layer": 4, "n_embd": 64, "n_head": 4},
         )
+
+
+def test_a_reader_racing_a_writer_gets_the_new_checkpoint(tmp_path, monkeypatch):
+    model = small_model()
+    save_model(tmp_path, model, step=1)
+    real_load = ck._load
+    calls = []
+
+    def writer_commits_in_between(json_path, raw):
+        calls.append(1)
+        if len(calls) == 1:  # the JSON was read; now a save replaces it and deletes the old tensors
+            save_model(tmp_path, model, step=2)
+        return real_load(json_path, raw)
+
+    monkeypatch.setattr(ck, "_load", writer_commits_in_between)
+    assert load_checkpoint(tmp_path).meta["step"] == 2 and len(calls) == 2

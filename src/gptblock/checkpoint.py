@@ -200,10 +200,25 @@ def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = "last") -> Chec
             it is not a safetensors file. The message names the file.
     """
     json_path = checkpoint_path(out_dir, kind)
-    if not json_path.is_file():
-        raise FileNotFoundError(f"no {kind} checkpoint in {Path(out_dir)}: {json_path} not found")
+    # A training run may commit a new checkpoint (and delete the old tensors file) between our
+    # reading the JSON and its tensors file: then the JSON has changed, and we read it again.
+    for _ in range(3):
+        if not json_path.is_file():
+            raise FileNotFoundError(
+                f"no {kind} checkpoint in {Path(out_dir)}: {json_path} not found"
+            )
+        raw = json_path.read_bytes()
+        try:
+            return _load(json_path, raw)
+        except CheckpointError:
+            if json_path.read_bytes() == raw:
+                raise
+    return _load(json_path, json_path.read_bytes())
+
+
+def _load(json_path: Path, raw: bytes) -> Checkpoint:
     try:
-        meta = json.loads(json_path.read_bytes().decode("utf-8"))
+        meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
