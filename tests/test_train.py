@@ -1,9 +1,11 @@
 """The trainer, on a stand-in bigram model: schedule, optimizer, losses, checkpoints, resume."""
 
+import contextlib
 import itertools
 import math
 import os
 import signal
+import warnings
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from torch.nn import functional as F
 
 from gptblock.checkpoint import CheckpointError, load_checkpoint
 from gptblock.data import split_tokens
-from gptblock.recipe import TrainConfig, configure_optimizer, lr_at
+from gptblock.recipe import TrainConfig, autocast_context, configure_optimizer, lr_at
 from gptblock.train import NonFiniteLossError, Trainer
 from standin import Bigram, pattern_tokens
 
@@ -284,3 +286,18 @@ def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
         trainer.fit()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert load_checkpoint(tmp_path).meta["step"] == 0  # the last checkpoint stays intact
+
+
+def test_an_unsupported_autocast_dtype_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="dtype=bfloat16 is not supported on device 'meta'"):
+        autocast_context(torch.device("meta"), "bfloat16")
+
+    def warns(device_type, dtype):  # how PyTorch reports some combinations: a warning
+        warnings.warn("In CPU autocast, but the target dtype is not supported.", stacklevel=2)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch, "autocast", warns)
+    with pytest.raises(
+        ValueError, match=r"float16 is not supported on device 'cpu' \(In CPU autocast"
+    ):
+        autocast_context(torch.device("cpu"), "float16")

@@ -143,14 +143,21 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
     # float32 means no autocast at all, so the default path runs exactly the model's own math.
     if dtype == "float32":
         return contextlib.nullcontext()
+    problem = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ctx = torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
-    # An unsupported combination only warns and disables itself; make that an error instead.
-    if not getattr(ctx, "_enabled", True) or caught:
+        try:
+            ctx = torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+        except RuntimeError as e:  # an unknown device type; bfloat16 on an older GPU
+            problem = str(e)
+    # Some unsupported combinations only warn and disable autocast; make them errors too.
+    if caught and not problem:
+        problem = str(caught[0].message)
+    if problem:
+        first_line = problem.splitlines()[0]
         raise ValueError(
-            f"dtype={dtype} is not supported by autocast on device {device.type!r}; "
-            f"use float32{' or bfloat16' if device.type == 'cpu' else ''}"
+            f"dtype={dtype} is not supported on device {device.type!r} ({first_line}); "
+            f"use --dtype float32"
         )
     return ctx
 
