@@ -4,11 +4,13 @@ import gptblock
 
 EXPECTED = [
     "BlockConfig",
+    "ConversionError",
     "FusedBlock",
     "KVCache",
     "TransformerBlock",
     "__version__",
     "causal_mask",
+    "convert",
     "lesson",
 ]
 

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import example, info
+from . import bench, example, info
 
-COMMANDS = (example, info)
+COMMANDS = (bench, example, info)
 
 
 class CLIError(Exception):

@@ -1,0 +1,462 @@
+"""Measurement helpers for ``gptblock bench``: the matmul peak, then every form of the block.
+
+Everything runs in one process, so the peak and the blocks share the machine's state.
+
+What is measured, and how:
+
+* **Matmul peak** (the "practical peak"): for each size N in ``peak_sizes``, the median time of
+  ``repeats`` square (N, N) @ (N, N) matmuls in the benchmark's dtype after ``warmup`` untimed
+  ones, as FLOP/s (``2 * N**3`` per matmul); the peak is the best of those sizes, measured before
+  and again after the blocks, keeping the higher (a lower peak would flatter the blocks).
+* **Time per call**: the median of ``repeats`` calls after ``warmup`` untimed ones. The four forms
+  are timed round-robin (one call of each per round), so a change in the machine's load hits all
+  of them alike. Inference is ``module.eval()`` under ``torch.no_grad()``; a training step is one
+  forward and one backward in train mode (dropout 0), the input requiring grad, without the
+  optimizer (gradients are set to None between calls, outside the timing).
+* **Model FLOPs**, counted as nanoGPT's ``estimate_mfu`` counts them for one layer, except that
+  causal attention is counted at half the full T x T: per token, a training step is
+  ``6 * N + 6 * C * T`` (nanoGPT: ``6 * N + 12 * L * C * T``) and inference ``2 * N + 2 * C * T``,
+  where N = 12 * C**2 + 13 * C is the block's parameter count (q/k/v, output projection, MLP and
+  LayerNorms, with biases) and T the sequence length. The same count is used for every form.
+* **Peak memory**: the most tensor memory allocated during one call above what was allocated
+  before it. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the allocation and free events of
+  ``torch.profiler`` (``profile_memory=True``), summed in time order. (Process RSS is useless
+  here: glibc keeps freed memory, so RSS shows only the first call.)
+* **Attention kernel**: which attention op each form ran, read from the profiler's op names, so
+  a fast path that was (or was not) taken is visible.
+
+Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+from tqdm import tqdm
+
+from . import __version__
+from .config import check_positive_int
+from .convert import convert
+from .fused import FusedBlock
+from .masks import causal_mask
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "MatmulPeak",
+    "Measurement",
+    "block_flops",
+    "device_unavailable",
+    "format_table",
+    "matmul_peak",
+    "run_benchmark",
+    "write_json",
+]
+
+FORMS = {  # convert's name -> the name the table shows
+    "lesson": "lesson.Block",
+    "mha": "TransformerBlock",
+    "fused": "FusedBlock",
+    "encoder_layer": "nn.TransformerEncoderLayer",
+}
+MODES = ("inference", "training")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES |= {"float16": torch.float16, "float64": torch.float64}
+KERNELS = {  # profiler op name fragment -> how the table names the attention it ran
+    "_transformer_encoder_layer_fwd": "encoder fast path",
+    "flash_attention": "sdpa flash",
+    "efficient_attention": "sdpa efficient",
+    "cudnn_attention": "sdpa cudnn",
+    "attention_math": "sdpa math",
+    "aten::_masked_softmax": "masked softmax (T x T)",
+    "aten::_softmax": "softmax (T x T)",
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``run_benchmark`` measures.
+
+    Args:
+        d_model, n_heads: C and nh of the block.
+        seq_len, batch: T and B of the main shape.
+        sweep: further sequence lengths, each at batch ``max(1, batch * seq_len // T)`` so every
+            call holds the same number of tokens (the default shape's 2048: T 1024 runs at B 2).
+        activation: of every form except the lesson's, which is always ReLU.
+        device, dtype: where and in what precision everything runs (the peak too).
+        warmup, repeats: untimed and timed calls per measurement.
+        peak_sizes: the square matmul sizes N tried for the peak; ``()`` picks by device.
+    """
+
+    d_model: int = 384  # C
+    n_heads: int = 6  # nh
+    seq_len: int = 256  # T of the main shape
+    batch: int = 8  # B of the main shape
+    sweep: tuple[int, ...] = (64, 128, 256, 512, 1024)  # further T, at constant tokens per call
+    activation: str = "gelu"  # all forms but the lesson's (ReLU)
+    device: str = "cpu"
+    dtype: str = "float32"
+    warmup: int = 2  # untimed calls before each measurement
+    repeats: int = 7  # timed calls; the median is reported
+    peak_sizes: tuple[int, ...] = ()  # N of the (N, N) @ (N, N) peak matmuls; () = by device
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "seq_len", "batch", "repeats"):
+            check_positive_int(name, getattr(self, name))
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        for T in (*self.sweep, *self.peak_sizes):
+            check_positive_int("sweep and peak sizes", T)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        FusedBlock(self.d_model, self.n_heads, activation=self.activation)  # validates the rest
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """(B, T) of every measured shape: the main one first, then the sweep."""
+        tokens = self.batch * self.seq_len
+        shapes = [(self.batch, self.seq_len)]
+        shapes += [(max(1, tokens // T), T) for T in self.sweep]
+        return list(dict.fromkeys(shapes))  # the main shape may be in the sweep too
+
+    def matmul_sizes(self) -> tuple[int, ...]:
+        if self.peak_sizes:
+            return self.peak_sizes
+        return (4096, 8192, 16384) if self.device.startswith("cuda") else (1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class MatmulPeak:
+    """The practical peak: the best median FLOP/s over the square matmul sizes tried."""
+
+    flops_per_s: float  # the peak
+    size: int  # the N that reached it
+    by_size: dict[int, float]  # N -> median FLOP/s, best of the runs before and after
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One form, one mode, one shape."""
+
+    form: str  # convert's name: lesson, mha, fused, encoder_layer
+    mode: str  # inference or training
+    batch: int  # B
+    seq_len: int  # T
+    ms: float  # median milliseconds per call
+    ms_samples: list[float]  # every timed call
+    tokens_per_s: float  # B * T / median seconds
+    flops: float  # model FLOPs per call (see the module docstring)
+    pct_of_peak: float  # flops / median seconds / peak FLOP/s, in percent
+    speedup_vs_encoder_layer: float  # encoder layer's median ms / this form's
+    peak_memory_bytes: int | None  # most tensor memory during one call above its start
+    attention: str  # the attention kernel the profiler saw
+
+
+@dataclass
+class BenchResult:
+    """Everything ``run_benchmark`` measured, plus the machine it ran on."""
+
+    config: BenchConfig
+    peak: MatmulPeak
+    measurements: list[Measurement]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def device_unavailable(device: str) -> str | None:
+    """Why ``device`` cannot run the benchmark here, or None if it can."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return f"device {device!r} requested but CUDA is not available on this machine"
+    if not device.startswith(("cpu", "cuda")):
+        return f"device must be 'cpu' or 'cuda[:N]', got {device!r}"
+    return None
+
+
+def block_flops(d_model: int, seq_len: int, tokens: int, training: bool) -> float:
+    """Model FLOPs of one call on ``tokens`` tokens of sequences of length ``seq_len``.
+
+    nanoGPT's estimate_mfu for one layer, with causal attention counted at half the T x T:
+    ``6 * N + 6 * C * T`` per token for a training step, ``2 * N + 2 * C * T`` for inference,
+    N = 12 * C**2 + 13 * C.
+
+    Example:
+        >>> block_flops(384, 256, 2048, training=False) / 1e9  # the default inference shape
+        7.670857728
+    """
+    C, T = d_model, seq_len
+    n_params = 12 * C * C + 13 * C
+    per_token = 6 * n_params + 6 * C * T if training else 2 * n_params + 2 * C * T
+    return float(per_token * tokens)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def matmul_peak(
+    sizes: tuple[int, ...], device: torch.device, dtype: torch.dtype, warmup: int, repeats: int
+) -> dict[int, float]:
+    """Median FLOP/s of (N, N) @ (N, N) for each N in ``sizes``."""
+    rates = {}
+    for N in sizes:
+        a = torch.randn(N, N, device=device, dtype=dtype)
+        b = torch.randn(N, N, device=device, dtype=dtype)
+        for _ in range(warmup):
+            a @ b
+        times = [_timed(lambda: a @ b, device) for _ in range(repeats)]  # noqa: B023
+        rates[N] = 2 * N**3 / statistics.median(times)
+    return rates
+
+
+def _make_forms(config: BenchConfig, block_size: int) -> dict[str, nn.Module]:
+    """The four forms, built by ``convert`` from one FusedBlock (the lesson's from a ReLU one)."""
+    torch.manual_seed(0)
+    base = FusedBlock(config.d_model, config.n_heads, activation=config.activation)
+    relu = FusedBlock(config.d_model, config.n_heads, activation="relu")
+    forms = {
+        "lesson": convert(relu, "lesson", block_size=block_size),
+        "mha": convert(base, "mha"),
+        "fused": base,
+        "encoder_layer": convert(base, "encoder_layer"),
+    }
+    dtype, device = DTYPES[config.dtype], torch.device(config.device)
+    return {name: m.to(device=device, dtype=dtype) for name, m in forms.items()}
+
+
+Call = tuple[Callable[[], object], Callable[[], None]]  # (the call to time, its untimed reset)
+
+
+def _call(name: str, module: nn.Module, mode: str, x: torch.Tensor, mask: torch.Tensor) -> Call:
+    """How one form is timed in one mode on input ``x`` (B, T, C)."""
+    module.train(mode == "training")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if name == "encoder_layer":  # the causal mask is the caller's job here, built once
+            return module(x, src_mask=mask, is_causal=True)
+        return module(x)
+
+    if mode == "inference":
+
+        def infer() -> object:
+            with torch.no_grad():
+                return forward(x)
+
+        return infer, lambda: None
+    xg = x.detach().requires_grad_(True)  # the input a stack of blocks would hand on
+    grad = torch.randn_like(x)  # (B, T, C), what the next layer would send back
+
+    def step() -> object:
+        torch.autograd.backward(forward(xg), grad)
+        return None
+
+    def reset() -> None:
+        module.zero_grad(set_to_none=True)
+        xg.grad = None
+
+    return step, reset
+
+
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null for the duration of a ``profile()``.
+
+    libkineto writes "USDT: profiler_start/stop" lines to fd 2 on every profile, whatever
+    KINETO_LOG_LEVEL says, which would bury the progress bar. Python warnings raised meanwhile
+    are kept and re-issued afterwards.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with warnings.catch_warnings(record=True) as caught, open(os.devnull, "w") as null:
+            warnings.simplefilter("always")
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _profile_call(fn: Callable[[], object], device: torch.device) -> tuple[int | None, str]:
+    """(peak memory in bytes above the start, the attention kernel) of one call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+    with (
+        _kineto_quiet(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=device.type == "cpu") as prof,
+    ):
+        fn()
+        _sync(device)
+    names = {e.name for e in prof.events()}
+    seen = [label for frag, label in KERNELS.items() if any(frag in n for n in names)]
+    kernel = seen[0] if seen else "?"
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) - start, kernel
+    # Every allocation and free the profiler saw, in time order; the running sum's maximum.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    running = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        running += e.nbytes()
+        peak = max(peak, running)
+    return peak, kernel
+
+
+def _environment(config: BenchConfig) -> dict[str, Any]:
+    device = torch.device(config.device)
+    return {
+        "gptblock": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+
+
+def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
+    """Measure the matmul peak and every form on every shape of ``config``.
+
+    Example:
+        >>> cfg = BenchConfig(d_model=16, n_heads=2, seq_len=8, batch=2, sweep=(),
+        ...                   warmup=0, repeats=1, peak_sizes=(64,))
+        >>> result = run_benchmark(cfg, progress=False)
+        >>> sorted({m.form for m in result.measurements})
+        ['encoder_layer', 'fused', 'lesson', 'mha']
+    """
+    if (why := device_unavailable(config.device)) is not None:
+        raise ValueError(why)
+    device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    shapes = config.shapes()
+    sizes = config.matmul_sizes()
+    calls_per_shape = len(MODES) * len(FORMS) * (config.warmup + config.repeats + 1)
+    total = len(shapes) * calls_per_shape + 2 * len(sizes)
+    env = _environment(config) | {"load_before": os.getloadavg()}
+    with tqdm(total=total, desc="gptblock bench", disable=not progress, leave=False) as bar:
+        bar.set_postfix_str("matmul peak")
+        before = matmul_peak(sizes, device, dtype, config.warmup, config.repeats)
+        bar.update(len(sizes))
+        forms = _make_forms(config, block_size=max(T for _, T in shapes))
+        rows = []
+        for B, T in shapes:
+            x = torch.randn(B, T, config.d_model, device=device, dtype=dtype)
+            for mode in MODES:
+                bar.set_postfix_str(f"T={T} B={B} {mode}")
+                mask = causal_mask(T, device=device)
+                calls = {name: _call(name, m, mode, x, mask) for name, m in forms.items()}
+                samples: dict[str, list[float]] = {name: [] for name in calls}
+                for r in range(config.warmup + config.repeats):  # round-robin over the forms
+                    for name, (fn, reset) in calls.items():
+                        reset()
+                        t = _timed(fn, device)
+                        if r >= config.warmup:
+                            samples[name].append(t)
+                        bar.update()
+                memory = {}
+                for name, (fn, reset) in calls.items():
+                    reset()
+                    memory[name] = _profile_call(fn, device)
+                    bar.update()
+                flops = block_flops(config.d_model, T, B * T, training=mode == "training")
+                rows.append((B, T, mode, flops, samples, memory))
+        bar.set_postfix_str("matmul peak again")
+        after = matmul_peak(sizes, device, dtype, config.warmup, config.repeats)
+        bar.update(len(sizes))
+    by_size = {N: max(before[N], after[N]) for N in sizes}
+    best = max(by_size, key=lambda N: by_size[N])
+    peak = MatmulPeak(by_size[best], best, by_size)
+    env["load_after"] = os.getloadavg()
+    measurements = []
+    for B, T, mode, flops, samples, memory in rows:
+        median = {name: statistics.median(s) for name, s in samples.items()}
+        for name in FORMS:
+            m = median[name]
+            measurements.append(
+                Measurement(
+                    form=name,
+                    mode=mode,
+                    batch=B,
+                    seq_len=T,
+                    ms=m * 1e3,
+                    ms_samples=[s * 1e3 for s in samples[name]],
+                    tokens_per_s=B * T / m,
+                    flops=flops,
+                    pct_of_peak=100 * flops / m / peak.flops_per_s,
+                    speedup_vs_encoder_layer=median["encoder_layer"] / m,
+                    peak_memory_bytes=memory[name][0],
+                    attention=memory[name][1],
+                )
+            )
+    return BenchResult(config, peak, measurements, env)
+
+
+def format_table(result: BenchResult) -> str:
+    """The measurements as a fixed-width text table, preceded by the peak and the machine."""
+    cfg, env, peak = result.config, result.environment, result.peak
+    lines = [
+        f"gptblock bench: C={cfg.d_model} nh={cfg.n_heads} {cfg.dtype} on {env['device_name']} "
+        f"({env['threads']} threads), torch {env['torch']}",
+        f"matmul peak: {peak.flops_per_s / 1e9:.1f} GFLOP/s (best median of square "
+        f"{'/'.join(str(n) for n in peak.by_size)} matmuls; reached at N={peak.size})",
+        "load average before/after: "
+        + " / ".join(" ".join(f"{v:.2f}" for v in env[k]) for k in ("load_before", "load_after")),
+        "",
+    ]
+    header = f"{'T':>5} {'B':>3}  {'mode':<9}  {'form':<26} {'ms':>8} {'tok/s':>9} "
+    header += f"{'% peak':>7} {'x enc':>6} {'peak MiB':>9}  attention"
+    lines += [header, "-" * len(header)]
+    last = None
+    for m in result.measurements:
+        if last is not None and (m.seq_len, m.mode) != last:
+            lines.append("")
+        last = (m.seq_len, m.mode)
+        mem = "n/a" if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.1f}"
+        name = FORMS[m.form] + (" (ReLU)" if m.form == "lesson" else "")
+        lines.append(
+            f"{m.seq_len:>5} {m.batch:>3}  {m.mode:<9}  {name:<26} {m.ms:>8.2f} "
+            f"{m.tokens_per_s:>9.0f} {m.pct_of_peak:>6.1f}% {m.speedup_vs_encoder_layer:>6.2f} "
+            f"{mem:>9}  {m.attention}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(payload: BenchResult | dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write a result (or any JSON-able dict) to ``path`` atomically: whole file or none."""
+    data = asdict(payload) if isinstance(payload, BenchResult) else payload
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
