@@ -45,7 +45,7 @@ def test_bad_config_is_refused():
 def test_run_benchmark_reports_every_form_mode_and_shape_consistently():
     result = run_benchmark(TINY, progress=False)
     rows = result.measurements
-    assert len(rows) == 2 * 2 * 4  # shapes x modes x forms
+    assert len(rows) == 2 * 2 * 5  # shapes x modes x (forms + matmuls alone)
     peak = result.peak.flops_per_s
     assert peak == max(result.peak.by_size.values()) > 0
     for m in rows:
@@ -63,7 +63,8 @@ def test_run_benchmark_reports_every_form_mode_and_shape_consistently():
     fused = [m for m in rows if m.form == "fused"]
     assert all(m.attention.startswith("sdpa") for m in fused)  # never the (T, T) softmax
     table = format_table(result)
-    for name in ("lesson.Block (ReLU)", "TransformerBlock", "FusedBlock", "% peak", "peak MiB"):
+    assert {m.attention for m in rows if m.form == "matmuls"} == {"none"}
+    for name in ("lesson.Block (ReLU)", "FusedBlock", "matmuls alone (ceiling)", "peak MiB"):
         assert name in table
 
 
@@ -98,8 +99,9 @@ def test_cli_quick_run_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "matmul peak" in out and "FusedBlock" in out
     data = json.loads(path.read_text())
-    assert data["config"]["d_model"] == 32 and len(data["measurements"]) == 3 * 2 * 4
-    assert {m["form"] for m in data["measurements"]} == {"lesson", "mha", "fused", "encoder_layer"}
+    assert data["config"]["d_model"] == 32 and len(data["measurements"]) == 3 * 2 * 5
+    forms = {m["form"] for m in data["measurements"]}
+    assert forms == {"lesson", "mha", "fused", "encoder_layer", "matmuls"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the skip on a machine without CUDA")

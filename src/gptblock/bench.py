@@ -24,6 +24,8 @@ What is measured, and how:
   here: glibc keeps freed memory, so RSS shows only the first call.)
 * **Attention kernel**: which attention op each form ran, read from the profiler's op names, so
   a fast path that was (or was not) taken is visible.
+* **Matmuls alone**: the block's matmuls by themselves at the same shapes, timed like the forms.
+  Their time is a floor for every form, so model FLOPs over it is a ceiling on "% of peak".
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
 """
@@ -74,6 +76,12 @@ FORMS = {  # convert's name -> the name the table shows
     "fused": "FusedBlock",
     "encoder_layer": "nn.TransformerEncoderLayer",
 }
+# Not a form: the block's own matmuls (q/k/v, output projection, MLP; in training also their
+# input- and weight-gradient matmuls) on inputs of the same shapes, with no attention, LayerNorm,
+# activation or residual add. Its "% peak" (model FLOPs over its time) is the ceiling no form
+# can pass unless everything but those matmuls were free.
+MATMULS = "matmuls"
+ROWS = {**FORMS, MATMULS: "matmuls alone (ceiling)"}
 MODES = ("inference", "training")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPES |= {"float16": torch.float16, "float64": torch.float64}
@@ -152,7 +160,7 @@ class MatmulPeak:
 class Measurement:
     """One form, one mode, one shape."""
 
-    form: str  # convert's name: lesson, mha, fused, encoder_layer
+    form: str  # convert's name (lesson, mha, fused, encoder_layer), or matmuls
     mode: str  # inference or training
     batch: int  # B
     seq_len: int  # T
@@ -278,6 +286,28 @@ def _call(name: str, module: nn.Module, mode: str, x: torch.Tensor, mask: torch.
     return step, reset
 
 
+def _matmuls_call(config: BenchConfig, x: torch.Tensor, mode: str) -> Call:
+    """The block's matmuls alone, on x's shape: what every form must at least spend."""
+    B, T, C = x.shape
+    g = torch.Generator(device=x.device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g, device=x.device).to(x.dtype)
+
+    layers = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # (in, out): qkv, out_proj, MLP
+    tensors = [(randn(B * T, i), randn(o, i), randn(B * T, o)) for i, o in layers]
+
+    def run() -> object:
+        for a, w, grad in tensors:
+            a @ w.t()  # (BT, in) @ (in, out): the forward
+            if mode == "training":
+                grad @ w  # (BT, out) @ (out, in): the input's gradient
+                grad.t() @ a  # (out, BT) @ (BT, in): the weight's gradient
+        return None
+
+    return run, lambda: None
+
+
 @contextlib.contextmanager
 def _kineto_quiet() -> Iterator[None]:
     """Point file descriptor 2 at /dev/null for the duration of a ``profile()``.
@@ -314,7 +344,7 @@ def _profile_call(fn: Callable[[], object], device: torch.device) -> tuple[int |
         _sync(device)
     names = {e.name for e in prof.events()}
     seen = [label for frag, label in KERNELS.items() if any(frag in n for n in names)]
-    kernel = seen[0] if seen else "?"
+    kernel = seen[0] if seen else "none"
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) - start, kernel
     # Every allocation and free the profiler saw, in time order; the running sum's maximum.
@@ -349,14 +379,14 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
         ...                   warmup=0, repeats=1, peak_sizes=(64,))
         >>> result = run_benchmark(cfg, progress=False)
         >>> sorted({m.form for m in result.measurements})
-        ['encoder_layer', 'fused', 'lesson', 'mha']
+        ['encoder_layer', 'fused', 'lesson', 'matmuls', 'mha']
     """
     if (why := device_unavailable(config.device)) is not None:
         raise ValueError(why)
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     shapes = config.shapes()
     sizes = config.matmul_sizes()
-    calls_per_shape = len(MODES) * len(FORMS) * (config.warmup + config.repeats + 1)
+    calls_per_shape = len(MODES) * len(ROWS) * (config.warmup + config.repeats + 1)
     total = len(shapes) * calls_per_shape + 2 * len(sizes)
     env = _environment(config) | {"load_before": os.getloadavg()}
     with tqdm(total=total, desc="gptblock bench", disable=not progress, leave=False) as bar:
@@ -371,6 +401,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
                 bar.set_postfix_str(f"T={T} B={B} {mode}")
                 mask = causal_mask(T, device=device)
                 calls = {name: _call(name, m, mode, x, mask) for name, m in forms.items()}
+                calls[MATMULS] = _matmuls_call(config, x, mode)
                 samples: dict[str, list[float]] = {name: [] for name in calls}
                 for r in range(config.warmup + config.repeats):  # round-robin over the forms
                     for name, (fn, reset) in calls.items():
@@ -396,7 +427,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
     measurements = []
     for B, T, mode, flops, samples, memory in rows:
         median = {name: statistics.median(s) for name, s in samples.items()}
-        for name in FORMS:
+        for name in ROWS:
             m = median[name]
             measurements.append(
                 Measurement(
@@ -438,13 +469,36 @@ def format_table(result: BenchResult) -> str:
             lines.append("")
         last = (m.seq_len, m.mode)
         mem = "n/a" if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.1f}"
-        name = FORMS[m.form] + (" (ReLU)" if m.form == "lesson" else "")
+        name = ROWS[m.form] + (" (ReLU)" if m.form == "lesson" else "")
         lines.append(
             f"{m.seq_len:>5} {m.batch:>3}  {m.mode:<9}  {name:<26} {m.ms:>8.2f} "
             f"{m.tokens_per_s:>9.0f} {m.pct_of_peak:>6.1f}% {m.speedup_vs_encoder_layer:>6.2f} "
             f"{mem:>9}  {m.attention}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *_summary(result.measurements)])
+
+
+def _summary(rows: list[Measurement]) -> list[str]:
+    """FusedBlock against the encoder layer, the lesson and the ceiling, one line per shape."""
+    by = {(m.form, m.mode, m.seq_len): m for m in rows}
+    lines = [
+        "FusedBlock: speed-up (the other's median time / FusedBlock's); % of the matmul peak "
+        "(FusedBlock / matmuls alone)",
+        f"{'T':>5} {'B':>3}  {'vs encoder layer':>18}  {'vs lesson':>18}  {'% peak inference':>18}"
+        f"  {'% peak training':>18}",
+    ]
+    for T in dict.fromkeys(m.seq_len for m in rows):
+        f = {mode: by["fused", mode, T] for mode in MODES}
+        enc = [by["encoder_layer", mode, T].ms / f[mode].ms for mode in MODES]
+        les = [by["lesson", mode, T].ms / f[mode].ms for mode in MODES]
+        pct = [(f[mode].pct_of_peak, by[MATMULS, mode, T].pct_of_peak) for mode in MODES]
+        lines.append(
+            f"{T:>5} {f['inference'].batch:>3}  {enc[0]:>8.2f}x {enc[1]:>7.2f}x  "
+            f"{les[0]:>8.2f}x {les[1]:>7.2f}x  {pct[0][0]:>8.1f} / {pct[0][1]:>5.1f}%  "
+            f"{pct[1][0]:>8.1f} / {pct[1][1]:>5.1f}%"
+        )
+    lines.append("(vs encoder layer and vs lesson: inference, then training)")
+    return lines
 
 
 def write_json(payload: BenchResult | dict[str, Any], path: str | os.PathLike[str]) -> None:
