@@ -6,15 +6,9 @@ import pytest
 import torch
 
 from gptblock import FusedBlock, lesson
-from gptblock.bench import (
-    BenchConfig,
-    _profile_call,
-    block_flops,
-    format_table,
-    run_benchmark,
-    write_json,
-)
+from gptblock.bench import BenchConfig, format_table, run_benchmark, write_json
 from gptblock.cli import main
+from gptblock.measure import block_flops, profile_call
 
 TINY = BenchConfig(
     d_model=16, n_heads=2, seq_len=8, batch=2, sweep=(4,), warmup=0, repeats=2, peak_sizes=(64,)
@@ -72,7 +66,7 @@ def peak_memory(module, T, C=128):
     x = torch.randn(1, T, C)
     with torch.no_grad():
         module(x)
-        return _profile_call(lambda: module(x), torch.device("cpu"))[0]
+        return profile_call(lambda: module(x), torch.device("cpu"))[0]
 
 
 def test_fused_inference_memory_grows_linearly_in_T_and_the_lessons_does_not():

@@ -1,8 +1,6 @@
-"""Measurement helpers for ``gptblock bench``: the matmul peak, then every form of the block.
+"""``gptblock bench``: the matmul peak, then every form of the block, in one process.
 
-Everything runs in one process, so the peak and the blocks share the machine's state.
-
-What is measured, and how:
+One process, so the peak and the blocks share the machine's state. What is measured, and how:
 
 * **Matmul peak** (the "practical peak"): for each size N in ``peak_sizes``, the median time of
   ``repeats`` square (N, N) @ (N, N) matmuls in the benchmark's dtype after ``warmup`` untimed
@@ -13,42 +11,33 @@ What is measured, and how:
   of them alike. Inference is ``module.eval()`` under ``torch.no_grad()``; a training step is one
   forward and one backward in train mode (dropout 0), the input requiring grad, without the
   optimizer (gradients are set to None between calls, outside the timing).
-* **Model FLOPs**, counted as nanoGPT's ``estimate_mfu`` counts them for one layer, except that
-  causal attention is counted at half the full T x T: per token, a training step is
-  ``6 * N + 6 * C * T`` (nanoGPT: ``6 * N + 12 * L * C * T``) and inference ``2 * N + 2 * C * T``,
-  where N = 12 * C**2 + 13 * C is the block's parameter count (q/k/v, output projection, MLP and
-  LayerNorms, with biases) and T the sequence length. The same count is used for every form.
-* **Peak memory**: the most tensor memory allocated during one call above what was allocated
-  before it. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the allocation and free events of
-  ``torch.profiler`` (``profile_memory=True``), summed in time order. (Process RSS is useless
-  here: glibc keeps freed memory, so RSS shows only the first call.)
-* **Attention kernel**: which attention op each form ran, read from the profiler's op names, so
-  a fast path that was (or was not) taken is visible.
+* **Model FLOPs** (``measure.block_flops``), the same count for every form: nanoGPT's
+  ``estimate_mfu`` for one layer with causal attention counted at half the T x T; per token
+  ``6 * N + 6 * C * T`` for a training step, ``2 * N + 2 * C * T`` for inference,
+  N = 12 * C**2 + 13 * C.
+* **Peak memory** and **attention kernel** of one more call of each form, from the profiler
+  (``measure.profile_call``).
 * **Matmuls alone**: the block's matmuls by themselves at the same shapes, timed like the forms.
-  Their time is a floor for every form, so model FLOPs over it is a ceiling on "% of peak".
+  Their time is a floor for every form, so model FLOPs over it is a ceiling on "% of peak"
+  (above 100% at long T, where the attention FLOPs it is credited with are a large share).
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
-import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.profiler import ProfilerActivity, profile
 from tqdm import tqdm
 
 from . import __version__
@@ -56,16 +45,15 @@ from .config import check_positive_int
 from .convert import convert
 from .fused import FusedBlock
 from .masks import causal_mask
+from .measure import block_flops, cpu_ticks, matmul_peak, others_busy, profile_call, timed
 
 __all__ = [
     "BenchConfig",
     "BenchResult",
     "MatmulPeak",
     "Measurement",
-    "block_flops",
     "device_unavailable",
     "format_table",
-    "matmul_peak",
     "run_benchmark",
     "write_json",
 ]
@@ -85,15 +73,6 @@ ROWS = {**FORMS, MATMULS: "matmuls alone (ceiling)"}
 MODES = ("inference", "training")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPES |= {"float16": torch.float16, "float64": torch.float64}
-KERNELS = {  # profiler op name fragment -> how the table names the attention it ran
-    "_transformer_encoder_layer_fwd": "encoder fast path",
-    "flash_attention": "sdpa flash",
-    "efficient_attention": "sdpa efficient",
-    "cudnn_attention": "sdpa cudnn",
-    "attention_math": "sdpa math",
-    "aten::_masked_softmax": "masked softmax (T x T)",
-    "aten::_softmax": "softmax (T x T)",
-}
 
 
 @dataclass(frozen=True)
@@ -193,51 +172,6 @@ def device_unavailable(device: str) -> str | None:
     return None
 
 
-def block_flops(d_model: int, seq_len: int, tokens: int, training: bool) -> float:
-    """Model FLOPs of one call on ``tokens`` tokens of sequences of length ``seq_len``.
-
-    nanoGPT's estimate_mfu for one layer, with causal attention counted at half the T x T:
-    ``6 * N + 6 * C * T`` per token for a training step, ``2 * N + 2 * C * T`` for inference,
-    N = 12 * C**2 + 13 * C.
-
-    Example:
-        >>> block_flops(384, 256, 2048, training=False) / 1e9  # the default inference shape
-        7.670857728
-    """
-    C, T = d_model, seq_len
-    n_params = 12 * C * C + 13 * C
-    per_token = 6 * n_params + 6 * C * T if training else 2 * n_params + 2 * C * T
-    return float(per_token * tokens)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
-
-
-def matmul_peak(
-    sizes: tuple[int, ...], device: torch.device, dtype: torch.dtype, warmup: int, repeats: int
-) -> dict[int, float]:
-    """Median FLOP/s of (N, N) @ (N, N) for each N in ``sizes``."""
-    rates = {}
-    for N in sizes:
-        a = torch.randn(N, N, device=device, dtype=dtype)
-        b = torch.randn(N, N, device=device, dtype=dtype)
-        for _ in range(warmup):
-            a @ b
-        times = [_timed(lambda: a @ b, device) for _ in range(repeats)]  # noqa: B023
-        rates[N] = 2 * N**3 / statistics.median(times)
-    return rates
-
-
 def _make_forms(config: BenchConfig, block_size: int) -> dict[str, nn.Module]:
     """The four forms, built by ``convert`` from one FusedBlock (the lesson's from a ReLU one)."""
     torch.manual_seed(0)
@@ -308,54 +242,6 @@ def _matmuls_call(config: BenchConfig, x: torch.Tensor, mode: str) -> Call:
     return run, lambda: None
 
 
-@contextlib.contextmanager
-def _kineto_quiet() -> Iterator[None]:
-    """Point file descriptor 2 at /dev/null for the duration of a ``profile()``.
-
-    libkineto writes "USDT: profiler_start/stop" lines to fd 2 on every profile, whatever
-    KINETO_LOG_LEVEL says, which would bury the progress bar. Python warnings raised meanwhile
-    are kept and re-issued afterwards.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with warnings.catch_warnings(record=True) as caught, open(os.devnull, "w") as null:
-            warnings.simplefilter("always")
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-
-def _profile_call(fn: Callable[[], object], device: torch.device) -> tuple[int | None, str]:
-    """(peak memory in bytes above the start, the attention kernel) of one call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        start = torch.cuda.memory_allocated(device)
-    with (
-        _kineto_quiet(),
-        profile(activities=[ProfilerActivity.CPU], profile_memory=device.type == "cpu") as prof,
-    ):
-        fn()
-        _sync(device)
-    names = {e.name for e in prof.events()}
-    seen = [label for frag, label in KERNELS.items() if any(frag in n for n in names)]
-    kernel = seen[0] if seen else "none"
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) - start, kernel
-    # Every allocation and free the profiler saw, in time order; the running sum's maximum.
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    running = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        running += e.nbytes()
-        peak = max(peak, running)
-    return peak, kernel
-
-
 def _environment(config: BenchConfig) -> dict[str, Any]:
     device = torch.device(config.device)
     return {
@@ -389,6 +275,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
     calls_per_shape = len(MODES) * len(ROWS) * (config.warmup + config.repeats + 1)
     total = len(shapes) * calls_per_shape + 2 * len(sizes)
     env = _environment(config) | {"load_before": os.getloadavg()}
+    ticks = cpu_ticks()
     with tqdm(total=total, desc="gptblock bench", disable=not progress, leave=False) as bar:
         bar.set_postfix_str("matmul peak")
         before = matmul_peak(sizes, device, dtype, config.warmup, config.repeats)
@@ -406,14 +293,14 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
                 for r in range(config.warmup + config.repeats):  # round-robin over the forms
                     for name, (fn, reset) in calls.items():
                         reset()
-                        t = _timed(fn, device)
+                        t = timed(fn, device)
                         if r >= config.warmup:
                             samples[name].append(t)
                         bar.update()
                 memory = {}
                 for name, (fn, reset) in calls.items():
                     reset()
-                    memory[name] = _profile_call(fn, device)
+                    memory[name] = profile_call(fn, device)
                     bar.update()
                 flops = block_flops(config.d_model, T, B * T, training=mode == "training")
                 rows.append((B, T, mode, flops, samples, memory))
@@ -424,6 +311,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
     best = max(by_size, key=lambda N: by_size[N])
     peak = MatmulPeak(by_size[best], best, by_size)
     env["load_after"] = os.getloadavg()
+    env["others_cpu_share"] = others_busy(ticks)
     measurements = []
     for B, T, mode, flops, samples, memory in rows:
         median = {name: statistics.median(s) for name, s in samples.items()}
@@ -457,7 +345,12 @@ def format_table(result: BenchResult) -> str:
         f"matmul peak: {peak.flops_per_s / 1e9:.1f} GFLOP/s (best median of square "
         f"{'/'.join(str(n) for n in peak.by_size)} matmuls; reached at N={peak.size})",
         "load average before/after: "
-        + " / ".join(" ".join(f"{v:.2f}" for v in env[k]) for k in ("load_before", "load_after")),
+        + " / ".join(" ".join(f"{v:.2f}" for v in env[k]) for k in ("load_before", "load_after"))
+        + (
+            ""
+            if env.get("others_cpu_share") is None
+            else f"; other processes used {100 * env['others_cpu_share']:.0f}% of the CPUs meanwhile"
+        ),
         "",
     ]
     header = f"{'T':>5} {'B':>3}  {'mode':<9}  {'form':<26} {'ms':>8} {'tok/s':>9} "

@@ -137,7 +137,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
     return new.train(module.training)
 
 
-# --- describe: any form -> (BlockConfig, state_dict in TransformerBlock's layout) --------------
+# --- describe: any form -> (BlockConfig, state_dict in TransformerBlock's layout) ---------
 
 
 def _describe(module: nn.Module) -> tuple[BlockConfig, State]:
@@ -176,7 +176,7 @@ def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
         "self_attn.in_proj_weight": torch.cat(
             [getattr(h, name).weight for name in ("query", "key", "value") for h in heads]
         ),
-        "self_attn.in_proj_bias": torch.zeros(3 * C, dtype=block.ln1.weight.dtype),
+        "self_attn.in_proj_bias": block.ln1.weight.new_zeros(3 * C),  # the lesson has none
         "self_attn.out_proj.weight": block.sa.proj.weight,
         "self_attn.out_proj.bias": block.sa.proj.bias,
         "norm2.weight": block.ln2.weight,
@@ -225,7 +225,7 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
     return config, _copy(layer.state_dict())
 
 
-# --- the lesson's layout: split the packed q/k/v into per-head Linears -----------------------------------------
+# --- the lesson's layout: the packed q/k/v split into per-head Linears -------------------
 
 
 def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, State]:
