@@ -7,6 +7,7 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
   loads into ``nn.TransformerEncoderLayer(..., norm_first=True)``.
 * ``FusedBlock`` -- the same function and parameter names, with packed QKV and
   ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
+* ``convert(module, to)`` -- any form into any other, computing the same function.
 
 And the oracle they are tested against, with the lesson's exercises:
 
@@ -24,6 +25,7 @@ from . import exercises, lesson, reference
 from .check import CheckReport, check_block
 from .checkpoint import CheckpointError, load_gpt
 from .config import BlockConfig, GPTConfig
+from .convert import ConversionError, convert
 from .data import CharTokenizer
 from .fused import FusedBlock, KVCache
 from .gpt import GPT, GenerationStep, GPTOutput
@@ -40,6 +42,7 @@ __all__ = [
     "CharTokenizer",
     "CheckReport",
     "CheckpointError",
+    "ConversionError",
     "FusedBlock",
     "GPTConfig",
     "GPTOutput",
@@ -52,6 +55,7 @@ __all__ = [
     "__version__",
     "causal_mask",
     "check_block",
+    "convert",
     "exercises",
     "lesson",
     "load_gpt",

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import check, example, exercises, info, sample, train
+from . import bench, check, example, exercises, info, sample, train
 
-COMMANDS = (example, exercises, check, info, train, sample)
+COMMANDS = (train, sample, check, exercises, bench, example, info)
 
 
 class CLIError(Exception):

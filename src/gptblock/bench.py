@@ -1,0 +1,409 @@
+"""``gptblock bench``: the matmul peak, then every form of the block, in one process.
+
+One process, so the peak and the blocks share the machine's state. What is measured, and how:
+
+* **Matmul peak** (the "practical peak"): for each size N in ``peak_sizes``, the median time of
+  ``repeats`` square (N, N) @ (N, N) matmuls in the benchmark's dtype after ``warmup`` untimed
+  ones, as FLOP/s (``2 * N**3`` per matmul); the peak is the best of those sizes, measured before
+  and again after the blocks, keeping the higher (a lower peak would flatter the blocks).
+* **Time per call**: the median of ``repeats`` calls after ``warmup`` untimed ones. The four forms
+  are timed round-robin (one call of each per round), so a change in the machine's load hits all
+  of them alike. Inference is ``module.eval()`` under ``torch.no_grad()``; a training step is one
+  forward and one backward in train mode (dropout 0), the input requiring grad, without the
+  optimizer (gradients are set to None between calls, outside the timing).
+* **Model FLOPs** (``measure.block_flops``), the same count for every form: nanoGPT's
+  ``estimate_mfu`` for one layer with causal attention counted at half the T x T; per token
+  ``6 * N + 6 * C * T`` for a training step, ``2 * N + 2 * C * T`` for inference,
+  N = 12 * C**2 + 13 * C.
+* **Peak memory** and **attention kernel** of one more call of each form, from the profiler
+  (``measure.profile_call``).
+* **Matmuls alone**: the block's matmuls by themselves at the same shapes, timed like the forms.
+  Their time is a floor for every form, so model FLOPs over it is a ceiling on "% of peak"
+  (above 100% at long T, where the attention FLOPs it is credited with are a large share).
+
+Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from . import __version__
+from .config import check_positive_int
+from .convert import convert
+from .fused import FusedBlock
+from .masks import causal_mask
+from .measure import block_flops, cpu_ticks, matmul_peak, others_busy, profile_call, timed
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "MatmulPeak",
+    "Measurement",
+    "device_unavailable",
+    "format_table",
+    "run_benchmark",
+    "write_json",
+]
+
+FORMS = {  # convert's name -> the name the table shows
+    "lesson": "lesson.Block",
+    "mha": "TransformerBlock",
+    "fused": "FusedBlock",
+    "encoder_layer": "nn.TransformerEncoderLayer",
+}
+# Not a form: the block's own matmuls (q/k/v, output projection, MLP; in training also their
+# input- and weight-gradient matmuls) on inputs of the same shapes, with no attention, LayerNorm,
+# activation or residual add. Its "% peak" (model FLOPs over its time) is the ceiling no form
+# can pass unless everything but those matmuls were free.
+MATMULS = "matmuls"
+ROWS = {**FORMS, MATMULS: "matmuls alone (ceiling)"}
+MODES = ("inference", "training")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES |= {"float16": torch.float16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``run_benchmark`` measures.
+
+    Args:
+        d_model, n_heads: C and nh of the block.
+        seq_len, batch: T and B of the main shape.
+        sweep: further sequence lengths, each at batch ``max(1, batch * seq_len // T)`` so every
+            call holds the same number of tokens (the default shape's 2048: T 1024 runs at B 2).
+        activation: of every form except the lesson's, which is always ReLU.
+        device, dtype: where and in what precision everything runs (the peak too).
+        warmup, repeats: untimed and timed calls per measurement.
+        peak_sizes: the square matmul sizes N tried for the peak; ``()`` picks by device.
+    """
+
+    d_model: int = 384  # C
+    n_heads: int = 6  # nh
+    seq_len: int = 256  # T of the main shape
+    batch: int = 8  # B of the main shape
+    sweep: tuple[int, ...] = (64, 128, 256, 512, 1024)  # further T, at constant tokens per call
+    activation: str = "gelu"  # all forms but the lesson's (ReLU)
+    device: str = "cpu"
+    dtype: str = "float32"
+    warmup: int = 2  # untimed calls before each measurement
+    repeats: int = 7  # timed calls; the median is reported
+    peak_sizes: tuple[int, ...] = ()  # N of the (N, N) @ (N, N) peak matmuls; () = by device
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "seq_len", "batch", "repeats"):
+            check_positive_int(name, getattr(self, name))
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        for T in (*self.sweep, *self.peak_sizes):
+            check_positive_int("sweep and peak sizes", T)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        FusedBlock(self.d_model, self.n_heads, activation=self.activation)  # validates the rest
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """(B, T) of every measured shape: the main one first, then the sweep."""
+        tokens = self.batch * self.seq_len
+        shapes = [(self.batch, self.seq_len)]
+        shapes += [(max(1, tokens // T), T) for T in self.sweep]
+        return list(dict.fromkeys(shapes))  # the main shape may be in the sweep too
+
+    def matmul_sizes(self) -> tuple[int, ...]:
+        if self.peak_sizes:
+            return self.peak_sizes
+        return (4096, 8192, 16384) if self.device.startswith("cuda") else (1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class MatmulPeak:
+    """The practical peak: the best median FLOP/s over the square matmul sizes tried."""
+
+    flops_per_s: float  # the peak
+    size: int  # the N that reached it
+    by_size: dict[int, float]  # N -> median FLOP/s, best of the runs before and after
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One form, one mode, one shape."""
+
+    form: str  # convert's name (lesson, mha, fused, encoder_layer), or matmuls
+    mode: str  # inference or training
+    batch: int  # B
+    seq_len: int  # T
+    ms: float  # median milliseconds per call
+    ms_samples: list[float]  # every timed call
+    tokens_per_s: float  # B * T / median seconds
+    flops: float  # model FLOPs per call (see the module docstring)
+    pct_of_peak: float  # flops / median seconds / peak FLOP/s, in percent
+    speedup_vs_encoder_layer: float  # encoder layer's median ms / this form's
+    peak_memory_bytes: int | None  # most tensor memory during one call above its start
+    attention: str  # the attention kernel the profiler saw
+
+
+@dataclass
+class BenchResult:
+    """Everything ``run_benchmark`` measured, plus the machine it ran on."""
+
+    config: BenchConfig
+    peak: MatmulPeak
+    measurements: list[Measurement]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def device_unavailable(device: str) -> str | None:
+    """Why ``device`` cannot run the benchmark here, or None if it can."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return f"device {device!r} requested but CUDA is not available on this machine"
+    if not device.startswith(("cpu", "cuda")):
+        return f"device must be 'cpu' or 'cuda[:N]', got {device!r}"
+    return None
+
+
+def _make_forms(config: BenchConfig, block_size: int) -> dict[str, nn.Module]:
+    """The four forms, built by ``convert`` from one FusedBlock (the lesson's from a ReLU one)."""
+    torch.manual_seed(0)
+    base = FusedBlock(config.d_model, config.n_heads, activation=config.activation)
+    relu = FusedBlock(config.d_model, config.n_heads, activation="relu")
+    forms = {
+        "lesson": convert(relu, "lesson", block_size=block_size),
+        "mha": convert(base, "mha"),
+        "fused": base,
+        "encoder_layer": convert(base, "encoder_layer"),
+    }
+    dtype, device = DTYPES[config.dtype], torch.device(config.device)
+    return {name: m.to(device=device, dtype=dtype) for name, m in forms.items()}
+
+
+Call = tuple[Callable[[], object], Callable[[], None]]  # (the call to time, its untimed reset)
+
+
+def _call(name: str, module: nn.Module, mode: str, x: torch.Tensor, mask: torch.Tensor) -> Call:
+    """How one form is timed in one mode on input ``x`` (B, T, C)."""
+    module.train(mode == "training")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if name == "encoder_layer":  # the causal mask is the caller's job here, built once
+            return module(x, src_mask=mask, is_causal=True)
+        return module(x)
+
+    if mode == "inference":
+
+        def infer() -> object:
+            with torch.no_grad():
+                return forward(x)
+
+        return infer, lambda: None
+    xg = x.detach().requires_grad_(True)  # the input a stack of blocks would hand on
+    grad = torch.randn_like(x)  # (B, T, C), what the next layer would send back
+
+    def step() -> object:
+        torch.autograd.backward(forward(xg), grad)
+        return None
+
+    def reset() -> None:
+        module.zero_grad(set_to_none=True)
+        xg.grad = None
+
+    return step, reset
+
+
+def _matmuls_call(config: BenchConfig, x: torch.Tensor, mode: str) -> Call:
+    """The block's matmuls alone, on x's shape: what every form must at least spend."""
+    B, T, C = x.shape
+    g = torch.Generator(device=x.device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g, device=x.device).to(x.dtype)
+
+    layers = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # (in, out): qkv, out_proj, MLP
+    tensors = [(randn(B * T, i), randn(o, i), randn(B * T, o)) for i, o in layers]
+
+    def run() -> object:
+        for a, w, grad in tensors:
+            a @ w.t()  # (BT, in) @ (in, out): the forward
+            if mode == "training":
+                grad @ w  # (BT, out) @ (out, in): the input's gradient
+                grad.t() @ a  # (out, BT) @ (BT, in): the weight's gradient
+        return None
+
+    return run, lambda: None
+
+
+def _environment(config: BenchConfig) -> dict[str, Any]:
+    device = torch.device(config.device)
+    return {
+        "gptblock": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+
+
+def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
+    """Measure the matmul peak and every form on every shape of ``config``.
+
+    Example:
+        >>> cfg = BenchConfig(d_model=16, n_heads=2, seq_len=8, batch=2, sweep=(),
+        ...                   warmup=0, repeats=1, peak_sizes=(64,))
+        >>> result = run_benchmark(cfg, progress=False)
+        >>> sorted({m.form for m in result.measurements})
+        ['encoder_layer', 'fused', 'lesson', 'matmuls', 'mha']
+    """
+    if (why := device_unavailable(config.device)) is not None:
+        raise ValueError(why)
+    device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    shapes = config.shapes()
+    sizes = config.matmul_sizes()
+    calls_per_shape = len(MODES) * len(ROWS) * (config.warmup + config.repeats + 1)
+    total = len(shapes) * calls_per_shape + 2 * len(sizes)
+    env = _environment(config) | {"load_before": os.getloadavg()}
+    ticks = cpu_ticks()
+    with tqdm(total=total, desc="gptblock bench", disable=not progress, leave=False) as bar:
+        bar.set_postfix_str("matmul peak")
+        before = matmul_peak(sizes, device, dtype, config.warmup, config.repeats)
+        bar.update(len(sizes))
+        forms = _make_forms(config, block_size=max(T for _, T in shapes))
+        rows = []
+        for B, T in shapes:
+            x = torch.randn(B, T, config.d_model, device=device, dtype=dtype)
+            for mode in MODES:
+                bar.set_postfix_str(f"T={T} B={B} {mode}")
+                mask = causal_mask(T, device=device)
+                calls = {name: _call(name, m, mode, x, mask) for name, m in forms.items()}
+                calls[MATMULS] = _matmuls_call(config, x, mode)
+                samples: dict[str, list[float]] = {name: [] for name in calls}
+                for r in range(config.warmup + config.repeats):  # round-robin over the forms
+                    for name, (fn, reset) in calls.items():
+                        reset()
+                        t = timed(fn, device)
+                        if r >= config.warmup:
+                            samples[name].append(t)
+                        bar.update()
+                memory = {}
+                for name, (fn, reset) in calls.items():
+                    reset()
+                    memory[name] = profile_call(fn, device)
+                    bar.update()
+                flops = block_flops(config.d_model, T, B * T, training=mode == "training")
+                rows.append((B, T, mode, flops, samples, memory))
+        bar.set_postfix_str("matmul peak again")
+        after = matmul_peak(sizes, device, dtype, config.warmup, config.repeats)
+        bar.update(len(sizes))
+    by_size = {N: max(before[N], after[N]) for N in sizes}
+    best = max(by_size, key=lambda N: by_size[N])
+    peak = MatmulPeak(by_size[best], best, by_size)
+    env["load_after"] = os.getloadavg()
+    env["others_cpu_share"] = others_busy(ticks)
+    measurements = []
+    for B, T, mode, flops, samples, memory in rows:
+        median = {name: statistics.median(s) for name, s in samples.items()}
+        for name in ROWS:
+            m = median[name]
+            measurements.append(
+                Measurement(
+                    form=name,
+                    mode=mode,
+                    batch=B,
+                    seq_len=T,
+                    ms=m * 1e3,
+                    ms_samples=[s * 1e3 for s in samples[name]],
+                    tokens_per_s=B * T / m,
+                    flops=flops,
+                    pct_of_peak=100 * flops / m / peak.flops_per_s,
+                    speedup_vs_encoder_layer=median["encoder_layer"] / m,
+                    peak_memory_bytes=memory[name][0],
+                    attention=memory[name][1],
+                )
+            )
+    return BenchResult(config, peak, measurements, env)
+
+
+def format_table(result: BenchResult) -> str:
+    """The measurements as a fixed-width text table, preceded by the peak and the machine."""
+    cfg, env, peak = result.config, result.environment, result.peak
+    lines = [
+        f"gptblock bench: C={cfg.d_model} nh={cfg.n_heads} {cfg.dtype} on {env['device_name']} "
+        f"({env['threads']} threads), torch {env['torch']}",
+        f"matmul peak: {peak.flops_per_s / 1e9:.1f} GFLOP/s (best median of square "
+        f"{'/'.join(str(n) for n in peak.by_size)} matmuls; reached at N={peak.size})",
+        "load average before/after: "
+        + " / ".join(" ".join(f"{v:.2f}" for v in env[k]) for k in ("load_before", "load_after"))
+        + (
+            ""
+            if env.get("others_cpu_share") is None
+            else f"; other processes used {100 * env['others_cpu_share']:.0f}% of the CPUs meanwhile"
+        ),
+        "",
+    ]
+    header = f"{'T':>5} {'B':>3}  {'mode':<9}  {'form':<26} {'ms':>8} {'tok/s':>9} "
+    header += f"{'% peak':>7} {'x enc':>6} {'peak MiB':>9}  attention"
+    lines += [header, "-" * len(header)]
+    last = None
+    for m in result.measurements:
+        if last is not None and (m.seq_len, m.mode) != last:
+            lines.append("")
+        last = (m.seq_len, m.mode)
+        mem = "n/a" if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.1f}"
+        name = ROWS[m.form] + (" (ReLU)" if m.form == "lesson" else "")
+        lines.append(
+            f"{m.seq_len:>5} {m.batch:>3}  {m.mode:<9}  {name:<26} {m.ms:>8.2f} "
+            f"{m.tokens_per_s:>9.0f} {m.pct_of_peak:>6.1f}% {m.speedup_vs_encoder_layer:>6.2f} "
+            f"{mem:>9}  {m.attention}"
+        )
+    return "\n".join([*lines, "", *_summary(result.measurements)])
+
+
+def _summary(rows: list[Measurement]) -> list[str]:
+    """FusedBlock against the encoder layer, the lesson and the ceiling, one line per shape."""
+    by = {(m.form, m.mode, m.seq_len): m for m in rows}
+    lines = [
+        "FusedBlock: speed-up (the other's median time / FusedBlock's); % of the matmul peak "
+        "(FusedBlock / matmuls alone)",
+        f"{'T':>5} {'B':>3}  {'vs encoder layer':>18}  {'vs lesson':>18}  {'% peak inference':>18}"
+        f"  {'% peak training':>18}",
+    ]
+    for T in dict.fromkeys(m.seq_len for m in rows):
+        f = {mode: by["fused", mode, T] for mode in MODES}
+        enc = [by["encoder_layer", mode, T].ms / f[mode].ms for mode in MODES]
+        les = [by["lesson", mode, T].ms / f[mode].ms for mode in MODES]
+        pct = [(f[mode].pct_of_peak, by[MATMULS, mode, T].pct_of_peak) for mode in MODES]
+        lines.append(
+            f"{T:>5} {f['inference'].batch:>3}  {enc[0]:>8.2f}x {enc[1]:>7.2f}x  "
+            f"{les[0]:>8.2f}x {les[1]:>7.2f}x  {pct[0][0]:>8.1f} / {pct[0][1]:>5.1f}%  "
+            f"{pct[1][0]:>8.1f} / {pct[1][1]:>5.1f}%"
+        )
+    lines.append("(vs encoder layer and vs lesson: inference, then training)")
+    return lines
+
+
+def write_json(payload: BenchResult | dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write a result (or any JSON-able dict) to ``path`` atomically: whole file or none."""
+    data = asdict(payload) if isinstance(payload, BenchResult) else payload
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
