@@ -137,3 +137,23 @@ def test_cache_overflow_and_masks_are_refused():
             key_padding_mask=torch.zeros(1, 1, dtype=torch.bool),
             kv_cache=cache,
         )
+
+
+@pytest.mark.parametrize("activation,bias", [("gelu", True), ("relu", False)])
+def test_decode_step_is_forward_with_the_cache(activation, bias):
+    torch.manual_seed(3)
+    fused = FusedBlock(16, 4, activation=activation, bias=bias).eval()
+    x = torch.randn(3, 6, 16)
+    a, b = KVCache(3, 4, 8, 4), KVCache(3, 4, 8, 4)
+    fused(x[:, :5], kv_cache=a)
+    fused(x[:, :5], kv_cache=b)
+    stepped = fused.decode_step(x[:, 5:], a)
+    assert torch.equal(stepped, fused(x[:, 5:], kv_cache=b))
+    assert a.length == b.length == 6
+    torch.testing.assert_close(stepped, fused(x)[:, 5:], atol=1e-6, rtol=0)
+
+
+def test_decode_step_refuses_training_mode():
+    fused = FusedBlock(8, 2).train()
+    with pytest.raises(RuntimeError, match="eval mode"):
+        fused.decode_step(torch.randn(1, 1, 8), KVCache(1, 2, 4, 4))

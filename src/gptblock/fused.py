@@ -255,6 +255,33 @@ class FusedBlock(nn.Module):
         x = x + self.dropout2(self._mlp(self.norm2(x)))
         return x
 
+    def decode_step(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """``forward(x, kv_cache=cache)`` for one new position, in eval mode, with less overhead.
+
+        Generation calls this once per token and block. At one position the arithmetic is
+        matrix-vector products, and the cost of going through a dozen modules, dropouts that do
+        nothing in eval mode and the input checks becomes a quarter of the step; the same
+        arithmetic in functional calls is that much faster on CPU. Tests keep it identical to
+        ``forward``.
+
+        Shape:
+            x (B, 1, C) -> (B, 1, C); ``cache`` gains one position.
+        """
+        if self.training:
+            raise RuntimeError("decode_step is for generation in eval mode; call .eval() first")
+        B, C = x.shape[0], self.config.d_model
+        nh, hs, eps = self.config.n_heads, self.config.head_size, self.config.norm_eps
+        attn, act = self.self_attn, F.gelu if self.config.activation == "gelu" else F.relu
+        h = F.layer_norm(x, (C,), self.norm1.weight, self.norm1.bias, eps)
+        qkv = F.linear(h, attn.in_proj_weight, attn.in_proj_bias)  # (B, 1, 3C)
+        # With one position, (B, 1, 3, nh, hs) and (B, 3, nh, 1, hs) are the same memory.
+        q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs)
+        k, v = cache.append(k, v)  # (B, nh, L, hs) each
+        y = F.scaled_dot_product_attention(q, k, v)  # (B, nh, 1, hs): attends to all L
+        x = x + attn.out_proj(y.reshape(B, 1, C))  # (B, nh, 1, hs) -> (B, 1, C)
+        h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias, eps)
+        return x + self.linear2(act(self.linear1(h)))  # (B, 1, 4C) -> (B, 1, C)
+
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         act = F.gelu if self.config.activation == "gelu" else F.relu
         return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)

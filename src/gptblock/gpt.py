@@ -299,7 +299,9 @@ class GPT(nn.Module):
         pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
         x = self.transformer["drop"](self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block, cache in zip(self.blocks, caches, strict=True):
-            x = cast(FusedBlock, block)(x, kv_cache=cache)  # (B, T, C)
+            fused = cast(FusedBlock, block)
+            # One new token per step is the hot loop of generation: take the lean path.
+            x = fused.decode_step(x, cache) if idx.shape[1] == 1 else fused(x, kv_cache=cache)
         return self.lm_head(self.transformer["ln_f"](x))  # (B, T, V)
 
 
