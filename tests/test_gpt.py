@@ -9,7 +9,8 @@ import torch
 from torch.nn import functional as F
 
 from forms import lesson_block_state_as_mha
-from gptblock import GPT, GPTConfig, KVCache
+from gptblock import GPT, GPTConfig, KVCache, TransformerBlock
+from gptblock.lesson import Block as LessonBlock
 
 
 def tiny(**kw):
@@ -268,11 +269,16 @@ def test_mode_is_restored_and_grad_mode_untouched():
     assert torch.is_grad_enabled()
 
 
-def test_cache_needs_the_fused_block():
-    m = model(block="mha")
-    with pytest.raises(ValueError, match="use_cache=True needs block='fused'"):
-        m.generate(torch.zeros(1, 2, dtype=torch.long), 3)
-    assert m.generate(torch.zeros(1, 2, dtype=torch.long), 3, use_cache=False).shape == (1, 5)
+@pytest.mark.parametrize("block", ["mha", "lesson"])
+def test_the_cache_works_for_every_block_form(block):
+    # Only FusedBlock has a KV cache; the other forms generate through fused copies.
+    m = model(block=block, activation="relu")
+    idx = torch.randint(0, 13, (2, 3))
+    logits_c, tokens_c = steps(m, idx, 15, use_cache=True)
+    logits_u, tokens_u = steps(m, idx, 15, use_cache=False)
+    torch.testing.assert_close(logits_c, logits_u, atol=1e-5, rtol=0)
+    assert torch.equal(tokens_c, tokens_u)
+    assert isinstance(m.transformer.h[0], (TransformerBlock, LessonBlock))  # the model is unchanged
 
 
 def test_cache_is_released_after_the_call():

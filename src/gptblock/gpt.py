@@ -19,7 +19,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import GPTConfig
-from .fused import FusedBlock, KVCache
+from .convert import convert
+from .fused import BlockDecoder, FusedBlock, KVCache
 from .lesson import Block as LessonBlock
 from .mha import TransformerBlock
 
@@ -188,9 +189,10 @@ class GPT(nn.Module):
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
             use_cache: keep each block's keys and values so a step processes one token rather
-                than the whole context. Needs ``block="fused"``. The result is the same either
-                way: once the context exceeds block_size, the window slides, every position
-                embedding shifts, and the cache is rebuilt from the cropped window each step.
+                than the whole context (blocks of the "mha" and "lesson" forms run as fused
+                copies for this). The result is the same either way: once the context exceeds
+                block_size, the window slides, every position embedding shifts, and the cache is
+                rebuilt from the cropped window each step.
             generator: the random generator for sampling, for reproducible output.
 
         Returns:
@@ -247,30 +249,25 @@ class GPT(nn.Module):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if use_cache and self.config.block != "fused":
-            raise ValueError(
-                f"use_cache=True needs block='fused' (this model has block={self.config.block!r}); "
-                f"pass use_cache=False, or convert the blocks with gptblock.convert"
-            )
         k = None if top_k is None else min(top_k, self.config.vocab_size)
+        block_size = self.config.block_size
         was_training = self.training
         self.eval()
         try:
-            caches: list[KVCache] | None = None
+            decoder = _CachedDecoder(self) if use_cache else None
             for _ in range(max_new_tokens):
                 # no_grad inside the loop, not around it: a `with` spanning the yield would leak
                 # the grad mode into the caller between steps.
                 with torch.no_grad():
-                    window = idx[:, -self.config.block_size :]  # what the model can read
-                    if not use_cache:
+                    window = idx[:, -block_size:]  # what the model can read
+                    if decoder is None:
                         logits = self(window).logits
-                    elif caches is None or caches[0].length == self.config.block_size:
-                        caches = self._new_caches(
-                            B, window
-                        )  # prefill (again once the window slides)
-                        logits = self._forward_cached(window, caches)
+                    elif decoder.length in (0, block_size):
+                        # The first step, and every step once the window slides: every position
+                        # embedding moved, so the cached keys and values are stale.
+                        logits = decoder.prefill(window)
                     else:
-                        logits = self._forward_cached(idx[:, -1:], caches)  # only the newest token
+                        logits = decoder.step(idx[:, -1:])  # only the newest token
                     last = logits[:, -1, :]  # (B, V)
                     token = _sample(last, temperature, k, generator)  # (B, 1)
                     idx = torch.cat([idx, token], dim=1)
@@ -278,31 +275,61 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
 
-    def _new_caches(self, B: int, like: torch.Tensor) -> list[KVCache]:
-        cfg = self.config
-        dtype = self.wte.weight.dtype
-        return [
-            KVCache(
-                B,
-                cfg.n_head,
-                cfg.block_size,
-                cfg.n_embd // cfg.n_head,
-                dtype=dtype,
-                device=like.device,
-            )
-            for _ in range(cfg.n_layer)
-        ]
 
-    def _forward_cached(self, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-        """Logits (B, T, V) for ``idx`` at the positions following those already cached."""
-        start = caches[0].length
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
-        x = self.transformer["drop"](self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block, cache in zip(self.blocks, caches, strict=True):
-            fused = cast(FusedBlock, block)
-            # One new token per step is the hot loop of generation: take the lean path.
-            x = fused.decode_step(x, cache) if idx.shape[1] == 1 else fused(x, kv_cache=cache)
-        return self.lm_head(self.transformer["ln_f"](x))  # (B, T, V)
+class _CachedDecoder:
+    """A GPT's blocks with a ``KVCache`` each: ``generate``'s cached path.
+
+    Only ``FusedBlock`` has a cache. Models of another block form run here on fused copies of
+    their blocks (``convert``: the same function and weights), made once per ``generate`` call,
+    so ``use_cache`` works, and agrees with the uncached path, whatever ``GPTConfig.block`` is.
+    One-token steps go through ``BlockDecoder``s, which skip the module machinery.
+    """
+
+    def __init__(self, model: GPT) -> None:
+        self.model = model
+        self.blocks = [
+            b if isinstance(b, FusedBlock) else cast(FusedBlock, convert(b, "fused"))
+            for b in model.blocks
+        ]
+        self.steppers = [BlockDecoder(b) for b in self.blocks]
+        ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
+        self.wte, self.wpe = model.wte.weight, model.wpe.weight
+        self.ln_f = (ln_f.weight, ln_f.bias, ln_f.eps)
+        self.caches: list[KVCache] = []
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far."""
+        return self.caches[0].length if self.caches else 0
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Fresh caches filled from ``idx`` (B, T); returns its logits (B, T, V)."""
+        cfg = self.model.config
+        B, hs = idx.shape[0], cfg.n_embd // cfg.n_head
+        self.caches = [
+            KVCache(B, cfg.n_head, cfg.block_size, hs, dtype=self.wte.dtype, device=idx.device)
+            for _ in self.blocks
+        ]
+        x = self._embed(idx)
+        for block, cache in zip(self.blocks, self.caches, strict=True):
+            x = block(x, kv_cache=cache)  # (B, T, C)
+        return self._logits(x)
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 1, V) for one new token (B, 1) at the next position."""
+        x = self._embed(idx)
+        for stepper, cache in zip(self.steppers, self.caches, strict=True):
+            x = stepper(x, cache)  # (B, 1, C)
+        return self._logits(x)
+
+    def _embed(self, idx: torch.Tensor) -> torch.Tensor:
+        # Eval mode: the embedding dropout is the identity.
+        start = self.length
+        return F.embedding(idx, self.wte) + self.wpe[start : start + idx.shape[1]]  # (B, T, C)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        w, b, eps = self.ln_f
+        return F.linear(F.layer_norm(x, (x.shape[-1],), w, b, eps), self.wte)  # (B, T, V)
 
 
 class GenerationStep(NamedTuple):
