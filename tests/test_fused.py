@@ -157,3 +157,16 @@ def test_decode_step_refuses_training_mode():
     fused = FusedBlock(8, 2).train()
     with pytest.raises(RuntimeError, match="eval mode"):
         fused.decode_step(torch.randn(1, 1, 8), KVCache(1, 2, 4, 4))
+
+
+def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
+    # float16 works on CPU in the torch this is tested with; older ones raise deep inside SDPA.
+    import gptblock.fused as fused_module
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("\"scaled_dot_product_attention\" not implemented for 'Half'")
+
+    monkeypatch.setattr(fused_module.F, "scaled_dot_product_attention", unsupported)
+    block = FusedBlock(8, 2).half()
+    with pytest.raises(TypeError, match=r"does not support dtype torch.float16 on device cpu"):
+        block(torch.randn(1, 3, 8).half())
