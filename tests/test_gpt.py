@@ -249,6 +249,11 @@ def test_generate_argument_errors(kw, match):
         model().generate(torch.zeros(1, 2, dtype=torch.long), **args)
 
 
+def test_stream_checks_its_arguments_when_called():
+    with pytest.raises(ValueError, match="top_k must be a positive int or None"):
+        model().stream(torch.zeros(1, 2, dtype=torch.long), 3, top_k=0)  # no next() needed
+
+
 def test_empty_prompt_and_zero_tokens():
     m = model()
     with pytest.raises(

@@ -230,7 +230,7 @@ class GPT(nn.Module):
             >>> [tuple(s.token.shape) for s in model.stream(torch.zeros(2, 1, dtype=torch.long), 3)]
             [(2, 1), (2, 1), (2, 1)]
         """
-        B, T = self._check_ids(idx, "idx")
+        self._check_ids(idx, "idx")
         if (
             isinstance(max_new_tokens, bool)
             or not isinstance(max_new_tokens, int)
@@ -250,6 +250,19 @@ class GPT(nn.Module):
         ):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
         k = None if top_k is None else min(top_k, self.config.vocab_size)
+        # A separate generator function, so the checks above run when stream() is called rather
+        # than at the first next().
+        return self._steps(idx, max_new_tokens, temperature, k, use_cache, generator)
+
+    def _steps(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        k: int | None,
+        use_cache: bool,
+        generator: torch.Generator | None,
+    ) -> Iterator[GenerationStep]:
         block_size = self.config.block_size
         was_training = self.training
         self.eval()
