@@ -14,10 +14,12 @@ EXPECTED = [
     "GenerationStep",
     "KVCache",
     "NonFiniteLossError",
+    "RunMeta",
     "TrainConfig",
     "Trainer",
     "CheckReport",
     "TransformerBlock",
+    "UserError",
     "__version__",
     "causal_mask",
     "check_block",
@@ -26,6 +28,7 @@ EXPECTED = [
     "lesson",
     "load_gpt",
     "reference",
+    "train_gpt",
 ]
 
 

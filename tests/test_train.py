@@ -13,7 +13,8 @@ from torch.nn import functional as F
 
 from gptblock.checkpoint import CheckpointError, load_checkpoint
 from gptblock.data import split_tokens
-from gptblock.recipe import TrainConfig, autocast_context, configure_optimizer, lr_at
+from gptblock.devices import autocast_context
+from gptblock.train_config import TrainConfig, configure_optimizer, lr_at
 from gptblock.train import NonFiniteLossError, Trainer
 from standin import Bigram, pattern_tokens
 

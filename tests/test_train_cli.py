@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from gptblock.checkpoint import load_checkpoint, load_gpt
+from gptblock import run as gpt_run
+from gptblock.checkpoint import load_checkpoint
 from gptblock.cli import build_parser, main
-from gptblock.cli import train as train_cli
+from gptblock.run import load_gpt
 from gptblock.data import default_corpus
 
 SMALL = [
@@ -48,9 +49,9 @@ def test_help_shows_every_option_and_the_presets(capsys):
 
 def test_explicit_flags_override_the_preset():
     args = build_parser().parse_args(["train", "--preset", "shakespeare", "--n-layer", "2"])
-    settings = train_cli.resolve(args)
-    assert settings == {**train_cli.PRESETS["shakespeare"], "n_layer": 2}
-    assert train_cli.PRESETS["shakespeare"] == dict(
+    settings = gpt_run.preset_settings(args.preset, {"n_layer": args.n_layer, "lr": args.lr})
+    assert settings == {**gpt_run.PRESETS["shakespeare"], "n_layer": 2}
+    assert gpt_run.PRESETS["shakespeare"] == dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, batch_size=64, lr=1e-3,
         max_iters=5000, warmup=100, eval_interval=250, eval_iters=200,
     )  # fmt: skip

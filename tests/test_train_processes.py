@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock.checkpoint import load_checkpoint, load_gpt
+from gptblock.checkpoint import load_checkpoint
+from gptblock.run import load_gpt
 from gptblock.data import default_corpus
 
 SRC = Path(__file__).resolve().parents[1] / "src"

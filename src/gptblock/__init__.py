@@ -17,22 +17,30 @@ And the oracle they are tested against, with the lesson's exercises:
 ``check_block`` finds the mistakes in anyone's block (``gptblock check`` on the command line).
 
 ``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
-``Trainer`` (configured by ``TrainConfig``) trains it, or any model returning ``(logits, loss)``,
-on text a ``CharTokenizer`` encodes; ``load_gpt`` rebuilds a trained model from its checkpoint.
+``train_gpt`` trains one on a text (``gptblock train`` on the command line), recording its
+``RunMeta`` in every checkpoint; ``load_gpt`` rebuilds the trained model from its checkpoint.
+Under it, ``Trainer`` (configured by ``TrainConfig``) trains any model returning
+``(logits, loss)`` on text a ``CharTokenizer`` encodes.
+
+Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``TypeError``, ...),
+with a message that names the bad value; anything else is a bug.
 """
 
 from . import exercises, lesson, reference
 from .check import CheckReport, check_block
-from .checkpoint import CheckpointError, load_gpt
+from .checkpoint import CheckpointError
 from .config import BlockConfig, GPTConfig
 from .convert import ConversionError, convert
 from .data import CharTokenizer
+from .errors import UserError
 from .fused import FusedBlock, KVCache
 from .gpt import GPT, GenerationStep, GPTOutput
 from .masks import causal_mask
 from .mha import TransformerBlock
-from .recipe import TrainConfig
+from .run import load_gpt, train_gpt
+from .runmeta import RunMeta
 from .train import NonFiniteLossError, Trainer
+from .train_config import TrainConfig
 
 __version__ = "0.1.0"
 
@@ -49,9 +57,11 @@ __all__ = [
     "GenerationStep",
     "KVCache",
     "NonFiniteLossError",
+    "RunMeta",
     "TrainConfig",
     "Trainer",
     "TransformerBlock",
+    "UserError",
     "__version__",
     "causal_mask",
     "check_block",
@@ -60,4 +70,5 @@ __all__ = [
     "lesson",
     "load_gpt",
     "reference",
+    "train_gpt",
 ]

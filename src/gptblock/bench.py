@@ -26,14 +26,11 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +39,10 @@ from tqdm import tqdm
 
 from . import __version__
 from .config import check_positive_int
-from .convert import convert
+from .convert import FORMS, convert
+from .devices import DTYPES
+from .errors import UserValueError
+from .files import atomic_write_json
 from .fused import FusedBlock
 from .masks import causal_mask
 from .measure import block_flops, cpu_ticks, matmul_peak, others_busy, profile_call, timed
@@ -58,21 +58,32 @@ __all__ = [
     "write_json",
 ]
 
-FORMS = {  # convert's name -> the name the table shows
-    "lesson": "lesson.Block",
-    "mha": "TransformerBlock",
-    "fused": "FusedBlock",
-    "encoder_layer": "nn.TransformerEncoderLayer",
-}
+# Each of convert.FORMS, as the table names it.
+FORM_LABELS = dict(
+    zip(
+        FORMS,
+        ("lesson.Block", "TransformerBlock", "FusedBlock", "nn.TransformerEncoderLayer"),
+        strict=True,
+    )
+)
 # Not a form: the block's own matmuls (q/k/v, output projection, MLP; in training also their
 # input- and weight-gradient matmuls) on inputs of the same shapes, with no attention, LayerNorm,
 # activation or residual add. Its "% peak" (model FLOPs over its time) is the ceiling no form
 # can pass unless everything but those matmuls were free.
 MATMULS = "matmuls"
-ROWS = {**FORMS, MATMULS: "matmuls alone (ceiling)"}
+ROWS = {**FORM_LABELS, MATMULS: "matmuls alone (ceiling)"}
 MODES = ("inference", "training")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DTYPES |= {"float16": torch.float16, "float64": torch.float64}
+# For a smoke test of the whole pipeline in seconds: `gptblock bench --quick`.
+QUICK = dict(
+    d_model=32,
+    n_heads=2,
+    seq_len=16,
+    batch=2,
+    sweep=(8, 32),
+    warmup=1,
+    repeats=2,
+    peak_sizes=(128, 256),
+)
 
 
 @dataclass(frozen=True)
@@ -106,11 +117,11 @@ class BenchConfig:
         for name in ("d_model", "n_heads", "seq_len", "batch", "repeats"):
             check_positive_int(name, getattr(self, name))
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+            raise UserValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         for T in (*self.sweep, *self.peak_sizes):
             check_positive_int("sweep and peak sizes", T)
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise UserValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         FusedBlock(self.d_model, self.n_heads, activation=self.activation)  # validates the rest
 
     def shapes(self) -> list[tuple[int, int]]:
@@ -268,7 +279,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
         ['encoder_layer', 'fused', 'lesson', 'matmuls', 'mha']
     """
     if (why := device_unavailable(config.device)) is not None:
-        raise ValueError(why)
+        raise UserValueError(why)
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     shapes = config.shapes()
     sizes = config.matmul_sizes()
@@ -397,13 +408,4 @@ def _summary(rows: list[Measurement]) -> list[str]:
 def write_json(payload: BenchResult | dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write a result (or any JSON-able dict) to ``path`` atomically: whole file or none."""
     data = asdict(payload) if isinstance(payload, BenchResult) else payload
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write_json(path, data, indent=2, default=str)

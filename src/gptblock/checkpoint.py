@@ -37,18 +37,18 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
-from .config import GPTConfig
-from .data import CharTokenizer
-from .gpt import GPT
+from .errors import UserFileNotFoundError, UserTypeError, UserValueError
+from .files import atomic_write_bytes, atomic_write_json
 
 __all__ = [
+    "BEST",
+    "KINDS",
+    "LAST",
     "Checkpoint",
     "CheckpointError",
-    "atomic_write_bytes",
     "check_same_field",
     "checkpoint_path",
     "load_checkpoint",
-    "load_gpt",
     "load_model_state",
     "load_optimizer_state",
     "optimizer_parts",
@@ -57,15 +57,17 @@ __all__ = [
 
 FORMAT = "gptblock-checkpoint"
 VERSION = 1
-KINDS = ("last", "best")  # the newest state, and the state with the lowest validation loss
+LAST = "last"  # the newest state of a run: what --resume continues
+BEST = "best"  # the state with the lowest validation estimate: what sample and load_gpt read
+KINDS = (LAST, BEST)
 REQUIRED = ("format", "version", "tensors", "sha256", "step")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserValueError):
     """A checkpoint that is missing, truncated, corrupted, malformed or from another model.
 
-    The message names the file and the problem. A ``ValueError``, so the command line reports
-    it as one line.
+    The message names the file and the problem. A ``UserError`` (and a ``ValueError``), so the
+    command line reports it as one line.
     """
 
 
@@ -85,51 +87,16 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: missing field(s) {', '.join(missing)}")
 
 
-def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = "last") -> Path:
-    """The JSON file of checkpoint ``kind`` ("last" or "best") in ``out_dir``."""
-    if kind not in KINDS:
-        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
-    return Path(out_dir) / f"{kind}.json"
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable. Not possible on every platform (Windows): skip there.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new content.
-
-    The bytes go to a temporary file in the same directory (``os.replace`` is atomic only
-    within one file system), are fsynced, and the file is renamed over ``path``.
+def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
+    """The JSON file of checkpoint ``kind`` (``LAST`` or ``BEST``) in ``out_dir``.
 
     Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
-        >>> atomic_write_bytes(p, b"hello"); p.read_bytes()
-        b'hello'
+        >>> checkpoint_path("out", BEST).as_posix()
+        'out/best.json'
     """
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    # os.open with 0o666 lets the umask decide the permissions, as for any new file
-    # (tempfile.mkstemp would make it private to the user).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    if kind not in KINDS:
+        raise UserValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+    return Path(out_dir) / f"{kind}.json"
 
 
 def save_checkpoint(
@@ -160,7 +127,7 @@ def save_checkpoint(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     step = meta.get("step")
     if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"meta['step'] must be an int, got {step!r}")
+        raise UserTypeError(f"meta['step'] must be an int, got {step!r}")
     # Cloning to the CPU also unties shared storage, which safetensors refuses to save.
     cpu = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
     blob = safetensors.torch.save(cpu)
@@ -174,9 +141,7 @@ def save_checkpoint(
         "tensors": tensors_name,
         "sha256": hashlib.sha256(blob).hexdigest(),
     }
-    # allow_nan=False: NaN and Infinity are not JSON and other readers reject them.
-    text = json.dumps(record, indent=1, allow_nan=False, ensure_ascii=False)
-    atomic_write_bytes(json_path, text.encode("utf-8"))  # the commit point
+    atomic_write_json(json_path, record)  # the commit point
     _remove_stale(json_path.parent, kind, keep=tensors_name)
     return json_path
 
@@ -190,7 +155,7 @@ def _remove_stale(directory: Path, kind: str, keep: str) -> None:
                 p.unlink()
 
 
-def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = "last") -> Checkpoint:
+def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = LAST) -> Checkpoint:
     """Load and verify checkpoint ``kind`` from ``out_dir``.
 
     Raises:
@@ -204,7 +169,7 @@ def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = "last") -> Chec
     # reading the JSON and its tensors file: then the JSON has changed, and we read it again.
     for _ in range(3):
         if not json_path.is_file():
-            raise FileNotFoundError(
+            raise UserFileNotFoundError(
                 f"no {kind} checkpoint in {Path(out_dir)}: {json_path} not found"
             )
         raw = json_path.read_bytes()
@@ -376,36 +341,3 @@ def check_same_field(ckpt: Checkpoint, field: str, saved: Any, current: Any) -> 
         f"{ckpt.path}: a different {field} (the checkpoint's has {len(saved)} entries, this "
         f"run's {len(current)}); resume with the same data and model"
     )
-
-
-def load_gpt(
-    out_dir: str | os.PathLike[str], kind: str = "best", device: str | torch.device = "cpu"
-) -> tuple[GPT, CharTokenizer, Checkpoint]:
-    """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
-
-    Args:
-        out_dir: the directory ``gptblock train --out`` wrote.
-        kind: "best" (lowest validation loss, the default) or "last".
-        device: where to put the model.
-
-    Returns:
-        The model in eval mode, the tokenizer, and the checkpoint (for its other fields).
-
-    Raises:
-        FileNotFoundError, CheckpointError: naming the file and the problem.
-    """
-    ckpt = load_checkpoint(out_dir, kind)
-    ckpt.require("model_config", "vocab")
-    try:
-        config = GPTConfig(**ckpt.meta["model_config"])
-        tokenizer = CharTokenizer.from_json(ckpt.meta["vocab"])
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{ckpt.path}: invalid model_config or vocab ({e})") from None
-    if tokenizer.vocab_size != config.vocab_size:
-        raise CheckpointError(
-            f"{ckpt.path}: vocab has {tokenizer.vocab_size} characters but model_config says "
-            f"vocab_size={config.vocab_size}"
-        )
-    model = GPT(config)
-    load_model_state(model, ckpt)
-    return model.to(device).eval(), tokenizer, ckpt

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .config import check_positive_int
+from .errors import UserFileNotFoundError, UserIsADirectoryError, UserTypeError, UserValueError
 
 __all__ = [
     "CharTokenizer",
@@ -70,28 +71,28 @@ def read_text(path: str | os.PathLike[str]) -> str:
         path: the file.
 
     Raises:
-        FileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
-        ValueError: the file is empty, or is not valid UTF-8 (the message gives the byte
+        gptblock.errors.UserFileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
+        gptblock.errors.UserValueError: the file is empty, or is not valid UTF-8 (the message gives the byte
             offset of the first bad byte).
 
     Example:
         >>> read_text("/nonexistent/input.txt")
         Traceback (most recent call last):
         ...
-        FileNotFoundError: no such file: /nonexistent/input.txt
+        gptblock.errors.UserFileNotFoundError: no such file: /nonexistent/input.txt
     """
     p = Path(path)
     if p.is_dir():
-        raise IsADirectoryError(f"{p} is a directory; expected a UTF-8 text file")
+        raise UserIsADirectoryError(f"{p} is a directory; expected a UTF-8 text file")
     if not p.exists():
-        raise FileNotFoundError(f"no such file: {p}")
+        raise UserFileNotFoundError(f"no such file: {p}")
     raw = p.read_bytes()
     if not raw:
-        raise ValueError(f"{p} is empty; expected a UTF-8 text file")
+        raise UserValueError(f"{p} is empty; expected a UTF-8 text file")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
+        raise UserValueError(
             f"{p} is not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start} ({e.reason})"
         ) from None
 
@@ -118,18 +119,18 @@ class CharTokenizer:
         >>> tok.encode("hi!")
         Traceback (most recent call last):
         ...
-        ValueError: text has 2 characters outside the vocabulary: '!', 'i'
+        gptblock.errors.UserValueError: text has 2 characters outside the vocabulary: '!', 'i'
     """
 
     def __init__(self, chars: list[str] | tuple[str, ...]) -> None:
         if not isinstance(chars, (list, tuple)) or not all(
             isinstance(c, str) and len(c) == 1 for c in chars
         ):
-            raise TypeError(f"chars must be a list of single characters, got {chars!r:.80}")
+            raise UserTypeError(f"chars must be a list of single characters, got {chars!r:.80}")
         if not chars:
-            raise ValueError("a tokenizer needs at least one character, got none")
+            raise UserValueError("a tokenizer needs at least one character, got none")
         if len(set(chars)) != len(chars):
-            raise ValueError(f"chars must be distinct, got duplicates in {chars!r:.80}")
+            raise UserValueError(f"chars must be distinct, got duplicates in {chars!r:.80}")
         self.chars: tuple[str, ...] = tuple(chars)
         self._ids = {c: i for i, c in enumerate(self.chars)}
 
@@ -137,7 +138,7 @@ class CharTokenizer:
     def from_text(cls, text: str) -> CharTokenizer:
         """The tokenizer whose vocabulary is the sorted set of ``text``'s characters."""
         if not text:
-            raise ValueError("cannot build a vocabulary from an empty text")
+            raise UserValueError("cannot build a vocabulary from an empty text")
         return cls(sorted(set(text)))
 
     @property
@@ -155,7 +156,7 @@ class CharTokenizer:
         if missing:
             listed = ", ".join(repr(c) for c in missing[:20])
             more = f" (and {len(missing) - 20} more)" if len(missing) > 20 else ""
-            raise ValueError(
+            raise UserValueError(
                 f"text has {len(missing)} characters outside the vocabulary: {listed}{more}"
             )
         return [self._ids[c] for c in text]
@@ -168,7 +169,7 @@ class CharTokenizer:
             return "".join(self.chars[i] for i in ids)
         except IndexError:
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
-            raise ValueError(
+            raise UserValueError(
                 f"token ids {bad[:10]} are outside the vocabulary [0, {self.vocab_size})"
             ) from None
 
@@ -180,7 +181,7 @@ class CharTokenizer:
     def from_json(cls, value: object) -> CharTokenizer:
         """The tokenizer saved by ``to_json``; ``ValueError``/``TypeError`` if malformed."""
         if not isinstance(value, list):
-            raise TypeError(f"a saved vocabulary is a list of characters, got {value!r:.80}")
+            raise UserTypeError(f"a saved vocabulary is a list of characters, got {value!r:.80}")
         return cls(value)
 
     def __eq__(self, other: object) -> bool:
@@ -222,7 +223,7 @@ def split_tokens(ids: list[int] | torch.Tensor, block_size: int) -> TokenSplits:
         >>> split_tokens(list(range(50)), block_size=8)
         Traceback (most recent call last):
         ...
-        ValueError: the text is too short for block_size=8: its validation part (the last 10%) has 5 tokens, and a window needs 9; use a longer text (at least 81 characters) or a smaller --block-size
+        gptblock.errors.UserValueError: the text is too short for block_size=8: its validation part (the last 10%) has 5 tokens, and a window needs 9; use a longer text (at least 81 characters) or a smaller --block-size
     """
     check_positive_int("block_size", block_size)
     data = torch.as_tensor(ids, dtype=torch.long)
@@ -237,7 +238,7 @@ def split_tokens(ids: list[int] | torch.Tensor, block_size: int) -> TokenSplits:
             at_least = next(
                 m for m in range(need, 11 * need) if _n_train(m) >= need <= m - _n_train(m)
             )
-            raise ValueError(
+            raise UserValueError(
                 f"the text is too short for block_size={block_size}: its {name} has "
                 f"{len(part)} tokens, and a window needs {need}; use a longer text "
                 f"(at least {at_least} characters) or a smaller --block-size"
@@ -283,7 +284,7 @@ def get_batch(
         True
     """
     if batch_size % world_size != 0:
-        raise ValueError(
+        raise UserValueError(
             f"batch_size={batch_size} must be divisible by the number of processes {world_size}"
         )
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (global B,)
@@ -321,7 +322,7 @@ def full_windows(
     check_positive_int("batch_size", batch_size)
     n = len(data) - 1  # the number of (input, target) pairs
     if n < 1:
-        raise ValueError(f"need at least 2 tokens to predict one, got {len(data)}")
+        raise UserValueError(f"need at least 2 tokens to predict one, got {len(data)}")
     n_full = n // block_size
     x = data[: n_full * block_size].view(n_full, block_size)  # (N, T)
     y = data[1 : n_full * block_size + 1].view(n_full, block_size)  # (N, T)

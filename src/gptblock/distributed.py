@@ -15,10 +15,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .errors import UserValueError
+
 __all__ = [
     "DistInfo",
     "all_gather_rows",
     "all_reduce_sum",
+    "comm_device",
     "dist_info",
     "finish_distributed",
     "init_distributed",
@@ -69,7 +72,7 @@ def init_distributed(device: str) -> tuple[DistInfo, str]:
     elif device == "cpu":
         backend = "gloo"
     else:
-        raise ValueError(f"distributed training needs device 'cpu' or 'cuda', got {device!r}")
+        raise UserValueError(f"distributed training needs device 'cpu' or 'cuda', got {device!r}")
     dist.init_process_group(backend=backend)
     return dist_info(), device
 
@@ -108,3 +111,10 @@ def all_gather_rows(t: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(out, t.contiguous())
     return out
+
+
+def comm_device(device: torch.device) -> torch.device:
+    """Where tensors must be for a collective: CUDA for nccl, else the CPU (gloo, or alone)."""
+    if device.type == "cuda" and dist_info().world_size > 1:
+        return device
+    return torch.device("cpu")

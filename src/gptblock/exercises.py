@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .reference import causal_head, softmax
+from .errors import UserValueError
 
 __all__ = [
     "CausalHeadCheck",
@@ -112,7 +113,7 @@ def exercise1(
         (True, [4, 64])
     """
     if n_samples < 4:
-        raise ValueError(f"n_samples must be >= 4 for a sample variance's error, got {n_samples}")
+        raise UserValueError(f"n_samples must be >= 4 for a sample variance's error, got {n_samples}")
     rng = _rng(seed)
     N = n_samples
     rows = []
@@ -223,7 +224,7 @@ def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyCompa
 
 def _rng(seed: int) -> np.random.Generator:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        raise UserValueError(f"seed must be a non-negative int, got {seed!r}")
     return np.random.default_rng(seed)
 
 

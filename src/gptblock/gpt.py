@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from .config import GPTConfig
 from .convert import convert
+from .errors import UserTypeError, UserValueError
 from .fused import BlockDecoder, FusedBlock, KVCache
 from .lesson import Block as LessonBlock
 from .mha import TransformerBlock
@@ -73,7 +74,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+            raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         C = config.n_embd
         self.transformer = nn.ModuleDict(
@@ -126,8 +127,18 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
         B, T = self._check_ids(idx, "idx")
+        # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
+        # that costs microseconds; on an accelerator it makes the host wait for the device, and
+        # under torch.compile it breaks the graph. So a training step on an accelerator, and any
+        # compiled call, skips it (the trainer's ids come from a tokenizer, and a bad id still
+        # fails in the embedding, with PyTorch's message); eval mode and generate always check.
+        check_range = not torch.compiler.is_compiling() and (
+            not self.training or idx.device.type == "cpu"
+        )
+        if check_range:
+            self._check_range(idx, "idx")
         if T > self.config.block_size:
-            raise ValueError(
+            raise UserValueError(
                 f"sequence length T={T} exceeds block_size={self.config.block_size}; "
                 f"crop the context to the last {self.config.block_size} tokens"
             )
@@ -139,15 +150,18 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             if targets.shape != idx.shape:
-                raise ValueError(
+                raise UserValueError(
                     f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}"
                 )
-            self._check_ids(targets, "targets", allow_ignore=True)
+            self._check_ids(targets, "targets")
+            if check_range:
+                self._check_range(targets, "targets", allow_ignore=True)
             # -1 marks positions without a target (padding), as in nanoGPT.
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return GPTOutput(logits, loss)
 
-    def _check_ids(self, idx: object, name: str, allow_ignore: bool = False) -> tuple[int, int]:
+    def _check_ids(self, idx: object, name: str) -> tuple[int, int]:
+        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else."""
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (
             torch.long,
             torch.int32,
@@ -156,17 +170,20 @@ class GPT(nn.Module):
             torch.int8,
         ):
             got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise TypeError(f"{name} must be an integer tensor of token ids (B, T), got {got}")
+            raise UserTypeError(f"{name} must be an integer tensor of token ids (B, T), got {got}")
         if idx.dim() != 2 or idx.numel() == 0:
-            raise ValueError(
+            raise UserValueError(
                 f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
             )
+        return idx.shape[0], idx.shape[1]
+
+    def _check_range(self, idx: torch.Tensor, name: str, allow_ignore: bool = False) -> None:
+        """Refuse ids outside [0, V) (-1 allowed for ignored targets): a read on the host."""
         V = self.config.vocab_size
         lo, hi = int(idx.min()), int(idx.max())
         if hi >= V or lo < (-1 if allow_ignore else 0):
             bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
-        return idx.shape[0], idx.shape[1]
+            raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -231,24 +248,25 @@ class GPT(nn.Module):
             [(2, 1), (2, 1), (2, 1)]
         """
         self._check_ids(idx, "idx")
+        self._check_range(idx, "idx")
         if (
             isinstance(max_new_tokens, bool)
             or not isinstance(max_new_tokens, int)
             or max_new_tokens < 0
         ):
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+            raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if (
             not isinstance(temperature, (int, float))
             or not temperature >= 0
             or math.isinf(temperature)
         ):
-            raise ValueError(
+            raise UserValueError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
             )
         if top_k is not None and (
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+            raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
         k = None if top_k is None else min(top_k, self.config.vocab_size)
         # A separate generator function, so the checks above run when stream() is called rather
         # than at the first next().

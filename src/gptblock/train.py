@@ -2,14 +2,18 @@
 
 The trainer knows nothing about GPT (minGPT's rule): it draws batches, steps AdamW, estimates
 losses, saves checkpoints and calls back. What to build from a checkpoint, and what to print at
-the end, is the caller's business; the caller passes JSON-ready ``meta`` (for gptblock: the
-model config and the vocabulary) that is saved with every checkpoint.
+the end, is the caller's business; the caller passes ``meta``, saved with every checkpoint and
+asked on resume whether a checkpoint belongs to this run (for gptblock's GPT runs this is a
+``gptblock.runmeta.RunMeta``; ``gptblock.run.train_gpt`` puts the pieces together).
 
-Exact resume. Every source of randomness is state the checkpoint saves: the model's and
-optimizer's tensors, the global RNG (dropout) of every process, and the data generator that
-draws the batches. Evaluation draws its batches from generators re-seeded at each evaluation
-and runs without dropout, so how often a run evaluates does not change what it trains on. On the
-CPU a run stopped at step k and resumed therefore ends with bit-identical weights.
+The host waits on the device only when it must. Each step's loss stays a tensor on the device;
+every ``log_interval`` steps (and before an evaluation or a checkpoint) the losses since the last
+read come to the host at once, for the progress bar, the history and the check that they are
+finite. A NaN therefore stops the run up to ``log_interval - 1`` steps after it appeared, still
+before any checkpoint of that state is written, and the error names the step it appeared at.
+
+Exact resume: everything random is state a checkpoint saves (``gptblock.train_state``), so on
+the CPU a run stopped at step k and resumed ends with bit-identical weights.
 
 Shapes: B batch (per process), T time (``block_size``).
 """
@@ -17,11 +21,9 @@ Shapes: B batch (per process), T time (``block_size``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,20 +33,23 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from . import train_state
 from .checkpoint import (
+    BEST,
+    LAST,
     Checkpoint,
-    CheckpointError,
-    check_same_field,
+    checkpoint_path,
     load_checkpoint,
-    load_model_state,
-    load_optimizer_state,
-    optimizer_parts,
     save_checkpoint,
 )
-from .data import TokenSplits, full_windows, get_batch
-from .distributed import all_gather_rows, all_reduce_sum, dist_info
-from .recipe import TrainConfig, autocast_context, configure_optimizer, lr_at
-from .trainlog import ProgressBar, save_loss_plot
+from .data import TokenSplits, get_batch
+from .devices import autocast_context
+from .distributed import all_reduce_sum, comm_device, dist_info
+from .errors import UserFileExistsError, UserValueError
+from .evaluate import estimate_loss, validation_loss
+from .train_config import TrainConfig, configure_optimizer, lr_at
+from .train_state import PlainMeta, RunMetadata
+from .trainlog import LOSS_PLOT, ProgressBar, save_loss_plot
 
 __all__ = ["NonFiniteLossError", "TrainResult", "Trainer"]
 
@@ -75,8 +80,10 @@ class Trainer:
         data: the training and validation token ids.
         config: the ``TrainConfig``.
         out_dir: where checkpoints ("last", "best") and ``loss.png`` go; None writes nothing.
-        meta: JSON-ready fields saved in every checkpoint. A ``model_config`` or ``vocab``
-            field must match the checkpoint's when resuming.
+            A fresh run never overwrites a run already there.
+        meta: saved in every checkpoint: a ``RunMetadata`` (such as ``RunMeta``), which also
+            decides whether a checkpoint may be resumed, or a mapping of JSON-ready fields,
+            each of which must then equal the checkpoint's to resume.
         progress: show a tqdm progress bar (rank 0 only).
 
     Shape:
@@ -105,12 +112,12 @@ class Trainer:
         config: TrainConfig,
         *,
         out_dir: str | Path | None = None,
-        meta: Mapping[str, Any] | None = None,
+        meta: RunMetadata | Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
         for name, part in (("training", data.train), ("validation", data.val)):
             if len(part) <= config.block_size:
-                raise ValueError(
+                raise UserValueError(
                     f"the {name} data has {len(part)} tokens; a window of block_size="
                     f"{config.block_size} needs {config.block_size + 1}"
                 )
@@ -120,7 +127,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.data = data
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.meta = dict(meta or {})
+        self.meta: RunMetadata = PlainMeta(meta or {}) if isinstance(meta, Mapping | None) else meta
         self.progress = progress
         self.optimizer = configure_optimizer(self.model, config)
         self.autocast = autocast_context(self.device, config.dtype)
@@ -129,7 +136,8 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(config.seed)  # draws the training batches
         self.step = 0
         self.best_val_loss: float | None = None
-        self.losses: list[float] = []  # training loss of each step, from step 1
+        self.losses: list[float] = []  # training loss of each step read so far, from step 1
+        self._unread: list[torch.Tensor] = []  # the losses of the steps since, on the device
         self.evals: list[dict[str, float]] = []  # {"step", "train", "val"} of each estimate
         self._callbacks: dict[str, list[Callable[[Trainer], None]]] = {e: [] for e in EVENTS}
         self._stop_requested = False
@@ -143,7 +151,7 @@ class Trainer:
     def add_callback(self, event: str, fn: Callable[[Trainer], None]) -> None:
         """Call ``fn(trainer)`` on ``event``: "on_step_end" (after each update) or "on_eval_end"."""
         if event not in EVENTS:
-            raise ValueError(f"event must be one of {EVENTS}, got {event!r}")
+            raise UserValueError(f"event must be one of {EVENTS}, got {event!r}")
         self._callbacks[event].append(fn)
 
     def request_stop(self) -> None:
@@ -162,44 +170,90 @@ class Trainer:
                 names the step, and no checkpoint is written for that state.
             CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
                 a different model (the message names the differing fields).
+            gptblock.errors.UserFileExistsError: not ``resume``, and ``out_dir`` already holds a run.
         """
         self._stop_requested = False
         with _stop_on_signals(self.request_stop):
             if resume:
                 if self.out_dir is None:
-                    raise ValueError("resume needs an out_dir to resume from")
-                self.restore(load_checkpoint(self.out_dir, "last"))
+                    raise UserValueError("resume needs an out_dir to resume from")
+                self.restore(load_checkpoint(self.out_dir, LAST))
             else:
+                self._refuse_to_overwrite()
                 # Each process gets its own dropout stream; rank 0's is the single-process one.
                 torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
                 self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
             self._loop()
             stopped = self.step < self.config.max_iters
             if stopped and self._saved_step != self.step:
-                self.save("last")
+                self.save(LAST)
         return self._result(interrupted=stopped)
 
+    def _refuse_to_overwrite(self) -> None:
+        # Every process looks before rank 0's first save (which waits on a collective of all
+        # of them), and they agree, so none starts while another refuses.
+        exists = self.out_dir is not None and checkpoint_path(self.out_dir, LAST).exists()
+        flag = torch.tensor([float(exists)], device=comm_device(self.device))
+        if all_reduce_sum(flag).item() > 0:
+            raise UserFileExistsError(
+                f"{self.out_dir} already holds a training run; pass --resume (resume=True) to "
+                f"continue it, or choose another --out (or delete {self.out_dir})"
+            )
+
     def _loop(self) -> None:
-        bar = ProgressBar(
-            self.step, self.config.max_iters, enabled=self.progress and self.dist.is_main
-        )
+        cfg = self.config
+        bar = ProgressBar(self.step, cfg.max_iters, enabled=self.progress and self.dist.is_main)
         try:
-            while self.step < self.config.max_iters and not self._agree_to_stop():
-                loss = self._train_step()
-                bar.update(loss, lr_at(self.step - 1, self.config), self._tokens_per_step())
+            while self.step < cfg.max_iters and not self._agree_to_stop():
+                self._train_step()
+                bar.advance()
+                evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
+                if evaluate or self.step % cfg.log_interval == 0:
+                    self.read_losses()
+                    bar.show(self.losses[-1], lr_at(self.step - 1, cfg), self._tokens_per_step())
                 for fn in self._callbacks["on_step_end"]:
                     fn(self)
-                if self.step % self.config.eval_interval == 0 or self.step == self.config.max_iters:
+                if evaluate:
                     self._evaluate_and_save()
         finally:
             bar.close()
 
     def _agree_to_stop(self) -> bool:
+        if self.dist.world_size == 1:
+            return self._stop_requested
         # Every process must stop at the same step, even if only one of them got the signal.
-        flag = torch.tensor([float(self._stop_requested)], device=self._comm_device())
+        # Agreeing is a collective and a host read, so it happens where the losses are read.
+        if self.step % self.config.log_interval != 0:
+            return False
+        flag = torch.tensor([float(self._stop_requested)], device=comm_device(self.device))
         return bool(all_reduce_sum(flag).item() > 0)
 
-    def _train_step(self) -> float:
+    def read_losses(self) -> list[float]:
+        """Bring the losses of the steps since the last read to the host; return them all.
+
+        One device synchronisation (and, under DDP, one collective: every process calls it at
+        the same step, as the loop does) for all of them. Each step's value is the mean over
+        processes, the loss of the global batch.
+
+        Raises:
+            NonFiniteLossError: one of them is NaN or infinite; names the first such step.
+        """
+        if not self._unread:
+            return self.losses
+        first = len(self.losses) + 1  # the step the first unread loss belongs to
+        local = torch.stack(self._unread).to(comm_device(self.device), torch.float64)  # (n,)
+        self._unread = []
+        values = (all_reduce_sum(local) / self.dist.world_size).tolist()
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"training loss is {value} at step {first + i}; stopped without saving "
+                    f"this state{self._last_good()}"
+                )
+        self.losses.extend(values)
+        return self.losses
+
+    def _train_step(self) -> None:
         cfg = self.config
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
@@ -207,15 +261,7 @@ class Trainer:
         x, y = self._batch(self.data.train, self.generator)  # (B, T) each
         with self.autocast:
             _, loss = self.net(x, y)
-        # The mean over all processes: the loss of the global batch, and the same on every rank,
-        # so all of them stop together if it is not finite.
-        local = torch.tensor([loss.item()], dtype=torch.float64, device=self._comm_device())
-        mean_loss = all_reduce_sum(local).item() / self.dist.world_size
-        if not math.isfinite(mean_loss):
-            raise NonFiniteLossError(
-                f"training loss is {mean_loss} at step {self.step + 1}; stopped without saving "
-                f"this state{self._last_good()}"
-            )
+        self._unread.append(loss.detach())  # read with the others by read_losses
         self.scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
@@ -224,8 +270,6 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.losses.append(mean_loss)
-        return mean_loss
 
     def _batch(
         self, tokens: torch.Tensor, generator: torch.Generator
@@ -240,61 +284,37 @@ class Trainer:
     def _tokens_per_step(self) -> int:
         return self.config.batch_size * self.config.block_size
 
-    def _comm_device(self) -> torch.device:
-        # nccl moves CUDA tensors only; gloo and single processes use the CPU.
-        return (
-            self.device
-            if self.device.type == "cuda" and self.dist.world_size > 1
-            else torch.device("cpu")
+    def _last_good(self) -> str:
+        if self.out_dir is None or not checkpoint_path(self.out_dir, LAST).exists():
+            return ""
+        return f" (the last good checkpoint is {checkpoint_path(self.out_dir, LAST)})"
+
+    def estimate_loss(self) -> dict[str, float]:
+        """Mean loss over ``eval_iters`` batches of each split, with dropout off (the same
+        batches at every estimate: ``gptblock.evaluate.estimate_loss``)."""
+        cfg = self.config
+        return estimate_loss(
+            self.model,
+            self.data,
+            block_size=cfg.block_size,
+            batch_size=cfg.batch_size,
+            iters=cfg.eval_iters,
+            seed=cfg.seed,
+            device=self.device,
+            autocast=self.autocast,
         )
 
-    def _last_good(self) -> str:
-        if self.out_dir is None or not (self.out_dir / "last.json").exists():
-            return ""
-        return f" (the last good checkpoint is {self.out_dir / 'last.json'})"
-
-    @torch.no_grad()
-    def estimate_loss(self) -> dict[str, float]:
-        """Mean loss over ``eval_iters`` batches of each split, with dropout off.
-
-        The batches come from generators seeded afresh each time, so every estimate of a run
-        sees the same batches: estimates differ only because the model did.
-        """
-        cfg = self.config
-        out = {}
-        with _eval_mode(self.model):
-            for offset, (split, tokens) in enumerate(
-                (("train", self.data.train), ("val", self.data.val))
-            ):
-                g = torch.Generator().manual_seed(cfg.seed + 1 + offset)
-                total = 0.0
-                for _ in range(cfg.eval_iters):
-                    x, y = self._batch(tokens, g)  # (B, T) each
-                    with self.autocast:
-                        _, loss = self.model(x, y)
-                    total += loss.item()
-                summed = all_reduce_sum(
-                    torch.tensor([total], dtype=torch.float64, device=self._comm_device())
-                )
-                out[split] = summed.item() / (cfg.eval_iters * self.dist.world_size)
-        return out
-
-    @torch.no_grad()
     def validation_loss(self) -> float:
-        """Mean loss per token over the WHOLE validation split, in non-overlapping windows.
-
-        Each process takes every world_size-th batch; the sums of loss * targets are combined.
-        """
+        """Mean loss per token over the WHOLE validation split (``gptblock.evaluate``)."""
         cfg = self.config
-        batches = full_windows(self.data.val, cfg.block_size, cfg.batch_size)
-        total = torch.zeros(2, dtype=torch.float64)  # (sum of token losses, number of tokens)
-        with _eval_mode(self.model):
-            for x, y in batches[self.dist.rank :: self.dist.world_size]:  # (B', T') each
-                with self.autocast:
-                    _, loss = self.model(x.to(self.device), y.to(self.device))
-                total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
-        summed = all_reduce_sum(total.to(self._comm_device())).cpu()
-        return summed[0].item() / summed[1].item()
+        return validation_loss(
+            self.model,
+            self.data.val,
+            block_size=cfg.block_size,
+            batch_size=cfg.batch_size,
+            device=self.device,
+            autocast=self.autocast,
+        )
 
     def _evaluate_and_save(self) -> None:
         losses = self.estimate_loss()
@@ -308,102 +328,39 @@ class Trainer:
         improved = self.best_val_loss is None or losses["val"] < self.best_val_loss
         if improved:
             self.best_val_loss = losses["val"]
-        self.save("last")
+        self.save(LAST)
         if improved:
-            self.save("best")
+            self.save(BEST)
         if self.out_dir is not None and self.dist.is_main:
-            save_loss_plot(self.losses, self.evals, self.out_dir / "loss.png")
+            save_loss_plot(self.losses, self.evals, self.out_dir / LOSS_PLOT)
         for fn in self._callbacks["on_eval_end"]:
             fn(self)
 
     def _result(self, interrupted: bool) -> TrainResult:
         val = None if interrupted else self.validation_loss()
-        path = self.out_dir / "last.json" if self.out_dir is not None else None
+        path = checkpoint_path(self.out_dir, LAST) if self.out_dir is not None else None
         return TrainResult(self.step, interrupted, val, self.best_val_loss, path)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Everything a checkpoint holds: tensors (for safetensors) and JSON fields.
+        """Everything a checkpoint holds: tensors and JSON fields (``gptblock.train_state``).
 
-        Collective under DDP: every process must call it (the RNG states are gathered).
+        Collective under DDP: every process must call it.
         """
-        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
-        opt_tensors, opt_json = optimizer_parts(self.optimizer)
-        tensors.update(opt_tensors)
-        tensors["rng.data"] = self.generator.get_state()
-        comm = self._comm_device()
-        for r, s in enumerate(all_gather_rows(torch.get_rng_state().to(comm))):
-            tensors[f"rng.cpu.{r}"] = s.cpu()
-        if self.device.type == "cuda":
-            for r, s in enumerate(all_gather_rows(torch.cuda.get_rng_state(self.device).to(comm))):
-                tensors[f"rng.cuda.{r}"] = s.cpu()
-        meta = {
-            **self.meta,
-            "step": self.step,
-            "best_val_loss": self.best_val_loss,
-            "train_config": dataclasses.asdict(self.config),
-            "world_size": self.dist.world_size,
-            # Where the randomness lives, for a reader of the JSON: the batches' generator
-            # (seeded with train_config.seed) and each process's global RNG (dropout).
-            "rng": {
-                "batches": "rng.data",
-                "dropout": sorted(k for k in tensors if k.startswith(("rng.cpu.", "rng.cuda."))),
-            },
-            "optimizer": opt_json,
-            "scaler": self.scaler.state_dict(),
-            "history": {"loss": self.losses, "evals": self.evals},
-        }
-        return tensors, meta
+        self.read_losses()
+        return train_state.capture(self)
 
     def save(self, kind: str) -> None:
-        """Save checkpoint ``kind`` ("last" or "best") to ``out_dir`` (rank 0 writes)."""
+        """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes)."""
         tensors, meta = self.state()  # collective: every rank takes part
         if self.out_dir is not None and self.dist.is_main:
             save_checkpoint(self.out_dir, kind, tensors, meta)
-        if kind == "last":
+        if kind == LAST:
             self._saved_step = self.step
 
     def restore(self, ckpt: Checkpoint) -> None:
-        """Load a checkpoint written by ``save``, checking it belongs to this model and data."""
-        ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
-        for field in ("model_config", "vocab"):
-            check_same_field(ckpt, field, ckpt.meta.get(field), self.meta.get(field))
-        load_model_state(self.model, ckpt)
-        load_optimizer_state(self.optimizer, ckpt)
-        if ckpt.meta.get("scaler"):
-            self.scaler.load_state_dict(ckpt.meta["scaler"])
-        try:
-            self.generator.set_state(ckpt.tensors["rng.data"])
-            rank = self.dist.rank
-            if ckpt.meta["world_size"] == self.dist.world_size:
-                torch.set_rng_state(ckpt.tensors[f"rng.cpu.{rank}"])
-                if self.device.type == "cuda" and f"rng.cuda.{rank}" in ckpt.tensors:
-                    torch.cuda.set_rng_state(ckpt.tensors[f"rng.cuda.{rank}"], self.device)
-            else:
-                warnings.warn(
-                    f"{ckpt.path} was saved by {ckpt.meta['world_size']} processes, this run has "
-                    f"{self.dist.world_size}: dropout is re-seeded, so the run is not an exact "
-                    f"continuation",
-                    stacklevel=2,
-                )
-                torch.manual_seed(self.config.seed + 1000 * rank + ckpt.meta["step"])
-        except (KeyError, RuntimeError) as e:
-            raise CheckpointError(
-                f"{ckpt.tensors_path}: missing or malformed RNG state ({e})"
-            ) from None
-        self.step = int(ckpt.meta["step"])
-        self.best_val_loss = ckpt.meta["best_val_loss"]
-        self.losses = list(ckpt.meta["history"]["loss"])
-        self.evals = list(ckpt.meta["history"]["evals"])
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+        """Load a checkpoint written by ``save``, after ``meta`` says it belongs to this run."""
+        train_state.restore(self, ckpt)
+        self._unread = []
 
 
 @contextlib.contextmanager

@@ -13,9 +13,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .checkpoint import atomic_write_bytes
+from .files import atomic_write_bytes
 
-__all__ = ["ProgressBar", "save_loss_plot"]
+__all__ = ["LOSS_PLOT", "ProgressBar", "save_loss_plot"]
+
+LOSS_PLOT = "loss.png"  # the picture of the losses, beside the checkpoints in a run directory
 
 
 class ProgressBar:
@@ -32,9 +34,12 @@ class ProgressBar:
             initial=initial, total=total, disable=not enabled, unit="step", dynamic_ncols=True
         )
 
-    def update(self, loss: float, lr: float, tokens_per_step: int) -> None:
-        """Advance one step and show its loss, learning rate and the smoothed token rate."""
+    def advance(self) -> None:
+        """Count one more step."""
         self._bar.update(1)
+
+    def show(self, loss: float, lr: float, tokens_per_step: int) -> None:
+        """Show the latest loss read, the learning rate and the smoothed token rate."""
         rate = self._bar.format_dict.get("rate") or 0.0  # steps/s, smoothed by tqdm
         self._bar.set_postfix(
             loss=f"{loss:.4f}",

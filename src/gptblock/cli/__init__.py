@@ -2,10 +2,13 @@
 
 Each command lives in its own module with ``register(subparsers)``, which adds the command's
 parser and sets ``run(args) -> int`` as its handler; everything a command does is a library call
-a user could make from Python.
+a user could make from Python. ``formatting`` holds what every command's ``--help`` shares.
 
-Errors a user can cause (bad arguments, missing or malformed files) reach the terminal as one
-line on stderr and exit code 2, never as a traceback.
+Errors a user can cause (``gptblock.errors.UserError``: bad arguments, missing or malformed
+files, settings that do not fit together) and the operating system's refusals about the user's
+files and devices (``OSError``: permission denied, disk full) reach the terminal as one line on
+stderr and exit code 2. Any other exception is a bug in gptblock and keeps its traceback, so
+that it can be reported.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ..errors import UserError
 from . import bench, check, example, exercises, info, sample, train
 
 COMMANDS = (train, sample, check, exercises, bench, example, info)
 
 
-class CLIError(Exception):
+class CLIError(UserError):
     """An error to report as one line on stderr, with ``exit_code``."""
 
     def __init__(self, message: str, exit_code: int = 2) -> None:
@@ -47,13 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except CLIError as e:
+    except (UserError, OSError) as e:
         print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except (ValueError, TypeError, OSError) as e:
-        # The library raises these with messages that name the bad value; show just that.
-        print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         print(f"gptblock {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -7,7 +7,9 @@ import sys
 
 import torch
 
-from ..bench import BenchConfig, device_unavailable, format_table, run_benchmark, write_json
+from ..bench import QUICK, BenchConfig, device_unavailable, format_table, run_benchmark, write_json
+from ..devices import DTYPES
+from .formatting import RawEpilogHelpFormatter
 
 EPILOG = """\
 ms: median of --repeats calls after --warmup untimed ones, the forms timed round-robin.
@@ -28,22 +30,6 @@ says so, and --json then records {"skipped": reason}); 2 bad arguments.
 """
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, and the epilog's lines kept as written."""
-
-
-QUICK = {  # seconds, not minutes: for a smoke test of the whole pipeline
-    "d_model": 32,
-    "n_heads": 2,
-    "seq_len": 16,
-    "batch": 2,
-    "sweep": (8, 32),
-    "warmup": 1,
-    "repeats": 2,
-    "peak_sizes": (128, 256),
-}
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = BenchConfig()
     p = sub.add_parser(
@@ -53,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "TransformerBlock, FusedBlock, nn.TransformerEncoderLayer) for inference and a\n"
         "training step, at one shape and a sweep over T.",
         epilog=EPILOG,
-        formatter_class=_Formatter,
+        formatter_class=RawEpilogHelpFormatter,
     )
     p.add_argument("--d-model", type=int, default=d.d_model, help="C")
     p.add_argument("--heads", type=int, default=d.n_heads, help="nh")
@@ -73,9 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="of every form but the lesson's, which is ReLU",
     )
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16", "float64"], default=d.dtype
-    )
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype)
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls first")
     p.add_argument("--repeats", type=int, default=d.repeats, help="timed calls (median)")
     p.add_argument(

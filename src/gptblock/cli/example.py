@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..mha import TransformerBlock
+from ..example import worked_example
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,23 +18,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.manual_seed(args.seed)
-    B, T, C, nh = 2, 5, 16, 2
-    block = TransformerBlock(C, nh).double().eval()
-    x = torch.randn(B, T, C, dtype=torch.float64)
-    with torch.no_grad():
-        y = block(x)
-        print(
-            f"TransformerBlock(d_model={C}, n_heads={nh}): input {tuple(x.shape)} -> output {tuple(y.shape)}"
-        )
-        print("change token t; which output positions move? (max |change| per position, float64)")
-        print("  t | " + " ".join(f"pos {p:<6}" for p in range(T)))
-        ok = True
-        for t in range(T):
-            x2 = x.clone()
-            x2[:, t] += torch.randn(B, C, dtype=torch.float64)
-            diff = (block(x2) - y).abs().amax(dim=(0, 2))  # (T,)
-            ok &= bool((diff[:t] == 0).all() and (diff[t:] > 0).all())
-            print(f"  {t} | " + " ".join(f"{d:<10.2e}" for d in diff.tolist()))
-    print("PASS: positions before t never change" if ok else "FAIL: a position saw the future")
-    return 0 if ok else 1
+    r = worked_example(args.seed)
+    B, T, C = r.shape
+    print(
+        f"TransformerBlock(d_model={C}, n_heads={r.n_heads}): input {r.shape} -> output {r.shape}"
+    )
+    print("change token t; which output positions move? (max |change| per position, float64)")
+    print("  t | " + " ".join(f"pos {p:<6}" for p in range(T)))
+    for t, row in enumerate(r.moved):
+        print(f"  {t} | " + " ".join(f"{d:<10.2e}" for d in row))
+    print(
+        "PASS: positions before t never change" if r.passed else "FAIL: a position saw the future"
+    )
+    return 0 if r.passed else 1

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..checkpoint import load_gpt
-from ..data import CharTokenizer
-from ..gpt import GPT
-from ..recipe import resolve_device
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` with every default shown, except None: those options say in their help text
-    what they default to (a preset's value, a newline, ...) instead of "(default: None)"."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
+from ..checkpoint import BEST
+from ..devices import resolve_device
+from ..run import load_gpt, sample_text
+from .formatting import HelpFormatter
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,44 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run)
 
 
-def sample_text(
-    model: GPT,
-    tokenizer: CharTokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
-) -> str:
-    """The prompt and its continuation, sampled with a generator seeded by ``seed``.
-
-    The default prompt is a newline (or, for a vocabulary without one, its first character).
-
-    Raises:
-        ValueError: an empty prompt, or one with characters outside the vocabulary (listed).
-    """
-    if prompt is None:
-        prompt = "\n" if "\n" in tokenizer.chars else tokenizer.chars[0]
-    if not prompt:
-        raise ValueError("the prompt must not be empty")
-    unknown = tokenizer.unknown(prompt)
-    if unknown:
-        raise ValueError(
-            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
-            f"{', '.join(repr(c) for c in unknown)}"
-        )
-    device = next(model.parameters()).device
-    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
-    )  # (1, T + max_new_tokens)
-    return tokenizer.decode(out[0])
-
-
 def run(args: argparse.Namespace) -> int:
-    model, tokenizer, ckpt = load_gpt(args.out, "best", device=resolve_device(args.device))
+    model, tokenizer, _ = load_gpt(args.out, BEST, device=resolve_device(args.device))
     text = sample_text(
         model,
         tokenizer,

@@ -1,63 +1,24 @@
 """``gptblock train``: train a tiny GPT on a text (by default, Python's own help pages).
 
-Argument parsing and printing only; the work is ``gptblock.data``, ``GPT`` and
-``gptblock.train.Trainer``, which a user can call the same way from Python. Under
-``torchrun --nproc_per_node=N -m gptblock train ...`` the same command trains with
-DistributedDataParallel; only rank 0 writes files and prints.
+Argument parsing and printing only; the run is ``gptblock.run.prepare_run``, which a user can
+call the same way from Python. Under ``torchrun --nproc_per_node=N -m gptblock train ...`` the
+same command trains with DistributedDataParallel; only rank 0 writes files and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
-import torch
+from ..checkpoint import BEST, LAST, checkpoint_path
+from ..devices import AUTOCAST_DTYPES
+from ..run import PRESETS, GPTRun, prepare_run
+from ..train import NonFiniteLossError, TrainResult
+from ..trainlog import LOSS_PLOT
+from .formatting import HelpFormatter
 
-from ..checkpoint import checkpoint_path
-from ..config import GPTConfig
-from ..data import CharTokenizer, default_corpus, read_text, split_tokens
-from ..distributed import finish_distributed, init_distributed
-from ..gpt import GPT
-from ..recipe import DTYPES, TrainConfig, resolve_device
-from ..train import NonFiniteLossError, Trainer
-from .sample import HelpFormatter, sample_text
-
-# Each preset sets every option below that defaults to None; explicit flags override it.
-PRESETS: dict[str, dict[str, Any]] = {
-    # 72 s on a quiet 2-core CPU (validation loss 1.36); its samples are English-like words.
-    "tiny": dict(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        batch_size=16,
-        lr=2e-3,
-        max_iters=1500,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=20,
-    ),
-    # nanoGPT's shakespeare_char: a GPU job (about 10M parameters).
-    "shakespeare": dict(
-        n_layer=6,
-        n_head=6,
-        n_embd=384,
-        block_size=256,
-        dropout=0.2,
-        batch_size=64,
-        lr=1e-3,
-        max_iters=5000,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=200,
-    ),
-}
-
-# (flag, type, help) for the options a preset sets.
+# (flag, type, help) for the options a preset sets; each defaults to the preset's value.
 PRESET_OPTIONS = [
     ("n_layer", int, "number of blocks"),
     ("n_head", int, "attention heads per block"),
@@ -71,7 +32,6 @@ PRESET_OPTIONS = [
     ("eval_interval", int, "steps between loss estimates and checkpoints"),
     ("eval_iters", int, "batches per loss estimate"),
 ]
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -99,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         )
     p.add_argument("--seed", type=int, default=1337, help="seed for weights, batches, dropout")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="autocast dtype")
+    p.add_argument("--dtype", choices=AUTOCAST_DTYPES, default="float32", help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument(
@@ -108,91 +68,62 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run)
 
 
-def resolve(args: argparse.Namespace) -> dict[str, Any]:
-    """The preset's values with every explicitly given flag put over them."""
-    settings = dict(PRESETS[args.preset])
-    for name, _, _ in PRESET_OPTIONS:
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    return settings
-
-
 def run(args: argparse.Namespace) -> int:
-    s = resolve(args)
-    out = Path(args.out)
-    # Checked before any process joins the group, so no rank can see rank 0's first save.
-    if not args.resume and checkpoint_path(out, "last").exists():
-        # Never overwrite a run by accident.
-        raise FileExistsError(
-            f"{out} already holds a training run; pass --resume to continue it, or choose "
-            f"another --out (or delete {out})"
-        )
-    text = read_text(args.data) if args.data else default_corpus()
-    source = args.data or "pydoc_data.topics (Python's help pages)"
-    tokenizer = CharTokenizer.from_text(text)
-    splits = split_tokens(tokenizer.encode(text), s["block_size"])
-    model_config = GPTConfig(tokenizer.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
-    train_config = TrainConfig(
-        **{k: v for k, v in s.items() if k not in MODEL_FIELDS or k == "block_size"},
+    overrides = {name: getattr(args, name) for name, _, _ in PRESET_OPTIONS}
+    with prepare_run(
+        args.data,
+        out_dir=args.out,
+        preset=args.preset,
+        resume=args.resume,
         seed=args.seed,
-        device=resolve_device(args.device),
+        device=args.device,
         dtype=args.dtype,
         compile=args.compile,
-    )
-    dist, device = init_distributed(train_config.device)
-    try:
-        train_config = dataclasses.replace(train_config, device=device)
-        torch.manual_seed(args.seed)
-        model = GPT(model_config)
-        meta = {
-            "model_config": dataclasses.asdict(model_config),
-            "vocab": tokenizer.to_json(),
-            "data": {"source": source, "characters": len(text)},
-        }
-        trainer = Trainer(
-            model, splits, train_config, out_dir=out, meta=meta, progress=not args.no_progress
-        )
-        say = print if dist.is_main else _quiet
-        c = model_config
-        say(
-            f"{'resuming' if args.resume else 'training'} a GPT of "
-            f"{model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
-            f"n_embd={c.n_embd}, block_size={c.block_size}, dropout={c.dropout})\n"
-            f"data: {source}: {len(text):,} characters, {tokenizer.vocab_size} distinct; "
-            f"{len(splits.train):,} train / {len(splits.val):,} validation tokens\n"
-            f"run: {train_config.max_iters} steps of {train_config.batch_size} x "
-            f"{train_config.block_size} tokens on {dist.world_size} x {device} ({args.dtype}); "
-            f"checkpoints in {out}/",
-            flush=True,
-        )
+        progress=not args.no_progress,
+        **overrides,
+    ) as gpt_run:
+        say = print if gpt_run.dist.is_main else _quiet
+        say(_describe(gpt_run, args.dtype), flush=True)
         try:
-            result = trainer.fit(resume=args.resume)
+            result = gpt_run.fit()
         except NonFiniteLossError as e:
-            result = None
             say(f"gptblock train: error: {e}", file=sys.stderr)
-        if result is not None and result.interrupted:
+            return 1  # the run failed
+        if result.interrupted:
             say(
                 f"gptblock train: interrupted at step {result.step}; saved {result.checkpoint}. "
                 f"Continue with the same command and --resume.",
                 file=sys.stderr,
             )
-        elif result is not None:
-            say(
-                f"step {result.step}: validation loss {result.val_loss:.4f} over the whole "
-                f"validation split ({len(splits.val) - 1:,} tokens); best estimate "
-                f"{result.best_val_loss:.4f}\n"
-                f"saved {out / 'last.json'}, {out / 'best.json'} and {out / 'loss.png'}\n"
-                f"--- sample (gptblock sample --out {out} for more) ---",
-                flush=True,
-            )
-            if dist.is_main:
-                say(sample_text(model, tokenizer, max_new_tokens=400, seed=args.seed))
-    except BaseException:
-        finish_distributed(wait=False)
-        raise
-    finish_distributed()
-    # 1: the run failed (a non-finite loss); 130: stopped by Ctrl-C, as a shell reports SIGINT.
-    return 1 if result is None else 130 if result.interrupted else 0
+            return 130  # stopped by Ctrl-C, as a shell reports SIGINT
+        say(_summary(gpt_run, result, args.out), flush=True)
+        say(gpt_run.sample(max_new_tokens=400, seed=args.seed))
+    return 0
+
+
+def _describe(r: GPTRun, dtype: str) -> str:
+    c, t = r.meta.model_config, r.train_config
+    return (
+        f"{'resuming' if r.resume else 'training'} a GPT of "
+        f"{r.model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
+        f"n_embd={c.n_embd}, block_size={c.block_size}, dropout={c.dropout})\n"
+        f"data: {r.corpus.source}: {r.corpus.characters:,} characters, "
+        f"{r.tokenizer.vocab_size} distinct; "
+        f"{len(r.splits.train):,} train / {len(r.splits.val):,} validation tokens\n"
+        f"run: {t.max_iters} steps of {t.batch_size} x {t.block_size} tokens on "
+        f"{r.dist.world_size} x {t.device} ({dtype}); checkpoints in {r.trainer.out_dir}/"
+    )
+
+
+def _summary(r: GPTRun, result: TrainResult, out: str) -> str:
+    return (
+        f"step {result.step}: validation loss {result.val_loss:.4f} over the whole "
+        f"validation split ({len(r.splits.val) - 1:,} tokens); best estimate "
+        f"{result.best_val_loss:.4f}\n"
+        f"saved {checkpoint_path(out, LAST)}, {checkpoint_path(out, BEST)} and "
+        f"{Path(out) / LOSS_PLOT}\n"
+        f"--- sample (gptblock sample --out {out} for more) ---"
+    )
 
 
 def _quiet(*args: object, **kwargs: object) -> None:

@@ -1,33 +1,23 @@
-"""How to train: ``TrainConfig``, the learning-rate schedule, the optimizer and the dtype.
+"""``TrainConfig`` and what follows from it alone: the learning-rate schedule and AdamW's groups.
 
 Pure functions of the configuration, apart from the loop in ``train.py``, so each can be
 checked on its own (the schedule against its formula, the optimizer's groups against the
-parameters' shapes).
+parameters' shapes). Where to run (device, dtype, autocast) is ``gptblock.devices``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn as nn
 
 from .config import check_positive_int
+from .devices import AUTOCAST_DTYPES
+from .errors import UserTypeError, UserValueError
 
-__all__ = [
-    "DTYPES",
-    "TrainConfig",
-    "autocast_context",
-    "configure_optimizer",
-    "lr_at",
-    "resolve_device",
-]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["TrainConfig", "configure_optimizer", "lr_at"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +32,7 @@ class TrainConfig:
         >>> TrainConfig(dtype="float64")
         Traceback (most recent call last):
         ...
-        ValueError: dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'
+        gptblock.errors.UserValueError: dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'
     """
 
     block_size: int = 64  # T: tokens per training window
@@ -57,35 +47,45 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
     eval_interval: int = 100  # estimate the losses and save a checkpoint every this many steps
     eval_iters: int = 20  # batches per loss estimate
+    log_interval: int = 10  # steps between reads of the loss on the host (progress, NaN check)
     seed: int = 1337  # seeds the batches, the dropout and the evaluation batches
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", "mps", ...
     dtype: str = "float32"  # autocast dtype: "float32" (none), "bfloat16" or "float16"
     compile: bool = False  # torch.compile the model for the training steps
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "batch_size", "max_iters", "eval_interval", "eval_iters"):
+        for name in (
+            "block_size",
+            "batch_size",
+            "max_iters",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+        ):
             check_positive_int(name, getattr(self, name))
         for name in ("warmup", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+                raise UserValueError(f"{name} must be an int >= 0, got {value!r}")
         for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a float, got {value!r}")
+                raise UserTypeError(f"{name} must be a float, got {value!r}")
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite float >= 0, got {value}")
+                raise UserValueError(f"{name} must be a finite float >= 0, got {value}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            raise UserValueError(f"lr must be > 0, got {self.lr}")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not getattr(self, name) < 1 + (name == "min_lr_ratio"):
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+                raise UserValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.dtype not in AUTOCAST_DTYPES:
+            raise UserValueError(f"dtype must be one of {AUTOCAST_DTYPES}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not self.device:
-            raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+            raise UserTypeError(
+                f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}"
+            )
         if not isinstance(self.compile, bool):
-            raise TypeError(f"compile must be a bool, got {self.compile!r}")
+            raise UserTypeError(f"compile must be a bool, got {self.compile!r}")
 
     @property
     def min_lr(self) -> float:
@@ -132,57 +132,3 @@ def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-
-
-def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for ``dtype`` on ``device``; a no-op for float32.
-
-    Raises:
-        ValueError: the device's autocast does not support ``dtype``.
-    """
-    # float32 means no autocast at all, so the default path runs exactly the model's own math.
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    problem = ""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            ctx = torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
-        except RuntimeError as e:  # an unknown device type; bfloat16 on an older GPU
-            problem = str(e)
-    # Some unsupported combinations only warn and disable autocast; make them errors too.
-    if caught and not problem:
-        problem = str(caught[0].message)
-    if problem:
-        first_line = problem.splitlines()[0]
-        raise ValueError(
-            f"dtype={dtype} is not supported on device {device.type!r} ({first_line}); "
-            f"use --dtype float32"
-        )
-    return ctx
-
-
-def resolve_device(name: str) -> str:
-    """``"auto"`` becomes ``"cuda"`` when a GPU is usable, else ``"cpu"``; others are checked.
-
-    Example:
-        >>> resolve_device("cpu")
-        'cpu'
-        >>> resolve_device("gpu")
-        Traceback (most recent call last):
-        ...
-        ValueError: unknown device 'gpu'; expected cpu, cuda, cuda:N, mps or auto
-    """
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(
-            f"unknown device {name!r}; expected cpu, cuda, cuda:N, mps or auto"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {name!r} asked for, but MPS is not available here; use cpu")
-    return name

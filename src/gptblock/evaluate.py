@@ -1,0 +1,110 @@
+"""How a language model is scored: loss estimates on random batches, and the whole-split loss.
+
+Both take any module whose ``forward(idx, targets)`` returns ``(logits, loss)`` with ``loss`` the
+mean cross-entropy over the targets, run it in eval mode (no dropout) under ``no_grad``, and
+restore its mode afterwards. Losses are summed on the device and read on the host once per
+split. Under DDP each process scores its share and the sums are combined, so every process
+returns the same number.
+
+Shapes: B batch, T time (``block_size``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .data import TokenSplits, full_windows, get_batch
+from .distributed import all_reduce_sum, comm_device, dist_info
+
+__all__ = ["estimate_loss", "eval_mode", "validation_loss"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block; its previous mode restored after, even on error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def estimate_loss(
+    model: nn.Module,
+    data: TokenSplits,
+    *,
+    block_size: int,
+    batch_size: int,
+    iters: int,
+    seed: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> dict[str, float]:
+    """Mean loss over ``iters`` random batches of each split: ``{"train": ..., "val": ...}``.
+
+    The batches come from generators seeded with ``seed + 1`` (train) and ``seed + 2`` (val)
+    afresh on every call, so every estimate of a run sees the same batches and estimates differ
+    only because the model did. ``batch_size`` is the global batch, as in training.
+    """
+    d = dist_info()
+    out = {}
+    with eval_mode(model):
+        for offset, (split, tokens) in enumerate((("train", data.train), ("val", data.val))):
+            g = torch.Generator().manual_seed(seed + 1 + offset)
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            for _ in range(iters):
+                x, y = get_batch(
+                    tokens, block_size, batch_size, g, rank=d.rank, world_size=d.world_size
+                )  # (B, T) each
+                with autocast or contextlib.nullcontext():
+                    _, loss = model(x.to(device), y.to(device))
+                total += loss.detach()
+            summed = all_reduce_sum(total.reshape(1).to(comm_device(device)))
+            out[split] = summed.item() / (iters * d.world_size)
+    return out
+
+
+@torch.no_grad()
+def validation_loss(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    *,
+    block_size: int,
+    batch_size: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> float:
+    """Mean loss per token over ALL of ``tokens``, in non-overlapping windows of ``block_size``.
+
+    Every token after the first is predicted once (``gptblock.data.full_windows``). Each
+    process takes every world_size-th batch; the sums of loss x targets are combined.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> _ = torch.manual_seed(0)
+        >>> model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8))
+        >>> tokens = torch.arange(100) % 5
+        >>> loss = validation_loss(model, tokens, block_size=8, batch_size=4, device=torch.device("cpu"))
+        >>> abs(loss - torch.log(torch.tensor(5.0)).item()) < 0.1   # untrained: about ln V
+        True
+    """
+    d = dist_info()
+    batches = full_windows(tokens, block_size, batch_size)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # of loss x targets
+    count = 0  # targets scored by this process
+    with eval_mode(model):
+        for x, y in batches[d.rank :: d.world_size]:  # (B', T') each
+            with autocast or contextlib.nullcontext():
+                _, loss = model(x.to(device), y.to(device))
+            loss_sum += loss.detach() * y.numel()
+            count += y.numel()
+    total = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
+    summed = all_reduce_sum(total.to(comm_device(device))).cpu()
+    return summed[0].item() / summed[1].item()
