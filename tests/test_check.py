@@ -20,10 +20,10 @@ import zoo_torch
 from forms import FORMS
 from gptblock import CheckReport, TransformerBlock, check_block, lesson
 from gptblock.check import fill_common_arguments
-from gptblock.check_catalogue import MISTAKES
-from gptblock.check_mapping import MappedBlock, Unmapped, map_parameters
-from gptblock.check_reference import ACTIVATIONS, CORRECT, reference_forward
-from gptblock.check_variants import TOLERANCE, compose, distance, explain, variants
+from gptblock.check.catalogue import MISTAKES
+from gptblock.check.mapping import MappedBlock, Unmapped, map_parameters
+from gptblock.check.steps import ACTIVATIONS, CORRECT, reference_forward
+from gptblock.check.variants import TOLERANCE, compose, distance, explain, variants
 
 
 def _flat(text):

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from ..check import COMMON_ARGUMENTS, check_block, own_blocks
-from ..check_probes import one_line
+from ..check.probes import one_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

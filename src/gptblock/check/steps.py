@@ -5,7 +5,7 @@ lessons from a plain set of weights (``Params``), in whatever dtype the weights 
 uses float64). A ``Recipe`` says how each step is done: the causal mask, the score scale, the
 softmax axis, which axis attention runs along, and how the sub-layers are wired to the residual
 stream. The correct block is ``CORRECT``; each catalogued mistake is a change to one field of it
-(``gptblock.check_variants``).
+(``gptblock.check.variants``).
 
 This is deliberately independent of ``gptblock.lesson`` / ``gptblock.mha``: a few lines of
 ``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle
@@ -121,7 +121,7 @@ class Recipe:
     """How each step of the block is done; ``CORRECT`` is the lessons' block.
 
     Each field is one step a mistake can change, so a mistaken block is ``CORRECT`` with some
-    fields replaced (by the forms of ``gptblock.check_variants``), never a flag tested inside the forward.
+    fields replaced (by the forms of ``gptblock.check.variants``), never a flag tested inside the forward.
     """
 
     blocked: Callable[[int, torch.device], Tensor]  # T -> bool (T, T) mask, True = blocked

@@ -1,7 +1,7 @@
 """The catalogue's mistakes as variants of the reference block, and the search for the one a block is.
 
 Each ``Form`` is one concrete way to make a catalogued mistake: a function ``Recipe -> Recipe``
-that swaps one step of ``gptblock.check_reference.CORRECT`` (the mask, the score scale, the
+that swaps one step of ``gptblock.check.steps.CORRECT`` (the mask, the score scale, the
 softmax axis, the axis attention runs along, the wiring of the residual stream). Forms compose,
 so "post-norm and no scaling" is two forms applied in turn; ``variants(max_size)`` lists every
 composition of at most ``max_size`` forms, smallest first, and ``explain`` runs them with a
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .check_reference import ACTIVATIONS, CORRECT, Params, Recipe, SubLayer, reference_forward
+from .steps import ACTIVATIONS, CORRECT, Params, Recipe, SubLayer, reference_forward
 
 __all__ = [
     "FORMS",
@@ -89,7 +89,7 @@ class Form:
     """One concrete way to make a catalogued mistake: a change to one step of the recipe.
 
     Args:
-        mistake: the catalogue id it is reported as (``gptblock.check_catalogue.MISTAKES``).
+        mistake: the catalogue id it is reported as (``gptblock.check.catalogue.MISTAKES``).
         group: forms of one group change the same step, so a variant uses at most one of them.
         label: what exactly the block does; ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5),
             ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and ``{sqrt_hs}`` are filled in.

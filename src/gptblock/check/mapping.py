@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .check_reference import Params
+from .steps import Params
 
 __all__ = ["MappedBlock", "Unmapped", "map_parameters"]
 

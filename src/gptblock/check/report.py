@@ -10,7 +10,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from .check_catalogue import MISTAKES
+from .catalogue import MISTAKES
 
 __all__ = ["CheckReport", "Finding"]
 
@@ -41,7 +41,7 @@ class CheckReport:
     Args:
         target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
         findings: one ``Finding`` per check that ran, in the order they ran.
-        diagnosis: identifiers from ``gptblock.check_catalogue.MISTAKES``, in catalogue order;
+        diagnosis: identifiers from ``gptblock.check.catalogue.MISTAKES``, in catalogue order;
             empty when no catalogued mistake was found.
         details: for each diagnosed id, what exactly this block does.
         notes: what the checker could not do or assumed (e.g. names it could not map).
