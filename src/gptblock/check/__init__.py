@@ -12,11 +12,17 @@ Which file owns what, in the order a check runs:
   smallest set of them that reproduces a block.
 * ``catalogue`` -- the mistakes the checker can name: title, explanation, fix, lesson line.
 * ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text and JSON.
+* ``target`` -- ``load_target`` and ``parse_argument``: the block named by ``FILE.py:NAME`` or
+  ``package.module:NAME`` and its ``NAME=VALUE`` arguments, for ``gptblock check``. The only
+  module that imports and runs the user's code before the check.
 
-Imports point one way: ``run`` uses every other module (and the block forms ``lesson``, ``mha``
-and ``fused``, which it checks by default); ``variants`` and ``mapping`` use ``steps``; ``report``
-uses ``catalogue``; ``probes``, ``steps`` and ``catalogue`` use nothing of gptblock. Nothing here
-imports ``gptblock.cli``.
+Imports point one way, down this list, and never out to ``gptblock.cli``:
+
+1. ``catalogue`` and ``steps`` use nothing of gptblock;
+2. ``report`` uses ``catalogue``; ``mapping`` and ``variants`` use ``steps``;
+3. ``probes`` and ``target`` use ``report`` (for ``one_line``, an exception as one line of text);
+4. ``run`` uses all but ``target``, and the block forms it checks by default (``lesson``,
+   ``mha``, ``fused``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -24,6 +30,7 @@ Shapes: B batch, T time, C channels.
 from .catalogue import MISTAKES
 from .report import CheckReport, Finding
 from .run import COMMON_ARGUMENTS, check_block, fill_common_arguments, own_blocks
+from .target import load_target, parse_argument
 
 __all__ = [
     "COMMON_ARGUMENTS",
@@ -32,5 +39,7 @@ __all__ = [
     "Finding",
     "check_block",
     "fill_common_arguments",
+    "load_target",
     "own_blocks",
+    "parse_argument",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from .catalogue import MISTAKES
 
-__all__ = ["CheckReport", "Finding"]
+__all__ = ["CheckReport", "Finding", "one_line"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +141,11 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report."""
+    if e is None:
+        return "unknown error"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0].rstrip('.')}" if lines else type(e).__name__

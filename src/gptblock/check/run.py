@@ -35,8 +35,8 @@ from ..lesson import Block as LessonBlock
 from ..mha import TransformerBlock
 from .catalogue import MISTAKES
 from .mapping import MappedBlock, map_parameters
-from .probes import PROBES, ProbeResult, Subject, one_line
-from .report import CheckReport, Finding
+from .probes import PROBES, ProbeResult, Subject
+from .report import CheckReport, Finding, one_line
 from .steps import Params
 from .variants import TOLERANCE, explain
 
