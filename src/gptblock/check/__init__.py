@@ -1,6 +1,6 @@
 """The checker behind ``gptblock check``: ``check_block`` says what is wrong with a block.
 
-Which file owns what, in the order a check runs:
+Which file owns what:
 
 * ``run`` -- ``check_block`` and its orchestration: build the target, tell its width C and
   longest sequence, run the probes, compare with the steps, combine the evidence into a diagnosis.

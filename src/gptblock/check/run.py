@@ -7,7 +7,8 @@ Two kinds of evidence, combined into one report:
    eval mode, the residual stream, finite outputs, gradients.
 2. When the block's parameter names can be read (``gptblock.check.mapping``: the lesson's
    names, ``nn.TransformerEncoderLayer``'s / ``TransformerBlock``'s, nanoGPT / GPT-2's), a
-   comparison with the reference: the correct block and every combination of up to three
+   comparison with the reference, the lessons' block computed step by step
+   (``gptblock.check.steps``): the correct block and every combination of up to three
    catalogued mistakes (``gptblock.check.variants``) run with the block's own weights, in
    float64, on the probes' input. The smallest set of mistakes that reproduces the block's
    output within ``TOLERANCE`` (relative to the output's largest entry) is the diagnosis.
@@ -239,7 +240,7 @@ def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str],
         return Finding(name, False, msg), [], {}
     match = result.match
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
-    if not match.forms:
+    if not match.deviations:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg), [], {}
     msg = f"reproduced by the reference with {match.describe()}: {within}"
@@ -247,7 +248,7 @@ def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str],
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
     found = list(dict.fromkeys(match.mistakes))
-    details = {f.mistake: f.describe(mapped.params.C, match.n_head) for f in match.forms}
+    details = {d.mistake: d.describe(mapped.params.C, match.n_head) for d in match.deviations}
     return Finding(name, False, msg), found, details
 
 
