@@ -20,10 +20,10 @@ import zoo_torch
 from forms import FORMS
 from gptblock import CheckReport, TransformerBlock, check_block, lesson
 from gptblock.check import fill_common_arguments
-from gptblock.check_catalogue import MISTAKES
-from gptblock.check_mapping import MappedBlock, Unmapped, map_parameters
-from gptblock.check_reference import ACTIVATIONS, CORRECT, reference_forward
-from gptblock.check_variants import TOLERANCE, compose, distance, explain, variants
+from gptblock.check.catalogue import MISTAKES
+from gptblock.check.mapping import MappedBlock, Unmapped, map_parameters
+from gptblock.check.steps import CANDIDATE_ACTIVATIONS, CORRECT, run_steps
+from gptblock.check.variants import TOLERANCE, compose, distance, explain, variants
 
 
 def _flat(text):
@@ -170,7 +170,7 @@ def test_reference_computes_the_blocks_function(form):
     block = block.double().eval()
     x = torch.randn(3, T, C, dtype=torch.float64)
     mapped = _mapped(block)
-    ours = reference_forward(mapped.params, x, nh, ACTIVATIONS[act], CORRECT)
+    ours = run_steps(mapped.params, x, nh, CANDIDATE_ACTIVATIONS[act], CORRECT)
     with torch.no_grad():
         theirs = call(x)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
@@ -207,7 +207,11 @@ def test_head_count_is_searched_when_no_attribute_names_it():
         y = block(x)
     found = explain(mapped.params, x, y, (1, 2, 4, 8, 16), max_size=1)
     assert found.match is not None
-    assert found.match.forms == () and found.match.n_head == 4 and found.match.activation == "gelu"
+    assert (
+        found.match.deviations == ()
+        and found.match.n_head == 4
+        and found.match.activation == "gelu"
+    )
 
 
 def test_names_of_no_known_block_are_reported():
@@ -221,11 +225,11 @@ def test_variants_with_different_diagnoses_are_far_apart():
         x = torch.randn(6, 6, params.C, dtype=torch.float64)
         outputs = [
             (
-                sorted(f.mistake for f in forms),
-                reference_forward(params, x, nh, act, compose(forms)),
+                sorted(d.mistake for d in deviations),
+                run_steps(params, x, nh, act, compose(deviations)),
             )
-            for forms in variants(1)
-            for act in ACTIVATIONS.values()
+            for deviations in variants(1)
+            for act in CANDIDATE_ACTIVATIONS.values()
         ]
         gaps = [
             min(distance(ya, yb), distance(yb, ya))
@@ -235,11 +239,11 @@ def test_variants_with_different_diagnoses_are_far_apart():
         assert min(gaps) > 100 * TOLERANCE
 
 
-def test_variants_are_smallest_first_with_one_form_per_group():
+def test_variants_are_smallest_first_with_one_deviation_per_group():
     sizes = [len(v) for v in variants(3)]
     assert sizes == sorted(sizes) and sizes[0] == 0 and max(sizes) == 3
     for v in variants(3):
-        groups = [f.group for f in v]
+        groups = [d.group for d in v]
         assert len(groups) == len(set(groups))
 
 

@@ -1,19 +1,15 @@
-"""``gptblock check``: find the mistakes in a transformer block, and say how to fix them."""
+"""``gptblock check``: find the mistakes in a transformer block, and say how to fix them.
+
+Argument parsing and printing only: ``gptblock.check.target`` loads the target and parses
+``--arg``, ``gptblock.check.check_block`` checks it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
-from typing import Any
 
-from ..check import COMMON_ARGUMENTS, check_block, own_blocks
-from ..check_probes import one_line
+from ..check import COMMON_ARGUMENTS, check_block, load_target, own_blocks, parse_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    kwargs = dict(_parse_arg(a) for a in args.arg)
+    kwargs = dict(parse_argument(a) for a in args.arg)
     if args.target is None:
         if kwargs:
             raise ValueError("--arg needs a TARGET; gptblock's own blocks use the defaults")
@@ -71,57 +67,3 @@ def run(args: argparse.Namespace) -> int:
             failed = sum(not r.passed for r in reports)
             print(f"\n{len(reports) - failed} of {len(reports)} blocks pass")
     return 0 if passed else 1
-
-
-def _parse_arg(text: str) -> tuple[str, object]:
-    name, sep, value = text.partition("=")
-    if not sep or not name.isidentifier():
-        raise ValueError(f"--arg expects NAME=VALUE with NAME an identifier, got {text!r}")
-    try:
-        return name, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return name, value  # not a literal: the string itself, e.g. activation=relu
-
-
-def load_target(spec: str) -> Any:
-    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
-
-    Raises ValueError (or FileNotFoundError) with a one-line message, which the CLI prints
-    before exiting with code 2.
-    """
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        module = _load_file(Path(where))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as e:
-            raise ValueError(f"cannot import {where}: {one_line(e)}") from e
-    obj: Any = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{where} has no {name!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-def _load_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    name = f"_gptblock_check_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up here
-    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise ValueError(f"cannot load {path}: {one_line(e)}") from e
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    return module

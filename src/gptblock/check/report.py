@@ -10,9 +10,9 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from .check_catalogue import MISTAKES
+from .catalogue import MISTAKES
 
-__all__ = ["CheckReport", "Finding"]
+__all__ = ["CheckReport", "Finding", "one_line"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class CheckReport:
     Args:
         target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
         findings: one ``Finding`` per check that ran, in the order they ran.
-        diagnosis: identifiers from ``gptblock.check_catalogue.MISTAKES``, in catalogue order;
+        diagnosis: identifiers from ``gptblock.check.catalogue.MISTAKES``, in catalogue order;
             empty when no catalogued mistake was found.
         details: for each diagnosed id, what exactly this block does.
         notes: what the checker could not do or assumed (e.g. names it could not map).
@@ -141,3 +141,11 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report."""
+    if e is None:
+        return "unknown error"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0].rstrip('.')}" if lines else type(e).__name__

@@ -1,4 +1,4 @@
-"""Reading a block's weights into the checker's reference layout, by parameter name.
+"""Reading a block's weights by parameter name into the layout of ``steps.Params``.
 
 Three naming schemes are recognised, each found by a parameter name that only it uses (its
 *anchor*) and read relative to the prefix in front of that anchor, so a block wrapped in another
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .check_reference import Params
+from .steps import Params
 
 __all__ = ["MappedBlock", "Unmapped", "map_parameters"]
 
@@ -40,7 +40,7 @@ HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead")
 
 @dataclass(frozen=True)
 class MappedBlock:
-    """A block's weights in the reference layout, and where they came from."""
+    """A block's weights as ``Params``, and where they came from."""
 
     params: Params  # float64 copies
     layout: str  # "lesson", "nn.TransformerEncoderLayer" or "GPT-2"
@@ -189,7 +189,7 @@ _LAYOUTS: tuple[tuple[str, str, Callable[[_Scope], tuple[Params, int | None]]], 
 
 
 def map_parameters(module: nn.Module) -> MappedBlock | Unmapped:
-    """Find one block's weights in ``module`` by name and read them into the reference layout.
+    """Find one block's weights in ``module`` by name and read them into ``Params``.
 
     Args:
         module: any ``nn.Module``; it is not changed.

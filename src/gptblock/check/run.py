@@ -2,13 +2,14 @@
 
 Two kinds of evidence, combined into one report:
 
-1. Black-box probes (``gptblock.check_probes``) that need nothing but a module mapping
+1. Black-box probes (``gptblock.check.probes``) that need nothing but a module mapping
    (B, T, C) to (B, T, C): the shape contract, causality, batch independence, determinism in
    eval mode, the residual stream, finite outputs, gradients.
-2. When the block's parameter names can be read (``gptblock.check_mapping``: the lesson's
+2. When the block's parameter names can be read (``gptblock.check.mapping``: the lesson's
    names, ``nn.TransformerEncoderLayer``'s / ``TransformerBlock``'s, nanoGPT / GPT-2's), a
-   comparison with the reference: the correct block and every combination of up to three
-   catalogued mistakes (``gptblock.check_variants``) run with the block's own weights, in
+   comparison with the reference, the lessons' block computed step by step
+   (``gptblock.check.steps``): the correct block and every combination of up to three
+   catalogued mistakes (``gptblock.check.variants``) run with the block's own weights, in
    float64, on the probes' input. The smallest set of mistakes that reproduces the block's
    output within ``TOLERANCE`` (relative to the output's largest entry) is the diagnosis.
 
@@ -30,15 +31,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .check_catalogue import MISTAKES
-from .check_mapping import MappedBlock, map_parameters
-from .check_probes import PROBES, ProbeResult, Subject, one_line
-from .check_reference import Params
-from .check_report import CheckReport, Finding
-from .check_variants import TOLERANCE, explain
-from .fused import FusedBlock
-from .lesson import Block as LessonBlock
-from .mha import TransformerBlock
+from ..fused import FusedBlock
+from ..lesson import Block as LessonBlock
+from ..mha import TransformerBlock
+from .catalogue import MISTAKES
+from .mapping import MappedBlock, map_parameters
+from .probes import PROBES, ProbeResult, Subject
+from .report import CheckReport, Finding, one_line
+from .steps import Params
+from .variants import TOLERANCE, explain
 
 __all__ = [
     "COMMON_ARGUMENTS",
@@ -122,7 +123,7 @@ def check_block(target: nn.Module | Callable[..., nn.Module], /, **kwargs: objec
 
     Returns:
         A ``CheckReport``: ``passed``, ``findings`` (one per check) and ``diagnosis`` (ids from
-        ``gptblock.check_catalogue.MISTAKES``). The target itself is never changed: every check
+        ``gptblock.check.catalogue.MISTAKES``). The target itself is never changed: every check
         runs on a float64, eval-mode deep copy. While it runs, torch uses one intra-op thread
         (the probes' tensors are tiny); the caller's setting is restored.
 
@@ -239,7 +240,7 @@ def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str],
         return Finding(name, False, msg), [], {}
     match = result.match
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
-    if not match.forms:
+    if not match.deviations:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg), [], {}
     msg = f"reproduced by the reference with {match.describe()}: {within}"
@@ -247,7 +248,7 @@ def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str],
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
     found = list(dict.fromkeys(match.mistakes))
-    details = {f.mistake: f.describe(mapped.params.C, match.n_head) for f in match.forms}
+    details = {d.mistake: d.describe(mapped.params.C, match.n_head) for d in match.deviations}
     return Finding(name, False, msg), found, details
 
 

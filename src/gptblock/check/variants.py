@@ -1,10 +1,10 @@
-"""The catalogue's mistakes as variants of the reference block, and the search for the one a block is.
+"""The catalogued mistakes as changes to the lessons' steps, and the search for the one a block is.
 
-Each ``Form`` is one concrete way to make a catalogued mistake: a function ``Recipe -> Recipe``
-that swaps one step of ``gptblock.check_reference.CORRECT`` (the mask, the score scale, the
-softmax axis, the axis attention runs along, the wiring of the residual stream). Forms compose,
-so "post-norm and no scaling" is two forms applied in turn; ``variants(max_size)`` lists every
-composition of at most ``max_size`` forms, smallest first, and ``explain`` runs them with a
+Each ``Deviation`` is one concrete way to make a catalogued mistake: a function ``Steps -> Steps``
+that swaps one step of ``gptblock.check.steps.CORRECT`` (the mask, the score scale, the softmax
+axis, the axis attention runs along, the wiring of the residual stream). Deviations compose, so
+"post-norm and no scaling" is two deviations applied in turn; ``variants(max_size)`` lists every
+composition of at most ``max_size`` deviations, smallest first, and ``explain`` runs them with a
 block's own weights until one reproduces the block's output.
 
 Shapes: B batch, T time, C channels, nh heads, hs head size.
@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .check_reference import ACTIVATIONS, CORRECT, Params, Recipe, SubLayer, reference_forward
+from .steps import CANDIDATE_ACTIVATIONS, CORRECT, Params, Steps, SubLayer, run_steps
 
 __all__ = [
-    "FORMS",
+    "DEVIATIONS",
     "TOLERANCE",
+    "Deviation",
     "Explanation",
-    "Form",
     "Match",
     "compose",
     "distance",
@@ -81,32 +81,33 @@ def _reversed(T: int, device: torch.device) -> Tensor:
     return torch.tril(torch.ones(T, T, dtype=torch.bool, device=device))
 
 
-# ----- the mistakes as forms -------------------------------------------------------------------
+# ----- the mistakes as deviations --------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Form:
-    """One concrete way to make a catalogued mistake: a change to one step of the recipe.
+class Deviation:
+    """One concrete way to make a catalogued mistake: a change to one step of ``Steps``.
 
     Args:
-        mistake: the catalogue id it is reported as (``gptblock.check_catalogue.MISTAKES``).
-        group: forms of one group change the same step, so a variant uses at most one of them.
+        mistake: the catalogue id it is reported as (``gptblock.check.catalogue.MISTAKES``).
+        group: deviations of one group change the same step, so a variant uses at most one of
+            them.
         label: what exactly the block does; ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5),
             ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and ``{sqrt_hs}`` are filled in.
         apply: the change.
 
     Example:
-        >>> form = next(f for f in FORMS if f.mistake == "wrong_scale")
-        >>> form.describe(C=32, n_head=4)
+        >>> deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
+        >>> deviation.describe(C=32, n_head=4)
         'scores scaled by C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)'
-        >>> compose([form]).scale(32, 8) == 32**-0.5
+        >>> compose([deviation]).scale(32, 8) == 32**-0.5
         True
     """
 
     mistake: str
     group: str
     label: str
-    apply: Callable[[Recipe], Recipe]
+    apply: Callable[[Steps], Steps]
 
     def describe(self, C: int, n_head: int) -> str:
         """The label with this block's numbers filled in."""
@@ -116,101 +117,101 @@ class Form:
         )
 
 
-FORMS: tuple[Form, ...] = (
-    Form(
+DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
         "future_leak",
         "mask",
         "no causal mask: every position attends to every position, later ones included",
-        lambda r: replace(r, blocked=_unmasked),
+        lambda s: replace(s, blocked=_unmasked),
     ),
-    Form(
+    Deviation(
         "mask_reversed",
         "mask",
         "the mask blocks the positions <= t (True on the allowed positions, read as True = "
         "blocked): each position attends only to later ones",
-        lambda r: replace(r, blocked=_reversed),
+        lambda s: replace(s, blocked=_reversed),
     ),
-    Form(
+    Deviation(
         "batch_mixing",
         "axis",
         "attention runs along the batch axis: the (B, T, C) input is read as (T, B, C)",
-        lambda r: replace(r, time_axis=0),
+        lambda s: replace(s, time_axis=0),
     ),
-    Form(
+    Deviation(
         "no_scaling",
         "scale",
         "scores are not scaled (expected a factor hs ** -0.5 = {right:.4g}, hs={hs})",
-        lambda r: replace(r, scale=lambda C, hs: 1.0),
+        lambda s: replace(s, scale=lambda C, hs: 1.0),
     ),
-    Form(
+    Deviation(
         "wrong_scale",
         "scale",
         "scores scaled by C ** -0.5 = {by_C:.4g} (C={C}) instead of hs ** -0.5 = {right:.4g} (hs={hs})",
-        lambda r: replace(r, scale=lambda C, hs: C**-0.5),
+        lambda s: replace(s, scale=lambda C, hs: C**-0.5),
     ),
-    Form(
+    Deviation(
         "wrong_scale",
         "scale",
         "scores divided by hs = {hs} instead of by sqrt(hs) = {sqrt_hs:.4g}",
-        lambda r: replace(r, scale=lambda C, hs: hs**-1.0),
+        lambda s: replace(s, scale=lambda C, hs: hs**-1.0),
     ),
-    Form(
+    Deviation(
         "wrong_scale",
         "scale",
         "scores multiplied by sqrt(hs) = {sqrt_hs:.4g} instead of divided by it (hs={hs})",
-        lambda r: replace(r, scale=lambda C, hs: hs**0.5),
+        lambda s: replace(s, scale=lambda C, hs: hs**0.5),
     ),
-    Form(
+    Deviation(
         "softmax_dim",
         "softmax",
         "softmax over the query axis (dim=-2) instead of over the keys (dim=-1)",
-        lambda r: replace(r, softmax_dim=-2),
+        lambda s: replace(s, softmax_dim=-2),
     ),
-    Form(
+    Deviation(
         "post_norm",
         "wiring",
         "post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
-        lambda r: replace(r, wiring=_post_norm),
+        lambda s: replace(s, wiring=_post_norm),
     ),
-    Form(
+    Deviation(
         "no_residual",
         "wiring",
         "the attention branch overwrites the stream: x = sa(ln1(x)) instead of x = x + sa(ln1(x))",
-        lambda r: replace(r, wiring=_attn_overwrites),
+        lambda s: replace(s, wiring=_attn_overwrites),
     ),
-    Form(
+    Deviation(
         "no_residual",
         "wiring",
         "the MLP branch overwrites the stream: x = ffwd(ln2(x)) instead of x = x + ffwd(ln2(x))",
-        lambda r: replace(r, wiring=_mlp_overwrites),
+        lambda s: replace(s, wiring=_mlp_overwrites),
     ),
-    Form(
+    Deviation(
         "no_residual",
         "wiring",
         "both branches overwrite the stream: x = ffwd(ln2(sa(ln1(x)))), no residual at all",
-        lambda r: replace(r, wiring=_both_overwrite),
+        lambda s: replace(s, wiring=_both_overwrite),
     ),
-    Form(
+    Deviation(
         "no_residual",
         "wiring",
         "the stream is replaced by its normalised copy: x = ln1(x); x = x + sa(x); "
         "x = ln2(x); x = x + ffwd(x)",
-        lambda r: replace(r, wiring=_normalised_stream),
+        lambda s: replace(s, wiring=_normalised_stream),
     ),
 )
-"""Every form of every mistake the reference can reproduce, in catalogue order."""
+"""Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
 
 
-def compose(forms: tuple[Form, ...] | list[Form]) -> Recipe:
-    """``CORRECT`` with each form's change applied in turn."""
-    recipe = CORRECT
-    for form in forms:
-        recipe = form.apply(recipe)
-    return recipe
+def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
+    """``CORRECT`` with each deviation's change applied in turn."""
+    steps = CORRECT
+    for deviation in deviations:
+        steps = deviation.apply(steps)
+    return steps
 
 
-def variants(max_size: int) -> Iterator[tuple[Form, ...]]:
-    """Every combination of at most ``max_size`` forms, at most one per group, smallest first.
+def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
+    """Every combination of at most ``max_size`` deviations, one per group at most, smallest first.
 
     The empty combination (the correct block) comes first, so a search that stops at the
     first match returns the smallest set of mistakes that explains a block.
@@ -218,12 +219,12 @@ def variants(max_size: int) -> Iterator[tuple[Form, ...]]:
     Example:
         >>> [len(v) for v in variants(1)][:3]
         [0, 1, 1]
-        >>> sum(1 for _ in variants(1)) == 1 + len(FORMS)
+        >>> sum(1 for _ in variants(1)) == 1 + len(DEVIATIONS)
         True
     """
-    groups: dict[str, list[Form]] = {}
-    for form in FORMS:
-        groups.setdefault(form.group, []).append(form)
+    groups: dict[str, list[Deviation]] = {}
+    for deviation in DEVIATIONS:
+        groups.setdefault(deviation.group, []).append(deviation)
     for size in range(max_size + 1):
         for chosen in itertools.combinations(groups.values(), size):
             yield from itertools.product(*chosen)
@@ -250,15 +251,15 @@ whole rows) is too undefined to be evidence, and is never accepted."""
 class Match:
     """A variant and the unknowns under which it reproduces the block."""
 
-    forms: tuple[Form, ...]  # the mistakes, as concrete forms; empty for the correct block
+    deviations: tuple[Deviation, ...]  # the mistakes, concretely; empty for the correct block
     n_head: int  # nh
-    activation: str  # a key of ACTIVATIONS
+    activation: str  # a key of CANDIDATE_ACTIVATIONS
     error: float  # max |block - variant| / max |variant|, over the positions compared
 
     @property
     def mistakes(self) -> list[str]:
-        """The catalogue ids of ``forms``, in order."""
-        return [f.mistake for f in self.forms]
+        """The catalogue ids of ``deviations``, in order."""
+        return [d.mistake for d in self.deviations]
 
     def describe(self) -> str:
         """'post_norm + no_scaling (relu, 4 heads)'."""
@@ -300,27 +301,27 @@ def explain(
 ) -> Explanation:
     """Find the smallest set of mistakes whose variant maps ``x`` to ``y`` with weights ``p``.
 
-    Tries every variant of at most ``max_size`` forms (smallest first), each with every head
-    count in ``heads`` and every activation in ``ACTIVATIONS``, and stops at the first size at
-    which one reproduces ``y`` within ``TOLERANCE``.
+    Tries every variant of at most ``max_size`` deviations (smallest first), each with every head
+    count in ``heads`` and every activation in ``CANDIDATE_ACTIVATIONS``, and stops at the first
+    size at which one reproduces ``y`` within ``TOLERANCE``.
 
     Shape:
         x, y: (B, T, C).
     """
     closest: Match | None = None
     found: list[Match] = []
-    for forms in variants(max_size):
-        if found and len(forms) > len(found[0].forms):
+    for deviations in variants(max_size):
+        if found and len(deviations) > len(found[0].deviations):
             break  # every smaller variant has been tried; larger ones are not simpler
-        match = _best_unknowns(p, x, y, heads, forms)
+        match = _best_unknowns(p, x, y, heads, deviations)
         if closest is None or match.error < closest.error:
             closest = match
         if match.error <= TOLERANCE:
             found.append(match)
     if not found:
         return Explanation(None, (), closest)
-    # Distinct forms of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs): those
-    # are one diagnosis, not alternatives.
+    # Distinct deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs):
+    # those are one diagnosis, not alternatives.
     first, seen = found[0], {tuple(found[0].mistakes)}
     others = []
     for m in found[1:]:
@@ -331,19 +332,19 @@ def explain(
 
 
 def _best_unknowns(
-    p: Params, x: Tensor, y: Tensor, heads: tuple[int, ...], forms: tuple[Form, ...]
+    p: Params, x: Tensor, y: Tensor, heads: tuple[int, ...], deviations: tuple[Deviation, ...]
 ) -> Match:
-    """The variant ``forms`` under the head count and activation that bring it closest to ``y``.
+    """The variant ``deviations`` under the head count and activation closest to ``y``.
 
     All activations are compared before choosing, because exact and tanh GELU differ by only
     ~1e-5 of the output (less than ``TOLERANCE``): the closer one names the block's activation.
     """
-    recipe = compose(forms)
+    steps = compose(deviations)
     best: Match | None = None
     for n_head in heads:
-        for name, activation in ACTIVATIONS.items():
-            y_ref = reference_forward(p, x, n_head, activation, recipe)
-            match = Match(forms, n_head, name, distance(y, y_ref))
+        for name, activation in CANDIDATE_ACTIVATIONS.items():
+            y_ref = run_steps(p, x, n_head, activation, steps)
+            match = Match(deviations, n_head, name, distance(y, y_ref))
             if best is None or match.error < best.error:
                 best = match
         if best is not None and best.error <= TOLERANCE:

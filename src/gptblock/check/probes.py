@@ -37,7 +37,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "Subject", "one_line"]
+from .report import one_line
+
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "Subject"]
 
 Tensor = torch.Tensor
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
@@ -124,14 +126,6 @@ def _tensor(y: object) -> Tensor:
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"the block returned a {type(y).__name__}, expected a (B, T, C) tensor")
     return y
-
-
-def one_line(e: BaseException | None) -> str:
-    """'TypeError: first line of the message', for a one-line report."""
-    if e is None:
-        return "unknown error"
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0].rstrip('.')}" if lines else type(e).__name__
 
 
 def _size(scale: float) -> str:

@@ -1,16 +1,16 @@
-"""The checker's reference: the lessons' pre-norm block as a function of its weights.
+"""The lessons' pre-norm block computed step by step from its weights, each step replaceable.
 
-``reference_forward(params, x, n_head, activation, recipe)`` computes the pre-norm block of the
-lessons from a plain set of weights (``Params``), in whatever dtype the weights have (the checker
-uses float64). A ``Recipe`` says how each step is done: the causal mask, the score scale, the
-softmax axis, which axis attention runs along, and how the sub-layers are wired to the residual
-stream. The correct block is ``CORRECT``; each catalogued mistake is a change to one field of it
-(``gptblock.check_variants``).
+``run_steps(params, x, n_head, activation, steps)`` computes the pre-norm block of the lessons
+from a plain set of weights (``Params``), in whatever dtype the weights have (the checker uses
+float64). ``Steps`` says how each step is done: the causal mask, the score scale, the softmax
+axis, which axis attention runs along, and how the sub-layers are wired to the residual stream.
+The correct block is ``CORRECT``; each catalogued mistake is a change to one field of it (a
+``Deviation`` of ``gptblock.check.variants``). The reports call this block "the reference".
 
 This is deliberately independent of ``gptblock.lesson`` / ``gptblock.mha``: a few lines of
-``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle
-was rejected here because the variants need the same code path with one step swapped, and the
-checker must run on whatever device the user's block lives on.)
+``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle,
+``gptblock.reference``, was rejected here because the variants need the same code path with one
+step swapped, and the checker must run on whatever device the user's block lives on.)
 
 Shapes: B batch, T time, C channels, D = nh * hs attention width (C in every standard block),
 H the MLP's hidden width, nh heads, hs head size.
@@ -24,7 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-__all__ = ["ACTIVATIONS", "CORRECT", "Params", "Recipe", "SubLayer", "Wiring", "reference_forward"]
+__all__ = [
+    "CANDIDATE_ACTIVATIONS",
+    "CORRECT",
+    "Params",
+    "Steps",
+    "SubLayer",
+    "Wiring",
+    "run_steps",
+]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -92,13 +100,14 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+CANDIDATE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf): nn.GELU(), TransformerBlock, nanoGPT
     "gelu_tanh": _gelu_tanh,  # the tanh approximation: Hugging Face GPT-2's gelu_new
     "relu": F.relu,  # the first lesson's FeedForward
 }
 """The MLP activations a correct block may use. A black box does not say which it uses, so each
-is tried, and none of them is a mistake."""
+is tried, and none of them is a mistake. (Not ``gptblock.config.ACTIVATIONS``, the activations
+gptblock's own blocks offer: a learner's block may use one they do not, such as tanh GELU.)"""
 
 
 # ----- the correct steps ---------------------------------------------------------------------
@@ -117,11 +126,12 @@ def _causal(T: int, device: torch.device) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Steps:
     """How each step of the block is done; ``CORRECT`` is the lessons' block.
 
     Each field is one step a mistake can change, so a mistaken block is ``CORRECT`` with some
-    fields replaced (by the forms of ``gptblock.check_variants``), never a flag tested inside the forward.
+    fields replaced (by the deviations of ``gptblock.check.variants``), never a flag tested
+    inside the forward.
     """
 
     blocked: Callable[[int, torch.device], Tensor]  # T -> bool (T, T) mask, True = blocked
@@ -131,17 +141,17 @@ class Recipe:
     wiring: Wiring  # how the sub-layers and norms connect to the residual stream
 
 
-CORRECT = Recipe(
+CORRECT = Steps(
     blocked=_causal, scale=lambda C, hs: hs**-0.5, softmax_dim=-1, time_axis=1, wiring=_pre_norm
 )
 
 
-def reference_forward(
-    p: Params, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], recipe: Recipe
+def run_steps(
+    p: Params, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], steps: Steps
 ) -> Tensor:
-    """The block ``recipe`` describes, with weights ``p``, on input ``x``.
+    """The block ``steps`` describes, with weights ``p``, on input ``x``.
 
-    A query row that the recipe's mask blocks entirely comes out NaN, as it does with
+    A query row that the steps' mask blocks entirely comes out NaN, as it does with
     ``masked_fill(-inf)`` + softmax and with ``nn.MultiheadAttention``; the checker ignores
     such positions when it compares.
 
@@ -149,8 +159,8 @@ def reference_forward(
         p: the weights.
         x: the input.
         n_head: nh; must divide the attention width D.
-        activation: the MLP's nonlinearity (one of ``ACTIVATIONS``).
-        recipe: ``CORRECT`` or a variant of it.
+        activation: the MLP's nonlinearity (one of ``CANDIDATE_ACTIVATIONS``).
+        steps: ``CORRECT`` or a variant of it.
 
     Shape:
         x: (B, T, C); returns (B, T, C).
@@ -161,7 +171,7 @@ def reference_forward(
         >>> w = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
         >>> p = Params(None, None, 1e-5, w(D, C), None, w(D, C), None, w(D, C), None, w(C, D),
         ...            None, None, None, 1e-5, w(H, C), None, w(C, H), None)
-        >>> reference_forward(p, w(2, 3, C), 2, F.relu, CORRECT).shape
+        >>> run_steps(p, w(2, 3, C), 2, F.relu, CORRECT).shape
         torch.Size([2, 3, 8])
     """
     C = p.C
@@ -173,25 +183,25 @@ def reference_forward(
         return F.layer_norm(h, (C,), p.ln2_weight, p.ln2_bias, p.ln2_eps)
 
     def attn(h: Tensor) -> Tensor:
-        return _attention(p, h, n_head, recipe)
+        return _attention(p, h, n_head, steps)
 
     def mlp(h: Tensor) -> Tensor:
         return F.linear(activation(F.linear(h, p.w1, p.b1)), p.w2, p.b2)  # (B, T, H) -> (B, T, C)
 
-    return recipe.wiring(x, attn, mlp, ln1, ln2)
+    return steps.wiring(x, attn, mlp, ln1, ln2)
 
 
-def _attention(p: Params, h: Tensor, n_head: int, recipe: Recipe) -> Tensor:
-    if recipe.time_axis == 0:
+def _attention(p: Params, h: Tensor, n_head: int, steps: Steps) -> Tensor:
+    if steps.time_axis == 0:
         h = h.transpose(0, 1)  # (T, B, C) read as a batch of T sequences of length B
     B, T, C = h.shape
     hs = p.D // n_head
     q = F.linear(h, p.wq, p.bq).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
     k = F.linear(h, p.wk, p.bk).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
     v = F.linear(h, p.wv, p.bv).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-    wei = (q @ k.transpose(-2, -1)) * recipe.scale(C, hs)  # (B, nh, T, hs) @ (B, nh, hs, T)
-    wei = wei.masked_fill(recipe.blocked(T, h.device), float("-inf"))  # (B, nh, T, T)
-    wei = F.softmax(wei, dim=recipe.softmax_dim)
+    wei = (q @ k.transpose(-2, -1)) * steps.scale(C, hs)  # (B, nh, T, hs) @ (B, nh, hs, T)
+    wei = wei.masked_fill(steps.blocked(T, h.device), float("-inf"))  # (B, nh, T, T)
+    wei = F.softmax(wei, dim=steps.softmax_dim)
     out = (wei @ v).transpose(1, 2).reshape(B, T, p.D)  # (B, nh, T, hs) -> (B, T, nh * hs)
     out = F.linear(out, p.wo, p.bo)  # (B, T, C)
-    return out.transpose(0, 1) if recipe.time_axis == 0 else out
+    return out.transpose(0, 1) if steps.time_axis == 0 else out
