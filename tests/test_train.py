@@ -5,17 +5,19 @@ import itertools
 import math
 import os
 import signal
+import sys
 import warnings
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+import gptblock
 from gptblock.checkpoint import CheckpointError, load_checkpoint
 from gptblock.data import split_tokens
 from gptblock.devices import autocast_context
-from gptblock.train_config import TrainConfig, configure_optimizer, lr_at
 from gptblock.train import NonFiniteLossError, Trainer
+from gptblock.train_config import TrainConfig, configure_optimizer, lr_at
 from standin import Bigram, pattern_tokens
 
 V = 7
@@ -302,3 +304,66 @@ def test_an_unsupported_autocast_dtype_is_a_clear_error(monkeypatch):
         ValueError, match=r"float16 is not supported on device 'cpu' \(In CPU autocast"
     ):
         autocast_context(torch.device("cpu"), "float16")
+
+
+def test_a_fresh_run_never_overwrites_one_in_out_dir(tmp_path):
+    Trainer(model(), data(), config(max_iters=4), out_dir=tmp_path, progress=False).fit()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    again = Trainer(model(), data(), config(max_iters=4), out_dir=tmp_path, progress=False)
+    with pytest.raises(FileExistsError, match=f"{tmp_path} already holds a training run"):
+        again.fit()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+class HostReadDuringStep(AssertionError):
+    pass
+
+
+def test_a_training_step_never_reads_a_tensor_on_the_host(monkeypatch):
+    # Every way a tensor's value reaches Python (and so makes the host wait for the device) is
+    # made to fail when gptblock's own code does it inside a training step; the losses are read
+    # every log_interval steps instead. (PyTorch's AdamW reads its step counter, a CPU tensor
+    # even when training on a GPU: that read waits for nothing.)
+    package = os.path.dirname(gptblock.__file__)
+    inside = []
+    original = Trainer._train_step
+
+    def step(self):
+        inside.append(True)
+        try:
+            original(self)
+        finally:
+            inside.pop()
+
+    def refuse(name):
+        real = getattr(torch.Tensor, name)
+
+        def guarded(self, *args, **kwargs):
+            if inside and sys._getframe(1).f_code.co_filename.startswith(package):
+                raise HostReadDuringStep(f"Tensor.{name} inside a training step")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, guarded)
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy"):
+        refuse(name)
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    trainer = Trainer(model(), data(), config(max_iters=12, log_interval=5), progress=False)
+    assert trainer.fit().step == 12 and len(trainer.losses) == 12
+
+
+def test_reading_the_losses_in_batches_changes_nothing():
+    every = Trainer(model(), data(), config(log_interval=1), progress=False)
+    every.fit()
+    batched = Trainer(model(), data(), config(log_interval=7), progress=False)
+    batched.fit()
+    assert every.losses == batched.losses and len(every.losses) == 12
+
+
+def test_a_nan_between_reads_names_its_own_step(tmp_path):
+    # The NaN appears at step 6; with log_interval 5 and eval_interval 4 it is read at step 8,
+    # before the checkpoint of step 8 would be written.
+    trainer = Trainer(NaNAfter(6), data(), config(log_interval=5), out_dir=tmp_path, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 6"):
+        trainer.fit()
+    assert load_checkpoint(tmp_path).meta["step"] == 4

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gptblock.checkpoint import load_checkpoint
-from gptblock.run import load_gpt
 from gptblock.data import default_corpus
+from gptblock.run import load_gpt
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMALL = [

@@ -290,9 +290,9 @@ def get_batch(
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (global B,)
     per_rank = batch_size // world_size
     ix = ix[rank * per_rank : (rank + 1) * per_rank]  # (B,)
-    x = torch.stack([data[i : i + block_size] for i in ix.tolist()])  # (B, T)
-    y = torch.stack([data[i + 1 : i + 1 + block_size] for i in ix.tolist()])  # (B, T)
-    return x, y
+    # One gather, no Python loop over the rows (and nothing read on the host).
+    window = ix[:, None] + torch.arange(block_size)  # (B, 1) + (T,) -> (B, T) positions
+    return data[window], data[window + 1]  # (B, T) each: inputs, and the next tokens
 
 
 def full_windows(

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .reference import causal_head, softmax
 from .errors import UserValueError
+from .reference import causal_head, softmax
 
 __all__ = [
     "CausalHeadCheck",
@@ -113,7 +113,9 @@ def exercise1(
         (True, [4, 64])
     """
     if n_samples < 4:
-        raise UserValueError(f"n_samples must be >= 4 for a sample variance's error, got {n_samples}")
+        raise UserValueError(
+            f"n_samples must be >= 4 for a sample variance's error, got {n_samples}"
+        )
     rng = _rng(seed)
     N = n_samples
     rows = []

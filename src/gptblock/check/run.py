@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..errors import UserTypeError, UserValueError
 from ..fused import FusedBlock
 from ..lesson import Block as LessonBlock
 from ..mha import TransformerBlock
@@ -128,8 +129,8 @@ def check_block(target: nn.Module | Callable[..., nn.Module], /, **kwargs: objec
         (the probes' tensors are tiny); the caller's setting is restored.
 
     Raises:
-        ValueError: the factory fails to build a block, or the block's width C cannot be told.
-        TypeError: ``target`` is neither a module nor callable, or the factory returns a
+        gptblock.errors.UserValueError: the factory fails to build a block, or the block's width C cannot be told.
+        gptblock.errors.UserTypeError: ``target`` is neither a module nor callable, or the factory returns a
             non-module, or constructor arguments come with a module instance.
 
     Example:
@@ -265,13 +266,13 @@ def _build(target: object, kwargs: dict[str, object]) -> tuple[nn.Module, str]:
     """The module to check and how to name it in the report."""
     if isinstance(target, nn.Module):
         if kwargs:
-            raise TypeError(
+            raise UserTypeError(
                 f"constructor arguments {sorted(kwargs)} given, but the target is already a "
                 f"module ({type(target).__name__}); pass its class instead"
             )
         return target, type(target).__name__
     if not callable(target):
-        raise TypeError(
+        raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
     args = fill_common_arguments(target, kwargs)
@@ -282,9 +283,11 @@ def _build(target: object, kwargs: dict[str, object]) -> tuple[nn.Module, str]:
         try:
             module = target(**args)
         except Exception as e:
-            raise ValueError(f"cannot build {description}: {one_line(e)}") from e
+            raise UserValueError(f"cannot build {description}: {one_line(e)}") from e
     if not isinstance(module, nn.Module):
-        raise TypeError(f"{description} returned a {type(module).__name__}, expected an nn.Module")
+        raise UserTypeError(
+            f"{description} returned a {type(module).__name__}, expected an nn.Module"
+        )
     return module, description
 
 
@@ -306,7 +309,7 @@ def _width(module: nn.Module, mapped: object, kwargs: Mapping[str, object]) -> i
             return int(m.normalized_shape[-1])
         if isinstance(m, nn.Linear):
             return int(m.in_features)
-    raise ValueError(
+    raise UserValueError(
         f"cannot tell the width C of {type(module).__name__}: no n_embd / d_model / embed_dim "
         "attribute, LayerNorm or Linear layer; give the class an n_embd or d_model argument"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..errors import UserFileNotFoundError, UserValueError
 from .report import one_line
 
 __all__ = ["load_target", "parse_argument"]
@@ -33,7 +34,7 @@ def parse_argument(text: str) -> tuple[str, object]:
         text: what followed ``--arg``.
 
     Raises:
-        ValueError: no ``=``, or NAME is not an identifier.
+        gptblock.errors.UserValueError: no ``=``, or NAME is not an identifier.
 
     Example:
         >>> parse_argument("n_head=4"), parse_argument("activation=relu")
@@ -41,7 +42,7 @@ def parse_argument(text: str) -> tuple[str, object]:
     """
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
-        raise ValueError(f"--arg expects NAME=VALUE with NAME an identifier, got {text!r}")
+        raise UserValueError(f"--arg expects NAME=VALUE with NAME an identifier, got {text!r}")
     try:
         return name, ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -59,41 +60,41 @@ def load_target(spec: str) -> Any:
             file) or ``package.module:NAME``.
 
     Raises:
-        ValueError: a malformed spec, a module that fails to import or load, or no such NAME.
-        FileNotFoundError: the file does not exist.
+        gptblock.errors.UserValueError: a malformed spec, a module that fails to import or load, or no such NAME.
+        gptblock.errors.UserFileNotFoundError: the file does not exist.
 
     Example:
         >>> load_target("gptblock.lesson:Block")
         <class 'gptblock.lesson.Block'>
         >>> load_target("gptblock.lesson")
         Traceback (most recent call last):
-        ValueError: TARGET must be FILE.py:NAME or package.module:NAME, got 'gptblock.lesson'
+        gptblock.errors.UserValueError: TARGET must be FILE.py:NAME or package.module:NAME, got 'gptblock.lesson'
     """
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
+        raise UserValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
     if where.endswith(".py") or "/" in where or "\\" in where:
         module = _load_file(Path(where))
     else:
         try:
             module = importlib.import_module(where)
         except Exception as e:
-            raise ValueError(f"cannot import {where}: {one_line(e)}") from e
+            raise UserValueError(f"cannot import {where}: {one_line(e)}") from e
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{where} has no {name!r}")
+            raise UserValueError(f"{where} has no {name!r}")
         obj = getattr(obj, part)
     return obj
 
 
 def _load_file(path: Path) -> ModuleType:
     if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+        raise UserFileNotFoundError(f"no such file: {path}")
     name = f"_gptblock_check_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"cannot load {path} as a Python module")
+        raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up here
     sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
@@ -101,7 +102,7 @@ def _load_file(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise ValueError(f"cannot load {path}: {one_line(e)}") from e
+        raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
     finally:
         sys.path.remove(str(path.resolve().parent))
     return module

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from ..check import COMMON_ARGUMENTS, check_block, load_target, own_blocks, parse_argument
+from ..errors import UserValueError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(parse_argument(a) for a in args.arg)
     if args.target is None:
         if kwargs:
-            raise ValueError("--arg needs a TARGET; gptblock's own blocks use the defaults")
+            raise UserValueError("--arg needs a TARGET; gptblock's own blocks use the defaults")
         targets = own_blocks()
     else:
         targets = [load_target(args.target)]
