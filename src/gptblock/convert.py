@@ -30,9 +30,8 @@ from typing import cast
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from .config import BlockConfig, check_positive_int
+from .config import BlockConfig, activation_name, check_positive_int
 from .fused import FusedBlock
 from .lesson import Block
 from .mha import TransformerBlock
@@ -207,13 +206,9 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
         raise refuse(f"its LayerNorms have different eps ({layer.norm1.eps}, {layer.norm2.eps})")
     if not (layer.norm1.elementwise_affine and layer.norm2.elementwise_affine):
         raise refuse("its LayerNorms have no weight (elementwise_affine=False)")
-    act = layer.activation
-    if act is F.relu or isinstance(act, nn.ReLU):
-        activation = "relu"
-    elif act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        activation = "gelu"
-    else:
-        raise refuse(f"activation {act!r}; the block supports exact GELU and ReLU")
+    activation = activation_name(layer.activation)
+    if activation is None:
+        raise refuse(f"activation {layer.activation!r}; the block supports exact GELU and ReLU")
     probs = {layer.dropout.p, layer.dropout1.p, layer.dropout2.p, attn.dropout}
     if len(probs) != 1:
         raise refuse(f"its dropouts differ ({sorted(probs)}); the block has one probability")
