@@ -28,7 +28,7 @@ from gptblock.reference import (
     softmax,
 )
 
-REFERENCE_PY = pathlib.Path(gptblock.__file__).parent / "reference.py"
+REFERENCE_DIR = pathlib.Path(gptblock.__file__).parent / "reference"
 TOL = 1e-10
 
 # The forms with TransformerBlock's names and constructor.
@@ -265,14 +265,19 @@ def test_bad_inputs_raise_naming_the_value():
 
 
 def test_reference_runs_with_numpy_alone(tmp_path):
-    # torch made unimportable, reference.py loaded by path (not through gptblock/__init__, which
-    # imports torch): any torch import in it, direct or indirect, fails this test.
+    # torch made unimportable, the reference package loaded from its folder as a top-level
+    # package (not through gptblock/__init__, which imports torch): any torch or gptblock import
+    # in it, direct or indirect, fails this test; only relative imports inside it can work.
     script = textwrap.dedent(
         f"""
         import importlib.util, sys
         sys.modules["torch"] = None
         import numpy as np
-        spec = importlib.util.spec_from_file_location("reference", {str(REFERENCE_PY)!r})
+        spec = importlib.util.spec_from_file_location(
+            "reference",
+            {str(REFERENCE_DIR / "__init__.py")!r},
+            submodule_search_locations=[{str(REFERENCE_DIR)!r}],
+        )
         ref = importlib.util.module_from_spec(spec)
         sys.modules["reference"] = ref
         spec.loader.exec_module(ref)
