@@ -50,7 +50,7 @@ def check_activation(value: object) -> str:
     return str(value)
 
 
-def activation_function(name: object) -> Callable[[torch.Tensor], torch.Tensor]:
+def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation called ``name`` (``F.gelu`` or ``F.relu``); an unknown name lists the choices.
 
     Example:
@@ -61,7 +61,9 @@ def activation_function(name: object) -> Callable[[torch.Tensor], torch.Tensor]:
         ...
         ValueError: activation must be one of ('gelu', 'relu'), got 'silu'
     """
-    return ACTIVATION_FUNCTIONS[check_activation(name)]
+    if name not in ACTIVATION_FUNCTIONS:
+        check_activation(name)  # raises, naming the choices
+    return ACTIVATION_FUNCTIONS[name]
 
 
 def activation_name(fn: object) -> str | None:
