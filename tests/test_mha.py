@@ -3,8 +3,11 @@
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gptblock import TransformerBlock, causal_mask
+from gptblock.config import ACTIVATIONS, activation_function, activation_name
+from gptblock.masks import masked_softmax, split_dead_rows
 
 CASES = [  # (d_model, n_heads, activation, bias)
     (16, 2, "gelu", True),
@@ -91,6 +94,19 @@ def test_unknown_activation_lists_the_choices():
         TransformerBlock(16, 2, activation="tanh")
 
 
+def test_activation_by_name_and_back():
+    assert ACTIVATIONS == ("gelu", "relu")
+    assert activation_function("gelu") is F.gelu and activation_function("relu") is F.relu
+    with pytest.raises(ValueError, match=r"one of \('gelu', 'relu'\), got 'tanh'"):
+        activation_function("tanh")
+    for name in ACTIVATIONS:
+        assert activation_name(activation_function(name)) == name
+    assert activation_name(nn.GELU()) == "gelu" and activation_name(nn.ReLU()) == "relu"
+    # The tanh GELU computes a different function (~1e-3 away): it has no name here.
+    assert activation_name(nn.GELU(approximate="tanh")) is None
+    assert activation_name(torch.tanh) is None and activation_name("gelu") is None
+
+
 def test_indivisible_heads():
     with pytest.raises(ValueError, match=r"d_model=10 is not divisible by n_heads=4"):
         TransformerBlock(10, 4)
@@ -120,6 +136,34 @@ def test_causal_mask_rejects_bad_lengths():
 def test_causal_mask_docstring_states_both_conventions():
     doc = causal_mask.__doc__
     assert "may not attend" in doc and "scaled_dot_product_attention" in doc
+
+
+# --- fully blocked rows (gptblock.masks) ------------------------------------------------------
+
+
+def test_split_dead_rows_unblocks_exactly_the_dead_rows():
+    blocked = torch.rand(3, 5, 5, generator=torch.Generator().manual_seed(0)) < 0.5
+    blocked[0, 1] = True
+    blocked[2] = True
+    live, dead = split_dead_rows(blocked)
+    assert dead.shape == (3, 5) and torch.equal(dead, blocked.all(dim=-1))
+    assert dead[0, 1] and dead[2].all()
+    assert not live.all(dim=-1).any()  # every row has a key left to attend to
+    assert not live[dead].any()  # a dead row attends to every key
+    assert torch.equal(live[~dead], blocked[~dead])  # the other rows are untouched
+
+
+def test_masked_softmax_is_softmax_on_live_rows_and_zero_on_dead_ones():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)  # (B, nh, T, T)
+    blocked = causal_mask(4).expand(2, 4, 4).clone()
+    blocked[1, 2] = True  # one dead query row in sequence 1, for every head
+    w = masked_softmax(scores, blocked)
+    assert torch.isfinite(w).all() and torch.equal(w[1, :, 2], torch.zeros(3, 4))
+    assert not w[blocked[:, None].expand_as(w)].any()  # blocked keys get weight 0
+    expected = torch.softmax(scores.masked_fill(causal_mask(4), float("-inf")), dim=-1)
+    expected[1, :, 2] = 0.0
+    torch.testing.assert_close(w, expected, atol=0, rtol=0)
 
 
 # --- optional masks ---------------------------------------------------------------------------

@@ -27,8 +27,16 @@ from gptblock.reference import (
     params_from_state_dict,
     softmax,
 )
+from gptblock.reference.layout import (
+    LESSON_ANCHOR,
+    LESSON_RENAMES,
+    LESSON_TRIL,
+    lesson_head,
+    lesson_head_count,
+    lesson_qkv_keys,
+)
 
-REFERENCE_PY = pathlib.Path(gptblock.__file__).parent / "reference.py"
+REFERENCE_DIR = pathlib.Path(gptblock.__file__).parent / "reference"
 TOL = 1e-10
 
 # The forms with TransformerBlock's names and constructor.
@@ -265,14 +273,19 @@ def test_bad_inputs_raise_naming_the_value():
 
 
 def test_reference_runs_with_numpy_alone(tmp_path):
-    # torch made unimportable, reference.py loaded by path (not through gptblock/__init__, which
-    # imports torch): any torch import in it, direct or indirect, fails this test.
+    # torch made unimportable, the reference package loaded from its folder as a top-level
+    # package (not through gptblock/__init__, which imports torch): any torch or gptblock import
+    # in it, direct or indirect, fails this test; only relative imports inside it can work.
     script = textwrap.dedent(
         f"""
         import importlib.util, sys
         sys.modules["torch"] = None
         import numpy as np
-        spec = importlib.util.spec_from_file_location("reference", {str(REFERENCE_PY)!r})
+        spec = importlib.util.spec_from_file_location(
+            "reference",
+            {str(REFERENCE_DIR / "__init__.py")!r},
+            submodule_search_locations=[{str(REFERENCE_DIR)!r}],
+        )
         ref = importlib.util.module_from_spec(spec)
         sys.modules["reference"] = ref
         spec.loader.exec_module(ref)
@@ -304,3 +317,52 @@ def test_relu_gradient_at_exactly_zero_is_zero_as_in_torch():
     params = params_from_state_dict(block.state_dict())
     ours = oracle_run(params, x.numpy(), dy.numpy(), 2, activation="relu")
     assert_matches(ours, torch_run(block, x, dy))
+
+
+# ----- the layout: the lesson's keys onto the packed ones -------------------------------------
+
+
+def test_layout_names_every_key_of_both_layouts():
+    nh = 3
+    packed = TransformerBlock(12, nh).state_dict()
+    assert list(PARAM_KEYS) == list(packed)
+    keys = set(lesson.Block(12, nh, block_size=4).state_dict())
+    assert lesson_head_count(keys) == nh and lesson_head_count(set()) == 0
+    assert lesson_head_count({f"blocks.1.{k}" for k in keys}, prefix="blocks.1.") == nh
+    assert LESSON_ANCHOR in keys
+    trils = {lesson_head(i) + LESSON_TRIL for i in range(nh)}
+    renamed = {f"{old}.{kind}" for old in LESSON_RENAMES for kind in ("weight", "bias")}
+    assert keys == set(lesson_qkv_keys(nh)) | trils | renamed  # nothing left over
+    # The renames land on every packed key but the q/k/v (one packed pair for all the heads).
+    assert {f"{new}.{kind}" for new in LESSON_RENAMES.values() for kind in ("weight", "bias")} == (
+        set(PARAM_KEYS) - {"self_attn.in_proj_weight", "self_attn.in_proj_bias"}
+    )
+
+
+def test_lesson_qkv_keys_stack_into_the_packed_in_proj_weight():
+    block = lesson.Block(8, 2, block_size=4)
+    sd = block.state_dict()
+    packed = gptblock.convert(block, "mha").state_dict()["self_attn.in_proj_weight"]
+    stacked = torch.cat([sd[key] for key in lesson_qkv_keys(2)])  # (3C, C)
+    assert torch.equal(stacked, packed)
+    assert lesson_qkv_keys(2, kind="bias")[1] == "sa.heads.1.query.bias"
+
+
+def test_layout_imports_without_numpy_or_torch():
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        sys.modules["numpy"] = sys.modules["torch"] = None
+        path = {str(REFERENCE_DIR / "layout.py")!r}
+        spec = importlib.util.spec_from_file_location("layout", path)
+        layout = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(layout)
+        assert layout.lesson_qkv_keys(1) == [
+            "sa.heads.0.query.weight", "sa.heads.0.key.weight", "sa.heads.0.value.weight"
+        ]
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

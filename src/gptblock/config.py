@@ -8,11 +8,20 @@ bad value and what was expected. None of them uses ``assert``: asserts vanish un
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+from torch.nn import functional as F
 
-ACTIVATIONS = ("gelu", "relu")
+# The MLP's nonlinearity by name. GELU is the exact (erf) form, as nn.GELU() and
+# nn.TransformerEncoderLayer's "gelu"; the tanh approximation differs by ~1e-3 and is not offered.
+ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu")
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -39,6 +48,41 @@ def check_activation(value: object) -> str:
     if value not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
     return str(value)
+
+
+def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation called ``name`` (``F.gelu`` or ``F.relu``); an unknown name lists the choices.
+
+    Example:
+        >>> activation_function("relu")(torch.tensor([-1.0, 2.0]))
+        tensor([0., 2.])
+        >>> activation_function("silu")
+        Traceback (most recent call last):
+        ...
+        ValueError: activation must be one of ('gelu', 'relu'), got 'silu'
+    """
+    if name not in ACTIVATION_FUNCTIONS:
+        check_activation(name)  # raises, naming the choices
+    return ACTIVATION_FUNCTIONS[name]
+
+
+def activation_name(fn: object) -> str | None:
+    """The name of an activation given as a function or module, or ``None`` if it is neither.
+
+    ``F.relu`` and ``nn.ReLU()`` are ``"relu"``; ``F.gelu`` and exact ``nn.GELU()`` are
+    ``"gelu"``. ``nn.GELU(approximate="tanh")`` computes something else, so it has no name here.
+    This is how a module's ``activation`` attribute (``nn.TransformerEncoderLayer``'s) is read
+    back into the name a block is built with.
+
+    Example:
+        >>> activation_name(nn.GELU()), activation_name(F.relu), activation_name(torch.tanh)
+        ('gelu', 'relu', None)
+    """
+    if fn is F.relu or isinstance(fn, nn.ReLU):
+        return "relu"
+    if fn is F.gelu or (isinstance(fn, nn.GELU) and fn.approximate == "none"):
+        return "gelu"
+    return None
 
 
 def check_heads(

@@ -26,16 +26,14 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from .config import BlockConfig, check_positive_int
+from .config import BlockConfig, activation_name, check_positive_int
 from .fused import FusedBlock
 from .lesson import Block
 from .mha import TransformerBlock
+from .reference.layout import IN_PROJ, LESSON_RENAMES, LESSON_TRIL, lesson_head, lesson_qkv_keys
 
 __all__ = ["FORMS", "ConversionError", "convert"]
 
@@ -154,8 +152,7 @@ def _describe(module: nn.Module) -> tuple[BlockConfig, State]:
 
 
 def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
-    heads = list(block.sa.heads)
-    C, nh = block.n_embd, len(heads)
+    C, nh = block.n_embd, len(block.sa.heads)
     probs = {m.p for m in block.modules() if isinstance(m, nn.Dropout)}
     if len(probs) != 1:
         raise ConversionError(
@@ -168,24 +165,12 @@ def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
             "the other forms share one norm_eps"
         )
     config = BlockConfig(C, nh, probs.pop(), "relu", True, block.ln1.eps)
-    lin1, lin2 = cast(nn.Linear, block.ffwd.net[0]), cast(nn.Linear, block.ffwd.net[2])
-    state: State = {
-        "norm1.weight": block.ln1.weight,
-        "norm1.bias": block.ln1.bias,
-        # Head i's rows, in order, within each of the q, k and v thirds: (3C, C).
-        "self_attn.in_proj_weight": torch.cat(
-            [getattr(h, name).weight for name in ("query", "key", "value") for h in heads]
-        ),
-        "self_attn.in_proj_bias": block.ln1.weight.new_zeros(3 * C),  # the lesson has none
-        "self_attn.out_proj.weight": block.sa.proj.weight,
-        "self_attn.out_proj.bias": block.sa.proj.bias,
-        "norm2.weight": block.ln2.weight,
-        "norm2.bias": block.ln2.bias,
-        "linear1.weight": lin1.weight,
-        "linear1.bias": lin1.bias,
-        "linear2.weight": lin2.weight,
-        "linear2.bias": lin2.bias,
-    }
+    own = block.state_dict()
+    weight = torch.cat([own[key] for key in lesson_qkv_keys(nh)])  # 3 * nh x (hs, C) -> (3C, C)
+    state: State = {IN_PROJ[0]: weight, IN_PROJ[1]: weight.new_zeros(3 * C)}  # q/k/v: no bias
+    for mine, theirs in LESSON_RENAMES.items():
+        for kind in ("weight", "bias"):
+            state[f"{theirs}.{kind}"] = own[f"{mine}.{kind}"]
     return config, _copy(state)
 
 
@@ -207,13 +192,9 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
         raise refuse(f"its LayerNorms have different eps ({layer.norm1.eps}, {layer.norm2.eps})")
     if not (layer.norm1.elementwise_affine and layer.norm2.elementwise_affine):
         raise refuse("its LayerNorms have no weight (elementwise_affine=False)")
-    act = layer.activation
-    if act is F.relu or isinstance(act, nn.ReLU):
-        activation = "relu"
-    elif act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        activation = "gelu"
-    else:
-        raise refuse(f"activation {act!r}; the block supports exact GELU and ReLU")
+    activation = activation_name(layer.activation)
+    if activation is None:
+        raise refuse(f"activation {layer.activation!r}; the block supports exact GELU and ReLU")
     probs = {layer.dropout.p, layer.dropout1.p, layer.dropout2.p, attn.dropout}
     if len(probs) != 1:
         raise refuse(f"its dropouts differ ({sorted(probs)}); the block has one probability")
@@ -239,29 +220,23 @@ def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, 
         raise refuse(f"the lesson's FeedForward uses ReLU, this block uses {config.activation!r}")
     if config.norm_eps != LESSON_EPS:
         raise refuse(f"the lesson's LayerNorms have eps {LESSON_EPS}, this block {config.norm_eps}")
-    in_bias = state.get("self_attn.in_proj_bias")
+    in_bias = state.get(IN_PROJ[1])
     if in_bias is not None and bool(in_bias.ne(0).any()):
         raise refuse(
             "the lesson's query/key/value Linears have no bias, and this block's "
             "self_attn.in_proj_bias is nonzero"
         )
     block = Block(C, nh, block_size, dropout=config.dropout)
-    # A bias-free block (bias=False) computes what zero biases compute: the lesson gets zeros.
-    weight = state["self_attn.in_proj_weight"]
-    zeros = torch.zeros(C, dtype=weight.dtype)
-    q, k, v = weight.view(3, nh, hs, C).unbind(0)  # (3C, C) -> 3 x (nh, hs, C)
-    own: State = {}
+    # (3C, C) -> 3 * nh row blocks of (hs, C): q of heads 0..nh-1, then k, then v
+    rows = state[IN_PROJ[0]].view(3 * nh, hs, C).unbind(0)
+    own: State = dict(zip(lesson_qkv_keys(nh), rows, strict=True))
     for i in range(nh):
-        for name, w in (("query", q), ("key", k), ("value", v)):
-            own[f"sa.heads.{i}.{name}.weight"] = w[i]  # (hs, C): head i's rows
-        own[f"sa.heads.{i}.tril"] = torch.tril(torch.ones(block_size, block_size))
-    pairs = {"ln1": "norm1", "ln2": "norm2", "sa.proj": "self_attn.out_proj"}
-    pairs |= {"ffwd.net.0": "linear1", "ffwd.net.2": "linear2"}
-    for mine, theirs in pairs.items():
-        own[f"{mine}.weight"] = state[f"{theirs}.weight"]
-        bias = state.get(f"{theirs}.bias")
-        out = state[f"{theirs}.weight"].shape[0]
-        own[f"{mine}.bias"] = bias if bias is not None else zeros.new_zeros(out)
+        own[lesson_head(i) + LESSON_TRIL] = torch.tril(torch.ones(block_size, block_size))
+    # A bias-free block (bias=False) computes what zero biases compute: the lesson gets zeros.
+    for mine, theirs in LESSON_RENAMES.items():
+        weight, bias = state[f"{theirs}.weight"], state.get(f"{theirs}.bias")
+        own[f"{mine}.weight"] = weight
+        own[f"{mine}.bias"] = bias if bias is not None else weight.new_zeros(weight.shape[0])
     return block, own
 
 

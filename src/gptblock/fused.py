@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .config import BlockConfig, check_input
-from .masks import blocked_positions
+from .config import BlockConfig, activation_function, check_input
+from .masks import blocked_positions, masked_softmax, split_dead_rows
 
 __all__ = ["BlockDecoder", "FusedBlock", "FusedSelfAttention", "KVCache"]
 
@@ -150,11 +150,11 @@ class FusedSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
-            # Rows with no key left: unblock them so no backend can produce NaN, then zero their
-            # output below, which is what zero attention weights give (see gptblock.masks).
-            dead = blocked.all(dim=-1)  # (B, T)
-            allowed = ~(blocked & ~dead[:, :, None])  # SDPA's convention: True = may attend
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=p)
+            # Rows with no key left: attend with them unblocked so no backend can produce NaN,
+            # then zero their output, which is what zero attention weights give.
+            live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
+            allowed = ~live[:, None]  # (B, 1, T, T), SDPA's convention: True = may attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
             y = y.masked_fill(dead[:, None, :, None], 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, nh, hs) -> (B, T, C)
         return self.out_proj(y)
@@ -266,7 +266,7 @@ class FusedBlock(nn.Module):
         return BlockDecoder(self)(x, cache)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        act = F.gelu if self.config.activation == "gelu" else F.relu
+        act = activation_function(self.config.activation)
         return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
 
     def attention_weights(
@@ -282,10 +282,8 @@ class FusedBlock(nn.Module):
         B, T, C = check_input(x, self.config.d_model)
         q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
         att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)[:, None]
-        dead = blocked.all(dim=-1, keepdim=True)  # (B, 1, T, 1)
-        att = att.masked_fill(blocked & ~dead, float("-inf"))
-        return F.softmax(att, dim=-1).masked_fill(dead, 0.0)  # (B, nh, T, T)
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
+        return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero
 
 
 class BlockDecoder:
@@ -318,7 +316,7 @@ class BlockDecoder:
             raise RuntimeError("BlockDecoder is for generation in eval mode; call .eval() first")
         cfg, attn = block.config, block.self_attn
         self.C, self.nh, self.hs, self.eps = cfg.d_model, cfg.n_heads, cfg.head_size, cfg.norm_eps
-        self.act = F.gelu if cfg.activation == "gelu" else F.relu
+        self.act = activation_function(cfg.activation)
         self.norm1 = (block.norm1.weight, block.norm1.bias)
         self.in_proj = (attn.in_proj_weight, attn.in_proj_bias)
         self.out_proj = (attn.out_proj.weight, attn.out_proj.bias)

@@ -8,11 +8,15 @@ A query row in which every key is blocked has no distribution to softmax over. g
 it all-zero attention weights (so the heads' output for that row is zero and the attention
 sub-layer returns only the output projection's bias), never NaN. This is what PyTorch's SDPA
 does on CPU; ``nn.MultiheadAttention`` returns NaN there, which ``TransformerBlock`` corrects.
+The rule has one home here: ``split_dead_rows`` finds such rows and unblocks them, so that no
+softmax (ours, ``nn.MultiheadAttention``'s or an SDPA backend's) sees an all ``-inf`` row, and the
+block then zeroes what those rows produce; ``masked_softmax`` does both for explicit weights.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 
 def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -83,6 +87,57 @@ def blocked_positions(
             )
         blocked = blocked | key_padding_mask.to(device)[:, None, :]  # (B, 1, T) over query rows
     return blocked
+
+
+def split_dead_rows(blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a blocked mask into (the mask with its dead rows unblocked, the dead rows).
+
+    A *dead* query row is one in which every key is blocked. Attention on the returned mask is
+    finite everywhere (a dead row attends to every key instead of to none); the caller then
+    replaces what the dead rows produce by what zero attention weights give. Unblocking the rows,
+    rather than masking the NaNs afterwards, keeps NaN out of the backward pass too: a NaN
+    computed and then discarded by ``torch.where`` still poisons its gradient.
+
+    Args:
+        blocked: bool, ``True`` = blocked, as ``blocked_positions`` returns it.
+
+    Shape:
+        blocked (..., T, T) -> live (..., T, T), dead (..., T).
+
+    Example:
+        >>> blocked = torch.tensor([[[False, True], [True, True]]])  # row 1 has no key left
+        >>> live, dead = split_dead_rows(blocked)
+        >>> live
+        tensor([[[False,  True],
+                 [False, False]]])
+        >>> dead
+        tensor([[False,  True]])
+    """
+    dead = blocked.all(dim=-1)  # (..., T): query rows with no key left to attend to
+    return blocked & ~dead[..., None], dead  # (..., T, T), (..., T)
+
+
+def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """Attention weights from scores: softmax over the keys a query may attend to, 0 elsewhere.
+
+    A dead query row (every key blocked) gets all-zero weights, not NaN.
+
+    Args:
+        scores: pre-softmax attention scores, q @ k^T already scaled.
+        blocked: bool, ``True`` = blocked, one mask for every head.
+
+    Shape:
+        scores (B, nh, T, T), blocked (B, T, T) -> weights (B, nh, T, T).
+
+    Example:
+        >>> blocked = torch.tensor([[[False, True], [True, True]]])
+        >>> masked_softmax(torch.zeros(1, 1, 2, 2), blocked)
+        tensor([[[[1., 0.],
+                  [0., 0.]]]])
+    """
+    live, dead = split_dead_rows(blocked[:, None])  # (B, 1, T, T), (B, 1, T): for every head
+    weights = F.softmax(scores.masked_fill(live, float("-inf")), dim=-1)  # (B, nh, T, T)
+    return weights.masked_fill(dead[..., None], 0.0)  # (B, nh, T, T)
 
 
 def _check_bool(name: str, mask: object, shape: str) -> None:

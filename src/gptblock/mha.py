@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .config import BlockConfig, check_input
-from .masks import blocked_positions, causal_mask
+from .config import BlockConfig, activation_function, check_input
+from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
 
 __all__ = ["TransformerBlock"]
 
@@ -95,7 +95,7 @@ class TransformerBlock(nn.Module):
         return x
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        act = F.gelu if self.config.activation == "gelu" else F.relu
+        act = activation_function(self.config.activation)
         return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
 
     def _attend(
@@ -110,13 +110,12 @@ class TransformerBlock(nn.Module):
             a, _ = self.self_attn(h, h, h, attn_mask=mask, need_weights=False, is_causal=True)
             return a
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
-        dead = blocked.all(dim=-1)  # (B, T): query rows with no key left to attend to
-        # nn.MultiheadAttention softmaxes an all -inf row into NaN. Unblock those rows so the
-        # softmax stays finite, then replace their output by what zero attention weights give
-        # (out_proj applied to a zero context: its bias). torch.where routes no gradient
-        # through the replaced rows, so no NaN reaches the backward pass either.
-        blocked = blocked & ~dead[:, :, None]
-        mask = blocked.repeat_interleave(self.config.n_heads, dim=0)  # (B * nh, T, T)
+        # nn.MultiheadAttention softmaxes an all -inf row into NaN. Attend with the dead rows
+        # (no key left) unblocked, so the softmax stays finite, then replace their output by what
+        # zero attention weights give (out_proj applied to a zero context: its bias). torch.where
+        # routes no gradient through the replaced rows, so no NaN reaches the backward pass.
+        live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
+        mask = live.repeat_interleave(self.config.n_heads, dim=0)  # (B * nh, T, T)
         a, _ = self.self_attn(h, h, h, attn_mask=mask, need_weights=False)
         bias = self.self_attn.out_proj.bias
         empty = bias if bias is not None else torch.zeros((), dtype=a.dtype, device=a.device)
@@ -141,13 +140,6 @@ class TransformerBlock(nn.Module):
         q, k, _ = qkv.chunk(3, dim=-1)  # (B, T, C) each
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        att = (
-            q @ k.transpose(-2, -1)
-        ) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)[
-            :, None
-        ]  # (B, 1, T, T)
-        dead = blocked.all(dim=-1, keepdim=True)  # (B, 1, T, 1): rows with no key to attend to
-        att = att.masked_fill(blocked & ~dead, float("-inf"))
-        # A fully blocked row would softmax to NaN; its weights are zeros (see gptblock.masks).
-        return F.softmax(att, dim=-1).masked_fill(dead, 0.0)  # (B, nh, T, T)
+        att = q @ k.transpose(-2, -1) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
+        return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero

@@ -1,0 +1,63 @@
+"""The NumPy oracle: the pre-norm block's forward pass and a hand-derived backward pass.
+
+The second lesson promises "the same computation without autograd"; this package is it, and the
+project's oracle: every block form is tested against it, outputs and gradients, the way llm.c
+checks its hand-written kernels against a reference. It imports NumPy and the standard library
+only (a test loads it with torch made unimportable), so it can be copied out and run alone, and
+a bug in PyTorch or in gptblock's torch code cannot leak into the answer it gives.
+
+The block, with ``params`` named as ``TransformerBlock``'s (and ``nn.TransformerEncoderLayer``'s)
+state_dict::
+
+    h1  = norm1(x)                                    # LayerNorm
+    q, k, v = split(h1 @ in_proj_weight.T + in_proj_bias)
+    att = softmax(q @ k.T / sqrt(hs), causal + mask)  # per head; a fully blocked row is all 0
+    x1  = x + (att @ v) @ out_proj.weight.T + out_proj.bias
+    y   = x1 + linear2(act(linear1(norm2(x1))))       # act: exact (erf) GELU or ReLU
+
+Everything is computed in float64 whatever the input dtype: an oracle's job is to be right.
+A bias key that is absent (a block built with ``bias=False``) counts as zero and gets no
+gradient. Masks are bool with ``True`` = blocked, as everywhere in gptblock.
+
+Its modules, in reading order (only relative imports between them, nothing else of gptblock):
+
+* ``layout`` -- the parameter keys, and the lesson's per-head layout mapped onto them (plain
+  Python: ``convert`` and the checker use it too).
+* ``pieces`` -- LayerNorm, linear and GELU, each forward beside its backward.
+* ``forward`` -- ``softmax``, ``causal_head``, ``block_forward`` and its ``BlockCache``.
+* ``backward`` -- ``block_backward``.
+* ``params`` -- ``params_from_state_dict``: any block form's state_dict as ``params``.
+
+Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
+
+Example:
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> C = 8
+    >>> params = {"norm1.weight": np.ones(C), "norm2.weight": np.ones(C),
+    ...           "self_attn.in_proj_weight": rng.standard_normal((3 * C, C)),
+    ...           "self_attn.out_proj.weight": rng.standard_normal((C, C)),
+    ...           "linear1.weight": rng.standard_normal((4 * C, C)),
+    ...           "linear2.weight": rng.standard_normal((C, 4 * C))}
+    >>> y, cache = block_forward(params, rng.standard_normal((2, 5, C)), n_head=2)
+    >>> dx, grads = block_backward(np.ones_like(y), cache)  # the gradients of y.sum()
+    >>> dx.shape, sorted(grads) == sorted(params)
+    ((2, 5, 8), True)
+"""
+
+from __future__ import annotations
+
+from .backward import block_backward
+from .forward import BlockCache, block_forward, causal_head, softmax
+from .layout import PARAM_KEYS
+from .params import params_from_state_dict
+
+__all__ = [
+    "PARAM_KEYS",
+    "BlockCache",
+    "block_backward",
+    "block_forward",
+    "causal_head",
+    "params_from_state_dict",
+    "softmax",
+]

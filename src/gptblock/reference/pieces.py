@@ -1,0 +1,92 @@
+"""The block's pieces in float64 NumPy, each forward next to its hand-derived backward.
+
+LayerNorm (split into the normalisation and its affine part, as the backward needs them), a
+linear layer, and the exact GELU. Each backward takes the gradient of the piece's output and
+returns that of its input, storing the parameters' gradients in ``grads`` under their keys.
+
+Shapes: B batch, T time, C channels, F = MLP hidden width; ``in``/``out`` a layer's widths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+
+
+def normalise(x: Array, eps: float) -> tuple[Array, Array]:
+    """LayerNorm without its affine part: (x - mean) / sqrt(biased var + eps), as nn.LayerNorm."""
+    mu = x.mean(axis=-1, keepdims=True)  # (B, T, 1)
+    rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)  # (B, T, 1)
+    return (x - mu) * rstd, rstd
+
+
+def affine(xhat: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:
+    weight, bias = keys
+    return xhat * p[weight] + p.get(bias, 0.0)
+
+
+def affine_normalise_backward(
+    dh: Array,
+    xhat: Array,
+    rstd: Array,
+    p: dict[str, Array],
+    keys: tuple[str, str],
+    grads: dict[str, Array],
+) -> Array:
+    """Backward of h = xhat * w + b with xhat = (x - mean) * rstd; returns dx.
+
+    d xhat = dh * w. Through the mean and the variance (both over C), with m(.) the mean over C:
+    dx = rstd * (d xhat - m(d xhat) - xhat * m(d xhat * xhat)).
+    """
+    weight, bias = keys
+    grads[weight] = (dh * xhat).sum(axis=(0, 1))  # (C,)
+    if bias in p:
+        grads[bias] = dh.sum(axis=(0, 1))  # (C,)
+    dxhat = dh * p[weight]  # (B, T, C)
+    return rstd * (
+        dxhat
+        - dxhat.mean(axis=-1, keepdims=True)
+        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    )
+
+
+def linear(a: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:
+    weight, bias = keys
+    return a @ p[weight].T + p.get(bias, 0.0)  # (B, T, in) @ (in, out) -> (B, T, out)
+
+
+def linear_backward(
+    dout: Array, a: Array, p: dict[str, Array], keys: tuple[str, str], grads: dict[str, Array]
+) -> Array:
+    """Backward of out = a @ W.T + b: stores dW and db in ``grads``, returns da."""
+    weight, bias = keys
+    n_out, n_in = p[weight].shape
+    # (out, B*T) @ (B*T, in) -> (out, in): every position contributes to the one weight
+    grads[weight] = dout.reshape(-1, n_out).T @ a.reshape(-1, n_in)
+    if bias in p:
+        grads[bias] = dout.sum(axis=(0, 1))  # (out,)
+    return dout @ p[weight]  # (B, T, out) @ (out, in) -> (B, T, in)
+
+
+# math.erf, elementwise. A Python call per element is slow, but exact to the last bit or two,
+# which a rational approximation (and scipy, not a dependency) would have to earn.
+_math_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(u: Array) -> Array:
+    return np.asarray(_math_erf(u), dtype=np.float64)
+
+
+def gelu(u: Array) -> Array:
+    """Exact GELU, u * Phi(u), as F.gelu (not the tanh approximation, which differs by ~1e-3)."""
+    return 0.5 * u * (1.0 + _erf(u / math.sqrt(2.0)))
+
+
+def gelu_grad(u: Array) -> Array:
+    """d/du [u * Phi(u)] = Phi(u) + u * phi(u), with phi the standard normal density."""
+    cdf = 0.5 * (1.0 + _erf(u / math.sqrt(2.0)))
+    return cdf + u * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
