@@ -7,6 +7,7 @@ EXPECTED = [
     "CharTokenizer",
     "CheckpointError",
     "ConversionError",
+    "Finding",
     "FusedBlock",
     "GPT",
     "GPTConfig",

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gptblock import FusedBlock, lesson
-from gptblock.bench import BenchConfig, format_table, run_benchmark, write_json
+from gptblock.bench import BenchConfig, run_benchmark
+from gptblock.bench_report import format_table, write_json
 from gptblock.cli import main
 from gptblock.measure import block_flops, profile_call
 

@@ -38,3 +38,22 @@ def test_unknown_command_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["nope"])
     assert e.value.code == 2
+
+
+def test_a_bug_keeps_its_traceback_while_a_user_error_is_one_line(monkeypatch, capsys):
+    from gptblock.cli import example as example_cli
+    from gptblock.errors import UserValueError
+
+    def bug(args):
+        raise ValueError("an internal invariant broke")  # not a UserError: a bug
+
+    monkeypatch.setattr(example_cli, "worked_example", lambda seed: bug(None))
+    with pytest.raises(ValueError, match="internal invariant"):
+        main(["example"])
+
+    def user_error(seed):
+        raise UserValueError("seed must be lucky")
+
+    monkeypatch.setattr(example_cli, "worked_example", user_error)
+    assert main(["example"]) == 2
+    assert capsys.readouterr().err == "gptblock example: error: seed must be lucky\n"

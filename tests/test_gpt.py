@@ -299,3 +299,20 @@ def test_generate_long_prompt_is_cropped():
     out = m.generate(idx, 4, temperature=0)
     assert out.shape == (1, 34) and torch.equal(out[:, :30], idx)
     assert torch.equal(out[:, 30:], m.generate(idx[:, -12:], 4, temperature=0)[:, 12:])
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_forward_compiles_into_one_graph(train):
+    # Reading the ids' range on the host would break the graph (and, on a GPU, make the host
+    # wait for the device every step); under torch.compile the check is skipped.
+    m = model().train(train)
+    idx = torch.randint(0, 13, (2, 6))
+    explanation = torch._dynamo.explain(m)(idx, idx)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_eval_mode_still_checks_the_ids_range():
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    idx[0, 1] = 13
+    with pytest.raises(ValueError, match="idx contains token id 13"):
+        model().eval()(idx)

@@ -67,7 +67,7 @@ def test_settings_come_from_the_preset_with_overrides():
     assert preset_settings("tiny", {"lr": 1e-2, "n_layer": None})["lr"] == 1e-2
     with pytest.raises(ValueError, match="unknown setting 'layers'"):
         preset_settings("tiny", {"layers": 2})
-    with pytest.raises(ValueError, match="give data .* or text, not both"):
+    with pytest.raises(ValueError, match=r"give data .* or text, not both"):
         prepare_run("input.txt", text=TEXT)
 
 

@@ -27,7 +27,7 @@ with a message that names the bad value; anything else is a bug.
 """
 
 from . import exercises, lesson, reference
-from .check import CheckReport, check_block
+from .check import CheckReport, Finding, check_block
 from .checkpoint import CheckpointError
 from .config import BlockConfig, GPTConfig
 from .convert import ConversionError, convert
@@ -42,7 +42,7 @@ from .runmeta import RunMeta
 from .train import NonFiniteLossError, Trainer
 from .train_config import TrainConfig
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "GPT",
@@ -51,6 +51,7 @@ __all__ = [
     "CheckReport",
     "CheckpointError",
     "ConversionError",
+    "Finding",
     "FusedBlock",
     "GPTConfig",
     "GPTOutput",

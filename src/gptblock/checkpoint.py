@@ -37,7 +37,7 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
-from .errors import UserFileNotFoundError, UserTypeError, UserValueError
+from .errors import UserFileExistsError, UserFileNotFoundError, UserTypeError, UserValueError
 from .files import atomic_write_bytes, atomic_write_json
 
 __all__ = [
@@ -48,10 +48,12 @@ __all__ = [
     "CheckpointError",
     "check_same_field",
     "checkpoint_path",
+    "holds_run",
     "load_checkpoint",
     "load_model_state",
     "load_optimizer_state",
     "optimizer_parts",
+    "run_exists_error",
     "save_checkpoint",
 ]
 
@@ -97,6 +99,20 @@ def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
     if kind not in KINDS:
         raise UserValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
     return Path(out_dir) / f"{kind}.json"
+
+
+def holds_run(out_dir: str | os.PathLike[str] | None) -> bool:
+    """Whether ``out_dir`` holds a training run: a ``LAST`` checkpoint, which a fresh run must
+    never replace."""
+    return out_dir is not None and checkpoint_path(out_dir, LAST).exists()
+
+
+def run_exists_error(out_dir: str | os.PathLike[str]) -> UserFileExistsError:
+    """The error for starting a fresh run where ``holds_run(out_dir)``."""
+    return UserFileExistsError(
+        f"{out_dir} already holds a training run; pass --resume (resume=True) to continue it, "
+        f"or choose another --out (or delete {out_dir})"
+    )
 
 
 def save_checkpoint(

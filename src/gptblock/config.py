@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from .errors import UserTypeError, UserValueError
+
 # The MLP's nonlinearity by name. GELU is the exact (erf) form, as nn.GELU() and
 # nn.TransformerEncoderLayer's "gelu"; the tanh approximation differs by ~1e-3 and is not offered.
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -28,25 +30,25 @@ def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
     # bool is an int subclass; True as a head count is always a mistake.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
+        raise UserValueError(f"{name} must be a positive int, got {value}")
     return value
 
 
 def check_dropout(value: object, name: str = "dropout") -> float:
     """Return ``value`` as a float if it is a probability in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {value!r}")
+        raise UserTypeError(f"{name} must be a float in [0, 1), got {value!r}")
     if not (0.0 <= value < 1.0) or math.isnan(value):
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
+        raise UserValueError(f"{name} must be in [0, 1), got {value}")
     return float(value)
 
 
 def check_activation(value: object) -> str:
     """Return ``value`` if it names a supported activation, else list the choices."""
     if value not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
+        raise UserValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
     return str(value)
 
 
@@ -59,7 +61,7 @@ def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         >>> activation_function("silu")
         Traceback (most recent call last):
         ...
-        ValueError: activation must be one of ('gelu', 'relu'), got 'silu'
+        gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu'), got 'silu'
     """
     if name not in ACTIVATION_FUNCTIONS:
         check_activation(name)  # raises, naming the choices
@@ -96,7 +98,7 @@ def check_heads(
     check_positive_int(names[0], d_model)
     check_positive_int(names[1], n_heads)
     if d_model % n_heads != 0:
-        raise ValueError(
+        raise UserValueError(
             f"{names[0]}={d_model} is not divisible by {names[1]}={n_heads}: "
             f"each head must get an equal share of the channels"
         )
@@ -109,21 +111,21 @@ def check_input(x: object, d_model: int, block_size: int | None = None) -> tuple
     Returns ``(B, T, C)``.
     """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(
+        raise UserTypeError(
             f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
         )
     if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(
+        raise UserValueError(
             f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
             f"got {tuple(x.shape)}"
         )
     B, T, C = x.shape
     if T == 0 or B == 0:
-        raise ValueError(
+        raise UserValueError(
             f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
         )
     if block_size is not None and T > block_size:
-        raise ValueError(f"sequence length T={T} exceeds block_size={block_size}")
+        raise UserValueError(f"sequence length T={T} exceeds block_size={block_size}")
     return B, T, C
 
 
@@ -149,7 +151,7 @@ class BlockConfig:
         >>> BlockConfig(d_model=16, n_heads=3)
         Traceback (most recent call last):
         ...
-        ValueError: d_model=16 is not divisible by n_heads=3: each head must get an equal share of the channels
+        gptblock.errors.UserValueError: d_model=16 is not divisible by n_heads=3: each head must get an equal share of the channels
     """
 
     d_model: int  # C: channels of the residual stream
@@ -164,11 +166,11 @@ class BlockConfig:
         check_dropout(self.dropout)
         check_activation(self.activation)
         if not isinstance(self.bias, bool):
-            raise TypeError(f"bias must be a bool, got {self.bias!r}")
+            raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)):
-            raise TypeError(f"norm_eps must be a positive float, got {self.norm_eps!r}")
+            raise UserTypeError(f"norm_eps must be a positive float, got {self.norm_eps!r}")
         if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be a positive float, got {self.norm_eps}")
+            raise UserValueError(f"norm_eps must be a positive float, got {self.norm_eps}")
 
     @property
     def head_size(self) -> int:
@@ -210,7 +212,7 @@ class GPTConfig:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32, block="lesson")
         Traceback (most recent call last):
         ...
-        ValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
+        gptblock.errors.UserValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
     """
 
     vocab_size: int  # V: token ids are 0 .. V-1
@@ -231,15 +233,15 @@ class GPTConfig:
         check_dropout(self.dropout)
         check_activation(self.activation)
         if not isinstance(self.bias, bool):
-            raise TypeError(f"bias must be a bool, got {self.bias!r}")
+            raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
         if self.block not in BLOCK_FORMS:
-            raise ValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
+            raise UserValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
         if self.block == "lesson" and self.activation != "relu":
-            raise ValueError(
+            raise UserValueError(
                 f"block='lesson' is the lesson's ReLU block: it needs activation='relu', "
                 f"got {self.activation!r}"
             )
         if self.block == "lesson" and not self.bias:
-            raise ValueError(
+            raise UserValueError(
                 "block='lesson' is the lesson's block, which has biases: it needs bias=True"
             )

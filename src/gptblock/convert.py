@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from .config import BlockConfig, activation_name, check_positive_int
+from .errors import UserTypeError, UserValueError
 from .fused import FusedBlock
 from .lesson import Block
 from .mha import TransformerBlock
@@ -43,7 +44,7 @@ LESSON_EPS = 1e-5  # nn.LayerNorm's default, which the lesson's Block uses and c
 State = dict[str, torch.Tensor]
 
 
-class ConversionError(ValueError):
+class ConversionError(UserValueError):
     """A conversion between block forms would change the function the block computes."""
 
 
@@ -91,9 +92,9 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
         gptblock.convert.ConversionError: cannot convert to 'lesson': the lesson's FeedForward uses ReLU, this block uses 'gelu'
     """
     if to not in FORMS:
-        raise ValueError(f"to must be one of {FORMS}, got {to!r}")
+        raise UserValueError(f"to must be one of {FORMS}, got {to!r}")
     if block_size is not None and to != "lesson":
-        raise ValueError(f"block_size applies only to to='lesson', got to={to!r}")
+        raise UserValueError(f"block_size applies only to to='lesson', got to={to!r}")
     config, state = _describe(module)
     reference = next(module.parameters())
     new: nn.Module
@@ -101,7 +102,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
         if block_size is None and isinstance(module, Block):
             block_size = module.block_size
         if block_size is None:
-            raise ValueError(
+            raise UserValueError(
                 "convert(..., 'lesson') needs block_size=N: the lesson's Block fixes its longest "
                 "sequence when it is built"
             )
@@ -145,7 +146,7 @@ def _describe(module: nn.Module) -> tuple[BlockConfig, State]:
         return _describe_encoder_layer(module)
     if isinstance(module, Block):
         return _describe_lesson(module)
-    raise TypeError(
+    raise UserTypeError(
         "convert expects a gptblock.lesson.Block, TransformerBlock, FusedBlock or "
         f"nn.TransformerEncoderLayer, got {type(module).__name__}"
     )

@@ -71,8 +71,8 @@ def read_text(path: str | os.PathLike[str]) -> str:
         path: the file.
 
     Raises:
-        gptblock.errors.UserFileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
-        gptblock.errors.UserValueError: the file is empty, or is not valid UTF-8 (the message gives the byte
+        FileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
+        ValueError: the file is empty, or is not valid UTF-8 (the message gives the byte
             offset of the first bad byte).
 
     Example:

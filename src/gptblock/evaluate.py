@@ -103,7 +103,7 @@ def validation_loss(
         for x, y in batches[d.rank :: d.world_size]:  # (B', T') each
             with autocast or contextlib.nullcontext():
                 _, loss = model(x.to(device), y.to(device))
-            loss_sum += loss.detach() * y.numel()
+            loss_sum += loss.detach().double() * y.numel()  # the product in float64, as before
             count += y.numel()
     total = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
     summed = all_reduce_sum(total.to(comm_device(device))).cpu()

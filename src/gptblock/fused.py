@@ -24,6 +24,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import BlockConfig, activation_function, check_input
+from .errors import UserTypeError, UserValueError
 from .masks import blocked_positions, masked_softmax, split_dead_rows
 
 __all__ = ["BlockDecoder", "FusedBlock", "FusedSelfAttention", "KVCache"]
@@ -77,7 +78,7 @@ class KVCache:
         """Store (B, nh, T_new, hs) keys and values; return all keys and values so far."""
         start, stop = self.length, self.length + k.shape[2]
         if stop > self.max_len:
-            raise ValueError(
+            raise UserValueError(
                 f"KV cache holds {self.max_len} positions; {start} are filled and "
                 f"{k.shape[2]} more do not fit (crop the context or rebuild the cache)"
             )
@@ -86,7 +87,7 @@ class KVCache:
             or k.shape[1] != self.k.shape[1]
             or k.shape[3] != self.k.shape[3]
         ):
-            raise ValueError(
+            raise UserValueError(
                 f"KV cache expects (B, nh, T, hs) = ({self.k.shape[0]}, {self.k.shape[1]}, T, "
                 f"{self.k.shape[3]}), got {tuple(k.shape)}"
             )
@@ -241,12 +242,12 @@ class FusedBlock(nn.Module):
     ) -> torch.Tensor:
         check_input(x, self.config.d_model)
         if kv_cache is not None and (attn_mask is not None or key_padding_mask is not None):
-            raise ValueError("kv_cache cannot be combined with attn_mask or key_padding_mask")
+            raise UserValueError("kv_cache cannot be combined with attn_mask or key_padding_mask")
         try:
             a = self.self_attn(self.norm1(x), attn_mask, key_padding_mask, kv_cache)
         except RuntimeError as e:
             if "not implemented for" in str(e):
-                raise TypeError(
+                raise UserTypeError(
                     f"FusedBlock does not support dtype {x.dtype} on device {x.device.type} "
                     f"with torch {torch.__version__} ({e}); use float32 or bfloat16"
                 ) from e

@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import check_dropout, check_heads, check_input, check_positive_int
+from .errors import UserValueError
 
 __all__ = ["Block", "FeedForward", "Head", "MultiHeadAttention"]
 
@@ -149,7 +150,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.n_embd:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"expected input of shape (..., {self.n_embd}), got {got}")
+            raise UserValueError(f"expected input of shape (..., {self.n_embd}), got {got}")
         return self.net(x)
 
 
@@ -175,7 +176,7 @@ class Block(nn.Module):
         >>> Block(n_embd=16, n_head=3, block_size=8)
         Traceback (most recent call last):
         ...
-        ValueError: n_embd=16 is not divisible by n_head=3: each head must get an equal share of the channels
+        gptblock.errors.UserValueError: n_embd=16 is not divisible by n_head=3: each head must get an equal share of the channels
     """
 
     def __init__(self, n_embd: int, n_head: int, block_size: int, dropout: float = 0.2) -> None:

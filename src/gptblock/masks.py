@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from .errors import UserTypeError, UserValueError
+
 
 def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The causal mask for a sequence of length ``T``: ``True`` above the diagonal.
@@ -40,7 +42,7 @@ def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tenso
                 [False, False, False]])
     """
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
-        raise ValueError(f"T must be a positive int, got {T!r}")
+        raise UserValueError(f"T must be a positive int, got {T!r}")
     return torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), diagonal=1)
 
 
@@ -73,7 +75,7 @@ def blocked_positions(
     if attn_mask is not None:
         _check_bool("attn_mask", attn_mask, f"(T, T) = ({T}, {T}) or (B, T, T) = ({B}, {T}, {T})")
         if tuple(attn_mask.shape) not in ((T, T), (B, T, T)):
-            raise ValueError(
+            raise UserValueError(
                 f"attn_mask must have shape (T, T) = ({T}, {T}) or (B, T, T) = ({B}, {T}, {T}), "
                 f"got {tuple(attn_mask.shape)}"
             )
@@ -81,7 +83,7 @@ def blocked_positions(
     if key_padding_mask is not None:
         _check_bool("key_padding_mask", key_padding_mask, f"(B, T) = ({B}, {T})")
         if tuple(key_padding_mask.shape) != (B, T):
-            raise ValueError(
+            raise UserValueError(
                 f"key_padding_mask must have shape (B, T) = ({B}, {T}), "
                 f"got {tuple(key_padding_mask.shape)}"
             )
@@ -142,11 +144,11 @@ def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
 
 def _check_bool(name: str, mask: object, shape: str) -> None:
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(
+        raise UserTypeError(
             f"{name} must be a torch.bool tensor of shape {shape}, got {type(mask).__name__}"
         )
     if mask.dtype != torch.bool:
-        raise TypeError(
+        raise UserTypeError(
             f"{name} must be a torch.bool tensor of shape {shape} (True = blocked), "
             f"got dtype {mask.dtype}"
         )

@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from .checkpoint import BEST, Checkpoint, load_checkpoint, load_model_state
+from .checkpoint import (
+    BEST,
+    Checkpoint,
+    holds_run,
+    load_checkpoint,
+    load_model_state,
+    run_exists_error,
+)
 from .config import GPTConfig
 from .data import CharTokenizer, TokenSplits, default_corpus, read_text, split_tokens
 from .devices import resolve_device
@@ -187,6 +194,10 @@ def prepare_run(
     """
     if data is not None and text is not None:
         raise UserValueError("give data (a file) or text, not both")
+    if not resume and holds_run(out_dir):
+        # Before anything is read or built; the trainer refuses again when it starts, so the
+        # rule holds for every caller.
+        raise run_exists_error(str(out_dir))
     if text is not None:
         source = "text given in Python"
     elif data is not None:
@@ -275,7 +286,7 @@ def sample_text(
     The default prompt is a newline (or, for a vocabulary without one, its first character).
 
     Raises:
-        gptblock.errors.UserValueError: an empty prompt, or one with characters outside the vocabulary (listed).
+        ValueError: an empty prompt, or one with characters outside the vocabulary (listed).
     """
     if prompt is None:
         prompt = "\n" if "\n" in tokenizer.chars else tokenizer.chars[0]

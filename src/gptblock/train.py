@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -39,13 +40,15 @@ from .checkpoint import (
     LAST,
     Checkpoint,
     checkpoint_path,
+    holds_run,
     load_checkpoint,
+    run_exists_error,
     save_checkpoint,
 )
 from .data import TokenSplits, get_batch
 from .devices import autocast_context
 from .distributed import all_reduce_sum, comm_device, dist_info
-from .errors import UserFileExistsError, UserValueError
+from .errors import UserValueError
 from .evaluate import estimate_loss, validation_loss
 from .train_config import TrainConfig, configure_optimizer, lr_at
 from .train_state import PlainMeta, RunMetadata
@@ -111,7 +114,7 @@ class Trainer:
         data: TokenSplits,
         config: TrainConfig,
         *,
-        out_dir: str | Path | None = None,
+        out_dir: str | os.PathLike[str] | None = None,
         meta: RunMetadata | Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
@@ -170,7 +173,7 @@ class Trainer:
                 names the step, and no checkpoint is written for that state.
             CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
                 a different model (the message names the differing fields).
-            gptblock.errors.UserFileExistsError: not ``resume``, and ``out_dir`` already holds a run.
+            FileExistsError: not ``resume``, and ``out_dir`` already holds a run.
         """
         self._stop_requested = False
         with _stop_on_signals(self.request_stop):
@@ -192,13 +195,9 @@ class Trainer:
     def _refuse_to_overwrite(self) -> None:
         # Every process looks before rank 0's first save (which waits on a collective of all
         # of them), and they agree, so none starts while another refuses.
-        exists = self.out_dir is not None and checkpoint_path(self.out_dir, LAST).exists()
-        flag = torch.tensor([float(exists)], device=comm_device(self.device))
+        flag = torch.tensor([float(holds_run(self.out_dir))], device=comm_device(self.device))
         if all_reduce_sum(flag).item() > 0:
-            raise UserFileExistsError(
-                f"{self.out_dir} already holds a training run; pass --resume (resume=True) to "
-                f"continue it, or choose another --out (or delete {self.out_dir})"
-            )
+            raise run_exists_error(self.out_dir or "")
 
     def _loop(self) -> None:
         cfg = self.config

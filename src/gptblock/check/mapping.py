@@ -29,6 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..reference.layout import (
+    LESSON_ANCHOR,
+    LESSON_QKV,
+    LESSON_RENAMES,
+    lesson_head,
+    lesson_head_count,
+)
 from .steps import Params
 
 __all__ = ["MappedBlock", "Unmapped", "map_parameters"]
@@ -109,11 +116,10 @@ class _Scope:
 
 
 def _lesson(s: _Scope) -> tuple[Params, int | None]:
-    ln1, ln2 = s.norm("ln1"), s.norm("ln2")
-    n_head = 0
-    while s.prefix + f"sa.heads.{n_head}.query.weight" in s.named:
-        n_head += 1
-    heads = [f"sa.heads.{i}." for i in range(n_head)]
+    name = {packed: mine for mine, packed in LESSON_RENAMES.items()}  # packed -> lesson name
+    ln1, ln2 = s.norm(name["norm1"]), s.norm(name["norm2"])
+    n_head = lesson_head_count(s.named, s.prefix)
+    heads = [lesson_head(i) for i in range(n_head)]
 
     def weights(part: str) -> Tensor:
         return torch.cat([s.get(h + part + ".weight") for h in heads])  # nh x (hs, C) -> (D, C)
@@ -126,16 +132,21 @@ def _lesson(s: _Scope) -> tuple[Params, int | None]:
             raise _Missing(f"a {part} bias on every head (found {len(found)} of {n_head})")
         return torch.cat(found)  # nh x (hs,) -> (D,)
 
-    ffwd = s.linears_under("ffwd")
+    # The MLP's two linear layers in order, however its Sequential numbers them (a learner may
+    # leave out the ReLU module or the dropout).
+    mlp = name["linear1"].split(".")[0]  # "ffwd"
+    ffwd = s.linears_under(mlp)
     if len(ffwd) != 2:
-        raise _Missing(f"{s.prefix}ffwd: expected 2 linear layers, found {len(ffwd)}")
+        raise _Missing(f"{s.prefix}{mlp}: expected 2 linear layers, found {len(ffwd)}")
     (w1, b1), (w2, b2) = ffwd
+    q, k, v = LESSON_QKV
+    proj = name["self_attn.out_proj"]
     params = Params(
         *ln1,
-        weights("query"), biases("query"),
-        weights("key"), biases("key"),
-        weights("value"), biases("value"),
-        s.get("sa.proj.weight"), s.opt("sa.proj.bias"),
+        weights(q), biases(q),
+        weights(k), biases(k),
+        weights(v), biases(v),
+        s.get(proj + ".weight"), s.opt(proj + ".bias"),
         *ln2, w1, b1, w2, b2,
     )  # fmt: skip
     return params, n_head
@@ -182,7 +193,7 @@ def _gpt2(s: _Scope) -> tuple[Params, int | None]:
 
 
 _LAYOUTS: tuple[tuple[str, str, Callable[[_Scope], tuple[Params, int | None]]], ...] = (
-    ("lesson", "sa.heads.0.query.weight", _lesson),
+    ("lesson", LESSON_ANCHOR, _lesson),
     ("nn.TransformerEncoderLayer", "self_attn.in_proj_weight", _encoder),
     ("GPT-2", "attn.c_attn.weight", _gpt2),
 )

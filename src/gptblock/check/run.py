@@ -129,8 +129,8 @@ def check_block(target: nn.Module | Callable[..., nn.Module], /, **kwargs: objec
         (the probes' tensors are tiny); the caller's setting is restored.
 
     Raises:
-        gptblock.errors.UserValueError: the factory fails to build a block, or the block's width C cannot be told.
-        gptblock.errors.UserTypeError: ``target`` is neither a module nor callable, or the factory returns a
+        ValueError: the factory fails to build a block, or the block's width C cannot be told.
+        TypeError: ``target`` is neither a module nor callable, or the factory returns a
             non-module, or constructor arguments come with a module instance.
 
     Example:

@@ -34,7 +34,7 @@ def parse_argument(text: str) -> tuple[str, object]:
         text: what followed ``--arg``.
 
     Raises:
-        gptblock.errors.UserValueError: no ``=``, or NAME is not an identifier.
+        ValueError: no ``=``, or NAME is not an identifier.
 
     Example:
         >>> parse_argument("n_head=4"), parse_argument("activation=relu")
@@ -60,8 +60,8 @@ def load_target(spec: str) -> Any:
             file) or ``package.module:NAME``.
 
     Raises:
-        gptblock.errors.UserValueError: a malformed spec, a module that fails to import or load, or no such NAME.
-        gptblock.errors.UserFileNotFoundError: the file does not exist.
+        ValueError: a malformed spec, a module that fails to import or load, or no such NAME.
+        FileNotFoundError: the file does not exist.
 
     Example:
         >>> load_target("gptblock.lesson:Block")

@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from ..bench import QUICK, BenchConfig, device_unavailable, format_table, run_benchmark, write_json
+from ..bench import QUICK, BenchConfig, device_unavailable, run_benchmark
+from ..bench_report import format_table, write_json
 from ..devices import DTYPES
 from .formatting import RawEpilogHelpFormatter
 
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="of every form but the lesson's, which is ReLU",
     )
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype)
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="of everything timed")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls first")
     p.add_argument("--repeats", type=int, default=d.repeats, help="timed calls (median)")
     p.add_argument(

@@ -1,0 +1,81 @@
+"""The import direction the README's Layout section promises: each module imports only those
+listed above it, the NumPy oracle imports nothing else of gptblock, nothing imports the CLI."""
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "gptblock"
+
+# The README's order; a module may import only modules of earlier (or its own) entries.
+LAYERS = [
+    ["errors", "files"],
+    ["reference"],
+    ["config"],
+    ["masks"],
+    ["lesson", "mha", "fused"],
+    ["convert"],
+    ["exercises", "example"],
+    ["check"],
+    ["gpt"],
+    ["devices"],
+    ["data"],
+    ["checkpoint"],
+    ["train_config"],
+    ["distributed", "evaluate"],
+    ["train_state", "trainlog"],
+    ["train"],
+    ["runmeta"],
+    ["run"],
+    ["measure", "bench", "bench_report"],
+    ["cli"],
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def owner(path):
+    """The entry of LAYERS a source file belongs to (its top-level module or sub-package)."""
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def imported(path):
+    """The gptblock modules ``path`` imports, by their top-level name (doctests and imports
+    for type annotations only, under ``if TYPE_CHECKING:``, aside)."""
+    tree = ast.parse(path.read_text())
+    package = path.relative_to(SRC).parent.parts  # () at the top, ("check",) in check/
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            node.body = []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            parts = [*base, *(node.module.split(".") if node.module else [])]
+            names = [parts[0]] if parts else [alias.name for alias in node.names]
+            found.update(names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gptblock."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("gptblock."))
+    return found - {owner(path)}
+
+
+SOURCES = [p for p in sorted(SRC.rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
+SOURCES += [SRC / pkg / "__init__.py" for pkg in ("check", "reference", "cli")]
+
+
+def test_every_module_has_a_place():
+    assert {owner(p) for p in SOURCES} == set(RANK)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_down_the_layers(path):
+    mine = RANK[owner(path)]
+    upward = {m for m in imported(path) if RANK.get(m, -1) > mine}
+    assert not upward, f"{owner(path)} imports {sorted(upward)}, listed after it"
+
+
+def test_the_oracle_imports_nothing_of_gptblock():
+    for path in (SRC / "reference").glob("*.py"):
+        assert imported(path) == set(), path
