@@ -25,6 +25,7 @@ EXPECTED = [
     "causal_mask",
     "check_block",
     "exercises",
+    "lens",
     "convert",
     "lesson",
     "load_gpt",

@@ -18,6 +18,7 @@ LAYERS = [
     ["convert"],
     ["exercises", "example"],
     ["check"],
+    ["lens"],
     ["gpt"],
     ["devices"],
     ["data"],
@@ -62,7 +63,7 @@ def imported(path):
 
 
 SOURCES = [p for p in sorted(SRC.rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
-SOURCES += [SRC / pkg / "__init__.py" for pkg in ("check", "reference", "cli")]
+SOURCES += [SRC / pkg / "__init__.py" for pkg in ("check", "reference", "lens", "cli")]
 
 
 def test_every_module_has_a_place():

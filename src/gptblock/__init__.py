@@ -14,6 +14,10 @@ And the oracle they are tested against, with the lesson's exercises:
 * ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
 * ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
 
+``gptblock.lens`` looks inside a GPT: activations by name and hooks (``GPT.run_with_cache``,
+``GPT.run_with_hooks``), the residual stream decomposed, the logit lens, figures and an HTML
+attention viewer (``gptblock inspect`` on the command line).
+
 ``check_block`` finds the mistakes in anyone's block (``gptblock check`` on the command line).
 
 ``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
@@ -26,7 +30,7 @@ Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``T
 with a message that names the bad value; anything else is a bug.
 """
 
-from . import exercises, lesson, reference
+from . import exercises, lens, lesson, reference
 from .check import CheckReport, Finding, check_block
 from .checkpoint import CheckpointError
 from .config import BlockConfig, GPTConfig
@@ -68,6 +72,7 @@ __all__ = [
     "check_block",
     "convert",
     "exercises",
+    "lens",
     "lesson",
     "load_gpt",
     "reference",

@@ -36,7 +36,7 @@ from .lesson import Block
 from .mha import TransformerBlock
 from .reference.layout import IN_PROJ, LESSON_RENAMES, LESSON_TRIL, lesson_head, lesson_qkv_keys
 
-__all__ = ["FORMS", "ConversionError", "convert"]
+__all__ = ["FORMS", "ConversionError", "convert", "describe"]
 
 FORMS = ("lesson", "mha", "fused", "encoder_layer")
 LESSON_EPS = 1e-5  # nn.LayerNorm's default, which the lesson's Block uses and cannot change
@@ -95,7 +95,8 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
         raise UserValueError(f"to must be one of {FORMS}, got {to!r}")
     if block_size is not None and to != "lesson":
         raise UserValueError(f"block_size applies only to to='lesson', got to={to!r}")
-    config, state = _describe(module)
+    config, described = describe(module)
+    state = _copy(described)
     reference = next(module.parameters())
     new: nn.Module
     if to == "lesson":
@@ -139,15 +140,32 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
 # --- describe: any form -> (BlockConfig, state_dict in TransformerBlock's layout) ---------
 
 
-def _describe(module: nn.Module) -> tuple[BlockConfig, State]:
+def describe(module: nn.Module) -> tuple[BlockConfig, State]:
+    """Any form's ``BlockConfig`` and weights in ``TransformerBlock``'s layout, not copied.
+
+    The tensors are the block's own parameters (the lesson's per-head q/k/v concatenated into
+    ``self_attn.in_proj_weight``, with a zero ``in_proj_bias``), so gradients reach the block
+    and in-place changes to it show; ``convert`` copies them. This is how code that reads every
+    form uniformly (``gptblock.lens``) gets at the weights. A bias-free block has no ``*.bias``
+    entries.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> block = lesson.Block(n_embd=16, n_head=2, block_size=8)
+        >>> config, state = describe(block)
+        >>> config.activation, tuple(state["self_attn.in_proj_weight"].shape)
+        ('relu', (48, 16))
+        >>> state["linear1.weight"] is block.ffwd.net[0].weight
+        True
+    """
     if isinstance(module, (TransformerBlock, FusedBlock)):
-        return module.config, _copy(module.state_dict())
+        return module.config, module.state_dict(keep_vars=True)
     if isinstance(module, nn.TransformerEncoderLayer):
         return _describe_encoder_layer(module)
     if isinstance(module, Block):
         return _describe_lesson(module)
     raise UserTypeError(
-        "convert expects a gptblock.lesson.Block, TransformerBlock, FusedBlock or "
+        "expected a block: a gptblock.lesson.Block, TransformerBlock, FusedBlock or "
         f"nn.TransformerEncoderLayer, got {type(module).__name__}"
     )
 
@@ -166,13 +184,14 @@ def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
             "the other forms share one norm_eps"
         )
     config = BlockConfig(C, nh, probs.pop(), "relu", True, block.ln1.eps)
-    own = block.state_dict()
+    own = block.state_dict(keep_vars=True)
     weight = torch.cat([own[key] for key in lesson_qkv_keys(nh)])  # 3 * nh x (hs, C) -> (3C, C)
-    state: State = {IN_PROJ[0]: weight, IN_PROJ[1]: weight.new_zeros(3 * C)}  # q/k/v: no bias
+    # q/k/v: no bias (zeros, not a parameter: nothing to train)
+    state: State = {IN_PROJ[0]: weight, IN_PROJ[1]: weight.new_zeros(3 * C)}
     for mine, theirs in LESSON_RENAMES.items():
         for kind in ("weight", "bias"):
             state[f"{theirs}.{kind}"] = own[f"{mine}.{kind}"]
-    return config, _copy(state)
+    return config, state
 
 
 def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockConfig, State]:
@@ -204,7 +223,7 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
     if len({b is None for b in biases}) != 1:
         raise refuse("some of its layers have biases and some do not")
     config = BlockConfig(C, nh, probs.pop(), activation, biases[0] is not None, layer.norm1.eps)
-    return config, _copy(layer.state_dict())
+    return config, layer.state_dict(keep_vars=True)
 
 
 # --- the lesson's layout: the packed q/k/v split into per-head Linears -------------------

@@ -11,7 +11,7 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple, cast
 
 import torch
@@ -22,6 +22,7 @@ from .config import GPTConfig
 from .convert import convert
 from .errors import UserTypeError, UserValueError
 from .fused import BlockDecoder, FusedBlock, KVCache
+from .lens import trace
 from .lesson import Block as LessonBlock
 from .mha import TransformerBlock
 
@@ -305,6 +306,36 @@ class GPT(nn.Module):
                 yield GenerationStep(last, token)
         finally:
             self.train(was_training)
+
+    # --- looking inside: gptblock.lens -------------------------------------------------------
+
+    def run_with_cache(
+        self,
+        idx: torch.Tensor,
+        names: Iterable[str] | None = None,
+        *,
+        hooks: Mapping[str, trace.Hook] | None = None,
+    ) -> trace.CachedRun:
+        """The logits and the activations called ``names`` (all when None), by name.
+
+        ``gptblock.lens.run_with_cache``: the names are ``embed``, ``blocks.{i}.resid_pre``,
+        ``pattern``, ``head_out``, ``attn_out``, ``resid_mid``, ``mlp_out``, ``resid_post`` and
+        ``ln_final``; the logits equal ``forward``'s (eval mode: no dropout). Patterns and
+        per-head outputs are computed only when asked for.
+
+        Example:
+            >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+            >>> logits, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+            >>> tuple(cache["blocks.0.head_out"].shape)  # (B, T, nh, C)
+            (1, 3, 2, 16)
+        """
+        return trace.run_with_cache(self, idx, names, hooks=hooks)
+
+    def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, trace.Hook]) -> torch.Tensor:
+        """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
+        names): ``fn(activation)`` returns the activation to continue with. Every block form
+        honours every name; the model is not changed. ``gptblock.lens.run_with_hooks``."""
+        return trace.run_with_hooks(self, idx, hooks)
 
 
 class _CachedDecoder:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import UserError
-from . import bench, check, example, exercises, info, sample, train
+from . import bench, check, example, exercises, info, inspect, sample, train
 
-COMMANDS = (train, sample, check, exercises, bench, example, info)
+COMMANDS = (train, sample, inspect, check, exercises, bench, example, info)
 
 
 class CLIError(UserError):

@@ -1,0 +1,83 @@
+"""Looking inside a GPT: named activations, hooks, the residual stream read out, and pictures.
+
+* ``trace`` -- ``run_with_cache`` / ``run_with_hooks`` (also ``GPT.run_with_cache`` /
+  ``GPT.run_with_hooks``): the activations by their interpretability names, from one
+  instrumented forward pass that every block form goes through, so no hook is ever skipped.
+* ``readout`` -- the stream as a sum of components, direct logit attribution through the final
+  LayerNorm, the logit lens, and each head's attention entropy and mean distance back.
+* ``report`` -- ``inspect_prompt``: all of it for one prompt, what ``gptblock inspect`` prints.
+* ``figures`` -- matplotlib figures of an inspection (returned for notebooks, or saved as PNGs).
+* ``page`` -- the self-contained HTML attention viewer.
+
+Example:
+    >>> import torch
+    >>> from gptblock import GPT, GPTConfig
+    >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    >>> idx = torch.tensor([[1, 2, 3, 4]])
+    >>> logits, cache = model.run_with_cache(idx)
+    >>> parts = stream_components(cache)              # embed, L0 attn, L0 MLP, L1 attn, L1 MLP
+    >>> torch.allclose(sum(parts.values()), cache["blocks.1.resid_post"], atol=1e-6)
+    True
+    >>> ablated = model.run_with_hooks(idx, {"blocks.0.attn_out": torch.zeros_like})
+    >>> ablated.shape
+    torch.Size([1, 4, 11])
+"""
+
+from .figures import (
+    FIGURE_FILES,
+    attention_figure,
+    attribution_figure,
+    logit_lens_figure,
+    save_figures,
+)
+from .page import attention_page, save_attention_page
+from .readout import (
+    HeadSummary,
+    LogitAttribution,
+    LogitLens,
+    attention_entropy,
+    direct_logit_attribution,
+    head_summaries,
+    logit_lens,
+    mean_distance_back,
+    stream_components,
+)
+from .report import PromptInspection, inspect_prompt, show_token
+from .trace import (
+    BLOCK_POINTS,
+    ActivationCache,
+    CachedRun,
+    Hook,
+    activation_names,
+    run_with_cache,
+    run_with_hooks,
+)
+
+__all__ = [
+    "BLOCK_POINTS",
+    "FIGURE_FILES",
+    "ActivationCache",
+    "CachedRun",
+    "HeadSummary",
+    "Hook",
+    "LogitAttribution",
+    "LogitLens",
+    "PromptInspection",
+    "activation_names",
+    "attention_entropy",
+    "attention_figure",
+    "attention_page",
+    "attribution_figure",
+    "direct_logit_attribution",
+    "head_summaries",
+    "inspect_prompt",
+    "logit_lens",
+    "logit_lens_figure",
+    "mean_distance_back",
+    "run_with_cache",
+    "run_with_hooks",
+    "save_attention_page",
+    "save_figures",
+    "show_token",
+    "stream_components",
+]

@@ -1,0 +1,253 @@
+"""Reading the residual stream: its decomposition, direct logit attribution, the logit lens,
+and how sharp and how far back each head attends.
+
+Pre-norm makes the stream a sum. With ``x_0 = embed``, each block adds ``attn_out`` and then
+``mlp_out``, so the final stream is ``embed + sum_i (attn_out_i + mlp_out_i)``, and each
+``attn_out_i`` is the sum of its heads' ``head_out`` plus the output projection's bias. The
+unembedding reads the stream through the final LayerNorm,
+``ln_f(x) = (x - mean(x)) / s * g + b`` with ``s = sqrt(var(x) + eps)``. Everything in it is
+linear in ``x`` except ``s``. **Direct logit attribution holds ``s`` at the value the actual
+forward pass computed** (the scale of the whole final stream at that position), so a component
+``c`` contributes ``((c - mean(c)) / s * g) . W_U[token]``, and the contributions of all the
+components, plus the biases' (the attention output biases and ``b . W_U[token]``), add up to the
+logit exactly. (Rejected: normalising each component by its own scale, which does not add up;
+and recomputing ``s`` without the component, which measures a total effect, not a direct one.)
+
+The logit lens reads the stream after each layer as if it were the last: final LayerNorm and
+unembedding applied to ``embed`` and to each ``resid_post``; the last layer's reading is the
+model's own output.
+
+Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, L = n_layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from ..convert import describe
+from ..errors import UserTypeError, UserValueError
+from .trace import ActivationCache, CachedRun
+
+if TYPE_CHECKING:
+    from ..gpt import GPT
+
+__all__ = [
+    "HeadSummary",
+    "LogitAttribution",
+    "LogitLens",
+    "attention_entropy",
+    "direct_logit_attribution",
+    "head_summaries",
+    "logit_lens",
+    "mean_distance_back",
+    "stream_components",
+]
+
+
+def stream_components(cache: ActivationCache) -> dict[str, torch.Tensor]:
+    """The terms whose sum is the final stream: ``embed``, then each layer's attn and MLP.
+
+    Keys ``"embed"``, ``"L{i} attn"``, ``"L{i} MLP"``, in the order they are added.
+
+    Shape:
+        Each value (B, T, C), as the cache's ``embed``, ``blocks.{i}.attn_out`` and
+        ``blocks.{i}.mlp_out``.
+    """
+    parts = {"embed": cache["embed"]}
+    for i in range(cache.n_layer):
+        parts[f"L{i} attn"] = cache[f"blocks.{i}.attn_out"]
+        parts[f"L{i} MLP"] = cache[f"blocks.{i}.mlp_out"]
+    return parts
+
+
+@dataclass(frozen=True)
+class LogitAttribution:
+    """Each component's direct contribution to one logit, through the final LayerNorm.
+
+    ``values.sum() + bias == logit`` (up to rounding). Labels: ``embed``, ``L{i}H{n}`` for head
+    ``n`` of layer ``i``, ``L{i} MLP`` (with its biases), in stream order.
+    """
+
+    token: int  # the token whose logit is attributed
+    position: int  # the position (0-based) whose next-token logit it is
+    labels: tuple[str, ...]  # one per component
+    values: torch.Tensor  # (n_components,) contributions to the logit
+    bias: float  # what the biases add: every attention output bias, and ln_f's bias
+    logit: float  # the model's logit for the token
+    scale: float  # s = sqrt(var(x) + eps) of the final stream, as the forward pass used it
+
+
+def direct_logit_attribution(
+    model: GPT, run: CachedRun, token: int, *, position: int = -1, batch: int = 0
+) -> LogitAttribution:
+    """How much each head, each MLP and the embedding add directly to ``token``'s logit.
+
+    Args:
+        model: the GPT that made ``run``.
+        run: ``run_with_cache``'s result, without hooks, caching at least ``embed`` and every
+            block's ``head_out``, ``mlp_out`` and ``resid_post`` (``names=None`` does).
+        token: the token id whose logit is explained.
+        position: which position's next-token logit (negative counts from the end).
+        batch: which sequence of the batch.
+
+    Returns:
+        A ``LogitAttribution``; see the module docstring for the LayerNorm scale used.
+    """
+    with torch.no_grad():  # a read-out: no graph to keep
+        return _attribute(model, run, token, position, batch)
+
+
+def _attribute(
+    model: GPT, run: CachedRun, token: int, position: int, batch: int
+) -> LogitAttribution:
+    cache = run.cache
+    B, T, V = run.logits.shape
+    b, t = _index("batch", batch, B), _index("position", position, T)
+    token = _index("token", token, V, negative=False)
+    ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
+    x = cache[f"blocks.{cache.n_layer - 1}.resid_post"][b, t]  # (C,): the final stream
+    scale = torch.sqrt(x.var(unbiased=False) + ln_f.eps)  # what ln_f divided by
+    direction = ln_f.weight * model.lm_head.weight[token] / scale  # (C,)
+
+    def through(c: torch.Tensor) -> torch.Tensor:  # (..., C) -> (...)
+        return (c - c.mean(dim=-1, keepdim=True)) @ direction
+
+    labels, parts = ["embed"], [cache["embed"][b, t][None]]  # (1, C)
+    bias = torch.zeros((), dtype=x.dtype, device=x.device)
+    for i, block in enumerate(model.blocks):
+        heads = cache[f"blocks.{i}.head_out"][b, t]  # (nh, C)
+        labels += [f"L{i}H{n}" for n in range(heads.shape[0])] + [f"L{i} MLP"]
+        parts += [heads, cache[f"blocks.{i}.mlp_out"][b, t][None]]
+        b_o = describe(block)[1].get("self_attn.out_proj.bias")
+        if b_o is not None:
+            bias = bias + through(b_o)
+    if ln_f.bias is not None:
+        bias = bias + ln_f.bias @ model.lm_head.weight[token]
+    values = through(torch.cat(parts))  # (n_components,)
+    return LogitAttribution(
+        token=token,
+        position=t,
+        labels=tuple(labels),
+        values=values,
+        bias=float(bias),
+        logit=float(run.logits[b, t, token].detach()),
+        scale=float(scale),
+    )
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """The next-token distribution read from the stream after each layer."""
+
+    labels: tuple[str, ...]  # "embed", then "layer 0" ... "layer L-1"
+    probs: torch.Tensor  # (L + 1, T, V): ln_f and the unembedding applied to each stage
+
+
+def logit_lens(model: GPT, cache: ActivationCache, *, batch: int = 0) -> LogitLens:
+    """Final LayerNorm and unembedding applied to ``embed`` and every block's ``resid_post``.
+
+    The last row is the model's own next-token distribution.
+
+    Args:
+        model: the GPT that made ``cache``.
+        cache: with ``embed`` and every ``blocks.{i}.resid_post``.
+        batch: which sequence of the batch.
+
+    Shape:
+        ``probs`` (L + 1, T, V).
+    """
+    n = cache.n_layer
+    b = _index("batch", batch, cache["embed"].shape[0])
+    stages = [cache["embed"][b]] + [cache[f"blocks.{i}.resid_post"][b] for i in range(n)]
+    ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
+    with torch.no_grad():
+        logits = model.lm_head(ln_f(torch.stack(stages)))  # (L + 1, T, C) -> (L + 1, T, V)
+    labels = ("embed", *(f"layer {i}" for i in range(n)))
+    return LogitLens(labels, F.softmax(logits, dim=-1))
+
+
+def attention_entropy(pattern: torch.Tensor) -> torch.Tensor:
+    """The entropy of each attention row in bits (exercise 3's measure), with 0 log 0 = 0.
+
+    0 bits: all weight on one position; log2(t + 1) bits: uniform over the t + 1 positions a
+    causal row t can see.
+
+    Shape:
+        (..., T, T) -> (..., T).
+
+    Example:
+        >>> attention_entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+        tensor([0., 1.])
+    """
+    # entr(p) = -p ln p, 0 at p = 0; "+ 0.0" turns the -0.0 of a one-hot row into 0.0
+    return torch.special.entr(pattern).sum(dim=-1) / math.log(2) + 0.0
+
+
+def mean_distance_back(pattern: torch.Tensor) -> torch.Tensor:
+    """How far back each query row attends on average: ``sum_j w[t, j] * (t - j)``.
+
+    0: attends to itself; for a row of zeros (no key to attend to) also 0.
+
+    Shape:
+        (..., T, T) -> (..., T).
+
+    Example:
+        >>> mean_distance_back(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+        tensor([0.0000, 0.5000])
+    """
+    T = pattern.shape[-1]
+    steps = torch.arange(T, device=pattern.device, dtype=pattern.dtype)  # (T,)
+    back = steps[:, None] - steps[None, :]  # (T, T): t - j
+    return (pattern * back).sum(dim=-1)
+
+
+@dataclass(frozen=True)
+class HeadSummary:
+    """One head on one prompt: how sharp, how far back, and where the last position looks."""
+
+    layer: int
+    head: int
+    entropy: float  # bits, the mean over query positions
+    distance: float  # mean distance back, the mean over query positions
+    top_position: int  # the position the last query attends to most
+    top_weight: float  # its weight
+
+
+def head_summaries(cache: ActivationCache, *, batch: int = 0) -> list[HeadSummary]:
+    """A ``HeadSummary`` for every head, layer by layer, from the cache's patterns.
+
+    The means run over every query position, including position 0, which can only attend to
+    itself (0 bits, distance 0).
+    """
+    rows = []
+    for i in range(cache.n_layer):
+        pattern = cache[f"blocks.{i}.pattern"]
+        b = _index("batch", batch, pattern.shape[0])
+        p = pattern[b].detach()  # (nh, T, T)
+        entropy, distance = attention_entropy(p).mean(-1), mean_distance_back(p).mean(-1)  # (nh,)
+        weight, where = p[:, -1].max(dim=-1)  # (nh,) each: the last query's strongest key
+        for n in range(p.shape[0]):
+            rows.append(
+                HeadSummary(
+                    i, n, float(entropy[n]), float(distance[n]), int(where[n]), float(weight[n])
+                )
+            )
+    return rows
+
+
+def _index(name: str, value: object, size: int, *, negative: bool = True) -> int:
+    """``value`` as an index into ``size`` items (negative from the end if allowed)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserTypeError(f"{name} must be an int, got {value!r}")
+    lo = -size if negative else 0
+    if not lo <= value < size:
+        raise UserValueError(f"{name}={value} is out of range: there are {size}")
+    return value % size

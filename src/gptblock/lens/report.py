@@ -1,0 +1,140 @@
+"""One prompt, looked at from every side: ``inspect_prompt``, what ``gptblock inspect`` shows.
+
+It runs the model once with every activation cached and reads from that one cache the next-token
+candidates, the logit lens, the direct logit attribution of the predicted token and the head
+table. The figures and the attention page draw from the same object, so every number a learner
+sees, printed, plotted or in the browser, is a number of this one forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from ..errors import UserTypeError, UserValueError
+from .readout import (
+    HeadSummary,
+    LogitAttribution,
+    LogitLens,
+    direct_logit_attribution,
+    head_summaries,
+    logit_lens,
+)
+from .trace import CachedRun, run_with_cache
+
+if TYPE_CHECKING:
+    from ..gpt import GPT
+
+__all__ = ["PromptInspection", "Tokenizer", "inspect_prompt", "show_token"]
+
+
+class Tokenizer(Protocol):
+    """What ``inspect_prompt`` needs of a tokenizer (``gptblock.CharTokenizer`` has it)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class PromptInspection:
+    """Everything ``gptblock inspect`` prints, plots and puts in its page, for one prompt."""
+
+    prompt: str
+    tokens: tuple[str, ...]  # the prompt's tokens as text, one per position
+    vocab: tuple[str, ...]  # every token id's text, for reading ids back
+    run: CachedRun  # logits (1, T, V) and every activation of the forward pass
+    top: tuple[tuple[int, float], ...]  # the likeliest next tokens at the last position
+    lens: LogitLens  # the stream read after each layer, at every position
+    attribution: LogitAttribution  # of the likeliest next token at the last position
+    heads: tuple[HeadSummary, ...]  # every head, layer by layer
+
+    @property
+    def n_layer(self) -> int:
+        return self.run.cache.n_layer
+
+    @property
+    def n_head(self) -> int:
+        return int(self.run.cache["blocks.0.pattern"].shape[1])
+
+    def pattern(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s attention weights on the prompt: (nh, T, T)."""
+        return self.run.cache[f"blocks.{layer}.pattern"][0]
+
+
+def inspect_prompt(
+    model: GPT, tokenizer: Tokenizer, prompt: str, *, top_k: int = 5
+) -> PromptInspection:
+    """Run ``model`` on ``prompt`` once, caching everything, and read it out.
+
+    Args:
+        model: a ``GPT`` (of any block form, on any device); not changed.
+        tokenizer: encodes the prompt and decodes ids (``load_gpt`` returns one).
+        prompt: the text, at most ``block_size`` tokens long.
+        top_k: how many next-token candidates to keep.
+
+    Returns:
+        A ``PromptInspection``.
+
+    Raises:
+        UserValueError: an empty or too long prompt, characters outside the vocabulary.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig, CharTokenizer
+        >>> tok = CharTokenizer.from_text("abc ")
+        >>> model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        >>> seen = inspect_prompt(model, tok, "ab c")
+        >>> len(seen.top), seen.lens.labels, len(seen.heads)
+        (4, ('embed', 'layer 0', 'layer 1'), 4)
+    """
+    if not isinstance(prompt, str):
+        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise UserValueError("the prompt must not be empty")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise UserValueError(f"top_k must be a positive int, got {top_k!r}")
+    ids = tokenizer.encode(prompt)
+    block_size, V = model.config.block_size, model.config.vocab_size
+    if len(ids) > block_size:
+        raise UserValueError(
+            f"the prompt is {len(ids)} tokens long and the model reads at most "
+            f"block_size={block_size}: shorten it"
+        )
+    device = model.wte.weight.device
+    with torch.no_grad():
+        run = run_with_cache(model, torch.tensor([ids], device=device))  # logits (1, T, V)
+        probs = torch.softmax(run.logits[0, -1].double(), dim=-1)  # (V,)
+        best = torch.topk(probs, min(top_k, V))
+        predicted = int(best.indices[0])
+        attribution = direct_logit_attribution(model, run, predicted)
+        lens = logit_lens(model, run.cache)
+    return PromptInspection(
+        prompt=prompt,
+        tokens=tuple(tokenizer.decode([i]) for i in ids),
+        vocab=tuple(tokenizer.decode([i]) for i in range(V)),
+        run=run,
+        top=tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True)),
+        lens=lens,
+        attribution=attribution,
+        heads=tuple(head_summaries(run.cache)),
+    )
+
+
+# Characters that print as nothing, or move the cursor, get a visible stand-in.
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def show_token(text: str) -> str:
+    """A token's text as a label: whitespace made visible, other control characters escaped.
+
+    Example:
+        >>> show_token(" "), show_token("\\n"), show_token("a"), show_token("\\x00")
+        ('␣', '↵', 'a', '\\\\x00')
+    """
+    if text in _VISIBLE:
+        return _VISIBLE[text]
+    if text.isprintable():
+        return text
+    return repr(text)[1:-1]
