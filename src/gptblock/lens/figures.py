@@ -4,6 +4,19 @@ Each function returns a matplotlib ``Figure`` (a notebook shows it; nothing is d
 global pyplot state) made with the object API on the Agg canvas, as ``trainlog``'s loss plot
 is, so no display is needed. ``save_figures`` writes the three as PNGs, each atomically.
 Every number drawn is taken from the inspection's one forward pass.
+
+Example:
+    >>> from gptblock import GPT, GPTConfig, CharTokenizer
+    >>> from gptblock.lens import inspect_prompt
+    >>> tok = CharTokenizer.from_text("abc ")
+    >>> model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    >>> seen = inspect_prompt(model, tok, "ab c")
+    >>> fig = attention_figure(seen)          # a notebook shows it as it is
+    >>> len([ax for ax in fig.axes if ax.images])   # 2 layers x 2 heads
+    4
+    >>> import tempfile
+    >>> [p.name for p in save_figures(seen, tempfile.mkdtemp())]
+    ['attention.png', 'attribution.png', 'logit_lens.png']
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ def attention_figure(inspection: PromptInspection) -> Figure:
             if n == 0:
                 ax.set_ylabel("position", fontsize=7)
     fig.colorbar(axes[0][0].images[0], ax=axes, shrink=0.6, label="attention weight")
-    fig.suptitle(f"attention on {inspection.prompt!r}", fontsize=10)
+    fig.suptitle(f"attention on {_quoted(inspection.prompt)}", fontsize=10)
     return fig
 
 
@@ -76,7 +89,7 @@ def attribution_figure(inspection: PromptInspection) -> Figure:
     ax.set_xlabel("direct contribution to the logit")
     token = show_token(inspection.vocab[a.token])
     ax.set_title(
-        f"why {token!r} after {inspection.prompt!r}: logit {a.logit:.3f} = "
+        f"why {token!r} after {_quoted(inspection.prompt)}: logit {a.logit:.3f} = "
         f"bars {values.sum():.3f} + biases {a.bias:.3f}",
         fontsize=9,
     )
@@ -106,7 +119,9 @@ def logit_lens_figure(inspection: PromptInspection) -> Figure:
     ax.set_yticks(range(stages), lens.labels, fontsize=8)
     _label_positions(ax, inspection.tokens, "x", fontsize=7)
     ax.set_xlabel("position (the token read so far)")
-    ax.set_title(f"logit lens on {inspection.prompt!r}: the likeliest next token", fontsize=9)
+    ax.set_title(
+        f"logit lens on {_quoted(inspection.prompt)}: the likeliest next token", fontsize=9
+    )
     fig.colorbar(image, ax=ax, label="its probability")
     return fig
 
@@ -138,6 +153,11 @@ def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _quoted(prompt: str, keep: int = 40) -> str:
+    """The prompt for a title: its last ``keep`` characters when it is longer."""
+    return repr(prompt) if len(prompt) <= keep else "..." + repr(prompt[-keep:])
 
 
 def _label_positions(ax: Axes, tokens: tuple[str, ...], axis: str, fontsize: float) -> None:

@@ -10,6 +10,18 @@ page's Content-Security-Policy forbids fetching anything, so a stray reference w
 loudly in the browser's console rather than reach the network. Every character of the prompt is
 put on the page as text (``textContent``), never as markup, and the JSON cannot close its
 ``<script>`` element, so any prompt is safe to show.
+
+Example:
+    >>> from gptblock import GPT, GPTConfig, CharTokenizer
+    >>> from gptblock.lens import inspect_prompt
+    >>> tok = CharTokenizer.from_text("ab</script>")
+    >>> config = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=8)
+    >>> model = GPT(config)
+    >>> page = attention_page(inspect_prompt(model, tok, "a</script>b"))
+    >>> page.startswith("<!DOCTYPE html>"), page.count("</script>")   # the page's own two
+    (True, 2)
+    >>> len(page_data(inspect_prompt(model, tok, "ab"))["pattern"][0][1])  # layer 0, head 1
+    2
 """
 
 from __future__ import annotations

@@ -58,6 +58,16 @@ def stream_components(cache: ActivationCache) -> dict[str, torch.Tensor]:
     Shape:
         Each value (B, T, C), as the cache's ``embed``, ``blocks.{i}.attn_out`` and
         ``blocks.{i}.mlp_out``.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+        >>> _, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+        >>> parts = stream_components(cache)
+        >>> list(parts)
+        ['embed', 'L0 attn', 'L0 MLP']
+        >>> torch.allclose(sum(parts.values()), cache["blocks.0.resid_post"], atol=1e-6)
+        True
     """
     parts = {"embed": cache["embed"]}
     for i in range(cache.n_layer):
@@ -98,6 +108,16 @@ def direct_logit_attribution(
 
     Returns:
         A ``LogitAttribution``; see the module docstring for the LayerNorm scale used.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+        >>> run = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+        >>> a = direct_logit_attribution(model, run, token=4)
+        >>> a.labels
+        ('embed', 'L0H0', 'L0H1', 'L0 MLP')
+        >>> abs(float(a.values.sum()) + a.bias - a.logit) < 1e-5
+        True
     """
     with torch.no_grad():  # a read-out: no graph to keep
         return _attribute(model, run, token, position, batch)
@@ -161,6 +181,16 @@ def logit_lens(model: GPT, cache: ActivationCache, *, batch: int = 0) -> LogitLe
 
     Shape:
         ``probs`` (L + 1, T, V).
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        >>> logits, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+        >>> lens = logit_lens(model, cache)
+        >>> lens.labels, tuple(lens.probs.shape)
+        (('embed', 'layer 0', 'layer 1'), (3, 3, 11))
+        >>> torch.allclose(lens.probs[-1], logits[0].softmax(-1), atol=1e-6)
+        True
     """
     n = cache.n_layer
     b = _index("batch", batch, cache["embed"].shape[0])
@@ -224,6 +254,14 @@ def head_summaries(cache: ActivationCache, *, batch: int = 0) -> list[HeadSummar
 
     The means run over every query position, including position 0, which can only attend to
     itself (0 bits, distance 0).
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        >>> names = ["blocks.0.pattern", "blocks.1.pattern"]
+        >>> _, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]), names)
+        >>> [(h.layer, h.head) for h in head_summaries(cache)]
+        [(0, 0), (0, 1), (1, 0), (1, 1)]
     """
     rows = []
     for i in range(cache.n_layer):

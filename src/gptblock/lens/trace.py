@@ -80,7 +80,9 @@ def activation_names(n_layer: int) -> list[str]:
 
     Example:
         >>> activation_names(1)
-        ['embed', 'blocks.0.resid_pre', 'blocks.0.pattern', 'blocks.0.head_out', 'blocks.0.attn_out', 'blocks.0.resid_mid', 'blocks.0.mlp_out', 'blocks.0.resid_post', 'ln_final']
+        ['embed', 'blocks.0.resid_pre', 'blocks.0.pattern', 'blocks.0.head_out',
+         'blocks.0.attn_out', 'blocks.0.resid_mid', 'blocks.0.mlp_out', 'blocks.0.resid_post',
+         'ln_final']
     """
     inner = [f"blocks.{i}.{point}" for i in range(n_layer) for point in BLOCK_POINTS]
     return ["embed", *inner, "ln_final"]
