@@ -316,12 +316,8 @@ class GPT(nn.Module):
         *,
         hooks: Mapping[str, trace.Hook] | None = None,
     ) -> trace.CachedRun:
-        """The logits and the activations called ``names`` (all when None), by name.
-
-        ``gptblock.lens.run_with_cache``: the names are ``embed``, ``blocks.{i}.resid_pre``,
-        ``pattern``, ``head_out``, ``attn_out``, ``resid_mid``, ``mlp_out``, ``resid_post`` and
-        ``ln_final``; the logits equal ``forward``'s (eval mode: no dropout). Patterns and
-        per-head outputs are computed only when asked for.
+        """Logits equal to ``forward``'s and the activations ``names`` (all when None), by the
+        names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ``pattern``, ...).
 
         Example:
             >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))

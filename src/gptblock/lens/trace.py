@@ -250,9 +250,8 @@ def _block(block: nn.Module, x: torch.Tensor, tracer: _Tracer, at: str) -> torch
     a = tracer.point(at + "attn_out", _attention(h, w, config.n_heads, tracer, at))  # (B, T, C)
     x = tracer.point(at + "resid_mid", x + a)
     h = F.layer_norm(x, (C,), w["norm2.weight"], w.get("norm2.bias"), eps)
-    u = activation_function(config.activation)(
-        F.linear(h, w["linear1.weight"], w.get("linear1.bias"))
-    )
+    act = activation_function(config.activation)
+    u = act(F.linear(h, w["linear1.weight"], w.get("linear1.bias")))  # (B, T, 4C)
     m = tracer.point(at + "mlp_out", F.linear(u, w["linear2.weight"], w.get("linear2.bias")))
     return tracer.point(at + "resid_post", x + m)  # (B, T, C)
 
