@@ -10,16 +10,21 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from collections.abc import Iterator
-from typing import NamedTuple, cast
+from pathlib import Path
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from . import hf, nanogpt
 from .config import GPTConfig
 from .convert import convert
+from .data import CharTokenizer
 from .errors import UserTypeError, UserValueError
 from .fused import BlockDecoder, FusedBlock, KVCache
 from .lesson import Block as LessonBlock
@@ -83,13 +88,14 @@ class GPT(nn.Module):
                 "wpe": nn.Embedding(config.block_size, C),
                 "drop": nn.Dropout(config.dropout),
                 "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
-                "ln_f": nn.LayerNorm(C, bias=config.bias),
+                "ln_f": nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias),
             }
         )
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         # Weight tying: the unembedding reads the stream against the same vectors the embedding
         # writes, which saves V * C parameters and trains better at this size (Press & Wolf 2017).
-        self.lm_head.weight = self.wte.weight
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         self._init_weights()
 
     @property
@@ -115,6 +121,55 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02)
             else:  # LayerNorm gains
                 nn.init.ones_(p)
+
+    # --- other people's checkpoints (gptblock.hf, gptblock.nanogpt) ----------------------------
+
+    @classmethod
+    def from_hf(cls, source: Any, *, block: str = "fused") -> GPT:
+        """A GPT with the weights of a Hugging Face ``GPT2LMHeadModel`` or a local directory
+        ``save_pretrained`` wrote; its logits are GPT-2's (see ``gptblock.hf``).
+
+        Args:
+            source: the model, or the directory (``config.json`` + safetensors); nothing is
+                downloaded.
+            block: ``"fused"`` or ``"mha"``.
+
+        Returns:
+            The model in eval mode, float32, on the CPU.
+
+        Raises:
+            UserImportError: transformers is missing (``pip install "gptblock[hf]"``).
+            UserValueError: a config the blocks cannot compute, naming the field.
+        """
+        if block not in ("fused", "mha"):
+            raise UserValueError(f"block must be 'fused' or 'mha' (GPT-2 is GELU), got {block!r}")
+        config, state = hf.read_hf(source)
+        model = cls(dataclasses.replace(config, block=block))
+        model.load_state_dict(state, strict=True)
+        return model.eval()
+
+    def to_hf(self) -> Any:
+        """This model as a ``transformers.GPT2LMHeadModel`` (eval mode, float32, same logits)."""
+        return hf.to_hf_model(self)
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        """Save as a Hugging Face GPT-2 directory; ``GPT2LMHeadModel.from_pretrained`` reads it."""
+        return hf.save_hf(self, directory, tokenizer)
+
+    @classmethod
+    def from_nanogpt(
+        cls, path: str | os.PathLike[str], *, block: str = "fused"
+    ) -> tuple[GPT, CharTokenizer | None]:
+        """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
+        the ``meta.pkl`` beside it if there is one; nothing in either file can run code.
+
+        Returns:
+            The model in eval mode, float32, on the CPU, and the tokenizer or None.
+        """
+        config, state, tokenizer = nanogpt.read_nanogpt(path)
+        model = cls(dataclasses.replace(config, block=block))
+        model.load_state_dict(state, strict=True)
+        return model.eval(), tokenizer
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once.
@@ -325,6 +380,7 @@ class _CachedDecoder:
         self.steppers = [BlockDecoder(b) for b in self.blocks]
         ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
         self.wte, self.wpe = model.wte.weight, model.wpe.weight
+        self.unembed = model.lm_head.weight  # wte's, unless the config unties them
         self.ln_f = (ln_f.weight, ln_f.bias, ln_f.eps)
         self.caches: list[KVCache] = []
 
@@ -360,7 +416,7 @@ class _CachedDecoder:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         w, b, eps = self.ln_f
-        return F.linear(F.layer_norm(x, (x.shape[-1],), w, b, eps), self.wte)  # (B, T, V)
+        return F.linear(F.layer_norm(x, (x.shape[-1],), w, b, eps), self.unembed)  # (B, T, V)
 
 
 class GenerationStep(NamedTuple):
@@ -386,8 +442,14 @@ def _sample(
 
 def _make_block(config: GPTConfig) -> nn.Module:
     C, nh, p = config.n_embd, config.n_head, config.dropout
-    if config.block == "fused":
-        return FusedBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
-    if config.block == "mha":
-        return TransformerBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
+    if config.block in ("fused", "mha"):
+        cls = FusedBlock if config.block == "fused" else TransformerBlock
+        return cls(
+            C,
+            nh,
+            dropout=p,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+        )
     return LessonBlock(C, nh, config.block_size, p)
