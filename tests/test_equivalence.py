@@ -38,7 +38,9 @@ def cases(draw, dtypes=(torch.float64, torch.float32)):
         "T": draw(st.integers(1, 7)),
         "nh": nh,
         "C": nh * draw(st.integers(1, 5)),
-        "activation": "relu" if with_lesson else draw(st.sampled_from(["gelu", "relu"])),
+        "activation": "relu"
+        if with_lesson
+        else draw(st.sampled_from(["gelu", "relu", "gelu_tanh"])),
         "bias": draw(st.booleans()),
         "eps": 1e-5 if with_lesson else draw(st.sampled_from([1e-5, 1e-3])),
         "dropout": draw(st.sampled_from([0.0, 0.3])),

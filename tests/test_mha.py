@@ -89,21 +89,24 @@ def test_attribute_names_and_mha_settings():
 
 def test_unknown_activation_lists_the_choices():
     with pytest.raises(
-        ValueError, match=r"activation must be one of \('gelu', 'relu'\), got 'tanh'"
+        ValueError, match=r"activation must be one of \('gelu', 'relu', 'gelu_tanh'\), got 'tanh'"
     ):
         TransformerBlock(16, 2, activation="tanh")
 
 
 def test_activation_by_name_and_back():
-    assert ACTIVATIONS == ("gelu", "relu")
+    assert ACTIVATIONS == ("gelu", "relu", "gelu_tanh")
     assert activation_function("gelu") is F.gelu and activation_function("relu") is F.relu
-    with pytest.raises(ValueError, match=r"one of \('gelu', 'relu'\), got 'tanh'"):
+    with pytest.raises(ValueError, match=r"one of \('gelu', 'relu', 'gelu_tanh'\), got 'tanh'"):
         activation_function("tanh")
     for name in ACTIVATIONS:
         assert activation_name(activation_function(name)) == name
     assert activation_name(nn.GELU()) == "gelu" and activation_name(nn.ReLU()) == "relu"
-    # The tanh GELU computes a different function (~1e-3 away): it has no name here.
-    assert activation_name(nn.GELU(approximate="tanh")) is None
+    # The tanh GELU (GPT-2's) is its own activation, ~1e-3 away from the exact one.
+    assert activation_name(nn.GELU(approximate="tanh")) == "gelu_tanh"
+    x = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    gap = (activation_function("gelu_tanh")(x) - F.gelu(x)).abs().max()
+    assert 1e-4 < gap < 1e-3
     assert activation_name(torch.tanh) is None and activation_name("gelu") is None
 
 

@@ -99,7 +99,7 @@ def block_cases(draw):
         T=T,
         nh=nh,
         C=nh * hs,
-        activation=draw(st.sampled_from(["gelu", "relu"])),
+        activation=draw(st.sampled_from(["gelu", "relu", "gelu_tanh"])),
         bias=draw(bools),
         attn_mask=attn_mask,
         padding=padding,

@@ -17,13 +17,21 @@ from torch.nn import functional as F
 
 from .errors import UserTypeError, UserValueError
 
-# The MLP's nonlinearity by name. GELU is the exact (erf) form, as nn.GELU() and
-# nn.TransformerEncoderLayer's "gelu"; the tanh approximation differs by ~1e-3 and is not offered.
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation, GPT-2's ``gelu_new``: ``nn.GELU(approximate="tanh")``."""
+    return F.gelu(x, approximate="tanh")
+
+
+# The MLP's nonlinearity by name. "gelu" is the exact (erf) form, as nn.GELU() and
+# nn.TransformerEncoderLayer's "gelu"; "gelu_tanh" is the approximation GPT-2 was trained with,
+# which differs from it by up to ~1e-3, enough to matter when loading GPT-2's weights.
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
+    "gelu_tanh": gelu_tanh,
 }
-ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu")
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu", "gelu_tanh")
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -53,7 +61,7 @@ def check_activation(value: object) -> str:
 
 
 def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation called ``name`` (``F.gelu`` or ``F.relu``); an unknown name lists the choices.
+    """The activation called ``name`` (see ``ACTIVATION_FUNCTIONS``); an unknown name lists the choices.
 
     Example:
         >>> activation_function("relu")(torch.tensor([-1.0, 2.0]))
@@ -61,7 +69,7 @@ def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         >>> activation_function("silu")
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu'), got 'silu'
+        gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu', 'gelu_tanh'), got 'silu'
     """
     if name not in ACTIVATION_FUNCTIONS:
         check_activation(name)  # raises, naming the choices
@@ -72,19 +80,32 @@ def activation_name(fn: object) -> str | None:
     """The name of an activation given as a function or module, or ``None`` if it is neither.
 
     ``F.relu`` and ``nn.ReLU()`` are ``"relu"``; ``F.gelu`` and exact ``nn.GELU()`` are
-    ``"gelu"``. ``nn.GELU(approximate="tanh")`` computes something else, so it has no name here.
-    This is how a module's ``activation`` attribute (``nn.TransformerEncoderLayer``'s) is read
-    back into the name a block is built with.
+    ``"gelu"``; ``gelu_tanh`` and ``nn.GELU(approximate="tanh")`` are ``"gelu_tanh"``. This is how
+    a module's ``activation`` attribute (``nn.TransformerEncoderLayer``'s) is read back into the
+    name a block is built with.
 
     Example:
         >>> activation_name(nn.GELU()), activation_name(F.relu), activation_name(torch.tanh)
         ('gelu', 'relu', None)
+        >>> activation_name(nn.GELU(approximate="tanh"))
+        'gelu_tanh'
     """
     if fn is F.relu or isinstance(fn, nn.ReLU):
         return "relu"
     if fn is F.gelu or (isinstance(fn, nn.GELU) and fn.approximate == "none"):
         return "gelu"
+    if fn is gelu_tanh or (isinstance(fn, nn.GELU) and fn.approximate == "tanh"):
+        return "gelu_tanh"
     return None
+
+
+def check_norm_eps(value: object) -> float:
+    """Return ``value`` if it is a LayerNorm epsilon: a finite float > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserTypeError(f"norm_eps must be a positive float, got {value!r}")
+    if not 0 < value < math.inf:
+        raise UserValueError(f"norm_eps must be a positive float, got {value}")
+    return float(value)
 
 
 def check_heads(
@@ -141,7 +162,8 @@ class BlockConfig:
         n_heads: nh, the number of attention heads; each has head size hs = C // nh.
         dropout: probability for every dropout in the block (attention weights, both
             residual branches, the MLP hidden layer); used in training mode only.
-        activation: the MLP's nonlinearity, ``"gelu"`` (exact, erf-based) or ``"relu"``.
+        activation: the MLP's nonlinearity, ``"gelu"`` (exact, erf-based), ``"relu"`` or
+            ``"gelu_tanh"`` (the tanh approximation, GPT-2's).
         bias: whether the linear layers (q/k/v, output projection, MLP) have biases.
         norm_eps: the LayerNorms' epsilon.
 
@@ -157,7 +179,7 @@ class BlockConfig:
     d_model: int  # C: channels of the residual stream
     n_heads: int  # nh: attention heads, each of size hs = C // nh
     dropout: float = 0.0  # dropout probability, active in training mode only
-    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf form) or "relu"
+    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf), "relu" or "gelu_tanh"
     bias: bool = True  # biases on q/k/v, the output projection and the MLP
     norm_eps: float = 1e-5  # LayerNorm epsilon, as nn.LayerNorm's default
 
@@ -167,10 +189,7 @@ class BlockConfig:
         check_activation(self.activation)
         if not isinstance(self.bias, bool):
             raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
-        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)):
-            raise UserTypeError(f"norm_eps must be a positive float, got {self.norm_eps!r}")
-        if not self.norm_eps > 0:
-            raise UserValueError(f"norm_eps must be a positive float, got {self.norm_eps}")
+        check_norm_eps(self.norm_eps)
 
     @property
     def head_size(self) -> int:
@@ -201,10 +220,14 @@ class GPTConfig:
         n_embd: C, width of the residual stream.
         dropout: dropout probability everywhere, training mode only.
         bias: biases in the blocks' linear layers and LayerNorms.
-        activation: the MLP's nonlinearity, ``"gelu"`` or ``"relu"``.
+        activation: the MLP's nonlinearity, ``"gelu"``, ``"relu"`` or ``"gelu_tanh"``.
         block: the block form, ``"fused"`` (fast; has the KV cache), ``"mha"``
             (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``, which is ReLU with
-            biases, so it needs ``activation="relu"`` and ``bias=True``).
+            biases and eps 1e-5, so it needs ``activation="relu"``, ``bias=True`` and the
+            default ``norm_eps``).
+        norm_eps: every LayerNorm's epsilon (GPT-2's ``layer_norm_epsilon``).
+        tie_embeddings: the unembedding ``lm_head`` is the token embedding's weight, as in
+            GPT-2 and nanoGPT; False gives it its own (for checkpoints trained that way).
 
     Example:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block
@@ -222,8 +245,10 @@ class GPTConfig:
     n_embd: int  # C: width of the residual stream
     dropout: float = 0.0  # dropout probability, training mode only
     bias: bool = True  # biases in the blocks' linear layers and LayerNorms
-    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf form) or "relu"
+    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf), "relu" or "gelu_tanh"
     block: str = "fused"  # block form: "fused", "mha" or "lesson"
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon
+    tie_embeddings: bool = True  # lm_head.weight is transformer.wte.weight
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -234,6 +259,9 @@ class GPTConfig:
         check_activation(self.activation)
         if not isinstance(self.bias, bool):
             raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
+        check_norm_eps(self.norm_eps)
+        if not isinstance(self.tie_embeddings, bool):
+            raise UserTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
         if self.block not in BLOCK_FORMS:
             raise UserValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
         if self.block == "lesson" and self.activation != "relu":
@@ -244,4 +272,9 @@ class GPTConfig:
         if self.block == "lesson" and not self.bias:
             raise UserValueError(
                 "block='lesson' is the lesson's block, which has biases: it needs bias=True"
+            )
+        if self.block == "lesson" and self.norm_eps != 1e-5:
+            raise UserValueError(
+                f"block='lesson' is the lesson's block, whose LayerNorms have eps 1e-5: it "
+                f"needs norm_eps=1e-5, got {self.norm_eps}"
             )

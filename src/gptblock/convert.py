@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .config import BlockConfig, activation_name, check_positive_int
+from .config import BlockConfig, activation_function, activation_name, check_positive_int
 from .errors import UserTypeError, UserValueError
 from .fused import FusedBlock
 from .lesson import Block
@@ -114,7 +114,13 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
             config.n_heads,
             config.d_ff,
             dropout=config.dropout,
-            activation=config.activation,
+            # The encoder layer takes "relu" and "gelu" by name, any other activation as a
+            # function (then it skips its fast path, computing the same function).
+            activation=(
+                config.activation
+                if config.activation in ("relu", "gelu")
+                else activation_function(config.activation)
+            ),
             layer_norm_eps=config.norm_eps,
             batch_first=True,
             norm_first=True,
@@ -214,7 +220,9 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
         raise refuse("its LayerNorms have no weight (elementwise_affine=False)")
     activation = activation_name(layer.activation)
     if activation is None:
-        raise refuse(f"activation {layer.activation!r}; the block supports exact GELU and ReLU")
+        raise refuse(
+            f"activation {layer.activation!r}; the block supports exact GELU, ReLU and tanh GELU"
+        )
     probs = {layer.dropout.p, layer.dropout1.p, layer.dropout2.p, attn.dropout}
     if len(probs) != 1:
         raise refuse(f"its dropouts differ ({sorted(probs)}); the block has one probability")

@@ -23,6 +23,7 @@ __all__ = [
     "UserError",
     "UserFileExistsError",
     "UserFileNotFoundError",
+    "UserImportError",
     "UserIsADirectoryError",
     "UserTypeError",
     "UserValueError",
@@ -51,3 +52,7 @@ class UserFileExistsError(UserError, FileExistsError):
 
 class UserIsADirectoryError(UserError, IsADirectoryError):
     """A directory where a file was expected."""
+
+
+class UserImportError(UserError, ImportError):
+    """An optional dependency the call needs is not installed; the message says what to run."""

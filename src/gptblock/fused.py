@@ -188,7 +188,7 @@ class FusedBlock(nn.Module):
         n_heads: nh, number of heads; must divide d_model.
         dropout: probability for every dropout in the block (attention weights, both residual
             branches, the MLP hidden layer), training mode only.
-        activation: ``"gelu"`` (exact, erf-based) or ``"relu"``.
+        activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
         bias: biases on the q/k/v and output projections, the MLP and the LayerNorms.
         norm_eps: the LayerNorms' epsilon.
 

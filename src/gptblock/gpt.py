@@ -10,18 +10,23 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple, cast
+from pathlib import Path
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from . import hf, nanogpt
 from .config import GPTConfig
-from .convert import convert
+from .data import CharTokenizer
+from .decode import CachedDecoder, GenerationStep, sample
 from .errors import UserTypeError, UserValueError
-from .fused import BlockDecoder, FusedBlock, KVCache
+from .fused import FusedBlock
 from .lens import trace
 from .lesson import Block as LessonBlock
 from .mha import TransformerBlock
@@ -84,13 +89,14 @@ class GPT(nn.Module):
                 "wpe": nn.Embedding(config.block_size, C),
                 "drop": nn.Dropout(config.dropout),
                 "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
-                "ln_f": nn.LayerNorm(C, bias=config.bias),
+                "ln_f": nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias),
             }
         )
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         # Weight tying: the unembedding reads the stream against the same vectors the embedding
         # writes, which saves V * C parameters and trains better at this size (Press & Wolf 2017).
-        self.lm_head.weight = self.wte.weight
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         self._init_weights()
 
     @property
@@ -116,6 +122,55 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02)
             else:  # LayerNorm gains
                 nn.init.ones_(p)
+
+    # --- other people's checkpoints (gptblock.hf, gptblock.nanogpt) ----------------------------
+
+    @classmethod
+    def from_hf(cls, source: Any, *, block: str = "fused") -> GPT:
+        """A GPT with the weights of a Hugging Face ``GPT2LMHeadModel`` or a local directory
+        ``save_pretrained`` wrote; its logits are GPT-2's (see ``gptblock.hf``).
+
+        Args:
+            source: the model, or the directory (``config.json`` + safetensors); nothing is
+                downloaded.
+            block: ``"fused"`` or ``"mha"``.
+
+        Returns:
+            The model in eval mode, float32, on the CPU.
+
+        Raises:
+            UserImportError: transformers is missing (``pip install "gptblock[hf]"``).
+            UserValueError: a config the blocks cannot compute, naming the field.
+        """
+        if block not in ("fused", "mha"):
+            raise UserValueError(f"block must be 'fused' or 'mha' (GPT-2 is GELU), got {block!r}")
+        config, state = hf.read_hf(source)
+        model = cls(dataclasses.replace(config, block=block))
+        model.load_state_dict(state, strict=True)
+        return model.eval()
+
+    def to_hf(self) -> Any:
+        """This model as a ``transformers.GPT2LMHeadModel`` (eval mode, float32, same logits)."""
+        return hf.to_hf_model(self)
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        """Save as a Hugging Face GPT-2 directory; ``GPT2LMHeadModel.from_pretrained`` reads it."""
+        return hf.save_hf(self, directory, tokenizer)
+
+    @classmethod
+    def from_nanogpt(
+        cls, path: str | os.PathLike[str], *, block: str = "fused"
+    ) -> tuple[GPT, CharTokenizer | None]:
+        """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
+        the ``meta.pkl`` beside it if there is one; nothing in either file can run code.
+
+        Returns:
+            The model in eval mode, float32, on the CPU, and the tokenizer or None.
+        """
+        config, state, tokenizer = nanogpt.read_nanogpt(path)
+        model = cls(dataclasses.replace(config, block=block))
+        model.load_state_dict(state, strict=True)
+        return model.eval(), tokenizer
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once.
@@ -286,7 +341,7 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            decoder = _CachedDecoder(self) if use_cache else None
+            decoder = CachedDecoder(self) if use_cache else None
             for _ in range(max_new_tokens):
                 # no_grad inside the loop, not around it: a `with` spanning the yield would leak
                 # the grad mode into the caller between steps.
@@ -301,7 +356,7 @@ class GPT(nn.Module):
                     else:
                         logits = decoder.step(idx[:, -1:])  # only the newest token
                     last = logits[:, -1, :]  # (B, V)
-                    token = _sample(last, temperature, k, generator)  # (B, 1)
+                    token = sample(last, temperature, k, generator)  # (B, 1)
                     idx = torch.cat([idx, token], dim=1)
                 yield GenerationStep(last, token)
         finally:
@@ -334,87 +389,16 @@ class GPT(nn.Module):
         return trace.run_with_hooks(self, idx, hooks)
 
 
-class _CachedDecoder:
-    """A GPT's blocks with a ``KVCache`` each: ``generate``'s cached path.
-
-    Only ``FusedBlock`` has a cache. Models of another block form run here on fused copies of
-    their blocks (``convert``: the same function and weights), made once per ``generate`` call,
-    so ``use_cache`` works, and agrees with the uncached path, whatever ``GPTConfig.block`` is.
-    One-token steps go through ``BlockDecoder``s, which skip the module machinery.
-    """
-
-    def __init__(self, model: GPT) -> None:
-        self.model = model
-        self.blocks = [
-            b if isinstance(b, FusedBlock) else cast(FusedBlock, convert(b, "fused"))
-            for b in model.blocks
-        ]
-        self.steppers = [BlockDecoder(b) for b in self.blocks]
-        ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
-        self.wte, self.wpe = model.wte.weight, model.wpe.weight
-        self.ln_f = (ln_f.weight, ln_f.bias, ln_f.eps)
-        self.caches: list[KVCache] = []
-
-    @property
-    def length(self) -> int:
-        """Positions cached so far."""
-        return self.caches[0].length if self.caches else 0
-
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Fresh caches filled from ``idx`` (B, T); returns its logits (B, T, V)."""
-        cfg = self.model.config
-        B, hs = idx.shape[0], cfg.n_embd // cfg.n_head
-        self.caches = [
-            KVCache(B, cfg.n_head, cfg.block_size, hs, dtype=self.wte.dtype, device=idx.device)
-            for _ in self.blocks
-        ]
-        x = self._embed(idx)
-        for block, cache in zip(self.blocks, self.caches, strict=True):
-            x = block(x, kv_cache=cache)  # (B, T, C)
-        return self._logits(x)
-
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits (B, 1, V) for one new token (B, 1) at the next position."""
-        x = self._embed(idx)
-        for stepper, cache in zip(self.steppers, self.caches, strict=True):
-            x = stepper(x, cache)  # (B, 1, C)
-        return self._logits(x)
-
-    def _embed(self, idx: torch.Tensor) -> torch.Tensor:
-        # Eval mode: the embedding dropout is the identity.
-        start = self.length
-        return F.embedding(idx, self.wte) + self.wpe[start : start + idx.shape[1]]  # (B, T, C)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        w, b, eps = self.ln_f
-        return F.linear(F.layer_norm(x, (x.shape[-1],), w, b, eps), self.wte)  # (B, T, V)
-
-
-class GenerationStep(NamedTuple):
-    """One step of ``GPT.stream``."""
-
-    logits: torch.Tensor  # (B, V): next-token logits, before temperature and top-k
-    token: torch.Tensor  # (B, 1): the token chosen
-
-
-def _sample(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled."""
-    if top_k is not None:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if temperature == 0:
-        # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
-        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
-    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-
-
 def _make_block(config: GPTConfig) -> nn.Module:
     C, nh, p = config.n_embd, config.n_head, config.dropout
-    if config.block == "fused":
-        return FusedBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
-    if config.block == "mha":
-        return TransformerBlock(C, nh, dropout=p, activation=config.activation, bias=config.bias)
+    if config.block in ("fused", "mha"):
+        cls = FusedBlock if config.block == "fused" else TransformerBlock
+        return cls(
+            C,
+            nh,
+            dropout=p,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+        )
     return LessonBlock(C, nh, config.block_size, p)

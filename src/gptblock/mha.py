@@ -38,7 +38,7 @@ class TransformerBlock(nn.Module):
         d_model: C, width of the residual stream.
         n_heads: nh, number of heads; must divide d_model.
         dropout: probability for every dropout in the block, training mode only.
-        activation: ``"gelu"`` (exact, erf-based) or ``"relu"``.
+        activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
         bias: biases on the q/k/v and output projections and the MLP.
         norm_eps: the LayerNorms' epsilon.
 

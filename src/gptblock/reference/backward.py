@@ -15,7 +15,7 @@ import numpy as np
 
 from .forward import BlockCache
 from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ
-from .pieces import Array, affine_normalise_backward, gelu_grad, linear_backward
+from .pieces import ACTIVATIONS, Array, affine_normalise_backward, linear_backward
 
 
 def block_backward(dy: Any, cache: BlockCache) -> tuple[Array, dict[str, Array]]:
@@ -43,7 +43,7 @@ def block_backward(dy: Any, cache: BlockCache) -> tuple[Array, dict[str, Array]]
     # y = x1 + linear2(act(linear1(norm2(x1)))): the residual passes dy to x1 unchanged.
     dg = linear_backward(dy, c.g, p, LINEAR2, grads)  # (B, T, F)
     # ReLU's gradient at exactly 0 is taken as 0, as torch does.
-    du = dg * (gelu_grad(c.u) if c.activation == "gelu" else c.u > 0)  # (B, T, F)
+    du = dg * ACTIVATIONS[c.activation][1](c.u)  # (B, T, F)
     dh2 = linear_backward(du, c.h2, p, LINEAR1, grads)  # (B, T, C)
     dx1 = dy + affine_normalise_backward(dh2, c.xhat2, c.rstd2, p, NORM2, grads)
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS
-from .pieces import Array, affine, gelu, linear, normalise
+from .pieces import ACTIVATIONS, Array, affine, linear, normalise
 
 
 def softmax(z: Any, axis: int = -1, blocked: Any = None) -> Array:
@@ -84,7 +84,7 @@ class BlockCache:
 
     params: dict[str, Array]  # float64 copies of the parameters used
     n_head: int  # nh
-    activation: str  # "gelu" or "relu"
+    activation: str  # "gelu", "relu" or "gelu_tanh"
     x: Array  # (B, T, C) the input
     xhat1: Array  # (B, T, C) x normalised, before norm1's affine
     rstd1: Array  # (B, T, 1) 1 / sqrt(var + eps) of x
@@ -117,7 +117,8 @@ def block_forward(
             may be absent (zero). ``params_from_state_dict`` builds this from any block form.
         x: the input.
         n_head: nh, the number of heads; must divide C.
-        activation: ``"gelu"`` (exact, erf-based, as ``F.gelu``) or ``"relu"``.
+        activation: ``"gelu"`` (exact, erf-based, as ``F.gelu``), ``"relu"`` or ``"gelu_tanh"``
+            (the tanh approximation, GPT-2's).
         eps: both LayerNorms' epsilon.
         mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, combined with the causal
             mask. A query row with nothing left to attend to gets zero attention weights.
@@ -146,8 +147,8 @@ def block_forward(
         raise ValueError(f"x must be a non-empty (B, T, C) array, got shape {x.shape}")
     B, T, C = x.shape
     p = _check_params(params, C, n_head)
-    if activation not in ("gelu", "relu"):
-        raise ValueError(f"activation must be 'gelu' or 'relu', got {activation!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
     nh, hs = n_head, C // n_head
     blocked = _blocked(mask, B, T)  # (B or 1, 1, T, T)
 
@@ -164,7 +165,7 @@ def block_forward(
     xhat2, rstd2 = normalise(x1, eps)
     h2 = affine(xhat2, p, NORM2)  # (B, T, C)
     u = linear(h2, p, LINEAR1)  # (B, T, C) @ (C, F) -> (B, T, F)
-    g = gelu(u) if activation == "gelu" else np.maximum(u, 0.0)
+    g = ACTIVATIONS[activation][0](u)
     y = x1 + linear(g, p, LINEAR2)  # (B, T, F) @ (F, C) -> (B, T, C)
 
     cache = BlockCache(

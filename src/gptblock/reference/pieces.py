@@ -86,7 +86,37 @@ def gelu(u: Array) -> Array:
     return 0.5 * u * (1.0 + _erf(u / math.sqrt(2.0)))
 
 
+def gelu_tanh(u: Array) -> Array:
+    """GELU's tanh approximation (GPT-2's): 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))."""
+    return 0.5 * u * (1.0 + np.tanh(_TANH_K * (u + 0.044715 * u**3)))
+
+
+def gelu_tanh_grad(u: Array) -> Array:
+    """d/du of ``gelu_tanh``: 0.5 (1 + t) + 0.5 u (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 u^2)."""
+    t = np.tanh(_TANH_K * (u + 0.044715 * u**3))
+    return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _TANH_K * (1.0 + 3 * 0.044715 * u * u)
+
+
+_TANH_K = math.sqrt(2.0 / math.pi)
+
+
 def gelu_grad(u: Array) -> Array:
     """d/du [u * Phi(u)] = Phi(u) + u * phi(u), with phi the standard normal density."""
     cdf = 0.5 * (1.0 + _erf(u / math.sqrt(2.0)))
     return cdf + u * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
+
+
+def relu(u: Array) -> Array:
+    return np.maximum(u, 0.0)
+
+
+def relu_grad(u: Array) -> Array:
+    return (u > 0).astype(np.float64)  # 0 at u = 0, as torch's relu backward
+
+
+# The MLP's activations by the names gptblock's blocks use: (function, its derivative).
+ACTIVATIONS = {
+    "gelu": (gelu, gelu_grad),
+    "relu": (relu, relu_grad),
+    "gelu_tanh": (gelu_tanh, gelu_tanh_grad),
+}
