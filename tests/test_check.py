@@ -206,6 +206,13 @@ def test_bad_targets_raise_clear_errors():
         check_block(lambda: "not a block")
 
 
+def test_a_block_on_the_meta_device_cannot_be_checked():
+    with torch.device("meta"):
+        block = TransformerBlock(16, 2)
+    with pytest.raises(ValueError, match="meta device"):
+        check_block(block)
+
+
 def test_common_arguments_are_filled_only_where_taken_and_never_override():
     assert fill_common_arguments(TransformerBlock, {"n_heads": 2}) == {
         "n_heads": 2, "d_model": 32, "dropout": 0.1,

@@ -5,6 +5,7 @@ Each child costs a torch import (~2 s), so the blocks that leave their process a
 
 import json
 import os
+import pathlib
 import textwrap
 
 import pytest
@@ -93,6 +94,15 @@ BLOCKS = textwrap.dedent(
             raise RuntimeError("boom\\nsecond line")
 
 
+    class LeavesAProcess(Good):
+        def forward(self, x):
+            if not os.path.exists(__file__ + ".pid"):  # a process that inherits stdout / stderr
+                import subprocess
+                child = subprocess.Popen(["sleep", "300"])
+                open(__file__ + ".pid", "w").write(str(child.pid))
+            return super().forward(x)
+
+
     class ExitsWhenBuilt(Good):
         def __init__(self, n_embd, n_head):
             sys.exit(3)
@@ -156,6 +166,17 @@ def test_a_block_that_ends_or_hangs_its_process_gets_a_report_and_exit_code_1(
     assert " during copying the block" in process["message"] or " during the " in process["message"]
     if name == "OsExit":
         assert [f["name"] for f in report["findings"][:-1]] == ["shape"]  # the findings before it
+
+
+def test_processes_the_block_starts_end_with_the_check(blocks):
+    (report,) = check_isolated([f"{blocks}:LeavesAProcess"], kwargs={}, roles={})
+    assert report.passed
+    pid = int((blocks.parent / "blocks.py.pid").read_text())
+    stat = pathlib.Path(f"/proc/{pid}/stat")
+    if not pathlib.Path("/proc/self/stat").exists():
+        pytest.skip("no /proc to look the process up in")
+    # gone, or a zombie waiting for init to reap it: killed with the child's process group
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_the_targets_after_a_crash_are_checked_in_a_fresh_child(blocks):

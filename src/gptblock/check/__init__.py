@@ -32,8 +32,10 @@ Imports point one way, down this list, and never out to ``gptblock.cli``:
 
 1. ``catalogue``, ``steps`` and ``vocabulary`` use nothing of gptblock;
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``; ``search`` uses both;
-3. ``subject``, ``parts``, ``build``, ``target`` and ``isolation`` use ``report`` (``one_line``,
-   ``CAUGHT``); ``probes`` uses ``subject``; ``mapping`` uses ``parts``, ``steps``, ``vocabulary``;
+3. ``subject``, ``parts``, ``build`` and ``target`` use ``report`` (``one_line``, ``CAUGHT``);
+   ``isolation`` uses ``report`` and ``target`` (only to validate a spec; it never imports the
+   user's code); ``probes`` uses ``subject``; ``mapping`` uses ``parts``, ``steps`` and
+   ``vocabulary``;
 4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
    ``fused``); ``worker`` uses ``run``.
 

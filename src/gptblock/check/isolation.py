@@ -266,10 +266,12 @@ def _finding(data: object) -> Finding:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the block's own children too
-        except (ProcessLookupError, PermissionError):
+    """Kill the child and every process the block started in its group (even after the child
+    itself has exited: a process the block left running would hold the output pipes open)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if proc.poll() is None:
             proc.kill()
     proc.wait()
 
@@ -285,7 +287,11 @@ def _ended(
         rc = proc.returncode
     if rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
-        why = {"SIGSEGV": " (a crash in native code)", "SIGKILL": " (out of memory?)"}
+        why = {
+            "SIGSEGV": " (a crash in native code)",
+            "SIGKILL": " (out of memory?)",
+            "SIGINT": " (a KeyboardInterrupt raised in the block)",
+        }
         what = f"was killed by {name}{why.get(name, '')}"
     else:
         what = f"exited with code {rc} without a result (os._exit, or a crash past Python)"

@@ -196,6 +196,9 @@ def _norms(
     if len(norms) > 2:
         ones = [p for n, p in enumerate(norms) if hinted[n] == 1]
         twos = [p for n, p in enumerate(norms) if hinted[n] == 2]
+        used = sorted((p for p in norms if p.name in called), key=lambda p: called[p.name])
+        if (len(ones) != 1 or len(twos) != 1) and len(used) == 2:
+            ones, twos = used[:1], used[1:]  # the only two the forward pass calls
         if len(ones) != 1 or len(twos) != 1:
             listed = ", ".join(p.name for p in norms)
             raise _Unmappable(

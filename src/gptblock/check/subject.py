@@ -64,6 +64,11 @@ class Subject:
         self.C, self.T = C, T
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
+        if self.device.type == "meta":
+            raise UserValueError(
+                f"{type(module).__name__}'s parameters are on the meta device (shapes without "
+                "values): build it on a real device to check it"
+            )
         self.generator = torch.Generator().manual_seed(0)
         self.note = ""
         failure: BaseException | None = None
