@@ -15,7 +15,8 @@ Which file owns what:
 * ``vocabulary`` -- the names people give each role (``query``, ``c_attn``, ``w_2``, ``ln_1``...).
 * ``mapping`` -- the parts given their roles (``ln1``, ``ln2``, ``q``/``k``/``v`` or ``qkv``,
   ``proj``, ``fc1``, ``fc2``) from shapes, names, the forward pass and registration order, or
-  as the caller names them (``--map``); ``steps.Parts`` for the comparison.
+  as the caller names them (``--map``); ``steps.Parts`` for the comparison. It decides the
+  LayerNorms and the head count; ``linears`` scores every assignment of the linear layers.
 * ``steps`` -- the lessons' block computed step by step from those parts, each step replaceable.
 * ``variants`` -- the catalogued mistakes as changes to those steps, and their combinations.
 * ``search`` -- ``explain``: the smallest set of them that reproduces a block, and its ties.
@@ -28,14 +29,16 @@ Which file owns what:
   whatever the block does to its process.
 * ``worker`` -- that child: loads, builds and checks, and reports each step on a pipe.
 
-Imports point one way, down this list, and never out to ``gptblock.cli``:
+Imports point one way: each layer below uses only the layers before it (and within a layer, as
+said), and nothing imports ``gptblock.cli``:
 
 1. ``catalogue``, ``steps`` and ``vocabulary`` use nothing of gptblock;
-2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``; ``search`` uses both;
-3. ``subject``, ``parts``, ``build`` and ``target`` use ``report`` (``one_line``, ``CAUGHT``);
-   ``isolation`` uses ``report`` and ``target`` (only to validate a spec; it never imports the
-   user's code); ``probes`` uses ``subject``; ``mapping`` uses ``parts``, ``steps`` and
-   ``vocabulary``;
+2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
+3. ``search``, ``subject``, ``parts``, ``build`` and ``target`` use ``report`` (``one_line``,
+   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``probes`` uses ``subject``;
+   ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, and ``mapping`` uses ``linears``;
+   ``isolation`` uses ``report`` and ``target`` (only to validate a spec: it never imports the
+   user's code);
 4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
    ``fused``); ``worker`` uses ``run``.
 
