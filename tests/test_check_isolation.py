@@ -103,6 +103,13 @@ BLOCKS = textwrap.dedent(
             return super().forward(x)
 
 
+    class ExitsAtExit(Good):
+        def __init__(self, n_embd, n_head):
+            super().__init__(n_embd, n_head)
+            import atexit
+            atexit.register(os._exit, 3)  # ends the process oddly, after the checker is done
+
+
     class ExitsWhenBuilt(Good):
         def __init__(self, n_embd, n_head):
             sys.exit(3)
@@ -183,6 +190,8 @@ def test_the_targets_after_a_crash_are_checked_in_a_fresh_child(blocks):
     first, second = check_isolated([f"{blocks}:Crashes", f"{blocks}:Good"], kwargs={}, roles={})
     assert "SIGSEGV" in first.findings[-1].message and not first.passed
     assert second.passed and second.confident
+    (report,) = check_isolated([f"{blocks}:ExitsAtExit"], kwargs={}, roles={})
+    assert report.passed  # the child ended oddly after its reports: they stand
 
 
 @pytest.mark.parametrize(

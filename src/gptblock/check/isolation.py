@@ -206,8 +206,9 @@ def _run_child(
                 reports.append(_cut_short(state, names, what))
                 break
             if line is None:
-                reports += _ended(proc, state, names, outputs)
-                break
+                if state.index is not None or not reports:
+                    reports += _ended(proc, state, names, outputs)
+                break  # (between targets: the reports so far stand, a fresh child does the rest)
             event = _event(line, nonce)
             if event is None:
                 continue
