@@ -1,4 +1,6 @@
-"""`gptblock check`: targets from files and modules, --arg, --json, and the exit codes 0 / 1 / 2."""
+"""`gptblock check`: targets from files and modules, --arg, --map, --timeout, --json, and the exit
+codes 0 / 1 / 2. Every check runs in a child process (tests/test_check_isolation.py tests what
+that protects against)."""
 
 import json
 import textwrap
@@ -93,7 +95,15 @@ def test_json_of_a_passing_block(capsys):
         (["check", "gptblock.lesson"], "TARGET must be"),
         (["check", "gptblock.lesson:Block", "--arg", "n_head=3"], "not divisible"),
         (["check", "gptblock.lesson:Block", "--arg", "oops"], "NAME=VALUE"),
-        (["check", "--arg", "n_embd=16"], "needs a TARGET"),
+        (["check", "--arg", "n_embd=16"], "need a TARGET"),
+        (["check", "--map", "q=a"], "need a TARGET"),
+        (["check", "gptblock.lesson:Block", "--map", "q"], "ROLE=NAME"),
+        (
+            ["check", "gptblock.lesson:Block", "--map", "query=sa.heads.0.query"],
+            "unknown role 'query'",
+        ),
+        (["check", "gptblock.lesson:Block", "--timeout", "0"], "--timeout must be a positive"),
+        (["check", "gptblock.lesson:Block", "--timeout", "nan"], "--timeout must be a positive"),
     ],
 )
 def test_targets_that_cannot_be_loaded_or_built_exit_2_with_one_line(argv, message, capsys):
@@ -110,8 +120,49 @@ def test_a_file_that_fails_to_import_exits_2(tmp_path, capsys):
     assert "RuntimeError: boom" in err and len(err.strip().splitlines()) == 1
 
 
+GENERIC_NORMS_FILE = textwrap.dedent(
+    """
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+
+    class Block(nn.Module):
+        def __init__(self, n_embd, n_head):
+            super().__init__()
+            self.nh = n_head
+            self.na, self.nb, self.nc = (nn.LayerNorm(n_embd) for _ in range(3))
+            self.qkv, self.out = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+            self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, self.nh, -1).transpose(1, 2) for t in self.qkv(self.nc(x)).chunk(3, -1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(y.transpose(1, 2).reshape(B, T, C))
+            x = x + self.fc2(F.gelu(self.fc1(self.na(x))))
+            return x + 0 * self.nb(x)
+    """
+)
+
+
+def test_map_names_the_roles_the_checker_cannot_tell(tmp_path, capsys):
+    path = tmp_path / "generic.py"
+    path.write_text(GENERIC_NORMS_FILE)
+    assert main(["check", f"{path}:Block", "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)["reports"]
+    assert report["confident"] is False and any(
+        "--map ln1=NAME ln2=NAME" in n for n in report["notes"]
+    )
+    assert main(["check", f"{path}:Block", "--map", "ln1=nc", "ln2=na", "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)["reports"]
+    assert report["confident"] is True and report["compared"] is True
+    assert any("ln1=nc, ln2=na" in n for n in report["notes"])
+
+
 def test_help_shows_the_filled_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["check", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "n_embd=32" in out and "block_size=16" in out and "dropout=0.1" in out
+    assert "--map ROLE=NAME" in out and "ln1 ln2 q k v qkv proj fc1 fc2" in out
+    assert "--timeout SECONDS" in out and "(default: 60.0)" in out

@@ -4,7 +4,8 @@
 * ``Nano*``: nanoGPT's ``CausalSelfAttention`` / ``MLP`` / ``Block`` (names ``ln_1``,
   ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``), and a GPT-2 style
   block with Hugging Face's ``Conv1D`` layout and tanh GELU.
-* ``Opaque*``: names of their own, so the checker has only its black-box probes.
+* ``Opaque*``: q, k and v in one 3-D parameter, which no role fits, so the checker has only its
+  black-box probes.
 """
 
 import math
@@ -229,7 +230,7 @@ class Gpt2Block(nn.Module):
 
 
 class Opaque(nn.Module):
-    """Correct, but with names of its own: one packed projection `qkv` and an `mlp` Sequential."""
+    """Correct, but q, k and v come from one (3, C, C) parameter, which no role fits."""
 
     causal = True
 
@@ -237,7 +238,7 @@ class Opaque(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.norm_a = nn.LayerNorm(n_embd)
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.w_qkv = nn.Parameter(torch.randn(3, n_embd, n_embd) * n_embd**-0.5)
         self.out = nn.Linear(n_embd, n_embd)
         self.norm_b = nn.LayerNorm(n_embd)
         self.mlp = nn.Sequential(
@@ -246,7 +247,8 @@ class Opaque(nn.Module):
 
     def attention(self, h):
         B, T, C = h.shape
-        q, k, v = self.qkv(h).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        qkv = torch.einsum("btc,ncd->nbtd", h, self.w_qkv)  # (3, B, T, C)
+        q, k, v = qkv.view(3, B, T, self.n_head, C // self.n_head).transpose(2, 3)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 

@@ -2,42 +2,66 @@
 
 Which file owns what:
 
-* ``run`` -- ``check_block`` and its orchestration: build the target, tell its width C and
-  longest sequence, run the probes, compare with the steps, combine the evidence into a diagnosis.
+* ``run`` -- ``check_block`` and its orchestration: build the target, copy it, find its parts by
+  role, run the probes, compare with the steps, combine the evidence into a diagnosis.
+* ``build`` -- the block to check from a module or a class / factory and its arguments (with
+  ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence.
+* ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
+  fresh input and returns a copy of the output.
 * ``probes`` -- black-box probes that need nothing but a module mapping (B, T, C) to (B, T, C).
-* ``mapping`` -- reading a block's weights by parameter name into ``steps.Params``.
-* ``steps`` -- the lessons' block computed step by step from a plain set of weights, each step
-  replaceable.
-* ``variants`` -- the catalogued mistakes as changes to those steps, and the search for the
-  smallest set of them that reproduces a block.
+* ``parts`` -- the weight-holding parts of the block (norms, linear layers, raw matrices,
+  ``nn.MultiheadAttention``) found in its module tree, what each computes, the order the forward
+  pass calls them in.
+* ``vocabulary`` -- the names people give each role (``query``, ``c_attn``, ``w_2``, ``ln_1``...).
+* ``mapping`` -- the parts given their roles (``ln1``, ``ln2``, ``q``/``k``/``v`` or ``qkv``,
+  ``proj``, ``fc1``, ``fc2``) from shapes, names, the forward pass and registration order, or
+  as the caller names them (``--map``); ``steps.Parts`` for the comparison. It decides the
+  LayerNorms and the head count; ``linears`` scores every assignment of the linear layers.
+* ``steps`` -- the lessons' block computed step by step from those parts, each step replaceable.
+* ``variants`` -- the catalogued mistakes as changes to those steps, and their combinations.
+* ``search`` -- ``explain``: the smallest set of them that reproduces a block, and its ties.
 * ``catalogue`` -- the mistakes the checker can name: title, explanation, fix, lesson line.
 * ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text and JSON.
 * ``target`` -- ``load_target`` and ``parse_argument``: the block named by ``FILE.py:NAME`` or
-  ``package.module:NAME`` and its ``NAME=VALUE`` arguments, for ``gptblock check``. The only
-  module that imports and runs the user's code before the check.
+  ``package.module:NAME`` and its ``NAME=VALUE`` arguments. The only module that imports the
+  user's code.
+* ``isolation`` -- ``check_isolated``: the check in a child process (``worker``), with a timeout,
+  whatever the block does to its process.
+* ``worker`` -- that child: loads, builds and checks, and reports each step on a pipe.
 
-Imports point one way, down this list, and never out to ``gptblock.cli``:
+Imports point one way: each layer below uses only the layers before it (and within a layer, as
+said), and nothing imports ``gptblock.cli``:
 
-1. ``catalogue`` and ``steps`` use nothing of gptblock;
-2. ``report`` uses ``catalogue``; ``mapping`` and ``variants`` use ``steps``;
-3. ``probes`` and ``target`` use ``report`` (for ``one_line``, an exception as one line of text);
-4. ``run`` uses all but ``target``, and the block forms it checks by default (``lesson``,
-   ``mha``, ``fused``).
+1. ``catalogue``, ``steps`` and ``vocabulary`` use nothing of gptblock;
+2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
+3. ``search``, ``subject``, ``parts``, ``build`` and ``target`` use ``report`` (``one_line``,
+   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``probes`` uses ``subject``;
+   ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, and ``mapping`` uses ``linears``;
+   ``isolation`` uses ``report`` and ``target`` (only to validate a spec: it never imports the
+   user's code);
+4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
+   ``fused``); ``worker`` uses ``run``.
 
 Shapes: B batch, T time, C channels.
 """
 
+from .build import COMMON_ARGUMENTS, fill_common_arguments
 from .catalogue import MISTAKES
+from .isolation import DEFAULT_TIMEOUT, check_isolated
+from .mapping import ROLES
 from .report import CheckReport, Finding
-from .run import COMMON_ARGUMENTS, check_block, fill_common_arguments, own_blocks
+from .run import check_block, own_blocks
 from .target import load_target, parse_argument
 
 __all__ = [
     "COMMON_ARGUMENTS",
+    "DEFAULT_TIMEOUT",
     "MISTAKES",
+    "ROLES",
     "CheckReport",
     "Finding",
     "check_block",
+    "check_isolated",
     "fill_common_arguments",
     "load_target",
     "own_blocks",

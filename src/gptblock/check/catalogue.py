@@ -74,6 +74,25 @@ _ENTRIES = (
         'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
     ),
     Mistake(
+        "mask_zero",
+        "the future positions are masked with 0 instead of -inf before the softmax",
+        "The softmax turns a score of 0 into weight exp(0) = 1 relative to the others, so a "
+        "future position filled with 0 still gets a large share of the attention: the block "
+        "sees the future. Only -inf (or a very negative number) becomes weight 0.",
+        'Fill with float("-inf"): wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")).',
+        'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
+    ),
+    Mistake(
+        "mask_after_softmax",
+        "the causal mask is applied after the softmax instead of before it",
+        "Each row of weights was normalised over every position, later ones included, and the "
+        "mask then zeroes the future: the rows no longer sum to 1 and each position's weights "
+        "still depend on the scores of later positions (through the normaliser).",
+        'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); '
+        "wei = F.softmax(wei, dim=-1).",
+        "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
+    ),
+    Mistake(
         "batch_mixing",
         "batch and time are mixed up: sequences of one batch attend to each other",
         "nn.MultiheadAttention (and nn.TransformerEncoderLayer) default to batch_first=False, "
@@ -111,6 +130,18 @@ _ENTRIES = (
         "lesson 1: wei = F.softmax(wei, dim=-1)",
     ),
     Mistake(
+        "heads_mixed",
+        "heads and positions are mixed up when q, k, v are split into heads or merged back",
+        "(B, T, C) must become (B, nh, T, hs) by view(B, T, nh, hs).transpose(1, 2), and back by "
+        "transpose(1, 2).reshape(B, T, C). A view straight to (B, nh, T, hs) (or from it to "
+        "(B, T, C)) without the transpose is legal but regroups the numbers: each 'head' gets "
+        "pieces of several positions, which also lets positions see the future. Concatenating "
+        "the heads in another order scrambles what the output projection reads.",
+        "q = q.view(B, T, nh, hs).transpose(1, 2) and y = y.transpose(1, 2).reshape(B, T, C) "
+        "(or torch.cat([h(x) for h in self.heads], dim=-1), as the lesson does).",
+        "lesson 1: out = torch.cat([h(x) for h in self.heads], dim=-1)",
+    ),
+    Mistake(
         "post_norm",
         "post-norm: the LayerNorm is applied after adding the residual",
         "x = ln(x + sublayer(x)) normalises the residual stream itself, so the input no longer "
@@ -130,6 +161,16 @@ _ENTRIES = (
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
     ),
     Mistake(
+        "shared_norm",
+        "one LayerNorm is used for both branches",
+        "The attention branch and the MLP branch each normalise with their own learned gain and "
+        "bias. Reusing ln1 before the MLP ties the two together (and leaves ln2, if it exists, "
+        "unused: it gets no gradient).",
+        "Give each branch its own norm: self.ln1 = nn.LayerNorm(n_embd); self.ln2 = "
+        "nn.LayerNorm(n_embd); x = x + self.ffwd(self.ln2(x)).",
+        "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
+    ),
+    Mistake(
         "dropout_in_eval",
         "dropout is still active in eval mode",
         "Two calls on the same input in eval mode give different outputs, so evaluation and "
@@ -141,6 +182,17 @@ _ENTRIES = (
         "lesson 1: self.dropout = nn.Dropout(dropout)",
     ),
     Mistake(
+        "inplace",
+        "an in-place operation breaks the backward pass",
+        "x += self.sa(self.ln1(x)) computes the right forward pass, but ln1 saved x to compute "
+        "its gradients and += then overwrites it: the block works under torch.no_grad, yet "
+        "training fails at loss.backward() with 'one of the variables needed for gradient "
+        "computation has been modified by an inplace operation'.",
+        "Write the residual out of place: x = x + self.sa(self.ln1(x)); x = x + "
+        "self.ffwd(self.ln2(x)) (likewise masked_fill, not masked_fill_, on saved tensors).",
+        "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
+    ),
+    Mistake(
         "nonfinite",
         "the block produces inf or NaN for large or constant inputs",
         "A hand-written softmax without subtracting the row maximum overflows for large "
@@ -149,6 +201,16 @@ _ENTRIES = (
         "Use F.softmax (it subtracts the maximum) and nn.LayerNorm / F.layer_norm (it adds eps "
         "to the variance).",
         "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)",
+    ),
+    Mistake(
+        "dtype_device",
+        "the output's dtype or device differs from the input's",
+        "A block is stacked on itself and on the embeddings: its output must have its input's "
+        "dtype and device. A hard-coded .float(), .double(), .cpu() or .to(device) on the way "
+        "out breaks float64 checks, mixed precision or a model moved to another device.",
+        "Compute in the input's dtype and device: create new tensors with dtype=x.dtype, "
+        "device=x.device (or register them as buffers) and return the residual stream x itself.",
+        "lesson 1: x = x + self.sa(self.ln1(x)) (the stream keeps its input's dtype and device)",
     ),
 )
 

@@ -1,247 +1,216 @@
-"""Reading a block's weights by parameter name into the layout of ``steps.Params``.
+"""Finding the parts of a pre-norm block by their role, whatever the block calls them.
 
-Three naming schemes are recognised, each found by a parameter name that only it uses (its
-*anchor*) and read relative to the prefix in front of that anchor, so a block wrapped in another
-module (``self.layer = nn.TransformerEncoderLayer(...)``: ``layer.norm1.weight``, ...) maps too:
+``map_roles`` takes the block's weight-holding parts (``gptblock.check.parts.discover``) and
+decides which is which: the two LayerNorms (``ln1`` before attention, ``ln2`` before the MLP),
+the query / key / value projections (``q``, ``k``, ``v``: per head, separate or packed into one
+``qkv``), the output projection ``proj`` and the MLP's two layers ``fc1`` and ``fc2``. Four kinds
+of evidence decide together:
 
-* the first lesson's ``Block``: ``ln1``, ``sa.heads.{i}.query/key/value``, ``sa.proj``,
-  ``ffwd`` (its two linear layers, in order), ``ln2``;
-* ``nn.TransformerEncoderLayer`` / ``TransformerBlock`` / ``FusedBlock``: ``norm1``,
-  ``self_attn.in_proj_weight`` / ``in_proj_bias`` (q, k, v packed), ``self_attn.out_proj``,
-  ``norm2``, ``linear1``, ``linear2``;
-* nanoGPT / GPT-2: ``ln_1``, ``attn.c_attn`` (q, k, v packed), ``attn.c_proj``, ``ln_2``,
-  ``mlp.c_fc``, ``mlp.c_proj``. nanoGPT uses ``nn.Linear`` (weights (out, in)); Hugging Face's
-  GPT-2 uses ``Conv1D`` (weights (in, out)). ``c_attn``'s shape, (3C, C) or (C, 3C), tells
-  which, and the same orientation is used for every layer of the block.
+* shapes: q/k/v are (D, C) or per head (hs, C), a packed projection (3D, C), ``proj`` (C, D),
+  ``fc1`` (H, C) and ``fc2`` (C, H); an assignment whose shapes do not fit is impossible;
+* names (``gptblock.check.vocabulary``): a part's own name (``query``, ``c_attn``, ``w_2``) and
+  the module it sits in (``attn``, ``mlp``, ``ffwd``);
+* the forward pass (``parts.observe``): the order in which the block calls its modules: the
+  LayerNorm called first is ``ln1``, the attention's layers come before the MLP's, ``fc1`` before
+  ``fc2``;
+* registration order, the weakest: the tie-breaker, and the order of q, k, v when nothing else
+  tells them apart (``linears.0/1/2`` are q, k, v, as every source registers them; if that
+  reading reproduces nothing, the others are tried: ``MappedBlock.fallback``).
 
-Names decide the mapping, never values: a block whose names match but whose arithmetic differs
-is exactly what the checker is for. LayerNorm eps is read from the norm module's ``eps`` where
-it has one (1e-5, ``nn.LayerNorm``'s default, otherwise). The head count is not in the weights;
-it comes from the lesson's number of heads, an attribute (``num_heads``, ``n_head``,
-``n_heads``, ``nhead``, also on a ``config``), or else every divisor of the width is tried.
+The LayerNorms are decided here; every possible assignment of the linear parts is scored by this
+evidence in ``gptblock.check.linears`` and the best one wins. Assignments that tie are all kept as *readings* of the block, which the reference comparison
+tries in turn (a raw matrix parameter's orientation, (out, in) or (in, out), is never in its
+name, so both are tried). Where the parts cannot be told apart at all, ``Unmapped`` says what
+could not be decided, and ``roles`` (``gptblock check --map ROLE=NAME``) settles it.
+
+The head count is not in the weights: it is the number of per-head modules, an
+``nn.MultiheadAttention``'s ``num_heads``, an attribute (``n_head``, ``num_heads``, ``h``, a
+head size ``head_size`` / ``d_k``, also on a ``config``), or else every divisor of D is tried.
+
+Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.nn import functional as F
 
-from ..reference.layout import (
-    LESSON_ANCHOR,
-    LESSON_QKV,
-    LESSON_RENAMES,
-    lesson_head,
-    lesson_head_count,
-)
-from .steps import Params
+from .linears import LINEAR_ROLES, NotABlock, assign_linears
+from .parts import Part
+from .steps import Parts, SubLayer
+from .vocabulary import norm_hint
 
-__all__ = ["MappedBlock", "Unmapped", "map_parameters"]
+__all__ = ["ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
 
 Tensor = torch.Tensor
-DEFAULT_EPS = 1e-5  # nn.LayerNorm's default, assumed for a norm with no `eps` attribute
-HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead")
+ROLES = ("ln1", "ln2", *LINEAR_ROLES)
+HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "h", "heads")
+HEAD_SIZE_ATTRIBUTES = ("head_size", "head_dim", "d_k", "hs", "d_head", "dim_head")
 
 
 @dataclass(frozen=True)
 class MappedBlock:
-    """A block's weights as ``Params``, and where they came from."""
+    """A block's parts in their roles: one or more readings for the comparison to try."""
 
-    params: Params  # float64 copies
-    layout: str  # "lesson", "nn.TransformerEncoderLayer" or "GPT-2"
-    prefix: str  # where the block's parameters start inside the module ("" = the module itself)
+    readings: tuple[Parts, ...]  # most likely first
+    names: tuple[dict[str, str], ...]  # per reading, then per fallback: role -> the block's names
+    how: tuple[str, ...]  # what decided the roles, and what was assumed
     heads: tuple[int, ...]  # head counts to try, most likely first
-    ignored: tuple[str, ...]  # parameters the reference has no place for
+    ignored: tuple[str, ...]  # parameters no role uses
+    fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders, when names did not tell them
 
-    def describe(self) -> str:
-        where = f" under '{self.prefix[:-1]}'" if self.prefix else ""
-        text = f"weights read by their {self.layout} names{where}"
+    def describe(self, reading: int = 0) -> str:
+        """'roles: ln1=ln_1, ln2=ln_2, qkv=attn.c_attn, ...; how they were decided'."""
+        roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
+        text = f"roles: {roles}"
+        if self.how:
+            text += f" ({'; '.join(self.how)})"
         if self.ignored:
-            text += f"; parameters with no place in the reference: {', '.join(self.ignored)}"
+            text += f"; parameters with no role: {', '.join(self.ignored)}"
         return text
 
 
 @dataclass(frozen=True)
 class Unmapped:
-    """Why a block's names could not be mapped."""
+    """Why a block's parts could not be given their roles."""
 
     reason: str
 
 
-class _Missing(Exception):
-    """A name the layout needs is not there (or has the wrong shape)."""
+def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
+    """The parts named by ``{role: name}`` (a part's name, one of its parameters, or a glob
+    such as ``heads.*.query`` for one part per head, in registration order).
 
-
-class _Scope:
-    """Parameter lookup relative to one prefix, remembering what was used."""
-
-    def __init__(self, module: nn.Module, prefix: str) -> None:
-        self.named = dict(module.named_parameters())
-        self.modules = dict(module.named_modules())
-        self.prefix = prefix
-        self.used: set[str] = set()
-
-    def get(self, name: str) -> Tensor:
-        value = self.opt(name)
-        if value is None:
-            raise _Missing(self.prefix + name)
-        return value
-
-    def opt(self, name: str) -> Tensor | None:
-        full = self.prefix + name
-        if full not in self.named:
-            return None
-        self.used.add(full)
-        return self.named[full].detach().to(torch.float64)
-
-    def norm(self, name: str) -> tuple[Tensor | None, Tensor | None, float]:
-        weight, bias = self.opt(name + ".weight"), self.opt(name + ".bias")
-        module = self.modules.get(self.prefix + name)
-        if module is None and weight is None:
-            raise _Missing(self.prefix + name)
-        eps = getattr(module, "eps", DEFAULT_EPS)
-        return weight, bias, float(eps) if isinstance(eps, (int, float)) else DEFAULT_EPS
-
-    def linears_under(self, name: str) -> list[tuple[Tensor, Tensor | None]]:
-        """The 2-D ``weight``s under ``name`` (with their biases), in registration order."""
-        start = self.prefix + name + "."
-        found = []
-        for full, p in self.named.items():
-            if full.startswith(start) and full.endswith(".weight") and p.dim() == 2:
-                rel = full[len(self.prefix) :]
-                found.append((self.get(rel), self.opt(rel[: -len("weight")] + "bias")))
-        return found
-
-
-def _lesson(s: _Scope) -> tuple[Params, int | None]:
-    name = {packed: mine for mine, packed in LESSON_RENAMES.items()}  # packed -> lesson name
-    ln1, ln2 = s.norm(name["norm1"]), s.norm(name["norm2"])
-    n_head = lesson_head_count(s.named, s.prefix)
-    heads = [lesson_head(i) for i in range(n_head)]
-
-    def weights(part: str) -> Tensor:
-        return torch.cat([s.get(h + part + ".weight") for h in heads])  # nh x (hs, C) -> (D, C)
-
-    def biases(part: str) -> Tensor | None:
-        found = [b for h in heads if (b := s.opt(h + part + ".bias")) is not None]
+    Raises:
+        ValueError: an unknown role, or a name that matches no part.
+    """
+    out: dict[str, list[Part]] = {}
+    for role, name in roles.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}")
+        found = [p for p in parts if p.name == name or name in p.params]
+        found = found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
         if not found:
-            return None
-        if len(found) != n_head:
-            raise _Missing(f"a {part} bias on every head (found {len(found)} of {n_head})")
-        return torch.cat(found)  # nh x (hs,) -> (D,)
-
-    # The MLP's two linear layers in order, however its Sequential numbers them (a learner may
-    # leave out the ReLU module or the dropout).
-    mlp = name["linear1"].split(".")[0]  # "ffwd"
-    ffwd = s.linears_under(mlp)
-    if len(ffwd) != 2:
-        raise _Missing(f"{s.prefix}{mlp}: expected 2 linear layers, found {len(ffwd)}")
-    (w1, b1), (w2, b2) = ffwd
-    q, k, v = LESSON_QKV
-    proj = name["self_attn.out_proj"]
-    params = Params(
-        *ln1,
-        weights(q), biases(q),
-        weights(k), biases(k),
-        weights(v), biases(v),
-        s.get(proj + ".weight"), s.opt(proj + ".bias"),
-        *ln2, w1, b1, w2, b2,
-    )  # fmt: skip
-    return params, n_head
+            known = ", ".join(p.name or "(the block)" for p in parts[:16])
+            raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
+        out[role] = found
+    if "qkv" in out and out.keys() & {"q", "k", "v"}:
+        raise ValueError("give either qkv (packed) or q, k and v, not both")
+    return out
 
 
-def _encoder(s: _Scope) -> tuple[Params, int | None]:
-    wq, wk, wv = s.get("self_attn.in_proj_weight").chunk(3)  # (3C, C) -> 3 x (C, C)
-    bias = s.opt("self_attn.in_proj_bias")
-    bq, bk, bv = bias.chunk(3) if bias is not None else (None, None, None)
-    params = Params(
-        *s.norm("norm1"), wq, bq, wk, bk, wv, bv,
-        s.get("self_attn.out_proj.weight"), s.opt("self_attn.out_proj.bias"),
-        *s.norm("norm2"),
-        s.get("linear1.weight"), s.opt("linear1.bias"),
-        s.get("linear2.weight"), s.opt("linear2.bias"),
-    )  # fmt: skip
-    n_head = getattr(s.modules.get(s.prefix + "self_attn"), "num_heads", None)
-    return params, n_head if isinstance(n_head, int) else None
-
-
-def _gpt2(s: _Scope) -> tuple[Params, int | None]:
-    c_attn = s.get("attn.c_attn.weight")
-    if c_attn.shape[0] == 3 * c_attn.shape[1]:
-        transposed = False  # nn.Linear: (out, in) already
-    elif c_attn.shape[1] == 3 * c_attn.shape[0]:
-        transposed = True  # Conv1D: (in, out)
-    else:
-        raise _Missing(f"{s.prefix}attn.c_attn.weight of shape (3C, C) or (C, 3C)")
-
-    def orient(w: Tensor) -> Tensor:
-        return w.t() if transposed else w
-
-    wq, wk, wv = orient(c_attn).chunk(3)  # (3C, C) -> 3 x (C, C)
-    bias = s.opt("attn.c_attn.bias")
-    bq, bk, bv = bias.chunk(3) if bias is not None else (None, None, None)
-    params = Params(
-        *s.norm("ln_1"), wq, bq, wk, bk, wv, bv,
-        orient(s.get("attn.c_proj.weight")), s.opt("attn.c_proj.bias"),
-        *s.norm("ln_2"),
-        orient(s.get("mlp.c_fc.weight")), s.opt("mlp.c_fc.bias"),
-        orient(s.get("mlp.c_proj.weight")), s.opt("mlp.c_proj.bias"),
-    )  # fmt: skip
-    return params, None
-
-
-_LAYOUTS: tuple[tuple[str, str, Callable[[_Scope], tuple[Params, int | None]]], ...] = (
-    ("lesson", LESSON_ANCHOR, _lesson),
-    ("nn.TransformerEncoderLayer", "self_attn.in_proj_weight", _encoder),
-    ("GPT-2", "attn.c_attn.weight", _gpt2),
-)
-
-
-def map_parameters(module: nn.Module) -> MappedBlock | Unmapped:
-    """Find one block's weights in ``module`` by name and read them into ``Params``.
+def map_roles(
+    module: nn.Module,
+    C: int,
+    parts: list[Part],
+    called: Mapping[str, int],
+    roles: Mapping[str, list[Part]] | None = None,
+) -> MappedBlock | Unmapped:
+    """Give the block's parts their roles.
 
     Args:
-        module: any ``nn.Module``; it is not changed.
+        module: the block (its attributes may name the head count).
+        C: the width of its residual stream.
+        parts: ``parts.discover(module)``.
+        called: ``parts.observe``'s call order (may be empty).
+        roles: parts fixed by the caller (``resolve_roles``); they are taken as given.
 
     Returns:
-        ``MappedBlock``, or ``Unmapped`` saying why not (no known names, names of more than one
-        block, a required name missing, shapes that do not fit together).
+        ``MappedBlock``, or ``Unmapped`` saying what could not be decided.
 
     Example:
         >>> from gptblock import TransformerBlock
-        >>> mapped = map_parameters(TransformerBlock(16, 2))
-        >>> mapped.layout, mapped.heads, mapped.params.C
-        ('nn.TransformerEncoderLayer', (2,), 16)
-        >>> map_parameters(torch.nn.Linear(4, 4)).reason
-        'no parameter names of a known block (looked for lesson ...sa.heads.0.query.weight, nn.TransformerEncoderLayer ...self_attn.in_proj_weight, GPT-2 ...attn.c_attn.weight)'
+        >>> from gptblock.check.parts import discover
+        >>> block = TransformerBlock(16, 2)
+        >>> mapped = map_roles(block, 16, discover(block), {})
+        >>> mapped.names[0]["qkv"], mapped.heads
+        ('self_attn.in_proj_weight', (2,))
+        >>> print(map_roles(nn.Linear(16, 16), 16, discover(nn.Linear(16, 16)), {}).reason)
+        the linear layers do not fit a pre-norm block of width 16 ((the block) (16, 16)); expected
+        q/k/v (D, C) or packed (3D, C), proj (C, D), fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if
+        the block has them
     """
-    names = [name for name, _ in module.named_parameters()]
-    found: list[MappedBlock] = []
-    problems: list[str] = []
-    for layout, anchor, read in _LAYOUTS:
-        for name in names:
-            if name != anchor and not name.endswith("." + anchor):
-                continue
-            scope = _Scope(module, name[: len(name) - len(anchor)])
-            try:
-                params, n_head = read(scope)
-            except (_Missing, ValueError) as e:
-                problems.append(f"{layout} names, but {e}")
-                continue
-            ignored = tuple(n for n in names if n not in scope.used)
-            heads = (n_head,) if n_head else _head_counts(module, params.D)
-            found.append(MappedBlock(params, layout, scope.prefix, heads, ignored))
-    if len(found) == 1:
-        return found[0]
-    if len(found) > 1:
-        where = ", ".join(f"{m.layout} at '{m.prefix}'" for m in found)
-        return Unmapped(f"names of {len(found)} blocks ({where}); check one block at a time")
-    if problems:
-        return Unmapped("; ".join(problems))
-    looked = ", ".join(f"{layout} ...{anchor}" for layout, anchor, _ in _LAYOUTS)
-    return Unmapped(f"no parameter names of a known block (looked for {looked})")
+    fixed = dict(roles or {})
+    try:
+        (ln1, ln2), norm_names, norm_how = _norms(parts, C, called, fixed)
+        found = assign_linears(parts, C, called, fixed)
+    except NotABlock as e:
+        return Unmapped(str(e))
+    heads = found.heads or _head_counts(module, found.readings[0].D)
+
+    def normed(ps: list[Parts]) -> tuple[Parts, ...]:
+        return tuple(Parts(p.C, p.D, p.qkv, p.proj, p.fc1, p.fc2, ln1, ln2) for p in ps)
+
+    norm_params = {n for p in parts if p.name in norm_names.values() for n in p.params}
+    ignored = tuple(n for p in parts for n in p.params if n not in found.used | norm_params)
+    return MappedBlock(
+        normed(found.readings),
+        tuple({**norm_names, **n} for n in found.names),
+        (*norm_how, *found.how),
+        heads,
+        ignored,
+        normed(found.fallback),
+    )
+
+
+# ----- the LayerNorms ----------------------------------------------------------------------------
+
+
+def _plain_norm(C: int) -> SubLayer:
+    return lambda h: F.layer_norm(h, (C,))
+
+
+def _norms(
+    parts: list[Part], C: int, called: Mapping[str, int], fixed: dict[str, list[Part]]
+) -> tuple[tuple[SubLayer | None, SubLayer | None], dict[str, str], list[str]]:
+    """(ln1, ln2), their names and how they were told apart."""
+    if "ln1" in fixed or "ln2" in fixed:
+        ln1 = fixed["ln1"][0] if "ln1" in fixed else None
+        ln2 = fixed["ln2"][0] if "ln2" in fixed else None
+        found = [p for p in (ln1, ln2) if p is not None]
+        names = {r: p.name for r, p in (("ln1", ln1), ("ln2", ln2)) if p is not None}
+        return (
+            (ln1.norm() if ln1 else None, ln2.norm() if ln2 else None),
+            names,
+            [f"{'/'.join(names)} by the caller (given)"] if found else [],
+        )
+    norms = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
+    if not norms:
+        plain = _plain_norm(C)
+        return (plain, plain), {}, ["no LayerNorm module: F.layer_norm without weights assumed"]
+    if len(norms) == 1:
+        return (norms[0].norm(), None), {"ln1": norms[0].name}, ["one LayerNorm for both branches"]
+    hinted = {n: norm_hint(p.path) for n, p in enumerate(norms)}
+    if len(norms) > 2:
+        ones = [p for n, p in enumerate(norms) if hinted[n] == 1]
+        twos = [p for n, p in enumerate(norms) if hinted[n] == 2]
+        used = sorted((p for p in norms if p.name in called), key=lambda p: called[p.name])
+        if (len(ones) != 1 or len(twos) != 1) and len(used) == 2:
+            ones, twos = used[:1], used[1:]  # the only two the forward pass calls
+        if len(ones) != 1 or len(twos) != 1:
+            listed = ", ".join(p.name for p in norms)
+            raise NotABlock(
+                f"{len(norms)} LayerNorms ({listed}): cannot tell which two are the block's; "
+                "pass --map ln1=NAME ln2=NAME"
+            )
+        norms, hinted = [ones[0], twos[0]], {0: 1, 1: 2}
+    a, b = norms
+    if a.name in called and b.name in called:
+        first, how = (a, b) if called[a.name] < called[b.name] else (b, a), "by the forward pass"
+    elif (a.name in called) != (b.name in called) and hinted[0] is None:
+        first, how = (a, b) if a.name in called else (b, a), "by the forward pass (one unused)"
+    elif hinted[0] or hinted[1]:
+        a_first = hinted[0] == 1 or hinted[1] == 2
+        first, how = (a, b) if a_first else (b, a), "by names"
+    else:
+        first, how = (a, b), "by registration order"
+    one, two = first
+    return (one.norm(), two.norm()), {"ln1": one.name, "ln2": two.name}, [f"norms {how}"]
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
@@ -249,11 +218,13 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
     named: set[int] = set()
     for sub in module.modules():
         for owner in (sub, getattr(sub, "config", None)):
-            for attr in HEAD_ATTRIBUTES:
+            for attr in HEAD_ATTRIBUTES + HEAD_SIZE_ATTRIBUTES:
                 value = getattr(owner, attr, None)
-                if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                    named.add(value)
-    named = {n for n in named if D % n == 0}
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    continue
+                n = value if attr in HEAD_ATTRIBUTES else D // value if D % value == 0 else 0
+                if n >= 1 and D % n == 0:
+                    named.add(n)
     if named:
         return tuple(sorted(named))
     return tuple(n for n in range(1, D + 1) if D % n == 0)

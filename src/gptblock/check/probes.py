@@ -1,11 +1,12 @@
 """Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
 
-Each probe calls a ``Subject`` (an eval-mode float64 deep copy of the user's block) on inputs it
-builds, and returns a ``ProbeResult``: passed or not, what it measured and, when the failure
-proves a catalogued mistake on its own, that mistake's id. How each probe measures:
+Each probe calls a ``Subject`` (``gptblock.check.subject``: an eval-mode float64 deep copy of the
+user's block, given a fresh input on every call) on inputs it builds, and returns a
+``ProbeResult``: passed or not, what it measured and, when the failure proves a catalogued
+mistake on its own, that mistake's id. How each probe measures:
 
-* ``shape``: a (T, T, C) and a (T + 1, T, C) input must come back with their own shapes. A block
-  that works only when B == T is mixing up batch and time.
+* ``shape``: a (T, T, C) and a (T + 1, T, C) input must come back with their own shapes, dtype
+  and device. A block that works only when B == T is mixing up batch and time.
 * ``eval determinism``: two eval-mode calls on one input must agree (dropout_in_eval).
 * ``causality``: for each position t, perturb the input at t; the output before t must not move
   at all (beyond 1e-10 of the output scale in float64). Names the first position that sees a
@@ -20,30 +21,25 @@ proves a catalogued mistake on its own, that mistake's id. How each probe measur
 * ``finite outputs``: inputs of ordinary size, of size 1e4, and with one position all zeros (a
   norm without eps divides by zero there) must give finite outputs (nonfinite).
 * ``gradients``: a backward pass from the outputs must reach every parameter with finite values.
-
-Every call but the determinism probe's runs with the RNG re-seeded, so a block that wrongly
-keeps dropout on in eval still gets the same dropout mask for an input and its perturbation, and
-the other probes stay meaningful. The caller's RNG state is restored after every call (for the
-determinism probe, after its pair of calls).
+  A backward pass that fails because the block changed in place a tensor autograd saved (the
+  residual added as ``x += ...`` after ``ln1(x)`` read it) proves ``inplace``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from .report import one_line
+from .subject import CAUGHT, Subject
 
 __all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "Subject"]
 
-Tensor = torch.Tensor
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
+Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -54,78 +50,6 @@ class ProbeResult:
     message: str  # what was measured and found
     implies: str | None = None  # a catalogue id, when the failure proves that mistake
     stop: bool = False  # True when later probes cannot run (the shape contract failed)
-
-
-class Subject:
-    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
-
-    The user's module is never changed: the copy is made with ``copy.deepcopy``.
-
-    Args:
-        module: the user's block.
-        C: channels of its input.
-        T: the sequence length to probe with (<= the block's block_size).
-    """
-
-    def __init__(self, module: nn.Module, C: int, T: int) -> None:
-        self.C, self.T = C, T
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        self.generator = torch.Generator().manual_seed(0)
-        self.note = ""
-        failure: Exception | None = None
-        for dtype in (torch.float64, torch.float32):
-            self.dtype = dtype
-            self.module = copy.deepcopy(module).to(dtype).eval()
-            try:
-                self(self.input(T, T, C))
-                break
-            except Exception as e:
-                failure = failure or e
-        else:
-            self.dtype = torch.float64
-            self.module = copy.deepcopy(module).to(torch.float64).eval()
-        if self.dtype != torch.float64:
-            self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
-        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
-
-    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
-        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
-        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
-        return x.to(device=self.device, dtype=self.dtype)
-
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
-        """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
-
-        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``.
-        """
-        with torch.no_grad():
-            return self.forward(x, seeded=seeded)
-
-    def forward(self, x: Tensor, *, seeded: bool = True) -> Tensor:
-        """Like calling the subject, but with autograd as the caller has it."""
-        if not seeded:
-            return _tensor(self.module(x))
-        with self.own_rng():
-            torch.manual_seed(0)
-            return _tensor(self.module(x))
-
-    def own_rng(self) -> ContextManager[None]:
-        """A context in which the block may draw random numbers; the caller's RNG is restored."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        return torch.random.fork_rng(devices=devices)
-
-    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
-        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
-        scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
-        same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale)
-        return ~same
-
-
-def _tensor(y: object) -> Tensor:
-    if not isinstance(y, torch.Tensor):
-        raise TypeError(f"the block returned a {type(y).__name__}, expected a (B, T, C) tensor")
-    return y
 
 
 def _size(scale: float) -> str:
@@ -139,14 +63,14 @@ def _names(names: list[str], limit: int = 4) -> str:
 
 
 def shape(s: Subject) -> ProbeResult:
-    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes."""
+    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
     results = []
     for B in (T, T + 1):
         x = s.input(B, T, C)
         try:
             y = s(x)
-        except Exception as e:
+        except CAUGHT as e:
             if B == T:
                 msg = f"calling it on a {(B, T, C)} input raised {one_line(e)}"
                 return ProbeResult(False, msg, "shape", stop=True)
@@ -159,8 +83,18 @@ def shape(s: Subject) -> ProbeResult:
         if y.shape != x.shape:
             msg = f"a {tuple(x.shape)} input gave a {tuple(y.shape)} output, expected {tuple(x.shape)}"
             return ProbeResult(False, msg, "shape", stop=True)
+        if y.device != x.device:
+            msg = f"a {x.device} input gave an output on {y.device}, expected {x.device}"
+            return ProbeResult(False, msg, "dtype_device", stop=True)
+        if y.dtype != x.dtype:
+            msg = f"a {_dtype(x)} input gave a {_dtype(y)} output, expected {_dtype(x)}"
+            return ProbeResult(False, msg, "dtype_device")
         results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
     return ProbeResult(True, " and ".join(results))
+
+
+def _dtype(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def determinism(s: Subject) -> ProbeResult:
@@ -278,7 +212,16 @@ def gradients(s: Subject) -> ProbeResult:
         tensors = [p for _, p in params]
         grads: list[Tensor | None]
         if loss.requires_grad:
-            grads = list(torch.autograd.grad(loss, tensors, allow_unused=True))
+            try:
+                grads = list(torch.autograd.grad(loss, tensors, allow_unused=True))
+            except RuntimeError as e:
+                if "inplace operation" not in str(e):
+                    raise
+                msg = (
+                    "the backward pass fails: an in-place operation (such as x += ...) changed a "
+                    "tensor autograd had saved for it"
+                )
+                return ProbeResult(False, msg, "inplace")
         else:  # the output depends on no parameter at all
             grads = [None] * len(tensors)
     pairs = list(zip((n for n, _ in params), grads, strict=True))

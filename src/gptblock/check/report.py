@@ -2,6 +2,8 @@
 
 ``CheckReport`` is plain data with two renderings: ``format()`` (``str(report)``), the
 human-readable report ``gptblock check`` prints, and ``to_dict()``, what ``--json`` prints.
+``CheckReport.from_dict`` reads ``to_dict()``'s output back, validating every field: it is how
+a report crosses from the child process that ran the block to the checker (``isolation``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ from typing import Any
 
 from .catalogue import MISTAKES
 
-__all__ = ["CheckReport", "Finding", "one_line"]
+__all__ = ["CAUGHT", "CheckReport", "Finding", "one_line"]
+
+CAUGHT = (Exception, SystemExit)
+"""What the user's code may raise without stopping the check: any error, and ``sys.exit()``
+called from it (a ``SystemExit`` that would otherwise end the checker's process with the
+block's exit code). ``KeyboardInterrupt`` still stops the check."""
 
 
 @dataclass(frozen=True)
@@ -45,13 +52,21 @@ class CheckReport:
             empty when no catalogued mistake was found.
         details: for each diagnosed id, what exactly this block does.
         notes: what the checker could not do or assumed (e.g. names it could not map).
+        alternatives: other sets of mistakes that explain the block equally well. When there
+            are any, the checker is unsure: ``diagnosis`` is the likeliest, not a verdict.
+        compared: whether the block's arithmetic was compared with the reference. Without it
+            only the black-box probes speak: what they prove is diagnosed, but a mistake they
+            cannot see (a wrong scale) may remain.
 
-    ``passed`` is true only when every finding passed and the diagnosis is empty.
+    ``passed`` is true only when every finding passed and the diagnosis is empty;
+    ``confident`` when the arithmetic was compared and no alternative explains the block as
+    well as ``diagnosis`` does.
 
     Example:
-        >>> report = CheckReport("MyBlock()", [Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")])
-        >>> report.passed, report.diagnosis
-        (True, [])
+        >>> shape = Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")
+        >>> report = CheckReport("MyBlock()", [shape], compared=True)
+        >>> report.passed, report.diagnosis, report.confident
+        (True, [], True)
         >>> print(report)
         check MyBlock()
           PASS  shape                 (6, 6, 32) -> (6, 6, 32)
@@ -64,11 +79,19 @@ class CheckReport:
     diagnosis: list[str] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    alternatives: list[list[str]] = field(default_factory=list)
+    compared: bool = False
 
     def __post_init__(self) -> None:
-        unknown = [d for d in self.diagnosis if d not in MISTAKES]
+        named = [*self.diagnosis, *(d for ds in self.alternatives for d in ds)]
+        unknown = [d for d in named if d not in MISTAKES]
         if unknown:
             raise ValueError(f"unknown mistake ids {unknown}; expected some of {list(MISTAKES)}")
+
+    @property
+    def confident(self) -> bool:
+        """True when the arithmetic was compared and nothing else explains the block as well."""
+        return self.compared and not self.alternatives
 
     @property
     def passed(self) -> bool:
@@ -86,10 +109,21 @@ class CheckReport:
             lines.append(f"  {'PASS' if f.passed else 'FAIL'}  {f.name:<21} {f.message}")
         for note in self.notes:
             lines += _wrap(note, width, "  note: ", " " * 8)
-        if self.diagnosis:
-            lines.append("diagnosis: " + ", ".join(self.diagnosis))
+        if self.alternatives:
+            others = " | ".join(", ".join(a) or "no mistake" for a in self.alternatives)
+            lines += _wrap(
+                f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
+                f"explained equally well by: {others}",
+                width,
+                "",
+                "    ",
+            )
+        elif self.diagnosis:
+            more = "" if self.compared else " (black-box checks only: there may be more)"
+            lines.append("diagnosis: " + ", ".join(self.diagnosis) + more)
         elif self.passed:
-            lines.append("diagnosis: none")
+            more = "" if self.compared else " found by the black-box checks (not compared)"
+            lines.append("diagnosis: none" + more)
         else:
             lines.append("diagnosis: no catalogued mistake identified; see the failed checks")
         for d in self.diagnosis:
@@ -134,7 +168,42 @@ class CheckReport:
                 for d in self.diagnosis
             },
             "notes": list(self.notes),
+            "confident": self.confident,
+            "compared": self.compared,
+            "alternatives": [list(a) for a in self.alternatives],
         }
+
+    @classmethod
+    def from_dict(cls, data: object) -> CheckReport:
+        """The report ``to_dict()`` wrote, every field checked.
+
+        Raises:
+            ValueError: ``data`` is not such a report.
+
+        Example:
+            >>> report = CheckReport("B()", [Finding("shape", False, "bad")], ["shape"], compared=True)
+            >>> CheckReport.from_dict(report.to_dict()) == report
+            True
+        """
+        try:
+            d = _fields(data, {"target": str, "findings": list, "diagnosis": list})
+            findings = [
+                Finding(**_fields(f, {"name": str, "passed": bool, "message": str}))
+                for f in d["findings"]
+            ]
+            mistakes = d.get("mistakes", {})
+            details = {str(k): str(v.get("found", "")) for k, v in _fields(mistakes, {}).items()}
+            return cls(
+                d["target"],
+                findings,
+                [_str(m) for m in d["diagnosis"]],
+                {k: v for k, v in details.items() if v},
+                [_str(n) for n in d.get("notes", [])],
+                [[_str(m) for m in a] for a in d.get("alternatives", [])],
+                d.get("compared") is True,
+            )
+        except (TypeError, AttributeError) as e:
+            raise ValueError(f"not a check report: {e}") from e
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
@@ -143,9 +212,33 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     ) or [first.rstrip()]
 
 
+def _fields(data: object, types: dict[str, type]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object, got {type(data).__name__}")
+    for key, kind in types.items():
+        if not isinstance(data.get(key), kind):
+            raise TypeError(f"{key!r} must be a {kind.__name__}")
+    return data
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
 def one_line(e: BaseException | None) -> str:
-    """'TypeError: first line of the message', for a one-line report."""
+    """'TypeError: first line of the message', for a one-line report.
+
+    Example:
+        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
+        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
+    """
     if e is None:
         return "unknown error"
+    if isinstance(e, SystemExit):
+        return f"SystemExit: {e.code} (sys.exit({e.code!r}) was called)"
     lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0].rstrip('.')}" if lines else type(e).__name__
+    first = lines[0].rstrip(".") if lines else ""
+    first = first if len(first) <= 300 else first[:300] + "..."  # a message may be megabytes
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -5,28 +5,31 @@ Two kinds of evidence, combined into one report:
 1. Black-box probes (``gptblock.check.probes``) that need nothing but a module mapping
    (B, T, C) to (B, T, C): the shape contract, causality, batch independence, determinism in
    eval mode, the residual stream, finite outputs, gradients.
-2. When the block's parameter names can be read (``gptblock.check.mapping``: the lesson's
-   names, ``nn.TransformerEncoderLayer``'s / ``TransformerBlock``'s, nanoGPT / GPT-2's), a
-   comparison with the reference, the lessons' block computed step by step
-   (``gptblock.check.steps``): the correct block and every combination of up to three
-   catalogued mistakes (``gptblock.check.variants``) run with the block's own weights, in
-   float64, on the probes' input. The smallest set of mistakes that reproduces the block's
-   output within ``TOLERANCE`` (relative to the output's largest entry) is the diagnosis.
+2. When the block's parts can be given their roles (``gptblock.check.mapping``: by names,
+   shapes, registration order and the forward pass), a comparison with the reference, the
+   lessons' block computed step by step from those parts (``gptblock.check.steps``): the correct
+   block and every combination of up to three catalogued mistakes (``gptblock.check.variants``)
+   run in float64 on the probes' input. The smallest set of mistakes that reproduces the
+   block's output within ``TOLERANCE`` (relative to the output's largest entry) is the
+   diagnosis; equally small sets that also do are its alternatives, and the report is unsure.
 
 A probe failure that proves a mistake on its own (a future leak, batch mixing, dropout in eval,
-non-finite outputs, a broken shape) is diagnosed even when the names cannot be mapped, unless a
-mistake found by the comparison already explains it (a reversed mask also leaks the future and
-leaves the last position NaN).
+non-finite outputs, a broken shape, dtype or device) is diagnosed even when the roles cannot be
+found, unless a mistake found by the comparison already explains it (a reversed mask also leaks
+the future and leaves the last position NaN).
+
+``check_block`` runs the block in this process, or (``isolate=True``, the default for a
+``FILE.py:NAME`` target) in a child process (``gptblock.check.isolation``), so that a block that
+exits, crashes or hangs cannot take the checker with it.
 
 Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
 
-import inspect
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -35,35 +38,27 @@ from ..errors import UserTypeError, UserValueError
 from ..fused import FusedBlock
 from ..lesson import Block as LessonBlock
 from ..mha import TransformerBlock
+from .build import COMMON_ARGUMENTS, build, fill_common_arguments, max_length, width
 from .catalogue import MISTAKES
-from .mapping import MappedBlock, map_parameters
+from .isolation import DEFAULT_TIMEOUT, check_isolated
+from .mapping import MappedBlock, map_roles, resolve_roles
+from .parts import discover, observe, perturb
 from .probes import PROBES, ProbeResult, Subject
-from .report import CheckReport, Finding, one_line
-from .steps import Params
-from .variants import TOLERANCE, explain
+from .report import CAUGHT, CheckReport, Finding, one_line
+from .search import TOLERANCE, Match, explain
+from .subject import one_thread
+from .target import load_target
 
 __all__ = [
     "COMMON_ARGUMENTS",
     "CheckReport",
     "Finding",
+    "Progress",
     "check_block",
+    "check_in_process",
     "fill_common_arguments",
     "own_blocks",
 ]
-
-COMMON_ARGUMENTS: dict[str, object] = {
-    "n_embd": 32,
-    "d_model": 32,
-    "embed_dim": 32,
-    "n_head": 4,
-    "n_heads": 4,
-    "num_heads": 4,
-    "nhead": 4,
-    "block_size": 16,
-    "dropout": 0.1,
-}
-"""Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
-dropout left on in eval mode shows up."""
 
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
@@ -72,34 +67,33 @@ MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mi
 # separate mistake. (batch_mixing explains a shape failure that occurs only when B != T.)
 EXPLAINS: dict[str, set[str]] = {
     "mask_reversed": {"future_leak", "nonfinite"},
+    "mask_zero": {"future_leak"},
+    "mask_after_softmax": {"future_leak"},
     "softmax_dim": {"future_leak"},
+    "heads_mixed": {"future_leak"},
     "batch_mixing": {"shape"},
 }
 
 
-def fill_common_arguments(
-    factory: Callable[..., Any], given: Mapping[str, object]
-) -> dict[str, object]:
-    """``given`` plus a small value for every common argument ``factory`` takes but was not given.
+class Progress(Protocol):
+    """Where a check is, for a caller that must say what the block was doing if it never ends."""
 
-    Args:
-        factory: a block class or a function returning a block.
-        given: constructor arguments chosen by the caller; they always win.
+    def stage(self, what: str) -> None: ...
 
-    Example:
-        >>> from gptblock import lesson
-        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
-        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
-    """
-    try:
-        names = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # some builtins have no signature
-        return dict(given)
-    filled = dict(given)
-    for name in names:
-        if name in COMMON_ARGUMENTS and name not in filled:
-            filled[name] = COMMON_ARGUMENTS[name]
-    return filled
+    def built(self, description: str) -> None: ...
+
+    def finding(self, finding: Finding) -> None: ...
+
+
+class _Quiet:
+    def stage(self, what: str) -> None:
+        pass
+
+    def built(self, description: str) -> None:
+        pass
+
+    def finding(self, finding: Finding) -> None:
+        pass
 
 
 def own_blocks() -> list[Callable[..., nn.Module]]:
@@ -112,25 +106,45 @@ def own_blocks() -> list[Callable[..., nn.Module]]:
     return [LessonBlock, TransformerBlock, FusedBlock]
 
 
-def check_block(target: nn.Module | Callable[..., nn.Module], /, **kwargs: object) -> CheckReport:
+def check_block(
+    target: nn.Module | Callable[..., nn.Module] | str,
+    /,
+    *,
+    roles: Mapping[str, str] | None = None,
+    isolate: bool | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    **kwargs: object,
+) -> CheckReport:
     """Check a transformer block and diagnose its mistakes.
 
     Args:
-        target: an ``nn.Module`` mapping (B, T, C) to (B, T, C), or a class / factory that builds
-            one. A factory is called with ``kwargs`` plus ``fill_common_arguments``'s defaults,
-            under ``torch.manual_seed(0)`` (the caller's RNG state is restored), so a check is
+        target: an ``nn.Module`` mapping (B, T, C) to (B, T, C), a class / factory that builds
+            one, or the text ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one. A factory
+            is called with ``kwargs`` plus ``fill_common_arguments``'s defaults, under
+            ``torch.manual_seed(0)`` (the caller's RNG state is restored), so a check is
             reproducible.
+        roles: parts of the block by role, where the checker cannot tell them itself:
+            ``{"q": "attn.wq", "ln1": "norm_a", ...}`` (roles ``ln1 ln2 q k v qkv proj fc1
+            fc2``; a name may be a glob such as ``"heads.*.query"``, one module per head).
+        isolate: run the block in a child process, so that a block that exits, crashes or
+            hangs yields a report instead of taking this process with it. Default: only for a
+            text target (an object must be picklable to cross; ``gptblock check`` always
+            isolates).
+        timeout: with ``isolate``, the seconds the block may take (loading, building and
+            checking it); then the child is killed and the report says where it hung.
         **kwargs: constructor arguments; only with a class / factory.
 
     Returns:
-        A ``CheckReport``: ``passed``, ``findings`` (one per check) and ``diagnosis`` (ids from
-        ``gptblock.check.catalogue.MISTAKES``). The target itself is never changed: every check
-        runs on a float64, eval-mode deep copy. While it runs, torch uses one intra-op thread
-        (the probes' tensors are tiny); the caller's setting is restored.
+        A ``CheckReport``: ``passed``, ``findings`` (one per check), ``diagnosis`` (ids from
+        ``gptblock.check.catalogue.MISTAKES``) and, when the checker is unsure,
+        ``alternatives``. The target itself is never changed: every check runs on a float64,
+        eval-mode deep copy. While it runs, torch uses one intra-op thread (the probes' tensors
+        are tiny); the caller's setting is restored.
 
     Raises:
-        ValueError: the factory fails to build a block, or the block's width C cannot be told.
-        TypeError: ``target`` is neither a module nor callable, or the factory returns a
+        UserValueError: the target cannot be loaded or built, its width C cannot be told, a
+            role names no part, or ``timeout`` is not a positive number.
+        UserTypeError: ``target`` is neither a module nor callable, or the factory returns a
             non-module, or constructor arguments come with a module instance.
 
     Example:
@@ -150,58 +164,117 @@ def check_block(target: nn.Module | Callable[..., nn.Module], /, **kwargs: objec
         >>> report.passed, report.diagnosis
         (False, ['post_norm'])
     """
-    module, description = _build(target, kwargs)
-    threads = torch.get_num_threads()
-    # The probes' tensors are tiny: extra intra-op threads only add synchronisation, which on a
-    # busy 2-core machine made one check 70x slower (2.3 s against 33 ms). Restored below.
-    torch.set_num_threads(1)
-    try:
-        return _check(module, description, kwargs)
-    finally:
-        torch.set_num_threads(threads)
+    given = _checked_roles(roles)
+    if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise UserValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isolate is None:
+        isolate = isinstance(target, str)
+    if isolate:
+        return check_isolated([target], kwargs=kwargs, roles=given, timeout=timeout)[0]
+    if isinstance(target, str):
+        target = load_target(target)
+    return check_in_process(target, kwargs, given)
 
 
-def _check(module: nn.Module, description: str, kwargs: Mapping[str, object]) -> CheckReport:
-    mapped = map_parameters(module)
-    C = _width(module, mapped, kwargs)
-    T = min(PROBE_T, _max_length(module, kwargs))
+def check_in_process(
+    target: object,
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    progress: Progress | None = None,
+) -> CheckReport:
+    """``check_block`` in this process, telling ``progress`` each stage and finding."""
+    progress = progress or _Quiet()
+    progress.stage("building the block")
+    module, description = build(target, kwargs)
+    progress.built(description)
+    with one_thread():
+        return _check(module, description, kwargs, roles, progress)
+
+
+def _checked_roles(roles: object) -> dict[str, str]:
+    if roles is None:
+        return {}
+    if not isinstance(roles, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in roles.items()
+    ):
+        raise UserTypeError(f"roles must map role names to part names (str to str), got {roles!r}")
+    return dict(roles)
+
+
+def _check(
+    module: nn.Module,
+    description: str,
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    progress: Progress,
+) -> CheckReport:
+    C = width(module, kwargs)
+    T = min(PROBE_T, max_length(module, kwargs, PROBE_T))
+    progress.stage("copying the block and calling it once")
     subject = Subject(module, C, T)
     notes = [subject.note] if subject.note else []
+
+    progress.stage("finding the parts by role")
+    parts = discover(subject.module)
+    try:
+        given = resolve_roles(parts, roles)
+    except ValueError as e:
+        raise UserValueError(str(e)) from e
+    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    called = observe(subject.module, parts, lambda: subject(x.to(subject.device, subject.dtype)))
+    mapped = map_roles(subject.module, C, parts, called, given)
+    perturb(parts)  # trained-looking norms and biases, so that swapping them shows
 
     results: list[ProbeResult] = []
     findings: list[Finding] = []
     for name, probe in PROBES.items():
+        progress.stage(f"the {name} probe")
         results.append(_run(probe, subject))
         findings.append(Finding(name, results[-1].passed, results[-1].message))
+        progress.finding(findings[-1])
         if results[-1].stop:
             notes.append("the other checks need the shape contract and were not run")
             break
     implied = [r.implies for r in results if r.implies]  # mistakes the probes prove
     details = {r.implies: r.message for r in results if r.implies}
     found: list[str] = []  # mistakes the reference comparison reproduces
+    others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
+    compared = False
 
     if not isinstance(mapped, MappedBlock):
-        notes.append(
-            f"names cannot be mapped to the reference, black-box results only: {mapped.reason}"
-        )
+        notes.append(f"parts not found by role, black-box results only: {mapped.reason}")
     elif results[-1].stop:
         notes.append(mapped.describe())
-    elif "dropout_in_eval" in implied:
+    elif "dropout_in_eval" in implied and not _without_dropout(subject):
         notes.append(mapped.describe())
         notes.append("no comparison with the reference: the outputs are random in eval mode")
     else:
-        notes.append(mapped.describe())
+        if "dropout_in_eval" in implied:
+            notes.append("compared with every dropout probability of the block set to 0")
+        progress.stage("the reference comparison")
         try:
-            finding, found, what = _compare(subject, mapped)
-        except Exception as e:  # a layout the reference cannot run is the checker's limit
+            finding, match, ties, reading = _compare(subject, mapped)
+        except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
+            notes.append(mapped.describe())
             notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
         else:
+            notes.append(mapped.describe(reading))
+            if reading >= len(mapped.readings):
+                notes.append("q, k, v are not in registration order: the roles above matched")
             findings.append(finding)
-            details.update(what)  # the variant's account of a mistake is more specific
+            progress.finding(finding)
+            compared = True
+            if match is not None:
+                found = match.mistakes
+                others = [m.mistakes for m in ties]
+                details.update(  # the variant's account of a mistake is more specific
+                    {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
+                )
 
     diagnosis = _diagnose(found, implied)
+    alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
-    return CheckReport(description, findings, diagnosis, details, notes)
+    return CheckReport(description, findings, diagnosis, details, notes, alternatives, compared)
 
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:
@@ -211,23 +284,50 @@ def _diagnose(found: list[str], implied: list[str]) -> list[str]:
     return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
 
 
+_DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
+                  "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
+
+
+def _without_dropout(subject: Subject) -> bool:
+    """Set every dropout probability of the subject's block to 0; True if that makes its eval
+    outputs deterministic (the rest of its arithmetic can then be compared)."""
+    for m in subject.module.modules():
+        for name, value in vars(m).items():
+            if name in _DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
+                setattr(m, name, 0.0)
+    x = subject.input(subject.T, subject.T, subject.C)
+    try:
+        with subject.own_rng():
+            return bool(torch.equal(subject(x, seeded=False), subject(x, seeded=False)))
+    except CAUGHT:
+        return False
+
+
 def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResult:
     """Run one probe; a block that raises fails that probe instead of stopping the check."""
     try:
         return probe(subject)
-    except Exception as e:
+    except CAUGHT as e:
         return ProbeResult(False, f"the block raised {one_line(e)}")
 
 
-def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str], dict[str, str]]:
-    """Search the variants for the one that reproduces the block; returns the finding, the
-    mistakes found and what exactly each one is in this block."""
+def _compare(
+    subject: Subject, mapped: MappedBlock
+) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
+    """Search the variants for the one that reproduces the block: the finding, the match, the
+    equally good alternatives and which reading of the block (an index into ``mapped.names``)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(subject.T, subject.T, subject.C, generator=g, dtype=torch.float64)
     x = x.to(subject.device)  # (B, T, C) with B = T, as the probes use
     y = subject(x.to(subject.dtype)).to(torch.float64)
-    params = mapped.params if subject.device.type == "cpu" else _to(mapped, subject.device)
-    result = explain(params, x, y, mapped.heads, MAX_MISTAKES)
+    offset = 0
+    with torch.no_grad():
+        result = explain(mapped.readings, x, y, mapped.heads, MAX_MISTAKES)
+        if result.match is None and mapped.fallback:  # q, k, v in another order, then?
+            again = explain(mapped.fallback, x, y, mapped.heads, MAX_MISTAKES)
+            if again.match is not None:
+                result, offset = again, len(mapped.readings)
+    reading = offset + (result.match.reading if result.match else 0)
     name = "reference comparison"
     if result.match is None:
         closest = result.closest
@@ -238,103 +338,14 @@ def _compare(subject: Subject, mapped: MappedBlock) -> tuple[Finding, list[str],
             f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
             f"within {TOLERANCE:g} of its output scale{near}"
         )
-        return Finding(name, False, msg), [], {}
+        return Finding(name, False, msg), None, (), 0
     match = result.match
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
-    if not match.deviations:
+    if not match.deviations and not result.alternatives:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
-        return Finding(name, True, msg), [], {}
+        return Finding(name, True, msg), match, (), reading
     msg = f"reproduced by the reference with {match.describe()}: {within}"
     if result.alternatives:
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
-    found = list(dict.fromkeys(match.mistakes))
-    details = {d.mistake: d.describe(mapped.params.C, match.n_head) for d in match.deviations}
-    return Finding(name, False, msg), found, details
-
-
-def _to(mapped: MappedBlock, device: torch.device) -> Params:
-    """The mapped weights on ``device``, where the block's outputs are."""
-    values = {f.name: getattr(mapped.params, f.name) for f in fields(mapped.params)}
-    moved: dict[str, Any] = {
-        k: v.to(device) for k, v in values.items() if isinstance(v, torch.Tensor)
-    }
-    return replace(mapped.params, **moved)
-
-
-def _build(target: object, kwargs: dict[str, object]) -> tuple[nn.Module, str]:
-    """The module to check and how to name it in the report."""
-    if isinstance(target, nn.Module):
-        if kwargs:
-            raise UserTypeError(
-                f"constructor arguments {sorted(kwargs)} given, but the target is already a "
-                f"module ({type(target).__name__}); pass its class instead"
-            )
-        return target, type(target).__name__
-    if not callable(target):
-        raise UserTypeError(
-            f"target must be an nn.Module or a class / factory building one, got {target!r}"
-        )
-    args = fill_common_arguments(target, kwargs)
-    name = getattr(target, "__qualname__", repr(target))
-    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        try:
-            module = target(**args)
-        except Exception as e:
-            raise UserValueError(f"cannot build {description}: {one_line(e)}") from e
-    if not isinstance(module, nn.Module):
-        raise UserTypeError(
-            f"{description} returned a {type(module).__name__}, expected an nn.Module"
-        )
-    return module, description
-
-
-_WIDTH_NAMES = ("n_embd", "d_model", "embed_dim")
-_LENGTH_NAMES = ("block_size", "max_len", "context_length", "max_seq_len")
-
-
-def _width(module: nn.Module, mapped: object, kwargs: Mapping[str, object]) -> int:
-    """C: from the mapped weights, a constructor argument, an attribute, or the first norm/linear."""
-    if isinstance(mapped, MappedBlock):
-        return mapped.params.C
-    for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in _WIDTH_NAMES:
-            value = source.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value
-    for m in module.modules():
-        if isinstance(m, nn.LayerNorm):
-            return int(m.normalized_shape[-1])
-        if isinstance(m, nn.Linear):
-            return int(m.in_features)
-    raise UserValueError(
-        f"cannot tell the width C of {type(module).__name__}: no n_embd / d_model / embed_dim "
-        "attribute, LayerNorm or Linear layer; give the class an n_embd or d_model argument"
-    )
-
-
-def _max_length(module: nn.Module, kwargs: Mapping[str, object]) -> int:
-    """The longest sequence the block accepts, as far as its arguments and buffers tell."""
-    for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in _LENGTH_NAMES:
-            value = source.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value
-    for _, buffer in module.named_buffers():
-        if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] and buffer.shape[-1] >= 1:
-            return int(buffer.shape[-1])  # a causal-mask buffer: (..., block_size, block_size)
-    return PROBE_T
-
-
-def _attributes(m: nn.Module) -> dict[str, object]:
-    """The module's own attributes, and its ``config``'s, that might name a size."""
-    found: dict[str, object] = {}
-    config = getattr(m, "config", None)
-    for owner in (config, m):
-        for name in _WIDTH_NAMES + _LENGTH_NAMES:
-            value = getattr(owner, name, None)
-            if value is not None:
-                found[name] = value
-    return found
+    return Finding(name, False, msg), match, result.alternatives, reading

@@ -1,16 +1,22 @@
-"""The lessons' pre-norm block computed step by step from its weights, each step replaceable.
+"""The lessons' pre-norm block computed step by step from a block's own parts, each step replaceable.
 
-``run_steps(params, x, n_head, activation, steps)`` computes the pre-norm block of the lessons
-from a plain set of weights (``Params``), in whatever dtype the weights have (the checker uses
-float64). ``Steps`` says how each step is done: the causal mask, the score scale, the softmax
-axis, which axis attention runs along, and how the sub-layers are wired to the residual stream.
-The correct block is ``CORRECT``; each catalogued mistake is a change to one field of it (a
-``Deviation`` of ``gptblock.check.variants``). The reports call this block "the reference".
+``run_steps(parts, x, n_head, activation, steps)`` computes the pre-norm block of the lessons
+from ``Parts``: the block's sub-layers as functions, in the roles the lessons give them (the two
+LayerNorms, the q/k/v projections, the output projection, the MLP's two layers), however the
+block names or stores them (``gptblock.check.mapping`` finds them). ``Steps`` says how each step
+in between is done: which norm each branch uses, how q/k/v are split into heads and merged back,
+the causal mask and when it is applied, the score scale, the softmax axis, which axis attention
+runs along, and how the sub-layers are wired to the residual stream. The correct block is
+``CORRECT``; each catalogued mistake is a change to one field of it (a ``Deviation`` of
+``gptblock.check.variants``). The reports call this block "the reference".
 
 This is deliberately independent of ``gptblock.lesson`` / ``gptblock.mha``: a few lines of
 ``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle,
 ``gptblock.reference``, was rejected here because the variants need the same code path with one
-step swapped, and the checker must run on whatever device the user's block lives on.)
+step swapped, and the checker must run on whatever device the user's block lives on.) The parts
+are functions rather than weights so that a block's own LayerNorm (the Annotated Transformer's
+divides by the unbiased std plus eps), its own linear layers (Hugging Face's ``Conv1D`` stores
+weights (in, out)) and its own packing are computed exactly as the block computes them.
 
 Shapes: B batch, T time, C channels, D = nh * hs attention width (C in every standard block),
 H the MLP's hidden width, nh heads, hs head size.
@@ -27,73 +33,70 @@ from torch.nn import functional as F
 __all__ = [
     "CANDIDATE_ACTIVATIONS",
     "CORRECT",
-    "Params",
+    "QKV",
+    "MissingPart",
+    "Parts",
     "Steps",
     "SubLayer",
     "Wiring",
+    "affine",
     "run_steps",
 ]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
+QKV = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+class MissingPart(ValueError):
+    """The steps need a part this block does not have (a second LayerNorm)."""
 
 
 @dataclass(frozen=True, repr=False)
-class Params:
-    """One block's weights in one layout: ``nn.Linear``'s (out, in), q/k/v as separate matrices.
+class Parts:
+    """One block's sub-layers as functions, in the roles of the lessons' block.
 
-    Heads are contiguous slices of the attention width: head i uses rows ``i*hs:(i+1)*hs`` of
-    ``wq``/``wk``/``wv`` and columns ``i*hs:(i+1)*hs`` of ``wo`` (the layout of the lesson's
-    concatenated heads, ``nn.MultiheadAttention``'s ``in_proj_weight`` and GPT-2's ``c_attn``).
-    Any bias or LayerNorm affine parameter may be ``None``.
+    Heads are contiguous slices of the attention width: head i is channels ``i*hs:(i+1)*hs`` of
+    what ``qkv`` returns and of what ``proj`` takes (the layout of the lesson's concatenated
+    heads, ``nn.MultiheadAttention``'s ``in_proj_weight`` and GPT-2's ``c_attn``).
+
+    Args:
+        C: channels of the residual stream.
+        D: attention width nh * hs.
+        qkv: (B, T, C) -> q, k, v, each (B, T, D).
+        proj: the output projection, (B, T, D) -> (B, T, C).
+        fc1: the MLP's first layer, (B, T, C) -> (B, T, H).
+        fc2: the MLP's second layer, (B, T, H) -> (B, T, C).
+        ln1: the attention branch's LayerNorm, (B, T, C) -> (B, T, C).
+        ln2: the MLP branch's LayerNorm; ``None`` when the block has only one.
     """
 
-    ln1_weight: Tensor | None  # (C,)
-    ln1_bias: Tensor | None  # (C,)
-    ln1_eps: float
-    wq: Tensor  # (D, C)
-    bq: Tensor | None  # (D,)
-    wk: Tensor  # (D, C)
-    bk: Tensor | None  # (D,)
-    wv: Tensor  # (D, C)
-    bv: Tensor | None  # (D,)
-    wo: Tensor  # (C, D)
-    bo: Tensor | None  # (C,)
-    ln2_weight: Tensor | None  # (C,)
-    ln2_bias: Tensor | None  # (C,)
-    ln2_eps: float
-    w1: Tensor  # (H, C)
-    b1: Tensor | None  # (H,)
-    w2: Tensor  # (C, H)
-    b2: Tensor | None  # (C,)
+    C: int
+    D: int
+    qkv: QKV
+    proj: SubLayer
+    fc1: SubLayer
+    fc2: SubLayer
+    ln1: SubLayer | None
+    ln2: SubLayer | None
 
     def __post_init__(self) -> None:
-        C, D, H = self.wo.shape[0], self.wq.shape[0], self.w1.shape[0]
-        expected = {
-            "wq": (D, C), "wk": (D, C), "wv": (D, C), "wo": (C, D), "w1": (H, C), "w2": (C, H),
-            "bq": (D,), "bk": (D,), "bv": (D,), "bo": (C,), "b1": (H,), "b2": (C,),
-            "ln1_weight": (C,), "ln1_bias": (C,), "ln2_weight": (C,), "ln2_bias": (C,),
-        }  # fmt: skip
-        for name, shape in expected.items():
-            value = getattr(self, name)
-            if value is not None and tuple(value.shape) != shape:
-                raise ValueError(
-                    f"{name} has shape {tuple(value.shape)}, expected {shape} "
-                    f"(C={C}, attention width {D}, MLP width {H})"
-                )
+        if self.C < 1 or self.D < 1:
+            raise ValueError(f"C and D must be >= 1, got C={self.C}, D={self.D}")
 
     def __repr__(self) -> str:
-        return f"Params(C={self.C}, D={self.D}, H={self.w1.shape[0]})"
+        return f"Parts(C={self.C}, D={self.D})"
 
-    @property
-    def C(self) -> int:
-        """Channels of the residual stream."""
-        return int(self.wo.shape[0])
 
-    @property
-    def D(self) -> int:
-        """Attention width nh * hs (C in every standard block)."""
-        return int(self.wq.shape[0])
+def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
+    """``F.linear`` with these weights ((out, in), as ``nn.Linear`` stores them) as a sub-layer.
+
+    Example:
+        >>> f = affine(torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+        >>> f(torch.zeros(1, 2, dtype=torch.float64))
+        tensor([[1., 1.]], dtype=torch.float64)
+    """
+    return lambda h: F.linear(h, weight, bias)
 
 
 def _gelu_tanh(x: Tensor) -> Tensor:
@@ -102,8 +105,8 @@ def _gelu_tanh(x: Tensor) -> Tensor:
 
 CANDIDATE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf): nn.GELU(), TransformerBlock, nanoGPT
-    "gelu_tanh": _gelu_tanh,  # the tanh approximation: Hugging Face GPT-2's gelu_new
-    "relu": F.relu,  # the first lesson's FeedForward
+    "gelu_tanh": _gelu_tanh,  # the tanh approximation: Hugging Face GPT-2's gelu_new, minGPT
+    "relu": F.relu,  # the first lesson's FeedForward, the Annotated Transformer
 }
 """The MLP activations a correct block may use. A black box does not say which it uses, so each
 is tried, and none of them is a mistake. (Not ``gptblock.config.ACTIVATIONS``, the activations
@@ -113,6 +116,8 @@ gptblock's own blocks offer: a learner's block may use one they do not, such as 
 # ----- the correct steps ---------------------------------------------------------------------
 
 Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
+Norms = Callable[[SubLayer | None, SubLayer | None], tuple[SubLayer | None, SubLayer | None]]
+Masking = Callable[[Tensor, Tensor, int], Tensor]
 
 
 def _pre_norm(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
@@ -120,9 +125,30 @@ def _pre_norm(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubL
     return x + mlp(ln2(x))  # lesson 1: x = x + self.ffwd(self.ln2(x))
 
 
+def _own_norms(
+    ln1: SubLayer | None, ln2: SubLayer | None
+) -> tuple[SubLayer | None, SubLayer | None]:
+    return ln1, ln2  # each branch its own LayerNorm
+
+
 def _causal(T: int, device: torch.device) -> Tensor:
     """True = blocked: key j > query i (lesson 2's torch.triu(..., diagonal=1))."""
     return torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), diagonal=1)
+
+
+def _mask_then_softmax(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
+    # lesson 1: wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), then F.softmax
+    return F.softmax(scores.masked_fill(blocked, float("-inf")), dim=dim)
+
+
+def _split_heads(t: Tensor, n_head: int) -> Tensor:
+    B, T, D = t.shape
+    return t.reshape(B, T, n_head, D // n_head).transpose(1, 2)  # (B, T, D) -> (B, nh, T, hs)
+
+
+def _merge_heads(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, nh * hs)
 
 
 @dataclass(frozen=True)
@@ -134,74 +160,83 @@ class Steps:
     inside the forward.
     """
 
+    norms: Norms  # (ln1, ln2) -> the norms the attention and MLP branches use
+    split: Callable[[Tensor, int], Tensor]  # (B, T, D), nh -> (B, nh, T, hs)
     blocked: Callable[[int, torch.device], Tensor]  # T -> bool (T, T) mask, True = blocked
     scale: Callable[[int, int], float]  # (C, hs) -> factor on the scores
+    masking: Masking  # (scores, blocked, softmax_dim) -> attention weights, (B, nh, T, T)
     softmax_dim: int  # the axis of the (B, nh, T, T) scores that the softmax normalises
+    merge: Callable[[Tensor], Tensor]  # (B, nh, T, hs) -> (B, T, D)
     time_axis: int  # the input axis attention runs along: 1 for (B, T, C), 0 if read as (T, B, C)
     wiring: Wiring  # how the sub-layers and norms connect to the residual stream
 
 
 CORRECT = Steps(
-    blocked=_causal, scale=lambda C, hs: hs**-0.5, softmax_dim=-1, time_axis=1, wiring=_pre_norm
+    norms=_own_norms,
+    split=_split_heads,
+    blocked=_causal,
+    scale=lambda C, hs: hs**-0.5,
+    masking=_mask_then_softmax,
+    softmax_dim=-1,
+    merge=_merge_heads,
+    time_axis=1,
+    wiring=_pre_norm,
 )
 
 
 def run_steps(
-    p: Params, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], steps: Steps
+    parts: Parts, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], steps: Steps
 ) -> Tensor:
-    """The block ``steps`` describes, with weights ``p``, on input ``x``.
+    """The block ``steps`` describes, with the sub-layers ``parts``, on input ``x``.
 
     A query row that the steps' mask blocks entirely comes out NaN, as it does with
     ``masked_fill(-inf)`` + softmax and with ``nn.MultiheadAttention``; the checker ignores
     such positions when it compares.
 
     Args:
-        p: the weights.
+        parts: the block's sub-layers.
         x: the input.
         n_head: nh; must divide the attention width D.
         activation: the MLP's nonlinearity (one of ``CANDIDATE_ACTIVATIONS``).
         steps: ``CORRECT`` or a variant of it.
 
+    Raises:
+        MissingPart: the steps need a second LayerNorm and the block has only one.
+
     Shape:
         x: (B, T, C); returns (B, T, C).
 
     Example:
-        >>> C, D, H = 8, 8, 32
+        >>> C, H = 8, 32
         >>> g = torch.Generator().manual_seed(0)
         >>> w = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-        >>> p = Params(None, None, 1e-5, w(D, C), None, w(D, C), None, w(D, C), None, w(C, D),
-        ...            None, None, None, 1e-5, w(H, C), None, w(C, H), None)
-        >>> run_steps(p, w(2, 3, C), 2, F.relu, CORRECT).shape
+        >>> wq, wk, wv = w(C, C), w(C, C), w(C, C)
+        >>> qkv = lambda h: (F.linear(h, wq), F.linear(h, wk), F.linear(h, wv))
+        >>> norm = lambda h: F.layer_norm(h, (C,))
+        >>> parts = Parts(C, C, qkv, affine(w(C, C)), affine(w(H, C)), affine(w(C, H)), norm, norm)
+        >>> run_steps(parts, w(2, 3, C), 2, F.relu, CORRECT).shape
         torch.Size([2, 3, 8])
     """
-    C = p.C
-
-    def ln1(h: Tensor) -> Tensor:
-        return F.layer_norm(h, (C,), p.ln1_weight, p.ln1_bias, p.ln1_eps)
-
-    def ln2(h: Tensor) -> Tensor:
-        return F.layer_norm(h, (C,), p.ln2_weight, p.ln2_bias, p.ln2_eps)
+    ln1, ln2 = steps.norms(parts.ln1, parts.ln2)
+    if ln1 is None or ln2 is None:
+        raise MissingPart("these steps need a LayerNorm per branch; the block has only one")
 
     def attn(h: Tensor) -> Tensor:
-        return _attention(p, h, n_head, steps)
+        return _attention(parts, h, n_head, steps)
 
     def mlp(h: Tensor) -> Tensor:
-        return F.linear(activation(F.linear(h, p.w1, p.b1)), p.w2, p.b2)  # (B, T, H) -> (B, T, C)
+        return parts.fc2(activation(parts.fc1(h)))  # (B, T, C) -> (B, T, H) -> (B, T, C)
 
     return steps.wiring(x, attn, mlp, ln1, ln2)
 
 
-def _attention(p: Params, h: Tensor, n_head: int, steps: Steps) -> Tensor:
+def _attention(parts: Parts, h: Tensor, n_head: int, steps: Steps) -> Tensor:
     if steps.time_axis == 0:
         h = h.transpose(0, 1)  # (T, B, C) read as a batch of T sequences of length B
-    B, T, C = h.shape
-    hs = p.D // n_head
-    q = F.linear(h, p.wq, p.bq).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = F.linear(h, p.wk, p.bk).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-    v = F.linear(h, p.wv, p.bv).view(B, T, n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-    wei = (q @ k.transpose(-2, -1)) * steps.scale(C, hs)  # (B, nh, T, hs) @ (B, nh, hs, T)
-    wei = wei.masked_fill(steps.blocked(T, h.device), float("-inf"))  # (B, nh, T, T)
-    wei = F.softmax(wei, dim=steps.softmax_dim)
-    out = (wei @ v).transpose(1, 2).reshape(B, T, p.D)  # (B, nh, T, hs) -> (B, T, nh * hs)
-    out = F.linear(out, p.wo, p.bo)  # (B, T, C)
+    T = h.shape[1]
+    hs = parts.D // n_head
+    q, k, v = (steps.split(t, n_head) for t in parts.qkv(h))  # 3 x (B, nh, T, hs)
+    scores = (q @ k.transpose(-2, -1)) * steps.scale(parts.C, hs)  # (B, nh, T, T)
+    wei = steps.masking(scores, steps.blocked(T, h.device), steps.softmax_dim)  # (B, nh, T, T)
+    out = parts.proj(steps.merge(wei @ v))  # (B, nh, T, hs) -> (B, T, D) -> (B, T, C)
     return out.transpose(0, 1) if steps.time_axis == 0 else out

@@ -5,10 +5,10 @@ instance) and ``parse_argument`` turns ``NAME=VALUE`` into a constructor argumen
 ``gptblock check TARGET --arg NAME=VALUE`` does before it calls ``check_block``.
 
 This module is the one place where the user's code is imported and executed, kept apart from the
-checking (it imports only the standard library and ``report.one_line``) so that loading can move
-into a separate process without touching the rest of the checker. Every failure is a
-``ValueError`` (or ``FileNotFoundError``) with a one-line message, which the CLI prints before
-exiting with code 2.
+checking (it imports only the standard library and ``report``), so that ``gptblock check`` can
+load it in the child process that checks it (``worker``). Every failure, ``sys.exit()`` at
+import included, is a ``ValueError`` (or ``FileNotFoundError``) with a one-line message, which
+the CLI prints before exiting with code 2.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import UserFileNotFoundError, UserValueError
-from .report import one_line
+from .report import CAUGHT, one_line
 
-__all__ = ["load_target", "parse_argument"]
+__all__ = ["check_spec", "load_target", "parse_argument", "parse_role"]
 
 
 def parse_argument(text: str) -> tuple[str, object]:
@@ -49,6 +49,47 @@ def parse_argument(text: str) -> tuple[str, object]:
         return name, value  # not a literal: the string itself, e.g. activation=relu
 
 
+def parse_role(text: str) -> tuple[str, str]:
+    """``ROLE=NAME`` (what follows ``--map``): a part of the block named for a role.
+
+    Args:
+        text: e.g. ``q=attn.wq`` or ``q=heads.*.query``.
+
+    Raises:
+        ValueError: not ``ROLE=NAME``.
+
+    Example:
+        >>> parse_role("ln1=norm_a")
+        ('ln1', 'norm_a')
+    """
+    role, sep, name = text.partition("=")
+    if not sep or not role.isidentifier() or not name:
+        raise UserValueError(
+            f"--map expects ROLE=NAME (e.g. q=attn.wq), got {text!r}; put TARGET before --map"
+        )
+    return role, name
+
+
+def check_spec(spec: str) -> tuple[str, str, bool]:
+    """``(where, name, is_file)`` of a well-formed target spec, without importing anything.
+
+    Raises:
+        ValueError: a malformed spec.
+        FileNotFoundError: a file spec whose file does not exist.
+
+    Example:
+        >>> check_spec("gptblock.lesson:Block")
+        ('gptblock.lesson', 'Block', False)
+    """
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise UserValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    if is_file and not Path(where).is_file():
+        raise UserFileNotFoundError(f"no such file: {where}")
+    return where, name, is_file
+
+
 def load_target(spec: str) -> Any:
     """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
 
@@ -70,15 +111,13 @@ def load_target(spec: str) -> Any:
         Traceback (most recent call last):
         gptblock.errors.UserValueError: TARGET must be FILE.py:NAME or package.module:NAME, got 'gptblock.lesson'
     """
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise UserValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
-    if where.endswith(".py") or "/" in where or "\\" in where:
+    where, name, is_file = check_spec(spec)
+    if is_file:
         module = _load_file(Path(where))
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as e:
+        except CAUGHT as e:
             raise UserValueError(f"cannot import {where}: {one_line(e)}") from e
     obj: Any = module
     for part in name.split("."):
@@ -100,7 +139,7 @@ def _load_file(path: Path) -> ModuleType:
     sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except CAUGHT as e:
         del sys.modules[name]
         raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
     finally:

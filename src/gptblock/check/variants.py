@@ -1,13 +1,13 @@
-"""The catalogued mistakes as changes to the lessons' steps, and the search for the one a block is.
+"""The catalogued mistakes as changes to the lessons' steps, and every combination of them.
 
 Each ``Deviation`` is one concrete way to make a catalogued mistake: a function ``Steps -> Steps``
-that swaps one step of ``gptblock.check.steps.CORRECT`` (the mask, the score scale, the softmax
-axis, the axis attention runs along, the wiring of the residual stream). Deviations compose, so
-"post-norm and no scaling" is two deviations applied in turn; ``variants(max_size)`` lists every
-composition of at most ``max_size`` deviations, smallest first, and ``explain`` runs them with a
-block's own weights until one reproduces the block's output.
+that swaps one step of ``gptblock.check.steps.CORRECT`` (the norms, the head split or merge, the
+mask, the score scale, the softmax axis, the axis attention runs along, the wiring of the
+residual stream). Deviations compose, so "post-norm and no scaling" is two deviations applied in
+turn; ``variants(max_size)`` lists every composition of at most ``max_size`` deviations,
+smallest first, which ``gptblock.check.search.explain`` runs with a block's own parts.
 
-Shapes: B batch, T time, C channels, nh heads, hs head size.
+Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
 
 from __future__ import annotations
@@ -17,20 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
+from torch.nn import functional as F
 
-from .steps import CANDIDATE_ACTIVATIONS, CORRECT, Params, Steps, SubLayer, run_steps
+from .steps import CORRECT, Steps, SubLayer
 
-__all__ = [
-    "DEVIATIONS",
-    "TOLERANCE",
-    "Deviation",
-    "Explanation",
-    "Match",
-    "compose",
-    "distance",
-    "explain",
-    "variants",
-]
+__all__ = ["DEVIATIONS", "Deviation", "compose", "variants"]
 
 Tensor = torch.Tensor
 
@@ -72,6 +63,12 @@ def _normalised_stream(
     return x + mlp(x)
 
 
+def _shared_norm(
+    ln1: SubLayer | None, ln2: SubLayer | None
+) -> tuple[SubLayer | None, SubLayer | None]:
+    return ln1, ln1  # the MLP branch reuses the attention branch's LayerNorm
+
+
 def _unmasked(T: int, device: torch.device) -> Tensor:
     return torch.zeros(T, T, dtype=torch.bool, device=device)
 
@@ -79,6 +76,29 @@ def _unmasked(T: int, device: torch.device) -> Tensor:
 def _reversed(T: int, device: torch.device) -> Tensor:
     """torch.tril (True on the *allowed* positions) read as True = blocked."""
     return torch.tril(torch.ones(T, T, dtype=torch.bool, device=device))
+
+
+def _fill_zero(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
+    return F.softmax(scores.masked_fill(blocked, 0.0), dim=dim)  # 0 is a score like any other
+
+
+def _mask_after_softmax(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
+    return F.softmax(scores, dim=dim).masked_fill(blocked, 0.0)  # rows no longer sum to 1
+
+
+def _split_without_transpose(t: Tensor, n_head: int) -> Tensor:
+    B, T, D = t.shape
+    return t.reshape(B, n_head, T, D // n_head)  # (B, T, D) -> (B, nh, T, hs), heads and time mixed
+
+
+def _merge_without_transpose(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, D), heads and time mixed
+
+
+def _merge_interleaved(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.permute(0, 2, 3, 1).reshape(B, T, hs * nh)  # (B, T, hs, nh): channel d*nh + h
 
 
 # ----- the mistakes as deviations --------------------------------------------------------------
@@ -132,6 +152,20 @@ DEVIATIONS: tuple[Deviation, ...] = (
         lambda s: replace(s, blocked=_reversed),
     ),
     Deviation(
+        "mask_zero",
+        "mask",
+        "the future scores are set to 0 instead of -inf before the softmax, so each position "
+        "still gives later positions weight exp(0)",
+        lambda s: replace(s, masking=_fill_zero),
+    ),
+    Deviation(
+        "mask_after_softmax",
+        "mask",
+        "the causal mask zeroes the weights after the softmax: each row was normalised over "
+        "the future too and no longer sums to 1",
+        lambda s: replace(s, masking=_mask_after_softmax),
+    ),
+    Deviation(
         "batch_mixing",
         "axis",
         "attention runs along the batch axis: the (B, T, C) input is read as (T, B, C)",
@@ -168,6 +202,27 @@ DEVIATIONS: tuple[Deviation, ...] = (
         lambda s: replace(s, softmax_dim=-2),
     ),
     Deviation(
+        "heads_mixed",
+        "split",
+        "q, k and v are reshaped to (B, nh, T, hs) with view(B, nh, T, hs) instead of "
+        "view(B, T, nh, hs).transpose(1, 2): each 'head' holds pieces of several positions",
+        lambda s: replace(s, split=_split_without_transpose),
+    ),
+    Deviation(
+        "heads_mixed",
+        "merge",
+        "the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
+        "each position's output holds pieces of other positions",
+        lambda s: replace(s, merge=_merge_without_transpose),
+    ),
+    Deviation(
+        "heads_mixed",
+        "merge",
+        "the heads' outputs are concatenated in the wrong order: channel d of head h lands at "
+        "d * nh + h instead of h * hs + d (a permute(0, 2, 3, 1) instead of transpose(1, 2))",
+        lambda s: replace(s, merge=_merge_interleaved),
+    ),
+    Deviation(
         "post_norm",
         "wiring",
         "post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
@@ -198,6 +253,13 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "x = ln2(x); x = x + ffwd(x)",
         lambda s: replace(s, wiring=_normalised_stream),
     ),
+    Deviation(
+        "shared_norm",
+        "norms",
+        "the MLP branch reuses the attention branch's LayerNorm: ffwd(ln1(x)) instead of "
+        "ffwd(ln2(x))",
+        lambda s: replace(s, norms=_shared_norm),
+    ),
 )
 """Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
 
@@ -214,7 +276,7 @@ def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
     """Every combination of at most ``max_size`` deviations, one per group at most, smallest first.
 
     The empty combination (the correct block) comes first, so a search that stops at the
-    first match returns the smallest set of mistakes that explains a block.
+    first size with a match returns the smallest set of mistakes that explains a block.
 
     Example:
         >>> [len(v) for v in variants(1)][:3]
@@ -228,127 +290,3 @@ def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
     for size in range(max_size + 1):
         for chosen in itertools.combinations(groups.values(), size):
             yield from itertools.product(*chosen)
-
-
-# ----- finding the variant that reproduces a block ---------------------------------------------
-
-TOLERANCE = 1e-4
-"""A variant reproduces a block when its output differs by at most this much, relative to the
-largest output entry. Two float64 implementations of one function agree to ~1e-12 and a float32
-block to ~1e-6; a LayerNorm eps the checker cannot read (a hand-written norm; 1e-5 is assumed)
-moves outputs by ~eps/2 = 5e-6. Variants with different diagnoses differ by more than 1e-2,
-100x this tolerance: the smallest gap, ~1.7e-2, is between the correct block and wrong_scale
-with 2 heads at initialisation, where attention is nearly uniform (tests/test_check.py measures
-it). Exact and tanh GELU can differ by less than this tolerance; neither is a mistake, and the
-closer one is reported."""
-
-MIN_DEFINED = 0.5
-"""A variant whose output is NaN at more than half of the positions (a mask that blocks
-whole rows) is too undefined to be evidence, and is never accepted."""
-
-
-@dataclass(frozen=True)
-class Match:
-    """A variant and the unknowns under which it reproduces the block."""
-
-    deviations: tuple[Deviation, ...]  # the mistakes, concretely; empty for the correct block
-    n_head: int  # nh
-    activation: str  # a key of CANDIDATE_ACTIVATIONS
-    error: float  # max |block - variant| / max |variant|, over the positions compared
-
-    @property
-    def mistakes(self) -> list[str]:
-        """The catalogue ids of ``deviations``, in order."""
-        return [d.mistake for d in self.deviations]
-
-    def describe(self) -> str:
-        """'post_norm + no_scaling (relu, 4 heads)'."""
-        names = " + ".join(self.mistakes) or "no mistake"
-        return f"{names} ({self.activation}, {self.n_head} heads)"
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What ``explain`` found: the smallest matching variant, ties, or the closest miss."""
-
-    match: Match | None  # the first smallest variant that reproduces the block
-    alternatives: tuple[Match, ...]  # other variants of the same size that also do
-    closest: Match | None  # when nothing matches: the variant that came nearest
-
-
-def distance(y: Tensor, y_ref: Tensor) -> float:
-    """How far the block's output ``y`` is from a variant's ``y_ref``, relative to ``y_ref``.
-
-    Positions (rows of C) where ``y_ref`` is not finite are skipped: the variant leaves them
-    undefined, and a block may return NaN or zeros there. Anywhere else a non-finite ``y`` is
-    infinitely far. ``inf`` also when fewer than ``MIN_DEFINED`` of the positions are defined.
-
-    Shape:
-        y, y_ref: (B, T, C).
-    """
-    defined = torch.isfinite(y_ref).all(dim=-1)  # (B, T)
-    if defined.double().mean().item() < MIN_DEFINED:
-        return float("inf")
-    ours, ref = y[defined], y_ref[defined]  # (n, C)
-    if not torch.isfinite(ours).all():
-        return float("inf")
-    scale = ref.abs().max().clamp_min(1e-12)
-    return float((ours - ref).abs().max() / scale)
-
-
-def explain(
-    p: Params, x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
-) -> Explanation:
-    """Find the smallest set of mistakes whose variant maps ``x`` to ``y`` with weights ``p``.
-
-    Tries every variant of at most ``max_size`` deviations (smallest first), each with every head
-    count in ``heads`` and every activation in ``CANDIDATE_ACTIVATIONS``, and stops at the first
-    size at which one reproduces ``y`` within ``TOLERANCE``.
-
-    Shape:
-        x, y: (B, T, C).
-    """
-    closest: Match | None = None
-    found: list[Match] = []
-    for deviations in variants(max_size):
-        if found and len(deviations) > len(found[0].deviations):
-            break  # every smaller variant has been tried; larger ones are not simpler
-        match = _best_unknowns(p, x, y, heads, deviations)
-        if closest is None or match.error < closest.error:
-            closest = match
-        if match.error <= TOLERANCE:
-            found.append(match)
-    if not found:
-        return Explanation(None, (), closest)
-    # Distinct deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs):
-    # those are one diagnosis, not alternatives.
-    first, seen = found[0], {tuple(found[0].mistakes)}
-    others = []
-    for m in found[1:]:
-        if tuple(m.mistakes) not in seen:
-            seen.add(tuple(m.mistakes))
-            others.append(m)
-    return Explanation(first, tuple(others), None)
-
-
-def _best_unknowns(
-    p: Params, x: Tensor, y: Tensor, heads: tuple[int, ...], deviations: tuple[Deviation, ...]
-) -> Match:
-    """The variant ``deviations`` under the head count and activation closest to ``y``.
-
-    All activations are compared before choosing, because exact and tanh GELU differ by only
-    ~1e-5 of the output (less than ``TOLERANCE``): the closer one names the block's activation.
-    """
-    steps = compose(deviations)
-    best: Match | None = None
-    for n_head in heads:
-        for name, activation in CANDIDATE_ACTIVATIONS.items():
-            y_ref = run_steps(p, x, n_head, activation, steps)
-            match = Match(deviations, n_head, name, distance(y, y_ref))
-            if best is None or match.error < best.error:
-                best = match
-        if best is not None and best.error <= TOLERANCE:
-            return best
-    if best is None:
-        raise ValueError(f"heads must list at least one head count, got {heads!r}")
-    return best

@@ -1,7 +1,9 @@
 """``gptblock check``: find the mistakes in a transformer block, and say how to fix them.
 
-Argument parsing and printing only: ``gptblock.check.target`` loads the target and parses
-``--arg``, ``gptblock.check.check_block`` checks it.
+Argument parsing and printing only: ``gptblock.check.target`` parses ``--arg`` and ``--map``,
+``gptblock.check.check_isolated`` loads and checks the target in a child process, so that
+whatever the block does (exit, crash, hang, print), the exit code and the report are the
+checker's.
 """
 
 from __future__ import annotations
@@ -9,8 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..check import COMMON_ARGUMENTS, check_block, load_target, own_blocks, parse_argument
-from ..errors import UserValueError
+from ..check import (
+    COMMON_ARGUMENTS,
+    DEFAULT_TIMEOUT,
+    ROLES,
+    check_isolated,
+    own_blocks,
+    parse_argument,
+)
+from ..check.target import parse_role
+from ..errors import UserError, UserValueError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,9 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Probe a block mapping (B, T, C) to (B, T, C) (shape, causality, batch "
             "independence, eval determinism, residual stream, finite outputs, gradients) and, "
-            "when its parameter names can be read, diagnose its mistakes by comparison with "
-            "the reference. Exit code 0 when everything passes, 1 when a check fails, 2 when "
-            "the target cannot be loaded or built."
+            "when its parts can be told by role (names, shapes, the forward pass), diagnose its "
+            "mistakes by comparison with the reference. The block runs in a child process. Exit "
+            "code 0 when everything passes, 1 when a check fails (the block crashed, hung or "
+            "exited included), 2 when the target cannot be loaded or built."
         ),
         epilog=(
             "Constructor arguments the block takes but --arg does not give are filled with "
@@ -46,19 +57,46 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="a constructor argument, VALUE read as a Python literal (else as a string); repeat "
         "for more",
     )
+    p.add_argument(
+        "--map",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="ROLE=NAME",
+        help=f"the block's part for a role the checker cannot tell itself (roles: "
+        f"{' '.join(ROLES)}; NAME a module or parameter, a glob like heads.*.query for one "
+        "module per head)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long the block may take to load, build and be checked; then it is stopped",
+    )
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    kwargs = dict(parse_argument(a) for a in args.arg)
-    if args.target is None:
-        if kwargs:
-            raise UserValueError("--arg needs a TARGET; gptblock's own blocks use the defaults")
-        targets = own_blocks()
-    else:
-        targets = [load_target(args.target)]
-    reports = [check_block(t, **kwargs) for t in targets]
+    try:
+        kwargs = dict(parse_argument(a) for a in args.arg)
+        roles = dict(parse_role(m) for m in args.map)
+        if not args.timeout > 0:  # also NaN
+            raise UserValueError(f"--timeout must be a positive number, got {args.timeout}")
+        if args.target is None:
+            if kwargs or roles:
+                raise UserValueError(
+                    "--arg and --map need a TARGET; gptblock's own blocks use the defaults"
+                )
+            targets = [f"{b.__module__}:{b.__qualname__}" for b in own_blocks()]
+        else:
+            targets = [args.target]
+        reports = check_isolated(targets, kwargs=kwargs, roles=roles, timeout=args.timeout)
+    except UserError as e:
+        if args.json:  # valid JSON on stdout in every case; the one-line error goes to stderr
+            print(json.dumps({"passed": False, "error": str(e), "reports": []}, indent=2))
+        raise
     passed = all(r.passed for r in reports)
     if args.json:
         print(json.dumps({"passed": passed, "reports": [r.to_dict() for r in reports]}, indent=2))

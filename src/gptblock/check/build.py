@@ -1,0 +1,146 @@
+"""Building the block to check, and telling its width and longest sequence.
+
+``build`` turns what ``check_block`` was given (a module, or a class / factory and its
+constructor arguments, filled by ``fill_common_arguments``) into the module to check and the
+name the report gives it. ``width`` and ``max_length`` read C and the longest sequence the block
+accepts from its arguments, attributes and modules.
+
+Shapes: C channels.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..errors import UserTypeError, UserValueError
+from .report import CAUGHT, one_line
+
+__all__ = ["COMMON_ARGUMENTS", "build", "fill_common_arguments", "max_length", "width"]
+
+COMMON_ARGUMENTS: dict[str, object] = {
+    "n_embd": 32,
+    "d_model": 32,
+    "embed_dim": 32,
+    "n_head": 4,
+    "n_heads": 4,
+    "num_heads": 4,
+    "nhead": 4,
+    "block_size": 16,
+    "dropout": 0.1,
+}
+"""Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
+dropout left on in eval mode shows up."""
+
+_WIDTH_NAMES = ("n_embd", "d_model", "embed_dim", "hidden_size")
+_WIDTH_ARGUMENTS = (*_WIDTH_NAMES, "dim")  # `dim` only as an argument: nn.Softmax has a .dim
+_LENGTH_NAMES = ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len")
+
+
+def fill_common_arguments(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> dict[str, object]:
+    """``given`` plus a small value for every common argument ``factory`` takes but was not given.
+
+    Args:
+        factory: a block class or a function returning a block.
+        given: constructor arguments chosen by the caller; they always win.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
+        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
+    """
+    try:
+        names = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return dict(given)
+    filled = dict(given)
+    for name in names:
+        if name in COMMON_ARGUMENTS and name not in filled:
+            filled[name] = COMMON_ARGUMENTS[name]
+    return filled
+
+
+def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]:
+    """The module to check and how to name it in the report.
+
+    Raises:
+        UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
+            constructor arguments come with a module instance.
+        UserValueError: building the block raised (or called ``sys.exit``).
+    """
+    if isinstance(target, nn.Module):
+        if kwargs:
+            raise UserTypeError(
+                f"constructor arguments {sorted(kwargs)} given, but the target is already a "
+                f"module ({type(target).__name__}); pass its class instead"
+            )
+        return target, type(target).__name__
+    if not callable(target):
+        raise UserTypeError(
+            f"target must be an nn.Module or a class / factory building one, got {target!r}"
+        )
+    args = fill_common_arguments(target, kwargs)
+    name = getattr(target, "__qualname__", repr(target))
+    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            module = target(**args)
+        except CAUGHT as e:
+            raise UserValueError(f"cannot build {description}: {one_line(e)}") from e
+    if not isinstance(module, nn.Module):
+        raise UserTypeError(
+            f"{description} returned a {type(module).__name__}, expected an nn.Module"
+        )
+    return module, description
+
+
+def width(module: nn.Module, kwargs: Mapping[str, object]) -> int:
+    """C: from a constructor argument, an attribute, or the first norm / linear layer."""
+    for source in (kwargs, *(_attributes(m) for m in module.modules())):
+        for name in _WIDTH_ARGUMENTS if source is kwargs else _WIDTH_NAMES:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                return value
+    for m in module.modules():
+        if isinstance(m, nn.LayerNorm) and m.normalized_shape:
+            return int(m.normalized_shape[-1])
+        if isinstance(m, nn.Linear):
+            return int(m.in_features)
+        if isinstance(m, nn.MultiheadAttention):
+            return int(m.embed_dim)
+    raise UserValueError(
+        f"cannot tell the width C of {type(module).__name__}: no n_embd / d_model / embed_dim "
+        "attribute, LayerNorm or Linear layer; give the class an n_embd or d_model argument"
+    )
+
+
+def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
+    """The longest sequence the block accepts, as far as its arguments and buffers tell."""
+    for source in (kwargs, *(_attributes(m) for m in module.modules())):
+        for name in _LENGTH_NAMES:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                return value
+    for _, buffer in module.named_buffers():
+        if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] and buffer.shape[-1] >= 1:
+            return int(buffer.shape[-1])  # a causal-mask buffer: (..., block_size, block_size)
+    return default
+
+
+def _attributes(m: nn.Module) -> dict[str, object]:
+    """The module's own attributes, and its ``config``'s, that might name a size."""
+    found: dict[str, object] = {}
+    config = getattr(m, "config", None)
+    for owner in (config, m):
+        for name in _WIDTH_NAMES + _LENGTH_NAMES:
+            value = getattr(owner, name, None)
+            if value is not None:
+                found[name] = value
+    return found

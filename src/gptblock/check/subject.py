@@ -1,0 +1,197 @@
+"""The checker's own copy of a block, and the one way every check calls it.
+
+``Subject`` is an eval-mode deep copy of the user's block in float64 (float32 when the block
+fails in float64). Every call goes through ``Subject.forward``, which gives the block a fresh
+copy of its input and takes a copy of its output: a block may change its input in place
+(``x += self.sa(self.ln1(x))`` under ``torch.no_grad``) or return a buffer it overwrites on the
+next call, and neither may leak into another probe's measurement. The copy is checked to be one:
+``copy.deepcopy`` copies a function stored on a module by reference, so minGPT's ``self.mlpf =
+lambda x: m.c_proj(...)`` would still call the original's MLP; such closures are rebuilt around
+the copied modules, and a copy that still calls the original's modules is refused. Every call but the determinism
+probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
+the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..errors import UserValueError
+from .report import CAUGHT, one_line
+
+__all__ = ["CAUGHT", "Subject", "one_thread"]
+
+Tensor = torch.Tensor
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch with one intra-op thread inside, the caller's setting restored after.
+
+    The checker's tensors are tiny: extra intra-op threads only add synchronisation, which on a
+    busy 2-core machine made one check 70x slower (2.3 s against 33 ms).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Subject:
+    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
+
+    The user's module is never changed: the copy is made with ``copy.deepcopy``.
+
+    Args:
+        module: the user's block.
+        C: channels of its input.
+        T: the sequence length to probe with (<= the block's block_size).
+    """
+
+    def __init__(self, module: nn.Module, C: int, T: int) -> None:
+        self.C, self.T = C, T
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        if self.device.type == "meta":
+            raise UserValueError(
+                f"{type(module).__name__}'s parameters are on the meta device (shapes without "
+                "values): build it on a real device to check it"
+            )
+        self.generator = torch.Generator().manual_seed(0)
+        self.note = ""
+        failure: BaseException | None = None
+        for dtype in (torch.float64, torch.float32):
+            self.dtype = dtype
+            self.module = _copy(module, dtype)
+            try:
+                with _watch(module) as original_called:
+                    self(self.input(T, T, C))
+                break
+            except CAUGHT as e:
+                failure = failure or e
+            finally:
+                if original_called:
+                    raise UserValueError(
+                        f"the checker's copy of {type(module).__name__} still calls the "
+                        f"original's {', '.join(original_called[:3])}: keep the modules a "
+                        "function uses reachable as attributes, not only in its closure"
+                    )
+        else:
+            self.dtype = torch.float64
+            self.module = _copy(module, torch.float64)
+        if self.dtype != torch.float64:
+            self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
+        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
+        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+        """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
+
+        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``.
+        """
+        with torch.no_grad():
+            return self.forward(x, seeded=seeded)
+
+    def forward(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+        """Like calling the subject, but with autograd as the caller has it.
+
+        The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
+        """
+        if not seeded:
+            return _output(self.module(x.clone()))
+        with self.own_rng():
+            torch.manual_seed(0)
+            return _output(self.module(x.clone()))
+
+    def own_rng(self) -> ContextManager[None]:
+        """A context in which the block may draw random numbers; the caller's RNG is restored."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
+        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
+        scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
+        same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale)
+        return ~same
+
+
+class _watch:
+    """Names of the original's modules called while the copy runs (none, for a true copy)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.called: list[str] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> list[str]:
+        for name, m in self.module.named_modules():
+            self.handles.append(
+                m.register_forward_pre_hook(lambda *_, n=name: self.called.append(n or "root"))
+            )
+        return self.called
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    memo: dict[int, Any] = {}
+    try:
+        copied = copy.deepcopy(module, memo)
+        _rebind_closures(copied, memo)
+        return copied.to(dtype).eval()
+    except CAUGHT as e:
+        raise UserValueError(
+            f"cannot copy {type(module).__name__} to check it (copy.deepcopy, .to({dtype})): "
+            f"{one_line(e)}"
+        ) from e
+
+
+def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
+    """Functions stored on the copy's modules, rebuilt so their closures hold the copies.
+
+    ``memo`` is ``copy.deepcopy``'s: id(original) -> copy, for everything it copied.
+    """
+    for m in copied.modules():
+        for name, f in list(vars(m).items()):
+            if not isinstance(f, types.FunctionType) or not f.__closure__:
+                continue
+            cells = []
+            for cell in f.__closure__:
+                try:
+                    value = cell.cell_contents
+                except ValueError:  # an empty cell
+                    cells.append(cell)
+                    continue
+                cells.append(types.CellType(memo.get(id(value), value)))
+            g = types.FunctionType(
+                f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells)
+            )
+            g.__kwdefaults__ = f.__kwdefaults__
+            setattr(m, name, g)
+
+
+def _output(y: object) -> Tensor:
+    if not isinstance(y, Tensor):
+        what = type(y).__name__
+        if isinstance(y, (tuple, list)) and y and isinstance(y[0], Tensor):
+            what += f" (of {len(y)}, the first a tensor of shape {tuple(y[0].shape)})"
+        raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
+    return y.clone() if y.requires_grad else y.detach().clone()

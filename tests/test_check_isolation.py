@@ -1,0 +1,249 @@
+"""The block runs in a child process: whatever it does, the exit code and the report are the checker's.
+
+Each child costs a torch import (~2 s), so the blocks that leave their process alive share one.
+"""
+
+import json
+import os
+import pathlib
+import textwrap
+
+import pytest
+
+from gptblock import check_block
+from gptblock.check import check_isolated
+from gptblock.cli import main
+from gptblock.errors import UserValueError
+
+BLOCKS = textwrap.dedent(
+    """
+    import ctypes, os, sys, time
+    import torch, torch.nn as nn
+    from torch.nn import functional as F
+
+
+    class Good(nn.Module):
+        def __init__(self, n_embd, n_head):
+            super().__init__()
+            self.n_head = n_head
+            self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+            self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+        def attn(self, h):
+            B, T, C = h.shape
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.qkv(h).chunk(3, -1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+    class SysExit(Good):
+        def forward(self, x):
+            sys.exit(0)
+
+
+    class OsExit(Good):
+        calls = 0
+
+        def forward(self, x):
+            type(self).calls += 1
+            if type(self).calls > 4:  # after the first call, the forward trace and the shape probe
+                os._exit(0)
+            return super().forward(x)
+
+
+    class Hangs(Good):
+        def forward(self, x):
+            time.sleep(600)
+
+
+    class Crashes(Good):
+        def forward(self, x):
+            ctypes.string_at(0)  # a segfault
+
+
+    class Prints(Good):
+        def forward(self, x):
+            print("shape", tuple(x.shape), "x" * 10_000)
+            print('{"nonce": "0", "event": "done"}')  # no forgery of the checker's protocol
+            print("warning" * 100, file=sys.stderr)
+            return super().forward(x)
+
+
+    class Tuple(Good):
+        def forward(self, x):
+            return super().forward(x), None
+
+
+    class Float32(Good):
+        def forward(self, x):
+            return super().forward(x).float()
+
+
+    class Meta(Good):
+        def forward(self, x):
+            return super().forward(x).to("meta")
+
+
+    class Raises(Good):
+        def forward(self, x):
+            raise RuntimeError("boom\\nsecond line")
+
+
+    class LeavesAProcess(Good):
+        def forward(self, x):
+            if not os.path.exists(__file__ + ".pid"):  # a process that inherits stdout / stderr
+                import subprocess
+                child = subprocess.Popen(["sleep", "300"])
+                open(__file__ + ".pid", "w").write(str(child.pid))
+            return super().forward(x)
+
+
+    class ExitsAtExit(Good):
+        def __init__(self, n_embd, n_head):
+            super().__init__(n_embd, n_head)
+            import atexit
+            atexit.register(os._exit, 3)  # ends the process oddly, after the checker is done
+
+
+    class ExitsWhenBuilt(Good):
+        def __init__(self, n_embd, n_head):
+            sys.exit(3)
+    """
+)
+
+
+@pytest.fixture
+def blocks(tmp_path):
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    return path
+
+
+def _message(report, name):
+    return next(f.message for f in report.findings if f.name == name)
+
+
+def test_blocks_that_raise_exit_print_or_return_the_wrong_thing_get_a_report_each(blocks):
+    names = ["Good", "SysExit", "Prints", "Tuple", "Float32", "Meta", "Raises"]
+    reports = check_isolated([f"{blocks}:{n}" for n in names], kwargs={}, roles={})
+    by = dict(zip(names, reports, strict=True))
+    assert by["Good"].passed and by["Good"].confident
+    assert "SystemExit: 0 (sys.exit(0) was called)" in _message(by["SysExit"], "shape")
+    printed = by["Prints"]
+    assert printed.passed, str(printed)  # printing is not a mistake, and cannot end the check
+    assert any(
+        "bytes" in n and "to stdout, the first: 'shape (6, 6, 32)" in n for n in printed.notes
+    )
+    assert any("to stderr" in n for n in printed.notes)
+    assert "returned a tuple (of 2, the first a tensor of shape (6, 6, 32))" in _message(
+        by["Tuple"], "shape"
+    )
+    assert by["Float32"].diagnosis == ["dtype_device"]
+    assert "a float64 input gave a float32 output" in _message(by["Float32"], "shape")
+    assert by["Meta"].diagnosis == ["dtype_device"] and "output on meta" in _message(
+        by["Meta"], "shape"
+    )
+    assert "RuntimeError: boom" in _message(by["Raises"], "shape")
+    for report in reports:
+        assert "Traceback" not in str(report)
+
+
+@pytest.mark.parametrize(
+    "name, what",
+    [
+        ("OsExit", "exited with code 0 without a result (os._exit"),
+        ("Crashes", "was killed by SIGSEGV"),
+        ("Hangs", "did not finish within 3 s (--timeout) and was stopped"),
+    ],
+)
+def test_a_block_that_ends_or_hangs_its_process_gets_a_report_and_exit_code_1(
+    blocks, capsys, name, what
+):
+    code = main(["check", f"{blocks}:{name}", "--timeout", "3", "--json"])
+    data = json.loads(capsys.readouterr().out)  # valid JSON in every case
+    assert code == 1 and data["passed"] is False
+    (report,) = data["reports"]
+    process = report["findings"][-1]
+    assert process["name"] == "process" and what in process["message"], process
+    assert " during copying the block" in process["message"] or " during the " in process["message"]
+    if name == "OsExit":
+        assert [f["name"] for f in report["findings"][:-1]] == ["shape"]  # the findings before it
+
+
+def test_processes_the_block_starts_end_with_the_check(blocks):
+    (report,) = check_isolated([f"{blocks}:LeavesAProcess"], kwargs={}, roles={})
+    assert report.passed
+    pid = int((blocks.parent / "blocks.py.pid").read_text())
+    stat = pathlib.Path(f"/proc/{pid}/stat")
+    if not pathlib.Path("/proc/self/stat").exists():
+        pytest.skip("no /proc to look the process up in")
+    # gone, or a zombie waiting for init to reap it: killed with the child's process group
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_the_targets_after_a_crash_are_checked_in_a_fresh_child(blocks):
+    first, second = check_isolated([f"{blocks}:Crashes", f"{blocks}:Good"], kwargs={}, roles={})
+    assert "SIGSEGV" in first.findings[-1].message and not first.passed
+    assert second.passed and second.confident
+    (report,) = check_isolated([f"{blocks}:ExitsAtExit"], kwargs={}, roles={})
+    assert report.passed  # the child ended oddly after its reports: they stand
+
+
+@pytest.mark.parametrize(
+    "code, message",
+    [
+        ("import sys\nsys.exit(0)\n", "SystemExit: 0 (sys.exit(0) was called)"),
+        ("import os\nos._exit(0)\n", "its process exited with code 0"),
+    ],
+)
+def test_a_file_that_exits_at_import_exits_2_with_one_line_and_json(
+    tmp_path, capsys, code, message
+):
+    path = tmp_path / "exits.py"
+    path.write_text(code)
+    assert main(["check", f"{path}:Block"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        message in err
+        and len(err.strip().splitlines()) == 1
+        and err.startswith("gptblock check: error:")
+    )
+    assert main(["check", f"{path}:Block", "--json"]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] is False and message in data["error"] and data["reports"] == []
+
+
+def test_a_block_that_exits_when_built_cannot_be_built(blocks):
+    with pytest.raises(UserValueError, match=r"cannot build ExitsWhenBuilt\(.*SystemExit: 3"):
+        check_block(f"{blocks}:ExitsWhenBuilt")
+
+
+def test_a_text_target_is_checked_in_a_child_by_default(blocks):
+    report = check_block(f"{blocks}:OsExit", timeout=30)
+    assert "os._exit" in report.findings[-1].message and os.getpid()  # and this process lives on
+
+
+def test_an_object_is_sent_to_the_child_when_asked(tmp_path):
+    from gptblock import TransformerBlock
+
+    report = check_block(TransformerBlock, d_model=16, n_heads=2, isolate=True)
+    assert report.passed and report.confident
+
+    class Local(TransformerBlock):  # defined in a function: cannot be pickled
+        pass
+
+    with pytest.raises(
+        UserValueError, match=r"cannot send .*Local to a child process.*isolate=False"
+    ):
+        check_block(Local, d_model=16, n_heads=2, isolate=True)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_a_timeout_must_be_a_positive_number(timeout):
+    with pytest.raises(UserValueError, match="timeout must be a positive number"):
+        check_block("gptblock.lesson:Block", timeout=timeout)

@@ -1,0 +1,399 @@
+"""The checker finds a block's parts by role, whatever they are called (gptblock.check.mapping).
+
+Names, shapes, registration order and the forward pass decide together; what they cannot decide
+is said, and ``roles=`` / ``--map`` settles it.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from gptblock import TransformerBlock, check_block
+from gptblock.check.mapping import MappedBlock, Unmapped, map_roles, resolve_roles
+from gptblock.check.parts import discover, observe
+from gptblock.check.subject import one_thread
+from gptblock.check.vocabulary import norm_hint, role_hint, scope_hint
+from gptblock.errors import UserValueError
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():  # as check_block runs: on a loaded machine 100x faster for tiny tensors
+        yield
+
+
+def _roles(report):
+    return next(n for n in report.notes if n.startswith("roles:"))
+
+
+# ----- the issue's example: the lecture's block and the lecture's scaling bug -----------------
+
+
+class LectureHead(nn.Module):
+    def __init__(self, n_embd, head_size, block_size):
+        super().__init__()
+        self.key = nn.Linear(n_embd, head_size, bias=False)
+        self.query = nn.Linear(n_embd, head_size, bias=False)
+        self.value = nn.Linear(n_embd, head_size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        k = self.key(x)
+        q = self.query(x)
+        wei = q @ k.transpose(-2, -1) * C**-0.5  # the lecture's scaling: C, not the head size
+        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        wei = F.softmax(wei, dim=-1)
+        return wei @ self.value(x)
+
+
+class LectureBlock(nn.Module):
+    """As the lecture video writes it: heads, proj, ffwd, ln1, ln2 directly on the block."""
+
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            [LectureHead(n_embd, n_embd // n_head, block_size) for _ in range(n_head)]
+        )
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.ffwd = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd)
+        )
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.ln2 = nn.LayerNorm(n_embd)
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.proj(torch.cat([head(h) for head in self.heads], dim=-1))
+        return x + self.ffwd(self.ln2(x))
+
+
+def test_the_lecture_block_gets_the_lectures_scaling_bug_named():
+    report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16)
+    assert report.diagnosis == ["wrong_scale"] and report.confident, str(report)
+    assert (
+        "C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)"
+        in report.details["wrong_scale"]
+    )
+    assert "q=heads.*.query, k=heads.*.key, v=heads.*.value, proj=proj" in _roles(report)
+
+
+# ----- the names people use --------------------------------------------------------------------
+
+NAMES = {
+    "q": ["query", "q", "q_proj", "Wq", "W_q", "to_q", "wq"],
+    "k": ["key", "k", "k_proj", "Wk", "wk"],
+    "v": ["value", "v", "v_proj", "Wv", "wv"],
+    "qkv": ["c_attn", "qkv", "in_proj_weight", "W_qkv", "query_key_value", "to_qkv"],
+    "proj": ["proj", "out_proj", "c_proj", "o_proj", "wo", "W_o", "to_out", "dense"],
+    "fc1": ["fc1", "c_fc", "linear1", "w1", "w_1", "up_proj", "dense_h_to_4h"],
+    "fc2": ["fc2", "c_proj", "linear2", "w2", "w_2", "down_proj", "dense_4h_to_h"],
+}
+
+
+@pytest.mark.parametrize("role, name", [(r, n) for r, ns in NAMES.items() for n in ns])
+def test_the_names_people_use_suggest_their_role(role, name):
+    assert role in role_hint(name.lower())
+
+
+@pytest.mark.parametrize("scope", ["ffwd", "mlp", "ff", "feed_forward", "net", "ffn"])
+def test_mlp_containers(scope):
+    assert scope_hint((scope, "0")) == "mlp"
+
+
+@pytest.mark.parametrize("name, branch", [
+    ("ln1", 1), ("ln_1", 1), ("norm1", 1), ("attention_norm", 1), ("input_layernorm", 1),
+    ("ln2", 2), ("ln_2", 2), ("norm2", 2), ("ffn_norm", 2), ("post_attention_layernorm", 2),
+])  # fmt: skip
+def test_norm_names(name, branch):
+    assert norm_hint((name,)) == branch
+
+
+# ----- evidence beyond names ---------------------------------------------------------------------
+
+
+class Swapped(nn.Module):
+    """Norms whose names say the opposite of their use; linears with names that say nothing."""
+
+    def __init__(self, C=32, nh=4):
+        super().__init__()
+        self.nh = nh
+        self.ln2 = nn.LayerNorm(C)  # used before the attention
+        self.ln1 = nn.LayerNorm(C)  # used before the MLP
+        self.a, self.b = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.c, self.d = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.a(self.ln2(x)).chunk(3, -1)
+        q, k, v = (t.view(B, T, self.nh, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.b(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.d(F.gelu(self.c(self.ln1(x))))
+
+
+def test_the_forward_pass_decides_which_norm_feeds_which_branch():
+    report = check_block(Swapped())
+    assert report.passed and report.confident, str(report)
+    assert "ln1=ln2, ln2=ln1" in _roles(report) and "norms by the forward pass" in _roles(report)
+
+
+def test_shapes_and_call_order_place_layers_with_names_that_say_nothing():
+    mapped = _map(Swapped())
+    assert mapped.names[0] == {
+        "ln1": "ln2", "ln2": "ln1", "qkv": "a", "proj": "b", "fc1": "c", "fc2": "d",
+    }  # fmt: skip
+
+
+def _map(module, C=32, roles=None):
+    parts = discover(module)
+    x = torch.randn(2, 4, C)
+    called = observe(module, parts, lambda: module(x))
+    return map_roles(module, C, parts, called, resolve_roles(parts, roles or {}))
+
+
+class RawMatrices(nn.Module):
+    """Raw nn.Parameter matrices with names that say nothing, used as x @ W: (in, out)."""
+
+    def __init__(self, C=16, nh=2):
+        super().__init__()
+        self.nh = nh
+        self.n1, self.n2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.A = nn.Parameter(torch.randn(C, 3 * C) / C**0.5)
+        self.B = nn.Parameter(torch.randn(C, C) / C**0.5)
+        self.E = nn.Parameter(torch.randn(C, C) / C**0.5)
+        self.G = nn.Parameter(torch.randn(C, C) / C**0.5)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (
+            (x_ := self.n1(x)) @ self.A[:, :C],
+            x_ @ self.A[:, C : 2 * C],
+            x_ @ self.A[:, 2 * C :],
+        )
+        q, k, v = (t.view(B, T, self.nh, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ self.B
+        return x + F.relu(self.n2(x) @ self.E) @ self.G
+
+
+class SquareRaw(nn.Module):
+    """Only square raw matrices (the MLP as wide as the stream): no shape tells their orientation."""
+
+    def __init__(self, C=16, nh=2):
+        super().__init__()
+        self.nh = nh
+        self.n1, self.n2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.P = nn.ParameterList([nn.Parameter(torch.randn(C, C) / C**0.5) for _ in range(6)])
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.n1(x)
+        q, k, v = ((h @ w).view(B, T, self.nh, -1).transpose(1, 2) for w in self.P[:3])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ self.P[3]
+        return x + F.relu(self.n2(x) @ self.P[4]) @ self.P[5]
+
+
+def test_a_raw_matrix_orientation_comes_from_its_shape_or_both_are_tried():
+    mapped = _map(RawMatrices(), C=16)  # (C, 3C) can only be (in, out)
+    assert isinstance(mapped, MappedBlock) and len(mapped.readings) == 1
+    assert mapped.names[0]["qkv"] == "A (in, out)"
+    square = _map(SquareRaw(), C=16)
+    assert isinstance(square, MappedBlock) and len(square.readings) == 2
+    for block in (RawMatrices(), SquareRaw()):
+        report = check_block(block)
+        assert report.passed and report.confident, str(report)
+        assert "(in, out)" in _roles(report)
+
+
+class VQK(nn.Module):
+    """Three projections registered v, q, k under index names: registration order misleads."""
+
+    def __init__(self, C=32, nh=4):
+        super().__init__()
+        self.nh = nh
+        self.norms = nn.ModuleList([nn.LayerNorm(C), nn.LayerNorm(C)])
+        self.lin = nn.ModuleList([nn.Linear(C, C) for _ in range(4)])
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.norms[0](x)
+        v, q, k = (lin(h).view(B, T, self.nh, -1).transpose(1, 2) for lin in self.lin[:3])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.lin[3](y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.norms[1](x))
+
+
+def test_q_k_v_in_another_order_than_registered_are_found():
+    report = check_block(VQK())
+    assert report.passed and report.confident, str(report)
+    assert "q=lin.1, k=lin.2, v=lin.0" in _roles(report)
+    assert any("not in registration order" in n for n in report.notes)
+
+
+def test_the_head_count_comes_from_head_modules_an_attribute_or_every_divisor():
+    assert _map(LectureBlock(32, 4, 16)).heads == (4,)  # four head modules
+    assert _map(TransformerBlock(32, 8)).heads == (8,)  # nn.MultiheadAttention.num_heads
+    assert _map(Swapped()).heads == (1, 2, 4, 8, 16, 32)  # `nh` names nothing: every divisor
+
+
+def test_a_wrapped_encoder_layer_is_found_under_its_prefix():
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(16, 2, 64, batch_first=True, norm_first=True)
+
+    block = Wrapped()
+    parts = discover(block)
+    mapped = map_roles(block, 16, parts, {})
+    assert mapped.names[0]["qkv"] == "layer.self_attn.in_proj_weight"
+    assert mapped.names[0]["fc2"] == "layer.linear2" and mapped.ignored == ()
+
+
+def test_conv1d_weights_are_read_in_out():
+    class Conv1D(nn.Module):  # Hugging Face's: weight (in, out)
+        def __init__(self, nf, nx):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(nx, nf))
+            self.bias = nn.Parameter(torch.zeros(nf))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    part = discover(Conv1D(96, 32))[0]
+    assert part.kind == "linear" and part.shape == (96, 32)  # (out, in)
+    no_bias = Conv1D(96, 32)
+    del no_bias.bias
+    no_bias.forward = lambda x: x @ no_bias.weight  # shape told by calling it
+    assert discover(no_bias)[0].shape == (96, 32)
+
+
+# ----- what cannot be decided, and roles= / --map ------------------------------------------------
+
+
+class ThreeNorms(nn.Module):
+    """Three LayerNorms with names that say nothing, all of them used."""
+
+    def __init__(self, C=16):
+        super().__init__()
+        self.na, self.nb, self.nc = nn.LayerNorm(C), nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.out = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc1, self.fc2 = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 2, -1).transpose(1, 2) for t in self.qkv(self.nc(x)).chunk(3, -1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(B, T, C))
+        x = x + self.fc2(F.gelu(self.fc1(self.na(x))))
+        return self.nb(x) * 0 + x  # nb is called but changes nothing
+
+
+def test_what_cannot_be_decided_is_said_and_roles_settle_it():
+    report = check_block(ThreeNorms())
+    assert not report.confident
+    (note,) = [n for n in report.notes if "not found by role" in n]
+    assert "3 LayerNorms (na, nb, nc)" in note and "--map ln1=NAME ln2=NAME" in note
+    settled = check_block(ThreeNorms(), roles={"ln1": "nc", "ln2": "na"})
+    assert settled.passed and settled.confident, str(settled)
+    assert "ln1=nc, ln2=na" in _roles(settled) and "ln1/ln2 by the caller (given)" in _roles(
+        settled
+    )
+
+
+def test_per_head_roles_by_glob():
+    given = {"q": "heads.*.query", "k": "heads.*.key", "v": "heads.*.value"}
+    mapped = _map(LectureBlock(32, 4, 16), roles=given)
+    assert isinstance(mapped, MappedBlock)
+    assert mapped.names[0]["q"] == "heads.*.query" and mapped.heads == (4,)
+    report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=given)
+    assert report.diagnosis == ["wrong_scale"] and "q/k/v by the caller (given)" in _roles(report)
+    swapped = {"q": "heads.*.key", "k": "heads.*.query", "v": "heads.*.value"}
+    report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=swapped)
+    comparison = next(f for f in report.findings if f.name == "reference comparison")
+    assert not comparison.passed and "no variant" in comparison.message  # given roles are kept
+
+
+@pytest.mark.parametrize("roles, message", [
+    ({"query": "heads.0.query"}, "unknown role 'query'"),
+    ({"q": "nowhere"}, "q=nowhere: no such part"),
+    ({"qkv": "proj", "q": "proj"}, "either qkv"),
+])  # fmt: skip
+def test_bad_roles_are_user_errors(roles, message):
+    with pytest.raises(UserValueError, match=message):
+        check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=roles)
+
+
+def test_roles_must_be_a_mapping_of_names():
+    with pytest.raises(TypeError, match="roles must map"):
+        check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=["q"])
+
+
+def test_an_attention_with_extra_learned_keys_is_not_the_lessons_block():
+    class BiasKV(nn.Module):
+        def __init__(self, C=16):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.self_attn = nn.MultiheadAttention(C, 2, add_bias_kv=True, batch_first=True)
+            self.linear1, self.linear2 = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    mapped = _map_no_call(BiasKV())
+    assert isinstance(mapped, Unmapped) and "add_bias_kv" in mapped.reason
+
+
+def _map_no_call(module, C=16):
+    return map_roles(module, C, discover(module), {})
+
+
+def test_a_linear_alone_is_no_block():
+    mapped = _map_no_call(nn.Linear(16, 16))
+    assert isinstance(mapped, Unmapped) and "do not fit a pre-norm block" in mapped.reason
+
+
+# ----- the copy the checker makes ---------------------------------------------------------------
+
+
+class MinGPTStyle(nn.Module):
+    """minGPT keeps its MLP in a lambda over a local: copy.deepcopy copies the lambda by reference."""
+
+    def __init__(self, C=32, nh=4):
+        super().__init__()
+        self.nh = nh
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.mlp = nn.ModuleDict(
+            dict(c_fc=nn.Linear(C, 4 * C), c_proj=nn.Linear(4 * C, C), drop=nn.Dropout(0.5))
+        )
+        m = self.mlp
+        self.mlpf = lambda x: m.drop(m.c_proj(F.gelu(m.c_fc(x))))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (
+            t.view(B, T, self.nh, -1).transpose(1, 2)
+            for t in self.c_attn(self.ln_1(x)).chunk(3, -1)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlpf(self.ln_2(x))
+
+
+def test_a_lambda_over_the_blocks_own_modules_is_rebound_in_the_copy():
+    block = MinGPTStyle().train()
+    report = check_block(block)
+    assert report.passed and report.confident, str(report)
+    assert block.training and block.mlp.c_fc.weight.dtype == torch.float32  # left alone
+
+
+def test_a_copy_that_still_calls_the_original_is_refused():
+    class Hidden(MinGPTStyle):
+        def __init__(self):
+            super().__init__()
+            hidden = [self.mlp]  # not reachable from the module: the copy cannot rebind it
+            self.mlpf = lambda x: hidden[0].c_proj(F.gelu(hidden[0].c_fc(x)))
+
+    with pytest.raises(UserValueError, match="still calls the original's mlp"):
+        check_block(Hidden())

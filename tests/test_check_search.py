@@ -1,0 +1,241 @@
+"""The checker's reference block, its mistaken variants, and the search for the one a block is.
+
+The reference (``steps.run_steps`` with ``CORRECT``) is held to the NumPy oracle in float64; with a
+block's own parts it reproduces gptblock's blocks and ``nn.TransformerEncoderLayer``; every two
+diagnoses are far apart compared with the search's tolerance.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+import gptblock
+from gptblock import TransformerBlock, lesson, reference
+from gptblock.check.mapping import MappedBlock, map_roles
+from gptblock.check.parts import discover, perturb
+from gptblock.check.search import TOLERANCE, distance, explain
+from gptblock.check.steps import (
+    CANDIDATE_ACTIVATIONS,
+    CORRECT,
+    MissingPart,
+    Parts,
+    affine,
+    run_steps,
+)
+from gptblock.check.subject import one_thread
+from gptblock.check.variants import DEVIATIONS, compose, variants
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():  # as check_block runs: on a loaded machine 100x faster for tiny tensors
+        yield
+
+
+def _weights(C, seed):
+    """Random weights in TransformerBlock's names, LayerNorms away from (1, 0)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, std=1.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * std
+
+    return {
+        "norm1.weight": 1 + w(C, std=0.1), "norm1.bias": w(C, std=0.1),
+        "self_attn.in_proj_weight": w(3 * C, C, std=C**-0.5), "self_attn.in_proj_bias": w(3 * C, std=0.1),
+        "self_attn.out_proj.weight": w(C, C, std=C**-0.5), "self_attn.out_proj.bias": w(C, std=0.1),
+        "norm2.weight": 1 + w(C, std=0.1), "norm2.bias": w(C, std=0.1),
+        "linear1.weight": w(4 * C, C, std=C**-0.5), "linear1.bias": w(4 * C, std=0.1),
+        "linear2.weight": w(C, 4 * C, std=(4 * C) ** -0.5), "linear2.bias": w(C, std=0.1),
+    }  # fmt: skip
+
+
+def _parts(w, C):
+    def qkv(h):
+        q, k, v = affine(w["self_attn.in_proj_weight"], w["self_attn.in_proj_bias"])(h).chunk(3, -1)
+        return q, k, v
+
+    def norm(i):
+        return lambda h: F.layer_norm(h, (C,), w[f"norm{i}.weight"], w[f"norm{i}.bias"])
+
+    return Parts(
+        C, C, qkv,
+        affine(w["self_attn.out_proj.weight"], w["self_attn.out_proj.bias"]),
+        affine(w["linear1.weight"], w["linear1.bias"]),
+        affine(w["linear2.weight"], w["linear2.bias"]),
+        norm(1), norm(2),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("C, nh", [(8, 2), (12, 3), (16, 1), (16, 8)])
+def test_the_reference_is_the_numpy_oracle(C, nh, activation):
+    w = _weights(C, seed=C + nh)
+    x = torch.randn(3, 5, C, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ours = run_steps(_parts(w, C), x, nh, CANDIDATE_ACTIVATIONS[activation], CORRECT)
+    oracle, _ = reference.block_forward(
+        {k: v.numpy() for k, v in w.items()}, x.numpy(), nh, activation=activation
+    )
+    np.testing.assert_allclose(ours.numpy(), oracle, rtol=0, atol=1e-10)
+
+
+def _mapped(module, C):
+    parts = discover(module)
+    perturb(parts)  # as the checker does: non-trivial norms and biases, so every weight matters
+    mapped = map_roles(module, C, parts, {})
+    assert isinstance(mapped, MappedBlock), mapped
+    return mapped
+
+
+@pytest.mark.parametrize("form", ["lesson", "mha", "fused", "encoder_layer"])
+def test_the_reference_with_a_blocks_own_parts_computes_the_block(form):
+    torch.manual_seed(0)
+    C, nh = 16, 2
+    if form == "lesson":
+        block, act = lesson.Block(C, nh, 8), "relu"
+    elif form == "mha":
+        block, act = TransformerBlock(C, nh), "gelu"
+    elif form == "fused":
+        block, act = gptblock.FusedBlock(C, nh, activation="relu"), "relu"
+    else:
+        block, act = (
+            nn.TransformerEncoderLayer(
+                C, nh, 4 * C, 0.0, "gelu", batch_first=True, norm_first=True
+            ),
+            "gelu",
+        )
+    block = block.double().eval()
+    mapped = _mapped(block, C)
+    x = torch.randn(3, 5, C, dtype=torch.float64)
+    with torch.no_grad():
+        if form == "encoder_layer":
+            theirs = block(x, src_mask=gptblock.causal_mask(5), is_causal=True)
+        else:
+            theirs = block(x)
+        ours = run_steps(mapped.readings[0], x, nh, CANDIDATE_ACTIVATIONS[act], CORRECT)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+
+
+def _outputs(parts, x, nh, size):
+    """(mistakes, output) of every variant of up to ``size`` mistakes under every activation."""
+    out = []
+    with torch.no_grad():
+        for deviations in variants(size):
+            for act in CANDIDATE_ACTIVATIONS.values():
+                try:
+                    y = run_steps(parts, x, nh, act, compose(deviations))
+                except MissingPart:
+                    continue
+                out.append((frozenset(d.mistake for d in deviations), y))
+    return out
+
+
+def _smallest_gap(outputs):
+    """min over pairs with different mistakes of min(distance(a, b), distance(b, a)), vectorised."""
+    labels = [m for m, _ in outputs]
+    Y = torch.stack([y.reshape(-1, y.shape[-1]) for _, y in outputs])  # (N, R, C): R = B * T rows
+    finite = torch.isfinite(Y).all(-1)  # (N, R)
+    scale = torch.where(torch.isfinite(Y), Y, 0.0).abs().flatten(1).amax(1).clamp_min(1e-12)  # (N,)
+    best = float("inf")
+    for a in range(len(outputs)):
+        diff = (Y[a][None] - Y).abs().amax(-1)  # (N, R): row-wise max |y_a - y_b|
+        # distance(y_a, y_b): rows where y_b is defined; inf if y_a is not finite there
+        bad_a = (finite & ~finite[a][None]).any(1)  # (N,)
+        d_ab = torch.where(finite, diff, 0.0).amax(1) / scale
+        d_ab = torch.where(bad_a | (finite.double().mean(1) < 0.5), torch.inf, d_ab)
+        bad_b = (finite[a][None] & ~finite).any(1)
+        d_ba = torch.where(finite[a][None], diff, 0.0).amax(1) / scale[a]
+        d_ba = torch.where(bad_b | (finite[a].double().mean() < 0.5), torch.inf, d_ba)
+        gap = torch.minimum(d_ab, d_ba)
+        other = torch.tensor([labels[b] != labels[a] for b in range(len(outputs))])
+        if other.any():
+            best = min(best, float(gap[other].min()))
+    return best
+
+
+@pytest.mark.parametrize("make, C, nh", [
+    (lambda: TransformerBlock(16, 2), 16, 2),
+    (lambda: lesson.Block(32, 4, 8), 32, 4),
+    (lambda: TransformerBlock(32, 8), 32, 8),
+])  # fmt: skip
+def test_every_two_diagnoses_are_far_apart_compared_with_the_tolerance(make, C, nh):
+    """Over every variant of up to two mistakes (and every activation), outputs with different
+    mistakes differ by more than 100x TOLERANCE (measured: 4.7e-2, 8.1e-2 and 6.7e-2)."""
+    torch.manual_seed(0)
+    mapped = _mapped(make().double().eval(), C)
+    x = torch.randn(6, 6, C, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    outputs = _outputs(mapped.readings[0], x, nh, 2)
+    assert _smallest_gap(outputs) > 100 * TOLERANCE
+
+
+def test_the_vectorised_gap_agrees_with_distance():
+    mapped = _mapped(TransformerBlock(8, 2).double().eval(), 8)
+    x = torch.randn(4, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    outputs = _outputs(mapped.readings[0], x, 2, 1)
+    slow = min(
+        min(distance(ya, yb), distance(yb, ya))
+        for i, (ma, ya) in enumerate(outputs)
+        for mb, yb in outputs[i + 1 :]
+        if ma != mb
+    )
+    assert _smallest_gap(outputs) == pytest.approx(slow, rel=1e-12)
+
+
+def test_variants_are_smallest_first_with_one_deviation_per_group():
+    sizes = [len(v) for v in variants(3)]
+    assert sizes == sorted(sizes) and sizes[0] == 0 and max(sizes) == 3
+    for v in variants(3):
+        groups = [d.group for d in v]
+        assert len(groups) == len(set(groups))
+
+
+def test_every_deviation_changes_the_block():
+    w = _weights(16, seed=3)
+    x = torch.randn(4, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    right = run_steps(_parts(w, 16), x, 4, F.gelu, CORRECT)
+    for deviation in DEVIATIONS:
+        y = run_steps(_parts(w, 16), x, 4, F.gelu, compose([deviation]))
+        assert min(distance(y, right), distance(right, y)) > 100 * TOLERANCE, deviation.label
+
+
+def test_a_variant_that_needs_a_missing_norm_is_skipped():
+    w = _weights(8, seed=0)
+    parts = _parts(w, 8)
+    one = Parts(parts.C, parts.D, parts.qkv, parts.proj, parts.fc1, parts.fc2, parts.ln1, None)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    with pytest.raises(MissingPart):
+        run_steps(one, x, 2, F.gelu, CORRECT)
+    shared = next(d for d in DEVIATIONS if d.mistake == "shared_norm")
+    y = run_steps(one, x, 2, F.gelu, compose([shared]))
+    found = explain([one], x, y, (2,), max_size=1)
+    assert found.match is not None and found.match.mistakes == ["shared_norm"]
+
+
+def test_the_search_names_the_unknowns_and_ties():
+    w = _weights(16, seed=1)
+    x = torch.randn(5, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    mistakes = [d for d in DEVIATIONS if d.mistake in ("no_scaling", "post_norm")]
+    y = run_steps(_parts(w, 16), x, 4, F.relu, compose(mistakes))
+    found = explain([_parts(w, 16)], x, y, (1, 2, 4, 8, 16), max_size=3)
+    assert found.match is not None
+    assert (found.match.mistakes, found.match.n_head, found.match.activation) == (
+        ["no_scaling", "post_norm"], 4, "relu",
+    )  # fmt: skip
+    assert found.alternatives == () and found.match.error < 1e-12
+    nothing = explain([_parts(w, 16)], x, y * 1.1, (4,), max_size=1)
+    assert nothing.match is None and nothing.closest is not None
+
+
+def test_a_reading_that_raises_is_skipped_not_fatal():
+    w = _weights(8, seed=0)
+    good = _parts(w, 8)
+
+    def broken(h):
+        raise RuntimeError("view size is not compatible")
+
+    bad = Parts(8, 8, good.qkv, broken, good.fc1, good.fc2, good.ln1, good.ln2)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    y = run_steps(good, x, 2, F.gelu, CORRECT)
+    found = explain([bad, good], x, y, (2,), max_size=1)
+    assert found.match is not None and found.match.reading == 1 and found.match.deviations == ()
