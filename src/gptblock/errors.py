@@ -24,6 +24,8 @@ __all__ = [
     "UserFileExistsError",
     "UserFileNotFoundError",
     "UserIsADirectoryError",
+    "UserNotADirectoryError",
+    "UserPermissionError",
     "UserTypeError",
     "UserValueError",
 ]
@@ -51,3 +53,11 @@ class UserFileExistsError(UserError, FileExistsError):
 
 class UserIsADirectoryError(UserError, IsADirectoryError):
     """A directory where a file was expected."""
+
+
+class UserNotADirectoryError(UserError, NotADirectoryError):
+    """A file (or a device, a pipe) where a directory was expected."""
+
+
+class UserPermissionError(UserError, PermissionError):
+    """The operating system refuses access to a file or directory the user named."""

@@ -57,7 +57,8 @@ class GPT(nn.Module):
         config: a ``GPTConfig``.
 
     Shape:
-        ``forward``: idx (B, T) integer token ids, T <= block_size; targets (B, T) or None.
+        ``forward``: idx (B, T) int64 or int32 token ids, T <= block_size; targets (B, T)
+        int64 (-1: no target) or None.
         Returns logits (B, T, V) and the loss (a scalar) or None.
 
     Example:
@@ -161,19 +162,27 @@ class GPT(nn.Module):
         return GPTOutput(logits, loss)
 
     def _check_ids(self, idx: object, name: str) -> tuple[int, int]:
-        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else."""
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (
-            torch.long,
-            torch.int32,
-            torch.int16,
-            torch.uint8,
-            torch.int8,
-        ):
+        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else.
+
+        Ids are int64 or int32 (what ``F.embedding`` indexes with); targets int64 only (what
+        ``F.cross_entropy`` reads). They must be on the model's device.
+        """
+        dtypes = (torch.long,) if name == "targets" else (torch.long, torch.int32)
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in dtypes:
             got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise UserTypeError(f"{name} must be an integer tensor of token ids (B, T), got {got}")
+            allowed = " or ".join(str(d) for d in dtypes)
+            raise UserTypeError(
+                f"{name} must be a (B, T) tensor of token ids of dtype {allowed}, got {got} "
+                f"(convert with .long())"
+            )
         if idx.dim() != 2 or idx.numel() == 0:
             raise UserValueError(
                 f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+            )
+        if idx.device != self.wte.weight.device:
+            raise UserValueError(
+                f"{name} is on {idx.device} but the model is on {self.wte.weight.device}; "
+                f"move one of them"
             )
         return idx.shape[0], idx.shape[1]
 
@@ -184,6 +193,11 @@ class GPT(nn.Module):
         if hi >= V or lo < (-1 if allow_ignore else 0):
             bad = lo if lo < 0 else hi
             raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
+        if allow_ignore and hi == -1:  # the mean over no targets is 0 / 0
+            raise UserValueError(
+                f"every entry of {name} is -1 (ignored): there is no target to compute a loss "
+                f"over; pass targets=None for the logits alone"
+            )
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -256,7 +270,8 @@ class GPT(nn.Module):
         ):
             raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if (
-            not isinstance(temperature, (int, float))
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
             or not temperature >= 0
             or math.isinf(temperature)
         ):
@@ -267,6 +282,16 @@ class GPT(nn.Module):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
             raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if not isinstance(use_cache, bool):
+            raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
+        if generator is not None and (
+            not isinstance(generator, torch.Generator) or generator.device.type != idx.device.type
+        ):
+            got = generator.device if isinstance(generator, torch.Generator) else generator
+            raise UserTypeError(
+                f"generator must be a torch.Generator on the model's device type "
+                f"({idx.device.type}) or None, got {got!r:.60}"
+            )
         k = None if top_k is None else min(top_k, self.config.vocab_size)
         # A separate generator function, so the checks above run when stream() is called rather
         # than at the first next().
@@ -373,14 +398,28 @@ class GenerationStep(NamedTuple):
 def _sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled."""
+    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled.
+
+    A temperature so small that ``logits / temperature`` overflows (1e-45: the softmax would be
+    NaN) samples its limit, the greedy token, in the rows where it overflows.
+    """
+    # A host read per token: NaN logits (a model with NaN weights) would otherwise give NaN
+    # probabilities, which multinomial refuses cryptically, or a silent argmax of garbage.
+    if not bool(torch.isfinite(logits).all()):
+        raise UserValueError(
+            "the model's next-token logits are NaN or infinite: its weights are not finite "
+            "(check them with torch.isfinite(p).all() for p in model.parameters())"
+        )
     if top_k is not None:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
     if temperature == 0:
         # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
-        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        return greedy
     probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
+    overflowed = probs.isnan().any(dim=-1, keepdim=True)  # (B, 1)
+    probs = torch.where(overflowed, F.one_hot(greedy[:, 0], probs.shape[-1]).to(probs), probs)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
