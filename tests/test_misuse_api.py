@@ -318,6 +318,8 @@ TRAINER = {
     ),
     "config a dict": (dict(config={"max_iters": 2}), TypeError, "config must be a TrainConfig"),
     "out_dir an int": (dict(out_dir=3), TypeError, "out_dir must be a path or None"),
+    "meta not JSON": (dict(meta={"when": object()}), TypeError, "meta must be JSON"),
+    "meta with NaN": (dict(meta={"loss": float("nan")}), TypeError, "meta must be JSON"),
     "meta a list": (
         dict(meta=["x"]),
         TypeError,

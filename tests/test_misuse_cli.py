@@ -289,6 +289,23 @@ def test_sample_into_a_closed_pipe_ends_quietly(trained):
 
 # --- bench, example, exercises ----------------------------------------------------------------
 
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--batch", "100000000"],
+        ["--d-model", "1000000", "--heads", "1"],
+        ["--peak-sizes", "1000000"],
+        ["--seq-len", "1000000", "--sweep"],
+    ],
+    ids=["batch", "d-model", "peak-sizes", "seq-len"],
+)
+def test_a_benchmark_too_big_for_the_machine_is_refused_with_the_number(flags):
+    r = gptblock("bench", "--no-progress", *flags)
+    assert r.returncode == 2, r.stderr[-3000:]
+    one_line(r.stderr, "bench", "the benchmark needs about", "GiB", "available")
+
+
 OTHERS = {
     "bench threads 0": (["bench", "--threads", "0"], ["threads must be a positive int, got 0"]),
     "bench threads -2": (["bench", "--threads", "-2"], ["threads", "-2"]),

@@ -15,6 +15,8 @@ Shapes: B batch, T time (``block_size``).
 from __future__ import annotations
 
 import os
+import select
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +69,17 @@ def default_corpus() -> str:
 
 
 MAX_TEXT_BYTES = 256 * 2**20  # read_text reads at most this much (256 MiB)
+PIPE_WAIT = 5.0  # seconds read_text waits for a FIFO's writer to appear
 
 
 def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str:
     """Read a UTF-8 text file, with errors that say what is wrong with it.
 
-    A pipe (``--data <(command)``) is read until its writer closes it; one with no writer at
-    all reads as empty instead of blocking forever. Devices such as ``/dev/zero`` never end, so
-    at most ``max_bytes`` (``MAX_TEXT_BYTES``, 256 MiB) are read: a larger source is refused
-    rather than read until memory runs out.
+    A pipe (``--data <(command)``) is read until its writer closes it; a named pipe (FIFO)
+    that no writer opens within ``PIPE_WAIT`` seconds reads as empty instead of blocking
+    forever. Devices such as ``/dev/zero`` never end, so at most ``max_bytes``
+    (``MAX_TEXT_BYTES``, 256 MiB) are read: a larger source is refused rather than read until
+    memory runs out.
 
     Args:
         path: the file.
@@ -105,7 +109,7 @@ def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str
             f"(a device such as /dev/zero never ends); use a smaller file"
         )
     if not raw:
-        nothing = "a pipe that nobody wrote to" if p.is_fifo() else "empty"
+        nothing = f"a pipe that nobody wrote to (in {PIPE_WAIT:g} s)" if p.is_fifo() else "empty"
         raise UserValueError(f"{p} is {nothing}; expected a UTF-8 text file")
     try:
         return raw.decode("utf-8")
@@ -116,10 +120,13 @@ def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str
 
 
 def _read_at_most(path: Path, n: int) -> bytes:
-    """Up to ``n`` bytes of ``path``. Opening a FIFO without blocking: with no writer there,
-    a blocking open would wait forever; once open, reads block as for any pipe."""
+    """Up to ``n`` bytes of ``path``. A FIFO is opened without blocking (a blocking open waits
+    forever for a writer), then given ``PIPE_WAIT`` seconds for a writer to appear; once one
+    has, it is read as any pipe, to its end."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode) and not _writer_appears(fd, PIPE_WAIT):
+            return b""
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         chunks, size = [], 0
@@ -132,6 +139,13 @@ def _read_at_most(path: Path, n: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _writer_appears(fd: int, seconds: float) -> bool:
+    # Data to read, or a writer come and gone (POLLHUP), within the time; never, if none opens.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 class CharTokenizer:
@@ -215,7 +229,7 @@ class CharTokenizer:
             self.encode(text)  # raises, listing the unknown characters
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (N,) code points
         table = np.array([ord(c) for c in self.chars], dtype=np.uint32)  # (V,) in id order
-        order = np.argsort(table)  # (V,) int64: the ids sorted by code point
+        order = np.argsort(table).astype(np.int64, copy=False)  # (V,) ids sorted by code point
         # Every code point is in the table, so its sorted position is exact: 4 + 8 + 8 bytes
         # per character at the peak (the UTF-32 bytes, the positions, the ids).
         ids = order[np.searchsorted(table[order], codes)]  # (N,) int64

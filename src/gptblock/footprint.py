@@ -46,6 +46,7 @@ from .errors import UserValueError
 __all__ = [
     "MemoryEstimate",
     "available_memory",
+    "check_available",
     "check_memory",
     "parameter_count",
     "train_memory",
@@ -201,13 +202,35 @@ def check_memory(
         UserValueError: naming the estimate, its parts and what is available.
     """
     estimate = train_memory(config, batch_size, characters)
+    on_cpu = torch.device(device).type == "cpu"
+    check_available(
+        estimate.total if on_cpu else estimate.total - estimate.data,
+        device,
+        "a run of this size",
+        f"lower --batch-size (batch_size={batch_size}), --n-embd, --n-layer or --block-size",
+        detail=estimate.describe(),
+    )
+    return estimate
+
+
+def check_available(
+    needed: int, device: str | torch.device, what: str, advice: str, detail: str = ""
+) -> None:
+    """Refuse ``needed`` bytes on ``device`` when more than it has available, saying ``what``
+    needs them (``detail``: of what) and the ``advice``; nothing is refused where the available
+    memory is unknown.
+
+    Example:
+        >>> check_available(2**80, "cpu", "a yobibyte", "buy more memory")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: a yobibyte needs about 1,125,899,906,842,624.0 GiB but cpu has ... available; buy more memory
+    """
     device = torch.device(device)
     available = available_memory(device)
-    needed = estimate.total if device.type == "cpu" else estimate.total - estimate.data
     if available is not None and needed > available:
+        parts = f" ({detail})" if detail else ""
         raise UserValueError(
-            f"a run of this size needs about {gib(needed)} ({estimate.describe()}) but "
-            f"{device.type} has {gib(available)} available; lower --batch-size (batch_size="
-            f"{batch_size}), --n-embd, --n-layer or --block-size"
+            f"{what} needs about {gib(needed)}{parts} but {device.type} has {gib(available)} "
+            f"available; {advice}"
         )
-    return estimate

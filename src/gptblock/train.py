@@ -21,6 +21,7 @@ Shapes: B batch (per process), T time (``block_size``).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -398,10 +399,20 @@ def _check_arguments(
             raise UserTypeError(f"{name} must be {what}, got {type(value).__name__}")
     if not any(p.requires_grad for p in cast(nn.Module, model).parameters()):
         raise UserValueError("the model has no trainable parameters: there is nothing to train")
-    if not (isinstance(meta, Mapping | None) or hasattr(meta, "check_resume")):
+    if isinstance(meta, Mapping | None):
+        fields = dict(meta or {})
+    elif hasattr(meta, "check_resume") and hasattr(meta, "to_json"):
+        fields = meta.to_json()
+    else:
         raise UserTypeError(
             f"meta must be a mapping of JSON fields or a RunMetadata, got {type(meta).__name__}"
         )
+    try:  # now, rather than at the first checkpoint
+        json.dumps(fields, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise UserTypeError(
+            f"meta must be JSON: strings, finite numbers, lists, dicts ({e})"
+        ) from None
 
 
 @contextlib.contextmanager
