@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gptblock import FusedBlock, lesson
-from gptblock.bench import BenchConfig, run_benchmark
+from gptblock.bench import BenchConfig, memory_needed, run_benchmark
 from gptblock.bench_report import format_table, write_json
 from gptblock.cli import main
 from gptblock.measure import block_flops, profile_call
@@ -55,6 +55,8 @@ def test_run_benchmark_reports_every_form_mode_and_shape_consistently():
         )
         assert m.speedup_vs_encoder_layer == pytest.approx(enc.ms / m.ms)
         assert m.peak_memory_bytes is not None and m.peak_memory_bytes > 0
+    # The estimate made before anything is allocated bounds what every call then measured.
+    assert max(m.peak_memory_bytes for m in rows) <= memory_needed(TINY)
     fused = [m for m in rows if m.form == "fused"]
     assert all(m.attention.startswith("sdpa") for m in fused)  # never the (T, T) softmax
     table = format_table(result)

@@ -9,14 +9,8 @@ import torch
 import torch.nn as nn
 
 from gptblock import checkpoint as ck
-from gptblock.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state,
-    load_optimizer_state,
-    optimizer_parts,
-    save_checkpoint,
-)
+from gptblock.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gptblock.statedict import load_model_state, load_optimizer_state, optimizer_parts
 
 
 def small_model():
@@ -158,6 +152,7 @@ def test_unreadable_safetensors_with_a_matching_hash_is_named(tmp_path):
     p.write_bytes(b"\x00" * 16)
     meta = json.loads((tmp_path / "last.json").read_text())
     meta["sha256"] = __import__("hashlib").sha256(p.read_bytes()).hexdigest()
+    meta["json_sha256"] = ck._fields_sha256(meta)  # a forger who recomputes both hashes
     (tmp_path / "last.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         load_checkpoint(tmp_path)
@@ -189,6 +184,7 @@ def test_json_cannot_point_outside_its_directory(tmp_path):
     save_model(tmp_path, small_model())
     meta = json.loads((tmp_path / "last.json").read_text())
     meta["tensors"] = "../elsewhere.safetensors"
+    meta["json_sha256"] = ck._fields_sha256(meta)  # so that the check of the name itself runs
     (tmp_path / "last.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="must be a file name"):
         load_checkpoint(tmp_path)

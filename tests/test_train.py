@@ -85,7 +85,7 @@ def test_weight_decay_applies_to_matrices_only():
         ({"lr": 0.0}, "lr must be > 0, got 0.0"),
         ({"lr": float("nan")}, "lr must be a finite float >= 0, got nan"),
         ({"warmup": -1}, "warmup must be an int >= 0, got -1"),
-        ({"beta2": 1.5}, r"beta2 must be in \[0, 1\], got 1.5"),
+        ({"beta2": 1.5}, r"beta2 must be in \[0, 1\), got 1.5"),
         ({"dtype": "half"}, "dtype must be one of"),
         ({"compile": 1}, "compile must be a bool"),
     ],
@@ -110,7 +110,7 @@ def test_training_lowers_the_loss_and_saves_everything(tmp_path):
     assert load_checkpoint(tmp_path, "best").meta["step"] == best_step
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     suffixes = sorted(p.suffix for p in tmp_path.iterdir())
-    assert suffixes == [".json", ".json", ".png", ".safetensors", ".safetensors"]
+    assert suffixes == [".json", ".json", ".lock", ".png", ".safetensors", ".safetensors"]
 
 
 def test_whole_validation_loss_matches_the_pairwise_oracle():
@@ -204,7 +204,7 @@ def test_resume_refuses_another_model(tmp_path):
 
 
 def test_resume_needs_a_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no last checkpoint"):
+    with pytest.raises(FileNotFoundError, match="holds no run to resume"):
         Trainer(model(), data(), config(), out_dir=tmp_path, progress=False).fit(resume=True)
 
 

@@ -39,7 +39,7 @@ def test_help_shows_every_option_and_the_presets(capsys):
     for flag in (
         "--data", "--out", "--preset", "--n-layer", "--n-head", "--n-embd", "--block-size",
         "--dropout", "--max-iters", "--batch-size", "--lr", "--warmup", "--eval-interval",
-        "--seed", "--device", "--dtype", "--compile", "--resume",
+        "--seed", "--device", "--dtype", "--compile", "--resume", "--allow-other-data",
     ):  # fmt: skip
         assert flag in out, flag
     assert "(preset: tiny 4, shakespeare 6)" in out

@@ -38,10 +38,11 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from . import __version__
-from .config import check_positive_int
+from .config import BlockConfig, check_positive_int
 from .convert import FORMS, convert
 from .devices import DTYPES
 from .errors import UserValueError
+from .footprint import check_available
 from .fused import FusedBlock
 from .masks import causal_mask
 from .measure import block_flops, cpu_ticks, matmul_peak, others_busy, profile_call, timed
@@ -52,6 +53,7 @@ __all__ = [
     "MatmulPeak",
     "Measurement",
     "device_unavailable",
+    "memory_needed",
     "run_benchmark",
 ]
 
@@ -119,7 +121,8 @@ class BenchConfig:
             check_positive_int("sweep and peak sizes", T)
         if self.dtype not in DTYPES:
             raise UserValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        FusedBlock(self.d_model, self.n_heads, activation=self.activation)  # validates the rest
+        # Validates the rest without allocating a block (an absurd d_model would fail there).
+        BlockConfig(self.d_model, self.n_heads, activation=self.activation)
 
     def shapes(self) -> list[tuple[int, int]]:
         """(B, T) of every measured shape: the main one first, then the sweep."""
@@ -169,6 +172,27 @@ class BenchResult:
     peak: MatmulPeak
     measurements: list[Measurement]
     environment: dict[str, Any] = field(default_factory=dict)
+
+
+def memory_needed(config: BenchConfig) -> int:
+    """Bytes the benchmark's largest moment needs, estimated before anything is allocated.
+
+    The four forms' weights and gradients (and the lesson's (T, T) mask per head, at the
+    longest T), plus the larger of the peak matmuls' three (N, N) operands and a training
+    step's activations at the worst shape, counted as ``gptblock.footprint`` counts a block's
+    (15 (B, T, C) tensors, and 3 (B, nh, T, T) for the forms that materialise the weights).
+    ``tests/test_bench.py`` holds it above what the profiler measures for every call.
+
+    Example:
+        >>> memory_needed(BenchConfig(**QUICK)) < 2**30
+        True
+    """
+    b = DTYPES[config.dtype].itemsize
+    C, nh, T_max = config.d_model, config.n_heads, max(T for _, T in config.shapes())
+    weights = 4 * 2 * (12 * C * C + 13 * C) * b + nh * T_max * T_max * b
+    steps = max((17 * B * T * C + 3 * B * nh * T * T) * b for B, T in config.shapes())
+    matmuls = 3 * max(config.matmul_sizes()) ** 2 * b
+    return weights + max(steps, matmuls)
 
 
 def device_unavailable(device: str) -> str | None:
@@ -277,6 +301,12 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> BenchResult:
     """
     if (why := device_unavailable(config.device)) is not None:
         raise UserValueError(why)
+    check_available(
+        memory_needed(config),
+        config.device,
+        "the benchmark",
+        "lower --batch, --seq-len, --d-model, --sweep or --peak-sizes",
+    )
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     shapes = config.shapes()
     sizes = config.matmul_sizes()

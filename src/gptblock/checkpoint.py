@@ -19,6 +19,17 @@ unreferenced tensors file or temporary file, which the next save removes. Reject
 ``last.safetensors`` and ``last.json`` in place one after the other (a crash between the two
 leaves a mismatched pair), and swapping whole directories (no portable atomic replace of a
 non-empty directory).
+
+What a checkpoint holds is tamper-evident, all of it (format version 2). The JSON records the
+tensors file's SHA-256 and, in ``json_sha256``, the SHA-256 of its own other fields in a
+canonical form (sorted keys, no whitespace), so a changed vocabulary character or step is
+refused on load just as a flipped weight is. This detects edits and corruption, not an
+adversary, who could recompute both; there is no key. Tensors that are one tensor in the model
+(a GPT's head tied to its token embedding) are stored once, the JSON's ``tied`` naming each
+alias, so a checkpoint cannot hold two different values for one weight.
+
+Format version 1 (gptblock 0.1 and 0.2) still loads as before: its tensors are verified, and a
+warning says once per file that its JSON fields cannot be.
 """
 
 from __future__ import annotations
@@ -26,8 +37,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+import re
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +49,9 @@ from typing import Any
 
 import safetensors.torch
 import torch
-import torch.nn as nn
 
 from .errors import UserFileExistsError, UserFileNotFoundError, UserTypeError, UserValueError
-from .files import atomic_write_bytes, atomic_write_json
+from .files import atomic_write_bytes, atomic_write_json, temporary_of
 
 __all__ = [
     "BEST",
@@ -49,20 +62,22 @@ __all__ = [
     "check_same_field",
     "checkpoint_path",
     "holds_run",
+    "is_tensors_file",
     "load_checkpoint",
-    "load_model_state",
-    "load_optimizer_state",
-    "optimizer_parts",
     "run_exists_error",
     "save_checkpoint",
 ]
 
 FORMAT = "gptblock-checkpoint"
-VERSION = 1
+VERSION = 2  # what save_checkpoint writes
+READABLE = (1, 2)  # what load_checkpoint reads; 1 has no json_sha256 and no tied tensors
 LAST = "last"  # the newest state of a run: what --resume continues
 BEST = "best"  # the state with the lowest validation estimate: what sample and load_gpt read
 KINDS = (LAST, BEST)
 REQUIRED = ("format", "version", "tensors", "sha256", "step")
+JSON_HASH = "json_sha256"  # the field holding the hash of all the others
+SHA256 = re.compile(r"[0-9a-f]{64}")
+TENSORS_FILE = re.compile(r"(last|best)-\d{8,}-[0-9a-f]{8}\.safetensors")
 
 
 class CheckpointError(UserValueError):
@@ -101,6 +116,17 @@ def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
     return Path(out_dir) / f"{kind}.json"
 
 
+def is_tensors_file(name: str, kind: str | None = None) -> bool:
+    """Whether ``name`` is a tensors file ``save_checkpoint`` writes (of ``kind``, if given).
+
+    Example:
+        >>> is_tensors_file("last-00000500-1a2b3c4d.safetensors"), is_tensors_file("last.pt")
+        (True, False)
+    """
+    match = TENSORS_FILE.fullmatch(name)
+    return match is not None and kind in (None, match.group(1))
+
+
 def holds_run(out_dir: str | os.PathLike[str] | None) -> bool:
     """Whether ``out_dir`` holds a training run: a ``LAST`` checkpoint, which a fresh run must
     never replace."""
@@ -126,47 +152,91 @@ def save_checkpoint(
     Args:
         out_dir: the directory (created if needed).
         kind: "last" or "best".
-        tensors: name -> tensor; copied to the CPU. Tensors that share memory (tied weights)
-            are stored once each, as safetensors requires.
-        meta: must hold ``step`` (int); everything else is free-form JSON (no NaN or inf:
-            ``best_val_loss`` and the like must be finite or None).
+        tensors: name -> tensor; copied to the CPU. Tensors that are views of the same memory
+            with the same shape (tied weights) are stored once, under the first name; the
+            JSON's ``tied`` maps each other name to it, and loading restores them all.
+        meta: must hold ``step`` (an int >= 0); everything else is free-form JSON (no NaN or
+            inf: ``best_val_loss`` and the like must be finite or None).
 
     Example:
         >>> import tempfile
         >>> d = tempfile.mkdtemp()
-        >>> p = save_checkpoint(d, "last", {"w": torch.ones(2, 3)}, {"step": 7})
+        >>> w = torch.ones(2, 3)
+        >>> p = save_checkpoint(d, "last", {"w": w, "same_w": w}, {"step": 7})
         >>> ckpt = load_checkpoint(d, "last")
-        >>> ckpt.meta["step"], ckpt.tensors["w"].shape, ckpt.path == p
-        (7, torch.Size([2, 3]), True)
+        >>> ckpt.meta["step"], ckpt.tensors["w"].shape, ckpt.meta["tied"], ckpt.path == p
+        (7, torch.Size([2, 3]), {'same_w': 'w'}, True)
     """
     json_path = checkpoint_path(out_dir, kind)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
     step = meta.get("step")
     if isinstance(step, bool) or not isinstance(step, int):
         raise UserTypeError(f"meta['step'] must be an int, got {step!r}")
-    # Cloning to the CPU also unties shared storage, which safetensors refuses to save.
-    cpu = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
+    if step < 0:
+        raise UserValueError(f"meta['step'] must be >= 0, got {step}")
+    reserved = sorted({"format", "version", "tensors", "sha256", "tied", JSON_HASH} & set(meta))
+    if reserved:
+        raise UserValueError(f"meta must not set the checkpoint's own fields {reserved}")
+    cpu, tied = _store_once(tensors)
     blob = safetensors.torch.save(cpu)
-    # A fresh name each time: the file the current JSON names is never overwritten.
-    tensors_name = f"{kind}-{step:08d}-{uuid.uuid4().hex[:8]}.safetensors"
-    atomic_write_bytes(json_path.parent / tensors_name, blob)
-    record = {
+    record: dict[str, Any] = {
         **meta,
         "format": FORMAT,
         "version": VERSION,
-        "tensors": tensors_name,
+        "tensors": f"{kind}-{step:08d}-{uuid.uuid4().hex[:8]}.safetensors",
         "sha256": hashlib.sha256(blob).hexdigest(),
+        "tied": tied,
     }
+    # Hash the fields as a reader will parse them back (tuples become lists, and so on).
+    record = json.loads(json.dumps(record, allow_nan=False))
+    record[JSON_HASH] = _fields_sha256(record)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh name each time: the file the current JSON names is never overwritten.
+    atomic_write_bytes(json_path.parent / record["tensors"], blob)
     atomic_write_json(json_path, record)  # the commit point
-    _remove_stale(json_path.parent, kind, keep=tensors_name)
+    _remove_stale(json_path.parent, kind, keep=record["tensors"])
     return json_path
 
 
+def _store_once(
+    tensors: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """CPU copies of ``tensors``, each shared tensor once, and the names tied to the stored one."""
+    cpu: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    first: dict[tuple[Any, ...], str] = {}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise UserTypeError(f"tensors[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+        # The same memory seen the same way is the same tensor (an empty one shares nothing).
+        view = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
+        key = (*view, t.dtype)
+        if t.numel() > 0 and key in first:
+            tied[name] = first[key]
+            continue
+        first[key] = name
+        # Cloning to the CPU also unties storage shared otherwise, which safetensors refuses.
+        cpu[name] = t.detach().to("cpu", copy=True).contiguous()
+    return cpu, tied
+
+
+def _fields_sha256(record: Mapping[str, Any]) -> str:
+    """SHA-256 of every field but ``JSON_HASH``, as canonical JSON (sorted keys, no spaces)."""
+    fields = {k: v for k, v in record.items() if k != JSON_HASH}
+    text = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def _remove_stale(directory: Path, kind: str, keep: str) -> None:
-    # Tensors files of this kind that the JSON no longer names, and temporaries of killed saves.
-    stale = [*directory.glob(f"{kind}-*.safetensors"), *directory.glob(f".{kind}[-.]*.tmp")]
-    for p in stale:
-        if p.name != keep:
+    # Tensors files of this kind that the JSON no longer names, and temporaries of killed saves:
+    # only names save_checkpoint itself writes, never another file that merely looks similar.
+    for p in directory.iterdir():
+        of = temporary_of(p.name)
+        stale = is_tensors_file(p.name, kind) or (
+            of is not None and (of == f"{kind}.json" or is_tensors_file(of, kind))
+        )
+        if stale and p.name != keep:
             with contextlib.suppress(OSError):
                 p.unlink()
 
@@ -176,9 +246,10 @@ def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = LAST) -> Checkp
 
     Raises:
         FileNotFoundError: there is no ``kind`` checkpoint in ``out_dir``.
-        CheckpointError: the JSON does not parse or lacks a field, the tensors file is missing,
-            truncated or corrupted (its SHA-256 differs from the one the JSON recorded), or
-            it is not a safetensors file. The message names the file.
+        CheckpointError: the JSON does not parse, lacks a field, has a field of the wrong type
+            or range, or was changed after it was written (its ``json_sha256`` differs); the
+            tensors file is missing, truncated or corrupted (its SHA-256 differs from the one
+            the JSON recorded), or is not a safetensors file. The message names the file.
     """
     json_path = checkpoint_path(out_dir, kind)
     # A training run may commit a new checkpoint (and delete the old tensors file) between our
@@ -198,25 +269,8 @@ def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = LAST) -> Checkp
 
 
 def _load(json_path: Path, raw: bytes) -> Checkpoint:
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [f for f in REQUIRED if f not in meta]
-    if missing:
-        raise CheckpointError(f"{json_path}: missing field(s) {', '.join(missing)}")
-    if meta["format"] != FORMAT or meta["version"] != VERSION:
-        raise CheckpointError(
-            f"{json_path}: format {meta['format']!r} version {meta['version']!r} is not "
-            f"{FORMAT!r} version {VERSION}"
-        )
-    name = meta["tensors"]
-    # The JSON names a file next to itself, never a path elsewhere.
-    if not isinstance(name, str) or Path(name).name != name or not name:
-        raise CheckpointError(f"{json_path}: field 'tensors' must be a file name, got {name!r}")
-    tensors_path = json_path.parent / name
+    meta = _read_fields(json_path, raw)
+    tensors_path = json_path.parent / meta["tensors"]
     if not tensors_path.is_file():
         raise CheckpointError(f"{json_path}: its tensors file {tensors_path} is missing")
     blob = tensors_path.read_bytes()
@@ -229,111 +283,72 @@ def _load(json_path: Path, raw: bytes) -> Checkpoint:
         tensors = safetensors.torch.load(blob)
     except Exception as e:  # safetensors raises its own SafetensorError
         raise CheckpointError(f"{tensors_path}: not a readable safetensors file ({e})") from None
+    tied = meta.get("tied", {})
+    if not isinstance(tied, dict) or not all(
+        isinstance(a, str) and a not in tensors and t in tensors for a, t in tied.items()
+    ):
+        raise CheckpointError(
+            f"{json_path}: field 'tied' must map names absent from {tensors_path.name} to "
+            f"names in it, got {tied!r:.120}"
+        )
+    tensors.update({alias: tensors[target] for alias, target in tied.items()})
     return Checkpoint(meta, tensors, json_path, tensors_path)
 
 
-def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model.") -> None:
-    """Copy the checkpoint's ``prefix``-named tensors into ``module``, checking names and shapes.
-
-    Raises:
-        CheckpointError: naming the tensors file and every missing, unexpected or
-            differently shaped tensor (a checkpoint of a different model).
-    """
-    saved = {k[len(prefix) :]: v for k, v in ckpt.tensors.items() if k.startswith(prefix)}
-    expected = module.state_dict()
-    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in saved]
-    problems += [f"unexpected {k}" for k in saved if k not in expected]
-    problems += [
-        f"{k} has shape {tuple(saved[k].shape)}, the model expects {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in saved and saved[k].shape != v.shape
-    ]
-    if problems:
-        shown = "; ".join(problems[:6]) + (
-            f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
-        )
-        raise CheckpointError(f"{ckpt.tensors_path}: does not fit this model: {shown}")
-    module.load_state_dict(saved, strict=True)
-
-
-def optimizer_parts(
-    optimizer: torch.optim.Optimizer, prefix: str = "optim."
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON.
-
-    Tensors are named ``{prefix}{param index}.{key}`` (for AdamW: ``exp_avg``,
-    ``exp_avg_sq`` and ``step``); the param groups (hyperparameters and which parameters each
-    group holds) and any non-tensor state go to the JSON.
-    """
-    sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for idx, state in sd["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{prefix}{idx}.{key}"] = value
-            else:
-                scalars.setdefault(str(idx), {})[key] = value
-    groups = []
-    for group in sd["param_groups"]:
-        for key, value in group.items():
-            if isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"optimizer hyperparameter {key!r} is a tensor; checkpoints store "
-                    f"hyperparameters as JSON numbers"
-                )
-        groups.append(dict(group))
-    return tensors, {"param_groups": groups, "state_scalars": scalars}
-
-
-def load_optimizer_state(
-    optimizer: torch.optim.Optimizer, ckpt: Checkpoint, prefix: str = "optim."
-) -> None:
-    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``).
-
-    Raises:
-        CheckpointError: naming the file, when the saved parameter groups do not match the
-            optimizer's (another model, or another optimizer).
-    """
-    ckpt.require("optimizer")
-    saved = ckpt.meta["optimizer"]
+def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
+    """The JSON's fields, after checking the format's own: version, names, hashes, step."""
     try:
-        groups = [
-            {k: tuple(v) if k == "betas" else v for k, v in g.items()}
-            for g in saved["param_groups"]
-        ]
-        state: dict[int, dict[str, Any]] = {}
-        for name, t in ckpt.tensors.items():
-            if name.startswith(prefix):
-                index, key = name[len(prefix) :].split(".", 1)
-                state.setdefault(int(index), {})[key] = t
-        for index, values in saved["state_scalars"].items():
-            state.setdefault(int(index), {}).update(values)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{ckpt.path}: malformed optimizer state ({e!r})") from None
-    shape = [len(g["params"]) for g in optimizer.param_groups]
-    if [len(g.get("params", ())) for g in groups] != shape:
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError: ValueError
+        raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
+    missing = [f for f in REQUIRED if f not in meta]
+    if missing:
+        raise CheckpointError(f"{json_path}: missing field(s) {', '.join(missing)}")
+    if meta["format"] != FORMAT or meta["version"] not in READABLE:
         raise CheckpointError(
-            f"{ckpt.path}: optimizer parameter groups of sizes "
-            f"{[len(g.get('params', ())) for g in groups]} do not match this model's {shape}"
+            f"{json_path}: format {meta['format']!r} version {meta['version']!r} is not "
+            f"{FORMAT!r} version {' or '.join(map(str, READABLE))} (a newer gptblock may read it)"
         )
-    # state_dict() numbers the parameters in group order; moments have their parameter's shape.
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for idx, values in sorted(state.items()):
-        for key, t in sorted(values.items()):
-            if not 0 <= idx < len(params):
-                raise CheckpointError(
-                    f"{ckpt.tensors_path}: optimizer state for parameter {idx}, which this model lacks"
-                )
-            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape != params[idx].shape:
-                raise CheckpointError(
-                    f"{ckpt.tensors_path}: {prefix}{idx}.{key} has shape {tuple(t.shape)}, "
-                    f"its parameter has {tuple(params[idx].shape)}"
-                )
-    try:
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{ckpt.tensors_path}: optimizer state does not fit ({e})") from None
+    if meta["version"] >= 2:
+        if not isinstance(meta.get(JSON_HASH), str):
+            raise CheckpointError(f"{json_path}: missing field(s) {JSON_HASH}")
+        if _fields_sha256(meta) != meta[JSON_HASH]:
+            raise CheckpointError(
+                f"{json_path}: its fields were changed after it was written (their SHA-256 "
+                f"differs from its {JSON_HASH}); restore the file or train again"
+            )
+    else:
+        # The default warning filter shows one text once: once per file.
+        warnings.warn(
+            f"{json_path} is a format-1 checkpoint (gptblock 0.2 or earlier): its tensors are "
+            f"verified, its JSON fields cannot be (they carry no hash)",
+            UserWarning,
+            stacklevel=4,
+        )
+    name = meta["tensors"]
+    # The JSON names a file next to itself, never a path elsewhere.
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise CheckpointError(f"{json_path}: field 'tensors' must be a file name, got {name!r}")
+    if not isinstance(meta["sha256"], str) or not SHA256.fullmatch(meta["sha256"]):
+        raise CheckpointError(f"{json_path}: field 'sha256' must be a SHA-256 hex digest")
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{json_path}: field 'step' must be an int >= 0, got {step!r:.40}")
+    return meta
+
+
+def _not_json(constant: str) -> Any:
+    # Python's json module reads NaN and Infinity, which JSON has not: a checkpoint never holds one.
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # 1e999 parses as inf
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a float's range")
+    return value
 
 
 def check_same_field(ckpt: Checkpoint, field: str, saved: Any, current: Any) -> None:

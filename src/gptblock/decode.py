@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .convert import convert
+from .errors import UserValueError
 from .fused import BlockDecoder, FusedBlock, KVCache
 
 if TYPE_CHECKING:
@@ -90,12 +91,26 @@ class GenerationStep(NamedTuple):
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled."""
+    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled.
+
+    A temperature so small that ``logits / temperature`` overflows (1e-45: the softmax would be
+    NaN) samples its limit, the greedy token, in the rows where it overflows.
+    """
+    # A host read per token: NaN logits (a model with NaN weights) would otherwise give NaN
+    # probabilities, which multinomial refuses cryptically, or a silent argmax of garbage.
+    if not bool(torch.isfinite(logits).all()):
+        raise UserValueError(
+            "the model's next-token logits are NaN or infinite: its weights are not finite "
+            "(check them with torch.isfinite(p).all() for p in model.parameters())"
+        )
     if top_k is not None:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
     if temperature == 0:
         # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
-        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        return greedy
     probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
+    overflowed = probs.isnan().any(dim=-1, keepdim=True)  # (B, 1)
+    probs = torch.where(overflowed, F.one_hot(greedy[:, 0], probs.shape[-1]).to(probs), probs)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)

@@ -7,14 +7,23 @@ One table of dtype names (``DTYPES``) serves every command: training runs in the
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Any
 
 import torch
 
-from .errors import UserValueError
+from .config import check_positive_int
+from .errors import UserTypeError, UserValueError
 
-__all__ = ["AUTOCAST_DTYPES", "DTYPES", "autocast_context", "resolve_device"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "DEVICE_TYPES",
+    "DTYPES",
+    "autocast_context",
+    "resolve_device",
+    "set_threads",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -56,6 +65,9 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
     return ctx
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # where gptblock runs; "meta" has shapes but no data
+
+
 def resolve_device(name: str) -> str:
     """``"auto"`` becomes ``"cuda"`` when a GPU is usable, else ``"cpu"``; others are checked.
 
@@ -67,6 +79,8 @@ def resolve_device(name: str) -> str:
         ...
         gptblock.errors.UserValueError: unknown device 'gpu'; expected cpu, cuda, cuda:N, mps or auto
     """
+    if not isinstance(name, str):
+        raise UserTypeError(f"device must be a string such as 'cpu' or 'cuda', got {name!r:.40}")
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -75,10 +89,46 @@ def resolve_device(name: str) -> str:
         raise UserValueError(
             f"unknown device {name!r}; expected cpu, cuda, cuda:N, mps or auto"
         ) from None
+    if device.type not in DEVICE_TYPES:
+        raise UserValueError(
+            f"device {name!r} cannot run gptblock (a {device.type!r} tensor holds no data "
+            f"to compute with, or gptblock does not support it); expected cpu, cuda, cuda:N, "
+            f"mps or auto"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserValueError(
             f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use cpu"
         )
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserValueError(
+            f"device {name!r} asked for, but this machine has {torch.cuda.device_count()} "
+            f"CUDA GPU(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserValueError(f"device {name!r} asked for, but MPS is not available here; use cpu")
     return name
+
+
+THREADS_PER_CORE = 4  # the most CPU threads set_threads allows per core
+
+
+def set_threads(n: int) -> None:
+    """``torch.set_num_threads(n)``, refusing anything but an int in [1, 4 per CPU core].
+
+    PyTorch raises a RuntimeError for 0, and 100,000 threads crash the process (SIGSEGV while
+    OpenMP starts them); more than a few per core only oversubscribes the machine.
+
+    Example:
+        >>> set_threads(0)
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: threads must be a positive int, got 0
+    """
+    check_positive_int("threads", n)
+    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    if n > most:
+        raise UserValueError(
+            f"threads must be at most {most} ({THREADS_PER_CORE} per CPU core of this "
+            f"machine's {os.cpu_count() or 1}), got {n}"
+        )
+    torch.set_num_threads(n)

@@ -25,6 +25,8 @@ __all__ = [
     "UserFileNotFoundError",
     "UserImportError",
     "UserIsADirectoryError",
+    "UserNotADirectoryError",
+    "UserPermissionError",
     "UserTypeError",
     "UserValueError",
 ]
@@ -56,3 +58,11 @@ class UserIsADirectoryError(UserError, IsADirectoryError):
 
 class UserImportError(UserError, ImportError):
     """An optional dependency the call needs is not installed; the message says what to run."""
+
+
+class UserNotADirectoryError(UserError, NotADirectoryError):
+    """A file (or a device, a pipe) where a directory was expected."""
+
+
+class UserPermissionError(UserError, PermissionError):
+    """The operating system refuses access to a file or directory the user named."""

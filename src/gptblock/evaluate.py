@@ -20,8 +20,46 @@ import torch.nn as nn
 
 from .data import TokenSplits, full_windows, get_batch
 from .distributed import all_reduce_sum, comm_device, dist_info
+from .errors import UserTypeError
 
-__all__ = ["estimate_loss", "eval_mode", "validation_loss"]
+__all__ = ["estimate_loss", "eval_mode", "loss_of", "validation_loss"]
+
+
+def loss_of(output: object) -> torch.Tensor:
+    """The loss in a model's ``(logits, loss)``, after checking that this is what it returned.
+
+    A model returning its logits alone would otherwise be unpacked along the batch dimension
+    (``_, loss = logits`` "works" for a batch of two) and fail far from the mistake.
+
+    Example:
+        >>> loss_of((torch.zeros(2, 3, 5), torch.tensor(1.5)))
+        tensor(1.5000)
+        >>> loss_of(torch.zeros(2, 3, 5))
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserTypeError: the model's forward(idx, targets) must return (logits, loss), got a tensor of shape (2, 3, 5)
+    """
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        got = (
+            f"a tensor of shape {tuple(output.shape)}"
+            if isinstance(output, torch.Tensor)
+            else f"{type(output).__name__} {output!r:.60}"
+        )
+        raise UserTypeError(
+            f"the model's forward(idx, targets) must return (logits, loss), got {got}"
+        )
+    loss = output[1]
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        got = (
+            f"a {loss.dtype} tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
+            else f"{type(loss).__name__} {loss!r:.60}"
+        )
+        raise UserTypeError(
+            f"the loss a model returns in (logits, loss) must be a scalar float tensor (the mean "
+            f"cross-entropy), got {got}"
+        )
+    return loss
 
 
 @contextlib.contextmanager
@@ -64,7 +102,7 @@ def estimate_loss(
                     tokens, block_size, batch_size, g, rank=d.rank, world_size=d.world_size
                 )  # (B, T) each
                 with autocast or contextlib.nullcontext():
-                    _, loss = model(x.to(device), y.to(device))
+                    loss = loss_of(model(x.to(device), y.to(device)))
                 total += loss.detach()
             summed = all_reduce_sum(total.reshape(1).to(comm_device(device)))
             out[split] = summed.item() / (iters * d.world_size)
@@ -102,7 +140,7 @@ def validation_loss(
     with eval_mode(model):
         for x, y in batches[d.rank :: d.world_size]:  # (B', T') each
             with autocast or contextlib.nullcontext():
-                _, loss = model(x.to(device), y.to(device))
+                loss = loss_of(model(x.to(device), y.to(device)))
             loss_sum += loss.detach().double() * y.numel()  # the product in float64, as before
             count += y.numel()
     total = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])

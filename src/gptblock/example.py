@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import check_seed
 from .mha import TransformerBlock
 
 __all__ = ["WorkedExample", "worked_example"]
@@ -38,7 +39,7 @@ def worked_example(
         >>> r.passed, r.shape, r.moved[3][:3]
         (True, (2, 5, 16), [0.0, 0.0, 0.0])
     """
-    torch.manual_seed(seed)
+    torch.manual_seed(check_seed(seed))
     block = TransformerBlock(C, nh).double().eval()
     x = torch.randn(B, T, C, dtype=torch.float64)
     moved: list[list[float]] = []

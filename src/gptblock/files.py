@@ -16,17 +16,40 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "fsync_dir", "temporary_name"]
+from .errors import UserFileNotFoundError, UserIsADirectoryError
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_destination",
+    "fsync_dir",
+    "temporary_name",
+    "temporary_of",
+]
+
+TEMPORARY = re.compile(r"\.(?P<of>.+)\.[0-9a-f]{8}\.tmp")
 
 
 def temporary_name(path: Path) -> Path:
     """Where ``atomic_write_bytes`` stages ``path``: a fresh hidden name beside it."""
     return path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+
+
+def temporary_of(name: str) -> str | None:
+    """The file name that ``name`` is a ``temporary_name`` of, or None if it is none.
+
+    Example:
+        >>> temporary_of(temporary_name(Path("out/last.json")).name), temporary_of("x.tmp")
+        ('last.json', None)
+    """
+    match = TEMPORARY.fullmatch(name)
+    return match.group("of") if match else None
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -37,6 +60,26 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_destination(path: str | os.PathLike[str]) -> Path:
+    """Refuse a file destination that ``atomic_write_bytes`` could not write, before the work
+    whose result it is (a benchmark's minutes) is done.
+
+    Example:
+        >>> check_destination("/nonexistent/dir/out.json")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserFileNotFoundError: cannot write /nonexistent/dir/out.json: /nonexistent/dir is not an existing directory
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserIsADirectoryError(f"cannot write {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise UserFileNotFoundError(
+            f"cannot write {path}: {path.parent} is not an existing directory"
+        )
+    return path
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

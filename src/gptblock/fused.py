@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .config import BlockConfig, activation_function, check_input
+from .config import BlockConfig, activation_function, check_input, check_positive_int
 from .errors import UserTypeError, UserValueError
 from .masks import blocked_positions, masked_softmax, split_dead_rows
 
@@ -65,6 +65,15 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
+        for name, value in (
+            ("batch_size", batch_size),
+            ("n_heads", n_heads),
+            ("max_len", max_len),
+            ("head_size", head_size),
+        ):
+            check_positive_int(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise UserTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         shape = (batch_size, n_heads, max_len, head_size)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -240,7 +249,7 @@ class FusedBlock(nn.Module):
         *,
         kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
-        check_input(x, self.config.d_model)
+        check_input(x, self.config.d_model, like=self.norm1.weight)
         if kv_cache is not None and (attn_mask is not None or key_padding_mask is not None):
             raise UserValueError("kv_cache cannot be combined with attn_mask or key_padding_mask")
         try:
@@ -280,7 +289,7 @@ class FusedBlock(nn.Module):
 
         The one place this block materialises the (T, T) matrix. Fully blocked rows are zeros.
         """
-        B, T, C = check_input(x, self.config.d_model)
+        B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
         q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
         att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)

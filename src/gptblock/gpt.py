@@ -63,7 +63,8 @@ class GPT(nn.Module):
         config: a ``GPTConfig``.
 
     Shape:
-        ``forward``: idx (B, T) integer token ids, T <= block_size; targets (B, T) or None.
+        ``forward``: idx (B, T) int64 or int32 token ids, T <= block_size; targets (B, T)
+        int64 (-1: no target) or None.
         Returns logits (B, T, V) and the loss (a scalar) or None.
 
     Example:
@@ -217,19 +218,27 @@ class GPT(nn.Module):
         return GPTOutput(logits, loss)
 
     def _check_ids(self, idx: object, name: str) -> tuple[int, int]:
-        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else."""
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (
-            torch.long,
-            torch.int32,
-            torch.int16,
-            torch.uint8,
-            torch.int8,
-        ):
+        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else.
+
+        Ids are int64 or int32 (what ``F.embedding`` indexes with); targets int64 only (what
+        ``F.cross_entropy`` reads). They must be on the model's device.
+        """
+        dtypes = (torch.long,) if name == "targets" else (torch.long, torch.int32)
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in dtypes:
             got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise UserTypeError(f"{name} must be an integer tensor of token ids (B, T), got {got}")
+            allowed = " or ".join(str(d) for d in dtypes)
+            raise UserTypeError(
+                f"{name} must be a (B, T) tensor of token ids of dtype {allowed}, got {got} "
+                f"(convert with .long())"
+            )
         if idx.dim() != 2 or idx.numel() == 0:
             raise UserValueError(
                 f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+            )
+        if idx.device != self.wte.weight.device:
+            raise UserValueError(
+                f"{name} is on {idx.device} but the model is on {self.wte.weight.device}; "
+                f"move one of them"
             )
         return idx.shape[0], idx.shape[1]
 
@@ -240,6 +249,11 @@ class GPT(nn.Module):
         if hi >= V or lo < (-1 if allow_ignore else 0):
             bad = lo if lo < 0 else hi
             raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
+        if allow_ignore and hi == -1:  # the mean over no targets is 0 / 0
+            raise UserValueError(
+                f"every entry of {name} is -1 (ignored): there is no target to compute a loss "
+                f"over; pass targets=None for the logits alone"
+            )
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -312,7 +326,8 @@ class GPT(nn.Module):
         ):
             raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if (
-            not isinstance(temperature, (int, float))
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
             or not temperature >= 0
             or math.isinf(temperature)
         ):
@@ -323,6 +338,16 @@ class GPT(nn.Module):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
             raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if not isinstance(use_cache, bool):
+            raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
+        if generator is not None and (
+            not isinstance(generator, torch.Generator) or generator.device.type != idx.device.type
+        ):
+            got = generator.device if isinstance(generator, torch.Generator) else generator
+            raise UserTypeError(
+                f"generator must be a torch.Generator on the model's device type "
+                f"({idx.device.type}) or None, got {got!r:.60}"
+            )
         k = None if top_k is None else min(top_k, self.config.vocab_size)
         # A separate generator function, so the checks above run when stream() is called rather
         # than at the first next().

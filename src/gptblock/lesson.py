@@ -68,7 +68,7 @@ class Head(nn.Module):
 
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Post-softmax attention weights (B, T, T): row t is position t's distribution over keys."""
-        B, T, C = check_input(x, self.n_embd, self.block_size)
+        B, T, C = check_input(x, self.n_embd, self.block_size, like=self.key.weight)
         k, q = self.key(x), self.query(x)  # (B, T, hs) each
         wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5  # (B, T, hs) @ (B, hs, T) -> (B, T, T)
         wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
@@ -117,7 +117,7 @@ class MultiHeadAttention(nn.Module):
         return torch.stack([h.attention_weights(x) for h in heads], dim=1)  # (B, nh, T, T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.n_embd, self.block_size)
+        check_input(x, self.n_embd, self.block_size, like=self.proj.weight)
         out = torch.cat([h(x) for h in self.heads], dim=-1)  # nh x (B, T, hs) -> (B, T, C)
         return self.dropout(self.proj(out))  # (B, T, C)
 
@@ -190,11 +190,11 @@ class Block(nn.Module):
 
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """The attention pattern this block's heads compute for input ``x``: (B, nh, T, T)."""
-        check_input(x, self.n_embd, self.block_size)
+        check_input(x, self.n_embd, self.block_size, like=self.ln1.weight)
         return self.sa.attention_weights(self.ln1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.n_embd, self.block_size)
+        check_input(x, self.n_embd, self.block_size, like=self.ln1.weight)
         x = x + self.sa(self.ln1(x))  # residual branch 1: attention
         x = x + self.ffwd(self.ln2(x))  # residual branch 2: MLP
         return x

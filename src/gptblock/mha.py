@@ -89,7 +89,7 @@ class TransformerBlock(nn.Module):
         attn_mask: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        check_input(x, self.config.d_model)
+        check_input(x, self.config.d_model, like=self.norm1.weight)
         x = x + self.dropout1(self._attend(self.norm1(x), attn_mask, key_padding_mask))
         x = x + self.dropout2(self._mlp(self.norm2(x)))
         return x
@@ -133,7 +133,7 @@ class TransformerBlock(nn.Module):
         ``nn.MultiheadAttention(need_weights=True)``, whose weights are after dropout in training
         mode. Fully blocked rows are all zeros.
         """
-        B, T, C = check_input(x, self.config.d_model)
+        B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
         nh, hs = self.config.n_heads, self.config.head_size
         h = self.norm1(x)
         qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)

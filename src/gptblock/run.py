@@ -17,31 +17,29 @@ for every caller.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import torch
 
-from .checkpoint import (
-    BEST,
-    Checkpoint,
-    holds_run,
-    load_checkpoint,
-    load_model_state,
-    run_exists_error,
-)
-from .config import GPTConfig
+from .checkpoint import BEST, Checkpoint, load_checkpoint
+from .config import GPTConfig, check_seed
 from .data import CharTokenizer, TokenSplits, default_corpus, read_text, split_tokens
 from .devices import resolve_device
 from .distributed import DistInfo, finish_distributed, init_distributed
-from .errors import UserValueError
+from .errors import UserTypeError, UserValueError
+from .footprint import check_memory
 from .gpt import GPT
+from .rundir import check_run_dir, make_run_dir
 from .runmeta import CorpusInfo, RunMeta
+from .statedict import load_model_state
 from .train import Trainer, TrainResult
 from .train_config import TrainConfig
+from .train_state import check_fields
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -52,6 +50,7 @@ __all__ = [
     "prepare_run",
     "preset_settings",
     "sample_text",
+    "stream_text",
     "train_gpt",
 ]
 
@@ -166,6 +165,7 @@ def prepare_run(
     out_dir: str | os.PathLike[str] | None = "out-gptblock",
     preset: str = "tiny",
     resume: bool = False,
+    allow_other_data: bool = False,
     seed: int = 1337,
     device: str = "cpu",
     dtype: str = "float32",
@@ -175,14 +175,21 @@ def prepare_run(
 ) -> GPTRun:
     """Build a character-level GPT run on a text: tokenizer, splits, model and trainer.
 
+    Everything that can be checked is checked before the model is built: the output
+    directory (``gptblock.rundir``: a directory, new, empty or this run's), the settings, and
+    whether the machine has the memory a step needs (``gptblock.footprint``).
+
     Args:
         data: a UTF-8 text file; None (and no ``text``) for Python's own help pages.
         text: the text itself, instead of a file.
         out_dir: where checkpoints go (None: nowhere). A run already there is continued with
-            ``resume`` and otherwise refused, never overwritten.
+            ``resume`` and otherwise refused, never overwritten; a directory holding anything
+            but a gptblock run is refused too.
         preset: a key of ``PRESETS``; ``overrides`` (``n_layer=2``, ``lr=3e-3``, ...) replace
             its values, and None values are ignored.
         resume: continue the run in ``out_dir`` exactly where it stopped.
+        allow_other_data: let ``resume`` continue on a text other than the checkpoint's (by
+            size and SHA-256); without it that is refused, naming both.
         seed: seeds the weights, the batches and dropout.
         device: "cpu", "cuda", "cuda:N", "mps" or "auto".
         dtype: "float32", or an autocast dtype ("bfloat16", "float16").
@@ -194,11 +201,16 @@ def prepare_run(
     """
     if data is not None and text is not None:
         raise UserValueError("give data (a file) or text, not both")
-    if not resume and holds_run(out_dir):
-        # Before anything is read or built; the trainer refuses again when it starts, so the
-        # rule holds for every caller.
-        raise run_exists_error(str(out_dir))
+    for name, flag in (("resume", resume), ("allow_other_data", allow_other_data)):
+        if not isinstance(flag, bool):
+            raise UserTypeError(f"{name} must be a bool, got {flag!r:.40}")
+    if out_dir is not None:
+        # Before anything is read or built; the trainer checks again under the directory's
+        # lock when it starts, so the rule holds for every caller.
+        check_run_dir(out_dir, resume=resume)
     if text is not None:
+        if not isinstance(text, str):
+            raise UserTypeError(f"text must be a str, got {type(text).__name__}")
         source = "text given in Python"
     elif data is not None:
         text, source = read_text(data), str(data)
@@ -206,7 +218,6 @@ def prepare_run(
         text, source = default_corpus(), DEFAULT_SOURCE
     s = preset_settings(preset, overrides)
     tokenizer = CharTokenizer.from_text(text)
-    splits = split_tokens(tokenizer.encode(text), s["block_size"])
     model_config = GPTConfig(tokenizer.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
     train_config = TrainConfig(
         **{k: v for k, v in s.items() if k not in MODEL_FIELDS or k == "block_size"},
@@ -215,8 +226,12 @@ def prepare_run(
         dtype=dtype,
         compile=compile,
     )
+    check_memory(model_config, train_config.batch_size, len(text), train_config.device)
+    splits = split_tokens(tokenizer.encode_tensor(text), s["block_size"])
     corpus = CorpusInfo.of(text, source)
-    meta = RunMeta(model_config, tokenizer, corpus)
+    meta = RunMeta(model_config, tokenizer, corpus, allow_other_data=allow_other_data)
+    if out_dir is not None:
+        make_run_dir(out_dir)  # a place where no directory can be made fails here, not later
     dist, device = init_distributed(train_config.device)
     try:
         train_config = dataclasses.replace(train_config, device=device)
@@ -253,6 +268,10 @@ def load_gpt(
 ) -> tuple[GPT, CharTokenizer, Checkpoint]:
     """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
 
+    Every field of the checkpoint is checked (``RunMeta.from_checkpoint``,
+    ``train_state.check_fields``, the weights' shapes, ties and finiteness) before the model
+    is returned.
+
     Args:
         out_dir: the directory ``gptblock train --out`` wrote.
         kind: "best" (lowest validation loss, the default) or "last".
@@ -264,11 +283,57 @@ def load_gpt(
     Raises:
         FileNotFoundError, CheckpointError: naming the file and the problem.
     """
+    target = resolve_device(device) if isinstance(device, str) else device
     ckpt = load_checkpoint(out_dir, kind)
     meta = RunMeta.from_checkpoint(ckpt)
+    check_fields(ckpt)
     model = GPT(meta.model_config)
     load_model_state(model, ckpt)
-    return model.to(device).eval(), meta.tokenizer, ckpt
+    return model.to(target).eval(), meta.tokenizer, ckpt
+
+
+def stream_text(
+    model: GPT,
+    tokenizer: CharTokenizer,
+    prompt: str | None = None,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    seed: int = 1337,
+) -> Iterator[str]:
+    """``sample_text``, piece by piece: the prompt first, then each character as it is made.
+
+    Arguments are checked when this is called, not at the first ``next``.
+
+    Example:
+        >>> from gptblock.data import CharTokenizer
+        >>> tok = CharTokenizer.from_text("ab")
+        >>> model = GPT(GPTConfig(tok.vocab_size, block_size=4, n_layer=1, n_head=1, n_embd=4))
+        >>> pieces = list(stream_text(model, tok, "a", max_new_tokens=3))
+        >>> len(pieces), "".join(pieces) == sample_text(model, tok, "a", max_new_tokens=3)
+        (4, True)
+    """
+    if prompt is None:
+        prompt = "\n" if "\n" in tokenizer.chars else tokenizer.chars[0]
+    if not isinstance(prompt, str):
+        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise UserValueError("the prompt must not be empty")
+    unknown = tokenizer.unknown(prompt)
+    if unknown:
+        raise UserValueError(
+            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
+            f"{', '.join(repr(c) for c in unknown)}"
+        )
+    check_seed(seed)
+    device = next(model.parameters()).device
+    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    steps = model.stream(
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+    )
+    return itertools.chain([prompt], (tokenizer.decode(step.token[0]) for step in steps))
 
 
 def sample_text(
@@ -284,24 +349,20 @@ def sample_text(
     """The prompt and its continuation, sampled with a generator seeded by ``seed``.
 
     The default prompt is a newline (or, for a vocabulary without one, its first character).
+    A temperature so small that it overflows the logits (1e-45) samples greedily.
 
     Raises:
-        ValueError: an empty prompt, or one with characters outside the vocabulary (listed).
+        ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
+            a bad seed, temperature, top_k or max_new_tokens.
     """
-    if prompt is None:
-        prompt = "\n" if "\n" in tokenizer.chars else tokenizer.chars[0]
-    if not prompt:
-        raise UserValueError("the prompt must not be empty")
-    unknown = tokenizer.unknown(prompt)
-    if unknown:
-        raise UserValueError(
-            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
-            f"{', '.join(repr(c) for c in unknown)}"
+    return "".join(
+        stream_text(
+            model,
+            tokenizer,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
         )
-    device = next(model.parameters()).device
-    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
-    )  # (1, T + max_new_tokens)
-    return tokenizer.decode(out[0])
+    )

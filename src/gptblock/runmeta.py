@@ -14,15 +14,19 @@ naming the field, never a ``KeyError``. Runs saved before the corpus hash was re
 with ``sha256`` None.
 
 The trainer stays ignorant of all this (it is model-agnostic): it saves ``to_json()`` with every
-checkpoint and, on resume, asks ``check_resume`` whether a checkpoint belongs to this run.
+checkpoint and, on resume, asks ``check_resume`` whether a checkpoint belongs to this run: the
+same model, the same vocabulary and the same text (its size and SHA-256), unless the run was
+made with ``allow_other_data``. A checkpoint that recorded no hash (gptblock 0.1) is checked by
+its size alone, and a warning says once that the text cannot be verified.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import Checkpoint, CheckpointError, check_same_field
@@ -52,6 +56,20 @@ class CorpusInfo:
         """The info of ``text``, read from ``source``."""
         return cls(source, len(text), hashlib.sha256(text.encode("utf-8")).hexdigest())
 
+    def describe(self) -> str:
+        """Where the text came from and its fingerprint, for messages."""
+        sha = f"SHA-256 {self.sha256[:16]}..." if self.sha256 else "no hash recorded"
+        return f"{self.source!r} ({self.characters:,} characters, {sha})"
+
+    def same_text(self, other: CorpusInfo) -> bool | None:
+        """Whether ``other`` fingerprints the same text: None if that cannot be told (a hash is
+        missing and the sizes agree). The source is a name, not part of the fingerprint."""
+        if self.characters != other.characters:
+            return False
+        if self.sha256 is None or other.sha256 is None:
+            return None
+        return self.sha256 == other.sha256
+
 
 @dataclass(frozen=True)
 class RunMeta:
@@ -61,6 +79,8 @@ class RunMeta:
         model_config: the GPT's shape.
         tokenizer: the character vocabulary; ``tokenizer.vocab_size == model_config.vocab_size``.
         corpus: the text the run trains on; None for a run that did not record it.
+        allow_other_data: not saved: let ``check_resume`` accept a checkpoint of another
+            text (with a warning naming both); from then on the checkpoints record this one.
 
     Example:
         >>> tok = CharTokenizer.from_text("hello world")
@@ -75,12 +95,17 @@ class RunMeta:
     model_config: GPTConfig
     tokenizer: CharTokenizer
     corpus: CorpusInfo | None = None
+    allow_other_data: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_config, GPTConfig):
             raise UserTypeError(f"model_config must be a GPTConfig, got {self.model_config!r:.80}")
         if not isinstance(self.tokenizer, CharTokenizer):
             raise UserTypeError(f"tokenizer must be a CharTokenizer, got {self.tokenizer!r:.80}")
+        if self.corpus is not None and not isinstance(self.corpus, CorpusInfo):
+            raise UserTypeError(f"corpus must be a CorpusInfo or None, got {self.corpus!r:.80}")
+        if not isinstance(self.allow_other_data, bool):
+            raise UserTypeError(f"allow_other_data must be a bool, got {self.allow_other_data!r}")
         if self.tokenizer.vocab_size != self.model_config.vocab_size:
             raise UserValueError(
                 f"the vocabulary has {self.tokenizer.vocab_size} characters but model_config "
@@ -129,17 +154,39 @@ class RunMeta:
         return cls.from_json(ckpt.meta, ckpt.path)
 
     def check_resume(self, ckpt: Checkpoint) -> None:
-        """Refuse to resume ``ckpt`` unless it is a run of this model on this vocabulary.
+        """Refuse to resume ``ckpt`` unless it is a run of this model, vocabulary and text.
 
-        The corpus may differ (a file moved); its fingerprint is recorded, not enforced here.
+        The text is compared by its fingerprint (size and SHA-256), not by its file name, so a
+        moved file still resumes. Another text is refused unless ``allow_other_data``.
 
         Raises:
-            CheckpointError: naming every differing field with both values.
+            CheckpointError: naming every differing field with both values, or both texts.
         """
-        saved = self.from_checkpoint(ckpt).to_json()
-        mine = self.to_json()
-        for field in ("model_config", "vocab"):
-            check_same_field(ckpt, field, saved[field], mine[field])
+        saved_meta = self.from_checkpoint(ckpt)
+        saved, mine = saved_meta.to_json(), self.to_json()
+        for name in ("model_config", "vocab"):
+            check_same_field(ckpt, name, saved[name], mine[name])
+        theirs, ours = saved_meta.corpus, self.corpus
+        if theirs is None or ours is None:
+            return
+        same = theirs.same_text(ours)
+        both = (
+            f"the checkpoint was trained on {theirs.describe()}, this run reads {ours.describe()}"
+        )
+        if same is False and not self.allow_other_data:
+            raise CheckpointError(
+                f"{ckpt.path}: other data: {both}; resume on the same text, or pass "
+                f"--allow-other-data (allow_other_data=True) to continue on this one"
+            )
+        if same is False:
+            warnings.warn(f"resuming on other data, as allowed: {both}", UserWarning, stacklevel=3)
+        elif same is None:
+            warnings.warn(
+                f"{ckpt.path} recorded no hash of its text, so resuming cannot verify that "
+                f"{ours.describe()} is the text it was trained on (their sizes agree)",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def _corpus(value: object, where: object) -> CorpusInfo | None:

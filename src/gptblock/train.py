@@ -21,6 +21,7 @@ Shapes: B batch (per process), T time (``block_size``).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -28,28 +29,20 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import train_state
-from .checkpoint import (
-    BEST,
-    LAST,
-    Checkpoint,
-    checkpoint_path,
-    holds_run,
-    load_checkpoint,
-    run_exists_error,
-    save_checkpoint,
-)
+from .checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from .data import TokenSplits, get_batch
-from .devices import autocast_context
+from .devices import autocast_context, resolve_device
 from .distributed import all_reduce_sum, comm_device, dist_info
-from .errors import UserValueError
-from .evaluate import estimate_loss, validation_loss
+from .errors import UserTypeError, UserValueError
+from .evaluate import estimate_loss, loss_of, validation_loss
+from .rundir import locked_run_dir, run_dir_of_processes
 from .train_config import TrainConfig, configure_optimizer, lr_at
 from .train_state import PlainMeta, RunMetadata
 from .trainlog import LOSS_PLOT, ProgressBar, save_loss_plot
@@ -118,6 +111,7 @@ class Trainer:
         meta: RunMetadata | Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
+        _check_arguments(model, data, config, out_dir, meta)
         for name, part in (("training", data.train), ("validation", data.val)):
             if len(part) <= config.block_size:
                 raise UserValueError(
@@ -126,7 +120,7 @@ class Trainer:
                 )
         self.config = config
         self.dist = dist_info()
-        self.device = torch.device(config.device)
+        self.device = torch.device(resolve_device(config.device))
         self.model = model.to(self.device)
         self.data = data
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -145,6 +139,8 @@ class Trainer:
         self._callbacks: dict[str, list[Callable[[Trainer], None]]] = {e: [] for e in EVENTS}
         self._stop_requested = False
         self._saved_step = -1  # the step "last" was last saved at
+        self._holding = False  # whether fit holds out_dir's lock now
+        self._ran_in_out_dir = False  # whether fit has started or resumed a run in out_dir
         net: nn.Module = torch.compile(self.model) if config.compile else self.model  # type: ignore[assignment]
         if self.dist.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -155,6 +151,8 @@ class Trainer:
         """Call ``fn(trainer)`` on ``event``: "on_step_end" (after each update) or "on_eval_end"."""
         if event not in EVENTS:
             raise UserValueError(f"event must be one of {EVENTS}, got {event!r}")
+        if not callable(fn):
+            raise UserTypeError(f"a callback must be callable, got {fn!r:.60}")
         self._callbacks[event].append(fn)
 
     def request_stop(self) -> None:
@@ -173,16 +171,19 @@ class Trainer:
                 names the step, and no checkpoint is written for that state.
             CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
                 a different model (the message names the differing fields).
-            FileExistsError: not ``resume``, and ``out_dir`` already holds a run.
+            FileExistsError: not ``resume``, and ``out_dir`` already holds a run, or files
+                that are not a run's (``gptblock.rundir``).
+            RunInUseError: another process is training in ``out_dir`` now.
         """
+        if not isinstance(resume, bool):
+            raise UserTypeError(f"resume must be a bool, got {resume!r:.40}")
+        if resume and self.out_dir is None:
+            raise UserValueError("resume needs an out_dir to resume from")
         self._stop_requested = False
-        with _stop_on_signals(self.request_stop):
+        with _stop_on_signals(self.request_stop), self._claim_out_dir(resume):
             if resume:
-                if self.out_dir is None:
-                    raise UserValueError("resume needs an out_dir to resume from")
-                self.restore(load_checkpoint(self.out_dir, LAST))
+                self.restore(load_checkpoint(cast(Path, self.out_dir), LAST))
             else:
-                self._refuse_to_overwrite()
                 # Each process gets its own dropout stream; rank 0's is the single-process one.
                 torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
                 self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
@@ -192,12 +193,19 @@ class Trainer:
                 self.save(LAST)
         return self._result(interrupted=stopped)
 
-    def _refuse_to_overwrite(self) -> None:
-        # Every process looks before rank 0's first save (which waits on a collective of all
-        # of them), and they agree, so none starts while another refuses.
-        flag = torch.tensor([float(holds_run(self.out_dir))], device=comm_device(self.device))
-        if all_reduce_sum(flag).item() > 0:
-            raise run_exists_error(self.out_dir or "")
+    @contextlib.contextmanager
+    def _claim_out_dir(self, resume: bool) -> Iterator[None]:
+        """Hold ``out_dir`` for the run (``gptblock.rundir``), agreed by every process."""
+        if self.out_dir is None:
+            yield
+            return
+        main, comm = self.dist.is_main, comm_device(self.device)
+        with run_dir_of_processes(self.out_dir, resume=resume, is_main=main, comm=comm):
+            self._holding = self._ran_in_out_dir = True
+            try:
+                yield
+            finally:
+                self._holding = False
 
     def _loop(self) -> None:
         cfg = self.config
@@ -259,9 +267,14 @@ class Trainer:
             group["lr"] = lr
         x, y = self._batch(self.data.train, self.generator)  # (B, T) each
         with self.autocast:
-            _, loss = self.net(x, y)
+            loss = loss_of(self.net(x, y))
+        if not loss.requires_grad:
+            raise UserValueError(
+                "the loss the model returns does not require grad: was it computed under "
+                "torch.no_grad(), or detached from the model's parameters?"
+            )
         self._unread.append(loss.detach())  # read with the others by read_losses
-        self.scaler.scale(loss).backward()
+        self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         if cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -349,17 +362,57 @@ class Trainer:
         return train_state.capture(self)
 
     def save(self, kind: str) -> None:
-        """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes)."""
+        """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes).
+
+        Called outside ``fit``, it takes the directory's lock for the save, and writes only
+        where ``fit`` could: into the run this trainer trained, or where a fresh run may start.
+        """
         tensors, meta = self.state()  # collective: every rank takes part
         if self.out_dir is not None and self.dist.is_main:
-            save_checkpoint(self.out_dir, kind, tensors, meta)
+            held = contextlib.nullcontext() if self._holding else self._claim_for_save()
+            with held:
+                save_checkpoint(self.out_dir, kind, tensors, meta)
         if kind == LAST:
             self._saved_step = self.step
+
+    def _claim_for_save(self) -> contextlib.AbstractContextManager[Path]:
+        # A trainer that has run in out_dir continues its run; any other starts a fresh one.
+        return locked_run_dir(cast(Path, self.out_dir), resume=self._ran_in_out_dir)
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Load a checkpoint written by ``save``, after ``meta`` says it belongs to this run."""
         train_state.restore(self, ckpt)
         self._unread = []
+
+
+def _check_arguments(
+    model: object, data: object, config: object, out_dir: object, meta: object
+) -> None:
+    """Refuse the Trainer's arguments where they cannot work, naming the argument."""
+    for name, value, kind, what in (
+        ("model", model, nn.Module, "a torch.nn.Module"),
+        ("data", data, TokenSplits, "a gptblock.data.TokenSplits"),
+        ("config", config, TrainConfig, "a TrainConfig"),
+        ("out_dir", out_dir, (str, os.PathLike, type(None)), "a path or None"),
+    ):
+        if not isinstance(value, kind):
+            raise UserTypeError(f"{name} must be {what}, got {type(value).__name__}")
+    if not any(p.requires_grad for p in cast(nn.Module, model).parameters()):
+        raise UserValueError("the model has no trainable parameters: there is nothing to train")
+    if isinstance(meta, Mapping | None):
+        fields = dict(meta or {})
+    elif hasattr(meta, "check_resume") and hasattr(meta, "to_json"):
+        fields = meta.to_json()
+    else:
+        raise UserTypeError(
+            f"meta must be a mapping of JSON fields or a RunMetadata, got {type(meta).__name__}"
+        )
+    try:  # now, rather than at the first checkpoint
+        json.dumps(fields, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise UserTypeError(
+            f"meta must be JSON: strings, finite numbers, lists, dicts ({e})"
+        ) from None
 
 
 @contextlib.contextmanager

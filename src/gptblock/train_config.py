@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .config import check_positive_int
+from .config import check_positive_int, check_seed
 from .devices import AUTOCAST_DTYPES
 from .errors import UserTypeError, UserValueError
 
@@ -63,10 +63,9 @@ class TrainConfig:
             "log_interval",
         ):
             check_positive_int(name, getattr(self, name))
-        for name in ("warmup", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UserValueError(f"{name} must be an int >= 0, got {value!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise UserValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        check_seed(self.seed)
         for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -75,9 +74,11 @@ class TrainConfig:
                 raise UserValueError(f"{name} must be a finite float >= 0, got {value}")
         if not self.lr > 0:
             raise UserValueError(f"lr must be > 0, got {self.lr}")
-        for name in ("min_lr_ratio", "beta1", "beta2"):
-            if not getattr(self, name) < 1 + (name == "min_lr_ratio"):
-                raise UserValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not self.min_lr_ratio <= 1:  # the cosine decays from lr, never up
+            raise UserValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):  # a moment that never decays is no average (AdamW)
+            if not getattr(self, name) < 1:
+                raise UserValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.dtype not in AUTOCAST_DTYPES:
             raise UserValueError(f"dtype must be one of {AUTOCAST_DTYPES}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not self.device:

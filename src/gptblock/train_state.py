@@ -13,27 +13,23 @@ the run's metadata, the step, the losses so far, the optimizer's layout, the los
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    check_same_field,
-    load_model_state,
-    load_optimizer_state,
-    optimizer_parts,
-)
+from .checkpoint import Checkpoint, CheckpointError, check_same_field
 from .distributed import all_gather_rows, comm_device
+from .statedict import load_model_state, load_optimizer_state, optimizer_parts
+from .train_config import TrainConfig
 
 if TYPE_CHECKING:
     from .train import Trainer
 
-__all__ = ["PlainMeta", "RunMetadata", "capture", "restore"]
+__all__ = ["PlainMeta", "RunMetadata", "capture", "check_fields", "restore"]
 
 
 class RunMetadata(Protocol):
@@ -97,9 +93,77 @@ def capture(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
+def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
+    """Check the type and range of every field ``capture`` writes, naming the first bad one.
+
+    ``step`` lies in [0, max_iters] (by default the checkpoint's own ``train_config``'s), the
+    history holds one finite loss per step and finite estimates at steps up to ``step`` in
+    increasing order, and ``best_val_loss`` is the lowest of them (None before any).
+
+    Raises:
+        CheckpointError: naming the JSON file and the field.
+    """
+    ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
+    meta, where = ckpt.meta, ckpt.path
+
+    def bad(field: str, expected: str, value: object) -> CheckpointError:
+        return CheckpointError(f"{where}: field {field!r} must be {expected}, got {value!r:.60}")
+
+    saved_config = meta.get("train_config")
+    if saved_config is not None:
+        try:
+            saved_max_iters = TrainConfig(**saved_config).max_iters
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"{where}: invalid field 'train_config' ({error})") from None
+        max_iters = saved_max_iters if max_iters is None else max_iters
+    step = meta["step"]
+    if max_iters is not None and step > max_iters:
+        raise CheckpointError(
+            f"{where}: field 'step' is {step}, beyond max_iters={max_iters}: the run has already "
+            f"trained {step} steps; pass a larger --max-iters (max_iters) to train further"
+        )
+    world_size = meta["world_size"]
+    if not _is_int(world_size) or world_size < 1:
+        raise bad("world_size", "an int >= 1", world_size)
+    history = meta["history"]
+    if not isinstance(history, dict) or not {"loss", "evals"} <= set(history):
+        raise bad("history", 'an object with "loss" and "evals"', history)
+    losses, evals = history["loss"], history["evals"]
+    if not isinstance(losses, list) or len(losses) != step or not all(map(_finite, losses)):
+        raise bad("history.loss", f"a list of {step} finite losses, one per step", losses)
+    last = -1
+    for e in evals if isinstance(evals, list) else [None]:
+        if not (
+            isinstance(e, dict)
+            and set(e) == {"step", "train", "val"}
+            and _is_int(e["step"])
+            and last < e["step"] <= step
+            and _finite(e["train"])
+            and _finite(e["val"])
+        ):
+            raise bad("history.evals", f"estimates at increasing steps <= {step}", evals)
+        last = e["step"]
+    best = min((e["val"] for e in evals), default=None)
+    if meta["best_val_loss"] != best:
+        raise bad(
+            "best_val_loss", f"the lowest validation estimate ({best})", meta["best_val_loss"]
+        )
+    scaler = meta.get("scaler")
+    if scaler is not None and not isinstance(scaler, dict):
+        raise bad("scaler", "an object", scaler)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
     """Put ``trainer`` in the state ``capture`` saved, after checking it is this run's."""
-    ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
+    check_fields(ckpt, trainer.config.max_iters)
     trainer.meta.check_resume(ckpt)
     load_model_state(trainer.model, ckpt)
     load_optimizer_state(trainer.optimizer, ckpt)

@@ -8,14 +8,19 @@ Errors a user can cause (``gptblock.errors.UserError``: bad arguments, missing o
 files, settings that do not fit together) and the operating system's refusals about the user's
 files and devices (``OSError``: permission denied, disk full) reach the terminal as one line on
 stderr and exit code 2. Any other exception is a bug in gptblock and keeps its traceback, so
-that it can be reported.
+that it can be reported. Ctrl-C ends a command with exit code 130 and one line; a closed pipe
+(``gptblock sample | head``) ends it quietly with 141, as SIGPIPE would. Warnings are one line
+each too, ``gptblock COMMAND: warning: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from ..errors import UserError
@@ -48,12 +53,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        code: int = args.run(args)
-        return code
-    except (UserError, OSError) as e:
-        print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 2)
-    except KeyboardInterrupt:
-        print(f"gptblock {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command)
+        try:
+            code: int = args.run(args)
+            return code
+        except BrokenPipeError:
+            # The reader went away: say nothing more (stdout is gone), and let no flush at exit
+            # raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        except (UserError, OSError) as e:
+            print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
+            return getattr(e, "exit_code", 2)
+        except KeyboardInterrupt:
+            print(f"gptblock {args.command}: interrupted", file=sys.stderr)
+            return 130
+
+
+def _one_line_warning(command: str) -> Any:
+    def show(message: Warning | str, *args: object, **kwargs: object) -> None:
+        print(f"gptblock {command}: warning: {message}", file=sys.stderr)
+
+    return show

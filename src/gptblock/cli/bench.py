@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from ..bench import QUICK, BenchConfig, device_unavailable, run_benchmark
 from ..bench_report import format_table, write_json
-from ..devices import DTYPES
+from ..devices import DTYPES, set_threads
+from ..files import check_destination
 from .formatting import RawEpilogHelpFormatter
 
 EPILOG = """\
@@ -82,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_json({"skipped": why}, args.json)
         return 0
+    if args.json:
+        check_destination(args.json)  # now, not after the benchmark
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
     options = {
         "d_model": args.d_model,
         "n_heads": args.heads,

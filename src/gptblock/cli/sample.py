@@ -1,12 +1,17 @@
-"""``gptblock sample``: print text from the best checkpoint of a ``gptblock train`` run."""
+"""``gptblock sample``: print text from the best checkpoint of a ``gptblock train`` run.
+
+The text is printed as it is generated (``gptblock.run.stream_text``), each character flushed,
+so a long sample shows from its first token on; Ctrl-C stops it (exit code 130).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..checkpoint import BEST
 from ..devices import resolve_device
-from ..run import load_gpt, sample_text
+from ..run import load_gpt, stream_text
 from .formatting import HelpFormatter
 
 
@@ -23,7 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--prompt", help="text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
     p.add_argument(
-        "--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy"
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="sampling temperature; 0 = greedy (so is one so small it overflows, 1e-45)",
     )
     p.add_argument("--top-k", type=int, help="sample among the k likeliest only (default: all)")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
@@ -33,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_gpt(args.out, BEST, device=resolve_device(args.device))
-    text = sample_text(
+    pieces = stream_text(
         model,
         tokenizer,
         args.prompt,
@@ -42,5 +50,10 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.seed,
     )
-    print(text)
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    finally:
+        print(flush=True)  # end the line, also when Ctrl-C stops the text midway
     return 0

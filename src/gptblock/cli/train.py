@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument(
+        "--allow-other-data",
+        action="store_true",
+        help="with --resume: continue on a text other than the checkpoint's (by size and "
+        "SHA-256), which is otherwise refused",
+    )
+    p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (for logs and scripts)"
     )
     p.set_defaults(run=run)
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out,
         preset=args.preset,
         resume=args.resume,
+        allow_other_data=args.allow_other_data,
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,

@@ -9,6 +9,7 @@ Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP h
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +150,9 @@ def block_forward(
     p = _check_params(params, C, n_head)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    # eps <= 0 divides a constant row by sqrt(0) (or of a negative): NaN, not an error, in NumPy.
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
+        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
     nh, hs = n_head, C // n_head
     blocked = _blocked(mask, B, T)  # (B or 1, 1, T, T)
 
