@@ -22,6 +22,7 @@ LAYERS = [
     ["devices"],
     ["data"],
     ["checkpoint"],
+    ["muon"],
     ["train_config"],
     ["distributed", "evaluate"],
     ["train_state", "trainlog"],

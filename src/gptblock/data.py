@@ -24,33 +24,47 @@ from .config import check_positive_int
 from .errors import UserFileNotFoundError, UserIsADirectoryError, UserTypeError, UserValueError
 
 __all__ = [
+    "BUILTIN_CORPORA",
     "CharTokenizer",
     "TokenSplits",
     "default_corpus",
     "full_windows",
     "get_batch",
+    "load_corpus",
+    "pydoc_topics",
     "read_text",
+    "shakespeare",
     "split_tokens",
 ]
 
+CORPORA_DIR = Path(__file__).parent / "corpora"
 TRAIN_TENTHS = 9  # the first 90% trains, the last 10% validates, as in nanoGPT
 
 
-def default_corpus() -> str:
-    """The text ``gptblock train`` uses when given no file: Python's own help topics.
+def shakespeare() -> str:
+    """Tiny Shakespeare: the standard character-level corpus (Karpathy's char-rnn; nanoGPT's
+    ``shakespeare_char``), 1,115,394 characters of the plays, shipped with gptblock.
 
-    ``pydoc_data.topics`` ships with CPython (it is what ``help("if")`` prints): about 465 kB
-    of English prose and code examples, joined here in sorted key order so the text is the
-    same on every run. It needs no download and carries the PSF licence of Python itself, so
-    gptblock ships no corpus of its own. Rejected: a bundled public-domain novel (a
-    download, or a file this project did not write).
+    Example:
+        >>> text = shakespeare()
+        >>> len(text), text[:14]
+        (1115394, 'First Citizen:')
+    """
+    return (CORPORA_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
+
+
+def pydoc_topics() -> str:
+    """Python's own help topics: ``pydoc_data.topics``, which ships with CPython.
+
+    It is what ``help("if")`` prints: about 465 kB of English prose and code examples, joined
+    in sorted key order so the text is the same on every run.
 
     Raises:
         OSError: for a Python built without ``pydoc_data`` (some minimal distributions strip
             it); pass a text file instead.
 
     Example:
-        >>> text = default_corpus()
+        >>> text = pydoc_topics()
         >>> len(text) > 100_000 and "the" in text
         True
     """
@@ -58,10 +72,46 @@ def default_corpus() -> str:
         from pydoc_data.topics import topics
     except ImportError as e:  # pragma: no cover - every full CPython install has it
         raise OSError(
-            "this Python has no pydoc_data module for the default corpus; "
+            "this Python has no pydoc_data module for the pydoc corpus; "
             "pass a UTF-8 text file with --data"
         ) from e
     return "".join(topics[key] for key in sorted(topics))
+
+
+# The corpora gptblock ships or finds in Python itself: name -> (what it is, how to get it).
+BUILTIN_CORPORA = {
+    "shakespeare": ("Tiny Shakespeare (built in)", shakespeare),
+    "pydoc": ("pydoc_data.topics (Python's help pages)", pydoc_topics),
+}
+DEFAULT_CORPUS = "shakespeare"
+
+
+def default_corpus() -> str:
+    """The text ``gptblock train`` uses when given no ``--data``: Tiny Shakespeare.
+
+    Example:
+        >>> default_corpus() == shakespeare()
+        True
+    """
+    return BUILTIN_CORPORA[DEFAULT_CORPUS][1]()
+
+
+def load_corpus(data: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """``(text, source)`` for ``--data``: a built-in corpus's name, a file's path, or None.
+
+    Args:
+        data: ``"shakespeare"``, ``"pydoc"``, None (the default corpus), or a path.
+
+    Example:
+        >>> text, source = load_corpus("pydoc")
+        >>> source
+        "pydoc_data.topics (Python's help pages)"
+    """
+    name = DEFAULT_CORPUS if data is None else os.fspath(data)
+    if name in BUILTIN_CORPORA:
+        source, read = BUILTIN_CORPORA[name]
+        return read(), source
+    return read_text(name), name
 
 
 def read_text(path: str | os.PathLike[str]) -> str:

@@ -34,7 +34,7 @@ from .checkpoint import (
     run_exists_error,
 )
 from .config import GPTConfig
-from .data import CharTokenizer, TokenSplits, default_corpus, read_text, split_tokens
+from .data import CharTokenizer, TokenSplits, load_corpus, split_tokens
 from .devices import resolve_device
 from .distributed import DistInfo, finish_distributed, init_distributed
 from .errors import UserValueError
@@ -44,7 +44,6 @@ from .train import Trainer, TrainResult
 from .train_config import TrainConfig
 
 __all__ = [
-    "DEFAULT_SOURCE",
     "MODEL_FIELDS",
     "PRESETS",
     "GPTRun",
@@ -87,7 +86,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")  # the rest: TrainConfig
-DEFAULT_SOURCE = "pydoc_data.topics (Python's help pages)"
 
 
 def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -176,7 +174,8 @@ def prepare_run(
     """Build a character-level GPT run on a text: tokenizer, splits, model and trainer.
 
     Args:
-        data: a UTF-8 text file; None (and no ``text``) for Python's own help pages.
+        data: a built-in corpus (``"shakespeare"``, the default when None, or ``"pydoc"``:
+            Python's help pages), or the path of a UTF-8 text file.
         text: the text itself, instead of a file.
         out_dir: where checkpoints go (None: nowhere). A run already there is continued with
             ``resume`` and otherwise refused, never overwritten.
@@ -200,10 +199,8 @@ def prepare_run(
         raise run_exists_error(str(out_dir))
     if text is not None:
         source = "text given in Python"
-    elif data is not None:
-        text, source = read_text(data), str(data)
     else:
-        text, source = default_corpus(), DEFAULT_SOURCE
+        text, source = load_corpus(data)  # a built-in corpus's name, a file, or the default
     s = preset_settings(preset, overrides)
     tokenizer = CharTokenizer.from_text(text)
     splits = split_tokens(tokenizer.encode(text), s["block_size"])

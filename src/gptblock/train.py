@@ -256,7 +256,7 @@ class Trainer:
         cfg = self.config
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # each group's peak, on one schedule
         x, y = self._batch(self.data.train, self.generator)  # (B, T) each
         with self.autocast:
             _, loss = self.net(x, y)
