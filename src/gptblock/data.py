@@ -1,4 +1,4 @@
-"""Text in, token batches out: the corpus, a character tokenizer, the split and the batches.
+"""Text in, token batches out: a character tokenizer, the split and the batches.
 
 The flow is nanoGPT's ``shakespeare_char``: read one UTF-8 text, take its sorted set of
 characters as the vocabulary, encode every character as its index, train on the first 90% and
@@ -14,138 +14,30 @@ Shapes: B batch, T time (``block_size``).
 
 from __future__ import annotations
 
-import os
-import select
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from .config import check_positive_int
-from .errors import UserFileNotFoundError, UserIsADirectoryError, UserTypeError, UserValueError
+from .errors import UserTypeError, UserValueError
+
+# Where the text comes from is gptblock.text's; these stay importable from here, where the
+# text-to-batches pipeline starts.
+from .text import default_corpus, load_corpus, read_text
 
 __all__ = [
-    "MAX_TEXT_BYTES",
     "CharTokenizer",
     "TokenSplits",
     "default_corpus",
     "full_windows",
     "get_batch",
+    "load_corpus",
     "read_text",
     "split_tokens",
 ]
 
 TRAIN_TENTHS = 9  # the first 90% trains, the last 10% validates, as in nanoGPT
-
-
-def default_corpus() -> str:
-    """The text ``gptblock train`` uses when given no file: Python's own help topics.
-
-    ``pydoc_data.topics`` ships with CPython (it is what ``help("if")`` prints): about 465 kB
-    of English prose and code examples, joined here in sorted key order so the text is the
-    same on every run. It needs no download and carries the PSF licence of Python itself, so
-    gptblock ships no corpus of its own. Rejected: a bundled public-domain novel (a
-    download, or a file this project did not write).
-
-    Raises:
-        OSError: for a Python built without ``pydoc_data`` (some minimal distributions strip
-            it); pass a text file instead.
-
-    Example:
-        >>> text = default_corpus()
-        >>> len(text) > 100_000 and "the" in text
-        True
-    """
-    try:
-        from pydoc_data.topics import topics
-    except ImportError as e:  # pragma: no cover - every full CPython install has it
-        raise OSError(
-            "this Python has no pydoc_data module for the default corpus; "
-            "pass a UTF-8 text file with --data"
-        ) from e
-    return "".join(topics[key] for key in sorted(topics))
-
-
-MAX_TEXT_BYTES = 256 * 2**20  # read_text reads at most this much (256 MiB)
-PIPE_WAIT = 5.0  # seconds read_text waits for a FIFO's writer to appear
-
-
-def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str:
-    """Read a UTF-8 text file, with errors that say what is wrong with it.
-
-    A pipe (``--data <(command)``) is read until its writer closes it; a named pipe (FIFO)
-    that no writer opens within ``PIPE_WAIT`` seconds reads as empty instead of blocking
-    forever. Devices such as ``/dev/zero`` never end, so at most ``max_bytes``
-    (``MAX_TEXT_BYTES``, 256 MiB) are read: a larger source is refused rather than read until
-    memory runs out.
-
-    Args:
-        path: the file.
-        max_bytes: the most bytes to read (default ``MAX_TEXT_BYTES``).
-
-    Raises:
-        FileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
-        ValueError: the file is empty, larger than ``max_bytes``, or not valid UTF-8 (the
-            message gives the byte offset of the first bad byte).
-
-    Example:
-        >>> read_text("/nonexistent/input.txt")
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserFileNotFoundError: no such file: /nonexistent/input.txt
-    """
-    limit = MAX_TEXT_BYTES if max_bytes is None else check_positive_int("max_bytes", max_bytes)
-    p = Path(path)
-    if p.is_dir():
-        raise UserIsADirectoryError(f"{p} is a directory; expected a UTF-8 text file")
-    if not p.exists():
-        raise UserFileNotFoundError(f"no such file: {p}")
-    raw = _read_at_most(p, limit + 1)
-    if len(raw) > limit:
-        raise UserValueError(
-            f"{p} holds more than {limit:,} bytes, the most gptblock reads as a text "
-            f"(a device such as /dev/zero never ends); use a smaller file"
-        )
-    if not raw:
-        nothing = f"a pipe that nobody wrote to (in {PIPE_WAIT:g} s)" if p.is_fifo() else "empty"
-        raise UserValueError(f"{p} is {nothing}; expected a UTF-8 text file")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserValueError(
-            f"{p} is not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start} ({e.reason})"
-        ) from None
-
-
-def _read_at_most(path: Path, n: int) -> bytes:
-    """Up to ``n`` bytes of ``path``. A FIFO is opened without blocking (a blocking open waits
-    forever for a writer), then given ``PIPE_WAIT`` seconds for a writer to appear; once one
-    has, it is read as any pipe, to its end."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode) and not _writer_appears(fd, PIPE_WAIT):
-            return b""
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        chunks, size = [], 0
-        while size < n:
-            chunk = os.read(fd, min(n - size, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _writer_appears(fd: int, seconds: float) -> bool:
-    # Data to read, or a writer come and gone (POLLHUP), within the time; never, if none opens.
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(seconds * 1000))
 
 
 class CharTokenizer:

@@ -28,7 +28,7 @@ import torch
 
 from .checkpoint import BEST, Checkpoint, load_checkpoint
 from .config import GPTConfig, check_seed
-from .data import CharTokenizer, TokenSplits, default_corpus, read_text, split_tokens
+from .data import CharTokenizer, TokenSplits, load_corpus, split_tokens
 from .devices import resolve_device
 from .distributed import DistInfo, finish_distributed, init_distributed
 from .errors import UserTypeError, UserValueError
@@ -42,7 +42,6 @@ from .train_config import TrainConfig
 from .train_state import check_fields
 
 __all__ = [
-    "DEFAULT_SOURCE",
     "MODEL_FIELDS",
     "PRESETS",
     "GPTRun",
@@ -86,7 +85,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")  # the rest: TrainConfig
-DEFAULT_SOURCE = "pydoc_data.topics (Python's help pages)"
 
 
 def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -180,7 +178,8 @@ def prepare_run(
     whether the machine has the memory a step needs (``gptblock.footprint``).
 
     Args:
-        data: a UTF-8 text file; None (and no ``text``) for Python's own help pages.
+        data: a built-in corpus (``"shakespeare"``, the default when None, or ``"pydoc"``:
+            Python's help pages), or the path of a UTF-8 text file.
         text: the text itself, instead of a file.
         out_dir: where checkpoints go (None: nowhere). A run already there is continued with
             ``resume`` and otherwise refused, never overwritten; a directory holding anything
@@ -212,10 +211,8 @@ def prepare_run(
         if not isinstance(text, str):
             raise UserTypeError(f"text must be a str, got {type(text).__name__}")
         source = "text given in Python"
-    elif data is not None:
-        text, source = read_text(data), str(data)
     else:
-        text, source = default_corpus(), DEFAULT_SOURCE
+        text, source = load_corpus(data)  # a built-in corpus's name, a file, or the default
     s = preset_settings(preset, overrides)
     tokenizer = CharTokenizer.from_text(text)
     model_config = GPTConfig(tokenizer.vocab_size, **{k: s[k] for k in MODEL_FIELDS})

@@ -264,7 +264,7 @@ class Trainer:
         cfg = self.config
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # each group's peak, on one schedule
         x, y = self._batch(self.data.train, self.generator)  # (B, T) each
         with self.autocast:
             loss = loss_of(self.net(x, y))

@@ -1,4 +1,4 @@
-"""``gptblock train``: train a tiny GPT on a text (by default, Python's own help pages).
+"""``gptblock train``: train a tiny GPT on a text (by default Tiny Shakespeare, built in).
 
 Argument parsing and printing only; the run is ``gptblock.run.prepare_run``, which a user can
 call the same way from Python. Under ``torchrun --nproc_per_node=N -m gptblock train ...`` the
@@ -14,6 +14,7 @@ from pathlib import Path
 from ..checkpoint import BEST, LAST, checkpoint_path
 from ..devices import AUTOCAST_DTYPES
 from ..run import PRESETS, GPTRun, prepare_run
+from ..text import DEFAULT_CORPUS
 from ..train import NonFiniteLossError, TrainResult
 from ..trainlog import LOSS_PLOT
 from .formatting import HelpFormatter
@@ -37,15 +38,17 @@ PRESET_OPTIONS = [
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "train",
-        help="train a tiny GPT on a text file (default: Python's help pages), then sample",
-        description="Train a character-level GPT. With no arguments: the tiny preset on "
-        "Python's own help pages (pydoc_data), about three minutes on a 2-core CPU.",
+        help="train a tiny GPT on a text (default: Tiny Shakespeare, built in), then sample",
+        description="Train a character-level GPT. With no arguments: the default preset on "
+        "Tiny Shakespeare, which ships with gptblock (no download).",
         formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--data",
-        metavar="FILE",
-        help="a UTF-8 text file (default: Python's pydoc_data help topics, no download)",
+        metavar="NAME|FILE",
+        default=DEFAULT_CORPUS,
+        help="a built-in corpus (shakespeare: Tiny Shakespeare; pydoc: Python's help pages) "
+        "or the path of a UTF-8 text file",
     )
     p.add_argument("--out", default="out-gptblock", help="directory for checkpoints and loss.png")
     p.add_argument("--preset", choices=tuple(PRESETS), default="tiny", help="model and run size")

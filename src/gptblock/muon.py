@@ -1,0 +1,139 @@
+"""Muon for the blocks' matrices, AdamW for everything else, as one ``torch.optim.Optimizer``.
+
+Muon (Keller Jordan, 2024: "MomentUm Orthogonalized by Newton-Schulz") keeps SGD momentum for
+a weight matrix and applies, instead of the momentum itself, its nearest semi-orthogonal matrix
+``U V^T`` (from the SVD ``U S V^T``), approximated by five Newton-Schulz iterations. Every
+direction of the update then moves by the same amount, so the rare directions that plain
+momentum barely moves learn as fast as the common ones; in practice a transformer reaches a
+given loss in fewer steps. It is for the hidden 2-D weights only: the embeddings, the tied head,
+the LayerNorm gains and the biases stay with AdamW, as in the original recipe.
+
+A packed q/k/v projection (``in_proj_weight``, (3C, C)) is three matrices: its group has
+``split=3``, and each (C, C) third is orthogonalised on its own.
+
+Each parameter group has ``algorithm`` "muon" or "adamw" and its own ``lr``; the trainer scales
+every group's ``lr`` by the schedule through ``lr_scale`` (the group's lr over the peak lr).
+
+Shapes: a Muon parameter is (rows, cols); with ``split = s`` it is (s * r, cols).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["MuonAdamW", "orthogonalise"]
+
+# The quintic's coefficients from the Muon write-up: chosen so the iteration pushes every
+# singular value of a unit-norm matrix into about [0.7, 1.2] in five steps (fast, not exact;
+# the exact U V^T is not needed for the optimiser to work).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Approximately ``U V^T`` for ``g = U S V^T``, by Newton-Schulz; batched over leading dims.
+
+    Example:
+        >>> g = torch.randn(3, 16, 8)
+        >>> s = torch.linalg.svdvals(orthogonalise(g))
+        >>> bool(((s > 0.6) & (s < 1.3)).all())
+        True
+    """
+    a, b, c = NS_COEFFICIENTS
+    x = g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # every singular value now <= 1
+    wide = x.shape[-2] > x.shape[-1]
+    if wide:
+        x = x.mT  # iterate on the side with fewer rows: (r, c) with r <= c
+    for _ in range(steps):
+        A = x @ x.mT  # (r, r)
+        x = a * x + (b * A + c * A @ A) @ x  # (r, c)
+    return x.mT if wide else x
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the groups with ``algorithm="muon"``, AdamW for those with ``"adamw"``.
+
+    Args:
+        groups: parameter groups, each a dict with ``params``, ``algorithm`` and ``lr``, and
+            for Muon optionally ``momentum`` (0.95), ``nesterov`` (True), ``split`` (1),
+            ``weight_decay`` (0); for AdamW ``betas`` ((0.9, 0.99)), ``eps`` (1e-8),
+            ``weight_decay`` (0).
+
+    Example:
+        >>> w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.zeros(8))
+        >>> opt = MuonAdamW([{"params": [w], "algorithm": "muon", "lr": 0.02},
+        ...                  {"params": [b], "algorithm": "adamw", "lr": 1e-3}])
+        >>> (w.sum() + b.sum()).backward(); opt.step()
+        >>> sorted(opt.state[w]), sorted(opt.state[b])
+        (['momentum_buffer'], ['exp_avg', 'exp_avg_sq', 'step'])
+    """
+
+    def __init__(self, groups: Iterable[dict[str, Any]]) -> None:
+        defaults: dict[str, Any] = dict(momentum=0.95, nesterov=True, split=1, ns_steps=5)
+        defaults |= dict(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+        groups = list(groups)
+        for g in groups:
+            if g.get("algorithm") not in ("muon", "adamw"):
+                raise ValueError(f"a group's algorithm must be 'muon' or 'adamw', got {g!r:.80}")
+            if g["algorithm"] == "muon":
+                for p in g["params"]:
+                    if p.dim() != 2 or p.shape[0] % g.get("split", 1):
+                        raise ValueError(
+                            f"Muon needs 2-D weights whose rows split {g.get('split', 1)} ways, "
+                            f"got shape {tuple(p.shape)}"
+                        )
+        super().__init__(groups, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["algorithm"] == "muon":
+                self._muon(group)
+            else:
+                self._adamw(group)
+        return loss
+
+    def _muon(self, group: dict[str, Any]) -> None:
+        lr, mu, split = group["lr"], group["momentum"], group["split"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.mul_(mu).add_(p.grad)
+            g = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
+            rows, cols = p.shape[0] // split, p.shape[1]
+            update = orthogonalise(g.view(split, rows, cols), group["ns_steps"]).view_as(p)
+            # U V^T has unit singular values; scaled so its RMS matches any shape's.
+            scale = math.sqrt(max(1.0, rows / cols))
+            if group["weight_decay"]:
+                p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-lr * scale)
+
+    def _adamw(self, group: dict[str, Any]) -> None:
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = 0  # a Python int: reading it never waits for a device
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t = state["step"]
+            state["exp_avg"].lerp_(p.grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            if group["weight_decay"]:
+                p.mul_(1 - lr * group["weight_decay"])
+            denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(eps)
+            p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1**t))
