@@ -31,7 +31,9 @@ def test_v1_run_loads_and_computes_what_it_computed_when_saved():
 def test_v1_run_resumes(tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(RUN, run)
+    # The v1 run was the tiny preset (AdamW), the default of 0.1.
     args = ["train", "--data", str(FIXTURES / "v1-corpus.txt"), "--out", str(run), "--resume"]
+    args += ["--preset", "tiny"]
     args += ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16"]
     args += ["--batch-size", "4", "--max-iters", "9", "--eval-interval", "3", "--eval-iters", "1"]
     assert main([*args, "--no-progress", "--seed", "7"]) == 0

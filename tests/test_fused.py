@@ -170,3 +170,35 @@ def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
     block = FusedBlock(8, 2).half()
     with pytest.raises(TypeError, match=r"does not support dtype torch.float16 on device cpu"):
         block(torch.randn(1, 3, 8).half())
+
+
+@pytest.mark.parametrize("T", [8, 128, 129])
+def test_the_cpu_kernel_choice_keeps_the_function(T, monkeypatch):
+    # bfloat16 at T <= 128 goes through SDPA's math kernel (3.5x faster there than flash on
+    # CPU); above, or in float32, through SDPA's own choice. Outputs and gradients agree.
+    from gptblock import fused as fused_module
+
+    calls = []
+    kernel, backend = fused_module._MATH_KERNEL
+
+    def recording(b):
+        calls.append(b)
+        return kernel(b)
+
+    monkeypatch.setattr(fused_module, "_MATH_KERNEL", (recording, backend))
+    torch.manual_seed(0)
+    block = FusedBlock(32, 2).bfloat16()
+    x = torch.randn(2, T, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = block(x)
+    y.float().square().sum().backward()
+    assert len(calls) == (1 if T <= fused_module.MATH_KERNEL_MAX_T else 0)
+    grad, y = x.grad.clone(), y.detach()
+    monkeypatch.setattr(fused_module, "MATH_KERNEL_MAX_T", 0)  # SDPA's own choice
+    x.grad = None
+    y2 = block(x)
+    y2.float().square().sum().backward()
+    torch.testing.assert_close(y2.detach().float(), y.float(), atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(x.grad.float(), grad.float(), atol=0.2, rtol=5e-2)
+    x32 = x.detach().float()
+    ref = block.float()(x32)
+    torch.testing.assert_close(y.float(), ref, atol=0.1, rtol=5e-2)

@@ -8,7 +8,15 @@ import torch
 from gptblock import RunMeta, load_gpt, train_gpt
 from gptblock.checkpoint import load_checkpoint
 from gptblock.data import default_corpus
-from gptblock.run import PRESETS, prepare_run, preset_settings, sample_text
+from gptblock.run import (
+    PRESETS,
+    SETTINGS,
+    TRAIN_FIELDS,
+    prepare_run,
+    preset_settings,
+    sample_text,
+)
+from gptblock.train_config import TrainConfig
 
 TEXT = default_corpus()[:3000]
 SMALL = dict(
@@ -63,7 +71,12 @@ def test_resume_refuses_another_model(tmp_path):
 
 
 def test_settings_come_from_the_preset_with_overrides():
-    assert preset_settings("tiny") == PRESETS["tiny"]
+    tiny = preset_settings("tiny")
+    assert tiny == {**tiny, **PRESETS["tiny"]} and tiny["optimizer"] == "adamw"
+    assert set(tiny) == set(SETTINGS)
+    for name in PRESETS:  # every preset builds a valid TrainConfig
+        s = preset_settings(name)
+        TrainConfig(**{k: s[k] for k in TRAIN_FIELDS if k != "dtype"}, block_size=s["block_size"])
     assert preset_settings("tiny", {"lr": 1e-2, "n_layer": None})["lr"] == 1e-2
     with pytest.raises(ValueError, match="unknown setting 'layers'"):
         preset_settings("tiny", {"layers": 2})

@@ -367,3 +367,15 @@ def test_a_nan_between_reads_names_its_own_step(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 6"):
         trainer.fit()
     assert load_checkpoint(tmp_path).meta["step"] == 4
+
+
+def test_auto_dtype_is_bfloat16_exactly_where_the_cpu_has_it(monkeypatch):
+    from gptblock import devices
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert devices.resolve_dtype("auto", "cpu") == "bfloat16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert devices.resolve_dtype("auto", "cpu") == "float32"
+    assert devices.resolve_dtype("float16", "cpu") == "float16"
+    assert devices.resolve_dtype("auto", "meta") == "float32"

@@ -32,7 +32,8 @@ def trained(tmp_path_factory, text_file):
     return out
 
 
-def test_help_shows_every_option_and_the_presets(capsys):
+def test_help_shows_every_option_and_the_presets(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no line breaks inside preset names
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
@@ -42,15 +43,15 @@ def test_help_shows_every_option_and_the_presets(capsys):
         "--seed", "--device", "--dtype", "--compile", "--resume", "--allow-other-data",
     ):  # fmt: skip
         assert flag in out, flag
-    assert "(preset: tiny 4, shakespeare 6)" in out
-    assert "(preset: tiny 64, shakespeare 256)" in out
+    assert "(preset: shakespeare-cpu 3, nanogpt-cpu 4, tiny 4, shakespeare 6)" in out
+    assert "(preset: shakespeare-cpu 32, nanogpt-cpu 64, tiny 64, shakespeare 256)" in out
     assert "(default: None)" not in out
 
 
 def test_explicit_flags_override_the_preset():
     args = build_parser().parse_args(["train", "--preset", "shakespeare", "--n-layer", "2"])
     settings = gpt_run.preset_settings(args.preset, {"n_layer": args.n_layer, "lr": args.lr})
-    assert settings == {**gpt_run.PRESETS["shakespeare"], "n_layer": 2}
+    assert settings == {**gpt_run.preset_settings("shakespeare"), "n_layer": 2}
     assert gpt_run.PRESETS["shakespeare"] == dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, batch_size=64, lr=1e-3,
         max_iters=5000, warmup=100, eval_interval=250, eval_iters=200,

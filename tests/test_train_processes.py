@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 SMALL = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
     "--eval-iters", "2", "--warmup", "2", "--device", "cpu", "--no-progress",
+    "--dtype", "float32",  # processes follow one process to 1e-5, as float32 can (Muon too)
 ]  # fmt: skip
 
 

@@ -21,7 +21,9 @@ __all__ = [
     "DEVICE_TYPES",
     "DTYPES",
     "autocast_context",
+    "native_bfloat16",
     "resolve_device",
+    "resolve_dtype",
     "set_threads",
 ]
 
@@ -32,6 +34,37 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 AUTOCAST_DTYPES = ("float32", "bfloat16", "float16")  # what training runs in
+
+
+def native_bfloat16(device: str | torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX on a CPU,
+    an Ampere or newer GPU), so training in it is faster rather than emulated and slower.
+
+    On this project's 2-core AMD EPYC (avx512_bf16), a (4096, 128) @ (128, 384) matmul ran at
+    1018 GFLOP/s in bfloat16 against 216 in float32.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu, >= 2.1
+        return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+    return False
+
+
+def resolve_dtype(name: str, device: str | torch.device) -> str:
+    """``"auto"`` becomes ``"bfloat16"`` where ``device`` has ``native_bfloat16``, else
+    ``"float32"``; any other name is returned as it is (``TrainConfig`` checks it).
+
+    Example:
+        >>> resolve_dtype("float32", "cpu")
+        'float32'
+        >>> resolve_dtype("auto", "cpu") in ("bfloat16", "float32")
+        True
+    """
+    if name != "auto":
+        return name
+    return "bfloat16" if native_bfloat16(device) else "float32"
 
 
 def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:

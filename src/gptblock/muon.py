@@ -59,7 +59,9 @@ class MuonAdamW(torch.optim.Optimizer):
     Args:
         groups: parameter groups, each a dict with ``params``, ``algorithm`` and ``lr``, and
             for Muon optionally ``momentum`` (0.95), ``nesterov`` (True), ``split`` (1),
-            ``weight_decay`` (0); for AdamW ``betas`` ((0.9, 0.99)), ``eps`` (1e-8),
+            ``weight_decay`` (0), ``ns_dtype`` ("float32": the Newton-Schulz iteration's dtype;
+            "bfloat16" is what the original runs it in, and 3-4x faster where the CPU has
+            bfloat16 matmuls); for AdamW ``betas`` ((0.9, 0.99)), ``eps`` (1e-8),
             ``weight_decay`` (0).
 
     Example:
@@ -73,6 +75,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def __init__(self, groups: Iterable[dict[str, Any]]) -> None:
         defaults: dict[str, Any] = dict(momentum=0.95, nesterov=True, split=1, ns_steps=5)
+        defaults |= dict(ns_dtype="float32")
         defaults |= dict(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
         groups = list(groups)
         for g in groups:
@@ -102,6 +105,9 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon(self, group: dict[str, Any]) -> None:
         lr, mu, split = group["lr"], group["momentum"], group["split"]
+        # Matrices of one shape are orthogonalised together, as one batch: a dozen small
+        # (128, 128) Newton-Schulz iterations cost several times one batched iteration on CPU.
+        by_shape: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -112,12 +118,16 @@ class MuonAdamW(torch.optim.Optimizer):
             buf.mul_(mu).add_(p.grad)
             g = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
             rows, cols = p.shape[0] // split, p.shape[1]
-            update = orthogonalise(g.view(split, rows, cols), group["ns_steps"]).view_as(p)
+            by_shape.setdefault((rows, cols), []).append((p, g.view(split, rows, cols)))
+        for (rows, cols), items in by_shape.items():
+            stacked = torch.cat([g for _, g in items]).to(getattr(torch, group["ns_dtype"]))
+            updates = orthogonalise(stacked, group["ns_steps"]).to(items[0][0].dtype)
             # U V^T has unit singular values; scaled so its RMS matches any shape's.
             scale = math.sqrt(max(1.0, rows / cols))
-            if group["weight_decay"]:
-                p.mul_(1 - lr * group["weight_decay"])
-            p.add_(update, alpha=-lr * scale)
+            for (p, _), update in zip(items, torch.split(updates, split), strict=True):
+                if group["weight_decay"]:
+                    p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update.reshape(p.shape), alpha=-lr * scale)
 
     def _adamw(self, group: dict[str, Any]) -> None:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]

@@ -207,6 +207,8 @@ def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optim
             "lr_scale": scale,
             "momentum": cfg.muon_momentum,
             "split": 3 if name.endswith("in_proj_weight") else 1,
+            # Training in bfloat16 already trusts bfloat16's matmuls: so does the iteration.
+            "ns_dtype": "bfloat16" if cfg.dtype == "bfloat16" else "float32",
         }
         for name, p in hidden
     ]

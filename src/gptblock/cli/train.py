@@ -13,13 +13,14 @@ from pathlib import Path
 
 from ..checkpoint import BEST, LAST, checkpoint_path
 from ..devices import AUTOCAST_DTYPES
-from ..run import PRESETS, GPTRun, prepare_run
+from ..run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
 from ..text import DEFAULT_CORPUS
 from ..train import NonFiniteLossError, TrainResult
+from ..train_config import OPTIMIZERS, SCHEDULES
 from ..trainlog import LOSS_PLOT
 from .formatting import HelpFormatter
 
-# (flag, type, help) for the options a preset sets; each defaults to the preset's value.
+# (setting, type, help) for every setting a preset gives; each flag defaults to the preset's.
 PRESET_OPTIONS = [
     ("n_layer", int, "number of blocks"),
     ("n_head", int, "attention heads per block"),
@@ -27,12 +28,21 @@ PRESET_OPTIONS = [
     ("block_size", int, "context length (T)"),
     ("dropout", float, "dropout probability"),
     ("batch_size", int, "sequences per step, all processes together"),
-    ("lr", float, "peak learning rate (AdamW)"),
     ("max_iters", int, "optimizer steps"),
-    ("warmup", int, "linear warmup steps before the cosine decay"),
+    ("lr", float, "peak learning rate (AdamW's; the embeddings', norms' and biases' with Muon)"),
+    ("min_lr_ratio", float, "the schedule ends at lr * this"),
+    ("warmup", int, "linear warmup steps"),
+    ("schedule", str, "after the warmup: cosine, or wsd (flat, then a linear decay)"),
+    ("decay_fraction", float, "wsd: the last fraction of the run that decays"),
+    ("optimizer", str, "adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)"),
+    ("muon_lr", float, "Muon's peak learning rate"),
+    ("weight_decay", float, "AdamW's weight decay, on matrices and embeddings"),
+    ("beta2", float, "AdamW's second-moment decay"),
     ("eval_interval", int, "steps between loss estimates and checkpoints"),
     ("eval_iters", int, "batches per loss estimate"),
+    ("dtype", str, "float32, an autocast dtype, or auto: bfloat16 where the device has it"),
 ]
+CHOICES = {"schedule": SCHEDULES, "optimizer": OPTIMIZERS, "dtype": ("auto", *AUTOCAST_DTYPES)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,18 +61,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "or the path of a UTF-8 text file",
     )
     p.add_argument("--out", default="out-gptblock", help="directory for checkpoints and loss.png")
-    p.add_argument("--preset", choices=tuple(PRESETS), default="tiny", help="model and run size")
+    p.add_argument(
+        "--preset", choices=tuple(PRESETS), default=DEFAULT_PRESET, help="model and run size"
+    )
+    every = {preset: preset_settings(preset) for preset in PRESETS}
     for name, kind, text in PRESET_OPTIONS:
-        shown = ", ".join(f"{preset} {values[name]}" for preset, values in PRESETS.items())
+        shown = ", ".join(f"{preset} {values[name]}" for preset, values in every.items())
         p.add_argument(
             "--" + name.replace("_", "-"),
             type=kind,
-            metavar="N" if kind is int else "X",
+            choices=CHOICES.get(name),
+            metavar="N" if kind is int else "X" if kind is float else None,
             help=f"{text} (preset: {shown})",
         )
     p.add_argument("--seed", type=int, default=1337, help="seed for weights, batches, dropout")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument("--dtype", choices=AUTOCAST_DTYPES, default="float32", help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument(
@@ -87,13 +100,12 @@ def run(args: argparse.Namespace) -> int:
         allow_other_data=args.allow_other_data,
         seed=args.seed,
         device=args.device,
-        dtype=args.dtype,
         compile=args.compile,
         progress=not args.no_progress,
         **overrides,
     ) as gpt_run:
         say = print if gpt_run.dist.is_main else _quiet
-        say(_describe(gpt_run, args.dtype), flush=True)
+        say(_describe(gpt_run, gpt_run.train_config.dtype), flush=True)
         try:
             result = gpt_run.fit()
         except NonFiniteLossError as e:

@@ -1,0 +1,174 @@
+"""The CPU speedrun: Tiny Shakespeare to a whole-validation loss of 1.88, as fast as possible.
+
+    python benchmarks/speedrun.py                      # the shakespeare-cpu preset, seed 1337
+    python benchmarks/speedrun.py --seed 2 --json run.json
+    python benchmarks/speedrun.py --baseline           # nanoGPT's README CPU recipe, to its end
+
+The speedrun trains gptblock's GPT with a preset (default ``shakespeare-cpu``) and stops as soon
+as the loss on the WHOLE validation split (the last 10% of the text; mean per-character
+cross-entropy over non-overlapping windows of the model's context, every character scored once:
+``gptblock.evaluate.validation_loss``, in float32 whatever the training dtype) is <=
+``--target``. That loss is computed at the steps ``--check-at`` names and at the last step
+(where the warmup-stable-decay schedule has decayed); each check is timed with everything else. No validation data
+trains the model or decides when to stop other than those checks. (The trainer's own estimates,
+a batch at the start and at the end, only print.)
+
+``--baseline`` runs the ``nanogpt-cpu`` preset, nanoGPT's README recipe (4 layers, 4 heads, 128
+wide, context 64, batch 12, 2000 iterations, dropout 0, AdamW lr 1e-3, betas (0.9, 0.99), weight
+decay 0.1, 100 warmup steps, cosine to 1e-4, an estimate of 20 batches every 250 steps), to its
+end, and reports its wall time and final whole-validation loss.
+
+The wall time runs from the process's start (read from /proc, so the interpreter's and torch's
+start-up count) to the check that reaches the target (or, for the baseline, to the end). Nothing
+is written but the ``--json`` record: no checkpoints. Prints one line per check and a summary.
+"""
+
+from __future__ import annotations
+
+import time
+
+START = time.time()  # a fallback for the process's start; /proc's is used where it exists
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from gptblock import __version__, fused  # noqa: E402
+from gptblock.evaluate import validation_loss  # noqa: E402
+from gptblock.run import prepare_run, preset_settings  # noqa: E402
+
+
+def process_start() -> float:
+    """When this process started, in ``time.time()`` seconds (Linux /proc; else at import)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime: clock ticks after boot
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return START
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--baseline", action="store_true", help="nanoGPT's CPU recipe, to its end")
+    p.add_argument("--preset", help="default: shakespeare-cpu (nanogpt-cpu with --baseline)")
+    p.add_argument("--data", default="shakespeare", help="a built-in corpus or a text file")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--target", type=float, default=1.88, help="whole-validation loss to reach")
+    p.add_argument("--check-at", type=int, nargs="*", default=[], help="extra check steps")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a preset setting (a Python literal), e.g. --set max_iters=140",
+    )
+    p.add_argument(
+        "--attention",
+        choices=("auto", "flash"),
+        default="auto",
+        help="flash: never the math kernel (fused.MATH_KERNEL_MAX_T = 0), to measure it",
+    )
+    p.add_argument(
+        "--ns-dtype",
+        choices=("auto", "float32"),
+        default="auto",
+        help="float32: Muon's Newton-Schulz in float32 whatever the training dtype",
+    )
+    p.add_argument("--json", help="write the record here")
+    args = p.parse_args()
+    started = process_start()
+    torch.set_num_threads(args.threads)
+    preset = args.preset or ("nanogpt-cpu" if args.baseline else "shakespeare-cpu")
+    settings = preset_settings(preset)
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        try:
+            overrides[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[name] = value  # a word: wsd, muon, bfloat16
+    settings = preset_settings(preset, overrides)
+    if args.attention == "flash":
+        fused.MATH_KERNEL_MAX_T = 0
+    if not args.baseline:
+        # The trainer's estimates only print here: one batch, at the start and at the end.
+        overrides |= {"eval_interval": settings["max_iters"], "eval_iters": 1}
+    run = prepare_run(
+        args.data, out_dir=None, preset=preset, seed=args.seed, progress=False, **overrides
+    )
+    if args.ns_dtype == "float32":
+        for group in run.trainer.optimizer.param_groups:
+            if "ns_dtype" in group:
+                group["ns_dtype"] = "float32"
+    T, val = run.train_config.block_size, run.splits.val
+    checks: list[dict[str, float]] = []
+    reached: dict[str, float] | None = None
+
+    def check(step: int) -> float:
+        loss = validation_loss(
+            run.model, val, block_size=T, batch_size=64, device=run.trainer.device
+        )
+        checks.append({"step": step, "val_loss": loss, "seconds": time.time() - started})
+        print(f"step {step}: whole-validation loss {loss:.4f} at {checks[-1]['seconds']:.1f} s")
+        return loss
+
+    last_step = run.train_config.max_iters
+    due = {*args.check_at, last_step}
+
+    def on_step(trainer: object) -> None:
+        nonlocal reached
+        step = run.trainer.step
+        if step in due and check(step) <= args.target:
+            reached = checks[-1]
+            run.trainer.request_stop()  # the trainer's own closing score is not timed
+
+    run.trainer.add_callback("on_step_end", on_step)
+    run.fit()
+    last = reached or checks[-1]
+    tokens = last["step"] * run.train_config.batch_size * T
+    kind = "baseline" if args.baseline else "speedrun"
+    ok = reached is not None
+    print(
+        f"{kind} ({preset}, seed {args.seed}): {'reached' if ok else 'did NOT reach'} "
+        f"{args.target} -- whole-validation loss {last['val_loss']:.4f} at step {last['step']}, "
+        f"{tokens:,} tokens, {last['seconds']:.1f} s from process start"
+    )
+    if args.json:
+        record = {
+            "kind": kind,
+            "preset": preset,
+            "settings": {**settings, **overrides, "dtype": run.train_config.dtype},
+            "attention": args.attention,
+            "ns_dtype": args.ns_dtype,
+            "seed": args.seed,
+            "target": args.target,
+            "reached": ok,
+            "wall_seconds": last["seconds"],
+            "steps": last["step"],
+            "tokens": tokens,
+            "val_loss": last["val_loss"],
+            "checks": checks,
+            "threads": args.threads,
+            "gptblock": __version__,
+            "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(),
+        }
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    if not ok and not args.baseline:
+        raise SystemExit(1)  # the speedrun failed: a script or CI can tell
+
+
+if __name__ == "__main__":
+    main()

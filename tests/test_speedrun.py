@@ -1,0 +1,49 @@
+"""benchmarks/speedrun.py runs end to end (tiny settings here; the real run is documented in
+benchmarks/README.md), and every preset setting is a flag of gptblock train."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptblock.cli import main
+from gptblock.run import SETTINGS
+
+SPEEDRUN = Path(__file__).resolve().parents[1] / "benchmarks" / "speedrun.py"
+
+
+def test_every_setting_is_a_train_flag_with_each_presets_value(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no line breaks inside preset names
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name in SETTINGS:
+        assert "--" + name.replace("_", "-") in out, name
+    assert "shakespeare-cpu muon" in out and "nanogpt-cpu adamw" in out
+
+
+@pytest.mark.slow
+def test_the_speedrun_script_checks_the_whole_split_and_records_it(tmp_path):
+    record = tmp_path / "run.json"
+    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=8", "max_iters=4", "warmup=1"]
+    cmd = [
+        sys.executable,
+        str(SPEEDRUN),
+        "--target",
+        "10",
+        "--check-at",
+        "2",
+        "--json",
+        str(record),
+    ]
+    for item in tiny:
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(record.read_text())
+    assert rec["reached"] and rec["steps"] == 2  # stopped at the first check that reached it
+    assert rec["tokens"] == 2 * 8 * 32 and rec["settings"]["optimizer"] == "muon"
+    assert rec["checks"][0]["step"] == 2 and rec["wall_seconds"] > 0
+    assert "reached 10.0" in done.stdout
