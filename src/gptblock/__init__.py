@@ -46,7 +46,7 @@ from .runmeta import RunMeta
 from .train import NonFiniteLossError, Trainer
 from .train_config import TrainConfig
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "GPT",

@@ -109,9 +109,9 @@ class KVCache:
 
 
 # PyTorch's CPU flash-attention kernel is slow in reduced precision at short contexts: at
-# (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and backward took 15.2 ms, its math
-# kernel 4.3 ms (in float32: 4.5 ms flash, 7.8 ms math); by T = 256 they are even
-# (benchmarks/attention_kernels.py). Both compute softmax(q k^T / sqrt(hs)) v; the math kernel
+# (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and backward took 13.5 ms, its math
+# kernel 4.5 ms (in float32: 5.4 ms flash, 7.5 ms math); at T = 128 math is still 1.9x faster,
+# at T = 256 flash is (benchmarks/attention_kernels.py, results/attention-kernels.txt). Both compute softmax(q k^T / sqrt(hs)) v; the math kernel
 # is chosen where it is the faster, and otherwise SDPA picks as it always does.
 MATH_KERNEL_MAX_T = 128
 _MATH_KERNEL: Any = None
