@@ -15,6 +15,7 @@ Shapes: B batch, T time (``block_size``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,15 +30,33 @@ from .text import default_corpus, load_corpus, read_text
 __all__ = [
     "CharTokenizer",
     "TokenSplits",
+    "Tokenizer",
     "default_corpus",
     "full_windows",
     "get_batch",
     "load_corpus",
     "read_text",
+    "split_text",
     "split_tokens",
+    "token_splits",
 ]
 
 TRAIN_TENTHS = 9  # the first 90% trains, the last 10% validates, as in nanoGPT
+
+
+class Tokenizer(Protocol):
+    """What a run needs of its tokenizer: ``CharTokenizer``, or ``gptblock.bpe.BPETokenizer``."""
+
+    kind: str  # "char" or "bpe": how a checkpoint records it
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int] | torch.Tensor) -> str: ...
+
+    def unknown(self, text: str) -> list[str]: ...
 
 
 class CharTokenizer:
@@ -64,6 +83,8 @@ class CharTokenizer:
         ...
         gptblock.errors.UserValueError: text has 2 characters outside the vocabulary: '!', 'i'
     """
+
+    kind = "char"
 
     def __init__(self, chars: list[str] | tuple[str, ...]) -> None:
         if not isinstance(chars, (list, tuple)) or not all(
@@ -210,10 +231,29 @@ def split_tokens(ids: list[int] | torch.Tensor, block_size: int) -> TokenSplits:
         ...
         gptblock.errors.UserValueError: the text is too short for block_size=8: its validation part (the last 10%) has 5 tokens, and a window needs 9; use a longer text (at least 81 characters) or a smaller --block-size
     """
-    check_positive_int("block_size", block_size)
     data = torch.as_tensor(ids, dtype=torch.long)
     n = _n_train(len(data))
-    train, val = data[:n], data[n:]
+    return token_splits(data[:n], data[n:], block_size)
+
+
+def split_text(text: str) -> tuple[str, str]:
+    """The first 90% of ``text``'s characters and the rest: where ``split_tokens`` splits a
+    character tokenizer's ids, for a tokenizer (BPE) that must learn from the first part alone.
+
+    Example:
+        >>> split_text("abcdefghij")
+        ('abcdefghi', 'j')
+    """
+    n = _n_train(len(text))
+    return text[:n], text[n:]
+
+
+def token_splits(
+    train: list[int] | torch.Tensor, val: list[int] | torch.Tensor, block_size: int
+) -> TokenSplits:
+    """``TokenSplits`` of two parts' ids, checking each holds at least one training window."""
+    check_positive_int("block_size", block_size)
+    train, val = torch.as_tensor(train, dtype=torch.long), torch.as_tensor(val, dtype=torch.long)
     need = block_size + 1
     for name, part in (
         ("training part (the first 90%)", train),

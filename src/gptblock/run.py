@@ -26,9 +26,18 @@ from typing import Any
 
 import torch
 
+from .bpe import BPETokenizer
 from .checkpoint import BEST, Checkpoint, load_checkpoint
 from .config import GPTConfig, check_seed
-from .data import CharTokenizer, TokenSplits, load_corpus, split_tokens
+from .data import (
+    CharTokenizer,
+    Tokenizer,
+    TokenSplits,
+    load_corpus,
+    split_text,
+    split_tokens,
+    token_splits,
+)
 from .devices import resolve_device, resolve_dtype
 from .distributed import DistInfo, finish_distributed, init_distributed
 from .errors import UserTypeError, UserValueError
@@ -49,6 +58,7 @@ __all__ = [
     "TRAIN_FIELDS",
     "GPTRun",
     "load_gpt",
+    "load_hf",
     "prepare_run",
     "preset_settings",
     "sample_text",
@@ -184,7 +194,7 @@ class GPTRun:
     """
 
     model: GPT
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | BPETokenizer
     splits: TokenSplits
     meta: RunMeta
     corpus: CorpusInfo  # where the text came from, its size and fingerprint
@@ -192,7 +202,13 @@ class GPTRun:
     trainer: Trainer
     dist: DistInfo
     resume: bool
+    val_characters: int  # the characters the validation targets spell (for per-character loss)
     result: TrainResult | None = field(default=None)  # set by fit
+
+    def per_character(self, loss: float) -> float:
+        """A loss per validation token (nats) as nats per character: comparable across
+        tokenizers. Divide by ln 2 for bits per character."""
+        return loss * (len(self.splits.val) - 1) / self.val_characters
 
     def fit(self) -> TrainResult:
         """Train (or continue the run, if ``resume``); see ``Trainer.fit``."""
@@ -233,9 +249,11 @@ def prepare_run(
     dtype: str | None = None,
     compile: bool = False,
     progress: bool = True,
+    tokenizer: str = "char",
+    vocab_size: int | None = None,
     **overrides: Any,
 ) -> GPTRun:
-    """Build a character-level GPT run on a text: tokenizer, splits, model and trainer.
+    """Build a GPT run on a text: tokenizer, splits, model and trainer.
 
     Everything that can be checked is checked before the model is built: the output
     directory (``gptblock.rundir``: a directory, new, empty or this run's), the settings, and
@@ -260,6 +278,10 @@ def prepare_run(
             None: the preset's.
         compile: ``torch.compile`` the model for the training steps.
         progress: show a progress bar.
+        tokenizer: ``"char"`` (a token per character, the vocabulary the text's characters) or
+            ``"bpe"``: byte-level BPE with ``vocab_size`` tokens (``gptblock.bpe``), learnt from
+            the training part of the text alone, so the validation text is never seen by it.
+        vocab_size: BPE's vocabulary size (at least 256); only with ``tokenizer="bpe"``.
 
     Raises:
         UserValueError, UserFileNotFoundError, ...: a bad file, setting or device, named.
@@ -280,8 +302,8 @@ def prepare_run(
     else:
         text, source = load_corpus(data)  # a built-in corpus's name, a file, or the default
     s = preset_settings(preset, overrides)
-    tokenizer = CharTokenizer.from_text(text)
-    model_config = GPTConfig(tokenizer.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
+    tok, splits, val_characters = _tokenize(text, tokenizer, vocab_size, s["block_size"])
+    model_config = GPTConfig(tok.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
     train_config = TrainConfig(
         **{k: v for k, v in s.items() if k not in (*MODEL_FIELDS, "dtype") or k == "block_size"},
         seed=seed,
@@ -290,9 +312,8 @@ def prepare_run(
         compile=compile,
     )
     check_memory(model_config, train_config.batch_size, len(text), train_config.device)
-    splits = split_tokens(tokenizer.encode_tensor(text), s["block_size"])
     corpus = CorpusInfo.of(text, source)
-    meta = RunMeta(model_config, tokenizer, corpus, allow_other_data=allow_other_data)
+    meta = RunMeta(model_config, tok, corpus, allow_other_data=allow_other_data)
     if out_dir is not None:
         make_run_dir(out_dir)  # a place where no directory can be made fails here, not later
     dist, device = init_distributed(train_config.device)
@@ -306,7 +327,31 @@ def prepare_run(
     except BaseException:
         finish_distributed(wait=False)
         raise
-    return GPTRun(model, tokenizer, splits, meta, corpus, train_config, trainer, dist, resume)
+    return GPTRun(
+        model, tok, splits, meta, corpus, train_config, trainer, dist, resume, val_characters
+    )
+
+
+def _tokenize(
+    text: str, kind: str, vocab_size: int | None, block_size: int
+) -> tuple[CharTokenizer | BPETokenizer, TokenSplits, int]:
+    """The tokenizer, the split token ids, and how many characters the validation targets
+    spell (every validation token but the first is a target)."""
+    if kind == "char":
+        if vocab_size is not None:
+            raise UserValueError("vocab_size applies to tokenizer='bpe' (--tokenizer bpe) only")
+        char = CharTokenizer.from_text(text)
+        splits = split_tokens(char.encode_tensor(text), block_size)
+        return char, splits, len(splits.val) - 1
+    if kind != "bpe":
+        raise UserValueError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
+    if vocab_size is None:
+        raise UserValueError("tokenizer='bpe' needs a vocab_size (--vocab-size N, at least 256)")
+    train_text, val_text = split_text(text)
+    bpe = BPETokenizer.train(train_text, vocab_size)  # the validation text is never seen
+    splits = token_splits(bpe.encode(train_text), bpe.encode(val_text), block_size)
+    first = bpe.decode(splits.val[:1].tolist())
+    return bpe, splits, len(val_text) - len(first)
 
 
 def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTRun:
@@ -328,7 +373,7 @@ def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTR
 
 def load_gpt(
     out_dir: str | os.PathLike[str], kind: str = BEST, device: str | torch.device = "cpu"
-) -> tuple[GPT, CharTokenizer, Checkpoint]:
+) -> tuple[GPT, CharTokenizer | BPETokenizer, Checkpoint]:
     """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
 
     Every field of the checkpoint is checked (``RunMeta.from_checkpoint``,
@@ -355,9 +400,30 @@ def load_gpt(
     return model.to(target).eval(), meta.tokenizer, ckpt
 
 
+def load_hf(
+    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[GPT, BPETokenizer]:
+    """A Hugging Face GPT-2 directory (``save_pretrained``'s: config, safetensors, tokenizer) as
+    gptblock's GPT, in eval mode on ``device``, and its BPE tokenizer; read offline.
+
+    Raises:
+        UserImportError: transformers or tokenizers is missing (``pip install "gptblock[hf]"``).
+        UserFileNotFoundError: the directory, its weights or its tokenizer is missing.
+    """
+    target = resolve_device(device) if isinstance(device, str) else device
+    tokenizer = BPETokenizer.from_directory(directory)
+    model = GPT.from_hf(directory)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserValueError(
+            f"{directory}: its tokenizer has {tokenizer.vocab_size} tokens, more than the "
+            f"model's vocab_size={model.config.vocab_size}"
+        )
+    return model.to(target).eval(), tokenizer
+
+
 def stream_text(
     model: GPT,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     prompt: str | None = None,
     *,
     max_new_tokens: int = 500,
@@ -365,7 +431,11 @@ def stream_text(
     top_k: int | None = None,
     seed: int = 1337,
 ) -> Iterator[str]:
-    """``sample_text``, piece by piece: the prompt first, then each character as it is made.
+    """``sample_text``, piece by piece: the prompt first, then the text as it is made.
+
+    A character tokenizer's tokens are characters, each a piece. A byte-level BPE token can be
+    part of a character (one UTF-8 byte of several), so the text is decoded from every token
+    so far and a piece is yielded once it ends on a whole character.
 
     Arguments are checked when this is called, not at the first ``next``.
 
@@ -378,7 +448,8 @@ def stream_text(
         (4, True)
     """
     if prompt is None:
-        prompt = "\n" if "\n" in tokenizer.chars else tokenizer.chars[0]
+        chars = getattr(tokenizer, "chars", ("\n",))  # BPE spells any text
+        prompt = "\n" if "\n" in chars else chars[0]
     if not isinstance(prompt, str):
         raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
     if not prompt:
@@ -396,12 +467,26 @@ def stream_text(
     steps = model.stream(
         idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
     )
-    return itertools.chain([prompt], (tokenizer.decode(step.token[0]) for step in steps))
+    return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
+
+
+def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """The text of ``ids``, a piece as soon as the tokens since the last one spell whole
+    characters (a byte-level token's bytes decode on their own, so only the tail is decoded)."""
+    pending: list[int] = []
+    for i in ids:
+        pending.append(i)
+        text = tokenizer.decode(pending)
+        if not text.endswith("\ufffd"):  # otherwise a UTF-8 character still lacks bytes
+            yield text
+            pending = []
+    if pending:
+        yield tokenizer.decode(pending)
 
 
 def sample_text(
     model: GPT,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     prompt: str | None = None,
     *,
     max_new_tokens: int = 500,

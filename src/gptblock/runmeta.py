@@ -5,6 +5,7 @@ Every checkpoint of a ``gptblock train`` run carries three JSON fields beside th
 
     "model_config": {"vocab_size": 65, "block_size": 64, "n_layer": 4, ...}   GPTConfig
     "vocab": ["\\n", " ", "!", ...]                                            CharTokenizer
+    or "tokenizer": {"kind": "bpe", "json": "..."}                           BPETokenizer
     "data": {"source": "input.txt", "characters": 1115394, "sha256": "..."}  CorpusInfo
 
 ``RunMeta.to_json`` writes them and ``RunMeta.from_checkpoint`` reads them back, checking each
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bpe import BPETokenizer
 from .checkpoint import Checkpoint, CheckpointError, check_same_field
 from .config import GPTConfig
 from .data import CharTokenizer
@@ -77,7 +79,9 @@ class RunMeta:
 
     Args:
         model_config: the GPT's shape.
-        tokenizer: the character vocabulary; ``tokenizer.vocab_size == model_config.vocab_size``.
+        tokenizer: a ``CharTokenizer`` (saved as ``vocab``, its characters) or a
+            ``BPETokenizer`` (saved as ``tokenizer``, its ``tokenizers`` JSON);
+            ``tokenizer.vocab_size == model_config.vocab_size``.
         corpus: the text the run trains on; None for a run that did not record it.
         allow_other_data: not saved: let ``check_resume`` accept a checkpoint of another
             text (with a warning naming both); from then on the checkpoints record this one.
@@ -93,31 +97,36 @@ class RunMeta:
     """
 
     model_config: GPTConfig
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | BPETokenizer
     corpus: CorpusInfo | None = None
     allow_other_data: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_config, GPTConfig):
             raise UserTypeError(f"model_config must be a GPTConfig, got {self.model_config!r:.80}")
-        if not isinstance(self.tokenizer, CharTokenizer):
-            raise UserTypeError(f"tokenizer must be a CharTokenizer, got {self.tokenizer!r:.80}")
+        if not isinstance(self.tokenizer, (CharTokenizer, BPETokenizer)):
+            raise UserTypeError(
+                f"tokenizer must be a CharTokenizer or BPETokenizer, got {self.tokenizer!r:.80}"
+            )
         if self.corpus is not None and not isinstance(self.corpus, CorpusInfo):
             raise UserTypeError(f"corpus must be a CorpusInfo or None, got {self.corpus!r:.80}")
         if not isinstance(self.allow_other_data, bool):
             raise UserTypeError(f"allow_other_data must be a bool, got {self.allow_other_data!r}")
         if self.tokenizer.vocab_size != self.model_config.vocab_size:
             raise UserValueError(
-                f"the vocabulary has {self.tokenizer.vocab_size} characters but model_config "
+                f"the vocabulary has {self.tokenizer.vocab_size} "
+                f"{'characters' if isinstance(self.tokenizer, CharTokenizer) else 'tokens'} "
+                f"but model_config "
                 f"says vocab_size={self.model_config.vocab_size}"
             )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON fields, as saved in every checkpoint."""
-        out: dict[str, Any] = {
-            "model_config": dataclasses.asdict(self.model_config),
-            "vocab": self.tokenizer.to_json(),
-        }
+        out: dict[str, Any] = {"model_config": dataclasses.asdict(self.model_config)}
+        if isinstance(self.tokenizer, BPETokenizer):
+            out["tokenizer"] = {"kind": "bpe", "json": self.tokenizer.to_json()}
+        else:
+            out["vocab"] = self.tokenizer.to_json()
         if self.corpus is not None:
             out["data"] = dataclasses.asdict(self.corpus)
         return out
@@ -129,7 +138,8 @@ class RunMeta:
         Raises:
             CheckpointError: a field is missing, of the wrong type, or inconsistent.
         """
-        missing = [f for f in ("model_config", "vocab") if f not in meta]
+        vocab = "tokenizer" if "tokenizer" in meta else "vocab"
+        missing = [f for f in ("model_config", vocab) if f not in meta]
         if missing:
             raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
         if not isinstance(meta["model_config"], dict):
@@ -138,10 +148,7 @@ class RunMeta:
             config = GPTConfig(**meta["model_config"])
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: invalid field 'model_config' ({e})") from None
-        try:
-            tokenizer = CharTokenizer.from_json(meta["vocab"])
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}: invalid field 'vocab' ({e})") from None
+        tokenizer = _tokenizer(meta, vocab, where)
         corpus = _corpus(meta.get("data"), where)
         try:
             return cls(config, tokenizer, corpus)
@@ -164,8 +171,10 @@ class RunMeta:
         """
         saved_meta = self.from_checkpoint(ckpt)
         saved, mine = saved_meta.to_json(), self.to_json()
-        for name in ("model_config", "vocab"):
-            check_same_field(ckpt, name, saved[name], mine[name])
+        check_same_field(ckpt, "model_config", saved["model_config"], mine["model_config"])
+        for name in ("vocab", "tokenizer"):
+            if name in saved or name in mine:
+                check_same_field(ckpt, name, saved.get(name, "absent"), mine.get(name, "absent"))
         theirs, ours = saved_meta.corpus, self.corpus
         if theirs is None or ours is None:
             return
@@ -187,6 +196,18 @@ class RunMeta:
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _tokenizer(meta: Mapping[str, Any], field: str, where: object) -> CharTokenizer | BPETokenizer:
+    value = meta[field]
+    try:
+        if field == "vocab":
+            return CharTokenizer.from_json(value)
+        if not isinstance(value, dict) or value.get("kind") != "bpe" or "json" not in value:
+            raise UserValueError('expected {"kind": "bpe", "json": "..."}')
+        return BPETokenizer.from_json(value["json"])
+    except (TypeError, ValueError, ImportError) as e:
+        raise CheckpointError(f"{where}: invalid field {field!r} ({e})") from None
 
 
 def _corpus(value: object, where: object) -> CorpusInfo | None:

@@ -6,9 +6,10 @@ import argparse
 import math
 
 from ..checkpoint import BEST
+from ..data import Tokenizer
 from ..devices import resolve_device
 from ..lens import PromptInspection, inspect_prompt, save_attention_page, save_figures
-from ..run import load_gpt
+from ..run import load_gpt, load_hf
 from .formatting import HelpFormatter
 
 
@@ -35,14 +36,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--html", metavar="FILE", help="also write a self-contained attention viewer page"
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
+    p.add_argument(
+        "--hf",
+        metavar="DIR",
+        help="instead of --out: a Hugging Face GPT-2 directory (save_pretrained's, with its "
+        "tokenizer), read offline",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    model, tokenizer, ckpt = load_gpt(args.out, BEST, device=resolve_device(args.device))
+    tokenizer: Tokenizer
+    if args.hf is not None:
+        model, tokenizer = load_hf(args.hf, device=args.device)
+        where = f"{args.hf} (Hugging Face GPT-2"
+    else:
+        model, tokenizer, ckpt = load_gpt(args.out, BEST, device=resolve_device(args.device))
+        where = f"{ckpt.path} (step {ckpt.meta.get('step', '?')}"
     seen = inspect_prompt(model, tokenizer, args.prompt, top_k=args.top_k)
-    c, step = model.config, ckpt.meta.get("step", "?")
-    print(f"{args.prompt!r} on {ckpt.path} (step {step}, n_layer {c.n_layer}, n_head {c.n_head})")
+    c = model.config
+    print(f"{args.prompt!r} on {where}, n_layer {c.n_layer}, n_head {c.n_head})")
     _print_report(seen)
     if args.png:
         for path in save_figures(seen, args.png):

@@ -10,8 +10,9 @@ import argparse
 import sys
 
 from ..checkpoint import BEST
+from ..data import Tokenizer
 from ..devices import resolve_device
-from ..run import load_gpt, stream_text
+from ..run import load_gpt, load_hf, stream_text
 from .formatting import HelpFormatter
 
 
@@ -36,11 +37,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--top-k", type=int, help="sample among the k likeliest only (default: all)")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
+    p.add_argument(
+        "--hf",
+        metavar="DIR",
+        help="instead of --out: a Hugging Face GPT-2 directory (save_pretrained's, with its "
+        "tokenizer), read offline",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    model, tokenizer, _ = load_gpt(args.out, BEST, device=resolve_device(args.device))
+    tokenizer: Tokenizer
+    if args.hf is not None:
+        model, tokenizer = load_hf(args.hf, device=args.device)
+    else:
+        model, tokenizer, _ = load_gpt(args.out, BEST, device=resolve_device(args.device))
     pieces = stream_text(
         model,
         tokenizer,

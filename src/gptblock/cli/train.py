@@ -8,6 +8,7 @@ same command trains with DistributedDataParallel; only rank 0 writes files and p
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             metavar="N" if kind is int else "X" if kind is float else None,
             help=f"{text} (preset: {shown})",
         )
+    p.add_argument(
+        "--tokenizer",
+        choices=("char", "bpe"),
+        default="char",
+        help="char: a token per character; bpe: byte-level BPE learnt from the training part "
+        "of the text (never the validation part), --vocab-size tokens",
+    )
+    p.add_argument("--vocab-size", type=int, metavar="N", help="BPE's vocabulary (>= 256)")
     p.add_argument("--seed", type=int, default=1337, help="seed for weights, batches, dropout")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps, or auto")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -102,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         compile=args.compile,
         progress=not args.no_progress,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
         **overrides,
     ) as gpt_run:
         say = print if gpt_run.dist.is_main else _quiet
@@ -130,17 +141,26 @@ def _describe(r: GPTRun, dtype: str) -> str:
         f"{r.model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
         f"n_embd={c.n_embd}, block_size={c.block_size}, dropout={c.dropout})\n"
         f"data: {r.corpus.source}: {r.corpus.characters:,} characters, "
-        f"{r.tokenizer.vocab_size} distinct; "
+        f"{_vocabulary(r)}; "
         f"{len(r.splits.train):,} train / {len(r.splits.val):,} validation tokens\n"
         f"run: {t.max_iters} steps of {t.batch_size} x {t.block_size} tokens on "
         f"{r.dist.world_size} x {t.device} ({dtype}); checkpoints in {r.trainer.out_dir}/"
     )
 
 
+def _vocabulary(r: GPTRun) -> str:
+    if r.tokenizer.kind == "char":
+        return f"{r.tokenizer.vocab_size} distinct"
+    return f"byte-level BPE of {r.tokenizer.vocab_size} tokens, learnt from the training part"
+
+
 def _summary(r: GPTRun, result: TrainResult, out: str) -> str:
+    loss = result.val_loss or 0.0
+    per_char = r.per_character(loss)
     return (
-        f"step {result.step}: validation loss {result.val_loss:.4f} over the whole "
-        f"validation split ({len(r.splits.val) - 1:,} tokens); best estimate "
+        f"step {result.step}: validation loss {loss:.4f} per token over the whole "
+        f"validation split ({len(r.splits.val) - 1:,} tokens, {r.val_characters:,} characters): "
+        f"{per_char:.4f} nats = {per_char / math.log(2):.4f} bits per character; best estimate "
         f"{result.best_val_loss:.4f}\n"
         f"saved {checkpoint_path(out, LAST)}, {checkpoint_path(out, BEST)} and "
         f"{Path(out) / LOSS_PLOT}\n"
