@@ -14,7 +14,8 @@ from gptblock import load_gpt  # noqa: E402
 from gptblock.bpe import BPETokenizer  # noqa: E402
 from gptblock.cli import main  # noqa: E402
 from gptblock.data import split_text  # noqa: E402
-from gptblock.run import _pieces, prepare_run  # noqa: E402
+from gptblock.run import prepare_run  # noqa: E402
+from gptblock.sampling import _pieces  # noqa: E402
 from gptblock.text import shakespeare  # noqa: E402
 
 # The validation part (the last 10%) holds a word the training part never does.

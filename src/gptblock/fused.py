@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from .config import BlockConfig, activation_function, check_input, check_positive_int
 from .errors import UserTypeError, UserValueError
 from .masks import blocked_positions, masked_softmax, split_dead_rows
+from .matvec import RowLinear
 
 __all__ = ["BlockDecoder", "FusedBlock", "FusedSelfAttention", "KVCache"]
 
@@ -339,9 +340,12 @@ class BlockDecoder:
     matrix-vector products, and the cost of going through a dozen modules (each attribute of a
     module is a dictionary lookup in ``nn.Module.__getattr__``), dropouts that do nothing in eval
     mode and the input checks was a quarter of a step on CPU. This is the same arithmetic as
-    ``FusedBlock.forward`` with a ``KVCache`` (tests keep the two identical) in functional calls on
-    parameters fetched at construction. It holds the parameters themselves, not copies, so it
-    follows in-place updates; make a new one if the block's modules are replaced.
+    ``FusedBlock.forward`` with a ``KVCache`` (tests keep the two equal to float32 rounding) in
+    functional calls on parameters fetched at construction, the four weight matrices as
+    ``RowLinear`` copies laid out for one-position products (``gptblock.matvec``: a step reads
+    every weight once, and that layout reads it three times as fast on a 2-core CPU). The
+    copies do not follow later changes to the block: make a new decoder then (``GPT.generate``
+    makes one per call).
 
     Args:
         block: a ``FusedBlock`` in eval mode.
@@ -364,21 +368,21 @@ class BlockDecoder:
         self.C, self.nh, self.hs, self.eps = cfg.d_model, cfg.n_heads, cfg.head_size, cfg.norm_eps
         self.act = activation_function(cfg.activation)
         self.norm1 = (block.norm1.weight, block.norm1.bias)
-        self.in_proj = (attn.in_proj_weight, attn.in_proj_bias)
-        self.out_proj = (attn.out_proj.weight, attn.out_proj.bias)
+        self.in_proj = RowLinear(attn.in_proj_weight, attn.in_proj_bias)
+        self.out_proj = RowLinear(attn.out_proj.weight, attn.out_proj.bias)
         self.norm2 = (block.norm2.weight, block.norm2.bias)
-        self.linear1 = (block.linear1.weight, block.linear1.bias)
-        self.linear2 = (block.linear2.weight, block.linear2.bias)
+        self.linear1 = RowLinear(block.linear1.weight, block.linear1.bias)
+        self.linear2 = RowLinear(block.linear2.weight, block.linear2.bias)
 
     def __call__(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
         B, C, nh, hs = x.shape[0], self.C, self.nh, self.hs
         h = F.layer_norm(x, (C,), *self.norm1, self.eps)
-        qkv = F.linear(h, *self.in_proj)  # (B, 1, 3C)
+        qkv = self.in_proj(h)  # (B, 1, 3C)
         # With one position, (B, 1, 3, nh, hs) and (B, 3, nh, 1, hs) are the same memory.
         q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs)
         k, v = cache.append(k, v)  # (B, nh, L, hs) each
         y = F.scaled_dot_product_attention(q, k, v)  # (B, nh, 1, hs): attends to all L
-        x = x + F.linear(y.reshape(B, 1, C), *self.out_proj)  # (B, nh, 1, hs) -> (B, 1, C)
+        x = x + self.out_proj(y.reshape(B, 1, C))  # (B, nh, 1, hs) -> (B, 1, C)
         h = F.layer_norm(x, (C,), *self.norm2, self.eps)
-        u = self.act(F.linear(h, *self.linear1))  # (B, 1, 4C)
-        return x + F.linear(u, *self.linear2)  # (B, 1, C)
+        u = self.act(self.linear1(h))  # (B, 1, 4C)
+        return x + self.linear2(u)  # (B, 1, C)

@@ -17,9 +17,7 @@ for every caller.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -28,10 +26,9 @@ import torch
 
 from .bpe import BPETokenizer
 from .checkpoint import BEST, Checkpoint, load_checkpoint
-from .config import GPTConfig, check_seed
+from .config import GPTConfig
 from .data import (
     CharTokenizer,
-    Tokenizer,
     TokenSplits,
     load_corpus,
     split_text,
@@ -43,8 +40,17 @@ from .distributed import DistInfo, finish_distributed, init_distributed
 from .errors import UserTypeError, UserValueError
 from .footprint import check_memory
 from .gpt import GPT
+from .presets import (
+    DEFAULT_PRESET,
+    MODEL_FIELDS,
+    PRESETS,
+    SETTINGS,
+    TRAIN_FIELDS,
+    preset_settings,
+)
 from .rundir import check_run_dir, make_run_dir
 from .runmeta import CorpusInfo, RunMeta
+from .sampling import sample_text, stream_text
 from .statedict import load_model_state
 from .train import Trainer, TrainResult
 from .train_config import TrainConfig
@@ -65,124 +71,6 @@ __all__ = [
     "stream_text",
     "train_gpt",
 ]
-
-# The settings a preset gives: the model's shape, and how to train it. A preset names each
-# model field and any TrainConfig field it changes; the others keep TrainConfig's defaults.
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
-TRAIN_FIELDS = (
-    "batch_size",
-    "max_iters",
-    "lr",
-    "min_lr_ratio",
-    "warmup",
-    "schedule",
-    "decay_fraction",
-    "optimizer",
-    "muon_lr",
-    "weight_decay",
-    "beta2",
-    "eval_interval",
-    "eval_iters",
-    "dtype",
-)
-SETTINGS = MODEL_FIELDS + TRAIN_FIELDS
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # The default: benchmarks/speedrun.py's winner (see benchmarks/README.md). Muon, a large
-    # batch of short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a
-    # fraction of nanoGPT-cpu's time.
-    "shakespeare-cpu": dict(
-        n_layer=3,
-        n_head=4,
-        n_embd=128,
-        block_size=32,
-        dropout=0.0,
-        batch_size=128,
-        max_iters=150,
-        lr=5e-3,
-        min_lr_ratio=0.0,
-        warmup=10,
-        schedule="wsd",
-        decay_fraction=0.5,
-        optimizer="muon",
-        muon_lr=0.04,
-        dtype="auto",  # bfloat16 where the CPU has it: 2x faster steps, the same loss
-        eval_interval=50,
-        eval_iters=10,
-    ),
-    # nanoGPT's README CPU recipe ("gets us a loss of only 1.88"): speedrun.py's baseline.
-    "nanogpt-cpu": dict(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        batch_size=12,
-        max_iters=2000,
-        lr=1e-3,
-        min_lr_ratio=0.1,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=20,
-    ),
-    # The main job of gptblock 0.1 (on Python's help pages: 72 s, validation loss 1.36).
-    "tiny": dict(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        batch_size=16,
-        lr=2e-3,
-        max_iters=1500,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=20,
-    ),
-    # nanoGPT's shakespeare_char: a GPU job (about 10M parameters).
-    "shakespeare": dict(
-        n_layer=6,
-        n_head=6,
-        n_embd=384,
-        block_size=256,
-        dropout=0.2,
-        batch_size=64,
-        lr=1e-3,
-        max_iters=5000,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=200,
-    ),
-}
-DEFAULT_PRESET = "shakespeare-cpu"
-
-
-def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every one of ``SETTINGS``: the preset's, TrainConfig's defaults for those it leaves,
-    and every override that is not None put over them.
-
-    Example:
-        >>> preset_settings("tiny", {"n_layer": 2, "lr": None})["n_layer"]
-        2
-        >>> preset_settings("tiny")["optimizer"], preset_settings("shakespeare-cpu")["optimizer"]
-        ('adamw', 'muon')
-        >>> preset_settings("huge")
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: preset must be one of ('shakespeare-cpu', 'nanogpt-cpu', 'tiny', 'shakespeare'), got 'huge'
-    """
-    if preset not in PRESETS:
-        raise UserValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
-    defaults = TrainConfig()
-    settings = {name: getattr(defaults, name) for name in TRAIN_FIELDS} | PRESETS[preset]
-    for name, value in (overrides or {}).items():
-        if name not in SETTINGS:
-            raise UserValueError(
-                f"unknown setting {name!r}; the settings are {', '.join(SETTINGS)}"
-            )
-        if value is not None:
-            settings[name] = value
-    return settings
 
 
 @dataclass
@@ -419,98 +307,3 @@ def load_hf(
             f"model's vocab_size={model.config.vocab_size}"
         )
     return model.to(target).eval(), tokenizer
-
-
-def stream_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
-) -> Iterator[str]:
-    """``sample_text``, piece by piece: the prompt first, then the text as it is made.
-
-    A character tokenizer's tokens are characters, each a piece. A byte-level BPE token can be
-    part of a character (one UTF-8 byte of several), so the text is decoded from every token
-    so far and a piece is yielded once it ends on a whole character.
-
-    Arguments are checked when this is called, not at the first ``next``.
-
-    Example:
-        >>> from gptblock.data import CharTokenizer
-        >>> tok = CharTokenizer.from_text("ab")
-        >>> model = GPT(GPTConfig(tok.vocab_size, block_size=4, n_layer=1, n_head=1, n_embd=4))
-        >>> pieces = list(stream_text(model, tok, "a", max_new_tokens=3))
-        >>> len(pieces), "".join(pieces) == sample_text(model, tok, "a", max_new_tokens=3)
-        (4, True)
-    """
-    if prompt is None:
-        chars = getattr(tokenizer, "chars", ("\n",))  # BPE spells any text
-        prompt = "\n" if "\n" in chars else chars[0]
-    if not isinstance(prompt, str):
-        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
-    if not prompt:
-        raise UserValueError("the prompt must not be empty")
-    unknown = tokenizer.unknown(prompt)
-    if unknown:
-        raise UserValueError(
-            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
-            f"{', '.join(repr(c) for c in unknown)}"
-        )
-    check_seed(seed)
-    device = next(model.parameters()).device
-    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    steps = model.stream(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
-    )
-    return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
-
-
-def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
-    """The text of ``ids``, a piece as soon as the tokens since the last one spell whole
-    characters (a byte-level token's bytes decode on their own, so only the tail is decoded)."""
-    pending: list[int] = []
-    for i in ids:
-        pending.append(i)
-        text = tokenizer.decode(pending)
-        if not text.endswith("\ufffd"):  # otherwise a UTF-8 character still lacks bytes
-            yield text
-            pending = []
-    if pending:
-        yield tokenizer.decode(pending)
-
-
-def sample_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
-) -> str:
-    """The prompt and its continuation, sampled with a generator seeded by ``seed``.
-
-    The default prompt is a newline (or, for a vocabulary without one, its first character).
-    A temperature so small that it overflows the logits (1e-45) samples greedily.
-
-    Raises:
-        ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
-            a bad seed, temperature, top_k or max_new_tokens.
-    """
-    return "".join(
-        stream_text(
-            model,
-            tokenizer,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            seed=seed,
-        )
-    )

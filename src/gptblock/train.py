@@ -24,8 +24,6 @@ import contextlib
 import json
 import math
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from .distributed import all_reduce_sum, comm_device, dist_info
 from .errors import UserTypeError, UserValueError
 from .evaluate import estimate_loss, loss_of, validation_loss
 from .rundir import locked_run_dir, run_dir_of_processes
+from .signals import stop_on_signals
 from .train_config import TrainConfig, configure_optimizer, lr_at
 from .train_state import PlainMeta, RunMetadata
 from .trainlog import LOSS_PLOT, ProgressBar, save_loss_plot
@@ -180,7 +179,7 @@ class Trainer:
         if resume and self.out_dir is None:
             raise UserValueError("resume needs an out_dir to resume from")
         self._stop_requested = False
-        with _stop_on_signals(self.request_stop), self._claim_out_dir(resume):
+        with stop_on_signals(self.request_stop), self._claim_out_dir(resume):
             if resume:
                 self.restore(load_checkpoint(cast(Path, self.out_dir), LAST))
             else:
@@ -413,29 +412,3 @@ def _check_arguments(
         raise UserTypeError(
             f"meta must be JSON: strings, finite numbers, lists, dicts ({e})"
         ) from None
-
-
-@contextlib.contextmanager
-def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
-    """Turn the first Ctrl-C (or SIGTERM) into ``request_stop``; a second one interrupts at once.
-
-    Stopping between steps, rather than wherever KeyboardInterrupt lands, is what keeps the saved
-    state consistent: an exception inside ``optimizer.step`` could leave half the weights updated.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        # The second signal is not caught: it aborts at once.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        request_stop()
-
-    old_int = signal.signal(signal.SIGINT, handler)
-    old_term = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)

@@ -1,0 +1,114 @@
+"""Text from a trained GPT: ``stream_text`` piece by piece as it is made, ``sample_text`` whole.
+
+Either tokenizer (``CharTokenizer``, or byte-level BPE, whose tokens can be parts of a
+character) gives whole characters.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+
+from .config import check_seed
+from .data import Tokenizer
+from .errors import UserTypeError, UserValueError
+from .gpt import GPT
+
+__all__ = ["sample_text", "stream_text"]
+
+
+def stream_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str | None = None,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    seed: int = 1337,
+) -> Iterator[str]:
+    """``sample_text``, piece by piece: the prompt first, then the text as it is made.
+
+    A character tokenizer's tokens are characters, each a piece. A byte-level BPE token can be
+    part of a character (one UTF-8 byte of several), so the text is decoded from every token
+    so far and a piece is yielded once it ends on a whole character.
+
+    Arguments are checked when this is called, not at the first ``next``.
+
+    Example:
+        >>> from gptblock import CharTokenizer, GPTConfig
+        >>> tok = CharTokenizer.from_text("ab")
+        >>> model = GPT(GPTConfig(tok.vocab_size, block_size=4, n_layer=1, n_head=1, n_embd=4))
+        >>> pieces = list(stream_text(model, tok, "a", max_new_tokens=3))
+        >>> len(pieces), "".join(pieces) == sample_text(model, tok, "a", max_new_tokens=3)
+        (4, True)
+    """
+    if prompt is None:
+        chars = getattr(tokenizer, "chars", ("\n",))  # BPE spells any text
+        prompt = "\n" if "\n" in chars else chars[0]
+    if not isinstance(prompt, str):
+        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise UserValueError("the prompt must not be empty")
+    unknown = tokenizer.unknown(prompt)
+    if unknown:
+        raise UserValueError(
+            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
+            f"{', '.join(repr(c) for c in unknown)}"
+        )
+    check_seed(seed)
+    device = next(model.parameters()).device
+    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    steps = model.stream(
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+    )
+    return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
+
+
+def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """The text of ``ids``, a piece as soon as the tokens since the last one spell whole
+    characters (a byte-level token's bytes decode on their own, so only the tail is decoded)."""
+    pending: list[int] = []
+    for i in ids:
+        pending.append(i)
+        text = tokenizer.decode(pending)
+        if not text.endswith("\ufffd"):  # otherwise a UTF-8 character still lacks bytes
+            yield text
+            pending = []
+    if pending:
+        yield tokenizer.decode(pending)
+
+
+def sample_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str | None = None,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    seed: int = 1337,
+) -> str:
+    """The prompt and its continuation, sampled with a generator seeded by ``seed``.
+
+    The default prompt is a newline (or, for a vocabulary without one, its first character).
+    A temperature so small that it overflows the logits (1e-45) samples greedily.
+
+    Raises:
+        ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
+            a bad seed, temperature, top_k or max_new_tokens.
+    """
+    return "".join(
+        stream_text(
+            model,
+            tokenizer,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
+        )
+    )
