@@ -31,11 +31,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from gptblock import GPT, CharTokenizer, GPTConfig, Trainer
-from gptblock.data import split_tokens
+from gptblock.data.batches import split_tokens
+from gptblock.data.text import shakespeare
 from gptblock.devices import resolve_dtype
-from gptblock.run import MODEL_FIELDS, preset_settings
-from gptblock.text import shakespeare
-from gptblock.train_config import TrainConfig
+from gptblock.train.config import TrainConfig
+from gptblock.train.run import MODEL_FIELDS, preset_settings
 
 PHASES = ("data", "forward", "backward", "optimizer", "read")
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear")
@@ -142,7 +142,7 @@ def compare(args: argparse.Namespace) -> None:
     """Median ms per step of the two variants, timed round-robin, 10 steps a round."""
     import statistics
 
-    from gptblock import fused
+    from gptblock.blocks import fused
 
     before = build(args.preset, args.threads, "float32")
     after = build(args.preset, args.threads)

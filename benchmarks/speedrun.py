@@ -7,7 +7,7 @@
 The speedrun trains gptblock's GPT with a preset (default ``shakespeare-cpu``) and stops as soon
 as the loss on the WHOLE validation split (the last 10% of the text; mean per-character
 cross-entropy over non-overlapping windows of the model's context, every character scored once:
-``gptblock.evaluate.validation_loss``, in float32 whatever the training dtype) is <=
+``gptblock.train.evaluate.validation_loss``, in float32 whatever the training dtype) is <=
 ``--target``. That loss is computed at the steps ``--check-at`` names and at the last step
 (where the warmup-stable-decay schedule has decayed); each check is timed with everything else. No validation data
 trains the model or decides when to stop other than those checks. (The trainer's own estimates,
@@ -38,9 +38,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from gptblock import __version__, fused  # noqa: E402
-from gptblock.evaluate import validation_loss  # noqa: E402
-from gptblock.run import prepare_run, preset_settings  # noqa: E402
+from gptblock import __version__  # noqa: E402
+from gptblock.blocks import fused  # noqa: E402
+from gptblock.train.evaluate import validation_loss  # noqa: E402
+from gptblock.train.run import prepare_run, preset_settings  # noqa: E402
 
 
 def process_start() -> float:

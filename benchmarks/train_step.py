@@ -34,10 +34,10 @@ import torch
 torch.set_num_threads(int(sys.argv[3]))
 from gptblock import GPT, GPTConfig, CharTokenizer, Trainer
 try:
-    from gptblock.train_config import TrainConfig
+    from gptblock.train.config import TrainConfig
 except ImportError:  # before issue 10
     from gptblock.recipe import TrainConfig
-from gptblock.data import default_corpus, split_tokens
+from gptblock.data.batches import default_corpus, split_tokens
 
 warmup, steps = int(sys.argv[1]), int(sys.argv[2])
 text = default_corpus()

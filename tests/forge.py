@@ -11,7 +11,7 @@ from pathlib import Path
 
 import safetensors.torch
 
-from gptblock import checkpoint as ck
+from gptblock.runs import checkpoint as ck
 
 
 def read_json(run, kind="last"):

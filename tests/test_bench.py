@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gptblock import FusedBlock, lesson
-from gptblock.bench import BenchConfig, memory_needed, run_benchmark
-from gptblock.bench_report import format_table, write_json
+from gptblock.bench.measure import block_flops, profile_call
+from gptblock.bench.report import format_table, write_json
+from gptblock.bench.suite import BenchConfig, memory_needed, run_benchmark
 from gptblock.cli import main
-from gptblock.measure import block_flops, profile_call
 
 TINY = BenchConfig(
     d_model=16, n_heads=2, seq_len=8, batch=2, sweep=(4,), warmup=0, repeats=2, peak_sizes=(64,)

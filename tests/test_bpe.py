@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("tokenizers")
-from gptblock.bpe import BPETokenizer
-from gptblock.data import default_corpus
+from gptblock.data.batches import default_corpus
+from gptblock.data.bpe import BPETokenizer
 
 TEXT = default_corpus()[:20_000]
 

@@ -11,12 +11,12 @@ pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
 from gptblock import load_gpt  # noqa: E402
-from gptblock.bpe import BPETokenizer  # noqa: E402
 from gptblock.cli import main  # noqa: E402
-from gptblock.data import split_text  # noqa: E402
-from gptblock.run import prepare_run  # noqa: E402
+from gptblock.data.batches import split_text  # noqa: E402
+from gptblock.data.bpe import BPETokenizer  # noqa: E402
+from gptblock.data.text import shakespeare  # noqa: E402
 from gptblock.sampling import _pieces  # noqa: E402
-from gptblock.text import shakespeare  # noqa: E402
+from gptblock.train.run import prepare_run  # noqa: E402
 
 # The validation part (the last 10%) holds a word the training part never does.
 TEXT = shakespeare()[:18_000] + " zqxv" * 300

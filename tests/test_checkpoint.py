@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptblock import checkpoint as ck
-from gptblock.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from gptblock.statedict import load_model_state, load_optimizer_state, optimizer_parts
+from gptblock.runs import checkpoint as ck
+from gptblock.runs.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gptblock.runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
 
 
 def small_model():

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptblock.data import (
+from gptblock.data.batches import (
     CharTokenizer,
     default_corpus,
     full_windows,

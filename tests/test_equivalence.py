@@ -5,7 +5,7 @@ Hypothesis draws the shape (B, T, d_model, n_heads), the activation, bias, Layer
 ``convert`` makes the other forms. Outputs, input gradients and parameter gradients must agree:
 float64 within 1e-10, float32 within 1e-5. Parameter gradients are compared in the packed
 ``TransformerBlock`` layout; the lesson's per-head gradients are packed by ``pack_lesson`` below,
-written independently of ``gptblock.convert``.
+written independently of ``gptblock.blocks.convert``.
 
 The lesson's block takes no masks, has no q/k/v bias and is ReLU with eps 1e-5: it joins the
 comparison when the drawn case allows it. ``nn.TransformerEncoderLayer`` returns NaN for a query
@@ -89,7 +89,7 @@ def build(case):
 
 
 def blocked(B, T, attn_mask, kpm):
-    """Independent of gptblock.masks: the (B, T, T) bool mask, True = blocked."""
+    """Independent of gptblock.blocks.masks: the (B, T, T) bool mask, True = blocked."""
     m = causal_mask(T).expand(B, T, T)
     if attn_mask is not None:
         m = m | attn_mask

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gptblock import files
-from gptblock.bench_report import write_json
-from gptblock.checkpoint import save_checkpoint
+from gptblock.bench.report import write_json
 from gptblock.files import atomic_write_bytes
-from gptblock.trainlog import save_loss_plot
+from gptblock.runs.checkpoint import save_checkpoint
+from gptblock.train.log import save_loss_plot
 
 
 def test_checkpoints_the_loss_plot_and_bench_json_all_go_through_files(tmp_path, monkeypatch):

@@ -1,19 +1,19 @@
-"""gptblock.footprint: the memory estimate, against the parameter count of the built model and
+"""gptblock.model.footprint: the memory estimate, against the parameter count of the built model and
 the peak memory the profiler measures for a real training step."""
 
 import pytest
 import torch
 
 from gptblock import GPT, GPTConfig, UserError
-from gptblock.footprint import (
+from gptblock.bench.measure import profile_call
+from gptblock.model.footprint import (
     MemoryEstimate,
     available_memory,
     check_memory,
     parameter_count,
     train_memory,
 )
-from gptblock.measure import profile_call
-from gptblock.train_config import TrainConfig, configure_optimizer
+from gptblock.train.config import TrainConfig, configure_optimizer
 
 CONFIGS = [
     dict(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64),
@@ -79,7 +79,7 @@ def test_available_memory_is_a_plausible_number_on_the_cpu():
 
 def test_check_memory_refuses_naming_the_numbers(monkeypatch):
     config = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64)
-    import gptblock.footprint as fp
+    import gptblock.model.footprint as fp
 
     monkeypatch.setattr(fp, "available_memory", lambda device: 2**20)
     with pytest.raises(UserError, match=r"needs about .* MiB .* but cpu has 1.0 MiB available"):

@@ -148,7 +148,7 @@ def test_decode_step_is_forward_with_the_cache(activation, bias):
     fused(x[:, :5], kv_cache=a)
     fused(x[:, :5], kv_cache=b)
     stepped = fused.decode_step(x[:, 5:], a)
-    # The same arithmetic, its matrix products summed in another order (gptblock.matvec).
+    # The same arithmetic, its matrix products summed in another order (gptblock.blocks.matvec).
     torch.testing.assert_close(stepped, fused(x[:, 5:], kv_cache=b), atol=1e-6, rtol=0)
     assert a.length == b.length == 6
     torch.testing.assert_close(stepped, fused(x)[:, 5:], atol=1e-6, rtol=0)
@@ -162,7 +162,7 @@ def test_decode_step_refuses_training_mode():
 
 def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
     # float16 works on CPU in the torch this is tested with; older ones raise deep inside SDPA.
-    import gptblock.fused as fused_module
+    import gptblock.blocks.fused as fused_module
 
     def unsupported(*args, **kwargs):
         raise RuntimeError("\"scaled_dot_product_attention\" not implemented for 'Half'")
@@ -177,7 +177,7 @@ def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
 def test_the_cpu_kernel_choice_keeps_the_function(T, monkeypatch):
     # bfloat16 at T <= 128 goes through SDPA's math kernel (3.5x faster there than flash on
     # CPU); above, or in float32, through SDPA's own choice. Outputs and gradients agree.
-    from gptblock import fused as fused_module
+    from gptblock.blocks import fused as fused_module
 
     calls = []
     kernel, backend = fused_module._MATH_KERNEL

@@ -6,8 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptblock import TransformerBlock, causal_mask
-from gptblock.config import ACTIVATIONS, activation_function, activation_name
-from gptblock.masks import masked_softmax, split_dead_rows
+from gptblock.blocks.config import ACTIVATIONS, activation_function, activation_name
+from gptblock.blocks.masks import masked_softmax, split_dead_rows
 
 CASES = [  # (d_model, n_heads, activation, bias)
     (16, 2, "gelu", True),
@@ -141,7 +141,7 @@ def test_causal_mask_docstring_states_both_conventions():
     assert "may not attend" in doc and "scaled_dot_product_attention" in doc
 
 
-# --- fully blocked rows (gptblock.masks) ------------------------------------------------------
+# --- fully blocked rows (gptblock.blocks.masks) ------------------------------------------------------
 
 
 def test_split_dead_rows_unblocks_exactly_the_dead_rows():

@@ -26,11 +26,11 @@ from gptblock import (
     lesson,
     reference,
 )
-from gptblock.checkpoint import save_checkpoint
-from gptblock.data import TokenSplits, read_text
+from gptblock.data.batches import TokenSplits, read_text
 from gptblock.devices import set_threads
-from gptblock.evaluate import loss_of
-from gptblock.run import load_gpt, prepare_run, sample_text
+from gptblock.runs.checkpoint import save_checkpoint
+from gptblock.train.evaluate import loss_of
+from gptblock.train.run import load_gpt, prepare_run, sample_text
 
 BLOCKS = {
     "fused": lambda: FusedBlock(16, 2),
@@ -314,7 +314,7 @@ TRAINER = {
     "data a tuple": (
         dict(data=(torch.arange(9), torch.arange(9))),
         TypeError,
-        "data must be a gptblock.data.TokenSplits",
+        "data must be a gptblock.data.batches.TokenSplits",
     ),
     "config a dict": (dict(config={"max_iters": 2}), TypeError, "config must be a TrainConfig"),
     "out_dir an int": (dict(out_dir=3), TypeError, "out_dir must be a path or None"),

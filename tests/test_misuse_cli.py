@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock import footprint
-from gptblock import run as gpt_run
 from gptblock.cli import main
-from gptblock.data import default_corpus
+from gptblock.data.batches import default_corpus
+from gptblock.model import footprint
+from gptblock.train import run as gpt_run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMALL = [

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from gptblock import TrainConfig, Trainer, load_gpt, train_gpt
-from gptblock import run as gpt_run
-from gptblock.checkpoint import load_checkpoint, save_checkpoint
 from gptblock.cli import main
-from gptblock.data import TokenSplits, default_corpus
-from gptblock.rundir import LOCK_FILE, RunInUseError, check_run_dir, locked_run_dir
+from gptblock.data.batches import TokenSplits, default_corpus
+from gptblock.runs.checkpoint import load_checkpoint, save_checkpoint
+from gptblock.runs.rundir import LOCK_FILE, RunInUseError, check_run_dir, locked_run_dir
+from gptblock.train import run as gpt_run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TEXT = default_corpus()[:4000]

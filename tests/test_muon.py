@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 
 from gptblock import GPT, CharTokenizer, GPTConfig, Trainer
-from gptblock.data import split_tokens
-from gptblock.muon import MuonAdamW, orthogonalise
-from gptblock.text import shakespeare
-from gptblock.train_config import TrainConfig, configure_optimizer, lr_at
+from gptblock.data.batches import split_tokens
+from gptblock.data.text import shakespeare
+from gptblock.train.config import TrainConfig, configure_optimizer, lr_at
+from gptblock.train.muon import MuonAdamW, orthogonalise
 from standin import pattern_tokens
 
 

@@ -1,4 +1,4 @@
-"""gptblock.run: a GPT trained on a text by one library call, and the same run read back."""
+"""gptblock.train.run: a GPT trained on a text by one library call, and the same run read back."""
 
 import json
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from gptblock import RunMeta, load_gpt, train_gpt
-from gptblock.checkpoint import load_checkpoint
-from gptblock.data import default_corpus
-from gptblock.run import (
+from gptblock.data.batches import default_corpus
+from gptblock.runs.checkpoint import load_checkpoint
+from gptblock.train.config import TrainConfig
+from gptblock.train.run import (
     PRESETS,
     SETTINGS,
     TRAIN_FIELDS,
@@ -16,7 +17,6 @@ from gptblock.run import (
     preset_settings,
     sample_text,
 )
-from gptblock.train_config import TrainConfig
 
 TEXT = default_corpus()[:3000]
 SMALL = dict(

@@ -5,8 +5,8 @@ import copy
 import pytest
 
 from gptblock import CharTokenizer, CheckpointError, GPTConfig, RunMeta
-from gptblock.checkpoint import Checkpoint
-from gptblock.runmeta import CorpusInfo
+from gptblock.runs.checkpoint import Checkpoint
+from gptblock.runs.meta import CorpusInfo
 
 TEXT = "hello world, hello gptblock"
 

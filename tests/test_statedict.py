@@ -1,4 +1,4 @@
-"""gptblock.statedict: a module's and an optimizer's state in and out of a checkpoint, checked
+"""gptblock.runs.statedict: a module's and an optimizer's state in and out of a checkpoint, checked
 (the round trips themselves are in test_checkpoint.py, the GPT's cases in
 test_misuse_checkpoint.py)."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptblock.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from gptblock.statedict import load_model_state, load_optimizer_state, optimizer_parts
+from gptblock.runs.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gptblock.runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
 
 
 def tied():

@@ -13,11 +13,11 @@ import torch
 from torch.nn import functional as F
 
 import gptblock
-from gptblock.checkpoint import CheckpointError, load_checkpoint
-from gptblock.data import split_tokens
+from gptblock.data.batches import split_tokens
 from gptblock.devices import autocast_context
-from gptblock.train import NonFiniteLossError, Trainer
-from gptblock.train_config import TrainConfig, configure_optimizer, lr_at
+from gptblock.runs.checkpoint import CheckpointError, load_checkpoint
+from gptblock.train.config import TrainConfig, configure_optimizer, lr_at
+from gptblock.train.loop import NonFiniteLossError, Trainer
 from standin import Bigram, pattern_tokens
 
 V = 7

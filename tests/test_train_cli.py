@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from gptblock import run as gpt_run
-from gptblock.checkpoint import load_checkpoint
 from gptblock.cli import build_parser, main
-from gptblock.data import default_corpus
-from gptblock.run import load_gpt
+from gptblock.data.batches import default_corpus
+from gptblock.runs.checkpoint import load_checkpoint
+from gptblock.train import run as gpt_run
+from gptblock.train.run import load_gpt
 
 SMALL = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",

@@ -31,20 +31,20 @@ with a message that names the bad value; anything else is a bug.
 """
 
 from . import exercises, lens, lesson, reference
+from .blocks.config import BlockConfig, GPTConfig
+from .blocks.convert import ConversionError, convert
+from .blocks.fused import FusedBlock, KVCache
+from .blocks.masks import causal_mask
+from .blocks.mha import TransformerBlock
 from .check import CheckReport, Finding, check_block
-from .checkpoint import CheckpointError
-from .config import BlockConfig, GPTConfig
-from .convert import ConversionError, convert
-from .data import CharTokenizer
+from .data.batches import CharTokenizer
 from .errors import UserError
-from .fused import FusedBlock, KVCache
-from .gpt import GPT, GenerationStep, GPTOutput
-from .masks import causal_mask
-from .mha import TransformerBlock
-from .run import load_gpt, train_gpt
-from .runmeta import RunMeta
-from .train import NonFiniteLossError, Trainer
-from .train_config import TrainConfig
+from .model.gpt import GPT, GenerationStep, GPTOutput
+from .runs.checkpoint import CheckpointError
+from .runs.meta import RunMeta
+from .train.config import TrainConfig
+from .train.loop import NonFiniteLossError, Trainer
+from .train.run import load_gpt, train_gpt
 
 __version__ = "0.3.0"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .config import check_positive_int
+from .blocks.config import check_positive_int
 from .errors import UserTypeError, UserValueError
 
 __all__ = [

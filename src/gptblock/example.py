@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import check_seed
-from .mha import TransformerBlock
+from .blocks.config import check_seed
+from .blocks.mha import TransformerBlock
 
 __all__ = ["WorkedExample", "worked_example"]
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .config import check_dropout, check_heads, check_input, check_positive_int
+from .blocks.config import check_dropout, check_heads, check_input, check_positive_int
 from .errors import UserValueError
 
 __all__ = ["Block", "FeedForward", "Head", "MultiHeadAttention"]

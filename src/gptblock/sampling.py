@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import check_seed
-from .data import Tokenizer
+from .blocks.config import check_seed
+from .data.batches import Tokenizer
 from .errors import UserTypeError, UserValueError
-from .gpt import GPT
+from .model.gpt import GPT
 
 __all__ = ["sample_text", "stream_text"]
 

@@ -34,10 +34,10 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
+from ..blocks.fused import FusedBlock
+from ..blocks.mha import TransformerBlock
 from ..errors import UserTypeError, UserValueError
-from ..fused import FusedBlock
 from ..lesson import Block as LessonBlock
-from ..mha import TransformerBlock
 from .build import COMMON_ARGUMENTS, build, fill_common_arguments, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated

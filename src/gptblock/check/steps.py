@@ -10,7 +10,7 @@ runs along, and how the sub-layers are wired to the residual stream. The correct
 ``CORRECT``; each catalogued mistake is a change to one field of it (a ``Deviation`` of
 ``gptblock.check.variants``). The reports call this block "the reference".
 
-This is deliberately independent of ``gptblock.lesson`` / ``gptblock.mha``: a few lines of
+This is deliberately independent of ``gptblock.lesson`` / ``gptblock.blocks.mha``: a few lines of
 ``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle,
 ``gptblock.reference``, was rejected here because the variants need the same code path with one
 step swapped, and the checker must run on whatever device the user's block lives on.) The parts
@@ -109,7 +109,7 @@ CANDIDATE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,  # the first lesson's FeedForward, the Annotated Transformer
 }
 """The MLP activations a correct block may use. A black box does not say which it uses, so each
-is tried, and none of them is a mistake. (Not ``gptblock.config.ACTIVATIONS``, the activations
+is tried, and none of them is a mistake. (Not ``gptblock.blocks.config.ACTIVATIONS``, the activations
 gptblock's own blocks offer: a learner's block may use one they do not, such as tanh GELU.)"""
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..bench import QUICK, BenchConfig, device_unavailable, run_benchmark
-from ..bench_report import format_table, write_json
+from ..bench.report import format_table, write_json
+from ..bench.suite import QUICK, BenchConfig, device_unavailable, run_benchmark
 from ..devices import DTYPES, set_threads
 from ..files import check_destination
 from .formatting import RawEpilogHelpFormatter

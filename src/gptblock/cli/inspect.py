@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..checkpoint import BEST
-from ..data import Tokenizer
+from ..data.batches import Tokenizer
 from ..devices import resolve_device
 from ..lens import PromptInspection, inspect_prompt, save_attention_page, save_figures
-from ..run import load_gpt, load_hf
+from ..runs.checkpoint import BEST
+from ..train.run import load_gpt, load_hf
 from .formatting import HelpFormatter
 
 

@@ -1,6 +1,6 @@
 """``gptblock train``: train a tiny GPT on a text (by default Tiny Shakespeare, built in).
 
-Argument parsing and printing only; the run is ``gptblock.run.prepare_run``, which a user can
+Argument parsing and printing only; the run is ``gptblock.train.run.prepare_run``, which a user can
 call the same way from Python. Under ``torchrun --nproc_per_node=N -m gptblock train ...`` the
 same command trains with DistributedDataParallel; only rank 0 writes files and prints.
 """
@@ -12,13 +12,13 @@ import math
 import sys
 from pathlib import Path
 
-from ..checkpoint import BEST, LAST, checkpoint_path
+from ..data.text import DEFAULT_CORPUS
 from ..devices import AUTOCAST_DTYPES
-from ..run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
-from ..text import DEFAULT_CORPUS
-from ..train import NonFiniteLossError, TrainResult
-from ..train_config import OPTIMIZERS, SCHEDULES
-from ..trainlog import LOSS_PLOT
+from ..runs.checkpoint import BEST, LAST, checkpoint_path
+from ..runs.rundir import LOSS_PLOT
+from ..train.config import OPTIMIZERS, SCHEDULES
+from ..train.loop import NonFiniteLossError, TrainResult
+from ..train.run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
 from .formatting import HelpFormatter
 
 # (setting, type, help) for every setting a preset gives; each flag defaults to the preset's.

@@ -30,12 +30,12 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from ..convert import describe
+from ..blocks.convert import describe
 from ..errors import UserTypeError, UserValueError
 from .trace import ActivationCache, CachedRun
 
 if TYPE_CHECKING:
-    from ..gpt import GPT
+    from ..model.gpt import GPT
 
 __all__ = [
     "HeadSummary",

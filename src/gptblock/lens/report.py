@@ -25,7 +25,7 @@ from .readout import (
 from .trace import CachedRun, run_with_cache
 
 if TYPE_CHECKING:
-    from ..gpt import GPT
+    from ..model.gpt import GPT
 
 __all__ = ["PromptInspection", "Tokenizer", "inspect_prompt", "show_token"]
 

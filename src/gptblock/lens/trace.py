@@ -43,13 +43,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from ..config import GPTConfig, activation_function
-from ..convert import describe
+from ..blocks.config import GPTConfig, activation_function
+from ..blocks.convert import describe
+from ..blocks.masks import blocked_positions, masked_softmax
 from ..errors import UserTypeError, UserValueError
-from ..masks import blocked_positions, masked_softmax
 
 if TYPE_CHECKING:
-    from ..gpt import GPT
+    from ..model.gpt import GPT
 
 __all__ = [
     "BLOCK_POINTS",

@@ -1,0 +1,1 @@
+"""What ``gptblock bench`` measures and how: timing, the matmul peak, the table."""

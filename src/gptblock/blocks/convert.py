@@ -1,0 +1,273 @@
+"""Weight mapping between the four forms of the block: ``convert(module, to)``.
+
+The forms, by the name ``convert`` uses for each:
+
+* ``"lesson"``: ``gptblock.lesson.Block``, the first lesson's block (one q/k/v ``Linear`` per
+  head, no q/k/v bias, ReLU, LayerNorm eps fixed at 1e-5, a ``block_size``).
+* ``"mha"``: ``gptblock.TransformerBlock`` on ``nn.MultiheadAttention``.
+* ``"fused"``: ``gptblock.FusedBlock``, packed QKV + SDPA.
+* ``"encoder_layer"``: ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, called
+  as ``layer(x, src_mask=causal_mask(T), is_causal=True)``.
+
+Every conversion goes through one canonical description: a ``BlockConfig`` and a state_dict in
+``TransformerBlock``'s layout (q, k, v packed row-wise in ``self_attn.in_proj_weight``, head i
+owning rows ``i*hs:(i+1)*hs`` of each of the three). Three forms already use that layout; the
+lesson's per-head ``Linear`` weights are concatenated into it and split out of it. Going through
+one hub rather than writing twelve pairwise mappings keeps each form's mapping in one place.
+
+"The same function" means: the same outputs for every input the target accepts, in eval mode
+(or with dropout 0). The dropout probability is carried over, but the lesson places its dropouts
+differently (after ``proj`` and after the MLP rather than on both residual branches and the MLP's
+hidden layer), so in training mode the two compute differently distributed random functions.
+A conversion that would change the function raises ``ConversionError`` saying why.
+
+Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..errors import UserTypeError, UserValueError
+from ..lesson import Block
+from ..reference.layout import IN_PROJ, LESSON_RENAMES, LESSON_TRIL, lesson_head, lesson_qkv_keys
+from .config import BlockConfig, activation_function, activation_name, check_positive_int
+from .fused import FusedBlock
+from .mha import TransformerBlock
+
+__all__ = ["FORMS", "ConversionError", "convert", "describe"]
+
+FORMS = ("lesson", "mha", "fused", "encoder_layer")
+LESSON_EPS = 1e-5  # nn.LayerNorm's default, which the lesson's Block uses and cannot change
+
+State = dict[str, torch.Tensor]
+
+
+class ConversionError(UserValueError):
+    """A conversion between block forms would change the function the block computes."""
+
+
+def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.Module:
+    """Return a new block of form ``to`` that computes the same function as ``module``.
+
+    Parameters are copied (never shared), dtype, device and train/eval mode are kept, and the
+    dropout probability, activation and LayerNorm eps are carried over.
+
+    Args:
+        module: a ``lesson.Block``, ``TransformerBlock``, ``FusedBlock`` or pre-norm, batch-first
+            ``nn.TransformerEncoderLayer`` with ``dim_feedforward = 4 * d_model``.
+        to: ``"lesson"``, ``"mha"``, ``"fused"`` or ``"encoder_layer"``.
+        block_size: the longest sequence of the new lesson ``Block``; only for ``to="lesson"``,
+            where it is required unless ``module`` is itself a lesson block (whose block_size is
+            then the default). There is no sensible default: too small refuses real inputs, too
+            large allocates a (block_size, block_size) mask per head.
+
+    Returns:
+        The new module. An encoder layer computes the block's function when called with
+        ``src_mask=causal_mask(T), is_causal=True``.
+
+    Raises:
+        ConversionError: the target form cannot compute ``module``'s function: e.g. a nonzero
+            q/k/v bias, GELU, or a LayerNorm eps other than 1e-5 to ``"lesson"``; a post-norm,
+            sequence-first or otherwise different encoder layer as the source.
+        TypeError: ``module`` is none of the four forms.
+        ValueError: ``to`` is not a form name, or ``block_size`` is missing or misplaced.
+
+    Example:
+        >>> from gptblock import FusedBlock, convert, lesson
+        >>> block = lesson.Block(n_embd=16, n_head=2, block_size=8, dropout=0.0).eval()
+        >>> fast = convert(block, "fused")
+        >>> type(fast).__name__, fast.config.activation
+        ('FusedBlock', 'relu')
+        >>> x = torch.randn(2, 5, 16)
+        >>> torch.allclose(fast(x), block(x), atol=1e-5)
+        True
+        >>> back = convert(fast, "lesson", block_size=8)
+        >>> torch.allclose(back(x), block(x), atol=1e-5)
+        True
+        >>> convert(FusedBlock(16, 2), "lesson", block_size=8)  # GELU by default
+        Traceback (most recent call last):
+        ...
+        gptblock.blocks.convert.ConversionError: cannot convert to 'lesson': the lesson's FeedForward uses ReLU, this block uses 'gelu'
+    """
+    if to not in FORMS:
+        raise UserValueError(f"to must be one of {FORMS}, got {to!r}")
+    if block_size is not None and to != "lesson":
+        raise UserValueError(f"block_size applies only to to='lesson', got to={to!r}")
+    config, described = describe(module)
+    state = _copy(described)
+    reference = next(module.parameters())
+    new: nn.Module
+    if to == "lesson":
+        if block_size is None and isinstance(module, Block):
+            block_size = module.block_size
+        if block_size is None:
+            raise UserValueError(
+                "convert(..., 'lesson') needs block_size=N: the lesson's Block fixes its longest "
+                "sequence when it is built"
+            )
+        new, state = _lesson(config, state, check_positive_int("block_size", block_size))
+    elif to == "encoder_layer":
+        new = nn.TransformerEncoderLayer(
+            config.d_model,
+            config.n_heads,
+            config.d_ff,
+            dropout=config.dropout,
+            # The encoder layer takes "relu" and "gelu" by name, any other activation as a
+            # function (then it skips its fast path, computing the same function).
+            activation=(
+                config.activation
+                if config.activation in ("relu", "gelu")
+                else activation_function(config.activation)
+            ),
+            layer_norm_eps=config.norm_eps,
+            batch_first=True,
+            norm_first=True,
+            bias=config.bias,
+        )
+    else:
+        cls = FusedBlock if to == "fused" else TransformerBlock
+        new = cls(
+            config.d_model,
+            config.n_heads,
+            dropout=config.dropout,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+        )
+    # Cast before loading: loading float64 values into a float32 module and casting afterwards
+    # would round them.
+    new.to(device=reference.device, dtype=reference.dtype)
+    new.load_state_dict(state, strict=True)
+    return new.train(module.training)
+
+
+# --- describe: any form -> (BlockConfig, state_dict in TransformerBlock's layout) ---------
+
+
+def describe(module: nn.Module) -> tuple[BlockConfig, State]:
+    """Any form's ``BlockConfig`` and weights in ``TransformerBlock``'s layout, not copied.
+
+    The tensors are the block's own parameters (the lesson's per-head q/k/v concatenated into
+    ``self_attn.in_proj_weight``, with a zero ``in_proj_bias``), so gradients reach the block
+    and in-place changes to it show; ``convert`` copies them. This is how code that reads every
+    form uniformly (``gptblock.lens``) gets at the weights. A bias-free block has no ``*.bias``
+    entries.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> block = lesson.Block(n_embd=16, n_head=2, block_size=8)
+        >>> config, state = describe(block)
+        >>> config.activation, tuple(state["self_attn.in_proj_weight"].shape)
+        ('relu', (48, 16))
+        >>> state["linear1.weight"] is block.ffwd.net[0].weight
+        True
+    """
+    if isinstance(module, (TransformerBlock, FusedBlock)):
+        return module.config, module.state_dict(keep_vars=True)
+    if isinstance(module, nn.TransformerEncoderLayer):
+        return _describe_encoder_layer(module)
+    if isinstance(module, Block):
+        return _describe_lesson(module)
+    raise UserTypeError(
+        "expected a block: a gptblock.lesson.Block, TransformerBlock, FusedBlock or "
+        f"nn.TransformerEncoderLayer, got {type(module).__name__}"
+    )
+
+
+def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
+    C, nh = block.n_embd, len(block.sa.heads)
+    probs = {m.p for m in block.modules() if isinstance(m, nn.Dropout)}
+    if len(probs) != 1:
+        raise ConversionError(
+            f"this lesson Block's dropouts were changed to different probabilities {sorted(probs)}; "
+            "the other forms have one dropout probability"
+        )
+    if block.ln1.eps != block.ln2.eps:
+        raise ConversionError(
+            f"the LayerNorms have different eps ({block.ln1.eps} and {block.ln2.eps}); "
+            "the other forms share one norm_eps"
+        )
+    config = BlockConfig(C, nh, probs.pop(), "relu", True, block.ln1.eps)
+    own = block.state_dict(keep_vars=True)
+    weight = torch.cat([own[key] for key in lesson_qkv_keys(nh)])  # 3 * nh x (hs, C) -> (3C, C)
+    # q/k/v: no bias (zeros, not a parameter: nothing to train)
+    state: State = {IN_PROJ[0]: weight, IN_PROJ[1]: weight.new_zeros(3 * C)}
+    for mine, theirs in LESSON_RENAMES.items():
+        for kind in ("weight", "bias"):
+            state[f"{theirs}.{kind}"] = own[f"{mine}.{kind}"]
+    return config, state
+
+
+def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockConfig, State]:
+    def refuse(why: str) -> ConversionError:
+        return ConversionError(f"this nn.TransformerEncoderLayer is not the GPT block: {why}")
+
+    attn = layer.self_attn
+    C, nh = attn.embed_dim, attn.num_heads
+    if not layer.norm_first:
+        raise refuse("it is post-norm (norm_first=False); the block normalises before each branch")
+    if not attn.batch_first:
+        raise refuse("batch_first=False takes (T, B, C); the block takes (B, T, C)")
+    if not attn._qkv_same_embed_dim or attn.bias_k is not None or attn.add_zero_attn:
+        raise refuse("its attention has kdim/vdim, add_bias_kv or add_zero_attn")
+    if layer.linear1.out_features != 4 * C:
+        raise refuse(f"dim_feedforward={layer.linear1.out_features}, the block's is 4 * {C}")
+    if layer.norm1.eps != layer.norm2.eps:
+        raise refuse(f"its LayerNorms have different eps ({layer.norm1.eps}, {layer.norm2.eps})")
+    if not (layer.norm1.elementwise_affine and layer.norm2.elementwise_affine):
+        raise refuse("its LayerNorms have no weight (elementwise_affine=False)")
+    activation = activation_name(layer.activation)
+    if activation is None:
+        raise refuse(
+            f"activation {layer.activation!r}; the block supports exact GELU, ReLU and tanh GELU"
+        )
+    probs = {layer.dropout.p, layer.dropout1.p, layer.dropout2.p, attn.dropout}
+    if len(probs) != 1:
+        raise refuse(f"its dropouts differ ({sorted(probs)}); the block has one probability")
+    biases = [attn.in_proj_bias, attn.out_proj.bias, layer.linear1.bias, layer.linear2.bias]
+    biases += [layer.norm1.bias, layer.norm2.bias]
+    if len({b is None for b in biases}) != 1:
+        raise refuse("some of its layers have biases and some do not")
+    config = BlockConfig(C, nh, probs.pop(), activation, biases[0] is not None, layer.norm1.eps)
+    return config, layer.state_dict(keep_vars=True)
+
+
+# --- the lesson's layout: the packed q/k/v split into per-head Linears -------------------
+
+
+def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, State]:
+    """A fresh lesson Block and ``state`` in its layout."""
+
+    def refuse(why: str) -> ConversionError:
+        return ConversionError(f"cannot convert to 'lesson': {why}")
+
+    C, nh, hs = config.d_model, config.n_heads, config.head_size
+    if config.activation != "relu":
+        raise refuse(f"the lesson's FeedForward uses ReLU, this block uses {config.activation!r}")
+    if config.norm_eps != LESSON_EPS:
+        raise refuse(f"the lesson's LayerNorms have eps {LESSON_EPS}, this block {config.norm_eps}")
+    in_bias = state.get(IN_PROJ[1])
+    if in_bias is not None and bool(in_bias.ne(0).any()):
+        raise refuse(
+            "the lesson's query/key/value Linears have no bias, and this block's "
+            "self_attn.in_proj_bias is nonzero"
+        )
+    block = Block(C, nh, block_size, dropout=config.dropout)
+    # (3C, C) -> 3 * nh row blocks of (hs, C): q of heads 0..nh-1, then k, then v
+    rows = state[IN_PROJ[0]].view(3 * nh, hs, C).unbind(0)
+    own: State = dict(zip(lesson_qkv_keys(nh), rows, strict=True))
+    for i in range(nh):
+        own[lesson_head(i) + LESSON_TRIL] = torch.tril(torch.ones(block_size, block_size))
+    # A bias-free block (bias=False) computes what zero biases compute: the lesson gets zeros.
+    for mine, theirs in LESSON_RENAMES.items():
+        weight, bias = state[f"{theirs}.weight"], state.get(f"{theirs}.bias")
+        own[f"{mine}.weight"] = weight
+        own[f"{mine}.bias"] = bias if bias is not None else weight.new_zeros(weight.shape[0])
+    return block, own
+
+
+def _copy(state: dict[str, torch.Tensor]) -> State:
+    """Detached copies, so the new module never shares storage with the old one."""
+    return {name: t.detach().clone() for name, t in state.items()}

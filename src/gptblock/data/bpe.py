@@ -1,0 +1,156 @@
+"""Byte-level BPE, GPT-2's tokenizer kind, by Hugging Face's ``tokenizers`` (none written here).
+
+``BPETokenizer`` wraps a ``tokenizers.Tokenizer``: trained on a text (``BPETokenizer.train``),
+or read from what a Hugging Face GPT-2 directory carries (``tokenizer.json``, or ``vocab.json``
+and ``merges.txt``). Byte-level means every string encodes, whatever its characters: a
+character the merges never saw is spelled with its UTF-8 bytes, so no text is "outside the
+vocabulary". It saves as the JSON ``tokenizers`` writes, nothing executable.
+
+``tokenizers`` is an optional dependency (``pip install "gptblock[hf]"``), imported on use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..blocks.config import check_positive_int
+from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+
+__all__ = ["BPETokenizer"]
+
+INSTALL = 'pip install "gptblock[hf]"'
+MIN_VOCAB = 256  # the byte alphabet: every byte must have a token
+
+
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserImportError(
+            f"BPE needs Hugging Face tokenizers, an optional extra: {INSTALL}"
+        ) from None
+    return tokenizers
+
+
+class BPETokenizer:
+    """Text to token ids and back by byte-level BPE.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+
+    Example:
+        >>> tok = BPETokenizer.train("the cat sat on the mat. " * 50, vocab_size=262)
+        >>> tok.vocab_size
+        262
+        >>> tok.decode(tok.encode("the cat, naïve"))
+        'the cat, naïve'
+        >>> len(tok.encode("the cat")) < len("the cat")   # merges learnt from the text
+        True
+        >>> BPETokenizer.from_json(tok.to_json()) == tok
+        True
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer: Any) -> None:
+        if type(tokenizer).__name__ != "Tokenizer":
+            raise UserTypeError(f"expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        """Learn up to ``vocab_size - 256`` merges from ``text`` on top of the 256 byte tokens
+        (fewer when the text has no more pairs to merge)."""
+        check_positive_int("vocab_size", vocab_size)
+        if vocab_size < MIN_VOCAB:
+            raise UserValueError(
+                f"vocab_size must be at least {MIN_VOCAB} for byte-level BPE (one token per "
+                f"byte), got {vocab_size}"
+            )
+        if not text:
+            raise UserValueError("cannot train a tokenizer on an empty text")
+        tk = _tokenizers()
+        tokenizer = tk.Tokenizer(tk.models.BPE())
+        tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator([text], trainer=trainer)
+        return cls(tokenizer)
+
+    @classmethod
+    def from_directory(cls, directory: str | os.PathLike[str]) -> BPETokenizer:
+        """The tokenizer a Hugging Face model directory carries.
+
+        Raises:
+            UserFileNotFoundError: neither ``tokenizer.json`` nor ``vocab.json`` + ``merges.txt``.
+        """
+        d = Path(directory)
+        tk = _tokenizers()
+        if (d / "tokenizer.json").is_file():
+            return cls(tk.Tokenizer.from_file(str(d / "tokenizer.json")))
+        if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
+            tokenizer = tk.Tokenizer(
+                tk.models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt"))
+            )
+            tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = tk.decoders.ByteLevel()
+            return cls(tokenizer)
+        raise UserFileNotFoundError(
+            f"no tokenizer in {d}: expected tokenizer.json, or vocab.json and merges.txt"
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of distinct token ids."""
+        return int(self.tokenizer.get_vocab_size())
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; every string has some."""
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """The text of token ids (a list or a 1-D tensor)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise UserValueError(
+                f"token ids {bad[:10]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def unknown(self, text: str) -> list[str]:
+        """Characters ``encode`` cannot spell: none, for byte-level BPE."""
+        return []
+
+    def to_json(self) -> str:
+        """The ``tokenizers`` JSON of this tokenizer."""
+        return str(self.tokenizer.to_str())
+
+    @classmethod
+    def from_json(cls, value: object) -> BPETokenizer:
+        """The tokenizer saved by ``to_json``."""
+        if not isinstance(value, str):
+            raise UserTypeError(f"a saved BPE tokenizer is a JSON string, got {value!r:.80}")
+        try:
+            return cls(_tokenizers().Tokenizer.from_str(value))
+        except Exception as e:  # tokenizers raises its own Exception type for bad JSON
+            raise UserValueError(f"not a saved tokenizer ({e})") from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BPETokenizer) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"

@@ -1,0 +1,1 @@
+"""Other tools' files: Hugging Face GPT-2 directories and nanoGPT checkpoints."""

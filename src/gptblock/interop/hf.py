@@ -1,0 +1,278 @@
+"""Hugging Face GPT-2 and gptblock's GPT, weight for weight: ``read_hf``, ``to_hf_model``.
+
+GPT-2 is gptblock's GPT with other names (``GPT.from_hf`` / ``GPT.to_hf`` / ``GPT.save_hf`` are
+these functions; this module does not import the GPT, so it sits below it). Per block, with C the width::
+
+    GPT-2 (Conv1D: weight (in, out))     gptblock (nn.Linear: weight (out, in))
+    h.{i}.ln_1                           transformer.h.{i}.norm1
+    h.{i}.attn.c_attn    (C, 3C)         transformer.h.{i}.self_attn.in_proj_weight   (3C, C)
+    h.{i}.attn.c_proj    (C, C)          transformer.h.{i}.self_attn.out_proj         (C, C)
+    h.{i}.ln_2                           transformer.h.{i}.norm2
+    h.{i}.mlp.c_fc       (C, 4C)         transformer.h.{i}.linear1                    (4C, C)
+    h.{i}.mlp.c_proj     (4C, C)         transformer.h.{i}.linear2                    (C, 4C)
+
+``Conv1D`` computes ``x @ W + b``, so its weights are transposed. ``c_attn`` packs q, k and v
+along its output as ``nn.MultiheadAttention`` does (q of every head, then k, then v, head i's
+columns ``i*hs:(i+1)*hs`` of each third), so the packed layout carries over with the transpose
+alone. The embeddings, ``ln_f`` and ``lm_head`` keep their names. GPT-2's ``gelu_new`` is the
+tanh approximation of GELU: the blocks' ``"gelu_tanh"``, so the function is the same, not close.
+
+A GPT-2 config that gptblock's blocks cannot compute (attention scaled by the layer index,
+upcast and reordered attention, cross-attention, an MLP not 4x wide, ...) is refused with an
+error naming the field; nothing is approximated. Only local directories are read (a hub name is
+refused: nothing is downloaded), and only safetensors files: a ``pytorch_model.bin`` would have
+to be unpickled.
+
+Shapes: C = n_embd, V = vocab_size, nh heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.nn as nn
+
+from ..blocks.config import GPTConfig
+from ..blocks.convert import convert
+from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+
+__all__ = ["config_from_hf", "config_to_hf", "read_hf", "save_hf", "to_hf_model"]
+
+INSTALL = 'pip install "gptblock[hf]"'
+# Hugging Face's activation names -> the blocks'. gelu_new and gelu_pytorch_tanh are one function.
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+ACTIVATIONS |= {"relu": "relu"}
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+# (GPT-2's name under h.{i}., gptblock's under transformer.h.{i}., transposed?) per tensor.
+BLOCK_TENSORS = [
+    ("ln_1.weight", "norm1.weight", False),
+    ("ln_1.bias", "norm1.bias", False),
+    ("attn.c_attn.weight", "self_attn.in_proj_weight", True),
+    ("attn.c_attn.bias", "self_attn.in_proj_bias", False),
+    ("attn.c_proj.weight", "self_attn.out_proj.weight", True),
+    ("attn.c_proj.bias", "self_attn.out_proj.bias", False),
+    ("ln_2.weight", "norm2.weight", False),
+    ("ln_2.bias", "norm2.bias", False),
+    ("mlp.c_fc.weight", "linear1.weight", True),
+    ("mlp.c_fc.bias", "linear1.bias", False),
+    ("mlp.c_proj.weight", "linear2.weight", True),
+    ("mlp.c_proj.bias", "linear2.bias", False),
+]
+MODEL_TENSORS = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+
+
+def transformers_module() -> Any:
+    """``transformers``, or a ``UserImportError`` that says how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserImportError(
+            f"this needs Hugging Face transformers, an optional extra: {INSTALL}"
+        ) from None
+    return transformers
+
+
+def config_from_hf(hf: Any) -> GPTConfig:
+    """The ``GPTConfig`` of a ``GPT2Config``; refuses, naming the field, what the blocks lack.
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> config_from_hf(GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=11)).activation
+        'gelu_tanh'
+        >>> config_from_hf(GPT2Config(scale_attn_by_inverse_layer_idx=True))
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: GPT-2 config field scale_attn_by_inverse_layer_idx=True: gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone
+    """
+    c = hf.to_dict() if hasattr(hf, "to_dict") else dict(hf)
+
+    def refuse(field: str, why: str) -> UserValueError:
+        return UserValueError(f"GPT-2 config field {field}={c.get(field)!r}: {why}")
+
+    if c.get("model_type", "gpt2") != "gpt2":
+        raise refuse("model_type", "only GPT-2 models convert")
+    if c.get("n_inner") not in (None, 4 * c["n_embd"]):
+        raise refuse("n_inner", f"the blocks' MLP is 4 * n_embd = {4 * c['n_embd']} wide")
+    if c.get("activation_function") not in ACTIVATIONS:
+        raise refuse("activation_function", f"the blocks support {sorted(ACTIVATIONS)}")
+    rules = [
+        ("scale_attn_weights", True, "the blocks always scale the scores by 1/sqrt(hs)"),
+        (
+            "scale_attn_by_inverse_layer_idx",
+            False,
+            "gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone",
+        ),
+        ("reorder_and_upcast_attn", False, "the blocks compute attention in the model's dtype"),
+        ("add_cross_attention", False, "the blocks have self-attention only"),
+        ("is_encoder_decoder", False, "gptblock's GPT is a decoder alone"),
+    ]
+    for field, wanted, why in rules:
+        if bool(c.get(field, wanted)) != wanted:
+            raise refuse(field, why)
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise refuse("layer_norm_epsilon", "one epsilon for every LayerNorm is expected")
+    drops = {c.get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+    if len(drops) != 1:
+        raise refuse("attn_pdrop", "gptblock's GPT has one dropout probability for all three")
+    return GPTConfig(
+        vocab_size=c["vocab_size"],
+        block_size=c["n_positions"],
+        n_layer=c["n_layer"],
+        n_head=c["n_head"],
+        n_embd=c["n_embd"],
+        dropout=float(drops.pop()),
+        bias=True,
+        activation=ACTIVATIONS[c["activation_function"]],
+        norm_eps=float(eps),
+        tie_embeddings=bool(c.get("tie_word_embeddings", True)),
+    )
+
+
+def config_to_hf(config: GPTConfig) -> Any:
+    """The ``GPT2Config`` computing what ``config`` does; refuses what GPT-2 cannot express."""
+    if not config.bias:
+        raise UserValueError("GPT-2 has biases in every layer; this GPT has bias=False")
+    return transformers_module().GPT2Config(
+        vocab_size=config.vocab_size,
+        n_positions=config.block_size,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        n_inner=None,
+        activation_function=TO_HF_ACTIVATION[config.activation],
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
+        layer_norm_epsilon=config.norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        # A character-level model has no end-of-text token; GPT-2's 50256 would not exist.
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
+def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The ``GPTConfig`` and gptblock state_dict of a ``GPT2LMHeadModel`` or saved directory.
+
+    ``GPT.from_hf`` builds the model from them.
+
+    Args:
+        source: a ``transformers.GPT2LMHeadModel``, or the path of a local directory holding
+            its ``config.json`` and ``model.safetensors`` (or sharded safetensors and their
+            ``model.safetensors.index.json``).
+
+    Raises:
+        UserImportError: transformers is not installed.
+        UserFileNotFoundError: the directory or its files are missing (a hub name is not read).
+        UserValueError: a config the blocks cannot compute, or weights of other shapes.
+    """
+    tf = transformers_module()
+    if isinstance(source, (str, os.PathLike)):
+        directory = Path(source)
+        if not directory.is_dir():
+            raise UserFileNotFoundError(
+                f"{directory} is not a directory; GPT.from_hf reads a local save_pretrained "
+                f"directory (nothing is downloaded: a hub name is not a directory)"
+            )
+        hf_config = tf.GPT2Config.from_pretrained(directory)
+        state = _read_safetensors(directory)
+    elif isinstance(source, nn.Module) and hasattr(source, "config"):
+        hf_config, state = source.config, source.state_dict()
+    else:
+        raise UserTypeError(
+            f"expected a GPT2LMHeadModel or a directory, got {type(source).__name__}"
+        )
+    config = config_from_hf(hf_config)
+    return config, _to_gptblock(state, config)
+
+
+def to_hf_model(model: nn.Module) -> Any:
+    """A ``transformers.GPT2LMHeadModel`` computing what the GPT ``model`` computes (eval, float32).
+
+    ``model`` is a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
+    """
+    tf = transformers_module()
+    config: GPTConfig = model.config  # type: ignore[assignment]
+    hf = tf.GPT2LMHeadModel(config_to_hf(config))
+    missing, unexpected = hf.load_state_dict(_to_hf(model), strict=False)
+    # Only the head may be absent, where it is tied to the embedding (and so loaded with it).
+    left = [k for k in missing if not (k == "lm_head.weight" and config.tie_embeddings)]
+    if left or unexpected:
+        raise RuntimeError(f"GPT-2 layout mismatch: missing {left}, unexpected {unexpected}")
+    return hf.eval()
+
+
+def save_hf(model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+    """Write the GPT ``model`` as a Hugging Face GPT-2 directory (``config.json``,
+    ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given).
+
+    The directory loads with ``GPT2LMHeadModel.from_pretrained(directory)`` and ``GPT.from_hf``.
+    """
+    directory = Path(directory)
+    to_hf_model(model).save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (directory / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        pickled = (directory / "pytorch_model.bin").is_file()
+        why = (
+            "; it has only pytorch_model.bin, which gptblock does not unpickle: re-save it with "
+            "save_pretrained(..., safe_serialization=True)"
+            if pickled
+            else ""
+        )
+        raise UserFileNotFoundError(f"no model.safetensors in {directory}{why}")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(safetensors.torch.load_file(directory / name))
+    return state
+
+
+def _to_gptblock(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    # GPT2LMHeadModel's keys start with "transformer."; a bare GPT2Model's (the original
+    # openai-community checkpoints) do not.
+    hf = {k.removeprefix("transformer."): v for k, v in state.items()}
+    out = {f"transformer.{k}": _take(hf, k) for k in MODEL_TENSORS}
+    for i in range(config.n_layer):
+        for theirs, ours, transposed in BLOCK_TENSORS:
+            t = _take(hf, f"h.{i}.{theirs}")
+            out[f"transformer.h.{i}.{ours}"] = t.t().contiguous() if transposed else t
+    head = hf.get("lm_head.weight", out["transformer.wte.weight"])  # absent when tied
+    if config.tie_embeddings and not torch.equal(head, out["transformer.wte.weight"]):
+        raise UserValueError("tie_word_embeddings is set but lm_head differs from wte")
+    out["lm_head.weight"] = head
+    return {k: v.detach().to(torch.float32) for k, v in out.items()}
+
+
+def _take(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    if key not in state:
+        raise UserValueError(f"the GPT-2 weights have no {key!r}")
+    return state[key]
+
+
+def _to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
+    ours = model.state_dict()
+    out = {f"transformer.{k}": ours[f"transformer.{k}"] for k in MODEL_TENSORS}
+    for i, block in enumerate(model.transformer["h"]):  # type: ignore[index]
+        # Any block form, described in the packed layout (the lesson's per-head q/k/v stacked).
+        packed = convert(block, "fused").state_dict()
+        for theirs, mine, transposed in BLOCK_TENSORS:
+            t = packed[mine]
+            out[f"transformer.h.{i}.{theirs}"] = t.t().contiguous() if transposed else t
+    out["lm_head.weight"] = ours["lm_head.weight"]
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in out.items()}

@@ -1,0 +1,146 @@
+"""nanoGPT checkpoints: a ``ckpt.pt``'s ``model_args`` and weights as gptblock's GPT.
+
+nanoGPT (``train.py``) saves ``torch.save({"model": state_dict, "model_args": {...}, ...})``.
+Its model is GPT-2's with ``nn.Linear`` layers, so the names map as in ``gptblock.interop.hf`` without
+the transpose; its MLP is exact GELU (``nn.GELU()``); ``bias=False`` drops every bias, the
+LayerNorms' too, as gptblock's ``GPTConfig(bias=False)`` does. A model trained with
+``torch.compile`` has every key prefixed ``_orig_mod.``; that prefix is removed. The head is tied
+to the token embedding in nanoGPT; a checkpoint whose head differs loads untied.
+
+Nothing runs code from the files. ``torch.load(weights_only=True)`` unpickles tensors, dicts,
+lists and numbers only and refuses any other object before creating it; nanoGPT's ``meta.pkl``
+(the character vocabulary of ``data/shakespeare_char``: ``{"vocab_size", "itos", "stoi"}``) is
+read by an unpickler that refuses every class and function, so only plain dicts, ints and
+strings come out of it.
+
+Shapes: C = n_embd.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..blocks.config import GPTConfig
+from ..data.batches import CharTokenizer
+from ..errors import UserFileNotFoundError, UserValueError
+from .hf import MODEL_TENSORS
+
+__all__ = ["read_meta_pkl", "read_nanogpt"]
+
+PREFIX = "_orig_mod."  # what torch.compile puts in front of every key
+# nanoGPT's name under transformer.h.{i}. -> gptblock's (both nn.Linear: no transpose).
+BLOCK_TENSORS = {
+    "ln_1": "norm1",
+    "attn.c_attn": "self_attn.in_proj",
+    "attn.c_proj": "self_attn.out_proj",
+    "ln_2": "norm2",
+    "mlp.c_fc": "linear1",
+    "mlp.c_proj": "linear2",
+}
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+def read_nanogpt(
+    path: str | os.PathLike[str],
+) -> tuple[GPTConfig, dict[str, torch.Tensor], CharTokenizer | None]:
+    """The config, gptblock state_dict and (if ``meta.pkl`` is beside it) vocabulary of a run.
+
+    ``GPT.from_nanogpt`` builds the model from them.
+
+    Args:
+        path: nanoGPT's ``ckpt.pt``, or the ``out_dir`` holding it.
+
+    Raises:
+        UserFileNotFoundError: no such file.
+        UserValueError: a file that would run code when unpickled, or that is not a nanoGPT
+            checkpoint (the message names what is missing).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "ckpt.pt"
+    if not path.is_file():
+        raise UserFileNotFoundError(f"no nanoGPT checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0]
+        raise UserValueError(
+            f"{path}: refused, it holds objects other than tensors and plain values, which "
+            f"unpickling would have to run code to build ({first})"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise UserValueError(f"{path}: not a readable PyTorch checkpoint ({e})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise UserValueError(f"{path}: not a nanoGPT checkpoint (no 'model' and 'model_args')")
+    args = ckpt["model_args"]
+    missing = [k for k in MODEL_ARGS if k not in args]
+    if missing:
+        raise UserValueError(f"{path}: model_args lacks {', '.join(missing)}")
+    state = {k.removeprefix(PREFIX): v for k, v in ckpt["model"].items()}
+    head, wte = state.get("lm_head.weight"), state.get("transformer.wte.weight")
+    config = GPTConfig(
+        vocab_size=int(args["vocab_size"]),
+        block_size=int(args["block_size"]),
+        n_layer=int(args["n_layer"]),
+        n_head=int(args["n_head"]),
+        n_embd=int(args["n_embd"]),
+        dropout=float(args.get("dropout", 0.0)),
+        bias=bool(args.get("bias", True)),
+        activation="gelu",
+        tie_embeddings=head is None or (wte is not None and torch.equal(head, wte)),
+    )
+    meta = path.parent / "meta.pkl"
+    tokenizer = read_meta_pkl(meta) if meta.is_file() else None
+    return config, _to_gptblock(state, config, path), tokenizer
+
+
+def _to_gptblock(
+    state: dict[str, torch.Tensor], config: GPTConfig, path: Path
+) -> dict[str, torch.Tensor]:
+    def take(key: str) -> torch.Tensor:
+        if key not in state:
+            raise UserValueError(f"{path}: the weights have no {key!r}")
+        return state[key]
+
+    kinds = ("weight", "bias") if config.bias else ("weight",)
+    names = [k for k in MODEL_TENSORS if config.bias or not k.endswith(".bias")]
+    out = {f"transformer.{k}": take(f"transformer.{k}") for k in names}
+    for i in range(config.n_layer):
+        for theirs, ours in BLOCK_TENSORS.items():
+            for kind in kinds:
+                # nn.MultiheadAttention's packed projection is a parameter pair, not a Linear.
+                name = f"{ours}_{kind}" if ours == "self_attn.in_proj" else f"{ours}.{kind}"
+                out[f"transformer.h.{i}.{name}"] = take(f"transformer.h.{i}.{theirs}.{kind}")
+    out["lm_head.weight"] = state.get("lm_head.weight", out["transformer.wte.weight"])
+    return {k: v.detach().to(torch.float32) for k, v in out.items()}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, strings and numbers; refuses every class or function by name."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: meta.pkl holds data only")
+
+
+def read_meta_pkl(path: str | os.PathLike[str]) -> CharTokenizer:
+    """nanoGPT's character vocabulary (``itos``: id -> character) as a ``CharTokenizer``.
+
+    Raises:
+        UserValueError: the file refers to any class or function (it would run code), or is
+            not a vocabulary.
+    """
+    path = Path(path)
+    try:
+        meta = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise UserValueError(f"{path}: not a plain nanoGPT meta.pkl ({e})") from None
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))):
+        raise UserValueError(f"{path}: expected 'itos', a dict from ids 0..V-1 to characters")
+    return CharTokenizer([itos[i] for i in range(len(itos))])

@@ -1,0 +1,236 @@
+"""How much memory a GPT run needs, estimated before anything is allocated, and how much there is.
+
+An absurd ``--batch-size`` or ``--n-embd`` should be refused with a number, not end in an
+allocator's traceback or, worse, the kernel's out-of-memory killer. ``train_memory`` adds up what
+one training step holds at its peak:
+
+* the parameters, counted exactly from the shape (``parameter_count``; a test holds it equal to
+  the built model's count for every block form), and as much again for their gradients, plus
+  the lesson's causal-mask buffers (a (T, T) float matrix per head); counting by building the
+  model, even on PyTorch's ``meta`` device, takes minutes for an absurd ``--n-layer``;
+* AdamW's two moments per parameter, and the one temporary per parameter its update makes
+  (after the backward pass has freed the activations, so only the larger of the two counts);
+* the activations the backward pass keeps, counted in float32 tensors of the sizes that
+  dominate: per block, (B, T, C) tensors (the LayerNorms' inputs and outputs, q/k/v, the
+  attention output, the MLP's 4C-wide hidden layer before and after its activation) and, where
+  attention weights are materialised (the lesson's heads; any form's attention with dropout,
+  which PyTorch's CPU flash kernel does not do), (B, nh, T, T) tensors; then the embeddings,
+  the final LayerNorm and the (B, T, V) logits with their log-softmax and gradients;
+* the token ids of the text (8 bytes each), and the 20 bytes per character that encoding them
+  takes at its peak.
+
+The counts per block (``PER_BLOCK``, ``DROPOUT``) were measured, not derived: the profiler's peak
+of a training step, at two depths, gives what one more block costs. ``tests/test_footprint.py``
+holds the estimate to within -20% / +35% of the peak PyTorch's profiler measures for a real
+training step (the second, when AdamW's moments exist) over the three block forms, with and
+without dropout. They were measured with PyTorch 2.13 on a CPU; a GPU's flash attention keeps
+no (T, T) weights even with dropout, so there the estimate errs high.
+``available_memory`` reads what the machine can still give: ``MemAvailable`` of
+``/proc/meminfo`` (within a cgroup's limit, if one is set) for the CPU, ``cudaMemGetInfo`` for
+a GPU, nothing it can trust elsewhere (then nothing is refused).
+
+Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..blocks.config import GPTConfig
+from ..errors import UserValueError
+
+__all__ = [
+    "MemoryEstimate",
+    "available_memory",
+    "check_available",
+    "check_memory",
+    "parameter_count",
+    "train_memory",
+]
+
+FLOAT = 4  # bytes of a float32 parameter or activation
+# Per block form: the (B, T, C) and (B, nh, T, T) float32 tensors a block keeps for its backward
+# pass, and what dropout adds (its masks are kept as floats, and attention with dropout
+# materialises its weights).
+PER_BLOCK = {"fused": (15, 0.0), "mha": (15, 0.0), "lesson": (10, 1.25)}
+DROPOUT = {"fused": (6, 3.0), "mha": (8, 3.0), "lesson": (2, 2.0)}
+STREAM = 5  # (B, T, C) tensors outside the blocks: embeddings, final LayerNorm
+LOGITS = 4  # (B, T, V) tensors: the logits, their log-softmax, and gradients
+ENCODING_BYTES = 20  # per character at the peak of CharTokenizer.encode_tensor
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The bytes a training run needs at its peak, by part."""
+
+    parameters: int  # the number of parameters
+    weights: int  # parameters, their gradients, and buffers
+    optimizer: int  # AdamW's exp_avg and exp_avg_sq
+    activations: int  # what one training step keeps for its backward pass
+    data: int  # the text's token ids, and encoding them
+
+    @property
+    def total(self) -> int:
+        # AdamW's update temporaries (one float per parameter) exist after the backward pass
+        # has freed the activations: only the larger of the two is held at once.
+        update = self.parameters * FLOAT
+        return self.weights + self.optimizer + max(self.activations, update) + self.data
+
+    def describe(self) -> str:
+        """The parts in GiB, for a message."""
+        return (
+            f"{gib(self.weights)} for {self.parameters:,} parameters and their gradients, "
+            f"{gib(self.optimizer)} for AdamW, {gib(self.activations)} for the activations of "
+            f"one step, {gib(self.data)} for the text"
+        )
+
+
+def gib(n: int) -> str:
+    """``n`` bytes in GiB (MiB, KiB below one), for messages.
+
+    Example:
+        >>> gib(3 * 2**30 // 2), gib(5 * 2**20), gib(2048)
+        ('1.5 GiB', '5.0 MiB', '2.0 KiB')
+    """
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """The number of parameters of ``GPT(config)``, the tied head counted once.
+
+    Example:
+        >>> parameter_count(GPTConfig(65, 64, n_layer=4, n_head=4, n_embd=128))
+        809856
+    """
+    V, T, C = config.vocab_size, config.block_size, config.n_embd
+    if config.block == "lesson":  # bias-free per-head q/k/v; biases elsewhere; 2 LayerNorms
+        per_block = 12 * C * C + 10 * C
+    else:  # packed q/k/v, out_proj, linear1, linear2: 12 C^2; the LayerNorms' gains: 2C
+        per_block = 12 * C * C + (13 if config.bias else 2) * C
+    ln_f = (2 if config.bias else 1) * C
+    return V * C + T * C + config.n_layer * per_block + ln_f
+
+
+def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> MemoryEstimate:
+    """The memory a float32 training run of a GPT of ``config`` needs at its peak.
+
+    Args:
+        config: the model.
+        batch_size: B, sequences per step.
+        characters: the length of the text it trains on (0: leave the data out).
+
+    Example:
+        >>> est = train_memory(GPTConfig(65, 64, n_layer=4, n_head=4, n_embd=128), 16)
+        >>> est.parameters, est.optimizer == 8 * est.parameters, gib(est.total)
+        (809856, True, '45.9 MiB')
+    """
+    n = parameter_count(config)
+    B, T, C, V, nh = batch_size, config.block_size, config.n_embd, config.vocab_size, config.n_head
+    stream, weights = PER_BLOCK[config.block]
+    if config.dropout > 0:
+        stream, weights = stream + DROPOUT[config.block][0], weights + DROPOUT[config.block][1]
+    per_block = stream * B * T * C + weights * B * nh * T * T  # floats
+    floats = config.n_layer * per_block + STREAM * B * T * C + LOGITS * B * T * V
+    # The lesson's heads each keep a (T, T) lower-triangular mask as a float buffer.
+    buffers = config.n_layer * nh * T * T * FLOAT if config.block == "lesson" else 0
+    return MemoryEstimate(
+        parameters=n,
+        weights=2 * n * FLOAT + buffers,
+        optimizer=2 * n * FLOAT,
+        activations=int(floats * FLOAT),
+        data=characters * (8 + ENCODING_BYTES),
+    )
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes the machine can still allocate on ``device``, or None where that is unknown.
+
+    Example:
+        >>> available_memory("cpu") is None or available_memory("cpu") > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    found = [m for m in (_meminfo_available(), _cgroup_room()) if m is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel says kB and means KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # other POSIX systems: free pages, without the reclaimable cache (an underestimate)
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_room() -> int | None:
+    # cgroup v2: a container's limit, which MemAvailable (the whole machine's) does not see.
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((root / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(
+    config: GPTConfig, batch_size: int, characters: int, device: str | torch.device
+) -> MemoryEstimate:
+    """``train_memory``, refused when it exceeds ``available_memory(device)``.
+
+    On a GPU the text stays on the host, so only the model's part is compared.
+
+    Raises:
+        UserValueError: naming the estimate, its parts and what is available.
+    """
+    estimate = train_memory(config, batch_size, characters)
+    on_cpu = torch.device(device).type == "cpu"
+    check_available(
+        estimate.total if on_cpu else estimate.total - estimate.data,
+        device,
+        "a run of this size",
+        f"lower --batch-size (batch_size={batch_size}), --n-embd, --n-layer or --block-size",
+        detail=estimate.describe(),
+    )
+    return estimate
+
+
+def check_available(
+    needed: int, device: str | torch.device, what: str, advice: str, detail: str = ""
+) -> None:
+    """Refuse ``needed`` bytes on ``device`` when more than it has available, saying ``what``
+    needs them (``detail``: of what) and the ``advice``; nothing is refused where the available
+    memory is unknown.
+
+    Example:
+        >>> check_available(2**80, "cpu", "a yobibyte", "buy more memory")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: a yobibyte needs about 1,125,899,906,842,624.0 GiB but cpu has ... available; buy more memory
+    """
+    device = torch.device(device)
+    available = available_memory(device)
+    if available is not None and needed > available:
+        parts = f" ({detail})" if detail else ""
+        raise UserValueError(
+            f"{what} needs about {gib(needed)}{parts} but {device.type} has {gib(available)} "
+            f"available; {advice}"
+        )

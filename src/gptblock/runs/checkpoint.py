@@ -1,0 +1,374 @@
+"""Checkpoints: safetensors for every tensor, JSON for everything else, nothing executable.
+
+A checkpoint named ``last`` in directory ``out`` is two files::
+
+    out/last.json                              config, vocabulary, step, optimizer layout, ...
+    out/last-00000500-1a2b3c4d.safetensors     weights, optimizer moments, RNG states
+
+Loading never runs code from the files: ``torch.load`` (pickle) is not used anywhere, and
+RNG states are stored as the uint8 tensors PyTorch itself returns.
+
+Crash safety. Each file is written to a temporary file in the same directory, flushed and
+fsynced, then moved into place with ``os.replace``, which is atomic. The pair is kept
+consistent by writing the tensors first under a fresh, never reused name, and the JSON last:
+the JSON names its tensors file and holds its SHA-256, so replacing the JSON is the single
+atomic step that switches from the old checkpoint to the new one. Until that moment the old
+JSON still names the old tensors file, which is deleted only afterwards. A process killed at
+any instant therefore leaves either the old or the new checkpoint, complete; at worst an
+unreferenced tensors file or temporary file, which the next save removes. Rejected: writing
+``last.safetensors`` and ``last.json`` in place one after the other (a crash between the two
+leaves a mismatched pair), and swapping whole directories (no portable atomic replace of a
+non-empty directory).
+
+What a checkpoint holds is tamper-evident, all of it (format version 2). The JSON records the
+tensors file's SHA-256 and, in ``json_sha256``, the SHA-256 of its own other fields in a
+canonical form (sorted keys, no whitespace), so a changed vocabulary character or step is
+refused on load just as a flipped weight is. This detects edits and corruption, not an
+adversary, who could recompute both; there is no key. Tensors that are one tensor in the model
+(a GPT's head tied to its token embedding) are stored once, the JSON's ``tied`` naming each
+alias, so a checkpoint cannot hold two different values for one weight.
+
+Format version 1 (gptblock 0.1 and 0.2) still loads as before: its tensors are verified, and a
+warning says once per file that its JSON fields cannot be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import uuid
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from ..errors import UserFileExistsError, UserFileNotFoundError, UserTypeError, UserValueError
+from ..files import atomic_write_bytes, atomic_write_json, temporary_of
+
+__all__ = [
+    "BEST",
+    "KINDS",
+    "LAST",
+    "Checkpoint",
+    "CheckpointError",
+    "check_same_field",
+    "checkpoint_path",
+    "holds_run",
+    "is_tensors_file",
+    "load_checkpoint",
+    "run_exists_error",
+    "save_checkpoint",
+]
+
+FORMAT = "gptblock-checkpoint"
+VERSION = 2  # what save_checkpoint writes
+READABLE = (1, 2)  # what load_checkpoint reads; 1 has no json_sha256 and no tied tensors
+LAST = "last"  # the newest state of a run: what --resume continues
+BEST = "best"  # the state with the lowest validation estimate: what sample and load_gpt read
+KINDS = (LAST, BEST)
+REQUIRED = ("format", "version", "tensors", "sha256", "step")
+JSON_HASH = "json_sha256"  # the field holding the hash of all the others
+SHA256 = re.compile(r"[0-9a-f]{64}")
+TENSORS_FILE = re.compile(r"(last|best)-\d{8,}-[0-9a-f]{8}\.safetensors")
+
+
+class CheckpointError(UserValueError):
+    """A checkpoint that is missing, truncated, corrupted, malformed or from another model.
+
+    The message names the file and the problem. A ``UserError`` (and a ``ValueError``), so the
+    command line reports it as one line.
+    """
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One loaded checkpoint: its JSON fields, its tensors and where they came from."""
+
+    meta: dict[str, Any]  # every field of the JSON file
+    tensors: dict[str, torch.Tensor]  # every tensor of the safetensors file, on the CPU
+    path: Path  # the JSON file
+    tensors_path: Path  # the safetensors file it names
+
+    def require(self, *fields: str) -> None:
+        """Raise ``CheckpointError`` naming the JSON file if any of ``fields`` is absent."""
+        missing = [f for f in fields if f not in self.meta]
+        if missing:
+            raise CheckpointError(f"{self.path}: missing field(s) {', '.join(missing)}")
+
+
+def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
+    """The JSON file of checkpoint ``kind`` (``LAST`` or ``BEST``) in ``out_dir``.
+
+    Example:
+        >>> checkpoint_path("out", BEST).as_posix()
+        'out/best.json'
+    """
+    if kind not in KINDS:
+        raise UserValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+    return Path(out_dir) / f"{kind}.json"
+
+
+def is_tensors_file(name: str, kind: str | None = None) -> bool:
+    """Whether ``name`` is a tensors file ``save_checkpoint`` writes (of ``kind``, if given).
+
+    Example:
+        >>> is_tensors_file("last-00000500-1a2b3c4d.safetensors"), is_tensors_file("last.pt")
+        (True, False)
+    """
+    match = TENSORS_FILE.fullmatch(name)
+    return match is not None and kind in (None, match.group(1))
+
+
+def holds_run(out_dir: str | os.PathLike[str] | None) -> bool:
+    """Whether ``out_dir`` holds a training run: a ``LAST`` checkpoint, which a fresh run must
+    never replace."""
+    return out_dir is not None and checkpoint_path(out_dir, LAST).exists()
+
+
+def run_exists_error(out_dir: str | os.PathLike[str]) -> UserFileExistsError:
+    """The error for starting a fresh run where ``holds_run(out_dir)``."""
+    return UserFileExistsError(
+        f"{out_dir} already holds a training run; pass --resume (resume=True) to continue it, "
+        f"or choose another --out (or delete {out_dir})"
+    )
+
+
+def save_checkpoint(
+    out_dir: str | os.PathLike[str],
+    kind: str,
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any],
+) -> Path:
+    """Save ``tensors`` and the JSON-ready ``meta`` as checkpoint ``kind``; return the JSON path.
+
+    Args:
+        out_dir: the directory (created if needed).
+        kind: "last" or "best".
+        tensors: name -> tensor; copied to the CPU. Tensors that are views of the same memory
+            with the same shape (tied weights) are stored once, under the first name; the
+            JSON's ``tied`` maps each other name to it, and loading restores them all.
+        meta: must hold ``step`` (an int >= 0); everything else is free-form JSON (no NaN or
+            inf: ``best_val_loss`` and the like must be finite or None).
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> w = torch.ones(2, 3)
+        >>> p = save_checkpoint(d, "last", {"w": w, "same_w": w}, {"step": 7})
+        >>> ckpt = load_checkpoint(d, "last")
+        >>> ckpt.meta["step"], ckpt.tensors["w"].shape, ckpt.meta["tied"], ckpt.path == p
+        (7, torch.Size([2, 3]), {'same_w': 'w'}, True)
+    """
+    json_path = checkpoint_path(out_dir, kind)
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise UserTypeError(f"meta['step'] must be an int, got {step!r}")
+    if step < 0:
+        raise UserValueError(f"meta['step'] must be >= 0, got {step}")
+    reserved = sorted({"format", "version", "tensors", "sha256", "tied", JSON_HASH} & set(meta))
+    if reserved:
+        raise UserValueError(f"meta must not set the checkpoint's own fields {reserved}")
+    cpu, tied = _store_once(tensors)
+    blob = safetensors.torch.save(cpu)
+    record: dict[str, Any] = {
+        **meta,
+        "format": FORMAT,
+        "version": VERSION,
+        "tensors": f"{kind}-{step:08d}-{uuid.uuid4().hex[:8]}.safetensors",
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "tied": tied,
+    }
+    # Hash the fields as a reader will parse them back (tuples become lists, and so on).
+    record = json.loads(json.dumps(record, allow_nan=False))
+    record[JSON_HASH] = _fields_sha256(record)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh name each time: the file the current JSON names is never overwritten.
+    atomic_write_bytes(json_path.parent / record["tensors"], blob)
+    atomic_write_json(json_path, record)  # the commit point
+    _remove_stale(json_path.parent, kind, keep=record["tensors"])
+    return json_path
+
+
+def _store_once(
+    tensors: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """CPU copies of ``tensors``, each shared tensor once, and the names tied to the stored one."""
+    cpu: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    first: dict[tuple[Any, ...], str] = {}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise UserTypeError(f"tensors[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+        # The same memory seen the same way is the same tensor (an empty one shares nothing).
+        view = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
+        key = (*view, t.dtype)
+        if t.numel() > 0 and key in first:
+            tied[name] = first[key]
+            continue
+        first[key] = name
+        # Cloning to the CPU also unties storage shared otherwise, which safetensors refuses.
+        cpu[name] = t.detach().to("cpu", copy=True).contiguous()
+    return cpu, tied
+
+
+def _fields_sha256(record: Mapping[str, Any]) -> str:
+    """SHA-256 of every field but ``JSON_HASH``, as canonical JSON (sorted keys, no spaces)."""
+    fields = {k: v for k, v in record.items() if k != JSON_HASH}
+    text = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _remove_stale(directory: Path, kind: str, keep: str) -> None:
+    # Tensors files of this kind that the JSON no longer names, and temporaries of killed saves:
+    # only names save_checkpoint itself writes, never another file that merely looks similar.
+    for p in directory.iterdir():
+        of = temporary_of(p.name)
+        stale = is_tensors_file(p.name, kind) or (
+            of is not None and (of == f"{kind}.json" or is_tensors_file(of, kind))
+        )
+        if stale and p.name != keep:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = LAST) -> Checkpoint:
+    """Load and verify checkpoint ``kind`` from ``out_dir``.
+
+    Raises:
+        FileNotFoundError: there is no ``kind`` checkpoint in ``out_dir``.
+        CheckpointError: the JSON does not parse, lacks a field, has a field of the wrong type
+            or range, or was changed after it was written (its ``json_sha256`` differs); the
+            tensors file is missing, truncated or corrupted (its SHA-256 differs from the one
+            the JSON recorded), or is not a safetensors file. The message names the file.
+    """
+    json_path = checkpoint_path(out_dir, kind)
+    # A training run may commit a new checkpoint (and delete the old tensors file) between our
+    # reading the JSON and its tensors file: then the JSON has changed, and we read it again.
+    for _ in range(3):
+        if not json_path.is_file():
+            raise UserFileNotFoundError(
+                f"no {kind} checkpoint in {Path(out_dir)}: {json_path} not found"
+            )
+        raw = json_path.read_bytes()
+        try:
+            return _load(json_path, raw)
+        except CheckpointError:
+            if json_path.read_bytes() == raw:
+                raise
+    return _load(json_path, json_path.read_bytes())
+
+
+def _load(json_path: Path, raw: bytes) -> Checkpoint:
+    meta = _read_fields(json_path, raw)
+    tensors_path = json_path.parent / meta["tensors"]
+    if not tensors_path.is_file():
+        raise CheckpointError(f"{json_path}: its tensors file {tensors_path} is missing")
+    blob = tensors_path.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+        raise CheckpointError(
+            f"{tensors_path}: truncated or corrupted ({len(blob)} bytes; its SHA-256 "
+            f"differs from the one recorded in {json_path.name})"
+        )
+    try:
+        tensors = safetensors.torch.load(blob)
+    except Exception as e:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"{tensors_path}: not a readable safetensors file ({e})") from None
+    tied = meta.get("tied", {})
+    if not isinstance(tied, dict) or not all(
+        isinstance(a, str) and a not in tensors and t in tensors for a, t in tied.items()
+    ):
+        raise CheckpointError(
+            f"{json_path}: field 'tied' must map names absent from {tensors_path.name} to "
+            f"names in it, got {tied!r:.120}"
+        )
+    tensors.update({alias: tensors[target] for alias, target in tied.items()})
+    return Checkpoint(meta, tensors, json_path, tensors_path)
+
+
+def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
+    """The JSON's fields, after checking the format's own: version, names, hashes, step."""
+    try:
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError: ValueError
+        raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
+    missing = [f for f in REQUIRED if f not in meta]
+    if missing:
+        raise CheckpointError(f"{json_path}: missing field(s) {', '.join(missing)}")
+    if meta["format"] != FORMAT or meta["version"] not in READABLE:
+        raise CheckpointError(
+            f"{json_path}: format {meta['format']!r} version {meta['version']!r} is not "
+            f"{FORMAT!r} version {' or '.join(map(str, READABLE))} (a newer gptblock may read it)"
+        )
+    if meta["version"] >= 2:
+        if not isinstance(meta.get(JSON_HASH), str):
+            raise CheckpointError(f"{json_path}: missing field(s) {JSON_HASH}")
+        if _fields_sha256(meta) != meta[JSON_HASH]:
+            raise CheckpointError(
+                f"{json_path}: its fields were changed after it was written (their SHA-256 "
+                f"differs from its {JSON_HASH}); restore the file or train again"
+            )
+    else:
+        # The default warning filter shows one text once: once per file.
+        warnings.warn(
+            f"{json_path} is a format-1 checkpoint (gptblock 0.2 or earlier): its tensors are "
+            f"verified, its JSON fields cannot be (they carry no hash)",
+            UserWarning,
+            stacklevel=4,
+        )
+    name = meta["tensors"]
+    # The JSON names a file next to itself, never a path elsewhere.
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise CheckpointError(f"{json_path}: field 'tensors' must be a file name, got {name!r}")
+    if not isinstance(meta["sha256"], str) or not SHA256.fullmatch(meta["sha256"]):
+        raise CheckpointError(f"{json_path}: field 'sha256' must be a SHA-256 hex digest")
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{json_path}: field 'step' must be an int >= 0, got {step!r:.40}")
+    return meta
+
+
+def _not_json(constant: str) -> Any:
+    # Python's json module reads NaN and Infinity, which JSON has not: a checkpoint never holds one.
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # 1e999 parses as inf
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a float's range")
+    return value
+
+
+def check_same_field(ckpt: Checkpoint, field: str, saved: Any, current: Any) -> None:
+    """Raise ``CheckpointError`` if the checkpoint's ``field`` differs from this run's.
+
+    For dicts (a model config) the message names every differing key with both values, so
+    resuming another model's run says what differs instead of failing on a tensor shape.
+    Nothing is checked when either side is None.
+    """
+    if saved is None or current is None or saved == current:
+        return
+    if isinstance(saved, dict) and isinstance(current, dict):
+        keys = sorted(set(saved) | set(current))
+        diffs = [
+            f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
+            for k in keys
+            if saved.get(k) != current.get(k)
+        ]
+        raise CheckpointError(f"{ckpt.path}: a different {field}: {'; '.join(diffs)}")
+    raise CheckpointError(
+        f"{ckpt.path}: a different {field} (the checkpoint's has {len(saved)} entries, this "
+        f"run's {len(current)}); resume with the same data and model"
+    )

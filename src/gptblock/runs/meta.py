@@ -1,0 +1,227 @@
+"""What a GPT training run records about itself: ``RunMeta``, written and validated here only.
+
+Every checkpoint of a ``gptblock train`` run carries three JSON fields beside the trainer's own
+(step, optimizer, history): the model's shape, its vocabulary and the text it learned from::
+
+    "model_config": {"vocab_size": 65, "block_size": 64, "n_layer": 4, ...}   GPTConfig
+    "vocab": ["\\n", " ", "!", ...]                                            CharTokenizer
+    or "tokenizer": {"kind": "bpe", "json": "..."}                           BPETokenizer
+    "data": {"source": "input.txt", "characters": 1115394, "sha256": "..."}  CorpusInfo
+
+``RunMeta.to_json`` writes them and ``RunMeta.from_checkpoint`` reads them back, checking each
+field's type and that the three agree (the vocabulary has ``vocab_size`` characters), so
+``load_gpt``, ``gptblock sample`` and a resumed run see a typed object or a ``CheckpointError``
+naming the field, never a ``KeyError``. Runs saved before the corpus hash was recorded load
+with ``sha256`` None.
+
+The trainer stays ignorant of all this (it is model-agnostic): it saves ``to_json()`` with every
+checkpoint and, on resume, asks ``check_resume`` whether a checkpoint belongs to this run: the
+same model, the same vocabulary and the same text (its size and SHA-256), unless the run was
+made with ``allow_other_data``. A checkpoint that recorded no hash (gptblock 0.1) is checked by
+its size alone, and a warning says once that the text cannot be verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..blocks.config import GPTConfig
+from ..data.batches import CharTokenizer
+from ..data.bpe import BPETokenizer
+from ..errors import UserTypeError, UserValueError
+from .checkpoint import Checkpoint, CheckpointError, check_same_field
+
+__all__ = ["CorpusInfo", "RunMeta"]
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    """Where a run's text came from, and a fingerprint of it.
+
+    Example:
+        >>> info = CorpusInfo.of("hello", "greeting.txt")
+        >>> info.characters, info.sha256[:12]
+        (5, '2cf24dba5fb0')
+    """
+
+    source: str  # the file's path as given, or a description of a built-in corpus
+    characters: int  # the text's length in characters
+    sha256: str | None = None  # of the text's UTF-8 bytes; None in runs saved before 0.2
+
+    @classmethod
+    def of(cls, text: str, source: str) -> CorpusInfo:
+        """The info of ``text``, read from ``source``."""
+        return cls(source, len(text), hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+    def describe(self) -> str:
+        """Where the text came from and its fingerprint, for messages."""
+        sha = f"SHA-256 {self.sha256[:16]}..." if self.sha256 else "no hash recorded"
+        return f"{self.source!r} ({self.characters:,} characters, {sha})"
+
+    def same_text(self, other: CorpusInfo) -> bool | None:
+        """Whether ``other`` fingerprints the same text: None if that cannot be told (a hash is
+        missing and the sizes agree). The source is a name, not part of the fingerprint."""
+        if self.characters != other.characters:
+            return False
+        if self.sha256 is None or other.sha256 is None:
+            return None
+        return self.sha256 == other.sha256
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """A GPT run's model shape, vocabulary and corpus: the JSON fields its checkpoints carry.
+
+    Args:
+        model_config: the GPT's shape.
+        tokenizer: a ``CharTokenizer`` (saved as ``vocab``, its characters) or a
+            ``BPETokenizer`` (saved as ``tokenizer``, its ``tokenizers`` JSON);
+            ``tokenizer.vocab_size == model_config.vocab_size``.
+        corpus: the text the run trains on; None for a run that did not record it.
+        allow_other_data: not saved: let ``check_resume`` accept a checkpoint of another
+            text (with a warning naming both); from then on the checkpoints record this one.
+
+    Example:
+        >>> tok = CharTokenizer.from_text("hello world")
+        >>> config = GPTConfig(tok.vocab_size, block_size=8, n_layer=1, n_head=1, n_embd=8)
+        >>> meta = RunMeta(config, tok, CorpusInfo.of("hello world", "hello.txt"))
+        >>> sorted(meta.to_json())
+        ['data', 'model_config', 'vocab']
+        >>> RunMeta.from_json(meta.to_json(), "hello.json") == meta
+        True
+    """
+
+    model_config: GPTConfig
+    tokenizer: CharTokenizer | BPETokenizer
+    corpus: CorpusInfo | None = None
+    allow_other_data: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_config, GPTConfig):
+            raise UserTypeError(f"model_config must be a GPTConfig, got {self.model_config!r:.80}")
+        if not isinstance(self.tokenizer, (CharTokenizer, BPETokenizer)):
+            raise UserTypeError(
+                f"tokenizer must be a CharTokenizer or BPETokenizer, got {self.tokenizer!r:.80}"
+            )
+        if self.corpus is not None and not isinstance(self.corpus, CorpusInfo):
+            raise UserTypeError(f"corpus must be a CorpusInfo or None, got {self.corpus!r:.80}")
+        if not isinstance(self.allow_other_data, bool):
+            raise UserTypeError(f"allow_other_data must be a bool, got {self.allow_other_data!r}")
+        if self.tokenizer.vocab_size != self.model_config.vocab_size:
+            raise UserValueError(
+                f"the vocabulary has {self.tokenizer.vocab_size} "
+                f"{'characters' if isinstance(self.tokenizer, CharTokenizer) else 'tokens'} "
+                f"but model_config "
+                f"says vocab_size={self.model_config.vocab_size}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON fields, as saved in every checkpoint."""
+        out: dict[str, Any] = {"model_config": dataclasses.asdict(self.model_config)}
+        if isinstance(self.tokenizer, BPETokenizer):
+            out["tokenizer"] = {"kind": "bpe", "json": self.tokenizer.to_json()}
+        else:
+            out["vocab"] = self.tokenizer.to_json()
+        if self.corpus is not None:
+            out["data"] = dataclasses.asdict(self.corpus)
+        return out
+
+    @classmethod
+    def from_json(cls, meta: Mapping[str, Any], where: object) -> RunMeta:
+        """Read and check the fields written by ``to_json``; ``where`` names the file in errors.
+
+        Raises:
+            CheckpointError: a field is missing, of the wrong type, or inconsistent.
+        """
+        vocab = "tokenizer" if "tokenizer" in meta else "vocab"
+        missing = [f for f in ("model_config", vocab) if f not in meta]
+        if missing:
+            raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
+        if not isinstance(meta["model_config"], dict):
+            raise CheckpointError(f"{where}: field 'model_config' must be an object")
+        try:
+            config = GPTConfig(**meta["model_config"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: invalid field 'model_config' ({e})") from None
+        tokenizer = _tokenizer(meta, vocab, where)
+        corpus = _corpus(meta.get("data"), where)
+        try:
+            return cls(config, tokenizer, corpus)
+        except ValueError as e:
+            raise CheckpointError(f"{where}: {e}") from None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> RunMeta:
+        """The run metadata of a loaded checkpoint (see ``from_json``)."""
+        return cls.from_json(ckpt.meta, ckpt.path)
+
+    def check_resume(self, ckpt: Checkpoint) -> None:
+        """Refuse to resume ``ckpt`` unless it is a run of this model, vocabulary and text.
+
+        The text is compared by its fingerprint (size and SHA-256), not by its file name, so a
+        moved file still resumes. Another text is refused unless ``allow_other_data``.
+
+        Raises:
+            CheckpointError: naming every differing field with both values, or both texts.
+        """
+        saved_meta = self.from_checkpoint(ckpt)
+        saved, mine = saved_meta.to_json(), self.to_json()
+        check_same_field(ckpt, "model_config", saved["model_config"], mine["model_config"])
+        for name in ("vocab", "tokenizer"):
+            if name in saved or name in mine:
+                check_same_field(ckpt, name, saved.get(name, "absent"), mine.get(name, "absent"))
+        theirs, ours = saved_meta.corpus, self.corpus
+        if theirs is None or ours is None:
+            return
+        same = theirs.same_text(ours)
+        both = (
+            f"the checkpoint was trained on {theirs.describe()}, this run reads {ours.describe()}"
+        )
+        if same is False and not self.allow_other_data:
+            raise CheckpointError(
+                f"{ckpt.path}: other data: {both}; resume on the same text, or pass "
+                f"--allow-other-data (allow_other_data=True) to continue on this one"
+            )
+        if same is False:
+            warnings.warn(f"resuming on other data, as allowed: {both}", UserWarning, stacklevel=3)
+        elif same is None:
+            warnings.warn(
+                f"{ckpt.path} recorded no hash of its text, so resuming cannot verify that "
+                f"{ours.describe()} is the text it was trained on (their sizes agree)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _tokenizer(meta: Mapping[str, Any], field: str, where: object) -> CharTokenizer | BPETokenizer:
+    value = meta[field]
+    try:
+        if field == "vocab":
+            return CharTokenizer.from_json(value)
+        if not isinstance(value, dict) or value.get("kind") != "bpe" or "json" not in value:
+            raise UserValueError('expected {"kind": "bpe", "json": "..."}')
+        return BPETokenizer.from_json(value["json"])
+    except (TypeError, ValueError, ImportError) as e:
+        raise CheckpointError(f"{where}: invalid field {field!r} ({e})") from None
+
+
+def _corpus(value: object, where: object) -> CorpusInfo | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: field 'data' must be an object, got {value!r:.80}")
+    source, characters, sha = value.get("source"), value.get("characters"), value.get("sha256")
+    if not isinstance(source, str):
+        raise CheckpointError(f"{where}: field 'data.source' must be a string, got {source!r:.80}")
+    if isinstance(characters, bool) or not isinstance(characters, int) or characters < 0:
+        raise CheckpointError(
+            f"{where}: field 'data.characters' must be an int >= 0, got {characters!r:.80}"
+        )
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
+        raise CheckpointError(f"{where}: field 'data.sha256' must be a SHA-256 hex digest")
+    return CorpusInfo(source, characters, sha)

@@ -1,0 +1,192 @@
+"""A module's and an optimizer's state in a ``Checkpoint``: written out, and checked on the way in.
+
+``gptblock.runs.checkpoint`` knows files; this knows what a ``state_dict`` is. Loading checks what
+``load_state_dict`` would take silently or fail on cryptically:
+
+* names and shapes: a checkpoint of another model names every tensor that does not fit;
+* tied weights: names that are one tensor in the module (a GPT's ``lm_head.weight`` and
+  ``transformer.wte.weight``) must hold one value in the checkpoint, or the last one loaded
+  would silently win;
+* finiteness: a NaN or infinite parameter or optimizer moment is refused, naming the tensor;
+* the optimizer's hyperparameters keep their types (a number stays a number, a flag a flag).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .checkpoint import Checkpoint, CheckpointError
+
+__all__ = ["load_model_state", "load_optimizer_state", "optimizer_parts"]
+
+
+def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model.") -> None:
+    """Copy the checkpoint's ``prefix``-named tensors into ``module``, after checking them.
+
+    Raises:
+        CheckpointError: naming the tensors file and every missing, unexpected or differently
+            shaped tensor (a checkpoint of a different model), two tied names holding different
+            values, or a parameter that is not finite.
+    """
+    saved = {k[len(prefix) :]: v for k, v in ckpt.tensors.items() if k.startswith(prefix)}
+    expected = module.state_dict()
+    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in saved]
+    problems += [f"unexpected {k}" for k in saved if k not in expected]
+    problems += [
+        f"{k} has shape {tuple(saved[k].shape)}, the model expects {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in saved and saved[k].shape != v.shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:6]) + (
+            f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        )
+        raise CheckpointError(f"{ckpt.tensors_path}: does not fit this model: {shown}")
+    for names in _tied_names(expected):
+        first = names[0]
+        for other in names[1:]:
+            a, b = saved[first], saved[other]
+            if not _same_values(a, b):
+                raise CheckpointError(
+                    f"{ckpt.tensors_path}: {prefix}{first} and {prefix}{other} are one tensor "
+                    f"in the model (tied) but hold different values here"
+                )
+    for name, _ in module.named_parameters(remove_duplicate=False):
+        _check_finite(ckpt, f"{prefix}{name}", saved[name])
+    module.load_state_dict(saved, strict=True)
+
+
+def _tied_names(state: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Groups of two or more state_dict names that are views of the same memory."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, t in state.items():
+        if t.numel() > 0:
+            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)
+            groups.setdefault(key, []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # NaN equals NaN here: a NaN in both copies is a non-finite weight, reported as such.
+    if a.dtype != b.dtype or not a.is_floating_point():
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+
+
+def _check_finite(ckpt: Checkpoint, name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(
+            f"{ckpt.tensors_path}: {name} holds {bad} NaN or infinite value(s); a run never "
+            f"saves such a state, so the file was damaged or written by something else"
+        )
+
+
+def optimizer_parts(
+    optimizer: torch.optim.Optimizer, prefix: str = "optim."
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON.
+
+    Tensors are named ``{prefix}{param index}.{key}`` (for AdamW: ``exp_avg``,
+    ``exp_avg_sq`` and ``step``); the param groups (hyperparameters and which parameters each
+    group holds) and any non-tensor state go to the JSON.
+    """
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, state in sd["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{prefix}{idx}.{key}"] = value
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    groups = []
+    for group in sd["param_groups"]:
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"optimizer hyperparameter {key!r} is a tensor; checkpoints store "
+                    f"hyperparameters as JSON numbers"
+                )
+        groups.append(dict(group))
+    return tensors, {"param_groups": groups, "state_scalars": scalars}
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, ckpt: Checkpoint, prefix: str = "optim."
+) -> None:
+    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``).
+
+    Raises:
+        CheckpointError: naming the file, when the saved parameter groups do not match the
+            optimizer's (another model, or another optimizer), a hyperparameter has another
+            type than the optimizer's own, or a moment is not finite.
+    """
+    ckpt.require("optimizer")
+    saved = ckpt.meta["optimizer"]
+    try:
+        groups = [
+            {k: tuple(v) if k == "betas" and isinstance(v, list) else v for k, v in g.items()}
+            for g in saved["param_groups"]
+        ]
+        state: dict[int, dict[str, Any]] = {}
+        for name, t in ckpt.tensors.items():
+            if name.startswith(prefix):
+                index, key = name[len(prefix) :].split(".", 1)
+                state.setdefault(int(index), {})[key] = t
+        for index, values in saved["state_scalars"].items():
+            state.setdefault(int(index), {}).update(values)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{ckpt.path}: malformed optimizer state ({e!r})") from None
+    shape = [len(g["params"]) for g in optimizer.param_groups]
+    if [len(g.get("params", ())) for g in groups] != shape:
+        raise CheckpointError(
+            f"{ckpt.path}: optimizer parameter groups of sizes "
+            f"{[len(g.get('params', ())) for g in groups]} do not match this model's {shape}"
+        )
+    for i, (mine, theirs) in enumerate(zip(optimizer.param_groups, groups, strict=True)):
+        for key, value in mine.items():
+            if key != "params" and key in theirs and not _same_kind(value, theirs[key]):
+                raise CheckpointError(
+                    f"{ckpt.path}: optimizer group {i} has {key}={theirs[key]!r:.40}, which is "
+                    f"not of the kind of this optimizer's {value!r:.40}"
+                )
+    # state_dict() numbers the parameters in group order; moments have their parameter's shape.
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for idx, values in sorted(state.items()):
+        for key, t in sorted(values.items()):
+            if not 0 <= idx < len(params):
+                raise CheckpointError(
+                    f"{ckpt.tensors_path}: optimizer state for parameter {idx}, which this model lacks"
+                )
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape != params[idx].shape:
+                raise CheckpointError(
+                    f"{ckpt.tensors_path}: {prefix}{idx}.{key} has shape {tuple(t.shape)}, "
+                    f"its parameter has {tuple(params[idx].shape)}"
+                )
+            if isinstance(t, torch.Tensor):
+                _check_finite(ckpt, f"{prefix}{idx}.{key}", t)
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{ckpt.tensors_path}: optimizer state does not fit ({e})") from None
+
+
+def _same_kind(mine: object, saved: object) -> bool:
+    """Whether a saved hyperparameter is what the optimizer's own value is: a finite number
+    for a number, a flag for a flag (or None for None), as many finite numbers for a tuple."""
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if mine is None or isinstance(mine, bool):
+        return saved is None or isinstance(saved, bool)
+    if number(mine):
+        return number(saved)
+    if isinstance(mine, tuple):
+        return isinstance(saved, tuple) and len(saved) == len(mine) and all(map(number, saved))
+    return type(saved) is type(mine)

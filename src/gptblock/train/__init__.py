@@ -1,0 +1,1 @@
+"""Training: the loop, its config and schedule, optimizers, evaluation, presets, ``train_gpt``."""

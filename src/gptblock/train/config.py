@@ -1,0 +1,227 @@
+"""``TrainConfig`` and what follows from it alone: the learning-rate schedule and AdamW's groups.
+
+Pure functions of the configuration, apart from the loop in ``train.py``, so each can be
+checked on its own (the schedule against its formula, the optimizer's groups against the
+parameters' shapes). Where to run (device, dtype, autocast) is ``gptblock.devices``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..blocks.config import check_positive_int, check_seed
+from ..devices import AUTOCAST_DTYPES
+from ..errors import UserTypeError, UserValueError
+from .muon import MuonAdamW
+
+__all__ = ["OPTIMIZERS", "SCHEDULES", "TrainConfig", "configure_optimizer", "lr_at"]
+
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: batches, optimizer, schedule, evaluation and where to run.
+
+    Defaults follow nanoGPT's ``shakespeare_char`` where it has one.
+
+    Example:
+        >>> TrainConfig(max_iters=100, warmup=10).min_lr
+        0.0001
+        >>> TrainConfig(dtype="float64")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'
+    """
+
+    block_size: int = 64  # T: tokens per training window
+    batch_size: int = 32  # windows per step, all processes together
+    max_iters: int = 1000  # optimizer steps in the whole run
+    lr: float = 1e-3  # peak learning rate, reached at the end of the warmup
+    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio at max_iters
+    warmup: int = 100  # steps of linear warmup from ~0 to lr
+    weight_decay: float = 0.1  # AdamW decay, on matrices only (see configure_optimizer)
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches (nanoGPT)
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
+    eval_interval: int = 100  # estimate the losses and save a checkpoint every this many steps
+    eval_iters: int = 20  # batches per loss estimate
+    log_interval: int = 10  # steps between reads of the loss on the host (progress, NaN check)
+    seed: int = 1337  # seeds the batches, the dropout and the evaluation batches
+    device: str = "cpu"  # "cpu", "cuda", "cuda:1", "mps", ...
+    dtype: str = "float32"  # autocast dtype: "float32" (none), "bfloat16" or "float16"
+    compile: bool = False  # torch.compile the model for the training steps
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the hidden matrices, AdamW the rest
+    muon_lr: float = 0.02  # Muon's peak learning rate, on the same schedule as lr
+    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
+    schedule: str = "cosine"  # after the warmup: "cosine" down to min_lr, or "wsd" (see lr_at)
+    decay_fraction: float = 0.2  # "wsd": the last fraction of the run, decaying linearly
+
+    def __post_init__(self) -> None:
+        for name in (
+            "block_size",
+            "batch_size",
+            "max_iters",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+        ):
+            check_positive_int(name, getattr(self, name))
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise UserValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        check_seed(self.seed)
+        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserTypeError(f"{name} must be a float, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise UserValueError(f"{name} must be a finite float >= 0, got {value}")
+        if not self.lr > 0:
+            raise UserValueError(f"lr must be > 0, got {self.lr}")
+        if not self.min_lr_ratio <= 1:  # the cosine decays from lr, never up
+            raise UserValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):  # a moment that never decays is no average (AdamW)
+            if not getattr(self, name) < 1:
+                raise UserValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.dtype not in AUTOCAST_DTYPES:
+            raise UserValueError(f"dtype must be one of {AUTOCAST_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not self.device:
+            raise UserTypeError(
+                f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}"
+            )
+        if not isinstance(self.compile, bool):
+            raise UserTypeError(f"compile must be a bool, got {self.compile!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise UserValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name in ("muon_lr", "muon_momentum", "decay_fraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserTypeError(f"{name} must be a float, got {value!r}")
+        if not self.muon_lr > 0 or not math.isfinite(self.muon_lr):
+            raise UserValueError(f"muon_lr must be a finite float > 0, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise UserValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 0 < self.decay_fraction <= 1:
+            raise UserValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
+
+    @property
+    def min_lr(self) -> float:
+        """The learning rate the cosine ends at."""
+        return self.lr * self.min_lr_ratio
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate for the update that follows ``step`` completed updates.
+
+    Linear warmup over ``warmup`` steps, then, with ``schedule="cosine"``, a half cosine from
+    ``lr`` down to ``min_lr`` at ``max_iters`` (nanoGPT's schedule, with its decay length equal
+    to the run); with ``"wsd"`` (warmup, stable, decay), ``lr`` until the last
+    ``decay_fraction`` of the run, then a straight line down to ``min_lr`` at ``max_iters``.
+    (Every optimizer group follows it in proportion: Muon's peak is ``muon_lr``.)
+
+    Example:
+        >>> cfg = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup=10, max_iters=110)
+        >>> [round(lr_at(s, cfg), 3) for s in (0, 9, 10, 60, 110)]
+        [0.1, 1.0, 1.0, 0.55, 0.1]
+        >>> wsd = TrainConfig(lr=1.0, min_lr_ratio=0.0, warmup=10, max_iters=110,
+        ...                   schedule="wsd", decay_fraction=0.5)
+        >>> [round(lr_at(s, wsd), 3) for s in (9, 55, 60, 85, 110)]
+        [1.0, 1.0, 1.0, 0.5, 0.0]
+    """
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    if step >= cfg.max_iters:
+        return cfg.min_lr
+    if cfg.schedule == "wsd":
+        decay_start = cfg.max_iters - cfg.decay_fraction * (cfg.max_iters - cfg.warmup)
+        if step < decay_start:
+            return cfg.lr
+        remaining = (cfg.max_iters - step) / (cfg.max_iters - decay_start)  # 1 -> 0
+        return cfg.min_lr + remaining * (cfg.lr - cfg.min_lr)
+    progress = (step - cfg.warmup) / max(1, cfg.max_iters - cfg.warmup)  # 0 -> 1
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.optimizer`` names, over ``model``'s parameters in groups.
+
+    ``"adamw"``: AdamW with weight decay on parameters of 2 or more dimensions only. Matrices and
+    embeddings decay; biases and LayerNorm gains do not (nanoGPT's and minGPT's rule: decaying a
+    gain towards 0 shrinks the signal rather than regularising).
+
+    ``"muon"``: ``MuonAdamW``. Muon, at ``muon_lr``, takes the hidden matrices: every 2-D weight
+    except an embedding's and the output head's (a ``lm_head`` or ``head`` module), a packed
+    ``in_proj_weight`` split into its q, k and v. AdamW takes the rest, grouped as above.
+
+    Tied parameters appear once, as ``named_parameters`` lists them. Each group's ``lr_scale``
+    is its peak learning rate over ``cfg.lr``: the trainer sets ``lr = lr_at(step) * lr_scale``.
+
+    Example:
+        >>> opt = configure_optimizer(nn.Linear(3, 2), TrainConfig())
+        >>> [(len(g["params"]), g["weight_decay"]) for g in opt.param_groups]
+        [(1, 0.1), (1, 0.0)]
+        >>> m = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4), nn.LayerNorm(4))
+        >>> opt = configure_optimizer(m, TrainConfig(optimizer="muon"))
+        >>> [(g["algorithm"], len(g["params"]), g["lr_scale"]) for g in opt.param_groups]
+        [('muon', 1, 20.0), ('adamw', 1, 1.0), ('adamw', 3, 1.0)]
+    """
+    hidden: list[tuple[str, nn.Parameter]] = []
+    if cfg.optimizer == "muon":
+        embeddings = {
+            id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+        }
+        hidden = [
+            (n, p)
+            for n, p in model.named_parameters()
+            if p.requires_grad
+            and p.dim() == 2
+            and id(p) not in embeddings
+            and n.split(".")[0] not in ("lm_head", "head")
+        ]
+    taken = {id(p) for _, p in hidden}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    for g in groups:
+        g |= {"algorithm": "adamw", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2)}
+    scale = cfg.muon_lr / cfg.lr
+    muon = [
+        {
+            "params": [p],
+            "algorithm": "muon",
+            "lr": cfg.muon_lr,
+            "lr_scale": scale,
+            "momentum": cfg.muon_momentum,
+            "split": 3 if name.endswith("in_proj_weight") else 1,
+            # Training in bfloat16 already trusts bfloat16's matmuls: so does the iteration.
+            "ns_dtype": "bfloat16" if cfg.dtype == "bfloat16" else "float32",
+        }
+        for name, p in hidden
+    ]
+    merged = _merge_muon_groups(muon)
+    return MuonAdamW([g for g in [*merged, *groups] if g["params"]])
+
+
+def _merge_muon_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # One group per split, so the optimizer's groups stay few and its checkpoint layout small.
+    by_split: dict[int, dict[str, Any]] = {}
+    for g in groups:
+        if g["split"] in by_split:
+            by_split[g["split"]]["params"].extend(g["params"])
+        else:
+            by_split[g["split"]] = {**g, "params": list(g["params"])}
+    return [by_split[s] for s in sorted(by_split)]

@@ -1,0 +1,148 @@
+"""How a language model is scored: loss estimates on random batches, and the whole-split loss.
+
+Both take any module whose ``forward(idx, targets)`` returns ``(logits, loss)`` with ``loss`` the
+mean cross-entropy over the targets, run it in eval mode (no dropout) under ``no_grad``, and
+restore its mode afterwards. Losses are summed on the device and read on the host once per
+split. Under DDP each process scores its share and the sums are combined, so every process
+returns the same number.
+
+Shapes: B batch, T time (``block_size``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..data.batches import TokenSplits, full_windows, get_batch
+from ..distributed import all_reduce_sum, comm_device, dist_info
+from ..errors import UserTypeError
+
+__all__ = ["estimate_loss", "eval_mode", "loss_of", "validation_loss"]
+
+
+def loss_of(output: object) -> torch.Tensor:
+    """The loss in a model's ``(logits, loss)``, after checking that this is what it returned.
+
+    A model returning its logits alone would otherwise be unpacked along the batch dimension
+    (``_, loss = logits`` "works" for a batch of two) and fail far from the mistake.
+
+    Example:
+        >>> loss_of((torch.zeros(2, 3, 5), torch.tensor(1.5)))
+        tensor(1.5000)
+        >>> loss_of(torch.zeros(2, 3, 5))
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserTypeError: the model's forward(idx, targets) must return (logits, loss), got a tensor of shape (2, 3, 5)
+    """
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        got = (
+            f"a tensor of shape {tuple(output.shape)}"
+            if isinstance(output, torch.Tensor)
+            else f"{type(output).__name__} {output!r:.60}"
+        )
+        raise UserTypeError(
+            f"the model's forward(idx, targets) must return (logits, loss), got {got}"
+        )
+    loss = output[1]
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        got = (
+            f"a {loss.dtype} tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
+            else f"{type(loss).__name__} {loss!r:.60}"
+        )
+        raise UserTypeError(
+            f"the loss a model returns in (logits, loss) must be a scalar float tensor (the mean "
+            f"cross-entropy), got {got}"
+        )
+    return loss
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block; its previous mode restored after, even on error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def estimate_loss(
+    model: nn.Module,
+    data: TokenSplits,
+    *,
+    block_size: int,
+    batch_size: int,
+    iters: int,
+    seed: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> dict[str, float]:
+    """Mean loss over ``iters`` random batches of each split: ``{"train": ..., "val": ...}``.
+
+    The batches come from generators seeded with ``seed + 1`` (train) and ``seed + 2`` (val)
+    afresh on every call, so every estimate of a run sees the same batches and estimates differ
+    only because the model did. ``batch_size`` is the global batch, as in training.
+    """
+    d = dist_info()
+    out = {}
+    with eval_mode(model):
+        for offset, (split, tokens) in enumerate((("train", data.train), ("val", data.val))):
+            g = torch.Generator().manual_seed(seed + 1 + offset)
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            for _ in range(iters):
+                x, y = get_batch(
+                    tokens, block_size, batch_size, g, rank=d.rank, world_size=d.world_size
+                )  # (B, T) each
+                with autocast or contextlib.nullcontext():
+                    loss = loss_of(model(x.to(device), y.to(device)))
+                total += loss.detach()
+            summed = all_reduce_sum(total.reshape(1).to(comm_device(device)))
+            out[split] = summed.item() / (iters * d.world_size)
+    return out
+
+
+@torch.no_grad()
+def validation_loss(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    *,
+    block_size: int,
+    batch_size: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> float:
+    """Mean loss per token over ALL of ``tokens``, in non-overlapping windows of ``block_size``.
+
+    Every token after the first is predicted once (``gptblock.data.batches.full_windows``). Each
+    process takes every world_size-th batch; the sums of loss x targets are combined.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> _ = torch.manual_seed(0)
+        >>> model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8))
+        >>> tokens = torch.arange(100) % 5
+        >>> loss = validation_loss(model, tokens, block_size=8, batch_size=4, device=torch.device("cpu"))
+        >>> abs(loss - torch.log(torch.tensor(5.0)).item()) < 0.1   # untrained: about ln V
+        True
+    """
+    d = dist_info()
+    batches = full_windows(tokens, block_size, batch_size)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # of loss x targets
+    count = 0  # targets scored by this process
+    with eval_mode(model):
+        for x, y in batches[d.rank :: d.world_size]:  # (B', T') each
+            with autocast or contextlib.nullcontext():
+                loss = loss_of(model(x.to(device), y.to(device)))
+            loss_sum += loss.detach().double() * y.numel()  # the product in float64, as before
+            count += y.numel()
+    total = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
+    summed = all_reduce_sum(total.to(comm_device(device))).cpu()
+    return summed[0].item() / summed[1].item()

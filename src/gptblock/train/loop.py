@@ -1,0 +1,421 @@
+"""The training loop: for any module whose ``forward(idx, targets)`` returns ``(logits, loss)``.
+
+The trainer knows nothing about GPT (minGPT's rule): it draws batches, steps AdamW, estimates
+losses, saves checkpoints and calls back. What to build from a checkpoint, and what to print at
+the end, is the caller's business; the caller passes ``meta``, saved with every checkpoint and
+asked on resume whether a checkpoint belongs to this run (for gptblock's GPT runs this is a
+``gptblock.runs.meta.RunMeta``; ``gptblock.train.run.train_gpt`` puts the pieces together).
+
+The host waits on the device only when it must. Each step's loss stays a tensor on the device;
+every ``log_interval`` steps (and before an evaluation or a checkpoint) the losses since the last
+read come to the host at once, for the progress bar, the history and the check that they are
+finite. A NaN therefore stops the run up to ``log_interval - 1`` steps after it appeared, still
+before any checkpoint of that state is written, and the error names the step it appeared at.
+
+Exact resume: everything random is state a checkpoint saves (``gptblock.train.state``), so on
+the CPU a run stopped at step k and resumed ends with bit-identical weights.
+
+Shapes: B batch (per process), T time (``block_size``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..data.batches import TokenSplits, get_batch
+from ..devices import autocast_context, resolve_device
+from ..distributed import all_reduce_sum, comm_device, dist_info
+from ..errors import UserTypeError, UserValueError
+from ..runs.checkpoint import (
+    BEST,
+    LAST,
+    Checkpoint,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ..runs.rundir import LOSS_PLOT, locked_run_dir, run_dir_of_processes
+from . import state as train_state
+from .config import TrainConfig, configure_optimizer, lr_at
+from .evaluate import estimate_loss, loss_of, validation_loss
+from .log import ProgressBar, save_loss_plot
+from .signals import stop_on_signals
+from .state import PlainMeta, RunMetadata
+
+__all__ = ["NonFiniteLossError", "TrainResult", "Trainer"]
+
+EVENTS = ("on_step_end", "on_eval_end")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; the run stopped without saving that state."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a call to ``Trainer.fit`` did."""
+
+    step: int  # optimizer steps completed
+    interrupted: bool  # stopped early (Ctrl-C or request_stop) after saving "last"
+    val_loss: float | None  # mean loss over the whole validation split; None if interrupted
+    best_val_loss: float | None  # lowest estimated validation loss of the run
+    checkpoint: Path | None  # the "last" checkpoint's JSON file, if an out_dir was given
+
+
+class Trainer:
+    """Train ``model`` on ``data`` with AdamW, checkpoints and (under torchrun) DDP.
+
+    Args:
+        model: any module with ``forward(idx, targets) -> (logits, loss)``, ``loss`` the mean
+            cross-entropy over the batch. Moved to ``config.device``.
+        data: the training and validation token ids.
+        config: the ``TrainConfig``.
+        out_dir: where checkpoints ("last", "best") and ``loss.png`` go; None writes nothing.
+            A fresh run never overwrites a run already there.
+        meta: saved in every checkpoint: a ``RunMetadata`` (such as ``RunMeta``), which also
+            decides whether a checkpoint may be resumed, or a mapping of JSON-ready fields,
+            each of which must then equal the checkpoint's to resume.
+        progress: show a tqdm progress bar (rank 0 only).
+
+    Shape:
+        ``model`` receives ``idx`` and ``targets`` of shape (B, T) int64.
+
+    Example:
+        >>> class Bigram(nn.Module):
+        ...     def __init__(self, V):
+        ...         super().__init__()
+        ...         self.table = nn.Embedding(V, V)
+        ...     def forward(self, idx, targets=None):
+        ...         logits = self.table(idx)  # (B, T, V)
+        ...         loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        ...         return logits, loss
+        >>> data = TokenSplits(torch.arange(200) % 5, torch.arange(50) % 5)
+        >>> cfg = TrainConfig(block_size=8, batch_size=4, max_iters=30, lr=0.3, warmup=0)
+        >>> result = Trainer(Bigram(5), data, cfg, progress=False).fit()
+        >>> result.step, result.val_loss < 0.1
+        (30, True)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: TokenSplits,
+        config: TrainConfig,
+        *,
+        out_dir: str | os.PathLike[str] | None = None,
+        meta: RunMetadata | Mapping[str, Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        _check_arguments(model, data, config, out_dir, meta)
+        for name, part in (("training", data.train), ("validation", data.val)):
+            if len(part) <= config.block_size:
+                raise UserValueError(
+                    f"the {name} data has {len(part)} tokens; a window of block_size="
+                    f"{config.block_size} needs {config.block_size + 1}"
+                )
+        self.config = config
+        self.dist = dist_info()
+        self.device = torch.device(resolve_device(config.device))
+        self.model = model.to(self.device)
+        self.data = data
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.meta: RunMetadata = PlainMeta(meta or {}) if isinstance(meta, Mapping | None) else meta
+        self.progress = progress
+        self.optimizer = configure_optimizer(self.model, config)
+        self.autocast = autocast_context(self.device, config.dtype)
+        # float16 needs loss scaling against gradient underflow; bfloat16 has float32's range.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.dtype == "float16")
+        self.generator = torch.Generator().manual_seed(config.seed)  # draws the training batches
+        self.step = 0
+        self.best_val_loss: float | None = None
+        self.losses: list[float] = []  # training loss of each step read so far, from step 1
+        self._unread: list[torch.Tensor] = []  # the losses of the steps since, on the device
+        self.evals: list[dict[str, float]] = []  # {"step", "train", "val"} of each estimate
+        self._callbacks: dict[str, list[Callable[[Trainer], None]]] = {e: [] for e in EVENTS}
+        self._stop_requested = False
+        self._saved_step = -1  # the step "last" was last saved at
+        self._holding = False  # whether fit holds out_dir's lock now
+        self._ran_in_out_dir = False  # whether fit has started or resumed a run in out_dir
+        net: nn.Module = torch.compile(self.model) if config.compile else self.model  # type: ignore[assignment]
+        if self.dist.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            net = DistributedDataParallel(net, device_ids=ids)
+        self.net = net  # what the training steps call; evaluation uses self.model directly
+
+    def add_callback(self, event: str, fn: Callable[[Trainer], None]) -> None:
+        """Call ``fn(trainer)`` on ``event``: "on_step_end" (after each update) or "on_eval_end"."""
+        if event not in EVENTS:
+            raise UserValueError(f"event must be one of {EVENTS}, got {event!r}")
+        if not callable(fn):
+            raise UserTypeError(f"a callback must be callable, got {fn!r:.60}")
+        self._callbacks[event].append(fn)
+
+    def request_stop(self) -> None:
+        """Stop after the current step, saving "last" (what Ctrl-C does)."""
+        self._stop_requested = True
+
+    def fit(self, resume: bool = False) -> TrainResult:
+        """Train to ``config.max_iters`` steps, or resume from ``out_dir``'s "last" checkpoint.
+
+        A fresh run seeds the global RNG, which dropout draws from, with ``config.seed`` (plus
+        1000 * rank under DDP) and saves a checkpoint at step 0; a resumed run restores the
+        RNG states, the data generator, the weights and the optimizer from "last".
+
+        Raises:
+            NonFiniteLossError: a training or validation loss was NaN or infinite; the message
+                names the step, and no checkpoint is written for that state.
+            CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
+                a different model (the message names the differing fields).
+            FileExistsError: not ``resume``, and ``out_dir`` already holds a run, or files
+                that are not a run's (``gptblock.runs.rundir``).
+            RunInUseError: another process is training in ``out_dir`` now.
+        """
+        if not isinstance(resume, bool):
+            raise UserTypeError(f"resume must be a bool, got {resume!r:.40}")
+        if resume and self.out_dir is None:
+            raise UserValueError("resume needs an out_dir to resume from")
+        self._stop_requested = False
+        with stop_on_signals(self.request_stop), self._claim_out_dir(resume):
+            if resume:
+                self.restore(load_checkpoint(cast(Path, self.out_dir), LAST))
+            else:
+                # Each process gets its own dropout stream; rank 0's is the single-process one.
+                torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
+                self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
+            self._loop()
+            stopped = self.step < self.config.max_iters
+            if stopped and self._saved_step != self.step:
+                self.save(LAST)
+        return self._result(interrupted=stopped)
+
+    @contextlib.contextmanager
+    def _claim_out_dir(self, resume: bool) -> Iterator[None]:
+        """Hold ``out_dir`` for the run (``gptblock.runs.rundir``), agreed by every process."""
+        if self.out_dir is None:
+            yield
+            return
+        main, comm = self.dist.is_main, comm_device(self.device)
+        with run_dir_of_processes(self.out_dir, resume=resume, is_main=main, comm=comm):
+            self._holding = self._ran_in_out_dir = True
+            try:
+                yield
+            finally:
+                self._holding = False
+
+    def _loop(self) -> None:
+        cfg = self.config
+        bar = ProgressBar(self.step, cfg.max_iters, enabled=self.progress and self.dist.is_main)
+        try:
+            while self.step < cfg.max_iters and not self._agree_to_stop():
+                self._train_step()
+                bar.advance()
+                evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
+                if evaluate or self.step % cfg.log_interval == 0:
+                    self.read_losses()
+                    bar.show(self.losses[-1], lr_at(self.step - 1, cfg), self._tokens_per_step())
+                for fn in self._callbacks["on_step_end"]:
+                    fn(self)
+                if evaluate:
+                    self._evaluate_and_save()
+        finally:
+            bar.close()
+
+    def _agree_to_stop(self) -> bool:
+        if self.dist.world_size == 1:
+            return self._stop_requested
+        # Every process must stop at the same step, even if only one of them got the signal.
+        # Agreeing is a collective and a host read, so it happens where the losses are read.
+        if self.step % self.config.log_interval != 0:
+            return False
+        flag = torch.tensor([float(self._stop_requested)], device=comm_device(self.device))
+        return bool(all_reduce_sum(flag).item() > 0)
+
+    def read_losses(self) -> list[float]:
+        """Bring the losses of the steps since the last read to the host; return them all.
+
+        One device synchronisation (and, under DDP, one collective: every process calls it at
+        the same step, as the loop does) for all of them. Each step's value is the mean over
+        processes, the loss of the global batch.
+
+        Raises:
+            NonFiniteLossError: one of them is NaN or infinite; names the first such step.
+        """
+        if not self._unread:
+            return self.losses
+        first = len(self.losses) + 1  # the step the first unread loss belongs to
+        local = torch.stack(self._unread).to(comm_device(self.device), torch.float64)  # (n,)
+        self._unread = []
+        values = (all_reduce_sum(local) / self.dist.world_size).tolist()
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"training loss is {value} at step {first + i}; stopped without saving "
+                    f"this state{self._last_good()}"
+                )
+        self.losses.extend(values)
+        return self.losses
+
+    def _train_step(self) -> None:
+        cfg = self.config
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # each group's peak, on one schedule
+        x, y = self._batch(self.data.train, self.generator)  # (B, T) each
+        with self.autocast:
+            loss = loss_of(self.net(x, y))
+        if not loss.requires_grad:
+            raise UserValueError(
+                "the loss the model returns does not require grad: was it computed under "
+                "torch.no_grad(), or detached from the model's parameters?"
+            )
+        self._unread.append(loss.detach())  # read with the others by read_losses
+        self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        if cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+    def _batch(
+        self, tokens: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # This process's share of one global batch, on the device.
+        cfg, d = self.config, self.dist
+        x, y = get_batch(
+            tokens, cfg.block_size, cfg.batch_size, generator, rank=d.rank, world_size=d.world_size
+        )
+        return x.to(self.device), y.to(self.device)
+
+    def _tokens_per_step(self) -> int:
+        return self.config.batch_size * self.config.block_size
+
+    def _last_good(self) -> str:
+        if self.out_dir is None or not checkpoint_path(self.out_dir, LAST).exists():
+            return ""
+        return f" (the last good checkpoint is {checkpoint_path(self.out_dir, LAST)})"
+
+    def estimate_loss(self) -> dict[str, float]:
+        """Mean loss over ``eval_iters`` batches of each split, with dropout off (the same
+        batches at every estimate: ``gptblock.train.evaluate.estimate_loss``)."""
+        cfg = self.config
+        return estimate_loss(
+            self.model,
+            self.data,
+            block_size=cfg.block_size,
+            batch_size=cfg.batch_size,
+            iters=cfg.eval_iters,
+            seed=cfg.seed,
+            device=self.device,
+            autocast=self.autocast,
+        )
+
+    def validation_loss(self) -> float:
+        """Mean loss per token over the WHOLE validation split (``gptblock.train.evaluate``)."""
+        cfg = self.config
+        return validation_loss(
+            self.model,
+            self.data.val,
+            block_size=cfg.block_size,
+            batch_size=cfg.batch_size,
+            device=self.device,
+            autocast=self.autocast,
+        )
+
+    def _evaluate_and_save(self) -> None:
+        losses = self.estimate_loss()
+        for split, value in losses.items():
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"{split} loss estimate is {value} at step {self.step}; stopped without "
+                    f"saving this state{self._last_good()}"
+                )
+        self.evals.append({"step": self.step, **losses})
+        improved = self.best_val_loss is None or losses["val"] < self.best_val_loss
+        if improved:
+            self.best_val_loss = losses["val"]
+        self.save(LAST)
+        if improved:
+            self.save(BEST)
+        if self.out_dir is not None and self.dist.is_main:
+            save_loss_plot(self.losses, self.evals, self.out_dir / LOSS_PLOT)
+        for fn in self._callbacks["on_eval_end"]:
+            fn(self)
+
+    def _result(self, interrupted: bool) -> TrainResult:
+        val = None if interrupted else self.validation_loss()
+        path = checkpoint_path(self.out_dir, LAST) if self.out_dir is not None else None
+        return TrainResult(self.step, interrupted, val, self.best_val_loss, path)
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything a checkpoint holds: tensors and JSON fields (``gptblock.train.state``).
+
+        Collective under DDP: every process must call it.
+        """
+        self.read_losses()
+        return train_state.capture(self)
+
+    def save(self, kind: str) -> None:
+        """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes).
+
+        Called outside ``fit``, it takes the directory's lock for the save, and writes only
+        where ``fit`` could: into the run this trainer trained, or where a fresh run may start.
+        """
+        tensors, meta = self.state()  # collective: every rank takes part
+        if self.out_dir is not None and self.dist.is_main:
+            held = contextlib.nullcontext() if self._holding else self._claim_for_save()
+            with held:
+                save_checkpoint(self.out_dir, kind, tensors, meta)
+        if kind == LAST:
+            self._saved_step = self.step
+
+    def _claim_for_save(self) -> contextlib.AbstractContextManager[Path]:
+        # A trainer that has run in out_dir continues its run; any other starts a fresh one.
+        return locked_run_dir(cast(Path, self.out_dir), resume=self._ran_in_out_dir)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Load a checkpoint written by ``save``, after ``meta`` says it belongs to this run."""
+        train_state.restore(self, ckpt)
+        self._unread = []
+
+
+def _check_arguments(
+    model: object, data: object, config: object, out_dir: object, meta: object
+) -> None:
+    """Refuse the Trainer's arguments where they cannot work, naming the argument."""
+    for name, value, kind, what in (
+        ("model", model, nn.Module, "a torch.nn.Module"),
+        ("data", data, TokenSplits, "a gptblock.data.batches.TokenSplits"),
+        ("config", config, TrainConfig, "a TrainConfig"),
+        ("out_dir", out_dir, (str, os.PathLike, type(None)), "a path or None"),
+    ):
+        if not isinstance(value, kind):
+            raise UserTypeError(f"{name} must be {what}, got {type(value).__name__}")
+    if not any(p.requires_grad for p in cast(nn.Module, model).parameters()):
+        raise UserValueError("the model has no trainable parameters: there is nothing to train")
+    if isinstance(meta, Mapping | None):
+        fields = dict(meta or {})
+    elif hasattr(meta, "check_resume") and hasattr(meta, "to_json"):
+        fields = meta.to_json()
+    else:
+        raise UserTypeError(
+            f"meta must be a mapping of JSON fields or a RunMetadata, got {type(meta).__name__}"
+        )
+    try:  # now, rather than at the first checkpoint
+        json.dumps(fields, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise UserTypeError(
+            f"meta must be JSON: strings, finite numbers, lists, dicts ({e})"
+        ) from None

@@ -1,0 +1,140 @@
+"""The presets of a GPT run: each a model shape and how to train it, by name.
+
+``gptblock train --preset NAME`` and ``prepare_run(preset=NAME)`` start from one, and any of
+``SETTINGS`` given explicitly replaces the preset's value (``preset_settings``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import UserValueError
+from .config import TrainConfig
+
+__all__ = [
+    "DEFAULT_PRESET",
+    "MODEL_FIELDS",
+    "PRESETS",
+    "SETTINGS",
+    "TRAIN_FIELDS",
+    "preset_settings",
+]
+
+# The settings a preset gives: the model's shape, and how to train it. A preset names each
+# model field and any TrainConfig field it changes; the others keep TrainConfig's defaults.
+MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
+TRAIN_FIELDS = (
+    "batch_size",
+    "max_iters",
+    "lr",
+    "min_lr_ratio",
+    "warmup",
+    "schedule",
+    "decay_fraction",
+    "optimizer",
+    "muon_lr",
+    "weight_decay",
+    "beta2",
+    "eval_interval",
+    "eval_iters",
+    "dtype",
+)
+SETTINGS = MODEL_FIELDS + TRAIN_FIELDS
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The default: benchmarks/speedrun.py's winner (see benchmarks/README.md). Muon, a large
+    # batch of short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a
+    # fraction of nanoGPT-cpu's time.
+    "shakespeare-cpu": dict(
+        n_layer=3,
+        n_head=4,
+        n_embd=128,
+        block_size=32,
+        dropout=0.0,
+        batch_size=128,
+        max_iters=150,
+        lr=5e-3,
+        min_lr_ratio=0.0,
+        warmup=10,
+        schedule="wsd",
+        decay_fraction=0.5,
+        optimizer="muon",
+        muon_lr=0.04,
+        dtype="auto",  # bfloat16 where the CPU has it: 2x faster steps, the same loss
+        eval_interval=50,
+        eval_iters=10,
+    ),
+    # nanoGPT's README CPU recipe ("gets us a loss of only 1.88"): speedrun.py's baseline.
+    "nanogpt-cpu": dict(
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        block_size=64,
+        dropout=0.0,
+        batch_size=12,
+        max_iters=2000,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        warmup=100,
+        eval_interval=250,
+        eval_iters=20,
+    ),
+    # The main job of gptblock 0.1 (on Python's help pages: 72 s, validation loss 1.36).
+    "tiny": dict(
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        block_size=64,
+        dropout=0.0,
+        batch_size=16,
+        lr=2e-3,
+        max_iters=1500,
+        warmup=100,
+        eval_interval=250,
+        eval_iters=20,
+    ),
+    # nanoGPT's shakespeare_char: a GPU job (about 10M parameters).
+    "shakespeare": dict(
+        n_layer=6,
+        n_head=6,
+        n_embd=384,
+        block_size=256,
+        dropout=0.2,
+        batch_size=64,
+        lr=1e-3,
+        max_iters=5000,
+        warmup=100,
+        eval_interval=250,
+        eval_iters=200,
+    ),
+}
+DEFAULT_PRESET = "shakespeare-cpu"
+
+
+def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every one of ``SETTINGS``: the preset's, TrainConfig's defaults for those it leaves,
+    and every override that is not None put over them.
+
+    Example:
+        >>> preset_settings("tiny", {"n_layer": 2, "lr": None})["n_layer"]
+        2
+        >>> preset_settings("tiny")["optimizer"], preset_settings("shakespeare-cpu")["optimizer"]
+        ('adamw', 'muon')
+        >>> preset_settings("huge")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: preset must be one of ('shakespeare-cpu', 'nanogpt-cpu', 'tiny', 'shakespeare'), got 'huge'
+    """
+    if preset not in PRESETS:
+        raise UserValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
+    defaults = TrainConfig()
+    settings = {name: getattr(defaults, name) for name in TRAIN_FIELDS} | PRESETS[preset]
+    for name, value in (overrides or {}).items():
+        if name not in SETTINGS:
+            raise UserValueError(
+                f"unknown setting {name!r}; the settings are {', '.join(SETTINGS)}"
+            )
+        if value is not None:
+            settings[name] = value
+    return settings

@@ -1,0 +1,193 @@
+"""What a checkpoint of a training run holds, so that a resumed run continues exactly.
+
+Every source of randomness is state the checkpoint saves: the model's and optimizer's tensors,
+the global RNG (dropout) of every process, and the data generator that draws the batches.
+Evaluation draws its batches from generators re-seeded at each evaluation and runs without
+dropout, so how often a run evaluates does not change what it trains on. On the CPU a run
+stopped at step k and resumed therefore ends with bit-identical weights.
+
+Tensors go to safetensors (``model.*``, ``optim.*``, ``rng.*``), everything else to the JSON:
+the run's metadata, the step, the losses so far, the optimizer's layout, the loss scaler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+
+import torch
+
+from ..distributed import all_gather_rows, comm_device
+from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
+from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
+from .config import TrainConfig
+
+if TYPE_CHECKING:
+    from .loop import Trainer
+
+__all__ = ["PlainMeta", "RunMetadata", "capture", "check_fields", "restore"]
+
+
+class RunMetadata(Protocol):
+    """What a trainer saves about its run, and how it recognises its own checkpoints."""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready fields saved in every checkpoint."""
+        ...
+
+    def check_resume(self, ckpt: Checkpoint) -> None:
+        """Raise ``CheckpointError`` if ``ckpt`` is not a checkpoint of this run."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlainMeta:
+    """Metadata given as a plain mapping: every field must be the checkpoint's to resume."""
+
+    fields: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    def check_resume(self, ckpt: Checkpoint) -> None:
+        for name, value in self.fields.items():
+            check_same_field(ckpt, name, ckpt.meta.get(name), value)
+
+
+def capture(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Everything a checkpoint of ``trainer`` holds: tensors (for safetensors) and JSON fields.
+
+    Collective under DDP: every process must call it (the RNG states are gathered).
+    """
+    tensors = {f"model.{k}": v for k, v in trainer.model.state_dict().items()}
+    opt_tensors, opt_json = optimizer_parts(trainer.optimizer)
+    tensors.update(opt_tensors)
+    tensors["rng.data"] = trainer.generator.get_state()
+    comm = comm_device(trainer.device)
+    for r, s in enumerate(all_gather_rows(torch.get_rng_state().to(comm))):
+        tensors[f"rng.cpu.{r}"] = s.cpu()
+    if trainer.device.type == "cuda":
+        cuda_state = torch.cuda.get_rng_state(trainer.device).to(comm)
+        for r, s in enumerate(all_gather_rows(cuda_state)):
+            tensors[f"rng.cuda.{r}"] = s.cpu()
+    meta = {
+        **trainer.meta.to_json(),
+        "step": trainer.step,
+        "best_val_loss": trainer.best_val_loss,
+        "train_config": dataclasses.asdict(trainer.config),
+        "world_size": trainer.dist.world_size,
+        # Where the randomness lives, for a reader of the JSON: the batches' generator
+        # (seeded with train_config.seed) and each process's global RNG (dropout).
+        "rng": {
+            "batches": "rng.data",
+            "dropout": sorted(k for k in tensors if k.startswith(("rng.cpu.", "rng.cuda."))),
+        },
+        "optimizer": opt_json,
+        "scaler": trainer.scaler.state_dict(),
+        "history": {"loss": trainer.losses, "evals": trainer.evals},
+    }
+    return tensors, meta
+
+
+def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
+    """Check the type and range of every field ``capture`` writes, naming the first bad one.
+
+    ``step`` lies in [0, max_iters] (by default the checkpoint's own ``train_config``'s), the
+    history holds one finite loss per step and finite estimates at steps up to ``step`` in
+    increasing order, and ``best_val_loss`` is the lowest of them (None before any).
+
+    Raises:
+        CheckpointError: naming the JSON file and the field.
+    """
+    ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
+    meta, where = ckpt.meta, ckpt.path
+
+    def bad(field: str, expected: str, value: object) -> CheckpointError:
+        return CheckpointError(f"{where}: field {field!r} must be {expected}, got {value!r:.60}")
+
+    saved_config = meta.get("train_config")
+    if saved_config is not None:
+        try:
+            saved_max_iters = TrainConfig(**saved_config).max_iters
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"{where}: invalid field 'train_config' ({error})") from None
+        max_iters = saved_max_iters if max_iters is None else max_iters
+    step = meta["step"]
+    if max_iters is not None and step > max_iters:
+        raise CheckpointError(
+            f"{where}: field 'step' is {step}, beyond max_iters={max_iters}: the run has already "
+            f"trained {step} steps; pass a larger --max-iters (max_iters) to train further"
+        )
+    world_size = meta["world_size"]
+    if not _is_int(world_size) or world_size < 1:
+        raise bad("world_size", "an int >= 1", world_size)
+    history = meta["history"]
+    if not isinstance(history, dict) or not {"loss", "evals"} <= set(history):
+        raise bad("history", 'an object with "loss" and "evals"', history)
+    losses, evals = history["loss"], history["evals"]
+    if not isinstance(losses, list) or len(losses) != step or not all(map(_finite, losses)):
+        raise bad("history.loss", f"a list of {step} finite losses, one per step", losses)
+    last = -1
+    for e in evals if isinstance(evals, list) else [None]:
+        if not (
+            isinstance(e, dict)
+            and set(e) == {"step", "train", "val"}
+            and _is_int(e["step"])
+            and last < e["step"] <= step
+            and _finite(e["train"])
+            and _finite(e["val"])
+        ):
+            raise bad("history.evals", f"estimates at increasing steps <= {step}", evals)
+        last = e["step"]
+    best = min((e["val"] for e in evals), default=None)
+    if meta["best_val_loss"] != best:
+        raise bad(
+            "best_val_loss", f"the lowest validation estimate ({best})", meta["best_val_loss"]
+        )
+    scaler = meta.get("scaler")
+    if scaler is not None and not isinstance(scaler, dict):
+        raise bad("scaler", "an object", scaler)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
+    """Put ``trainer`` in the state ``capture`` saved, after checking it is this run's."""
+    check_fields(ckpt, trainer.config.max_iters)
+    trainer.meta.check_resume(ckpt)
+    load_model_state(trainer.model, ckpt)
+    load_optimizer_state(trainer.optimizer, ckpt)
+    if ckpt.meta.get("scaler"):
+        trainer.scaler.load_state_dict(ckpt.meta["scaler"])
+    d = trainer.dist
+    try:
+        trainer.generator.set_state(ckpt.tensors["rng.data"])
+        if ckpt.meta["world_size"] == d.world_size:
+            torch.set_rng_state(ckpt.tensors[f"rng.cpu.{d.rank}"])
+            if trainer.device.type == "cuda" and f"rng.cuda.{d.rank}" in ckpt.tensors:
+                torch.cuda.set_rng_state(ckpt.tensors[f"rng.cuda.{d.rank}"], trainer.device)
+        else:
+            warnings.warn(
+                f"{ckpt.path} was saved by {ckpt.meta['world_size']} processes, this run has "
+                f"{d.world_size}: dropout is re-seeded, so the run is not an exact continuation",
+                stacklevel=3,
+            )
+            torch.manual_seed(trainer.config.seed + 1000 * d.rank + ckpt.meta["step"])
+    except (KeyError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{ckpt.tensors_path}: missing or malformed RNG state ({e})"
+        ) from None
+    trainer.step = int(ckpt.meta["step"])
+    trainer.best_val_loss = ckpt.meta["best_val_loss"]
+    trainer.losses = list(ckpt.meta["history"]["loss"])
+    trainer.evals = list(ckpt.meta["history"]["evals"])
