@@ -35,7 +35,7 @@ from gptblock.data.batches import split_tokens
 from gptblock.data.text import shakespeare
 from gptblock.devices import resolve_dtype
 from gptblock.train.config import TrainConfig
-from gptblock.train.run import MODEL_FIELDS, preset_settings
+from gptblock.train.presets import MODEL_FIELDS, preset_settings
 
 PHASES = ("data", "forward", "backward", "optimizer", "read")
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear")

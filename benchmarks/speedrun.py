@@ -41,7 +41,8 @@ import torch  # noqa: E402
 from gptblock import __version__  # noqa: E402
 from gptblock.blocks import fused  # noqa: E402
 from gptblock.train.evaluate import validation_loss  # noqa: E402
-from gptblock.train.run import prepare_run, preset_settings  # noqa: E402
+from gptblock.train.presets import preset_settings  # noqa: E402
+from gptblock.train.run import prepare_run  # noqa: E402
 
 
 def process_start() -> float:

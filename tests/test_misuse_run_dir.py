@@ -20,7 +20,8 @@ import torch
 
 from gptblock import TrainConfig, Trainer, load_gpt, train_gpt
 from gptblock.cli import main
-from gptblock.data.batches import TokenSplits, default_corpus
+from gptblock.data.batches import TokenSplits
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint, save_checkpoint
 from gptblock.runs.rundir import LOCK_FILE, RunInUseError, check_run_dir, locked_run_dir
 from gptblock.train import run as gpt_run

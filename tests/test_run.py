@@ -6,17 +6,12 @@ import pytest
 import torch
 
 from gptblock import RunMeta, load_gpt, train_gpt
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
+from gptblock.sampling import sample_text
 from gptblock.train.config import TrainConfig
-from gptblock.train.run import (
-    PRESETS,
-    SETTINGS,
-    TRAIN_FIELDS,
-    prepare_run,
-    preset_settings,
-    sample_text,
-)
+from gptblock.train.presets import PRESETS, SETTINGS, TRAIN_FIELDS, preset_settings
+from gptblock.train.run import prepare_run
 
 TEXT = default_corpus()[:3000]
 SMALL = dict(

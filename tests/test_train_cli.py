@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gptblock.cli import build_parser, main
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
 from gptblock.train import run as gpt_run
 from gptblock.train.run import load_gpt

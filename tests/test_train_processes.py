@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
 from gptblock.train.run import load_gpt
 

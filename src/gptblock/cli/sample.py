@@ -1,6 +1,6 @@
 """``gptblock sample``: print text from the best checkpoint of a ``gptblock train`` run.
 
-The text is printed as it is generated (``gptblock.train.run.stream_text``), each character flushed,
+The text is printed as it is generated (``gptblock.sampling.stream_text``), each character flushed,
 so a long sample shows from its first token on; Ctrl-C stops it (exit code 130).
 """
 
@@ -12,7 +12,8 @@ import sys
 from ..data.batches import Tokenizer
 from ..devices import resolve_device
 from ..runs.checkpoint import BEST
-from ..train.run import load_gpt, load_hf, stream_text
+from ..sampling import stream_text
+from ..train.run import load_gpt, load_hf
 from .formatting import HelpFormatter
 
 

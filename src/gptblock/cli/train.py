@@ -18,7 +18,8 @@ from ..runs.checkpoint import BEST, LAST, checkpoint_path
 from ..runs.rundir import LOSS_PLOT
 from ..train.config import OPTIMIZERS, SCHEDULES
 from ..train.loop import NonFiniteLossError, TrainResult
-from ..train.run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
+from ..train.presets import DEFAULT_PRESET, PRESETS, preset_settings
+from ..train.run import GPTRun, prepare_run
 from .formatting import HelpFormatter
 
 # (setting, type, help) for every setting a preset gives; each flag defaults to the preset's.

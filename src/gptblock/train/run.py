@@ -25,15 +25,9 @@ from typing import Any
 import torch
 
 from ..blocks.config import GPTConfig
-from ..data.batches import (
-    CharTokenizer,
-    TokenSplits,
-    load_corpus,
-    split_text,
-    split_tokens,
-    token_splits,
-)
+from ..data.batches import CharTokenizer, TokenSplits, split_text, split_tokens, token_splits
 from ..data.bpe import BPETokenizer
+from ..data.text import load_corpus
 from ..devices import resolve_device, resolve_dtype
 from ..distributed import DistInfo, finish_distributed, init_distributed
 from ..errors import UserTypeError, UserValueError
@@ -43,34 +37,13 @@ from ..runs.checkpoint import BEST, Checkpoint, load_checkpoint
 from ..runs.meta import CorpusInfo, RunMeta
 from ..runs.rundir import check_run_dir, make_run_dir
 from ..runs.statedict import load_model_state
-from ..sampling import sample_text, stream_text
+from ..sampling import sample_text
 from .config import TrainConfig
 from .loop import Trainer, TrainResult
-from .presets import (
-    DEFAULT_PRESET,
-    MODEL_FIELDS,
-    PRESETS,
-    SETTINGS,
-    TRAIN_FIELDS,
-    preset_settings,
-)
+from .presets import DEFAULT_PRESET, MODEL_FIELDS, preset_settings
 from .state import check_fields
 
-__all__ = [
-    "DEFAULT_PRESET",
-    "MODEL_FIELDS",
-    "PRESETS",
-    "SETTINGS",
-    "TRAIN_FIELDS",
-    "GPTRun",
-    "load_gpt",
-    "load_hf",
-    "prepare_run",
-    "preset_settings",
-    "sample_text",
-    "stream_text",
-    "train_gpt",
-]
+__all__ = ["GPTRun", "load_gpt", "load_hf", "prepare_run", "train_gpt"]
 
 
 @dataclass
@@ -247,7 +220,7 @@ def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTR
 
     Example:
         >>> import tempfile
-        >>> from gptblock.data.batches import default_corpus
+        >>> from gptblock.data.text import default_corpus
         >>> run = train_gpt(text=default_corpus()[:5000], out_dir=tempfile.mkdtemp(),
         ...                 n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
         ...                 max_iters=4, eval_interval=2, eval_iters=1, progress=False)
