@@ -43,7 +43,8 @@ from .model.gpt import GPT, GenerationStep, GPTOutput
 from .runs.checkpoint import CheckpointError
 from .runs.meta import RunMeta
 from .train.config import TrainConfig
-from .train.loop import NonFiniteLossError, Trainer
+from .train.loop import Trainer
+from .train.result import NonFiniteLossError
 from .train.run import load_gpt, train_gpt
 
 __version__ = "0.3.0"

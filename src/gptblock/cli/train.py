@@ -17,8 +17,8 @@ from ..devices import AUTOCAST_DTYPES
 from ..runs.checkpoint import BEST, LAST, checkpoint_path
 from ..runs.rundir import LOSS_PLOT
 from ..train.config import OPTIMIZERS, SCHEDULES
-from ..train.loop import NonFiniteLossError, TrainResult
 from ..train.presets import DEFAULT_PRESET, PRESETS, preset_settings
+from ..train.result import NonFiniteLossError, TrainResult
 from ..train.run import GPTRun, prepare_run
 from .formatting import HelpFormatter
 

@@ -39,8 +39,9 @@ from ..runs.rundir import check_run_dir, make_run_dir
 from ..runs.statedict import load_model_state
 from ..sampling import sample_text
 from .config import TrainConfig
-from .loop import Trainer, TrainResult
+from .loop import Trainer
 from .presets import DEFAULT_PRESET, MODEL_FIELDS, preset_settings
+from .result import TrainResult
 from .state import check_fields
 
 __all__ = ["GPTRun", "load_gpt", "load_hf", "prepare_run", "train_gpt"]
