@@ -29,10 +29,11 @@ from gptblock import (
 from gptblock.data.batches import TokenSplits
 from gptblock.data.text import read_text
 from gptblock.devices import set_threads
+from gptblock.loading import load_gpt
 from gptblock.runs.checkpoint import save_checkpoint
 from gptblock.sampling import sample_text
 from gptblock.train.evaluate import loss_of
-from gptblock.train.run import load_gpt, prepare_run
+from gptblock.train.run import prepare_run
 
 BLOCKS = {
     "fused": lambda: FusedBlock(16, 2),

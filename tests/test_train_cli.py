@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from gptblock import load_gpt
 from gptblock.cli import build_parser, main
 from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
 from gptblock.train import run as gpt_run
-from gptblock.train.run import load_gpt
 
 SMALL = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",

@@ -1,4 +1,4 @@
-"""A GPT trained on a text, end to end: presets, ``train_gpt``, ``load_gpt`` and ``sample_text``.
+"""A GPT trained on a text, end to end: ``prepare_run`` and ``train_gpt``.
 
 This is where the pieces of a run meet, so that the command line and a Python user do the same
 thing by the same call::
@@ -6,7 +6,7 @@ thing by the same call::
     text --data.CharTokenizer--> token ids --data.split_tokens--> TokenSplits
     preset + overrides --> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
     RunMeta(config, tokenizer, corpus) --> Trainer(model, splits, config, meta) --> checkpoints
-    checkpoints --load_gpt--> GPT + CharTokenizer --sample_text--> text
+    checkpoints --gptblock.loading.load_gpt--> GPT + CharTokenizer --sample_text--> text
 
 ``prepare_run`` builds everything (under ``torchrun`` it also joins the process group) and
 returns a ``GPTRun`` whose ``fit`` trains; ``train_gpt`` is both in one call. The rule that an
@@ -33,18 +33,15 @@ from ..distributed import DistInfo, finish_distributed, init_distributed
 from ..errors import UserTypeError, UserValueError
 from ..model.footprint import check_memory
 from ..model.gpt import GPT
-from ..runs.checkpoint import BEST, Checkpoint, load_checkpoint
 from ..runs.meta import CorpusInfo, RunMeta
 from ..runs.rundir import check_run_dir, make_run_dir
-from ..runs.statedict import load_model_state
 from ..sampling import sample_text
 from .config import TrainConfig
 from .loop import Trainer
 from .presets import DEFAULT_PRESET, MODEL_FIELDS, preset_settings
 from .result import TrainResult
-from .state import check_fields
 
-__all__ = ["GPTRun", "load_gpt", "load_hf", "prepare_run", "train_gpt"]
+__all__ = ["GPTRun", "prepare_run", "train_gpt"]
 
 
 @dataclass
@@ -231,53 +228,3 @@ def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTR
     with prepare_run(data, **kwargs) as run:
         run.fit()
     return run
-
-
-def load_gpt(
-    out_dir: str | os.PathLike[str], kind: str = BEST, device: str | torch.device = "cpu"
-) -> tuple[GPT, CharTokenizer | BPETokenizer, Checkpoint]:
-    """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
-
-    Every field of the checkpoint is checked (``RunMeta.from_checkpoint``,
-    ``train_state.check_fields``, the weights' shapes, ties and finiteness) before the model
-    is returned.
-
-    Args:
-        out_dir: the directory ``gptblock train --out`` wrote.
-        kind: "best" (lowest validation loss, the default) or "last".
-        device: where to put the model.
-
-    Returns:
-        The model in eval mode, the tokenizer, and the checkpoint (for its other fields).
-
-    Raises:
-        FileNotFoundError, CheckpointError: naming the file and the problem.
-    """
-    target = resolve_device(device) if isinstance(device, str) else device
-    ckpt = load_checkpoint(out_dir, kind)
-    meta = RunMeta.from_checkpoint(ckpt)
-    check_fields(ckpt)
-    model = GPT(meta.model_config)
-    load_model_state(model, ckpt)
-    return model.to(target).eval(), meta.tokenizer, ckpt
-
-
-def load_hf(
-    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[GPT, BPETokenizer]:
-    """A Hugging Face GPT-2 directory (``save_pretrained``'s: config, safetensors, tokenizer) as
-    gptblock's GPT, in eval mode on ``device``, and its BPE tokenizer; read offline.
-
-    Raises:
-        UserImportError: transformers or tokenizers is missing (``pip install "gptblock[hf]"``).
-        UserFileNotFoundError: the directory, its weights or its tokenizer is missing.
-    """
-    target = resolve_device(device) if isinstance(device, str) else device
-    tokenizer = BPETokenizer.from_directory(directory)
-    model = GPT.from_hf(directory)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserValueError(
-            f"{directory}: its tokenizer has {tokenizer.vocab_size} tokens, more than the "
-            f"model's vocab_size={model.config.vocab_size}"
-        )
-    return model.to(target).eval(), tokenizer
