@@ -4,7 +4,7 @@ This is where the pieces of a run meet, so that the command line and a Python us
 thing by the same call::
 
     text --data.CharTokenizer--> token ids --data.split_tokens--> TokenSplits
-    preset + overrides --> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
+    preset + settings --RunSettings--> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
     RunMeta(config, tokenizer, corpus) --> Trainer(model, splits, config, meta) --> checkpoints
     checkpoints --gptblock.loading.load_gpt--> GPT + CharTokenizer --sample_text--> text
 
@@ -20,11 +20,10 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer, TokenSplits, split_text, split_tokens, token_splits
 from ..data.bpe import BPETokenizer
 from ..data.text import load_corpus
@@ -38,7 +37,7 @@ from ..runs.rundir import check_run_dir, make_run_dir
 from ..sampling import sample_text
 from .config import TrainConfig
 from .loop import Trainer
-from .presets import DEFAULT_PRESET, MODEL_FIELDS, preset_settings
+from .presets import DEFAULT_PRESET, preset_settings
 from .result import TrainResult
 
 __all__ = ["GPTRun", "prepare_run", "train_gpt"]
@@ -103,14 +102,8 @@ def prepare_run(
     preset: str = DEFAULT_PRESET,
     resume: bool = False,
     allow_other_data: bool = False,
-    seed: int = 1337,
-    device: str = "cpu",
-    dtype: str | None = None,
-    compile: bool = False,
     progress: bool = True,
-    tokenizer: str = "char",
-    vocab_size: int | None = None,
-    **overrides: Any,
+    **settings: Any,
 ) -> GPTRun:
     """Build a GPT run on a text: tokenizer, splits, model and trainer.
 
@@ -125,22 +118,18 @@ def prepare_run(
         out_dir: where checkpoints go (None: nowhere). A run already there is continued with
             ``resume`` and otherwise refused, never overwritten; a directory holding anything
             but a gptblock run is refused too.
-        preset: a key of ``PRESETS``; ``overrides`` (``n_layer=2``, ``lr=3e-3``, ...) replace
-            its values, and None values are ignored.
+        preset: a key of ``PRESETS``, the ``RunSettings`` to start from.
         resume: continue the run in ``out_dir`` exactly where it stopped.
         allow_other_data: let ``resume`` continue on a text other than the checkpoint's (by
             size and SHA-256); without it that is refused, naming both.
-        seed: seeds the weights, the batches and dropout.
-        device: "cpu", "cuda", "cuda:N", "mps" or "auto".
-        dtype: "float32", an autocast dtype ("bfloat16", "float16"), or "auto": bfloat16 where
-            the device multiplies it in hardware, else float32 (``devices.resolve_dtype``).
-            None: the preset's.
-        compile: ``torch.compile`` the model for the training steps.
         progress: show a progress bar.
-        tokenizer: ``"char"`` (a token per character, the vocabulary the text's characters) or
-            ``"bpe"``: byte-level BPE with ``vocab_size`` tokens (``gptblock.data.bpe``), learnt from
-            the training part of the text alone, so the validation text is never seen by it.
-        vocab_size: BPE's vocabulary size (at least 256); only with ``tokenizer="bpe"``.
+        settings: fields of ``RunSettings`` (``gptblock.train.settings``, each with its
+            meaning) that replace the preset's; None values are ignored. Among them:
+            ``n_layer=2``, ``lr=3e-3``; ``seed`` (weights, batches, dropout); ``device``
+            ("cpu", "cuda", "cuda:N", "mps" or "auto", the default: the accelerator there is);
+            ``dtype`` ("float32", "bfloat16", "float16", or "auto": bfloat16 where the device
+            multiplies it in hardware); ``compile``; ``tokenizer`` ("char", or "bpe": byte-level
+            BPE of ``vocab_size`` tokens, learnt from the training part of the text alone).
 
     Raises:
         UserValueError, UserFileNotFoundError, ...: a bad file, setting or device, named.
@@ -154,22 +143,17 @@ def prepare_run(
         # Before anything is read or built; the trainer checks again under the directory's
         # lock when it starts, so the rule holds for every caller.
         check_run_dir(out_dir, resume=resume)
+    s = preset_settings(preset, settings)
+    device = resolve_device(s.device)
+    train_config = s.train_config(device=device, dtype=resolve_dtype(s.dtype, device))
     if text is not None:
         if not isinstance(text, str):
             raise UserTypeError(f"text must be a str, got {type(text).__name__}")
         source = "text given in Python"
     else:
         text, source = load_corpus(data)  # a built-in corpus's name, a file, or the default
-    s = preset_settings(preset, overrides)
-    tok, splits, val_characters = _tokenize(text, tokenizer, vocab_size, s["block_size"])
-    model_config = GPTConfig(tok.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
-    train_config = TrainConfig(
-        **{k: v for k, v in s.items() if k not in (*MODEL_FIELDS, "dtype") or k == "block_size"},
-        seed=seed,
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype or s["dtype"], resolve_device(device)),
-        compile=compile,
-    )
+    tok, splits, val_characters = _tokenize(text, s.tokenizer, s.vocab_size, s.block_size)
+    model_config = s.model_config(tok.vocab_size)
     check_memory(model_config, train_config.batch_size, len(text), train_config.device)
     corpus = CorpusInfo.of(text, source)
     meta = RunMeta(model_config, tok, corpus, allow_other_data=allow_other_data)
@@ -178,7 +162,7 @@ def prepare_run(
     dist, device = init_distributed(train_config.device)
     try:
         train_config = dataclasses.replace(train_config, device=device)
-        torch.manual_seed(seed)  # the same initial weights on every process
+        torch.manual_seed(s.seed)  # the same initial weights on every process
         model = GPT(model_config)
         trainer = Trainer(
             model, splits, train_config, out_dir=out_dir, meta=meta, progress=progress
@@ -194,20 +178,15 @@ def prepare_run(
 def _tokenize(
     text: str, kind: str, vocab_size: int | None, block_size: int
 ) -> tuple[CharTokenizer | BPETokenizer, TokenSplits, int]:
-    """The tokenizer, the split token ids, and how many characters the validation targets
-    spell (every validation token but the first is a target)."""
+    """The tokenizer (``kind`` and ``vocab_size`` as ``RunSettings`` checked them), the split
+    token ids, and how many characters the validation targets spell (every validation token
+    but the first is a target)."""
     if kind == "char":
-        if vocab_size is not None:
-            raise UserValueError("vocab_size applies to tokenizer='bpe' (--tokenizer bpe) only")
         char = CharTokenizer.from_text(text)
         splits = split_tokens(char.encode_tensor(text), block_size)
         return char, splits, len(splits.val) - 1
-    if kind != "bpe":
-        raise UserValueError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
-    if vocab_size is None:
-        raise UserValueError("tokenizer='bpe' needs a vocab_size (--vocab-size N, at least 256)")
     train_text, val_text = split_text(text)
-    bpe = BPETokenizer.train(train_text, vocab_size)  # the validation text is never seen
+    bpe = BPETokenizer.train(train_text, cast(int, vocab_size))  # the validation text is unseen
     splits = token_splits(bpe.encode(train_text), bpe.encode(val_text), block_size)
     first = bpe.decode(splits.val[:1].tolist())
     return bpe, splits, len(val_text) - len(first)
