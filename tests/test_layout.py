@@ -61,7 +61,7 @@ def imported(path):
 
 
 SOURCES = [p for p in sorted(SRC.rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
-SOURCES += [SRC / pkg / "__init__.py" for pkg in ("check", "reference", "lens", "cli")]
+SOURCES += [SRC / pkg / "__init__.py" for pkg in ("check", "reference", "lens", "cli", "interop")]
 
 
 def test_every_module_has_a_place():
