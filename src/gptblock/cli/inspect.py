@@ -7,7 +7,8 @@ import math
 
 from ..data.batches import Tokenizer
 from ..devices import resolve_device
-from ..lens import PromptInspection, inspect_prompt, save_attention_page, save_figures
+from ..files import check_destination, make_directory
+from ..lens import FIGURE_FILES, PromptInspection, inspect_prompt, save_attention_page, save_figures
 from ..runs.checkpoint import BEST
 from ..train.run import load_gpt, load_hf
 from .formatting import HelpFormatter
@@ -47,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     tokenizer: Tokenizer
+    if args.html:
+        check_destination(args.html)  # before the model is loaded and run
+    if args.png:
+        for name in FIGURE_FILES:
+            check_destination(make_directory(args.png) / name)
     if args.hf is not None:
         model, tokenizer = load_hf(args.hf, device=args.device)
         where = f"{args.hf} (Hugging Face GPT-2"
