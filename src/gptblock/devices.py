@@ -128,6 +128,11 @@ def resolve_device(name: str) -> str:
             f"to compute with, or gptblock does not support it); expected cpu, cuda, cuda:N, "
             f"mps or auto"
         )
+    if device.type in ("cpu", "mps") and device.index not in (None, 0):
+        # PyTorch ignores the index of a CPU: cpu:1 would silently run on the one CPU device.
+        raise UserValueError(
+            f"device {name!r}: PyTorch has one {device.type} device; use {device.type}"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserValueError(
             f"device {name!r} asked for, but this PyTorch sees no CUDA GPU; use cpu"
