@@ -66,7 +66,11 @@ def stream_text(
     # 50257 tokens): the padded ids have no text, so they are never sampled.
     V = min(model.config.vocab_size, getattr(tokenizer, "vocab_size", model.config.vocab_size))
     steps = model.stream(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+        idx,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        generator=generator,
         vocab_size=V,
     )
     return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))

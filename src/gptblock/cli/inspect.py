@@ -11,7 +11,7 @@ from ..files import check_destination, make_directory
 from ..lens import FIGURE_FILES, PromptInspection, inspect_prompt, save_attention_page, save_figures
 from ..runs.checkpoint import BEST
 from ..train.run import load_gpt, load_hf
-from .formatting import HelpFormatter
+from .formatting import HelpFormatter, add_threads_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="instead of --out: a Hugging Face GPT-2 directory (save_pretrained's, with its "
         "tokenizer), read offline",
     )
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

@@ -12,6 +12,8 @@ import math
 import sys
 from pathlib import Path
 
+import torch
+
 from ..data.text import DEFAULT_CORPUS
 from ..devices import AUTOCAST_DTYPES
 from ..runs.checkpoint import BEST, LAST, checkpoint_path
@@ -19,7 +21,7 @@ from ..runs.rundir import LOSS_PLOT
 from ..train.config import OPTIMIZERS, SCHEDULES
 from ..train.loop import NonFiniteLossError, TrainResult
 from ..train.run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
-from .formatting import HelpFormatter
+from .formatting import HelpFormatter, add_threads_option
 
 # (setting, type, help) for every setting a preset gives; each flag defaults to the preset's.
 PRESET_OPTIONS = [
@@ -96,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (for logs and scripts)"
     )
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 
@@ -136,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _describe(r: GPTRun, dtype: str) -> str:
     c, t = r.meta.model_config, r.train_config
+    threads = f", {torch.get_num_threads()} CPU threads" if t.device == "cpu" else ""
     return (
         f"{'resuming' if r.resume else 'training'} a GPT of "
         f"{r.model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
@@ -144,7 +148,8 @@ def _describe(r: GPTRun, dtype: str) -> str:
         f"{_vocabulary(r)}; "
         f"{len(r.splits.train):,} train / {len(r.splits.val):,} validation tokens\n"
         f"run: {t.max_iters} steps of {t.batch_size} x {t.block_size} tokens on "
-        f"{r.dist.world_size} x {t.device} ({dtype}); checkpoints in {r.trainer.out_dir}/"
+        f"{r.dist.world_size} x {t.device} ({dtype}{threads}); checkpoints in "
+        f"{r.trainer.out_dir}/"
     )
 
 

@@ -286,8 +286,7 @@ def _read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Ten
                     want = expected.get(key.removeprefix("transformer."))
                     if want is not None and shape != want:
                         raise UserValueError(
-                            f"{path}: {key} has shape {shape}, but config.json's model needs "
-                            f"{want}"
+                            f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
                         )
                 state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
         except UserValueError:
@@ -306,8 +305,7 @@ def _shards(index: Path) -> list[str]:
         raise UserValueError(f"{index}: not a JSON object with a 'weight_map' ({e})") from None
     if not isinstance(weight_map, dict) or not weight_map:
         raise UserValueError(
-            f"{index}: field weight_map must map tensor names to file names, got "
-            f"{weight_map!r:.60}"
+            f"{index}: field weight_map must map tensor names to file names, got {weight_map!r:.60}"
         )
     files = set(weight_map.values())
     for name in files:

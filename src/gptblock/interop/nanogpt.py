@@ -88,12 +88,16 @@ def read_nanogpt(
         raise UserValueError(f"{path}: model_args lacks {', '.join(missing)}")
     for k in MODEL_ARGS:
         if isinstance(args[k], bool) or not isinstance(args[k], int) or args[k] < 1:
-            raise UserValueError(f"{path}: model_args {k} must be a positive int, got {args[k]!r:.40}")
+            raise UserValueError(
+                f"{path}: model_args {k} must be a positive int, got {args[k]!r:.40}"
+            )
     state = {str(k).removeprefix(PREFIX): v for k, v in weights.items()}
     if not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserValueError(f"{path}: 'model' must map names to tensors")
     head, wte = state.get("lm_head.weight"), state.get("transformer.wte.weight")
-    same = head is not None and wte is not None and head.shape == wte.shape
+    same = (
+        head is not None and wte is not None and head.shape == wte.shape and torch.equal(head, wte)
+    )
     try:
         config = GPTConfig(
             vocab_size=args["vocab_size"],
@@ -104,7 +108,7 @@ def read_nanogpt(
             dropout=float(args.get("dropout", 0.0)),
             bias=bool(args.get("bias", True)),
             activation="gelu",
-            tie_embeddings=head is None or (same and torch.equal(head, wte)),
+            tie_embeddings=head is None or same,
         )
     except (TypeError, ValueError) as e:
         raise UserValueError(f"{path}: model_args: {e}") from None
@@ -146,9 +150,9 @@ def _to_gptblock(
                 # nn.MultiheadAttention's packed projection is a parameter pair, not a Linear.
                 name = f"{ours}_{kind}" if ours == "self_attn.in_proj" else f"{ours}.{kind}"
                 out[f"transformer.h.{i}.{name}"] = take(f"transformer.h.{i}.{theirs}.{kind}")
-    out["lm_head.weight"] = take("lm_head.weight") if "lm_head.weight" in state else out[
-        "transformer.wte.weight"
-    ]
+    out["lm_head.weight"] = (
+        take("lm_head.weight") if "lm_head.weight" in state else out["transformer.wte.weight"]
+    )
     return {k: v.detach().to(torch.float32) for k, v in out.items()}
 
 

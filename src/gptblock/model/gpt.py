@@ -353,9 +353,13 @@ class GPT(nn.Module):
             )
         V = self.config.vocab_size
         if vocab_size is not None and (
-            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V
+            isinstance(vocab_size, bool)
+            or not isinstance(vocab_size, int)
+            or not 0 < vocab_size <= V
         ):
-            raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
+            raise UserValueError(
+                f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}"
+            )
         V = vocab_size or V
         k = None if top_k is None else min(top_k, V)
         # A separate generator function, so the checks above run when stream() is called rather

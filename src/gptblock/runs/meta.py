@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..blocks.config import GPTConfig
-from ..model.footprint import FLOAT, check_available, parameter_count
 from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
+from ..model.footprint import FLOAT, check_available, parameter_count
 from .checkpoint import Checkpoint, CheckpointError, check_same_field
 
 __all__ = ["CorpusInfo", "RunMeta"]
@@ -285,7 +286,11 @@ def _check_format_1(ckpt: Checkpoint) -> None:
         problem = f"model_config field(s) {sorted(set(config) - FORMAT_1_MODEL_FIELDS)}"
     elif isinstance(data, dict) and set(data) - FORMAT_1_DATA_FIELDS:
         problem = f"data field(s) {sorted(set(data) - FORMAT_1_DATA_FIELDS)}"
-    elif isinstance(vocab, list) and any(not a < b for a, b in zip(vocab, vocab[1:])):
+    elif (
+        isinstance(vocab, list)
+        and all(isinstance(c, str) for c in vocab)
+        and any(not a < b for a, b in itertools.pairwise(vocab))
+    ):
         problem = "a vocab out of sorted order (gptblock 0.1 and 0.2 sorted it)"
     if problem:
         raise CheckpointError(
