@@ -14,8 +14,9 @@ A destination that is not a plain file is never replaced by one. A symbolic link
 through: the file it points to gets the new content, atomically, and the link stays (renaming
 over the link would cut it and leave the user's file as it was, or, for a link into another
 directory, put the new file where the user did not look). A device or a pipe (``/dev/null``,
-``/dev/stdout``, a FIFO) is written to directly, as ``open`` would: renaming a regular file over
-it would destroy the node (as root, ``/dev/null`` itself).
+``/dev/stdout``, a FIFO), and any path under ``/dev`` or ``/proc``, is written to directly, as
+``open`` would: renaming a regular file over it would destroy the node (as root, ``/dev/null``
+itself), or the file a shell redirected ``/dev/stdout`` to.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import stat
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -127,9 +129,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         >>> atomic_write_bytes("/dev/null", b"gone")  # a device is written, not replaced
     """
     path = check_destination(path)
-    path = _target(path)  # a link is written through: the file it names gets the bytes
-    if _is_special(path):
-        with open(path, "wb") as f:  # a device or a pipe: what it does with bytes is its own
+    # /dev/stdout, /dev/fd/N, /proc/self/fd/N: links to an open file, maybe a regular file a
+    # shell redirected to; renaming over the file it names would lose what the stream holds.
+    # open() follows such a link to the open file itself, even one already deleted.
+    in_place = path.absolute().parts[1:2] in (("dev",), ("proc",))
+    if not in_place:
+        path = _target(path)  # a link is written through: the file it names gets the bytes
+    if in_place or _is_special(path):
+        for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # Appending: /dev/stdout may be a file a shell redirected to, holding what was printed.
+        with open(path, "ab") as f:  # a device or a pipe: what it does with bytes is its own
             f.write(data)
         return
     tmp = temporary_name(path)
