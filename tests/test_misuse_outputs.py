@@ -176,6 +176,7 @@ def test_bench_json_through_a_link_into_a_device_and_a_fifo(tmp_path, fake_bench
 def test_bench_json_to_dev_stdout_follows_the_table(fake_bench, capfd):
     assert main(["bench", "--json", "/dev/stdout"]) == 0
     out = capfd.readouterr().out
+    assert "table" in out and '"ms": 1.5' in out, out
     assert out.index("table") < out.index('"ms": 1.5')
 
 

@@ -14,9 +14,9 @@ A destination that is not a plain file is never replaced by one. A symbolic link
 through: the file it points to gets the new content, atomically, and the link stays (renaming
 over the link would cut it and leave the user's file as it was, or, for a link into another
 directory, put the new file where the user did not look). A device or a pipe (``/dev/null``,
-``/dev/stdout``, a FIFO), and any path under ``/dev`` or ``/proc``, is written to directly, as
-``open`` would: renaming a regular file over it would destroy the node (as root, ``/dev/null``
-itself), or the file a shell redirected ``/dev/stdout`` to.
+a FIFO) is written to directly, as ``open`` would: renaming a regular file over it would destroy
+the node (as root, ``/dev/null`` itself). ``/dev/stdout``, ``/dev/fd/N`` and the like are
+written through the process's own descriptor, after what was printed to it.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ def check_destination(path: str | os.PathLike[str]) -> Path:
         gptblock.errors.UserFileNotFoundError: cannot write /nonexistent/dir/out.json: /nonexistent/dir is not an existing directory
     """
     path = Path(path)
+    if _descriptor(path) is not None:
+        return path  # an open descriptor of this process: written through as it is
     target = _target(path)
     if target.is_dir():
         raise UserIsADirectoryError(f"cannot write {path}: it is a directory")
@@ -105,6 +107,21 @@ def check_destination(path: str | os.PathLike[str]) -> Path:
 def _target(path: Path) -> Path:
     """The file ``path`` names: itself, or what its chain of symbolic links ends at."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+DESCRIPTORS = re.compile(
+    r"/dev/(?:std(?P<std>in|out|err)|fd/(?P<fd>\d+))|/proc/self/fd/(?P<pfd>\d+)"
+)
+
+
+def _descriptor(path: Path) -> int | None:
+    """The descriptor ``path`` names (``/dev/stdout``: 1, ``/dev/fd/3``: 3), if it names one."""
+    match = DESCRIPTORS.fullmatch(str(path))
+    if match is None:
+        return None
+    if match["std"]:
+        return {"in": 0, "out": 1, "err": 2}[match["std"]]
+    return int(match["fd"] or match["pfd"])
 
 
 def _is_special(path: Path) -> bool:
@@ -129,18 +146,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         >>> atomic_write_bytes("/dev/null", b"gone")  # a device is written, not replaced
     """
     path = check_destination(path)
-    # /dev/stdout, /dev/fd/N, /proc/self/fd/N: links to an open file, maybe a regular file a
-    # shell redirected to; renaming over the file it names would lose what the stream holds.
-    # open() follows such a link to the open file itself, even one already deleted.
-    in_place = path.absolute().parts[1:2] in (("dev",), ("proc",))
-    if not in_place:
-        path = _target(path)  # a link is written through: the file it names gets the bytes
-    if in_place or _is_special(path):
-        for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
+    fd = _descriptor(path)
+    if fd is not None:
+        # /dev/stdout and the like name a descriptor this process holds, maybe a file a shell
+        # redirected to: written through that descriptor, after what was printed, at its offset.
+        for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        # Appending: /dev/stdout may be a file a shell redirected to, holding what was printed.
-        with open(path, "ab") as f:  # a device or a pipe: what it does with bytes is its own
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        return
+    path = _target(path)  # a link is written through: the file it names gets the bytes
+    if _is_special(path):
+        with open(path, "wb") as f:  # a device or a pipe: what it does with bytes is its own
             f.write(data)
         return
     tmp = temporary_name(path)
