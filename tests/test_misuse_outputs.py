@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gptblock.cli import main
 from gptblock.cli import bench as bench_cli
+from gptblock.cli import main
 from gptblock.data.batches import default_corpus
 from gptblock.files import atomic_write_bytes, check_destination
 from gptblock.lens import FIGURE_FILES
@@ -106,7 +106,7 @@ def test_a_dangling_link_creates_the_file_it_names(tmp_path):
 
 def test_a_link_into_a_missing_directory_is_one_line(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "no" / "where.txt")
-    with pytest.raises(FileNotFoundError, match="links to .* is not an existing directory"):
+    with pytest.raises(FileNotFoundError, match=r"links to .* is not an existing directory"):
         check_destination(tmp_path / "link")
 
 
