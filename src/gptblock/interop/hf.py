@@ -207,6 +207,10 @@ def _read_config(directory: Path, tf: Any) -> GPTConfig:
         raise UserValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(fields, dict):
         raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
+    if fields.get("model_type", "gpt2") != "gpt2":  # GPT2Config would overwrite it with its own
+        raise UserValueError(
+            f"{path}: field model_type={fields['model_type']!r:.40}: only GPT-2 models convert"
+        )
     for field in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"):
         value = fields.get(field)
         if field in fields and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -251,7 +251,7 @@ def _check_fits(ckpt: Checkpoint, config: GPTConfig) -> None:
                 f"{tuple(tensors[name].shape)} in {ckpt.tensors_path.name}"
             )
     layers = {k.split(".")[3] for k in tensors if k.startswith("model.transformer.h.")}
-    if layers and len(layers) != config.n_layer:
+    if "model.transformer.wte.weight" in tensors and len(layers) != config.n_layer:
         raise CheckpointError(
             f"{ckpt.path}: model_config n_layer={config.n_layer}, but "
             f"{ckpt.tensors_path.name} holds the weights of {len(layers)} block(s)"
