@@ -213,6 +213,7 @@ def test_a_broken_hugging_face_directory_is_one_line(hf, capsys, damage, names, 
     assert snapshot(hf) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "field, value",
     [("vocab_size", 10**9), ("n_embd", 2**20), ("n_layer", 10**7), ("n_positions", 10**12)],
@@ -296,6 +297,7 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_nanogpt_checkpoint_too_big_is_refused_before_allocating(tmp_path):
     path = nanogpt_ckpt(tmp_path / "ckpt.pt", n_embd=10**6, n_head=1)
     code = (
@@ -336,6 +338,7 @@ def run(saved_run, tmp_path):
     return copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "field, value, message",
     [
@@ -437,6 +440,7 @@ def test_bpe_with_a_vocabulary_of_a_billion_learns_what_the_text_has(tmp_path):
     assert tok.decode(tok.encode(TEXT[:500])) == TEXT[:500]
 
 
+@pytest.mark.slow
 def test_a_billion_block_size_is_refused_at_once(tmp_path):
     data = tmp_path / "input.txt"
     data.write_text(TEXT)

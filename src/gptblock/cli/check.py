@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs = dict(parse_argument(a) for a in args.arg)
         roles = dict(parse_role(m) for m in args.map)
         if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock
-            raise UserValueError(f"--timeout must be in (0, 1e6] seconds, got {args.timeout}")
+            raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
         if args.target is None:
             if kwargs or roles:
                 raise UserValueError(
