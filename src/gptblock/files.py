@@ -143,7 +143,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         b'hello'
         >>> sorted(q.name for q in p.parent.iterdir())  # no temporary file left behind
         ['x.txt']
-        >>> atomic_write_bytes("/dev/null", b"gone")  # a device is written, not replaced
     """
     path = check_destination(path)
     fd = _descriptor(path)
