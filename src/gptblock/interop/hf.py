@@ -326,8 +326,9 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     ``transformer.``; ``Conv1D`` weights are (in, out)).
 
     Example:
-        >>> expected_shapes(GPTConfig(11, 8, n_layer=1, n_head=2, n_embd=4))["h.0.attn.c_attn.weight"]
-        (4, 12)
+        >>> shapes = expected_shapes(GPTConfig(11, 8, n_layer=1, n_head=2, n_embd=4))
+        >>> shapes["h.0.attn.c_attn.weight"], shapes["lm_head.weight"]
+        ((4, 12), (11, 4))
     """
     V, T, C = config.vocab_size, config.block_size, config.n_embd
     shapes: dict[str, tuple[int, ...]] = {

@@ -310,9 +310,9 @@ class GPT(nn.Module):
 
         Takes ``generate``'s arguments, and ``vocab_size``: sample only ids below it, for a
         tokenizer smaller than the embedding (padded, as nanoGPT pads 50257 to 50304); the
-        steps' logits are then (B, vocab_size). None: every id. Useful to print text as it is produced, or to look at
-        the distribution each token was drawn from. The model is in eval mode until the
-        iterator is exhausted or closed; then its previous mode is restored.
+        steps' logits are then (B, vocab_size). None: every id. Useful to print text as it is
+        produced, or to look at the distribution each token was drawn from. The model is in
+        eval mode until the iterator is exhausted or closed; then its previous mode is restored.
 
         Example:
             >>> torch.manual_seed(0) and None
