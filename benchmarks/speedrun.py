@@ -32,15 +32,20 @@ START = time.time()  # a fallback for the process's start; /proc's is used where
 import argparse  # noqa: E402
 import ast  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 from gptblock import __version__  # noqa: E402
 from gptblock.blocks import fused  # noqa: E402
+from gptblock.blocks.config import check_positive_int, check_seed  # noqa: E402
+from gptblock.devices import set_threads  # noqa: E402
+from gptblock.errors import UserError, UserValueError  # noqa: E402
+from gptblock.files import atomic_write_json, check_destination  # noqa: E402
 from gptblock.train.evaluate import validation_loss  # noqa: E402
 from gptblock.train.presets import preset_settings  # noqa: E402
 from gptblock.train.run import prepare_run  # noqa: E402
@@ -92,7 +97,24 @@ def main() -> None:
     p.add_argument("--json", help="write the record here")
     args = p.parse_args()
     started = process_start()
-    torch.set_num_threads(args.threads)
+    try:
+        speedrun(args, started)
+    except UserError as e:  # a bad argument: one line, as gptblock's own commands print it
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def speedrun(args: argparse.Namespace, started: float) -> None:
+    """Run what ``args`` asks; every argument is checked before the run, --json's place too,
+    so a run of minutes never ends unable to write its record."""
+    if args.json:
+        check_destination(args.json)
+    check_seed(args.seed, "--seed")
+    if not math.isfinite(args.target) or args.target <= 0:
+        raise UserValueError(f"--target must be a positive, finite loss, got {args.target}")
+    for step in args.check_at:
+        check_positive_int("--check-at", step)
+    set_threads(args.threads)
     preset = args.preset or ("nanogpt-cpu" if args.baseline else "shakespeare-cpu")
     settings = preset_settings(preset)
     overrides = {}
@@ -172,7 +194,7 @@ def main() -> None:
             "torch": torch.__version__,
             "machine": platform.processor() or platform.machine(),
         }
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        atomic_write_json(args.json, record)
     if not ok and not args.baseline:
         raise SystemExit(1)  # the speedrun failed: a script or CI can tell
 

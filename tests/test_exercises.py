@@ -149,7 +149,7 @@ def test_cli_exits_1_on_a_fail(capsys, monkeypatch):
 def test_cli_rejects_a_negative_seed_in_one_line(capsys):
     assert main(["exercises", "--seed", "-1"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "gptblock exercises: error: seed must be a non-negative int, got -1"
+        "gptblock exercises: error: --seed must be an int in [0, 2**63 - 1], got -1"
     )
 
 

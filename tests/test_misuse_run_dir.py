@@ -23,6 +23,7 @@ from gptblock.cli import main
 from gptblock.data.batches import TokenSplits
 from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint, save_checkpoint
+from gptblock.runs.owned import RECORD_FILE
 from gptblock.runs.rundir import LOCK_FILE, RunInUseError, check_run_dir, locked_run_dir
 from gptblock.train import run as gpt_run
 
@@ -233,9 +234,12 @@ def test_what_a_run_killed_before_its_first_checkpoint_leaves_is_its_own(tmp_pat
         out,
         {
             LOCK_FILE: b"",
+            RECORD_FILE: b"last-00000000-0badc0de.safetensors\nlast.json\n"
+            b"best-00000000-0badc0de.safetensors\nloss.png\n",
             "last-00000000-0badc0de.safetensors": b"half",
             ".last.json.1234abcd.tmp": b"{",
             ".best-00000000-0badc0de.safetensors.abcd1234.tmp": b"",
+            "loss.png": b"half a picture",
         },
     )
     assert main(["train", "--data", text_file, "--out", str(out), *SMALL, "--max-iters", "2"]) == 0

@@ -111,7 +111,15 @@ def test_training_lowers_the_loss_and_saves_everything(tmp_path):
     assert load_checkpoint(tmp_path, "best").meta["step"] == best_step
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     suffixes = sorted(p.suffix for p in tmp_path.iterdir())
-    assert suffixes == [".json", ".json", ".lock", ".png", ".safetensors", ".safetensors"]
+    assert suffixes == [
+        ".json",
+        ".json",
+        ".lock",
+        ".png",
+        ".safetensors",
+        ".safetensors",
+        ".written",
+    ]
 
 
 def test_whole_validation_loss_matches_the_pairwise_oracle():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from .blocks.config import check_seed
 from .errors import UserValueError
 from .reference import causal_head, softmax
 
@@ -225,9 +226,7 @@ def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyCompa
 
 
 def _rng(seed: int) -> np.random.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserValueError(f"seed must be a non-negative int, got {seed!r}")
-    return np.random.default_rng(seed)
+    return np.random.default_rng(check_seed(seed))  # [0, 2**63 - 1], as torch's seeds
 
 
 def _entropy_bits(p: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -9,6 +9,14 @@ killed mid-write leaves at most its ``.NAME.*.tmp`` file, which nothing ever rea
 
 The temporary file is created with ``O_EXCL`` and mode 0o666 filtered by the umask, as any new
 file is (``tempfile.mkstemp`` would make it private to the user, and the renamed file with it).
+
+A destination that is not a plain file is never replaced by one. A symbolic link is written
+through: the file it points to gets the new content, atomically, and the link stays (renaming
+over the link would cut it and leave the user's file as it was, or, for a link into another
+directory, put the new file where the user did not look). A device or a pipe (``/dev/null``,
+a FIFO) is written to directly, as ``open`` would: renaming a regular file over it would destroy
+the node (as root, ``/dev/null`` itself). ``/dev/stdout``, ``/dev/fd/N`` and the like are
+written through the process's own descriptor, after what was printed to it.
 """
 
 from __future__ import annotations
@@ -17,18 +25,26 @@ import contextlib
 import json
 import os
 import re
+import stat
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UserFileNotFoundError, UserIsADirectoryError
+from .errors import (
+    UserFileNotFoundError,
+    UserIsADirectoryError,
+    UserNotADirectoryError,
+    UserValueError,
+)
 
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "check_destination",
     "fsync_dir",
+    "make_directory",
     "temporary_name",
     "temporary_of",
 ]
@@ -73,13 +89,48 @@ def check_destination(path: str | os.PathLike[str]) -> Path:
         gptblock.errors.UserFileNotFoundError: cannot write /nonexistent/dir/out.json: /nonexistent/dir is not an existing directory
     """
     path = Path(path)
-    if path.is_dir():
+    if _descriptor(path) is not None:
+        return path  # an open descriptor of this process: written through as it is
+    target = _target(path)
+    if target.is_dir():
         raise UserIsADirectoryError(f"cannot write {path}: it is a directory")
-    if not path.parent.is_dir():
+    if target.exists() and stat.S_ISSOCK(target.stat().st_mode):
+        raise UserValueError(f"cannot write {path}: it is a socket, not a file")
+    if not target.parent.is_dir():
+        where = f"{path} links to {target}, and " if target != path else f"{path}: "
         raise UserFileNotFoundError(
-            f"cannot write {path}: {path.parent} is not an existing directory"
+            f"cannot write {where}{target.parent} is not an existing directory"
         )
     return path
+
+
+def _target(path: Path) -> Path:
+    """The file ``path`` names: itself, or what its chain of symbolic links ends at."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+DESCRIPTORS = re.compile(
+    r"/dev/(?:std(?P<std>in|out|err)|fd/(?P<fd>\d+))|/proc/self/fd/(?P<pfd>\d+)"
+)
+
+
+def _descriptor(path: Path) -> int | None:
+    """The descriptor ``path`` names (``/dev/stdout``: 1, ``/dev/fd/3``: 3), if it names one."""
+    match = DESCRIPTORS.fullmatch(str(path))
+    if match is None:
+        return None
+    if match["std"]:
+        return {"in": 0, "out": 1, "err": 2}[match["std"]]
+    return int(match["fd"] or match["pfd"])
+
+
+def _is_special(path: Path) -> bool:
+    """Whether ``path`` exists and is a device or a pipe: written in place, never renamed over."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -93,7 +144,23 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         >>> sorted(q.name for q in p.parent.iterdir())  # no temporary file left behind
         ['x.txt']
     """
-    path = Path(path)
+    path = check_destination(path)
+    fd = _descriptor(path)
+    if fd is not None:
+        # /dev/stdout and the like name a descriptor this process holds, maybe a file a shell
+        # redirected to: written through that descriptor, after what was printed, at its offset.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        return
+    path = _target(path)  # a link is written through: the file it names gets the bytes
+    if _is_special(path):
+        with open(path, "wb") as f:  # a device or a pipe: what it does with bytes is its own
+            f.write(data)
+        return
     tmp = temporary_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -128,3 +195,25 @@ def atomic_write_json(
     """
     text = json.dumps(value, indent=indent, allow_nan=False, ensure_ascii=False, default=default)
     atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def make_directory(path: str | os.PathLike[str]) -> Path:
+    """Create the directory ``path`` (and its parents) if missing; a one-line error where a
+    file, a device or a pipe is in the way, or the system refuses.
+
+    Example:
+        >>> make_directory("/dev/null")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserNotADirectoryError: cannot write into /dev/null: it exists and is not a directory
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserNotADirectoryError(f"cannot write into {path}: it exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserNotADirectoryError(
+            f"cannot write into {path}: no directory can be made there ({e.strerror})"
+        ) from None
+    return path

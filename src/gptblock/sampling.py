@@ -62,8 +62,16 @@ def stream_text(
     device = next(model.parameters()).device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
     generator = torch.Generator(device=device).manual_seed(seed)
+    # A model's embedding may be padded beyond its tokenizer (nanoGPT's 50304 rows for GPT-2's
+    # 50257 tokens): the padded ids have no text, so they are never sampled.
+    V = min(model.config.vocab_size, getattr(tokenizer, "vocab_size", model.config.vocab_size))
     steps = model.stream(
-        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+        idx,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        generator=generator,
+        vocab_size=V,
     )
     return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from ..devices import cpu_threads
 from ..errors import UserError
 from . import bench, check, example, exercises, info, inspect, sample, train
 
@@ -56,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(args.command)
         try:
-            code: int = args.run(args)
+            if not getattr(args, "threads_option", False):
+                code: int = args.run(args)
+                return code
+            with cpu_threads(args.threads):
+                code = args.run(args)
             return code
         except BrokenPipeError:
             # The reader went away: say nothing more (stdout is gone), and let no flush at exit

@@ -8,6 +8,7 @@ import sys
 from ..bench.report import format_table, write_json
 from ..bench.suite import QUICK, BenchConfig, device_unavailable, run_benchmark
 from ..devices import DTYPES, set_threads
+from ..errors import UserValueError
 from ..files import check_destination
 from .formatting import RawEpilogHelpFormatter
 
@@ -74,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run)
 
 
+DEFAULTS = BenchConfig()
+FLAGS = {"n_heads": "heads"}  # BenchConfig fields whose flag has another name
+
+
 def run(args: argparse.Namespace) -> int:
     why = device_unavailable(args.device)
     if why is not None and args.device.startswith("cuda"):
@@ -98,9 +103,17 @@ def run(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "peak_sizes": tuple(args.peak_sizes or ()),
     }
+    config = BenchConfig(**options)  # every value given is checked, --quick or not
     if args.quick:
-        options |= QUICK
-    result = run_benchmark(BenchConfig(**options), progress=not args.no_progress)
+        given = {k: v for k, v in options.items() if k in QUICK and v != getattr(DEFAULTS, k)}
+        if given:
+            flags = ", ".join(f"--{FLAGS.get(k, k).replace('_', '-')}" for k in given)
+            raise UserValueError(
+                f"--quick chooses its own sizes, so {flags} would be ignored: give --quick or "
+                f"{flags}, not both"
+            )
+        config = BenchConfig(**(options | QUICK))
+    result = run_benchmark(config, progress=not args.no_progress)
     print(format_table(result))
     if args.json:
         write_json(result, args.json)

@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         kwargs = dict(parse_argument(a) for a in args.arg)
         roles = dict(parse_role(m) for m in args.map)
-        if not args.timeout > 0:  # also NaN
-            raise UserValueError(f"--timeout must be a positive number, got {args.timeout}")
+        if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock
+            raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
         if args.target is None:
             if kwargs or roles:
                 raise UserValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..blocks.config import check_seed
 from ..exercises import run_all
 
 
@@ -23,7 +24,7 @@ def _verdict(passed: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    ex1, ex2, ex3 = run_all(args.seed)
+    ex1, ex2, ex3 = run_all(check_seed(args.seed, "--seed"))  # before any exercise runs
 
     print("Exercise 1: Var(q.k) = d_k and Var(q.k / sqrt(d_k)) = 1, q and k ~ N(0, I)")
     print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["HelpFormatter", "RawEpilogHelpFormatter"]
+__all__ = ["HelpFormatter", "RawEpilogHelpFormatter", "add_threads_option"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -19,3 +19,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class RawEpilogHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
     """``HelpFormatter``, with the description's and epilog's lines kept as written."""
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """``--threads``; the command runs inside ``devices.cpu_threads(args.threads)`` (``main``)."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: the cores no other process keeps busy, so a busy "
+        "machine slows the command down rather than stalling it)",
+    )
+    p.set_defaults(threads_option=True)

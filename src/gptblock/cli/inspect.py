@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..lens import PromptInspection, inspect_prompt, save_attention_page, save_figures
-from .formatting import HelpFormatter
+from ..files import check_destination, make_directory
+from ..lens import FIGURE_FILES, PromptInspection, inspect_prompt, save_attention_page, save_figures
+from .formatting import HelpFormatter, add_threads_option
 from .options import add_source_options, load_source
 
 
@@ -31,10 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--html", metavar="FILE", help="also write a self-contained attention viewer page"
     )
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.html:
+        check_destination(args.html)  # before the model is loaded and run
+    if args.png:
+        for name in FIGURE_FILES:
+            check_destination(make_directory(args.png) / name)
     model, tokenizer, source = load_source(args)
     seen = inspect_prompt(model, tokenizer, args.prompt, top_k=args.top_k)
     c = model.config

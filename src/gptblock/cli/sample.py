@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from ..sampling import stream_text
-from .formatting import HelpFormatter
+from .formatting import HelpFormatter, add_threads_option
 from .options import add_source_options, load_source
 
 
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--top-k", type=int, help="sample among the k likeliest only (default: all)")
     p.add_argument("--seed", type=int, default=1337, help="same seed, same text")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

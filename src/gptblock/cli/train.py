@@ -14,6 +14,8 @@ import sys
 import typing
 from pathlib import Path
 
+import torch
+
 from ..data.text import DEFAULT_CORPUS
 from ..runs.checkpoint import BEST, LAST, checkpoint_path
 from ..runs.rundir import LOSS_PLOT
@@ -21,7 +23,7 @@ from ..train.presets import DEFAULT_PRESET, PRESETS
 from ..train.result import NonFiniteLossError, TrainResult
 from ..train.run import GPTRun, prepare_run
 from ..train.settings import SETTINGS, RunSettings
-from .formatting import HelpFormatter
+from .formatting import HelpFormatter, add_threads_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (for logs and scripts)"
     )
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 
@@ -115,6 +118,7 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
 
 def _describe(r: GPTRun, dtype: str) -> str:
     c, t = r.meta.model_config, r.train_config
+    threads = f", {torch.get_num_threads()} CPU threads" if t.device == "cpu" else ""
     return (
         f"{'resuming' if r.resume else 'training'} a GPT of "
         f"{r.model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
@@ -123,7 +127,8 @@ def _describe(r: GPTRun, dtype: str) -> str:
         f"{_vocabulary(r)}; "
         f"{len(r.splits.train):,} train / {len(r.splits.val):,} validation tokens\n"
         f"run: {t.max_iters} steps of {t.batch_size} x {t.block_size} tokens on "
-        f"{r.dist.world_size} x {t.device} ({dtype}); checkpoints in {r.trainer.out_dir}/"
+        f"{r.dist.world_size} x {t.device} ({dtype}{threads}); checkpoints in "
+        f"{r.trainer.out_dir}/"
     )
 
 

@@ -253,9 +253,11 @@ def token_splits(
         ("validation part (the last 10%)", val),
     ):
         if len(part) < need:
-            at_least = next(
-                m for m in range(need, 11 * need) if _n_train(m) >= need <= m - _n_train(m)
-            )
+            # The shortest text of m tokens whose parts both hold a window: the validation
+            # part, m - floor(9m / 10) = ceil(m / 10) tokens, needs m >= 10 * need - 9, the
+            # training part 9m // 10 >= need (for need = 1, m = 2). A formula, not a search:
+            # a search takes minutes for block_size=10^9.
+            at_least = max(10 * need - 9, -(-10 * need // TRAIN_TENTHS), need)
             raise UserValueError(
                 f"the text is too short for block_size={block_size}: its {name} has "
                 f"{len(part)} tokens, and a window needs {need}; use a longer text "

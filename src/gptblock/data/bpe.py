@@ -12,7 +12,7 @@ vocabulary". It saves as the JSON ``tokenizers`` writes, nothing executable.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,10 @@ class BPETokenizer:
             )
         if not text:
             raise UserValueError("cannot train a tokenizer on an empty text")
+        # Each merge joins a pair of the text's tokens, so a text of n bytes has at most n - 1
+        # to learn: a larger vocab_size learns the same ones, and the library, asked for 10^9,
+        # aborts the process while reserving room for them.
+        vocab_size = min(vocab_size, MIN_VOCAB + len(text.encode("utf-8")))
         tk = _tokenizers()
         tokenizer = tk.Tokenizer(tk.models.BPE())
         tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -96,11 +100,11 @@ class BPETokenizer:
         d = Path(directory)
         tk = _tokenizers()
         if (d / "tokenizer.json").is_file():
-            return cls(tk.Tokenizer.from_file(str(d / "tokenizer.json")))
+            return cls(_read(d / "tokenizer.json", tk.Tokenizer.from_file))
         if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
-            tokenizer = tk.Tokenizer(
-                tk.models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt"))
-            )
+            vocab, merges = str(d / "vocab.json"), str(d / "merges.txt")
+            model = _read(d / "vocab.json", lambda _: tk.models.BPE.from_file(vocab, merges))
+            tokenizer = tk.Tokenizer(model)
             tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
             tokenizer.decoder = tk.decoders.ByteLevel()
             return cls(tokenizer)
@@ -154,3 +158,15 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def _read(path: Path, read: Callable[[str], Any]) -> Any:
+    """``read(path)``, its failure on a malformed file (the library's own exception type, or
+    a panic of its Rust code) one ``UserValueError`` naming the file."""
+    try:
+        return read(str(path))
+    except BaseException as e:  # a Rust panic is a BaseException (PanicException)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserValueError(f"{path}: not a readable tokenizer ({first:.200})") from None

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import safetensors.torch
 import torch
 import torch.nn as nn
@@ -42,6 +43,8 @@ import torch.nn as nn
 from ..blocks.config import GPTConfig
 from ..blocks.convert import convert
 from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+from ..files import make_directory
+from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
 
 __all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf_model"]
@@ -183,16 +186,52 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
                 f"{directory} is not a directory; GPT.from_hf reads a local save_pretrained "
                 f"directory (nothing is downloaded: a hub name is not a directory)"
             )
-        hf_config = tf.GPT2Config.from_pretrained(directory)
-        state = _read_safetensors(directory)
-    elif isinstance(source, nn.Module) and hasattr(source, "config"):
-        hf_config, state = source.config, source.state_dict()
-    else:
-        raise UserTypeError(
-            f"expected a GPT2LMHeadModel or a directory, got {type(source).__name__}"
+        config = _read_config(directory, tf)
+        return config, _to_gptblock(_read_safetensors(directory, config), config)
+    if isinstance(source, nn.Module) and hasattr(source, "config"):
+        config = config_from_hf(source.config)
+        return config, _to_gptblock(source.state_dict(), config)
+    raise UserTypeError(f"expected a GPT2LMHeadModel or a directory, got {type(source).__name__}")
+
+
+def _read_config(directory: Path, tf: Any) -> GPTConfig:
+    """``config.json``'s ``GPTConfig``, checked field by field, and refused where the model it
+    describes would not fit in memory, before any weight is read."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserFileNotFoundError(
+            f"no config.json in {directory}: a save_pretrained directory holds one, and the "
+            f"model's shape cannot be guessed"
         )
-    config = config_from_hf(hf_config)
-    return config, _to_gptblock(state, config)
+    try:
+        fields = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UserValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
+    if fields.get("model_type", "gpt2") != "gpt2":  # GPT2Config would overwrite it with its own
+        raise UserValueError(
+            f"{path}: field model_type={fields['model_type']!r:.40}: only GPT-2 models convert"
+        )
+    for field in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"):
+        value = fields.get(field)
+        if field in fields and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserValueError(f"{path}: field {field} must be a positive int, got {value!r:.40}")
+    try:
+        config = config_from_hf(tf.GPT2Config.from_dict(fields))
+    except UserValueError as e:
+        raise UserValueError(f"{path}: {e}") from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise UserValueError(f"{path}: not a GPT-2 config ({e})") from None
+    n = parameter_count(config)
+    check_available(
+        2 * n * FLOAT,  # the weights read, and the model they are copied into
+        "cpu",
+        f"{path}: a model of {n:,} parameters (vocab_size={config.vocab_size}, "
+        f"n_embd={config.n_embd}, n_layer={config.n_layer})",
+        "this directory's model does not fit in this machine's memory",
+    )
+    return config
 
 
 def from_hf(source: Any, *, block: str = "fused") -> GPT:
@@ -243,17 +282,20 @@ def save_hf(model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any 
     The directory loads with ``GPT2LMHeadModel.from_pretrained(directory)`` and ``from_hf``.
     Also ``model.save_hf(directory, tokenizer)``.
     """
-    directory = Path(directory)
+    # save_pretrained, given a file, logs an error and writes nothing: refuse instead.
+    directory = make_directory(directory)
     to_hf_model(model).save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
 
 
-def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
+    checked against ``config`` before its tensors are read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = _shards(index)
     elif (directory / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -265,10 +307,82 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
             else ""
         )
         raise UserFileNotFoundError(f"no model.safetensors in {directory}{why}")
+    expected = expected_shapes(config)
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(safetensors.torch.load_file(directory / name))
+        path = directory / name
+        try:
+            with safetensors.safe_open(path, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is no Mapping
+                    shape = tuple(f.get_slice(key).get_shape())
+                    want = expected.get(key.removeprefix("transformer."))
+                    if want is not None and shape != want:
+                        raise UserValueError(
+                            f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
+                        )
+                state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
+        except UserValueError:
+            raise
+        except Exception as e:  # safetensors raises its own SafetensorError, and OSError
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserValueError(f"{path}: not a readable safetensors file ({first})") from None
     return state
+
+
+def _shards(index: Path) -> list[str]:
+    """The file names ``model.safetensors.index.json``'s ``weight_map`` lists, each checked."""
+    try:
+        weight_map = json.loads(index.read_bytes()).get("weight_map")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError) as e:
+        raise UserValueError(f"{index}: not a JSON object with a 'weight_map' ({e})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UserValueError(
+            f"{index}: field weight_map must map tensor names to file names, got {weight_map!r:.60}"
+        )
+    files = set(weight_map.values())
+    for name in files:
+        # A shard lies beside the index: a path elsewhere, or no file, is refused.
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise UserValueError(f"{index}: field weight_map names {name!r:.60}, not a file name")
+        if not (index.parent / name).is_file():
+            raise UserFileNotFoundError(f"{index}: its weight_map names {name}, which is missing")
+    return sorted(files)
+
+
+def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a GPT-2 ``config``'s weights, by GPT-2's names (without
+    ``transformer.``; ``Conv1D`` weights are (in, out)).
+
+    Example:
+        >>> shapes = expected_shapes(GPTConfig(11, 8, n_layer=1, n_head=2, n_embd=4))
+        >>> shapes["h.0.attn.c_attn.weight"], shapes["lm_head.weight"]
+        ((4, 12), (11, 4))
+    """
+    V, T, C = config.vocab_size, config.block_size, config.n_embd
+    shapes: dict[str, tuple[int, ...]] = {
+        "wte.weight": (V, C),
+        "wpe.weight": (T, C),
+        "ln_f.weight": (C,),
+        "ln_f.bias": (C,),
+        "lm_head.weight": (V, C),
+    }
+    per_block = {
+        "ln_1.weight": (C,),
+        "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,),
+        "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, 4 * C),
+        "mlp.c_fc.bias": (4 * C,),
+        "mlp.c_proj.weight": (4 * C, C),
+        "mlp.c_proj.bias": (C,),
+    }
+    for i in range(config.n_layer):
+        shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
+    return shapes
 
 
 def _to_gptblock(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:

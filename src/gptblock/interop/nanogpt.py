@@ -30,8 +30,9 @@ import torch
 from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer
 from ..errors import UserFileNotFoundError, UserValueError
+from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
-from .hf import MODEL_TENSORS
+from .hf import MODEL_TENSORS, expected_shapes
 
 __all__ = ["from_nanogpt", "read_meta_pkl", "read_nanogpt"]
 
@@ -76,26 +77,49 @@ def read_nanogpt(
             f"{path}: refused, it holds objects other than tensors and plain values, which "
             f"unpickling would have to run code to build ({first})"
         ) from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise UserValueError(f"{path}: not a readable PyTorch checkpoint ({e})") from None
+    except Exception as e:  # the unpickler's KeyError, IndexError, ... on bytes of no pickle
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserValueError(f"{path}: not a readable PyTorch checkpoint ({first})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserValueError(f"{path}: not a nanoGPT checkpoint (no 'model' and 'model_args')")
-    args = ckpt["model_args"]
+    args, weights = ckpt["model_args"], ckpt["model"]
+    if not isinstance(args, dict) or not isinstance(weights, dict):
+        raise UserValueError(f"{path}: 'model_args' and 'model' must be dicts")
     missing = [k for k in MODEL_ARGS if k not in args]
     if missing:
         raise UserValueError(f"{path}: model_args lacks {', '.join(missing)}")
-    state = {k.removeprefix(PREFIX): v for k, v in ckpt["model"].items()}
+    for k in MODEL_ARGS:
+        if isinstance(args[k], bool) or not isinstance(args[k], int) or args[k] < 1:
+            raise UserValueError(
+                f"{path}: model_args {k} must be a positive int, got {args[k]!r:.40}"
+            )
+    state = {str(k).removeprefix(PREFIX): v for k, v in weights.items()}
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserValueError(f"{path}: 'model' must map names to tensors")
     head, wte = state.get("lm_head.weight"), state.get("transformer.wte.weight")
-    config = GPTConfig(
-        vocab_size=int(args["vocab_size"]),
-        block_size=int(args["block_size"]),
-        n_layer=int(args["n_layer"]),
-        n_head=int(args["n_head"]),
-        n_embd=int(args["n_embd"]),
-        dropout=float(args.get("dropout", 0.0)),
-        bias=bool(args.get("bias", True)),
-        activation="gelu",
-        tie_embeddings=head is None or (wte is not None and torch.equal(head, wte)),
+    same = (
+        head is not None and wte is not None and head.shape == wte.shape and torch.equal(head, wte)
+    )
+    try:
+        config = GPTConfig(
+            vocab_size=args["vocab_size"],
+            block_size=args["block_size"],
+            n_layer=args["n_layer"],
+            n_head=args["n_head"],
+            n_embd=args["n_embd"],
+            dropout=float(args.get("dropout", 0.0)),
+            bias=bool(args.get("bias", True)),
+            activation="gelu",
+            tie_embeddings=head is None or same,
+        )
+    except (TypeError, ValueError) as e:
+        raise UserValueError(f"{path}: model_args: {e}") from None
+    n = parameter_count(config)
+    check_available(
+        2 * n * FLOAT,  # the weights read, and the model they are copied into
+        "cpu",
+        f"{path}: a model of {n:,} parameters ({', '.join(f'{k}={args[k]}' for k in MODEL_ARGS)})",
+        "this checkpoint's model does not fit in this machine's memory",
     )
     meta = path.parent / "meta.pkl"
     tokenizer = read_meta_pkl(meta) if meta.is_file() else None
@@ -124,7 +148,16 @@ def _to_gptblock(
     def take(key: str) -> torch.Tensor:
         if key not in state:
             raise UserValueError(f"{path}: the weights have no {key!r}")
+        want = shapes.get(key.removeprefix("transformer."))
+        if want is not None and key.endswith(".weight") and ".h." in key and len(want) == 2:
+            want = want[::-1]  # GPT-2's Conv1D is (in, out); nanoGPT's nn.Linear (out, in)
+        if want is not None and tuple(state[key].shape) != want:
+            raise UserValueError(
+                f"{path}: {key} has shape {tuple(state[key].shape)}, but model_args need {want}"
+            )
         return state[key]
+
+    shapes = expected_shapes(config)
 
     kinds = ("weight", "bias") if config.bias else ("weight",)
     names = [k for k in MODEL_TENSORS if config.bias or not k.endswith(".bias")]
@@ -135,7 +168,9 @@ def _to_gptblock(
                 # nn.MultiheadAttention's packed projection is a parameter pair, not a Linear.
                 name = f"{ours}_{kind}" if ours == "self_attn.in_proj" else f"{ours}.{kind}"
                 out[f"transformer.h.{i}.{name}"] = take(f"transformer.h.{i}.{theirs}.{kind}")
-    out["lm_head.weight"] = state.get("lm_head.weight", out["transformer.wte.weight"])
+    out["lm_head.weight"] = (
+        take("lm_head.weight") if "lm_head.weight" in state else out["transformer.wte.weight"]
+    )
     return {k: v.detach().to(torch.float32) for k, v in out.items()}
 
 

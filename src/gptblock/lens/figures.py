@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, make_directory
 from .report import PromptInspection, show_token
 
 if TYPE_CHECKING:
@@ -132,8 +132,7 @@ def save_figures(inspection: PromptInspection, directory: str | os.PathLike[str]
     Returns:
         The paths written, in ``FIGURE_FILES`` order.
     """
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_directory(directory)
     paths = []
     for name, draw in zip(
         FIGURE_FILES, (attention_figure, attribution_figure, logit_lens_figure), strict=True

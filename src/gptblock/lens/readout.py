@@ -127,6 +127,12 @@ def _attribute(
     model: GPT, run: CachedRun, token: int, position: int, batch: int
 ) -> LogitAttribution:
     cache = run.cache
+    C = model.config.n_embd
+    if cache.n_layer != model.config.n_layer or cache["embed"].shape[-1] != C:
+        raise UserValueError(
+            f"run has {cache.n_layer} layer(s) of width {cache['embed'].shape[-1]}, this model "
+            f"{model.config.n_layer} of width {C}: pass the model that made the run"
+        )
     B, T, V = run.logits.shape
     b, t = _index("batch", batch, B), _index("position", position, T)
     token = _index("token", token, V, negative=False)
@@ -150,13 +156,23 @@ def _attribute(
     if ln_f.bias is not None:
         bias = bias + ln_f.bias @ model.lm_head.weight[token]
     values = through(torch.cat(parts))  # (n_components,)
+    logit = float(run.logits[b, t, token].detach())
+    # The parts add up to the logit exactly, up to rounding, when ``run`` is this model's own;
+    # another model's run (or one with hooks) gives numbers that explain nothing: refused.
+    size = float(values.abs().sum()) + abs(float(bias)) + abs(logit)
+    if abs(float(values.sum()) + float(bias) - logit) > 1e3 * torch.finfo(x.dtype).eps * (1 + size):
+        raise UserValueError(
+            "run is not this model's own run_with_cache result (without hooks): its logit "
+            f"{logit:.4g} is not what this model's parts add up to "
+            f"({float(values.sum()) + float(bias):.4g}); pass the model that made it"
+        )
     return LogitAttribution(
         token=token,
         position=t,
         labels=tuple(labels),
         values=values,
         bias=float(bias),
-        logit=float(run.logits[b, t, token].detach()),
+        logit=logit,
         scale=float(scale),
     )
 
@@ -169,7 +185,9 @@ class LogitLens:
     probs: torch.Tensor  # (L + 1, T, V): ln_f and the unembedding applied to each stage
 
 
-def logit_lens(model: GPT, cache: ActivationCache, *, batch: int = 0) -> LogitLens:
+def logit_lens(
+    model: GPT, cache: ActivationCache, *, batch: int = 0, vocab_size: int | None = None
+) -> LogitLens:
     """Final LayerNorm and unembedding applied to ``embed`` and every block's ``resid_post``.
 
     The last row is the model's own next-token distribution.
@@ -178,9 +196,11 @@ def logit_lens(model: GPT, cache: ActivationCache, *, batch: int = 0) -> LogitLe
         model: the GPT that made ``cache``.
         cache: with ``embed`` and every ``blocks.{i}.resid_post``.
         batch: which sequence of the batch.
+        vocab_size: read only ids below it (a tokenizer smaller than a padded embedding);
+            None: all V.
 
     Shape:
-        ``probs`` (L + 1, T, V).
+        ``probs`` (L + 1, T, V), V = ``vocab_size`` if given.
 
     Example:
         >>> from gptblock import GPT, GPTConfig
@@ -198,6 +218,12 @@ def logit_lens(model: GPT, cache: ActivationCache, *, batch: int = 0) -> LogitLe
     ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
     with torch.no_grad():
         logits = model.lm_head(ln_f(torch.stack(stages)))  # (L + 1, T, C) -> (L + 1, T, V)
+    V = logits.shape[-1]
+    if vocab_size is not None and (
+        isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V
+    ):
+        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
+    logits = logits[..., :vocab_size]  # (L + 1, T, vocab_size); None keeps all V
     labels = ("embed", *(f"layer {i}" for i in range(n)))
     return LogitLens(labels, F.softmax(logits, dim=-1))
 

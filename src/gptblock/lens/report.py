@@ -96,7 +96,10 @@ def inspect_prompt(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise UserValueError(f"top_k must be a positive int, got {top_k!r}")
     ids = tokenizer.encode(prompt)
-    block_size, V = model.config.block_size, model.config.vocab_size
+    # Only the ids the tokenizer has: an embedding padded beyond it (nanoGPT pads 50257 to
+    # 50304) has rows no text stands for, which are neither shown nor counted.
+    block_size = model.config.block_size
+    V = min(model.config.vocab_size, getattr(tokenizer, "vocab_size", model.config.vocab_size))
     if len(ids) > block_size:
         raise UserValueError(
             f"the prompt is {len(ids)} tokens long and the model reads at most "
@@ -105,11 +108,11 @@ def inspect_prompt(
     device = model.wte.weight.device
     with torch.no_grad():
         run = run_with_cache(model, torch.tensor([ids], device=device))  # logits (1, T, V)
-        probs = torch.softmax(run.logits[0, -1].double(), dim=-1)  # (V,)
+        probs = torch.softmax(run.logits[0, -1, :V].double(), dim=-1)  # (V,)
         best = torch.topk(probs, min(top_k, V))
         predicted = int(best.indices[0])
         attribution = direct_logit_attribution(model, run, predicted)
-        lens = logit_lens(model, run.cache)
+        lens = logit_lens(model, run.cache, vocab_size=V)
     return PromptInspection(
         prompt=prompt,
         tokens=tuple(tokenizer.decode([i]) for i in ids),

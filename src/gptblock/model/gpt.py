@@ -263,12 +263,15 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        vocab_size: int | None = None,
     ) -> Iterator[GenerationStep]:
         """``generate``, one step at a time: yields each step's logits and sampled tokens.
 
-        Takes ``generate``'s arguments. Useful to print text as it is produced, or to look at
-        the distribution each token was drawn from. The model is in eval mode until the
-        iterator is exhausted or closed; then its previous mode is restored.
+        Takes ``generate``'s arguments, and ``vocab_size``: sample only ids below it, for a
+        tokenizer smaller than the embedding (padded, as nanoGPT pads 50257 to 50304); the
+        steps' logits are then (B, vocab_size). None: every id. Useful to print text as it is
+        produced, or to look at the distribution each token was drawn from. The model is in
+        eval mode until the iterator is exhausted or closed; then its previous mode is restored.
 
         Example:
             >>> torch.manual_seed(0) and None
@@ -307,10 +310,20 @@ class GPT(nn.Module):
                 f"generator must be a torch.Generator on the model's device type "
                 f"({idx.device.type}) or None, got {got!r:.60}"
             )
-        k = None if top_k is None else min(top_k, self.config.vocab_size)
+        V = self.config.vocab_size
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool)
+            or not isinstance(vocab_size, int)
+            or not 0 < vocab_size <= V
+        ):
+            raise UserValueError(
+                f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}"
+            )
+        V = vocab_size or V
+        k = None if top_k is None else min(top_k, V)
         # A separate generator function, so the checks above run when stream() is called rather
         # than at the first next().
-        return self._steps(idx, max_new_tokens, temperature, k, use_cache, generator)
+        return self._steps(idx, max_new_tokens, temperature, k, use_cache, generator, V)
 
     def _steps(
         self,
@@ -320,6 +333,7 @@ class GPT(nn.Module):
         k: int | None,
         use_cache: bool,
         generator: torch.Generator | None,
+        V: int,
     ) -> Iterator[GenerationStep]:
         block_size = self.config.block_size
         was_training = self.training
@@ -339,7 +353,7 @@ class GPT(nn.Module):
                         logits = decoder.prefill(window)
                     else:
                         logits = decoder.step(idx[:, -1:])  # only the newest token
-                    last = logits[:, -1, :]  # (B, V)
+                    last = logits[:, -1, :V]  # (B, V): the ids the tokenizer has
                     token = sample(last, temperature, k, generator)  # (B, 1)
                     idx = torch.cat([idx, token], dim=1)
                 yield GenerationStep(last, token)

@@ -52,6 +52,7 @@ import torch
 
 from ..errors import UserFileExistsError, UserFileNotFoundError, UserTypeError, UserValueError
 from ..files import atomic_write_bytes, atomic_write_json, temporary_of
+from .owned import is_written, record_written, written
 
 __all__ = [
     "BEST",
@@ -190,11 +191,23 @@ def save_checkpoint(
     record = json.loads(json.dumps(record, allow_nan=False))
     record[JSON_HASH] = _fields_sha256(record)
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    previous = _tensors_named(json_path)  # ours to delete once replaced, recorded or not
+    for name in (record["tensors"], json_path.name):  # recorded before they exist
+        record_written(json_path.parent, name)
     # A fresh name each time: the file the current JSON names is never overwritten.
     atomic_write_bytes(json_path.parent / record["tensors"], blob)
     atomic_write_json(json_path, record)  # the commit point
-    _remove_stale(json_path.parent, kind, keep=record["tensors"])
+    _remove_stale(json_path.parent, kind, keep=record["tensors"], previous=previous)
     return json_path
+
+
+def _tensors_named(json_path: Path) -> str | None:
+    """The tensors file an existing checkpoint JSON names (a run's own file), if it names one."""
+    try:
+        name = json.loads(json_path.read_bytes()).get("tensors")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and is_tensors_file(name) else None
 
 
 def _store_once(
@@ -228,15 +241,17 @@ def _fields_sha256(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _remove_stale(directory: Path, kind: str, keep: str) -> None:
+def _remove_stale(directory: Path, kind: str, keep: str, previous: str | None) -> None:
     # Tensors files of this kind that the JSON no longer names, and temporaries of killed saves:
-    # only names save_checkpoint itself writes, never another file that merely looks similar.
+    # only files a run recorded writing (gptblock.runs.owned) and the one the replaced JSON
+    # named, never another file that merely looks similar.
+    recorded = written(directory) | ({previous} if previous else set())
     for p in directory.iterdir():
         of = temporary_of(p.name)
         stale = is_tensors_file(p.name, kind) or (
             of is not None and (of == f"{kind}.json" or is_tensors_file(of, kind))
         )
-        if stale and p.name != keep:
+        if stale and p.name != keep and is_written(p.name, recorded):
             with contextlib.suppress(OSError):
                 p.unlink()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
+from ..model.footprint import FLOAT, check_available, parameter_count
 from .checkpoint import Checkpoint, CheckpointError, check_same_field
 
 __all__ = ["CorpusInfo", "RunMeta"]
@@ -157,8 +159,14 @@ class RunMeta:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> RunMeta:
-        """The run metadata of a loaded checkpoint (see ``from_json``)."""
-        return cls.from_json(ckpt.meta, ckpt.path)
+        """The run metadata of a loaded checkpoint (see ``from_json``), its model_config checked
+        against the tensors the checkpoint holds and the memory the model would take, before
+        anything builds it (an edited, re-hashed n_embd=1000000 is refused here)."""
+        if ckpt.meta.get("version") == 1:
+            _check_format_1(ckpt)
+        meta = cls.from_json(ckpt.meta, ckpt.path)
+        _check_fits(ckpt, meta.model_config)
+        return meta
 
     def check_resume(self, ckpt: Checkpoint) -> None:
         """Refuse to resume ``ckpt`` unless it is a run of this model, vocabulary and text.
@@ -231,3 +239,67 @@ def _corpus(value: object, where: object) -> CorpusInfo | None:
     if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
         raise CheckpointError(f"{where}: field 'data.sha256' must be a SHA-256 hex digest")
     return CorpusInfo(source, characters, sha)
+
+
+def _check_fits(ckpt: Checkpoint, config: GPTConfig) -> None:
+    """Refuse a ``model_config`` whose embeddings or depth differ from the saved weights', or
+    whose model would not fit in memory; reads shapes only, allocates nothing."""
+    tensors = ckpt.tensors
+    wanted = {
+        "model.transformer.wte.weight": (config.vocab_size, config.n_embd),
+        "model.transformer.wpe.weight": (config.block_size, config.n_embd),
+    }
+    for name, shape in wanted.items():
+        if name in tensors and tuple(tensors[name].shape) != shape:
+            raise CheckpointError(
+                f"{ckpt.path}: model_config (vocab_size={config.vocab_size}, block_size="
+                f"{config.block_size}, n_embd={config.n_embd}) does not fit {name} of shape "
+                f"{tuple(tensors[name].shape)} in {ckpt.tensors_path.name}"
+            )
+    layers = {k.split(".")[3] for k in tensors if k.startswith("model.transformer.h.")}
+    if "model.transformer.wte.weight" in tensors and len(layers) != config.n_layer:
+        raise CheckpointError(
+            f"{ckpt.path}: model_config n_layer={config.n_layer}, but "
+            f"{ckpt.tensors_path.name} holds the weights of {len(layers)} block(s)"
+        )
+    check_available(
+        parameter_count(config) * FLOAT,
+        "cpu",
+        f"{ckpt.path}: its model_config (n_layer={config.n_layer}, n_embd={config.n_embd})",
+        "the model does not fit in this machine's memory",
+    )
+
+
+# What gptblock 0.1 and 0.2 wrote in a format-1 checkpoint, whose fields carry no hash: a file
+# holding anything else was edited, or written by something else.
+FORMAT_1_MODEL_FIELDS = {
+    "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "activation",
+    "block",
+}  # fmt: skip
+FORMAT_1_DATA_FIELDS = {"source", "characters", "sha256"}
+
+
+def _check_format_1(ckpt: Checkpoint) -> None:
+    """Refuse a format-1 checkpoint holding what format 1 could not: a BPE tokenizer, a model
+    field added later, or a vocabulary out of the sorted order ``CharTokenizer.from_text`` gave
+    it (the characters of a swapped vocabulary, say)."""
+    meta = ckpt.meta
+    problem = ""
+    config, vocab, data = meta.get("model_config"), meta.get("vocab"), meta.get("data")
+    if "tokenizer" in meta:
+        problem = "a field 'tokenizer' (BPE came with format 2)"
+    elif isinstance(config, dict) and set(config) - FORMAT_1_MODEL_FIELDS:
+        problem = f"model_config field(s) {sorted(set(config) - FORMAT_1_MODEL_FIELDS)}"
+    elif isinstance(data, dict) and set(data) - FORMAT_1_DATA_FIELDS:
+        problem = f"data field(s) {sorted(set(data) - FORMAT_1_DATA_FIELDS)}"
+    elif (
+        isinstance(vocab, list)
+        and all(isinstance(c, str) for c in vocab)
+        and any(not a < b for a, b in itertools.pairwise(vocab))
+    ):
+        problem = "a vocab out of sorted order (gptblock 0.1 and 0.2 sorted it)"
+    if problem:
+        raise CheckpointError(
+            f"{ckpt.path}: a format-1 checkpoint with {problem}: no gptblock wrote that, so the "
+            f"file was edited; restore it or train again"
+        )

@@ -6,10 +6,11 @@ written:
 * ``--out`` is a directory, or a path where one can be made: a file, a device such as
   ``/dev/null``, or a place where no directory can be created (``/proc/...``) is refused.
 * A fresh run writes only into a new or empty directory, or into one holding nothing but what a
-  gptblock run killed before its first checkpoint leaves (its lock file, temporaries, tensors
-  files). gptblock never deletes or overwrites a file it did not write, so a directory with
-  anything else in it (another program's files, a ``best.json`` without its ``last.json``) is
-  refused with one line listing them. A run already there is continued with ``resume`` only.
+  gptblock run killed before its first checkpoint leaves (its lock file, and the files it
+  recorded writing: ``gptblock.runs.owned``). gptblock never deletes or overwrites a file it did
+  not write, so a directory with anything else in it (a ``loss.png`` of the user's, another
+  program's files, a ``best.json`` without its ``last.json``) is refused with one line listing
+  them. A run already there is continued with ``resume`` only.
 * While a run trains, its directory is locked: an OS-level lock (``flock`` through the
   ``filelock`` library) on ``.gptblock.lock`` inside it, which the operating system releases
   when the process ends, however it ends, so a crash never leaves a stale lock. A second run
@@ -42,8 +43,8 @@ from ..errors import (
     UserPermissionError,
     UserValueError,
 )
-from ..files import temporary_of
-from .checkpoint import BEST, LAST, checkpoint_path, holds_run, is_tensors_file, run_exists_error
+from .checkpoint import BEST, LAST, checkpoint_path, holds_run, run_exists_error
+from .owned import RECORD_FILE, is_written, written
 
 __all__ = [
     "LOCK_FILE",
@@ -60,7 +61,6 @@ LOCK_FILE = ".gptblock.lock"  # inside the run directory; held while a run train
 # is training, and a run starting in that instant must not take that for a run.
 PROBE_WAIT = 2.0  # seconds
 LOSS_PLOT = "loss.png"  # the picture of the losses, beside the checkpoints in a run directory
-_WRITTEN = (f"{LAST}.json", f"{BEST}.json", LOSS_PLOT)  # the run's files with fixed names
 
 
 class RunInUseError(UserError, BlockingIOError):
@@ -143,19 +143,12 @@ def _kind(path: Path) -> str:
 
 def _foreign_entries(path: Path, marked: bool) -> list[str]:
     """What in ``path`` a fresh run would not own: everything, unless the directory was
-    ``marked`` as a run's by gptblock's lock file; then all but what a run killed early left."""
-    names = sorted(name for name in os.listdir(path) if name != LOCK_FILE)
-    return [name for name in names if not (marked and _leftover(name))]
-
-
-def _leftover(name: str) -> bool:
-    # JSON checkpoints are not leftovers: a best.json without last.json is still a checkpoint.
-    of = temporary_of(name)
-    return (
-        name == LOSS_PLOT
-        or is_tensors_file(name)
-        or (of is not None and (of in _WRITTEN or is_tensors_file(of)))
-    )
+    ``marked`` as a run's by gptblock's lock file; then all but what a run killed early
+    recorded writing (``gptblock.runs.owned``), its JSON checkpoints aside."""
+    names = sorted(name for name in os.listdir(path) if name not in (LOCK_FILE, RECORD_FILE))
+    recorded = written(path) if marked else set()
+    checkpoints = (f"{LAST}.json", f"{BEST}.json")  # a best.json alone is still a checkpoint
+    return [n for n in names if n in checkpoints or not is_written(n, recorded)]
 
 
 def make_run_dir(out_dir: str | os.PathLike[str]) -> Path:

@@ -43,6 +43,7 @@ from ..runs.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from ..runs.owned import record_written
 from ..runs.rundir import LOSS_PLOT, locked_run_dir, run_dir_of_processes
 from . import state as train_state
 from .arguments import check_arguments
@@ -329,6 +330,7 @@ class Trainer:
         if improved:
             self.save(BEST)
         if self.out_dir is not None and self.dist.is_main:
+            record_written(self.out_dir, LOSS_PLOT)  # the run's own file from now on
             save_loss_plot(self.losses, self.evals, self.out_dir / LOSS_PLOT)
         for fn in self._callbacks["on_eval_end"]:
             fn(self)
