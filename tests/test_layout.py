@@ -31,7 +31,6 @@ LAYERS = [
 KNOWN_UPWARD = {
     ("model", "data"),
     ("model", "interop"),
-    ("model", "lens"),
 }
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
