@@ -39,7 +39,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from gptblock import __version__  # noqa: E402
-from gptblock.blocks import fused  # noqa: E402
+from gptblock.blocks import attention  # noqa: E402
 from gptblock.train.evaluate import validation_loss  # noqa: E402
 from gptblock.train.run import prepare_run, preset_settings  # noqa: E402
 
@@ -79,7 +79,7 @@ def main() -> None:
         "--attention",
         choices=("auto", "flash"),
         default="auto",
-        help="flash: never the math kernel (fused.MATH_KERNEL_MAX_T = 0), to measure it",
+        help="flash: never the math kernel (attention.MATH_KERNEL_MAX_T = 0), to measure it",
     )
     p.add_argument(
         "--ns-dtype",
@@ -102,7 +102,7 @@ def main() -> None:
             overrides[name] = value  # a word: wsd, muon, bfloat16
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
-        fused.MATH_KERNEL_MAX_T = 0
+        attention.MATH_KERNEL_MAX_T = 0
     if not args.baseline:
         # The trainer's estimates only print here: one batch, at the start and at the end.
         overrides |= {"eval_interval": settings["max_iters"], "eval_iters": 1}

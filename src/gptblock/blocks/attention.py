@@ -10,7 +10,7 @@ Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh head
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.nn import functional as F
@@ -19,7 +19,14 @@ from .masks import blocked_positions, masked_softmax, split_dead_rows
 from .parts import Linear
 from .probe import Probe, at
 
-__all__ = ["MATH_KERNEL_MAX_T", "KVStore", "causal_attention", "self_attention"]
+__all__ = [
+    "MATH_KERNEL_MAX_T",
+    "Attention",
+    "KVStore",
+    "SelfAttention",
+    "causal_attention",
+    "self_attention",
+]
 
 
 class KVStore(Protocol):
@@ -33,6 +40,68 @@ class KVStore(Protocol):
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (B, nh, T, hs) keys and values; return all of them so far, (B, nh, L, hs)."""
         ...
+
+
+class Attention(Protocol):
+    """A block's attention part: ``FusedSelfAttention`` (a module, so module hooks on it fire)
+    or ``SelfAttention`` (the same function on given projections)."""
+
+    @property
+    def in_proj(self) -> Linear: ...
+
+    @property
+    def out_proj(self) -> Linear: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    def __call__(
+        self,
+        h: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVStore | None = None,
+        *,
+        dropout: float | None = None,
+        probe: Probe | None = None,
+    ) -> torch.Tensor: ...
+
+
+class SelfAttention(NamedTuple):
+    """``self_attention`` on given projections: an ``Attention`` that is not a module.
+
+    Example:
+        >>> from gptblock.blocks.parts import Dense
+        >>> attn = SelfAttention(Dense(torch.randn(12, 4), None), Dense(torch.randn(4, 4), None), 2)
+        >>> attn(torch.randn(1, 3, 4)).shape
+        torch.Size([1, 3, 4])
+    """
+
+    in_proj: Linear  # C -> 3C: q; k; v packed row-wise
+    out_proj: Linear  # C -> C
+    n_heads: int  # nh
+
+    def __call__(
+        self,
+        h: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVStore | None = None,
+        *,
+        dropout: float | None = None,
+        probe: Probe | None = None,
+    ) -> torch.Tensor:
+        return self_attention(
+            h,
+            self.in_proj,
+            self.out_proj,
+            self.n_heads,
+            attn_mask,
+            key_padding_mask,
+            kv_cache=kv_cache,
+            dropout=dropout or 0.0,
+            probe=probe,
+        )
 
 
 # PyTorch's CPU flash-attention kernel is slow in reduced precision at short contexts: at
@@ -100,12 +169,16 @@ def self_attention(
         h (B, T, C) -> (B, T, C).
     """
     B, T, C = h.shape
+    hs = C // n_heads
     qkv = in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
-    qkv = qkv.view(B, T, 3, n_heads, C // n_heads)  # (B, T, 3, nh, hs)
-    # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to the
-    # front and unbinding dim 0: the same views) lets the backward stack the three gradients
-    # straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy per step.
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
+    if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
+        q, k, v = qkv.view(B, 3, n_heads, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
+    else:
+        # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
+        # the front and unbinding dim 0: the same views) lets the backward stack the three
+        # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
+        qkv = qkv.view(B, T, 3, n_heads, hs)  # (B, T, 3, nh, hs)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
     start = 0
     if kv_cache is not None:
         start = kv_cache.length
@@ -122,7 +195,9 @@ def self_attention(
         allowed = ~live[:, None]  # (B, 1, T, T), SDPA's convention: True = may attend
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
         y = y.masked_fill(dead[:, None, :, None], 0.0)  # (B, nh, T, hs)
-    return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, nh, T, hs) -> (B, T, C)
+    if T > 1:  # at one position (B, nh, 1, hs) is (B, 1, nh, hs) in memory already
+        y = y.transpose(1, 2)  # (B, T, nh, hs)
+    return out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
 def _causal(

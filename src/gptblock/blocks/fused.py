@@ -30,7 +30,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import KVStore, self_attention
+from .attention import Attention, KVStore, SelfAttention, self_attention
 from .config import BlockConfig, activation_function, check_input
 from .masks import blocked_positions, masked_softmax
 from .parts import Dense, LayerNormFn, Linear, Norm
@@ -47,8 +47,7 @@ class BlockParts(NamedTuple):
 
     config: BlockConfig
     norm1: Norm  # before attention
-    in_proj: Linear  # C -> 3C: q; k; v packed row-wise, head i owning rows i*hs:(i+1)*hs of each
-    out_proj: Linear  # C -> C
+    attn: Attention  # causal self-attention, C -> C (with a KV cache, the lens's points)
     norm2: Norm  # before the MLP
     linear1: Linear  # C -> 4C
     linear2: Linear  # 4C -> C
@@ -68,8 +67,7 @@ class BlockParts(NamedTuple):
         return cls(
             config,
             norm("norm1"),
-            in_proj,
-            dense("self_attn.out_proj."),
+            SelfAttention(in_proj, dense("self_attn.out_proj."), config.n_heads),
             norm("norm2"),
             dense("linear1."),
             dense("linear2."),
@@ -103,23 +101,18 @@ def block_forward(
     """
     config = parts.config
     act = activation_function(config.activation)
-    train = dropout > 0
     x = at(probe, "resid_pre", x)  # (B, T, C)
-    a = self_attention(
-        parts.norm1(x),
-        parts.in_proj,
-        parts.out_proj,
-        config.n_heads,
-        attn_mask,
-        key_padding_mask,
-        kv_cache=kv_cache,
-        dropout=dropout,
-        probe=probe,
+    a = parts.attn(
+        parts.norm1(x), attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe
     )  # (B, T, C)
-    x = at(probe, "resid_mid", x + F.dropout(at(probe, "attn_out", a), dropout, train))
-    u = F.dropout(act(parts.linear1(parts.norm2(x))), dropout, train)  # (B, T, 4C)
+    a = at(probe, "attn_out", a)
+    # Dropout only where there is some: outside training a call into PyTorch costs a
+    # generation step more than the whole arithmetic of some of its lines.
+    x = at(probe, "resid_mid", x + (F.dropout(a, dropout) if dropout else a))
+    u = act(parts.linear1(parts.norm2(x)))  # (B, T, 4C)
+    u = F.dropout(u, dropout) if dropout else u
     m = at(probe, "mlp_out", parts.linear2(u))  # (B, T, 4C) -> (B, T, C)
-    return at(probe, "resid_post", x + F.dropout(m, dropout, train))  # (B, T, C)
+    return at(probe, "resid_post", x + (F.dropout(m, dropout) if dropout else m))  # (B, T, C)
 
 
 class FusedSelfAttention(nn.Module):
@@ -164,9 +157,13 @@ class FusedSelfAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
         kv_cache: KVStore | None = None,
+        *,
+        dropout: float | None = None,
+        probe: Probe | None = None,
     ) -> torch.Tensor:
-        # SDPA applies dropout_p whatever the module's mode: pass it in training only.
-        p = self.dropout if self.training else 0.0
+        # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
+        # the block passes its own choice.
+        p = dropout if dropout is not None else self.dropout if self.training else 0.0
         return self_attention(
             h,
             self.in_proj,
@@ -176,6 +173,7 @@ class FusedSelfAttention(nn.Module):
             key_padding_mask,
             kv_cache=kv_cache,
             dropout=p,
+            probe=probe,
         )
 
 
@@ -237,12 +235,10 @@ class FusedBlock(nn.Module):
 
     def parts(self) -> BlockParts:
         """This block's own modules and parameters as ``block_forward``'s parts (not copied)."""
-        attn = self.self_attn
         return BlockParts(
             self.config,
             self.norm1,
-            attn.in_proj,
-            attn.out_proj,
+            self.self_attn,
             self.norm2,
             self.linear1,
             self.linear2,

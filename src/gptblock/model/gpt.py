@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -38,11 +38,11 @@ from ..interop import hf, nanogpt
 from ..lesson import Block as LessonBlock
 from .generation import decode
 from .generation.sampling import GenerationStep
+from .parts import BlockFn, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
 __all__ = ["GPT", "GPTOutput"]
 
-BlockFn = Callable[..., torch.Tensor]  # block(x), or block(x, kv_cache=..., probe=...)
 
 # The parameters that write into the residual stream at the end of each branch. GPT-2 scales
 # their initialisation by 1/sqrt(2 * n_layer): each block adds two branches to the stream, and
@@ -203,7 +203,7 @@ class GPT(nn.Module):
             not self.training or idx.device.type == "cpu"
         )
         B, T = self._check_input(idx, check_range)
-        logits = self._run(idx, self.blocks)  # (B, T, V)
+        logits = self._run(idx, self._parts())  # (B, T, V)
         loss = None
         if targets is not None:
             if targets.shape != idx.shape:
@@ -268,34 +268,44 @@ class GPT(nn.Module):
                 f"over; pass targets=None for the logits alone"
             )
 
+    def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts:
+        """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
+        return GPTParts(
+            self.wte,
+            self.wpe.weight,
+            self.blocks if blocks is None else blocks,
+            cast(nn.LayerNorm, self.transformer["ln_f"]),
+            self.lm_head,
+        )
+
     def _run(
         self,
         idx: torch.Tensor,
-        blocks: Sequence[BlockFn],
+        parts: GPTParts,
         *,
         caches: Sequence[KVStore] | None = None,
         probe: Tracer | None = None,
     ) -> torch.Tensor:
-        """The GPT, once: logits (B, T, V) of checked ids (B, T) through ``blocks``.
+        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
 
-        ``blocks`` are the model's own (``forward``), or callables that also take ``kv_cache``
+        The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
         and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
         continues after the positions they hold. A probed run is the eval-mode function.
         """
         T = idx.shape[1]
         start = 0 if caches is None else caches[0].length
-        x = self.wte(idx) + self.wpe.weight[start : start + T]  # (B, T, C): positions start..
+        x = parts.wte(idx) + parts.wpe[start : start + T]  # (B, T, C): positions start..
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)
-        for i, block in enumerate(blocks):
+        for i, block in enumerate(parts.blocks):
             if caches is None and probe is None:
                 x = block(x)  # (B, T, C)
             else:
                 cache = None if caches is None else caches[i]
                 x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i))
-        x = at(probe, "ln_final", self.transformer["ln_f"](x))  # (B, T, C)
-        return self.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
+        x = at(probe, "ln_final", parts.ln_f(x))  # (B, T, C)
+        return parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
 
     def _probed_blocks(self) -> list[BlockFn]:
         """The blocks as forwards that take a probe: a ``FusedBlock`` itself; a lesson or
@@ -403,7 +413,7 @@ class GPT(nn.Module):
         """
         tracer = Tracer(names, {} if hooks is None else hooks, self.config.n_layer)
         self._check_input(idx)
-        return tracer.result(self._run(idx, self._probed_blocks(), probe=tracer))
+        return tracer.result(self._run(idx, self._parts(self._probed_blocks()), probe=tracer))
 
     def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
         """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
@@ -411,7 +421,7 @@ class GPT(nn.Module):
         honours every name; the model is not changed. ``gptblock.lens.run_with_hooks``."""
         tracer = Tracer((), hooks, self.config.n_layer)
         self._check_input(idx)
-        return self._run(idx, self._probed_blocks(), probe=tracer)
+        return self._run(idx, self._parts(self._probed_blocks()), probe=tracer)
 
 
 def _make_block(config: GPTConfig) -> nn.Module:

@@ -14,24 +14,25 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
+from torch.nn import functional as F
 
-from ...blocks.attention import KVStore
+from ...blocks.attention import KVStore, SelfAttention
 from ...blocks.config import GPTConfig
 from ...blocks.convert import parts_of
 from ...blocks.fused import BlockParts, block_forward
+from ...blocks.parts import Dense, LayerNormFn, Norm
 from ...errors import UserTypeError, UserValueError
+from ..parts import BlockFn, GPTParts
 from .cache import KVCache
 from .matvec import RowLinear
 from .sampling import GenerationStep, Sampling
 
 __all__ = ["Decoder", "stream"]
-
-BlockFn = Callable[..., torch.Tensor]  # block(x) or block(x, kv_cache=..., probe=...)
 
 
 class Model(Protocol):
@@ -43,14 +44,19 @@ class Model(Protocol):
     def config(self) -> GPTConfig: ...
 
     @property
+    def wte(self) -> nn.Embedding: ...
+
+    @property
     def blocks(self) -> list[nn.Module]: ...
 
     def train(self, mode: bool = True) -> Any: ...
 
+    def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
+
     def _run(
         self,
         idx: torch.Tensor,
-        blocks: Sequence[BlockFn],
+        parts: GPTParts,
         *,
         caches: Sequence[KVStore] | None = None,
     ) -> torch.Tensor: ...
@@ -68,11 +74,20 @@ class Decoder:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        own = model._parts()
         with torch.no_grad():  # a lesson block's q/k/v are concatenated: no graph to keep
-            parts = [parts_of(block) for block in model.blocks]
-        self.dtype = parts[0].in_proj.weight.dtype
-        self.prefills = [functools.partial(block_forward, p) for p in parts]
-        self.steps = [functools.partial(block_forward, _one_position(p)) for p in parts]
+            blocks = [parts_of(block) for block in model.blocks]
+        # The ends as functions of their weights, fetched once.
+        ends = GPTParts(
+            functools.partial(F.embedding, weight=model.wte.weight),
+            own.wpe,
+            [],
+            _norm(own.ln_f),
+            Dense(own.lm_head.weight, own.lm_head.bias),
+        )
+        self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
+        self.step_parts = ends._replace(blocks=[_fn(_one_position(p)) for p in blocks])
+        self.dtype = blocks[0].attn.in_proj.weight.dtype
         self.caches: list[KVCache] = []
 
     @property
@@ -92,23 +107,43 @@ class Decoder:
                 dtype=self.dtype,
                 device=idx.device,
             )
-            for _ in self.prefills
+            for _ in self.prefill_parts.blocks
         ]
-        return self.model._run(idx, self.prefills, caches=self.caches)
+        return self.model._run(idx, self.prefill_parts, caches=self.caches)
 
     def step(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, 1, V) for one new token (B, 1) at the next position."""
-        return self.model._run(idx, self.steps, caches=self.caches)
+        return self.model._run(idx, self.step_parts, caches=self.caches)
+
+
+def _fn(parts: BlockParts) -> BlockFn:
+    """The fused form's forward on ``parts``: ``fn(x, kv_cache=..., probe=...)``."""
+    return functools.partial(block_forward, parts)
 
 
 def _one_position(parts: BlockParts) -> BlockParts:
-    """``parts`` with every weight matrix laid out for one-position products (``RowLinear``)."""
+    """``parts`` with every weight matrix laid out for one-position products (``RowLinear``)
+    and the norms as functions (a module call was a tenth of a step's overhead)."""
+    attn = parts.attn
+    norm1, norm2 = (_norm(n) for n in (parts.norm1, parts.norm2))
     return parts._replace(
-        in_proj=RowLinear(parts.in_proj.weight, parts.in_proj.bias),
-        out_proj=RowLinear(parts.out_proj.weight, parts.out_proj.bias),
+        norm1=norm1,
+        norm2=norm2,
+        attn=SelfAttention(
+            RowLinear(attn.in_proj.weight, attn.in_proj.bias),
+            RowLinear(attn.out_proj.weight, attn.out_proj.bias),
+            attn.n_heads,
+        ),
         linear1=RowLinear(parts.linear1.weight, parts.linear1.bias),
         linear2=RowLinear(parts.linear2.weight, parts.linear2.bias),
     )
+
+
+def _norm(norm: Norm) -> Norm:
+    """A ``LayerNorm`` module's function on its weights (the module's own ``eps``)."""
+    if isinstance(norm, nn.LayerNorm):
+        return LayerNormFn(norm.weight, norm.bias, norm.eps)
+    return norm
 
 
 def stream(
@@ -153,7 +188,7 @@ def _steps(
             with torch.no_grad():
                 window = idx[:, -block_size:]  # what the model can read
                 if decoder is None:
-                    logits = model._run(window, model.blocks)
+                    logits = model._run(window, model._parts())
                 elif decoder.length in (0, block_size):
                     # The first step, and every step once the window slides: every position
                     # embedding moved, so the cached keys and values are stale.
