@@ -30,7 +30,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import Attention, KVStore, SelfAttention, self_attention
+from .attention import Attention, KVStore, SelfAttention
 from .config import BlockConfig, activation_function, check_input
 from .masks import blocked_positions, masked_softmax
 from .parts import Dense, LayerNormFn, Linear, Norm
@@ -58,7 +58,7 @@ class BlockParts(NamedTuple):
         (``convert.describe``'s; a bias-free block has no ``*.bias`` entries). Not copied."""
 
         def dense(name: str) -> Dense:
-            return Dense(w[name + "weight"], w.get(name + "bias"))
+            return Dense(w[name + ".weight"], w.get(name + ".bias"))
 
         def norm(name: str) -> LayerNormFn:
             return LayerNormFn(w[name + ".weight"], w.get(name + ".bias"), config.norm_eps)
@@ -67,10 +67,10 @@ class BlockParts(NamedTuple):
         return cls(
             config,
             norm("norm1"),
-            SelfAttention(in_proj, dense("self_attn.out_proj."), config.n_heads),
+            SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_heads),
             norm("norm2"),
-            dense("linear1."),
-            dense("linear2."),
+            dense("linear1"),
+            dense("linear2"),
         )
 
 
@@ -164,17 +164,8 @@ class FusedSelfAttention(nn.Module):
         # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
         # the block passes its own choice.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
-        return self_attention(
-            h,
-            self.in_proj,
-            self.out_proj,
-            self.n_heads,
-            attn_mask,
-            key_padding_mask,
-            kv_cache=kv_cache,
-            dropout=p,
-            probe=probe,
-        )
+        attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads)
+        return attention(h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe)
 
 
 class FusedBlock(nn.Module):

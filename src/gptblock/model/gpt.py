@@ -272,7 +272,7 @@ class GPT(nn.Module):
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
         return GPTParts(
             self.wte,
-            self.wpe.weight,
+            self.wpe,
             self.blocks if blocks is None else blocks,
             cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
@@ -294,7 +294,8 @@ class GPT(nn.Module):
         """
         T = idx.shape[1]
         start = 0 if caches is None else caches[0].length
-        x = parts.wte(idx) + parts.wpe[start : start + T]  # (B, T, C): positions start..
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = parts.wte(idx) + parts.wpe(pos)  # (B, T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)

@@ -27,7 +27,7 @@ class GPTParts(NamedTuple):
     """A GPT's parts, for ``GPT._run``."""
 
     wte: Callable[[torch.Tensor], torch.Tensor]  # token embedding: ids (B, T) -> (B, T, C)
-    wpe: torch.Tensor  # (block_size, C): position embeddings, row t for position t
+    wpe: Callable[[torch.Tensor], torch.Tensor]  # position embedding: (T,) -> (T, C)
     blocks: Sequence[BlockFn]  # (B, T, C) -> (B, T, C) each
     ln_f: Norm  # the final norm
     lm_head: Linear  # C -> V

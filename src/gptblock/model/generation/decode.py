@@ -47,6 +47,9 @@ class Model(Protocol):
     def wte(self) -> nn.Embedding: ...
 
     @property
+    def wpe(self) -> nn.Embedding: ...
+
+    @property
     def blocks(self) -> list[nn.Module]: ...
 
     def train(self, mode: bool = True) -> Any: ...
@@ -80,7 +83,7 @@ class Decoder:
         # The ends as functions of their weights, fetched once.
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
-            own.wpe,
+            functools.partial(F.embedding, weight=model.wpe.weight),
             [],
             _norm(own.ln_f),
             Dense(own.lm_head.weight, own.lm_head.bias),
