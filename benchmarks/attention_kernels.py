@@ -4,7 +4,7 @@
 
 Times causal ``F.scaled_dot_product_attention`` on (B, nh, T, hs) with each kernel forced by
 ``torch.nn.attention.sdpa_kernel``, in float32 and bfloat16: the median of 10 forward + backward
-calls after 3 untimed ones. ``gptblock.blocks.fused.causal_attention`` uses the math kernel where this
+calls after 3 untimed ones. ``gptblock.blocks.attention.causal_attention`` uses the math kernel where this
 shows it faster (reduced precision, T <= 128).
 """
 

@@ -141,7 +141,7 @@ def compare(args: argparse.Namespace) -> None:
     """Median ms per step of the two variants, timed round-robin, 10 steps a round."""
     import statistics
 
-    from gptblock.blocks import fused
+    from gptblock.blocks import attention
 
     before = build(args.preset, args.threads, "float32")
     after = build(args.preset, args.threads)
@@ -155,7 +155,7 @@ def compare(args: argparse.Namespace) -> None:
             for _ in range(10):
                 profiled_step(t)
             times[name].append((time.perf_counter() - start) * 100)  # ms per step
-    assert fused.MATH_KERNEL_MAX_T > 0
+    assert attention.MATH_KERNEL_MAX_T > 0
     for name, ts in times.items():
         t = before if name == "before" else after
         print(

@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from gptblock import __version__  # noqa: E402
-from gptblock.blocks import fused  # noqa: E402
+from gptblock.blocks import attention  # noqa: E402
 from gptblock.blocks.config import check_positive_int, check_seed  # noqa: E402
 from gptblock.devices import set_threads  # noqa: E402
 from gptblock.errors import UserError, UserValueError  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> None:
         "--attention",
         choices=("auto", "flash"),
         default="auto",
-        help="flash: never the math kernel (fused.MATH_KERNEL_MAX_T = 0), to measure it",
+        help="flash: never the math kernel (attention.MATH_KERNEL_MAX_T = 0), to measure it",
     )
     p.add_argument(
         "--ns-dtype",
@@ -126,7 +126,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
             overrides[name] = value  # a word: wsd, muon, bfloat16
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
-        fused.MATH_KERNEL_MAX_T = 0
+        attention.MATH_KERNEL_MAX_T = 0
     if not args.baseline:
         # The trainer's estimates only print here: one batch, at the start and at the end.
         overrides |= {"eval_interval": settings.max_iters, "eval_iters": 1}

@@ -148,7 +148,7 @@ def test_decode_step_is_forward_with_the_cache(activation, bias):
     fused(x[:, :5], kv_cache=a)
     fused(x[:, :5], kv_cache=b)
     stepped = fused.decode_step(x[:, 5:], a)
-    # The same arithmetic, its matrix products summed in another order (gptblock.blocks.matvec).
+    # The same forward (GPT.generate's one-position layout is held to it in test_generation).
     torch.testing.assert_close(stepped, fused(x[:, 5:], kv_cache=b), atol=1e-6, rtol=0)
     assert a.length == b.length == 6
     torch.testing.assert_close(stepped, fused(x)[:, 5:], atol=1e-6, rtol=0)
@@ -177,24 +177,24 @@ def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
 def test_the_cpu_kernel_choice_keeps_the_function(T, monkeypatch):
     # bfloat16 at T <= 128 goes through SDPA's math kernel (3.5x faster there than flash on
     # CPU); above, or in float32, through SDPA's own choice. Outputs and gradients agree.
-    from gptblock.blocks import fused as fused_module
+    from gptblock.blocks import attention as attention_module
 
     calls = []
-    kernel, backend = fused_module._MATH_KERNEL
+    kernel, backend = attention_module._MATH_KERNEL
 
     def recording(b):
         calls.append(b)
         return kernel(b)
 
-    monkeypatch.setattr(fused_module, "_MATH_KERNEL", (recording, backend))
+    monkeypatch.setattr(attention_module, "_MATH_KERNEL", (recording, backend))
     torch.manual_seed(0)
     block = FusedBlock(32, 2).bfloat16()
     x = torch.randn(2, T, 32, dtype=torch.bfloat16, requires_grad=True)
     y = block(x)
     y.float().square().sum().backward()
-    assert len(calls) == (1 if T <= fused_module.MATH_KERNEL_MAX_T else 0)
+    assert len(calls) == (1 if T <= attention_module.MATH_KERNEL_MAX_T else 0)
     grad, y = x.grad.clone(), y.detach()
-    monkeypatch.setattr(fused_module, "MATH_KERNEL_MAX_T", 0)  # SDPA's own choice
+    monkeypatch.setattr(attention_module, "MATH_KERNEL_MAX_T", 0)  # SDPA's own choice
     x.grad = None
     y2 = block(x)
     y2.float().square().sum().backward()

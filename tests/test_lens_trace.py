@@ -12,9 +12,9 @@ import torch
 from torch.nn import functional as F
 
 from gptblock import GPT, GPTConfig, load_gpt
+from gptblock.blocks import attention as attention_module
 from gptblock.errors import UserTypeError, UserValueError
 from gptblock.lens import BLOCK_POINTS, activation_names, run_with_cache, run_with_hooks
-from gptblock.lens import trace as trace_module
 from lens_models import FORMS, V, lens_gpt, prompt
 
 FIXTURE_RUN = pathlib.Path(__file__).parent / "fixtures" / "run-v1"
@@ -88,7 +88,7 @@ def test_every_point_has_its_shape_and_the_pattern_is_the_blocks_own(form):
 
 def test_the_fast_attention_path_is_kept_unless_patterns_or_head_outputs_are_asked(monkeypatch):
     calls = {"sdpa": 0, "softmax": 0}
-    sdpa, softmax = F.scaled_dot_product_attention, trace_module.masked_softmax
+    sdpa, softmax = F.scaled_dot_product_attention, attention_module.masked_softmax
 
     def counting_sdpa(*args, **kwargs):
         calls["sdpa"] += 1
@@ -99,7 +99,7 @@ def test_the_fast_attention_path_is_kept_unless_patterns_or_head_outputs_are_ask
         return softmax(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", counting_sdpa)
-    monkeypatch.setattr(trace_module, "masked_softmax", counting_softmax)
+    monkeypatch.setattr(attention_module, "masked_softmax", counting_softmax)
     model = lens_gpt(n_layer=3)
     idx = prompt()
 

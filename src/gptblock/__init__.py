@@ -34,14 +34,16 @@ with a message that names the bad value; anything else is a bug.
 from . import exercises, lens, lesson, reference
 from .blocks.config import BlockConfig, GPTConfig
 from .blocks.convert import ConversionError, convert
-from .blocks.fused import FusedBlock, KVCache
+from .blocks.fused import FusedBlock
 from .blocks.masks import causal_mask
 from .blocks.mha import TransformerBlock
 from .check import CheckReport, Finding, check_block
 from .data.batches import CharTokenizer
 from .errors import UserError
 from .loading import load, load_gpt
-from .model.gpt import GPT, GenerationStep, GPTOutput
+from .model.generation.cache import KVCache
+from .model.generation.sampling import GenerationStep
+from .model.gpt import GPT, GPTOutput
 from .runs.checkpoint import CheckpointError
 from .runs.meta import RunMeta
 from .train.config import TrainConfig

@@ -33,10 +33,10 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block
 from ..reference.layout import IN_PROJ, LESSON_RENAMES, LESSON_TRIL, lesson_head, lesson_qkv_keys
 from .config import BlockConfig, activation_function, activation_name, check_positive_int
-from .fused import FusedBlock
+from .fused import BlockParts, FusedBlock
 from .mha import TransformerBlock
 
-__all__ = ["FORMS", "ConversionError", "convert", "describe"]
+__all__ = ["FORMS", "ConversionError", "convert", "describe", "parts_of"]
 
 FORMS = ("lesson", "mha", "fused", "encoder_layer")
 LESSON_EPS = 1e-5  # nn.LayerNorm's default, which the lesson's Block uses and cannot change
@@ -174,6 +174,26 @@ def describe(module: nn.Module) -> tuple[BlockConfig, State]:
         "expected a block: a gptblock.lesson.Block, TransformerBlock, FusedBlock or "
         f"nn.TransformerEncoderLayer, got {type(module).__name__}"
     )
+
+
+def parts_of(module: nn.Module) -> BlockParts:
+    """Any form's parts for ``block_forward``, on its own parameters (``describe``'s, not copied).
+
+    This is how a block whose own forward has no KV cache and no hook points (the lesson's, the
+    one on ``nn.MultiheadAttention``) is run with them: by the fused form's forward, which
+    computes the same function, on its weights, so gradients reach them.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> from gptblock.blocks.fused import block_forward
+        >>> block = lesson.Block(n_embd=16, n_head=2, block_size=8).eval()
+        >>> x = torch.randn(1, 5, 16)
+        >>> torch.allclose(block_forward(parts_of(block), x), block(x), atol=1e-6)
+        True
+    """
+    if isinstance(module, FusedBlock):
+        return module.parts()
+    return BlockParts.of_state(*describe(module))
 
 
 def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:

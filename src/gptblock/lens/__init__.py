@@ -1,8 +1,9 @@
 """Looking inside a GPT: named activations, hooks, the residual stream read out, and pictures.
 
 * ``trace`` -- ``run_with_cache`` / ``run_with_hooks`` (also ``GPT.run_with_cache`` /
-  ``GPT.run_with_hooks``): the activations by their interpretability names, from one
-  instrumented forward pass that every block form goes through, so no hook is ever skipped.
+  ``GPT.run_with_hooks``): the activations by their interpretability names, from the model's
+  own forward pass with a probe at every named point, for every block form, so no hook is ever
+  skipped.
 * ``readout`` -- the stream as a sum of components, direct logit attribution through the final
   LayerNorm, the logit lens, and each head's attention entropy and mean distance back.
 * ``report`` -- ``inspect_prompt``: all of it for one prompt, what ``gptblock inspect`` prints.

@@ -2,16 +2,21 @@
 
 Model-level names are GPT-2's (``transformer.wte``, ``transformer.wpe``, ``transformer.h``,
 ``transformer.ln_f``, ``lm_head``), as in nanoGPT, so checkpoints line up where the blocks do.
-The blocks are any of gptblock's three forms, chosen by ``GPTConfig.block``; the fused one has a
-KV cache, which ``generate`` uses.
+The blocks are any of gptblock's three forms, chosen by ``GPTConfig.block``.
+
+The GPT's computation (embeddings -> blocks -> final norm -> head) is written once, in ``_run``:
+``forward`` (training and evaluation) calls it on the blocks themselves, generation
+(``gptblock.model.generation``) with a KV cache per block, and ``run_with_cache`` /
+``run_with_hooks`` with a probe that the blocks' forward calls at every named point.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, cast
 
@@ -19,15 +24,21 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from ..blocks.attention import KVStore
 from ..blocks.config import GPTConfig
-from ..blocks.fused import FusedBlock
+from ..blocks.convert import parts_of
+from ..blocks.fused import FusedBlock, block_forward
 from ..blocks.mha import TransformerBlock
+from ..blocks.probe import at
 from ..errors import UserTypeError, UserValueError
-from ..lens import trace
 from ..lesson import Block as LessonBlock
-from .decode import CachedDecoder, GenerationStep, sample
+from .generation import decode
+from .generation.sampling import GenerationStep
+from .parts import BlockFn, GPTParts
+from .trace import CachedRun, Hook, Tracer
 
-__all__ = ["GPT", "GPTOutput", "GenerationStep"]
+__all__ = ["GPT", "GPTOutput"]
+
 
 # The parameters that write into the residual stream at the end of each branch. GPT-2 scales
 # their initialisation by 1/sqrt(2 * n_layer): each block adds two branches to the stream, and
@@ -142,7 +153,6 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if exclude_position_embeddings else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
-        B, T = self._check_ids(idx, "idx")
         # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
         # that costs microseconds; on an accelerator it makes the host wait for the device, and
         # under torch.compile it breaks the graph. So a training step on an accelerator, and any
@@ -151,18 +161,8 @@ class GPT(nn.Module):
         check_range = not torch.compiler.is_compiling() and (
             not self.training or idx.device.type == "cpu"
         )
-        if check_range:
-            self._check_range(idx, "idx")
-        if T > self.config.block_size:
-            raise UserValueError(
-                f"sequence length T={T} exceeds block_size={self.config.block_size}; "
-                f"crop the context to the last {self.config.block_size} tokens"
-            )
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.transformer["drop"](self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)  # (B, T, C)
-        logits = self.lm_head(self.transformer["ln_f"](x))  # (B, T, C) @ (C, V) -> (B, T, V)
+        B, T = self._check_input(idx, check_range)
+        logits = self._run(idx, self._parts())  # (B, T, V)
         loss = None
         if targets is not None:
             if targets.shape != idx.shape:
@@ -175,6 +175,19 @@ class GPT(nn.Module):
             # -1 marks positions without a target (padding), as in nanoGPT.
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return GPTOutput(logits, loss)
+
+    def _check_input(self, idx: torch.Tensor, check_range: bool = True) -> tuple[int, int]:
+        """(B, T) of ids the model can read: of a dtype, shape and device it takes, inside the
+        vocabulary (unless ``check_range`` is False) and no longer than block_size."""
+        B, T = self._check_ids(idx, "idx")
+        if check_range:
+            self._check_range(idx, "idx")
+        if T > self.config.block_size:
+            raise UserValueError(
+                f"sequence length T={T} exceeds block_size={self.config.block_size}; "
+                f"crop the context to the last {self.config.block_size} tokens"
+            )
+        return B, T
 
     def _check_ids(self, idx: object, name: str) -> tuple[int, int]:
         """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else.
@@ -214,6 +227,55 @@ class GPT(nn.Module):
                 f"over; pass targets=None for the logits alone"
             )
 
+    def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts:
+        """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
+        return GPTParts(
+            self.wte,
+            self.wpe,
+            self.blocks if blocks is None else blocks,
+            cast(nn.LayerNorm, self.transformer["ln_f"]),
+            self.lm_head,
+        )
+
+    def _run(
+        self,
+        idx: torch.Tensor,
+        parts: GPTParts,
+        *,
+        caches: Sequence[KVStore] | None = None,
+        probe: Tracer | None = None,
+    ) -> torch.Tensor:
+        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
+
+        The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
+        and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
+        continues after the positions they hold. A probed run is the eval-mode function.
+        """
+        T = idx.shape[1]
+        start = 0 if caches is None else caches[0].length
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = parts.wte(idx) + parts.wpe(pos)  # (B, T, C)
+        if self.training and probe is None:
+            x = self.transformer["drop"](x)
+        x = at(probe, "embed", x)
+        for i, block in enumerate(parts.blocks):
+            if caches is None and probe is None:
+                x = block(x)  # (B, T, C)
+            else:
+                cache = None if caches is None else caches[i]
+                x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i))
+        x = at(probe, "ln_final", parts.ln_f(x))  # (B, T, C)
+        return parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
+
+    def _probed_blocks(self) -> list[BlockFn]:
+        """The blocks as forwards that take a probe: a ``FusedBlock`` itself; a lesson or
+        ``nn.MultiheadAttention`` block, whose own forward has no hook points, as the fused
+        form's forward on its own weights (``convert.parts_of``: gradients reach them)."""
+        return [
+            b if isinstance(b, FusedBlock) else functools.partial(block_forward, parts_of(b))
+            for b in self.blocks
+        ]
+
     # --- generation ---------------------------------------------------------------------------
 
     def generate(
@@ -235,8 +297,8 @@ class GPT(nn.Module):
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
             use_cache: keep each block's keys and values so a step processes one token rather
-                than the whole context (blocks of the "mha" and "lesson" forms run as fused
-                copies for this). The result is the same either way: once the context exceeds
+                than the whole context (blocks of the "mha" and "lesson" forms run through the
+                fused form's forward on their own weights for this). The result is the same either way: once the context exceeds
                 block_size, the window slides, every position embedding shifts, and the cache is
                 rebuilt from the cropped window each step.
             generator: the random generator for sampling, for reproducible output.
@@ -281,84 +343,16 @@ class GPT(nn.Module):
         """
         self._check_ids(idx, "idx")
         self._check_range(idx, "idx")
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
-            raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not temperature >= 0
-            or math.isinf(temperature)
-        ):
-            raise UserValueError(
-                f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
-            )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
-        ):
-            raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if not isinstance(use_cache, bool):
-            raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
-        if generator is not None and (
-            not isinstance(generator, torch.Generator) or generator.device.type != idx.device.type
-        ):
-            got = generator.device if isinstance(generator, torch.Generator) else generator
-            raise UserTypeError(
-                f"generator must be a torch.Generator on the model's device type "
-                f"({idx.device.type}) or None, got {got!r:.60}"
-            )
-        V = self.config.vocab_size
-        if vocab_size is not None and (
-            isinstance(vocab_size, bool)
-            or not isinstance(vocab_size, int)
-            or not 0 < vocab_size <= V
-        ):
-            raise UserValueError(
-                f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}"
-            )
-        V = vocab_size or V
-        k = None if top_k is None else min(top_k, V)
-        # A separate generator function, so the checks above run when stream() is called rather
-        # than at the first next().
-        return self._steps(idx, max_new_tokens, temperature, k, use_cache, generator, V)
-
-    def _steps(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float,
-        k: int | None,
-        use_cache: bool,
-        generator: torch.Generator | None,
-        V: int,
-    ) -> Iterator[GenerationStep]:
-        block_size = self.config.block_size
-        was_training = self.training
-        self.eval()
-        try:
-            decoder = CachedDecoder(self) if use_cache else None
-            for _ in range(max_new_tokens):
-                # no_grad inside the loop, not around it: a `with` spanning the yield would leak
-                # the grad mode into the caller between steps.
-                with torch.no_grad():
-                    window = idx[:, -block_size:]  # what the model can read
-                    if decoder is None:
-                        logits = self(window).logits
-                    elif decoder.length in (0, block_size):
-                        # The first step, and every step once the window slides: every position
-                        # embedding moved, so the cached keys and values are stale.
-                        logits = decoder.prefill(window)
-                    else:
-                        logits = decoder.step(idx[:, -1:])  # only the newest token
-                    last = logits[:, -1, :V]  # (B, V): the ids the tokenizer has
-                    token = sample(last, temperature, k, generator)  # (B, 1)
-                    idx = torch.cat([idx, token], dim=1)
-                yield GenerationStep(last, token)
-        finally:
-            self.train(was_training)
+        return decode.stream(
+            self,
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+            vocab_size=vocab_size,
+        )
 
     # --- looking inside: gptblock.lens -------------------------------------------------------
 
@@ -367,10 +361,13 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         names: Iterable[str] | None = None,
         *,
-        hooks: Mapping[str, trace.Hook] | None = None,
-    ) -> trace.CachedRun:
+        hooks: Mapping[str, Hook] | None = None,
+    ) -> CachedRun:
         """Logits equal to ``forward``'s and the activations ``names`` (all when None), by the
         names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ``pattern``, ...).
+
+        The same pass as ``forward``, in eval mode, with a probe at every named point that
+        applies ``hooks`` (as ``run_with_hooks``) and keeps the activations asked for.
 
         Example:
             >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
@@ -378,13 +375,17 @@ class GPT(nn.Module):
             >>> tuple(cache["blocks.0.head_out"].shape)  # (B, T, nh, C)
             (1, 3, 2, 16)
         """
-        return trace.run_with_cache(self, idx, names, hooks=hooks)
+        tracer = Tracer(names, {} if hooks is None else hooks, self.config.n_layer)
+        self._check_input(idx)
+        return tracer.result(self._run(idx, self._parts(self._probed_blocks()), probe=tracer))
 
-    def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, trace.Hook]) -> torch.Tensor:
+    def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
         """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
         names): ``fn(activation)`` returns the activation to continue with. Every block form
         honours every name; the model is not changed. ``gptblock.lens.run_with_hooks``."""
-        return trace.run_with_hooks(self, idx, hooks)
+        tracer = Tracer((), hooks, self.config.n_layer)
+        self._check_input(idx)
+        return self._run(idx, self._parts(self._probed_blocks()), probe=tracer)
 
 
 def _make_block(config: GPTConfig) -> nn.Module:

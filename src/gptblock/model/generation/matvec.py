@@ -24,7 +24,8 @@ class RowLinear:
     """``F.linear(x, weight, bias)`` for a few rows, with ``weight`` re-laid out once.
 
     The layout is a copy, made at construction: a ``RowLinear`` does not follow later changes
-    to ``weight`` (generation makes new ones per call).
+    to ``weight`` (generation makes new ones per call). ``weight`` and ``bias`` stay readable in
+    ``nn.Linear``'s layout (a ``gptblock.blocks.parts.Linear``).
 
     Args:
         weight: (O, I), ``nn.Linear``'s layout.
@@ -51,13 +52,14 @@ class RowLinear:
         while O % k:
             k -= 1
         self.k, self.I, self.O = k, I, O
+        self.weight = weight.detach()  # (O, I)
+        self.bias = bias.detach() if bias is not None else None  # (O,)
         # (O, I) -> (k, O/k, I) -> (k, I, O/k): each part's columns contiguous for its thread
-        self.weight = weight.detach().reshape(k, O // k, I).transpose(1, 2).contiguous()
-        self.bias = bias.detach() if bias is not None else None
+        self.parts = self.weight.reshape(k, O // k, I).transpose(1, 2).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         B = x.shape[0]
         rows = x.reshape(1, B, self.I).expand(self.k, B, self.I)  # (k, B, I), no copy
-        y = torch.bmm(rows, self.weight)  # (k, B, I) @ (k, I, O/k) -> (k, B, O/k)
+        y = torch.bmm(rows, self.parts)  # (k, B, I) @ (k, I, O/k) -> (k, B, O/k)
         y = y.transpose(0, 1).reshape(B, 1, self.O)  # (B, k, O/k) -> (B, 1, O)
         return y if self.bias is None else y + self.bias

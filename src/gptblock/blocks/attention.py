@@ -1,0 +1,252 @@
+"""Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
+
+``self_attention`` is the attention branch of ``FusedBlock`` and so of everything that runs the
+fused form's forward: training (``F.scaled_dot_product_attention``, flash or math kernel), masks,
+a KV cache with the new queries at positions ``start ..`` (generation), and the lens's points
+(the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
+
+Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, hs = C // nh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch.nn import functional as F
+
+from .masks import blocked_positions, masked_softmax, split_dead_rows
+from .parts import Linear
+from .probe import Probe, at
+
+__all__ = [
+    "MATH_KERNEL_MAX_T",
+    "Attention",
+    "KVStore",
+    "SelfAttention",
+    "causal_attention",
+    "self_attention",
+]
+
+
+class KVStore(Protocol):
+    """Where a block keeps the keys and values of earlier positions: ``gptblock.KVCache``."""
+
+    @property
+    def length(self) -> int:
+        """Positions stored so far: the position of the next query."""
+        ...
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, nh, T, hs) keys and values; return all of them so far, (B, nh, L, hs)."""
+        ...
+
+
+class Attention(Protocol):
+    """A block's attention part: ``FusedSelfAttention`` (a module, so module hooks on it fire)
+    or ``SelfAttention`` (the same function on given projections)."""
+
+    @property
+    def in_proj(self) -> Linear: ...
+
+    @property
+    def out_proj(self) -> Linear: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    def __call__(
+        self,
+        h: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVStore | None = None,
+        *,
+        dropout: float | None = None,
+        probe: Probe | None = None,
+    ) -> torch.Tensor: ...
+
+
+class SelfAttention(NamedTuple):
+    """``self_attention`` on given projections: an ``Attention`` that is not a module.
+
+    Example:
+        >>> from gptblock.blocks.parts import Dense
+        >>> attn = SelfAttention(Dense(torch.randn(12, 4), None), Dense(torch.randn(4, 4), None), 2)
+        >>> attn(torch.randn(1, 3, 4)).shape
+        torch.Size([1, 3, 4])
+    """
+
+    in_proj: Linear  # C -> 3C: q; k; v packed row-wise
+    out_proj: Linear  # C -> C
+    n_heads: int  # nh
+
+    def __call__(
+        self,
+        h: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVStore | None = None,
+        *,
+        dropout: float | None = None,
+        probe: Probe | None = None,
+    ) -> torch.Tensor:
+        return self_attention(
+            h,
+            self.in_proj,
+            self.out_proj,
+            self.n_heads,
+            attn_mask,
+            key_padding_mask,
+            kv_cache=kv_cache,
+            dropout=dropout or 0.0,
+            probe=probe,
+        )
+
+
+# PyTorch's CPU flash-attention kernel is slow in reduced precision at short contexts: at
+# (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and backward took 13.5 ms, its math
+# kernel 4.5 ms (in float32: 5.4 ms flash, 7.5 ms math); at T = 128 math is still 1.9x faster,
+# at T = 256 flash is (benchmarks/attention_kernels.py, results/attention-kernels.txt). Both
+# compute softmax(q k^T / sqrt(hs)) v; the math kernel is chosen where it is the faster, and
+# otherwise SDPA picks as it always does.
+MATH_KERNEL_MAX_T = 128
+_MATH_KERNEL: Any = None
+try:  # torch >= 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _MATH_KERNEL = (sdpa_kernel, SDPBackend.MATH)
+except ImportError:  # pragma: no cover - older torch: SDPA's own choice, the same function
+    pass
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU kernel.
+
+    Shape:
+        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
+    """
+    reduced = q.dtype in (torch.bfloat16, torch.float16)
+    if (
+        _MATH_KERNEL is not None
+        and reduced
+        and q.device.type == "cpu"
+        and q.shape[2] <= MATH_KERNEL_MAX_T
+    ):
+        kernel, math_backend = _MATH_KERNEL
+        with kernel(math_backend):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+
+
+def self_attention(
+    h: torch.Tensor,
+    in_proj: Linear,
+    out_proj: Linear,
+    n_heads: int,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    kv_cache: KVStore | None = None,
+    dropout: float = 0.0,
+    probe: Probe | None = None,
+) -> torch.Tensor:
+    """Causal self-attention of the normalised stream ``h``.
+
+    Args:
+        h: the normalised stream at the new positions.
+        in_proj: C -> 3C, q, k and v packed row-wise as ``nn.MultiheadAttention`` packs them.
+        out_proj: C -> C.
+        n_heads: nh.
+        attn_mask, key_padding_mask: bool, ``True`` = blocked (``blocked_positions``); not
+            with a cache.
+        kv_cache: keys and values of the positions before ``h``'s; ``h`` is at positions
+            ``kv_cache.length ..`` and its keys and values are appended.
+        dropout: on the attention weights (0 outside training).
+        probe: the block's hook points ``pattern`` and ``head_out``.
+
+    Shape:
+        h (B, T, C) -> (B, T, C).
+    """
+    B, T, C = h.shape
+    hs = C // n_heads
+    qkv = in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
+    if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
+        q, k, v = qkv.view(B, 3, n_heads, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
+    else:
+        # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
+        # the front and unbinding dim 0: the same views) lets the backward stack the three
+        # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
+        qkv = qkv.view(B, T, 3, n_heads, hs)  # (B, T, 3, nh, hs)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
+    start = 0
+    if kv_cache is not None:
+        start = kv_cache.length
+        k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each
+    if probe is not None and (probe.wants("pattern") or probe.wants("head_out")):
+        return _formed(q, k, v, out_proj, start, attn_mask, key_padding_mask, dropout, probe)
+    if attn_mask is None and key_padding_mask is None:
+        y = _causal(q, k, v, start, dropout)
+    else:
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
+        # Rows with no key left: attend with them unblocked so no backend can produce NaN,
+        # then zero their output, which is what zero attention weights give.
+        live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
+        allowed = ~live[:, None]  # (B, 1, T, T), SDPA's convention: True = may attend
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
+        y = y.masked_fill(dead[:, None, :, None], 0.0)  # (B, nh, T, hs)
+    if T > 1:  # at one position (B, nh, 1, hs) is (B, 1, nh, hs) in memory already
+        y = y.transpose(1, 2)  # (B, T, nh, hs)
+    return out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
+
+
+def _causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, p: float
+) -> torch.Tensor:
+    """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``: (B, nh, T, hs)."""
+    T = q.shape[2]
+    if start == 0:
+        return causal_attention(q, k, v, p)
+    if T == 1:  # the newest position may attend to every cached one
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+    # SDPA's is_causal aligns the triangle top-left, which is wrong once start > 0.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(start, T, q), dropout_p=p)
+
+
+def _allowed(start: int, T: int, q: torch.Tensor) -> torch.Tensor:
+    """(T, L): new query i sits at position start + i and may attend to keys <= start + i."""
+    rows = torch.arange(start, start + T, device=q.device)[:, None]  # (T, 1)
+    cols = torch.arange(start + T, device=q.device)[None, :]  # (1, L)
+    return cols <= rows
+
+
+def _formed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out_proj: Linear,
+    start: int,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    p: float,
+    probe: Probe,
+) -> torch.Tensor:
+    """Attention with the (T, L) pattern formed, and each head's output where it is wanted."""
+    B, nh, T, hs = q.shape
+    C = nh * hs
+    scores = q @ k.transpose(-2, -1) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, L) -> (B, nh, T, L)
+    if start == 0:
+        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, q.device)  # (B, T, T)
+    else:
+        blocked = ~_allowed(start, T, q)[None]  # (1, T, L)
+    pattern = at(probe, "pattern", masked_softmax(scores, blocked))  # (B, nh, T, L)
+    y = (
+        F.dropout(pattern, p, training=p > 0) @ v
+    )  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
+    if not probe.wants("head_out"):
+        return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+    # Column block n of the output projection reads head n: W_O (C, C) -> (C, nh, hs).
+    w_o, b_o = out_proj.weight, out_proj.bias
+    per_head = torch.einsum("bnti,cni->btnc", y, w_o.view(C, nh, hs))  # (B, T, nh, C)
+    out = at(probe, "head_out", per_head).sum(dim=2)  # (B, T, C)
+    return out if b_o is None else out + b_o

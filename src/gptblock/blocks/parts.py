@@ -1,0 +1,79 @@
+"""A block's parts as callables: the block's own modules, or functions of given weights.
+
+The fused form's forward (``gptblock.blocks.fused.block_forward``) is written against parts, not
+modules, so that one definition runs on
+
+* a ``FusedBlock``'s own modules (``nn.LayerNorm``, ``nn.Linear``): training and plain calls;
+* another form's weights, read through ``convert.describe`` without copying (``Dense``,
+  ``LayerNormFn``): the lens's traced pass over a lesson or ``nn.MultiheadAttention`` block,
+  with gradients reaching that block's own parameters;
+* weights laid out for one-position products (``gptblock.model.generation.matvec``): the
+  generation step.
+
+A new kind of part (RMSNorm, a gated MLP) is one more callable of the same shape here, chosen
+when the block is built; the forward does not change.
+
+Shapes: B batch, T time, I in-features, O out-features, C channels.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+from torch.nn import functional as F
+
+__all__ = ["Dense", "LayerNormFn", "Linear", "Norm"]
+
+
+class Norm(Protocol):
+    """A normalisation over the last dimension: ``nn.LayerNorm`` or ``LayerNormFn``."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...  # (..., C) -> (..., C)
+
+
+class Linear(Protocol):
+    """A linear map with ``nn.Linear``'s weight (O, I) and bias (O,) or None: ``nn.Linear``,
+    ``Dense`` or generation's ``RowLinear``. The weights are read where a point needs them
+    (``head_out`` cuts the output projection by head)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class Dense(NamedTuple):
+    """``F.linear`` with given weights: a ``Linear`` that is not a module.
+
+    Example:
+        >>> w, b, x = torch.randn(3, 2), torch.randn(3), torch.randn(4, 2)
+        >>> torch.equal(Dense(w, b)(x), F.linear(x, w, b))
+        True
+    """
+
+    weight: torch.Tensor  # (O, I)
+    bias: torch.Tensor | None  # (O,)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # (..., I) -> (..., O)
+
+
+class LayerNormFn(NamedTuple):
+    """``F.layer_norm`` over the last dimension with given weights: a ``Norm``.
+
+    Example:
+        >>> norm, x = torch.nn.LayerNorm(4), torch.randn(2, 4)
+        >>> torch.equal(LayerNormFn(norm.weight, norm.bias, norm.eps)(x), norm(x))
+        True
+    """
+
+    weight: torch.Tensor  # (C,)
+    bias: torch.Tensor | None  # (C,)
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # (..., C)

@@ -1,0 +1,219 @@
+"""The cached path and the generation loop under ``GPT.generate`` / ``GPT.stream``.
+
+``Decoder`` runs the GPT's one forward pass (``GPT._run``: embeddings, blocks, final norm, head)
+with a ``KVCache`` per block: the prompt at once, then one token at a time at the next position.
+Every block runs the fused form's forward (``gptblock.blocks.fused.block_forward``) on its own
+weights (``convert.parts_of``): a ``FusedBlock``'s modules, or a lesson or
+``nn.MultiheadAttention`` block's weights read in the fused layout, since those forms' own
+forwards have no cache. For one-token steps the four weight matrices are laid out for
+matrix-vector products (``matvec.RowLinear``), the same forward on other parts.
+
+Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from ...blocks.attention import KVStore, SelfAttention
+from ...blocks.config import GPTConfig
+from ...blocks.convert import parts_of
+from ...blocks.fused import BlockParts, block_forward
+from ...blocks.parts import Dense, LayerNormFn, Norm
+from ...errors import UserTypeError, UserValueError
+from ..parts import BlockFn, GPTParts
+from .cache import KVCache
+from .matvec import RowLinear
+from .sampling import GenerationStep, Sampling
+
+__all__ = ["Decoder", "stream"]
+
+
+class Model(Protocol):
+    """What generation needs of a ``GPT`` (``model/gpt.py`` imports this module, not the reverse)."""
+
+    training: bool
+
+    @property
+    def config(self) -> GPTConfig: ...
+
+    @property
+    def wte(self) -> nn.Embedding: ...
+
+    @property
+    def wpe(self) -> nn.Embedding: ...
+
+    @property
+    def blocks(self) -> list[nn.Module]: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
+
+    def _run(
+        self,
+        idx: torch.Tensor,
+        parts: GPTParts,
+        *,
+        caches: Sequence[KVStore] | None = None,
+    ) -> torch.Tensor: ...
+
+
+class Decoder:
+    """A GPT's forward pass with a ``KVCache`` per block: ``generate``'s cached path.
+
+    The weights are read when the decoder is made; the one-position layouts are copies, which
+    do not follow later changes to the model (``GPT.generate`` makes a decoder per call).
+
+    Args:
+        model: a ``GPT`` (any block form).
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        own = model._parts()
+        with torch.no_grad():  # a lesson block's q/k/v are concatenated: no graph to keep
+            blocks = [parts_of(block) for block in model.blocks]
+        # The ends as functions of their weights, fetched once.
+        ends = GPTParts(
+            functools.partial(F.embedding, weight=model.wte.weight),
+            functools.partial(F.embedding, weight=model.wpe.weight),
+            [],
+            _norm(own.ln_f),
+            Dense(own.lm_head.weight, own.lm_head.bias),
+        )
+        self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
+        self.step_parts = ends._replace(blocks=[_fn(_one_position(p)) for p in blocks])
+        self.dtype = blocks[0].attn.in_proj.weight.dtype
+        self.caches: list[KVCache] = []
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far."""
+        return self.caches[0].length if self.caches else 0
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Fresh caches filled from ``idx`` (B, T); returns its logits (B, T, V)."""
+        cfg = self.model.config
+        self.caches = [
+            KVCache(
+                idx.shape[0],
+                cfg.n_head,
+                cfg.block_size,
+                cfg.n_embd // cfg.n_head,
+                dtype=self.dtype,
+                device=idx.device,
+            )
+            for _ in self.prefill_parts.blocks
+        ]
+        return self.model._run(idx, self.prefill_parts, caches=self.caches)
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 1, V) for one new token (B, 1) at the next position."""
+        return self.model._run(idx, self.step_parts, caches=self.caches)
+
+
+def _fn(parts: BlockParts) -> BlockFn:
+    """The fused form's forward on ``parts``: ``fn(x, kv_cache=..., probe=...)``."""
+    return functools.partial(block_forward, parts)
+
+
+def _one_position(parts: BlockParts) -> BlockParts:
+    """``parts`` with every weight matrix laid out for one-position products (``RowLinear``)
+    and the norms as functions (a module call was a tenth of a step's overhead)."""
+    attn = parts.attn
+    norm1, norm2 = (_norm(n) for n in (parts.norm1, parts.norm2))
+    return parts._replace(
+        norm1=norm1,
+        norm2=norm2,
+        attn=SelfAttention(
+            RowLinear(attn.in_proj.weight, attn.in_proj.bias),
+            RowLinear(attn.out_proj.weight, attn.out_proj.bias),
+            attn.n_heads,
+        ),
+        linear1=RowLinear(parts.linear1.weight, parts.linear1.bias),
+        linear2=RowLinear(parts.linear2.weight, parts.linear2.bias),
+    )
+
+
+def _norm(norm: Norm) -> Norm:
+    """A ``LayerNorm`` module's function on its weights (the module's own ``eps``)."""
+    if isinstance(norm, nn.LayerNorm):
+        return LayerNormFn(norm.weight, norm.bias, norm.eps)
+    return norm
+
+
+def stream(
+    model: Model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    top_k: int | None,
+    use_cache: bool,
+    generator: torch.Generator | None,
+    vocab_size: int | None = None,
+) -> Iterator[GenerationStep]:
+    """``GPT.stream`` for checked prompts ``idx`` (B, T): its other arguments are checked here,
+    when it is called, and the steps run as the iterator is read. ``vocab_size``: sample only
+    ids below it (a tokenizer smaller than a padded embedding); None: every id."""
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 0
+    ):
+        raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not isinstance(use_cache, bool):
+        raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
+    V = model.config.vocab_size
+    if vocab_size is not None and (
+        isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V
+    ):
+        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
+    V = vocab_size or V
+    sampling = Sampling.check(temperature, top_k, generator, V, idx.device)
+    # A separate generator function, so the checks above run when stream() is called rather
+    # than at the first next().
+    return _steps(model, idx, max_new_tokens, sampling, use_cache, V)
+
+
+def _steps(
+    model: Model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    sampling: Sampling,
+    use_cache: bool,
+    V: int,
+) -> Iterator[GenerationStep]:
+    """The steps: the model in eval mode until the iterator is exhausted or closed, then in
+    its previous mode."""
+    block_size = model.config.block_size
+    was_training = model.training
+    model.train(False)
+    try:
+        decoder = Decoder(model) if use_cache else None
+        for _ in range(max_new_tokens):
+            # no_grad inside the loop, not around it: a `with` spanning the yield would leak
+            # the grad mode into the caller between steps.
+            with torch.no_grad():
+                window = idx[:, -block_size:]  # what the model can read
+                if decoder is None:
+                    logits = model._run(window, model._parts())
+                elif decoder.length in (0, block_size):
+                    # The first step, and every step once the window slides: every position
+                    # embedding moved, so the cached keys and values are stale.
+                    logits = decoder.prefill(window)
+                else:
+                    logits = decoder.step(idx[:, -1:])  # only the newest token
+                last = logits[:, -1, :V]  # (B, V): the ids the tokenizer has
+                token = sampling(last)  # (B, 1)
+                idx = torch.cat([idx, token], dim=1)
+            yield GenerationStep(last, token)
+    finally:
+        model.train(was_training)

@@ -1,0 +1,33 @@
+"""The GPT's parts as callables: what its one forward pass (``GPT._run``) runs.
+
+``GPT._run`` (embeddings -> blocks -> final norm -> head) is written once, against these parts,
+as a block's forward is against ``gptblock.blocks.fused.BlockParts``. ``forward`` passes the
+model's own modules (so module hooks on them fire); the lens the same with blocks that take a
+probe; generation functions of the same weights, fetched once per call, with blocks that take a
+KV cache (a module call per token and part was a tenth of a generation step's overhead).
+
+Shapes: B batch, T time, C = n_embd, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from ..blocks.parts import Linear, Norm
+
+__all__ = ["BlockFn", "GPTParts"]
+
+BlockFn = Callable[..., torch.Tensor]  # block(x), or block(x, kv_cache=..., probe=...)
+
+
+class GPTParts(NamedTuple):
+    """A GPT's parts, for ``GPT._run``."""
+
+    wte: Callable[[torch.Tensor], torch.Tensor]  # token embedding: ids (B, T) -> (B, T, C)
+    wpe: Callable[[torch.Tensor], torch.Tensor]  # position embedding: (T,) -> (T, C)
+    blocks: Sequence[BlockFn]  # (B, T, C) -> (B, T, C) each
+    ln_f: Norm  # the final norm
+    lm_head: Linear  # C -> V
