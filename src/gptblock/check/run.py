@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -41,12 +42,16 @@ from ..mha import TransformerBlock
 from .build import COMMON_ARGUMENTS, build, fill_common_arguments, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
+from .dataflow import Unread
 from .mapping import MappedBlock, map_roles, resolve_roles
-from .parts import discover, observe, perturb
+from .parts import discover, observe, perturb, perturb_all
 from .probes import PROBES, ProbeResult, Subject
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
+from .steps import Parts
 from .subject import one_thread
+from .suggest import suggest_map
+from .weights import read_block
 from .target import load_target
 
 __all__ = [
@@ -61,6 +66,8 @@ __all__ = [
 ]
 
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
+TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
+Tensor = torch.Tensor
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
 
 # A mistake found by the comparison that also causes a probe failure: the failure is not a
@@ -208,22 +215,13 @@ def _check(
     roles: Mapping[str, str],
     progress: Progress,
 ) -> CheckReport:
-    C = width(module, kwargs)
-    T = min(PROBE_T, max_length(module, kwargs, PROBE_T))
+    longest = max_length(module, kwargs, PROBE_T)
+    T = min(PROBE_T, longest)
+    C = width(module, kwargs, T)
     progress.stage("copying the block and calling it once")
     subject = Subject(module, C, T)
     notes = [subject.note] if subject.note else []
-
-    progress.stage("finding the parts by role")
-    parts = discover(subject.module)
-    try:
-        given = resolve_roles(parts, roles)
-    except ValueError as e:
-        raise UserValueError(str(e)) from e
-    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    called = observe(subject.module, parts, lambda: subject(x.to(subject.device, subject.dtype)))
-    mapped = map_roles(subject.module, C, parts, called, given)
-    perturb(parts)  # trained-looking norms and biases, so that swapping them shows
+    perturb_all(subject.module, C)  # trained-looking weights, so that every mistake shows
 
     results: list[ProbeResult] = []
     findings: list[Finding] = []
@@ -239,42 +237,45 @@ def _check(
     details = {r.implies: r.message for r in results if r.implies}
     found: list[str] = []  # mistakes the reference comparison reproduces
     others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
-    compared = False
+    compared, verify = False, ""
 
-    if not isinstance(mapped, MappedBlock):
-        notes.append(f"parts not found by role, black-box results only: {mapped.reason}")
-    elif results[-1].stop:
-        notes.append(mapped.describe())
+    if results[-1].stop:
+        pass
     elif "dropout_in_eval" in implied and not _without_dropout(subject):
-        notes.append(mapped.describe())
         notes.append("no comparison with the reference: the outputs are random in eval mode")
     else:
         if "dropout_in_eval" in implied:
             notes.append("compared with every dropout probability of the block set to 0")
-        progress.stage("the reference comparison")
-        try:
-            finding, match, ties, reading = _compare(subject, mapped)
-        except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
-            notes.append(mapped.describe())
-            notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
+        progress.stage("reading the weights from the forward pass")
+        readings = _readings(subject, roles, longest, notes)
+        if isinstance(readings, str):
+            notes.append(f"weights not read, black-box results only: {readings}")
+            verify = suggest_map(subject.module, C)
         else:
-            notes.append(mapped.describe(reading))
-            if reading >= len(mapped.readings):
-                notes.append("q, k, v are not in registration order: the roles above matched")
-            findings.append(finding)
-            progress.finding(finding)
-            compared = True
-            if match is not None:
-                found = match.mistakes
-                others = [m.mistakes for m in ties]
-                details.update(  # the variant's account of a mistake is more specific
-                    {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
-                )
+            progress.stage("the reference comparison")
+            try:
+                finding, match, ties, reading = _compare(subject, readings)
+            except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
+                notes.append(readings.describe(0))
+                notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
+            else:
+                notes.append(readings.describe(reading))
+                findings.append(finding)
+                progress.finding(finding)
+                compared = True
+                if match is not None:
+                    found = match.mistakes
+                    others = [m.mistakes for m in ties]
+                    details.update(  # the variant's account of a mistake is more specific
+                        {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
+                    )
 
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
-    return CheckReport(description, findings, diagnosis, details, notes, alternatives, compared)
+    return CheckReport(
+        description, findings, diagnosis, details, notes, alternatives, compared, verify
+    )
 
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:
@@ -311,22 +312,66 @@ def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResu
         return ProbeResult(False, f"the block raised {one_line(e)}")
 
 
+@dataclass(frozen=True)
+class _Readings:
+    """The ways of reading the block's parts that the comparison tries, on which input."""
+
+    readings: tuple[Parts, ...]
+    fallback: tuple[Parts, ...]
+    heads: tuple[int, ...]
+    x: Tensor  # (B, T, C) float64
+    describe: Callable[[int], str]  # the roles note for a reading
+
+
+def _readings(
+    subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
+) -> _Readings | str:
+    """The block's parts read from its dataflow, else (or with ``roles``) found by role from
+    names and shapes; the reason when neither works."""
+    why = ""
+    if not roles:
+        T = min(TRACE_T, longest)
+        for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T):  # B != T tells batch from time
+            x = subject.input(B, T, subject.C).to(torch.float64)
+            try:
+                read = read_block(subject.module, x.to(subject.dtype))
+            except Unread as e:
+                why = why or str(e)
+                continue
+            describe = lambda _, read=read: read.describe()  # noqa: E731
+            return _Readings((read.parts,), (), (read.heads,), x, describe)
+    parts = discover(subject.module)
+    try:
+        given = resolve_roles(parts, roles)
+    except ValueError as e:
+        raise UserValueError(str(e)) from e
+    T = subject.T
+    x = subject.input(T, T, subject.C)
+    called = observe(subject.module, parts, lambda: subject(x))
+    mapped = map_roles(subject.module, subject.C, parts, called, given)
+    if not isinstance(mapped, MappedBlock):
+        return f"{why}; by names: {mapped.reason}" if why else mapped.reason
+    if why:
+        notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
+    perturb(parts)
+    x = torch.randn(T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return _Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
+
+
 def _compare(
-    subject: Subject, mapped: MappedBlock
+    subject: Subject, read: _Readings
 ) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
     """Search the variants for the one that reproduces the block: the finding, the match, the
-    equally good alternatives and which reading of the block (an index into ``mapped.names``)."""
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(subject.T, subject.T, subject.C, generator=g, dtype=torch.float64)
-    x = x.to(subject.device)  # (B, T, C) with B = T, as the probes use
+    equally good alternatives and which reading of the block."""
+    x = read.x.to(subject.device)
     y = subject(x.to(subject.dtype)).to(torch.float64)
     offset = 0
     with torch.no_grad():
-        result = explain(mapped.readings, x, y, mapped.heads, MAX_MISTAKES)
-        if result.match is None and mapped.fallback:  # q, k, v in another order, then?
-            again = explain(mapped.fallback, x, y, mapped.heads, MAX_MISTAKES)
+        result = explain(read.readings, x, y, read.heads, MAX_MISTAKES)
+        if result.match is None and read.fallback:  # q, k, v in another order, then?
+            again = explain(read.fallback, x, y, read.heads, MAX_MISTAKES)
             if again.match is not None:
-                result, offset = again, len(mapped.readings)
+                result, offset = again, len(read.readings)
     reading = offset + (result.match.reading if result.match else 0)
     name = "reference comparison"
     if result.match is None:
@@ -344,8 +389,8 @@ def _compare(
     if not match.deviations and not result.alternatives:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg), match, (), reading
-    msg = f"reproduced by the reference with {match.describe()}: {within}"
+    msg = f"matches the lessons' block only with {match.describe()}: {within}"
     if result.alternatives:
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
-    return Finding(name, False, msg), match, result.alternatives, reading
+    return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading

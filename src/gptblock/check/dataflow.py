@@ -1,0 +1,507 @@
+"""The roles of a block's parts, found from what its tensors do in one recorded forward pass.
+
+``find_roles(trace, B, T)`` reads a ``gptblock.check.trace.Trace`` the way the lessons describe
+the block, whatever the code calls things or however it stores them:
+
+* an attention core is a batched product ``A @ v`` whose left operand ``A`` holds probabilities
+  (every entry in [0, 1]: a softmax's output, however it was computed), or a fused
+  ``scaled_dot_product_attention``; the product of two data tensors that ``A`` was computed from
+  is the scores ``q @ k^T``, and its operands are q and k; the right operand of ``A @ v`` is v;
+* each of q, k, v is followed back through reshapes, slices and scalar factors to the last
+  tensor laid out (B, T, ...) (or (T, B, ...), or channels-first (B, F, T)) before the heads are
+  split: what the reference calls q, k, v; then on back to the matrix product with a weight that
+  made it, whose other operand is the attention's input;
+* the first matrix product with a weight that the cores' outputs reach is the output
+  projection; its input (the heads merged, as the block merges them) is what ``proj`` reads;
+* the two other matrix products with weights are the MLP's ``fc1`` and ``fc2``;
+* a norm is a module whose parameters are vectors, an ``F.layer_norm``, or tensor code from a
+  mean over the channels, whose output does not change when its input is scaled (it divides by a
+  root of a variance), whatever it is called. The norm whose output the attention reads is
+  ``ln1``, the one the MLP reads ``ln2``; otherwise they are taken in the order they run.
+
+``Roles`` names, per role, the node the role reads (``put``) and the nodes it makes (``get``);
+``gptblock.check.weights`` reads each role's weight by replacing the first with basis vectors.
+
+Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .trace import Node, Op, Trace, TraceError, replay
+
+__all__ = ["Core", "Norm", "Role", "Roles", "Unread", "find_roles", "layout"]
+
+Tensor = torch.Tensor
+SHAPE_OPS = frozenset(
+    "view _unsafe_view reshape transpose t permute expand unsqueeze squeeze contiguous clone "
+    "slice select split split_with_sizes unbind chunk alias detach _to_copy unflatten flatten "
+    "narrow as_strided movedim _reshape_alias view_as expand_as lift_fresh".split()
+)
+WEIGHT_OPS = frozenset("mm addmm bmm baddbmm convolution _convolution mv addmv linear".split())
+NORM_OPS = frozenset("native_layer_norm layer_norm rms_norm _fused_rms_norm".split())
+
+
+class Unread(Exception):
+    """The forward pass does not show the roles; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Core:
+    """One attention core: the nodes of q, k, v (as the product reads them) and its output."""
+
+    q: int
+    k: int
+    v: int
+    y: int
+    groups: int  # G: the batch of the product, B * heads
+    time: int  # the length attention runs along (T, or B when the block mixes them up)
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its input and output nodes, and as a function."""
+
+    key: str
+    first: int
+    source: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Role:
+    """A sub-layer read from the trace: the node it reads, the nodes it makes (several: one per
+    attention core), the parameters behind it and a scalar factor to take out (q and k only)."""
+
+    put: int
+    get: list[int]
+    params: list[str]
+    factor: float = 1.0
+
+
+@dataclass
+class Roles:
+    """What ``find_roles`` found."""
+
+    roles: dict[str, Role]  # q k v proj fc1 fc2
+    heads: int
+    norms: list[Norm] = field(default_factory=list)  # ln1 (and ln2)
+
+
+def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
+    """The axes (batch, time) along which a node of ``shape`` holds one row per position:
+    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T); else any axes of sizes B and T.
+
+    Example:
+        >>> layout((5, 7, 4, 8), 5, 7), layout((7, 5, 32), 5, 7), layout((5, 32, 7), 5, 7)
+        ((0, 1), (1, 0), (0, 2))
+        >>> layout((5, 4, 7, 8), 5, 7), layout((5, 4, 7, 8), 5, 7, strict=False)
+        (None, (0, 2))
+    """
+    if len(shape) < 3 or B == T and shape[:2] != (B, T):
+        return None
+    if shape[:2] == (B, T):
+        return (0, 1)
+    if shape[:2] == (T, B):
+        return (1, 0)
+    if len(shape) == 3 and shape[0] == B and shape[2] == T:
+        return (0, 2)
+    if strict or B not in shape or T not in shape:
+        return None
+    return shape.index(B), shape.index(T)
+
+
+def _is_weight_op(trace: Trace, op: Op) -> int | None:
+    """The data operand of a matrix product with a weight (a static operand of >= 2 dims)."""
+    if op.name not in WEIGHT_OPS:
+        return None
+    data = [n for n in op.inputs if trace.nodes[n].data]
+    static = [n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2]
+    return data[0] if len(data) == 1 and static else None
+
+
+def _scalar(trace: Trace, op: Op, node: int) -> float | None:
+    """The factor a mul / div by a scalar applies to ``node``, or None if it is no such op."""
+    if op.name not in ("mul", "div") or op.inputs[:1] != [node] and op.name == "div":
+        return None
+    others = [n for n in op.inputs if n != node]
+    if any(trace.nodes[n].data or trace.nodes[n].value.numel() != 1 for n in others):
+        return None
+    values = [float(trace.nodes[n].value) for n in others] + op.scalars()
+    if len(values) != 1 or values[0] == 0:
+        return None
+    return values[0] if op.name == "mul" else 1.0 / values[0]
+
+
+def _back(trace: Trace, node: int) -> tuple[int, float] | None:
+    """One step back from ``node`` over a reshape, a slice, a scalar factor or a bias."""
+    op = trace.producer(node)
+    if op is None:
+        return None
+    data = [n for n in op.inputs if trace.nodes[n].data]
+    if len(data) != 1:
+        return None
+    if op.name in SHAPE_OPS:
+        return data[0], 1.0
+    factor = _scalar(trace, op, data[0])
+    if factor is not None:
+        return data[0], factor
+    if op.name == "add" or (op.name == "sub" and op.inputs[0] == data[0]):
+        return data[0], 1.0  # a bias
+    return None
+
+
+SLICING_OPS = frozenset("select slice split split_with_sizes unbind chunk narrow".split())
+
+
+def _to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
+    """``node``, or the nearest node behind it, that holds one row per position (B, T, ...).
+
+    The walk stops where a slice took the node out of a larger one (q out of a packed qkv), or a
+    bias was added (per head, after the split): then the node itself is read along whichever
+    axes have sizes B and T ((B, nh, T, hs) heads)."""
+    while layout(trace.nodes[node].shape, B, T) is None:
+        op = trace.producer(node)
+        if op is not None and (op.name in SLICING_OPS or op.name in ("add", "sub")):
+            return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
+        step = _back(trace, node)
+        if step is None:
+            return None
+        node = step[0]
+    return node
+
+
+def _source(trace: Trace, node: int, B: int, T: int) -> int | None:
+    """The earliest node laid out by position that ``node`` is a reshape of: the tensor a
+    sub-layer reads, however many views of it the code (an einsum) made."""
+    best = node if layout(trace.nodes[node].shape, B, T) else None
+    while (op := trace.producer(node)) is not None:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if op.name not in SHAPE_OPS or op.name in SLICING_OPS or len(data) != 1:
+            break
+        node = data[0]
+        best = node if layout(trace.nodes[node].shape, B, T) else best
+    return best
+
+
+def _merged(trace: Trace, node: int, B: int, T: int) -> int | None:
+    """What the output projection reads: the heads as the block itself merged them, the deepest
+    (B, T, D) tensor behind ``node`` through reshapes; if the block never holds one (an einsum
+    contracting heads and head size with a 3-D W_O), the heads (B, nh, T, hs) themselves."""
+    chain = [node]
+    while (op := trace.producer(chain[-1])) is not None:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if op.name not in SHAPE_OPS or op.name in SLICING_OPS or len(data) != 1:
+            break
+        chain.append(data[0])
+    shapes = [trace.nodes[n].shape for n in chain]
+    flat = [n for n, s in zip(chain, shapes, strict=True) if len(s) == 3 and layout(s, B, T)]
+    heads = [n for n, s in zip(chain, shapes, strict=True) if layout(s, B, T, strict=False)]
+    return (flat or heads or [None])[-1]
+
+
+def _static_names(trace: Trace, ops: list[Op]) -> list[str]:
+    """The parameters (and buffers) the static operands of ``ops`` were made from."""
+    names: list[str] = []
+    for op in ops:
+        for n in op.inputs:
+            if not trace.nodes[n].data:
+                names += [trace.nodes[a].name for a in sorted(trace.ancestors(n))]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
+    """The matrix product with a weight behind ``node``, and the scalar factors on the way."""
+    factor = 1.0
+    while True:
+        op = trace.producer(node)
+        if op is not None and _is_weight_op(trace, op) is not None:
+            return op, factor
+        step = _back(trace, node)
+        if step is None:
+            return None
+        node, factor = step[0], factor * step[1]
+
+
+def _forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
+    """The last node laid out by position on the single-consumer chain of reshapes, biases,
+    scalar factors and sums that follows ``op``'s output."""
+    node, last = op.outputs[0], None
+    while True:
+        if layout(trace.nodes[node].shape, B, T) is not None:
+            last = node
+        users = trace.consumers(node)
+        if len(users) != 1 or len(users[0].outputs) != 1:
+            return last
+        user = users[0]
+        data = [n for n in user.inputs if trace.nodes[n].data]
+        if len(data) != 1:
+            return last
+        linear = user.name in SHAPE_OPS or user.name == "sum" or _scalar(trace, user, node)
+        if not (linear or user.name == "add"):
+            return last
+        node = user.outputs[0]
+
+
+def _params(trace: Trace, op: Op) -> list[str]:
+    """The parameters (and buffers) a weight op's static operands were made from."""
+    return _static_names(trace, [op])
+
+
+def _probabilities(value: Tensor) -> bool:
+    finite = value[torch.isfinite(value)]
+    return finite.numel() > 0 and bool((finite >= 0).all()) and bool((finite <= 1 + 1e-6).all())
+
+
+def _cores(trace: Trace) -> list[Core]:
+    cores = []
+    for op in trace.ops:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if "scaled_dot_product" in op.name and len(data) >= 3:
+            q, k, v = op.inputs[:3]
+            y = op.outputs[0]
+        elif op.name == "bmm" and len(data) == 2 and _probabilities(trace.nodes[data[0]].value):
+            A, v = data
+            shape = trace.nodes[A].shape
+            if shape[-1] != shape[-2]:
+                continue
+            scores = _scores(trace, A)
+            if scores is None:
+                continue
+            q, k = [n for n in scores.inputs if trace.nodes[n].data]
+            y = op.outputs[0]
+        else:
+            continue
+        shape = trace.nodes[q].shape
+        cores.append(Core(q, k, v, y, math.prod(shape[:-2]), shape[-2]))
+    return cores
+
+
+def _scores(trace: Trace, A: int) -> Op | None:
+    """The latest product of two data tensors that ``A`` was computed from."""
+    found = [
+        op
+        for n in trace.ancestors(A)
+        if (op := trace.producer(n)) is not None
+        and op.name in ("bmm", "baddbmm")
+        and sum(trace.nodes[i].data for i in op.inputs) == 2
+    ]
+    return max(found, key=lambda op: op.index) if found else None
+
+
+def _forward_to_weight(trace: Trace, node: int) -> Op | None:
+    """The first matrix product with a weight that ``node`` reaches through reshapes and cat."""
+    todo, seen = [node], {node}
+    found: list[Op] = []
+    while todo:
+        for op in trace.consumers(todo.pop()):
+            if _is_weight_op(trace, op) is not None:
+                found.append(op)
+            elif op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+                todo += [n for n in op.outputs if n not in seen]
+                seen.update(op.outputs)
+    return min(found, key=lambda op: op.index) if found else None
+
+
+def find_roles(trace: Trace, module: nn.Module, B: int, T: int) -> Roles:
+    """The roles in a recorded forward pass of a block on a (B, T, C) input.
+
+    Raises:
+        Unread: a role is missing or does not fit the lessons' block; the message says which.
+    """
+    cores = _cores(trace)
+    if not cores:
+        raise Unread("no attention: no product of softmax weights with v in the forward pass")
+    qkv: dict[str, Role] = {}
+    heads = 0
+    for core in cores:
+        batch = B if core.time == T else T
+        if core.groups % batch:
+            raise Unread(f"the attention's batch {core.groups} is not a multiple of {batch}")
+        heads += core.groups // batch
+        for role, node in (("q", core.q), ("k", core.k), ("v", core.v)):
+            _add(qkv, role, *_projection(trace, node, B, T), scaled=role != "v")
+    puts = {r.put for r in qkv.values()}
+    if len(puts) != 1:
+        raise Unread("q, k and v are computed from different tensors")
+    ops = [_forward_to_weight(trace, core.y) for core in cores]
+    if any(op is None for op in ops) or len({op.index for op in ops if op}) != 1:
+        raise Unread("no single output projection reads the attention's output")
+    proj = ops[0]
+    assert proj is not None
+    roles = dict(qkv)
+    roles["proj"] = _role(trace, proj, B, T, merged=True)
+    used = {proj.index} | {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
+    rest = [op for op in trace.ops if _is_weight_op(trace, op) is not None and op.index not in used]
+    if len(rest) != 2 or rest[0].outputs[0] not in trace.ancestors(rest[1].outputs[0]):
+        raise Unread(
+            f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
+        )
+    roles["fc1"], roles["fc2"] = _role(trace, rest[0], B, T), _role(trace, rest[1], B, T)
+    norms = _order_norms(_norms(trace, module, B, T), roles["q"].put, roles["fc1"].put)
+    return Roles(roles, heads, norms)
+
+
+def _weight_ops(trace: Trace, role: Role) -> list[Op]:
+    found = [_to_weight(trace, n) for n in role.get]
+    return [f[0] for f in found if f is not None]
+
+
+def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, float, list[str]]:
+    """(input node, output node laid out by position, scalar factor, parameters) of q, k or v."""
+    out = _to_layout(trace, node, B, T)
+    found = _to_weight(trace, out) if out is not None else None
+    if out is None or found is None:
+        raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
+    op, factor = found
+    data = _is_weight_op(trace, op)
+    put = _source(trace, data, B, T) if data is not None else None
+    if put is None:
+        raise Unread("the attention's input is not laid out by position")
+    return put, out, factor, _params(trace, op)
+
+
+def _add(
+    roles: dict[str, Role], name: str, put: int, get: int, factor: float, params: list[str],
+    scaled: bool,
+) -> None:  # fmt: skip
+    factor = factor if scaled else 1.0
+    role = roles.setdefault(name, Role(put, [], [], factor))
+    if role.put != put or abs(role.factor - factor) > 1e-12 * abs(factor):
+        raise Unread(f"the heads' {name} are computed differently")
+    role.get.append(get)
+    role.params += [p for p in params if p not in role.params]
+
+
+def _role(trace: Trace, op: Op, B: int, T: int, merged: bool = False) -> Role:
+    data = _is_weight_op(trace, op)
+    find = _merged if merged else _source
+    put = find(trace, data, B, T) if data is not None else None
+    get = _forward_end(trace, op, B, T)
+    if put is None or get is None:
+        raise Unread(f"a matrix product ({op.name}) whose input or output is not laid out by position")
+    return Role(put, [get], _params(trace, op))
+
+
+# ----- norms -------------------------------------------------------------------------------------
+
+
+def _invariant(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
+    """Whether ``f`` normalises: its output does not move when its input is scaled by 3, and is
+    not its input."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    try:
+        with torch.no_grad():
+            a, b = f(z), f(3.0 * z)
+    except Exception:  # noqa: BLE001 - not a norm, then
+        return False
+    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
+        return False
+    scale = float(a.abs().max()) + 1e-12
+    return float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+
+
+def _norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
+    modules = dict(module.named_modules())
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        m = modules.get(name)
+        if m is None or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
+            continue
+        if any(p.numel() != max(p.shape, default=1) for p in m.parameters()):
+            continue  # a matrix: not a norm
+        like = trace.nodes[ins[0]].value
+        if layout(tuple(like.shape), B, T) and _invariant(_module_call(m), like):
+            found.append(Norm(name, first, ins[0], outs[0], _module_call(m)))
+    found = [n for n in found if not any(o is not n and _inside(o, n, trace) for o in found)]
+    for op in trace.ops:
+        inside = any(_op_in(op.index, n, trace) for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        if op.name in NORM_OPS:
+            source, out = op.inputs[0], op.outputs[0]
+        elif op.name == "mean" and layout(trace.nodes[op.inputs[0]].shape, B, T):
+            source = op.inputs[0]
+            found_out = _written_norm(trace, op, source)
+            if found_out is None:
+                continue
+            out = found_out
+        else:
+            continue
+        try:
+            f = replay(trace, source, out)
+        except TraceError:
+            continue
+        if _invariant(f, trace.nodes[source].value):
+            start = trace.nodes[source].op
+            path = [trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start]
+            key = ", ".join(_static_names(trace, path)) or f"{op.name} (no weights)"
+            found.append(Norm(key, op.index, source, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def _module_call(m: nn.Module) -> Callable[[Tensor], Tensor]:
+    first = next(m.parameters(), None)
+
+    def call(h: Tensor) -> Tensor:
+        out = m(h.to(first.dtype) if first is not None else h)
+        return out.to(h.dtype)
+
+    return call
+
+
+def _inside(inner: Norm, outer: Norm, trace: Trace) -> bool:
+    return _op_in(inner.first, outer, trace) and inner.key.startswith(outer.key + ".")
+
+
+def _op_in(index: int, norm: Norm, trace: Trace) -> bool:
+    call = next((c for c in trace.calls if c[0] == norm.key and c[1] == norm.first), None)
+    return call is not None and call[1] <= index < call[2]
+
+
+def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
+    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
+    before the next matrix product, that normalises it."""
+    shape = trace.nodes[source].shape
+    best = None
+    for op in trace.ops[mean.index + 1 :]:
+        if _is_weight_op(trace, op) is not None or op.name in ("bmm", "_softmax"):
+            break
+        for n in op.outputs:
+            node: Node = trace.nodes[n]
+            if node.shape != shape or not node.data:
+                continue
+            try:
+                f = replay(trace, source, n)
+            except TraceError:
+                continue
+            if _invariant(f, trace.nodes[source].value):
+                best = n
+    return best
+
+
+def _order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
+    reads ln1's output); of more than two, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]
