@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
+from .arguments import complete
 from .report import CAUGHT, one_line
 
 __all__ = ["COMMON_ARGUMENTS", "build", "fill_common_arguments", "max_length", "width"]
@@ -73,7 +74,8 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
     Raises:
         UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
             constructor arguments come with a module instance.
-        UserValueError: building the block raised (or called ``sys.exit``).
+        UserValueError: building the block raised (or called ``sys.exit``), or it needs
+            arguments nobody gave (the message has the ``--arg`` line that builds it).
     """
     if isinstance(target, nn.Module):
         if kwargs:
@@ -86,7 +88,7 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    args = fill_common_arguments(target, kwargs)
+    args = complete(target, fill_common_arguments(target, kwargs), kwargs)
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     with torch.random.fork_rng(devices=[]):
