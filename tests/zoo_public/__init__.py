@@ -10,7 +10,8 @@ Every block module holds, besides the block itself, plain data the zoo reads and
 never sees:
 
 * ``SOURCE``: where the code comes from (also in the header comment);
-* ``make()``: the block as its source would build it (its own constructor, config object...);
+* ``BLOCK`` and ``ARGS``: the block's class and the arguments its source would build it with
+  (its own constructor: sizes, or a config object); the checker is given both, as a user would;
 * ``REFERENCE``: ``n_head`` and the keyword arguments of ``gptblock.mha.TransformerBlock``
   (``activation``, ``norm_eps``) that compute the same function;
 * ``weights(block)``: the explicit mapping of the block's weights to the lessons' roles, each
@@ -64,7 +65,8 @@ class Case:
         return load(self.block, self.mistakes)
 
     def build(self):
-        return self.module().make()
+        module = self.module()
+        return module.BLOCK(**module.ARGS)
 
 
 @functools.cache

@@ -164,12 +164,13 @@ SOURCE = "huggingface/transformers src/transformers/models/gpt2/modeling_gpt2.py
 REFERENCE = {"n_head": 4, "activation": "gelu_tanh", "norm_eps": 1e-5}
 
 
-def make():
-    config = SimpleNamespace(
+BLOCK = GPT2Block
+ARGS = {
+    "config": SimpleNamespace(
         hidden_size=32, num_attention_heads=4, n_inner=None, max_position_embeddings=16,
         layer_norm_epsilon=1e-5, scale_attn_weights=True, attn_pdrop=0.1, resid_pdrop=0.1,
-    )  # fmt: skip
-    return GPT2Block(config)
+    )
+}  # fmt: skip
 
 
 def weights(b):

@@ -100,9 +100,8 @@ SOURCE = "karpathy/minGPT mingpt/model.py @ bbbdac74fa9b2e55574d70056163ffbae423
 REFERENCE = {"n_head": 4, "activation": "gelu_tanh"}
 
 
-def make():
-    config = SimpleNamespace(n_embd=32, n_head=4, block_size=16, attn_pdrop=0.1, resid_pdrop=0.1)
-    return Block(config)
+BLOCK = Block
+ARGS = {"config": SimpleNamespace(n_embd=32, n_head=4, block_size=16, attn_pdrop=0.1, resid_pdrop=0.1)}
 
 
 def weights(b):

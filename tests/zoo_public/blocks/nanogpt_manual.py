@@ -124,8 +124,8 @@ SOURCE = "karpathy/nanoGPT model.py @ 04a1d697ddc57aadb2edbe95816bf86c6b8918b0 (
 REFERENCE = {"n_head": 4, "activation": "gelu"}
 
 
-def make():
-    return Block(GPTConfig(block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.1))
+BLOCK = Block
+ARGS = {"config": GPTConfig(block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.1)}
 
 
 def weights(b):

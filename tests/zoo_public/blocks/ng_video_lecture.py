@@ -96,8 +96,8 @@ SOURCE = "karpathy/ng-video-lecture gpt.py @ 4c8e9028cc4fe417100e1e27db077fca0e0
 REFERENCE = {"n_head": n_head, "activation": "relu"}
 
 
-def make():
-    return Block(n_embd, n_head)
+BLOCK = Block
+ARGS = {"n_embd": n_embd, "n_head": n_head}
 
 
 def weights(b):

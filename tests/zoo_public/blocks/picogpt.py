@@ -107,8 +107,8 @@ SOURCE = "jaymody/picoGPT gpt2.py @ dfb5df895a7a6b18705866a0bf7ec04947d8e05a (Nu
 REFERENCE = {"n_head": 4, "activation": "gelu_tanh"}
 
 
-def make():
-    return TransformerBlock(n_embd=32, n_head=4)
+BLOCK = TransformerBlock
+ARGS = {"n_embd": 32, "n_head": 4}
 
 
 def weights(m):
