@@ -18,7 +18,10 @@ def residual(sa: str, ln1: str, ffwd: str, ln2: str, x: str = "x") -> dict[str, 
     attn = f"{x} = {x} + {sa}({ln1}({x}))"
     mlp = f"{x} = {x} + {ffwd}({ln2}({x}))"
     return {
-        "post_norm": [(attn, f"{x} = {ln1}({x} + {sa}({x}))"), (mlp, f"{x} = {ln2}({x} + {ffwd}({x}))")],
+        "post_norm": [
+            (attn, f"{x} = {ln1}({x} + {sa}({x}))"),
+            (mlp, f"{x} = {ln2}({x} + {ffwd}({x}))"),
+        ],
         "no_residual:attn": [(attn, f"{x} = {sa}({ln1}({x}))")],
         "no_residual:mlp": [(mlp, f"{x} = {ffwd}({ln2}({x}))")],
         "no_residual:both": [(attn, f"{x} = {sa}({ln1}({x}))"), (mlp, f"{x} = {ffwd}({ln2}({x}))")],

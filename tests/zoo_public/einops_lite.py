@@ -21,7 +21,10 @@ import torch
 
 def _axes(side: str) -> list[list[str]]:
     """'b n (h d)' -> [['b'], ['n'], ['h', 'd']]"""
-    return [g.split() if g.startswith("(") is False else g[1:-1].split() for g in re.findall(r"\([^)]*\)|\S+", side)]
+    return [
+        g.split() if g.startswith("(") is False else g[1:-1].split()
+        for g in re.findall(r"\([^)]*\)|\S+", side)
+    ]
 
 
 def rearrange(t: torch.Tensor, pattern: str, **sizes: int) -> torch.Tensor:

@@ -35,7 +35,9 @@ def reference(spec, block: nn.Module) -> TransformerBlock:
 
     def mat(t, shape):
         if tuple(t.shape) != shape:
-            raise ValueError(f"{spec.__name__}.weights: a weight of shape {tuple(t.shape)}, expected {shape}")
+            raise ValueError(
+                f"{spec.__name__}.weights: a weight of shape {tuple(t.shape)}, expected {shape}"
+            )
         return t.detach()
 
     H = w["fc1"][0].shape[0]

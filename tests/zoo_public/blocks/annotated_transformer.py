@@ -181,9 +181,20 @@ MISTAKES = {
     "mask_zero": [(FILL, "scores = scores.masked_fill(mask == 0, 0)")],
     "mask_reversed": [(FILL, "scores = scores.masked_fill(mask == 1, -1e9)")],
     "softmax_dim": [("p_attn = scores.softmax(dim=-1)", "p_attn = scores.softmax(dim=-2)")],
-    "heads_mixed:merge": [("x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)", "x = x.contiguous().view(nbatches, -1, self.h * self.d_k)")],
-    "no_residual:both": [("return x + self.dropout(sublayer(self.norm(x)))", "return self.dropout(sublayer(self.norm(x)))")],  # in both sublayers
-    "post_norm": [("return x + self.dropout(sublayer(self.norm(x)))", "return self.norm(x + self.dropout(sublayer(x)))")],
-    "shared_norm": [("return self.sublayer[1](x, self.feed_forward)", "return x + self.feed_forward(self.sublayer[0].norm(x))")],
+    "heads_mixed:merge": [
+        (
+            "x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)",
+            "x = x.contiguous().view(nbatches, -1, self.h * self.d_k)",
+        )
+    ],
+    "no_residual:both": [
+        ("return x + self.dropout(sublayer(self.norm(x)))", "return self.dropout(sublayer(self.norm(x)))")
+    ],  # in both sublayers
+    "post_norm": [
+        ("return x + self.dropout(sublayer(self.norm(x)))", "return self.norm(x + self.dropout(sublayer(x)))")
+    ],
+    "shared_norm": [
+        ("return self.sublayer[1](x, self.feed_forward)", "return x + self.feed_forward(self.sublayer[0].norm(x))")
+    ],
 }
 PAIRS = [("no_scaling", "post_norm"), ("mask_zero", "shared_norm")]

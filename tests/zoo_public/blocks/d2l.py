@@ -168,12 +168,25 @@ MISTAKES = {
     "no_scaling": [(SCORES, "scores = torch.bmm(queries, keys.transpose(1, 2))")],
     "wrong_scale": [(SCORES, "scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d * 4)")],
     "wrong_scale:1/hs": [(SCORES, "scores = torch.bmm(queries, keys.transpose(1, 2)) / d")],
-    "future_leak": [("X + self.drop1(self.attention1(Y, Y, Y, dec_valid_lens))", "X + self.drop1(self.attention1(Y, Y, Y, None))")],
+    "future_leak": [
+        ("X + self.drop1(self.attention1(Y, Y, Y, dec_valid_lens))", "X + self.drop1(self.attention1(Y, Y, Y, None))")
+    ],
     "mask_zero": [("valid_lens, value=-1e6)", "valid_lens, value=0)")],
-    "softmax_dim": [("return nn.functional.softmax(X.reshape(shape), dim=-1)", "return nn.functional.softmax(X.reshape(shape), dim=-2)")],
+    "softmax_dim": [
+        (
+            "return nn.functional.softmax(X.reshape(shape), dim=-1)",
+            "return nn.functional.softmax(X.reshape(shape), dim=-2)",
+        )
+    ],
     "post_norm": [
-        ("Y = self.ln1(X)\n        X = X + self.drop1(self.attention1(Y, Y, Y, dec_valid_lens))", "X = self.ln1(X + self.drop1(self.attention1(X, X, X, dec_valid_lens)))"),
-        ("Z = self.ln3(X)\n        return X + self.drop3(self.ffn(Z))", "return self.ln3(X + self.drop3(self.ffn(X)))"),
+        (
+            "Y = self.ln1(X)\n        X = X + self.drop1(self.attention1(Y, Y, Y, dec_valid_lens))",
+            "X = self.ln1(X + self.drop1(self.attention1(X, X, X, dec_valid_lens)))",
+        ),
+        (
+            "Z = self.ln3(X)\n        return X + self.drop3(self.ffn(Z))",
+            "return self.ln3(X + self.drop3(self.ffn(X)))",
+        ),
     ],
     "no_residual:attn": [("X = X + self.drop1(", "X = self.drop1(")],
     "no_residual:mlp": [("return X + self.drop3(self.ffn(Z))", "return self.drop3(self.ffn(Z))")],

@@ -183,15 +183,37 @@ ALPHA = "alpha=(1.0 / self.norm_factor),"
 FILL = "attention_scores.masked_fill_(ltor_mask, -10000.0)"
 MISTAKES = {
     "no_scaling": [(ALPHA, "alpha=1.0,")],
-    "wrong_scale": [("self.norm_factor = math.sqrt(self.hidden_size_per_attention_head)", "self.norm_factor = math.sqrt(neox_args.hidden_size)")],
-    "wrong_scale:1/hs": [("self.norm_factor = math.sqrt(self.hidden_size_per_attention_head)", "self.norm_factor = self.hidden_size_per_attention_head")],
-    "future_leak": [("attention_scores = self.attention_mask_func(attention_scores, attention_mask)", "pass  # no mask")],
+    "wrong_scale": [
+        (
+            "self.norm_factor = math.sqrt(self.hidden_size_per_attention_head)",
+            "self.norm_factor = math.sqrt(neox_args.hidden_size)",
+        )
+    ],
+    "wrong_scale:1/hs": [
+        (
+            "self.norm_factor = math.sqrt(self.hidden_size_per_attention_head)",
+            "self.norm_factor = self.hidden_size_per_attention_head",
+        )
+    ],
+    "future_leak": [
+        ("attention_scores = self.attention_mask_func(attention_scores, attention_mask)", "pass  # no mask")
+    ],
     "mask_zero": [(FILL, "attention_scores.masked_fill_(ltor_mask, 0.0)")],
     "mask_reversed": [(FILL, "attention_scores.masked_fill_(~ltor_mask, -10000.0)")],
     "softmax_dim": [("torch.nn.Softmax(dim=-1)", "torch.nn.Softmax(dim=-2)")],
-    "heads_mixed:merge": [("context_layer = context_layer.permute(2, 0, 1, 3).contiguous()", "context_layer = context_layer.permute(2, 0, 3, 1).contiguous()")],
+    "heads_mixed:merge": [
+        (
+            "context_layer = context_layer.permute(2, 0, 1, 3).contiguous()",
+            "context_layer = context_layer.permute(2, 0, 3, 1).contiguous()",
+        )
+    ],
     "no_residual:attn": [("attention_output = attention_output + residual", "attention_output = attention_output")],
     "no_residual:mlp": [("output = mlp_output + attention_output", "output = mlp_output")],
-    "shared_norm": [("mlp_output = self.mlp(self.post_attention_layernorm(attention_output))", "mlp_output = self.mlp(self.input_layernorm(attention_output))")],
+    "shared_norm": [
+        (
+            "mlp_output = self.mlp(self.post_attention_layernorm(attention_output))",
+            "mlp_output = self.mlp(self.input_layernorm(attention_output))",
+        )
+    ],
 }
 PAIRS = [("no_scaling", "no_residual:mlp"), ("mask_reversed", "shared_norm")]

@@ -160,7 +160,9 @@ class GPT2Block(nn.Module):
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "huggingface/transformers src/transformers/models/gpt2/modeling_gpt2.py @ c44b2d9976e8eafbdcb89cb2710141b2bc9b138f"
+SOURCE = (
+    "huggingface/transformers src/transformers/models/gpt2/modeling_gpt2.py @ c44b2d9976e8eafbdcb89cb2710141b2bc9b138f"
+)
 REFERENCE = {"n_head": 4, "activation": "gelu_tanh", "norm_eps": 1e-5}
 
 
@@ -206,8 +208,10 @@ MISTAKES = {
     "no_residual:mlp": [(RES2, "hidden_states = feed_forward_hidden_states")],
     "shared_norm": [("hidden_states = self.ln_2(hidden_states)", "hidden_states = self.ln_1(hidden_states)")],
     "post_norm": [
-        ("residual = hidden_states\n        hidden_states = self.ln_1(hidden_states)\n        attn_output, self_attn_weights = self.attn(hidden_states)",
-         "residual = hidden_states\n        attn_output, self_attn_weights = self.attn(hidden_states)"),
+        (
+            "residual = hidden_states\n        hidden_states = self.ln_1(hidden_states)\n        attn_output, self_attn_weights = self.attn(hidden_states)",
+            "residual = hidden_states\n        attn_output, self_attn_weights = self.attn(hidden_states)",
+        ),
         (RES1, "hidden_states = self.ln_1(attn_output + residual)"),
         ("        hidden_states = self.ln_2(hidden_states)\n", ""),
         (RES2, "hidden_states = self.ln_2(residual + feed_forward_hidden_states)"),

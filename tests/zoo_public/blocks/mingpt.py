@@ -41,7 +41,9 @@ class CausalSelfAttention(nn.Module):
         # causal mask to ensure that attention is only applied to the left in the input sequence
         self.register_buffer(
             "bias",
-            torch.tril(torch.ones(config.block_size, config.block_size)).view(1, 1, config.block_size, config.block_size),
+            torch.tril(torch.ones(config.block_size, config.block_size)).view(
+                1, 1, config.block_size, config.block_size
+            ),
         )
         self.n_head = config.n_head
         self.n_embd = config.n_embd
@@ -134,7 +136,10 @@ MISTAKES = {
     "mask_after_softmax": [(MASK + "        " + SOFTMAX, SOFTMAX + "        " + MASK.replace('float("-inf")', "0.0"))],
     "softmax_dim": [(SOFTMAX, SOFTMAX.replace("dim=-1", "dim=2"))],
     "heads_mixed:split": [
-        (f"{t} = {t}.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)", f"{t} = {t}.reshape(B, self.n_head, T, C // self.n_head)")
+        (
+            f"{t} = {t}.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)",
+            f"{t} = {t}.reshape(B, self.n_head, T, C // self.n_head)",
+        )
         for t in "qkv"
     ],
     "heads_mixed:merge": [(MERGE, "y = y.reshape(B, T, C)")],

@@ -14,7 +14,9 @@ import torch.nn as nn
 from zoo_public.einops_lite import rearrange
 
 
-def scaled_multihead_dot_product_attention(query, key, value, n_heads, softmax_scale=None, is_causal=False, dropout_p=0.0, training=False):
+def scaled_multihead_dot_product_attention(
+    query, key, value, n_heads, softmax_scale=None, is_causal=False, dropout_p=0.0, training=False
+):
     q = rearrange(query, "b s (h d) -> b h s d", h=n_heads)
     k = rearrange(key, "b s (h d) -> b h d s", h=n_heads)
     v = rearrange(value, "b s (h d) -> b h s d", h=n_heads)
@@ -113,7 +115,14 @@ class MPTBlock(nn.Module):
 SOURCE = "mosaicml/llm-foundry llmfoundry/models/layers/attention.py @ 11d3d7066fa22766b8f9ce5f72372a90a9b25a82 (+ blocks.py, ffn.py)"
 REFERENCE = {"n_head": 4, "activation": "gelu"}
 BLOCK = MPTBlock
-ARGS = {"d_model": 32, "n_heads": 4, "expansion_ratio": 4, "attn_config": {"attn_pdrop": 0.1, "softmax_scale": None}, "resid_pdrop": 0.1, "no_bias": True}
+ARGS = {
+    "d_model": 32,
+    "n_heads": 4,
+    "expansion_ratio": 4,
+    "attn_config": {"attn_pdrop": 0.1, "softmax_scale": None},
+    "resid_pdrop": 0.1,
+    "no_bias": True,
+}
 
 
 def weights(b):
@@ -137,11 +146,20 @@ MISTAKES = {
     "no_scaling": [(SCALE, "softmax_scale = 1")],
     "wrong_scale": [(SCALE, "softmax_scale = 1 / math.sqrt(query.size(-1))")],
     "wrong_scale:sqrt": [(SCALE, "softmax_scale = math.sqrt(d)")],
-    "future_leak": [("def forward(self, x, is_causal=True):\n        a = self.norm_1(x)", "def forward(self, x, is_causal=False):\n        a = self.norm_1(x)")],
+    "future_leak": [
+        (
+            "def forward(self, x, is_causal=True):\n        a = self.norm_1(x)",
+            "def forward(self, x, is_causal=False):\n        a = self.norm_1(x)",
+        )
+    ],
     "mask_reversed": [("causal_mask = ~causal_mask\n", "causal_mask = causal_mask\n")],
     "mask_zero": [(FILL, FILL.replace("min_val)", "0.0)"))],
-    "softmax_dim": [("attn_weight = torch.softmax(attn_weight, dim=-1)", "attn_weight = torch.softmax(attn_weight, dim=-2)")],
-    "heads_mixed:merge": [('out = rearrange(out, "b h s d -> b s (h d)")', 'out = rearrange(out, "b h s d -> b s (d h)")')],
+    "softmax_dim": [
+        ("attn_weight = torch.softmax(attn_weight, dim=-1)", "attn_weight = torch.softmax(attn_weight, dim=-2)")
+    ],
+    "heads_mixed:merge": [
+        ('out = rearrange(out, "b h s d -> b s (h d)")', 'out = rearrange(out, "b h s d -> b s (d h)")')
+    ],
     "no_residual:attn": [("x = x + self.resid_attn_dropout(b)", "x = self.resid_attn_dropout(b)")],
     "no_residual:mlp": [("x = x + self.resid_ffn_dropout(n)", "x = self.resid_ffn_dropout(n)")],
     "shared_norm": [("m = self.norm_2(x)", "m = self.norm_1(x)")],

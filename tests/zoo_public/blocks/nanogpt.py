@@ -156,19 +156,33 @@ MISTAKES = {
     "wrong_scale:1/hs": [(SDPA, SDPA + ", scale=1.0 / k.size(-1)")],
     "future_leak": [(SDPA, SDPA.replace("is_causal=True", "is_causal=False"))],
     "mask_reversed": [  # nn.MultiheadAttention's convention (True = blocked) given to SDPA
-        (SDPA, SDPA.replace("attn_mask=None", "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(1)").replace(", is_causal=True", ""))
+        (
+            SDPA,
+            SDPA.replace("attn_mask=None", "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(1)").replace(
+                ", is_causal=True", ""
+            ),
+        )
     ],
     "heads_mixed:split": [
         (Q, "q = q.reshape(B, self.n_head, T, C // self.n_head)"),
-        ("k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)", "k = k.reshape(B, self.n_head, T, C // self.n_head)"),
-        ("v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)", "v = v.reshape(B, self.n_head, T, C // self.n_head)"),
+        (
+            "k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)",
+            "k = k.reshape(B, self.n_head, T, C // self.n_head)",
+        ),
+        (
+            "v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)",
+            "v = v.reshape(B, self.n_head, T, C // self.n_head)",
+        ),
     ],
     "heads_mixed:merge": [(MERGE, "y = y.contiguous().view(B, T, C)")],
     "dropout_in_eval": [(SDPA, SDPA.replace(" if self.training else 0", ""))],
     "post_norm": [(ATTN, "x = self.ln_1(x + self.attn(x))"), (MLP_, "x = self.ln_2(x + self.mlp(x))")],
     "no_residual:attn": [(ATTN, "x = self.attn(self.ln_1(x))")],
     "no_residual:mlp": [(MLP_, "x = self.mlp(self.ln_2(x))")],
-    "no_residual:normed": [(ATTN, "x = self.ln_1(x)\n        x = x + self.attn(x)"), (MLP_, "x = self.ln_2(x)\n        x = x + self.mlp(x)")],
+    "no_residual:normed": [
+        (ATTN, "x = self.ln_1(x)\n        x = x + self.attn(x)"),
+        (MLP_, "x = self.ln_2(x)\n        x = x + self.mlp(x)"),
+    ],
     "shared_norm": [(MLP_, "x = x + self.mlp(self.ln_1(x))")],
 }
 PAIRS = [("no_scaling", "post_norm"), ("future_leak", "shared_norm"), ("heads_mixed:merge", "wrong_scale")]

@@ -202,10 +202,23 @@ MISTAKES = {
     "future_leak": [(MASK, "# " + MASK)],
     "mask_zero": [("w = w * b - 1e10 * (1 - b)", "w = w * b")],
     "mask_reversed": [("w = w * b - 1e10 * (1 - b)", "w = w * (1 - b) - 1e10 * b")],
-    "mask_after_softmax": [(MASK + "        w = softmax(w)\n", "w = softmax(w)\n        w = w * attention_mask(w.shape[-2], w.shape[-1], dtype=w.dtype)\n")],
+    "mask_after_softmax": [
+        (
+            MASK + "        w = softmax(w)\n",
+            "w = softmax(w)\n        w = w * attention_mask(w.shape[-2], w.shape[-1], dtype=w.dtype)\n",
+        )
+    ],
     "softmax_dim": [("w = softmax(w)\n", "w = softmax(w, axis=2)\n")],
-    "heads_mixed:split": [("return torch.permute(split_states(x, hparams.n_head), [0, 2, 1, 3])", "return torch.reshape(split_states(x, hparams.n_head), [x.shape[0], hparams.n_head, x.shape[1], -1])")],
-    "post_norm": [(A, 'a = attn(x, "attn", nx, hparams=hparams)\n        x = norm(x + a, "ln_1")'), (M, 'm = mlp(x, "mlp", nx * 4, hparams=hparams)\n        x = norm(x + m, "ln_2")')],
+    "heads_mixed:split": [
+        (
+            "return torch.permute(split_states(x, hparams.n_head), [0, 2, 1, 3])",
+            "return torch.reshape(split_states(x, hparams.n_head), [x.shape[0], hparams.n_head, x.shape[1], -1])",
+        )
+    ],
+    "post_norm": [
+        (A, 'a = attn(x, "attn", nx, hparams=hparams)\n        x = norm(x + a, "ln_1")'),
+        (M, 'm = mlp(x, "mlp", nx * 4, hparams=hparams)\n        x = norm(x + m, "ln_2")'),
+    ],
     "no_residual:attn": [(A, A.replace("x = x + a", "x = a"))],
     "no_residual:mlp": [(M, M.replace("x = x + m", "x = m"))],
     "shared_norm": [('m = mlp(norm(x, "ln_2")', 'm = mlp(norm(x, "ln_1")')],

@@ -52,13 +52,17 @@ def mha(x, c_attn, c_proj, n_head):  # [n_seq, n_embd] -> [n_seq, n_embd]
     qkv = torch.tensor_split(x, 3, dim=-1)  # [n_seq, 3*n_embd] -> [3, n_seq, n_embd]
 
     # split into heads
-    qkv_heads = list(map(lambda x: torch.tensor_split(x, n_head, dim=-1), qkv))  # [3, n_seq, n_embd] -> [3, n_head, n_seq, n_embd/n_head]
+    qkv_heads = list(
+        map(lambda x: torch.tensor_split(x, n_head, dim=-1), qkv)
+    )  # [3, n_seq, n_embd] -> [3, n_head, n_seq, n_embd/n_head]
 
     # causal mask to hide future inputs from being attended to
     causal_mask = (1 - torch.tril(torch.ones(x.shape[0], x.shape[0], dtype=x.dtype))) * -1e10  # [n_seq, n_seq]
 
     # perform attention over each head
-    out_heads = [attention(q, k, v, causal_mask) for q, k, v in zip(*qkv_heads)]  # [3, n_head, n_seq, n_embd/n_head] -> [n_head, n_seq, n_embd/n_head]
+    out_heads = [
+        attention(q, k, v, causal_mask) for q, k, v in zip(*qkv_heads)
+    ]  # [3, n_head, n_seq, n_embd/n_head] -> [n_head, n_seq, n_embd/n_head]
 
     # merge heads
     x = torch.hstack(out_heads)  # [n_head, n_seq, n_embd/n_head] -> [n_seq, n_embd]
@@ -80,7 +84,9 @@ def transformer_block(x, mlp, attn, ln_1, ln_2, n_head):  # [n_seq, n_embd] -> [
 
 
 def params(n_in, n_out):
-    return nn.ParameterDict({"w": nn.Parameter(0.02 * torch.randn(n_in, n_out)), "b": nn.Parameter(torch.zeros(n_out))})
+    return nn.ParameterDict(
+        {"w": nn.Parameter(0.02 * torch.randn(n_in, n_out)), "b": nn.Parameter(torch.zeros(n_out))}
+    )
 
 
 class TransformerBlock(nn.Module):
@@ -134,13 +140,25 @@ F = "x = x + ffn(layer_norm(x, **ln_2), **mlp)"
 MISTAKES = {
     "no_scaling": [(ATT, "return softmax(q @ k.T + mask) @ v")],
     "wrong_scale:1/hs": [(ATT, "return softmax(q @ k.T / q.shape[-1] + mask) @ v")],
-    "wrong_scale:sqrt": [(ATT, "return softmax(q @ k.T * torch.sqrt(torch.tensor(q.shape[-1], dtype=q.dtype)) + mask) @ v")],
+    "wrong_scale:sqrt": [
+        (ATT, "return softmax(q @ k.T * torch.sqrt(torch.tensor(q.shape[-1], dtype=q.dtype)) + mask) @ v")
+    ],
     "future_leak": [(ATT, "return softmax(q @ k.T / torch.sqrt(torch.tensor(q.shape[-1], dtype=q.dtype))) @ v")],
     "mask_reversed": [(MASK, "causal_mask = torch.tril(torch.ones(x.shape[0], x.shape[0], dtype=x.dtype)) * -1e10")],
-    "mask_after_softmax": [(ATT, "return softmax(q @ k.T / torch.sqrt(torch.tensor(q.shape[-1], dtype=q.dtype))) * (mask == 0) @ v")],
-    "softmax_dim": [("torch.max(x, dim=-1, keepdim=True)", "torch.max(x, dim=0, keepdim=True)"), ("torch.sum(exp_x, dim=-1, keepdim=True)", "torch.sum(exp_x, dim=0, keepdim=True)")],
-    "heads_mixed:order": [("x = torch.hstack(out_heads)", "x = torch.stack(out_heads, dim=-1).reshape(x.shape[0], -1)")],
-    "post_norm": [(A, "x = layer_norm(x + mha(x, **attn, n_head=n_head), **ln_1)"), (F, "x = layer_norm(x + ffn(x, **mlp), **ln_2)")],
+    "mask_after_softmax": [
+        (ATT, "return softmax(q @ k.T / torch.sqrt(torch.tensor(q.shape[-1], dtype=q.dtype))) * (mask == 0) @ v")
+    ],
+    "softmax_dim": [
+        ("torch.max(x, dim=-1, keepdim=True)", "torch.max(x, dim=0, keepdim=True)"),
+        ("torch.sum(exp_x, dim=-1, keepdim=True)", "torch.sum(exp_x, dim=0, keepdim=True)"),
+    ],
+    "heads_mixed:order": [
+        ("x = torch.hstack(out_heads)", "x = torch.stack(out_heads, dim=-1).reshape(x.shape[0], -1)")
+    ],
+    "post_norm": [
+        (A, "x = layer_norm(x + mha(x, **attn, n_head=n_head), **ln_1)"),
+        (F, "x = layer_norm(x + ffn(x, **mlp), **ln_2)"),
+    ],
     "no_residual:attn": [(A, "x = mha(layer_norm(x, **ln_1), **attn, n_head=n_head)")],
     "no_residual:mlp": [(F, "x = ffn(layer_norm(x, **ln_2), **mlp)")],
     "shared_norm": [(F, "x = x + ffn(layer_norm(x, **ln_1), **mlp)")],

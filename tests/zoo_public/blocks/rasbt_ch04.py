@@ -169,13 +169,17 @@ MISTAKES = {
     "mask_zero": [(FILL, "attn_scores.masked_fill_(mask_bool, 0)")],
     "mask_reversed": [(FILL, "attn_scores.masked_fill_(~mask_bool, -torch.inf)")],
     "softmax_dim": [(SOFTMAX, SOFTMAX.replace("dim=-1", "dim=-2"))],
-    "heads_mixed:merge": [("context_vec = (attn_weights @ values).transpose(1, 2)", "context_vec = attn_weights @ values")],
+    "heads_mixed:merge": [
+        ("context_vec = (attn_weights @ values).transpose(1, 2)", "context_vec = attn_weights @ values")
+    ],
     "no_residual:attn": [(ATT, ATT.replace("x = x + shortcut", "x = x"))],
     "no_residual:mlp": [(FF, FF.replace("x = x + shortcut", "x = x"))],
     "shared_norm": [("x = self.norm2(x)", "x = self.norm1(x)")],
     "post_norm": [
-        ("        x = self.norm1(x)\n", ""), (ATT, ATT.replace("x = x + shortcut", "x = self.norm1(x + shortcut)")),
-        ("        x = self.norm2(x)\n", ""), (FF, FF.replace("x = x + shortcut", "x = self.norm2(x + shortcut)")),
+        ("        x = self.norm1(x)\n", ""),
+        (ATT, ATT.replace("x = x + shortcut", "x = self.norm1(x + shortcut)")),
+        ("        x = self.norm2(x)\n", ""),
+        (FF, FF.replace("x = x + shortcut", "x = self.norm2(x + shortcut)")),
     ],
 }
 PAIRS = [("no_scaling", "shared_norm"), ("mask_reversed", "post_norm")]

@@ -105,7 +105,17 @@ class Attention(nn.Module):
 
 
 def gelu_new(input):
-    return 0.5 * input * (1.0 + torch.tanh(torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=input.dtype)) * (input + 0.044715 * torch.pow(input, 3.0))))
+    return (
+        0.5
+        * input
+        * (
+            1.0
+            + torch.tanh(
+                torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=input.dtype))
+                * (input + 0.044715 * torch.pow(input, 3.0))
+            )
+        )
+    )
 
 
 class MLP(nn.Module):
@@ -168,7 +178,9 @@ class TransformerBlock(nn.Module):
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "TransformerLensOrg/TransformerLens transformer_lens/components/ (LayerNorm, Attention, MLP, TransformerBlock)"
+SOURCE = (
+    "TransformerLensOrg/TransformerLens transformer_lens/components/ (LayerNorm, Attention, MLP, TransformerBlock)"
+)
 REFERENCE = {"n_head": 4, "activation": "gelu_tanh"}
 BLOCK = TransformerBlock
 ARGS = {"cfg": HookedTransformerConfig(d_model=32, n_heads=4, d_head=8, d_mlp=128, n_ctx=16), "block_index": 0}
@@ -199,12 +211,31 @@ MISTAKES = {
     "wrong_scale": [("self.attn_scale = self.cfg.d_head**0.5", "self.attn_scale = self.cfg.d_model**0.5")],
     "wrong_scale:1/hs": [("self.attn_scale = self.cfg.d_head**0.5", "self.attn_scale = self.cfg.d_head")],
     "future_leak": [(MASK, "# " + MASK)],
-    "mask_reversed": [("return torch.where(final_mask, attn_scores, self.IGNORE)", "return torch.where(final_mask, self.IGNORE, attn_scores)")],
-    "mask_zero": [('self.register_buffer("IGNORE", torch.tensor(-torch.inf))', 'self.register_buffer("IGNORE", torch.tensor(0.0))')],
+    "mask_reversed": [
+        (
+            "return torch.where(final_mask, attn_scores, self.IGNORE)",
+            "return torch.where(final_mask, self.IGNORE, attn_scores)",
+        )
+    ],
+    "mask_zero": [
+        (
+            'self.register_buffer("IGNORE", torch.tensor(-torch.inf))',
+            'self.register_buffer("IGNORE", torch.tensor(0.0))',
+        )
+    ],
     "softmax_dim": [("pattern = F.softmax(attn_scores, dim=-1)", "pattern = F.softmax(attn_scores, dim=-2)")],
-    "heads_mixed:order": [('out = torch.einsum("bpih,ihm->bpm", z, self.W_O) + self.b_O', 'out = z.transpose(-1, -2).reshape(z.shape[0], z.shape[1], -1) @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O')],
-    "no_residual:attn": [("resid_mid = self.hook_resid_mid(resid_pre + attn_out)", "resid_mid = self.hook_resid_mid(attn_out)")],
-    "no_residual:mlp": [("resid_post = self.hook_resid_post(resid_mid + mlp_out)", "resid_post = self.hook_resid_post(mlp_out)")],
+    "heads_mixed:order": [
+        (
+            'out = torch.einsum("bpih,ihm->bpm", z, self.W_O) + self.b_O',
+            "out = z.transpose(-1, -2).reshape(z.shape[0], z.shape[1], -1) @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O",
+        )
+    ],
+    "no_residual:attn": [
+        ("resid_mid = self.hook_resid_mid(resid_pre + attn_out)", "resid_mid = self.hook_resid_mid(attn_out)")
+    ],
+    "no_residual:mlp": [
+        ("resid_post = self.hook_resid_post(resid_mid + mlp_out)", "resid_post = self.hook_resid_post(mlp_out)")
+    ],
     "shared_norm": [("normalized_resid_mid = self.ln2(mlp_in)", "normalized_resid_mid = self.ln1(mlp_in)")],
 }
 PAIRS = [("no_scaling", "no_residual:mlp"), ("mask_zero", "shared_norm")]

@@ -104,8 +104,16 @@ MISTAKES = {
     "future_leak": [(ATTN, "x = x + self.attn(self.attn_ln(x))[0]")],
     "mask_reversed": [(".triu_(1)", ".tril_()")],
     "softmax_dim": [("w = F.softmax(qk, dim=-1).to(q.dtype)", "w = F.softmax(qk, dim=-2).to(q.dtype)")],
-    "heads_mixed:merge": [("out = (w @ v).permute(0, 2, 1, 3).flatten(start_dim=2)", "out = (w @ v).permute(0, 2, 3, 1).flatten(start_dim=2)")],
-    "post_norm": [(ATTN, "x = self.attn_ln(x + self.attn(x, mask=self.mask)[0])"), (MLP, "x = self.mlp_ln(x + self.mlp(x))")],
+    "heads_mixed:merge": [
+        (
+            "out = (w @ v).permute(0, 2, 1, 3).flatten(start_dim=2)",
+            "out = (w @ v).permute(0, 2, 3, 1).flatten(start_dim=2)",
+        )
+    ],
+    "post_norm": [
+        (ATTN, "x = self.attn_ln(x + self.attn(x, mask=self.mask)[0])"),
+        (MLP, "x = self.mlp_ln(x + self.mlp(x))"),
+    ],
     "no_residual:attn": [(ATTN, "x = self.attn(self.attn_ln(x), mask=self.mask)[0]")],
     "no_residual:mlp": [(MLP, "x = self.mlp(self.mlp_ln(x))")],
     "shared_norm": [(MLP, "x = x + self.mlp(self.attn_ln(x))")],
