@@ -1,4 +1,5 @@
-# Source: harvardnlp/annotated-transformer, the_annotated_transformer.py: clones, LayerNorm,
+# Source: harvardnlp/annotated-transformer, the_annotated_transformer.py
+#   commit 0a91a254735c07532e23733dce8a693e504f3a08: clones, LayerNorm,
 #   SublayerConnection, attention, MultiHeadedAttention, PositionwiseFeedForward,
 #   subsequent_mask, DecoderLayer (self-attention part).
 # Kept: MultiHeadedAttention(h, d_model) with clones(nn.Linear, 4) zipped with (query, key,
@@ -150,7 +151,7 @@ class Block(nn.Module):
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "harvardnlp/annotated-transformer the_annotated_transformer.py"
+SOURCE = "harvardnlp/annotated-transformer the_annotated_transformer.py @ 0a91a254735c07532e23733dce8a693e504f3a08"
 REFERENCE = {"n_head": 4, "activation": "relu"}
 BLOCK = Block
 ARGS = {"d_model": 32, "h": 4}

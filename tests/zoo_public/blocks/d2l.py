@@ -1,4 +1,5 @@
-# Source: d2l-ai/d2l-en, d2l/torch.py: masked_softmax, DotProductAttention, MultiHeadAttention
+# Source: d2l-ai/d2l-en, d2l/torch.py
+#   commit c3fb91b02a8ea24e15134326872983d773c494cf: masked_softmax, DotProductAttention, MultiHeadAttention
 #   (transpose_qkv / transpose_output), PositionWiseFFN, AddNorm, TransformerDecoderBlock.
 # Kept: MultiHeadAttention(num_hiddens, num_heads, dropout, bias=False) with W_q/W_k/W_v/W_o,
 # heads folded into the batch by transpose_qkv (batch * heads, T, hs), bmm scores divided by
@@ -143,7 +144,7 @@ class TransformerDecoderBlock(nn.Module):
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "d2l-ai/d2l-en d2l/torch.py (MultiHeadAttention, TransformerDecoderBlock)"
+SOURCE = "d2l-ai/d2l-en d2l/torch.py @ c3fb91b02a8ea24e15134326872983d773c494cf (MultiHeadAttention, TransformerDecoderBlock)"
 REFERENCE = {"n_head": 4, "activation": "relu"}
 BLOCK = TransformerDecoderBlock
 ARGS = {"num_hiddens": 32, "ffn_num_hiddens": 128, "num_heads": 4, "dropout": 0.1}

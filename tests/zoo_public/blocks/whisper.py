@@ -1,4 +1,5 @@
-# Source: openai/whisper, whisper/model.py: LayerNorm, Linear, MultiHeadAttention,
+# Source: openai/whisper, whisper/model.py
+#   commit fdf63e51dc3089e10d72fd25ac04ffe22f86543e: LayerNorm, Linear, MultiHeadAttention,
 #   ResidualAttentionBlock.
 # Kept: ResidualAttentionBlock(n_state, n_head), query/key/value/out with no bias on the key,
 # qkv_attention scaling q and k each by (n_state // n_head) ** -0.25, the additive -inf mask
@@ -72,7 +73,7 @@ class ResidualAttentionBlock(nn.Module):
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "openai/whisper whisper/model.py (MultiHeadAttention, ResidualAttentionBlock)"
+SOURCE = "openai/whisper whisper/model.py @ fdf63e51dc3089e10d72fd25ac04ffe22f86543e (MultiHeadAttention, ResidualAttentionBlock)"
 REFERENCE = {"n_head": 4, "activation": "gelu"}
 BLOCK = ResidualAttentionBlock
 ARGS = {"n_state": 32, "n_head": 4}
