@@ -189,7 +189,10 @@ MISTAKES = {
     "no_residual:mlp": [("return self.mlp(x_normed) + x", "return self.mlp(x_normed)")],
     "shared_norm": [(SEQ, SEQ.replace("self.norm_2(x)", "self.norm_1(x)"))],
     "post_norm": [
-        ("x_normed = self.norm_1(x)\n        attention_output = self.attn(x_normed, mask)", "attention_output = self.attn(x, mask)"),
+        (
+            "x_normed = self.norm_1(x)\n        attention_output = self.attn(x_normed, mask)",
+            "attention_output = self.attn(x, mask)",
+        ),
         (SEQ, "        else:\n            x = self.norm_1(attention_output + x)\n            x_normed = x\n"),
         ("return self.mlp(x_normed) + x", "return self.norm_2(self.mlp(x_normed) + x)"),
     ],

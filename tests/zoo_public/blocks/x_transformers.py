@@ -262,15 +262,28 @@ MISTAKES = {
     "mask_reversed": [(".triu(j - i + 1)", ".tril(j - i)")],
     "mask_zero": [("mask_value = -torch.finfo(dots.dtype).max", "mask_value = 0.0")],
     "softmax_dim": [("attn = self.attn_fn(dots, dim=-1)", "attn = self.attn_fn(dots, dim=-2)")],
-    "heads_mixed:merge": [('out = rearrange(out, "b h n d -> b n (h d)")', 'out = rearrange(out, "b h n d -> b n (d h)")')],
+    "heads_mixed:merge": [
+        ('out = rearrange(out, "b h n d -> b n (h d)")', 'out = rearrange(out, "b h n d -> b n (d h)")')
+    ],
     "post_norm": [
         ("            if exists(pre_norm):\n                x = pre_norm(x)\n", ""),
-        ("            x = residual_fn(out, inner_residual)\n", "            x = pre_norm(residual_fn(out, inner_residual))\n"),
+        (
+            "            x = residual_fn(out, inner_residual)\n",
+            "            x = pre_norm(residual_fn(out, inner_residual))\n",
+        ),
     ],
     "no_residual:both": [("x = residual_fn(out, inner_residual)", "x = out")],
-    "no_residual:normed": [("residual, inner_residual, residual_kwargs = residual_fn.prepare(x)\n\n            pre_norm, post_branch_norm, post_main_norm = norm\n\n            if exists(pre_norm):\n                x = pre_norm(x)\n",
-                            "pre_norm, post_branch_norm, post_main_norm = norm\n\n            if exists(pre_norm):\n                x = pre_norm(x)\n\n            residual, inner_residual, residual_kwargs = residual_fn.prepare(x)\n")],
-    "shared_norm": [("            norms = ModuleList([pre_branch_norm, post_branch_norm, post_main_norm])\n",
-                     "            pre_branch_norm = self.layers[0][0][0] if self.layers else pre_branch_norm\n            norms = ModuleList([pre_branch_norm, post_branch_norm, post_main_norm])\n")],
+    "no_residual:normed": [
+        (
+            "residual, inner_residual, residual_kwargs = residual_fn.prepare(x)\n\n            pre_norm, post_branch_norm, post_main_norm = norm\n\n            if exists(pre_norm):\n                x = pre_norm(x)\n",
+            "pre_norm, post_branch_norm, post_main_norm = norm\n\n            if exists(pre_norm):\n                x = pre_norm(x)\n\n            residual, inner_residual, residual_kwargs = residual_fn.prepare(x)\n",
+        )
+    ],
+    "shared_norm": [
+        (
+            "            norms = ModuleList([pre_branch_norm, post_branch_norm, post_main_norm])\n",
+            "            pre_branch_norm = self.layers[0][0][0] if self.layers else pre_branch_norm\n            norms = ModuleList([pre_branch_norm, post_branch_norm, post_main_norm])\n",
+        )
+    ],
 }
 PAIRS = [("no_scaling", "post_norm"), ("mask_zero", "no_residual:normed")]
