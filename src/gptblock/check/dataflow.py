@@ -42,7 +42,7 @@ Tensor = torch.Tensor
 SHAPE_OPS = frozenset(
     "view _unsafe_view reshape transpose t permute expand unsqueeze squeeze contiguous clone "
     "slice select split split_with_sizes unbind chunk alias detach _to_copy unflatten flatten "
-    "narrow as_strided movedim _reshape_alias view_as expand_as lift_fresh".split()
+    "narrow as_strided movedim _reshape_alias view_as expand_as lift_fresh repeat".split()
 )
 WEIGHT_OPS = frozenset("mm addmm bmm baddbmm convolution _convolution mv addmv linear".split())
 NORM_OPS = frozenset("native_layer_norm layer_norm rms_norm _fused_rms_norm".split())
@@ -97,7 +97,8 @@ class Roles:
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
     """The axes (batch, time) along which a node of ``shape`` holds one row per position:
-    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T); else any axes of sizes B and T.
+    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T); else any axes of sizes B and T,
+    or one axis of size B * T holding them flattened b-major (given twice).
 
     Example:
         >>> layout((5, 7, 4, 8), 5, 7), layout((7, 5, 32), 5, 7), layout((5, 32, 7), 5, 7)
@@ -105,6 +106,8 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
         >>> layout((5, 4, 7, 8), 5, 7), layout((5, 4, 7, 8), 5, 7, strict=False)
         (None, (0, 2))
     """
+    if B == 1 and len(shape) >= 2 and shape[0] == T:
+        return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
     if len(shape) < 3 or B == T and shape[:2] != (B, T):
         return None
     if shape[:2] == (B, T):
@@ -113,9 +116,13 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
         return (1, 0)
     if len(shape) == 3 and shape[0] == B and shape[2] == T:
         return (0, 2)
-    if strict or B not in shape or T not in shape:
+    if strict:
         return None
-    return shape.index(B), shape.index(T)
+    if B in shape and T in shape and shape.index(B) != shape.index(T):
+        return shape.index(B), shape.index(T)
+    if B * T in shape:  # positions flattened b-major, (nh, B * T, hs): the axis twice
+        return shape.index(B * T), shape.index(B * T)
+    return None
 
 
 def _is_weight_op(trace: Trace, op: Op) -> int | None:
@@ -172,8 +179,8 @@ def _to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
         if op is not None and (op.name in SLICING_OPS or op.name in ("add", "sub")):
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         step = _back(trace, node)
-        if step is None:
-            return None
+        if step is None:  # made by a product: (nh, B * T, hs) from a 3-D weight
+            return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         node = step[0]
     return node
 
@@ -267,7 +274,7 @@ def _cores(trace: Trace) -> list[Core]:
         if "scaled_dot_product" in op.name and len(data) >= 3:
             q, k, v = op.inputs[:3]
             y = op.outputs[0]
-        elif op.name == "bmm" and len(data) == 2 and _probabilities(trace.nodes[data[0]].value):
+        elif op.name in ("bmm", "mm") and len(data) == 2 and _probabilities(trace.nodes[data[0]].value):
             A, v = data
             shape = trace.nodes[A].shape
             if shape[-1] != shape[-2]:
@@ -290,7 +297,7 @@ def _scores(trace: Trace, A: int) -> Op | None:
         op
         for n in trace.ancestors(A)
         if (op := trace.producer(n)) is not None
-        and op.name in ("bmm", "baddbmm")
+        and op.name in ("bmm", "baddbmm", "mm")
         and sum(trace.nodes[i].data for i in op.inputs) == 2
     ]
     return max(found, key=lambda op: op.index) if found else None
@@ -328,8 +335,8 @@ def find_roles(trace: Trace, module: nn.Module, B: int, T: int) -> Roles:
         heads += core.groups // batch
         for role, node in (("q", core.q), ("k", core.k), ("v", core.v)):
             _add(qkv, role, *_projection(trace, node, B, T), scaled=role != "v")
-    puts = {r.put for r in qkv.values()}
-    if len(puts) != 1:
+    first = trace.nodes[qkv["q"].put].value
+    if any(not torch.equal(trace.nodes[r.put].value, first) for r in qkv.values()):
         raise Unread("q, k and v are computed from different tensors")
     ops = [_forward_to_weight(trace, core.y) for core in cores]
     if any(op is None for op in ops) or len({op.index for op in ops if op}) != 1:
@@ -374,7 +381,7 @@ def _add(
 ) -> None:  # fmt: skip
     factor = factor if scaled else 1.0
     role = roles.setdefault(name, Role(put, [], [], factor))
-    if role.put != put or abs(role.factor - factor) > 1e-12 * abs(factor):
+    if abs(role.factor - factor) > 1e-12 * abs(factor):
         raise Unread(f"the heads' {name} are computed differently")
     role.get.append(get)
     role.params += [p for p in params if p not in role.params]
@@ -421,7 +428,8 @@ def _norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
         like = trace.nodes[ins[0]].value
         if layout(tuple(like.shape), B, T) and _invariant(_module_call(m), like):
             found.append(Norm(name, first, ins[0], outs[0], _module_call(m)))
-    found = [n for n in found if not any(o is not n and _inside(o, n, trace) for o in found)]
+    # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
+    found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
     for op in trace.ops:
         inside = any(_op_in(op.index, n, trace) for n in found)
         if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
@@ -443,7 +451,7 @@ def _norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
         if _invariant(f, trace.nodes[source].value):
             start = trace.nodes[source].op
             path = [trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start]
-            key = ", ".join(_static_names(trace, path)) or f"{op.name} (no weights)"
+            key = ", ".join(_static_names(trace, path)) or f"{op.name} #{op.index} (no weights)"
             found.append(Norm(key, op.index, source, out, f))
     return sorted(found, key=lambda n: n.first)
 

@@ -331,7 +331,8 @@ def _readings(
     why = ""
     if not roles:
         T = min(TRACE_T, longest)
-        for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T):  # B != T tells batch from time
+        # B != T tells batch from time; B = 1 reads a block that loops over its sequences
+        for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T, 1):
             x = subject.input(B, T, subject.C).to(torch.float64)
             try:
                 read = read_block(subject.module, x.to(subject.dtype))

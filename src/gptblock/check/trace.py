@@ -130,6 +130,7 @@ class _Recorder(TorchDispatchMode):
         self.ops: list[Op] = []
         self.nodes: list[Node] = []
         self.latest: dict[int, tuple[Tensor, int]] = {}  # id(tensor) -> (tensor, node)
+        self.stamp: dict[int, tuple[object, ...]] = {}  # id(tensor) -> what it held then
         self.known = known
         self.stack: list[str] = [""]
         self.input = self.node_of(x, INPUT, data=True)
@@ -137,12 +138,13 @@ class _Recorder(TorchDispatchMode):
     def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
         self.nodes.append(Node(len(self.nodes), op, t.detach().clone(), data, name))
         self.latest[id(t)] = (t, len(self.nodes) - 1)
+        self.stamp[id(t)] = _stamp(t)
         return len(self.nodes) - 1
 
     def node_of(self, t: Tensor, op: int = LEAF, data: bool = False) -> int:
         hit = self.latest.get(id(t))
-        if hit is not None and hit[0] is t:
-            return hit[1]
+        if hit is not None and hit[0] is t and self.stamp[id(t)] == _stamp(t):
+            return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
         known = self.known.get(id(t))
         return self.new(t, op, data, known[1] if known else "")
 
@@ -163,6 +165,13 @@ class _Recorder(TorchDispatchMode):
         outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
         self.ops.append(Op(index, func, rargs, rkwargs, inputs, outputs, self.stack[-1]))
         return out
+
+
+def _stamp(t: Tensor) -> tuple[object, ...]:
+    try:
+        return (t.dtype, tuple(t.shape), t.data_ptr())  # (not _version: bumped after us)
+    except RuntimeError:  # a tensor without storage
+        return (t.dtype, tuple(t.shape))
 
 
 def _hooks(module: nn.Module, rec: _Recorder, calls: list[Any]) -> list[Any]:

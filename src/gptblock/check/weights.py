@@ -57,6 +57,8 @@ def _rows(value: Tensor, B: int, T: int) -> Tensor:
     axes = layout(tuple(value.shape), B, T, strict=False)
     if axes is None:
         raise Unread(f"a tensor of shape {tuple(value.shape)} is not laid out by position")
+    if axes[0] == axes[1]:  # (..., B * T, ...)
+        return value.movedim(axes[0], 0).reshape(B * T, -1)
     return value.movedim(axes, (0, 1)).reshape(B * T, -1)
 
 
@@ -65,6 +67,8 @@ def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     axes = layout(shape, B, T, strict=False)
     assert axes is not None
     rest = [s for i, s in enumerate(shape) if i not in axes]
+    if axes[0] == axes[1]:
+        return rows.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
     return rows.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
@@ -162,7 +166,37 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         ln[0], ln[1] if len(ln) > 1 else None,
     )  # fmt: skip
     names = {f"ln{i + 1}": n.key for i, n in enumerate(found.norms)}
+    params = dict(module.named_parameters())
     for role, r in found.roles.items():
-        names[role] = ", ".join(r.params) or "(no parameter)"
+        names[role] = _display(module, r.params) + _orientation(params, r.params, read[role][0])
     error = max(e for _, _, e in read.values())
     return Reading(parts, found.heads, names, error)
+
+
+def _display(module: nn.Module, params: list[str]) -> str:
+    """Parameters by the modules that hold them: ``attn.c_attn`` for its weight and bias,
+    ``heads.*.query`` for one module per head, else the parameters themselves."""
+    owners: dict[str, list[str]] = {}
+    for p in params:
+        owners.setdefault(p.rpartition(".")[0], []).append(p)
+    shown = []
+    for owner, held in owners.items():
+        m = module.get_submodule(owner) if owner else module
+        own = {f"{owner}.{n}" if owner else n for n, _ in m.named_parameters(recurse=False)}
+        shown += [owner] if owner and set(held) == own else held
+    if len(shown) > 1 and all(s.count(".") == shown[0].count(".") for s in shown):
+        split = [s.split(".") for s in shown]
+        pattern = [p[0] if len(set(p)) == 1 else "*" for p in zip(*split, strict=True)]
+        if pattern.count("*") == 1:
+            return ".".join(pattern)
+    return ", ".join(shown) or "(no parameter)"
+
+
+def _orientation(params: dict[str, Tensor], names: list[str], weight: Tensor) -> str:
+    """' (in, out)' when the role's one matrix is stored transposed, as ``x @ W`` reads it."""
+    matrices = [params[n] for n in names if n in params and params[n].dim() == 2]
+    if len(matrices) != 1 or matrices[0].shape != weight.T.shape:
+        return ""
+    stored = matrices[0].detach().to(weight.dtype)
+    same = stored.shape == weight.shape and torch.allclose(stored, weight, atol=1e-8)
+    return "" if same or not torch.allclose(stored, weight.T, atol=1e-8) else " (in, out)"
