@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,6 +52,7 @@ from .search import TOLERANCE, Match, explain
 from .steps import Parts
 from .subject import one_thread
 from .suggest import suggest_map
+from .trace import NoDropout
 from .weights import read_block
 from .target import load_target
 
@@ -77,7 +79,7 @@ EXPLAINS: dict[str, set[str]] = {
     "mask_zero": {"future_leak"},
     "mask_after_softmax": {"future_leak"},
     "softmax_dim": {"future_leak"},
-    "heads_mixed": {"future_leak"},
+    "heads_mixed": {"future_leak", "batch_mixing"},  # a head-major merge mixes sequences
     "batch_mixing": {"shape"},
 }
 
@@ -245,7 +247,8 @@ def _check(
         notes.append("no comparison with the reference: the outputs are random in eval mode")
     else:
         if "dropout_in_eval" in implied:
-            notes.append("compared with every dropout probability of the block set to 0")
+            how = "switched off" if subject.no_dropout else "with its probability set to 0"
+            notes.append(f"compared with every dropout of the block {how}")
         progress.stage("reading the weights from the forward pass")
         readings = _readings(subject, roles, longest, notes)
         if isinstance(readings, str):
@@ -290,18 +293,24 @@ _DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "dro
 
 
 def _without_dropout(subject: Subject) -> bool:
-    """Set every dropout probability of the subject's block to 0; True if that makes its eval
-    outputs deterministic (the rest of its arithmetic can then be compared)."""
+    """Set every dropout probability of the subject's block to 0, else switch every dropout off
+    where it runs (``trace.NoDropout``); True if that makes its eval outputs deterministic (the
+    rest of its arithmetic can then be compared)."""
     for m in subject.module.modules():
         for name, value in vars(m).items():
             if name in _DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                 setattr(m, name, 0.0)
     x = subject.input(subject.T, subject.T, subject.C)
-    try:
-        with subject.own_rng():
-            return bool(torch.equal(subject(x, seeded=False), subject(x, seeded=False)))
-    except CAUGHT:
-        return False
+    for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
+        subject.no_dropout = switched_off
+        try:
+            with subject.own_rng():
+                if torch.equal(subject(x, seeded=False), subject(x, seeded=False)):
+                    return True
+        except CAUGHT:
+            pass
+    subject.no_dropout = False
+    return False
 
 
 def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResult:
@@ -335,7 +344,8 @@ def _readings(
         for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T, 1):
             x = subject.input(B, T, subject.C).to(torch.float64)
             try:
-                read = read_block(subject.module, x.to(subject.dtype))
+                with NoDropout() if subject.no_dropout else nullcontext():
+                    read = read_block(subject.module, x.to(subject.dtype))
             except Unread as e:
                 why = why or str(e)
                 continue

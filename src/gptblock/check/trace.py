@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["Node", "Op", "Trace", "TraceError", "record", "replay", "rerun"]
+__all__ = ["NoDropout", "Node", "Op", "Trace", "TraceError", "record", "replay", "rerun"]
 
 Tensor = torch.Tensor
 INPUT = -1  # Node.op of the block's input
@@ -345,3 +345,20 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
         return env[target]
 
     return run
+
+
+class NoDropout(TorchDispatchMode):
+    """Every dropout an identity, however the code calls it: ``bernoulli_(p)``, the keep-mask
+    dropout draws and then divides by ``p``, fills with ``p`` (so the mask is exactly 1), and
+    ``native_dropout`` returns its input. For a block that keeps dropout on in eval mode through
+    a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._opname
+        if name == "bernoulli_" and len(args) > 1 and isinstance(args[1], float):
+            return args[0].fill_(args[1])
+        if name == "bernoulli" and len(args) > 1 and isinstance(args[1], float):
+            return torch.full_like(args[0], args[1])
+        if name == "native_dropout":
+            return args[0].clone(), torch.ones_like(args[0], dtype=torch.bool)
+        return func(*args, **(kwargs or {}))
