@@ -297,9 +297,9 @@ def test_the_norms_each_branch_reads_are_ln1_and_ln2_and_roles_settle_them_too()
     assert "ln1=nc, ln2=na" in _roles(report)
     settled = check_block(ThreeNorms(), roles={"ln1": "nc", "ln2": "na"})
     assert settled.passed and settled.confident, str(settled)
-    assert "ln1=nc, ln2=na" in _roles(settled) and "ln1/ln2 by the caller (given)" in _roles(
-        settled
-    )
+    assert "roles given (ln1, ln2) agree with the forward pass" in " ".join(settled.notes)
+    forced = check_block(ThreeNorms(), roles={"ln1": "na", "ln2": "nc"})  # taken as given
+    assert "ln1/ln2 by the caller (given)" in _roles(forced) and not forced.passed
 
 
 def test_per_head_roles_by_glob():
@@ -308,7 +308,8 @@ def test_per_head_roles_by_glob():
     assert isinstance(mapped, MappedBlock)
     assert mapped.names[0]["q"] == "heads.*.query" and mapped.heads == (4,)
     report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=given)
-    assert report.diagnosis == ["wrong_scale"] and "q/k/v by the caller (given)" in _roles(report)
+    assert report.diagnosis == ["wrong_scale"] and report.confident, str(report)
+    assert "roles given (q, k, v) agree with the forward pass" in " ".join(report.notes)
     swapped = {"q": "heads.*.key", "k": "heads.*.query", "v": "heads.*.value"}
     report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=swapped)
     comparison = next(f for f in report.findings if f.name == "reference comparison")

@@ -10,7 +10,6 @@ with ``g`` / ``b``; a class that needs more constructor arguments; and a ``Block
 the same weights.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -162,10 +161,14 @@ class TransformerLensBlock(nn.Module):
         return torch.einsum("bhtd,hdc->btc", z, a.W_O) + a.b_O
 
     def mlp(self, x):
-        return F.gelu(torch.einsum("btc,ch->bth", x, self.W_in) + self.b_in) @ self.W_out + self.b_out
+        return (
+            F.gelu(torch.einsum("btc,ch->bth", x, self.W_in) + self.b_in) @ self.W_out + self.b_out
+        )
 
     def forward(self, x):
-        return finish(residual(x, self.attention, self.mlp, self.ln1, self.ln2, self.bugs), self.bugs)
+        return finish(
+            residual(x, self.attention, self.mlp, self.ln1, self.ln2, self.bugs), self.bugs
+        )
 
 
 # ----- picoGPT: plain functions, weights in a ParameterDict stored (in, out) ----------------------
@@ -185,7 +188,9 @@ def _mha(x, p, n_head, bugs):
     C = x.shape[-1]
     qkv = _linear(x, p["c_attn_w"], p["c_attn_b"]).split(C, dim=-1)
     heads = [list(t.split(C // n_head, dim=-1)) for t in qkv]  # 3 x nh x (B, T, hs)
-    outs = [_attend(q[:, None], k[:, None], v[:, None], bugs, C) for q, k, v in zip(*heads)]
+    outs = [
+        _attend(q[:, None], k[:, None], v[:, None], bugs, C) for q, k, v in zip(*heads, strict=True)
+    ]
     return _linear(merge_heads(torch.cat(outs, dim=1), bugs), p["c_proj_w"], p["c_proj_b"])
 
 
@@ -210,7 +215,7 @@ class PicoGPT(nn.Module):
         ln1 = lambda h: _layer_norm(h, p["ln_1_g"], p["ln_1_b"])  # noqa: E731
         ln2 = lambda h: _layer_norm(h, p["ln_2_g"], p["ln_2_b"])  # noqa: E731
         attn = lambda h: _mha(h, p, self.n_head, bugs)  # noqa: E731
-        mlp = lambda h: _linear(F.gelu(_linear(h, p["c_fc_w"], p["c_fc_b"])), p["mlp_proj_w"], p["mlp_proj_b"])  # noqa: E731
+        mlp = lambda h: _linear(F.gelu(_linear(h, p["c_fc_w"], p["c_fc_b"])), p["mlp_proj_w"], p["mlp_proj_b"])  # noqa: E731  # fmt: skip
         return finish(residual(x, attn, mlp, ln1, ln2, bugs), bugs)
 
 
@@ -226,7 +231,10 @@ class LN(nn.Module):
 
     def forward(self, x):
         mu = x.mean(-1, keepdim=True)
-        return self.g * (x - mu) * torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + self.eps) + self.b
+        return (
+            self.g * (x - mu) * torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + self.eps)
+            + self.b
+        )
 
 
 class CustomLN(nn.Module):

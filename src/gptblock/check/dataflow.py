@@ -14,10 +14,7 @@ the block, whatever the code calls things or however it stores them:
 * the first matrix product with a weight that the cores' outputs reach is the output
   projection; its input (the heads merged, as the block merges them) is what ``proj`` reads;
 * the two other matrix products with weights are the MLP's ``fc1`` and ``fc2``;
-* a norm is a module whose parameters are vectors, an ``F.layer_norm``, or tensor code from a
-  mean over the channels, whose output does not change when its input is scaled (it divides by a
-  root of a variance), whatever it is called. The norm whose output the attention reads is
-  ``ln1``, the one the MLP reads ``ln2``; otherwise they are taken in the order they run.
+* the norms are found by ``gptblock.check.norms``.
 
 ``Roles`` names, per role, the node the role reads (``put``) and the nodes it makes (``get``);
 ``gptblock.check.weights`` reads each role's weight by replacing the first with basis vectors.
@@ -28,24 +25,55 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
-from .trace import Node, Op, Trace, TraceError, replay
+from .trace import Op, Trace
 
-__all__ = ["Core", "Norm", "Role", "Roles", "Unread", "find_roles", "layout"]
+__all__ = [
+    "SHAPE_OPS", "Core", "Role", "Roles", "Unread", "find_roles", "layout", "static_names",
+    "weight_input",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 SHAPE_OPS = frozenset(
-    "view _unsafe_view reshape transpose t permute expand unsqueeze squeeze contiguous clone "
-    "slice select split split_with_sizes unbind chunk alias detach _to_copy unflatten flatten "
-    "narrow as_strided movedim _reshape_alias view_as expand_as lift_fresh repeat".split()
+    [
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "transpose",
+        "t",
+        "permute",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "contiguous",
+        "clone",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "alias",
+        "detach",
+        "_to_copy",
+        "unflatten",
+        "flatten",
+        "narrow",
+        "as_strided",
+        "movedim",
+        "_reshape_alias",
+        "view_as",
+        "expand_as",
+        "lift_fresh",
+        "repeat",
+    ]
 )
-WEIGHT_OPS = frozenset("mm addmm bmm baddbmm convolution _convolution mv addmv linear".split())
-NORM_OPS = frozenset("native_layer_norm layer_norm rms_norm _fused_rms_norm".split())
+WEIGHT_OPS = frozenset(
+    ["mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "mv", "addmv", "linear"]
+)
 
 
 class Unread(Exception):
@@ -65,17 +93,6 @@ class Core:
 
 
 @dataclass
-class Norm:
-    """One call of a norm: what it is (``key``), its input and output nodes, and as a function."""
-
-    key: str
-    first: int
-    source: int
-    out: int
-    function: Callable[[Tensor], Tensor]
-
-
-@dataclass
 class Role:
     """A sub-layer read from the trace: the node it reads, the nodes it makes (several: one per
     attention core), the parameters behind it and a scalar factor to take out (q and k only)."""
@@ -92,7 +109,6 @@ class Roles:
 
     roles: dict[str, Role]  # q k v proj fc1 fc2
     heads: int
-    norms: list[Norm] = field(default_factory=list)  # ln1 (and ln2)
 
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
@@ -108,7 +124,7 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
     """
     if B == 1 and len(shape) >= 2 and shape[0] == T:
         return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
-    if len(shape) < 3 or B == T and shape[:2] != (B, T):
+    if len(shape) < 3 or (B == T and shape[:2] != (B, T)):
         return None
     if shape[:2] == (B, T):
         return (0, 1)
@@ -125,7 +141,7 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
     return None
 
 
-def _is_weight_op(trace: Trace, op: Op) -> int | None:
+def weight_input(trace: Trace, op: Op) -> int | None:
     """The data operand of a matrix product with a weight (a static operand of >= 2 dims)."""
     if op.name not in WEIGHT_OPS:
         return None
@@ -136,7 +152,7 @@ def _is_weight_op(trace: Trace, op: Op) -> int | None:
 
 def _scalar(trace: Trace, op: Op, node: int) -> float | None:
     """The factor a mul / div by a scalar applies to ``node``, or None if it is no such op."""
-    if op.name not in ("mul", "div") or op.inputs[:1] != [node] and op.name == "div":
+    if op.name not in ("mul", "div") or (op.inputs[:1] != [node] and op.name == "div"):
         return None
     others = [n for n in op.inputs if n != node]
     if any(trace.nodes[n].data or trace.nodes[n].value.numel() != 1 for n in others):
@@ -165,7 +181,9 @@ def _back(trace: Trace, node: int) -> tuple[int, float] | None:
     return None
 
 
-SLICING_OPS = frozenset("select slice split split_with_sizes unbind chunk narrow".split())
+SLICING_OPS = frozenset(
+    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
+)
 
 
 def _to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
@@ -214,7 +232,7 @@ def _merged(trace: Trace, node: int, B: int, T: int) -> int | None:
     return (flat or heads or [None])[-1]
 
 
-def _static_names(trace: Trace, ops: list[Op]) -> list[str]:
+def static_names(trace: Trace, ops: list[Op]) -> list[str]:
     """The parameters (and buffers) the static operands of ``ops`` were made from."""
     names: list[str] = []
     for op in ops:
@@ -229,7 +247,7 @@ def _to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
     factor = 1.0
     while True:
         op = trace.producer(node)
-        if op is not None and _is_weight_op(trace, op) is not None:
+        if op is not None and weight_input(trace, op) is not None:
             return op, factor
         step = _back(trace, node)
         if step is None:
@@ -259,7 +277,7 @@ def _forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
 
 def _params(trace: Trace, op: Op) -> list[str]:
     """The parameters (and buffers) a weight op's static operands were made from."""
-    return _static_names(trace, [op])
+    return static_names(trace, [op])
 
 
 def _probabilities(value: Tensor) -> bool:
@@ -274,7 +292,11 @@ def _cores(trace: Trace) -> list[Core]:
         if "scaled_dot_product" in op.name and len(data) >= 3:
             q, k, v = op.inputs[:3]
             y = op.outputs[0]
-        elif op.name in ("bmm", "mm") and len(data) == 2 and _probabilities(trace.nodes[data[0]].value):
+        elif (
+            op.name in ("bmm", "mm")
+            and len(data) == 2
+            and _probabilities(trace.nodes[data[0]].value)
+        ):
             A, v = data
             shape = trace.nodes[A].shape
             if shape[-1] != shape[-2]:
@@ -309,7 +331,7 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
     found: list[Op] = []
     while todo:
         for op in trace.consumers(todo.pop()):
-            if _is_weight_op(trace, op) is not None:
+            if weight_input(trace, op) is not None:
                 found.append(op)
             elif op.name in SHAPE_OPS or op.name in ("cat", "stack"):
                 todo += [n for n in op.outputs if n not in seen]
@@ -317,7 +339,7 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
     return min(found, key=lambda op: op.index) if found else None
 
 
-def find_roles(trace: Trace, module: nn.Module, B: int, T: int) -> Roles:
+def find_roles(trace: Trace, B: int, T: int) -> Roles:
     """The roles in a recorded forward pass of a block on a (B, T, C) input.
 
     Raises:
@@ -346,14 +368,13 @@ def find_roles(trace: Trace, module: nn.Module, B: int, T: int) -> Roles:
     roles = dict(qkv)
     roles["proj"] = _role(trace, proj, B, T, merged=True)
     used = {proj.index} | {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
-    rest = [op for op in trace.ops if _is_weight_op(trace, op) is not None and op.index not in used]
+    rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
     if len(rest) != 2 or rest[0].outputs[0] not in trace.ancestors(rest[1].outputs[0]):
         raise Unread(
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
         )
     roles["fc1"], roles["fc2"] = _role(trace, rest[0], B, T), _role(trace, rest[1], B, T)
-    norms = _order_norms(_norms(trace, module, B, T), roles["q"].put, roles["fc1"].put)
-    return Roles(roles, heads, norms)
+    return Roles(roles, heads)
 
 
 def _weight_ops(trace: Trace, role: Role) -> list[Op]:
@@ -368,7 +389,7 @@ def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, floa
     if out is None or found is None:
         raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
     op, factor = found
-    data = _is_weight_op(trace, op)
+    data = weight_input(trace, op)
     put = _source(trace, data, B, T) if data is not None else None
     if put is None:
         raise Unread("the attention's input is not laid out by position")
@@ -388,128 +409,12 @@ def _add(
 
 
 def _role(trace: Trace, op: Op, B: int, T: int, merged: bool = False) -> Role:
-    data = _is_weight_op(trace, op)
+    data = weight_input(trace, op)
     find = _merged if merged else _source
     put = find(trace, data, B, T) if data is not None else None
     get = _forward_end(trace, op, B, T)
     if put is None or get is None:
-        raise Unread(f"a matrix product ({op.name}) whose input or output is not laid out by position")
+        raise Unread(
+            f"a matrix product ({op.name}) whose input or output is not laid out by position"
+        )
     return Role(put, [get], _params(trace, op))
-
-
-# ----- norms -------------------------------------------------------------------------------------
-
-
-def _invariant(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether ``f`` normalises: its output does not move when its input is scaled by 3, and is
-    not its input."""
-    g = torch.Generator().manual_seed(3)
-    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
-    try:
-        with torch.no_grad():
-            a, b = f(z), f(3.0 * z)
-    except Exception:  # noqa: BLE001 - not a norm, then
-        return False
-    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
-        return False
-    scale = float(a.abs().max()) + 1e-12
-    return float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
-
-
-def _norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
-    modules = dict(module.named_modules())
-    found: list[Norm] = []
-    for name, first, end, ins, outs in trace.calls:
-        m = modules.get(name)
-        if m is None or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
-            continue
-        if any(p.numel() != max(p.shape, default=1) for p in m.parameters()):
-            continue  # a matrix: not a norm
-        like = trace.nodes[ins[0]].value
-        if layout(tuple(like.shape), B, T) and _invariant(_module_call(m), like):
-            found.append(Norm(name, first, ins[0], outs[0], _module_call(m)))
-    # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
-    found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
-    for op in trace.ops:
-        inside = any(_op_in(op.index, n, trace) for n in found)
-        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
-            continue
-        if op.name in NORM_OPS:
-            source, out = op.inputs[0], op.outputs[0]
-        elif op.name == "mean" and layout(trace.nodes[op.inputs[0]].shape, B, T):
-            source = op.inputs[0]
-            found_out = _written_norm(trace, op, source)
-            if found_out is None:
-                continue
-            out = found_out
-        else:
-            continue
-        try:
-            f = replay(trace, source, out)
-        except TraceError:
-            continue
-        if _invariant(f, trace.nodes[source].value):
-            start = trace.nodes[source].op
-            path = [trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start]
-            key = ", ".join(_static_names(trace, path)) or f"{op.name} #{op.index} (no weights)"
-            found.append(Norm(key, op.index, source, out, f))
-    return sorted(found, key=lambda n: n.first)
-
-
-def _module_call(m: nn.Module) -> Callable[[Tensor], Tensor]:
-    first = next(m.parameters(), None)
-
-    def call(h: Tensor) -> Tensor:
-        out = m(h.to(first.dtype) if first is not None else h)
-        return out.to(h.dtype)
-
-    return call
-
-
-def _inside(inner: Norm, outer: Norm, trace: Trace) -> bool:
-    return _op_in(inner.first, outer, trace) and inner.key.startswith(outer.key + ".")
-
-
-def _op_in(index: int, norm: Norm, trace: Trace) -> bool:
-    call = next((c for c in trace.calls if c[0] == norm.key and c[1] == norm.first), None)
-    return call is not None and call[1] <= index < call[2]
-
-
-def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
-    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
-    before the next matrix product, that normalises it."""
-    shape = trace.nodes[source].shape
-    best = None
-    for op in trace.ops[mean.index + 1 :]:
-        if _is_weight_op(trace, op) is not None or op.name in ("bmm", "_softmax"):
-            break
-        for n in op.outputs:
-            node: Node = trace.nodes[n]
-            if node.shape != shape or not node.data:
-                continue
-            try:
-                f = replay(trace, source, n)
-            except TraceError:
-                continue
-            if _invariant(f, trace.nodes[source].value):
-                best = n
-    return best
-
-
-def _order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
-    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
-    reads ln1's output); of more than two, those the attention and the MLP read."""
-    distinct: dict[str, Norm] = {}
-    for n in norms:
-        distinct.setdefault(n.key, n)
-    order = list(distinct.values())
-    if not order:
-        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
-    if len(order) <= 2:
-        return order
-    by_out = {n.out: distinct[n.key] for n in norms}
-    ln1 = by_out.get(attn_input, order[0])
-    ln2 = by_out.get(mlp_input)
-    if ln2 is None or ln2.key == ln1.key:
-        ln2 = next(n for n in order if n.key != ln1.key)
-    return [ln1, ln2]

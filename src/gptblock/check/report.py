@@ -33,7 +33,7 @@ class Finding:
 
     Example:
         >>> Finding("causality", True, "no position sees a later one")
-        Finding(name='causality', passed=True, message='no position sees a later one')
+        Finding(name='causality', passed=True, message='no position sees a later one', label='')
     """
 
     name: str

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -43,17 +41,13 @@ from ..mha import TransformerBlock
 from .build import COMMON_ARGUMENTS, build, fill_common_arguments, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
-from .dataflow import Unread
-from .mapping import MappedBlock, map_roles, resolve_roles
-from .parts import discover, observe, perturb, perturb_all
+from .parts import perturb_all
 from .probes import PROBES, ProbeResult, Subject
+from .readings import Readings, read_parts
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
-from .steps import Parts
 from .subject import one_thread
 from .suggest import suggest_map
-from .trace import NoDropout
-from .weights import read_block
 from .target import load_target
 
 __all__ = [
@@ -68,8 +62,6 @@ __all__ = [
 ]
 
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
-TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
-Tensor = torch.Tensor
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
 
 # A mistake found by the comparison that also causes a probe failure: the failure is not a
@@ -219,6 +211,7 @@ def _check(
 ) -> CheckReport:
     longest = max_length(module, kwargs, PROBE_T)
     T = min(PROBE_T, longest)
+    progress.stage("copying the block and calling it once to tell its width C")
     C = width(module, kwargs, T)
     progress.stage("copying the block and calling it once")
     subject = Subject(module, C, T)
@@ -250,7 +243,7 @@ def _check(
             how = "switched off" if subject.no_dropout else "with its probability set to 0"
             notes.append(f"compared with every dropout of the block {how}")
         progress.stage("reading the weights from the forward pass")
-        readings = _readings(subject, roles, longest, notes)
+        readings = read_parts(subject, roles, longest, notes)
         if isinstance(readings, str):
             notes.append(f"weights not read, black-box results only: {readings}")
             verify = suggest_map(subject.module, C)
@@ -321,56 +314,8 @@ def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResu
         return ProbeResult(False, f"the block raised {one_line(e)}")
 
 
-@dataclass(frozen=True)
-class _Readings:
-    """The ways of reading the block's parts that the comparison tries, on which input."""
-
-    readings: tuple[Parts, ...]
-    fallback: tuple[Parts, ...]
-    heads: tuple[int, ...]
-    x: Tensor  # (B, T, C) float64
-    describe: Callable[[int], str]  # the roles note for a reading
-
-
-def _readings(
-    subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
-) -> _Readings | str:
-    """The block's parts read from its dataflow, else (or with ``roles``) found by role from
-    names and shapes; the reason when neither works."""
-    why = ""
-    if not roles:
-        T = min(TRACE_T, longest)
-        # B != T tells batch from time; B = 1 reads a block that loops over its sequences
-        for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T, 1):
-            x = subject.input(B, T, subject.C).to(torch.float64)
-            try:
-                with NoDropout() if subject.no_dropout else nullcontext():
-                    read = read_block(subject.module, x.to(subject.dtype))
-            except Unread as e:
-                why = why or str(e)
-                continue
-            describe = lambda _, read=read: read.describe()  # noqa: E731
-            return _Readings((read.parts,), (), (read.heads,), x, describe)
-    parts = discover(subject.module)
-    try:
-        given = resolve_roles(parts, roles)
-    except ValueError as e:
-        raise UserValueError(str(e)) from e
-    T = subject.T
-    x = subject.input(T, T, subject.C)
-    called = observe(subject.module, parts, lambda: subject(x))
-    mapped = map_roles(subject.module, subject.C, parts, called, given)
-    if not isinstance(mapped, MappedBlock):
-        return f"{why}; by names: {mapped.reason}" if why else mapped.reason
-    if why:
-        notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
-    perturb(parts)
-    x = torch.randn(T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    return _Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
-
-
 def _compare(
-    subject: Subject, read: _Readings
+    subject: Subject, read: Readings
 ) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
     """Search the variants for the one that reproduces the block: the finding, the match, the
     equally good alternatives and which reading of the block."""

@@ -29,6 +29,8 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .report import CAUGHT
+
 __all__ = ["NoDropout", "Node", "Op", "Trace", "TraceError", "record", "replay", "rerun"]
 
 Tensor = torch.Tensor
@@ -182,7 +184,9 @@ def _hooks(module: nn.Module, rec: _Recorder, calls: list[Any]) -> list[Any]:
 
         def pre(m: nn.Module, args: Any, name: str = name) -> None:
             rec.stack.append(name)
-            ins = [rec.latest[id(a)][1] for a in args if isinstance(a, Tensor) and id(a) in rec.latest]
+            ins = [
+                rec.latest[id(a)][1] for a in args if isinstance(a, Tensor) and id(a) in rec.latest
+            ]
             calls.append([name, len(rec.ops), -1, ins, []])
 
         def post(m: nn.Module, args: Any, out: Any, name: str = name) -> None:
@@ -218,7 +222,7 @@ def record(module: nn.Module, x: Tensor) -> Trace:
         >>> import torch.nn as nn
         >>> trace = record(nn.Linear(4, 4).double(), torch.zeros(2, 3, 4, dtype=torch.float64))
         >>> [op.name for op in trace.ops]
-        ['t', 'view', 'addmm', 'view']
+        ['view', 't', 'addmm', 'view']
     """
     rec = _Recorder(_known(module), x)
     calls: list[Any] = []
@@ -226,7 +230,7 @@ def record(module: nn.Module, x: Tensor) -> Trace:
     try:
         with rec:
             out = _call(module, x)
-    except Exception as e:  # noqa: BLE001 - the block's own error ends the trace, not the check
+    except CAUGHT as e:  # the block's own error ends the trace, not the check
         raise TraceError(f"the block raised {type(e).__name__} while traced") from e
     finally:
         for h in handles:
@@ -243,7 +247,9 @@ class _Patcher(TorchDispatchMode):
     Operators are matched with the recorded ones by their order among those that read the input
     (data): a block may build its constants differently on a second call (a cached mask)."""
 
-    def __init__(self, trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], x: Tensor) -> None:
+    def __init__(
+        self, trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], x: Tensor
+    ) -> None:
         super().__init__()
         self.trace, self.put, self.get = trace, put, set(get)
         self.data_ops = [op for op in trace.ops if any(trace.nodes[n].data for n in op.inputs)]
@@ -295,7 +301,7 @@ def rerun(
             _call(module, x)
     except TraceError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except CAUGHT as e:
         raise TraceError(f"the block raised {type(e).__name__} when re-run") from e
     got = dict(patcher.got)
     if trace.input in get:

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from .dataflow import Roles, Unread, find_roles, layout
+from .norms import find_norms, order_norms
 from .steps import Parts, affine
 from .trace import Trace, TraceError, record, rerun
 
@@ -39,8 +40,9 @@ class Reading:
 
     parts: Parts
     heads: int
-    names: dict[str, str]  # role -> the parameters (or module) it was read from
+    names: dict[str, str]  # role -> the parameters (or module) it was read from, as shown
     error: float  # the largest verification error of a weight read, relative
+    params: dict[str, list[str]]  # role -> the parameters (and buffers) it was read from
 
     def describe(self) -> str:
         roles = ", ".join(f"{r}={n}" for r, n in self.names.items())
@@ -90,7 +92,9 @@ def _measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> d
             rows[p, r * BT + p] = 1.0
         return rows
 
-    zero = run({n: torch.zeros(BT, width[n], dtype=v.dtype, device=v.device) for n, v in like.items()})
+    zero = run(
+        {n: torch.zeros(BT, width[n], dtype=v.dtype, device=v.device) for n, v in like.items()}
+    )
     runs = [
         run({n: basis(r, width[n], v) for n, v in like.items()})
         for r in range(math.ceil(max(width.values()) / BT))
@@ -142,7 +146,10 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
     B, T, C = x.shape
     try:
         trace = record(module, x)
-        found = find_roles(trace, module, B, T)
+        found = find_roles(trace, B, T)
+        norms = order_norms(
+            find_norms(trace, module, B, T), found.roles["q"].put, found.roles["fc1"].put
+        )
         read = _measure(module, trace, found, B, T)
     except TraceError as e:
         raise Unread(str(e)) from e
@@ -150,7 +157,11 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
     D = wq.shape[0]
     if wk.shape != wq.shape or wv.shape != wq.shape or wq.shape[1] != C:
         raise Unread(f"q, k, v have shapes {tuple(wq.shape)}, {tuple(wk.shape)}, {tuple(wv.shape)}")
-    shapes = {"proj": (C, D), "fc2": (C, read["fc1"][0].shape[0]), "fc1": (read["fc1"][0].shape[0], C)}
+    shapes = {
+        "proj": (C, D),
+        "fc2": (C, read["fc1"][0].shape[0]),
+        "fc1": (read["fc1"][0].shape[0], C),
+    }
     for role, shape in shapes.items():
         if tuple(read[role][0].shape) != shape:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
@@ -160,17 +171,19 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
     def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return affine(wq, bq)(h), affine(wk, bk)(h), affine(wv, bv)(h)
 
-    ln = [n.function for n in found.norms]
+    ln = [n.function for n in norms]
     parts = Parts(
         C, D, qkv, affine(*read["proj"][:2]), affine(*read["fc1"][:2]), affine(*read["fc2"][:2]),
         ln[0], ln[1] if len(ln) > 1 else None,
     )  # fmt: skip
-    names = {f"ln{i + 1}": n.key for i, n in enumerate(found.norms)}
+    names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
     params = dict(module.named_parameters())
     for role, r in found.roles.items():
         names[role] = _display(module, r.params) + _orientation(params, r.params, read[role][0])
     error = max(e for _, _, e in read.values())
-    return Reading(parts, found.heads, names, error)
+    held = {r: list(role.params) for r, role in found.roles.items()}
+    held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
+    return Reading(parts, found.heads, names, error, held)
 
 
 def _display(module: nn.Module, params: list[str]) -> str:

@@ -22,7 +22,6 @@ from ..check import (
 from ..check.target import parse_role
 from ..errors import UserError, UserValueError
 
-
 EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
 
 

@@ -1,0 +1,133 @@
+"""How the comparison reads a block's parts: from its dataflow, else by names, or as ``--map``
+says.
+
+``read_parts`` first reads every role's weight from one recorded forward pass
+(``gptblock.check.weights``), on an input whose batch differs from its length so that shapes
+tell them apart (then with B = T, for a block that only runs so, and with B = 1, for one that
+loops over its sequences). Only where the forward pass does not show the roles does it fall back
+to the names, shapes and registration order of the module tree (``gptblock.check.mapping``).
+Roles the caller gives (``--map``) are checked against the forward pass: where they agree (any
+parameter path the trace saw, a glob for one module per head), the dataflow's reading is used;
+where they do not, the caller's roles are taken as given, through the names.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserValueError
+from .dataflow import Unread
+from .mapping import ROLES, MappedBlock, map_roles, resolve_roles
+from .parts import discover, observe, perturb
+from .steps import Parts
+from .subject import Subject
+from .trace import NoDropout
+from .weights import Reading, read_block
+
+__all__ = ["TRACE_B", "TRACE_T", "Readings", "agrees", "read_parts"]
+
+Tensor = torch.Tensor
+TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
+
+
+@dataclass(frozen=True)
+class Readings:
+    """The ways of reading the block's parts that the comparison tries, on which input."""
+
+    readings: tuple[Parts, ...]
+    fallback: tuple[Parts, ...]
+    heads: tuple[int, ...]
+    x: Tensor  # (B, T, C) float64
+    describe: Callable[[int], str]  # the roles note for a reading
+
+
+def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
+    """Whether every given role names what the forward pass read it from: a parameter, the
+    module holding it, or a glob matching them (``qkv`` names q's).
+
+    Example:
+        >>> from gptblock import lesson
+        >>> block = lesson.Block(16, 2, 8, dropout=0.0).double()
+        >>> read = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
+        >>> agrees(read, {"q": "sa.heads.*.query", "ln2": "ln2"}), agrees(read, {"q": "sa.proj"})
+        (True, False)
+    """
+    for role, name in roles.items():
+        held = read.params.get("q" if role == "qkv" else role)
+        if not held:
+            return False
+        if not any(
+            p == name or p.startswith(name + ".") or fnmatch.fnmatchcase(p.rpartition(".")[0], name)
+            or fnmatch.fnmatchcase(p, name)
+            for p in held
+        ):  # fmt: skip
+            return False
+    return True
+
+
+def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
+    why = ""
+    T = min(TRACE_T, longest)
+    # B != T tells batch from time; B = 1 reads a block that loops over its sequences
+    for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T, 1):
+        x = subject.input(B, T, subject.C).to(torch.float64)
+        try:
+            with NoDropout() if subject.no_dropout else nullcontext():
+                return read_block(subject.module, x.to(subject.dtype)), x
+        except Unread as e:
+            why = why or str(e)
+    return why
+
+
+def read_parts(
+    subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
+) -> Readings | str:
+    """The block's parts to compare, or why they cannot be read.
+
+    Args:
+        subject: the checker's copy of the block.
+        roles: parts the caller named (``--map``), possibly none.
+        longest: the longest sequence the block accepts.
+        notes: the report's notes, to add how the parts were read.
+
+    Raises:
+        UserValueError: a given role names nothing the block has.
+    """
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
+    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
+        raise UserValueError("give either qkv (packed) or q, k and v, not both")
+    found = _dataflow(subject, longest)
+    if not isinstance(found, str) and agrees(found[0], roles):
+        read, x = found
+        if roles:
+            notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
+        return Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+    why = found if isinstance(found, str) else ""
+    parts = discover(subject.module)
+    try:
+        given = resolve_roles(parts, roles)
+    except ValueError as e:
+        read = "" if isinstance(found, str) else found[0].describe()
+        raise UserValueError(f"{e}" + (f"; the forward pass reads {read}" if read else "")) from e
+    T = subject.T
+    x = subject.input(T, T, subject.C)
+    called = observe(subject.module, parts, lambda: subject(x))
+    mapped = map_roles(subject.module, subject.C, parts, called, given)
+    if not isinstance(mapped, MappedBlock):
+        return f"{why}; by names: {mapped.reason}" if why else mapped.reason
+    if why:
+        notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
+    perturb(parts)
+    x = torch.randn(
+        T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
