@@ -186,12 +186,7 @@ MISTAKES = {
     "no_scaling": [("q = q * self.scale\n", "\n")],
     "wrong_scale": [("self.scale = self.head_dim**-0.5", "self.scale = dim**-0.5")],
     "wrong_scale:1/hs": [("self.scale = self.head_dim**-0.5", "self.scale = self.head_dim**-1")],
-    "future_leak": [
-        (
-            "attn_mask: Optional[torch.Tensor] = None, is_causal: bool = True)",
-            "attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False)",
-        )
-    ],  # timm's default
+    "future_leak": [("is_causal: bool = True", "is_causal: bool = False")],  # timm's default
     "mask_reversed": [(".tril()\n", ".triu(1)\n")],
     "softmax_dim": [("attn = attn.softmax(dim=-1)", "attn = attn.softmax(dim=-2)")],
     "heads_mixed:split": [
