@@ -11,7 +11,6 @@
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 ACT2FN = {"relu": nn.ReLU(), "gelu": nn.GELU()}
