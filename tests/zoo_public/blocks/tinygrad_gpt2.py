@@ -133,9 +133,8 @@ class Block(nn.Module):
 
     def forward(self, x, start_pos: int = 0):
         seqlen = x.shape[1]
-        mask = torch.full((1, 1, seqlen, start_pos + seqlen), float("-inf"), dtype=x.dtype, device=x.device).triu(
-            start_pos + 1
-        )
+        mask = torch.full((1, 1, seqlen, start_pos + seqlen), float("-inf"), dtype=x.dtype, device=x.device)
+        mask = mask.triu(start_pos + 1)
         h, _, _ = self.block(x, None, None, start_pos=start_pos, mask=mask)
         return h
 
@@ -171,7 +170,7 @@ MISTAKES = {
     "no_scaling": [(SDPA, "return (q @ key.transpose(-2, -1) + attn_mask).softmax(-1) @ value")],
     "wrong_scale:1/hs": [(SDPA, "return (q @ key.transpose(-2, -1) / q.shape[-1] + attn_mask).softmax(-1) @ value")],
     "future_leak": [('start_pos + seqlen), float("-inf"), dtype', "start_pos + seqlen), 0.0, dtype")],
-    "mask_reversed": [(".triu(start_pos + 1)", ".tril(start_pos)")],
+    "mask_reversed": [("mask = mask.triu(start_pos + 1)", "mask = mask.tril(start_pos)")],
     "softmax_dim": [(SDPA, SDPA.replace(".softmax(-1)", ".softmax(-2)"))],
     "heads_mixed:merge": [
         (
