@@ -8,7 +8,7 @@
 # Reduced: norm_first=True (the tutorial's layer is post-norm: this zoo's post_norm), d_hid =
 # 4 * d_model, nlayers = 1, no embedding / positional encoding / output linear; this version of
 # the tutorial passes src_mask=None (this zoo's future_leak): the mask is passed here.
-import torch
+import torch  # noqa: F401 -- a learner's mask line (mask_reversed) calls it
 from torch import Tensor, nn
 from torch.nn import TransformerEncoder, TransformerEncoderLayer
 
