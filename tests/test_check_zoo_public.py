@@ -43,7 +43,7 @@ def test_each_mistake_applies_to_the_code_and_changes_what_it_computes(name):
             wrong = module.BLOCK(**module.ARGS).double().eval()
             # the parameters, not the buffers (a mistake may be in one); a graph built in TF 1's
             # style has no variables for the norm a mistake stopped using
-            own = dict(wrong.named_parameters())
+            own = dict(wrong.named_parameters(remove_duplicate=False))
             weights = {k: v for k, v in right.named_parameters() if k in own}
             missing, _ = wrong.load_state_dict(weights, strict=False)
             assert set(missing) <= {k for k, _ in wrong.named_buffers()}, case.name

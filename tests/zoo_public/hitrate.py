@@ -46,6 +46,7 @@ class Outcome:
     diagnosis: tuple[str, ...] = ()
     confident: bool = False
     text: str = ""  # the report, or the error
+    compared: bool = False  # the report says the reference comparison ran
 
     @property
     def kind(self) -> str:
@@ -86,7 +87,10 @@ def run_case(case: Case) -> Outcome:
     except Exception as e:  # the checker (or building the block) raised: counted, not fatal
         return Outcome(case, "error", text=f"{type(e).__name__}: {e}")
     confident = bool(getattr(report, "confident", False))
-    return Outcome(case, verdict_of(report), tuple(report.diagnosis), confident, str(report))
+    compared = bool(getattr(report, "compared", False))
+    return Outcome(
+        case, verdict_of(report), tuple(report.diagnosis), confident, str(report), compared
+    )
 
 
 def cli_arguments(case: Case) -> list[str] | None:
@@ -159,9 +163,11 @@ def table(outcomes: list[Outcome]) -> str:
         f"{len(correct)} correct, {len(mistaken)} mistaken",
         "correct blocks:",
         *(f"  {k:<34}{share(c[k], correct)}" for k in CORRECT_KINDS),
+        f"    {'of the PASS, compared':<32}{sum(o.kind == 'PASS' and o.compared for o in correct):4d}",
         "mistaken blocks:",
         f"  {'diagnosed exactly':<34}{share(m['exact'], mistaken)}",
         f"  {'PASS (a false pass)':<34}{share(m['PASS'], mistaken)}",
+        f"    {'of them, compared':<32}{sum(o.kind == 'PASS' and o.compared for o in mistaken):4d}",
         f"  {'wrong (confident, not the mistake)':<34}{share(m['wrong'], mistaken)}",
         f"  {'unsure':<34}{share(m['unsure'], mistaken)}",
         f"  {'UNVERIFIED/other':<34}{share(m['UNVERIFIED/other'], mistaken)}",

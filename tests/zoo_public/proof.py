@@ -69,7 +69,8 @@ def randomised(block: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def max_error(spec, block: nn.Module, B: int = 2, T: int = 5, seed: int = 1) -> float:
-    """The largest difference between ``block`` and gptblock's block with its weights."""
+    """The largest difference between ``block`` and gptblock's block with its weights, relative
+    to the largest entry of the output (as the checker measures it)."""
     ref = reference(spec, block)
     C = ref.config.d_model
     x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -77,4 +78,4 @@ def max_error(spec, block: nn.Module, B: int = 2, T: int = 5, seed: int = 1) -> 
         y, want = block(x.clone()), ref(x.clone())
     if y.shape != want.shape:
         raise ValueError(f"output {tuple(y.shape)}, expected {tuple(want.shape)}")
-    return float((y.double() - want).abs().max())
+    return float((y.double() - want).abs().max() / want.abs().max())

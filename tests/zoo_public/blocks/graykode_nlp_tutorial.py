@@ -32,9 +32,8 @@ class ScaledDotProductAttention(nn.Module):
         super(ScaledDotProductAttention, self).__init__()
 
     def forward(self, Q, K, V, attn_mask=None):
-        scores = torch.matmul(Q, K.transpose(-1, -2)) / np.sqrt(
-            d_k
-        )  # scores : [batch_size x n_heads x len_q(=len_k) x len_k(=len_q)]
+        # scores : [batch_size x n_heads x len_q(=len_k) x len_k(=len_q)]
+        scores = torch.matmul(Q, K.transpose(-1, -2)) / np.sqrt(d_k)
         if attn_mask is not None:
             scores.masked_fill_(attn_mask, -1e9)
         attn = nn.Softmax(dim=-1)(scores)
@@ -55,25 +54,18 @@ class MultiHeadAttention(nn.Module):
         residual, batch_size = Q, Q.size(0)
         Q = K = V = nn.LayerNorm(d_model).to(Q)(Q)
         # (B, S, D) -proj-> (B, S, D) -split-> (B, S, H, W) -trans-> (B, H, S, W)
-        q_s = (
-            self.W_Q(Q).view(batch_size, -1, n_heads, d_k).transpose(1, 2)
-        )  # q_s: [batch_size x n_heads x len_q x d_k]
-        k_s = (
-            self.W_K(K).view(batch_size, -1, n_heads, d_k).transpose(1, 2)
-        )  # k_s: [batch_size x n_heads x len_k x d_k]
-        v_s = (
-            self.W_V(V).view(batch_size, -1, n_heads, d_v).transpose(1, 2)
-        )  # v_s: [batch_size x n_heads x len_k x d_v]
+        # q_s: [batch_size x n_heads x len_q x d_k], k_s and v_s: [batch_size x n_heads x len_k x d_k]
+        q_s = self.W_Q(Q).view(batch_size, -1, n_heads, d_k).transpose(1, 2)
+        k_s = self.W_K(K).view(batch_size, -1, n_heads, d_k).transpose(1, 2)
+        v_s = self.W_V(V).view(batch_size, -1, n_heads, d_v).transpose(1, 2)
 
         if attn_mask is not None:  # attn_mask : [batch_size x len_q x len_k]
-            attn_mask = attn_mask.unsqueeze(1).repeat(
-                1, n_heads, 1, 1
-            )  # attn_mask : [batch_size x n_heads x len_q x len_k]
+            # attn_mask : [batch_size x n_heads x len_q x len_k]
+            attn_mask = attn_mask.unsqueeze(1).repeat(1, n_heads, 1, 1)
         # context: [batch_size x n_heads x len_q x d_v], attn: [batch_size x n_heads x len_q(=len_k) x len_k(=len_q)]
         context, attn = ScaledDotProductAttention()(q_s, k_s, v_s, attn_mask=attn_mask)
-        context = (
-            context.transpose(1, 2).contiguous().view(batch_size, -1, n_heads * d_v)
-        )  # context: [batch_size x len_q x n_heads * d_v]
+        # context: [batch_size x len_q x n_heads * d_v]
+        context = context.transpose(1, 2).contiguous().view(batch_size, -1, n_heads * d_v)
         output = self.linear(context)
         return output + residual, attn  # output: [batch_size x len_q x d_model]
 

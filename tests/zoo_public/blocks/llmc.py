@@ -1,8 +1,10 @@
-# Source: karpathy/nanoGPT, model.py
-#   commit 04a1d697ddc57aadb2edbe95816bf86c6b8918b0: LayerNorm, CausalSelfAttention, MLP, Block.
-# Kept: Block(config) with the GPTConfig dataclass, the bias-optional LayerNorm class over
-# F.layer_norm, packed c_attn split in thirds, flash attention (F.scaled_dot_product_attention)
-# where PyTorch has it. Reduced: the manual path, which nanoGPT takes on PyTorch < 2.0 (flash = False).
+# Source: karpathy/llm.c, train_gpt2.py
+#   commit 00627070aaf71756ba12acb6d32ae151f25b4a24: NewGELU, CausalSelfAttention, MLP, Block,
+#   GPTConfig (the PyTorch reference the C code is checked against).
+# Kept: Block(config) with the GPTConfig dataclass, nn.LayerNorm ln_1 / ln_2, c_attn split in
+# thirds after `qkv = self.c_attn(x)`, the (1, 1, T, T) `bias` mask buffer ("not really a 'bias',
+# more of a mask"), the manual attention (masked_fill with -inf, F.softmax), NewGELU (tanh)
+# between c_fc and c_proj, no dropout anywhere. Reduced: nothing.
 import math
 from dataclasses import dataclass
 
@@ -11,16 +13,11 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False"""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+class NewGELU(nn.Module):
+    """Careful there are a few versions of GeLU, this one is the exact one used by OpenAI"""
 
     def forward(self, input):
-        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+        return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,77 +25,59 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         # key, query, value projections for all heads, but in a batch
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
         # output projection
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         # regularization
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        self.dropout = config.dropout
-        # flash attention make GPU go brrrrr but support is only in PyTorch >= 2.0
-        self.flash = False  # hasattr(torch.nn.functional, "scaled_dot_product_attention")
-        if not self.flash:
-            # causal mask to ensure that attention is only applied to the left in the input sequence
-            self.register_buffer(
-                "bias",
-                torch.tril(torch.ones(config.block_size, config.block_size)).view(
-                    1, 1, config.block_size, config.block_size
-                ),
-            )
+        # not really a 'bias', more of a mask, but following the OpenAI/HF naming though
+        self.register_buffer(
+            "bias",
+            torch.tril(torch.ones(config.block_size, config.block_size)).view(
+                1, 1, config.block_size, config.block_size
+            ),
+        )
 
     def forward(self, x):
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
-
         # calculate query, key, values for all heads in batch and move head forward to be the batch dim
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        qkv = self.c_attn(x)
+        q, k, v = qkv.split(self.n_embd, dim=2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-
-        # causal self-attention; Self-attend: (B, nh, T, hs) x (B, nh, hs, T) -> (B, nh, T, T)
-        if self.flash:
-            # efficient attention using Flash Attention CUDA kernels
-            y = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True
-            )
-        else:
-            # manual implementation of attention
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-            att = F.softmax(att, dim=-1)
-            att = self.attn_dropout(att)
-            y = att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+        # manual implementation of attention
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
-
         # output projection
-        y = self.resid_dropout(self.c_proj(y))
+        y = self.c_proj(y)
         return y
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = NewGELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
         x = self.c_fc(x)
         x = self.gelu(x)
         x = self.c_proj(x)
-        x = self.dropout(x)
         return x
 
 
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -110,22 +89,20 @@ class Block(nn.Module):
 @dataclass
 class GPTConfig:
     block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2 vocab_size of 50257, padded up to nearest multiple of 64 for efficiency
+    vocab_size: int = 50257
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # True: bias in Linears and LayerNorms, like GPT-2. False: a bit better and faster
 
 
 # ----- the zoo's data (the checker never sees it) -----
 
-SOURCE = "karpathy/nanoGPT model.py @ 04a1d697ddc57aadb2edbe95816bf86c6b8918b0 (manual path)"
-REFERENCE = {"n_head": 4, "activation": "gelu"}
+SOURCE = "karpathy/llm.c train_gpt2.py @ 00627070aaf71756ba12acb6d32ae151f25b4a24"
+REFERENCE = {"n_head": 4, "activation": "gelu_tanh"}
 
 
 BLOCK = Block
-ARGS = {"config": GPTConfig(block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.1)}
+ARGS = {"config": GPTConfig(block_size=16, n_layer=1, n_head=4, n_embd=32)}
 
 
 def weights(b):
@@ -158,13 +135,10 @@ MISTAKES = {
     "future_leak": [(MASK, "# " + MASK)],
     "mask_zero": [(MASK, MASK.replace('float("-inf")', "0"))],
     "mask_reversed": [(MASK, MASK.replace("== 0", "== 1"))],
-    "mask_after_softmax": [
-        (MASK + "            " + SOFTMAX, SOFTMAX + "            " + MASK.replace('float("-inf")', "0.0"))
-    ],
+    "mask_after_softmax": [(MASK + "        " + SOFTMAX, SOFTMAX + "        " + MASK.replace('float("-inf")', "0.0"))],
     "softmax_dim": [(SOFTMAX, SOFTMAX.replace("dim=-1", "dim=-2"))],
     "heads_mixed:merge": [(MERGE, "y = y.contiguous().view(B, T, C)")],
     "heads_mixed:order": [(MERGE, "y = y.permute(0, 2, 3, 1).contiguous().view(B, T, C)")],
-    "dropout_in_eval": [("att = self.attn_dropout(att)", "att = F.dropout(att, self.dropout)")],
     "post_norm": [(ATTN, "x = self.ln_1(x + self.attn(x))"), (MLP_, "x = self.ln_2(x + self.mlp(x))")],
     "no_residual:attn": [(ATTN, "x = self.attn(self.ln_1(x))")],
     "no_residual:both": [(ATTN, "x = self.attn(self.ln_1(x))"), (MLP_, "x = self.mlp(self.ln_2(x))")],
