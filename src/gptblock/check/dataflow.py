@@ -152,7 +152,7 @@ def weight_input(trace: Trace, op: Op) -> int | None:
 
 def _scalar(trace: Trace, op: Op, node: int) -> float | None:
     """The factor a mul / div by a scalar applies to ``node``, or None if it is no such op."""
-    if op.name not in ("mul", "div") or (op.inputs[:1] != [node] and op.name == "div"):
+    if op.base not in ("mul", "div") or (op.inputs[:1] != [node] and op.base == "div"):
         return None
     others = [n for n in op.inputs if n != node]
     if any(trace.nodes[n].data or trace.nodes[n].value.numel() != 1 for n in others):
@@ -160,7 +160,7 @@ def _scalar(trace: Trace, op: Op, node: int) -> float | None:
     values = [float(trace.nodes[n].value) for n in others] + op.scalars()
     if len(values) != 1 or values[0] == 0:
         return None
-    return values[0] if op.name == "mul" else 1.0 / values[0]
+    return values[0] if op.base == "mul" else 1.0 / values[0]
 
 
 def _back(trace: Trace, node: int) -> tuple[int, float] | None:
@@ -171,12 +171,12 @@ def _back(trace: Trace, node: int) -> tuple[int, float] | None:
     data = [n for n in op.inputs if trace.nodes[n].data]
     if len(data) != 1:
         return None
-    if op.name in SHAPE_OPS:
+    if op.base in SHAPE_OPS:
         return data[0], 1.0
     factor = _scalar(trace, op, data[0])
     if factor is not None:
         return data[0], factor
-    if op.name == "add" or (op.name == "sub" and op.inputs[0] == data[0]):
+    if op.base == "add" or (op.base == "sub" and op.inputs[0] == data[0]):
         return data[0], 1.0  # a bias
     return None
 
@@ -194,7 +194,7 @@ def _to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     axes have sizes B and T ((B, nh, T, hs) heads)."""
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
-        if op is not None and (op.name in SLICING_OPS or op.name in ("add", "sub")):
+        if op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub")):
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         step = _back(trace, node)
         if step is None:  # made by a product: (nh, B * T, hs) from a 3-D weight
@@ -269,8 +269,8 @@ def _forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
         data = [n for n in user.inputs if trace.nodes[n].data]
         if len(data) != 1:
             return last
-        linear = user.name in SHAPE_OPS or user.name == "sum" or _scalar(trace, user, node)
-        if not (linear or user.name == "add"):
+        linear = user.base in SHAPE_OPS or user.name == "sum" or _scalar(trace, user, node)
+        if not (linear or user.base == "add"):
             return last
         node = user.outputs[0]
 

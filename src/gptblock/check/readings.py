@@ -26,6 +26,7 @@ from ..errors import UserValueError
 from .dataflow import Unread
 from .mapping import ROLES, MappedBlock, map_roles, resolve_roles
 from .parts import discover, observe, perturb
+from .report import CAUGHT, one_line
 from .steps import Parts
 from .subject import Subject
 from .trace import NoDropout
@@ -83,6 +84,8 @@ def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
                 return read_block(subject.module, x.to(subject.dtype)), x
         except Unread as e:
             why = why or str(e)
+        except CAUGHT as e:  # the reader's own limit, not the block's mistake: say so
+            why = why or f"the forward pass could not be read ({one_line(e)})"
     return why
 
 

@@ -89,6 +89,11 @@ class Op:
         """The operator's name without namespace and overload: ``mm``, ``_softmax``."""
         return str(self.func._opname)
 
+    @property
+    def base(self) -> str:
+        """The name without an in-place operator's trailing underscore: ``mul`` for ``mul_``."""
+        return self.name[:-1] if self.name.endswith("_") and not self.name.endswith("__") else self.name
+
     def scalars(self) -> list[float]:
         """The plain numbers among its arguments."""
         flat, _ = tree_flatten((self.args, self.kwargs))
@@ -105,6 +110,7 @@ class Trace:
     output: int  # the node of the block's output
     calls: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)
     """Module calls: (name, first op, end op (exclusive), input nodes, output nodes)."""
+    grad: bool = True  # whether it ran with grad mode on (off only for a block that fails so)
 
     def consumers(self, node: int) -> list[Op]:
         """The operators that read ``node``, in order."""
@@ -206,8 +212,8 @@ def _known(module: nn.Module) -> dict[int, tuple[Tensor, str]]:
     return {id(t): (t, name) for name, t in named}
 
 
-def _call(module: nn.Module, x: Tensor) -> object:
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+def _call(module: nn.Module, x: Tensor, grad: bool) -> object:
+    with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(grad):
         torch.manual_seed(0)
         return module(x)
 
@@ -224,21 +230,25 @@ def record(module: nn.Module, x: Tensor) -> Trace:
         >>> [op.name for op in trace.ops]
         ['view', 't', 'addmm', 'view']
     """
-    rec = _Recorder(_known(module), x)
-    calls: list[Any] = []
-    handles = _hooks(module, rec, calls)
-    try:
-        with rec:
-            out = _call(module, x)
-    except CAUGHT as e:  # the block's own error ends the trace, not the check
-        raise TraceError(f"the block raised {type(e).__name__} while traced") from e
-    finally:
-        for h in handles:
-            h.remove()
-    if not isinstance(out, Tensor) or id(out) not in rec.latest:
-        raise TraceError("the block returned no tensor made in its forward pass")
-    ops, nodes = rec.ops, rec.nodes
-    return Trace(ops, nodes, rec.input, rec.latest[id(out)][1], [tuple(c) for c in calls])
+    failure: BaseException | None = None
+    for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
+        rec = _Recorder(_known(module), x)
+        calls: list[Any] = []
+        handles = _hooks(module, rec, calls)
+        try:
+            with rec:
+                out = _call(module, x, grad)
+        except CAUGHT as e:  # the block's own error ends the trace, not the check
+            failure = failure or e
+            continue
+        finally:
+            for h in handles:
+                h.remove()
+        if not isinstance(out, Tensor) or id(out) not in rec.latest:
+            raise TraceError("the block returned no tensor made in its forward pass")
+        output = rec.latest[id(out)][1]
+        return Trace(rec.ops, rec.nodes, rec.input, output, [tuple(c) for c in calls], grad)
+    raise TraceError(f"the block raised {type(failure).__name__} while traced") from failure
 
 
 class _Patcher(TorchDispatchMode):
@@ -298,7 +308,7 @@ def rerun(
     patcher = _Patcher(trace, put, get, x)
     try:
         with patcher:
-            _call(module, x)
+            _call(module, x, trace.grad)
     except TraceError:
         raise
     except CAUGHT as e:

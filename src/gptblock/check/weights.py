@@ -103,7 +103,8 @@ def _measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> d
     for name, role in found.roles.items():
 
         def rows(values: dict[int, Tensor], role=role) -> Tensor:
-            return torch.cat([_rows(values[g], B, T) for g in role.get], dim=1) / role.factor
+            out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
+            return out / role.factor
 
         z, w_in = rows(zero), width[role.put]
         measured = [rows(r) for r in runs]
@@ -111,18 +112,20 @@ def _measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> d
             [measured[c // BT][c % BT] - z[c % BT] for c in range(w_in)], dim=1
         )  # (out, in)
         bias = z[0]
-        x, y = _rows(like[role.put], B, T), rows({g: trace.nodes[g].value for g in role.get})
+        values = {g: trace.nodes[g].value for g in role.get}
+        x, y = _rows(like[role.put], B, T).double(), rows(values)
+        low = min((v.dtype for v in (like[role.put], *values.values())), key=lambda d: d.itemsize)
         finite = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)  # (B * T,)
         if finite.double().mean() < 0.5:  # a mask that blocks whole rows leaves some NaN
             raise Unread(f"{name}'s input or output is not finite at most positions")
         x, y = x[finite], y[finite]
         error = float((x @ weight.T + bias - y).abs().max() / (y.abs().max() + 1e-30))
-        if not error <= TOLERANCE.get(y.dtype, 1e-4):
+        if not error <= TOLERANCE.get(low, 1e-4):
             raise Unread(
                 f"{name} is not a linear map of its input alone (the weight read from the block "
                 f"misses its traced output by {error:.1e} of its scale)"
             )
-        out[name] = (weight.to(torch.float64), bias.to(torch.float64), error)
+        out[name] = (weight, bias, error)
     return out
 
 
