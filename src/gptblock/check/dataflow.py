@@ -339,6 +339,22 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
     return min(found, key=lambda op: op.index) if found else None
 
 
+def _merged_heads(trace: Trace, cores: list[Core], B: int, T: int) -> int | None:
+    """The first (B, T, D) tensor that reshapes and cat make of every core's output."""
+    reach: list[set[int]] = []
+    for core in cores:
+        todo, seen = [core.y], {core.y}
+        while todo:
+            for op in trace.consumers(todo.pop()):
+                if op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+                    todo += [n for n in op.outputs if n not in seen]
+                    seen.update(op.outputs)
+        reach.append(seen)
+    common = set.intersection(*reach)
+    flat = [n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)]
+    return min(flat) if flat else None
+
+
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
     """The roles in a recorded forward pass of a block on a (B, T, C) input.
 
@@ -360,14 +376,18 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     first = trace.nodes[qkv["q"].put].value
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in qkv.values()):
         raise Unread("q, k and v are computed from different tensors")
-    ops = [_forward_to_weight(trace, core.y) for core in cores]
-    if any(op is None for op in ops) or len({op.index for op in ops if op}) != 1:
-        raise Unread("no single output projection reads the attention's output")
-    proj = ops[0]
-    assert proj is not None
     roles = dict(qkv)
-    roles["proj"] = _role(trace, proj, B, T, merged=True)
-    used = {proj.index} | {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
+    used = {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
+    ops = [_forward_to_weight(trace, core.y) for core in cores]
+    merged = _merged_heads(trace, cores, B, T)
+    if any(op is None for op in ops) and merged is not None:
+        roles["proj"] = Role(merged, [merged], [])  # no projection: the heads join the stream
+    elif any(op is None for op in ops) or len({op.index for op in ops if op}) != 1:
+        raise Unread("no single output projection reads the attention's output")
+    else:
+        assert ops[0] is not None
+        roles["proj"] = _role(trace, ops[0], B, T, merged=True)
+        used.add(ops[0].index)
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
     if len(rest) != 2 or rest[0].outputs[0] not in trace.ancestors(rest[1].outputs[0]):
         raise Unread(

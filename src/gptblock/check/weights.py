@@ -182,7 +182,11 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
     params = dict(module.named_parameters())
     for role, r in found.roles.items():
-        names[role] = _display(module, r.params) + _orientation(params, r.params, read[role][0])
+        names[role] = (
+            _display(module, r.params) + _orientation(params, r.params, read[role][0])
+            if r.params
+            else "none (the merged heads join the stream as they are: the identity)"
+        )
     error = max(e for _, _, e in read.values())
     held = {r: list(role.params) for r, role in found.roles.items()}
     held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
