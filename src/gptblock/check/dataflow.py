@@ -229,7 +229,8 @@ def _merged(trace: Trace, node: int, B: int, T: int) -> int | None:
     shapes = [trace.nodes[n].shape for n in chain]
     flat = [n for n, s in zip(chain, shapes, strict=True) if len(s) == 3 and layout(s, B, T)]
     heads = [n for n, s in zip(chain, shapes, strict=True) if layout(s, B, T, strict=False)]
-    return (flat or heads or [None])[-1]
+    found = flat or heads
+    return found[-1] if found else None
 
 
 def static_names(trace: Trace, ops: list[Op]) -> list[str]:
@@ -351,7 +352,9 @@ def _merged_heads(trace: Trace, cores: list[Core], B: int, T: int) -> int | None
                     seen.update(op.outputs)
         reach.append(seen)
     common = set.intersection(*reach)
-    flat = [n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)]
+    flat = [
+        n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)
+    ]
     return min(flat) if flat else None
 
 

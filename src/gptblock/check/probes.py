@@ -210,7 +210,9 @@ def gradients(s: Subject) -> ProbeResult:
         try:
             y = s.forward(s.input(s.T, s.T, s.C))
         except RuntimeError as e:  # a view autograd needs, changed in place: only with grad on
-            if "inplace" not in str(e).replace("in-place", "inplace").replace(" in place", " inplace"):
+            if "inplace" not in str(e).replace("in-place", "inplace").replace(
+                " in place", " inplace"
+            ):
                 raise
             msg = f"the forward pass fails with autograd on: an in-place change ({one_line(e)})"
             return ProbeResult(False, msg, "inplace")

@@ -119,8 +119,8 @@ def read_parts(
     try:
         given = resolve_roles(parts, roles)
     except ValueError as e:
-        read = "" if isinstance(found, str) else found[0].describe()
-        raise UserValueError(f"{e}" + (f"; the forward pass reads {read}" if read else "")) from e
+        seen = "" if isinstance(found, str) else found[0].describe()
+        raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     T = subject.T
     x = subject.input(T, T, subject.C)
     called = observe(subject.module, parts, lambda: subject(x))

@@ -18,12 +18,13 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from .dataflow import Roles, Unread, find_roles, layout
+from .dataflow import Role, Roles, Unread, find_roles, layout
 from .norms import find_norms, order_norms
 from .steps import Parts, affine
 from .trace import Trace, TraceError, record, rerun
@@ -102,7 +103,7 @@ def _measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> d
     out = {}
     for name, role in found.roles.items():
 
-        def rows(values: dict[int, Tensor], role=role) -> Tensor:
+        def rows(values: dict[int, Tensor], role: Role = role) -> Tensor:
             out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
             return out / role.factor
 
@@ -212,7 +213,7 @@ def _display(module: nn.Module, params: list[str]) -> str:
     return ", ".join(shown) or "(no parameter)"
 
 
-def _orientation(params: dict[str, Tensor], names: list[str], weight: Tensor) -> str:
+def _orientation(params: Mapping[str, Tensor], names: list[str], weight: Tensor) -> str:
     """' (in, out)' when the role's one matrix is stored transposed, as ``x @ W`` reads it."""
     matrices = [params[n] for n in names if n in params and params[n].dim() == 2]
     if len(matrices) != 1 or matrices[0].shape != weight.T.shape:
