@@ -32,7 +32,7 @@ from .subject import Subject
 from .trace import NoDropout
 from .weights import Reading, read_block
 
-__all__ = ["TRACE_B", "TRACE_T", "Readings", "agrees", "read_parts"]
+__all__ = ["TRACE_B", "TRACE_T", "Readings", "agrees", "read_parts", "trace_shapes"]
 
 Tensor = torch.Tensor
 TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
@@ -73,11 +73,28 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
     return True
 
 
+def trace_shapes(longest: int) -> list[tuple[int, int]]:
+    """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
+    tell batch, time and heads apart (a reading that mistakes one for another fails its own
+    check and the next shape is tried); then B = T, for a block that only runs so, and B = 1,
+    for one that loops over its sequences.
+
+    Example:
+        >>> trace_shapes(16), trace_shapes(4)
+        ([(5, 7), (11, 13), (4, 7), (7, 7), (1, 7)], [(5, 4), (11, 4), (6, 4), (4, 4), (1, 4)])
+    """
+    shapes = []
+    for B, T in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T)):
+        T = min(T, longest)
+        B = B if B != T else B + 2
+        shapes.append((B, T))
+    T = min(TRACE_T, longest)
+    return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
+
+
 def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
     why = ""
-    T = min(TRACE_T, longest)
-    # B != T tells batch from time; B = 1 reads a block that loops over its sequences
-    for B in (TRACE_B if TRACE_B != T else TRACE_B + 1, T, 1):
+    for B, T in trace_shapes(longest):
         x = subject.input(B, T, subject.C).to(torch.float64)
         try:
             with NoDropout() if subject.no_dropout else nullcontext():

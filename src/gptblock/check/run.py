@@ -43,7 +43,7 @@ from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
 from .parts import perturb_all
 from .probes import PROBES, ProbeResult, Subject
-from .readings import Readings, read_parts
+from .readings import TRACE_T, Readings, read_parts
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
 from .subject import one_thread
@@ -243,7 +243,7 @@ def _check(
             how = "switched off" if subject.no_dropout else "with its probability set to 0"
             notes.append(f"compared with every dropout of the block {how}")
         progress.stage("reading the weights from the forward pass")
-        readings = read_parts(subject, roles, longest, notes)
+        readings = read_parts(subject, roles, max_length(module, kwargs, TRACE_T), notes)
         if isinstance(readings, str):
             notes.append(f"weights not read, black-box results only: {readings}")
             verify = suggest_map(subject.module, C)
