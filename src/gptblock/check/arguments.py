@@ -79,7 +79,10 @@ def _builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
 
 
 def complete(
-    factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object]
+    factory: Callable[..., Any],
+    args: dict[str, object],
+    given: Mapping[str, object],
+    defaults: Mapping[str, object],
 ) -> dict[str, object]:
     """``args`` with a config object built where ``factory`` takes one.
 
@@ -87,6 +90,7 @@ def complete(
         factory: the block's class or factory.
         args: the arguments it will be called with (given ones and common ones).
         given: the arguments the caller gave (``--arg``).
+        defaults: the common arguments' small values, also a config's defaults.
 
     Raises:
         UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``
@@ -97,7 +101,7 @@ def complete(
     if not missing:
         return args
     if len(missing) == 1 and missing[0].name.lower() in CONFIG_NAMES:
-        return _with_config(factory, name, missing[0], args, given)
+        return _with_config(factory, name, missing[0], args, {**defaults, **given}, given)
     values = {p.name: guess(p.name) for p in missing}
     if _builds(factory, {**args, **values}):
         raise UserValueError(
@@ -114,13 +118,11 @@ def _with_config(
     name: str,
     param: inspect.Parameter,
     args: dict[str, object],
+    values: dict[str, object],
     given: Mapping[str, object],
 ) -> dict[str, object]:
-    """``args`` plus the config object ``param`` built from the given and common values."""
-    from .build import COMMON_ARGUMENTS  # the defaults, also for a config's fields
-
-    values = {**COMMON_ARGUMENTS, **given}
-    rest = {k: v for k, v in args.items() if k not in given and k not in COMMON_ARGUMENTS}
+    """``args`` plus the config object ``param`` built from ``values`` (given and common)."""
+    rest = {k: v for k, v in args.items() if k not in values}
     cls = param.annotation
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         fields = {f.name for f in dataclasses.fields(cls)}

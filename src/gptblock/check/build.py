@@ -88,7 +88,7 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    args = complete(target, fill_common_arguments(target, kwargs), kwargs)
+    args = complete(target, fill_common_arguments(target, kwargs), kwargs, COMMON_ARGUMENTS)
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     with torch.random.fork_rng(devices=[]):

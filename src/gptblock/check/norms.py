@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .dataflow import Unread, layout, static_names, weight_input
+from .dataflow import Unread
 from .report import CAUGHT
 from .trace import Node, Op, Trace, TraceError, replay
+from .walks import layout, static_names, weight_input
 
 __all__ = ["NORM_OPS", "Norm", "find_norms", "order_norms"]
 

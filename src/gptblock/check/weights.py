@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .dataflow import Role, Roles, Unread, find_roles, layout
+from .dataflow import Role, Roles, Unread, find_roles
 from .norms import find_norms, order_norms
 from .steps import Parts, affine
 from .trace import Trace, TraceError, record, rerun
+from .walks import layout
 
 __all__ = ["Reading", "read_block"]
 
