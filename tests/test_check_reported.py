@@ -154,3 +154,44 @@ def test_a_mistaken_reported_shape_is_never_passed():
     assert report.diagnosis == ["no_scaling"] and report.verdict == "FAIL", str(report)
     comparison = report.findings[-1]
     assert comparison.status == "FOUND" and "only with no_scaling" in comparison.message
+
+
+class SumAttention(torch.nn.Module):
+    """Attention as a broadcast product summed over keys (no matrix product the dataflow knows)
+    and three norms whose names say nothing: neither the forward pass nor the names read it."""
+
+    def __init__(self, n_embd=C, n_head=NH):
+        super().__init__()
+        self.nh = n_head
+        self.n1, self.n2, self.n3 = (torch.nn.LayerNorm(n_embd) for _ in range(3))
+        self.a, self.b, self.c, self.d = (torch.nn.Linear(n_embd, n_embd) for _ in range(4))
+        self.e, self.f = torch.nn.Linear(n_embd, 4 * n_embd), torch.nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        h = self.n1(x)
+        q, k, v = (m(h).view(B, T, self.nh, HS).transpose(1, 2) for m in (self.a, self.b, self.c))
+        att = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1) * HS**-0.5  # (B, nh, T, T)
+        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        y = (att.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(3)  # (B, nh, T, hs)
+        x = x + self.d(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.f(torch.nn.functional.gelu(self.e(self.n2(x)))) + 0 * self.n3(x)
+
+
+def test_an_unread_block_is_unverified_with_a_map_that_verifies_it(tmp_path, capsys):
+    from gptblock.check.target import parse_role
+    from gptblock.cli import main
+
+    report = check_block(SumAttention())
+    assert report.verdict == "UNVERIFIED" and not report.passed, str(report)
+    assert report.verify == "--map ln1=n1 ln2=n2 q=a k=b v=c proj=d fc1=e fc2=f"
+    text = " ".join(str(report).split())
+    assert "result: UNVERIFIED" in text and f"run again with: {report.verify}" in text
+    roles = dict(parse_role(a) for a in report.verify.split()[1:])
+    assert check_block(SumAttention(), roles=roles).passed
+    path = tmp_path / "sum_attention.py"
+    path.write_text(
+        "import torch\nC, NH, HS = 32, 4, 8\n" + __import__("inspect").getsource(SumAttention)
+    )
+    assert main(["check", f"{path}:SumAttention"]) == 3  # UNVERIFIED has its own exit code
+    assert "result: UNVERIFIED" in capsys.readouterr().out

@@ -136,7 +136,21 @@ class Trace:
         return seen
 
 
-class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """A dispatch mode that leaves ``__torch_dispatch__`` as it is.
+
+    By default PyTorch wraps it in ``torch._dynamo``'s ``disable`` so that ``torch.compile``
+    skips it, which imports ``torch._dynamo`` on the first call: 5 s on a busy 2-core machine,
+    most of a check. Nothing here is compiled, so the wrapper (the documented switch below) is
+    left off.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class _Recorder(_Mode):
     def __init__(self, known: Mapping[int, tuple[Tensor, str]], x: Tensor) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[Op] = []
@@ -255,7 +269,7 @@ def record(module: nn.Module, x: Tensor) -> Trace:
     raise TraceError(f"the block raised {type(failure).__name__} while traced") from failure
 
 
-class _Patcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class _Patcher(_Mode):
     """Replaces the values of some nodes and copies the values of others, op by op.
 
     Operators are matched with the recorded ones by their order among those that read the input
@@ -367,7 +381,7 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
     return run
 
 
-class NoDropout(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class NoDropout(_Mode):
     """Every dropout an identity, however the code calls it: ``bernoulli_(p)``, the keep-mask
     dropout draws and then divides by ``p``, fills with ``p`` (so the mask is exactly 1), and
     ``native_dropout`` returns its input. For a block that keeps dropout on in eval mode through
