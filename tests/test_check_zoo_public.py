@@ -68,6 +68,16 @@ def test_every_mistake_is_in_the_catalogue_and_every_source_is_recorded():
         assert head.startswith("# Source: ") and spec.SOURCE.split()[0] in head, name
 
 
+def test_the_zoo_holds_40_blocks_from_25_repositories_each_with_its_mistakes():
+    """Issue 18: at least 40 blocks from at least 25 public repositories; and enough mistaken
+    variants of each block (at least 4) for its hit rate to mean something."""
+    repositories = {zoo_public.spec(name).SOURCE.split()[0] for name in zoo_public.NAMES}
+    assert len(zoo_public.NAMES) >= 40, len(zoo_public.NAMES)
+    assert len(repositories) >= 25, sorted(repositories)
+    for name in zoo_public.NAMES:
+        assert len(zoo_public.spec(name).MISTAKES) >= 4, name
+
+
 def _sample():
     everything = zoo_public.cases()
     if os.environ.get("ZOO_PUBLIC_FULL"):
