@@ -195,3 +195,18 @@ def test_an_unread_block_is_unverified_with_a_map_that_verifies_it(tmp_path, cap
     )
     assert main(["check", f"{path}:SumAttention"]) == 3  # UNVERIFIED has its own exit code
     assert "result: UNVERIFIED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("factory", [reported.TransformerLensBlock, reported.PicoGPT])
+def test_the_width_is_the_input_the_block_accepts_without_a_width_attribute(factory):
+    report = check_block(factory)  # built with the common arguments; no n_embd attribute kept
+    assert report.passed and "(6, 6, 32)" in report.findings[0].message, str(report)
+
+
+def test_map_accepts_any_parameter_the_forward_pass_reads():
+    block = reported.TransformerLensBlock(C, NH)
+    report = check_block(block, roles={"q": "attn.W_Q", "proj": "attn.W_O", "ln1": "ln1"})
+    assert report.passed, str(report)
+    assert "roles given (q, proj, ln1) agree with the forward pass" in " ".join(report.notes)
+    with pytest.raises(UserValueError, match=r"q=attn\.W_Z: no such part.*reads"):
+        check_block(block, roles={"q": "attn.W_Z"})
