@@ -132,7 +132,7 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def _forwardto_weight(trace: Trace, node: int) -> Op | None:
+def _forward_to_weight(trace: Trace, node: int) -> Op | None:
     """The first matrix product with a weight that ``node`` reaches through reshapes and cat."""
     todo, seen = [node], {node}
     found: list[Op] = []
@@ -187,14 +187,14 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
         raise Unread("q, k and v are computed from different tensors")
     roles = dict(qkv)
     used = {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
-    ops = [_forwardto_weight(trace, core.y) for core in cores]
+    found = [_forward_to_weight(trace, core.y) for core in cores]
+    ops = [op for op in found if op is not None]
     heads_out = _merged_heads(trace, cores, B, T)
-    if any(op is None for op in ops) and heads_out is not None:
+    if len(ops) < len(found) and heads_out is not None:
         roles["proj"] = Role(heads_out, [heads_out], [])  # no projection: the heads join the stream
-    elif any(op is None for op in ops) or len({op.index for op in ops if op}) != 1:
+    elif len(ops) < len(found) or len({op.index for op in ops}) != 1:
         raise Unread("no single output projection reads the attention's output")
     else:
-        assert ops[0] is not None
         roles["proj"] = _role(trace, ops[0], B, T, heads=True)
         used.add(ops[0].index)
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]

@@ -69,7 +69,8 @@ def _rows(value: Tensor, B: int, T: int) -> Tensor:
 def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     """``_rows``' inverse: (B * T, F) rows back to a node's shape."""
     axes = layout(shape, B, T, strict=False)
-    assert axes is not None
+    if axes is None:
+        raise Unread(f"a tensor of shape {shape} is not laid out by position")
     rest = [s for i, s in enumerate(shape) if i not in axes]
     if axes[0] == axes[1]:
         return rows.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
