@@ -145,14 +145,12 @@ GENERIC_NORMS_FILE = textwrap.dedent(
 )
 
 
-def test_map_names_the_roles_the_checker_cannot_tell(tmp_path, capsys):
+def test_map_names_the_roles_and_the_dataflow_tells_them_without_it(tmp_path, capsys):
     path = tmp_path / "generic.py"
     path.write_text(GENERIC_NORMS_FILE)
     assert main(["check", f"{path}:Block", "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)["reports"]
-    assert report["confident"] is False and any(
-        "--map ln1=NAME ln2=NAME" in n for n in report["notes"]
-    )
+    assert report["confident"] is True and any("ln1=nc, ln2=na" in n for n in report["notes"])
     assert main(["check", f"{path}:Block", "--map", "ln1=nc", "ln2=na", "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)["reports"]
     assert report["confident"] is True and report["compared"] is True

@@ -3,18 +3,19 @@
 Each module holds the styles of one family (``STYLES``, a list of ``common.Style``): the
 lessons' (``lessons``), GPT-2's descendants (``gpt``), PyTorch's own modules (``torch_modules``),
 einsum and packed-projection attention (``einsum``), the naming schemes of Llama, Hugging Face,
-BERT, GPT-NeoX, fairseq and timm (``named``), the Annotated Transformer (``annotated``) and blocks
-that reuse their tensors in place (``bookkeeping``). Every block was written for this zoo from its
+BERT, GPT-NeoX, fairseq and timm (``named``), the Annotated Transformer (``annotated``), blocks
+that reuse their tensors in place (``bookkeeping``) and the eight code shapes issue 18 reported
+(``reported``). Every block was written for this zoo from its
 source's style, none inherits from gptblock. ``cases()`` lists each style correct, with each of
 its bugs, and with its pairs; ``score`` runs the checker on them (see ``hitrate.py``).
 """
 
 from dataclasses import dataclass
 
-from . import annotated, bookkeeping, einsum, gpt, lessons, named, torch_modules
+from . import annotated, bookkeeping, einsum, gpt, lessons, named, reported, torch_modules
 from .common import Style, expected
 
-MODULES = [lessons, gpt, torch_modules, einsum, named, annotated, bookkeeping]
+MODULES = [lessons, gpt, torch_modules, einsum, named, annotated, bookkeeping, reported]
 STYLES: list[Style] = [s for m in MODULES for s in m.STYLES]
 
 
@@ -47,12 +48,19 @@ class Outcome:
     diagnosis: tuple
     passed: bool
     confident: bool
+    result: str = ""  # the report's verdict: PASS, FAIL or UNVERIFIED
 
     @property
     def verdict(self):
-        """'pass' / 'exact' (right), 'unsure' (says it cannot tell), 'wrong' (stated, and wrong)."""
+        """'pass' / 'exact' (right), 'unverified' (not compared, says so), 'unsure' (says it
+        cannot tell), 'false pass' (a mistaken block reported PASS), 'wrong' (stated, and wrong:
+        a correct block reported FAIL included)."""
+        if self.result == "UNVERIFIED":
+            return "unverified"
         if not self.case.expected:
             return "pass" if self.passed else ("unsure" if not self.confident else "wrong")
+        if self.passed:
+            return "false pass"
         if self.confident and set(self.diagnosis) == set(self.case.expected):
             return "exact"
         if not self.confident or (not self.diagnosis and not self.passed):
@@ -63,4 +71,7 @@ class Outcome:
 def run_case(case, check):
     """The checker's outcome on one case; ``check`` is ``check_block`` (or an isolated one)."""
     report = check(case.build())
-    return Outcome(case, tuple(report.diagnosis), report.passed, report.confident), report
+    outcome = Outcome(
+        case, tuple(report.diagnosis), report.passed, report.confident, report.verdict
+    )
+    return outcome, report

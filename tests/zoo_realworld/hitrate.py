@@ -3,7 +3,8 @@
 For every case of the zoo (each style correct, with each of its bugs and with its pairs) it runs
 ``gptblock.check_block`` and counts: correct blocks that pass, mistaken blocks whose diagnosis
 names exactly the injected mistakes (confidently), diagnoses the checker says it is unsure of,
-and diagnoses stated with confidence that are wrong. ``--verbose`` prints every miss's report.
+diagnoses stated with confidence that are wrong, mistaken blocks reported PASS, correct blocks
+reported FAIL, and blocks left UNVERIFIED. ``--verbose`` prints every miss's report.
 """
 
 import argparse
@@ -46,6 +47,9 @@ def table(outcomes):
         f"  two or three:                      {sum(o.verdict == 'exact' for o in multi):4d} / {len(multi):4d}",
         f"diagnoses stated as unsure:          {m['unsure'] + c['unsure']:4d}",
         f"wrong diagnoses stated confidently:  {m['wrong'] + c['wrong']:4d}",
+        f"mistaken blocks reported PASS:       {m['false pass']:4d}",
+        f"correct blocks reported FAIL:        {sum(o.result == 'FAIL' for o in correct):4d}",
+        f"UNVERIFIED (not compared):           {m['unverified'] + c['unverified']:4d}",
     ]
     misses = [o for o in outcomes if o.verdict not in ("pass", "exact")]
     for o in misses:

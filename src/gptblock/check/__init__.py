@@ -2,26 +2,36 @@
 
 Which file owns what:
 
-* ``run`` -- ``check_block`` and its orchestration: build the target, copy it, find its parts by
-  role, run the probes, compare with the steps, combine the evidence into a diagnosis.
+* ``run`` -- ``check_block`` and its orchestration: build the target, copy it, run the probes,
+  read its parts, compare with the steps, combine the evidence into a diagnosis and a verdict.
 * ``build`` -- the block to check from a module or a class / factory and its arguments (with
-  ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence.
+  ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence; ``arguments`` -- what a
+  class needs beyond them: a config object built from the arguments, or the ``--arg`` line.
 * ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
   fresh input and returns a copy of the output.
 * ``probes`` -- black-box probes that need nothing but a module mapping (B, T, C) to (B, T, C).
+* ``trace`` -- one forward pass recorded operator by operator (a ``TorchDispatchMode``), re-run
+  with chosen tensors replaced, or replayed between two of them; ``NoDropout``.
+* ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
+  role reads or writes it; ``dataflow`` -- the roles (q, k, v, proj, fc1, fc2) from what the
+  tensors do; ``norms`` -- the norms, from what they compute.
+* ``weights`` -- ``read_block``: each role's weight read by basis-vector interventions, in the
+  lessons' layout, and checked against the traced activations.
+* ``readings`` -- which reading the comparison uses: the dataflow's, else the module tree's by
+  names and shapes, or as the caller's ``--map`` says; ``suggest`` -- a ``--map`` to offer.
 * ``parts`` -- the weight-holding parts of the block (norms, linear layers, raw matrices,
   ``nn.MultiheadAttention``) found in its module tree, what each computes, the order the forward
   pass calls them in.
 * ``vocabulary`` -- the names people give each role (``query``, ``c_attn``, ``w_2``, ``ln_1``...).
-* ``mapping`` -- the parts given their roles (``ln1``, ``ln2``, ``q``/``k``/``v`` or ``qkv``,
-  ``proj``, ``fc1``, ``fc2``) from shapes, names, the forward pass and registration order, or
-  as the caller names them (``--map``); ``steps.Parts`` for the comparison. It decides the
-  LayerNorms and the head count; ``linears`` scores every assignment of the linear layers.
+* ``mapping`` -- the parts given their roles from shapes, names, the forward pass and
+  registration order, or as the caller names them (``--map``); ``linears`` scores every
+  assignment of the linear layers. The fallback when the dataflow does not show the roles.
 * ``steps`` -- the lessons' block computed step by step from those parts, each step replaceable.
 * ``variants`` -- the catalogued mistakes as changes to those steps, and their combinations.
 * ``search`` -- ``explain``: the smallest set of them that reproduces a block, and its ties.
 * ``catalogue`` -- the mistakes the checker can name: title, explanation, fix, lesson line.
-* ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text and JSON.
+* ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text and JSON,
+  and its verdict: ``PASS`` (compared), ``FAIL`` or ``UNVERIFIED``.
 * ``target`` -- ``load_target`` and ``parse_argument``: the block named by ``FILE.py:NAME`` or
   ``package.module:NAME`` and its ``NAME=VALUE`` arguments. The only module that imports the
   user's code.
@@ -34,9 +44,12 @@ said), and nothing imports ``gptblock.cli``:
 
 1. ``catalogue``, ``steps`` and ``vocabulary`` use nothing of gptblock;
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
-3. ``search``, ``subject``, ``parts``, ``build`` and ``target`` use ``report`` (``one_line``,
-   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``probes`` uses ``subject``;
-   ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, and ``mapping`` uses ``linears``;
+3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
+   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
+   ``build`` uses ``arguments``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
+   ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
+   ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
+   ``linears``, ``suggest`` uses ``mapping``, ``readings`` uses ``weights`` and ``mapping``;
    ``isolation`` uses ``report`` and ``target`` (only to validate a spec: it never imports the
    user's code);
 4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,

@@ -10,6 +10,7 @@ Shapes: C channels.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
+from .arguments import complete
 from .report import CAUGHT, one_line
 
 __all__ = ["COMMON_ARGUMENTS", "build", "fill_common_arguments", "max_length", "width"]
@@ -72,7 +74,8 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
     Raises:
         UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
             constructor arguments come with a module instance.
-        UserValueError: building the block raised (or called ``sys.exit``).
+        UserValueError: building the block raised (or called ``sys.exit``), or it needs
+            arguments nobody gave (the message has the ``--arg`` line that builds it).
     """
     if isinstance(target, nn.Module):
         if kwargs:
@@ -85,7 +88,7 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    args = fill_common_arguments(target, kwargs)
+    args = complete(target, fill_common_arguments(target, kwargs), kwargs, COMMON_ARGUMENTS)
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     with torch.random.fork_rng(devices=[]):
@@ -101,24 +104,57 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
     return module, description
 
 
-def width(module: nn.Module, kwargs: Mapping[str, object]) -> int:
-    """C: from a constructor argument, an attribute, or the first norm / linear layer."""
+def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
+    """C: the width of the input the block accepts.
+
+    The candidates, in order: a constructor argument (``n_embd``, ``d_model``, ``dim``...), an
+    attribute (also on a ``config``), a norm's or a linear layer's width, then every size of the
+    block's parameters. The first for which a copy of the block maps a (2, T, C) input to its own
+    shape wins; when none does (the block is broken), the first candidate.
+
+    Raises:
+        UserValueError: the block has no candidate at all (no argument, attribute or parameter).
+    """
+    candidates: list[int] = []
     for source in (kwargs, *(_attributes(m) for m in module.modules())):
         for name in _WIDTH_ARGUMENTS if source is kwargs else _WIDTH_NAMES:
             value = source.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value
+                candidates.append(value)
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
-            return int(m.normalized_shape[-1])
-        if isinstance(m, nn.Linear):
-            return int(m.in_features)
-        if isinstance(m, nn.MultiheadAttention):
-            return int(m.embed_dim)
-    raise UserValueError(
-        f"cannot tell the width C of {type(module).__name__}: no n_embd / d_model / embed_dim "
-        "attribute, LayerNorm or Linear layer; give the class an n_embd or d_model argument"
-    )
+            candidates.append(int(m.normalized_shape[-1]))
+        elif isinstance(m, nn.Linear):
+            candidates.append(int(m.in_features))
+        elif isinstance(m, nn.MultiheadAttention):
+            candidates.append(int(m.embed_dim))
+    sizes = [n for p in module.parameters() for n in p.shape if n > 1]
+    candidates += sorted(set(sizes), key=lambda n: (-sizes.count(n), n))
+    candidates = list(dict.fromkeys(candidates))
+    if not candidates:
+        raise UserValueError(
+            f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "
+            "n_embd / d_model / embed_dim argument or attribute; pass --arg n_embd=C"
+        )
+    if len(candidates) == 1 or _accepts(module, candidates[0], T):
+        return candidates[0]
+    return next((c for c in candidates[1:] if _accepts(module, c, T)), candidates[0])
+
+
+def _accepts(module: nn.Module, C: int, T: int) -> bool:
+    """Whether a copy of the block maps a (2, T, C) input to a (2, T, C) output."""
+    try:
+        copied = copy.deepcopy(module).eval()
+        first = next(copied.parameters(), None)
+        dtype = first.dtype if first is not None and first.is_floating_point() else None
+        device = first.device if first is not None else None
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, T, C, generator=g, dtype=dtype).to(device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            y = copied(x)
+    except CAUGHT:
+        return False
+    return isinstance(y, torch.Tensor) and tuple(y.shape) == (2, T, C)
 
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:

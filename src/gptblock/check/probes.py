@@ -207,7 +207,15 @@ def gradients(s: Subject) -> ProbeResult:
     if not params:
         return ProbeResult(True, "the block has no trainable parameters")
     with torch.enable_grad():
-        y = s.forward(s.input(s.T, s.T, s.C))
+        try:
+            y = s.forward(s.input(s.T, s.T, s.C))
+        except RuntimeError as e:  # a view autograd needs, changed in place: only with grad on
+            if "inplace" not in str(e).replace("in-place", "inplace").replace(
+                " in place", " inplace"
+            ):
+                raise
+            msg = f"the forward pass fails with autograd on: an in-place change ({one_line(e)})"
+            return ProbeResult(False, msg, "inplace")
         loss = (torch.where(torch.isfinite(y), y, 0.0) * s.input(*y.shape)).sum()
         tensors = [p for _, p in params]
         grads: list[Tensor | None]

@@ -33,12 +33,18 @@ class Finding:
 
     Example:
         >>> Finding("causality", True, "no position sees a later one")
-        Finding(name='causality', passed=True, message='no position sees a later one')
+        Finding(name='causality', passed=True, message='no position sees a later one', label='')
     """
 
     name: str
     passed: bool
     message: str
+    label: str = ""  # what the line says instead of PASS / FAIL: "FOUND" for a mistake found
+
+    @property
+    def status(self) -> str:
+        """The word the report prints for it: its label, else PASS or FAIL."""
+        return self.label or ("PASS" if self.passed else "FAIL")
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,15 @@ class CheckReport:
         compared: whether the block's arithmetic was compared with the reference. Without it
             only the black-box probes speak: what they prove is diagnosed, but a mistake they
             cannot see (a wrong scale) may remain.
+        verify: when the block was not compared, the ``--map`` arguments that let the checker
+            read its weights (empty when it has none to suggest).
 
-    ``passed`` is true only when every finding passed and the diagnosis is empty;
-    ``confident`` when the arithmetic was compared and no alternative explains the block as
-    well as ``diagnosis`` does.
+    ``verdict`` is ``PASS`` only when the block was compared with the lessons' block, every
+    finding passed and the diagnosis is empty; ``FAIL`` when a finding failed or a mistake was
+    diagnosed; ``UNVERIFIED`` when every black-box check passed but the weights could not be
+    read, so the block was not compared. ``passed`` is ``verdict == "PASS"``; ``confident``
+    when the arithmetic was compared and no alternative explains the block as well as
+    ``diagnosis`` does.
 
     Example:
         >>> shape = Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")
@@ -81,6 +92,7 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     alternatives: list[list[str]] = field(default_factory=list)
     compared: bool = False
+    verify: str = ""
 
     def __post_init__(self) -> None:
         named = [*self.diagnosis, *(d for ds in self.alternatives for d in ds)]
@@ -94,9 +106,16 @@ class CheckReport:
         return self.compared and not self.alternatives
 
     @property
+    def verdict(self) -> str:
+        """``PASS``, ``FAIL`` or ``UNVERIFIED`` (see the class docstring)."""
+        if self.diagnosis or not all(f.passed for f in self.findings):
+            return "FAIL"
+        return "PASS" if self.compared else "UNVERIFIED"
+
+    @property
     def passed(self) -> bool:
-        """True when every check passed and no mistake was diagnosed."""
-        return all(f.passed for f in self.findings) and not self.diagnosis
+        """True when the block was compared, every check passed and no mistake was diagnosed."""
+        return self.verdict == "PASS"
 
     def format(self, width: int = 100) -> str:
         """The report as text: one line per check, then each diagnosis with its fix.
@@ -106,7 +125,7 @@ class CheckReport:
         """
         lines = [f"check {self.target}"]
         for f in self.findings:
-            lines.append(f"  {'PASS' if f.passed else 'FAIL'}  {f.name:<21} {f.message}")
+            lines.append(f"  {f.status:<5} {f.name:<21} {f.message}")
         for note in self.notes:
             lines += _wrap(note, width, "  note: ", " " * 8)
         if self.alternatives:
@@ -121,7 +140,7 @@ class CheckReport:
         elif self.diagnosis:
             more = "" if self.compared else " (black-box checks only: there may be more)"
             lines.append("diagnosis: " + ", ".join(self.diagnosis) + more)
-        elif self.passed:
+        elif self.verdict != "FAIL":
             more = "" if self.compared else " found by the black-box checks (not compared)"
             lines.append("diagnosis: none" + more)
         else:
@@ -135,8 +154,19 @@ class CheckReport:
             lines += _wrap(m.fix, width, "    fix:    ", " " * 12)
             lines += _wrap(m.lesson, width, "    from:   ", " " * 12)
         failed = sum(not f.passed for f in self.findings)
-        if self.passed:
+        if self.verdict == "PASS":
             lines.append("result: PASS")
+        elif self.verdict == "UNVERIFIED":
+            lines += _wrap(
+                f"result: UNVERIFIED (the {len(self.findings)} black-box checks passed, but the "
+                "block's weights could not be read, so it was not compared with the lessons' "
+                "block: a wrong scale, say, would not show)",
+                width,
+                "",
+                "    ",
+            )
+            if self.verify:
+                lines += _wrap(f"to verify it, run again with: {self.verify}", width, "", "    ")
         else:
             n = len(self.diagnosis)
             lines.append(
@@ -153,8 +183,10 @@ class CheckReport:
         return {
             "target": self.target,
             "passed": self.passed,
+            "verdict": self.verdict,
             "findings": [
-                {"name": f.name, "passed": f.passed, "message": f.message} for f in self.findings
+                {"name": f.name, "passed": f.passed, "message": f.message, "label": f.status}
+                for f in self.findings
             ],
             "diagnosis": list(self.diagnosis),
             "mistakes": {
@@ -171,6 +203,7 @@ class CheckReport:
             "confident": self.confident,
             "compared": self.compared,
             "alternatives": [list(a) for a in self.alternatives],
+            "verify": self.verify,
         }
 
     @classmethod
@@ -187,10 +220,7 @@ class CheckReport:
         """
         try:
             d = _fields(data, {"target": str, "findings": list, "diagnosis": list})
-            findings = [
-                Finding(**_fields(f, {"name": str, "passed": bool, "message": str}))
-                for f in d["findings"]
-            ]
+            findings = [_finding(f) for f in d["findings"]]
             mistakes = d.get("mistakes", {})
             details = {str(k): str(v.get("found", "")) for k, v in _fields(mistakes, {}).items()}
             return cls(
@@ -201,9 +231,19 @@ class CheckReport:
                 [_str(n) for n in d.get("notes", [])],
                 [[_str(m) for m in a] for a in d.get("alternatives", [])],
                 d.get("compared") is True,
+                _str(d.get("verify", "")),
             )
         except (TypeError, AttributeError) as e:
             raise ValueError(f"not a check report: {e}") from e
+
+
+def _finding(data: object) -> Finding:
+    f = _fields(data, {"name": str, "passed": bool, "message": str})
+    label = _str(f.get("label", ""))
+    passed: bool = f["passed"]
+    if label in ("PASS", "FAIL") or label not in ("", "FOUND"):
+        label = ""  # the word follows from passed; an unknown word is not printed
+    return Finding(f["name"], passed, f["message"], label)
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:

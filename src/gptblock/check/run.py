@@ -41,12 +41,13 @@ from ..lesson import Block as LessonBlock
 from .build import build, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
-from .mapping import MappedBlock, map_roles, resolve_roles
-from .parts import discover, observe, perturb
+from .parts import perturb_all
 from .probes import PROBES, ProbeResult
+from .readings import TRACE_T, Readings, read_parts
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
 from .subject import Subject, one_thread
+from .suggest import suggest_map
 from .target import load_target
 
 __all__ = ["Progress", "check_block", "check_in_process", "own_blocks"]
@@ -61,7 +62,7 @@ EXPLAINS: dict[str, set[str]] = {
     "mask_zero": {"future_leak"},
     "mask_after_softmax": {"future_leak"},
     "softmax_dim": {"future_leak"},
-    "heads_mixed": {"future_leak"},
+    "heads_mixed": {"future_leak", "batch_mixing"},  # a head-major merge mixes sequences
     "batch_mixing": {"shape"},
 }
 
@@ -199,22 +200,14 @@ def _check(
     roles: Mapping[str, str],
     progress: Progress,
 ) -> CheckReport:
-    C = width(module, kwargs)
-    T = min(PROBE_T, max_length(module, kwargs, PROBE_T))
+    longest = max_length(module, kwargs, PROBE_T)
+    T = min(PROBE_T, longest)
+    progress.stage("copying the block and calling it once to tell its width C")
+    C = width(module, kwargs, T)
     progress.stage("copying the block and calling it once")
     subject = Subject(module, C, T)
     notes = [subject.note] if subject.note else []
-
-    progress.stage("finding the parts by role")
-    parts = discover(subject.module)
-    try:
-        given = resolve_roles(parts, roles)
-    except ValueError as e:
-        raise UserValueError(str(e)) from e
-    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    called = observe(subject.module, parts, lambda: subject(x.to(subject.device, subject.dtype)))
-    mapped = map_roles(subject.module, C, parts, called, given)
-    perturb(parts)  # trained-looking norms and biases, so that swapping them shows
+    perturb_all(subject.module, C)  # trained-looking weights, so that every mistake shows
 
     results: list[ProbeResult] = []
     findings: list[Finding] = []
@@ -230,42 +223,46 @@ def _check(
     details = {r.implies: r.message for r in results if r.implies}
     found: list[str] = []  # mistakes the reference comparison reproduces
     others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
-    compared = False
+    compared, verify = False, ""
 
-    if not isinstance(mapped, MappedBlock):
-        notes.append(f"parts not found by role, black-box results only: {mapped.reason}")
-    elif results[-1].stop:
-        notes.append(mapped.describe())
+    if results[-1].stop:
+        pass
     elif "dropout_in_eval" in implied and not _without_dropout(subject):
-        notes.append(mapped.describe())
         notes.append("no comparison with the reference: the outputs are random in eval mode")
     else:
         if "dropout_in_eval" in implied:
-            notes.append("compared with every dropout probability of the block set to 0")
-        progress.stage("the reference comparison")
-        try:
-            finding, match, ties, reading = _compare(subject, mapped)
-        except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
-            notes.append(mapped.describe())
-            notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
+            how = "switched off" if subject.no_dropout else "with its probability set to 0"
+            notes.append(f"compared with every dropout of the block {how}")
+        progress.stage("reading the weights from the forward pass")
+        readings = read_parts(subject, roles, max_length(module, kwargs, TRACE_T), notes)
+        if isinstance(readings, str):
+            notes.append(f"weights not read, black-box results only: {readings}")
+            verify = suggest_map(subject.module, C)
         else:
-            notes.append(mapped.describe(reading))
-            if reading >= len(mapped.readings):
-                notes.append("q, k, v are not in registration order: the roles above matched")
-            findings.append(finding)
-            progress.finding(finding)
-            compared = True
-            if match is not None:
-                found = match.mistakes
-                others = [m.mistakes for m in ties]
-                details.update(  # the variant's account of a mistake is more specific
-                    {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
-                )
+            progress.stage("the reference comparison")
+            try:
+                finding, match, ties, reading = _compare(subject, readings)
+            except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
+                notes.append(readings.describe(0))
+                notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
+            else:
+                notes.append(readings.describe(reading))
+                findings.append(finding)
+                progress.finding(finding)
+                compared = True
+                if match is not None:
+                    found = match.mistakes
+                    others = [m.mistakes for m in ties]
+                    details.update(  # the variant's account of a mistake is more specific
+                        {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
+                    )
 
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
-    return CheckReport(description, findings, diagnosis, details, notes, alternatives, compared)
+    return CheckReport(
+        description, findings, diagnosis, details, notes, alternatives, compared, verify
+    )
 
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:
@@ -280,18 +277,24 @@ _DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "dro
 
 
 def _without_dropout(subject: Subject) -> bool:
-    """Set every dropout probability of the subject's block to 0; True if that makes its eval
-    outputs deterministic (the rest of its arithmetic can then be compared)."""
+    """Set every dropout probability of the subject's block to 0, else switch every dropout off
+    where it runs (``trace.NoDropout``); True if that makes its eval outputs deterministic (the
+    rest of its arithmetic can then be compared)."""
     for m in subject.module.modules():
         for name, value in vars(m).items():
             if name in _DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                 setattr(m, name, 0.0)
     x = subject.input(subject.T, subject.T, subject.C)
-    try:
-        with subject.own_rng():
-            return bool(torch.equal(subject(x, seeded=False), subject(x, seeded=False)))
-    except CAUGHT:
-        return False
+    for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
+        subject.no_dropout = switched_off
+        try:
+            with subject.own_rng():
+                if torch.equal(subject(x, seeded=False), subject(x, seeded=False)):
+                    return True
+        except CAUGHT:
+            pass
+    subject.no_dropout = False
+    return False
 
 
 def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResult:
@@ -303,21 +306,19 @@ def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResu
 
 
 def _compare(
-    subject: Subject, mapped: MappedBlock
+    subject: Subject, read: Readings
 ) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
     """Search the variants for the one that reproduces the block: the finding, the match, the
-    equally good alternatives and which reading of the block (an index into ``mapped.names``)."""
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(subject.T, subject.T, subject.C, generator=g, dtype=torch.float64)
-    x = x.to(subject.device)  # (B, T, C) with B = T, as the probes use
+    equally good alternatives and which reading of the block."""
+    x = read.x.to(subject.device)
     y = subject(x.to(subject.dtype)).to(torch.float64)
     offset = 0
     with torch.no_grad():
-        result = explain(mapped.readings, x, y, mapped.heads, MAX_MISTAKES)
-        if result.match is None and mapped.fallback:  # q, k, v in another order, then?
-            again = explain(mapped.fallback, x, y, mapped.heads, MAX_MISTAKES)
+        result = explain(read.readings, x, y, read.heads, MAX_MISTAKES)
+        if result.match is None and read.fallback:  # q, k, v in another order, then?
+            again = explain(read.fallback, x, y, read.heads, MAX_MISTAKES)
             if again.match is not None:
-                result, offset = again, len(mapped.readings)
+                result, offset = again, len(read.readings)
     reading = offset + (result.match.reading if result.match else 0)
     name = "reference comparison"
     if result.match is None:
@@ -335,8 +336,8 @@ def _compare(
     if not match.deviations and not result.alternatives:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg), match, (), reading
-    msg = f"reproduced by the reference with {match.describe()}: {within}"
+    msg = f"matches the lessons' block only with {match.describe()}: {within}"
     if result.alternatives:
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
-    return Finding(name, False, msg), match, result.alternatives, reading
+    return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading

@@ -20,7 +20,7 @@ import copy
 import types
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from ..errors import UserValueError
 from .report import CAUGHT, one_line
+from .trace import NoDropout
 
 __all__ = ["Subject", "one_thread"]
 
@@ -71,6 +72,7 @@ class Subject:
             )
         self.generator = torch.Generator().manual_seed(0)
         self.note = ""
+        self.no_dropout = False  # every call with dropout switched off (trace.NoDropout)
         failure: BaseException | None = None
         for dtype in (torch.float64, torch.float32):
             self.dtype = dtype
@@ -113,11 +115,12 @@ class Subject:
 
         The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
         """
-        if not seeded:
-            return _output(self.module(x.clone()))
-        with self.own_rng():
-            torch.manual_seed(0)
-            return _output(self.module(x.clone()))
+        with NoDropout() if self.no_dropout else nullcontext():
+            if not seeded:
+                return _output(self.module(x.clone()))
+            with self.own_rng():
+                torch.manual_seed(0)
+                return _output(self.module(x.clone()))
 
     def own_rng(self) -> ContextManager[None]:
         """A context in which the block may draw random numbers; the caller's RNG is restored."""

@@ -96,6 +96,11 @@ def _merge_without_transpose(y: Tensor) -> Tensor:
     return y.reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, D), heads and time mixed
 
 
+def _merge_heads_major(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.transpose(0, 1).reshape(B, T, nh * hs)  # (nh, B, T, hs) in memory, read as (B, T, D)
+
+
 def _merge_interleaved(y: Tensor) -> Tensor:
     B, nh, T, hs = y.shape
     return y.permute(0, 2, 3, 1).reshape(B, T, hs * nh)  # (B, T, hs, nh): channel d*nh + h
@@ -214,6 +219,14 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
         "each position's output holds pieces of other positions",
         lambda s: replace(s, merge=_merge_without_transpose),
+    ),
+    Deviation(
+        "heads_mixed",
+        "merge",
+        "the heads' outputs, batched head-major as (nh * B, T, hs), are reshaped to (B, T, C) "
+        "without splitting the heads off the batch first: each output mixes other sequences' "
+        "and heads' values",
+        lambda s: replace(s, merge=_merge_heads_major),
     ),
     Deviation(
         "heads_mixed",

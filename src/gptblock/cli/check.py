@@ -22,6 +22,8 @@ from ..check import (
 from ..check.target import parse_role
 from ..errors import UserError, UserValueError
 
+EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     defaults = ", ".join(f"{k}={v!r}" for k, v in COMMON_ARGUMENTS.items())
@@ -30,11 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="find the mistakes in a transformer block and say how to fix them",
         description=(
             "Probe a block mapping (B, T, C) to (B, T, C) (shape, causality, batch "
-            "independence, eval determinism, residual stream, finite outputs, gradients) and, "
-            "when its parts can be told by role (names, shapes, the forward pass), diagnose its "
-            "mistakes by comparison with the reference. The block runs in a child process. Exit "
-            "code 0 when everything passes, 1 when a check fails (the block crashed, hung or "
-            "exited included), 2 when the target cannot be loaded or built."
+            "independence, eval determinism, residual stream, finite outputs, gradients), read "
+            "its weights from one recorded forward pass (whatever holds them) and diagnose its "
+            "mistakes by comparison with the lessons' block. The block runs in a child process. "
+            "Exit code 0 (PASS) only when the block was compared and matches, 1 (FAIL) when a "
+            "check fails or a mistake is found (the block crashed, hung or exited included), 2 "
+            "when the target cannot be loaded or built, 3 (UNVERIFIED) when every black-box "
+            "check passed but the weights could not be read: the report says which --map reads "
+            "them."
         ),
         epilog=(
             "Constructor arguments the block takes but --arg does not give are filled with "
@@ -63,9 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         nargs="+",
         default=[],
         metavar="ROLE=NAME",
-        help=f"the block's part for a role the checker cannot tell itself (roles: "
+        help=f"the block's part for a role the checker cannot read itself (roles: "
         f"{' '.join(ROLES)}; NAME a module or parameter, a glob like heads.*.query for one "
-        "module per head)",
+        "module per head); an UNVERIFIED report suggests one",
     )
     p.add_argument(
         "--timeout",
@@ -98,11 +103,13 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"passed": False, "error": str(e), "reports": []}, indent=2))
         raise
     passed = all(r.passed for r in reports)
+    verdicts = [r.verdict for r in reports]
     if args.json:
         print(json.dumps({"passed": passed, "reports": [r.to_dict() for r in reports]}, indent=2))
     else:
         print("\n\n".join(str(r) for r in reports))
         if len(reports) > 1:
-            failed = sum(not r.passed for r in reports)
-            print(f"\n{len(reports) - failed} of {len(reports)} blocks pass")
-    return 0 if passed else 1
+            print(f"\n{verdicts.count('PASS')} of {len(reports)} blocks pass")
+    if "FAIL" in verdicts:
+        return 1
+    return EXIT_UNVERIFIED if "UNVERIFIED" in verdicts else 0
