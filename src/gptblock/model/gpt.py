@@ -29,6 +29,7 @@ from ..blocks.config import GPTConfig
 from ..blocks.convert import parts_of
 from ..blocks.fused import FusedBlock, block_forward
 from ..blocks.mha import TransformerBlock
+from ..blocks.norms import RMSNorm
 from ..blocks.probe import at
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
@@ -91,13 +92,19 @@ class GPT(nn.Module):
             raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         C = config.n_embd
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
+        if config.position == "learned":  # rotary positions live in the blocks' attention
+            modules["wpe"] = nn.Embedding(config.block_size, C)
         self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Embedding(config.vocab_size, C),
-                "wpe": nn.Embedding(config.block_size, C),
+            modules
+            | {
                 "drop": nn.Dropout(config.dropout),
                 "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
-                "ln_f": nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias),
+                "ln_f": (
+                    RMSNorm(C, config.norm_eps)
+                    if config.norm == "rmsnorm"
+                    else nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias)
+                ),
             }
         )
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
@@ -112,8 +119,9 @@ class GPT(nn.Module):
         return cast(nn.Embedding, self.transformer["wte"])
 
     @property
-    def wpe(self) -> nn.Embedding:
-        return cast(nn.Embedding, self.transformer["wpe"])
+    def wpe(self) -> nn.Embedding | None:
+        """The learned position embedding; None with ``position="rope"`` or ``"none"``."""
+        return cast(nn.Embedding, self.transformer["wpe"]) if "wpe" in self.transformer else None
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -150,7 +158,9 @@ class GPT(nn.Module):
         token embedding stays in because, tied, it is also the output layer.
         """
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if exclude_position_embeddings else n
+        if exclude_position_embeddings and self.wpe is not None:
+            return n - self.wpe.weight.numel()
+        return n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
         # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
@@ -252,9 +262,10 @@ class GPT(nn.Module):
         continues after the positions they hold. A probed run is the eval-mode function.
         """
         T = idx.shape[1]
-        start = 0 if caches is None else caches[0].length
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = parts.wte(idx) + parts.wpe(pos)  # (B, T, C)
+        x = parts.wte(idx)  # (B, T, C)
+        if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
+            start = 0 if caches is None else caches[0].length
+            x = x + parts.wpe(torch.arange(start, start + T, device=idx.device))  # + (T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)
@@ -390,9 +401,10 @@ class GPT(nn.Module):
 
 def _make_block(config: GPTConfig) -> nn.Module:
     C, nh, p = config.n_embd, config.n_head, config.dropout
-    if config.block in ("fused", "mha"):
-        cls = FusedBlock if config.block == "fused" else TransformerBlock
-        return cls(
+    if config.block == "fused":
+        return FusedBlock.from_config(config.block_config())
+    if config.block == "mha":
+        return TransformerBlock(
             C,
             nh,
             dropout=p,
