@@ -188,3 +188,38 @@ def test_a_config_written_before_the_options_is_gpt2s():
     old = {"vocab_size": 13, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16}
     config = GPTConfig(**old)
     assert config.block_config().modern == () and config.position == "learned"
+
+
+MODERN_RUN = dict(
+    n_layer=1, n_head=4, n_embd=16, block_size=16, batch_size=4, max_iters=4,
+    eval_interval=2, eval_iters=1, warmup=1, progress=False, device="cpu",
+    norm="rmsnorm", mlp="swiglu", d_ff=40, n_kv_head=2, qk_norm=True, position="rope",
+    rope_pairing="adjacent", rotary_dim=2, parallel_residual=True,
+)  # fmt: skip
+
+
+def test_a_modern_gpt_trains_saves_loads_and_resumes(tmp_path):
+    from gptblock import load_gpt, train_gpt
+    from gptblock.data.text import default_corpus
+    from gptblock.runs.checkpoint import load_checkpoint
+    from gptblock.train.run import prepare_run
+
+    text = default_corpus()[:3000]
+    run = train_gpt(text=text, out_dir=tmp_path, seed=3, **MODERN_RUN)
+    model, tok, ckpt = load_gpt(tmp_path, kind="last")
+    assert model.config == run.meta.model_config and model.config.n_kv_head == 2
+    assert "transformer.wpe.weight" not in model.state_dict()
+    idx = torch.tensor([tok.encode("The ")])
+    trained = run.model.eval()
+    torch.testing.assert_close(model(idx).logits, trained(idx).logits, rtol=0, atol=0)
+    with prepare_run(text=text, out_dir=tmp_path, seed=3, resume=True,
+                     **{**MODERN_RUN, "max_iters": 6}) as again:  # fmt: skip
+        again.fit()
+    assert load_checkpoint(tmp_path).meta["step"] == 6
+    with pytest.raises(ValueError, match="n_kv_head=2 in the checkpoint, 4 now"):
+        train_gpt(
+            text=text,
+            out_dir=tmp_path,
+            resume=True,
+            **{**MODERN_RUN, "n_kv_head": 4, "max_iters": 8},
+        )
