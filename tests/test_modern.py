@@ -223,3 +223,18 @@ def test_a_modern_gpt_trains_saves_loads_and_resumes(tmp_path):
             resume=True,
             **{**MODERN_RUN, "n_kv_head": 4, "max_iters": 8},
         )
+
+
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"norm": "rmsnorm"}, "norm='rmsnorm'"),
+        ({"position": "rope"}, "position='rope'"),
+        ({"n_kv_head": 1}, "n_kv_head=1"),
+        ({"activation": "relu2"}, "activation='relu2'"),
+    ],
+)
+def test_gpt2s_format_refuses_the_modern_options_by_name(options, name):
+    model = GPT(GPTConfig(13, 8, 1, 2, 16, **options))
+    with pytest.raises(ValueError, match=f"GPT-2's format cannot express {name}"):
+        model.to_hf()
