@@ -238,3 +238,11 @@ def test_gpt2s_format_refuses_the_modern_options_by_name(options, name):
     model = GPT(GPTConfig(13, 8, 1, 2, 16, **options))
     with pytest.raises(ValueError, match=f"GPT-2's format cannot express {name}"):
         model.to_hf()
+
+
+def test_transformer_block_refuses_the_modern_options_by_name():
+    from gptblock import TransformerBlock
+
+    with pytest.raises(ValueError, match=r"TransformerBlock .* cannot express n_kv_heads=1"):
+        TransformerBlock(16, 2, n_kv_heads=1)
+    assert TransformerBlock(16, 2, n_kv_heads=2).config.modern == ()  # GPT-2's value: fine
