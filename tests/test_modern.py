@@ -246,3 +246,14 @@ def test_transformer_block_refuses_the_modern_options_by_name():
     with pytest.raises(ValueError, match=r"TransformerBlock .* cannot express n_kv_heads=1"):
         TransformerBlock(16, 2, n_kv_heads=1)
     assert TransformerBlock(16, 2, n_kv_heads=2).config.modern == ()  # GPT-2's value: fine
+
+
+def test_the_modern_block_page_runs():
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "modern-block.md"
+    examples = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(examples) >= 5
+    for code in examples:
+        exec(compile(code, str(page), "exec"), {"__name__": "page"})
