@@ -39,7 +39,7 @@ from .parts import Dense, LayerNormFn, Linear, Norm
 from .probe import Probe, at
 from .rotary import Rotary
 
-__all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward"]
+__all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward", "stream_norm"]
 
 
 class BlockParts(NamedTuple):
@@ -261,10 +261,10 @@ class FusedBlock(nn.Module):
         config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps, **modern)
         self.config = config
         d_ff = config.d_ff
-        self.norm1 = _norm(config)
+        self.norm1 = stream_norm(config)
         self.self_attn = FusedSelfAttention(config)
         # parallel_residual: both branches read norm1's output; there is no second norm.
-        self.norm2 = None if config.parallel_residual else _norm(config)
+        self.norm2 = None if config.parallel_residual else stream_norm(config)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.linear3 = nn.Linear(d_model, d_ff, bias=bias) if config.mlp == "swiglu" else None
@@ -353,8 +353,8 @@ class FusedBlock(nn.Module):
         return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero
 
 
-def _norm(config: BlockConfig) -> nn.Module:
-    """A fresh norm over the stream: GPT-2's LayerNorm or Llama's RMSNorm (no bias)."""
+def stream_norm(config: BlockConfig) -> nn.Module:
+    """A fresh norm over the stream (C): GPT-2's LayerNorm or Llama's RMSNorm (no bias)."""
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)

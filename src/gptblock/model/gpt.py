@@ -27,9 +27,8 @@ from torch.nn import functional as F
 from ..blocks.attention import KVStore
 from ..blocks.config import GPTConfig
 from ..blocks.convert import parts_of
-from ..blocks.fused import FusedBlock, block_forward
+from ..blocks.fused import FusedBlock, block_forward, stream_norm
 from ..blocks.mha import TransformerBlock
-from ..blocks.norms import RMSNorm
 from ..blocks.probe import at
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
@@ -95,18 +94,10 @@ class GPT(nn.Module):
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
         if config.position == "learned":  # rotary positions live in the blocks' attention
             modules["wpe"] = nn.Embedding(config.block_size, C)
-        self.transformer = nn.ModuleDict(
-            modules
-            | {
-                "drop": nn.Dropout(config.dropout),
-                "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
-                "ln_f": (
-                    RMSNorm(C, config.norm_eps)
-                    if config.norm == "rmsnorm"
-                    else nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias)
-                ),
-            }
-        )
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList([_make_block(config) for _ in range(config.n_layer)])
+        modules["ln_f"] = stream_norm(config.block_config())
+        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         # Weight tying: the unembedding reads the stream against the same vectors the embedding
         # writes, which saves V * C parameters and trains better at this size (Press & Wolf 2017).
@@ -400,16 +391,12 @@ class GPT(nn.Module):
 
 
 def _make_block(config: GPTConfig) -> nn.Module:
-    C, nh, p = config.n_embd, config.n_head, config.dropout
     if config.block == "fused":
         return FusedBlock.from_config(config.block_config())
+    c = config.block_config()  # GPT-2's block: GPTConfig refuses the modern options here
     if config.block == "mha":
         return TransformerBlock(
-            C,
-            nh,
-            dropout=p,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-        )
-    return LessonBlock(C, nh, config.block_size, p)
+            c.d_model, c.n_heads, dropout=c.dropout, activation=c.activation, bias=c.bias,
+            norm_eps=c.norm_eps,
+        )  # fmt: skip
+    return LessonBlock(c.d_model, c.n_heads, config.block_size, c.dropout)
