@@ -32,6 +32,15 @@ EXPECTED = [
     "load_gpt",
     "reference",
     "train_gpt",
+    # the modern block's parts, alone (issue 20)
+    "GroupedQueryAttention",
+    "RMSNorm",
+    "Rotary",
+    "SwiGLU",
+    "apply_rotary",
+    "attention",
+    "rmsnorm",
+    "swiglu",
 ]
 
 

@@ -38,7 +38,7 @@ def model(seed=0, **kw):
         (
             {"activation": "swish"},
             ValueError,
-            r"activation must be one of \('gelu', 'relu', 'gelu_tanh'\), got 'swish'",
+            r"activation must be one of \('gelu', 'relu', 'gelu_tanh', 'relu2'\), got 'swish'",
         ),
         (
             {"block": "flash"},

@@ -89,15 +89,18 @@ def test_attribute_names_and_mha_settings():
 
 def test_unknown_activation_lists_the_choices():
     with pytest.raises(
-        ValueError, match=r"activation must be one of \('gelu', 'relu', 'gelu_tanh'\), got 'tanh'"
+        ValueError,
+        match=r"activation must be one of \('gelu', 'relu', 'gelu_tanh', 'relu2'\), got 'tanh'",
     ):
         TransformerBlock(16, 2, activation="tanh")
 
 
 def test_activation_by_name_and_back():
-    assert ACTIVATIONS == ("gelu", "relu", "gelu_tanh")
+    assert ACTIVATIONS == ("gelu", "relu", "gelu_tanh", "relu2")
     assert activation_function("gelu") is F.gelu and activation_function("relu") is F.relu
-    with pytest.raises(ValueError, match=r"one of \('gelu', 'relu', 'gelu_tanh'\), got 'tanh'"):
+    with pytest.raises(
+        ValueError, match=r"one of \('gelu', 'relu', 'gelu_tanh', 'relu2'\), got 'tanh'"
+    ):
         activation_function("tanh")
     for name in ACTIVATIONS:
         assert activation_name(activation_function(name)) == name

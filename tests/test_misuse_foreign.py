@@ -27,6 +27,7 @@ from gptblock.cli import main
 from gptblock.data.bpe import BPETokenizer
 from gptblock.data.text import default_corpus
 from gptblock.errors import UserError
+from gptblock.runs.meta import FORMAT_1_MODEL_FIELDS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TEXT = default_corpus()[:3000]
@@ -375,8 +376,9 @@ def v1(run, change):
     meta["version"] = 1
     for key in ("json_sha256", "tied"):
         meta.pop(key, None)
+    # Only the fields format 1 had (later ones: norm_eps, tie_embeddings, issue 20's options).
     meta["model_config"] = {
-        k: v for k, v in meta["model_config"].items() if k not in ("norm_eps", "tie_embeddings")
+        k: v for k, v in meta["model_config"].items() if k in FORMAT_1_MODEL_FIELDS
     }
     change(meta)
     (run / "best.json").write_text(json.dumps(meta))

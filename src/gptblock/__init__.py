@@ -9,6 +9,12 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
   ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
 * ``convert(module, to)`` -- any form into any other, computing the same function.
 
+The modern block's parts (Llama's, Mistral's, Qwen's), options of ``FusedBlock`` and ``GPTConfig``
+(``norm``, ``mlp``, ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, rotary positions) and
+each usable alone with given weights, named as Hugging Face's Llama: ``RMSNorm`` / ``rmsnorm``,
+``Rotary`` / ``apply_rotary``, ``SwiGLU`` / ``swiglu``, ``GroupedQueryAttention`` /
+``attention``.
+
 And the oracle they are tested against, with the lesson's exercises:
 
 * ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
@@ -35,8 +41,12 @@ from . import exercises, lens, lesson, reference
 from .blocks.config import BlockConfig, GPTConfig
 from .blocks.convert import ConversionError, convert
 from .blocks.fused import FusedBlock
+from .blocks.gqa import GroupedQueryAttention, attention
 from .blocks.masks import causal_mask
 from .blocks.mha import TransformerBlock
+from .blocks.mlp import SwiGLU, swiglu
+from .blocks.norms import RMSNorm, rmsnorm
+from .blocks.rotary import Rotary, apply_rotary
 from .check import CheckReport, Finding, check_block
 from .data.batches import CharTokenizer
 from .errors import UserError
@@ -65,14 +75,20 @@ __all__ = [
     "GPTConfig",
     "GPTOutput",
     "GenerationStep",
+    "GroupedQueryAttention",
     "KVCache",
     "NonFiniteLossError",
+    "RMSNorm",
+    "Rotary",
     "RunMeta",
+    "SwiGLU",
     "TrainConfig",
     "Trainer",
     "TransformerBlock",
     "UserError",
     "__version__",
+    "apply_rotary",
+    "attention",
     "causal_mask",
     "check_block",
     "convert",
@@ -82,5 +98,7 @@ __all__ = [
     "load",
     "load_gpt",
     "reference",
+    "rmsnorm",
+    "swiglu",
     "train_gpt",
 ]

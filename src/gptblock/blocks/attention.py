@@ -5,7 +5,15 @@ fused form's forward: training (``F.scaled_dot_product_attention``, flash or mat
 a KV cache with the new queries at positions ``start ..`` (generation), and the lens's points
 (the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
 
-Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, hs = C // nh.
+The modern block's attention is the same function with three optional parts
+(``ModernHeads``): fewer key/value heads than query heads (grouped-query attention; the cache
+holds the key/value heads, each serving ``nh // nkv`` query heads, Llama's ``repeat_kv`` order),
+an RMSNorm over each head's queries and keys, and rotary positions (the new queries' and keys'
+positions are ``start ..``, so a cache and an offset rotate them as a full pass would). Without
+them (GPT-2's block) the path is the one it always was.
+
+Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, nkv key/value
+heads, hs = C // nh.
 """
 
 from __future__ import annotations
@@ -16,17 +24,51 @@ import torch
 from torch.nn import functional as F
 
 from .masks import blocked_positions, masked_softmax, split_dead_rows
-from .parts import Linear
+from .parts import Linear, Norm
 from .probe import Probe, at
 
 __all__ = [
     "MATH_KERNEL_MAX_T",
     "Attention",
     "KVStore",
+    "ModernHeads",
     "SelfAttention",
     "causal_attention",
+    "repeat_kv",
     "self_attention",
 ]
+
+
+class RotaryFn(Protocol):
+    """Rotary positions: ``gptblock.blocks.rotary.Rotary``."""
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+
+class ModernHeads(NamedTuple):
+    """The modern block's optional attention parts; ``None`` for GPT-2's attention.
+
+    ``in_proj`` then packs q (C rows), k (nkv * hs rows) and v (nkv * hs rows).
+    """
+
+    n_kv_heads: int  # nkv, dividing nh
+    rotary: RotaryFn | None  # on q and k, at their positions
+    q_norm: Norm | None  # over each head's hs channels
+    k_norm: Norm | None
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Each key/value head repeated for the ``n_rep`` query heads it serves, Llama's order:
+    query head j reads key/value head ``j // n_rep``.
+
+    Shape:
+        (B, nkv, L, hs) -> (B, nkv * n_rep, L, hs).
+
+    Example:
+        >>> repeat_kv(torch.tensor([1.0, 2.0]).view(1, 2, 1, 1), 2).flatten().tolist()
+        [1.0, 1.0, 2.0, 2.0]
+    """
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
 class KVStore(Protocol):
@@ -55,6 +97,9 @@ class Attention(Protocol):
     @property
     def n_heads(self) -> int: ...
 
+    @property
+    def modern(self) -> ModernHeads | None: ...
+
     def __call__(
         self,
         h: torch.Tensor,
@@ -80,6 +125,7 @@ class SelfAttention(NamedTuple):
     in_proj: Linear  # C -> 3C: q; k; v packed row-wise
     out_proj: Linear  # C -> C
     n_heads: int  # nh
+    modern: ModernHeads | None = None  # grouped heads, qk-norm, rotary
 
     def __call__(
         self,
@@ -101,6 +147,7 @@ class SelfAttention(NamedTuple):
             kv_cache=kv_cache,
             dropout=dropout or 0.0,
             probe=probe,
+            modern=self.modern,
         )
 
 
@@ -150,6 +197,7 @@ def self_attention(
     kv_cache: KVStore | None = None,
     dropout: float = 0.0,
     probe: Probe | None = None,
+    modern: ModernHeads | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of the normalised stream ``h``.
 
@@ -164,6 +212,7 @@ def self_attention(
             ``kv_cache.length ..`` and its keys and values are appended.
         dropout: on the attention weights (0 outside training).
         probe: the block's hook points ``pattern`` and ``head_out``.
+        modern: the modern block's grouped heads, qk-norm and rotary positions.
 
     Shape:
         h (B, T, C) -> (B, T, C).
@@ -171,7 +220,10 @@ def self_attention(
     B, T, C = h.shape
     hs = C // n_heads
     qkv = in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
-    if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
+    start = 0
+    if modern is not None:
+        q, k, v = _modern_qkv(qkv, n_heads, hs, modern, kv_cache)
+    elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
         q, k, v = qkv.view(B, 3, n_heads, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
     else:
         # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
@@ -179,10 +231,11 @@ def self_attention(
         # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
         qkv = qkv.view(B, T, 3, n_heads, hs)  # (B, T, 3, nh, hs)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
-    start = 0
     if kv_cache is not None:
         start = kv_cache.length
-        k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each
+        k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each, (B, nkv, L, hs) if grouped
+    if modern is not None:
+        k, v = (repeat_kv(t, n_heads // modern.n_kv_heads) for t in (k, v))  # (B, nh, L, hs)
     if probe is not None and (probe.wants("pattern") or probe.wants("head_out")):
         return _formed(q, k, v, out_proj, start, attn_mask, key_padding_mask, dropout, probe)
     if attn_mask is None and key_padding_mask is None:
@@ -198,6 +251,27 @@ def self_attention(
     if T > 1:  # at one position (B, nh, 1, hs) is (B, 1, nh, hs) in memory already
         y = y.transpose(1, 2)  # (B, T, nh, hs)
     return out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
+
+
+def _modern_qkv(
+    qkv: torch.Tensor, nh: int, hs: int, modern: ModernHeads, kv_cache: KVStore | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, nh, T, hs) and k, v (B, nkv, T, hs) of the packed projection (B, T, (nh + 2 nkv) hs),
+    normalised and rotated at positions ``start ..`` (after the cached ones)."""
+    B, T, _ = qkv.shape
+    nkv = modern.n_kv_heads
+    sizes = [nh * hs, nkv * hs, nkv * hs]
+    q, k, v = torch.split(qkv, sizes, dim=-1)  # (B, T, nh hs), 2 x (B, T, nkv hs)
+    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+    k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+    v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+    if modern.q_norm is not None and modern.k_norm is not None:
+        q, k = modern.q_norm(q), modern.k_norm(k)  # over hs, per head and position
+    if modern.rotary is not None:
+        start = 0 if kv_cache is None else kv_cache.length
+        positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
+        q, k = modern.rotary(q, positions), modern.rotary(k, positions)
+    return q, k, v
 
 
 def _causal(

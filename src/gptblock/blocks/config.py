@@ -1,13 +1,11 @@
-"""Frozen, validated configuration and the input checks every block form shares.
+"""Frozen, validated configuration: ``BlockConfig`` and ``GPTConfig``, and the activations.
 
-Every check raises ``ValueError`` (or ``TypeError`` for a wrong type) whose message names the
-bad value and what was expected. None of them uses ``assert``: asserts vanish under
-``python -O`` and their messages say nothing a learner can act on.
+The input checks they share live in ``gptblock.blocks.checks`` and are importable from here too,
+as they were before the modern block's options made this file too long for them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,11 +14,29 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
+from .checks import MAX_SEED as MAX_SEED
+from .checks import check_dropout as check_dropout
+from .checks import check_heads as check_heads
+from .checks import check_input as check_input
+from .checks import check_norm_eps as check_norm_eps
+from .checks import check_positive_int as check_positive_int
+from .checks import check_seed as check_seed
+from .rotary import check_rotary
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU's tanh approximation, GPT-2's ``gelu_new``: ``nn.GELU(approximate="tanh")``."""
     return F.gelu(x, approximate="tanh")
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU (So et al. 2021, "Primer"; nanochat's MLP): ``relu(x) ** 2``.
+
+    Example:
+        >>> relu2(torch.tensor([-1.0, 3.0]))
+        tensor([0., 9.])
+    """
+    return F.relu(x).square()
 
 
 # The MLP's nonlinearity by name. "gelu" is the exact (erf) form, as nn.GELU() and
@@ -30,46 +46,15 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
     "gelu_tanh": gelu_tanh,
+    "relu2": relu2,
 }
-ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu", "gelu_tanh")
-
-
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
-    # bool is an int subclass; True as a head count is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise UserValueError(f"{name} must be a positive int, got {value}")
-    return value
-
-
-MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; the trainer adds offsets to the seed
-
-
-def check_seed(value: object, name: str = "seed") -> int:
-    """Return ``value`` if it is an int seed in [0, 2**63 - 1], else raise naming ``name``.
-
-    Example:
-        >>> check_seed(2**64)
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: seed must be an int in [0, 2**63 - 1], got 18446744073709551616
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if not 0 <= value <= MAX_SEED:
-        raise UserValueError(f"{name} must be an int in [0, 2**63 - 1], got {value}")
-    return value
-
-
-def check_dropout(value: object, name: str = "dropout") -> float:
-    """Return ``value`` as a float if it is a probability in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"{name} must be a float in [0, 1), got {value!r}")
-    if not (0.0 <= value < 1.0) or math.isnan(value):
-        raise UserValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
+ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu", "gelu_tanh", "relu2")
+NORMS = ("layernorm", "rmsnorm")  # LayerNorm (GPT-2) or RMSNorm (Llama)
+MLPS = (
+    "dense",
+    "swiglu",
+)  # linear2(act(linear1 x)) or the gated linear2(silu(linear1 x) * linear3 x)
+POSITIONS = ("learned", "rope", "none")  # a GPT's position information
 
 
 def check_activation(value: object) -> str:
@@ -88,7 +73,7 @@ def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         >>> activation_function("silu")
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu', 'gelu_tanh'), got 'silu'
+        gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu', 'gelu_tanh', 'relu2'), got 'silu'
     """
     if name not in ACTIVATION_FUNCTIONS:
         check_activation(name)  # raises, naming the choices
@@ -115,88 +100,9 @@ def activation_name(fn: object) -> str | None:
         return "gelu"
     if fn is gelu_tanh or (isinstance(fn, nn.GELU) and fn.approximate == "tanh"):
         return "gelu_tanh"
+    if fn is relu2:
+        return "relu2"
     return None
-
-
-def check_norm_eps(value: object) -> float:
-    """Return ``value`` if it is a LayerNorm epsilon: a finite float > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"norm_eps must be a positive float, got {value!r}")
-    if not 0 < value < math.inf:
-        raise UserValueError(f"norm_eps must be a positive float, got {value}")
-    return float(value)
-
-
-def check_heads(
-    d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
-) -> int:
-    """Return the head size ``d_model // n_heads``, refusing a remainder.
-
-    The lesson computes ``n_embd // n_head`` and silently builds a block whose concatenated
-    heads are narrower than the stream when the division is not exact.
-    """
-    check_positive_int(names[0], d_model)
-    check_positive_int(names[1], n_heads)
-    if d_model % n_heads != 0:
-        raise UserValueError(
-            f"{names[0]}={d_model} is not divisible by {names[1]}={n_heads}: "
-            f"each head must get an equal share of the channels"
-        )
-    return d_model // n_heads
-
-
-def check_input(
-    x: object, d_model: int, block_size: int | None = None, like: torch.Tensor | None = None
-) -> tuple[int, int, int]:
-    """Check that ``x`` is a (B, T, C) tensor with C == ``d_model`` and T <= ``block_size``.
-
-    With ``like`` (one of the block's parameters), ``x`` must also be on its device and, unless
-    autocast is on there (it casts per operation), of its dtype: PyTorch's own message for a
-    float64 input to a float32 block is "mixed dtype (CPU)", which names neither.
-
-    Returns ``(B, T, C)``.
-    """
-    if not isinstance(x, torch.Tensor):
-        raise UserTypeError(
-            f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
-        )
-    if not x.is_floating_point():
-        raise UserTypeError(
-            f"expected a floating-point input (B, T, {d_model}), got dtype {x.dtype} "
-            f"(token ids go through an embedding first)"
-        )
-    if like is not None and x.device != like.device:
-        raise UserValueError(
-            f"the input is on {x.device} but the block's parameters are on {like.device}; "
-            f"move one of them (x.to({str(like.device)!r}))"
-        )
-    if like is not None and x.dtype != like.dtype and not _autocast_on(x.device.type):
-        raise UserTypeError(
-            f"the input has dtype {x.dtype} but the block's parameters are {like.dtype}; "
-            f"convert the input (x.to({like.dtype})) or the block (block.to({x.dtype}))"
-        )
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise UserValueError(
-            f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
-            f"got {tuple(x.shape)}"
-        )
-    B, T, C = x.shape
-    if T == 0 or B == 0:
-        raise UserValueError(
-            f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
-        )
-    if block_size is not None and T > block_size:
-        raise UserValueError(f"sequence length T={T} exceeds block_size={block_size}")
-    return B, T, C
-
-
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return bool(torch.is_autocast_enabled(device_type))
-    except TypeError:  # torch < 2.4 has no device argument
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
 
 
 @dataclass(frozen=True)
@@ -214,7 +120,20 @@ class BlockConfig:
         activation: the MLP's nonlinearity, ``"gelu"`` (exact, erf-based), ``"relu"`` or
             ``"gelu_tanh"`` (the tanh approximation, GPT-2's).
         bias: whether the linear layers (q/k/v, output projection, MLP) have biases.
-        norm_eps: the LayerNorms' epsilon.
+        norm_eps: the norms' epsilon.
+        norm: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama: ``x / sqrt(mean(x^2) + eps) * w``).
+        mlp: ``"dense"`` (``linear2(act(linear1 x))``) or ``"swiglu"``
+            (``linear2(silu(linear1 x) * linear3 x)``; ``activation`` is then not used).
+        d_ff: the MLP's hidden width; None: 4 * d_model, as in both lessons.
+        n_kv_heads: key/value heads (grouped-query attention; 1 is multi-query); each serves
+            n_heads // n_kv_heads query heads. None: n_heads (multi-head attention).
+        qk_norm: an RMSNorm over each head's queries and keys (OLMo 2, Qwen 3, Gemma 3).
+        parallel_residual: ``x + attn(norm1(x)) + mlp(norm1(x))`` (GPT-J, PaLM): one norm, both
+            branches read the block's input.
+        rope: rotate the queries and keys by their positions (``gptblock.blocks.rotary``).
+        rotary_dim: with ``rope``, the leading channels of each head rotated; None: all.
+        rope_theta: with ``rope``, the angles' base.
+        rope_pairing: with ``rope``, ``"halves"`` (Hugging Face) or ``"adjacent"`` (the paper).
 
     Example:
         >>> BlockConfig(d_model=16, n_heads=2).head_size
@@ -231,6 +150,17 @@ class BlockConfig:
     activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf), "relu" or "gelu_tanh"
     bias: bool = True  # biases on q/k/v, the output projection and the MLP
     norm_eps: float = 1e-5  # LayerNorm epsilon, as nn.LayerNorm's default
+    # The modern block's parts (gptblock.blocks.norms, .mlp, .rotary); the defaults are GPT-2's.
+    norm: str = "layernorm"  # "layernorm" or "rmsnorm"
+    mlp: str = "dense"  # "dense" or "swiglu"
+    d_ff: int = None  # type: ignore[assignment]  # MLP hidden width; None -> 4 * d_model
+    n_kv_heads: int = None  # type: ignore[assignment]  # key/value heads; None -> n_heads
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm1(x))
+    rope: bool = False  # rotary position embeddings on q and k
+    rotary_dim: int | None = None  # rotated channels per head; None: all (hs)
+    rope_theta: float = 10000.0  # the angles' base
+    rope_pairing: str = "halves"  # "halves" (i, i + r/2) or "adjacent" (2i, 2i + 1)
 
     def __post_init__(self) -> None:
         check_heads(self.d_model, self.n_heads)
@@ -239,6 +169,14 @@ class BlockConfig:
         if not isinstance(self.bias, bool):
             raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
         check_norm_eps(self.norm_eps)
+        # None means "as GPT-2": resolved here, so asdict() round-trips to an equal config.
+        object.__setattr__(self, "d_ff", 4 * self.d_model if self.d_ff is None else self.d_ff)
+        object.__setattr__(
+            self, "n_kv_heads", self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        )
+        check_modern(
+            self, self.n_heads, self.head_size, ("n_heads", "n_kv_heads"), self.rope is True
+        )
 
     @property
     def head_size(self) -> int:
@@ -246,9 +184,9 @@ class BlockConfig:
         return self.d_model // self.n_heads
 
     @property
-    def d_ff(self) -> int:
-        """Width of the MLP's hidden layer: four times the stream, as in both lessons."""
-        return 4 * self.d_model
+    def modern(self) -> tuple[str, ...]:
+        """The names of the options set away from GPT-2's block (empty for the default)."""
+        return modern_options(self)
 
 
 BLOCK_FORMS = ("fused", "mha", "lesson")
@@ -277,6 +215,12 @@ class GPTConfig:
         norm_eps: every LayerNorm's epsilon (GPT-2's ``layer_norm_epsilon``).
         tie_embeddings: the unembedding ``lm_head`` is the token embedding's weight, as in
             GPT-2 and nanoGPT; False gives it its own (for checkpoints trained that way).
+        norm, mlp, d_ff, qk_norm, parallel_residual, rotary_dim, rope_theta, rope_pairing: the
+            blocks' parts, as ``BlockConfig``'s (``norm`` also for the final norm).
+        n_kv_head: key/value heads per block (grouped-query attention); None: n_head.
+        position: ``"learned"`` (GPT-2's position embedding ``wpe``), ``"rope"`` (rotary, in
+            every block; no ``wpe``) or ``"none"`` (no position information but the causal mask).
+        The modern options need ``block="fused"``.
 
     Example:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block
@@ -298,6 +242,17 @@ class GPTConfig:
     block: str = "fused"  # block form: "fused", "mha" or "lesson"
     norm_eps: float = 1e-5  # every LayerNorm's epsilon
     tie_embeddings: bool = True  # lm_head.weight is transformer.wte.weight
+    # The modern block's parts, as BlockConfig's; missing from a 0.1-0.3 checkpoint = GPT-2's.
+    norm: str = "layernorm"  # "layernorm" or "rmsnorm" (blocks and the final norm)
+    mlp: str = "dense"  # "dense" or "swiglu"
+    d_ff: int = None  # type: ignore[assignment]  # MLP hidden width; None -> 4 * n_embd
+    n_kv_head: int = None  # type: ignore[assignment]  # key/value heads; None -> n_head
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm1(x))
+    position: str = "learned"  # "learned" (wpe), "rope" or "none"
+    rotary_dim: int | None = None  # with rope: rotated channels per head; None: all
+    rope_theta: float = 10000.0  # with rope: the angles' base
+    rope_pairing: str = "halves"  # with rope: "halves" or "adjacent"
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -313,6 +268,27 @@ class GPTConfig:
             raise UserTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
         if self.block not in BLOCK_FORMS:
             raise UserValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
+        object.__setattr__(self, "d_ff", 4 * self.n_embd if self.d_ff is None else self.d_ff)
+        object.__setattr__(
+            self, "n_kv_head", self.n_head if self.n_kv_head is None else self.n_kv_head
+        )
+        if self.position not in POSITIONS:
+            raise UserValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        check_modern(
+            self,
+            self.n_head,
+            self.n_embd // self.n_head,
+            ("n_head", "n_kv_head"),
+            self.position == "rope",
+        )
+        modern = self.block_config().modern
+        if modern and self.block != "fused":
+            # BlockConfig's names, as this config spells them
+            name = {"n_kv_heads": "n_kv_head", "rope": "position"}.get(modern[0], modern[0])
+            raise UserValueError(
+                f"block={self.block!r} cannot express {name}={getattr(self, name)!r}: "
+                f"the modern block's options need block='fused'"
+            )
         if self.block == "lesson" and self.activation != "relu":
             raise UserValueError(
                 f"block='lesson' is the lesson's ReLU block: it needs activation='relu', "
@@ -327,3 +303,75 @@ class GPTConfig:
                 f"block='lesson' is the lesson's block, whose LayerNorms have eps 1e-5: it "
                 f"needs norm_eps=1e-5, got {self.norm_eps}"
             )
+
+    def block_config(self) -> BlockConfig:
+        """The ``BlockConfig`` of each of this GPT's blocks."""
+        return BlockConfig(
+            self.n_embd,
+            self.n_head,
+            self.dropout,
+            self.activation,
+            self.bias,
+            self.norm_eps,
+            norm=self.norm,
+            mlp=self.mlp,
+            d_ff=self.d_ff,
+            n_kv_heads=self.n_kv_head,
+            qk_norm=self.qk_norm,
+            parallel_residual=self.parallel_residual,
+            rope=self.position == "rope",
+            rotary_dim=self.rotary_dim,
+            rope_theta=self.rope_theta,
+            rope_pairing=self.rope_pairing,
+        )
+
+
+# The modern options and GPT-2's values of them: what ``BlockConfig.modern`` compares against.
+_GPT2_BLOCK: dict[str, object] = {
+    "norm": "layernorm",
+    "mlp": "dense",
+    "qk_norm": False,
+    "parallel_residual": False,
+    "rope": False,
+}
+
+
+def modern_options(config: BlockConfig) -> tuple[str, ...]:
+    """The options of ``config`` that GPT-2's block (and so ``TransformerBlock`` and the
+    lesson's ``Block``) cannot express, by name; empty for GPT-2's block."""
+    names = [
+        n
+        for n in ("norm", "mlp", "qk_norm", "parallel_residual", "rope")
+        if getattr(config, n) != _GPT2_BLOCK[n]
+    ]
+    if config.d_ff != 4 * config.d_model:
+        names.append("d_ff")
+    if config.n_kv_heads != config.n_heads:
+        names.append("n_kv_heads")
+    if config.activation == "relu2":
+        names.append("activation")
+    return tuple(names)
+
+
+def check_modern(
+    config: object, n_heads: int, head_size: int, names: tuple[str, str], rope: bool
+) -> None:
+    """Validate the modern options of a ``BlockConfig`` or ``GPTConfig`` (same field names but
+    the head counts', which ``names`` gives)."""
+    get = config.__getattribute__
+    if get("norm") not in NORMS:
+        raise UserValueError(f"norm must be one of {NORMS}, got {get('norm')!r}")
+    if get("mlp") not in MLPS:
+        raise UserValueError(f"mlp must be one of {MLPS}, got {get('mlp')!r}")
+    check_positive_int("d_ff", get("d_ff"))
+    n_kv = check_positive_int(names[1], get(names[1]))
+    if n_heads % n_kv:
+        raise UserValueError(
+            f"{names[1]}={n_kv} does not divide {names[0]}={n_heads}: each key/value head "
+            f"must serve an equal number of query heads"
+        )
+    for flag in ("qk_norm", "parallel_residual", "rope"):
+        if hasattr(config, flag) and not isinstance(get(flag), bool):
+            raise UserTypeError(f"{flag} must be a bool, got {get(flag)!r}")
+    if rope:  # without rotary positions its settings are unused, and any head size is fine
+        check_rotary(head_size, get("rotary_dim"), get("rope_theta"), get("rope_pairing"))

@@ -96,10 +96,18 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
     if block_size is not None and to != "lesson":
         raise UserValueError(f"block_size applies only to to='lesson', got to={to!r}")
     config, described = describe(module)
+    if config.modern and to != "fused":
+        name = config.modern[0]
+        raise ConversionError(
+            f"cannot convert to {to!r}: it has GPT-2's block, which cannot express "
+            f"{name}={getattr(config, name)!r} (the modern block's options need 'fused')"
+        )
     state = _copy(described)
     reference = next(module.parameters())
     new: nn.Module
-    if to == "lesson":
+    if to == "fused":
+        new = FusedBlock.from_config(config)
+    elif to == "lesson":
         if block_size is None and isinstance(module, Block):
             block_size = module.block_size
         if block_size is None:
@@ -127,8 +135,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
             bias=config.bias,
         )
     else:
-        cls = FusedBlock if to == "fused" else TransformerBlock
-        new = cls(
+        new = TransformerBlock(
             config.d_model,
             config.n_heads,
             dropout=config.dropout,

@@ -23,20 +23,23 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import Attention, KVStore, SelfAttention
+from .attention import Attention, KVStore, ModernHeads, SelfAttention, repeat_kv
 from .config import BlockConfig, activation_function, check_input
 from .masks import blocked_positions, masked_softmax
+from .norms import RMSNorm
 from .parts import Dense, LayerNormFn, Linear, Norm
 from .probe import Probe, at
+from .rotary import Rotary
 
-__all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward"]
+__all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward", "stream_norm"]
 
 
 class BlockParts(NamedTuple):
@@ -49,8 +52,9 @@ class BlockParts(NamedTuple):
     norm1: Norm  # before attention
     attn: Attention  # causal self-attention, C -> C (with a KV cache, the lens's points)
     norm2: Norm  # before the MLP
-    linear1: Linear  # C -> 4C
-    linear2: Linear  # 4C -> C
+    linear1: Linear  # C -> d_ff (the gate, with mlp="swiglu")
+    linear2: Linear  # d_ff -> C
+    linear3: Linear | None = None  # C -> d_ff, SwiGLU's linear branch; None: a dense MLP
 
     @classmethod
     def of_state(cls, config: BlockConfig, w: dict[str, torch.Tensor]) -> BlockParts:
@@ -84,7 +88,8 @@ def block_forward(
     dropout: float = 0.0,
     probe: Probe | None = None,
 ) -> torch.Tensor:
-    """The pre-norm block: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``, on ``parts``.
+    """The pre-norm block: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``, on ``parts``;
+    with ``parallel_residual``, ``x + attn(norm1(x)) + mlp(norm1(x))``.
 
     No input checks (``FusedBlock.forward`` makes them): this is also generation's inner loop.
 
@@ -102,16 +107,20 @@ def block_forward(
     config = parts.config
     act = activation_function(config.activation)
     x = at(probe, "resid_pre", x)  # (B, T, C)
-    a = parts.attn(
-        parts.norm1(x), attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe
-    )  # (B, T, C)
-    a = at(probe, "attn_out", a)
+    h = parts.norm1(x)  # (B, T, C)
+    a = parts.attn(h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe)
+    a = at(probe, "attn_out", a)  # (B, T, C)
     # Dropout only where there is some: outside training a call into PyTorch costs a
     # generation step more than the whole arithmetic of some of its lines.
     x = at(probe, "resid_mid", x + (F.dropout(a, dropout) if dropout else a))
-    u = act(parts.linear1(parts.norm2(x)))  # (B, T, 4C)
+    if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attn
+        h = parts.norm2(x)
+    if parts.linear3 is None:
+        u = act(parts.linear1(h))  # (B, T, d_ff)
+    else:  # SwiGLU: silu(gate) * up
+        u = F.silu(parts.linear1(h)) * parts.linear3(h)  # (B, T, d_ff)
     u = F.dropout(u, dropout) if dropout else u
-    m = at(probe, "mlp_out", parts.linear2(u))  # (B, T, 4C) -> (B, T, C)
+    m = at(probe, "mlp_out", parts.linear2(u))  # (B, T, d_ff) -> (B, T, C)
     return at(probe, "resid_post", x + (F.dropout(m, dropout) if dropout else m))  # (B, T, C)
 
 
@@ -127,12 +136,26 @@ class FusedSelfAttention(nn.Module):
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
-        C = config.d_model
+        C, hs, nkv = config.d_model, config.head_size, config.n_kv_heads
         self.n_heads = config.n_heads
         self.dropout = config.dropout
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * C, C))  # rows: q; k; v
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * C)) if config.bias else None
+        rows = C + 2 * nkv * hs  # 3C, or fewer with grouped key/value heads
+        self.in_proj_weight = nn.Parameter(torch.empty(rows, C))  # rows: q; k; v
+        self.in_proj_bias = nn.Parameter(torch.zeros(rows)) if config.bias else None
         self.out_proj = nn.Linear(C, C, bias=config.bias)
+        # The modern parts (None for GPT-2's attention, which then runs the path it always did).
+        self.q_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
+        self.rotary = (
+            Rotary(hs, config.rotary_dim, config.rope_theta, config.rope_pairing)
+            if config.rope
+            else None
+        )
+        self.modern = (
+            ModernHeads(nkv, self.rotary, self.q_norm, self.k_norm)
+            if nkv != config.n_heads or config.qk_norm or config.rope
+            else None
+        )
         # nn.MultiheadAttention's initialisation, so a fresh FusedBlock starts where a fresh
         # TransformerBlock does.
         nn.init.xavier_uniform_(self.in_proj_weight)
@@ -145,10 +168,19 @@ class FusedSelfAttention(nn.Module):
         return Dense(self.in_proj_weight, self.in_proj_bias)
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The queries, keys and values of every head: three (B, nh, T, hs) tensors."""
+        """The queries, keys and values of every head: three (B, nh, T, hs) tensors (grouped
+        key/value heads repeated; normalised and rotated at positions 0 .. T-1)."""
         B, T, C = h.shape
-        qkv = self.in_proj(h).view(B, T, 3, self.n_heads, C // self.n_heads)  # (B, T, 3, nh, hs)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
+        nh, hs = self.n_heads, C // self.n_heads
+        nkv = nh if self.modern is None else self.modern.n_kv_heads
+        q, k, v = torch.split(self.in_proj(h), [C, nkv * hs, nkv * hs], dim=-1)  # (B, T, . hs) each
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k, v = (repeat_kv(t.view(B, T, nkv, hs).transpose(1, 2), nh // nkv) for t in (k, v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            positions = torch.arange(T, device=h.device)  # (T,)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
         return q, k, v
 
     def forward(
@@ -164,7 +196,7 @@ class FusedSelfAttention(nn.Module):
         # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
         # the block passes its own choice.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
-        attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads)
+        attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.modern)
         return attention(h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe)
 
 
@@ -179,9 +211,16 @@ class FusedBlock(nn.Module):
         n_heads: nh, number of heads; must divide d_model.
         dropout: probability for every dropout in the block (attention weights, both residual
             branches, the MLP hidden layer), training mode only.
-        activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
+        activation: ``"gelu"`` (exact, erf-based), ``"relu"``, ``"gelu_tanh"`` (GPT-2's) or
+            ``"relu2"`` (squared ReLU).
         bias: biases on the q/k/v and output projections, the MLP and the LayerNorms.
-        norm_eps: the LayerNorms' epsilon.
+        norm_eps: the norms' epsilon.
+        **modern: the modern block's options, as ``BlockConfig``'s (``norm``, ``mlp``, ``d_ff``,
+            ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, ``rope``, ``rotary_dim``,
+            ``rope_theta``, ``rope_pairing``); with them the state_dict has
+            ``self_attn.in_proj_weight`` of (C + 2 nkv hs) rows, ``linear3`` (SwiGLU's linear
+            branch; ``linear1`` is its gate), no ``norm2`` with ``parallel_residual``, and
+            ``self_attn.q_norm`` / ``k_norm`` with ``qk_norm``.
 
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
@@ -201,6 +240,10 @@ class FusedBlock(nn.Module):
         <All keys matched successfully>
         >>> torch.allclose(twin(x), block(x), atol=1e-5)
         True
+        >>> llama = FusedBlock(16, 4, bias=False, norm="rmsnorm", mlp="swiglu", d_ff=40,
+        ...                    n_kv_heads=2, rope=True).eval()
+        >>> llama(x).shape
+        torch.Size([2, 5, 16])
     """
 
     def __init__(
@@ -212,15 +255,19 @@ class FusedBlock(nn.Module):
         activation: str = "gelu",
         bias: bool = True,
         norm_eps: float = 1e-5,
+        **modern: Any,
     ) -> None:
         super().__init__()
-        self.config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps)
-        d_ff = self.config.d_ff
-        self.norm1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
-        self.self_attn = FusedSelfAttention(self.config)
-        self.norm2 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps, **modern)
+        self.config = config
+        d_ff = config.d_ff
+        self.norm1 = stream_norm(config)
+        self.self_attn = FusedSelfAttention(config)
+        # parallel_residual: both branches read norm1's output; there is no second norm.
+        self.norm2 = None if config.parallel_residual else stream_norm(config)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.linear3 = nn.Linear(d_model, d_ff, bias=bias) if config.mlp == "swiglu" else None
         # The dropouts (attention weights, both branches, the MLP's hidden layer) are
         # block_forward's functional calls at config.dropout, not modules: one probability.
 
@@ -230,10 +277,17 @@ class FusedBlock(nn.Module):
             self.config,
             self.norm1,
             self.self_attn,
-            self.norm2,
+            self.norm1 if self.norm2 is None else self.norm2,
             self.linear1,
             self.linear2,
+            self.linear3,
         )
+
+    @classmethod
+    def from_config(cls, config: BlockConfig) -> FusedBlock:
+        """A fresh block of ``config`` (any of its options)."""
+        options = dataclasses.asdict(config)
+        return cls(options.pop("d_model"), options.pop("n_heads"), **options)
 
     def forward(
         self,
@@ -244,7 +298,7 @@ class FusedBlock(nn.Module):
         kv_cache: KVStore | None = None,
         probe: Probe | None = None,
     ) -> torch.Tensor:
-        check_input(x, self.config.d_model, like=self.norm1.weight)
+        check_input(x, self.config.d_model, like=self.linear1.weight)
         if kv_cache is not None and (attn_mask is not None or key_padding_mask is not None):
             raise UserValueError("kv_cache cannot be combined with attn_mask or key_padding_mask")
         # A probed pass computes the eval-mode function: what a hook sees and changes is then
@@ -292,8 +346,15 @@ class FusedBlock(nn.Module):
         Computed apart from ``forward`` (the lens's ``pattern`` point is ``forward``'s own), so
         tests can hold one to the other. Fully blocked rows are zeros.
         """
-        B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
+        B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
         q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
         att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
         return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero
+
+
+def stream_norm(config: BlockConfig) -> nn.Module:
+    """A fresh norm over the stream (C): GPT-2's LayerNorm or Llama's RMSNorm (no bias)."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)

@@ -14,10 +14,13 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from ..errors import UserValueError
 from .config import BlockConfig, activation_function, check_input
 from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
 
@@ -41,6 +44,7 @@ class TransformerBlock(nn.Module):
         activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
         bias: biases on the q/k/v and output projections and the MLP.
         norm_eps: the LayerNorms' epsilon.
+        **modern: ``BlockConfig``'s modern options are refused by name (``FusedBlock`` has them).
 
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
@@ -68,9 +72,16 @@ class TransformerBlock(nn.Module):
         activation: str = "gelu",
         bias: bool = True,
         norm_eps: float = 1e-5,
+        **modern: Any,
     ) -> None:
         super().__init__()
-        self.config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps)
+        self.config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps, **modern)
+        if self.config.modern:  # nn.MultiheadAttention has GPT-2's attention, and LayerNorms
+            name = self.config.modern[0]
+            raise UserValueError(
+                f"TransformerBlock (nn.MultiheadAttention) cannot express "
+                f"{name}={getattr(self.config, name)!r}; FusedBlock has the modern block's options"
+            )
         d_ff = self.config.d_ff
         self.norm1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
         self.self_attn = nn.MultiheadAttention(

@@ -138,11 +138,14 @@ def _attribute(
     token = _index("token", token, V, negative=False)
     ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
     x = cache[f"blocks.{cache.n_layer - 1}.resid_post"][b, t]  # (C,): the final stream
-    scale = torch.sqrt(x.var(unbiased=False) + ln_f.eps)  # what ln_f divided by
+    # RMSNorm (norm="rmsnorm") divides by the root mean square and subtracts no mean, so the
+    # same identity holds with that scale and without the centring.
+    rms = model.config.norm == "rmsnorm"
+    scale = torch.sqrt((x.square().mean() if rms else x.var(unbiased=False)) + ln_f.eps)
     direction = ln_f.weight * model.lm_head.weight[token] / scale  # (C,)
 
     def through(c: torch.Tensor) -> torch.Tensor:  # (..., C) -> (...)
-        return (c - c.mean(dim=-1, keepdim=True)) @ direction
+        return (c if rms else c - c.mean(dim=-1, keepdim=True)) @ direction
 
     labels, parts = ["embed"], [cache["embed"][b, t][None]]  # (1, C)
     bias = torch.zeros((), dtype=x.dtype, device=x.device)
@@ -153,7 +156,7 @@ def _attribute(
         b_o = describe(block)[1].get("self_attn.out_proj.bias")
         if b_o is not None:
             bias = bias + through(b_o)
-    if ln_f.bias is not None:
+    if getattr(ln_f, "bias", None) is not None:
         bias = bias + ln_f.bias @ model.lm_head.weight[token]
     values = through(torch.cat(parts))  # (n_components,)
     logit = float(run.logits[b, t, token].detach())

@@ -109,13 +109,21 @@ def parameter_count(config: GPTConfig) -> int:
         >>> parameter_count(GPTConfig(65, 64, n_layer=4, n_head=4, n_embd=128))
         809856
     """
-    V, T, C = config.vocab_size, config.block_size, config.n_embd
+    V, T, C, F = config.vocab_size, config.block_size, config.n_embd, config.d_ff
+    b = 1 if config.bias else 0
+    norm = (2 if config.bias and config.norm == "layernorm" else 1) * C  # gain (and bias)
     if config.block == "lesson":  # bias-free per-head q/k/v; biases elsewhere; 2 LayerNorms
         per_block = 12 * C * C + 10 * C
-    else:  # packed q/k/v, out_proj, linear1, linear2: 12 C^2; the LayerNorms' gains: 2C
-        per_block = 12 * C * C + (13 if config.bias else 2) * C
-    ln_f = (2 if config.bias else 1) * C
-    return V * C + T * C + config.n_layer * per_block + ln_f
+    else:
+        hs = C // config.n_head
+        qkv = C + 2 * config.n_kv_head * hs  # q rows, then the key/value heads' k and v
+        attn = qkv * (C + b) + C * (C + b) + (2 * hs if config.qk_norm else 0)
+        n_in = 2 if config.mlp == "swiglu" else 1  # SwiGLU's gate and linear branch
+        mlp = n_in * F * (C + b) + C * (F + b)
+        per_block = attn + mlp + (1 if config.parallel_residual else 2) * norm
+    positions = T * C if config.position == "learned" else 0
+    head = 0 if config.tie_embeddings else V * C
+    return V * C + positions + config.n_layer * per_block + norm + head
 
 
 def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> MemoryEstimate:

@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from ..blocks.attention import KVStore
 from ..blocks.config import GPTConfig
 from ..blocks.convert import parts_of
-from ..blocks.fused import FusedBlock, block_forward
+from ..blocks.fused import FusedBlock, block_forward, stream_norm
 from ..blocks.mha import TransformerBlock
 from ..blocks.probe import at
 from ..errors import UserTypeError, UserValueError
@@ -91,15 +91,13 @@ class GPT(nn.Module):
             raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         C = config.n_embd
-        self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Embedding(config.vocab_size, C),
-                "wpe": nn.Embedding(config.block_size, C),
-                "drop": nn.Dropout(config.dropout),
-                "h": nn.ModuleList([_make_block(config) for _ in range(config.n_layer)]),
-                "ln_f": nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias),
-            }
-        )
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
+        if config.position == "learned":  # rotary positions live in the blocks' attention
+            modules["wpe"] = nn.Embedding(config.block_size, C)
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList([_make_block(config) for _ in range(config.n_layer)])
+        modules["ln_f"] = stream_norm(config.block_config())
+        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         # Weight tying: the unembedding reads the stream against the same vectors the embedding
         # writes, which saves V * C parameters and trains better at this size (Press & Wolf 2017).
@@ -112,8 +110,9 @@ class GPT(nn.Module):
         return cast(nn.Embedding, self.transformer["wte"])
 
     @property
-    def wpe(self) -> nn.Embedding:
-        return cast(nn.Embedding, self.transformer["wpe"])
+    def wpe(self) -> nn.Embedding | None:
+        """The learned position embedding; None with ``position="rope"`` or ``"none"``."""
+        return cast(nn.Embedding, self.transformer["wpe"]) if "wpe" in self.transformer else None
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -150,7 +149,9 @@ class GPT(nn.Module):
         token embedding stays in because, tied, it is also the output layer.
         """
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if exclude_position_embeddings else n
+        if exclude_position_embeddings and self.wpe is not None:
+            return n - self.wpe.weight.numel()
+        return n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
         # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
@@ -252,9 +253,10 @@ class GPT(nn.Module):
         continues after the positions they hold. A probed run is the eval-mode function.
         """
         T = idx.shape[1]
-        start = 0 if caches is None else caches[0].length
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = parts.wte(idx) + parts.wpe(pos)  # (B, T, C)
+        x = parts.wte(idx)  # (B, T, C)
+        if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
+            start = 0 if caches is None else caches[0].length
+            x = x + parts.wpe(torch.arange(start, start + T, device=idx.device))  # + (T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)
@@ -389,15 +391,12 @@ class GPT(nn.Module):
 
 
 def _make_block(config: GPTConfig) -> nn.Module:
-    C, nh, p = config.n_embd, config.n_head, config.dropout
-    if config.block in ("fused", "mha"):
-        cls = FusedBlock if config.block == "fused" else TransformerBlock
-        return cls(
-            C,
-            nh,
-            dropout=p,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-        )
-    return LessonBlock(C, nh, config.block_size, p)
+    if config.block == "fused":
+        return FusedBlock.from_config(config.block_config())
+    c = config.block_config()  # GPT-2's block: GPTConfig refuses the modern options here
+    if config.block == "mha":
+        return TransformerBlock(
+            c.d_model, c.n_heads, dropout=c.dropout, activation=c.activation, bias=c.bias,
+            norm_eps=c.norm_eps,
+        )  # fmt: skip
+    return LessonBlock(c.d_model, c.n_heads, config.block_size, c.dropout)

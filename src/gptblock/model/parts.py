@@ -27,7 +27,9 @@ class GPTParts(NamedTuple):
     """A GPT's parts, for ``GPT._run``."""
 
     wte: Callable[[torch.Tensor], torch.Tensor]  # token embedding: ids (B, T) -> (B, T, C)
-    wpe: Callable[[torch.Tensor], torch.Tensor]  # position embedding: (T,) -> (T, C)
+    wpe: (
+        Callable[[torch.Tensor], torch.Tensor] | None
+    )  # positions (T,) -> (T, C); None: rotary or none
     blocks: Sequence[BlockFn]  # (B, T, C) -> (B, T, C) each
     ln_f: Norm  # the final norm
     lm_head: Linear  # C -> V

@@ -27,6 +27,9 @@ Its modules, in reading order (only relative imports between them, nothing else 
 * ``forward`` -- ``softmax``, ``causal_head``, ``block_forward`` and its ``BlockCache``.
 * ``backward`` -- ``block_backward``.
 * ``params`` -- ``params_from_state_dict``: any block form's state_dict as ``params``.
+* ``modern`` -- ``modern_forward`` / ``modern_backward``: the modern block (RMSNorm, SwiGLU,
+  grouped-query attention, qk-norm, rotary positions, parallel residual; ``ModernOptions``), in
+  ``FusedBlock``'s layout.
 
 Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
 
@@ -50,14 +53,19 @@ from __future__ import annotations
 from .backward import block_backward
 from .forward import BlockCache, block_forward, causal_head, softmax
 from .layout import PARAM_KEYS
+from .modern import ModernCache, ModernOptions, modern_backward, modern_forward
 from .params import params_from_state_dict
 
 __all__ = [
     "PARAM_KEYS",
     "BlockCache",
+    "ModernCache",
+    "ModernOptions",
     "block_backward",
     "block_forward",
     "causal_head",
+    "modern_backward",
+    "modern_forward",
     "params_from_state_dict",
     "softmax",
 ]

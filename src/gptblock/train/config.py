@@ -206,7 +206,9 @@ def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optim
             "lr": cfg.muon_lr,
             "lr_scale": scale,
             "momentum": cfg.muon_momentum,
-            "split": 3 if name.endswith("in_proj_weight") else 1,
+            # q, k and v apart; grouped-query attention's k and v are narrower than q, so its
+            # packed projection is orthogonalised whole (a simplification, see issue 20).
+            "split": 3 if name.endswith("in_proj_weight") and p.shape[0] == 3 * p.shape[1] else 1,
             # Training in bfloat16 already trusts bfloat16's matmuls: so does the iteration.
             "ns_dtype": "bfloat16" if cfg.dtype == "bfloat16" else "float32",
         }

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..blocks.config import GPTConfig
+from ..blocks.config import MLPS, NORMS, POSITIONS, GPTConfig
+from ..blocks.rotary import PAIRINGS
 from ..devices import AUTOCAST_DTYPES
 from ..errors import UserValueError
 from .config import OPTIMIZERS, SCHEDULES, TrainConfig
@@ -51,7 +52,7 @@ class RunSettings:
         >>> s.replace({"layers": 3})
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
+        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
     """
 
     # The model (GPTConfig's fields).
@@ -60,6 +61,27 @@ class RunSettings:
     n_embd: int = setting(help="width of the residual stream (C)")
     block_size: int = setting(help="context length (T)")
     dropout: float = setting(0.0, help="dropout probability")
+    # The modern block's parts (GPTConfig's fields; the defaults are GPT-2's block).
+    norm: str = setting("layernorm", help="layernorm (GPT-2) or rmsnorm (Llama)", choices=NORMS)
+    mlp: str = setting(
+        "dense", help="dense (GPT-2's MLP) or swiglu (Llama's gated MLP)", choices=MLPS
+    )
+    d_ff: int | None = setting(None, help="the MLP's hidden width (none: 4 * n_embd)")
+    n_kv_head: int | None = setting(
+        None, help="key/value heads: grouped-query attention (none: n_head)"
+    )
+    qk_norm: bool = setting(False, help="RMSNorm on each head's queries and keys")
+    parallel_residual: bool = setting(False, help="x + attn(norm(x)) + mlp(norm(x)), as GPT-J")
+    position: str = setting(
+        "learned", help="learned (GPT-2's embedding), rope (rotary) or none", choices=POSITIONS
+    )
+    rotary_dim: int | None = setting(None, help="with rope: channels rotated per head (none: all)")
+    rope_theta: float = setting(10000.0, help="with rope: the angles' base")
+    rope_pairing: str = setting(
+        "halves",
+        help="with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
+        choices=PAIRINGS,
+    )
     # How to train it (TrainConfig's fields).
     batch_size: int = setting(
         DEFAULTS.batch_size, help="sequences per step, all processes together"

@@ -47,7 +47,7 @@ class Model(Protocol):
     def wte(self) -> nn.Embedding: ...
 
     @property
-    def wpe(self) -> nn.Embedding: ...
+    def wpe(self) -> nn.Embedding | None: ...
 
     @property
     def blocks(self) -> list[nn.Module]: ...
@@ -83,7 +83,7 @@ class Decoder:
         # The ends as functions of their weights, fetched once.
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
-            functools.partial(F.embedding, weight=model.wpe.weight),
+            None if model.wpe is None else functools.partial(F.embedding, weight=model.wpe.weight),
             [],
             _norm(own.ln_f),
             Dense(own.lm_head.weight, own.lm_head.bias),
@@ -104,7 +104,7 @@ class Decoder:
         self.caches = [
             KVCache(
                 idx.shape[0],
-                cfg.n_head,
+                cfg.n_kv_head,  # grouped-query attention caches the key/value heads only
                 cfg.block_size,
                 cfg.n_embd // cfg.n_head,
                 dtype=self.dtype,
@@ -136,9 +136,13 @@ def _one_position(parts: BlockParts) -> BlockParts:
             RowLinear(attn.in_proj.weight, attn.in_proj.bias),
             RowLinear(attn.out_proj.weight, attn.out_proj.bias),
             attn.n_heads,
+            attn.modern,
         ),
         linear1=RowLinear(parts.linear1.weight, parts.linear1.bias),
         linear2=RowLinear(parts.linear2.weight, parts.linear2.bias),
+        linear3=None
+        if parts.linear3 is None
+        else RowLinear(parts.linear3.weight, parts.linear3.bias),
     )
 
 

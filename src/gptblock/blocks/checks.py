@@ -1,0 +1,133 @@
+"""The input checks every block form and the configs share.
+
+Every check raises a ``UserError`` (a ``ValueError``, or ``TypeError`` for a wrong type) whose
+message names the bad value and what was expected. None of them uses ``assert``: asserts vanish
+under ``python -O`` and their messages say nothing a learner can act on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import UserTypeError, UserValueError
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
+    # bool is an int subclass; True as a head count is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise UserValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; the trainer adds offsets to the seed
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """Return ``value`` if it is an int seed in [0, 2**63 - 1], else raise naming ``name``.
+
+    Example:
+        >>> check_seed(2**64)
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: seed must be an int in [0, 2**63 - 1], got 18446744073709551616
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not 0 <= value <= MAX_SEED:
+        raise UserValueError(f"{name} must be an int in [0, 2**63 - 1], got {value}")
+    return value
+
+
+def check_dropout(value: object, name: str = "dropout") -> float:
+    """Return ``value`` as a float if it is a probability in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserTypeError(f"{name} must be a float in [0, 1), got {value!r}")
+    if not (0.0 <= value < 1.0) or math.isnan(value):
+        raise UserValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_norm_eps(value: object) -> float:
+    """Return ``value`` if it is a LayerNorm epsilon: a finite float > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserTypeError(f"norm_eps must be a positive float, got {value!r}")
+    if not 0 < value < math.inf:
+        raise UserValueError(f"norm_eps must be a positive float, got {value}")
+    return float(value)
+
+
+def check_heads(
+    d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
+) -> int:
+    """Return the head size ``d_model // n_heads``, refusing a remainder.
+
+    The lesson computes ``n_embd // n_head`` and silently builds a block whose concatenated
+    heads are narrower than the stream when the division is not exact.
+    """
+    check_positive_int(names[0], d_model)
+    check_positive_int(names[1], n_heads)
+    if d_model % n_heads != 0:
+        raise UserValueError(
+            f"{names[0]}={d_model} is not divisible by {names[1]}={n_heads}: "
+            f"each head must get an equal share of the channels"
+        )
+    return d_model // n_heads
+
+
+def check_input(
+    x: object, d_model: int, block_size: int | None = None, like: torch.Tensor | None = None
+) -> tuple[int, int, int]:
+    """Check that ``x`` is a (B, T, C) tensor with C == ``d_model`` and T <= ``block_size``.
+
+    With ``like`` (one of the block's parameters), ``x`` must also be on its device and, unless
+    autocast is on there (it casts per operation), of its dtype: PyTorch's own message for a
+    float64 input to a float32 block is "mixed dtype (CPU)", which names neither.
+
+    Returns ``(B, T, C)``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise UserTypeError(
+            f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
+        )
+    if not x.is_floating_point():
+        raise UserTypeError(
+            f"expected a floating-point input (B, T, {d_model}), got dtype {x.dtype} "
+            f"(token ids go through an embedding first)"
+        )
+    if like is not None and x.device != like.device:
+        raise UserValueError(
+            f"the input is on {x.device} but the block's parameters are on {like.device}; "
+            f"move one of them (x.to({str(like.device)!r}))"
+        )
+    if like is not None and x.dtype != like.dtype and not _autocast_on(x.device.type):
+        raise UserTypeError(
+            f"the input has dtype {x.dtype} but the block's parameters are {like.dtype}; "
+            f"convert the input (x.to({like.dtype})) or the block (block.to({x.dtype}))"
+        )
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise UserValueError(
+            f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
+            f"got {tuple(x.shape)}"
+        )
+    B, T, C = x.shape
+    if T == 0 or B == 0:
+        raise UserValueError(
+            f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
+        )
+    if block_size is not None and T > block_size:
+        raise UserValueError(f"sequence length T={T} exceeds block_size={block_size}")
+    return B, T, C
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4 has no device argument
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())

@@ -1,0 +1,81 @@
+"""The gated MLP, SwiGLU (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``, as a function and a module.
+
+Where GPT-2's MLP is ``linear2(act(linear1 x))``, Llama's multiplies the activated branch
+(the gate, ``w1`` / ``gate_proj``) by a second linear branch (``w3`` / ``up_proj``) before the
+output projection (``w2`` / ``down_proj``). With hidden size d_ff it has three d_ff x C
+matrices; Llama picks d_ff ~ 8C/3 so that it costs what a 4C two-matrix MLP does.
+
+Shapes: C channels, F = d_ff hidden channels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from .config import check_positive_int
+from .config import relu2 as relu2
+
+__all__ = ["SwiGLU", "relu2", "swiglu"]
+
+
+def swiglu(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    b1: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    b3: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``w2(silu(w1 x) * w3 x)`` with ``nn.Linear``'s weight layout (out, in).
+
+    Args:
+        x: the normalised stream.
+        w1: the gate (F, C): its branch goes through SiLU. Hugging Face's ``gate_proj``.
+        w2: the output (C, F). ``down_proj``.
+        w3: the linear branch (F, C). ``up_proj``.
+        b1, b2, b3: optional biases (F,), (C,), (F,).
+
+    Shape:
+        x (..., C) -> (..., C).
+
+    Example:
+        >>> x, w1, w3, w2 = torch.randn(2, 4), torch.randn(6, 4), torch.randn(6, 4), torch.randn(4, 6)
+        >>> torch.allclose(swiglu(x, w1, w2, w3), (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T, atol=1e-6)
+        True
+    """
+    return F.linear(F.silu(F.linear(x, w1, b1)) * F.linear(x, w3, b3), w2, b2)  # (..., C)
+
+
+class SwiGLU(nn.Module):
+    """The SwiGLU MLP with Hugging Face's Llama names: ``gate_proj``, ``up_proj``, ``down_proj``.
+
+    Args:
+        d_model: C.
+        d_ff: F, the hidden size.
+        bias: biases on the three projections (Llama has none).
+
+    Shape:
+        (..., C) -> (..., C).
+
+    Example:
+        >>> mlp = SwiGLU(8, 12)
+        >>> sorted(mlp.state_dict())
+        ['down_proj.weight', 'gate_proj.weight', 'up_proj.weight']
+        >>> x = torch.randn(2, 3, 8)
+        >>> torch.equal(mlp(x), swiglu(x, mlp.gate_proj.weight, mlp.down_proj.weight, mlp.up_proj.weight))
+        True
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # w1
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # w3
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # w2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., C)
