@@ -30,12 +30,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gptblock import GPT, CharTokenizer, GPTConfig, Trainer
+from gptblock import GPT, CharTokenizer, Trainer
 from gptblock.data.batches import split_tokens
 from gptblock.data.text import shakespeare
 from gptblock.devices import resolve_dtype
-from gptblock.train.config import TrainConfig
-from gptblock.train.run import MODEL_FIELDS, preset_settings
+from gptblock.train.presets import preset_settings
 
 PHASES = ("data", "forward", "backward", "optimizer", "read")
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear")
@@ -55,13 +54,13 @@ def build(preset: str, threads: int, dtype: str | None = None) -> Trainer:
     s = preset_settings(preset, {"dtype": dtype})
     text = shakespeare()
     tok = CharTokenizer.from_text(text)
-    splits = split_tokens(tok.encode(text), s["block_size"])
+    splits = split_tokens(tok.encode(text), s.block_size)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(tok.vocab_size, **{k: s[k] for k in MODEL_FIELDS}))
-    train = {k: v for k, v in s.items() if k not in MODEL_FIELDS or k == "block_size"}
-    train |= {"max_iters": 10**6, "eval_interval": 10**6}
-    train["dtype"] = resolve_dtype(train["dtype"], "cpu")
-    return Trainer(model, splits, TrainConfig(**train), progress=False)
+    model = GPT(s.model_config(tok.vocab_size))
+    train = s.train_config(
+        max_iters=10**6, eval_interval=10**6, device="cpu", dtype=resolve_dtype(s.dtype, "cpu")
+    )
+    return Trainer(model, splits, train, progress=False)
 
 
 def profiled_step(t: Trainer) -> None:

@@ -31,6 +31,7 @@ START = time.time()  # a fallback for the process's start; /proc's is used where
 
 import argparse  # noqa: E402
 import ast  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
@@ -41,7 +42,8 @@ import torch  # noqa: E402
 from gptblock import __version__  # noqa: E402
 from gptblock.blocks import fused  # noqa: E402
 from gptblock.train.evaluate import validation_loss  # noqa: E402
-from gptblock.train.run import prepare_run, preset_settings  # noqa: E402
+from gptblock.train.presets import preset_settings  # noqa: E402
+from gptblock.train.run import prepare_run  # noqa: E402
 
 
 def process_start() -> float:
@@ -105,10 +107,10 @@ def main() -> None:
         fused.MATH_KERNEL_MAX_T = 0
     if not args.baseline:
         # The trainer's estimates only print here: one batch, at the start and at the end.
-        overrides |= {"eval_interval": settings["max_iters"], "eval_iters": 1}
-    run = prepare_run(
-        args.data, out_dir=None, preset=preset, seed=args.seed, progress=False, **overrides
-    )
+        overrides |= {"eval_interval": settings.max_iters, "eval_iters": 1}
+    # A CPU record: the CPU unless --set device=... says otherwise (prepare_run's default is auto).
+    overrides = {"device": "cpu", "seed": args.seed} | overrides
+    run = prepare_run(args.data, out_dir=None, preset=preset, progress=False, **overrides)
     if args.ns_dtype == "float32":
         for group in run.trainer.optimizer.param_groups:
             if "ns_dtype" in group:
@@ -150,7 +152,11 @@ def main() -> None:
         record = {
             "kind": kind,
             "preset": preset,
-            "settings": {**settings, **overrides, "dtype": run.train_config.dtype},
+            "settings": {
+                **dataclasses.asdict(preset_settings(preset, overrides)),
+                "device": run.train_config.device,
+                "dtype": run.train_config.dtype,
+            },
             "attention": args.attention,
             "ns_dtype": args.ns_dtype,
             "seed": args.seed,

@@ -37,7 +37,8 @@ try:
     from gptblock.train.config import TrainConfig
 except ImportError:  # before issue 10
     from gptblock.recipe import TrainConfig
-from gptblock.data.batches import default_corpus, split_tokens
+from gptblock.data.batches import split_tokens
+from gptblock.data.text import default_corpus
 
 warmup, steps = int(sys.argv[1]), int(sys.argv[2])
 text = default_corpus()

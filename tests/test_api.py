@@ -28,6 +28,7 @@ EXPECTED = [
     "lens",
     "convert",
     "lesson",
+    "load",
     "load_gpt",
     "reference",
     "train_gpt",

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("tokenizers")
-from gptblock.data.batches import default_corpus
 from gptblock.data.bpe import BPETokenizer
+from gptblock.data.text import default_corpus
 
 TEXT = default_corpus()[:20_000]
 

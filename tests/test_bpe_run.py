@@ -109,3 +109,14 @@ def test_a_missing_tokenizer_is_one_line(tmp_path, capsys):
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
     assert main(["sample", "--hf", str(tmp_path)]) == 2
     assert "no tokenizer in" in capsys.readouterr().err
+
+
+def test_resuming_a_character_run_with_bpe_is_refused_naming_both(tmp_path):
+    out = tmp_path / "run"
+    with prepare_run(text=TEXT, out_dir=out, **SMALL) as run:
+        run.fit()
+    again = prepare_run(
+        text=TEXT, out_dir=out, resume=True, tokenizer="bpe", vocab_size=300, **SMALL
+    )
+    with again, pytest.raises(ValueError, match="a different tokenizer: char in the checkpoint"):
+        again.fit()

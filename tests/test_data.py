@@ -7,14 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptblock.data.batches import (
-    CharTokenizer,
-    default_corpus,
-    full_windows,
-    get_batch,
-    read_text,
-    split_tokens,
-)
+from gptblock.data.batches import CharTokenizer, full_windows, get_batch, split_tokens
+from gptblock.data.text import default_corpus, read_text
 
 
 def test_default_corpus_is_english_prose_and_stable():

@@ -81,7 +81,7 @@ def test_every_block_form_exports(tmp_path):
 
 def test_a_trained_run_exported_with_save_hf_loads_in_transformers(tmp_path):
     from gptblock import train_gpt
-    from gptblock.data.batches import default_corpus
+    from gptblock.data.text import default_corpus
 
     run = train_gpt(text=default_corpus()[:3000], out_dir=None, n_layer=1, n_head=2, n_embd=16,
                     block_size=16, batch_size=4, max_iters=5, eval_interval=5, eval_iters=1,

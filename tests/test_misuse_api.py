@@ -26,11 +26,14 @@ from gptblock import (
     lesson,
     reference,
 )
-from gptblock.data.batches import TokenSplits, read_text
+from gptblock.data.batches import TokenSplits
+from gptblock.data.text import read_text
 from gptblock.devices import set_threads
+from gptblock.loading import load_gpt
 from gptblock.runs.checkpoint import save_checkpoint
+from gptblock.sampling import sample_text
 from gptblock.train.evaluate import loss_of
-from gptblock.train.run import load_gpt, prepare_run, sample_text
+from gptblock.train.run import prepare_run
 
 BLOCKS = {
     "fused": lambda: FusedBlock(16, 2),

@@ -19,7 +19,7 @@ import pytest
 from forge import edit_json, edit_tensors, read_json, set_path, write_json
 from gptblock import CheckpointError, load_gpt, train_gpt
 from gptblock.cli import main
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.errors import UserError
 from gptblock.runs.checkpoint import load_checkpoint
 from gptblock.train.run import prepare_run

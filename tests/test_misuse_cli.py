@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from gptblock.cli import main
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.model import footprint
 from gptblock.train import run as gpt_run
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock import TrainConfig, Trainer, load_gpt, train_gpt
+from gptblock import GPT, GPTConfig, TrainConfig, Trainer, load_gpt, train_gpt
 from gptblock.cli import main
-from gptblock.data.batches import TokenSplits, default_corpus
+from gptblock.data.batches import TokenSplits
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint, save_checkpoint
 from gptblock.runs.rundir import LOCK_FILE, RunInUseError, check_run_dir, locked_run_dir
 from gptblock.train import run as gpt_run
@@ -220,7 +221,7 @@ def test_the_trainer_itself_refuses_a_foreign_directory(tmp_path):
     before = snapshot(tmp_path)
     data = TokenSplits(torch.arange(200) % 5, torch.arange(50) % 5)
     cfg = TrainConfig(block_size=4, batch_size=2, max_iters=2, eval_interval=1, eval_iters=1)
-    model = gpt_run.GPT(gpt_run.GPTConfig(5, 4, 1, 1, 4))
+    model = GPT(GPTConfig(5, 4, 1, 1, 4))
     with pytest.raises(FileExistsError, match="is not empty and holds no gptblock run"):
         Trainer(model, data, cfg, out_dir=tmp_path, progress=False).fit()
     assert snapshot(tmp_path) == before
@@ -327,7 +328,7 @@ def test_check_run_dir_accepts_what_it_should(tmp_path):
 def small_trainer(out_dir):
     data = TokenSplits(torch.arange(200) % 5, torch.arange(50) % 5)
     cfg = TrainConfig(block_size=4, batch_size=2, max_iters=2, eval_interval=1, eval_iters=1)
-    model = gpt_run.GPT(gpt_run.GPTConfig(5, 4, 1, 1, 4))
+    model = GPT(GPTConfig(5, 4, 1, 1, 4))
     return Trainer(model, data, cfg, out_dir=out_dir, progress=False)
 
 

@@ -95,8 +95,21 @@ def test_gpt_groups_muon_takes_the_block_matrices_only():
 
 
 def test_the_schedule_scales_every_group():
-    cfg = TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, warmup=2, max_iters=10)
-    assert lr_at(5, cfg) * 20 == pytest.approx(lr_at(5, cfg) * cfg.muon_lr / cfg.lr)
+    # After each step every group's lr is the schedule's, times its own peak over lr's.
+    data = split_tokens(pattern_tokens(400, 7), block_size=8)
+    cfg = TrainConfig(block_size=8, batch_size=4, optimizer="muon", lr=1e-3, muon_lr=0.02,
+                      warmup=2, max_iters=10, eval_interval=10, eval_iters=1)  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Trainer(GPT(GPTConfig(7, 8, 1, 2, 8)), data, cfg, progress=False)
+    seen = []
+    trainer.add_callback(
+        "on_step_end",
+        lambda t: seen.append({g["algorithm"]: g["lr"] for g in t.optimizer.param_groups}),
+    )
+    trainer.fit()
+    for step, lrs in enumerate(seen):
+        assert lrs["adamw"] == pytest.approx(lr_at(step, cfg))
+        assert lrs["muon"] == pytest.approx(lr_at(step, cfg) * 20)
 
 
 def test_muon_training_resumes_bit_exactly(tmp_path):

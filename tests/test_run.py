@@ -1,22 +1,19 @@
 """gptblock.train.run: a GPT trained on a text by one library call, and the same run read back."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from gptblock import RunMeta, load_gpt, train_gpt
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
+from gptblock.sampling import sample_text
 from gptblock.train.config import TrainConfig
-from gptblock.train.run import (
-    PRESETS,
-    SETTINGS,
-    TRAIN_FIELDS,
-    prepare_run,
-    preset_settings,
-    sample_text,
-)
+from gptblock.train.presets import PRESETS, preset_settings
+from gptblock.train.run import prepare_run
+from gptblock.train.settings import RunSettings
 
 TEXT = default_corpus()[:3000]
 SMALL = dict(
@@ -72,14 +69,26 @@ def test_resume_refuses_another_model(tmp_path):
 
 def test_settings_come_from_the_preset_with_overrides():
     tiny = preset_settings("tiny")
-    assert tiny == {**tiny, **PRESETS["tiny"]} and tiny["optimizer"] == "adamw"
-    assert set(tiny) == set(SETTINGS)
-    for name in PRESETS:  # every preset builds a valid TrainConfig
-        s = preset_settings(name)
-        TrainConfig(**{k: s[k] for k in TRAIN_FIELDS if k != "dtype"}, block_size=s["block_size"])
-    assert preset_settings("tiny", {"lr": 1e-2, "n_layer": None})["lr"] == 1e-2
+    assert tiny == PRESETS["tiny"] and tiny.optimizer == "adamw" and isinstance(tiny, RunSettings)
+    # The training settings a preset leaves are TrainConfig's defaults.
+    assert (tiny.weight_decay, tiny.schedule) == (
+        TrainConfig().weight_decay,
+        TrainConfig().schedule,
+    )
+    assert preset_settings("tiny", {"lr": 1e-2, "n_layer": None}) == dataclasses.replace(
+        tiny, lr=1e-2
+    )
     with pytest.raises(ValueError, match="unknown setting 'layers'"):
         preset_settings("tiny", {"layers": 2})
+    # A setting is checked when the settings are made, before any text is read.
+    with pytest.raises(ValueError, match="n_layer must be a positive int, got 0"):
+        preset_settings("tiny", {"n_layer": 0})
+    with pytest.raises(
+        ValueError, match=r"optimizer must be one of \('adamw', 'muon'\), got 'sgd'"
+    ):
+        preset_settings("tiny", {"optimizer": "sgd"})
+    with pytest.raises(ValueError, match="tokenizer='bpe' needs a vocab_size"):
+        prepare_run("no-such-file.txt", out_dir=None, tokenizer="bpe")
     with pytest.raises(ValueError, match=r"give data .* or text, not both"):
         prepare_run("input.txt", text=TEXT)
 

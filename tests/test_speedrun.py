@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gptblock.cli import main
-from gptblock.train.run import SETTINGS
+from gptblock.train.settings import SETTINGS
 
 SPEEDRUN = Path(__file__).resolve().parents[1] / "benchmarks" / "speedrun.py"
 

@@ -17,7 +17,8 @@ from gptblock.data.batches import split_tokens
 from gptblock.devices import autocast_context
 from gptblock.runs.checkpoint import CheckpointError, load_checkpoint
 from gptblock.train.config import TrainConfig, configure_optimizer, lr_at
-from gptblock.train.loop import NonFiniteLossError, Trainer
+from gptblock.train.loop import Trainer
+from gptblock.train.result import NonFiniteLossError
 from standin import Bigram, pattern_tokens
 
 V = 7

@@ -1,14 +1,17 @@
 """`gptblock train` and `gptblock sample`, in process: options, errors, resume, sampling."""
 
+import dataclasses
 import json
 
 import pytest
 
+from gptblock import load_gpt, train_gpt
 from gptblock.cli import build_parser, main
-from gptblock.data.batches import default_corpus
+from gptblock.data.text import default_corpus
+from gptblock.devices import resolve_device
 from gptblock.runs.checkpoint import load_checkpoint
-from gptblock.train import run as gpt_run
-from gptblock.train.run import load_gpt
+from gptblock.train.presets import PRESETS, preset_settings
+from gptblock.train.settings import RunSettings
 
 SMALL = [
     "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
@@ -48,11 +51,41 @@ def test_help_shows_every_option_and_the_presets(capsys, monkeypatch):
     assert "(default: None)" not in out
 
 
+def test_every_setting_is_a_flag_made_from_its_field():
+    # The flags are derived from RunSettings: name, type, choices and help come from the field.
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    flags = {a.dest: a for a in train._actions}
+    for f in dataclasses.fields(RunSettings):
+        action = flags[f.name]
+        assert action.option_strings[0] == "--" + f.name.replace("_", "-")
+        assert action.help.startswith(f.metadata["help"]) and action.default is None
+        assert tuple(action.choices or ()) == f.metadata["choices"]
+    assert flags["n_layer"].type is int and flags["lr"].type is float
+    assert flags["vocab_size"].type is int and flags["compile"].type is None  # --[no-]compile
+    args = parser.parse_args(["train", "--no-compile", "--vocab-size", "300", "--lr", "0.01"])
+    assert (args.compile, args.vocab_size, args.lr, args.n_layer) == (False, 300, 0.01, None)
+
+
+def test_the_library_and_the_command_line_make_the_same_run(tmp_path, text_file):
+    # No --device, --seed, --dtype, ...: both take RunSettings' defaults (device "auto").
+    flags = [f for f in SMALL if f not in ("--device", "cpu")]
+    flags[flags.index("20")] = "2"  # --max-iters 2
+    cli, lib = tmp_path / "cli", tmp_path / "lib"
+    assert main(["train", "--data", str(text_file), "--out", str(cli), *flags]) == 0
+    train_gpt(text_file, out_dir=lib, progress=False, n_layer=1, n_head=2, n_embd=16,
+              block_size=16, batch_size=4, max_iters=2, eval_interval=10, eval_iters=2, warmup=2)  # fmt: skip
+    ours, theirs = (load_checkpoint(d, "last").meta for d in (cli, lib))
+    assert ours["train_config"] == theirs["train_config"]
+    assert ours["train_config"]["device"] == resolve_device("auto")
+    assert ours["model_config"] == theirs["model_config"]
+
+
 def test_explicit_flags_override_the_preset():
     args = build_parser().parse_args(["train", "--preset", "shakespeare", "--n-layer", "2"])
-    settings = gpt_run.preset_settings(args.preset, {"n_layer": args.n_layer, "lr": args.lr})
-    assert settings == {**gpt_run.preset_settings("shakespeare"), "n_layer": 2}
-    assert gpt_run.PRESETS["shakespeare"] == dict(
+    settings = preset_settings(args.preset, {"n_layer": args.n_layer, "lr": args.lr})
+    assert settings == dataclasses.replace(preset_settings("shakespeare"), n_layer=2)
+    assert PRESETS["shakespeare"] == RunSettings(
         n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, batch_size=64, lr=1e-3,
         max_iters=5000, warmup=100, eval_interval=250, eval_iters=200,
     )  # fmt: skip

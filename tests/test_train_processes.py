@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock.data.batches import default_corpus
+from gptblock import load_gpt
+from gptblock.data.text import default_corpus
 from gptblock.runs.checkpoint import load_checkpoint
-from gptblock.train.run import load_gpt
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMALL = [

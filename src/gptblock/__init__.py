@@ -22,7 +22,8 @@ attention viewer (``gptblock inspect`` on the command line).
 
 ``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
 ``train_gpt`` trains one on a text (``gptblock train`` on the command line), recording its
-``RunMeta`` in every checkpoint; ``load_gpt`` rebuilds the trained model from its checkpoint.
+``RunMeta`` in every checkpoint; ``load_gpt`` rebuilds the trained model from its checkpoint, and
+``load`` reads a run, a Hugging Face GPT-2 directory or a nanoGPT checkpoint by one call.
 Under it, ``Trainer`` (configured by ``TrainConfig``) trains any model returning
 ``(logits, loss)`` on text a ``CharTokenizer`` encodes.
 
@@ -39,12 +40,14 @@ from .blocks.mha import TransformerBlock
 from .check import CheckReport, Finding, check_block
 from .data.batches import CharTokenizer
 from .errors import UserError
+from .loading import load, load_gpt
 from .model.gpt import GPT, GenerationStep, GPTOutput
 from .runs.checkpoint import CheckpointError
 from .runs.meta import RunMeta
 from .train.config import TrainConfig
-from .train.loop import NonFiniteLossError, Trainer
-from .train.run import load_gpt, train_gpt
+from .train.loop import Trainer
+from .train.result import NonFiniteLossError
+from .train.run import train_gpt
 
 __version__ = "0.3.0"
 
@@ -74,6 +77,7 @@ __all__ = [
     "exercises",
     "lens",
     "lesson",
+    "load",
     "load_gpt",
     "reference",
     "train_gpt",

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .report import one_line
-from .subject import CAUGHT, Subject
+from .report import CAUGHT, one_line
+from .subject import Subject
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "Subject"]
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype

@@ -38,27 +38,18 @@ from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
-from .build import COMMON_ARGUMENTS, build, fill_common_arguments, max_length, width
+from .build import build, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
 from .mapping import MappedBlock, map_roles, resolve_roles
 from .parts import discover, observe, perturb
-from .probes import PROBES, ProbeResult, Subject
+from .probes import PROBES, ProbeResult
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
-from .subject import one_thread
+from .subject import Subject, one_thread
 from .target import load_target
 
-__all__ = [
-    "COMMON_ARGUMENTS",
-    "CheckReport",
-    "Finding",
-    "Progress",
-    "check_block",
-    "check_in_process",
-    "fill_common_arguments",
-    "own_blocks",
-]
+__all__ = ["Progress", "check_block", "check_in_process", "own_blocks"]
 
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes

@@ -29,7 +29,7 @@ import torch.nn as nn
 from ..errors import UserValueError
 from .report import CAUGHT, one_line
 
-__all__ = ["CAUGHT", "Subject", "one_thread"]
+__all__ = ["Subject", "one_thread"]
 
 Tensor = torch.Tensor
 

@@ -18,9 +18,8 @@ import traceback
 from typing import Any
 
 from ..errors import UserError, UserValueError
-from .report import Finding, one_line
+from .report import CAUGHT, Finding, one_line
 from .run import check_in_process
-from .subject import CAUGHT
 from .target import load_target
 
 __all__ = ["main"]

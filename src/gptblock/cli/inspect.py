@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..data.batches import Tokenizer
-from ..devices import resolve_device
 from ..lens import PromptInspection, inspect_prompt, save_attention_page, save_figures
-from ..runs.checkpoint import BEST
-from ..train.run import load_gpt, load_hf
 from .formatting import HelpFormatter
+from .options import add_source_options, load_source
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,12 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="look inside a trained model on a prompt: logit lens, heads, attention",
         description="Load the best checkpoint of a `gptblock train` run, run it once on the "
         "prompt with every activation cached, and print the likeliest next tokens, the logit "
-        "lens (each layer's top token) and a table of the heads.",
+        "lens (each layer's top token) and a table of the heads. --hf and --nanogpt read "
+        "other tools' models instead.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--out", default="out-gptblock", help="the directory `gptblock train --out` wrote"
-    )
+    add_source_options(p)
     p.add_argument("--prompt", required=True, help="the text to look at, up to block_size long")
     p.add_argument("--top-k", type=int, default=5, help="how many next tokens to list")
     p.add_argument(
@@ -35,27 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--html", metavar="FILE", help="also write a self-contained attention viewer page"
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument(
-        "--hf",
-        metavar="DIR",
-        help="instead of --out: a Hugging Face GPT-2 directory (save_pretrained's, with its "
-        "tokenizer), read offline",
-    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    tokenizer: Tokenizer
-    if args.hf is not None:
-        model, tokenizer = load_hf(args.hf, device=args.device)
-        where = f"{args.hf} (Hugging Face GPT-2"
-    else:
-        model, tokenizer, ckpt = load_gpt(args.out, BEST, device=resolve_device(args.device))
-        where = f"{ckpt.path} (step {ckpt.meta.get('step', '?')}"
+    model, tokenizer, source = load_source(args)
     seen = inspect_prompt(model, tokenizer, args.prompt, top_k=args.top_k)
     c = model.config
-    print(f"{args.prompt!r} on {where}, n_layer {c.n_layer}, n_head {c.n_head})")
+    print(
+        f"{args.prompt!r} on {source.path} ({source.what}, n_layer {c.n_layer}, n_head {c.n_head})"
+    )
     _print_report(seen)
     if args.png:
         for path in save_figures(seen, args.png):

@@ -8,42 +8,20 @@ same command trains with DistributedDataParallel; only rank 0 writes files and p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
+import typing
 from pathlib import Path
 
 from ..data.text import DEFAULT_CORPUS
-from ..devices import AUTOCAST_DTYPES
 from ..runs.checkpoint import BEST, LAST, checkpoint_path
 from ..runs.rundir import LOSS_PLOT
-from ..train.config import OPTIMIZERS, SCHEDULES
-from ..train.loop import NonFiniteLossError, TrainResult
-from ..train.run import DEFAULT_PRESET, PRESETS, GPTRun, prepare_run, preset_settings
+from ..train.presets import DEFAULT_PRESET, PRESETS
+from ..train.result import NonFiniteLossError, TrainResult
+from ..train.run import GPTRun, prepare_run
+from ..train.settings import SETTINGS, RunSettings
 from .formatting import HelpFormatter
-
-# (setting, type, help) for every setting a preset gives; each flag defaults to the preset's.
-PRESET_OPTIONS = [
-    ("n_layer", int, "number of blocks"),
-    ("n_head", int, "attention heads per block"),
-    ("n_embd", int, "width of the residual stream (C)"),
-    ("block_size", int, "context length (T)"),
-    ("dropout", float, "dropout probability"),
-    ("batch_size", int, "sequences per step, all processes together"),
-    ("max_iters", int, "optimizer steps"),
-    ("lr", float, "peak learning rate (AdamW's; the embeddings', norms' and biases' with Muon)"),
-    ("min_lr_ratio", float, "the schedule ends at lr * this"),
-    ("warmup", int, "linear warmup steps"),
-    ("schedule", str, "after the warmup: cosine, or wsd (flat, then a linear decay)"),
-    ("decay_fraction", float, "wsd: the last fraction of the run that decays"),
-    ("optimizer", str, "adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)"),
-    ("muon_lr", float, "Muon's peak learning rate"),
-    ("weight_decay", float, "AdamW's weight decay, on matrices and embeddings"),
-    ("beta2", float, "AdamW's second-moment decay"),
-    ("eval_interval", int, "steps between loss estimates and checkpoints"),
-    ("eval_iters", int, "batches per loss estimate"),
-    ("dtype", str, "float32, an autocast dtype, or auto: bfloat16 where the device has it"),
-]
-CHOICES = {"schedule": SCHEDULES, "optimizer": OPTIMIZERS, "dtype": ("auto", *AUTOCAST_DTYPES)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,27 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--preset", choices=tuple(PRESETS), default=DEFAULT_PRESET, help="model and run size"
     )
-    every = {preset: preset_settings(preset) for preset in PRESETS}
-    for name, kind, text in PRESET_OPTIONS:
-        shown = ", ".join(f"{preset} {values[name]}" for preset, values in every.items())
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            choices=CHOICES.get(name),
-            metavar="N" if kind is int else "X" if kind is float else None,
-            help=f"{text} (preset: {shown})",
-        )
-    p.add_argument(
-        "--tokenizer",
-        choices=("char", "bpe"),
-        default="char",
-        help="char: a token per character; bpe: byte-level BPE learnt from the training part "
-        "of the text (never the validation part), --vocab-size tokens",
-    )
-    p.add_argument("--vocab-size", type=int, metavar="N", help="BPE's vocabulary (>= 256)")
-    p.add_argument("--seed", type=int, default=1337, help="seed for weights, batches, dropout")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    add_setting_options(p)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument(
         "--allow-other-data",
@@ -100,20 +58,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {name: getattr(args, name) for name, _, _ in PRESET_OPTIONS}
     with prepare_run(
         args.data,
         out_dir=args.out,
         preset=args.preset,
         resume=args.resume,
         allow_other_data=args.allow_other_data,
-        seed=args.seed,
-        device=args.device,
-        compile=args.compile,
         progress=not args.no_progress,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        **overrides,
+        **{name: getattr(args, name) for name in SETTINGS},
     ) as gpt_run:
         say = print if gpt_run.dist.is_main else _quiet
         say(_describe(gpt_run, gpt_run.train_config.dtype), flush=True)
@@ -130,8 +82,35 @@ def run(args: argparse.Namespace) -> int:
             )
             return 130  # stopped by Ctrl-C, as a shell reports SIGINT
         say(_summary(gpt_run, result, args.out), flush=True)
-        say(gpt_run.sample(max_new_tokens=400, seed=args.seed))
+        say(gpt_run.sample(max_new_tokens=400, seed=gpt_run.train_config.seed))
     return 0
+
+
+def add_setting_options(p: argparse.ArgumentParser) -> None:
+    """A flag per ``RunSettings`` field: its name with dashes, its type, its help and choices
+    from the field. Each defaults to None, the preset's value, which the help lists."""
+    types = typing.get_type_hints(RunSettings)
+    every = {name: dataclasses.asdict(preset) for name, preset in PRESETS.items()}
+    for f in dataclasses.fields(RunSettings):
+        values = {preset: settings[f.name] for preset, settings in every.items()}
+        if len(set(map(repr, values.values()))) == 1:
+            value = next(iter(values.values()))
+            shown = "no default" if value is None else f"default: {value}"
+        else:
+            shown = "preset: " + ", ".join(f"{preset} {v}" for preset, v in values.items())
+        flag, kind = "--" + f.name.replace("_", "-"), types[f.name]
+        text = f"{f.metadata['help']} ({shown})"
+        if kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+            continue
+        kind = int if kind == int | None else kind  # an optional number: the number
+        p.add_argument(
+            flag,
+            type=kind,
+            choices=f.metadata["choices"] or None,
+            metavar="N" if kind is int else "X" if kind is float else None,
+            help=text,
+        )
 
 
 def _describe(r: GPTRun, dtype: str) -> str:

@@ -23,19 +23,12 @@ import torch
 from ..blocks.config import check_positive_int
 from ..errors import UserTypeError, UserValueError
 
-# Where the text comes from is gptblock.data.text's; these stay importable from here, where the
-# text-to-batches pipeline starts.
-from .text import default_corpus, load_corpus, read_text
-
 __all__ = [
     "CharTokenizer",
     "TokenSplits",
     "Tokenizer",
-    "default_corpus",
     "full_windows",
     "get_batch",
-    "load_corpus",
-    "read_text",
     "split_text",
     "split_tokens",
     "token_splits",

@@ -1,7 +1,7 @@
-"""Hugging Face GPT-2 and gptblock's GPT, weight for weight: ``read_hf``, ``to_hf_model``.
+"""Hugging Face GPT-2 and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf_model``, ``save_hf``.
 
 GPT-2 is gptblock's GPT with other names (``GPT.from_hf`` / ``GPT.to_hf`` / ``GPT.save_hf`` are
-these functions; this module does not import the GPT, so it sits below it). Per block, with C the width::
+these functions, attached to the GPT by ``gptblock.interop``). Per block, with C the width::
 
     GPT-2 (Conv1D: weight (in, out))     gptblock (nn.Linear: weight (out, in))
     h.{i}.ln_1                           transformer.h.{i}.norm1
@@ -28,6 +28,7 @@ Shapes: C = n_embd, V = vocab_size, nh heads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -41,8 +42,9 @@ import torch.nn as nn
 from ..blocks.config import GPTConfig
 from ..blocks.convert import convert
 from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+from ..model.gpt import GPT
 
-__all__ = ["config_from_hf", "config_to_hf", "read_hf", "save_hf", "to_hf_model"]
+__all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf_model"]
 
 INSTALL = 'pip install "gptblock[hf]"'
 # Hugging Face's activation names -> the blocks'. gelu_new and gelu_pytorch_tanh are one function.
@@ -161,7 +163,7 @@ def config_to_hf(config: GPTConfig) -> Any:
 def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     """The ``GPTConfig`` and gptblock state_dict of a ``GPT2LMHeadModel`` or saved directory.
 
-    ``GPT.from_hf`` builds the model from them.
+    ``from_hf`` builds the model from them.
 
     Args:
         source: a ``transformers.GPT2LMHeadModel``, or the path of a local directory holding
@@ -193,10 +195,35 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     return config, _to_gptblock(state, config)
 
 
+def from_hf(source: Any, *, block: str = "fused") -> GPT:
+    """A GPT with the weights of a Hugging Face ``GPT2LMHeadModel`` or a local directory
+    ``save_pretrained`` wrote; its logits are GPT-2's. Also ``GPT.from_hf``.
+
+    Args:
+        source: the model, or the directory (``config.json`` + safetensors); nothing is
+            downloaded.
+        block: ``"fused"`` or ``"mha"``.
+
+    Returns:
+        The model in eval mode, float32, on the CPU.
+
+    Raises:
+        UserImportError: transformers is missing (``pip install "gptblock[hf]"``).
+        UserValueError: a config the blocks cannot compute, naming the field.
+    """
+    if block not in ("fused", "mha"):
+        raise UserValueError(f"block must be 'fused' or 'mha' (GPT-2 is GELU), got {block!r}")
+    config, state = read_hf(source)
+    model = GPT(dataclasses.replace(config, block=block))
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 def to_hf_model(model: nn.Module) -> Any:
     """A ``transformers.GPT2LMHeadModel`` computing what the GPT ``model`` computes (eval, float32).
 
     ``model`` is a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
+    Also ``model.to_hf()``.
     """
     tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
@@ -213,7 +240,8 @@ def save_hf(model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any 
     """Write the GPT ``model`` as a Hugging Face GPT-2 directory (``config.json``,
     ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given).
 
-    The directory loads with ``GPT2LMHeadModel.from_pretrained(directory)`` and ``GPT.from_hf``.
+    The directory loads with ``GPT2LMHeadModel.from_pretrained(directory)`` and ``from_hf``.
+    Also ``model.save_hf(directory, tokenizer)``.
     """
     directory = Path(directory)
     to_hf_model(model).save_pretrained(directory, safe_serialization=True)

@@ -18,6 +18,7 @@ Shapes: C = n_embd.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -29,9 +30,10 @@ import torch
 from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer
 from ..errors import UserFileNotFoundError, UserValueError
+from ..model.gpt import GPT
 from .hf import MODEL_TENSORS
 
-__all__ = ["read_meta_pkl", "read_nanogpt"]
+__all__ = ["from_nanogpt", "read_meta_pkl", "read_nanogpt"]
 
 PREFIX = "_orig_mod."  # what torch.compile puts in front of every key
 # nanoGPT's name under transformer.h.{i}. -> gptblock's (both nn.Linear: no transpose).
@@ -51,7 +53,7 @@ def read_nanogpt(
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], CharTokenizer | None]:
     """The config, gptblock state_dict and (if ``meta.pkl`` is beside it) vocabulary of a run.
 
-    ``GPT.from_nanogpt`` builds the model from them.
+    ``from_nanogpt`` builds the model from them.
 
     Args:
         path: nanoGPT's ``ckpt.pt``, or the ``out_dir`` holding it.
@@ -98,6 +100,22 @@ def read_nanogpt(
     meta = path.parent / "meta.pkl"
     tokenizer = read_meta_pkl(meta) if meta.is_file() else None
     return config, _to_gptblock(state, config, path), tokenizer
+
+
+def from_nanogpt(
+    path: str | os.PathLike[str], *, block: str = "fused"
+) -> tuple[GPT, CharTokenizer | None]:
+    """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
+    the ``meta.pkl`` beside it if there is one; nothing in either file can run code. Also
+    ``GPT.from_nanogpt``.
+
+    Returns:
+        The model in eval mode, float32, on the CPU, and the tokenizer or None.
+    """
+    config, state, tokenizer = read_nanogpt(path)
+    model = GPT(dataclasses.replace(config, block=block))
+    model.load_state_dict(state, strict=True)
+    return model.eval(), tokenizer
 
 
 def _to_gptblock(

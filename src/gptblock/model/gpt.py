@@ -10,12 +10,10 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 import torch.nn as nn
@@ -24,9 +22,7 @@ from torch.nn import functional as F
 from ..blocks.config import GPTConfig
 from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
-from ..data.batches import CharTokenizer
 from ..errors import UserTypeError, UserValueError
-from ..interop import hf, nanogpt
 from ..lens import trace
 from ..lesson import Block as LessonBlock
 from .decode import CachedDecoder, GenerationStep, sample
@@ -124,54 +120,17 @@ class GPT(nn.Module):
             else:  # LayerNorm gains
                 nn.init.ones_(p)
 
-    # --- other people's checkpoints (gptblock.interop.hf, gptblock.interop.nanogpt) ----------------------------
-
-    @classmethod
-    def from_hf(cls, source: Any, *, block: str = "fused") -> GPT:
-        """A GPT with the weights of a Hugging Face ``GPT2LMHeadModel`` or a local directory
-        ``save_pretrained`` wrote; its logits are GPT-2's (see ``gptblock.interop.hf``).
-
-        Args:
-            source: the model, or the directory (``config.json`` + safetensors); nothing is
-                downloaded.
-            block: ``"fused"`` or ``"mha"``.
-
-        Returns:
-            The model in eval mode, float32, on the CPU.
-
-        Raises:
-            UserImportError: transformers is missing (``pip install "gptblock[hf]"``).
-            UserValueError: a config the blocks cannot compute, naming the field.
-        """
-        if block not in ("fused", "mha"):
-            raise UserValueError(f"block must be 'fused' or 'mha' (GPT-2 is GELU), got {block!r}")
-        config, state = hf.read_hf(source)
-        model = cls(dataclasses.replace(config, block=block))
-        model.load_state_dict(state, strict=True)
-        return model.eval()
-
-    def to_hf(self) -> Any:
-        """This model as a ``transformers.GPT2LMHeadModel`` (eval mode, float32, same logits)."""
-        return hf.to_hf_model(self)
-
-    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
-        """Save as a Hugging Face GPT-2 directory; ``GPT2LMHeadModel.from_pretrained`` reads it."""
-        return hf.save_hf(self, directory, tokenizer)
-
-    @classmethod
-    def from_nanogpt(
-        cls, path: str | os.PathLike[str], *, block: str = "fused"
-    ) -> tuple[GPT, CharTokenizer | None]:
-        """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
-        the ``meta.pkl`` beside it if there is one; nothing in either file can run code.
-
-        Returns:
-            The model in eval mode, float32, on the CPU, and the tokenizer or None.
-        """
-        config, state, tokenizer = nanogpt.read_nanogpt(path)
-        model = cls(dataclasses.replace(config, block=block))
-        model.load_state_dict(state, strict=True)
-        return model.eval(), tokenizer
+    # --- other tools' files: gptblock.interop --------------------------------------------------
+    # The model imports no I/O, so these four shortcuts, documented since 0.3, are the functions
+    # of gptblock.interop, which attaches them to the class when it is imported (as `import
+    # gptblock` always does): GPT.from_hf(source, block="fused") is interop.hf.from_hf, to_hf()
+    # interop.hf.to_hf_model, save_hf(directory, tokenizer=None) interop.hf.save_hf, and
+    # from_nanogpt(path, block="fused") interop.nanogpt.from_nanogpt. Declared here for readers
+    # and type checkers; gptblock.load reads every source through one call.
+    from_hf: ClassVar[Callable[..., GPT]]
+    to_hf: ClassVar[Callable[[GPT], Any]]
+    save_hf: ClassVar[Callable[..., Path]]
+    from_nanogpt: ClassVar[Callable[..., tuple[GPT, Any]]]
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once.

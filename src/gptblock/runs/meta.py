@@ -171,10 +171,16 @@ class RunMeta:
         """
         saved_meta = self.from_checkpoint(ckpt)
         saved, mine = saved_meta.to_json(), self.to_json()
+        # The tokenizer's kind first: another kind also changes vocab_size, and "a different
+        # model_config" would hide the cause.
+        kinds = saved_meta.tokenizer.kind, self.tokenizer.kind
+        if kinds[0] != kinds[1]:
+            raise CheckpointError(
+                f"{ckpt.path}: a different tokenizer: {kinds[0]} in the checkpoint, {kinds[1]} now"
+            )
         check_same_field(ckpt, "model_config", saved["model_config"], mine["model_config"])
-        for name in ("vocab", "tokenizer"):
-            if name in saved or name in mine:
-                check_same_field(ckpt, name, saved.get(name, "absent"), mine.get(name, "absent"))
+        name = "vocab" if kinds[0] == "char" else "tokenizer"
+        check_same_field(ckpt, name, saved[name], mine[name])
         theirs, ours = saved_meta.corpus, self.corpus
         if theirs is None or ours is None:
             return

@@ -21,11 +21,9 @@ Shapes: B batch (per process), T time (``block_size``).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,30 +45,17 @@ from ..runs.checkpoint import (
 )
 from ..runs.rundir import LOSS_PLOT, locked_run_dir, run_dir_of_processes
 from . import state as train_state
+from .arguments import check_arguments
 from .config import TrainConfig, configure_optimizer, lr_at
 from .evaluate import estimate_loss, loss_of, validation_loss
 from .log import ProgressBar, save_loss_plot
+from .result import NonFiniteLossError, TrainResult
 from .signals import stop_on_signals
-from .state import PlainMeta, RunMetadata
+from .state import History, Parts, PlainMeta, RunMetadata
 
-__all__ = ["NonFiniteLossError", "TrainResult", "Trainer"]
+__all__ = ["Trainer"]
 
 EVENTS = ("on_step_end", "on_eval_end")
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the run stopped without saving that state."""
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What a call to ``Trainer.fit`` did."""
-
-    step: int  # optimizer steps completed
-    interrupted: bool  # stopped early (Ctrl-C or request_stop) after saving "last"
-    val_loss: float | None  # mean loss over the whole validation split; None if interrupted
-    best_val_loss: float | None  # lowest estimated validation loss of the run
-    checkpoint: Path | None  # the "last" checkpoint's JSON file, if an out_dir was given
 
 
 class Trainer:
@@ -117,13 +102,7 @@ class Trainer:
         meta: RunMetadata | Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
-        _check_arguments(model, data, config, out_dir, meta)
-        for name, part in (("training", data.train), ("validation", data.val)):
-            if len(part) <= config.block_size:
-                raise UserValueError(
-                    f"the {name} data has {len(part)} tokens; a window of block_size="
-                    f"{config.block_size} needs {config.block_size + 1}"
-                )
+        check_arguments(model, data, config, out_dir, meta)
         self.config = config
         self.dist = dist_info()
         self.device = torch.device(resolve_device(config.device))
@@ -365,7 +344,19 @@ class Trainer:
         Collective under DDP: every process must call it.
         """
         self.read_losses()
-        return train_state.capture(self)
+        history = History(self.step, self.best_val_loss, self.losses, self.evals)
+        return train_state.capture(
+            self.parts(),
+            history,
+            meta=self.meta,
+            config=self.config,
+            device=self.device,
+            world_size=self.dist.world_size,
+        )
+
+    def parts(self) -> Parts:
+        """The model, optimizer, loss scaler and batch generator: what has state to save."""
+        return Parts(self.model, self.optimizer, self.scaler, self.generator)
 
     def save(self, kind: str) -> None:
         """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes).
@@ -387,35 +378,14 @@ class Trainer:
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Load a checkpoint written by ``save``, after ``meta`` says it belongs to this run."""
-        train_state.restore(self, ckpt)
-        self._unread = []
-
-
-def _check_arguments(
-    model: object, data: object, config: object, out_dir: object, meta: object
-) -> None:
-    """Refuse the Trainer's arguments where they cannot work, naming the argument."""
-    for name, value, kind, what in (
-        ("model", model, nn.Module, "a torch.nn.Module"),
-        ("data", data, TokenSplits, "a gptblock.data.batches.TokenSplits"),
-        ("config", config, TrainConfig, "a TrainConfig"),
-        ("out_dir", out_dir, (str, os.PathLike, type(None)), "a path or None"),
-    ):
-        if not isinstance(value, kind):
-            raise UserTypeError(f"{name} must be {what}, got {type(value).__name__}")
-    if not any(p.requires_grad for p in cast(nn.Module, model).parameters()):
-        raise UserValueError("the model has no trainable parameters: there is nothing to train")
-    if isinstance(meta, Mapping | None):
-        fields = dict(meta or {})
-    elif hasattr(meta, "check_resume") and hasattr(meta, "to_json"):
-        fields = meta.to_json()
-    else:
-        raise UserTypeError(
-            f"meta must be a mapping of JSON fields or a RunMetadata, got {type(meta).__name__}"
+        history = train_state.restore(
+            self.parts(),
+            ckpt,
+            meta=self.meta,
+            config=self.config,
+            device=self.device,
+            dist=self.dist,
         )
-    try:  # now, rather than at the first checkpoint
-        json.dumps(fields, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise UserTypeError(
-            f"meta must be JSON: strings, finite numbers, lists, dicts ({e})"
-        ) from None
+        self.step, self.best_val_loss = history.step, history.best_val_loss
+        self.losses, self.evals = history.losses, history.evals
+        self._unread = []

@@ -1,7 +1,8 @@
 """The presets of a GPT run: each a model shape and how to train it, by name.
 
-``gptblock train --preset NAME`` and ``prepare_run(preset=NAME)`` start from one, and any of
-``SETTINGS`` given explicitly replaces the preset's value (``preset_settings``).
+``gptblock train --preset NAME`` and ``prepare_run(preset=NAME)`` start from one, and any
+setting given explicitly replaces the preset's value (``preset_settings``). A preset is a
+``RunSettings``; the training settings it does not name keep ``TrainConfig``'s defaults.
 """
 
 from __future__ import annotations
@@ -10,43 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserValueError
-from .config import TrainConfig
+from .settings import RunSettings
 
-__all__ = [
-    "DEFAULT_PRESET",
-    "MODEL_FIELDS",
-    "PRESETS",
-    "SETTINGS",
-    "TRAIN_FIELDS",
-    "preset_settings",
-]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "preset_settings"]
 
-# The settings a preset gives: the model's shape, and how to train it. A preset names each
-# model field and any TrainConfig field it changes; the others keep TrainConfig's defaults.
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
-TRAIN_FIELDS = (
-    "batch_size",
-    "max_iters",
-    "lr",
-    "min_lr_ratio",
-    "warmup",
-    "schedule",
-    "decay_fraction",
-    "optimizer",
-    "muon_lr",
-    "weight_decay",
-    "beta2",
-    "eval_interval",
-    "eval_iters",
-    "dtype",
-)
-SETTINGS = MODEL_FIELDS + TRAIN_FIELDS
-
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, RunSettings] = {
     # The default: benchmarks/speedrun.py's winner (see benchmarks/README.md). Muon, a large
     # batch of short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a
     # fraction of nanoGPT-cpu's time.
-    "shakespeare-cpu": dict(
+    "shakespeare-cpu": RunSettings(
         n_layer=3,
         n_head=4,
         n_embd=128,
@@ -66,7 +39,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_iters=10,
     ),
     # nanoGPT's README CPU recipe ("gets us a loss of only 1.88"): speedrun.py's baseline.
-    "nanogpt-cpu": dict(
+    "nanogpt-cpu": RunSettings(
         n_layer=4,
         n_head=4,
         n_embd=128,
@@ -81,7 +54,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_iters=20,
     ),
     # The main job of gptblock 0.1 (on Python's help pages: 72 s, validation loss 1.36).
-    "tiny": dict(
+    "tiny": RunSettings(
         n_layer=4,
         n_head=4,
         n_embd=128,
@@ -95,7 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_iters=20,
     ),
     # nanoGPT's shakespeare_char: a GPU job (about 10M parameters).
-    "shakespeare": dict(
+    "shakespeare": RunSettings(
         n_layer=6,
         n_head=6,
         n_embd=384,
@@ -112,14 +85,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_PRESET = "shakespeare-cpu"
 
 
-def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every one of ``SETTINGS``: the preset's, TrainConfig's defaults for those it leaves,
-    and every override that is not None put over them.
+def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> RunSettings:
+    """The settings of ``preset``, with every override that is not None put over them.
 
     Example:
-        >>> preset_settings("tiny", {"n_layer": 2, "lr": None})["n_layer"]
+        >>> preset_settings("tiny", {"n_layer": 2, "lr": None}).n_layer
         2
-        >>> preset_settings("tiny")["optimizer"], preset_settings("shakespeare-cpu")["optimizer"]
+        >>> preset_settings("tiny").optimizer, preset_settings("shakespeare-cpu").optimizer
         ('adamw', 'muon')
         >>> preset_settings("huge")
         Traceback (most recent call last):
@@ -128,13 +100,4 @@ def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> 
     """
     if preset not in PRESETS:
         raise UserValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
-    defaults = TrainConfig()
-    settings = {name: getattr(defaults, name) for name in TRAIN_FIELDS} | PRESETS[preset]
-    for name, value in (overrides or {}).items():
-        if name not in SETTINGS:
-            raise UserValueError(
-                f"unknown setting {name!r}; the settings are {', '.join(SETTINGS)}"
-            )
-        if value is not None:
-            settings[name] = value
-    return settings
+    return PRESETS[preset].replace(overrides or {})

@@ -1,12 +1,12 @@
-"""A GPT trained on a text, end to end: presets, ``train_gpt``, ``load_gpt`` and ``sample_text``.
+"""A GPT trained on a text, end to end: ``prepare_run`` and ``train_gpt``.
 
 This is where the pieces of a run meet, so that the command line and a Python user do the same
 thing by the same call::
 
     text --data.CharTokenizer--> token ids --data.split_tokens--> TokenSplits
-    preset + overrides --> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
+    preset + settings --RunSettings--> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
     RunMeta(config, tokenizer, corpus) --> Trainer(model, splits, config, meta) --> checkpoints
-    checkpoints --load_gpt--> GPT + CharTokenizer --sample_text--> text
+    checkpoints --gptblock.loading.load_gpt--> GPT + CharTokenizer --sample_text--> text
 
 ``prepare_run`` builds everything (under ``torchrun`` it also joins the process group) and
 returns a ``GPTRun`` whose ``fit`` trains; ``train_gpt`` is both in one call. The rule that an
@@ -20,57 +20,27 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..blocks.config import GPTConfig
-from ..data.batches import (
-    CharTokenizer,
-    TokenSplits,
-    load_corpus,
-    split_text,
-    split_tokens,
-    token_splits,
-)
+from ..data.batches import CharTokenizer, TokenSplits, split_text, split_tokens, token_splits
 from ..data.bpe import BPETokenizer
+from ..data.text import load_corpus
 from ..devices import resolve_device, resolve_dtype
 from ..distributed import DistInfo, finish_distributed, init_distributed
 from ..errors import UserTypeError, UserValueError
 from ..model.footprint import check_memory
 from ..model.gpt import GPT
-from ..runs.checkpoint import BEST, Checkpoint, load_checkpoint
 from ..runs.meta import CorpusInfo, RunMeta
 from ..runs.rundir import check_run_dir, make_run_dir
-from ..runs.statedict import load_model_state
-from ..sampling import sample_text, stream_text
+from ..sampling import sample_text
 from .config import TrainConfig
-from .loop import Trainer, TrainResult
-from .presets import (
-    DEFAULT_PRESET,
-    MODEL_FIELDS,
-    PRESETS,
-    SETTINGS,
-    TRAIN_FIELDS,
-    preset_settings,
-)
-from .state import check_fields
+from .loop import Trainer
+from .presets import DEFAULT_PRESET, preset_settings
+from .result import TrainResult
 
-__all__ = [
-    "DEFAULT_PRESET",
-    "MODEL_FIELDS",
-    "PRESETS",
-    "SETTINGS",
-    "TRAIN_FIELDS",
-    "GPTRun",
-    "load_gpt",
-    "load_hf",
-    "prepare_run",
-    "preset_settings",
-    "sample_text",
-    "stream_text",
-    "train_gpt",
-]
+__all__ = ["GPTRun", "prepare_run", "train_gpt"]
 
 
 @dataclass
@@ -132,14 +102,8 @@ def prepare_run(
     preset: str = DEFAULT_PRESET,
     resume: bool = False,
     allow_other_data: bool = False,
-    seed: int = 1337,
-    device: str = "cpu",
-    dtype: str | None = None,
-    compile: bool = False,
     progress: bool = True,
-    tokenizer: str = "char",
-    vocab_size: int | None = None,
-    **overrides: Any,
+    **settings: Any,
 ) -> GPTRun:
     """Build a GPT run on a text: tokenizer, splits, model and trainer.
 
@@ -154,22 +118,18 @@ def prepare_run(
         out_dir: where checkpoints go (None: nowhere). A run already there is continued with
             ``resume`` and otherwise refused, never overwritten; a directory holding anything
             but a gptblock run is refused too.
-        preset: a key of ``PRESETS``; ``overrides`` (``n_layer=2``, ``lr=3e-3``, ...) replace
-            its values, and None values are ignored.
+        preset: a key of ``PRESETS``, the ``RunSettings`` to start from.
         resume: continue the run in ``out_dir`` exactly where it stopped.
         allow_other_data: let ``resume`` continue on a text other than the checkpoint's (by
             size and SHA-256); without it that is refused, naming both.
-        seed: seeds the weights, the batches and dropout.
-        device: "cpu", "cuda", "cuda:N", "mps" or "auto".
-        dtype: "float32", an autocast dtype ("bfloat16", "float16"), or "auto": bfloat16 where
-            the device multiplies it in hardware, else float32 (``devices.resolve_dtype``).
-            None: the preset's.
-        compile: ``torch.compile`` the model for the training steps.
         progress: show a progress bar.
-        tokenizer: ``"char"`` (a token per character, the vocabulary the text's characters) or
-            ``"bpe"``: byte-level BPE with ``vocab_size`` tokens (``gptblock.data.bpe``), learnt from
-            the training part of the text alone, so the validation text is never seen by it.
-        vocab_size: BPE's vocabulary size (at least 256); only with ``tokenizer="bpe"``.
+        settings: fields of ``RunSettings`` (``gptblock.train.settings``, each with its
+            meaning) that replace the preset's; None values are ignored. Among them:
+            ``n_layer=2``, ``lr=3e-3``; ``seed`` (weights, batches, dropout); ``device``
+            ("cpu", "cuda", "cuda:N", "mps" or "auto", the default: the accelerator there is);
+            ``dtype`` ("float32", "bfloat16", "float16", or "auto": bfloat16 where the device
+            multiplies it in hardware); ``compile``; ``tokenizer`` ("char", or "bpe": byte-level
+            BPE of ``vocab_size`` tokens, learnt from the training part of the text alone).
 
     Raises:
         UserValueError, UserFileNotFoundError, ...: a bad file, setting or device, named.
@@ -183,22 +143,17 @@ def prepare_run(
         # Before anything is read or built; the trainer checks again under the directory's
         # lock when it starts, so the rule holds for every caller.
         check_run_dir(out_dir, resume=resume)
+    s = preset_settings(preset, settings)
+    device = resolve_device(s.device)
+    train_config = s.train_config(device=device, dtype=resolve_dtype(s.dtype, device))
     if text is not None:
         if not isinstance(text, str):
             raise UserTypeError(f"text must be a str, got {type(text).__name__}")
         source = "text given in Python"
     else:
         text, source = load_corpus(data)  # a built-in corpus's name, a file, or the default
-    s = preset_settings(preset, overrides)
-    tok, splits, val_characters = _tokenize(text, tokenizer, vocab_size, s["block_size"])
-    model_config = GPTConfig(tok.vocab_size, **{k: s[k] for k in MODEL_FIELDS})
-    train_config = TrainConfig(
-        **{k: v for k, v in s.items() if k not in (*MODEL_FIELDS, "dtype") or k == "block_size"},
-        seed=seed,
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype or s["dtype"], resolve_device(device)),
-        compile=compile,
-    )
+    tok, splits, val_characters = _tokenize(text, s.tokenizer, s.vocab_size, s.block_size)
+    model_config = s.model_config(tok.vocab_size)
     check_memory(model_config, train_config.batch_size, len(text), train_config.device)
     corpus = CorpusInfo.of(text, source)
     meta = RunMeta(model_config, tok, corpus, allow_other_data=allow_other_data)
@@ -207,7 +162,7 @@ def prepare_run(
     dist, device = init_distributed(train_config.device)
     try:
         train_config = dataclasses.replace(train_config, device=device)
-        torch.manual_seed(seed)  # the same initial weights on every process
+        torch.manual_seed(s.seed)  # the same initial weights on every process
         model = GPT(model_config)
         trainer = Trainer(
             model, splits, train_config, out_dir=out_dir, meta=meta, progress=progress
@@ -223,20 +178,15 @@ def prepare_run(
 def _tokenize(
     text: str, kind: str, vocab_size: int | None, block_size: int
 ) -> tuple[CharTokenizer | BPETokenizer, TokenSplits, int]:
-    """The tokenizer, the split token ids, and how many characters the validation targets
-    spell (every validation token but the first is a target)."""
+    """The tokenizer (``kind`` and ``vocab_size`` as ``RunSettings`` checked them), the split
+    token ids, and how many characters the validation targets spell (every validation token
+    but the first is a target)."""
     if kind == "char":
-        if vocab_size is not None:
-            raise UserValueError("vocab_size applies to tokenizer='bpe' (--tokenizer bpe) only")
         char = CharTokenizer.from_text(text)
         splits = split_tokens(char.encode_tensor(text), block_size)
         return char, splits, len(splits.val) - 1
-    if kind != "bpe":
-        raise UserValueError(f"tokenizer must be 'char' or 'bpe', got {kind!r}")
-    if vocab_size is None:
-        raise UserValueError("tokenizer='bpe' needs a vocab_size (--vocab-size N, at least 256)")
     train_text, val_text = split_text(text)
-    bpe = BPETokenizer.train(train_text, vocab_size)  # the validation text is never seen
+    bpe = BPETokenizer.train(train_text, cast(int, vocab_size))  # the validation text is unseen
     splits = token_splits(bpe.encode(train_text), bpe.encode(val_text), block_size)
     first = bpe.decode(splits.val[:1].tolist())
     return bpe, splits, len(val_text) - len(first)
@@ -247,7 +197,7 @@ def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTR
 
     Example:
         >>> import tempfile
-        >>> from gptblock.data.batches import default_corpus
+        >>> from gptblock.data.text import default_corpus
         >>> run = train_gpt(text=default_corpus()[:5000], out_dir=tempfile.mkdtemp(),
         ...                 n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
         ...                 max_iters=4, eval_interval=2, eval_iters=1, progress=False)
@@ -257,53 +207,3 @@ def train_gpt(data: str | os.PathLike[str] | None = None, **kwargs: Any) -> GPTR
     with prepare_run(data, **kwargs) as run:
         run.fit()
     return run
-
-
-def load_gpt(
-    out_dir: str | os.PathLike[str], kind: str = BEST, device: str | torch.device = "cpu"
-) -> tuple[GPT, CharTokenizer | BPETokenizer, Checkpoint]:
-    """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory.
-
-    Every field of the checkpoint is checked (``RunMeta.from_checkpoint``,
-    ``train_state.check_fields``, the weights' shapes, ties and finiteness) before the model
-    is returned.
-
-    Args:
-        out_dir: the directory ``gptblock train --out`` wrote.
-        kind: "best" (lowest validation loss, the default) or "last".
-        device: where to put the model.
-
-    Returns:
-        The model in eval mode, the tokenizer, and the checkpoint (for its other fields).
-
-    Raises:
-        FileNotFoundError, CheckpointError: naming the file and the problem.
-    """
-    target = resolve_device(device) if isinstance(device, str) else device
-    ckpt = load_checkpoint(out_dir, kind)
-    meta = RunMeta.from_checkpoint(ckpt)
-    check_fields(ckpt)
-    model = GPT(meta.model_config)
-    load_model_state(model, ckpt)
-    return model.to(target).eval(), meta.tokenizer, ckpt
-
-
-def load_hf(
-    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[GPT, BPETokenizer]:
-    """A Hugging Face GPT-2 directory (``save_pretrained``'s: config, safetensors, tokenizer) as
-    gptblock's GPT, in eval mode on ``device``, and its BPE tokenizer; read offline.
-
-    Raises:
-        UserImportError: transformers or tokenizers is missing (``pip install "gptblock[hf]"``).
-        UserFileNotFoundError: the directory, its weights or its tokenizer is missing.
-    """
-    target = resolve_device(device) if isinstance(device, str) else device
-    tokenizer = BPETokenizer.from_directory(directory)
-    model = GPT.from_hf(directory)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserValueError(
-            f"{directory}: its tokenizer has {tokenizer.vocab_size} tokens, more than the "
-            f"model's vocab_size={model.config.vocab_size}"
-        )
-    return model.to(target).eval(), tokenizer

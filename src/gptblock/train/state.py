@@ -8,6 +8,10 @@ stopped at step k and resumed therefore ends with bit-identical weights.
 
 Tensors go to safetensors (``model.*``, ``optim.*``, ``rng.*``), everything else to the JSON:
 the run's metadata, the step, the losses so far, the optimizer's layout, the loss scaler.
+
+A trainer hands ``capture`` its ``Parts`` (the objects with state) and ``History`` (how far it has
+come), and takes a ``History`` back from ``restore``: this module reads and writes no trainer's
+attributes, so it needs no ``Trainer`` and the trainer's loop can import it.
 """
 
 from __future__ import annotations
@@ -16,20 +20,26 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 import torch
+import torch.nn as nn
 
-from ..distributed import all_gather_rows, comm_device
+from ..distributed import DistInfo, all_gather_rows, comm_device
 from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
 from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
 from .config import TrainConfig
 
-if TYPE_CHECKING:
-    from .loop import Trainer
-
-__all__ = ["PlainMeta", "RunMetadata", "capture", "check_fields", "restore"]
+__all__ = [
+    "History",
+    "Parts",
+    "PlainMeta",
+    "RunMetadata",
+    "capture",
+    "check_fields",
+    "restore",
+]
 
 
 class RunMetadata(Protocol):
@@ -58,28 +68,55 @@ class PlainMeta:
             check_same_field(ckpt, name, ckpt.meta.get(name), value)
 
 
-def capture(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Everything a checkpoint of ``trainer`` holds: tensors (for safetensors) and JSON fields.
+class Parts(NamedTuple):
+    """The objects of a run whose state a checkpoint holds (``Trainer.parts()``)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # float16's loss scale
+    generator: torch.Generator  # draws the training batches
+
+
+@dataclass
+class History:
+    """How far a run has come: the steps done, the losses read and estimated, the best."""
+
+    step: int = 0  # optimizer steps completed
+    best_val_loss: float | None = None  # lowest validation estimate; None before any
+    losses: list[float] = field(default_factory=list)  # training loss of each step, from 1
+    evals: list[dict[str, float]] = field(default_factory=list)  # {"step", "train", "val"}
+
+
+def capture(
+    parts: Parts,
+    history: History,
+    *,
+    meta: RunMetadata,
+    config: TrainConfig,
+    device: torch.device,
+    world_size: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Everything a checkpoint of a run holds: tensors (for safetensors) and JSON fields.
 
     Collective under DDP: every process must call it (the RNG states are gathered).
     """
-    tensors = {f"model.{k}": v for k, v in trainer.model.state_dict().items()}
-    opt_tensors, opt_json = optimizer_parts(trainer.optimizer)
+    tensors = {f"model.{k}": v for k, v in parts.model.state_dict().items()}
+    opt_tensors, opt_json = optimizer_parts(parts.optimizer)
     tensors.update(opt_tensors)
-    tensors["rng.data"] = trainer.generator.get_state()
-    comm = comm_device(trainer.device)
+    tensors["rng.data"] = parts.generator.get_state()
+    comm = comm_device(device)
     for r, s in enumerate(all_gather_rows(torch.get_rng_state().to(comm))):
         tensors[f"rng.cpu.{r}"] = s.cpu()
-    if trainer.device.type == "cuda":
-        cuda_state = torch.cuda.get_rng_state(trainer.device).to(comm)
+    if device.type == "cuda":
+        cuda_state = torch.cuda.get_rng_state(device).to(comm)
         for r, s in enumerate(all_gather_rows(cuda_state)):
             tensors[f"rng.cuda.{r}"] = s.cpu()
-    meta = {
-        **trainer.meta.to_json(),
-        "step": trainer.step,
-        "best_val_loss": trainer.best_val_loss,
-        "train_config": dataclasses.asdict(trainer.config),
-        "world_size": trainer.dist.world_size,
+    fields = {
+        **meta.to_json(),
+        "step": history.step,
+        "best_val_loss": history.best_val_loss,
+        "train_config": dataclasses.asdict(config),
+        "world_size": world_size,
         # Where the randomness lives, for a reader of the JSON: the batches' generator
         # (seeded with train_config.seed) and each process's global RNG (dropout).
         "rng": {
@@ -87,10 +124,10 @@ def capture(trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             "dropout": sorted(k for k in tensors if k.startswith(("rng.cpu.", "rng.cuda."))),
         },
         "optimizer": opt_json,
-        "scaler": trainer.scaler.state_dict(),
-        "history": {"loss": trainer.losses, "evals": trainer.evals},
+        "scaler": parts.scaler.state_dict(),
+        "history": {"loss": history.losses, "evals": history.evals},
     }
-    return tensors, meta
+    return tensors, fields
 
 
 def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
@@ -161,33 +198,43 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
-    """Put ``trainer`` in the state ``capture`` saved, after checking it is this run's."""
-    check_fields(ckpt, trainer.config.max_iters)
-    trainer.meta.check_resume(ckpt)
-    load_model_state(trainer.model, ckpt)
-    load_optimizer_state(trainer.optimizer, ckpt)
+def restore(
+    parts: Parts,
+    ckpt: Checkpoint,
+    *,
+    meta: RunMetadata,
+    config: TrainConfig,
+    device: torch.device,
+    dist: DistInfo,
+) -> History:
+    """Put ``parts`` in the state ``capture`` saved, after checking (``meta``) that it is this
+    run's; and the run's ``History`` as it was then."""
+    check_fields(ckpt, config.max_iters)
+    meta.check_resume(ckpt)
+    load_model_state(parts.model, ckpt)
+    load_optimizer_state(parts.optimizer, ckpt)
     if ckpt.meta.get("scaler"):
-        trainer.scaler.load_state_dict(ckpt.meta["scaler"])
-    d = trainer.dist
+        parts.scaler.load_state_dict(ckpt.meta["scaler"])
+    d = dist
     try:
-        trainer.generator.set_state(ckpt.tensors["rng.data"])
+        parts.generator.set_state(ckpt.tensors["rng.data"])
         if ckpt.meta["world_size"] == d.world_size:
             torch.set_rng_state(ckpt.tensors[f"rng.cpu.{d.rank}"])
-            if trainer.device.type == "cuda" and f"rng.cuda.{d.rank}" in ckpt.tensors:
-                torch.cuda.set_rng_state(ckpt.tensors[f"rng.cuda.{d.rank}"], trainer.device)
+            if device.type == "cuda" and f"rng.cuda.{d.rank}" in ckpt.tensors:
+                torch.cuda.set_rng_state(ckpt.tensors[f"rng.cuda.{d.rank}"], device)
         else:
             warnings.warn(
                 f"{ckpt.path} was saved by {ckpt.meta['world_size']} processes, this run has "
                 f"{d.world_size}: dropout is re-seeded, so the run is not an exact continuation",
                 stacklevel=3,
             )
-            torch.manual_seed(trainer.config.seed + 1000 * d.rank + ckpt.meta["step"])
+            torch.manual_seed(config.seed + 1000 * d.rank + ckpt.meta["step"])
     except (KeyError, RuntimeError) as e:
         raise CheckpointError(
             f"{ckpt.tensors_path}: missing or malformed RNG state ({e})"
         ) from None
-    trainer.step = int(ckpt.meta["step"])
-    trainer.best_val_loss = ckpt.meta["best_val_loss"]
-    trainer.losses = list(ckpt.meta["history"]["loss"])
-    trainer.evals = list(ckpt.meta["history"]["evals"])
+    saved = ckpt.meta
+    history = saved["history"]
+    return History(
+        int(saved["step"]), saved["best_val_loss"], list(history["loss"]), list(history["evals"])
+    )
