@@ -24,7 +24,8 @@ import torch
 
 from ..errors import UserValueError
 from .dataflow import Unread
-from .mapping import ROLES, MappedBlock, map_roles, resolve_roles
+from .given import fix_roles, is_given, perturb_given
+from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe, perturb
 from .report import CAUGHT, one_line
 from .steps import Parts
@@ -126,7 +127,8 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = _dataflow(subject, longest)
-    if not isinstance(found, str) and agrees(found[0], roles):
+    explicit = {r: n for r, n in roles.items() if is_given(subject.module, n)}
+    if not isinstance(found, str) and not explicit and agrees(found[0], roles):
         read, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
@@ -134,19 +136,22 @@ def read_parts(
     why = found if isinstance(found, str) else ""
     parts = discover(subject.module)
     try:
-        given = resolve_roles(parts, roles)
+        fixed = fix_roles(subject.module, subject.C, parts, roles)
+    except UserValueError:
+        raise
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     T = subject.T
     x = subject.input(T, T, subject.C)
-    called = observe(subject.module, parts, lambda: subject(x))
-    mapped = map_roles(subject.module, subject.C, parts, called, given)
+    called = observe(subject.module, fixed.kept, lambda: subject(x))
+    mapped = map_roles(subject.module, subject.C, fixed.parts, called, fixed.roles)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by names: {mapped.reason}" if why else mapped.reason
     if why:
         notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
     perturb(parts)
+    perturb_given(fixed.sliced)
     x = torch.randn(
         T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
     )
