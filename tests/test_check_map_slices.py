@@ -78,6 +78,28 @@ class PerHead(nn.Module):
         return x + self.f(nn.functional.gelu(self.e(self.n2(x)))) + 0 * self.n3(x)
 
 
+class PerHeadPacked(nn.Module):
+    """q, k, v packed per head in one (nh, C, 3hs) tensor, as BLOOM / GPT-NeoX pack their rows."""
+
+    def __init__(self, n_embd=C, scale=HS**-0.5):
+        super().__init__()
+        self.scale = scale
+        self.n1, self.n2, self.n3 = (nn.LayerNorm(n_embd) for _ in range(3))
+        self.W_qkv = nn.Parameter(torch.randn(NH, n_embd, 3 * HS) * n_embd**-0.5)
+        self.b_qkv = nn.Parameter(torch.randn(NH, 3 * HS) * 0.1)
+        self.o = nn.Linear(n_embd, n_embd)
+        self.e, self.f = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        h = self.n1(x)
+        qkv = torch.einsum("btc,hcd->bhtd", h, self.W_qkv) + self.b_qkv[:, None, :]
+        q, k, v = qkv.split(HS, dim=-1)  # (B, nh, T, hs) each
+        z = _attend(q, k, v, self.scale).transpose(1, 2).reshape(B, T, C)
+        x = x + self.o(z)
+        return x + self.f(nn.functional.gelu(self.e(self.n2(x)))) + 0 * self.n3(x)
+
+
 def _roles(line):
     return dict(parse_role(a) for a in line.split())
 
@@ -97,6 +119,12 @@ MAPS = {
         PerHead,
         {},
         f"{NORMS_MLP} q=W_Q:in_out k=W_K:in_out v=W_V:in_out proj=W_O:in_out",
+    ),
+    "per_head_packed": (
+        PerHeadPacked,
+        {},
+        f"{NORMS_MLP} proj=o q=W_qkv[:,:,0:8]:in_out k=W_qkv[:,:,8:16]:in_out "
+        "v=W_qkv[:,:,16:24]:in_out",
     ),
 }
 

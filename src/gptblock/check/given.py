@@ -141,9 +141,14 @@ class _Matrix(nn.Module):
         w: Tensor = self.__dict__["weight_of"].detach()
         b: Tensor | None = self.__dict__["bias_of"]
         b = b.detach() if b is not None else None
+        in_out = g.layout == "in_out"
+        out_dim = w.dim() - (1 if in_out else 2)  # the stored dimension that is the output
         if g.slices is not None:
             w = w[g.slices]
-        in_out = g.layout == "in_out"
+            if b is not None and b.dim() == 2 == w.dim() - 1:  # (nh, hs) per head: heads, output
+                b = b[g.slices[0], g.slices[out_dim]]
+            elif b is not None:
+                b = b[g.slices[out_dim]]
         if w.dim() == 3:  # (nh, in, out) or (nh, out, in) per head
             w = w.transpose(1, 2) if in_out else w  # (nh, out_h, in_h)
             nh, out_h, in_h = w.shape
@@ -154,8 +159,6 @@ class _Matrix(nn.Module):
             b = b.reshape(-1) if b is not None else None
         else:
             w = w.t() if in_out else w
-            if b is not None and g.slices is not None:
-                b = b[g.slices[1 if in_out else 0]]
         return w, b
 
     def forward(self, h: Tensor) -> Tensor:

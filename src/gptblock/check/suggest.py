@@ -39,7 +39,7 @@ def suggest_map(module: nn.Module, C: int) -> str:
     place = {n: i for i, n in enumerate(named)}
     per_head = {n: p for n, p in named.items() if p.dim() == 3}
     biases = {paired_bias(named, n, p) for n, p in per_head.items()}  # b_Q (nh, hs): no matrix
-    matrices = [
+    matrices: list[tuple[int, str, tuple[int, ...] | None]] = [
         (place[p.params[0]], p.name, None)
         for p in parts
         if p.kind in ("linear", "matrix") and p.params[0] not in biases
