@@ -163,19 +163,38 @@ def test_a_slice_or_layout_that_does_not_fit_is_an_error_saying_why(given, why):
         check_block(Packed(), roles=roles)
 
 
-def test_a_per_head_tensor_without_its_layout_is_an_error_naming_the_layout():
+def test_a_per_head_tensor_named_plainly_takes_the_layout_that_fits():
+    plain = check_block(PerHead(), roles=_roles(f"{NORMS_MLP} q=W_Q k=W_K v=W_V proj=W_O"))
+    assert plain.passed, str(plain)
     with pytest.raises(UserValueError, match="check the slice, or the layout"):
-        check_block(PerHead(), roles=_roles(f"{NORMS_MLP} q=W_Q"))
+        check_block(PerHead(), roles=_roles(f"{NORMS_MLP} q=W_Q:out_in"))
 
 
-def test_the_suggested_map_gives_per_head_tensors_their_layout():
-    report = check_block(PerHead())
+SUGGESTED = {
+    "in_out": (Packed, {}, "qkv=attn.weight:in_out proj=proj fc1=e fc2=f"),
+    "per_head": (
+        PerHead,
+        {},
+        "q=W_Q:in_out k=W_K:in_out v=W_V:in_out proj=W_O:in_out fc1=e fc2=f",
+    ),
+    "per_head_packed": (
+        PerHeadPacked,
+        {},
+        "q=W_qkv[:,:,0:8]:in_out k=W_qkv[:,:,8:16]:in_out v=W_qkv[:,:,16:24]:in_out proj=o "
+        "fc1=e fc2=f",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SUGGESTED)
+def test_an_unverified_report_suggests_the_slice_and_layout_that_verify_it(name):
+    factory, kwargs, expected = SUGGESTED[name]
+    report = check_block(factory(**kwargs))
     assert report.verdict == "UNVERIFIED", str(report)
-    assert report.verify == (
-        "--map ln1=n1 ln2=n2 q=W_Q:in_out k=W_K:in_out v=W_V:in_out proj=W_O:in_out fc1=e fc2=f"
-    )
-    assert check_block(PerHead(), roles=_roles(report.verify.removeprefix("--map "))).passed
-    mistaken = check_block(PerHead(scale=1.0), roles=_roles(report.verify.removeprefix("--map ")))
+    assert report.verify == f"--map ln1=n1 ln2=n2 {expected}"
+    roles = _roles(report.verify.removeprefix("--map "))
+    assert check_block(factory(**kwargs), roles=roles).passed
+    mistaken = check_block(factory(**kwargs, scale=1.0), roles=roles)
     assert mistaken.diagnosis == ["no_scaling"], str(mistaken)
 
 

@@ -1,4 +1,4 @@
-"""Roles given by hand as a slice and a layout of one parameter (``--map q=attn.c_attn.weight[:, 0:32]``).
+"""Roles given by hand as a slice and a layout of a parameter (``--map q=attn.w[:,0:32]:in_out``).
 
 A ``--map`` value is ``PATH[SLICES]:LAYOUT``, where only ``PATH`` is required:
 
@@ -9,8 +9,12 @@ A ``--map`` value is ``PATH[SLICES]:LAYOUT``, where only ``PATH`` is required:
 * ``:LAYOUT``: how the (sliced) tensor holds the role's matrix: ``out_in`` (the default,
   ``nn.Linear``'s (out, in)) or ``in_out`` (used as ``x @ W``: GPT-2's ``Conv1D``, picoGPT). A
   3-D tensor is one matrix per head, heads first: ``W_Q`` (nh, C, hs) is ``in_out``, (nh, hs, C)
-  ``out_in``; the heads concatenate along the role's per-head side (the output of ``q``, ``k``,
-  ``v``, the input of ``proj``), as the lesson concatenates its heads.
+  ``out_in`` (named without a layout, it is read in the one that fits its role); the heads
+  concatenate along the role's per-head side (the output of ``q``, ``k``, ``v``, the input of
+  ``proj``), as the lesson concatenates its heads.
+
+No spaces inside the brackets on the command line (the shell splits there); ``roles=`` takes
+them. The trace is not consulted for such a role: it is taken as given.
 
 The bias, where there is one, is the parameter that pairs with the weight (``weight``/``bias``,
 ``W_Q``/``b_Q``), sliced along the output. Every given matrix must fit its role: (D, C) for
@@ -200,6 +204,10 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
             )
         if g.slices is not None:
             _check_slices(role, g, tuple(p.shape))
+        if (
+            p.dim() == 3 and ":" not in text
+        ):  # a per-head tensor named plainly: the layout that fits
+            g = _fitting(role, C, p, g)
         m = _Matrix(role, p, _bias(named, g.path, p), g)
         w, b = m.canonical()
         _check_fits(role, text, C, tuple(w.shape))
@@ -207,6 +215,16 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
         shape = (int(w.shape[0]), int(w.shape[1]))
         out[role] = Part(text, "linear", start + len(out), m, params, shape)
     return out
+
+
+def _fitting(role: str, C: int, p: nn.Parameter, g: Given) -> Given:
+    """``g`` read in_out when only that layout fits the role (``W_Q`` (nh, C, hs) for q)."""
+    flipped = Given(g.path, g.slices, "in_out", g.text)
+    try:
+        _check_fits(role, g.text, C, tuple(_Matrix(role, p, None, g).canonical()[0].shape))
+    except UserValueError:
+        return flipped
+    return g
 
 
 def _check_slices(role: str, g: Given, shape: tuple[int, ...]) -> None:

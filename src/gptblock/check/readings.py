@@ -24,7 +24,7 @@ import torch
 
 from ..errors import UserValueError
 from .dataflow import Unread
-from .given import fix_roles, is_given, perturb_given
+from .given import fix_roles, perturb_given
 from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe, perturb
 from .report import CAUGHT, one_line
@@ -127,8 +127,8 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = _dataflow(subject, longest)
-    explicit = {r: n for r, n in roles.items() if is_given(subject.module, n)}
-    if not isinstance(found, str) and not explicit and agrees(found[0], roles):
+    sliced = any(c in n for n in roles.values() for c in "[:")  # only given, never traced
+    if not isinstance(found, str) and not sliced and agrees(found[0], roles):
         read, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
