@@ -8,7 +8,8 @@ loops over its sequences). Only where the forward pass does not show the roles d
 to the names, shapes and registration order of the module tree (``gptblock.check.mapping``).
 Roles the caller gives (``--map``) are checked against the forward pass: where they agree (any
 parameter path the trace saw, a glob for one module per head), the dataflow's reading is used;
-where they do not, the caller's roles are taken as given, through the names.
+where they do not, the caller's roles are taken as given, through the names. A role given as a
+slice or layout of a parameter (``gptblock.check.given``) is always taken as given.
 
 Shapes: B batch, T time, C channels.
 """
