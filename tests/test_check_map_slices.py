@@ -166,6 +166,8 @@ def test_a_slice_or_layout_that_does_not_fit_is_an_error_saying_why(given, why):
 def test_a_per_head_tensor_named_plainly_takes_the_layout_that_fits():
     plain = check_block(PerHead(), roles=_roles(f"{NORMS_MLP} q=W_Q k=W_K v=W_V proj=W_O"))
     assert plain.passed, str(plain)
+    line = f"{NORMS_MLP} proj=o q=W_qkv[:,:,0:8] k=W_qkv[:,:,8:16] v=W_qkv[:,:,16:24]"
+    assert check_block(PerHeadPacked(), roles=_roles(line)).passed
     with pytest.raises(UserValueError, match="check the slice, or the layout"):
         check_block(PerHead(), roles=_roles(f"{NORMS_MLP} q=W_Q:out_in"))
 

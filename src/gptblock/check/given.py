@@ -204,9 +204,7 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
             )
         if g.slices is not None:
             _check_slices(role, g, tuple(p.shape))
-        if (
-            p.dim() == 3 and ":" not in text
-        ):  # a per-head tensor named plainly: the layout that fits
+        if p.dim() == 3 and re.search(r":\w+$", text) is None:  # per head, no layout written
             g = _fitting(role, C, p, g)
         m = _Matrix(role, p, _bias(named, g.path, p), g)
         w, b = m.canonical()
