@@ -26,6 +26,9 @@ Which file owns what:
 * ``mapping`` -- the parts given their roles from shapes, names, the forward pass and
   registration order, or as the caller names them (``--map``); ``linears`` scores every
   assignment of the linear layers. The fallback when the dataflow does not show the roles.
+* ``given`` -- a role given as a slice and layout of a parameter (``--map
+  q=attn.c_attn.weight[:,0:32]:in_out``, ``q=W_Q:in_out`` for (nh, C, hs) per head), checked
+  against the role's shape.
 * ``steps`` -- the lessons' block computed step by step from those parts, each step replaceable.
 * ``variants`` -- the catalogued mistakes as changes to those steps, and their combinations.
 * ``search`` -- ``explain``: the smallest set of them that reproduces a block, and its ties.
@@ -49,7 +52,8 @@ said), and nothing imports ``gptblock.cli``:
    ``build`` uses ``arguments``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
-   ``linears``, ``suggest`` uses ``mapping``, ``readings`` uses ``weights`` and ``mapping``;
+   ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
+   ``given`` and ``mapping`` (``readings`` also ``weights``);
    ``isolation`` uses ``report`` and ``target`` (only to validate a spec: it never imports the
    user's code);
 4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,

@@ -8,7 +8,8 @@ loops over its sequences). Only where the forward pass does not show the roles d
 to the names, shapes and registration order of the module tree (``gptblock.check.mapping``).
 Roles the caller gives (``--map``) are checked against the forward pass: where they agree (any
 parameter path the trace saw, a glob for one module per head), the dataflow's reading is used;
-where they do not, the caller's roles are taken as given, through the names.
+where they do not, the caller's roles are taken as given, through the names. A role given as a
+slice or layout of a parameter (``gptblock.check.given``) is always taken as given.
 
 Shapes: B batch, T time, C channels.
 """
@@ -24,7 +25,8 @@ import torch
 
 from ..errors import UserValueError
 from .dataflow import Unread
-from .mapping import ROLES, MappedBlock, map_roles, resolve_roles
+from .given import fix_roles, perturb_given
+from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe, perturb
 from .report import CAUGHT, one_line
 from .steps import Parts
@@ -126,7 +128,8 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = _dataflow(subject, longest)
-    if not isinstance(found, str) and agrees(found[0], roles):
+    sliced = any(c in n for n in roles.values() for c in "[:")  # only given, never traced
+    if not isinstance(found, str) and not sliced and agrees(found[0], roles):
         read, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
@@ -134,19 +137,22 @@ def read_parts(
     why = found if isinstance(found, str) else ""
     parts = discover(subject.module)
     try:
-        given = resolve_roles(parts, roles)
+        fixed = fix_roles(subject.module, subject.C, parts, roles)
+    except UserValueError:
+        raise
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     T = subject.T
     x = subject.input(T, T, subject.C)
-    called = observe(subject.module, parts, lambda: subject(x))
-    mapped = map_roles(subject.module, subject.C, parts, called, given)
+    called = observe(subject.module, fixed.kept, lambda: subject(x))
+    mapped = map_roles(subject.module, subject.C, fixed.parts, called, fixed.roles)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by names: {mapped.reason}" if why else mapped.reason
     if why:
         notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
     perturb(parts)
+    perturb_given(fixed.sliced)
     x = torch.randn(
         T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
     )

@@ -117,7 +117,9 @@ def check_block(
             reproducible.
         roles: parts of the block by role, where the checker cannot tell them itself:
             ``{"q": "attn.wq", "ln1": "norm_a", ...}`` (roles ``ln1 ln2 q k v qkv proj fc1
-            fc2``; a name may be a glob such as ``"heads.*.query"``, one module per head).
+            fc2``; a name may be a glob such as ``"heads.*.query"``, one module per head, or a
+            slice and layout of a parameter such as ``"attn.c_attn.weight[:,0:32]:in_out"``:
+            ``gptblock.check.given``).
         isolate: run the block in a child process, so that a block that exits, crashes or
             hangs yields a report instead of taking this process with it. Default: only for a
             text target (an object must be picklable to cross; ``gptblock check`` always

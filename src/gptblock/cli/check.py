@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="ROLE=NAME",
         help=f"the block's part for a role the checker cannot read itself (roles: "
         f"{' '.join(ROLES)}; NAME a module or parameter, a glob like heads.*.query for one "
-        "module per head); an UNVERIFIED report suggests one",
+        "module per head, or a slice and layout like attn.c_attn.weight[:,0:32]:in_out or "
+        "W_Q:in_out for (nh, C, hs) per head); an UNVERIFIED report suggests one",
     )
     p.add_argument(
         "--timeout",
