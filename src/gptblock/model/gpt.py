@@ -131,12 +131,10 @@ class GPT(nn.Module):
                 nn.init.ones_(p)
 
     # --- other tools' files: gptblock.interop --------------------------------------------------
-    # The model imports no I/O, so these four shortcuts, documented since 0.3, are the functions
-    # of gptblock.interop, which attaches them to the class when it is imported (as `import
-    # gptblock` always does): GPT.from_hf(source, block="fused") is interop.hf.from_hf, to_hf()
-    # interop.hf.to_hf_model, save_hf(directory, tokenizer=None) interop.hf.save_hf, and
-    # from_nanogpt(path, block="fused") interop.nanogpt.from_nanogpt. Declared here for readers
-    # and type checkers; gptblock.load reads every source through one call.
+    # The model imports no I/O: these shortcuts (documented since 0.3) are interop.hf's from_hf,
+    # to_hf_model, save_hf and interop.nanogpt's from_nanogpt, attached to the class when
+    # gptblock.interop is imported (as `import gptblock` does); declared here for readers and
+    # type checkers. gptblock.load reads every source through one call.
     from_hf: ClassVar[Callable[..., GPT]]
     to_hf: ClassVar[Callable[[GPT], Any]]
     save_hf: ClassVar[Callable[..., Path]]
