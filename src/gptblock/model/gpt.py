@@ -34,7 +34,7 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .generation import decode
 from .generation.sampling import GenerationStep
-from .parts import BlockFn, GPTParts
+from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
 __all__ = ["GPT", "GPTOutput"]
@@ -230,7 +230,7 @@ class GPT(nn.Module):
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
         return GPTParts(
             self.wte,
-            self.wpe,
+            None if self.wpe is None else EmbeddedPositions(self.wpe),
             self.blocks if blocks is None else blocks,
             cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
@@ -254,7 +254,7 @@ class GPT(nn.Module):
         x = parts.wte(idx)  # (B, T, C)
         if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
             start = 0 if caches is None else caches[0].length
-            x = x + parts.wpe(torch.arange(start, start + T, device=idx.device))  # + (T, C)
+            x = x + parts.wpe(start, T)  # + (T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)
