@@ -136,3 +136,15 @@ def test_no_module_imports_itself_round_a_circle():
         frozenset({a} | {b for b in reach[a] if a in reach[b]}) for a in graph if a in reach[a]
     }
     assert circles == KNOWN_CIRCLES
+
+
+MAX_LINES = 400  # STYLE.md: a file a reader can hold; past it, split along a seam
+
+
+def test_no_source_file_is_over_400_lines():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in sorted(SRC.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"

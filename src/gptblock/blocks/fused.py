@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
 from .attention import Attention, KVStore, ModernHeads, SelfAttention, repeat_kv
-from .config import BlockConfig, activation_function, check_input
+from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
 from .masks import blocked_positions, masked_softmax
 from .norms import RMSNorm
 from .parts import Dense, LayerNormFn, Linear, Norm
@@ -105,7 +105,6 @@ def block_forward(
         x (B, T, C) -> (B, T, C).
     """
     config = parts.config
-    act = activation_function(config.activation)
     x = at(probe, "resid_pre", x)  # (B, T, C)
     h = parts.norm1(x)  # (B, T, C)
     a = parts.attn(h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe)
@@ -116,6 +115,7 @@ def block_forward(
     if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attn
         h = parts.norm2(x)
     if parts.linear3 is None:
+        act = ACTIVATION_FUNCTIONS[config.activation]  # a name BlockConfig checked
         u = act(parts.linear1(h))  # (B, T, d_ff)
     else:  # SwiGLU: silu(gate) * up
         u = F.silu(parts.linear1(h)) * parts.linear3(h)  # (B, T, d_ff)

@@ -22,33 +22,29 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-import torch
-import torch.nn as nn
-from torch.nn import functional as F
-
+from .linear_steps import (
+    Candidate,
+    Heads,
+    NotABlock,
+    attention_module,
+    build_parts,
+    describe_roles,
+    role_names,
+)
 from .parts import Part
-from .steps import QKV, Parts, SubLayer
+from .steps import Parts
 from .vocabulary import role_hint, scope_hint
 
 __all__ = [
     "FORMS",
-    "LINEAR_ROLES",
     "MAX_LINEARS",
     "MAX_READINGS",
     "Linears",
-    "NotABlock",
     "assign_linears",
 ]
 
-Tensor = torch.Tensor
 MAX_LINEARS = 9  # more candidate linear layers than this are not searched: pass roles instead
 MAX_READINGS = 4  # tied assignments kept for the comparison to try
-Heads = list[tuple[Part, Part, Part]]
-LINEAR_ROLES = ("q", "k", "v", "qkv", "proj", "fc1", "fc2")
-
-
-class NotABlock(Exception):
-    """The parts do not make a pre-norm block, or cannot be told apart; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +66,6 @@ FORMS = {  # the roles each way of making q, k, v needs from the block's plain l
     "heads": ("proj", "fc1", "fc2"),
     "mha": ("fc1", "fc2"),
 }
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    form: str
-    roles: dict[str, Part]
-    in_out: bool  # raw matrices read as stored (in, out)
-    score: float
 
 
 def assign_linears(
@@ -124,10 +112,10 @@ def assign_linears(
     best = max(c.score for c in scored)
     tied = [c for c in scored if c.score >= best - 1e-9]
     if len({_key(c) for c in tied}) > MAX_READINGS:
-        listed = "; ".join(_describe_roles(c, heads, mhas) for c in tied[:3])
+        listed = "; ".join(describe_roles(c, heads, mhas) for c in tied[:3])
         raise NotABlock(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
-    readings = [_build(c, heads, mhas, C) for c in tied]
-    names = [_names(c, heads, mhas) for c in tied]
+    readings = [build_parts(c, heads, mhas, C) for c in tied]
+    names = [role_names(c, heads, mhas) for c in tied]
     how = [_evidence(tied[0], heads, called, fixed)]
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
@@ -136,24 +124,24 @@ def assign_linears(
     used |= {n for p in mhas for n in p.params}
     nh: tuple[int, ...] = (len(heads),) if heads else ()
     if mhas:
-        nh = (_attention_module(mhas[0]).num_heads,)
+        nh = (attention_module(mhas[0]).num_heads,)
     fallback: list[Parts] = []
     if "q, k, v" in how[0] and not fixed.keys() & {"q", "k", "v"}:  # registration order decided
         for order in list(itertools.permutations(range(3)))[1:]:
             c, hs = _permuted(tied[0], heads, order)
-            fallback.append(_build(c, hs, mhas, C))
-            names.append(_names(c, hs, mhas))
+            fallback.append(build_parts(c, hs, mhas, C))
+            names.append(role_names(c, hs, mhas))
     return Linears(readings, names, how, nh, used, fallback)
 
 
-def _permuted(c: _Candidate, heads: Heads, order: tuple[int, ...]) -> tuple[_Candidate, Heads]:
+def _permuted(c: Candidate, heads: Heads, order: tuple[int, ...]) -> tuple[Candidate, Heads]:
     """``c`` with q, k, v taken in ``order`` instead (per head, for per-head attention)."""
     if c.form == "heads":
         return c, [(g[order[0]], g[order[1]], g[order[2]]) for g in heads]
     q, k, v = (c.roles[r] for r in ("q", "k", "v"))
     picked = [(q, k, v)[i] for i in order]
     roles = {**c.roles, "q": picked[0], "k": picked[1], "v": picked[2]}
-    return _Candidate(c.form, roles, c.in_out, c.score), heads
+    return Candidate(c.form, roles, c.in_out, c.score), heads
 
 
 def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> Heads:
@@ -194,7 +182,7 @@ def _assignments(
     mhas: list[Part],
     called: Mapping[str, int],
     in_out: bool,
-) -> Iterator[_Candidate]:
+) -> Iterator[Candidate]:
     needed = FORMS[form]
     if any(r in fixed for r in ATTENTION_ROLES if r not in needed):
         return  # the caller named a role this form does not have
@@ -210,7 +198,7 @@ def _assignments(
             continue
         unused = len(plain) - len(roles)
         score = _score(form, roles, heads, mhas, called) - 4.0 * unused
-        yield _Candidate(form, roles, in_out, score)
+        yield Candidate(form, roles, in_out, score)
 
 
 def _fits(
@@ -233,7 +221,7 @@ def _fits(
     elif form == "heads":
         D = sum(q.shape[0] for q, _, _ in heads if q.shape)
     else:
-        E = _attention_module(mhas[0]).embed_dim
+        E = attention_module(mhas[0]).embed_dim
         D = E if E == C else None
     if D is None:
         return None
@@ -278,7 +266,7 @@ def _score(
 
 
 def _evidence(
-    c: _Candidate,
+    c: Candidate,
     heads: Heads,
     called: Mapping[str, int],
     fixed: Mapping[str, list[Part]],
@@ -314,104 +302,8 @@ def _evidence(
     return "; ".join(f"{'/'.join(roles)} by {kind}" for kind, roles in by.items())
 
 
-def _key(c: _Candidate) -> tuple[object, ...]:
+def _key(c: Candidate) -> tuple[object, ...]:
     return (c.form, c.in_out, tuple(sorted((r, p.name) for r, p in c.roles.items())))
-
-
-def _build(c: _Candidate, heads: Heads, mhas: list[Part], C: int) -> Parts:
-    lin = {r: p.linear(c.in_out) for r, p in c.roles.items()}
-    if c.form == "mha":
-        qkv, proj, D = _mha(_attention_module(mhas[0]))
-    elif c.form == "heads":
-        fs = [tuple(p.linear() for p in group) for group in heads]
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
-            q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
-            return q, k, v
-
-        proj, D = lin["proj"], sum(q.shape[0] for q, _, _ in heads if q.shape)
-    elif c.form == "packed":
-        packed = lin["qkv"]
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
-            return q, k, v
-
-        proj, D = lin["proj"], c.roles["qkv"].shape_as(c.in_out)[0] // 3  # type: ignore[index]
-    else:
-        fq, fk, fv = lin["q"], lin["k"], lin["v"]
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return fq(h), fk(h), fv(h)
-
-        proj, D = lin["proj"], c.roles["q"].shape_as(c.in_out)[0]  # type: ignore[index]
-    return Parts(C, D, qkv, proj, lin["fc1"], lin["fc2"], None, None)
-
-
-def _attention_module(part: Part) -> nn.MultiheadAttention:
-    if not isinstance(part.module, nn.MultiheadAttention):
-        raise TypeError(f"{part.name} is not an nn.MultiheadAttention")
-    return part.module
-
-
-def _mha(mha: nn.MultiheadAttention) -> tuple[QKV, SubLayer, int]:
-    """q/k/v and the output projection of an nn.MultiheadAttention, from its weights."""
-    if getattr(mha, "bias_k", None) is not None or getattr(mha, "add_zero_attn", False):
-        raise NotABlock(
-            "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
-            "position: not the lessons' block"
-        )
-    E = int(mha.embed_dim)
-    if mha._qkv_same_embed_dim:
-        w = mha.in_proj_weight.detach()  # (3E, E)
-    else:
-        w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight]).detach()
-    b = mha.in_proj_bias.detach() if mha.in_proj_bias is not None else None
-    wo = mha.out_proj.weight.detach()  # (E, E)
-    bo = mha.out_proj.bias.detach() if mha.out_proj.bias is not None else None
-
-    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        bias = b.to(h.dtype) if b is not None else None
-        q, k, v = F.linear(h, w.to(h.dtype), bias).chunk(3, dim=-1)  # (B, T, 3E) -> 3 x (B, T, E)
-        return q, k, v
-
-    def proj(y: Tensor) -> Tensor:
-        return F.linear(y, wo.to(y.dtype), bo.to(y.dtype) if bo is not None else None)
-
-    return qkv, proj, E
-
-
-def _names(c: _Candidate, heads: Heads, mhas: list[Part]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    if c.form == "mha":
-        names["qkv"] = f"{_prefix(mhas[0].name)}in_proj_weight"
-        names["proj"] = f"{_prefix(mhas[0].name)}out_proj"
-    if c.form == "heads":
-        for i, role in enumerate(("q", "k", "v")):
-            names[role] = _pattern([g[i].name for g in heads])
-    for role in LINEAR_ROLES:
-        if role in c.roles:
-            part = c.roles[role]
-            names[role] = part.name + (" (in, out)" if part.kind == "matrix" and c.in_out else "")
-    return names
-
-
-def _describe_roles(c: _Candidate, heads: Heads, mhas: list[Part]) -> str:
-    return ", ".join(f"{r}={n}" for r, n in _names(c, heads, mhas).items())
-
-
-def _prefix(name: str) -> str:
-    return f"{name}." if name else ""
-
-
-def _pattern(names: list[str]) -> str:
-    """'sa.heads.*.query' for 'sa.heads.0.query', 'sa.heads.1.query', ..."""
-    split = [n.split(".") for n in names]
-    if len({len(s) for s in split}) != 1:
-        return ", ".join(names)
-    common = [parts[0] if len(set(parts)) == 1 else "*" for parts in zip(*split, strict=True)]
-    return ".".join(common)
 
 
 def _no_fit(plain: list[Part], mhas: list[Part], heads: Heads, C: int) -> str:

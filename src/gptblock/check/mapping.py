@@ -40,7 +40,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .linears import LINEAR_ROLES, NotABlock, assign_linears
+from .linear_steps import LINEAR_ROLES, NotABlock
+from .linears import assign_linears
 from .parts import Part
 from .steps import Parts, SubLayer
 from .vocabulary import norm_hint

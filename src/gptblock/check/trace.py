@@ -6,11 +6,9 @@ every ATen operator the forward pass ran (``Op``), every tensor value it made or
 depend on the input (``data``) and which only on weights and constants (static), and which of
 the block's modules was running. This works on any code, whatever modules, functions, einsums or
 raw parameters it uses (``torch.fx`` needs code it can trace symbolically; this needs only that
-the block runs). ``rerun`` runs the block again on the same input with chosen values replaced by
-others (an intervention, as in activation patching) and returns the values of other nodes; it is
-how ``gptblock.check.dataflow`` reads a weight: replace a sub-layer's input by basis vectors and
-read its output. ``replay`` re-executes the operators between two nodes as a function (a norm
-written as plain tensor code).
+the block runs). ``rerun`` runs it again with chosen values replaced (an intervention, as in
+activation patching): ``gptblock.check.dataflow`` reads a weight by replacing a sub-layer's input
+with basis vectors. ``replay`` re-executes the operators between two nodes as a function.
 
 Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
 (its fused fast path is one opaque operator); the block's RNG is re-seeded before every run.

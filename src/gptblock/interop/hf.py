@@ -35,8 +35,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors
-import safetensors.torch
 import torch
 import torch.nn as nn
 
@@ -46,6 +44,7 @@ from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, User
 from ..files import make_directory
 from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
+from .hf_files import read_safetensors
 
 __all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf_model"]
 
@@ -201,7 +200,7 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
                 f"directory (nothing is downloaded: a hub name is not a directory)"
             )
         config = _read_config(directory, tf)
-        return config, _to_gptblock(_read_safetensors(directory, config), config)
+        return config, _to_gptblock(read_safetensors(directory, config), config)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
         config = config_from_hf(source.config)
         return config, _to_gptblock(source.state_dict(), config)
@@ -302,101 +301,6 @@ def save_hf(model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any 
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
-
-
-def _read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
-    checked against ``config`` before its tensors are read."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        files = _shards(index)
-    elif (directory / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        pickled = (directory / "pytorch_model.bin").is_file()
-        why = (
-            "; it has only pytorch_model.bin, which gptblock does not unpickle: re-save it with "
-            "save_pretrained(..., safe_serialization=True)"
-            if pickled
-            else ""
-        )
-        raise UserFileNotFoundError(f"no model.safetensors in {directory}{why}")
-    expected = expected_shapes(config)
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        path = directory / name
-        try:
-            with safetensors.safe_open(path, framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open is no Mapping
-                    shape = tuple(f.get_slice(key).get_shape())
-                    want = expected.get(key.removeprefix("transformer."))
-                    if want is not None and shape != want:
-                        raise UserValueError(
-                            f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
-                        )
-                state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
-        except UserValueError:
-            raise
-        except Exception as e:  # safetensors raises its own SafetensorError, and OSError
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserValueError(f"{path}: not a readable safetensors file ({first})") from None
-    return state
-
-
-def _shards(index: Path) -> list[str]:
-    """The file names ``model.safetensors.index.json``'s ``weight_map`` lists, each checked."""
-    try:
-        weight_map = json.loads(index.read_bytes()).get("weight_map")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError) as e:
-        raise UserValueError(f"{index}: not a JSON object with a 'weight_map' ({e})") from None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise UserValueError(
-            f"{index}: field weight_map must map tensor names to file names, got {weight_map!r:.60}"
-        )
-    files = set(weight_map.values())
-    for name in files:
-        # A shard lies beside the index: a path elsewhere, or no file, is refused.
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise UserValueError(f"{index}: field weight_map names {name!r:.60}, not a file name")
-        if not (index.parent / name).is_file():
-            raise UserFileNotFoundError(f"{index}: its weight_map names {name}, which is missing")
-    return sorted(files)
-
-
-def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor of a GPT-2 ``config``'s weights, by GPT-2's names (without
-    ``transformer.``; ``Conv1D`` weights are (in, out)).
-
-    Example:
-        >>> shapes = expected_shapes(GPTConfig(11, 8, n_layer=1, n_head=2, n_embd=4))
-        >>> shapes["h.0.attn.c_attn.weight"], shapes["lm_head.weight"]
-        ((4, 12), (11, 4))
-    """
-    V, T, C = config.vocab_size, config.block_size, config.n_embd
-    shapes: dict[str, tuple[int, ...]] = {
-        "wte.weight": (V, C),
-        "wpe.weight": (T, C),
-        "ln_f.weight": (C,),
-        "ln_f.bias": (C,),
-        "lm_head.weight": (V, C),
-    }
-    per_block = {
-        "ln_1.weight": (C,),
-        "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C),
-        "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C),
-        "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,),
-        "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, 4 * C),
-        "mlp.c_fc.bias": (4 * C,),
-        "mlp.c_proj.weight": (4 * C, C),
-        "mlp.c_proj.bias": (C,),
-    }
-    for i in range(config.n_layer):
-        shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
-    return shapes
 
 
 def _to_gptblock(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:

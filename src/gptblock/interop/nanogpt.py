@@ -32,7 +32,8 @@ from ..data.batches import CharTokenizer
 from ..errors import UserFileNotFoundError, UserValueError
 from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
-from .hf import MODEL_TENSORS, expected_shapes
+from .hf import MODEL_TENSORS
+from .hf_files import expected_shapes
 
 __all__ = ["from_nanogpt", "read_meta_pkl", "read_nanogpt"]
 

@@ -34,7 +34,7 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .generation import decode
 from .generation.sampling import GenerationStep
-from .parts import BlockFn, GPTParts
+from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
 __all__ = ["GPT", "GPTOutput"]
@@ -131,12 +131,10 @@ class GPT(nn.Module):
                 nn.init.ones_(p)
 
     # --- other tools' files: gptblock.interop --------------------------------------------------
-    # The model imports no I/O, so these four shortcuts, documented since 0.3, are the functions
-    # of gptblock.interop, which attaches them to the class when it is imported (as `import
-    # gptblock` always does): GPT.from_hf(source, block="fused") is interop.hf.from_hf, to_hf()
-    # interop.hf.to_hf_model, save_hf(directory, tokenizer=None) interop.hf.save_hf, and
-    # from_nanogpt(path, block="fused") interop.nanogpt.from_nanogpt. Declared here for readers
-    # and type checkers; gptblock.load reads every source through one call.
+    # The model imports no I/O: these shortcuts (documented since 0.3) are interop.hf's from_hf,
+    # to_hf_model, save_hf and interop.nanogpt's from_nanogpt, attached to the class when
+    # gptblock.interop is imported (as `import gptblock` does); declared here for readers and
+    # type checkers. gptblock.load reads every source through one call.
     from_hf: ClassVar[Callable[..., GPT]]
     to_hf: ClassVar[Callable[[GPT], Any]]
     save_hf: ClassVar[Callable[..., Path]]
@@ -232,7 +230,7 @@ class GPT(nn.Module):
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
         return GPTParts(
             self.wte,
-            self.wpe,
+            None if self.wpe is None else EmbeddedPositions(self.wpe),
             self.blocks if blocks is None else blocks,
             cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
@@ -256,7 +254,7 @@ class GPT(nn.Module):
         x = parts.wte(idx)  # (B, T, C)
         if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
             start = 0 if caches is None else caches[0].length
-            x = x + parts.wpe(torch.arange(start, start + T, device=idx.device))  # + (T, C)
+            x = x + parts.wpe(start, T)  # + (T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = at(probe, "embed", x)

@@ -12,24 +12,40 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
+import torch.nn as nn
 
 from ..blocks.parts import Linear, Norm
 
-__all__ = ["BlockFn", "GPTParts"]
+__all__ = ["BlockFn", "EmbeddedPositions", "GPTParts", "Positions"]
 
 BlockFn = Callable[..., torch.Tensor]  # block(x), or block(x, kv_cache=..., probe=...)
+
+
+class Positions(Protocol):
+    """The position embeddings of positions ``start .. start + T``: (T, C)."""
+
+    def __call__(self, start: int, T: int) -> torch.Tensor: ...
 
 
 class GPTParts(NamedTuple):
     """A GPT's parts, for ``GPT._run``."""
 
     wte: Callable[[torch.Tensor], torch.Tensor]  # token embedding: ids (B, T) -> (B, T, C)
-    wpe: (
-        Callable[[torch.Tensor], torch.Tensor] | None
-    )  # positions (T,) -> (T, C); None: rotary or none
+    wpe: Positions | None  # learned position embeddings; None: rotary or none
     blocks: Sequence[BlockFn]  # (B, T, C) -> (B, T, C) each
     ln_f: Norm  # the final norm
     lm_head: Linear  # C -> V
+
+
+class EmbeddedPositions(NamedTuple):
+    """A position embedding module as ``GPTParts.wpe``: called on the positions' indices, so
+    the module's own hooks fire (``GPT.forward``; generation slices the weight instead)."""
+
+    wpe: nn.Embedding  # (block_size, C)
+
+    def __call__(self, start: int, T: int) -> torch.Tensor:
+        positions = torch.arange(start, start + T, device=self.wpe.weight.device)  # (T,)
+        return self.wpe(positions)  # (T, C)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn as nn
@@ -83,7 +83,7 @@ class Decoder:
         # The ends as functions of their weights, fetched once.
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
-            None if model.wpe is None else functools.partial(F.embedding, weight=model.wpe.weight),
+            None if model.wpe is None else PositionRows(model.wpe.weight),
             [],
             _norm(own.ln_f),
             Dense(own.lm_head.weight, own.lm_head.bias),
@@ -117,6 +117,16 @@ class Decoder:
     def step(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, 1, V) for one new token (B, 1) at the next position."""
         return self.model._run(idx, self.step_parts, caches=self.caches)
+
+
+class PositionRows(NamedTuple):
+    """Rows ``start .. start + T`` of a position embedding's weight: ``GPTParts.wpe`` as a
+    slice, where an index tensor and a gather were two more PyTorch calls per token."""
+
+    weight: torch.Tensor  # (block_size, C)
+
+    def __call__(self, start: int, T: int) -> torch.Tensor:
+        return self.weight[start : start + T]  # (T, C)
 
 
 def _fn(parts: BlockParts) -> BlockFn:
