@@ -1,6 +1,6 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``self_attention`` is the attention branch of ``FusedBlock`` and so of everything that runs the
+``SelfAttention`` (and ``self_attention``, the same call on given projections) is the attention branch of ``FusedBlock`` and so of everything that runs the
 fused form's forward: training (``F.scaled_dot_product_attention``, flash or math kernel), masks,
 a KV cache with the new queries at positions ``start ..`` (generation), and the lens's points
 (the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
@@ -137,18 +137,56 @@ class SelfAttention(NamedTuple):
         dropout: float | None = None,
         probe: Probe | None = None,
     ) -> torch.Tensor:
-        return self_attention(
-            h,
-            self.in_proj,
-            self.out_proj,
-            self.n_heads,
-            attn_mask,
-            key_padding_mask,
-            kv_cache=kv_cache,
-            dropout=dropout or 0.0,
-            probe=probe,
-            modern=self.modern,
-        )
+        """Causal self-attention of the normalised stream ``h``.
+
+        Args:
+            h: the normalised stream at the new positions.
+            attn_mask, key_padding_mask: bool, ``True`` = blocked (``blocked_positions``); not
+                with a cache.
+            kv_cache: keys and values of the positions before ``h``'s; ``h`` is at positions
+                ``kv_cache.length ..`` and its keys and values are appended.
+            dropout: on the attention weights (0 or None outside training).
+            probe: the block's hook points ``pattern`` and ``head_out``.
+
+        Shape:
+            h (B, T, C) -> (B, T, C).
+        """
+        p = dropout or 0.0
+        nh, modern = self.n_heads, self.modern
+        B, T, C = h.shape
+        hs = C // nh
+        qkv = self.in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
+        start = 0
+        if modern is not None:
+            q, k, v = _modern_qkv(qkv, nh, hs, modern, kv_cache)
+        elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
+            q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
+        else:
+            # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
+            # the front and unbinding dim 0: the same views) lets the backward stack the three
+            # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
+            qkv = qkv.view(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
+        if kv_cache is not None:
+            start = kv_cache.length
+            k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each, (B, nkv, L, hs) if grouped
+        if modern is not None:
+            k, v = (repeat_kv(t, nh // modern.n_kv_heads) for t in (k, v))  # (B, nh, L, hs)
+        if probe is not None and (probe.wants("pattern") or probe.wants("head_out")):
+            return _formed(q, k, v, self.out_proj, start, attn_mask, key_padding_mask, p, probe)
+        if attn_mask is None and key_padding_mask is None:
+            y = _causal(q, k, v, start, p)
+        else:
+            blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
+            # Rows with no key left: attend with them unblocked so no backend can produce NaN,
+            # then zero their output, which is what zero attention weights give.
+            live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
+            allowed = ~live[:, None]  # (B, 1, T, T), SDPA's convention: True = may attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+            y = y.masked_fill(dead[:, None, :, None], 0.0)  # (B, nh, T, hs)
+        if T > 1:  # at one position (B, nh, 1, hs) is (B, 1, nh, hs) in memory already
+            y = y.transpose(1, 2)  # (B, T, nh, hs)
+        return self.out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
 # PyTorch's CPU flash-attention kernel is slow in reduced precision at short contexts: at
@@ -199,58 +237,14 @@ def self_attention(
     probe: Probe | None = None,
     modern: ModernHeads | None = None,
 ) -> torch.Tensor:
-    """Causal self-attention of the normalised stream ``h``.
-
-    Args:
-        h: the normalised stream at the new positions.
-        in_proj: C -> 3C, q, k and v packed row-wise as ``nn.MultiheadAttention`` packs them.
-        out_proj: C -> C.
-        n_heads: nh.
-        attn_mask, key_padding_mask: bool, ``True`` = blocked (``blocked_positions``); not
-            with a cache.
-        kv_cache: keys and values of the positions before ``h``'s; ``h`` is at positions
-            ``kv_cache.length ..`` and its keys and values are appended.
-        dropout: on the attention weights (0 outside training).
-        probe: the block's hook points ``pattern`` and ``head_out``.
-        modern: the modern block's grouped heads, qk-norm and rotary positions.
+    """Causal self-attention of the normalised stream ``h``: ``SelfAttention``'s call on these
+    projections (see it for the arguments).
 
     Shape:
         h (B, T, C) -> (B, T, C).
     """
-    B, T, C = h.shape
-    hs = C // n_heads
-    qkv = in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
-    start = 0
-    if modern is not None:
-        q, k, v = _modern_qkv(qkv, n_heads, hs, modern, kv_cache)
-    elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
-        q, k, v = qkv.view(B, 3, n_heads, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
-    else:
-        # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
-        # the front and unbinding dim 0: the same views) lets the backward stack the three
-        # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
-        qkv = qkv.view(B, T, 3, n_heads, hs)  # (B, T, 3, nh, hs)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
-    if kv_cache is not None:
-        start = kv_cache.length
-        k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each, (B, nkv, L, hs) if grouped
-    if modern is not None:
-        k, v = (repeat_kv(t, n_heads // modern.n_kv_heads) for t in (k, v))  # (B, nh, L, hs)
-    if probe is not None and (probe.wants("pattern") or probe.wants("head_out")):
-        return _formed(q, k, v, out_proj, start, attn_mask, key_padding_mask, dropout, probe)
-    if attn_mask is None and key_padding_mask is None:
-        y = _causal(q, k, v, start, dropout)
-    else:
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, h.device)  # (B, T, T)
-        # Rows with no key left: attend with them unblocked so no backend can produce NaN,
-        # then zero their output, which is what zero attention weights give.
-        live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
-        allowed = ~live[:, None]  # (B, 1, T, T), SDPA's convention: True = may attend
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
-        y = y.masked_fill(dead[:, None, :, None], 0.0)  # (B, nh, T, hs)
-    if T > 1:  # at one position (B, nh, 1, hs) is (B, 1, nh, hs) in memory already
-        y = y.transpose(1, 2)  # (B, T, nh, hs)
-    return out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
+    attention = SelfAttention(in_proj, out_proj, n_heads, modern)
+    return attention(h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe)
 
 
 def _modern_qkv(

@@ -29,7 +29,6 @@ from ..blocks.config import GPTConfig
 from ..blocks.convert import parts_of
 from ..blocks.fused import FusedBlock, block_forward, stream_norm
 from ..blocks.mha import TransformerBlock
-from ..blocks.probe import at
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .generation import decode
@@ -257,14 +256,15 @@ class GPT(nn.Module):
             x = x + parts.wpe(start, T)  # + (T, C)
         if self.training and probe is None:
             x = self.transformer["drop"](x)
-        x = at(probe, "embed", x)
+        x = x if probe is None else probe.point("embed", x)  # inlined: a call per token
         for i, block in enumerate(parts.blocks):
             if caches is None and probe is None:
                 x = block(x)  # (B, T, C)
             else:
                 cache = None if caches is None else caches[i]
                 x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i))
-        x = at(probe, "ln_final", parts.ln_f(x))  # (B, T, C)
+        x = parts.ln_f(x)  # (B, T, C)
+        x = x if probe is None else probe.point("ln_final", x)
         return parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
 
     def _probed_blocks(self) -> list[BlockFn]:
