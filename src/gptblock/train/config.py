@@ -25,6 +25,9 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
 
+MAX_LR = 10.0  # a peak learning rate above this is a typo, not a schedule
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: batches, optimizer, schedule, evaluation and where to run.
@@ -84,6 +87,13 @@ class TrainConfig:
                 raise UserValueError(f"{name} must be a finite float >= 0, got {value}")
         if not self.lr > 0:
             raise UserValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("lr", "muon_lr"):
+            # AdamW and Muon move each weight by about lr per step, so a larger one can only
+            # diverge; far larger, AdamW's float32 step arithmetic overflows mid-step.
+            if isinstance(getattr(self, name), (int, float)) and getattr(self, name) > MAX_LR:
+                raise UserValueError(
+                    f"{name} must be at most {MAX_LR:g}, got {getattr(self, name)}"
+                )
         if not self.min_lr_ratio <= 1:  # the cosine decays from lr, never up
             raise UserValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         for name in ("beta1", "beta2"):  # a moment that never decays is no average (AdamW)

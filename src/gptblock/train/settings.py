@@ -30,6 +30,17 @@ TOKENIZERS = ("char", "bpe")
 DTYPES = ("auto", *AUTOCAST_DTYPES)
 DEFAULTS = TrainConfig()  # the training fields no preset names keep TrainConfig's defaults
 
+# Settings that only mean something beside another one's value: given when that value is
+# otherwise, they would be silently unused, so ``replace`` refuses them (a preset's own values
+# are not given, and may be there for when the other setting is changed too).
+APPLIES_TO = {
+    "rotary_dim": ("position", "rope"),
+    "rope_theta": ("position", "rope"),
+    "rope_pairing": ("position", "rope"),
+    "decay_fraction": ("schedule", "wsd"),
+    "muon_lr": ("optimizer", "muon"),
+}
+
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[str, ...] = ()) -> Any:
     """A field of ``RunSettings``: its default, and what ``gptblock train --help`` says of it."""
@@ -49,6 +60,10 @@ class RunSettings:
         (32, 16)
         >>> s.replace({"lr": None, "n_layer": 3}).n_layer  # None: keep the value
         3
+        >>> s.replace({"rope_theta": 5e5})  # unused with learned positions: refused
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: rope_theta applies to position='rope' (--position rope) only; this run's position is 'learned'
         >>> s.replace({"layers": 3})
         Traceback (most recent call last):
         ...
@@ -166,7 +181,16 @@ class RunSettings:
                     f"unknown setting {name!r}; the settings are {', '.join(SETTINGS)}"
                 )
         changes = {k: v for k, v in overrides.items() if v is not None}
-        return dataclasses.replace(self, **changes) if changes else self
+        settings = dataclasses.replace(self, **changes) if changes else self
+        for name in changes:
+            other, needed = APPLIES_TO.get(name, (None, None))
+            if other is not None and getattr(settings, other) != needed:
+                flag = f"--{other.replace('_', '-')} {needed}"
+                raise UserValueError(
+                    f"{name} applies to {other}={needed!r} ({flag}) only; this run's {other} "
+                    f"is {getattr(settings, other)!r}"
+                )
+        return settings
 
     def _fields_of(self, config: type) -> dict[str, Any]:
         names = {f.name for f in dataclasses.fields(config)}
