@@ -85,7 +85,7 @@ def test_slices_that_hold_their_roles_pass():
 
 
 @pytest.mark.parametrize("given, why", [
-    ({"n_head": 3}, r"^--arg n_head=3 does not divide n_embd=32 .* give one of 1, 2, 4, 8, 16, 32"),
+    ({"n_head": 3}, r"^--arg n_head=3: n_embd=32 is not divisible by n_head=3 .* one of 1, 2, 4, 8, 16, 32"),
     ({"n_head": 0}, r"^--arg n_head=0: expected a whole number from 1 to 8192"),
     ({"n_head": -1}, r"^--arg n_head=-1: expected a whole number"),
     ({"n_head": "10**9"}, r"^--arg n_head='10\*\*9': .*read as a Python literal"),
@@ -93,10 +93,10 @@ def test_slices_that_hold_their_roles_pass():
     ({"n_head": 2.5}, r"^--arg n_head=2\.5: expected a whole number"),
     ({"n_head": True}, r"^--arg n_head=True: expected a whole number"),
     ({"n_head": "four"}, r"^--arg n_head='four': expected a whole number"),
-    ({"n_embd": 7, "n_head": 2}, r"^--arg n_head=2 does not divide n_embd=7 .* give one of 1, 7$"),
+    ({"n_embd": 7, "n_head": 2}, r"^--arg n_head=2: n_embd=7 is not divisible by n_head=2 .* give one of 1, 7$"),
     ({"n_embd": 10**6}, r"^--arg n_embd=1000000: expected a whole number from 1 to 8192"),
     ({"block_size": 0}, r"^--arg block_size=0: expected"),
-    ({"n_embd": 64, "n_head": 128}, r"^--arg n_head=128 does not divide n_embd=64"),
+    ({"n_embd": 64, "n_head": 128}, r"^--arg n_head=128: n_embd=64 is not divisible by n_head=128"),
 ])  # fmt: skip
 def test_a_size_no_block_can_have_is_refused_before_building(given, why):
     with pytest.raises(UserValueError, match=why):
@@ -104,12 +104,17 @@ def test_a_size_no_block_can_have_is_refused_before_building(given, why):
 
 
 def test_a_default_that_does_not_fit_a_given_width_is_named_as_the_default():
-    with pytest.raises(UserValueError, match=r"^n_head=4 \(the checker's default; --arg n_head="):
+    with pytest.raises(
+        UserValueError,
+        match=r"^n_head=4 \(the checker's default; --arg n_head=N changes it\): n_embd=30 is not",
+    ):
         check_block(zoo_lesson.LessonBlock, n_embd=30, block_size=16)
 
 
 def test_head_counts_are_checked_against_each_other_and_a_head_size_frees_the_width():
-    with pytest.raises(UserValueError, match=r"--arg n_kv_head=3 does not divide n_head=4"):
+    with pytest.raises(
+        UserValueError, match=r"--arg n_kv_head=3: n_head=4 is not divisible by n_kv_head=3"
+    ):
         check_sizes({"n_embd": 32, "n_head": 4, "n_kv_head": 3}, {"n_kv_head": 3})
     check_sizes({"n_embd": 32, "n_head": 3, "head_size": 16}, {})  # D = 48 != C: allowed
 
@@ -124,7 +129,7 @@ ARGS = ["--arg", "n_embd=32", "--arg", "n_head=4", "--arg", "block_size=16"]
     (["--map", "q=ln1"], "q=ln1: ln1 is a norm of width 32, not a linear layer"),
     (["--map", "q=sa.heads.*.key", "k=sa.heads.*.query"], "as k, not q"),
     (["--map", "proj=sa.proj.bias"], "proj=sa.proj.bias: a vector of shape (32,)"),
-    (["--arg", "n_head=3"], "--arg n_head=3 does not divide n_embd=32"),
+    (["--arg", "n_head=3"], "--arg n_head=3: n_embd=32 is not divisible by n_head=3"),
     (["--arg", "n_head=0"], "--arg n_head=0: expected a whole number from 1 to 8192"),
     (["--arg", "n_head=10**9"], "read as a Python literal"),
 ])  # fmt: skip

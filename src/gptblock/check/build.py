@@ -134,7 +134,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
         >>> check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: --arg n_head=3 does not divide n_embd=32 (each head gets n_embd / n_head channels); give one of 1, 2, 4, 8, 16, 32
+        gptblock.errors.UserValueError: --arg n_head=3: n_embd=32 is not divisible by n_head=3 (each head gets n_embd / n_head channels); give one of 1, 2, 4, 8, 16, 32
     """
 
     def shown(name: str) -> str:
@@ -160,14 +160,14 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
         if C % nh:
             divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
             raise UserValueError(
-                f"{shown(heads[0])} does not divide {widths[0]}={C} (each head gets "
-                f"{widths[0]} / {heads[0]} channels); give one of {divisors}"
+                f"{shown(heads[0])}: {widths[0]}={C} is not divisible by {heads[0]}={nh} (each "
+                f"head gets {widths[0]} / {heads[0]} channels); give one of {divisors}"
             )
     kv = [n for n in _KV_HEAD_NAMES if n in args]
     if kv and heads and int(args[heads[0]]) % int(args[kv[0]]):  # type: ignore[call-overload]
         raise UserValueError(
-            f"{shown(kv[0])} does not divide {heads[0]}={args[heads[0]]} (each key/value head "
-            "serves n_head / n_kv_head query heads)"
+            f"{shown(kv[0])}: {heads[0]}={args[heads[0]]} is not divisible by {kv[0]}="
+            f"{args[kv[0]]} (each key/value head serves n_head / n_kv_head query heads)"
         )
 
 
