@@ -80,7 +80,12 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a preset setting (a Python literal), e.g. --set max_iters=140",
+        help="override a preset setting (a Python literal), e.g. --set max_iters=140; every\n"
+        "gptblock train setting, the modern block's included: --set norm=rmsnorm\n"
+        "--set position=rope --set rope_pairing=adjacent --set rope_theta=500.0\n"
+        "--set mlp=swiglu --set d_ff=384 --set n_kv_head=2 --set qk_norm=True\n"
+        "--set parallel_residual=True --set bias=False --set tie_embeddings=False\n"
+        "--set activation=relu2",
     )
     p.add_argument(
         "--attention",
@@ -119,7 +124,9 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     settings = preset_settings(preset)
     overrides = {}
     for item in args.set:
-        name, _, value = item.partition("=")
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UserValueError(f"--set expects NAME=VALUE (e.g. norm=rmsnorm), got {item!r}")
         try:
             overrides[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -34,6 +34,7 @@ EXPECTED = [
     "train_gpt",
     # the modern block's parts, alone (issue 20)
     "GroupedQueryAttention",
+    "LlamaBlock",
     "RMSNorm",
     "Rotary",
     "SwiGLU",

@@ -298,8 +298,8 @@ def test_the_norms_each_branch_reads_are_ln1_and_ln2_and_roles_settle_them_too()
     settled = check_block(ThreeNorms(), roles={"ln1": "nc", "ln2": "na"})
     assert settled.passed and settled.confident, str(settled)
     assert "roles given (ln1, ln2) agree with the forward pass" in " ".join(settled.notes)
-    forced = check_block(ThreeNorms(), roles={"ln1": "na", "ln2": "nc"})  # taken as given
-    assert "ln1/ln2 by the caller (given)" in _roles(forced) and not forced.passed
+    with pytest.raises(UserValueError, match=r"^ln1=na: the forward pass uses na as ln2, not ln1"):
+        check_block(ThreeNorms(), roles={"ln1": "na", "ln2": "nc"})  # the dataflow refutes it
 
 
 def test_per_head_roles_by_glob():
@@ -311,9 +311,8 @@ def test_per_head_roles_by_glob():
     assert report.diagnosis == ["wrong_scale"] and report.confident, str(report)
     assert "roles given (q, k, v) agree with the forward pass" in " ".join(report.notes)
     swapped = {"q": "heads.*.key", "k": "heads.*.query", "v": "heads.*.value"}
-    report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=swapped)
-    comparison = next(f for f in report.findings if f.name == "reference comparison")
-    assert not comparison.passed and "no variant" in comparison.message  # given roles are kept
+    with pytest.raises(UserValueError, match=r"q=heads\.\*\.key: the forward pass uses .* as k,"):
+        check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=swapped)
 
 
 @pytest.mark.parametrize("roles, message", [

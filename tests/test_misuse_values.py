@@ -213,6 +213,21 @@ SPEEDRUN_ARGS = {
     "target -1": (["--target", "-1"], ["--target", "-1"]),
     "check-at 0": (["--check-at", "0"], ["--check-at", "0"]),
     "seed 2**64": (["--seed", str(2**64)], ["--seed"]),
+    # the modern block's settings (issue 20, item 6)
+    "norm foo": (["--set", "norm=foo"], ["norm must be one of", "'foo'"]),
+    "position spiral": (["--set", "position=spiral"], ["position", "'spiral'"]),
+    "n_kv_head 3": (["--set", "n_kv_head=3"], ["n_kv_head=3 does not divide n_head=4"]),
+    "n_kv_head 0": (["--set", "n_kv_head=0"], ["n_kv_head", "0"]),
+    "rope_theta -1": (["--set", "position=rope", "--set", "rope_theta=-1"], ["rope_theta", "-1"]),
+    "rotary_dim odd": (["--set", "position=rope", "--set", "rotary_dim=3"], ["rotary_dim", "3"]),
+    "rope_pairing": (["--set", "rope_pairing=spiral"], ["rope_pairing", "'spiral'"]),
+    "mlp": (["--set", "mlp=moe"], ["mlp", "'moe'"]),
+    "d_ff 0": (["--set", "mlp=swiglu", "--set", "d_ff=0"], ["d_ff", "0"]),
+    "qk_norm a word": (["--set", "qk_norm=yes"], ["qk_norm", "'yes'"]),
+    "bias a word": (["--set", "bias=maybe"], ["bias must be a bool", "'maybe'"]),
+    "tie_embeddings 0": (["--set", "tie_embeddings=0"], ["tie_embeddings", "0"]),
+    "activation tanh": (["--set", "activation=tanh"], ["activation", "'tanh'"]),
+    "set without =": (["--set", "n_layer"], ["--set expects NAME=VALUE", "'n_layer'"]),
 }
 
 

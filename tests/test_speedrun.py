@@ -47,3 +47,24 @@ def test_the_speedrun_script_checks_the_whole_split_and_records_it(tmp_path):
     assert rec["tokens"] == 2 * 8 * 32 and rec["settings"]["optimizer"] == "muon"
     assert rec["checks"][0]["step"] == 2 and rec["wall_seconds"] > 0
     assert "reached 10.0" in done.stdout
+
+
+def test_the_speedrun_takes_the_modern_blocks_settings(tmp_path):
+    """A tiny run (a few seconds: a small text, so the whole-validation check is quick) of a
+    Llama-shaped GPT, recorded with its settings."""
+    record, text = tmp_path / "run.json", tmp_path / "small.txt"
+    text.write_text("the king shall not be mine, good lord; what say you?\n" * 40)
+    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "max_iters=2", "warmup=1"]
+    modern = ["norm=rmsnorm", "position=rope", "rope_pairing=adjacent", "rope_theta=500.0",
+              "mlp=swiglu", "d_ff=40", "n_kv_head=1", "qk_norm=True", "parallel_residual=True",
+              "bias=False", "tie_embeddings=False"]  # fmt: skip
+    cmd = [sys.executable, str(SPEEDRUN), "--target", "10", "--json", str(record), "--data"]
+    cmd.append(str(text))
+    for item in tiny + modern:
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    settings = json.loads(record.read_text())["settings"]
+    for item in modern:
+        name, _, value = item.partition("=")
+        assert repr(settings[name]) in (value, repr(value)), (name, settings[name])

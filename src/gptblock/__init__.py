@@ -13,7 +13,7 @@ The modern block's parts (Llama's, Mistral's, Qwen's), options of ``FusedBlock``
 (``norm``, ``mlp``, ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, rotary positions) and
 each usable alone with given weights, named as Hugging Face's Llama: ``RMSNorm`` / ``rmsnorm``,
 ``Rotary`` / ``apply_rotary``, ``SwiGLU`` / ``swiglu``, ``GroupedQueryAttention`` /
-``attention``.
+``attention`` (Meta's Llama names load too), and ``LlamaBlock``, the decoder layer made of them.
 
 And the oracle they are tested against, with the lesson's exercises:
 
@@ -42,6 +42,7 @@ from .blocks.config import BlockConfig, GPTConfig
 from .blocks.convert import ConversionError, convert
 from .blocks.fused import FusedBlock
 from .blocks.gqa import GroupedQueryAttention, attention
+from .blocks.llama import LlamaBlock
 from .blocks.masks import causal_mask
 from .blocks.mha import TransformerBlock
 from .blocks.mlp import SwiGLU, swiglu
@@ -77,6 +78,7 @@ __all__ = [
     "GenerationStep",
     "GroupedQueryAttention",
     "KVCache",
+    "LlamaBlock",
     "NonFiniteLossError",
     "RMSNorm",
     "Rotary",

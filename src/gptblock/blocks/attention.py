@@ -109,6 +109,7 @@ class Attention(Protocol):
         *,
         dropout: float | None = None,
         probe: Probe | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -136,6 +137,7 @@ class SelfAttention(NamedTuple):
         *,
         dropout: float | None = None,
         probe: Probe | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal self-attention of the normalised stream ``h``.
 
@@ -147,6 +149,9 @@ class SelfAttention(NamedTuple):
                 ``kv_cache.length ..`` and its keys and values are appended.
             dropout: on the attention weights (0 or None outside training).
             probe: the block's hook points ``pattern`` and ``head_out``.
+            positions: the new positions' token positions, (T,) or (B, T) ints, for the rotary
+                angles only (default ``kv_cache.length ..``, or ``0 ..``); which key a query may
+                attend to follows the keys' order (the cached ones first), never these numbers.
 
         Shape:
             h (B, T, C) -> (B, T, C).
@@ -158,7 +163,7 @@ class SelfAttention(NamedTuple):
         qkv = self.in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
         start = 0
         if modern is not None:
-            q, k, v = _modern_qkv(qkv, nh, hs, modern, kv_cache)
+            q, k, v = _modern_qkv(qkv, nh, hs, modern, kv_cache, positions)
         elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
             q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
         else:
@@ -236,6 +241,7 @@ def self_attention(
     dropout: float = 0.0,
     probe: Probe | None = None,
     modern: ModernHeads | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of the normalised stream ``h``: ``SelfAttention``'s call on these
     projections (see it for the arguments).
@@ -244,14 +250,27 @@ def self_attention(
         h (B, T, C) -> (B, T, C).
     """
     attention = SelfAttention(in_proj, out_proj, n_heads, modern)
-    return attention(h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe)
+    return attention(
+        h,
+        attn_mask,
+        key_padding_mask,
+        kv_cache,
+        dropout=dropout,
+        probe=probe,
+        positions=positions,
+    )
 
 
 def _modern_qkv(
-    qkv: torch.Tensor, nh: int, hs: int, modern: ModernHeads, kv_cache: KVStore | None
+    qkv: torch.Tensor,
+    nh: int,
+    hs: int,
+    modern: ModernHeads,
+    kv_cache: KVStore | None,
+    positions: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B, nh, T, hs) and k, v (B, nkv, T, hs) of the packed projection (B, T, (nh + 2 nkv) hs),
-    normalised and rotated at positions ``start ..`` (after the cached ones)."""
+    normalised and rotated at ``positions``, by default ``start ..`` (after the cached ones)."""
     B, T, _ = qkv.shape
     nkv = modern.n_kv_heads
     sizes = [nh * hs, nkv * hs, nkv * hs]
@@ -262,8 +281,9 @@ def _modern_qkv(
     if modern.q_norm is not None and modern.k_norm is not None:
         q, k = modern.q_norm(q), modern.k_norm(k)  # over hs, per head and position
     if modern.rotary is not None:
-        start = 0 if kv_cache is None else kv_cache.length
-        positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
+        if positions is None:
+            start = 0 if kv_cache is None else kv_cache.length
+            positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
         q, k = modern.rotary(q, positions), modern.rotary(k, positions)
     return q, k, v
 

@@ -131,3 +131,37 @@ def _autocast_on(device_type: str) -> bool:
         if device_type == "cpu":
             return bool(torch.is_autocast_cpu_enabled())
         return bool(torch.is_autocast_enabled())
+
+
+def check_positions(
+    positions: object, B: int, T: int, device: torch.device, limit: int | None = None
+) -> torch.Tensor:
+    """Check that ``positions`` are T token positions, (T,) or (B, T), of an integer dtype, on
+    ``device``, from 0 (and below ``limit``: a learned position table's rows). A read on the host
+    (min and max): a caller's positions are checked once per call, not per step.
+
+    Example:
+        >>> check_positions(torch.arange(3, 6), 2, 3, torch.device("cpu")).tolist()
+        [3, 4, 5]
+        >>> check_positions(torch.arange(3), 2, 4, torch.device("cpu"))
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: positions must have shape (4,) or (2, 4) (one per new position), got (3,)
+    """
+    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or (
+        positions.dtype in (torch.bool, torch.complex64, torch.complex128)
+    ):  # fmt: skip
+        got = positions.dtype if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise UserTypeError(f"positions must be a tensor of integer positions, got {got}")
+    if tuple(positions.shape) not in ((T,), (B, T)):
+        raise UserValueError(
+            f"positions must have shape ({T},) or ({B}, {T}) (one per new position), got "
+            f"{tuple(positions.shape)}"
+        )
+    if positions.device != device:
+        raise UserValueError(f"positions are on {positions.device} but the input is on {device}")
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or (limit is not None and hi >= limit):
+        bound = f"[0, {limit})" if limit is not None else ">= 0"
+        raise UserValueError(f"positions must be in {bound}, got {lo if lo < 0 else hi}")
+    return positions

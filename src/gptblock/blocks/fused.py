@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
 from .attention import Attention, KVStore, ModernHeads, SelfAttention, repeat_kv
+from .checks import check_positions
 from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
 from .masks import blocked_positions, masked_softmax
 from .norms import RMSNorm
@@ -87,6 +88,7 @@ def block_forward(
     kv_cache: KVStore | None = None,
     dropout: float = 0.0,
     probe: Probe | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pre-norm block: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``, on ``parts``;
     with ``parallel_residual``, ``x + attn(norm1(x)) + mlp(norm1(x))``.
@@ -100,6 +102,8 @@ def block_forward(
         kv_cache: the earlier positions' keys and values; ``x`` continues after them.
         dropout: every dropout's probability (0 outside training).
         probe: the hook points ``gptblock.blocks.probe.BLOCK_POINTS``.
+        positions: the new positions' token positions for rotary attention, (T,) or (B, T)
+            (default: after the cached ones).
 
     Shape:
         x (B, T, C) -> (B, T, C).
@@ -109,7 +113,9 @@ def block_forward(
     # block, and five calls that do nothing were 2% of a token.
     x = x if probe is None else probe.point("resid_pre", x)  # (B, T, C)
     h = parts.norm1(x)  # (B, T, C)
-    a = parts.attn(h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe)
+    a = parts.attn(
+        h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe, positions=positions
+    )
     a = a if probe is None else probe.point("attn_out", a)  # (B, T, C)
     # Dropout only where there is some: outside training a call into PyTorch costs a
     # generation step more than the whole arithmetic of some of its lines.
@@ -197,12 +203,15 @@ class FusedSelfAttention(nn.Module):
         *,
         dropout: float | None = None,
         probe: Probe | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
         # the block passes its own choice.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
         attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.modern)
-        return attention(h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe)
+        return attention(
+            h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe, positions=positions
+        )
 
 
 class FusedBlock(nn.Module):
@@ -230,7 +239,10 @@ class FusedBlock(nn.Module):
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
         optional ``key_padding_mask`` bool (B, T). With ``kv_cache`` (a ``gptblock.KVCache``),
-        the input holds only the new positions and no extra mask is allowed. With ``probe``
+        the input holds only the new positions and no extra mask is allowed. With ``rope``,
+        optional ``positions`` (T,) or (B, T) ints: the new positions' token positions (default
+        ``kv_cache.length ..``, or ``0 ..``), so an offset or a cache filled elsewhere rotates as
+        a full pass would. With ``probe``
         (``gptblock.lens`` passes one), the activations at the named points go through it and
         no dropout is applied.
 
@@ -302,8 +314,16 @@ class FusedBlock(nn.Module):
         *,
         kv_cache: KVStore | None = None,
         probe: Probe | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        check_input(x, self.config.d_model, like=self.linear1.weight)
+        B, T, _ = check_input(x, self.config.d_model, like=self.linear1.weight)
+        if positions is not None:
+            if not self.config.rope:
+                raise UserValueError(
+                    "positions rotate queries and keys, and this block has no rotary "
+                    "positions (rope=False); leave positions out"
+                )
+            check_positions(positions, B, T, x.device)
         if kv_cache is not None and (attn_mask is not None or key_padding_mask is not None):
             raise UserValueError("kv_cache cannot be combined with attn_mask or key_padding_mask")
         # A probed pass computes the eval-mode function: what a hook sees and changes is then
@@ -318,6 +338,7 @@ class FusedBlock(nn.Module):
                 kv_cache=kv_cache,
                 dropout=p,
                 probe=probe,
+                positions=positions,
             )
         except RuntimeError as e:
             if "not implemented for" in str(e):

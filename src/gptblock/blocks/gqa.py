@@ -16,13 +16,16 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserValueError
+from .aliases import accept_aliases
 from .attention import repeat_kv
 from .checks import check_heads, check_positive_int
 from .masks import masked_softmax
 from .norms import RMSNorm
 from .rotary import Rotary
 
-__all__ = ["GroupedQueryAttention", "attention"]
+__all__ = ["META_NAMES", "GroupedQueryAttention", "attention"]
+
+META_NAMES = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}  # Meta's -> HF's
 
 
 def attention(
@@ -75,7 +78,9 @@ def attention(
 
 class GroupedQueryAttention(nn.Module):
     """Causal self-attention with ``n_kv_heads`` key/value heads, rotary positions and an
-    optional RMSNorm on queries and keys, named as Hugging Face's ``LlamaAttention``.
+    optional RMSNorm on queries and keys, named as Hugging Face's ``LlamaAttention``; a
+    state_dict in Meta's names (``wq``, ``wk``, ``wv``, ``wo``) loads too (Meta's checkpoints
+    rotate adjacent pairs: ``rope_pairing="adjacent"``).
 
     Args:
         d_model: C.
@@ -128,6 +133,7 @@ class GroupedQueryAttention(nn.Module):
         self.rotary = Rotary(hs, rotary_dim, rope_theta, rope_pairing) if rope else None
         self.q_norm = RMSNorm(hs, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(hs, norm_eps) if qk_norm else None
+        accept_aliases(self, META_NAMES)
 
     def forward(
         self,

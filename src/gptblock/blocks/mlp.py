@@ -14,10 +14,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from .aliases import accept_aliases
 from .config import check_positive_int
 from .config import relu2 as relu2
 
-__all__ = ["SwiGLU", "relu2", "swiglu"]
+__all__ = ["META_NAMES", "SwiGLU", "relu2", "swiglu"]
+
+META_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Meta's Llama -> HF's
 
 
 def swiglu(
@@ -50,7 +53,8 @@ def swiglu(
 
 
 class SwiGLU(nn.Module):
-    """The SwiGLU MLP with Hugging Face's Llama names: ``gate_proj``, ``up_proj``, ``down_proj``.
+    """The SwiGLU MLP with Hugging Face's Llama names: ``gate_proj``, ``up_proj``, ``down_proj``;
+    a state_dict in Meta's Llama names (``w1`` the gate, ``w3`` up, ``w2`` down) loads too.
 
     Args:
         d_model: C.
@@ -67,6 +71,12 @@ class SwiGLU(nn.Module):
         >>> x = torch.randn(2, 3, 8)
         >>> torch.equal(mlp(x), swiglu(x, mlp.gate_proj.weight, mlp.down_proj.weight, mlp.up_proj.weight))
         True
+        >>> meta = {"w1.weight": torch.randn(12, 8), "w2.weight": torch.randn(8, 12),
+        ...         "w3.weight": torch.randn(12, 8)}
+        >>> mlp.load_state_dict(meta)
+        <All keys matched successfully>
+        >>> torch.equal(mlp(x), swiglu(x, meta["w1.weight"], meta["w2.weight"], meta["w3.weight"]))
+        True
     """
 
     def __init__(self, d_model: int, d_ff: int, *, bias: bool = False) -> None:
@@ -76,6 +86,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # w1
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # w3
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # w2
+        accept_aliases(self, META_NAMES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., C)

@@ -22,7 +22,14 @@ from ..errors import UserTypeError, UserValueError
 from .arguments import complete
 from .report import CAUGHT, one_line
 
-__all__ = ["COMMON_ARGUMENTS", "build", "fill_common_arguments", "max_length", "width"]
+__all__ = [
+    "COMMON_ARGUMENTS",
+    "build",
+    "check_sizes",
+    "fill_common_arguments",
+    "max_length",
+    "width",
+]
 
 COMMON_ARGUMENTS: dict[str, object] = {
     "n_embd": 32,
@@ -41,6 +48,10 @@ dropout left on in eval mode shows up."""
 _WIDTH_NAMES = ("n_embd", "d_model", "embed_dim", "hidden_size")
 _WIDTH_ARGUMENTS = (*_WIDTH_NAMES, "dim")  # `dim` only as an argument: nn.Softmax has a .dim
 _LENGTH_NAMES = ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len")
+_HEAD_NAMES = ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads")
+_KV_HEAD_NAMES = ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads")
+_HEAD_SIZE_NAMES = ("head_size", "head_dim", "d_head", "d_k", "dim_head")
+LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
 
 
 def fill_common_arguments(
@@ -88,7 +99,9 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    args = complete(target, fill_common_arguments(target, kwargs), kwargs, COMMON_ARGUMENTS)
+    filled = fill_common_arguments(target, kwargs)
+    check_sizes(filled, kwargs)
+    args = complete(target, filled, kwargs, COMMON_ARGUMENTS)
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     with torch.random.fork_rng(devices=[]):
@@ -102,6 +115,60 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
             f"{description} returned a {type(module).__name__}, expected an nn.Module"
         )
     return module, description
+
+
+def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
+    """Refuse sizes no block can be built with, before building: a width, length, head count or
+    head size that is not a whole number in 1..``LARGEST``, more heads than channels, a head
+    count that does not divide the width (unless a head size is given too), a key/value head
+    count that does not divide the head count.
+
+    Args:
+        args: the arguments the block will be built with (given and common ones).
+        given: those the caller gave (``--arg``); the message says which were filled.
+
+    Raises:
+        UserValueError: one line naming the argument, its value and what was expected.
+
+    Example:
+        >>> check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: --arg n_head=3: n_embd=32 is not divisible by n_head=3 (each head gets n_embd / n_head channels); give one of 1, 2, 4, 8, 16, 32
+    """
+
+    def shown(name: str) -> str:
+        if name in given:
+            return f"--arg {name}={args[name]!r}"
+        return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
+
+    sizes = (*_WIDTH_ARGUMENTS, *_LENGTH_NAMES, *_HEAD_NAMES, *_KV_HEAD_NAMES, *_HEAD_SIZE_NAMES)
+    for name in (n for n in sizes if n in args):
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LARGEST:
+            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
+                isinstance(value, str) and any(c in value for c in "*+-/")
+            ) else ""  # fmt: skip
+            raise UserValueError(
+                f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
+                "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
+            )
+    widths = [n for n in _WIDTH_ARGUMENTS if n in args]
+    heads = [n for n in _HEAD_NAMES if n in args]
+    if widths and heads and not any(n in args for n in _HEAD_SIZE_NAMES):
+        C, nh = int(args[widths[0]]), int(args[heads[0]])  # type: ignore[call-overload]
+        if C % nh:
+            divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
+            raise UserValueError(
+                f"{shown(heads[0])}: {widths[0]}={C} is not divisible by {heads[0]}={nh} (each "
+                f"head gets {widths[0]} / {heads[0]} channels); give one of {divisors}"
+            )
+    kv = [n for n in _KV_HEAD_NAMES if n in args]
+    if kv and heads and int(args[heads[0]]) % int(args[kv[0]]):  # type: ignore[call-overload]
+        raise UserValueError(
+            f"{shown(kv[0])}: {heads[0]}={args[heads[0]]} is not divisible by {kv[0]}="
+            f"{args[kv[0]]} (each key/value head serves n_head / n_kv_head query heads)"
+        )
 
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:

@@ -14,7 +14,8 @@ A ``--map`` value is ``PATH[SLICES]:LAYOUT``, where only ``PATH`` is required:
   ``proj``), as the lesson concatenates its heads.
 
 No spaces inside the brackets on the command line (the shell splits there); ``roles=`` takes
-them. The trace is not consulted for such a role: it is taken as given.
+them. Where the forward pass can be read, such a role must hold the matrix it uses for the role
+(``gptblock.check.claims``); it is then read as given.
 
 The bias, where there is one, is the parameter that pairs with the weight (``weight``/``bias``,
 ``W_Q``/``b_Q``), sliced along the output. Every given matrix must fit its role: (D, C) for
@@ -209,6 +210,11 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
         m = _Matrix(role, p, _bias(named, g.path, p), g)
         w, b = m.canonical()
         _check_fits(role, text, C, tuple(w.shape))
+        if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
+            raise UserValueError(
+                f"{role}={text}: its bias {paired_bias(named, g.path, p)} gives {b.numel()} "
+                f"values for {w.shape[0]} outputs; check the slice, or the layout (out_in / in_out)"
+            )
         params = (g.path,) + ((paired_bias(named, g.path, p) or "",) if b is not None else ())
         shape = (int(w.shape[0]), int(w.shape[1]))
         out[role] = Part(text, "linear", start + len(out), m, params, shape)

@@ -6,10 +6,12 @@ says.
 tell them apart (then with B = T, for a block that only runs so, and with B = 1, for one that
 loops over its sequences). Only where the forward pass does not show the roles does it fall back
 to the names, shapes and registration order of the module tree (``gptblock.check.mapping``).
-Roles the caller gives (``--map``) are checked against the forward pass: where they agree (any
-parameter path the trace saw, a glob for one module per head), the dataflow's reading is used;
-where they do not, the caller's roles are taken as given, through the names. A role given as a
-slice or layout of a parameter (``gptblock.check.given``) is always taken as given.
+Roles the caller gives (``--map``) must fit their role (``gptblock.check.claims``: kind, shape,
+one weight per role) and, where the forward pass was read, agree with it (a name the dataflow
+uses for another role is refused); the dataflow's reading is then used. A role given as a slice
+or layout of a parameter (``gptblock.check.given``) must hold the matrix the dataflow uses for
+it, and is read as given; where the forward pass cannot be read, the caller's roles are taken
+as given, through the names.
 
 Shapes: B batch, T time, C channels.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserValueError
+from .claims import check_claims, check_reading
 from .dataflow import Unread
 from .given import fix_roles, perturb_given
 from .mapping import ROLES, MappedBlock, map_roles
@@ -67,7 +70,7 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
         if not held:
             return False
         if not any(
-            p == name or p.startswith(name + ".") or fnmatch.fnmatchcase(p.rpartition(".")[0], name)
+            p == name or p.startswith(name + ".") or name.startswith(p + ".") or fnmatch.fnmatchcase(p.rpartition(".")[0], name)
             or fnmatch.fnmatchcase(p, name)
             for p in held
         ):  # fmt: skip
@@ -128,14 +131,17 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = _dataflow(subject, longest)
-    sliced = any(c in n for n in roles.values() for c in "[:")  # only given, never traced
+    parts = discover(subject.module)
+    check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
+    if roles and not isinstance(found, str):
+        check_reading(subject.module, subject.C, found[0], roles)  # roles the dataflow refutes
+    sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
     if not isinstance(found, str) and not sliced and agrees(found[0], roles):
         read, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
         return Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
     why = found if isinstance(found, str) else ""
-    parts = discover(subject.module)
     try:
         fixed = fix_roles(subject.module, subject.C, parts, roles)
     except UserValueError:

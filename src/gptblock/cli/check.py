@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "mistakes by comparison with the lessons' block. The block runs in a child process. "
             "Exit code 0 (PASS) only when the block was compared and matches, 1 (FAIL) when a "
             "check fails or a mistake is found (the block crashed, hung or exited included), 2 "
-            "when the target cannot be loaded or built, 3 (UNVERIFIED) when every black-box "
+            "when the target cannot be loaded or built, or an --arg or --map cannot be what it "
+            "claims (a norm for a projection, a role the forward pass shows is another), 3 (UNVERIFIED) when every black-box "
             "check passed but the weights could not be read: the report says which --map reads "
             "them."
         ),

@@ -25,6 +25,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..blocks.attention import KVStore
+from ..blocks.checks import check_positions
 from ..blocks.config import GPTConfig
 from ..blocks.convert import parts_of
 from ..blocks.fused import FusedBlock, block_forward, stream_norm
@@ -33,6 +34,7 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .generation import decode
 from .generation.sampling import GenerationStep
+from .inputs import check_ids, check_range
 from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
@@ -70,7 +72,8 @@ class GPT(nn.Module):
 
     Shape:
         ``forward``: idx (B, T) int64 or int32 token ids, T <= block_size; targets (B, T)
-        int64 (-1: no target) or None.
+        int64 (-1: no target) or None; ``positions`` (T,) or (B, T) ints, the tokens' positions
+        (default 0 .. T-1), which pick the learned position rows or the rotary angles.
         Returns logits (B, T, V) and the loss (a scalar) or None.
 
     Example:
@@ -150,80 +153,51 @@ class GPT(nn.Module):
             return n - self.wpe.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+    ) -> GPTOutput:
         # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
         # that costs microseconds; on an accelerator it makes the host wait for the device, and
         # under torch.compile it breaks the graph. So a training step on an accelerator, and any
         # compiled call, skips it (the trainer's ids come from a tokenizer, and a bad id still
         # fails in the embedding, with PyTorch's message); eval mode and generate always check.
-        check_range = not torch.compiler.is_compiling() and (
+        in_range = not torch.compiler.is_compiling() and (
             not self.training or idx.device.type == "cpu"
         )
-        B, T = self._check_input(idx, check_range)
-        logits = self._run(idx, self._parts())  # (B, T, V)
+        B, T = self._check_input(idx, in_range)
+        if positions is not None:  # learned ones index wpe's block_size rows
+            limit = self.config.block_size if self.wpe is not None else None
+            check_positions(positions, B, T, idx.device, limit)
+        logits = self._run(idx, self._parts(), positions=positions)  # (B, T, V)
         loss = None
         if targets is not None:
             if targets.shape != idx.shape:
                 raise UserValueError(
                     f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}"
                 )
-            self._check_ids(targets, "targets")
-            if check_range:
-                self._check_range(targets, "targets", allow_ignore=True)
+            check_ids(targets, "targets", self.wte.weight.device)
+            if in_range:
+                check_range(targets, "targets", self.config.vocab_size, allow_ignore=True)
             # -1 marks positions without a target (padding), as in nanoGPT.
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return GPTOutput(logits, loss)
 
-    def _check_input(self, idx: torch.Tensor, check_range: bool = True) -> tuple[int, int]:
+    def _check_input(self, idx: torch.Tensor, in_range: bool = True) -> tuple[int, int]:
         """(B, T) of ids the model can read: of a dtype, shape and device it takes, inside the
-        vocabulary (unless ``check_range`` is False) and no longer than block_size."""
-        B, T = self._check_ids(idx, "idx")
-        if check_range:
-            self._check_range(idx, "idx")
+        vocabulary (unless ``in_range`` is False) and no longer than block_size."""
+        B, T = check_ids(idx, "idx", self.wte.weight.device)
+        if in_range:
+            check_range(idx, "idx", self.config.vocab_size)
         if T > self.config.block_size:
             raise UserValueError(
                 f"sequence length T={T} exceeds block_size={self.config.block_size}; "
                 f"crop the context to the last {self.config.block_size} tokens"
             )
         return B, T
-
-    def _check_ids(self, idx: object, name: str) -> tuple[int, int]:
-        """(B, T) of a 2-D integer tensor of token ids; a clear error for anything else.
-
-        Ids are int64 or int32 (what ``F.embedding`` indexes with); targets int64 only (what
-        ``F.cross_entropy`` reads). They must be on the model's device.
-        """
-        dtypes = (torch.long,) if name == "targets" else (torch.long, torch.int32)
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in dtypes:
-            got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            allowed = " or ".join(str(d) for d in dtypes)
-            raise UserTypeError(
-                f"{name} must be a (B, T) tensor of token ids of dtype {allowed}, got {got} "
-                f"(convert with .long())"
-            )
-        if idx.dim() != 2 or idx.numel() == 0:
-            raise UserValueError(
-                f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
-            )
-        if idx.device != self.wte.weight.device:
-            raise UserValueError(
-                f"{name} is on {idx.device} but the model is on {self.wte.weight.device}; "
-                f"move one of them"
-            )
-        return idx.shape[0], idx.shape[1]
-
-    def _check_range(self, idx: torch.Tensor, name: str, allow_ignore: bool = False) -> None:
-        """Refuse ids outside [0, V) (-1 allowed for ignored targets): a read on the host."""
-        V = self.config.vocab_size
-        lo, hi = int(idx.min()), int(idx.max())
-        if hi >= V or lo < (-1 if allow_ignore else 0):
-            bad = lo if lo < 0 else hi
-            raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
-        if allow_ignore and hi == -1:  # the mean over no targets is 0 / 0
-            raise UserValueError(
-                f"every entry of {name} is -1 (ignored): there is no target to compute a loss "
-                f"over; pass targets=None for the logits alone"
-            )
 
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts:
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
@@ -242,27 +216,30 @@ class GPT(nn.Module):
         *,
         caches: Sequence[KVStore] | None = None,
         probe: Tracer | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
 
         The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
         and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
-        continues after the positions they hold. A probed run is the eval-mode function.
+        continues after the positions they hold. ``positions`` (T,) or (B, T): the tokens'
+        positions (default: from 0, or after the cached ones).
         """
         T = idx.shape[1]
         x = parts.wte(idx)  # (B, T, C)
         if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
             start = 0 if caches is None else caches[0].length
-            x = x + parts.wpe(start, T)  # + (T, C)
+            x = x + parts.wpe(start, T, positions)  # + (T, C) or (B, T, C)
+        rotary = {} if positions is None or self.config.position != "rope" else {"positions": positions}  # fmt: skip
         if self.training and probe is None:
             x = self.transformer["drop"](x)
         x = x if probe is None else probe.point("embed", x)  # inlined: a call per token
         for i, block in enumerate(parts.blocks):
             if caches is None and probe is None:
-                x = block(x)  # (B, T, C)
+                x = block(x, **rotary)  # (B, T, C)
             else:
                 cache = None if caches is None else caches[i]
-                x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i))
+                x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i), **rotary)  # fmt: skip
         x = parts.ln_f(x)  # (B, T, C)
         x = x if probe is None else probe.point("ln_final", x)
         return parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
@@ -341,8 +318,8 @@ class GPT(nn.Module):
             >>> [tuple(s.token.shape) for s in model.stream(torch.zeros(2, 1, dtype=torch.long), 3)]
             [(2, 1), (2, 1), (2, 1)]
         """
-        self._check_ids(idx, "idx")
-        self._check_range(idx, "idx")
+        check_ids(idx, "idx", self.wte.weight.device)
+        check_range(idx, "idx", self.config.vocab_size)
         return decode.stream(
             self,
             idx,

@@ -25,9 +25,12 @@ BlockFn = Callable[..., torch.Tensor]  # block(x), or block(x, kv_cache=..., pro
 
 
 class Positions(Protocol):
-    """The position embeddings of positions ``start .. start + T``: (T, C)."""
+    """The position embeddings of ``positions`` ((T,) or (B, T)): (T, C) or (B, T, C); when
+    None, of positions ``start .. start + T``: (T, C)."""
 
-    def __call__(self, start: int, T: int) -> torch.Tensor: ...
+    def __call__(
+        self, start: int, T: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 class GPTParts(NamedTuple):
@@ -46,6 +49,7 @@ class EmbeddedPositions(NamedTuple):
 
     wpe: nn.Embedding  # (block_size, C)
 
-    def __call__(self, start: int, T: int) -> torch.Tensor:
-        positions = torch.arange(start, start + T, device=self.wpe.weight.device)  # (T,)
-        return self.wpe(positions)  # (T, C)
+    def __call__(self, start: int, T: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(start, start + T, device=self.wpe.weight.device)  # (T,)
+        return self.wpe(positions)  # (T, C) or (B, T, C)

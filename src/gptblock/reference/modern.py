@@ -72,7 +72,7 @@ class ModernCache:
     h1: Array  # (B, T, C)
     qn: tuple[Array, Array] | None  # q_norm's xhat and 1 / rms, (B, nh, T, hs), (.., 1)
     kn: tuple[Array, Array] | None  # k_norm's, (B, nkv, T, hs), (.., 1)
-    rot: tuple[Array, Array] | None  # cos, sin (T, r/2)
+    rot: tuple[Array, Array] | None  # cos, sin (T, r/2) or (B, 1, T, r/2)
     q: Array  # (B, nh, T, hs): normalised and rotated
     k: Array  # (B, nh, T, hs): repeated for the query heads
     v: Array  # (B, nh, T, hs): repeated
@@ -85,13 +85,17 @@ class ModernCache:
     g: Array  # (B, T, F): linear2's input
 
 
-def modern_forward(params: dict[str, Any], x: Any, o: ModernOptions) -> tuple[Array, ModernCache]:
+def modern_forward(
+    params: dict[str, Any], x: Any, o: ModernOptions, positions: Any = None
+) -> tuple[Array, ModernCache]:
     """The modern block's forward pass in float64.
 
     Args:
         params: arrays named as ``FusedBlock``'s state_dict; absent biases are zero.
         x: the input.
         o: the options.
+        positions: the rows' token positions for the rotary angles, (T,) or (B, T); default
+            0 .. T-1 (the causal mask follows the rows' order whatever their positions).
 
     Shape:
         x (B, T, C) -> y (B, T, C), and the cache for ``modern_backward``.
@@ -129,7 +133,9 @@ def modern_forward(params: dict[str, Any], x: Any, o: ModernOptions) -> tuple[Ar
     if o.rope:
         r = hs if o.rotary_dim is None else o.rotary_dim
         inv_freq = o.rope_theta ** (-np.arange(0, r, 2) / r)  # (r/2,)
-        angles = np.arange(T)[:, None] * inv_freq  # (T, r/2)
+        pos = np.arange(T) if positions is None else np.asarray(positions, dtype=np.float64)
+        angles = pos[..., None] * inv_freq  # (T, r/2) or (B, T, r/2)
+        angles = angles[:, None] if angles.ndim == 3 else angles  # (B, 1, T, r/2): every head
         rot = (np.cos(angles), np.sin(angles))
         q, k = _rotate(q, rot, o.rope_pairing, 1.0), _rotate(k, rot, o.rope_pairing, 1.0)
     k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)  # (B, nh, T, hs)
@@ -243,7 +249,7 @@ def _rms_backward(
 
 def _rotate(x: Array, rot: tuple[Array, Array], pairing: str, sign: float) -> Array:
     """Rotate each channel pair of x (..., T, hs) by ``sign`` times the angles of ``rot``."""
-    cos, sin = rot[0], sign * rot[1]  # (T, r/2)
+    cos, sin = rot[0], sign * rot[1]  # (T, r/2) or (B, 1, T, r/2)
     half = cos.shape[-1]
     first = np.arange(half) if pairing == "halves" else np.arange(0, 2 * half, 2)
     second = first + half if pairing == "halves" else first + 1

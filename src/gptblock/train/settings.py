@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..blocks.config import MLPS, NORMS, POSITIONS, GPTConfig
+from ..blocks.config import ACTIVATIONS, MLPS, NORMS, POSITIONS, GPTConfig
 from ..blocks.rotary import PAIRINGS
 from ..devices import AUTOCAST_DTYPES
 from ..errors import UserValueError
@@ -67,7 +67,7 @@ class RunSettings:
         >>> s.replace({"layers": 3})
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
+        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, activation, bias, tie_embeddings, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
     """
 
     # The model (GPTConfig's fields).
@@ -76,6 +76,13 @@ class RunSettings:
     n_embd: int = setting(help="width of the residual stream (C)")
     block_size: int = setting(help="context length (T)")
     dropout: float = setting(0.0, help="dropout probability")
+    activation: str = setting(
+        "gelu",
+        help="the dense MLP's: gelu, relu, gelu_tanh (GPT-2's) or relu2",
+        choices=ACTIVATIONS,
+    )
+    bias: bool = setting(True, help="biases in the linear layers and norms (Llama has none)")
+    tie_embeddings: bool = setting(True, help="the unembedding is the token embedding's weight")
     # The modern block's parts (GPTConfig's fields; the defaults are GPT-2's block).
     norm: str = setting("layernorm", help="layernorm (GPT-2) or rmsnorm (Llama)", choices=NORMS)
     mlp: str = setting(

@@ -125,7 +125,9 @@ class PositionRows(NamedTuple):
 
     weight: torch.Tensor  # (block_size, C)
 
-    def __call__(self, start: int, T: int) -> torch.Tensor:
+    def __call__(self, start: int, T: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:
+            return self.weight[positions]  # (T, C) or (B, T, C)
         return self.weight[start : start + T]  # (T, C)
 
 
