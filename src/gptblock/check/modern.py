@@ -1,0 +1,305 @@
+"""``gptblock check`` on a modern block: compared with the modern reference, not the lessons'.
+
+When the forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated MLP
+(``gptblock.check.modern_read``), the block is compared with the modern block
+(``gptblock.reference.modern``'s, computed by ``gptblock.check.modern_steps`` with the weights
+read out of the block), part by part and then whole:
+
+1. each norm is told from what it computes (``modern_parts.norm_of``): RMSNorm with its gain and
+   eps, a LayerNorm, or a catalogued mistake of RMSNorm;
+2. the MLP's hidden values are matched (``modern_parts.mlp_of``): dense, gated, or a mistake;
+3. the attention's merged heads are matched by the smallest set of catalogued mistakes (the
+   modern ones, ``MODERN``, and the lessons' attention mistakes, ``variants.DEVIATIONS``) under
+   the unknowns a correct block may choose (the rotary pairing, direction, theta and rotated
+   channels, ``ropes``);
+4. the whole block, those parts wired pre-norm or in parallel (GPT-J), must reproduce the
+   block's output within ``search.TOLERANCE``: then ``PASS`` when no mistake was found,
+   ``FOUND`` with each mistake when some were; else ``FAIL``.
+
+Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from .dataflow import Unread
+from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of
+from .modern_read import ModernRead, is_modern, read_modern
+from .modern_steps import NORM_FORMS, Modern, Rope, attention
+from .report import CAUGHT, Finding
+from .search import TOLERANCE
+from .steps import CORRECT, Steps
+from .trace import TraceError
+from .variants import DEVIATIONS
+
+__all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
+
+Tensor = torch.Tensor
+THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
+
+
+@dataclass(frozen=True)
+class Change:
+    """One catalogued mistake of the attention, as a change to (rope, modern steps, steps)."""
+
+    mistake: str
+    group: str
+    label: str
+    apply: Callable[[Rope | None, Modern, Steps], tuple[Rope | None, Modern, Steps]]
+    needs_rope: bool = False
+
+
+def _other_table(rope: Rope | None) -> Rope | None:
+    if rope is None:
+        return None
+    other = "adjacent" if rope.pairing == "halves" else "halves"
+    return replace(rope, table=other)
+
+
+MODERN: tuple[Change, ...] = (
+    Change("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
+           lambda r, m, s: (r, replace(m, targets="qkv"), s), True),
+    Change("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
+           lambda r, m, s: (r, replace(m, targets="q"), s), True),
+    Change("rope_pairing", "table", "", lambda r, m, s: (_other_table(r), m, s), True),
+    Change("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
+           "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
+           "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
+           lambda r, m, s: (r, replace(m, order="tile"), s)),
+)  # fmt: skip
+"""The modern attention mistakes; ``rope_pairing``'s label names the block's conventions."""
+
+_SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
+LESSON: tuple[Change, ...] = tuple(
+    Change(d.mistake, d.group, d.label, lambda r, m, s, d=d: (r, m, d.apply(s)))
+    for d in DEVIATIONS
+    if d.group in _SHARED_GROUPS
+)
+"""The lessons' attention mistakes, which a modern block can make too."""
+
+
+def ropes(hs: int, rotated: bool) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated)."""
+    if not rotated:
+        return [None]
+    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+    return [
+        Rope(theta, dim, pairing, pairing, sign)
+        for dim in dims
+        for pairing in ("halves", "adjacent")
+        for sign in (1.0, -1.0)
+        for theta in THETAS
+    ]
+
+
+def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
+    """Every set of at most ``max_size`` changes, one per group, smallest first."""
+    pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
+    pool = [c for c in pool if rotated or not c.needs_rope]
+    groups: dict[str, list[Change]] = {}
+    for c in pool:
+        groups.setdefault(c.group, []).append(c)
+    for size in range(max_size + 1):
+        for chosen in itertools.combinations(groups.values(), size):
+            yield from itertools.product(*chosen)
+
+
+@dataclass(frozen=True)
+class AttnMatch:
+    changes: tuple[Change, ...]
+    rope: Rope | None
+    modern: Modern
+    steps: Steps
+
+
+def _lin(h: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
+    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
+
+
+def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
+    """The smallest sets of changes under which the modern attention reproduces the merged
+    heads the block computed (the first of each distinct set of mistakes)."""
+    q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
+    hs = q.shape[-1] // read.n_head
+    grouped = k.shape[-1] < q.shape[-1]
+    found: list[AttnMatch] = []
+    for changes in _changes(max_size, grouped, read.rotated):
+        if found and len(changes) > len(found[0].changes):
+            break
+        if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
+            continue
+        for rope in ropes(hs, read.rotated):
+            r, m, s = rope, Modern(), CORRECT
+            for c in changes:
+                r, m, s = c.apply(r, m, s)
+            try:
+                ctx = attention(q, k, v, read.n_head, r, m, s)
+            except CAUGHT:
+                continue
+            if close(ctx, read.ctx, TOLERANCE):
+                found.append(AttnMatch(changes, rope, m, s))
+                break
+    return found
+
+
+@dataclass(frozen=True)
+class ModernOutcome:
+    """What the modern comparison found, for the report."""
+
+    note: str  # what the block was recognised as, and how its weights were read
+    finding: Finding | None  # the reference comparison; None when the weights were not read
+    mistakes: list[str]
+    details: dict[str, str]
+    alternatives: list[list[str]]
+
+
+def _norm_mistakes(norms: list[NormRead]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
+        if n.form in NORM_FORMS and n.form != "rms":
+            key = {"eps_outside": "rmsnorm_eps", "square_of_mean": "rmsnorm_mean",
+                   "mean": "rmsnorm_mean", "time": "rmsnorm_dim", "batch": "rmsnorm_dim"}[n.form]  # fmt: skip
+            out.setdefault(
+                key, f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of "
+                f"{NORM_FORMS['rms']}"
+            )
+    if norms[0].params and norms[0].params == norms[1].params:
+        out["shared_norm"] = (
+            f"the MLP branch reuses the attention branch's norm ({', '.join(norms[0].params)})"
+        )
+    return out
+
+
+def _pairing_label(rope: Rope) -> str:
+    conv = {
+        "halves": "halves (i, i + r/2), as Hugging Face's Llama (rotate_half)",
+        "adjacent": "adjacent pairs (2i, 2i + 1), as RoFormer and Meta's Llama (complex numbers)",
+    }
+    table = {"halves": "cat((freqs, freqs))", "adjacent": "repeat_interleave(freqs, 2)"}
+    other = "adjacent" if rope.pairing == "halves" else "halves"
+    return (
+        f"the rotation pairs channels in {conv[rope.pairing]}, but the cos/sin table is laid out "
+        f"for {conv[other]} ({table[other]} instead of {table[rope.pairing]}): each pair is "
+        "turned by two different angles"
+    )
+
+
+def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+    """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
+    block."""
+    try:
+        read = read_modern(subject_module, x)
+    except (Unread, TraceError):
+        return None  # not read as a modern block: the lessons' reading says why
+    if read is None:
+        return None
+    like = read.x.to(x.dtype)
+    norms = [
+        norm_of(read.norm1, like, read.norm_params[0]),
+        norm_of(read.norm2, like, read.norm_params[1]),
+    ]
+    if not is_modern(read, [n.form for n in norms]):
+        return None
+    mlp = mlp_of(read)
+    attn = _attention_of(read)
+    grouped = read.k[0].shape[0] < read.q[0].shape[0]
+    hs = read.q[0].shape[0] // read.n_head
+    rope = attn[0].rope if attn else None
+    parts = [
+        "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
+        rope.describe() if rope else ("rotary positions (not identified)" if read.rotated else ""),
+        mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
+        f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
+        f"{read.n_head} heads",
+        "parallel residual" if read.parallel else "",
+    ]  # fmt: skip
+    note = "modern block: " + ", ".join(p for p in parts if p)
+    name = "reference comparison"
+    missing = [
+        what for what, bad in (
+            ("the norm before the attention", norms[0].form == "unknown"),
+            ("the norm before the MLP", norms[1].form == "unknown"),
+            ("the MLP", mlp is None),
+            ("the attention", not attn),
+        ) if bad
+    ]  # fmt: skip
+    if missing or mlp is None:
+        msg = (
+            f"{' and '.join(missing)} of this modern block computes neither the modern block's "
+            "part nor any catalogued mistake of it"
+        )
+        return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
+    y_ref = _block(read, norms, mlp, attn[0])
+    error = _error(read.y, y_ref)
+    if error > TOLERANCE:
+        msg = (
+            "the modern block with the weights read from this one does not reproduce it "
+            f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"
+        )
+        return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
+    details = _norm_mistakes(norms)
+    details.update(mlp.mistakes)
+    for c in attn[0].changes:
+        label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
+            c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
+                           by_C=read.x.shape[-1] ** -0.5, by_hs=1 / hs, sqrt_hs=hs**0.5)
+        )  # fmt: skip
+        details.setdefault(c.mistake, label)
+    within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
+    others = [sorted({c.mistake for c in m.changes}) for m in attn[1:]]
+    if not details:
+        return ModernOutcome(
+            note, Finding(name, True, f"computes the modern block: {within}"), [], {}, []
+        )
+    msg = f"matches the modern block only with {' + '.join(details)}: {within}"
+    if others:
+        msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"
+    return ModernOutcome(note, Finding(name, True, msg, "FOUND"), list(details), details, others)
+
+
+def _block(read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> Tensor:
+    """The modern block with the parts as read, on the traced input."""
+    ln1, ln2 = norms[0].function, norms[1].function
+
+    def attn(h: Tensor) -> Tensor:
+        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
+        return _lin(attention(q, k, v, read.n_head, a.rope, a.modern, a.steps), read.proj)
+
+    def ffwd(h: Tensor) -> Tensor:
+        return _lin(mlp.hidden(h), read.mlp[-1])
+
+    with torch.no_grad():
+        x = read.x
+        if read.parallel:
+            return x + attn(ln1(x)) + ffwd(ln2(x))  # GPT-J / PaLM: both read the stream x
+        x = x + attn(ln1(x))
+        return x + ffwd(ln2(x))
+
+
+def _error(y: Tensor, y_ref: Tensor) -> float:
+    """The largest difference relative to ``y_ref``'s largest entry; positions where both are
+    undefined (a norm that takes the root of a negative mean) agree."""
+    y = y.double()
+    if not torch.equal(torch.isfinite(y), torch.isfinite(y_ref)):
+        return float("inf")
+    fine = torch.isfinite(y_ref)
+    if not fine.any():
+        return 0.0
+    scale = float(y_ref[fine].abs().max()) + 1e-30
+    return float((y[fine] - y_ref[fine]).abs().max()) / scale
+
+
+def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+    """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
+    the lessons' reading (and its report of what it cannot read) takes over."""
+    try:
+        return compare_modern(subject_module, x)
+    except CAUGHT:
+        return None

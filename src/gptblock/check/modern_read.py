@@ -1,0 +1,199 @@
+"""A modern block's parts read from one recorded forward pass: what is there, and every weight.
+
+The modern block is the lessons' block with four parts swapped (``gptblock.reference.modern``),
+and each shows in the dataflow (``gptblock.check.trace``):
+
+* the attention core is found as in ``gptblock.check.dataflow`` (a product of probabilities with
+  v, or a fused ``scaled_dot_product_attention``); q, k and v are each followed back to the
+  *nearest* matrix product with a weight behind them, through whatever the block computes in
+  between (a rotation, a repeat of key/value heads), and the weight is read at that product's
+  own output, where it is a linear map of the norm's output (``weights.measure``): position by
+  position, before any rotation;
+* **rotary positions**: q or k reaches the core through more than reshapes and scalar factors
+  (a rotation multiplies by a position-dependent cos/sin table);
+* **grouped key/value heads**: k and v have fewer output rows than q (nkv = rows / hs);
+* **a gated MLP**: three matrix products outside attention, the last reading a product of the
+  other two;
+* **RMSNorm**: the map from the residual stream to a sub-layer's input (replayed from the trace,
+  whatever code computes it) is scale-invariant but moves when a constant is added to every
+  channel (a LayerNorm subtracts the mean, so it does not).
+
+``read_modern`` returns ``None`` for a block with none of these (the lessons' block: the
+reading of ``gptblock.check.readings`` applies).
+
+Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H MLP width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .dataflow import Roles, Unread, _cores, _forward_to_weight, _role
+from .trace import Op, Trace, record, replay
+from .walks import static_names, to_weight, weight_input
+from .weights import _rows, measure
+
+__all__ = ["ModernRead", "is_modern", "read_modern"]
+
+Tensor = torch.Tensor
+Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
+
+
+@dataclass
+class ModernRead:
+    """What ``read_modern`` read: the parts' weights, the traced values each sub-layer met, and
+    the norms as the block computes them."""
+
+    x: Tensor  # (B, T, C): the traced input
+    y: Tensor  # (B, T, C): the block's output for it
+    n_head: int
+    q: Linear
+    k: Linear
+    v: Linear
+    proj: Linear
+    mlp: list[Linear]  # fc1 (and the second first-layer matrix, if gated), then the last layer
+    mlp_names: list[str]  # the parameters each of ``mlp`` was read from
+    h1: Tensor  # (B, T, C): the attention's input, as traced
+    h2: Tensor  # (B, T, C): the MLP's input
+    ctx: Tensor  # (B, T, D): the heads as the block merged them (the output projection's input)
+    hidden: Tensor  # (B, T, H): the MLP's last layer's input
+    norm1: Callable[[Tensor], Tensor]  # the stream -> h1, as the block computes it
+    norm2: Callable[[Tensor], Tensor]  # the stream the MLP reads -> h2
+    parallel: bool  # the MLP reads the block's input, not the stream after attention
+    rotated: bool  # q or k reach the core through more than reshapes and scalar factors
+    names: dict[str, str]  # role -> parameters, for the report
+    norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
+
+
+def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
+    """The matrix products with a weight nearest behind ``node`` on every path back."""
+    found: dict[int, Op] = {}
+    todo, seen = [node], {node}
+    while todo:
+        op = trace.producer(todo.pop())
+        if op is None:
+            continue
+        if weight_input(trace, op) is not None:
+            found[op.index] = op
+            continue
+        for n in op.inputs:
+            if trace.nodes[n].data and n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return [found[i] for i in sorted(found)]
+
+
+def _one(trace: Trace, node: int, what: str) -> Op:
+    ops = _nearest_weight_ops(trace, node)
+    if len(ops) != 1:
+        raise Unread(f"{what} is made by {len(ops)} matrix products with weights, expected one")
+    return ops[0]
+
+
+def _residual(trace: Trace, after: int, mlp_in: int) -> int:
+    """The stream the MLP's norm reads: the latest sum of two data tensors, shaped as the
+    input, that the attention's output reaches and the MLP's input comes from; the block's
+    input when there is none (a parallel block)."""
+    shape = trace.nodes[trace.input].shape
+    behind = trace.ancestors(mlp_in)
+    best = trace.input
+    for n in sorted(behind):
+        op = trace.producer(n)
+        if (
+            op is not None and op.base == "add" and trace.nodes[n].shape == shape
+            and sum(trace.nodes[i].data for i in op.inputs) == 2 and after in trace.ancestors(n)
+        ):  # fmt: skip
+            best = n
+    return best
+
+
+def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
+    """The parameters the operators between ``source`` and ``target`` read."""
+    start = trace.nodes[source].op
+    ops = {trace.nodes[n].op for n in trace.ancestors(target) if trace.nodes[n].op > start}
+    return tuple(static_names(trace, [trace.ops[i] for i in sorted(ops)]))
+
+
+def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
+    """Record ``module(x)`` and read it as a modern block; ``None`` when it is the lessons' block
+    (no RMSNorm, rotary positions, grouped heads or gated MLP).
+
+    Raises:
+        Unread: it is a modern block, but its parts cannot be read; the message says why.
+        TraceError: the forward pass cannot be recorded or re-run.
+    """
+    B, T, C = x.shape
+    trace = record(module, x)
+    cores = _cores(trace)
+    if len(cores) != 1:
+        return None  # one core per head (or none): the lessons' reading
+    core = cores[0]
+    q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
+    proj_op = _forward_to_weight(trace, core.y)
+    if proj_op is None:
+        raise Unread("no output projection reads the attention's output")
+    attn_ops = {q_op.index, k_op.index, v_op.index, proj_op.index}
+    rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in attn_ops]
+    if len(rest) not in (2, 3):
+        raise Unread(f"{len(rest)} matrix products with weights outside attention, expected 2 or 3")
+    last = rest[-1]
+    first = rest[:-1]
+    roles = {f"fc{i + 1}": _role(trace, op, B, T) for i, op in enumerate(first)}
+    roles["down"] = _role(trace, last, B, T)
+    roles["proj"] = _role(trace, proj_op, B, T, heads=True)
+    shared = q_op.index == k_op.index == v_op.index
+    for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
+        if not shared or name == "q":
+            roles[name] = _role(trace, op, B, T)
+    heads = core.groups // (B if core.time == T else T)
+    read = measure(module, trace, Roles(roles, heads), B, T)
+    if shared:  # q, k, v packed in one matrix, [q | k | v]: k and v each take what q leaves
+        w, b = read["q"][:2]
+        hs = trace.nodes[core.q].shape[-1]
+        D = heads * hs
+        kv = (w.shape[0] - D) // 2
+        read["q"], read["k"], read["v"] = (
+            (w[s], b[s], 0.0) for s in (slice(0, D), slice(D, D + kv), slice(D + kv, None))
+        )
+    D = read["q"][0].shape[0]
+    if D % heads or read["k"][0].shape[0] != read["v"][0].shape[0] or D % read["k"][0].shape[0]:
+        raise Unread(
+            f"q, k, v map to {D}, {read['k'][0].shape[0]}, {read['v'][0].shape[0]} channels: "
+            f"not {heads} query heads and a divisor of them as key/value heads"
+        )
+    value = {n: trace.nodes[n].value for n in {r.put for r in roles.values()}}
+    h1, h2 = roles["q"].put, roles["fc1"].put
+    stream = _residual(trace, roles["proj"].get[0], h2)
+    norm1, norm2 = replay(trace, trace.input, h1), replay(trace, stream, h2)
+    rotated = any(
+        (found := to_weight(trace, n)) is None or found[0].index != op.index
+        for n, op in ((core.q, q_op), (core.k, k_op))
+    )
+
+    def rows(node: int) -> Tensor:
+        return _rows(value[node], B, T).double().reshape(B, T, -1)
+
+    names = {
+        r: ", ".join(static_names(trace, [op]))
+        for r, op in (("q", q_op), ("k", k_op), ("v", v_op), ("proj", proj_op))
+    }
+    mlp_names = [", ".join(static_names(trace, [op])) for op in rest]
+    mlp = [read[f"fc{i + 1}"][:2] for i in range(len(first))] + [read["down"][:2]]
+    return ModernRead(
+        x.double(), trace.nodes[trace.output].value.double(), heads,
+        read["q"][:2], read["k"][:2], read["v"][:2], read["proj"][:2], mlp, mlp_names,
+        rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
+        norm1, norm2, stream == trace.input, rotated, names,
+        (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
+    )  # fmt: skip
+
+
+def is_modern(read: ModernRead, norms: list[str]) -> bool:
+    """Whether anything of the modern block is there: RMSNorm, rotation, grouped heads, a gate."""
+    grouped = read.k[0].shape[0] < read.q[0].shape[0]
+    return read.rotated or grouped or len(read.mlp) == 3 or any(n != "layernorm" for n in norms)
+
