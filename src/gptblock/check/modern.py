@@ -37,7 +37,7 @@ from .report import CAUGHT, Finding
 from .search import TOLERANCE
 from .steps import CORRECT, Steps
 from .trace import TraceError
-from .variants import DEVIATIONS
+from .variants import DEVIATIONS, Deviation
 
 __all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
 
@@ -114,7 +114,8 @@ def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Chan
 @dataclass(frozen=True)
 class AttnMatch:
     changes: tuple[Change, ...]
-    rope: Rope | None
+    rope: Rope | None  # the rotary embedding the block means (the unknowns)
+    applied: Rope | None  # the one it computes (with rope_pairing, the other table)
     modern: Modern
     steps: Steps
 
@@ -144,7 +145,7 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             except CAUGHT:
                 continue
             if close(ctx, read.ctx, TOLERANCE):
-                found.append(AttnMatch(changes, rope, m, s))
+                found.append(AttnMatch(changes, rope, r, m, s))
                 break
     return found
 
@@ -236,8 +237,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
             "part nor any catalogued mistake of it"
         )
         return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
-    y_ref = _block(read, norms, mlp, attn[0])
-    error = _error(read.y, y_ref)
+    wiring, error = _wiring(read, norms, mlp, attn[0])
     if error > TOLERANCE:
         msg = (
             "the modern block with the weights read from this one does not reproduce it "
@@ -246,6 +246,8 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
     details = _norm_mistakes(norms)
     details.update(mlp.mistakes)
+    if wiring is not None:
+        details[wiring.mistake] = wiring.label
     for c in attn[0].changes:
         label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
             c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
@@ -264,23 +266,32 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     return ModernOutcome(note, Finding(name, True, msg, "FOUND"), list(details), details, others)
 
 
-def _block(read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> Tensor:
-    """The modern block with the parts as read, on the traced input."""
+def _wiring(
+    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch
+) -> tuple[Deviation | None, float]:
+    """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
+    with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
     ln1, ln2 = norms[0].function, norms[1].function
 
     def attn(h: Tensor) -> Tensor:
         q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        return _lin(attention(q, k, v, read.n_head, a.rope, a.modern, a.steps), read.proj)
+        return _lin(attention(q, k, v, read.n_head, a.applied, a.modern, a.steps), read.proj)
 
     def ffwd(h: Tensor) -> Tensor:
         return _lin(mlp.hidden(h), read.mlp[-1])
 
+    x = read.x
     with torch.no_grad():
-        x = read.x
-        if read.parallel:
-            return x + attn(ln1(x)) + ffwd(ln2(x))  # GPT-J / PaLM: both read the stream x
-        x = x + attn(ln1(x))
-        return x + ffwd(ln2(x))
+        if read.parallel:  # GPT-J / PaLM: both branches read the stream x
+            return None, _error(read.y, x + attn(ln1(x)) + ffwd(ln2(x)))
+        best: tuple[Deviation | None, float] = (None, _error(read.y, CORRECT.wiring(x, attn, ffwd, ln1, ln2)))
+        for d in DEVIATIONS:
+            if best[1] <= TOLERANCE:
+                break
+            if d.group == "wiring" and d.mistake != "post_norm":
+                error = _error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
+                best = (d, error) if error < best[1] else best
+        return best
 
 
 def _error(y: Tensor, y_ref: Tensor) -> float:

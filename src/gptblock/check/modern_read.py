@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .dataflow import Roles, Unread, _cores, _forward_to_weight, _role
+from .dataflow import Role, Roles, Unread, _cores, _forward_to_weight, _role
 from .trace import Op, Trace, record, replay
-from .walks import static_names, to_weight, weight_input
+from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
 __all__ = ["ModernRead", "is_modern", "read_modern"]
@@ -94,13 +94,33 @@ def _one(trace: Trace, node: int, what: str) -> Op:
     return ops[0]
 
 
+def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
+    """``dataflow._role``, its output read before anything grows it: a key/value head repeated
+    for its query heads (``expand``, ``repeat``) is read once, as the projection made it."""
+    role = _role(trace, op, B, T)
+    size = trace.nodes[op.outputs[0]].value.numel()
+    node, last = op.outputs[0], role.get[0]
+    while node != last:
+        users = [u for u in trace.consumers(node) if u.outputs]
+        if len(users) != 1 or trace.nodes[users[0].outputs[0]].value.numel() != size:
+            break
+        node = users[0].outputs[0]
+    if node != last:
+        found = to_layout(trace, node, B, T)
+        role.get = [found if found is not None else op.outputs[0]]
+    return role
+
+
 def _residual(trace: Trace, after: int, mlp_in: int) -> int:
-    """The stream the MLP's norm reads: the latest sum of two data tensors, shaped as the
-    input, that the attention's output reaches and the MLP's input comes from; the block's
-    input when there is none (a parallel block)."""
-    shape = trace.nodes[trace.input].shape
+    """The stream the MLP's norm reads: the latest sum of two data tensors shaped as the input
+    that the attention's output ``after`` reaches and the MLP's input comes from (or ``after``
+    itself, where attention overwrote the stream); the block's input when the MLP's input does
+    not come from the attention's output at all (a parallel block)."""
     behind = trace.ancestors(mlp_in)
-    best = trace.input
+    if after not in behind:
+        return trace.input
+    shape = trace.nodes[trace.input].shape
+    best = after
     for n in sorted(behind):
         op = trace.producer(n)
         if (
@@ -148,7 +168,7 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     shared = q_op.index == k_op.index == v_op.index
     for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
         if not shared or name == "q":
-            roles[name] = _role(trace, op, B, T)
+            roles[name] = _role_of(trace, op, B, T)
     heads = core.groups // (B if core.time == T else T)
     read = measure(module, trace, Roles(roles, heads), B, T)
     if shared:  # q, k, v packed in one matrix, [q | k | v]: k and v each take what q leaves
