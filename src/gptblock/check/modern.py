@@ -96,7 +96,7 @@ def ropes(hs: int, rotated: bool) -> list[Rope | None]:
         for pairing in ("halves", "adjacent")
         for sign in (1.0, -1.0)
         for theta in THETAS
-    ]
+    ] + [None]  # what happens between projection and scores may be a qk norm only
 
 
 def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
@@ -111,6 +111,23 @@ def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Chan
             yield from itertools.product(*chosen)
 
 
+def _qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
+    0, where no rotation turns anything; None when the scores' operands are not laid out as
+    (B, heads, T, hs)."""
+    B, T, _ = q.shape
+    hs = q.shape[-1] // read.n_head
+    gains = []
+    for lin, core in ((q, read.core_q), (k, read.core_k)):
+        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
+            return None
+        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
+        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
+        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
+        gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
+    return gains[0], gains[1]
+
+
 @dataclass(frozen=True)
 class AttnMatch:
     changes: tuple[Change, ...]
@@ -118,6 +135,7 @@ class AttnMatch:
     applied: Rope | None  # the one it computes (with rope_pairing, the other table)
     modern: Modern
     steps: Steps
+    qk_norm: tuple[Tensor, Tensor] | None = None
 
 
 def _lin(h: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
@@ -130,22 +148,25 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
     q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
+    norms = [None, _qk_gains(read, q, k)] if read.rotated else [None]
     found: list[AttnMatch] = []
     for changes in _changes(max_size, grouped, read.rotated):
         if found and len(changes) > len(found[0].changes):
             break
         if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
             continue
-        for rope in ropes(hs, read.rotated):
+        for rope, qk in itertools.product(ropes(hs, read.rotated), norms):
             r, m, s = rope, Modern(), CORRECT
             for c in changes:
                 r, m, s = c.apply(r, m, s)
+            if (rope is None and any(c.needs_rope for c in changes)) or (rope, qk) == (None, None) and read.rotated:
+                continue
             try:
-                ctx = attention(q, k, v, read.n_head, r, m, s)
+                ctx = attention(q, k, v, read.n_head, r, m, s, qk)
             except CAUGHT:
                 continue
             if close(ctx, read.ctx, TOLERANCE):
-                found.append(AttnMatch(changes, rope, r, m, s))
+                found.append(AttnMatch(changes, rope, r, m, s, qk))
                 break
     return found
 
@@ -161,7 +182,7 @@ class ModernOutcome:
     alternatives: list[list[str]]
 
 
-def _norm_mistakes(norms: list[NormRead]) -> dict[str, str]:
+def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
     out: dict[str, str] = {}
     for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
         if n.form in NORM_FORMS and n.form != "rms":
@@ -171,7 +192,7 @@ def _norm_mistakes(norms: list[NormRead]) -> dict[str, str]:
                 key, f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of "
                 f"{NORM_FORMS['rms']}"
             )
-    if norms[0].params and norms[0].params == norms[1].params:
+    if norms[0].params and norms[0].params == norms[1].params and not parallel:
         out["shared_norm"] = (
             f"the MLP branch reuses the attention branch's norm ({', '.join(norms[0].params)})"
         )
@@ -206,7 +227,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         norm_of(read.norm1, like, read.norm_params[0]),
         norm_of(read.norm2, like, read.norm_params[1]),
     ]
-    if not is_modern(read, [n.form for n in norms]):
+    if not is_modern(read, [n.form in NORM_FORMS for n in norms]):
         return None
     mlp = mlp_of(read)
     attn = _attention_of(read)
@@ -215,7 +236,10 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     rope = attn[0].rope if attn else None
     parts = [
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
-        rope.describe() if rope else ("rotary positions (not identified)" if read.rotated else ""),
+        rope.describe(hs) if rope else "",
+        "qk_norm" if attn and attn[0].qk_norm is not None else "",
+        "something between the projections and the scores (not identified)"
+        if read.rotated and not attn else "",
         mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
         f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
         f"{read.n_head} heads",
@@ -244,7 +268,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
             f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"
         )
         return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
-    details = _norm_mistakes(norms)
+    details = _norm_mistakes(norms, read.parallel)
     details.update(mlp.mistakes)
     if wiring is not None:
         details[wiring.mistake] = wiring.label
@@ -275,7 +299,7 @@ def _wiring(
 
     def attn(h: Tensor) -> Tensor:
         q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        return _lin(attention(q, k, v, read.n_head, a.applied, a.modern, a.steps), read.proj)
+        return _lin(attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm), read.proj)
 
     def ffwd(h: Tensor) -> Tensor:
         return _lin(mlp.hidden(h), read.mlp[-1])

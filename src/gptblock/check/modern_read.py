@@ -67,6 +67,8 @@ class ModernRead:
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
     norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
+    core_q: Tensor  # q as the score product reads it (rotated, normalised), as traced
+    core_k: Tensor  # k likewise (its key/value heads repeated)
 
 
 def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
@@ -209,11 +211,13 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
         (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
+        trace.nodes[core.q].value.double(), trace.nodes[core.k].value.double(),
     )  # fmt: skip
 
 
-def is_modern(read: ModernRead, norms: list[str]) -> bool:
-    """Whether anything of the modern block is there: RMSNorm, rotation, grouped heads, a gate."""
+def is_modern(read: ModernRead, rms_forms: list[bool]) -> bool:
+    """Whether anything of the modern block is there: an RMSNorm (right or wrong: ``rms_forms``
+    says which norms are), a rotation, grouped heads, a gate."""
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
-    return read.rotated or grouped or len(read.mlp) == 3 or any(n != "layernorm" for n in norms)
+    return read.rotated or grouped or len(read.mlp) == 3 or any(rms_forms)
 

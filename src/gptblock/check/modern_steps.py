@@ -81,9 +81,10 @@ class Rope:
     table: str  # the layout of the cos/sin table: "halves" (cat) or "adjacent" (interleave)
     sign: float  # 1.0, or -1.0: rotated by minus the angle
 
-    def describe(self) -> str:
+    def describe(self, hs: int) -> str:
+        """'rope (halves (i, i + r/2), theta 10000)' for a block of head size ``hs``."""
         pairs = "halves (i, i + r/2)" if self.pairing == "halves" else "adjacent pairs (2i, 2i+1)"
-        rest = f", rotary_dim {self.dim}" if self.dim else ""
+        rest = f", rotary_dim {self.dim} of {hs}" if self.dim < hs else ""
         turn = ", rotated by minus the angle (as nanochat)" if self.sign < 0 else ""
         return f"rope ({pairs}, theta {self.theta:g}{rest}{turn})"
 
@@ -138,10 +139,12 @@ class Modern:
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, n_head: int, rope: Rope | None, modern: Modern, steps: Steps
+    q: Tensor, k: Tensor, v: Tensor, n_head: int, rope: Rope | None, modern: Modern, steps: Steps,
+    qk_norm: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The attention core of the modern block from q (B, T, D), k and v (B, T, Dkv): heads split,
-    rotated, key/value heads repeated, scores scaled, masked, softmax, heads merged.
+    each head's q and k normalised (``qk_norm``: the gains of q's and k's RMSNorm over hs, eps
+    1e-6), rotated, key/value heads repeated, scores scaled, masked, softmax, heads merged.
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
@@ -150,6 +153,8 @@ def attention(
     n_kv = k.shape[-1] // hs
     T = q.shape[1]
     q, k, v = steps.split(q, n_head), steps.split(k, n_kv), steps.split(v, n_kv)  # (B, h, T, hs)
+    if qk_norm is not None:
+        q, k = rms(q, qk_norm[0], 1e-6), rms(k, qk_norm[1], 1e-6)
     if rope is not None:
         q = rope.apply(q)
         k = rope.apply(k) if "k" in modern.targets else k
