@@ -20,7 +20,7 @@ from types import ModuleType
 
 from zoo_public import MARKER, Case, _folder, _import, edited
 
-__all__ = ["BLOCKS_DIR", "NAMES", "Case", "MARKER", "cases", "load", "spec"]
+__all__ = ["BLOCKS_DIR", "MARKER", "NAMES", "Case", "cases", "load", "spec"]
 
 BLOCKS_DIR = pathlib.Path(__file__).resolve().parent / "blocks"
 NAMES: list[str] = sorted(p.stem for p in BLOCKS_DIR.glob("*.py") if not p.stem.startswith("_"))

@@ -27,7 +27,9 @@ def measure(blocks: list[str] | None = None, verbose: bool = False) -> list[Outc
         outcome = run_case(case)
         outcomes.append(outcome)
         if verbose and not outcome.hit:
-            print(f"--- {case.name}: {outcome.kind}, expected {sorted(case.expected)}\n{outcome.text}\n")
+            print(
+                f"--- {case.name}: {outcome.kind}, expected {sorted(case.expected)}\n{outcome.text}\n"
+            )
     return outcomes
 
 

@@ -77,11 +77,16 @@ MODERN: tuple[Change, ...] = (
 """The modern attention mistakes; ``rope_pairing``'s label names the block's conventions."""
 
 _SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
-LESSON: tuple[Change, ...] = tuple(
-    Change(d.mistake, d.group, d.label, lambda r, m, s, d=d: (r, m, d.apply(s)))
-    for d in DEVIATIONS
-    if d.group in _SHARED_GROUPS
-)
+
+
+def _lesson(d: Deviation) -> Change:
+    def apply(r: Rope | None, m: Modern, s: Steps) -> tuple[Rope | None, Modern, Steps]:
+        return r, m, d.apply(s)
+
+    return Change(d.mistake, d.group, d.label, apply)
+
+
+LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 """The lessons' attention mistakes, which a modern block can make too."""
 
 
@@ -159,7 +164,9 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             r, m, s = rope, Modern(), CORRECT
             for c in changes:
                 r, m, s = c.apply(r, m, s)
-            if (rope is None and any(c.needs_rope for c in changes)) or (rope, qk) == (None, None) and read.rotated:
+            if (rope is None and any(c.needs_rope for c in changes)) or (
+                (rope, qk) == (None, None) and read.rotated
+            ):
                 continue
             try:
                 ctx = attention(q, k, v, read.n_head, r, m, s, qk)
@@ -189,8 +196,8 @@ def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
             key = {"eps_outside": "rmsnorm_eps", "square_of_mean": "rmsnorm_mean",
                    "mean": "rmsnorm_mean", "time": "rmsnorm_dim", "batch": "rmsnorm_dim"}[n.form]  # fmt: skip
             out.setdefault(
-                key, f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of "
-                f"{NORM_FORMS['rms']}"
+                key,
+                f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}",
             )
     if norms[0].params and norms[0].params == norms[1].params and not parallel:
         out["shared_norm"] = (
@@ -227,6 +234,9 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         norm_of(read.norm1, like, read.norm_params[0]),
         norm_of(read.norm2, like, read.norm_params[1]),
     ]
+    post = norms[0].form == "none" and len(read.norms) == 2  # no norm before the attention
+    if post:  # the norms after the residual: a post-norm block, for the wiring to tell
+        norms = [norm_of(f, like) for f in read.norms]
     if not is_modern(read, [n.form in NORM_FORMS for n in norms]):
         return None
     mlp = mlp_of(read)
@@ -261,7 +271,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
             "part nor any catalogued mistake of it"
         )
         return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
-    wiring, error = _wiring(read, norms, mlp, attn[0])
+    wiring, error = _wiring(read, norms, mlp, attn[0], post)
     if error > TOLERANCE:
         msg = (
             "the modern block with the weights read from this one does not reproduce it "
@@ -291,7 +301,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
 
 
 def _wiring(
-    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch
+    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch, post: bool
 ) -> tuple[Deviation | None, float]:
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
@@ -299,7 +309,9 @@ def _wiring(
 
     def attn(h: Tensor) -> Tensor:
         q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        return _lin(attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm), read.proj)
+        return _lin(
+            attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm), read.proj
+        )
 
     def ffwd(h: Tensor) -> Tensor:
         return _lin(mlp.hidden(h), read.mlp[-1])
@@ -308,11 +320,14 @@ def _wiring(
     with torch.no_grad():
         if read.parallel:  # GPT-J / PaLM: both branches read the stream x
             return None, _error(read.y, x + attn(ln1(x)) + ffwd(ln2(x)))
-        best: tuple[Deviation | None, float] = (None, _error(read.y, CORRECT.wiring(x, attn, ffwd, ln1, ln2)))
+        best: tuple[Deviation | None, float] = (
+            None,
+            _error(read.y, CORRECT.wiring(x, attn, ffwd, ln1, ln2)),
+        )
         for d in DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
-            if d.group == "wiring" and d.mistake != "post_norm":
+            if d.group == "wiring" and (d.mistake == "post_norm") == post:
                 error = _error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
                 best = (d, error) if error < best[1] else best
         return best

@@ -124,7 +124,11 @@ DENSE: dict[str, Callable[[Tensor], Tensor]] = {
 }  # fmt: skip
 """The activations of a dense MLP (``relu2``: nanochat's and the speedrun's relu(x)^2)."""
 
-GATED: dict[str, Callable[[Tensor], Tensor]] = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh}
+GATED: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": _gelu_tanh,
+}
 """The activations of a gated MLP's gate: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)."""
 
 _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj, Meta's w1 / w3
@@ -159,10 +163,10 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
                 return MlpRead(f"dense {name} d_ff={width}", _dense(read.mlp[0], act), {})
         return None
     m, names = read.mlp[:2], read.mlp_names[:2]
-    a = [_lin(h, w) for w in m]
+    u = [_lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
-            if close(act(a[gate]) * a[up], target):
+            if close(act(u[gate]) * u[up], target):
                 mistakes = {}
                 if _says(names[gate], _UP) and _says(names[up], _GATE):
                     mistakes["swiglu_swapped"] = (
@@ -172,17 +176,30 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
                 return MlpRead(f"{label} d_ff={width}", _gated(m[gate], m[up], act), mistakes)
-    wrong = {
-        "SiLU on the product of the two branches: silu(w1 x * w3 x)": lambda u, v: F.silu(u * v),
-        "no SiLU at all: w1 x * w3 x": lambda u, v: u * v,
-        "SiLU on both branches: silu(w1 x) * silu(w3 x)": lambda u, v: F.silu(u) * F.silu(v),
-    }
-    for label, form in wrong.items():
-        if close(form(a[0], a[1]), target):
-            return MlpRead(
-                f"gated d_ff={width}", _paired(m[0], m[1], form), {"swiglu_silu": label}
-            )
+    for label, form in _WRONG.items():
+        if close(form(u[0], u[1]), target):
+            return MlpRead(f"gated d_ff={width}", _paired(m[0], m[1], form), {"swiglu_silu": label})
     return None
+
+
+def _on_product(a: Tensor, b: Tensor) -> Tensor:
+    return F.silu(a * b)
+
+
+def _no_silu(a: Tensor, b: Tensor) -> Tensor:
+    return a * b
+
+
+def _on_both(a: Tensor, b: Tensor) -> Tensor:
+    return F.silu(a) * F.silu(b)
+
+
+_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "SiLU on the product of the two branches: silu(w1 x * w3 x)": _on_product,
+    "no SiLU at all: w1 x * w3 x": _no_silu,
+    "SiLU on both branches: silu(w1 x) * silu(w3 x)": _on_both,
+}
+"""SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
 
 
 def _dense(w: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:

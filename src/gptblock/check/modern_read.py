@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from .dataflow import Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .norms import find_norms, order_norms
 from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
@@ -69,6 +70,7 @@ class ModernRead:
     norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
     core_q: Tensor  # q as the score product reads it (rotated, normalised), as traced
     core_k: Tensor  # k likewise (its key/value heads repeated)
+    norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
 
 
 def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
@@ -140,6 +142,17 @@ def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
     return tuple(static_names(trace, [trace.ops[i] for i in sorted(ops)]))
 
 
+def _norms(
+    trace: Trace, module: nn.Module, B: int, T: int, h1: int, h2: int
+) -> list[Callable[[Tensor], Tensor]]:
+    """ln1 and ln2 as ``gptblock.check.norms`` finds them (for a post-norm block, whose norms
+    do not make the sub-layers' inputs); none where it finds none."""
+    try:
+        return [n.function for n in order_norms(find_norms(trace, module, B, T), h1, h2)]
+    except Unread:
+        return []
+
+
 def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     """Record ``module(x)`` and read it as a modern block; ``None`` when it is the lessons' block
     (no RMSNorm, rotary positions, grouped heads or gated MLP).
@@ -159,7 +172,9 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     if proj_op is None:
         raise Unread("no output projection reads the attention's output")
     attn_ops = {q_op.index, k_op.index, v_op.index, proj_op.index}
-    rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in attn_ops]
+    rest = [
+        op for op in trace.ops if weight_input(trace, op) is not None and op.index not in attn_ops
+    ]
     if len(rest) not in (2, 3):
         raise Unread(f"{len(rest)} matrix products with weights outside attention, expected 2 or 3")
     last = rest[-1]
@@ -212,6 +227,7 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         norm1, norm2, stream == trace.input, rotated, names,
         (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
         trace.nodes[core.q].value.double(), trace.nodes[core.k].value.double(),
+        _norms(trace, module, B, T, h1, h2),
     )  # fmt: skip
 
 
@@ -220,4 +236,3 @@ def is_modern(read: ModernRead, rms_forms: list[bool]) -> bool:
     says which norms are), a rotation, grouped heads, a gate."""
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     return read.rotated or grouped or len(read.mlp) == 3 or any(rms_forms)
-

@@ -139,7 +139,13 @@ class Modern:
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, n_head: int, rope: Rope | None, modern: Modern, steps: Steps,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    n_head: int,
+    rope: Rope | None,
+    modern: Modern,
+    steps: Steps,
     qk_norm: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The attention core of the modern block from q (B, T, D), k and v (B, T, Dkv): heads split,

@@ -42,16 +42,16 @@ from ..lesson import Block as LessonBlock
 from .build import build, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
+from .modern import ModernOutcome, check_modern
 from .parts import perturb_all
 from .probes import PROBES, ProbeResult
-from .modern import ModernOutcome, check_modern
 from .readings import TRACE_T, Readings, read_parts, trace_shapes
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
 from .subject import Subject, one_thread
 from .suggest import suggest_map
-from .trace import NoDropout
 from .target import load_target
+from .trace import NoDropout
 
 __all__ = ["Progress", "check_block", "check_in_process", "own_blocks"]
 

@@ -65,8 +65,7 @@ class Block(nn.Module):
 SOURCE = "the-lessons+pytorch-labs/gpt-fast model.py"
 BLOCK = Block
 ARGS = {"n_embd": 32, "n_head": 4, "n_kv_head": 2, "block_size": 16}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "dense", "activation": "gelu",
-             "eps": 1e-5}
+REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "dense", "activation": "gelu", "eps": 1e-5}
 
 
 def weights(b):
@@ -92,7 +91,10 @@ MISTAKES = {
     ],
     "no_scaling": [("wei = q @ k.transpose(-2, -1) * self.hs**-0.5", "wei = q @ k.transpose(-2, -1)")],
     "mask_zero": [
-        ('wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))', "wei = wei.masked_fill(self.tril[:T, :T] == 0, 0)")
+        (
+            'wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
+            "wei = wei.masked_fill(self.tril[:T, :T] == 0, 0)",
+        )
     ],
     "post_norm": [
         ("x = x + self.sa(self.ln1(x))", "x = self.ln1(x + self.sa(x))"),

@@ -6,11 +6,9 @@
 # cat((freqs, freqs)), GQA through repeat_kv (expand + reshape), the eager softmax in float32.
 # Reduced: a config of plain arguments; the rotary table and the causal mask are made in the
 # layer's forward (the checker calls forward(x)); no cache, no dropout.
-import math
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 
 class LlamaRMSNorm(nn.Module):
@@ -113,8 +111,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=64, rms_norm_eps=1e-6, rope_theta=10000.0):
+    def __init__(
+        self,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    ):
         super().__init__()
         self.self_attn = LlamaAttention(hidden_size, num_attention_heads, num_key_value_heads)
         self.mlp = LlamaMLP(hidden_size, intermediate_size)
@@ -147,8 +152,15 @@ class LlamaDecoderLayer(nn.Module):
 SOURCE = "huggingface/transformers src/transformers/models/llama/modeling_llama.py"
 BLOCK = LlamaDecoderLayer
 ARGS = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "eps": 1e-6,
-             "rope": True, "rope_pairing": "halves"}
+REFERENCE = {
+    "n_head": 4,
+    "n_kv_head": 2,
+    "norm": "rmsnorm",
+    "mlp": "swiglu",
+    "eps": 1e-6,
+    "rope": True,
+    "rope_pairing": "halves",
+}
 TOLERANCE = 1e-6  # the norm and the rotary table compute in float32, as Hugging Face's do
 
 
@@ -181,9 +193,7 @@ MISTAKES = {
         (ROPE, ROPE + "\n        value_states, _ = apply_rotary_pos_emb(value_states, value_states, cos, sin)")
     ],
     "rope_q_only": [(ROPE, "query_states, _ = apply_rotary_pos_emb(query_states, key_states, cos, sin)")],
-    "rope_pairing": [
-        ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = torch.repeat_interleave(freqs, 2, dim=-1)")
-    ],
+    "rope_pairing": [("emb = torch.cat((freqs, freqs), dim=-1)", "emb = torch.repeat_interleave(freqs, 2, dim=-1)")],
     "gqa_order": [
         (
             "hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)",
@@ -198,8 +208,6 @@ MISTAKES = {
             "attn_weights = torch.matmul(query_states, key_states.transpose(2, 3))",
         )
     ],
-    "no_residual:mlp": [
-        ("        hidden_states = residual + hidden_states\n        return", "        return")
-    ],
+    "no_residual:mlp": [("        hidden_states = residual + hidden_states\n        return", "        return")],
 }
 PAIRS = [("rope_q_only", "swiglu_silu"), ("gqa_order", "rmsnorm_eps")]

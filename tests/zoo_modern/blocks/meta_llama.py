@@ -137,8 +137,15 @@ class TransformerBlock(nn.Module):
 SOURCE = "meta-llama/llama llama/model.py"
 BLOCK = TransformerBlock
 ARGS = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 48, "max_seq_len": 16}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "eps": 1e-5,
-             "rope": True, "rope_pairing": "adjacent"}
+REFERENCE = {
+    "n_head": 4,
+    "n_kv_head": 2,
+    "norm": "rmsnorm",
+    "mlp": "swiglu",
+    "eps": 1e-5,
+    "rope": True,
+    "rope_pairing": "adjacent",
+}
 TOLERANCE = 1e-6  # the norm and the rotation compute in float32 (complex64), as Meta's do
 
 

@@ -95,8 +95,16 @@ class Block(nn.Module):
 SOURCE = "karpathy/nanochat nanochat/gpt.py"
 BLOCK = Block
 ARGS = {"n_embd": 32, "n_head": 4, "n_kv_head": 2, "sequence_len": 16}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "dense", "activation": "relu2",
-             "eps": 2.220446049250313e-16, "rope": True, "rope_pairing": "halves"}
+REFERENCE = {
+    "n_head": 4,
+    "n_kv_head": 2,
+    "norm": "rmsnorm",
+    "mlp": "dense",
+    "activation": "relu2",
+    "eps": 2.220446049250313e-16,
+    "rope": True,
+    "rope_pairing": "halves",
+}
 TOLERANCE = 1e-6  # the rotary table is float32, as nanochat's is
 
 

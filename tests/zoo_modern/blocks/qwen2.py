@@ -83,8 +83,15 @@ class Qwen2Attention(nn.Module):
 
 
 class Qwen2DecoderLayer(nn.Module):
-    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=80, rms_norm_eps=1e-6, rope_theta=1000000.0):
+    def __init__(
+        self,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=80,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+    ):
         super().__init__()
         self.self_attn = Qwen2Attention(hidden_size, num_attention_heads, num_key_value_heads)
         self.mlp = Qwen2MLP(hidden_size, intermediate_size)
@@ -120,8 +127,16 @@ class Qwen2DecoderLayer(nn.Module):
 SOURCE = "huggingface/transformers src/transformers/models/qwen2/modeling_qwen2.py"
 BLOCK = Qwen2DecoderLayer
 ARGS = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 80}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "eps": 1e-6,
-             "rope": True, "rope_pairing": "halves", "rope_theta": 1e6}
+REFERENCE = {
+    "n_head": 4,
+    "n_kv_head": 2,
+    "norm": "rmsnorm",
+    "mlp": "swiglu",
+    "eps": 1e-6,
+    "rope": True,
+    "rope_pairing": "halves",
+    "rope_theta": 1e6,
+}
 TOLERANCE = 1e-6  # the norm and the rotary table compute in float32, as Hugging Face's do
 
 
@@ -143,14 +158,15 @@ KEY = "key_states = (key_states * cos) + (rotate_half(key_states) * sin)"
 MISTAKES = {
     "rope_q_only": [(KEY, "key_states = key_states")],
     "rope_v": [(KEY, KEY + "\n        value_states = (value_states * cos) + (rotate_half(value_states) * sin)")],
-    "rope_pairing": [
-        ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = torch.repeat_interleave(freqs, 2, dim=-1)")
-    ],
+    "rope_pairing": [("emb = torch.cat((freqs, freqs), dim=-1)", "emb = torch.repeat_interleave(freqs, 2, dim=-1)")],
     "rmsnorm_mean": [
         ("variance = hidden_states.pow(2).mean(-1, keepdim=True)", "variance = hidden_states.mean(-1, keepdim=True)")
     ],
     "rmsnorm_dim": [
-        ("variance = hidden_states.pow(2).mean(-1, keepdim=True)", "variance = hidden_states.pow(2).mean(1, keepdim=True)")
+        (
+            "variance = hidden_states.pow(2).mean(-1, keepdim=True)",
+            "variance = hidden_states.pow(2).mean(1, keepdim=True)",
+        )
     ],
     "swiglu_silu": [
         (
