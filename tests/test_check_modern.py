@@ -3,6 +3,8 @@ each norm form apart, gptblock's own modern forms PASS, and the modern zoo (test
 diagnosed: every correct style PASS, every mistake named by its FOUND line.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -107,10 +109,26 @@ def test_each_modern_style_computes_the_modern_oracle_and_each_mistake_changes_i
             assert not torch.allclose(a, b, atol=1e-8, equal_nan=True), case.name
 
 
-def test_the_modern_zoo_is_diagnosed():
-    from zoo_modern.hitrate import measure, table
+def _sample():
+    """Every correct style and the first case of each mistake id (about 20 of the ~60 cases);
+    ZOO_MODERN_FULL=1: all of them (``python tests/zoo_modern/hitrate.py`` measures them all)."""
+    everything = zoo_modern.cases()
+    if os.environ.get("ZOO_MODERN_FULL"):
+        return everything
+    seen: set[str] = set()
+    sample = []
+    for case in everything:
+        if not case.expected or not case.expected <= seen:
+            sample.append(case)
+            seen |= case.expected
+    return sample
 
-    outcomes = measure()
+
+def test_the_modern_zoo_is_diagnosed():
+    from zoo_modern.hitrate import table
+    from zoo_public.hitrate import run_case
+
+    outcomes = [run_case(case) for case in _sample()]
     report = table(outcomes)
     assert all(o.kind == "PASS" for o in outcomes if not o.case.expected), report
     assert not [o for o in outcomes if o.case.expected and o.kind in ("PASS", "wrong")], report

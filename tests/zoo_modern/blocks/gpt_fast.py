@@ -64,7 +64,9 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(config)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.register_buffer("freqs_cis", precompute_freqs_cis(config.block_size, config.head_dim, config.rope_base), persistent=False)
+        self.register_buffer(
+            "freqs_cis", precompute_freqs_cis(config.block_size, config.head_dim, config.rope_base), persistent=False
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         seqlen = x.shape[1]
@@ -141,7 +143,15 @@ class RMSNorm(nn.Module):
 SOURCE = "pytorch-labs/gpt-fast model.py"
 BLOCK = TransformerBlock
 ARGS = {"config": ModelArgs(block_size=16, n_head=4, dim=32, n_local_heads=2)}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "swiglu", "eps": 1e-5, "rope": True, "rope_pairing": "adjacent"}
+REFERENCE = {
+    "n_head": 4,
+    "n_kv_head": 2,
+    "norm": "rmsnorm",
+    "mlp": "swiglu",
+    "eps": 1e-5,
+    "rope": True,
+    "rope_pairing": "adjacent",
+}
 TOLERANCE = 1e-6  # the norm and the rotation compute in float32, as gpt-fast's do
 
 
@@ -160,15 +170,43 @@ def weights(b):
 
 MISTAKES = {
     "rope_q_only": [("        k = apply_rotary_emb(k, freqs_cis)\n", "")],
-    "rope_v": [("        k = apply_rotary_emb(k, freqs_cis)\n", "        k = apply_rotary_emb(k, freqs_cis)\n        v = apply_rotary_emb(v, freqs_cis)\n")],
+    "rope_v": [
+        (
+            "        k = apply_rotary_emb(k, freqs_cis)\n",
+            "        k = apply_rotary_emb(k, freqs_cis)\n        v = apply_rotary_emb(v, freqs_cis)\n",
+        )
+    ],
     "gqa_order": [
-        ("k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)", "k = k.repeat(1, self.n_head // self.n_local_heads, 1, 1)"),
-        ("v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)", "v = v.repeat(1, self.n_head // self.n_local_heads, 1, 1)"),
+        (
+            "k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)",
+            "k = k.repeat(1, self.n_head // self.n_local_heads, 1, 1)",
+        ),
+        (
+            "v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)",
+            "v = v.repeat(1, self.n_head // self.n_local_heads, 1, 1)",
+        ),
     ],
     "rmsnorm_dim": [("torch.mean(x * x, dim=-1, keepdim=True)", "torch.mean(x * x, dim=1, keepdim=True)")],
-    "rmsnorm_eps": [("return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps)", "return x / (torch.mean(x * x, dim=-1, keepdim=True).sqrt() + self.eps)")],
-    "swiglu_silu:product": [("return self.w2(F.silu(self.w1(x)) * self.w3(x))", "return self.w2(F.silu(self.w1(x) * self.w3(x)))")],
-    "mask_reversed": [("mask = torch.tril(torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device))", "mask = torch.triu(torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device), diagonal=1)")],
-    "no_scaling": [("y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)", "y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=1.0)")],
+    "rmsnorm_eps": [
+        (
+            "return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps)",
+            "return x / (torch.mean(x * x, dim=-1, keepdim=True).sqrt() + self.eps)",
+        )
+    ],
+    "swiglu_silu:product": [
+        ("return self.w2(F.silu(self.w1(x)) * self.w3(x))", "return self.w2(F.silu(self.w1(x) * self.w3(x)))")
+    ],
+    "mask_reversed": [
+        (
+            "mask = torch.tril(torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device))",
+            "mask = torch.triu(torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device), diagonal=1)",
+        )
+    ],
+    "no_scaling": [
+        (
+            "y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)",
+            "y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=1.0)",
+        )
+    ],
 }
 PAIRS = [("gqa_order", "rope_v")]
