@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from .dataflow import Role, Roles, Unread, _cores, _forward_to_weight, _role
 from .norms import find_norms, order_norms
+from .report import CAUGHT
 from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
@@ -153,6 +154,20 @@ def _norms(
         return []
 
 
+def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
+    """Whether a norm moves when a constant is added to every channel, and is no identity: an
+    RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
+    z = torch.randn(like.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    z = z.to(like.dtype)
+    try:
+        with torch.no_grad():
+            a, b = f(z), f(z + 3.0)
+    except CAUGHT:
+        return False
+    scale = float(a.abs().nan_to_num(0.0).max()) + 1e-12
+    return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
+
+
 def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     """Record ``module(x)`` and read it as a modern block; ``None`` when it is the lessons' block
     (no RMSNorm, rotary positions, grouped heads or gated MLP).
@@ -187,6 +202,20 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         if not shared or name == "q":
             roles[name] = _role_of(trace, op, B, T)
     heads = core.groups // (B if core.time == T else T)
+    h1, h2 = roles["q"].put, roles["fc1"].put
+    stream = _residual(trace, roles["proj"].get[0], h2)
+    norm1, norm2 = replay(trace, trace.input, h1), replay(trace, stream, h2)
+    rotated = any(
+        (found := to_weight(trace, n)) is None or found[0].index != op.index
+        for n, op in ((core.q, q_op), (core.k, k_op))
+    )
+    norms = _norms(trace, module, B, T, h1, h2)
+    width = {r: trace.nodes[op.outputs[0]].shape[-1] for r, op in (("q", q_op), ("k", k_op))}
+    grouped = width["q"] != heads * trace.nodes[core.q].shape[-1] * (3 if shared else 1)
+    grouped = grouped or (not shared and width["k"] < width["q"])
+    like = trace.nodes[trace.input].value
+    if not (rotated or grouped or rest[2:] or any(_shifts(f, like) for f in (norm1, norm2, *norms))):
+        return None  # the lessons' block: read by gptblock.check.readings, weights and all
     read = measure(module, trace, Roles(roles, heads), B, T)
     if shared:  # q, k, v packed in one matrix, [q | k | v]: k and v each take what q leaves
         w, b = read["q"][:2]
@@ -203,13 +232,6 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
             f"not {heads} query heads and a divisor of them as key/value heads"
         )
     value = {n: trace.nodes[n].value for n in {r.put for r in roles.values()}}
-    h1, h2 = roles["q"].put, roles["fc1"].put
-    stream = _residual(trace, roles["proj"].get[0], h2)
-    norm1, norm2 = replay(trace, trace.input, h1), replay(trace, stream, h2)
-    rotated = any(
-        (found := to_weight(trace, n)) is None or found[0].index != op.index
-        for n, op in ((core.q, q_op), (core.k, k_op))
-    )
 
     def rows(node: int) -> Tensor:
         return _rows(value[node], B, T).double().reshape(B, T, -1)
@@ -227,7 +249,7 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         norm1, norm2, stream == trace.input, rotated, names,
         (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
         trace.nodes[core.q].value.double(), trace.nodes[core.k].value.double(),
-        _norms(trace, module, B, T, h1, h2),
+        norms,
     )  # fmt: skip
 
 
