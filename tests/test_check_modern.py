@@ -133,3 +133,56 @@ def test_the_modern_zoo_is_diagnosed():
     assert all(o.kind == "PASS" for o in outcomes if not o.case.expected), report
     assert not [o for o in outcomes if o.case.expected and o.kind in ("PASS", "wrong")], report
     assert all(o.kind == "exact" for o in outcomes if o.case.expected), report
+
+
+ORACLE_FORMS = [
+    {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 2, "rope": True},
+    {"norm": "rmsnorm", "n_kv_heads": 1, "rope": True, "rope_pairing": "adjacent", "rotary_dim": 4},
+    {"norm": "rmsnorm", "parallel_residual": True, "rope": True, "rope_theta": 1e6},
+    {"norm": "rmsnorm", "mlp": "swiglu", "norm_eps": 1e-6, "bias": False},
+]
+
+
+@pytest.mark.parametrize("options", ORACLE_FORMS, ids=lambda o: ",".join(o))
+def test_what_the_checker_reads_is_the_oracles_block(options):
+    """The weights, norms, MLP and rotary embedding the checker reads out of a block, given to
+    the NumPy oracle (gptblock.reference.modern), reproduce the block: the modern reference the
+    checker compares with is the oracle's block."""
+    from gptblock.check.modern import _attention_of
+    from gptblock.check.modern_parts import mlp_of
+    from gptblock.check.modern_read import read_modern
+
+    torch.manual_seed(0)
+    block = randomised(FusedBlock(32, 4, **options))
+    x = torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with one_thread():
+        read = read_modern(block, x)
+        norms = [norm_of(f, x) for f in (read.norm1, read.norm2)]
+        mlp, attn = mlp_of(read), _attention_of(read)[0]
+    cat = lambda *ts: torch.cat(ts).numpy()  # noqa: E731
+    params = {
+        "norm1.weight": norms[0].gain.numpy(),
+        "self_attn.in_proj_weight": cat(read.q[0], read.k[0], read.v[0]),
+        "self_attn.in_proj_bias": cat(read.q[1], read.k[1], read.v[1]),
+        "self_attn.out_proj.weight": read.proj[0].numpy(),
+        "self_attn.out_proj.bias": read.proj[1].numpy(),
+        "norm2.weight": norms[1].gain.numpy(),
+        "linear1.weight": mlp.layers[0][0].numpy(),
+        "linear1.bias": mlp.layers[0][1].numpy(),
+        "linear2.weight": read.mlp[-1][0].numpy(),
+        "linear2.bias": read.mlp[-1][1].numpy(),
+    }
+    if len(mlp.layers) == 2:
+        params["linear3.weight"], params["linear3.bias"] = (t.numpy() for t in mlp.layers[1])
+    rope = attn.rope
+    o = oracle.ModernOptions(
+        n_head=read.n_head, n_kv_head=read.k[0].shape[0] // (32 // read.n_head), norm="rmsnorm",
+        mlp="swiglu" if len(mlp.layers) == 2 else "dense", eps=norms[0].eps,
+        parallel_residual=read.parallel, rope=rope is not None,
+        rotary_dim=rope.dim if rope else None, rope_theta=rope.theta if rope else 1e4,
+        rope_pairing=rope.pairing if rope else "halves",
+    )  # fmt: skip
+    want, _ = oracle.modern_forward(params, x.numpy(), o)
+    with torch.no_grad():
+        y = block(x.clone()).numpy()
+    np.testing.assert_allclose(y, want, atol=1e-9 * np.abs(want).max(), rtol=0)

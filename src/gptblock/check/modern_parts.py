@@ -64,6 +64,7 @@ class NormRead:
     function: Callable[[Tensor], Tensor]
     eps: float = 0.0
     params: tuple[str, ...] = field(default=())  # the parameters it reads, for shared_norm
+    gain: Tensor | None = None  # (C,): an RMS form's weight, as read
 
     def describe(self) -> str:
         if self.form in NORM_FORMS:
@@ -109,7 +110,7 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
         gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
         for eps in EPS:
             if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
-                return NormRead(form, _rms_with(gain, eps, form), eps, params)
+                return NormRead(form, _rms_with(gain, eps, form), eps, params, gain)
     return NormRead("unknown", f, params=params)
 
 
@@ -148,6 +149,7 @@ class MlpRead:
     describe: str
     hidden: Callable[[Tensor], Tensor]
     mistakes: dict[str, str]
+    layers: tuple[Linear, ...] = ()  # the first layer, or the gate's and the up projection's
 
 
 def _lin(h: Tensor, w: Linear) -> Tensor:
@@ -166,7 +168,8 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
         a = _lin(h, read.mlp[0])
         for name, act in DENSE.items():
             if close(act(a), target):
-                return MlpRead(f"dense {name} d_ff={width}", _dense(read.mlp[0], act), {})
+                hidden = _dense(read.mlp[0], act)
+                return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (read.mlp[0],))
         return None
     m, names = read.mlp[:2], read.mlp_names[:2]
     u = [_lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
@@ -181,7 +184,8 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
                         "instead of act(gate(x)) * up(x)"
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
-                return MlpRead(f"{label} d_ff={width}", _gated(m[gate], m[up], act), mistakes)
+                hidden = _gated(m[gate], m[up], act)
+                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (m[gate], m[up]))
     for label, form in _WRONG.items():
         if close(form(u[0], u[1]), target):
             return MlpRead(f"gated d_ff={width}", _paired(m[0], m[1], form), {"swiglu_silu": label})

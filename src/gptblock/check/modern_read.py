@@ -214,7 +214,9 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     grouped = width["q"] != heads * trace.nodes[core.q].shape[-1] * (3 if shared else 1)
     grouped = grouped or (not shared and width["k"] < width["q"])
     like = trace.nodes[trace.input].value
-    if not (rotated or grouped or rest[2:] or any(_shifts(f, like) for f in (norm1, norm2, *norms))):
+    if not (
+        rotated or grouped or rest[2:] or any(_shifts(f, like) for f in (norm1, norm2, *norms))
+    ):
         return None  # the lessons' block: read by gptblock.check.readings, weights and all
     read = measure(module, trace, Roles(roles, heads), B, T)
     if shared:  # q, k, v packed in one matrix, [q | k | v]: k and v each take what q leaves
