@@ -186,3 +186,32 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     with torch.no_grad():
         y = block(x.clone()).numpy()
     np.testing.assert_allclose(y, want, atol=1e-9 * np.abs(want).max(), rtol=0)
+
+
+class PerHeadPacked(torch.nn.Module):
+    """GPT-NeoX's packing: one (3C, C) matrix whose output is viewed (B, T, nh, 3 hs), each
+    head's q, k, v side by side; rotary in halves on each head; RMSNorm; a GELU MLP."""
+
+    def __init__(self, n_embd=32, n_head=4):
+        super().__init__()
+        self.n_head, self.hs = n_head, n_embd // n_head
+        self.query_key_value = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.dense = torch.nn.Linear(n_embd, n_embd)
+        self.norm1, self.norm2 = torch.nn.RMSNorm(n_embd), torch.nn.RMSNorm(n_embd)
+        self.fc1, self.fc2 = torch.nn.Linear(n_embd, 64), torch.nn.Linear(64, n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        qkv = self.query_key_value(self.norm1(x)).view(B, T, self.n_head, 3 * self.hs)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split(self.hs, dim=-1))  # (B, nh, T, hs)
+        rope = Rope(10000.0, self.hs, "halves", "halves", 1.0)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            rope.apply(q), rope.apply(k), v, is_causal=True
+        )
+        x = x + self.dense(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def test_q_k_v_packed_per_head_are_read_from_the_core():
+    report = check_block(PerHeadPacked)
+    assert report.verdict == "PASS", str(report)

@@ -154,6 +154,39 @@ def _norms(
         return []
 
 
+def _packed(out: Tensor, cores: list[Tensor], heads: int) -> list[list[int]]:
+    """The rows of a packed q/k/v projection that make q, k and v, head by head: the row whose
+    output at position 0 (where no rotation turns anything) is proportional, over the batch, to
+    each channel of each head the score product reads. ``[q | k | v]`` (gpt-fast's ``wqkv``),
+    per head ``[q_h k_h v_h]`` (GPT-NeoX) and per group (lit-gpt) all read so; key/value heads
+    are kept once each, in the order the query heads first use them.
+
+    Shape:
+        out (B, O): the packed output at position 0; cores: (B * nh, T, hs) or (B, nh, T, hs).
+
+    Raises:
+        Unread: a channel matches no row (a qk norm rescales each position: then rows cannot
+            be told by proportion).
+    """
+    unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
+    found: list[list[int]] = []
+    for core in cores:
+        hs = core.shape[-1]
+        seen = core.reshape(out.shape[0], heads, -1, hs)[:, :, 0]  # (B, nh, hs) at position 0
+        per_head: list[list[int]] = []
+        for head in range(heads):
+            v = seen[:, head]  # (B, hs)
+            cos = (v / v.norm(dim=0, keepdim=True).clamp_min(1e-30)).T @ unit  # (hs, O)
+            best = cos.abs().max(dim=1)
+            if not bool((best.values > 1 - 1e-6).all()):
+                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
+            rows = best.indices.tolist()
+            if rows not in per_head:
+                per_head.append(rows)
+        found.append([r for rows in per_head for r in rows])
+    return found
+
+
 def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     """Whether a norm moves when a constant is added to every channel, and is no identity: an
     RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
@@ -219,14 +252,13 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     ):
         return None  # the lessons' block: read by gptblock.check.readings, weights and all
     read = measure(module, trace, Roles(roles, heads), B, T)
-    if shared:  # q, k, v packed in one matrix, [q | k | v]: k and v each take what q leaves
+    if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
-        hs = trace.nodes[core.q].shape[-1]
-        D = heads * hs
-        kv = (w.shape[0] - D) // 2
-        read["q"], read["k"], read["v"] = (
-            (w[s], b[s], 0.0) for s in (slice(0, D), slice(D, D + kv), slice(D + kv, None))
+        h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
+        packed = _packed(
+            h @ w.T + b, [trace.nodes[n].value for n in (core.q, core.k, core.v)], heads
         )
+        read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)
     D = read["q"][0].shape[0]
     if D % heads or read["k"][0].shape[0] != read["v"][0].shape[0] or D % read["k"][0].shape[0]:
         raise Unread(
