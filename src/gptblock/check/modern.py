@@ -182,7 +182,7 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
 class ModernOutcome:
     """What the modern comparison found, for the report."""
 
-    note: str  # what the block was recognised as, and how its weights were read
+    notes: list[str]  # what the block was recognised as, and where its weights were read
     finding: Finding | None  # the reference comparison; None when the weights were not read
     mistakes: list[str]
     details: dict[str, str]
@@ -255,7 +255,9 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         f"{read.n_head} heads",
         "parallel residual" if read.parallel else "",
     ]  # fmt: skip
-    note = "modern block: " + ", ".join(p for p in parts if p)
+    roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
+    note = ["modern block: " + ", ".join(p for p in parts if p), "roles: " + "; ".join(roles) + (
+        " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
     name = "reference comparison"
     missing = [
         what for what, bad in (
@@ -282,6 +284,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     details.update(mlp.mistakes)
     if wiring is not None:
         details[wiring.mistake] = wiring.label
+    outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in attn[0].changes:
         label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
             c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
@@ -289,7 +292,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         )  # fmt: skip
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
-    others = [sorted({c.mistake for c in m.changes}) for m in attn[1:]]
+    others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:
         return ModernOutcome(
             note, Finding(name, True, f"computes the modern block: {within}"), [], {}, []

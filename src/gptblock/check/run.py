@@ -238,7 +238,7 @@ def _check(
         notes.append("no comparison with the reference: the outputs are random in eval mode")
     elif not roles and (modern := _modern(subject, max_length(module, kwargs, TRACE_T))):
         progress.stage("the modern reference comparison")  # gptblock.check.modern
-        notes.append(modern.note)
+        notes.extend(modern.notes)
         if modern.finding is not None:
             findings.append(modern.finding)
             progress.finding(modern.finding)
