@@ -165,8 +165,9 @@ def _packed(out: Tensor, cores: list[Tensor], heads: int) -> list[list[int]]:
         out (B, O): the packed output at position 0; cores: (B * nh, T, hs) or (B, nh, T, hs).
 
     Raises:
-        Unread: a channel matches no row (a qk norm rescales each position: then rows cannot
-            be told by proportion).
+        Unread: a channel matches no row (a qk norm rescales each position: then q's and k's
+            rows cannot be told by proportion, and ``read_modern`` takes ``[q | k | v]`` if v's
+            rows are where that puts them).
     """
     unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
     found: list[list[int]] = []
@@ -255,9 +256,15 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
         h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
-        packed = _packed(
-            h @ w.T + b, [trace.nodes[n].value for n in (core.q, core.k, core.v)], heads
-        )
+        seen = [trace.nodes[n].value for n in (core.q, core.k, core.v)]
+        try:
+            packed = _packed(h @ w.T + b, seen, heads)
+        except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
+            D = heads * seen[0].shape[-1]
+            kv = (w.shape[0] - D) // 2
+            if _packed(h @ w.T + b, seen[2:], heads)[0] != list(range(D + kv, w.shape[0])):
+                raise
+            packed = [list(range(D)), list(range(D, D + kv)), list(range(D + kv, w.shape[0]))]
         read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)
     D = read["q"][0].shape[0]
     if D % heads or read["k"][0].shape[0] != read["v"][0].shape[0] or D % read["k"][0].shape[0]:
