@@ -37,7 +37,9 @@ class GPTJAttention(nn.Module):
         super().__init__()
         self.register_buffer(
             "bias",
-            torch.tril(torch.ones((max_positions, max_positions), dtype=torch.bool)).view(1, 1, max_positions, max_positions),
+            torch.tril(torch.ones((max_positions, max_positions), dtype=torch.bool)).view(
+                1, 1, max_positions, max_positions
+            ),
             persistent=False,
         )
         self.embed_dim = n_embd
@@ -141,7 +143,15 @@ class GPTJBlock(nn.Module):
 SOURCE = "huggingface/transformers src/transformers/models/gptj/modeling_gptj.py"
 BLOCK = GPTJBlock
 ARGS = {"n_embd": 32, "n_head": 4, "rotary_dim": 4, "n_positions": 16}
-REFERENCE = {"n_head": 4, "norm": "layernorm", "activation": "gelu_tanh", "parallel_residual": True, "rope": True, "rotary_dim": 4, "rope_pairing": "adjacent"}
+REFERENCE = {
+    "n_head": 4,
+    "norm": "layernorm",
+    "activation": "gelu_tanh",
+    "parallel_residual": True,
+    "rope": True,
+    "rotary_dim": 4,
+    "rope_pairing": "adjacent",
+}
 TOLERANCE = 1e-6  # the scores and the rotary table are float32, as GPT-J's are
 
 
@@ -173,7 +183,14 @@ MISTAKES = {
         ("cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)", "cos = torch.cat((cos, cos), -1)[:, :, None, :]"),
     ],
     "no_scaling": [("        attn_weights = attn_weights / self.scale_attn\n", "")],
-    "future_leak": [("attn_weights = torch.where(causal_mask, attn_weights, mask_value)", "attn_weights = attn_weights")],
-    "softmax_dim": [("attn_weights = nn.functional.softmax(attn_weights, dim=-1)", "attn_weights = nn.functional.softmax(attn_weights, dim=-2)")],
+    "future_leak": [
+        ("attn_weights = torch.where(causal_mask, attn_weights, mask_value)", "attn_weights = attn_weights")
+    ],
+    "softmax_dim": [
+        (
+            "attn_weights = nn.functional.softmax(attn_weights, dim=-1)",
+            "attn_weights = nn.functional.softmax(attn_weights, dim=-2)",
+        )
+    ],
 }
 PAIRS = [("rope_pairing", "no_scaling")]
