@@ -44,9 +44,11 @@ def test_zoo_block_is_diagnosed(name):
 
 
 def test_the_zoos_cover_the_catalogue_and_combinations():
+    import zoo_modern
     import zoo_realworld
 
-    assert set().union(*(set(c.expected) for c in zoo_realworld.cases())) == set(MISTAKES)
+    cases = zoo_realworld.cases() + zoo_modern.cases()  # the modern block's mistakes: zoo_modern
+    assert set().union(*(set(c.expected) for c in cases)) == set(MISTAKES)
     diagnosed = [set(expected) for _, _, expected in zoo.ZOO.values()]
     assert sum(len(d) >= 2 for d in diagnosed) >= 5
     assert any(len(d) == 3 for d in diagnosed)

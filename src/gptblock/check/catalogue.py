@@ -212,6 +212,100 @@ _ENTRIES = (
         "device=x.device (or register them as buffers) and return the residual stream x itself.",
         "lesson 1: x = x + self.sa(self.ln1(x)) (the stream keeps its input's dtype and device)",
     ),
+    Mistake(
+        "rmsnorm_eps",
+        "RMSNorm adds eps outside the root: x / (sqrt(mean(x^2)) + eps)",
+        "RMSNorm (Zhang & Sennrich 2019) divides by sqrt(mean(x^2) + eps): eps keeps the root "
+        "away from zero. Added after the root it no longer bounds the gradient of the root at 0 "
+        "and changes the scale of every small vector: for inputs of size 1e-3 the outputs are off "
+        "by percents, so a checkpoint trained with the other form computes something else.",
+        "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) (or F.rms_norm / nn.RMSNorm).",
+        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
+    ),
+    Mistake(
+        "rmsnorm_mean",
+        "RMSNorm divides by the root of a mean of x, not of x squared",
+        "The root mean square is sqrt(mean(x^2)). x.mean(-1) alone is negative for half the "
+        "positions (the root is NaN there) and mean(x)^2 is the square of the mean, near 0 for "
+        "centred vectors (outputs blow up): neither is the vector's size.",
+        "variance = x.pow(2).mean(-1, keepdim=True), then x * torch.rsqrt(variance + eps).",
+        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
+    ),
+    Mistake(
+        "rmsnorm_dim",
+        "RMSNorm averages over the wrong axis (time or batch, not the channels)",
+        "A norm is per position: each C-vector is divided by its own size. mean(dim=1) on "
+        "(B, T, C) averages over the sequence, so every position's output depends on every "
+        "other one, later ones included (a future leak), and on the sequence's length.",
+        "Average over the last axis: x.pow(2).mean(-1, keepdim=True).",
+        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight, the mean over C",
+    ),
+    Mistake(
+        "rope_v",
+        "rotary positions are applied to v as well as to q and k",
+        "RoPE rotates q and k so that their product depends only on the distance between two "
+        "positions. Rotating v too mixes the values with the absolute position of each key: the "
+        "output of a head then changes when the same text is shifted along the sequence.",
+        "Rotate q and k only: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
+        "modern block: q, k = rotate(q, pos), rotate(k, pos); v is not rotated",
+    ),
+    Mistake(
+        "rope_q_only",
+        "rotary positions are applied to q but not to k",
+        "q_m . k_n depends on m - n only when both are rotated (R_m q . R_n k = q . R_(n-m) k). "
+        "Rotating q alone makes the scores depend on the query's absolute position and not on "
+        "where the key is: the model has no relative positions.",
+        "Rotate both: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
+        "modern block: q, k = rotate(q, pos), rotate(k, pos)",
+    ),
+    Mistake(
+        "rope_pairing",
+        "the rotary table is laid out for the other pairing of channels than the rotation",
+        "RoPE pairs channels one of two ways: adjacent pairs (2i, 2i+1), as RoFormer and Meta's "
+        "Llama (complex numbers of adjacent pairs, cos/sin repeated with repeat_interleave), or "
+        "halves (i, i + hs/2), as Hugging Face's Llama (rotate_half, cos/sin = "
+        "cat((freqs, freqs))). Both are the same model after a fixed permutation of the q/k "
+        "weights, which is why checkpoints are converted between them; mixing them (rotate_half "
+        "with an interleaved table, or adjacent pairs with a cat table) turns the two channels "
+        "of a pair by different angles, which is no rotation at all.",
+        "Use the table of the rotation's pairing: rotate_half with cat((freqs, freqs)); adjacent "
+        "pairs with repeat_interleave(freqs, 2) (or complex freqs_cis). Load weights written for "
+        "the pairing the code uses.",
+        "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)",
+    ),
+    Mistake(
+        "gqa_order",
+        "grouped key/value heads are repeated in the wrong order (repeat instead of "
+        "repeat_interleave)",
+        "With nkv key/value heads for nh query heads, query heads j*g ... (j+1)*g - 1 share "
+        "key/value head j (g = nh / nkv): k.repeat_interleave(g, dim=1), or repeat_kv's expand + "
+        "reshape. k.repeat(1, g, 1, 1) tiles them instead (query head i reads head i % nkv): "
+        "the same shapes, but every query head reads another head's keys than its weights were "
+        "trained with.",
+        "k = k.repeat_interleave(nh // nkv, dim=1) (the same for v), or "
+        "F.scaled_dot_product_attention(..., enable_gqa=True).",
+        "modern block: att = softmax(q @ repeat(k).T / sqrt(hs)); key/value head j // (nh / nkv)",
+    ),
+    Mistake(
+        "swiglu_swapped",
+        "SwiGLU's gate and up projections are swapped: SiLU on the up projection",
+        "SwiGLU is w2(silu(w1 x) * w3 x): the SiLU goes on the gate projection (gate_proj, w1), "
+        "the up projection (up_proj, w3) is the linear branch. As a function of fresh weights "
+        "both orders are the same MLP, so only the names tell: with a checkpoint's weights the "
+        "swapped block computes another function.",
+        "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)); Meta: "
+        "self.w2(F.silu(self.w1(x)) * self.w3(x)).",
+        "modern block: mlp = w2(silu(w1 x) * w3 x)",
+    ),
+    Mistake(
+        "swiglu_silu",
+        "SwiGLU's SiLU is on the wrong branch (on the product, on both, or missing)",
+        "The gate is silu(w1 x), multiplied by the linear branch w3 x. silu(w1 x * w3 x), "
+        "silu(w1 x) * silu(w3 x) or w1 x * w3 x are other MLPs (the last not even gated by a "
+        "nonlinearity of one branch).",
+        "w2(silu(w1 x) * w3 x).",
+        "modern block: mlp = w2(silu(w1 x) * w3 x)",
+    ),
 )
 
 MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
@@ -41,14 +42,16 @@ from ..lesson import Block as LessonBlock
 from .build import build, max_length, width
 from .catalogue import MISTAKES
 from .isolation import DEFAULT_TIMEOUT, check_isolated
+from .modern import ModernOutcome, check_modern
 from .parts import perturb_all
 from .probes import PROBES, ProbeResult
-from .readings import TRACE_T, Readings, read_parts
+from .readings import TRACE_T, Readings, read_parts, trace_shapes
 from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, explain
 from .subject import Subject, one_thread
 from .suggest import suggest_map
 from .target import load_target
+from .trace import NoDropout
 
 __all__ = ["Progress", "check_block", "check_in_process", "own_blocks"]
 
@@ -64,6 +67,8 @@ EXPLAINS: dict[str, set[str]] = {
     "softmax_dim": {"future_leak"},
     "heads_mixed": {"future_leak", "batch_mixing"},  # a head-major merge mixes sequences
     "batch_mixing": {"shape"},
+    "rmsnorm_dim": {"future_leak", "batch_mixing"},  # a mean over time or batch mixes positions
+    "rmsnorm_mean": {"nonfinite"},  # the root of a negative mean
 }
 
 
@@ -231,6 +236,14 @@ def _check(
         pass
     elif "dropout_in_eval" in implied and not _without_dropout(subject):
         notes.append("no comparison with the reference: the outputs are random in eval mode")
+    elif not roles and (modern := _modern(subject, max_length(module, kwargs, TRACE_T))):
+        progress.stage("the modern reference comparison")  # gptblock.check.modern
+        notes.extend(modern.notes)
+        if modern.finding is not None:
+            findings.append(modern.finding)
+            progress.finding(modern.finding)
+            compared, found, others = True, modern.mistakes, modern.alternatives
+            details.update(modern.details)
     else:
         if "dropout_in_eval" in implied:
             how = "switched off" if subject.no_dropout else "with its probability set to 0"
@@ -265,6 +278,14 @@ def _check(
     return CheckReport(
         description, findings, diagnosis, details, notes, alternatives, compared, verify
     )
+
+
+def _modern(subject: Subject, longest: int) -> ModernOutcome | None:
+    """The modern comparison on the traced input's shape, or None for the lessons' block."""
+    B, T = trace_shapes(longest)[0]
+    x = subject.input(B, T, subject.C)
+    with NoDropout() if subject.no_dropout else nullcontext():
+        return check_modern(subject.module, x)
 
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import types
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
@@ -159,7 +160,17 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     try:
         copied = copy.deepcopy(module, memo)
         _rebind_closures(copied, memo)
-        return copied.to(dtype).eval()
+        # .to(float64) would cast a complex buffer (Meta Llama's freqs_cis) to real, dropping its
+        # imaginary part: such buffers become the complex dtype of the checker's precision.
+        complex_buffers = [(m, n, b) for m in copied.modules() for n, b in m._buffers.items()
+                           if b is not None and b.is_complex()]  # fmt: skip
+        with warnings.catch_warnings():  # "casting complex values to real": put right below
+            warnings.simplefilter("ignore", UserWarning)
+            copied = copied.to(dtype).eval()
+        wide = torch.complex128 if dtype == torch.float64 else torch.complex64
+        for m, n, b in complex_buffers:
+            m._buffers[n] = b.to(wide)
+        return copied
     except CAUGHT as e:
         raise UserValueError(
             f"cannot copy {type(module).__name__} to check it (copy.deepcopy, .to({dtype})): "

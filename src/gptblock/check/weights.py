@@ -30,7 +30,7 @@ from .steps import Parts, affine
 from .trace import Trace, TraceError, record, rerun
 from .walks import layout
 
-__all__ = ["Reading", "read_block"]
+__all__ = ["Reading", "measure", "read_block"]
 
 Tensor = torch.Tensor
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # of a role's output scale
@@ -77,7 +77,7 @@ def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     return rows.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
-def _measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
+def measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
     puts = {r.put for r in found.roles.values()}
@@ -156,7 +156,7 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         norms = order_norms(
             find_norms(trace, module, B, T), found.roles["q"].put, found.roles["fc1"].put
         )
-        read = _measure(module, trace, found, B, T)
+        read = measure(module, trace, found, B, T)
     except TraceError as e:
         raise Unread(str(e)) from e
     (wq, bq, _), (wk, bk, _), (wv, bv, _) = read["q"], read["k"], read["v"]

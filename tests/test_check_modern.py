@@ -1,0 +1,217 @@
+"""The checker on the modern block (issue 20, item 5): its steps equal the NumPy oracle, it tells
+each norm form apart, gptblock's own modern forms PASS, and the modern zoo (tests/zoo_modern) is
+diagnosed: every correct style PASS, every mistake named by its FOUND line.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import zoo_modern
+from gptblock import check_block
+from gptblock.blocks.fused import FusedBlock
+from gptblock.check.catalogue import MISTAKES
+from gptblock.check.modern_parts import norm_of
+from gptblock.check.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
+from gptblock.check.subject import one_thread
+from gptblock.reference import modern as oracle
+from zoo_modern.proof import max_error
+from zoo_public.proof import randomised
+
+
+@pytest.mark.parametrize("pairing", ["halves", "adjacent"])
+@pytest.mark.parametrize("dim", [8, 4])
+def test_rope_equals_the_oracles_rotation(pairing, dim):
+    g = np.random.default_rng(0)
+    x = g.standard_normal((2, 3, 5, 8))  # (B, nh, T, hs)
+    inv = 500000.0 ** (-np.arange(0, dim, 2) / dim)
+    angles = np.arange(5)[:, None] * inv
+    want = oracle._rotate(x, (np.cos(angles), np.sin(angles)), pairing, 1.0)
+    got = Rope(500000.0, dim, pairing, pairing, 1.0).apply(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_rms_and_repeat_equal_the_oracle():
+    g = np.random.default_rng(1)
+    x, w = g.standard_normal((2, 5, 8)), g.standard_normal(8)
+    xhat, _ = oracle._normalise(x, "rmsnorm", 1e-5)
+    got = rms(torch.from_numpy(x), torch.from_numpy(w), 1e-5).numpy()
+    np.testing.assert_allclose(got, xhat * w, atol=1e-12, rtol=0)
+    k = g.standard_normal((2, 2, 5, 4))  # (B, nkv, T, hs)
+    np.testing.assert_array_equal(repeat_heads(torch.from_numpy(k), 3).numpy(), np.repeat(k, 3, 1))
+
+
+@pytest.mark.parametrize("form", list(NORM_FORMS))
+def test_each_norm_form_is_told_apart_with_its_eps(form):
+    w = torch.linspace(0.5, 1.5, 16, dtype=torch.float64)
+    read = norm_of(lambda h: rms(h, w, 1e-6, form), torch.zeros(5, 7, 16, dtype=torch.float64))
+    assert (read.form, read.eps) == (form, 1e-6)
+
+
+def test_a_layernorm_is_not_an_rmsnorm():
+    ln = torch.nn.LayerNorm(16).double()
+    assert norm_of(ln, torch.zeros(5, 7, 16, dtype=torch.float64)).form == "layernorm"
+
+
+MODERN_FORMS = [
+    {"norm": "rmsnorm"},
+    {"rope": True},
+    {"mlp": "swiglu"},
+    {"n_kv_heads": 2},
+    {"n_kv_heads": 1, "rope": True, "rope_pairing": "adjacent"},
+    {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 2, "rope": True, "bias": False},
+    {"rope": True, "rotary_dim": 4, "rope_theta": 500000.0},
+    {"parallel_residual": True, "norm": "rmsnorm", "rope": True},
+    {"qk_norm": True, "norm": "rmsnorm", "rope": True, "n_kv_heads": 2},
+    {"activation": "relu2", "norm": "rmsnorm"},
+]
+
+
+@pytest.mark.parametrize(
+    "options", MODERN_FORMS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+)
+def test_gptblocks_own_modern_forms_pass_against_the_modern_reference(options):
+    report = check_block(FusedBlock, d_model=32, n_heads=4, dropout=0.0, **options)
+    assert report.verdict == "PASS", str(report)
+    assert any(n.startswith("modern block: ") for n in report.notes), report.notes
+    assert "computes the modern block" in str(report)
+
+
+def test_the_report_says_what_it_recognised():
+    report = check_block(
+        FusedBlock, d_model=32, n_heads=4, norm="rmsnorm", mlp="swiglu", d_ff=48, n_kv_heads=2,
+        rope=True, rope_pairing="adjacent", bias=False,
+    )  # fmt: skip
+    note = next(n for n in report.notes if n.startswith("modern block: "))
+    assert note == (
+        "modern block: norms: rmsnorm (eps 1e-05), rope (adjacent pairs (2i, 2i+1), theta "
+        "10000), swiglu d_ff=48, n_kv_head=2 for 4 query heads"
+    )
+
+
+@pytest.mark.parametrize("name", zoo_modern.NAMES)
+def test_each_modern_style_computes_the_modern_oracle_and_each_mistake_changes_it(name):
+    spec = zoo_modern.spec(name)
+    torch.manual_seed(0)
+    with one_thread():
+        right = randomised(spec.BLOCK(**spec.ARGS))
+        assert max_error(spec, right) < getattr(spec, "TOLERANCE", 1e-10)
+        x = torch.randn(2, 5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        for case in zoo_modern.cases([name])[1:]:
+            assert case.expected <= set(MISTAKES), case.name
+            module = case.module()
+            wrong = module.BLOCK(**module.ARGS).double().eval()
+            wrong.load_state_dict(right.state_dict(), strict=False)
+            with torch.no_grad():
+                a, b = right(x.clone()), wrong(x.clone())
+            assert not torch.allclose(a, b, atol=1e-8, equal_nan=True), case.name
+
+
+def _sample():
+    """Every correct style and the first case of each mistake id (about 20 of the ~60 cases);
+    ZOO_MODERN_FULL=1: all of them (``python tests/zoo_modern/hitrate.py`` measures them all)."""
+    everything = zoo_modern.cases()
+    if os.environ.get("ZOO_MODERN_FULL"):
+        return everything
+    seen: set[str] = set()
+    sample = []
+    for case in everything:
+        if not case.expected or not case.expected <= seen:
+            sample.append(case)
+            seen |= case.expected
+    return sample
+
+
+def test_the_modern_zoo_is_diagnosed():
+    from zoo_modern.hitrate import table
+    from zoo_public.hitrate import run_case
+
+    outcomes = [run_case(case) for case in _sample()]
+    report = table(outcomes)
+    assert all(o.kind == "PASS" for o in outcomes if not o.case.expected), report
+    assert not [o for o in outcomes if o.case.expected and o.kind in ("PASS", "wrong")], report
+    assert all(o.kind == "exact" for o in outcomes if o.case.expected), report
+
+
+ORACLE_FORMS = [
+    {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 2, "rope": True},
+    {"norm": "rmsnorm", "n_kv_heads": 1, "rope": True, "rope_pairing": "adjacent", "rotary_dim": 4},
+    {"norm": "rmsnorm", "parallel_residual": True, "rope": True, "rope_theta": 1e6},
+    {"norm": "rmsnorm", "mlp": "swiglu", "norm_eps": 1e-6, "bias": False},
+]
+
+
+@pytest.mark.parametrize("options", ORACLE_FORMS, ids=lambda o: ",".join(o))
+def test_what_the_checker_reads_is_the_oracles_block(options):
+    """The weights, norms, MLP and rotary embedding the checker reads out of a block, given to
+    the NumPy oracle (gptblock.reference.modern), reproduce the block: the modern reference the
+    checker compares with is the oracle's block."""
+    from gptblock.check.modern import _attention_of
+    from gptblock.check.modern_parts import mlp_of
+    from gptblock.check.modern_read import read_modern
+
+    torch.manual_seed(0)
+    block = randomised(FusedBlock(32, 4, **options))
+    x = torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with one_thread():
+        read = read_modern(block, x)
+        norms = [norm_of(f, x) for f in (read.norm1, read.norm2)]
+        mlp, attn = mlp_of(read), _attention_of(read)[0]
+    cat = lambda *ts: torch.cat(ts).numpy()  # noqa: E731
+    params = {
+        "norm1.weight": norms[0].gain.numpy(),
+        "self_attn.in_proj_weight": cat(read.q[0], read.k[0], read.v[0]),
+        "self_attn.in_proj_bias": cat(read.q[1], read.k[1], read.v[1]),
+        "self_attn.out_proj.weight": read.proj[0].numpy(),
+        "self_attn.out_proj.bias": read.proj[1].numpy(),
+        "norm2.weight": norms[1].gain.numpy(),
+        "linear1.weight": mlp.layers[0][0].numpy(),
+        "linear1.bias": mlp.layers[0][1].numpy(),
+        "linear2.weight": read.mlp[-1][0].numpy(),
+        "linear2.bias": read.mlp[-1][1].numpy(),
+    }
+    if len(mlp.layers) == 2:
+        params["linear3.weight"], params["linear3.bias"] = (t.numpy() for t in mlp.layers[1])
+    rope = attn.rope
+    o = oracle.ModernOptions(
+        n_head=read.n_head, n_kv_head=read.k[0].shape[0] // (32 // read.n_head), norm="rmsnorm",
+        mlp="swiglu" if len(mlp.layers) == 2 else "dense", eps=norms[0].eps,
+        parallel_residual=read.parallel, rope=rope is not None,
+        rotary_dim=rope.dim if rope else None, rope_theta=rope.theta if rope else 1e4,
+        rope_pairing=rope.pairing if rope else "halves",
+    )  # fmt: skip
+    want, _ = oracle.modern_forward(params, x.numpy(), o)
+    with torch.no_grad():
+        y = block(x.clone()).numpy()
+    np.testing.assert_allclose(y, want, atol=1e-9 * np.abs(want).max(), rtol=0)
+
+
+class PerHeadPacked(torch.nn.Module):
+    """GPT-NeoX's packing: one (3C, C) matrix whose output is viewed (B, T, nh, 3 hs), each
+    head's q, k, v side by side; rotary in halves on each head; RMSNorm; a GELU MLP."""
+
+    def __init__(self, n_embd=32, n_head=4):
+        super().__init__()
+        self.n_head, self.hs = n_head, n_embd // n_head
+        self.query_key_value = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.dense = torch.nn.Linear(n_embd, n_embd)
+        self.norm1, self.norm2 = torch.nn.RMSNorm(n_embd), torch.nn.RMSNorm(n_embd)
+        self.fc1, self.fc2 = torch.nn.Linear(n_embd, 64), torch.nn.Linear(64, n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        qkv = self.query_key_value(self.norm1(x)).view(B, T, self.n_head, 3 * self.hs)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split(self.hs, dim=-1))  # (B, nh, T, hs)
+        rope = Rope(10000.0, self.hs, "halves", "halves", 1.0)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            rope.apply(q), rope.apply(k), v, is_causal=True
+        )
+        x = x + self.dense(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def test_q_k_v_packed_per_head_are_read_from_the_core():
+    report = check_block(PerHeadPacked)
+    assert report.verdict == "PASS", str(report)
