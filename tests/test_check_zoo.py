@@ -62,7 +62,8 @@ def test_every_unverified_block_says_which_map_verifies_it_and_that_map_does():
 def test_the_comparison_is_exact_to_float64_rounding():
     """Every block that computes in float64 is reproduced to float64 rounding (the measured worst
     is 8.5e-16); those that round to float32 themselves (a softmax in float32, an output cast to
-    float32) to float32 rounding."""
+    float32) to float32 rounding: 1e-5 absolute on outputs of size ~10 (hf-proj/wrong_scale:sqrt
+    measured 5.7e-7 to 1.1e-6 from run to run, its inputs drawn afresh each time)."""
     import re
 
     for outcome, report in _outcomes().values():
@@ -71,7 +72,7 @@ def test_the_comparison_is_exact_to_float64_rounding():
         message = next(f.message for f in report.findings if f.name == "reference comparison")
         error = float(re.search(r"max error ([0-9.e+-]+)", message).group(1))
         float32 = "dtype_device" in outcome.case.expected or outcome.case.style.name == "hf-proj"
-        assert error < (1e-6 if float32 else 1e-14), (outcome.case.name, error)
+        assert error < (1e-5 if float32 else 1e-14), (outcome.case.name, error)
 
 
 def test_the_zoo_is_large_and_covers_the_sources_the_issue_names():
