@@ -13,10 +13,43 @@ import torch
 
 from .blocks.config import check_seed
 from .data.batches import Tokenizer
+from .devices import native_bfloat16
 from .errors import UserTypeError, UserValueError
+from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
-__all__ = ["sample_text", "stream_text"]
+__all__ = ["GENERATION_WEIGHTS", "generation_weights", "sample_text", "stream_text"]
+
+GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
+
+
+def generation_weights(
+    name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> str:
+    """The weights generation uses for ``name``, for a model on ``device`` with parameters of
+    ``dtype``: ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware
+    and ``"float32"`` (the model's own weights) elsewhere; any other name is itself.
+
+    Why int8: on the default run's model, ``benchmarks/generation_precision.py`` measures the
+    token rate of each form and the change of its loss over the validation split; int8 is the
+    fastest form there, and changes that loss by less than 0.01 (benchmarks/README.md has the
+    figures). Its kernel computes in bfloat16, emulated and slow on a CPU without it.
+
+    Example:
+        >>> generation_weights("bfloat16", "cpu")
+        'bfloat16'
+        >>> generation_weights("auto", "cpu") in ("int8", "float32")
+        True
+    """
+    if name not in GENERATION_WEIGHTS:
+        raise UserValueError(
+            f"weights must be one of {', '.join(GENERATION_WEIGHTS)}, got {name!r:.40}"
+        )
+    if name != "auto":
+        return name
+    device = torch.device(device)
+    fast = dtype == torch.float32 and device.type == "cpu" and native_bfloat16(device)
+    return "int8" if fast else "float32"
 
 
 def stream_text(
@@ -28,6 +61,7 @@ def stream_text(
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 1337,
+    weights: str | None = None,
 ) -> Iterator[str]:
     """``sample_text``, piece by piece: the prompt first, then the text as it is made.
 
@@ -72,6 +106,7 @@ def stream_text(
         top_k=top_k,
         generator=generator,
         vocab_size=V,
+        weights=weights,
     )
     return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
 
@@ -99,11 +134,13 @@ def sample_text(
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 1337,
+    weights: str | None = None,
 ) -> str:
     """The prompt and its continuation, sampled with a generator seeded by ``seed``.
 
     The default prompt is a newline (or, for a vocabulary without one, its first character).
-    A temperature so small that it overflows the logits (1e-45) samples greedily.
+    A temperature so small that it overflows the logits (1e-45) samples greedily. ``weights``:
+    ``GPT.generate``'s (None: the model's own).
 
     Raises:
         ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
@@ -118,5 +155,6 @@ def sample_text(
             temperature=temperature,
             top_k=top_k,
             seed=seed,
+            weights=weights,
         )
     )
