@@ -195,3 +195,26 @@ def test_sample_text_passes_the_weights_on():
     a = sample_text(model, Chars(), "ab", max_new_tokens=8, weights="int8", temperature=0)
     b = sample_text(model, Chars(), "ab", max_new_tokens=8, weights="float32", temperature=0)
     assert len(a) == len(b) == 10 and a.startswith("ab")
+
+
+def test_the_reduced_copy_is_kept_until_a_parameter_changes():
+    from gptblock.model.generation.decode import forget_reduced_weights
+
+    model = trained_like()
+    first = Decoder(model, "int8").step_parts
+    assert Decoder(model, "int8").step_parts is first  # kept: quantised once
+    assert Decoder(model, "bfloat16").step_parts is not first  # another form: made anew
+    again = Decoder(model, "int8").step_parts
+    assert again is not first and Decoder(model, "int8").step_parts is again
+    prompt = torch.tensor([[1, 2, 3]])
+    before = model.generate(prompt, 10, temperature=0, weights="int8")
+    with torch.no_grad():
+        model.lm_head.weight.neg_()  # an in-place change: its version moves
+    assert Decoder(model, "int8").step_parts is not again
+    after = model.generate(prompt, 10, temperature=0, weights="int8")
+    assert not torch.equal(before, after)
+    model.load_state_dict(trained_like(seed=5).state_dict())
+    kept = Decoder(model, "int8").step_parts
+    assert kept is not again and Decoder(model, "int8").step_parts is kept
+    forget_reduced_weights(model)
+    assert Decoder(model, "int8").step_parts is not kept

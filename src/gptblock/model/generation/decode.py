@@ -35,7 +35,7 @@ from .matvec import RowLinear
 from .sampling import GenerationStep, Sampling
 from .weights import check_weights, reduced
 
-__all__ = ["Decoder", "GenerationModel", "stream"]
+__all__ = ["Decoder", "GenerationModel", "forget_reduced_weights", "stream"]
 
 
 class Model(Protocol):
@@ -57,6 +57,8 @@ class Model(Protocol):
 
     def train(self, mode: bool = True) -> Any: ...
 
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
 
     def _run(
@@ -73,6 +75,8 @@ class Decoder:
 
     The weights are read when the decoder is made; the one-position layouts are copies, which
     do not follow later changes to the model (``GPT.generate`` makes a decoder per call).
+    Reduced weights are made once and kept on the model while its parameters are unchanged
+    (``_reduced``).
 
     Args:
         model: a ``GPT`` (any block form).
@@ -87,24 +91,19 @@ class Decoder:
             blocks = [parts_of(block) for block in model.blocks]
         self.dtype = blocks[0].attn.in_proj.weight.dtype
         self.weights = check_weights(weights, model.wte.weight.device, self.dtype)
-        lm_head: Linear = Dense(own.lm_head.weight, own.lm_head.bias)
-        if self.weights != "float32":
-            lm_head = reduced(own.lm_head.weight, own.lm_head.bias, self.weights)
         # The ends as functions of their weights, fetched once.
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
             None if model.wpe is None else PositionRows(model.wpe.weight),
             [],
             _norm(own.ln_f),
-            lm_head,
+            Dense(own.lm_head.weight, own.lm_head.bias),
         )
         if self.weights == "float32":
             self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
             self.step_parts = ends._replace(blocks=[_fn(_relaid(p, RowLinear)) for p in blocks])
-        else:
-            low = functools.partial(reduced, weights=self.weights)
-            self.prefill_parts = ends._replace(blocks=[_fn(_relaid(p, low)) for p in blocks])
-            self.step_parts = self.prefill_parts
+        else:  # one form for the prompt and the steps (weights.py says why)
+            self.prefill_parts = self.step_parts = _reduced(model, ends, blocks, self.weights)
         self.caches: list[KVCache] = []
 
     @property
@@ -179,6 +178,54 @@ class PositionRows(NamedTuple):
 
     def __call__(self, start: int, T: int) -> torch.Tensor:
         return self.weight[start : start + T]  # (T, C)
+
+
+class ReducedCopy(NamedTuple):
+    """A model's weights in a reduced form, with what they were made from (``_reduced``)."""
+
+    weights: str  # "bfloat16" or "int8"
+    sources: Sequence[tuple[torch.Tensor, int, int]]  # each parameter, its version, data_ptr
+    parts: GPTParts
+
+    def fits(self, weights: str, params: Sequence[torch.Tensor]) -> bool:
+        return (
+            weights == self.weights
+            and len(params) == len(self.sources)
+            and all(
+                p is q and p._version == version and p.data_ptr() == ptr
+                for p, (q, version, ptr) in zip(params, self.sources, strict=True)
+            )
+        )
+
+
+REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its ReducedCopy
+
+
+def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: str) -> GPTParts:
+    """``ends`` and ``blocks`` with every weight matrix, the unembedding's too, in ``weights``'
+    form. Quantising took longer than generating 100 tokens, so the copy (a quarter or half of
+    the weights' bytes) is kept on the model and reused while its parameters are the same
+    tensors at the same versions and addresses: an in-place change (an optimizer's step,
+    ``load_state_dict``, ``model.to``) makes a new one. A change through ``p.data``, which
+    PyTorch does not count, is not seen: ``forget_reduced_weights(model)`` after one."""
+    params = list(model.parameters())
+    kept = getattr(model, REDUCED_COPY, None)
+    if isinstance(kept, ReducedCopy) and kept.fits(weights, params):
+        return kept.parts
+    low = functools.partial(reduced, weights=weights)
+    head = ends.lm_head
+    parts = ends._replace(
+        blocks=[_fn(_relaid(p, low)) for p in blocks], lm_head=low(head.weight, head.bias)
+    )
+    sources = [(p, p._version, p.data_ptr()) for p in params]
+    setattr(model, REDUCED_COPY, ReducedCopy(weights, sources, parts))
+    return parts
+
+
+def forget_reduced_weights(model: nn.Module) -> None:
+    """Drop the reduced copy of ``model``'s weights that generation keeps (``_reduced``)."""
+    if REDUCED_COPY in vars(model):
+        delattr(model, REDUCED_COPY)
 
 
 def _fn(parts: BlockParts) -> BlockFn:
