@@ -138,18 +138,22 @@ def test_weights_refused_with_the_value_and_what_was_expected():
     with pytest.raises(ValueError, match=r"this model's are torch\.bfloat16"):
         model.to(torch.bfloat16).generate(prompt, 2, weights="int8")
     with pytest.raises(ValueError, match="weights must be one of auto, float32"):
-        generation_weights("fast", "cpu")
+        generation_weights("fast", model)
 
 
-def test_auto_is_int8_only_for_a_float32_model_on_a_cpu_with_bfloat16(monkeypatch):
+def test_auto_is_int8_only_for_a_large_float32_model_on_a_cpu_with_bfloat16(monkeypatch):
     import gptblock.sampling as sampling
 
+    small = trained_like()  # 2 x 32: 25,000 weights
+    large = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=256))
+    assert sum(p.numel() for p in large.parameters() if p.dim() == 2) - 8 * 256 > 1 << 20
     monkeypatch.setattr(sampling, "native_bfloat16", lambda device: True)
-    assert generation_weights("auto", "cpu") == "int8"
-    assert generation_weights("auto", "cpu", torch.bfloat16) == "float32"
-    assert generation_weights("bfloat16", "cpu") == "bfloat16"
+    assert generation_weights("auto", large) == "int8"
+    assert generation_weights("auto", small) == "float32"
+    assert generation_weights("bfloat16", small) == "bfloat16"
+    assert generation_weights("auto", large.to(torch.bfloat16)) == "float32"
     monkeypatch.setattr(sampling, "native_bfloat16", lambda device: False)
-    assert generation_weights("auto", "cpu") == "float32"
+    assert generation_weights("auto", large.float()) == "float32"
 
 
 def test_the_cli_samples_with_the_weights_asked_for(monkeypatch, capsys):
@@ -166,7 +170,7 @@ def test_the_cli_samples_with_the_weights_asked_for(monkeypatch, capsys):
     monkeypatch.setattr("gptblock.sampling.native_bfloat16", lambda device: True)
     run = ["sample", "--max-new-tokens", "3", "--prompt", "a", "--threads", "1"]
     for flags, expected in (([], "int8"), (["--weights", "bfloat16"], "bfloat16")):
-        model = trained_like()
+        model = trained_like(n_embd=256)  # over a million weights: auto takes int8
         monkeypatch.setattr(cli_sample, "load_source", lambda args, m=model: (m, Chars(), None))
         assert main([*run, *flags]) == 0
         assert seen[-1] == expected

@@ -18,28 +18,41 @@ from .errors import UserTypeError, UserValueError
 from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
-__all__ = ["GENERATION_WEIGHTS", "generation_weights", "sample_text", "stream_text"]
+__all__ = [
+    "GENERATION_WEIGHTS",
+    "INT8_MIN_PARAMETERS",
+    "generation_weights",
+    "sample_text",
+    "stream_text",
+]
 
 GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
 
 
-def generation_weights(
-    name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
-) -> str:
-    """The weights generation uses for ``name``, for a model on ``device`` with parameters of
-    ``dtype``: ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware
-    and ``"float32"`` (the model's own weights) elsewhere; any other name is itself.
+# A GPT whose weight matrices hold fewer parameters than this generates with its float32
+# weights under "auto": 4 MiB in float32, the L2 caches of this project's two cores; weights that
+# stay in the cores' caches are not read from memory at each token, so a smaller form saves no
+# reading there and adds conversions (benchmarks/generation_precision.py measures both sizes).
+INT8_MIN_PARAMETERS = 1 << 20
 
-    Why int8: on the default run's model, ``benchmarks/generation_precision.py`` measures the
-    token rate of each form and the change of its loss over the validation split; int8 is the
-    fastest form there, and changes that loss by less than 0.01 (benchmarks/README.md has the
-    figures). Its kernel computes in bfloat16, emulated and slow on a CPU without it.
+
+def generation_weights(name: str, model: GPT) -> str:
+    """The weights ``model`` generates with for ``name`` (one of ``GENERATION_WEIGHTS``):
+    ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware whose weight
+    matrices hold at least ``INT8_MIN_PARAMETERS``, and ``"float32"`` (the model's own weights)
+    otherwise; any other name is itself.
+
+    Why: a cached step at batch 1 reads every weight once per token. On the 6-layer, 384-wide
+    GPT, ``benchmarks/generation_precision.py`` measures int8 the fastest form, bfloat16 no
+    faster than float32 there, and int8 changing the default run's whole-validation loss by
+    less than 0.01 (benchmarks/README.md). The int8 kernel computes in bfloat16, which a CPU
+    without it emulates slowly.
 
     Example:
-        >>> generation_weights("bfloat16", "cpu")
-        'bfloat16'
-        >>> generation_weights("auto", "cpu") in ("int8", "float32")
-        True
+        >>> from gptblock import GPTConfig
+        >>> small = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+        >>> generation_weights("auto", small), generation_weights("bfloat16", small)
+        ('float32', 'bfloat16')
     """
     if name not in GENERATION_WEIGHTS:
         raise UserValueError(
@@ -47,8 +60,18 @@ def generation_weights(
         )
     if name != "auto":
         return name
-    device = torch.device(device)
-    fast = dtype == torch.float32 and device.type == "cpu" and native_bfloat16(device)
+    weight = model.wte.weight
+    # What a step reads: every matrix (the tied unembedding once), one row of the position
+    # embedding.
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    if model.wpe is not None:
+        matrices -= model.wpe.weight.numel()
+    fast = (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and native_bfloat16(weight.device)
+        and matrices >= INT8_MIN_PARAMETERS
+    )
     return "int8" if fast else "float32"
 
 

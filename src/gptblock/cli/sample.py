@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=GENERATION_WEIGHTS,
         default="auto",
         help="the weights' form while generating: int8 (a scale per output row) or bfloat16 "
-        "copies read faster than float32; auto: int8 on a CPU with bfloat16 in hardware, "
-        "else float32 (benchmarks/README.md: each form's speed and validation loss)",
+        "copies read faster than float32; auto: int8 for a model of 1M weights or more on a CPU "
+        "with bfloat16 in hardware, else float32 (docs/performance.md)",
     )
     add_threads_option(p)
     p.set_defaults(run=run)
@@ -47,8 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_source(args)
-    weight = next(model.parameters())
-    weights = generation_weights(args.weights, weight.device, weight.dtype)
+    weights = generation_weights(args.weights, model)
     pieces = stream_text(
         model,
         tokenizer,
