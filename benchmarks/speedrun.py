@@ -189,11 +189,13 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         f"{args.target} -- whole-validation loss {last['val_loss']:.4f} at step {last['step']}, "
         f"{tokens:,} tokens, {last['seconds']:.1f} s from process start"
     )
-    print(
-        f"start (process start to the first step): {start['start_seconds']:.2f} s -- "
-        f"interpreter and imports {start['imports_seconds']:.2f}, corpus, model and optimizer "
-        f"{start['prepare_seconds']:.2f}, the step-0 estimate {start['step0_estimate_seconds']:.2f}"
-    )
+    if start:  # the trainer's step-0 estimate ran (a fresh run always has one)
+        print(
+            f"start (process start to the first step): {start['start_seconds']:.2f} s -- "
+            f"interpreter and imports {start['imports_seconds']:.2f}, corpus, model and "
+            f"optimizer {start['prepare_seconds']:.2f}, the step-0 estimate "
+            f"{start['step0_estimate_seconds']:.2f}"
+        )
     if args.json:
         record = {
             "kind": kind,
