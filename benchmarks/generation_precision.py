@@ -131,13 +131,18 @@ def figure(record: dict, path: str) -> None:
     x = range(len(WEIGHTS))
     for i, (name, rows) in enumerate(record["rates"].items()):
         rates = [rows[w]["tokens_per_s"] for w in WEIGHTS]
-        left.bar([j + 0.4 * i - 0.2 for j in x], rates, width=0.4, label=name)
+        where = [j + 0.4 * i - 0.2 for j in x]
+        left.bar(where, rates, width=0.4, label=name)
+        for at, rate in zip(where, rates, strict=True):
+            left.annotate(f"{rate:.0f}", (at, rate), ha="center", va="bottom", fontsize=8)
     left.set_xticks(list(x), WEIGHTS)
     left.set_ylabel("tokens / s (batch 1, cached greedy)")
     left.set_title("generation speed")
     left.legend(fontsize=8)
     changes = [record["losses"][w]["change"] for w in WEIGHTS]
     right.bar(list(x), changes, color="tab:gray")
+    for i, change in enumerate(changes):  # the bars of small changes are too short to read
+        right.annotate(f"{change:+.5f}", (i, max(change, 0.0)), ha="center", va="bottom")
     right.axhline(0.01, color="tab:red", linestyle="--", linewidth=1, label="0.01")
     right.set_xticks(list(x), WEIGHTS)
     right.set_ylabel("whole-validation loss - float32's")
