@@ -19,7 +19,10 @@ decay 0.1, 100 warmup steps, cosine to 1e-4, an estimate of 20 batches every 250
 end, and reports its wall time and final whole-validation loss.
 
 The wall time runs from the process's start (read from /proc, so the interpreter's and torch's
-start-up count) to the check that reaches the target (or, for the baseline, to the end). Nothing
+start-up count) to the check that reaches the target (or, for the baseline, to the end). Its
+start, from the process's start to the first step, is reported too (``start_seconds``), in parts:
+the interpreter and the imports, reading and encoding the corpus and building the model and
+optimizer, and the trainer's estimate at step 0 (one batch of each split). Nothing
 is written but the ``--json`` record: no checkpoints. Prints one line per check and a summary.
 """
 
@@ -49,6 +52,8 @@ from gptblock.files import atomic_write_json, check_destination  # noqa: E402
 from gptblock.train.evaluate import validation_loss  # noqa: E402
 from gptblock.train.presets import preset_settings  # noqa: E402
 from gptblock.train.run import prepare_run  # noqa: E402
+
+IMPORTED = time.time()  # the interpreter and every import done
 
 
 def process_start() -> float:
@@ -140,6 +145,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     # A CPU record: the CPU unless --set device=... says otherwise (prepare_run's default is auto).
     overrides = {"device": "cpu", "seed": args.seed} | overrides
     run = prepare_run(args.data, out_dir=None, preset=preset, progress=False, **overrides)
+    prepared = time.time()  # the corpus read and encoded, the model and optimizer built
     if args.ns_dtype == "float32":
         for group in run.trainer.optimizer.param_groups:
             if "ns_dtype" in group:
@@ -166,7 +172,20 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
             reached = checks[-1]
             run.trainer.request_stop()  # the trainer's own closing score is not timed
 
+    start: dict[str, float] = {}
+
+    def on_eval(trainer: object) -> None:
+        # The trainer's estimate at step 0 (one batch of each split) ends: the first step
+        # starts now. What came before is the start's cost.
+        if run.trainer.step == 0 and not start:
+            now = time.time()
+            start["start_seconds"] = now - started
+            start["imports_seconds"] = IMPORTED - started
+            start["prepare_seconds"] = prepared - IMPORTED
+            start["step0_estimate_seconds"] = now - prepared
+
     run.trainer.add_callback("on_step_end", on_step)
+    run.trainer.add_callback("on_eval_end", on_eval)
     run.fit()
     last = reached or checks[-1]
     tokens = last["step"] * run.train_config.batch_size * T
@@ -177,6 +196,13 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         f"{args.target} -- whole-validation loss {last['val_loss']:.4f} at step {last['step']}, "
         f"{tokens:,} tokens, {last['seconds']:.1f} s from process start"
     )
+    if start:  # the trainer's step-0 estimate ran (a fresh run always has one)
+        print(
+            f"start (process start to the first step): {start['start_seconds']:.2f} s -- "
+            f"interpreter and imports {start['imports_seconds']:.2f}, corpus, model and "
+            f"optimizer {start['prepare_seconds']:.2f}, the step-0 estimate "
+            f"{start['step0_estimate_seconds']:.2f}"
+        )
     if args.json:
         record = {
             "kind": kind,
@@ -192,6 +218,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
             "target": args.target,
             "reached": ok,
             "wall_seconds": last["seconds"],
+            **start,
             "steps": last["step"],
             "tokens": tokens,
             "val_loss": last["val_loss"],

@@ -5,9 +5,10 @@ with the baseline in one session.
 
 Runs ``benchmarks/speedrun.py`` as a fresh process per run (its wall time includes the
 process's start), the rungs interleaved seed by seed so that a change in the machine's load
-hits every rung alike. Prints a Markdown table: each rung's three wall times, whether every run
-reached 1.88, the final whole-validation losses, and the ratio of the baseline's median time to
-the rung's.
+hits every rung alike. Prints a Markdown table: each rung's three wall times, its start (from
+the process's start to the first step: the median over the seeds), whether every run reached
+1.88, the final whole-validation losses, and the ratio of the baseline's median time to the
+rung's.
 """
 
 from __future__ import annotations
@@ -89,16 +90,24 @@ def main() -> None:
     base = None
     if records.get("baseline"):
         base = statistics.median(r["wall_seconds"] for r in records["baseline"])
-    print("\n| rung | what changed | wall s (3 seeds) | losses | all <= 1.88 | x baseline |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| rung | what changed | wall s (3 seeds) | start s | losses | all <= 1.88 | x baseline |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for label, what, _ in rungs:
         rs = records[label]
         times = ", ".join(f"{r['wall_seconds']:.1f}" for r in rs)
         losses = ", ".join(f"{r['val_loss']:.3f}" for r in rs)
         med = statistics.median(r["wall_seconds"] for r in rs)
+        # process start to the first step: the median over the seeds (records before it: -)
+        starts = [r["start_seconds"] for r in rs if "start_seconds" in r]
+        start = f"{statistics.median(starts):.2f}" if starts else "-"
         ratio = f"{base / med:.2f}" if base else "-"
         ok = all(r["reached"] for r in rs)
-        print(f"| {label} | {what} | {times} | {losses} | {'yes' if ok else 'no'} | {ratio} |")
+        print(
+            f"| {label} | {what} | {times} | {start} | {losses} | {'yes' if ok else 'no'} "
+            f"| {ratio} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
 

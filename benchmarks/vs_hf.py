@@ -12,7 +12,9 @@ call by call (so a change in the machine's load hits both) and reports the media
 * forward: eval mode, ``no_grad``, a batch of 8 x 256 tokens;
 * cached greedy generation: 128 new tokens after a 16-token prompt, batch 1, each library's
   own KV cache (``GPT.generate(temperature=0)``; ``generate(do_sample=False)``), as tokens/s,
-  and whether the two generate the same tokens;
+  and whether the two generate the same tokens; once per ``--weights`` form of gptblock's
+  (``GPT.generate(weights=...)``: float32, and int8 or bfloat16 copies, made at the untimed
+  first call and kept), always against Hugging Face's float32;
 * training step: forward with targets, backward, ``torch.optim.AdamW.step`` and
   ``zero_grad``, 8 x 256 tokens, each model with its own AdamW (the same settings); last,
   since it changes the weights.
@@ -79,7 +81,9 @@ def summary(name: str, ours: list[float], theirs: list[float], unit: str = "ms")
     return row
 
 
-def bench(shape: str, warmup: int, repeats: int, gen_repeats: int) -> list[dict]:
+def bench(
+    shape: str, warmup: int, repeats: int, gen_repeats: int, weights: list[str]
+) -> list[dict]:
     torch.manual_seed(0)
     config = GPT2Config(
         **SHAPES[shape], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -111,19 +115,23 @@ def bench(shape: str, warmup: int, repeats: int, gen_repeats: int) -> list[dict]
             prompt, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0
         )
 
-    with torch.no_grad():
-        same = torch.equal(ours.generate(prompt, NEW, temperature=0), gen_hf())
-        a, b = pair_timings(
-            lambda: ours.generate(prompt, NEW, temperature=0), gen_hf, 1, gen_repeats
+    for w in weights:
+
+        def gen_ours(w: str = w) -> torch.Tensor:
+            return ours.generate(prompt, NEW, temperature=0, weights=w)
+
+        with torch.no_grad():
+            same = torch.equal(gen_ours(), gen_hf())
+            a, b = pair_timings(gen_ours, gen_hf, 1, gen_repeats)
+        name = f"cached greedy, {NEW} tokens" + ("" if w == "float32" else f", {w}")
+        row = summary(name, a, b)
+        row |= {"gptblock_tok_s": NEW / row["gptblock_s"], "hf_tok_s": NEW / row["hf_s"]}
+        row |= {"same_tokens": same, "weights": w}
+        print(
+            f"  {'':<28} gptblock {row['gptblock_tok_s']:.0f} tok/s, Hugging Face "
+            f"{row['hf_tok_s']:.0f} tok/s; the same tokens: {same}"
         )
-    row = summary(f"cached greedy, {NEW} tokens", a, b)
-    row |= {"gptblock_tok_s": NEW / row["gptblock_s"], "hf_tok_s": NEW / row["hf_s"]}
-    row["same_tokens"] = same
-    print(
-        f"  {'':<28} gptblock {row['gptblock_tok_s']:.0f} tok/s, Hugging Face "
-        f"{row['hf_tok_s']:.0f} tok/s; the same tokens: {same}"
-    )
-    rows.append(row)
+        rows.append(row)
     # Last: the steps change both models' weights (each by its own rounding).
     hf.train(), ours.train()
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
@@ -155,6 +163,13 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--gen-repeats", type=int, default=5)
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        choices=("float32", "bfloat16", "int8"),
+        default=["float32", "int8"],
+        help="gptblock's weights for generation, each its own row",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write every number here")
     args = p.parse_args()
@@ -166,7 +181,8 @@ def main() -> None:
     rows = []
     for shape in args.shapes:
         reps = args.repeats if shape == "6L" else max(3, args.repeats // 2)
-        rows += bench(shape, args.warmup if shape == "6L" else 1, reps, args.gen_repeats)
+        warmup = args.warmup if shape == "6L" else 1
+        rows += bench(shape, warmup, reps, args.gen_repeats, args.weights)
     if args.json:
         Path(args.json).write_text(json.dumps({**vars(args), "rows": rows}, indent=1) + "\n")
 

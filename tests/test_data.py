@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from gptblock.data.batches import CharTokenizer, full_windows, get_batch, split_tokens
 from gptblock.data.text import default_corpus, read_text
 
+ANY_CHARACTER = st.characters(exclude_categories=())  # lone surrogates too
+
 
 def test_default_corpus_is_english_prose_and_stable():
     text = default_corpus()
@@ -19,6 +21,37 @@ def test_default_corpus_is_english_prose_and_stable():
     common = sum(w.lower() in {"the", "of", "a", "is", "to", "and"} for w in words)
     assert common / len(words) > 0.1
     assert CharTokenizer.from_text(text).vocab_size < 200
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(ANY_CHARACTER, min_size=1), st.text(ANY_CHARACTER), st.randoms(use_true_random=False)
+)
+def test_vectorised_vocabulary_and_encoding_are_the_python_ones(text, other, rnd):
+    # from_text and encode_tensor look code points up in numpy tables; the oracle is the
+    # per-character Python: sorted(set(text)) and encode's dict lookups (lone surrogates,
+    # astral characters and NUL included), with ids in any order.
+    assert CharTokenizer.from_text(text).chars == tuple(sorted(set(text)))
+    chars = sorted(set(text))
+    rnd.shuffle(chars)
+    tok = CharTokenizer(chars)
+    assert tok.encode_tensor(text).tolist() == tok.encode(text)
+    assert tok.encode_tensor("").tolist() == []
+    if set(other) - set(chars):
+        with pytest.raises(ValueError) as raised:
+            tok.encode_tensor(other)
+        with pytest.raises(ValueError) as expected:
+            tok.encode(other)
+        assert str(raised.value) == str(expected.value)
+    else:
+        assert tok.encode_tensor(other).tolist() == tok.encode(other)
+
+
+def test_encoding_the_corpus_is_the_python_encoding():
+    text = default_corpus()
+    tok = CharTokenizer.from_text(text)
+    assert tok.chars == tuple(sorted(set(text)))
+    assert torch.equal(tok.encode_tensor(text), torch.tensor(tok.encode(text)))
 
 
 def test_tokenizer_vocabulary_is_the_sorted_character_set():

@@ -13,7 +13,7 @@ from gptblock import GPT, FusedBlock, GPTConfig, KVCache, TransformerBlock, less
 from gptblock.blocks.convert import parts_of
 from gptblock.blocks.fused import block_forward
 from gptblock.blocks.probe import BLOCK_POINTS
-from gptblock.model.generation.decode import Decoder, _one_position
+from gptblock.model.generation.decode import Decoder, _relaid
 from gptblock.model.generation.matvec import RowLinear
 
 TOL64 = dict(atol=1e-12, rtol=0)
@@ -45,7 +45,7 @@ def test_prefill_then_one_position_steps_equal_the_forms_own_forward(form):
     block = blocks()[form]
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     parts = parts_of(block)
-    laid_out = _one_position(parts)  # what GPT.generate's one-token steps run on
+    laid_out = _relaid(parts, RowLinear)  # what GPT.generate's one-token steps run on
     assert isinstance(laid_out.attn.in_proj, RowLinear) and isinstance(laid_out.linear2, RowLinear)
     step = functools.partial(block_forward, laid_out)
     cache = KVCache(2, 4, max_len=12, head_size=4, dtype=torch.float64)

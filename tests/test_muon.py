@@ -158,3 +158,25 @@ def test_bad_options_are_named():
         TrainConfig(muon_momentum=1.0)
     with pytest.raises(ValueError, match="Muon needs 2-D weights"):
         MuonAdamW([{"params": [nn.Parameter(torch.zeros(3))], "algorithm": "muon", "lr": 0.1}])
+
+
+def test_a_run_without_out_dir_never_imports_torch_dynamo():
+    # torch.optim.Optimizer's add_param_group, zero_grad and state_dict import torch._dynamo
+    # (as long as `import torch`) at their first call; Muon's own add_param_group and zero_grad
+    # do not, and a run with nowhere to save captures no state_dict: a speedrun's start.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from gptblock.train.run import prepare_run\n"
+        "run = prepare_run('shakespeare', out_dir=None, progress=False, device='cpu', n_layer=1,"
+        " n_embd=16, n_head=2, batch_size=4, max_iters=2, eval_iters=1)\n"
+        "assert run.trainer.optimizer.__class__.__name__ == 'MuonAdamW'\n"
+        "run.trainer.add_callback('on_step_end', lambda t: t.request_stop())\n"
+        "run.fit()  # one step, and the saves a stopped run makes\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "False"

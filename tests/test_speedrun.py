@@ -46,6 +46,13 @@ def test_the_speedrun_script_checks_the_whole_split_and_records_it(tmp_path):
     assert rec["reached"] and rec["steps"] == 2  # stopped at the first check that reached it
     assert rec["tokens"] == 2 * 8 * 32 and rec["settings"]["optimizer"] == "muon"
     assert rec["checks"][0]["step"] == 2 and rec["wall_seconds"] > 0
+    # The start (process start to the first step) is the sum of its parts, within the run.
+    parts = ("imports_seconds", "prepare_seconds", "step0_estimate_seconds")
+    assert 0 < rec["start_seconds"] < rec["checks"][0]["seconds"]
+    assert abs(sum(rec[p] for p in parts) - rec["start_seconds"]) < 1e-6
+    assert (
+        all(rec[p] >= 0 for p in parts) and "start (process start to the first step)" in done.stdout
+    )
     assert "reached 10.0" in done.stdout
 
 

@@ -37,7 +37,14 @@ Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``T
 with a message that names the bad value; anything else is a bug.
 """
 
-from . import exercises, lens, lesson, reference
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from . import (
+    interop,  # noqa: F401  (attaches GPT.from_hf & co.: gpt.py says why)
+    lesson,
+    reference,
+)
 from .blocks.config import BlockConfig, GPTConfig
 from .blocks.convert import ConversionError, convert
 from .blocks.fused import FusedBlock
@@ -48,10 +55,8 @@ from .blocks.mha import TransformerBlock
 from .blocks.mlp import SwiGLU, swiglu
 from .blocks.norms import RMSNorm, rmsnorm
 from .blocks.rotary import Rotary, apply_rotary
-from .check import CheckReport, Finding, check_block
 from .data.batches import CharTokenizer
 from .errors import UserError
-from .loading import load, load_gpt
 from .model.generation.cache import KVCache
 from .model.generation.sampling import GenerationStep
 from .model.gpt import GPT, GPTOutput
@@ -63,6 +68,39 @@ from .train.result import NonFiniteLossError
 from .train.run import train_gpt
 
 __version__ = "0.3.0"
+
+# Imported at their first use (PEP 562's module __getattr__): the checker, the lens, the
+# exercises and the loaders, which a training run (`gptblock train`, benchmarks/speedrun.py)
+# does not use, were a third of `import gptblock`'s own time (-X importtime).
+LAZY_NAMES = {
+    "CheckReport": "check",
+    "Finding": "check",
+    "check_block": "check",
+    "load": "loading",
+    "load_gpt": "loading",
+}
+LAZY_MODULES = ("check", "exercises", "lens", "loading", "sampling")
+
+if TYPE_CHECKING:
+    from . import exercises, lens
+    from .check import CheckReport, Finding, check_block
+    from .loading import load, load_gpt
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY_NAMES:
+        value = getattr(import_module(f".{LAZY_NAMES[name]}", __name__), name)
+    elif name in LAZY_MODULES:
+        value = import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *LAZY_MODULES})
+
 
 __all__ = [
     "GPT",

@@ -13,10 +13,66 @@ import torch
 
 from .blocks.config import check_seed
 from .data.batches import Tokenizer
+from .devices import native_bfloat16
 from .errors import UserTypeError, UserValueError
+from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
-__all__ = ["sample_text", "stream_text"]
+__all__ = [
+    "GENERATION_WEIGHTS",
+    "INT8_MIN_PARAMETERS",
+    "generation_weights",
+    "sample_text",
+    "stream_text",
+]
+
+GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
+
+
+# A GPT whose weight matrices hold fewer parameters than this generates with its float32
+# weights under "auto": 4 MiB in float32, the L2 caches of this project's two cores; weights that
+# stay in the cores' caches are not read from memory at each token, so a smaller form saves no
+# reading there and adds conversions (benchmarks/generation_precision.py measures both sizes).
+INT8_MIN_PARAMETERS = 1 << 20
+
+
+def generation_weights(name: str, model: GPT) -> str:
+    """The weights ``model`` generates with for ``name`` (one of ``GENERATION_WEIGHTS``):
+    ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware whose weight
+    matrices hold at least ``INT8_MIN_PARAMETERS``, and ``"float32"`` (the model's own weights)
+    otherwise; any other name is itself.
+
+    Why: a cached step at batch 1 reads every weight once per token. On the 6-layer, 384-wide
+    GPT, ``benchmarks/generation_precision.py`` measures int8 the fastest form, bfloat16 no
+    faster than float32 there, and int8 changing the default run's whole-validation loss by
+    less than 0.01 (benchmarks/README.md). The int8 kernel computes in bfloat16, which a CPU
+    without it emulates slowly.
+
+    Example:
+        >>> from gptblock import GPTConfig
+        >>> small = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+        >>> generation_weights("auto", small), generation_weights("bfloat16", small)
+        ('float32', 'bfloat16')
+    """
+    if name not in GENERATION_WEIGHTS:
+        raise UserValueError(
+            f"weights must be one of {', '.join(GENERATION_WEIGHTS)}, got {name!r:.40}"
+        )
+    if name != "auto":
+        return name
+    weight = model.wte.weight
+    # What a step reads: every matrix (the tied unembedding once), one row of the position
+    # embedding.
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    if model.wpe is not None:
+        matrices -= model.wpe.weight.numel()
+    fast = (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and native_bfloat16(weight.device)
+        and matrices >= INT8_MIN_PARAMETERS
+    )
+    return "int8" if fast else "float32"
 
 
 def stream_text(
@@ -28,6 +84,7 @@ def stream_text(
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 1337,
+    weights: str | None = None,
 ) -> Iterator[str]:
     """``sample_text``, piece by piece: the prompt first, then the text as it is made.
 
@@ -72,6 +129,7 @@ def stream_text(
         top_k=top_k,
         generator=generator,
         vocab_size=V,
+        weights=weights,
     )
     return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
 
@@ -99,11 +157,13 @@ def sample_text(
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 1337,
+    weights: str | None = None,
 ) -> str:
     """The prompt and its continuation, sampled with a generator seeded by ``seed``.
 
     The default prompt is a newline (or, for a vocabulary without one, its first character).
-    A temperature so small that it overflows the logits (1e-45) samples greedily.
+    A temperature so small that it overflows the logits (1e-45) samples greedily. ``weights``:
+    ``GPT.generate``'s (None: the model's own).
 
     Raises:
         ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
@@ -118,5 +178,6 @@ def sample_text(
             temperature=temperature,
             top_k=top_k,
             seed=seed,
+            weights=weights,
         )
     )

@@ -19,6 +19,7 @@ import torch
 from ..data.text import DEFAULT_CORPUS
 from ..runs.checkpoint import BEST, LAST, checkpoint_path
 from ..runs.rundir import LOSS_PLOT
+from ..sampling import generation_weights
 from ..train.presets import DEFAULT_PRESET, PRESETS
 from ..train.result import NonFiniteLossError, TrainResult
 from ..train.run import GPTRun, prepare_run
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 130  # stopped by Ctrl-C, as a shell reports SIGINT
         say(_summary(gpt_run, result, args.out), flush=True)
-        say(gpt_run.sample(max_new_tokens=400, seed=gpt_run.train_config.seed))
+        # The weights `gptblock sample` chooses by default, so that both print the same text.
+        weights = generation_weights("auto", gpt_run.model)
+        say(gpt_run.sample(max_new_tokens=400, seed=gpt_run.train_config.seed, weights=weights))
     return 0
 
 

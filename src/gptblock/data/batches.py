@@ -96,7 +96,10 @@ class CharTokenizer:
         """The tokenizer whose vocabulary is the sorted set of ``text``'s characters."""
         if not text:
             raise UserValueError("cannot build a vocabulary from an empty text")
-        return cls(sorted(set(text)))
+        # The code points that occur, in order: sorted(set(text)) without a Python object per
+        # character (12 ms for Tiny Shakespeare's 1.1 MB, against 2 ms).
+        present = np.flatnonzero(np.bincount(_code_points(text)))  # (V,) sorted code points
+        return cls([chr(c) for c in present])
 
     @property
     def vocab_size(self) -> int:
@@ -122,7 +125,7 @@ class CharTokenizer:
         """``encode(text)`` as a 1-D int64 tensor, made without a Python int per character.
 
         ``encode``'s list costs about 36 bytes per character (a 100 MB text: 3.6 GB); this
-        takes 20 at its peak and 8 after. The ids are the same.
+        takes 12 at its peak and 8 after. The ids are the same (a test compares them).
 
         Example:
             >>> tok = CharTokenizer.from_text("hello world")
@@ -131,14 +134,17 @@ class CharTokenizer:
         """
         if not isinstance(text, str):
             raise UserTypeError(f"text must be a str, got {type(text).__name__}")
-        if self.unknown(text):
+        codes = _code_points(text)  # (N,)
+        # One lookup in a table indexed by code point, -1 where no id (63 ms for Tiny
+        # Shakespeare by a binary search per character, 3 ms so): 4 + 8 bytes per character,
+        # and 8 per code point up to the largest (9 MB at most, for the last plane).
+        vocab = np.array([ord(c) for c in self.chars], dtype=np.int64)  # (V,) in id order
+        top = max(int(vocab.max()), int(codes.max()) if codes.size else 0)
+        table = np.full(top + 1, -1, dtype=np.int64)  # (top + 1,)
+        table[vocab] = np.arange(len(vocab))
+        ids = table[codes]  # (N,) int64
+        if codes.size and int(ids.min()) < 0:
             self.encode(text)  # raises, listing the unknown characters
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (N,) code points
-        table = np.array([ord(c) for c in self.chars], dtype=np.uint32)  # (V,) in id order
-        order = np.argsort(table).astype(np.int64, copy=False)  # (V,) ids sorted by code point
-        # Every code point is in the table, so its sorted position is exact: 4 + 8 + 8 bytes
-        # per character at the peak (the UTF-32 bytes, the positions, the ids).
-        ids = order[np.searchsorted(table[order], codes)]  # (N,) int64
         return torch.from_numpy(ids)  # (N,)
 
     def decode(self, ids: list[int] | torch.Tensor) -> str:
@@ -351,3 +357,9 @@ def full_windows(
         start = n_full * block_size
         out.append((data[None, start:n], data[None, start + 1 : n + 1]))  # (1, T')
     return out
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The code points of ``text``: (N,) uint32, one per character (a lone surrogate too, as
+    Python's ``ord`` gives it)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)

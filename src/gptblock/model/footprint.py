@@ -16,7 +16,7 @@ one training step holds at its peak:
   attention weights are materialised (the lesson's heads; any form's attention with dropout,
   which PyTorch's CPU flash kernel does not do), (B, nh, T, T) tensors; then the embeddings,
   the final LayerNorm and the (B, T, V) logits with their log-softmax and gradients;
-* the token ids of the text (8 bytes each), and the 20 bytes per character that encoding them
+* the token ids of the text (8 bytes each), and the 12 bytes per character that encoding them
   takes at its peak.
 
 The counts per block (``PER_BLOCK``, ``DROPOUT``) were measured, not derived: the profiler's peak
@@ -60,7 +60,7 @@ PER_BLOCK = {"fused": (15, 0.0), "mha": (15, 0.0), "lesson": (10, 1.25)}
 DROPOUT = {"fused": (6, 3.0), "mha": (8, 3.0), "lesson": (2, 2.0)}
 STREAM = 5  # (B, T, C) tensors outside the blocks: embeddings, final LayerNorm
 LOGITS = 4  # (B, T, V) tensors: the logits, their log-softmax, and gradients
-ENCODING_BYTES = 20  # per character at the peak of CharTokenizer.encode_tensor
+ENCODING_BYTES = 12  # per character at the peak of CharTokenizer.encode_tensor
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,8 @@ __all__ = ["GPT", "GPTOutput"]
 # their initialisation by 1/sqrt(2 * n_layer): each block adds two branches to the stream, and
 # without the scaling the stream's variance grows with depth.
 RESIDUAL_PROJECTIONS = (
-    "self_attn.out_proj.weight",
-    "linear2.weight",
-    "sa.proj.weight",
-    "ffwd.net.2.weight",
-)
+    "self_attn.out_proj.weight", "linear2.weight", "sa.proj.weight", "ffwd.net.2.weight",
+)  # fmt: skip
 
 
 class GPTOutput(NamedTuple):
@@ -134,20 +131,18 @@ class GPT(nn.Module):
 
     # --- other tools' files: gptblock.interop --------------------------------------------------
     # The model imports no I/O: these shortcuts (documented since 0.3) are interop.hf's from_hf,
-    # to_hf_model, save_hf and interop.nanogpt's from_nanogpt, attached to the class when
-    # gptblock.interop is imported (as `import gptblock` does); declared here for readers and
-    # type checkers. gptblock.load reads every source through one call.
+    # to_hf_model, save_hf and interop.nanogpt's from_nanogpt, attached when gptblock.interop is
+    # imported (as `import gptblock` does); declared for readers and type checkers.
+    # gptblock.load reads every source through one call.
     from_hf: ClassVar[Callable[..., GPT]]
     to_hf: ClassVar[Callable[[GPT], Any]]
     save_hf: ClassVar[Callable[..., Path]]
     from_nanogpt: ClassVar[Callable[..., tuple[GPT, Any]]]
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
-        """Number of parameters, the tied embedding/unembedding counted once.
-
-        The position embeddings are excluded by default, as nanoGPT reports its sizes; the
-        token embedding stays in because, tied, it is also the output layer.
-        """
+        """Number of parameters, the tied embedding/unembedding counted once; the position
+        embeddings excluded by default, as nanoGPT reports its sizes (the token embedding stays
+        in: tied, it is also the output layer)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_position_embeddings and self.wpe is not None:
             return n - self.wpe.weight.numel()
@@ -160,11 +155,11 @@ class GPT(nn.Module):
         *,
         positions: torch.Tensor | None = None,
     ) -> GPTOutput:
-        # Checking the ids' range reads idx.min() / idx.max() on the host. For ids on the CPU
-        # that costs microseconds; on an accelerator it makes the host wait for the device, and
-        # under torch.compile it breaks the graph. So a training step on an accelerator, and any
-        # compiled call, skips it (the trainer's ids come from a tokenizer, and a bad id still
-        # fails in the embedding, with PyTorch's message); eval mode and generate always check.
+        # Checking the ids' range reads idx.min() / idx.max() on the host: microseconds on the
+        # CPU; on an accelerator the host waits for the device, and torch.compile breaks the
+        # graph. So a training step on an accelerator, and any compiled call, skips it (a bad id
+        # from the trainer's tokenizer still fails in the embedding, with PyTorch's message);
+        # eval mode and generate always check.
         in_range = not torch.compiler.is_compiling() and (
             not self.training or idx.device.type == "cpu"
         )
@@ -264,6 +259,7 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        weights: str | None = None,
     ) -> torch.Tensor:
         """Continue each prompt in ``idx`` by ``max_new_tokens`` sampled tokens.
 
@@ -273,12 +269,13 @@ class GPT(nn.Module):
             max_new_tokens: how many tokens to add; 0 returns the prompt unchanged.
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
-            use_cache: keep each block's keys and values so a step processes one token rather
-                than the whole context (blocks of the "mha" and "lesson" forms run through the
-                fused form's forward on their own weights for this). The result is the same either way: once the context exceeds
-                block_size, the window slides, every position embedding shifts, and the cache is
-                rebuilt from the cropped window each step.
+            use_cache: keep each block's keys and values so a step processes one token, not the
+                whole context ("mha" and "lesson" blocks run the fused form's forward on their
+                weights for this). The same result either way: once the context exceeds
+                block_size, the window slides and the cache is rebuilt from it each step.
             generator: the random generator for sampling, for reproducible output.
+            weights: "float32" (None), the model's own; "bfloat16" or "int8" (the CPU only):
+                faster copies of a float32 model's (``gptblock.model.generation.weights``).
 
         Returns:
             (B, T + max_new_tokens) token ids. The model's train/eval mode is restored.
@@ -290,6 +287,7 @@ class GPT(nn.Module):
             top_k=top_k,
             use_cache=use_cache,
             generator=generator,
+            weights=weights,
         )
         return torch.cat([idx] + [step.token for step in steps], dim=1)
 
@@ -303,14 +301,15 @@ class GPT(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         vocab_size: int | None = None,
+        weights: str | None = None,
     ) -> Iterator[GenerationStep]:
         """``generate``, one step at a time: yields each step's logits and sampled tokens.
 
         Takes ``generate``'s arguments, and ``vocab_size``: sample only ids below it, for a
         tokenizer smaller than the embedding (padded, as nanoGPT pads 50257 to 50304); the
-        steps' logits are then (B, vocab_size). None: every id. Useful to print text as it is
-        produced, or to look at the distribution each token was drawn from. The model is in
-        eval mode until the iterator is exhausted or closed; then its previous mode is restored.
+        steps' logits are then (B, vocab_size). None: every id. To print text as it is made, or
+        see the distribution each token was drawn from. The model is in eval mode until the
+        iterator is exhausted or closed; then its previous mode is restored.
 
         Example:
             >>> torch.manual_seed(0) and None
@@ -329,6 +328,7 @@ class GPT(nn.Module):
             use_cache=use_cache,
             generator=generator,
             vocab_size=vocab_size,
+            weights=weights,
         )
 
     # --- looking inside: gptblock.lens -------------------------------------------------------

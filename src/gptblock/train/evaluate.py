@@ -21,8 +21,9 @@ import torch.nn as nn
 from ..data.batches import TokenSplits, full_windows, get_batch
 from ..distributed import all_reduce_sum, comm_device, dist_info
 from ..errors import UserTypeError
+from ..model.generation.decode import GenerationModel
 
-__all__ = ["estimate_loss", "eval_mode", "loss_of", "validation_loss"]
+__all__ = ["estimate_loss", "eval_mode", "generation_loss", "loss_of", "validation_loss"]
 
 
 def loss_of(output: object) -> torch.Tensor:
@@ -146,3 +147,31 @@ def validation_loss(
     total = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
     summed = all_reduce_sum(total.to(comm_device(device))).cpu()
     return summed[0].item() / summed[1].item()
+
+
+def generation_loss(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    *,
+    weights: str | None,
+    block_size: int,
+    batch_size: int,
+    device: torch.device,
+) -> float:
+    """``validation_loss`` of a ``GPT`` as generation computes it with ``weights`` ("float32",
+    "bfloat16", "int8": ``GPT.generate``'s): what reducing the weights costs, as a loss.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> _ = torch.manual_seed(0)
+        >>> model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=16))
+        >>> tokens, cpu = torch.arange(100) % 5, torch.device("cpu")
+        >>> full = validation_loss(model, tokens, block_size=8, batch_size=4, device=cpu)
+        >>> low = generation_loss(model, tokens, weights="int8", block_size=8, batch_size=4, device=cpu)
+        >>> abs(low - full) < 0.01
+        True
+    """
+    view = GenerationModel(model, weights)
+    return validation_loss(
+        view, tokens, block_size=block_size, batch_size=batch_size, device=device
+    )

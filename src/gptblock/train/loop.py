@@ -366,11 +366,17 @@ class Trainer:
         Called outside ``fit``, it takes the directory's lock for the save, and writes only
         where ``fit`` could: into the run this trainer trained, or where a fresh run may start.
         """
-        tensors, meta = self.state()  # collective: every rank takes part
-        if self.out_dir is not None and self.dist.is_main:
-            held = contextlib.nullcontext() if self._holding else self._claim_for_save()
-            with held:
-                save_checkpoint(self.out_dir, kind, tensors, meta)
+        if self.out_dir is None:
+            # Nowhere to write (every rank alike): the state is not captured, which would copy
+            # the weights and optimizer for nothing (and import torch._dynamo, for 0.8 s, in
+            # the optimizer's state_dict); its check of the losses still runs.
+            self.read_losses()
+        else:
+            tensors, meta = self.state()  # collective: every rank takes part
+            if self.dist.is_main:
+                held = contextlib.nullcontext() if self._holding else self._claim_for_save()
+                with held:
+                    save_checkpoint(self.out_dir, kind, tensors, meta)
         if kind == LAST:
             self._saved_step = self.step
 

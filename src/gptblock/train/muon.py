@@ -53,6 +53,11 @@ def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.mT if wide else x
 
 
+def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` without its decorators' wrappers (``functools.wraps`` records it)."""
+    return getattr(fn, "__wrapped__", fn)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for the groups with ``algorithm="muon"``, AdamW for those with ``"adamw"``.
 
@@ -89,6 +94,17 @@ class MuonAdamW(torch.optim.Optimizer):
                             f"got shape {tuple(p.shape)}"
                         )
         super().__init__(groups, defaults)
+
+    # torch.optim.Optimizer's add_param_group and zero_grad are wrapped by torch._disable_dynamo,
+    # which imports torch._dynamo at their first call, to keep torch.compile out of them: 0.8 s
+    # on this project's CPU, as long as `import torch` itself, in a speedrun of 12 s. Nothing
+    # compiles this optimizer, so it calls the functions under the wrapper (functools.wraps'
+    # __wrapped__; where a torch has none, the wrapped function, as before).
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _unwrapped(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _unwrapped(torch.optim.Optimizer.zero_grad)(self, set_to_none)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

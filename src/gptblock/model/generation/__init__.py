@@ -2,6 +2,8 @@
 
 * ``cache`` -- ``KVCache``: one block's keys and values so far, preallocated.
 * ``matvec`` -- ``RowLinear``: a weight laid out for one-position products (a step's matmuls).
+* ``weights`` -- ``BFloat16Linear`` and ``Int8Linear``: reduced-precision weights, which a step
+  reads faster (``GPT.generate(weights=...)``).
 * ``sampling`` -- ``GenerationStep`` and ``sample``: the next token from a step's logits.
 * ``decode`` -- ``Decoder`` and ``stream``: the GPT's one forward pass with a cache per block,
   a prompt at once, then a token at a time; and the loop that streams the steps.

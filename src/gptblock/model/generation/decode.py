@@ -6,7 +6,9 @@ Every block runs the fused form's forward (``gptblock.blocks.fused.block_forward
 weights (``convert.parts_of``): a ``FusedBlock``'s modules, or a lesson or
 ``nn.MultiheadAttention`` block's weights read in the fused layout, since those forms' own
 forwards have no cache. For one-token steps the four weight matrices are laid out for
-matrix-vector products (``matvec.RowLinear``), the same forward on other parts.
+matrix-vector products (``matvec.RowLinear``), the same forward on other parts. With reduced
+``weights`` (``"bfloat16"``, ``"int8"``: ``weights.py``) every weight matrix, the unembedding's
+too, is that form's ``Linear``, for the prompt and the steps alike.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -14,8 +16,8 @@ Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 import torch.nn as nn
@@ -25,14 +27,15 @@ from ...blocks.attention import KVStore, SelfAttention
 from ...blocks.config import GPTConfig
 from ...blocks.convert import parts_of
 from ...blocks.fused import BlockParts, block_forward
-from ...blocks.parts import Dense, LayerNormFn, Norm
+from ...blocks.parts import Dense, LayerNormFn, Linear, Norm
 from ...errors import UserTypeError, UserValueError
 from ..parts import BlockFn, GPTParts
 from .cache import KVCache
 from .matvec import RowLinear
 from .sampling import GenerationStep, Sampling
+from .weights import check_weights, reduced
 
-__all__ = ["Decoder", "stream"]
+__all__ = ["Decoder", "GenerationModel", "forget_reduced_weights", "stream"]
 
 
 class Model(Protocol):
@@ -54,6 +57,8 @@ class Model(Protocol):
 
     def train(self, mode: bool = True) -> Any: ...
 
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
 
     def _run(
@@ -70,16 +75,22 @@ class Decoder:
 
     The weights are read when the decoder is made; the one-position layouts are copies, which
     do not follow later changes to the model (``GPT.generate`` makes a decoder per call).
+    Reduced weights are made once and kept on the model while its parameters are unchanged
+    (``_reduced``).
 
     Args:
         model: a ``GPT`` (any block form).
+        weights: ``"float32"`` (None: the same), the model's weights as they are;
+            ``"bfloat16"`` or ``"int8"``, copies in that form (``weights.py``).
     """
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, weights: str | None = None) -> None:
         self.model = model
         own = model._parts()
         with torch.no_grad():  # a lesson block's q/k/v are concatenated: no graph to keep
             blocks = [parts_of(block) for block in model.blocks]
+        self.dtype = blocks[0].attn.in_proj.weight.dtype
+        self.weights = check_weights(weights, model.wte.weight.device, self.dtype)
         # The ends as functions of their weights, fetched once.
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
@@ -88,9 +99,11 @@ class Decoder:
             _norm(own.ln_f),
             Dense(own.lm_head.weight, own.lm_head.bias),
         )
-        self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
-        self.step_parts = ends._replace(blocks=[_fn(_one_position(p)) for p in blocks])
-        self.dtype = blocks[0].attn.in_proj.weight.dtype
+        if self.weights == "float32":
+            self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
+            self.step_parts = ends._replace(blocks=[_fn(_relaid(p, RowLinear)) for p in blocks])
+        else:  # one form for the prompt and the steps (weights.py says why)
+            self.prefill_parts = self.step_parts = _reduced(model, ends, blocks, self.weights)
         self.caches: list[KVCache] = []
 
     @property
@@ -119,6 +132,44 @@ class Decoder:
         return self.model._run(idx, self.step_parts, caches=self.caches)
 
 
+class GenerationModel(nn.Module):
+    """A GPT as generation computes it with ``weights``: ``forward(idx, targets)`` returns
+    ``(logits, loss)`` as ``GPT.forward`` does, through the ``Decoder``'s parts without a
+    cache, so that what reduced weights cost can be measured as a loss (in eval mode; the
+    weights are read when it is made).
+
+    Args:
+        model: a ``GPT``.
+        weights: ``Decoder``'s.
+
+    Shape:
+        idx (B, T), targets (B, T) or None (-1: no target) -> logits (B, T, V), loss.
+
+    Example:
+        >>> from gptblock import GPT, GPTConfig
+        >>> gpt = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+        >>> idx = torch.randint(0, 11, (2, 5))
+        >>> logits, loss = GenerationModel(gpt, "int8")(idx, idx)
+        >>> logits.shape, bool(torch.allclose(logits, gpt(idx).logits, atol=0.05))
+        (torch.Size([2, 5, 11]), True)
+    """
+
+    def __init__(self, model: nn.Module, weights: str | None) -> None:
+        super().__init__()
+        self.model = model  # a submodule, so eval()/train() reach it
+        self.decoder = Decoder(cast(Model, model), weights)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.decoder.model._run(idx, self.decoder.prefill_parts)  # (B, T, V)
+        if targets is None:
+            return logits, None
+        B, T, V = logits.shape
+        loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
+        return logits, loss
+
+
 class PositionRows(NamedTuple):
     """Rows ``start .. start + T`` of a position embedding's weight: ``GPTParts.wpe`` as a
     slice, where an index tensor and a gather were two more PyTorch calls per token."""
@@ -131,30 +182,79 @@ class PositionRows(NamedTuple):
         return self.weight[start : start + T]  # (T, C)
 
 
+class ReducedCopy(NamedTuple):
+    """A model's weights in a reduced form, with what they were made from (``_reduced``)."""
+
+    weights: str  # "bfloat16" or "int8"
+    sources: Sequence[tuple[torch.Tensor, int, int]]  # each parameter, its version, data_ptr
+    parts: GPTParts
+
+    def fits(self, weights: str, params: Sequence[torch.Tensor]) -> bool:
+        return (
+            weights == self.weights
+            and len(params) == len(self.sources)
+            and all(
+                p is q and p._version == version and p.data_ptr() == ptr
+                for p, (q, version, ptr) in zip(params, self.sources, strict=True)
+            )
+        )
+
+
+REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its ReducedCopy
+
+
+def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: str) -> GPTParts:
+    """``ends`` and ``blocks`` with every weight matrix, the unembedding's too, in ``weights``'
+    form. Quantising took longer than generating 100 tokens, so the copy (a quarter or half of
+    the weights' bytes) is kept on the model and reused while its parameters are the same
+    tensors at the same versions and addresses: an in-place change (an optimizer's step,
+    ``load_state_dict``, ``model.to``) makes a new one. A change through ``p.data``, which
+    PyTorch does not count, is not seen: ``forget_reduced_weights(model)`` after one."""
+    params = list(model.parameters())
+    kept = getattr(model, REDUCED_COPY, None)
+    if isinstance(kept, ReducedCopy) and kept.fits(weights, params):
+        return kept.parts
+    low = functools.partial(reduced, weights=weights)
+    head = ends.lm_head
+    parts = ends._replace(
+        blocks=[_fn(_relaid(p, low)) for p in blocks], lm_head=low(head.weight, head.bias)
+    )
+    sources = [(p, p._version, p.data_ptr()) for p in params]
+    setattr(model, REDUCED_COPY, ReducedCopy(weights, sources, parts))
+    return parts
+
+
+def forget_reduced_weights(model: nn.Module) -> None:
+    """Drop the reduced copy of ``model``'s weights that generation keeps (``_reduced``)."""
+    if REDUCED_COPY in vars(model):
+        delattr(model, REDUCED_COPY)
+
+
 def _fn(parts: BlockParts) -> BlockFn:
     """The fused form's forward on ``parts``: ``fn(x, kv_cache=..., probe=...)``."""
     return functools.partial(block_forward, parts)
 
 
-def _one_position(parts: BlockParts) -> BlockParts:
-    """``parts`` with every weight matrix laid out for one-position products (``RowLinear``)
-    and the norms as functions (a module call was a tenth of a step's overhead)."""
+def _relaid(
+    parts: BlockParts, linear: Callable[[torch.Tensor, torch.Tensor | None], Linear]
+) -> BlockParts:
+    """``parts`` with every weight matrix as ``linear(weight, bias)`` (``RowLinear``: laid out
+    for one-position products; a reduced form) and the norms as functions (a module call was a
+    tenth of a step's overhead)."""
     attn = parts.attn
     norm1, norm2 = (_norm(n) for n in (parts.norm1, parts.norm2))
     return parts._replace(
         norm1=norm1,
         norm2=norm2,
         attn=SelfAttention(
-            RowLinear(attn.in_proj.weight, attn.in_proj.bias),
-            RowLinear(attn.out_proj.weight, attn.out_proj.bias),
+            linear(attn.in_proj.weight, attn.in_proj.bias),
+            linear(attn.out_proj.weight, attn.out_proj.bias),
             attn.n_heads,
             attn.modern,
         ),
-        linear1=RowLinear(parts.linear1.weight, parts.linear1.bias),
-        linear2=RowLinear(parts.linear2.weight, parts.linear2.bias),
-        linear3=None
-        if parts.linear3 is None
-        else RowLinear(parts.linear3.weight, parts.linear3.bias),
+        linear1=linear(parts.linear1.weight, parts.linear1.bias),
+        linear2=linear(parts.linear2.weight, parts.linear2.bias),
+        linear3=None if parts.linear3 is None else linear(parts.linear3.weight, parts.linear3.bias),
     )
 
 
@@ -175,10 +275,12 @@ def stream(
     use_cache: bool,
     generator: torch.Generator | None,
     vocab_size: int | None = None,
+    weights: str | None = None,
 ) -> Iterator[GenerationStep]:
     """``GPT.stream`` for checked prompts ``idx`` (B, T): its other arguments are checked here,
     when it is called, and the steps run as the iterator is read. ``vocab_size``: sample only
-    ids below it (a tokenizer smaller than a padded embedding); None: every id."""
+    ids below it (a tokenizer smaller than a padded embedding); None: every id. ``weights``:
+    ``Decoder``'s."""
     if (
         isinstance(max_new_tokens, bool)
         or not isinstance(max_new_tokens, int)
@@ -194,9 +296,10 @@ def stream(
         raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
     V = vocab_size or V
     sampling = Sampling.check(temperature, top_k, generator, V, idx.device)
+    weights = check_weights(weights, model.wte.weight.device, model.wte.weight.dtype)
     # A separate generator function, so the checks above run when stream() is called rather
     # than at the first next().
-    return _steps(model, idx, max_new_tokens, sampling, use_cache, V)
+    return _steps(model, idx, max_new_tokens, sampling, use_cache, V, weights)
 
 
 def _steps(
@@ -206,6 +309,7 @@ def _steps(
     sampling: Sampling,
     use_cache: bool,
     V: int,
+    weights: str,
 ) -> Iterator[GenerationStep]:
     """The steps: the model in eval mode until the iterator is exhausted or closed, then in
     its previous mode."""
@@ -213,14 +317,16 @@ def _steps(
     was_training = model.training
     model.train(False)
     try:
-        decoder = Decoder(model) if use_cache else None
+        # Without the cache, reduced weights still need the decoder's parts (not its caches).
+        decoder = Decoder(model, weights) if use_cache or weights != "float32" else None
         for _ in range(max_new_tokens):
             # no_grad inside the loop, not around it: a `with` spanning the yield would leak
             # the grad mode into the caller between steps.
             with torch.no_grad():
                 window = idx[:, -block_size:]  # what the model can read
-                if decoder is None:
-                    logits = model._run(window, model._parts())
+                if decoder is None or not use_cache:
+                    parts = model._parts() if decoder is None else decoder.prefill_parts
+                    logits = model._run(window, parts)
                 elif decoder.length in (0, block_size):
                     # The first step, and every step once the window slides: every position
                     # embedding moved, so the cached keys and values are stale.
