@@ -216,7 +216,8 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         return config, _to_gptblock(read_safetensors(directory, expected_shapes(config)), config)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
         if getattr(source.config, "model_type", None) in llama.FAMILIES:
-            config, layout = llama.config_from_llama(source.config.to_dict())
+            fields = source.config.to_dict()  # type: ignore[union-attr, operator]
+            config, layout = llama.config_from_llama(fields)
             return config, llama.to_gptblock(source.state_dict(), config, layout)
         config = config_from_hf(source.config)
         return config, _to_gptblock(source.state_dict(), config)
@@ -241,6 +242,12 @@ def read_config_json(directory: Path) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
     return fields
+
+
+def family_name(directory: str | os.PathLike[str]) -> str:
+    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
+    model_type = read_config_json(Path(directory)).get("model_type", "gpt2")
+    return llama.FAMILIES.get(model_type, "GPT-2")
 
 
 def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:

@@ -52,8 +52,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
     "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
 }
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-REQUIRED += ("num_attention_heads",)
+INT = "a positive int"
+REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
 # (Hugging Face's name under layers.{i}., gptblock's under transformer.h.{i}.), copied as is.
 PLAIN = [
     ("input_layernorm.weight", "norm1.weight"),
@@ -111,23 +117,27 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
             f"{where}{name} config field {field}={fields.get(field)!r:.80}: {why}"
         )
 
-    def get(field: str, kinds: type | tuple[type, ...], default: Any = ...) -> Any:
+    def get(field: str, kind: str, default: Any = ...) -> Any:
+        """The field's value, which must be a ``kind``: "a positive int", "a number", "a bool"."""
         if field not in fields and default is ...:
             raise UserValueError(
                 f"{where}field {field} is missing, and a model_type={family!r} config needs it"
             )
-        value = fields.get(field, default)
-        if isinstance(value, bool) is not (kinds is bool) or not isinstance(value, kinds):
-            raise refuse(field, f"expected {'a bool' if kinds is bool else 'a number'}")
-        if kinds is int and value < 1:
-            raise refuse(field, "expected a positive int")
+        value: Any = fields.get(field, default)
+        if kind == "a bool":
+            ok = isinstance(value, bool)
+        else:  # JSON's true is no number here, nor 64.0 a count
+            ok = isinstance(value, int if kind == "a positive int" else (int, float))
+            ok = ok and not isinstance(value, bool) and (kind == "a number" or value >= 1)
+        if not ok:
+            raise refuse(field, f"expected {kind}")
         return value
 
-    V, C, F, L, nh = (get(f, int) for f in REQUIRED)
+    V, C, F, L, nh = (get(f, INT) for f in REQUIRED)
     defaults = DEFAULTS[family]
     nkv = fields.get("num_key_value_heads", defaults["num_key_value_heads"])
-    nkv = nh if nkv is None else get("num_key_value_heads", int, nkv)
-    T = get("max_position_embeddings", int, defaults["max_position_embeddings"])
+    nkv = nh if nkv is None else get("num_key_value_heads", INT, nkv)
+    T = get("max_position_embeddings", INT, defaults["max_position_embeddings"])
     if C % nh:
         raise refuse("hidden_size", f"not divisible by num_attention_heads={nh}")
     if nh % nkv:
@@ -142,12 +152,12 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         )
     if fields.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", "the blocks' SwiGLU gates with SiLU ('silu')")
-    if get("attention_dropout", (int, float), 0.0) != 0:
+    if get("attention_dropout", "a number", 0.0) != 0:
         raise refuse("attention_dropout", "gptblock's dropout also drops the residual branches")
     theta = _rope_theta(fields, refuse)
-    tie = get("tie_word_embeddings", bool, False)
+    tie = get("tie_word_embeddings", "a bool", False)
     if family == "llama":
-        a, m = get("attention_bias", bool, False), get("mlp_bias", bool, False)
+        a, m = get("attention_bias", "a bool", False), get("mlp_bias", "a bool", False)
         layout = Layout(family, a, a, m)
     elif family == "mistral":
         window = fields.get("sliding_window")
@@ -165,7 +175,7 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         config = GPTConfig(
             vocab_size=V, block_size=T, n_layer=L, n_head=nh, n_embd=C, dropout=0.0,
             bias=layout.qkv_bias or layout.mlp_bias,
-            norm_eps=float(get("rms_norm_eps", (int, float), 1e-6)),
+            norm_eps=float(get("rms_norm_eps", "a number", 1e-6)),
             tie_embeddings=tie, norm="rmsnorm", mlp="swiglu", d_ff=F, n_kv_head=nkv,
             position="rope", rope_theta=theta, rope_pairing="halves",
         )  # fmt: skip
