@@ -250,6 +250,9 @@ REFUSED_CONFIGS = {  # id -> (fields dropped, fields changed, what the one line 
         "Qwen2 config field use_sliding_window=True",
     ),
     "unknown model type": ([], {"model_type": "gemma"}, "model_type='gemma'"),
+    "model type a list": ([], {"model_type": ["llama"]}, "model_type=['llama']"),
+    "eps 0": ([], {"rms_norm_eps": 0}, "rms_norm_eps=0: expected a positive number"),
+    "tie a string": ([], {"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes'"),
 }
 
 

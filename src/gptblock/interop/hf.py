@@ -206,7 +206,7 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
             )
         path = directory / "config.json"
         fields = read_config_json(directory)
-        if fields.get("model_type", "gpt2") in llama.FAMILIES:
+        if llama.is_llama(fields.get("model_type")):
             config, layout = llama.config_from_llama(fields, f"{path}: ")
             _check_fits(config, path)
             state = read_safetensors(directory, llama_shapes(config), "model.")
@@ -215,7 +215,7 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         _check_fits(config, path)
         return config, _to_gptblock(read_safetensors(directory, expected_shapes(config)), config)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
-        if getattr(source.config, "model_type", None) in llama.FAMILIES:
+        if llama.is_llama(getattr(source.config, "model_type", None)):
             fields = source.config.to_dict()  # type: ignore[union-attr, operator]
             config, layout = llama.config_from_llama(fields)
             return config, llama.to_gptblock(source.state_dict(), config, layout)
@@ -246,8 +246,8 @@ def read_config_json(directory: Path) -> dict[str, Any]:
 
 def family_name(directory: str | os.PathLike[str]) -> str:
     """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
-    model_type = read_config_json(Path(directory)).get("model_type", "gpt2")
-    return llama.FAMILIES.get(model_type, "GPT-2")
+    model_type = read_config_json(Path(directory)).get("model_type")
+    return llama.FAMILIES[str(model_type)] if llama.is_llama(model_type) else "GPT-2"
 
 
 def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:

@@ -40,10 +40,18 @@ from ..blocks.config import GPTConfig
 from ..blocks.rotary import pairing_permutation
 from ..errors import UserTypeError, UserValueError
 
-__all__ = ["FAMILIES", "Layout", "config_from_llama", "config_to_llama", "to_gptblock", "to_llama"]
+__all__ = ["FAMILIES", "Layout", "config_from_llama", "config_to_llama", "is_llama", "to_gptblock"]
+__all__ += ["to_llama"]
 
 # model_type -> the family's name; transformers' classes are {name}Config, {name}ForCausalLM.
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
+
+
+def is_llama(model_type: object) -> bool:
+    """Whether ``model_type`` (a config's, of any JSON type) is one of ``FAMILIES``."""
+    return isinstance(model_type, str) and model_type in FAMILIES
+
+
 # The fields a config.json may leave out, at the defaults of each family's transformers config
 # class, so a file means here what it means there. The sizes have no default worth trusting
 # (Llama's is a 7B model): a config without them is refused.
@@ -106,7 +114,7 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         gptblock.errors.UserValueError: Llama config field rope_scaling={'rope_type': 'yarn', 'factor': 4.0}: gptblock's rotary positions are RoFormer's, unscaled (rope_type 'default')
     """
     family = fields.get("model_type")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise UserValueError(
             f"{where}field model_type={family!r:.40}: expected one of {sorted(FAMILIES)}"
         )
@@ -154,6 +162,9 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         raise refuse("hidden_act", "the blocks' SwiGLU gates with SiLU ('silu')")
     if get("attention_dropout", "a number", 0.0) != 0:
         raise refuse("attention_dropout", "gptblock's dropout also drops the residual branches")
+    eps = get("rms_norm_eps", "a number", 1e-6)
+    if not eps > 0:  # NaN too
+        raise refuse("rms_norm_eps", "expected a positive number")
     theta = _rope_theta(fields, refuse)
     tie = get("tie_word_embeddings", "a bool", False)
     if family == "llama":
@@ -175,7 +186,7 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         config = GPTConfig(
             vocab_size=V, block_size=T, n_layer=L, n_head=nh, n_embd=C, dropout=0.0,
             bias=layout.qkv_bias or layout.mlp_bias,
-            norm_eps=float(get("rms_norm_eps", "a number", 1e-6)),
+            norm_eps=float(eps),
             tie_embeddings=tie, norm="rmsnorm", mlp="swiglu", d_ff=F, n_kv_head=nkv,
             position="rope", rope_theta=theta, rope_pairing="halves",
         )  # fmt: skip

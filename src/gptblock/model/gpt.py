@@ -136,7 +136,7 @@ class GPT(nn.Module):
     # gptblock.interop is imported (as `import gptblock` does); declared here for readers and
     # type checkers. gptblock.load reads every source through one call.
     from_hf: ClassVar[Callable[..., GPT]]
-    to_hf: ClassVar[Callable[[GPT], Any]]
+    to_hf: ClassVar[Callable[..., Any]]
     save_hf: ClassVar[Callable[..., Path]]
     from_nanogpt: ClassVar[Callable[..., tuple[GPT, Any]]]
 
