@@ -331,3 +331,20 @@ def test_cli_inspect_hf_reads_a_llama_directory(llama_with_tokenizer, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Hugging Face Llama, n_layer 2, n_head 4" in r.stdout
     assert (tmp_path / "attention.png").stat().st_size > 0
+
+
+def test_a_sharded_llama_directory_loads_and_a_wrong_shape_is_named(tmp_path):
+    hf = hf_model(*CASES["llama-gqa"])
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    idx = torch.randint(0, 300, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            GPT.from_hf(tmp_path / "sharded")(idx).logits, hf(idx).logits, atol=1e-5, rtol=0
+        )
+    # k_proj of a model with as many key/value heads as query heads: refused from the header
+    d = with_fields(tmp_path / "sharded", tmp_path, num_key_value_heads=4)
+    with pytest.raises(
+        UserError, match=r"self_attn\.k_proj\.weight has shape \(32, 64\).*\(64, 64\)"
+    ):
+        GPT.from_hf(d)
