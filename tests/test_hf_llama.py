@@ -193,7 +193,7 @@ def test_what_a_family_cannot_express_is_refused_with_one_line(options, family, 
     with pytest.raises(UserError) as e:
         model.save_hf(tmp_path / "out", family=family)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert not (tmp_path / "out" / "config.json").exists()
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

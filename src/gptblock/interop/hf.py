@@ -352,9 +352,10 @@ def save_hf(
     The directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` and
     ``from_hf``. Also ``model.save_hf(directory, tokenizer)``.
     """
+    hf = to_hf_model(model, family)  # first: a model the family refuses leaves no directory
     # save_pretrained, given a file, logs an error and writes nothing: refuse instead.
     directory = make_directory(directory)
-    to_hf_model(model, family).save_pretrained(directory, safe_serialization=True)
+    hf.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
