@@ -175,7 +175,9 @@ def test_a_qwen2_checkpoint_goes_back_to_qwen2_exactly(tmp_path):
 
 REFUSED_EXPORTS = {  # id -> (gptblock options, family, what the one line names)
     "learned positions": (dict(position="learned"), "llama", "position='learned'"),
-    "no positions": (dict(position="none"), None, "position='none'"),
+    "no positions": (dict(position="none"), "llama", "position='none'"),
+    "qk_norm, Llama by default": (dict(qk_norm=True), None, "Llama's format cannot express qk_"),
+    "no positions, GPT-2 by default": (dict(position="none"), None, "GPT-2's format cannot"),
     "layernorm": (dict(norm="layernorm"), "llama", "norm='layernorm'"),
     "dense mlp": (dict(mlp="dense"), "qwen2", "mlp='dense'"),
     "qk_norm": (dict(qk_norm=True), "llama", "qk_norm=True"),

@@ -311,8 +311,8 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     Args:
         model: a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
         family: ``"gpt2"`` (``GPT2LMHeadModel``), ``"llama"``, ``"mistral"`` or ``"qwen2"``
-            (``LlamaForCausalLM``, ...); None: GPT-2 for learned positions, else Llama. An
-            option the family cannot express is refused, naming it. Dropout, a training
+            (``LlamaForCausalLM``, ...); None: Llama for Llama's block (RMSNorm, SwiGLU, rotary
+            positions), else GPT-2. An option the family cannot express is refused, naming it. Dropout, a training
             setting, is not carried into Llama's formats.
 
     Also ``model.to_hf(family)``.
@@ -320,7 +320,8 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
     if family is None:
-        family = "gpt2" if config.position == "learned" else "llama"
+        llama_block = (config.norm, config.mlp, config.position) == ("rmsnorm", "swiglu", "rope")
+        family = "llama" if llama_block else "gpt2"
     if family not in FORMATS:
         raise UserValueError(f"family must be one of {FORMATS} or None, got {family!r:.40}")
     if family == "gpt2":
