@@ -29,7 +29,8 @@ attention viewer (``gptblock inspect`` on the command line).
 ``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
 ``train_gpt`` trains one on a text (``gptblock train`` on the command line), recording its
 ``RunMeta`` in every checkpoint; ``load_gpt`` rebuilds the trained model from its checkpoint, and
-``load`` reads a run, a Hugging Face GPT-2 directory or a nanoGPT checkpoint by one call.
+``load`` reads a run, a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2) or a nanoGPT
+checkpoint by one call.
 Under it, ``Trainer`` (configured by ``TrainConfig``) trains any model returning
 ``(logits, loss)`` on text a ``CharTokenizer`` encodes.
 

@@ -1,7 +1,8 @@
 """One way to load a GPT, from any of the three places one comes from::
 
     load("out-gptblock")              a `gptblock train` run: its best checkpoint (``load_gpt``)
-    load(hf="path/to/gpt2")           a Hugging Face GPT-2 directory, with its BPE tokenizer
+    load(hf="path/to/dir")            a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2),
+                                      with its tokenizer
     load(nanogpt="out/ckpt.pt")       a nanoGPT checkpoint, with the meta.pkl vocabulary beside it
 
 Each returns the same ``Loaded``: the model (eval mode, on ``device``), its tokenizer and the
@@ -24,7 +25,7 @@ from .data.batches import CharTokenizer, Tokenizer
 from .data.bpe import BPETokenizer
 from .devices import resolve_device
 from .errors import UserValueError
-from .interop.hf import from_hf
+from .interop.hf import family_name, from_hf
 from .interop.nanogpt import from_nanogpt
 from .model.gpt import GPT
 from .runs.checkpoint import BEST, Checkpoint, load_checkpoint
@@ -46,9 +47,10 @@ class Source:
         out-gptblock/best.json (step 150)
     """
 
-    kind: str  # "run" (a gptblock train directory), "hf" (Hugging Face GPT-2) or "nanogpt"
+    kind: str  # "run" (a gptblock train directory), "hf" (Hugging Face) or "nanogpt"
     path: Path  # the run's checkpoint (its JSON file), the Hugging Face directory, the ckpt.pt
     step: int | None = None  # the optimizer steps a run's checkpoint had taken; None otherwise
+    family: str = "GPT-2"  # a Hugging Face model's: "GPT-2", "Llama", "Mistral" or "Qwen2"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -56,8 +58,12 @@ class Source:
 
     @property
     def what(self) -> str:
-        """The kind, in words: ``"step 150"``, ``"Hugging Face GPT-2"`` or ``"nanoGPT"``."""
-        names = {"run": f"step {self.step}", "hf": "Hugging Face GPT-2", "nanogpt": "nanoGPT"}
+        """The kind, in words: ``"step 150"``, ``"Hugging Face Llama"`` or ``"nanoGPT"``."""
+        names = {
+            "run": f"step {self.step}",
+            "hf": f"Hugging Face {self.family}",
+            "nanogpt": "nanoGPT",
+        }
         return names[self.kind]
 
     def __str__(self) -> str:
@@ -84,8 +90,8 @@ def load(
 
     Args:
         out_dir: a directory ``gptblock train --out`` wrote; its checkpoint ``kind`` is read.
-        hf: a Hugging Face GPT-2 directory (``save_pretrained``'s config, safetensors and
-            tokenizer), read offline.
+        hf: a Hugging Face GPT-2, Llama, Mistral or Qwen2 directory (``save_pretrained``'s
+            config, safetensors and tokenizer), read offline.
         nanogpt: nanoGPT's ``ckpt.pt`` or the out_dir holding it; its character vocabulary is
             the ``meta.pkl`` beside it, if there is one.
         kind: a run's checkpoint: "best" (the lowest validation loss) or "last".
@@ -99,14 +105,14 @@ def load(
         >>> load(hf="gpt2", nanogpt="ckpt.pt")
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: give one of out_dir (a gptblock train run), hf (a Hugging Face GPT-2 directory) or nanogpt (a nanoGPT checkpoint), got hf and nanogpt
+        gptblock.errors.UserValueError: give one of out_dir (a gptblock train run), hf (a Hugging Face directory) or nanogpt (a nanoGPT checkpoint), got hf and nanogpt
     """
     given = [
         n for n, v in (("out_dir", out_dir), ("hf", hf), ("nanogpt", nanogpt)) if v is not None
     ]
     if len(given) != 1:
         raise UserValueError(
-            f"give one of out_dir (a gptblock train run), hf (a Hugging Face GPT-2 directory) "
+            f"give one of out_dir (a gptblock train run), hf (a Hugging Face directory) "
             f"or nanogpt (a nanoGPT checkpoint), got {' and '.join(given) or 'none'}"
         )
     if out_dir is not None:
@@ -115,7 +121,7 @@ def load(
     tokenizer: Tokenizer | None
     if hf is not None:
         tokenizer = BPETokenizer.from_directory(hf)
-        model, source = from_hf(hf), Source("hf", Path(hf))
+        model, source = from_hf(hf), Source("hf", Path(hf), family=family_name(hf))
     else:
         path = Path(nanogpt)  # type: ignore[arg-type]  # not None: exactly one was given
         model, tokenizer = from_nanogpt(path)

@@ -1,8 +1,8 @@
 """Options more than one command takes, spelled once: where the model comes from.
 
 ``gptblock sample`` and ``gptblock inspect`` read a model from one of ``--out`` (a ``gptblock
-train`` run, the default), ``--hf`` (a Hugging Face GPT-2 directory) or ``--nanogpt`` (a nanoGPT
-checkpoint), through ``gptblock.loading.load``, onto ``--device``.
+train`` run, the default), ``--hf`` (a Hugging Face GPT-2, Llama, Mistral or Qwen2 directory)
+or ``--nanogpt`` (a nanoGPT checkpoint), through ``gptblock.loading.load``, onto ``--device``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--hf",
         metavar="DIR",
-        help="instead of --out: a Hugging Face GPT-2 directory (save_pretrained's, with its "
-        "tokenizer), read offline",
+        help="instead of --out: a Hugging Face GPT-2, Llama, Mistral or Qwen2 directory "
+        "(save_pretrained's, with its tokenizer), read offline",
     )
     group.add_argument(
         "--nanogpt",

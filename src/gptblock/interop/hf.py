@@ -1,7 +1,8 @@
-"""Hugging Face GPT-2 and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf_model``, ``save_hf``.
+"""Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf_model``, ``save_hf``.
 
-GPT-2 is gptblock's GPT with other names (``GPT.from_hf`` / ``GPT.to_hf`` / ``GPT.save_hf`` are
-these functions, attached to the GPT by ``gptblock.interop``). Per block, with C the width::
+GPT-2 is gptblock's GPT with other names; Llama, Mistral and Qwen2 are its modern options
+(``interop.llama`` maps those). ``GPT.from_hf`` / ``GPT.to_hf`` / ``GPT.save_hf`` are these
+functions, attached to the GPT by ``gptblock.interop``. Per GPT-2 block, with C the width::
 
     GPT-2 (Conv1D: weight (in, out))     gptblock (nn.Linear: weight (out, in))
     h.{i}.ln_1                           transformer.h.{i}.norm1
@@ -17,8 +18,8 @@ columns ``i*hs:(i+1)*hs`` of each third), so the packed layout carries over with
 alone. The embeddings, ``ln_f`` and ``lm_head`` keep their names. GPT-2's ``gelu_new`` is the
 tanh approximation of GELU: the blocks' ``"gelu_tanh"``, so the function is the same, not close.
 
-A GPT-2 config that gptblock's blocks cannot compute (attention scaled by the layer index,
-upcast and reordered attention, cross-attention, an MLP not 4x wide, ...) is refused with an
+A config that gptblock's blocks cannot compute (attention scaled by the layer index, upcast and
+reordered attention, cross-attention, an MLP not 4x wide, a scaled rope, ...) is refused with an
 error naming the field; nothing is approximated. Only local directories are read (a hub name is
 refused: nothing is downloaded), and only safetensors files: a ``pytorch_model.bin`` would have
 to be unpickled.
@@ -44,9 +45,12 @@ from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, User
 from ..files import make_directory
 from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
-from .hf_files import read_safetensors
+from . import llama
+from .hf_files import expected_shapes, llama_shapes, read_safetensors
 
 __all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf_model"]
+
+FORMATS = ("gpt2", *llama.FAMILIES)  # what to_hf_model writes
 
 INSTALL = 'pip install "gptblock[hf]"'
 # Hugging Face's activation names -> the blocks'. gelu_new and gelu_pytorch_tanh are one function.
@@ -177,14 +181,15 @@ def config_to_hf(config: GPTConfig) -> Any:
 
 
 def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """The ``GPTConfig`` and gptblock state_dict of a ``GPT2LMHeadModel`` or saved directory.
+    """The ``GPTConfig`` and gptblock state_dict of a Hugging Face model or saved directory.
 
     ``from_hf`` builds the model from them.
 
     Args:
-        source: a ``transformers.GPT2LMHeadModel``, or the path of a local directory holding
-            its ``config.json`` and ``model.safetensors`` (or sharded safetensors and their
-            ``model.safetensors.index.json``).
+        source: a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+            ``MistralForCausalLM`` or ``Qwen2ForCausalLM``, or the path of a local directory
+            holding its ``config.json`` and ``model.safetensors`` (or sharded safetensors and
+            their ``model.safetensors.index.json``).
 
     Raises:
         UserImportError: transformers is not installed.
@@ -199,17 +204,31 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
                 f"{directory} is not a directory; GPT.from_hf reads a local save_pretrained "
                 f"directory (nothing is downloaded: a hub name is not a directory)"
             )
-        config = _read_config(directory, tf)
-        return config, _to_gptblock(read_safetensors(directory, config), config)
+        path = directory / "config.json"
+        fields = read_config_json(directory)
+        if llama.is_llama(fields.get("model_type")):
+            config, layout = llama.config_from_llama(fields, f"{path}: ")
+            _check_fits(config, path)
+            state = read_safetensors(directory, llama_shapes(config), "model.")
+            return config, llama.to_gptblock(state, config, layout)
+        config = _gpt2_config(fields, path, tf)
+        _check_fits(config, path)
+        return config, _to_gptblock(read_safetensors(directory, expected_shapes(config)), config)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
+        if llama.is_llama(getattr(source.config, "model_type", None)):
+            fields = source.config.to_dict()  # type: ignore[union-attr, operator]
+            config, layout = llama.config_from_llama(fields)
+            return config, llama.to_gptblock(source.state_dict(), config, layout)
         config = config_from_hf(source.config)
         return config, _to_gptblock(source.state_dict(), config)
-    raise UserTypeError(f"expected a GPT2LMHeadModel or a directory, got {type(source).__name__}")
+    raise UserTypeError(
+        f"expected a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
+        f"a directory, got {type(source).__name__}"
+    )
 
 
-def _read_config(directory: Path, tf: Any) -> GPTConfig:
-    """``config.json``'s ``GPTConfig``, checked field by field, and refused where the model it
-    describes would not fit in memory, before any weight is read."""
+def read_config_json(directory: Path) -> dict[str, Any]:
+    """The fields of ``directory/config.json``, a JSON object, or a one-line error naming it."""
     path = directory / "config.json"
     if not path.is_file():
         raise UserFileNotFoundError(
@@ -222,20 +241,36 @@ def _read_config(directory: Path, tf: Any) -> GPTConfig:
         raise UserValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(fields, dict):
         raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
+    return fields
+
+
+def family_name(directory: str | os.PathLike[str]) -> str:
+    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
+    model_type = read_config_json(Path(directory)).get("model_type")
+    return llama.FAMILIES[str(model_type)] if llama.is_llama(model_type) else "GPT-2"
+
+
+def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:
+    """A GPT-2 ``config.json``'s ``GPTConfig``, checked field by field."""
     if fields.get("model_type", "gpt2") != "gpt2":  # GPT2Config would overwrite it with its own
         raise UserValueError(
-            f"{path}: field model_type={fields['model_type']!r:.40}: only GPT-2 models convert"
+            f"{path}: field model_type={fields['model_type']!r:.40}: only GPT-2, Llama, "
+            f"Mistral and Qwen2 models convert"
         )
     for field in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"):
         value = fields.get(field)
         if field in fields and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserValueError(f"{path}: field {field} must be a positive int, got {value!r:.40}")
     try:
-        config = config_from_hf(tf.GPT2Config.from_dict(fields))
+        return config_from_hf(tf.GPT2Config.from_dict(fields))
     except UserValueError as e:
         raise UserValueError(f"{path}: {e}") from None
     except (TypeError, ValueError, KeyError) as e:
         raise UserValueError(f"{path}: not a GPT-2 config ({e})") from None
+
+
+def _check_fits(config: GPTConfig, path: Path) -> None:
+    """Refuse, before any weight is read, a model that would not fit in memory."""
     n = parameter_count(config)
     check_available(
         2 * n * FLOAT,  # the weights read, and the model they are copied into
@@ -244,17 +279,16 @@ def _read_config(directory: Path, tf: Any) -> GPTConfig:
         f"n_embd={config.n_embd}, n_layer={config.n_layer})",
         "this directory's model does not fit in this machine's memory",
     )
-    return config
 
 
 def from_hf(source: Any, *, block: str = "fused") -> GPT:
-    """A GPT with the weights of a Hugging Face ``GPT2LMHeadModel`` or a local directory
-    ``save_pretrained`` wrote; its logits are GPT-2's. Also ``GPT.from_hf``.
+    """A GPT with the weights of a Hugging Face model (GPT-2, Llama, Mistral or Qwen2) or of a
+    local directory ``save_pretrained`` wrote; its logits are the model's. Also ``GPT.from_hf``.
 
     Args:
         source: the model, or the directory (``config.json`` + safetensors); nothing is
             downloaded.
-        block: ``"fused"`` or ``"mha"``.
+        block: ``"fused"`` or ``"mha"`` (GPT-2 only: the modern options need ``"fused"``).
 
     Returns:
         The model in eval mode, float32, on the CPU.
@@ -271,33 +305,58 @@ def from_hf(source: Any, *, block: str = "fused") -> GPT:
     return model.eval()
 
 
-def to_hf_model(model: nn.Module) -> Any:
-    """A ``transformers.GPT2LMHeadModel`` computing what the GPT ``model`` computes (eval, float32).
+def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
+    """A ``transformers`` model computing what the GPT ``model`` computes (eval, float32).
 
-    ``model`` is a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
-    Also ``model.to_hf()``.
+    Args:
+        model: a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
+        family: ``"gpt2"`` (``GPT2LMHeadModel``), ``"llama"``, ``"mistral"`` or ``"qwen2"``
+            (``LlamaForCausalLM``, ...); None: Llama for Llama's block (RMSNorm, SwiGLU, rotary
+            positions), else GPT-2. An option the family cannot express is refused, naming it. Dropout, a training
+            setting, is not carried into Llama's formats.
+
+    Also ``model.to_hf(family)``.
     """
     tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
-    hf = tf.GPT2LMHeadModel(config_to_hf(config))
-    missing, unexpected = hf.load_state_dict(_to_hf(model), strict=False)
+    if family is None:
+        llama_block = (config.norm, config.mlp, config.position) == ("rmsnorm", "swiglu", "rope")
+        family = "llama" if llama_block else "gpt2"
+    if family not in FORMATS:
+        raise UserValueError(f"family must be one of {FORMATS} or None, got {family!r:.40}")
+    if family == "gpt2":
+        hf, state = tf.GPT2LMHeadModel(config_to_hf(config)), _to_hf(model)
+    else:
+        name = llama.FAMILIES[family]
+        hf_config = getattr(tf, f"{name}Config")(**llama.config_to_llama(config, family))
+        state = llama.to_llama(model, family)
+        hf = getattr(tf, f"{name}ForCausalLM")(hf_config).to(torch.float32)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
     # Only the head may be absent, where it is tied to the embedding (and so loaded with it).
     left = [k for k in missing if not (k == "lm_head.weight" and config.tie_embeddings)]
     if left or unexpected:
-        raise RuntimeError(f"GPT-2 layout mismatch: missing {left}, unexpected {unexpected}")
+        raise RuntimeError(f"{family} layout mismatch: missing {left}, unexpected {unexpected}")
     return hf.eval()
 
 
-def save_hf(model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
-    """Write the GPT ``model`` as a Hugging Face GPT-2 directory (``config.json``,
-    ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given).
+def save_hf(
+    model: nn.Module,
+    directory: str | os.PathLike[str],
+    tokenizer: Any = None,
+    *,
+    family: str | None = None,
+) -> Path:
+    """Write the GPT ``model`` as a Hugging Face directory (``config.json``,
+    ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given),
+    of ``family`` as ``to_hf_model`` chooses it.
 
-    The directory loads with ``GPT2LMHeadModel.from_pretrained(directory)`` and ``from_hf``.
-    Also ``model.save_hf(directory, tokenizer)``.
+    The directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` and
+    ``from_hf``. Also ``model.save_hf(directory, tokenizer)``.
     """
+    hf = to_hf_model(model, family)  # first: a model the family refuses leaves no directory
     # save_pretrained, given a file, logs an error and writes nothing: refuse instead.
     directory = make_directory(directory)
-    to_hf_model(model).save_pretrained(directory, safe_serialization=True)
+    hf.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory

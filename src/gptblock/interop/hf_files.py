@@ -1,9 +1,10 @@
 """The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
 
-``interop.hf`` maps GPT-2's weights onto gptblock's; this module only finds and reads them: the
-safetensors file, or the shards a ``model.safetensors.index.json`` lists (each a file beside the
-index), every tensor's shape checked against the config's (``expected_shapes``) from the file's
-header, so a wrong file is refused with its name before its tensors are loaded.
+``interop.hf`` and ``interop.llama`` map the weights onto gptblock's; this module only finds and
+reads them: the safetensors file, or the shards a ``model.safetensors.index.json`` lists (each a
+file beside the index), every tensor's shape checked against the config's (GPT-2's
+``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
+refused with its name before its tensors are loaded.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
@@ -20,9 +21,12 @@ from ..blocks.config import GPTConfig
 from ..errors import UserFileNotFoundError, UserValueError
 
 
-def read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
+def read_safetensors(
+    directory: Path, expected: dict[str, tuple[int, ...]], prefix: str = "transformer."
+) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
-    checked against ``config`` before its tensors are read."""
+    checked against ``expected`` (shapes by name, without the base model's ``prefix``: GPT-2's
+    ``transformer.``, Llama's ``model.``) before its tensors are read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = _shards(index)
@@ -37,7 +41,6 @@ def read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Tens
             else ""
         )
         raise UserFileNotFoundError(f"no model.safetensors in {directory}{why}")
-    expected = expected_shapes(config)
     state: dict[str, torch.Tensor] = {}
     for name in files:
         path = directory / name
@@ -45,7 +48,7 @@ def read_safetensors(directory: Path, config: GPTConfig) -> dict[str, torch.Tens
             with safetensors.safe_open(path, framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is no Mapping
                     shape = tuple(f.get_slice(key).get_shape())
-                    want = expected.get(key.removeprefix("transformer."))
+                    want = expected.get(key.removeprefix(prefix))
                     if want is not None and shape != want:
                         raise UserValueError(
                             f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
@@ -112,4 +115,44 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     }
     for i in range(config.n_layer):
         shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
+    return shapes
+
+
+def llama_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a Llama-family checkpoint of ``config``, by Hugging Face's
+    names without ``model.`` (biases included: checked where a file has them).
+
+    Example:
+        >>> config = GPTConfig(11, 8, n_layer=1, n_head=4, n_embd=8, n_kv_head=2, d_ff=12)
+        >>> shapes = llama_shapes(config)
+        >>> shapes["layers.0.self_attn.k_proj.weight"], shapes["layers.0.mlp.down_proj.weight"]
+        ((4, 8), (8, 12))
+    """
+    V, C, F = config.vocab_size, config.n_embd, config.d_ff
+    kv = config.n_kv_head * (C // config.n_head)  # nkv * hs
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (V, C),
+        "norm.weight": (C,),
+        "lm_head.weight": (V, C),
+    }
+    per_block = {
+        "input_layernorm.weight": (C,),
+        "post_attention_layernorm.weight": (C,),
+        "self_attn.q_proj.weight": (C, C),
+        "self_attn.q_proj.bias": (C,),
+        "self_attn.k_proj.weight": (kv, C),
+        "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.weight": (kv, C),
+        "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.weight": (C, C),
+        "self_attn.o_proj.bias": (C,),
+        "mlp.gate_proj.weight": (F, C),
+        "mlp.gate_proj.bias": (F,),
+        "mlp.up_proj.weight": (F, C),
+        "mlp.up_proj.bias": (F,),
+        "mlp.down_proj.weight": (C, F),
+        "mlp.down_proj.bias": (C,),
+    }
+    for i in range(config.n_layer):
+        shapes |= {f"layers.{i}.{k}": v for k, v in per_block.items()}
     return shapes

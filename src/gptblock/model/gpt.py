@@ -135,7 +135,7 @@ class GPT(nn.Module):
     # imported (as `import gptblock` does); declared for readers and type checkers.
     # gptblock.load reads every source through one call.
     from_hf: ClassVar[Callable[..., GPT]]
-    to_hf: ClassVar[Callable[[GPT], Any]]
+    to_hf: ClassVar[Callable[..., Any]]
     save_hf: ClassVar[Callable[..., Path]]
     from_nanogpt: ClassVar[Callable[..., tuple[GPT, Any]]]
 
