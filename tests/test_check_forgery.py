@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+from gptblock.check import check_isolated
+
 FORGED = "FORGED-VERDICT"
 
 BLOCKS = textwrap.dedent(
@@ -251,8 +253,18 @@ BLOCKS = textwrap.dedent(
             )
 
 
+    class SpoilsTheNext(NoScale):
+        """Trick 11: patch the checker's copy, in its process, for the targets checked after it."""
+
+        def __init__(self, n_embd, n_head):
+            super().__init__(n_embd, n_head)
+            from gptblock.check import subject
+
+            subject.Subject.__call__ = lambda self, x, seeded=True: torch.zeros_like(x)
+
+
     class LeavesADaemon(NoScale):
-        """Trick 11: a process in a new session, forked twice, that outlives a hung check."""
+        """Trick 12: a process in a new session, forked twice, that outlives a hung check."""
 
         def forward(self, x):
             if os.fork() == 0:
@@ -296,8 +308,9 @@ def test_the_block_fails_without_a_trick(blocks):
         ("SendsItsOwnReport", 1, "broke the checker's protocol"),
         ("PrintsAtExit", 1, "diagnosis: no_scaling"),
         ("RightOnlyWhenWatched", 1, "but not on a fresh"),
-        ("PatchesTorch", 1, "diagnosis: no_scaling"),
-        ("ForgesItsWeights", 1, "no variant with up to 3 catalogued mistakes reproduces the block"),
+        # its own broken torch garbles its reading, more or less with the weights drawn
+        ("PatchesTorch", (1, 3), ("diagnosis: no_scaling", "weights not read")),
+        ("ForgesItsWeights", 3, "the weights read for q are not the values"),
         ("WithholdsItsWeights", 3, "weights not read, black-box results only"),
         ("SendsBadTensors", 1, "broke the checker's protocol"),
         ("RescalesItsWeights", 3, "the weights read for q are not the values"),
@@ -309,10 +322,12 @@ def test_a_trick_gets_its_true_verdict_and_nothing_forged_on_stdout(blocks, name
     """FAIL (exit 1); a block whose weights cannot be read, or are misreported, is UNVERIFIED
     (exit 3): the black-box checks pass, and it was not compared."""
     done = _check(f"{blocks}:{name}")
-    assert done.returncode == code, (done.stdout, done.stderr)
-    verdict = {1: "result: FAIL", 3: "result: UNVERIFIED"}[code]
+    codes, whys = (code, why) if isinstance(code, tuple) else ((code,), (why,))
+    assert done.returncode in codes, (done.stdout, done.stderr)
+    verdict = {1: "result: FAIL", 3: "result: UNVERIFIED"}[done.returncode]
     results = [line for line in done.stdout.splitlines() if line.startswith("result")]
-    assert results and results[0].startswith(verdict) and why in done.stdout, done.stdout
+    assert results and results[0].startswith(verdict), done.stdout
+    assert any(w in done.stdout for w in whys), done.stdout
     assert len(results) == 1  # the checker's, and nothing the block wrote starts a line
     assert not any(line.startswith(("{", FORGED)) for line in done.stdout.splitlines())
     assert done.stderr == "", done.stderr  # a verdict is no error: nothing on stderr
@@ -348,8 +363,19 @@ def test_a_process_in_a_new_session_does_not_outlive_the_timeout(blocks):
     assert ended(), f"the daemon {pid} outlived the check"
 
 
-def test_the_right_block_still_passes(blocks, tmp_path):
-    right = tmp_path / "right.py"
-    right.write_text(BLOCKS + "\n\nclass Right(NoScale):\n    scaled = True\n")
+@pytest.fixture(scope="module")
+def right(tmp_path_factory):
+    path = tmp_path_factory.mktemp("right") / "right.py"
+    path.write_text(BLOCKS + "\n\nclass Right(NoScale):\n    scaled = True\n")
+    return path
+
+
+def test_the_right_block_still_passes(right):
     done = _check(f"{right}:Right")
     assert done.returncode == 0 and done.stdout.strip().endswith("result: PASS"), done.stdout
+
+
+def test_one_file_cannot_answer_for_the_next(blocks, right):
+    targets = [f"{blocks}:SpoilsTheNext", f"{right}:Right"]  # a child per file
+    first, second = check_isolated(targets, kwargs={}, roles={})
+    assert first.verdict == "FAIL" and second.verdict == "PASS", (str(first), str(second))

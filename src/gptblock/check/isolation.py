@@ -17,8 +17,9 @@ Whatever the child does, the report comes from here: a block that calls ``os._ex
 findings made before and names what happened and during which stage. At the end, or at the
 timeout, the reaper kills the child and every process below it, those that left its session
 (``setsid``, a double fork) included: it is their subreaper (Linux; elsewhere only the child's
-session is killed). A target that cannot be loaded or built raises the same ``UserError`` as
-in-process.
+session is killed). Targets from different files or modules get a child each (one learner's
+code cannot answer for another's); those of one file share one. A target that cannot be loaded
+or built raises the same ``UserError`` as in-process.
 
 What remains (the block runs as the same user as the checker): while a check runs, this process
 is not dumpable and the child cannot trace processes (``CAP_SYS_PTRACE`` dropped), so it cannot
@@ -141,9 +142,16 @@ def check_isolated(
     reports: list[CheckReport] = []
     with _undumpable(), one_thread():
         while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
-            first = len(reports)
-            reports += _run_child(sent[first:], names[first:], kwargs, roles, timeout)
+            first = last = len(reports)
+            while last < len(sent) and _source(sent[last]) == _source(sent[first]):
+                last += 1  # one child per file: one learner's code cannot answer for another's
+            reports += _run_child(sent[first:last], names[first:last], kwargs, roles, timeout)
     return reports
+
+
+def _source(target: str | bytes) -> str:
+    """Where a target's code comes from: its file or module, or "" for a pickled object."""
+    return target.rpartition(":")[0] if isinstance(target, str) else ""
 
 
 @contextlib.contextmanager

@@ -4,8 +4,9 @@
 process of ``gptblock.check.isolation``: a ``Tested`` and a ``Service`` whose every method is a
 request to that process (``gptblock.check.worker``) and whose every answer is plain data, read
 back and checked for form (shapes, dtypes, lengths) before it is used. Text it sends ends up in
-the report only as one line of bounded length, never as a line of its own. The inputs are drawn
-here, from the seed an in-process check uses, so a check gives the same report either way.
+the report only as one line of bounded length, never as a line of its own. The probes' inputs
+are drawn here, from the seed an in-process check uses; the weights the block is given and the
+inputs that confirm a comparison come from secret seeds (``isolation``).
 
 Shapes: B batch, T time, C channels.
 """
