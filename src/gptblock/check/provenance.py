@@ -15,7 +15,8 @@ gain; a norm's gain may be stored as ``gain - 1``, as Gemma's RMSNorm does), and
 made of the same entries. A process that misreports its weights (q
 scaled by sqrt(hs), which would pass a block that does not scale its scores; ln1's weights
 sent again as ln2's, which would pass a block with one LayerNorm) is then caught, since the
-numbers it would have to send are not among the ones chosen.
+numbers it would have to send are not among the ones chosen. It checks values, not where they
+sit: the block's own entries rearranged (a projection's columns permuted) still pass.
 
 Shapes: C channels.
 """
