@@ -2,8 +2,10 @@
 
 Which file owns what:
 
-* ``run`` -- ``check_block`` and its orchestration: build the target, copy it, run the probes,
-  read its parts, compare with the steps, combine the evidence into a diagnosis and a verdict.
+* ``run`` -- ``check_block``: the block in this process (trusted code) or in a child process.
+* ``verdict`` -- ``decide``: from the block's answers alone, run the probes, have its parts read,
+  compare with the steps, confirm the match on fresh inputs, combine the evidence into a
+  diagnosis and a verdict.
 * ``build`` -- the block to check from a module or a class / factory and its arguments (with
   ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence; ``arguments`` -- what a
   class needs beyond them: a config object built from the arguments, or the ``--arg`` line.
@@ -38,9 +40,17 @@ Which file owns what:
 * ``target`` -- ``load_target`` and ``parse_argument``: the block named by ``FILE.py:NAME`` or
   ``package.module:NAME`` and its ``NAME=VALUE`` arguments. The only module that imports the
   user's code.
-* ``isolation`` -- ``check_isolated``: the check in a child process (``worker``), with a timeout,
-  whatever the block does to its process.
-* ``worker`` -- that child: loads, builds and checks, and reports each step on a pipe.
+* ``served`` -- ``Served``: the block where it runs, answering the checker's requests (its width,
+  outputs, gradients, parameters, its parts read into numbers) as plain data.
+* ``plain`` -- a reading's sub-layers as numbers (linear weights and biases, the kind, eps, gain
+  and bias of each norm), and back as ``Parts`` whose shapes are checked.
+* ``provenance`` -- the parameter values the checker gives the block, and the check that the
+  weights read back are made of them.
+* ``isolation`` -- ``check_isolated``: the block in a child process (``worker``) that only
+  answers requests, every check computed here (``remote``: the block's answers, as claims;
+  ``frames``: JSON and raw tensors, never pickle), with a timeout; ``reaper``: the supervisor
+  that kills the child's whole process tree (a standalone script).
+* ``worker`` -- that child: loads and builds the block, then answers requests.
 
 Imports point one way: each layer below uses only the layers before it (and within a layer, as
 said), and nothing imports ``gptblock.cli``:
@@ -54,10 +64,14 @@ said), and nothing imports ``gptblock.cli``:
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
    ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
    ``given`` and ``mapping`` (``readings`` also ``weights``);
-   ``isolation`` uses ``report`` and ``target`` (only to validate a spec: it never imports the
-   user's code);
-4. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
-   ``fused``); ``worker`` uses ``run``.
+   ``plain`` uses ``steps``; ``provenance`` and ``frames`` use nothing of gptblock;
+   ``reaper`` uses nothing but the standard library (it runs as a script);
+4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
+   uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;
+   ``remote`` uses ``subject``; ``isolation`` uses ``frames``, ``remote``, ``verdict``, ``reaper``
+   (its ``prctl``) and ``target`` (only to validate a spec: it never imports the user's code);
+5. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
+   ``fused``); ``worker`` uses ``served``, ``frames`` and ``target``.
 
 Shapes: B batch, T time, C channels.
 """

@@ -1,50 +1,75 @@
-"""Checking blocks in a child process, so that the block cannot end, hang or fool the checker.
+"""Checking blocks in a child process that only answers requests, so that the block cannot end,
+hang or fool the checker.
 
-``check_isolated`` starts ``python -m gptblock.check.worker``, sends it the targets (``FILE.py:NAME``
-text, or a pickled class / factory / module), and reads back what it does, one JSON line per
-event, on a pipe of its own: which target and stage it is at, each finding as it completes, and
-the report. The child's stdout and stderr (whatever the block prints) are drained by threads and
-only counted, so a block that prints a lot cannot block the child or garble the checker's output.
+``check_isolated`` starts ``gptblock.check.reaper``, which starts ``python -m
+gptblock.check.worker``: the child loads and builds the target (``FILE.py:NAME`` text, or a
+pickled class / factory / module) and then only answers requests (``gptblock.check.remote``):
+an output for an input, a backward pass's gradients, its parts read into numbers. Every check,
+the comparison with the lessons' block and the verdict are computed here, in a process that
+never runs the block's code and never unpickles anything the child sends (JSON and raw tensors,
+``gptblock.check.frames``); a comparison is confirmed on inputs from a seed the child never
+sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
+are drained by threads and only counted; the report is printed by the caller, after the child
+and everything it started are gone.
 
 Whatever the child does, the report comes from here: a block that calls ``os._exit``, crashes
-(a signal), or runs past ``timeout`` seconds (the child is killed, with everything it started)
-gets a report that keeps the findings made before and names what happened and during which
-stage. ``sys.exit`` is caught in the child itself, like any exception the block raises. A target
-that cannot be loaded or built raises the same ``UserError`` as in-process. A protocol line
-must carry this run's random nonce, so text the block writes cannot pass for the checker's.
+(a signal), breaks the protocol or runs past ``timeout`` seconds gets a report that keeps the
+findings made before and names what happened and during which stage. At the end, or at the
+timeout, the reaper kills the child and every process below it, those that left its session
+(``setsid``, a double fork) included: it is their subreaper (Linux; elsewhere only the child's
+session is killed). Targets from different files or modules get a child each (one learner's
+code cannot answer for another's); those of one file share one. A target that cannot be loaded
+or built raises the same ``UserError`` as in-process.
 
-This guards against accidents (``sys.exit`` left in a script, an endless loop, a segfault), not
-against code written to defeat it: the block runs in the same process as the checker's probes.
+What remains (the block runs as the same user as the checker): while a check runs, this process
+is not dumpable and the child cannot trace processes (``CAP_SYS_PTRACE`` dropped), so it cannot
+open this process's ``/proc/PID/fd/1`` even as root; but it can write to any file and terminal
+the user can (a ``/dev/pts`` terminal included), and kill this process or the reaper. For
+grading, trust the exit code or ``--json`` (one object, printed last), and run untrusted code in
+a container or as another user.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import secrets
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from .. import errors
-from .report import CAUGHT, CheckReport, Finding, one_line
+from .frames import Reader, send
+from .remote import ProtocolBroken, Remote
+from .report import CAUGHT, CheckReport, Finding, Raised, one_line, text
+from .subject import one_thread
 from .target import check_spec
+from .verdict import decide
 
 __all__ = ["DEFAULT_TIMEOUT", "STARTUP_LIMIT", "check_isolated"]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a block may take to load, build and be checked (a check takes well under one)."""
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
-MAX_LINE = 16 * 2**20  # bytes: a longer protocol line is not the checker's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
+REAPER = Path(__file__).with_name("reaper.py")
+
+
+class _Gone(BaseException):  # not an Exception: the probes must not catch it
+    """The child stopped answering: it ended, hung past the deadline or broke the protocol."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
 
 
 @dataclass
@@ -74,32 +99,19 @@ class _State:
     """Where the child is: the target, the stage, what was found so far."""
 
     index: int | None = None
-    stage: str = "starting"
+    where: str = "starting"  # the stage
     description: str = ""
     findings: list[Finding] = field(default_factory=list)
 
+    # the verdict.Progress protocol
+    def stage(self, what: str) -> None:
+        self.where = what
 
-class _Lines:
-    """Lines from a pipe, with a deadline."""
+    def built(self, description: str) -> None:
+        self.description = description
 
-    def __init__(self, fd: int) -> None:
-        self.fd, self.buffer, self.eof = fd, b"", False
-
-    def next(self, deadline: float) -> bytes | None:
-        """The next line; ``None`` at end of file; ``TimeoutError`` past the deadline."""
-        while b"\n" not in self.buffer:
-            if self.eof:
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
-                raise TimeoutError
-            chunk = os.read(self.fd, 1 << 16)
-            self.eof = not chunk
-            self.buffer += chunk
-            if len(self.buffer) > MAX_LINE and b"\n" not in self.buffer:
-                raise ValueError(f"a line of over {MAX_LINE} bytes from the child")
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
+    def finding(self, finding: Finding) -> None:
+        self.findings.append(finding)
 
 
 def check_isolated(
@@ -128,10 +140,216 @@ def check_isolated(
     sent = [t if isinstance(t, str) else _pickled(t) for t in targets]
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     reports: list[CheckReport] = []
-    while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
-        first = len(reports)
-        reports += _run_child(sent[first:], names[first:], kwargs, roles, timeout)
+    with _undumpable(), one_thread():
+        while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
+            first = last = len(reports)
+            while last < len(sent) and _source(sent[last]) == _source(sent[first]):
+                last += 1  # one child per file: one learner's code cannot answer for another's
+            reports += _run_child(sent[first:last], names[first:last], kwargs, roles, timeout)
     return reports
+
+
+def _source(target: str | bytes) -> str:
+    """Where a target's code comes from: its file or module, or "" for a pickled object."""
+    return target.rpartition(":")[0] if isinstance(target, str) else ""
+
+
+@contextlib.contextmanager
+def _undumpable() -> Iterator[None]:
+    """This process not dumpable while the child runs: a process without ``CAP_SYS_PTRACE``
+    (the child) cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
+    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
+
+    before = prctl(PR_GET_DUMPABLE)
+    changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
+    try:
+        yield
+    finally:
+        if changed:
+            prctl(PR_SET_DUMPABLE, before)
+
+
+class _Child:
+    """The reaper and the worker below it, the pipes to them, and their drained output."""
+
+    def __init__(self, request: bytes) -> None:
+        to_child, self.to_fd = os.pipe()
+        self.from_fd, from_child = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # the same modules as here
+        worker = [sys.executable, "-m", "gptblock.check.worker", str(to_child), str(from_child)]
+        passed = (to_child, from_child, out_w, err_w)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(REAPER), str(out_w), str(err_w),
+             f"{to_child},{from_child}", "--", *worker],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err_w,
+            pass_fds=passed,
+            env=env,
+            start_new_session=True,  # its own process group, spared the terminal's ^C
+        )  # fmt: skip
+        for fd in passed:
+            os.close(fd)
+        self.outputs = [_Output("stdout"), _Output("stderr")]
+        self.threads = [
+            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
+            for o, fd in zip(self.outputs, (out_r, err_r), strict=True)
+        ]
+        for t in self.threads:
+            t.start()
+        self.reader, self.id = Reader(self.from_fd), 0
+        self.deadline = time.monotonic() + STARTUP_LIMIT
+        send(self.to_fd, {"init": request.hex()})
+
+    def call(
+        self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        self.id += 1
+        with contextlib.suppress(BrokenPipeError):  # it died: reading says how
+            send(self.to_fd, {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(self.id)
+
+    def answer(self, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        try:
+            header, tensors = self.reader.next(self.deadline)
+        except TimeoutError:
+            raise _Gone("timeout") from None
+        except EOFError:
+            raise _Gone(self.ended()) from None
+        except ValueError as e:
+            raise _Gone(f"broke the checker's protocol ({one_line(e)})") from None
+        if header.get("id") != wanted:
+            raise _Gone("broke the checker's protocol (an answer to no request)")
+        if "ok" in header and isinstance(header["ok"], dict):
+            return header["ok"], tensors
+        if "user_error" in header:
+            cls = getattr(errors, str(header["user_error"]), errors.UserValueError)
+            if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
+                cls = errors.UserValueError
+            raise cls(text(header.get("message", ""), 2000))
+        if "raised" in header:
+            raised = Raised(text(header["raised"], 400))
+            raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
+            raise raised
+        raise _Gone("broke the checker's protocol (an answer of no known kind)")
+
+    def ended(self) -> str:
+        """How the worker ended, as its reaper saw it."""
+        status = ""
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+            status = (self.proc.communicate(b"", timeout=10)[0] or b"").decode(errors="replace")
+        rc: int | None = None
+        for line in status.splitlines():
+            if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
+                rc = int(line[5:])
+        if rc is None:
+            return "ended without a word from its reaper"
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+            why = {
+                "SIGSEGV": " (a crash in native code)",
+                "SIGKILL": " (out of memory?)",
+                "SIGINT": " (a KeyboardInterrupt raised in the block)",
+            }
+            return f"was killed by {name}{why.get(name, '')}"
+        return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
+
+    def close(self) -> None:
+        """Stop the worker and everything below it (the reaper sweeps), and the drains."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the reaper's signal to kill and sweep
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # it hangs: the worker's session, at least
+            self.proc.kill()
+            self.proc.wait()
+        for fd in (self.to_fd, self.from_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for t in self.threads:
+            t.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _run_child(
+    targets: list[str | bytes],
+    names: list[str],
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    timeout: float,
+) -> list[CheckReport]:
+    """Run one child on ``targets``; returns a report per target it got to (at least one)."""
+    try:
+        request = pickle.dumps({"targets": targets, "kwargs": dict(kwargs)})
+    except CAUGHT as e:
+        raise errors.UserValueError(
+            f"cannot send the constructor arguments to a child process: {one_line(e)}"
+        ) from e
+    child = _Child(request)
+    reports: list[CheckReport] = []
+    try:
+        try:
+            child.answer(0)  # ready: torch and the checker imported
+        except (_Gone, Raised) as e:
+            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
+            what = e.what if isinstance(e, _Gone) else str(e)
+            what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
+            raise RuntimeError(
+                f"the checker's child process {what} before checking anything"
+                + (f": {err[-1]}" if err else "")
+            ) from None
+        for i in range(len(targets)):
+            state = _State(i, f"loading {names[i]}")
+            child.deadline = time.monotonic() + timeout
+            try:
+                reports.append(_check_one(child, i, state, roles))
+            except _Gone as e:
+                what = e.what
+                if what == "timeout":
+                    what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
+                reports.append(_cut_short(state, names, what))
+                break  # the targets after it get a fresh child
+            except Raised as e:
+                reports.append(_failed(state, names, e))
+    finally:
+        child.close()
+    noisy = [o.describe() for o in child.outputs if o.size]
+    if noisy:
+        note = f"the checked code wrote {' and '.join(noisy)}; not shown"
+        reports = [_with_note(r, note) for r in reports]
+    return reports
+
+
+def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
+    """Load, build and check target ``i`` through ``child``; every check computed here."""
+    child.call("load", index=i)
+    state.stage("building the block")
+    state.built(text(child.call("build")[0].get("description", ""), 400))
+    state.stage("copying the block and calling it once to tell its width C")
+    shape = child.call("width")[0]
+    C, T = shape.get("C"), shape.get("T")
+    if not (isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64):
+        raise _Gone("broke the checker's protocol (a width that is not one)")
+    state.stage("copying the block and calling it once")
+    copy = child.call("copy")[0]
+    dtype = getattr(torch, str(copy.get("dtype")), None)
+    try:
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
+        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")))
+    except ProtocolBroken as e:
+        raise _Gone(f"broke the checker's protocol ({e})") from None
+    fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these
+    weights = torch.Generator().manual_seed(secrets.randbits(63))
+    try:
+        return decide(remote, state.description, roles, state, fresh, weights)
+    except ProtocolBroken as e:
+        raise _Gone(f"broke the checker's protocol ({e})") from None
 
 
 def _pickled(target: object) -> bytes:
@@ -148,183 +366,26 @@ def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
 
 
-def _run_child(
-    targets: list[str | bytes],
-    names: list[str],
-    kwargs: Mapping[str, object],
-    roles: Mapping[str, str],
-    timeout: float,
-) -> list[CheckReport]:
-    """Run one child on ``targets``; returns a report per target it got to (at least one)."""
-    nonce = secrets.token_hex(16)
-    try:
-        request = pickle.dumps(
-            {"nonce": nonce, "targets": targets, "kwargs": dict(kwargs), "roles": dict(roles)}
-        )
-    except CAUGHT as e:
-        raise errors.UserValueError(
-            f"cannot send the constructor arguments to a child process: {one_line(e)}"
-        ) from e
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # the same modules as here
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gptblock.check.worker", str(write_fd)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(write_fd,),
-        env=env,
-        start_new_session=True,  # its own process group: killed as one, spared the terminal's ^C
-    )
-    os.close(write_fd)
-    outputs = [_Output("stdout"), _Output("stderr")]
-    threads = [
-        threading.Thread(target=o.drain, args=(s,), daemon=True)
-        for o, s in zip(outputs, (proc.stdout, proc.stderr), strict=True)
-    ]
-    for t in threads:
-        t.start()
-    state, reports = _State(), []
-    try:
-        try:
-            if proc.stdin is not None:
-                proc.stdin.write(request)
-                proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died before reading: the events below say how
-        lines, deadline = _Lines(read_fd), time.monotonic() + STARTUP_LIMIT
-        while True:
-            try:
-                line = lines.next(deadline)
-            except TimeoutError:
-                _kill(proc)
-                if state.index is None:
-                    raise RuntimeError(
-                        f"the checker's child process did not start within {STARTUP_LIMIT:g} s"
-                    ) from None
-                what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-                reports.append(_cut_short(state, names, what))
-                break
-            if line is None:
-                if state.index is not None or not reports:
-                    reports += _ended(proc, state, names, outputs)
-                break  # (between targets: the reports so far stand, a fresh child does the rest)
-            event = _event(line, nonce)
-            if event is None:
-                continue
-            kind = event["event"]
-            if kind == "target":
-                state = _State(int(event["index"]), f"loading {names[int(event['index'])]}")
-                deadline = time.monotonic() + timeout
-            elif kind == "stage":
-                state.stage = str(event["what"])
-            elif kind == "built":
-                state.description = str(event["description"])
-            elif kind == "finding":
-                state.findings.append(_finding(event["finding"]))
-            elif kind == "report":
-                reports.append(CheckReport.from_dict(event["report"]))
-                state = _State()
-            elif kind == "failed":
-                reports.append(_failed(state, names, event))
-                state = _State()
-            elif kind == "user_error":
-                cls = getattr(errors, str(event["type"]), errors.UserValueError)
-                if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
-                    cls = errors.UserValueError
-                raise cls(str(event["message"]))
-            elif kind == "done":
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)  # let it flush what the block printed
-                break
-    finally:
-        _kill(proc)
-        os.close(read_fd)
-        for t in threads:
-            t.join(timeout=5)
-    noisy = [o.describe() for o in outputs if o.size]
-    if noisy:
-        note = f"the checked code wrote {' and '.join(noisy)}; not shown"
-        reports = [_with_note(r, note) for r in reports]
-    return reports
-
-
-def _event(line: bytes, nonce: str) -> dict[str, Any] | None:
-    """The protocol event on ``line``, or None for anything that is not this run's."""
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(event, dict) or event.get("nonce") != nonce or "event" not in event:
-        return None
-    return event
-
-
-def _finding(data: object) -> Finding:
-    if not isinstance(data, dict):
-        raise ValueError("a finding from the child is not an object")
-    return CheckReport.from_dict({"target": "", "findings": [data], "diagnosis": []}).findings[0]
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the child and every process the block started in its group (even after the child
-    itself has exited: a process the block left running would hold the output pipes open)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        if proc.poll() is None:
-            proc.kill()
-    proc.wait()
-
-
-def _ended(
-    proc: subprocess.Popen[bytes], state: _State, names: list[str], outputs: list[_Output]
-) -> list[CheckReport]:
-    """The child closed its channel without saying it was done: why, and the report for it."""
-    try:
-        rc = proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        rc = proc.returncode
-    if rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
-        why = {
-            "SIGSEGV": " (a crash in native code)",
-            "SIGKILL": " (out of memory?)",
-            "SIGINT": " (a KeyboardInterrupt raised in the block)",
-        }
-        what = f"was killed by {name}{why.get(name, '')}"
-    else:
-        what = f"exited with code {rc} without a result (os._exit, or a crash past Python)"
-    if state.index is None:
-        err = outputs[1].head.decode("utf-8", "replace").strip().splitlines()
-        raise RuntimeError(
-            f"the checker's child process {what} before checking anything"
-            + (f": {err[-1]}" if err else "")
-        )
-    return [_cut_short(state, names, what)]
-
-
 def _cut_short(state: _State, names: list[str], what: str) -> CheckReport:
     """The report of a target whose check the child did not finish, or the load error."""
     name = names[state.index] if state.index is not None else "the target"
-    if state.stage.startswith("loading") or state.stage == "building the block":
-        verb = "load" if state.stage.startswith("loading") else "build"
-        raise errors.UserValueError(f"cannot {verb} {name}: its process {what} while {state.stage}")
+    if state.where.startswith("loading") or state.where == "building the block":
+        verb = "load" if state.where.startswith("loading") else "build"
+        raise errors.UserValueError(f"cannot {verb} {name}: its process {what} while {state.where}")
     finding = Finding(
-        "process", False, f"the process running the block {what} during {state.stage}"
+        "process", False, f"the process running the block {what} during {state.where}"
     )
     notes = ["the check was cut short; the findings before it are kept"]
     return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
 
 
-def _failed(state: _State, names: list[str], event: dict[str, Any]) -> CheckReport:
-    """The checker itself raised while checking a block: a failed check, and where."""
+def _failed(state: _State, names: list[str], e: Raised) -> CheckReport:
+    """The block's process raised where the checker does not expect the block to (reading its
+    parts, say): a failed check, and where."""
     name = names[state.index] if state.index is not None else "the target"
-    finding = Finding(
-        "check", False, f"the check stopped during {state.stage}: {event.get('message')}"
-    )
-    notes = [f"if the block did not cause this, it is a bug in gptblock: {event.get('where', '')}"]
+    finding = Finding("check", False, f"the check stopped during {state.where}: {e}")
+    where = getattr(e, "where", "")
+    notes = [f"if the block did not cause this, it is a bug in gptblock: {where}"]
     return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
 
 

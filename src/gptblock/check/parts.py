@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from .report import CAUGHT
 
-__all__ = ["Part", "discover", "observe", "perturb", "perturb_all"]
+__all__ = ["Part", "discover", "observe", "perturb"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -274,23 +274,3 @@ def perturb(parts: list[Part], seed: int = 0) -> None:
                 else:  # nn.MultiheadAttention's (out, in); a raw matrix: either way round
                     fan_in = t.shape[-1] if part.kind == "mha" else (t.shape[0] * t.shape[1]) ** 0.5
                     t.copy_(draw(t, float(fan_in) ** -0.5))
-
-
-def perturb_all(module: nn.Module, C: int, seed: int = 1) -> None:
-    """``perturb`` for every parameter, before anything knows their roles: matrices (any tensor
-    with two or more dimensions longer than 1: (out, in), (in, out), (nh, C, hs), conv kernels)
-    are drawn N(0, 1/C), vectors (gains, biases) moved by ~0.1 from where they are.
-
-    Every weight the lessons' block has reads a C-wide input except ``fc2`` (4C): its output
-    is then twice as large as with N(0, 1/in), which moves no diagnosis.
-    """
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() == 0:
-                continue
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.device, p.dtype)
-            if sum(n > 1 for n in p.shape) >= 2:
-                p.copy_(noise * C**-0.5)
-            else:
-                p.add_(noise * 0.1)

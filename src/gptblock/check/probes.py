@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .report import CAUGHT, one_line
-from .subject import Subject
+from .subject import Tested
 
 __all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult"]
 
@@ -62,7 +62,7 @@ def _names(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def shape(s: Subject) -> ProbeResult:
+def shape(s: Tested) -> ProbeResult:
     """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
     results = []
@@ -97,7 +97,7 @@ def _dtype(t: Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def determinism(s: Subject) -> ProbeResult:
+def determinism(s: Tested) -> ProbeResult:
     """Two eval-mode calls on the same input agree."""
     x = s.input(s.T, s.T, s.C)
     with s.own_rng():  # one fork for both calls, so that a random block draws differently
@@ -113,7 +113,7 @@ def determinism(s: Subject) -> ProbeResult:
     return ProbeResult(True, "two eval-mode calls give equal outputs")
 
 
-def causality(s: Subject) -> ProbeResult:
+def causality(s: Tested) -> ProbeResult:
     """Perturbing position t moves no output before t."""
     T, C = s.T, s.C
     x = s.input(T, T, C)
@@ -135,7 +135,7 @@ def causality(s: Subject) -> ProbeResult:
     return ProbeResult(True, msg)
 
 
-def batch_independence(s: Subject) -> ProbeResult:
+def batch_independence(s: Tested) -> ProbeResult:
     """Perturbing one sequence of the batch moves no other sequence's output."""
     T, C = s.T, s.C
     x = s.input(T, T, C)
@@ -156,7 +156,7 @@ def batch_independence(s: Subject) -> ProbeResult:
     return ProbeResult(True, msg)
 
 
-def residual(s: Subject) -> ProbeResult:
+def residual(s: Tested) -> ProbeResult:
     """A small change to a large input passes straight through a pre-norm block."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     x = s.input(T, T, C, scale=S)
@@ -178,7 +178,7 @@ def residual(s: Subject) -> ProbeResult:
     return ProbeResult(False, msg)
 
 
-def finite(s: Subject) -> ProbeResult:
+def finite(s: Tested) -> ProbeResult:
     """Ordinary, large and partly-zero inputs give finite outputs."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     zero = s.input(T, T, C)
@@ -201,38 +201,23 @@ def finite(s: Subject) -> ProbeResult:
     return ProbeResult(True, msg)
 
 
-def gradients(s: Subject) -> ProbeResult:
+def gradients(s: Tested) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values."""
-    params = [(n, p) for n, p in s.module.named_parameters() if p.requires_grad]
-    if not params:
+    x = s.input(s.T, s.T, s.C)
+    got = s.grads(x, s.input(*x.shape))
+    if not got.names:
         return ProbeResult(True, "the block has no trainable parameters")
-    with torch.enable_grad():
-        try:
-            y = s.forward(s.input(s.T, s.T, s.C))
-        except RuntimeError as e:  # a view autograd needs, changed in place: only with grad on
-            if "inplace" not in str(e).replace("in-place", "inplace").replace(
-                " in place", " inplace"
-            ):
-                raise
-            msg = f"the forward pass fails with autograd on: an in-place change ({one_line(e)})"
-            return ProbeResult(False, msg, "inplace")
-        loss = (torch.where(torch.isfinite(y), y, 0.0) * s.input(*y.shape)).sum()
-        tensors = [p for _, p in params]
-        grads: list[Tensor | None]
-        if loss.requires_grad:
-            try:
-                grads = list(torch.autograd.grad(loss, tensors, allow_unused=True))
-            except RuntimeError as e:
-                if "inplace operation" not in str(e):
-                    raise
-                msg = (
-                    "the backward pass fails: an in-place operation (such as x += ...) changed a "
-                    "tensor autograd had saved for it"
-                )
-                return ProbeResult(False, msg, "inplace")
-        else:  # the output depends on no parameter at all
-            grads = [None] * len(tensors)
-    pairs = list(zip((n for n, _ in params), grads, strict=True))
+    if got.failed == "forward":
+        msg = f"the forward pass fails with autograd on: an in-place change ({got.message})"
+        return ProbeResult(False, msg, "inplace")
+    if got.failed:
+        msg = (
+            "the backward pass fails: an in-place operation (such as x += ...) changed a "
+            "tensor autograd had saved for it"
+        )
+        return ProbeResult(False, msg, "inplace")
+    params, grads = got.names, got.grads
+    pairs = list(zip(params, grads, strict=True))
     unreached = [n for n, g in pairs if g is None]
     nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
     problems = []
@@ -246,7 +231,7 @@ def gradients(s: Subject) -> ProbeResult:
     return ProbeResult(True, msg)
 
 
-PROBES: dict[str, Callable[[Subject], ProbeResult]] = {
+PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
     "shape": shape,
     "eval determinism": determinism,
     "causality": causality,

@@ -28,9 +28,9 @@ import torch
 from ..errors import UserValueError
 from .claims import check_claims, check_reading
 from .dataflow import Unread
-from .given import fix_roles, perturb_given
+from .given import fix_roles
 from .mapping import ROLES, MappedBlock, map_roles
-from .parts import discover, observe, perturb
+from .parts import discover, observe
 from .report import CAUGHT, one_line
 from .steps import Parts
 from .subject import Subject
@@ -157,8 +157,8 @@ def read_parts(
         return f"{why}; by names: {mapped.reason}" if why else mapped.reason
     if why:
         notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
-    perturb(parts)
-    perturb_given(fixed.sliced)
+    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
+    # and the weights read must be those values: gptblock.check.provenance)
     x = torch.randn(
         T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from .catalogue import MISTAKES
 
-__all__ = ["CAUGHT", "CheckReport", "Finding", "one_line"]
+__all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
 
 CAUGHT = (Exception, SystemExit)
 """What the user's code may raise without stopping the check: any error, and ``sys.exit()``
@@ -159,8 +159,9 @@ class CheckReport:
         elif self.verdict == "UNVERIFIED":
             lines += _wrap(
                 f"result: UNVERIFIED (the {len(self.findings)} black-box checks passed, but the "
-                "block's weights could not be read, so it was not compared with the lessons' "
-                "block: a wrong scale, say, would not show)",
+                "block was not compared with a reference it could be confirmed against (its "
+                "weights could not be read, or only inside its own process): a wrong scale, "
+                "say, would not show)",
                 width,
                 "",
                 "    ",
@@ -267,6 +268,22 @@ def _str(value: object) -> str:
     return value
 
 
+class Raised(Exception):
+    """An error the block raised in another process, as ``one_line`` described it there."""
+
+
+def text(value: object, limit: int = 2000) -> str:
+    """``value`` as one line of at most ``limit`` characters: what another process sent, made
+    safe to print inside a report (it cannot start a line of its own).
+
+    Example:
+        >>> text("roles: q=wq\\nresult: PASS")
+        'roles: q=wq result: PASS'
+    """
+    line = " ".join(str(value).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def one_line(e: BaseException | None) -> str:
     """'TypeError: first line of the message', for a one-line report.
 
@@ -276,6 +293,8 @@ def one_line(e: BaseException | None) -> str:
     """
     if e is None:
         return "unknown error"
+    if isinstance(e, Raised):
+        return text(e, 400)
     if isinstance(e, SystemExit):
         return f"SystemExit: {e.code} (sys.exit({e.code!r}) was called)"
     lines = str(e).strip().splitlines()

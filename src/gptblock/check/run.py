@@ -18,9 +18,13 @@ non-finite outputs, a broken shape, dtype or device) is diagnosed even when the 
 found, unless a mistake found by the comparison already explains it (a reversed mask also leaks
 the future and leaves the last position NaN).
 
-``check_block`` runs the block in this process, or (``isolate=True``, the default for a
-``FILE.py:NAME`` target) in a child process (``gptblock.check.isolation``), so that a block that
-exits, crashes or hangs cannot take the checker with it.
+The block's parts are read where it runs (``gptblock.check.served``) into numbers
+(``gptblock.check.plain``); the checks and the verdict are computed from the block's answers
+alone (``gptblock.check.verdict``). ``check_block`` runs the block in this process, for code the
+caller trusts, or (``isolate=True``, the default for a ``FILE.py:NAME`` target, and always in
+``gptblock check``) in a child process that only answers requests
+(``gptblock.check.isolation``): a block that exits, crashes, hangs or is written to fool the
+checker then cannot touch the verdict.
 
 Shapes: B batch, T time, C channels.
 """
@@ -29,8 +33,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
-from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -39,47 +41,27 @@ from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
-from .build import build, max_length, width
-from .catalogue import MISTAKES
+from .build import build
 from .isolation import DEFAULT_TIMEOUT, check_isolated
-from .modern import ModernOutcome, check_modern
-from .parts import perturb_all
-from .probes import PROBES, ProbeResult
-from .readings import TRACE_T, Readings, read_parts, trace_shapes
-from .report import CAUGHT, CheckReport, Finding, one_line
-from .search import TOLERANCE, Match, explain
-from .subject import Subject, one_thread
-from .suggest import suggest_map
+from .report import CheckReport, Finding
+from .served import Served
+from .subject import one_thread
 from .target import load_target
-from .trace import NoDropout
+from .verdict import Progress, decide
 
-__all__ = ["Progress", "check_block", "check_in_process", "own_blocks"]
+__all__ = [
+    "FRESH_SEED",
+    "WEIGHTS_SEED",
+    "Progress",
+    "check_block",
+    "check_in_process",
+    "own_blocks",
+]
 
-PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
-MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
-
-# A mistake found by the comparison that also causes a probe failure: the failure is not a
-# separate mistake. (batch_mixing explains a shape failure that occurs only when B != T.)
-EXPLAINS: dict[str, set[str]] = {
-    "mask_reversed": {"future_leak", "nonfinite"},
-    "mask_zero": {"future_leak"},
-    "mask_after_softmax": {"future_leak"},
-    "softmax_dim": {"future_leak"},
-    "heads_mixed": {"future_leak", "batch_mixing"},  # a head-major merge mixes sequences
-    "batch_mixing": {"shape"},
-    "rmsnorm_dim": {"future_leak", "batch_mixing"},  # a mean over time or batch mixes positions
-    "rmsnorm_mean": {"nonfinite"},  # the root of a negative mean
-}
-
-
-class Progress(Protocol):
-    """Where a check is, for a caller that must say what the block was doing if it never ends."""
-
-    def stage(self, what: str) -> None: ...
-
-    def built(self, description: str) -> None: ...
-
-    def finding(self, finding: Finding) -> None: ...
+FRESH_SEED, WEIGHTS_SEED = 20260, 1
+"""In this process (trusted code), the seeds of the inputs that confirm a comparison and of the
+weights the block's copy is given: a report is then the same on every run. ``gptblock check``
+draws both from secret seeds instead."""
 
 
 class _Quiet:
@@ -181,13 +163,24 @@ def check_in_process(
     roles: Mapping[str, str],
     progress: Progress | None = None,
 ) -> CheckReport:
-    """``check_block`` in this process, telling ``progress`` each stage and finding."""
+    """``check_block`` in this process, telling ``progress`` each stage and finding.
+
+    For code the caller trusts: the block runs in the process that decides the verdict, so a
+    block written to fool the checker can (``gptblock check`` runs it in a child process).
+    """
     progress = progress or _Quiet()
     progress.stage("building the block")
     module, description = build(target, kwargs)
     progress.built(description)
+    served = Served(module, kwargs)
     with one_thread():
-        return _check(module, description, kwargs, roles, progress)
+        progress.stage("copying the block and calling it once to tell its width C")
+        served.width()
+        progress.stage("copying the block and calling it once")
+        served.copy()
+        fresh = torch.Generator().manual_seed(FRESH_SEED)
+        weights = torch.Generator().manual_seed(WEIGHTS_SEED)
+        return decide(served, description, roles, progress, fresh, weights)
 
 
 def _checked_roles(roles: object) -> dict[str, str]:
@@ -198,169 +191,3 @@ def _checked_roles(roles: object) -> dict[str, str]:
     ):
         raise UserTypeError(f"roles must map role names to part names (str to str), got {roles!r}")
     return dict(roles)
-
-
-def _check(
-    module: nn.Module,
-    description: str,
-    kwargs: Mapping[str, object],
-    roles: Mapping[str, str],
-    progress: Progress,
-) -> CheckReport:
-    longest = max_length(module, kwargs, PROBE_T)
-    T = min(PROBE_T, longest)
-    progress.stage("copying the block and calling it once to tell its width C")
-    C = width(module, kwargs, T)
-    progress.stage("copying the block and calling it once")
-    subject = Subject(module, C, T)
-    notes = [subject.note] if subject.note else []
-    perturb_all(subject.module, C)  # trained-looking weights, so that every mistake shows
-
-    results: list[ProbeResult] = []
-    findings: list[Finding] = []
-    for name, probe in PROBES.items():
-        progress.stage(f"the {name} probe")
-        results.append(_run(probe, subject))
-        findings.append(Finding(name, results[-1].passed, results[-1].message))
-        progress.finding(findings[-1])
-        if results[-1].stop:
-            notes.append("the other checks need the shape contract and were not run")
-            break
-    implied = [r.implies for r in results if r.implies]  # mistakes the probes prove
-    details = {r.implies: r.message for r in results if r.implies}
-    found: list[str] = []  # mistakes the reference comparison reproduces
-    others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
-    compared, verify = False, ""
-
-    if results[-1].stop:
-        pass
-    elif "dropout_in_eval" in implied and not _without_dropout(subject):
-        notes.append("no comparison with the reference: the outputs are random in eval mode")
-    elif not roles and (modern := _modern(subject, max_length(module, kwargs, TRACE_T))):
-        progress.stage("the modern reference comparison")  # gptblock.check.modern
-        notes.extend(modern.notes)
-        if modern.finding is not None:
-            findings.append(modern.finding)
-            progress.finding(modern.finding)
-            compared, found, others = True, modern.mistakes, modern.alternatives
-            details.update(modern.details)
-    else:
-        if "dropout_in_eval" in implied:
-            how = "switched off" if subject.no_dropout else "with its probability set to 0"
-            notes.append(f"compared with every dropout of the block {how}")
-        progress.stage("reading the weights from the forward pass")
-        readings = read_parts(subject, roles, max_length(module, kwargs, TRACE_T), notes)
-        if isinstance(readings, str):
-            notes.append(f"weights not read, black-box results only: {readings}")
-            verify = suggest_map(subject.module, C)
-        else:
-            progress.stage("the reference comparison")
-            try:
-                finding, match, ties, reading = _compare(subject, readings)
-            except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
-                notes.append(readings.describe(0))
-                notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
-            else:
-                notes.append(readings.describe(reading))
-                findings.append(finding)
-                progress.finding(finding)
-                compared = True
-                if match is not None:
-                    found = match.mistakes
-                    others = [m.mistakes for m in ties]
-                    details.update(  # the variant's account of a mistake is more specific
-                        {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
-                    )
-
-    diagnosis = _diagnose(found, implied)
-    alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
-    details = {m: details[m] for m in diagnosis if m in details}
-    return CheckReport(
-        description, findings, diagnosis, details, notes, alternatives, compared, verify
-    )
-
-
-def _modern(subject: Subject, longest: int) -> ModernOutcome | None:
-    """The modern comparison on the traced input's shape, or None for the lessons' block."""
-    B, T = trace_shapes(longest)[0]
-    x = subject.input(B, T, subject.C)
-    with NoDropout() if subject.no_dropout else nullcontext():
-        return check_modern(subject.module, x)
-
-
-def _diagnose(found: list[str], implied: list[str]) -> list[str]:
-    """The mistakes found by comparison, plus those the probes prove that no diagnosed mistake
-    explains, in catalogue order."""
-    explained = set().union(*(EXPLAINS.get(m, set()) for m in found + implied)) - set(found)
-    return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
-
-
-_DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
-                  "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
-
-
-def _without_dropout(subject: Subject) -> bool:
-    """Set every dropout probability of the subject's block to 0, else switch every dropout off
-    where it runs (``trace.NoDropout``); True if that makes its eval outputs deterministic (the
-    rest of its arithmetic can then be compared)."""
-    for m in subject.module.modules():
-        for name, value in vars(m).items():
-            if name in _DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
-                setattr(m, name, 0.0)
-    x = subject.input(subject.T, subject.T, subject.C)
-    for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
-        subject.no_dropout = switched_off
-        try:
-            with subject.own_rng():
-                if torch.equal(subject(x, seeded=False), subject(x, seeded=False)):
-                    return True
-        except CAUGHT:
-            pass
-    subject.no_dropout = False
-    return False
-
-
-def _run(probe: Callable[[Subject], ProbeResult], subject: Subject) -> ProbeResult:
-    """Run one probe; a block that raises fails that probe instead of stopping the check."""
-    try:
-        return probe(subject)
-    except CAUGHT as e:
-        return ProbeResult(False, f"the block raised {one_line(e)}")
-
-
-def _compare(
-    subject: Subject, read: Readings
-) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
-    """Search the variants for the one that reproduces the block: the finding, the match, the
-    equally good alternatives and which reading of the block."""
-    x = read.x.to(subject.device)
-    y = subject(x.to(subject.dtype)).to(torch.float64)
-    offset = 0
-    with torch.no_grad():
-        result = explain(read.readings, x, y, read.heads, MAX_MISTAKES)
-        if result.match is None and read.fallback:  # q, k, v in another order, then?
-            again = explain(read.fallback, x, y, read.heads, MAX_MISTAKES)
-            if again.match is not None:
-                result, offset = again, len(read.readings)
-    reading = offset + (result.match.reading if result.match else 0)
-    name = "reference comparison"
-    if result.match is None:
-        closest = result.closest
-        near = (
-            f"; the closest is {closest.describe()}, off by {closest.error:.2g}" if closest else ""
-        )
-        msg = (
-            f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
-            f"within {TOLERANCE:g} of its output scale{near}"
-        )
-        return Finding(name, False, msg), None, (), 0
-    match = result.match
-    within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
-    if not match.deviations and not result.alternatives:
-        msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
-        return Finding(name, True, msg), match, (), reading
-    msg = f"matches the lessons' block only with {match.describe()}: {within}"
-    if result.alternatives:
-        others = "; ".join(m.describe() for m in result.alternatives)
-        msg += f" (equally small and also matching: {others})"
-    return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading

@@ -22,7 +22,8 @@ import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -31,9 +32,49 @@ from ..errors import UserValueError
 from .report import CAUGHT, one_line
 from .trace import NoDropout
 
-__all__ = ["Subject", "one_thread"]
+__all__ = ["Grads", "Subject", "Tested", "moved", "one_thread"]
 
 Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Grads:
+    """What a backward pass gave: each trainable parameter's gradient (None: unreached), or the
+    in-place change that stopped it (``failed``: ``"forward"`` or ``"backward"``, and why)."""
+
+    names: list[str]
+    grads: list[Tensor | None]
+    failed: str = ""
+    message: str = ""
+    input: Tensor | None = None  # the input's gradient, when asked for
+
+
+class Tested(Protocol):
+    """What the probes and the comparison ask of a block: a ``Subject`` in this process, or the
+    checker's view of one in another (``gptblock.check.remote``), whose answers are claims."""
+
+    C: int
+    T: int
+    dtype: torch.dtype
+    device: torch.device
+    tol: float
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor: ...
+
+    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor: ...
+
+    def own_rng(self) -> ContextManager[None]: ...
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor: ...
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
+
+
+def moved(y: Tensor, y2: Tensor, tol: float) -> Tensor:
+    """Where ``y2`` differs from ``y`` by more than ``tol`` of y's scale (NaN == NaN is equal)."""
+    scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
+    same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= tol * scale)
+    return ~same
 
 
 @contextmanager
@@ -130,9 +171,39 @@ class Subject:
 
     def moved(self, y: Tensor, y2: Tensor) -> Tensor:
         """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
-        scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
-        same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale)
-        return ~same
+        return moved(y, y2, self.tol)
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y taken as 0),
+        and with ``inputs`` the input's.
+
+        An in-place change autograd needed, in the forward pass with autograd on or in the
+        backward pass, is returned as ``failed``; any other error is raised.
+        """
+        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        names = [n for n, _ in params]
+        if not params and not inputs:
+            return Grads([], [])
+        x = x.detach().requires_grad_(inputs)
+        with torch.enable_grad():
+            try:
+                y = self.forward(x)
+            except RuntimeError as e:  # a view autograd needs, changed in place: only with grad
+                said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
+                if "inplace" not in said:
+                    raise
+                return Grads(names, [], "forward", one_line(e))
+            loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
+            if not loss.requires_grad:  # the output depends on no parameter at all
+                return Grads(names, [None] * len(params))
+            wrt = [p for _, p in params] + ([x] if inputs else [])
+            try:
+                grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
+            except RuntimeError as e:
+                if "inplace operation" not in str(e):
+                    raise
+                return Grads(names, [], "backward", one_line(e))
+        return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
 
 
 class _watch:

@@ -1,51 +1,38 @@
-"""The child process of ``gptblock.check.isolation``: load, build and check blocks, and say so.
+"""The child process of ``gptblock.check.isolation``: the user's block, answering requests.
 
-Run as ``python -m gptblock.check.worker FD``: it reads one pickled request from stdin (the
-nonce, the targets, the constructor arguments, the roles), then writes one JSON line per event
-to file descriptor ``FD``, each carrying the nonce: ``target`` (starting target i), ``stage``,
-``built`` (the target's description), ``finding``, ``report``, ``user_error`` (the target cannot
-be loaded or built: the ``UserError``'s class and message), ``failed`` (the checker raised) and
-``done``. stdout and stderr are the block's: the parent only counts them.
+Run as ``python -m gptblock.check.worker IN_FD OUT_FD`` (under ``gptblock.check.reaper``): it
+reads the targets and constructor arguments (pickled: they come from the checker), says it is
+ready, then answers one request after another (``gptblock.check.frames``: JSON and tensors, never
+pickle) on OUT_FD: ``load`` target i, ``build`` it, tell its ``width``, make the checker's
+``copy``, ``forward`` an input, run ``grads``, ``dropout_off``, ``read`` its parts into numbers,
+``suggest`` a ``--map``, run the ``modern`` comparison. It computes no check and no verdict: the checker does, from these
+answers, and trusts none of them. An error the block raises is an answer too (``raised``); a
+target that cannot be loaded or built is a ``user_error`` (the ``UserError``'s class and
+message). stdout and stderr are the block's: the checker only counts them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import sys
 import traceback
 from typing import Any
 
+import torch
+
 from ..errors import UserError, UserValueError
-from .report import CAUGHT, Finding, one_line
-from .run import check_in_process
+from .build import build
+from .frames import Reader, send
+from .report import CAUGHT, one_line
+from .served import Served
+from .subject import one_thread
 from .target import load_target
 
 __all__ = ["main"]
 
-
-class _Channel:
-    """The events, as JSON lines on the parent's pipe."""
-
-    def __init__(self, fd: int, nonce: str) -> None:
-        self.fd, self.nonce = fd, nonce
-        os.set_inheritable(fd, False)  # not passed on to processes the block starts
-
-    def send(self, event: str, **data: Any) -> None:
-        line = (json.dumps({"nonce": self.nonce, "event": event, **data}) + "\n").encode()
-        while line:
-            line = line[os.write(self.fd, line) :]
-
-    # the run.Progress protocol
-    def stage(self, what: str) -> None:
-        self.send("stage", what=what)
-
-    def built(self, description: str) -> None:
-        self.send("built", description=description)
-
-    def finding(self, finding: Finding) -> None:
-        self.send("finding", finding=vars(finding))
+Tensor = torch.Tensor
+Answer = tuple[dict[str, Any], dict[str, Tensor]]
 
 
 def _load(target: str | bytes) -> object:
@@ -57,26 +44,89 @@ def _load(target: str | bytes) -> object:
         raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
 
 
+class _Worker:
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.targets, self.kwargs = request["targets"], request["kwargs"]
+        self.target: object = None
+        self.served: Served | None = None
+
+    def answer(self, op: str, args: dict[str, Any], tensors: dict[str, Tensor]) -> Answer:
+        if op == "load":
+            self.target, self.served = _load(self.targets[int(args["index"])]), None
+            return {}, {}
+        if op == "build":
+            module, description = build(self.target, self.kwargs)
+            self.served = Served(module, self.kwargs)
+            return {"description": description}, {}
+        served = self.served
+        if served is None:
+            raise RuntimeError(f"{op} before build")
+        if op == "width":
+            C, T = served.width()
+            return {"C": C, "T": T}, {}
+        if op == "copy":
+            return served.copy(), {}
+        s = served.subject
+        if op == "forward":
+            return _output(s, s(tensors["x"].to(s.device), seeded=bool(args["seeded"])))
+        if op == "grads":
+            x, w = tensors["x"].to(s.device), tensors["weights"].to(s.device)
+            got = s.grads(x, w, inputs=bool(args["inputs"]))
+            found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
+            found.update({"input": got.input} if got.input is not None else {})
+            meta = {"names": got.names, "failed": got.failed, "message": got.message}
+            return meta, found
+        if op == "parameters":
+            values = served.parameters()
+            return {"names": list(values)}, values
+        if op == "set":
+            served.set_parameters(tensors)
+            return {}, {}
+        if op == "dropout_off":
+            return {"how": served.dropout_off()}, {}
+        if op == "read":
+            return served.read(args["roles"])
+        if op == "suggest":
+            return {"map": served.suggest()}, {}
+        if op == "modern":
+            return served.modern(), {}
+        raise RuntimeError(f"unknown request {op!r}")
+
+
+def _output(s: Any, y: Tensor) -> Answer:
+    meta = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch.")}
+    if y.device != s.device:
+        return {**meta, "device": str(y.device)}, {}
+    return {**meta, "device": "same"}, {"y": y}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    request = pickle.loads(sys.stdin.buffer.read())
-    channel = _Channel(int(argv[0]), request["nonce"])
-    for i, target in enumerate(request["targets"]):
-        channel.send("target", index=i)
-        try:
-            report = check_in_process(
-                _load(target), request["kwargs"], request["roles"], progress=channel
-            )
-        except UserError as e:
-            channel.send("user_error", type=type(e).__name__, message=str(e))
-            return 0
-        except CAUGHT as e:
-            where = traceback.format_exception(e)[-3:]
-            channel.send("failed", message=one_line(e), where=" ".join(w.strip() for w in where))
-            continue
-        channel.send("report", report=report.to_dict())
-    channel.send("done")
-    return 0
+    in_fd, out_fd = int(argv[0]), int(argv[1])
+    for fd in (in_fd, out_fd):
+        os.set_inheritable(fd, False)  # not passed on to processes the block starts
+    reader = Reader(in_fd)
+    header, _ = reader.next()
+    request = pickle.loads(bytes.fromhex(header["init"]))
+    worker = _Worker(request)
+    send(out_fd, {"id": 0, "ok": {"ready": True}})
+    with one_thread():
+        while True:
+            try:
+                header, tensors = reader.next()
+            except EOFError:
+                return 0
+            reply: dict[str, Any] = {"id": header.get("id")}
+            found: dict[str, Tensor] = {}
+            try:
+                ok, found = worker.answer(str(header.get("op")), header, tensors)
+                reply["ok"] = ok
+            except UserError as e:
+                reply.update(user_error=type(e).__name__, message=str(e))
+            except CAUGHT as e:
+                where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
+                reply.update(raised=one_line(e), where=where)
+            send(out_fd, reply, found)
 
 
 if __name__ == "__main__":

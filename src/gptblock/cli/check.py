@@ -1,9 +1,10 @@
 """``gptblock check``: find the mistakes in a transformer block, and say how to fix them.
 
 Argument parsing and printing only: ``gptblock.check.target`` parses ``--arg`` and ``--map``,
-``gptblock.check.check_isolated`` loads and checks the target in a child process, so that
-whatever the block does (exit, crash, hang, print), the exit code and the report are the
-checker's.
+``gptblock.check.check_isolated`` runs the target in a child process that only answers
+requests and computes every check and the verdict outside it, so that whatever the block does
+(exit, crash, hang, print, patch the checker), the exit code and the report are the checker's;
+the report is printed here, after the child and everything it started are gone.
 """
 
 from __future__ import annotations

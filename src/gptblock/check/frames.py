@@ -1,0 +1,88 @@
+"""The messages between the checker and the process that runs the block: JSON and raw tensors.
+
+One message is a JSON object on one line, then, when the object says ``"bytes": N``, N bytes of
+tensors in the safetensors format. Nothing is pickled: reading a message runs no code it carries,
+so the checker can read what the block's process sends as plain data, and check it as a claim.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+__all__ = ["MAX_HEADER", "MAX_TENSORS", "Message", "Reader", "send"]
+
+MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
+MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
+
+Tensor = torch.Tensor
+Message = tuple[dict[str, Any], dict[str, Tensor]]
+
+
+def send(fd: int, header: dict[str, Any], tensors: dict[str, Tensor] | None = None) -> None:
+    """Write one message to ``fd``: ``header`` (JSON-able) and ``tensors`` (any device)."""
+    blob = b""
+    if tensors:
+        blob = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    data = (json.dumps({**header, "bytes": len(blob)}) + "\n").encode() + blob
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Reader:
+    """Messages from a pipe, each within a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, bytearray()
+
+    def _fill(self, deadline: float | None) -> None:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                raise TimeoutError
+        chunk = os.read(self.fd, 1 << 20)
+        if not chunk:
+            raise EOFError
+        self.buffer += chunk
+
+    def next(self, deadline: float | None = None) -> Message:
+        """The next message (waiting for ever without a ``deadline``).
+
+        Raises:
+            TimeoutError: past ``deadline`` (``time.monotonic()``).
+            EOFError: the other end closed the pipe.
+            ValueError: what came is not a message (too long, not JSON, bad tensors).
+        """
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_HEADER:
+                raise ValueError(f"a line of over {MAX_HEADER} bytes")
+            self._fill(deadline)
+        end = self.buffer.index(b"\n")
+        header = json.loads(bytes(self.buffer[:end]))
+        if not isinstance(header, dict):
+            raise ValueError("a message that is not a JSON object")
+        size = header.get("bytes", 0)
+        if not isinstance(size, int) or not 0 <= size <= MAX_TENSORS:
+            raise ValueError(f"a message of {size!r} bytes of tensors")
+        del self.buffer[: end + 1]
+        while len(self.buffer) < size:
+            self._fill(deadline)
+        blob = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        tensors: dict[str, Tensor] = {}
+        if size:
+            try:
+                tensors = load_tensors(blob)
+            except Exception as e:  # safetensors' own errors are of several kinds
+                raise ValueError(f"tensors that do not load: {e}") from e
+        return header, tensors

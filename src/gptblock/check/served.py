@@ -1,0 +1,196 @@
+"""The block, where it runs: everything the checker asks of it, answered as plain data.
+
+``Served`` holds the user's block (built, copied, its weights perturbed) and answers the
+checker's requests: its width, an output for an input, the gradients of a backward pass, its
+dropout switched off, its parts read into numbers (``gptblock.check.plain``), a suggested
+``--map``. These answers are all the checker learns of the block. ``gptblock check`` runs a
+``Served`` in a child process (``gptblock.check.worker``) and treats every answer as a claim to
+check; ``check_block(..., isolate=False)`` runs it in the checker's own process, for code the
+caller trusts.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .build import max_length, width
+from .modern import check_modern
+from .plain import NotPlain, to_plain
+from .readings import TRACE_T, read_parts, trace_shapes
+from .report import CAUGHT, one_line
+from .subject import Subject
+from .suggest import suggest_map
+from .trace import NoDropout
+
+__all__ = ["DROPOUT_NAMES", "PROBE_T", "Served"]
+
+Tensor = torch.Tensor
+PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
+
+DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
+                 "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
+
+
+class Served:
+    """A built block and the answers the checker gets from it.
+
+    Args:
+        module: the user's block (never changed: the checks run on a copy).
+        kwargs: its constructor arguments (they may say its width and longest sequence).
+
+    Example:
+        >>> from gptblock import lesson
+        >>> served = Served(lesson.Block(16, 2, 8), {})
+        >>> served.width(), served.copy()["dtype"]
+        ((16, 6), 'float64')
+    """
+
+    def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
+        self.module, self.kwargs = module, kwargs
+        self.C, self.T = 0, 0
+        self._subject: Subject | None = None
+
+    @property
+    def tested(self) -> Subject:
+        """The copy the probes call (``copy`` makes it)."""
+        return self.subject
+
+    @property
+    def note(self) -> str:
+        """What the copy says of itself (checked in float32, say)."""
+        return self.subject.note
+
+    @property
+    def subject(self) -> Subject:
+        if self._subject is None:
+            raise RuntimeError("the block has not been copied yet")
+        return self._subject
+
+    def width(self) -> tuple[int, int]:
+        """(C, T): the block's width, and the probes' sequence length."""
+        self.T = min(PROBE_T, max_length(self.module, self.kwargs, PROBE_T))
+        self.C = width(self.module, self.kwargs, self.T)
+        return self.C, self.T
+
+    def copy(self) -> dict[str, Any]:
+        """Make the checker's copy (float64, eval); what it is."""
+        self._subject = Subject(self.module, self.C, self.T)
+        s = self._subject
+        return {
+            "dtype": str(s.dtype).removeprefix("torch."),
+            "device": str(s.device),
+            "note": s.note,
+        }
+
+    def parameters(self) -> dict[str, Tensor]:
+        """The copy's parameters, by name."""
+        return {n: p.detach() for n, p in self.subject.module.named_parameters()}
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        """Give the copy's parameters these values (``provenance.choose``'s), by name.
+
+        Raises:
+            ValueError: a name the copy does not have, or a value of another shape.
+        """
+        own = dict(self.subject.module.named_parameters())
+        with torch.no_grad():
+            for name, value in values.items():
+                p = own.get(name)
+                if p is None or p.shape != value.shape:
+                    raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
+                p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+    def dropout_off(self) -> str:
+        """Set every dropout probability of the copy to 0, else switch every dropout off where
+        it runs (``trace.NoDropout``); how, if that makes its eval outputs deterministic (the
+        rest of its arithmetic can then be compared), else ``""``."""
+        s = self.subject
+        for m in s.module.modules():
+            for name, value in vars(m).items():
+                if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
+                    setattr(m, name, 0.0)
+        x = s.input(s.T, s.T, s.C)
+        for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
+            s.no_dropout = switched_off
+            try:
+                with s.own_rng():
+                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
+                        return "switched off" if switched_off else "with its probability set to 0"
+            except CAUGHT:
+                pass
+        s.no_dropout = False
+        return ""
+
+    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``).
+
+        Raises:
+            UserValueError: a given role names nothing the block has.
+        """
+        notes: list[str] = []
+        found = read_parts(
+            self.subject, roles, max_length(self.module, self.kwargs, TRACE_T), notes
+        )
+        if isinstance(found, str):
+            return {"why": found, "notes": notes}, {}
+        x = found.x
+        tensors: dict[str, Tensor] = {"x": x}
+        parts: list[dict[str, Any]] = []
+        describe: list[str] = []
+        heads = list(found.heads)
+        kept = {"readings": 0, "fallback": 0}
+        whole = [
+            *(("readings", p) for p in found.readings),
+            *(("fallback", p) for p in found.fallback),
+        ]
+        missed = ""
+        own = [
+            p.detach().flatten().to(torch.float64).cpu() for p in self.subject.module.parameters()
+        ]
+        known = torch.cat(own).sort().values if own else None
+        for i, (kind, p) in enumerate(whole):
+            try:
+                meta, read = to_plain(p, x, str(len(parts)), known)
+            except CAUGHT as e:  # a part of the block's own code refused the probe
+                missed = missed or (str(e) if isinstance(e, NotPlain) else one_line(e))
+                continue
+            parts.append(meta)
+            tensors.update(read)
+            describe.append(found.describe(i))
+            kept[kind] += 1
+        if not parts:
+            return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
+        meta = {"parts": parts, "readings": kept["readings"], "heads": heads, "describe": describe}
+        return {**meta, "notes": notes}, tensors
+
+    trusted = True  # in the checker's own process: what this object says is what the block did
+
+    def modern(self) -> dict[str, Any]:
+        """The modern comparison (``gptblock.check.modern``) as plain data, ``{}`` when the
+        block is read as the lessons' block: notes, the finding, the mistakes it names, their
+        accounts and the alternatives."""
+        B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
+        x = self.subject.input(B, T, self.C)
+        with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
+            outcome = check_modern(self.subject.module, x)
+        if outcome is None:
+            return {}
+        f = outcome.finding
+        return {
+            "notes": list(outcome.notes),
+            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
+            "mistakes": list(outcome.mistakes),
+            "details": dict(outcome.details),
+            "alternatives": [list(a) for a in outcome.alternatives],
+        }
+
+    def suggest(self) -> str:
+        """The ``--map`` arguments that would let the checker read the block, or ``""``."""
+        return suggest_map(self.subject.module, self.C)
