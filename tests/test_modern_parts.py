@@ -241,3 +241,22 @@ def test_the_blocks_packed_attention_is_grouped_query_attention():
     )
     h = torch.randn(2, 5, 16, dtype=torch.float64)
     torch.testing.assert_close(fused.self_attn(h), alone(h), rtol=0, atol=1e-12)
+
+
+def test_under_bfloat16_autocast_the_rotated_queries_and_keys_keep_the_values_dtype():
+    """The norm and rotation compute in float32; q and k must come back in v's dtype, or the
+    attention runs in float32 by SDPA's CPU flash kernel (a training step twice as slow)."""
+    from gptblock.blocks.fused import FusedBlock
+
+    block = FusedBlock(32, 4, norm="rmsnorm", n_kv_heads=2, qk_norm=True, rope=True)
+    h = torch.randn(2, 5, 32)
+    from gptblock.blocks.attention import _modern_qkv
+
+    attn = block.self_attn
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = attn.project(h)  # attention_weights' path
+        q2, k2, v2 = _modern_qkv(attn.in_proj(h), 4, 8, attn.modern, None)  # forward's path
+        y = block(h)
+    assert v.dtype == v2.dtype == torch.bfloat16
+    assert q.dtype == k.dtype == q2.dtype == k2.dtype == torch.bfloat16, (q.dtype, q2.dtype)
+    assert torch.isfinite(y).all()

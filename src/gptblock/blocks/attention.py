@@ -285,7 +285,11 @@ def _modern_qkv(
             start = 0 if kv_cache is None else kv_cache.length
             positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
         q, k = modern.rotary(q, positions), modern.rotary(k, positions)
-    return q, k, v
+    # The norm and the rotation compute in float32 (their tables and statistics); under
+    # bfloat16 autocast q and k go back to v's dtype, so that the attention runs in the dtype
+    # the plain path does, and by the kernel chosen for it (causal_attention): left in float32,
+    # SDPA's CPU flash kernel made a training step twice as slow.
+    return q.to(v.dtype), k.to(v.dtype), v
 
 
 def _causal(

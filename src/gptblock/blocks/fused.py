@@ -192,7 +192,7 @@ class FusedSelfAttention(nn.Module):
         if self.rotary is not None:
             positions = torch.arange(T, device=h.device)  # (T,)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
-        return q, k, v
+        return q.to(v.dtype), k.to(v.dtype), v  # as attention._modern_qkv: v's dtype
 
     def forward(
         self,
