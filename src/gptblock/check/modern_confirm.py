@@ -4,8 +4,9 @@ The modern comparison runs where the block runs (``gptblock.check.served``), so 
 check`` its PASS is the block's claim. With it come the parts it read, as numbers
 (``gptblock.check.modern_plain``); ``confirm`` holds them to what the lessons' block's readings
 are held to (``verdict._unpack``, ``verdict._confirm``): every weight must be made of the values
-the checker chose (``provenance.untraced``; a norm's gain, read as a ratio, is first snapped to
-the nearest chosen value, and the block is then run with that), and the modern block rebuilt from
+the checker chose (``provenance.untraced``; each value read is first snapped to the nearest
+chosen one, within ``READ`` of its scale for a matrix measured from traced values and ``SNAP``
+for a norm's gain, read as a ratio, and the block is then rebuilt from those), and the modern block rebuilt from
 them, run here in float64, must reproduce the block's outputs on fresh inputs it never saw,
 within ``search.TOLERANCE``.
 
@@ -26,24 +27,26 @@ from .report import CAUGHT, Finding, one_line
 from .search import TOLERANCE, distance
 from .subject import Tested
 
-__all__ = ["SNAP", "confirm"]
+__all__ = ["READ", "SNAP", "confirm"]
 
 Tensor = torch.Tensor
 SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
+READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 
 
-def _snap(gain: Tensor, values: Tensor) -> Tensor | None:
-    """``gain`` with each entry replaced by the nearest chosen value (or 1 + it: a gain stored
-    as ``gain - 1``), None when one is further than ``SNAP`` of its scale from all of them."""
-    g = gain.to(torch.float64).flatten()
-    tol = SNAP * float(g.abs().max()) + 1e-300
+def _snap(t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...]) -> Tensor | None:
+    """``t`` with each entry replaced by the nearest chosen value (plus a shift: 1 for a gain
+    stored as ``gain - 1``), exact 0s and 1s kept (a missing bias, a norm without gain); None
+    when an entry is further than ``tol`` of ``t``'s scale from all of them."""
+    g = t.to(torch.float64).flatten()
+    tol = tol * (float(g.abs().max()) if g.numel() else 0.0) + 1e-300
+    found = (g == 0.0) | (g == 1.0)
     best = g.clone()
-    found = torch.zeros_like(g, dtype=torch.bool)
-    for shift in (0.0, 1.0):
+    for shift in shifts:
         near = values[nearest(values, g - shift)] + shift
         fits = ((near - g).abs() <= tol) & ~found
         best, found = torch.where(fits, near, best), found | fits
-    return best.reshape(gain.shape) if bool(found.all()) else None
+    return best.reshape(t.shape) if bool(found.all()) else None
 
 
 def confirm(
@@ -62,17 +65,21 @@ def confirm(
         return str(e)
     values = torch.cat([v.to(subject.dtype).to(torch.float64).flatten() for v in chosen.values()])
     values = values.sort().values
-    gains = {}
-    for role, gain in parts.gains.items():
-        snapped = _snap(gain, values) if values.numel() else None
-        if snapped is None:
-            return f"the gains read for {role} are not the values the checker gave the block"
-        gains[role] = snapped
-    roles = {r: list(w) for r, w in parts.linears.items()} | {r: [g] for r, g in gains.items()}
+    roles: dict[str, list[Tensor]] = {}
+    for role, ts in [*parts.linears.items(), *((r, (g,)) for r, g in parts.gains.items())]:
+        gain = role.startswith("ln")
+        snapped = [
+            _snap(t, values, SNAP if gain else READ, (0.0, 1.0) if gain else (0.0,)) for t in ts
+        ]
+        if not values.numel() or any(s is None for s in snapped):
+            return f"the weights read for {role} are not the values the checker gave the block"
+        roles[role] = [s for s in snapped if s is not None]
     why = untraced(roles, chosen, subject.dtype)
     if why:
         return why
-    parts = ModernParts(**{**parts.__dict__, "gains": gains})
+    linears = {r: (w[0], w[1]) for r, w in roles.items() if not r.startswith("ln")}
+    gains = {r: w[0] for r, w in roles.items() if r.startswith("ln")}
+    parts = ModernParts(**{**parts.__dict__, "linears": linears, "gains": gains})
     for shape in ((2, subject.T, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():
