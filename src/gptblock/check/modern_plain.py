@@ -146,7 +146,9 @@ def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
         activation, eps = meta["activation"], [float(e) for e in meta["eps"]]
         roles = [*LINEARS, "mlp0", *(["mlp1"] if gated else []), "mlp2"]
         linears = {r: (tensors[f"{r}.w"], tensors[f"{r}.b"]) for r in roles}
-        gains = {r: tensors[r] for r in ("ln1", "ln2", "lnq", "lnk") if r in tensors}
+        gains: dict[str, Tensor] = {
+            r: tensors[r] for r in ("ln1", "ln2", "lnq", "lnk") if r in tensors
+        }
         rope = meta["rope"]
     except (KeyError, TypeError, ValueError) as e:
         raise NotPlain(f"the modern parts sent are incomplete ({e})") from None

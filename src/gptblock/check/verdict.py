@@ -149,7 +149,7 @@ def decide(
     elif not roles and (modern := _modern(service, progress)):
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
-        why = ""
+        why: Finding | str = ""
         if passed and label != "FOUND" and not service.trusted:
             # The modern comparison ran where the block runs: its PASS is a claim until the
             # parts it read are held here to the chosen weights and to fresh inputs.
