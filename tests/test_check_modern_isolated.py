@@ -137,4 +137,6 @@ def test_parts_that_do_not_fit_are_refused():
     tensors |= {"ln1": w[0], "ln2": w[0]}
     with pytest.raises(ValueError, match="do not fit together"):
         receive(meta, tensors, 8)  # 8 channels are not 3 heads
+    with pytest.raises(ValueError, match="do not fit together"):
+        receive({**meta, "n_head": 2}, {**tensors, "q.w": w[0]}, 8)  # a matrix sent as a vector
     assert receive({**meta, "n_head": 2}, tensors, 8).n_head == 2

@@ -82,8 +82,13 @@ def confirm(
     parts = ModernParts(**{**parts.__dict__, "linears": linears, "gains": gains})
     for shape in ((2, subject.T, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
-        with torch.no_grad():
-            ours = parts.run(x)
+        try:
+            with torch.no_grad():
+                ours = parts.run(x)  # (B, T, C)
+        except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
+            return f"the parts sent cannot be run as a block ({one_line(e)})"
+        if ours.shape != x.shape:
+            return "the parts sent do not map C channels to C channels"
         try:
             theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
         except CAUGHT as e:

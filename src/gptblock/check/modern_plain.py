@@ -165,6 +165,7 @@ def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
     ts = [t for w in linears.values() for t in w] + list(gains.values())
     if (
         not all(t.is_floating_point() and bool(torch.isfinite(t).all()) for t in ts)
+        or any(w.dim() != 2 or b.shape != w.shape[:1] for w, b in linears.values())
         or D % n_head or linears["k"][0].shape[0] % hs or n_head % (linears["k"][0].shape[0] // hs or 1)
         or {"ln1", "ln2"} - set(gains) or ("lnq" in gains) != ("lnk" in gains)
         or any(g.shape != ((hs,) if r in ("lnq", "lnk") else (C,)) for r, g in gains.items())
