@@ -298,7 +298,9 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:
         found = Finding(name, True, f"computes the modern block: {within}")
-        return ModernOutcome(note, found, [], {}, [], send(read, norms, mlp, attn[0], post))
+        a = attn[0]  # no change: every change is a mistake, in details
+        sent = None if a.changes else send(read, norms, mlp, a.rope, a.qk_norm, post)
+        return ModernOutcome(note, found, [], {}, [], sent)
     msg = f"matches the modern block only with {' + '.join(details)}: {within}"
     if others:
         msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"

@@ -32,7 +32,6 @@ from .plain import NotPlain
 from .steps import CORRECT
 
 if TYPE_CHECKING:
-    from .modern import AttnMatch
     from .modern_parts import MlpRead, NormRead
     from .modern_read import ModernRead
 
@@ -99,14 +98,19 @@ def _activation(describe: str) -> tuple[str, bool] | None:
 
 
 def send(
-    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch, post: bool
+    read: ModernRead,
+    norms: list[NormRead],
+    mlp: MlpRead,
+    rope: Rope | None,
+    qk_norm: tuple[Tensor, Tensor] | None,
+    post: bool,
 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
     """The parts of a block the modern comparison found correct, as (meta, tensors), or None
-    when a standard form cannot express them."""
+    when a standard form cannot express them: ``rope`` and ``qk_norm`` are the attention's
+    match (``modern.AttnMatch``), one without changes."""
     act = _activation(mlp.describe)
-    rope = a.rope
     if (
-        post or act is None or a.changes or any(n.form != "rms" or n.gain is None for n in norms)
+        post or act is None or any(n.form != "rms" or n.gain is None for n in norms)
         or (rope is not None and (rope.sign != 1.0 or rope.table != rope.pairing))
         or (read.rotated and rope is None)  # turned by something the forms do not name
     ):  # fmt: skip
@@ -122,8 +126,8 @@ def send(
     tensors.update(
         {f"ln{i + 1}": n.gain.detach().cpu() for i, n in enumerate(norms) if n.gain is not None}
     )
-    if a.qk_norm is not None:
-        tensors.update({"lnq": a.qk_norm[0].detach().cpu(), "lnk": a.qk_norm[1].detach().cpu()})
+    if qk_norm is not None:
+        tensors.update({"lnq": qk_norm[0].detach().cpu(), "lnk": qk_norm[1].detach().cpu()})
     meta = {
         "eps": [n.eps for n in norms],
         "n_head": read.n_head,
