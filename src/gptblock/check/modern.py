@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,7 @@ from torch.nn import functional as F
 
 from .dataflow import Unread
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of
+from .modern_plain import send
 from .modern_read import ModernRead, is_modern, read_modern
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
@@ -187,6 +189,7 @@ class ModernOutcome:
     mistakes: list[str]
     details: dict[str, str]
     alternatives: list[list[str]]
+    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, modern_plain.send
 
 
 def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
@@ -294,9 +297,10 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:
-        return ModernOutcome(
-            note, Finding(name, True, f"computes the modern block: {within}"), [], {}, []
-        )
+        found = Finding(name, True, f"computes the modern block: {within}")
+        a = attn[0]  # no change: every change is a mistake, in details
+        sent = None if a.changes else send(read, norms, mlp, a.rope, a.qk_norm, post)
+        return ModernOutcome(note, found, [], {}, [], sent)
     msg = f"matches the modern block only with {' + '.join(details)}: {within}"
     if others:
         msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"

@@ -144,7 +144,7 @@ class Remote:
     def modern(self) -> dict[str, Any]:
         """The modern comparison the block's process reports, each text cut to one bounded line
         (``Served.modern``); ``{}`` when it reads the lessons' block or says nothing usable."""
-        said = self.call("modern")[0]
+        said, tensors = self.call("modern")
         finding = said.get("finding")
         if not said or not isinstance(finding, list) or len(finding) != 4:
             return {}
@@ -162,6 +162,8 @@ class Remote:
             if isinstance(details, dict)
             else {},
             "alternatives": [_words(a) for a in others][:8] if isinstance(others, list) else [],
+            "parts": said.get("parts"),  # checked by modern_plain.receive, in the verdict
+            "tensors": tensors,
         }
 
     def suggest(self) -> str:

@@ -189,6 +189,8 @@ class Served:
             "mistakes": list(outcome.mistakes),
             "details": dict(outcome.details),
             "alternatives": [list(a) for a in outcome.alternatives],
+            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
+            "tensors": outcome.parts[1] if outcome.parts else {},
         }
 
     def suggest(self) -> str:

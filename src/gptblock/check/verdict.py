@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from .catalogue import MISTAKES
+from .modern_confirm import confirm as confirm_modern
 from .plain import NotPlain, from_plain
 from .probes import PROBES, ProbeResult
 from .provenance import choose, untraced
@@ -148,15 +149,21 @@ def decide(
     elif not roles and (modern := _modern(service, progress)):
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
+        why: Finding | str = ""
         if passed and label != "FOUND" and not service.trusted:
-            # The modern comparison runs where the block runs; until its parts are read into
-            # numbers and compared here (as the lessons' block's are), its PASS is the block's
-            # own claim, and a claim is not a verdict. A FAIL or a named mistake only costs the
-            # block, so those stand.
+            # The modern comparison ran where the block runs: its PASS is a claim until the
+            # parts it read are held here to the chosen weights and to fresh inputs.
+            progress.stage("confirming the modern comparison on fresh inputs")
+            why = confirm_modern(modern, subject, chosen, fresh)
+        if isinstance(why, Finding):
+            findings.append(why)
+            progress.finding(why)
+            compared = True
+        elif why:
             notes.append(
-                "the modern block's comparison ran in the block's own process and is not yet "
-                "confirmed outside it: not verified (check_in_process, for code you trust, "
-                "gives its verdict)"
+                "the modern block's comparison ran in the block's own process and is not "
+                f"confirmed outside it ({why}): not verified (check_in_process, for code you "
+                "trust, gives its verdict)"
             )
         else:
             findings.append(Finding(name, passed, message, label))

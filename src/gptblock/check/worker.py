@@ -89,7 +89,8 @@ class _Worker:
         if op == "suggest":
             return {"map": served.suggest()}, {}
         if op == "modern":
-            return served.modern(), {}
+            said = served.modern()
+            return said, said.pop("tensors", {})
         raise RuntimeError(f"unknown request {op!r}")
 
 

@@ -1,0 +1,142 @@
+"""A modern block's PASS in ``gptblock check`` (isolated) is confirmed by the checker's process.
+
+The modern comparison runs in the block's process; with its PASS that process sends the parts
+it read (``gptblock.check.modern_plain``), and the checker rebuilds the block from them, holds
+them to the weights it chose and to the block's outputs on fresh inputs
+(``gptblock.check.modern_confirm``). A correct Llama block passes; a wrong block whose process
+claims PASS, with the parts of a correct twin (the chosen weights, honestly read) or with parts
+made up to fit, does not.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gptblock.check import check_isolated
+from gptblock.check.modern_plain import receive
+
+ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
+
+FORGED = textwrap.dedent(
+    f'''
+    import sys
+    import torch
+    sys.path.insert(0, {str(ZOO)!r})
+    import gptblock.check.modern as modern
+    from hf_llama import LlamaDecoderLayer
+
+    real = modern.compare_modern
+
+
+    class Wrong(LlamaDecoderLayer):
+        """Llama's block plus a positionwise term no modern block has."""
+
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) + 0.05 * torch.tanh(hidden_states)
+
+
+    def twin(module, x):
+        """The comparison run on a correct block with the checked block's weights: a PASS, and
+        parts made of the checker's values, but not this block's."""
+        right = LlamaDecoderLayer().to(x.dtype)
+        right.load_state_dict(module.state_dict())
+        return real(right, x)
+
+
+    def scaled(module, x):
+        """A PASS with q's weights made up (scaled) to fit."""
+        out = twin(module, x)
+        meta, tensors = out.parts
+        tensors = dict(tensors, **{{"q.w": tensors["q.w"] * 2.0}})
+        return modern.ModernOutcome(out.notes, out.finding, [], {{}}, [], (meta, tensors))
+
+
+    def bare(module, x):
+        """A PASS with no parts at all."""
+        out = twin(module, x)
+        return modern.ModernOutcome(out.notes, out.finding, [], {{}}, [])
+
+
+    class Twin(Wrong):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = twin
+
+
+    class Scaled(Wrong):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = scaled
+
+
+    class Bare(Wrong):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = bare
+    '''
+)
+
+
+def test_a_correct_llama_block_passes_isolated_from_the_cli():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    target = f"{ZOO / 'hf_llama.py'}:LlamaDecoderLayer"
+    done = subprocess.run(
+        [sys.executable, "-m", "gptblock", "check", target],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "result: PASS" in done.stdout
+    assert "not confirmed outside it" not in done.stdout
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    path = tmp_path_factory.mktemp("modern_forged") / "forged.py"
+    path.write_text(FORGED)
+    targets = [f"{path}:{name}" for name in ("Wrong", "Twin", "Scaled", "Bare")]
+    return dict(
+        zip(
+            ("Wrong", "Twin", "Scaled", "Bare"),
+            check_isolated(targets, kwargs={}, roles={}, timeout=300),
+            strict=True,
+        )
+    )
+
+
+def test_the_wrong_block_fails_without_a_trick(reports):
+    assert reports["Wrong"].verdict == "FAIL"
+
+
+def test_a_pass_with_a_correct_twins_parts_fails_on_fresh_inputs(reports):
+    report = reports["Twin"]
+    assert report.verdict == "FAIL"
+    failed = [f for f in report.findings if f.name == "reference comparison" and not f.passed]
+    assert failed and "fresh" in failed[0].message
+
+
+@pytest.mark.parametrize("name", ["Scaled", "Bare"])
+def test_a_pass_with_made_up_or_no_parts_is_not_verified(reports, name):
+    report = reports[name]
+    assert report.verdict == "UNVERIFIED"
+    assert any("not confirmed outside it" in n for n in report.notes)
+
+
+def test_parts_that_do_not_fit_are_refused():
+    meta = {"eps": [1e-6, 1e-6], "n_head": 3, "activation": "silu", "gated": True,
+            "parallel": False, "rope": None}  # fmt: skip
+    w = torch.zeros(8, 8)
+    tensors = {f"{r}.{p}": w if p == "w" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp1", "mlp2") for p in "wb"}  # fmt: skip
+    tensors |= {"ln1": w[0], "ln2": w[0]}
+    with pytest.raises(ValueError, match="do not fit together"):
+        receive(meta, tensors, 8)  # 8 channels are not 3 heads
+    with pytest.raises(ValueError, match="do not fit together"):
+        receive({**meta, "n_head": 2}, {**tensors, "q.w": w[0]}, 8)  # a matrix sent as a vector
+    assert receive({**meta, "n_head": 2}, tensors, 8).n_head == 2
