@@ -3,6 +3,18 @@ the optimizer, the data and Python.
 
     python benchmarks/profile_step.py                     # the default preset (shakespeare-cpu)
     python benchmarks/profile_step.py --preset tiny --steps 30
+    python benchmarks/profile_step.py --set position=rope --set qk_norm=True --set norm=rmsnorm
+    python benchmarks/profile_step.py --threads 1 --versus position=rope qk_norm=True norm=rmsnorm
+    python benchmarks/profile_step.py --threads 1 --old fa70a5a --set position=rope \
+        --set qk_norm=True --set norm=rmsnorm        # the same step, that commit's code beside this
+
+``--set NAME=VALUE`` replaces one of the preset's settings (any ``gptblock train`` setting);
+``--versus NAME=VALUE ...`` times the step as ``--set`` gives it (A) against it with these
+settings too (B), and ``--old REV`` the step of git revision REV's code (A, imported as
+``gptblock_old``, as ``forward_regression.py`` does) against this checkout's (B), both from the
+same initial weights, alternating 10 steps each per round in this one process: the median ms per
+step, CPU time (``time.process_time``, which another process on the machine inflates far less
+than wall time) and wall time, and the per-round ratios A / B with their range.
 
 Builds the preset's GPT and ``Trainer`` on Tiny Shakespeare, runs ``--warmup`` steps, then
 profiles ``--steps`` steps with ``torch.profiler`` (CPU activities). Each step is split into
@@ -23,9 +35,18 @@ share of the step) and, with ``--json``, writes it.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -49,18 +70,62 @@ def kind(name: str) -> str:
     return "elementwise and other ops"
 
 
-def build(preset: str, threads: int, dtype: str | None = None) -> Trainer:
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(items: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` items as overrides: Python literals (True, 1e-3), else the word itself."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise SystemExit(f"expected NAME=VALUE (e.g. norm=rmsnorm), got {item!r}")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[name] = value
+    return out
+
+
+def import_old(rev: str, into: Path) -> ModuleType:
+    """``rev``'s gptblock package, imported as ``gptblock_old`` (its imports are relative)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "src/gptblock"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    (into / "src" / "gptblock").rename(into / "gptblock_old")
+    sys.path.insert(0, str(into))
+    return importlib.import_module("gptblock_old")
+
+
+def build(
+    preset: str,
+    threads: int,
+    dtype: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    pkg: ModuleType | None = None,
+) -> Trainer:
+    """The preset's GPT and trainer on Tiny Shakespeare (``pkg``: another copy of gptblock)."""
     torch.set_num_threads(threads)
-    s = preset_settings(preset, {"dtype": dtype})
+    s = preset_settings(preset, {"dtype": dtype, **(overrides or {})})
     text = shakespeare()
     tok = CharTokenizer.from_text(text)
-    splits = split_tokens(tok.encode(text), s.block_size)
+    split = split_tokens
+    if pkg is not None:  # the old copy's trainer checks its data's class
+        split = importlib.import_module(pkg.__name__ + ".data.batches").split_tokens
+    splits = split(tok.encode(text), s.block_size)
     torch.manual_seed(0)
-    model = GPT(s.model_config(tok.vocab_size))
+    model_cls, trainer_cls = (GPT, Trainer) if pkg is None else (pkg.GPT, pkg.Trainer)
+    config = s.model_config(tok.vocab_size)
+    if pkg is not None:  # the same settings, as the old copy's own config class
+        config = pkg.GPTConfig(**vars(config))
+    model = model_cls(config)
     train = s.train_config(
         max_iters=10**6, eval_interval=10**6, device="cpu", dtype=resolve_dtype(s.dtype, "cpu")
     )
-    return Trainer(model, splits, train, progress=False)
+    if pkg is not None:
+        train = importlib.import_module(pkg.__name__ + ".train.config").TrainConfig(**vars(train))
+    return trainer_cls(model, splits, train, progress=False)  # type: ignore[no-any-return]
 
 
 def profiled_step(t: Trainer) -> None:
@@ -97,6 +162,17 @@ def main() -> None:
     p.add_argument("--json", help="write the table here")
     p.add_argument("--dtype", help="instead of the preset's (float32, bfloat16, auto)")
     p.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a preset setting"
+    )
+    p.add_argument(
+        "--versus",
+        nargs="+",
+        metavar="NAME=VALUE",
+        help="time the step without (A) and with (B) these settings, alternating",
+    )
+    p.add_argument("--old", metavar="REV", help="time REV's code (A) against this checkout's (B)")
+    p.add_argument("--rounds", type=int, default=8, help="rounds of --versus / --old")
+    p.add_argument(
         "--compare",
         action="store_true",
         help="time the step before this issue's fixes (float32, flash attention, Newton-Schulz\n"
@@ -106,7 +182,11 @@ def main() -> None:
     if args.compare:
         compare(args)
         return
-    t = build(args.preset, args.threads, args.dtype)
+    overrides = settings(args.set)
+    if args.versus or args.old:
+        a_b(args, overrides)
+        return
+    t = build(args.preset, args.threads, args.dtype, overrides)
     for _ in range(args.warmup):
         profiled_step(t)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -128,7 +208,7 @@ def main() -> None:
     rows += [(f"phase: {ph}", phase_ms[ph]) for ph in PHASES]
     rows += [(f"work: {k}", v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]
     print(
-        f"preset {args.preset} ({t.config.dtype}), {args.threads} threads, "
+        f"preset {args.preset} {' '.join(args.set)} ({t.config.dtype}), {args.threads} threads, "
         f"{args.steps} profiled steps"
     )
     for name, ms in rows:
@@ -166,6 +246,49 @@ def compare(args: argparse.Namespace) -> None:
     print(
         f"before / after: {statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})"
     )
+
+
+def a_b(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    """``--versus`` / ``--old``: A and B alternating, 10 steps each a round, who goes first
+    alternating by round; ms per step in CPU time and wall time, and the ratios A / B."""
+    if args.old:
+        tmp = tempfile.mkdtemp(prefix="profile-step-")
+        old = import_old(args.old, Path(tmp))
+        a = build(args.preset, args.threads, args.dtype, overrides, pkg=old)
+        b = build(args.preset, args.threads, args.dtype, overrides)
+        names = (f"A: {args.old}'s code", "B: this checkout's")
+    else:
+        a = build(args.preset, args.threads, args.dtype, overrides)
+        b = build(args.preset, args.threads, args.dtype, overrides | settings(args.versus))
+        names = ("A: " + (" ".join(args.set) or args.preset), "B: + " + " ".join(args.versus))
+    steps: dict[str, Callable[[], None]] = {
+        "A": lambda: profiled_step(a),
+        "B": lambda: profiled_step(b),
+    }
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    cpu: dict[str, list[float]] = {"A": [], "B": []}
+    wall: dict[str, list[float]] = {"A": [], "B": []}
+    for r in range(args.rounds):
+        for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(10):
+                steps[name]()
+            cpu[name].append((time.process_time() - c0) * 100)  # ms per step
+            wall[name].append((time.perf_counter() - w0) * 100)
+    print(f"preset {args.preset} ({b.config.dtype}), {args.threads} threads, {args.rounds} rounds")
+    for label, name in zip(names, ("A", "B"), strict=True):
+        print(
+            f"  {label}: {statistics.median(cpu[name]):6.1f} ms CPU per step "
+            f"({statistics.median(wall[name]):6.1f} ms wall)"
+        )
+    for what, ts in (("CPU", cpu), ("wall", wall)):
+        ratios = sorted(x / y for x, y in zip(ts["A"], ts["B"], strict=True))
+        print(
+            f"  A / B ({what}): {statistics.median(ratios):.3f} "
+            f"(rounds {ratios[0]:.3f}-{ratios[-1]:.3f})"
+        )
 
 
 if __name__ == "__main__":

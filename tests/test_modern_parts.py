@@ -250,12 +250,12 @@ def test_under_bfloat16_autocast_the_rotated_queries_and_keys_keep_the_values_dt
 
     block = FusedBlock(32, 4, norm="rmsnorm", n_kv_heads=2, qk_norm=True, rope=True)
     h = torch.randn(2, 5, 32)
-    from gptblock.blocks.attention import _modern_qkv
+    from gptblock.blocks.attention import modern_qkv
 
     attn = block.self_attn
     with torch.autocast("cpu", dtype=torch.bfloat16):
         q, k, v = attn.project(h)  # attention_weights' path
-        q2, k2, v2 = _modern_qkv(attn.in_proj(h), 4, 8, attn.modern, None, None)  # forward's path
+        q2, k2, v2 = modern_qkv(attn.in_proj(h), 4, 8, attn.modern, None, None)  # forward's path
         y = block(h)
     assert v.dtype == v2.dtype == torch.bfloat16
     assert q.dtype == k.dtype == q2.dtype == k2.dtype == torch.bfloat16, (q.dtype, q2.dtype)

@@ -26,6 +26,7 @@ from torch.nn import functional as F
 from .masks import blocked_positions, masked_softmax, split_dead_rows
 from .parts import Linear, Norm
 from .probe import Probe, at
+from .qk_heads import fast_qkv
 
 __all__ = [
     "MATH_KERNEL_MAX_T",
@@ -34,6 +35,7 @@ __all__ = [
     "ModernHeads",
     "SelfAttention",
     "causal_attention",
+    "modern_qkv",
     "repeat_kv",
     "self_attention",
 ]
@@ -163,7 +165,7 @@ class SelfAttention(NamedTuple):
         qkv = self.in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
         start = 0
         if modern is not None:
-            q, k, v = _modern_qkv(qkv, nh, hs, modern, kv_cache, positions)
+            q, k, v = modern_qkv(qkv, nh, hs, modern, kv_cache, positions)
         elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
             q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
         else:
@@ -261,7 +263,7 @@ def self_attention(
     )
 
 
-def _modern_qkv(
+def modern_qkv(
     qkv: torch.Tensor,
     nh: int,
     hs: int,
@@ -273,6 +275,13 @@ def _modern_qkv(
     normalised and rotated at ``positions``, by default ``start ..`` (after the cached ones)."""
     B, T, _ = qkv.shape
     nkv = modern.n_kv_heads
+    if positions is None and modern.rotary is not None:
+        start = 0 if kv_cache is None else kv_cache.length
+        positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
+    parts = (modern.q_norm, modern.k_norm, modern.rotary)
+    fast = fast_qkv(qkv.view(B, T, nh + 2 * nkv, hs), nh, *parts, positions)  # (B, T, heads, hs)
+    if fast is not None:
+        return fast
     sizes = [nh * hs, nkv * hs, nkv * hs]
     q, k, v = torch.split(qkv, sizes, dim=-1)  # (B, T, nh hs), 2 x (B, T, nkv hs)
     q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -280,10 +289,7 @@ def _modern_qkv(
     v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
     if modern.q_norm is not None and modern.k_norm is not None:
         q, k = modern.q_norm(q), modern.k_norm(k)  # over hs, per head and position
-    if modern.rotary is not None:
-        if positions is None:
-            start = 0 if kv_cache is None else kv_cache.length
-            positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
+    if modern.rotary is not None and positions is not None:
         q, k = modern.rotary(q, positions), modern.rotary(k, positions)
     # The norm and the rotation compute in float32 (their tables and statistics); under
     # bfloat16 autocast q and k go back to v's dtype, so that the attention runs in the dtype

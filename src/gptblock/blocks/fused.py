@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import Attention, KVStore, ModernHeads, SelfAttention, repeat_kv
+from .attention import Attention, KVStore, ModernHeads, SelfAttention, modern_qkv, repeat_kv
 from .checks import check_positions
 from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
 from .masks import blocked_positions, masked_softmax
@@ -183,16 +183,13 @@ class FusedSelfAttention(nn.Module):
         key/value heads repeated; normalised and rotated at positions 0 .. T-1)."""
         B, T, C = h.shape
         nh, hs = self.n_heads, C // self.n_heads
-        nkv = nh if self.modern is None else self.modern.n_kv_heads
-        q, k, v = torch.split(self.in_proj(h), [C, nkv * hs, nkv * hs], dim=-1)  # (B, T, . hs) each
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k, v = (repeat_kv(t.view(B, T, nkv, hs).transpose(1, 2), nh // nkv) for t in (k, v))
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            positions = torch.arange(T, device=h.device)  # (T,)
-            q, k = self.rotary(q, positions), self.rotary(k, positions)
-        return q.to(v.dtype), k.to(v.dtype), v  # as attention._modern_qkv: v's dtype
+        if self.modern is not None:  # the forward's own: normalised and rotated at 0 .. T-1
+            q, k, v = modern_qkv(self.in_proj(h), nh, hs, self.modern, None, None)
+            n_rep = nh // self.modern.n_kv_heads
+            return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, nh, T, hs) each
+        q, k, v = torch.split(self.in_proj(h), [C, C, C], dim=-1)  # (B, T, C) each
+        q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        return q, k, v
 
     def forward(
         self,
