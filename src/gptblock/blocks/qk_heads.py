@@ -120,8 +120,9 @@ class QKHeads(torch.autograd.Function):
             n = qkv[:, :, :H].to(cd, memory_format=torch.contiguous_format, copy=True)
             gain = r_inv = None
             if eps is not None:  # RMSNorm over hs: n = x r, r = 1 / sqrt(mean(x^2) + eps)
-                ms = torch.linalg.vecdot(n, n).div_(hs).add_(eps)  # (B, T, H)
-                r_inv = ms.rsqrt_().unsqueeze(-1)  # (B, T, H, 1)
+                # One reduction pass (a norm), where mean(x^2) would be a product and a sum.
+                rms = torch.linalg.vector_norm(n, dim=-1, keepdim=True)  # (B, T, H, 1)
+                r_inv = rms.square_().div_(hs).add_(eps).rsqrt_()  # (B, T, H, 1)
                 n.mul_(r_inv)
                 if q_gain is not None and k_gain is not None:
                     gain = torch.cat((q_gain.to(cd).expand(nh, hs), k_gain.to(cd).expand(nkv, hs)))
@@ -168,13 +169,19 @@ class QKHeads(torch.autograd.Function):
             gy = gz
         none = (None,) * 7
         if r_inv is not None:
-            # With dn = gy g: dx = r (dn - n mean(dn n)); the gains' gradient sums gy n.
+            # With dn = gy g: dx = r (dn - n mean(dn n)); the gains' gradient sums gy n. Both
+            # sums come from p = gy n: over B and T, and per head through one matrix product
+            # with the gains laid out block-diagonally (a CPU's reductions over short rows are
+            # slow).
+            p = (gy * n).view(B * T, H * hs)
             g_q = g_k = None
+            blocks = torch.eye(H, dtype=n.dtype, device=n.device).repeat_interleave(hs, dim=0)
             if gain is not None:
-                dg = (gy * n).view(B * T, H, hs).sum(0)  # (H, hs)
+                dg = p.sum(0).view(H, hs)  # (H, hs)
                 g_q, g_k = dg[:nh].sum(0), dg[nh:].sum(0)  # (hs,) each
+                blocks.mul_(gain.reshape(H * hs, 1))  # (H hs, H)
                 gy.mul_(gain)
-            dot = torch.linalg.vecdot(gy, n).div_(hs).unsqueeze(-1)  # (B, T, H, 1)
+            dot = (p @ blocks).div_(hs).view(B, T, H, 1)  # mean(dn n) per head
             gy.addcmul_(n, dot, value=-1).mul_(r_inv)
             none = (g_q, g_k, *none[2:])
         grad[:, :, :H] = gy
