@@ -279,7 +279,7 @@ def modern_qkv(
         start = 0 if kv_cache is None else kv_cache.length
         positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
     parts = (modern.q_norm, modern.k_norm, modern.rotary)
-    fast = fast_qkv(qkv.view(B, T, nh + 2 * nkv, hs), nh, *parts, positions)  # (B, T, heads, hs)
+    fast = fast_qkv(qkv.view(B, T, nh + 2 * nkv, hs), nh, *parts, positions)  # (B, nh | nkv, T, hs)
     if fast is not None:
         return fast
     sizes = [nh * hs, nkv * hs, nkv * hs]

@@ -18,7 +18,7 @@ from torch.autograd.function import once_differentiable
 from ..errors import UserTypeError, UserValueError
 from .config import check_norm_eps
 
-__all__ = ["RMSNorm", "RMSNormFunction", "rmsnorm"]
+__all__ = ["RMSNorm", "RMSNormFunction", "compute_dtype", "rmsnorm"]
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
@@ -41,8 +41,14 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> 
     return out
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half-precision inputs (their statistics), else their own."""
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the modern parts' hand-written Functions compute in: float32 for
+    half-precision inputs (their statistics and tables), else the input's own.
+
+    Example:
+        >>> compute_dtype(torch.bfloat16), compute_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
@@ -62,7 +68,7 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             C = x.shape[-1]
-            cd = _compute_dtype(x.dtype)
+            cd = compute_dtype(x.dtype)
             x2 = x.reshape(-1, C).to(cd)  # (N, C)
             # One reduction pass (a norm), where mean(x^2) would be a product and then a sum.
             rms = torch.linalg.vector_norm(x2, dim=-1, keepdim=True)  # (N, 1): sqrt(sum x^2)

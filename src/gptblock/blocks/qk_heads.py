@@ -5,14 +5,14 @@ What ``attention.modern_qkv`` computes with ``RMSNorm`` and ``Rotary`` as separa
 done here on the packed projection (B, T, nh + 2 nkv, hs) at once: q and k heads side by side,
 in float32 (the compute dtype of half-precision inputs), written back in the projection's
 dtype. Autograd's graph of that chain (pow, mean, rsqrt, mul, cat, neg, casts: a dozen
-(B, T, C)-sized tensors each way) made a modern training step 1.6x a GPT-2 one on a CPU; here
-the forward is five passes over q and k and the backward nine:
+(B, T, C)-sized tensors each way) made a modern training step 1.6x a GPT-2 one on a CPU:
 
-* the rotation is a pair of half-width products per channel pair (no cat, no neg), with the
-  gains folded into its cos / sin tables (one small (T, H, r/2) table each);
-* its backward is the inverse rotation (a rotation is orthogonal: the gradient is rotated by
-  minus the angle), and RMSNorm's is the closed form
-  ``dx = r * (dn - n * mean(dn * n))`` with ``n = x * r``, ``r = 1 / sqrt(mean(x^2) + eps)``;
+* the rotation is ``z = x * C + swap(x) * S`` on whole contiguous tensors, the sign folded
+  into S (no cat, no neg) and the gains into both tables ((.., T, H, hs), made once a call);
+* its backward is the inverse rotation, ``gz * C - swap(gz) * S`` (a rotation is orthogonal:
+  the gradient is rotated by minus the angle), and RMSNorm's is the closed form
+  ``dx = r * (dn - n * mean(dn * n))`` with ``n = x * r``, ``r = 1 / sqrt(mean(x^2) + eps)``,
+  its sums by one matrix product (a CPU's reductions over rows of 32 are slow);
 * v is copied through, so q, k and v are three views of one output, and their gradients land
   in one (B, T, nh + 2 nkv, hs) tensor: no zero-filled slices summed by autograd.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .norms import RMSNorm
+from .norms import RMSNorm, compute_dtype
 from .rotary import Rotary
 
 __all__ = ["QKHeads", "fast_qkv", "qk_heads", "rotary_cos_sin"]
@@ -53,11 +53,6 @@ def _pairs(t: torch.Tensor, r: int, pairing: str) -> tuple[torch.Tensor, torch.T
     if pairing == "halves":
         return t[..., : r // 2], t[..., r // 2 : r]
     return t[..., 0:r:2], t[..., 1:r:2]  # adjacent: (2i, 2i + 1)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half-precision inputs (their statistics and tables), else their own."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
@@ -111,7 +106,7 @@ class QKHeads(torch.autograd.Function):
             B, T, heads, hs = qkv.shape  # heads = nh + 2 nkv
             nkv = (heads - nh) // 2
             H = nh + nkv  # q and k heads
-            cd = _compute_dtype(qkv.dtype)
+            cd = compute_dtype(qkv.dtype)
             out = torch.empty(B, T, heads, hs, dtype=qkv.dtype, device=qkv.device)
             out[:, :, H:] = qkv[:, :, H:]  # v, copied through
             # Every big operation below is on a contiguous tensor of the compute dtype, in place
@@ -273,7 +268,7 @@ def fast_qkv(
     pairing = "halves"
     if isinstance(rotary, Rotary) and positions is not None:
         r, pairing = rotary.rotary_dim, rotary.pairing
-        cd = _compute_dtype(qkv.dtype)
+        cd = compute_dtype(qkv.dtype)
         cos, sin = rotary_cos_sin(positions, r, rotary.theta, cd)  # (.., T, 1, r/2)
     q, k, v = qk_heads(
         qkv,
