@@ -237,6 +237,11 @@ def _hooked(module: object) -> bool:
     )
 
 
+def _watched() -> bool:
+    """Whether a Python dispatch or function mode is recording or changing the operators."""
+    return bool(torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack())
+
+
 def fast_qkv(
     qkv: torch.Tensor,
     nh: int,
@@ -246,11 +251,15 @@ def fast_qkv(
     positions: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``attention.modern_qkv``'s q, k and v by ``qk_heads`` where its parts are gptblock's
-    own ``RMSNorm`` (or None) and ``Rotary`` (or None), with no hooks to run; else None.
+    own ``RMSNorm`` (or None) and ``Rotary`` (or None), with no hooks to run and nothing
+    watching the operators (a dispatch or function mode, such as ``gptblock check``'s trace,
+    or a tensor subclass: they see the modules' own operators); else None.
 
     Shape:
         qkv (B, T, nh + 2 nkv, hs) -> q (B, nh, T, hs), k and v (B, nkv, T, hs).
     """
+    if type(qkv) is not torch.Tensor or _watched():
+        return None
     normed = isinstance(q_norm, RMSNorm) and isinstance(k_norm, RMSNorm)
     if not (normed or q_norm is None is k_norm):
         return None
