@@ -64,7 +64,8 @@ class NormRead:
     function: Callable[[Tensor], Tensor]
     eps: float = 0.0
     params: tuple[str, ...] = field(default=())  # the parameters it reads, for shared_norm
-    gain: Tensor | None = None  # (C,): an RMS form's weight, as read
+    gain: Tensor | None = None  # (C,): an RMS form's weight, or a LayerNorm's, as read
+    bias: Tensor | None = None  # (C,): a LayerNorm's bias, as read (None: not read)
 
     def describe(self) -> str:
         if self.form in NORM_FORMS:
@@ -102,7 +103,7 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
         if close(fz, z, 1e-12):
             return NormRead("none", lambda h: h, params=params)
         if close(run(z + 3.0), fz, 1e-6):
-            return NormRead("layernorm", f, params=params)
+            return _layernorm(f, run, params, (z, big, small))
         fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
     except CAUGHT:
         return NormRead("unknown", f, params=params)
@@ -112,6 +113,30 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
             if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
                 return NormRead(form, _rms_with(gain, eps, form), eps, params, gain)
     return NormRead("unknown", f, params=params)
+
+
+def _layernorm(
+    f: Callable[[Tensor], Tensor],
+    run: Callable[[Tensor], Tensor],
+    params: tuple[str, ...],
+    probes: tuple[Tensor, Tensor, Tensor],
+) -> NormRead:
+    """A LayerNorm, used as the block computes it, with its bias (its output at 0, where the
+    normalised input is 0), gain (on large inputs, where eps does not matter) and eps (on small
+    ones, where it does) read off it when one eps of ``EPS`` reproduces it: what the checker's
+    own process rebuilds the block from (``modern_plain``)."""
+    z, big, small = probes
+    C = z.shape[-1]
+    try:
+        bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,)
+        gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
+        outputs = [(t, run(t)) for t in (z, small)]
+    except CAUGHT:
+        return NormRead("layernorm", f, params=params)
+    for eps in EPS:
+        if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
+            return NormRead("layernorm", f, eps, params, gain, bias)
+    return NormRead("layernorm", f, params=params)
 
 
 def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
