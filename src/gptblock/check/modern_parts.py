@@ -26,8 +26,9 @@ from torch.nn import functional as F
 from .modern_read import Linear, ModernRead
 from .modern_steps import NORM_FORMS, rms
 from .report import CAUGHT
+from .search import MIN_DEFINED
 
-__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of"]
+__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of", "relative_error"]
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
@@ -249,3 +250,18 @@ def _paired(
     w1: Linear, w3: Linear, form: Callable[[Tensor, Tensor], Tensor]
 ) -> Callable[[Tensor], Tensor]:
     return lambda h: form(_lin(h, w1), _lin(h, w3))
+
+
+def relative_error(y: Tensor, y_ref: Tensor) -> float:
+    """The largest difference relative to ``y_ref``'s largest entry, over the positions the
+    reference defines (a row the mask blocks entirely is NaN in it; a block may give zeros),
+    where ``y`` must be defined too; 0 where neither is defined anywhere (a root of a negative
+    mean everywhere: the norm's own test decided)."""
+    y = y.double()
+    fine = torch.isfinite(y_ref)
+    if not fine.any():
+        return 0.0 if not torch.isfinite(y).any() else float("inf")
+    if fine.double().mean() < MIN_DEFINED or not torch.isfinite(y[fine]).all():
+        return float("inf")
+    scale = float(y_ref[fine].abs().max()) + 1e-30
+    return float((y[fine] - y_ref[fine]).abs().max()) / scale
