@@ -14,7 +14,10 @@ read out of the block), part by part and then whole:
    channels, ``ropes``);
 4. the whole block, those parts wired pre-norm or in parallel (GPT-J), must reproduce the
    block's output within ``search.TOLERANCE``: then ``PASS`` when no mistake was found,
-   ``FOUND`` with each mistake when some were; else ``FAIL``.
+   ``FOUND`` with each mistake when some were; else ``FAIL``;
+5. a block right on whole sequences whose ``forward`` takes a cache API the checker knows has
+   its cached step compared too (``modern_cache``): ``rope_cache_offset`` when it is rotated as
+   position 0.
 
 Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
