@@ -13,6 +13,7 @@ import zoo_modern
 from gptblock import check_block
 from gptblock.blocks.fused import FusedBlock
 from gptblock.check.catalogue import MISTAKES
+from gptblock.check.modern_cache import cache_api, cached_last
 from gptblock.check.modern_parts import norm_of
 from gptblock.check.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
 from gptblock.check.subject import one_thread
@@ -106,6 +107,11 @@ def test_each_modern_style_computes_the_modern_oracle_and_each_mistake_changes_i
             wrong.load_state_dict(right.state_dict(), strict=False)
             with torch.no_grad():
                 a, b = right(x.clone()), wrong(x.clone())
+                if case.expected == {"rope_cache_offset"}:  # whole sequences are right
+                    assert torch.equal(a, b), case.name
+                    api = cache_api(right)
+                    a, b = cached_last(right, x.clone(), api), cached_last(wrong, x.clone(), api)
+                    assert torch.allclose(a, right(x.clone())[:, -1:], atol=1e-6), case.name
             assert not torch.allclose(a, b, atol=1e-8, equal_nan=True), case.name
 
 

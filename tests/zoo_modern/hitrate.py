@@ -4,7 +4,9 @@ Every case of ``zoo_modern`` (each style correct, with each of its mistakes and 
 is checked as a user would check it, ``gptblock.check_block(BLOCK, **ARGS)``, and counted as
 ``tests/zoo_public/hitrate.py`` counts (the same ``Outcome``): a correct block PASS, FAIL,
 UNVERIFIED-or-other or error; a mistaken block diagnosed exactly, PASS (a false pass), wrong,
-unsure, UNVERIFIED-or-other or error.
+unsure, UNVERIFIED-or-other or error. ``--cli`` checks each through ``gptblock check FILE.py:NAME
+--arg ...`` in a child process instead (isolated: a modern PASS then stands only when the
+checker's process confirms it), as ``tests/zoo_public/hitrate.py --cli`` does.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from collections import Counter
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from zoo_modern import NAMES, cases
-from zoo_public.hitrate import CORRECT_KINDS, Outcome, run_case
+from zoo_public.hitrate import CORRECT_KINDS, Outcome, run_case, run_cli
 
 
-def measure(blocks: list[str] | None = None, verbose: bool = False) -> list[Outcome]:
+def measure(
+    blocks: list[str] | None = None, verbose: bool = False, cli: bool = False
+) -> list[Outcome]:
     outcomes = []
     for case in cases(blocks):
-        outcome = run_case(case)
+        outcome = (run_cli if cli else run_case)(case)
         outcomes.append(outcome)
         if verbose and not outcome.hit:
             print(
@@ -65,10 +69,13 @@ def table(outcomes: list[Outcome]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("blocks", nargs="*", choices=[[], *NAMES], metavar="BLOCK")
+    parser.add_argument(
+        "--cli", action="store_true", help="check through `gptblock check` in a child process"
+    )
     parser.add_argument("--verbose", action="store_true", help="print the report of every miss")
     args = parser.parse_args()
     start = time.perf_counter()
-    print(table(measure(args.blocks or None, args.verbose)))
+    print(table(measure(args.blocks or None, args.verbose, args.cli)))
     print(f"({time.perf_counter() - start:.0f} s)")
 
 

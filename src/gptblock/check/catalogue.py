@@ -274,6 +274,20 @@ _ENTRIES = (
         "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)",
     ),
     Mistake(
+        "rope_cache_offset",
+        "a cached decoding step is rotated as position 0, not at its offset in the sequence",
+        "With a KV cache, the tokens of a step sit at positions start_pos ... start_pos + "
+        "seqlen - 1, and their q and k must be rotated by those positions' angles; slicing "
+        "the table from the start (freqs_cis[:seqlen], cos[:T]) rotates every step as if it "
+        "were the first token. Whole sequences are right (start_pos is 0 there), so training "
+        "and the loss do not show it: only generation with the cache goes wrong, each new "
+        "token attending to the cached keys at the wrong relative distances.",
+        "Slice the table at the step's positions: freqs_cis[start_pos : start_pos + seqlen] "
+        "(Meta), freqs_cis[input_pos] (gpt-fast), or the position_ids / cache_position of the "
+        "step (Hugging Face).",
+        "modern block: q, k rotated at positions start_pos ... start_pos + T - 1",
+    ),
+    Mistake(
         "gqa_order",
         "grouped key/value heads are repeated in the wrong order (repeat instead of "
         "repeat_interleave)",

@@ -14,7 +14,10 @@ read out of the block), part by part and then whole:
    channels, ``ropes``);
 4. the whole block, those parts wired pre-norm or in parallel (GPT-J), must reproduce the
    block's output within ``search.TOLERANCE``: then ``PASS`` when no mistake was found,
-   ``FOUND`` with each mistake when some were; else ``FAIL``.
+   ``FOUND`` with each mistake when some were; else ``FAIL``;
+5. a block right on whole sequences whose ``forward`` takes a cache API the checker knows has
+   its cached step compared too (``modern_cache``): ``rope_cache_offset`` when it is rotated as
+   position 0.
 
 Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
@@ -31,12 +34,13 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .dataflow import Unread
-from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of
+from .modern_cache import CacheProbe, probe_cache
+from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
 from .modern_read import ModernRead, is_modern, read_modern
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
-from .search import MIN_DEFINED, TOLERANCE
+from .search import TOLERANCE
 from .steps import CORRECT, Steps
 from .trace import TraceError
 from .variants import DEVIATIONS, Deviation
@@ -44,6 +48,7 @@ from .variants import DEVIATIONS, Deviation
 __all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
+Layer = Callable[[Tensor], Tensor]
 THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
 
 
@@ -296,6 +301,11 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
+    if not details:  # right on whole sequences: then is its cached step?
+        cache = _cache(subject_module, read, norms, mlp, attn[0])
+        note.append(cache.note)
+        if cache.offset:
+            details["rope_cache_offset"] = cache.offset
     if not details:
         found = Finding(name, True, f"computes the modern block: {within}")
         a = attn[0]  # no change: every change is a mistake, in details
@@ -313,46 +323,61 @@ def _wiring(
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
     ln1, ln2 = norms[0].function, norms[1].function
-
-    def attn(h: Tensor) -> Tensor:
-        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        return _lin(
-            attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm), read.proj
-        )
-
-    def ffwd(h: Tensor) -> Tensor:
-        return _lin(mlp.hidden(h), read.mlp[-1])
-
+    attn, ffwd = _sublayers(read, mlp, a)
     x = read.x
     with torch.no_grad():
-        if read.parallel:  # GPT-J / PaLM: both branches read the stream x
-            return None, _error(read.y, x + attn(ln1(x)) + ffwd(ln2(x)))
         best: tuple[Deviation | None, float] = (
             None,
-            _error(read.y, CORRECT.wiring(x, attn, ffwd, ln1, ln2)),
+            relative_error(read.y, _wired(read, ln1, ln2, attn, ffwd)),
         )
+        if read.parallel:
+            return best
         for d in DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
             if d.group == "wiring" and (d.mistake == "post_norm") == post:
-                error = _error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
+                error = relative_error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
                 best = (d, error) if error < best[1] else best
         return best
 
 
-def _error(y: Tensor, y_ref: Tensor) -> float:
-    """The largest difference relative to ``y_ref``'s largest entry, over the positions the
-    reference defines (a row the mask blocks entirely is NaN in it; a block may give zeros),
-    where ``y`` must be defined too; 0 where neither is defined anywhere (a root of a negative
-    mean everywhere: the norm's own test decided)."""
-    y = y.double()
-    fine = torch.isfinite(y_ref)
-    if not fine.any():
-        return 0.0 if not torch.isfinite(y).any() else float("inf")
-    if fine.double().mean() < MIN_DEFINED or not torch.isfinite(y[fine]).all():
-        return float("inf")
-    scale = float(y_ref[fine].abs().max()) + 1e-30
-    return float((y[fine] - y_ref[fine]).abs().max()) / scale
+def _wired(read: ModernRead, ln1: Layer, ln2: Layer, attn: Layer, ffwd: Layer) -> Tensor:
+    """The modern block on the traced input, wired pre-norm, or in parallel (GPT-J / PaLM: both
+    branches read the stream x)."""
+    x = read.x
+    if read.parallel:
+        return x + attn(ln1(x)) + ffwd(ln2(x))
+    return CORRECT.wiring(x, attn, ffwd, ln1, ln2)
+
+
+def _sublayers(
+    read: ModernRead, mlp: MlpRead, a: AttnMatch, positions: Tensor | None = None
+) -> tuple[Layer, Layer]:
+    """The attention (its tokens rotated at ``positions``, by default 0 ... T-1) and the MLP of
+    the modern block with the parts as read."""
+
+    def attn(h: Tensor) -> Tensor:
+        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
+        ctx = attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm, positions)
+        return _lin(ctx, read.proj)
+
+    def ffwd(h: Tensor) -> Tensor:
+        return _lin(mlp.hidden(h), read.mlp[-1])
+
+    return attn, ffwd
+
+
+def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
+    """The block's KV cache driven (``modern_cache``), for a block found right on whole
+    sequences, pre-norm or in parallel."""
+    ln1, ln2 = norms[0].function, norms[1].function
+
+    def shifted(positions: Tensor) -> Tensor:
+        return _wired(read, ln1, ln2, *_sublayers(read, mlp, a, positions))
+
+    with torch.no_grad():
+        xs = read.x.to(read.y.dtype)
+        return probe_cache(module, xs, relative_error, TOLERANCE, shifted if a.rope else None)
 
 
 def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:

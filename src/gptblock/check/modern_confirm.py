@@ -8,7 +8,9 @@ the checker chose (``provenance.untraced``; each value read is first snapped to 
 chosen one, within ``READ`` of its scale for a matrix measured from traced values and ``SNAP``
 for a norm's gain, read as a ratio, and the block is then rebuilt from those), and the modern block rebuilt from
 them, run here in float64, must reproduce the block's outputs on fresh inputs it never saw,
-within ``search.TOLERANCE``.
+within ``search.TOLERANCE``, and its input gradient for a fresh direction the block's, within
+``gradient.GRADIENT_TOLERANCE`` (a backward pass that is not the forward pass's derivative, as
+a custom autograd ``Function`` or a ``.detach()`` trick can make, shows only there).
 
 Shapes: B batch, T time, C channels.
 """
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_plain import ModernParts, receive
 from .plain import NotPlain
 from .provenance import nearest, untraced
@@ -54,9 +57,12 @@ def confirm(
     subject: Tested,
     chosen: Mapping[str, Tensor],
     fresh: torch.Generator,
+    backward: bool = True,
 ) -> Finding | str:
     """A failed comparison when the block's outputs on fresh inputs are not the rebuilt modern
-    block's; else why the block's PASS cannot be confirmed, ``""`` when it is."""
+    block's, or (when its backward pass ran for the probe: ``backward``) its input gradient for
+    a fresh direction is not; else why the block's PASS cannot be confirmed, ``""`` when it
+    is."""
     if not modern.get("parts"):
         return "its process sent no parts the checker can rebuild it from"
     try:
@@ -66,10 +72,11 @@ def confirm(
     values = torch.cat([v.to(subject.dtype).to(torch.float64).flatten() for v in chosen.values()])
     values = values.sort().values
     roles: dict[str, list[Tensor]] = {}
-    for role, ts in [*parts.linears.items(), *((r, (g,)) for r, g in parts.gains.items())]:
-        gain = role.startswith("ln")
+    for role, ts in [*parts.linears.items(), *parts.gains.items()]:
+        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
         snapped = [
-            _snap(t, values, SNAP if gain else READ, (0.0, 1.0) if gain else (0.0,)) for t in ts
+            _snap(t, values, SNAP if gain else READ, (0.0, 1.0) if gain and i == 0 else (0.0,))
+            for i, t in enumerate(ts)
         ]
         if not values.numel() or any(s is None for s in snapped):
             return f"the weights read for {role} are not the values the checker gave the block"
@@ -78,7 +85,7 @@ def confirm(
     if why:
         return why
     linears = {r: (w[0], w[1]) for r, w in roles.items() if not r.startswith("ln")}
-    gains = {r: w[0] for r, w in roles.items() if r.startswith("ln")}
+    gains = {r: tuple(w) for r, w in roles.items() if r.startswith("ln")}
     parts = ModernParts(**{**parts.__dict__, "linears": linears, "gains": gains})
     for shape in ((2, subject.T, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
@@ -102,4 +109,12 @@ def confirm(
                 "comparison's PASS does not hold"
             )
             return Finding("reference comparison", False, msg)
+    error = input_gradient_error(subject, parts.run, fresh) if backward else 0.0
+    if not error <= GRADIENT_TOLERANCE:
+        msg = (
+            "the block's outputs are the modern block's, but its gradient with respect to its "
+            f"input is not (off by {error:.2g} of its scale): its backward pass is not its "
+            "forward pass's"
+        )
+        return Finding("reference comparison", False, msg)
     return ""

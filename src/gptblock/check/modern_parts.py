@@ -26,8 +26,9 @@ from torch.nn import functional as F
 from .modern_read import Linear, ModernRead
 from .modern_steps import NORM_FORMS, rms
 from .report import CAUGHT
+from .search import MIN_DEFINED
 
-__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of"]
+__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of", "relative_error"]
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
@@ -64,7 +65,8 @@ class NormRead:
     function: Callable[[Tensor], Tensor]
     eps: float = 0.0
     params: tuple[str, ...] = field(default=())  # the parameters it reads, for shared_norm
-    gain: Tensor | None = None  # (C,): an RMS form's weight, as read
+    gain: Tensor | None = None  # (C,): an RMS form's weight, or a LayerNorm's, as read
+    bias: Tensor | None = None  # (C,): a LayerNorm's bias, as read (None: not read)
 
     def describe(self) -> str:
         if self.form in NORM_FORMS:
@@ -102,7 +104,7 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
         if close(fz, z, 1e-12):
             return NormRead("none", lambda h: h, params=params)
         if close(run(z + 3.0), fz, 1e-6):
-            return NormRead("layernorm", f, params=params)
+            return _layernorm(f, run, params, (z, big, small))
         fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
     except CAUGHT:
         return NormRead("unknown", f, params=params)
@@ -112,6 +114,30 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
             if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
                 return NormRead(form, _rms_with(gain, eps, form), eps, params, gain)
     return NormRead("unknown", f, params=params)
+
+
+def _layernorm(
+    f: Callable[[Tensor], Tensor],
+    run: Callable[[Tensor], Tensor],
+    params: tuple[str, ...],
+    probes: tuple[Tensor, Tensor, Tensor],
+) -> NormRead:
+    """A LayerNorm, used as the block computes it, with its bias (its output at 0, where the
+    normalised input is 0), gain (on large inputs, where eps does not matter) and eps (on small
+    ones, where it does) read off it when one eps of ``EPS`` reproduces it: what the checker's
+    own process rebuilds the block from (``modern_plain``)."""
+    z, big, small = probes
+    C = z.shape[-1]
+    try:
+        bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,)
+        gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
+        outputs = [(t, run(t)) for t in (z, small)]
+    except CAUGHT:
+        return NormRead("layernorm", f, params=params)
+    for eps in EPS:
+        if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
+            return NormRead("layernorm", f, eps, params, gain, bias)
+    return NormRead("layernorm", f, params=params)
 
 
 def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
@@ -224,3 +250,18 @@ def _paired(
     w1: Linear, w3: Linear, form: Callable[[Tensor, Tensor], Tensor]
 ) -> Callable[[Tensor], Tensor]:
     return lambda h: form(_lin(h, w1), _lin(h, w3))
+
+
+def relative_error(y: Tensor, y_ref: Tensor) -> float:
+    """The largest difference relative to ``y_ref``'s largest entry, over the positions the
+    reference defines (a row the mask blocks entirely is NaN in it; a block may give zeros),
+    where ``y`` must be defined too; 0 where neither is defined anywhere (a root of a negative
+    mean everywhere: the norm's own test decided)."""
+    y = y.double()
+    fine = torch.isfinite(y_ref)
+    if not fine.any():
+        return 0.0 if not torch.isfinite(y).any() else float("inf")
+    if fine.double().mean() < MIN_DEFINED or not torch.isfinite(y[fine]).all():
+        return float("inf")
+    scale = float(y_ref[fine].abs().max()) + 1e-30
+    return float((y[fine] - y_ref[fine]).abs().max()) / scale

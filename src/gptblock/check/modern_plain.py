@@ -9,10 +9,11 @@ its own code (``ModernParts.run``, the steps of ``gptblock.check.modern_steps``)
 (``gptblock.check.modern_confirm``) then holds them to the values it chose and to the block's
 outputs on inputs the block never saw.
 
-Only what the standard forms express is sent: RMSNorm (pre-norm or parallel), a dense or gated
-MLP, rotary positions turned by the angle (not minus it, as nanochat's) with a table that fits
-their pairing. Anything else (a LayerNorm, a post-norm block, nanochat's direction) sends
-nothing, and the PASS stays unverified.
+What the standard forms express is sent: RMSNorm or LayerNorm (its gain, bias and eps), pre-norm
+or parallel (GPT-J's one norm read by both branches, or two), a dense or gated MLP, rotary
+positions turned by the angle or by minus it (nanochat's direction) with a table that fits their
+pairing. Anything else sends nothing, and the PASS stays unverified (a post-norm block is never a
+PASS: the comparison names it the lessons' ``post_norm``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H the MLP's hidden width.
 """
@@ -45,17 +46,20 @@ LINEARS = ("q", "k", "v", "proj")
 class ModernParts:
     """A modern block as numbers: ``linears`` role -> (weight, bias) for q, k, v, proj and the
     MLP's ``mlp0`` (the gate, or the dense first layer), ``mlp1`` (the up projection, if gated)
-    and ``mlp2`` (the last layer); ``gains`` ln1, ln2 (C,) and lnq, lnk (hs,) when the block
-    normalises q and k."""
+    and ``mlp2`` (the last layer); ``gains`` ln1, ln2 -> (gain (C,),) for an RMSNorm, (gain,
+    bias) for a LayerNorm (``forms``), and lnq, lnk -> (gain (hs,),) when the block normalises
+    q and k; ln2 is absent when a parallel block's two branches read one norm (``shared``)."""
 
     linears: dict[str, tuple[Tensor, Tensor]]
-    gains: dict[str, Tensor]
+    gains: dict[str, tuple[Tensor, ...]]
     eps: tuple[float, float]
     n_head: int
     activation: str
     gated: bool
     parallel: bool
     rope: Rope | None
+    forms: tuple[str, str] = ("rms", "rms")  # "rms" or "layernorm", before attention and MLP
+    shared: bool = False
 
     def run(self, x: Tensor) -> Tensor:
         """The block on ``x`` (B, T, C) in float64."""
@@ -63,8 +67,14 @@ class ModernParts:
         lin = {
             r: (w.double(), b.double()) for r, w, b in ((r, *p) for r, p in self.linears.items())
         }
-        g = {r: v.double() for r, v in self.gains.items()}
-        qk = (g["lnq"], g["lnk"]) if "lnq" in g else None
+        g = {r: [t.double() for t in v] for r, v in self.gains.items()}
+        qk = (g["lnq"][0], g["lnk"][0]) if "lnq" in g else None
+
+        def norm(i: int, h: Tensor) -> Tensor:
+            ps = g["ln1" if self.shared else f"ln{i + 1}"]
+            if self.forms[i] == "layernorm":  # (h - mean) / sqrt(var + eps) * gain + bias
+                return F.layer_norm(h, h.shape[-1:], ps[0], ps[1], self.eps[i])
+            return rms(h, ps[0], self.eps[i])
 
         def attn(h: Tensor) -> Tensor:
             q, k, v = (F.linear(h, *lin[r]) for r in ("q", "k", "v"))
@@ -78,11 +88,10 @@ class ModernParts:
                 u = DENSE[self.activation](F.linear(h, *lin["mlp0"]))  # (B, T, H)
             return F.linear(u, *lin["mlp2"])
 
-        ln1 = rms(x, g["ln1"], self.eps[0])
         if self.parallel:  # GPT-J / PaLM: both branches read the stream x
-            return x + attn(ln1) + mlp(rms(x, g["ln2"], self.eps[1]))
-        x = x + attn(ln1)
-        return x + mlp(rms(x, g["ln2"], self.eps[1]))
+            return x + attn(norm(0, x)) + mlp(norm(1, x))
+        x = x + attn(norm(0, x))
+        return x + mlp(norm(1, x))
 
 
 def _activation(describe: str) -> tuple[str, bool] | None:
@@ -95,6 +104,13 @@ def _activation(describe: str) -> tuple[str, bool] | None:
     if words[0] == "dense" and words[1] in DENSE:
         return words[1], False
     return None
+
+
+def _plain_gain(t: Tensor) -> Tensor:
+    """A gain read as a ratio, with entries within 1e-9 of 1 sent as exactly 1 (a norm without a
+    weight: the checker takes exact 1s as no weight, and 1 + 1e-16 for a value it chose)."""
+    t = t.detach().cpu()
+    return torch.where((t - 1.0).abs() < 1e-9, torch.ones_like(t), t)
 
 
 def send(
@@ -110,8 +126,10 @@ def send(
     match (``modern.AttnMatch``), one without changes."""
     act = _activation(mlp.describe)
     if (
-        post or act is None or any(n.form != "rms" or n.gain is None for n in norms)
-        or (rope is not None and (rope.sign != 1.0 or rope.table != rope.pairing))
+        post or act is None
+        or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
+        or any(n.form == "layernorm" and n.bias is None for n in norms)
+        or (rope is not None and rope.table != rope.pairing)
         or (read.rotated and rope is None)  # turned by something the forms do not name
     ):  # fmt: skip
         return None
@@ -123,20 +141,42 @@ def send(
         for r, w in linears.items()
         for p, t in zip("wb", w, strict=True)
     }
-    tensors.update(
-        {f"ln{i + 1}": n.gain.detach().cpu() for i, n in enumerate(norms) if n.gain is not None}
-    )
+    # GPT-J's one norm read by both branches: sent once (the same values twice would be read
+    # as one parameter read for two roles)
+    shared = read.parallel and _same(norms[0], norms[1])
+    for i, n in enumerate(norms[:1] if shared else norms):
+        if n.gain is not None:
+            tensors[f"ln{i + 1}"] = _plain_gain(n.gain)
+        if n.bias is not None:
+            tensors[f"ln{i + 1}.b"] = n.bias.detach().cpu()
     if qk_norm is not None:
-        tensors.update({"lnq": qk_norm[0].detach().cpu(), "lnk": qk_norm[1].detach().cpu()})
+        tensors.update({"lnq": _plain_gain(qk_norm[0]), "lnk": _plain_gain(qk_norm[1])})
     meta = {
         "eps": [n.eps for n in norms],
+        "forms": [n.form for n in norms],
+        "shared": shared,
         "n_head": read.n_head,
         "activation": act[0],
         "gated": act[1],
         "parallel": read.parallel,
-        "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing],
+        "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing, rope.sign],
     }
     return meta, tensors
+
+
+def _same(a: NormRead, b: NormRead) -> bool:
+    """Whether two norms read are one: the same parameters, or the same values read."""
+    if a.params and a.params == b.params:
+        return True
+    ts = [(a.gain, b.gain), (a.bias, b.bias)]
+    return (
+        a.form == b.form
+        and a.eps == b.eps
+        and all(
+            (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+            for x, y in ts
+        )
+    )
 
 
 def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
@@ -148,13 +188,18 @@ def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
     try:
         n_head, gated = meta["n_head"], meta["gated"] is True
         activation, eps = meta["activation"], [float(e) for e in meta["eps"]]
+        forms = tuple(meta.get("forms") or ("rms", "rms"))
+        parallel, shared = meta.get("parallel") is True, meta.get("shared") is True
         roles = [*LINEARS, "mlp0", *(["mlp1"] if gated else []), "mlp2"]
         linears = {r: (tensors[f"{r}.w"], tensors[f"{r}.b"]) for r in roles}
-        gains: dict[str, Tensor] = {
-            r: tensors[r] for r in ("ln1", "ln2", "lnq", "lnk") if r in tensors
+        norms = ("ln1",) if shared else ("ln1", "ln2")
+        gains: dict[str, tuple[Tensor, ...]] = {
+            r: (tensors[r], *([tensors[f"{r}.b"]] if forms[i] == "layernorm" else []))
+            for i, r in enumerate(norms)
         }
+        gains.update({r: (tensors[r],) for r in ("lnq", "lnk") if r in tensors})
         rope = meta["rope"]
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, IndexError) as e:
         raise NotPlain(f"the modern parts sent are incomplete ({e})") from None
     if (
         not isinstance(n_head, int)
@@ -162,27 +207,32 @@ def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
         or activation not in (GATED if gated else DENSE)
         or len(eps) != 2
         or not all(math.isfinite(e) and 0 <= e < 1 for e in eps)
+        or len(forms) != 2
+        or not all(f in ("rms", "layernorm") for f in forms)
+        or (shared and (not parallel or forms[0] != forms[1] or eps[0] != eps[1]))
     ):
         raise NotPlain("the modern parts sent do not describe a block")
     D = linears["q"][0].shape[0]
     hs = D // n_head
-    ts = [t for w in linears.values() for t in w] + list(gains.values())
+    ts = [t for w in [*linears.values(), *gains.values()] for t in w]
     if (
         not all(t.is_floating_point() and bool(torch.isfinite(t).all()) for t in ts)
         or any(w.dim() != 2 or b.shape != w.shape[:1] for w, b in linears.values())
         or D % n_head or linears["k"][0].shape[0] % hs or n_head % (linears["k"][0].shape[0] // hs or 1)
-        or {"ln1", "ln2"} - set(gains) or ("lnq" in gains) != ("lnk" in gains)
-        or any(g.shape != ((hs,) if r in ("lnq", "lnk") else (C,)) for r, g in gains.items())
+        or ("lnq" in gains) != ("lnk" in gains)
+        or any(t.shape != ((hs,) if r in ("lnq", "lnk") else (C,)) for r, g in gains.items() for t in g)
     ):  # fmt: skip
         raise NotPlain("the modern parts sent do not fit together")
     made = None
     if rope is not None:
         if not (
-            isinstance(rope, list) and len(rope) == 3 and rope[2] in ("halves", "adjacent")
+            isinstance(rope, list) and len(rope) == 4 and rope[2] in ("halves", "adjacent")
             and isinstance(rope[1], int) and 2 <= rope[1] <= hs and rope[1] % 2 == 0
-            and isinstance(rope[0], float) and 1.0 < rope[0] < 1e9
+            and isinstance(rope[0], float) and 1.0 < rope[0] < 1e9 and rope[3] in (1.0, -1.0)
         ):  # fmt: skip
             raise NotPlain("the rotary embedding sent is not one the checker knows")
-        made = Rope(rope[0], rope[1], rope[2], rope[2], 1.0)
-    parallel = meta.get("parallel") is True
-    return ModernParts(linears, gains, (eps[0], eps[1]), n_head, activation, gated, parallel, made)
+        made = Rope(rope[0], rope[1], rope[2], rope[2], float(rope[3]))
+    return ModernParts(
+        linears, gains, (eps[0], eps[1]), n_head, activation, gated, parallel, made,
+        (forms[0], forms[1]), shared,
+    )  # fmt: skip

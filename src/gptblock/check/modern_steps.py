@@ -88,11 +88,13 @@ class Rope:
         turn = ", rotated by minus the angle (as nanochat)" if self.sign < 0 else ""
         return f"rope ({pairs}, theta {self.theta:g}{rest}{turn})"
 
-    def apply(self, x: Tensor) -> Tensor:
-        """``x`` (B, heads, T, hs) rotated position by position."""
+    def apply(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """``x`` (B, heads, T, hs) rotated position by position: at ``positions`` (T,), by
+        default 0 ... T-1 (a cached step is at its offset in the sequence)."""
         T, r = x.shape[-2], self.dim
         inv = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)
-        angles = torch.arange(T, dtype=torch.float64, device=x.device)[:, None] * inv  # (T, r/2)
+        at = torch.arange(T, device=x.device) if positions is None else positions
+        angles = at.to(device=x.device, dtype=torch.float64)[:, None] * inv  # (T, r/2)
         if self.table == "halves":
             angles = torch.cat((angles, angles), dim=-1)  # (T, r): angle i at i and i + r/2
         else:
@@ -147,10 +149,12 @@ def attention(
     modern: Modern,
     steps: Steps,
     qk_norm: tuple[Tensor, Tensor] | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """The attention core of the modern block from q (B, T, D), k and v (B, T, Dkv): heads split,
     each head's q and k normalised (``qk_norm``: the gains of q's and k's RMSNorm over hs, eps
-    1e-6), rotated, key/value heads repeated, scores scaled, masked, softmax, heads merged.
+    1e-6), rotated (at ``positions`` (T,), by default 0 ... T-1), key/value heads repeated,
+    scores scaled, masked, softmax, heads merged.
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
@@ -162,9 +166,9 @@ def attention(
     if qk_norm is not None:
         q, k = rms(q, qk_norm[0], 1e-6), rms(k, qk_norm[1], 1e-6)
     if rope is not None:
-        q = rope.apply(q)
-        k = rope.apply(k) if "k" in modern.targets else k
-        v = rope.apply(v) if "v" in modern.targets else v
+        q = rope.apply(q, positions)
+        k = rope.apply(k, positions) if "k" in modern.targets else k
+        v = rope.apply(v, positions) if "v" in modern.targets else v
     groups = n_head // n_kv
     k, v = repeat_heads(k, groups, modern.order), repeat_heads(v, groups, modern.order)
     scores = (q @ k.transpose(-2, -1)) * steps.scale(n_head * hs, hs)  # (B, nh, T, T)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from .catalogue import MISTAKES
+from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_confirm import confirm as confirm_modern
 from .plain import NotPlain, from_plain
 from .probes import PROBES, ProbeResult
@@ -41,7 +42,6 @@ __all__ = ["EXPLAINS", "MAX_MISTAKES", "Progress", "Service", "decide"]
 Tensor = torch.Tensor
 _ROLES = ("q", "k", "v", "proj", "fc1", "fc2", "ln1")  # and ln2, when the block has one
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
-GRADIENT_TOLERANCE = 1e-4  # of the reference's input gradient's scale (float32 blocks ~1e-6)
 
 # A mistake found by the comparison that also causes a probe failure: the failure is not a
 # separate mistake. (batch_mixing explains a shape failure that occurs only when B != T.)
@@ -150,11 +150,14 @@ def decide(
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
-        if passed and label != "FOUND" and not service.trusted:
+        if passed and label != "FOUND":
             # The modern comparison ran where the block runs: its PASS is a claim until the
-            # parts it read are held here to the chosen weights and to fresh inputs.
+            # parts it read are held here to the chosen weights, to fresh inputs and to the
+            # input gradient. In this process (trusted) only a failure of those counts.
             progress.stage("confirming the modern comparison on fresh inputs")
-            why = confirm_modern(modern, subject, chosen, fresh)
+            backward = all(f.passed for f in findings if f.name == "gradients")
+            why = confirm_modern(modern, subject, chosen, fresh, backward)
+            why = why if isinstance(why, Finding) or not service.trusted else ""
         if isinstance(why, Finding):
             findings.append(why)
             progress.finding(why)
@@ -352,21 +355,9 @@ def _confirm(
             return Finding("reference comparison", False, msg)
     if match.deviations or not backward:
         return None  # the block fails already: a mistake, or a backward pass that fails
-    x = torch.randn(subject.T, subject.T, C, generator=fresh, dtype=torch.float64)
-    weights = torch.randn(x.shape, generator=fresh, dtype=torch.float64)
-    x.requires_grad_(True)
-    (ours,) = torch.autograd.grad(
-        (run_steps(parts, x, match.n_head, activation, steps) * weights).sum(), [x]
+    error = input_gradient_error(
+        subject, lambda x: run_steps(parts, x, match.n_head, activation, steps), fresh
     )
-    try:
-        got = subject.grads(
-            x.detach().to(device=subject.device, dtype=subject.dtype),
-            weights.to(device=subject.device, dtype=subject.dtype),
-            inputs=True,
-        ).input
-    except CAUGHT:  # its backward pass ran for the probe: failing now is not one fixed block's
-        got = None
-    error = float("inf") if got is None else distance(got.to(torch.float64).cpu(), ours)
     if not error <= GRADIENT_TOLERANCE:
         msg = (
             "the block's outputs are the lessons' block's, but its gradient with respect to its "

@@ -5,8 +5,11 @@
 # x.float() then type_as(x), rotary as complex numbers (view_as_complex of adjacent pairs times
 # freqs_cis from torch.polar, view_as_real, flatten), repeat_kv on the (bs, slen, n_kv_heads,
 # head_dim) layout, the additive -inf mask, softmax in float32, h = x + ...; out = h + ...
-# Reduced: ModelArgs as plain arguments; freqs_cis a buffer and the mask made in forward (the
-# checker calls forward(x)); no kv cache, no model parallel layers; SwiGLU's hidden width given.
+# Kept too: the kv cache (cache_k, cache_v, written at start_pos, read up to start_pos + seqlen)
+# and forward(x, start_pos)'s offset freqs_cis[start_pos : start_pos + seqlen] and mask.
+# Reduced: ModelArgs as plain arguments; freqs_cis a buffer and the mask made in forward; start_pos
+# None (the checker calls forward(x)) computes the whole sequence without the cache, as a training
+# step does; no model parallel layers; SwiGLU's hidden width given.
 import math
 
 import torch
@@ -65,7 +68,7 @@ def repeat_kv(x, n_rep):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads, n_kv_heads):
+    def __init__(self, dim, n_heads, n_kv_heads, max_batch_size=16, max_seq_len=32):
         super().__init__()
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.n_local_heads = n_heads
@@ -76,8 +79,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.cache_k = torch.zeros((max_batch_size, max_seq_len, self.n_local_kv_heads, self.head_dim))
+        self.cache_v = torch.zeros((max_batch_size, max_seq_len, self.n_local_kv_heads, self.head_dim))
 
-    def forward(self, x, freqs_cis, mask):
+    def forward(self, x, freqs_cis, mask, start_pos=None):
         bsz, seqlen, _ = x.shape
         xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
 
@@ -86,6 +91,14 @@ class Attention(nn.Module):
         xv = xv.view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)
 
         xq, xk = apply_rotary_emb(xq, xk, freqs_cis=freqs_cis)
+
+        if start_pos is not None:
+            self.cache_k = self.cache_k.to(xq)
+            self.cache_v = self.cache_v.to(xq)
+            self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk
+            self.cache_v[:bsz, start_pos : start_pos + seqlen] = xv
+            xk = self.cache_k[:bsz, : start_pos + seqlen]
+            xv = self.cache_v[:bsz, : start_pos + seqlen]
 
         keys = repeat_kv(xk, self.n_rep)  # (bs, seqlen, n_local_heads, head_dim)
         values = repeat_kv(xv, self.n_rep)
@@ -116,18 +129,27 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, dim=32, n_heads=4, n_kv_heads=2, hidden_dim=48, norm_eps=1e-5, max_seq_len=16):
         super().__init__()
-        self.attention = Attention(dim, n_heads, n_kv_heads)
+        self.attention = Attention(dim, n_heads, n_kv_heads, max_seq_len=max_seq_len * 2)
         self.feed_forward = FeedForward(dim, hidden_dim)
         self.attention_norm = RMSNorm(dim, eps=norm_eps)
         self.ffn_norm = RMSNorm(dim, eps=norm_eps)
         self.register_buffer("freqs_cis", precompute_freqs_cis(dim // n_heads, max_seq_len * 2), persistent=False)
 
-    def forward(self, x):
+    def forward(self, x, start_pos=None):
         seqlen = x.shape[1]
-        freqs_cis = self.freqs_cis[:seqlen]
-        mask = torch.full((seqlen, seqlen), float("-inf"), device=x.device)
-        mask = torch.triu(mask, diagonal=1).type_as(x)
-        h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
+        if start_pos is None:
+            freqs_cis = self.freqs_cis[:seqlen]
+            mask = torch.full((seqlen, seqlen), float("-inf"), device=x.device)
+            mask = torch.triu(mask, diagonal=1).type_as(x)
+            h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
+        else:
+            freqs_cis = self.freqs_cis[start_pos : start_pos + seqlen]
+            mask = None
+            if seqlen > 1:
+                mask = torch.full((seqlen, seqlen), float("-inf"), device=x.device)
+                mask = torch.triu(mask, diagonal=1)
+                mask = torch.hstack([torch.zeros((seqlen, start_pos), device=x.device), mask]).type_as(x)
+            h = x + self.attention(self.attention_norm(x), freqs_cis, mask, start_pos)
         out = h + self.feed_forward(self.ffn_norm(h))
         return out
 
@@ -164,6 +186,9 @@ def weights(b):
 
 ROPE = "xq, xk = apply_rotary_emb(xq, xk, freqs_cis=freqs_cis)"
 MISTAKES = {
+    "rope_cache_offset": [
+        ("freqs_cis = self.freqs_cis[start_pos : start_pos + seqlen]", "freqs_cis = self.freqs_cis[:seqlen]")
+    ],
     "rmsnorm_eps": [
         (
             "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",

@@ -1,0 +1,127 @@
+"""A modern block's KV cache, driven by the checker where its forward has a known cache API.
+
+Meta's Llama (``forward(x, start_pos)``) and gpt-fast (``forward(x, input_pos)``) in
+``tests/zoo_modern`` keep their caches: correct, the cached step equals the whole sequence and the
+block PASSes; with the step's table sliced from the start (``rope_cache_offset``), whole
+sequences are still right, and the checker names the mistake, in process and isolated. A block
+with no cache argument is reported "not probed", and a ``past_key_value`` block that returns
+``(y, cache)`` is driven too.
+"""
+
+import pathlib
+
+import pytest
+import torch
+import torch.nn as nn
+
+import zoo_modern
+from gptblock import check_block
+from gptblock.check import check_isolated
+from gptblock.check.modern_cache import CACHE_APIS, cache_api, probe_cache
+
+CACHED = ("meta_llama", "gpt_fast")
+
+
+@pytest.mark.parametrize("style", CACHED)
+@pytest.mark.parametrize("mistakes", [(), ("rope_cache_offset",)])
+def test_a_cached_step_is_compared_in_process(style, mistakes):
+    module = zoo_modern.load(style, mistakes)
+    report = check_block(module.BLOCK, **module.ARGS)
+    cache = [n for n in report.notes if n.startswith("cache (")]
+    assert len(cache) == 1, str(report)
+    if mistakes:
+        assert report.verdict == "FAIL" and report.diagnosis == ["rope_cache_offset"], str(report)
+        assert "rotated as position 0" in report.details["rope_cache_offset"]
+    else:
+        assert report.verdict == "PASS", str(report)
+        assert "equals the whole sequence" in cache[0]
+
+
+def _target(style, mistakes, folder):
+    """A file whose class builds the zoo's block with its arguments (gpt-fast's is a config
+    object, which no command line gives)."""
+    path = folder / f"{style}_{len(mistakes)}.py"
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
+        "import zoo_modern\n"
+        f"m = zoo_modern.load({style!r}, {mistakes!r})\n\n\n"
+        "class Built(m.BLOCK):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(**m.ARGS)\n"
+    )
+    return f"{path}:Built"
+
+
+def test_a_cached_step_is_compared_isolated(tmp_path):
+    cases = [(s, m) for s in CACHED for m in [(), ("rope_cache_offset",)]]
+    targets = [_target(s, m, tmp_path) for s, m in cases]
+    reports = check_isolated(targets, kwargs={}, roles={}, timeout=300)
+    for (style, mistakes), report in zip(cases, reports, strict=True):
+        if mistakes:
+            assert report.diagnosis == ["rope_cache_offset"], (style, str(report))
+        else:
+            assert report.verdict == "PASS", (style, str(report))
+            assert "not confirmed outside it" not in str(report)
+
+
+def test_a_block_without_a_cache_api_is_not_probed():
+    module = zoo_modern.load("hf_llama")
+    report = check_block(module.BLOCK, **module.ARGS)
+    assert report.verdict == "PASS"
+    assert any("not probed: no cache API recognised" in n for n in report.notes), str(report)
+
+
+class PastBlock(nn.Module):
+    """A block with a Hugging-Face-style cache: ``forward(x, past_key_value, use_cache)``
+    returns ``(y, cache)`` with ``use_cache``; the step's positions come from the cache's
+    length (``offset``: True) or, mistaken, start at 0."""
+
+    def __init__(self, offset=True, C=8):
+        super().__init__()
+        self.offset, self.C = offset, C
+        self.q, self.k = nn.Linear(C, C, bias=False), nn.Linear(C, C, bias=False)
+
+    def rotate(self, t, start):
+        T = t.shape[1]
+        pos = torch.arange(start, start + T, dtype=t.dtype)[:, None]  # (T, 1)
+        angle = pos * 10000.0 ** (-torch.arange(0, self.C, 2, dtype=t.dtype) / self.C)
+        a, b = t[..., 0::2], t[..., 1::2]
+        return torch.stack((a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()), -1).flatten(-2)  # fmt: skip
+
+    def forward(self, x, past_key_value=None, use_cache=False):
+        P = 0 if past_key_value is None else past_key_value[0].shape[1]
+        start = P if self.offset else 0
+        q, k = self.rotate(self.q(x), start), self.rotate(self.k(x), start)
+        v = x
+        if past_key_value is not None:
+            k, v = torch.cat((past_key_value[0], k), 1), torch.cat((past_key_value[1], v), 1)
+        T, S = q.shape[1], k.shape[1]
+        scores = q @ k.transpose(-2, -1) / self.C**0.5  # (B, T, S)
+        blocked = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
+        y = x + scores.masked_fill(blocked, float("-inf")).softmax(-1) @ v
+        return (y, (k, v)) if use_cache else y
+
+
+@pytest.mark.parametrize("offset", [True, False])
+def test_a_past_key_value_cache_is_driven(offset):
+    block = PastBlock(offset).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert cache_api(block) == "past_key_value" and "past_key_value" in CACHE_APIS
+
+    def error(y, ref):
+        return float((y - ref).abs().max() / ref.abs().max())
+
+    def shifted(positions):  # the block on x with its tokens rotated at these positions
+        q, k = block.q(x), block.k(x)
+        q = torch.cat([block.rotate(q[:, i : i + 1], int(p)) for i, p in enumerate(positions)], 1)
+        k = torch.cat([block.rotate(k[:, i : i + 1], int(p)) for i, p in enumerate(positions)], 1)
+        scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(torch.ones(5, 5).triu(1) > 0, float("-inf"))  # fmt: skip
+        return x + scores.softmax(-1) @ x
+
+    with torch.no_grad():
+        assert error(shifted(torch.arange(5)), block(x)) < 1e-12  # the reference is the block
+        found = probe_cache(block, x, error, 1e-4, shifted)
+    assert ("rotated as position 0" in found.note) is (not offset), found.note
+    assert bool(found.offset) is (not offset)
+    if offset:
+        assert "equals the whole sequence" in found.note

@@ -1,0 +1,228 @@
+"""The modern forms the checker's process rebuilds, and the input gradient it holds them to.
+
+GPT-J's block (one LayerNorm read by both branches, in parallel) and nanochat's (rotary
+positions turned by minus the angle) are confirmed in ``gptblock check`` as Llama's are
+(``tests/test_check_modern_isolated.py``): their parts are sent as numbers
+(``gptblock.check.modern_plain``) and rebuilt here. A forged reply still does not pass, and a
+block whose outputs are right but whose backward pass is not (a custom autograd ``Function``, a
+``.detach()``) is a failed comparison, in process and isolated.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gptblock.check import check_block, check_isolated
+from gptblock.check.modern_plain import receive
+
+ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
+sys.path.insert(0, str(ZOO))
+
+from hf_llama import LlamaDecoderLayer  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("style", "name", "args"),
+    [("gptj", "GPTJBlock", []), ("nanochat", "Block", ["--arg", "n_kv_head=2"])],
+)
+def test_gptj_and_nanochat_pass_isolated_from_the_cli(style, name, args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-m", "gptblock", "check", f"{ZOO / style}.py:{name}", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "result: PASS" in done.stdout
+    assert "not confirmed outside it" not in done.stdout
+
+
+FORGED = textwrap.dedent(
+    f'''
+    import sys
+    import torch
+    sys.path.insert(0, {str(ZOO)!r})
+    import gptblock.check.modern as modern
+    from gptj import GPTJBlock
+    from nanochat import Block
+
+    # the original, kept across targets (the file is run again for each, after the last
+    # target's __init__ replaced it)
+    real = modern.__dict__.setdefault("real_compare", modern.compare_modern)
+
+
+    def twin(module, x):
+        """The comparison run on a correct block of the same class with the checked block's
+        weights: a PASS, with parts made of the checker's values."""
+        right = module.right().to(x.dtype)
+        right.load_state_dict(module.state_dict())
+        return real(right, x)
+
+
+    def edited(change):
+        def compare(module, x):
+            out = twin(module, x)
+            meta, tensors = out.parts
+            meta, tensors = change(dict(meta), dict(tensors))
+            return modern.ModernOutcome(out.notes, out.finding, [], {{}}, [], (meta, tensors))
+
+        return compare
+
+
+    def turned(meta, tensors):  # nanochat's direction claimed to be the usual one
+        meta["rope"] = meta["rope"][:3] + [1.0]
+        return meta, tensors
+
+
+    def biased(meta, tensors):  # a LayerNorm's bias made up
+        tensors["ln1.b"] = tensors["ln1.b"] * 1.5
+        return meta, tensors
+
+
+    def two_norms(meta, tensors):  # GPT-J's one norm claimed to be two
+        tensors["ln2"], tensors["ln2.b"] = tensors["ln1"].clone(), tensors["ln1.b"].clone()
+        return dict(meta, shared=False), tensors
+
+
+    GPTJBlock.right = GPTJBlock
+    Block.right = lambda self: Block(n_kv_head=2)
+
+
+    class WrongJ(GPTJBlock):
+        """GPT-J's block plus a positionwise term no modern block has."""
+
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) + 0.05 * torch.tanh(hidden_states)
+
+
+    class TwinJ(WrongJ):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = twin
+
+
+    class BiasedJ(GPTJBlock):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = edited(biased)
+
+
+    class TwoNormsJ(GPTJBlock):
+        def __init__(self):
+            super().__init__()
+            modern.compare_modern = edited(two_norms)
+
+
+    class Turned(Block):
+        def __init__(self):
+            super().__init__(n_kv_head=2)
+            modern.compare_modern = edited(turned)
+    '''
+)
+NAMES = ("WrongJ", "TwinJ", "BiasedJ", "TwoNormsJ", "Turned")
+
+
+@pytest.fixture(scope="module")
+def forged(tmp_path_factory):
+    path = tmp_path_factory.mktemp("modern_forms") / "forged.py"
+    path.write_text(FORGED)
+    targets = [f"{path}:{name}" for name in NAMES]
+    reports = check_isolated(targets, kwargs={}, roles={}, timeout=300)
+    return dict(zip(NAMES, reports, strict=True))
+
+
+@pytest.mark.parametrize("name", ["WrongJ", "TwinJ", "Turned"])
+def test_a_forged_gptj_or_nanochat_pass_fails(forged, name):
+    """A wrong GPT-J with a correct twin's parts, and nanochat's parts with the direction of
+    its rotation claimed the other way, do not reproduce the block on fresh inputs."""
+    report = forged[name]
+    assert report.verdict == "FAIL", str(report)
+    failed = [f for f in forged[name].findings if f.name == "reference comparison"]
+    assert failed and not failed[0].passed
+    if name != "WrongJ":  # the parts reproduce the block only where its process ran them
+        assert "fresh" in failed[0].message
+
+
+def test_made_up_layernorm_parts_do_not_pass(forged):
+    """A bias scaled by 1.5 is refused when an entry is no value the checker chose, and fails on
+    fresh inputs when each lands near one (the chosen values are dense: it depends on the
+    draw); GPT-J's one norm sent as two is one parameter read for two roles."""
+    biased = forged["BiasedJ"]
+    assert biased.verdict in ("FAIL", "UNVERIFIED"), str(biased)
+    assert biased.verdict == "FAIL" or any("not confirmed outside it" in n for n in biased.notes)
+    report = forged["TwoNormsJ"]
+    assert report.verdict == "UNVERIFIED", str(report)
+    assert any("read from the same parameters" in n for n in report.notes)
+
+
+def test_a_shared_norm_or_a_direction_out_of_range_is_refused():
+    meta = {"eps": [1e-5, 1e-5], "forms": ["layernorm", "layernorm"], "shared": True,
+            "n_head": 2, "activation": "gelu", "gated": False, "parallel": True,
+            "rope": [10000.0, 4, "adjacent", -1.0]}  # fmt: skip
+    w = torch.zeros(8, 8)
+    tensors = {f"{r}.{p}": w if p == "w" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp2") for p in "wb"}  # fmt: skip
+    tensors |= {"ln1": w[0], "ln1.b": w[0]}
+    parts = receive(meta, tensors, 8)
+    assert parts.shared and parts.rope is not None and parts.rope.sign == -1.0
+    with pytest.raises(ValueError, match="do not describe a block"):
+        receive({**meta, "parallel": False}, tensors, 8)  # one norm for both: not pre-norm
+    with pytest.raises(ValueError, match="not one the checker knows"):
+        receive({**meta, "rope": [10000.0, 4, "adjacent", 0.5]}, tensors, 8)
+    with pytest.raises(ValueError, match="incomplete"):
+        receive({**meta, "shared": False}, tensors, 8)  # ln2 missing
+
+
+class _Half(torch.autograd.Function):
+    """The identity forward; half the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return 0.5 * g
+
+
+class HalfBackward(LlamaDecoderLayer):
+    def forward(self, hidden_states):
+        return _Half.apply(super().forward(hidden_states))
+
+
+class DetachedAttention(LlamaDecoderLayer):
+    """The attention branch reads a detached input: the outputs and every parameter's gradient
+    are there, the input gradient misses the attention's part."""
+
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm.register_forward_pre_hook(_detached)
+
+
+def _detached(module, args):
+    return (args[0].detach(),)
+
+
+@pytest.mark.parametrize("cls", [HalfBackward, DetachedAttention])
+def test_a_wrong_backward_pass_does_not_pass(cls):
+    assert check_block(LlamaDecoderLayer).verdict == "PASS"  # the forward both keep
+    report = check_block(cls)
+    assert report.verdict == "FAIL", str(report)
+    failed = [f for f in report.findings if f.name == "reference comparison"]
+    assert "gradient with respect to its input" in failed[0].message
+
+
+def test_a_wrong_backward_pass_does_not_pass_isolated(tmp_path):
+    path = tmp_path / "backward.py"
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
+        "from test_check_modern_confirm import DetachedAttention\n"
+    )
+    (report,) = check_isolated([f"{path}:DetachedAttention"], kwargs={}, roles={}, timeout=300)
+    assert report.verdict == "FAIL", str(report)
