@@ -90,7 +90,8 @@ def main() -> None:
         "--set position=rope --set rope_pairing=adjacent --set rope_theta=500.0\n"
         "--set mlp=swiglu --set d_ff=384 --set n_kv_head=2 --set qk_norm=True\n"
         "--set parallel_residual=True --set bias=False --set tie_embeddings=False\n"
-        "--set activation=relu2",
+        "--set activation=relu2 --set zero_init_proj=True --set logit_softcap=15.0\n"
+        "--set muon_momentum=0.9",
     )
     p.add_argument(
         "--attention",

@@ -39,6 +39,11 @@ ACCEPTED = {
     ("train", "--seed", "0"): "a seed",
     ("train", "--rope-theta", "1e308"): "valid: every pair but the first turns by almost 0",
     ("train", "--rotary-dim", "0"): "rotary on no channels: no positions (a tested identity)",
+    (
+        "train",
+        "--muon-momentum",
+        "0",
+    ): "Muon without momentum: each step's gradient, orthogonalised",
     ("sample", "--max-new-tokens", "0"): "the prompt alone",
     ("sample", "--max-new-tokens", str(10**20)): "streams until Ctrl-C",
     ("sample", "--temperature", "0"): "greedy",

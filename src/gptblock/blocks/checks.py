@@ -61,6 +61,29 @@ def check_norm_eps(value: object) -> float:
     return float(value)
 
 
+MAX_SOFTCAP = 1e4  # logits never come near it (a cap past them is no cap); float32 holds it
+
+
+def check_softcap(value: object) -> float | None:
+    """Return ``value`` as a float if it is a logit soft-cap: None (no cap) or in (0, 1e4].
+
+    Example:
+        >>> check_softcap(0.0)
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: logit_softcap must be None or a float in (0, 10000], got 0.0
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserTypeError(f"logit_softcap must be None or a float, got {value!r}")
+    if not 0 < value <= MAX_SOFTCAP:  # nan fails this too
+        raise UserValueError(
+            f"logit_softcap must be None or a float in (0, {MAX_SOFTCAP:g}], got {value}"
+        )
+    return float(value)
+
+
 def check_heads(
     d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
 ) -> int:

@@ -21,6 +21,7 @@ from .checks import check_input as check_input
 from .checks import check_norm_eps as check_norm_eps
 from .checks import check_positive_int as check_positive_int
 from .checks import check_seed as check_seed
+from .checks import check_softcap
 from .rotary import check_rotary
 
 
@@ -220,6 +221,10 @@ class GPTConfig:
         n_kv_head: key/value heads per block (grouped-query attention); None: n_head.
         position: ``"learned"`` (GPT-2's position embedding ``wpe``), ``"rope"`` (rotary, in
             every block; no ``wpe``) or ``"none"`` (no position information but the causal mask).
+        zero_init_proj: start every block's output projections (attention's and the MLP's), and
+            an untied ``lm_head``, at zero (modded-nanogpt): each block starts as the identity.
+        logit_softcap: None, or ``cap``: the logits are ``cap * tanh(logits / cap)`` (Gemma 2,
+            modded-nanogpt), in training, evaluation and generation alike.
         The modern options need ``block="fused"``.
 
     Example:
@@ -253,6 +258,8 @@ class GPTConfig:
     rotary_dim: int | None = None  # with rope: rotated channels per head; None: all
     rope_theta: float = 10000.0  # with rope: the angles' base
     rope_pairing: str = "halves"  # with rope: "halves" or "adjacent"
+    zero_init_proj: bool = False  # output projections (and an untied lm_head) start at zero
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap); None: no cap
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -268,6 +275,9 @@ class GPTConfig:
             raise UserTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
         if self.block not in BLOCK_FORMS:
             raise UserValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
+        if not isinstance(self.zero_init_proj, bool):
+            raise UserTypeError(f"zero_init_proj must be a bool, got {self.zero_init_proj!r}")
+        object.__setattr__(self, "logit_softcap", check_softcap(self.logit_softcap))
         object.__setattr__(self, "d_ff", 4 * self.n_embd if self.d_ff is None else self.d_ff)
         object.__setattr__(
             self, "n_kv_head", self.n_head if self.n_kv_head is None else self.n_kv_head

@@ -109,7 +109,8 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
         if kind is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
             continue
-        kind = int if kind == int | None else kind  # an optional number: the number
+        if kind in (int | None, float | None):  # an optional number: the number
+            kind = typing.get_args(kind)[0]
         p.add_argument(
             flag,
             type=kind,

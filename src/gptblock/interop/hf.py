@@ -317,8 +317,10 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
 
     Also ``model.to_hf(family)``.
     """
-    tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
+    if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps
+        raise UserValueError(f"Hugging Face's formats have no logit_softcap={config.logit_softcap}")
+    tf = transformers_module()
     if family is None:
         llama_block = (config.norm, config.mlp, config.position) == ("rmsnorm", "swiglu", "rope")
         family = "llama" if llama_block else "gpt2"

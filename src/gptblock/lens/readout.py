@@ -13,9 +13,16 @@ components, plus the biases' (the attention output biases and ``b . W_U[token]``
 logit exactly. (Rejected: normalising each component by its own scale, which does not add up;
 and recomputing ``s`` without the component, which measures a total effect, not a direct one.)
 
+A soft-capped model (``logit_softcap``: the logits are ``cap * tanh(z / cap)`` of the
+unembedding's ``z``) has no such decomposition of its logit: tanh is not linear, so a
+component's share of the capped logit depends on all the others. Direct logit attribution then
+explains ``z``, the logit before the cap (``LogitAttribution.softcap`` says so), which the cap
+maps monotonically to the model's logit: the ranking of the tokens, and the sign and order of the
+components' contributions, are the same; their sizes are those of ``z``, not of the output.
+
 The logit lens reads the stream after each layer as if it were the last: final LayerNorm and
-unembedding applied to ``embed`` and to each ``resid_post``; the last layer's reading is the
-model's own output.
+unembedding (and the soft cap, if any) applied to ``embed`` and to each ``resid_post``; the last
+layer's reading is the model's own output.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, L = n_layer.
 """
@@ -32,6 +39,7 @@ from torch.nn import functional as F
 
 from ..blocks.convert import describe
 from ..errors import UserTypeError, UserValueError
+from ..model.head import soft_cap
 from .trace import ActivationCache, CachedRun
 
 if TYPE_CHECKING:
@@ -81,7 +89,8 @@ class LogitAttribution:
     """Each component's direct contribution to one logit, through the final LayerNorm.
 
     ``values.sum() + bias == logit`` (up to rounding). Labels: ``embed``, ``L{i}H{n}`` for head
-    ``n`` of layer ``i``, ``L{i} MLP`` (with its biases), in stream order.
+    ``n`` of layer ``i``, ``L{i} MLP`` (with its biases), in stream order. For a soft-capped model
+    ``logit`` is the logit before the cap, and the model's is ``softcap * tanh(logit / softcap)``.
     """
 
     token: int  # the token whose logit is attributed
@@ -91,6 +100,7 @@ class LogitAttribution:
     bias: float  # what the biases add: every attention output bias, and ln_f's bias
     logit: float  # the model's logit for the token
     scale: float  # s = sqrt(var(x) + eps) of the final stream, as the forward pass used it
+    softcap: float | None = None  # the model's logit_softcap: ``logit`` is then before the cap
 
 
 def direct_logit_attribution(
@@ -159,15 +169,16 @@ def _attribute(
     if getattr(ln_f, "bias", None) is not None:
         bias = bias + ln_f.bias @ model.lm_head.weight[token]
     values = through(torch.cat(parts))  # (n_components,)
-    logit = float(run.logits[b, t, token].detach())
+    logit, cap = float(run.logits[b, t, token].detach()), model.config.logit_softcap
+    total = float(soft_cap(values.sum() + bias, cap))  # a soft cap's slope is at most 1
     # The parts add up to the logit exactly, up to rounding, when ``run`` is this model's own;
     # another model's run (or one with hooks) gives numbers that explain nothing: refused.
     size = float(values.abs().sum()) + abs(float(bias)) + abs(logit)
-    if abs(float(values.sum()) + float(bias) - logit) > 1e3 * torch.finfo(x.dtype).eps * (1 + size):
+    if abs(total - logit) > 1e3 * torch.finfo(x.dtype).eps * (1 + size):
         raise UserValueError(
             "run is not this model's own run_with_cache result (without hooks): its logit "
             f"{logit:.4g} is not what this model's parts add up to "
-            f"({float(values.sum()) + float(bias):.4g}); pass the model that made it"
+            f"({total:.4g}); pass the model that made it"
         )
     return LogitAttribution(
         token=token,
@@ -175,8 +186,9 @@ def _attribute(
         labels=tuple(labels),
         values=values,
         bias=float(bias),
-        logit=logit,
+        logit=logit if cap is None else float(values.sum() + bias),  # before the cap
         scale=float(scale),
+        softcap=cap,
     )
 
 
@@ -221,6 +233,7 @@ def logit_lens(
     ln_f = cast(nn.LayerNorm, model.transformer["ln_f"])
     with torch.no_grad():
         logits = model.lm_head(ln_f(torch.stack(stages)))  # (L + 1, T, C) -> (L + 1, T, V)
+        logits = soft_cap(logits, model.config.logit_softcap)  # as the model's own head
     V = logits.shape[-1]
     if vocab_size is not None and (
         isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V

@@ -34,6 +34,7 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .generation import decode
 from .generation.sampling import GenerationStep
+from .head import soft_cap
 from .inputs import check_ids, check_range
 from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
@@ -119,8 +120,13 @@ class GPT(nn.Module):
 
     def _init_weights(self) -> None:
         resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        # zero_init_proj (modded-nanogpt): the projections into the stream (and an untied head,
+        # named_parameters lists a tied one as wte) start at 0, so each block starts as the identity.
+        zero = (*RESIDUAL_PROJECTIONS, "lm_head.weight") if self.config.zero_init_proj else ()
         for name, p in self.named_parameters():
-            if name.endswith(RESIDUAL_PROJECTIONS):
+            if name.endswith(zero):
+                nn.init.zeros_(p)
+            elif name.endswith(RESIDUAL_PROJECTIONS):
                 nn.init.normal_(p, mean=0.0, std=resid_std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -237,7 +243,8 @@ class GPT(nn.Module):
                 x = block(x, kv_cache=cache, probe=None if probe is None else probe.block(i), **rotary)  # fmt: skip
         x = parts.ln_f(x)  # (B, T, C)
         x = x if probe is None else probe.point("ln_final", x)
-        return parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
+        logits = parts.lm_head(x)  # (B, T, C) @ (C, V) -> (B, T, V)
+        return soft_cap(logits, self.config.logit_softcap)  # model.head: the identity by default
 
     def _probed_blocks(self) -> list[BlockFn]:
         """The blocks as forwards that take a probe: a ``FusedBlock`` itself; a lesson or

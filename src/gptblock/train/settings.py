@@ -39,6 +39,7 @@ APPLIES_TO = {
     "rope_pairing": ("position", "rope"),
     "decay_fraction": ("schedule", "wsd"),
     "muon_lr": ("optimizer", "muon"),
+    "muon_momentum": ("optimizer", "muon"),
 }
 
 
@@ -67,7 +68,7 @@ class RunSettings:
         >>> s.replace({"layers": 3})
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, activation, bias, tie_embeddings, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
+        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, activation, bias, tie_embeddings, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, zero_init_proj, logit_softcap, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, muon_momentum, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
     """
 
     # The model (GPTConfig's fields).
@@ -104,6 +105,13 @@ class RunSettings:
         help="with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
         choices=PAIRINGS,
     )
+    # The output side (GPTConfig's fields; issue 22).
+    zero_init_proj: bool = setting(
+        False, help="start the blocks' output projections (and an untied head) at zero"
+    )
+    logit_softcap: float | None = setting(
+        None, help="squash the logits to cap * tanh(logits / cap) (none: no cap)"
+    )
     # How to train it (TrainConfig's fields).
     batch_size: int = setting(
         DEFAULTS.batch_size, help="sequences per step, all processes together"
@@ -129,6 +137,7 @@ class RunSettings:
         choices=OPTIMIZERS,
     )
     muon_lr: float = setting(DEFAULTS.muon_lr, help="Muon's peak learning rate")
+    muon_momentum: float = setting(DEFAULTS.muon_momentum, help="Muon's (Nesterov) momentum")
     weight_decay: float = setting(
         DEFAULTS.weight_decay, help="AdamW's weight decay, on matrices and embeddings"
     )

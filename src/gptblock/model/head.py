@@ -1,0 +1,39 @@
+"""The GPT's logits after its unembedding: soft-capped, or as they are.
+
+Logit soft-capping (Gemma 2; modded-nanogpt's speedrun, cap 30 then 15) squashes each logit
+smoothly into (-cap, cap): ``cap * tanh(logits / cap)``. Near zero it is the identity (slope 1),
+so a well-calibrated model barely changes, but no logit can grow without bound, which keeps a
+few confident tokens from taking over the loss early in training. (Rejected: clamping, whose
+gradient is zero past the cap, so a saturated logit could never come back.)
+
+``GPT._run`` applies it once, after ``lm_head``, so training, evaluation, the lens's runs and
+generation (every weight form) see the same logits, and the loss is computed on capped ones.
+
+Shapes: B batch, T time, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["soft_cap"]
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(logits / cap)``; ``logits`` unchanged when ``cap`` is None.
+
+    Args:
+        logits: any shape, e.g. (B, T, V).
+        cap: a positive float (``GPTConfig.logit_softcap``), or None.
+
+    Example:
+        >>> soft_cap(torch.tensor([0.0, 1.0, 100.0]), 15.0)
+        tensor([ 0.0000,  0.9980, 14.9999])
+        >>> soft_cap(torch.tensor([100.0]), None)
+        tensor([100.])
+    """
+    if cap is None:
+        return logits
+    # tanh in the logits' own dtype: under bfloat16 autocast the head's matmul returns bfloat16,
+    # and the cross-entropy that follows upcasts to float32 itself.
+    return torch.tanh(logits / cap) * cap
