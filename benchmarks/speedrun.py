@@ -3,6 +3,7 @@
     python benchmarks/speedrun.py                      # the shakespeare-cpu preset, seed 1337
     python benchmarks/speedrun.py --seed 2 --json run.json
     python benchmarks/speedrun.py --baseline           # nanoGPT's README CPU recipe, to its end
+    python benchmarks/speedrun.py --preset shakespeare-cpu-long --budget 60   # track 2
 
 The speedrun trains gptblock's GPT with a preset (default ``shakespeare-cpu``) and stops as soon
 as the loss on the WHOLE validation split (the last 10% of the text; mean per-character
@@ -17,6 +18,14 @@ a batch at the start and at the end, only print.)
 wide, context 64, batch 12, 2000 iterations, dropout 0, AdamW lr 1e-3, betas (0.9, 0.99), weight
 decay 0.1, 100 warmup steps, cosine to 1e-4, an estimate of 20 batches every 250 steps), to its
 end, and reports its wall time and final whole-validation loss.
+
+``--budget SECONDS`` is track 2: train until the budget, counted from the process's start, and
+report the whole-validation loss reached then (no target: the loss is the result). The number of
+steps is decided by the clock (``speedrun_budget.BudgetPlan``): after a few steps the final
+check's cost is estimated (a sixteenth of the validation windows, timed), and from then on
+``max_iters`` is re-planned after every step as the steps that still fit before the budget less
+that check, so the warmup-stable-decay schedule ends its decay at the last step even when the
+machine's speed drifts.
 
 The wall time runs from the process's start (read from /proc, so the interpreter's and torch's
 start-up count) to the check that reaches the target (or, for the baseline, to the end). Its
@@ -40,8 +49,10 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from speedrun_budget import budget_callback, check_budget  # noqa: E402  (benchmarks/)
 
 from gptblock import __version__  # noqa: E402
 from gptblock.blocks import attention  # noqa: E402
@@ -79,6 +90,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--target", type=float, default=1.88, help="whole-validation loss to reach")
     p.add_argument("--check-at", type=int, nargs="*", default=[], help="extra check steps")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="track 2: train until this many seconds after the process's start, the\n"
+        "schedule's decay ending there, and report the whole-validation loss",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument(
         "--set",
@@ -125,8 +143,11 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         raise UserValueError(f"--target must be a positive, finite loss, got {args.target}")
     for step in args.check_at:
         check_positive_int("--check-at", step)
+    if args.budget is not None:
+        check_budget(args, started)
     set_threads(args.threads)
-    preset = args.preset or ("nanogpt-cpu" if args.baseline else "shakespeare-cpu")
+    track2 = "shakespeare-cpu-long" if args.budget is not None else "shakespeare-cpu"
+    preset = args.preset = args.preset or ("nanogpt-cpu" if args.baseline else track2)
     settings = preset_settings(preset)
     overrides = {}
     for item in args.set:
@@ -140,7 +161,10 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
         attention.MATH_KERNEL_MAX_T = 0
-    if not args.baseline:
+    if args.budget is not None:
+        # The clock decides the steps (BudgetPlan): until it has, the run is "endless".
+        overrides |= {"max_iters": ENDLESS, "eval_interval": ENDLESS, "eval_iters": 1}
+    elif not args.baseline:
         # The trainer's estimates only print here: one batch, at the start and at the end.
         overrides |= {"eval_interval": settings.max_iters, "eval_iters": 1}
     # A CPU record: the CPU unless --set device=... says otherwise (prepare_run's default is auto).
@@ -165,6 +189,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
 
     last_step = run.train_config.max_iters
     due = {*args.check_at, last_step}
+    plan: dict[str, object] = {}
 
     def on_step(trainer: object) -> None:
         nonlocal reached
@@ -172,6 +197,9 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         if step in due and check(step) <= args.target:
             reached = checks[-1]
             run.trainer.request_stop()  # the trainer's own closing score is not timed
+
+    if args.budget is not None:
+        on_step = budget_callback(run, args.budget, started, check, plan)
 
     start: dict[str, float] = {}
 
@@ -190,6 +218,10 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     run.fit()
     last = reached or checks[-1]
     tokens = last["step"] * run.train_config.batch_size * T
+    if args.budget is not None:
+        settings = preset_settings(preset, overrides | {"max_iters": last["step"]})
+        report_budget(args, settings, run, last, tokens, start | plan)
+        return
     kind = "baseline" if args.baseline else "speedrun"
     ok = reached is not None
     print(
@@ -232,6 +264,48 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         atomic_write_json(args.json, record)
     if not ok and not args.baseline:
         raise SystemExit(1)  # the speedrun failed: a script or CI can tell
+
+
+ENDLESS = 10**7  # max_iters until the clock has planned the steps (never reached)
+
+
+def report_budget(
+    args: argparse.Namespace,
+    settings: Any,
+    run: Any,
+    last: dict[str, float],
+    tokens: int,
+    measured: dict[str, Any],
+) -> None:
+    """Print track 2's result and write its record."""
+    over = last["seconds"] - args.budget
+    print(
+        f"track 2 ({args.preset}, seed {args.seed}): whole-validation loss {last['val_loss']:.4f} "
+        f"after {last['step']} steps, {tokens:,} tokens; {last['seconds']:.1f} s from process "
+        f"start, budget {args.budget:.1f} s ({over:+.1f} s)"
+    )
+    if args.json:
+        record = {
+            "kind": "track2",
+            "preset": args.preset,
+            "settings": {
+                **dataclasses.asdict(settings),
+                "device": run.train_config.device,
+                "dtype": run.train_config.dtype,
+            },
+            "seed": args.seed,
+            "budget_seconds": args.budget,
+            "wall_seconds": last["seconds"],
+            **measured,
+            "steps": last["step"],
+            "tokens": tokens,
+            "val_loss": last["val_loss"],
+            "threads": args.threads,
+            "gptblock": __version__,
+            "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(),
+        }
+        atomic_write_json(args.json, record)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/speedrun.py runs end to end (tiny settings here; the real run is documented in
 benchmarks/README.md), and every preset setting is a flag of gptblock train."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -75,3 +76,86 @@ def test_the_speedrun_takes_the_modern_blocks_settings(tmp_path):
     for item in modern:
         name, _, value = item.partition("=")
         assert repr(settings[name]) in (value, repr(value)), (name, settings[name])
+
+
+# Track 2: speedrun.py --budget. The planner is checked on a simulated clock (no test times
+# anything); the script's refusals and one tiny run end to end.
+sys.path.insert(0, str(SPEEDRUN.parent))
+from speedrun_budget import BudgetPlan  # noqa: E402
+
+from gptblock.train.config import TrainConfig, lr_at  # noqa: E402
+
+
+def simulate(step_seconds, deadline=100.0, start=1.0):
+    """A run on a fake clock: each step takes ``step_seconds(step)``; after each, the plan sets
+    max_iters as speedrun.py does. Returns (steps done, end time, each step's lr, the config)."""
+    cfg = TrainConfig(max_iters=10**7, lr=1.0, min_lr_ratio=0.0, warmup=10, schedule="wsd",
+                      decay_fraction=0.5)  # fmt: skip
+    plan, now, step, lrs = BudgetPlan(deadline, window=50, skip=5), start, 0, []
+    while True:
+        lrs.append(lr_at(step, cfg))
+        now += step_seconds(step)
+        step += 1
+        total = plan.after_step(step, now)
+        if total is not None and total <= step:
+            return step, now, lrs, cfg
+        if total is not None:
+            cfg = TrainConfig(**{**cfg.__dict__, "max_iters": total})
+
+
+@pytest.mark.parametrize("change", [1.0, 1.2, 0.8])  # steady; 20% slower or faster mid-run
+def test_the_budget_plan_ends_the_decay_at_the_deadline_when_the_clock_drifts(change):
+    steps, end, lrs, cfg = simulate(lambda s: 0.1 if s < 400 else 0.1 * change)
+    assert end <= 100.0  # the last step ended in time...
+    assert end > 100.0 - 0.1 * change * 2  # ...and the budget was used: at most a step left
+    expected = 400 + (99.0 - 40.0) / (0.1 * change)  # steps at 0.1 s to 40 s, then the rest
+    assert abs(steps - expected) <= 2
+    assert cfg.max_iters == steps  # the schedule's end is the last step...
+    assert lrs[-1] <= 2 / (0.5 * (steps - 10))  # ...and its decay reached it, not cut short
+    decay = lrs[steps // 2 + 10 :]
+    assert max(decay) < 1.0 and all(b <= a + 0.01 for a, b in itertools.pairwise(decay))
+    assert min(lrs[10 : steps // 2 - 10]) == 1.0  # the stable phase is whole
+
+
+def test_the_budget_plan_waits_for_timed_steps_and_stops_at_the_deadline():
+    plan = BudgetPlan(10.0, window=3, skip=2)
+    assert plan.after_step(1, 1.0) is None and plan.after_step(2, 2.0) is None  # one timed
+    assert plan.after_step(3, 3.0) == 10  # 1 s a step: 7 more fit
+    assert plan.after_step(4, 9.5) == 4  # slow now: no step fits before 10 s
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--budget", "nan"], "--budget must be a finite number of seconds"),
+        (["--budget", "-5"], "got -5.0"),
+        (["--budget", "0.01"], "above the"),  # less than the start already took
+        (["--budget", "60", "--baseline"], "does not take --baseline"),
+        (["--budget", "60", "--check-at", "5"], "does not take --check-at"),
+    ],
+)
+def test_a_bad_budget_is_one_line_and_exit_code_2(flags, says):
+    done = subprocess.run([sys.executable, str(SPEEDRUN), *flags], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_budget_run_plans_its_steps_and_records_them(tmp_path):
+    record, text = tmp_path / "run.json", tmp_path / "small.txt"
+    text.write_text("the king shall not be mine, good lord; what say you?\n" * 40)
+    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "block_size=16", "warmup=2"]
+    cmd = [sys.executable, str(SPEEDRUN), "--budget", "30", "--json", str(record), "--data"]
+    cmd += [str(text), "--preset", "shakespeare-cpu"]
+    for item in tiny:
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if done.returncode == 2 and "leaves no time to train" in done.stderr:
+        pytest.skip("the machine is so busy that the start took the whole budget")
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(record.read_text())
+    assert rec["kind"] == "track2" and rec["budget_seconds"] == 30.0
+    assert rec["steps"] > 5 and rec["settings"]["max_iters"] == rec["steps"]
+    assert rec["plans"][-1]["planned_steps"] == rec["steps"] and rec["check_estimate_seconds"] > 0
+    assert 0 < rec["val_loss"] < 5 and "track 2 (shakespeare-cpu, seed 1337)" in done.stdout
