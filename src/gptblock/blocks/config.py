@@ -220,6 +220,9 @@ class GPTConfig:
         n_kv_head: key/value heads per block (grouped-query attention); None: n_head.
         position: ``"learned"`` (GPT-2's position embedding ``wpe``), ``"rope"`` (rotary, in
             every block; no ``wpe``) or ``"none"`` (no position information but the causal mask).
+        bigram, smear: the input side (``gptblock.model.embeddings``): an embedding of each
+            (previous token, token) pair added to the token's; a gated part of each position's
+            embedding added to the next one's. Any block form.
         The modern options need ``block="fused"``.
 
     Example:
@@ -253,9 +256,14 @@ class GPTConfig:
     rotary_dim: int | None = None  # with rope: rotated channels per head; None: all
     rope_theta: float = 10000.0  # with rope: the angles' base
     rope_pairing: str = "halves"  # with rope: "halves" or "adjacent"
+    bigram: bool = False  # + an embedding of (previous token, token); missing: off
+    smear: bool = False  # + a gated part of the previous position's embedding
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
+        for flag in ("bigram", "smear"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         check_positive_int("block_size", self.block_size)
         check_positive_int("n_layer", self.n_layer)
         check_heads(self.n_embd, self.n_head, names=("n_embd", "n_head"))

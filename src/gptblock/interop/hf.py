@@ -319,6 +319,12 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     """
     tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
+    for name in ("bigram", "smear"):  # issue 22's input side: neither GPT-2 nor Llama has one
+        if getattr(config, name):
+            raise UserValueError(
+                f"Hugging Face's formats cannot express {name}=True: GPT-2 and Llama embed "
+                f"each token alone; save this model as a gptblock checkpoint"
+            )
     if family is None:
         llama_block = (config.norm, config.mlp, config.position) == ("rmsnorm", "swiglu", "rope")
         family = "llama" if llama_block else "gpt2"
