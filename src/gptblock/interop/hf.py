@@ -43,6 +43,7 @@ from ..blocks.config import GPTConfig
 from ..blocks.convert import convert
 from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
 from ..files import make_directory
+from ..model.embeddings import refuse_inputs
 from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
 from . import llama
@@ -319,12 +320,7 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     """
     tf = transformers_module()
     config: GPTConfig = model.config  # type: ignore[assignment]
-    for name in ("bigram", "smear"):  # issue 22's input side: neither GPT-2 nor Llama has one
-        if getattr(config, name):
-            raise UserValueError(
-                f"Hugging Face's formats cannot express {name}=True: GPT-2 and Llama embed "
-                f"each token alone; save this model as a gptblock checkpoint"
-            )
+    refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
     if family is None:
         llama_block = (config.norm, config.mlp, config.position) == ("rmsnorm", "swiglu", "rope")
         family = "llama" if llama_block else "gpt2"

@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from ..errors import UserValueError
+
 __all__ = [
     "BIGRAM_CAP",
     "LOOKBACK",
@@ -38,6 +40,7 @@ __all__ = [
     "Smear",
     "bigram_index",
     "bigram_rows",
+    "refuse_inputs",
 ]
 
 BIGRAM_CAP = 2**16  # the most rows of a bigram table; more pairs than this are hashed
@@ -71,6 +74,24 @@ def bigram_index(prev: torch.Tensor, cur: torch.Tensor, V: int) -> torch.Tensor:
     if rows == (V + 1) * V:
         return prev * V + cur
     return torch.bitwise_xor(36313 * cur, 27191 * prev) % rows
+
+
+def refuse_inputs(config: object, where: str) -> None:
+    """Refuse a model with a bigram embedding or a smear, for a format without them: one line
+    naming the option.
+
+    Example:
+        >>> from gptblock import GPTConfig
+        >>> refuse_inputs(GPTConfig(13, 8, 1, 2, 16, smear=True), "GPT-2's format")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: GPT-2's format cannot express smear=True; save the model as a gptblock checkpoint
+    """
+    for name in ("bigram", "smear"):
+        if getattr(config, name, False):
+            raise UserValueError(
+                f"{where} cannot express {name}=True; save the model as a gptblock checkpoint"
+            )
 
 
 class Smear(nn.Module):
