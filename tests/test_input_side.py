@@ -41,7 +41,7 @@ def gpt(seed=0, **options):
 
 def numpy_bigram(E, idx, V):
     """E[prev * V + cur] by hand: prev is V (no previous token) at the first position."""
-    out = np.zeros(idx.shape + (E.shape[1],))
+    out = np.zeros((*idx.shape, E.shape[1]))
     for b in range(idx.shape[0]):
         for t in range(idx.shape[1]):
             prev = V if t == 0 else int(idx[b, t - 1])

@@ -176,4 +176,3 @@ class InputMix(nn.Module):
         if self.smear is not None:
             x = self.smear(x)
         return x[:, k:]  # (B, T, C)
-

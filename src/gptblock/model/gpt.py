@@ -229,7 +229,8 @@ class GPT(nn.Module):
         before ``idx`` that ``parts.inputs`` reads (``embeddings.LOOKBACK``; None: none).
         """
         T = idx.shape[1]
-        x = parts.wte(idx) if parts.inputs is None else parts.inputs(idx, parts.wte, before)  # (B, T, C)
+        # (B, T, C): the token embedding, with the bigram embedding and the smear where they are on
+        x = parts.wte(idx) if parts.inputs is None else parts.inputs(idx, parts.wte, before)
         if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
             start = 0 if caches is None else caches[0].length
             x = x + parts.wpe(start, T, positions)  # + (T, C) or (B, T, C)
