@@ -225,6 +225,9 @@ class GPTConfig:
             an untied ``lm_head``, at zero (modded-nanogpt): each block starts as the identity.
         logit_softcap: None, or ``cap``: the logits are ``cap * tanh(logits / cap)`` (Gemma 2,
             modded-nanogpt), in training, evaluation and generation alike.
+        bigram, smear: the input side (``gptblock.model.embeddings``): an embedding of each
+            (previous token, token) pair added to the token's; a gated part of each position's
+            embedding added to the next one's. Any block form.
         The modern options need ``block="fused"``.
 
     Example:
@@ -260,9 +263,14 @@ class GPTConfig:
     rope_pairing: str = "halves"  # with rope: "halves" or "adjacent"
     zero_init_proj: bool = False  # output projections (and an untied lm_head) start at zero
     logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap); None: no cap
+    bigram: bool = False  # + an embedding of (previous token, token); missing: off
+    smear: bool = False  # + a gated part of the previous position's embedding
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
+        for flag in ("bigram", "smear"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         check_positive_int("block_size", self.block_size)
         check_positive_int("n_layer", self.n_layer)
         check_heads(self.n_embd, self.n_head, names=("n_embd", "n_head"))

@@ -21,8 +21,7 @@ tanh approximation of GELU: the blocks' ``"gelu_tanh"``, so the function is the 
 A config that gptblock's blocks cannot compute (attention scaled by the layer index, upcast and
 reordered attention, cross-attention, an MLP not 4x wide, a scaled rope, ...) is refused with an
 error naming the field; nothing is approximated. Only local directories are read (a hub name is
-refused: nothing is downloaded), and only safetensors files: a ``pytorch_model.bin`` would have
-to be unpickled.
+refused: nothing is downloaded), and only safetensors files (a ``.bin`` would be unpickled).
 
 Shapes: C = n_embd, V = vocab_size, nh heads.
 """
@@ -43,6 +42,7 @@ from ..blocks.config import GPTConfig
 from ..blocks.convert import convert
 from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
 from ..files import make_directory
+from ..model.embeddings import refuse_inputs
 from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
 from . import llama
@@ -318,7 +318,8 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     Also ``model.to_hf(family)``.
     """
     config: GPTConfig = model.config  # type: ignore[assignment]
-    if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps
+    refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
+    if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps: one line
         raise UserValueError(f"Hugging Face's formats have no logit_softcap={config.logit_softcap}")
     tf = transformers_module()
     if family is None:

@@ -42,6 +42,7 @@ import torch
 
 from ..blocks.config import GPTConfig
 from ..errors import UserValueError
+from .embeddings import SMEAR_CHANNELS, bigram_rows
 
 __all__ = [
     "MemoryEstimate",
@@ -123,7 +124,10 @@ def parameter_count(config: GPTConfig) -> int:
         per_block = attn + mlp + (1 if config.parallel_residual else 2) * norm
     positions = T * C if config.position == "learned" else 0
     head = 0 if config.tie_embeddings else V * C
-    return V * C + positions + config.n_layer * per_block + norm + head
+    inputs = (bigram_rows(V) * C if config.bigram else 0) + (
+        min(SMEAR_CHANNELS, C) + 1 if config.smear else 0
+    )  # embeddings.InputMix: the pair table; the smear's gate and scale
+    return V * C + positions + config.n_layer * per_block + norm + head + inputs
 
 
 def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> MemoryEstimate:

@@ -32,6 +32,7 @@ from ..blocks.fused import FusedBlock, block_forward, stream_norm
 from ..blocks.mha import TransformerBlock
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
+from .embeddings import InputMix
 from .generation import decode
 from .generation.sampling import GenerationStep
 from .head import soft_cap
@@ -92,6 +93,8 @@ class GPT(nn.Module):
         self.config = config
         C = config.n_embd
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
+        if config.bigram or config.smear:  # issue 22's input side (embeddings.py)
+            modules["inputs"] = InputMix(config.vocab_size, C, bigram=config.bigram, smear=config.smear)  # fmt: skip
         if config.position == "learned":  # rotary positions live in the blocks' attention
             modules["wpe"] = nn.Embedding(config.block_size, C)
         modules["drop"] = nn.Dropout(config.dropout)
@@ -104,6 +107,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self._init_weights()
+        if "inputs" in modules:  # they start at zero: the model starts as without them
+            cast(InputMix, modules["inputs"]).reset_parameters()
 
     @property
     def wte(self) -> nn.Embedding:
@@ -208,6 +213,7 @@ class GPT(nn.Module):
             self.blocks if blocks is None else blocks,
             cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
+            cast(InputMix, self.transformer["inputs"]) if "inputs" in self.transformer else None,
         )
 
     def _run(
@@ -218,16 +224,19 @@ class GPT(nn.Module):
         caches: Sequence[KVStore] | None = None,
         probe: Tracer | None = None,
         positions: torch.Tensor | None = None,
+        before: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
 
         The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
         and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
         continues after the positions they hold. ``positions`` (T,) or (B, T): the tokens'
-        positions (default: from 0, or after the cached ones).
+        positions (default: from 0, or after the cached ones). ``before`` (B, k): the ids
+        before ``idx`` that ``parts.inputs`` reads (``embeddings.LOOKBACK``; None: none).
         """
         T = idx.shape[1]
-        x = parts.wte(idx)  # (B, T, C)
+        # (B, T, C): the token embedding, with the bigram embedding and the smear where they are on
+        x = parts.wte(idx) if parts.inputs is None else parts.inputs(idx, parts.wte, before)
         if parts.wpe is not None:  # learned positions (rotary ones are the attention's)
             start = 0 if caches is None else caches[0].length
             x = x + parts.wpe(start, T, positions)  # + (T, C) or (B, T, C)

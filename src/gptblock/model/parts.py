@@ -41,6 +41,9 @@ class GPTParts(NamedTuple):
     blocks: Sequence[BlockFn]  # (B, T, C) -> (B, T, C) each
     ln_f: Norm  # the final norm
     lm_head: Linear  # C -> V
+    # The bigram embedding and smear (embeddings.InputMix): inputs(idx, wte, before) -> (B, T, C)
+    # in wte's place; None: neither.
+    inputs: Callable[..., torch.Tensor] | None = None
 
 
 class EmbeddedPositions(NamedTuple):

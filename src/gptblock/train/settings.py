@@ -68,7 +68,7 @@ class RunSettings:
         >>> s.replace({"layers": 3})
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, activation, bias, tie_embeddings, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, zero_init_proj, logit_softcap, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, muon_momentum, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
+        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are n_layer, n_head, n_embd, block_size, dropout, activation, bias, tie_embeddings, norm, mlp, d_ff, n_kv_head, qk_norm, parallel_residual, position, rotary_dim, rope_theta, rope_pairing, bigram, smear, zero_init_proj, logit_softcap, batch_size, max_iters, lr, min_lr_ratio, warmup, schedule, decay_fraction, optimizer, muon_lr, muon_momentum, weight_decay, beta2, eval_interval, eval_iters, dtype, tokenizer, vocab_size, seed, device, compile
     """
 
     # The model (GPTConfig's fields).
@@ -104,6 +104,12 @@ class RunSettings:
         "halves",
         help="with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
         choices=PAIRINGS,
+    )
+    bigram: bool = setting(
+        False, help="add an embedding of each (previous token, token) pair (modded-nanogpt)"
+    )
+    smear: bool = setting(
+        False, help="add a gated part of each position's embedding to the next (modded-nanogpt)"
     )
     # The output side (GPTConfig's fields; issue 22).
     zero_init_proj: bool = setting(

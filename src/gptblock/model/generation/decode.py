@@ -29,6 +29,7 @@ from ...blocks.convert import parts_of
 from ...blocks.fused import BlockParts, block_forward
 from ...blocks.parts import Dense, LayerNormFn, Linear, Norm
 from ...errors import UserTypeError, UserValueError
+from ..embeddings import LOOKBACK
 from ..parts import BlockFn, GPTParts
 from .cache import KVCache
 from .matvec import RowLinear
@@ -67,6 +68,7 @@ class Model(Protocol):
         parts: GPTParts,
         *,
         caches: Sequence[KVStore] | None = None,
+        before: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -98,6 +100,7 @@ class Decoder:
             [],
             _norm(own.ln_f),
             Dense(own.lm_head.weight, own.lm_head.bias),
+            own.inputs,
         )
         if self.weights == "float32":
             self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
@@ -105,6 +108,8 @@ class Decoder:
         else:  # one form for the prompt and the steps (weights.py says why)
             self.prefill_parts = self.step_parts = _reduced(model, ends, blocks, self.weights)
         self.caches: list[KVCache] = []
+        # The last ids cached, which a bigram embedding or a smear reads (embeddings.py).
+        self.recent: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -125,11 +130,15 @@ class Decoder:
             )
             for _ in self.prefill_parts.blocks
         ]
+        self.recent = idx[:, -LOOKBACK:] if self.prefill_parts.inputs is not None else None
         return self.model._run(idx, self.prefill_parts, caches=self.caches)
 
     def step(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, 1, V) for one new token (B, 1) at the next position."""
-        return self.model._run(idx, self.step_parts, caches=self.caches)
+        before = self.recent
+        if before is not None:
+            self.recent = torch.cat([before, idx], dim=1)[:, -LOOKBACK:]  # (B, <= LOOKBACK)
+        return self.model._run(idx, self.step_parts, caches=self.caches, before=before)
 
 
 class GenerationModel(nn.Module):
