@@ -319,7 +319,7 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     """
     config: GPTConfig = model.config  # type: ignore[assignment]
     refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
-    if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps: one line
+    if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps
         raise UserValueError(f"Hugging Face's formats have no logit_softcap={config.logit_softcap}")
     tf = transformers_module()
     if family is None:
