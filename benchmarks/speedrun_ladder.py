@@ -62,6 +62,46 @@ RUNGS = [
     ),
     ("math-kernel", "SDPA's math kernel for T <= 128 in bfloat16", ["--ns-dtype", "float32"]),
     ("ns-bf16", "Muon's Newton-Schulz in bfloat16: shakespeare-cpu as it ships", []),
+    (
+        "modern",
+        "rotary positions, qk-norm and RMSNorm (the modern block), 110 steps",
+        [
+            "--set",
+            "position=rope",
+            "--set",
+            "qk_norm=True",
+            "--set",
+            "norm=rmsnorm",
+            "--set",
+            "max_iters=110",
+        ],
+    ),
+    (
+        "bigram",
+        "+ the bigram embedding (each (previous, current) character pair), 80 steps",
+        [
+            "--set",
+            "position=rope",
+            "--set",
+            "qk_norm=True",
+            "--set",
+            "norm=rmsnorm",
+            "--set",
+            "bigram=True",
+            "--set",
+            "max_iters=80",
+        ],
+    ),
+    (
+        "momentum",
+        "+ Muon's momentum 0.85, AdamW's peak 8e-3, 65 steps: shakespeare-cpu-modern",
+        ["--preset", "shakespeare-cpu-modern"],
+    ),
+    (
+        "float32",
+        "shakespeare-cpu-modern in float32 (a CPU without bfloat16; beside the ladder)",
+        ["--preset", "shakespeare-cpu-modern", "--set", "dtype=float32"],
+    ),
 ]
 
 

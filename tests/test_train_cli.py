@@ -47,11 +47,11 @@ def test_help_shows_every_option_and_the_presets(capsys, monkeypatch):
     ):  # fmt: skip
         assert flag in out, flag
     assert (
-        "(preset: shakespeare-cpu 3, shakespeare-cpu-long 3, nanogpt-cpu 4, tiny 4, shakespeare 6)"
+        "(preset: shakespeare-cpu 3, shakespeare-cpu-modern 3, shakespeare-cpu-long 3, nanogpt-cpu 4, tiny 4, shakespeare 6)"
         in out
     )
     assert (
-        "(preset: shakespeare-cpu 32, shakespeare-cpu-long 64, nanogpt-cpu 64, tiny 64, shakespeare 256)"
+        "(preset: shakespeare-cpu 32, shakespeare-cpu-modern 32, shakespeare-cpu-long 64, nanogpt-cpu 64, tiny 64, shakespeare 256)"
         in out
     )
     assert "(default: None)" not in out
