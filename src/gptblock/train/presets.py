@@ -84,6 +84,7 @@ PRESETS: dict[str, RunSettings] = {
         decay_fraction=0.5,
         optimizer="muon",
         muon_lr=0.025,
+        muon_momentum=0.85,  # 1.542 against 0.95's 1.554 at 890 steps (seed 1)
         dtype="auto",
         eval_interval=250,
         eval_iters=10,
