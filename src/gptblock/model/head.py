@@ -28,7 +28,7 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 
     Example:
         >>> soft_cap(torch.tensor([0.0, 1.0, 100.0]), 15.0)
-        tensor([ 0.0000,  0.9980, 14.9999])
+        tensor([ 0.0000,  0.9985, 15.0000])
         >>> soft_cap(torch.tensor([100.0]), None)
         tensor([100.])
     """

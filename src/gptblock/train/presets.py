@@ -147,7 +147,7 @@ def preset_settings(preset: str, overrides: Mapping[str, Any] | None = None) -> 
         >>> preset_settings("huge")
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: preset must be one of ('shakespeare-cpu', 'shakespeare-cpu-long', 'nanogpt-cpu', 'tiny', 'shakespeare'), got 'huge'
+        gptblock.errors.UserValueError: preset must be one of ('shakespeare-cpu', 'shakespeare-cpu-modern', 'shakespeare-cpu-long', 'nanogpt-cpu', 'tiny', 'shakespeare'), got 'huge'
     """
     if preset not in PRESETS:
         raise UserValueError(f"preset must be one of {tuple(PRESETS)}, got {preset!r}")
