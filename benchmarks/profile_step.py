@@ -235,7 +235,7 @@ def compare(args: argparse.Namespace) -> None:
             for _ in range(10):
                 profiled_step(t)
             times[name].append((time.perf_counter() - start) * 100)  # ms per step
-    assert attention.MATH_KERNEL_MAX_T > 0
+    assert attention.PRODUCTS_MAX_T > 0
     for name, ts in times.items():
         t = before if name == "before" else after
         print(

@@ -113,9 +113,11 @@ def main() -> None:
     )
     p.add_argument(
         "--attention",
-        choices=("auto", "flash"),
+        choices=("auto", "flash", "math"),
         default="auto",
-        help="flash: never the math kernel (attention.MATH_KERNEL_MAX_T = 0), to measure it",
+        help="the route of attention in bfloat16 training at T <= 128: auto, the explicit\n"
+        "products (attention.product_attention); flash, SDPA's own choice\n"
+        "(attention.PRODUCTS_MAX_T = 0); math, SDPA's math kernel (the first ladder's)",
     )
     p.add_argument(
         "--ns-dtype",
@@ -160,7 +162,9 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
             overrides[name] = value  # a word: wsd, muon, bfloat16
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
-        attention.MATH_KERNEL_MAX_T = 0
+        attention.PRODUCTS_MAX_T = 0
+    elif args.attention == "math":
+        attention.product_attention = math_kernel
     if args.budget is not None:
         # The clock decides the steps (BudgetPlan): until it has, the run is "endless".
         overrides |= {"max_iters": ENDLESS, "eval_interval": ENDLESS, "eval_iters": 1}
@@ -264,6 +268,16 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         atomic_write_json(args.json, record)
     if not ok and not args.baseline:
         raise SystemExit(1)  # the speedrun failed: a script or CI can tell
+
+
+def math_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal attention by SDPA's math kernel: ``--attention math``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=p, is_causal=True
+        )
 
 
 ENDLESS = 10**7  # max_iters until the clock has planned the steps (never reached)

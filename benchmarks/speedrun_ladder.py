@@ -60,8 +60,21 @@ RUNGS = [
         "bfloat16 autocast (SDPA's flash kernel, Newton-Schulz in float32)",
         ["--attention", "flash", "--ns-dtype", "float32"],
     ),
-    ("math-kernel", "SDPA's math kernel for T <= 128 in bfloat16", ["--ns-dtype", "float32"]),
-    ("ns-bf16", "Muon's Newton-Schulz in bfloat16: shakespeare-cpu as it ships", []),
+    (
+        "math-kernel",
+        "SDPA's math kernel for T <= 128 in bfloat16",
+        ["--attention", "math", "--ns-dtype", "float32"],
+    ),
+    (
+        "ns-bf16",
+        "Muon's Newton-Schulz in bfloat16 (SDPA's math kernel still)",
+        ["--attention", "math"],
+    ),
+    (
+        "products",
+        "attention as explicit products in bfloat16 training: shakespeare-cpu as it ships",
+        [],
+    ),
     (
         "modern",
         "rotary positions, qk-norm and RMSNorm (the modern block), 110 steps",
@@ -94,7 +107,21 @@ RUNGS = [
     ),
     (
         "momentum",
-        "+ Muon's momentum 0.85, AdamW's peak 8e-3, 65 steps: shakespeare-cpu-modern",
+        "+ Muon's momentum 0.85, AdamW's peak 8e-3, 65 steps",
+        [
+            "--preset",
+            "shakespeare-cpu-modern",
+            "--set",
+            "rope_theta=10000.0",
+            "--set",
+            "muon_momentum=0.85",
+            "--set",
+            "max_iters=65",
+        ],
+    ),
+    (
+        "theta",
+        "+ rotary base 100, Muon's momentum 0.8, 60 steps: shakespeare-cpu-modern",
         ["--preset", "shakespeare-cpu-modern"],
     ),
     (

@@ -79,7 +79,8 @@ def test_dropout_only_in_training():
 
 
 def test_forward_never_builds_the_attention_matrix(monkeypatch):
-    # The (B, nh, T, T) weights exist only inside SDPA's kernel, never as a softmax call here.
+    # In float32 the (B, nh, T, T) weights exist only inside SDPA's kernel (bfloat16 training at
+    # short contexts takes the explicit products: test_the_cpu_kernel_choice_keeps_the_function).
     fused = FusedBlock(16, 2).eval()
 
     def boom(*a, **k):
@@ -169,37 +170,72 @@ def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(fused_module.F, "scaled_dot_product_attention", unsupported)
     block = FusedBlock(8, 2).half()
-    with pytest.raises(TypeError, match=r"does not support dtype torch.float16 on device cpu"):
+    # Without gradients: training at short contexts takes the explicit products, not SDPA.
+    with torch.no_grad(), pytest.raises(TypeError, match=r"does not support dtype torch.float16"):
         block(torch.randn(1, 3, 8).half())
 
 
 @pytest.mark.parametrize("T", [8, 128, 129])
 def test_the_cpu_kernel_choice_keeps_the_function(T, monkeypatch):
-    # bfloat16 at T <= 128 goes through SDPA's math kernel (3.5x faster there than flash on
-    # CPU); above, or in float32, through SDPA's own choice. Outputs and gradients agree.
+    # Training in bfloat16 at T <= 128 goes through the explicit products (2-6x faster there
+    # than SDPA's CPU kernels); above, without gradients, or in float32, through SDPA's own
+    # choice. Outputs and gradients agree.
     from gptblock.blocks import attention as attention_module
 
     calls = []
-    kernel, backend = attention_module._MATH_KERNEL
+    products = attention_module.product_attention
 
-    def recording(b):
-        calls.append(b)
-        return kernel(b)
+    def recording(*args):
+        calls.append(args[0].shape)
+        return products(*args)
 
-    monkeypatch.setattr(attention_module, "_MATH_KERNEL", (recording, backend))
+    monkeypatch.setattr(attention_module, "product_attention", recording)
     torch.manual_seed(0)
     block = FusedBlock(32, 2).bfloat16()
     x = torch.randn(2, T, 32, dtype=torch.bfloat16, requires_grad=True)
     y = block(x)
     y.float().square().sum().backward()
-    assert len(calls) == (1 if T <= attention_module.MATH_KERNEL_MAX_T else 0)
+    assert len(calls) == (1 if T <= attention_module.PRODUCTS_MAX_T else 0)
+    with torch.no_grad():  # nothing to train: SDPA (flash is the fastest there)
+        torch.testing.assert_close(block(x).float(), y.detach().float(), atol=5e-2, rtol=2e-2)
+    assert len(calls) == (1 if T <= attention_module.PRODUCTS_MAX_T else 0)
     grad, y = x.grad.clone(), y.detach()
-    monkeypatch.setattr(attention_module, "MATH_KERNEL_MAX_T", 0)  # SDPA's own choice
+    monkeypatch.setattr(attention_module, "PRODUCTS_MAX_T", 0)  # SDPA's own choice
     x.grad = None
     y2 = block(x)
     y2.float().square().sum().backward()
+    assert len(calls) == (1 if T <= 128 else 0)
     torch.testing.assert_close(y2.detach().float(), y.float(), atol=5e-2, rtol=2e-2)
     torch.testing.assert_close(x.grad.float(), grad.float(), atol=0.2, rtol=5e-2)
     x32 = x.detach().float()
     ref = block.float()(x32)
     torch.testing.assert_close(y.float(), ref, atol=0.1, rtol=5e-2)
+
+
+@pytest.mark.parametrize("T", [1, 7, 32])
+def test_product_attention_is_causal_sdpa_in_float64(T):
+    # The explicit products against PyTorch's own causal SDPA: outputs and all three gradients.
+    from gptblock.blocks.attention import product_attention
+
+    torch.manual_seed(T)
+    q, k, v = (torch.randn(3, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    g = torch.randn(3, 2, T, 8, dtype=torch.float64)
+    y = product_attention(q, k, v)
+    grads = torch.autograd.grad(y, (q, k, v), g)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    torch.testing.assert_close(y, ref, atol=1e-12, rtol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_product_attention_in_bfloat16_is_near_float64_and_drops_out():
+    from gptblock.blocks.attention import product_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 2, 32, 16, dtype=torch.float64).unbind(0)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    low = product_attention(*(t.bfloat16() for t in (q, k, v)))
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), ref, atol=3e-2, rtol=2e-2)
+    assert torch.equal(product_attention(q, k, v, p=1.0), torch.zeros_like(ref))  # every weight

@@ -1,8 +1,10 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``SelfAttention`` (and ``self_attention``, the same call on given projections) is the attention branch of ``FusedBlock`` and so of everything that runs the
-fused form's forward: training (``F.scaled_dot_product_attention``, flash or math kernel), masks,
-a KV cache with the new queries at positions ``start ..`` (generation), and the lens's points
+``SelfAttention`` (and ``self_attention``, the same call on given projections) is the attention
+branch of ``FusedBlock`` and so of everything that runs the fused form's forward: training
+(``F.scaled_dot_product_attention``, or explicit products for short contexts in bfloat16:
+``causal_attention``), masks, a KV cache with the new queries at positions ``start ..``
+(generation), and the lens's points
 (the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
 
 The modern block's attention is the same function with three optional parts
@@ -18,7 +20,7 @@ heads, hs = C // nh.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.nn import functional as F
@@ -29,13 +31,14 @@ from .probe import Probe, at
 from .qk_heads import fast_qkv
 
 __all__ = [
-    "MATH_KERNEL_MAX_T",
+    "PRODUCTS_MAX_T",
     "Attention",
     "KVStore",
     "ModernHeads",
     "SelfAttention",
     "causal_attention",
     "modern_qkv",
+    "product_attention",
     "repeat_kv",
     "self_attention",
 ]
@@ -196,38 +199,55 @@ class SelfAttention(NamedTuple):
         return self.out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
-# PyTorch's CPU flash-attention kernel is slow in reduced precision at short contexts: at
-# (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and backward took 13.5 ms, its math
-# kernel 4.5 ms (in float32: 5.4 ms flash, 7.5 ms math); at T = 128 math is still 1.9x faster,
-# at T = 256 flash is (benchmarks/attention_kernels.py, results/attention-kernels.txt). Both
-# compute softmax(q k^T / sqrt(hs)) v; the math kernel is chosen where it is the faster, and
-# otherwise SDPA picks as it always does.
-MATH_KERNEL_MAX_T = 128
-_MATH_KERNEL: Any = None
-try:  # torch >= 2.3
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+# PyTorch's CPU flash-attention kernel is slow to train in reduced precision at short contexts,
+# and its math kernel spends half its time on copies, dtype round trips and a "safe softmax"
+# check that a causal mask never needs. At (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a
+# forward and backward took 42.0 ms flash, 14.3 ms math and 6.6 ms as the explicit products
+# below (autograd's own backward); flash is still the fastest without gradients, and in float32
+# (benchmarks/attention_kernels.py, results/attention-kernels.txt). So: the products for
+# training in reduced precision on the CPU at T <= PRODUCTS_MAX_T, SDPA's own choice otherwise.
+PRODUCTS_MAX_T = 128
 
-    _MATH_KERNEL = (sdpa_kernel, SDPBackend.MATH)
-except ImportError:  # pragma: no cover - older torch: SDPA's own choice, the same function
-    pass
+
+def product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0
+) -> torch.Tensor:
+    """Causal ``softmax(q k^T / sqrt(hs)) v`` as two matrix products and a softmax, with dropout
+    ``p`` on the weights: the same function as causal SDPA, by another route.
+
+    Shape:
+        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
+
+    Example:
+        >>> q, k, v = torch.randn(3, 2, 4, 5, 8, dtype=torch.float64).unbind(0)
+        >>> y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(product_attention(q, k, v), y, atol=1e-12)
+        True
+    """
+    T, hs = q.shape[-2], q.shape[-1]
+    att = (q * hs**-0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)  # (T, T)
+    # softmax reads bfloat16 and sums in float32 (PyTorch's CPU kernel), writing bfloat16 back.
+    att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)
+    if p > 0.0:
+        att = F.dropout(att, p)
+    return att @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU kernel.
+    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route.
 
     Shape:
         q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
     """
-    reduced = q.dtype in (torch.bfloat16, torch.float16)
     if (
-        _MATH_KERNEL is not None
-        and reduced
+        q.dtype in (torch.bfloat16, torch.float16)
         and q.device.type == "cpu"
-        and q.shape[2] <= MATH_KERNEL_MAX_T
+        and q.shape[2] <= PRODUCTS_MAX_T
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):
-        kernel, math_backend = _MATH_KERNEL
-        with kernel(math_backend):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return product_attention(q, k, v, p)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
