@@ -121,7 +121,7 @@ RUNGS = [
     ),
     (
         "theta",
-        "+ rotary base 100, Muon's momentum 0.8, 60 steps: shakespeare-cpu-modern",
+        "+ rotary base 100, Muon's momentum 0.8, 63 steps: shakespeare-cpu-modern",
         ["--preset", "shakespeare-cpu-modern"],
     ),
     (
