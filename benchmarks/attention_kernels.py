@@ -7,7 +7,7 @@ Times causal attention on (B, nh, T, hs) by each route (SDPA's kernels forced by
 ``torch.nn.attention.sdpa_kernel``), in float32 and bfloat16: the median of 10 calls after 3
 untimed ones, "train" a forward and backward, "infer" a forward under ``torch.no_grad``.
 ``gptblock.blocks.attention.causal_attention`` takes the products where this shows them the
-fastest (training in reduced precision, T <= 128) and leaves the rest to SDPA's own choice.
+fastest (training in reduced precision, T <= 256) and leaves the rest to SDPA's own choice.
 """
 
 from __future__ import annotations

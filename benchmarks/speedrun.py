@@ -115,7 +115,7 @@ def main() -> None:
         "--attention",
         choices=("auto", "flash", "math"),
         default="auto",
-        help="the route of attention in bfloat16 training at T <= 128: auto, the explicit\n"
+        help="the route of attention in bfloat16 training at T <= 256: auto, the explicit\n"
         "products (attention.product_attention); flash, SDPA's own choice\n"
         "(attention.PRODUCTS_MAX_T = 0); math, SDPA's math kernel (the first ladder's)",
     )

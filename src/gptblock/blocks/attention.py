@@ -199,14 +199,16 @@ class SelfAttention(NamedTuple):
         return self.out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
-# PyTorch's CPU flash-attention kernel is slow to train in reduced precision at short contexts,
-# and its math kernel spends half its time on copies, dtype round trips and a "safe softmax"
-# check that a causal mask never needs. At (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a
-# forward and backward took 42.0 ms flash, 14.3 ms math and 6.6 ms as the explicit products
-# below (autograd's own backward); flash is still the fastest without gradients, and in float32
-# (benchmarks/attention_kernels.py, results/attention-kernels.txt). So: the products for
-# training in reduced precision on the CPU at T <= PRODUCTS_MAX_T, SDPA's own choice otherwise.
-PRODUCTS_MAX_T = 128
+# PyTorch's CPU flash-attention kernel is slow to train in reduced precision, and its math
+# kernel spends half its time on copies, dtype round trips and a "safe softmax" check that a
+# causal mask never needs. At (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and
+# backward took 34.3 ms flash, 9.0 ms math and 4.4 ms as the explicit products below (autograd's
+# own backward); at T = 256 the products are still 1.6-1.8x faster than flash. Flash stays the
+# fastest without gradients, and in float32 (benchmarks/attention_kernels.py,
+# results/attention-kernels.txt). So: the products for training in reduced precision on the CPU
+# at T <= PRODUCTS_MAX_T (their (B, nh, T, T) weights grow with T squared), SDPA's own choice
+# otherwise.
+PRODUCTS_MAX_T = 256
 
 
 def product_attention(

@@ -122,7 +122,8 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
 
 def _describe(r: GPTRun, dtype: str) -> str:
     c, t = r.meta.model_config, r.train_config
-    threads = f", {torch.get_num_threads()} CPU threads" if t.device == "cpu" else ""
+    n = torch.get_num_threads()
+    threads = f", {n} CPU thread{'s' if n != 1 else ''}" if t.device == "cpu" else ""
     return (
         f"{'resuming' if r.resume else 'training'} a GPT of "
         f"{r.model.num_params() / 1e6:.2f}M parameters (n_layer={c.n_layer}, n_head={c.n_head}, "
