@@ -220,6 +220,13 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     run.trainer.add_callback("on_step_end", on_step)
     run.trainer.add_callback("on_eval_end", on_eval)
     run.fit()
+    if not checks:  # stopped (a signal, Ctrl-C) before its first whole-validation check
+        name = Path(sys.argv[0]).name
+        print(
+            f"{name}: stopped at step {run.trainer.step}, before any check: no result",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
     last = reached or checks[-1]
     tokens = last["step"] * run.train_config.batch_size * T
     if args.budget is not None:

@@ -159,3 +159,31 @@ def test_a_budget_run_plans_its_steps_and_records_them(tmp_path):
     assert rec["steps"] > 5 and rec["settings"]["max_iters"] == rec["steps"]
     assert rec["plans"][-1]["planned_steps"] == rec["steps"] and rec["check_estimate_seconds"] > 0
     assert 0 < rec["val_loss"] < 5 and "track 2 (shakespeare-cpu, seed 1337)" in done.stdout
+
+
+def test_a_speedrun_stopped_before_its_first_check_says_so(monkeypatch, capsys):
+    # A signal (SIGTERM, Ctrl-C) ends the trainer's fit early: here a callback asks it to stop
+    # after one step, as the signal handler does. One line, exit 1, no traceback.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speedrun_stopped", SPEEDRUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = module.prepare_run
+
+    def prepare_and_stop(*args, **kwargs):
+        run = real(*args, **kwargs)
+        run.trainer.add_callback("on_step_end", lambda trainer: trainer.request_stop())
+        return run
+
+    monkeypatch.setattr(module, "prepare_run", prepare_and_stop)
+    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "max_iters=50", "warmup=1"]
+    argv = ["speedrun.py", *(a for item in tiny for a in ("--set", item))]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "speedrun.py: stopped at step 1, before any check: no result"
+    ]
