@@ -23,6 +23,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+
+def sets(*items: str) -> list[str]:
+    """``speedrun.py`` arguments that replace preset settings: ``--set NAME=VALUE`` each."""
+    return [arg for item in items for arg in ("--set", item)]
+
+
+MODERN = ("position=rope", "qk_norm=True", "norm=rmsnorm")  # the modern block's three parts
+
 # (label, what changed, speedrun.py arguments); each rung adds one idea to the one above it.
 RUNGS = [
     ("baseline", "nanoGPT's README CPU recipe (nanogpt-cpu), to its end", ["--baseline"]),
@@ -78,32 +86,12 @@ RUNGS = [
     (
         "modern",
         "rotary positions, qk-norm and RMSNorm (the modern block), 110 steps",
-        [
-            "--set",
-            "position=rope",
-            "--set",
-            "qk_norm=True",
-            "--set",
-            "norm=rmsnorm",
-            "--set",
-            "max_iters=110",
-        ],
+        sets(*MODERN, "max_iters=110"),
     ),
     (
         "bigram",
         "+ the bigram embedding (each (previous, current) character pair), 80 steps",
-        [
-            "--set",
-            "position=rope",
-            "--set",
-            "qk_norm=True",
-            "--set",
-            "norm=rmsnorm",
-            "--set",
-            "bigram=True",
-            "--set",
-            "max_iters=80",
-        ],
+        sets(*MODERN, "bigram=True", "max_iters=80"),
     ),
     (
         "momentum",
@@ -111,12 +99,7 @@ RUNGS = [
         [
             "--preset",
             "shakespeare-cpu-modern",
-            "--set",
-            "rope_theta=10000.0",
-            "--set",
-            "muon_momentum=0.85",
-            "--set",
-            "max_iters=65",
+            *sets("rope_theta=10000.0", "muon_momentum=0.85", "max_iters=65"),
         ],
     ),
     (
