@@ -27,10 +27,12 @@ import torch
 
 from ..errors import UserValueError
 from .report import CAUGHT
+from .sizes import CONFIG_NAMES, config_class
 
-__all__ = ["CONFIG_NAMES", "complete", "guess"]
+__all__ = ["CONFIG_DEFAULTS", "complete", "guess"]
 
-CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
+CONFIG_DEFAULTS: dict[str, object] = {"bias": True}
+"""A config's fields that are not sizes but that most configs have (nanoGPT's ``bias``)."""
 _GUESSES = (
     (("embd", "d_model", "dim", "hidden", "width", "embed", "channels"), 32),
     (("head",), 4),
@@ -56,11 +58,15 @@ def guess(name: str) -> object:
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
 
 
-def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
     try:
-        params = inspect.signature(factory).parameters.values()
+        return list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):
         return []
+
+
+def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    params = _signature(factory)
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
@@ -78,30 +84,59 @@ def _builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
     return True
 
 
+def _index(name: str) -> int | None:
+    """The value of an argument that says which layer the block is (``layer_idx`` 0,
+    ``layer_number`` 1), None for any other name.
+
+    Example:
+        >>> _index("layer_idx"), _index("layer_number"), _index("n_layer")
+        (0, 1, None)
+    """
+    lower = name.lower()
+    if lower in ("idx", "index", "i"):
+        return 0
+    words = lower.split("_")
+    if len(words) < 2 or not ({"layer", "block", "depth"} & set(words[:-1])):
+        return None
+    return {"idx": 0, "index": 0, "id": 0, "i": 0, "number": 1, "no": 1, "num": 1}.get(words[-1])
+
+
 def complete(
     factory: Callable[..., Any],
     args: dict[str, object],
     given: Mapping[str, object],
     defaults: Mapping[str, object],
+    sizes: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
-    """``args`` with a config object built where ``factory`` takes one.
+    """``args`` with a config object built where ``factory`` takes one, and a layer index
+    (``layer_idx`` 0) where it takes one nobody gave.
 
     Args:
         factory: the block's class or factory.
         args: the arguments it will be called with (given ones and common ones).
         given: the arguments the caller gave (``--arg``).
-        defaults: the common arguments' small values, also a config's defaults.
+        defaults: the common arguments' values, also a config's.
+        sizes: every size name with the value it is built at (``sizes.names``): a config
+            dataclass's fields of those names get them.
 
     Raises:
         UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``
             line that builds it, or the names to give.
     """
     name = getattr(factory, "__qualname__", repr(factory))
+    args = dict(args)
     missing = [p for p in _required(factory) if p.name not in args]
+    for p in missing:
+        index = _index(p.name)
+        if index is not None:
+            args[p.name] = index
+    missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
-    if len(missing) == 1 and missing[0].name.lower() in CONFIG_NAMES:
-        return _with_config(factory, name, missing[0], args, {**defaults, **given}, given)
+    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or _config_class(factory, p)]
+    if len(configs) == 1 and len(missing) == 1:
+        values = {**defaults, **given}
+        return _with_config(factory, name, missing[0], args, values, given, sizes or {})
     values = {p.name: guess(p.name) for p in missing}
     if _builds(factory, {**args, **values}):
         raise UserValueError(
@@ -113,6 +148,62 @@ def complete(
     )
 
 
+def _config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
+    """The class ``param`` is annotated with when it is a config: a dataclass or a class of
+    the block's own file (not ``int``, ``torch.Tensor``...)."""
+    cls = config_class(factory, param)
+    if cls is None or (cls.__module__ != getattr(factory, "__module__", None)
+                       and not dataclasses.is_dataclass(cls)):  # fmt: skip
+        return None
+    return cls
+
+
+def _maker(
+    factory: Callable[..., Any],
+    name: str,
+    param: inspect.Parameter,
+    given: Mapping[str, object],
+    sizes: Mapping[str, object],
+) -> Callable[[dict[str, object]], object]:
+    """How to make the config from values: its dataclass (the fields it has; a required field
+    nobody gave is refused with the line that gives it), its own class called with them as
+    keywords, else a namespace."""
+    cls = _config_class(factory, param)
+    if cls is not None and dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise UserValueError(
+                f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
+            )
+        empty = dataclasses.MISSING
+        required = [f.name for f in fields if f.default is empty and f.default_factory is empty]
+
+        def make(v: dict[str, object]) -> object:
+            v = {**v, **{k: x for k, x in sizes.items() if k in known and k not in given}}
+            lacking = [f for f in required if f not in v]
+            if lacking:
+                line = _line({f: guess(f) for f in lacking})
+                raise UserValueError(
+                    f"cannot build {name}: its {cls.__name__} config needs {', '.join(lacking)}, "
+                    f"which --arg does not give; give them: {line}"
+                )
+            return cls(**{k: x for k, x in v.items() if k in known})
+
+        return make
+    if cls is not None:  # a class of the file's own, e.g. Config(**kw)
+
+        def make_own(v: dict[str, object]) -> object:
+            try:
+                return cls(**v)
+            except CAUGHT:
+                return types.SimpleNamespace(**v)
+
+        return make_own
+    return lambda v: types.SimpleNamespace(**v)
+
+
 def _with_config(
     factory: Callable[..., Any],
     name: str,
@@ -120,22 +211,13 @@ def _with_config(
     args: dict[str, object],
     values: dict[str, object],
     given: Mapping[str, object],
+    sizes: Mapping[str, object],
 ) -> dict[str, object]:
     """``args`` plus the config object ``param`` built from ``values`` (given and common)."""
-    rest = {k: v for k, v in args.items() if k not in values}
-    cls = param.annotation
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(given) - fields)
-        if unknown:
-            raise UserValueError(
-                f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
-            )
-        make: Callable[[dict[str, object]], object] = lambda v: cls(  # noqa: E731
-            **{k: x for k, x in v.items() if k in fields}
-        )
-    else:
-        make = lambda v: types.SimpleNamespace(**v)  # noqa: E731
+    own = {p.name for p in _signature(factory)} - {param.name}
+    rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
+    make = _maker(factory, name, param, given, sizes)
+    values = {**CONFIG_DEFAULTS, **values}
     added: dict[str, object] = {}
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:
@@ -148,6 +230,8 @@ def _with_config(
                 break
             added[attribute] = guess(attribute)
             continue
+        except UserValueError:
+            raise
         except CAUGHT:
             break
         if added:

@@ -11,6 +11,7 @@ Shapes: C channels.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,11 +21,17 @@ import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
 from .arguments import complete
+from .raised import learner_line, size_error
+from .raised import source as source_file
 from .report import CAUGHT, one_line
+from .sizes import KINDS, Sizes, file_sizes, names, other_sizes, patch_globals, settings
+from .subject import first_tensor
 
 __all__ = [
     "COMMON_ARGUMENTS",
+    "Built",
     "build",
+    "build_at",
     "check_sizes",
     "fill_common_arguments",
     "max_length",
@@ -79,8 +86,43 @@ def fill_common_arguments(
     return filled
 
 
+@dataclasses.dataclass
+class Built:
+    """A block built at one set of sizes.
+
+    Args:
+        module: the block.
+        description: what the report calls it, ``Block(n_embd=64, n_head=4)``.
+        label: its sizes, ``n_embd=64, n_head=4, block_size=32`` (with module settings).
+        notes: where the sizes came from, when not from ``--arg`` or the checker.
+        undo: restores the module settings changed to build it (``sizes.patch_globals``).
+        file: the learner's source file, for the line an error points at.
+    """
+
+    module: nn.Module
+    description: str
+    label: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    undo: Callable[[], None] = lambda: None
+    file: str = ""
+    args: dict[str, object] = dataclasses.field(default_factory=dict)
+    width: int | None = None  # the width it was built at, when the checker chose it
+
+
 def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]:
-    """The module to check and how to name it in the report.
+    """The module to check and how to name it in the report (``build_at`` the file's sizes,
+    its module settings restored)."""
+    built = build_at(target, kwargs)
+    assert built is not None  # the file's sizes always exist
+    built.undo()
+    return built.module, built.description
+
+
+def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
+    """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
+    another set (``sizes.other_sizes``; None when it has none: a module given built, or no
+    size the checker can set). The module's size settings are set to the sizes built at
+    until ``undo`` is called.
 
     Raises:
         UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
@@ -94,27 +136,108 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
                 f"constructor arguments {sorted(kwargs)} given, but the target is already a "
                 f"module ({type(target).__name__}); pass its class instead"
             )
-        return target, type(target).__name__
+        return None if other else Built(target, type(target).__name__)
     if not callable(target):
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    filled = fill_common_arguments(target, kwargs)
-    check_sizes(filled, kwargs)
-    args = complete(target, filled, kwargs, COMMON_ARGUMENTS)
+    sizes = file_sizes(target, kwargs)
+    if other:
+        found = other_sizes(sizes)
+        if found is None:
+            return None
+        sizes = found
+    values = names(sizes)
+    given = dict(kwargs)
+    if other:  # the other sizes replace the given ones of their kinds
+        given.update({n: values[n] for n in given if n in values})
+    try:
+        params = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):  # some builtins have no signature
+        params = []
+    filled = {**{n: values[n] for n in params if n in values}, **given}
+    filled = fill_common_arguments(target, filled)
+    if not other:
+        check_sizes(filled, kwargs)
+    file, module_settings = settings(target)
+    sized = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
+    args = complete(target, filled, given, sized, values)
+    patched = [n for n in module_settings if n in values]
+    applied = [n for n in params if n in values] + patched
+    applied += [n for n, v in args.items() if n not in filled and not _plain(v)]
+    if other and not applied:
+        return None  # nothing the checker sets: the same block again
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        try:
-            module = target(**args)
-        except CAUGHT as e:
-            raise UserValueError(f"cannot build {description}: {one_line(e)}") from e
+    shown = {n: v for n, v in filled.items() if n in values}
+    shown.update({n: values[n] for n in patched})
+    config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
+    shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
+    label = sizes.label(shown)
+    undo = patch_globals(target, sizes)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            try:
+                module = target(**args)
+            except CAUGHT as e:
+                hint = _hint(target, kwargs) if size_error(e) and not other else ""
+                at = learner_line(e, source_file(target))
+                raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{hint}") from e
+    except BaseException:
+        undo()
+        raise
     if not isinstance(module, nn.Module):
+        undo()
         raise UserTypeError(
             f"{description} returned a {type(module).__name__}, expected an nn.Module"
         )
-    return module, description
+    notes = [] if other else _origins(sizes, shown)
+    C = sizes.values.get("width")
+    return Built(module, description, label, notes, undo, source_file(target), args, C)
+
+
+def _plain(value: object) -> bool:
+    return value is None or isinstance(value, (int, float, str, bool))
+
+
+def _origins(sizes: Sizes, shown: Mapping[str, object]) -> list[str]:
+    """The note saying where the file's sizes came from (none when all are --arg's or the
+    checker's own)."""
+    by_source: dict[str, list[str]] = {}
+    for kind, source in sizes.sources.items():
+        if source in ("--arg", "the checker"):
+            continue
+        name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
+        by_source.setdefault(source, []).append(f"{name}={sizes.values[kind]}")
+    if not by_source:
+        return list(sizes.notes)
+    said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
+    return [f"built at the file's sizes: {said}", *sizes.notes]
+
+
+def _hint(target: object, given: Mapping[str, object]) -> str:
+    """``; it builds with --arg ...`` at another set of sizes, when one builds."""
+    found = other_sizes(file_sizes(target, given))  # type: ignore[arg-type]
+    if found is None:
+        return ""
+    values = names(found)
+    try:
+        params = list(inspect.signature(target).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+    line = {n: values[n] for n in params if n in values}
+    if not line:
+        return ""
+    undo = patch_globals(target, found)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            target(**fill_common_arguments(target, {**given, **line}))  # type: ignore
+    except CAUGHT:
+        return ""
+    finally:
+        undo()
+    return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
 
 
 def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
@@ -221,7 +344,7 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
             y = copied(x)
     except CAUGHT:
         return False
-    return isinstance(y, torch.Tensor) and tuple(y.shape) == (2, T, C)
+    return first_tensor(y, (2, T, C)) is not None
 
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:

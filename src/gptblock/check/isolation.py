@@ -49,11 +49,11 @@ import torch
 
 from .. import errors
 from .frames import Reader, send
-from .remote import ProtocolBroken, Remote
+from .remote import ProtocolBroken
 from .report import CAUGHT, CheckReport, Finding, Raised, one_line, text
+from .sized import at_two_sizes
 from .subject import one_thread
 from .target import check_spec
-from .verdict import decide
 
 __all__ = ["DEFAULT_TIMEOUT", "STARTUP_LIMIT", "check_isolated"]
 
@@ -326,28 +326,13 @@ def _run_child(
 
 
 def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
-    """Load, build and check target ``i`` through ``child``; every check computed here."""
+    """Load, build and check target ``i`` through ``child`` at the file's sizes and at others
+    (``sized``); every check computed here."""
     child.call("load", index=i)
-    state.stage("building the block")
-    state.built(text(child.call("build")[0].get("description", ""), 400))
-    state.stage("copying the block and calling it once to tell its width C")
-    shape = child.call("width")[0]
-    C, T = shape.get("C"), shape.get("T")
-    if not (isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64):
-        raise _Gone("broke the checker's protocol (a width that is not one)")
-    state.stage("copying the block and calling it once")
-    copy = child.call("copy")[0]
-    dtype = getattr(torch, str(copy.get("dtype")), None)
-    try:
-        if not isinstance(dtype, torch.dtype):
-            raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
-        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")))
-    except ProtocolBroken as e:
-        raise _Gone(f"broke the checker's protocol ({e})") from None
     fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these
     weights = torch.Generator().manual_seed(secrets.randbits(63))
     try:
-        return decide(remote, state.description, roles, state, fresh, weights)
+        return at_two_sizes(child.call, state, roles, fresh, weights)
     except ProtocolBroken as e:
         raise _Gone(f"broke the checker's protocol ({e})") from None
 

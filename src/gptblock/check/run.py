@@ -33,18 +33,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
 from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
-from ..errors import UserTypeError, UserValueError
+from ..errors import UserError, UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
-from .build import build
+from .build import build_at
 from .isolation import DEFAULT_TIMEOUT, check_isolated
 from .report import CheckReport, Finding
 from .served import Served
+from .sized import Told
+from .sizes import combine, not_other
 from .subject import one_thread
 from .target import load_target
 from .verdict import Progress, decide
@@ -163,24 +166,64 @@ def check_in_process(
     roles: Mapping[str, str],
     progress: Progress | None = None,
 ) -> CheckReport:
-    """``check_block`` in this process, telling ``progress`` each stage and finding.
+    """``check_block`` in this process, telling ``progress`` each stage and finding: at the
+    file's sizes, then at other sizes (``sizes.combine``: PASS needs both).
 
     For code the caller trusts: the block runs in the process that decides the verdict, so a
     block written to fool the checker can (``gptblock check`` runs it in a child process).
     """
     progress = progress or _Quiet()
+    first = _at(target, kwargs, roles, progress, False)
+    assert not isinstance(first, str)  # the file's sizes raise rather than say why not
+    second = _at(target, kwargs, roles, Told(progress), True)
+    if isinstance(second, str):
+        return combine(first[0], second, first[1], "")
+    return combine(first[0], second[0], first[1], second[1])
+
+
+def _at(
+    target: object,
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    progress: Progress,
+    other: bool,
+) -> tuple[CheckReport, str] | str:
+    """The report at the file's sizes (or the ``other``) and their label; at the other sizes,
+    why not instead when the block cannot be built or called there."""
     progress.stage("building the block")
-    module, description = build(target, kwargs)
-    progress.built(description)
-    served = Served(module, kwargs)
-    with one_thread():
-        progress.stage("copying the block and calling it once to tell its width C")
-        served.width()
-        progress.stage("copying the block and calling it once")
-        served.copy()
-        fresh = torch.Generator().manual_seed(FRESH_SEED)
-        weights = torch.Generator().manual_seed(WEIGHTS_SEED)
-        return decide(served, description, roles, progress, fresh, weights)
+    try:
+        built = build_at(target, kwargs, other)
+    except UserError as e:
+        if not other:
+            raise
+        return not_other(str(e))
+    if built is None:
+        return ""
+    try:
+        progress.built(built.description)
+        served = Served(built.module, built.args if other else kwargs)
+        with one_thread():
+            progress.stage("copying the block and calling it once to tell its width C")
+            C, T = served.width()
+            if other and C != built.width:
+                return not_other(f"it takes a width of {C}, not {built.width}")
+            progress.stage("copying the block and calling it once")
+            copy = served.copy()
+            if other and copy["failed"]:
+                return not_other(f"calling it raised {copy['failed']}")
+            if copy["raised"]:
+                raised = copy["raised"]
+                raise UserValueError(
+                    f"cannot check {built.description}: calling it on a {(T, T, C)} input "
+                    f"raised {raised}"
+                )
+            fresh = torch.Generator().manual_seed(FRESH_SEED)
+            weights = torch.Generator().manual_seed(WEIGHTS_SEED)
+            report = decide(served, built.description, roles, progress, fresh, weights)
+    finally:
+        built.undo()
+    report = replace(report, notes=[*built.notes, *report.notes])
+    return report, built.label
 
 
 def _checked_roles(roles: object) -> dict[str, str]:

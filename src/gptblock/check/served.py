@@ -23,6 +23,7 @@ import torch.nn as nn
 from .build import max_length, width
 from .modern import check_modern
 from .plain import NotPlain, to_plain
+from .raised import call_error, source
 from .readings import TRACE_T, read_parts, trace_shapes
 from .report import CAUGHT, one_line
 from .subject import Subject
@@ -83,10 +84,14 @@ class Served:
         """Make the checker's copy (float64, eval); what it is."""
         self._subject = Subject(self.module, self.C, self.T)
         s = self._subject
+        failed = "" if s.failure is None else one_line(s.failure)  # the first call, in both dtypes
+        raised = "" if s.failure is None else call_error(s.failure, source(type(self.module)))
         return {
             "dtype": str(s.dtype).removeprefix("torch."),
             "device": str(s.device),
             "note": s.note,
+            "failed": failed,
+            "raised": raised,  # not for sizes that do not fit: no check can run
         }
 
     def parameters(self) -> dict[str, Tensor]:

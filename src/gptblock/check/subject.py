@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from ..errors import UserValueError
 from .report import CAUGHT, one_line
 from .trace import NoDropout
 
-__all__ = ["Grads", "Subject", "Tested", "moved", "one_thread"]
+__all__ = ["Grads", "Subject", "Tested", "first_tensor", "moved", "one_thread"]
 
 Tensor = torch.Tensor
 
@@ -115,6 +115,8 @@ class Subject:
         self.generator = torch.Generator().manual_seed(0)
         self.note = ""
         self.no_dropout = False  # every call with dropout switched off (trace.NoDropout)
+        self.failure: BaseException | None = None  # the first call's, in both dtypes
+        self.unpacked = ""  # how the output is taken from a tuple the block returns
         failure: BaseException | None = None
         for dtype in (torch.float64, torch.float32):
             self.dtype = dtype
@@ -135,8 +137,11 @@ class Subject:
         else:
             self.dtype = torch.float64
             self.module = _copy(module, torch.float64)
+            self.failure = failure
         if self.dtype != torch.float64:
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        if self.unpacked:
+            self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor:
@@ -159,10 +164,19 @@ class Subject:
         """
         with NoDropout() if self.no_dropout else nullcontext():
             if not seeded:
-                return _output(self.module(x.clone()))
+                return self._output(self.module(x.clone()), x.shape)
             with self.own_rng():
                 torch.manual_seed(0)
-                return _output(self.module(x.clone()))
+                return self._output(self.module(x.clone()), x.shape)
+
+    def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
+        """A copy of the output; from a tuple (or list, dict) the block returns, its (B, T, C)
+        tensor, the copy's ``forward`` then made to return it for every check (the trace's
+        included), and the note that says so."""
+        if not isinstance(y, Tensor) and not self.unpacked:
+            self.unpacked, key = _unpack(self.module, y, shape)
+            y = y[key] if self.unpacked else y  # type: ignore[index]
+        return _output(y)
 
     def own_rng(self) -> ContextManager[None]:
         """A context in which the block may draw random numbers; the caller's RNG is restored."""
@@ -271,6 +285,47 @@ def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
             )
             g.__kwdefaults__ = f.__kwdefaults__
             setattr(m, name, g)
+
+
+def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Tensor, str] | None:
+    """The first tensor of ``shape`` in what a block returned (a tuple, list or dict such as
+    Hugging Face's ``ModelOutput``: output and cache, or attention weights), and which.
+
+    Example:
+        >>> y = torch.zeros(2, 3, 4)
+        >>> first_tensor((y, None), (2, 3, 4))[1], first_tensor(y, (2, 3, 4))[1]
+        ('element 0 of the tuple', '')
+    """
+    if isinstance(y, Tensor):
+        return y, ""
+    items: list[tuple[object, object]] = []
+    if isinstance(y, (tuple, list)):
+        items = list(enumerate(y))
+    elif isinstance(y, Mapping):
+        items = list(y.items())
+    for key, value in items:
+        if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
+            which = f"{key!r}" if isinstance(key, str) else f"element {key}"
+            return value, f"{which} of the {type(y).__name__}"
+    return None
+
+
+def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, Any]:
+    """The note and the key of a block returning a tuple (or list, or dict) that holds its
+    (B, T, C) output, its ``forward`` made to return that tensor; ``""`` for any other."""
+    found = first_tensor(y, tuple(shape))
+    if found is None or not found[1]:
+        return "", None
+    pairs = enumerate(y) if isinstance(y, (tuple, list)) else y.items()  # type: ignore[attr-defined]
+    key = next(k for k, v in pairs if v is found[0])
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return type(self).forward(self, *args, **kwargs)[key]
+
+    module.forward = types.MethodType(forward, module)
+    which = found[1].split(" of ")[0]
+    note = f"the block returns a {type(y).__name__}: its {which}, the (B, T, C) tensor, is taken"
+    return note + " as its output", key
 
 
 def _output(y: object) -> Tensor:

@@ -17,12 +17,13 @@ import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..errors import UserError, UserValueError
-from .build import build
+from .build import build_at
 from .frames import Reader, send
 from .report import CAUGHT, one_line
 from .served import Served
@@ -49,15 +50,24 @@ class _Worker:
         self.targets, self.kwargs = request["targets"], request["kwargs"]
         self.target: object = None
         self.served: Served | None = None
+        self.undo: Callable[[], None] = lambda: None  # the module settings a build changed
 
     def answer(self, op: str, args: dict[str, Any], tensors: dict[str, Tensor]) -> Answer:
+        if op in ("load", "build"):
+            self.undo()
+            self.undo, self.served = lambda: None, None
         if op == "load":
-            self.target, self.served = _load(self.targets[int(args["index"])]), None
+            self.target = _load(self.targets[int(args["index"])])
             return {}, {}
         if op == "build":
-            module, description = build(self.target, self.kwargs)
-            self.served = Served(module, self.kwargs)
-            return {"description": description}, {}
+            other = bool(args.get("other"))
+            built = build_at(self.target, self.kwargs, other)
+            if built is None:
+                return {"none": True}, {}
+            self.undo = built.undo
+            self.served = Served(built.module, built.args if other else self.kwargs)
+            told = {"description": built.description, "label": built.label}
+            return {**told, "notes": built.notes, "width": built.width}, {}
         served = self.served
         if served is None:
             raise RuntimeError(f"{op} before build")
