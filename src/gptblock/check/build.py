@@ -24,7 +24,16 @@ from .arguments import complete
 from .raised import learner_line, size_error
 from .raised import source as source_file
 from .report import CAUGHT, one_line
-from .sizes import KINDS, Sizes, file_sizes, names, other_sizes, patch_globals, settings
+from .sizes import (
+    KINDS,
+    Sizes,
+    file_sizes,
+    hint_sizes,
+    names,
+    other_sizes,
+    patch_globals,
+    settings,
+)
 from .subject import first_tensor
 
 __all__ = [
@@ -216,28 +225,27 @@ def _origins(sizes: Sizes, shown: Mapping[str, object]) -> list[str]:
     return [f"built at the file's sizes: {said}", *sizes.notes]
 
 
-def _hint(target: object, given: Mapping[str, object]) -> str:
-    """``; it builds with --arg ...`` at another set of sizes, when one builds."""
-    found = other_sizes(file_sizes(target, given))  # type: ignore[arg-type]
-    if found is None:
-        return ""
-    values = names(found)
+def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
+    """``; it builds with --arg ...`` at the first of ``sizes.hint_sizes`` that builds."""
     try:
-        params = list(inspect.signature(target).parameters)  # type: ignore[arg-type]
+        params = list(inspect.signature(target).parameters)
     except (TypeError, ValueError):
         return ""
-    line = {n: values[n] for n in params if n in values}
-    if not line:
-        return ""
-    undo = patch_globals(target, found)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            target(**fill_common_arguments(target, {**given, **line}))  # type: ignore
-    except CAUGHT:
-        return ""
-    finally:
-        undo()
-    return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
+    for found in hint_sizes(file_sizes(target, given)):
+        values = names(found)
+        line = {n: values[n] for n in params if n in values}
+        if not line:
+            return ""
+        undo = patch_globals(target, found)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                target(**fill_common_arguments(target, {**given, **line}))
+        except CAUGHT:
+            continue
+        finally:
+            undo()
+        return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
+    return ""
 
 
 def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "Sizes",
     "combine",
     "file_sizes",
+    "hint_sizes",
     "names",
     "not_other",
     "other_sizes",
@@ -51,6 +52,7 @@ CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings"
 CHECKER = {"width": 32, "heads": 4, "length": 16}  # a kind the file uses but gives no value
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 16, 8, 12, 16...
+_HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,15 +192,28 @@ def other_sizes(sizes: Sizes) -> Sizes | None:
         >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
         {'width': 48, 'heads': 3, 'length': 24}
     """
+    return next(iter(_sets(sizes, _OTHERS, strict=True)), None)
+
+
+def hint_sizes(sizes: Sizes) -> list[Sizes]:
+    """Sets of sizes to try when a block cannot be built at its file's: the other sizes', then
+    larger widths (up to GPT-2's 768 and 12 heads)."""
+    return _sets(sizes, _HINTS, strict=False)
+
+
+def _sets(sizes: Sizes, pool: tuple[tuple[int, int], ...], strict: bool) -> list[Sizes]:
     v = sizes.values
     C = v.get("width")
     if C is None:
-        return None
+        return []
     nh = v.get("heads")
     kv = v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
-    for C2, nh2 in _OTHERS:
-        if C2 == C or (nh is not None and (nh2 == nh or C2 // nh2 == C // nh)):
+    found = []
+    for C2, nh2 in pool:
+        if C2 == C and (nh is None or nh2 == nh):
+            continue
+        if strict and nh is not None and (nh2 == nh or C2 // nh2 == C // nh):
             continue
         if nh is None and C2 % 12:  # heads fixed inside the block: a width many counts divide
             continue
@@ -213,8 +228,8 @@ def other_sizes(sizes: Sizes) -> Sizes | None:
             values["head_size"] = C2 // (nh2 if nh is not None else C // v["head_size"])
         if "length" in v:
             values["length"] = 16 if v["length"] != 16 else 24
-        return Sizes(values, {k: "the checker" for k in values})
-    return None
+        found.append(Sizes(values, {k: "the checker" for k in values}))
+    return found
 
 
 def names(sizes: Sizes) -> dict[str, int]:

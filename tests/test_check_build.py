@@ -1,0 +1,349 @@
+"""Building the block as the learner's file does (check/build.py, sizes.py, arguments.py): at the
+sizes the file implies (module settings, constructor and config defaults, --arg) and at other
+sizes; a config with a layer index, through **kwargs or with missing fields; a tuple output; and a
+block that cannot be built or called, reported as what it raised, at the learner's line."""
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gptblock.check import check_block, load_target
+from gptblock.errors import UserValueError
+
+LECTURE = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+    # hyperparameters
+    batch_size = 16
+    block_size = 32
+    max_iters = 5000
+    learning_rate = 1e-3
+    n_embd = 64
+    n_head = 4
+    n_layer = 4
+    dropout = 0.0
+
+
+    class Head(nn.Module):
+        def __init__(self, head_size):
+            super().__init__()
+            self.key = nn.Linear(n_embd, head_size, bias=False)
+            self.query = nn.Linear(n_embd, head_size, bias=False)
+            self.value = nn.Linear(n_embd, head_size, bias=False)
+            self.register_buffer('tril', torch.tril(torch.ones(block_size, block_size)))
+            self.dropout = nn.Dropout(dropout)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            k = self.key(x)
+            q = self.query(x)
+            wei = q @ k.transpose(-2, -1) * k.shape[-1]**-0.5
+            wei = wei.masked_fill(self.tril[:T, :T] == 0, float('-inf'))
+            wei = F.softmax(wei, dim=-1)
+            wei = self.dropout(wei)
+            v = self.value(x)
+            return wei @ v
+
+
+    class MultiHeadAttention(nn.Module):
+        def __init__(self, num_heads, head_size):
+            super().__init__()
+            self.heads = nn.ModuleList([Head(head_size) for _ in range(num_heads)])
+            self.proj = nn.Linear(head_size * num_heads, n_embd)
+            self.dropout = nn.Dropout(dropout)
+
+        def forward(self, x):
+            out = torch.cat([h(x) for h in self.heads], dim=-1)
+            return self.dropout(self.proj(out))
+
+
+    class FeedFoward(nn.Module):
+        def __init__(self, n_embd):
+            super().__init__()
+            self.net = nn.Sequential(
+                nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd),
+                nn.Dropout(dropout),
+            )
+
+        def forward(self, x):
+            return self.net(x)
+
+
+    class Block(nn.Module):
+        def __init__(self, n_embd, n_head):
+            super().__init__()
+            head_size = n_embd // n_head
+            self.sa = MultiHeadAttention(n_head, head_size)
+            self.ffwd = FeedFoward(n_embd)
+            self.ln1 = nn.LayerNorm(n_embd)
+            self.ln2 = nn.LayerNorm(n_embd)
+
+        def forward(self, x):
+            x = x + self.sa(self.ln1(x))
+            x = x + self.ffwd(self.ln2(x))
+            return x
+
+
+    if __name__ == "__main__":  # the training script: not run when the checker imports the file
+        raise SystemExit("training...")
+    """
+)
+
+NANOGPT = textwrap.dedent(
+    """
+    from dataclasses import dataclass
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+
+    @dataclass
+    class GPTConfig:
+        block_size: int = 64
+        n_embd: int = 48
+        n_head: int = 6
+        dropout: float = 0.0
+        bias: bool = True
+
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            self.layer_idx = layer_idx
+            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+            self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+            self.n_head, self.n_embd = config.n_head, config.n_embd
+
+        def forward(self, x, attention_mask=None, use_cache=False):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / (k.size(-1) ** 0.5)
+            att = att.masked_fill(torch.ones(T, T).tril() == 0, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+            return self.c_proj(y), att  # (output, attention weights), as Hugging Face's layers
+
+
+    class MLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+    class Block(nn.Module):
+        def __init__(self, config: GPTConfig, layer_idx: int):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+            self.attn = CausalSelfAttention(config, layer_idx)
+            self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+            self.mlp = MLP(config)
+
+        def forward(self, x, attention_mask=None, output_attentions=False):
+            a, weights = self.attn(self.ln_1(x), attention_mask)
+            x = x + a
+            x = x + self.mlp(self.ln_2(x))
+            return (x, weights) if output_attentions else (x,)
+    """
+)
+
+
+def _file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return str(path)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "gptblock", "check", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_lecture_file_is_built_at_its_module_settings_and_checked_at_other_sizes(tmp_path):
+    path = _file(tmp_path, "gpt", LECTURE)
+    report = check_block(f"{path}:Block", isolate=False)
+    assert report.passed, str(report)
+    assert report.target == "Block(n_embd=64, n_head=4)"
+    said = " ".join(report.notes)
+    assert "n_embd=64, n_head=4, block_size=32 from gpt.py's module settings" in said
+    assert "checked again at n_embd=48, n_head=6, block_size=16: PASS" in said
+    Block = load_target(f"{path}:Block")
+    module = inspect.getmodule(Block)
+    check_block(Block)
+    assert (module.n_embd, module.n_head, module.block_size) == (64, 4, 32)  # restored
+
+
+def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
+    path = _file(tmp_path, "gpt", LECTURE)
+    # the heads read n_embd from the module: built at 48 too, or the block would not fit
+    report = check_block(f"{path}:Block", isolate=False, n_embd=48, n_head=6)
+    assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
+
+
+def test_the_lecture_file_passes_on_the_command_line(tmp_path):
+    done = _cli(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "from gpt.py's module settings" in done.stdout
+
+
+def test_a_typo_in_forward_is_an_error_at_the_learners_line_not_the_shape_mistake(tmp_path):
+    path = _file(tmp_path, "typo", LECTURE.replace("k = self.key(x)", "k = self.kee(x)"))
+    said = r"AttributeError: 'Head' object has no attribute 'kee' \(at .*typo.py:\d+: k = self.kee\(x\)\)"
+    with pytest.raises(
+        UserValueError,
+        match=r"cannot check Block\(n_embd=64, n_head=4\): calling it .* raised " + said,
+    ):
+        check_block(f"{path}:Block", isolate=False)
+    done = _cli(f"{path}:Block")
+    assert done.returncode == 2 and "shape" not in done.stdout, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("gptblock check: error: cannot check Block(") and "self.kee(x)" in line
+
+
+def test_a_config_with_a_layer_index_and_a_tuple_output(tmp_path):
+    path = _file(tmp_path, "nanogpt", NANOGPT)
+    report = check_block(f"{path}:Block", isolate=False)
+    assert report.passed, str(report)
+    assert report.target.startswith("Block(layer_idx=0, config=GPTConfig(block_size=64, n_embd=48")
+    said = " ".join(report.notes)
+    assert "n_embd=48, n_head=6, block_size=64 from the config's defaults" in said
+    assert "returns a tuple: its element 0, the (B, T, C) tensor, is taken as its output" in said
+    assert "checked again at n_embd=24, n_head=2, block_size=16: PASS" in said
+
+
+def test_a_dict_output_is_read_by_its_first_tensor_of_the_input_shape():
+    import torch.nn as nn
+
+    from gptblock import lesson
+
+    class Returns(lesson.Block):
+        def forward(self, x, mask=None):  # a dict, as a ModelOutput is
+            return {"attentions": None, "hidden_states": super().forward(x)}
+
+    report = check_block(Returns, n_embd=16, n_head=2)
+    assert report.passed and isinstance(Returns(16, 2, 8), nn.Module), str(report)
+    assert any("returns a dict: its 'hidden_states'" in n for n in report.notes)
+
+
+def test_a_config_whose_fields_come_through_kwargs(tmp_path):
+    kwargs = NANOGPT.replace(
+        "@dataclass\nclass GPTConfig:",
+        "class Config:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)\n\n\n"
+        "class Unused:",
+    ).replace("config: GPTConfig", "config: Config")
+    report = check_block(f"{_file(tmp_path, 'kw', kwargs)}:Block", isolate=False)
+    assert report.passed and "config=<" in report.target and "Config object" in report.target
+
+
+def test_a_dataclass_config_missing_required_fields_is_refused_naming_them(tmp_path):
+    missing = NANOGPT.replace("block_size: int = 64", "block_size: int\n    vocab_size: int")
+    path = _file(tmp_path, "missing", missing)
+    said = r"cannot build Block: its GPTConfig config needs vocab_size, .*--arg vocab_size=64"
+    with pytest.raises(UserValueError, match=said):
+        check_block(f"{path}:Block", isolate=False)
+    report = check_block(f"{path}:Block", isolate=False, vocab_size=50)
+    assert report.passed and "block_size=16" in report.target, str(report)  # the checker's
+
+
+def test_constructor_defaults_give_the_size():
+    from gptblock import lesson
+
+    class Defaults(lesson.Block):
+        def __init__(self, n_embd=48, n_head=6, block_size=8):
+            super().__init__(n_embd, n_head, block_size)
+
+    report = check_block(Defaults)
+    assert report.passed and "n_embd=48, n_head=6" in report.target, str(report)
+    said = " ".join(report.notes)
+    assert "n_embd=48, n_head=6, block_size=8 from the constructor's defaults" in said
+    assert "checked again at n_embd=24, n_head=2, block_size=16: PASS" in said
+
+
+def test_right_only_at_the_files_sizes_fails_naming_the_other_sizes(tmp_path):
+    # the scale written as the file's head size (64 / 4 = 16): right there, wrong at hs 8
+    fixed = LECTURE.replace("k.shape[-1]**-0.5", "16**-0.5")
+    report = check_block(f"{_file(tmp_path, 'fixed', fixed)}:Block", isolate=False)
+    assert report.verdict == "FAIL", str(report)
+    (other,) = [f for f in report.findings if not f.passed]
+    assert other.name == "other sizes"
+    assert other.message.startswith(
+        "PASS at n_embd=64, n_head=4, block_size=32; at n_embd=48, n_head=6, block_size=16: FAIL"
+    )
+
+
+def test_a_width_fixed_in_the_code_is_checked_at_the_files_sizes_only(tmp_path):
+    fixed = LECTURE.replace("self.ln1 = nn.LayerNorm(n_embd)", "self.ln1 = nn.LayerNorm(64)")
+    report = check_block(f"{_file(tmp_path, 'fixed', fixed)}:Block", isolate=False)
+    assert report.passed, str(report)
+    assert any(
+        n.startswith("checked at the file's sizes only: at other sizes") for n in report.notes
+    )
+
+
+def test_a_block_that_raises_only_when_batch_and_time_differ_is_still_the_shape_mistake():
+    import torch
+
+    from gptblock import lesson
+
+    class BatchAsTime(lesson.Block):
+        def forward(self, x):
+            B, T, C = x.shape
+            return super().forward(x) + torch.zeros(B, B, 1)  # fits only when B == T
+
+    report = check_block(BatchAsTime, n_embd=16, n_head=2)
+    assert report.diagnosis == ["shape"], str(report)
+    assert "only works when the batch size equals the sequence length" in str(report)
+
+
+def test_a_size_error_on_every_call_is_still_the_shape_mistake():
+    import torch
+
+    from gptblock import lesson
+
+    class CatAlongTime(lesson.Block):
+        def forward(self, x):
+            return x + torch.cat([x, x], dim=1)  # (B, 2T, C): never fits
+
+    report = check_block(CatAlongTime, n_embd=16, n_head=2)
+    assert report.diagnosis == ["shape"], str(report)
+
+
+def test_a_size_related_build_failure_gives_the_arg_line_that_builds_it(tmp_path):
+    rotary = textwrap.dedent(
+        """
+        import torch.nn as nn
+        from gptblock import lesson
+
+
+        class Rotary(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                assert dim % 16 == 0, "the rotary dimension must be a multiple of 16"
+
+
+        class Block(lesson.Block):
+            def __init__(self, n_embd, n_head):
+                super().__init__(n_embd, n_head, 16)
+                self.rotary = Rotary(n_embd // n_head)
+        """
+    )
+    path = _file(tmp_path, "rotary", rotary)
+    said = (
+        r"cannot build Block\(n_embd=32, n_head=4\): AssertionError: the rotary dimension must "
+        r"be a multiple of 16 \(at .*rotary.py:\d+: assert dim % 16 == 0.*\); it builds with "
+        r"--arg n_embd=48 --arg n_head=3"
+    )
+    with pytest.raises(UserValueError, match=said):
+        check_block(f"{path}:Block", isolate=False)
