@@ -270,8 +270,8 @@ def not_other(why: str) -> str:
     the file's sizes stands.
 
     Example:
-        >>> not_other("it takes a width of 64, not 48")
-        'checked at the file's sizes only: at other sizes it takes a width of 64, not 48 (a size fixed in the code?)'
+        >>> print(not_other("it takes a width of 64, not 48"))
+        checked at the file's sizes only: at other sizes it takes a width of 64, not 48 (a size fixed in the code?)
     """
     return f"checked at the file's sizes only: at other sizes {why} (a size fixed in the code?)"
 
