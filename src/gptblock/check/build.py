@@ -161,9 +161,14 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     if other:  # the other sizes replace the given ones of their kinds
         given.update({n: values[n] for n in given if n in values})
     try:
-        params = list(inspect.signature(target).parameters)
+        signature = inspect.signature(target).parameters
     except (TypeError, ValueError):  # some builtins have no signature
-        params = []
+        signature = {}  # type: ignore[assignment]
+    empty = inspect.Parameter.empty
+    params = [  # a size argument without a default, or with a number: None may mean "none"
+        n for n, p in signature.items()
+        if p.default is empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
+    ]  # fmt: skip
     filled = {**{n: values[n] for n in params if n in values}, **given}
     filled = fill_common_arguments(target, filled)
     if not other:

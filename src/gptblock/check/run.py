@@ -219,7 +219,12 @@ def _at(
                 )
             fresh = torch.Generator().manual_seed(FRESH_SEED)
             weights = torch.Generator().manual_seed(WEIGHTS_SEED)
-            report = decide(served, built.description, roles, progress, fresh, weights)
+            try:
+                report = decide(served, built.description, roles, progress, fresh, weights)
+            except UserError as e:  # a --map that names the file's sizes (a slice [0:32])
+                if not other:
+                    raise
+                return not_other(f"the check stopped: {e}")
     finally:
         built.undo()
     report = replace(report, notes=[*built.notes, *report.notes])

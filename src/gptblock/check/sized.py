@@ -59,8 +59,8 @@ def at_two_sizes(
     assert not isinstance(first, str)  # the file's sizes raise rather than say why not
     try:
         second = _at(call, Told(progress), roles, fresh, weights, True)
-    except Raised as e:  # where the checker did not expect the block to raise: not its verdict
-        second = not_other(f"the check stopped ({e})")
+    except (Raised, errors.UserError) as e:  # a block raising where the checker does not
+        second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
     if isinstance(second, str):
         return combine(first[0], second, first[1], "")
     return combine(first[0], second[0], first[1], second[1])

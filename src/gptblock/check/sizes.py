@@ -113,10 +113,13 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
 
 
 def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters that take one value each (not ``*args``, ``**kwargs``)."""
     try:
-        return list(inspect.signature(factory).parameters.values())
+        params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
         return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p for p in params if p.kind in kinds]
 
 
 def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
@@ -160,8 +163,6 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
             if kind in CHECKER:
                 values[kind], sources[kind] = CHECKER[kind], "the checker"
     C = values.get("width")
-    if "heads" in values and sources["heads"] == "the checker" and C:
-        values["heads"] = next(h for h in (4, 2, 1) if C % h == 0)
     if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
         values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
     return _smaller(Sizes(values, sources))
