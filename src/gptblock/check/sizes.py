@@ -40,7 +40,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
     "heads": ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"),
     "kv_heads": ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
-    "head_size": ("head_size", "head_dim", "d_head", "d_k", "dim_head"),
+    "head_size": ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"),
     "length": ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
 }
 """Each kind of size and the names people give it (``dim`` is a width only as an argument or
