@@ -214,7 +214,7 @@ def _sets(sizes: Sizes, pool: tuple[tuple[int, int], ...], strict: bool) -> list
     for C2, nh2 in pool:
         if C2 == C and (nh is None or nh2 == nh):
             continue
-        if strict and nh is not None and (nh2 == nh or C2 // nh2 == C // nh):
+        if strict and (C2 == C or (nh is not None and (nh2 == nh or C2 // nh2 == C // nh))):
             continue
         if nh is None and C2 % 12:  # heads fixed inside the block: a width many counts divide
             continue
