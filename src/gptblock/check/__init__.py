@@ -8,7 +8,10 @@ Which file owns what:
   diagnosis and a verdict.
 * ``build`` -- the block to check from a module or a class / factory and its arguments (with
   ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence; ``arguments`` -- what a
-  class needs beyond them: a config object built from the arguments, or the ``--arg`` line.
+  class needs beyond them: a config object built from the arguments, or the ``--arg`` line;
+  ``sizes`` -- the sizes the file implies (``--arg``, defaults, module settings) and another set,
+  and the two reports combined; ``raised`` -- what the block raised when built or first called,
+  at the learner's line.
 * ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
   fresh input and returns a copy of the output.
 * ``probes`` -- black-box probes that need nothing but a module mapping (B, T, C) to (B, T, C).
@@ -50,7 +53,8 @@ Which file owns what:
   answers requests, every check computed here (``remote``: the block's answers, as claims;
   ``frames``: JSON and raw tensors, never pickle), with a timeout; ``reaper``: the supervisor
   that kills the child's whole process tree (a standalone script).
-* ``worker`` -- that child: loads and builds the block, then answers requests.
+* ``worker`` -- that child: loads and builds the block (at the file's sizes, then at others),
+  then answers requests; ``sized`` -- the checker's side of that: both sizes, one report.
 
 Imports point one way: each layer below uses only the layers before it (and within a layer, as
 said), and nothing imports ``gptblock.cli``:
@@ -59,7 +63,8 @@ said), and nothing imports ``gptblock.cli``:
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
    ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
-   ``build`` uses ``arguments``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
+   ``sizes`` and ``raised`` use ``report``; ``arguments`` uses ``sizes``; ``build`` uses
+   ``arguments``, ``sizes``, ``raised`` and ``subject``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
    ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
@@ -69,7 +74,8 @@ said), and nothing imports ``gptblock.cli``:
 4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;
    ``remote`` uses ``subject``; ``isolation`` uses ``frames``, ``remote``, ``verdict``, ``reaper``
-   (its ``prctl``) and ``target`` (only to validate a spec: it never imports the user's code);
+   (its ``prctl``), ``sized`` (the check at two sizes, through ``remote`` and ``verdict``) and
+   ``target`` (only to validate a spec: it never imports the user's code);
 5. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
    ``fused``); ``worker`` uses ``served``, ``frames`` and ``target``.
 
