@@ -38,6 +38,7 @@ from .modern_cache import CacheProbe, probe_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
 from .modern_read import ModernRead, is_modern, read_modern
+from .modern_rotary import Turn
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
 from .search import TOLERANCE
@@ -50,6 +51,7 @@ __all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
 Tensor = torch.Tensor
 Layer = Callable[[Tensor], Tensor]
 THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
+"""The bases tried where the block's own cannot be measured (``modern_rotary``)."""
 
 
 @dataclass(frozen=True)
@@ -97,17 +99,23 @@ LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in 
 """The lessons' attention mistakes, which a modern block can make too."""
 
 
-def ropes(hs: int, rotated: bool) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated)."""
+def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated): with
+    the rotated channels and base measured from the block (``turn``), the pairings and
+    directions; without, the common bases and widths (``THETAS``: the fallback)."""
     if not rotated:
         return [None]
-    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+    if turn is not None and turn.fits:
+        dims, thetas = [turn.dim], [turn.theta]
+    else:
+        dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+        thetas = list(THETAS)
     return [
         Rope(theta, dim, pairing, pairing, sign)
         for dim in dims
         for pairing in ("halves", "adjacent")
         for sign in (1.0, -1.0)
-        for theta in THETAS
+        for theta in thetas
     ] + [None]  # what happens between projection and scores may be a qk norm only
 
 
@@ -167,7 +175,7 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             break
         if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
             continue
-        for rope, qk in itertools.product(ropes(hs, read.rotated), norms):
+        for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
             r, m, s = rope, Modern(), CORRECT
             for c in changes:
                 r, m, s = c.apply(r, m, s)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .dataflow import Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .dataflow import Core, Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .modern_rotary import Turn, heads, measure_turn
 from .norms import find_norms, order_norms
 from .report import CAUGHT
 from .trace import Op, Trace, record, replay
@@ -69,9 +70,14 @@ class ModernRead:
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
     norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
-    core_q: Tensor  # q as the score product reads it (rotated, normalised), as traced
-    core_k: Tensor  # k likewise (its key/value heads repeated)
+    core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
+    core_k: Tensor  # k likewise (its key/value heads repeated), (B, nh, T, hs) where so
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
+    turn: Turn | None  # the rotation measured on q (``modern_rotary``), None: not measured
+    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_scope``)
+    core: Core
+    ends: tuple[int, int, int]  # the nodes q's projection, the output projection and the MLP's
+    # last layer make
 
 
 def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
@@ -188,6 +194,14 @@ def _packed(out: Tensor, cores: list[Tensor], heads: int) -> list[list[int]]:
     return found
 
 
+def _heads(trace: Trace, node: int, B: int, nh: int, T: int, hs: int, key: bool) -> Tensor:
+    """The score product's operand at ``node`` as (B, nh, T, hs) (``modern_rotary.heads``), or
+    as traced where it is not laid out so (fewer key/value heads, as SDPA's ``enable_gqa``)."""
+    value = trace.nodes[node].value
+    found = heads(value, B, nh, T, hs, key)
+    return value if found is None else found
+
+
 def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     """Whether a norm moves when a constant is added to every channel, and is no identity: an
     RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
@@ -253,10 +267,15 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     ):
         return None  # the lessons' block: read by gptblock.check.readings, weights and all
     read = measure(module, trace, Roles(roles, heads), B, T)
+    hs = trace.nodes[core.q].shape[-1]
+    oriented = {
+        r: _heads(trace, n, B, heads, T, hs, r == "k")
+        for r, n in (("q", core.q), ("k", core.k), ("v", core.v))
+    }
     if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
         h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
-        seen = [trace.nodes[n].value for n in (core.q, core.k, core.v)]
+        seen = [oriented[r] for r in ("q", "k", "v")]
         try:
             packed = _packed(h @ w.T + b, seen, heads)
         except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
@@ -289,8 +308,9 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
         (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
-        trace.nodes[core.q].value.double(), trace.nodes[core.k].value.double(),
-        norms,
+        oriented["q"].double(), oriented["k"].double(), norms,
+        measure_turn(trace, q_op.outputs[0], core.q, B, heads, T, hs) if rotated else None,
+        trace, core, (q_op.outputs[0], proj_op.outputs[0], last.outputs[0]),
     )  # fmt: skip
 
 
