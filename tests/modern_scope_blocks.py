@@ -172,7 +172,9 @@ class DecoderLayer(nn.Module):
                  intermediate_size=64, mlp="llama", norm=RMSNorm, sandwich=False, pre=True,
                  **attention):  # fmt: skip
         super().__init__()
-        self.self_attn = Attention(hidden_size, num_attention_heads, num_key_value_heads, **attention)
+        self.self_attn = Attention(
+            hidden_size, num_attention_heads, num_key_value_heads, **attention
+        )
         if mlp == "phi3":
             self.mlp = Phi3MLP(hidden_size, intermediate_size)
         elif mlp == "w13":
@@ -255,3 +257,57 @@ def Alibi(hidden_size=32, num_attention_heads=4):
 
 def Sliding(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, window=3)
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's, with a learned temperature (``temperature``: a parameter multiplying the
+    scores, initialised to 1 / sqrt(hs)) or soft-capped logits (``softcap``)."""
+
+    def __init__(self, n_embd, n_head, temperature=False, softcap=None):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd, self.softcap = n_head, n_embd, softcap
+        hs = n_embd // n_head
+        self.temperature = nn.Parameter(torch.tensor(hs**-0.5)) if temperature else None
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = q @ k.transpose(-2, -1)
+        if self.temperature is not None:
+            att = att * self.temperature
+        else:
+            att = att * (1.0 / math.sqrt(k.size(-1)))
+        if self.softcap is not None:
+            att = self.softcap * torch.tanh(att / self.softcap)
+        mask = torch.tril(torch.ones(T, T, device=x.device)).view(1, 1, T, T)
+        att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, n_embd=32, n_head=4, temperature=False, softcap=None):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, temperature, softcap)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+def SoftCapGPT2(n_embd=32, n_head=4):
+    return GPT2Block(n_embd, n_head, softcap=5.0)
+
+
+def TemperatureGPT2(n_embd=32, n_head=4):
+    return GPT2Block(n_embd, n_head, temperature=True)

@@ -40,7 +40,7 @@ from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["ModernRead", "is_modern", "read_modern"]
+__all__ = ["ModernRead", "is_modern", "qk_gains", "read_modern"]
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -319,3 +319,20 @@ def is_modern(read: ModernRead, rms_forms: list[bool]) -> bool:
     says which norms are), a rotation, grouped heads, a gate."""
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     return read.rotated or grouped or len(read.mlp) == 3 or any(rms_forms)
+
+
+def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
+    0, where no rotation turns anything; None when the scores' operands are not laid out as
+    (B, heads, T, hs)."""
+    B, T, _ = q.shape
+    hs = q.shape[-1] // read.n_head
+    gains = []
+    for lin, core in ((q, read.core_q), (k, read.core_k)):
+        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
+            return None
+        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
+        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
+        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
+        gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
+    return gains[0], gains[1]

@@ -28,12 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .modern_steps import Rope
 from .report import CAUGHT
 from .trace import Trace, TraceError, replay
 
-__all__ = ["Turn", "heads", "measure_turn"]
+__all__ = ["THETAS", "Turn", "heads", "measure_turn", "ropes"]
 
 Tensor = torch.Tensor
+THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
+"""The bases tried where the block's own cannot be measured (``modern_rotary``)."""
 
 
 def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
@@ -132,3 +135,23 @@ def _ladder(w: list[float], r: int) -> float | None:
     if any(abs(t - theta) > 1e-3 * theta for t in each):
         return None
     return _snap(theta)
+
+
+def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated): with
+    the rotated channels and base measured from the block (``turn``), the pairings and
+    directions; without, the common bases and widths (``THETAS``: the fallback)."""
+    if not rotated:
+        return [None]
+    if turn is not None and turn.fits:
+        dims, thetas = [turn.dim], [turn.theta]
+    else:
+        dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+        thetas = list(THETAS)
+    return [
+        Rope(theta, dim, pairing, pairing, sign)
+        for dim in dims
+        for pairing in ("halves", "adjacent")
+        for sign in (1.0, -1.0)
+        for theta in thetas
+    ] + [None]  # what happens between projection and scores may be a qk norm only

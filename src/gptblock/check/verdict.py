@@ -146,7 +146,9 @@ def decide(
         pass
     elif "dropout_in_eval" in implied and not dropout:
         notes.append("no comparison with the reference: the outputs are random in eval mode")
-    elif not roles and (modern := _modern(service, progress)):
+    elif not roles and (modern := _modern(service, progress)) and modern["finding"] is None:
+        notes.extend(modern["notes"])  # a part the references do not model: not compared
+    elif not roles and modern:
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
