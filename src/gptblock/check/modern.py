@@ -295,8 +295,8 @@ def _unexplained(read: ModernRead, note: list[str], failed: Finding) -> ModernOu
     parts = unmodelled(read)
     if not parts:
         return ModernOutcome(note, failed, [], {}, [])
-    said = [f"not compared: {p}, a part the references do not model" for p in parts]
-    return ModernOutcome([*note, *said], None, [], {}, [])
+    said = f"not compared, as the references do not model it: {'; '.join(parts)}"
+    return ModernOutcome([*note, said], None, [], {}, [])
 
 
 def _wiring(
