@@ -125,12 +125,11 @@ def test_mistakes_in_these_styles_are_still_diagnosed(tmp_path, name, old, new, 
 
 
 def test_an_unexplained_attention_fails_with_the_numbers_of_the_closest(tmp_path):
-    """q mixed with k before the scores: no modern attention, no catalogued mistake, nothing out
-    of scope."""
-    old = "q, k = self.q_proj(hidden_states), self.k_proj(hidden_states)"
-    new = "q, k = self.q_proj(hidden_states) + 0.5 * self.k_proj(hidden_states), self.k_proj(hidden_states)"
-    module = _edited(tmp_path, "scope_mixed", old, new)
-    report = check_block(module.DecoderLayer, num_key_value_heads=4)
+    """q's channels reversed before the scores (k's not): no modern attention, no catalogued
+    mistake, nothing out of scope."""
+    old = "groups = self.n_head // self.n_kv_head"
+    module = _edited(tmp_path, "scope_flipped", old, "q = q.flip(-1)\n        " + old)
+    report = check_block(module.DecoderLayer)
     failed = [f for f in report.findings if not f.passed]
     assert report.verdict == "FAIL" and failed and not report.diagnosis, report.format()
     assert "the closest, the modern attention with rope" in failed[-1].message
