@@ -27,9 +27,10 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn as nn
 from torch.nn import functional as F
 
-from .dataflow import _scores
+from .dataflow import _cores, _scores
 from .modern_parts import relative_error
 from .modern_read import ModernRead, qk_gains
 from .modern_rotary import Turn, ropes
@@ -37,9 +38,9 @@ from .modern_steps import Modern, Rope, attention
 from .report import CAUGHT
 from .search import TOLERANCE
 from .steps import CORRECT
-from .trace import Op, Trace, TraceError, replay
+from .trace import Op, Trace, TraceError, record, replay
 
-__all__ = ["closest", "measured", "unmodelled"]
+__all__ = ["attention_scope", "closest", "measured", "unmodelled"]
 
 Tensor = torch.Tensor
 SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
@@ -47,11 +48,23 @@ SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf"
 MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased
 
 
-def unmodelled(read: ModernRead) -> list[str]:
-    """What ``read``'s block computes that the references do not model, one line each."""
-    trace, core = read.trace, read.core
+def attention_scope(module: nn.Module, x: Tensor) -> list[str]:
+    """What the attention of a block read as the lessons' block computes that the references do
+    not model (soft-capped logits, a bias on the scores, a sliding window), in any of its cores
+    (one per head, or one for all), recorded on ``x`` (B, T, C); none where it cannot be traced."""
+    try:
+        trace = record(module, x)
+    except (*CAUGHT, TraceError):
+        return []
     found: list[str] = []
-    path = _score_path(trace, core.y)
+    for core in _cores(trace):
+        found += [p for p in _in_core(trace, core.y) if p not in found]
+    return found
+
+
+def _in_core(trace: Trace, y: int) -> list[str]:
+    found: list[str] = []
+    path = _score_path(trace, y)
     for op in path:
         if op.base in SATURATING:
             found.append(
@@ -64,9 +77,16 @@ def unmodelled(read: ModernRead) -> list[str]:
             "a bias that varies with the positions is added to the attention scores (ALiBi or "
             "a relative position bias)"
         )
-    window = _window(trace, core.y)
+    window = _window(trace, y)
     if window:
         found.append(f"a sliding-window mask: each position attends to the last {window} only")
+    return found
+
+
+def unmodelled(read: ModernRead) -> list[str]:
+    """What ``read``'s block computes that the references do not model, one line each."""
+    trace, core = read.trace, read.core
+    found = _in_core(trace, core.y)
     q_out, proj_out, down_out = read.ends
     for what, end in (("attention", proj_out), ("MLP", down_out)):
         if _normed_branch(trace, end):

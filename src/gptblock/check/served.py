@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .build import max_length, width
 from .modern import check_modern
+from .modern_scope import attention_scope
 from .plain import NotPlain, to_plain
 from .readings import TRACE_T, read_parts, trace_shapes
 from .report import CAUGHT, one_line
@@ -180,8 +181,9 @@ class Served:
         x = self.subject.input(B, T, self.C)
         with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
             outcome = check_modern(self.subject.module, x)
-        if outcome is None:
-            return {}
+            if outcome is None:  # the lessons' block: what the references do not model in it
+                scope = attention_scope(self.subject.module, x)
+                return {"scope": scope} if scope else {}
         f = outcome.finding
         return {
             "notes": list(outcome.notes),
