@@ -64,7 +64,7 @@ def _cli(name: str) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("name", ["PartialRope", "PackedGateUp", "Qwen3"])
+@pytest.mark.parametrize("name", ["PartialRope", "PackedGateUp"])  # Qwen3: zoo_modern --cli
 def test_correct_modern_blocks_pass_isolated_through_the_cli(name):
     out = _cli(name)
     assert "PASS  reference comparison" in out and "not confirmed" not in out, out

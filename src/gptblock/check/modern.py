@@ -44,7 +44,7 @@ from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
 from .search import TOLERANCE
 from .steps import CORRECT, Steps
-from .trace import TraceError
+from .trace import Trace, TraceError
 from .variants import DEVIATIONS, Deviation
 
 __all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
@@ -198,11 +198,13 @@ def _pairing_label(rope: Rope) -> str:
     )
 
 
-def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
-    """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
-    block."""
+def compare_modern(
+    subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
+) -> ModernOutcome | None:
+    """Read and compare a modern block traced on ``x`` (B, T, C) (the trace kept in ``seen``, if
+    given); ``None`` when it is the lessons' block."""
     try:
-        read = read_modern(subject_module, x)
+        read = read_modern(subject_module, x, seen)
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:
@@ -362,7 +364,9 @@ def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpR
         return probe_cache(module, xs, relative_error, TOLERANCE, shifted if a.rope else None)
 
 
-def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+def check_modern(
+    subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
+) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
     the lessons' reading (and its report of what it cannot read) takes over."""
     try:
@@ -370,6 +374,6 @@ def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
             y = subject_module(x.clone())
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        return compare_modern(subject_module, x)
+        return compare_modern(subject_module, x, seen)
     except CAUGHT:
         return None

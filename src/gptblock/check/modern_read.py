@@ -216,9 +216,9 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
 
 
-def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
-    """Record ``module(x)`` and read it as a modern block; ``None`` when it is the lessons' block
-    (no RMSNorm, rotary positions, grouped heads or gated MLP).
+def read_modern(module: nn.Module, x: Tensor, seen: list[Trace] | None = None) -> ModernRead | None:
+    """Record ``module(x)`` (kept in ``seen``, if given) and read it as a modern block; ``None``
+    when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
 
     Raises:
         Unread: it is a modern block, but its parts cannot be read; the message says why.
@@ -226,6 +226,8 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     """
     B, T, C = x.shape
     trace = record(module, x)
+    if seen is not None:
+        seen.append(trace)
     cores = _cores(trace)
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading
@@ -275,13 +277,13 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
         h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
-        seen = [oriented[r] for r in ("q", "k", "v")]
+        operands = [oriented[r] for r in ("q", "k", "v")]
         try:
-            packed = _packed(h @ w.T + b, seen, heads)
+            packed = _packed(h @ w.T + b, operands, heads)
         except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
-            D = heads * seen[0].shape[-1]
+            D = heads * operands[0].shape[-1]
             kv = (w.shape[0] - D) // 2
-            if _packed(h @ w.T + b, seen[2:], heads)[0] != list(range(D + kv, w.shape[0])):
+            if _packed(h @ w.T + b, operands[2:], heads)[0] != list(range(D + kv, w.shape[0])):
                 raise
             packed = [list(range(D)), list(range(D, D + kv)), list(range(D + kv, w.shape[0]))]
         read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)

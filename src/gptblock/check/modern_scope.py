@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 
 import torch
-import torch.nn as nn
 from torch.nn import functional as F
 
 from .dataflow import _cores, _scores
@@ -38,7 +37,7 @@ from .modern_steps import Modern, Rope, attention
 from .report import CAUGHT
 from .search import TOLERANCE
 from .steps import CORRECT
-from .trace import Op, Trace, TraceError, record, replay
+from .trace import Op, Trace, TraceError, replay
 
 __all__ = ["attention_scope", "closest", "measured", "unmodelled"]
 
@@ -48,17 +47,16 @@ SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf"
 MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased
 
 
-def attention_scope(module: nn.Module, x: Tensor) -> list[str]:
+def attention_scope(trace: Trace) -> list[str]:
     """What the attention of a block read as the lessons' block computes that the references do
     not model (soft-capped logits, a bias on the scores, a sliding window), in any of its cores
-    (one per head, or one for all), recorded on ``x`` (B, T, C); none where it cannot be traced."""
-    try:
-        trace = record(module, x)
-    except (*CAUGHT, TraceError):
-        return []
+    (one per head, or one for all) of its recorded forward pass."""
     found: list[str] = []
-    for core in _cores(trace):
-        found += [p for p in _in_core(trace, core.y) if p not in found]
+    try:
+        for core in _cores(trace):
+            found += [p for p in _in_core(trace, core.y) if p not in found]
+    except CAUGHT:  # the checker's own limit: nothing found
+        return []
     return found
 
 

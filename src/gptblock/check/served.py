@@ -28,7 +28,7 @@ from .readings import TRACE_T, read_parts, trace_shapes
 from .report import CAUGHT, one_line
 from .subject import Subject
 from .suggest import suggest_map
-from .trace import NoDropout
+from .trace import NoDropout, Trace
 
 __all__ = ["DROPOUT_NAMES", "PROBE_T", "Served"]
 
@@ -179,11 +179,12 @@ class Served:
         accounts and the alternatives."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
         x = self.subject.input(B, T, self.C)
+        seen: list[Trace] = []
         with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
-            outcome = check_modern(self.subject.module, x)
-            if outcome is None:  # the lessons' block: what the references do not model in it
-                scope = attention_scope(self.subject.module, x)
-                return {"scope": scope} if scope else {}
+            outcome = check_modern(self.subject.module, x, seen)
+        if outcome is None:  # the lessons' block: what the references do not model in it
+            scope = attention_scope(seen[-1]) if seen else []
+            return {"scope": scope} if scope else {}
         f = outcome.finding
         return {
             "notes": list(outcome.notes),
