@@ -37,7 +37,7 @@ from .dataflow import Unread
 from .modern_cache import CacheProbe, probe_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
-from .modern_read import ModernRead, is_modern, qk_gains, read_modern
+from .modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern
 from .modern_rotary import ropes
 from .modern_scope import closest, measured, unmodelled
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
@@ -198,13 +198,11 @@ def _pairing_label(rope: Rope) -> str:
     )
 
 
-def compare_modern(
-    subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
-) -> ModernOutcome | None:
-    """Read and compare a modern block traced on ``x`` (B, T, C) (the trace kept in ``seen``, if
-    given); ``None`` when it is the lessons' block."""
+def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+    """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
+    block."""
     try:
-        read = read_modern(subject_module, x, seen)
+        read = read_modern(subject_module, x)
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:
@@ -368,12 +366,17 @@ def check_modern(
     subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
 ) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
-    the lessons' reading (and its report of what it cannot read) takes over."""
+    the lessons' reading (and its report of what it cannot read) takes over. The forward pass
+    it records is kept in ``seen``, if given (``modern_read.KEPT``)."""
     try:
         with torch.no_grad():
             y = subject_module(x.clone())
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        return compare_modern(subject_module, x, seen)
+        kept = KEPT.set(seen)
+        try:
+            return compare_modern(subject_module, x)
+        finally:
+            KEPT.reset(kept)
     except CAUGHT:
         return None

@@ -27,6 +27,7 @@ Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H M
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["ModernRead", "is_modern", "qk_gains", "read_modern"]
+__all__ = ["KEPT", "ModernRead", "is_modern", "qk_gains", "read_modern"]
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -216,8 +217,13 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
 
 
-def read_modern(module: nn.Module, x: Tensor, seen: list[Trace] | None = None) -> ModernRead | None:
-    """Record ``module(x)`` (kept in ``seen``, if given) and read it as a modern block; ``None``
+KEPT: ContextVar[list[Trace] | None] = ContextVar("KEPT", default=None)
+"""Where ``read_modern`` keeps the traces it records, when set (``modern.check_modern``'s
+``seen``: a lessons' block's trace is looked at again for what the references do not model)."""
+
+
+def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
+    """Record ``module(x)`` (kept in ``KEPT``, if set) and read it as a modern block; ``None``
     when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
 
     Raises:
@@ -226,8 +232,8 @@ def read_modern(module: nn.Module, x: Tensor, seen: list[Trace] | None = None) -
     """
     B, T, C = x.shape
     trace = record(module, x)
-    if seen is not None:
-        seen.append(trace)
+    if (kept := KEPT.get()) is not None:
+        kept.append(trace)
     cores = _cores(trace)
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading
