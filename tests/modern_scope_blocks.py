@@ -52,8 +52,9 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rotary(dim, T, base, device):
+def rotary(dim, T, base, device, factor=1.0):
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = inv_freq / factor  # linear rope scaling (position interpolation)
     freqs = torch.outer(torch.arange(T, device=device).float(), inv_freq.to(device))
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -73,12 +74,13 @@ class Attention(nn.Module):
     (Gemma 2), ALiBi (BLOOM) and a sliding window (Mistral)."""
 
     def __init__(self, hidden_size, n_head, n_kv_head, rope_theta=10000.0, partial_rotary_factor=1.0,
-                 qk_norm=None, softcap=None, alibi=False, window=None):  # fmt: skip
+                 qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0):  # fmt: skip
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = hidden_size // n_head
         self.rotary_dim = int(self.head_dim * partial_rotary_factor)
         self.rope_theta, self.softcap, self.alibi, self.window = rope_theta, softcap, alibi, window
+        self.rope_scaling = rope_scaling
         self.q_proj = nn.Linear(hidden_size, n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
@@ -102,7 +104,9 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         if not self.alibi:
-            cos, sin = rotary(self.rotary_dim, T, self.rope_theta, hidden_states.device)
+            cos, sin = rotary(
+                self.rotary_dim, T, self.rope_theta, hidden_states.device, self.rope_scaling
+            )
             r = self.rotary_dim
             q = torch.cat((q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]), dim=-1)
             k = torch.cat((k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]), dim=-1)
@@ -253,6 +257,10 @@ def WidthQkNorm(hidden_size=32, num_attention_heads=4):
 
 def Alibi(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, alibi=True)
+
+
+def ScaledRope(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, rope_scaling=4.0)
 
 
 def Sliding(hidden_size=32, num_attention_heads=4):

@@ -40,6 +40,7 @@ OUT_OF_SCOPE = {
     "WidthQkNorm": ["normalised over the whole width"],
     "Alibi": ["a bias that varies with the positions"],
     "Sliding": ["sliding-window mask: each position attends to the last 3"],
+    "ScaledRope": ["frequencies are not theta^(-2i/r)"],
     "SoftCapGPT2": ["soft-capped (tanh"],  # the lessons' path: a GPT-2 block
 }
 

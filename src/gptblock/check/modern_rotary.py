@@ -138,12 +138,13 @@ def _ladder(w: list[float], r: int) -> float | None:
 
 
 def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated): with
-    the rotated channels and base measured from the block (``turn``), the pairings and
-    directions; without, the common bases and widths (``THETAS``: the fallback)."""
-    if not rotated:
+    """Every rotary embedding a correct block may use: with the rotated channels and base
+    measured from the block (``turn``), the pairings and directions; without, the common bases
+    and widths (``THETAS``: the fallback); ``[None]`` when nothing turns, or the frequencies
+    measured are not a base's (a qk norm at most, then)."""
+    if not rotated or (turn is not None and not turn.fits):
         return [None]
-    if turn is not None and turn.fits:
+    if turn is not None:
         dims, thetas = [turn.dim], [turn.theta]
     else:
         dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
