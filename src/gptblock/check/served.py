@@ -174,9 +174,11 @@ class Served:
     trusted = True  # in the checker's own process: what this object says is what the block did
 
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``gptblock.check.modern``) as plain data, ``{}`` when the
-        block is read as the lessons' block: notes, the finding, the mistakes it names, their
-        accounts and the alternatives."""
+        """The modern comparison (``gptblock.check.modern``) as plain data: notes, the finding
+        (None: out of scope, not compared), the mistakes it names, their accounts and the
+        alternatives; for a block read as the lessons' block, ``{}``, or ``{"scope": [...]}``
+        naming what its attention computes that the references do not model
+        (``modern_scope.attention_scope``), for the verdict should no variant match it."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
         x = self.subject.input(B, T, self.C)
         seen: list[Trace] = []
