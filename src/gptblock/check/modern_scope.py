@@ -9,8 +9,8 @@ than ``FAIL``:
 * **soft-capped logits** (Gemma 2's ``tanh(s / c) * c``): a saturating function between the
   score product and the softmax;
 * **a bias added to the scores** (ALiBi, a relative position bias): a static operand added on
-  that path whose finite entries are not all one value (a causal mask's are 0 or a huge
-  negative number);
+  that path whose finite entries below 1e4 in size are not all one value (a causal mask's are 0
+  or huge);
 * **a sliding window** (Mistral): the positions attended to are exactly the last w ones, w < T;
 * **sandwich norms** (Gemma 2, OLMo 2): a scale-invariant map between a sub-layer's last matrix
   product and the residual sum (a norm inside the residual branch);
@@ -44,7 +44,8 @@ __all__ = ["attention_scope", "closest", "measured", "unmodelled"]
 Tensor = torch.Tensor
 SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
               "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "hardtanh": "clamp"}  # fmt: skip
-MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased
+MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased; an
+# additive mask's entries are 0 or at least this large (- 1e10 * (1 - b), as OpenAI's GPT-2)
 
 
 def attention_scope(trace: Trace) -> list[str]:
@@ -127,7 +128,7 @@ def _bias(trace: Trace, op: Op) -> bool:
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
     for t in static:
         if t.dim() >= 2 and t.is_floating_point():
-            kept = t[torch.isfinite(t) & (t > MASKED)]
+            kept = t[torch.isfinite(t) & (t.abs() < -MASKED)]  # a mask's are 0 or huge
             if kept.numel() and bool((kept != kept.flatten()[0]).any()):
                 return True
     return False
