@@ -4,7 +4,8 @@ model (issue 28, items 4-6).
 A rotary base read from the block (8e6 on half of each head), gate and up packed in one matrix,
 a qk norm with the scores written ``q @ k.transpose(2, 3)``: PASS, in process and through
 ``gptblock check``. Soft-capped logits, sandwich norms, ALiBi, a sliding window, a qk norm over
-the whole width: UNVERIFIED, naming the part. Mistakes in the same code are still diagnosed,
+the whole width, a linearly scaled rotation, and soft-capped logits in a GPT-2 block (the
+lessons' reading): UNVERIFIED, naming the part. Mistakes in the same code are still diagnosed,
 and a block no variant explains FAILs with the numbers of the closest one.
 """
 
