@@ -37,19 +37,20 @@ from .dataflow import Unread
 from .modern_cache import CacheProbe, probe_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
-from .modern_read import ModernRead, is_modern, read_modern
+from .modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern
+from .modern_rotary import ropes
+from .modern_scope import closest, measured, unmodelled
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
 from .search import TOLERANCE
 from .steps import CORRECT, Steps
-from .trace import TraceError
+from .trace import Trace, TraceError
 from .variants import DEVIATIONS, Deviation
 
 __all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
 Layer = Callable[[Tensor], Tensor]
-THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
 
 
 @dataclass(frozen=True)
@@ -97,20 +98,6 @@ LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in 
 """The lessons' attention mistakes, which a modern block can make too."""
 
 
-def ropes(hs: int, rotated: bool) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use (``[None]`` when nothing is rotated)."""
-    if not rotated:
-        return [None]
-    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
-    return [
-        Rope(theta, dim, pairing, pairing, sign)
-        for dim in dims
-        for pairing in ("halves", "adjacent")
-        for sign in (1.0, -1.0)
-        for theta in THETAS
-    ] + [None]  # what happens between projection and scores may be a qk norm only
-
-
 def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
     """Every set of at most ``max_size`` changes, one per group, smallest first."""
     pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
@@ -121,23 +108,6 @@ def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Chan
     for size in range(max_size + 1):
         for chosen in itertools.combinations(groups.values(), size):
             yield from itertools.product(*chosen)
-
-
-def _qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
-    0, where no rotation turns anything; None when the scores' operands are not laid out as
-    (B, heads, T, hs)."""
-    B, T, _ = q.shape
-    hs = q.shape[-1] // read.n_head
-    gains = []
-    for lin, core in ((q, read.core_q), (k, read.core_k)):
-        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
-            return None
-        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
-        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
-        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
-        gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
-    return gains[0], gains[1]
 
 
 @dataclass(frozen=True)
@@ -160,14 +130,14 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
     q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
-    norms = [None, _qk_gains(read, q, k)] if read.rotated else [None]
+    norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
     found: list[AttnMatch] = []
     for changes in _changes(max_size, grouped, read.rotated):
         if found and len(changes) > len(found[0].changes):
             break
         if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
             continue
-        for rope, qk in itertools.product(ropes(hs, read.rotated), norms):
+        for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
             r, m, s = rope, Modern(), CORRECT
             for c in changes:
                 r, m, s = c.apply(r, m, s)
@@ -256,8 +226,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
         rope.describe(hs) if rope else "",
         "qk_norm" if attn and attn[0].qk_norm is not None else "",
-        "something between the projections and the scores (not identified)"
-        if read.rotated and not attn else "",
+        measured(read.turn, hs) if read.rotated and not attn else "",
         mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
         f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
         f"{read.n_head} heads",
@@ -280,14 +249,16 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
             f"{' and '.join(missing)} of this modern block computes neither the modern block's "
             "part nor any catalogued mistake of it"
         )
-        return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
+        if not attn:
+            msg += f" (the closest, {closest(read)})"
+        return _unexplained(read, note, Finding(name, False, msg))
     wiring, error = _wiring(read, norms, mlp, attn[0], post)
     if error > TOLERANCE:
         msg = (
             "the modern block with the weights read from this one does not reproduce it "
             f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"
         )
-        return ModernOutcome(note, Finding(name, False, msg), [], {}, [])
+        return _unexplained(read, note, Finding(name, False, msg))
     details = _norm_mistakes(norms, read.parallel)
     details.update(mlp.mistakes)
     if wiring is not None:
@@ -315,6 +286,17 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     if others:
         msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"
     return ModernOutcome(note, Finding(name, True, msg, "FOUND"), list(details), details, others)
+
+
+def _unexplained(read: ModernRead, note: list[str], failed: Finding) -> ModernOutcome:
+    """A block no variant and no catalogued mistake reproduces: out of scope (no finding:
+    ``UNVERIFIED``) where it computes a part the references do not model (``modern_scope``),
+    else the failed comparison."""
+    parts = unmodelled(read)
+    if not parts:
+        return ModernOutcome(note, failed, [], {}, [])
+    said = f"not compared, as the references do not model it: {'; '.join(parts)}"
+    return ModernOutcome([*note, said], None, [], {}, [])
 
 
 def _wiring(
@@ -380,14 +362,21 @@ def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpR
         return probe_cache(module, xs, relative_error, TOLERANCE, shifted if a.rope else None)
 
 
-def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+def check_modern(
+    subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
+) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
-    the lessons' reading (and its report of what it cannot read) takes over."""
+    the lessons' reading (and its report of what it cannot read) takes over. The forward pass
+    it records is kept in ``seen``, if given (``modern_read.KEPT``)."""
     try:
         with torch.no_grad():
             y = subject_module(x.clone())
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        return compare_modern(subject_module, x)
+        kept = KEPT.set(seen)
+        try:
+            return compare_modern(subject_module, x)
+        finally:
+            KEPT.reset(kept)
     except CAUGHT:
         return None

@@ -196,14 +196,36 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
             if close(act(a), target):
                 hidden = _dense(read.mlp[0], act)
                 return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (read.mlp[0],))
+        if read.mlp[0][0].shape[0] != 2 * width:
+            return None
+        for packed in _unpacked(read.mlp[0], width):  # gate and up in one matrix
+            found = _gated_of(h, target, width, packed, ["", ""])
+            if found is not None:
+                return found
         return None
-    m, names = read.mlp[:2], read.mlp_names[:2]
+    return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
+
+
+def _unpacked(w: Linear, H: int) -> list[list[Linear]]:
+    """A first layer of 2H rows as two of H: in halves (``chunk(2)``, slices) or interleaved
+    (``[..., ::2]``, ``[..., 1::2]``)."""
+    return [
+        [(w[0][rows], w[1][rows]) for rows in (slice(0, H), slice(H, 2 * H))],
+        [(w[0][rows], w[1][rows]) for rows in (slice(0, None, 2), slice(1, None, 2))],
+    ]
+
+
+def _gated_of(
+    h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
+) -> MlpRead | None:
+    """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
+    holds both, whose order no name tells), or a catalogued mistake of it; else None."""
     u = [_lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
             if close(act(u[gate]) * u[up], target):
                 mistakes = {}
-                if _says(names[gate], _UP) and _says(names[up], _GATE):
+                if names[gate] and _says(names[gate], _UP) and _says(names[up], _GATE):
                     mistakes["swiglu_swapped"] = (
                         f"{name} is applied to the up projection ({names[gate]}) and the gate "
                         f"projection ({names[up]}) is the linear branch: act(up(x)) * gate(x) "

@@ -27,19 +27,21 @@ Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H M
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from .dataflow import Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .dataflow import Core, Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .modern_rotary import Turn, heads, measure_turn
 from .norms import find_norms, order_norms
 from .report import CAUGHT
 from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["ModernRead", "is_modern", "read_modern"]
+__all__ = ["KEPT", "ModernRead", "is_modern", "qk_gains", "read_modern"]
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -69,9 +71,14 @@ class ModernRead:
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
     norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
-    core_q: Tensor  # q as the score product reads it (rotated, normalised), as traced
-    core_k: Tensor  # k likewise (its key/value heads repeated)
+    core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
+    core_k: Tensor  # k likewise (its key/value heads repeated), (B, nh, T, hs) where so
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
+    turn: Turn | None  # the rotation measured on q (``modern_rotary``), None: not measured
+    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_scope``)
+    core: Core
+    ends: tuple[int, int, int]  # the nodes q's projection, the output projection and the MLP's
+    # last layer make
 
 
 def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
@@ -188,6 +195,14 @@ def _packed(out: Tensor, cores: list[Tensor], heads: int) -> list[list[int]]:
     return found
 
 
+def _heads(trace: Trace, node: int, B: int, nh: int, T: int, hs: int, key: bool) -> Tensor:
+    """The score product's operand at ``node`` as (B, nh, T, hs) (``modern_rotary.heads``), or
+    as traced where it is not laid out so (fewer key/value heads, as SDPA's ``enable_gqa``)."""
+    value = trace.nodes[node].value
+    found = heads(value, B, nh, T, hs, key)
+    return value if found is None else found
+
+
 def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     """Whether a norm moves when a constant is added to every channel, and is no identity: an
     RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
@@ -202,9 +217,14 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
 
 
+KEPT: ContextVar[list[Trace] | None] = ContextVar("KEPT", default=None)
+"""Where ``read_modern`` keeps the traces it records, when set (``modern.check_modern``'s
+``seen``: a lessons' block's trace is looked at again for what the references do not model)."""
+
+
 def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
-    """Record ``module(x)`` and read it as a modern block; ``None`` when it is the lessons' block
-    (no RMSNorm, rotary positions, grouped heads or gated MLP).
+    """Record ``module(x)`` (kept in ``KEPT``, if set) and read it as a modern block; ``None``
+    when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
 
     Raises:
         Unread: it is a modern block, but its parts cannot be read; the message says why.
@@ -212,6 +232,8 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     """
     B, T, C = x.shape
     trace = record(module, x)
+    if (kept := KEPT.get()) is not None:
+        kept.append(trace)
     cores = _cores(trace)
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading
@@ -253,16 +275,21 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
     ):
         return None  # the lessons' block: read by gptblock.check.readings, weights and all
     read = measure(module, trace, Roles(roles, heads), B, T)
+    hs = trace.nodes[core.q].shape[-1]
+    oriented = {
+        r: _heads(trace, n, B, heads, T, hs, r == "k")
+        for r, n in (("q", core.q), ("k", core.k), ("v", core.v))
+    }
     if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
         h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
-        seen = [trace.nodes[n].value for n in (core.q, core.k, core.v)]
+        operands = [oriented[r] for r in ("q", "k", "v")]
         try:
-            packed = _packed(h @ w.T + b, seen, heads)
+            packed = _packed(h @ w.T + b, operands, heads)
         except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
-            D = heads * seen[0].shape[-1]
+            D = heads * operands[0].shape[-1]
             kv = (w.shape[0] - D) // 2
-            if _packed(h @ w.T + b, seen[2:], heads)[0] != list(range(D + kv, w.shape[0])):
+            if _packed(h @ w.T + b, operands[2:], heads)[0] != list(range(D + kv, w.shape[0])):
                 raise
             packed = [list(range(D)), list(range(D, D + kv)), list(range(D + kv, w.shape[0]))]
         read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)
@@ -289,8 +316,9 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
         (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
-        trace.nodes[core.q].value.double(), trace.nodes[core.k].value.double(),
-        norms,
+        oriented["q"].double(), oriented["k"].double(), norms,
+        measure_turn(trace, q_op.outputs[0], core.q, B, heads, T, hs) if rotated else None,
+        trace, core, (q_op.outputs[0], proj_op.outputs[0], last.outputs[0]),
     )  # fmt: skip
 
 
@@ -299,3 +327,20 @@ def is_modern(read: ModernRead, rms_forms: list[bool]) -> bool:
     says which norms are), a rotation, grouped heads, a gate."""
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     return read.rotated or grouped or len(read.mlp) == 3 or any(rms_forms)
+
+
+def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
+    0, where no rotation turns anything; None when the scores' operands are not laid out as
+    (B, heads, T, hs)."""
+    B, T, _ = q.shape
+    hs = q.shape[-1] // read.n_head
+    gains = []
+    for lin, core in ((q, read.core_q), (k, read.core_k)):
+        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
+            return None
+        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
+        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
+        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
+        gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
+    return gains[0], gains[1]

@@ -146,6 +146,10 @@ class Remote:
         (``Served.modern``); ``{}`` when it reads the lessons' block or says nothing usable."""
         said, tensors = self.call("modern")
         finding = said.get("finding")
+        if said and finding is None and said.get("notes"):  # out of scope: not compared
+            return {"notes": _words(said.get("notes"), 600)[:4], "finding": None}
+        if said.get("scope") and "finding" not in said:  # the lessons' block's unmodelled parts
+            return {"scope": _words(said.get("scope"), 300)[:4]}
         if not said or not isinstance(finding, list) or len(finding) != 4:
             return {}
         details, notes, others = (said.get(k) for k in ("details", "notes", "alternatives"))

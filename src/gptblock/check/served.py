@@ -22,13 +22,14 @@ import torch.nn as nn
 
 from .build import max_length, width
 from .modern import check_modern
+from .modern_scope import attention_scope
 from .plain import NotPlain, to_plain
 from .raised import call_error, source
 from .readings import TRACE_T, read_parts, trace_shapes
 from .report import CAUGHT, one_line
 from .subject import Subject
 from .suggest import suggest_map
-from .trace import NoDropout
+from .trace import NoDropout, Trace
 
 __all__ = ["DROPOUT_NAMES", "PROBE_T", "Served"]
 
@@ -178,15 +179,19 @@ class Served:
     trusted = True  # in the checker's own process: what this object says is what the block did
 
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``gptblock.check.modern``) as plain data, ``{}`` when the
-        block is read as the lessons' block: notes, the finding, the mistakes it names, their
-        accounts and the alternatives."""
+        """The modern comparison (``gptblock.check.modern``) as plain data: notes, the finding
+        (None: out of scope, not compared), the mistakes it names, their accounts and the
+        alternatives; for a block read as the lessons' block, ``{}``, or ``{"scope": [...]}``
+        naming what its attention computes that the references do not model
+        (``modern_scope.attention_scope``), for the verdict should no variant match it."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
         x = self.subject.input(B, T, self.C)
+        seen: list[Trace] = []
         with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
-            outcome = check_modern(self.subject.module, x)
-        if outcome is None:
-            return {}
+            outcome = check_modern(self.subject.module, x, seen)
+        if outcome is None:  # the lessons' block: what the references do not model in it
+            scope = attention_scope(seen[-1]) if seen else []
+            return {"scope": scope} if scope else {}
         f = outcome.finding
         return {
             "notes": list(outcome.notes),

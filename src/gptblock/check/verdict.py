@@ -137,6 +137,7 @@ def decide(
     found: list[str] = []  # mistakes the reference comparison reproduces
     others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
     compared, verify = False, ""
+    modern: dict[str, Any] = {}
 
     dropout = ""
     if not results[-1].stop and "dropout_in_eval" in implied:
@@ -146,7 +147,9 @@ def decide(
         pass
     elif "dropout_in_eval" in implied and not dropout:
         notes.append("no comparison with the reference: the outputs are random in eval mode")
-    elif not roles and (modern := _modern(service, progress)):
+    elif not roles and (modern := _modern(service, progress)) and modern.get("finding", 0) is None:
+        notes.extend(modern["notes"])  # a part the references do not model: not compared
+    elif modern.get("finding"):
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
@@ -186,6 +189,8 @@ def decide(
             progress.stage("the reference comparison")
             try:
                 finding, match, ties, reading = _compare(subject, readings)
+                # matching nothing, with a part no reference models: out of scope, not FAIL
+                scope = [] if match or finding.passed else modern.get("scope", [])
                 if match is not None:
                     progress.stage("confirming the comparison on fresh inputs")
                     backward = all(f.passed for f in findings if f.name == "gradients")
@@ -197,9 +202,15 @@ def decide(
                 notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
             else:
                 notes.append(readings.describe(reading))
-                findings.append(finding)
-                progress.finding(finding)
-                compared = True
+                if scope:
+                    notes.append(
+                        f"not compared, as the references do not model it: {'; '.join(scope)} "
+                        f"(the lessons' block: {finding.message})"
+                    )
+                else:
+                    findings.append(finding)
+                    progress.finding(finding)
+                    compared = True
                 if match is not None:
                     found = match.mistakes
                     others = [m.mistakes for m in ties]
