@@ -365,8 +365,11 @@ def same_function(
     before, default = APPLIED[name], torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # constants made in forward (torch.full) in float64 too
     try:
-        with torch.no_grad():
-            ya, yb = a(x), b(x)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the same draws for both: a dropout left on stays equal
+            ya = a(x)
+            torch.manual_seed(seed)
+            yb = b(x)
     finally:
         torch.set_default_dtype(default)
     if isinstance(ya, tuple):

@@ -31,6 +31,7 @@ import torch
 
 from .trace import Op, Trace
 from .walks import (
+    GATHER_OPS,
     SHAPE_OPS,
     forward_end,
     layout,
@@ -177,7 +178,7 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
         for op in trace.consumers(todo.pop()):
             if weight_input(trace, op) is not None:
                 found.append(op)
-            elif op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+            elif op.name in SHAPE_OPS or op.name in GATHER_OPS:
                 todo += [n for n in op.outputs if n not in seen]
                 seen.update(op.outputs)
     return min(found, key=lambda op: op.index) if found else None
@@ -190,7 +191,7 @@ def _merged_heads(trace: Trace, cores: list[Core], B: int, T: int) -> int | None
         todo, seen = [core.y], {core.y}
         while todo:
             for op in trace.consumers(todo.pop()):
-                if op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+                if op.name in SHAPE_OPS or op.name in GATHER_OPS:
                     todo += [n for n in op.outputs if n not in seen]
                     seen.update(op.outputs)
         reach.append(seen)
