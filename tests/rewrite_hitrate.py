@@ -5,7 +5,8 @@
 counts the rewritten cases whose outcome (verdict, diagnosis, confident) differs from the
 original's. Before a rewritten case counts, the rewrite is proved to keep the block the same
 function (float64, 1e-10); a rewrite that finds nothing to change in a block is counted apart
-("n/a"), not checked again.
+("n/a"), not checked again, and so is one that changes whether the block's backward pass fails
+("other backward": a LayerNorm by hand lets an in-place residual train).
 
 The full cross product is large; ``--zoo``, ``--rewrite``, ``--only`` (a regular expression on
 ``zoo:name``) and ``--mistakes`` (``none``: correct blocks only, ``first``: the correct block and its
@@ -34,7 +35,7 @@ import torch
 
 from gptblock import check_block
 from gptblock.check.build import width
-from rewrites import REWRITES, rewrite_module, rewritten, same_function
+from rewrites import REWRITES, rewrite_module, rewritten, same_backward, same_function
 
 ZOOS = ("realworld", "public", "modern")
 
@@ -147,6 +148,9 @@ def measure(its: list[Item], rws: list[str], verbose=False, save=None) -> dict:
                 if not applied:
                     table[rw]["n/a"] += 1
                     continue
+                if not same_backward(item.instance(), rw, C):
+                    table[rw]["other backward"] += 1  # e.g. an in-place residual now trains
+                    continue
                 said, text = outcome(item, rw)
                 key = "same" if said == base else "changed"
                 table[rw][key] += 1
@@ -180,11 +184,13 @@ def render(result: dict, rws: list[str], n_items: int) -> str:
     table = result["table"]
     lines = [
         f"{n_items} cases x {len(rws)} rewrites",
-        f"{'rewrite':14s} {'same':>6s} {'changed':>8s} {'n/a':>6s}",
+        f"{'rewrite':14s} {'same':>6s} {'changed':>8s} {'n/a':>6s} {'other backward':>15s}",
     ]
     for rw in rws:
         t = table[rw]
-        lines.append(f"{rw:14s} {t['same']:6d} {t['changed']:8d} {t['n/a']:6d}")
+        lines.append(
+            f"{rw:14s} {t['same']:6d} {t['changed']:8d} {t['n/a']:6d} {t['other backward']:15d}"
+        )
     total = sum(t["changed"] for t in table.values())
     checked = sum(t["same"] + t["changed"] for t in table.values())
     lines.append(f"rewritten cases checked: {checked}, outcome changed: {total}")

@@ -27,7 +27,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from gptblock.check.subject import _copy  # the checker's float64 copy (closures rebound)
+from gptblock.check.subject import _copy, one_thread  # the checker's float64 copy
 
 Tensor = torch.Tensor
 MATMULS = {torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm}
@@ -362,18 +362,52 @@ def same_function(
     a = _copy(original, torch.float64)
     b = rewrite_module(_copy(a, torch.float64), name)
     x = torch.randn(2, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    before, default = APPLIED[name], torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # constants made in forward (torch.full) in float64 too
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # the same draws for both: a dropout left on stays equal
-            ya = a(x)
-            torch.manual_seed(seed)
-            yb = b(x)
-    finally:
-        torch.set_default_dtype(default)
+    before = APPLIED[name]
+    with _float64(), torch.no_grad():
+        ya, yb = _run(a, x, seed), _run(b, x, seed)
     if isinstance(ya, tuple):
         ya, yb = ya[0], yb[0]
     scale = max(ya.nan_to_num(0.0, 0.0, 0.0).abs().max().item(), 1.0)
     same = ya.shape == yb.shape and torch.allclose(ya, yb, rtol=0, atol=tol * scale, equal_nan=True)
     return same, APPLIED[name] - before
+
+
+def same_backward(original: nn.Module, name: str, C: int, T: int = 8, seed: int = 0) -> bool:
+    """Whether a backward pass fails for the rewritten block exactly when it fails for the
+    original. An in-place residual (``x += attn(ln1(x))``) breaks backward because
+    ``F.layer_norm`` saved ``x``; a LayerNorm written by hand saves ``x - mean`` instead, so the
+    same residual then trains: that rewrite makes another block, not the same one."""
+    a = _copy(original, torch.float64)
+    b = rewrite_module(_copy(a, torch.float64), name)
+    x = torch.randn(2, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    with _float64():
+        return _backward_fails(a, x, seed) == _backward_fails(b, x, seed)
+
+
+class _float64:
+    """Constants made in forward (``torch.full``) in float64 too, on one thread."""
+
+    def __enter__(self):
+        self.default = torch.get_default_dtype()
+        self.thread = one_thread()
+        self.thread.__enter__()
+        torch.set_default_dtype(torch.float64)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.default)
+        self.thread.__exit__(*exc)
+
+
+def _run(module: nn.Module, x: Tensor, seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the same draws for both: a dropout left on stays equal
+        return module(x)
+
+
+def _backward_fails(module: nn.Module, x: Tensor, seed: int) -> bool:
+    try:
+        y = _run(module, x.clone(), seed)  # the parameters need gradients, as in training
+        (y[0] if isinstance(y, tuple) else y).sum().backward()
+    except RuntimeError:
+        return True
+    return False
