@@ -31,6 +31,7 @@ import torch
 
 from .trace import Op, Trace
 from .walks import (
+    GATHER_OPS,
     SHAPE_OPS,
     forward_end,
     layout,
@@ -99,25 +100,62 @@ def _cores(trace: Trace) -> list[Core]:
         if "scaled_dot_product" in op.name and len(data) >= 3:
             q, k, v = op.inputs[:3]
             y = op.outputs[0]
-        elif (
-            op.name in ("bmm", "mm")
-            and len(data) == 2
-            and _probabilities(trace.nodes[data[0]].value)
-        ):
-            A, v = data
-            shape = trace.nodes[A].shape
-            if shape[-1] != shape[-2]:
-                continue
-            scores = _scores(trace, A)
-            if scores is None:
-                continue
+            time = trace.nodes[q].shape[-2]
+        elif op.name in ("bmm", "mm") and len(data) == 2 and (found := _weighted(trace, data)):
+            A, v, flipped, scores = found
             q, k = [n for n in scores.inputs if trace.nodes[n].data]
+            if _keys_first(trace, scores, A, flipped):
+                q, k = k, q
             y = op.outputs[0]
+            time = trace.nodes[A].shape[-1]
         else:
             continue
         shape = trace.nodes[q].shape
-        cores.append(Core(q, k, v, y, math.prod(shape[:-2]), shape[-2]))
+        cores.append(Core(q, k, v, y, math.prod(shape[:-2]), time))
     return cores
+
+
+def _weighted(trace: Trace, data: list[int]) -> tuple[int, int, bool, Op] | None:
+    """(A, v, whether A is on the right, the scores' product) of a product of probabilities A
+    with v: ``A @ v``, or the same written transposed, ``v^T @ A^T`` (channels first)."""
+    for A, v, flipped in ((data[0], data[1], False), (data[1], data[0], True)):
+        shape = trace.nodes[A].shape
+        if shape[-1] != shape[-2] or not _probabilities(trace.nodes[A].value):
+            continue
+        scores = _scores(trace, A)
+        if scores is not None:
+            return A, v, flipped, scores
+    return None
+
+
+def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
+    """Whether the scores' product has k on its left: ``(k @ q^T)^T``, a product written
+    transposed. The probabilities rise and fall with the scores along the axis the softmax
+    normalised; that holds for the scores as the product made them or for their transpose, and
+    the one it holds for tells which operand stands for the queries."""
+    S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
+    if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
+        return False
+    n = S.shape[-1]
+    S, P = S.reshape(-1, n, n).double(), P.reshape(-1, n, n).double()
+    if flipped:  # A^T: put the queries back on the rows
+        P = P.mT
+    m = min(n, 32)  # a few heads' first positions tell it: (G, n, n, n) pairs stay small
+    S, P = S[:4, :m, :m], P[:4, :m, :m]
+    return _agreement(S.mT, P) > _agreement(S, P)
+
+
+def _agreement(S: Tensor, P: Tensor) -> float:
+    """The share of pairs of positive probabilities in one row (or one column) that are ordered
+    as the scores in the same places are, along whichever axis agrees best."""
+    best = 0.0
+    for axis in (-1, -2):
+        s, p = S.unsqueeze(axis) - S.unsqueeze(axis - 1), P.unsqueeze(axis) - P.unsqueeze(axis - 1)
+        live = (P > 1e-300).unsqueeze(axis) & (P > 1e-300).unsqueeze(axis - 1)
+        live = live & (p != 0) & torch.isfinite(s)
+        if live.any():
+            best = max(best, float(((s > 0) == (p > 0))[live].double().mean()))
+    return best
 
 
 def _scores(trace: Trace, A: int) -> Op | None:
@@ -140,7 +178,7 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
         for op in trace.consumers(todo.pop()):
             if weight_input(trace, op) is not None:
                 found.append(op)
-            elif op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+            elif op.name in SHAPE_OPS or op.name in GATHER_OPS:
                 todo += [n for n in op.outputs if n not in seen]
                 seen.update(op.outputs)
     return min(found, key=lambda op: op.index) if found else None
@@ -153,7 +191,7 @@ def _merged_heads(trace: Trace, cores: list[Core], B: int, T: int) -> int | None
         todo, seen = [core.y], {core.y}
         while todo:
             for op in trace.consumers(todo.pop()):
-                if op.name in SHAPE_OPS or op.name in ("cat", "stack"):
+                if op.name in SHAPE_OPS or op.name in GATHER_OPS:
                     todo += [n for n in op.outputs if n not in seen]
                     seen.update(op.outputs)
         reach.append(seen)

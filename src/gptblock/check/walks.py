@@ -17,7 +17,8 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "forward_end", "layout", "merged_input", "source",
+    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "forward_end", "gathered", "layout",
+    "merged_input", "source",
     "static_names", "to_layout", "to_weight", "weight_input",
 ]  # fmt: skip
 
@@ -64,7 +65,8 @@ WEIGHT_OPS = frozenset(
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
     """The axes (batch, time) along which a node of ``shape`` holds one row per position:
-    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T); else any axes of sizes B and T,
+    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T) (unit axes allowed between,
+    (B, F, 1, T)); else any axes of sizes B and T,
     or one axis of size B * T holding them flattened b-major (given twice).
 
     Example:
@@ -72,6 +74,8 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
         ((0, 1), (1, 0), (0, 2))
         >>> layout((5, 4, 7, 8), 5, 7), layout((5, 4, 7, 8), 5, 7, strict=False)
         (None, (0, 2))
+        >>> layout((5, 32, 1, 7), 5, 7)
+        (0, 3)
     """
     if B == 1 and len(shape) >= 2 and shape[0] == T:
         return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
@@ -83,6 +87,8 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
         return (1, 0)
     if len(shape) == 3 and shape[0] == B and shape[2] == T:
         return (0, 2)
+    if shape[0] == B and shape[-1] == T and sum(n != 1 for n in shape[1:-1]) == 1:
+        return (0, len(shape) - 1)  # channels-first with unit axes: a 1x1 conv's (B, F, 1, T)
     if strict:
         return None
     if B in shape and T in shape and shape.index(B) != shape.index(T):
@@ -114,11 +120,44 @@ def _scalar(trace: Trace, op: Op, node: int) -> float | None:
     return values[0] if op.base == "mul" else 1.0 / values[0]
 
 
+GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
+
+
+def _moved_from(trace: Trace, node: int) -> list[int]:
+    """``node`` and the nodes it is a reshape or slice of, nearest first."""
+    chain = [node]
+    while (op := trace.producer(chain[-1])) is not None and op.base in SHAPE_OPS:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if len(data) != 1:
+            break
+        chain.append(data[0])
+    return chain
+
+
+def gathered(trace: Trace, op: Op) -> int | None:
+    """The one tensor whose elements a cat / stack only rearranges: every piece is a reshape or
+    slice of it and together they hold as many elements (heads split by ``stack(t.split(hs,
+    -1), 1)`` or merged by ``cat(y.unbind(1), -1)``: data movement, as a view would be)."""
+    data = [n for n in op.inputs if trace.nodes[n].data]
+    if op.base not in GATHER_OPS or not data or len(data) != len(op.inputs):
+        return None
+    chains = [_moved_from(trace, n) for n in data]
+    common = [n for n in chains[0] if all(n in c for c in chains[1:])]
+    if not common or len(data) < 2:
+        return None
+    size = trace.nodes[op.outputs[0]].value.numel()
+    return common[0] if trace.nodes[common[0]].value.numel() == size else None
+
+
 def _back(trace: Trace, node: int) -> tuple[int, float] | None:
-    """One step back from ``node`` over a reshape, a slice, a scalar factor or a bias."""
+    """One step back from ``node`` over a reshape, a slice, a rearranging cat / stack, a scalar
+    factor or a bias."""
     op = trace.producer(node)
     if op is None:
         return None
+    moved = gathered(trace, op)
+    if moved is not None:
+        return moved, 1.0
     data = [n for n in op.inputs if trace.nodes[n].data]
     if len(data) != 1:
         return None

@@ -1,0 +1,413 @@
+"""Semantics-preserving rewrites of any block, for the checker's tests (issue 28, item 5).
+
+The checker must read the same roles, verdict and diagnosis however the code is written. A
+rewrite here changes *how* a block computes without changing *what* it computes: the block's
+forward pass runs under a ``TorchFunctionMode`` that replaces chosen torch functions and tensor
+methods by an equivalent written another way (``F.linear`` by a 1x1 convolution on the
+channels-first tensor, ``a @ b`` by ``(b^T a^T)^T``, ``F.softmax`` by ``exp(x - max) / sum``...).
+The checker records the forward pass at the dispatch level, underneath, so it sees the rewritten
+operators exactly as if the learner had written them.
+
+``REWRITES`` names them; ``rewritten(cls, name)`` is ``cls`` with its forward pass rewritten (a
+subclass of the same name: built, copied and checked as ``cls`` is); ``rewrite_module(module,
+name)`` does it to a built block in place. ``Rewrite.applied`` counts the substitutions made, so a
+rewrite that finds nothing to rewrite in a block is told apart from one that changed it.
+``same_function`` proves a rewrite preserves the block: the same weights, float64, 1e-10.
+
+Shapes: B batch, T time, C channels, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from gptblock.check.subject import _copy, one_thread  # the checker's float64 copy
+
+Tensor = torch.Tensor
+MATMULS = {torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm}
+SOFTMAXES = {F.softmax, torch.softmax, Tensor.softmax}
+RESHAPES = {Tensor.view, Tensor.reshape, torch.reshape}
+MASKED_FILLS = {Tensor.masked_fill, torch.masked_fill, Tensor.masked_fill_}
+APPLIED: Counter[str] = Counter()  # rewrite name -> substitutions made, over all calls
+
+
+def _arg(args, kwargs, i, name, default=None):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _rows_first(x: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    """(..., T, C) -> (N, C, T), channels first, and the leading shape to undo it."""
+    if x.dim() >= 3:
+        return x.reshape(-1, x.shape[-2], x.shape[-1]).transpose(1, 2), tuple(x.shape[:-1])
+    return x.reshape(-1, x.shape[-1]).T.unsqueeze(0), tuple(x.shape[:-1])
+
+
+def _rows_last(y: Tensor, lead: tuple[int, ...]) -> Tensor:
+    """(N, out, T) -> (..., T, out), the inverse of ``_rows_first``."""
+    return y.transpose(1, 2).reshape(*lead, y.shape[1]).contiguous()
+
+
+def _linear_parts(args, kwargs):
+    x, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    return x, w, _arg(args, kwargs, 2, "bias")
+
+
+class Rewrite(TorchFunctionMode):
+    """Replace some torch calls by equivalents; ``rewrite`` returns NotImplemented to keep one."""
+
+    name = ""
+    doc = ""
+
+    def rewrite(self, func, args, kwargs):  # pragma: no cover - each rewrite overrides it
+        return NotImplemented
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = self.rewrite(func, args, kwargs)
+        if out is NotImplemented:
+            return func(*args, **kwargs)
+        APPLIED[self.name] += 1
+        return out
+
+
+class Conv1d(Rewrite):
+    name, doc = "conv1d", "nn.Linear as a 1x1 Conv1d on the channels-first (B, C, T) tensor"
+
+    def rewrite(self, func, args, kwargs):
+        if func is not F.linear:
+            return NotImplemented
+        x, w, b = _linear_parts(args, kwargs)
+        if x.dim() < 2:
+            return NotImplemented
+        xt, lead = _rows_first(x)
+        return _rows_last(F.conv1d(xt, w[:, :, None], b), lead)
+
+
+class Conv2d(Rewrite):
+    name, doc = "conv2d", "nn.Linear as a 1x1 Conv2d on a (B, C, 1, T) tensor"
+
+    def rewrite(self, func, args, kwargs):
+        if func is not F.linear:
+            return NotImplemented
+        x, w, b = _linear_parts(args, kwargs)
+        if x.dim() < 2:
+            return NotImplemented
+        xt, lead = _rows_first(x)
+        y = F.conv2d(xt.unsqueeze(2), w[:, :, None, None], b).squeeze(2)
+        return _rows_last(y, lead)
+
+
+class WeightLeft(Rewrite):
+    name, doc = "weight_left", "a linear layer as W @ x on channels-first x: (W x^T)^T + b"
+
+    def rewrite(self, func, args, kwargs):
+        if func is not F.linear:
+            return NotImplemented
+        x, w, b = _linear_parts(args, kwargs)
+        if x.dim() < 2:
+            return NotImplemented
+        xt, lead = _rows_first(x)
+        y = w @ xt
+        if b is not None:
+            y = y + b[:, None]
+        return _rows_last(y, lead)
+
+
+class Einsum(Rewrite):
+    name, doc = "einsum", "every matmul and linear layer as torch.einsum"
+
+    def rewrite(self, func, args, kwargs):
+        if func is F.linear:
+            x, w, b = _linear_parts(args, kwargs)
+            y = torch.einsum("...c,oc->...o", x, w)
+            return y if b is None else y + b
+        if func in MATMULS:
+            a, b = args[0], args[1]
+            if a.dim() < 2 or b.dim() < 2:
+                return NotImplemented
+            return torch.einsum("...ij,...jk->...ik", a, b)
+        return NotImplemented
+
+
+class Transposed(Rewrite):
+    name, doc = "transposed", "every product a @ b written transposed: (b^T @ a^T)^T"
+
+    def rewrite(self, func, args, kwargs):
+        if func in MATMULS:
+            a, b = args[0], args[1]
+            if a.dim() < 2 or b.dim() < 2:
+                return NotImplemented
+            return torch.matmul(b.mT, a.mT).mT.contiguous()
+        return NotImplemented
+
+
+class BatchFirst(Rewrite):
+    name, doc = (
+        "seq_first",
+        "linear layers on (T, B, C), products on (nh, B, T, hs): batch dims moved",
+    )
+
+    def rewrite(self, func, args, kwargs):
+        if func is F.linear:
+            x, w, b = _linear_parts(args, kwargs)
+            if x.dim() != 3:
+                return NotImplemented
+            return F.linear(x.transpose(0, 1), w, b).transpose(0, 1).contiguous()
+        if func in MATMULS:
+            a, b = args[0], args[1]
+            if a.dim() != 4 or b.dim() != 4:
+                return NotImplemented
+            return torch.matmul(a.transpose(0, 1), b.transpose(0, 1)).transpose(0, 1).contiguous()
+        return NotImplemented
+
+
+class Softmax(Rewrite):
+    name, doc = "softmax", "softmax by hand: e = exp(x - max); e / e.sum()"
+
+    def rewrite(self, func, args, kwargs):
+        if func not in SOFTMAXES:
+            return NotImplemented
+        x, dim = args[0], _arg(args, kwargs, 1, "dim")
+        if dim is None or kwargs.get("dtype") is not None or len(args) > 2:
+            return NotImplemented
+        e = torch.exp(x - x.amax(dim, keepdim=True).detach())
+        return e / e.sum(dim, keepdim=True)
+
+
+class LayerNorm(Rewrite):
+    name, doc = "layernorm", "LayerNorm (and RMSNorm) by hand: (x - mean) / sqrt(var + eps) * g + b"
+
+    def rewrite(self, func, args, kwargs):
+        if func is F.layer_norm:
+            x, shape = args[0], _arg(args, kwargs, 1, "normalized_shape")
+            w, b = _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")
+            eps = _arg(args, kwargs, 4, "eps", 1e-5)
+            dims = tuple(range(-len(shape), 0))
+            mean = x.mean(dims, keepdim=True)
+            var = ((x - mean) ** 2).mean(dims, keepdim=True)
+            y = (x - mean) / torch.sqrt(var + eps)
+        elif hasattr(F, "rms_norm") and func is F.rms_norm:
+            x, shape = args[0], _arg(args, kwargs, 1, "normalized_shape")
+            w, b = _arg(args, kwargs, 2, "weight"), None
+            eps = _arg(args, kwargs, 3, "eps")
+            if eps is None:
+                eps = torch.finfo(x.dtype).eps
+            dims = tuple(range(-len(shape), 0))
+            y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+        else:
+            return NotImplemented
+        if w is not None:
+            y = y * w
+        return y if b is None else y + b
+
+
+class AdditiveMask(Rewrite):
+    name, doc = (
+        "additive_mask",
+        "masked_fill(m, -inf) as x + where(m, -inf, 0); other fills by where",
+    )
+
+    def rewrite(self, func, args, kwargs):
+        if func not in MASKED_FILLS:
+            return NotImplemented
+        x, mask, value = args[0], _arg(args, kwargs, 1, "mask"), _arg(args, kwargs, 2, "value")
+        v = float(value) if not isinstance(value, Tensor) or value.numel() == 1 else None
+        if v is None:
+            return NotImplemented
+        fill = torch.full((), v, dtype=x.dtype, device=x.device)
+        if v == -math.inf:  # the additive mask, exactly equal: finite + -inf = -inf
+            out = x + torch.where(mask, fill, torch.zeros_like(fill))
+        else:
+            out = torch.where(mask, fill, x)
+        if func is Tensor.masked_fill_:
+            return x.copy_(out)
+        return out
+
+
+class Heads(Rewrite):
+    name, doc = "heads_stack", "heads split by stack(split) and merged by cat(unbind)"
+
+    def rewrite(self, func, args, kwargs):
+        if func not in RESHAPES:
+            return NotImplemented
+        x = args[0]
+        shape = _arg(args, kwargs, 1, "shape")
+        if len(args) > 2 or isinstance(shape, int):
+            shape = args[1:]
+        if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+            isinstance(s, int) for s in shape
+        ):
+            return NotImplemented
+        shape = _resolved(list(shape), x.numel())
+        if shape is None or x.dim() < 2:
+            return NotImplemented
+        lead = list(x.shape[:-1])
+        if len(shape) == x.dim() + 1 and shape[:-2] == lead and shape[-2] > 1 and shape[-1] > 1:
+            parts = x.split(shape[-1], -1)  # (..., C) -> nh of (..., hs)
+            if x.dim() == 3:  # (B, T, C): stacked as (B, nh, T, hs), then as asked
+                return torch.stack(parts, 1).transpose(1, 2).contiguous()
+            return torch.stack(parts, -2)
+        if (
+            len(shape) == x.dim() - 1
+            and x.dim() >= 3
+            and shape[:-1] == list(x.shape[:-2])
+            and shape[-1] == x.shape[-2] * x.shape[-1]
+            and x.shape[-2] > 1
+        ):
+            if x.dim() == 4:  # (B, T, nh, hs) -> heads first, then concatenated
+                return torch.cat(x.transpose(1, 2).unbind(1), -1)
+            return torch.cat(x.unbind(-2), -1)
+        return NotImplemented
+
+
+def _resolved(shape: list[int], numel: int) -> list[int] | None:
+    if shape.count(-1) > 1:
+        return None
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or numel % known:
+            return None
+        shape[shape.index(-1)] = numel // known
+    return shape if math.prod(shape) == numel else None
+
+
+class Gelu(Rewrite):
+    name, doc = "gelu", "GELU by hand: 0.5 x (1 + erf(x / sqrt 2)), or its tanh form"
+
+    def rewrite(self, func, args, kwargs):
+        if func is not F.gelu:
+            return NotImplemented
+        x, approximate = args[0], _arg(args, kwargs, 1, "approximate", "none")
+        if approximate == "tanh":
+            inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+            return 0.5 * x * (1 + torch.tanh(inner))
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+class Attention(Rewrite):
+    name, doc = "sdpa", "F.scaled_dot_product_attention by hand: scores, mask, softmax, @ v"
+
+    def rewrite(self, func, args, kwargs):
+        if func is not F.scaled_dot_product_attention:
+            return NotImplemented
+        q, k, v = args[0], args[1], args[2]
+        mask = _arg(args, kwargs, 3, "attn_mask")
+        if _arg(args, kwargs, 4, "dropout_p", 0.0) or kwargs.get("enable_gqa"):
+            return NotImplemented
+        causal, scale = _arg(args, kwargs, 5, "is_causal", False), _arg(args, kwargs, 6, "scale")
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        att = (q @ k.transpose(-2, -1)) * scale
+        if causal:
+            Tq, Tk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
+            att = att.masked_fill(~keep, -math.inf)
+        if mask is not None:
+            att = att.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else att + mask
+        return torch.softmax(att, -1) @ v
+
+
+REWRITES: dict[str, type[Rewrite]] = {
+    r.name: r
+    for r in (
+        Conv1d,
+        Conv2d,
+        WeightLeft,
+        Einsum,
+        Transposed,
+        BatchFirst,
+        Softmax,
+        LayerNorm,
+        AdditiveMask,
+        Heads,
+        Gelu,
+        Attention,
+    )
+}
+
+
+def rewritten(cls: type[nn.Module], name: str) -> type[nn.Module]:
+    """``cls`` with its forward pass run under the rewrite ``name`` (same name, same __init__)."""
+    mode = REWRITES[name]
+
+    def forward(self, *args, **kwargs):
+        with mode():
+            return cls.forward(self, *args, **kwargs)
+
+    return type(
+        cls.__name__,
+        (cls,),
+        {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+    )
+
+
+def rewrite_module(module: nn.Module, name: str) -> nn.Module:
+    """``module`` itself, its forward pass now rewritten by ``name``."""
+    module.__class__ = rewritten(type(module), name)
+    return module
+
+
+def same_function(
+    original: nn.Module, name: str, C: int, T: int = 8, seed: int = 0, tol: float = 1e-10
+) -> tuple[bool, int]:
+    """Whether the rewrite ``name`` keeps ``original`` the same function (float64, eval, ``tol``
+    relative to the output's largest entry), and how many substitutions it made. A block that
+    computes a step in float32 on purpose (the zoo's ``TOLERANCE``) passes its own tolerance:
+    float32 products round differently when their operands' strides differ."""
+    a = _copy(original, torch.float64)
+    b = rewrite_module(_copy(a, torch.float64), name)
+    x = torch.randn(2, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    before = APPLIED[name]
+    with _float64(), torch.no_grad():
+        ya, yb = _run(a, x, seed), _run(b, x, seed)
+    if isinstance(ya, tuple):
+        ya, yb = ya[0], yb[0]
+    scale = max(ya.nan_to_num(0.0, 0.0, 0.0).abs().max().item(), 1.0)
+    same = ya.shape == yb.shape and torch.allclose(ya, yb, rtol=0, atol=tol * scale, equal_nan=True)
+    return same, APPLIED[name] - before
+
+
+def same_backward(original: nn.Module, name: str, C: int, T: int = 8, seed: int = 0) -> bool:
+    """Whether a backward pass fails for the rewritten block exactly when it fails for the
+    original. An in-place residual (``x += attn(ln1(x))``) breaks backward because
+    ``F.layer_norm`` saved ``x``; a LayerNorm written by hand saves ``x - mean`` instead, so the
+    same residual then trains: that rewrite makes another block, not the same one."""
+    a = _copy(original, torch.float64)
+    b = rewrite_module(_copy(a, torch.float64), name)
+    x = torch.randn(2, T, C, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    with _float64():
+        return _backward_fails(a, x, seed) == _backward_fails(b, x, seed)
+
+
+class _float64:
+    """Constants made in forward (``torch.full``) in float64 too, on one thread."""
+
+    def __enter__(self):
+        self.default = torch.get_default_dtype()
+        self.thread = one_thread()
+        self.thread.__enter__()
+        torch.set_default_dtype(torch.float64)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.default)
+        self.thread.__exit__(*exc)
+
+
+def _run(module: nn.Module, x: Tensor, seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the same draws for both: a dropout left on stays equal
+        return module(x)
+
+
+def _backward_fails(module: nn.Module, x: Tensor, seed: int) -> bool:
+    try:
+        y = _run(module, x.clone(), seed)  # the parameters need gradients, as in training
+        (y[0] if isinstance(y, tuple) else y).sum().backward()
+    except RuntimeError:
+        return True
+    return False
