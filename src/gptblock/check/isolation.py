@@ -332,16 +332,18 @@ def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -
     state.built(text(child.call("build")[0].get("description", ""), 400))
     state.stage("copying the block and calling it once to tell its width C")
     shape = child.call("width")[0]
-    C, T = shape.get("C"), shape.get("T")
+    C, T, longest = shape.get("C"), shape.get("T"), shape.get("longest", 0)
     if not (isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64):
         raise _Gone("broke the checker's protocol (a width that is not one)")
+    if not isinstance(longest, int) or not 0 <= longest <= 1 << 30:
+        raise _Gone("broke the checker's protocol (a longest sequence that is not one)")
     state.stage("copying the block and calling it once")
     copy = child.call("copy")[0]
     dtype = getattr(torch, str(copy.get("dtype")), None)
     try:
         if not isinstance(dtype, torch.dtype):
             raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
-        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")))
+        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")), longest)
     except ProtocolBroken as e:
         raise _Gone(f"broke the checker's protocol ({e})") from None
     fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these

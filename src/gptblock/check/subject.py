@@ -51,17 +51,22 @@ class Grads:
 
 class Tested(Protocol):
     """What the probes and the comparison ask of a block: a ``Subject`` in this process, or the
-    checker's view of one in another (``gptblock.check.remote``), whose answers are claims."""
+    checker's view of one in another (``gptblock.check.remote``), whose answers are claims.
+
+    The block runs in the dtype of its input (float64, or float32: the dtype learners train
+    in), in eval mode unless ``train``; ``longest`` is its longest sequence (block_size), 0 when
+    nothing tells it."""
 
     C: int
     T: int
+    longest: int
     dtype: torch.dtype
     device: torch.device
     tol: float
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor: ...
 
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor: ...
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
 
     def own_rng(self) -> ContextManager[None]: ...
 
@@ -101,10 +106,12 @@ class Subject:
         module: the user's block.
         C: channels of its input.
         T: the sequence length to probe with (<= the block's block_size).
+        longest: the block's longest sequence, 0 if unknown.
     """
 
-    def __init__(self, module: nn.Module, C: int, T: int) -> None:
-        self.C, self.T = C, T
+    def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
+        self.C, self.T, self.longest = C, T, longest
+        self._others: dict[torch.dtype, nn.Module] = {}  # copies in the other dtype (module_in)
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         if self.device.type == "meta":
@@ -144,25 +151,48 @@ class Subject:
         x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
         return x.to(device=self.device, dtype=self.dtype)
 
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
 
-        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``.
+        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``. The
+        block runs in ``x``'s dtype (``module_in``); ``train``: in train mode with every
+        dropout an identity (``trace.NoDropout``).
         """
         with torch.no_grad():
-            return self.forward(x, seeded=seeded)
+            return self.forward(x, seeded=seeded, train=train)
 
-    def forward(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+    def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """Like calling the subject, but with autograd as the caller has it.
 
         The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
         """
-        with NoDropout() if self.no_dropout else nullcontext():
+        module = self.module_in(x.dtype)
+        with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
             if not seeded:
-                return _output(self.module(x.clone()))
+                return _output(module(x.clone()))
             with self.own_rng():
                 torch.manual_seed(0)
-                return _output(self.module(x.clone()))
+                return _output(module(x.clone()))
+
+    def module_in(self, dtype: torch.dtype) -> nn.Module:
+        """The copy that runs in ``dtype``: ``module``, or a copy of it in the other of float64
+        and float32 with ``module``'s parameter values (as they are now).
+
+        Raises:
+            TypeError: a dtype other than float64 and float32.
+        """
+        if dtype == self.dtype:
+            return self.module
+        if dtype not in (torch.float64, torch.float32):
+            raise TypeError(f"the checker runs the block in float64 or float32, not {dtype}")
+        other = self._others.get(dtype)
+        if other is None:  # from the checker's copy: it carries dropout_off's changes
+            other = self._others[dtype] = _copy(self.module, dtype)
+        own = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for name, p in other.named_parameters():
+                p.copy_(own[name])
+        return other
 
     def own_rng(self) -> ContextManager[None]:
         """A context in which the block may draw random numbers; the caller's RNG is restored."""
@@ -180,7 +210,8 @@ class Subject:
         An in-place change autograd needed, in the forward pass with autograd on or in the
         backward pass, is returned as ``failed``; any other error is raised.
         """
-        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        own = self.module_in(x.dtype).named_parameters()
+        params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
         if not params and not inputs:
             return Grads([], [])
@@ -204,6 +235,19 @@ class Subject:
                     raise
                 return Grads(names, [], "backward", one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
+
+
+@contextmanager
+def _mode(module: nn.Module, train: bool) -> Iterator[None]:
+    """``module`` in train mode inside when ``train``; back in eval mode after."""
+    if not train:
+        yield
+        return
+    module.train()
+    try:
+        yield
+    finally:
+        module.eval()
 
 
 class _watch:

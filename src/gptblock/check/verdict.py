@@ -24,12 +24,14 @@ from typing import Any, Protocol
 
 import torch
 
+from .accounting import account
 from .catalogue import MISTAKES
+from .conditions import hold
 from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_confirm import confirm as confirm_modern
 from .plain import NotPlain, from_plain
 from .probes import PROBES, ProbeResult
-from .provenance import choose, untraced
+from .provenance import Traced, choose, trace
 from .readings import Readings
 from .report import CAUGHT, CheckReport, Finding, one_line, text
 from .search import TOLERANCE, Match, distance, explain
@@ -150,13 +152,17 @@ def decide(
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
+        traced: Traced | None = None
         if passed and label != "FOUND":
             # The modern comparison ran where the block runs: its PASS is a claim until the
             # parts it read are held here to the chosen weights, to fresh inputs and to the
             # input gradient. In this process (trusted) only a failure of those counts.
             progress.stage("confirming the modern comparison on fresh inputs")
             backward = all(f.passed for f in findings if f.name == "gradients")
-            why = confirm_modern(modern, subject, chosen, fresh, backward)
+            why, traced = confirm_modern(modern, subject, chosen, fresh, backward)
+            if not isinstance(why, Finding) and why.startswith("note: "):
+                notes.append(why.removeprefix("note: "))
+                why = ""
             why = why if isinstance(why, Finding) or not service.trusted else ""
         if isinstance(why, Finding):
             findings.append(why)
@@ -173,29 +179,36 @@ def decide(
             progress.finding(findings[-1])
             compared, found, others = True, modern["mistakes"], modern["alternatives"]
             details.update(modern["details"])
+            if passed and label != "FOUND" and traced is not None:
+                found = _accounted(service, subject, chosen, traced, fresh, findings, details)
     else:
         if dropout:
             notes.append(f"compared with every dropout of the block {dropout}")
         progress.stage("reading the weights from the forward pass")
-        readings = _unpack(*service.read(roles), subject, chosen, notes)
-        if isinstance(readings, str):
-            notes.append(f"weights not read, black-box results only: {readings}")
+        unpacked = _unpack(*service.read(roles), subject, chosen, notes)
+        if isinstance(unpacked, str):
+            notes.append(f"weights not read, black-box results only: {unpacked}")
             progress.stage("suggesting a --map")
             verify = service.suggest()
         else:
+            readings, read = unpacked
             progress.stage("the reference comparison")
+            finding: Finding | None = None
             try:
                 finding, match, ties, reading = _compare(subject, readings)
                 if match is not None:
-                    progress.stage("confirming the comparison on fresh inputs")
+                    progress.stage("confirming the comparison on fresh inputs and conditions")
                     backward = all(f.passed for f in findings if f.name == "gradients")
                     confirm = _confirm(subject, readings, reading, match, fresh, backward)
-                    finding = confirm or finding
-                    match = match if finding.passed else None
+                    if isinstance(confirm, Finding):
+                        finding, match = confirm, None
+                    elif confirm:
+                        notes.append(confirm)
             except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
                 notes.append(readings.describe(0))
                 notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
-            else:
+                finding = None
+            if finding is not None:
                 notes.append(readings.describe(reading))
                 findings.append(finding)
                 progress.finding(finding)
@@ -206,6 +219,10 @@ def decide(
                     details.update(  # the variant's account of a mistake is more specific
                         {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
                     )
+                if match is not None and not match.deviations:
+                    heads = dict.fromkeys(("q", "k", "v"), match.n_head)
+                    traced = trace(read[reading], chosen, subject.dtype, heads)
+                    found = _accounted(service, subject, chosen, traced, fresh, findings, details)
 
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
@@ -221,9 +238,10 @@ def _unpack(
     subject: Tested,
     chosen: Mapping[str, Tensor],
     notes: list[str],
-) -> Readings | str:
+) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
     """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
-    shapes, and that their weights are the values the checker chose (``provenance``)."""
+    shapes, and that their weights are the values the checker chose (``provenance``); with
+    each reading's weights by role, in the order the comparison numbers the readings."""
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -243,23 +261,44 @@ def _unpack(
         return f"the block's process sent readings that do not check ({one_line(e)})"
     why = ""
     kept: list[int] = []  # the readings made of the values chosen
+    read: list[dict[str, list[Tensor]]] = []  # each reading's weights by role
     for i, part in enumerate(parts):
         roles = _ROLES + (("ln2",) if part.ln2 is not None else ())
-        read = {r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles}
-        why = untraced(read, chosen, subject.dtype)
+        read.append({r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles})
+        why = trace(read[-1], chosen, subject.dtype).why
         if not why:
             kept.append(i)
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     rest = [i for i in kept if i not in main]
-    return Readings(
+    readings = Readings(
         tuple(parts[i] for i in main),
         tuple(parts[i] for i in rest),
         heads,
         x.to(torch.float64),
         [shown[i] for i in main + rest].__getitem__,
     )
+    return readings, [read[i] for i in main + rest]
+
+
+def _accounted(
+    service: Service,
+    subject: Tested,
+    chosen: Mapping[str, Tensor],
+    traced: Traced,
+    fresh: torch.Generator,
+    findings: list[Finding],
+    details: dict[str, str],
+) -> list[str]:
+    """The mistakes of a block that matched without one: ``unused_parameters`` when a weight
+    read is not its own or a parameter never acts (``accounting``), with its finding."""
+    said = account(service.set_parameters, subject, chosen, traced, fresh)
+    if not said:
+        return []
+    findings.append(Finding("parameters", False, said))
+    details["unused_parameters"] = said
+    return ["unused_parameters"]
 
 
 def _modern(service: Service, progress: Progress) -> dict[str, Any]:
@@ -328,10 +367,11 @@ def _confirm(
     match: Match,
     fresh: torch.Generator,
     backward: bool,
-) -> Finding | None:
+) -> Finding | str:
     """A failed comparison when the variant found does not also reproduce the block on fresh
-    inputs (of the traced shape and the probes'), or, for the lessons' block whose backward
-    pass ran (``backward``), its input gradient; None when it does."""
+    inputs (of the traced shape and the probes'), or, for the lessons' block: its input
+    gradient (when its backward pass ran: ``backward``) and the learner's conditions
+    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared."""
     parts = [*read.readings, *read.fallback][reading]
     steps = compose(match.deviations)
     activation = CANDIDATE_ACTIVATIONS[match.activation]
@@ -353,15 +393,15 @@ def _confirm(
                 "those of one fixed block"
             )
             return Finding("reference comparison", False, msg)
-    if match.deviations or not backward:
-        return None  # the block fails already: a mistake, or a backward pass that fails
-    error = input_gradient_error(
-        subject, lambda x: run_steps(parts, x, match.n_head, activation, steps), fresh
-    )
-    if not error <= GRADIENT_TOLERANCE:
-        msg = (
-            "the block's outputs are the lessons' block's, but its gradient with respect to its "
-            f"input is not (off by {error:.2g} of its scale)"
-        )
-        return Finding("reference comparison", False, msg)
-    return None
+    if match.deviations:
+        return ""  # the block fails already: a mistake
+    reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
+    if backward:  # else its backward pass fails already
+        error = input_gradient_error(subject, reference, fresh)
+        if not error <= GRADIENT_TOLERANCE:
+            msg = (
+                "the block's outputs are the lessons' block's, but its gradient with respect "
+                f"to its input is not (off by {error:.2g} of its scale)"
+            )
+            return Finding("reference comparison", False, msg)
+    return hold(subject, reference, fresh, backward)
