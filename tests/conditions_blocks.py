@@ -50,7 +50,10 @@ class FeedForward(nn.Module):
     def __init__(self, n_embd, dropout):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout)
+            nn.Linear(n_embd, 4 * n_embd),
+            nn.ReLU(),
+            nn.Linear(4 * n_embd, n_embd),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x):
@@ -212,7 +215,9 @@ class FrozenDeadBlock(Block):
 
     def __init__(self, n_embd, n_head, block_size, dropout=0.2):
         super().__init__(n_embd, n_head, block_size, dropout)
-        self.mix = nn.Parameter(torch.eye(n_embd) + 0.01 * torch.randn(n_embd, n_embd), requires_grad=False)
+        self.mix = nn.Parameter(
+            torch.eye(n_embd) + 0.01 * torch.randn(n_embd, n_embd), requires_grad=False
+        )
 
 
 # ----- a backward pass that fails only in float32 ------------------------------------------------
@@ -237,3 +242,31 @@ class InplaceResidualBlock(Block):
         h = x + self.sa(self.ln1(x))
         h += self.ffwd(self.ln2(h))
         return h
+
+
+# ----- a modern block (Hugging Face's Llama layer) with the same kinds of faults -----------------
+
+from zoo_modern.blocks.hf_llama import LlamaDecoderLayer, LlamaMLP  # noqa: E402  (tests/ on sys.path)
+
+
+class LlamaWithUnusedBias(LlamaDecoderLayer):
+    """A learned output bias, registered and never added."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
+        super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
+        self.out_bias = nn.Parameter(torch.zeros(hidden_size))
+
+
+class UngatedWhileTraining(LlamaMLP):
+    """Training skips the gate ("it is only there for inference")."""
+
+    def forward(self, x):
+        if self.training:
+            return self.down_proj(self.up_proj(x))
+        return super().forward(x)
+
+
+class LlamaTrainPath(LlamaDecoderLayer):
+    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
+        super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
+        self.mlp = UngatedWhileTraining(hidden_size, 64)

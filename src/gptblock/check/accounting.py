@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from .provenance import Traced, unread
-from .report import CAUGHT
+from .report import CAUGHT, Finding
 from .subject import Tested
 
 __all__ = ["account", "silent"]
@@ -69,7 +69,9 @@ def silent(
             set_parameters({name: value})
         if not acts:
             part = int(mask.sum())
-            dead.append(name if part == mask.numel() else f"{name} ({part} of its {mask.numel()} values)")
+            dead.append(
+                name if part == mask.numel() else f"{name} ({part} of its {mask.numel()} values)"
+            )
     return dead
 
 
@@ -79,12 +81,19 @@ def account(
     chosen: Mapping[str, Tensor],
     traced: Traced,
     fresh: torch.Generator,
-) -> str:
-    """What is wrong with the block's parameters (``unused_parameters``'s account), ``""`` when
-    each weight read is its own and every parameter acts."""
+    findings: list[Finding],
+    details: dict[str, str],
+) -> list[str]:
+    """The mistakes of a block that matched the reference without one: ``["unused_parameters"]``
+    when a head's weights read are another head's or a parameter never acts, with its finding
+    (added to ``findings``) and its account (to ``details``); else ``[]``."""
     said = list(traced.repeats)
     dead = silent(set_parameters, subject, chosen, traced.used, fresh)
     if dead:
         shown = ", ".join(dead[:6]) + (f" and {len(dead) - 6} more" if len(dead) > 6 else "")
         said.append(f"{shown} never {'acts' if len(dead) == 1 else 'act'} on the output")
-    return "; ".join(said)
+    if not said:
+        return []
+    findings.append(Finding("parameters", False, "; ".join(said)))
+    details["unused_parameters"] = "; ".join(said)
+    return ["unused_parameters"]

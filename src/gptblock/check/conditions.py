@@ -62,7 +62,11 @@ class Condition:
     def describe(self) -> str:
         """``B = 64, T = 3, float32, train mode, mean 300``."""
         said = f"B = {self.B}, T = {self.T}, {str(self.dtype).removeprefix('torch.')}"
-        return said + (", train mode" if self.train else "") + (f", mean {MEAN:g}" if self.mean else "")
+        return (
+            said
+            + (", train mode" if self.train else "")
+            + (f", mean {MEAN:g}" if self.mean else "")
+        )
 
 
 def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
@@ -114,10 +118,9 @@ def hold(
     note = ""
     for c in conditions(subject, fresh):
         x = _input(c, subject.C, fresh)
-        with subject.own_rng():  # one fork, not a seed per call: seeding costs ~10 ms
-            error = _error(subject, reference, c, x)
+        error = _error(subject, reference, c, x)
         if isinstance(error, str):
-            msg = f"equal under the checker's conditions, but the block raised {error} at {c.describe()}"
+            msg = f"equal under the checker's conditions, but the block {error} at {c.describe()}"
             return Finding("reference comparison", False, msg)
         if error <= _tolerance(c):
             held.append(c)
@@ -129,7 +132,9 @@ def hold(
         else:
             off.append((c, error))
     if off:
-        return Finding("reference comparison", False, _mismatch(subject, reference, fresh, held, off))
+        return Finding(
+            "reference comparison", False, _mismatch(subject, reference, fresh, held, off)
+        )
     if backward and subject.dtype == torch.float64:
         error = input_gradient_error(subject, reference, fresh, torch.float32)
         if not error <= FLOAT32_GRADIENT_TOLERANCE:
@@ -149,12 +154,16 @@ def _error(
     subject: Tested, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
 ) -> float | str:
     """How far the block's update is from the reference's at ``x`` (of the reference update's
-    scale), or the exception the block raised, in one line."""
+    scale), or what went wrong, in one line: the exception it raised, an output in another
+    dtype than its input's."""
     try:
-        theirs = subject(x.to(subject.device), seeded=False, train=c.train)
-        theirs = theirs.to(torch.float64).cpu()
+        with subject.own_rng():  # a fork, not a seed per call: seeding costs ~10 ms
+            theirs = subject(x.to(subject.device), seeded=False, train=c.train)
     except CAUGHT as e:
-        return one_line(e)
+        return f"raised {one_line(e)}"
+    if theirs.dtype != x.dtype:  # a float32 block must stay float32 (dtype_device)
+        return f"gave a {str(theirs.dtype).removeprefix('torch.')} output for that input"
+    theirs = theirs.to(torch.float64).cpu()
     with torch.no_grad():
         x64 = x.to(torch.float64)
         ours = reference(x64)
@@ -221,4 +230,6 @@ def _mismatch(
                 else:
                     hi = getattr(at, what)
             return f"equal for {what} <= {lo}, {by}"
-    return f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"
+    return (
+        f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"
+    )

@@ -11,6 +11,11 @@ the copied modules, and a copy that still calls the original's modules is refuse
 probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
 the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
 
+A learner trains in float32 and in train mode: a float32 input runs a float32 copy of the copy
+(``module_in``: its parameters are the copy's, whatever they were set to since), and a
+``train=True`` call runs the copy in train mode with every dropout an identity
+(``trace.NoDropout``), so that ``gptblock.check.conditions`` can compare both with the reference.
+
 Shapes: B batch, T time, C channels.
 """
 
@@ -173,6 +178,11 @@ class Subject:
             with self.own_rng():
                 torch.manual_seed(0)
                 return _output(module(x.clone()))
+
+    def refresh(self) -> None:
+        """Forget the copies in the other dtype: the next call makes them again from the
+        checker's copy as it is now (``Served.dropout_off`` changed its attributes)."""
+        self._others.clear()
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or a copy of it in the other of float64

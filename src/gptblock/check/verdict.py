@@ -8,6 +8,9 @@ and combines the evidence into a ``CheckReport``. It needs nothing of the block 
 claim, so a variant found on the traced input is confirmed on fresh inputs drawn from a seed
 the block never sees (``fresh``), and its input gradient with the reference's: a block can
 then be ``PASS`` only if its answers are the lessons' block's on inputs it could not foresee.
+A match without mistakes is also held to the reference where a learner runs the block
+(``conditions``: float32, train mode, every length and batch size) and to its parameters
+(``accounting``: each acts, each head's weights its own), for the lessons' block and the modern.
 
 A probe failure that proves a mistake on its own (a future leak, batch mixing, dropout in eval,
 non-finite outputs, a broken shape, dtype or device) is diagnosed even when the roles cannot be
@@ -180,7 +183,9 @@ def decide(
             compared, found, others = True, modern["mistakes"], modern["alternatives"]
             details.update(modern["details"])
             if passed and label != "FOUND" and traced is not None:
-                found = _accounted(service, subject, chosen, traced, fresh, findings, details)
+                found = account(
+                    service.set_parameters, subject, chosen, traced, fresh, findings, details
+                )
     else:
         if dropout:
             notes.append(f"compared with every dropout of the block {dropout}")
@@ -222,7 +227,9 @@ def decide(
                 if match is not None and not match.deviations:
                     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
                     traced = trace(read[reading], chosen, subject.dtype, heads)
-                    found = _accounted(service, subject, chosen, traced, fresh, findings, details)
+                    found = account(
+                        service.set_parameters, subject, chosen, traced, fresh, findings, details
+                    )
 
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
@@ -280,25 +287,6 @@ def _unpack(
         [shown[i] for i in main + rest].__getitem__,
     )
     return readings, [read[i] for i in main + rest]
-
-
-def _accounted(
-    service: Service,
-    subject: Tested,
-    chosen: Mapping[str, Tensor],
-    traced: Traced,
-    fresh: torch.Generator,
-    findings: list[Finding],
-    details: dict[str, str],
-) -> list[str]:
-    """The mistakes of a block that matched without one: ``unused_parameters`` when a weight
-    read is not its own or a parameter never acts (``accounting``), with its finding."""
-    said = account(service.set_parameters, subject, chosen, traced, fresh)
-    if not said:
-        return []
-    findings.append(Finding("parameters", False, said))
-    details["unused_parameters"] = said
-    return ["unused_parameters"]
 
 
 def _modern(service: Service, progress: Progress) -> dict[str, Any]:
