@@ -46,7 +46,11 @@ margin is ~20x on both sides."""
 FLOAT32_GRADIENT_TOLERANCE = 1e-3  # of the reference input gradient's scale, for the same reasons
 MAX_T = 256  # longest sequence compared: longer ones only cost time (T^2 scores)
 UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the common default)
-MEAN = 300.0  # the size of the large mean some inputs get
+MEAN = 300.0
+"""The size of the mean some float32 inputs get, per position. Not in float64: there a block
+that normalises in float32 (Llama's RMSNorm upcasts to it) loses the small part of the
+normalised vector that varies around the mean direction, 1/300 of it, to float32's rounding:
+~8e-5 of the update in the zoos' correct blocks, too near float64's 1e-4."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +87,14 @@ def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
     mid, short = longest // 2 + 1, min(longest, 3)
     f64 = torch.float64 if subject.dtype == torch.float64 else torch.float32
     f32 = torch.float32
-    table = [  # (B, T, dtype, train, mean)
+    table = [  # (B, T, dtype, train, mean): a mean only in float32 (MEAN)
         (1, 1, f64, False, False),
         (1, longest, f64, False, False),
-        (3, mid, f64, False, True),
+        (3, mid, f64, False, False),
         (64, short, f64, False, False),
-        (17, short, f64, False, True),
+        (17, short, f64, False, False),
         (2, mid, f64, True, False),
-        (1, longest, f64, True, True),
+        (1, longest, f64, True, False),
         (2, mid, f32, False, True),
         (64, short, f32, False, False),
         (1, longest, f32, False, True),

@@ -114,11 +114,10 @@ class Served:
         it runs (``trace.NoDropout``); how, if that makes its eval outputs deterministic (the
         rest of its arithmetic can then be compared), else ``""``."""
         s = self.subject
-        for m in s.module.modules():
+        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
             for name, value in vars(m).items():
                 if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                     setattr(m, name, 0.0)
-        s.refresh()  # a float32 copy made before is made again, with these probabilities
         x = s.input(s.T, s.T, s.C)
         for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
             s.no_dropout = switched_off

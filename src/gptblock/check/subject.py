@@ -149,6 +149,8 @@ class Subject:
             self.module = _copy(module, torch.float64)
         if self.dtype != torch.float64:
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
+            self._others[torch.float32] = _copy(module, torch.float32)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor:
@@ -179,25 +181,26 @@ class Subject:
                 torch.manual_seed(0)
                 return _output(module(x.clone()))
 
-    def refresh(self) -> None:
-        """Forget the copies in the other dtype: the next call makes them again from the
-        checker's copy as it is now (``Served.dropout_off`` changed its attributes)."""
-        self._others.clear()
+    def copies(self) -> list[nn.Module]:
+        """The checker's copy and its copy in the other dtype, if any (``Served.dropout_off``
+        changes the attributes of both)."""
+        return [self.module, *self._others.values()]
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
-        """The copy that runs in ``dtype``: ``module``, or a copy of it in the other of float64
-        and float32 with ``module``'s parameter values (as they are now).
+        """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
+        copy of the user's block in float32 with ``module``'s parameter values, as they are now.
 
         Raises:
-            TypeError: a dtype other than float64 and float32.
+            TypeError: a dtype other than float64 and float32, or float64 for a block that
+                fails in float64.
         """
         if dtype == self.dtype:
             return self.module
         if dtype not in (torch.float64, torch.float32):
             raise TypeError(f"the checker runs the block in float64 or float32, not {dtype}")
         other = self._others.get(dtype)
-        if other is None:  # from the checker's copy: it carries dropout_off's changes
-            other = self._others[dtype] = _copy(self.module, dtype)
+        if other is None:
+            raise TypeError(f"the block fails in float64: it is checked in {self.dtype} only")
         own = dict(self.module.named_parameters())
         with torch.no_grad():
             for name, p in other.named_parameters():
