@@ -148,13 +148,16 @@ GENERIC_NORMS_FILE = textwrap.dedent(
 def test_map_names_the_roles_and_the_dataflow_tells_them_without_it(tmp_path, capsys):
     path = tmp_path / "generic.py"
     path.write_text(GENERIC_NORMS_FILE)
-    assert main(["check", f"{path}:Block", "--json"]) == 0
+    # nb is called to no effect (0 * nb(x)): read right, the block's one fault is that nb never acts
+    assert main(["check", f"{path}:Block", "--json"]) == 1
     (report,) = json.loads(capsys.readouterr().out)["reports"]
     assert report["confident"] is True and any("ln1=nc, ln2=na" in n for n in report["notes"])
-    assert main(["check", f"{path}:Block", "--map", "ln1=nc", "ln2=na", "--json"]) == 0
+    assert report["diagnosis"] == ["unused_parameters"], report
+    assert main(["check", f"{path}:Block", "--map", "ln1=nc", "ln2=na", "--json"]) == 1
     (report,) = json.loads(capsys.readouterr().out)["reports"]
     assert report["confident"] is True and report["compared"] is True
     assert any("ln1=nc, ln2=na" in n for n in report["notes"])
+    assert report["diagnosis"] == ["unused_parameters"], report
 
 
 def test_help_shows_the_filled_defaults(capsys):

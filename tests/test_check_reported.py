@@ -189,7 +189,9 @@ def test_an_unread_block_is_unverified_with_a_map_that_verifies_it(tmp_path, cap
     text = " ".join(str(report).split())
     assert "result: UNVERIFIED" in text and f"run again with: {report.verify}" in text
     roles = dict(parse_role(a) for a in report.verify.split()[1:])
-    assert check_block(SumAttention(), roles=roles).passed
+    given = check_block(SumAttention(), roles=roles)  # read: only n3 (0 * n3(x)) never acts
+    assert given.compared and given.diagnosis == ["unused_parameters"], str(given)
+    assert given.details["unused_parameters"] == "n3.weight, n3.bias never act on the output"
     path = tmp_path / "sum_attention.py"
     path.write_text(
         "import torch\nC, NH, HS = 32, 4, 8\n" + __import__("inspect").getsource(SumAttention)

@@ -98,6 +98,10 @@ class NanoGPT(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, dropout, bias)
         self.bugs = bugs
+        if "unused_parameters:layer" in bugs:  # declared for a gated MLP, never called
+            self.c_gate = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        if "unused_parameters:frozen" in bugs:  # a fixed output gain, never applied
+            self.gain = nn.Parameter(torch.full((n_embd,), 0.5), requires_grad=False)
 
     def forward(self, x):
         return finish(residual(x, self.attn, self.mlp, self.ln_1, self.ln_2, self.bugs), self.bugs)
@@ -291,7 +295,16 @@ STYLES = [
         "nanoGPT model.py (manual attention)",
         NanoGPT,
         ARGS,
-        (*MANUAL_BUGS, "dropout_in_eval", *HEAD_BUGS, *WIRING_BUGS, "shape", "dtype_device"),
+        (
+            *MANUAL_BUGS,
+            "dropout_in_eval",
+            *HEAD_BUGS,
+            *WIRING_BUGS,
+            "shape",
+            "dtype_device",
+            "unused_parameters:layer",
+            "unused_parameters:frozen",
+        ),
         (
             ("wrong_scale", "post_norm"),
             ("heads_mixed:merge", "no_scaling"),

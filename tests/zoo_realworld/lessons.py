@@ -32,9 +32,9 @@ class Head(nn.Module):
         self.dropout = nn.Dropout(p)
         self.bugs = bugs
 
-    def forward(self, x):
+    def forward(self, x, key=None):
         B, T, C = x.shape
-        k = self.key(x)  # (B, T, hs)
+        k = (key or self.key)(x)  # (B, T, hs)
         q = self.query(x)
         wei = q @ k.transpose(-2, -1) * scale(self.bugs, k.shape[-1] ** -0.5, k.shape[-1], C)
         wei = softmax_masked(wei, self.tril[:T, :T] == 1, self.bugs)
@@ -65,10 +65,17 @@ class Lecture(nn.Module):
     def sa(self, x):
         if "shape" in self.bugs:
             return torch.cat([h(x) for h in self.heads], dim=1)  # along time: (B, nh*T, hs)
-        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+        key = shared_key(self.heads, self.bugs)
+        return self.proj(torch.cat([h(x, key) for h in self.heads], dim=-1))
 
     def forward(self, x):
         return finish(residual(x, self.sa, self.ffwd, self.ln1, self.ln2, self.bugs), set())
+
+
+def shared_key(heads, bugs):
+    """Head 0's key projection for every head ("the keys are the same for all heads"), or
+    None: each head its own."""
+    return heads[0].key if "unused_parameters:shared_key" in bugs else None
 
 
 class MultiHeadAttention(nn.Module):
@@ -78,9 +85,11 @@ class MultiHeadAttention(nn.Module):
         self.heads = nn.ModuleList([Head(n_embd, hs, block_size, p, bugs) for _ in range(n_head)])
         self.proj = nn.Linear(n_embd, n_embd)
         self.dropout = nn.Dropout(p)
+        self.bugs = bugs
 
     def forward(self, x):
-        return self.dropout(self.proj(torch.cat([h(x) for h in self.heads], dim=-1)))
+        key = shared_key(self.heads, self.bugs)
+        return self.dropout(self.proj(torch.cat([h(x, key) for h in self.heads], dim=-1)))
 
 
 class FeedForward(nn.Module):
@@ -162,7 +171,14 @@ STYLES = [
         "the lecture video's gpt.py (heads, proj, ffwd, ln1, ln2 on the block)",
         Lecture,
         LESSON_ARGS,
-        (*MANUAL_BUGS, "dropout_in_eval", *WIRING_BUGS, "nonfinite:norm", "shape"),
+        (
+            *MANUAL_BUGS,
+            "dropout_in_eval",
+            *WIRING_BUGS,
+            "nonfinite:norm",
+            "shape",
+            "unused_parameters:shared_key",
+        ),
         (
             ("wrong_scale", "post_norm"),
             ("no_scaling", "shared_norm"),
@@ -176,7 +192,14 @@ STYLES = [
         "lesson 1's Block (sa = MultiHeadAttention, ffwd = FeedForward)",
         Lesson,
         {"n_embd": 48, "n_head": 6, "block_size": 8, "dropout": 0.2},
-        (*MANUAL_BUGS, "dropout_in_eval", *WIRING_BUGS, "shape", "dtype_device"),
+        (
+            *MANUAL_BUGS,
+            "dropout_in_eval",
+            *WIRING_BUGS,
+            "shape",
+            "dtype_device",
+            "unused_parameters:shared_key",
+        ),
         (
             ("softmax_dim", "post_norm"),
             ("mask_after_softmax", "no_scaling"),

@@ -13,7 +13,8 @@ Which file owns what:
   and the two reports combined; ``raised`` -- what the block raised when built or first called,
   at the learner's line.
 * ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
-  fresh input and returns a copy of the output.
+  fresh input and returns a copy of the output; a call in float32 runs a float32 copy, and a
+  ``train`` call runs it in train mode with every dropout off.
 * ``probes`` -- black-box probes that need nothing but a module mapping (B, T, C) to (B, T, C).
 * ``trace`` -- one forward pass recorded operator by operator (a ``TorchDispatchMode``), re-run
   with chosen tensors replaced, or replayed between two of them; ``NoDropout``.
@@ -48,7 +49,11 @@ Which file owns what:
 * ``plain`` -- a reading's sub-layers as numbers (linear weights and biases, the kind, eps, gain
   and bias of each norm), and back as ``Parts`` whose shapes are checked.
 * ``provenance`` -- the parameter values the checker gives the block, and the check that the
-  weights read back are made of them.
+  weights read back are made of them (and which, and whether a head's are another head's).
+* ``conditions`` -- ``hold``: a match held to the reference where a learner runs the block
+  (float32, train mode, T up to block_size, B up to 64, a dozen calls in a random order);
+  ``accounting`` -- every parameter acts and each head's weights are its own
+  (``unused_parameters``).
 * ``isolation`` -- ``check_isolated``: the block in a child process (``worker``) that only
   answers requests, every check computed here (``remote``: the block's answers, as claims;
   ``frames``: JSON and raw tensors, never pickle), with a timeout; ``reaper``: the supervisor
@@ -70,6 +75,8 @@ said), and nothing imports ``gptblock.cli``:
    ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
    ``given`` and ``mapping`` (``readings`` also ``weights``);
    ``plain`` uses ``steps``; ``provenance`` and ``frames`` use nothing of gptblock;
+   ``conditions`` uses ``gradient`` and ``search``, ``accounting`` ``provenance`` and
+   ``subject``;
    ``reaper`` uses nothing but the standard library (it runs as a script);
 4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;

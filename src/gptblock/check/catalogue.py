@@ -213,6 +213,20 @@ _ENTRIES = (
         "lesson 1: x = x + self.sa(self.ln1(x)) (the stream keeps its input's dtype and device)",
     ),
     Mistake(
+        "unused_parameters",
+        "some of the block's parameters never act on its output, or one weight serves where "
+        "the lesson has several",
+        "Every weight of the block must shape its output, each in its own place: every head its "
+        "own key, query and value projection. A head that reads another head's key "
+        "projection, one module given to every head, or a layer declared and never called "
+        "still computes a valid block, so the outputs look right; but the unused weights get "
+        "no gradient (or, frozen with requires_grad=False, are never applied), and the trained "
+        "model has fewer weights than its code says.",
+        "Call every layer you create, each in its place: in each Head, k = self.key(x) with "
+        "that head's own key; delete layers you do not use.",
+        "lesson 1: k, q, v = self.key(x), self.query(x), self.value(x) (in each Head, its own)",
+    ),
+    Mistake(
         "rmsnorm_eps",
         "RMSNorm adds eps outside the root: x / (sqrt(mean(x^2)) + eps)",
         "RMSNorm (Zhang & Sennrich 2019) divides by sqrt(mean(x^2) + eps): eps keeps the root "

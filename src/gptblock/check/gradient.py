@@ -28,11 +28,15 @@ GRADIENT_TOLERANCE = 1e-4  # of the reference's input gradient's scale (float32 
 
 
 def input_gradient_error(
-    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    fresh: torch.Generator,
+    dtype: torch.dtype | None = None,
 ) -> float:
     """How far the block's gradient of ``sum(y * w)`` with respect to a fresh input (T, T, C),
     for a fresh direction ``w``, is from ``reference``'s (a float64 function of the input),
-    relative to the reference's scale; ``inf`` when the block gives none.
+    relative to the reference's scale; ``inf`` when the block gives none. The block runs in
+    ``dtype`` (its copy's by default), the reference on the same input in float64.
 
     Example:
         >>> from gptblock.check.subject import Subject
@@ -41,15 +45,17 @@ def input_gradient_error(
         >>> input_gradient_error(s, lambda x: x, g), input_gradient_error(s, lambda x: 2 * x, g)
         (0.0, 0.5)
     """
+    dtype = dtype or subject.dtype
     x = torch.randn(subject.T, subject.T, subject.C, generator=fresh, dtype=torch.float64)
     weights = torch.randn(x.shape, generator=fresh, dtype=torch.float64)
+    x, weights = x.to(dtype).to(torch.float64), weights.to(dtype).to(torch.float64)
     x.requires_grad_(True)
     with torch.enable_grad():
         (ours,) = torch.autograd.grad((reference(x) * weights).sum(), [x])
     try:
         got = subject.grads(
-            x.detach().to(device=subject.device, dtype=subject.dtype),
-            weights.to(device=subject.device, dtype=subject.dtype),
+            x.detach().to(device=subject.device, dtype=dtype),
+            weights.to(device=subject.device, dtype=dtype),
             inputs=True,
         ).input
     except CAUGHT:  # its backward pass ran for the probe: failing now is not one fixed block's

@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
+from .conditions import hold
 from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_plain import ModernParts, receive
 from .plain import NotPlain
-from .provenance import nearest, untraced
+from .provenance import Traced, nearest, trace
 from .report import CAUGHT, Finding, one_line
 from .search import TOLERANCE, distance
 from .subject import Tested
@@ -58,17 +59,19 @@ def confirm(
     chosen: Mapping[str, Tensor],
     fresh: torch.Generator,
     backward: bool = True,
-) -> Finding | str:
+) -> tuple[Finding | str, Traced | None]:
     """A failed comparison when the block's outputs on fresh inputs are not the rebuilt modern
     block's, or (when its backward pass ran for the probe: ``backward``) its input gradient for
-    a fresh direction is not; else why the block's PASS cannot be confirmed, ``""`` when it
-    is."""
+    a fresh direction is not, or it is not under the learner's conditions (``conditions``);
+    else why the block's PASS cannot be confirmed, ``""`` when it is (``"note: ..."``: with a
+    condition not compared). With it, what the parts read were traced to (``provenance``),
+    once they are made of the values chosen."""
     if not modern.get("parts"):
-        return "its process sent no parts the checker can rebuild it from"
+        return "its process sent no parts the checker can rebuild it from", None
     try:
         parts = receive(modern["parts"], dict(modern.get("tensors") or {}), subject.C)
     except NotPlain as e:
-        return str(e)
+        return str(e), None
     values = torch.cat([v.to(subject.dtype).to(torch.float64).flatten() for v in chosen.values()])
     values = values.sort().values
     roles: dict[str, list[Tensor]] = {}
@@ -79,11 +82,14 @@ def confirm(
             for i, t in enumerate(ts)
         ]
         if not values.numel() or any(s is None for s in snapped):
-            return f"the weights read for {role} are not the values the checker gave the block"
+            why = f"the weights read for {role} are not the values the checker gave the block"
+            return why, None
         roles[role] = [s for s in snapped if s is not None]
-    why = untraced(roles, chosen, subject.dtype)
-    if why:
-        return why
+    hs = parts.linears["q"][0].shape[0] // parts.n_head
+    heads: dict[str, int] = {r: parts.linears[r][0].shape[0] // hs for r in ("q", "k", "v")}
+    traced = trace(roles, chosen, subject.dtype, heads)
+    if traced.why:
+        return traced.why, None
     linears = {r: (w[0], w[1]) for r, w in roles.items() if not r.startswith("ln")}
     gains = {r: tuple(w) for r, w in roles.items() if r.startswith("ln")}
     parts = ModernParts(**{**parts.__dict__, "linears": linears, "gains": gains})
@@ -93,14 +99,14 @@ def confirm(
             with torch.no_grad():
                 ours = parts.run(x)  # (B, T, C)
         except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
-            return f"the parts sent cannot be run as a block ({one_line(e)})"
+            return f"the parts sent cannot be run as a block ({one_line(e)})", None
         if ours.shape != x.shape:
-            return "the parts sent do not map C channels to C channels"
+            return "the parts sent do not map C channels to C channels", None
         try:
             theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
         except CAUGHT as e:
             msg = f"the block raised {one_line(e)} on a fresh {shape} input"
-            return Finding("reference comparison", False, msg)
+            return Finding("reference comparison", False, msg), None
         error = distance(theirs.to(torch.float64).cpu(), ours)
         if not error <= TOLERANCE:
             msg = (
@@ -108,7 +114,7 @@ def confirm(
                 f"there, not on a fresh {shape} input (off by {error:.2g} of its scale): its "
                 "comparison's PASS does not hold"
             )
-            return Finding("reference comparison", False, msg)
+            return Finding("reference comparison", False, msg), None
     error = input_gradient_error(subject, parts.run, fresh) if backward else 0.0
     if not error <= GRADIENT_TOLERANCE:
         msg = (
@@ -116,5 +122,8 @@ def confirm(
             f"input is not (off by {error:.2g} of its scale): its backward pass is not its "
             "forward pass's"
         )
-        return Finding("reference comparison", False, msg)
-    return ""
+        return Finding("reference comparison", False, msg), None
+    held = hold(subject, parts.run, fresh, backward)
+    if isinstance(held, Finding):
+        return held, None
+    return (f"note: {held}" if held else ""), traced

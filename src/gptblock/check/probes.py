@@ -22,13 +22,14 @@ mistake on its own, that mistake's id. How each probe measures:
   norm without eps divides by zero there) must give finite outputs (nonfinite).
 * ``gradients``: a backward pass from the outputs must reach every parameter with finite values.
   A backward pass that fails because the block changed in place a tensor autograd saved (the
-  residual added as ``x += ...`` after ``ln1(x)`` read it) proves ``inplace``.
+  residual added as ``x += ...`` after ``ln1(x)`` read it) proves ``inplace``; it runs in float32
+  as well, where a cast (``x.float()``) returns ``x`` itself and may be what was saved.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -202,18 +203,25 @@ def finite(s: Tested) -> ProbeResult:
 
 
 def gradients(s: Tested) -> ProbeResult:
-    """A backward pass reaches every parameter, with finite values."""
-    x = s.input(s.T, s.T, s.C)
-    got = s.grads(x, s.input(*x.shape))
+    """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
+    float32 (the dtype learners train in: a cast such as ``x.float()`` is a copy in float64 and
+    ``x`` itself in float32, so an in-place change may break only there)."""
+    x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
+    got = s.grads(x, w)
+    if not got.failed and got.names and s.dtype != torch.float32:
+        again = s.grads(x.float(), w.float())
+        if again.failed:
+            got = replace(again, message=f"in float32 ({again.message})")
     if not got.names:
         return ProbeResult(True, "the block has no trainable parameters")
     if got.failed == "forward":
         msg = f"the forward pass fails with autograd on: an in-place change ({got.message})"
         return ProbeResult(False, msg, "inplace")
     if got.failed:
+        where = " in float32" if got.message.startswith("in float32") else ""
         msg = (
-            "the backward pass fails: an in-place operation (such as x += ...) changed a "
-            "tensor autograd had saved for it"
+            f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
+            "a tensor autograd had saved for it"
         )
         return ProbeResult(False, msg, "inplace")
     params, grads = got.names, got.grads

@@ -53,14 +53,18 @@ class Remote:
         C: the block's width; T: the probes' sequence length.
         dtype: what the other process computes in (float64, else float32).
         note: what the other process said of its copy.
+        longest: its longest sequence, as it says (0: unknown).
     """
 
     device = torch.device("cpu")  # the tensors here; the block's own device is its process's
 
-    def __init__(self, call: Call, C: int, T: int, dtype: torch.dtype, note: str) -> None:
+    def __init__(
+        self, call: Call, C: int, T: int, dtype: torch.dtype, note: str, longest: int = 0
+    ) -> None:
         if dtype not in (torch.float64, torch.float32):
             raise ProtocolBroken(f"a copy in {dtype}, expected float64 or float32")
         self.call, self.C, self.T, self.dtype, self._note = call, C, T, dtype, text(note)
+        self.longest = longest
         self.tol = 1e-10 if dtype == torch.float64 else 1e-5
         self.generator = torch.Generator().manual_seed(0)
         self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
@@ -78,9 +82,9 @@ class Remote:
         x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
         return x.to(self.dtype)
 
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
-        """The block's output for ``x``, as it says."""
-        meta, tensors = self.call("forward", {"x": x}, seeded=seeded)
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
+        meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
         return self._output(meta, tensors.get("y"))
 
     def _output(self, meta: dict[str, Any], y: Tensor | None) -> Tensor:

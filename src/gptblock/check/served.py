@@ -56,7 +56,7 @@ class Served:
 
     def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
         self.module, self.kwargs = module, kwargs
-        self.C, self.T = 0, 0
+        self.C, self.T, self.longest = 0, 0, 0
         self._subject: Subject | None = None
 
     @property
@@ -76,14 +76,16 @@ class Served:
         return self._subject
 
     def width(self) -> tuple[int, int]:
-        """(C, T): the block's width, and the probes' sequence length."""
-        self.T = min(PROBE_T, max_length(self.module, self.kwargs, PROBE_T))
+        """(C, T): the block's width, and the probes' sequence length (``longest``: its longest
+        sequence, 0 if nothing tells)."""
+        self.longest = max_length(self.module, self.kwargs, 0)
+        self.T = min(PROBE_T, self.longest or PROBE_T)
         self.C = width(self.module, self.kwargs, self.T)
         return self.C, self.T
 
     def copy(self) -> dict[str, Any]:
         """Make the checker's copy (float64, eval); what it is."""
-        self._subject = Subject(self.module, self.C, self.T)
+        self._subject = Subject(self.module, self.C, self.T, self.longest)
         s = self._subject
         failed = "" if s.failure is None else one_line(s.failure)  # the first call, in both dtypes
         raised = "" if s.failure is None else call_error(s.failure, source(type(self.module)))
@@ -118,7 +120,7 @@ class Served:
         it runs (``trace.NoDropout``); how, if that makes its eval outputs deterministic (the
         rest of its arithmetic can then be compared), else ``""``."""
         s = self.subject
-        for m in s.module.modules():
+        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
             for name, value in vars(m).items():
                 if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                     setattr(m, name, 0.0)

@@ -91,9 +91,11 @@ def _at(
     notes = [text(n, 400) for n in notes][:4] if isinstance(notes, list) else []
     progress.stage("copying the block and calling it once to tell its width C")
     shape = call("width")[0]
-    C, T = shape.get("C"), shape.get("T")
+    C, T, longest = shape.get("C"), shape.get("T"), shape.get("longest", 0)
     if not (isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64):
         raise ProtocolBroken("a width that is not one")
+    if not isinstance(longest, int) or not 0 <= longest <= 1 << 30:
+        raise ProtocolBroken("a longest sequence that is not one")
     if other and C != said.get("width"):
         return not_other(f"it takes a width of {C}, not {text(said.get('width'), 20)}")
     progress.stage("copying the block and calling it once")
@@ -108,6 +110,6 @@ def _at(
     dtype = getattr(torch, str(copy.get("dtype")), None)
     if not isinstance(dtype, torch.dtype):
         raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
-    remote = Remote(call, C, T, dtype, str(copy.get("note", "")))
+    remote = Remote(call, C, T, dtype, str(copy.get("note", "")), longest)
     report = decide(remote, description, roles, progress, fresh, weights)
     return replace(report, notes=[*notes, *report.notes]), text(said.get("label", ""), 200)

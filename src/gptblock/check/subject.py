@@ -11,6 +11,11 @@ the copied modules, and a copy that still calls the original's modules is refuse
 probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
 the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
 
+A learner trains in float32 and in train mode: a float32 input runs a float32 copy of the copy
+(``module_in``: its parameters are the copy's, whatever they were set to since), and a
+``train=True`` call runs the copy in train mode with every dropout an identity
+(``trace.NoDropout``), so that ``gptblock.check.conditions`` can compare both with the reference.
+
 Shapes: B batch, T time, C channels.
 """
 
@@ -51,17 +56,22 @@ class Grads:
 
 class Tested(Protocol):
     """What the probes and the comparison ask of a block: a ``Subject`` in this process, or the
-    checker's view of one in another (``gptblock.check.remote``), whose answers are claims."""
+    checker's view of one in another (``gptblock.check.remote``), whose answers are claims.
+
+    The block runs in the dtype of its input (float64, or float32: the dtype learners train
+    in), in eval mode unless ``train``; ``longest`` is its longest sequence (block_size), 0 when
+    nothing tells it."""
 
     C: int
     T: int
+    longest: int
     dtype: torch.dtype
     device: torch.device
     tol: float
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor: ...
 
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor: ...
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
 
     def own_rng(self) -> ContextManager[None]: ...
 
@@ -101,10 +111,12 @@ class Subject:
         module: the user's block.
         C: channels of its input.
         T: the sequence length to probe with (<= the block's block_size).
+        longest: the block's longest sequence, 0 if unknown.
     """
 
-    def __init__(self, module: nn.Module, C: int, T: int) -> None:
-        self.C, self.T = C, T
+    def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
+        self.C, self.T, self.longest = C, T, longest
+        self._others: dict[torch.dtype, nn.Module] = {}  # copies in the other dtype (module_in)
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         if self.device.type == "meta":
@@ -117,6 +129,7 @@ class Subject:
         self.no_dropout = False  # every call with dropout switched off (trace.NoDropout)
         self.failure: BaseException | None = None  # the first call's, in both dtypes
         self.unpacked = ""  # how the output is taken from a tuple the block returns
+        self._key: Any = None  # and which item of it
         failure: BaseException | None = None
         for dtype in (torch.float64, torch.float32):
             self.dtype = dtype
@@ -140,6 +153,10 @@ class Subject:
             self.failure = failure
         if self.dtype != torch.float64:
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
+            self._others[torch.float32] = _copy(module, torch.float32)
+            if self.unpacked:
+                _take(self._others[torch.float32], self._key)
         if self.unpacked:
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
@@ -149,34 +166,63 @@ class Subject:
         x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
         return x.to(device=self.device, dtype=self.dtype)
 
-    def __call__(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
 
-        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``.
+        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``. The
+        block runs in ``x``'s dtype (``module_in``); ``train``: in train mode with every
+        dropout an identity (``trace.NoDropout``).
         """
         with torch.no_grad():
-            return self.forward(x, seeded=seeded)
+            return self.forward(x, seeded=seeded, train=train)
 
-    def forward(self, x: Tensor, *, seeded: bool = True) -> Tensor:
+    def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """Like calling the subject, but with autograd as the caller has it.
 
         The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
         """
-        with NoDropout() if self.no_dropout else nullcontext():
+        module = self.module_in(x.dtype)
+        with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
             if not seeded:
-                return self._output(self.module(x.clone()), x.shape)
+                return self._output(module(x.clone()), x.shape)
             with self.own_rng():
                 torch.manual_seed(0)
-                return self._output(self.module(x.clone()), x.shape)
+                return self._output(module(x.clone()), x.shape)
 
     def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
         """A copy of the output; from a tuple (or list, dict) the block returns, its (B, T, C)
         tensor, the copy's ``forward`` then made to return it for every check (the trace's
         included), and the note that says so."""
         if not isinstance(y, Tensor) and not self.unpacked:
-            self.unpacked, key = _unpack(self.module, y, shape)
-            y = y[key] if self.unpacked else y  # type: ignore[index]
+            self.unpacked, self._key = _unpack(self.module, y, shape)
+            y = y[self._key] if self.unpacked else y  # type: ignore[index]
         return _output(y)
+
+    def copies(self) -> list[nn.Module]:
+        """The checker's copy and its copy in the other dtype, if any (``Served.dropout_off``
+        changes the attributes of both)."""
+        return [self.module, *self._others.values()]
+
+    def module_in(self, dtype: torch.dtype) -> nn.Module:
+        """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
+        copy of the user's block in float32 with ``module``'s parameter values, as they are now.
+
+        Raises:
+            TypeError: a dtype other than float64 and float32, or float64 for a block that
+                fails in float64.
+        """
+        if dtype == self.dtype:
+            return self.module
+        if dtype not in (torch.float64, torch.float32):
+            raise TypeError(f"the checker runs the block in float64 or float32, not {dtype}")
+        other = self._others.get(dtype)
+        if other is None:
+            raise TypeError(f"the block fails in float64: it is checked in {self.dtype} only")
+        own = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for name, p in other.named_parameters():
+                p.copy_(own[name])
+        return other
 
     def own_rng(self) -> ContextManager[None]:
         """A context in which the block may draw random numbers; the caller's RNG is restored."""
@@ -194,7 +240,8 @@ class Subject:
         An in-place change autograd needed, in the forward pass with autograd on or in the
         backward pass, is returned as ``failed``; any other error is raised.
         """
-        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        own = self.module_in(x.dtype).named_parameters()
+        params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
         if not params and not inputs:
             return Grads([], [])
@@ -218,6 +265,19 @@ class Subject:
                     raise
                 return Grads(names, [], "backward", one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
+
+
+@contextmanager
+def _mode(module: nn.Module, train: bool) -> Iterator[None]:
+    """``module`` in train mode inside when ``train``; back in eval mode after."""
+    if not train:
+        yield
+        return
+    module.train()
+    try:
+        yield
+    finally:
+        module.eval()
 
 
 class _watch:
@@ -318,14 +378,19 @@ def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, 
         return "", None
     pairs = enumerate(y) if isinstance(y, (tuple, list)) else y.items()  # type: ignore[attr-defined]
     key = next(k for k, v in pairs if v is found[0])
+    _take(module, key)
+    which = found[1].split(" of ")[0]
+    note = f"the block returns a {type(y).__name__}: its {which}, the (B, T, C) tensor, is taken"
+    return note + " as its output", key
+
+
+def _take(module: nn.Module, key: Any) -> None:
+    """Make ``module``'s ``forward`` return the ``key`` item of what its class's returns."""
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return type(self).forward(self, *args, **kwargs)[key]
 
     module.forward = types.MethodType(forward, module)
-    which = found[1].split(" of ")[0]
-    note = f"the block returns a {type(y).__name__}: its {which}, the (B, T, C) tensor, is taken"
-    return note + " as its output", key
 
 
 def _output(y: object) -> Tensor:

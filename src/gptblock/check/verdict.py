@@ -8,6 +8,9 @@ and combines the evidence into a ``CheckReport``. It needs nothing of the block 
 claim, so a variant found on the traced input is confirmed on fresh inputs drawn from a seed
 the block never sees (``fresh``), and its input gradient with the reference's: a block can
 then be ``PASS`` only if its answers are the lessons' block's on inputs it could not foresee.
+A match without mistakes is also held to the reference where a learner runs the block
+(``conditions``: float32, train mode, every length and batch size) and to its parameters
+(``accounting``: each acts, each head's weights its own), for the lessons' block and the modern.
 
 A probe failure that proves a mistake on its own (a future leak, batch mixing, dropout in eval,
 non-finite outputs, a broken shape, dtype or device) is diagnosed even when the roles cannot be
@@ -24,12 +27,14 @@ from typing import Any, Protocol
 
 import torch
 
+from .accounting import account
 from .catalogue import MISTAKES
+from .conditions import hold
 from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_confirm import confirm as confirm_modern
 from .plain import NotPlain, from_plain
 from .probes import PROBES, ProbeResult
-from .provenance import choose, untraced
+from .provenance import Traced, choose, trace
 from .readings import Readings
 from .report import CAUGHT, CheckReport, Finding, one_line, text
 from .search import TOLERANCE, Match, distance, explain
@@ -153,13 +158,17 @@ def decide(
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
+        traced: Traced | None = None
         if passed and label != "FOUND":
             # The modern comparison ran where the block runs: its PASS is a claim until the
             # parts it read are held here to the chosen weights, to fresh inputs and to the
             # input gradient. In this process (trusted) only a failure of those counts.
             progress.stage("confirming the modern comparison on fresh inputs")
             backward = all(f.passed for f in findings if f.name == "gradients")
-            why = confirm_modern(modern, subject, chosen, fresh, backward)
+            why, traced = confirm_modern(modern, subject, chosen, fresh, backward)
+            if not isinstance(why, Finding) and why.startswith("note: "):
+                notes.append(why.removeprefix("note: "))
+                why = ""
             why = why if isinstance(why, Finding) or not service.trusted else ""
         if isinstance(why, Finding):
             findings.append(why)
@@ -176,31 +185,40 @@ def decide(
             progress.finding(findings[-1])
             compared, found, others = True, modern["mistakes"], modern["alternatives"]
             details.update(modern["details"])
+            if passed and label != "FOUND" and traced is not None:
+                found = account(
+                    service.set_parameters, subject, chosen, traced, fresh, findings, details
+                )
     else:
         if dropout:
             notes.append(f"compared with every dropout of the block {dropout}")
         progress.stage("reading the weights from the forward pass")
-        readings = _unpack(*service.read(roles), subject, chosen, notes)
-        if isinstance(readings, str):
-            notes.append(f"weights not read, black-box results only: {readings}")
+        unpacked = _unpack(*service.read(roles), subject, chosen, notes)
+        if isinstance(unpacked, str):
+            notes.append(f"weights not read, black-box results only: {unpacked}")
             progress.stage("suggesting a --map")
             verify = service.suggest()
         else:
+            readings, read = unpacked
             progress.stage("the reference comparison")
+            finding: Finding | None = None
             try:
                 finding, match, ties, reading = _compare(subject, readings)
                 # matching nothing, with a part no reference models: out of scope, not FAIL
                 scope = [] if match or finding.passed else modern.get("scope", [])
                 if match is not None:
-                    progress.stage("confirming the comparison on fresh inputs")
+                    progress.stage("confirming the comparison on fresh inputs and conditions")
                     backward = all(f.passed for f in findings if f.name == "gradients")
                     confirm = _confirm(subject, readings, reading, match, fresh, backward)
-                    finding = confirm or finding
-                    match = match if finding.passed else None
+                    if isinstance(confirm, Finding):
+                        finding, match = confirm, None
+                    elif confirm:
+                        notes.append(confirm)
             except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
                 notes.append(readings.describe(0))
                 notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
-            else:
+                finding = None
+            if finding is not None:
                 notes.append(readings.describe(reading))
                 if scope:
                     notes.append(
@@ -217,6 +235,12 @@ def decide(
                     details.update(  # the variant's account of a mistake is more specific
                         {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
                     )
+                if match is not None and not match.deviations:
+                    heads = dict.fromkeys(("q", "k", "v"), match.n_head)
+                    traced = trace(read[reading], chosen, subject.dtype, heads)
+                    found = account(
+                        service.set_parameters, subject, chosen, traced, fresh, findings, details
+                    )
 
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
@@ -232,9 +256,10 @@ def _unpack(
     subject: Tested,
     chosen: Mapping[str, Tensor],
     notes: list[str],
-) -> Readings | str:
+) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
     """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
-    shapes, and that their weights are the values the checker chose (``provenance``)."""
+    shapes, and that their weights are the values the checker chose (``provenance``); with
+    each reading's weights by role, in the order the comparison numbers the readings."""
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -254,23 +279,25 @@ def _unpack(
         return f"the block's process sent readings that do not check ({one_line(e)})"
     why = ""
     kept: list[int] = []  # the readings made of the values chosen
+    read: list[dict[str, list[Tensor]]] = []  # each reading's weights by role
     for i, part in enumerate(parts):
         roles = _ROLES + (("ln2",) if part.ln2 is not None else ())
-        read = {r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles}
-        why = untraced(read, chosen, subject.dtype)
+        read.append({r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles})
+        why = trace(read[-1], chosen, subject.dtype).why
         if not why:
             kept.append(i)
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     rest = [i for i in kept if i not in main]
-    return Readings(
+    readings = Readings(
         tuple(parts[i] for i in main),
         tuple(parts[i] for i in rest),
         heads,
         x.to(torch.float64),
         [shown[i] for i in main + rest].__getitem__,
     )
+    return readings, [read[i] for i in main + rest]
 
 
 def _modern(service: Service, progress: Progress) -> dict[str, Any]:
@@ -339,10 +366,11 @@ def _confirm(
     match: Match,
     fresh: torch.Generator,
     backward: bool,
-) -> Finding | None:
+) -> Finding | str:
     """A failed comparison when the variant found does not also reproduce the block on fresh
-    inputs (of the traced shape and the probes'), or, for the lessons' block whose backward
-    pass ran (``backward``), its input gradient; None when it does."""
+    inputs (of the traced shape and the probes'), or, for the lessons' block: its input
+    gradient (when its backward pass ran: ``backward``) and the learner's conditions
+    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared."""
     parts = [*read.readings, *read.fallback][reading]
     steps = compose(match.deviations)
     activation = CANDIDATE_ACTIVATIONS[match.activation]
@@ -364,15 +392,15 @@ def _confirm(
                 "those of one fixed block"
             )
             return Finding("reference comparison", False, msg)
-    if match.deviations or not backward:
-        return None  # the block fails already: a mistake, or a backward pass that fails
-    error = input_gradient_error(
-        subject, lambda x: run_steps(parts, x, match.n_head, activation, steps), fresh
-    )
-    if not error <= GRADIENT_TOLERANCE:
-        msg = (
-            "the block's outputs are the lessons' block's, but its gradient with respect to its "
-            f"input is not (off by {error:.2g} of its scale)"
-        )
-        return Finding("reference comparison", False, msg)
-    return None
+    if match.deviations:
+        return ""  # the block fails already: a mistake
+    reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
+    if backward:  # else its backward pass fails already
+        error = input_gradient_error(subject, reference, fresh)
+        if not error <= GRADIENT_TOLERANCE:
+            msg = (
+                "the block's outputs are the lessons' block's, but its gradient with respect "
+                f"to its input is not (off by {error:.2g} of its scale)"
+            )
+            return Finding("reference comparison", False, msg)
+    return hold(subject, reference, fresh, backward)

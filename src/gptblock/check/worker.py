@@ -73,12 +73,13 @@ class _Worker:
             raise RuntimeError(f"{op} before build")
         if op == "width":
             C, T = served.width()
-            return {"C": C, "T": T}, {}
+            return {"C": C, "T": T, "longest": served.longest}, {}
         if op == "copy":
             return served.copy(), {}
         s = served.subject
         if op == "forward":
-            return _output(s, s(tensors["x"].to(s.device), seeded=bool(args["seeded"])))
+            x, train = tensors["x"].to(s.device), bool(args.get("train", False))
+            return _output(s, s(x, seeded=bool(args["seeded"]), train=train))
         if op == "grads":
             x, w = tensors["x"].to(s.device), tensors["weights"].to(s.device)
             got = s.grads(x, w, inputs=bool(args["inputs"]))

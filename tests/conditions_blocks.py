@@ -1,0 +1,272 @@
+"""Learner-style blocks that are right only under some of the conditions a learner runs them in.
+
+Each is the first lesson's block (``Head`` / ``MultiHeadAttention`` / ``FeedForward`` /
+``Block``) with one thing wrong that the checker's own conditions (float64, eval mode, short
+sequences, small batches, the weights it reads) used not to show, written the way people write
+it; ``tests/test_check_conditions.py`` checks each, in process and through ``gptblock check``.
+The constructor takes ``n_embd, n_head, block_size, dropout`` like the lesson's.
+"""
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class Head(nn.Module):
+    def __init__(self, n_embd, head_size, block_size, dropout):
+        super().__init__()
+        self.key = nn.Linear(n_embd, head_size, bias=False)
+        self.query = nn.Linear(n_embd, head_size, bias=False)
+        self.value = nn.Linear(n_embd, head_size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
+        self.dropout = nn.Dropout(dropout)
+
+    def mask(self, T):
+        return self.tril[:T, :T] == 0
+
+    def forward(self, x, k=None):
+        B, T, C = x.shape
+        k = self.key(x) if k is None else k
+        q, v = self.query(x), self.value(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5  # (B, T, T)
+        wei = wei.masked_fill(self.mask(T), float("-inf"))
+        wei = self.dropout(F.softmax(wei, dim=-1))
+        return wei @ v  # (B, T, hs)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, n_head, n_embd, block_size, dropout, head=Head):
+        super().__init__()
+        hs = n_embd // n_head
+        self.heads = nn.ModuleList([head(n_embd, hs, block_size, dropout) for _ in range(n_head)])
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.proj(torch.cat([h(x) for h in self.heads], dim=-1)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, n_embd, dropout):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd),
+            nn.ReLU(),
+            nn.Linear(4 * n_embd, n_embd),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Block(nn.Module):
+    """The lesson's block, right everywhere."""
+
+    attention = MultiHeadAttention
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__()
+        self.sa = self.attention(n_head, n_embd, block_size, dropout)
+        self.ffwd = FeedForward(n_embd, dropout)
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.ln2 = nn.LayerNorm(n_embd)
+
+    def forward(self, x):
+        x = x + self.sa(self.ln1(x))
+        x = x + self.ffwd(self.ln2(x))
+        return x
+
+
+# ----- right only in float64 ---------------------------------------------------------------------
+
+
+class NaiveLayerNorm(nn.Module):
+    """var = E[x^2] - E[x]^2: one pass over the data, and in float32 the two terms cancel."""
+
+    def __init__(self, n_embd, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_embd))
+        self.bias = nn.Parameter(torch.zeros(n_embd))
+        self.eps = eps
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class NaiveVarianceBlock(Block):
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.ln1, self.ln2 = NaiveLayerNorm(n_embd), NaiveLayerNorm(n_embd)
+
+
+class HalfHead(Head):
+    """A path of its own for float32 (the training dtype), left with the lecture's C ** -0.5
+    scale when the other path was fixed."""
+
+    def forward(self, x, k=None):
+        if x.dtype != torch.float32:
+            return super().forward(x, k)
+        B, T, C = x.shape
+        k, q, v = self.key(x), self.query(x), self.value(x)
+        wei = q @ k.transpose(-2, -1) * C**-0.5
+        wei = F.softmax(wei.masked_fill(self.mask(T), float("-inf")), dim=-1)
+        return self.dropout(wei) @ v
+
+
+class DtypeBranchBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=HalfHead))
+
+
+# ----- right only for small batches --------------------------------------------------------------
+
+
+class ChunkedAttention(MultiHeadAttention):
+    """Big batches go through in chunks of 16 "to save memory"; the chunk path forgets the
+    output projection's bias."""
+
+    def forward(self, x):
+        if x.shape[0] <= 16:
+            return super().forward(x)
+        outs = []
+        for chunk in x.split(16):
+            heads = torch.cat([h(chunk) for h in self.heads], dim=-1)
+            outs.append(heads @ self.proj.weight.T)
+        return self.dropout(torch.cat(outs))
+
+
+class BatchLimitedBlock(Block):
+    attention = ChunkedAttention
+
+
+# ----- right only for short sequences ------------------------------------------------------------
+
+
+class WindowHead(Head):
+    """A sliding window of 8 positions: for T <= 8 the same as the causal mask."""
+
+    def mask(self, T):
+        window = torch.tril(self.tril[:T, :T], diagonal=-8)
+        return (self.tril[:T, :T] - window) == 0
+
+
+class ShortOnlyBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=WindowHead))
+
+
+# ----- right only in eval mode -------------------------------------------------------------------
+
+
+class FlashHead(Head):
+    """The fused kernel while training, the lesson's code otherwise; the fused call forgot the
+    causal mask."""
+
+    def forward(self, x, k=None):
+        if not self.training:
+            return super().forward(x, k)
+        k, q, v = self.key(x), self.query(x), self.value(x)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout.p)
+
+
+class EvalOnlyBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=FlashHead))
+
+
+# ----- parameters that never act -----------------------------------------------------------------
+
+
+class SharedKeyAttention(MultiHeadAttention):
+    """The keys computed once, with head 0's projection, for every head."""
+
+    def forward(self, x):
+        k = self.heads[0].key(x)
+        return self.dropout(self.proj(torch.cat([h(x, k) for h in self.heads], dim=-1)))
+
+
+class SharedKeyBlock(Block):
+    attention = SharedKeyAttention
+
+
+class SharedKeyModuleAttention(MultiHeadAttention):
+    """One key projection module given to every head: every head's key is the same weight."""
+
+    def __init__(self, n_head, n_embd, block_size, dropout):
+        super().__init__(n_head, n_embd, block_size, dropout)
+        for h in self.heads:
+            h.key = self.heads[0].key
+
+
+class SharedKeyModuleBlock(Block):
+    attention = SharedKeyModuleAttention
+
+
+class UnusedLinearBlock(Block):
+    """A gate declared for a gated MLP, never called."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.gate = nn.Linear(n_embd, 4 * n_embd)
+
+
+class FrozenDeadBlock(Block):
+    """A fixed (requires_grad=False) output mixing matrix, meant to be applied and forgotten."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.mix = nn.Parameter(
+            torch.eye(n_embd) + 0.01 * torch.randn(n_embd, n_embd), requires_grad=False
+        )
+
+
+# ----- a backward pass that fails only in float32 ------------------------------------------------
+
+
+class UpcastLayerNorm(nn.LayerNorm):
+    """Normalise in float32 whatever the input's dtype, as mixed-precision code does."""
+
+    def forward(self, x):
+        normed = F.layer_norm(x.float(), self.normalized_shape, eps=self.eps).type_as(x)
+        return normed * self.weight + self.bias
+
+
+class InplaceResidualBlock(Block):
+    """``x += ...``: in float32 ``x.float()`` is x itself, which ln2 saved for its backward."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.ln1, self.ln2 = UpcastLayerNorm(n_embd), UpcastLayerNorm(n_embd)
+
+    def forward(self, x):
+        h = x + self.sa(self.ln1(x))
+        h += self.ffwd(self.ln2(h))
+        return h
+
+
+# ----- a modern block (Hugging Face's Llama layer) with the same kinds of faults -----------------
+
+from zoo_modern.blocks.hf_llama import LlamaDecoderLayer, LlamaMLP  # noqa: E402  (tests/ on sys.path)
+
+
+class LlamaWithUnusedBias(LlamaDecoderLayer):
+    """A learned output bias, registered and never added."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
+        super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
+        self.out_bias = nn.Parameter(torch.zeros(hidden_size))
+
+
+class UngatedWhileTraining(LlamaMLP):
+    """Training skips the gate ("it is only there for inference")."""
+
+    def forward(self, x):
+        if self.training:
+            return self.down_proj(self.up_proj(x))
+        return super().forward(x)
+
+
+class LlamaTrainPath(LlamaDecoderLayer):
+    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
+        super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
+        self.mlp = UngatedWhileTraining(hidden_size, 64)

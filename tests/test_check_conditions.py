@@ -1,0 +1,139 @@
+"""A PASS holds where the learner runs the block, and every parameter of it acts.
+
+Each block of ``tests/conditions_blocks.py`` is right under the checker's old conditions only
+(float64, eval mode, T <= 7, B <= 7) or holds a parameter that never acts, and got PASS before
+``gptblock.check.conditions`` and ``gptblock.check.accounting``: now each fails, naming its
+condition or ``unused_parameters``, in process and in the child process of ``gptblock check``.
+The lesson's block, nanoGPT's (whose ``c_attn`` bias holds the inert key bias) and an
+``nn.MultiheadAttention`` block (its ``in_proj_bias`` likewise) still pass.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import conditions_blocks as cb
+from gptblock.check import check_block, check_isolated
+from gptblock.check.conditions import conditions
+from gptblock.check.provenance import choose, sorted_values, trace, unread
+from gptblock.check.subject import Subject
+from nanogpt_style import Block as NanoBlock
+from zoo_torch import MhaBlock
+
+FILE = pathlib.Path(cb.__file__)
+LESSON = {"n_embd": 32, "n_head": 4, "block_size": 16}
+
+# (block, the failed check, what its message or the diagnosis must say)
+FAILING = [
+    ("NaiveVarianceBlock", "reference comparison", "equal in float64, off by"),
+    ("DtypeBranchBlock", "reference comparison", "equal in float64, off by"),
+    ("BatchLimitedBlock", "reference comparison", "equal for B <= 16, off by"),
+    ("ShortOnlyBlock", "reference comparison", "equal for T <= 8, off by"),
+    ("EvalOnlyBlock", "reference comparison", "equal in eval mode, off by"),
+    ("SharedKeyBlock", "parameters", "sa.heads.1.key.weight, sa.heads.2.key.weight"),
+    ("SharedKeyModuleBlock", "parameters", "k's heads 1, 2, 3 are its head 0's weights again"),
+    ("UnusedLinearBlock", "parameters", "gate.weight, gate.bias never act on the output"),
+    ("FrozenDeadBlock", "parameters", "mix never acts on the output"),
+    ("InplaceResidualBlock", "gradients", "the backward pass fails in float32"),
+    ("LlamaWithUnusedBias", "parameters", "out_bias never acts on the output"),
+    ("LlamaTrainPath", "reference comparison", "equal in eval mode, off by"),
+]
+DIAGNOSIS = {"parameters": ["unused_parameters"], "gradients": ["inplace"]}
+
+
+def _failed(report, check):
+    return [f for f in report.findings if f.name == check and not f.passed]
+
+
+def _kwargs(name):
+    return {} if name.startswith("Llama") else LESSON
+
+
+@pytest.mark.parametrize(("name", "check", "said"), FAILING)
+def test_each_fails_naming_its_condition_in_process(name, check, said):
+    report = check_block(getattr(cb, name), isolate=False, **_kwargs(name))
+    assert report.verdict == "FAIL", str(report)
+    failed = _failed(report, check)
+    assert failed and said in failed[0].message, str(report)
+    assert report.diagnosis == DIAGNOSIS.get(check, []), str(report)
+    if check == "parameters":
+        assert said.split(" never")[0] in report.details["unused_parameters"]
+
+
+def test_each_fails_in_the_child_process_too():
+    """The train-mode calls, the float32 calls and the perturbed parameters cross the worker's
+    protocol; every block of one file shares one child."""
+    names = [n for n, _, _ in FAILING if not n.startswith("Llama")]
+    reports = check_isolated([f"{FILE}:{n}" for n in names], kwargs=LESSON, roles={})
+    for name, report in zip(names, reports, strict=True):
+        check, said = next((c, s) for n, c, s in FAILING if n == name)
+        assert report.verdict == "FAIL", (name, str(report))
+        failed = _failed(report, check)
+        assert failed and said in failed[0].message, (name, str(report))
+
+
+def test_the_modern_path_holds_them_in_the_child_process_too():
+    names = ["LlamaWithUnusedBias", "LlamaTrainPath", "LlamaDecoderLayer"]
+    reports = check_isolated([f"{FILE}:{n}" for n in names], kwargs={}, roles={})
+    assert [r.verdict for r in reports] == ["FAIL", "FAIL", "PASS"], [str(r) for r in reports]
+    assert reports[0].diagnosis == ["unused_parameters"]
+    assert "train mode" in _failed(reports[1], "reference comparison")[0].message
+
+
+@pytest.mark.parametrize(
+    ("block", "kwargs"),
+    [
+        (cb.Block, LESSON),
+        (NanoBlock, {"n_embd": 32, "n_head": 4, "bias": True}),  # c_attn's bias holds b_k
+        (MhaBlock, {"d_model": 32, "n_heads": 4}),  # in_proj_bias holds b_k
+    ],
+)
+def test_correct_blocks_still_pass(block, kwargs):
+    report = check_block(block, isolate=False, **kwargs)
+    assert report.verdict == "PASS", str(report)
+
+
+def _cli(target):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run(
+        [sys.executable, "-m", "gptblock", "check", target],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_the_command_line_says_the_condition_and_passes_the_lesson():
+    done = _cli(f"{FILE}:ShortOnlyBlock")
+    assert done.returncode == 1 and "equal for T <= 8, off by" in done.stdout, done.stdout
+    done = _cli(f"{FILE}:Block")
+    assert done.returncode == 0 and "result: PASS" in done.stdout, done.stdout
+
+
+def test_the_conditions_come_in_an_order_the_block_cannot_foresee():
+    s = Subject(torch.nn.Identity(), 8, 4, longest=32)
+    first = conditions(s, torch.Generator().manual_seed(1))
+    second = conditions(s, torch.Generator().manual_seed(2))
+    assert sorted(map(repr, first)) == sorted(map(repr, second)) and first != second
+    assert {c.T for c in first} >= {1, 32} and {c.B for c in first} >= {1, 64}
+    assert {c.dtype for c in first} == {torch.float64, torch.float32}
+    assert {c.train for c in first} == {False, True}
+
+
+def test_a_head_that_repeats_another_and_the_values_no_role_read():
+    chosen = choose({"k": torch.zeros(8, 4), "unused": torch.zeros(3)}, 4, torch.Generator())
+    k = chosen["k"]
+    twice = torch.cat([k[:4], k[:4]])  # (8, 4): head 1 is head 0
+    assert trace({"k": [twice]}, chosen, torch.float64, {"k": 2}).repeats == (
+        "k's head 1 is its head 0's weights again",
+    )
+    traced = trace({"k": [k]}, chosen, torch.float64, {"k": 2})
+    assert traced.repeats == () and len(traced.used) == 32
+    masks = unread(chosen, traced.used, torch.float64)
+    assert list(masks) == ["unused"] and bool(masks["unused"].all())
+    assert sorted_values(chosen, torch.float64)[0].numel() == 35
