@@ -1,24 +1,23 @@
 """Semantics-preserving rewrites of any block, for the checker's tests (issue 28, item 5).
 
-The checker must read the same roles, verdict and diagnosis however the code is written. A
-rewrite here changes *how* a block computes without changing *what* it computes: the block's
-forward pass runs under a ``TorchFunctionMode`` that replaces chosen torch functions and tensor
-methods by an equivalent written another way (``F.linear`` by a 1x1 convolution on the
-channels-first tensor, ``a @ b`` by ``(b^T a^T)^T``, ``F.softmax`` by ``exp(x - max) / sum``...).
-The checker records the forward pass at the dispatch level, underneath, so it sees the rewritten
-operators exactly as if the learner had written them.
+A rewrite changes *how* a block computes, not *what*: its forward pass runs under a
+``TorchFunctionMode`` that replaces chosen torch calls by equivalents written another way
+(``F.linear`` by a 1x1 convolution on the channels-first tensor, ``a @ b`` by ``(b^T a^T)^T``,
+``F.softmax`` by ``exp(x - max) / sum``...). The checker records at the dispatch level,
+underneath, so it sees the rewritten operators as if the learner had written them.
 
 ``REWRITES`` names them; ``rewritten(cls, name)`` is ``cls`` with its forward pass rewritten (a
-subclass of the same name: built, copied and checked as ``cls`` is); ``rewrite_module(module,
-name)`` does it to a built block in place. ``Rewrite.applied`` counts the substitutions made, so a
-rewrite that finds nothing to rewrite in a block is told apart from one that changed it.
-``same_function`` proves a rewrite preserves the block: the same weights, float64, 1e-10.
+subclass of the same name); ``rewrite_module(module, name)`` rewrites a built block in place.
+``APPLIED`` counts the substitutions made (a rewrite that finds nothing to change is told
+apart); ``same_function`` proves a rewrite keeps the block (same weights, float64, 1e-10) and
+``same_backward`` that its backward pass fails exactly when the original's does.
 
 Shapes: B batch, T time, C channels, nh heads, hs head size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 
@@ -59,13 +58,11 @@ def _linear_parts(args, kwargs):
 
 
 class Rewrite(TorchFunctionMode):
-    """Replace some torch calls by equivalents; ``rewrite`` returns NotImplemented to keep one."""
+    """Replace some torch calls by equivalents: each subclass's ``rewrite(func, args, kwargs)``
+    returns the equivalent, or NotImplemented to keep the call."""
 
     name = ""
     doc = ""
-
-    def rewrite(self, func, args, kwargs):  # pragma: no cover - each rewrite overrides it
-        return NotImplemented
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -76,47 +73,37 @@ class Rewrite(TorchFunctionMode):
         return out
 
 
-class Conv1d(Rewrite):
+class ChannelsFirst(Rewrite):
+    """A linear layer computed on the channels-first (N, C, T) tensor by each subclass's
+    ``channels_first(xt, w, b)``."""
+
+    def rewrite(self, func, args, kwargs):
+        x, w, b = _linear_parts(args, kwargs) if func is F.linear else (None, None, None)
+        if x is None or x.dim() < 2:
+            return NotImplemented
+        xt, lead = _rows_first(x)
+        return _rows_last(self.channels_first(xt, w, b), lead)
+
+
+class Conv1d(ChannelsFirst):
     name, doc = "conv1d", "nn.Linear as a 1x1 Conv1d on the channels-first (B, C, T) tensor"
 
-    def rewrite(self, func, args, kwargs):
-        if func is not F.linear:
-            return NotImplemented
-        x, w, b = _linear_parts(args, kwargs)
-        if x.dim() < 2:
-            return NotImplemented
-        xt, lead = _rows_first(x)
-        return _rows_last(F.conv1d(xt, w[:, :, None], b), lead)
+    def channels_first(self, xt, w, b):
+        return F.conv1d(xt, w[:, :, None], b)
 
 
-class Conv2d(Rewrite):
+class Conv2d(ChannelsFirst):
     name, doc = "conv2d", "nn.Linear as a 1x1 Conv2d on a (B, C, 1, T) tensor"
 
-    def rewrite(self, func, args, kwargs):
-        if func is not F.linear:
-            return NotImplemented
-        x, w, b = _linear_parts(args, kwargs)
-        if x.dim() < 2:
-            return NotImplemented
-        xt, lead = _rows_first(x)
-        y = F.conv2d(xt.unsqueeze(2), w[:, :, None, None], b).squeeze(2)
-        return _rows_last(y, lead)
+    def channels_first(self, xt, w, b):
+        return F.conv2d(xt.unsqueeze(2), w[:, :, None, None], b).squeeze(2)
 
 
-class WeightLeft(Rewrite):
+class WeightLeft(ChannelsFirst):
     name, doc = "weight_left", "a linear layer as W @ x on channels-first x: (W x^T)^T + b"
 
-    def rewrite(self, func, args, kwargs):
-        if func is not F.linear:
-            return NotImplemented
-        x, w, b = _linear_parts(args, kwargs)
-        if x.dim() < 2:
-            return NotImplemented
-        xt, lead = _rows_first(x)
-        y = w @ xt
-        if b is not None:
-            y = y + b[:, None]
-        return _rows_last(y, lead)
+    def channels_first(self, xt, w, b):
+        return w @ xt if b is None else w @ xt + b[:, None]
 
 
 class Einsum(Rewrite):
@@ -384,18 +371,16 @@ def same_backward(original: nn.Module, name: str, C: int, T: int = 8, seed: int 
         return _backward_fails(a, x, seed) == _backward_fails(b, x, seed)
 
 
-class _float64:
+@contextlib.contextmanager
+def _float64():
     """Constants made in forward (``torch.full``) in float64 too, on one thread."""
-
-    def __enter__(self):
-        self.default = torch.get_default_dtype()
-        self.thread = one_thread()
-        self.thread.__enter__()
-        torch.set_default_dtype(torch.float64)
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self.default)
-        self.thread.__exit__(*exc)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with one_thread():
+            yield
+    finally:
+        torch.set_default_dtype(default)
 
 
 def _run(module: nn.Module, x: Tensor, seed: int):
