@@ -32,10 +32,13 @@ from typing import Any
 
 import torch
 
-from .provenance import nearest
+from .provenance import nearest, trace
+from .readings import Readings
+from .report import one_line, text
 from .steps import Parts, SubLayer, affine
+from .subject import Tested
 
-__all__ = ["NORM_KINDS", "NotPlain", "from_plain", "norm_function", "to_plain"]
+__all__ = ["NORM_KINDS", "NotPlain", "from_plain", "norm_function", "to_plain", "unpack_readings"]
 
 Tensor = torch.Tensor
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
@@ -300,3 +303,56 @@ def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) ->
     return Parts(
         C, D, qkv, linear["proj"], linear["fc1"], linear["fc2"], norms["ln1"], norms["ln2"]
     )
+
+
+_ROLES = ("q", "k", "v", "proj", "fc1", "fc2", "ln1")  # and ln2, when the block has one
+
+
+def unpack_readings(
+    meta: dict[str, Any],
+    tensors: dict[str, Tensor],
+    subject: Tested,
+    chosen: Mapping[str, Tensor],
+    notes: list[str],
+) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
+    """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
+    shapes, and that their weights are the values the checker chose (``provenance``); with
+    each reading's weights by role, in the order the comparison numbers the readings."""
+    C = subject.C
+    try:
+        notes += [text(n) for n in meta.get("notes", [])]
+        if "why" in meta:
+            return text(meta["why"])
+        x, heads, count = tensors["x"], tuple(meta["heads"]), int(meta["readings"])
+        shown = [text(d) for d in meta["describe"]]
+        parts = [from_plain(p, tensors, str(i), C) for i, p in enumerate(meta["parts"])]
+        if (
+            x.dim() != 3 or x.shape[-1] != C or not x.is_floating_point() or not parts
+            or len(shown) != len(parts) or not 0 <= count <= len(parts) or not heads
+            or not all(isinstance(h, int) and 1 <= h <= p.D for h in heads for p in parts)
+            or not bool(torch.isfinite(x).all())
+        ):  # fmt: skip
+            raise NotPlain("the readings do not fit together")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return f"the block's process sent readings that do not check ({one_line(e)})"
+    why = ""
+    kept: list[int] = []  # the readings made of the values chosen
+    read: list[dict[str, list[Tensor]]] = []  # each reading's weights by role
+    for i, part in enumerate(parts):
+        roles = _ROLES + (("ln2",) if part.ln2 is not None else ())
+        read.append({r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles})
+        why = trace(read[-1], chosen, subject.dtype).why
+        if not why:
+            kept.append(i)
+    if not kept:
+        return why
+    main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
+    rest = [i for i in kept if i not in main]
+    readings = Readings(
+        tuple(parts[i] for i in main),
+        tuple(parts[i] for i in rest),
+        heads,
+        x.to(torch.float64),
+        [shown[i] for i in main + rest].__getitem__,
+    )
+    return readings, [read[i] for i in main + rest]

@@ -386,11 +386,8 @@ def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, 
 
 def _take(module: nn.Module, key: Any) -> None:
     """Make ``module``'s ``forward`` return the ``key`` item of what its class's returns."""
-
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return type(self).forward(self, *args, **kwargs)[key]
-
-    module.forward = types.MethodType(forward, module)
+    forward = type(module).forward
+    module.forward = types.MethodType(lambda m, *a, **k: forward(m, *a, **k)[key], module)
 
 
 def _output(y: object) -> Tensor:

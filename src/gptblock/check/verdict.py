@@ -32,11 +32,11 @@ from .catalogue import MISTAKES
 from .conditions import hold
 from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_confirm import confirm as confirm_modern
-from .plain import NotPlain, from_plain
+from .plain import unpack_readings
 from .probes import PROBES, ProbeResult
 from .provenance import Traced, choose, trace
 from .readings import Readings
-from .report import CAUGHT, CheckReport, Finding, one_line, text
+from .report import CAUGHT, CheckReport, Finding, one_line
 from .search import TOLERANCE, Match, distance, explain
 from .steps import CANDIDATE_ACTIVATIONS, run_steps
 from .subject import Tested
@@ -45,7 +45,6 @@ from .variants import compose
 __all__ = ["EXPLAINS", "MAX_MISTAKES", "Progress", "Service", "decide"]
 
 Tensor = torch.Tensor
-_ROLES = ("q", "k", "v", "proj", "fc1", "fc2", "ln1")  # and ln2, when the block has one
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
 
 # A mistake found by the comparison that also causes a probe failure: the failure is not a
@@ -193,7 +192,7 @@ def decide(
         if dropout:
             notes.append(f"compared with every dropout of the block {dropout}")
         progress.stage("reading the weights from the forward pass")
-        unpacked = _unpack(*service.read(roles), subject, chosen, notes)
+        unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
         if isinstance(unpacked, str):
             notes.append(f"weights not read, black-box results only: {unpacked}")
             progress.stage("suggesting a --map")
@@ -248,56 +247,6 @@ def decide(
     return CheckReport(
         description, findings, diagnosis, details, notes, alternatives, compared, verify
     )
-
-
-def _unpack(
-    meta: dict[str, Any],
-    tensors: dict[str, Tensor],
-    subject: Tested,
-    chosen: Mapping[str, Tensor],
-    notes: list[str],
-) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
-    """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
-    shapes, and that their weights are the values the checker chose (``provenance``); with
-    each reading's weights by role, in the order the comparison numbers the readings."""
-    C = subject.C
-    try:
-        notes += [text(n) for n in meta.get("notes", [])]
-        if "why" in meta:
-            return text(meta["why"])
-        x, heads, count = tensors["x"], tuple(meta["heads"]), int(meta["readings"])
-        shown = [text(d) for d in meta["describe"]]
-        parts = [from_plain(p, tensors, str(i), C) for i, p in enumerate(meta["parts"])]
-        if (
-            x.dim() != 3 or x.shape[-1] != C or not x.is_floating_point() or not parts
-            or len(shown) != len(parts) or not 0 <= count <= len(parts) or not heads
-            or not all(isinstance(h, int) and 1 <= h <= p.D for h in heads for p in parts)
-            or not bool(torch.isfinite(x).all())
-        ):  # fmt: skip
-            raise NotPlain("the readings do not fit together")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        return f"the block's process sent readings that do not check ({one_line(e)})"
-    why = ""
-    kept: list[int] = []  # the readings made of the values chosen
-    read: list[dict[str, list[Tensor]]] = []  # each reading's weights by role
-    for i, part in enumerate(parts):
-        roles = _ROLES + (("ln2",) if part.ln2 is not None else ())
-        read.append({r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles})
-        why = trace(read[-1], chosen, subject.dtype).why
-        if not why:
-            kept.append(i)
-    if not kept:
-        return why
-    main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
-    rest = [i for i in kept if i not in main]
-    readings = Readings(
-        tuple(parts[i] for i in main),
-        tuple(parts[i] for i in rest),
-        heads,
-        x.to(torch.float64),
-        [shown[i] for i in main + rest].__getitem__,
-    )
-    return readings, [read[i] for i in main + rest]
 
 
 def _modern(service: Service, progress: Progress) -> dict[str, Any]:
