@@ -1,14 +1,17 @@
 """Checking blocks in a child process that only answers requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` starts ``gptblock.check.reaper``, which starts ``python -m
-gptblock.check.worker``: the child loads and builds the target (``FILE.py:NAME`` text, or a
-pickled class / factory / module) and then only answers requests (``gptblock.check.remote``):
-an output for an input, a backward pass's gradients, its parts read into numbers. Every check,
-the comparison with the lessons' block and the verdict are computed here, in a process that
-never runs the block's code and never unpickles anything the child sends (JSON and raw tensors,
-``gptblock.check.frames``); a comparison is confirmed on inputs from a seed the child never
-sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
+``check_isolated`` starts the supervisor (``gptblock.check.reaper``), which starts the worker
+(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
+no command line the block can read names the checker; the supervisor leaves this process's tree
+(it forks, its parent ends), and the child's environment has no variable of the checker's. The
+child loads and builds the target (``FILE.py:NAME`` text, or a pickled class / factory / module)
+and then only answers requests (``gptblock.check.remote``): an output for an input, a backward
+pass's gradients, one forward pass recorded (``gptblock.check.loop``), its cache driven. Every
+check, the reading of its weights (by replaying the recorded operators), the comparison and the
+verdict are computed here, in a process that never runs the block's code and never unpickles
+anything the child sends (JSON and raw tensors, ``gptblock.check.frames``); a comparison is
+confirmed on inputs from a seed the child never sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
 are drained by threads and only counted; the report is printed by the caller, after the child
 and everything it started are gone.
 
@@ -35,9 +38,11 @@ import contextlib
 import os
 import pickle
 import secrets
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -177,19 +182,22 @@ class _Child:
         self.from_fd, from_child = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # the same modules as here
-        worker = [sys.executable, "-m", "gptblock.check.worker", str(to_child), str(from_child)]
+        self.folder = tempfile.TemporaryDirectory()
+        supervisor, serve = _neutral_scripts(Path(self.folder.name))
+        worker = [sys.executable, str(serve), str(to_child), str(from_child)]
         passed = (to_child, from_child, out_w, err_w)
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(REAPER), str(out_w), str(err_w),
+            [sys.executable, "-I", "-S", str(supervisor), str(out_w), str(err_w),
              f"{to_child},{from_child}", "--", *worker],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err_w,
             pass_fds=passed,
-            env=env,
+            env=_environment(),
             start_new_session=True,  # its own process group, spared the terminal's ^C
         )  # fmt: skip
+        self.status: list[str] = []
+        self.eof = False
         for fd in passed:
             os.close(fd)
         self.outputs = [_Output("stdout"), _Output("stderr")]
@@ -236,13 +244,32 @@ class _Child:
             raise raised
         raise _Gone("broke the checker's protocol (an answer of no known kind)")
 
+    def _status(self, timeout: float) -> None:
+        """The supervisor's lines (``supervisor PID``, ``pid PID``, ``exit RC``) until it ends,
+        after closing its stdin (its signal to stop the worker and sweep)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        out = self.proc.stdout
+        if out is None or self.eof:
+            return
+        deadline = time.monotonic() + timeout
+        data = b""
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([out], [], [], left)[0]:
+                break
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                self.eof = True
+                break
+            data += chunk
+        self.status += data.decode(errors="replace").splitlines()
+
     def ended(self) -> str:
-        """How the worker ended, as its reaper saw it."""
-        status = ""
-        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
-            status = (self.proc.communicate(b"", timeout=10)[0] or b"").decode(errors="replace")
+        """How the worker ended, as its supervisor saw it."""
+        self._status(10)
         rc: int | None = None
-        for line in status.splitlines():
+        for line in self.status:
             if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
                 rc = int(line[5:])
         if rc is None:
@@ -258,15 +285,15 @@ class _Child:
         return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
 
     def close(self) -> None:
-        """Stop the worker and everything below it (the reaper sweeps), and the drains."""
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # the reaper's signal to kill and sweep
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # it hangs: the worker's session, at least
-            self.proc.kill()
-            self.proc.wait()
+        """Stop the worker and everything below it (the supervisor sweeps), and the drains."""
+        self._status(30)
+        if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
+            for line in self.status:
+                if line.startswith("supervisor ") and line[11:].isdigit():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(line[11:]), signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)  # (the first process: it ended at once)
         for fd in (self.to_fd, self.from_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -274,6 +301,36 @@ class _Child:
             t.join(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        self.folder.cleanup()
+
+
+_SERVE = "import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+
+
+def _neutral_scripts(folder: Path) -> tuple[Path, Path]:
+    """The supervisor (``reaper.py``, copied) and a script that runs the worker, under names
+    that say nothing of the checker: the command lines the block can read in ``/proc``."""
+    supervisor, serve = folder / "supervise.py", folder / "serve.py"
+    supervisor.write_bytes(REAPER.read_bytes())
+    serve.write_text(_SERVE.format(module=f"{__package__}.worker"))
+    return supervisor, serve
+
+
+_KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
+
+
+def _environment() -> dict[str, str]:
+    """The child's environment: the caller's, but nothing that names the checker (``GPTBLOCK_*``,
+    the shell's ``_``: the command it ran, pytest's ``PYTEST_*``, a value that names
+    gptblock); ``PYTHONPATH`` this process's path, so that the child imports the same torch
+    and modules."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"
+        and (k in _KEPT or "gptblock" not in v.lower())
+    }  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return env
 
 
 def _run_child(
@@ -332,8 +389,11 @@ def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -
     state.built(text(child.call("build")[0].get("description", ""), 400))
     state.stage("copying the block and calling it once to tell its width C")
     shape = child.call("width")[0]
-    C, T = shape.get("C"), shape.get("T")
-    if not (isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64):
+    C, T, longest = shape.get("C"), shape.get("T"), shape.get("longest")
+    if not (
+        isinstance(C, int) and isinstance(T, int) and 1 <= C <= 1 << 16 and 1 <= T <= 64
+        and isinstance(longest, int) and 1 <= longest <= 1 << 16
+    ):  # fmt: skip
         raise _Gone("broke the checker's protocol (a width that is not one)")
     state.stage("copying the block and calling it once")
     copy = child.call("copy")[0]
@@ -341,7 +401,7 @@ def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -
     try:
         if not isinstance(dtype, torch.dtype):
             raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
-        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")))
+        remote = Remote(child.call, C, T, dtype, str(copy.get("note", "")), longest)
     except ProtocolBroken as e:
         raise _Gone(f"broke the checker's protocol ({e})") from None
     fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these

@@ -34,18 +34,19 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .dataflow import Unread
-from .modern_cache import CacheProbe, probe_cache
+from .loop import drive_cache
+from .modern_cache import CacheProbe, judge_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
-from .modern_read import ModernRead, is_modern, read_modern
+from .modern_read import ModernRead, is_modern, read_modern_trace
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
 from .search import TOLERANCE
 from .steps import CORRECT, Steps
-from .trace import TraceError
+from .trace import Trace, TraceError, record
 from .variants import DEVIATIONS, Deviation
 
-__all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
+__all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
 Layer = Callable[[Tensor], Tensor]
@@ -228,11 +229,32 @@ def _pairing_label(rope: Rope) -> str:
     )
 
 
-def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+@dataclass(frozen=True)
+class Source:
+    """What the modern comparison asks of the block: a recorded forward pass (``trace_of``),
+    an output (``call``), its cache driven (``cache``, ``loop.drive_cache``'s answer). In this
+    process, of a module; in ``gptblock check``, requests to the block's process, whose
+    answers are data: every reading is made here, by replaying the traces."""
+
+    trace_of: Callable[[Tensor], Trace]
+    call: Callable[[Tensor], object]
+    cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Source:
+        return cls(
+            lambda x: record(module, x),
+            lambda x: module(x.clone()),
+            lambda x: drive_cache(module, x),
+        )
+
+
+def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
     """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
     block."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
     try:
-        read = read_modern(subject_module, x)
+        read = read_modern_trace(source.trace_of(x))
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:
@@ -302,7 +324,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
-        cache = _cache(subject_module, read, norms, mlp, attn[0])
+        cache = _cache(source, read, norms, mlp, attn[0])
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
@@ -367,7 +389,7 @@ def _sublayers(
     return attn, ffwd
 
 
-def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
+def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
     """The block's KV cache driven (``modern_cache``), for a block found right on whole
     sequences, pre-norm or in parallel."""
     ln1, ln2 = norms[0].function, norms[1].function
@@ -377,17 +399,21 @@ def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpR
 
     with torch.no_grad():
         xs = read.x.to(read.y.dtype)
-        return probe_cache(module, xs, relative_error, TOLERANCE, shifted if a.rope else None)
+        said, tensors = source.cache(xs)
+        return judge_cache(
+            said, tensors, xs, relative_error, TOLERANCE, shifted if a.rope else None
+        )
 
 
-def check_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+def check_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
     the lessons' reading (and its report of what it cannot read) takes over."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
     try:
         with torch.no_grad():
-            y = subject_module(x.clone())
+            y = source.call(x)
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        return compare_modern(subject_module, x)
+        return compare_modern(source, x)
     except CAUGHT:
         return None
