@@ -149,7 +149,7 @@ class Remote:
     def record(self, x: Tensor) -> Trace:
         """One forward pass on ``x``, recorded in the block's process (``loop.record``) and
         checked for form here: data to replay, never code."""
-        return from_plain(*self.call("record", {"x": x}))
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
 
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """The block's parts as numbers: read here from traces the block's process recorded

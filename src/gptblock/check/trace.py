@@ -175,26 +175,26 @@ def _operator(name: object) -> Any:
     return func
 
 
-def _decode(a: object, nodes: int) -> object:
+def _decode(a: object, nodes: int, device: torch.device | None = None) -> object:
     """A recorded argument (``loop.encode``'s JSON) back as the operator takes it."""
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, list):
-        return [_decode(b, nodes) for b in a]
+        return [_decode(b, nodes, device) for b in a]
     if not isinstance(a, dict) or len(a) != 1:
         raise TraceError("an operator's argument of no known form")
     ((key, value),) = a.items()
     if key == "r" and isinstance(value, int) and 0 <= value < nodes:
         return _Ref(value)
     if key == "tuple" and isinstance(value, list):
-        return tuple(_decode(b, nodes) for b in value)
+        return tuple(_decode(b, nodes, device) for b in value)
     if key == "dict" and isinstance(value, dict):
-        return {str(k): _decode(v, nodes) for k, v in value.items()}
+        return {str(k): _decode(v, nodes, device) for k, v in value.items()}
     if key == "complex" and isinstance(value, list) and len(value) == 2:
         return complex(float(value[0]), float(value[1]))
     if key == "device" and isinstance(value, str):
         try:
-            return torch.device(value)
+            return device if device is not None else torch.device(value)
         except RuntimeError:
             raise TraceError(f"a device {value[:40]!r}") from None
     if key in _ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
@@ -212,9 +212,12 @@ def _ints(value: object) -> list[int]:
     return value
 
 
-def from_plain(meta: dict[str, Any], tensors: Mapping[str, Tensor]) -> Trace:
+def from_plain(
+    meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
+) -> Trace:
     """A ``Trace`` from what ``loop.record`` sent, checked for form: every node a tensor, every
-    reference to a node that exists, every operator torch's own.
+    reference to a node that exists, every operator torch's own; with ``device``, the values
+    and every device argument moved there (a trace recorded on a GPU, replayed here).
 
     Raises:
         TraceError: the block raised while traced, returned no tensor, or what came is not a
@@ -236,6 +239,8 @@ def from_plain(meta: dict[str, Any], tensors: Mapping[str, Tensor]) -> Trace:
                 raise TraceError(f"node {i} without its value")
             if i in complex_nodes:
                 value = torch.view_as_complex(value.contiguous())
+            if device is not None:
+                value = value.to(device)
             nodes.append(Node(i, row[0], value, row[1] is True, str(row[2])[:300]))
         n = len(nodes)
         ops: list[Op] = []
@@ -252,8 +257,8 @@ def from_plain(meta: dict[str, Any], tensors: Mapping[str, Tensor]) -> Trace:
                 Op(
                     index,
                     _operator(o["func"]),
-                    tuple(_decode(a, n) for a in args),
-                    {str(k): _decode(v, n) for k, v in kwargs.items()},
+                    tuple(_decode(a, n, device) for a in args),
+                    {str(k): _decode(v, n, device) for k, v in kwargs.items()},
                     inputs,
                     outputs,
                     str(o["module"])[:300],
@@ -264,6 +269,8 @@ def from_plain(meta: dict[str, Any], tensors: Mapping[str, Tensor]) -> Trace:
         calls = []
         for c in meta["calls"]:
             name, first, end, ins, outs = c
+            if end == -1:
+                continue  # a module whose call raised inside the block (which caught it)
             if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
                 raise TraceError("a module call that is not one")
             ins, outs = _ints(ins), _ints(outs)
