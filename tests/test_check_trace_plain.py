@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from gptblock import lesson
-from gptblock.check import isolation, loop
+from gptblock.check import child, loop
 from gptblock.check.modern_cache import judge_cache
 from gptblock.check.trace import TraceError, from_plain, rerun
 
@@ -83,6 +83,6 @@ def test_the_childs_environment_names_no_checker(monkeypatch):
     monkeypatch.setenv("_", "/usr/local/bin/gptblock")
     monkeypatch.setenv("LEARNER_NOTE", "run by gptblock check")
     monkeypatch.setenv("PATH", "/opt/gptblock/bin:/usr/bin")
-    env = isolation._environment()
+    env = child.environment()
     assert not {"GPTBLOCK_SEEN", "_", "LEARNER_NOTE"} & set(env)
     assert env["PATH"] == "/opt/gptblock/bin:/usr/bin"  # torch needs it: kept

@@ -16,7 +16,8 @@ Which file owns what:
   replayed with chosen tensors replaced, or between two of them: torch's operators, never the
   block's code, so it runs wherever the trace is; ``loop`` -- the recorder itself (a
   ``TorchDispatchMode``), ``NoDropout`` and the cache driver, as plain data: standard library
-  and torch only, for the process that runs the block.
+  and torch only, for the process that runs the block; ``decode`` -- a recorded argument and
+  operator read back (torch's own operators only), and ``TraceError``.
 * ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
   role reads or writes it; ``dataflow`` -- the roles (q, k, v, proj, fc1, fc2) from what the
   tensors do; ``norms`` -- the norms, from what they compute.
@@ -53,18 +54,19 @@ Which file owns what:
 * ``isolation`` -- ``check_isolated``: the block in a child process (``worker``) that only
   answers requests, every check and reading computed here from its traces (``remote``: the
   block's answers, as claims;
-  ``frames``: JSON and raw tensors, never pickle), with a timeout; ``reaper``: the supervisor
-  that kills the child's whole process tree (a standalone script).
+  ``frames``: JSON and raw tensors, never pickle), with a timeout; ``child``: starting, asking
+  and stopping that process, under names and an environment that do not name the checker;
+  ``reaper``: the supervisor that kills the child's whole process tree (a standalone script).
 * ``worker`` -- that child: loads and builds the block, then answers requests.
 
 Imports point one way: each layer below uses only the layers before it (and within a layer, as
 said), and nothing imports ``gptblock.cli``:
 
-1. ``catalogue``, ``steps``, ``vocabulary`` and ``loop`` use nothing of gptblock;
+1. ``catalogue``, ``steps``, ``vocabulary``, ``loop`` and ``decode`` use nothing of gptblock;
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
    ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
-   ``trace`` also ``loop``; ``build`` uses ``arguments``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
+   ``trace`` also ``loop`` and ``decode``; ``build`` uses ``arguments``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
    ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
@@ -74,7 +76,7 @@ said), and nothing imports ``gptblock.cli``:
 4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;
    ``remote`` uses ``subject``, ``readings``, ``modern``, ``served`` and ``trace``; ``isolation``
-   uses ``frames``, ``remote``, ``verdict``, ``reaper``
+   uses ``child`` (which uses ``frames``, ``report`` and ``reaper``), ``remote``, ``verdict``, ``reaper``
    (its ``prctl``) and ``target`` (only to validate a spec: it never imports the user's code);
 5. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
    ``fused``); ``worker`` uses ``served``, ``frames``, ``loop`` and ``target``.

@@ -34,8 +34,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .dataflow import Unread
-from .loop import drive_cache
-from .modern_cache import CacheProbe, judge_cache
+from .modern_cache import CacheProbe, Source, judge_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
 from .modern_read import ModernRead, is_modern, read_modern_trace
@@ -43,7 +42,7 @@ from .modern_steps import NORM_FORMS, Modern, Rope, attention
 from .report import CAUGHT, Finding
 from .search import TOLERANCE
 from .steps import CORRECT, Steps
-from .trace import Trace, TraceError, record
+from .trace import TraceError
 from .variants import DEVIATIONS, Deviation
 
 __all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
@@ -227,26 +226,6 @@ def _pairing_label(rope: Rope) -> str:
         f"for {conv[other]} ({table[other]} instead of {table[rope.pairing]}): each pair is "
         "turned by two different angles"
     )
-
-
-@dataclass(frozen=True)
-class Source:
-    """What the modern comparison asks of the block: a recorded forward pass (``trace_of``),
-    an output (``call``), its cache driven (``cache``, ``loop.drive_cache``'s answer). In this
-    process, of a module; in ``gptblock check``, requests to the block's process, whose
-    answers are data: every reading is made here, by replaying the traces."""
-
-    trace_of: Callable[[Tensor], Trace]
-    call: Callable[[Tensor], object]
-    cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
-
-    @classmethod
-    def of(cls, module: nn.Module) -> Source:
-        return cls(
-            lambda x: record(module, x),
-            lambda x: module(x.clone()),
-            lambda x: drive_cache(module, x),
-        )
 
 
 def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:

@@ -18,7 +18,10 @@ the step's output with the whole sequence's last position:
 A step that differs from the whole sequence is named ``rope_cache_offset`` when it is the
 modern block's output with the step's q and k rotated as position 0 (computed by the caller's
 ``shifted``, the block rebuilt from the parts read); otherwise the report says so in a note.
-A block with none of these arguments is "not probed: no cache API recognised".
+A block with none of these arguments is "not probed: no cache API recognised". The drive
+runs where the block runs (``loop.drive_cache``) and answers data, judged here
+(``judge_cache``); ``Source`` is what the modern comparison asks of a block, in this process or
+in the block's.
 
 Shapes: B batch, T time, C channels.
 """
@@ -34,9 +37,16 @@ import torch.nn as nn
 
 from .loop import CACHE_APIS, NotCached, cache_api, cached_last, drive_cache
 from .report import text
+from .trace import Trace, record
 
 __all__ = [
-    "CACHE_APIS", "CacheProbe", "NotCached", "cache_api", "cached_last", "judge_cache",
+    "CACHE_APIS",
+    "CacheProbe",
+    "NotCached",
+    "Source",
+    "cache_api",
+    "cached_last",
+    "judge_cache",
     "probe_cache",
 ]  # fmt: skip
 
@@ -119,3 +129,23 @@ def judge_cache(
         f"{said_} differs from the whole sequence's last position (by {far:.2g} of its scale) "
         "in a way not identified (not counted in the verdict)"
     )
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the modern comparison asks of the block: a recorded forward pass (``trace_of``),
+    an output (``call``), its cache driven (``cache``, ``loop.drive_cache``'s answer). In this
+    process, of a module; in ``gptblock check``, requests to the block's process, whose
+    answers are data: every reading is made here, by replaying the traces."""
+
+    trace_of: Callable[[Tensor], Trace]
+    call: Callable[[Tensor], object]
+    cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Source:
+        return cls(
+            lambda x: record(module, x),
+            lambda x: module(x.clone()),
+            lambda x: drive_cache(module, x),
+        )

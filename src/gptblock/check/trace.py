@@ -22,7 +22,6 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -33,6 +32,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import loop
+from .decode import Opaque, Ref, TraceError, decode, ints, operator
 from .loop import INPUT, LEAF, NoDropout
 from .report import CAUGHT
 
@@ -42,10 +42,6 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
-
-
-class TraceError(Exception):
-    """The forward pass cannot be recorded or re-run as recorded; the message says why."""
 
 
 @dataclass
@@ -71,20 +67,13 @@ class Node:
         return tuple(self.value.shape)
 
 
-@dataclass(frozen=True)
-class _Ref:
-    """A node in an operator's recorded arguments."""
-
-    node: int
-
-
 @dataclass
 class Op:
     """One ATen operator call: what it is, what it read and made, inside which module."""
 
     index: int
     func: Any  # torch._ops.OpOverload
-    args: tuple[Any, ...]  # tensors replaced by _Ref
+    args: tuple[Any, ...]  # tensors replaced by Ref
     kwargs: dict[str, Any]
     inputs: list[int]  # node ids of its tensor arguments, in order
     outputs: list[int]  # node ids of the tensors it returned, in order
@@ -145,73 +134,6 @@ class Trace:
         return seen
 
 
-class _Opaque:
-    """An argument recorded without its value (a generator, say): an operator that takes one
-    cannot be re-executed."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
-
-
-def _operator(name: object) -> Any:
-    """torch's own operator named ``namespace::name.overload``: found in torch's registry,
-    never anything the block defined in the checker's process."""
-    if not isinstance(name, str) or "::" not in name:
-        raise TraceError(f"an operator named {str(name)[:80]!r}")
-    ns, _, rest = name.partition("::")
-    op, _, overload = rest.rpartition(".")
-    if not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
-        raise TraceError(f"an operator named {name[:80]!r}")
-    try:
-        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
-    except (AttributeError, RuntimeError):
-        raise TraceError(f"an operator the checker does not have: {name[:80]}") from None
-    if not isinstance(func, torch._ops.OpOverload):
-        raise TraceError(f"an operator named {name[:80]!r}")
-    return func
-
-
-def _decode(a: object, nodes: int, device: torch.device | None = None) -> object:
-    """A recorded argument (``loop.encode``'s JSON) back as the operator takes it."""
-    if a is None or isinstance(a, (bool, int, float, str)):
-        return a
-    if isinstance(a, list):
-        return [_decode(b, nodes, device) for b in a]
-    if not isinstance(a, dict) or len(a) != 1:
-        raise TraceError("an operator's argument of no known form")
-    ((key, value),) = a.items()
-    if key == "r" and isinstance(value, int) and 0 <= value < nodes:
-        return _Ref(value)
-    if key == "tuple" and isinstance(value, list):
-        return tuple(_decode(b, nodes, device) for b in value)
-    if key == "dict" and isinstance(value, dict):
-        return {str(k): _decode(v, nodes, device) for k, v in value.items()}
-    if key == "complex" and isinstance(value, list) and len(value) == 2:
-        return complex(float(value[0]), float(value[1]))
-    if key == "device" and isinstance(value, str):
-        try:
-            return device if device is not None else torch.device(value)
-        except RuntimeError:
-            raise TraceError(f"a device {value[:40]!r}") from None
-    if key in _ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
-        found = getattr(torch, value, None)
-        if isinstance(found, _ENUMS[key]):
-            return found
-    if key == "opaque":
-        return _Opaque(str(value)[:40])
-    raise TraceError("an operator's argument of no known form")
-
-
-def _ints(value: object) -> list[int]:
-    if not isinstance(value, list) or not all(type(n) is int for n in value):
-        raise TraceError("a list of nodes that is not one")
-    return value
-
-
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
@@ -229,7 +151,7 @@ def from_plain(
         rows = meta["nodes"]
         if not isinstance(rows, list):
             raise TraceError("nodes that are not a list")
-        complex_nodes = set(_ints(meta.get("complex", [])))
+        complex_nodes = set(ints(meta.get("complex", [])))
         nodes: list[Node] = []
         for i, row in enumerate(rows):
             if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
@@ -248,7 +170,7 @@ def from_plain(
             args, kwargs = o["args"], o["kwargs"]
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise TraceError("an operator's arguments that are not a list and a dict")
-            inputs, outputs = _ints(o["inputs"]), _ints(o["outputs"])
+            inputs, outputs = ints(o["inputs"]), ints(o["outputs"])
             if not all(0 <= i < n for i in inputs) or not all(
                 0 <= i < n and nodes[i].op == index for i in outputs
             ):
@@ -256,9 +178,9 @@ def from_plain(
             ops.append(
                 Op(
                     index,
-                    _operator(o["func"]),
-                    tuple(_decode(a, n, device) for a in args),
-                    {str(k): _decode(v, n, device) for k, v in kwargs.items()},
+                    operator(o["func"]),
+                    tuple(decode(a, n, device) for a in args),
+                    {str(k): decode(v, n, device) for k, v in kwargs.items()},
                     inputs,
                     outputs,
                     str(o["module"])[:300],
@@ -273,7 +195,7 @@ def from_plain(
                 continue  # a module whose call raised inside the block (which caught it)
             if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
                 raise TraceError("a module call that is not one")
-            ins, outs = _ints(ins), _ints(outs)
+            ins, outs = ints(ins), ints(outs)
             if not all(0 <= i < n for i in ins + outs):
                 raise TraceError("a module call on nodes that do not exist")
             calls.append((str(name)[:300], first, end, ins, outs))
@@ -282,7 +204,7 @@ def from_plain(
             raise TraceError("the block returned no tensor made in its forward pass")
         if not (type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n):
             raise TraceError("an input or output node that does not exist")
-        parameters = {str(k): tuple(_ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
+        parameters = {str(k): tuple(ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
         modules = [str(m) for m in meta.get("modules", [])]
         grad = meta.get("grad") is not False
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -323,9 +245,9 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
     env: dict[int, Tensor] = {}
 
     def value(a: object) -> object:
-        if isinstance(a, _Opaque):
+        if isinstance(a, Opaque):
             raise TraceError(f"an operator that takes a {a.kind} cannot be replayed")
-        if not isinstance(a, _Ref):
+        if not isinstance(a, Ref):
             return a
         if a.node not in env:  # a leaf (or the input): a copy, which in-place operators may change
             given = put.get(a.node)
@@ -354,7 +276,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
     except CAUGHT as e:
         raise TraceError(f"the replay raised {type(e).__name__}: {e}"[:300]) from e
     for n in wanted - set(got):
-        got[n] = cast(Tensor, value(_Ref(n))).detach().clone()
+        got[n] = cast(Tensor, value(Ref(n))).detach().clone()
     return got
 
 
@@ -397,7 +319,7 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
         env = {source: h}
 
         def value(a: object) -> object:
-            if isinstance(a, _Ref):
+            if isinstance(a, Ref):
                 return env.get(a.node, trace.nodes[a.node].value)
             return a
 
