@@ -25,7 +25,7 @@ FORGED = "FORGED-VERDICT"
 
 BLOCKS = textwrap.dedent(
     f'''
-    import atexit, gc, json, math, os, sys, time
+    import atexit, copy, gc, json, math, os, sys, time
     import torch, torch.nn as nn
     from torch.nn import functional as F
 
@@ -157,22 +157,26 @@ BLOCKS = textwrap.dedent(
             torch.Tensor.__eq__ = lambda a, b: torch.ones_like(a, dtype=torch.bool)
 
 
+    def _forge_traces(forge):
+        """Have the child's recorder send ``forge(honest, module, x)`` for each trace: the
+        weights are read in the checker's process from the traces the block's process sends."""
+        main = sys.modules["__main__"]  # the request loop
+        honest = getattr(main, "honest_record", main.record)  # built again at other sizes:
+        main.honest_record = honest  # forge the honest recorder's traces, not the last forgery's
+        main.record = lambda module, x, **kwargs: forge(
+            lambda m, y: honest(m, y, **kwargs), module, x
+        )
+
+
     class ForgesItsWeights(NoScale):
-        """Trick 6: readings of another block (the lessons' own, freshly built) sent as its own."""
+        """Trick 6: traces of another block (the lessons' own, freshly built) sent as its own."""
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
             from gptblock import lesson
-            from gptblock.check import served, subject
 
-            honest = served.Served.read
-            other = served.Served(lesson.Block(n_embd, n_head, 16, dropout=0.0), {{}})
-            other.width(), other.copy()
-
-            def read(self, roles):
-                return honest(other, roles)
-
-            served.Served.read = read
+            other = lesson.Block(n_embd, n_head, 16, dropout=0.0).double().eval()
+            _forge_traces(lambda honest, module, x: honest(other, x))
 
 
     class WithholdsItsWeights(NoScale):
@@ -182,29 +186,28 @@ BLOCKS = textwrap.dedent(
             super().__init__(n_embd, n_head)
             from gptblock.check import served
 
+            _forge_traces(lambda honest, module, x: ({{"error": FORGED}}, {{}}))
             served.Served.read = lambda self, roles: ({{"why": FORGED, "notes": []}}, {{}})
             served.Served.suggest = lambda self: "result: PASS " + FORGED
 
 
     class RescalesItsWeights(NoScale):
-        """Trick 8: q's weights sent times sqrt(hs), with which the lessons' block computes exactly
-        what this one does: PASS, were the weights it reports not checked against the values the
-        checker gave it."""
+        """Trick 8: traces of itself with q's weights times sqrt(hs), with which the lessons'
+        block computes exactly what this one does: PASS, were the weights read not checked
+        against the values the checker gave it."""
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            from gptblock.check import served
+            root = math.sqrt(n_embd // n_head)
 
-            honest, root = served.Served.read, math.sqrt(n_embd // n_head)
+            def forge(honest, module, x):
+                other = copy.deepcopy(module)
+                with torch.no_grad():
+                    other.qkv.weight[:n_embd] *= root
+                    other.qkv.bias[:n_embd] *= root
+                return honest(other, x)
 
-            def read(self, roles):
-                meta, tensors = honest(self, roles)
-                for name in tensors:
-                    if name.endswith((".q.weight", ".q.bias")):
-                        tensors[name] = tensors[name] * root
-                return meta, tensors
-
-            served.Served.read = read
+            _forge_traces(forge)
 
 
     class OneNorm(NoScale):
@@ -222,23 +225,22 @@ BLOCKS = textwrap.dedent(
 
 
     class CopiesItsNorm(OneNorm):
-        """Trick 9: ln1's weights sent again as ln2's, so that the block reads as having two."""
+        """Trick 9: traces of itself with a copy of ln1 as ln2 before the MLP, so that the block
+        reads as having two norms."""
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            from gptblock.check import served
 
-            honest = served.Served.read
+            class TwoNorms(NoScale):
+                scaled = True
 
-            def read(self, roles):
-                meta, tensors = honest(self, roles)
-                for i, part in enumerate(meta.get("parts", [])):
-                    part["ln2"] = part["ln1"]
-                    for p in ("weight", "bias"):
-                        tensors[f"{{i}}.ln2.{{p}}"] = tensors[f"{{i}}.ln1.{{p}}"].clone()
-                return meta, tensors
+            def forge(honest, module, x):
+                other = copy.deepcopy(module)
+                other.ln2 = copy.deepcopy(other.ln1)
+                other.__class__ = TwoNorms
+                return honest(other, x)
 
-            served.Served.read = read
+            _forge_traces(forge)
 
 
     class SendsBadTensors(NoScale):

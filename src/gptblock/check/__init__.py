@@ -16,8 +16,12 @@ Which file owns what:
   fresh input and returns a copy of the output; a call in float32 runs a float32 copy, and a
   ``train`` call runs it in train mode with every dropout off.
 * ``probes`` -- black-box probes that need nothing but a module mapping (B, T, C) to (B, T, C).
-* ``trace`` -- one forward pass recorded operator by operator (a ``TorchDispatchMode``), re-run
-  with chosen tensors replaced, or replayed between two of them; ``NoDropout``.
+* ``trace`` -- one forward pass recorded operator by operator (``loop``'s, read back checked),
+  replayed with chosen tensors replaced, or between two of them: torch's operators, never the
+  block's code, so it runs wherever the trace is; ``loop`` -- the recorder itself (a
+  ``TorchDispatchMode``), ``NoDropout`` and the cache driver, as plain data: standard library
+  and torch only, for the process that runs the block; ``decode`` -- a recorded argument and
+  operator read back (torch's own operators only), and ``TraceError``.
 * ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
   role reads or writes it; ``dataflow`` -- the roles (q, k, v, proj, fc1, fc2) from what the
   tensors do; ``norms`` -- the norms, from what they compute.
@@ -45,7 +49,8 @@ Which file owns what:
   ``package.module:NAME`` and its ``NAME=VALUE`` arguments. The only module that imports the
   user's code.
 * ``served`` -- ``Served``: the block where it runs, answering the checker's requests (its width,
-  outputs, gradients, parameters, its parts read into numbers) as plain data.
+  outputs, gradients, parameters, its parts read into numbers) as plain data;
+  ``plain_readings`` and ``modern_answer``, the readings and the modern outcome as that data.
 * ``plain`` -- a reading's sub-layers as numbers (linear weights and biases, the kind, eps, gain
   and bias of each norm), and back as ``Parts`` whose shapes are checked.
 * ``provenance`` -- the parameter values the checker gives the block, and the check that the
@@ -55,21 +60,24 @@ Which file owns what:
   ``accounting`` -- every parameter acts and each head's weights are its own
   (``unused_parameters``).
 * ``isolation`` -- ``check_isolated``: the block in a child process (``worker``) that only
-  answers requests, every check computed here (``remote``: the block's answers, as claims;
-  ``frames``: JSON and raw tensors, never pickle), with a timeout; ``reaper``: the supervisor
-  that kills the child's whole process tree (a standalone script).
+  answers requests, every check and reading computed here from its traces (``remote``: the
+  block's answers, as claims; ``frames``: JSON and raw tensors, never pickle), with a timeout;
+  ``child``: starting, asking and stopping that process, under names and an environment that do
+  not name the checker; ``reaper``: the supervisor that kills the child's whole process tree (a
+  standalone script).
 * ``worker`` -- that child: loads and builds the block (at the file's sizes, then at others),
   then answers requests; ``sized`` -- the checker's side of that: both sizes, one report.
 
 Imports point one way: each layer below uses only the layers before it (and within a layer, as
 said), and nothing imports ``gptblock.cli``:
 
-1. ``catalogue``, ``steps`` and ``vocabulary`` use nothing of gptblock;
+1. ``catalogue``, ``steps``, ``vocabulary``, ``loop`` and ``decode`` use nothing of gptblock;
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
    ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
-   ``sizes`` and ``raised`` use ``report``; ``arguments`` uses ``sizes``; ``build`` uses
-   ``arguments``, ``sizes``, ``raised`` and ``subject``; ``probes`` uses ``subject``; ``walks`` uses ``trace``,
+   ``sizes`` and ``raised`` use ``report``; ``arguments`` uses ``sizes``; ``trace`` also
+   ``loop`` and ``decode``; ``build`` uses ``arguments``, ``sizes``, ``raised`` and ``subject``;
+   ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
    ``linears``, ``given`` uses ``parts`` and ``mapping``, ``suggest`` and ``readings`` use
@@ -80,11 +88,12 @@ said), and nothing imports ``gptblock.cli``:
    ``reaper`` uses nothing but the standard library (it runs as a script);
 4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;
-   ``remote`` uses ``subject``; ``isolation`` uses ``frames``, ``remote``, ``verdict``, ``reaper``
-   (its ``prctl``), ``sized`` (the check at two sizes, through ``remote`` and ``verdict``) and
-   ``target`` (only to validate a spec: it never imports the user's code);
+   ``remote`` uses ``subject``, ``readings``, ``modern``, ``served`` and ``trace``; ``isolation``
+   uses ``child`` (which uses ``frames``, ``report`` and ``reaper``), ``remote``, ``verdict``,
+   ``reaper`` (its ``prctl``), ``sized`` (the check at two sizes, through ``remote`` and
+   ``verdict``) and ``target`` (only to validate a spec: it never imports the user's code);
 5. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
-   ``fused``); ``worker`` uses ``served``, ``frames`` and ``target``.
+   ``fused``); ``worker`` uses ``served``, ``frames``, ``loop`` and ``target``.
 
 Shapes: B batch, T time, C channels.
 """

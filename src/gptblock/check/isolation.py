@@ -1,14 +1,17 @@
 """Checking blocks in a child process that only answers requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` starts ``gptblock.check.reaper``, which starts ``python -m
-gptblock.check.worker``: the child loads and builds the target (``FILE.py:NAME`` text, or a
-pickled class / factory / module) and then only answers requests (``gptblock.check.remote``):
-an output for an input, a backward pass's gradients, its parts read into numbers. Every check,
-the comparison with the lessons' block and the verdict are computed here, in a process that
-never runs the block's code and never unpickles anything the child sends (JSON and raw tensors,
-``gptblock.check.frames``); a comparison is confirmed on inputs from a seed the child never
-sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
+``check_isolated`` starts the supervisor (``gptblock.check.reaper``), which starts the worker
+(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
+no command line the block can read names the checker; the supervisor leaves this process's tree
+(it forks, its parent ends), and the child's environment has no variable of the checker's. The
+child loads and builds the target (``FILE.py:NAME`` text, or a pickled class / factory / module)
+and then only answers requests (``gptblock.check.remote``): an output for an input, a backward
+pass's gradients, one forward pass recorded (``gptblock.check.loop``), its cache driven. Every
+check, the reading of its weights (by replaying the recorded operators), the comparison and the
+verdict are computed here, in a process that never runs the block's code and never unpickles
+anything the child sends (JSON and raw tensors, ``gptblock.check.frames``); a comparison is
+confirmed on inputs from a seed the child never sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
 are drained by threads and only counted; the report is printed by the caller, after the child
 and everything it started are gone.
 
@@ -31,26 +34,18 @@ a container or as another user.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
 import secrets
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import IO, Any
 
 import torch
 
 from .. import errors
-from .frames import Reader, send
+from .child import STARTUP_LIMIT, Child, Gone, undumpable
 from .remote import ProtocolBroken
-from .report import CAUGHT, CheckReport, Finding, Raised, one_line, text
+from .report import CAUGHT, CheckReport, Finding, Raised, one_line
 from .sized import at_two_sizes
 from .subject import one_thread
 from .target import check_spec
@@ -59,39 +54,6 @@ __all__ = ["DEFAULT_TIMEOUT", "STARTUP_LIMIT", "check_isolated"]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a block may take to load, build and be checked (a check takes well under one)."""
-STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
-KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
-REAPER = Path(__file__).with_name("reaper.py")
-
-
-class _Gone(BaseException):  # not an Exception: the probes must not catch it
-    """The child stopped answering: it ended, hung past the deadline or broke the protocol."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
-
-
-@dataclass
-class _Output:
-    """One of the child's stdout / stderr: counted, its start kept, the rest dropped."""
-
-    name: str
-    size: int = 0
-    lines: int = 0
-    head: bytearray = field(default_factory=bytearray)
-
-    def drain(self, stream: IO[bytes]) -> None:
-        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
-            self.size += len(chunk)
-            self.lines += chunk.count(b"\n")
-            if len(self.head) < KEEP:
-                self.head += chunk[: KEEP - len(self.head)]
-
-    def describe(self) -> str:
-        first = self.head.decode("utf-8", "replace").strip().splitlines()
-        shown = f", the first: {first[0][:120]!r}" if first else ""
-        return f"{self.size:,} bytes ({self.lines:,} lines) to {self.name}{shown}"
 
 
 @dataclass
@@ -140,7 +102,7 @@ def check_isolated(
     sent = [t if isinstance(t, str) else _pickled(t) for t in targets]
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     reports: list[CheckReport] = []
-    with _undumpable(), one_thread():
+    with undumpable(), one_thread():
         while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
             first = last = len(reports)
             while last < len(sent) and _source(sent[last]) == _source(sent[first]):
@@ -152,128 +114,6 @@ def check_isolated(
 def _source(target: str | bytes) -> str:
     """Where a target's code comes from: its file or module, or "" for a pickled object."""
     return target.rpartition(":")[0] if isinstance(target, str) else ""
-
-
-@contextlib.contextmanager
-def _undumpable() -> Iterator[None]:
-    """This process not dumpable while the child runs: a process without ``CAP_SYS_PTRACE``
-    (the child) cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
-    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
-
-    before = prctl(PR_GET_DUMPABLE)
-    changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
-    try:
-        yield
-    finally:
-        if changed:
-            prctl(PR_SET_DUMPABLE, before)
-
-
-class _Child:
-    """The reaper and the worker below it, the pipes to them, and their drained output."""
-
-    def __init__(self, request: bytes) -> None:
-        to_child, self.to_fd = os.pipe()
-        self.from_fd, from_child = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # the same modules as here
-        worker = [sys.executable, "-m", "gptblock.check.worker", str(to_child), str(from_child)]
-        passed = (to_child, from_child, out_w, err_w)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(REAPER), str(out_w), str(err_w),
-             f"{to_child},{from_child}", "--", *worker],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err_w,
-            pass_fds=passed,
-            env=env,
-            start_new_session=True,  # its own process group, spared the terminal's ^C
-        )  # fmt: skip
-        for fd in passed:
-            os.close(fd)
-        self.outputs = [_Output("stdout"), _Output("stderr")]
-        self.threads = [
-            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
-            for o, fd in zip(self.outputs, (out_r, err_r), strict=True)
-        ]
-        for t in self.threads:
-            t.start()
-        self.reader, self.id = Reader(self.from_fd), 0
-        self.deadline = time.monotonic() + STARTUP_LIMIT
-        send(self.to_fd, {"init": request.hex()})
-
-    def call(
-        self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
-        self.id += 1
-        with contextlib.suppress(BrokenPipeError):  # it died: reading says how
-            send(self.to_fd, {"id": self.id, "op": op, **args}, tensors)
-        return self.answer(self.id)
-
-    def answer(self, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        try:
-            header, tensors = self.reader.next(self.deadline)
-        except TimeoutError:
-            raise _Gone("timeout") from None
-        except EOFError:
-            raise _Gone(self.ended()) from None
-        except ValueError as e:
-            raise _Gone(f"broke the checker's protocol ({one_line(e)})") from None
-        if header.get("id") != wanted:
-            raise _Gone("broke the checker's protocol (an answer to no request)")
-        if "ok" in header and isinstance(header["ok"], dict):
-            return header["ok"], tensors
-        if "user_error" in header:
-            cls = getattr(errors, str(header["user_error"]), errors.UserValueError)
-            if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
-                cls = errors.UserValueError
-            raise cls(text(header.get("message", ""), 2000))
-        if "raised" in header:
-            raised = Raised(text(header["raised"], 400))
-            raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
-            raise raised
-        raise _Gone("broke the checker's protocol (an answer of no known kind)")
-
-    def ended(self) -> str:
-        """How the worker ended, as its reaper saw it."""
-        status = ""
-        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
-            status = (self.proc.communicate(b"", timeout=10)[0] or b"").decode(errors="replace")
-        rc: int | None = None
-        for line in status.splitlines():
-            if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
-                rc = int(line[5:])
-        if rc is None:
-            return "ended without a word from its reaper"
-        if rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
-            why = {
-                "SIGSEGV": " (a crash in native code)",
-                "SIGKILL": " (out of memory?)",
-                "SIGINT": " (a KeyboardInterrupt raised in the block)",
-            }
-            return f"was killed by {name}{why.get(name, '')}"
-        return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
-
-    def close(self) -> None:
-        """Stop the worker and everything below it (the reaper sweeps), and the drains."""
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # the reaper's signal to kill and sweep
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # it hangs: the worker's session, at least
-            self.proc.kill()
-            self.proc.wait()
-        for fd in (self.to_fd, self.from_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        for t in self.threads:
-            t.join(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 def _run_child(
@@ -290,14 +130,14 @@ def _run_child(
         raise errors.UserValueError(
             f"cannot send the constructor arguments to a child process: {one_line(e)}"
         ) from e
-    child = _Child(request)
+    child = Child(request)
     reports: list[CheckReport] = []
     try:
         try:
             child.answer(0)  # ready: torch and the checker imported
-        except (_Gone, Raised) as e:
+        except (Gone, Raised) as e:
             err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
-            what = e.what if isinstance(e, _Gone) else str(e)
+            what = e.what if isinstance(e, Gone) else str(e)
             what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
             raise RuntimeError(
                 f"the checker's child process {what} before checking anything"
@@ -308,7 +148,7 @@ def _run_child(
             child.deadline = time.monotonic() + timeout
             try:
                 reports.append(_check_one(child, i, state, roles))
-            except _Gone as e:
+            except Gone as e:
                 what = e.what
                 if what == "timeout":
                     what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
@@ -325,7 +165,7 @@ def _run_child(
     return reports
 
 
-def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
+def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
     """Load, build and check target ``i`` through ``child`` at the file's sizes and at others
     (``sized``); every check computed here."""
     child.call("load", index=i)
@@ -334,7 +174,7 @@ def _check_one(child: _Child, i: int, state: _State, roles: Mapping[str, str]) -
     try:
         return at_two_sizes(child.call, state, roles, fresh, weights)
     except ProtocolBroken as e:
-        raise _Gone(f"broke the checker's protocol ({e})") from None
+        raise Gone(f"broke the checker's protocol ({e})") from None
 
 
 def _pickled(target: object) -> bytes:

@@ -34,10 +34,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .dataflow import Unread
-from .modern_cache import CacheProbe, probe_cache
+from .modern_cache import CacheProbe, Source, judge_cache
 from .modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
 from .modern_plain import send
-from .modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern
+from .modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
 from .modern_rotary import ropes
 from .modern_scope import closest, measured, unmodelled
 from .modern_steps import NORM_FORMS, Modern, Rope, attention
@@ -47,7 +47,7 @@ from .steps import CORRECT, Steps
 from .trace import Trace, TraceError
 from .variants import DEVIATIONS, Deviation
 
-__all__ = ["MODERN", "ModernOutcome", "check_modern", "compare_modern", "ropes"]
+__all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
 Layer = Callable[[Tensor], Tensor]
@@ -198,11 +198,12 @@ def _pairing_label(rope: Rope) -> str:
     )
 
 
-def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None:
+def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
     """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
     block."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
     try:
-        read = read_modern(subject_module, x)
+        read = read_modern_trace(source.trace_of(x))
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:
@@ -273,7 +274,7 @@ def compare_modern(subject_module: nn.Module, x: Tensor) -> ModernOutcome | None
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
-        cache = _cache(subject_module, read, norms, mlp, attn[0])
+        cache = _cache(source, read, norms, mlp, attn[0])
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
@@ -349,7 +350,7 @@ def _sublayers(
     return attn, ffwd
 
 
-def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
+def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
     """The block's KV cache driven (``modern_cache``), for a block found right on whole
     sequences, pre-norm or in parallel."""
     ln1, ln2 = norms[0].function, norms[1].function
@@ -359,23 +360,27 @@ def _cache(module: nn.Module, read: ModernRead, norms: list[NormRead], mlp: MlpR
 
     with torch.no_grad():
         xs = read.x.to(read.y.dtype)
-        return probe_cache(module, xs, relative_error, TOLERANCE, shifted if a.rope else None)
+        said, tensors = source.cache(xs)
+        return judge_cache(
+            said, tensors, xs, relative_error, TOLERANCE, shifted if a.rope else None
+        )
 
 
 def check_modern(
-    subject_module: nn.Module, x: Tensor, seen: list[Trace] | None = None
+    subject_module: nn.Module | Source, x: Tensor, seen: list[Trace] | None = None
 ) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
     the lessons' reading (and its report of what it cannot read) takes over. The forward pass
-    it records is kept in ``seen``, if given (``modern_read.KEPT``)."""
+    it reads is kept in ``seen``, if given (``modern_read.KEPT``)."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
     try:
         with torch.no_grad():
-            y = subject_module(x.clone())
+            y = source.call(x)
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
         kept = KEPT.set(seen)
         try:
-            return compare_modern(subject_module, x)
+            return compare_modern(source, x)
         finally:
             KEPT.reset(kept)
     except CAUGHT:

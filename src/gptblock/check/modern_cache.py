@@ -18,79 +18,39 @@ the step's output with the whole sequence's last position:
 A step that differs from the whole sequence is named ``rope_cache_offset`` when it is the
 modern block's output with the step's q and k rotated as position 0 (computed by the caller's
 ``shifted``, the block rebuilt from the parts read); otherwise the report says so in a note.
-A block with none of these arguments is "not probed: no cache API recognised".
+A block with none of these arguments is "not probed: no cache API recognised". The drive
+runs where the block runs (``loop.drive_cache``) and answers data, judged here
+(``judge_cache``); ``Source`` is what the modern comparison asks of a block, in this process or
+in the block's.
 
 Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .report import CAUGHT, one_line
+from .loop import CACHE_APIS, NotCached, cache_api, cached_last, drive_cache
+from .report import text
+from .trace import Trace, record
 
-__all__ = ["CACHE_APIS", "CacheProbe", "cache_api", "cached_last", "probe_cache"]
+__all__ = [
+    "CACHE_APIS",
+    "CacheProbe",
+    "NotCached",
+    "Source",
+    "cache_api",
+    "cached_last",
+    "judge_cache",
+    "probe_cache",
+]  # fmt: skip
 
 Tensor = torch.Tensor
-PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
-CACHE_APIS = ("start_pos", "input_pos", *PAST)
-"""The cache arguments recognised in a block's ``forward``, in the order they are looked for."""
-
-
-class NotCached(ValueError):
-    """The block's cache API did not answer as the recognised one does."""
-
-
-def cache_api(module: nn.Module) -> str | None:
-    """The cache argument of ``module.forward`` the checker knows how to drive, or None.
-
-    Example:
-        >>> class Meta(nn.Module):
-        ...     def forward(self, x, start_pos=None): ...
-        >>> cache_api(Meta()), cache_api(nn.Identity())
-        ('start_pos', None)
-    """
-    try:
-        params = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    return next((name for name in CACHE_APIS if name in params), None)
-
-
-def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
-    """The output at the last position of ``x`` (B, T, C), computed as one decoding step at
-    position T-1 through the cache ``api`` after the prefix ``x[:, :T-1]``: (B, 1, C).
-
-    Raises:
-        NotCached: the prefix's call does not return a cache to pass back.
-    """
-    B, T, _ = x.shape
-    P = T - 1
-    params = inspect.signature(module.forward).parameters
-    if api == "start_pos":
-        module(x[:, :P], start_pos=0)
-        y = module(x[:, P:], start_pos=P)
-    elif api == "input_pos":
-        module(x[:, :P], input_pos=torch.arange(P, device=x.device))
-        y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device))
-    else:
-        extra: dict[str, object] = {"use_cache": True} if "use_cache" in params else {}
-        out = module(x[:, :P], **extra)
-        if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
-            raise NotCached(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
-        if "position_ids" in params:
-            extra["position_ids"] = torch.full((B, 1), P, device=x.device)
-        y = module(x[:, P:], **{api: out[1]}, **extra)
-    y = y[0] if isinstance(y, tuple) else y
-    if not isinstance(y, Tensor) or y.shape != (B, 1, x.shape[-1]):
-        raise NotCached("the cached step does not return the step's (B, 1, C) output")
-    return y
 
 
 @dataclass(frozen=True)
@@ -109,7 +69,8 @@ def probe_cache(
     tolerance: float,
     shifted: Callable[[Tensor], Tensor] | None,
 ) -> CacheProbe:
-    """Drive ``module``'s cache (on a copy) on ``x`` (B, T, C) and compare the last step.
+    """Drive ``module``'s cache (on a copy) on ``x`` (B, T, C) and compare the last step
+    (``judge_cache`` of ``loop.drive_cache``, both here).
 
     Args:
         module: the block, whose whole-sequence ``forward(x)`` the comparison found right.
@@ -119,23 +80,42 @@ def probe_cache(
         shifted: the rebuilt block on ``x`` with its tokens rotated at the given positions
             (T,) (None when nothing is rotated).
     """
-    api = cache_api(module)
+    return judge_cache(*drive_cache(module, x), x, error, tolerance, shifted)
+
+
+def judge_cache(
+    said: dict[str, Any],
+    tensors: dict[str, Tensor],
+    x: Tensor,
+    error: Callable[[Tensor, Tensor], float],
+    tolerance: float,
+    shifted: Callable[[Tensor], Tensor] | None,
+) -> CacheProbe:
+    """What ``loop.drive_cache`` answered (where the block runs: plain data, checked here),
+    compared: the cached step with the whole sequence's last position."""
+    api = said.get("api")
     if api is None:
         return CacheProbe("cache: not probed: no cache API recognised (" + ", ".join(CACHE_APIS) + ")")  # fmt: skip
+    if api not in CACHE_APIS:
+        return CacheProbe("cache: not probed: an answer about no cache API the checker knows")
     T = x.shape[1]
     how = {"start_pos": f"start_pos={T - 1}", "input_pos": f"input_pos=[{T - 1}]"}.get(
         api, f"{api} from the prefix's call"
     )
-    said = f"cache ({api}): one step at position {T - 1} ({how}) after the prefix"
-    try:
-        with torch.no_grad():
-            whole = module(x)[:, -1:]  # (B, 1, C)
-            step = cached_last(copy.deepcopy(module), x, api)
-    except CAUGHT as e:
-        return CacheProbe(f"cache: not probed: driving {api} raised {one_line(e)}")
+    said_ = f"cache ({api}): one step at position {T - 1} ({how}) after the prefix"
+    if "raised" in said:
+        return CacheProbe(f"cache: not probed: driving {api} raised {text(said['raised'], 300)}")
+    whole, step = tensors.get("whole"), tensors.get("step")
+    B, _, C = x.shape
+    if not (
+        isinstance(whole, Tensor) and isinstance(step, Tensor)
+        and whole.shape == step.shape == (B, 1, C)
+    ):  # fmt: skip
+        return CacheProbe(f"cache: not probed: driving {api} gave no (B, 1, C) outputs")
+    whole, step = whole.to(x.device), step.to(x.device)
     far = error(step, whole)
     if far <= tolerance:
-        return CacheProbe(f"{said} equals the whole sequence's last position")
+        return CacheProbe(f"{said_} equals the whole sequence's last position")
     if shifted is not None:
         at = torch.cat((torch.arange(T - 1), torch.zeros(1, dtype=torch.long)))  # step at 0
         if error(step, shifted(at.to(x.device))[:, -1:]) <= tolerance:
@@ -144,8 +124,28 @@ def probe_cache(
                 "its q and k are turned by the angles of the first position, not by those of "
                 "its offset in the sequence (whole sequences, at positions 0 ... T-1, are right)"
             )
-            return CacheProbe(f"{said} is rotated as position 0", label)
+            return CacheProbe(f"{said_} is rotated as position 0", label)
     return CacheProbe(
-        f"{said} differs from the whole sequence's last position (by {far:.2g} of its scale) "
+        f"{said_} differs from the whole sequence's last position (by {far:.2g} of its scale) "
         "in a way not identified (not counted in the verdict)"
     )
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the modern comparison asks of the block: a recorded forward pass (``trace_of``),
+    an output (``call``), its cache driven (``cache``, ``loop.drive_cache``'s answer). In this
+    process, of a module; in ``gptblock check``, requests to the block's process, whose
+    answers are data: every reading is made here, by replaying the traces."""
+
+    trace_of: Callable[[Tensor], Trace]
+    call: Callable[[Tensor], object]
+    cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Source:
+        return cls(
+            lambda x: record(module, x),
+            lambda x: module(x.clone()),
+            lambda x: drive_cache(module, x),
+        )

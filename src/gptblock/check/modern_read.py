@@ -41,7 +41,7 @@ from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["KEPT", "ModernRead", "is_modern", "qk_gains", "read_modern"]
+__all__ = ["KEPT", "ModernRead", "is_modern", "qk_gains", "read_modern", "read_modern_trace"]
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -150,13 +150,11 @@ def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
     return tuple(static_names(trace, [trace.ops[i] for i in sorted(ops)]))
 
 
-def _norms(
-    trace: Trace, module: nn.Module, B: int, T: int, h1: int, h2: int
-) -> list[Callable[[Tensor], Tensor]]:
+def _norms(trace: Trace, B: int, T: int, h1: int, h2: int) -> list[Callable[[Tensor], Tensor]]:
     """ln1 and ln2 as ``gptblock.check.norms`` finds them (for a post-norm block, whose norms
     do not make the sub-layers' inputs); none where it finds none."""
     try:
-        return [n.function for n in order_norms(find_norms(trace, module, B, T), h1, h2)]
+        return [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         return []
 
@@ -230,8 +228,19 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         Unread: it is a modern block, but its parts cannot be read; the message says why.
         TraceError: the forward pass cannot be recorded or re-run.
     """
+    return read_modern_trace(record(module, x))
+
+
+def read_modern_trace(trace: Trace) -> ModernRead | None:
+    """``read_modern`` on a recorded forward pass, wherever it was recorded (every weight read
+    by replaying the trace).
+
+    Raises:
+        Unread: it is a modern block, but its parts cannot be read; the message says why.
+        TraceError: the trace cannot be replayed.
+    """
+    x = trace.nodes[trace.input].value
     B, T, C = x.shape
-    trace = record(module, x)
     if (kept := KEPT.get()) is not None:
         kept.append(trace)
     cores = _cores(trace)
@@ -265,7 +274,7 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         (found := to_weight(trace, n)) is None or found[0].index != op.index
         for n, op in ((core.q, q_op), (core.k, k_op))
     )
-    norms = _norms(trace, module, B, T, h1, h2)
+    norms = _norms(trace, B, T, h1, h2)
     width = {r: trace.nodes[op.outputs[0]].shape[-1] for r, op in (("q", q_op), ("k", k_op))}
     grouped = width["q"] != heads * trace.nodes[core.q].shape[-1] * (3 if shared else 1)
     grouped = grouped or (not shared and width["k"] < width["q"])
@@ -274,7 +283,7 @@ def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
         rotated or grouped or rest[2:] or any(_shifts(f, like) for f in (norm1, norm2, *norms))
     ):
         return None  # the lessons' block: read by gptblock.check.readings, weights and all
-    read = measure(module, trace, Roles(roles, heads), B, T)
+    read = measure(trace, Roles(roles, heads), B, T)
     hs = trace.nodes[core.q].shape[-1]
     oriented = {
         r: _heads(trace, n, B, heads, T, hs, r == "k")

@@ -14,11 +14,11 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from .dataflow import Unread
 from .report import CAUGHT
@@ -58,19 +58,28 @@ def _invariant(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
     return float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
 
 
-def find_norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
-    """Every call of a norm in the trace, in the order they ran."""
-    modules = dict(module.named_modules())
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
+    from the trace, never the block's code)."""
+    modules = set(trace.modules)
     found: list[Norm] = []
-    for name, first, _, ins, outs in trace.calls:
-        m = modules.get(name)
-        if m is None or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
+    for name, first, end, ins, outs in trace.calls:
+        if name not in modules or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
             continue
-        if any(p.numel() != max(p.shape, default=1) for p in m.parameters()):
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if any(math.prod(shape) != max(shape, default=1) for shape in held):
             continue  # a matrix: not a norm
+        if any(weight_input(trace, op) is not None for op in trace.ops[first:end]):
+            continue  # a matrix product inside (a sub-layer, its norm before it): not a norm
         like = trace.nodes[ins[0]].value
-        if layout(tuple(like.shape), B, T) and _invariant(_module_call(m), like):
-            found.append(Norm(name, first, ins[0], outs[0], _module_call(m)))
+        if not layout(tuple(like.shape), B, T):
+            continue
+        try:
+            f = _shaped(replay(trace, ins[0], outs[0]), like)
+        except TraceError:
+            continue
+        if _invariant(f, like):
+            found.append(Norm(name, first, ins[0], outs[0], f))
     # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
     found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
     for op in trace.ops:
@@ -101,12 +110,17 @@ def find_norms(trace: Trace, module: nn.Module, B: int, T: int) -> list[Norm]:
     return sorted(found, key=lambda n: n.first)
 
 
-def _module_call(m: nn.Module) -> Callable[[Tensor], Tensor]:
-    first = next(m.parameters(), None)
+def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
+    positions in another shape ((B, T, C) for a norm traced on (B * T, C)): its output in the
+    input's dtype and shape."""
 
     def call(h: Tensor) -> Tensor:
-        out = m(h.to(first.dtype) if first is not None else h)
-        return out.to(h.dtype)
+        shape = h.shape
+        if h.shape != like.shape and h.numel() == like.numel():
+            h = h.reshape(like.shape)
+        out = f(h.to(like.dtype))
+        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
 
     return call
 

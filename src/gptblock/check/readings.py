@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +32,13 @@ from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe
 from .report import CAUGHT, one_line
 from .steps import Parts
-from .subject import Subject
-from .trace import NoDropout
-from .weights import Reading, read_block
+from .subject import Subject, Tested
+from .trace import Trace, TraceError, record
+from .weights import Reading, read_trace
 
-__all__ = ["TRACE_B", "TRACE_T", "Readings", "agrees", "read_parts", "trace_shapes"]
+__all__ = [
+    "TRACE_B", "TRACE_T", "Readings", "agrees", "dataflow", "read_parts", "trace_shapes",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
@@ -60,6 +61,7 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
 
     Example:
         >>> from gptblock import lesson
+        >>> from gptblock.check.weights import read_block
         >>> block = lesson.Block(16, 2, 8, dropout=0.0).double()
         >>> read = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
         >>> agrees(read, {"q": "sa.heads.*.query", "ln2": "ln2"}), agrees(read, {"q": "sa.proj"})
@@ -97,18 +99,29 @@ def trace_shapes(longest: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
 
 
-def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
+def dataflow(
+    tested: Tested, trace_of: Callable[[Tensor], Trace], longest: int
+) -> tuple[Reading, Tensor] | str:
+    """The dataflow's reading of the block and the (float64) input it was traced on, or why
+    there is none: each shape of ``trace_shapes`` recorded by ``trace_of`` (here, or in the
+    block's process) and read by replaying the trace here (``weights.read_trace``)."""
     why = ""
     for B, T in trace_shapes(longest):
-        x = subject.input(B, T, subject.C).to(torch.float64)
+        x = tested.input(B, T, tested.C).to(torch.float64)
         try:
-            with NoDropout() if subject.no_dropout else nullcontext():
-                return read_block(subject.module, x.to(subject.dtype)), x
-        except Unread as e:
+            return read_trace(trace_of(x.to(tested.dtype)), x.to(tested.dtype)), x
+        except (Unread, TraceError) as e:
             why = why or str(e)
         except CAUGHT as e:  # the reader's own limit, not the block's mistake: say so
             why = why or f"the forward pass could not be read ({one_line(e)})"
     return why
+
+
+def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
+    def trace_of(x: Tensor) -> Trace:
+        return record(subject.module, x, no_dropout=subject.no_dropout)
+
+    return dataflow(subject, trace_of, longest)
 
 
 def read_parts(

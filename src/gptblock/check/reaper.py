@@ -5,6 +5,10 @@
 uses nothing but the standard library (and never imports gptblock or torch, so it starts in
 milliseconds), and never runs the user's code. It
 
+* forks once and lets its parent end, so that it is re-parented away from the checker (to init,
+  or to the nearest subreaper above the checker): the block's ancestors are this process and
+  that one, never the checker's ``gptblock check ...`` (whose command line names it); it says
+  ``supervisor PID`` on stdout, and ends when its stdin closes or its command has ended;
 * makes itself the subreaper of everything below it (Linux's ``PR_SET_CHILD_SUBREAPER``): a
   process the block starts that leaves its parent, in a new session (``setsid``) or by forking
   twice, is re-parented to the reaper instead of to init, so it can always be found;
@@ -141,6 +145,9 @@ def _say(line: str) -> None:
 def main(argv: list[str]) -> int:
     out_fd, err_fd, keep = int(argv[0]), int(argv[1]), [int(f) for f in argv[2].split(",") if f]
     command = argv[argv.index("--") + 1 :]
+    if hasattr(os, "fork") and os.fork():
+        os._exit(0)  # the checker's child ends here: this process leaves the checker's tree
+    _say(f"supervisor {os.getpid()}")
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
     worker = subprocess.Popen(

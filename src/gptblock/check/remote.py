@@ -3,7 +3,9 @@
 ``Remote`` is what ``gptblock.check.verdict.decide`` checks when the block runs in the child
 process of ``gptblock.check.isolation``: a ``Tested`` and a ``Service`` whose every method is a
 request to that process (``gptblock.check.worker``) and whose every answer is plain data, read
-back and checked for form (shapes, dtypes, lengths) before it is used. Text it sends ends up in
+back and checked for form (shapes, dtypes, lengths) before it is used. The weights and the modern
+block are read here, from forward passes that process records (``gptblock.check.loop``) and this
+one replays (``gptblock.check.trace``). Text it sends ends up in
 the report only as one line of bounded length, never as a line of its own. The probes' inputs
 are drawn here, from the seed an in-process check uses; the weights the block is given and the
 inputs that confirm a comparison come from secret seeds (``isolation``).
@@ -21,8 +23,12 @@ from typing import Any
 
 import torch
 
+from .modern import Source, check_modern
+from .readings import TRACE_T, Readings, dataflow, trace_shapes
 from .report import text
+from .served import modern_answer, plain_readings
 from .subject import Grads, moved
+from .trace import Trace, from_plain
 
 __all__ = ["Call", "ProtocolBroken", "Remote"]
 
@@ -53,7 +59,7 @@ class Remote:
         C: the block's width; T: the probes' sequence length.
         dtype: what the other process computes in (float64, else float32).
         note: what the other process said of its copy.
-        longest: its longest sequence, as it says (0: unknown).
+        longest: its longest sequence, as it says (0: unknown; traced up to ``TRACE_T``).
     """
 
     device = torch.device("cpu")  # the tensors here; the block's own device is its process's
@@ -140,46 +146,41 @@ class Remote:
             raise ProtocolBroken("an unknown way of switching dropout off")
         return str(how)
 
+    def record(self, x: Tensor) -> Trace:
+        """One forward pass on ``x``, recorded in the block's process (``loop.record``) and
+        checked for form here: data to replay, never code."""
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
+
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        return self.call("read", roles=dict(roles))  # checked by verdict._unpack, plain.from_plain
+        """The block's parts as numbers: read here from traces the block's process recorded
+        (the dataflow), else, with roles given or by names, as the block's process says
+        (checked by ``verdict._unpack`` and ``plain.from_plain``)."""
+        if not roles:
+            found = dataflow(self, self.record, self.longest or TRACE_T)
+            if not isinstance(found, str):
+                read, x = found
+                readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+                own = [p.flatten().to(torch.float64) for p in self.parameters().values()]
+                return plain_readings(readings, torch.cat(own).sort().values if own else None, [])
+        return self.call("read", roles=dict(roles))
 
     trusted = False  # answers from the block's process: claims
 
+    def cache(self, x: Tensor) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's cache API driven on ``x`` in its process (``loop.drive_cache``): plain
+        data, judged by ``modern_cache.judge_cache``."""
+        return self.call("cache", {"x": x})
+
     def modern(self) -> dict[str, Any]:
-        """The modern comparison the block's process reports, each text cut to one bounded line
-        (``Served.modern``); ``{}`` when it reads the lessons' block or says nothing usable."""
-        said, tensors = self.call("modern")
-        finding = said.get("finding")
-        if said and finding is None and said.get("notes"):  # out of scope: not compared
-            return {"notes": _words(said.get("notes"), 600)[:4], "finding": None}
-        if said.get("scope") and "finding" not in said:  # the lessons' block's unmodelled parts
-            return {"scope": _words(said.get("scope"), 300)[:4]}
-        if not said or not isinstance(finding, list) or len(finding) != 4:
-            return {}
-        details, notes, others = (said.get(k) for k in ("details", "notes", "alternatives"))
-        return {
-            "notes": _words(notes, 600)[:4],
-            "finding": [
-                text(finding[0], 40),
-                finding[1] is True,
-                text(finding[2], 600),
-                "FOUND" if finding[3] == "FOUND" else "",
-            ],
-            "mistakes": _words(said.get("mistakes")),
-            "details": {text(k, 80): text(v, 300) for k, v in details.items()}
-            if isinstance(details, dict)
-            else {},
-            "alternatives": [_words(a) for a in others][:8] if isinstance(others, list) else [],
-            "parts": said.get("parts"),  # checked by modern_plain.receive, in the verdict
-            "tensors": tensors,
-        }
+        """The modern comparison (``gptblock.check.modern``), made here from traces the block's
+        process recorded, as ``Served.modern`` answers (for the lessons' block, ``{}`` or its
+        ``scope``)."""
+        B, T = trace_shapes(self.longest or TRACE_T)[0]
+        x = self.input(B, T, self.C)
+        seen: list[Trace] = []
+        return modern_answer(check_modern(Source(self.record, self, self.cache), x, seen), seen)
 
     def suggest(self) -> str:
         """The ``--map`` arguments the block's process suggests, if they are only that."""
         said = text(self.call("suggest")[0].get("map", ""), 4000)
         return said if re.fullmatch(_SUGGESTION, said) else ""
-
-
-def _words(value: object, size: int = 80) -> list[str]:
-    """A list of short texts from the block's process, or nothing."""
-    return [text(w, size) for w in value] if isinstance(value, list) else []

@@ -21,17 +21,17 @@ import torch
 import torch.nn as nn
 
 from .build import max_length, width
-from .modern import check_modern
+from .modern import ModernOutcome, check_modern
 from .modern_scope import attention_scope
 from .plain import NotPlain, to_plain
 from .raised import call_error, source
-from .readings import TRACE_T, read_parts, trace_shapes
+from .readings import TRACE_T, Readings, read_parts, trace_shapes
 from .report import CAUGHT, one_line
 from .subject import Subject
 from .suggest import suggest_map
 from .trace import NoDropout, Trace
 
-__all__ = ["DROPOUT_NAMES", "PROBE_T", "Served"]
+__all__ = ["DROPOUT_NAMES", "PROBE_T", "Served", "modern_answer", "plain_readings"]
 
 Tensor = torch.Tensor
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
@@ -148,35 +148,10 @@ class Served:
         )
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
-        x = found.x
-        tensors: dict[str, Tensor] = {"x": x}
-        parts: list[dict[str, Any]] = []
-        describe: list[str] = []
-        heads = list(found.heads)
-        kept = {"readings": 0, "fallback": 0}
-        whole = [
-            *(("readings", p) for p in found.readings),
-            *(("fallback", p) for p in found.fallback),
-        ]
-        missed = ""
         own = [
             p.detach().flatten().to(torch.float64).cpu() for p in self.subject.module.parameters()
         ]
-        known = torch.cat(own).sort().values if own else None
-        for i, (kind, p) in enumerate(whole):
-            try:
-                meta, read = to_plain(p, x, str(len(parts)), known)
-            except CAUGHT as e:  # a part of the block's own code refused the probe
-                missed = missed or (str(e) if isinstance(e, NotPlain) else one_line(e))
-                continue
-            parts.append(meta)
-            tensors.update(read)
-            describe.append(found.describe(i))
-            kept[kind] += 1
-        if not parts:
-            return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
-        meta = {"parts": parts, "readings": kept["readings"], "heads": heads, "describe": describe}
-        return {**meta, "notes": notes}, tensors
+        return plain_readings(found, torch.cat(own).sort().values if own else None, notes)
 
     trusted = True  # in the checker's own process: what this object says is what the block did
 
@@ -191,20 +166,60 @@ class Served:
         seen: list[Trace] = []
         with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
             outcome = check_modern(self.subject.module, x, seen)
-        if outcome is None:  # the lessons' block: what the references do not model in it
-            scope = attention_scope(seen[-1]) if seen else []
-            return {"scope": scope} if scope else {}
-        f = outcome.finding
-        return {
-            "notes": list(outcome.notes),
-            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-            "mistakes": list(outcome.mistakes),
-            "details": dict(outcome.details),
-            "alternatives": [list(a) for a in outcome.alternatives],
-            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
-            "tensors": outcome.parts[1] if outcome.parts else {},
-        }
+        return modern_answer(outcome, seen)
 
     def suggest(self) -> str:
         """The ``--map`` arguments that would let the checker read the block, or ``""``."""
         return suggest_map(self.subject.module, self.C)
+
+
+def plain_readings(
+    found: Readings, known: Tensor | None, notes: list[str]
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``found``'s parts as numbers (``plain.to_plain``), as ``Served.read`` answers: each
+    reading that can be read so, with its description; ``known``: the block's parameter
+    values, sorted (float64)."""
+    x = found.x
+    tensors: dict[str, Tensor] = {"x": x}
+    parts: list[dict[str, Any]] = []
+    describe: list[str] = []
+    heads = list(found.heads)
+    kept = {"readings": 0, "fallback": 0}
+    whole = [
+        *(("readings", p) for p in found.readings),
+        *(("fallback", p) for p in found.fallback),
+    ]
+    missed = ""
+    for i, (kind, p) in enumerate(whole):
+        try:
+            meta, read = to_plain(p, x, str(len(parts)), known)
+        except CAUGHT as e:  # a part of the block's own code refused the probe
+            missed = missed or (str(e) if isinstance(e, NotPlain) else one_line(e))
+            continue
+        parts.append(meta)
+        tensors.update(read)
+        describe.append(found.describe(i))
+        kept[kind] += 1
+    if not parts:
+        return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
+    meta = {"parts": parts, "readings": kept["readings"], "heads": heads, "describe": describe}
+    return {**meta, "notes": notes}, tensors
+
+
+def modern_answer(outcome: ModernOutcome | None, seen: list[Trace]) -> dict[str, Any]:
+    """The modern comparison's outcome as plain data (``Served.modern``'s answer); for the
+    lessons' block, ``{}``, or ``{"scope": [...]}`` naming what its attention computes that the
+    references do not model, read from the last forward pass the comparison kept (``seen``)."""
+    if outcome is None:  # the lessons' block: what the references do not model in it
+        scope = attention_scope(seen[-1]) if seen else []
+        return {"scope": scope} if scope else {}
+    f = outcome.finding
+    return {
+        "notes": list(outcome.notes),
+        "finding": None if f is None else [f.name, f.passed, f.message, f.label],
+        "mistakes": list(outcome.mistakes),
+        "details": dict(outcome.details),
+        "alternatives": [list(a) for a in outcome.alternatives],
+        "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
+        "tensors": outcome.parts[1] if outcome.parts else {},
+    }

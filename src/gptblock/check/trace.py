@@ -6,12 +6,16 @@ every ATen operator the forward pass ran (``Op``), every tensor value it made or
 depend on the input (``data``) and which only on weights and constants (static), and which of
 the block's modules was running. This works on any code, whatever modules, functions, einsums or
 raw parameters it uses (``torch.fx`` needs code it can trace symbolically; this needs only that
-the block runs). ``rerun`` runs it again with chosen values replaced (an intervention, as in
-activation patching): ``gptblock.check.dataflow`` reads a weight by replacing a sub-layer's input
-with basis vectors. ``replay`` re-executes the operators between two nodes as a function.
+the block runs). The recording itself is ``gptblock.check.loop``'s, as plain data, so that the
+process running the block needs nothing of the checker; ``from_plain`` reads it back, checked.
+``rerun`` replays it with chosen values replaced (an intervention, as in activation patching):
+``gptblock.check.weights`` reads a weight by replacing a sub-layer's input with basis vectors.
+``replay`` re-executes the operators between two nodes as a function. Both re-execute torch's
+own operators as recorded, never the block's Python: they run wherever the trace is, the
+checker's own process included.
 
 Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
-(its fused fast path is one opaque operator); the block's RNG is re-seeded before every run.
+(its fused fast path is one opaque operator); the RNG is re-seeded before every run.
 
 Shapes: B batch, T time, C channels.
 """
@@ -20,24 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_map
 
+from . import loop
+from .decode import Opaque, Ref, TraceError, decode, ints, operator
+from .loop import INPUT, LEAF, NoDropout
 from .report import CAUGHT
 
-__all__ = ["NoDropout", "Node", "Op", "Trace", "TraceError", "record", "replay", "rerun"]
+__all__ = [
+    "INPUT", "LEAF", "NoDropout", "Node", "Op", "Trace", "TraceError", "from_plain", "record",
+    "replay", "rerun",
+]  # fmt: skip
 
 Tensor = torch.Tensor
-INPUT = -1  # Node.op of the block's input
-LEAF = -2  # Node.op of a parameter, buffer or constant tensor made before the forward pass
-
-
-class TraceError(Exception):
-    """The forward pass cannot be recorded or re-run as recorded; the message says why."""
 
 
 @dataclass
@@ -63,20 +67,13 @@ class Node:
         return tuple(self.value.shape)
 
 
-@dataclass(frozen=True)
-class _Ref:
-    """A node in an operator's recorded arguments."""
-
-    node: int
-
-
 @dataclass
 class Op:
     """One ATen operator call: what it is, what it read and made, inside which module."""
 
     index: int
     func: Any  # torch._ops.OpOverload
-    args: tuple[Any, ...]  # tensors replaced by _Ref
+    args: tuple[Any, ...]  # tensors replaced by Ref
     kwargs: dict[str, Any]
     inputs: list[int]  # node ids of its tensor arguments, in order
     outputs: list[int]  # node ids of the tensors it returned, in order
@@ -113,6 +110,9 @@ class Trace:
     calls: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)
     """Module calls: (name, first op, end op (exclusive), input nodes, output nodes)."""
     grad: bool = True  # whether it ran with grad mode on (off only for a block that fails so)
+    parameters: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The block's parameters' shapes, by name (read or not)."""
+    modules: list[str] = field(default_factory=list)  # the block's modules' names ("": itself)
 
     def consumers(self, node: int) -> list[Op]:
         """The operators that read ``node``, in order."""
@@ -134,108 +134,89 @@ class Trace:
         return seen
 
 
-class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """A dispatch mode that leaves ``__torch_dispatch__`` as it is.
+def from_plain(
+    meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
+) -> Trace:
+    """A ``Trace`` from what ``loop.record`` sent, checked for form: every node a tensor, every
+    reference to a node that exists, every operator torch's own; with ``device``, the values
+    and every device argument moved there (a trace recorded on a GPU, replayed here).
 
-    By default PyTorch wraps it in ``torch._dynamo``'s ``disable`` so that ``torch.compile``
-    skips it, which imports ``torch._dynamo`` on the first call: 5 s on a busy 2-core machine,
-    most of a check. Nothing here is compiled, so the wrapper (the documented switch below) is
-    left off.
+    Raises:
+        TraceError: the block raised while traced, returned no tensor, or what came is not a
+            trace.
     """
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-
-class _Recorder(_Mode):
-    def __init__(self, known: Mapping[int, tuple[Tensor, str]], x: Tensor) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: list[Op] = []
-        self.nodes: list[Node] = []
-        self.latest: dict[int, tuple[Tensor, int]] = {}  # id(tensor) -> (tensor, node)
-        self.stamp: dict[int, tuple[object, ...]] = {}  # id(tensor) -> what it held then
-        self.known = known
-        self.stack: list[str] = [""]
-        self.input = self.node_of(x, INPUT, data=True)
-
-    def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
-        self.nodes.append(Node(len(self.nodes), op, t.detach().clone(), data, name))
-        self.latest[id(t)] = (t, len(self.nodes) - 1)
-        self.stamp[id(t)] = _stamp(t)
-        return len(self.nodes) - 1
-
-    def node_of(self, t: Tensor, op: int = LEAF, data: bool = False) -> int:
-        hit = self.latest.get(id(t))
-        if hit is not None and hit[0] is t and self.stamp[id(t)] == _stamp(t):
-            return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
-        known = self.known.get(id(t))
-        return self.new(t, op, data, known[1] if known else "")
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        inputs: list[int] = []
-
-        def ref(a: object) -> object:
-            if isinstance(a, Tensor):
-                inputs.append(self.node_of(a))
-                return _Ref(inputs[-1])
-            return a
-
-        rargs, rkwargs = tree_map(ref, (args, kwargs))
-        out = func(*args, **kwargs)
-        index = len(self.ops)
-        data = any(self.nodes[n].data for n in inputs)
-        outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-        self.ops.append(Op(index, func, rargs, rkwargs, inputs, outputs, self.stack[-1]))
-        return out
-
-
-def _stamp(t: Tensor) -> tuple[object, ...]:
+    if "error" in meta:
+        raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
     try:
-        return (t.dtype, tuple(t.shape), t.data_ptr())  # (not _version: bumped after us)
-    except RuntimeError:  # a tensor without storage
-        return (t.dtype, tuple(t.shape))
+        rows = meta["nodes"]
+        if not isinstance(rows, list):
+            raise TraceError("nodes that are not a list")
+        complex_nodes = set(ints(meta.get("complex", [])))
+        nodes: list[Node] = []
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
+                raise TraceError("a node that is not one")
+            value = tensors.get(f"n{i}")
+            if not isinstance(value, Tensor):
+                raise TraceError(f"node {i} without its value")
+            if i in complex_nodes:
+                value = torch.view_as_complex(value.contiguous())
+            if device is not None:
+                value = value.to(device)
+            nodes.append(Node(i, row[0], value, row[1] is True, str(row[2])[:300]))
+        n = len(nodes)
+        ops: list[Op] = []
+        for index, o in enumerate(meta["ops"]):
+            args, kwargs = o["args"], o["kwargs"]
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise TraceError("an operator's arguments that are not a list and a dict")
+            inputs, outputs = ints(o["inputs"]), ints(o["outputs"])
+            if not all(0 <= i < n for i in inputs) or not all(
+                0 <= i < n and nodes[i].op == index for i in outputs
+            ):
+                raise TraceError("an operator's nodes that do not exist")
+            ops.append(
+                Op(
+                    index,
+                    operator(o["func"]),
+                    tuple(decode(a, n, device) for a in args),
+                    {str(k): decode(v, n, device) for k, v in kwargs.items()},
+                    inputs,
+                    outputs,
+                    str(o["module"])[:300],
+                )
+            )
+        if not all(-2 <= node.op < len(ops) for node in nodes):
+            raise TraceError("a node made by no operator")
+        calls = []
+        for c in meta["calls"]:
+            name, first, end, ins, outs = c
+            if end == -1:
+                continue  # a module whose call raised inside the block (which caught it)
+            if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
+                raise TraceError("a module call that is not one")
+            ins, outs = ints(ins), ints(outs)
+            if not all(0 <= i < n for i in ins + outs):
+                raise TraceError("a module call on nodes that do not exist")
+            calls.append((str(name)[:300], first, end, ins, outs))
+        x, y = meta["input"], meta["output"]
+        if y is None:
+            raise TraceError("the block returned no tensor made in its forward pass")
+        if not (type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n):
+            raise TraceError("an input or output node that does not exist")
+        parameters = {str(k): tuple(ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
+        modules = [str(m) for m in meta.get("modules", [])]
+        grad = meta.get("grad") is not False
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TraceError(f"a trace that is not one ({type(e).__name__})") from None
+    return Trace(ops, nodes, x, y, calls, grad, parameters, modules)
 
 
-def _hooks(module: nn.Module, rec: _Recorder, calls: list[Any]) -> list[Any]:
-    handles = []
-    for name, m in module.named_modules():
-        if not name:
-            continue
+def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
+    """Run ``module(x)`` once and record every operator (``loop.record``, as here).
 
-        def pre(m: nn.Module, args: Any, name: str = name) -> None:
-            rec.stack.append(name)
-            ins = [
-                rec.latest[id(a)][1] for a in args if isinstance(a, Tensor) and id(a) in rec.latest
-            ]
-            calls.append([name, len(rec.ops), -1, ins, []])
-
-        def post(m: nn.Module, args: Any, out: Any, name: str = name) -> None:
-            rec.stack.pop()
-            call = next(c for c in reversed(calls) if c[0] == name and c[2] == -1)
-            call[2] = len(rec.ops)
-            flat = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-            call[4] = [rec.latest[id(t)][1] for t in flat if id(t) in rec.latest]
-
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post))
-    return handles
-
-
-def _known(module: nn.Module) -> dict[int, tuple[Tensor, str]]:
-    named = [*module.named_parameters(), *module.named_buffers()]
-    return {id(t): (t, name) for name, t in named}
-
-
-def _call(module: nn.Module, x: Tensor, grad: bool) -> object:
-    with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(grad):
-        torch.manual_seed(0)
-        return module(x)
-
-
-def record(module: nn.Module, x: Tensor) -> Trace:
-    """Run ``module(x)`` once and record every operator.
+    With ``no_dropout``, or inside ``NoDropout``, every dropout is recorded as the identity it
+    ran as, so that a replay needs no ``NoDropout``.
 
     Raises:
         TraceError: the block raised, or returned no tensor.
@@ -246,96 +227,69 @@ def record(module: nn.Module, x: Tensor) -> Trace:
         >>> [op.name for op in trace.ops]
         ['view', 't', 'addmm', 'view']
     """
-    failure: BaseException | None = None
-    for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
-        rec = _Recorder(_known(module), x)
-        calls: list[Any] = []
-        handles = _hooks(module, rec, calls)
-        try:
-            with rec:
-                out = _call(module, x, grad)
-        except CAUGHT as e:  # the block's own error ends the trace, not the check
-            failure = failure or e
-            continue
-        finally:
-            for h in handles:
-                h.remove()
-        if not isinstance(out, Tensor) or id(out) not in rec.latest:
-            raise TraceError("the block returned no tensor made in its forward pass")
-        output = rec.latest[id(out)][1]
-        return Trace(rec.ops, rec.nodes, rec.input, output, [tuple(c) for c in calls], grad)
-    raise TraceError(f"the block raised {type(failure).__name__} while traced") from failure
+    modes = _get_current_dispatch_mode_stack()
+    no_dropout = no_dropout or any(isinstance(m, NoDropout) for m in modes)
+    return from_plain(*loop.record(module, x, no_dropout=no_dropout))
 
 
-class _Patcher(_Mode):
-    """Replaces the values of some nodes and copies the values of others, op by op.
-
-    Operators are matched with the recorded ones by their order among those that read the input
-    (data): a block may build its constants differently on a second call (a cached mask)."""
-
-    def __init__(
-        self, trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], x: Tensor
-    ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.trace, self.put, self.get = trace, put, set(get)
-        self.data_ops = [op for op in trace.ops if any(trace.nodes[n].data for n in op.inputs)]
-        self.index = 0
-        self.got: dict[int, Tensor] = {}
-        self.data: dict[int, Tensor] = {id(x): x}  # id -> tensor (kept alive): the data tensors
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
-        if not any(self.data.get(id(a)) is a for a in flat_in):
-            return out  # a constant or a weight: not matched
-        if self.index >= len(self.data_ops) or self.data_ops[self.index].func != func:
-            raise TraceError("the block ran other operators the second time (data-dependent code)")
-        op = self.data_ops[self.index]
-        self.index += 1
-        flat, spec = tree_flatten(out)
-        tensors = [i for i, t in enumerate(flat) if isinstance(t, Tensor)]
-        for i, node in zip(tensors, op.outputs, strict=True):
-            if node in self.put:
-                new = self.put[node]
-                if any(flat[i] is a for a in flat_in):
-                    flat[i].copy_(new)  # an in-place operator: its output is its input
-                elif 0 in flat[i].stride():  # an expanded view: a fresh contiguous value
-                    flat[i] = new.clone()
-                else:  # the same strides, so that the block's .view() calls still work
-                    flat[i] = torch.empty_strided(
-                        new.shape, flat[i].stride(), dtype=new.dtype, device=new.device
-                    ).copy_(new)
-            if node in self.get:
-                self.got[node] = flat[i].detach().clone()
-            self.data[id(flat[i])] = flat[i]
-        return spec.unflatten(flat) if any(n in self.put for n in op.outputs) else out
-
-
-def rerun(
-    module: nn.Module, trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]
-) -> dict[int, Tensor]:
-    """Run the block again on the traced input with the nodes in ``put`` replaced by those
-    values (each of the node's shape); the values of the nodes in ``get``.
+def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
+    """The traced forward pass replayed (torch's operators as recorded, never the block's
+    code) with the nodes in ``put`` replaced by those values (each of the node's shape); the
+    values of the nodes in ``get``.
 
     Raises:
-        TraceError: the block ran other operators than recorded, or raised.
+        TraceError: an operator cannot be re-executed on the values given.
     """
-    x = put.get(trace.input, trace.nodes[trace.input].value).clone()
-    patcher = _Patcher(trace, put, get, x)
+    wanted = set(get)
+    last = max((trace.nodes[n].op for n in wanted), default=-1)
+    env: dict[int, Tensor] = {}
+
+    def value(a: object) -> object:
+        if isinstance(a, Opaque):
+            raise TraceError(f"an operator that takes a {a.kind} cannot be replayed")
+        if not isinstance(a, Ref):
+            return a
+        if a.node not in env:  # a leaf (or the input): a copy, which in-place operators may change
+            given = put.get(a.node)
+            env[a.node] = (given if given is not None else trace.nodes[a.node].value).clone()
+        return env[a.node]
+
+    got: dict[int, Tensor] = {}
     try:
-        with patcher:
-            _call(module, x, trace.grad)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            for op in trace.ops[: last + 1]:
+                args, kwargs = tree_map(value, (op.args, op.kwargs))
+                out = op.func(*args, **kwargs)
+                flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
+                made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+                if len(made) != len(op.outputs):
+                    raise TraceError(f"{op.name} made other tensors when replayed")
+                for t, node in zip(made, op.outputs, strict=True):
+                    if node in put:
+                        t = _put(t, put[node], flat_in)
+                    env[node] = t
+                    if node in wanted:
+                        got[node] = t.detach().clone()
     except TraceError:
         raise
     except CAUGHT as e:
-        raise TraceError(f"the block raised {type(e).__name__} when re-run") from e
-    got = dict(patcher.got)
-    if trace.input in get:
-        got[trace.input] = x
-    missing = [n for n in get if n not in got]
-    if missing:
-        raise TraceError(f"the re-run did not reach nodes {missing}")
+        raise TraceError(f"the replay raised {type(e).__name__}: {e}"[:300]) from e
+    for n in wanted - set(got):
+        got[n] = cast(Tensor, value(Ref(n))).detach().clone()
     return got
+
+
+def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
+    """``new`` where an operator made ``made``: in place for an in-place operator, else with
+    ``made``'s strides (so that a ``view`` of it still works)."""
+    if any(made is a for a in inputs):
+        return made.copy_(new)
+    if 0 in made.stride():  # an expanded view: a fresh contiguous value
+        return new.clone()
+    return torch.empty_strided(new.shape, made.stride(), dtype=new.dtype, device=new.device).copy_(
+        new
+    )
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
@@ -365,7 +319,7 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
         env = {source: h}
 
         def value(a: object) -> object:
-            if isinstance(a, _Ref):
+            if isinstance(a, Ref):
                 return env.get(a.node, trace.nodes[a.node].value)
             return a
 
@@ -377,23 +331,3 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
         return env[target]
 
     return run
-
-
-class NoDropout(_Mode):
-    """Every dropout an identity, however the code calls it: ``bernoulli_(p)``, the keep-mask
-    dropout draws and then divides by ``p``, fills with ``p`` (so the mask is exactly 1), and
-    ``native_dropout`` returns its input. For a block that keeps dropout on in eval mode through
-    a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        name = func._opname
-        if name == "bernoulli_" and len(args) > 1 and isinstance(args[1], float):
-            return args[0].fill_(args[1])
-        if name == "bernoulli" and len(args) > 1 and isinstance(args[1], float):
-            return torch.full_like(args[0], args[1])
-        if name == "native_dropout":
-            return args[0].clone(), torch.ones_like(args[0], dtype=torch.bool)
-        return func(*args, **(kwargs or {}))

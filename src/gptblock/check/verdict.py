@@ -159,9 +159,9 @@ def decide(
         why: Finding | str = ""
         traced: Traced | None = None
         if passed and label != "FOUND":
-            # The modern comparison ran where the block runs: its PASS is a claim until the
-            # parts it read are held here to the chosen weights, to fresh inputs and to the
-            # input gradient. In this process (trusted) only a failure of those counts.
+            # The modern comparison was read from traces the block's process sent: its PASS
+            # is a claim until the parts read are held here to the chosen weights, to fresh
+            # inputs and to the input gradient. In this process (trusted) only a failure counts.
             progress.stage("confirming the modern comparison on fresh inputs")
             backward = all(f.passed for f in findings if f.name == "gradients")
             why, traced = confirm_modern(modern, subject, chosen, fresh, backward)
@@ -175,8 +175,8 @@ def decide(
             compared = True
         elif why:
             notes.append(
-                "the modern block's comparison ran in the block's own process and is not "
-                f"confirmed outside it ({why}): not verified (check_in_process, for code you "
+                "the modern block's comparison, read from the traces the block's process sent, "
+                f"is not confirmed outside it ({why}): not verified (check_in_process, for code you "
                 "trust, gives its verdict)"
             )
         else:

@@ -27,10 +27,10 @@ import torch.nn as nn
 from .dataflow import Role, Roles, Unread, find_roles
 from .norms import find_norms, order_norms
 from .steps import Parts, affine
-from .trace import Trace, TraceError, record, rerun
+from .trace import LEAF, Trace, TraceError, record, rerun
 from .walks import layout
 
-__all__ = ["Reading", "measure", "read_block"]
+__all__ = ["Reading", "measure", "read_block", "read_trace"]
 
 Tensor = torch.Tensor
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # of a role's output scale
@@ -77,7 +77,7 @@ def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     return rows.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
-def measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
+def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
     puts = {r.put for r in found.roles.values()}
@@ -87,7 +87,7 @@ def measure(module: nn.Module, trace: Trace, found: Roles, B: int, T: int) -> di
 
     def run(fill: dict[int, Tensor]) -> dict[int, Tensor]:
         put = {n: _unrows(fill[n], tuple(like[n].shape), B, T) for n in puts}
-        return rerun(module, trace, put, gets)
+        return rerun(trace, put, gets)
 
     def basis(r: int, w: int, v: Tensor) -> Tensor:
         rows = torch.zeros(BT, w, dtype=v.dtype, device=v.device)
@@ -149,14 +149,25 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         >>> reading.heads, reading.parts.D, reading.error < 1e-12
         (2, 16, True)
     """
-    B, T, C = x.shape
     try:
         trace = record(module, x)
+    except TraceError as e:
+        raise Unread(str(e)) from e
+    return read_trace(trace, x)
+
+
+def read_trace(trace: Trace, x: Tensor) -> Reading:
+    """``read_block`` on a recorded forward pass (``x`` its input): every weight read by
+    replaying the trace, wherever it was recorded.
+
+    Raises:
+        Unread: the block's roles or weights cannot be read; the message says why.
+    """
+    B, T, C = x.shape
+    try:
         found = find_roles(trace, B, T)
-        norms = order_norms(
-            find_norms(trace, module, B, T), found.roles["q"].put, found.roles["fc1"].put
-        )
-        read = measure(module, trace, found, B, T)
+        norms = order_norms(find_norms(trace, B, T), found.roles["q"].put, found.roles["fc1"].put)
+        read = measure(trace, found, B, T)
     except TraceError as e:
         raise Unread(str(e)) from e
     (wq, bq, _), (wk, bk, _), (wv, bv, _) = read["q"], read["k"], read["v"]
@@ -183,10 +194,10 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         ln[0], ln[1] if len(ln) > 1 else None,
     )  # fmt: skip
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
-    params = dict(module.named_parameters())
+    params = {n.name: n.value for n in trace.nodes if n.op == LEAF and n.name in trace.parameters}
     for role, r in found.roles.items():
         names[role] = (
-            _display(module, r.params) + _orientation(params, r.params, read[role][0])
+            _display(trace, r.params) + _orientation(params, r.params, read[role][0])
             if r.params
             else "none (the merged heads join the stream as they are: the identity)"
         )
@@ -196,7 +207,7 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
     return Reading(parts, found.heads, names, error, held)
 
 
-def _display(module: nn.Module, params: list[str]) -> str:
+def _display(trace: Trace, params: list[str]) -> str:
     """Parameters by the modules that hold them: ``attn.c_attn`` for its weight and bias,
     ``heads.*.query`` for one module per head, else the parameters themselves."""
     owners: dict[str, list[str]] = {}
@@ -204,8 +215,7 @@ def _display(module: nn.Module, params: list[str]) -> str:
         owners.setdefault(p.rpartition(".")[0], []).append(p)
     shown = []
     for owner, held in owners.items():
-        m = module.get_submodule(owner) if owner else module
-        own = {f"{owner}.{n}" if owner else n for n, _ in m.named_parameters(recurse=False)}
+        own = {p for p in trace.parameters if p.rpartition(".")[0] == owner}
         shown += [owner] if owner and set(held) == own else held
     if len(shown) > 1 and all(s.count(".") == shown[0].count(".") for s in shown):
         split = [s.split(".") for s in shown]

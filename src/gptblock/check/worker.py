@@ -1,14 +1,18 @@
 """The child process of ``gptblock.check.isolation``: the user's block, answering requests.
 
-Run as ``python -m gptblock.check.worker IN_FD OUT_FD`` (under ``gptblock.check.reaper``): it
-reads the targets and constructor arguments (pickled: they come from the checker), says it is
-ready, then answers one request after another (``gptblock.check.frames``: JSON and tensors, never
-pickle) on OUT_FD: ``load`` target i, ``build`` it, tell its ``width``, make the checker's
-``copy``, ``forward`` an input, run ``grads``, ``dropout_off``, ``read`` its parts into numbers,
-``suggest`` a ``--map``, run the ``modern`` comparison. It computes no check and no verdict: the checker does, from these
-answers, and trusts none of them. An error the block raises is an answer too (``raised``); a
-target that cannot be loaded or built is a ``user_error`` (the ``UserError``'s class and
-message). stdout and stderr are the block's: the checker only counts them.
+Run as this module with the arguments ``IN_FD OUT_FD`` (under ``gptblock.check.reaper``, from a
+script with a neutral name): it reads the targets and constructor arguments (pickled: they come
+from the checker), says it is ready, then answers one request after another
+(``gptblock.check.frames``: JSON and tensors, never pickle) on OUT_FD: ``load`` target i,
+``build`` it (at the file's sizes, or at ``other`` ones: ``build.build_at``), tell its
+``width`` and ``longest`` sequence, make the checker's ``copy``, ``forward`` an input (in eval
+or ``train`` mode), run ``grads``, ``dropout_off``, ``record`` a forward pass (``loop.record``,
+in eval mode), drive its ``cache`` (``loop.drive_cache``), ``read`` its parts by names (with
+``--map``, or where the dataflow the checker reads from the traces shows no roles), ``suggest``
+a ``--map``. It computes no check and no verdict: the checker does, from these answers, and
+trusts none of them. An error the block raises is an answer too (``raised``); a target that
+cannot be loaded or built is a ``user_error`` (the ``UserError``'s class and message). stdout
+and stderr are the block's: the checker only counts them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from ..errors import UserError, UserValueError
 from .build import build_at
 from .frames import Reader, send
+from .loop import drive_cache, record
 from .report import CAUGHT, one_line
 from .served import Served
 from .subject import one_thread
@@ -95,13 +100,14 @@ class _Worker:
             return {}, {}
         if op == "dropout_off":
             return {"how": served.dropout_off()}, {}
+        if op == "record":
+            return record(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
         if op == "read":
             return served.read(args["roles"])
         if op == "suggest":
             return {"map": served.suggest()}, {}
-        if op == "modern":
-            said = served.modern()
-            return said, said.pop("tensors", {})
+        if op == "cache":
+            return drive_cache(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
         raise RuntimeError(f"unknown request {op!r}")
 
 

@@ -1,0 +1,244 @@
+"""The child process of ``gptblock.check.isolation``: started under its supervisor, asked, stopped.
+
+``Child`` starts the supervisor (``gptblock.check.reaper``) and, below it, the worker
+(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
+no command line the block can read in ``/proc`` names the checker; the supervisor forks away from
+this process's tree, so the block's ancestors are never ``gptblock check ...``; the worker's
+environment has no variable of the checker's (``environment``). It sends requests and reads the
+answers (``gptblock.check.frames``) within a deadline, drains the block's stdout and stderr, and
+stops everything below the supervisor at the end.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from .. import errors
+from .frames import Reader, send
+from .report import Raised, one_line, text
+
+__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"]
+
+STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
+KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
+REAPER = Path(__file__).with_name("reaper.py")
+
+
+class Gone(BaseException):  # not an Exception: the probes must not catch it
+    """The child stopped answering: it ended, hung past the deadline or broke the protocol."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+@dataclass
+class _Output:
+    """One of the child's stdout / stderr: counted, its start kept, the rest dropped."""
+
+    name: str
+    size: int = 0
+    lines: int = 0
+    head: bytearray = field(default_factory=bytearray)
+
+    def drain(self, stream: IO[bytes]) -> None:
+        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+            self.size += len(chunk)
+            self.lines += chunk.count(b"\n")
+            if len(self.head) < KEEP:
+                self.head += chunk[: KEEP - len(self.head)]
+
+    def describe(self) -> str:
+        first = self.head.decode("utf-8", "replace").strip().splitlines()
+        shown = f", the first: {first[0][:120]!r}" if first else ""
+        return f"{self.size:,} bytes ({self.lines:,} lines) to {self.name}{shown}"
+
+
+@contextlib.contextmanager
+def undumpable() -> Iterator[None]:
+    """This process not dumpable while the child runs: a process without ``CAP_SYS_PTRACE``
+    (the child) cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
+    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
+
+    before = prctl(PR_GET_DUMPABLE)
+    changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
+    try:
+        yield
+    finally:
+        if changed:
+            prctl(PR_SET_DUMPABLE, before)
+
+
+class Child:
+    """The reaper and the worker below it, the pipes to them, and their drained output."""
+
+    def __init__(self, request: bytes) -> None:
+        to_child, self.to_fd = os.pipe()
+        self.from_fd, from_child = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.folder = tempfile.TemporaryDirectory()
+        supervisor, serve = neutral_scripts(Path(self.folder.name))
+        worker = [sys.executable, str(serve), str(to_child), str(from_child)]
+        passed = (to_child, from_child, out_w, err_w)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(supervisor), str(out_w), str(err_w),
+             f"{to_child},{from_child}", "--", *worker],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err_w,
+            pass_fds=passed,
+            env=environment(),
+            start_new_session=True,  # its own process group, spared the terminal's ^C
+        )  # fmt: skip
+        self.status: list[str] = []
+        self.eof = False
+        for fd in passed:
+            os.close(fd)
+        self.outputs = [_Output("stdout"), _Output("stderr")]
+        self.threads = [
+            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
+            for o, fd in zip(self.outputs, (out_r, err_r), strict=True)
+        ]
+        for t in self.threads:
+            t.start()
+        self.reader, self.id = Reader(self.from_fd), 0
+        self.deadline = time.monotonic() + STARTUP_LIMIT
+        send(self.to_fd, {"init": request.hex()})
+
+    def call(
+        self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        self.id += 1
+        with contextlib.suppress(BrokenPipeError):  # it died: reading says how
+            send(self.to_fd, {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(self.id)
+
+    def answer(self, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        try:
+            header, tensors = self.reader.next(self.deadline)
+        except TimeoutError:
+            raise Gone("timeout") from None
+        except EOFError:
+            raise Gone(self.ended()) from None
+        except ValueError as e:
+            raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
+        if header.get("id") != wanted:
+            raise Gone("broke the checker's protocol (an answer to no request)")
+        if "ok" in header and isinstance(header["ok"], dict):
+            return header["ok"], tensors
+        if "user_error" in header:
+            cls = getattr(errors, str(header["user_error"]), errors.UserValueError)
+            if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
+                cls = errors.UserValueError
+            raise cls(text(header.get("message", ""), 2000))
+        if "raised" in header:
+            raised = Raised(text(header["raised"], 400))
+            raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
+            raise raised
+        raise Gone("broke the checker's protocol (an answer of no known kind)")
+
+    def _status(self, timeout: float) -> None:
+        """The supervisor's lines (``supervisor PID``, ``pid PID``, ``exit RC``) until it ends,
+        after closing its stdin (its signal to stop the worker and sweep)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        out = self.proc.stdout
+        if out is None or self.eof:
+            return
+        deadline = time.monotonic() + timeout
+        data = b""
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([out], [], [], left)[0]:
+                break
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                self.eof = True
+                break
+            data += chunk
+        self.status += data.decode(errors="replace").splitlines()
+
+    def ended(self) -> str:
+        """How the worker ended, as its supervisor saw it."""
+        self._status(10)
+        rc: int | None = None
+        for line in self.status:
+            if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
+                rc = int(line[5:])
+        if rc is None:
+            return "ended without a word from its reaper"
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+            why = {
+                "SIGSEGV": " (a crash in native code)",
+                "SIGKILL": " (out of memory?)",
+                "SIGINT": " (a KeyboardInterrupt raised in the block)",
+            }
+            return f"was killed by {name}{why.get(name, '')}"
+        return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
+
+    def close(self) -> None:
+        """Stop the worker and everything below it (the supervisor sweeps), and the drains."""
+        self._status(30)
+        if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
+            for line in self.status:
+                if line.startswith("supervisor ") and line[11:].isdigit():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(line[11:]), signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)  # (the first process: it ended at once)
+        for fd in (self.to_fd, self.from_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for t in self.threads:
+            t.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.folder.cleanup()
+
+
+_SERVE = "import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+
+
+def neutral_scripts(folder: Path) -> tuple[Path, Path]:
+    """The supervisor (``reaper.py``, copied) and a script that runs the worker, under names
+    that say nothing of the checker: the command lines the block can read in ``/proc``."""
+    supervisor, serve = folder / "supervise.py", folder / "serve.py"
+    supervisor.write_bytes(REAPER.read_bytes())
+    serve.write_text(_SERVE.format(module=f"{__package__}.worker"))
+    return supervisor, serve
+
+
+_KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
+
+
+def environment() -> dict[str, str]:
+    """The child's environment: the caller's, but nothing that names the checker (``GPTBLOCK_*``,
+    the shell's ``_``: the command it ran, pytest's ``PYTEST_*``, a value that names
+    gptblock); ``PYTHONPATH`` this process's path, so that the child imports the same torch
+    and modules."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"
+        and (k in _KEPT or "gptblock" not in v.lower())
+    }  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return env
