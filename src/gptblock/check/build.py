@@ -122,7 +122,8 @@ def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]
     """The module to check and how to name it in the report (``build_at`` the file's sizes,
     its module settings restored)."""
     built = build_at(target, kwargs)
-    assert built is not None  # the file's sizes always exist
+    if built is None:  # the file's sizes always exist
+        raise RuntimeError("no build at the file's sizes")
     built.undo()
     return built.module, built.description
 

@@ -174,7 +174,8 @@ def check_in_process(
     """
     progress = progress or _Quiet()
     first = _at(target, kwargs, roles, progress, False)
-    assert not isinstance(first, str)  # the file's sizes raise rather than say why not
+    if isinstance(first, str):  # the file's sizes raise rather than say why not
+        raise RuntimeError(f"no report at the file's sizes: {first}")
     second = _at(target, kwargs, roles, Told(progress), True)
     if isinstance(second, str):
         return combine(first[0], second, first[1], "")

@@ -56,7 +56,8 @@ def at_two_sizes(
         ProtocolBroken: the block's process answered something that is not an answer.
     """
     first = _at(call, progress, roles, fresh, weights, False)
-    assert not isinstance(first, str)  # the file's sizes raise rather than say why not
+    if isinstance(first, str):  # the file's sizes raise rather than say why not
+        raise RuntimeError(f"no report at the file's sizes: {first}")
     try:
         second = _at(call, Told(progress), roles, fresh, weights, True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not
