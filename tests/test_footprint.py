@@ -6,9 +6,9 @@ import torch
 
 from gptblock import GPT, GPTConfig, UserError
 from gptblock.bench.measure import profile_call
+from gptblock.devices import available_memory
 from gptblock.model.footprint import (
     MemoryEstimate,
-    available_memory,
     check_memory,
     parameter_count,
     train_memory,

@@ -88,6 +88,27 @@ def test_the_oracle_imports_nothing_of_gptblock():
         assert imported(path) == set(), path
 
 
+# What reads or writes files, the machine's state or other processes.
+IO_MODULES = {"io", "json", "os", "pathlib", "pickle", "safetensors", "shutil", "subprocess"}
+
+
+@pytest.mark.parametrize("package", ["reference", "blocks", "lesson", "model"])
+def test_the_blocks_and_the_model_import_no_io(package):
+    # The model computes; reading files and the machine's memory (/proc) belongs to the layers
+    # that own them (devices.available_memory, runs/, interop/).
+    root = SRC / package
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "open":
+                found.add("open()")
+        assert not found & (IO_MODULES | {"open()"}), f"{path.relative_to(SRC)}: {found}"
+
+
 def module_imports(path):
     """The gptblock modules ``path`` imports, by dotted name under gptblock, type-only imports
     (under ``if TYPE_CHECKING:``) included: a circle of types is still a circle to a reader."""

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from gptblock import GPT, CharTokenizer, load, load_gpt
+from gptblock import GPT, CharTokenizer, interop, load, load_gpt
 from gptblock.cli import main
 from gptblock.data.bpe import BPETokenizer
 from gptblock.data.text import shakespeare
@@ -83,10 +83,12 @@ def test_a_vocabulary_larger_than_the_model_is_refused(nanogpt_dir):
         load(nanogpt=d)
 
 
-def test_the_gpt_shortcuts_are_the_interop_functions():
-    # GPT.from_hf(...), model.to_hf(), model.save_hf(...), GPT.from_nanogpt(...): as in 0.3.
-    assert GPT.from_hf is hf.from_hf and GPT.from_nanogpt is nanogpt.from_nanogpt
-    assert GPT.to_hf is hf.to_hf_model and GPT.save_hf is hf.save_hf
+def test_other_tools_files_are_functions_of_interop_not_attributes_of_the_gpt():
+    # The model imports no I/O, and nothing attaches methods to the GPT at import (issue 30).
+    assert interop.__all__ == ["from_hf", "from_nanogpt", "save_hf", "to_hf"]
+    assert interop.from_hf is hf.from_hf and interop.from_nanogpt is nanogpt.from_nanogpt
+    assert interop.to_hf is hf.to_hf and interop.save_hf is hf.save_hf
+    assert not {"from_hf", "to_hf", "save_hf", "from_nanogpt"} & set(dir(GPT))
 
 
 def test_sample_reads_a_nanogpt_checkpoint_greedily_as_nanogpt_would(nanogpt_dir, capsys):

@@ -22,7 +22,7 @@ import safetensors.torch
 import torch
 
 from forge import edit_json, edit_tensors, read_json
-from gptblock import GPT, GPTConfig, load_gpt, train_gpt
+from gptblock import GPT, GPTConfig, interop, load_gpt, train_gpt
 from gptblock.cli import main
 from gptblock.data.bpe import BPETokenizer
 from gptblock.data.text import default_corpus
@@ -71,7 +71,7 @@ def in_a_subprocess(*args):
 def hf_saved(tmp_path_factory):
     directory = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
-    GPT(GPTConfig(300, 16, n_layer=2, n_head=2, n_embd=8)).save_hf(directory)
+    interop.save_hf(GPT(GPTConfig(300, 16, n_layer=2, n_head=2, n_embd=8)), directory)
     BPETokenizer.train(TEXT, 300).tokenizer.save(str(directory / "tokenizer.json"))
     return directory
 
@@ -233,7 +233,7 @@ def test_a_hugging_face_config_too_big_is_refused_before_allocating(hf, field, v
 def test_from_hf_names_the_missing_config_rather_than_guessing_gpt2(hf):
     (hf / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no config\.json in"):
-        GPT.from_hf(hf)
+        interop.from_hf(hf)
 
 
 # --- nanoGPT checkpoints ------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def nanogpt_ckpt(path, **changes):
 
 
 def test_the_nanogpt_stand_in_loads(tmp_path):
-    model, _ = GPT.from_nanogpt(nanogpt_ckpt(tmp_path / "ckpt.pt"))
+    model, _ = interop.from_nanogpt(nanogpt_ckpt(tmp_path / "ckpt.pt"))
     assert model.config.n_layer == 1  # the broken cases below differ from this by one thing
 
 
@@ -293,7 +293,7 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
     damage(path)
     before = snapshot(tmp_path)
     with pytest.raises(UserError, match=re.escape(message)) as caught:
-        GPT.from_nanogpt(path)
+        interop.from_nanogpt(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
     assert snapshot(tmp_path) == before
 
@@ -302,8 +302,8 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
 def test_a_nanogpt_checkpoint_too_big_is_refused_before_allocating(tmp_path):
     path = nanogpt_ckpt(tmp_path / "ckpt.pt", n_embd=10**6, n_head=1)
     code = (
-        "import sys; from gptblock import GPT\n"
-        "try:\n    GPT.from_nanogpt(sys.argv[1])\n"
+        "import sys; from gptblock import interop\n"
+        "try:\n    interop.from_nanogpt(sys.argv[1])\n"
         "except ValueError as e:\n    print(e); sys.exit(2)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")

@@ -12,7 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptblock import GPT, BlockConfig, ConversionError, FusedBlock, GPTConfig, RunMeta, convert
+from gptblock import (
+    GPT,
+    BlockConfig,
+    ConversionError,
+    FusedBlock,
+    GPTConfig,
+    RunMeta,
+    convert,
+    interop,
+)
 from gptblock.blocks.fused import block_forward
 from gptblock.data.batches import CharTokenizer
 from gptblock.lens.readout import direct_logit_attribution
@@ -237,7 +246,7 @@ def test_a_modern_gpt_trains_saves_loads_and_resumes(tmp_path):
 def test_gpt2s_format_refuses_the_modern_options_by_name(options, name):
     model = GPT(GPTConfig(13, 8, 1, 2, 16, **options))
     with pytest.raises(ValueError, match=f"GPT-2's format cannot express {name}"):
-        model.to_hf()
+        interop.to_hf(model)
 
 
 def test_transformer_block_refuses_the_modern_options_by_name():

@@ -41,57 +41,80 @@ with a message that names the bad value; anything else is a bug.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from . import (
-    interop,  # noqa: F401  (attaches GPT.from_hf & co.: gpt.py says why)
-    lesson,
-    reference,
-)
-from .blocks.config import BlockConfig, GPTConfig
-from .blocks.convert import ConversionError, convert
-from .blocks.fused import FusedBlock
-from .blocks.gqa import GroupedQueryAttention, attention
-from .blocks.llama import LlamaBlock
-from .blocks.masks import causal_mask
-from .blocks.mha import TransformerBlock
-from .blocks.mlp import SwiGLU, swiglu
-from .blocks.norms import RMSNorm, rmsnorm
-from .blocks.rotary import Rotary, apply_rotary
-from .data.batches import CharTokenizer
-from .errors import UserError
-from .model.generation.cache import KVCache
-from .model.generation.sampling import GenerationStep
-from .model.gpt import GPT, GPTOutput
-from .runs.checkpoint import CheckpointError
-from .runs.meta import RunMeta
-from .train.config import TrainConfig
-from .train.loop import Trainer
-from .train.result import NonFiniteLossError
-from .train.run import train_gpt
-
 __version__ = "0.3.0"
 
-# Imported at their first use (PEP 562's module __getattr__): the checker, the lens, the
-# exercises and the loaders, which a training run (`gptblock train`, benchmarks/speedrun.py)
-# does not use, were a third of `import gptblock`'s own time (-X importtime).
-LAZY_NAMES = {
+# Every name is imported at its first use (PEP 562's module __getattr__), so that a command
+# imports only what it runs: `gptblock check` loads nothing of the training code, `gptblock
+# train` nothing of the checker (tests/test_commands.py), and `import gptblock` alone loads no
+# torch. The public name, then the module (under gptblock) that defines it.
+NAMES = {
+    "BlockConfig": "blocks.config",
+    "GPTConfig": "blocks.config",
+    "ConversionError": "blocks.convert",
+    "convert": "blocks.convert",
+    "FusedBlock": "blocks.fused",
+    "GroupedQueryAttention": "blocks.gqa",
+    "attention": "blocks.gqa",
+    "LlamaBlock": "blocks.llama",
+    "causal_mask": "blocks.masks",
+    "TransformerBlock": "blocks.mha",
+    "SwiGLU": "blocks.mlp",
+    "swiglu": "blocks.mlp",
+    "RMSNorm": "blocks.norms",
+    "rmsnorm": "blocks.norms",
+    "Rotary": "blocks.rotary",
+    "apply_rotary": "blocks.rotary",
+    "CharTokenizer": "data.batches",
+    "UserError": "errors",
+    "KVCache": "model.generation.cache",
+    "GenerationStep": "model.generation.sampling",
+    "GPT": "model.gpt",
+    "GPTOutput": "model.gpt",
+    "CheckpointError": "runs.checkpoint",
+    "RunMeta": "runs.meta",
+    "TrainConfig": "train.config",
+    "Trainer": "train.loop",
+    "NonFiniteLossError": "train.result",
+    "train_gpt": "train.run",
     "CheckReport": "check",
     "Finding": "check",
     "check_block": "check",
     "load": "loading",
     "load_gpt": "loading",
 }
-LAZY_MODULES = ("check", "exercises", "lens", "loading", "sampling")
+MODULES = ("check", "exercises", "interop", "lens", "lesson", "loading", "reference", "sampling")
 
 if TYPE_CHECKING:
-    from . import exercises, lens
+    from . import exercises, lens, lesson, reference
+    from .blocks.config import BlockConfig, GPTConfig
+    from .blocks.convert import ConversionError, convert
+    from .blocks.fused import FusedBlock
+    from .blocks.gqa import GroupedQueryAttention, attention
+    from .blocks.llama import LlamaBlock
+    from .blocks.masks import causal_mask
+    from .blocks.mha import TransformerBlock
+    from .blocks.mlp import SwiGLU, swiglu
+    from .blocks.norms import RMSNorm, rmsnorm
+    from .blocks.rotary import Rotary, apply_rotary
     from .check import CheckReport, Finding, check_block
+    from .data.batches import CharTokenizer
+    from .errors import UserError
     from .loading import load, load_gpt
+    from .model.generation.cache import KVCache
+    from .model.generation.sampling import GenerationStep
+    from .model.gpt import GPT, GPTOutput
+    from .runs.checkpoint import CheckpointError
+    from .runs.meta import RunMeta
+    from .train.config import TrainConfig
+    from .train.loop import Trainer
+    from .train.result import NonFiniteLossError
+    from .train.run import train_gpt
 
 
 def __getattr__(name: str) -> Any:
-    if name in LAZY_NAMES:
-        value = getattr(import_module(f".{LAZY_NAMES[name]}", __name__), name)
-    elif name in LAZY_MODULES:
+    if name in NAMES:
+        value = getattr(import_module(f".{NAMES[name]}", __name__), name)
+    elif name in MODULES:
         value = import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -100,7 +123,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *LAZY_MODULES})
+    return sorted({*globals(), *__all__, *MODULES})
 
 
 __all__ = [

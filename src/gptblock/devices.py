@@ -1,7 +1,11 @@
-"""Where and in what precision to run: device names, dtype names, autocast, CPU threads.
+"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, and
+how much memory a device can still give.
 
 One table of dtype names (``DTYPES``) serves every command: training runs in the
 ``AUTOCAST_DTYPES`` (float32 means no autocast at all), the benchmark in any of them.
+``available_memory`` reads what the machine can still give: ``MemAvailable`` of
+``/proc/meminfo`` (within a cgroup's limit, if one is set) for the CPU, ``cudaMemGetInfo`` for
+a GPU, nothing it can trust elsewhere (then ``model.footprint`` refuses nothing).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ __all__ = [
     "DEVICE_TYPES",
     "DTYPES",
     "autocast_context",
+    "available_memory",
     "busy_cores",
     "choose_threads",
     "cpu_threads",
@@ -242,3 +248,45 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
         yield choose_threads(threads)
     finally:
         torch.set_num_threads(before)
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes the machine can still allocate on ``device``, or None where that is unknown.
+
+    Example:
+        >>> available_memory("cpu") is None or available_memory("cpu") > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    found = [m for m in (_meminfo_available(), _cgroup_room()) if m is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel says kB and means KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # other POSIX systems: free pages, without the reclaimable cache (an underestimate)
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_room() -> int | None:
+    # cgroup v2: a container's limit, which MemAvailable (the whole machine's) does not see.
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((root / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None

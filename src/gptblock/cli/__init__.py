@@ -2,7 +2,10 @@
 
 Each command lives in its own module with ``register(subparsers)``, which adds the command's
 parser and sets ``run(args) -> int`` as its handler; everything a command does is a library call
-a user could make from Python. ``formatting`` holds what every command's ``--help`` shares.
+a user could make from Python. ``formatting`` holds what every command's ``--help`` shares, and
+``COMMANDS``, each command's line in ``gptblock --help``. Only the module of the command being
+run is imported, and with it only the library it runs: ``gptblock check`` loads nothing of the
+training code, ``gptblock train`` nothing of the checker (``tests/test_commands.py``).
 
 Errors a user can cause (``gptblock.errors.UserError``: bad arguments, missing or malformed
 files, settings that do not fit together) and the operating system's refusals about the user's
@@ -20,14 +23,13 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from importlib import import_module
 from typing import Any
 
 from .. import __version__
 from ..devices import cpu_threads
 from ..errors import UserError
-from . import bench, check, example, exercises, info, inspect, sample, train
-
-COMMANDS = (train, sample, inspect, check, exercises, bench, example, info)
+from .formatting import COMMANDS
 
 
 class CLIError(UserError):
@@ -38,22 +40,30 @@ class CLIError(UserError):
         self.exit_code = exit_code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given ``command``, of that one in full and of the
+    others their names and help lines only (enough for ``gptblock --help`` and its errors)."""
     parser = argparse.ArgumentParser(
         prog="gptblock",
         description="The GPT transformer block as the lessons teach it, verified and fast.",
     )
     parser.add_argument("--version", action="version", version=f"gptblock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
-        command.register(sub)
+    for name, line in COMMANDS.items():
+        if command is None or name == command:
+            import_module(f".{name}", __name__).register(sub)
+        else:
+            sub.add_parser(name, help=line)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The first word that is not an option names the command (gptblock's own options, --help
+    # and --version, take no value).
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else "").parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(args.command)
         try:

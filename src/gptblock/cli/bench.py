@@ -10,7 +10,7 @@ from ..bench.suite import QUICK, BenchConfig, device_unavailable, run_benchmark
 from ..devices import DTYPES, set_threads
 from ..errors import UserValueError
 from ..files import check_destination
-from .formatting import RawEpilogHelpFormatter
+from .formatting import COMMANDS, RawEpilogHelpFormatter
 
 EPILOG = """\
 ms: median of --repeats calls after --warmup untimed ones, the forms timed round-robin.
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = BenchConfig()
     p = sub.add_parser(
         "bench",
-        help="time every form of the block against the machine's matmul peak",
+        help=COMMANDS["bench"],
         description="Measure the matmul peak, then each block form (lesson Block,\n"
         "TransformerBlock, FusedBlock, nn.TransformerEncoderLayer) for inference and a\n"
         "training step, at one shape and a sweep over T.",

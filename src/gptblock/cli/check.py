@@ -22,6 +22,7 @@ from ..check import (
 )
 from ..check.target import parse_role
 from ..errors import UserError, UserValueError
+from .formatting import COMMANDS
 
 EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
 
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     defaults = ", ".join(f"{k}={v!r}" for k, v in COMMON_ARGUMENTS.items())
     p = sub.add_parser(
         "check",
-        help="find the mistakes in a transformer block and say how to fix them",
+        help=COMMANDS["check"],
         description=(
             "Probe a block mapping (B, T, C) to (B, T, C) (shape, causality, batch "
             "independence, eval determinism, residual stream, finite outputs, gradients), read "

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..example import worked_example
+from .formatting import COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "example",
-        help="run the lesson's worked example: which outputs change when one token changes",
+        help=COMMANDS["example"],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the input")

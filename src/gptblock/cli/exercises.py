@@ -7,12 +7,13 @@ import math
 
 from ..blocks.config import check_seed
 from ..exercises import run_all
+from .formatting import COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "exercises",
-        help="run the lesson's exercises (score variance, causal head, entropy) and check them",
+        help=COMMANDS["exercises"],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--seed", type=int, default=0, help="seed for every random draw")

@@ -9,10 +9,11 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .formatting import COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("info", help="print versions, threads and available devices")
+    p = sub.add_parser("info", help=COMMANDS["info"])
     p.set_defaults(run=run)
 
 

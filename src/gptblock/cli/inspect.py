@@ -7,14 +7,14 @@ import math
 
 from ..files import check_destination, make_directory
 from ..lens import FIGURE_FILES, PromptInspection, inspect_prompt, save_attention_page, save_figures
-from .formatting import HelpFormatter, add_threads_option
+from .formatting import COMMANDS, HelpFormatter, add_threads_option
 from .options import add_source_options, load_source
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "inspect",
-        help="look inside a trained model on a prompt: logit lens, heads, attention",
+        help=COMMANDS["inspect"],
         description="Load the best checkpoint of a `gptblock train` run, run it once on the "
         "prompt with every activation cached, and print the likeliest next tokens, the logit "
         "lens (each layer's top token) and a table of the heads. --hf and --nanogpt read "

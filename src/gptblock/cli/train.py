@@ -24,13 +24,13 @@ from ..train.presets import DEFAULT_PRESET, PRESETS
 from ..train.result import NonFiniteLossError, TrainResult
 from ..train.run import GPTRun, prepare_run
 from ..train.settings import SETTINGS, RunSettings
-from .formatting import HelpFormatter, add_threads_option
+from .formatting import COMMANDS, HelpFormatter, add_threads_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "train",
-        help="train a tiny GPT on a text (default: Tiny Shakespeare, built in), then sample",
+        help=COMMANDS["train"],
         description="Train a character-level GPT. With no arguments: the default preset on "
         "Tiny Shakespeare, which ships with gptblock (no download).",
         formatter_class=HelpFormatter,

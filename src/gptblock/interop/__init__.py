@@ -1,16 +1,13 @@
-"""Other tools' files: Hugging Face GPT-2 (``hf``) and nanoGPT (``nanogpt``), read and written.
+"""Other tools' files: Hugging Face's (``hf``: GPT-2, Llama, Mistral, Qwen2) and nanoGPT's
+(``nanogpt``), read and written.
 
-The functions of ``hf`` and ``nanogpt`` are the implementation. ``GPT.from_hf``, ``GPT.to_hf``,
-``GPT.save_hf`` and ``GPT.from_nanogpt``, documented since 0.3, are the same functions, attached
-to the class here rather than written in ``gptblock.model``: the model imports no I/O, so the
-arrow points from interop down to the model (the class declares them for type checkers).
-``import gptblock`` imports this package, so they are there whenever the GPT is.
+``from_hf(source)`` and ``from_nanogpt(path)`` build a GPT from them, ``to_hf(model)`` and
+``save_hf(model, directory)`` turn one into theirs. They are functions here, not methods of the
+GPT: the model imports no I/O, so the arrow points from interop down to the model.
+``gptblock.load`` reads a run, a Hugging Face directory or a nanoGPT checkpoint by one call.
 """
 
-from ..model.gpt import GPT
-from . import hf, nanogpt
+from .hf import from_hf, save_hf, to_hf
+from .nanogpt import from_nanogpt
 
-GPT.from_hf = staticmethod(hf.from_hf)
-GPT.to_hf = hf.to_hf_model
-GPT.save_hf = hf.save_hf
-GPT.from_nanogpt = staticmethod(nanogpt.from_nanogpt)
+__all__ = ["from_hf", "from_nanogpt", "save_hf", "to_hf"]

@@ -1,8 +1,8 @@
-"""Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf_model``, ``save_hf``.
+"""Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf``, ``save_hf``.
 
 GPT-2 is gptblock's GPT with other names; Llama, Mistral and Qwen2 are its modern options
-(``interop.llama`` maps those). ``GPT.from_hf`` / ``GPT.to_hf`` / ``GPT.save_hf`` are these
-functions, attached to the GPT by ``gptblock.interop``. Per GPT-2 block, with C the width::
+(``interop.llama`` maps those). ``gptblock.interop`` offers these functions; the GPT itself
+reads and writes no files. Per GPT-2 block, with C the width::
 
     GPT-2 (Conv1D: weight (in, out))     gptblock (nn.Linear: weight (out, in))
     h.{i}.ln_1                           transformer.h.{i}.norm1
@@ -48,9 +48,9 @@ from ..model.gpt import GPT
 from . import llama
 from .hf_files import expected_shapes, llama_shapes, read_safetensors
 
-__all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf_model"]
+__all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf"]
 
-FORMATS = ("gpt2", *llama.FAMILIES)  # what to_hf_model writes
+FORMATS = ("gpt2", *llama.FAMILIES)  # what to_hf writes
 
 INSTALL = 'pip install "gptblock[hf]"'
 # Hugging Face's activation names -> the blocks'. gelu_new and gelu_pytorch_tanh are one function.
@@ -201,7 +201,7 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         directory = Path(source)
         if not directory.is_dir():
             raise UserFileNotFoundError(
-                f"{directory} is not a directory; GPT.from_hf reads a local save_pretrained "
+                f"{directory} is not a directory; from_hf reads a local save_pretrained "
                 f"directory (nothing is downloaded: a hub name is not a directory)"
             )
         path = directory / "config.json"
@@ -283,7 +283,7 @@ def _check_fits(config: GPTConfig, path: Path) -> None:
 
 def from_hf(source: Any, *, block: str = "fused") -> GPT:
     """A GPT with the weights of a Hugging Face model (GPT-2, Llama, Mistral or Qwen2) or of a
-    local directory ``save_pretrained`` wrote; its logits are the model's. Also ``GPT.from_hf``.
+    local directory ``save_pretrained`` wrote; its logits are the model's.
 
     Args:
         source: the model, or the directory (``config.json`` + safetensors); nothing is
@@ -305,7 +305,7 @@ def from_hf(source: Any, *, block: str = "fused") -> GPT:
     return model.eval()
 
 
-def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
+def to_hf(model: nn.Module, family: str | None = None) -> Any:
     """A ``transformers`` model computing what the GPT ``model`` computes (eval, float32).
 
     Args:
@@ -314,8 +314,6 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
             (``LlamaForCausalLM``, ...); None: Llama for Llama's block (RMSNorm, SwiGLU, rotary
             positions), else GPT-2. An option the family cannot express is refused, naming it. Dropout, a training
             setting, is not carried into Llama's formats.
-
-    Also ``model.to_hf(family)``.
     """
     config: GPTConfig = model.config  # type: ignore[assignment]
     refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
@@ -328,7 +326,7 @@ def to_hf_model(model: nn.Module, family: str | None = None) -> Any:
     if family not in FORMATS:
         raise UserValueError(f"family must be one of {FORMATS} or None, got {family!r:.40}")
     if family == "gpt2":
-        hf, state = tf.GPT2LMHeadModel(config_to_hf(config)), _to_hf(model)
+        hf, state = tf.GPT2LMHeadModel(config_to_hf(config)), _gpt2_state(model)
     else:
         name = llama.FAMILIES[family]
         hf_config = getattr(tf, f"{name}Config")(**llama.config_to_llama(config, family))
@@ -351,12 +349,12 @@ def save_hf(
 ) -> Path:
     """Write the GPT ``model`` as a Hugging Face directory (``config.json``,
     ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given),
-    of ``family`` as ``to_hf_model`` chooses it.
+    of ``family`` as ``to_hf`` chooses it.
 
     The directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` and
-    ``from_hf``. Also ``model.save_hf(directory, tokenizer)``.
+    ``from_hf``.
     """
-    hf = to_hf_model(model, family)  # first: a model the family refuses leaves no directory
+    hf = to_hf(model, family)  # first: a model the family refuses leaves no directory
     # save_pretrained, given a file, logs an error and writes nothing: refuse instead.
     directory = make_directory(directory)
     hf.save_pretrained(directory, safe_serialization=True)
@@ -387,7 +385,7 @@ def _take(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     return state[key]
 
 
-def _to_hf(model: nn.Module) -> dict[str, torch.Tensor]:
+def _gpt2_state(model: nn.Module) -> dict[str, torch.Tensor]:
     ours = model.state_dict()
     out = {f"transformer.{k}": ours[f"transformer.{k}"] for k in MODEL_TENSORS}
     for i, block in enumerate(model.transformer["h"]):  # type: ignore[index]

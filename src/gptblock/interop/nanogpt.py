@@ -131,8 +131,7 @@ def from_nanogpt(
     path: str | os.PathLike[str], *, block: str = "fused"
 ) -> tuple[GPT, CharTokenizer | None]:
     """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
-    the ``meta.pkl`` beside it if there is one; nothing in either file can run code. Also
-    ``GPT.from_nanogpt``.
+    the ``meta.pkl`` beside it if there is one; nothing in either file can run code.
 
     Returns:
         The model in eval mode, float32, on the CPU, and the tokenizer or None.

@@ -25,28 +25,25 @@ holds the estimate to within -20% / +35% of the peak PyTorch's profiler measures
 training step (the second, when AdamW's moments exist) over the three block forms, with and
 without dropout. They were measured with PyTorch 2.13 on a CPU; a GPU's flash attention keeps
 no (T, T) weights even with dropout, so there the estimate errs high.
-``available_memory`` reads what the machine can still give: ``MemAvailable`` of
-``/proc/meminfo`` (within a cgroup's limit, if one is set) for the CPU, ``cudaMemGetInfo`` for
-a GPU, nothing it can trust elsewhere (then nothing is refused).
+``check_memory`` compares the estimate with what ``devices.available_memory`` says the machine
+can still give (the model reads no files: the machine is the devices module's business).
 
 Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..blocks.config import GPTConfig
+from ..devices import available_memory
 from ..errors import UserValueError
 from .embeddings import SMEAR_CHANNELS, bigram_rows
 
 __all__ = [
     "MemoryEstimate",
-    "available_memory",
     "check_available",
     "check_memory",
     "parameter_count",
@@ -159,48 +156,6 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
         activations=int(floats * FLOAT),
         data=characters * (8 + ENCODING_BYTES),
     )
-
-
-def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes the machine can still allocate on ``device``, or None where that is unknown.
-
-    Example:
-        >>> available_memory("cpu") is None or available_memory("cpu") > 0
-        True
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    if device.type != "cpu":
-        return None
-    found = [m for m in (_meminfo_available(), _cgroup_room()) if m is not None]
-    return min(found) if found else None
-
-
-def _meminfo_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the kernel says kB and means KiB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # other POSIX systems: free pages, without the reclaimable cache (an underestimate)
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _cgroup_room() -> int | None:
-    # cgroup v2: a container's limit, which MemAvailable (the whole machine's) does not see.
-    root = Path("/sys/fs/cgroup")
-    try:
-        limit = (root / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((root / "memory.current").read_text()))
-    except (OSError, ValueError):
-        return None
 
 
 def check_memory(

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, cast
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn as nn
@@ -139,16 +138,6 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02)
             else:  # LayerNorm gains
                 nn.init.ones_(p)
-
-    # --- other tools' files: gptblock.interop --------------------------------------------------
-    # The model imports no I/O: these shortcuts (documented since 0.3) are interop.hf's from_hf,
-    # to_hf_model, save_hf and interop.nanogpt's from_nanogpt, attached when gptblock.interop is
-    # imported (as `import gptblock` does); declared for readers and type checkers.
-    # gptblock.load reads every source through one call.
-    from_hf: ClassVar[Callable[..., GPT]]
-    to_hf: ClassVar[Callable[..., Any]]
-    save_hf: ClassVar[Callable[..., Path]]
-    from_nanogpt: ClassVar[Callable[..., tuple[GPT, Any]]]
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once; the position
