@@ -4,7 +4,7 @@
     python benchmarks/vs_hf.py --shapes 6L --repeats 9 --json results/vs-hf.json
 
 For each shape a randomly initialised ``GPT2LMHeadModel`` (dropout 0) is built and
-``gptblock.interop.from_hf`` gives gptblock's GPT with the same weights (their logits agree to 1e-5:
+``gptblock.interop.hf.from_hf`` gives gptblock's GPT with the same weights (their logits agree to 1e-5:
 ``tests/test_hf.py``). Then, float32 on the CPU, each measurement alternates the two models
 call by call (so a change in the machine's load hits both) and reports the median over
 ``--repeats`` calls after ``--warmup`` untimed ones, with the range of the per-pair ratios:
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gptblock import interop
+from gptblock.interop.hf import from_hf
 
 SHAPES = {
     "6L": dict(n_layer=6, n_head=6, n_embd=384, n_positions=256, vocab_size=65),
@@ -93,7 +93,7 @@ def bench(
         initializer_range=0.2,
     )  # fmt: skip
     hf = GPT2LMHeadModel(config)
-    ours = interop.from_hf(hf)
+    ours = from_hf(hf)
     V = config.vocab_size
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, V, (B, T), generator=g)

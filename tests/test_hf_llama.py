@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock import GPT, GPTConfig, interop
+from gptblock import GPT, GPTConfig
 from gptblock.errors import UserError
+from gptblock.interop.hf import from_hf, save_hf
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
@@ -108,10 +109,10 @@ def test_logits_agree_within_1e5(model_type, fields, tmp_path):
     idx = torch.randint(0, 300, (3, 64))
     with torch.no_grad():
         theirs = hf(idx).logits
-        ours = interop.from_hf(hf)
+        ours = from_hf(hf)
         torch.testing.assert_close(ours(idx).logits, theirs, atol=1e-5, rtol=0)
         hf.save_pretrained(tmp_path)
-        saved = interop.from_hf(tmp_path)
+        saved = from_hf(tmp_path)
         torch.testing.assert_close(saved(idx).logits, theirs, atol=1e-5, rtol=0)
     assert saved.config == ours.config
     assert ours.config.n_kv_head == fields["num_key_value_heads"]
@@ -123,7 +124,7 @@ def test_greedy_generation_is_token_for_token_huggingfaces(model_type, fields):
     # 60 tokens after a 4-token prompt, to the last position the config defines: gptblock's KV
     # cache (n_kv_head heads) against Hugging Face's.
     hf = hf_model(model_type, fields)
-    ours = interop.from_hf(hf)
+    ours = from_hf(hf)
     prompt = torch.randint(0, 300, (2, 4))
     theirs = hf.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=60, do_sample=False,
@@ -147,13 +148,13 @@ EXPORTS = {  # id -> (gptblock options, family or None, the transformers class i
 def test_save_hf_loads_in_transformers_with_the_same_logits(options, family, cls, tmp_path):
     model = random_gpt(**options)
     idx = torch.randint(0, 300, (2, 64))
-    interop.save_hf(model, tmp_path, family=family)
+    save_hf(model, tmp_path, family=family)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(theirs).__name__.startswith(cls)
     with torch.no_grad():
         expected = model(idx).logits
         torch.testing.assert_close(theirs(idx).logits, expected, atol=1e-5, rtol=0)
-        back = interop.from_hf(tmp_path)
+        back = from_hf(tmp_path)
         torch.testing.assert_close(back(idx).logits, expected, atol=1e-5, rtol=0)
     if model.config.rope_pairing == "halves":  # else back is the halves model, permuted
         same = model.config
@@ -167,7 +168,7 @@ def test_save_hf_loads_in_transformers_with_the_same_logits(options, family, cls
 
 def test_a_qwen2_checkpoint_goes_back_to_qwen2_exactly(tmp_path):
     hf = hf_model(*CASES["qwen2-gqa-tied"])
-    interop.save_hf(interop.from_hf(hf), tmp_path, family="qwen2")
+    save_hf(from_hf(hf), tmp_path, family="qwen2")
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     for key, p in hf.state_dict().items():
         assert torch.equal(again.state_dict()[key], p), key
@@ -193,7 +194,7 @@ REFUSED_EXPORTS = {  # id -> (gptblock options, family, what the one line names)
 def test_what_a_family_cannot_express_is_refused_with_one_line(options, family, needle, tmp_path):
     model = random_gpt(**options)
     with pytest.raises(UserError) as e:
-        interop.save_hf(model, tmp_path / "out", family=family)
+        save_hf(model, tmp_path / "out", family=family)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists()
 
@@ -264,7 +265,7 @@ def test_a_config_the_parts_do_not_compute_is_one_line_naming_file_and_field(
 ):
     d = with_fields(llama_dir, tmp_path, drop, **changes)
     with pytest.raises(UserError) as e:
-        interop.from_hf(d)
+        from_hf(d)
     message = str(e.value)
     assert message.startswith(f"{d / 'config.json'}: ") and needle in message, message
     assert "\n" not in message
@@ -273,7 +274,7 @@ def test_a_config_the_parts_do_not_compute_is_one_line_naming_file_and_field(
 def test_a_legacy_config_with_rope_theta_loads(llama_dir, tmp_path):
     # transformers 4 wrote rope_theta and rope_scaling at the top level, not rope_parameters
     d = with_fields(llama_dir, tmp_path, ["rope_parameters"], rope_theta=500.0, rope_scaling=None)
-    assert interop.from_hf(d).config.rope_theta == 500.0
+    assert from_hf(d).config.rope_theta == 500.0
 
 
 def gptblock_cli(*args):
@@ -342,11 +343,11 @@ def test_a_sharded_llama_directory_loads_and_a_wrong_shape_is_named(tmp_path):
     idx = torch.randint(0, 300, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(
-            interop.from_hf(tmp_path / "sharded")(idx).logits, hf(idx).logits, atol=1e-5, rtol=0
+            from_hf(tmp_path / "sharded")(idx).logits, hf(idx).logits, atol=1e-5, rtol=0
         )
     # k_proj of a model with as many key/value heads as query heads: refused from the header
     d = with_fields(tmp_path / "sharded", tmp_path, num_key_value_heads=4)
     with pytest.raises(
         UserError, match=r"self_attn\.k_proj\.weight has shape \(32, 64\).*\(64, 64\)"
     ):
-        interop.from_hf(d)
+        from_hf(d)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptblock import GPT, GPTConfig, UserError, interop
+from gptblock import GPT, GPTConfig, UserError
+from gptblock.interop.hf import save_hf, to_hf
 from gptblock.lens.readout import direct_logit_attribution
 from gptblock.model.embeddings import BIGRAM_CAP, InputMix, Smear, bigram_rows
 from gptblock.model.footprint import parameter_count
@@ -181,10 +182,10 @@ def test_hugging_faces_formats_refuse_them_by_name(options, family, tmp_path):
     model = GPT(GPTConfig(13, 8, 1, 2, 16, **options))
     name = next(iter(options))
     with pytest.raises(UserError, match=f"cannot express {name}=True") as e:
-        interop.to_hf(model, family)
+        to_hf(model, family)
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match=f"cannot express {name}=True"):
-        interop.save_hf(model, tmp_path / "hf")
+        save_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
 

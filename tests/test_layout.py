@@ -83,6 +83,19 @@ def test_the_known_upward_arrows_are_still_there():
     assert found == KNOWN_UPWARD
 
 
+def test_the_readme_map_lists_the_layers_in_this_order():
+    # README.md's "A map of the packages": an entry per line at two spaces' indent, its names
+    # before the description ("errors.py, files.py, distributed.py    UserError ...").
+    readme = (SRC.parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## A map of the packages", 1)[1].split("```text\n", 1)[1]
+    block = block.split("```", 1)[0].split("src/gptblock/\n", 1)[1].split("\ntests/", 1)[0]
+    entries = [line[2:].split("  ")[0] for line in block.splitlines() if line[2] != " "]
+    names = [n.strip().removesuffix(".py").removesuffix("/") for e in entries for n in e.split(",")]
+    assert sorted(names) == sorted(RANK), "the map and LAYERS name different modules"
+    ranks = [RANK[n] for n in names]
+    assert ranks == sorted(ranks), f"the map's order is not LAYERS': {names}"
+
+
 def test_the_oracle_imports_nothing_of_gptblock():
     for path in (SRC / "reference").glob("*.py"):
         assert imported(path) == set(), path

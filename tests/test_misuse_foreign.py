@@ -22,11 +22,13 @@ import safetensors.torch
 import torch
 
 from forge import edit_json, edit_tensors, read_json
-from gptblock import GPT, GPTConfig, interop, load_gpt, train_gpt
+from gptblock import GPT, GPTConfig, load_gpt, train_gpt
 from gptblock.cli import main
 from gptblock.data.bpe import BPETokenizer
 from gptblock.data.text import default_corpus
 from gptblock.errors import UserError
+from gptblock.interop.hf import from_hf, save_hf
+from gptblock.interop.nanogpt import from_nanogpt
 from gptblock.runs.meta import FORMAT_1_MODEL_FIELDS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -71,7 +73,7 @@ def in_a_subprocess(*args):
 def hf_saved(tmp_path_factory):
     directory = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
-    interop.save_hf(GPT(GPTConfig(300, 16, n_layer=2, n_head=2, n_embd=8)), directory)
+    save_hf(GPT(GPTConfig(300, 16, n_layer=2, n_head=2, n_embd=8)), directory)
     BPETokenizer.train(TEXT, 300).tokenizer.save(str(directory / "tokenizer.json"))
     return directory
 
@@ -233,7 +235,7 @@ def test_a_hugging_face_config_too_big_is_refused_before_allocating(hf, field, v
 def test_from_hf_names_the_missing_config_rather_than_guessing_gpt2(hf):
     (hf / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no config\.json in"):
-        interop.from_hf(hf)
+        from_hf(hf)
 
 
 # --- nanoGPT checkpoints ------------------------------------------------------------------------
@@ -262,7 +264,7 @@ def nanogpt_ckpt(path, **changes):
 
 
 def test_the_nanogpt_stand_in_loads(tmp_path):
-    model, _ = interop.from_nanogpt(nanogpt_ckpt(tmp_path / "ckpt.pt"))
+    model, _ = from_nanogpt(nanogpt_ckpt(tmp_path / "ckpt.pt"))
     assert model.config.n_layer == 1  # the broken cases below differ from this by one thing
 
 
@@ -293,7 +295,7 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
     damage(path)
     before = snapshot(tmp_path)
     with pytest.raises(UserError, match=re.escape(message)) as caught:
-        interop.from_nanogpt(path)
+        from_nanogpt(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
     assert snapshot(tmp_path) == before
 
@@ -302,8 +304,8 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
 def test_a_nanogpt_checkpoint_too_big_is_refused_before_allocating(tmp_path):
     path = nanogpt_ckpt(tmp_path / "ckpt.pt", n_embd=10**6, n_head=1)
     code = (
-        "import sys; from gptblock import interop\n"
-        "try:\n    interop.from_nanogpt(sys.argv[1])\n"
+        "import sys; from gptblock.interop.nanogpt import from_nanogpt\n"
+        "try:\n    from_nanogpt(sys.argv[1])\n"
         "except ValueError as e:\n    print(e); sys.exit(2)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")

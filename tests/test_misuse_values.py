@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptblock import GPT, CharTokenizer, GPTConfig, devices, interop
+from gptblock import GPT, CharTokenizer, GPTConfig, devices
 from gptblock.cli import main
 from gptblock.data.bpe import BPETokenizer
 from gptblock.data.text import default_corpus
+from gptblock.interop.hf import from_hf, save_hf
 from gptblock.lens import direct_logit_attribution, inspect_prompt, logit_lens
 from gptblock.sampling import sample_text
 
@@ -57,14 +58,14 @@ def padded_model(V, real):
 def padded_hf(tmp_path_factory):
     directory = tmp_path_factory.mktemp("padded")
     tok = BPETokenizer.train(TEXT, 300)
-    interop.save_hf(padded_model(384, tok.vocab_size), directory)
+    save_hf(padded_model(384, tok.vocab_size), directory)
     tok.tokenizer.save(str(directory / "tokenizer.json"))
     return directory, tok.vocab_size
 
 
 def test_the_padded_rows_would_win_without_the_mask(padded_hf):
     directory, real = padded_hf
-    model = interop.from_hf(directory)
+    model = from_hf(directory)
     logits = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
     assert int(logits.argmax()) >= real  # so the tests below can fail
 
@@ -95,7 +96,7 @@ def test_inspect_hf_with_a_padded_vocabulary_reads_the_tokenizers_ids(padded_hf,
     directory, real = padded_hf
     assert main(["inspect", "--hf", str(directory), "--prompt", "The king", "--threads", "1"]) == 0
     assert "next token  probability" in capsys.readouterr().out
-    model, tok = interop.from_hf(directory), BPETokenizer.from_directory(directory)
+    model, tok = from_hf(directory), BPETokenizer.from_directory(directory)
     seen = inspect_prompt(model, tok, "The king", top_k=400)
     assert len(seen.vocab) == real and len(seen.top) == real
     assert max(i for i, _ in seen.top) < real
@@ -118,7 +119,7 @@ def test_save_hf_onto_a_file_refuses_and_keeps_it(tmp_path):
     mine.write_bytes(b"mine")
     model = GPT(GPTConfig(11, 8, n_layer=1, n_head=2, n_embd=8))
     with pytest.raises(NotADirectoryError, match="it exists and is not a directory"):
-        interop.save_hf(model, mine)
+        save_hf(model, mine)
     assert mine.read_bytes() == b"mine" and sorted(os.listdir(tmp_path)) == ["mine"]
 
 

@@ -20,10 +20,10 @@ from gptblock import (
     GPTConfig,
     RunMeta,
     convert,
-    interop,
 )
 from gptblock.blocks.fused import block_forward
 from gptblock.data.batches import CharTokenizer
+from gptblock.interop.hf import to_hf
 from gptblock.lens.readout import direct_logit_attribution
 from gptblock.model.footprint import parameter_count
 from gptblock.model.generation.decode import Decoder
@@ -246,7 +246,7 @@ def test_a_modern_gpt_trains_saves_loads_and_resumes(tmp_path):
 def test_gpt2s_format_refuses_the_modern_options_by_name(options, name):
     model = GPT(GPTConfig(13, 8, 1, 2, 16, **options))
     with pytest.raises(ValueError, match=f"GPT-2's format cannot express {name}"):
-        interop.to_hf(model)
+        to_hf(model)
 
 
 def test_transformer_block_refuses_the_modern_options_by_name():

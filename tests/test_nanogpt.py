@@ -6,8 +6,8 @@ import pickle
 import pytest
 import torch
 
-from gptblock import interop
 from gptblock.errors import UserError
+from gptblock.interop.nanogpt import from_nanogpt
 from nanogpt_style import NanoGPT
 
 
@@ -27,13 +27,13 @@ def save(tmp_path, model, **kw):
 def test_logits_are_nanogpts(tmp_path, shape, bias, tied, compiled):
     torch.manual_seed(0)
     theirs = NanoGPT(*shape, bias=bias, tied=tied).eval()
-    ours, vocab = interop.from_nanogpt(save(tmp_path, theirs, compiled=compiled))
+    ours, vocab = from_nanogpt(save(tmp_path, theirs, compiled=compiled))
     assert vocab is None and ours.config.bias == bias and ours.config.tie_embeddings == tied
     idx = torch.randint(0, shape[0], (3, shape[1]))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx).logits, theirs(idx), atol=1e-5, rtol=1e-5)
     # The same from the ckpt.pt path itself, and in the "mha" block form.
-    mha, _ = interop.from_nanogpt(tmp_path / "ckpt.pt", block="mha")
+    mha, _ = from_nanogpt(tmp_path / "ckpt.pt", block="mha")
     with torch.no_grad():
         torch.testing.assert_close(mha(idx).logits, theirs(idx), atol=1e-5, rtol=1e-5)
 
@@ -48,7 +48,7 @@ def test_meta_pkl_gives_the_character_vocabulary(tmp_path):
         "stoi": {c: i for i, c in enumerate(chars)},
     }
     (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
-    _, tok = interop.from_nanogpt(tmp_path)
+    _, tok = from_nanogpt(tmp_path)
     assert tok.chars == tuple(chars) and tok.decode(tok.encode("ab é")) == "ab é"
 
 
@@ -64,7 +64,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path
     marker = tmp_path / "pwned"
     torch.save({"model": {}, "model_args": {}, "x": WritesAMarker(marker)}, tmp_path / "ckpt.pt")
     with pytest.raises(UserError, match="refused"):
-        interop.from_nanogpt(tmp_path)
+        from_nanogpt(tmp_path)
     assert not marker.exists()
 
 
@@ -74,16 +74,16 @@ def test_a_meta_pkl_that_would_run_code_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"itos": WritesAMarker(marker)}))
     with pytest.raises(UserError, match=r"refused to load (posix|os)\.system"):
-        interop.from_nanogpt(tmp_path)
+        from_nanogpt(tmp_path)
     assert not marker.exists()
 
 
 def test_not_a_nanogpt_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no nanoGPT checkpoint"):
-        interop.from_nanogpt(tmp_path)
+        from_nanogpt(tmp_path)
     torch.save({"model": {}, "model_args": {"n_layer": 1}}, tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="model_args lacks n_head, n_embd, block_size, vocab_size"):
-        interop.from_nanogpt(tmp_path)
+        from_nanogpt(tmp_path)
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"not a readable PyTorch checkpoint|refused"):
-        interop.from_nanogpt(tmp_path)
+        from_nanogpt(tmp_path)

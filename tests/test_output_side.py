@@ -14,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptblock import GPT, GPTConfig, RunMeta, interop
+from gptblock import GPT, GPTConfig, RunMeta
 from gptblock.data.batches import CharTokenizer
+from gptblock.interop.hf import save_hf, to_hf
 from gptblock.lens.readout import direct_logit_attribution, logit_lens
 from gptblock.model.generation.decode import Decoder
 from gptblock.model.head import soft_cap
@@ -218,11 +219,11 @@ def test_a_capped_gpt_trains_saves_loads_and_resumes(tmp_path):
 def test_the_hugging_face_formats_refuse_a_soft_cap(tmp_path, family):
     model = GPT(GPTConfig(13, 8, 1, 2, 16, logit_softcap=15.0))
     with pytest.raises(ValueError, match=r"^Hugging Face's formats have no logit_softcap=15\.0$"):
-        interop.to_hf(model, family)
+        to_hf(model, family)
     with pytest.raises(ValueError, match=r"logit_softcap=15\.0"):
-        interop.save_hf(model, tmp_path / "hf")
+        save_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
-    interop.to_hf(GPT(GPTConfig(13, 8, 1, 2, 16, zero_init_proj=True)))  # only an initialisation
+    to_hf(GPT(GPTConfig(13, 8, 1, 2, 16, zero_init_proj=True)))  # only an initialisation
 
 
 def test_muon_momentum_is_a_setting_of_muon_runs_only():
