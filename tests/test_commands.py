@@ -94,6 +94,8 @@ def test_a_command_can_reach_only_what_it_runs(command):
 CHILD = """
 import os, sys
 import torch  # once, before the forks: each child pays only for gptblock's own modules
+import gptblock
+print("gptblock", *(m for m in sys.modules if m.startswith("gptblock.")), file=sys.stderr)
 from gptblock.cli import main
 for command in sys.argv[1:]:
     pid = os.fork()
@@ -118,6 +120,7 @@ def test_a_command_loads_only_what_it_runs():
     )
     assert r.returncode == 0, r.stderr
     loaded = {line.split()[0]: line.split()[1:] for line in r.stderr.splitlines() if line}
+    assert loaded.pop("gptblock") == []  # `import gptblock` imports a name at its first use
     assert set(loaded) == set(commands), r.stderr
     for command in commands:
         assert f"gptblock.cli.{command}" in loaded[command]

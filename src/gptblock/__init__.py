@@ -1,38 +1,14 @@
 """gptblock: the GPT transformer block as the lessons teach it, verified, fast, and stacked into a tiny GPT.
 
-The public API is exactly ``__all__`` (a test pins it). Block forms:
-
-* ``gptblock.lesson`` -- ``Head``, ``MultiHeadAttention``, ``FeedForward``, ``Block``, as taught.
-* ``TransformerBlock`` -- the same pre-norm block on ``nn.MultiheadAttention``; its state_dict
-  loads into ``nn.TransformerEncoderLayer(..., norm_first=True)``.
-* ``FusedBlock`` -- the same function and parameter names, with packed QKV and
-  ``F.scaled_dot_product_attention``; the fast form, with a ``KVCache`` for generation.
-* ``convert(module, to)`` -- any form into any other, computing the same function.
-
-The modern block's parts (Llama's, Mistral's, Qwen's), options of ``FusedBlock`` and ``GPTConfig``
-(``norm``, ``mlp``, ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, rotary positions) and
-each usable alone with given weights, named as Hugging Face's Llama: ``RMSNorm`` / ``rmsnorm``,
-``Rotary`` / ``apply_rotary``, ``SwiGLU`` / ``swiglu``, ``GroupedQueryAttention`` /
-``attention`` (Meta's Llama names load too), and ``LlamaBlock``, the decoder layer made of them.
-
-And the oracle they are tested against, with the lesson's exercises:
-
-* ``gptblock.reference`` -- the block's forward and hand-derived backward in NumPy alone.
-* ``gptblock.exercises`` -- the first lesson's three exercises, run, returning their numbers.
-
-``gptblock.lens`` looks inside a GPT: activations by name and hooks (``GPT.run_with_cache``,
-``GPT.run_with_hooks``), the residual stream decomposed, the logit lens, figures and an HTML
-attention viewer (``gptblock inspect`` on the command line).
-
-``check_block`` finds the mistakes in anyone's block (``gptblock check`` on the command line).
-
-``GPT`` (configured by ``GPTConfig``) stacks the blocks into the tiny GPT the lessons promise.
-``train_gpt`` trains one on a text (``gptblock train`` on the command line), recording its
-``RunMeta`` in every checkpoint; ``load_gpt`` rebuilds the trained model from its checkpoint, and
-``load`` reads a run, a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2) or a nanoGPT
-checkpoint by one call.
-Under it, ``Trainer`` (configured by ``TrainConfig``) trains any model returning
-``(logits, loss)`` on text a ``CharTokenizer`` encodes.
+The public API is exactly ``__all__`` (a test pins it); README.md's "The library in one screen"
+says what each name is. The block's forms: ``gptblock.lesson`` (as taught), ``TransformerBlock``
+(on ``nn.MultiheadAttention``), ``FusedBlock`` (the fast one), ``convert`` between them; the
+modern block's parts (``RMSNorm``, ``Rotary``, ``SwiGLU``, ``GroupedQueryAttention``,
+``LlamaBlock``, with Hugging Face's Llama names). ``gptblock.reference`` is the NumPy oracle they
+are tested against, ``gptblock.exercises`` the first lesson's exercises, ``gptblock.lens`` looks
+inside a GPT, ``check_block`` finds the mistakes in anyone's block. ``GPT`` (``GPTConfig``)
+stacks the blocks; ``train_gpt`` trains one (``Trainer``, ``TrainConfig`` under it), ``load`` /
+``load_gpt`` read a run, a Hugging Face directory or a nanoGPT checkpoint.
 
 Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``TypeError``, ...),
 with a message that names the bad value; anything else is a bug.
@@ -46,43 +22,37 @@ __version__ = "0.3.0"
 # Every name is imported at its first use (PEP 562's module __getattr__), so that a command
 # imports only what it runs: `gptblock check` loads nothing of the training code, `gptblock
 # train` nothing of the checker (tests/test_commands.py), and `import gptblock` alone loads no
-# torch. The public name, then the module (under gptblock) that defines it.
+# torch. The names, by the module (under gptblock) that defines them.
 NAMES = {
-    "BlockConfig": "blocks.config",
-    "GPTConfig": "blocks.config",
-    "ConversionError": "blocks.convert",
-    "convert": "blocks.convert",
-    "FusedBlock": "blocks.fused",
-    "GroupedQueryAttention": "blocks.gqa",
-    "attention": "blocks.gqa",
-    "LlamaBlock": "blocks.llama",
-    "causal_mask": "blocks.masks",
-    "TransformerBlock": "blocks.mha",
-    "SwiGLU": "blocks.mlp",
-    "swiglu": "blocks.mlp",
-    "RMSNorm": "blocks.norms",
-    "rmsnorm": "blocks.norms",
-    "Rotary": "blocks.rotary",
-    "apply_rotary": "blocks.rotary",
-    "CharTokenizer": "data.batches",
-    "UserError": "errors",
-    "KVCache": "model.generation.cache",
-    "GenerationStep": "model.generation.sampling",
-    "GPT": "model.gpt",
-    "GPTOutput": "model.gpt",
-    "CheckpointError": "runs.checkpoint",
-    "RunMeta": "runs.meta",
-    "TrainConfig": "train.config",
-    "Trainer": "train.loop",
-    "NonFiniteLossError": "train.result",
-    "train_gpt": "train.run",
-    "CheckReport": "check",
-    "Finding": "check",
-    "check_block": "check",
-    "load": "loading",
-    "load_gpt": "loading",
+    name: module
+    for module, names in {
+        "blocks.config": "BlockConfig GPTConfig",
+        "blocks.convert": "ConversionError convert",
+        "blocks.fused": "FusedBlock",
+        "blocks.gqa": "GroupedQueryAttention attention",
+        "blocks.llama": "LlamaBlock",
+        "blocks.masks": "causal_mask",
+        "blocks.mha": "TransformerBlock",
+        "blocks.mlp": "SwiGLU swiglu",
+        "blocks.norms": "RMSNorm rmsnorm",
+        "blocks.rotary": "Rotary apply_rotary",
+        "check": "CheckReport Finding check_block",
+        "data.batches": "CharTokenizer",
+        "errors": "UserError",
+        "loading": "load load_gpt",
+        "model.generation.cache": "KVCache",
+        "model.generation.sampling": "GenerationStep",
+        "model.gpt": "GPT GPTOutput",
+        "runs.checkpoint": "CheckpointError",
+        "runs.meta": "RunMeta",
+        "train.config": "TrainConfig",
+        "train.loop": "Trainer",
+        "train.result": "NonFiniteLossError",
+        "train.run": "train_gpt",
+    }.items()
+    for name in names.split()
 }
-MODULES = ("check", "exercises", "interop", "lens", "lesson", "loading", "reference", "sampling")
+MODULES = ("check", "exercises", "lens", "lesson", "loading", "reference", "sampling")
 
 if TYPE_CHECKING:
     from . import exercises, lens, lesson, reference

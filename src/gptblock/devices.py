@@ -1,5 +1,4 @@
-"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, and
-how much memory a device can still give.
+"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory.
 
 One table of dtype names (``DTYPES``) serves every command: training runs in the
 ``AUTOCAST_DTYPES`` (float32 means no autocast at all), the benchmark in any of them.

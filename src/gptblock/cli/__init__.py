@@ -3,9 +3,7 @@
 Each command lives in its own module with ``register(subparsers)``, which adds the command's
 parser and sets ``run(args) -> int`` as its handler; everything a command does is a library call
 a user could make from Python. ``formatting`` holds what every command's ``--help`` shares, and
-``COMMANDS``, each command's line in ``gptblock --help``. Only the module of the command being
-run is imported, and with it only the library it runs: ``gptblock check`` loads nothing of the
-training code, ``gptblock train`` nothing of the checker (``tests/test_commands.py``).
+``COMMANDS``. Only the command being run is imported (``tests/test_commands.py``).
 
 Errors a user can cause (``gptblock.errors.UserError``: bad arguments, missing or malformed
 files, settings that do not fit together) and the operating system's refusals about the user's
