@@ -30,16 +30,14 @@ import argparse
 import importlib
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from harness import alternate, import_old
 
 import gptblock
 from gptblock.devices import resolve_dtype
@@ -48,29 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "1d70c60"  # the commit before issue 19's one forward
 
 
-def import_old(rev: str, into: Path) -> ModuleType:
-    """``rev``'s gptblock package, imported as ``gptblock_old``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src/gptblock"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    (into / "src" / "gptblock").rename(into / "gptblock_old")
-    sys.path.insert(0, str(into))
-    return importlib.import_module("gptblock_old")
-
-
 def side_by_side(calls: dict[str, Callable[[], Any]], warmup: int, repeats: int) -> dict[str, Any]:
     """Seconds per call of each of ``calls`` (old, new), alternating, and the ratios old / new."""
     for _ in range(warmup):
         for call in calls.values():
             call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for r in range(repeats):
-        order = list(calls) if r % 2 == 0 else list(reversed(calls))  # who goes first alternates
-        for name in order:
-            start = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - start)
+    times = alternate(calls, repeats)  # who goes first alternates
     ratios = sorted(o / n for o, n in zip(times["old"], times["new"], strict=True))
     return {
         "seconds": {name: statistics.median(t) for name, t in times.items()},

@@ -35,27 +35,19 @@ share of the step) and, with ``--json``, writes it.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
+from harness import alternate, build_trainer, import_old, parse_settings
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gptblock import GPT, CharTokenizer, Trainer
-from gptblock.data.batches import split_tokens
-from gptblock.data.text import shakespeare
-from gptblock.devices import resolve_dtype
-from gptblock.train.presets import preset_settings
+from gptblock import Trainer
 
 PHASES = ("data", "forward", "backward", "optimizer", "read")
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear")
@@ -68,64 +60,6 @@ def kind(name: str) -> str:
     if any(a in name for a in ATTENTION):
         return "attention"
     return "elementwise and other ops"
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def settings(items: list[str]) -> dict[str, Any]:
-    """``NAME=VALUE`` items as overrides: Python literals (True, 1e-3), else the word itself."""
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise SystemExit(f"expected NAME=VALUE (e.g. norm=rmsnorm), got {item!r}")
-        try:
-            out[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[name] = value
-    return out
-
-
-def import_old(rev: str, into: Path) -> ModuleType:
-    """``rev``'s gptblock package, imported as ``gptblock_old`` (its imports are relative)."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src/gptblock"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    (into / "src" / "gptblock").rename(into / "gptblock_old")
-    sys.path.insert(0, str(into))
-    return importlib.import_module("gptblock_old")
-
-
-def build(
-    preset: str,
-    threads: int,
-    dtype: str | None = None,
-    overrides: dict[str, Any] | None = None,
-    pkg: ModuleType | None = None,
-) -> Trainer:
-    """The preset's GPT and trainer on Tiny Shakespeare (``pkg``: another copy of gptblock)."""
-    torch.set_num_threads(threads)
-    s = preset_settings(preset, {"dtype": dtype, **(overrides or {})})
-    text = shakespeare()
-    tok = CharTokenizer.from_text(text)
-    split = split_tokens
-    if pkg is not None:  # the old copy's trainer checks its data's class
-        split = importlib.import_module(pkg.__name__ + ".data.batches").split_tokens
-    splits = split(tok.encode(text), s.block_size)
-    torch.manual_seed(0)
-    model_cls, trainer_cls = (GPT, Trainer) if pkg is None else (pkg.GPT, pkg.Trainer)
-    config = s.model_config(tok.vocab_size)
-    if pkg is not None:  # the same settings, as the old copy's own config class
-        config = pkg.GPTConfig(**vars(config))
-    model = model_cls(config)
-    train = s.train_config(
-        max_iters=10**6, eval_interval=10**6, device="cpu", dtype=resolve_dtype(s.dtype, "cpu")
-    )
-    if pkg is not None:
-        train = importlib.import_module(pkg.__name__ + ".train.config").TrainConfig(**vars(train))
-    return trainer_cls(model, splits, train, progress=False)  # type: ignore[no-any-return]
 
 
 def profiled_step(t: Trainer) -> None:
@@ -179,14 +113,15 @@ def main() -> None:
         "in float32) and after (the preset as it ships), alternating in this process",
     )
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     if args.compare:
         compare(args)
         return
-    overrides = settings(args.set)
+    overrides = parse_settings(args.set)
     if args.versus or args.old:
         a_b(args, overrides)
         return
-    t = build(args.preset, args.threads, args.dtype, overrides)
+    t = build_trainer(args.preset, overrides, args.dtype)
     for _ in range(args.warmup):
         profiled_step(t)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -223,18 +158,22 @@ def compare(args: argparse.Namespace) -> None:
 
     from gptblock.blocks import attention
 
-    before = build(args.preset, args.threads, "float32")
-    after = build(args.preset, args.threads)
-    times: dict[str, list[float]] = {"before": [], "after": []}
+    before = build_trainer(args.preset, dtype="float32")
+    after = build_trainer(args.preset)
     for _ in range(args.warmup):
         profiled_step(before)
         profiled_step(after)
-    for _ in range(max(3, args.steps // 10)):
-        for name, t in (("before", before), ("after", after)):
-            start = time.perf_counter()
+
+    def ten_steps(t: Trainer) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(10):
                 profiled_step(t)
-            times[name].append((time.perf_counter() - start) * 100)  # ms per step
+
+        return run
+
+    rounds = max(3, args.steps // 10)
+    seconds = alternate({"before": ten_steps(before), "after": ten_steps(after)}, rounds)
+    times = {name: [s * 100 for s in v] for name, v in seconds.items()}  # ms per step
     assert attention.PRODUCTS_MAX_T > 0
     for name, ts in times.items():
         t = before if name == "before" else after
@@ -254,12 +193,14 @@ def a_b(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
     if args.old:
         tmp = tempfile.mkdtemp(prefix="profile-step-")
         old = import_old(args.old, Path(tmp))
-        a = build(args.preset, args.threads, args.dtype, overrides, pkg=old)
-        b = build(args.preset, args.threads, args.dtype, overrides)
+        a = build_trainer(args.preset, overrides, args.dtype, pkg=old)
+        b = build_trainer(args.preset, overrides, args.dtype)
         names = (f"A: {args.old}'s code", "B: this checkout's")
     else:
-        a = build(args.preset, args.threads, args.dtype, overrides)
-        b = build(args.preset, args.threads, args.dtype, overrides | settings(args.versus))
+        a = build_trainer(args.preset, overrides, args.dtype)
+        b = build_trainer(
+            args.preset, overrides | parse_settings(args.versus, "--versus"), args.dtype
+        )
         names = ("A: " + (" ".join(args.set) or args.preset), "B: + " + " ".join(args.versus))
     steps: dict[str, Callable[[], None]] = {
         "A": lambda: profiled_step(a),

@@ -42,7 +42,6 @@ import time
 START = time.time()  # a fallback for the process's start; /proc's is used where it exists
 
 import argparse  # noqa: E402
-import ast  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -52,6 +51,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from harness import parse_settings  # noqa: E402  (benchmarks/)
 from speedrun_budget import budget_callback, check_budget  # noqa: E402  (benchmarks/)
 
 from gptblock import __version__  # noqa: E402
@@ -151,15 +151,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     track2 = "shakespeare-cpu-long" if args.budget is not None else "shakespeare-cpu"
     preset = args.preset = args.preset or ("nanogpt-cpu" if args.baseline else track2)
     settings = preset_settings(preset)
-    overrides = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise UserValueError(f"--set expects NAME=VALUE (e.g. norm=rmsnorm), got {item!r}")
-        try:
-            overrides[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            overrides[name] = value  # a word: wsd, muon, bfloat16
+    overrides = parse_settings(args.set)
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
         attention.PRODUCTS_MAX_T = 0

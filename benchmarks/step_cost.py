@@ -1,88 +1,87 @@
-"""What an option costs per training step: CPU time per step, the options alternating in ONE process.
+"""What a training step of each candidate costs: CPU time per step, the candidates alternating in
+ONE process.
 
-    python benchmarks/step_cost.py --threads 1                      # the shakespeare-cpu preset
+    python benchmarks/step_cost.py --threads 1            # off, bigram, smear, both (input side)
     python benchmarks/step_cost.py --threads 1 --set position=rope --set qk_norm=True \\
-        --set norm=rmsnorm --variant bigram=True --variant smear=True --rounds 7
+        --set norm=rmsnorm off softcap:logit_softcap=15.0 --rounds 7
+    python benchmarks/step_cost.py --threads 1 default "long:n_layer=4,block_size=64" --validation
 
-Builds the preset's run once per variant (the base ``--set`` settings, then each ``--variant``
-on top of them; "off" is the base itself), and then times ``--steps`` training steps of each in
-turn, round after round, the order rotating each round, so that a change in the machine's load
-hits every variant alike. The time is ``time.process_time()``: CPU time, which other work on a
-shared machine inflates far less than wall time (it does a little: caches and memory bandwidth
-are shared), so a ratio measured under load is provisional. Prints each variant's median ms
-per step with its range, and its median ratio to "off" over the rounds with the range.
-Nothing is written.
+Each candidate is ``LABEL`` (the base as it is) or ``LABEL:NAME=VALUE,...`` (settings put over
+the base: ``--preset``'s settings with the ``--set`` ones). Each is built in this process
+(``harness.build_trainer``: seed 0, Tiny Shakespeare) and then ``--steps`` training steps of
+each are timed in turn, round after round, the order rotating each round, so that a change in
+the machine's load hits every candidate alike. The time is ``time.process_time()``: CPU time,
+which other work on a shared machine inflates far less than wall time (it does a little: caches
+and memory bandwidth are shared), so a ratio measured under load is provisional. Prints each
+candidate's median ms per step with its range, and its median ratio to the first candidate over
+the rounds with the range; ``--validation``: also the CPU time of one whole-validation check
+(float32, as the speedrun scores it), which a time budget must leave room for. Nothing is
+written.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import statistics
 import time
-from typing import Any
 
 import torch
+from harness import alternate, build_trainer, parse_settings
 
 from gptblock.devices import set_threads
-from gptblock.train.run import prepare_run
+from gptblock.train.evaluate import validation_loss
+from gptblock.train.loop import Trainer
+
+INPUT_SIDE = ["off", "bigram:bigram=True", "smear:smear=True", "both:bigram=True,smear=True"]
 
 
-def settings_of(pairs: list[str]) -> dict[str, Any]:
-    """``["n=v", ...]`` as settings, each value read as a Python literal where it is one."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        try:
-            out[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[name] = value
-    return out
+def steps(trainer: Trainer, n: int) -> None:
+    """``n`` training steps, the losses read at the end, as the loop does."""
+    for _ in range(n):
+        trainer._train_step()
+    trainer.read_losses()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--preset", default="shakespeare-cpu")
-    p.add_argument("--set", action="append", default=[], help="a base setting, name=value")
     p.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        help="settings on top of the base, comma-separated (default: bigram, smear, both)",
+        "candidates", nargs="*", help=f"LABEL or LABEL:NAME=VALUE,... (default: {INPUT_SIDE})"
     )
+    p.add_argument("--preset", default="shakespeare-cpu")
+    p.add_argument("--set", action="append", default=[], help="a base setting, NAME=VALUE")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per variant and round")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per candidate and round")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per candidate first")
+    p.add_argument("--validation", action="store_true", help="time a whole-validation check too")
     args = p.parse_args()
     set_threads(args.threads)
-    base = settings_of(args.set) | {"device": "cpu", "eval_interval": 10**6, "eval_iters": 1}
-    variants = args.variant or ["bigram=True", "smear=True", "bigram=True,smear=True"]
-    runs = {"off": base} | {v: base | settings_of(v.split(",")) for v in variants}
+    base = parse_settings(args.set)
     trainers = {}
-    for name, settings in runs.items():
-        run = prepare_run(out_dir=None, preset=args.preset, progress=False, **settings)
-        run.model.train()
-        for _ in range(args.warmup):
-            run.trainer._train_step()
-        trainers[name] = run.trainer
-    names = list(trainers)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            trainer = trainers[name]
-            start = time.process_time()
-            for _ in range(args.steps):
-                trainer._train_step()
-            times[name].append(1e3 * (time.process_time() - start) / args.steps)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps, base {args.set}")  # fmt: skip
-    for name in names:
-        t = times[name]
-        ratios = [a / b for a, b in zip(t, times["off"], strict=True)]
-        print(
-            f"{name:28s} {statistics.median(t):7.1f} ms/step ({min(t):.1f}-{max(t):.1f})  "
-            f"x{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) of off"
+    for candidate in args.candidates or INPUT_SIDE:
+        label, _, rest = candidate.partition(":")
+        trainers[label] = build_trainer(
+            args.preset, base | parse_settings(rest.split(",") if rest else [], label)
         )
+        trainers[label].model.train()
+        steps(trainers[label], args.warmup)  # allocations, the first calls of each kernel
+    calls = {label: (lambda t=t: steps(t, args.steps)) for label, t in trainers.items()}
+    ms = {k: [1e3 * s / args.steps for s in v] for k, v in alternate(calls, args.rounds, time.process_time).items()}  # fmt: skip
+    first = next(iter(ms))
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps, CPU time, base {args.set}")  # fmt: skip
+    for label, t in ms.items():
+        ratios = [a / b for a, b in zip(t, ms[first], strict=True)]
+        line = (
+            f"{label:28s} {statistics.median(t):7.1f} ms/step ({min(t):.1f}-{max(t):.1f})  "
+            f"x{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) of {first}"
+        )
+        if args.validation:
+            trainer = trainers[label]
+            start = time.process_time()
+            validation_loss(trainer.model, trainer.data.val, block_size=trainer.config.block_size,
+                            batch_size=64, device=trainer.device)  # fmt: skip
+            line += f"  whole-val check {time.process_time() - start:.2f} CPU s"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

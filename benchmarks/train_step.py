@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, export_src
 
 CHILD = r"""
 import json, sys, time
@@ -59,14 +59,7 @@ print(json.dumps({"ms_per_step": 1e3 * (stamps[total] - stamps[warmup]) / steps}
 
 def export(rev: str, into: Path) -> Path:
     """The ``src`` directory of ``rev`` (``WORKTREE``: this checkout's, as it is)."""
-    if rev == "WORKTREE":
-        return ROOT / "src"
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
+    return ROOT / "src" if rev == "WORKTREE" else export_src(rev, into)
 
 
 def time_once(src: Path, warmup: int, steps: int, threads: int) -> float:
