@@ -35,9 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
+from harness import alternate
 
 import gptblock
 from gptblock import GPT, GPTConfig
@@ -61,12 +63,8 @@ def token_rates(model: GPT, repeats: int) -> dict[str, dict[str, float]]:
         model.generate(prompt[:, :1], 1, temperature=0, weights=w)
         made[w] = time.perf_counter() - start
         model.generate(prompt, NEW, temperature=0, weights=w)
-    seconds: dict[str, list[float]] = {w: [] for w in WEIGHTS}
-    for _ in range(repeats):
-        for w in WEIGHTS:
-            start = time.perf_counter()
-            model.generate(prompt, NEW, temperature=0, weights=w)
-            seconds[w].append(time.perf_counter() - start)
+    calls = {w: partial(model.generate, prompt, NEW, temperature=0, weights=w) for w in WEIGHTS}
+    seconds = alternate(calls, repeats)  # the order rotating each round
     rows = {}
     for w in WEIGHTS:
         ratios = [f / s for f, s in zip(seconds["float32"], seconds[w], strict=True)]

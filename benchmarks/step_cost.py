@@ -13,10 +13,11 @@ each are timed in turn, round after round, the order rotating each round, so tha
 the machine's load hits every candidate alike. The time is ``time.process_time()``: CPU time,
 which other work on a shared machine inflates far less than wall time (it does a little: caches
 and memory bandwidth are shared), so a ratio measured under load is provisional. Prints each
-candidate's median ms per step with its range, and its median ratio to the first candidate over
-the rounds with the range; ``--validation``: also the CPU time of one whole-validation check
-(float32, as the speedrun scores it), which a time budget must leave room for. Nothing is
-written.
+candidate's median ms per step with its range, its median ratio to the first candidate over the
+rounds with the range, and the share of the CPUs other processes kept busy meanwhile
+(``gptblock.bench.measure.others_busy``); ``--validation``: also the CPU time of one
+whole-validation check (float32, as the speedrun scores it), which a time budget must leave
+room for. Nothing is written.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 import torch
 from harness import alternate, build_trainer, parse_settings
 
+from gptblock.bench.measure import cpu_ticks, others_busy
 from gptblock.devices import set_threads
 from gptblock.train.evaluate import validation_loss
 from gptblock.train.loop import Trainer
@@ -66,9 +68,13 @@ def main() -> None:
         trainers[label].model.train()
         steps(trainers[label], args.warmup)  # allocations, the first calls of each kernel
     calls = {label: (lambda t=t: steps(t, args.steps)) for label, t in trainers.items()}
-    ms = {k: [1e3 * s / args.steps for s in v] for k, v in alternate(calls, args.rounds, time.process_time).items()}  # fmt: skip
-    first = next(iter(ms))
+    ticks = cpu_ticks()
+    seconds = alternate(calls, args.rounds, time.process_time)
+    ms = {label: [1e3 * s / args.steps for s in v] for label, v in seconds.items()}
+    first, busy = next(iter(ms)), others_busy(ticks)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps, CPU time, base {args.set}")  # fmt: skip
+    if busy is not None:  # how disturbed the measurement was: other processes' share of the CPUs
+        print(f"other processes kept {100 * busy:.0f}% of the CPUs busy meanwhile")
     for label, t in ms.items():
         ratios = [a / b for a, b in zip(t, ms[first], strict=True)]
         line = (

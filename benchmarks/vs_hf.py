@@ -29,12 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from harness import alternate
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gptblock.interop.hf import from_hf
@@ -49,17 +49,12 @@ B, T, PROMPT, NEW = 8, 256, 16, 128
 def pair_timings(
     ours: Callable[[], Any], theirs: Callable[[], Any], warmup: int, repeats: int
 ) -> tuple[list[float], list[float]]:
-    """Seconds per call of each, the two called alternately."""
+    """Seconds per call of each, the two called alternately (who goes first alternating)."""
     for _ in range(warmup):
         ours()
         theirs()
-    a, b = [], []
-    for _ in range(repeats):
-        for fn, out in ((ours, a), (theirs, b)):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return a, b
+    times = alternate({"ours": ours, "theirs": theirs}, repeats)
+    return times["ours"], times["theirs"]
 
 
 def summary(name: str, ours: list[float], theirs: list[float], unit: str = "ms") -> dict:
