@@ -39,8 +39,9 @@ class CLIError(UserError):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or, given ``command``, of that one in full and of the
-    others their names and help lines only (enough for ``gptblock --help`` and its errors)."""
+    """The parser of every command; given ``command``, of that one in full (when it is one) and
+    of the others their names and help lines only (enough for ``gptblock --help`` and its errors),
+    so that only the command being run is imported."""
     parser = argparse.ArgumentParser(
         prog="gptblock",
         description="The GPT transformer block as the lessons teach it, verified and fast.",
