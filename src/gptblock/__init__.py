@@ -10,7 +10,7 @@ The public API is exactly ``__all__`` (a test pins it). Block forms:
 * ``convert(module, to)`` -- any form into any other, computing the same function.
 
 The modern block's parts (Llama's, Mistral's, Qwen's), options of ``FusedBlock`` and ``GPTConfig``
-(``norm``, ``mlp``, ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, rotary positions) and
+(``norm``, ``mlp``, ``n_kv_head``, ``qk_norm``, ``parallel_residual``, rotary positions) and
 each usable alone with given weights, named as Hugging Face's Llama: ``RMSNorm`` / ``rmsnorm``,
 ``Rotary`` / ``apply_rotary``, ``SwiGLU`` / ``swiglu``, ``GroupedQueryAttention`` /
 ``attention`` (Meta's Llama names load too), and ``LlamaBlock``, the decoder layer made of them.

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..blocks.config import check_positive_int, check_seed
+from ..blocks.config import check_choices, check_positive_int, check_seed, option
 from ..devices import AUTOCAST_DTYPES
 from ..errors import UserTypeError, UserValueError
 from .muon import MuonAdamW
@@ -28,10 +28,11 @@ SCHEDULES = ("cosine", "wsd")
 MAX_LR = 10.0  # a peak learning rate above this is a typo, not a schedule
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """How to train: batches, optimizer, schedule, evaluation and where to run.
 
+    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it).
     Defaults follow nanoGPT's ``shakespeare_char`` where it has one.
 
     Example:
@@ -43,28 +44,36 @@ class TrainConfig:
         gptblock.errors.UserValueError: dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'
     """
 
-    block_size: int = 64  # T: tokens per training window
-    batch_size: int = 32  # windows per step, all processes together
-    max_iters: int = 1000  # optimizer steps in the whole run
-    lr: float = 1e-3  # peak learning rate, reached at the end of the warmup
-    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio at max_iters
-    warmup: int = 100  # steps of linear warmup from ~0 to lr
-    weight_decay: float = 0.1  # AdamW decay, on matrices only (see configure_optimizer)
-    beta1: float = 0.9  # AdamW's first-moment decay
-    beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches (nanoGPT)
-    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    eval_interval: int = 100  # estimate the losses and save a checkpoint every this many steps
-    eval_iters: int = 20  # batches per loss estimate
-    log_interval: int = 10  # steps between reads of the loss on the host (progress, NaN check)
-    seed: int = 1337  # seeds the batches, the dropout and the evaluation batches
-    device: str = "cpu"  # "cpu", "cuda", "cuda:1", "mps", ...
-    dtype: str = "float32"  # autocast dtype: "float32" (none), "bfloat16" or "float16"
-    compile: bool = False  # torch.compile the model for the training steps
-    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the hidden matrices, AdamW the rest
-    muon_lr: float = 0.02  # Muon's peak learning rate, on the same schedule as lr
-    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
-    schedule: str = "cosine"  # after the warmup: "cosine" down to min_lr, or "wsd" (see lr_at)
-    decay_fraction: float = 0.2  # "wsd": the last fraction of the run, decaying linearly
+    block_size: int = option(64, "context length (T): tokens per training window")
+    batch_size: int = option(32, "sequences per step, all processes together")
+    max_iters: int = option(1000, "optimizer steps in the whole run")
+    lr: float = option(
+        1e-3, "peak learning rate (AdamW's; the embeddings', norms' and biases' with Muon)"
+    )
+    min_lr_ratio: float = option(0.1, "the schedule ends at lr * this")
+    warmup: int = option(100, "steps of linear warmup from ~0 to lr")
+    weight_decay: float = option(0.1, "AdamW's weight decay, on matrices and embeddings")
+    beta1: float = option(0.9, "AdamW's first-moment decay")
+    beta2: float = option(0.99, "AdamW's second-moment decay (0.99 suits small batches)")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping)")
+    eval_interval: int = option(100, "steps between loss estimates and checkpoints")
+    eval_iters: int = option(20, "batches per loss estimate")
+    log_interval: int = option(10, "steps between reads of the loss (progress, NaN check)")
+    seed: int = option(1337, "seed for weights, batches, dropout")
+    device: str = option("cpu", "cpu, cuda, cuda:N, mps, ...")
+    dtype: str = option(
+        "float32", "autocast dtype: float32 (none), bfloat16 or float16", AUTOCAST_DTYPES
+    )
+    compile: bool = option(False, "torch.compile the model")
+    optimizer: str = option(
+        "adamw", "adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)", OPTIMIZERS
+    )
+    muon_lr: float = option(0.02, "Muon's peak learning rate, on the same schedule as lr")
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum")
+    schedule: str = option(
+        "cosine", "after the warmup: cosine, or wsd (flat, then a linear decay)", SCHEDULES
+    )
+    decay_fraction: float = option(0.2, "wsd: the last fraction of the run that decays")
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,18 +108,13 @@ class TrainConfig:
         for name in ("beta1", "beta2"):  # a moment that never decays is no average (AdamW)
             if not getattr(self, name) < 1:
                 raise UserValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.dtype not in AUTOCAST_DTYPES:
-            raise UserValueError(f"dtype must be one of {AUTOCAST_DTYPES}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not self.device:
             raise UserTypeError(
                 f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}"
             )
+        check_choices(self)
         if not isinstance(self.compile, bool):
             raise UserTypeError(f"compile must be a bool, got {self.compile!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UserValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.schedule not in SCHEDULES:
-            raise UserValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for name in ("muon_lr", "muon_momentum", "decay_fraction"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
