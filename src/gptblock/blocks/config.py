@@ -7,7 +7,7 @@ as they were before the modern block's options made this file too long for them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import KW_ONLY, MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -240,14 +240,26 @@ BLOCK_FORMS = ("fused", "mha", "lesson")
 
 
 @dataclass(frozen=True)
-class GPTConfig(BlockOptions):
+class GPTShape:
+    """A GPT's size, ``GPTConfig``'s first fields (a base class, so that they come first)."""
+
+    vocab_size: int = option(help="V: token ids are 0 .. V-1")
+    block_size: int = option(help="context length (T): the number of position embeddings")
+    n_layer: int = option(help="number of blocks")
+    n_head: int = option(help="attention heads per block (nh), each n_embd // n_head wide")
+    n_embd: int = option(help="width of the residual stream (C)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig(BlockOptions, GPTShape):
     """The shape of a tiny GPT: embeddings, ``n_layer`` blocks, a final norm, a tied unembedding.
 
-    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it);
-    the blocks' options are ``BlockOptions``' (``norm`` also for the final norm). The first five
-    fields may be given in order, the rest by name. ``dataclasses.asdict(config)`` round-trips
-    through ``GPTConfig(**d)``, which is how checkpoints store it; a field missing from an older
-    checkpoint has its default, which is what that version built.
+    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it):
+    the size is ``GPTShape``'s, five fields that may be given in order; the blocks' options are
+    ``BlockOptions``' (``norm`` also for the final norm); the rest are given by name.
+    ``dataclasses.asdict(config)`` round-trips through ``GPTConfig(**d)``, which is how
+    checkpoints store it; a field missing from an older checkpoint has its default, which is
+    what that version built.
 
     ``block`` is the block form: ``"fused"`` (fast; the KV cache, the modern options), ``"mha"``
     (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``: ReLU, biases, eps 1e-5).
@@ -261,12 +273,6 @@ class GPTConfig(BlockOptions):
         gptblock.errors.UserValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
     """
 
-    vocab_size: int = option(help="V: token ids are 0 .. V-1")
-    block_size: int = option(help="context length (T): the number of position embeddings")
-    n_layer: int = option(help="number of blocks")
-    n_head: int = option(help="attention heads per block (nh), each n_embd // n_head wide")
-    n_embd: int = option(help="width of the residual stream (C)")
-    _: KW_ONLY
     block: str = option(
         "fused", "the block form: fused, mha (TransformerBlock) or lesson", BLOCK_FORMS
     )

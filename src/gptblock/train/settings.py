@@ -60,7 +60,7 @@ class RunSettings(TrainConfig, GPTConfig):
         >>> s.replace({"layers": 3})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are dropout, activation, ..., n_layer, n_head, n_embd, ..., seed, device, dtype, ..., tokenizer
+        gptblock.errors.UserValueError: unknown setting 'layers'; the settings are vocab_size, block_size, n_layer, n_head, n_embd, dropout, ..., tokenizer
     """
 
     vocab_size: int | None = option(  # type: ignore[assignment]  # the model's, from this
