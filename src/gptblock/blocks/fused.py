@@ -218,18 +218,10 @@ class FusedBlock(nn.Module):
     same convention (bool, ``True`` = blocked), converted to SDPA's opposite one inside.
 
     Args:
-        d_model: C, width of the residual stream.
-        n_heads: nh, number of heads; must divide d_model.
-        dropout: probability for every dropout in the block (attention weights, both residual
-            branches, the MLP hidden layer), training mode only.
-        activation: ``"gelu"`` (exact, erf-based), ``"relu"``, ``"gelu_tanh"`` (GPT-2's) or
-            ``"relu2"`` (squared ReLU).
-        bias: biases on the q/k/v and output projections, the MLP and the LayerNorms.
-        norm_eps: the norms' epsilon.
-        **modern: the modern block's options, as ``BlockConfig``'s (``norm``, ``mlp``, ``d_ff``,
-            ``n_kv_head``, ``qk_norm``, ``parallel_residual``, ``position="rope"``,
-            ``rotary_dim``, ``rope_theta``, ``rope_pairing``; ``n_kv_heads`` and ``rope=True``
-            too, as ``BlockConfig.of``); with them the state_dict has
+        d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
+        dropout, activation, bias, norm_eps, **modern: the block's options, as ``BlockConfig``'s
+            (each field's help says what it is; ``BlockConfig.of`` also takes ``n_kv_heads``
+            and ``rope=True``). With the modern ones the state_dict has
             ``self_attn.in_proj_weight`` of (C + 2 nkv hs) rows, ``linear3`` (SwiGLU's linear
             branch; ``linear1`` is its gate), no ``norm2`` with ``parallel_residual``, and
             ``self_attn.q_norm`` / ``k_norm`` with ``qk_norm``.

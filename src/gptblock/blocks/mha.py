@@ -38,13 +38,9 @@ class TransformerBlock(nn.Module):
     attend to gets zero attention weights (its attention output is ``out_proj.bias``), not NaN.
 
     Args:
-        d_model: C, width of the residual stream.
-        n_heads: nh, number of heads; must divide d_model.
-        dropout: probability for every dropout in the block, training mode only.
-        activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
-        bias: biases on the q/k/v and output projections and the MLP.
-        norm_eps: the LayerNorms' epsilon.
-        **modern: ``BlockConfig``'s modern options are refused by name (``FusedBlock`` has them).
+        d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
+        dropout, activation, bias, norm_eps: as ``BlockConfig``'s (its fields' help); the
+            modern options (``**modern``) are refused by name (``FusedBlock`` has them).
 
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
