@@ -3,6 +3,7 @@
 ``gptblock train``'s flags take them by name from there."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -95,3 +96,22 @@ def test_a_block_without_rotary_positions_is_gpt2s_whatever_the_models_positions
     config = GPTConfig(13, 8, 1, 2, 16, position="none", block="mha")
     assert config.block_config().modern == ()
     assert BlockConfig(16, 2, position="rope").modern == ("position",)
+
+
+def test_a_number_outside_its_fields_interval_is_named():
+    # The interval is declared with the field (metadata "within") and checked from there.
+    for f in dataclasses.fields(TrainConfig):
+        if within := f.metadata["within"]:
+            low, high = (float(end) for end in within[1:-1].split(","))
+            outside = [
+                low if within[0] == "(" else low - 1,
+                high if within[-1] == ")" else high + 1,
+            ]
+            for value in [*outside, float("nan")]:
+                with pytest.raises(ValueError, match=rf"^{f.name} must be in {re.escape(within)}, got"):
+                    TrainConfig(**{f.name: value})
+            with pytest.raises(TypeError, match=rf"^{f.name} must be a float, got '1'"):
+                TrainConfig(**{f.name: "1"})
+    assert {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["within"]} >= {
+        "lr", "beta1", "beta2", "weight_decay", "grad_clip", "muon_lr", "decay_fraction"
+    }  # fmt: skip

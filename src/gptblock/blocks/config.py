@@ -107,18 +107,30 @@ def activation_name(fn: object) -> str | None:
     return None
 
 
-def option(default: Any = MISSING, help: str = "", choices: tuple[str, ...] = ()) -> Any:
+def option(
+    default: Any = MISSING, help: str = "", choices: tuple[str, ...] = (), within: str = ""
+) -> Any:
     """A config field with its help (``gptblock train --help``'s) and, for a word from a list,
-    the words: ``check_choices`` and the command line read them from the field's metadata."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+    the words, for a number its interval (``"[0, 1)"``): ``check_choices`` and the command
+    line read them from the field's metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices, "within": within})
 
 
 def check_choices(config: object) -> None:
-    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``."""
+    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``, or
+    is not a number in its interval ``within``."""
     for f in fields(config):  # type: ignore[arg-type]
         value, choices = getattr(config, f.name), f.metadata.get("choices")
         if choices and value not in choices:
             raise UserValueError(f"{f.name} must be one of {choices}, got {value!r}")
+        if within := f.metadata.get("within", ""):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserTypeError(f"{f.name} must be a float, got {value!r}")
+            low, high = (float(end) for end in within[1:-1].split(","))
+            above = low < value if within[0] == "(" else low <= value
+            below = value < high if within[-1] == ")" else value <= high
+            if not (above and below):  # nan is neither
+                raise UserValueError(f"{f.name} must be in {within}, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
