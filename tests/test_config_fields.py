@@ -108,7 +108,9 @@ def test_a_number_outside_its_fields_interval_is_named():
                 high if within[-1] == ")" else high + 1,
             ]
             for value in [*outside, float("nan")]:
-                with pytest.raises(ValueError, match=rf"^{f.name} must be in {re.escape(within)}, got"):
+                with pytest.raises(
+                    ValueError, match=rf"^{f.name} must be in {re.escape(within)}, got"
+                ):
                     TrainConfig(**{f.name: value})
             with pytest.raises(TypeError, match=rf"^{f.name} must be a float, got '1'"):
                 TrainConfig(**{f.name: "1"})
