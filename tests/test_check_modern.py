@@ -183,8 +183,8 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     rope = attn.rope
     o = oracle.ModernOptions(
         n_head=read.n_head, n_kv_head=read.k[0].shape[0] // (32 // read.n_head), norm="rmsnorm",
-        mlp="swiglu" if len(mlp.layers) == 2 else "dense", eps=norms[0].eps,
-        parallel_residual=read.parallel, rope=rope is not None,
+        mlp="swiglu" if len(mlp.layers) == 2 else "dense", norm_eps=norms[0].eps,
+        parallel_residual=read.parallel, position="rope" if rope else "learned",
         rotary_dim=rope.dim if rope else None, rope_theta=rope.theta if rope else 1e4,
         rope_pairing=rope.pairing if rope else "halves",
     )  # fmt: skip

@@ -116,7 +116,7 @@ def test_the_llama_block_loads_either_layer_naming_and_is_the_fused_block_and_th
     with torch.no_grad():
         torch.testing.assert_close(block(x), fused(x), rtol=0, atol=1e-12)
         o = ModernOptions(
-            n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", rope=True, eps=1e-6
+            n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", position="rope", norm_eps=1e-6
         )
         params = {key: value.numpy() for key, value in fused.state_dict().items()}
         oracle = torch.from_numpy(modern_forward(params, x.numpy(), o)[0])

@@ -39,6 +39,16 @@ ACCEPTED = {
     ("train", "--seed", "0"): "a seed",
     ("train", "--rope-theta", "1e308"): "valid: every pair but the first turns by almost 0",
     ("train", "--rotary-dim", "0"): "rotary on no channels: no positions (a tested identity)",
+    # TrainConfig's and GPTConfig's fields that became flags when the settings derived from them
+    ("train", "--beta1", "0"): "AdamW without momentum (RMSprop's step) is still AdamW",
+    ("train", "--grad-clip", "0"): "no clipping (TrainConfig's documented 0)",
+    ("train", "--grad-clip", "1e308"): "a bound never reached: no clipping",
+    ("train", "--log-interval", str(10**20)): "the loss is read before each evaluation only",
+    (
+        "train",
+        "--norm-eps",
+        "1e308",
+    ): "a valid epsilon: each norm outputs its bias, the loss finite",
     (
         "train",
         "--muon-momentum",

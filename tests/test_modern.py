@@ -93,7 +93,7 @@ def test_the_lens_runs_the_same_model(options):
 
 def test_defaults_are_gpt2s_block():
     config = BlockConfig(16, 2)
-    assert config.modern == () and config.d_ff == 64 and config.n_kv_heads == 2
+    assert config.modern == () and config.d_ff == 64 and config.n_kv_head == 2
     assert sorted(FusedBlock(16, 2).state_dict()) == sorted(
         [
             "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
@@ -128,16 +128,20 @@ def test_a_modern_block_names_its_parts():
     [
         ({"norm": "batchnorm"}, r"norm must be one of \('layernorm', 'rmsnorm'\), got 'batchnorm'"),
         ({"mlp": "geglu"}, r"mlp must be one of \('dense', 'swiglu'\), got 'geglu'"),
-        ({"n_kv_heads": 3}, r"n_kv_heads=3 does not divide n_heads=4"),
-        ({"n_kv_heads": 0}, r"n_kv_heads must be a positive int, got 0"),
+        ({"n_kv_head": 3}, r"n_kv_head=3 does not divide n_head=4"),
+        ({"n_kv_head": 0}, r"n_kv_head must be a positive int, got 0"),
         ({"d_ff": 0}, r"d_ff must be a positive int, got 0"),
-        ({"rope": True, "rotary_dim": 3}, r"rotary_dim must be an even int in \[0, 4\]"),
+        ({"position": "rope", "rotary_dim": 3}, r"rotary_dim must be an even int in \[0, 4\]"),
         (
-            {"rope": True, "rope_pairing": "gptj"},
+            {"position": "rope", "rope_pairing": "gptj"},
             r"rope_pairing must be one of \('halves', 'adjacent'\)",
         ),
-        ({"rope": True, "rope_theta": 0.0}, r"rope_theta must be a positive float, got 0.0"),
+        ({"position": "rope", "rope_theta": 0.0}, r"rope_theta must be a positive float, got 0.0"),
         ({"qk_norm": 1}, r"qk_norm must be a bool, got 1"),
+        (
+            {"position": "alibi"},
+            r"position must be one of \('learned', 'rope', 'none'\), got 'alibi'",
+        ),
     ],
 )
 def test_bad_options_name_the_value(options, message):
@@ -252,7 +256,7 @@ def test_gpt2s_format_refuses_the_modern_options_by_name(options, name):
 def test_transformer_block_refuses_the_modern_options_by_name():
     from gptblock import TransformerBlock
 
-    with pytest.raises(ValueError, match=r"TransformerBlock .* cannot express n_kv_heads=1"):
+    with pytest.raises(ValueError, match=r"TransformerBlock .* cannot express n_kv_head=1"):
         TransformerBlock(16, 2, n_kv_heads=1)
     assert TransformerBlock(16, 2, n_kv_heads=2).config.modern == ()  # GPT-2's value: fine
 

@@ -2,6 +2,8 @@
 backward equal ``FusedBlock``'s forward and autograd's gradients, to 1e-10 in float64, for
 every combination of the options."""
 
+import dataclasses
+
 import numpy as np
 import torch
 from hypothesis import given, settings
@@ -29,19 +31,9 @@ OPTIONS = st.fixed_dictionaries(
 
 
 def oracle_options(config):
+    # The oracle's options are BlockConfig's by name: every one of them is read across.
     return ModernOptions(
-        n_head=config.n_heads,
-        n_kv_head=config.n_kv_heads,
-        norm=config.norm,
-        mlp=config.mlp,
-        activation=config.activation,
-        eps=config.norm_eps,
-        qk_norm=config.qk_norm,
-        parallel_residual=config.parallel_residual,
-        rope=config.rope,
-        rotary_dim=config.rotary_dim,
-        rope_theta=config.rope_theta,
-        rope_pairing=config.rope_pairing,
+        **{f.name: getattr(config, f.name) for f in dataclasses.fields(ModernOptions)}
     )
 
 

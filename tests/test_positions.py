@@ -30,7 +30,7 @@ def _block(seed=0, **rope):
 
 def _oracle(block, x, positions):
     c = block.config
-    o = ModernOptions(n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", rope=True,
+    o = ModernOptions(n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", position="rope",
                       rotary_dim=c.rotary_dim, rope_theta=c.rope_theta, rope_pairing=c.rope_pairing)  # fmt: skip
     params = {k: v.detach().numpy() for k, v in block.state_dict().items()}
     return torch.from_numpy(modern_forward(params, x.numpy(), o, positions.numpy())[0])
@@ -123,7 +123,7 @@ def test_positions_that_are_not_positions_are_refused(positions, error, message)
 
 
 def test_positions_go_where_they_mean_something():
-    with pytest.raises(UserValueError, match=r"no rotary positions \(rope=False\)"):
+    with pytest.raises(UserValueError, match=r"no rotary positions \(position='learned'\)"):
         FusedBlock(C, NH)(torch.zeros(1, 3, C), positions=torch.arange(3))
     with pytest.raises(UserValueError, match=r"positions must be in \[0, 16\), got 16"):
         _gpt("learned")(torch.zeros(1, 3, dtype=torch.long), positions=torch.arange(14, 17))
@@ -134,6 +134,6 @@ def test_the_oracles_positions_default_to_0_to_t():
     block = _block()
     x = torch.randn(1, 4, C, dtype=torch.float64)
     params = {k: v.detach().numpy() for k, v in block.state_dict().items()}
-    o = ModernOptions(n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", rope=True)
+    o = ModernOptions(n_head=NH, n_kv_head=NKV, norm="rmsnorm", mlp="swiglu", position="rope")
     default = modern_forward(params, x.numpy(), o)[0]
     np.testing.assert_array_equal(default, modern_forward(params, x.numpy(), o, np.arange(4))[0])

@@ -83,8 +83,8 @@ def test_weight_decay_applies_to_matrices_only():
     "overrides, match",
     [
         ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
-        ({"lr": 0.0}, "lr must be > 0, got 0.0"),
-        ({"lr": float("nan")}, "lr must be a finite float >= 0, got nan"),
+        ({"lr": 0.0}, r"lr must be in \(0, 10\], got 0.0"),
+        ({"lr": float("nan")}, r"lr must be in \(0, 10\], got nan"),
         ({"warmup": -1}, "warmup must be an int >= 0, got -1"),
         ({"beta2": 1.5}, r"beta2 must be in \[0, 1\), got 1.5"),
         ({"dtype": "half"}, "dtype must be one of"),

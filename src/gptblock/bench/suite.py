@@ -38,7 +38,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from .. import __version__
-from ..blocks.config import BlockConfig, check_positive_int
+from ..blocks.config import BlockConfig, check_heads, check_positive_int
 from ..blocks.convert import FORMS, convert
 from ..blocks.fused import FusedBlock
 from ..blocks.masks import causal_mask
@@ -122,6 +122,7 @@ class BenchConfig:
         if self.dtype not in DTYPES:
             raise UserValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         # Validates the rest without allocating a block (an absurd d_model would fail there).
+        check_heads(self.d_model, self.n_heads)  # named as this config's fields
         BlockConfig(self.d_model, self.n_heads, activation=self.activation)
 
     def shapes(self) -> list[tuple[int, int]]:

@@ -7,7 +7,8 @@ as they were before the modern block's options made this file too long for them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -22,7 +23,7 @@ from .checks import check_norm_eps as check_norm_eps
 from .checks import check_positive_int as check_positive_int
 from .checks import check_seed as check_seed
 from .checks import check_softcap
-from .rotary import check_rotary
+from .rotary import PAIRINGS, check_rotary
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -106,129 +107,174 @@ def activation_name(fn: object) -> str | None:
     return None
 
 
+def option(
+    default: Any = MISSING, help: str = "", choices: tuple[str, ...] = (), within: str = ""
+) -> Any:
+    """A config field with its help (``gptblock train --help``'s) and, for a word from a list,
+    the words, for a number its interval (``"[0, 1)"``): ``check_choices`` and the command
+    line read them from the field's metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices, "within": within})
+
+
+def check_choices(config: object) -> None:
+    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``, or
+    is not a number in its interval ``within``."""
+    for f in fields(config):  # type: ignore[arg-type]
+        value, choices = getattr(config, f.name), f.metadata.get("choices")
+        if choices and value not in choices:
+            raise UserValueError(f"{f.name} must be one of {choices}, got {value!r}")
+        if within := f.metadata.get("within", ""):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserTypeError(f"{f.name} must be a float, got {value!r}")
+            low, high = (float(end) for end in within[1:-1].split(","))
+            above = low < value if within[0] == "(" else low <= value
+            below = value < high if within[-1] == ")" else value <= high
+            if not (above and below):  # nan is neither
+                raise UserValueError(f"{f.name} must be in {within}, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockOptions:
+    """The options of a pre-norm transformer block, declared once: ``BlockConfig``'s and
+    ``GPTConfig``'s (a GPT's blocks all have its options). Keyword-only; the defaults are GPT-2's
+    block. The modern block's parts are ``gptblock.blocks.norms``, ``.mlp`` and ``.rotary``."""
+
+    dropout: float = option(0.0, "dropout probability (attention weights, residual branches, MLP)")
+    activation: str = option(
+        "gelu", "the dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2", ACTIVATIONS
+    )
+    bias: bool = option(True, "biases in the linear layers and norms (Llama has none)")
+    norm_eps: float = option(1e-5, "every norm's epsilon")
+    norm: str = option("layernorm", "layernorm (GPT-2) or rmsnorm (Llama)", NORMS)
+    mlp: str = option("dense", "dense (GPT-2's MLP) or swiglu (Llama's gated MLP)", MLPS)
+    d_ff: int = option(None, "the MLP's hidden width (none: 4 * n_embd)")  # resolved: an int
+    n_kv_head: int = option(None, "key/value heads: grouped-query attention (none: n_head)")
+    qk_norm: bool = option(False, "RMSNorm on each head's queries and keys")
+    parallel_residual: bool = option(False, "x + attn(norm(x)) + mlp(norm(x)), as GPT-J")
+    position: str = option(
+        "learned", "learned (GPT-2's embedding), rope (rotary) or none", POSITIONS
+    )
+    rotary_dim: int | None = option(None, "with rope: channels rotated per head (none: all)")
+    rope_theta: float = option(10000.0, "with rope: the angles' base")
+    rope_pairing: str = option(
+        "halves",
+        "with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
+        PAIRINGS,
+    )
+
+    def _check_options(self, width: tuple[str, int], n_head: int) -> None:
+        """Validate the options, ``d_ff`` and ``n_kv_head`` resolved (None: GPT-2's), for a
+        block of ``width`` channels (its name and value) and ``n_head`` heads."""
+        hs = check_heads(width[1], n_head, names=(width[0], "n_head"))
+        check_dropout(self.dropout)
+        check_norm_eps(self.norm_eps)
+        check_choices(self)
+        for flag in ("bias", "qk_norm", "parallel_residual"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        # None means "as GPT-2": resolved here, so asdict() round-trips to an equal config.
+        object.__setattr__(self, "d_ff", 4 * width[1] if self.d_ff is None else self.d_ff)
+        n_kv = n_head if self.n_kv_head is None else self.n_kv_head
+        object.__setattr__(self, "n_kv_head", n_kv)
+        check_positive_int("d_ff", self.d_ff)
+        if n_head % check_positive_int("n_kv_head", self.n_kv_head):
+            raise UserValueError(
+                f"n_kv_head={self.n_kv_head} does not divide n_head={n_head}: each key/value "
+                f"head must serve an equal number of query heads"
+            )
+        if self.position == "rope":  # otherwise its settings are unused, any head size is fine
+            check_rotary(hs, self.rotary_dim, self.rope_theta, self.rope_pairing)
+
+
 @dataclass(frozen=True)
-class BlockConfig:
-    """The hyperparameters of one pre-norm transformer block.
+class BlockConfig(BlockOptions):
+    """The hyperparameters of one pre-norm transformer block: ``d_model`` (C), ``n_head`` (nh,
+    each head of size hs = C // nh) and ``BlockOptions``' options, as ``GPTConfig`` names them.
 
-    ``TransformerBlock`` and ``FusedBlock`` build one from their constructor arguments, so
-    the two forms validate identically and a block's ``config`` describes it completely.
-
-    Args:
-        d_model: C, the width of the residual stream.
-        n_heads: nh, the number of attention heads; each has head size hs = C // nh.
-        dropout: probability for every dropout in the block (attention weights, both
-            residual branches, the MLP hidden layer); used in training mode only.
-        activation: the MLP's nonlinearity, ``"gelu"`` (exact, erf-based), ``"relu"`` or
-            ``"gelu_tanh"`` (the tanh approximation, GPT-2's).
-        bias: whether the linear layers (q/k/v, output projection, MLP) have biases.
-        norm_eps: the norms' epsilon.
-        norm: ``"layernorm"`` (GPT-2) or ``"rmsnorm"`` (Llama: ``x / sqrt(mean(x^2) + eps) * w``).
-        mlp: ``"dense"`` (``linear2(act(linear1 x))``) or ``"swiglu"``
-            (``linear2(silu(linear1 x) * linear3 x)``; ``activation`` is then not used).
-        d_ff: the MLP's hidden width; None: 4 * d_model, as in both lessons.
-        n_kv_heads: key/value heads (grouped-query attention; 1 is multi-query); each serves
-            n_heads // n_kv_heads query heads. None: n_heads (multi-head attention).
-        qk_norm: an RMSNorm over each head's queries and keys (OLMo 2, Qwen 3, Gemma 3).
-        parallel_residual: ``x + attn(norm1(x)) + mlp(norm1(x))`` (GPT-J, PaLM): one norm, both
-            branches read the block's input.
-        rope: rotate the queries and keys by their positions (``gptblock.blocks.rotary``).
-        rotary_dim: with ``rope``, the leading channels of each head rotated; None: all.
-        rope_theta: with ``rope``, the angles' base.
-        rope_pairing: with ``rope``, ``"halves"`` (Hugging Face) or ``"adjacent"`` (the paper).
+    ``TransformerBlock`` and ``FusedBlock`` build one from their constructor arguments
+    (``BlockConfig.of``), so the two forms validate identically and a block's ``config``
+    describes it completely. ``position`` matters to a block only as ``"rope"``: the queries
+    and keys rotated by their positions.
 
     Example:
-        >>> BlockConfig(d_model=16, n_heads=2).head_size
+        >>> BlockConfig(d_model=16, n_head=2).head_size
         8
-        >>> BlockConfig(d_model=16, n_heads=3)
+        >>> BlockConfig(d_model=16, n_head=3)
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: d_model=16 is not divisible by n_heads=3: each head must get an equal share of the channels
+        gptblock.errors.UserValueError: d_model=16 is not divisible by n_head=3: each head must get an equal share of the channels
     """
 
     d_model: int  # C: channels of the residual stream
-    n_heads: int  # nh: attention heads, each of size hs = C // nh
-    dropout: float = 0.0  # dropout probability, active in training mode only
-    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf), "relu" or "gelu_tanh"
-    bias: bool = True  # biases on q/k/v, the output projection and the MLP
-    norm_eps: float = 1e-5  # LayerNorm epsilon, as nn.LayerNorm's default
-    # The modern block's parts (gptblock.blocks.norms, .mlp, .rotary); the defaults are GPT-2's.
-    norm: str = "layernorm"  # "layernorm" or "rmsnorm"
-    mlp: str = "dense"  # "dense" or "swiglu"
-    d_ff: int = None  # type: ignore[assignment]  # MLP hidden width; None -> 4 * d_model
-    n_kv_heads: int = None  # type: ignore[assignment]  # key/value heads; None -> n_heads
-    qk_norm: bool = False  # RMSNorm on each head's queries and keys
-    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm1(x))
-    rope: bool = False  # rotary position embeddings on q and k
-    rotary_dim: int | None = None  # rotated channels per head; None: all (hs)
-    rope_theta: float = 10000.0  # the angles' base
-    rope_pairing: str = "halves"  # "halves" (i, i + r/2) or "adjacent" (2i, 2i + 1)
+    n_head: int  # nh: attention heads, each of size hs = C // nh
 
     def __post_init__(self) -> None:
-        check_heads(self.d_model, self.n_heads)
-        check_dropout(self.dropout)
-        check_activation(self.activation)
-        if not isinstance(self.bias, bool):
-            raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
-        check_norm_eps(self.norm_eps)
-        # None means "as GPT-2": resolved here, so asdict() round-trips to an equal config.
-        object.__setattr__(self, "d_ff", 4 * self.d_model if self.d_ff is None else self.d_ff)
-        object.__setattr__(
-            self, "n_kv_heads", self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        )
-        check_modern(
-            self, self.n_heads, self.head_size, ("n_heads", "n_kv_heads"), self.rope is True
-        )
+        self._check_options(("d_model", self.d_model), self.n_head)
+
+    @classmethod
+    def of(cls, d_model: int, n_heads: int, **options: Any) -> BlockConfig:
+        """The config of a block form's constructor arguments, whose names for the options
+        ``n_kv_head`` and ``position="rope"`` are also ``n_kv_heads`` and ``rope=True``
+        (the blocks' names before the configs shared theirs).
+
+        Example:
+            >>> BlockConfig.of(16, 4, n_kv_heads=2, rope=True).position
+            'rope'
+        """
+        check_heads(d_model, n_heads)  # named as the constructors' arguments
+        if "n_kv_heads" in options:
+            options["n_kv_head"] = options.pop("n_kv_heads")
+        if "rope" in options:
+            rope = options.pop("rope")
+            if not isinstance(rope, bool):
+                raise UserTypeError(f"rope must be a bool, got {rope!r}")
+            options["position"] = "rope" if rope else "learned"
+        return cls(d_model, n_heads, **options)
 
     @property
     def head_size(self) -> int:
         """hs: channels per head."""
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_head
 
     @property
     def modern(self) -> tuple[str, ...]:
-        """The names of the options set away from GPT-2's block (empty for the default)."""
-        return modern_options(self)
+        """The names of the options set away from GPT-2's block (empty for the default): what
+        ``TransformerBlock`` and the lesson's ``Block`` cannot express."""
+        learned = "learned" if self.position == "rope" else self.position  # a block's: no rope
+        gpt2 = BlockOptions(d_ff=4 * self.d_model, n_kv_head=self.n_head, position=learned)
+        names = (*MODERN, "activation") if self.activation == "relu2" else MODERN
+        return tuple(n for n in names if getattr(self, n) != getattr(gpt2, n))
 
 
+# The options GPT-2's block has one value of, in the order ``BlockConfig.modern`` names them.
+MODERN = ("norm", "mlp", "qk_norm", "parallel_residual", "position", "d_ff", "n_kv_head")
 BLOCK_FORMS = ("fused", "mha", "lesson")
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTShape:
+    """A GPT's size, ``GPTConfig``'s first fields (a base class, so that they come first)."""
+
+    vocab_size: int = option(help="V: token ids are 0 .. V-1")
+    block_size: int = option(help="context length (T): the number of position embeddings")
+    n_layer: int = option(help="number of blocks")
+    n_head: int = option(help="attention heads per block (nh), each n_embd // n_head wide")
+    n_embd: int = option(help="width of the residual stream (C)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig(BlockOptions, GPTShape):
     """The shape of a tiny GPT: embeddings, ``n_layer`` blocks, a final norm, a tied unembedding.
 
+    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it):
+    the size is ``GPTShape``'s, five fields that may be given in order; the blocks' options are
+    ``BlockOptions``' (``norm`` also for the final norm); the rest are given by name.
     ``dataclasses.asdict(config)`` round-trips through ``GPTConfig(**d)``, which is how
-    checkpoints store it.
+    checkpoints store it; a field missing from an older checkpoint has its default, which is
+    what that version built.
 
-    Args:
-        vocab_size: V, number of token ids.
-        block_size: the longest context the model reads (its position embeddings).
-        n_layer: number of blocks.
-        n_head: nh, attention heads per block; must divide n_embd.
-        n_embd: C, width of the residual stream.
-        dropout: dropout probability everywhere, training mode only.
-        bias: biases in the blocks' linear layers and LayerNorms.
-        activation: the MLP's nonlinearity, ``"gelu"``, ``"relu"`` or ``"gelu_tanh"``.
-        block: the block form, ``"fused"`` (fast; has the KV cache), ``"mha"``
-            (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``, which is ReLU with
-            biases and eps 1e-5, so it needs ``activation="relu"``, ``bias=True`` and the
-            default ``norm_eps``).
-        norm_eps: every LayerNorm's epsilon (GPT-2's ``layer_norm_epsilon``).
-        tie_embeddings: the unembedding ``lm_head`` is the token embedding's weight, as in
-            GPT-2 and nanoGPT; False gives it its own (for checkpoints trained that way).
-        norm, mlp, d_ff, qk_norm, parallel_residual, rotary_dim, rope_theta, rope_pairing: the
-            blocks' parts, as ``BlockConfig``'s (``norm`` also for the final norm).
-        n_kv_head: key/value heads per block (grouped-query attention); None: n_head.
-        position: ``"learned"`` (GPT-2's position embedding ``wpe``), ``"rope"`` (rotary, in
-            every block; no ``wpe``) or ``"none"`` (no position information but the causal mask).
-        zero_init_proj: start every block's output projections (attention's and the MLP's), and
-            an untied ``lm_head``, at zero (modded-nanogpt): each block starts as the identity.
-        logit_softcap: None, or ``cap``: the logits are ``cap * tanh(logits / cap)`` (Gemma 2,
-            modded-nanogpt), in training, evaluation and generation alike.
-        bigram, smear: the input side (``gptblock.model.embeddings``): an embedding of each
-            (previous token, token) pair added to the token's; a gated part of each position's
-            embedding added to the next one's. Any block form.
-        The modern options need ``block="fused"``.
+    ``block`` is the block form: ``"fused"`` (fast; the KV cache, the modern options), ``"mha"``
+    (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``: ReLU, biases, eps 1e-5).
 
     Example:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block
@@ -239,157 +285,47 @@ class GPTConfig:
         gptblock.errors.UserValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
     """
 
-    vocab_size: int  # V: token ids are 0 .. V-1
-    block_size: int  # longest context; the number of position embeddings
-    n_layer: int  # number of blocks
-    n_head: int  # nh: heads per block, each of size hs = n_embd // n_head
-    n_embd: int  # C: width of the residual stream
-    dropout: float = 0.0  # dropout probability, training mode only
-    bias: bool = True  # biases in the blocks' linear layers and LayerNorms
-    activation: str = "gelu"  # MLP nonlinearity: "gelu" (exact erf), "relu" or "gelu_tanh"
-    block: str = "fused"  # block form: "fused", "mha" or "lesson"
-    norm_eps: float = 1e-5  # every LayerNorm's epsilon
-    tie_embeddings: bool = True  # lm_head.weight is transformer.wte.weight
-    # The modern block's parts, as BlockConfig's; missing from a 0.1-0.3 checkpoint = GPT-2's.
-    norm: str = "layernorm"  # "layernorm" or "rmsnorm" (blocks and the final norm)
-    mlp: str = "dense"  # "dense" or "swiglu"
-    d_ff: int = None  # type: ignore[assignment]  # MLP hidden width; None -> 4 * n_embd
-    n_kv_head: int = None  # type: ignore[assignment]  # key/value heads; None -> n_head
-    qk_norm: bool = False  # RMSNorm on each head's queries and keys
-    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm1(x))
-    position: str = "learned"  # "learned" (wpe), "rope" or "none"
-    rotary_dim: int | None = None  # with rope: rotated channels per head; None: all
-    rope_theta: float = 10000.0  # with rope: the angles' base
-    rope_pairing: str = "halves"  # with rope: "halves" or "adjacent"
-    zero_init_proj: bool = False  # output projections (and an untied lm_head) start at zero
-    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap); None: no cap
-    bigram: bool = False  # + an embedding of (previous token, token); missing: off
-    smear: bool = False  # + a gated part of the previous position's embedding
+    block: str = option(
+        "fused", "the block form: fused, mha (TransformerBlock) or lesson", BLOCK_FORMS
+    )
+    tie_embeddings: bool = option(True, "the unembedding is the token embedding's weight")
+    zero_init_proj: bool = option(
+        False, "start the blocks' output projections (and an untied head) at zero"
+    )
+    logit_softcap: float | None = option(
+        None, "squash the logits to cap * tanh(logits / cap) (none: no cap)"
+    )
+    bigram: bool = option(
+        False, "add an embedding of each (previous token, token) pair (modded-nanogpt)"
+    )
+    smear: bool = option(
+        False, "add a gated part of each position's embedding to the next (modded-nanogpt)"
+    )
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
-        for flag in ("bigram", "smear"):
+        for flag in ("bigram", "smear", "tie_embeddings", "zero_init_proj"):
             if not isinstance(getattr(self, flag), bool):
                 raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         check_positive_int("block_size", self.block_size)
         check_positive_int("n_layer", self.n_layer)
-        check_heads(self.n_embd, self.n_head, names=("n_embd", "n_head"))
-        check_dropout(self.dropout)
-        check_activation(self.activation)
-        if not isinstance(self.bias, bool):
-            raise UserTypeError(f"bias must be a bool, got {self.bias!r}")
-        check_norm_eps(self.norm_eps)
-        if not isinstance(self.tie_embeddings, bool):
-            raise UserTypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
-        if self.block not in BLOCK_FORMS:
-            raise UserValueError(f"block must be one of {BLOCK_FORMS}, got {self.block!r}")
-        if not isinstance(self.zero_init_proj, bool):
-            raise UserTypeError(f"zero_init_proj must be a bool, got {self.zero_init_proj!r}")
+        self._check_options(("n_embd", self.n_embd), self.n_head)
         object.__setattr__(self, "logit_softcap", check_softcap(self.logit_softcap))
-        object.__setattr__(self, "d_ff", 4 * self.n_embd if self.d_ff is None else self.d_ff)
-        object.__setattr__(
-            self, "n_kv_head", self.n_head if self.n_kv_head is None else self.n_kv_head
-        )
-        if self.position not in POSITIONS:
-            raise UserValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
-        check_modern(
-            self,
-            self.n_head,
-            self.n_embd // self.n_head,
-            ("n_head", "n_kv_head"),
-            self.position == "rope",
-        )
         modern = self.block_config().modern
         if modern and self.block != "fused":
-            # BlockConfig's names, as this config spells them
-            name = {"n_kv_heads": "n_kv_head", "rope": "position"}.get(modern[0], modern[0])
             raise UserValueError(
-                f"block={self.block!r} cannot express {name}={getattr(self, name)!r}: "
-                f"the modern block's options need block='fused'"
+                f"block={self.block!r} cannot express {modern[0]}="
+                f"{getattr(self, modern[0])!r}: the modern block's options need block='fused'"
             )
-        if self.block == "lesson" and self.activation != "relu":
+        lesson = {"activation": "relu", "bias": True, "norm_eps": 1e-5}
+        wrong = [name for name, value in lesson.items() if getattr(self, name) != value]
+        if self.block == "lesson" and wrong:  # the lesson's Block is ReLU, biased, eps 1e-5
             raise UserValueError(
-                f"block='lesson' is the lesson's ReLU block: it needs activation='relu', "
-                f"got {self.activation!r}"
-            )
-        if self.block == "lesson" and not self.bias:
-            raise UserValueError(
-                "block='lesson' is the lesson's block, which has biases: it needs bias=True"
-            )
-        if self.block == "lesson" and self.norm_eps != 1e-5:
-            raise UserValueError(
-                f"block='lesson' is the lesson's block, whose LayerNorms have eps 1e-5: it "
-                f"needs norm_eps=1e-5, got {self.norm_eps}"
+                f"block='lesson' is the lesson's ReLU block: it needs {wrong[0]}="
+                f"{lesson[wrong[0]]!r}, got {getattr(self, wrong[0])!r}"
             )
 
     def block_config(self) -> BlockConfig:
         """The ``BlockConfig`` of each of this GPT's blocks."""
-        return BlockConfig(
-            self.n_embd,
-            self.n_head,
-            self.dropout,
-            self.activation,
-            self.bias,
-            self.norm_eps,
-            norm=self.norm,
-            mlp=self.mlp,
-            d_ff=self.d_ff,
-            n_kv_heads=self.n_kv_head,
-            qk_norm=self.qk_norm,
-            parallel_residual=self.parallel_residual,
-            rope=self.position == "rope",
-            rotary_dim=self.rotary_dim,
-            rope_theta=self.rope_theta,
-            rope_pairing=self.rope_pairing,
-        )
-
-
-# The modern options and GPT-2's values of them: what ``BlockConfig.modern`` compares against.
-_GPT2_BLOCK: dict[str, object] = {
-    "norm": "layernorm",
-    "mlp": "dense",
-    "qk_norm": False,
-    "parallel_residual": False,
-    "rope": False,
-}
-
-
-def modern_options(config: BlockConfig) -> tuple[str, ...]:
-    """The options of ``config`` that GPT-2's block (and so ``TransformerBlock`` and the
-    lesson's ``Block``) cannot express, by name; empty for GPT-2's block."""
-    names = [
-        n
-        for n in ("norm", "mlp", "qk_norm", "parallel_residual", "rope")
-        if getattr(config, n) != _GPT2_BLOCK[n]
-    ]
-    if config.d_ff != 4 * config.d_model:
-        names.append("d_ff")
-    if config.n_kv_heads != config.n_heads:
-        names.append("n_kv_heads")
-    if config.activation == "relu2":
-        names.append("activation")
-    return tuple(names)
-
-
-def check_modern(
-    config: object, n_heads: int, head_size: int, names: tuple[str, str], rope: bool
-) -> None:
-    """Validate the modern options of a ``BlockConfig`` or ``GPTConfig`` (same field names but
-    the head counts', which ``names`` gives)."""
-    get = config.__getattribute__
-    if get("norm") not in NORMS:
-        raise UserValueError(f"norm must be one of {NORMS}, got {get('norm')!r}")
-    if get("mlp") not in MLPS:
-        raise UserValueError(f"mlp must be one of {MLPS}, got {get('mlp')!r}")
-    check_positive_int("d_ff", get("d_ff"))
-    n_kv = check_positive_int(names[1], get(names[1]))
-    if n_heads % n_kv:
-        raise UserValueError(
-            f"{names[1]}={n_kv} does not divide {names[0]}={n_heads}: each key/value head "
-            f"must serve an equal number of query heads"
-        )
-    for flag in ("qk_norm", "parallel_residual", "rope"):
-        if hasattr(config, flag) and not isinstance(get(flag), bool):
-            raise UserTypeError(f"{flag} must be a bool, got {get(flag)!r}")
-    if rope:  # without rotary positions its settings are unused, and any head size is fine
-        check_rotary(head_size, get("rotary_dim"), get("rope_theta"), get("rope_pairing"))
+        options = {f.name: getattr(self, f.name) for f in fields(BlockOptions)}
+        return BlockConfig(d_model=self.n_embd, n_head=self.n_head, **options)

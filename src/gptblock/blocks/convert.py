@@ -119,7 +119,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
     elif to == "encoder_layer":
         new = nn.TransformerEncoderLayer(
             config.d_model,
-            config.n_heads,
+            config.n_head,
             config.d_ff,
             dropout=config.dropout,
             # The encoder layer takes "relu" and "gelu" by name, any other activation as a
@@ -137,7 +137,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
     else:
         new = TransformerBlock(
             config.d_model,
-            config.n_heads,
+            config.n_head,
             dropout=config.dropout,
             activation=config.activation,
             bias=config.bias,
@@ -216,7 +216,7 @@ def _describe_lesson(block: Block) -> tuple[BlockConfig, State]:
             f"the LayerNorms have different eps ({block.ln1.eps} and {block.ln2.eps}); "
             "the other forms share one norm_eps"
         )
-    config = BlockConfig(C, nh, probs.pop(), "relu", True, block.ln1.eps)
+    config = BlockConfig(C, nh, dropout=probs.pop(), activation="relu", norm_eps=block.ln1.eps)
     own = block.state_dict(keep_vars=True)
     weight = torch.cat([own[key] for key in lesson_qkv_keys(nh)])  # 3 * nh x (hs, C) -> (3C, C)
     # q/k/v: no bias (zeros, not a parameter: nothing to train)
@@ -257,7 +257,10 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
     biases += [layer.norm1.bias, layer.norm2.bias]
     if len({b is None for b in biases}) != 1:
         raise refuse("some of its layers have biases and some do not")
-    config = BlockConfig(C, nh, probs.pop(), activation, biases[0] is not None, layer.norm1.eps)
+    config = BlockConfig(
+        C, nh, dropout=probs.pop(), activation=activation, bias=biases[0] is not None,
+        norm_eps=layer.norm1.eps,
+    )  # fmt: skip
     return config, layer.state_dict(keep_vars=True)
 
 
@@ -270,7 +273,7 @@ def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, 
     def refuse(why: str) -> ConversionError:
         return ConversionError(f"cannot convert to 'lesson': {why}")
 
-    C, nh, hs = config.d_model, config.n_heads, config.head_size
+    C, nh, hs = config.d_model, config.n_head, config.head_size
     if config.activation != "relu":
         raise refuse(f"the lesson's FeedForward uses ReLU, this block uses {config.activation!r}")
     if config.norm_eps != LESSON_EPS:

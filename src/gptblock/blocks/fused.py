@@ -72,7 +72,7 @@ class BlockParts(NamedTuple):
         return cls(
             config,
             norm("norm1"),
-            SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_heads),
+            SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_head),
             norm("norm2"),
             dense("linear1"),
             dense("linear2"),
@@ -147,8 +147,8 @@ class FusedSelfAttention(nn.Module):
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
-        C, hs, nkv = config.d_model, config.head_size, config.n_kv_heads
-        self.n_heads = config.n_heads
+        C, hs, nkv = config.d_model, config.head_size, config.n_kv_head
+        self.n_heads = config.n_head
         self.dropout = config.dropout
         rows = C + 2 * nkv * hs  # 3C, or fewer with grouped key/value heads
         self.in_proj_weight = nn.Parameter(torch.empty(rows, C))  # rows: q; k; v
@@ -159,12 +159,12 @@ class FusedSelfAttention(nn.Module):
         self.k_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
         self.rotary = (
             Rotary(hs, config.rotary_dim, config.rope_theta, config.rope_pairing)
-            if config.rope
+            if config.position == "rope"
             else None
         )
         self.modern = (
             ModernHeads(nkv, self.rotary, self.q_norm, self.k_norm)
-            if nkv != config.n_heads or config.qk_norm or config.rope
+            if nkv != config.n_head or config.qk_norm or config.position == "rope"
             else None
         )
         # nn.MultiheadAttention's initialisation, so a fresh FusedBlock starts where a fresh
@@ -218,17 +218,10 @@ class FusedBlock(nn.Module):
     same convention (bool, ``True`` = blocked), converted to SDPA's opposite one inside.
 
     Args:
-        d_model: C, width of the residual stream.
-        n_heads: nh, number of heads; must divide d_model.
-        dropout: probability for every dropout in the block (attention weights, both residual
-            branches, the MLP hidden layer), training mode only.
-        activation: ``"gelu"`` (exact, erf-based), ``"relu"``, ``"gelu_tanh"`` (GPT-2's) or
-            ``"relu2"`` (squared ReLU).
-        bias: biases on the q/k/v and output projections, the MLP and the LayerNorms.
-        norm_eps: the norms' epsilon.
-        **modern: the modern block's options, as ``BlockConfig``'s (``norm``, ``mlp``, ``d_ff``,
-            ``n_kv_heads``, ``qk_norm``, ``parallel_residual``, ``rope``, ``rotary_dim``,
-            ``rope_theta``, ``rope_pairing``); with them the state_dict has
+        d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
+        dropout, activation, bias, norm_eps, **modern: the block's options, as ``BlockConfig``'s
+            (each field's help says what it is; ``BlockConfig.of`` also takes ``n_kv_heads``
+            and ``rope=True``). With the modern ones the state_dict has
             ``self_attn.in_proj_weight`` of (C + 2 nkv hs) rows, ``linear3`` (SwiGLU's linear
             branch; ``linear1`` is its gate), no ``norm2`` with ``parallel_residual``, and
             ``self_attn.q_norm`` / ``k_norm`` with ``qk_norm``.
@@ -236,7 +229,7 @@ class FusedBlock(nn.Module):
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
         optional ``key_padding_mask`` bool (B, T). With ``kv_cache`` (a ``gptblock.KVCache``),
-        the input holds only the new positions and no extra mask is allowed. With ``rope``,
+        the input holds only the new positions and no extra mask is allowed. With rotary positions,
         optional ``positions`` (T,) or (B, T) ints: the new positions' token positions (default
         ``kv_cache.length ..``, or ``0 ..``), so an offset or a cache filled elsewhere rotates as
         a full pass would. With ``probe``
@@ -255,7 +248,7 @@ class FusedBlock(nn.Module):
         >>> torch.allclose(twin(x), block(x), atol=1e-5)
         True
         >>> llama = FusedBlock(16, 4, bias=False, norm="rmsnorm", mlp="swiglu", d_ff=40,
-        ...                    n_kv_heads=2, rope=True).eval()
+        ...                    n_kv_head=2, position="rope").eval()
         >>> llama(x).shape
         torch.Size([2, 5, 16])
     """
@@ -272,7 +265,10 @@ class FusedBlock(nn.Module):
         **modern: Any,
     ) -> None:
         super().__init__()
-        config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps, **modern)
+        config = BlockConfig.of(
+            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
+            **modern,
+        )  # fmt: skip
         self.config = config
         d_ff = config.d_ff
         self.norm1 = stream_norm(config)
@@ -301,7 +297,7 @@ class FusedBlock(nn.Module):
     def from_config(cls, config: BlockConfig) -> FusedBlock:
         """A fresh block of ``config`` (any of its options)."""
         options = dataclasses.asdict(config)
-        return cls(options.pop("d_model"), options.pop("n_heads"), **options)
+        return cls(options.pop("d_model"), options.pop("n_head"), **options)
 
     def forward(
         self,
@@ -315,10 +311,10 @@ class FusedBlock(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = check_input(x, self.config.d_model, like=self.linear1.weight)
         if positions is not None:
-            if not self.config.rope:
+            if self.config.position != "rope":
                 raise UserValueError(
-                    "positions rotate queries and keys, and this block has no rotary "
-                    "positions (rope=False); leave positions out"
+                    f"positions rotate queries and keys, and this block has no rotary "
+                    f"positions (position={self.config.position!r}); leave positions out"
                 )
             check_positions(positions, B, T, x.device)
         if kv_cache is not None and (attn_mask is not None or key_padding_mask is not None):

@@ -38,13 +38,9 @@ class TransformerBlock(nn.Module):
     attend to gets zero attention weights (its attention output is ``out_proj.bias``), not NaN.
 
     Args:
-        d_model: C, width of the residual stream.
-        n_heads: nh, number of heads; must divide d_model.
-        dropout: probability for every dropout in the block, training mode only.
-        activation: ``"gelu"`` (exact, erf-based), ``"relu"`` or ``"gelu_tanh"`` (GPT-2's).
-        bias: biases on the q/k/v and output projections and the MLP.
-        norm_eps: the LayerNorms' epsilon.
-        **modern: ``BlockConfig``'s modern options are refused by name (``FusedBlock`` has them).
+        d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
+        dropout, activation, bias, norm_eps: as ``BlockConfig``'s (its fields' help); the
+            modern options (``**modern``) are refused by name (``FusedBlock`` has them).
 
     Shape:
         Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
@@ -75,7 +71,10 @@ class TransformerBlock(nn.Module):
         **modern: Any,
     ) -> None:
         super().__init__()
-        self.config = BlockConfig(d_model, n_heads, dropout, activation, bias, norm_eps, **modern)
+        self.config = BlockConfig.of(
+            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
+            **modern,
+        )  # fmt: skip
         if self.config.modern:  # nn.MultiheadAttention has GPT-2's attention, and LayerNorms
             name = self.config.modern[0]
             raise UserValueError(
@@ -126,7 +125,7 @@ class TransformerBlock(nn.Module):
         # zero attention weights give (out_proj applied to a zero context: its bias). torch.where
         # routes no gradient through the replaced rows, so no NaN reaches the backward pass.
         live, dead = split_dead_rows(blocked)  # (B, T, T), (B, T)
-        mask = live.repeat_interleave(self.config.n_heads, dim=0)  # (B * nh, T, T)
+        mask = live.repeat_interleave(self.config.n_head, dim=0)  # (B * nh, T, T)
         a, _ = self.self_attn(h, h, h, attn_mask=mask, need_weights=False)
         bias = self.self_attn.out_proj.bias
         empty = bias if bias is not None else torch.zeros((), dtype=a.dtype, device=a.device)
@@ -145,7 +144,7 @@ class TransformerBlock(nn.Module):
         mode. Fully blocked rows are all zeros.
         """
         B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
-        nh, hs = self.config.n_heads, self.config.head_size
+        nh, hs = self.config.n_head, self.config.head_size
         h = self.norm1(x)
         qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)
         q, k, _ = qkv.chunk(3, dim=-1)  # (B, T, C) each

@@ -146,9 +146,7 @@ def config_from_hf(hf: Any) -> GPTConfig:
 def config_to_hf(config: GPTConfig) -> Any:
     """The ``GPT2Config`` computing what ``config`` does; refuses what GPT-2 cannot express."""
     # The modern block's options (issue 20) are not GPT-2's; Llama's format is their future home.
-    modern = [name for name in config.block_config().modern if name not in ("n_kv_heads", "rope")]
-    if config.n_kv_head != config.n_head:
-        modern.append("n_kv_head")
+    modern = [name for name in config.block_config().modern if name != "position"]
     if config.position != "learned":
         modern.append("position")
     if config.activation not in TO_HF_ACTIVATION:

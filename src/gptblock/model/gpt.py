@@ -376,7 +376,7 @@ def _make_block(config: GPTConfig) -> nn.Module:
     c = config.block_config()  # GPT-2's block: GPTConfig refuses the modern options here
     if config.block == "mha":
         return TransformerBlock(
-            c.d_model, c.n_heads, dropout=c.dropout, activation=c.activation, bias=c.bias,
+            c.d_model, c.n_head, dropout=c.dropout, activation=c.activation, bias=c.bias,
             norm_eps=c.norm_eps,
         )  # fmt: skip
-    return LessonBlock(c.d_model, c.n_heads, config.block_size, c.dropout)
+    return LessonBlock(c.d_model, c.n_head, config.block_size, c.dropout)

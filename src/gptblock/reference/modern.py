@@ -44,18 +44,19 @@ LINEAR3 = ("linear3.weight", "linear3.bias")
 
 @dataclass(frozen=True)
 class ModernOptions:
-    """The block's options, as ``gptblock.BlockConfig``'s (without dropout and bias: a bias
-    absent from ``params`` counts as zero)."""
+    """The block's options, named as ``gptblock.BlockConfig``'s and ``GPTConfig``'s (without
+    dropout and bias: a bias absent from ``params`` counts as zero; ``position`` rotates the
+    queries and keys as ``"rope"``, and is the model's business otherwise)."""
 
     n_head: int
     n_kv_head: int | None = None  # None: n_head
     norm: str = "layernorm"  # or "rmsnorm"
     mlp: str = "dense"  # or "swiglu"
     activation: str = "gelu"  # the dense MLP's: "gelu", "relu", "gelu_tanh", "relu2"
-    eps: float = 1e-5
+    norm_eps: float = 1e-5
     qk_norm: bool = False
     parallel_residual: bool = False
-    rope: bool = False
+    position: str = "learned"  # or "rope" (or "none")
     rotary_dim: int | None = None  # None: hs
     rope_theta: float = 10000.0
     rope_pairing: str = "halves"  # or "adjacent"
@@ -108,7 +109,7 @@ def modern_forward(
         ...           "linear3.weight": (F, C), "linear2.weight": (C, F)}
         >>> p = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
         >>> o = ModernOptions(n_head=2, n_kv_head=1, norm="rmsnorm", mlp="swiglu",
-        ...                   parallel_residual=True, rope=True)
+        ...                   parallel_residual=True, position="rope")
         >>> y, cache = modern_forward(p, rng.standard_normal((1, 3, C)), o)
         >>> dx, grads = modern_backward(np.ones_like(y), cache)
         >>> y.shape, dx.shape, sorted(grads) == sorted(p)
@@ -120,7 +121,7 @@ def modern_forward(
     nh = o.n_head
     nkv = o.n_kv_head or nh
     hs = C // nh
-    n1 = _normalise(x, o.norm, o.eps)
+    n1 = _normalise(x, o.norm, o.norm_eps)
     h1 = _affine(n1[0], p, NORM1)  # (B, T, C)
     qkv = linear(h1, p, IN_PROJ)  # (B, T, C + 2 nkv hs)
     q = qkv[..., :C].reshape(B, T, nh, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
@@ -128,9 +129,9 @@ def modern_forward(
     v = qkv[..., C + nkv * hs :].reshape(B, T, nkv, hs).transpose(0, 2, 1, 3)  # (B, nkv, T, hs)
     qn = kn = rot = None
     if o.qk_norm:
-        qn, kn = _normalise(q, "rmsnorm", o.eps), _normalise(k, "rmsnorm", o.eps)
+        qn, kn = _normalise(q, "rmsnorm", o.norm_eps), _normalise(k, "rmsnorm", o.norm_eps)
         q, k = qn[0] * p[Q_NORM[0]], kn[0] * p[K_NORM[0]]
-    if o.rope:
+    if o.position == "rope":
         r = hs if o.rotary_dim is None else o.rotary_dim
         inv_freq = o.rope_theta ** (-np.arange(0, r, 2) / r)  # (r/2,)
         pos = np.arange(T) if positions is None else np.asarray(positions, dtype=np.float64)
@@ -143,7 +144,7 @@ def modern_forward(
     wei = softmax(att, blocked=np.triu(np.ones((T, T), dtype=bool), k=1))
     ctx = (wei @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
     x1 = x + linear(ctx, p, OUT_PROJ)  # (B, T, C)
-    n2 = None if o.parallel_residual else _normalise(x1, o.norm, o.eps)
+    n2 = None if o.parallel_residual else _normalise(x1, o.norm, o.norm_eps)
     h2 = h1 if n2 is None else _affine(n2[0], p, NORM2)  # (B, T, C)
     u = linear(h2, p, LINEAR1)  # (B, T, F)
     up = None

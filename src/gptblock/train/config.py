@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..blocks.config import check_positive_int, check_seed
+from ..blocks.config import check_choices, check_positive_int, check_seed, option
 from ..devices import AUTOCAST_DTYPES
 from ..errors import UserTypeError, UserValueError
 from .muon import MuonAdamW
@@ -28,10 +28,11 @@ SCHEDULES = ("cosine", "wsd")
 MAX_LR = 10.0  # a peak learning rate above this is a typo, not a schedule
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """How to train: batches, optimizer, schedule, evaluation and where to run.
 
+    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it).
     Defaults follow nanoGPT's ``shakespeare_char`` where it has one.
 
     Example:
@@ -43,84 +44,66 @@ class TrainConfig:
         gptblock.errors.UserValueError: dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'
     """
 
-    block_size: int = 64  # T: tokens per training window
-    batch_size: int = 32  # windows per step, all processes together
-    max_iters: int = 1000  # optimizer steps in the whole run
-    lr: float = 1e-3  # peak learning rate, reached at the end of the warmup
-    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio at max_iters
-    warmup: int = 100  # steps of linear warmup from ~0 to lr
-    weight_decay: float = 0.1  # AdamW decay, on matrices only (see configure_optimizer)
-    beta1: float = 0.9  # AdamW's first-moment decay
-    beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches (nanoGPT)
-    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    eval_interval: int = 100  # estimate the losses and save a checkpoint every this many steps
-    eval_iters: int = 20  # batches per loss estimate
-    log_interval: int = 10  # steps between reads of the loss on the host (progress, NaN check)
-    seed: int = 1337  # seeds the batches, the dropout and the evaluation batches
-    device: str = "cpu"  # "cpu", "cuda", "cuda:1", "mps", ...
-    dtype: str = "float32"  # autocast dtype: "float32" (none), "bfloat16" or "float16"
-    compile: bool = False  # torch.compile the model for the training steps
-    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the hidden matrices, AdamW the rest
-    muon_lr: float = 0.02  # Muon's peak learning rate, on the same schedule as lr
-    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
-    schedule: str = "cosine"  # after the warmup: "cosine" down to min_lr, or "wsd" (see lr_at)
-    decay_fraction: float = 0.2  # "wsd": the last fraction of the run, decaying linearly
+    block_size: int = option(64, "context length (T): tokens per training window")
+    batch_size: int = option(32, "sequences per step, all processes together")
+    max_iters: int = option(1000, "optimizer steps in the whole run")
+    lr: float = option(
+        1e-3,
+        "peak learning rate (AdamW's; the embeddings', norms' and biases' with Muon)",
+        # AdamW and Muon move each weight by about lr per step, so a larger one can only
+        # diverge; far larger, AdamW's float32 step arithmetic overflows mid-step.
+        within=f"(0, {MAX_LR:g}]",
+    )
+    min_lr_ratio: float = option(0.1, "the schedule ends at lr * this", within="[0, 1]")
+    warmup: int = option(100, "steps of linear warmup from ~0 to lr")
+    weight_decay: float = option(
+        0.1, "AdamW's weight decay, on matrices and embeddings", within="[0, inf)"
+    )
+    # A moment that never decays (beta 1) is no average.
+    beta1: float = option(0.9, "AdamW's first-moment decay", within="[0, 1)")
+    beta2: float = option(
+        0.99, "AdamW's second-moment decay (0.99 suits small batches)", within="[0, 1)"
+    )
+    grad_clip: float = option(
+        1.0, "clip the global gradient norm to this (0: no clipping)", within="[0, inf)"
+    )
+    eval_interval: int = option(100, "steps between loss estimates and checkpoints")
+    eval_iters: int = option(20, "batches per loss estimate")
+    log_interval: int = option(10, "steps between reads of the loss (progress, NaN check)")
+    seed: int = option(1337, "seed for weights, batches, dropout")
+    device: str = option("cpu", "cpu, cuda, cuda:N, mps, ...")
+    dtype: str = option(
+        "float32", "autocast dtype: float32 (none), bfloat16 or float16", AUTOCAST_DTYPES
+    )
+    compile: bool = option(False, "torch.compile the model")
+    optimizer: str = option(
+        "adamw", "adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)", OPTIMIZERS
+    )
+    muon_lr: float = option(
+        0.02, "Muon's peak learning rate, on the same schedule as lr", within=f"(0, {MAX_LR:g}]"
+    )
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", within="[0, 1)")
+    schedule: str = option(
+        "cosine", "after the warmup: cosine, or wsd (flat, then a linear decay)", SCHEDULES
+    )
+    decay_fraction: float = option(
+        0.2, "wsd: the last fraction of the run that decays", within="(0, 1]"
+    )
 
     def __post_init__(self) -> None:
-        for name in (
-            "block_size",
-            "batch_size",
-            "max_iters",
-            "eval_interval",
-            "eval_iters",
-            "log_interval",
-        ):
+        for name in ("block_size", "batch_size", "max_iters", "eval_interval", "eval_iters"):
             check_positive_int(name, getattr(self, name))
+        check_positive_int("log_interval", self.log_interval)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise UserValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         check_seed(self.seed)
-        for name in ("lr", "weight_decay", "grad_clip", "min_lr_ratio", "beta1", "beta2"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserTypeError(f"{name} must be a float, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise UserValueError(f"{name} must be a finite float >= 0, got {value}")
-        if not self.lr > 0:
-            raise UserValueError(f"lr must be > 0, got {self.lr}")
-        for name in ("lr", "muon_lr"):
-            # AdamW and Muon move each weight by about lr per step, so a larger one can only
-            # diverge; far larger, AdamW's float32 step arithmetic overflows mid-step.
-            if isinstance(getattr(self, name), (int, float)) and getattr(self, name) > MAX_LR:
-                raise UserValueError(
-                    f"{name} must be at most {MAX_LR:g}, got {getattr(self, name)}"
-                )
-        if not self.min_lr_ratio <= 1:  # the cosine decays from lr, never up
-            raise UserValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("beta1", "beta2"):  # a moment that never decays is no average (AdamW)
-            if not getattr(self, name) < 1:
-                raise UserValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.dtype not in AUTOCAST_DTYPES:
-            raise UserValueError(f"dtype must be one of {AUTOCAST_DTYPES}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not self.device:
             raise UserTypeError(
                 f"device must be a string such as 'cpu' or 'cuda', got {self.device!r}"
             )
+        check_choices(self)  # the words and the numbers' intervals of the fields
         if not isinstance(self.compile, bool):
             raise UserTypeError(f"compile must be a bool, got {self.compile!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UserValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.schedule not in SCHEDULES:
-            raise UserValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        for name in ("muon_lr", "muon_momentum", "decay_fraction"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserTypeError(f"{name} must be a float, got {value!r}")
-        if not self.muon_lr > 0 or not math.isfinite(self.muon_lr):
-            raise UserValueError(f"muon_lr must be a finite float > 0, got {self.muon_lr}")
-        if not 0 <= self.muon_momentum < 1:
-            raise UserValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
-        if not 0 < self.decay_fraction <= 1:
-            raise UserValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
 
     @property
     def min_lr(self) -> float:

@@ -183,8 +183,8 @@ REFERENCE = {
     "n_kv_head": 2,
     "norm": "rmsnorm",
     "mlp": "swiglu",
-    "eps": 1e-5,
-    "rope": True,
+    "norm_eps": 1e-5,
+    "position": "rope",
     "rope_pairing": "adjacent",
 }
 TOLERANCE = 1e-6  # the norm and the rotation compute in float32, as gpt-fast's do

@@ -148,7 +148,7 @@ REFERENCE = {
     "norm": "layernorm",
     "activation": "gelu_tanh",
     "parallel_residual": True,
-    "rope": True,
+    "position": "rope",
     "rotary_dim": 4,
     "rope_pairing": "adjacent",
 }

@@ -65,7 +65,7 @@ class Block(nn.Module):
 SOURCE = "the-lessons+pytorch-labs/gpt-fast model.py"
 BLOCK = Block
 ARGS = {"n_embd": 32, "n_head": 4, "n_kv_head": 2, "block_size": 16}
-REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "dense", "activation": "gelu", "eps": 1e-5}
+REFERENCE = {"n_head": 4, "n_kv_head": 2, "norm": "rmsnorm", "mlp": "dense", "activation": "gelu", "norm_eps": 1e-5}
 
 
 def weights(b):

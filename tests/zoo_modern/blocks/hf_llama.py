@@ -157,8 +157,8 @@ REFERENCE = {
     "n_kv_head": 2,
     "norm": "rmsnorm",
     "mlp": "swiglu",
-    "eps": 1e-6,
-    "rope": True,
+    "norm_eps": 1e-6,
+    "position": "rope",
     "rope_pairing": "halves",
 }
 TOLERANCE = 1e-6  # the norm and the rotary table compute in float32, as Hugging Face's do

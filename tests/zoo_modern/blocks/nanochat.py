@@ -101,8 +101,8 @@ REFERENCE = {
     "norm": "rmsnorm",
     "mlp": "dense",
     "activation": "relu2",
-    "eps": 2.220446049250313e-16,
-    "rope": True,
+    "norm_eps": 2.220446049250313e-16,
+    "position": "rope",
     "rope_pairing": "halves",
 }
 TOLERANCE = 1e-6  # the rotary table is float32, as nanochat's is

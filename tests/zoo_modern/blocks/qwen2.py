@@ -132,8 +132,8 @@ REFERENCE = {
     "n_kv_head": 2,
     "norm": "rmsnorm",
     "mlp": "swiglu",
-    "eps": 1e-6,
-    "rope": True,
+    "norm_eps": 1e-6,
+    "position": "rope",
     "rope_pairing": "halves",
     "rope_theta": 1e6,
 }

@@ -144,9 +144,9 @@ REFERENCE = {
     "n_kv_head": 2,
     "norm": "rmsnorm",
     "mlp": "swiglu",
-    "eps": 1e-6,
+    "norm_eps": 1e-6,
     "qk_norm": True,
-    "rope": True,
+    "position": "rope",
     "rope_pairing": "halves",
     "rope_theta": 1e6,
 }
