@@ -1,12 +1,17 @@
-"""The child process of ``gptblock.check.isolation``: started under its supervisor, asked, stopped.
+"""The child processes of ``gptblock.check.isolation``: started under their supervisor, asked, stopped.
 
-``Child`` starts the supervisor (``gptblock.check.reaper``) and, below it, the worker
-(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
-no command line the block can read in ``/proc`` names the checker; the supervisor forks away from
-this process's tree, so the block's ancestors are never ``gptblock check ...``; the worker's
-environment has no variable of the checker's (``environment``). It sends requests and reads the
-answers (``gptblock.check.frames``) within a deadline, drains the block's stdout and stderr, and
-stops everything below the supervisor at the end.
+``Child`` starts the supervisor (``gptblock.check.reaper``, from a script with a neutral name in
+a temporary folder, so that no command line the block can read in ``/proc`` names the checker;
+it forks away from this process's tree, so the block's ancestors are never ``gptblock check
+...``), which imports torch and forks the builder (``gptblock.check.worker``) and the runner
+(``gptblock.check.runner`` with the files it uses, copied as the package ``serve`` into that
+folder: it imports nothing of gptblock); their environment has no variable of the checker's
+(``environment``). ``call`` sends each request to the process that answers it: loading, building,
+the width and readings by names to the builder, every other (what decides the verdict) to the
+runner, the block built there from the builder's ``recipe``; a reading by names is made on the
+builder's copy given the runner's parameters. It reads the answers (``gptblock.check.frames``)
+within a deadline, drains the block's stdout and stderr, and stops everything below the
+supervisor at the end.
 
 Shapes: none.
 """
@@ -14,6 +19,7 @@ Shapes: none.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -38,6 +44,8 @@ __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
 REAPER = Path(__file__).with_name("reaper.py")
+RUNNER = ("frames", "loop", "raised", "runner", "subject")  # the runner's files: no gptblock
+BUILDER_OPS = ("load", "width", "read", "suggest")
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
@@ -85,28 +93,42 @@ def undumpable() -> Iterator[None]:
             prctl(PR_SET_DUMPABLE, before)
 
 
+@dataclass
+class _Channel:
+    """The pipes to one of the processes below the supervisor."""
+
+    name: str
+    to_fd: int
+    from_fd: int
+    reader: Reader
+
+
 class Child:
-    """The reaper and the worker below it, the pipes to them, and their drained output."""
+    """The supervisor, the builder and the runner below it, the pipes to them, and their drained
+    output."""
 
     def __init__(self, request: bytes) -> None:
-        to_child, self.to_fd = os.pipe()
-        self.from_fd, from_child = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        jobs, passed = [], [out_w, err_w]
+        self.channels: dict[str, _Channel] = {}
+        for name, module in (("builder", f"{__package__}.worker"), ("runner", "serve.runner")):
+            to_child, to_fd = os.pipe()
+            from_fd, from_child = os.pipe()
+            self.channels[name] = _Channel(name, to_fd, from_fd, Reader(from_fd))
+            jobs.append([name, module, to_child, from_child])
+            passed += [to_child, from_child]
         self.folder = tempfile.TemporaryDirectory()
-        supervisor, serve = neutral_scripts(Path(self.folder.name))
-        worker = [sys.executable, str(serve), str(to_child), str(from_child)]
-        passed = (to_child, from_child, out_w, err_w)
+        supervisor = neutral_scripts(Path(self.folder.name))
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(supervisor), str(out_w), str(err_w),
-             f"{to_child},{from_child}", "--", *worker],
+            [sys.executable, str(supervisor), str(out_w), str(err_w)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err_w,
             pass_fds=passed,
             env=environment(),
             start_new_session=True,  # its own process group, spared the terminal's ^C
-        )  # fmt: skip
+        )
         self.status: list[str] = []
         self.eof = False
         for fd in passed:
@@ -118,26 +140,72 @@ class Child:
         ]
         for t in self.threads:
             t.start()
-        self.reader, self.id = Reader(self.from_fd), 0
+        self.id, self.index, self.synced, self.dropout = 0, 0, False, False
+        self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
-        send(self.to_fd, {"init": request.hex()})
+        if self.proc.stdin is not None:  # the jobs: in a pipe, not in a command line
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.write((json.dumps(jobs) + "\n").encode())
+                self.proc.stdin.flush()
+        for channel in self.channels.values():
+            with contextlib.suppress(BrokenPipeError):
+                send(channel.to_fd, {"init": request.hex()})
+
+    def ready(self) -> None:
+        """Wait for both processes to say they are ready (torch and their code imported)."""
+        for channel in self.channels.values():
+            self.answer(channel, 0)
 
     def call(
         self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        builder, runner = self.channels["builder"], self.channels["runner"]
+        if op == "build":
+            said, _ = self._ask(builder, op, None, **args)
+            if said.get("none") is not True:
+                recipe = said.pop("recipe", None)
+                self._ask(runner, op, None, index=self.index, recipe=recipe)
+                self.synced = self.dropout = False
+            return said, {}
+        if op in BUILDER_OPS:
+            self.index = int(args.get("index", self.index))
+            if op in ("read", "suggest"):
+                self._sync()
+            return self._ask(builder, op, tensors, **args)
+        if op == "copy":
+            self.shape = args
+        self.dropout = self.dropout or op == "dropout_off"
+        return self._ask(runner, op, tensors, **args)
+
+    def _sync(self) -> None:
+        """The builder's copy made as the runner's is, and given its parameters, to read it."""
+        builder = self.channels["builder"]
+        if not self.synced:
+            self._ask(builder, "copy", None, **self.shape)
+            if self.dropout:
+                self._ask(builder, "dropout_off", None)
+            self.synced = True
+        values = self._ask(self.channels["runner"], "parameters", None)[1]
+        self._ask(builder, "set", values)
+
+    def _ask(
+        self, channel: _Channel, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
-            send(self.to_fd, {"id": self.id, "op": op, **args}, tensors)
-        return self.answer(self.id)
+            send(channel.to_fd, {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(channel, self.id)
 
-    def answer(self, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def answer(
+        self, channel: _Channel, wanted: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         try:
-            header, tensors = self.reader.next(self.deadline)
+            header, tensors = channel.reader.next(self.deadline)
         except TimeoutError:
             raise Gone("timeout") from None
         except EOFError:
-            raise Gone(self.ended()) from None
+            raise Gone(self.ended(channel.name)) from None
         except ValueError as e:
             raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
         if header.get("id") != wanted:
@@ -176,13 +244,14 @@ class Child:
             data += chunk
         self.status += data.decode(errors="replace").splitlines()
 
-    def ended(self) -> str:
-        """How the worker ended, as its supervisor saw it."""
+    def ended(self, name: str) -> str:
+        """How the builder or the runner ended, as their supervisor saw it."""
         self._status(10)
         rc: int | None = None
         for line in self.status:
-            if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
-                rc = int(line[5:])
+            said = line.removeprefix(f"exit {name} ")
+            if said != line and said.lstrip("-").isdigit() and rc is None:
+                rc = int(said)
         if rc is None:
             return "ended without a word from its reaper"
         if rc < 0:
@@ -196,7 +265,8 @@ class Child:
         return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
 
     def close(self) -> None:
-        """Stop the worker and everything below it (the supervisor sweeps), and the drains."""
+        """Stop the builder, the runner and everything below them (the supervisor sweeps), and
+        the drains."""
         self._status(30)
         if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
             for line in self.status:
@@ -205,7 +275,7 @@ class Child:
                         os.kill(int(line[11:]), signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)  # (the first process: it ended at once)
-        for fd in (self.to_fd, self.from_fd):
+        for fd in (fd for c in self.channels.values() for fd in (c.to_fd, c.from_fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
         for t in self.threads:
@@ -215,16 +285,17 @@ class Child:
         self.folder.cleanup()
 
 
-_SERVE = "import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-
-
-def neutral_scripts(folder: Path) -> tuple[Path, Path]:
-    """The supervisor (``reaper.py``, copied) and a script that runs the worker, under names
-    that say nothing of the checker: the command lines the block can read in ``/proc``."""
-    supervisor, serve = folder / "supervise.py", folder / "serve.py"
+def neutral_scripts(folder: Path) -> Path:
+    """The supervisor (``reaper.py``, copied) and the runner's package (``serve``: the files
+    ``RUNNER``, copied), under names that say nothing of the checker: the command lines, the
+    modules and the frames the block can see."""
+    supervisor, package = folder / "supervise.py", folder / "serve"
     supervisor.write_bytes(REAPER.read_bytes())
-    serve.write_text(_SERVE.format(module=f"{__package__}.worker"))
-    return supervisor, serve
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in RUNNER:
+        (package / f"{name}.py").write_bytes(REAPER.with_name(f"{name}.py").read_bytes())
+    return supervisor
 
 
 _KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs

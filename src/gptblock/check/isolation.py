@@ -134,7 +134,7 @@ def _run_child(
     reports: list[CheckReport] = []
     try:
         try:
-            child.answer(0)  # ready: torch and the checker imported
+            child.ready()  # torch and their code imported
         except (Gone, Raised) as e:
             err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
             what = e.what if isinstance(e, Gone) else str(e)
