@@ -107,6 +107,7 @@ BLOCKS = textwrap.dedent(
     '''
 )
 
+
 @pytest.fixture(scope="module")
 def blocks(tmp_path_factory):
     path = tmp_path_factory.mktemp("learner") / "blocks.py"

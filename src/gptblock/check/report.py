@@ -18,6 +18,7 @@ from .loop import one_line as said
 
 __all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
 
+
 @dataclass(frozen=True)
 class Finding:
     """The outcome of one check.

@@ -171,7 +171,8 @@ def to_data(value: object, home: object) -> object:
     lists, tuples, dicts, dtypes, and an object (a config) as its class and attributes.
 
     Raises:
-        ValueError: a value that cannot be sent so (a function, a module, a local class).
+        ValueError: a value that cannot be sent so (a local function or class); a class or a
+            function is sent by name (pickled), as ``check_block``'s own arguments are.
 
     Example:
         >>> to_data({"n_embd": 32, "sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
@@ -189,6 +190,11 @@ def to_data(value: object, home: object) -> object:
     if isinstance(value, types.SimpleNamespace):
         return {"namespace": to_data(vars(value), home)}
     cls = type(value)
+    if callable(value) or isinstance(value, types.ModuleType):  # by name: F.gelu, nn.GELU
+        try:
+            return {"pickle": pickle.dumps(value).hex()}
+        except CAUGHT:
+            raise ValueError(f"a {cls.__name__}, which cannot be sent as data") from None
     if hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
         own = cls.__module__ == getattr(home, "__name__", None)  # the learner's file's
         where = "" if own else cls.__module__
@@ -209,14 +215,17 @@ def _from_data(data: Any, home: object) -> Any:
         return {k: _from_data(v, home) for k, v in data["dict"].items()}
     if "dtype" in data:
         return getattr(torch, data["dtype"])
+    if "pickle" in data:
+        return pickle.loads(bytes.fromhex(data["pickle"]))
     if "namespace" in data:
         return types.SimpleNamespace(**_from_data(data["namespace"], home))
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)
     fields = _from_data(data["fields"], home)
-    if dataclasses.is_dataclass(cls):
-        return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.init and f.name in fields})  # fmt: skip
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
+        return cls(**{n: fields[n] for n in init})
     try:
         return cls(**fields)
     except CAUGHT:
@@ -305,7 +314,9 @@ class _Runner:
                 try:
                     self.loaded[i] = load(self.targets[i])
                 except CAUGHT as e:
-                    raise UserValueError(f"loading it again in a fresh process: {one_line(e)}")
+                    raise UserValueError(
+                        f"loading it again in a fresh process: {one_line(e)}"
+                    ) from e
             module, self.undo = build(self.loaded[i], args["recipe"])
             self.held = Held(module)
             return {}, {}

@@ -48,7 +48,9 @@ def _load(target: str | bytes) -> object:
         raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
 
 
-def _settings(target: object, undo: Callable[[], None]) -> tuple[Callable[[], None], dict[str, Any]]:
+def _settings(
+    target: object, undo: Callable[[], None]
+) -> tuple[Callable[[], None], dict[str, Any]]:
     """The module settings a build changed (those its ``undo`` restores), kept set, as data;
     and their undo. Read by difference, whatever set them (``sizes.patch_globals``)."""
     home = sys.modules.get(getattr(target, "__module__", None) or "")
