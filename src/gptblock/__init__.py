@@ -42,6 +42,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from . import (
+    early,  # noqa: F401  (first: `gptblock check`'s child starts importing torch now; early.py)
     interop,  # noqa: F401  (attaches GPT.from_hf & co.: gpt.py says why)
     lesson,
     reference,

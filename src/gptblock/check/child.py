@@ -19,23 +19,20 @@ Shapes: none.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from .. import errors
+from ..early import environment, take
 from .frames import Reader, send
 from .report import Raised, one_line, text
 
@@ -43,8 +40,6 @@ __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
-REAPER = Path(__file__).with_name("reaper.py")
-RUNNER = ("frames", "loop", "raised", "runner", "subject")  # the runner's files: no gptblock
 BUILDER_OPS = ("load", "width", "read", "suggest")
 
 
@@ -108,31 +103,15 @@ class Child:
     output."""
 
     def __init__(self, request: bytes) -> None:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        jobs, passed = [], [out_w, err_w]
-        self.channels: dict[str, _Channel] = {}
-        for name, module in (("builder", f"{__package__}.worker"), ("runner", "serve.runner")):
-            to_child, to_fd = os.pipe()
-            from_fd, from_child = os.pipe()
-            self.channels[name] = _Channel(name, to_fd, from_fd, Reader(from_fd))
-            jobs.append([name, module, to_child, from_child])
-            passed += [to_child, from_child]
-        self.folder = tempfile.TemporaryDirectory()
-        supervisor = neutral_scripts(Path(self.folder.name))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(supervisor), str(out_w), str(err_w)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err_w,
-            pass_fds=passed,
-            env=environment(),
-            start_new_session=True,  # its own process group, spared the terminal's ^C
-        )
+        spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
+        self.proc, self.folder = spawned.proc, spawned.folder
+        self.channels = {
+            name: _Channel(name, to_fd, from_fd, Reader(from_fd))
+            for name, (to_fd, from_fd) in spawned.pipes.items()
+        }
+        out_r, err_r = spawned.out_r, spawned.err_r
         self.status: list[str] = []
         self.eof = False
-        for fd in passed:
-            os.close(fd)
         self.outputs = [_Output("stdout"), _Output("stderr")]
         self.threads = [
             threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
@@ -143,10 +122,6 @@ class Child:
         self.id, self.index, self.synced, self.dropout = 0, 0, False, False
         self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
-        if self.proc.stdin is not None:  # the jobs: in a pipe, not in a command line
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.write((json.dumps(jobs) + "\n").encode())
-                self.proc.stdin.flush()
         for channel in self.channels.values():
             with contextlib.suppress(BrokenPipeError):
                 send(channel.to_fd, {"init": request.hex()})
@@ -283,33 +258,3 @@ class Child:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.folder.cleanup()
-
-
-def neutral_scripts(folder: Path) -> Path:
-    """The supervisor (``reaper.py``, copied) and the runner's package (``serve``: the files
-    ``RUNNER``, copied), under names that say nothing of the checker: the command lines, the
-    modules and the frames the block can see."""
-    supervisor, package = folder / "supervise.py", folder / "serve"
-    supervisor.write_bytes(REAPER.read_bytes())
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for name in RUNNER:
-        (package / f"{name}.py").write_bytes(REAPER.with_name(f"{name}.py").read_bytes())
-    return supervisor
-
-
-_KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
-
-
-def environment() -> dict[str, str]:
-    """The child's environment: the caller's, but nothing that names the checker (``GPTBLOCK_*``,
-    the shell's ``_``: the command it ran, pytest's ``PYTEST_*``, a value that names
-    gptblock); ``PYTHONPATH`` this process's path, so that the child imports the same torch
-    and modules."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"
-        and (k in _KEPT or "gptblock" not in v.lower())
-    }  # fmt: skip
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    return env
