@@ -329,3 +329,34 @@ def _from_data_of(data):
     from gptblock.check.runner import _from_data
 
     return _from_data(data, None)
+
+
+def test_gptblock_check_starts_its_child_first_and_one_left_unused_ends(monkeypatch):
+    import select
+    import sys
+
+    from gptblock import early
+
+    monkeypatch.setattr(early, "_started", None)
+    for argv in (["gptblock", "train", "x.txt"], ["gptblock", "check", "--help"]):
+        monkeypatch.setattr(sys, "orig_argv", ["python", "-m", *argv])
+        early.start()
+        assert early._started is None  # only for a check
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "gptblock", "check", "f.py:Block"])
+    early.start()  # what gptblock/__init__.py does first, on `python -m gptblock check ...`
+    spawned = early._started
+    assert spawned is not None and early.take() is spawned and early._started is None
+    spawned.proc.stdin.close()  # the command ended (an error in its arguments) without a check
+    status, deadline = b"", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not select.select([spawned.proc.stdout], [], [], 1)[0]:
+            continue
+        chunk = os.read(spawned.proc.stdout.fileno(), 4096)
+        if not chunk:
+            break  # the supervisor ended, and the jobs it forked with it
+        status += chunk
+    assert status.startswith(b"supervisor ") and b"exit runner -9" in status, status
+    for fd in (spawned.out_r, spawned.err_r, *(fd for p in spawned.pipes.values() for fd in p)):
+        os.close(fd)
+    spawned.proc.stdout.close()
+    spawned.folder.cleanup()

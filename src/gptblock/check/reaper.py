@@ -221,9 +221,10 @@ def main(argv: list[str]) -> int:
                 del running[pid]
         if running and select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
             break  # the checker closed our stdin: stop
-    for pid in running:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+    for pid in running:  # its session, and itself: it may not have made its session yet
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
     for pid, name in running.items():
         _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
     sweep(sessions)

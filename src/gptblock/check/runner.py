@@ -337,7 +337,10 @@ def serve(
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
     reader = Reader(in_fd)
-    header, _ = reader.next()
+    try:
+        header, _ = reader.next()
+    except EOFError:  # started early by a command that ended without a check
+        return 0
     held = start(pickle.loads(bytes.fromhex(header["init"])))  # (from the checker)
     send(out_fd, {"id": 0, "ok": {"ready": True}})
     torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
