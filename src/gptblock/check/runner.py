@@ -282,6 +282,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
 
     for n, v in settings.items():
         setattr(home, n, v)
+    name = getattr(target, "__qualname__", type(target).__name__)
     try:
         args = _from_data(recipe["args"], home)
         with torch.random.fork_rng(devices=[]):
@@ -289,10 +290,10 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
             module = target(**args)  # type: ignore[operator]
     except CAUGHT as e:
         undo()
-        raise UserValueError(f"building it again in a fresh process raised {one_line(e)}") from e
+        raise UserValueError(f"cannot build {name} again in a fresh process: {one_line(e)}") from e
     if not isinstance(module, nn.Module):
         undo()
-        raise UserValueError(f"built again, it returned a {type(module).__name__}")
+        raise UserValueError(f"{name}, built again, returned a {type(module).__name__}")
     return module, undo
 
 
@@ -315,7 +316,7 @@ class _Runner:
                     self.loaded[i] = load(self.targets[i])
                 except CAUGHT as e:
                     raise UserValueError(
-                        f"loading it again in a fresh process: {one_line(e)}"
+                        f"cannot load it again in a fresh process: {one_line(e)}"
                     ) from e
             module, self.undo = build(self.loaded[i], args["recipe"])
             self.held = Held(module)
