@@ -160,12 +160,17 @@ BLOCKS = textwrap.dedent(
     def _forge_traces(forge):
         """Have the child's recorder send ``forge(honest, module, x)`` for each trace: the
         weights are read in the checker's process from the traces the block's process sends."""
-        main = sys.modules["__main__"]  # the request loop
-        honest = getattr(main, "honest_record", main.record)  # built again at other sizes:
-        main.honest_record = honest  # forge the honest recorder's traces, not the last forgery's
-        main.record = lambda module, x, **kwargs: forge(
-            lambda m, y: honest(m, y, **kwargs), module, x
-        )
+        for main in _loops():  # the request loop
+            honest = getattr(main, "honest_record", main.record)  # built again at other sizes:
+            main.honest_record = honest  # forge the honest recorder's, not the last forgery's
+            main.record = lambda module, x, honest=honest, **kwargs: forge(
+                lambda m, y: honest(m, y, **kwargs), module, x
+            )
+
+
+    def _loops():
+        """The modules of the process's request loop (the one whose ``record`` it calls)."""
+        return [m for m in list(sys.modules.values()) if {{"drive_cache", "serve"}} <= set(vars(m))]
 
 
     class ForgesItsWeights(NoScale):
@@ -248,11 +253,13 @@ BLOCKS = textwrap.dedent(
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            worker = sys.modules["__main__"]  # python -m gptblock.check.worker
-            worker._output = lambda s, y: (
-                {{"shape": [1], "dtype": "float64", "device": "same"}},
-                {{"y": torch.full((2,), float("nan"), dtype=torch.float64)}},
-            )
+            for loop in _loops():  # its answers to ``forward``
+                honest = loop.Held.answer
+                loop.Held.answer = lambda held, op, *a, honest=honest: (
+                    ({{"shape": [1], "dtype": "float64", "device": "same"}},
+                     {{"y": torch.full((2,), float("nan"), dtype=torch.float64)}})
+                    if op == "forward" else honest(held, op, *a)
+                )
 
 
     class SpoilsTheNext(NoScale):

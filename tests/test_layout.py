@@ -11,7 +11,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "gptblock"
 # The layers, bottom up; a module may import only from its own or an earlier layer. A layer is a
 # top-level module or a sub-package: blocks/, model/, data/, runs/, train/, interop/, bench/, ...
 LAYERS = [
-    ["errors", "files", "distributed"],
+    ["errors", "files", "distributed", "early"],
     ["reference"],
     ["blocks", "lesson"],
     ["devices"],

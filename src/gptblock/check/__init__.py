@@ -59,23 +59,26 @@ Which file owns what:
   (float32, train mode, T up to block_size, B up to 64, a dozen calls in a random order);
   ``accounting`` -- every parameter acts and each head's weights are its own
   (``unused_parameters``).
-* ``isolation`` -- ``check_isolated``: the block in a child process (``worker``) that only
-  answers requests, every check and reading computed here from its traces (``remote``: the
-  block's answers, as claims; ``frames``: JSON and raw tensors, never pickle), with a timeout;
-  ``child``: starting, asking and stopping that process, under names and an environment that do
-  not name the checker; ``reaper``: the supervisor that kills the child's whole process tree (a
-  standalone script).
-* ``worker`` -- that child: loads and builds the block (at the file's sizes, then at others),
-  then answers requests; ``sized`` -- the checker's side of that: both sizes, one report.
+* ``isolation`` -- ``check_isolated``: the block in child processes that only answer
+  requests, every check and reading computed here from their traces (``remote``: the block's
+  answers, as claims; ``frames``: JSON and raw tensors, never pickle), with a timeout;
+  ``child``: starting (``gptblock.early``: as soon as ``gptblock check`` starts), asking and
+  stopping them, under names and an environment that do not name the checker; ``reaper``: the
+  supervisor that imports torch, forks them and kills their whole process tree (a script).
+* ``worker`` -- the builder: loads and builds the block (at the file's sizes, then at others),
+  tells its width and reads it by names; ``runner`` -- the runner, which imports nothing of
+  gptblock (a neutral copy of it, ``frames``, ``loop``, ``subject`` and ``raised``): builds the
+  block again from the builder's arguments and answers everything that decides the verdict;
+  ``sized`` -- the checker's side of that: both sizes, one report.
 
 Imports point one way: each layer below uses only the layers before it (and within a layer, as
 said), and nothing imports ``gptblock.cli``:
 
-1. ``catalogue``, ``steps``, ``vocabulary``, ``loop`` and ``decode`` use nothing of gptblock;
-2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
+1. ``catalogue``, ``steps``, ``vocabulary``, ``loop`` and ``decode`` use nothing of gptblock
+   (``loop`` falls back on its own ``UserValueError`` outside it);
+2. ``report`` uses ``catalogue`` and ``loop``; ``subject`` and ``raised`` use ``loop``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
-   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
-   ``sizes`` and ``raised`` use ``report``; ``arguments`` uses ``sizes``; ``trace`` also
+   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``sizes`` uses ``report``; ``arguments`` uses ``sizes``; ``trace`` also
    ``loop`` and ``decode``; ``build`` uses ``arguments``, ``sizes``, ``raised`` and ``subject``;
    ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
@@ -85,15 +88,17 @@ said), and nothing imports ``gptblock.cli``:
    ``plain`` uses ``steps``; ``provenance`` and ``frames`` use nothing of gptblock;
    ``conditions`` uses ``gradient`` and ``search``, ``accounting`` ``provenance`` and
    ``subject``;
-   ``reaper`` uses nothing but the standard library (it runs as a script);
-4. ``served`` uses ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
+   ``reaper`` uses nothing but the standard library and torch (it runs as a script);
+   ``runner`` uses ``frames``, ``loop``, ``subject`` and ``raised`` only (relative imports,
+   so that its copy runs as the package ``serve``);
+4. ``served`` uses ``runner``, ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;
    ``remote`` uses ``subject``, ``readings``, ``modern``, ``served`` and ``trace``; ``isolation``
-   uses ``child`` (which uses ``frames``, ``report`` and ``reaper``), ``remote``, ``verdict``,
+   uses ``child`` (which uses ``gptblock.early``, ``frames``, ``report`` and ``reaper``), ``remote``, ``verdict``,
    ``reaper`` (its ``prctl``), ``sized`` (the check at two sizes, through ``remote`` and
    ``verdict``) and ``target`` (only to validate a spec: it never imports the user's code);
 5. ``run`` uses all of the above, and the block forms it checks by default (``lesson``, ``mha``,
-   ``fused``); ``worker`` uses ``served``, ``frames``, ``loop`` and ``target``.
+   ``fused``); ``worker`` uses ``served``, ``runner``, ``build`` and ``target``.
 
 Shapes: B batch, T time, C channels.
 """

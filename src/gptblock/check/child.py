@@ -1,12 +1,17 @@
-"""The child process of ``gptblock.check.isolation``: started under its supervisor, asked, stopped.
+"""The child processes of ``gptblock.check.isolation``: started under their supervisor, asked, stopped.
 
-``Child`` starts the supervisor (``gptblock.check.reaper``) and, below it, the worker
-(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
-no command line the block can read in ``/proc`` names the checker; the supervisor forks away from
-this process's tree, so the block's ancestors are never ``gptblock check ...``; the worker's
-environment has no variable of the checker's (``environment``). It sends requests and reads the
-answers (``gptblock.check.frames``) within a deadline, drains the block's stdout and stderr, and
-stops everything below the supervisor at the end.
+``Child`` starts the supervisor (``gptblock.check.reaper``, from a script with a neutral name in
+a temporary folder, so that no command line the block can read in ``/proc`` names the checker;
+it forks away from this process's tree, so the block's ancestors are never ``gptblock check
+...``), which imports torch and forks the builder (``gptblock.check.worker``) and the runner
+(``gptblock.check.runner`` with the files it uses, copied as the package ``serve`` into that
+folder: it imports nothing of gptblock); their environment has no variable of the checker's
+(``environment``). ``call`` sends each request to the process that answers it: loading, building,
+the width and readings by names to the builder, every other (what decides the verdict) to the
+runner, the block built there from the builder's ``recipe``; a reading by names is made on the
+builder's copy given the runner's parameters. It reads the answers (``gptblock.check.frames``)
+within a deadline, drains the block's stdout and stderr, and stops everything below the
+supervisor at the end.
 
 Shapes: none.
 """
@@ -18,18 +23,16 @@ import os
 import select
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from .. import errors
+from ..early import environment, take
 from .frames import Reader, send
 from .report import Raised, one_line, text
 
@@ -37,7 +40,7 @@ __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
-REAPER = Path(__file__).with_name("reaper.py")
+BUILDER_OPS = ("load", "width", "read", "suggest")
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
@@ -85,32 +88,30 @@ def undumpable() -> Iterator[None]:
             prctl(PR_SET_DUMPABLE, before)
 
 
+@dataclass
+class _Channel:
+    """The pipes to one of the processes below the supervisor."""
+
+    name: str
+    to_fd: int
+    from_fd: int
+    reader: Reader
+
+
 class Child:
-    """The reaper and the worker below it, the pipes to them, and their drained output."""
+    """The supervisor, the builder and the runner below it, the pipes to them, and their drained
+    output."""
 
     def __init__(self, request: bytes) -> None:
-        to_child, self.to_fd = os.pipe()
-        self.from_fd, from_child = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        self.folder = tempfile.TemporaryDirectory()
-        supervisor, serve = neutral_scripts(Path(self.folder.name))
-        worker = [sys.executable, str(serve), str(to_child), str(from_child)]
-        passed = (to_child, from_child, out_w, err_w)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(supervisor), str(out_w), str(err_w),
-             f"{to_child},{from_child}", "--", *worker],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err_w,
-            pass_fds=passed,
-            env=environment(),
-            start_new_session=True,  # its own process group, spared the terminal's ^C
-        )  # fmt: skip
+        spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
+        self.proc, self.folder = spawned.proc, spawned.folder
+        self.channels = {
+            name: _Channel(name, to_fd, from_fd, Reader(from_fd))
+            for name, (to_fd, from_fd) in spawned.pipes.items()
+        }
+        out_r, err_r = spawned.out_r, spawned.err_r
         self.status: list[str] = []
         self.eof = False
-        for fd in passed:
-            os.close(fd)
         self.outputs = [_Output("stdout"), _Output("stderr")]
         self.threads = [
             threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
@@ -118,26 +119,68 @@ class Child:
         ]
         for t in self.threads:
             t.start()
-        self.reader, self.id = Reader(self.from_fd), 0
+        self.id, self.index, self.synced, self.dropout = 0, 0, False, False
+        self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
-        send(self.to_fd, {"init": request.hex()})
+        for channel in self.channels.values():
+            with contextlib.suppress(BrokenPipeError):
+                send(channel.to_fd, {"init": request.hex()})
+
+    def ready(self) -> None:
+        """Wait for both processes to say they are ready (torch and their code imported)."""
+        for channel in self.channels.values():
+            self.answer(channel, 0)
 
     def call(
         self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        builder, runner = self.channels["builder"], self.channels["runner"]
+        if op == "build":
+            said, _ = self._ask(builder, op, None, **args)
+            if said.get("none") is not True:
+                recipe = said.pop("recipe", None)
+                self._ask(runner, op, None, index=self.index, recipe=recipe)
+                self.synced = self.dropout = False
+            return said, {}
+        if op in BUILDER_OPS:
+            self.index = int(args.get("index", self.index))
+            if op in ("read", "suggest"):
+                self._sync()
+            return self._ask(builder, op, tensors, **args)
+        if op == "copy":
+            self.shape = args
+        self.dropout = self.dropout or op == "dropout_off"
+        return self._ask(runner, op, tensors, **args)
+
+    def _sync(self) -> None:
+        """The builder's copy made as the runner's is, and given its parameters, to read it."""
+        builder = self.channels["builder"]
+        if not self.synced:
+            self._ask(builder, "copy", None, **self.shape)
+            if self.dropout:
+                self._ask(builder, "dropout_off", None)
+            self.synced = True
+        values = self._ask(self.channels["runner"], "parameters", None)[1]
+        self._ask(builder, "set", values)
+
+    def _ask(
+        self, channel: _Channel, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
-            send(self.to_fd, {"id": self.id, "op": op, **args}, tensors)
-        return self.answer(self.id)
+            send(channel.to_fd, {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(channel, self.id)
 
-    def answer(self, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def answer(
+        self, channel: _Channel, wanted: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         try:
-            header, tensors = self.reader.next(self.deadline)
+            header, tensors = channel.reader.next(self.deadline)
         except TimeoutError:
             raise Gone("timeout") from None
         except EOFError:
-            raise Gone(self.ended()) from None
+            raise Gone(self.ended(channel.name)) from None
         except ValueError as e:
             raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
         if header.get("id") != wanted:
@@ -176,13 +219,14 @@ class Child:
             data += chunk
         self.status += data.decode(errors="replace").splitlines()
 
-    def ended(self) -> str:
-        """How the worker ended, as its supervisor saw it."""
+    def ended(self, name: str) -> str:
+        """How the builder or the runner ended, as their supervisor saw it."""
         self._status(10)
         rc: int | None = None
         for line in self.status:
-            if line.startswith("exit ") and line[5:].lstrip("-").isdigit():
-                rc = int(line[5:])
+            said = line.removeprefix(f"exit {name} ")
+            if said != line and said.lstrip("-").isdigit() and rc is None:
+                rc = int(said)
         if rc is None:
             return "ended without a word from its reaper"
         if rc < 0:
@@ -196,7 +240,8 @@ class Child:
         return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
 
     def close(self) -> None:
-        """Stop the worker and everything below it (the supervisor sweeps), and the drains."""
+        """Stop the builder, the runner and everything below them (the supervisor sweeps), and
+        the drains."""
         self._status(30)
         if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
             for line in self.status:
@@ -205,7 +250,7 @@ class Child:
                         os.kill(int(line[11:]), signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)  # (the first process: it ended at once)
-        for fd in (self.to_fd, self.from_fd):
+        for fd in (fd for c in self.channels.values() for fd in (c.to_fd, c.from_fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
         for t in self.threads:
@@ -213,32 +258,3 @@ class Child:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.folder.cleanup()
-
-
-_SERVE = "import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-
-
-def neutral_scripts(folder: Path) -> tuple[Path, Path]:
-    """The supervisor (``reaper.py``, copied) and a script that runs the worker, under names
-    that say nothing of the checker: the command lines the block can read in ``/proc``."""
-    supervisor, serve = folder / "supervise.py", folder / "serve.py"
-    supervisor.write_bytes(REAPER.read_bytes())
-    serve.write_text(_SERVE.format(module=f"{__package__}.worker"))
-    return supervisor, serve
-
-
-_KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
-
-
-def environment() -> dict[str, str]:
-    """The child's environment: the caller's, but nothing that names the checker (``GPTBLOCK_*``,
-    the shell's ``_``: the command it ran, pytest's ``PYTEST_*``, a value that names
-    gptblock); ``PYTHONPATH`` this process's path, so that the child imports the same torch
-    and modules."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"
-        and (k in _KEPT or "gptblock" not in v.lower())
-    }  # fmt: skip
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    return env

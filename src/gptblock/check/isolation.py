@@ -1,11 +1,12 @@
 """Checking blocks in a child process that only answers requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` starts the supervisor (``gptblock.check.reaper``), which starts the worker
-(``gptblock.check.worker``), both from scripts with neutral names in a temporary folder, so that
-no command line the block can read names the checker; the supervisor leaves this process's tree
-(it forks, its parent ends), and the child's environment has no variable of the checker's. The
-child loads and builds the target (``FILE.py:NAME`` text, or a pickled class / factory / module)
+``check_isolated`` asks the builder and the runner (``gptblock.check.child``: the supervisor,
+``gptblock.check.reaper``, forks both; ``worker`` and ``runner`` say what each does), started
+from scripts with neutral names in a temporary folder, so that no command line the block can
+read names the checker; the supervisor leaves this process's tree (it forks, its parent ends),
+and their environment has no variable of the checker's. The builder loads and builds the target
+(``FILE.py:NAME`` text, or a pickled class / factory / module), the runner builds it again
 and then only answers requests (``gptblock.check.remote``): an output for an input, a backward
 pass's gradients, one forward pass recorded (``gptblock.check.loop``), its cache driven. Every
 check, the reading of its weights (by replaying the recorded operators), the comparison and the
@@ -134,7 +135,7 @@ def _run_child(
     reports: list[CheckReport] = []
     try:
         try:
-            child.answer(0)  # ready: torch and the checker imported
+            child.ready()  # torch and their code imported
         except (Gone, Raised) as e:
             err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
             what = e.what if isinstance(e, Gone) else str(e)

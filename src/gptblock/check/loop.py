@@ -2,7 +2,9 @@
 
 This file uses nothing but the standard library and torch, never gptblock, so that the process
 running a learner's block can hold it without importing the checker (``gptblock.check.trace``
-decodes what it records; ``gptblock.check.isolation`` runs it under a neutral name).
+decodes what it records; ``gptblock.check.runner`` runs it, copied under a neutral name). It
+also holds what every file of that process shares: ``CAUGHT``, ``one_line`` and the error a
+block that cannot be checked raises (``gptblock.errors.UserValueError`` inside gptblock).
 
 ``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode`` and returns plain
 data: a JSON-able description and the tensors it names. Every ATen operator is kept as its
@@ -29,15 +31,45 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+try:
+    from ..errors import UserValueError
+except ImportError:  # copied outside gptblock (the runner's process): the checker maps it back
+
+    class UserValueError(ValueError):  # type: ignore[no-redef]
+        """A block that cannot be built or checked as it is; the message says why."""
+
+
 __all__ = [
-    "CACHE_APIS", "INPUT", "LEAF", "NoDropout", "NotCached", "cache_api", "cached_last",
-    "drive_cache", "encode", "record",
+    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "NoDropout", "NotCached", "UserValueError",
+    "cache_api", "cached_last", "drive_cache", "encode", "one_line", "record",
 ]  # fmt: skip
+
+CAUGHT = (Exception, SystemExit)
+"""What the user's code may raise without stopping the check: any error, and ``sys.exit()``
+called from it (a ``SystemExit`` that would otherwise end the checker's process with the
+block's exit code). ``KeyboardInterrupt`` still stops the check."""
 
 Tensor = torch.Tensor
 INPUT = -1  # a node's op: the block's input
 LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report.
+
+    Example:
+        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
+        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
+    """
+    if e is None:
+        return "unknown error"
+    if isinstance(e, SystemExit):
+        return f"SystemExit: {e.code} (sys.exit({e.code!r}) was called)"
+    lines = str(e).strip().splitlines()
+    first = lines[0].rstrip(".") if lines else ""
+    first = first if len(first) <= 300 else first[:300] + "..."  # a message may be megabytes
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -3,7 +3,8 @@
 A block that cannot be built, or raises on its first call for a reason other than sizes that do
 not fit (a typo, ``self.kee(x)``; a missing argument), is not a catalogued mistake: the checker
 says what was raised and the learner's line (``gpt.py:31: k = self.kee(x)``). A size error
-(tensors whose shapes do not fit) stays the shape probe's to report.
+(tensors whose shapes do not fit) stays the shape probe's to report. It uses nothing of
+gptblock but ``loop``: the runner's process (``gptblock.check.runner``) holds it too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import traceback
 
 import torch
 
-from .report import one_line
+from .loop import one_line
 
 __all__ = ["call_error", "learner_line", "size_error", "source"]
 

@@ -1,42 +1,51 @@
-"""Run one command and, when it ends or when told to stop, kill every process it started.
+"""Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-``python -I -S reaper.py OUT_FD ERR_FD KEEP_FDS -- COMMAND...`` is started by
-``gptblock.check.isolation`` between the checker and the child that runs the user's block. It
-uses nothing but the standard library (and never imports gptblock or torch, so it starts in
-milliseconds), and never runs the user's code. It
+``python supervise.py OUT_FD ERR_FD`` (this file, copied under a neutral name) is started by
+``gptblock.check.child`` between the checker and the processes that run the user's block. It
+uses the standard library and torch, never gptblock, and never runs the user's code. It
 
 * forks once and lets its parent end, so that it is re-parented away from the checker (to init,
   or to the nearest subreaper above the checker): the block's ancestors are this process and
   that one, never the checker's ``gptblock check ...`` (whose command line names it); it says
-  ``supervisor PID`` on stdout, and ends when its stdin closes or its command has ended;
+  ``supervisor PID`` on stdout;
 * makes itself the subreaper of everything below it (Linux's ``PR_SET_CHILD_SUBREAPER``): a
   process the block starts that leaves its parent, in a new session (``setsid``) or by forking
-  twice, is re-parented to the reaper instead of to init, so it can always be found;
-* starts COMMAND in a session of its own, with stdin from /dev/null, stdout and stderr on OUT_FD
-  and ERR_FD and the pipes KEEP_FDS (comma-separated), and without the capability to trace other
-  processes (``CAP_SYS_PTRACE``, dropped from its bounding set: even as root it cannot open the
-  checker's ``/proc/PID/fd/1`` while the checker is not dumpable, nor the reaper's);
-* writes ``pid N`` and, when COMMAND ends, ``exit RC`` (a negative RC: the signal) on stdout;
-* when COMMAND has ended, or when its stdin closes (the checker is done, timed out, or died),
-  kills COMMAND's session and then every process below the reaper (found in ``/proc``), again
-  and again until none is left, and exits.
+  twice, is re-parented to the supervisor instead of to init, so it can always be found;
+* imports torch once, then reads its jobs from the first line of stdin (JSON: ``[[NAME,
+  MODULE, IN_FD, OUT_FD], ...]``; not in its command line, which the block can read) and forks
+  each: a process of its own session, with stdin from /dev/null, stdout and stderr on OUT_FD
+  and ERR_FD, the pipes IN_FD and OUT_FD and no other of the checker's, without the capability
+  to trace other processes (``CAP_SYS_PTRACE``, dropped from its bounding set: even as root it
+  cannot open the checker's ``/proc/PID/fd/1`` while the checker is not dumpable, nor this
+  process's), that runs ``MODULE.main([IN_FD, OUT_FD])`` and exits. A fork made after
+  ``import torch`` and before any torch operation is safe, and saves each job the import
+  (about 2 s); the runner's MODULE is a neutral copy (``gptblock.check.runner``), so that it
+  imports nothing of gptblock;
+* writes ``pid NAME N`` and, when a job ends, ``exit NAME RC`` (a negative RC: the signal);
+* when every job has ended, or when its stdin closes (the checker is done, timed out, or died),
+  kills the jobs' sessions and then every process below it (found in ``/proc``), again and
+  again until none is left, and exits.
 
-Off Linux there is no subreaper and no ``/proc``: only COMMAND's session is killed, and a process
-that left it survives. A block that kills the reaper itself (it runs as the same user) can also
-leave processes behind; a sandbox, a container or another user is the answer to that.
+Off Linux there is no subreaper and no ``/proc``: only the jobs' sessions are killed, and a
+process that left them survives. A block that kills the supervisor itself (it runs as the same
+user) can also leave processes behind; a sandbox, a container or another user is the answer.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import importlib
+import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import time
+import traceback
+from typing import Any
 
 __all__ = ["main"]
 
@@ -116,15 +125,16 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def sweep(session: int) -> None:
-    """Kill ``session`` and every process below this one until none is left, reaping them."""
+def sweep(sessions: list[int]) -> None:
+    """Kill ``sessions`` and every process below this one until none is left, reaping them."""
     for _ in range(10_000):
         with_pids = _descendants(os.getpid())
         for pid in with_pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.killpg(session, signal.SIGKILL)
+        for session in sessions:
+            with contextlib.suppress(OSError):
+                os.killpg(session, signal.SIGKILL)
         while True:  # reap what died, and what was re-parented to us and died
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -142,36 +152,82 @@ def _say(line: str) -> None:
         os.write(1, (line + "\n").encode())
 
 
+def _jobs() -> list[list[Any]]:
+    """The first line of stdin, as JSON; ``[]`` when it closes first."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return []
+        data += chunk
+    return list(json.loads(data.split(b"\n", 1)[0]))
+
+
+def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[int]) -> None:
+    """In the forked child: become the job (see the module's docstring), run it, exit."""
+    rc = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd, to in ((null, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, to)
+        for fd in (others | {null}) - set(pipes) - {0, 1, 2}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        drop_ptrace()
+        prctl(PR_SET_DUMPABLE, 1)  # its own process, as an exec'd one would be
+        rc = int(importlib.import_module(module).main([str(fd) for fd in pipes]) or 0)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except KeyboardInterrupt:  # as Python reports it: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # the block's handlers, as at an interpreter's exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(rc)
+
+
 def main(argv: list[str]) -> int:
-    out_fd, err_fd, keep = int(argv[0]), int(argv[1]), [int(f) for f in argv[2].split(",") if f]
-    command = argv[argv.index("--") + 1 :]
+    out_fd, err_fd = int(argv[0]), int(argv[1])
     if hasattr(os, "fork") and os.fork():
         os._exit(0)  # the checker's child ends here: this process leaves the checker's tree
     _say(f"supervisor {os.getpid()}")
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
-    worker = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=out_fd,
-        stderr=err_fd,
-        pass_fds=keep,
-        start_new_session=True,
-        preexec_fn=drop_ptrace,
-    )
-    for fd in (out_fd, err_fd, *keep):
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401  (once for every job: each is forked from here)
+    jobs = _jobs()
+    fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
+    running: dict[int, str] = {}
+    for name, module, *pipes in jobs:
+        pid = os.fork()
+        if pid == 0:
+            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, fds)
+        running[pid] = str(name)
+        _say(f"pid {name} {pid}")
+    for fd in fds:
         os.close(fd)
-    _say(f"pid {worker.pid}")
-    while worker.poll() is None:
-        if select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
+    sessions = list(running)
+    while running:
+        for pid, name in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                _say(f"exit {name} {os.waitstatus_to_exitcode(status)}")
+                del running[pid]
+        if running and select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
             break  # the checker closed our stdin: stop
-    if worker.poll() is None:
-        try:
-            os.killpg(worker.pid, signal.SIGKILL)
-        except OSError:
-            worker.kill()
-    _say(f"exit {worker.wait()}")
-    sweep(worker.pid)
+    for pid in running:  # its session, and itself: it may not have made its session yet
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
+    for pid, name in running.items():
+        _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
+    sweep(sessions)
     return 0
 
 

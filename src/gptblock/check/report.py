@@ -13,13 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .catalogue import MISTAKES
+from .loop import CAUGHT
+from .loop import one_line as said
 
 __all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
-
-CAUGHT = (Exception, SystemExit)
-"""What the user's code may raise without stopping the check: any error, and ``sys.exit()``
-called from it (a ``SystemExit`` that would otherwise end the checker's process with the
-block's exit code). ``KeyboardInterrupt`` still stops the check."""
 
 
 @dataclass(frozen=True)
@@ -285,19 +282,13 @@ def text(value: object, limit: int = 2000) -> str:
 
 
 def one_line(e: BaseException | None) -> str:
-    """'TypeError: first line of the message', for a one-line report.
+    """'TypeError: first line of the message', for a one-line report (``loop.one_line``; an
+    error the block's process reported, as it said it).
 
     Example:
         >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
         ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
     """
-    if e is None:
-        return "unknown error"
     if isinstance(e, Raised):
         return text(e, 400)
-    if isinstance(e, SystemExit):
-        return f"SystemExit: {e.code} (sys.exit({e.code!r}) was called)"
-    lines = str(e).strip().splitlines()
-    first = lines[0].rstrip(".") if lines else ""
-    first = first if len(first) <= 300 else first[:300] + "..."  # a message may be megabytes
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return said(e)

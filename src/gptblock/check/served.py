@@ -1,12 +1,13 @@
 """The block, where it runs: everything the checker asks of it, answered as plain data.
 
 ``Served`` holds the user's block (built, copied, its weights perturbed) and answers the
-checker's requests: its width, an output for an input, the gradients of a backward pass, its
-dropout switched off, its parts read into numbers (``gptblock.check.plain``), a suggested
-``--map``. These answers are all the checker learns of the block. ``gptblock check`` runs a
-``Served`` in a child process (``gptblock.check.worker``) and treats every answer as a claim to
-check; ``check_block(..., isolate=False)`` runs it in the checker's own process, for code the
-caller trusts.
+checker's requests: its width, its parts read into numbers (``gptblock.check.plain``), a
+suggested ``--map``, and (``runner.Held``) an output for an input, the gradients of a backward
+pass, its dropout switched off. ``gptblock check`` runs a ``Served`` in the builder process
+(``gptblock.check.worker``) for the width and the readings by names, and a ``Held`` in the
+runner (``gptblock.check.runner``) for the answers that decide the verdict, and treats every
+answer as a claim to check; ``check_block(..., isolate=False)`` runs a ``Served`` in the
+checker's own process, for code the caller trusts.
 
 Shapes: B batch, T time, C channels.
 """
@@ -24,24 +25,20 @@ from .build import max_length, width
 from .modern import ModernOutcome, check_modern
 from .modern_scope import attention_scope
 from .plain import NotPlain, to_plain
-from .raised import call_error, source
 from .readings import TRACE_T, Readings, read_parts, trace_shapes
 from .report import CAUGHT, one_line
-from .subject import Subject
+from .runner import Held
 from .suggest import suggest_map
 from .trace import NoDropout, Trace
 
-__all__ = ["DROPOUT_NAMES", "PROBE_T", "Served", "modern_answer", "plain_readings"]
+__all__ = ["PROBE_T", "Served", "modern_answer", "plain_readings"]
 
 Tensor = torch.Tensor
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
-DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
-                 "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
 
-
-class Served:
-    """A built block and the answers the checker gets from it.
+class Served(Held):
+    """A built block and the answers the checker gets from it (``runner.Held``'s, and reading).
 
     Args:
         module: the user's block (never changed: the checks run on a copy).
@@ -55,25 +52,8 @@ class Served:
     """
 
     def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
-        self.module, self.kwargs = module, kwargs
-        self.C, self.T, self.longest = 0, 0, 0
-        self._subject: Subject | None = None
-
-    @property
-    def tested(self) -> Subject:
-        """The copy the probes call (``copy`` makes it)."""
-        return self.subject
-
-    @property
-    def note(self) -> str:
-        """What the copy says of itself (checked in float32, say)."""
-        return self.subject.note
-
-    @property
-    def subject(self) -> Subject:
-        if self._subject is None:
-            raise RuntimeError("the block has not been copied yet")
-        return self._subject
+        super().__init__(module)
+        self.kwargs = kwargs
 
     def width(self) -> tuple[int, int]:
         """(C, T): the block's width, and the probes' sequence length (``longest``: its longest
@@ -82,59 +62,6 @@ class Served:
         self.T = min(PROBE_T, self.longest or PROBE_T)
         self.C = width(self.module, self.kwargs, self.T)
         return self.C, self.T
-
-    def copy(self) -> dict[str, Any]:
-        """Make the checker's copy (float64, eval); what it is."""
-        self._subject = Subject(self.module, self.C, self.T, self.longest)
-        s = self._subject
-        failed = "" if s.failure is None else one_line(s.failure)  # the first call, in both dtypes
-        raised = "" if s.failure is None else call_error(s.failure, source(type(self.module)))
-        return {
-            "dtype": str(s.dtype).removeprefix("torch."),
-            "device": str(s.device),
-            "note": s.note,
-            "failed": failed,
-            "raised": raised,  # not for sizes that do not fit: no check can run
-        }
-
-    def parameters(self) -> dict[str, Tensor]:
-        """The copy's parameters, by name."""
-        return {n: p.detach() for n, p in self.subject.module.named_parameters()}
-
-    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        """Give the copy's parameters these values (``provenance.choose``'s), by name.
-
-        Raises:
-            ValueError: a name the copy does not have, or a value of another shape.
-        """
-        own = dict(self.subject.module.named_parameters())
-        with torch.no_grad():
-            for name, value in values.items():
-                p = own.get(name)
-                if p is None or p.shape != value.shape:
-                    raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
-                p.copy_(value.to(device=p.device, dtype=p.dtype))
-
-    def dropout_off(self) -> str:
-        """Set every dropout probability of the copy to 0, else switch every dropout off where
-        it runs (``trace.NoDropout``); how, if that makes its eval outputs deterministic (the
-        rest of its arithmetic can then be compared), else ``""``."""
-        s = self.subject
-        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
-            for name, value in vars(m).items():
-                if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
-                    setattr(m, name, 0.0)
-        x = s.input(s.T, s.T, s.C)
-        for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
-            s.no_dropout = switched_off
-            try:
-                with s.own_rng():
-                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
-                        return "switched off" if switched_off else "with its probability set to 0"
-            except CAUGHT:
-                pass
-        s.no_dropout = False
-        return ""
 
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``).

@@ -100,7 +100,7 @@ def _at(
     if other and C != said.get("width"):
         return not_other(f"it takes a width of {C}, not {text(said.get('width'), 20)}")
     progress.stage("copying the block and calling it once")
-    copy = call("copy")[0]
+    copy = call("copy", C=C, T=T, longest=longest)[0]
     raised = text(copy.get("raised", ""), 600)
     if other and copy.get("failed"):
         return not_other(f"calling it raised {text(copy.get('failed'), 400)}")

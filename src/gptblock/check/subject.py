@@ -15,6 +15,7 @@ A learner trains in float32 and in train mode: a float32 input runs a float32 co
 (``module_in``: its parameters are the copy's, whatever they were set to since), and a
 ``train=True`` call runs the copy in train mode with every dropout an identity
 (``trace.NoDropout``), so that ``gptblock.check.conditions`` can compare both with the reference.
+It uses nothing of gptblock but ``loop``: the runner's process holds it (``runner``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -33,9 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from ..errors import UserValueError
-from .report import CAUGHT, one_line
-from .trace import NoDropout
+from .loop import CAUGHT, NoDropout, UserValueError, one_line
 
 __all__ = ["Grads", "Subject", "Tested", "first_tensor", "moved", "one_thread"]
 

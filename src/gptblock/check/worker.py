@@ -1,38 +1,36 @@
-"""The child process of ``gptblock.check.isolation``: the user's block, answering requests.
+"""The builder: the process that loads and builds the learner's block and says how.
 
-Run as this module with the arguments ``IN_FD OUT_FD`` (under ``gptblock.check.reaper``, from a
-script with a neutral name): it reads the targets and constructor arguments (pickled: they come
-from the checker), says it is ready, then answers one request after another
-(``gptblock.check.frames``: JSON and tensors, never pickle) on OUT_FD: ``load`` target i,
-``build`` it (at the file's sizes, or at ``other`` ones: ``build.build_at``), tell its
-``width`` and ``longest`` sequence, make the checker's ``copy``, ``forward`` an input (in eval
-or ``train`` mode), run ``grads``, ``dropout_off``, ``record`` a forward pass (``loop.record``,
-in eval mode), drive its ``cache`` (``loop.drive_cache``), ``read`` its parts by names (with
-``--map``, or where the dataflow the checker reads from the traces shows no roles), ``suggest``
-a ``--map``. It computes no check and no verdict: the checker does, from these answers, and
-trusts none of them. An error the block raises is an answer too (``raised``); a target that
-cannot be loaded or built is a ``user_error`` (the ``UserError``'s class and message). stdout
-and stderr are the block's: the checker only counts them.
+Run by the supervisor (``reaper``) as ``main([IN_FD, OUT_FD])``, in a process forked after
+torch was imported: it reads the targets and constructor arguments (pickled: they come from the
+checker), says it is ready, then answers one request after another (``gptblock.check.frames``:
+JSON and tensors, never pickle): ``load`` target i, ``build`` it (at the file's sizes, or at
+``other`` ones: ``build.build_at``) and say what it built with as data (``recipe``: the
+arguments, a config object as its fields, the module settings the build changed), tell its
+``width`` and ``longest`` sequence, ``read`` its parts by names (with ``--map``, or where the
+dataflow the checker reads from the runner's traces shows no roles: on a ``copy`` given the
+runner's parameters, ``set``), ``suggest`` a ``--map``. This process imports gptblock, so the
+block could tell it is checked here: nothing it says decides the verdict. The runner
+(``gptblock.check.runner``) builds the block again from the recipe and answers everything that
+does; the checker treats the builder's readings as claims, confirmed on the runner's outputs.
+An error the block raises is an answer too (``raised``); a target that cannot be loaded or built
+is a ``user_error`` (the ``UserError``'s class and message). stdout and stderr are the block's:
+the checker only counts them.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ..errors import UserError, UserValueError
 from .build import build_at
-from .frames import Reader, send
-from .loop import drive_cache, record
 from .report import CAUGHT, one_line
+from .runner import serve, to_data
 from .served import Served
-from .subject import one_thread
 from .target import load_target
 
 __all__ = ["main"]
@@ -50,14 +48,40 @@ def _load(target: str | bytes) -> object:
         raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
 
 
-class _Worker:
+def _settings(
+    target: object, undo: Callable[[], None]
+) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The module settings a build changed (those its ``undo`` restores), kept set, as data;
+    and their undo. Read by difference, whatever set them (``sizes.patch_globals``)."""
+    home = sys.modules.get(getattr(target, "__module__", None) or "")
+    if home is None:
+        return undo, {}
+    built = dict(vars(home))
+    undo()
+    restored = dict(vars(home))
+    changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+    for n, v in changed.items():
+        setattr(home, n, v)
+
+    def again() -> None:
+        for n in changed:
+            setattr(home, n, restored[n])
+
+    try:
+        return again, {n: to_data(v, home) for n, v in changed.items()}
+    except ValueError as e:
+        again()
+        raise UserValueError(f"cannot send a module setting to a fresh process: {e}") from e
+
+
+class _Builder:
     def __init__(self, request: dict[str, Any]) -> None:
         self.targets, self.kwargs = request["targets"], request["kwargs"]
         self.target: object = None
         self.served: Served | None = None
         self.undo: Callable[[], None] = lambda: None  # the module settings a build changed
 
-    def answer(self, op: str, args: dict[str, Any], tensors: dict[str, Tensor]) -> Answer:
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
         if op in ("load", "build"):
             self.undo()
             self.undo, self.served = lambda: None, None
@@ -69,9 +93,16 @@ class _Worker:
             built = build_at(self.target, self.kwargs, other)
             if built is None:
                 return {"none": True}, {}
-            self.undo = built.undo
+            self.undo, settings = _settings(self.target, built.undo)
             self.served = Served(built.module, built.args if other else self.kwargs)
-            told = {"description": built.description, "label": built.label}
+            home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+            try:
+                recipe = {"settings": settings, "args": to_data(built.args, home)}
+            except ValueError as e:
+                raise UserValueError(
+                    f"cannot send {built.description}'s arguments to a fresh process: {e}"
+                ) from e
+            told = {"description": built.description, "label": built.label, "recipe": recipe}
             return {**told, "notes": built.notes, "width": built.width}, {}
         served = self.served
         if served is None:
@@ -79,72 +110,16 @@ class _Worker:
         if op == "width":
             C, T = served.width()
             return {"C": C, "T": T, "longest": served.longest}, {}
-        if op == "copy":
-            return served.copy(), {}
-        s = served.subject
-        if op == "forward":
-            x, train = tensors["x"].to(s.device), bool(args.get("train", False))
-            return _output(s, s(x, seeded=bool(args["seeded"]), train=train))
-        if op == "grads":
-            x, w = tensors["x"].to(s.device), tensors["weights"].to(s.device)
-            got = s.grads(x, w, inputs=bool(args["inputs"]))
-            found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
-            found.update({"input": got.input} if got.input is not None else {})
-            meta = {"names": got.names, "failed": got.failed, "message": got.message}
-            return meta, found
-        if op == "parameters":
-            values = served.parameters()
-            return {"names": list(values)}, values
-        if op == "set":
-            served.set_parameters(tensors)
-            return {}, {}
-        if op == "dropout_off":
-            return {"how": served.dropout_off()}, {}
-        if op == "record":
-            return record(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
         if op == "read":
             return served.read(args["roles"])
         if op == "suggest":
             return {"map": served.suggest()}, {}
-        if op == "cache":
-            return drive_cache(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
-        raise RuntimeError(f"unknown request {op!r}")
-
-
-def _output(s: Any, y: Tensor) -> Answer:
-    meta = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch.")}
-    if y.device != s.device:
-        return {**meta, "device": str(y.device)}, {}
-    return {**meta, "device": "same"}, {"y": y}
+        return served.answer(op, args, tensors)  # copy, set, dropout_off: to read as the runner
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    in_fd, out_fd = int(argv[0]), int(argv[1])
-    for fd in (in_fd, out_fd):
-        os.set_inheritable(fd, False)  # not passed on to processes the block starts
-    reader = Reader(in_fd)
-    header, _ = reader.next()
-    request = pickle.loads(bytes.fromhex(header["init"]))
-    worker = _Worker(request)
-    send(out_fd, {"id": 0, "ok": {"ready": True}})
-    with one_thread():
-        while True:
-            try:
-                header, tensors = reader.next()
-            except EOFError:
-                return 0
-            reply: dict[str, Any] = {"id": header.get("id")}
-            found: dict[str, Tensor] = {}
-            try:
-                ok, found = worker.answer(str(header.get("op")), header, tensors)
-                reply["ok"] = ok
-            except UserError as e:
-                reply.update(user_error=type(e).__name__, message=str(e))
-            except CAUGHT as e:
-                where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
-                reply.update(raised=one_line(e), where=where)
-            send(out_fd, reply, found)
+    """The builder: ``IN_FD OUT_FD``."""
+    return serve(sys.argv[1:] if argv is None else argv, _Builder, (UserError,))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
-from .. import __version__
-from ..devices import cpu_threads
+from .. import __version__, early
 from ..errors import UserError
 from .formatting import COMMANDS
 
@@ -62,6 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The first word that is not an option names the command (gptblock's own options, --help
     # and --version, take no value).
     command = next((a for a in argv if not a.startswith("-")), None)
+    early.start(argv)  # a check's child starts importing torch now, beside this process
+    try:
+        return _run(command, argv)
+    finally:
+        early.drop()  # unless the check took it
+
+
+def _run(command: str | None, argv: list[str]) -> int:
+    from ..devices import cpu_threads  # imports torch
+
     args = build_parser(command if command in COMMANDS else "").parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(args.command)

@@ -1,0 +1,367 @@
+"""The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
+
+``gptblock check`` runs ``main`` in a process the supervisor (``reaper``) forks after importing
+torch, from a copy of this file and of ``frames``, ``loop``, ``subject`` and ``raised`` in a
+package with a neutral name (``serve``) in a temporary folder: the process imports nothing of
+gptblock (``sys.modules``), no frame under the block's calls is a gptblock file, and nothing in
+its command line, ancestors or environment names the checker. It loads the learner's file again
+(as a module of the file's own name), builds the block from what the builder (``worker``) built
+it with, sent as data (``to_data``: plain values, a config object as its class and fields, the
+module settings the build changed), and answers every request whose answer decides the verdict
+(``Held.answer``): the checker's ``copy`` (float64, and float32), an output (eval, or train mode
+with dropout off), gradients, parameters read and set, ``dropout_off``, a recorded forward pass
+and the cache driven (``loop``). What the builder says (the width, a reading by names) is a claim
+the checker confirms on these answers. ``served.Served`` is a ``Held`` too: the same answers in
+the checker's own process, for ``check_block(..., isolate=False)``.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import pickle
+import sys
+import traceback
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .frames import Reader, send
+from .loop import CAUGHT, UserValueError, drive_cache, one_line, record
+from .raised import call_error, source
+from .subject import Subject
+
+__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
+
+Tensor = torch.Tensor
+Answer = tuple[dict[str, Any], dict[str, Tensor]]
+DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
+                 "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
+
+
+class Held:
+    """A built block and the answers that decide the verdict, made on the checker's copy.
+
+    Args:
+        module: the learner's block (never changed: the checks run on a copy). ``C``, ``T`` and
+            ``longest`` (the width, the probes' sequence length, the longest sequence) are set
+            before ``copy``: by the checker's request, or by ``Served.width``.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.C, self.T, self.longest = 0, 0, 0
+        self._subject: Subject | None = None
+
+    @property
+    def tested(self) -> Subject:
+        """The copy the probes call (``copy`` makes it)."""
+        return self.subject
+
+    @property
+    def note(self) -> str:
+        """What the copy says of itself (checked in float32, say)."""
+        return self.subject.note
+
+    @property
+    def subject(self) -> Subject:
+        if self._subject is None:
+            raise RuntimeError("the block has not been copied yet")
+        return self._subject
+
+    def copy(self) -> dict[str, Any]:
+        """Make the checker's copy (float64, eval); what it is."""
+        self._subject = Subject(self.module, self.C, self.T, self.longest)
+        s = self._subject
+        failed = "" if s.failure is None else one_line(s.failure)  # the first call, in both dtypes
+        raised = "" if s.failure is None else call_error(s.failure, source(type(self.module)))
+        return {
+            "dtype": str(s.dtype).removeprefix("torch."),
+            "device": str(s.device),
+            "note": s.note,
+            "failed": failed,
+            "raised": raised,  # not for sizes that do not fit: no check can run
+        }
+
+    def parameters(self) -> dict[str, Tensor]:
+        """The copy's parameters, by name."""
+        return {n: p.detach() for n, p in self.subject.module.named_parameters()}
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        """Give the copy's parameters these values (``provenance.choose``'s), by name.
+
+        Raises:
+            ValueError: a name the copy does not have, or a value of another shape.
+        """
+        own = dict(self.subject.module.named_parameters())
+        with torch.no_grad():
+            for name, value in values.items():
+                p = own.get(name)
+                if p is None or p.shape != value.shape:
+                    raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
+                p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+    def dropout_off(self) -> str:
+        """Set every dropout probability of the copy to 0, else switch every dropout off where
+        it runs (``loop.NoDropout``); how, if that makes its eval outputs deterministic (the
+        rest of its arithmetic can then be compared), else ``""``."""
+        s = self.subject
+        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
+            for name, value in vars(m).items():
+                if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
+                    setattr(m, name, 0.0)
+        x = s.input(s.T, s.T, s.C)
+        for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
+            s.no_dropout = switched_off
+            try:
+                with s.own_rng():
+                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
+                        return "switched off" if switched_off else "with its probability set to 0"
+            except CAUGHT:
+                pass
+        s.no_dropout = False
+        return ""
+
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+        """One request's answer: ``copy`` (at ``C``, ``T``, ``longest`` when given), ``forward``,
+        ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
+        if op == "copy":
+            if "C" in args:
+                self.C, self.T, self.longest = int(args["C"]), int(args["T"]), int(args["longest"])
+            return self.copy(), {}
+        s = self.subject
+        if op == "forward":
+            x, train = tensors["x"].to(s.device), bool(args.get("train", False))
+            y = s(x, seeded=bool(args["seeded"]), train=train)
+            meta = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch.")}
+            if y.device != s.device:
+                return {**meta, "device": str(y.device)}, {}
+            return {**meta, "device": "same"}, {"y": y}
+        if op == "grads":
+            x, w = tensors["x"].to(s.device), tensors["weights"].to(s.device)
+            got = s.grads(x, w, inputs=bool(args["inputs"]))
+            found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
+            found.update({"input": got.input} if got.input is not None else {})
+            return {"names": got.names, "failed": got.failed, "message": got.message}, found
+        if op == "parameters":
+            values = self.parameters()
+            return {"names": list(values)}, values
+        if op == "set":
+            self.set_parameters(tensors)
+            return {}, {}
+        if op == "dropout_off":
+            return {"how": self.dropout_off()}, {}
+        if op == "record":
+            return record(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
+        if op == "cache":
+            return drive_cache(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
+        raise RuntimeError(f"unknown request {op!r}")
+
+
+def to_data(value: object, home: object) -> object:
+    """A constructor argument or module setting as JSON (``build`` makes it again): plain values,
+    lists, tuples, dicts, dtypes, and an object (a config) as its class and attributes.
+
+    Raises:
+        ValueError: a value that cannot be sent so (a local function or class); a class or a
+            function is sent by name (pickled), as ``check_block``'s own arguments are.
+
+    Example:
+        >>> to_data({"n_embd": 32, "sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
+        {'dict': {'n_embd': 32, 'sizes': {'tuple': [1, 2]}, 'cfg': {'namespace': {'dict': {'bias': True}}}}}
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [to_data(v, home) for v in value]
+        return items if isinstance(value, list) else {"tuple": items}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"dict": {k: to_data(v, home) for k, v in value.items()}}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, types.SimpleNamespace):
+        return {"namespace": to_data(vars(value), home)}
+    cls = type(value)
+    if callable(value) or isinstance(value, types.ModuleType):  # by name: F.gelu, nn.GELU
+        try:
+            return {"pickle": pickle.dumps(value).hex()}
+        except CAUGHT:
+            raise ValueError(f"a {cls.__name__}, which cannot be sent as data") from None
+    if hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
+        own = cls.__module__ == getattr(home, "__name__", None)  # the learner's file's
+        where = "" if own else cls.__module__
+        return {"object": cls.__qualname__, "module": where, "fields": to_data(vars(value), home)}
+    raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
+
+
+def _from_data(data: Any, home: object) -> Any:
+    """``to_data``'s value made again; a config as its class called with its fields (a
+    dataclass: its ``init`` fields), else made without calling it, its attributes set."""
+    if isinstance(data, list):
+        return [_from_data(v, home) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "tuple" in data:
+        return tuple(_from_data(v, home) for v in data["tuple"])
+    if "dict" in data:
+        return {k: _from_data(v, home) for k, v in data["dict"].items()}
+    if "dtype" in data:
+        return getattr(torch, data["dtype"])
+    if "pickle" in data:
+        return pickle.loads(bytes.fromhex(data["pickle"]))
+    if "namespace" in data:
+        return types.SimpleNamespace(**_from_data(data["namespace"], home))
+    cls: Any = importlib.import_module(data["module"]) if data["module"] else home
+    for part in data["object"].split("."):
+        cls = getattr(cls, part)
+    fields = _from_data(data["fields"], home)
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
+        return cls(**{n: fields[n] for n in init})
+    try:
+        return cls(**fields)
+    except CAUGHT:
+        made = cls.__new__(cls)
+        made.__dict__.update(fields)
+        return made
+
+
+def load(target: str | bytes) -> object:
+    """What a target names: ``FILE.py:NAME`` (the file run as a module of its own name, its
+    folder on ``sys.path`` meanwhile), ``package.module:NAME``, or a pickled class, factory or
+    module (from the checker)."""
+    if isinstance(target, bytes):
+        return pickle.loads(target)
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        free = path.stem.isidentifier() and path.stem not in sys.modules
+        free = free and path.stem not in sys.stdlib_module_names
+        spec = importlib.util.spec_from_file_location(path.stem if free else "learner", path)
+        if spec is None or spec.loader is None:
+            raise UserValueError(f"cannot load {path} as a Python module")
+        obj: Any = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = obj  # dataclasses and pickling look the module up here
+        sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+        try:
+            spec.loader.exec_module(obj)
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        obj = importlib.import_module(where)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
+    """The block ``target`` builds from ``recipe`` (``{"settings": {...}, "args": {...}}``, as
+    ``to_data``), seeded as the builder's, and the undo of the module settings it set (they stay
+    set while the block runs: a block may read them in ``forward``).
+
+    Raises:
+        UserValueError: it cannot be built so, or builds something else than a module.
+    """
+    if isinstance(target, nn.Module):
+        return target, lambda: None
+    home = sys.modules.get(getattr(target, "__module__", None) or "")
+    settings = {n: _from_data(v, home) for n, v in recipe["settings"].items()} if home else {}
+    before = {n: getattr(home, n) for n in settings}
+
+    def undo() -> None:
+        for n, v in before.items():
+            setattr(home, n, v)
+
+    for n, v in settings.items():
+        setattr(home, n, v)
+    name = getattr(target, "__qualname__", type(target).__name__)
+    try:
+        args = _from_data(recipe["args"], home)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module = target(**args)  # type: ignore[operator]
+    except CAUGHT as e:
+        undo()
+        raise UserValueError(f"cannot build {name} again in a fresh process: {one_line(e)}") from e
+    if not isinstance(module, nn.Module):
+        undo()
+        raise UserValueError(f"{name}, built again, returned a {type(module).__name__}")
+    return module, undo
+
+
+class _Runner:
+    """The runner's state: the targets (loaded once each), the block built last."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.targets: list[str | bytes] = request["targets"]
+        self.loaded: dict[int, object] = {}
+        self.held: Held | None = None
+        self.undo: Callable[[], None] = lambda: None
+
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+        if op == "build":
+            self.undo()
+            self.undo, self.held = lambda: None, None
+            i = int(args["index"])
+            if i not in self.loaded:
+                try:
+                    self.loaded[i] = load(self.targets[i])
+                except CAUGHT as e:
+                    raise UserValueError(
+                        f"cannot load it again in a fresh process: {one_line(e)}"
+                    ) from e
+            module, self.undo = build(self.loaded[i], args["recipe"])
+            self.held = Held(module)
+            return {}, {}
+        if self.held is None:
+            raise RuntimeError(f"{op} before build")
+        return self.held.answer(op, args, tensors)
+
+
+def serve(
+    argv: list[str],
+    start: Callable[[dict[str, Any]], Any],
+    refused: tuple[type[BaseException], ...] = (UserValueError,),
+) -> int:
+    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until the first
+    closes: ``start(request)`` (the first message's pickled ``init``) answers them; an error
+    ``refused`` is a ``user_error`` (its class's name and message), any other a ``raised``."""
+    in_fd, out_fd = int(argv[0]), int(argv[1])
+    for fd in (in_fd, out_fd):
+        os.set_inheritable(fd, False)  # not passed on to processes the block starts
+    reader = Reader(in_fd)
+    try:
+        header, _ = reader.next()
+    except EOFError:  # started early by a command that ended without a check
+        return 0
+    held = start(pickle.loads(bytes.fromhex(header["init"])))  # (from the checker)
+    send(out_fd, {"id": 0, "ok": {"ready": True}})
+    torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
+    while True:
+        try:
+            header, tensors = reader.next()
+        except EOFError:
+            return 0
+        reply: dict[str, Any] = {"id": header.get("id")}
+        found: dict[str, Tensor] = {}
+        try:
+            reply["ok"], found = held.answer(str(header.get("op")), header, tensors)
+        except refused as e:
+            reply.update(user_error=type(e).__name__, message=str(e))
+        except CAUGHT as e:
+            where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
+            reply.update(raised=one_line(e), where=where)
+        send(out_fd, reply, found)
+
+
+def main(argv: list[str]) -> int:
+    """The runner: ``IN_FD OUT_FD``."""
+    return serve(argv, _Runner)
