@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
-from .arguments import complete
+from .arguments import complete, forward_arguments
 from .raised import learner_line, size_error
 from .raised import source as source_file
 from .report import CAUGHT, one_line
@@ -168,10 +168,9 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     undo = patch_globals(target, sizes)
-    module, description = _made(target, args, undo, lambda e: _hint(target, kwargs))
-    C = sizes.values.get("width")
-    return Built(module, description, sizes.label(shown), _origins(sizes, shown), undo,
-                 source_file(target), args, C)  # fmt: skip
+    module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
+    notes, C = _origins(sizes, shown) + called, sizes.values.get("width")
+    return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
@@ -191,7 +190,7 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
     if found is None:
         return None  # nothing the checker sets: the same block again
     undo = patch_globals(target, found.settings)
-    module, _ = _made(target, found.args, undo, lambda e: "")
+    module, _, _ = _made(target, found.args, undo, lambda e: "")
     said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
     C2 = found.sizes.values["width"]  # the caller measures it again: the proof
     return Built(module, said, found.label, [], undo, source_file(target), found.args, C2)
@@ -202,9 +201,10 @@ def _made(
     args: Mapping[str, object],
     undo: Callable[[], None],
     hint: Callable[[BaseException], str],
-) -> tuple[nn.Module, str]:
-    """``target(**args)`` under seed 0 and its description; a failure raised as what it is,
-    with ``hint`` (the ``--arg`` line that builds it) where the sizes are to blame."""
+) -> tuple[nn.Module, str, list[str]]:
+    """``target(**args)`` under seed 0, its description and what its forward is called with
+    (``arguments.forward_arguments``); a failure raised as what it is, with ``hint`` (the
+    ``--arg`` line that builds it) where the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     try:
@@ -219,10 +219,10 @@ def _made(
         if not isinstance(module, nn.Module):
             kind = type(module).__name__
             raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
+        return module, description, forward_arguments(module)
     except BaseException:  # the module settings back as they were
         undo()
         raise
-    return module, description
 
 
 def _plain(value: object) -> bool:
