@@ -8,9 +8,10 @@ Which file owns what:
   diagnosis and a verdict.
 * ``build`` -- the block to check from a module or a class / factory and its arguments (with
   ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence; ``arguments`` -- what a
-  class needs beyond them: a config object built from the arguments, or the ``--arg`` line;
-  ``sizes`` -- the sizes the file implies (``--arg``, defaults, module settings) and another set,
-  and the two reports combined; ``raised`` -- what the block raised when built or first called,
+  class needs beyond them: a config object built from the arguments, or the ``--arg`` line, and
+  what its ``forward`` needs besides the input; ``sizes`` -- the sizes the file implies
+  (``--arg``, defaults, module settings) and another set, and the two reports combined; ``vary``
+  -- the block's numbers that are sizes, found by value, changed to that other set; ``raised`` -- what the block raised when built or first called,
   at the learner's line.
 * ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
   fresh input and returns a copy of the output; a call in float32 runs a float32 copy, and a
@@ -75,8 +76,9 @@ said), and nothing imports ``gptblock.cli``:
 2. ``report`` uses ``catalogue``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
    ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``subject`` uses ``trace``;
-   ``sizes`` and ``raised`` use ``report``; ``arguments`` uses ``sizes``; ``trace`` also
-   ``loop`` and ``decode``; ``build`` uses ``arguments``, ``sizes``, ``raised`` and ``subject``;
+   ``sizes`` and ``raised`` use ``report``; ``arguments`` and ``vary`` use ``sizes``; ``trace``
+   also ``loop`` and ``decode``; ``build`` uses ``arguments``, ``sizes``, ``vary``, ``raised`` and
+   ``subject``;
    ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
