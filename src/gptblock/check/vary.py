@@ -50,11 +50,11 @@ def kind_of(name: str) -> str | None:
         return "other"
     if lower in _HEAD_SIZES or ("head" in lower and any(w in lower for w in ("dim", "size", "d_"))):
         return "head_size"
-    if "head" in lower and ("kv" in lower or "key_value" in lower):
-        return "kv_heads"
-    if "head" in lower or "group" in lower:
-        return "kv_heads" if "group" in lower else "heads"
-    if any(w in lower for w in _LENGTHS):
+    if ("head" in lower or "group" in lower) and any(w in lower for w in ("kv", "key", "query")):
+        return "kv_heads"  # n_kv_heads, num_key_value_heads, litgpt's n_query_groups
+    if "head" in lower:
+        return "heads"
+    if any(w in lower for w in _LENGTHS) or words & {"pos", "tokens", "t"}:
         return "length"
     return None
 
