@@ -123,3 +123,22 @@ def test_a_dataclass_config_and_a_namespace_are_copied_with_the_other_sizes():
     assert found is not None and found.args["layer_idx"] == 0
     assert vars(found.args["config"]) == {"n_state": 48, "n_head": 3, "n_layer": 2, "n_ctx": 24}
     assert found.label == "n_state=48 (C), n_head=3, n_ctx=24"
+
+
+# Written the way gpt-fast writes its ModelArgs: key/value heads called n_local_heads, head_dim
+# derived in __post_init__.
+@dataclass
+class LocalHeads:
+    dim: int = 32
+    n_head: int = 4
+    n_local_heads: int = 2
+    head_dim: int = 8
+
+    def __post_init__(self):
+        self.head_dim = self.dim // self.n_head
+
+
+def test_two_head_counts_the_fewer_are_key_value_heads_and_keep_their_group():
+    found = plan(lambda config: None, {"config": LocalHeads()}, 32, Sizes({}))
+    assert found is not None and found.args["config"] == LocalHeads(24, 2, 1, 12)
+    assert found.label == "dim=24, n_head=2, n_local_heads=1 (kv heads), head_dim=12"

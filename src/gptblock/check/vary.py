@@ -155,6 +155,8 @@ def plan(
     known = named.values  # what the numbers do not show (module settings): after them
     nh = _by_name(leaves, "heads", C) or known.get("heads")
     kv = (_by_name(leaves, "kv_heads", nh) if nh else None) or known.get("kv_heads")
+    fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
+    kv = kv or next(iter(fewer), None)  # two head counts: the fewer are key/value heads
     hs = next((v for n, v in leaves if kind_of(n) == "head_size"), None) or known.get("head_size")
     hs = hs or (C // nh if nh else None)
     L = next((v for n, v in leaves if kind_of(n) == "length"), None) or known.get("length")
@@ -167,6 +169,8 @@ def plan(
     def changed(name: str, v: int) -> tuple[int, str] | None:
         """The new value of a number called ``name`` and its kind (``4C`` for a multiple)."""
         kind = kind_of(name)
+        if kind in ("heads", "kv_heads"):  # gpt-fast's n_local_heads: kv heads by value
+            kind = "heads" if kind == "heads" and v == nh else "kv_heads"
         if kind in ("heads", "kv_heads", "head_size", "length"):
             return (new[kind], kind) if v == measured[kind] and kind in new else None
         if kind is not None:
