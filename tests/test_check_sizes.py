@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 
 from gptblock.check import check_block
-from gptblock.check.sizes import Sizes
 from gptblock.check.vary import plan
 
 
@@ -57,7 +56,7 @@ SEQ2SEQ = {"hid_dim": 32, "n_heads": 4, "pf_dim": 128, "dropout": 0.1, "device":
 
 
 def test_sizes_under_unknown_names_are_found_by_their_values():
-    found = plan(DecoderLayer, SEQ2SEQ, 32, Sizes({}))
+    found = plan(DecoderLayer, SEQ2SEQ, 32)
     assert found is not None
     assert {k: found.args[k] for k in ("hid_dim", "n_heads", "pf_dim")} == {
         "hid_dim": 48,
@@ -116,10 +115,10 @@ class ModelArgs:
 
 
 def test_a_dataclass_config_and_a_namespace_are_copied_with_the_other_sizes():
-    found = plan(lambda args: None, {"args": ModelArgs()}, 32, Sizes({}))
+    found = plan(lambda args: None, {"args": ModelArgs()}, 32)
     assert found is not None and found.args["args"] == ModelArgs(48, 3, 144)
     ns = SimpleNamespace(n_state=32, n_head=4, n_layer=2, n_ctx=16)
-    found = plan(lambda config, layer_idx: None, {"config": ns, "layer_idx": 0}, 32, Sizes({}))
+    found = plan(lambda config, layer_idx: None, {"config": ns, "layer_idx": 0}, 32)
     assert found is not None and found.args["layer_idx"] == 0
     assert vars(found.args["config"]) == {"n_state": 48, "n_head": 3, "n_layer": 2, "n_ctx": 24}
     assert found.label == "n_state=48 (C), n_head=3, n_ctx=24"
@@ -139,6 +138,6 @@ class LocalHeads:
 
 
 def test_two_head_counts_the_fewer_are_key_value_heads_and_keep_their_group():
-    found = plan(lambda config: None, {"config": LocalHeads()}, 32, Sizes({}))
+    found = plan(lambda config: None, {"config": LocalHeads()}, 32)
     assert found is not None and found.args["config"] == LocalHeads(24, 2, 1, 12)
     assert found.label == "dim=24, n_head=2, n_local_heads=1 (kv heads), head_dim=12"

@@ -1,9 +1,10 @@
 """Building the block to check, and telling its width and longest sequence.
 
-``build`` turns what ``check_block`` was given (a module, or a class / factory and its
+``build_at`` turns what ``check_block`` was given (a module, or a class / factory and its
 constructor arguments, filled by ``fill_common_arguments``) into the module to check and the
-name the report gives it. ``width`` and ``max_length`` read C and the longest sequence the block
-accepts from its arguments, attributes and modules.
+name the report gives it, at the file's sizes or others (``vary``). ``width`` and
+``max_length`` read C and the longest sequence the block accepts from its arguments,
+attributes and modules.
 
 Shapes: C channels.
 """
@@ -31,7 +32,6 @@ from .vary import plan
 __all__ = [
     "COMMON_ARGUMENTS",
     "Built",
-    "build",
     "build_at",
     "check_sizes",
     "fill_common_arguments",
@@ -110,16 +110,6 @@ class Built:
     width: int | None = None  # the width it was built at, when the checker chose it
 
 
-def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]:
-    """The module to check and how to name it in the report (``build_at`` the file's sizes,
-    its module settings restored)."""
-    built = build_at(target, kwargs)
-    if built is None:  # the file's sizes always exist
-        raise RuntimeError("no build at the file's sizes")
-    built.undo()
-    return built.module, built.description
-
-
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
     """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
     another set (``vary.plan``; None when it has none: a module given built, or no size the
@@ -184,7 +174,7 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
     finally:
         base.undo()
     try:
-        found = plan(target, base.args, C, file_sizes(target, kwargs))
+        found = plan(target, base.args, C)
     except CAUGHT as e:  # a config that cannot be copied or rejects the other values
         raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
     if found is None:

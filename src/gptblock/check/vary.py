@@ -121,9 +121,7 @@ def _by_name(leaves: list[tuple[str, int]], kind: str, divides: int) -> int | No
     return next((v for n, v in leaves if kind_of(n) == kind and divides % v == 0), None)
 
 
-def plan(
-    factory: Callable[..., Any], args: Mapping[str, object], C: int, named: Sizes
-) -> Plan | None:
+def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
     """The arguments that build ``factory`` at other sizes, or None when no number it was built
     with is a size (the same block again).
 
@@ -131,12 +129,10 @@ def plan(
         factory: the block's class or factory.
         args: what it was built with at the file's sizes (``build.Built.args``).
         C: the width measured on that build.
-        named: the file's sizes by name (``sizes.file_sizes``): head counts and lengths the
-            numbers alone do not show, and the module settings.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
-        >>> found = plan(make, {}, 32, Sizes({}))
+        >>> found = plan(make, {}, 32)
         >>> found.args, found.label
         ({'hid_dim': 48, 'n_heads': 3, 'pf_dim': 192}, 'hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)')
     """
@@ -152,14 +148,12 @@ def plan(
     module = inspect.getmodule(factory)
     globals_ = {n: v for n, x in vars(module).items() if (v := _number(x))} if module else {}
     leaves += list(globals_.items())  # the lecture's n_embd = 64, read by Head as a global
-    known = named.values  # what the numbers do not show (module settings): after them
-    nh = _by_name(leaves, "heads", C) or known.get("heads")
-    kv = (_by_name(leaves, "kv_heads", nh) if nh else None) or known.get("kv_heads")
+    nh = _by_name(leaves, "heads", C)
+    kv = _by_name(leaves, "kv_heads", nh) if nh else None
     fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
     kv = kv or next(iter(fewer), None)  # two head counts: the fewer are key/value heads
-    hs = next((v for n, v in leaves if kind_of(n) == "head_size"), None) or known.get("head_size")
-    hs = hs or (C // nh if nh else None)
-    L = next((v for n, v in leaves if kind_of(n) == "length"), None) or known.get("length")
+    hs = next((v for n, v in leaves if kind_of(n) == "head_size"), C // nh if nh else None)
+    L = next((v for n, v in leaves if kind_of(n) == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
     other = other_sizes(Sizes({k: v for k, v in measured.items() if v is not None}))
     if other is None:
