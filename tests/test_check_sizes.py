@@ -141,3 +141,16 @@ def test_two_head_counts_the_fewer_are_key_value_heads_and_keep_their_group():
     found = plan(lambda config: None, {"config": LocalHeads()}, 32)
     assert found is not None and found.args["config"] == LocalHeads(24, 2, 1, 12)
     assert found.label == "dim=24, n_head=2, n_local_heads=1 (kv heads), head_dim=12"
+
+
+def test_the_lecture_at_its_own_sizes_made_smaller_is_checked_again(tmp_path):
+    # the video lecture's settings: n_embd 384 is built at 96 (16 a head); the other sizes
+    # start from the 96 the block was built at, not the 384 the file says (4 x 96)
+    from test_check_build import LECTURE
+
+    big = LECTURE.replace("n_embd = 64", "n_embd = 384").replace("n_head = 4", "n_head = 6")
+    path = tmp_path / "gpt.py"
+    path.write_text(big.replace("block_size = 32", "block_size = 256"))
+    report = check_block(f"{path}:Block", isolate=False)
+    assert report.passed, str(report)
+    assert "checked again at n_embd=24, n_head=2, block_size=16: PASS" in report.notes, str(report)

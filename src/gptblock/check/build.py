@@ -169,14 +169,12 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
     base = build_at(target, kwargs)
     if base is None:
         return None
-    try:
-        C = width(base.module, kwargs)
-    finally:
-        base.undo()
-    try:
-        found = plan(target, base.args, C)
+    try:  # read while the module settings are those of the build (a width made smaller)
+        found = plan(target, base.args, width(base.module, kwargs))
     except CAUGHT as e:  # a config that cannot be copied or rejects the other values
         raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+    finally:
+        base.undo()
     if found is None:
         return None  # nothing the checker sets: the same block again
     undo = patch_globals(target, found.settings)
