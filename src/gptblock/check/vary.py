@@ -3,12 +3,13 @@
 A block's sizes go by many names (``n_embd``, ``hid_dim``, ``n_state``, ``emb_dim`` in a config
 dict, ``decoder_embed_dim`` on an argparse namespace...), so no list of names finds them all.
 ``plan`` starts from the block built at its file's sizes, whose width C it measured, and reads
-every whole number it was built with: the constructor's arguments, its defaults, and the
-fields of the config objects among them (a dict, a dataclass, a namespace, a config class). A
-number equal to C is the width; one equal to 2C..8C is a hidden width (an MLP's 4C); with a head
-count, one equal to C / nh is the head size. A name says only what a value alone cannot: a head
-count, a key/value head count, a head size or a length, or a number that is none of these (a
-layer index, a ratio, a window). Each is changed consistently to ``sizes.other_sizes``' set; the
+every whole number it was built with: the constructor's arguments, its defaults, the fields
+of the config objects among them (a dict, a dataclass, a namespace, a config class) and the
+module's settings (read as globals). A number equal to C is the width; one equal to 2C..8C is a
+hidden width (an MLP's 4C); with a head count, one equal to C / nh is the head size. A name says
+only what a value alone cannot: a head count (of two, the fewer that divide the other are
+key/value heads), a key/value head count, a head size or a length, or a number that is none of
+these (a layer index, a ratio, a window). Each is changed consistently to ``sizes.other_sizes``' set; the
 build at those sizes, whose width the caller measures again, is the proof.
 
 Shapes: C channels, nh heads, hs head size.
