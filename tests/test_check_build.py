@@ -347,3 +347,35 @@ def test_a_size_related_build_failure_gives_the_arg_line_that_builds_it(tmp_path
     )
     with pytest.raises(UserValueError, match=said):
         check_block(f"{path}:Block", isolate=False)
+
+
+# Forwards written the way attention layers and Hugging Face layers take more than the input:
+# forward(query, key, value) as nn.MultiheadAttention, position_ids and an Optional layer_past
+# as GPT-2's / Llama's decoder layers, a mask as the seq2seq tutorials' layers.
+def test_forward_arguments_whose_meaning_is_clear_are_filled_and_said():
+    from gptblock import lesson
+
+    class Layer(lesson.Block):
+        def forward(self, query, key, value, position_ids, layer_past: dict | None):
+            if position_ids.shape != (1, query.shape[1]) or layer_past is not None:
+                raise ValueError("not as Hugging Face passes them")
+            return super().forward(query) + 0 * (key - value).sum()
+
+    report = check_block(Layer, n_embd=16, n_head=2)
+    assert report.passed, str(report)
+    assert report.notes[0] == (
+        "forward(query, key, value, position_ids, layer_past) called with key = value = the "
+        "input, position_ids=torch.arange(T) as (1, T), layer_past=None"
+    )
+
+
+def test_a_required_mask_is_refused_naming_it_and_the_wrapper():
+    from gptblock import lesson
+
+    class Masked(lesson.Block):
+        def forward(self, x, trg_mask):
+            return super().forward(x)
+
+    with pytest.raises(UserValueError, match=r"its forward needs trg_mask besides the input .*"
+                       r"a mask's convention .* check a module whose forward\(x\) calls it"):  # fmt: skip
+        check_block(Masked, n_embd=16, n_head=2)

@@ -25,7 +25,8 @@ from pathlib import Path
 __all__ = ["RUNNER", "Spawned", "environment", "neutral_scripts", "spawn", "start", "take"]
 
 CHECK = Path(__file__).with_name("check")
-RUNNER = ("frames", "loop", "raised", "runner", "subject")  # the runner's files: no gptblock
+# The runner's files: none imports gptblock.
+RUNNER = ("calls", "frames", "loop", "raised", "runner", "subject")
 _KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
 
 

@@ -164,6 +164,7 @@ def table(outcomes: list[Outcome]) -> str:
         "correct blocks:",
         *(f"  {k:<34}{share(c[k], correct)}" for k in CORRECT_KINDS),
         f"    {'of the PASS, compared':<32}{sum(o.kind == 'PASS' and o.compared for o in correct):4d}",
+        f"    {'of the PASS, at two sizes':<32}{sum(o.kind == 'PASS' and 'checked again at' in o.text for o in correct):4d}",
         "mistaken blocks:",
         f"  {'diagnosed exactly':<34}{share(m['exact'], mistaken)}",
         f"  {'PASS (a false pass)':<34}{share(m['PASS'], mistaken)}",

@@ -9,8 +9,10 @@ Which file owns what:
 * ``build`` -- the block to check from a module or a class / factory and its arguments (with
   ``COMMON_ARGUMENTS`` filled in), and its width C and longest sequence; ``arguments`` -- what a
   class needs beyond them: a config object built from the arguments, or the ``--arg`` line;
+  ``calls`` -- what its ``forward`` needs besides the input (filled alike by builder and runner);
   ``sizes`` -- the sizes the file implies (``--arg``, defaults, module settings) and another set,
-  and the two reports combined; ``raised`` -- what the block raised when built or first called,
+  and the two reports combined; ``vary`` -- the block's numbers that are sizes, found by value,
+  changed to that other set; ``raised`` -- what the block raised when built or first called,
   at the learner's line.
 * ``subject`` -- ``Subject``, the checker's eval-mode float64 copy of the block: every call gets a
   fresh input and returns a copy of the output; a call in float32 runs a float32 copy, and a
@@ -76,10 +78,12 @@ said), and nothing imports ``gptblock.cli``:
 
 1. ``catalogue``, ``steps``, ``vocabulary``, ``loop`` and ``decode`` use nothing of gptblock
    (``loop`` falls back on its own ``UserValueError`` outside it);
-2. ``report`` uses ``catalogue`` and ``loop``; ``subject`` and ``raised`` use ``loop``; ``variants`` uses ``steps``;
+2. ``report`` uses ``catalogue`` and ``loop``; ``subject``, ``raised`` and ``calls`` use
+   ``loop``; ``variants`` uses ``steps``;
 3. ``search``, ``trace``, ``parts``, ``arguments`` and ``target`` use ``report`` (``one_line``,
-   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``sizes`` uses ``report``; ``arguments`` uses ``sizes``; ``trace`` also
-   ``loop`` and ``decode``; ``build`` uses ``arguments``, ``sizes``, ``raised`` and ``subject``;
+   ``CAUGHT``; ``search`` also ``steps`` and ``variants``); ``sizes`` uses ``report``;
+   ``arguments`` and ``vary`` use ``sizes``; ``trace`` also ``loop`` and ``decode``; ``build``
+   uses ``arguments``, ``calls``, ``sizes``, ``vary``, ``raised`` and ``subject``;
    ``probes`` uses ``subject``; ``walks`` uses ``trace``,
    ``dataflow`` ``walks``, ``norms`` ``dataflow`` and ``walks``, ``weights`` all three and
    ``steps``; ``linears`` uses ``parts``, ``steps`` and ``vocabulary``, ``mapping`` uses
@@ -89,7 +93,7 @@ said), and nothing imports ``gptblock.cli``:
    ``conditions`` uses ``gradient`` and ``search``, ``accounting`` ``provenance`` and
    ``subject``;
    ``reaper`` uses nothing but the standard library and torch (it runs as a script);
-   ``runner`` uses ``frames``, ``loop``, ``subject`` and ``raised`` only (relative imports,
+   ``runner`` uses ``calls``, ``frames``, ``loop``, ``subject`` and ``raised`` only (relative imports,
    so that its copy runs as the package ``serve``);
 4. ``served`` uses ``runner``, ``build``, ``readings``, ``plain``, ``subject`` and ``suggest``; ``verdict``
    uses ``probes``, ``readings``, ``plain``, ``provenance``, ``search`` and ``variants``;

@@ -13,6 +13,9 @@ arguments plus ``build.COMMON_ARGUMENTS``) lacks:
   tried, or, when no guess builds it, the names to give.
 
 Nothing is guessed silently: a value the caller did not give is never used for a check.
+
+``calls.forward_arguments`` does the same for what the block's ``forward`` needs besides its
+input.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Building the block to check, and telling its width and longest sequence.
 
-``build`` turns what ``check_block`` was given (a module, or a class / factory and its
+``build_at`` turns what ``check_block`` was given (a module, or a class / factory and its
 constructor arguments, filled by ``fill_common_arguments``) into the module to check and the
-name the report gives it. ``width`` and ``max_length`` read C and the longest sequence the block
-accepts from its arguments, attributes and modules.
+name the report gives it, at the file's sizes or others (``vary``). ``width`` and
+``max_length`` read C and the longest sequence the block accepts from its arguments,
+attributes and modules.
 
 Shapes: C channels.
 """
@@ -21,25 +22,17 @@ import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
 from .arguments import complete
+from .calls import forward_arguments
 from .raised import learner_line, size_error
 from .raised import source as source_file
 from .report import CAUGHT, one_line
-from .sizes import (
-    KINDS,
-    Sizes,
-    file_sizes,
-    hint_sizes,
-    names,
-    other_sizes,
-    patch_globals,
-    settings,
-)
+from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings
 from .subject import first_tensor
+from .vary import plan
 
 __all__ = [
     "COMMON_ARGUMENTS",
     "Built",
-    "build",
     "build_at",
     "check_sizes",
     "fill_common_arguments",
@@ -118,20 +111,10 @@ class Built:
     width: int | None = None  # the width it was built at, when the checker chose it
 
 
-def build(target: object, kwargs: Mapping[str, object]) -> tuple[nn.Module, str]:
-    """The module to check and how to name it in the report (``build_at`` the file's sizes,
-    its module settings restored)."""
-    built = build_at(target, kwargs)
-    if built is None:  # the file's sizes always exist
-        raise RuntimeError("no build at the file's sizes")
-    built.undo()
-    return built.module, built.description
-
-
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
     """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
-    another set (``sizes.other_sizes``; None when it has none: a module given built, or no
-    size the checker can set). The module's size settings are set to the sizes built at
+    another set (``vary.plan``; None when it has none: a module given built, or no size the
+    checker can set). The module's size settings are set to the sizes built at
     until ``undo`` is called.
 
     Raises:
@@ -151,16 +134,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    sizes = file_sizes(target, kwargs)
     if other:
-        found = other_sizes(sizes)
-        if found is None:
-            return None
-        sizes = found
-    values = names(sizes)
-    given = dict(kwargs)
-    if other:  # the other sizes replace the given ones of their kinds
-        given.update({n: values[n] for n in given if n in values})
+        return _other(target, kwargs)
+    sizes = file_sizes(target, kwargs)
+    values, given = names(sizes), dict(kwargs)
     try:
         signature = inspect.signature(target).parameters
     except (TypeError, ValueError):  # some builtins have no signature
@@ -172,44 +149,69 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     ]  # fmt: skip
     filled = {**{n: values[n] for n in params if n in values}, **given}
     filled = fill_common_arguments(target, filled)
-    if not other:
-        check_sizes(filled, kwargs)
-    file, module_settings = settings(target)
+    check_sizes(filled, kwargs)
+    _, module_settings = settings(target)
     sized = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
     args = complete(target, filled, given, sized, values)
     patched = [n for n in module_settings if n in values]
-    applied = [n for n in params if n in values] + patched
-    applied += [n for n, v in args.items() if n not in filled and not _plain(v)]
-    if other and not applied:
-        return None  # nothing the checker sets: the same block again
-    name = getattr(target, "__qualname__", repr(target))
-    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in patched})
     config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
-    label = sizes.label(shown)
     undo = patch_globals(target, sizes)
+    module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
+    notes, C = _origins(sizes, shown) + called, sizes.values.get("width")
+    return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
+
+
+def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
+    """The block built at other sizes (``vary.plan``): its numbers that are sizes, found by
+    their values on the block built at the file's sizes, changed consistently."""
+    base = build_at(target, kwargs)
+    if base is None:
+        return None
+    try:  # read while the module settings are those of the build (a width made smaller)
+        found = plan(target, base.args, width(base.module, kwargs))
+    except CAUGHT as e:  # a config that cannot be copied or rejects the other values
+        raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+    finally:
+        base.undo()
+    if found is None:
+        return None  # nothing the checker sets: the same block again
+    undo = patch_globals(target, found.settings)
+    module, _, _ = _made(target, found.args, undo, lambda e: "")
+    said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+    C2 = found.sizes.values["width"]  # the caller measures it again: the proof
+    return Built(module, said, found.label, [], undo, source_file(target), found.args, C2)
+
+
+def _made(
+    target: Callable[..., Any],
+    args: Mapping[str, object],
+    undo: Callable[[], None],
+    hint: Callable[[BaseException], str],
+) -> tuple[nn.Module, str, list[str]]:
+    """``target(**args)`` under seed 0, its description and what its forward is called with
+    (``calls.forward_arguments``); a failure raised as what it is, with ``hint`` (the
+    ``--arg`` line that builds it) where the sizes are to blame."""
+    name = getattr(target, "__qualname__", repr(target))
+    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
                 module = target(**args)
             except CAUGHT as e:
-                hint = _hint(target, kwargs) if size_error(e) and not other else ""
+                more = hint(e) if size_error(e) else ""
                 at = learner_line(e, source_file(target))
-                raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{hint}") from e
-    except BaseException:
+                raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{more}") from e
+        if not isinstance(module, nn.Module):
+            kind = type(module).__name__
+            raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
+        return module, description, forward_arguments(module)
+    except BaseException:  # the module settings back as they were
         undo()
         raise
-    if not isinstance(module, nn.Module):
-        undo()
-        raise UserTypeError(
-            f"{description} returned a {type(module).__name__}, expected an nn.Module"
-        )
-    notes = [] if other else _origins(sizes, shown)
-    C = sizes.values.get("width")
-    return Built(module, description, label, notes, undo, source_file(target), args, C)
 
 
 def _plain(value: object) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .calls import forward_arguments
 from .frames import Reader, send
 from .loop import CAUGHT, UserValueError, drive_cache, one_line, record
 from .raised import call_error, source
@@ -294,6 +295,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     if not isinstance(module, nn.Module):
         undo()
         raise UserValueError(f"{name}, built again, returned a {type(module).__name__}")
+    forward_arguments(module)  # called as the builder calls it (said in the builder's note)
     return module, undo
 
 

@@ -244,8 +244,9 @@ def names(sizes: Sizes) -> dict[str, int]:
     return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
 
 
-def patch_globals(factory: object, sizes: Sizes) -> Callable[[], None]:
-    """Set the module settings of ``factory``'s module to ``sizes``; returns the undo.
+def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable[[], None]:
+    """Set the module settings of ``factory``'s module to ``sizes`` (every name of its kinds,
+    or the values by name); returns the undo.
 
     A class that reads ``n_embd`` as a global (the lecture's ``Head``) is then built at the
     size its block is built at.
@@ -253,9 +254,9 @@ def patch_globals(factory: object, sizes: Sizes) -> Callable[[], None]:
     module = inspect.getmodule(factory)
     if module is None:
         return lambda: None
-    _, found = settings(factory)
-    wanted = names(sizes)
-    before = {n: v for n, v in found.items() if n in wanted and wanted[n] != v}
+    found = vars(module)
+    wanted = names(sizes) if isinstance(sizes, Sizes) else sizes
+    before = {n: v for n, v in found.items() if n in wanted and _size(v) and wanted[n] != v}
     for n in before:
         setattr(module, n, wanted[n])
 

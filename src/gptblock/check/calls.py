@@ -1,0 +1,110 @@
+"""How the block is called: what its ``forward`` needs besides the input, filled where the
+parameter says what it holds.
+
+Standard library and torch only: the builder (``build``) and the runner (``runner``, copied into
+a process that imports nothing of gptblock) both call ``forward_arguments`` on the block they
+build, so that the block is called alike in both.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .loop import UserValueError
+
+__all__ = ["forward_arguments"]
+
+_SAME = ("key", "value", "keys", "values", "k", "v", "kv")  # not memory: a cross-attention
+_POSITIONS = ("position_ids", "positions", "pos", "input_pos", "pos_ids")
+
+
+def _optional(annotation: object) -> bool:
+    """Whether an annotation admits None (``Optional[Tensor]``, ``Tensor | None``, as text too)."""
+    if isinstance(annotation, str):
+        words = annotation.strip("'\"").split("|")  # quoted under `from __future__ import ...`
+        return "Optional[" in annotation or "None" in (w.strip() for w in words)
+    return type(None) in typing.get_args(annotation)
+
+
+def forward_arguments(module: nn.Module) -> list[str]:
+    """Fill what the block's ``forward`` requires besides its input, where the parameter says
+    what it holds: the input again for ``key`` / ``value`` (self-attention), ``torch.arange(T)``
+    as (1, T) for ``position_ids``, True for ``is_causal``, None where its annotation admits
+    None. Returns the note saying so (none when nothing was filled). A mask is never made: the
+    same mask means "keep" in one block and "hide" in another, so a guess can turn a correct
+    block into a failing one, or a reversed mask into a passing one.
+
+    Raises:
+        UserValueError: a required parameter whose value is the block's own convention (a mask:
+            kept or hidden, bool or added) or unknown; the message names it and the wrapper.
+
+    Example:
+        >>> class Layer(nn.Module):
+        ...     def forward(self, query, key, value, cache: "dict | None"):
+        ...         return query + key + value
+        >>> layer = Layer()
+        >>> forward_arguments(layer)
+        ['forward(query, key, value, cache) called with key = value = the input, cache=None']
+        >>> layer(torch.ones(1, 2, 3)).sum().item()
+        18.0
+    """
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if not params or params[0].kind not in (*kinds, inspect.Parameter.POSITIONAL_ONLY):
+        return []
+    fill: dict[str, str] = {}
+    for p in params[1:]:
+        if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        name = type(module).__name__
+        if p.kind in kinds and p.name.lower() in _SAME:
+            fill[p.name] = "input"
+        elif p.kind in kinds and p.name.lower() in _POSITIONS:
+            fill[p.name] = "positions"
+        elif p.kind in kinds and p.name.lower() in ("is_causal", "causal"):
+            fill[p.name] = "causal"
+        elif p.kind in kinds and _optional(p.annotation):
+            fill[p.name] = "none"
+        else:
+            what = "a mask's convention (kept or hidden, bool or added) is the block's own" if (
+                "mask" in p.name.lower()) else "the checker cannot tell what it holds"  # fmt: skip
+            raise UserValueError(
+                f"cannot check {name}: its forward needs {p.name} besides the input and {what}; "
+                f"check a module whose forward(x) calls it with the {p.name} your model passes"
+            )
+    if not fill:
+        return []
+    module.register_forward_pre_hook(functools.partial(_filled, fill), with_kwargs=True)
+    said = {"input": "the input", "positions": "torch.arange(T) as (1, T)", "none": "None",
+            "causal": "True"}  # fmt: skip
+    same = [n for n, how in fill.items() if how == "input"]
+    parts = [f"{' = '.join(same)} = the input"] if same else []
+    parts += [f"{n}={said[how]}" for n, how in fill.items() if how != "input"]
+    shown = ", ".join(p.name for p in params)
+    return [f"forward({shown}) called with {', '.join(parts)}"]
+
+
+def _filled(
+    fill: Mapping[str, str], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The pre-hook: the arguments the caller did not give, made from the input (B, T, C)."""
+    x = args[0] if args else next(iter(kwargs.values()))
+    T = x.shape[-2]
+    for n, how in list(fill.items())[max(len(args) - 1, 0) :]:
+        if n not in kwargs:
+            kwargs[n] = x if how == "input" else (how == "causal" or None)
+            if how == "positions":
+                kwargs[n] = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
+    return args, kwargs
