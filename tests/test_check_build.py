@@ -379,3 +379,22 @@ def test_a_required_mask_is_refused_naming_it_and_the_wrapper():
     with pytest.raises(UserValueError, match=r"its forward needs trg_mask besides the input .*"
                        r"a mask's convention .* check a module whose forward\(x\) calls it"):  # fmt: skip
         check_block(Masked, n_embd=16, n_head=2)
+
+
+def test_forward_arguments_are_filled_alike_in_the_runner_process(tmp_path):
+    # Isolated, the block is built twice (builder, runner): both must call it alike, or every
+    # answer the verdict rests on is a TypeError.
+    text = textwrap.dedent(
+        """
+        from gptblock import lesson
+
+        class Layer(lesson.Block):
+            def forward(self, hidden_states, position_ids):
+                if position_ids.shape != (1, hidden_states.shape[1]):
+                    raise ValueError("not as Hugging Face passes them")
+                return super().forward(hidden_states)
+        """
+    )
+    report = check_block(f"{_file(tmp_path, 'hf_style', text)}:Layer", n_embd=16, n_head=2)
+    assert report.passed, str(report)
+    assert "position_ids=torch.arange(T) as (1, T)" in report.notes[0]
