@@ -1,8 +1,6 @@
 """``python -m gptblock`` runs the command-line interface."""
 
-import sys
-
-from .cli import main
+from .cli import script
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script()
