@@ -127,3 +127,11 @@ def test_a_command_loads_only_what_it_runs():
         assert not packages(loaded[command]) & NOT_LOADED[command], (command, loaded[command])
         # what the sources say it can reach is all it loads
         assert set(loaded[command]) <= reachable("gptblock.cli", f"gptblock.cli.{command}")
+
+
+@pytest.mark.parametrize("words", [["--version"], ["--help"]])
+def test_gptblock_version_and_help_import_no_torch(words):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    code = f"import sys\nfrom gptblock.cli import main\ntry:\n    main({words!r})\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "False", (r.stdout, r.stderr)

@@ -87,8 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(command: str | None, argv: list[str]) -> int:
-    from ..devices import cpu_threads  # imports torch
-
     args = build_parser(command if command in COMMANDS else "").parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning(args.command)
@@ -96,6 +94,8 @@ def _run(command: str | None, argv: list[str]) -> int:
             if not getattr(args, "threads_option", False):
                 code: int = args.run(args)
                 return code
+            from ..devices import cpu_threads  # imports torch: not for --help or --version
+
             with cpu_threads(args.threads):
                 code = args.run(args)
             return code
