@@ -55,10 +55,11 @@ FORGED = textwrap.dedent(
 
 
     def forge_traces(other):
-        """The child's recorder sends traces of ``other(module)`` instead of the block's."""
-        main = sys.modules["__main__"]  # the request loop
-        honest = main.record
-        main.record = lambda module, x, **kwargs: honest(other(module), x, **kwargs)
+        """The process's recorders (the request loop's) send traces of ``other(module)``
+        instead of the block's."""
+        for loop in [m for m in list(sys.modules.values()) if "drive_cache" in vars(m)]:
+            honest = loop.record
+            loop.record = lambda module, x, honest=honest, **kw: honest(other(module), x, **kw)
 
 
     def twin(module):
