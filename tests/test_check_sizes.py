@@ -3,12 +3,15 @@ checker does not know, in the constructor, its defaults, a config the caller pas
 dataclass config the checker builds, all changed consistently."""
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
+from gptblock import lesson
 from gptblock.check import check_block
 from gptblock.check.vary import plan
 
@@ -154,3 +157,39 @@ def test_the_lecture_at_its_own_sizes_made_smaller_is_checked_again(tmp_path):
     report = check_block(f"{path}:Block", isolate=False)
     assert report.passed, str(report)
     assert "checked again at n_embd=24, n_head=2, block_size=16: PASS" in report.notes, str(report)
+
+
+class Counted(lesson.Block):
+    """The lessons' block, counting its calls by width (the file's 32, the other sizes' 48)."""
+
+    calls: ClassVar[Counter[int]] = Counter()
+
+    def forward(self, x):
+        Counted.calls[x.shape[-1]] += 1
+        return super().forward(x)
+
+
+def test_at_the_other_sizes_only_the_comparison_runs_again():
+    # the probes, the learner's conditions and the parameters' accounting are proven at the
+    # file's sizes; the other sizes add "equal to the reference there too"
+    Counted.calls.clear()
+    report = check_block(Counted, n_embd=32, n_head=4)
+    assert report.passed and any(n.startswith("checked again at") for n in report.notes)
+    assert 0 < 3 * Counted.calls[48] < Counted.calls[32], Counted.calls
+
+
+# Written the way torch's own layer is used: post-norm, the encoder layer's default.
+class PostNorm(nn.Module):
+    def __init__(self, d_model=32, nhead=4):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d_model, nhead, 4 * d_model, batch_first=True)
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.layer(x, src_mask=mask, is_causal=True)
+
+
+def test_a_mistake_diagnosed_at_the_files_sizes_is_not_checked_again():
+    report = check_block(PostNorm)
+    assert report.diagnosis == ["post_norm"], str(report)
+    assert not any(n.startswith("checked again at") for n in report.notes), report.notes

@@ -44,10 +44,10 @@ from ..errors import UserError, UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from .build import build_at
 from .isolation import DEFAULT_TIMEOUT, check_isolated
-from .report import CheckReport, Finding
+from .report import CheckReport
 from .served import Served
-from .sized import Told
-from .sizes import combine, not_other
+from .sized import two_sizes
+from .sizes import not_other
 from .subject import one_thread
 from .target import load_target
 from .verdict import Progress, decide
@@ -65,17 +65,6 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 """In this process (trusted code), the seeds of the inputs that confirm a comparison and of the
 weights the block's copy is given: a report is then the same on every run. ``gptblock check``
 draws both from secret seeds instead."""
-
-
-class _Quiet:
-    def stage(self, what: str) -> None:
-        pass
-
-    def built(self, description: str) -> None:
-        pass
-
-    def finding(self, finding: Finding) -> None:
-        pass
 
 
 def own_blocks() -> list[Callable[..., nn.Module]]:
@@ -167,19 +156,12 @@ def check_in_process(
     progress: Progress | None = None,
 ) -> CheckReport:
     """``check_block`` in this process, telling ``progress`` each stage and finding: at the
-    file's sizes, then at other sizes (``sizes.combine``: PASS needs both).
+    file's sizes, then at other sizes (``sized.two_sizes``).
 
     For code the caller trusts: the block runs in the process that decides the verdict, so a
     block written to fool the checker can (``gptblock check`` runs it in a child process).
     """
-    progress = progress or _Quiet()
-    first = _at(target, kwargs, roles, progress, False)
-    if isinstance(first, str):  # the file's sizes raise rather than say why not
-        raise RuntimeError(f"no report at the file's sizes: {first}")
-    second = _at(target, kwargs, roles, Told(progress), True)
-    if isinstance(second, str):
-        return combine(first[0], second, first[1], "")
-    return combine(first[0], second[0], first[1], second[1])
+    return two_sizes(lambda p, other: _at(target, kwargs, roles, p, other), progress)
 
 
 def _at(
@@ -220,12 +202,7 @@ def _at(
                 )
             fresh = torch.Generator().manual_seed(FRESH_SEED)
             weights = torch.Generator().manual_seed(WEIGHTS_SEED)
-            try:
-                report = decide(served, built.description, roles, progress, fresh, weights)
-            except UserError as e:  # a --map that names the file's sizes (a slice [0:32])
-                if not other:
-                    raise
-                return not_other(f"the check stopped: {e}")
+            report = decide(served, built.description, roles, progress, fresh, weights, again=other)
     finally:
         built.undo()
     report = replace(report, notes=[*built.notes, *report.notes])

@@ -11,7 +11,7 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
@@ -22,18 +22,19 @@ from .report import CheckReport, Finding, Raised, text
 from .sizes import combine, not_other
 from .verdict import Progress, decide
 
-__all__ = ["Told", "at_two_sizes"]
+__all__ = ["Told", "at_two_sizes", "two_sizes"]
 
 
 class Told:
     """The progress of the check at other sizes: its stages told to the target's (where a
-    report cut short says it stopped), its findings kept apart."""
+    report cut short says it stopped), its findings kept apart; of none, a quiet progress."""
 
-    def __init__(self, outer: Progress) -> None:
+    def __init__(self, outer: Progress | None) -> None:
         self.outer = outer
 
     def stage(self, what: str) -> None:
-        self.outer.stage(f"at other sizes: {what}")
+        if self.outer is not None:
+            self.outer.stage(f"at other sizes: {what}")
 
     def built(self, description: str) -> None:
         pass
@@ -49,22 +50,33 @@ def at_two_sizes(
     fresh: torch.Generator,
     weights: torch.Generator,
 ) -> CheckReport:
-    """The report on the loaded target, at its file's sizes and at others.
+    """The report on the loaded target, at its file's sizes and at others (``two_sizes``).
 
     Raises:
         UserError: the block cannot be built, or called, at the file's sizes.
         ProtocolBroken: the block's process answered something that is not an answer.
     """
-    first = _at(call, progress, roles, fresh, weights, False)
+    return two_sizes(lambda p, other: _at(call, p, roles, fresh, weights, other), progress)
+
+
+def two_sizes(
+    at: Callable[[Progress, bool], tuple[CheckReport, str] | str], progress: Progress | None
+) -> CheckReport:
+    """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
+    the other sizes (``True``: or why not, a note), combined (``sizes.combine``: PASS needs
+    both); for a block in another process (``at_two_sizes``) or in this one (``run``). A
+    mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
+    first = at(progress or Told(None), False)
     if isinstance(first, str):  # the file's sizes raise rather than say why not
         raise RuntimeError(f"no report at the file's sizes: {first}")
+    if first[0].verdict == "FAIL" and first[0].diagnosis:
+        return first[0]
     try:
-        second = _at(call, Told(progress), roles, fresh, weights, True)
+        second = at(Told(progress), True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not
         second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
-    if isinstance(second, str):
-        return combine(first[0], second, first[1], "")
-    return combine(first[0], second[0], first[1], second[1])
+    report, other = (second, "") if isinstance(second, str) else second
+    return combine(first[0], report, first[1], other)
 
 
 def _at(
@@ -112,5 +124,5 @@ def _at(
     if not isinstance(dtype, torch.dtype):
         raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
     remote = Remote(call, C, T, dtype, str(copy.get("note", "")), longest)
-    report = decide(remote, description, roles, progress, fresh, weights)
+    report = decide(remote, description, roles, progress, fresh, weights, again=other)
     return replace(report, notes=[*notes, *report.notes]), text(said.get("label", ""), 200)

@@ -106,6 +106,8 @@ def decide(
     progress: Progress,
     fresh: torch.Generator,
     weights: torch.Generator,
+    *,
+    again: bool = False,
 ) -> CheckReport:
     """The report on the block ``service`` answers for.
 
@@ -117,6 +119,8 @@ def decide(
         fresh: draws the inputs that confirm a variant; its seed must be unknown to the block.
         weights: draws the values of the block's parameters (``provenance.choose``); its seed
             too.
+        again: at other sizes, once checked at the file's, where a PASS adds "equal to the
+            reference there too": the shape probe, the comparison and its confirmation only.
 
     Raises:
         UserValueError: a given role names nothing the block has.
@@ -128,7 +132,7 @@ def decide(
     notes = [service.note] if service.note else []
     results: list[ProbeResult] = []
     findings: list[Finding] = []
-    for name, probe in PROBES.items():
+    for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
         results.append(_run(probe, subject))
         findings.append(Finding(name, results[-1].passed, results[-1].message))
@@ -184,7 +188,7 @@ def decide(
             progress.finding(findings[-1])
             compared, found, others = True, modern["mistakes"], modern["alternatives"]
             details.update(modern["details"])
-            if passed and label != "FOUND" and traced is not None:
+            if passed and label != "FOUND" and traced is not None and not again:
                 found = account(
                     service.set_parameters, subject, chosen, traced, fresh, findings, details
                 )
@@ -195,8 +199,9 @@ def decide(
         unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
         if isinstance(unpacked, str):
             notes.append(f"weights not read, black-box results only: {unpacked}")
-            progress.stage("suggesting a --map")
-            verify = service.suggest()
+            if not again:
+                progress.stage("suggesting a --map")
+                verify = service.suggest()
         else:
             readings, read = unpacked
             progress.stage("the reference comparison")
@@ -208,7 +213,7 @@ def decide(
                 if match is not None:
                     progress.stage("confirming the comparison on fresh inputs and conditions")
                     backward = all(f.passed for f in findings if f.name == "gradients")
-                    confirm = _confirm(subject, readings, reading, match, fresh, backward)
+                    confirm = _confirm(subject, readings, reading, match, fresh, backward, again)
                     if isinstance(confirm, Finding):
                         finding, match = confirm, None
                     elif confirm:
@@ -234,7 +239,7 @@ def decide(
                     details.update(  # the variant's account of a mistake is more specific
                         {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
                     )
-                if match is not None and not match.deviations:
+                if match is not None and not match.deviations and not again:
                     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
                     traced = trace(read[reading], chosen, subject.dtype, heads)
                     found = account(
@@ -315,11 +320,13 @@ def _confirm(
     match: Match,
     fresh: torch.Generator,
     backward: bool,
+    again: bool = False,
 ) -> Finding | str:
     """A failed comparison when the variant found does not also reproduce the block on fresh
     inputs (of the traced shape and the probes'), or, for the lessons' block: its input
-    gradient (when its backward pass ran: ``backward``) and the learner's conditions
-    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared."""
+    gradient (when its backward pass ran: ``backward``) and, but ``again``, the learner's
+    conditions (``conditions.hold``); else ``""``, or a note on a condition that could not be
+    compared."""
     parts = [*read.readings, *read.fallback][reading]
     steps = compose(match.deviations)
     activation = CANDIDATE_ACTIVATIONS[match.activation]
@@ -352,4 +359,4 @@ def _confirm(
                 f"to its input is not (off by {error:.2g} of its scale)"
             )
             return Finding("reference comparison", False, msg)
-    return hold(subject, reference, fresh, backward)
+    return "" if again else hold(subject, reference, fresh, backward)
