@@ -47,7 +47,6 @@ __all__ = [
     "is_given",
     "paired_bias",
     "parse_given",
-    "perturb_given",
 ]
 
 Tensor = torch.Tensor
@@ -320,14 +319,3 @@ def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, 
     return Fixed(
         kept, sliced, {**resolve_roles(kept, plain), **{r: [p] for r, p in sliced.items()}}
     )
-
-
-def perturb_given(parts: Mapping[str, Part], seed: int = 2) -> None:
-    """Fresh N(0, 1/in) weights for given 3-D parameters, which ``parts.perturb`` does not see."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for part in parts.values():
-            p: Tensor = part.module.__dict__["weight_of"]
-            if p.dim() == 3 and part.shape is not None:
-                noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-                p.copy_((noise * part.shape[1] ** -0.5).to(p.device, p.dtype))

@@ -42,7 +42,6 @@ __all__ = ["NORM_KINDS", "NotPlain", "from_plain", "norm_function", "to_plain", 
 
 Tensor = torch.Tensor
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
-LINEAR = ("q", "k", "v", "proj", "fc1", "fc2")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
 MAX_WIDTH = 1 << 16  # D and H at most this: a claim of more is not a block's
 
