@@ -34,7 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch
 
 from gptblock import check_block
-from gptblock.check.build import width
+from gptblock.check.building.build import width
 from rewrites import REWRITES, rewrite_module, rewritten, same_backward, same_function
 
 ZOOS = ("realworld", "public", "modern")

@@ -26,7 +26,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from gptblock.check.subject import _copy, one_thread  # the checker's float64 copy
+from gptblock.check.serve.subject import _copy, one_thread  # the checker's float64 copy
 
 Tensor = torch.Tensor
 MATMULS = {torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm}

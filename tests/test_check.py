@@ -20,7 +20,7 @@ import zoo_torch
 from forms import FORMS
 from gptblock import CheckReport, TransformerBlock, check_block, lesson
 from gptblock.check import fill_common_arguments
-from gptblock.check.catalogue import MISTAKES
+from gptblock.check.mistakes.catalogue import MISTAKES
 
 
 def _flat(text):

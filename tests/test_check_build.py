@@ -1,4 +1,4 @@
-"""Building the block as the learner's file does (check/build.py, sizes.py, arguments.py): at the
+"""Building the block as the learner's file does (check/building/build.py, sizes.py, arguments.py): at the
 sizes the file implies (module settings, constructor and config defaults, --arg) and at other
 sizes; a config with a layer index, through **kwargs or with missing fields; a tuple output; and a
 block that cannot be built or called, reported as what it raised, at the learner's line."""

@@ -1,5 +1,5 @@
 """A ``--map`` or ``--arg`` that makes no sense is refused in one line, never a PASS or a FAIL
-(``gptblock.check.claims``, ``gptblock.check.build.check_sizes``; issue 21, class 2).
+(``gptblock.check.roles.claims``, ``gptblock.check.building.build.check_sizes``; issue 21, class 2).
 
 A role given by hand is the comparison's truth: a norm for a projection, a bias for a weight, a
 shape the role cannot have, one weight for two roles, or a name the forward pass uses for another
@@ -15,8 +15,8 @@ import pytest
 
 import zoo_lesson
 from gptblock import FusedBlock, check_block
-from gptblock.check.build import check_sizes
-from gptblock.check.subject import one_thread
+from gptblock.check.building.build import check_sizes
+from gptblock.check.serve.subject import one_thread
 from gptblock.errors import UserValueError
 
 LESSON = {"n_embd": 32, "n_head": 4, "block_size": 16}

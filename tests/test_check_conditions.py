@@ -2,7 +2,7 @@
 
 Each block of ``tests/conditions_blocks.py`` is right under the checker's old conditions only
 (float64, eval mode, T <= 7, B <= 7) or holds a parameter that never acts, and got PASS before
-``gptblock.check.conditions`` and ``gptblock.check.accounting``: now each fails, naming its
+``gptblock.check.compare.conditions`` and ``gptblock.check.compare.accounting``: now each fails, naming its
 condition or ``unused_parameters``, in process and in the child process of ``gptblock check``.
 The lesson's block, nanoGPT's (whose ``c_attn`` bias holds the inert key bias) and an
 ``nn.MultiheadAttention`` block (its ``in_proj_bias`` likewise) still pass.
@@ -18,9 +18,9 @@ import torch
 
 import conditions_blocks as cb
 from gptblock.check import check_block, check_isolated
-from gptblock.check.conditions import conditions
-from gptblock.check.provenance import choose, sorted_values, trace, unread
-from gptblock.check.subject import Subject
+from gptblock.check.compare.conditions import conditions
+from gptblock.check.roles.provenance import choose, sorted_values, trace, unread
+from gptblock.check.serve.subject import Subject
 from nanogpt_style import Block as NanoBlock
 from zoo_torch import MhaBlock
 

@@ -86,7 +86,10 @@ BLOCKS = textwrap.dedent(
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
             import gptblock.check as check
-            from gptblock.check import report, run, probes, search, served
+            from gptblock.check import run
+            from gptblock.check.mistakes import report, search
+            from gptblock.check.compare import probes
+            from gptblock.check.isolation import served
             report.CheckReport.verdict = property(lambda self: "PASS")
             report.CheckReport.passed = property(lambda self: True)
             for name in list(probes.PROBES):
@@ -103,7 +106,7 @@ BLOCKS = textwrap.dedent(
         """Trick 2: walk the stack to the worker's pipe and send a report, and answers, of its own."""
 
         def forward(self, x):
-            from gptblock.check import frames
+            from gptblock.check.serve import frames
             frame = sys._getframe()
             while frame is not None:
                 out_fd = frame.f_locals.get("out_fd")
@@ -189,7 +192,7 @@ BLOCKS = textwrap.dedent(
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            from gptblock.check import served
+            from gptblock.check.isolation import served
 
             _forge_traces(lambda honest, module, x: ({{"error": FORGED}}, {{}}))
             served.Served.read = lambda self, roles: ({{"why": FORGED, "notes": []}}, {{}})
@@ -267,7 +270,7 @@ BLOCKS = textwrap.dedent(
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            from gptblock.check import subject
+            from gptblock.check.serve import subject
 
             subject.Subject.__call__ = lambda self, x, seeded=True: torch.zeros_like(x)
 

@@ -304,7 +304,7 @@ def test_the_runner_builds_the_block_again_from_the_builders_arguments_as_data(t
 
     import torch
 
-    from gptblock.check.runner import build, load, to_data
+    from gptblock.check.serve.runner import build, load, to_data
 
     path = tmp_path / "configured.py"
     path.write_text(CONFIGURED)
@@ -326,7 +326,7 @@ def test_the_runner_builds_the_block_again_from_the_builders_arguments_as_data(t
 
 
 def _from_data_of(data):
-    from gptblock.check.runner import _from_data
+    from gptblock.check.serve.runner import _from_data
 
     return _from_data(data, None)
 

@@ -1,4 +1,4 @@
-"""``--map`` / ``roles=`` with a slice of a parameter and its layout (``gptblock.check.given``).
+"""``--map`` / ``roles=`` with a slice of a parameter and its layout (``gptblock.check.roles.given``).
 
 Both blocks below compute attention as a broadcast product summed over keys, which the forward
 pass's reader does not recognise, and hold three LayerNorms whose names say nothing: without
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from gptblock import check_block
-from gptblock.check.target import parse_role
+from gptblock.check.building.target import parse_role
 from gptblock.errors import UserValueError
 
 C, NH = 32, 4

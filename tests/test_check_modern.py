@@ -12,11 +12,11 @@ import torch
 import zoo_modern
 from gptblock import check_block
 from gptblock.blocks.fused import FusedBlock
-from gptblock.check.catalogue import MISTAKES
-from gptblock.check.modern_cache import cache_api, cached_last
-from gptblock.check.modern_parts import norm_of
-from gptblock.check.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
-from gptblock.check.subject import one_thread
+from gptblock.check.mistakes.catalogue import MISTAKES
+from gptblock.check.mistakes.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
+from gptblock.check.roles.modern_cache import cache_api, cached_last
+from gptblock.check.roles.modern_parts import norm_of
+from gptblock.check.serve.subject import one_thread
 from gptblock.reference import modern as oracle
 from zoo_modern.proof import max_error
 from zoo_public.proof import randomised
@@ -154,9 +154,9 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     """The weights, norms, MLP and rotary embedding the checker reads out of a block, given to
     the NumPy oracle (gptblock.reference.modern), reproduce the block: the modern reference the
     checker compares with is the oracle's block."""
-    from gptblock.check.modern import _attention_of
-    from gptblock.check.modern_parts import mlp_of
-    from gptblock.check.modern_read import read_modern
+    from gptblock.check.compare.modern import _attention_of
+    from gptblock.check.roles.modern_parts import mlp_of
+    from gptblock.check.roles.modern_read import read_modern
 
     torch.manual_seed(0)
     block = randomised(FusedBlock(32, 4, **options))

@@ -17,7 +17,7 @@ import torch.nn as nn
 import zoo_modern
 from gptblock import check_block
 from gptblock.check import check_isolated
-from gptblock.check.modern_cache import CACHE_APIS, cache_api, probe_cache
+from gptblock.check.roles.modern_cache import CACHE_APIS, cache_api, probe_cache
 
 CACHED = ("meta_llama", "gpt_fast")
 

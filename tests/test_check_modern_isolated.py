@@ -1,9 +1,9 @@
 """A modern block's PASS in ``gptblock check`` (isolated) is confirmed by the checker's process.
 
 The modern comparison is read in the checker's process from traces the block's process records
-(``gptblock.check.loop``); a PASS's parts (``gptblock.check.modern_plain``) are then held to the
+(``gptblock.check.serve.loop``); a PASS's parts (``gptblock.check.roles.modern_plain``) are then held to the
 weights the checker chose and to the block's outputs on fresh inputs
-(``gptblock.check.modern_confirm``). A correct Llama block passes; a wrong block whose process
+(``gptblock.check.compare.modern_confirm``). A correct Llama block passes; a wrong block whose process
 sends the traces of a correct twin (the chosen weights) or of a twin with weights made up, does
 not.
 """
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gptblock.check import check_isolated
-from gptblock.check.modern_plain import receive
+from gptblock.check.roles.modern_plain import receive
 
 ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import modern_scope_blocks as blocks
 from gptblock.check import check_block
-from gptblock.check.modern_read import read_modern
-from gptblock.check.modern_rotary import measure_turn, ropes
+from gptblock.check.roles.modern_read import read_modern
+from gptblock.check.roles.modern_rotary import measure_turn, ropes
 
 FILE = pathlib.Path(blocks.__file__)
 CORRECT = {

@@ -13,11 +13,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptblock.check import frames
-from gptblock.check.frames import Reader, send
-from gptblock.check.plain import NotPlain, _norm, from_plain, norm_function, to_plain
-from gptblock.check.provenance import choose, untraced
-from gptblock.check.steps import Parts, affine
+from gptblock.check.mistakes.steps import Parts, affine
+from gptblock.check.roles.plain import NotPlain, _norm, from_plain, norm_function, to_plain
+from gptblock.check.roles.provenance import choose, untraced
+from gptblock.check.serve import frames
+from gptblock.check.serve.frames import Reader, send
 
 C = 16
 G = torch.Generator().manual_seed(0)

@@ -180,7 +180,7 @@ class SumAttention(torch.nn.Module):
 
 
 def test_an_unread_block_is_unverified_with_a_map_that_verifies_it(tmp_path, capsys):
-    from gptblock.check.target import parse_role
+    from gptblock.check.building.target import parse_role
     from gptblock.cli import main
 
     report = check_block(SumAttention())

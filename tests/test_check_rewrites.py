@@ -20,7 +20,7 @@ from torch.nn import functional as F
 import zoo_public
 import zoo_realworld
 from gptblock import check_block
-from gptblock.check.build import width
+from gptblock.check.building.build import width
 from rewrites import REWRITES, rewrite_module, same_function
 from zoo_realworld.common import scale, softmax_masked
 

@@ -1,4 +1,4 @@
-"""The checker finds a block's parts by role, whatever they are called (gptblock.check.mapping).
+"""The checker finds a block's parts by role, whatever they are called (gptblock.check.roles.mapping).
 
 Names, shapes, registration order and the forward pass decide together; what they cannot decide
 is said, and ``roles=`` / ``--map`` settles it.
@@ -10,10 +10,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock import TransformerBlock, check_block
-from gptblock.check.mapping import MappedBlock, Unmapped, map_roles, resolve_roles
-from gptblock.check.parts import discover, observe
-from gptblock.check.subject import one_thread
-from gptblock.check.vocabulary import norm_hint, role_hint, scope_hint
+from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles, resolve_roles
+from gptblock.check.roles.parts import discover, observe
+from gptblock.check.roles.vocabulary import norm_hint, role_hint, scope_hint
+from gptblock.check.serve.subject import one_thread
 from gptblock.errors import UserValueError
 
 

@@ -13,10 +13,8 @@ from torch.nn import functional as F
 
 import gptblock
 from gptblock import TransformerBlock, lesson, reference
-from gptblock.check.mapping import MappedBlock, map_roles
-from gptblock.check.parts import discover, perturb
-from gptblock.check.search import TOLERANCE, distance, explain
-from gptblock.check.steps import (
+from gptblock.check.mistakes.search import TOLERANCE, distance, explain
+from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
     CORRECT,
     MissingPart,
@@ -24,8 +22,10 @@ from gptblock.check.steps import (
     affine,
     run_steps,
 )
-from gptblock.check.subject import one_thread
-from gptblock.check.variants import DEVIATIONS, compose, variants
+from gptblock.check.mistakes.variants import DEVIATIONS, compose, variants
+from gptblock.check.roles.mapping import MappedBlock, map_roles
+from gptblock.check.roles.parts import discover, perturb
+from gptblock.check.serve.subject import one_thread
 
 
 @pytest.fixture(autouse=True)

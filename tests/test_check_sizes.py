@@ -1,4 +1,4 @@
-"""The other sizes a block is checked at, found by value (check/vary.py): sizes under names the
+"""The other sizes a block is checked at, found by value (check/building/vary.py): sizes under names the
 checker does not know, in the constructor, its defaults, a config the caller passes or a
 dataclass config the checker builds, all changed consistently."""
 
@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from gptblock import lesson
 from gptblock.check import check_block
-from gptblock.check.vary import plan
+from gptblock.check.building.vary import plan
 
 
 # Written the way bentrevett/pytorch-seq2seq's "Attention is All You Need" notebook writes its

@@ -1,7 +1,7 @@
 """A forward pass recorded as plain data where the block runs, and replayed where the checker runs.
 
-``gptblock.check.loop.record`` sends each ATen operator by name with its arguments as JSON and
-the tensors' values; ``gptblock.check.trace.from_plain`` reads that back, refusing what is not
+``gptblock.check.serve.loop.record`` sends each ATen operator by name with its arguments as JSON and
+the tensors' values; ``gptblock.check.roles.trace.from_plain`` reads that back, refusing what is not
 a trace (an operator torch does not have, a reference to no node), and ``trace.rerun`` replays
 it with values replaced, without the block's code. The child's environment names no checker.
 """
@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 from gptblock import lesson
-from gptblock.check import child, loop
-from gptblock.check.modern_cache import judge_cache
-from gptblock.check.trace import TraceError, from_plain, rerun
+from gptblock.check.isolation import child
+from gptblock.check.roles.modern_cache import judge_cache
+from gptblock.check.roles.trace import TraceError, from_plain, rerun
+from gptblock.check.serve import loop
 
 
 def _block():

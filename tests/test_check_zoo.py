@@ -15,7 +15,7 @@ import pytest
 import zoo_modern
 import zoo_realworld
 from gptblock import check_block
-from gptblock.check.catalogue import MISTAKES
+from gptblock.check.mistakes.catalogue import MISTAKES
 
 
 @functools.cache
@@ -48,7 +48,7 @@ def test_the_zoo_meets_the_hit_rate_targets():
 
 
 def test_every_unverified_block_says_which_map_verifies_it_and_that_map_does():
-    from gptblock.check.target import parse_role
+    from gptblock.check.building.target import parse_role
 
     for outcome, report in _outcomes().values():
         if outcome.verdict != "unverified":
@@ -113,7 +113,7 @@ def test_each_injected_bug_changes_what_the_block_computes():
     initial 1 and 0 as a trained block's are, eval mode)."""
     import torch
 
-    from gptblock.check.subject import one_thread
+    from gptblock.check.serve.subject import one_thread
 
     with one_thread():  # tiny tensors: more threads only add synchronisation
         _each_bug_changes_the_block(torch)

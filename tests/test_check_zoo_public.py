@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import zoo_public
-from gptblock.check.subject import one_thread
+from gptblock.check.serve.subject import one_thread
 from zoo_public.proof import max_error, randomised
 
 
@@ -58,7 +58,7 @@ def test_each_mistake_applies_to_the_code_and_changes_what_it_computes(name):
 
 
 def test_every_mistake_is_in_the_catalogue_and_every_source_is_recorded():
-    from gptblock.check.catalogue import MISTAKES
+    from gptblock.check.mistakes.catalogue import MISTAKES
 
     for case in zoo_public.cases():
         assert case.expected <= set(MISTAKES), case.name

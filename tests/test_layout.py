@@ -182,3 +182,35 @@ def test_no_source_file_is_over_400_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+# check/'s rooms, bottom up (check/__init__.py's map): a module of a room may import only its
+# own room and the rooms before it; ``serve`` imports no other room (``gptblock.early`` copies it
+# alone into the runner's process); ``run`` and the package itself sit above them all.
+CHECK_ROOMS = ["serve", "mistakes", "building", "roles", "compare", "isolation", "run"]
+
+
+def check_room(path):
+    """The room of a module under check/ (``run`` for the files at check/'s top)."""
+    parts = path.relative_to(SRC / "check").parts
+    return parts[0] if len(parts) > 1 else "run"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SRC / "check").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
+)
+def test_the_checker_rooms_import_down(path):
+    assert {check_room(p) for p in (SRC / "check").rglob("*.py")} == set(CHECK_ROOMS)
+    package = path.relative_to(SRC).parent.parts
+    rooms = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            parts = [*base, *(node.module.split(".") if node.module else [])]
+            names = parts[1:2] if len(parts) > 1 else []
+            rooms.update(names or [a.name for a in node.names] if parts[:1] == ["check"] else [])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gptblock.check."):
+            rooms.add(node.module.split(".")[2])
+    mine = CHECK_ROOMS.index(check_room(path))
+    upward = {r for r in rooms if r in CHECK_ROOMS and CHECK_ROOMS.index(r) > mine}
+    assert not upward, f"{path.name} ({CHECK_ROOMS[mine]}) imports the later rooms {upward}"

@@ -1,10 +1,10 @@
 """The checker's child processes, started as early as the command line says they are needed.
 
 ``gptblock check`` spends about 3 s importing gptblock (torch included) and its supervisor
-(``gptblock.check.reaper``) about 2 s importing torch before it forks the builder and the runner:
+(``gptblock.check.isolation.reaper``) about 2 s importing torch before it forks the builder and the runner:
 one after the other, 5 s. So ``gptblock.cli.main`` calls ``start(argv)`` before it imports torch:
 when the command is ``check`` it ``spawn``s the supervisor there, whose torch import then runs
-beside this process's, and ``gptblock.check.child.Child`` ``take``s it instead of spawning one.
+beside this process's, and ``gptblock.check.isolation.child.Child`` ``take``s it instead of spawning one.
 A command that never takes it (an error in its arguments) ``drop``s it: with its stdin closed
 the supervisor ends, and its forks with it. This file uses nothing but the standard library.
 
@@ -83,7 +83,10 @@ def spawn() -> Spawned:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     jobs, passed, pipes = [], [out_w, err_w], {}
-    for name, module in (("builder", "gptblock.check.worker"), ("runner", "serve.runner")):
+    for name, module in (
+        ("builder", "gptblock.check.isolation.worker"),
+        ("runner", "serve.runner"),
+    ):
         to_child, to_fd = os.pipe()
         from_fd, from_child = os.pipe()
         pipes[name] = (to_fd, from_fd)
@@ -112,15 +115,15 @@ def spawn() -> Spawned:
 
 
 def neutral_scripts(folder: Path) -> Path:
-    """The supervisor (``check/reaper.py``, copied) and the runner's package (``serve``: the
+    """The supervisor (``check/isolation/reaper.py``, copied) and the runner's package (``serve``: the
     files ``RUNNER``, copied), under names that say nothing of the checker: the command lines,
     the modules and the frames the block can see."""
     supervisor, package = folder / "supervise.py", folder / "serve"
-    supervisor.write_bytes((CHECK / "reaper.py").read_bytes())
+    supervisor.write_bytes((CHECK / "isolation" / "reaper.py").read_bytes())
     package.mkdir()
     (package / "__init__.py").write_text("")
     for name in RUNNER:
-        (package / f"{name}.py").write_bytes((CHECK / f"{name}.py").read_bytes())
+        (package / f"{name}.py").write_bytes((CHECK / "serve" / f"{name}.py").read_bytes())
     return supervisor
 
 

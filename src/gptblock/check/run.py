@@ -42,15 +42,15 @@ from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
 from ..errors import UserError, UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
-from .build import build_at
-from .isolation import DEFAULT_TIMEOUT, check_isolated
-from .report import CheckReport
-from .served import Served
-from .sized import two_sizes
-from .sizes import not_other
-from .subject import one_thread
-from .target import load_target
-from .verdict import Progress, decide
+from .building.build import build_at
+from .building.sizes import not_other
+from .building.target import load_target
+from .compare.verdict import Progress, decide
+from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
+from .isolation.served import Served
+from .isolation.sized import two_sizes
+from .mistakes.report import CheckReport
+from .serve.subject import one_thread
 
 __all__ = [
     "FRESH_SEED",

@@ -1,6 +1,6 @@
 """``gptblock check``: find the mistakes in a transformer block, and say how to fix them.
 
-Argument parsing and printing only: ``gptblock.check.target`` parses ``--arg`` and ``--map``,
+Argument parsing and printing only: ``gptblock.check.building.target`` parses ``--arg`` and ``--map``,
 ``gptblock.check.check_isolated`` runs the target in a child process that only answers
 requests and computes every check and the verdict outside it, so that whatever the block does
 (exit, crash, hang, print, patch the checker), the exit code and the report are the checker's;
@@ -20,7 +20,7 @@ from ..check import (
     own_blocks,
     parse_argument,
 )
-from ..check.target import parse_role
+from ..check.building.target import parse_role
 from ..errors import UserError, UserValueError
 from .formatting import COMMANDS
 

@@ -1,0 +1,249 @@
+"""Constructor arguments a block needs beyond the common ones: a config object, or the exact
+``--arg`` line that builds it.
+
+``complete(factory, args)`` looks at what ``factory`` requires but ``args`` (the caller's
+arguments plus ``build.COMMON_ARGUMENTS``) lacks:
+
+* one argument named like a config (``config``, ``cfg``, ``args``, ``hparams``...): it is built
+  from the arguments given, as the annotated class (a dataclass gets the fields it has) or as a
+  ``types.SimpleNamespace``; an attribute the block then reads but nobody gave is an error that
+  names it, with a value that builds it;
+* anything else: an error with the exact ``--arg NAME=VALUE ...`` line that builds the block,
+  its values guessed from the names (a width 32, a head count 4, a length 16, an index 0...) and
+  tried, or, when no guess builds it, the names to give.
+
+Nothing is guessed silently: a value the caller did not give is never used for a check.
+
+``calls.forward_arguments`` does the same for what the block's ``forward`` needs besides its
+input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ...errors import UserValueError
+from ..mistakes.report import CAUGHT
+from .sizes import CONFIG_NAMES, config_class
+
+__all__ = ["CONFIG_DEFAULTS", "complete", "guess"]
+
+CONFIG_DEFAULTS: dict[str, object] = {"bias": True}
+"""A config's fields that are not sizes but that most configs have (nanoGPT's ``bias``)."""
+_GUESSES = (
+    (("embd", "d_model", "dim", "hidden", "width", "embed", "channels"), 32),
+    (("head",), 4),
+    (("block", "ctx", "len", "seq", "position", "context", "window"), 16),
+    (("drop",), 0.0),
+    (("eps",), 1e-5),
+    (("bias",), True),
+    (("idx", "index", "layer_id", "_id"), 0),
+    (("layer",), 1),
+    (("vocab",), 64),
+    (("mult", "ratio", "factor", "expansion"), 4),
+)
+
+
+def guess(name: str) -> object:
+    """A small value for a constructor argument, from its name.
+
+    Example:
+        >>> guess("n_layer"), guess("layer_idx"), guess("n_kv_heads"), guess("max_seq_len")
+        (1, 0, 4, 16)
+    """
+    lower = name.lower()
+    return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
+
+
+def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
+def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    params = _signature(factory)
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def _line(values: Mapping[str, object]) -> str:
+    return " ".join(f"--arg {k}={v!r}" for k, v in values.items())
+
+
+def _builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
+    with torch.random.fork_rng(devices=[]):
+        try:
+            factory(**args)
+        except CAUGHT:
+            return False
+    return True
+
+
+def _index(name: str) -> int | None:
+    """The value of an argument that says which layer the block is (``layer_idx`` 0,
+    ``layer_number`` 1), None for any other name.
+
+    Example:
+        >>> _index("layer_idx"), _index("layer_number"), _index("n_layer")
+        (0, 1, None)
+    """
+    lower = name.lower()
+    if lower in ("idx", "index", "i"):
+        return 0
+    words = lower.split("_")
+    if len(words) < 2 or not ({"layer", "block", "depth"} & set(words[:-1])):
+        return None
+    return {"idx": 0, "index": 0, "id": 0, "i": 0, "number": 1, "no": 1, "num": 1}.get(words[-1])
+
+
+def complete(
+    factory: Callable[..., Any],
+    args: dict[str, object],
+    given: Mapping[str, object],
+    defaults: Mapping[str, object],
+    sizes: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """``args`` with a config object built where ``factory`` takes one, and a layer index
+    (``layer_idx`` 0) where it takes one nobody gave.
+
+    Args:
+        factory: the block's class or factory.
+        args: the arguments it will be called with (given ones and common ones).
+        given: the arguments the caller gave (``--arg``).
+        defaults: the common arguments' values, also a config's.
+        sizes: every size name with the value it is built at (``sizes.names``): a config
+            dataclass's fields of those names get them.
+
+    Raises:
+        UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``
+            line that builds it, or the names to give.
+    """
+    name = getattr(factory, "__qualname__", repr(factory))
+    args = dict(args)
+    missing = [p for p in _required(factory) if p.name not in args]
+    for p in missing:
+        index = _index(p.name)
+        if index is not None:
+            args[p.name] = index
+    missing = [p for p in missing if p.name not in args]
+    if not missing:
+        return args
+    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or _config_class(factory, p)]
+    if len(configs) == 1 and len(missing) == 1:
+        values = {**defaults, **given}
+        return _with_config(factory, name, missing[0], args, values, given, sizes or {})
+    values = {p.name: guess(p.name) for p in missing}
+    if _builds(factory, {**args, **values}):
+        raise UserValueError(
+            f"cannot build {name}: it needs {', '.join(values)}, which --arg does not give; "
+            f"this builds it: {_line(values)}"
+        )
+    raise UserValueError(
+        f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
+    )
+
+
+def _config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
+    """The class ``param`` is annotated with when it is a config: a dataclass or a class of
+    the block's own file (not ``int``, ``torch.Tensor``...)."""
+    cls = config_class(factory, param)
+    if cls is None or (cls.__module__ != getattr(factory, "__module__", None)
+                       and not dataclasses.is_dataclass(cls)):  # fmt: skip
+        return None
+    return cls
+
+
+def _maker(
+    factory: Callable[..., Any],
+    name: str,
+    param: inspect.Parameter,
+    given: Mapping[str, object],
+    sizes: Mapping[str, object],
+) -> Callable[[dict[str, object]], object]:
+    """How to make the config from values: its dataclass (the fields it has; a required field
+    nobody gave is refused with the line that gives it), its own class called with them as
+    keywords, else a namespace."""
+    cls = _config_class(factory, param)
+    if cls is not None and dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise UserValueError(
+                f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
+            )
+        empty = dataclasses.MISSING
+        required = [f.name for f in fields if f.default is empty and f.default_factory is empty]
+
+        def make(v: dict[str, object]) -> object:
+            v = {**v, **{k: x for k, x in sizes.items() if k in known and k not in given}}
+            lacking = [f for f in required if f not in v]
+            if lacking:
+                line = _line({f: guess(f) for f in lacking})
+                raise UserValueError(
+                    f"cannot build {name}: its {cls.__name__} config needs {', '.join(lacking)}, "
+                    f"which --arg does not give; give them: {line}"
+                )
+            return cls(**{k: x for k, x in v.items() if k in known})
+
+        return make
+    if cls is not None:  # a class of the file's own, e.g. Config(**kw)
+
+        def make_own(v: dict[str, object]) -> object:
+            try:
+                return cls(**v)
+            except CAUGHT:
+                return types.SimpleNamespace(**v)
+
+        return make_own
+    return lambda v: types.SimpleNamespace(**v)
+
+
+def _with_config(
+    factory: Callable[..., Any],
+    name: str,
+    param: inspect.Parameter,
+    args: dict[str, object],
+    values: dict[str, object],
+    given: Mapping[str, object],
+    sizes: Mapping[str, object],
+) -> dict[str, object]:
+    """``args`` plus the config object ``param`` built from ``values`` (given and common)."""
+    own = {p.name for p in _signature(factory)} - {param.name}
+    rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
+    make = _maker(factory, name, param, given, sizes)
+    values = {**CONFIG_DEFAULTS, **values}
+    added: dict[str, object] = {}
+    for _ in range(16):  # each round adds one attribute the block read and nobody gave
+        try:
+            config = make({**values, **added})
+            with torch.random.fork_rng(devices=[]):
+                factory(**rest, **{param.name: config})
+        except AttributeError as e:
+            attribute = getattr(e, "name", None)
+            if not isinstance(attribute, str) or attribute in added:
+                break
+            added[attribute] = guess(attribute)
+            continue
+        except UserValueError:
+            raise
+        except CAUGHT:
+            break
+        if added:
+            raise UserValueError(
+                f"cannot build {name}: its {param.name} needs {', '.join(added)}, which --arg "
+                f"does not give; this builds it: {_line(added)}"
+            )
+        return {**rest, param.name: config}
+    raise UserValueError(
+        f"cannot build {name}({param.name}): give the config's fields with --arg NAME=VALUE "
+        "(they make a namespace), or check a function that returns the block"
+    )

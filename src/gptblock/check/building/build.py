@@ -1,0 +1,388 @@
+"""Building the block to check, and telling its width and longest sequence.
+
+``build_at`` turns what ``check_block`` was given (a module, or a class / factory and its
+constructor arguments, filled by ``fill_common_arguments``) into the module to check and the
+name the report gives it, at the file's sizes or others (``vary``). ``width`` and
+``max_length`` read C and the longest sequence the block accepts from its arguments,
+attributes and modules.
+
+Shapes: C channels.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ...errors import UserTypeError, UserValueError
+from ..mistakes.report import CAUGHT, one_line
+from ..serve.calls import forward_arguments
+from ..serve.raised import learner_line, size_error
+from ..serve.raised import source as source_file
+from ..serve.subject import first_tensor
+from .arguments import complete
+from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings
+from .vary import plan
+
+__all__ = [
+    "COMMON_ARGUMENTS",
+    "Built",
+    "build_at",
+    "check_sizes",
+    "fill_common_arguments",
+    "max_length",
+    "width",
+]
+
+COMMON_ARGUMENTS: dict[str, object] = {
+    "n_embd": 32,
+    "d_model": 32,
+    "embed_dim": 32,
+    "n_head": 4,
+    "n_heads": 4,
+    "num_heads": 4,
+    "nhead": 4,
+    "block_size": 16,
+    "dropout": 0.1,
+}
+"""Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
+dropout left on in eval mode shows up."""
+
+_WIDTH_NAMES = ("n_embd", "d_model", "embed_dim", "hidden_size")
+_WIDTH_ARGUMENTS = (*_WIDTH_NAMES, "dim")  # `dim` only as an argument: nn.Softmax has a .dim
+_LENGTH_NAMES = ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len")
+_HEAD_NAMES = ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads")
+_KV_HEAD_NAMES = ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads")
+_HEAD_SIZE_NAMES = ("head_size", "head_dim", "d_head", "d_k", "dim_head")
+LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
+
+
+def fill_common_arguments(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> dict[str, object]:
+    """``given`` plus a small value for every common argument ``factory`` takes but was not given.
+
+    Args:
+        factory: a block class or a function returning a block.
+        given: constructor arguments chosen by the caller; they always win.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
+        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
+    """
+    try:
+        names = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return dict(given)
+    filled = dict(given)
+    for name in names:
+        if name in COMMON_ARGUMENTS and name not in filled:
+            filled[name] = COMMON_ARGUMENTS[name]
+    return filled
+
+
+@dataclasses.dataclass
+class Built:
+    """A block built at one set of sizes.
+
+    Args:
+        module: the block.
+        description: what the report calls it, ``Block(n_embd=64, n_head=4)``.
+        label: its sizes, ``n_embd=64, n_head=4, block_size=32`` (with module settings).
+        notes: where the sizes came from, when not from ``--arg`` or the checker.
+        undo: restores the module settings changed to build it (``sizes.patch_globals``).
+        file: the learner's source file, for the line an error points at.
+    """
+
+    module: nn.Module
+    description: str
+    label: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    undo: Callable[[], None] = lambda: None
+    file: str = ""
+    args: dict[str, object] = dataclasses.field(default_factory=dict)
+    width: int | None = None  # the width it was built at, when the checker chose it
+
+
+def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
+    """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
+    another set (``vary.plan``; None when it has none: a module given built, or no size the
+    checker can set). The module's size settings are set to the sizes built at
+    until ``undo`` is called.
+
+    Raises:
+        UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
+            constructor arguments come with a module instance.
+        UserValueError: building the block raised (or called ``sys.exit``), or it needs
+            arguments nobody gave (the message has the ``--arg`` line that builds it).
+    """
+    if isinstance(target, nn.Module):
+        if kwargs:
+            raise UserTypeError(
+                f"constructor arguments {sorted(kwargs)} given, but the target is already a "
+                f"module ({type(target).__name__}); pass its class instead"
+            )
+        return None if other else Built(target, type(target).__name__)
+    if not callable(target):
+        raise UserTypeError(
+            f"target must be an nn.Module or a class / factory building one, got {target!r}"
+        )
+    if other:
+        return _other(target, kwargs)
+    sizes = file_sizes(target, kwargs)
+    values, given = names(sizes), dict(kwargs)
+    try:
+        signature = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        signature = {}  # type: ignore[assignment]
+    empty = inspect.Parameter.empty
+    params = [  # a size argument without a default, or with a number: None may mean "none"
+        n for n, p in signature.items()
+        if p.default is empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
+    ]  # fmt: skip
+    filled = {**{n: values[n] for n in params if n in values}, **given}
+    filled = fill_common_arguments(target, filled)
+    check_sizes(filled, kwargs)
+    _, module_settings = settings(target)
+    sized = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
+    args = complete(target, filled, given, sized, values)
+    patched = [n for n in module_settings if n in values]
+    shown = {n: v for n, v in filled.items() if n in values}
+    shown.update({n: values[n] for n in patched})
+    config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
+    shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
+    undo = patch_globals(target, sizes)
+    module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
+    notes, C = _origins(sizes, shown) + called, sizes.values.get("width")
+    return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
+
+
+def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
+    """The block built at other sizes (``vary.plan``): its numbers that are sizes, found by
+    their values on the block built at the file's sizes, changed consistently."""
+    base = build_at(target, kwargs)
+    if base is None:
+        return None
+    try:  # read while the module settings are those of the build (a width made smaller)
+        found = plan(target, base.args, width(base.module, kwargs))
+    except CAUGHT as e:  # a config that cannot be copied or rejects the other values
+        raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+    finally:
+        base.undo()
+    if found is None:
+        return None  # nothing the checker sets: the same block again
+    undo = patch_globals(target, found.settings)
+    module, _, _ = _made(target, found.args, undo, lambda e: "")
+    said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+    C2 = found.sizes.values["width"]  # the caller measures it again: the proof
+    return Built(module, said, found.label, [], undo, source_file(target), found.args, C2)
+
+
+def _made(
+    target: Callable[..., Any],
+    args: Mapping[str, object],
+    undo: Callable[[], None],
+    hint: Callable[[BaseException], str],
+) -> tuple[nn.Module, str, list[str]]:
+    """``target(**args)`` under seed 0, its description and what its forward is called with
+    (``calls.forward_arguments``); a failure raised as what it is, with ``hint`` (the
+    ``--arg`` line that builds it) where the sizes are to blame."""
+    name = getattr(target, "__qualname__", repr(target))
+    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            try:
+                module = target(**args)
+            except CAUGHT as e:
+                more = hint(e) if size_error(e) else ""
+                at = learner_line(e, source_file(target))
+                raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{more}") from e
+        if not isinstance(module, nn.Module):
+            kind = type(module).__name__
+            raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
+        return module, description, forward_arguments(module)
+    except BaseException:  # the module settings back as they were
+        undo()
+        raise
+
+
+def _plain(value: object) -> bool:
+    return value is None or isinstance(value, (int, float, str, bool))
+
+
+def _origins(sizes: Sizes, shown: Mapping[str, object]) -> list[str]:
+    """The note saying where the file's sizes came from (none when all are --arg's or the
+    checker's own)."""
+    by_source: dict[str, list[str]] = {}
+    for kind, source in sizes.sources.items():
+        if source in ("--arg", "the checker"):
+            continue
+        name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
+        by_source.setdefault(source, []).append(f"{name}={sizes.values[kind]}")
+    if not by_source:
+        return list(sizes.notes)
+    said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
+    return [f"built at the file's sizes: {said}", *sizes.notes]
+
+
+def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
+    """``; it builds with --arg ...`` at the first of ``sizes.hint_sizes`` that builds."""
+    try:
+        params = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return ""
+    for found in hint_sizes(file_sizes(target, given)):
+        values = names(found)
+        line = {n: values[n] for n in params if n in values}
+        if not line:
+            return ""
+        undo = patch_globals(target, found)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                target(**fill_common_arguments(target, {**given, **line}))
+        except CAUGHT:
+            continue
+        finally:
+            undo()
+        return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
+    return ""
+
+
+def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
+    """Refuse sizes no block can be built with, before building: a width, length, head count or
+    head size that is not a whole number in 1..``LARGEST``, more heads than channels, a head
+    count that does not divide the width (unless a head size is given too), a key/value head
+    count that does not divide the head count.
+
+    Args:
+        args: the arguments the block will be built with (given and common ones).
+        given: those the caller gave (``--arg``); the message says which were filled.
+
+    Raises:
+        UserValueError: one line naming the argument, its value and what was expected.
+
+    Example:
+        >>> check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: --arg n_head=3: n_embd=32 is not divisible by n_head=3 (each head gets n_embd / n_head channels); give one of 1, 2, 4, 8, 16, 32
+    """
+
+    def shown(name: str) -> str:
+        if name in given:
+            return f"--arg {name}={args[name]!r}"
+        return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
+
+    sizes = (*_WIDTH_ARGUMENTS, *_LENGTH_NAMES, *_HEAD_NAMES, *_KV_HEAD_NAMES, *_HEAD_SIZE_NAMES)
+    for name in (n for n in sizes if n in args):
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LARGEST:
+            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
+                isinstance(value, str) and any(c in value for c in "*+-/")
+            ) else ""  # fmt: skip
+            raise UserValueError(
+                f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
+                "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
+            )
+    widths = [n for n in _WIDTH_ARGUMENTS if n in args]
+    heads = [n for n in _HEAD_NAMES if n in args]
+    if widths and heads and not any(n in args for n in _HEAD_SIZE_NAMES):
+        C, nh = int(args[widths[0]]), int(args[heads[0]])  # type: ignore[call-overload]
+        if C % nh:
+            divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
+            raise UserValueError(
+                f"{shown(heads[0])}: {widths[0]}={C} is not divisible by {heads[0]}={nh} (each "
+                f"head gets {widths[0]} / {heads[0]} channels); give one of {divisors}"
+            )
+    kv = [n for n in _KV_HEAD_NAMES if n in args]
+    if kv and heads and int(args[heads[0]]) % int(args[kv[0]]):  # type: ignore[call-overload]
+        raise UserValueError(
+            f"{shown(kv[0])}: {heads[0]}={args[heads[0]]} is not divisible by {kv[0]}="
+            f"{args[kv[0]]} (each key/value head serves n_head / n_kv_head query heads)"
+        )
+
+
+def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
+    """C: the width of the input the block accepts.
+
+    The candidates, in order: a constructor argument (``n_embd``, ``d_model``, ``dim``...), an
+    attribute (also on a ``config``), a norm's or a linear layer's width, then every size of the
+    block's parameters. The first for which a copy of the block maps a (2, T, C) input to its own
+    shape wins; when none does (the block is broken), the first candidate.
+
+    Raises:
+        UserValueError: the block has no candidate at all (no argument, attribute or parameter).
+    """
+    candidates: list[int] = []
+    for source in (kwargs, *(_attributes(m) for m in module.modules())):
+        for name in _WIDTH_ARGUMENTS if source is kwargs else _WIDTH_NAMES:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                candidates.append(value)
+    for m in module.modules():
+        if isinstance(m, nn.LayerNorm) and m.normalized_shape:
+            candidates.append(int(m.normalized_shape[-1]))
+        elif isinstance(m, nn.Linear):
+            candidates.append(int(m.in_features))
+        elif isinstance(m, nn.MultiheadAttention):
+            candidates.append(int(m.embed_dim))
+    sizes = [n for p in module.parameters() for n in p.shape if n > 1]
+    candidates += sorted(set(sizes), key=lambda n: (-sizes.count(n), n))
+    candidates = list(dict.fromkeys(candidates))
+    if not candidates:
+        raise UserValueError(
+            f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "
+            "n_embd / d_model / embed_dim argument or attribute; pass --arg n_embd=C"
+        )
+    if len(candidates) == 1 or _accepts(module, candidates[0], T):
+        return candidates[0]
+    return next((c for c in candidates[1:] if _accepts(module, c, T)), candidates[0])
+
+
+def _accepts(module: nn.Module, C: int, T: int) -> bool:
+    """Whether a copy of the block maps a (2, T, C) input to a (2, T, C) output."""
+    try:
+        copied = copy.deepcopy(module).eval()
+        first = next(copied.parameters(), None)
+        dtype = first.dtype if first is not None and first.is_floating_point() else None
+        device = first.device if first is not None else None
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, T, C, generator=g, dtype=dtype).to(device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            y = copied(x)
+    except CAUGHT:
+        return False
+    return first_tensor(y, (2, T, C)) is not None
+
+
+def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
+    """The longest sequence the block accepts, as far as its arguments and buffers tell."""
+    for source in (kwargs, *(_attributes(m) for m in module.modules())):
+        for name in _LENGTH_NAMES:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                return value
+    for _, buffer in module.named_buffers():
+        if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] and buffer.shape[-1] >= 1:
+            return int(buffer.shape[-1])  # a causal-mask buffer: (..., block_size, block_size)
+    return default
+
+
+def _attributes(m: nn.Module) -> dict[str, object]:
+    """The module's own attributes, and its ``config``'s, that might name a size."""
+    found: dict[str, object] = {}
+    config = getattr(m, "config", None)
+    for owner in (config, m):
+        for name in _WIDTH_NAMES + _LENGTH_NAMES:
+            value = getattr(owner, name, None)
+            if value is not None:
+                found[name] = value
+    return found

@@ -1,0 +1,309 @@
+"""The sizes a block is checked at: the file's own, and one other.
+
+A learner's file says its sizes in several places: ``--arg``, the constructor's defaults
+(``def __init__(self, n_embd=64)``), a config dataclass's defaults, and module-level settings
+that the classes read as globals (the video lecture's ``gpt.py``: ``n_embd = 64``, ``Head``
+building ``nn.Linear(n_embd, head_size)``). ``file_sizes`` reads them, in that order of
+precedence, into one value per kind of size (width, heads, key/value heads, head size, length);
+``other_sizes`` picks a second valid set (another width, head count and head size, another
+block_size), and ``names`` spells a set out for every name of its kinds, so the constructor's
+arguments, the config's fields and the module's globals (``patch_globals``, restored after) all
+agree. ``combine`` makes one report of the two checks: PASS needs both.
+
+Shapes: C channels, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..mistakes.report import CheckReport, Finding
+
+__all__ = [
+    "CONFIG_NAMES",
+    "KINDS",
+    "Sizes",
+    "combine",
+    "file_sizes",
+    "hint_sizes",
+    "names",
+    "not_other",
+    "other_sizes",
+    "patch_globals",
+]
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
+    "heads": ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"),
+    "kv_heads": ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
+    "head_size": ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"),
+    "length": ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
+}
+"""Each kind of size and the names people give it (``dim`` is a width only as an argument or
+a setting: ``nn.Softmax`` has a ``.dim``)."""
+
+CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
+"""The names of an argument that is a config object (``Block(config)``)."""
+
+CHECKER = {"width": 32, "heads": 4, "length": 16}  # a kind the file uses but gives no value
+LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
+_OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 16, 8, 12, 16...
+_HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """One value per kind of size the block uses, and where each came from.
+
+    Args:
+        values: kind -> value (``KINDS``' keys).
+        sources: kind -> ``"--arg"``, ``"the constructor's defaults"``, ``"the config's
+            defaults"``, ``"FILE's module settings"`` or ``"the checker"``.
+        notes: what was assumed (a size made smaller than the file's, say).
+    """
+
+    values: dict[str, int]
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def label(self, used: Mapping[str, object]) -> str:
+        """``n_embd=64, n_head=4, block_size=32``: one name ``used`` (arguments, settings, a
+        config's fields) for each kind."""
+        shown = []
+        for kind_names in KINDS.values():
+            name = next((n for n in kind_names if n in used), None)
+            if name is not None:
+                shown.append(f"{name}={used[name]!r}")
+        return ", ".join(shown) or "its own sizes"
+
+
+def _size(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return None
+
+
+def settings(factory: object) -> tuple[str, dict[str, int]]:
+    """The file name and the module-level size settings of the module ``factory`` lives in.
+
+    Example:
+        >>> settings(int)
+        ('builtins', {})
+    """
+    module = inspect.getmodule(factory)
+    if module is None:
+        return "", {}
+    found = {n: v for kind in KINDS.values() for n in kind if (v := _size(vars(module).get(n)))}
+    file = getattr(module, "__file__", None)
+    return (os.path.basename(file) if file else module.__name__), found
+
+
+def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
+    """The class ``param`` is annotated with (a string annotation looked up in the factory's
+    module), or None."""
+    cls = param.annotation
+    if isinstance(cls, str):
+        module = inspect.getmodule(factory)
+        cls = vars(module).get(cls) if module is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters that take one value each (not ``*args``, ``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p for p in params if p.kind in kinds]
+
+
+def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
+    """The sizes the file implies for ``factory``: ``--arg`` first, then the constructor's
+    defaults, a config dataclass's defaults, the module's settings, else the checker's.
+
+    Example:
+        >>> def make(n_embd=64, n_head=4): ...
+        >>> file_sizes(make, {}).values
+        {'width': 64, 'heads': 4}
+    """
+    params = _signature(factory)
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    fields: dict[str, object] = {}
+    for p in params:
+        cls = config_class(factory, p)
+        if cls is not None and dataclasses.is_dataclass(cls):
+            for f in dataclasses.fields(cls):
+                fields[f.name] = f.default
+    file, module = settings(factory)
+    used = {p.name for p in params} | set(fields) | set(module) | set(given)
+    if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
+        used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
+    places = (
+        ("--arg", given),
+        ("the constructor's defaults", defaults),
+        ("the config's defaults", fields),
+        (f"{file}'s module settings", module),
+    )
+    values: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for kind, kind_names in KINDS.items():
+        if not used & set(kind_names):
+            continue
+        for source, where in places:
+            value = next((v for n in kind_names if n in where and (v := _size(where[n]))), None)
+            if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
+                values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
+                break
+        else:
+            if kind in CHECKER:
+                values[kind], sources[kind] = CHECKER[kind], "the checker"
+    C = values.get("width")
+    if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
+        values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
+    return _smaller(Sizes(values, sources))
+
+
+def _smaller(sizes: Sizes) -> Sizes:
+    """A width or length above ``LARGEST_IMPLIED`` that ``--arg`` did not give, made smaller
+    (the same head count, 16 channels a head): the checker's mistakes show at any size."""
+    values, notes = dict(sizes.values), []
+    C, nh = values.get("width"), values.get("heads", 1)
+    if C and C > LARGEST_IMPLIED["width"] and sizes.sources.get("width") != "--arg" and nh <= 16:
+        values["width"] = 16 * nh
+        if "head_size" in values:
+            values["head_size"] = 16
+        notes.append(f"the file's width {C} made {16 * nh} for the check (--arg sets it)")
+    L = values.get("length")
+    if L and L > LARGEST_IMPLIED["length"] and sizes.sources.get("length") != "--arg":
+        values["length"] = 256
+        notes.append(f"the file's length {L} made 256 for the check (--arg sets it)")
+    return Sizes(values, sizes.sources, tuple(notes))
+
+
+def other_sizes(sizes: Sizes) -> Sizes | None:
+    """Another valid set: a different width, head count and head size (head sizes stay
+    integral, key/value heads keep their group), a different length; None without a width.
+
+    Example:
+        >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
+        {'width': 48, 'heads': 3, 'length': 24}
+    """
+    return next(iter(_sets(sizes, _OTHERS, strict=True)), None)
+
+
+def hint_sizes(sizes: Sizes) -> list[Sizes]:
+    """Sets of sizes to try when a block cannot be built at its file's: the other sizes', then
+    larger widths (up to GPT-2's 768 and 12 heads)."""
+    return _sets(sizes, _HINTS, strict=False)
+
+
+def _sets(sizes: Sizes, pool: tuple[tuple[int, int], ...], strict: bool) -> list[Sizes]:
+    v = sizes.values
+    C = v.get("width")
+    if C is None:
+        return []
+    nh = v.get("heads")
+    kv = v.get("kv_heads")
+    group = nh // kv if nh and kv and nh % kv == 0 else 1
+    found = []
+    for C2, nh2 in pool:
+        if C2 == C and (nh is None or nh2 == nh):
+            continue
+        if strict and (C2 == C or (nh is not None and (nh2 == nh or C2 // nh2 == C // nh))):
+            continue
+        if nh is None and C2 % 12:  # heads fixed inside the block: a width many counts divide
+            continue
+        if nh2 % group:
+            continue
+        values = {"width": C2}
+        if nh is not None:
+            values["heads"] = nh2
+        if kv is not None:
+            values["kv_heads"] = nh2 // group
+        if "head_size" in v:
+            values["head_size"] = C2 // (nh2 if nh is not None else C // v["head_size"])
+        if "length" in v:
+            values["length"] = 16 if v["length"] != 16 else 24
+        found.append(Sizes(values, {k: "the checker" for k in values}))
+    return found
+
+
+def names(sizes: Sizes) -> dict[str, int]:
+    """Every name of every kind ``sizes`` has, with its value (``head_dim`` as C / nh when
+    the kind is used but has no value of its own).
+
+    Example:
+        >>> names(Sizes({"heads": 2}))["n_head"], names(Sizes({"heads": 2}))["num_heads"]
+        (2, 2)
+    """
+    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
+
+
+def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable[[], None]:
+    """Set the module settings of ``factory``'s module to ``sizes`` (every name of its kinds,
+    or the values by name); returns the undo.
+
+    A class that reads ``n_embd`` as a global (the lecture's ``Head``) is then built at the
+    size its block is built at.
+    """
+    module = inspect.getmodule(factory)
+    if module is None:
+        return lambda: None
+    found = vars(module)
+    wanted = names(sizes) if isinstance(sizes, Sizes) else sizes
+    before = {n: v for n, v in found.items() if n in wanted and _size(v) and wanted[n] != v}
+    for n in before:
+        setattr(module, n, wanted[n])
+
+    def undo() -> None:
+        for n, v in before.items():
+            setattr(module, n, v)
+
+    return undo
+
+
+def not_other(why: str) -> str:
+    """The note of a block that cannot be checked at other sizes: not a failure, the check at
+    the file's sizes stands.
+
+    Example:
+        >>> print(not_other("it takes a width of 64, not 48"))
+        checked at the file's sizes only: at other sizes it takes a width of 64, not 48 (a size fixed in the code?)
+    """
+    return f"checked at the file's sizes only: at other sizes {why} (a size fixed in the code?)"
+
+
+def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
+    """One report of the checks at the file's sizes (``at``) and another (``other``).
+
+    ``second`` is the other check's report, or why it did not run (a note; "" for none). The
+    file's sizes decide, except that a block that passed (or was not compared) there and
+    fails at the other sizes fails, the condition named.
+    """
+    if isinstance(second, str):
+        return dataclasses.replace(first, notes=[*first.notes, *([second] if second else [])])
+    v1, v2 = first.verdict, second.verdict
+    if v1 == "FAIL" or v2 != "FAIL":
+        said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[v2]
+        note = f"checked again at {other}: {said}"
+        return dataclasses.replace(first, notes=[*first.notes, note])
+    failed = [f for f in second.findings if not f.passed]
+    why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2])
+    why = why or ", ".join(second.diagnosis)
+    finding = Finding("other sizes", False, f"{v1} at {at}; at {other}: FAIL ({why})")
+    notes = [*first.notes, *(n for n in second.notes if n not in first.notes)]
+    return CheckReport(
+        first.target,
+        [*first.findings, finding],
+        list(second.diagnosis),
+        dict(second.details),
+        notes,
+        [list(a) for a in second.alternatives],
+        second.compared,
+        "",
+    )

@@ -1,0 +1,238 @@
+"""The learner's conditions: a match with the reference held wherever a learner runs the block.
+
+The probes and the comparison run the checker's copy in float64, in eval mode, on a few short
+sequences in small batches. A learner trains the block in float32, in train mode, on sequences
+up to its block_size and batches of up to 64, call after call. A block can be right under the
+checker's conditions only (a path of its own for float32 or for training, a window that equals
+the causal mask for short sequences, a chunked path for big batches), so before a match becomes
+a ``PASS``, ``hold`` compares the block with the reference once more under each of a dozen
+conditions (``CONDITIONS``): float32 and float64, eval and train mode (dropout off: the copy's
+``train`` calls make every dropout an identity), T = 1, a middle T and the longest, B = 1, 64
+and a few between; each on a fresh input from the secret ``fresh`` generator (of a random scale,
+and for some a large mean per position, where a one-pass variance cancels in float32), in an
+order drawn from it, so a block can count neither its calls nor tell them apart. A mismatch
+names its condition: "equal in float64, off by 7% in float32".
+
+What is compared is the block's update, ``y - x``: the reference is a pre-norm block (only a
+match without mistakes comes here), and at a large mean the stream ``x`` would dwarf the
+branches' error. The reference runs in float64 on the very input the block got (rounded to
+float32 for a float32 call).
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..mistakes.report import CAUGHT, Finding, one_line
+from ..mistakes.search import TOLERANCE, distance
+from ..serve.subject import Tested
+from .gradient import input_gradient_error
+
+__all__ = ["FLOAT32_TOLERANCE", "MAX_T", "Condition", "conditions", "hold"]
+
+Tensor = torch.Tensor
+FLOAT32_TOLERANCE = 1e-3
+"""The float32 calls' tolerance, of the update's scale. float32 rounds to 6e-8 of a value; through
+a block of a few hundred sums and a softmax that grows to ~1e-6 of the update, and at a mean of
+300 the stream's own rounding (300 x 6e-8 = 2e-5, once added back) comes on top: correct blocks
+stay below ~5e-5. A dtype-dependent path is off by percents, and ``E[x^2] - E[x]^2`` at such a
+mean by ~1e-2 (the two terms, ~1e5, cancel to ~1, losing 5 of float32's 7 digits); the
+margin is ~20x on both sides."""
+FLOAT32_GRADIENT_TOLERANCE = 1e-3  # of the reference input gradient's scale, for the same reasons
+MAX_T = 256  # longest sequence compared: longer ones only cost time (T^2 scores)
+UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the common default)
+MEAN = 300.0
+"""The size of the mean some float32 inputs get, per position. Not in float64: there a block
+that normalises in float32 (Llama's RMSNorm upcasts to it) loses the small part of the
+normalised vector that varies around the mean direction, 1/300 of it, to float32's rounding:
+~8e-5 of the update in the zoos' correct blocks, too near float64's 1e-4."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One call: a (B, T) input in ``dtype``, in train mode or eval, with a large mean or not."""
+
+    B: int
+    T: int
+    dtype: torch.dtype
+    train: bool
+    mean: bool
+
+    def describe(self) -> str:
+        """``B = 64, T = 3, float32, train mode, mean 300``."""
+        said = f"B = {self.B}, T = {self.T}, {str(self.dtype).removeprefix('torch.')}"
+        return (
+            said
+            + (", train mode" if self.train else "")
+            + (f", mean {MEAN:g}" if self.mean else "")
+        )
+
+
+def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
+    """The calls ``hold`` makes, in a random order drawn from ``fresh``.
+
+    Example:
+        >>> from gptblock.check.serve.subject import Subject
+        >>> s = Subject(torch.nn.Identity(), 4, 3, longest=16)
+        >>> cs = conditions(s, torch.Generator().manual_seed(0))
+        >>> len(cs), sorted({c.T for c in cs}), sorted({c.B for c in cs})
+        (12, [1, 3, 9, 16], [1, 2, 3, 5, 17, 64])
+    """
+    longest = min(subject.longest or UNKNOWN_T, MAX_T)
+    mid, short = longest // 2 + 1, min(longest, 3)
+    f64 = torch.float64 if subject.dtype == torch.float64 else torch.float32
+    f32 = torch.float32
+    table = [  # (B, T, dtype, train, mean): a mean only in float32 (MEAN)
+        (1, 1, f64, False, False),
+        (1, longest, f64, False, False),
+        (3, mid, f64, False, False),
+        (64, short, f64, False, False),
+        (17, short, f64, False, False),
+        (2, mid, f64, True, False),
+        (1, longest, f64, True, False),
+        (2, mid, f32, False, True),
+        (64, short, f32, False, False),
+        (1, longest, f32, False, True),
+        (5, mid, f32, True, False),
+        (2, 1, f32, True, True),
+    ]
+    order = torch.randperm(len(table), generator=fresh).tolist()
+    return [Condition(*table[i]) for i in order]
+
+
+def hold(
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    fresh: torch.Generator,
+    backward: bool = True,
+) -> Finding | str:
+    """A failed comparison naming the condition where the block is not ``reference`` (a float64
+    function of a (B, T, C) input), or ``""`` when it is under every one of ``conditions``; a
+    note (text) when a condition cannot be compared (train mode whose outputs are random).
+
+    With ``backward`` (its backward pass runs) the block's input gradient is also held to the
+    reference's in float32 (``gradient``)."""
+    off: list[tuple[Condition, float]] = []
+    held: list[Condition] = []
+    note = ""
+    for c in conditions(subject, fresh):
+        x = _input(c, subject.C, fresh)
+        error = _error(subject, reference, c, x)
+        if isinstance(error, str):
+            msg = f"equal under the checker's conditions, but the block {error} at {c.describe()}"
+            return Finding("reference comparison", False, msg)
+        if error <= _tolerance(c):
+            held.append(c)
+        elif c.train and _random(subject, x):
+            note = (
+                "train mode not compared: the block's train-mode outputs are random even with "
+                "every dropout off"
+            )
+        else:
+            off.append((c, error))
+    if off:
+        return Finding(
+            "reference comparison", False, _mismatch(subject, reference, fresh, held, off)
+        )
+    if backward and subject.dtype == torch.float64:
+        error = input_gradient_error(subject, reference, fresh, torch.float32)
+        if not error <= FLOAT32_GRADIENT_TOLERANCE:
+            msg = (
+                "the block's outputs are the reference's, but in float32 its gradient with "
+                f"respect to its input is not (off by {_size(error)})"
+            )
+            return Finding("reference comparison", False, msg)
+    return note
+
+
+def _tolerance(c: Condition) -> float:
+    return FLOAT32_TOLERANCE if c.dtype == torch.float32 else TOLERANCE
+
+
+def _error(
+    subject: Tested, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
+) -> float | str:
+    """How far the block's update is from the reference's at ``x`` (of the reference update's
+    scale), or what went wrong, in one line: the exception it raised."""
+    try:
+        with subject.own_rng():  # a fork, not a seed per call: seeding costs ~10 ms
+            theirs = subject(x.to(subject.device), seeded=False, train=c.train)
+    except CAUGHT as e:
+        return f"raised {one_line(e)}"
+    # An output in another dtype than the input's is the shape probe's (dtype_device): the
+    # values are still compared here.
+    theirs = theirs.to(torch.float64).cpu()
+    with torch.no_grad():
+        x64 = x.to(torch.float64)
+        ours = reference(x64)
+    return distance(theirs - x64, ours - x64) if theirs.shape == ours.shape else float("inf")
+
+
+def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
+    """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
+    position for ``c.mean``, in ``c.dtype``."""
+    scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
+    x = torch.randn(c.B, c.T, C, generator=fresh, dtype=torch.float64) * scale
+    if c.mean:
+        sign = torch.randint(0, 2, (c.B, c.T, 1), generator=fresh, dtype=torch.float64) * 2 - 1
+        x = x + MEAN * sign
+    return x.to(c.dtype)
+
+
+def _random(subject: Tested, x: Tensor) -> bool:
+    """Whether two train-mode calls on ``x`` differ (something random besides dropout)."""
+    try:
+        with subject.own_rng():
+            first = subject(x, seeded=False, train=True)
+            return not torch.equal(first, subject(x, seeded=False, train=True))
+    except CAUGHT:
+        return False
+
+
+def _size(error: float) -> str:
+    """7%, or 3.1e-04 of its scale, or non-finite."""
+    if error != error or error == float("inf"):
+        return "non-finite or missing values"
+    return f"{error:.0%}" if error >= 0.01 else f"{error:.1e} of its scale"
+
+
+def _mismatch(
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    fresh: torch.Generator,
+    held: list[Condition],
+    off: list[tuple[Condition, float]],
+) -> str:
+    """What sets the conditions the block is off in apart from those it holds in; for a length
+    or a batch size, the largest that holds (bisected, a few more calls)."""
+    worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
+    by = f"off by {_size(error)} at {worst.describe()}"
+    bad = [c for c, _ in off]
+    if all(c.dtype == torch.float32 for c in bad) and any(c.dtype == torch.float64 for c in held):
+        return f"equal in float64, off by {_size(error)} in float32 ({worst.describe()})"
+    if all(c.train for c in bad) and any(not c.train for c in held):
+        return (
+            f"equal in eval mode, off by {_size(error)} in train mode with dropout off "
+            f"({worst.describe()})"
+        )
+    for what in ("T", "B"):
+        fine = max((getattr(c, what) for c in held), default=0)
+        if fine and all(getattr(c, what) > fine for c in bad):
+            first = min(bad, key=lambda c: getattr(c, what))
+            lo, hi = fine, getattr(first, what)
+            while hi - lo > 1:  # lo holds, hi does not
+                at = replace(first, **{what: (lo + hi) // 2})
+                e = _error(subject, reference, at, _input(at, subject.C, fresh))
+                if isinstance(e, float) and e <= _tolerance(at):
+                    lo = getattr(at, what)
+                else:
+                    hi = getattr(at, what)
+            return f"equal for {what} <= {lo}, {by}"
+    return (
+        f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"
+    )

@@ -1,0 +1,387 @@
+"""``gptblock check`` on a modern block: compared with the modern reference, not the lessons'.
+
+When the forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated MLP
+(``gptblock.check.roles.modern_read``), the block is compared with the modern block
+(``gptblock.reference.modern``'s, computed by ``gptblock.check.mistakes.modern_steps`` with the weights
+read out of the block), part by part and then whole:
+
+1. each norm is told from what it computes (``modern_parts.norm_of``): RMSNorm with its gain and
+   eps, a LayerNorm, or a catalogued mistake of RMSNorm;
+2. the MLP's hidden values are matched (``modern_parts.mlp_of``): dense, gated, or a mistake;
+3. the attention's merged heads are matched by the smallest set of catalogued mistakes (the
+   modern ones, ``MODERN``, and the lessons' attention mistakes, ``variants.DEVIATIONS``) under
+   the unknowns a correct block may choose (the rotary pairing, direction, theta and rotated
+   channels, ``ropes``);
+4. the whole block, those parts wired pre-norm or in parallel (GPT-J), must reproduce the
+   block's output within ``search.TOLERANCE``: then ``PASS`` when no mistake was found,
+   ``FOUND`` with each mistake when some were; else ``FAIL``;
+5. a block right on whole sequences whose ``forward`` takes a cache API the checker knows has
+   its cached step compared too (``modern_cache``): ``rope_cache_offset`` when it is rotated as
+   position 0.
+
+Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from ..mistakes.modern_steps import NORM_FORMS, Modern, Rope, attention
+from ..mistakes.report import CAUGHT, Finding
+from ..mistakes.search import TOLERANCE
+from ..mistakes.steps import CORRECT, Steps
+from ..mistakes.variants import DEVIATIONS, Deviation
+from ..roles.dataflow import Unread
+from ..roles.modern_cache import CacheProbe, Source, judge_cache
+from ..roles.modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
+from ..roles.modern_plain import send
+from ..roles.modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
+from ..roles.modern_rotary import ropes
+from ..roles.modern_scope import closest, measured, unmodelled
+from ..roles.trace import Trace, TraceError
+
+__all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
+
+Tensor = torch.Tensor
+Layer = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One catalogued mistake of the attention, as a change to (rope, modern steps, steps)."""
+
+    mistake: str
+    group: str
+    label: str
+    apply: Callable[[Rope | None, Modern, Steps], tuple[Rope | None, Modern, Steps]]
+    needs_rope: bool = False
+
+
+def _other_table(rope: Rope | None) -> Rope | None:
+    if rope is None:
+        return None
+    other = "adjacent" if rope.pairing == "halves" else "halves"
+    return replace(rope, table=other)
+
+
+MODERN: tuple[Change, ...] = (
+    Change("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
+           lambda r, m, s: (r, replace(m, targets="qkv"), s), True),
+    Change("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
+           lambda r, m, s: (r, replace(m, targets="q"), s), True),
+    Change("rope_pairing", "table", "", lambda r, m, s: (_other_table(r), m, s), True),
+    Change("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
+           "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
+           "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
+           lambda r, m, s: (r, replace(m, order="tile"), s)),
+)  # fmt: skip
+"""The modern attention mistakes; ``rope_pairing``'s label names the block's conventions."""
+
+_SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
+
+
+def _lesson(d: Deviation) -> Change:
+    def apply(r: Rope | None, m: Modern, s: Steps) -> tuple[Rope | None, Modern, Steps]:
+        return r, m, d.apply(s)
+
+    return Change(d.mistake, d.group, d.label, apply)
+
+
+LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in _SHARED_GROUPS)
+"""The lessons' attention mistakes, which a modern block can make too."""
+
+
+def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
+    """Every set of at most ``max_size`` changes, one per group, smallest first."""
+    pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
+    pool = [c for c in pool if rotated or not c.needs_rope]
+    groups: dict[str, list[Change]] = {}
+    for c in pool:
+        groups.setdefault(c.group, []).append(c)
+    for size in range(max_size + 1):
+        for chosen in itertools.combinations(groups.values(), size):
+            yield from itertools.product(*chosen)
+
+
+@dataclass(frozen=True)
+class AttnMatch:
+    changes: tuple[Change, ...]
+    rope: Rope | None  # the rotary embedding the block means (the unknowns)
+    applied: Rope | None  # the one it computes (with rope_pairing, the other table)
+    modern: Modern
+    steps: Steps
+    qk_norm: tuple[Tensor, Tensor] | None = None
+
+
+def _lin(h: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
+    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
+
+
+def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
+    """The smallest sets of changes under which the modern attention reproduces the merged
+    heads the block computed (the first of each distinct set of mistakes)."""
+    q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
+    hs = q.shape[-1] // read.n_head
+    grouped = k.shape[-1] < q.shape[-1]
+    norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
+    found: list[AttnMatch] = []
+    for changes in _changes(max_size, grouped, read.rotated):
+        if found and len(changes) > len(found[0].changes):
+            break
+        if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
+            continue
+        for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
+            r, m, s = rope, Modern(), CORRECT
+            for c in changes:
+                r, m, s = c.apply(r, m, s)
+            if (rope is None and any(c.needs_rope for c in changes)) or (
+                (rope, qk) == (None, None) and read.rotated
+            ):
+                continue
+            try:
+                ctx = attention(q, k, v, read.n_head, r, m, s, qk)
+            except CAUGHT:
+                continue
+            if close(read.ctx, ctx, TOLERANCE, undefined=True):
+                found.append(AttnMatch(changes, rope, r, m, s, qk))
+                break
+    return found
+
+
+@dataclass(frozen=True)
+class ModernOutcome:
+    """What the modern comparison found, for the report."""
+
+    notes: list[str]  # what the block was recognised as, and where its weights were read
+    finding: Finding | None  # the reference comparison; None when the weights were not read
+    mistakes: list[str]
+    details: dict[str, str]
+    alternatives: list[list[str]]
+    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, modern_plain.send
+
+
+def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
+        if n.form in NORM_FORMS and n.form != "rms":
+            key = {"eps_outside": "rmsnorm_eps", "square_of_mean": "rmsnorm_mean",
+                   "mean": "rmsnorm_mean", "time": "rmsnorm_dim", "batch": "rmsnorm_dim"}[n.form]  # fmt: skip
+            out.setdefault(
+                key,
+                f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}",
+            )
+    if norms[0].params and norms[0].params == norms[1].params and not parallel:
+        out["shared_norm"] = (
+            f"the MLP branch reuses the attention branch's norm ({', '.join(norms[0].params)})"
+        )
+    return out
+
+
+def _pairing_label(rope: Rope) -> str:
+    conv = {
+        "halves": "halves (i, i + r/2), as Hugging Face's Llama (rotate_half)",
+        "adjacent": "adjacent pairs (2i, 2i + 1), as RoFormer and Meta's Llama (complex numbers)",
+    }
+    table = {"halves": "cat((freqs, freqs))", "adjacent": "repeat_interleave(freqs, 2)"}
+    other = "adjacent" if rope.pairing == "halves" else "halves"
+    return (
+        f"the rotation pairs channels in {conv[rope.pairing]}, but the cos/sin table is laid out "
+        f"for {conv[other]} ({table[other]} instead of {table[rope.pairing]}): each pair is "
+        "turned by two different angles"
+    )
+
+
+def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
+    """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
+    block."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
+    try:
+        read = read_modern_trace(source.trace_of(x))
+    except (Unread, TraceError):
+        return None  # not read as a modern block: the lessons' reading says why
+    if read is None:
+        return None
+    like = read.x.to(x.dtype)
+    norms = [
+        norm_of(read.norm1, like, read.norm_params[0]),
+        norm_of(read.norm2, like, read.norm_params[1]),
+    ]
+    post = norms[0].form == "none" and len(read.norms) == 2  # no norm before the attention
+    if post:  # the norms after the residual: a post-norm block, for the wiring to tell
+        norms = [norm_of(f, like) for f in read.norms]
+    if not is_modern(read, [n.form in NORM_FORMS for n in norms]):
+        return None
+    mlp = mlp_of(read)
+    attn = _attention_of(read)
+    grouped = read.k[0].shape[0] < read.q[0].shape[0]
+    hs = read.q[0].shape[0] // read.n_head
+    rope = attn[0].rope if attn else None
+    parts = [
+        "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
+        rope.describe(hs) if rope else "",
+        "qk_norm" if attn and attn[0].qk_norm is not None else "",
+        measured(read.turn, hs) if read.rotated and not attn else "",
+        mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
+        f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
+        f"{read.n_head} heads",
+        "parallel residual" if read.parallel else "",
+    ]  # fmt: skip
+    roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
+    note = ["modern block: " + ", ".join(p for p in parts if p), "roles: " + "; ".join(roles) + (
+        " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
+    name = "reference comparison"
+    missing = [
+        what for what, bad in (
+            ("the norm before the attention", norms[0].form == "unknown"),
+            ("the norm before the MLP", norms[1].form == "unknown"),
+            ("the MLP", mlp is None),
+            ("the attention", not attn),
+        ) if bad
+    ]  # fmt: skip
+    if missing or mlp is None:
+        msg = (
+            f"{' and '.join(missing)} of this modern block computes neither the modern block's "
+            "part nor any catalogued mistake of it"
+        )
+        if not attn:
+            msg += f" (the closest, {closest(read)})"
+        return _unexplained(read, note, Finding(name, False, msg))
+    wiring, error = _wiring(read, norms, mlp, attn[0], post)
+    if error > TOLERANCE:
+        msg = (
+            "the modern block with the weights read from this one does not reproduce it "
+            f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"
+        )
+        return _unexplained(read, note, Finding(name, False, msg))
+    details = _norm_mistakes(norms, read.parallel)
+    details.update(mlp.mistakes)
+    if wiring is not None:
+        details[wiring.mistake] = wiring.label
+    outside = list(details)  # the mistakes outside the attention, common to every alternative
+    for c in attn[0].changes:
+        label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
+            c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
+                           by_C=read.x.shape[-1] ** -0.5, by_hs=1 / hs, sqrt_hs=hs**0.5)
+        )  # fmt: skip
+        details.setdefault(c.mistake, label)
+    within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
+    others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
+    if not details:  # right on whole sequences: then is its cached step?
+        cache = _cache(source, read, norms, mlp, attn[0])
+        note.append(cache.note)
+        if cache.offset:
+            details["rope_cache_offset"] = cache.offset
+    if not details:
+        found = Finding(name, True, f"computes the modern block: {within}")
+        a = attn[0]  # no change: every change is a mistake, in details
+        sent = None if a.changes else send(read, norms, mlp, a.rope, a.qk_norm, post)
+        return ModernOutcome(note, found, [], {}, [], sent)
+    msg = f"matches the modern block only with {' + '.join(details)}: {within}"
+    if others:
+        msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"
+    return ModernOutcome(note, Finding(name, True, msg, "FOUND"), list(details), details, others)
+
+
+def _unexplained(read: ModernRead, note: list[str], failed: Finding) -> ModernOutcome:
+    """A block no variant and no catalogued mistake reproduces: out of scope (no finding:
+    ``UNVERIFIED``) where it computes a part the references do not model (``modern_scope``),
+    else the failed comparison."""
+    parts = unmodelled(read)
+    if not parts:
+        return ModernOutcome(note, failed, [], {}, [])
+    said = f"not compared, as the references do not model it: {'; '.join(parts)}"
+    return ModernOutcome([*note, said], None, [], {}, [])
+
+
+def _wiring(
+    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch, post: bool
+) -> tuple[Deviation | None, float]:
+    """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
+    with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
+    ln1, ln2 = norms[0].function, norms[1].function
+    attn, ffwd = _sublayers(read, mlp, a)
+    x = read.x
+    with torch.no_grad():
+        best: tuple[Deviation | None, float] = (
+            None,
+            relative_error(read.y, _wired(read, ln1, ln2, attn, ffwd)),
+        )
+        if read.parallel:
+            return best
+        for d in DEVIATIONS:
+            if best[1] <= TOLERANCE:
+                break
+            if d.group == "wiring" and (d.mistake == "post_norm") == post:
+                error = relative_error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
+                best = (d, error) if error < best[1] else best
+        return best
+
+
+def _wired(read: ModernRead, ln1: Layer, ln2: Layer, attn: Layer, ffwd: Layer) -> Tensor:
+    """The modern block on the traced input, wired pre-norm, or in parallel (GPT-J / PaLM: both
+    branches read the stream x)."""
+    x = read.x
+    if read.parallel:
+        return x + attn(ln1(x)) + ffwd(ln2(x))
+    return CORRECT.wiring(x, attn, ffwd, ln1, ln2)
+
+
+def _sublayers(
+    read: ModernRead, mlp: MlpRead, a: AttnMatch, positions: Tensor | None = None
+) -> tuple[Layer, Layer]:
+    """The attention (its tokens rotated at ``positions``, by default 0 ... T-1) and the MLP of
+    the modern block with the parts as read."""
+
+    def attn(h: Tensor) -> Tensor:
+        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
+        ctx = attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm, positions)
+        return _lin(ctx, read.proj)
+
+    def ffwd(h: Tensor) -> Tensor:
+        return _lin(mlp.hidden(h), read.mlp[-1])
+
+    return attn, ffwd
+
+
+def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
+    """The block's KV cache driven (``modern_cache``), for a block found right on whole
+    sequences, pre-norm or in parallel."""
+    ln1, ln2 = norms[0].function, norms[1].function
+
+    def shifted(positions: Tensor) -> Tensor:
+        return _wired(read, ln1, ln2, *_sublayers(read, mlp, a, positions))
+
+    with torch.no_grad():
+        xs = read.x.to(read.y.dtype)
+        said, tensors = source.cache(xs)
+        return judge_cache(
+            said, tensors, xs, relative_error, TOLERANCE, shifted if a.rope else None
+        )
+
+
+def check_modern(
+    subject_module: nn.Module | Source, x: Tensor, seen: list[Trace] | None = None
+) -> ModernOutcome | None:
+    """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
+    the lessons' reading (and its report of what it cannot read) takes over. The forward pass
+    it reads is kept in ``seen``, if given (``modern_read.KEPT``)."""
+    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
+    try:
+        with torch.no_grad():
+            y = source.call(x)
+        if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
+            x = x.abs() + 1.0  # positive inputs leave more of such a block defined
+        kept = KEPT.set(seen)
+        try:
+            return compare_modern(source, x)
+        finally:
+            KEPT.reset(kept)
+    except CAUGHT:
+        return None

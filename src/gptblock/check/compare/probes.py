@@ -1,0 +1,252 @@
+"""Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
+
+Each probe calls a ``Subject`` (``gptblock.check.serve.subject``: an eval-mode float64 deep copy of the
+user's block, given a fresh input on every call) on inputs it builds, and returns a
+``ProbeResult``: passed or not, what it measured and, when the failure proves a catalogued
+mistake on its own, that mistake's id. How each probe measures:
+
+* ``shape``: a (T, T, C) and a (T + 1, T, C) input must come back with their own shapes, dtype
+  and device. A block that works only when B == T is mixing up batch and time.
+* ``eval determinism``: two eval-mode calls on one input must agree (dropout_in_eval).
+* ``causality``: for each position t, perturb the input at t; the output before t must not move
+  at all (beyond 1e-10 of the output scale in float64). Names the first position that sees a
+  later one (future_leak).
+* ``batch independence``: perturb one sequence; the others' outputs must not move (batch_mixing).
+* ``residual stream``: scale the input up by S (1e4) and perturb it by a unit-size d. A pre-norm
+  block computes y = x + f(ln(x)), whose branches see only the normalised input, so at that
+  scale d passes straight through: |dy - d| / |d| is about |f'| / S, far below ``RESIDUAL_LIMIT``.
+  A post-norm block ends in a LayerNorm and a block that overwrites the stream feeds it to a
+  sub-layer only through a norm: both shrink d by ~1/S, so |dy - d| / |d| is ~1. (This cannot
+  tell post_norm from no_residual; the reference comparison can.)
+* ``finite outputs``: inputs of ordinary size, of size 1e4, and with one position all zeros (a
+  norm without eps divides by zero there) must give finite outputs (nonfinite).
+* ``gradients``: a backward pass from the outputs must reach every parameter with finite values.
+  A backward pass that fails because the block changed in place a tensor autograd saved (the
+  residual added as ``x += ...`` after ``ln1(x)`` read it) proves ``inplace``; it runs in float32
+  as well, where a cast (``x.float()``) returns ``x`` itself and may be what was saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..mistakes.report import CAUGHT, one_line
+from ..serve.subject import Tested
+
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult"]
+
+RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
+LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's outcome, the catalogued mistake its failure proves, and whether to stop."""
+
+    passed: bool
+    message: str  # what was measured and found
+    implies: str | None = None  # a catalogue id, when the failure proves that mistake
+    stop: bool = False  # True when later probes cannot run (the shape contract failed)
+
+
+def _size(scale: float) -> str:
+    """1e4, not 1e+04."""
+    return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def shape(s: Tested) -> ProbeResult:
+    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
+    T, C = s.T, s.C
+    results = []
+    for B in (T, T + 1):
+        x = s.input(B, T, C)
+        try:
+            y = s(x)
+        except CAUGHT as e:
+            if B == T:
+                msg = f"calling it on a {(B, T, C)} input raised {one_line(e)}"
+                return ProbeResult(False, msg, "shape", stop=True)
+            msg = (
+                f"it works on a {(T, T, C)} input but a {(B, T, C)} input raised {one_line(e)}; "
+                "it only works when the batch size equals the sequence length, a sign that "
+                "batch and time are mixed up"
+            )
+            return ProbeResult(False, msg, "shape")
+        if y.shape != x.shape:
+            msg = f"a {tuple(x.shape)} input gave a {tuple(y.shape)} output, expected {tuple(x.shape)}"
+            return ProbeResult(False, msg, "shape", stop=True)
+        if y.device != x.device:
+            msg = f"a {x.device} input gave an output on {y.device}, expected {x.device}"
+            return ProbeResult(False, msg, "dtype_device", stop=True)
+        if y.dtype != x.dtype:
+            msg = f"a {_dtype(x)} input gave a {_dtype(y)} output, expected {_dtype(x)}"
+            return ProbeResult(False, msg, "dtype_device")
+        results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
+    return ProbeResult(True, " and ".join(results))
+
+
+def _dtype(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def determinism(s: Tested) -> ProbeResult:
+    """Two eval-mode calls on the same input agree."""
+    x = s.input(s.T, s.T, s.C)
+    with s.own_rng():  # one fork for both calls, so that a random block draws differently
+        y1, y2 = s(x, seeded=False), s(x, seeded=False)
+    moved = s.moved(y1, y2)
+    if moved.any():
+        worst = float((y1 - y2).abs().nan_to_num(0.0).max())
+        msg = (
+            f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
+            f"values, by up to {worst:.3g}): something random is still on in eval mode"
+        )
+        return ProbeResult(False, msg, "dropout_in_eval")
+    return ProbeResult(True, "two eval-mode calls give equal outputs")
+
+
+def causality(s: Tested) -> ProbeResult:
+    """Perturbing position t moves no output before t."""
+    T, C = s.T, s.C
+    x = s.input(T, T, C)
+    y = s(x)
+    leaks: list[tuple[int, int]] = []  # (earlier position that moved, later position perturbed)
+    for t in range(1, T):
+        x2 = x.clone()
+        x2[:, t] += s.input(T, C)  # (B, C): a different change in every sequence
+        moved = s.moved(y, s(x2))[:, :t].any(dim=2).any(dim=0)  # (t,): earlier positions moved
+        leaks += [(int(p), t) for p in moved.nonzero().flatten()]
+    if leaks:
+        p, t = min(leaks)
+        msg = (
+            f"position {p}'s output changes when position {t} changes, so it sees the future "
+            f"({len(leaks)} (earlier, later) position pairs leak)"
+        )
+        return ProbeResult(False, msg, "future_leak")
+    msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
+    return ProbeResult(True, msg)
+
+
+def batch_independence(s: Tested) -> ProbeResult:
+    """Perturbing one sequence of the batch moves no other sequence's output."""
+    T, C = s.T, s.C
+    x = s.input(T, T, C)
+    y = s(x)
+    for b in (0, T - 1):
+        x2 = x.clone()
+        x2[b] += s.input(T, C)
+        moved = s.moved(y, s(x2)).flatten(1).any(dim=1)  # (B,): sequences whose output moved
+        moved[b] = False
+        if moved.any():
+            other = int(moved.nonzero()[0])
+            msg = (
+                f"changing sequence {b} of the batch changes the output of sequence {other}: "
+                "examples of a batch are mixed"
+            )
+            return ProbeResult(False, msg, "batch_mixing")
+    msg = "changing one sequence moves no other sequence's output"
+    return ProbeResult(True, msg)
+
+
+def residual(s: Tested) -> ProbeResult:
+    """A small change to a large input passes straight through a pre-norm block."""
+    T, C, S = s.T, s.C, LARGE[s.dtype]
+    x = s.input(T, T, C, scale=S)
+    d = s.input(T, T, C)
+    y, y2 = s(x), s(x + d)
+    ok = torch.isfinite(y).all(dim=-1) & torch.isfinite(y2).all(dim=-1)  # (B, T)
+    if not ok.any():
+        msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
+        return ProbeResult(False, msg)
+    r = float((y2 - y - d)[ok].norm() / d[ok].norm())
+    change = f"a change d to a size-{_size(S)} input"
+    if r <= RESIDUAL_LIMIT:
+        msg = f"{change} passes through (pre-norm): |dy - d| / |d| = {r:.2g} <= {RESIDUAL_LIMIT}"
+        return ProbeResult(True, msg)
+    msg = (
+        f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
+        "stream is normalised after adding (post_norm) or overwritten (no_residual)"
+    )
+    return ProbeResult(False, msg)
+
+
+def finite(s: Tested) -> ProbeResult:
+    """Ordinary, large and partly-zero inputs give finite outputs."""
+    T, C, S = s.T, s.C, LARGE[s.dtype]
+    zero = s.input(T, T, C)
+    zero[:, 0] = 0.0  # position 0 of every sequence is the zero vector
+    cases = {
+        "ordinary inputs": s.input(T, T, C),
+        f"inputs of size {_size(S)}": s.input(T, T, C, scale=S),
+        "an all-zero position": zero,
+    }
+    bad = []
+    for what, x in cases.items():
+        y = s(x)
+        n = int((~torch.isfinite(y)).sum())
+        if n:
+            bad.append(f"{what} ({n} of {y.numel()} values)")
+    if bad:
+        msg = f"inf/NaN outputs for {', '.join(bad)}"
+        return ProbeResult(False, msg, "nonfinite")
+    msg = f"finite for {', '.join(cases)}"
+    return ProbeResult(True, msg)
+
+
+def gradients(s: Tested) -> ProbeResult:
+    """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
+    float32 (the dtype learners train in: a cast such as ``x.float()`` is a copy in float64 and
+    ``x`` itself in float32, so an in-place change may break only there)."""
+    x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
+    got = s.grads(x, w)
+    if not got.failed and got.names and s.dtype != torch.float32:
+        again = s.grads(x.float(), w.float())
+        if again.failed:
+            got = replace(again, message=f"in float32 ({again.message})")
+    if not got.names:
+        return ProbeResult(True, "the block has no trainable parameters")
+    if got.failed == "forward":
+        msg = f"the forward pass fails with autograd on: an in-place change ({got.message})"
+        return ProbeResult(False, msg, "inplace")
+    if got.failed:
+        where = " in float32" if got.message.startswith("in float32") else ""
+        msg = (
+            f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
+            "a tensor autograd had saved for it"
+        )
+        return ProbeResult(False, msg, "inplace")
+    params, grads = got.names, got.grads
+    pairs = list(zip(params, grads, strict=True))
+    unreached = [n for n, g in pairs if g is None]
+    nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
+    problems = []
+    if unreached:
+        problems.append(f"no gradient reaches {_names(unreached)} (unused in forward?)")
+    if nonfinite:
+        problems.append(f"non-finite gradients in {_names(nonfinite)}")
+    if problems:
+        return ProbeResult(False, "; ".join(problems))
+    msg = f"all {len(params)} parameters get finite gradients"
+    return ProbeResult(True, msg)
+
+
+PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
+    "shape": shape,
+    "eval determinism": determinism,
+    "causality": causality,
+    "batch independence": batch_independence,
+    "residual stream": residual,
+    "finite outputs": finite,
+    "gradients": gradients,
+}
+"""The probes by the name their finding gets, in the order they run; ``shape`` first, since the
+others need its contract."""

@@ -1,0 +1,260 @@
+"""The child processes of ``gptblock.check.isolation.isolation``: started under their supervisor, asked, stopped.
+
+``Child`` starts the supervisor (``gptblock.check.isolation.reaper``, from a script with a neutral name in
+a temporary folder, so that no command line the block can read in ``/proc`` names the checker;
+it forks away from this process's tree, so the block's ancestors are never ``gptblock check
+...``), which imports torch and forks the builder (``gptblock.check.isolation.worker``) and the runner
+(``gptblock.check.serve.runner`` with the files it uses, copied as the package ``serve`` into that
+folder: it imports nothing of gptblock); their environment has no variable of the checker's
+(``environment``). ``call`` sends each request to the process that answers it: loading, building,
+the width and readings by names to the builder, every other (what decides the verdict) to the
+runner, the block built there from the builder's ``recipe``; a reading by names is made on the
+builder's copy given the runner's parameters. It reads the answers (``gptblock.check.serve.frames``)
+within a deadline, drains the block's stdout and stderr, and stops everything below the
+supervisor at the end.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import torch
+
+from ... import errors
+from ...early import environment, take
+from ..mistakes.report import Raised, one_line, text
+from ..serve.frames import Reader, send
+
+__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"]
+
+STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
+KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
+BUILDER_OPS = ("load", "width", "read", "suggest")
+
+
+class Gone(BaseException):  # not an Exception: the probes must not catch it
+    """The child stopped answering: it ended, hung past the deadline or broke the protocol."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+@dataclass
+class _Output:
+    """One of the child's stdout / stderr: counted, its start kept, the rest dropped."""
+
+    name: str
+    size: int = 0
+    lines: int = 0
+    head: bytearray = field(default_factory=bytearray)
+
+    def drain(self, stream: IO[bytes]) -> None:
+        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+            self.size += len(chunk)
+            self.lines += chunk.count(b"\n")
+            if len(self.head) < KEEP:
+                self.head += chunk[: KEEP - len(self.head)]
+
+    def describe(self) -> str:
+        first = self.head.decode("utf-8", "replace").strip().splitlines()
+        shown = f", the first: {first[0][:120]!r}" if first else ""
+        return f"{self.size:,} bytes ({self.lines:,} lines) to {self.name}{shown}"
+
+
+@contextlib.contextmanager
+def undumpable() -> Iterator[None]:
+    """This process not dumpable while the child runs: a process without ``CAP_SYS_PTRACE``
+    (the child) cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
+    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
+
+    before = prctl(PR_GET_DUMPABLE)
+    changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
+    try:
+        yield
+    finally:
+        if changed:
+            prctl(PR_SET_DUMPABLE, before)
+
+
+@dataclass
+class _Channel:
+    """The pipes to one of the processes below the supervisor."""
+
+    name: str
+    to_fd: int
+    from_fd: int
+    reader: Reader
+
+
+class Child:
+    """The supervisor, the builder and the runner below it, the pipes to them, and their drained
+    output."""
+
+    def __init__(self, request: bytes) -> None:
+        spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
+        self.proc, self.folder = spawned.proc, spawned.folder
+        self.channels = {
+            name: _Channel(name, to_fd, from_fd, Reader(from_fd))
+            for name, (to_fd, from_fd) in spawned.pipes.items()
+        }
+        out_r, err_r = spawned.out_r, spawned.err_r
+        self.status: list[str] = []
+        self.eof = False
+        self.outputs = [_Output("stdout"), _Output("stderr")]
+        self.threads = [
+            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
+            for o, fd in zip(self.outputs, (out_r, err_r), strict=True)
+        ]
+        for t in self.threads:
+            t.start()
+        self.id, self.index, self.synced, self.dropout = 0, 0, False, False
+        self.shape: dict[str, Any] = {}
+        self.deadline = time.monotonic() + STARTUP_LIMIT
+        for channel in self.channels.values():
+            with contextlib.suppress(BrokenPipeError):
+                send(channel.to_fd, {"init": request.hex()})
+
+    def ready(self) -> None:
+        """Wait for both processes to say they are ready (torch and their code imported)."""
+        for channel in self.channels.values():
+            self.answer(channel, 0)
+
+    def call(
+        self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        builder, runner = self.channels["builder"], self.channels["runner"]
+        if op == "build":
+            said, _ = self._ask(builder, op, None, **args)
+            if said.get("none") is not True:
+                recipe = said.pop("recipe", None)
+                self._ask(runner, op, None, index=self.index, recipe=recipe)
+                self.synced = self.dropout = False
+            return said, {}
+        if op in BUILDER_OPS:
+            self.index = int(args.get("index", self.index))
+            if op in ("read", "suggest"):
+                self._sync()
+            return self._ask(builder, op, tensors, **args)
+        if op == "copy":
+            self.shape = args
+        self.dropout = self.dropout or op == "dropout_off"
+        return self._ask(runner, op, tensors, **args)
+
+    def _sync(self) -> None:
+        """The builder's copy made as the runner's is, and given its parameters, to read it."""
+        builder = self.channels["builder"]
+        if not self.synced:
+            self._ask(builder, "copy", None, **self.shape)
+            if self.dropout:
+                self._ask(builder, "dropout_off", None)
+            self.synced = True
+        values = self._ask(self.channels["runner"], "parameters", None)[1]
+        self._ask(builder, "set", values)
+
+    def _ask(
+        self, channel: _Channel, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        self.id += 1
+        with contextlib.suppress(BrokenPipeError):  # it died: reading says how
+            send(channel.to_fd, {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(channel, self.id)
+
+    def answer(
+        self, channel: _Channel, wanted: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        try:
+            header, tensors = channel.reader.next(self.deadline)
+        except TimeoutError:
+            raise Gone("timeout") from None
+        except EOFError:
+            raise Gone(self.ended(channel.name)) from None
+        except ValueError as e:
+            raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
+        if header.get("id") != wanted:
+            raise Gone("broke the checker's protocol (an answer to no request)")
+        if "ok" in header and isinstance(header["ok"], dict):
+            return header["ok"], tensors
+        if "user_error" in header:
+            cls = getattr(errors, str(header["user_error"]), errors.UserValueError)
+            if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
+                cls = errors.UserValueError
+            raise cls(text(header.get("message", ""), 2000))
+        if "raised" in header:
+            raised = Raised(text(header["raised"], 400))
+            raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
+            raise raised
+        raise Gone("broke the checker's protocol (an answer of no known kind)")
+
+    def _status(self, timeout: float) -> None:
+        """The supervisor's lines (``supervisor PID``, ``pid PID``, ``exit RC``) until it ends,
+        after closing its stdin (its signal to stop the worker and sweep)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        out = self.proc.stdout
+        if out is None or self.eof:
+            return
+        deadline = time.monotonic() + timeout
+        data = b""
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([out], [], [], left)[0]:
+                break
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                self.eof = True
+                break
+            data += chunk
+        self.status += data.decode(errors="replace").splitlines()
+
+    def ended(self, name: str) -> str:
+        """How the builder or the runner ended, as their supervisor saw it."""
+        self._status(10)
+        rc: int | None = None
+        for line in self.status:
+            said = line.removeprefix(f"exit {name} ")
+            if said != line and said.lstrip("-").isdigit() and rc is None:
+                rc = int(said)
+        if rc is None:
+            return "ended without a word from its reaper"
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+            why = {
+                "SIGSEGV": " (a crash in native code)",
+                "SIGKILL": " (out of memory?)",
+                "SIGINT": " (a KeyboardInterrupt raised in the block)",
+            }
+            return f"was killed by {name}{why.get(name, '')}"
+        return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
+
+    def close(self) -> None:
+        """Stop the builder, the runner and everything below them (the supervisor sweeps), and
+        the drains."""
+        self._status(30)
+        if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
+            for line in self.status:
+                if line.startswith("supervisor ") and line[11:].isdigit():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(line[11:]), signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)  # (the first process: it ended at once)
+        for fd in (fd for c in self.channels.values() for fd in (c.to_fd, c.from_fd)):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for t in self.threads:
+            t.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.folder.cleanup()

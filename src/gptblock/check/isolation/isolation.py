@@ -1,0 +1,219 @@
+"""Checking blocks in a child process that only answers requests, so that the block cannot end,
+hang or fool the checker.
+
+``check_isolated`` asks the builder and the runner (``gptblock.check.isolation.child``: the supervisor,
+``gptblock.check.isolation.reaper``, forks both; ``worker`` and ``runner`` say what each does), started
+from scripts with neutral names in a temporary folder, so that no command line the block can
+read names the checker; the supervisor leaves this process's tree (it forks, its parent ends),
+and their environment has no variable of the checker's. The builder loads and builds the target
+(``FILE.py:NAME`` text, or a pickled class / factory / module), the runner builds it again
+and then only answers requests (``gptblock.check.isolation.remote``): an output for an input, a backward
+pass's gradients, one forward pass recorded (``gptblock.check.serve.loop``), its cache driven. Every
+check, the reading of its weights (by replaying the recorded operators), the comparison and the
+verdict are computed here, in a process that never runs the block's code and never unpickles
+anything the child sends (JSON and raw tensors, ``gptblock.check.serve.frames``); a comparison is
+confirmed on inputs from a seed the child never sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
+are drained by threads and only counted; the report is printed by the caller, after the child
+and everything it started are gone.
+
+Whatever the child does, the report comes from here: a block that calls ``os._exit``, crashes
+(a signal), breaks the protocol or runs past ``timeout`` seconds gets a report that keeps the
+findings made before and names what happened and during which stage. At the end, or at the
+timeout, the reaper kills the child and every process below it, those that left its session
+(``setsid``, a double fork) included: it is their subreaper (Linux; elsewhere only the child's
+session is killed). Targets from different files or modules get a child each (one learner's
+code cannot answer for another's); those of one file share one. A target that cannot be loaded
+or built raises the same ``UserError`` as in-process.
+
+What remains (the block runs as the same user as the checker): while a check runs, this process
+is not dumpable and the child cannot trace processes (``CAP_SYS_PTRACE`` dropped), so it cannot
+open this process's ``/proc/PID/fd/1`` even as root; but it can write to any file and terminal
+the user can (a ``/dev/pts`` terminal included), and kill this process or the reaper. For
+grading, trust the exit code or ``--json`` (one object, printed last), and run untrusted code in
+a container or as another user.
+"""
+
+from __future__ import annotations
+
+import pickle
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ... import errors
+from ..building.target import check_spec
+from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line
+from ..serve.subject import one_thread
+from .child import STARTUP_LIMIT, Child, Gone, undumpable
+from .remote import ProtocolBroken
+from .sized import at_two_sizes
+
+__all__ = ["DEFAULT_TIMEOUT", "STARTUP_LIMIT", "check_isolated"]
+
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a block may take to load, build and be checked (a check takes well under one)."""
+
+
+@dataclass
+class _State:
+    """Where the child is: the target, the stage, what was found so far."""
+
+    index: int | None = None
+    where: str = "starting"  # the stage
+    description: str = ""
+    findings: list[Finding] = field(default_factory=list)
+
+    # the verdict.Progress protocol
+    def stage(self, what: str) -> None:
+        self.where = what
+
+    def built(self, description: str) -> None:
+        self.description = description
+
+    def finding(self, finding: Finding) -> None:
+        self.findings.append(finding)
+
+
+def check_isolated(
+    targets: Sequence[object],
+    *,
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[CheckReport]:
+    """Check each target in a child process; one report per target, in order.
+
+    Args:
+        targets: ``"FILE.py:NAME"`` / ``"package.module:NAME"`` texts, or picklable objects (a
+            class or factory importable by name, a module instance).
+        kwargs: constructor arguments, for every target.
+        roles: parts by role (``check_block``'s ``roles``).
+        timeout: seconds each target may take; then the child is killed.
+
+    Raises:
+        UserError: a target cannot be sent, loaded or built (the error the child raised).
+        RuntimeError: the child process could not start the checker.
+    """
+    for t in targets:
+        if isinstance(t, str):
+            check_spec(t)  # a malformed spec or a missing file needs no child to say so
+    sent = [t if isinstance(t, str) else _pickled(t) for t in targets]
+    names = [t if isinstance(t, str) else _name(t) for t in targets]
+    reports: list[CheckReport] = []
+    with undumpable(), one_thread():
+        while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
+            first = last = len(reports)
+            while last < len(sent) and _source(sent[last]) == _source(sent[first]):
+                last += 1  # one child per file: one learner's code cannot answer for another's
+            reports += _run_child(sent[first:last], names[first:last], kwargs, roles, timeout)
+    return reports
+
+
+def _source(target: str | bytes) -> str:
+    """Where a target's code comes from: its file or module, or "" for a pickled object."""
+    return target.rpartition(":")[0] if isinstance(target, str) else ""
+
+
+def _run_child(
+    targets: list[str | bytes],
+    names: list[str],
+    kwargs: Mapping[str, object],
+    roles: Mapping[str, str],
+    timeout: float,
+) -> list[CheckReport]:
+    """Run one child on ``targets``; returns a report per target it got to (at least one)."""
+    try:
+        request = pickle.dumps({"targets": targets, "kwargs": dict(kwargs)})
+    except CAUGHT as e:
+        raise errors.UserValueError(
+            f"cannot send the constructor arguments to a child process: {one_line(e)}"
+        ) from e
+    child = Child(request)
+    reports: list[CheckReport] = []
+    try:
+        try:
+            child.ready()  # torch and their code imported
+        except (Gone, Raised) as e:
+            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
+            what = e.what if isinstance(e, Gone) else str(e)
+            what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
+            raise RuntimeError(
+                f"the checker's child process {what} before checking anything"
+                + (f": {err[-1]}" if err else "")
+            ) from None
+        for i in range(len(targets)):
+            state = _State(i, f"loading {names[i]}")
+            child.deadline = time.monotonic() + timeout
+            try:
+                reports.append(_check_one(child, i, state, roles))
+            except Gone as e:
+                what = e.what
+                if what == "timeout":
+                    what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
+                reports.append(_cut_short(state, names, what))
+                break  # the targets after it get a fresh child
+            except Raised as e:
+                reports.append(_failed(state, names, e))
+    finally:
+        child.close()
+    noisy = [o.describe() for o in child.outputs if o.size]
+    if noisy:
+        note = f"the checked code wrote {' and '.join(noisy)}; not shown"
+        reports = [_with_note(r, note) for r in reports]
+    return reports
+
+
+def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
+    """Load, build and check target ``i`` through ``child`` at the file's sizes and at others
+    (``sized``); every check computed here."""
+    child.call("load", index=i)
+    fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these
+    weights = torch.Generator().manual_seed(secrets.randbits(63))
+    try:
+        return at_two_sizes(child.call, state, roles, fresh, weights)
+    except ProtocolBroken as e:
+        raise Gone(f"broke the checker's protocol ({e})") from None
+
+
+def _pickled(target: object) -> bytes:
+    try:
+        return pickle.dumps(target)
+    except CAUGHT as e:
+        raise errors.UserValueError(
+            f"cannot send {_name(target)} to a child process ({one_line(e)}); pass it as "
+            "'FILE.py:NAME', or check it with isolate=False"
+        ) from e
+
+
+def _name(target: object) -> str:
+    return str(getattr(target, "__qualname__", type(target).__name__))
+
+
+def _cut_short(state: _State, names: list[str], what: str) -> CheckReport:
+    """The report of a target whose check the child did not finish, or the load error."""
+    name = names[state.index] if state.index is not None else "the target"
+    if state.where.startswith("loading") or state.where == "building the block":
+        verb = "load" if state.where.startswith("loading") else "build"
+        raise errors.UserValueError(f"cannot {verb} {name}: its process {what} while {state.where}")
+    finding = Finding(
+        "process", False, f"the process running the block {what} during {state.where}"
+    )
+    notes = ["the check was cut short; the findings before it are kept"]
+    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
+
+
+def _failed(state: _State, names: list[str], e: Raised) -> CheckReport:
+    """The block's process raised where the checker does not expect the block to (reading its
+    parts, say): a failed check, and where."""
+    name = names[state.index] if state.index is not None else "the target"
+    finding = Finding("check", False, f"the check stopped during {state.where}: {e}")
+    where = getattr(e, "where", "")
+    notes = [f"if the block did not cause this, it is a bug in gptblock: {where}"]
+    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
+
+
+def _with_note(report: CheckReport, note: str) -> CheckReport:
+    return replace(report, notes=[*report.notes, note])

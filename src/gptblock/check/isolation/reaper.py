@@ -1,0 +1,235 @@
+"""Run the checker's processes and, when they end or when told to stop, kill every process below.
+
+``python supervise.py OUT_FD ERR_FD`` (this file, copied under a neutral name) is started by
+``gptblock.check.isolation.child`` between the checker and the processes that run the user's block. It
+uses the standard library and torch, never gptblock, and never runs the user's code. It
+
+* forks once and lets its parent end, so that it is re-parented away from the checker (to init,
+  or to the nearest subreaper above the checker): the block's ancestors are this process and
+  that one, never the checker's ``gptblock check ...`` (whose command line names it); it says
+  ``supervisor PID`` on stdout;
+* makes itself the subreaper of everything below it (Linux's ``PR_SET_CHILD_SUBREAPER``): a
+  process the block starts that leaves its parent, in a new session (``setsid``) or by forking
+  twice, is re-parented to the supervisor instead of to init, so it can always be found;
+* imports torch once, then reads its jobs from the first line of stdin (JSON: ``[[NAME,
+  MODULE, IN_FD, OUT_FD], ...]``; not in its command line, which the block can read) and forks
+  each: a process of its own session, with stdin from /dev/null, stdout and stderr on OUT_FD
+  and ERR_FD, the pipes IN_FD and OUT_FD and no other of the checker's, without the capability
+  to trace other processes (``CAP_SYS_PTRACE``, dropped from its bounding set: even as root it
+  cannot open the checker's ``/proc/PID/fd/1`` while the checker is not dumpable, nor this
+  process's), that runs ``MODULE.main([IN_FD, OUT_FD])`` and exits. A fork made after
+  ``import torch`` and before any torch operation is safe, and saves each job the import
+  (about 2 s); the runner's MODULE is a neutral copy (``gptblock.check.serve.runner``), so that it
+  imports nothing of gptblock;
+* writes ``pid NAME N`` and, when a job ends, ``exit NAME RC`` (a negative RC: the signal);
+* when every job has ended, or when its stdin closes (the checker is done, timed out, or died),
+  kills the jobs' sessions and then every process below it (found in ``/proc``), again and
+  again until none is left, and exits.
+
+Off Linux there is no subreaper and no ``/proc``: only the jobs' sessions are killed, and a
+process that left them survives. A block that kills the supervisor itself (it runs as the same
+user) can also leave processes behind; a sandbox, a container or another user is the answer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import ctypes.util
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Any, NoReturn
+
+__all__ = ["main"]
+
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT = 24, 36, 47
+CAP_SYS_PTRACE = 19
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    except OSError:
+        return None
+
+
+def prctl(option: int, value: int = 0) -> int:
+    """``prctl(option, value)``'s result: -1 where there is none or it failed."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "prctl") or not sys.platform.startswith("linux"):
+        return -1
+    return int(libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0))
+
+
+class _Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_ptrace() -> None:
+    """Give up ``CAP_SYS_PTRACE`` for this process and everything it runs (best effort: a
+    process without the capability has nothing to drop)."""
+    libc = _libc()
+    if libc is None or not sys.platform.startswith("linux"):
+        return
+    prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)  # exec cannot give it back, even to root
+    libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(4), 0, 0, 0)  # clear the ambient set
+    header, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
+    if libc.capget(ctypes.byref(header), data) == 0:
+        keep = ~(1 << CAP_SYS_PTRACE) & 0xFFFFFFFF
+        data[0].effective &= keep
+        data[0].permitted &= keep
+        data[0].inheritable &= keep
+        libc.capset(ctypes.byref(header), data)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, from ``/proc`` (empty where there is no ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[-1].split()  # the name may hold spaces and parentheses
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def sweep(sessions: list[int]) -> None:
+    """Kill ``sessions`` and every process below this one until none is left, reaping them."""
+    for _ in range(10_000):
+        with_pids = _descendants(os.getpid())
+        for pid in with_pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for session in sessions:
+            with contextlib.suppress(OSError):
+                os.killpg(session, signal.SIGKILL)
+        while True:  # reap what died, and what was re-parented to us and died
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                if not with_pids:
+                    return
+                break
+            if pid == 0:
+                break
+        time.sleep(0.002)
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # the checker is gone: the sweep still runs
+        os.write(1, (line + "\n").encode())
+
+
+def _jobs() -> list[list[Any]]:
+    """The first line of stdin, as JSON; ``[]`` when it closes first."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return []
+        data += chunk
+    return list(json.loads(data.split(b"\n", 1)[0]))
+
+
+def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[int]) -> None:
+    """In the forked child: become the job (see the module's docstring), run it, exit."""
+    rc = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd, to in ((null, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, to)
+        for fd in (others | {null}) - set(pipes) - {0, 1, 2}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        drop_ptrace()
+        prctl(PR_SET_DUMPABLE, 1)  # its own process, as an exec'd one would be
+        rc = int(importlib.import_module(module).main([str(fd) for fd in pipes]) or 0)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except KeyboardInterrupt:  # as Python reports it: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # the block's handlers, as at an interpreter's exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(rc)
+
+
+def main(argv: list[str]) -> NoReturn:
+    out_fd, err_fd = int(argv[0]), int(argv[1])
+    if hasattr(os, "fork") and os.fork():
+        os._exit(0)  # the checker's child ends here: this process leaves the checker's tree
+    _say(f"supervisor {os.getpid()}")
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401  (once for every job: each is forked from here)
+    jobs = _jobs()
+    fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
+    running: dict[int, str] = {}
+    for name, module, *pipes in jobs:
+        pid = os.fork()
+        if pid == 0:
+            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, fds)
+        running[pid] = str(name)
+        _say(f"pid {name} {pid}")
+    for fd in fds:
+        os.close(fd)
+    sessions = list(running)
+    while running:
+        for pid, name in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                _say(f"exit {name} {os.waitstatus_to_exitcode(status)}")
+                del running[pid]
+        if running and select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
+            break  # the checker closed our stdin: stop
+    for pid in running:  # its session, and itself: it may not have made its session yet
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
+    for pid, name in running.items():
+        _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
+    sweep(sessions)
+    os._exit(0)  # not Python's exit: tearing torch down takes longer than the whole sweep
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,186 @@
+"""The checker's view of a block that runs in another process: its answers, as claims.
+
+``Remote`` is what ``gptblock.check.compare.verdict.decide`` checks when the block runs in the child
+process of ``gptblock.check.isolation.isolation``: a ``Tested`` and a ``Service`` whose every method is a
+request to that process (``gptblock.check.isolation.worker``) and whose every answer is plain data, read
+back and checked for form (shapes, dtypes, lengths) before it is used. The weights and the modern
+block are read here, from forward passes that process records (``gptblock.check.serve.loop``) and this
+one replays (``gptblock.check.roles.trace``). Text it sends ends up in
+the report only as one line of bounded length, never as a line of its own. The probes' inputs
+are drawn here, from the seed an in-process check uses; the weights the block is given and the
+inputs that confirm a comparison come from secret seeds (``isolation``).
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from ..compare.modern import Source, check_modern
+from ..mistakes.report import text
+from ..roles.readings import TRACE_T, Readings, dataflow, trace_shapes
+from ..roles.trace import Trace, from_plain
+from ..serve.subject import Grads, moved
+from .served import modern_answer, plain_readings
+
+__all__ = ["Call", "ProtocolBroken", "Remote"]
+
+Tensor = torch.Tensor
+Call = Callable[..., tuple[dict[str, Any], dict[str, Tensor]]]
+"""``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
+_SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes
+MAX_NUMEL = 1 << 28  # elements of a tensor the block's process may claim to have made
+
+
+class ProtocolBroken(BaseException):  # not an Exception: no probe may catch it
+    """The block's process answered something that is not an answer to the request: the check
+    stops there (``isolation`` reports it), rather than counting it as the block's error."""
+
+
+def _dtype(name: object) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ProtocolBroken(f"an unknown dtype {text(name, 40)!r}")
+    return dtype
+
+
+class Remote:
+    """A block in another process, asked through ``call``.
+
+    Args:
+        call: sends a request and returns its answer.
+        C: the block's width; T: the probes' sequence length.
+        dtype: what the other process computes in (float64, else float32).
+        note: what the other process said of its copy.
+        longest: its longest sequence, as it says (0: unknown; traced up to ``TRACE_T``).
+    """
+
+    device = torch.device("cpu")  # the tensors here; the block's own device is its process's
+
+    def __init__(
+        self, call: Call, C: int, T: int, dtype: torch.dtype, note: str, longest: int = 0
+    ) -> None:
+        if dtype not in (torch.float64, torch.float32):
+            raise ProtocolBroken(f"a copy in {dtype}, expected float64 or float32")
+        self.call, self.C, self.T, self.dtype, self._note = call, C, T, dtype, text(note)
+        self.longest = longest
+        self.tol = 1e-10 if dtype == torch.float64 else 1e-5
+        self.generator = torch.Generator().manual_seed(0)
+        self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
+
+    @property
+    def tested(self) -> Remote:
+        return self
+
+    @property
+    def note(self) -> str:
+        return self._note
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
+        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
+        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
+        return x.to(self.dtype)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
+        meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
+        return self._output(meta, tensors.get("y"))
+
+    def _output(self, meta: dict[str, Any], y: Tensor | None) -> Tensor:
+        shape = meta.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ProtocolBroken("an output without a shape")
+        dtype = _dtype(meta.get("dtype"))
+        if meta.get("device") != "same":  # on another device than its input: shown as meta
+            if len(shape) > 8 or torch.Size(shape).numel() > MAX_NUMEL:
+                raise ProtocolBroken("an output of an impossible shape")
+            return torch.empty(shape, dtype=dtype, device="meta")
+        if y is None or list(y.shape) != shape or y.dtype != dtype:
+            raise ProtocolBroken("an output that is not what its description says")
+        return y
+
+    def own_rng(self) -> ContextManager[None]:
+        return nullcontext()  # the block draws from its own process's generator
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
+        return moved(y, y2, self.tol)
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        """The gradients the block says a backward pass gives."""
+        meta, tensors = self.call("grads", {"x": x, "weights": weights}, inputs=inputs)
+        names, failed = meta.get("names"), meta.get("failed")
+        if not isinstance(names, list) or failed not in ("", "forward", "backward"):
+            raise ProtocolBroken("gradients without parameter names")
+        shown = [text(n, 200) for n in names]
+        if failed:
+            return Grads(shown, [], str(failed), text(meta.get("message", ""), 400))
+        grads = [tensors.get(f"g{i}") for i in range(len(names))]
+        got = tensors.get("input")
+        if inputs and (got is None or got.shape != x.shape):
+            raise ProtocolBroken("an input gradient of the wrong shape")
+        return Grads(shown, grads, input=got)
+
+    def parameters(self) -> dict[str, Tensor]:
+        """The parameters of the block's copy, as it says: floating-point tensors, by name."""
+        meta, tensors = self.call("parameters")
+        names = meta.get("names")
+        if not isinstance(names, list) or set(names) != set(tensors) or len(names) > 1 << 16:
+            raise ProtocolBroken("parameters without names")
+        if not all(t.is_floating_point() and t.dim() <= 8 for t in tensors.values()):
+            raise ProtocolBroken("parameters that are not floating-point tensors")
+        return {str(n): tensors[n] for n in names}
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        self.call("set", dict(values))
+
+    def dropout_off(self) -> str:
+        how = self.call("dropout_off")[0].get("how")
+        if how not in ("", "switched off", "with its probability set to 0"):
+            raise ProtocolBroken("an unknown way of switching dropout off")
+        return str(how)
+
+    def record(self, x: Tensor) -> Trace:
+        """One forward pass on ``x``, recorded in the block's process (``loop.record``) and
+        checked for form here: data to replay, never code."""
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
+
+    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's parts as numbers: read here from traces the block's process recorded
+        (the dataflow), else, with roles given or by names, as the block's process says
+        (checked by ``verdict._unpack`` and ``plain.from_plain``)."""
+        if not roles:
+            found = dataflow(self, self.record, self.longest or TRACE_T)
+            if not isinstance(found, str):
+                read, x = found
+                readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+                own = [p.flatten().to(torch.float64) for p in self.parameters().values()]
+                return plain_readings(readings, torch.cat(own).sort().values if own else None, [])
+        return self.call("read", roles=dict(roles))
+
+    trusted = False  # answers from the block's process: claims
+
+    def cache(self, x: Tensor) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's cache API driven on ``x`` in its process (``loop.drive_cache``): plain
+        data, judged by ``modern_cache.judge_cache``."""
+        return self.call("cache", {"x": x})
+
+    def modern(self) -> dict[str, Any]:
+        """The modern comparison (``gptblock.check.compare.modern``), made here from traces the block's
+        process recorded, as ``Served.modern`` answers (for the lessons' block, ``{}`` or its
+        ``scope``)."""
+        B, T = trace_shapes(self.longest or TRACE_T)[0]
+        x = self.input(B, T, self.C)
+        seen: list[Trace] = []
+        return modern_answer(check_modern(Source(self.record, self, self.cache), x, seen), seen)
+
+    def suggest(self) -> str:
+        """The ``--map`` arguments the block's process suggests, if they are only that."""
+        said = text(self.call("suggest")[0].get("map", ""), 4000)
+        return said if re.fullmatch(_SUGGESTION, said) else ""

@@ -1,0 +1,294 @@
+"""What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue.
+
+``CheckReport`` is plain data with two renderings: ``format()`` (``str(report)``), the
+human-readable report ``gptblock check`` prints, and ``to_dict()``, what ``--json`` prints.
+``CheckReport.from_dict`` reads ``to_dict()``'s output back, validating every field: it is how
+a report crosses from the child process that ran the block to the checker (``isolation``).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..serve.loop import CAUGHT
+from ..serve.loop import one_line as said
+from .catalogue import MISTAKES
+
+__all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of one check.
+
+    Args:
+        name: which check, e.g. ``"causality"``.
+        passed: whether the block passed it.
+        message: what was measured and found, in one or two sentences.
+
+    Example:
+        >>> Finding("causality", True, "no position sees a later one")
+        Finding(name='causality', passed=True, message='no position sees a later one', label='')
+    """
+
+    name: str
+    passed: bool
+    message: str
+    label: str = ""  # what the line says instead of PASS / FAIL: "FOUND" for a mistake found
+
+    @property
+    def status(self) -> str:
+        """The word the report prints for it: its label, else PASS or FAIL."""
+        return self.label or ("PASS" if self.passed else "FAIL")
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Everything ``check_block`` found about one block.
+
+    Args:
+        target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
+        findings: one ``Finding`` per check that ran, in the order they ran.
+        diagnosis: identifiers from ``gptblock.check.mistakes.catalogue.MISTAKES``, in catalogue order;
+            empty when no catalogued mistake was found.
+        details: for each diagnosed id, what exactly this block does.
+        notes: what the checker could not do or assumed (e.g. names it could not map).
+        alternatives: other sets of mistakes that explain the block equally well. When there
+            are any, the checker is unsure: ``diagnosis`` is the likeliest, not a verdict.
+        compared: whether the block's arithmetic was compared with the reference. Without it
+            only the black-box probes speak: what they prove is diagnosed, but a mistake they
+            cannot see (a wrong scale) may remain.
+        verify: when the block was not compared, the ``--map`` arguments that let the checker
+            read its weights (empty when it has none to suggest).
+
+    ``verdict`` is ``PASS`` only when the block was compared with the lessons' block, every
+    finding passed and the diagnosis is empty; ``FAIL`` when a finding failed or a mistake was
+    diagnosed; ``UNVERIFIED`` when every black-box check passed but the weights could not be
+    read, so the block was not compared. ``passed`` is ``verdict == "PASS"``; ``confident``
+    when the arithmetic was compared and no alternative explains the block as well as
+    ``diagnosis`` does.
+
+    Example:
+        >>> shape = Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")
+        >>> report = CheckReport("MyBlock()", [shape], compared=True)
+        >>> report.passed, report.diagnosis, report.confident
+        (True, [], True)
+        >>> print(report)
+        check MyBlock()
+          PASS  shape                 (6, 6, 32) -> (6, 6, 32)
+        diagnosis: none
+        result: PASS
+    """
+
+    target: str
+    findings: list[Finding]
+    diagnosis: list[str] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    alternatives: list[list[str]] = field(default_factory=list)
+    compared: bool = False
+    verify: str = ""
+
+    def __post_init__(self) -> None:
+        named = [*self.diagnosis, *(d for ds in self.alternatives for d in ds)]
+        unknown = [d for d in named if d not in MISTAKES]
+        if unknown:
+            raise ValueError(f"unknown mistake ids {unknown}; expected some of {list(MISTAKES)}")
+
+    @property
+    def confident(self) -> bool:
+        """True when the arithmetic was compared and nothing else explains the block as well."""
+        return self.compared and not self.alternatives
+
+    @property
+    def verdict(self) -> str:
+        """``PASS``, ``FAIL`` or ``UNVERIFIED`` (see the class docstring)."""
+        if self.diagnosis or not all(f.passed for f in self.findings):
+            return "FAIL"
+        return "PASS" if self.compared else "UNVERIFIED"
+
+    @property
+    def passed(self) -> bool:
+        """True when the block was compared, every check passed and no mistake was diagnosed."""
+        return self.verdict == "PASS"
+
+    def format(self, width: int = 100) -> str:
+        """The report as text: one line per check, then each diagnosis with its fix.
+
+        Args:
+            width: where the notes and explanations wrap; a check's line never wraps.
+        """
+        lines = [f"check {self.target}"]
+        for f in self.findings:
+            lines.append(f"  {f.status:<5} {f.name:<21} {f.message}")
+        for note in self.notes:
+            lines += _wrap(note, width, "  note: ", " " * 8)
+        if self.alternatives:
+            others = " | ".join(", ".join(a) or "no mistake" for a in self.alternatives)
+            lines += _wrap(
+                f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
+                f"explained equally well by: {others}",
+                width,
+                "",
+                "    ",
+            )
+        elif self.diagnosis:
+            more = "" if self.compared else " (black-box checks only: there may be more)"
+            lines.append("diagnosis: " + ", ".join(self.diagnosis) + more)
+        elif self.verdict != "FAIL":
+            more = "" if self.compared else " found by the black-box checks (not compared)"
+            lines.append("diagnosis: none" + more)
+        else:
+            lines.append("diagnosis: no catalogued mistake identified; see the failed checks")
+        for d in self.diagnosis:
+            m = MISTAKES[d]
+            lines += _wrap(m.title, width, f"  {d}: ", "    ")
+            if d in self.details:
+                lines += _wrap(self.details[d], width, "    found:  ", " " * 12)
+            lines += _wrap(m.explanation, width, "    why:    ", " " * 12)
+            lines += _wrap(m.fix, width, "    fix:    ", " " * 12)
+            lines += _wrap(m.lesson, width, "    from:   ", " " * 12)
+        failed = sum(not f.passed for f in self.findings)
+        if self.verdict == "PASS":
+            lines.append("result: PASS")
+        elif self.verdict == "UNVERIFIED":
+            lines += _wrap(
+                f"result: UNVERIFIED (the {len(self.findings)} black-box checks passed, but the "
+                "block was not compared with a reference it could be confirmed against (its "
+                "weights could not be read, or only inside its own process): a wrong scale, "
+                "say, would not show)",
+                width,
+                "",
+                "    ",
+            )
+            if self.verify:
+                lines += _wrap(f"to verify it, run again with: {self.verify}", width, "", "    ")
+        else:
+            n = len(self.diagnosis)
+            lines.append(
+                f"result: FAIL ({failed} of {len(self.findings)} checks failed, "
+                f"{n} mistake{'' if n == 1 else 's'} diagnosed)"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
+        return {
+            "target": self.target,
+            "passed": self.passed,
+            "verdict": self.verdict,
+            "findings": [
+                {"name": f.name, "passed": f.passed, "message": f.message, "label": f.status}
+                for f in self.findings
+            ],
+            "diagnosis": list(self.diagnosis),
+            "mistakes": {
+                d: {
+                    "title": MISTAKES[d].title,
+                    "found": self.details.get(d, ""),
+                    "explanation": MISTAKES[d].explanation,
+                    "fix": MISTAKES[d].fix,
+                    "lesson": MISTAKES[d].lesson,
+                }
+                for d in self.diagnosis
+            },
+            "notes": list(self.notes),
+            "confident": self.confident,
+            "compared": self.compared,
+            "alternatives": [list(a) for a in self.alternatives],
+            "verify": self.verify,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> CheckReport:
+        """The report ``to_dict()`` wrote, every field checked.
+
+        Raises:
+            ValueError: ``data`` is not such a report.
+
+        Example:
+            >>> report = CheckReport("B()", [Finding("shape", False, "bad")], ["shape"], compared=True)
+            >>> CheckReport.from_dict(report.to_dict()) == report
+            True
+        """
+        try:
+            d = _fields(data, {"target": str, "findings": list, "diagnosis": list})
+            findings = [_finding(f) for f in d["findings"]]
+            mistakes = d.get("mistakes", {})
+            details = {str(k): str(v.get("found", "")) for k, v in _fields(mistakes, {}).items()}
+            return cls(
+                d["target"],
+                findings,
+                [_str(m) for m in d["diagnosis"]],
+                {k: v for k, v in details.items() if v},
+                [_str(n) for n in d.get("notes", [])],
+                [[_str(m) for m in a] for a in d.get("alternatives", [])],
+                d.get("compared") is True,
+                _str(d.get("verify", "")),
+            )
+        except (TypeError, AttributeError) as e:
+            raise ValueError(f"not a check report: {e}") from e
+
+
+def _finding(data: object) -> Finding:
+    f = _fields(data, {"name": str, "passed": bool, "message": str})
+    label = _str(f.get("label", ""))
+    passed: bool = f["passed"]
+    if label in ("PASS", "FAIL") or label not in ("", "FOUND"):
+        label = ""  # the word follows from passed; an unknown word is not printed
+    return Finding(f["name"], passed, f["message"], label)
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first.rstrip()]
+
+
+def _fields(data: object, types: dict[str, type]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object, got {type(data).__name__}")
+    for key, kind in types.items():
+        if not isinstance(data.get(key), kind):
+            raise TypeError(f"{key!r} must be a {kind.__name__}")
+    return data
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+class Raised(Exception):
+    """An error the block raised in another process, as ``one_line`` described it there."""
+
+
+def text(value: object, limit: int = 2000) -> str:
+    """``value`` as one line of at most ``limit`` characters: what another process sent, made
+    safe to print inside a report (it cannot start a line of its own).
+
+    Example:
+        >>> text("roles: q=wq\\nresult: PASS")
+        'roles: q=wq result: PASS'
+    """
+    line = " ".join(str(value).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report (``loop.one_line``; an
+    error the block's process reported, as it said it).
+
+    Example:
+        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
+        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
+    """
+    if isinstance(e, Raised):
+        return text(e, 400)
+    return said(e)

@@ -1,0 +1,201 @@
+"""The search for the variant a block is: the smallest set of catalogued mistakes that reproduces it.
+
+``explain`` runs every variant of ``gptblock.check.mistakes.variants`` (smallest first) with a block's own
+parts, under every head count and MLP activation the block may have and every reading of its
+parts that the mapping could not rule out, and stops at the first size at which one reproduces
+the block's output within ``TOLERANCE``. Matches of that size with different mistakes are
+alternatives: the block is consistent with each, and the report must say it is unsure.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .report import CAUGHT
+from .steps import CANDIDATE_ACTIVATIONS, MissingPart, Parts, run_steps
+from .variants import Deviation, compose, variants
+
+__all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain"]
+
+Tensor = torch.Tensor
+
+TOLERANCE = 1e-4
+"""A variant reproduces a block when its output differs by at most this much, relative to the
+largest output entry. Two float64 implementations of one function agree to ~1e-12 and a float32
+block to ~1e-6. Variants with different diagnoses differ by more than 1e-2, 100x this
+tolerance (tests/test_check_search.py measures the smallest gap over every single mistake and
+pair). Exact and tanh GELU can differ by less than this tolerance; neither is a mistake, and the
+closer one is reported."""
+
+MIN_DEFINED = 0.5
+"""A variant whose output is NaN at more than half of the positions (a mask that blocks
+whole rows) is too undefined to be evidence, and is never accepted."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """A variant and the unknowns under which it reproduces the block."""
+
+    deviations: tuple[Deviation, ...]  # the mistakes, concretely; empty for the correct block
+    n_head: int  # nh
+    activation: str  # a key of CANDIDATE_ACTIVATIONS
+    error: float  # max |block - variant| / max |variant|, over the positions compared
+    reading: int = 0  # which reading of the block's parts (an index into explain's `readings`)
+
+    @property
+    def mistakes(self) -> list[str]:
+        """The catalogue ids of ``deviations``, each once, in order."""
+        return list(dict.fromkeys(d.mistake for d in self.deviations))
+
+    def describe(self) -> str:
+        """'post_norm + no_scaling (relu, 4 heads)'."""
+        names = " + ".join(d.mistake for d in self.deviations) or "no mistake"
+        return f"{names} ({self.activation}, {self.n_head} heads)"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``explain`` found: the smallest matching variant, ties, or the closest miss."""
+
+    match: Match | None  # the first smallest variant that reproduces the block
+    alternatives: tuple[Match, ...]  # variants of the same size with other mistakes that also do
+    closest: Match | None  # when nothing matches: the variant that came nearest
+
+
+def distance(y: Tensor, y_ref: Tensor) -> float:
+    """How far the block's output ``y`` is from a variant's ``y_ref``, relative to ``y_ref``.
+
+    Positions (rows of C) where ``y_ref`` is not finite are skipped: the variant leaves them
+    undefined, and a block may return NaN or zeros there. Anywhere else a non-finite ``y`` is
+    infinitely far. ``inf`` also when fewer than ``MIN_DEFINED`` of the positions are defined.
+
+    Shape:
+        y, y_ref: (B, T, C).
+
+    Example:
+        >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
+        >>> distance(y, y), round(distance(1.5 * y, y), 12)
+        (0.0, 0.5)
+    """
+    defined = torch.isfinite(y_ref).all(dim=-1)  # (B, T)
+    if defined.double().mean().item() < MIN_DEFINED:
+        return float("inf")
+    ours, ref = y[defined], y_ref[defined]  # (n, C)
+    if not torch.isfinite(ours).all():
+        return float("inf")
+    scale = ref.abs().max().clamp_min(1e-12)
+    return float((ours - ref).abs().max() / scale)
+
+
+def explain(
+    readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
+) -> Explanation:
+    """Find the smallest set of mistakes whose variant maps ``x`` to ``y`` with a block's parts.
+
+    Tries every variant of at most ``max_size`` deviations (smallest first), each with every
+    reading in ``readings``, every head count in ``heads`` and every activation in
+    ``CANDIDATE_ACTIVATIONS``, and stops at the first size at which one reproduces ``y`` within
+    ``TOLERANCE``.
+
+    Args:
+        readings: the block's parts, one per way of reading them the mapping could not rule out
+            (most likely first).
+        x: the input the block was called on.
+        y: the block's output.
+        heads: head counts to try, most likely first.
+        max_size: the most mistakes a variant combines.
+
+    Shape:
+        x, y: (B, T, C).
+    """
+    if not readings or not heads:
+        raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
+    memoised = [_memoised(parts) for parts in readings]
+    closest: Match | None = None
+    found: list[Match] = []
+    for deviations in variants(max_size):
+        if found and len(deviations) > len(found[0].deviations):
+            break  # every smaller variant has been tried; larger ones are not simpler
+        for r, parts in enumerate(memoised):
+            match = _best_unknowns(parts, x, y, heads, deviations, r)
+            if closest is None or match.error < closest.error:
+                closest = match
+            if match.error <= TOLERANCE:
+                found.append(match)
+    if not found:
+        return Explanation(None, (), closest)
+    # Distinct deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs), and
+    # readings can agree: those are one diagnosis, not alternatives.
+    first, seen = found[0], {tuple(found[0].mistakes)}
+    others = []
+    for m in found[1:]:
+        if tuple(m.mistakes) not in seen:
+            seen.add(tuple(m.mistakes))
+            others.append(m)
+    return Explanation(first, tuple(others), None)
+
+
+def _best_unknowns(
+    parts: Parts,
+    x: Tensor,
+    y: Tensor,
+    heads: tuple[int, ...],
+    deviations: tuple[Deviation, ...],
+    reading: int,
+) -> Match:
+    """The variant ``deviations`` under the head count and activation closest to ``y``.
+
+    All activations are compared before choosing, because exact and tanh GELU differ by only
+    ~1e-5 of the output (less than ``TOLERANCE``): the closer one names the block's activation.
+    """
+    steps = compose(deviations)
+    best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
+    for n_head in heads:
+        for name, activation in CANDIDATE_ACTIVATIONS.items():
+            try:
+                y_ref = run_steps(parts, x, n_head, activation, steps)
+            except MissingPart:
+                return best  # this variant needs a part the block does not have
+            except CAUGHT:
+                continue  # the block's own modules refuse this variant's input (or head count)
+            match = Match(deviations, n_head, name, distance(y, y_ref), reading)
+            if match.error < best.error:
+                best = match
+        if best.error <= TOLERANCE:
+            return best
+    return best
+
+
+def _memoised(parts: Parts) -> Parts:
+    """``parts`` whose LayerNorms and q/k/v projection remember their last few results.
+
+    Most variants call ln1 and the projections on the very same tensors (the input, its
+    normalised copy): the block's own modules, which may be slow, then run once.
+    """
+    return replace(
+        parts,
+        qkv=_remember(parts.qkv),
+        ln1=_remember(parts.ln1) if parts.ln1 else None,
+        ln2=_remember(parts.ln2) if parts.ln2 else None,
+    )
+
+
+def _remember(f: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
+    seen: dict[int, tuple[Tensor, Any]] = {}  # id(input) -> (input, output); input kept alive
+
+    def call(h: Tensor) -> Any:
+        hit = seen.get(id(h))
+        if hit is not None and hit[0] is h:
+            return hit[1]
+        out = f(h)
+        if len(seen) < 4:  # the few inputs every variant shares, not one per variant
+            seen[id(h)] = (h, out)
+        return out
+
+    return call

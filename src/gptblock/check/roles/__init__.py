@@ -1,0 +1,32 @@
+"""Finding the roles: which tensors and parameters of the block are q, k, v, proj, fc1, fc2 and
+the norms, and reading their weights into numbers.
+
+* ``trace`` -- one forward pass recorded operator by operator (``serve.loop``'s, read back
+  checked), replayed with chosen tensors replaced; ``decode`` -- a recorded argument and operator
+  read back (torch's own operators only), and ``TraceError``.
+* ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
+  role reads or writes it; ``dataflow`` -- the roles from what the tensors do; ``norms`` -- the
+  norms, from what they compute.
+* ``weights`` -- ``read_block``: each role's weight read by basis-vector interventions, in the
+  lessons' layout, and checked against the traced activations.
+* ``parts`` -- the weight-holding parts of the module tree, what each computes, the order the
+  forward pass calls them in; ``vocabulary`` -- the names people give each role.
+* ``mapping`` -- the parts given their roles from shapes, names, the forward pass and
+  registration order, or by ``--map``; ``linears`` (with ``linear_steps``) scores every
+  assignment of the linear layers. The fallback when the dataflow does not show the roles.
+* ``given`` -- a role given as a slice and layout of a parameter (``--map
+  q=attn.c_attn.weight[:,0:32]:in_out``), checked against the role's shape; ``claims`` -- a
+  ``--map`` that cannot be what it claims, refused before anything is compared.
+* ``readings`` -- which reading the comparison uses: the dataflow's, else the module tree's, or
+  as ``--map`` says; ``suggest`` -- a ``--map`` to offer.
+* ``plain`` -- a reading's sub-layers as numbers, and back as ``Parts`` whose shapes are checked;
+  ``provenance`` -- the parameter values the checker gives the block, and the check that the
+  weights read back are made of them (and which, and whether a head's are another head's).
+* ``modern_read``, ``modern_rotary``, ``modern_cache``, ``modern_parts``, ``modern_scope``,
+  ``modern_plain`` -- the same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs,
+  a KV cache) and the parts it has that no reference models.
+
+Order inside: ``decode``, ``vocabulary``, ``parts`` and ``provenance``; ``trace``; ``walks``;
+``dataflow``; ``norms``; ``weights``; ``linear_steps``, ``linears``, ``mapping``, ``given``,
+``claims``, ``suggest``, ``readings``, ``plain``; then the modern files.
+"""

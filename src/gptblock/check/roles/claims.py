@@ -1,0 +1,310 @@
+"""Refusing a ``--map`` that cannot be what it claims, before anything is compared.
+
+A role given by hand (``gptblock check --map ROLE=NAME``, ``check_block(roles=...)``) is the
+comparison's truth, so a wrong one must not quietly turn into a PASS (ignored) or a FAIL (blamed
+on the block). ``check_claims`` refuses, in one line naming the role, the name and why:
+
+* a part of the wrong kind: a norm for a projection, a linear layer for a norm, a vector (a
+  bias, a norm's weight) for a matrix, several modules for a role that is one;
+* a shape the role cannot have in a block of width C: q, k, v, qkv and fc1 read C channels,
+  proj and fc2 write C; between roles, proj reads what q writes and fc2 what fc1 writes;
+* one weight for two roles (the same module or parameter, or overlapping slices of one).
+
+``check_reading`` then holds the roles against the forward pass, where it could be read
+(``gptblock.check.roles.weights``): a name the dataflow uses for another role (``q=heads.*.key``) or
+for none is refused, and a slice must hold the matrix the forward pass uses for its role (up to
+a factor, which the reading may have moved into a scale), else the message says whose it holds.
+
+Rejected: running the comparison with the roles anyway. A role that contradicts the dataflow
+then reads as a mistake of the block (a FAIL, often with a wrong diagnosis), or, replaced by the
+dataflow's own reading, is silently ignored (a PASS).
+
+Shapes: C channels, D attention width, H the MLP's hidden width.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from ...errors import UserValueError
+from .given import given_parts, is_given, parse_given
+from .mapping import ROLES, resolve_roles
+from .parts import Part
+from .weights import Reading
+
+__all__ = ["check_claims", "check_reading"]
+
+Tensor = torch.Tensor
+SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
+          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
+READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
+BRANCH = {"ln1": "attention", "ln2": "MLP"}
+SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
+
+
+def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> None:
+    """Refuse roles whose kind or shape cannot be the role, or one weight given for two roles.
+
+    Args:
+        module: the block.
+        C: the width of its residual stream.
+        parts: ``parts.discover(module)``.
+        roles: ``{role: --map value}``; a name that matches nothing is left to
+            ``mapping.resolve_roles`` to refuse.
+
+    Raises:
+        UserValueError: one line naming the role, the name and why.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> from gptblock.check.roles.parts import discover
+        >>> block = lesson.Block(16, 2, 8)
+        >>> check_claims(block, 16, discover(block), {"q": "ln1"})
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
+    """
+    _one_weight_one_role(module, parts, roles)
+    fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
+    named = dict(module.named_parameters())
+    for role, text in roles.items():
+        found = [] if is_given(module, text) else _resolved(parts, role, text)
+        if found and role in BRANCH:
+            _norm(role, text, found)
+        elif found:
+            fitted[role] = _linear(role, text, found, C, named)
+    _between(roles, fitted)
+
+
+def _resolved(parts: list[Part], role: str, text: str) -> list[Part]:
+    try:
+        return resolve_roles(parts, {role: text}).get(role, [])
+    except ValueError:  # no such part: resolve_roles says so later, with the trace's names
+        return []
+
+
+def _what(p: Part) -> str:
+    if p.kind == "norm":
+        return "a norm" + (f" of width {p.width}" if p.width else "")
+    if p.kind == "mha":
+        return "an nn.MultiheadAttention (q, k, v and proj)"
+    if p.kind == "matrix":
+        return f"a matrix parameter of shape {p.shape}"
+    return f"a linear layer (out, in) = {p.shape}"
+
+
+def _norm(role: str, text: str, found: list[Part]) -> None:
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:4])
+        raise UserValueError(
+            f"{role}={text} matches {len(found)} parts ({names}); {role} is one norm"
+        )
+    p = found[0]
+    if p.kind != "norm":
+        raise UserValueError(
+            f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a norm; {role} is the "
+            f"norm before the {BRANCH[role]}"
+        )
+
+
+def _linear(
+    role: str, text: str, found: list[Part], C: int, named: Mapping[str, nn.Parameter]
+) -> list[tuple[int, int]]:
+    """The (out, in) of each part given for a linear role, refused where it cannot be."""
+    if len(found) > 1 and role not in ("q", "k", "v"):
+        names = ", ".join(p.name for p in found[:4])
+        raise UserValueError(
+            f"{role}={text} matches {len(found)} parts ({names}); only q, k and v take one module "
+            "per head"
+        )
+    shapes: list[tuple[int, int]] = []
+    for p in found:
+        vector = named.get(text)
+        if vector is not None and vector.dim() < 2:
+            raise UserValueError(
+                f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
+                f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
+            )
+        if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
+            raise UserValueError(
+                f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
+                f"{role} is a {SHAPES[role]} weight"
+            )
+        options = {p.shape_as(False), p.shape_as(True)} - {None}
+        fits = sorted(s for s in options if s is not None and _fits(role, s, C))
+        if options and not fits:
+            raise UserValueError(
+                f"{role}={text}: {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}"
+            )
+        shapes += fits[:1] if len(fits) == 1 else []
+    return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
+
+
+def _fits(role: str, shape: tuple[int, int], C: int) -> bool:
+    out, inp = shape
+    return inp == C if role in READS_C else out == C
+
+
+def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]]]) -> None:
+    """proj reads what q (or qkv) writes; fc2 reads what fc1 writes."""
+    q = fitted.get("q") or [(s[0] // 3, s[1]) for s in fitted.get("qkv", [])]
+    pairs = (("q" if "q" in fitted else "qkv", q, "proj"), ("fc1", fitted.get("fc1"), "fc2"))
+    for first, writes, second in pairs:
+        reads = fitted.get(second)
+        if not writes or not reads:
+            continue
+        width = sum(s[0] for s in writes)
+        if reads[0][1] != width:
+            raise UserValueError(
+                f"{second}={roles[second]} reads {reads[0][1]} channels, but {first}="
+                f"{roles[first]} writes {width}: {second} must read what {first} writes"
+            )
+
+
+def _one_weight_one_role(module: nn.Module, parts: list[Part], roles: Mapping[str, str]) -> None:
+    """Refuse two roles that name the same module or parameter, or overlapping slices of one.
+    (ln1 and ln2 may share a norm: one LayerNorm for both branches.)"""
+    shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}
+    for role, text in roles.items():
+        g = parse_given(text) if is_given(module, text) else None
+        if g is not None:
+            held[role] = [(g.path, g.slices)]
+            continue
+        found = [p for p in _resolved(parts, role, text) if p.kind != "mha"]
+        held[role] = [(n, None) for p in found for n in (p.params if text not in p.params else (text,))]  # fmt: skip
+    given = list(held)
+    for i, a in enumerate(given):
+        for b in given[i + 1 :]:
+            if {a, b} == {"ln1", "ln2"}:
+                continue
+            for path, sa in held[a]:
+                for other, sb in held[b]:
+                    if path == other and _overlap(sa, sb, shapes.get(path, ())):
+                        what = "overlapping slices of" if sa and sb else "both name"
+                        raise UserValueError(
+                            f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight "
+                            f"cannot be both {a} and {b}"
+                        )
+
+
+def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tuple[int, ...]) -> bool:  # fmt: skip
+    if a is None or b is None or len(a) != len(b) or len(a) != len(shape):
+        return True
+    for sa, sb, n in zip(a, b, shape, strict=True):
+        lo_a, hi_a, _ = sa.indices(n)
+        lo_b, hi_b, _ = sb.indices(n)
+        if max(lo_a, lo_b) >= min(hi_a, hi_b):
+            return False
+    return True
+
+
+# ----- against the forward pass ------------------------------------------------------------------
+
+
+def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, str]) -> None:
+    """Refuse roles that the forward pass shows to be something else.
+
+    Args:
+        module: the block, as it was read.
+        C: the width of its residual stream.
+        read: what ``weights.read_block`` read from its forward pass.
+        roles: ``{role: --map value}``.
+
+    Raises:
+        UserValueError: a name the dataflow uses for another role or none, or a slice that
+            does not hold the role's matrix; the message says what the forward pass shows.
+    """
+    ids = _Tensors(module)
+    held = {r: set().union(*(ids.of(n) for n in names)) for r, names in read.params.items()}
+    for role, text in roles.items():
+        given = is_given(module, text)
+        g = parse_given(text) if given else None
+        path = g.path if g is not None else text
+        mine = ids.of(path)
+        if not mine:
+            continue  # no such part: said where the roles are resolved
+        claimed = {"q", "k", "v"} if role == "qkv" else {role}
+        if role == "ln2" and "ln2" not in held:
+            claimed = {"ln1"}  # one LayerNorm for both branches
+        users = [r for r in ROLES if mine & held.get(r, set())]
+        there = f"it reads {role} from {read.names[role]}" if role in read.names else ""
+        if not claimed & set(users):
+            uses = f"uses {path} as {', '.join(users)}" if users else f"uses {path} for no role"
+            raise UserValueError(
+                f"{role}={text}: the forward pass {uses}, not {role}" + (f" ({there})" if there else "")
+            )  # fmt: skip
+        if given:
+            _holds(module, C, read, role, text)
+
+
+class _Tensors:
+    """The parameters and buffers a name stands for: a parameter, a module's, or a glob's."""
+
+    def __init__(self, module: nn.Module):
+        self.tensors = {
+            **{n: id(t) for n, t in module.named_buffers(remove_duplicate=False)},
+            **{n: id(t) for n, t in module.named_parameters(remove_duplicate=False)},
+        }
+        self.modules = dict(module.named_modules(remove_duplicate=False))
+
+    def of(self, name: str) -> set[int]:
+        if name in self.tensors:
+            return {self.tensors[name]}
+        found = [m for n, m in self.modules.items() if n == name or fnmatch.fnmatchcase(n, name)]
+        ids = {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
+        return ids | {i for n, i in self.tensors.items() if fnmatch.fnmatchcase(n, name)}
+
+
+def _holds(module: nn.Module, C: int, read: Reading, role: str, text: str) -> None:
+    """A slice given for a role must hold the matrix the forward pass uses for it."""
+    part = given_parts(module, C, {role: text}, 0)[role]
+    g = torch.Generator().manual_seed(3)
+    H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
+    width = {"proj": read.parts.D, "fc2": H}.get(role, C)
+    x = torch.randn(1, 4, width, generator=g, dtype=torch.float64)
+
+    if part.shape is not None and part.shape[1] != width:
+        raise UserValueError(
+            f"{role}={text}: reads {part.shape[1]} channels, but the forward pass's {role} reads "
+            f"{width}"
+        )
+    mine = _without_bias(part.module, x)
+    theirs = _outputs(read, x) if role in ("q", "k", "v", "qkv") else {}
+    if role not in theirs:
+        theirs[role] = _without_bias(getattr(read.parts, role), x)
+    if _same(mine, theirs[role]):
+        return
+    whose = [r for r, y in theirs.items() if r != role and _same(mine, y)]
+    held = f"it holds what the forward pass uses as {whose[0]}" if whose else (
+        f"it is not the matrix the forward pass uses as {role}"
+    )  # fmt: skip
+    raise UserValueError(f"{role}={text}: {held}; check the slice and the layout")
+
+
+def _without_bias(f: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
+    return f(h) - f(torch.zeros_like(h))
+
+
+def _outputs(read: Reading, x: Tensor) -> dict[str, Tensor]:
+    """q, k, v and qkv of the reading, less their biases, on ``x`` (1, T, C)."""
+    zero = read.parts.qkv(torch.zeros_like(x))
+    q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
+    return {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Equal up to a factor, relative to ``b``'s scale."""
+    if a.shape != b.shape:
+        return False
+    scale = float(b.abs().max())
+    if scale == 0.0:
+        return float(a.abs().max()) == 0.0
+    factor = float((a * b).sum() / (b * b).sum())
+    if abs(factor) < SAME:  # all but zero: not the same matrix
+        return False
+    return float((a - factor * b).abs().max()) <= SAME * scale * max(abs(factor), 1.0)

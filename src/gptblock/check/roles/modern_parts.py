@@ -1,0 +1,289 @@
+"""What a modern block's norms and MLP compute, told from their traced values.
+
+``norm_of(f, like)`` says what a norm (the map from the stream to a sub-layer's input, as the
+block computes it) is: a LayerNorm (it does not move when a constant is added to every channel:
+the block's own function is then the reference's, as for the lessons' block), RMSNorm or one of
+``modern_steps.NORM_FORMS``' mistaken forms, with its gain and eps read off it: the gain from an
+input of large positive entries (where eps does not matter), eps from inputs whose positions
+range over four orders of magnitude (where eps and where it sits decide the output).
+
+``mlp_of(read)`` says what the MLP computes between its first layer(s) and its last, from the
+weights read and the last layer's traced input: a dense MLP with one of ``DENSE``' activations,
+a gated one (``act(gate) * up``, SwiGLU with SiLU), or a catalogued mistake of a gated one.
+
+Shapes: B batch, T time, C channels, H the MLP's hidden width.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+
+from ..mistakes.modern_steps import NORM_FORMS, rms
+from ..mistakes.report import CAUGHT
+from ..mistakes.search import MIN_DEFINED
+from .modern_read import Linear, ModernRead
+
+__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of", "relative_error"]
+
+Tensor = torch.Tensor
+EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
+"""The eps values blocks use (Llama's 1e-5 and 1e-6, ``F.rms_norm``'s default, the finfo eps of
+float32 and float64), tried in turn; where two fit, the inputs cannot tell them apart."""
+CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
+
+
+def close(a: Tensor, b: Tensor, tol: float = CLOSE, undefined: bool = False) -> bool:
+    """Whether the block's ``a`` and the reference's ``b`` agree to ``tol`` of ``b``'s largest
+    entry, NaN where both are; with ``undefined``, entries where ``b`` is not finite are
+    skipped instead (a row the mask blocks entirely: NaN in the reference, zeros in SDPA's),
+    as long as at least half of ``b`` is defined."""
+    if a.shape != b.shape:
+        return False
+    fine = torch.isfinite(b)
+    if undefined:
+        if fine.double().mean() < 0.5 or not torch.isfinite(a[fine]).all():
+            return False
+    elif not torch.equal(torch.isfinite(a), fine):
+        return False
+    if not fine.any():
+        return True
+    scale = float(b[fine].abs().max()) + 1e-30
+    return float((a[fine] - b[fine]).abs().max()) <= tol * scale
+
+
+@dataclass(frozen=True)
+class NormRead:
+    """One norm: its form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``), the
+    function the reference uses for it, and its gain and eps where it is an RMS form."""
+
+    form: str
+    function: Callable[[Tensor], Tensor]
+    eps: float = 0.0
+    params: tuple[str, ...] = field(default=())  # the parameters it reads, for shared_norm
+    gain: Tensor | None = None  # (C,): an RMS form's weight, or a LayerNorm's, as read
+    bias: Tensor | None = None  # (C,): a LayerNorm's bias, as read (None: not read)
+
+    def describe(self) -> str:
+        if self.form in NORM_FORMS:
+            return f"rmsnorm (eps {self.eps:.3g})" if self.form == "rms" else "rmsnorm (mistaken)"
+        return self.form
+
+
+def _probes(like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(5)
+    shape = like.shape
+    z = torch.randn(shape, generator=g, dtype=torch.float64)
+    big = 100.0 * (1.0 + torch.rand(shape, generator=g, dtype=torch.float64))  # all positive
+    scales = 10.0 ** -torch.linspace(0, 4, shape[0] * shape[1], dtype=torch.float64)
+    small = torch.randn(shape, generator=g, dtype=torch.float64) * scales.reshape(*shape[:2], 1)
+    return z, big, small
+
+
+def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
+    """What the norm ``f`` computes, on inputs shaped and typed as ``like`` (B, T, C).
+
+    Example:
+        >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
+        >>> f = lambda h: h / (h.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * w
+        >>> norm_of(f, torch.zeros(2, 3, 8, dtype=torch.float64)).form
+        'eps_outside'
+    """
+
+    def run(t: Tensor) -> Tensor:
+        with torch.no_grad():
+            return f(t.to(like.dtype)).double()
+
+    z, big, small = _probes(like)
+    try:
+        fz = run(z)
+        if close(fz, z, 1e-12):
+            return NormRead("none", lambda h: h, params=params)
+        if close(run(z + 3.0), fz, 1e-6):
+            return _layernorm(f, run, params, (z, big, small))
+        fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
+    except CAUGHT:
+        return NormRead("unknown", f, params=params)
+    for form in NORM_FORMS:
+        gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
+        for eps in EPS:
+            if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
+                return NormRead(form, _rms_with(gain, eps, form), eps, params, gain)
+    return NormRead("unknown", f, params=params)
+
+
+def _layernorm(
+    f: Callable[[Tensor], Tensor],
+    run: Callable[[Tensor], Tensor],
+    params: tuple[str, ...],
+    probes: tuple[Tensor, Tensor, Tensor],
+) -> NormRead:
+    """A LayerNorm, used as the block computes it, with its bias (its output at 0, where the
+    normalised input is 0), gain (on large inputs, where eps does not matter) and eps (on small
+    ones, where it does) read off it when one eps of ``EPS`` reproduces it: what the checker's
+    own process rebuilds the block from (``modern_plain``)."""
+    z, big, small = probes
+    C = z.shape[-1]
+    try:
+        bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,)
+        gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
+        outputs = [(t, run(t)) for t in (z, small)]
+    except CAUGHT:
+        return NormRead("layernorm", f, params=params)
+    for eps in EPS:
+        if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
+            return NormRead("layernorm", f, eps, params, gain, bias)
+    return NormRead("layernorm", f, params=params)
+
+
+def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
+    return lambda h: rms(h, gain.to(h.dtype), eps, form)
+
+
+def _relu2(u: Tensor) -> Tensor:
+    return F.relu(u).square()
+
+
+def _gelu_tanh(u: Tensor) -> Tensor:
+    return F.gelu(u, approximate="tanh")
+
+
+DENSE: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "relu": F.relu, "relu2": _relu2, "silu": F.silu,
+}  # fmt: skip
+"""The activations of a dense MLP (``relu2``: nanochat's and the speedrun's relu(x)^2)."""
+
+GATED: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": _gelu_tanh,
+}
+"""The activations of a gated MLP's gate: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)."""
+
+_GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj, Meta's w1 / w3
+
+
+@dataclass(frozen=True)
+class MlpRead:
+    """What the MLP computes: a description, its hidden function (first layers -> the last
+    layer's input) and the catalogued mistakes it makes, each with what exactly it does."""
+
+    describe: str
+    hidden: Callable[[Tensor], Tensor]
+    mistakes: dict[str, str]
+    layers: tuple[Linear, ...] = ()  # the first layer, or the gate's and the up projection's
+
+
+def _lin(h: Tensor, w: Linear) -> Tensor:
+    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
+
+
+def _says(name: str, words: set[str]) -> bool:
+    return bool(words & set(re.split(r"[._]", name)))
+
+
+def mlp_of(read: ModernRead) -> MlpRead | None:
+    """The MLP's form, if a dense or gated form or a catalogued mistake reproduces its traced
+    hidden values; else ``None``."""
+    h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
+    if len(read.mlp) == 2:
+        a = _lin(h, read.mlp[0])
+        for name, act in DENSE.items():
+            if close(act(a), target):
+                hidden = _dense(read.mlp[0], act)
+                return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (read.mlp[0],))
+        if read.mlp[0][0].shape[0] != 2 * width:
+            return None
+        for packed in _unpacked(read.mlp[0], width):  # gate and up in one matrix
+            found = _gated_of(h, target, width, packed, ["", ""])
+            if found is not None:
+                return found
+        return None
+    return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
+
+
+def _unpacked(w: Linear, H: int) -> list[list[Linear]]:
+    """A first layer of 2H rows as two of H: in halves (``chunk(2)``, slices) or interleaved
+    (``[..., ::2]``, ``[..., 1::2]``)."""
+    return [
+        [(w[0][rows], w[1][rows]) for rows in (slice(0, H), slice(H, 2 * H))],
+        [(w[0][rows], w[1][rows]) for rows in (slice(0, None, 2), slice(1, None, 2))],
+    ]
+
+
+def _gated_of(
+    h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
+) -> MlpRead | None:
+    """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
+    holds both, whose order no name tells), or a catalogued mistake of it; else None."""
+    u = [_lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
+    for gate, up in ((0, 1), (1, 0)):
+        for name, act in GATED.items():
+            if close(act(u[gate]) * u[up], target):
+                mistakes = {}
+                if names[gate] and _says(names[gate], _UP) and _says(names[up], _GATE):
+                    mistakes["swiglu_swapped"] = (
+                        f"{name} is applied to the up projection ({names[gate]}) and the gate "
+                        f"projection ({names[up]}) is the linear branch: act(up(x)) * gate(x) "
+                        "instead of act(gate(x)) * up(x)"
+                    )
+                label = "swiglu" if name == "silu" else f"gated {name}"
+                hidden = _gated(m[gate], m[up], act)
+                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (m[gate], m[up]))
+    for label, form in _WRONG.items():
+        if close(form(u[0], u[1]), target):
+            return MlpRead(f"gated d_ff={width}", _paired(m[0], m[1], form), {"swiglu_silu": label})
+    return None
+
+
+def _on_product(a: Tensor, b: Tensor) -> Tensor:
+    return F.silu(a * b)
+
+
+def _no_silu(a: Tensor, b: Tensor) -> Tensor:
+    return a * b
+
+
+def _on_both(a: Tensor, b: Tensor) -> Tensor:
+    return F.silu(a) * F.silu(b)
+
+
+_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "SiLU on the product of the two branches: silu(w1 x * w3 x)": _on_product,
+    "no SiLU at all: w1 x * w3 x": _no_silu,
+    "SiLU on both branches: silu(w1 x) * silu(w3 x)": _on_both,
+}
+"""SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
+
+
+def _dense(w: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    return lambda h: act(_lin(h, w))
+
+
+def _gated(gate: Linear, up: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    return lambda h: act(_lin(h, gate)) * _lin(h, up)
+
+
+def _paired(
+    w1: Linear, w3: Linear, form: Callable[[Tensor, Tensor], Tensor]
+) -> Callable[[Tensor], Tensor]:
+    return lambda h: form(_lin(h, w1), _lin(h, w3))
+
+
+def relative_error(y: Tensor, y_ref: Tensor) -> float:
+    """The largest difference relative to ``y_ref``'s largest entry, over the positions the
+    reference defines (a row the mask blocks entirely is NaN in it; a block may give zeros),
+    where ``y`` must be defined too; 0 where neither is defined anywhere (a root of a negative
+    mean everywhere: the norm's own test decided)."""
+    y = y.double()
+    fine = torch.isfinite(y_ref)
+    if not fine.any():
+        return 0.0 if not torch.isfinite(y).any() else float("inf")
+    if fine.double().mean() < MIN_DEFINED or not torch.isfinite(y[fine]).all():
+        return float("inf")
+    scale = float(y_ref[fine].abs().max()) + 1e-30
+    return float((y[fine] - y_ref[fine]).abs().max()) / scale

@@ -1,0 +1,158 @@
+"""A block's rotary embedding measured from its forward pass: which channels turn, and how fast.
+
+Rather than trying a list of bases, the map from q's projection to q as the score product reads
+it is replayed from the trace (``trace.replay``: whatever code computes it) on a basis vector,
+one channel of the projection lit at every position. At position 0 nothing turns; at position 1
+a rotated channel i leaks into its partner j by ``sin(w_i)``, relative to what it put at
+position 0. That gives, directly and for any base:
+
+* the rotated channels (those with a partner; the rest are passed through), so ``r``;
+* the frequencies: rotary positions turn pair p by ``theta ** (-2p / r)`` per position, so the
+  distinct ``w`` sorted from fast to slow are ``theta ** (-2p / r)``, p = 0 ... r/2 - 1, and each
+  p >= 1 gives ``theta`` (their median is taken, snapped to a round number within 1e-4);
+* ``fits``: whether they are that geometric ladder at all (the fastest turning one radian per
+  position); a rotation that is not (positions scaled or extended, as Llama 3.1's or YaRN's
+  tables) is a part the reference does not model.
+
+A qk norm before the rotation (per head or over the whole width) rescales the lit channel by
+the same factor at both positions, so the ratio is unchanged. ``heads`` lays the score product's
+operand out as (B, nh, T, hs), whichever side of the product it stands on.
+
+Shapes: B batch, T time, nh heads, hs head size, r rotated channels of each head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..mistakes.modern_steps import Rope
+from ..mistakes.report import CAUGHT
+from .trace import Trace, TraceError, replay
+
+__all__ = ["THETAS", "Turn", "heads", "measure_turn", "ropes"]
+
+Tensor = torch.Tensor
+THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
+"""The bases tried where the block's own cannot be measured (``modern_rotary``)."""
+
+
+def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
+    """The score product's operand ``core`` as (B, nh, T, hs): laid out (..., T, hs) or, as a
+    key written ``q @ k.transpose(2, 3)`` reaches a batched product, (..., hs, T); ``key``
+    decides when T == hs. None when it holds another number of entries or neither layout."""
+    if core.numel() != B * nh * T * hs or core.dim() < 2:
+        return None
+    rows, last = core.shape[-2:]
+    flipped = (rows, last) == (hs, T) and (key or (rows, last) != (T, hs))
+    if flipped:
+        core = core.transpose(-2, -1)
+    elif (rows, last) != (T, hs):
+        return None
+    return core.reshape(B, nh, T, hs)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What ``measure_turn`` read: the rotated channels of each head, the base that makes their
+    frequencies, and whether they are that ladder at all."""
+
+    dim: int  # r
+    theta: float
+    fits: bool
+    pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
+
+    def describe(self) -> str:
+        return f"{self.dim} rotated channels turning {self.theta:.3g}^(-2p/{self.dim})"
+
+
+def _snap(theta: float) -> float:
+    """``theta`` rounded to the fewest significant digits within 1e-4 of it (8e6, 10000)."""
+    for digits in range(1, 7):
+        rounded = float(f"{theta:.{digits - 1}e}")
+        if abs(rounded - theta) <= 1e-4 * theta:
+            return rounded
+    return theta
+
+
+def measure_turn(
+    trace: Trace, source: int, core: int, B: int, nh: int, T: int, hs: int
+) -> Turn | None:
+    """The rotation between the projection's output ``source`` and the score product's operand
+    ``core`` (q's), measured on head 0; None when it cannot be replayed or nothing turns."""
+    if T < 2:
+        return None
+    try:
+        run = replay(trace, source, core)
+        like = trace.nodes[source].value
+        leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
+        for c in range(like.shape[-1]):
+            lit = torch.zeros_like(like)
+            lit[..., c] = 1.0
+            with torch.no_grad():
+                out = heads(run(lit), B, nh, T, hs)
+            if out is None:
+                return None
+            at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
+            peak = int(at0.abs().argmax())
+            head, i = divmod(peak, hs)
+            if head != 0 or float(at0.abs().max()) == 0.0 or i in leaks:
+                continue
+            other = at1[0].clone()
+            other[i] = 0.0
+            j = int(other.abs().argmax())
+            leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
+    except (*CAUGHT, TraceError):
+        return None
+    turned = {i: (j, s) for i, (j, s) in leaks.items() if s > 1e-9}
+    r = len(turned)
+    if r < 2 or r % 2:
+        return None
+    halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
+    adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
+    pairing = "halves" if halves else "adjacent" if adjacent else "other"
+    w = sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}, reverse=True)
+    ladder = _ladder(w, r)
+    if ladder is None:
+        return Turn(r, 0.0, False, pairing)
+    return Turn(r, ladder, True, pairing)
+
+
+def _ladder(w: list[float], r: int) -> float | None:
+    """theta when the frequencies ``w`` (fast to slow) are ``theta ** (-2p / r)``, else None."""
+    distinct: list[float] = []
+    for x in w:  # frequencies within 1e-6 of each other are one (float32 tables)
+        if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
+            distinct.append(x)
+    if len(distinct) != r // 2 or abs(distinct[0] - 1.0) > 1e-4:
+        return None
+    if r == 2:
+        return 10000.0  # one pair turns one radian per position whatever the base
+    each = [math.exp(-math.log(x) * r / (2 * p)) for p, x in enumerate(distinct) if p]
+    theta = sorted(each)[len(each) // 2]
+    if any(abs(t - theta) > 1e-3 * theta for t in each):
+        return None
+    return _snap(theta)
+
+
+def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use: with the rotated channels and base
+    measured from the block (``turn``), the pairings and directions; without, the common bases
+    and widths (``THETAS``: the fallback); ``[None]`` when nothing turns, or the frequencies
+    measured are not a base's (a qk norm at most, then)."""
+    if not rotated or (turn is not None and not turn.fits):
+        return [None]
+    if turn is not None:
+        dims, thetas = [turn.dim], [turn.theta]
+    else:
+        dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+        thetas = list(THETAS)
+    return [
+        Rope(theta, dim, pairing, pairing, sign)
+        for dim in dims
+        for pairing in ("halves", "adjacent")
+        for sign in (1.0, -1.0)
+        for theta in thetas
+    ] + [None]  # what happens between projection and scores may be a qk norm only

@@ -1,0 +1,247 @@
+"""The parts of a modern block the references do not model, found by what the block computes.
+
+A block the modern comparison cannot reproduce is not necessarily wrong: public layers add parts
+the modern reference has no option for. When no variant and no catalogued mistake reproduces a
+block, ``unmodelled`` looks in its recorded forward pass for positive evidence of such a part,
+and the comparison then says the block is out of scope (``UNVERIFIED``, naming the part) rather
+than ``FAIL``:
+
+* **soft-capped logits** (Gemma 2's ``tanh(s / c) * c``): a saturating function between the
+  score product and the softmax;
+* **a bias added to the scores** (ALiBi, a relative position bias): a static operand added on
+  that path whose finite entries below 1e4 in size are not all one value (a causal mask's are 0
+  or huge);
+* **a sliding window** (Mistral): the positions attended to are exactly the last w ones, w < T;
+* **sandwich norms** (Gemma 2, OLMo 2): a scale-invariant map between a sub-layer's last matrix
+  product and the residual sum (a norm inside the residual branch);
+* **a qk norm over the whole width** (OLMo 2): the map from q's projection to the scores is
+  invariant to scaling q as a whole but not to scaling one head;
+* **a rotation that is not RoPE's ladder** of frequencies (scaled positions: Llama 3.1, YaRN)
+  (``modern_rotary``).
+
+Shapes: B batch, T time, C channels, G = B * nh the score product's batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.nn import functional as F
+
+from ..mistakes.modern_steps import Modern, Rope, attention
+from ..mistakes.report import CAUGHT
+from ..mistakes.search import TOLERANCE
+from ..mistakes.steps import CORRECT
+from .dataflow import _cores, _scores
+from .modern_parts import relative_error
+from .modern_read import ModernRead, qk_gains
+from .modern_rotary import Turn, ropes
+from .trace import Op, Trace, TraceError, replay
+
+__all__ = ["attention_scope", "closest", "measured", "unmodelled"]
+
+Tensor = torch.Tensor
+SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
+              "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "hardtanh": "clamp"}  # fmt: skip
+MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased; an
+# additive mask's entries are 0 or at least this large (- 1e10 * (1 - b), as OpenAI's GPT-2)
+
+
+def attention_scope(trace: Trace) -> list[str]:
+    """What the attention of a block read as the lessons' block computes that the references do
+    not model (soft-capped logits, a bias on the scores, a sliding window), in any of its cores
+    (one per head, or one for all) of its recorded forward pass."""
+    found: list[str] = []
+    try:
+        for core in _cores(trace):
+            found += [p for p in _in_core(trace, core.y) if p not in found]
+    except CAUGHT:  # the checker's own limit: nothing found
+        return []
+    return found
+
+
+def _in_core(trace: Trace, y: int) -> list[str]:
+    found: list[str] = []
+    path = _score_path(trace, y)
+    for op in path:
+        if op.base in SATURATING:
+            found.append(
+                f"the attention logits are soft-capped ({SATURATING[op.base]} between the score "
+                "product and the softmax, as Gemma 2's tanh(s / c) * c)"
+            )
+            break
+    if any(_bias(trace, op) for op in path):
+        found.append(
+            "a bias that varies with the positions is added to the attention scores (ALiBi or "
+            "a relative position bias)"
+        )
+    window = _window(trace, y)
+    if window:
+        found.append(f"a sliding-window mask: each position attends to the last {window} only")
+    return found
+
+
+def unmodelled(read: ModernRead) -> list[str]:
+    """What ``read``'s block computes that the references do not model, one line each."""
+    trace, core = read.trace, read.core
+    found = _in_core(trace, core.y)
+    q_out, proj_out, down_out = read.ends
+    for what, end in (("attention", proj_out), ("MLP", down_out)):
+        if _normed_branch(trace, end):
+            found.append(
+                f"a norm after the {what} inside its residual branch (a sandwich norm, as "
+                "Gemma 2's and OLMo 2's)"
+            )
+    if _width_norm(trace, q_out, core.q, read.n_head):
+        found.append("q and k normalised over the whole width (OLMo 2's qk norm), not per head")
+    if read.turn is not None and not read.turn.fits:
+        found.append(
+            "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
+            "Llama 3.1's or YaRN's)"
+        )
+    return found
+
+
+def _score_path(trace: Trace, y: int) -> list[Op]:
+    """The operators between the score product and the probabilities that multiply v."""
+    made = trace.producer(y)
+    if made is None or made.name not in ("bmm", "mm"):
+        return []  # a fused attention: no scores to look at
+    A = next(n for n in made.inputs if trace.nodes[n].data)
+    scores = _scores(trace, A)
+    if scores is None:
+        return []
+    behind = trace.ancestors(A)
+    inside, path = set(scores.outputs), []
+    for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
+        if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
+            inside.update(op.outputs)
+            path.append(op)
+    return path
+
+
+def _bias(trace: Trace, op: Op) -> bool:
+    """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
+    if op.base not in ("add", "sub"):
+        return False
+    static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
+    for t in static:
+        if t.dim() >= 2 and t.is_floating_point():
+            kept = t[torch.isfinite(t) & (t.abs() < -MASKED)]  # a mask's are 0 or huge
+            if kept.numel() and bool((kept != kept.flatten()[0]).any()):
+                return True
+    return False
+
+
+def _allowed(trace: Trace, y: int) -> Tensor | None:
+    """(T, T): which key each query attends to, where every head and sequence agrees: from the
+    probabilities of an unfused core, or a fused one's static ``attn_mask``."""
+    made = trace.producer(y)
+    if made is None:
+        return None
+    if "scaled_dot_product" in made.name:
+        if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
+            return None
+        mask = trace.nodes[made.inputs[3]].value
+        allowed = mask if mask.dtype == torch.bool else mask > MASKED
+        if allowed.dim() < 2:
+            return None
+        return allowed.reshape(-1, *allowed.shape[-2:]).all(0)
+    A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        return None
+    return (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+
+
+def _window(trace: Trace, y: int) -> int:
+    """w when exactly the keys t - w < s <= t are attended to at every query t, with w < T; else
+    0 (causal, or any other pattern: a catalogued mask mistake's)."""
+    allowed = _allowed(trace, y)
+    if allowed is None:
+        return 0
+    T = allowed.shape[-1]
+    t = torch.arange(T)
+    back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
+    for w in range(1, T):
+        if torch.equal(allowed.cpu(), (back >= 0) & (back < w)):
+            return w
+    return 0
+
+
+def _normed_branch(trace: Trace, end: int) -> bool:
+    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm: the map
+    from it to the sum's operand is scale-invariant (a norm), where a plain branch scales."""
+    shape = trace.nodes[trace.input].shape
+    start = trace.nodes[end].op
+    for op in trace.ops[start + 1 :]:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if op.base != "add" or len(data) != 2 or trace.nodes[op.outputs[0]].shape != shape:
+            continue
+        mine = [n for n in data if end in trace.ancestors(n)]
+        if len(mine) != 1:
+            continue
+        branch = mine[0]
+        if branch == end:
+            return False
+        try:
+            f = replay(trace, end, branch)
+            z = trace.nodes[end].value
+            with torch.no_grad():
+                a, b = f(z), f(3.0 * z)
+        except (*CAUGHT, TraceError):
+            return False
+        a, b = a.double(), b.double()
+        scale = float(a.abs().max())
+        return scale > 0 and float((a - b).abs().max()) <= 1e-3 * scale  # float32 norms: 1e-5
+    return False
+
+
+def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
+    """Whether the map from q's projection to the score product is invariant to scaling q as a
+    whole but not to scaling one head (a norm over the whole width, not per head)."""
+    z = trace.nodes[q_out].value
+    D = z.shape[-1]
+    if D % nh or z.dim() < 2:
+        return False
+    per_head = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
+    per_head[0] = 3.0
+    try:
+        f = replay(trace, q_out, q_core)
+        with torch.no_grad():
+            a, whole, one = f(z), f(3.0 * z), f(z * per_head.flatten())
+    except (*CAUGHT, TraceError):
+        return False
+    a, whole, one = a.double(), whole.double(), one.double()
+    scale = float(a.abs().max()) + 1e-300
+    invariant = float((a - whole).abs().max()) <= 1e-3 * scale  # a float32 norm: 1e-5
+    return invariant and float((a - one).abs().max()) > 1e-2 * scale
+
+
+def measured(turn: Turn | None, hs: int) -> str:
+    """What turns q and k where the attention as a whole was not matched."""
+    if turn is None or not turn.fits or turn.pairing == "other":
+        return "something between the projections and the scores (not identified)"
+    rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
+    return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"
+
+
+def closest(read: ModernRead) -> str:
+    """The modern attention nearest the block's merged heads, under the unknowns a correct
+    block may choose, and how far it is, for a failed comparison's message."""
+    h = read.h1
+    q, k, v = (F.linear(h, w.to(h.dtype), b.to(h.dtype)) for w, b in (read.q, read.k, read.v))
+    hs = q.shape[-1] // read.n_head
+    norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
+    best = (float("inf"), "the modern attention")
+    for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
+        try:
+            ctx = attention(q, k, v, read.n_head, rope, Modern(), CORRECT, qk)
+        except CAUGHT:
+            continue
+        what = " with ".join(
+            ["the modern attention", *([rope.describe(hs)] if rope else []),
+             *(["a qk norm"] if qk is not None else [])]
+        )  # fmt: skip
+        best = min(best, (relative_error(read.ctx, ctx), what))
+    return f"{best[1]}, is off by {best[0]:.2g} of its scale > {TOLERANCE:g}"

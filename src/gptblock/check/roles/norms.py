@@ -1,0 +1,174 @@
+"""The norms of a block, found from what they compute in a recorded forward pass.
+
+A norm is a module whose parameters are vectors, an ``F.layer_norm`` (``native_layer_norm``), or
+tensor code from a mean over the channels, whose output does not change when its input is
+scaled: it subtracts a mean (or not: RMSNorm) and divides by a root of a variance, whatever it
+is called (a class ``LN`` with ``g`` and ``b``, picoGPT's ``layer_norm`` function over a
+parameter dict). Of a norm module that holds another (x-transformers' ``LayerNorm``: an
+``nn.LayerNorm`` without weights and a gain), the outer one is the norm. ``order_norms`` makes
+the first two to run ``ln1`` and ``ln2`` (a post-norm block's MLP reads ln1's output); of more
+than two, those the attention and the MLP read.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..mistakes.report import CAUGHT
+from .dataflow import Unread
+from .trace import Node, Op, Trace, TraceError, replay
+from .walks import layout, static_names, weight_input
+
+__all__ = ["NORM_OPS", "Norm", "find_norms", "order_norms"]
+
+Tensor = torch.Tensor
+NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its input and output nodes, and as a function."""
+
+    key: str
+    first: int
+    source: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+
+
+def _invariant(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
+    """Whether ``f`` normalises: its output does not move when its input is scaled by 3, and is
+    not its input."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    try:
+        with torch.no_grad():
+            a, b = f(z), f(3.0 * z)
+    except CAUGHT:  # not a norm, then
+        return False
+    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
+        return False
+    scale = float(a.abs().max()) + 1e-12
+    return float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+
+
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
+    from the trace, never the block's code)."""
+    modules = set(trace.modules)
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        if name not in modules or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
+            continue
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if any(math.prod(shape) != max(shape, default=1) for shape in held):
+            continue  # a matrix: not a norm
+        if any(weight_input(trace, op) is not None for op in trace.ops[first:end]):
+            continue  # a matrix product inside (a sub-layer, its norm before it): not a norm
+        like = trace.nodes[ins[0]].value
+        if not layout(tuple(like.shape), B, T):
+            continue
+        try:
+            f = _shaped(replay(trace, ins[0], outs[0]), like)
+        except TraceError:
+            continue
+        if _invariant(f, like):
+            found.append(Norm(name, first, ins[0], outs[0], f))
+    # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
+    found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
+    for op in trace.ops:
+        inside = any(_op_in(op.index, n, trace) for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        if op.name in NORM_OPS:
+            source, out = op.inputs[0], op.outputs[0]
+        elif op.name == "mean" and layout(trace.nodes[op.inputs[0]].shape, B, T):
+            source = op.inputs[0]
+            found_out = _written_norm(trace, op, source)
+            if found_out is None:
+                continue
+            out = found_out
+        else:
+            continue
+        try:
+            f = replay(trace, source, out)
+        except TraceError:
+            continue
+        if _invariant(f, trace.nodes[source].value):
+            start = trace.nodes[source].op
+            path = [
+                trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start
+            ]
+            key = ", ".join(static_names(trace, path)) or f"{op.name} #{op.index} (no weights)"
+            found.append(Norm(key, op.index, source, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
+    positions in another shape ((B, T, C) for a norm traced on (B * T, C)): its output in the
+    input's dtype and shape."""
+
+    def call(h: Tensor) -> Tensor:
+        shape = h.shape
+        if h.shape != like.shape and h.numel() == like.numel():
+            h = h.reshape(like.shape)
+        out = f(h.to(like.dtype))
+        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
+
+    return call
+
+
+def _inside(inner: Norm, outer: Norm, trace: Trace) -> bool:
+    return _op_in(inner.first, outer, trace) and inner.key.startswith(outer.key + ".")
+
+
+def _op_in(index: int, norm: Norm, trace: Trace) -> bool:
+    call = next((c for c in trace.calls if c[0] == norm.key and c[1] == norm.first), None)
+    return call is not None and call[1] <= index < call[2]
+
+
+def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
+    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
+    before the next matrix product, that normalises it."""
+    shape = trace.nodes[source].shape
+    best = None
+    for op in trace.ops[mean.index + 1 :]:
+        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
+            break
+        for n in op.outputs:
+            node: Node = trace.nodes[n]
+            if node.shape != shape or not node.data:
+                continue
+            try:
+                f = replay(trace, source, n)
+            except TraceError:
+                continue
+            if _invariant(f, trace.nodes[source].value):
+                best = n
+    return best
+
+
+def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
+    reads ln1's output); of more than two, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]

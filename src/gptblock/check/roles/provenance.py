@@ -1,0 +1,222 @@
+"""The weights a check uses, chosen by the checker, and the parts read back traced to them.
+
+Before the probes run, the checker gives every parameter of its copy of the block a value of its
+own choosing (``choose``): matrices (two or more dimensions longer than 1: (out, in), (in, out),
+(nh, C, hs), conv kernels) drawn N(0, 1/C), vectors (gains, biases) moved by ~0.1 from where they
+are (freshly built LayerNorms are the identity, and many biases start at 0: a block that used
+the wrong norm or dropped a bias would compute exactly the right function until trained). With
+GPT-2's std-0.02 weights attention is nearly uniform and a scale mistake moves the output by
+1e-4; with these it moves it by 1e-2 or more.
+
+In ``gptblock check`` the draw comes from a seed the block's process never sees, and every
+weight read back (``gptblock.check.roles.plain``) must then be made of those values (``untraced``):
+each entry one the checker chose (or exactly 0 or 1: a missing bias, an identity, a norm without
+gain; a norm's gain may be stored as ``gain - 1``, as Gemma's RMSNorm does), and no two roles
+made of the same entries. A process that misreports its weights (q
+scaled by sqrt(hs), which would pass a block that does not scale its scores; ln1's weights
+sent again as ln2's, which would pass a block with one LayerNorm) is then caught, since the
+numbers it would have to send are not among the ones chosen. It checks values, not where they
+sit: the block's own entries rearranged (a projection's columns permuted) still pass.
+
+Shapes: C channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Traced", "choose", "nearest", "sorted_values", "trace", "unread", "untraced"]
+
+Tensor = torch.Tensor
+RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
+SHARED = 0.5  # two roles sharing more than this fraction of their entries are one part read twice
+REPEATED = 0.05  # a role whose entries repeat more than this: one weight read twice (float32
+# draws collide by chance far more rarely)
+
+
+def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
+    """New values for the parameters ``current`` (name -> value), drawn from ``g``.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> new = choose({"w": torch.zeros(4, 4), "b": torch.zeros(4)}, 4, g)
+        >>> new["w"].std().item() > 0.2, new["b"].abs().max().item() < 0.5
+        (True, True)
+    """
+    chosen = {}
+    for name, value in current.items():
+        if value.dim() == 0:
+            chosen[name] = value.to(torch.float64)
+            continue
+        noise = torch.randn(value.shape, generator=g, dtype=torch.float64)
+        if sum(n > 1 for n in value.shape) >= 2:
+            chosen[name] = noise * C**-0.5
+        else:
+            chosen[name] = value.to(torch.float64) + noise * 0.1
+    return chosen
+
+
+def nearest(values: Tensor, t: Tensor) -> Tensor:
+    """For each entry of ``t``, the index of the nearest of the sorted, non-empty ``values``.
+
+    Example:
+        >>> nearest(torch.tensor([0.0, 1.0, 5.0]), torch.tensor([0.4, 4.0, 9.0])).tolist()
+        [0, 2, 2]
+    """
+    at = torch.searchsorted(values, t)
+    below, above = (at - 1).clamp(0, len(values) - 1), at.clamp(0, len(values) - 1)
+    return torch.where((t - values[below]).abs() <= (values[above] - t).abs(), below, above)
+
+
+def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
+    """For each entry of ``read``, the index in the sorted ``values`` it is (-1 for an exact 0 or
+    1), or None if one is neither."""
+    flat = read.flatten().to(torch.float64)
+    special = (flat == 0.0) | (flat == 1.0)
+    at = nearest(values, flat)
+    close = (values[at] - flat).abs() <= tol
+    if not bool((close | special).all()):
+        return None
+    return torch.where(special, -1, at)
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What the weights read for the roles are made of.
+
+    ``why``: why they are not the values chosen (``""`` when they are: only then do the rest
+    mean anything), or two roles read from the same values (a process that sends ln1 again as
+    ln2: the reading is refused); ``repeats``: the chosen values read twice by one role, such
+    as two heads of it (one weight serving where the lessons' block has one per head: the
+    block's, since a reading that made it up would not reproduce the block); ``used``: which
+    of the chosen values were read (positions in ``sorted_values``)."""
+
+    why: str = ""
+    repeats: tuple[str, ...] = ()
+    used: frozenset[int] = frozenset()
+
+
+def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Every chosen value as the block holds it (``dtype``), in float64, sorted; and for each,
+    its position in the parameters ``chosen`` laid end to end (their order, flattened)."""
+    flat = torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()])
+    values, order = flat.sort()
+    return values, order
+
+
+def trace(
+    roles: Mapping[str, list[Tensor]],
+    chosen: Mapping[str, Tensor],
+    dtype: torch.dtype,
+    heads: Mapping[str, int] | None = None,
+) -> Traced:
+    """The weights read for ``roles`` (role -> its weight and bias) traced to the values
+    ``chosen``; ``heads`` (role -> its number of heads: rows of its (out, in) weight in as many
+    equal groups) names a head that repeats another's. A norm's (``ln1``, ``ln2``) gain may
+    be 1 + them.
+
+    Example:
+        >>> chosen = choose({"w": torch.zeros(4, 4)}, 4, torch.Generator().manual_seed(0))
+        >>> w = chosen["w"]
+        >>> trace({"k": [torch.cat([w[:2], w[:2]])]}, chosen, torch.float64, {"k": 2}).repeats
+        ("k's head 1 is its head 0's weights again",)
+        >>> len(trace({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64).used)
+        16
+    """
+    if not chosen:
+        return Traced("the block has no parameters to read weights from")
+    values = sorted_values(chosen, dtype)[0]
+    used: dict[str, set[int]] = {}
+    repeats: list[str] = []
+    for role, tensors in roles.items():
+        scale = max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
+        tol = RELATIVE[dtype] * scale + 1e-300
+        found = [_positions(t, values, tol) for t in tensors]
+        if role.startswith("ln") and found and found[0] is None:
+            found[0] = _positions(tensors[0] - 1.0, values, tol)
+        if any(f is None for f in found):
+            why = f"the weights read for {role} are not the values the checker gave the block"
+            return Traced(why)
+        used[role] = {int(i) for f in found if f is not None for i in f.tolist() if i >= 0}
+        weight = found[0]
+        if weight is not None and tensors[0].dim() == 2:
+            repeats += _repeats(role, weight.reshape(tensors[0].shape), (heads or {}).get(role, 0))
+    names = list(used)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            smaller = min(len(used[a]), len(used[b]))
+            if smaller and len(used[a] & used[b]) > SHARED * smaller:
+                return Traced(f"{a} and {b} were read from the same parameters")
+    return Traced("", tuple(repeats), frozenset(set().union(*used.values())))
+
+
+def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
+    """How ``role``'s (out, in) weight, as positions among the chosen values, reads some of
+    them twice: a head that is another head's weights, else the share of repeated entries."""
+    rows = at.shape[0]
+    if heads > 1 and rows % heads == 0:
+        blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
+        copies: dict[int, list[int]] = {}  # head -> the later heads that are it
+        for h in range(1, heads):
+            same = [g for g in range(h) if torch.equal(blocks[h], blocks[g])]
+            if same and bool((blocks[h] >= 0).any()):
+                copies.setdefault(same[0], []).append(h)
+        if copies:
+            return [
+                f"{role}'s head{'s' if len(hs) > 1 else ''} {', '.join(map(str, hs))} "
+                f"{'are' if len(hs) > 1 else 'is'} its head {g}'s weights again"
+                for g, hs in copies.items()
+            ]
+    real = at[at >= 0]
+    repeated = real.numel() - int(torch.unique(real).numel())
+    if real.numel() and repeated > REPEATED * real.numel():
+        return [f"{role} reads {repeated} of its {real.numel()} weights twice"]
+    return []
+
+
+def untraced(roles: Mapping[str, list[Tensor]], chosen: Mapping[str, Tensor], dtype: torch.dtype) -> str:  # fmt: skip
+    """Why the weights read for ``roles`` (role -> its weight and bias) are not made of the
+    values ``chosen``, or ``""`` when they are (``trace``'s reason).
+
+    Example:
+        >>> chosen = choose({"w": torch.zeros(3, 4)}, 4, torch.Generator().manual_seed(0))
+        >>> w = chosen["w"]
+        >>> untraced({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64)
+        ''
+        >>> untraced({"q": [w[:2] * 2], "k": [w[2:]]}, chosen, torch.float64)
+        'the weights read for q are not the values the checker gave the block'
+        >>> untraced({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64)
+        'ln1 and ln2 were read from the same parameters'
+    """
+    return trace(roles, chosen, dtype).why
+
+
+def unread(
+    chosen: Mapping[str, Tensor], used: frozenset[int], dtype: torch.dtype
+) -> dict[str, Tensor]:
+    """For each parameter with values no role read (``used``: ``Traced.used``), a mask of them
+    (its shape, True where unread).
+
+    Example:
+        >>> chosen = choose({"a": torch.zeros(2, 2), "b": torch.zeros(3)}, 2, torch.Generator())
+        >>> values, order = sorted_values(chosen, torch.float64)
+        >>> taken = frozenset(int(i) for i in range(7) if order[i] < 4)  # all of a's
+        >>> {n: m.tolist() for n, m in unread(chosen, taken, torch.float64).items()}
+        {'b': [True, True, True]}
+    """
+    if not chosen:
+        return {}
+    order = sorted_values(chosen, dtype)[1]
+    read = torch.zeros(order.numel(), dtype=torch.bool)
+    if used:
+        read[order[torch.tensor(sorted(used))]] = True
+    masks, start = {}, 0
+    for name, value in chosen.items():
+        mask = ~read[start : start + value.numel()].reshape(value.shape)
+        start += value.numel()
+        if bool(mask.any()):
+            masks[name] = mask
+    return masks

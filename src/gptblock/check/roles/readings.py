@@ -1,0 +1,178 @@
+"""How the comparison reads a block's parts: from its dataflow, else by names, or as ``--map``
+says.
+
+``read_parts`` first reads every role's weight from one recorded forward pass
+(``gptblock.check.roles.weights``), on an input whose batch differs from its length so that shapes
+tell them apart (then with B = T, for a block that only runs so, and with B = 1, for one that
+loops over its sequences). Only where the forward pass does not show the roles does it fall back
+to the names, shapes and registration order of the module tree (``gptblock.check.roles.mapping``).
+Roles the caller gives (``--map``) must fit their role (``gptblock.check.roles.claims``: kind, shape,
+one weight per role) and, where the forward pass was read, agree with it (a name the dataflow
+uses for another role is refused); the dataflow's reading is then used. A role given as a slice
+or layout of a parameter (``gptblock.check.roles.given``) must hold the matrix the dataflow uses for
+it, and is read as given; where the forward pass cannot be read, the caller's roles are taken
+as given, through the names.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import UserValueError
+from ..mistakes.report import CAUGHT, one_line
+from ..mistakes.steps import Parts
+from ..serve.subject import Subject, Tested
+from .claims import check_claims, check_reading
+from .dataflow import Unread
+from .given import fix_roles
+from .mapping import ROLES, MappedBlock, map_roles
+from .parts import discover, observe
+from .trace import Trace, TraceError, record
+from .weights import Reading, read_trace
+
+__all__ = [
+    "TRACE_B", "TRACE_T", "Readings", "agrees", "dataflow", "read_parts", "trace_shapes",
+]  # fmt: skip
+
+Tensor = torch.Tensor
+TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
+
+
+@dataclass(frozen=True)
+class Readings:
+    """The ways of reading the block's parts that the comparison tries, on which input."""
+
+    readings: tuple[Parts, ...]
+    fallback: tuple[Parts, ...]
+    heads: tuple[int, ...]
+    x: Tensor  # (B, T, C) float64
+    describe: Callable[[int], str]  # the roles note for a reading
+
+
+def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
+    """Whether every given role names what the forward pass read it from: a parameter, the
+    module holding it, or a glob matching them (``qkv`` names q's).
+
+    Example:
+        >>> from gptblock import lesson
+        >>> from gptblock.check.roles.weights import read_block
+        >>> block = lesson.Block(16, 2, 8, dropout=0.0).double()
+        >>> read = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
+        >>> agrees(read, {"q": "sa.heads.*.query", "ln2": "ln2"}), agrees(read, {"q": "sa.proj"})
+        (True, False)
+    """
+    for role, name in roles.items():
+        held = read.params.get("q" if role == "qkv" else role)
+        if not held:
+            return False
+        if not any(
+            p == name or p.startswith(name + ".") or name.startswith(p + ".") or fnmatch.fnmatchcase(p.rpartition(".")[0], name)
+            or fnmatch.fnmatchcase(p, name)
+            for p in held
+        ):  # fmt: skip
+            return False
+    return True
+
+
+def trace_shapes(longest: int) -> list[tuple[int, int]]:
+    """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
+    tell batch, time and heads apart (a reading that mistakes one for another fails its own
+    check and the next shape is tried); then B = T, for a block that only runs so, and B = 1,
+    for one that loops over its sequences.
+
+    Example:
+        >>> trace_shapes(16), trace_shapes(4)
+        ([(5, 7), (11, 13), (4, 7), (7, 7), (1, 7)], [(5, 4), (11, 4), (6, 4), (4, 4), (1, 4)])
+    """
+    shapes = []
+    for B, T in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T)):
+        T = min(T, longest)
+        B = B if B != T else B + 2
+        shapes.append((B, T))
+    T = min(TRACE_T, longest)
+    return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
+
+
+def dataflow(
+    tested: Tested, trace_of: Callable[[Tensor], Trace], longest: int
+) -> tuple[Reading, Tensor] | str:
+    """The dataflow's reading of the block and the (float64) input it was traced on, or why
+    there is none: each shape of ``trace_shapes`` recorded by ``trace_of`` (here, or in the
+    block's process) and read by replaying the trace here (``weights.read_trace``)."""
+    why = ""
+    for B, T in trace_shapes(longest):
+        x = tested.input(B, T, tested.C).to(torch.float64)
+        try:
+            return read_trace(trace_of(x.to(tested.dtype)), x.to(tested.dtype)), x
+        except (Unread, TraceError) as e:
+            why = why or str(e)
+        except CAUGHT as e:  # the reader's own limit, not the block's mistake: say so
+            why = why or f"the forward pass could not be read ({one_line(e)})"
+    return why
+
+
+def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
+    def trace_of(x: Tensor) -> Trace:
+        return record(subject.module, x, no_dropout=subject.no_dropout)
+
+    return dataflow(subject, trace_of, longest)
+
+
+def read_parts(
+    subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
+) -> Readings | str:
+    """The block's parts to compare, or why they cannot be read.
+
+    Args:
+        subject: the checker's copy of the block.
+        roles: parts the caller named (``--map``), possibly none.
+        longest: the longest sequence the block accepts.
+        notes: the report's notes, to add how the parts were read.
+
+    Raises:
+        UserValueError: a given role names nothing the block has.
+    """
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
+    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
+        raise UserValueError("give either qkv (packed) or q, k and v, not both")
+    found = _dataflow(subject, longest)
+    parts = discover(subject.module)
+    check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
+    if roles and not isinstance(found, str):
+        check_reading(subject.module, subject.C, found[0], roles)  # roles the dataflow refutes
+    sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
+    if not isinstance(found, str) and not sliced and agrees(found[0], roles):
+        read, x = found
+        if roles:
+            notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
+        return Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+    why = found if isinstance(found, str) else ""
+    try:
+        fixed = fix_roles(subject.module, subject.C, parts, roles)
+    except UserValueError:
+        raise
+    except ValueError as e:
+        seen = "" if isinstance(found, str) else found[0].describe()
+        raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
+    T = subject.T
+    x = subject.input(T, T, subject.C)
+    called = observe(subject.module, fixed.kept, lambda: subject(x))
+    mapped = map_roles(subject.module, subject.C, fixed.parts, called, fixed.roles)
+    if not isinstance(mapped, MappedBlock):
+        return f"{why}; by names: {mapped.reason}" if why else mapped.reason
+    if why:
+        notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
+    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
+    # and the weights read must be those values: gptblock.check.roles.provenance)
+    x = torch.randn(
+        T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)

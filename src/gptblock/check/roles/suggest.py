@@ -1,0 +1,101 @@
+"""The ``--map`` arguments to suggest when the checker could not read a block's weights itself.
+
+``suggest_map`` lists the block's weight-holding parts (``gptblock.check.roles.parts.discover``) and
+gives them the roles in the order the lessons' block registers them: the first two norms are
+``ln1`` and ``ln2``; four matrices are ``qkv proj fc1 fc2``, six ``q k v proj fc1 fc2``. The
+suggestion is only offered when, passed back as ``--map``, it gives the role mapping a reading
+it can compare (``gptblock.check.roles.mapping.map_roles`` accepts it): the user then only has to
+check that the roles are right, or swap the names that are not.
+
+Where a matrix needs a slice or a layout (``gptblock.check.roles.given``), the suggestion writes it:
+
+* a 3-D parameter, one matrix per head, that no module holds (TransformerLens's ``W_Q`` (nh, C,
+  hs), ``W_O`` (nh, hs, C)) takes its place among the matrices in registration order, with the
+  layout that puts C on its role's side (``q=W_Q:in_out``); one in the place of ``qkv`` holds
+  q, k and v per head, (nh, C, 3hs), and is given as three slices of each head's columns
+  (``q=W[:,:,0:8]:in_out k=W[:,:,8:16]:in_out ...``);
+* when the names alone do not fit, a weight stored (in, out) and used as ``x @ W`` (C first
+  for q/k/v/fc1, C last for proj/fc2) is given as ``PATH:in_out``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from .given import fix_roles, paired_bias
+from .mapping import MappedBlock, map_roles
+from .parts import Part, discover
+
+__all__ = ["suggest_map"]
+
+ORDERS = {4: ("qkv", "proj", "fc1", "fc2"), 6: ("q", "k", "v", "proj", "fc1", "fc2")}
+C_IN = ("q", "k", "v", "qkv", "fc1")  # the roles that read the C-wide stream
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    place: int  # registration order of its weight
+    name: str  # what --map names: the part, or the 3-D parameter
+    param: str  # its weight parameter
+    shape: tuple[int, ...]  # as stored
+
+
+def suggest_map(module: nn.Module, C: int) -> str:
+    """``--map ROLE=NAME ...`` for ``module`` by registration order, or "" if none fits.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> suggest_map(lesson.Block(16, 2, 8), 16)  # one module per head: no fixed order fits
+        ''
+    """
+    parts = discover(module)
+    norms = [p for p in parts if p.kind == "norm"][:2]
+    named = dict(module.named_parameters())
+    place = {n: i for i, n in enumerate(named)}
+    per_head = {n: p for n, p in named.items() if p.dim() == 3}
+    biases = {paired_bias(named, n, p) for n, p in per_head.items()}  # b_Q (nh, hs): no matrix
+    matrices = [
+        _Matrix(place[p.params[0]], p.name, p.params[0], tuple(named[p.params[0]].shape))
+        for p in parts
+        if p.kind in ("linear", "matrix") and p.params[0] not in biases
+    ]
+    matrices += [_Matrix(place[n], n, n, tuple(p.shape)) for n, p in per_head.items()]
+    matrices.sort(key=lambda m: m.place)
+    order = ORDERS.get(len(matrices))
+    if order is None:
+        return ""
+    for laid in (False, True):
+        roles = {f"ln{i + 1}": p.name for i, p in enumerate(norms)}
+        for role, m in zip(order, matrices, strict=True):
+            roles.update(_given(role, C, m, laid))
+        if _fits(module, C, parts, roles):
+            return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
+    return ""
+
+
+def _given(role: str, C: int, m: _Matrix, laid: bool) -> dict[str, str]:
+    """The --map values for one matrix in ``role``: its name, or a slice / layout of it."""
+    if len(m.shape) == 3:  # per head: (nh, C, hs) is in_out for q/k/v, (nh, hs, C) for proj
+        in_out = (m.shape[1] == C) == (role in C_IN)
+        layout = "in_out" if in_out else "out_in"
+        if role != "qkv":
+            return {role: f"{m.name}:{layout}"}
+        hs = m.shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
+        at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
+        return {
+            r: f"{m.name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate("qkv")
+        }
+    rows, cols = m.shape
+    stored_in_out = rows == C and cols != C if role in C_IN else cols == C and rows != C
+    return {role: f"{m.param}:in_out" if laid and stored_in_out else m.name}
+
+
+def _fits(module: nn.Module, C: int, parts: list[Part], roles: dict[str, str]) -> bool:
+    """Whether ``roles``, passed back as --map, give the mapping a reading it can compare."""
+    try:
+        fixed = fix_roles(module, C, parts, roles)
+    except ValueError:
+        return False
+    return isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock)

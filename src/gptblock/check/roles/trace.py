@@ -1,0 +1,333 @@
+"""One forward pass of a block recorded operator by operator, and re-run with tensors replaced.
+
+``record(module, x)`` runs the block once under a ``TorchDispatchMode`` and returns a ``Trace``:
+every ATen operator the forward pass ran (``Op``), every tensor value it made or read
+(``Node``: the block's input, a parameter or buffer, or an operator's output), which values
+depend on the input (``data``) and which only on weights and constants (static), and which of
+the block's modules was running. This works on any code, whatever modules, functions, einsums or
+raw parameters it uses (``torch.fx`` needs code it can trace symbolically; this needs only that
+the block runs). The recording itself is ``gptblock.check.serve.loop``'s, as plain data, so that the
+process running the block needs nothing of the checker; ``from_plain`` reads it back, checked.
+``rerun`` replays it with chosen values replaced (an intervention, as in activation patching):
+``gptblock.check.roles.weights`` reads a weight by replacing a sub-layer's input with basis vectors.
+``replay`` re-executes the operators between two nodes as a function. Both re-execute torch's
+own operators as recorded, never the block's Python: they run wherever the trace is, the
+checker's own process included.
+
+Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
+(its fused fast path is one opaque operator); the RNG is re-seeded before every run.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..mistakes.report import CAUGHT
+from ..serve import loop
+from ..serve.loop import INPUT, LEAF, NoDropout
+from .decode import Opaque, Ref, TraceError, decode, ints, operator
+
+__all__ = [
+    "INPUT", "LEAF", "NoDropout", "Node", "Op", "Trace", "TraceError", "from_plain", "record",
+    "replay", "rerun",
+]  # fmt: skip
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Node:
+    """One tensor value of the forward pass.
+
+    Args:
+        id: its index in ``Trace.nodes``.
+        op: the index of the operator that made it (``INPUT``, ``LEAF``).
+        value: a detached copy of the value as it was made.
+        data: whether it depends on the block's input (else it is static: weights, constants).
+        name: a parameter's or buffer's name in the block.
+    """
+
+    id: int
+    op: int
+    value: Tensor
+    data: bool
+    name: str = ""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+
+@dataclass
+class Op:
+    """One ATen operator call: what it is, what it read and made, inside which module."""
+
+    index: int
+    func: Any  # torch._ops.OpOverload
+    args: tuple[Any, ...]  # tensors replaced by Ref
+    kwargs: dict[str, Any]
+    inputs: list[int]  # node ids of its tensor arguments, in order
+    outputs: list[int]  # node ids of the tensors it returned, in order
+    module: str  # the innermost module of the block running when it was called
+
+    @property
+    def name(self) -> str:
+        """The operator's name without namespace and overload: ``mm``, ``_softmax``."""
+        return str(self.func._opname)
+
+    @property
+    def base(self) -> str:
+        """The name without an in-place operator's trailing underscore: ``mul`` for ``mul_``."""
+        return (
+            self.name[:-1]
+            if self.name.endswith("_") and not self.name.endswith("__")
+            else self.name
+        )
+
+    def scalars(self) -> list[float]:
+        """The plain numbers among its arguments."""
+        flat, _ = tree_flatten((self.args, self.kwargs))
+        return [float(a) for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
+
+
+@dataclass
+class Trace:
+    """A recorded forward pass: its operators, nodes, and the nodes' consumers."""
+
+    ops: list[Op]
+    nodes: list[Node]
+    input: int  # the node of the block's input
+    output: int  # the node of the block's output
+    calls: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)
+    """Module calls: (name, first op, end op (exclusive), input nodes, output nodes)."""
+    grad: bool = True  # whether it ran with grad mode on (off only for a block that fails so)
+    parameters: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The block's parameters' shapes, by name (read or not)."""
+    modules: list[str] = field(default_factory=list)  # the block's modules' names ("": itself)
+
+    def consumers(self, node: int) -> list[Op]:
+        """The operators that read ``node``, in order."""
+        return [op for op in self.ops if node in op.inputs]
+
+    def producer(self, node: int) -> Op | None:
+        index = self.nodes[node].op
+        return self.ops[index] if index >= 0 else None
+
+    def ancestors(self, node: int) -> set[int]:
+        """Every node ``node`` was computed from, itself included."""
+        seen, todo = {node}, [node]
+        while todo:
+            op = self.producer(todo.pop())
+            for n in op.inputs if op else ():
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return seen
+
+
+def from_plain(
+    meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
+) -> Trace:
+    """A ``Trace`` from what ``loop.record`` sent, checked for form: every node a tensor, every
+    reference to a node that exists, every operator torch's own; with ``device``, the values
+    and every device argument moved there (a trace recorded on a GPU, replayed here).
+
+    Raises:
+        TraceError: the block raised while traced, returned no tensor, or what came is not a
+            trace.
+    """
+    if "error" in meta:
+        raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
+    try:
+        rows = meta["nodes"]
+        if not isinstance(rows, list):
+            raise TraceError("nodes that are not a list")
+        complex_nodes = set(ints(meta.get("complex", [])))
+        nodes: list[Node] = []
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
+                raise TraceError("a node that is not one")
+            value = tensors.get(f"n{i}")
+            if not isinstance(value, Tensor):
+                raise TraceError(f"node {i} without its value")
+            if i in complex_nodes:
+                value = torch.view_as_complex(value.contiguous())
+            if device is not None:
+                value = value.to(device)
+            nodes.append(Node(i, row[0], value, row[1] is True, str(row[2])[:300]))
+        n = len(nodes)
+        ops: list[Op] = []
+        for index, o in enumerate(meta["ops"]):
+            args, kwargs = o["args"], o["kwargs"]
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise TraceError("an operator's arguments that are not a list and a dict")
+            inputs, outputs = ints(o["inputs"]), ints(o["outputs"])
+            if not all(0 <= i < n for i in inputs) or not all(
+                0 <= i < n and nodes[i].op == index for i in outputs
+            ):
+                raise TraceError("an operator's nodes that do not exist")
+            ops.append(
+                Op(
+                    index,
+                    operator(o["func"]),
+                    tuple(decode(a, n, device) for a in args),
+                    {str(k): decode(v, n, device) for k, v in kwargs.items()},
+                    inputs,
+                    outputs,
+                    str(o["module"])[:300],
+                )
+            )
+        if not all(-2 <= node.op < len(ops) for node in nodes):
+            raise TraceError("a node made by no operator")
+        calls = []
+        for c in meta["calls"]:
+            name, first, end, ins, outs = c
+            if end == -1:
+                continue  # a module whose call raised inside the block (which caught it)
+            if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
+                raise TraceError("a module call that is not one")
+            ins, outs = ints(ins), ints(outs)
+            if not all(0 <= i < n for i in ins + outs):
+                raise TraceError("a module call on nodes that do not exist")
+            calls.append((str(name)[:300], first, end, ins, outs))
+        x, y = meta["input"], meta["output"]
+        if y is None:
+            raise TraceError("the block returned no tensor made in its forward pass")
+        if not (type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n):
+            raise TraceError("an input or output node that does not exist")
+        parameters = {str(k): tuple(ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
+        modules = [str(m) for m in meta.get("modules", [])]
+        grad = meta.get("grad") is not False
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TraceError(f"a trace that is not one ({type(e).__name__})") from None
+    return Trace(ops, nodes, x, y, calls, grad, parameters, modules)
+
+
+def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
+    """Run ``module(x)`` once and record every operator (``loop.record``, as here).
+
+    With ``no_dropout``, or inside ``NoDropout``, every dropout is recorded as the identity it
+    ran as, so that a replay needs no ``NoDropout``.
+
+    Raises:
+        TraceError: the block raised, or returned no tensor.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> trace = record(nn.Linear(4, 4).double(), torch.zeros(2, 3, 4, dtype=torch.float64))
+        >>> [op.name for op in trace.ops]
+        ['view', 't', 'addmm', 'view']
+    """
+    modes = _get_current_dispatch_mode_stack()
+    no_dropout = no_dropout or any(isinstance(m, NoDropout) for m in modes)
+    return from_plain(*loop.record(module, x, no_dropout=no_dropout))
+
+
+def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
+    """The traced forward pass replayed (torch's operators as recorded, never the block's
+    code) with the nodes in ``put`` replaced by those values (each of the node's shape); the
+    values of the nodes in ``get``.
+
+    Raises:
+        TraceError: an operator cannot be re-executed on the values given.
+    """
+    wanted = set(get)
+    last = max((trace.nodes[n].op for n in wanted), default=-1)
+    env: dict[int, Tensor] = {}
+
+    def value(a: object) -> object:
+        if isinstance(a, Opaque):
+            raise TraceError(f"an operator that takes a {a.kind} cannot be replayed")
+        if not isinstance(a, Ref):
+            return a
+        if a.node not in env:  # a leaf (or the input): a copy, which in-place operators may change
+            given = put.get(a.node)
+            env[a.node] = (given if given is not None else trace.nodes[a.node].value).clone()
+        return env[a.node]
+
+    got: dict[int, Tensor] = {}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            for op in trace.ops[: last + 1]:
+                args, kwargs = tree_map(value, (op.args, op.kwargs))
+                out = op.func(*args, **kwargs)
+                flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
+                made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+                if len(made) != len(op.outputs):
+                    raise TraceError(f"{op.name} made other tensors when replayed")
+                for t, node in zip(made, op.outputs, strict=True):
+                    if node in put:
+                        t = _put(t, put[node], flat_in)
+                    env[node] = t
+                    if node in wanted:
+                        got[node] = t.detach().clone()
+    except TraceError:
+        raise
+    except CAUGHT as e:
+        raise TraceError(f"the replay raised {type(e).__name__}: {e}"[:300]) from e
+    for n in wanted - set(got):
+        got[n] = cast(Tensor, value(Ref(n))).detach().clone()
+    return got
+
+
+def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
+    """``new`` where an operator made ``made``: in place for an in-place operator, else with
+    ``made``'s strides (so that a ``view`` of it still works)."""
+    if any(made is a for a in inputs):
+        return made.copy_(new)
+    if 0 in made.stride():  # an expanded view: a fresh contiguous value
+        return new.clone()
+    return torch.empty_strided(new.shape, made.stride(), dtype=new.dtype, device=new.device).copy_(
+        new
+    )
+
+
+def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
+    """The operators that compute ``target`` from ``source`` (and static values), as a function
+    of a tensor of ``source``'s shape.
+
+    Raises:
+        TraceError: ``target`` also depends on input data that does not come from ``source``.
+    """
+    between = trace.ancestors(target)
+    start = trace.nodes[source].op  # nothing made before the source can depend on it
+    ops = sorted({trace.nodes[n].op for n in between if trace.nodes[n].op > start})
+    inside: set[int] = {source}
+    chosen = []
+    for index in ops:
+        op = trace.ops[index]
+        if not any(n in inside for n in op.inputs):
+            if any(trace.nodes[n].data for n in op.inputs):
+                raise TraceError("the part reads input data from elsewhere")
+            continue  # a static value: recorded
+        chosen.append(op)
+        inside.update(op.outputs)
+    if target not in inside:
+        raise TraceError("the target does not depend on the source")
+
+    def run(h: Tensor) -> Tensor:
+        env = {source: h}
+
+        def value(a: object) -> object:
+            if isinstance(a, Ref):
+                return env.get(a.node, trace.nodes[a.node].value)
+            return a
+
+        for op in chosen:
+            args, kwargs = tree_map(value, (op.args, op.kwargs))
+            out = op.func(*args, **kwargs)
+            tensors = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+            env.update(zip(op.outputs, tensors, strict=True))
+        return env[target]
+
+    return run

@@ -1,0 +1,370 @@
+"""The recorder that runs where the block runs: one forward pass, operator by operator, as data.
+
+This file uses nothing but the standard library and torch, never gptblock, so that the process
+running a learner's block can hold it without importing the checker (``gptblock.check.roles.trace``
+decodes what it records; ``gptblock.check.serve.runner`` runs it, copied under a neutral name). It
+also holds what every file of that process shares: ``CAUGHT``, ``one_line`` and the error a
+block that cannot be checked raises (``gptblock.errors.UserValueError`` inside gptblock).
+
+``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode`` and returns plain
+data: a JSON-able description and the tensors it names. Every ATen operator is kept as its
+qualified name (``aten::mm.default``), its arguments with each tensor replaced by a reference
+``{"r": NODE}`` and every other argument as JSON (ints, floats, bools, None, strings, lists,
+``{"tuple": [...]}``, ``{"dtype": ...}``, ``{"device": ...}``, ``{"memory_format": ...}``,
+``{"layout": ...}``); every tensor value it read or made is a node (the input, a parameter or
+buffer by name, or an operator's output), with the module that was running and which modules
+the block called, on which nodes. The checker re-executes those operators itself, with values
+replaced, instead of running the block's Python again.
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+try:
+    from ...errors import UserValueError
+except ImportError:  # copied outside gptblock (the runner's process): the checker maps it back
+
+    class UserValueError(ValueError):  # type: ignore[no-redef]
+        """A block that cannot be built or checked as it is; the message says why."""
+
+
+__all__ = [
+    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "NoDropout", "NotCached", "UserValueError",
+    "cache_api", "cached_last", "drive_cache", "encode", "one_line", "record",
+]  # fmt: skip
+
+CAUGHT = (Exception, SystemExit)
+"""What the user's code may raise without stopping the check: any error, and ``sys.exit()``
+called from it (a ``SystemExit`` that would otherwise end the checker's process with the
+block's exit code). ``KeyboardInterrupt`` still stops the check."""
+
+Tensor = torch.Tensor
+INPUT = -1  # a node's op: the block's input
+LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
+_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+
+
+def one_line(e: BaseException | None) -> str:
+    """'TypeError: first line of the message', for a one-line report.
+
+    Example:
+        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
+        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
+    """
+    if e is None:
+        return "unknown error"
+    if isinstance(e, SystemExit):
+        return f"SystemExit: {e.code} (sys.exit({e.code!r}) was called)"
+    lines = str(e).strip().splitlines()
+    first = lines[0].rstrip(".") if lines else ""
+    first = first if len(first) <= 300 else first[:300] + "..."  # a message may be megabytes
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """A dispatch mode without ``torch._dynamo``'s wrapper, which would import ``torch._dynamo``
+    on the first call (5 s on a busy 2-core machine); nothing here is compiled."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+def encode(a: object) -> object:
+    """An operator's argument as JSON (tensors already replaced by ``{"r": node}``).
+
+    Example:
+        >>> encode((2, [torch.float64, None], torch.device("cpu")))
+        {'tuple': [2, [{'dtype': 'float64'}, None], {'device': 'cpu'}]}
+    """
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    if isinstance(a, tuple):
+        return {"tuple": [encode(b) for b in a]}
+    if isinstance(a, list):
+        return [encode(b) for b in a]
+    if isinstance(a, dict):
+        return {"dict": {str(k): encode(v) for k, v in a.items()}}
+    if isinstance(a, complex):
+        return {"complex": [a.real, a.imag]}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    for key, kind in _ENUMS.items():
+        if isinstance(a, kind):
+            return {key: str(a).removeprefix("torch.")}
+    return {"opaque": type(a).__name__}  # (a generator, say): the checker cannot replay it
+
+
+class _Recorder(_Mode):
+    def __init__(self, known: dict[int, tuple[Tensor, str]], x: Tensor) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[dict[str, Any]] = []
+        self.nodes: list[list[Any]] = []  # [op, data, name]
+        self.values: list[Tensor] = []
+        self.latest: dict[int, tuple[Tensor, int]] = {}  # id(tensor) -> (tensor, node)
+        self.stamp: dict[int, tuple[object, ...]] = {}  # id(tensor) -> what it held then
+        self.known = known
+        self.stack: list[str] = [""]
+        self.input = self.node_of(x, INPUT, data=True)
+
+    def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
+        self.nodes.append([op, data, name])
+        self.values.append(t.detach().clone())
+        self.latest[id(t)] = (t, len(self.nodes) - 1)
+        self.stamp[id(t)] = _stamp(t)
+        return len(self.nodes) - 1
+
+    def node_of(self, t: Tensor, op: int = LEAF, data: bool = False) -> int:
+        hit = self.latest.get(id(t))
+        if hit is not None and hit[0] is t and self.stamp[id(t)] == _stamp(t):
+            return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
+        known = self.known.get(id(t))
+        return self.new(t, op, data, known[1] if known else "")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        inputs: list[int] = []
+
+        def ref(a: object) -> object:
+            if isinstance(a, Tensor):
+                inputs.append(self.node_of(a))
+                return {"r": inputs[-1]}
+            return a
+
+        rargs, rkwargs = tree_map(ref, (list(args), kwargs))
+        out = func(*args, **kwargs)
+        index = len(self.ops)
+        data = any(self.nodes[n][1] for n in inputs)
+        outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        self.ops.append(
+            {
+                "func": f"{func._schema.name}.{func._overloadname}",
+                "args": [_plain(a) for a in rargs],
+                "kwargs": {k: _plain(v) for k, v in rkwargs.items()},
+                "inputs": inputs,
+                "outputs": outputs,
+                "module": self.stack[-1],
+            }
+        )
+        return out
+
+
+def _plain(a: object) -> object:
+    if isinstance(a, dict) and set(a) == {"r"}:
+        return a  # a tensor's reference
+    if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
+        inner = [_plain(b) for b in a]
+        return inner if isinstance(a, list) else {"tuple": inner}
+    return encode(a)
+
+
+def _stamp(t: Tensor) -> tuple[object, ...]:
+    try:
+        return (t.dtype, tuple(t.shape), t.data_ptr())  # (not _version: bumped after us)
+    except RuntimeError:  # a tensor without storage
+        return (t.dtype, tuple(t.shape))
+
+
+def _hooks(module: nn.Module, rec: _Recorder, calls: list[list[Any]]) -> list[Any]:
+    handles = []
+    for name, m in module.named_modules():
+        if not name:
+            continue
+
+        def pre(m: nn.Module, args: Any, name: str = name) -> None:
+            rec.stack.append(name)
+            ins = [
+                rec.latest[id(a)][1] for a in args if isinstance(a, Tensor) and id(a) in rec.latest
+            ]
+            calls.append([name, len(rec.ops), -1, ins, []])
+
+        def post(m: nn.Module, args: Any, out: Any, name: str = name) -> None:
+            rec.stack.pop()
+            call = next(c for c in reversed(calls) if c[0] == name and c[2] == -1)
+            call[2] = len(rec.ops)
+            flat = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+            call[4] = [rec.latest[id(t)][1] for t in flat if id(t) in rec.latest]
+
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post))
+    return handles
+
+
+def _call(module: nn.Module, x: Tensor, grad: bool) -> object:
+    with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(grad):
+        torch.manual_seed(0)
+        return module(x)
+
+
+class NoDropout(_Mode):
+    """Every dropout an identity, however the code calls it: ``bernoulli_(p)``, the keep-mask
+    dropout draws and then divides by ``p``, fills with ``p`` (so the mask is exactly 1), and
+    ``native_dropout`` returns its input. For a block that keeps dropout on in eval mode through
+    a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._opname
+        if name == "bernoulli_" and len(args) > 1 and isinstance(args[1], float):
+            return args[0].fill_(args[1])
+        if name == "bernoulli" and len(args) > 1 and isinstance(args[1], float):
+            return torch.full_like(args[0], args[1])
+        if name == "native_dropout":
+            return args[0].clone(), torch.ones_like(args[0], dtype=torch.bool)
+        return func(*args, **(kwargs or {}))
+
+
+def _first(out: object) -> object:
+    """A block's output; of a tuple (output, cache or attention weights), its first element."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0]
+    return out
+
+
+PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
+CACHE_APIS = ("start_pos", "input_pos", *PAST)
+"""The cache arguments recognised in a block's ``forward``, in the order they are looked for."""
+
+
+class NotCached(ValueError):
+    """The block's cache API did not answer as the recognised one does."""
+
+
+def cache_api(module: nn.Module) -> str | None:
+    """The cache argument of ``module.forward`` the checker knows how to drive, or None.
+
+    Example:
+        >>> class Meta(nn.Module):
+        ...     def forward(self, x, start_pos=None): ...
+        >>> cache_api(Meta()), cache_api(nn.Identity())
+        ('start_pos', None)
+    """
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((name for name in CACHE_APIS if name in params), None)
+
+
+def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
+    """The output at the last position of ``x`` (B, T, C), computed as one decoding step at
+    position T-1 through the cache ``api`` after the prefix ``x[:, :T-1]``: (B, 1, C).
+
+    Raises:
+        NotCached: the prefix's call does not return a cache to pass back.
+    """
+    B, T, _ = x.shape
+    P = T - 1
+    params = inspect.signature(module.forward).parameters
+    if api == "start_pos":
+        module(x[:, :P], start_pos=0)
+        y = module(x[:, P:], start_pos=P)
+    elif api == "input_pos":
+        module(x[:, :P], input_pos=torch.arange(P, device=x.device))
+        y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device))
+    else:
+        extra: dict[str, object] = {"use_cache": True} if "use_cache" in params else {}
+        out = module(x[:, :P], **extra)
+        if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+            raise NotCached(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
+        if "position_ids" in params:
+            extra["position_ids"] = torch.full((B, 1), P, device=x.device)
+        y = module(x[:, P:], **{api: out[1]}, **extra)
+    y = y[0] if isinstance(y, tuple) else y
+    if not isinstance(y, Tensor) or y.shape != (B, 1, x.shape[-1]):
+        raise NotCached("the cached step does not return the step's (B, 1, C) output")
+    return y
+
+
+def drive_cache(
+    module: nn.Module, x: Tensor, *, no_dropout: bool = False
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The block's cache API driven on ``x`` (B, T, C), on a copy: ``({"api": ...}, {"whole":
+    the whole sequence's last position, "step": the cached step's})``, both (B, 1, C);
+    ``{"api": None}`` without an API ``cached_last`` knows; ``"raised"``: what it raised."""
+    api = cache_api(module)
+    if api is None:
+        return {"api": None}, {}
+    try:
+        with torch.no_grad(), NoDropout() if no_dropout else contextlib.nullcontext():
+            whole = _first(module(x))
+            if not isinstance(whole, Tensor):
+                raise TypeError(f"forward(x) returned a {type(whole).__name__}")
+            step = cached_last(copy.deepcopy(module), x, api)
+    except Exception as e:
+        first = str(e).strip().splitlines()
+        return {"api": api, "raised": f"{type(e).__name__}: {first[0] if first else ''}"}, {}
+    return {"api": api}, {"whole": whole[:, -1:], "step": step}
+
+
+def record(
+    module: nn.Module, x: Tensor, *, no_dropout: bool = False
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data.
+
+    The description holds ``ops``, ``nodes`` ([op, depends on the input, name]; node i's value
+    is ``tensors[f"n{i}"]``), ``input``, ``output`` (a node, or null when the block returned no
+    tensor it made), ``calls`` ([module, first op, end op, input nodes, output nodes]),
+    ``grad``, ``parameters`` ({name: shape}), ``modules`` (names), or ``error`` (the
+    exception's type) when the block raised both with and without grad mode.
+    Complex values travel as their real view (``complex``: their nodes).
+
+    Example:
+        >>> meta, tensors = record(nn.Linear(4, 4), torch.zeros(2, 3, 4))
+        >>> [op["func"] for op in meta["ops"]]
+        ['aten::view.default', 'aten::t.default', 'aten::addmm.default', 'aten::view.default']
+    """
+    named = [*module.named_parameters(), *module.named_buffers()]
+    known = {id(t): (t, name) for name, t in named}
+    error = ""
+    for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
+        rec = _Recorder(known, x)
+        calls: list[list[Any]] = []
+        handles = _hooks(module, rec, calls)
+        try:
+            # NoDropout inside the recorder: what is recorded is what ran (``fill_``, not the
+            # ``bernoulli_`` it replaced), so a replay needs no NoDropout of its own
+            with rec, NoDropout() if no_dropout else contextlib.nullcontext():
+                out = _first(_call(module, x, grad))
+        except Exception as e:  # the block's own error ends the trace, not the check
+            error = error or type(e).__name__
+            continue
+        finally:
+            for h in handles:
+                h.remove()
+        output = (
+            rec.latest[id(out)][1] if isinstance(out, Tensor) and id(out) in rec.latest else None
+        )
+        tensors: dict[str, Tensor] = {}
+        complex_nodes = []
+        for i, v in enumerate(rec.values):
+            if v.is_complex():
+                complex_nodes.append(i)
+                v = torch.view_as_real(v.resolve_conj())
+            tensors[f"n{i}"] = v
+        meta = {
+            "ops": rec.ops,
+            "nodes": rec.nodes,
+            "input": rec.input,
+            "output": output,
+            "calls": calls,
+            "grad": grad,
+            "parameters": {n: list(p.shape) for n, p in module.named_parameters()},
+            "modules": [n for n, _ in module.named_modules()],
+            "complex": complex_nodes,
+        }
+        return meta, tensors
+    return {"error": error}, {}

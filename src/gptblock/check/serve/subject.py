@@ -1,0 +1,398 @@
+"""The checker's own copy of a block, and the one way every check calls it.
+
+``Subject`` is an eval-mode deep copy of the user's block in float64 (float32 when the block
+fails in float64). Every call goes through ``Subject.forward``, which gives the block a fresh
+copy of its input and takes a copy of its output: a block may change its input in place
+(``x += self.sa(self.ln1(x))`` under ``torch.no_grad``) or return a buffer it overwrites on the
+next call, and neither may leak into another probe's measurement. The copy is checked to be one:
+``copy.deepcopy`` copies a function stored on a module by reference, so minGPT's ``self.mlpf =
+lambda x: m.c_proj(...)`` would still call the original's MLP; such closures are rebuilt around
+the copied modules, and a copy that still calls the original's modules is refused. Every call but the determinism
+probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
+the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
+
+A learner trains in float32 and in train mode: a float32 input runs a float32 copy of the copy
+(``module_in``: its parameters are the copy's, whatever they were set to since), and a
+``train=True`` call runs the copy in train mode with every dropout an identity
+(``trace.NoDropout``), so that ``gptblock.check.compare.conditions`` can compare both with the reference.
+It uses nothing of gptblock but ``loop``: the runner's process holds it (``runner``).
+
+Shapes: B batch, T time, C channels.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+from .loop import CAUGHT, NoDropout, UserValueError, one_line
+
+__all__ = ["Grads", "Subject", "Tested", "first_tensor", "moved", "one_thread"]
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Grads:
+    """What a backward pass gave: each trainable parameter's gradient (None: unreached), or the
+    in-place change that stopped it (``failed``: ``"forward"`` or ``"backward"``, and why)."""
+
+    names: list[str]
+    grads: list[Tensor | None]
+    failed: str = ""
+    message: str = ""
+    input: Tensor | None = None  # the input's gradient, when asked for
+
+
+class Tested(Protocol):
+    """What the probes and the comparison ask of a block: a ``Subject`` in this process, or the
+    checker's view of one in another (``gptblock.check.isolation.remote``), whose answers are claims.
+
+    The block runs in the dtype of its input (float64, or float32: the dtype learners train
+    in), in eval mode unless ``train``; ``longest`` is its longest sequence (block_size), 0 when
+    nothing tells it."""
+
+    C: int
+    T: int
+    longest: int
+    dtype: torch.dtype
+    device: torch.device
+    tol: float
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor: ...
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
+
+    def own_rng(self) -> ContextManager[None]: ...
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor: ...
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
+
+
+def moved(y: Tensor, y2: Tensor, tol: float) -> Tensor:
+    """Where ``y2`` differs from ``y`` by more than ``tol`` of y's scale (NaN == NaN is equal)."""
+    scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
+    same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= tol * scale)
+    return ~same
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch with one intra-op thread inside, the caller's setting restored after.
+
+    The checker's tensors are tiny: extra intra-op threads only add synchronisation, which on a
+    busy 2-core machine made one check 70x slower (2.3 s against 33 ms).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Subject:
+    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
+
+    The user's module is never changed: the copy is made with ``copy.deepcopy``.
+
+    Args:
+        module: the user's block.
+        C: channels of its input.
+        T: the sequence length to probe with (<= the block's block_size).
+        longest: the block's longest sequence, 0 if unknown.
+    """
+
+    def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
+        self.C, self.T, self.longest = C, T, longest
+        self._others: dict[torch.dtype, nn.Module] = {}  # copies in the other dtype (module_in)
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        if self.device.type == "meta":
+            raise UserValueError(
+                f"{type(module).__name__}'s parameters are on the meta device (shapes without "
+                "values): build it on a real device to check it"
+            )
+        self.generator = torch.Generator().manual_seed(0)
+        self.note = ""
+        self.no_dropout = False  # every call with dropout switched off (trace.NoDropout)
+        self.failure: BaseException | None = None  # the first call's, in both dtypes
+        self.unpacked = ""  # how the output is taken from a tuple the block returns
+        self._key: Any = None  # and which item of it
+        failure: BaseException | None = None
+        for dtype in (torch.float64, torch.float32):
+            self.dtype = dtype
+            self.module = _copy(module, dtype)
+            try:
+                with _watch(module) as original_called:
+                    self(self.input(T, T, C))
+                break
+            except CAUGHT as e:
+                failure = failure or e
+            finally:
+                if original_called:
+                    raise UserValueError(
+                        f"the checker's copy of {type(module).__name__} still calls the "
+                        f"original's {', '.join(original_called[:3])}: keep the modules a "
+                        "function uses reachable as attributes, not only in its closure"
+                    )
+        else:
+            self.dtype = torch.float64
+            self.module = _copy(module, torch.float64)
+            self.failure = failure
+        if self.dtype != torch.float64:
+            self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+        else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
+            self._others[torch.float32] = _copy(module, torch.float32)
+            if self.unpacked:
+                _take(self._others[torch.float32], self._key)
+        if self.unpacked:
+            self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
+        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
+        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
+
+        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``. The
+        block runs in ``x``'s dtype (``module_in``); ``train``: in train mode with every
+        dropout an identity (``trace.NoDropout``).
+        """
+        with torch.no_grad():
+            return self.forward(x, seeded=seeded, train=train)
+
+    def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """Like calling the subject, but with autograd as the caller has it.
+
+        The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
+        """
+        module = self.module_in(x.dtype)
+        with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
+            if not seeded:
+                return self._output(module(x.clone()), x.shape)
+            with self.own_rng():
+                torch.manual_seed(0)
+                return self._output(module(x.clone()), x.shape)
+
+    def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
+        """A copy of the output; from a tuple (or list, dict) the block returns, its (B, T, C)
+        tensor, the copy's ``forward`` then made to return it for every check (the trace's
+        included), and the note that says so."""
+        if not isinstance(y, Tensor) and not self.unpacked:
+            self.unpacked, self._key = _unpack(self.module, y, shape)
+            y = y[self._key] if self.unpacked else y  # type: ignore[index]
+        return _output(y)
+
+    def copies(self) -> list[nn.Module]:
+        """The checker's copy and its copy in the other dtype, if any (``Served.dropout_off``
+        changes the attributes of both)."""
+        return [self.module, *self._others.values()]
+
+    def module_in(self, dtype: torch.dtype) -> nn.Module:
+        """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
+        copy of the user's block in float32 with ``module``'s parameter values, as they are now.
+
+        Raises:
+            TypeError: a dtype other than float64 and float32, or float64 for a block that
+                fails in float64.
+        """
+        if dtype == self.dtype:
+            return self.module
+        if dtype not in (torch.float64, torch.float32):
+            raise TypeError(f"the checker runs the block in float64 or float32, not {dtype}")
+        other = self._others.get(dtype)
+        if other is None:
+            raise TypeError(f"the block fails in float64: it is checked in {self.dtype} only")
+        own = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for name, p in other.named_parameters():
+                p.copy_(own[name])
+        return other
+
+    def own_rng(self) -> ContextManager[None]:
+        """A context in which the block may draw random numbers; the caller's RNG is restored."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        return torch.random.fork_rng(devices=devices)
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
+        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
+        return moved(y, y2, self.tol)
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y taken as 0),
+        and with ``inputs`` the input's.
+
+        An in-place change autograd needed, in the forward pass with autograd on or in the
+        backward pass, is returned as ``failed``; any other error is raised.
+        """
+        own = self.module_in(x.dtype).named_parameters()
+        params = [(n, p) for n, p in own if p.requires_grad]
+        names = [n for n, _ in params]
+        if not params and not inputs:
+            return Grads([], [])
+        x = x.detach().requires_grad_(inputs)
+        with torch.enable_grad():
+            try:
+                y = self.forward(x)
+            except RuntimeError as e:  # a view autograd needs, changed in place: only with grad
+                said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
+                if "inplace" not in said:
+                    raise
+                return Grads(names, [], "forward", one_line(e))
+            loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
+            if not loss.requires_grad:  # the output depends on no parameter at all
+                return Grads(names, [None] * len(params))
+            wrt = [p for _, p in params] + ([x] if inputs else [])
+            try:
+                grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
+            except RuntimeError as e:
+                if "inplace operation" not in str(e):
+                    raise
+                return Grads(names, [], "backward", one_line(e))
+        return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
+
+
+@contextmanager
+def _mode(module: nn.Module, train: bool) -> Iterator[None]:
+    """``module`` in train mode inside when ``train``; back in eval mode after."""
+    if not train:
+        yield
+        return
+    module.train()
+    try:
+        yield
+    finally:
+        module.eval()
+
+
+class _watch:
+    """Names of the original's modules called while the copy runs (none, for a true copy)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.called: list[str] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> list[str]:
+        for name, m in self.module.named_modules():
+            self.handles.append(
+                m.register_forward_pre_hook(lambda *_, n=name: self.called.append(n or "root"))
+            )
+        return self.called
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    memo: dict[int, Any] = {}
+    try:
+        copied = copy.deepcopy(module, memo)
+        _rebind_closures(copied, memo)
+        # .to(float64) would cast a complex buffer (Meta Llama's freqs_cis) to real, dropping its
+        # imaginary part: such buffers become the complex dtype of the checker's precision.
+        complex_buffers = [(m, n, b) for m in copied.modules() for n, b in m._buffers.items()
+                           if b is not None and b.is_complex()]  # fmt: skip
+        with warnings.catch_warnings():  # "casting complex values to real": put right below
+            warnings.simplefilter("ignore", UserWarning)
+            copied = copied.to(dtype).eval()
+        wide = torch.complex128 if dtype == torch.float64 else torch.complex64
+        for m, n, b in complex_buffers:
+            m._buffers[n] = b.to(wide)
+        return copied
+    except CAUGHT as e:
+        raise UserValueError(
+            f"cannot copy {type(module).__name__} to check it (copy.deepcopy, .to({dtype})): "
+            f"{one_line(e)}"
+        ) from e
+
+
+def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
+    """Functions stored on the copy's modules, rebuilt so their closures hold the copies.
+
+    ``memo`` is ``copy.deepcopy``'s: id(original) -> copy, for everything it copied.
+    """
+    for m in copied.modules():
+        for name, f in list(vars(m).items()):
+            if not isinstance(f, types.FunctionType) or not f.__closure__:
+                continue
+            cells = []
+            for cell in f.__closure__:
+                try:
+                    value = cell.cell_contents
+                except ValueError:  # an empty cell
+                    cells.append(cell)
+                    continue
+                cells.append(types.CellType(memo.get(id(value), value)))
+            g = types.FunctionType(
+                f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells)
+            )
+            g.__kwdefaults__ = f.__kwdefaults__
+            setattr(m, name, g)
+
+
+def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Tensor, str] | None:
+    """The first tensor of ``shape`` in what a block returned (a tuple, list or dict such as
+    Hugging Face's ``ModelOutput``: output and cache, or attention weights), and which.
+
+    Example:
+        >>> y = torch.zeros(2, 3, 4)
+        >>> first_tensor((y, None), (2, 3, 4))[1], first_tensor(y, (2, 3, 4))[1]
+        ('element 0 of the tuple', '')
+    """
+    if isinstance(y, Tensor):
+        return y, ""
+    items: list[tuple[object, object]] = []
+    if isinstance(y, (tuple, list)):
+        items = list(enumerate(y))
+    elif isinstance(y, Mapping):
+        items = list(y.items())
+    for key, value in items:
+        if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
+            which = f"{key!r}" if isinstance(key, str) else f"element {key}"
+            return value, f"{which} of the {type(y).__name__}"
+    return None
+
+
+def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, Any]:
+    """The note and the key of a block returning a tuple (or list, or dict) that holds its
+    (B, T, C) output, its ``forward`` made to return that tensor; ``""`` for any other."""
+    found = first_tensor(y, tuple(shape))
+    if found is None or not found[1]:
+        return "", None
+    pairs = enumerate(y) if isinstance(y, (tuple, list)) else y.items()  # type: ignore[attr-defined]
+    key = next(k for k, v in pairs if v is found[0])
+    _take(module, key)
+    which = found[1].split(" of ")[0]
+    note = f"the block returns a {type(y).__name__}: its {which}, the (B, T, C) tensor, is taken"
+    return note + " as its output", key
+
+
+def _take(module: nn.Module, key: Any) -> None:
+    """Make ``module``'s ``forward`` return the ``key`` item of what its class's returns."""
+    forward = type(module).forward
+    module.forward = types.MethodType(lambda m, *a, **k: forward(m, *a, **k)[key], module)
+
+
+def _output(y: object) -> Tensor:
+    if not isinstance(y, Tensor):
+        what = type(y).__name__
+        if isinstance(y, (tuple, list)) and y and isinstance(y[0], Tensor):
+            what += f" (of {len(y)}, the first a tensor of shape {tuple(y[0].shape)})"
+        raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
+    return y.clone() if y.requires_grad else y.detach().clone()
