@@ -189,7 +189,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
 
     def on_step(trainer: object) -> None:
         nonlocal reached
-        step = run.trainer.step
+        step = run.trainer.iter_num
         if step in due and check(step) <= args.target:
             reached = checks[-1]
             run.trainer.request_stop()  # the trainer's own closing score is not timed
@@ -202,7 +202,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     def on_eval(trainer: object) -> None:
         # The trainer's estimate at step 0 (one batch of each split) ends: the first step
         # starts now. What came before is the start's cost.
-        if run.trainer.step == 0 and not start:
+        if run.trainer.iter_num == 0 and not start:
             now = time.time()
             start["start_seconds"] = now - started
             start["imports_seconds"] = IMPORTED - started
@@ -215,7 +215,7 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
     if not checks:  # stopped (a signal, Ctrl-C) before its first whole-validation check
         name = Path(sys.argv[0]).name
         print(
-            f"{name}: stopped at step {run.trainer.step}, before any check: no result",
+            f"{name}: stopped at step {run.trainer.iter_num}, before any check: no result",
             file=sys.stderr,
         )
         raise SystemExit(1)

@@ -102,7 +102,7 @@ def budget_callback(
 
     def on_step(_: object) -> None:
         nonlocal planner
-        step, now = trainer.step, time.time()
+        step, now = trainer.iter_num, time.time()
         if planner is None:
             if step < WARM:
                 return

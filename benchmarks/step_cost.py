@@ -40,7 +40,7 @@ INPUT_SIDE = ["off", "bigram:bigram=True", "smear:smear=True", "both:bigram=True
 def steps(trainer: Trainer, n: int) -> None:
     """``n`` training steps, the losses read at the end, as the loop does."""
     for _ in range(n):
-        trainer._train_step()
+        trainer.step()
     trainer.read_losses()
 
 

@@ -49,9 +49,9 @@ model = GPT(GPTConfig(tok.vocab_size, block_size=64, n_layer=4, n_head=4, n_embd
 total = warmup + steps
 cfg = TrainConfig(block_size=64, batch_size=16, lr=2e-3, max_iters=total, warmup=100,
                   eval_interval=10 * total, eval_iters=1)
-stamps = {}
+stamps = [0.0]  # stamps[k]: when step k ended (the step counter's name differs by revision)
 trainer = Trainer(model, splits, cfg, progress=False)
-trainer.add_callback("on_step_end", lambda t: stamps.__setitem__(t.step, time.perf_counter()))
+trainer.add_callback("on_step_end", lambda t: stamps.append(time.perf_counter()))
 trainer.fit()
 print(json.dumps({"ms_per_step": 1e3 * (stamps[total] - stamps[warmup]) / steps}))
 """

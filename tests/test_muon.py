@@ -124,7 +124,7 @@ def test_muon_training_resumes_bit_exactly(tmp_path):
     whole = Trainer(model(), data, cfg, progress=False)
     whole.fit()
     first = Trainer(model(), data, cfg, out_dir=tmp_path, progress=False)
-    first.add_callback("on_step_end", lambda t: t.request_stop() if t.step == 4 else None)
+    first.add_callback("on_step_end", lambda t: t.request_stop() if t.iter_num == 4 else None)
     first.fit()
     second = Trainer(model(), data, cfg, out_dir=tmp_path, progress=False)
     second.fit(resume=True)

@@ -148,7 +148,7 @@ def test_loss_estimates_are_repeatable_and_leave_training_randomness_alone():
 
 def stop_at(k):
     def callback(trainer):
-        if trainer.step == k:
+        if trainer.iter_num == k:
             trainer.request_stop()
 
     return callback
@@ -219,7 +219,7 @@ def test_resume_needs_a_checkpoint(tmp_path):
 
 def test_ctrl_c_saves_and_stops(tmp_path):
     def interrupt(trainer):
-        if trainer.step == 3:
+        if trainer.iter_num == 3:
             os.kill(os.getpid(), signal.SIGINT)
 
     trainer = Trainer(model(), data(), config(), out_dir=tmp_path, progress=False)
@@ -288,7 +288,7 @@ def test_data_shorter_than_a_window_is_refused():
 
 def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
     def interrupt_twice(trainer):
-        if trainer.step == 2:
+        if trainer.iter_num == 2:
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -335,7 +335,7 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(monkeypatch):
     # even when training on a GPU: that read waits for nothing.)
     package = os.path.dirname(gptblock.__file__)
     inside = []
-    original = Trainer._train_step
+    original = Trainer.step
 
     def step(self):
         inside.append(True)
@@ -356,7 +356,7 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(monkeypatch):
 
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy"):
         refuse(name)
-    monkeypatch.setattr(Trainer, "_train_step", step)
+    monkeypatch.setattr(Trainer, "step", step)
     trainer = Trainer(model(), data(), config(max_iters=12, log_interval=5), progress=False)
     assert trainer.fit().step == 12 and len(trainer.losses) == 12
 

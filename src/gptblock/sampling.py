@@ -45,7 +45,7 @@ def generation_weights(name: str, model: GPT) -> str:
     Why: a cached step at batch 1 reads every weight once per token. On the 6-layer, 384-wide
     GPT, ``benchmarks/generation_precision.py`` measures int8 the fastest form, bfloat16 no
     faster than float32 there, and int8 changing the default run's whole-validation loss by
-    less than 0.01 (benchmarks/README.md). The int8 kernel computes in bfloat16, which a CPU
+    less than 0.01 (benchmarks/LOG.md). The int8 kernel computes in bfloat16, which a CPU
     without it emulates slowly.
 
     Example:

@@ -117,7 +117,7 @@ class Trainer:
         # float16 needs loss scaling against gradient underflow; bfloat16 has float32's range.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.dtype == "float16")
         self.generator = torch.Generator().manual_seed(config.seed)  # draws the training batches
-        self.step = 0
+        self.iter_num = 0
         self.best_val_loss: float | None = None
         self.losses: list[float] = []  # training loss of each step read so far, from step 1
         self._unread: list[torch.Tensor] = []  # the losses of the steps since, on the device
@@ -174,8 +174,8 @@ class Trainer:
                 torch.manual_seed(self.config.seed + 1000 * self.dist.rank)
                 self._evaluate_and_save()  # step 0: from here on there is always a checkpoint
             self._loop()
-            stopped = self.step < self.config.max_iters
-            if stopped and self._saved_step != self.step:
+            stopped = self.iter_num < self.config.max_iters
+            if stopped and self._saved_step != self.iter_num:
                 self.save(LAST)
         return self._result(interrupted=stopped)
 
@@ -195,15 +195,17 @@ class Trainer:
 
     def _loop(self) -> None:
         cfg = self.config
-        bar = ProgressBar(self.step, cfg.max_iters, enabled=self.progress and self.dist.is_main)
+        bar = ProgressBar(self.iter_num, cfg.max_iters, enabled=self.progress and self.dist.is_main)
         try:
-            while self.step < cfg.max_iters and not self._agree_to_stop():
-                self._train_step()
+            while self.iter_num < cfg.max_iters and not self._agree_to_stop():
+                self.step()
                 bar.advance()
-                evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
-                if evaluate or self.step % cfg.log_interval == 0:
+                evaluate = self.iter_num % cfg.eval_interval == 0 or self.iter_num == cfg.max_iters
+                if evaluate or self.iter_num % cfg.log_interval == 0:
                     self.read_losses()
-                    bar.show(self.losses[-1], lr_at(self.step - 1, cfg), self._tokens_per_step())
+                    bar.show(
+                        self.losses[-1], lr_at(self.iter_num - 1, cfg), self._tokens_per_step()
+                    )
                 for fn in self._callbacks["on_step_end"]:
                     fn(self)
                 if evaluate:
@@ -216,7 +218,7 @@ class Trainer:
             return self._stop_requested
         # Every process must stop at the same step, even if only one of them got the signal.
         # Agreeing is a collective and a host read, so it happens where the losses are read.
-        if self.step % self.config.log_interval != 0:
+        if self.iter_num % self.config.log_interval != 0:
             return False
         flag = torch.tensor([float(self._stop_requested)], device=comm_device(self.device))
         return bool(all_reduce_sum(flag).item() > 0)
@@ -246,13 +248,22 @@ class Trainer:
         self.losses.extend(values)
         return self.losses
 
-    def _train_step(self) -> None:
+    def step(self) -> None:
+        """One training step: the learning rate of this step, a batch, forward, backward, the
+        update; ``iter_num`` counts it. The loss stays on the device until ``read_losses``, so
+        the host never waits for it here. Under a profiler each phase is a range ("data",
+        "forward", "backward", "optimizer"), as ``benchmarks/profile_step.py`` reads them.
+
+        Raises:
+            UserValueError: the model's loss does not require grad.
+        """
         cfg = self.config
-        lr = lr_at(self.step, cfg)
+        lr = lr_at(self.iter_num, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)  # each group's peak, on one schedule
-        x, y = self._batch(self.data.train, self.generator)  # (B, T) each
-        with self.autocast:
+        with _phase("data"):
+            x, y = self._batch(self.data.train, self.generator)  # (B, T) each
+        with _phase("forward"), self.autocast:
             loss = loss_of(self.net(x, y))
         if not loss.requires_grad:
             raise UserValueError(
@@ -260,14 +271,16 @@ class Trainer:
                 "torch.no_grad(), or detached from the model's parameters?"
             )
         self._unread.append(loss.detach())  # read with the others by read_losses
-        self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
-        if cfg.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        with _phase("backward"):
+            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        with _phase("optimizer"):
+            if cfg.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.iter_num += 1
 
     def _batch(
         self, tokens: torch.Tensor, generator: torch.Generator
@@ -292,37 +305,27 @@ class Trainer:
         batches at every estimate: ``gptblock.train.evaluate.estimate_loss``)."""
         cfg = self.config
         return estimate_loss(
-            self.model,
-            self.data,
-            block_size=cfg.block_size,
-            batch_size=cfg.batch_size,
-            iters=cfg.eval_iters,
-            seed=cfg.seed,
-            device=self.device,
-            autocast=self.autocast,
-        )
+            self.model, self.data, block_size=cfg.block_size, batch_size=cfg.batch_size,
+            iters=cfg.eval_iters, seed=cfg.seed, device=self.device, autocast=self.autocast,
+        )  # fmt: skip
 
     def validation_loss(self) -> float:
         """Mean loss per token over the WHOLE validation split (``gptblock.train.evaluate``)."""
         cfg = self.config
         return validation_loss(
-            self.model,
-            self.data.val,
-            block_size=cfg.block_size,
-            batch_size=cfg.batch_size,
-            device=self.device,
-            autocast=self.autocast,
-        )
+            self.model, self.data.val, block_size=cfg.block_size, batch_size=cfg.batch_size,
+            device=self.device, autocast=self.autocast,
+        )  # fmt: skip
 
     def _evaluate_and_save(self) -> None:
         losses = self.estimate_loss()
         for split, value in losses.items():
             if not math.isfinite(value):
                 raise NonFiniteLossError(
-                    f"{split} loss estimate is {value} at step {self.step}; stopped without "
+                    f"{split} loss estimate is {value} at step {self.iter_num}; stopped without "
                     f"saving this state{self._last_good()}"
                 )
-        self.evals.append({"step": self.step, **losses})
+        self.evals.append({"step": self.iter_num, **losses})
         improved = self.best_val_loss is None or losses["val"] < self.best_val_loss
         if improved:
             self.best_val_loss = losses["val"]
@@ -338,7 +341,7 @@ class Trainer:
     def _result(self, interrupted: bool) -> TrainResult:
         val = None if interrupted else self.validation_loss()
         path = checkpoint_path(self.out_dir, LAST) if self.out_dir is not None else None
-        return TrainResult(self.step, interrupted, val, self.best_val_loss, path)
+        return TrainResult(self.iter_num, interrupted, val, self.best_val_loss, path)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Everything a checkpoint holds: tensors and JSON fields (``gptblock.train.state``).
@@ -346,15 +349,11 @@ class Trainer:
         Collective under DDP: every process must call it.
         """
         self.read_losses()
-        history = History(self.step, self.best_val_loss, self.losses, self.evals)
+        history = History(self.iter_num, self.best_val_loss, self.losses, self.evals)
         return train_state.capture(
-            self.parts(),
-            history,
-            meta=self.meta,
-            config=self.config,
-            device=self.device,
+            self.parts(), history, meta=self.meta, config=self.config, device=self.device,
             world_size=self.dist.world_size,
-        )
+        )  # fmt: skip
 
     def parts(self) -> Parts:
         """The model, optimizer, loss scaler and batch generator: what has state to save."""
@@ -378,7 +377,7 @@ class Trainer:
                 with held:
                     save_checkpoint(self.out_dir, kind, tensors, meta)
         if kind == LAST:
-            self._saved_step = self.step
+            self._saved_step = self.iter_num
 
     def _claim_for_save(self) -> contextlib.AbstractContextManager[Path]:
         # A trainer that has run in out_dir continues its run; any other starts a fresh one.
@@ -387,13 +386,15 @@ class Trainer:
     def restore(self, ckpt: Checkpoint) -> None:
         """Load a checkpoint written by ``save``, after ``meta`` says it belongs to this run."""
         history = train_state.restore(
-            self.parts(),
-            ckpt,
-            meta=self.meta,
-            config=self.config,
-            device=self.device,
+            self.parts(), ckpt, meta=self.meta, config=self.config, device=self.device,
             dist=self.dist,
-        )
-        self.step, self.best_val_loss = history.step, history.best_val_loss
+        )  # fmt: skip
+        self.iter_num, self.best_val_loss = history.step, history.best_val_loss
         self.losses, self.evals = history.losses, history.evals
         self._unread = []
+
+
+def _phase(name: str) -> contextlib.AbstractContextManager[object]:
+    # A profiler range costs ~20 us even with no profiler on: mark phases only under one.
+    on = torch.autograd._profiler_enabled()  # type: ignore[attr-defined]
+    return torch.profiler.record_function(name) if on else contextlib.nullcontext()

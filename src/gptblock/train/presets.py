@@ -16,7 +16,7 @@ from .settings import RunSettings
 __all__ = ["DEFAULT_PRESET", "PRESETS", "preset_settings"]
 
 PRESETS: dict[str, RunSettings] = {
-    # The default: benchmarks/speedrun.py's winner (see benchmarks/README.md). Muon, a large
+    # The default: benchmarks/speedrun.py's winner (see benchmarks/LOG.md). Muon, a large
     # batch of short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a
     # fraction of nanoGPT-cpu's time.
     "shakespeare-cpu": RunSettings(
@@ -38,7 +38,7 @@ PRESETS: dict[str, RunSettings] = {
         eval_interval=50,
         eval_iters=10,
     ),
-    # Track 1's record (benchmarks/README.md, "The record"): shakespeare-cpu's shape with the
+    # Track 1's record (benchmarks/LOG.md, "The record"): shakespeare-cpu's shape with the
     # modern block's rotary positions, qk-norm and RMSNorm, the bigram embedding, and Muon's
     # momentum and AdamW's peak retuned for a run this short. Each step costs more than
     # shakespeare-cpu's, but it needs far fewer. Not a Hugging Face format (the bigram table).
@@ -67,7 +67,7 @@ PRESETS: dict[str, RunSettings] = {
         eval_interval=63,
         eval_iters=10,
     ),
-    # Track 2 of the speedrun (benchmarks/README.md): the lowest whole-validation loss in the
+    # Track 2 of the speedrun (benchmarks/LOG.md): the lowest whole-validation loss in the
     # time nanoGPT-cpu takes (about 60 s on two cores). speedrun.py --budget plans the steps by
     # the clock; max_iters is about what fits in 50 s of a quiet 2-core machine.
     "shakespeare-cpu-long": RunSettings(
