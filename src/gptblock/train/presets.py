@@ -15,80 +15,61 @@ from .settings import RunSettings
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "preset_settings"]
 
+# The default: benchmarks/speedrun.py's winner (see benchmarks/LOG.md). Muon, a large batch of
+# short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a fraction of
+# nanoGPT-cpu's time. The other CPU presets are it with what they change.
+_CPU = RunSettings(
+    n_layer=3,
+    n_head=4,
+    n_embd=128,
+    block_size=32,
+    dropout=0.0,
+    batch_size=128,
+    max_iters=150,
+    lr=5e-3,
+    min_lr_ratio=0.0,
+    warmup=10,
+    schedule="wsd",
+    decay_fraction=0.5,
+    optimizer="muon",
+    muon_lr=0.04,
+    dtype="auto",  # bfloat16 where the CPU has it: 2x faster steps, the same loss
+    eval_interval=50,
+    eval_iters=10,
+)
+
 PRESETS: dict[str, RunSettings] = {
-    # The default: benchmarks/speedrun.py's winner (see benchmarks/LOG.md). Muon, a large
-    # batch of short windows and a warmup-stable-decay schedule reach nanoGPT's CPU loss in a
-    # fraction of nanoGPT-cpu's time.
-    "shakespeare-cpu": RunSettings(
-        n_layer=3,
-        n_head=4,
-        n_embd=128,
-        block_size=32,
-        dropout=0.0,
-        batch_size=128,
-        max_iters=150,
-        lr=5e-3,
-        min_lr_ratio=0.0,
-        warmup=10,
-        schedule="wsd",
-        decay_fraction=0.5,
-        optimizer="muon",
-        muon_lr=0.04,
-        dtype="auto",  # bfloat16 where the CPU has it: 2x faster steps, the same loss
-        eval_interval=50,
-        eval_iters=10,
-    ),
-    # Track 1's record (benchmarks/LOG.md, "The record"): shakespeare-cpu's shape with the
-    # modern block's rotary positions, qk-norm and RMSNorm, the bigram embedding, and Muon's
-    # momentum and AdamW's peak retuned for a run this short. Each step costs more than
-    # shakespeare-cpu's, but it needs far fewer. Not a Hugging Face format (the bigram table).
-    "shakespeare-cpu-modern": RunSettings(
-        n_layer=3,
-        n_head=4,
-        n_embd=128,
-        block_size=32,
-        dropout=0.0,
-        norm="rmsnorm",
-        position="rope",
-        rope_theta=100.0,  # a context of 32 wants faster angles: 1.857 against 10000's 1.862
-        qk_norm=True,
-        bigram=True,
-        batch_size=128,
-        max_iters=63,  # seeds 1-6 at or below 1.88 (60 steps: seeds 4 and 6 are not)
-        lr=8e-3,
-        min_lr_ratio=0.0,
-        warmup=10,
-        schedule="wsd",
-        decay_fraction=0.5,
-        optimizer="muon",
-        muon_lr=0.04,
-        muon_momentum=0.8,  # with rope_theta 100: 1.849-1.855 at 65 steps (0.85: 1.852-1.862)
-        dtype="auto",
-        eval_interval=63,
-        eval_iters=10,
+    "shakespeare-cpu": _CPU,
+    # Track 1's record (benchmarks/LOG.md, "The record"): the modern block's rotary positions,
+    # qk-norm and RMSNorm, the bigram embedding, and Muon's momentum and AdamW's peak retuned
+    # for a run this short. Each step costs more than shakespeare-cpu's, but it needs far
+    # fewer. Not a Hugging Face format (the bigram table).
+    "shakespeare-cpu-modern": _CPU.replace(
+        {
+            "norm": "rmsnorm",
+            "position": "rope",
+            "rope_theta": 100.0,  # a context of 32 wants faster angles: 1.857 against 1.862
+            "qk_norm": True,
+            "bigram": True,
+            "max_iters": 63,  # seeds 1-6 at or below 1.88 (60 steps: seeds 4 and 6 are not)
+            "lr": 8e-3,
+            "muon_momentum": 0.8,  # with rope_theta 100: 1.849-1.855 at 65 steps (0.85: 1.852-1.862)
+            "eval_interval": 63,
+        }
     ),
     # Track 2 of the speedrun (benchmarks/LOG.md): the lowest whole-validation loss in the
     # time nanoGPT-cpu takes (about 60 s on two cores). speedrun.py --budget plans the steps by
     # the clock; max_iters is about what fits in 50 s of a quiet 2-core machine.
-    "shakespeare-cpu-long": RunSettings(
-        n_layer=3,
-        n_head=4,
-        n_embd=128,
-        block_size=64,  # longer windows: every scored character has more context
-        dropout=0.0,
-        batch_size=64,  # the same 4096 tokens a step as shakespeare-cpu
-        max_iters=890,
-        lr=3e-3,  # lower peaks than shakespeare-cpu's 150 steps want (1.554 against 1.561)
-        min_lr_ratio=0.0,
-        warmup=10,
-        schedule="wsd",
-        decay_fraction=0.5,
-        optimizer="muon",
-        muon_lr=0.025,
-        muon_momentum=0.85,  # 1.542 against 0.95's 1.554 at 890 steps (seed 1)
-        dtype="auto",
-        eval_interval=250,
-        eval_iters=10,
+    "shakespeare-cpu-long": _CPU.replace(
+        {
+            "block_size": 64,  # longer windows: every scored character has more context
+            "batch_size": 64,  # the same 4096 tokens a step as shakespeare-cpu
+            "max_iters": 890,
+            "lr": 3e-3,  # lower peaks than shakespeare-cpu's 150 steps want (1.554 against 1.561)
+            "muon_lr": 0.025,
+            "muon_momentum": 0.85,  # 1.542 against 0.95's 1.554 at 890 steps (seed 1)
+            "eval_interval": 250,
+        }
     ),
     # nanoGPT's README CPU recipe ("gets us a loss of only 1.88"): speedrun.py's baseline.
     "nanogpt-cpu": RunSettings(
