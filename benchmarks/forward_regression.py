@@ -48,10 +48,7 @@ BEFORE = "1d70c60"  # the commit before issue 19's one forward
 
 def side_by_side(calls: dict[str, Callable[[], Any]], warmup: int, repeats: int) -> dict[str, Any]:
     """Seconds per call of each of ``calls`` (old, new), alternating, and the ratios old / new."""
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    times = alternate(calls, repeats)  # who goes first alternates
+    times = alternate(calls, repeats, warmup=warmup)  # who goes first alternates
     ratios = sorted(o / n for o, n in zip(times["old"], times["new"], strict=True))
     return {
         "seconds": {name: statistics.median(t) for name, t in times.items()},

@@ -100,15 +100,19 @@ def alternate(
     calls: dict[str, Callable[[], object]],
     rounds: int,
     clock: Callable[[], float] = time.perf_counter,
+    warmup: int = 0,
 ) -> dict[str, list[float]]:
     """Seconds of ``clock`` each of ``calls`` took, one call each per round, the order rotating
-    each round (round r starts with the r-th).
+    each round (round r starts with the r-th), after ``warmup`` untimed calls of each.
 
     Example:
         >>> times = alternate({"a": lambda: None, "b": lambda: None}, rounds=3)
         >>> [len(t) for t in times.values()]
         [3, 3]
     """
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
     names = list(calls)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):

@@ -50,10 +50,7 @@ def pair_timings(
     ours: Callable[[], Any], theirs: Callable[[], Any], warmup: int, repeats: int
 ) -> tuple[list[float], list[float]]:
     """Seconds per call of each, the two called alternately (who goes first alternating)."""
-    for _ in range(warmup):
-        ours()
-        theirs()
-    times = alternate({"ours": ours, "theirs": theirs}, repeats)
+    times = alternate({"ours": ours, "theirs": theirs}, repeats, warmup=warmup)
     return times["ours"], times["theirs"]
 
 
