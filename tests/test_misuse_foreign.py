@@ -4,10 +4,13 @@ A Hugging Face directory, a nanoGPT checkpoint and gptblock's own checkpoint (fo
 recomputed) are each broken one way at a time: missing, truncated, random bytes, malformed JSON,
 a field of the wrong type, a weight of the wrong shape, a model too big for any machine. Each is
 refused with one line naming the file (and the field, where there is one), the bytes of every
-file compared before and after. Cases that would allocate terabytes if a check regressed run as
-subprocesses under a memory limit, so a regression fails the test instead of the machine.
+file compared before and after. Cases that would allocate terabytes if a check regressed run under a memory limit
+(``in_a_subprocess``: in this process, its address-space limit lowered for the call), so a
+regression fails the test instead of the machine.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -50,7 +53,42 @@ def one_line(err, command, *needles):
 
 
 def in_a_subprocess(*args):
-    """``python -m gptblock ARGS`` with at most ``MEMORY_LIMIT`` of address space."""
+    """``gptblock ARGS`` with at most ``MEMORY_LIMIT`` of address space beyond what this process
+    holds now: in this process, under a lowered soft limit that is put back after (an allocation
+    past it fails at once, as in a limited subprocess, without a torch import each), its thread
+    count put back too. Where the address space cannot be read, a limited subprocess."""
+    held = address_space()
+    if held is None:
+        return _limited_subprocess(*args)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = held + MEMORY_LIMIT
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's own refusals
+                code = e.code
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def address_space():
+    """This process's mapped address space in bytes (Linux's VmSize), or None."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmSize:\s+(\d+) kB", status, re.M)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def _limited_subprocess(*args):
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
 
     def limit():
