@@ -54,28 +54,39 @@ def one_line(err, command, *needles):
 
 def in_a_subprocess(*args):
     """``gptblock ARGS`` with at most ``MEMORY_LIMIT`` of address space beyond what this process
-    holds now: in this process, under a lowered soft limit that is put back after (an allocation
-    past it fails at once, as in a limited subprocess, without a torch import each), its thread
-    count put back too. Where the address space cannot be read, a limited subprocess."""
-    held = address_space()
-    if held is None:
+    holds now: in this process (``memory_limited``; no torch import each), its thread count put
+    back after. Where the address space cannot be read, a limited subprocess."""
+    if address_space() is None:
         return _limited_subprocess(*args)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = held + MEMORY_LIMIT
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
     out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with memory_limited(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
             except SystemExit as e:  # argparse's own refusals
                 code = e.code
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         torch.set_num_threads(threads)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def memory_limited():
+    """At most ``MEMORY_LIMIT`` of address space beyond what this process holds now, while the
+    block runs: a soft limit lowered, then put back, so an allocation past it fails at once, as
+    in a limited subprocess."""
+    held = address_space()
+    if held is None:
+        pytest.skip("no /proc/self/status to read this process's address space from")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = held + MEMORY_LIMIT
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def address_space():
@@ -341,22 +352,9 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
 @pytest.mark.slow
 def test_a_nanogpt_checkpoint_too_big_is_refused_before_allocating(tmp_path):
     path = nanogpt_ckpt(tmp_path / "ckpt.pt", n_embd=10**6, n_head=1)
-    code = (
-        "import sys; from gptblock.interop.nanogpt import from_nanogpt\n"
-        "try:\n    from_nanogpt(sys.argv[1])\n"
-        "except ValueError as e:\n    print(e); sys.exit(2)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    r = subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT,) * 2),
-    )
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "ckpt.pt: a model of" in r.stdout and "available" in r.stdout
+    with memory_limited(), pytest.raises(ValueError) as refused:
+        from_nanogpt(path)
+    assert "ckpt.pt: a model of" in str(refused.value) and "available" in str(refused.value)
 
 
 # --- gptblock's own checkpoints, forged ---------------------------------------------------------
