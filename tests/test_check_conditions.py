@@ -8,10 +8,7 @@ The lesson's block, nanoGPT's (whose ``c_attn`` bias holds the inert key bias) a
 ``nn.MultiheadAttention`` block (its ``in_proj_bias`` likewise) still pass.
 """
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -97,22 +94,13 @@ def test_correct_blocks_still_pass(block, kwargs):
     assert report.verdict == "PASS", str(report)
 
 
-def _cli(target):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(
-        [sys.executable, "-m", "gptblock", "check", target],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-
-
 def test_the_command_line_says_the_condition_and_passes_the_lesson():
-    done = _cli(f"{FILE}:ShortOnlyBlock")
-    assert done.returncode == 1 and "equal for T <= 8, off by" in done.stdout, done.stdout
-    done = _cli(f"{FILE}:Block")
-    assert done.returncode == 0 and "result: PASS" in done.stdout, done.stdout
+    """What ``gptblock check FILE:NAME`` prints for each, with its defaults filled (no --arg):
+    its checker, ``check_isolated``; one child for both blocks of the file."""
+    names = ["ShortOnlyBlock", "Block"]
+    short, lesson = check_isolated([f"{FILE}:{n}" for n in names], kwargs={}, roles={})
+    assert short.verdict == "FAIL" and "equal for T <= 8, off by" in str(short), str(short)
+    assert lesson.verdict == "PASS" and "result: PASS" in str(lesson), str(lesson)
 
 
 def test_the_conditions_come_in_an_order_the_block_cannot_foresee():

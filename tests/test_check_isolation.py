@@ -118,21 +118,31 @@ BLOCKS = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def blocks(tmp_path):
-    path = tmp_path / "blocks.py"
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("isolation") / "blocks.py"
     path.write_text(BLOCKS)
     return path
+
+
+# One call, two children: the first crashes at once, a fresh one checks the rest; the processes a
+# block starts and a block that ends its process oddly at exit come after the others' reports.
+SHARED = ["Crashes", "Good", "Prints", "Tuple", "Float32", "Meta", "ExitsAtExit", "LeavesAProcess"]
+
+
+@pytest.fixture(scope="module")
+def shared(blocks):
+    reports = check_isolated([f"{blocks}:{n}" for n in SHARED], kwargs={}, roles={})
+    return dict(zip(SHARED, reports, strict=True))
 
 
 def _message(report, name):
     return next(f.message for f in report.findings if f.name == name)
 
 
-def test_blocks_that_print_or_return_the_wrong_thing_get_a_report_each(blocks):
+def test_blocks_that_print_or_return_the_wrong_thing_get_a_report_each(shared):
     names = ["Good", "Prints", "Tuple", "Float32", "Meta"]
-    reports = check_isolated([f"{blocks}:{n}" for n in names], kwargs={}, roles={})
-    by = dict(zip(names, reports, strict=True))
+    by = {n: shared[n] for n in names}
     assert by["Good"].passed and by["Good"].confident
     printed = by["Prints"]
     assert printed.passed, str(printed)  # printing is not a mistake, and cannot end the check
@@ -145,7 +155,7 @@ def test_blocks_that_print_or_return_the_wrong_thing_get_a_report_each(blocks):
     assert by["Meta"].diagnosis == ["dtype_device"] and "output on meta" in _message(
         by["Meta"], "shape"
     )
-    for report in reports:
+    for report in by.values():
         assert "Traceback" not in str(report)
 
 
@@ -187,9 +197,8 @@ def test_a_block_that_ends_or_hangs_its_process_gets_a_report_and_exit_code_1(
         assert [f["name"] for f in report["findings"][:-1]] == ["shape"]  # the findings before it
 
 
-def test_processes_the_block_starts_end_with_the_check(blocks):
-    (report,) = check_isolated([f"{blocks}:LeavesAProcess"], kwargs={}, roles={})
-    assert report.passed
+def test_processes_the_block_starts_end_with_the_check(blocks, shared):
+    assert shared["LeavesAProcess"].passed
     pid = int((blocks.parent / "blocks.py.pid").read_text())
     stat = pathlib.Path(f"/proc/{pid}/stat")
     if not pathlib.Path("/proc/self/stat").exists():
@@ -209,12 +218,11 @@ def test_processes_the_block_starts_end_with_the_check(blocks):
     assert ended()
 
 
-def test_the_targets_after_a_crash_are_checked_in_a_fresh_child(blocks):
-    first, second = check_isolated([f"{blocks}:Crashes", f"{blocks}:Good"], kwargs={}, roles={})
+def test_the_targets_after_a_crash_are_checked_in_a_fresh_child(shared):
+    first, second = shared["Crashes"], shared["Good"]
     assert "SIGSEGV" in first.findings[-1].message and not first.passed
     assert second.passed and second.confident
-    (report,) = check_isolated([f"{blocks}:ExitsAtExit"], kwargs={}, roles={})
-    assert report.passed  # the child ended oddly after its reports: they stand
+    assert shared["ExitsAtExit"].passed  # the child ended oddly after its reports: they stand
 
 
 @pytest.mark.parametrize(

@@ -37,25 +37,26 @@ def test_a_cached_step_is_compared_in_process(style, mistakes):
         assert "equals the whole sequence" in cache[0]
 
 
-def _target(style, mistakes, folder):
-    """A file whose class builds the zoo's block with its arguments (gpt-fast's is a config
-    object, which no command line gives)."""
-    path = folder / f"{style}_{len(mistakes)}.py"
-    path.write_text(
-        f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
-        "import zoo_modern\n"
-        f"m = zoo_modern.load({style!r}, {mistakes!r})\n\n\n"
-        "class Built(m.BLOCK):\n"
-        "    def __init__(self):\n"
-        "        super().__init__(**m.ARGS)\n"
-    )
-    return f"{path}:Built"
+def _targets(cases, folder):
+    """One file whose classes build the zoo's blocks with their arguments (gpt-fast's is a
+    config object, which no command line gives): one child checks them all."""
+    path = folder / "cached.py"
+    text = f"import sys\nsys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
+    text += "import zoo_modern\n"
+    for i, (style, mistakes) in enumerate(cases):
+        text += (
+            f"\n\nm{i} = zoo_modern.load({style!r}, {mistakes!r})\n\n\n"
+            f"class Built{i}(m{i}.BLOCK):\n"
+            "    def __init__(self):\n"
+            f"        super().__init__(**m{i}.ARGS)\n"
+        )
+    path.write_text(text)
+    return [f"{path}:Built{i}" for i in range(len(cases))]
 
 
 def test_a_cached_step_is_compared_isolated(tmp_path):
     cases = [(s, m) for s in CACHED for m in [(), ("rope_cache_offset",)]]
-    targets = [_target(s, m, tmp_path) for s, m in cases]
-    reports = check_isolated(targets, kwargs={}, roles={}, timeout=300)
+    reports = check_isolated(_targets(cases, tmp_path), kwargs={}, roles={}, timeout=300)
     for (style, mistakes), report in zip(cases, reports, strict=True):
         if mistakes:
             assert report.diagnosis == ["rope_cache_offset"], (style, str(report))

@@ -11,9 +11,7 @@ and a block no variant explains FAILs with the numbers of the closest one.
 
 import importlib.util
 import math
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +20,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import modern_scope_blocks as blocks
-from gptblock.check import check_block
+from gptblock.check import check_block, check_isolated
 from gptblock.check.roles.modern_read import read_modern
 from gptblock.check.roles.modern_rotary import measure_turn, ropes
 
@@ -57,18 +55,21 @@ def test_gemmas_one_plus_w_gain_is_the_references_rmsnorm_with_that_gain():
     assert check_block(blocks.Gemma).verdict == "PASS"
 
 
-def _cli(name: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[1] / "src"))
-    done = subprocess.run(
-        [sys.executable, "-m", "gptblock", "check", f"{FILE}:{name}"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    return done.stdout + done.stderr
+THROUGH_THE_CLI = ["PartialRope", "PackedGateUp", "Gemma2", "SoftCapGPT2"]
+
+
+@pytest.fixture(scope="module")
+def isolated():
+    """What ``gptblock check FILE:NAME`` reports for each (``check_isolated``, the command's
+    checker): one child for the file's four blocks, not a process and a child each."""
+    targets = [f"{FILE}:{name}" for name in THROUGH_THE_CLI]
+    reports = check_isolated(targets, kwargs={}, roles={}, timeout=300)
+    return {name: str(r) for name, r in zip(THROUGH_THE_CLI, reports, strict=True)}
 
 
 @pytest.mark.parametrize("name", ["PartialRope", "PackedGateUp"])  # Qwen3: zoo_modern --cli
-def test_correct_modern_blocks_pass_isolated_through_the_cli(name):
-    out = _cli(name)
+def test_correct_modern_blocks_pass_isolated_through_the_cli(name, isolated):
+    out = isolated[name]
     assert "PASS  reference comparison" in out and "not confirmed" not in out, out
 
 
@@ -84,8 +85,8 @@ def test_a_part_the_references_do_not_model_is_unverified_naming_it(name):
 
 
 @pytest.mark.parametrize("name", ["Gemma2", "SoftCapGPT2"])
-def test_out_of_scope_is_unverified_through_the_cli_too(name):
-    out = _cli(name)
+def test_out_of_scope_is_unverified_through_the_cli_too(name, isolated):
+    out = isolated[name]
     assert "result: UNVERIFIED" in out and "soft-capped" in out, out
 
 

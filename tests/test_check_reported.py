@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import zoo_realworld
 from gptblock import check_block
 from gptblock.errors import UserValueError
 from zoo_public.proof import max_error, randomised
@@ -130,8 +131,7 @@ def test_each_correct_shape_is_the_lessons_block_with_its_weights(name):
     ],
 )
 def test_the_report_names_where_each_weight_was_read(name, reads):
-    style = STYLES[name]
-    report = check_block(style.factory(**style.kwargs))
+    _, report = zoo_realworld.outcome(f"{name}/correct")  # the zoo's check of it, shared
     assert report.passed and report.compared, str(report)
     assert any(reads in n and "read from the forward pass" in n for n in report.notes), str(report)
 
@@ -151,7 +151,7 @@ def test_a_config_class_is_built_from_the_arguments_given():
 
 
 def test_a_mistaken_reported_shape_is_never_passed():
-    report = check_block(reported.ConvBlock(C, NH, bugs=frozenset({"no_scaling"})))
+    _, report = zoo_realworld.outcome("conv1d/no_scaling")  # ConvBlock(32, 4), the zoo's check
     assert report.diagnosis == ["no_scaling"] and report.verdict == "FAIL", str(report)
     comparison = report.findings[-1]
     assert comparison.status == "FOUND" and "only with no_scaling" in comparison.message

@@ -20,7 +20,7 @@ from gptblock.check.mistakes.catalogue import MISTAKES
 
 @functools.cache
 def _outcomes():
-    return {case.name: zoo_realworld.run_case(case, check_block) for case in zoo_realworld.cases()}
+    return {case.name: zoo_realworld.outcome(case.name) for case in zoo_realworld.cases()}
 
 
 def _style_outcomes(style):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gptblock import GPT, GPTConfig
+from gptblock.cli import main
 from gptblock.errors import UserError
 from gptblock.interop.hf import from_hf, save_hf
 
@@ -314,18 +315,22 @@ def llama_with_tokenizer(tmp_path_factory):
     return d, tok, hf
 
 
-def test_cli_sample_hf_reads_a_llama_directory_greedily_as_hugging_face(llama_with_tokenizer):
+def test_cli_sample_hf_reads_a_llama_directory_greedily_as_hugging_face(
+    llama_with_tokenizer, capsys
+):
+    # in process (transformers is imported already); inspect below runs as a real process
     d, tok, hf = llama_with_tokenizer
-    r = gptblock_cli("sample", "--hf", str(d), "--prompt", "The ", "--max-new-tokens", "12",
-                     "--temperature", "0")  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
+    code = main(["sample", "--hf", str(d), "--prompt", "The ", "--max-new-tokens", "12",
+                 "--temperature", "0"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
     ids = prompt = torch.tensor([tok.encode("The ")])
     with torch.no_grad():  # Hugging Face's greedy steps over the tokenizer's ids only
         assert int(hf(prompt).logits[0, -1].argmax()) >= 290  # else the padding would win
         for _ in range(12):
             logits = hf(ids).logits[0, -1, :290]
             ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-    assert r.stdout.rstrip("\n") == tok.decode(ids[0].tolist())
+    assert out.rstrip("\n") == tok.decode(ids[0].tolist())
 
 
 def test_cli_inspect_hf_reads_a_llama_directory(llama_with_tokenizer, tmp_path):

@@ -4,10 +4,13 @@ A Hugging Face directory, a nanoGPT checkpoint and gptblock's own checkpoint (fo
 recomputed) are each broken one way at a time: missing, truncated, random bytes, malformed JSON,
 a field of the wrong type, a weight of the wrong shape, a model too big for any machine. Each is
 refused with one line naming the file (and the field, where there is one), the bytes of every
-file compared before and after. Cases that would allocate terabytes if a check regressed run as
-subprocesses under a memory limit, so a regression fails the test instead of the machine.
+file compared before and after. Cases that would allocate terabytes if a check regressed run under a memory limit
+(``in_a_subprocess``: in this process, its address-space limit lowered for the call), so a
+regression fails the test instead of the machine.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -50,7 +53,53 @@ def one_line(err, command, *needles):
 
 
 def in_a_subprocess(*args):
-    """``python -m gptblock ARGS`` with at most ``MEMORY_LIMIT`` of address space."""
+    """``gptblock ARGS`` with at most ``MEMORY_LIMIT`` of address space beyond what this process
+    holds now: in this process (``memory_limited``; no torch import each), its thread count put
+    back after. Where the address space cannot be read, a limited subprocess."""
+    if address_space() is None:
+        return _limited_subprocess(*args)
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with memory_limited(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's own refusals
+                code = e.code
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def memory_limited():
+    """At most ``MEMORY_LIMIT`` of address space beyond what this process holds now, while the
+    block runs: a soft limit lowered, then put back, so an allocation past it fails at once, as
+    in a limited subprocess."""
+    held = address_space()
+    if held is None:
+        pytest.skip("no /proc/self/status to read this process's address space from")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = held + MEMORY_LIMIT
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def address_space():
+    """This process's mapped address space in bytes (Linux's VmSize), or None."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmSize:\s+(\d+) kB", status, re.M)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def _limited_subprocess(*args):
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
 
     def limit():
@@ -303,22 +352,9 @@ def test_a_broken_nanogpt_checkpoint_is_refused_naming_the_file(tmp_path, damage
 @pytest.mark.slow
 def test_a_nanogpt_checkpoint_too_big_is_refused_before_allocating(tmp_path):
     path = nanogpt_ckpt(tmp_path / "ckpt.pt", n_embd=10**6, n_head=1)
-    code = (
-        "import sys; from gptblock.interop.nanogpt import from_nanogpt\n"
-        "try:\n    from_nanogpt(sys.argv[1])\n"
-        "except ValueError as e:\n    print(e); sys.exit(2)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    r = subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT,) * 2),
-    )
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "ckpt.pt: a model of" in r.stdout and "available" in r.stdout
+    with memory_limited(), pytest.raises(ValueError) as refused:
+        from_nanogpt(path)
+    assert "ckpt.pt: a model of" in str(refused.value) and "available" in str(refused.value)
 
 
 # --- gptblock's own checkpoints, forged ---------------------------------------------------------

@@ -113,17 +113,22 @@ def test_two_runs_started_at_the_same_moment_one_trains_and_the_other_is_refused
 
 @pytest.mark.slow
 def test_a_run_started_while_another_trains_is_refused_and_the_first_loses_nothing(
-    tmp_path, text_file
+    tmp_path, text_file, capsys
 ):
     out = tmp_path / "out"
     first = start(out, text_file, "--max-iters", "1000000", "--eval-interval", "5")
     try:
         wait_for(out / "last.json", first)
-        for extra in ([], ["--resume"], ["--resume", "--allow-other-data"]):
-            second = start(out, text_file, "--max-iters", "10", "--eval-interval", "5", *extra)
-            _, err = second.communicate(timeout=TIMEOUT)
-            assert second.returncode == 2
-            one_line_error(err, str(out), "is in use by another gptblock run", LOCK_FILE)
+        # A second process; then, in this process (the lock is the other process's either way),
+        # the same with --resume and with --allow-other-data.
+        second = start(out, text_file, "--max-iters", "10", "--eval-interval", "5")
+        _, err = second.communicate(timeout=TIMEOUT)
+        assert second.returncode == 2
+        one_line_error(err, str(out), "is in use by another gptblock run", LOCK_FILE)
+        for extra in (["--resume"], ["--resume", "--allow-other-data"]):
+            argv = [*train_cmd(out, text_file)[3:], *SMALL, "--max-iters", "10", *extra]
+            assert main(argv) == 2
+            one_line_error(capsys.readouterr().err, str(out), "is in use by another", LOCK_FILE)
         step_when_refused = load_checkpoint(out).meta["step"]
         # The first run keeps checkpointing (its temporaries were not deleted under it).
         deadline = time.monotonic() + TIMEOUT

@@ -5,6 +5,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,18 +28,12 @@ def test_every_setting_is_a_train_flag_with_each_presets_value(capsys, monkeypat
 
 @pytest.mark.slow
 def test_the_speedrun_script_checks_the_whole_split_and_records_it(tmp_path):
-    record = tmp_path / "run.json"
+    # A small text: its whole validation split is a few windows (the corpus's is thousands).
+    record, text = tmp_path / "run.json", tmp_path / "small.txt"
+    text.write_text("the king shall not be mine, good lord; what say you?\n" * 40)
     tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=8", "max_iters=4", "warmup=1"]
-    cmd = [
-        sys.executable,
-        str(SPEEDRUN),
-        "--target",
-        "10",
-        "--check-at",
-        "2",
-        "--json",
-        str(record),
-    ]
+    cmd = [sys.executable, str(SPEEDRUN), "--target", "10", "--check-at", "2", "--json"]
+    cmd += [str(record), "--data", str(text)]
     for item in tiny:
         cmd += ["--set", item]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -57,21 +52,18 @@ def test_the_speedrun_script_checks_the_whole_split_and_records_it(tmp_path):
     assert "reached 10.0" in done.stdout
 
 
-def test_the_speedrun_takes_the_modern_blocks_settings(tmp_path):
-    """A tiny run (a few seconds: a small text, so the whole-validation check is quick) of a
-    Llama-shaped GPT, recorded with its settings."""
+def test_the_speedrun_takes_the_modern_blocks_settings(tmp_path, monkeypatch):
+    """A tiny run (a small text, so the whole-validation check is quick) of a Llama-shaped GPT,
+    recorded with its settings; in process (the script's process is the test above's)."""
     record, text = tmp_path / "run.json", tmp_path / "small.txt"
     text.write_text("the king shall not be mine, good lord; what say you?\n" * 40)
     tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "max_iters=2", "warmup=1"]
     modern = ["norm=rmsnorm", "position=rope", "rope_pairing=adjacent", "rope_theta=500.0",
               "mlp=swiglu", "d_ff=40", "n_kv_head=1", "qk_norm=True", "parallel_residual=True",
               "bias=False", "tie_embeddings=False"]  # fmt: skip
-    cmd = [sys.executable, str(SPEEDRUN), "--target", "10", "--json", str(record), "--data"]
-    cmd.append(str(text))
-    for item in tiny + modern:
-        cmd += ["--set", item]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
+    argv = ["--target", "10", "--json", str(record), "--data", str(text)]
+    argv += [a for item in tiny + modern for a in ("--set", item)]
+    load_speedrun(monkeypatch, *argv).main()
     settings = json.loads(record.read_text())["settings"]
     for item in modern:
         name, _, value = item.partition("=")
@@ -134,41 +126,54 @@ def test_the_budget_plan_waits_for_timed_steps_and_stops_at_the_deadline():
         (["--budget", "60", "--check-at", "5"], "does not take --check-at"),
     ],
 )
-def test_a_bad_budget_is_one_line_and_exit_code_2(flags, says):
-    done = subprocess.run([sys.executable, str(SPEEDRUN), *flags], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 2 and done.stdout == ""
-    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+def test_a_bad_budget_is_one_line_and_exit_code_2(flags, says, monkeypatch, capsys):
+    # In process: the refusal comes before anything is built, and main() prints it as the
+    # script does (the script's own process start and exit are the tests above).
+    with pytest.raises(SystemExit) as exit_:
+        load_speedrun(monkeypatch, *flags).main()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and says in err, err
 
 
-@pytest.mark.slow
-def test_a_budget_run_plans_its_steps_and_records_them(tmp_path):
+def test_a_budget_run_plans_its_steps_and_records_them(tmp_path, monkeypatch, capsys):
+    # In process, the budget counted from the call (the process's start, read from /proc, is the
+    # subprocess test's): 4 s is hundreds of this model's steps.
     record, text = tmp_path / "run.json", tmp_path / "small.txt"
     text.write_text("the king shall not be mine, good lord; what say you?\n" * 40)
     tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "block_size=16", "warmup=2"]
-    cmd = [sys.executable, str(SPEEDRUN), "--budget", "30", "--json", str(record), "--data"]
-    cmd += [str(text), "--preset", "shakespeare-cpu"]
-    for item in tiny:
-        cmd += ["--set", item]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    if done.returncode == 2 and "leaves no time to train" in done.stderr:
-        pytest.skip("the machine is so busy that the start took the whole budget")
-    assert done.returncode == 0, done.stderr
+    argv = ["--budget", "4", "--json", str(record), "--data", str(text)]
+    argv += ["--preset", "shakespeare-cpu", *(a for item in tiny for a in ("--set", item))]
+    load_speedrun(monkeypatch, *argv, started=time.time()).main()
+    out = capsys.readouterr().out
     rec = json.loads(record.read_text())
-    assert rec["kind"] == "track2" and rec["budget_seconds"] == 30.0
+    assert rec["kind"] == "track2" and rec["budget_seconds"] == 4.0
     assert rec["steps"] > 5 and rec["settings"]["max_iters"] == rec["steps"]
     assert rec["plans"][-1]["planned_steps"] == rec["steps"] and rec["check_estimate_seconds"] > 0
-    assert 0 < rec["val_loss"] < 5 and "track 2 (shakespeare-cpu, seed 1337)" in done.stdout
+    assert 0 < rec["val_loss"] < 5 and "track 2 (shakespeare-cpu, seed 1337)" in out
+
+
+def load_speedrun(monkeypatch, *argv, started=None):
+    """benchmarks/speedrun.py as a module of this process, its main() to run with ``argv``;
+    ``started`` stands for the process's start (a budget counts from it; this one started long
+    ago). The script's own process (its start read from /proc, its exit) is the subprocess test's.
+    """
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speedrun_in_process", SPEEDRUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if started is not None:
+        monkeypatch.setattr(module, "process_start", lambda: started)
+    monkeypatch.setattr(sys, "argv", ["speedrun.py", *argv])
+    return module
 
 
 def test_a_speedrun_stopped_before_its_first_check_says_so(monkeypatch, capsys):
     # A signal (SIGTERM, Ctrl-C) ends the trainer's fit early: here a callback asks it to stop
     # after one step, as the signal handler does. One line, exit 1, no traceback.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("speedrun_stopped", SPEEDRUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "max_iters=50", "warmup=1"]
+    module = load_speedrun(monkeypatch, *(a for item in tiny for a in ("--set", item)))
     real = module.prepare_run
 
     def prepare_and_stop(*args, **kwargs):
@@ -177,9 +182,6 @@ def test_a_speedrun_stopped_before_its_first_check_says_so(monkeypatch, capsys):
         return run
 
     monkeypatch.setattr(module, "prepare_run", prepare_and_stop)
-    tiny = ["n_layer=1", "n_embd=16", "n_head=2", "batch_size=4", "max_iters=50", "warmup=1"]
-    argv = ["speedrun.py", *(a for item in tiny for a in ("--set", item))]
-    monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_:
         module.main()
     assert exit_.value.code == 1

@@ -10,6 +10,7 @@ source's style, none inherits from gptblock. ``cases()`` lists each style correc
 its bugs, and with its pairs; ``score`` runs the checker on them (see ``hitrate.py``).
 """
 
+import functools
 from dataclasses import dataclass
 
 from . import annotated, bookkeeping, einsum, gpt, lessons, named, reported, torch_modules
@@ -75,3 +76,17 @@ def run_case(case, check):
         case, tuple(report.diagnosis), report.passed, report.confident, report.verdict
     )
     return outcome, report
+
+
+@functools.cache
+def outcome(name):
+    """``run_case`` of the case called ``name`` with ``check_block``, once a process: the zoo's
+    test and the tests that read one case's report share it."""
+    from gptblock import check_block
+
+    return run_case(_by_name()[name], check_block)
+
+
+@functools.cache
+def _by_name():
+    return {case.name: case for case in cases()}
