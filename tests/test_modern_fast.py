@@ -10,7 +10,8 @@ import torch
 
 from gptblock import FusedBlock
 from gptblock.blocks.norms import rmsnorm
-from gptblock.blocks.qk_heads import qk_heads, rotary_cos_sin
+from gptblock.blocks.qk_heads import qk_heads
+from gptblock.blocks.rotary import cos_sin
 
 CASES = [  # eps, gains, rope, rotary_dim, pairing, per-batch positions
     (1e-5, True, True, 6, "halves", False),
@@ -30,7 +31,7 @@ def test_qk_heads_gradcheck_in_float64(eps, gains, rope, r, pairing, per_batch):
     q_gain = torch.randn(hs, dtype=torch.float64, generator=g) if gains else None
     k_gain = torch.randn(hs, dtype=torch.float64, generator=g) if gains else None
     pos = torch.randint(0, 50, (B, T), generator=g) if per_batch else torch.arange(5, 5 + T)
-    cos, sin = rotary_cos_sin(pos, r, 100.0, torch.float64) if rope else (None, None)
+    cos, sin = cos_sin(pos, r, 100.0, torch.float64) if rope else (None, None)
 
     def f(qkv, q_gain, k_gain):
         return qk_heads(
