@@ -177,23 +177,14 @@ class FusedSelfAttention(nn.Module):
         return q, k, v  # (B, nh, T, hs) each
 
     def forward(
-        self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        kv_cache: KVStore | None = None,
-        *,
-        dropout: float | None = None,
-        probe: Probe | None = None,
-        positions: torch.Tensor | None = None,
+        self, h: torch.Tensor, *args: Any, dropout: float | None = None, **kw: Any
     ) -> torch.Tensor:
+        """``SelfAttention``'s call (see it) on this module's parameters and heads."""
         # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
         # the block passes its own choice.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
         attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.heads)
-        return attention(
-            h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe, positions=positions
-        )
+        return attention(h, *args, dropout=p, **kw)
 
 
 class FusedBlock(nn.Module):
