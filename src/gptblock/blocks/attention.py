@@ -26,7 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import UserValueError
-from .masks import blocked_positions, masked_softmax, split_dead_rows
+from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
 from .parts import Linear
 from .probe import Probe, at
 from .qk_heads import ModernHeads, repeat_kv
@@ -235,7 +235,7 @@ def product_attention(
     """
     T, hs = q.shape[-2], q.shape[-1]
     att = (q * hs**-0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)  # (T, T)
+    future = causal_mask(T, q.device)  # (T, T), True above the diagonal
     # softmax reads bfloat16 and sums in float32 (PyTorch's CPU kernel), writing bfloat16 back.
     att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)
     if p > 0.0:

@@ -32,7 +32,7 @@ import torch
 from .norms import RMSNorm, compute_dtype, inverse_rms, rms_backward
 from .rotary import Rotary, cos_sin, pair_views
 
-__all__ = ["ModernHeads", "QKHeads", "qk_heads", "repeat_kv"]
+__all__ = ["ModernHeads", "QKHeads", "repeat_kv"]
 
 
 def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
@@ -67,7 +67,15 @@ def _tables(
 
 
 class QKHeads(torch.autograd.Function):
-    """Forward and backward of ``qk_heads`` (see it); ``apply`` takes its arguments in order."""
+    """q, k and v of the packed projection, q and k RMS-normalised (with ``eps``; None: no
+    norm; the gains (hs,) optional) and rotated (with ``cos`` / ``sin`` from ``rotary.cos_sin``,
+    (T, r/2) or (B, T, r/2); None: no rotation) over their first r channels in ``pairing``, v
+    as it is. No input checks: ``ModernHeads`` runs it with its modules' settings.
+
+    ``apply(qkv, q_gain, k_gain, cos, sin, nh, eps, r, pairing)``, qkv (B, T, nh + 2 nkv, hs)
+    (nh query heads, then nkv key heads, then nkv value heads) -> q (B, T, nh, hs), k and v
+    (B, T, nkv, hs), in qkv's dtype.
+    """
 
     @staticmethod
     def forward(
@@ -142,53 +150,6 @@ class QKHeads(torch.autograd.Function):
             return grad, g_q, g_k, None, None, None, None, None, None
 
 
-def qk_heads(
-    qkv: torch.Tensor,
-    nh: int,
-    *,
-    q_gain: torch.Tensor | None = None,
-    k_gain: torch.Tensor | None = None,
-    eps: float | None = None,
-    cos: torch.Tensor | None = None,
-    sin: torch.Tensor | None = None,
-    rotary_dim: int = 0,
-    pairing: str = "halves",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k and v of the packed projection, q and k RMS-normalised (with ``eps``; gains
-    optional) and rotated (with ``cos`` / ``sin`` from ``rotary.cos_sin``), v as it is.
-
-    No input checks: ``ModernHeads`` runs it with its modules' settings.
-
-    Args:
-        qkv: the projection, heads on the third dimension: nh query heads, then nkv key heads,
-            then nkv value heads.
-        nh: the number of query heads.
-        q_gain, k_gain: the qk-norm's gains (hs,); only with ``eps``.
-        eps: RMSNorm's epsilon; None: no norm.
-        cos, sin: the angles' tables, (T, r/2) or (B, T, r/2); None: no rotation.
-        rotary_dim: r, the leading channels rotated.
-        pairing: ``"halves"`` or ``"adjacent"`` (``gptblock.blocks.rotary``).
-
-    Shape:
-        qkv (B, T, nh + 2 nkv, hs) -> q (B, T, nh, hs), k and v (B, T, nkv, hs), in qkv's dtype.
-
-    Example:
-        >>> from gptblock.blocks.rotary import apply_rotary
-        >>> qkv = torch.randn(2, 5, 3, 8)  # (B, T, nh + 2 nkv, hs): one head each
-        >>> cos, sin = cos_sin(torch.arange(5), 8, 10000.0, torch.float32)
-        >>> q, k, v = qk_heads(qkv, 1, cos=cos, sin=sin, rotary_dim=8)
-        >>> expected = apply_rotary(qkv[:, :, 0], torch.arange(5))  # (B, T, hs)
-        >>> torch.allclose(q[:, :, 0], expected, atol=1e-6)
-        True
-        >>> torch.equal(v, qkv[:, :, 2:])
-        True
-    """
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = QKHeads.apply(  # type: ignore[no-untyped-call]
-        qkv, q_gain, k_gain, cos, sin, nh, eps, rotary_dim, pairing
-    )
-    return out
-
-
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """Each key/value head repeated for the ``n_rep`` query heads it serves, Llama's order:
     query head j reads key/value head ``j // n_rep``.
@@ -211,6 +172,15 @@ class ModernHeads(NamedTuple):
     ``QKHeads`` computes it, unless a module hook is to run or something watches the operators
     (a dispatch or function mode, such as ``gptblock check``'s trace, or a tensor subclass):
     they see the modules themselves, one after the other, instead.
+
+    Example:
+        >>> from gptblock.blocks.rotary import apply_rotary
+        >>> qkv = torch.randn(2, 5, 3 * 8)  # (B, T, (nh + 2 nkv) hs): one head each
+        >>> q, k, v = ModernHeads(1, Rotary(8), None, None)(qkv, 1, 0, None)  # (B, 1, T, hs)
+        >>> torch.allclose(q[:, 0], apply_rotary(qkv[..., :8], torch.arange(5)), atol=1e-6)
+        True
+        >>> torch.equal(v[:, 0], qkv[..., 16:])
+        True
     """
 
     n_kv_heads: int  # nkv, dividing nh
