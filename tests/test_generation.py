@@ -46,7 +46,9 @@ def test_prefill_then_one_position_steps_equal_the_forms_own_forward(form):
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     parts = parts_of(block)
     laid_out = _relaid(parts, RowLinear)  # what GPT.generate's one-token steps run on
-    assert isinstance(laid_out.attn.in_proj, RowLinear) and isinstance(laid_out.linear2, RowLinear)
+    assert isinstance(laid_out.attn.in_proj, RowLinear) and isinstance(
+        laid_out.mlp.linear2, RowLinear
+    )
     step = functools.partial(block_forward, laid_out)
     cache = KVCache(2, 4, max_len=12, head_size=4, dtype=torch.float64)
     out = [block_forward(parts, x[:, :5], kv_cache=cache)]  # prefill 5

@@ -16,6 +16,7 @@ from gptblock import (
     SwiGLU,
     apply_rotary,
     attention,
+    convert,
     rmsnorm,
     swiglu,
 )
@@ -143,3 +144,12 @@ def test_the_llama_block_refuses_bad_input_in_one_line():
         block(torch.zeros(2, 3, 8))
     with pytest.raises(ValueError, match=r"positions must have shape \(3,\) or \(2, 3\)"):
         block(torch.zeros(2, 3, C), torch.arange(4))
+
+
+def test_the_llama_block_converts_and_runs_as_the_fused_block_it_is():
+    block = LlamaBlock(C, NH, F_, n_kv_heads=NKV).double().eval()
+    fused = convert(block, "fused")
+    assert type(fused) is FusedBlock and "self_attn.in_proj_weight" in fused.state_dict()
+    x = _randn(2, 5, C)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), block(x), rtol=0, atol=0)

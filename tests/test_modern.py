@@ -21,6 +21,7 @@ from gptblock import (
     RunMeta,
     convert,
 )
+from gptblock.blocks.attention import PACKED
 from gptblock.blocks.fused import block_forward
 from gptblock.data.batches import CharTokenizer
 from gptblock.interop.hf import to_hf
@@ -102,7 +103,7 @@ def test_defaults_are_gpt2s_block():
             "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias",
         ]
     )  # fmt: skip
-    assert FusedBlock(16, 2).self_attn.modern is None  # the path GPT-2's block always ran
+    assert FusedBlock(16, 2).self_attn.heads is PACKED  # the path GPT-2's block always ran
 
 
 def test_a_modern_block_names_its_parts():

@@ -1,4 +1,4 @@
-"""The modern parts' hand-written backwards (issue 22): ``qk_heads`` and ``RMSNormFunction``.
+"""The modern parts' hand-written backwards (issue 22): ``QKHeads`` and ``RMSNormFunction``.
 
 Each is held to float64 ``gradcheck`` (finite differences, independent of the hand-written
 backward), and the attention's fast path to the module chain it replaces (``RMSNorm`` then
@@ -10,7 +10,8 @@ import torch
 
 from gptblock import FusedBlock
 from gptblock.blocks.norms import rmsnorm
-from gptblock.blocks.qk_heads import qk_heads, rotary_cos_sin
+from gptblock.blocks.qk_heads import QKHeads
+from gptblock.blocks.rotary import cos_sin
 
 CASES = [  # eps, gains, rope, rotary_dim, pairing, per-batch positions
     (1e-5, True, True, 6, "halves", False),
@@ -30,13 +31,10 @@ def test_qk_heads_gradcheck_in_float64(eps, gains, rope, r, pairing, per_batch):
     q_gain = torch.randn(hs, dtype=torch.float64, generator=g) if gains else None
     k_gain = torch.randn(hs, dtype=torch.float64, generator=g) if gains else None
     pos = torch.randint(0, 50, (B, T), generator=g) if per_batch else torch.arange(5, 5 + T)
-    cos, sin = rotary_cos_sin(pos, r, 100.0, torch.float64) if rope else (None, None)
+    cos, sin = cos_sin(pos, r, 100.0, torch.float64) if rope else (None, None)
 
     def f(qkv, q_gain, k_gain):
-        return qk_heads(
-            qkv, nh, q_gain=q_gain, k_gain=k_gain, eps=eps, cos=cos, sin=sin,
-            rotary_dim=r, pairing=pairing,
-        )  # fmt: skip
+        return QKHeads.apply(qkv, q_gain, k_gain, cos, sin, nh, eps, r, pairing)
 
     inputs = [t.requires_grad_() if t is not None else None for t in (qkv, q_gain, k_gain)]
     assert torch.autograd.gradcheck(f, tuple(inputs), atol=1e-8, rtol=1e-6)

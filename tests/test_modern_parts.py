@@ -21,7 +21,7 @@ from gptblock import (
     rmsnorm,
     swiglu,
 )
-from gptblock.blocks.attention import ModernHeads, self_attention
+from gptblock.blocks.attention import ModernHeads, SelfAttention
 from gptblock.blocks.parts import Dense
 from gptblock.blocks.rotary import pairing_permutation
 
@@ -176,10 +176,8 @@ def test_gqa_with_as_many_kv_heads_as_heads_is_mha():
     torch.manual_seed(0)
     w, o = torch.randn(48, 16, dtype=torch.float64), torch.randn(16, 16, dtype=torch.float64)
     h = torch.randn(2, 5, 16, dtype=torch.float64)
-    mha = self_attention(h, Dense(w, None), Dense(o, None), 4)
-    gqa = self_attention(
-        h, Dense(w, None), Dense(o, None), 4, modern=ModernHeads(4, None, None, None)
-    )
+    mha = SelfAttention(Dense(w, None), Dense(o, None), 4)(h)
+    gqa = SelfAttention(Dense(w, None), Dense(o, None), 4, ModernHeads(4, None, None, None))(h)
     torch.testing.assert_close(gqa, mha, **TIGHT)
 
 
@@ -250,12 +248,10 @@ def test_under_bfloat16_autocast_the_rotated_queries_and_keys_keep_the_values_dt
 
     block = FusedBlock(32, 4, norm="rmsnorm", n_kv_heads=2, qk_norm=True, rope=True)
     h = torch.randn(2, 5, 32)
-    from gptblock.blocks.attention import modern_qkv
-
     attn = block.self_attn
     with torch.autocast("cpu", dtype=torch.bfloat16):
         q, k, v = attn.project(h)  # attention_weights' path
-        q2, k2, v2 = modern_qkv(attn.in_proj(h), 4, 8, attn.modern, None, None)  # forward's path
+        q2, k2, v2 = attn.heads(attn.in_proj(h), 4, 0, None)  # forward's path
         y = block(h)
     assert v.dtype == v2.dtype == torch.bfloat16
     assert q.dtype == k.dtype == q2.dtype == k2.dtype == torch.bfloat16, (q.dtype, q2.dtype)

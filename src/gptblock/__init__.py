@@ -28,9 +28,9 @@ NAMES = {
     for module, names in {
         "blocks.config": "BlockConfig GPTConfig",
         "blocks.convert": "ConversionError convert",
+        "blocks.attention": "attention",
         "blocks.fused": "FusedBlock",
-        "blocks.gqa": "GroupedQueryAttention attention",
-        "blocks.llama": "LlamaBlock",
+        "blocks.llama": "GroupedQueryAttention LlamaBlock",
         "blocks.masks": "causal_mask",
         "blocks.mha": "TransformerBlock",
         "blocks.mlp": "SwiGLU swiglu",
@@ -56,11 +56,11 @@ MODULES = ("check", "exercises", "lens", "lesson", "loading", "reference", "samp
 
 if TYPE_CHECKING:
     from . import exercises, lens, lesson, reference
+    from .blocks.attention import attention
     from .blocks.config import BlockConfig, GPTConfig
     from .blocks.convert import ConversionError, convert
     from .blocks.fused import FusedBlock
-    from .blocks.gqa import GroupedQueryAttention, attention
-    from .blocks.llama import LlamaBlock
+    from .blocks.llama import GroupedQueryAttention, LlamaBlock
     from .blocks.masks import causal_mask
     from .blocks.mha import TransformerBlock
     from .blocks.mlp import SwiGLU, swiglu

@@ -1,18 +1,18 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``SelfAttention`` (and ``self_attention``, the same call on given projections) is the attention
-branch of ``FusedBlock`` and so of everything that runs the fused form's forward: training
+``SelfAttention`` is the attention branch of ``FusedBlock`` and so of everything that runs the fused form's forward: training
 (``F.scaled_dot_product_attention``, or explicit products for short contexts in bfloat16:
 ``causal_attention``), masks, a KV cache with the new queries at positions ``start ..``
 (generation), and the lens's points
 (the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
 
-The modern block's attention is the same function with three optional parts
-(``ModernHeads``): fewer key/value heads than query heads (grouped-query attention; the cache
+How the projection becomes heads is a part chosen when the block is built (``SelfAttention.heads``): GPT-2's
+(``PACKED``), or the modern block's (``ModernHeads``) with three optional parts: fewer key/value heads than query heads (grouped-query attention; the cache
 holds the key/value heads, each serving ``nh // nkv`` query heads, Llama's ``repeat_kv`` order),
 an RMSNorm over each head's queries and keys, and rotary positions (the new queries' and keys'
 positions are ``start ..``, so a cache and an offset rotate them as a full pass would). Without
-them (GPT-2's block) the path is the one it always was.
+them (GPT-2's block) the path is the one it always was. ``attention`` is the same function on
+given q, k, v with any mask (``GroupedQueryAttention``'s reference).
 
 Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, nkv key/value
 heads, hs = C // nh.
@@ -25,55 +25,105 @@ from typing import NamedTuple, Protocol
 import torch
 from torch.nn import functional as F
 
-from .masks import blocked_positions, masked_softmax, split_dead_rows
-from .parts import Linear, Norm
+from ..errors import UserValueError
+from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
+from .parts import Linear
 from .probe import Probe, at
-from .qk_heads import fast_qkv
+from .qk_heads import ModernHeads, repeat_kv
 
 __all__ = [
+    "PACKED",
     "PRODUCTS_MAX_T",
-    "Attention",
     "KVStore",
     "ModernHeads",
     "SelfAttention",
+    "attention",
     "causal_attention",
-    "modern_qkv",
+    "pattern",
     "product_attention",
     "repeat_kv",
-    "self_attention",
 ]
 
 
-class RotaryFn(Protocol):
-    """Rotary positions: ``gptblock.blocks.rotary.Rotary``."""
+class PackedHeads:
+    """GPT-2's heads: q, k and v of nh heads each, in thirds of the projection (B, T, 3C).
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
-
-
-class ModernHeads(NamedTuple):
-    """The modern block's optional attention parts; ``None`` for GPT-2's attention.
-
-    ``in_proj`` then packs q (C rows), k (nkv * hs rows) and v (nkv * hs rows).
+    A heads part is called on the projection of the new positions ``start ..`` and returns
+    q (B, nh, T, hs), k and v (B, nkv, T, hs); ``share`` gives the keys and values (cached ones
+    included) to each of the nh query heads.
     """
 
-    n_kv_heads: int  # nkv, dividing nh
-    rotary: RotaryFn | None  # on q and k, at their positions
-    q_norm: Norm | None  # over each head's hs channels
-    k_norm: Norm | None
+    def __call__(
+        self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, C3 = qkv.shape
+        hs = C3 // (3 * nh)
+        if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
+            q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
+            return q, k, v
+        # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to the
+        # front and unbinding dim 0: the same views) lets the backward stack the three gradients
+        # straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
+        q, k, v = (t.transpose(1, 2) for t in qkv.view(B, T, 3, nh, hs).unbind(2))
+        return q, k, v  # (B, nh, T, hs) each
+
+    def share(self, k: torch.Tensor, v: torch.Tensor, nh: int) -> tuple[torch.Tensor, ...]:
+        return k, v
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Each key/value head repeated for the ``n_rep`` query heads it serves, Llama's order:
-    query head j reads key/value head ``j // n_rep``.
+PACKED = PackedHeads()
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = True,
+) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j.
+
+    Args:
+        q: queries, the last T of the L positions.
+        k, v: keys and values of all L positions.
+        mask: optional bool, ``True`` = blocked, broadcast over (B, nh, T, L).
+        causal: also block keys after each query's position.
 
     Shape:
-        (B, nkv, L, hs) -> (B, nkv * n_rep, L, hs).
+        q (B, nh, T, hs), k and v (B, nkv, L, hs) -> (B, nh, T, hs). A query row with every
+        key blocked gets zeros.
 
     Example:
-        >>> repeat_kv(torch.tensor([1.0, 2.0]).view(1, 2, 1, 1), 2).flatten().tolist()
-        [1.0, 1.0, 2.0, 2.0]
+        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+        >>> attention(q, k, v).shape
+        torch.Size([1, 4, 3, 8])
     """
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+    (B, nh, T, hs), nkv, L = q.shape, k.shape[1], k.shape[-2]
+    if nh % nkv or k.shape != v.shape or L < T:
+        raise UserValueError(
+            f"expected q (B, nh, T, hs) and k, v (B, nkv, L, hs) with nkv dividing nh and "
+            f"L >= T, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    k, v = repeat_kv(k, nh // nkv), repeat_kv(v, nh // nkv)  # (B, nh, L, hs) each
+    # Query i sits at position L - T + i: with ``causal`` it may attend to keys <= it.
+    blocked = ~_allowed(L - T, T, q) if causal else torch.zeros(T, L, dtype=torch.bool)
+    if mask is not None:
+        blocked = blocked.to(q.device) | mask.to(torch.bool)
+    blocked = blocked.to(q.device).expand(B, nh, T, L).reshape(B * nh, T, L)  # one per head
+    weights = pattern(q.reshape(B * nh, 1, T, hs), k.reshape(B * nh, 1, L, hs), blocked)
+    return weights.view(B, nh, T, L) @ v  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
+
+
+def pattern(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """The attention weights ``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (one
+    mask for every head); a row with every key blocked is all zeros (``masked_softmax``).
+
+    Shape:
+        q (B, nh, T, hs), k (B, nh, L, hs), blocked (B, T, L) -> (B, nh, T, L).
+    """
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, nh, T, L)
+    return masked_softmax(scores, blocked)
 
 
 class KVStore(Protocol):
@@ -89,37 +139,8 @@ class KVStore(Protocol):
         ...
 
 
-class Attention(Protocol):
-    """A block's attention part: ``FusedSelfAttention`` (a module, so module hooks on it fire)
-    or ``SelfAttention`` (the same function on given projections)."""
-
-    @property
-    def in_proj(self) -> Linear: ...
-
-    @property
-    def out_proj(self) -> Linear: ...
-
-    @property
-    def n_heads(self) -> int: ...
-
-    @property
-    def modern(self) -> ModernHeads | None: ...
-
-    def __call__(
-        self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        kv_cache: KVStore | None = None,
-        *,
-        dropout: float | None = None,
-        probe: Probe | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
-
-
 class SelfAttention(NamedTuple):
-    """``self_attention`` on given projections: an ``Attention`` that is not a module.
+    """Causal self-attention on given projections: ``FusedSelfAttention``'s call, not a module.
 
     Example:
         >>> from gptblock.blocks.parts import Dense
@@ -131,7 +152,7 @@ class SelfAttention(NamedTuple):
     in_proj: Linear  # C -> 3C: q; k; v packed row-wise
     out_proj: Linear  # C -> C
     n_heads: int  # nh
-    modern: ModernHeads | None = None  # grouped heads, qk-norm, rotary
+    heads: PackedHeads | ModernHeads = PACKED  # how the projection becomes q, k, v
 
     def __call__(
         self,
@@ -162,26 +183,12 @@ class SelfAttention(NamedTuple):
             h (B, T, C) -> (B, T, C).
         """
         p = dropout or 0.0
-        nh, modern = self.n_heads, self.modern
-        B, T, C = h.shape
-        hs = C // nh
-        qkv = self.in_proj(h)  # (B, T, C) @ (C, 3C) -> (B, T, 3C)
-        start = 0
-        if modern is not None:
-            q, k, v = modern_qkv(qkv, nh, hs, modern, kv_cache, positions)
-        elif T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
-            q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # 3 x (B, nh, 1, hs), no transpose
-        else:
-            # Views, no copy. Unbinding dim 2 before transposing (rather than permuting the 3 to
-            # the front and unbinding dim 0: the same views) lets the backward stack the three
-            # gradients straight into the (B, T, 3, nh, hs) layout, saving a (B, T, 3C) copy.
-            qkv = qkv.view(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
-            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, nh, T, hs)
+        nh, (B, T, C) = self.n_heads, h.shape
+        start = 0 if kv_cache is None else kv_cache.length
+        q, k, v = self.heads(self.in_proj(h), nh, start, positions)  # (B, nh | nkv, T, hs)
         if kv_cache is not None:
-            start = kv_cache.length
-            k, v = kv_cache.append(k, v)  # (B, nh, L, hs) each, (B, nkv, L, hs) if grouped
-        if modern is not None:
-            k, v = (repeat_kv(t, nh // modern.n_kv_heads) for t in (k, v))  # (B, nh, L, hs)
+            k, v = kv_cache.append(k, v)  # (B, nkv, L, hs) each
+        k, v = self.heads.share(k, v, nh)  # (B, nh, L, hs) each
         if probe is not None and (probe.wants("pattern") or probe.wants("head_out")):
             return _formed(q, k, v, self.out_proj, start, attn_mask, key_padding_mask, p, probe)
         if attn_mask is None and key_padding_mask is None:
@@ -228,7 +235,7 @@ def product_attention(
     """
     T, hs = q.shape[-2], q.shape[-1]
     att = (q * hs**-0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)  # (T, T)
+    future = causal_mask(T, q.device)  # (T, T), True above the diagonal
     # softmax reads bfloat16 and sums in float32 (PyTorch's CPU kernel), writing bfloat16 back.
     att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)
     if p > 0.0:
@@ -251,73 +258,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
     ):
         return product_attention(q, k, v, p)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-
-
-def self_attention(
-    h: torch.Tensor,
-    in_proj: Linear,
-    out_proj: Linear,
-    n_heads: int,
-    attn_mask: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    *,
-    kv_cache: KVStore | None = None,
-    dropout: float = 0.0,
-    probe: Probe | None = None,
-    modern: ModernHeads | None = None,
-    positions: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal self-attention of the normalised stream ``h``: ``SelfAttention``'s call on these
-    projections (see it for the arguments).
-
-    Shape:
-        h (B, T, C) -> (B, T, C).
-    """
-    attention = SelfAttention(in_proj, out_proj, n_heads, modern)
-    return attention(
-        h,
-        attn_mask,
-        key_padding_mask,
-        kv_cache,
-        dropout=dropout,
-        probe=probe,
-        positions=positions,
-    )
-
-
-def modern_qkv(
-    qkv: torch.Tensor,
-    nh: int,
-    hs: int,
-    modern: ModernHeads,
-    kv_cache: KVStore | None,
-    positions: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q (B, nh, T, hs) and k, v (B, nkv, T, hs) of the packed projection (B, T, (nh + 2 nkv) hs),
-    normalised and rotated at ``positions``, by default ``start ..`` (after the cached ones)."""
-    B, T, _ = qkv.shape
-    nkv = modern.n_kv_heads
-    if positions is None and modern.rotary is not None:
-        start = 0 if kv_cache is None else kv_cache.length
-        positions = torch.arange(start, start + T, device=qkv.device)  # (T,)
-    parts = (modern.q_norm, modern.k_norm, modern.rotary)
-    fast = fast_qkv(qkv.view(B, T, nh + 2 * nkv, hs), nh, *parts, positions)  # (B, nh | nkv, T, hs)
-    if fast is not None:
-        return fast
-    sizes = [nh * hs, nkv * hs, nkv * hs]
-    q, k, v = torch.split(qkv, sizes, dim=-1)  # (B, T, nh hs), 2 x (B, T, nkv hs)
-    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-    v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-    if modern.q_norm is not None and modern.k_norm is not None:
-        q, k = modern.q_norm(q), modern.k_norm(k)  # over hs, per head and position
-    if modern.rotary is not None and positions is not None:
-        q, k = modern.rotary(q, positions), modern.rotary(k, positions)
-    # The norm and the rotation compute in float32 (their tables and statistics); under
-    # bfloat16 autocast q and k go back to v's dtype, so that the attention runs in the dtype
-    # the plain path does, and by the kernel chosen for it (causal_attention): left in float32,
-    # SDPA's CPU flash kernel made a training step twice as slow.
-    return q.to(v.dtype), k.to(v.dtype), v
 
 
 def _causal(
@@ -354,14 +294,13 @@ def _formed(
     """Attention with the (T, L) pattern formed, and each head's output where it is wanted."""
     B, nh, T, hs = q.shape
     C = nh * hs
-    scores = q @ k.transpose(-2, -1) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, L) -> (B, nh, T, L)
     if start == 0:
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, q.device)  # (B, T, T)
     else:
         blocked = ~_allowed(start, T, q)[None]  # (1, T, L)
-    pattern = at(probe, "pattern", masked_softmax(scores, blocked))  # (B, nh, T, L)
+    weights = at(probe, "pattern", pattern(q, k, blocked))  # (B, nh, T, L)
     y = (
-        F.dropout(pattern, p, training=p > 0) @ v
+        F.dropout(weights, p, training=p > 0) @ v
     )  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
     if not probe.wants("head_out"):
         return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)

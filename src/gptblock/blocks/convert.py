@@ -172,7 +172,8 @@ def describe(module: nn.Module) -> tuple[BlockConfig, State]:
         True
     """
     if isinstance(module, (TransformerBlock, FusedBlock)):
-        return module.config, module.state_dict(keep_vars=True)
+        # Its parameters by their own names (a LlamaBlock's state_dict is named as Llama's).
+        return module.config, dict(module.named_parameters())
     if isinstance(module, nn.TransformerEncoderLayer):
         return _describe_encoder_layer(module)
     if isinstance(module, Block):

@@ -16,7 +16,10 @@ the lens asks for it.
 KV cache (and, for one-position steps, weights laid out for matrix-vector products); the lens
 calls it with a probe at the named points; and a lesson or ``nn.MultiheadAttention`` block is run
 through it, on its own weights, wherever its own forward has no cache or points
-(``convert.parts_of``).
+(``convert.parts_of``). Each variant (LayerNorm or RMSNorm, GPT-2's or the modern heads, a dense
+or gated MLP, a second norm or a parallel residual) is a part chosen when the block is built,
+so neither ``block_forward`` nor the attention checks an option. ``LlamaBlock`` and
+``GroupedQueryAttention`` are this block and its attention under Llama's names (``llama.py``).
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """
@@ -31,12 +34,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import Attention, KVStore, ModernHeads, SelfAttention, modern_qkv, repeat_kv
+from .attention import PACKED, KVStore, ModernHeads, SelfAttention, pattern
 from .checks import check_positions
 from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
-from .masks import blocked_positions, masked_softmax
+from .masks import blocked_positions
 from .norms import RMSNorm
-from .parts import Dense, LayerNormFn, Linear, Norm
+from .parts import MLP, Dense, DenseMLP, GatedMLP, LayerNormFn, Norm
 from .probe import Probe
 from .rotary import Rotary
 
@@ -44,23 +47,21 @@ __all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward", "s
 
 
 class BlockParts(NamedTuple):
-    """The parts of one pre-norm block, as callables (``gptblock.blocks.parts``).
+    """The parts of one pre-norm block, as callables (``gptblock.blocks.parts``), each variant
+    chosen when the block is built. Names are ``TransformerBlock``'s, so ``of_state`` reads
+    ``convert.describe``'s layout."""
 
-    Names are ``TransformerBlock``'s, so ``of_state`` reads ``convert.describe``'s layout.
-    """
-
-    config: BlockConfig
     norm1: Norm  # before attention
-    attn: Attention  # causal self-attention, C -> C (with a KV cache, the lens's points)
-    norm2: Norm  # before the MLP
-    linear1: Linear  # C -> d_ff (the gate, with mlp="swiglu")
-    linear2: Linear  # d_ff -> C
-    linear3: Linear | None = None  # C -> d_ff, SwiGLU's linear branch; None: a dense MLP
+    attn: (
+        SelfAttention | FusedSelfAttention
+    )  # causal self-attention, C -> C (with a KV cache, the lens's points)
+    norm2: Norm | None  # before the MLP; None: parallel residual (the MLP reads norm1's output)
+    mlp: MLP  # C -> C, dropout on its hidden layer
 
     @classmethod
     def of_state(cls, config: BlockConfig, w: dict[str, torch.Tensor]) -> BlockParts:
-        """Parts computing with the tensors of a state_dict in ``TransformerBlock``'s layout
-        (``convert.describe``'s; a bias-free block has no ``*.bias`` entries). Not copied."""
+        """GPT-2's parts computing with the tensors of a state_dict in ``TransformerBlock``'s
+        layout (``convert.describe``'s; a bias-free block has no ``*.bias`` entries). Not copied."""
 
         def dense(name: str) -> Dense:
             return Dense(w[name + ".weight"], w.get(name + ".bias"))
@@ -69,14 +70,19 @@ class BlockParts(NamedTuple):
             return LayerNormFn(w[name + ".weight"], w.get(name + ".bias"), config.norm_eps)
 
         in_proj = Dense(w["self_attn.in_proj_weight"], w.get("self_attn.in_proj_bias"))
+        act = ACTIVATION_FUNCTIONS[config.activation]  # a name BlockConfig checked
         return cls(
-            config,
             norm("norm1"),
             SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_head),
             norm("norm2"),
-            dense("linear1"),
-            dense("linear2"),
+            DenseMLP(dense("linear1"), dense("linear2"), act),
         )
+
+
+def _dropped(x: torch.Tensor, p: float) -> torch.Tensor:
+    # Dropout only where there is some: outside training a call into PyTorch costs a
+    # generation step more than the whole arithmetic of some of its lines.
+    return F.dropout(x, p) if p else x
 
 
 def block_forward(
@@ -91,7 +97,7 @@ def block_forward(
     positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pre-norm block: ``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``, on ``parts``;
-    with ``parallel_residual``, ``x + attn(norm1(x)) + mlp(norm1(x))``.
+    without ``norm2`` (parallel residual), ``x + attn(norm1(x)) + mlp(norm1(x))``.
 
     No input checks (``FusedBlock.forward`` makes them): this is also generation's inner loop.
 
@@ -108,7 +114,6 @@ def block_forward(
     Shape:
         x (B, T, C) -> (B, T, C).
     """
-    config = parts.config
     # Each point is inlined rather than ``at(probe, ...)``: generation runs this per token and
     # block, and five calls that do nothing were 2% of a token.
     x = x if probe is None else probe.point("resid_pre", x)  # (B, T, C)
@@ -117,21 +122,11 @@ def block_forward(
         h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe, positions=positions
     )
     a = a if probe is None else probe.point("attn_out", a)  # (B, T, C)
-    # Dropout only where there is some: outside training a call into PyTorch costs a
-    # generation step more than the whole arithmetic of some of its lines.
-    x = x + (F.dropout(a, dropout) if dropout else a)
+    x = x + _dropped(a, dropout)
     x = x if probe is None else probe.point("resid_mid", x)
-    if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attn
-        h = parts.norm2(x)
-    if parts.linear3 is None:
-        act = ACTIVATION_FUNCTIONS[config.activation]  # a name BlockConfig checked
-        u = act(parts.linear1(h))  # (B, T, d_ff)
-    else:  # SwiGLU: silu(gate) * up
-        u = F.silu(parts.linear1(h)) * parts.linear3(h)  # (B, T, d_ff)
-    u = F.dropout(u, dropout) if dropout else u
-    m = parts.linear2(u)  # (B, T, d_ff) -> (B, T, C)
+    m = parts.mlp(h if parts.norm2 is None else parts.norm2(x), dropout)  # (B, T, C)
     m = m if probe is None else probe.point("mlp_out", m)
-    x = x + (F.dropout(m, dropout) if dropout else m)  # (B, T, C)
+    x = x + _dropped(m, dropout)  # (B, T, C)
     return x if probe is None else probe.point("resid_post", x)
 
 
@@ -154,19 +149,15 @@ class FusedSelfAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(rows, C))  # rows: q; k; v
         self.in_proj_bias = nn.Parameter(torch.zeros(rows)) if config.bias else None
         self.out_proj = nn.Linear(C, C, bias=config.bias)
-        # The modern parts (None for GPT-2's attention, which then runs the path it always did).
+        # The modern parts (None for GPT-2's attention, whose heads are then the packed thirds).
         self.q_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
+        rope = config.position == "rope"
         self.rotary = (
-            Rotary(hs, config.rotary_dim, config.rope_theta, config.rope_pairing)
-            if config.position == "rope"
-            else None
+            Rotary(hs, config.rotary_dim, config.rope_theta, config.rope_pairing) if rope else None
         )
-        self.modern = (
-            ModernHeads(nkv, self.rotary, self.q_norm, self.k_norm)
-            if nkv != config.n_head or config.qk_norm or config.position == "rope"
-            else None
-        )
+        modern = nkv != config.n_head or config.qk_norm or rope
+        self.heads = ModernHeads(nkv, self.rotary, self.q_norm, self.k_norm) if modern else PACKED
         # nn.MultiheadAttention's initialisation, so a fresh FusedBlock starts where a fresh
         # TransformerBlock does.
         nn.init.xavier_uniform_(self.in_proj_weight)
@@ -181,34 +172,19 @@ class FusedSelfAttention(nn.Module):
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The queries, keys and values of every head: three (B, nh, T, hs) tensors (grouped
         key/value heads repeated; normalised and rotated at positions 0 .. T-1)."""
-        B, T, C = h.shape
-        nh, hs = self.n_heads, C // self.n_heads
-        if self.modern is not None:  # the forward's own: normalised and rotated at 0 .. T-1
-            q, k, v = modern_qkv(self.in_proj(h), nh, hs, self.modern, None, None)
-            n_rep = nh // self.modern.n_kv_heads
-            return q, repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, nh, T, hs) each
-        q, k, v = torch.split(self.in_proj(h), [C, C, C], dim=-1)  # (B, T, C) each
-        q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        return q, k, v
+        q, k, v = self.heads(self.in_proj(h), self.n_heads, 0, None)
+        k, v = self.heads.share(k, v, self.n_heads)
+        return q, k, v  # (B, nh, T, hs) each
 
     def forward(
-        self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        kv_cache: KVStore | None = None,
-        *,
-        dropout: float | None = None,
-        probe: Probe | None = None,
-        positions: torch.Tensor | None = None,
+        self, h: torch.Tensor, *args: Any, dropout: float | None = None, **kw: Any
     ) -> torch.Tensor:
+        """``SelfAttention``'s call (see it) on this module's parameters and heads."""
         # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
         # the block passes its own choice.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
-        attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.modern)
-        return attention(
-            h, attn_mask, key_padding_mask, kv_cache, dropout=p, probe=probe, positions=positions
-        )
+        attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.heads)
+        return attention(h, *args, dropout=p, **kw)
 
 
 class FusedBlock(nn.Module):
@@ -278,20 +254,16 @@ class FusedBlock(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.linear3 = nn.Linear(d_model, d_ff, bias=bias) if config.mlp == "swiglu" else None
-        # The dropouts (attention weights, both branches, the MLP's hidden layer) are
-        # block_forward's functional calls at config.dropout, not modules: one probability.
+        # The MLP's form, chosen once. The dropouts (attention weights, both branches, the MLP's
+        # hidden layer) are block_forward's functional calls at config.dropout: one probability.
+        act = ACTIVATION_FUNCTIONS[config.activation]
+        self.mlp_part: MLP = DenseMLP(self.linear1, self.linear2, act)
+        if self.linear3 is not None:
+            self.mlp_part = GatedMLP(self.linear1, self.linear3, self.linear2)
 
     def parts(self) -> BlockParts:
         """This block's own modules and parameters as ``block_forward``'s parts (not copied)."""
-        return BlockParts(
-            self.config,
-            self.norm1,
-            self.self_attn,
-            self.norm1 if self.norm2 is None else self.norm2,
-            self.linear1,
-            self.linear2,
-            self.linear3,
-        )
+        return BlockParts(self.norm1, self.self_attn, self.norm2, self.mlp_part)
 
     @classmethod
     def from_config(cls, config: BlockConfig) -> FusedBlock:
@@ -367,9 +339,8 @@ class FusedBlock(nn.Module):
         """
         B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
         q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
-        att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
-        return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero
+        return pattern(q, k, blocked)  # (B, nh, T, T); fully blocked rows all zero
 
 
 def stream_norm(config: BlockConfig) -> nn.Module:

@@ -21,8 +21,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserValueError
+from .attention import PACKED, pattern
 from .config import BlockConfig, activation_function, check_input
-from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
+from .masks import blocked_positions, causal_mask, split_dead_rows
 
 __all__ = ["TransformerBlock"]
 
@@ -144,12 +145,8 @@ class TransformerBlock(nn.Module):
         mode. Fully blocked rows are all zeros.
         """
         B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
-        nh, hs = self.config.n_head, self.config.head_size
         h = self.norm1(x)
         qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)
-        q, k, _ = qkv.chunk(3, dim=-1)  # (B, T, C) each
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        att = q @ k.transpose(-2, -1) * hs**-0.5  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
+        q, k, _ = PACKED(qkv, self.config.n_head, 0, None)  # (B, nh, T, hs) each
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
-        return masked_softmax(att, blocked)  # (B, nh, T, T); fully blocked rows all zero
+        return pattern(q, k, blocked)  # (B, nh, T, T); fully blocked rows all zero

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from .aliases import accept_aliases
+from .aliases import rename_state
 from .config import check_positive_int
 from .config import relu2 as relu2
+from .parts import Dense, GatedMLP
 
 __all__ = ["META_NAMES", "SwiGLU", "relu2", "swiglu"]
 
@@ -46,10 +46,10 @@ def swiglu(
 
     Example:
         >>> x, w1, w3, w2 = torch.randn(2, 4), torch.randn(6, 4), torch.randn(6, 4), torch.randn(4, 6)
-        >>> torch.allclose(swiglu(x, w1, w2, w3), (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T, atol=1e-6)
+        >>> torch.allclose(swiglu(x, w1, w2, w3), (nn.functional.silu(x @ w1.T) * (x @ w3.T)) @ w2.T, atol=1e-6)
         True
     """
-    return F.linear(F.silu(F.linear(x, w1, b1)) * F.linear(x, w3, b3), w2, b2)  # (..., C)
+    return GatedMLP(Dense(w1, b1), Dense(w3, b3), Dense(w2, b2))(x, 0.0)  # (..., C)
 
 
 class SwiGLU(nn.Module):
@@ -86,7 +86,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # w1
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # w3
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # w2
-        accept_aliases(self, META_NAMES)
+        rename_state(self, {}, META_NAMES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., C)
+        return GatedMLP(self.gate_proj, self.up_proj, self.down_proj)(x, 0.0)  # (..., C)

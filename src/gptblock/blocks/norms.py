@@ -18,7 +18,7 @@ from torch.autograd.function import once_differentiable
 from ..errors import UserTypeError, UserValueError
 from .config import check_norm_eps
 
-__all__ = ["RMSNorm", "RMSNormFunction", "compute_dtype", "rmsnorm"]
+__all__ = ["RMSNorm", "RMSNormFunction", "compute_dtype", "inverse_rms", "rms_backward", "rmsnorm"]
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
@@ -52,9 +52,44 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
+def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``1 / sqrt(mean(x^2) + eps)`` over the last dimension, by one reduction pass (a norm),
+    where ``mean(x^2)`` would be a product and then a sum.
+
+    Shape:
+        (..., C) -> (..., 1).
+    """
+    rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2)
+    return rms.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+
+
+def rms_backward(
+    dy: torch.Tensor, n: torch.Tensor, r: torch.Tensor, gain: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm's backward in closed form, for G groups of C channels each with its own gain:
+    with ``n = x r`` and ``dn = dy * gain``, ``dx = r (dn - n mean(dn n))`` and ``dgain =
+    sum(dy n)`` over the rows. ``dy`` is overwritten (it becomes ``dx``).
+
+    Both sums come from ``p = dy n``: over the rows, and per group through one matrix product
+    with the gains laid out block-diagonally (a CPU's reductions over short rows are slow).
+
+    Shape:
+        dy, n (..., G, C), r (..., G, 1), gain (G, C) or None -> dx (..., G, C), dgain (G, C).
+    """
+    G, C = n.shape[-2:]
+    p = (dy * n).view(-1, G * C)  # (N, G C)
+    blocks = torch.eye(G, dtype=n.dtype, device=n.device).repeat_interleave(C, dim=0)  # (G C, G)
+    dgain = None
+    if gain is not None:
+        dgain = p.sum(0).view(G, C)
+        blocks.mul_(gain.reshape(G * C, 1))
+        dy.mul_(gain)
+    dot = (p @ blocks).div_(C).view(*n.shape[:-1], 1)  # (..., G, 1): mean(dn n) per group
+    return dy.addcmul_(n, dot, value=-1).mul_(r), dgain
+
+
 class RMSNormFunction(torch.autograd.Function):
-    """``rmsnorm`` with its backward written out: with ``n = x r``, ``r = 1 / sqrt(mean(x^2) +
-    eps)`` and ``dn = dy * weight``, ``dx = r (dn - n mean(dn n))`` and ``dweight = sum(dy n)``.
+    """``rmsnorm`` with its backward written out (``rms_backward``).
 
     Autograd's graph of the formula (pow, mean, rsqrt, two products, and their backwards: the
     mean's gradient expanded, the square's doubled, the two paths to x added) was three times
@@ -68,12 +103,9 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             C = x.shape[-1]
-            cd = compute_dtype(x.dtype)
-            x2 = x.reshape(-1, C).to(cd)  # (N, C)
-            # One reduction pass (a norm), where mean(x^2) would be a product and then a sum.
-            rms = torch.linalg.vector_norm(x2, dim=-1, keepdim=True)  # (N, 1): sqrt(sum x^2)
-            r = rms.square_().div_(C).add_(eps).rsqrt_()  # (N, 1)
-            n = x2 * r  # (N, C)
+            x2 = x.reshape(-1, 1, C).to(compute_dtype(x.dtype))  # (N, 1, C): one group
+            r = inverse_rms(x2, eps)  # (N, 1, 1)
+            n = x2 * r  # (N, 1, C)
             y = n if weight is None else n * weight
             out_dtype = x.dtype if weight is None else torch.result_type(x, weight)
             ctx.save_for_backward(n, r, weight)
@@ -85,18 +117,12 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         n, r, weight = ctx.saved_tensors
         with torch.autocast(grad.device.type, enabled=False):
-            shape, C = grad.shape, grad.shape[-1]
-            g = grad.reshape(-1, C).to(n.dtype)  # (N, C)
-            # p = dy n gives both sums: the gain's gradient (over N) and, through one
-            # matrix-vector product with the gain, sum(dn n) per row (a CPU's reductions over
-            # short rows are slow).
-            p = g * n  # (N, C)
-            w = torch.ones(C, dtype=n.dtype, device=n.device) if weight is None else weight
-            dw = p.sum(0).to(w.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-            dot = torch.mv(p, w.to(n.dtype)).div_(C).unsqueeze(-1)  # (N, 1): mean(dn n)
-            dn = g * w if weight is not None else g.clone()  # (N, C)
-            dx = dn.addcmul_(n, dot, value=-1).mul_(r)
-            return dx.to(ctx.x_dtype).view(shape), dw, None
+            g = grad.reshape(n.shape).to(n.dtype, copy=True)  # (N, 1, C), overwritten
+            gain = None if weight is None else weight.to(n.dtype).view(1, -1)
+            dx, dw = rms_backward(g, n, r, gain)
+            if dw is not None:  # weight is not None
+                dw = dw.view(-1).to(weight.dtype) if ctx.needs_input_grad[1] else None
+            return dx.to(ctx.x_dtype).view(grad.shape), dw, None
 
 
 class RMSNorm(nn.Module):

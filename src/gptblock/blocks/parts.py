@@ -10,20 +10,21 @@ modules, so that one definition runs on
 * weights laid out for one-position products (``gptblock.model.generation.matvec``): the
   generation step.
 
-A new kind of part (RMSNorm, a gated MLP) is one more callable of the same shape here, chosen
-when the block is built; the forward does not change.
+A variant (RMSNorm, a gated MLP, the modern heads' q/k preparation) is one more callable of the
+same shape, chosen when the block is built; the forward holds no option checks.
 
 Shapes: B batch, T time, I in-features, O out-features, C channels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
 from torch.nn import functional as F
 
-__all__ = ["Dense", "LayerNormFn", "Linear", "Norm"]
+__all__ = ["MLP", "Dense", "DenseMLP", "GatedMLP", "LayerNormFn", "Linear", "Norm"]
 
 
 class Norm(Protocol):
@@ -79,3 +80,54 @@ class LayerNormFn(NamedTuple):
         # torch.layer_norm, not F.layer_norm: the same kernel (tensor subclasses are still
         # dispatched), one Python frame less per call in generation's per-token loop.
         return torch.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # (..., C)
+
+
+class MLP(Protocol):
+    """The MLP branch, with dropout ``p`` on its hidden layer: ``DenseMLP`` or ``GatedMLP``."""
+
+    def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor: ...  # (B, T, C) -> (B, T, C)
+
+    def relaid(self, linear: Callable[[Linear], Linear]) -> MLP:
+        """The same MLP with each of its linear maps as ``linear(it)``."""
+        ...
+
+
+def _dropped(u: torch.Tensor, p: float) -> torch.Tensor:
+    # Dropout only where there is some: outside training a call into PyTorch costs a generation
+    # step more than the whole arithmetic of some of its lines.
+    return F.dropout(u, p) if p else u
+
+
+class DenseMLP(NamedTuple):
+    """GPT-2's MLP: ``linear2(act(linear1 h))``.
+
+    Example:
+        >>> mlp = DenseMLP(Dense(torch.eye(2), None), Dense(2 * torch.eye(2), None), F.relu)
+        >>> mlp(torch.tensor([[-1.0, 3.0]]), 0.0)
+        tensor([[0., 6.]])
+    """
+
+    linear1: Linear  # C -> d_ff
+    linear2: Linear  # d_ff -> C
+    act: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor:
+        return self.linear2(_dropped(self.act(self.linear1(h)), p))  # (B, T, d_ff) -> (B, T, C)
+
+    def relaid(self, linear: Callable[[Linear], Linear]) -> DenseMLP:
+        return DenseMLP(linear(self.linear1), linear(self.linear2), self.act)
+
+
+class GatedMLP(NamedTuple):
+    """Llama's SwiGLU: ``linear2(silu(linear1 h) * linear3 h)``, ``linear1`` the gate."""
+
+    linear1: Linear  # C -> d_ff, the gate
+    linear3: Linear  # C -> d_ff, the linear branch
+    linear2: Linear  # d_ff -> C
+
+    def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor:
+        u = F.silu(self.linear1(h)) * self.linear3(h)  # (B, T, d_ff)
+        return self.linear2(_dropped(u, p))  # (B, T, C)
+
+    def relaid(self, linear: Callable[[Linear], Linear]) -> GatedMLP:
+        return GatedMLP(linear(self.linear1), linear(self.linear3), linear(self.linear2))

@@ -22,7 +22,15 @@ import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
 
-__all__ = ["PAIRINGS", "Rotary", "apply_rotary", "check_rotary", "pairing_permutation"]
+__all__ = [
+    "PAIRINGS",
+    "Rotary",
+    "apply_rotary",
+    "check_rotary",
+    "cos_sin",
+    "pair_views",
+    "pairing_permutation",
+]
 
 PAIRINGS = ("halves", "adjacent")
 
@@ -90,29 +98,44 @@ def apply_rotary(
         )
     if r == 0:
         return x
-    cos, sin = _cos_sin(positions, r, theta, x.dtype)  # (T, r/2) or (B, 1, T, r/2)
-    rot = x[..., :r]  # (..., T, r)
+    cos, sin = cos_sin(positions, r, theta, x.dtype)  # (T, r/2) or (B, T, r/2)
+    if positions.dim() == 2:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r/2): shared by the heads
+    x1, x2 = pair_views(x, r, pairing)  # (..., T, r/2) each
     if pairing == "halves":
-        x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]  # (..., T, r/2) each
         out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, r)
     else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]  # (..., T, r/2) each
         pairs = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, r/2, 2)
         out = pairs.flatten(-2)  # (..., T, r), interleaved back
     return out if r == hs else torch.cat((out, x[..., r:]), dim=-1)  # (..., T, hs)
 
 
-def _cos_sin(
+def cos_sin(
     positions: torch.Tensor, r: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the angles ``pos * theta ** (-2i / r)``, i < r/2, computed in float64
-    (a float32 angle at position 4096 is off by ~1e-4 rad) and cast to ``dtype``."""
+    (a float32 angle at position 4096 is off by ~1e-4 rad) and cast to ``dtype``.
+
+    Shape:
+        positions (T,) or (B, T) -> (T, r/2) or (B, T, r/2) each.
+    """
     i = torch.arange(0, r, 2, dtype=torch.float64, device=positions.device)  # (r/2,)
     inv_freq = float(theta) ** (-i / r)  # (r/2,)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # (T, r/2) or (B, T, r/2)
-    if positions.dim() == 2:
-        angles = angles[:, None]  # (B, 1, T, r/2): shared by the heads
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def pair_views(t: torch.Tensor, r: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first and the second channel of each rotated pair of ``t``'s last dimension, as
+    views: (..., r/2) each.
+
+    Example:
+        >>> [v.tolist() for v in pair_views(torch.arange(6.0), 4, "adjacent")]
+        [[0.0, 2.0], [1.0, 3.0]]
+    """
+    if pairing == "halves":
+        return t[..., : r // 2], t[..., r // 2 : r]
+    return t[..., 0:r:2], t[..., 1:r:2]  # adjacent: (2i, 2i + 1)
 
 
 def pairing_permutation(head_size: int, rotary_dim: int | None = None) -> torch.Tensor:

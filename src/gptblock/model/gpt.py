@@ -31,6 +31,7 @@ from ..blocks.fused import FusedBlock, block_forward, stream_norm
 from ..blocks.mha import TransformerBlock
 from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
+from ..reference.layout import LESSON_RENAMES, LINEAR2, OUT_PROJ
 from .embeddings import InputMix
 from .generation import decode
 from .generation.sampling import GenerationStep
@@ -45,9 +46,12 @@ __all__ = ["GPT", "GPTOutput"]
 # The parameters that write into the residual stream at the end of each branch. GPT-2 scales
 # their initialisation by 1/sqrt(2 * n_layer): each block adds two branches to the stream, and
 # without the scaling the stream's variance grows with depth.
-RESIDUAL_PROJECTIONS = (
-    "self_attn.out_proj.weight", "linear2.weight", "sa.proj.weight", "ffwd.net.2.weight",
-)  # fmt: skip
+# Named as the packed layout and the lesson's name them (``reference.layout``, their one place).
+RESIDUAL_PROJECTIONS = tuple(
+    name
+    for own in (OUT_PROJ[0], LINEAR2[0])
+    for name in (own, {v: k for k, v in LESSON_RENAMES.items()}[own.rpartition(".")[0]] + ".weight")
+)  # self_attn.out_proj.weight, sa.proj.weight, linear2.weight, ffwd.net.2.weight
 
 
 class GPTOutput(NamedTuple):

@@ -251,19 +251,15 @@ def _relaid(
     for one-position products; a reduced form) and the norms as functions (a module call was a
     tenth of a step's overhead)."""
     attn = parts.attn
-    norm1, norm2 = (_norm(n) for n in (parts.norm1, parts.norm2))
-    return parts._replace(
-        norm1=norm1,
-        norm2=norm2,
-        attn=SelfAttention(
-            linear(attn.in_proj.weight, attn.in_proj.bias),
-            linear(attn.out_proj.weight, attn.out_proj.bias),
-            attn.n_heads,
-            attn.modern,
-        ),
-        linear1=linear(parts.linear1.weight, parts.linear1.bias),
-        linear2=linear(parts.linear2.weight, parts.linear2.bias),
-        linear3=None if parts.linear3 is None else linear(parts.linear3.weight, parts.linear3.bias),
+
+    def relay(dense: Linear) -> Linear:
+        return linear(dense.weight, dense.bias)
+
+    return BlockParts(
+        _norm(parts.norm1),
+        SelfAttention(relay(attn.in_proj), relay(attn.out_proj), attn.n_heads, attn.heads),
+        None if parts.norm2 is None else _norm(parts.norm2),
+        parts.mlp.relaid(relay),
     )
 
 
