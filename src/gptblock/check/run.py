@@ -46,9 +46,8 @@ from .building.build import build_at
 from .building.sizes import not_other
 from .building.target import load_target
 from .compare.verdict import Progress, decide
-from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
+from .isolation.check import DEFAULT_TIMEOUT, check_isolated, two_sizes
 from .isolation.served import Served
-from .isolation.sized import two_sizes
 from .mistakes.report import CheckReport
 from .serve.subject import one_thread
 
@@ -156,7 +155,7 @@ def check_in_process(
     progress: Progress | None = None,
 ) -> CheckReport:
     """``check_block`` in this process, telling ``progress`` each stage and finding: at the
-    file's sizes, then at other sizes (``sized.two_sizes``).
+    file's sizes, then at other sizes (``isolation.check.two_sizes``).
 
     For code the caller trusts: the block runs in the process that decides the verdict, so a
     block written to fool the checker can (``gptblock check`` runs it in a child process).

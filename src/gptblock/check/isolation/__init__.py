@@ -1,7 +1,7 @@
 """The block in child processes that only answer requests.
 
-* ``isolation`` -- ``check_isolated``: every check and reading computed here from the children's
-  answers, with a timeout; ``sized`` -- the check at both sizes, one report.
+* ``check`` -- ``check_isolated``: every check and reading computed here from the children's
+  answers, with a timeout, at both sizes (``two_sizes``, for a check in this process too).
 * ``remote`` -- the block's answers, as claims; ``served`` -- ``Served``: the block where it runs,
   answering the checker's requests (its width, outputs, gradients, parameters, its parts read
   into numbers) as plain data.
@@ -12,5 +12,5 @@
 * ``worker`` -- the builder: loads and builds the block (at the file's sizes, then at others),
   tells its width and reads it by names.
 
-Order inside: ``reaper``; ``child``; ``served``; ``remote``; ``worker``; ``sized``; ``isolation``.
+Order inside: ``reaper``; ``child``; ``served``; ``remote``; ``worker``; ``check``.
 """
