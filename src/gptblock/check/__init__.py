@@ -20,7 +20,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    the block (``conditions``, ``gradient``), every parameter acting (``accounting``), the modern
    block's (``modern``, ``modern_confirm``).
 6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
-   requests (``child``, ``reaper``, ``worker``, ``served``, ``remote``), checked at two sizes.
+   requests (``child``, ``reaper``, ``worker``, ``remote``), checked at two sizes.
 
 ``run`` -- ``check_block``: the block in this process (trusted code) or in a child process; it
 uses all the rooms, and the block forms it checks by default (``lesson``, ``mha``, ``fused``).

@@ -59,7 +59,7 @@ class Progress(Protocol):
 
 
 class Service(Protocol):
-    """What ``decide`` asks of the block (``gptblock.check.served.Served``, or the checker's
+    """What ``decide`` asks of the block (``gptblock.check.isolation.worker.Served``, or the checker's
     view of one in another process)."""
 
     @property

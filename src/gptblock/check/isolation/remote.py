@@ -28,7 +28,7 @@ from ..mistakes.report import text
 from ..roles.readings import TRACE_T, Readings, dataflow, trace_shapes
 from ..roles.trace import Trace, from_plain
 from ..serve.subject import Grads, moved
-from .served import modern_answer, plain_readings
+from .worker import modern_answer, plain_readings
 
 __all__ = ["Call", "ProtocolBroken", "Remote"]
 
