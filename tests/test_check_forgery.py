@@ -89,7 +89,7 @@ BLOCKS = textwrap.dedent(
             from gptblock.check import run
             from gptblock.check.mistakes import report, search
             from gptblock.check.compare import probes
-            from gptblock.check.isolation import served
+            from gptblock.check.isolation import worker as served
             report.CheckReport.verdict = property(lambda self: "PASS")
             report.CheckReport.passed = property(lambda self: True)
             for name in list(probes.PROBES):
@@ -192,7 +192,7 @@ BLOCKS = textwrap.dedent(
 
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
-            from gptblock.check.isolation import served
+            from gptblock.check.isolation import worker as served
 
             _forge_traces(lambda honest, module, x: ({{"error": FORGED}}, {{}}))
             served.Served.read = lambda self, roles: ({{"why": FORGED, "notes": []}}, {{}})

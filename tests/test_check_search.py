@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 import gptblock
 from gptblock import TransformerBlock, lesson, reference
+from gptblock.check.mistakes.catalogue import MISTAKES
 from gptblock.check.mistakes.search import TOLERANCE, distance, explain
 from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
@@ -188,6 +189,18 @@ def test_variants_are_smallest_first_with_one_deviation_per_group():
     for v in variants(3):
         groups = [d.group for d in v]
         assert len(groups) == len(set(groups))
+
+
+def test_each_mistake_has_one_home_in_the_catalogue():
+    # every deviation is a way of its own mistake's entry, grouped by the one step it changes,
+    # and what an entry explains is another catalogued mistake
+    ways = [(m.id, label) for m in MISTAKES.values() for label, _ in m.ways]
+    assert [(d.mistake, d.label) for d in DEVIATIONS] == ways
+    assert all(len(d.changes) == 1 for d in DEVIATIONS)
+    groups = {d.group for d in DEVIATIONS}
+    assert groups == {"mask", "axis", "scale", "softmax", "split", "merge", "wiring", "norms"}
+    assert all(e in MISTAKES and e != m.id for m in MISTAKES.values() for e in m.explains)
+    assert MISTAKES["mask_reversed"].explains == ("future_leak", "nonfinite")
 
 
 def test_every_deviation_changes_the_block():

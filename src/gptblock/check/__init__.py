@@ -7,9 +7,9 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    ``loop`` (the recorder), ``frames``, ``calls``, ``raised``. The standard library, torch and
    each other only: ``gptblock.early`` copies the folder as the package ``serve`` for the
    runner's process, which imports nothing of gptblock.
-2. ``mistakes/`` -- what the checker can name and how it says so: ``catalogue``, the lessons'
-   ``steps`` (and ``modern_steps``), each mistake as a change to them (``variants``),
-   ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``).
+2. ``mistakes/`` -- what the checker can name and how it says so: ``catalogue`` (each mistake's
+   one home), the lessons' ``steps`` (and ``modern_steps``), the mistakes as changes to them
+   (``variants``), ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``).
 3. ``building/`` -- the learner's block loaded (``target``: the only module that imports the user's
    code) and built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``).
 4. ``roles/`` -- finding the roles from what the tensors do (``trace``, ``decode``, ``walks``,
@@ -19,8 +19,8 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
 5. ``compare/`` -- ``decide`` (``verdict``): probes, the comparison held where a learner runs
    the block (``conditions``, ``gradient``), every parameter acting (``accounting``), the modern
    block's (``modern``, ``modern_confirm``).
-6. ``isolation/`` -- ``check_isolated``: the block in child processes that only answer requests
-   (``child``, ``reaper``, ``worker``, ``served``, ``remote``), checked at two sizes (``sized``).
+6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
+   requests (``child``, ``reaper``, ``worker``, ``remote``), checked at two sizes.
 
 ``run`` -- ``check_block``: the block in this process (trusted code) or in a child process; it
 uses all the rooms, and the block forms it checks by default (``lesson``, ``mha``, ``fused``).
@@ -30,7 +30,7 @@ Shapes: B batch, T time, C channels.
 
 from .building.build import COMMON_ARGUMENTS, fill_common_arguments
 from .building.target import load_target, parse_argument
-from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
+from .isolation.check import DEFAULT_TIMEOUT, check_isolated
 from .mistakes.catalogue import MISTAKES
 from .mistakes.report import CheckReport, Finding
 from .roles.mapping import ROLES

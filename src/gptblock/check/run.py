@@ -1,30 +1,13 @@
 """``check_block``: tell a learner exactly what is wrong with their transformer block.
 
-Two kinds of evidence, combined into one report:
-
-1. Black-box probes (``gptblock.check.probes``) that need nothing but a module mapping
-   (B, T, C) to (B, T, C): the shape contract, causality, batch independence, determinism in
-   eval mode, the residual stream, finite outputs, gradients.
-2. When the block's parts can be given their roles (``gptblock.check.mapping``: by names,
-   shapes, registration order and the forward pass), a comparison with the reference, the
-   lessons' block computed step by step from those parts (``gptblock.check.steps``): the correct
-   block and every combination of up to three catalogued mistakes (``gptblock.check.variants``)
-   run in float64 on the probes' input. The smallest set of mistakes that reproduces the
-   block's output within ``TOLERANCE`` (relative to the output's largest entry) is the
-   diagnosis; equally small sets that also do are its alternatives, and the report is unsure.
-
-A probe failure that proves a mistake on its own (a future leak, batch mixing, dropout in eval,
-non-finite outputs, a broken shape, dtype or device) is diagnosed even when the roles cannot be
-found, unless a mistake found by the comparison already explains it (a reversed mask also leaks
-the future and leaves the last position NaN).
-
-The block's parts are read where it runs (``gptblock.check.served``) into numbers
-(``gptblock.check.plain``); the checks and the verdict are computed from the block's answers
-alone (``gptblock.check.verdict``). ``check_block`` runs the block in this process, for code the
-caller trusts, or (``isolate=True``, the default for a ``FILE.py:NAME`` target, and always in
-``gptblock check``) in a child process that only answers requests
-(``gptblock.check.isolation``): a block that exits, crashes, hangs or is written to fool the
-checker then cannot touch the verdict.
+The evidence is black-box probes and a comparison with the lessons' block computed from the
+block's own parts, under every combination of up to three catalogued mistakes, combined into
+one report (``compare.verdict.decide`` says how). ``check_block`` runs the block in this
+process, for code the caller trusts, or (``isolate=True``, the default for a ``FILE.py:NAME``
+target, and always in ``gptblock check``) in child processes that only answer requests
+(``isolation``): a block that exits, crashes, hangs or is written to fool the checker then
+cannot touch the verdict. Either way the block is checked at the sizes its file implies and at
+others (``isolation.check.two_sizes``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -46,9 +29,8 @@ from .building.build import build_at
 from .building.sizes import not_other
 from .building.target import load_target
 from .compare.verdict import Progress, decide
-from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
-from .isolation.served import Served
-from .isolation.sized import two_sizes
+from .isolation.check import DEFAULT_TIMEOUT, check_isolated, two_sizes
+from .isolation.worker import Served
 from .mistakes.report import CheckReport
 from .serve.subject import one_thread
 
@@ -156,7 +138,7 @@ def check_in_process(
     progress: Progress | None = None,
 ) -> CheckReport:
     """``check_block`` in this process, telling ``progress`` each stage and finding: at the
-    file's sizes, then at other sizes (``sized.two_sizes``).
+    file's sizes, then at other sizes (``isolation.check.two_sizes``).
 
     For code the caller trusts: the block runs in the process that decides the verdict, so a
     block written to fool the checker can (``gptblock check`` runs it in a child process).

@@ -30,7 +30,7 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
-from .sizes import CONFIG_NAMES, config_class
+from .sizes import CONFIG_NAMES, config_class, parameters
 
 __all__ = ["CONFIG_DEFAULTS", "complete", "guess"]
 
@@ -61,17 +61,8 @@ def guess(name: str) -> object:
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
 
 
-def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    try:
-        return list(inspect.signature(factory).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
 def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    params = _signature(factory)
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+    return [p for p in parameters(factory) if p.default is inspect.Parameter.empty]
 
 
 def _line(values: Mapping[str, object]) -> str:
@@ -217,7 +208,7 @@ def _with_config(
     sizes: Mapping[str, object],
 ) -> dict[str, object]:
     """``args`` plus the config object ``param`` built from ``values`` (given and common)."""
-    own = {p.name for p in _signature(factory)} - {param.name}
+    own = {p.name for p in parameters(factory)} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     make = _maker(factory, name, param, given, sizes)
     values = {**CONFIG_DEFAULTS, **values}

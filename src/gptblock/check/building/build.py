@@ -54,12 +54,7 @@ COMMON_ARGUMENTS: dict[str, object] = {
 """Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
 dropout left on in eval mode shows up."""
 
-_WIDTH_NAMES = ("n_embd", "d_model", "embed_dim", "hidden_size")
-_WIDTH_ARGUMENTS = (*_WIDTH_NAMES, "dim")  # `dim` only as an argument: nn.Softmax has a .dim
-_LENGTH_NAMES = ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len")
-_HEAD_NAMES = ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads")
-_KV_HEAD_NAMES = ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads")
-_HEAD_SIZE_NAMES = ("head_size", "head_dim", "d_head", "d_k", "dim_head")
+_WIDTH_NAMES = tuple(n for n in KINDS["width"] if n != "dim")  # `dim` only as an argument (KINDS)
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
 
 
@@ -281,8 +276,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
             return f"--arg {name}={args[name]!r}"
         return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
 
-    sizes = (*_WIDTH_ARGUMENTS, *_LENGTH_NAMES, *_HEAD_NAMES, *_KV_HEAD_NAMES, *_HEAD_SIZE_NAMES)
-    for name in (n for n in sizes if n in args):
+    for name in (n for kind in KINDS.values() for n in kind if n in args):
         value = args[name]
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LARGEST:
             hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
@@ -292,9 +286,9 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
                 f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
                 "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
             )
-    widths = [n for n in _WIDTH_ARGUMENTS if n in args]
-    heads = [n for n in _HEAD_NAMES if n in args]
-    if widths and heads and not any(n in args for n in _HEAD_SIZE_NAMES):
+    widths = [n for n in KINDS["width"] if n in args]
+    heads = [n for n in KINDS["heads"] if n in args]
+    if widths and heads and not any(n in args for n in KINDS["head_size"]):
         C, nh = int(args[widths[0]]), int(args[heads[0]])  # type: ignore[call-overload]
         if C % nh:
             divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
@@ -302,7 +296,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
                 f"{shown(heads[0])}: {widths[0]}={C} is not divisible by {heads[0]}={nh} (each "
                 f"head gets {widths[0]} / {heads[0]} channels); give one of {divisors}"
             )
-    kv = [n for n in _KV_HEAD_NAMES if n in args]
+    kv = [n for n in KINDS["kv_heads"] if n in args]
     if kv and heads and int(args[heads[0]]) % int(args[kv[0]]):  # type: ignore[call-overload]
         raise UserValueError(
             f"{shown(kv[0])}: {heads[0]}={args[heads[0]]} is not divisible by {kv[0]}="
@@ -323,7 +317,7 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
     """
     candidates: list[int] = []
     for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in _WIDTH_ARGUMENTS if source is kwargs else _WIDTH_NAMES:
+        for name in KINDS["width"] if source is kwargs else _WIDTH_NAMES:
             value = source.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
                 candidates.append(value)
@@ -366,7 +360,7 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
     """The longest sequence the block accepts, as far as its arguments and buffers tell."""
     for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in _LENGTH_NAMES:
+        for name in KINDS["length"]:
             value = source.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
                 return value
@@ -381,7 +375,7 @@ def _attributes(m: nn.Module) -> dict[str, object]:
     found: dict[str, object] = {}
     config = getattr(m, "config", None)
     for owner in (config, m):
-        for name in _WIDTH_NAMES + _LENGTH_NAMES:
+        for name in _WIDTH_NAMES + KINDS["length"]:
             value = getattr(owner, name, None)
             if value is not None:
                 found[name] = value

@@ -33,6 +33,7 @@ __all__ = [
     "names",
     "not_other",
     "other_sizes",
+    "parameters",
     "patch_globals",
 ]
 
@@ -112,7 +113,7 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
     return cls if isinstance(cls, type) else None
 
 
-def _signature(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
     """The parameters that take one value each (not ``*args``, ``**kwargs``)."""
     try:
         params = inspect.signature(factory).parameters.values()
@@ -131,7 +132,7 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         >>> file_sizes(make, {}).values
         {'width': 64, 'heads': 4}
     """
-    params = _signature(factory)
+    params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     fields: dict[str, object] = {}
     for p in params:

@@ -42,23 +42,10 @@ from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 from .modern_confirm import confirm as confirm_modern
 from .probes import PROBES, ProbeResult
 
-__all__ = ["EXPLAINS", "MAX_MISTAKES", "Progress", "Service", "decide"]
+__all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
 Tensor = torch.Tensor
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
-
-# A mistake found by the comparison that also causes a probe failure: the failure is not a
-# separate mistake. (batch_mixing explains a shape failure that occurs only when B != T.)
-EXPLAINS: dict[str, set[str]] = {
-    "mask_reversed": {"future_leak", "nonfinite"},
-    "mask_zero": {"future_leak"},
-    "mask_after_softmax": {"future_leak"},
-    "softmax_dim": {"future_leak"},
-    "heads_mixed": {"future_leak", "batch_mixing"},  # a head-major merge mixes sequences
-    "batch_mixing": {"shape"},
-    "rmsnorm_dim": {"future_leak", "batch_mixing"},  # a mean over time or batch mixes positions
-    "rmsnorm_mean": {"nonfinite"},  # the root of a negative mean
-}
 
 
 class Progress(Protocol):
@@ -72,7 +59,7 @@ class Progress(Protocol):
 
 
 class Service(Protocol):
-    """What ``decide`` asks of the block (``gptblock.check.served.Served``, or the checker's
+    """What ``decide`` asks of the block (``gptblock.check.isolation.worker.Served``, or the checker's
     view of one in another process)."""
 
     @property
@@ -262,8 +249,8 @@ def _modern(service: Service, progress: Progress) -> dict[str, Any]:
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:
     """The mistakes found by comparison, plus those the probes prove that no diagnosed mistake
-    explains, in catalogue order."""
-    explained = set().union(*(EXPLAINS.get(m, set()) for m in found + implied)) - set(found)
+    explains (``Mistake.explains``: a reversed mask also leaks the future), in catalogue order."""
+    explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
     return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
 
 

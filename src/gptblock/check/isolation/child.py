@@ -1,4 +1,4 @@
-"""The child processes of ``gptblock.check.isolation.isolation``: started under their supervisor, asked, stopped.
+"""The child processes of ``gptblock.check.isolation.check``: started under their supervisor, asked, stopped.
 
 ``Child`` starts the supervisor (``gptblock.check.isolation.reaper``, from a script with a neutral name in
 a temporary folder, so that no command line the block can read in ``/proc`` names the checker;

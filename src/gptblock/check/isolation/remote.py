@@ -1,7 +1,7 @@
 """The checker's view of a block that runs in another process: its answers, as claims.
 
 ``Remote`` is what ``gptblock.check.compare.verdict.decide`` checks when the block runs in the child
-process of ``gptblock.check.isolation.isolation``: a ``Tested`` and a ``Service`` whose every method is a
+process of ``gptblock.check.isolation.check``: a ``Tested`` and a ``Service`` whose every method is a
 request to that process (``gptblock.check.isolation.worker``) and whose every answer is plain data, read
 back and checked for form (shapes, dtypes, lengths) before it is used. The weights and the modern
 block are read here, from forward passes that process records (``gptblock.check.serve.loop``) and this
@@ -28,7 +28,7 @@ from ..mistakes.report import text
 from ..roles.readings import TRACE_T, Readings, dataflow, trace_shapes
 from ..roles.trace import Trace, from_plain
 from ..serve.subject import Grads, moved
-from .served import modern_answer, plain_readings
+from .worker import modern_answer, plain_readings
 
 __all__ = ["Call", "ProtocolBroken", "Remote"]
 

@@ -1,8 +1,11 @@
-"""The catalogue of mistakes ``gptblock check`` can name, each with its explanation and fix.
+"""The catalogue of mistakes ``gptblock check`` can name: each mistake's one home.
 
-Every entry quotes the line of the lessons it deviates from, so a learner can put their code
-next to the lesson's and see the difference. The identifiers are stable: they are what
-``CheckReport.diagnosis`` lists and what ``--json`` prints.
+An entry holds all the checker knows of one mistake: its explanation and fix, the line of the
+lessons it deviates from (quoted, so a learner can put their code next to the lesson's), the
+probe failures it causes (``explains``: a reversed mask also leaks the future, so a future leak
+is then no separate mistake) and the concrete ways to make it (``ways``: each a replacement of
+steps of ``steps.CORRECT``, which ``variants`` turns into deviations). The identifiers are
+stable: they are what ``CheckReport.diagnosis`` lists and what ``--json`` prints.
 
 Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
 lesson 2 is "A Transformer Block as nn.Module" (``nn.MultiheadAttention``).
@@ -11,8 +14,20 @@ lesson 2 is "A Transformer Block as nn.Module" (``nn.MultiheadAttention``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MISTAKES", "Mistake"]
+from . import steps
+
+__all__ = ["MISTAKES", "Mistake", "Way", "way"]
+
+Way = tuple[str, tuple[tuple[str, Any], ...]]
+
+
+def way(label: str, **changes: Any) -> Way:
+    """One concrete way to make a mistake: what the block then does (``label``: ``{C}``,
+    ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and
+    ``{sqrt_hs}`` are filled in) and the ``steps.Steps`` fields it replaces."""
+    return label, tuple(changes.items())
 
 
 @dataclass(frozen=True)
@@ -25,10 +40,15 @@ class Mistake:
         explanation: why it is wrong and what it does to the block.
         fix: what to change.
         lesson: the lesson's line the block deviates from, quoted.
+        explains: the probe failures (ids) it causes, which are then not diagnosed apart.
+        ways: the ways to make it that the lessons' steps reproduce (none: a probe proves it,
+            or the modern comparison finds it).
 
     Example:
         >>> MISTAKES["wrong_scale"].lesson
         'lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5'
+        >>> MISTAKES["mask_zero"].explains, len(MISTAKES["wrong_scale"].ways)
+        (('future_leak',), 3)
     """
 
     id: str  # stable identifier, e.g. "post_norm"
@@ -36,33 +56,31 @@ class Mistake:
     explanation: str  # why it matters
     fix: str  # what to change
     lesson: str  # the lesson's line it deviates from, quoted
+    explains: tuple[str, ...] = ()
+    ways: tuple[Way, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id.isidentifier():
             raise ValueError(f"a mistake id must be an identifier, got {self.id!r}")
 
 
+# fmt: off
 _ENTRIES = (
-    Mistake(
-        "shape",
-        "the block does not map a (B, T, C) input to a (B, T, C) output",
+    Mistake("shape", "the block does not map a (B, T, C) input to a (B, T, C) output",
         "A block is stacked on top of itself, so its output must have exactly its input's shape: "
         "one C-vector per position of every sequence. A block that fails here cannot be stacked.",
         "Return the residual stream x itself, shape (B, T, C); concatenate heads along the "
         "channel axis (dim=-1) and project back to C channels.",
-        "lesson 2: With d_model = 16 and 2 heads, a (2, 5, 16) input gives a (2, 5, 16) output.",
-    ),
-    Mistake(
-        "future_leak",
-        "a position attends to later positions (no causal mask)",
+        "lesson 2: With d_model = 16 and 2 heads, a (2, 5, 16) input gives a (2, 5, 16) output."),
+    Mistake("future_leak", "a position attends to later positions (no causal mask)",
         "A language model predicts token t+1 from tokens <= t. If position t can read later "
         "tokens, training loss drops by copying the answer and generation breaks.",
         "Mask the scores above the diagonal with -inf before the softmax (or pass "
         "attn_mask=causal_mask(T) / is_causal=True).",
         'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
-    ),
-    Mistake(
-        "mask_reversed",
+        ways=(way("no causal mask: every position attends to every position, later ones included",
+                  blocked=steps.unmasked),)),
+    Mistake("mask_reversed",
         "the attention mask blocks the allowed positions and allows the blocked ones",
         "nn.MultiheadAttention reads a bool mask as True = may NOT attend. A mask with True on "
         "the allowed positions (torch.tril) makes every position attend to the future and not "
@@ -72,18 +90,20 @@ _ENTRIES = (
         "nn.MultiheadAttention (gptblock.causal_mask(T)), or its negation with "
         "F.scaled_dot_product_attention.",
         'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
-    ),
-    Mistake(
-        "mask_zero",
+        explains=("future_leak", "nonfinite"),
+        ways=(way("the mask blocks the positions <= t (True on the allowed positions, read as True = "
+                  "blocked): each position attends only to later ones", blocked=steps.tril_blocked),)),
+    Mistake("mask_zero",
         "the future positions are masked with 0 instead of -inf before the softmax",
         "The softmax turns a score of 0 into weight exp(0) = 1 relative to the others, so a "
         "future position filled with 0 still gets a large share of the attention: the block "
         "sees the future. Only -inf (or a very negative number) becomes weight 0.",
         'Fill with float("-inf"): wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")).',
         'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
-    ),
-    Mistake(
-        "mask_after_softmax",
+        explains=("future_leak",),
+        ways=(way("the future scores are set to 0 instead of -inf before the softmax, so each position "
+                  "still gives later positions weight exp(0)", masking=steps.fill_zero),)),
+    Mistake("mask_after_softmax",
         "the causal mask is applied after the softmax instead of before it",
         "Each row of weights was normalised over every position, later ones included, and the "
         "mask then zeroes the future: the rows no longer sum to 1 and each position's weights "
@@ -91,9 +111,10 @@ _ENTRIES = (
         'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); '
         "wei = F.softmax(wei, dim=-1).",
         "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
-    ),
-    Mistake(
-        "batch_mixing",
+        explains=("future_leak",),
+        ways=(way("the causal mask zeroes the weights after the softmax: each row was normalised over "
+                  "the future too and no longer sums to 1", masking=steps.mask_after_softmax),)),
+    Mistake("batch_mixing",
         "batch and time are mixed up: sequences of one batch attend to each other",
         "nn.MultiheadAttention (and nn.TransformerEncoderLayer) default to batch_first=False, "
         "reading a (B, T, C) tensor as (T, B, C). Attention then runs across the batch instead "
@@ -101,36 +122,41 @@ _ENTRIES = (
         "Pass batch_first=True to nn.MultiheadAttention / nn.TransformerEncoderLayer (or "
         "transpose to (T, B, C) and back).",
         "lesson 2: nn.MultiheadAttention(d_model, n_heads, batch_first=True)",
-    ),
-    Mistake(
-        "no_scaling",
-        "attention scores are not scaled by 1/sqrt(head_size)",
+        explains=("shape",),
+        ways=(way("attention runs along the batch axis: the (B, T, C) input is read as (T, B, C)",
+                  time_axis=0),)),
+    Mistake("no_scaling", "attention scores are not scaled by 1/sqrt(head_size)",
         "q . k over hs channels has variance ~hs, so unscaled scores saturate the softmax: "
         "attention becomes nearly one-hot at initialisation and its gradients vanish.",
         "Multiply the scores by k.shape[-1] ** -0.5 (the head size), before the mask and softmax.",
         "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5",
-    ),
-    Mistake(
-        "wrong_scale",
-        "attention scores are scaled by the wrong factor",
+        ways=(way("scores are not scaled (expected a factor hs ** -0.5 = {right:.4g}, hs={hs})",
+                  scale=lambda C, hs: 1.0),)),
+    Mistake("wrong_scale", "attention scores are scaled by the wrong factor",
         "The scale that keeps the score variance at 1 is 1/sqrt(head_size). A well-known "
         "lecture version scaled by C ** -0.5 (n_embd, the full width) instead, which with nh "
         "heads is sqrt(nh) times too small and flattens attention; 1/head_size or "
         "sqrt(head_size) are the other usual slips.",
         "Scale by k.shape[-1] ** -0.5 (hs = C // n_head), not by C ** -0.5.",
         "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5",
-    ),
-    Mistake(
-        "softmax_dim",
-        "the softmax runs over the wrong axis",
+        ways=(
+            way("scores scaled by C ** -0.5 = {by_C:.4g} (C={C}) instead of hs ** -0.5 = {right:.4g} (hs={hs})",
+                scale=lambda C, hs: C**-0.5),
+            way("scores divided by hs = {hs} instead of by sqrt(hs) = {sqrt_hs:.4g}",
+                scale=lambda C, hs: hs**-1.0),
+            way("scores multiplied by sqrt(hs) = {sqrt_hs:.4g} instead of divided by it (hs={hs})",
+                scale=lambda C, hs: hs**0.5),
+        )),
+    Mistake("softmax_dim", "the softmax runs over the wrong axis",
         "Each query's row of scores must become a distribution over keys (the last axis). "
         "A softmax over the query axis makes each key's column sum to 1 instead, and lets a "
         "position's weights depend on later queries.",
         "Use F.softmax(wei, dim=-1).",
         "lesson 1: wei = F.softmax(wei, dim=-1)",
-    ),
-    Mistake(
-        "heads_mixed",
+        explains=("future_leak",),
+        ways=(way("softmax over the query axis (dim=-2) instead of over the keys (dim=-1)",
+                  softmax_dim=-2),)),
+    Mistake("heads_mixed",
         "heads and positions are mixed up when q, k, v are split into heads or merged back",
         "(B, T, C) must become (B, nh, T, hs) by view(B, T, nh, hs).transpose(1, 2), and back by "
         "transpose(1, 2).reshape(B, T, C). A view straight to (B, nh, T, hs) (or from it to "
@@ -140,80 +166,85 @@ _ENTRIES = (
         "q = q.view(B, T, nh, hs).transpose(1, 2) and y = y.transpose(1, 2).reshape(B, T, C) "
         "(or torch.cat([h(x) for h in self.heads], dim=-1), as the lesson does).",
         "lesson 1: out = torch.cat([h(x) for h in self.heads], dim=-1)",
-    ),
-    Mistake(
-        "post_norm",
-        "post-norm: the LayerNorm is applied after adding the residual",
+        explains=("future_leak", "batch_mixing"),
+        ways=(
+            way("q, k and v are reshaped to (B, nh, T, hs) with view(B, nh, T, hs) instead of "
+                "view(B, T, nh, hs).transpose(1, 2): each 'head' holds pieces of several positions",
+                split=steps.split_without_transpose),
+            way("the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
+                "each position's output holds pieces of other positions",
+                merge=steps.merge_without_transpose),
+            way("the heads' outputs, batched head-major as (nh * B, T, hs), are reshaped to (B, T, C) "
+                "without splitting the heads off the batch first: each output mixes other sequences' "
+                "and heads' values", merge=steps.merge_heads_major),
+            way("the heads' outputs are concatenated in the wrong order: channel d of head h lands at "
+                "d * nh + h instead of h * hs + d (a permute(0, 2, 3, 1) instead of transpose(1, 2))",
+                merge=steps.merge_interleaved),
+        )),
+    Mistake("post_norm", "post-norm: the LayerNorm is applied after adding the residual",
         "x = ln(x + sublayer(x)) normalises the residual stream itself, so the input no longer "
         "passes through the block unchanged. Deep stacks of post-norm blocks train unstably "
         "without warm-up, and the GPT blocks of both lessons are pre-norm.",
         "Normalise the sub-layer's input and add its output: x = x + self.sa(self.ln1(x)); "
         "x = x + self.ffwd(self.ln2(x)) (norm_first=True for nn.TransformerEncoderLayer).",
         "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
-    ),
-    Mistake(
-        "no_residual",
-        "a sub-layer overwrites the residual stream instead of adding to it",
+        ways=(way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))", wiring=steps.post_norm),)),
+    Mistake("no_residual", "a sub-layer overwrites the residual stream instead of adding to it",
         "The block must return its input plus each branch's output. Writing x = branch(x) "
         "(or x = ln(x) before adding) throws the stream away: gradients no longer flow "
         "straight through deep stacks and the additive residual stream is gone.",
         "Add each branch to the stream: x = x + self.sa(self.ln1(x)); x = x + self.ffwd(self.ln2(x)).",
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
-    ),
-    Mistake(
-        "shared_norm",
-        "one LayerNorm is used for both branches",
+        ways=(
+            way("the attention branch overwrites the stream: x = sa(ln1(x)) instead of x = x + sa(ln1(x))",
+                wiring=steps.attn_overwrites),
+            way("the MLP branch overwrites the stream: x = ffwd(ln2(x)) instead of x = x + ffwd(ln2(x))",
+                wiring=steps.mlp_overwrites),
+            way("both branches overwrite the stream: x = ffwd(ln2(sa(ln1(x)))), no residual at all",
+                wiring=steps.both_overwrite),
+            way("the stream is replaced by its normalised copy: x = ln1(x); x = x + sa(x); "
+                "x = ln2(x); x = x + ffwd(x)", wiring=steps.normalised_stream),
+        )),
+    Mistake("shared_norm", "one LayerNorm is used for both branches",
         "The attention branch and the MLP branch each normalise with their own learned gain and "
         "bias. Reusing ln1 before the MLP ties the two together (and leaves ln2, if it exists, "
         "unused: it gets no gradient).",
         "Give each branch its own norm: self.ln1 = nn.LayerNorm(n_embd); self.ln2 = "
         "nn.LayerNorm(n_embd); x = x + self.ffwd(self.ln2(x)).",
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
-    ),
-    Mistake(
-        "dropout_in_eval",
-        "dropout is still active in eval mode",
+        ways=(way("the MLP branch reuses the attention branch's LayerNorm: ffwd(ln1(x)) instead of "
+                  "ffwd(ln2(x))", norms=steps.shared_norm),)),
+    Mistake("dropout_in_eval", "dropout is still active in eval mode",
         "Two calls on the same input in eval mode give different outputs, so evaluation and "
         "generation are noisy. Usual causes: F.dropout(x, p) (its training argument defaults "
         "to True), F.dropout(..., training=True), or "
         "F.scaled_dot_product_attention(..., dropout_p=p) without checking self.training.",
         "Use nn.Dropout modules (off after .eval()), or pass training=self.training / "
         "dropout_p=p if self.training else 0.0.",
-        "lesson 1: self.dropout = nn.Dropout(dropout)",
-    ),
-    Mistake(
-        "inplace",
-        "an in-place operation breaks the backward pass",
+        "lesson 1: self.dropout = nn.Dropout(dropout)"),
+    Mistake("inplace", "an in-place operation breaks the backward pass",
         "x += self.sa(self.ln1(x)) computes the right forward pass, but ln1 saved x to compute "
         "its gradients and += then overwrites it: the block works under torch.no_grad, yet "
         "training fails at loss.backward() with 'one of the variables needed for gradient "
         "computation has been modified by an inplace operation'.",
         "Write the residual out of place: x = x + self.sa(self.ln1(x)); x = x + "
         "self.ffwd(self.ln2(x)) (likewise masked_fill, not masked_fill_, on saved tensors).",
-        "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
-    ),
-    Mistake(
-        "nonfinite",
-        "the block produces inf or NaN for large or constant inputs",
+        "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention"),
+    Mistake("nonfinite", "the block produces inf or NaN for large or constant inputs",
         "A hand-written softmax without subtracting the row maximum overflows for large "
         "scores; a hand-written LayerNorm without eps divides by zero on a constant vector "
         "(e.g. a zero padding embedding). One NaN then spreads to every later position.",
         "Use F.softmax (it subtracts the maximum) and nn.LayerNorm / F.layer_norm (it adds eps "
         "to the variance).",
-        "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)",
-    ),
-    Mistake(
-        "dtype_device",
-        "the output's dtype or device differs from the input's",
+        "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)"),
+    Mistake("dtype_device", "the output's dtype or device differs from the input's",
         "A block is stacked on itself and on the embeddings: its output must have its input's "
         "dtype and device. A hard-coded .float(), .double(), .cpu() or .to(device) on the way "
         "out breaks float64 checks, mixed precision or a model moved to another device.",
         "Compute in the input's dtype and device: create new tensors with dtype=x.dtype, "
         "device=x.device (or register them as buffers) and return the residual stream x itself.",
-        "lesson 1: x = x + self.sa(self.ln1(x)) (the stream keeps its input's dtype and device)",
-    ),
-    Mistake(
-        "unused_parameters",
+        "lesson 1: x = x + self.sa(self.ln1(x)) (the stream keeps its input's dtype and device)"),
+    Mistake("unused_parameters",
         "some of the block's parameters never act on its output, or one weight serves where "
         "the lesson has several",
         "Every weight of the block must shape its output, each in its own place: every head its "
@@ -224,56 +255,41 @@ _ENTRIES = (
         "model has fewer weights than its code says.",
         "Call every layer you create, each in its place: in each Head, k = self.key(x) with "
         "that head's own key; delete layers you do not use.",
-        "lesson 1: k, q, v = self.key(x), self.query(x), self.value(x) (in each Head, its own)",
-    ),
-    Mistake(
-        "rmsnorm_eps",
-        "RMSNorm adds eps outside the root: x / (sqrt(mean(x^2)) + eps)",
+        "lesson 1: k, q, v = self.key(x), self.query(x), self.value(x) (in each Head, its own)"),
+    Mistake("rmsnorm_eps", "RMSNorm adds eps outside the root: x / (sqrt(mean(x^2)) + eps)",
         "RMSNorm (Zhang & Sennrich 2019) divides by sqrt(mean(x^2) + eps): eps keeps the root "
         "away from zero. Added after the root it no longer bounds the gradient of the root at 0 "
         "and changes the scale of every small vector: for inputs of size 1e-3 the outputs are off "
         "by percents, so a checkpoint trained with the other form computes something else.",
         "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) (or F.rms_norm / nn.RMSNorm).",
-        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
-    ),
-    Mistake(
-        "rmsnorm_mean",
-        "RMSNorm divides by the root of a mean of x, not of x squared",
+        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)"),
+    Mistake("rmsnorm_mean", "RMSNorm divides by the root of a mean of x, not of x squared",
         "The root mean square is sqrt(mean(x^2)). x.mean(-1) alone is negative for half the "
         "positions (the root is NaN there) and mean(x)^2 is the square of the mean, near 0 for "
         "centred vectors (outputs blow up): neither is the vector's size.",
         "variance = x.pow(2).mean(-1, keepdim=True), then x * torch.rsqrt(variance + eps).",
         "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
-    ),
-    Mistake(
-        "rmsnorm_dim",
-        "RMSNorm averages over the wrong axis (time or batch, not the channels)",
+        explains=("nonfinite",)),
+    Mistake("rmsnorm_dim", "RMSNorm averages over the wrong axis (time or batch, not the channels)",
         "A norm is per position: each C-vector is divided by its own size. mean(dim=1) on "
         "(B, T, C) averages over the sequence, so every position's output depends on every "
         "other one, later ones included (a future leak), and on the sequence's length.",
         "Average over the last axis: x.pow(2).mean(-1, keepdim=True).",
         "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight, the mean over C",
-    ),
-    Mistake(
-        "rope_v",
-        "rotary positions are applied to v as well as to q and k",
+        explains=("future_leak", "batch_mixing")),
+    Mistake("rope_v", "rotary positions are applied to v as well as to q and k",
         "RoPE rotates q and k so that their product depends only on the distance between two "
         "positions. Rotating v too mixes the values with the absolute position of each key: the "
         "output of a head then changes when the same text is shifted along the sequence.",
         "Rotate q and k only: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
-        "modern block: q, k = rotate(q, pos), rotate(k, pos); v is not rotated",
-    ),
-    Mistake(
-        "rope_q_only",
-        "rotary positions are applied to q but not to k",
+        "modern block: q, k = rotate(q, pos), rotate(k, pos); v is not rotated"),
+    Mistake("rope_q_only", "rotary positions are applied to q but not to k",
         "q_m . k_n depends on m - n only when both are rotated (R_m q . R_n k = q . R_(n-m) k). "
         "Rotating q alone makes the scores depend on the query's absolute position and not on "
         "where the key is: the model has no relative positions.",
         "Rotate both: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
-        "modern block: q, k = rotate(q, pos), rotate(k, pos)",
-    ),
-    Mistake(
-        "rope_pairing",
+        "modern block: q, k = rotate(q, pos), rotate(k, pos)"),
+    Mistake("rope_pairing",
         "the rotary table is laid out for the other pairing of channels than the rotation",
         "RoPE pairs channels one of two ways: adjacent pairs (2i, 2i+1), as RoFormer and Meta's "
         "Llama (complex numbers of adjacent pairs, cos/sin repeated with repeat_interleave), or "
@@ -285,10 +301,8 @@ _ENTRIES = (
         "Use the table of the rotation's pairing: rotate_half with cat((freqs, freqs)); adjacent "
         "pairs with repeat_interleave(freqs, 2) (or complex freqs_cis). Load weights written for "
         "the pairing the code uses.",
-        "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)",
-    ),
-    Mistake(
-        "rope_cache_offset",
+        "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)"),
+    Mistake("rope_cache_offset",
         "a cached decoding step is rotated as position 0, not at its offset in the sequence",
         "With a KV cache, the tokens of a step sit at positions start_pos ... start_pos + "
         "seqlen - 1, and their q and k must be rotated by those positions' angles; slicing "
@@ -299,10 +313,8 @@ _ENTRIES = (
         "Slice the table at the step's positions: freqs_cis[start_pos : start_pos + seqlen] "
         "(Meta), freqs_cis[input_pos] (gpt-fast), or the position_ids / cache_position of the "
         "step (Hugging Face).",
-        "modern block: q, k rotated at positions start_pos ... start_pos + T - 1",
-    ),
-    Mistake(
-        "gqa_order",
+        "modern block: q, k rotated at positions start_pos ... start_pos + T - 1"),
+    Mistake("gqa_order",
         "grouped key/value heads are repeated in the wrong order (repeat instead of "
         "repeat_interleave)",
         "With nkv key/value heads for nh query heads, query heads j*g ... (j+1)*g - 1 share "
@@ -312,10 +324,8 @@ _ENTRIES = (
         "trained with.",
         "k = k.repeat_interleave(nh // nkv, dim=1) (the same for v), or "
         "F.scaled_dot_product_attention(..., enable_gqa=True).",
-        "modern block: att = softmax(q @ repeat(k).T / sqrt(hs)); key/value head j // (nh / nkv)",
-    ),
-    Mistake(
-        "swiglu_swapped",
+        "modern block: att = softmax(q @ repeat(k).T / sqrt(hs)); key/value head j // (nh / nkv)"),
+    Mistake("swiglu_swapped",
         "SwiGLU's gate and up projections are swapped: SiLU on the up projection",
         "SwiGLU is w2(silu(w1 x) * w3 x): the SiLU goes on the gate projection (gate_proj, w1), "
         "the up projection (up_proj, w3) is the linear branch. As a function of fresh weights "
@@ -323,18 +333,16 @@ _ENTRIES = (
         "swapped block computes another function.",
         "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)); Meta: "
         "self.w2(F.silu(self.w1(x)) * self.w3(x)).",
-        "modern block: mlp = w2(silu(w1 x) * w3 x)",
-    ),
-    Mistake(
-        "swiglu_silu",
+        "modern block: mlp = w2(silu(w1 x) * w3 x)"),
+    Mistake("swiglu_silu",
         "SwiGLU's SiLU is on the wrong branch (on the product, on both, or missing)",
         "The gate is silu(w1 x), multiplied by the linear branch w3 x. silu(w1 x * w3 x), "
         "silu(w1 x) * silu(w3 x) or w1 x * w3 x are other MLPs (the last not even gated by a "
         "nonlinearity of one branch).",
         "w2(silu(w1 x) * w3 x).",
-        "modern block: mlp = w2(silu(w1 x) * w3 x)",
-    ),
+        "modern block: mlp = w2(silu(w1 x) * w3 x)"),
 )
+# fmt: on
 
 MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}
 """The catalogue, in the order diagnoses are listed."""

@@ -184,6 +184,86 @@ CORRECT = Steps(
 )
 
 
+# ----- the mistaken steps: what a catalogued mistake puts in place of a correct one (catalogue) --
+
+
+def post_norm(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
+    x = ln1(x + attn(x))
+    return ln2(x + mlp(x))
+
+
+def attn_overwrites(
+    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
+) -> Tensor:
+    x = attn(ln1(x))
+    return x + mlp(ln2(x))
+
+
+def mlp_overwrites(
+    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
+) -> Tensor:
+    x = x + attn(ln1(x))
+    return mlp(ln2(x))
+
+
+def both_overwrite(
+    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
+) -> Tensor:
+    return mlp(ln2(attn(ln1(x))))
+
+
+def normalised_stream(
+    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
+) -> Tensor:
+    x = ln1(x)  # the stream itself is replaced by its normalised copy
+    x = x + attn(x)
+    x = ln2(x)
+    return x + mlp(x)
+
+
+def shared_norm(
+    ln1: SubLayer | None, ln2: SubLayer | None
+) -> tuple[SubLayer | None, SubLayer | None]:
+    return ln1, ln1  # the MLP branch reuses the attention branch's LayerNorm
+
+
+def unmasked(T: int, device: torch.device) -> Tensor:
+    return torch.zeros(T, T, dtype=torch.bool, device=device)
+
+
+def tril_blocked(T: int, device: torch.device) -> Tensor:
+    """torch.tril (True on the *allowed* positions) read as True = blocked."""
+    return torch.tril(torch.ones(T, T, dtype=torch.bool, device=device))
+
+
+def fill_zero(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
+    return F.softmax(scores.masked_fill(blocked, 0.0), dim=dim)  # 0 is a score like any other
+
+
+def mask_after_softmax(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
+    return F.softmax(scores, dim=dim).masked_fill(blocked, 0.0)  # rows no longer sum to 1
+
+
+def split_without_transpose(t: Tensor, n_head: int) -> Tensor:
+    B, T, D = t.shape
+    return t.reshape(B, n_head, T, D // n_head)  # (B, T, D) -> (B, nh, T, hs), heads and time mixed
+
+
+def merge_without_transpose(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, D), heads and time mixed
+
+
+def merge_heads_major(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.transpose(0, 1).reshape(B, T, nh * hs)  # (nh, B, T, hs) in memory, read as (B, T, D)
+
+
+def merge_interleaved(y: Tensor) -> Tensor:
+    B, nh, T, hs = y.shape
+    return y.permute(0, 2, 3, 1).reshape(B, T, hs * nh)  # (B, T, hs, nh): channel d*nh + h
+
+
 def run_steps(
     parts: Parts, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], steps: Steps
 ) -> Tensor:

@@ -11,7 +11,7 @@ module settings the build changed), and answers every request whose answer decid
 (``Held.answer``): the checker's ``copy`` (float64, and float32), an output (eval, or train mode
 with dropout off), gradients, parameters read and set, ``dropout_off``, a recorded forward pass
 and the cache driven (``loop``). What the builder says (the width, a reading by names) is a claim
-the checker confirms on these answers. ``served.Served`` is a ``Held`` too: the same answers in
+the checker confirms on these answers. ``worker.Served`` is a ``Held`` too: the same answers in
 the checker's own process, for ``check_block(..., isolate=False)``.
 
 Shapes: B batch, T time, C channels.
