@@ -32,6 +32,7 @@ from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..mistakes.variants import compose
+from ..roles.modern_plain import unpack_modern
 from ..roles.plain import unpack_readings
 from ..roles.provenance import Traced, choose, trace
 from ..roles.readings import Readings
@@ -39,7 +40,6 @@ from ..serve.subject import Tested
 from .accounting import account
 from .conditions import hold
 from .gradient import GRADIENT_TOLERANCE, input_gradient_error
-from .modern_confirm import confirm as confirm_modern
 from .probes import PROBES, ProbeResult
 
 __all__ = ["EXPLAINS", "MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -161,17 +161,28 @@ def decide(
         notes.extend(modern["notes"])
         name, passed, message, label = modern["finding"]
         why: Finding | str = ""
-        traced: Traced | None = None
+        traced: Traced | None = None  # what the parts read were traced to
         if passed and label != "FOUND":
             # The modern comparison was read from traces the block's process sent: its PASS
             # is a claim until the parts read are held here to the chosen weights, to fresh
-            # inputs and to the input gradient. In this process (trusted) only a failure counts.
+            # inputs, the input gradient and the learner's conditions, as the lessons' block's
+            # are. In this process (trusted) only a failure counts.
             progress.stage("confirming the modern comparison on fresh inputs")
             backward = all(f.passed for f in findings if f.name == "gradients")
-            why, traced = confirm_modern(modern, subject, chosen, fresh, backward)
-            if not isinstance(why, Finding) and why.startswith("note: "):
-                notes.append(why.removeprefix("note: "))
-                why = ""
+            received = unpack_modern(modern, subject.C, subject.dtype, chosen)
+            what = "the modern block rebuilt from the parts its process sent"
+            try:
+                if isinstance(received, str):
+                    why = received
+                else:
+                    rebuilt, traced = received
+                    held = _confirm(
+                        subject, rebuilt.run, (2, subject.T), fresh, backward, what, "modern", True
+                    )
+                    notes += [held] if isinstance(held, str) and held else []
+                    why = held if isinstance(held, Finding) else ""
+            except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
+                why, traced = f"the parts sent cannot be run as a block ({one_line(e)})", None
             why = why if isinstance(why, Finding) or not service.trusted else ""
         if isinstance(why, Finding):
             findings.append(why)
@@ -213,7 +224,9 @@ def decide(
                 if match is not None:
                     progress.stage("confirming the comparison on fresh inputs and conditions")
                     backward = all(f.passed for f in findings if f.name == "gradients")
-                    confirm = _confirm(subject, readings, reading, match, fresh, backward, again)
+                    confirm = _confirm_match(
+                        subject, readings, reading, match, fresh, backward, again
+                    )
                     if isinstance(confirm, Finding):
                         finding, match = confirm, None
                     elif confirm:
@@ -241,9 +254,9 @@ def decide(
                     )
                 if match is not None and not match.deviations and not again:
                     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
-                    traced = trace(read[reading], chosen, subject.dtype, heads)
+                    made = trace(read[reading], chosen, subject.dtype, heads)
                     found = account(
-                        service.set_parameters, subject, chosen, traced, fresh, findings, details
+                        service.set_parameters, subject, chosen, made, fresh, findings, details
                     )
 
     diagnosis = _diagnose(found, implied)
@@ -313,7 +326,7 @@ def _compare(
     return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading
 
 
-def _confirm(
+def _confirm_match(
     subject: Tested,
     read: Readings,
     reading: int,
@@ -322,19 +335,46 @@ def _confirm(
     backward: bool,
     again: bool = False,
 ) -> Finding | str:
-    """A failed comparison when the variant found does not also reproduce the block on fresh
-    inputs (of the traced shape and the probes'), or, for the lessons' block: its input
-    gradient (when its backward pass ran: ``backward``) and, but ``again``, the learner's
-    conditions (``conditions.hold``); else ``""``, or a note on a condition that could not be
-    compared."""
+    """``_confirm`` for the variant found, the lessons' block with its mistakes: a mistaken
+    block fails already, so only its outputs on fresh inputs are held."""
     parts = [*read.readings, *read.fallback][reading]
     steps = compose(match.deviations)
     activation = CANDIDATE_ACTIVATIONS[match.activation]
-    B, T, C = read.x.shape
-    for shape in ((B, T, C), (subject.T, subject.T, C)):
+    reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
+    full = not match.deviations
+    held = "lessons" if full else ""
+    B, T, _ = read.x.shape
+    return _confirm(subject, reference, (B, T), fresh, backward, match.describe(), held,
+                    full and not again)  # fmt: skip
+
+
+def _confirm(
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    first: tuple[int, int],
+    fresh: torch.Generator,
+    backward: bool,
+    what: str,
+    whose: str,
+    conditions: bool,
+) -> Finding | str:
+    """A failed comparison when ``reference`` (``what``, in float64) does not also reproduce the
+    block on fresh inputs, ``first`` (B, T) by C and (T, T, C) (the block's longest T), or,
+    when ``whose`` reference it is ("lessons", "modern") is named, its input gradient (when the
+    block's backward pass ran: ``backward``) and, with ``conditions``, the learner's conditions
+    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared.
+    The lessons' block and the modern block are confirmed alike.
+
+    Raises:
+        ValueError, RuntimeError: ``reference`` cannot run on a fresh input.
+    """
+    T, C = subject.T, subject.C
+    for shape in ((*first, C), (T, T, C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():
-            ours = run_steps(parts, x, match.n_head, activation, steps)
+            ours = reference(x)  # (B, T, C); raises where the parts do not chain
+        if ours.shape != x.shape:
+            raise ValueError(f"the reference maps {shape} to {tuple(ours.shape)}")
         try:
             theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
         except CAUGHT as e:
@@ -343,20 +383,20 @@ def _confirm(
         error = distance(theirs.to(torch.float64).cpu(), ours)
         if not error <= TOLERANCE:
             msg = (
-                f"{match.describe()} reproduces the block on the traced input, but not on a "
-                f"fresh {shape} input (off by {error:.2g} of its scale): its outputs are not "
-                "those of one fixed block"
+                f"{what} reproduces the block on the traced input, but not on a fresh {shape} "
+                f"input (off by {error:.2g} of its scale): its outputs are not those of one "
+                "fixed block"
             )
             return Finding("reference comparison", False, msg)
-    if match.deviations:
+    if not whose:
         return ""  # the block fails already: a mistake
-    reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
     if backward:  # else its backward pass fails already
         error = input_gradient_error(subject, reference, fresh)
         if not error <= GRADIENT_TOLERANCE:
             msg = (
-                "the block's outputs are the lessons' block's, but its gradient with respect "
-                f"to its input is not (off by {error:.2g} of its scale)"
+                f"the block's outputs are the {whose} block's, but its gradient with respect "
+                f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
+                "not its forward pass's"
             )
             return Finding("reference comparison", False, msg)
-    return "" if again else hold(subject, reference, fresh, backward)
+    return hold(subject, reference, fresh, backward) if conditions else ""
