@@ -33,10 +33,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import NORM_FORMS, Modern, Rope, attention
+from ..mistakes.modern_steps import NORM_FORMS, Modern, Rope, attention, parallel, run_modern
 from ..mistakes.report import CAUGHT, Finding
 from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT, Steps
+from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
 from ..mistakes.variants import DEVIATIONS, Deviation
 from ..roles.dataflow import Unread
 from ..roles.modern_cache import CacheProbe, Source, judge_cache
@@ -50,7 +50,6 @@ from ..roles.trace import Trace, TraceError
 __all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
-Layer = Callable[[Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -305,58 +304,59 @@ def _wiring(
 ) -> tuple[Deviation | None, float]:
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
-    ln1, ln2 = norms[0].function, norms[1].function
-    attn, ffwd = _sublayers(read, mlp, a)
-    x = read.x
+    parts = _parts(read, norms, mlp)
     with torch.no_grad():
-        best: tuple[Deviation | None, float] = (
-            None,
-            relative_error(read.y, _wired(read, ln1, ln2, attn, ffwd)),
-        )
+        best: tuple[Deviation | None, float] = (None, relative_error(read.y, _run(read, parts, a)))
         if read.parallel:
             return best
         for d in DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
             if d.group == "wiring" and (d.mistake == "post_norm") == post:
-                error = relative_error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
+                error = relative_error(read.y, _run(read, parts, a, d.apply(CORRECT).wiring))
                 best = (d, error) if error < best[1] else best
         return best
 
 
-def _wired(read: ModernRead, ln1: Layer, ln2: Layer, attn: Layer, ffwd: Layer) -> Tensor:
-    """The modern block on the traced input, wired pre-norm, or in parallel (GPT-J / PaLM: both
-    branches read the stream x)."""
-    x = read.x
-    if read.parallel:
-        return x + attn(ln1(x)) + ffwd(ln2(x))
-    return CORRECT.wiring(x, attn, ffwd, ln1, ln2)
+def _parts(read: ModernRead, norms: list[NormRead], mlp: MlpRead) -> Parts:
+    """The modern block's sub-layers as read, as the lessons' ``Parts`` (``fc1``: the MLP's
+    hidden function)."""
+
+    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return _lin(h, read.q), _lin(h, read.k), _lin(h, read.v)
+
+    def proj(h: Tensor) -> Tensor:
+        return _lin(h, read.proj)
+
+    def down(h: Tensor) -> Tensor:
+        return _lin(h, read.mlp[-1])
+
+    C, D = read.x.shape[-1], read.q[0].shape[0]
+    return Parts(C, D, qkv, proj, mlp.hidden, down, norms[0].function, norms[1].function)
 
 
-def _sublayers(
-    read: ModernRead, mlp: MlpRead, a: AttnMatch, positions: Tensor | None = None
-) -> tuple[Layer, Layer]:
-    """The attention (its tokens rotated at ``positions``, by default 0 ... T-1) and the MLP of
-    the modern block with the parts as read."""
-
-    def attn(h: Tensor) -> Tensor:
-        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        ctx = attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm, positions)
-        return _lin(ctx, read.proj)
-
-    def ffwd(h: Tensor) -> Tensor:
-        return _lin(mlp.hidden(h), read.mlp[-1])
-
-    return attn, ffwd
+def _run(
+    read: ModernRead,
+    parts: Parts,
+    a: AttnMatch,
+    wiring: Wiring | None = None,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """The modern block on the traced input, its attention as matched, wired by ``wiring`` (by
+    default pre-norm, or in parallel: GPT-J / PaLM), its tokens rotated at ``positions`` (by
+    default 0 ... T-1)."""
+    wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
+    steps = replace(a.steps, wiring=wiring)
+    return run_modern(parts, read.x, read.n_head, steps, a.applied, a.modern, a.qk_norm, positions)
 
 
 def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
     """The block's KV cache driven (``modern_cache``), for a block found right on whole
     sequences, pre-norm or in parallel."""
-    ln1, ln2 = norms[0].function, norms[1].function
+    parts = _parts(read, norms, mlp)
 
     def shifted(positions: Tensor) -> Tensor:
-        return _wired(read, ln1, ln2, *_sublayers(read, mlp, a, positions))
+        return _run(read, parts, a, positions=positions)
 
     with torch.no_grad():
         xs = read.x.to(read.y.dtype)

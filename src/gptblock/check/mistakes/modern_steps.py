@@ -8,6 +8,8 @@ attention core between them, ``attention``, which takes the lessons' ``Steps`` f
 two blocks share (the mask, the scale, the softmax axis, the head split and merge), so that the
 lessons' catalogued mistakes are found in a modern block too. Each form a learner gets wrong is a
 named alternative of one step: ``NORM_FORMS``, ``Rope.table``/``Rope.targets``, ``ORDERS``.
+``run_modern`` is the whole block: the lessons' ``Parts`` and ``Steps`` with those options (the
+MLP's hidden function in ``fc1``, the parallel residual a ``wiring``, ``parallel``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, nh query heads, nkv key/value
 heads, hs head size, r rotated channels of each head.
@@ -19,9 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .steps import Steps
+from .steps import CORRECT, MissingPart, Parts, Steps, SubLayer
 
-__all__ = ["NORM_FORMS", "ORDERS", "Rope", "attention", "repeat_heads", "rms"]
+__all__ = [
+    "NORM_FORMS", "ORDERS", "Rope", "attention", "parallel", "repeat_heads", "rms", "run_modern",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
@@ -174,3 +178,38 @@ def attention(
     scores = (q @ k.transpose(-2, -1)) * steps.scale(n_head * hs, hs)  # (B, nh, T, T)
     wei = steps.masking(scores, steps.blocked(T, q.device), steps.softmax_dim)
     return steps.merge(wei @ v)  # (B, nh, T, hs) -> (B, T, D)
+
+
+def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
+    """GPT-J's and PaLM's wiring (a ``Steps.wiring``): both branches read the stream x."""
+    return x + attn(ln1(x)) + mlp(ln2(x))
+
+
+def run_modern(
+    parts: Parts,
+    x: Tensor,
+    n_head: int,
+    steps: Steps = CORRECT,
+    rope: Rope | None = None,
+    modern: Modern = Modern(),
+    qk_norm: tuple[Tensor, Tensor] | None = None,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """The modern block on ``x`` (B, T, C): ``run_steps``' block with the modern options, its
+    attention ``attention`` (``parts.qkv`` giving k and v of nkv heads), its MLP ``fc2(fc1(h))``
+    (``fc1``: the hidden function, activation or gate included), wired by ``steps.wiring``.
+
+    Raises:
+        MissingPart: ``parts`` has one norm.
+    """
+    if parts.ln1 is None or parts.ln2 is None:
+        raise MissingPart("the modern block needs a norm per branch")
+
+    def attn(h: Tensor) -> Tensor:
+        q, k, v = parts.qkv(h)  # (B, T, D), (B, T, Dkv), (B, T, Dkv)
+        return parts.proj(attention(q, k, v, n_head, rope, modern, steps, qk_norm, positions))
+
+    def mlp(h: Tensor) -> Tensor:
+        return parts.fc2(parts.fc1(h))  # (B, T, C) -> (B, T, H) -> (B, T, C)
+
+    return steps.wiring(x, attn, mlp, parts.ln1, parts.ln2)

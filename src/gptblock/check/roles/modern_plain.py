@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Modern, Rope, attention, rms
-from ..mistakes.steps import CORRECT
+from ..mistakes.modern_steps import Rope, parallel, rms, run_modern
+from ..mistakes.steps import CORRECT, Parts, SubLayer, affine
 from .modern_parts import DENSE, GATED
 from .plain import NotPlain
 from .provenance import Traced, snap, trace
@@ -67,36 +67,29 @@ class ModernParts:
     shared: bool = False
 
     def run(self, x: Tensor) -> Tensor:
-        """The block on ``x`` (B, T, C) in float64."""
-        x = x.to(torch.float64)
-        lin = {
-            r: (w.double(), b.double()) for r, w, b in ((r, *p) for r, p in self.linears.items())
-        }
+        """The block on ``x`` (B, T, C) in float64 (``modern_steps.run_modern``)."""
+        lin = {r: affine(w.double(), b.double()) for r, (w, b) in self.linears.items()}
         g = {r: [t.double() for t in v] for r, v in self.gains.items()}
         qk = (g["lnq"][0], g["lnk"][0]) if "lnq" in g else None
 
-        def norm(i: int, h: Tensor) -> Tensor:
-            ps = g["ln1" if self.shared else f"ln{i + 1}"]
+        def norm(i: int) -> SubLayer:
+            ps, eps = g["ln1" if self.shared else f"ln{i + 1}"], self.eps[i]
             if self.forms[i] == "layernorm":  # (h - mean) / sqrt(var + eps) * gain + bias
-                return F.layer_norm(h, h.shape[-1:], ps[0], ps[1], self.eps[i])
-            return rms(h, ps[0], self.eps[i])
+                return lambda h: F.layer_norm(h, h.shape[-1:], ps[0], ps[1], eps)
+            return lambda h: rms(h, ps[0], eps)
 
-        def attn(h: Tensor) -> Tensor:
-            q, k, v = (F.linear(h, *lin[r]) for r in ("q", "k", "v"))
-            ctx = attention(q, k, v, self.n_head, self.rope, Modern(), CORRECT, qk)  # (B, T, D)
-            return F.linear(ctx, *lin["proj"])
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return lin["q"](h), lin["k"](h), lin["v"](h)
 
-        def mlp(h: Tensor) -> Tensor:
-            if self.gated:
-                u = GATED[self.activation](F.linear(h, *lin["mlp0"])) * F.linear(h, *lin["mlp1"])
-            else:
-                u = DENSE[self.activation](F.linear(h, *lin["mlp0"]))  # (B, T, H)
-            return F.linear(u, *lin["mlp2"])
-
-        if self.parallel:  # GPT-J / PaLM: both branches read the stream x
-            return x + attn(norm(0, x)) + mlp(norm(1, x))
-        x = x + attn(norm(0, x))
-        return x + mlp(norm(1, x))
+        act = (GATED if self.gated else DENSE)[self.activation]
+        if self.gated:
+            hidden: SubLayer = lambda h: act(lin["mlp0"](h)) * lin["mlp1"](h)  # noqa: E731
+        else:
+            hidden = lambda h: act(lin["mlp0"](h))  # noqa: E731
+        C, D = x.shape[-1], self.linears["q"][0].shape[0]
+        parts = Parts(C, D, qkv, lin["proj"], hidden, lin["mlp2"], norm(0), norm(1))
+        steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
+        return run_modern(parts, x.to(torch.float64), self.n_head, steps, self.rope, qk_norm=qk)
 
 
 def _activation(describe: str) -> tuple[str, bool] | None:
