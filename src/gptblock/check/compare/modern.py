@@ -25,7 +25,7 @@ Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,11 +33,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import NORM_FORMS, Modern, Rope, attention, parallel, run_modern
+from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
 from ..mistakes.report import CAUGHT, Finding
 from ..mistakes.search import TOLERANCE
 from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
-from ..mistakes.variants import DEVIATIONS, Deviation
+from ..mistakes.variants import DEVIATIONS, Deviation, compose
 from ..roles.dataflow import Unread
 from ..roles.modern_cache import CacheProbe, Source, judge_cache
 from ..roles.modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
@@ -52,56 +52,31 @@ __all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern"
 Tensor = torch.Tensor
 
 
-@dataclass(frozen=True)
-class Change:
-    """One catalogued mistake of the attention, as a change to (rope, modern steps, steps)."""
-
-    mistake: str
-    group: str
-    label: str
-    apply: Callable[[Rope | None, Modern, Steps], tuple[Rope | None, Modern, Steps]]
-    needs_rope: bool = False
-
-
-def _other_table(rope: Rope | None) -> Rope | None:
-    if rope is None:
-        return None
-    other = "adjacent" if rope.pairing == "halves" else "halves"
-    return replace(rope, table=other)
-
-
-MODERN: tuple[Change, ...] = (
-    Change("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
-           lambda r, m, s: (r, replace(m, targets="qkv"), s), True),
-    Change("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
-           lambda r, m, s: (r, replace(m, targets="q"), s), True),
-    Change("rope_pairing", "table", "", lambda r, m, s: (_other_table(r), m, s), True),
-    Change("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
-           "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
-           "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
-           lambda r, m, s: (r, replace(m, order="tile"), s)),
+MODERN: tuple[Deviation, ...] = (
+    Deviation("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
+              lambda s: replace(s, rotated="qkv")),
+    Deviation("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
+              lambda s: replace(s, rotated="q")),
+    Deviation("rope_pairing", "table", "", lambda s: replace(s, rope_table="other")),
+    Deviation("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
+              "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
+              "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
+              lambda s: replace(s, kv_order="tile")),
 )  # fmt: skip
-"""The modern attention mistakes; ``rope_pairing``'s label names the block's conventions."""
+"""The modern attention mistakes, ordinary deviations of the steps (``modern_steps.attention``
+reads the fields they change); ``rope_pairing``'s label names the block's conventions."""
 
+ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 _SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
-
-
-def _lesson(d: Deviation) -> Change:
-    def apply(r: Rope | None, m: Modern, s: Steps) -> tuple[Rope | None, Modern, Steps]:
-        return r, m, d.apply(s)
-
-    return Change(d.mistake, d.group, d.label, apply)
-
-
-LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in _SHARED_GROUPS)
+LESSON = tuple(d for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 """The lessons' attention mistakes, which a modern block can make too."""
 
 
-def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
-    """Every set of at most ``max_size`` changes, one per group, smallest first."""
+def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Deviation, ...]]:
+    """Every set of at most ``max_size`` deviations, one per group, smallest first."""
     pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
-    pool = [c for c in pool if rotated or not c.needs_rope]
-    groups: dict[str, list[Change]] = {}
+    pool = [c for c in pool if rotated or c.group not in ROTARY]
+    groups: dict[str, list[Deviation]] = {}
     for c in pool:
         groups.setdefault(c.group, []).append(c)
     for size in range(max_size + 1):
@@ -111,10 +86,8 @@ def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Chan
 
 @dataclass(frozen=True)
 class AttnMatch:
-    changes: tuple[Change, ...]
+    changes: tuple[Deviation, ...]
     rope: Rope | None  # the rotary embedding the block means (the unknowns)
-    applied: Rope | None  # the one it computes (with rope_pairing, the other table)
-    modern: Modern
     steps: Steps
     qk_norm: tuple[Tensor, Tensor] | None = None
 
@@ -136,20 +109,18 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             break
         if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
             continue
+        steps = compose(changes)
         for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-            r, m, s = rope, Modern(), CORRECT
-            for c in changes:
-                r, m, s = c.apply(r, m, s)
-            if (rope is None and any(c.needs_rope for c in changes)) or (
+            if (rope is None and any(c.group in ROTARY for c in changes)) or (
                 (rope, qk) == (None, None) and read.rotated
             ):
                 continue
             try:
-                ctx = attention(q, k, v, read.n_head, r, m, s, qk)
+                ctx = attention(q, k, v, read.n_head, rope, steps, qk)
             except CAUGHT:
                 continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
-                found.append(AttnMatch(changes, rope, r, m, s, qk))
+                found.append(AttnMatch(changes, rope, steps, qk))
                 break
     return found
 
@@ -347,7 +318,7 @@ def _run(
     default 0 ... T-1)."""
     wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
     steps = replace(a.steps, wiring=wiring)
-    return run_modern(parts, read.x, read.n_head, steps, a.applied, a.modern, a.qk_norm, positions)
+    return run_modern(parts, read.x, read.n_head, steps, a.rope, a.qk_norm, positions)
 
 
 def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip

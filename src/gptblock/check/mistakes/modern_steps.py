@@ -7,7 +7,8 @@ holds the two equal): the norm as ``rms(x, weight, eps, form)``, rotary position
 attention core between them, ``attention``, which takes the lessons' ``Steps`` for the steps the
 two blocks share (the mask, the scale, the softmax axis, the head split and merge), so that the
 lessons' catalogued mistakes are found in a modern block too. Each form a learner gets wrong is a
-named alternative of one step: ``NORM_FORMS``, ``Rope.table``/``Rope.targets``, ``ORDERS``.
+named alternative of one step: ``NORM_FORMS``, and the ``Steps`` fields ``rotated``,
+``kv_order`` (``ORDERS``) and ``rope_table`` (ordinary deviations, as the lessons' mistakes are).
 ``run_modern`` is the whole block: the lessons' ``Parts`` and ``Steps`` with those options (the
 MLP's hidden function in ``fc1``, the parallel residual a ``wiring``, ``parallel``).
 
@@ -17,7 +18,7 @@ heads, hs head size, r rotated channels of each head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -135,22 +136,12 @@ def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
     return t.repeat_interleave(groups, dim=1)
 
 
-@dataclass(frozen=True)
-class Modern:
-    """How a block does the modern steps of its attention: which tensors it rotates and how
-    its key/value heads serve the query heads."""
-
-    targets: str = "qk"  # the tensors rotated: "qk" (right), "q" (q only), "qkv" (v too)
-    order: str = "interleave"  # one of ORDERS
-
-
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     n_head: int,
     rope: Rope | None,
-    modern: Modern,
     steps: Steps,
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
@@ -158,7 +149,8 @@ def attention(
     """The attention core of the modern block from q (B, T, D), k and v (B, T, Dkv): heads split,
     each head's q and k normalised (``qk_norm``: the gains of q's and k's RMSNorm over hs, eps
     1e-6), rotated (at ``positions`` (T,), by default 0 ... T-1), key/value heads repeated,
-    scores scaled, masked, softmax, heads merged.
+    scores scaled, masked, softmax, heads merged; each step as ``steps`` says (the rotated
+    tensors, the key/value heads' order and the rotary table are the modern block's).
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
@@ -170,11 +162,13 @@ def attention(
     if qk_norm is not None:
         q, k = rms(q, qk_norm[0], 1e-6), rms(k, qk_norm[1], 1e-6)
     if rope is not None:
+        if steps.rope_table != "fits":  # the table of the other pairing (``rope_pairing``)
+            rope = replace(rope, table="adjacent" if rope.pairing == "halves" else "halves")
         q = rope.apply(q, positions)
-        k = rope.apply(k, positions) if "k" in modern.targets else k
-        v = rope.apply(v, positions) if "v" in modern.targets else v
+        k = rope.apply(k, positions) if "k" in steps.rotated else k
+        v = rope.apply(v, positions) if "v" in steps.rotated else v
     groups = n_head // n_kv
-    k, v = repeat_heads(k, groups, modern.order), repeat_heads(v, groups, modern.order)
+    k, v = repeat_heads(k, groups, steps.kv_order), repeat_heads(v, groups, steps.kv_order)
     scores = (q @ k.transpose(-2, -1)) * steps.scale(n_head * hs, hs)  # (B, nh, T, T)
     wei = steps.masking(scores, steps.blocked(T, q.device), steps.softmax_dim)
     return steps.merge(wei @ v)  # (B, nh, T, hs) -> (B, T, D)
@@ -191,7 +185,6 @@ def run_modern(
     n_head: int,
     steps: Steps = CORRECT,
     rope: Rope | None = None,
-    modern: Modern = Modern(),
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
 ) -> Tensor:
@@ -207,7 +200,7 @@ def run_modern(
 
     def attn(h: Tensor) -> Tensor:
         q, k, v = parts.qkv(h)  # (B, T, D), (B, T, Dkv), (B, T, Dkv)
-        return parts.proj(attention(q, k, v, n_head, rope, modern, steps, qk_norm, positions))
+        return parts.proj(attention(q, k, v, n_head, rope, steps, qk_norm, positions))
 
     def mlp(h: Tensor) -> Tensor:
         return parts.fc2(parts.fc1(h))  # (B, T, C) -> (B, T, H) -> (B, T, C)
