@@ -5,7 +5,7 @@ A block can compute the right outputs and the wrong backward pass (a custom auto
 tricks): the outputs the comparison checks do not see it, so a ``PASS`` also needs the block's
 gradient with respect to its input, for an output-gradient direction it could not foresee, to be
 the reference's. Both the lessons' block and the modern block are held to it
-(``verdict._confirm``), the reference computed here in float64 by autograd through the
+(``conditions.confirm``), the reference computed here in float64 by autograd through the
 checker's own steps.
 
 Shapes: B batch, T time, C channels.

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
 from ..mistakes.report import CAUGHT, Finding
@@ -40,7 +39,7 @@ from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
 from ..mistakes.variants import DEVIATIONS, Deviation, compose
 from ..roles.dataflow import Unread
 from ..roles.modern_cache import CacheProbe, Source, judge_cache
-from ..roles.modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
+from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
 from ..roles.modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
@@ -92,14 +91,10 @@ class AttnMatch:
     qk_norm: tuple[Tensor, Tensor] | None = None
 
 
-def _lin(h: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
-    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
-
-
 def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
     """The smallest sets of changes under which the modern attention reproduces the merged
     heads the block computed (the first of each distinct set of mistakes)."""
-    q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
+    q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
@@ -294,13 +289,13 @@ def _parts(read: ModernRead, norms: list[NormRead], mlp: MlpRead) -> Parts:
     hidden function)."""
 
     def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return _lin(h, read.q), _lin(h, read.k), _lin(h, read.v)
+        return lin(h, read.q), lin(h, read.k), lin(h, read.v)
 
     def proj(h: Tensor) -> Tensor:
-        return _lin(h, read.proj)
+        return lin(h, read.proj)
 
     def down(h: Tensor) -> Tensor:
-        return _lin(h, read.mlp[-1])
+        return lin(h, read.mlp[-1])
 
     C, D = read.x.shape[-1], read.q[0].shape[0]
     return Parts(C, D, qkv, proj, mlp.hidden, down, norms[0].function, norms[1].function)
