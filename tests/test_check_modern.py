@@ -221,3 +221,58 @@ class PerHeadPacked(torch.nn.Module):
 def test_q_k_v_packed_per_head_are_read_from_the_core():
     report = check_block(PerHeadPacked)
     assert report.verdict == "PASS", str(report)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_run_modern_is_the_oracles_block(parallel):
+    """The checker's modern block (the lessons' Parts and Steps with the modern options:
+    grouped heads, rotary positions, SwiGLU, the parallel residual as a wiring) is the NumPy
+    oracle's."""
+    from dataclasses import replace
+
+    from gptblock.check.mistakes.modern_steps import parallel as parallel_wiring
+    from gptblock.check.mistakes.modern_steps import run_modern
+    from gptblock.check.mistakes.steps import CORRECT, Parts, affine
+
+    g = np.random.default_rng(3)
+    C, nh, nkv, H = 8, 4, 2, 12
+    shapes = {"norm1.weight": (C,), "norm2.weight": (C,), "self_attn.in_proj_weight": (16, C),
+              "self_attn.out_proj.weight": (C, C), "linear1.weight": (H, C),
+              "linear3.weight": (H, C), "linear2.weight": (C, H)}  # fmt: skip
+    p = {key: g.standard_normal(shape) for key, shape in shapes.items()}
+    x = g.standard_normal((2, 5, C))
+    o = oracle.ModernOptions(nh, nkv, "rmsnorm", "swiglu", norm_eps=1e-5, position="rope",
+                             parallel_residual=parallel)  # fmt: skip
+    want, _ = oracle.modern_forward(p, x, o)
+    t = {key: torch.from_numpy(v) for key, v in p.items()}
+    w = t["self_attn.in_proj_weight"]
+    norm1 = lambda h: rms(h, t["norm1.weight"], 1e-5)  # noqa: E731
+    norm2 = norm1 if parallel else (lambda h: rms(h, t["norm2.weight"], 1e-5))
+    gate, up = affine(t["linear1.weight"]), affine(t["linear3.weight"])
+    parts = Parts(
+        C, C, lambda h: (h @ w[:C].T, h @ w[C:12].T, h @ w[12:].T),
+        affine(t["self_attn.out_proj.weight"]), lambda h: torch.nn.functional.silu(gate(h)) * up(h),
+        affine(t["linear2.weight"]), norm1, norm2,
+    )  # fmt: skip
+    steps = replace(CORRECT, wiring=parallel_wiring) if parallel else CORRECT
+    got = run_modern(
+        parts, torch.from_numpy(x), nh, steps, Rope(10000.0, 2, "halves", "halves", 1.0)
+    )
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-10, rtol=0)
+
+
+def test_each_modern_mistake_is_a_deviation_the_attention_reads():
+    """rope_v, rope_q_only, rope_pairing and gqa_order are ordinary deviations of the steps:
+    each changes what the modern attention computes."""
+    from gptblock.check.compare.modern import MODERN
+    from gptblock.check.mistakes.modern_steps import attention
+    from gptblock.check.mistakes.steps import CORRECT
+    from gptblock.check.mistakes.variants import compose
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 6, n, generator=g, dtype=torch.float64) for n in (16, 8, 8))
+    rope = Rope(10000.0, 4, "halves", "halves", 1.0)
+    right = attention(q, k, v, 4, rope, CORRECT)
+    for d in MODERN:
+        wrong = attention(q, k, v, 4, rope, compose([d]))
+        assert (wrong - right).abs().max() > 1e-3, d.mistake

@@ -3,7 +3,7 @@
 The modern comparison is read in the checker's process from traces the block's process records
 (``gptblock.check.serve.loop``); a PASS's parts (``gptblock.check.roles.modern_plain``) are then held to the
 weights the checker chose and to the block's outputs on fresh inputs
-(``gptblock.check.compare.modern_confirm``). A correct Llama block passes; a wrong block whose process
+(``gptblock.check.compare.conditions.confirm``). A correct Llama block passes; a wrong block whose process
 sends the traces of a correct twin (the chosen weights) or of a twin with weights made up, does
 not.
 """

@@ -18,7 +18,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    (``readings``) as numbers (``plain``, ``provenance``); the modern block's (``modern_*``).
 5. ``compare/`` -- ``decide`` (``verdict``): probes, the comparison held where a learner runs
    the block (``conditions``, ``gradient``), every parameter acting (``accounting``), the modern
-   block's (``modern``, ``modern_confirm``).
+   block's comparison (``modern``), confirmed as the lessons' block's is.
 6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
    requests (``child``, ``reaper``, ``worker``, ``remote``), checked at two sizes.
 

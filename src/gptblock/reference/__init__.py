@@ -23,13 +23,14 @@ Its modules, in reading order (only relative imports between them, nothing else 
 
 * ``layout`` -- the parameter keys, and the lesson's per-head layout mapped onto them (plain
   Python: ``convert`` and the checker use it too).
-* ``pieces`` -- LayerNorm, linear and GELU, each forward beside its backward.
-* ``forward`` -- ``softmax``, ``causal_head``, ``block_forward`` and its ``BlockCache``.
-* ``backward`` -- ``block_backward``.
-* ``params`` -- ``params_from_state_dict``: any block form's state_dict as ``params``.
-* ``modern`` -- ``modern_forward`` / ``modern_backward``: the modern block (RMSNorm, SwiGLU,
-  grouped-query attention, qk-norm, rotary positions, parallel residual; ``ModernOptions``), in
+* ``pieces`` -- LayerNorm, linear, GELU and the softmax, each forward beside its backward.
+* ``modern`` -- ``modern_forward`` / ``modern_backward``: the one forward pass and its backward,
+  the lessons' block with options for the modern parts (RMSNorm, SwiGLU, grouped-query
+  attention, qk-norm, rotary positions, parallel residual; ``ModernOptions``), in
   ``FusedBlock``'s layout.
+* ``forward`` -- ``causal_head``, and ``block_forward`` / ``block_backward``: the lessons' block,
+  ``modern_forward`` with the default options, its arguments checked.
+* ``params`` -- ``params_from_state_dict``: any block form's state_dict as ``params``.
 
 Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
 
@@ -50,8 +51,7 @@ Example:
 
 from __future__ import annotations
 
-from .backward import block_backward
-from .forward import BlockCache, block_forward, causal_head, softmax
+from .forward import BlockCache, block_backward, block_forward, causal_head, softmax
 from .layout import PARAM_KEYS
 from .modern import ModernCache, ModernOptions, modern_backward, modern_forward
 from .params import params_from_state_dict

@@ -1,7 +1,9 @@
-"""The block's forward pass in float64 NumPy, and the softmax and causal head it is built from.
+"""The lessons' block's forward and backward passes in float64 NumPy, and the causal head.
 
-``block_forward`` returns, with its output, a ``BlockCache`` of the intermediates that
-``block_backward`` (in ``backward.py``) needs.
+The lessons' pre-norm block is the modern block (``modern``) with its default options:
+``block_forward`` checks its arguments and runs ``modern_forward``, whose cache
+``block_backward`` (``modern_backward``) walks back. One forward pass, with options, computes
+every block the oracle knows.
 
 Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
 """
@@ -11,45 +13,17 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS
-from .pieces import ACTIVATIONS, Array, affine, linear, normalise
+from .modern import ModernCache, ModernOptions, modern_backward, modern_forward
+from .pieces import ACTIVATIONS, Array, softmax
 
+__all__ = ["BlockCache", "block_backward", "block_forward", "causal_head", "softmax"]
 
-def softmax(z: Any, axis: int = -1, blocked: Any = None) -> Array:
-    """Numerically stable softmax; blocked entries get weight exactly 0.
-
-    The row maximum is subtracted before ``exp`` so huge scores cannot overflow. A row in which
-    every entry is blocked has no distribution to normalise: it comes back as all zeros (what
-    gptblock's torch blocks give), not NaN.
-
-    Args:
-        z: scores.
-        axis: the axis to normalise over.
-        blocked: optional bool array broadcastable to ``z``; ``True`` = weight forced to 0.
-
-    Example:
-        >>> softmax([[1.0, 1.0], [0.0, 1000.0]]).round(6).tolist()
-        [[0.5, 0.5], [0.0, 1.0]]
-        >>> softmax([[1.0, 2.0], [3.0, 4.0]], blocked=[[False, True], [True, True]]).tolist()
-        [[1.0, 0.0], [0.0, 0.0]]
-    """
-    z = np.asarray(z, dtype=np.float64)
-    if blocked is not None:
-        z = np.where(blocked, -np.inf, z)
-    m = z.max(axis=axis, keepdims=True)
-    # A fully blocked row has max -inf, and -inf - -inf is NaN; shifting it by 0 instead keeps
-    # every exp(-inf) an exact 0.
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(over="ignore"):  # z - m < -1.8e308 rounds to -inf, and exp(-inf) = 0: right
-        e = np.exp(z - m)
-    s = e.sum(axis=axis, keepdims=True)
-    return np.asarray(e / np.where(s > 0, s, 1.0))
+BlockCache = ModernCache  # what ``block_backward`` needs of ``block_forward``
 
 
 def causal_head(q: Any, k: Any, v: Any) -> tuple[Array, Array]:
@@ -79,29 +53,6 @@ def causal_head(q: Any, k: Any, v: Any) -> tuple[Array, Array]:
     return wei @ v, wei  # (..., T, T) @ (..., T, hs) -> (..., T, hs)
 
 
-@dataclass(frozen=True)
-class BlockCache:
-    """Everything ``block_backward`` needs from ``block_forward``: inputs and intermediates."""
-
-    params: dict[str, Array]  # float64 copies of the parameters used
-    n_head: int  # nh
-    activation: str  # "gelu", "relu" or "gelu_tanh"
-    x: Array  # (B, T, C) the input
-    xhat1: Array  # (B, T, C) x normalised, before norm1's affine
-    rstd1: Array  # (B, T, 1) 1 / sqrt(var + eps) of x
-    h1: Array  # (B, T, C) norm1(x)
-    q: Array  # (B, nh, T, hs)
-    k: Array  # (B, nh, T, hs)
-    v: Array  # (B, nh, T, hs)
-    wei: Array  # (B, nh, T, T) attention weights; 0 where blocked, all 0 on fully blocked rows
-    ctx: Array  # (B, T, C) the heads' outputs, concatenated
-    xhat2: Array  # (B, T, C) x1 normalised, before norm2's affine
-    rstd2: Array  # (B, T, 1)
-    h2: Array  # (B, T, C) norm2(x1)
-    u: Array  # (B, T, F) linear1's output, before the activation
-    g: Array  # (B, T, F) act(u)
-
-
 def block_forward(
     params: Mapping[str, Any],
     x: Any,
@@ -110,7 +61,7 @@ def block_forward(
     activation: str = "gelu",
     eps: float = 1e-5,
     mask: Any = None,
-) -> tuple[Array, BlockCache]:
+) -> tuple[Array, ModernCache]:
     """The pre-norm block's forward pass, in float64 NumPy.
 
     Args:
@@ -146,36 +97,35 @@ def block_forward(
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3 or 0 in x.shape:
         raise ValueError(f"x must be a non-empty (B, T, C) array, got shape {x.shape}")
-    B, T, C = x.shape
-    p = _check_params(params, C, n_head)
+    p = _check_params(params, x.shape[-1], n_head)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
     # eps <= 0 divides a constant row by sqrt(0) (or of a negative): NaN, not an error, in NumPy.
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
         raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
-    nh, hs = n_head, C // n_head
-    blocked = _blocked(mask, B, T)  # (B or 1, 1, T, T)
+    options = ModernOptions(n_head, activation=activation, norm_eps=float(eps))
+    return modern_forward(p, x, options, mask=mask)
 
-    xhat1, rstd1 = normalise(x, eps)
-    h1 = affine(xhat1, p, NORM1)  # (B, T, C)
-    qkv = linear(h1, p, IN_PROJ)  # (B, T, C) @ (C, 3C) -> (B, T, 3C), packed q;k;v
-    # (B, T, 3C) -> (B, T, 3, nh, hs) -> (3, B, nh, T, hs): head i owns channels i*hs:(i+1)*hs
-    q, k, v = qkv.reshape(B, T, 3, nh, hs).transpose(2, 0, 3, 1, 4)
-    att = q @ k.swapaxes(-1, -2) / math.sqrt(hs)  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
-    wei = softmax(att, blocked=blocked)  # (B, nh, T, T)
-    ctx = (wei @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
-    x1 = x + linear(ctx, p, OUT_PROJ)  # (B, T, C)
 
-    xhat2, rstd2 = normalise(x1, eps)
-    h2 = affine(xhat2, p, NORM2)  # (B, T, C)
-    u = linear(h2, p, LINEAR1)  # (B, T, C) @ (C, F) -> (B, T, F)
-    g = ACTIVATIONS[activation][0](u)
-    y = x1 + linear(g, p, LINEAR2)  # (B, T, F) @ (F, C) -> (B, T, C)
+def block_backward(dy: Any, cache: ModernCache) -> tuple[Array, dict[str, Array]]:
+    """The block's backward pass, derived by hand: no autograd, no finite differences
+    (``modern_backward``, each backward line undoing one forward line).
 
-    cache = BlockCache(
-        p, nh, activation, x, xhat1, rstd1, h1, q, k, v, wei, ctx, xhat2, rstd2, h2, u, g
-    )
-    return y, cache
+    Args:
+        dy: the gradient of a scalar loss with respect to ``y``.
+        cache: what ``block_forward`` returned with ``y``.
+
+    Shape:
+        dy: (B, T, C). Returns ``dx`` (B, T, C) and ``grads``, one array per key of the
+        forward's ``params``, each the shape of its parameter.
+
+    Example:
+        See ``gptblock.reference``: the package's overview runs the forward and this backward.
+    """
+    dy = np.asarray(dy, dtype=np.float64)
+    if dy.shape != cache.x.shape:
+        raise ValueError(f"dy must have the shape of y, {cache.x.shape}, got {dy.shape}")
+    return modern_backward(dy, cache)
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -202,19 +152,3 @@ def _check_params(params: Mapping[str, Any], C: int, n_head: int) -> dict[str, A
         if key not in p and key.endswith("weight"):
             raise ValueError(f"params has no {key!r} (expected shape {shape})")
     return p
-
-
-def _blocked(mask: Any, B: int, T: int) -> NDArray[np.bool_]:
-    """The causal mask OR-ed with ``mask``: (B or 1, 1, T, T), True = blocked."""
-    blocked = np.triu(np.ones((T, T), dtype=bool), k=1)  # (T, T)
-    if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != np.bool_:
-            raise TypeError(f"mask must be a bool array (True = blocked), got dtype {mask.dtype}")
-        if mask.shape not in ((T, T), (B, T, T)):
-            raise ValueError(
-                f"mask must have shape (T, T) = ({T}, {T}) or (B, T, T) = ({B}, {T}, {T}), "
-                f"got {mask.shape}"
-            )
-        blocked = blocked | mask  # (T, T) or (B, T, T)
-    return blocked.reshape(-1, 1, T, T)  # broadcast over the nh heads

@@ -27,18 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from .forward import softmax
-from .pieces import ACTIVATIONS, Array, affine_normalise_backward, linear, linear_backward
+from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ
+from .pieces import ACTIVATIONS, Array, affine_normalise_backward, linear, linear_backward, softmax
 from .pieces import normalise as layer_normalise
 
 __all__ = ["ModernCache", "ModernOptions", "modern_backward", "modern_forward"]
 
-NORM1, NORM2 = ("norm1.weight", "norm1.bias"), ("norm2.weight", "norm2.bias")
-IN_PROJ = ("self_attn.in_proj_weight", "self_attn.in_proj_bias")
-OUT_PROJ = ("self_attn.out_proj.weight", "self_attn.out_proj.bias")
 Q_NORM, K_NORM = ("self_attn.q_norm.weight", ""), ("self_attn.k_norm.weight", "")
-LINEAR1, LINEAR2 = ("linear1.weight", "linear1.bias"), ("linear2.weight", "linear2.bias")
 LINEAR3 = ("linear3.weight", "linear3.bias")
 
 
@@ -87,7 +84,7 @@ class ModernCache:
 
 
 def modern_forward(
-    params: dict[str, Any], x: Any, o: ModernOptions, positions: Any = None
+    params: dict[str, Any], x: Any, o: ModernOptions, positions: Any = None, mask: Any = None
 ) -> tuple[Array, ModernCache]:
     """The modern block's forward pass in float64.
 
@@ -97,6 +94,8 @@ def modern_forward(
         o: the options.
         positions: the rows' token positions for the rotary angles, (T,) or (B, T); default
             0 .. T-1 (the causal mask follows the rows' order whatever their positions).
+        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, combined with the causal
+            mask. A query row with nothing left to attend to gets zero attention weights.
 
     Shape:
         x (B, T, C) -> y (B, T, C), and the cache for ``modern_backward``.
@@ -141,7 +140,7 @@ def modern_forward(
         q, k = _rotate(q, rot, o.rope_pairing, 1.0), _rotate(k, rot, o.rope_pairing, 1.0)
     k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)  # (B, nh, T, hs)
     att = q @ k.swapaxes(-1, -2) / math.sqrt(hs)  # (B, nh, T, T)
-    wei = softmax(att, blocked=np.triu(np.ones((T, T), dtype=bool), k=1))
+    wei = softmax(att, blocked=_blocked(mask, B, T))  # (B, nh, T, T)
     ctx = (wei @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
     x1 = x + linear(ctx, p, OUT_PROJ)  # (B, T, C)
     n2 = None if o.parallel_residual else _normalise(x1, o.norm, o.norm_eps)
@@ -281,3 +280,19 @@ def _relu2_grad(u: Array) -> Array:
 def _activation(name: str) -> Any:
     """(function, derivative) of a dense MLP's activation."""
     return (_relu2, _relu2_grad) if name == "relu2" else ACTIVATIONS[name]
+
+
+def _blocked(mask: Any, B: int, T: int) -> NDArray[np.bool_]:
+    """The causal mask OR-ed with ``mask``: (B or 1, 1, T, T), True = blocked."""
+    blocked = np.triu(np.ones((T, T), dtype=bool), k=1)  # (T, T)
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask must be a bool array (True = blocked), got dtype {mask.dtype}")
+        if mask.shape not in ((T, T), (B, T, T)):
+            raise ValueError(
+                f"mask must have shape (T, T) = ({T}, {T}) or (B, T, T) = ({B}, {T}, {T}), "
+                f"got {mask.shape}"
+            )
+        blocked = blocked | mask  # (T, T) or (B, T, T)
+    return blocked.reshape(-1, 1, T, T)  # broadcast over the nh heads

@@ -1,8 +1,9 @@
 """The block's pieces in float64 NumPy, each forward next to its hand-derived backward.
 
 LayerNorm (split into the normalisation and its affine part, as the backward needs them), a
-linear layer, and the exact GELU. Each backward takes the gradient of the piece's output and
-returns that of its input, storing the parameters' gradients in ``grads`` under their keys.
+linear layer, the exact GELU and the softmax (whose backward is written where it is used). Each
+backward takes the gradient of the piece's output and returns that of its input, storing the
+parameters' gradients in ``grads`` under their keys.
 
 Shapes: B batch, T time, C channels, F = MLP hidden width; ``in``/``out`` a layer's widths.
 """
@@ -10,6 +11,7 @@ Shapes: B batch, T time, C channels, F = MLP hidden width; ``in``/``out`` a laye
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,6 +54,37 @@ def affine_normalise_backward(
         - dxhat.mean(axis=-1, keepdims=True)
         - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
     )
+
+
+def softmax(z: Any, axis: int = -1, blocked: Any = None) -> Array:
+    """Numerically stable softmax; blocked entries get weight exactly 0.
+
+    The row maximum is subtracted before ``exp`` so huge scores cannot overflow. A row in which
+    every entry is blocked has no distribution to normalise: it comes back as all zeros (what
+    gptblock's torch blocks give), not NaN.
+
+    Args:
+        z: scores.
+        axis: the axis to normalise over.
+        blocked: optional bool array broadcastable to ``z``; ``True`` = weight forced to 0.
+
+    Example:
+        >>> softmax([[1.0, 1.0], [0.0, 1000.0]]).round(6).tolist()
+        [[0.5, 0.5], [0.0, 1.0]]
+        >>> softmax([[1.0, 2.0], [3.0, 4.0]], blocked=[[False, True], [True, True]]).tolist()
+        [[1.0, 0.0], [0.0, 0.0]]
+    """
+    z = np.asarray(z, dtype=np.float64)
+    if blocked is not None:
+        z = np.where(blocked, -np.inf, z)
+    m = z.max(axis=axis, keepdims=True)
+    # A fully blocked row has max -inf, and -inf - -inf is NaN; shifting it by 0 instead keeps
+    # every exp(-inf) an exact 0.
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(over="ignore"):  # z - m < -1.8e308 rounds to -inf, and exp(-inf) = 0: right
+        e = np.exp(z - m)
+    s = e.sum(axis=axis, keepdims=True)
+    return np.asarray(e / np.where(s > 0, s, 1.0))
 
 
 def linear(a: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:

@@ -18,6 +18,10 @@ match without mistakes comes here), and at a large mean the stream ``x`` would d
 branches' error. The reference runs in float64 on the very input the block got (rounded to
 float32 for a float32 call).
 
+``confirm`` is the whole confirmation of a match, the lessons' block's and the modern block's
+alike: the reference on fresh inputs the block never saw, its input gradient
+(``gradient``), then ``hold``.
+
 Shapes: B batch, T time, C channels.
 """
 
@@ -31,9 +35,9 @@ import torch
 from ..mistakes.report import CAUGHT, Finding, one_line
 from ..mistakes.search import TOLERANCE, distance
 from ..serve.subject import Tested
-from .gradient import input_gradient_error
+from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 
-__all__ = ["FLOAT32_TOLERANCE", "MAX_T", "Condition", "conditions", "hold"]
+__all__ = ["FLOAT32_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm", "hold"]
 
 Tensor = torch.Tensor
 FLOAT32_TOLERANCE = 1e-3
@@ -236,3 +240,57 @@ def _mismatch(
     return (
         f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"
     )
+
+
+def confirm(
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    first: tuple[int, int],
+    fresh: torch.Generator,
+    backward: bool,
+    what: str,
+    whose: str,
+    conditions: bool,
+) -> Finding | str:
+    """A failed comparison when ``reference`` (``what``, in float64) does not also reproduce the
+    block on fresh inputs, ``first`` (B, T) by C and (T, T, C) (the block's longest T), or,
+    when ``whose`` reference it is ("lessons", "modern") is named, its input gradient (when the
+    block's backward pass ran: ``backward``) and, with ``conditions``, the learner's conditions
+    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared.
+    The lessons' block and the modern block are confirmed alike.
+
+    Raises:
+        ValueError, RuntimeError: ``reference`` cannot run on a fresh input.
+    """
+    T, C = subject.T, subject.C
+    for shape in ((*first, C), (T, T, C)):
+        x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
+        with torch.no_grad():
+            ours = reference(x)  # (B, T, C); raises where the parts do not chain
+        if ours.shape != x.shape:
+            raise ValueError(f"the reference maps {shape} to {tuple(ours.shape)}")
+        try:
+            theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
+        except CAUGHT as e:
+            msg = f"the block raised {one_line(e)} on a fresh {shape} input"
+            return Finding("reference comparison", False, msg)
+        error = distance(theirs.to(torch.float64).cpu(), ours)
+        if not error <= TOLERANCE:
+            msg = (
+                f"{what} reproduces the block on the traced input, but not on a fresh {shape} "
+                f"input (off by {error:.2g} of its scale): its outputs are not those of one "
+                "fixed block"
+            )
+            return Finding("reference comparison", False, msg)
+    if not whose:
+        return ""  # the block fails already: a mistake
+    if backward:  # else its backward pass fails already
+        error = input_gradient_error(subject, reference, fresh)
+        if not error <= GRADIENT_TOLERANCE:
+            msg = (
+                f"the block's outputs are the {whose} block's, but its gradient with respect "
+                f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
+                "not its forward pass's"
+            )
+            return Finding("reference comparison", False, msg)
+    return hold(subject, reference, fresh, backward) if conditions else ""

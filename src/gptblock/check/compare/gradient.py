@@ -4,9 +4,9 @@ A block can compute the right outputs and the wrong backward pass (a custom auto
 ``Function``, a ``.detach()`` on a branch whose value is kept, ``x + (f(x) - f(x).detach())``
 tricks): the outputs the comparison checks do not see it, so a ``PASS`` also needs the block's
 gradient with respect to its input, for an output-gradient direction it could not foresee, to be
-the reference's. Both the lessons' block (``verdict._confirm``) and the modern block
-(``modern_confirm.confirm``) are held to it, the reference computed here in float64 by autograd
-through the checker's own steps.
+the reference's. Both the lessons' block and the modern block are held to it
+(``conditions.confirm``), the reference computed here in float64 by autograd through the
+checker's own steps.
 
 Shapes: B batch, T time, C channels.
 """

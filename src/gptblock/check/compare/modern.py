@@ -25,22 +25,21 @@ Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from ..mistakes.modern_steps import NORM_FORMS, Modern, Rope, attention
+from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
 from ..mistakes.report import CAUGHT, Finding
 from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT, Steps
-from ..mistakes.variants import DEVIATIONS, Deviation
+from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
+from ..mistakes.variants import DEVIATIONS, Deviation, compose
 from ..roles.dataflow import Unread
 from ..roles.modern_cache import CacheProbe, Source, judge_cache
-from ..roles.modern_parts import MlpRead, NormRead, close, mlp_of, norm_of, relative_error
+from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
 from ..roles.modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
@@ -50,59 +49,33 @@ from ..roles.trace import Trace, TraceError
 __all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
 
 Tensor = torch.Tensor
-Layer = Callable[[Tensor], Tensor]
 
 
-@dataclass(frozen=True)
-class Change:
-    """One catalogued mistake of the attention, as a change to (rope, modern steps, steps)."""
-
-    mistake: str
-    group: str
-    label: str
-    apply: Callable[[Rope | None, Modern, Steps], tuple[Rope | None, Modern, Steps]]
-    needs_rope: bool = False
-
-
-def _other_table(rope: Rope | None) -> Rope | None:
-    if rope is None:
-        return None
-    other = "adjacent" if rope.pairing == "halves" else "halves"
-    return replace(rope, table=other)
-
-
-MODERN: tuple[Change, ...] = (
-    Change("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
-           lambda r, m, s: (r, replace(m, targets="qkv"), s), True),
-    Change("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
-           lambda r, m, s: (r, replace(m, targets="q"), s), True),
-    Change("rope_pairing", "table", "", lambda r, m, s: (_other_table(r), m, s), True),
-    Change("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
-           "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
-           "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
-           lambda r, m, s: (r, replace(m, order="tile"), s)),
+MODERN: tuple[Deviation, ...] = (
+    Deviation("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
+              lambda s: replace(s, rotated="qkv")),
+    Deviation("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
+              lambda s: replace(s, rotated="q")),
+    Deviation("rope_pairing", "table", "", lambda s: replace(s, rope_table="other")),
+    Deviation("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
+              "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
+              "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
+              lambda s: replace(s, kv_order="tile")),
 )  # fmt: skip
-"""The modern attention mistakes; ``rope_pairing``'s label names the block's conventions."""
+"""The modern attention mistakes, ordinary deviations of the steps (``modern_steps.attention``
+reads the fields they change); ``rope_pairing``'s label names the block's conventions."""
 
+ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 _SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
-
-
-def _lesson(d: Deviation) -> Change:
-    def apply(r: Rope | None, m: Modern, s: Steps) -> tuple[Rope | None, Modern, Steps]:
-        return r, m, d.apply(s)
-
-    return Change(d.mistake, d.group, d.label, apply)
-
-
-LESSON: tuple[Change, ...] = tuple(_lesson(d) for d in DEVIATIONS if d.group in _SHARED_GROUPS)
+LESSON = tuple(d for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 """The lessons' attention mistakes, which a modern block can make too."""
 
 
-def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Change, ...]]:
-    """Every set of at most ``max_size`` changes, one per group, smallest first."""
+def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Deviation, ...]]:
+    """Every set of at most ``max_size`` deviations, one per group, smallest first."""
     pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
-    pool = [c for c in pool if rotated or not c.needs_rope]
-    groups: dict[str, list[Change]] = {}
+    pool = [c for c in pool if rotated or c.group not in ROTARY]
+    groups: dict[str, list[Deviation]] = {}
     for c in pool:
         groups.setdefault(c.group, []).append(c)
     for size in range(max_size + 1):
@@ -112,22 +85,16 @@ def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Chan
 
 @dataclass(frozen=True)
 class AttnMatch:
-    changes: tuple[Change, ...]
+    changes: tuple[Deviation, ...]
     rope: Rope | None  # the rotary embedding the block means (the unknowns)
-    applied: Rope | None  # the one it computes (with rope_pairing, the other table)
-    modern: Modern
     steps: Steps
     qk_norm: tuple[Tensor, Tensor] | None = None
-
-
-def _lin(h: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
-    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
 
 
 def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
     """The smallest sets of changes under which the modern attention reproduces the merged
     heads the block computed (the first of each distinct set of mistakes)."""
-    q, k, v = (_lin(read.h1, w) for w in (read.q, read.k, read.v))
+    q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
@@ -137,20 +104,18 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             break
         if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
             continue
+        steps = compose(changes)
         for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-            r, m, s = rope, Modern(), CORRECT
-            for c in changes:
-                r, m, s = c.apply(r, m, s)
-            if (rope is None and any(c.needs_rope for c in changes)) or (
+            if (rope is None and any(c.group in ROTARY for c in changes)) or (
                 (rope, qk) == (None, None) and read.rotated
             ):
                 continue
             try:
-                ctx = attention(q, k, v, read.n_head, r, m, s, qk)
+                ctx = attention(q, k, v, read.n_head, rope, steps, qk)
             except CAUGHT:
                 continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
-                found.append(AttnMatch(changes, rope, r, m, s, qk))
+                found.append(AttnMatch(changes, rope, steps, qk))
                 break
     return found
 
@@ -305,58 +270,59 @@ def _wiring(
 ) -> tuple[Deviation | None, float]:
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
-    ln1, ln2 = norms[0].function, norms[1].function
-    attn, ffwd = _sublayers(read, mlp, a)
-    x = read.x
+    parts = _parts(read, norms, mlp)
     with torch.no_grad():
-        best: tuple[Deviation | None, float] = (
-            None,
-            relative_error(read.y, _wired(read, ln1, ln2, attn, ffwd)),
-        )
+        best: tuple[Deviation | None, float] = (None, relative_error(read.y, _run(read, parts, a)))
         if read.parallel:
             return best
         for d in DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
             if d.group == "wiring" and (d.mistake == "post_norm") == post:
-                error = relative_error(read.y, d.apply(CORRECT).wiring(x, attn, ffwd, ln1, ln2))
+                error = relative_error(read.y, _run(read, parts, a, d.apply(CORRECT).wiring))
                 best = (d, error) if error < best[1] else best
         return best
 
 
-def _wired(read: ModernRead, ln1: Layer, ln2: Layer, attn: Layer, ffwd: Layer) -> Tensor:
-    """The modern block on the traced input, wired pre-norm, or in parallel (GPT-J / PaLM: both
-    branches read the stream x)."""
-    x = read.x
-    if read.parallel:
-        return x + attn(ln1(x)) + ffwd(ln2(x))
-    return CORRECT.wiring(x, attn, ffwd, ln1, ln2)
+def _parts(read: ModernRead, norms: list[NormRead], mlp: MlpRead) -> Parts:
+    """The modern block's sub-layers as read, as the lessons' ``Parts`` (``fc1``: the MLP's
+    hidden function)."""
+
+    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return lin(h, read.q), lin(h, read.k), lin(h, read.v)
+
+    def proj(h: Tensor) -> Tensor:
+        return lin(h, read.proj)
+
+    def down(h: Tensor) -> Tensor:
+        return lin(h, read.mlp[-1])
+
+    C, D = read.x.shape[-1], read.q[0].shape[0]
+    return Parts(C, D, qkv, proj, mlp.hidden, down, norms[0].function, norms[1].function)
 
 
-def _sublayers(
-    read: ModernRead, mlp: MlpRead, a: AttnMatch, positions: Tensor | None = None
-) -> tuple[Layer, Layer]:
-    """The attention (its tokens rotated at ``positions``, by default 0 ... T-1) and the MLP of
-    the modern block with the parts as read."""
-
-    def attn(h: Tensor) -> Tensor:
-        q, k, v = (_lin(h, w) for w in (read.q, read.k, read.v))
-        ctx = attention(q, k, v, read.n_head, a.applied, a.modern, a.steps, a.qk_norm, positions)
-        return _lin(ctx, read.proj)
-
-    def ffwd(h: Tensor) -> Tensor:
-        return _lin(mlp.hidden(h), read.mlp[-1])
-
-    return attn, ffwd
+def _run(
+    read: ModernRead,
+    parts: Parts,
+    a: AttnMatch,
+    wiring: Wiring | None = None,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """The modern block on the traced input, its attention as matched, wired by ``wiring`` (by
+    default pre-norm, or in parallel: GPT-J / PaLM), its tokens rotated at ``positions`` (by
+    default 0 ... T-1)."""
+    wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
+    steps = replace(a.steps, wiring=wiring)
+    return run_modern(parts, read.x, read.n_head, steps, a.rope, a.qk_norm, positions)
 
 
 def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
     """The block's KV cache driven (``modern_cache``), for a block found right on whole
     sequences, pre-norm or in parallel."""
-    ln1, ln2 = norms[0].function, norms[1].function
+    parts = _parts(read, norms, mlp)
 
     def shifted(positions: Tensor) -> Tensor:
-        return _wired(read, ln1, ln2, *_sublayers(read, mlp, a, positions))
+        return _run(read, parts, a, positions=positions)
 
     with torch.no_grad():
         xs = read.x.to(read.y.dtype)

@@ -23,23 +23,23 @@ Shapes: B batch, T time, C channels.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from ..mistakes.catalogue import MISTAKES
 from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
-from ..mistakes.search import TOLERANCE, Match, distance, explain
+from ..mistakes.search import TOLERANCE, Match, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..mistakes.variants import compose
+from ..roles.modern_plain import unpack_modern
 from ..roles.plain import unpack_readings
 from ..roles.provenance import Traced, choose, trace
 from ..roles.readings import Readings
 from ..serve.subject import Tested
 from .accounting import account
-from .conditions import hold
-from .gradient import GRADIENT_TOLERANCE, input_gradient_error
-from .modern_confirm import confirm as confirm_modern
+from .conditions import confirm
 from .probes import PROBES, ProbeResult
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -129,15 +129,15 @@ def decide(
             break
     implied = [r.implies for r in results if r.implies]  # mistakes the probes prove
     details = {r.implies: r.message for r in results if r.implies}
-    found: list[str] = []  # mistakes the reference comparison reproduces
-    others: list[list[str]] = []  # other sets of mistakes that reproduce it as well
-    compared, verify = False, ""
+    verify = ""
     modern: dict[str, Any] = {}
+    done = Compared(None)  # the comparison, with the modern or the lessons' reference
 
     dropout = ""
     if not results[-1].stop and "dropout_in_eval" in implied:
         progress.stage("switching the block's dropout off")
         dropout = service.dropout_off()
+    backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
     if results[-1].stop:
         pass
     elif "dropout_in_eval" in implied and not dropout:
@@ -146,39 +146,7 @@ def decide(
         notes.extend(modern["notes"])  # a part the references do not model: not compared
     elif modern.get("finding"):
         notes.extend(modern["notes"])
-        name, passed, message, label = modern["finding"]
-        why: Finding | str = ""
-        traced: Traced | None = None
-        if passed and label != "FOUND":
-            # The modern comparison was read from traces the block's process sent: its PASS
-            # is a claim until the parts read are held here to the chosen weights, to fresh
-            # inputs and to the input gradient. In this process (trusted) only a failure counts.
-            progress.stage("confirming the modern comparison on fresh inputs")
-            backward = all(f.passed for f in findings if f.name == "gradients")
-            why, traced = confirm_modern(modern, subject, chosen, fresh, backward)
-            if not isinstance(why, Finding) and why.startswith("note: "):
-                notes.append(why.removeprefix("note: "))
-                why = ""
-            why = why if isinstance(why, Finding) or not service.trusted else ""
-        if isinstance(why, Finding):
-            findings.append(why)
-            progress.finding(why)
-            compared = True
-        elif why:
-            notes.append(
-                "the modern block's comparison, read from the traces the block's process sent, "
-                f"is not confirmed outside it ({why}): not verified (check_in_process, for code you "
-                "trust, gives its verdict)"
-            )
-        else:
-            findings.append(Finding(name, passed, message, label))
-            progress.finding(findings[-1])
-            compared, found, others = True, modern["mistakes"], modern["alternatives"]
-            details.update(modern["details"])
-            if passed and label != "FOUND" and traced is not None and not again:
-                found = account(
-                    service.set_parameters, subject, chosen, traced, fresh, findings, details
-                )
+        done = _modern_compared(service, modern, chosen, fresh, backward, notes, progress)
     else:
         if dropout:
             notes.append(f"compared with every dropout of the block {dropout}")
@@ -190,55 +158,128 @@ def decide(
                 progress.stage("suggesting a --map")
                 verify = service.suggest()
         else:
-            readings, read = unpacked
-            progress.stage("the reference comparison")
-            finding: Finding | None = None
-            try:
-                finding, match, ties, reading = _compare(subject, readings)
-                # matching nothing, with a part no reference models: out of scope, not FAIL
-                scope = [] if match or finding.passed else modern.get("scope", [])
-                if match is not None:
-                    progress.stage("confirming the comparison on fresh inputs and conditions")
-                    backward = all(f.passed for f in findings if f.name == "gradients")
-                    confirm = _confirm(subject, readings, reading, match, fresh, backward, again)
-                    if isinstance(confirm, Finding):
-                        finding, match = confirm, None
-                    elif confirm:
-                        notes.append(confirm)
-            except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
-                notes.append(readings.describe(0))
-                notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
-                finding = None
-            if finding is not None:
-                notes.append(readings.describe(reading))
-                if scope:
-                    notes.append(
-                        f"not compared, as the references do not model it: {'; '.join(scope)} "
-                        f"(the lessons' block: {finding.message})"
-                    )
-                else:
-                    findings.append(finding)
-                    progress.finding(finding)
-                    compared = True
-                if match is not None:
-                    found = match.mistakes
-                    others = [m.mistakes for m in ties]
-                    details.update(  # the variant's account of a mistake is more specific
-                        {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
-                    )
-                if match is not None and not match.deviations and not again:
-                    heads = dict.fromkeys(("q", "k", "v"), match.n_head)
-                    traced = trace(read[reading], chosen, subject.dtype, heads)
-                    found = account(
-                        service.set_parameters, subject, chosen, traced, fresh, findings, details
-                    )
+            scope = modern.get("scope", [])
+            done = _lessons_compared(subject, *unpacked, chosen, fresh, backward, again, scope,
+                                     notes, progress)  # fmt: skip
+    if done.finding is not None:
+        findings.append(done.finding)
+        progress.finding(done.finding)
+    found = done.mistakes  # the mistakes the reference comparison reproduces
+    details.update(done.details)
+    if done.traced is not None and not again:  # a PASS: does every parameter act?
+        found = account(
+            service.set_parameters, subject, chosen, done.traced, fresh, findings, details
+        )
 
     diagnosis = _diagnose(found, implied)
-    alternatives = [a for a in (_diagnose(o, implied) for o in others) if a != diagnosis]
+    alternatives = [a for a in (_diagnose(o, implied) for o in done.alternatives) if a != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
+    compared = done.finding is not None
     return CheckReport(
         description, findings, diagnosis, details, notes, alternatives, compared, verify
     )
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What the comparison with a reference (the modern one or the lessons') concluded."""
+
+    finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
+    mistakes: list[str] = field(default_factory=list)
+    alternatives: list[list[str]] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+    traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
+
+
+def _modern_compared(
+    service: Service,
+    modern: Mapping[str, Any],
+    chosen: Mapping[str, Tensor],
+    fresh: torch.Generator,
+    backward: bool,
+    notes: list[str],
+    progress: Progress,
+) -> Compared:
+    """The modern comparison's finding, a PASS confirmed as the lessons' block's is: it was
+    read from traces the block's process sent, so it is a claim until the parts read are held
+    here to the chosen weights, to fresh inputs, the input gradient and the learner's
+    conditions. In this process (trusted) only a failure counts."""
+    subject = service.tested
+    finding = Finding(*modern["finding"])
+    if not finding.passed or finding.label == "FOUND":
+        return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
+    progress.stage("confirming the modern comparison on fresh inputs")
+    received = unpack_modern(modern, subject.C, subject.dtype, chosen)
+    what = "the modern block rebuilt from the parts its process sent"
+    try:
+        if isinstance(received, str):
+            why: Finding | str = received
+        else:
+            rebuilt, traced = received
+            why = confirm(
+                subject, rebuilt.run, (2, subject.T), fresh, backward, what, "modern", True
+            )
+            if isinstance(why, str):
+                notes += [why] if why else []
+                return Compared(finding, traced=traced)
+    except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
+        why = f"the parts sent cannot be run as a block ({one_line(e)})"
+    if isinstance(why, Finding):
+        return Compared(why)
+    if not service.trusted:
+        notes.append(
+            "the modern block's comparison, read from the traces the block's process sent, is "
+            f"not confirmed outside it ({why}): not verified (check_in_process, for code you "
+            "trust, gives its verdict)"
+        )
+        return Compared(None)
+    return Compared(finding)
+
+
+def _lessons_compared(
+    subject: Tested,
+    readings: Readings,
+    read: list[dict[str, list[Tensor]]],
+    chosen: Mapping[str, Tensor],
+    fresh: torch.Generator,
+    backward: bool,
+    again: bool,
+    scope: list[str],
+    notes: list[str],
+    progress: Progress,
+) -> Compared:
+    """The lessons' comparison on the readings, its match confirmed; matching nothing, with a
+    part no reference models (``scope``), out of scope, not FAIL."""
+    progress.stage("the reference comparison")
+    try:
+        finding, match, ties, reading = _compare(subject, readings)
+        scope = [] if match or finding.passed else scope
+        if match is not None:
+            progress.stage("confirming the comparison on fresh inputs and conditions")
+            confirm = _confirm_match(subject, readings, reading, match, fresh, backward, again)
+            if isinstance(confirm, Finding):
+                finding, match = confirm, None
+            elif confirm:
+                notes.append(confirm)
+    except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
+        notes.append(readings.describe(0))
+        notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
+        return Compared(None)
+    notes.append(readings.describe(reading))
+    if scope:
+        notes.append(
+            f"not compared, as the references do not model it: {'; '.join(scope)} "
+            f"(the lessons' block: {finding.message})"
+        )
+    done = Compared(None if scope else finding)
+    if match is None:
+        return done
+    details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
+    traced = None
+    if not match.deviations:
+        heads = dict.fromkeys(("q", "k", "v"), match.n_head)
+        traced = trace(read[reading], chosen, subject.dtype, heads)
+    return Compared(done.finding, match.mistakes, [m.mistakes for m in ties], details, traced)
 
 
 def _modern(service: Service, progress: Progress) -> dict[str, Any]:
@@ -300,7 +341,7 @@ def _compare(
     return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading
 
 
-def _confirm(
+def _confirm_match(
     subject: Tested,
     read: Readings,
     reading: int,
@@ -309,41 +350,14 @@ def _confirm(
     backward: bool,
     again: bool = False,
 ) -> Finding | str:
-    """A failed comparison when the variant found does not also reproduce the block on fresh
-    inputs (of the traced shape and the probes'), or, for the lessons' block: its input
-    gradient (when its backward pass ran: ``backward``) and, but ``again``, the learner's
-    conditions (``conditions.hold``); else ``""``, or a note on a condition that could not be
-    compared."""
+    """``conditions.confirm`` for the variant found, the lessons' block with its mistakes: a mistaken
+    block fails already, so only its outputs on fresh inputs are held."""
     parts = [*read.readings, *read.fallback][reading]
     steps = compose(match.deviations)
     activation = CANDIDATE_ACTIVATIONS[match.activation]
-    B, T, C = read.x.shape
-    for shape in ((B, T, C), (subject.T, subject.T, C)):
-        x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
-        with torch.no_grad():
-            ours = run_steps(parts, x, match.n_head, activation, steps)
-        try:
-            theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
-        except CAUGHT as e:
-            msg = f"the block raised {one_line(e)} on a fresh {shape} input"
-            return Finding("reference comparison", False, msg)
-        error = distance(theirs.to(torch.float64).cpu(), ours)
-        if not error <= TOLERANCE:
-            msg = (
-                f"{match.describe()} reproduces the block on the traced input, but not on a "
-                f"fresh {shape} input (off by {error:.2g} of its scale): its outputs are not "
-                "those of one fixed block"
-            )
-            return Finding("reference comparison", False, msg)
-    if match.deviations:
-        return ""  # the block fails already: a mistake
     reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
-    if backward:  # else its backward pass fails already
-        error = input_gradient_error(subject, reference, fresh)
-        if not error <= GRADIENT_TOLERANCE:
-            msg = (
-                "the block's outputs are the lessons' block's, but its gradient with respect "
-                f"to its input is not (off by {error:.2g} of its scale)"
-            )
-            return Finding("reference comparison", False, msg)
-    return "" if again else hold(subject, reference, fresh, backward)
+    full = not match.deviations
+    held = "lessons" if full else ""
+    B, T, _ = read.x.shape
+    return confirm(subject, reference, (B, T), fresh, backward, match.describe(), held,
+                    full and not again)  # fmt: skip

@@ -7,7 +7,10 @@ holds the two equal): the norm as ``rms(x, weight, eps, form)``, rotary position
 attention core between them, ``attention``, which takes the lessons' ``Steps`` for the steps the
 two blocks share (the mask, the scale, the softmax axis, the head split and merge), so that the
 lessons' catalogued mistakes are found in a modern block too. Each form a learner gets wrong is a
-named alternative of one step: ``NORM_FORMS``, ``Rope.table``/``Rope.targets``, ``ORDERS``.
+named alternative of one step: ``NORM_FORMS``, and the ``Steps`` fields ``rotated``,
+``kv_order`` (``ORDERS``) and ``rope_table`` (ordinary deviations, as the lessons' mistakes are).
+``run_modern`` is the whole block: the lessons' ``Parts`` and ``Steps`` with those options (the
+MLP's hidden function in ``fc1``, the parallel residual a ``wiring``, ``parallel``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, nh query heads, nkv key/value
 heads, hs head size, r rotated channels of each head.
@@ -15,13 +18,15 @@ heads, hs head size, r rotated channels of each head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .steps import Steps
+from .steps import CORRECT, MissingPart, Parts, Steps, SubLayer
 
-__all__ = ["NORM_FORMS", "ORDERS", "Rope", "attention", "repeat_heads", "rms"]
+__all__ = [
+    "NORM_FORMS", "ORDERS", "Rope", "attention", "parallel", "repeat_heads", "rms", "run_modern",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
@@ -131,22 +136,12 @@ def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
     return t.repeat_interleave(groups, dim=1)
 
 
-@dataclass(frozen=True)
-class Modern:
-    """How a block does the modern steps of its attention: which tensors it rotates and how
-    its key/value heads serve the query heads."""
-
-    targets: str = "qk"  # the tensors rotated: "qk" (right), "q" (q only), "qkv" (v too)
-    order: str = "interleave"  # one of ORDERS
-
-
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     n_head: int,
     rope: Rope | None,
-    modern: Modern,
     steps: Steps,
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
@@ -154,7 +149,8 @@ def attention(
     """The attention core of the modern block from q (B, T, D), k and v (B, T, Dkv): heads split,
     each head's q and k normalised (``qk_norm``: the gains of q's and k's RMSNorm over hs, eps
     1e-6), rotated (at ``positions`` (T,), by default 0 ... T-1), key/value heads repeated,
-    scores scaled, masked, softmax, heads merged.
+    scores scaled, masked, softmax, heads merged; each step as ``steps`` says (the rotated
+    tensors, the key/value heads' order and the rotary table are the modern block's).
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
@@ -166,11 +162,47 @@ def attention(
     if qk_norm is not None:
         q, k = rms(q, qk_norm[0], 1e-6), rms(k, qk_norm[1], 1e-6)
     if rope is not None:
+        if steps.rope_table != "fits":  # the table of the other pairing (``rope_pairing``)
+            rope = replace(rope, table="adjacent" if rope.pairing == "halves" else "halves")
         q = rope.apply(q, positions)
-        k = rope.apply(k, positions) if "k" in modern.targets else k
-        v = rope.apply(v, positions) if "v" in modern.targets else v
+        k = rope.apply(k, positions) if "k" in steps.rotated else k
+        v = rope.apply(v, positions) if "v" in steps.rotated else v
     groups = n_head // n_kv
-    k, v = repeat_heads(k, groups, modern.order), repeat_heads(v, groups, modern.order)
+    k, v = repeat_heads(k, groups, steps.kv_order), repeat_heads(v, groups, steps.kv_order)
     scores = (q @ k.transpose(-2, -1)) * steps.scale(n_head * hs, hs)  # (B, nh, T, T)
     wei = steps.masking(scores, steps.blocked(T, q.device), steps.softmax_dim)
     return steps.merge(wei @ v)  # (B, nh, T, hs) -> (B, T, D)
+
+
+def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
+    """GPT-J's and PaLM's wiring (a ``Steps.wiring``): both branches read the stream x."""
+    return x + attn(ln1(x)) + mlp(ln2(x))
+
+
+def run_modern(
+    parts: Parts,
+    x: Tensor,
+    n_head: int,
+    steps: Steps = CORRECT,
+    rope: Rope | None = None,
+    qk_norm: tuple[Tensor, Tensor] | None = None,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """The modern block on ``x`` (B, T, C): ``run_steps``' block with the modern options, its
+    attention ``attention`` (``parts.qkv`` giving k and v of nkv heads), its MLP ``fc2(fc1(h))``
+    (``fc1``: the hidden function, activation or gate included), wired by ``steps.wiring``.
+
+    Raises:
+        MissingPart: ``parts`` has one norm.
+    """
+    if parts.ln1 is None or parts.ln2 is None:
+        raise MissingPart("the modern block needs a norm per branch")
+
+    def attn(h: Tensor) -> Tensor:
+        q, k, v = parts.qkv(h)  # (B, T, D), (B, T, Dkv), (B, T, Dkv)
+        return parts.proj(attention(q, k, v, n_head, rope, steps, qk_norm, positions))
+
+    def mlp(h: Tensor) -> Tensor:
+        return parts.fc2(parts.fc1(h))  # (B, T, C) -> (B, T, H) -> (B, T, C)
+
+    return steps.wiring(x, attn, mlp, parts.ln1, parts.ln2)

@@ -169,6 +169,10 @@ class Steps:
     merge: Callable[[Tensor], Tensor]  # (B, nh, T, hs) -> (B, T, D)
     time_axis: int  # the input axis attention runs along: 1 for (B, T, C), 0 if read as (T, B, C)
     wiring: Wiring  # how the sub-layers and norms connect to the residual stream
+    # the modern block's options a mistake can change (``modern_steps.attention``):
+    rotated: str = "qk"  # the tensors rotary positions turn: "qk" (right), "q" or "qkv"
+    kv_order: str = "interleave"  # how key/value heads serve query heads (``modern_steps.ORDERS``)
+    rope_table: str = "fits"  # the cos/sin table laid out for the rotation's pairing, or "other"
 
 
 CORRECT = Steps(

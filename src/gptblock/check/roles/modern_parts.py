@@ -28,7 +28,9 @@ from ..mistakes.report import CAUGHT
 from ..mistakes.search import MIN_DEFINED
 from .modern_read import Linear, ModernRead
 
-__all__ = ["DENSE", "MlpRead", "NormRead", "close", "mlp_of", "norm_of", "relative_error"]
+__all__ = [
+    "DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of", "relative_error",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
@@ -178,7 +180,8 @@ class MlpRead:
     layers: tuple[Linear, ...] = ()  # the first layer, or the gate's and the up projection's
 
 
-def _lin(h: Tensor, w: Linear) -> Tensor:
+def lin(h: Tensor, w: Linear) -> Tensor:
+    """``h`` through the linear layer ``w`` (weight, bias) read, in ``h``'s dtype."""
     return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
 
 
@@ -191,7 +194,7 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     hidden values; else ``None``."""
     h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
     if len(read.mlp) == 2:
-        a = _lin(h, read.mlp[0])
+        a = lin(h, read.mlp[0])
         for name, act in DENSE.items():
             if close(act(a), target):
                 hidden = _dense(read.mlp[0], act)
@@ -220,7 +223,7 @@ def _gated_of(
 ) -> MlpRead | None:
     """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
     holds both, whose order no name tells), or a catalogued mistake of it; else None."""
-    u = [_lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
+    u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
             if close(act(u[gate]) * u[up], target):
@@ -261,17 +264,17 @@ _WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 
 
 def _dense(w: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    return lambda h: act(_lin(h, w))
+    return lambda h: act(lin(h, w))
 
 
 def _gated(gate: Linear, up: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    return lambda h: act(_lin(h, gate)) * _lin(h, up)
+    return lambda h: act(lin(h, gate)) * lin(h, up)
 
 
 def _paired(
     w1: Linear, w3: Linear, form: Callable[[Tensor, Tensor], Tensor]
 ) -> Callable[[Tensor], Tensor]:
-    return lambda h: form(_lin(h, w1), _lin(h, w3))
+    return lambda h: form(lin(h, w1), lin(h, w3))
 
 
 def relative_error(y: Tensor, y_ref: Tensor) -> float:

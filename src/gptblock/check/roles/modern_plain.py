@@ -5,9 +5,10 @@ process, so its PASS is a claim. When it finds the modern block with no mistake,
 also sends the parts it read (``send``): the q, k, v and output projections, the MLP's matrices
 and activation, the norms' eps and gains, the rotary embedding, the qk norm's gains and the head
 counts. The checker rebuilds the block from those numbers alone (``receive``) and runs it with
-its own code (``ModernParts.run``, the steps of ``gptblock.check.mistakes.modern_steps``); the verdict
-(``gptblock.check.compare.modern_confirm``) then holds them to the values it chose and to the block's
-outputs on inputs the block never saw.
+its own code (``ModernParts.run``, the steps of ``gptblock.check.mistakes.modern_steps``), once
+``unpack_modern`` has held every number to the values the checker chose (as ``plain`` holds the
+lessons' readings); the verdict (``gptblock.check.compare.verdict``) then holds the rebuilt block
+to the block's outputs on inputs the block never saw, as it holds the lessons' block.
 
 What the standard forms express is sent: RMSNorm or LayerNorm (its gain, bias and eps), pre-norm
 or parallel (GPT-J's one norm read by both branches, or two), a dense or gated MLP, rotary
@@ -21,25 +22,29 @@ Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H the MLP's hi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Modern, Rope, attention, rms
-from ..mistakes.steps import CORRECT
+from ..mistakes.modern_steps import Rope, parallel, rms, run_modern
+from ..mistakes.steps import CORRECT, Parts, SubLayer, affine
 from .modern_parts import DENSE, GATED
 from .plain import NotPlain
+from .provenance import Traced, snap, trace
 
 if TYPE_CHECKING:
     from .modern_parts import MlpRead, NormRead
     from .modern_read import ModernRead
 
-__all__ = ["ModernParts", "receive", "send"]
+__all__ = ["READ", "SNAP", "ModernParts", "receive", "send", "unpack_modern"]
 
 Tensor = torch.Tensor
 LINEARS = ("q", "k", "v", "proj")
+SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
+READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 
 
 @dataclass(frozen=True)
@@ -62,36 +67,29 @@ class ModernParts:
     shared: bool = False
 
     def run(self, x: Tensor) -> Tensor:
-        """The block on ``x`` (B, T, C) in float64."""
-        x = x.to(torch.float64)
-        lin = {
-            r: (w.double(), b.double()) for r, w, b in ((r, *p) for r, p in self.linears.items())
-        }
+        """The block on ``x`` (B, T, C) in float64 (``modern_steps.run_modern``)."""
+        lin = {r: affine(w.double(), b.double()) for r, (w, b) in self.linears.items()}
         g = {r: [t.double() for t in v] for r, v in self.gains.items()}
         qk = (g["lnq"][0], g["lnk"][0]) if "lnq" in g else None
 
-        def norm(i: int, h: Tensor) -> Tensor:
-            ps = g["ln1" if self.shared else f"ln{i + 1}"]
+        def norm(i: int) -> SubLayer:
+            ps, eps = g["ln1" if self.shared else f"ln{i + 1}"], self.eps[i]
             if self.forms[i] == "layernorm":  # (h - mean) / sqrt(var + eps) * gain + bias
-                return F.layer_norm(h, h.shape[-1:], ps[0], ps[1], self.eps[i])
-            return rms(h, ps[0], self.eps[i])
+                return lambda h: F.layer_norm(h, h.shape[-1:], ps[0], ps[1], eps)
+            return lambda h: rms(h, ps[0], eps)
 
-        def attn(h: Tensor) -> Tensor:
-            q, k, v = (F.linear(h, *lin[r]) for r in ("q", "k", "v"))
-            ctx = attention(q, k, v, self.n_head, self.rope, Modern(), CORRECT, qk)  # (B, T, D)
-            return F.linear(ctx, *lin["proj"])
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return lin["q"](h), lin["k"](h), lin["v"](h)
 
-        def mlp(h: Tensor) -> Tensor:
-            if self.gated:
-                u = GATED[self.activation](F.linear(h, *lin["mlp0"])) * F.linear(h, *lin["mlp1"])
-            else:
-                u = DENSE[self.activation](F.linear(h, *lin["mlp0"]))  # (B, T, H)
-            return F.linear(u, *lin["mlp2"])
-
-        if self.parallel:  # GPT-J / PaLM: both branches read the stream x
-            return x + attn(norm(0, x)) + mlp(norm(1, x))
-        x = x + attn(norm(0, x))
-        return x + mlp(norm(1, x))
+        act = (GATED if self.gated else DENSE)[self.activation]
+        if self.gated:
+            hidden: SubLayer = lambda h: act(lin["mlp0"](h)) * lin["mlp1"](h)  # noqa: E731
+        else:
+            hidden = lambda h: act(lin["mlp0"](h))  # noqa: E731
+        C, D = x.shape[-1], self.linears["q"][0].shape[0]
+        parts = Parts(C, D, qkv, lin["proj"], hidden, lin["mlp2"], norm(0), norm(1))
+        steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
+        return run_modern(parts, x.to(torch.float64), self.n_head, steps, self.rope, qk_norm=qk)
 
 
 def _activation(describe: str) -> tuple[str, bool] | None:
@@ -236,3 +234,45 @@ def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
         linears, gains, (eps[0], eps[1]), n_head, activation, gated, parallel, made,
         (forms[0], forms[1]), shared,
     )  # fmt: skip
+
+
+def unpack_modern(
+    modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
+) -> tuple[ModernParts, Traced] | str:
+    """The parts a modern block's process sent (``send``), received, each number snapped to the
+    nearest value the checker chose (within ``READ`` of its scale for a matrix measured from
+    traced values, ``SNAP`` for a norm's gain read as a ratio, plus 1 for a gain stored as
+    ``gain - 1``) and traced to them (``provenance``); else why they cannot be."""
+    if not modern.get("parts"):
+        return "its process sent no parts the checker can rebuild it from"
+    try:
+        parts = receive(modern["parts"], dict(modern.get("tensors") or {}), C)
+    except NotPlain as e:
+        return str(e)
+    values = torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()])
+    values = values.sort().values
+    if not values.numel():
+        return "the checker gave the block no values to trace its weights to"
+    roles: dict[str, list[Tensor]] = {}
+    for role, ts in [*parts.linears.items(), *parts.gains.items()]:
+        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
+        snapped = [
+            snap(t, values, (SNAP if gain else READ) * _scale(t) + 1e-300,
+                 (0.0, 1.0) if gain and i == 0 else (0.0,))
+            for i, t in enumerate(ts)
+        ]  # fmt: skip
+        if any(s is None for s in snapped):
+            return f"the weights read for {role} are not the values the checker gave the block"
+        roles[role] = [s for s in snapped if s is not None]
+    hs = parts.linears["q"][0].shape[0] // parts.n_head
+    heads = {r: parts.linears[r][0].shape[0] // hs for r in ("q", "k", "v")}
+    traced = trace(roles, chosen, dtype, heads)
+    if traced.why:
+        return traced.why
+    linears = {r: (w[0], w[1]) for r, w in roles.items() if not r.startswith("ln")}
+    gains = {r: tuple(w) for r, w in roles.items() if r.startswith("ln")}
+    return ModernParts(**{**parts.__dict__, "linears": linears, "gains": gains}), traced
+
+
+def _scale(t: Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0

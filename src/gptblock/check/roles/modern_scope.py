@@ -29,7 +29,7 @@ import itertools
 import torch
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Modern, Rope, attention
+from ..mistakes.modern_steps import Rope, attention
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import TOLERANCE
 from ..mistakes.steps import CORRECT
@@ -236,7 +236,7 @@ def closest(read: ModernRead) -> str:
     best = (float("inf"), "the modern attention")
     for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
         try:
-            ctx = attention(q, k, v, read.n_head, rope, Modern(), CORRECT, qk)
+            ctx = attention(q, k, v, read.n_head, rope, CORRECT, qk)
         except CAUGHT:
             continue
         what = " with ".join(

@@ -35,7 +35,7 @@ import torch
 from ..mistakes.report import one_line, text
 from ..mistakes.steps import Parts, SubLayer, affine
 from ..serve.subject import Tested
-from .provenance import nearest, trace
+from .provenance import snap, trace
 from .readings import Readings
 
 __all__ = ["NORM_KINDS", "NotPlain", "from_plain", "norm_function", "to_plain", "unpack_readings"]
@@ -133,16 +133,6 @@ def _centred_unit(C: int) -> Tensor:
     return u / u.pow(2).mean().sqrt()
 
 
-def _snap(t: Tensor, known: Tensor, tol: float) -> Tensor | None:
-    """``t`` with each entry replaced by the nearest of the sorted ``known`` (0 and 1 kept), or
-    None if one is further than ``tol`` from all of them."""
-    near = known[nearest(known, t)]
-    special = (t == 0.0) | (t == 1.0)
-    if not bool(((near - t).abs() <= tol).logical_or(special).all()):
-        return None
-    return torch.where(special, t, near)
-
-
 def _kinds(r: float, a: float, C: int) -> dict[str, tuple[float, float]]:
     """Each kind's (eps, d(1)) from r = d(a) / d(1), the ratio of its denominators at input
     scales a and 1 (for an input with mean 0 and mean square 1)."""
@@ -197,9 +187,9 @@ def _norm(
         for error, (meta, weight, b) in fitting:
             tol = max(1e-9, 10 * error) * float(weight.abs().max())  # the fit's own precision
             for offset in (0.0, 1.0):  # a gain stored as such, or as 1 + it (Gemma's RMSNorm)
-                own = _snap(weight - offset, known, tol)
+                own = snap(weight - offset, known, tol)
                 if own is not None:
-                    snapped = _snap(b, known, tol)
+                    snapped = snap(b, known, tol)
                     return meta, own + offset, b if snapped is None else snapped
     return fitting[0][1]
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Traced", "choose", "nearest", "sorted_values", "trace", "unread", "untraced"]
+__all__ = [
+    "Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unread", "untraced",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
@@ -69,6 +71,27 @@ def nearest(values: Tensor, t: Tensor) -> Tensor:
     at = torch.searchsorted(values, t)
     below, above = (at - 1).clamp(0, len(values) - 1), at.clamp(0, len(values) - 1)
     return torch.where((t - values[below]).abs() <= (values[above] - t).abs(), below, above)
+
+
+def snap(
+    t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...] = (0.0,)
+) -> Tensor | None:
+    """``t`` (float64) with each entry replaced by the nearest of the sorted, non-empty
+    ``values`` (plus a shift: 1 for a gain stored as ``gain - 1``) within ``tol``, exact 0s and
+    1s kept (a missing bias, a norm without gain); None when an entry is further from all.
+
+    Example:
+        >>> snap(torch.tensor([0.0, 2.001, 1.0]), torch.tensor([2.0, 5.0]), 1e-2).tolist()
+        [0.0, 2.0, 1.0]
+    """
+    g = t.to(torch.float64)
+    found = (g == 0.0) | (g == 1.0)
+    best = g.clone()
+    for shift in shifts:
+        near = values[nearest(values, g - shift)] + shift
+        fits = ((near - g).abs() <= tol) & ~found
+        best, found = torch.where(fits, near, best), found | fits
+    return best if bool(found.all()) else None
 
 
 def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
