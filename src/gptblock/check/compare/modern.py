@@ -53,14 +53,14 @@ Tensor = torch.Tensor
 
 MODERN: tuple[Deviation, ...] = (
     Deviation("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
-              lambda s: replace(s, rotated="qkv")),
+              (("rotated", "qkv"),)),
     Deviation("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
-              lambda s: replace(s, rotated="q")),
-    Deviation("rope_pairing", "table", "", lambda s: replace(s, rope_table="other")),
+              (("rotated", "q"),)),
+    Deviation("rope_pairing", "table", "", (("rope_table", "other"),)),
     Deviation("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
               "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
               "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
-              lambda s: replace(s, kv_order="tile")),
+              (("kv_order", "tile"),)),
 )  # fmt: skip
 """The modern attention mistakes, ordinary deviations of the steps (``modern_steps.attention``
 reads the fields they change); ``rope_pairing``'s label names the block's conventions."""
