@@ -232,7 +232,7 @@ def test_muon_momentum_is_a_setting_of_muon_runs_only():
     assert config.muon_momentum == 0.9
     groups = configure_optimizer(GPT(s.model_config(vocab_size=13)), config).param_groups
     assert {g["momentum"] for g in groups if g["algorithm"] == "muon"} == {0.9}
-    with pytest.raises(ValueError, match=r"muon_momentum applies to optimizer='muon'"):
+    with pytest.raises(ValueError, match=r"muon_momentum=0.9 acts only with optimizer='muon'"):
         preset_settings("tiny", {"muon_momentum": 0.9})
     with pytest.raises(ValueError, match=r"muon_momentum must be in \[0, 1\), got 1.0"):
         preset_settings("shakespeare-cpu", {"muon_momentum": 1.0})

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeGuard
 import torch
 import torch.nn as nn
 
+from ..blocks.config import applicable
 from ..distributed import DistInfo, all_gather_rows, comm_device
 from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
 from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
@@ -147,6 +148,8 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
         return CheckpointError(f"{where}: field {field!r} must be {expected}, got {value!r:.60}")
 
     saved_config = meta.get("train_config")
+    if isinstance(saved_config, dict):  # a value that could not act is dropped
+        saved_config = applicable(TrainConfig, saved_config)
     if saved_config is not None:
         try:
             saved_max_iters = TrainConfig(**saved_config).max_iters
