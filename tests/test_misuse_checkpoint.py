@@ -52,6 +52,11 @@ def resume(run, text=TEXT, **kwargs):
         return r.fit()
 
 
+SCALER = dict(
+    scale=1.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=9, _growth_tracker=0
+)
+
+
 def swap_two_vocabulary_characters(meta):
     meta["vocab"][10], meta["vocab"][11] = meta["vocab"][11], meta["vocab"][10]
 
@@ -146,9 +151,7 @@ FORGED = {
     "scaler a list": (lambda m: set_path(m, "scaler", [1]), "field 'scaler'"),
     "scaler of other keys": (lambda m: set_path(m, "scaler", {"scale": 1.0}), "field 'scaler'"),
     "scaler of the wrong types": (
-        lambda m: set_path(m, "scaler", {"scale": "1", "growth_factor": 2.0,
-                                         "backoff_factor": 0.5, "growth_interval": 2.5,
-                                         "_growth_tracker": 0}),  # fmt: skip
+        lambda m: set_path(m, "scaler", dict(SCALER, scale="1")),
         "field 'scaler.scale' must be a positive, finite number",
     ),
     "vocab with a duplicate": (
