@@ -282,7 +282,7 @@ BLOCKS = textwrap.dedent(
             if os.fork() == 0:
                 os.setsid()
                 if os.fork() == 0:
-                    open(__file__ + ".daemon", "w").write(str(os.getpid()))
+                    open(__file__ + ".daemon", "w").write(os.readlink("/proc/self"))  # /proc's pid
                     time.sleep(300)
                 os._exit(0)
             time.sleep(300)

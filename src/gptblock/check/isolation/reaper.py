@@ -60,8 +60,19 @@ CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 # What the block could send this process to end or stop it, short of SIGKILL and SIGSTOP:
 # ignored here (and given back to each job). In its own PID namespace nothing the block sends
 # reaches it at all.
-SPARED = "SIGTERM SIGINT SIGHUP SIGQUIT SIGUSR1 SIGUSR2 SIGALRM SIGTSTP SIGTTIN SIGTTOU".split()
-SPARED += "SIGXCPU SIGXFSZ SIGVTALRM SIGPROF".split()
+SPARED = [
+    "SIGTERM",
+    "SIGINT",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+]
+SPARED += ["SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT = 24, 36, 47
 CAP_SYS_PTRACE = 19
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
