@@ -14,7 +14,7 @@ import torch
 from .blocks.config import check_seed
 from .data.batches import Tokenizer
 from .devices import native_bfloat16
-from .errors import UserTypeError, UserValueError, checked
+from .errors import UserValueError, checked
 from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
@@ -107,9 +107,7 @@ def stream_text(
     if prompt is None:
         chars = getattr(tokenizer, "chars", ("\n",))  # BPE spells any text
         prompt = "\n" if "\n" in chars else chars[0]
-    if not isinstance(prompt, str):
-        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
-    if not prompt:
+    if not prompt:  # of another type: refused by @checked
         raise UserValueError("the prompt must not be empty")
     unknown = tokenizer.unknown(prompt)
     if unknown:
