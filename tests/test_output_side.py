@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptblock import GPT, GPTConfig, RunMeta
+from gptblock.blocks.config import applicable
 from gptblock.data.batches import CharTokenizer
 from gptblock.interop.hf import save_hf, to_hf
 from gptblock.lens.readout import direct_logit_attribution, logit_lens
@@ -26,6 +27,7 @@ from gptblock.train.presets import preset_settings
 
 def gpt(seed=0, **options):
     torch.manual_seed(seed)
+    options = applicable(GPTConfig, options)  # a sampled value that could not act: dropped
     config = GPTConfig(vocab_size=13, block_size=10, n_layer=2, n_head=4, n_embd=16, **options)
     return GPT(config).double().eval()
 
