@@ -47,6 +47,11 @@ def parse_settings(items: list[str], flag: str = "--set") -> dict[str, Any]:
             out[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             out[name] = value  # a word: rope, rmsnorm, bfloat16
+        if out[name] is None:  # the settings read None as "not given": it would be dropped
+            raise UserValueError(
+                f"{flag} {item}: None means 'keep the preset's value' here; leave it out, or "
+                f"give a value"
+            )
     return out
 
 

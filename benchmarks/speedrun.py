@@ -149,9 +149,11 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         check_budget(args, started)
     set_threads(args.threads)
     track2 = "shakespeare-cpu-long" if args.budget is not None else "shakespeare-cpu"
-    preset = args.preset = args.preset or ("nanogpt-cpu" if args.baseline else track2)
-    settings = preset_settings(preset)
+    if args.preset is None:  # not given: an empty --preset '' is a name, refused as one
+        args.preset = "nanogpt-cpu" if args.baseline else track2
+    preset = args.preset
     overrides = parse_settings(args.set)
+    check_owned(args, overrides)
     settings = preset_settings(preset, overrides)
     if args.attention == "flash":
         attention.PRODUCTS_MAX_T = 0
@@ -267,6 +269,23 @@ def speedrun(args: argparse.Namespace, started: float) -> None:
         atomic_write_json(args.json, record)
     if not ok and not args.baseline:
         raise SystemExit(1)  # the speedrun failed: a script or CI can tell
+
+
+def check_owned(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    """Refuse a ``--set`` of a setting this script decides itself, which would be ignored or
+    reported as something else: the seed is ``--seed``'s; with ``--budget`` the clock plans
+    ``max_iters`` and the trainer's estimates, without it (but for ``--baseline``) the
+    whole-validation checks replace the trainer's estimates."""
+    owned = {"seed": "--seed"}
+    if args.budget is not None:
+        owned |= dict.fromkeys(("max_iters", "eval_interval", "eval_iters"), "--budget")
+    elif not args.baseline:
+        owned |= dict.fromkeys(("eval_interval", "eval_iters"), "the speedrun's checks")
+    for name, by in owned.items():
+        if name in overrides:
+            raise UserValueError(
+                f"--set {name}={overrides[name]!r} cannot act: {by} decides {name} here"
+            )
 
 
 def math_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:

@@ -6,6 +6,8 @@ Each child costs a torch import (~2 s), so the blocks that leave their process a
 import json
 import os
 import pathlib
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -99,8 +101,11 @@ BLOCKS = textwrap.dedent(
         def forward(self, x):
             if not os.path.exists(__file__ + ".pid"):  # a process that inherits stdout / stderr
                 import subprocess
-                child = subprocess.Popen(["sleep", "300"])
-                open(__file__ + ".pid", "w").write(str(child.pid))
+                # its pid as /proc numbers it (the block may be in a PID namespace of its own)
+                say = 'read pid rest < /proc/self/stat; echo "$pid" > "$0.tmp"; mv "$0.tmp" "$0"'
+                subprocess.Popen(["sh", "-c", say + "; exec sleep 300", __file__ + ".pid"])
+                while not os.path.exists(__file__ + ".pid"):
+                    time.sleep(0.01)
             return super().forward(x)
 
 
@@ -374,3 +379,102 @@ def test_a_check_that_fails_before_it_runs_ends_the_child_started_for_it(capsys)
     assert main(["check", "no_such_file.py:Block"]) == 2
     assert early._started is None  # dropped: its supervisor and forks have ended
     assert "no_such_file.py" in capsys.readouterr().err
+
+
+# --- a block that turns on its checker (issue 31, item 6) ----------------------------------------
+
+TURNS = textwrap.dedent(
+    """
+    import json, os, signal, subprocess, sys, time
+
+    from blocks import Good
+
+    PIDS = __file__ + ".pids"
+
+
+    def note_pid():  # as /proc outside any PID namespace of the checker's numbers it
+        with open(PIDS, "a") as f:
+            f.write(os.readlink("/proc/self") + "\\n")
+
+
+    class TurnsOnItsChecker(Good):
+        def forward(self, x):
+            note_pid()
+            if not os.path.exists(PIDS + ".spawned"):  # a process in a session of its own
+                open(PIDS + ".spawned", "w").close()
+                before = open(PIDS).read().count("\\n")
+                code = "import os, sys, time; open(sys.argv[1], 'a').write("
+                code += "os.readlink('/proc/self') + '\\\\n'); time.sleep(300)"
+                subprocess.Popen([sys.executable, "-c", code, PIDS], start_new_session=True)
+                deadline = time.monotonic() + 30
+                while open(PIDS).read().count("\\n") == before and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            targets = [os.getppid()] + json.load(open(__file__ + ".json"))
+            for sig in (signal.SIGSTOP, signal.SIGTERM):
+                for pid in targets:
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # its own group: itself
+            return super().forward(x)
+    """
+)
+
+
+def _namespaces():
+    """Whether the supervisor gets a PID namespace of its own on this machine."""
+    code = "from gptblock.check.isolation.reaper import own_pid_namespace as o; print(o())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "True"  # fmt: skip
+
+
+def _ancestors():
+    pids, pid = [], os.getpid()
+    while pid > 1:
+        pids.append(pid)
+        pid = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return pids
+
+
+def _gone(pid):
+    try:  # gone, or a zombie its parent outside reaps
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("namespace", [True, False])
+def test_a_block_that_signals_its_checker_gets_a_verdict_and_leaves_no_process(
+    blocks, monkeypatch, namespace
+):
+    if not pathlib.Path("/proc/self/stat").exists():
+        pytest.skip("no /proc to look the processes up in")
+    if namespace and not _namespaces():
+        pytest.skip("no PID namespace for the supervisor here (neither root nor user namespaces)")
+    turns = blocks.parent / "turns.py"
+    turns.write_text(TURNS)
+    # The checker (this process) and its ancestors are named to the block only where it cannot
+    # reach them; without the namespace it signals its parent (the supervisor) and itself.
+    turns.with_name("turns.py.json").write_text(json.dumps(_ancestors() if namespace else []))
+    if not namespace:
+        from gptblock import early
+
+        real = early.neutral_scripts
+
+        def without_namespace(folder):
+            script = real(folder)
+            text = script.read_text().replace("isolated = own_pid_namespace()", "isolated = False")
+            script.write_text(text)
+            return script
+
+        monkeypatch.setattr(early, "neutral_scripts", without_namespace)
+    monkeypatch.syspath_prepend(str(blocks.parent))
+    (report,) = check_isolated([f"{turns}:TurnsOnItsChecker"], kwargs={}, roles={}, timeout=5)
+    assert not report.passed and "SIGTERM" in report.findings[-1].message, report.findings[-1]
+    pids = [int(p) for p in pathlib.Path(f"{turns}.pids").read_text().split()]
+    assert len(set(pids)) >= 2  # the block's process and the one it started, at least
+    deadline = time.monotonic() + 10
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if not _gone(p)] == []

@@ -117,3 +117,48 @@ def test_a_number_outside_its_fields_interval_is_named():
     assert {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["within"]} >= {
         "lr", "beta1", "beta2", "weight_decay", "grad_clip", "muon_lr", "decay_fraction"
     }  # fmt: skip
+
+
+# --- settings that act only beside another's value (issue 31, item 2) ---------------------------
+
+SHAPE = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda: GPTConfig(**SHAPE, rotary_dim=4), "rotary_dim=4 acts only with position='rope'"),
+        (lambda: GPTConfig(**SHAPE, position="none", rope_theta=5.0), "but position is 'none'"),
+        (lambda: GPTConfig(**SHAPE, mlp="swiglu", activation="relu"), "but mlp is 'swiglu'"),
+        (lambda: BlockConfig(d_model=16, n_head=2, rope_pairing="adjacent"), "rope_pairing="),
+        (lambda: TrainConfig(decay_fraction=0.5), "but schedule is 'cosine'"),
+        (lambda: TrainConfig(muon_momentum=0.9), "but optimizer is 'adamw'"),
+        (lambda: RunSettings(**SHAPE | {"vocab_size": 300}), "but tokenizer is 'char'"),
+    ],
+)
+def test_a_setting_that_cannot_act_is_refused_naming_both(make, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        make()
+
+
+def test_a_default_is_not_a_setting_given():
+    assert GPTConfig(**SHAPE, mlp="swiglu", activation="gelu").mlp == "swiglu"
+    assert TrainConfig(decay_fraction=0.2).schedule == "cosine"
+
+
+def test_every_dependency_names_a_field_and_one_of_its_values():
+    for cls in (GPTConfig, TrainConfig, RunSettings):
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        for f in by_name.values():
+            if acts_with := f.metadata.get("acts_with"):
+                other, value = acts_with
+                assert value in by_name[other].metadata["choices"], (cls, f.name)
+
+
+def test_a_presets_value_that_the_given_settings_leave_unused_is_dropped():
+    s = preset_settings("shakespeare-cpu", {"schedule": "cosine", "optimizer": "adamw"})
+    assert (s.decay_fraction, s.muon_lr) == (0.2, 0.02)  # the defaults: they cannot act
+    modern = preset_settings("shakespeare-cpu-modern", {"position": "learned"})
+    assert modern.rope_theta == 10000.0
+    with pytest.raises(ValueError, match=r"rope_theta=100\.0 acts only"):
+        preset_settings("shakespeare-cpu-modern", {"position": "learned", "rope_theta": 100.0})

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gptblock import GPT, GPTConfig
+from gptblock.blocks.config import applicable
 from gptblock.cli import main
 from gptblock.errors import UserError
 from gptblock.interop.hf import from_hf, save_hf
@@ -96,7 +97,8 @@ def random_gpt(seed=0, **options):
     config = dict(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64, bias=False,
                   norm="rmsnorm", mlp="swiglu", d_ff=96, n_kv_head=2, position="rope",
                   norm_eps=1e-6, tie_embeddings=False, rope_theta=1000.0)  # fmt: skip
-    model = GPT(GPTConfig(**config | options)).eval()
+    # the base's rope_theta is dropped where the options leave it unable to act
+    model = GPT(GPTConfig(**applicable(GPTConfig, config | options, given=options))).eval()
     with torch.no_grad():
         for key, p in model.named_parameters():
             p.copy_((1 + 0.3 * torch.randn_like(p)) if p.dim() == 1 and "norm" in key else

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gptblock import GPT, GPTConfig, UserError
+from gptblock.blocks.config import applicable
 from gptblock.interop.hf import save_hf, to_hf
 from gptblock.lens.readout import direct_logit_attribution
 from gptblock.model.embeddings import BIGRAM_CAP, InputMix, Smear, bigram_rows
@@ -31,6 +32,7 @@ OPTIONS = [
 def gpt(seed=0, **options):
     """A small GPT in float64 whose input-side parameters are random (they start at zero)."""
     torch.manual_seed(seed)
+    options = applicable(GPTConfig, options)  # a sampled value that could not act: dropped
     config = GPTConfig(vocab_size=13, block_size=10, n_layer=2, n_head=4, n_embd=16, **options)
     model = GPT(config).double().eval()
     with torch.no_grad():

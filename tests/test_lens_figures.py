@@ -56,7 +56,7 @@ def test_inspect_prompt_refuses_what_it_cannot_read(trained):
         inspect_prompt(model, tok, "\x00")
     with pytest.raises(UserValueError, match="top_k must be a positive int, got 0"):
         inspect_prompt(model, tok, "a", top_k=0)
-    with pytest.raises(UserTypeError, match="the prompt must be a str, got bytes"):
+    with pytest.raises(UserTypeError, match=r"prompt must be a str, got b'a' \(bytes\)"):
         inspect_prompt(model, tok, b"a")
     assert len(inspect_prompt(model, tok, "a", top_k=10_000).top) == model.config.vocab_size
 

@@ -367,7 +367,7 @@ def test_bad_arguments_are_user_errors():
         model.run_with_cache(torch.full((1, 3), V))
     with pytest.raises(UserTypeError, match=r"tensor of token ids of dtype torch\.int64"):
         model.run_with_cache(torch.zeros(1, 3))
-    with pytest.raises(UserTypeError, match="expected a gptblock GPT, got Linear"):
+    with pytest.raises(UserTypeError, match="model must be a GPT, got Linear"):
         run_with_cache(torch.nn.Linear(2, 2), prompt())
     assert isinstance(GPT(GPTConfig(V, 4, 1, 1, 4)).run_with_hooks(prompt(T=4), {}), torch.Tensor)
     model.transformer["h"][1] = torch.nn.Identity()  # not a block: said, not misread

@@ -8,6 +8,9 @@ The cases that are not mistakes (an int32 id, bf16 input under autocast, a NumPy
 temperature that underflows) are checked to work as documented, against a reference.
 """
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +37,8 @@ from gptblock.runs.checkpoint import save_checkpoint
 from gptblock.sampling import sample_text
 from gptblock.train.evaluate import loss_of
 from gptblock.train.run import prepare_run
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run-v1"
 
 BLOCKS = {
     "fused": lambda: FusedBlock(16, 2),
@@ -409,7 +414,7 @@ def test_the_oracle_takes_a_numpy_eps_and_matches_the_block():
 def test_sampling_refuses_a_prompt_or_seed_it_cannot_use():
     tok = CharTokenizer.from_text("ab")
     model = GPT(GPTConfig(tok.vocab_size, block_size=4, n_layer=1, n_head=1, n_embd=4))
-    refuses(TypeError, "the prompt must be a str", sample_text, model, tok, ["a"])
+    refuses(TypeError, "prompt must be a str", sample_text, model, tok, ["a"])
     refuses(
         ValueError,
         r"seed must be an int in \[0, 2\*\*63 - 1\]",
@@ -476,3 +481,48 @@ def test_set_threads_refuses_what_would_fail_or_crash(n, kind):
     before = torch.get_num_threads()
     refuses(kind, "threads must be", set_threads, n)
     assert torch.get_num_threads() == before
+
+
+def test_a_gpt_too_big_for_the_machine_is_refused_before_anything_is_allocated():
+    # 8e14 parameters: the estimate and the machine's memory, not torch's allocator (issue 31)
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=64, n_head=4, n_embd=2**20)
+    says = r"of 844,425,939,910,656 parameters .* needs about 3,145,731\.8 GiB but cpu has .* avail"
+    with pytest.raises(UserError, match=says):
+        GPT(config)
+
+
+# --- the public functions name an argument of another type (issue 31, item 5) --------------------
+
+
+def test_every_public_function_checks_its_arguments_types():
+    import inspect
+
+    import gptblock
+    from gptblock import lens, sampling
+
+    public = [getattr(gptblock, n) for n in gptblock.__all__]
+    public += [getattr(m, n) for m in (lens, sampling) for n in m.__all__]
+    functions = [f for f in public if inspect.isfunction(f)]
+    assert len(functions) > 20 and all(hasattr(f, "__wrapped__") for f in functions)
+
+
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda g: g.load(5), "load: out_dir must be a str or a path or None, got 5 (int)"),
+        (lambda g: g.load(hf=5), "load: hf must be a str or a path or None, got 5"),
+        (lambda g: g.load(nanogpt=[]), "load: nanogpt must be a str or a path or None"),
+        (lambda g: g.load(FIXTURE, device=5), "device must be a str or a torch.device, got 5"),
+        (lambda g: g.load_gpt(FIXTURE, kind=None), "load_gpt: kind must be a str, got None"),
+        (lambda g: g.train_gpt(out_dir=5), "out_dir must be a str or a path or None, got 5"),
+        (lambda g: g.train_gpt(5), "train_gpt: data must be a str or a path or None, got 5"),
+        (lambda g: g.lens.attention_figure(None), "inspection must be a PromptInspection"),
+        (lambda g: g.lens.show_token(5), "show_token: text must be a str, got 5"),
+        (lambda g: g.check_block(), "check_block: missing a required argument: 'target'"),
+    ],
+)
+def test_a_public_function_names_an_argument_of_another_type(call, says):
+    import gptblock
+
+    with pytest.raises(UserError, match=re.escape(says)):
+        call(gptblock)

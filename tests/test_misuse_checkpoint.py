@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from forge import edit_json, edit_tensors, read_json, set_path, write_json
 from gptblock import CheckpointError, load_gpt, train_gpt
@@ -49,6 +50,11 @@ def run(saved, tmp_path):
 def resume(run, text=TEXT, **kwargs):
     with prepare_run(text=text, out_dir=run, seed=5, resume=True, **{**SMALL, **kwargs}) as r:
         return r.fit()
+
+
+SCALER = dict(
+    scale=1.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=9, _growth_tracker=0
+)
 
 
 def swap_two_vocabulary_characters(meta):
@@ -143,6 +149,11 @@ FORGED = {
         "invalid field 'train_config' \\(max_iters must be an int",
     ),
     "scaler a list": (lambda m: set_path(m, "scaler", [1]), "field 'scaler'"),
+    "scaler of other keys": (lambda m: set_path(m, "scaler", {"scale": 1.0}), "field 'scaler'"),
+    "scaler of the wrong types": (
+        lambda m: set_path(m, "scaler", dict(SCALER, scale="1")),
+        "field 'scaler.scale' must be a positive, finite number",
+    ),
     "vocab with a duplicate": (
         lambda m: m["vocab"].__setitem__(1, m["vocab"][0]),
         "invalid field 'vocab'",
@@ -194,6 +205,14 @@ OPTIMIZER = {
         lambda m: m["optimizer"]["param_groups"].append(m["optimizer"]["param_groups"][0]),
         "optimizer parameter groups of sizes",
     ),
+    "one parameter ten times": (  # the group's size kept
+        lambda m: set_path(m["optimizer"]["param_groups"][3], "params", [6] * 10),
+        "optimizer group 3 lists parameters \\[6, 6, 6",
+    ),
+    "a step that is no count": (
+        lambda m: set_path(m["optimizer"]["state_scalars"]["4"], "step", -2.5),
+        "optimizer state 4.step must be an int >= 0",
+    ),
     "state of a parameter it lacks": (
         lambda m: set_path(m["optimizer"]["state_scalars"], "99", {"x": 1}),
         "optimizer state for parameter 99",
@@ -204,6 +223,28 @@ OPTIMIZER = {
 @pytest.mark.parametrize("forge, message", OPTIMIZER.values(), ids=OPTIMIZER.keys())
 def test_a_forged_optimizer_state_is_refused_naming_it(run, forge, message):
     edit_json(run, forge, kind="last")
+    with pytest.raises(CheckpointError, match=message):
+        resume(run)
+
+
+def _retype(name, dtype):
+    def change(tensors):
+        key = next(k for k in sorted(tensors) if k.startswith(name))
+        tensors[key] = tensors[key].to(dtype)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (_retype("rng.data", torch.float32), "rng.data must be an RNG state .5056 uint8., got"),
+        (_retype("rng.cpu.0", torch.int64), "rng.cpu.0 must be an RNG state"),
+        (_retype("optim.", torch.int64), "must be a float tensor, got torch.int64"),
+    ],
+)
+def test_a_forged_tensor_of_the_restored_state_is_refused_naming_it(run, change, message):
+    edit_tensors(run, change, kind="last")
     with pytest.raises(CheckpointError, match=message):
         resume(run)
 

@@ -97,6 +97,20 @@ TRAIN = {  # flags, then what the one line must name
     "eval-iters -1": (["--eval-iters", "-1"], ["eval_iters", "-1"]),
     "warmup -1": (["--warmup", "-1"], ["warmup", "-1"]),
     "data /dev/null": (["--data", "/dev/null"], ["/dev/null is empty"]),
+    # a setting that cannot act beside another's value: both named (issue 31, item 2)
+    "activation with swiglu": (
+        ["--mlp", "swiglu", "--activation", "relu"],
+        ["activation='relu' acts only with mlp='dense'", "mlp is 'swiglu'"],
+    ),
+    "rotary-dim, learned": (["--rotary-dim", "4"], ["rotary_dim=4", "position is 'learned'"]),
+    "muon-lr with adamw": (
+        ["--optimizer", "adamw", "--muon-lr", "0.1"],
+        ["muon_lr=0.1", "optimizer is 'adamw'"],
+    ),
+    "decay-fraction, cosine": (
+        ["--schedule", "cosine", "--decay-fraction", "0.3"],
+        ["decay_fraction=0.3", "schedule is 'cosine'"],
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from gptblock import (
     convert,
 )
 from gptblock.blocks.attention import PACKED
+from gptblock.blocks.config import applicable
 from gptblock.blocks.fused import block_forward
 from gptblock.data.batches import CharTokenizer
 from gptblock.interop.hf import to_hf
@@ -49,6 +50,7 @@ OPTIONS = st.fixed_dictionaries(
 
 def gpt(seed=0, **options):
     torch.manual_seed(seed)
+    options = applicable(GPTConfig, options)  # a sampled value that could not act: dropped
     config = GPTConfig(vocab_size=13, block_size=10, n_layer=2, n_head=4, n_embd=16, **options)
     return GPT(config).double().eval()
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptblock import GPT, GPTConfig, RunMeta
+from gptblock.blocks.config import applicable
 from gptblock.data.batches import CharTokenizer
 from gptblock.interop.hf import save_hf, to_hf
 from gptblock.lens.readout import direct_logit_attribution, logit_lens
@@ -26,6 +27,7 @@ from gptblock.train.presets import preset_settings
 
 def gpt(seed=0, **options):
     torch.manual_seed(seed)
+    options = applicable(GPTConfig, options)  # a sampled value that could not act: dropped
     config = GPTConfig(vocab_size=13, block_size=10, n_layer=2, n_head=4, n_embd=16, **options)
     return GPT(config).double().eval()
 
@@ -232,7 +234,7 @@ def test_muon_momentum_is_a_setting_of_muon_runs_only():
     assert config.muon_momentum == 0.9
     groups = configure_optimizer(GPT(s.model_config(vocab_size=13)), config).param_groups
     assert {g["momentum"] for g in groups if g["algorithm"] == "muon"} == {0.9}
-    with pytest.raises(ValueError, match=r"muon_momentum applies to optimizer='muon'"):
+    with pytest.raises(ValueError, match=r"muon_momentum=0.9 acts only with optimizer='muon'"):
         preset_settings("tiny", {"muon_momentum": 0.9})
     with pytest.raises(ValueError, match=r"muon_momentum must be in \[0, 1\), got 1.0"):
         preset_settings("shakespeare-cpu", {"muon_momentum": 1.0})

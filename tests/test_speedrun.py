@@ -189,3 +189,37 @@ def test_a_speedrun_stopped_before_its_first_check_says_so(monkeypatch, capsys):
     assert err.strip().splitlines() == [
         "speedrun.py: stopped at step 1, before any check: no result"
     ]
+
+
+def _speedrun_module(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, SPEEDRUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--budget", "1e9", "--set", "max_iters=5"], "--set max_iters=5 cannot act: --budget"),
+        (["--budget", "1e9", "--set", "eval_iters=5"], "--set eval_iters=5 cannot act"),
+        (["--set", "eval_interval=3"], "--set eval_interval=3 cannot act"),
+        (["--set", "seed=5"], "--set seed=5 cannot act: --seed decides seed"),
+        (["--preset", ""], "preset must be one of"),
+        (["--set", "bias=None"], "--set bias=None: None means 'keep the preset's value'"),
+        (["--set", "activation=relu", "--set", "mlp=swiglu"], "activation='relu' acts only"),
+    ],
+)
+def test_a_setting_the_speedrun_would_ignore_is_one_line_and_exit_code_2(
+    monkeypatch, capsys, flags, says
+):
+    module = _speedrun_module("speedrun_owned")
+    monkeypatch.setattr(module, "prepare_run", None)  # refused before anything is built
+    monkeypatch.setattr(module, "set_threads", lambda n: None)
+    monkeypatch.setattr(sys, "argv", ["speedrun.py", *flags])
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and says in err, err

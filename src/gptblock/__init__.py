@@ -15,6 +15,7 @@ with a message that names the bad value; anything else is a bug.
 """
 
 from importlib import import_module
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.3.0"
@@ -84,6 +85,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name in NAMES:
         value = getattr(import_module(f".{NAMES[name]}", __name__), name)
+        if isinstance(value, FunctionType):  # an argument of another type: named, one line
+            value = import_module(".errors", __name__).checked(value)
     elif name in MODULES:
         value = import_module(f".{name}", __name__)
     else:

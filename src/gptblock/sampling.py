@@ -14,7 +14,7 @@ import torch
 from .blocks.config import check_seed
 from .data.batches import Tokenizer
 from .devices import native_bfloat16
-from .errors import UserTypeError, UserValueError
+from .errors import UserValueError, checked
 from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
@@ -36,6 +36,7 @@ GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` take
 INT8_MIN_PARAMETERS = 1 << 20
 
 
+@checked
 def generation_weights(name: str, model: GPT) -> str:
     """The weights ``model`` generates with for ``name`` (one of ``GENERATION_WEIGHTS``):
     ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware whose weight
@@ -75,6 +76,7 @@ def generation_weights(name: str, model: GPT) -> str:
     return "int8" if fast else "float32"
 
 
+@checked
 def stream_text(
     model: GPT,
     tokenizer: Tokenizer,
@@ -105,9 +107,7 @@ def stream_text(
     if prompt is None:
         chars = getattr(tokenizer, "chars", ("\n",))  # BPE spells any text
         prompt = "\n" if "\n" in chars else chars[0]
-    if not isinstance(prompt, str):
-        raise UserTypeError(f"the prompt must be a str, got {type(prompt).__name__}")
-    if not prompt:
+    if not prompt:  # of another type: refused by @checked
         raise UserValueError("the prompt must not be empty")
     unknown = tokenizer.unknown(prompt)
     if unknown:
@@ -148,6 +148,7 @@ def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
         yield tokenizer.decode(pending)
 
 
+@checked
 def sample_text(
     model: GPT,
     tokenizer: Tokenizer,

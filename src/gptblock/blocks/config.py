@@ -6,7 +6,7 @@ as they were before the modern block's options made this file too long for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -57,6 +57,7 @@ MLPS = (
     "swiglu",
 )  # linear2(act(linear1 x)) or the gated linear2(silu(linear1 x) * linear3 x)
 POSITIONS = ("learned", "rope", "none")  # a GPT's position information
+ROPE = ("position", "rope")  # what the rotary settings act with
 
 
 def check_activation(value: object) -> str:
@@ -108,19 +109,27 @@ def activation_name(fn: object) -> str | None:
 
 
 def option(
-    default: Any = MISSING, help: str = "", choices: tuple[str, ...] = (), within: str = ""
+    default: Any = MISSING,
+    help: str = "",
+    choices: tuple[str, ...] = (),
+    within: str = "",
+    acts_with: tuple[str, str] | None = None,
 ) -> Any:
     """A config field with its help (``gptblock train --help``'s) and, for a word from a list,
-    the words, for a number its interval (``"[0, 1)"``): ``check_choices`` and the command
-    line read them from the field's metadata."""
-    return field(default=default, metadata={"help": help, "choices": choices, "within": within})
+    the words, for a number its interval (``"[0, 1)"``), for a setting that only acts beside
+    another's value that setting and value (``acts_with=("mlp", "dense")``): ``check_choices``
+    and the command line read them from the field's metadata."""
+    metadata = {"help": help, "choices": choices, "within": within, "acts_with": acts_with}
+    return field(default=default, metadata=metadata)
 
 
 def check_choices(config: object) -> None:
-    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``, or
-    is not a number in its interval ``within``."""
+    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``, is
+    not a number in its interval ``within``, or is set (away from its default) where it cannot
+    act: its ``acts_with`` setting has another value."""
+    values = {f.name: getattr(config, f.name) for f in fields(config)}  # type: ignore[arg-type]
     for f in fields(config):  # type: ignore[arg-type]
-        value, choices = getattr(config, f.name), f.metadata.get("choices")
+        value, choices = values[f.name], f.metadata.get("choices")
         if choices and value not in choices:
             raise UserValueError(f"{f.name} must be one of {choices}, got {value!r}")
         if within := f.metadata.get("within", ""):
@@ -131,6 +140,50 @@ def check_choices(config: object) -> None:
             below = value < high if within[-1] == ")" else value <= high
             if not (above and below):  # nan is neither
                 raise UserValueError(f"{f.name} must be in {within}, got {value}")
+    for name in inapplicable(config, values):
+        other, needed = _acts_with(config)[name]
+        raise UserValueError(
+            f"{name}={values[name]!r} acts only with {other}={needed!r}, but {other} is "
+            f"{values[other]!r}: change {other} too, or leave {name} out"
+        )
+
+
+def _acts_with(config: object) -> dict[str, tuple[str, str]]:
+    return {
+        f.name: f.metadata["acts_with"]
+        for f in fields(config)  # type: ignore[arg-type]
+        if f.metadata.get("acts_with")
+    }
+
+
+def inapplicable(config: object, values: Mapping[str, Any]) -> list[str]:
+    """The names of ``values`` (fields of the dataclass ``config``, an instance or the class)
+    that are set away from their defaults where they cannot act (their ``acts_with`` setting,
+    in ``values`` or else its default, has another value)."""
+    defaults = {f.name: f.default for f in fields(config)}  # type: ignore[arg-type]
+    return [
+        name
+        for name, (other, needed) in _acts_with(config).items()
+        if name in values
+        and values[name] != defaults[name]
+        and values.get(other, defaults[other]) != needed
+    ]
+
+
+def applicable(
+    config: type, values: Mapping[str, Any], given: Collection[str] = ()
+) -> dict[str, Any]:
+    """``values`` with each field that cannot act put back to its default, unless ``given``
+    names it (then the config refuses it): a preset's value kept for another setting, or one a
+    checkpoint stored before such values were refused, does nothing and is dropped.
+
+    Example:
+        >>> applicable(GPTConfig, {"position": "learned", "rope_theta": 100.0})
+        {'position': 'learned', 'rope_theta': 10000.0}
+    """
+    defaults = {f.name: f.default for f in fields(config)}
+    dropped = {n: defaults[n] for n in inapplicable(config, values) if n not in given}
+    return {**values, **dropped}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +194,10 @@ class BlockOptions:
 
     dropout: float = option(0.0, "dropout probability (attention weights, residual branches, MLP)")
     activation: str = option(
-        "gelu", "the dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2", ACTIVATIONS
+        "gelu",
+        "the dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2",
+        ACTIVATIONS,
+        acts_with=("mlp", "dense"),  # SwiGLU's gate is SiLU
     )
     bias: bool = option(True, "biases in the linear layers and norms (Llama has none)")
     norm_eps: float = option(1e-5, "every norm's epsilon")
@@ -154,12 +210,15 @@ class BlockOptions:
     position: str = option(
         "learned", "learned (GPT-2's embedding), rope (rotary) or none", POSITIONS
     )
-    rotary_dim: int | None = option(None, "with rope: channels rotated per head (none: all)")
-    rope_theta: float = option(10000.0, "with rope: the angles' base")
+    rotary_dim: int | None = option(
+        None, "with rope: channels rotated per head (none: all)", acts_with=ROPE
+    )
+    rope_theta: float = option(10000.0, "with rope: the angles' base", acts_with=ROPE)
     rope_pairing: str = option(
         "halves",
         "with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
         PAIRINGS,
+        acts_with=ROPE,
     )
 
     def _check_options(self, width: tuple[str, int], n_head: int) -> None:

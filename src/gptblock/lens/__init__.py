@@ -24,6 +24,9 @@ Example:
     torch.Size([1, 4, 11])
 """
 
+from inspect import isfunction
+
+from ..errors import checked
 from .figures import (
     FIGURE_FILES,
     attention_figure,
@@ -82,3 +85,8 @@ __all__ = [
     "show_token",
     "stream_components",
 ]
+
+# Each public function refuses an argument of another type than its annotation, naming it.
+globals().update(
+    {n: checked(f) for n, f in list(globals().items()) if n in __all__ and isfunction(f)}
+)

@@ -43,7 +43,6 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..blocks.probe import BLOCK_POINTS
-from ..errors import UserTypeError
 from ..model.gpt import GPT
 from ..model.trace import ActivationCache, CachedRun, Hook, activation_names
 
@@ -90,7 +89,7 @@ def run_with_cache(
         >>> torch.allclose(logits, model(torch.tensor([[1, 2, 3]])).logits, atol=1e-6)
         True
     """
-    return _check_model(model).run_with_cache(idx, names, hooks=hooks)
+    return model.run_with_cache(idx, names, hooks=hooks)  # a GPT: gptblock.lens checks
 
 
 def run_with_hooks(model: GPT, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
@@ -116,11 +115,4 @@ def run_with_hooks(model: GPT, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> 
         >>> torch.allclose(same, model(idx).logits, atol=1e-6)
         True
     """
-    return _check_model(model).run_with_hooks(idx, hooks)
-
-
-def _check_model(model: object) -> GPT:
-    """``model``, if it is a GPT; a clear error for anything else."""
-    if not isinstance(model, GPT):
-        raise UserTypeError(f"expected a gptblock GPT, got {type(model).__name__}")
-    return model
+    return model.run_with_hooks(idx, hooks)

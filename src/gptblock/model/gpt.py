@@ -33,6 +33,7 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from ..reference.layout import LESSON_RENAMES, LINEAR2, OUT_PROJ
 from .embeddings import InputMix
+from .footprint import check_available, parameter_count
 from .generation import decode
 from .generation.sampling import GenerationStep
 from .head import soft_cap
@@ -93,6 +94,14 @@ class GPT(nn.Module):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        n = parameter_count(config)  # counted from the shape: nothing is allocated before it
+        check_available(
+            n * torch.get_default_dtype().itemsize,
+            torch.get_default_device(),
+            f"GPT(config) of {n:,} parameters (n_layer={config.n_layer}, n_embd="
+            f"{config.n_embd}, vocab_size={config.vocab_size})",
+            "a smaller n_embd, n_layer, vocab_size or block_size",
+        )
         self.config = config
         C = config.n_embd
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}

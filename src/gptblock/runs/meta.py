@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..blocks.config import GPTConfig
+from ..blocks.config import GPTConfig, applicable
 from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
@@ -147,7 +147,8 @@ class RunMeta:
         if not isinstance(meta["model_config"], dict):
             raise CheckpointError(f"{where}: field 'model_config' must be an object")
         try:
-            config = GPTConfig(**meta["model_config"])
+            # A value that could not act (stored before such values were refused) is dropped.
+            config = GPTConfig(**applicable(GPTConfig, meta["model_config"]))
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: invalid field 'model_config' ({e})") from None
         tokenizer = _tokenizer(meta, vocab, where)

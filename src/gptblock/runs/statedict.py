@@ -86,6 +86,18 @@ def _check_finite(ckpt: Checkpoint, name: str, t: torch.Tensor) -> None:
         )
 
 
+def _check_state_tensor(ckpt: Checkpoint, name: str, t: torch.Tensor) -> None:
+    # A moment is a float tensor of its parameter's shape (checked by the caller); a step is
+    # a float scalar (torch's AdamW), >= 0 and whole.
+    if not t.is_floating_point():
+        raise CheckpointError(f"{ckpt.tensors_path}: {name} must be a float tensor, got {t.dtype}")
+    _check_finite(ckpt, name, t)
+    if name.endswith(".step") and not (t.dim() == 0 and t >= 0 and t == t.round()):
+        raise CheckpointError(
+            f"{ckpt.tensors_path}: {name} must be a step count, got {t.tolist()!r:.40}"
+        )
+
+
 def optimizer_parts(
     optimizer: torch.optim.Optimizer, prefix: str = "optim."
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -148,6 +160,15 @@ def load_optimizer_state(
             f"{ckpt.path}: optimizer parameter groups of sizes "
             f"{[len(g.get('params', ())) for g in groups]} do not match this model's {shape}"
         )
+    # Which parameters each group holds, as state_dict() numbers them: the same, in order (a
+    # group listing one parameter six times would have torch step it six times).
+    own = [g["params"] for g in optimizer.state_dict()["param_groups"]]
+    for i, (indices, theirs) in enumerate(zip(own, groups, strict=True)):
+        if theirs.get("params") != indices:
+            raise CheckpointError(
+                f"{ckpt.path}: optimizer group {i} lists parameters {theirs.get('params')!r:.60}, "
+                f"this model's optimizer {indices!r:.60}"
+            )
     for i, (mine, theirs) in enumerate(zip(optimizer.param_groups, groups, strict=True)):
         for key, value in mine.items():
             if key != "params" and key in theirs and not _same_kind(value, theirs[key]):
@@ -169,7 +190,12 @@ def load_optimizer_state(
                     f"its parameter has {tuple(params[idx].shape)}"
                 )
             if isinstance(t, torch.Tensor):
-                _check_finite(ckpt, f"{prefix}{idx}.{key}", t)
+                _check_state_tensor(ckpt, f"{prefix}{idx}.{key}", t)
+            elif isinstance(t, bool) or not isinstance(t, int) or t < 0:  # a count: step
+                raise CheckpointError(
+                    f"{ckpt.path}: optimizer state {idx}.{key} must be an int >= 0 (a step "
+                    f"count), got {t!r:.40}"
+                )
     try:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except (ValueError, KeyError, RuntimeError) as e:

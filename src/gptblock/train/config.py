@@ -25,6 +25,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
 
+MUON = ("optimizer", "muon")  # what Muon's own settings act with
 MAX_LR = 10.0  # a peak learning rate above this is a typo, not a schedule
 
 
@@ -80,14 +81,22 @@ class TrainConfig:
         "adamw", "adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)", OPTIMIZERS
     )
     muon_lr: float = option(
-        0.02, "Muon's peak learning rate, on the same schedule as lr", within=f"(0, {MAX_LR:g}]"
+        0.02,
+        "Muon's peak learning rate, on the same schedule as lr",
+        within=f"(0, {MAX_LR:g}]",
+        acts_with=MUON,
     )
-    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", within="[0, 1)")
+    muon_momentum: float = option(
+        0.95, "Muon's (Nesterov) momentum", within="[0, 1)", acts_with=MUON
+    )
     schedule: str = option(
         "cosine", "after the warmup: cosine, or wsd (flat, then a linear decay)", SCHEDULES
     )
     decay_fraction: float = option(
-        0.2, "wsd: the last fraction of the run that decays", within="(0, 1]"
+        0.2,
+        "wsd: the last fraction of the run that decays",
+        within="(0, 1]",
+        acts_with=("schedule", "wsd"),
     )
 
     def __post_init__(self) -> None:

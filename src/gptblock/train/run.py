@@ -29,7 +29,7 @@ from ..data.bpe import BPETokenizer
 from ..data.text import load_corpus
 from ..devices import resolve_device, resolve_dtype
 from ..distributed import DistInfo, finish_distributed, init_distributed
-from ..errors import UserTypeError, UserValueError
+from ..errors import UserTypeError, UserValueError, checked
 from ..model.footprint import check_memory
 from ..model.gpt import GPT
 from ..runs.meta import CorpusInfo, RunMeta
@@ -94,6 +94,7 @@ class GPTRun:
         self.close(wait=kind is None)
 
 
+@checked
 def prepare_run(
     data: str | os.PathLike[str] | None = None,
     *,

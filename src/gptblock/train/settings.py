@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..blocks.config import GPTConfig, check_choices, option
+from ..blocks.config import GPTConfig, applicable, check_choices, option
 from ..devices import AUTOCAST_DTYPES
 from ..errors import UserValueError
 from .config import TrainConfig
@@ -26,18 +26,6 @@ __all__ = ["SETTINGS", "TOKENIZERS", "RunSettings"]
 
 TOKENIZERS = ("char", "bpe")
 DTYPES = ("auto", *AUTOCAST_DTYPES)
-
-# Settings that only mean something beside another one's value: given when that value is
-# otherwise, they would be silently unused, so ``replace`` refuses them (a preset's own values
-# are not given, and may be there for when the other setting is changed too).
-APPLIES_TO = {
-    "rotary_dim": ("position", "rope"),
-    "rope_theta": ("position", "rope"),
-    "rope_pairing": ("position", "rope"),
-    "decay_fraction": ("schedule", "wsd"),
-    "muon_lr": ("optimizer", "muon"),
-    "muon_momentum": ("optimizer", "muon"),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +44,7 @@ class RunSettings(TrainConfig, GPTConfig):
         >>> s.replace({"rope_theta": 5e5})  # unused with learned positions: refused
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserValueError: rope_theta applies to position='rope' (--position rope) only; this run's position is 'learned'
+        gptblock.errors.UserValueError: rope_theta=500000.0 acts only with position='rope', but position is 'learned': change position too, or leave rope_theta out
         >>> s.replace({"layers": 3})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -64,7 +52,9 @@ class RunSettings(TrainConfig, GPTConfig):
     """
 
     vocab_size: int | None = option(  # type: ignore[assignment]  # the model's, from this
-        None, "BPE's vocabulary (>= 256); bpe only (a character tokenizer's is the text's)"
+        None,
+        "BPE's vocabulary (>= 256); bpe only (a character tokenizer's is the text's)",
+        acts_with=("tokenizer", "bpe"),
     )
     device: str = option("auto", "cpu, cuda, cuda:N, mps, or auto")
     dtype: str = option(
@@ -78,9 +68,7 @@ class RunSettings(TrainConfig, GPTConfig):
     )
 
     def __post_init__(self) -> None:
-        check_choices(self)
-        if self.tokenizer == "char" and self.vocab_size is not None:
-            raise UserValueError("vocab_size applies to tokenizer='bpe' (--tokenizer bpe) only")
+        check_choices(self)  # vocab_size too: it acts only with tokenizer='bpe'
         if self.tokenizer == "bpe" and self.vocab_size is None:
             raise UserValueError(
                 "tokenizer='bpe' needs a vocab_size (--vocab-size N, at least 256)"
@@ -107,16 +95,12 @@ class RunSettings(TrainConfig, GPTConfig):
                     f"unknown setting {name!r}; the settings are {', '.join(SETTINGS)}"
                 )
         changes = {k: v for k, v in overrides.items() if v is not None}
-        settings = dataclasses.replace(self, **changes) if changes else self
-        for name in changes:
-            other, needed = APPLIES_TO.get(name, (None, None))
-            if other is not None and getattr(settings, other) != needed:
-                flag = f"--{other.replace('_', '-')} {needed}"
-                raise UserValueError(
-                    f"{name} applies to {other}={needed!r} ({flag}) only; this run's {other} "
-                    f"is {getattr(settings, other)!r}"
-                )
-        return settings
+        if not changes:
+            return self
+        # A value of this preset's that the changes leave unable to act is dropped (not given:
+        # it may be there for another setting's value); a given one is refused by the configs.
+        values = {name: getattr(self, name) for name in SETTINGS} | changes
+        return RunSettings(**applicable(RunSettings, values, given=changes))
 
     def _fields_of(self, config: type) -> dict[str, Any]:
         names = {f.name for f in dataclasses.fields(config)}

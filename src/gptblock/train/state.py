@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeGuard
 import torch
 import torch.nn as nn
 
+from ..blocks.config import applicable
 from ..distributed import DistInfo, all_gather_rows, comm_device
 from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
 from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
@@ -147,6 +148,8 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
         return CheckpointError(f"{where}: field {field!r} must be {expected}, got {value!r:.60}")
 
     saved_config = meta.get("train_config")
+    if isinstance(saved_config, dict):  # a value that could not act is dropped
+        saved_config = applicable(TrainConfig, saved_config)
     if saved_config is not None:
         try:
             saved_max_iters = TrainConfig(**saved_config).max_iters
@@ -188,6 +191,16 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
     scaler = meta.get("scaler")
     if scaler is not None and not isinstance(scaler, dict):
         raise bad("scaler", "an object", scaler)
+    if scaler:  # empty: a disabled scaler's (every run but float16's)
+        like = torch.amp.GradScaler("cpu").state_dict()  # its keys, and a value of each kind
+        if set(scaler) != set(like):
+            raise bad("scaler", f"an object of {sorted(like)}", sorted(scaler))
+        for key, value in like.items():
+            if isinstance(value, int):  # growth_interval, _growth_tracker: counts
+                if not (_is_int(scaler[key]) and scaler[key] >= 0):
+                    raise bad(f"scaler.{key}", "an int >= 0", scaler[key])
+            elif not (_finite(scaler[key]) and scaler[key] > 0):  # the scale, its factors
+                raise bad(f"scaler.{key}", "a positive, finite number", scaler[key])
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -196,6 +209,18 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rng_state(ckpt: Checkpoint, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The RNG state ``name``, refused unless it is what a generator's state is: bytes, as
+    many as ``like`` (this generator's own state) holds."""
+    t = ckpt.tensors.get(name)
+    if t is not None and (t.dtype != torch.uint8 or t.shape != like.shape):
+        raise CheckpointError(
+            f"{ckpt.tensors_path}: {name} must be an RNG state ({like.numel()} uint8), got "
+            f"{t.dtype} of shape {tuple(t.shape)}"
+        )
+    return ckpt.tensors[name]  # a missing one: KeyError, said by the caller
 
 
 def restore(
@@ -217,11 +242,12 @@ def restore(
         parts.scaler.load_state_dict(ckpt.meta["scaler"])
     d = dist
     try:
-        parts.generator.set_state(ckpt.tensors["rng.data"])
+        parts.generator.set_state(_rng_state(ckpt, "rng.data", parts.generator.get_state()))
         if ckpt.meta["world_size"] == d.world_size:
-            torch.set_rng_state(ckpt.tensors[f"rng.cpu.{d.rank}"])
+            torch.set_rng_state(_rng_state(ckpt, f"rng.cpu.{d.rank}", torch.get_rng_state()))
             if device.type == "cuda" and f"rng.cuda.{d.rank}" in ckpt.tensors:
-                torch.cuda.set_rng_state(ckpt.tensors[f"rng.cuda.{d.rank}"], device)
+                like = torch.cuda.get_rng_state(device)
+                torch.cuda.set_rng_state(_rng_state(ckpt, f"rng.cuda.{d.rank}", like), device)
         else:
             warnings.warn(
                 f"{ckpt.path} was saved by {ckpt.meta['world_size']} processes, this run has "

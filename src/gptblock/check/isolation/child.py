@@ -210,14 +210,24 @@ class Child:
         deadline = time.monotonic() + timeout
         data = b""
         while (left := deadline - time.monotonic()) > 0:
-            if not select.select([out], [], [], left)[0]:
-                break
+            if not select.select([out], [], [], min(left, 0.5))[0]:
+                # Where it has no PID namespace of its own, the block may have stopped it
+                # (SIGSTOP): it must go on, to sweep.
+                self._signal(signal.SIGCONT, data)
+                continue
             chunk = os.read(out.fileno(), 4096)
             if not chunk:
                 self.eof = True
                 break
             data += chunk
         self.status += data.decode(errors="replace").splitlines()
+
+    def _signal(self, number: int, data: bytes = b"") -> None:
+        """Send the supervisor (by the pid it said, here or in ``data``) signal ``number``."""
+        for line in [*self.status, *data.decode(errors="replace").splitlines()]:
+            if line.startswith("supervisor ") and line[11:].isdigit():
+                with contextlib.suppress(OSError):
+                    os.kill(int(line[11:]), number)
 
     def ended(self, name: str) -> str:
         """How the builder or the runner ended, as their supervisor saw it."""
@@ -244,10 +254,7 @@ class Child:
         the drains."""
         self._status(30)
         if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
-            for line in self.status:
-                if line.startswith("supervisor ") and line[11:].isdigit():
-                    with contextlib.suppress(OSError):
-                        os.kill(int(line[11:]), signal.SIGKILL)
+            self._signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)  # (the first process: it ended at once)
         for fd in (fd for c in self.channels.values() for fd in (c.to_fd, c.from_fd)):

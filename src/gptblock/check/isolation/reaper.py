@@ -6,8 +6,13 @@ uses the standard library and torch, never gptblock, and never runs the user's c
 
 * forks once and lets its parent end, so that it is re-parented away from the checker (to init,
   or to the nearest subreaper above the checker): the block's ancestors are this process and
-  that one, never the checker's ``gptblock check ...`` (whose command line names it); it says
-  ``supervisor PID`` on stdout;
+  that one, never the checker's ``gptblock check ...`` (whose command line names it); the parent
+  says ``supervisor PID`` on stdout. Where Linux lets it (as root, or in a user namespace of its
+  own), the fork is the first process of a PID namespace of its own (``own_pid_namespace``):
+  the block then sees no process outside it, so it cannot signal the checker or anything else,
+  nor stop or kill the supervisor (the namespace's init), and the kernel kills whatever is
+  left in it when the supervisor ends. Elsewhere the supervisor ignores every signal it may
+  (SIGTERM, SIGHUP, ...), and the checker sends it SIGCONT while it waits for it to sweep;
 * makes itself the subreaper of everything below it (Linux's ``PR_SET_CHILD_SUBREAPER``): a
   process the block starts that leaves its parent, in a new session (``setsid``) or by forking
   twice, is re-parented to the supervisor instead of to init, so it can always be found;
@@ -27,8 +32,9 @@ uses the standard library and torch, never gptblock, and never runs the user's c
   again until none is left, and exits.
 
 Off Linux there is no subreaper and no ``/proc``: only the jobs' sessions are killed, and a
-process that left them survives. A block that kills the supervisor itself (it runs as the same
-user) can also leave processes behind; a sandbox, a container or another user is the answer.
+process that left them survives. Without a PID namespace, a block that SIGKILLs the supervisor
+(it runs as the same user) can also leave processes behind; a sandbox, a container or another
+user is the answer there.
 """
 
 from __future__ import annotations
@@ -50,6 +56,23 @@ from typing import Any, NoReturn
 __all__ = ["main"]
 
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+# What the block could send this process to end or stop it, short of SIGKILL and SIGSTOP:
+# ignored here (and given back to each job). In its own PID namespace nothing the block sends
+# reaches it at all.
+SPARED = [
+    "SIGTERM",
+    "SIGINT",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+]
+SPARED += ["SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT = 24, 36, 47
 CAP_SYS_PTRACE = 19
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -99,6 +122,30 @@ def drop_ptrace() -> None:
         libc.capset(ctypes.byref(header), data)
 
 
+def own_pid_namespace() -> bool:
+    """Make the next fork of this process the first of a PID namespace of its own (as root, or
+    in a user namespace of its own, where the kernel lets a user make one): the processes in it
+    see only each other, so the block cannot name, let alone signal, any process of the
+    checker's or anyone's outside; its first process (the supervisor, its ``init``) receives
+    no signal from inside that it does not handle, SIGKILL and SIGSTOP included; and when it
+    ends, the kernel kills every process left in it. False where neither works."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "unshare") or not sys.platform.startswith("linux"):
+        return False
+    if libc.unshare(ctypes.c_int(CLONE_NEWPID)) == 0:
+        return True
+    uid, gid = os.getuid(), os.getgid()  # before: in the new user namespace they are unmapped
+    if libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWPID)) != 0:
+        return False
+    with contextlib.suppress(OSError):  # the same ids inside as outside
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+    return True
+
+
 def _descendants(root: int) -> list[int]:
     """Every process below ``root``, from ``/proc`` (empty where there is no ``/proc``)."""
     children: dict[int, list[int]] = {}
@@ -127,6 +174,13 @@ def _descendants(root: int) -> list[int]:
 
 def sweep(sessions: list[int]) -> None:
     """Kill ``sessions`` and every process below this one until none is left, reaping them."""
+    while _OWN_NAMESPACE:  # every process of the namespace is ours: kill(-1) finds them all
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)  # all but this one (its init)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
     for _ in range(10_000):
         with_pids = _descendants(os.getpid())
         for pid in with_pids:
@@ -163,10 +217,14 @@ def _jobs() -> list[list[Any]]:
     return list(json.loads(data.split(b"\n", 1)[0]))
 
 
-def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[int]) -> None:
+def _job(
+    module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[int], handlers: Any
+) -> None:
     """In the forked child: become the job (see the module's docstring), run it, exit."""
     rc = 1
     try:
+        for number, handler in handlers.items():  # what the supervisor ignores, as it was
+            signal.signal(number, handler)
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         for fd, to in ((null, 0), (out_fd, 1), (err_fd, 2)):
@@ -192,11 +250,25 @@ def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[in
         os._exit(rc)
 
 
+_OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
+
+
 def main(argv: list[str]) -> NoReturn:
+    global _OWN_NAMESPACE
     out_fd, err_fd = int(argv[0]), int(argv[1])
-    if hasattr(os, "fork") and os.fork():
-        os._exit(0)  # the checker's child ends here: this process leaves the checker's tree
-    _say(f"supervisor {os.getpid()}")
+    isolated = own_pid_namespace()
+    pid = os.fork() if hasattr(os, "fork") else 0
+    if pid:  # the checker's child ends here: this process leaves the checker's tree
+        _say(f"supervisor {pid}")  # as the checker numbers it (in the namespace it is 1)
+        os._exit(0)
+    _OWN_NAMESPACE = isolated and os.getpid() == 1
+    if not hasattr(os, "fork"):
+        _say(f"supervisor {os.getpid()}")
+    handlers = {}
+    for name in SPARED:
+        if hasattr(signal, name):
+            number = getattr(signal, name)
+            handlers[number] = signal.signal(number, signal.SIG_IGN)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
     with contextlib.suppress(ImportError):
@@ -207,7 +279,7 @@ def main(argv: list[str]) -> NoReturn:
     for name, module, *pipes in jobs:
         pid = os.fork()
         if pid == 0:
-            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, fds)
+            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, fds, handlers)
         running[pid] = str(name)
         _say(f"pid {name} {pid}")
     for fd in fds:
