@@ -25,7 +25,8 @@ from .data.batches import CharTokenizer, Tokenizer
 from .data.bpe import BPETokenizer, as_char_tokenizer
 from .devices import resolve_device
 from .errors import UserValueError
-from .interop.hf import family_name, from_hf
+from .interop.hf import from_hf
+from .interop.hf_files import family_name
 from .interop.nanogpt import from_nanogpt
 from .model.gpt import GPT
 from .runs.checkpoint import BEST, Checkpoint, load_checkpoint

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..interop.hf import FORMATS, family_name, save_hf
+from ..interop.hf import FORMATS, save_hf
+from ..interop.hf_files import family_name
 from ..loading import load_gpt
 from ..runs.checkpoint import BEST, KINDS
 from .formatting import COMMANDS, HelpFormatter

@@ -224,12 +224,6 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     )
 
 
-def family_name(directory: str | os.PathLike[str]) -> str:
-    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
-    model_type = read_config_json(Path(directory)).get("model_type")
-    return llama.FAMILIES[str(model_type)] if llama.is_llama(model_type) else "GPT-2"
-
-
 def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:
     """A GPT-2 ``config.json``'s ``GPTConfig``, checked field by field."""
     if fields.get("model_type", "gpt2") != "gpt2":  # GPT2Config would overwrite it with its own
@@ -321,10 +315,8 @@ def save_hf(
     if given: a run's ``CharTokenizer`` or ``BPETokenizer`` (as ``tokenizer.json`` and
     ``tokenizer_config.json``), or a ``transformers`` tokenizer.
 
-    The directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` (and
-    ``AutoTokenizer``) and with ``from_hf`` / ``gptblock.load(hf=directory)``, which reads a
-    character vocabulary back as the ``CharTokenizer`` it was. ``gptblock export`` writes a
-    run's this way.
+    It loads with ``AutoModelForCausalLM`` and ``AutoTokenizer``'s ``from_pretrained`` and with
+    ``gptblock.load(hf=directory)`` (a character vocabulary as the ``CharTokenizer`` it was).
 
     Raises:
         UserValueError: what the family cannot express (nothing is written then); a

@@ -1,10 +1,12 @@
 """The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
 
 ``interop.hf`` and ``interop.llama`` map the weights onto gptblock's; this module only finds and
-reads them: the safetensors file, or the shards a ``model.safetensors.index.json`` lists (each a
-file beside the index), every tensor's shape checked against the config's (GPT-2's
-``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
-refused with its name before its tensors are loaded.
+reads them: ``config.json``, the model's size estimated against the machine's memory
+(``check_fits``), the safetensors file or the shards a ``model.safetensors.index.json`` lists
+(each a file beside the index). Every tensor's name and shape is checked against the config's
+(GPT-2's ``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
+refused with its name before its tensors are loaded: a tensor the config has no place for is
+refused, never skipped, and so is one holding NaN or infinities.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ import torch
 from ..blocks.config import GPTConfig
 from ..errors import UserFileNotFoundError, UserValueError
 from ..model.footprint import FLOAT, check_available, parameter_count
-from .llama import Layout
+from .llama import FAMILIES, Layout, is_llama
 
 # Shapes by tensor name; None: a buffer that is not read (any shape).
 Shapes = dict[str, tuple[int, ...] | None]
@@ -113,6 +116,12 @@ def read_config_json(directory: Path) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
     return fields
+
+
+def family_name(directory: str | os.PathLike[str]) -> str:
+    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
+    model_type = read_config_json(Path(directory)).get("model_type")
+    return FAMILIES[str(model_type)] if is_llama(model_type) else "GPT-2"
 
 
 def check_fits(config: GPTConfig, path: Path) -> None:

@@ -24,7 +24,9 @@ gptblock's ``bias`` is all or nothing, so a family's missing biases are zeros (t
 function): a Qwen2 model reads as ``bias=True`` with zero ``out_proj`` and MLP biases. What the
 parts do not compute is refused, naming the field: a scaled rope (``rope_type`` other than
 ``"default"``), partial rotation, a sliding window smaller than the context, a ``head_dim``
-other than ``hidden_size / num_attention_heads``, an activation other than SiLU.
+other than ``hidden_size / num_attention_heads``, an activation other than SiLU; and any field
+``interop.hf_fields`` does not know. The fields are read as the installed transformers reads
+them (its defaults, a ``rope_scaling`` beside ``rope_parameters``), so a file means the same here.
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
 """
@@ -154,14 +156,14 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
     if not eps > 0:  # NaN too
         raise refuse("rms_norm_eps", "expected a positive number")
     _divides(fields.get("num_key_value_heads"), nh, refuse)
+    tie = get("tie_word_embeddings", "a bool", False)
+    a, m = get("attention_bias", "a bool", False), get("mlp_bias", "a bool", False)
     read = _as_transformers_reads(fields, where)
     nkv: int = read.get("num_key_value_heads") or nh
     _divides(nkv, nh, refuse)  # the field's default, as transformers fills it in
     T = read["max_position_embeddings"]
     theta = _rope_theta(fields, read, refuse)
-    tie = get("tie_word_embeddings", "a bool", False)
     if family == "llama":
-        a, m = get("attention_bias", "a bool", False), get("mlp_bias", "a bool", False)
         layout = Layout(family, a, a, m)
     else:  # Mistral's window slides in every layer; Qwen2's in those layer_types names
         types = read.get("layer_types") if family == "qwen2" else ["sliding_attention"]
