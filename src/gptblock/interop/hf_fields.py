@@ -61,6 +61,7 @@ NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "pruned_heads": ((None, {}), "gptblock's layers have every head"),
     "add_cross_attention": ((None, False), "the blocks have self-attention only"),
     "is_encoder_decoder": ((None, False), "gptblock's GPT is a decoder alone"),
+    "use_mrope": ((None, False), "multimodal rotary positions are not computed"),
 }
 METADATA = _words(
     # PretrainedConfig's own, in transformers 4 and 5
@@ -69,7 +70,7 @@ METADATA = _words(
     "tokenizer_class prefix task_specific_params chunk_size_feed_forward output_attentions "
     "output_hidden_states return_dict use_return_dict torchscript tf_legacy_loss is_decoder "
     "tie_encoder_decoder cross_attention_hidden_size _attn_implementation attn_implementation "
-    "_commit_hash use_cache initializer_range pretraining_tp n_ctx gradient_checkpointing "
+    "_commit_hash _attn_implementation_autoset use_cache initializer_range pretraining_tp n_ctx gradient_checkpointing "
     # token ids: what a tokenizer and generate read, not the model's forward
     "bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id "
     "forced_bos_token_id forced_eos_token_id "
