@@ -241,12 +241,12 @@ REFUSED_CONFIGS = {  # id -> (fields dropped, fields changed, what the one line 
         "rope_parameters=",
     ),
     "mistral window inside the context": (
-        [],
+        ["attention_bias", "mlp_bias"],  # Llama's fields, which a Mistral config does not have
         {"model_type": "mistral", "sliding_window": 16},
         "Mistral config field sliding_window=16",
     ),
     "qwen2 sliding layers": (
-        [],
+        ["attention_bias", "mlp_bias"],
         {
             "model_type": "qwen2",
             "use_sliding_window": True,

@@ -22,10 +22,11 @@ from typing import NamedTuple
 import torch
 
 from .data.batches import CharTokenizer, Tokenizer
-from .data.bpe import BPETokenizer
+from .data.bpe import BPETokenizer, as_char_tokenizer
 from .devices import resolve_device
 from .errors import UserValueError
-from .interop.hf import family_name, from_hf
+from .interop.hf import from_hf
+from .interop.hf_files import family_name
 from .interop.nanogpt import from_nanogpt
 from .model.gpt import GPT
 from .runs.checkpoint import BEST, Checkpoint, load_checkpoint
@@ -120,7 +121,8 @@ def load(
         return Loaded(model, run_tokenizer, Source("run", ckpt.path, int(ckpt.meta["step"])))
     tokenizer: Tokenizer | None
     if hf is not None:
-        tokenizer = BPETokenizer.from_directory(hf)
+        bpe = BPETokenizer.from_directory(hf)
+        tokenizer = as_char_tokenizer(bpe) or bpe  # a character run exported by save_hf
         model, source = from_hf(hf), Source("hf", Path(hf), family=family_name(hf))
     else:
         path = Path(nanogpt)  # type: ignore[arg-type]  # not None: exactly one was given

@@ -6,11 +6,17 @@ and ``merges.txt``). Byte-level means every string encodes, whatever its charact
 character the merges never saw is spelled with its UTF-8 bytes, so no text is "outside the
 vocabulary". It saves as the JSON ``tokenizers`` writes, nothing executable.
 
+A character vocabulary leaves for Hugging Face the same way (``tokenizers_of``): BPE without a
+merge, each character its token and the whole text one word (nothing normalised or split), the
+ids decoded by concatenation (``Fuse``); ``as_char_tokenizer`` reads such a file back as the
+``CharTokenizer`` it was, which refuses a character outside it where ``tokenizers`` would drop it.
+
 ``tokenizers`` is an optional dependency (``pip install "gptblock[hf]"``), imported on use.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,8 +26,9 @@ import torch
 
 from ..blocks.config import check_positive_int
 from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+from .batches import CharTokenizer
 
-__all__ = ["BPETokenizer"]
+__all__ = ["BPETokenizer", "as_char_tokenizer", "tokenizers_of"]
 
 INSTALL = 'pip install "gptblock[hf]"'
 MIN_VOCAB = 256  # the byte alphabet: every byte must have a token
@@ -170,3 +177,58 @@ def _read(path: Path, read: Callable[[str], Any]) -> Any:
             raise
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserValueError(f"{path}: not a readable tokenizer ({first:.200})") from None
+
+
+def tokenizers_of(tokenizer: CharTokenizer | BPETokenizer) -> Any:
+    """The ``tokenizers.Tokenizer`` encoding and decoding as ``tokenizer`` does.
+
+    Example:
+        >>> tok = CharTokenizer.from_text("hello world")
+        >>> hf = tokenizers_of(tok)
+        >>> hf.encode("hello").ids == tok.encode("hello"), hf.decode(tok.encode("low hole"))
+        (True, 'low hole')
+        >>> as_char_tokenizer(BPETokenizer(hf)) == tok
+        True
+    """
+    if isinstance(tokenizer, BPETokenizer):
+        return tokenizer.tokenizer
+    if not isinstance(tokenizer, CharTokenizer):
+        raise UserTypeError(
+            f"expected a CharTokenizer or BPETokenizer, got {type(tokenizer).__name__}"
+        )
+    tk = _tokenizers()
+    vocab = {c: i for i, c in enumerate(tokenizer.chars)}
+    hf = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
+    hf.decoder = tk.decoders.Fuse()  # the characters joined, no space between
+    return hf
+
+
+def as_char_tokenizer(tokenizer: BPETokenizer) -> CharTokenizer | None:
+    """The ``CharTokenizer`` ``tokenizer`` is, where its file is a character vocabulary as
+    ``tokenizers_of`` writes one (and transformers saves it); else None."""
+    spec = json.loads(tokenizer.to_json())
+    model = spec.get("model") or {}
+    plain: dict[str, Any] = {"type": "BPE", "merges": [], "dropout": None, "unk_token": None}
+    plain |= {"continuing_subword_prefix": None, "end_of_word_suffix": None}
+    post = spec.get("post_processor")
+    if not (
+        all(model.get(k) == v for k, v in plain.items())
+        and not model.get("byte_fallback")
+        and spec.get("normalizer") is spec.get("pre_tokenizer") is None
+        and not spec.get("added_tokens")
+        and spec.get("decoder") == {"type": "Fuse"}
+        and (
+            post is None
+            or (
+                post.get("type") == "TemplateProcessing"
+                and not post.get("special_tokens")
+                and post.get("single") == [{"Sequence": {"id": "A", "type_id": 0}}]
+            )
+        )
+    ):
+        return None
+    vocab = model.get("vocab") or {}
+    chars = sorted(vocab, key=vocab.__getitem__)
+    if any(len(c) != 1 for c in chars) or [vocab[c] for c in chars] != list(range(len(chars))):
+        return None
+    return CharTokenizer(chars)

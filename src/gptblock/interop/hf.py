@@ -29,7 +29,6 @@ Shapes: C = n_embd, V = vocab_size, nh heads.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,19 +39,26 @@ import torch.nn as nn
 
 from ..blocks.config import GPTConfig
 from ..blocks.convert import convert
-from ..errors import UserFileNotFoundError, UserImportError, UserTypeError, UserValueError
+from ..data.bpe import tokenizers_of
+from ..errors import UserFileNotFoundError, UserTypeError, UserValueError
 from ..files import make_directory
 from ..model.embeddings import refuse_inputs
-from ..model.footprint import FLOAT, check_available, parameter_count
 from ..model.gpt import GPT
 from . import llama
-from .hf_files import expected_shapes, llama_shapes, read_safetensors
+from .hf_fields import check_fields, transformers_module
+from .hf_files import (
+    check_fits,
+    expected_shapes,
+    llama_shapes,
+    naming,
+    read_config_json,
+    read_safetensors,
+)
 
 __all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf"]
 
 FORMATS = ("gpt2", *llama.FAMILIES)  # what to_hf writes
 
-INSTALL = 'pip install "gptblock[hf]"'
 # Hugging Face's activation names -> the blocks'. gelu_new and gelu_pytorch_tanh are one function.
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACTIVATIONS |= {"relu": "relu"}
@@ -75,17 +81,6 @@ BLOCK_TENSORS = [
 MODEL_TENSORS = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
 
 
-def transformers_module() -> Any:
-    """``transformers``, or a ``UserImportError`` that says how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise UserImportError(
-            f"this needs Hugging Face transformers, an optional extra: {INSTALL}"
-        ) from None
-    return transformers
-
-
 def config_from_hf(hf: Any) -> GPTConfig:
     """The ``GPTConfig`` of a ``GPT2Config``; refuses, naming the field, what the blocks lack.
 
@@ -99,6 +94,7 @@ def config_from_hf(hf: Any) -> GPTConfig:
         gptblock.errors.UserValueError: GPT-2 config field scale_attn_by_inverse_layer_idx=True: gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone
     """
     c = hf.to_dict() if hasattr(hf, "to_dict") else dict(hf)
+    check_fields(c, "gpt2")
 
     def refuse(field: str, why: str) -> UserValueError:
         return UserValueError(f"GPT-2 config field {field}={c.get(field)!r}: {why}")
@@ -206,12 +202,15 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         fields = read_config_json(directory)
         if llama.is_llama(fields.get("model_type")):
             config, layout = llama.config_from_llama(fields, f"{path}: ")
-            _check_fits(config, path)
-            state = read_safetensors(directory, llama_shapes(config), "model.")
-            return config, llama.to_gptblock(state, config, layout)
+            check_fits(config, path)
+            state = read_safetensors(directory, llama_shapes(config, layout), "model.")
+            with naming(directory):
+                return config, llama.to_gptblock(state, config, layout)
         config = _gpt2_config(fields, path, tf)
-        _check_fits(config, path)
-        return config, _to_gptblock(read_safetensors(directory, expected_shapes(config)), config)
+        check_fits(config, path)
+        state = read_safetensors(directory, expected_shapes(config))
+        with naming(directory):
+            return config, _to_gptblock(state, config)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
         if llama.is_llama(getattr(source.config, "model_type", None)):
             fields = source.config.to_dict()  # type: ignore[union-attr, operator]
@@ -225,29 +224,6 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     )
 
 
-def read_config_json(directory: Path) -> dict[str, Any]:
-    """The fields of ``directory/config.json``, a JSON object, or a one-line error naming it."""
-    path = directory / "config.json"
-    if not path.is_file():
-        raise UserFileNotFoundError(
-            f"no config.json in {directory}: a save_pretrained directory holds one, and the "
-            f"model's shape cannot be guessed"
-        )
-    try:
-        fields = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise UserValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(fields, dict):
-        raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
-    return fields
-
-
-def family_name(directory: str | os.PathLike[str]) -> str:
-    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
-    model_type = read_config_json(Path(directory)).get("model_type")
-    return llama.FAMILIES[str(model_type)] if llama.is_llama(model_type) else "GPT-2"
-
-
 def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:
     """A GPT-2 ``config.json``'s ``GPTConfig``, checked field by field."""
     if fields.get("model_type", "gpt2") != "gpt2":  # GPT2Config would overwrite it with its own
@@ -259,24 +235,13 @@ def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:
         value = fields.get(field)
         if field in fields and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserValueError(f"{path}: field {field} must be a positive int, got {value!r:.40}")
+    check_fields(fields, "gpt2", f"{path}: ")
     try:
         return config_from_hf(tf.GPT2Config.from_dict(fields))
     except UserValueError as e:
         raise UserValueError(f"{path}: {e}") from None
     except (TypeError, ValueError, KeyError) as e:
         raise UserValueError(f"{path}: not a GPT-2 config ({e})") from None
-
-
-def _check_fits(config: GPTConfig, path: Path) -> None:
-    """Refuse, before any weight is read, a model that would not fit in memory."""
-    n = parameter_count(config)
-    check_available(
-        2 * n * FLOAT,  # the weights read, and the model they are copied into
-        "cpu",
-        f"{path}: a model of {n:,} parameters (vocab_size={config.vocab_size}, "
-        f"n_embd={config.n_embd}, n_layer={config.n_layer})",
-        "this directory's model does not fit in this machine's memory",
-    )
 
 
 def from_hf(source: Any, *, block: str = "fused") -> GPT:
@@ -345,20 +310,53 @@ def save_hf(
     *,
     family: str | None = None,
 ) -> Path:
-    """Write the GPT ``model`` as a Hugging Face directory (``config.json``,
-    ``model.safetensors``; ``tokenizer``, a ``transformers`` tokenizer, beside them if given),
-    of ``family`` as ``to_hf`` chooses it.
+    """Write the GPT ``model`` as a new Hugging Face directory (``config.json``,
+    ``model.safetensors``), of ``family`` as ``to_hf`` chooses it, with ``tokenizer`` beside them
+    if given: a run's ``CharTokenizer`` or ``BPETokenizer`` (as ``tokenizer.json`` and
+    ``tokenizer_config.json``), or a ``transformers`` tokenizer.
 
-    The directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` and
-    ``from_hf``.
+    It loads with ``AutoModelForCausalLM`` and ``AutoTokenizer``'s ``from_pretrained`` and with
+    ``gptblock.load(hf=directory)`` (a character vocabulary as the ``CharTokenizer`` it was).
+
+    Raises:
+        UserValueError: what the family cannot express (nothing is written then); a
+            directory that exists and is not empty (another model's files are not mixed in).
     """
     hf = to_hf(model, family)  # first: a model the family refuses leaves no directory
+    if tokenizer is not None and getattr(tokenizer, "kind", None) in ("char", "bpe"):
+        tokenizer = _hf_tokenizer(tokenizer, model.config)  # type: ignore[arg-type]
+    if Path(directory).is_dir() and any(Path(directory).iterdir()):
+        raise UserValueError(
+            f"cannot write into {directory}: it is not empty (save_hf writes a new directory, "
+            f"not over another one's files)"
+        )
     # save_pretrained, given a file, logs an error and writes nothing: refuse instead.
     directory = make_directory(directory)
-    hf.save_pretrained(directory, safe_serialization=True)
+    bars = transformers_module().utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()  # a bar for writing one small file is noise on a terminal
+    try:
+        hf.save_pretrained(directory, safe_serialization=True)
+    finally:
+        if shown:
+            bars.enable_progress_bar()
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return directory
+
+
+def _hf_tokenizer(tokenizer: Any, config: GPTConfig) -> Any:
+    """A run's tokenizer as a ``transformers`` one (``data.bpe.tokenizers_of``)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UserValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+            f"vocab_size={config.vocab_size}"
+        )
+    return transformers_module().PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers_of(tokenizer),
+        clean_up_tokenization_spaces=False,  # the text decodes as it was, spaces and all
+        model_max_length=config.block_size,
+    )
 
 
 def _to_gptblock(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:

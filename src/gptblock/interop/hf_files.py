@@ -1,32 +1,46 @@
 """The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
 
 ``interop.hf`` and ``interop.llama`` map the weights onto gptblock's; this module only finds and
-reads them: the safetensors file, or the shards a ``model.safetensors.index.json`` lists (each a
-file beside the index), every tensor's shape checked against the config's (GPT-2's
-``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
-refused with its name before its tensors are loaded.
+reads them: ``config.json``, the model's size estimated against the machine's memory
+(``check_fits``), the safetensors file or the shards a ``model.safetensors.index.json`` lists
+(each a file beside the index). Every tensor's name and shape is checked against the config's
+(GPT-2's ``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
+refused with its name before its tensors are loaded: a tensor the config has no place for is
+refused, never skipped, and so is one holding NaN or infinities.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import safetensors
 import torch
 
 from ..blocks.config import GPTConfig
 from ..errors import UserFileNotFoundError, UserValueError
+from ..model.footprint import FLOAT, check_available, parameter_count
+from .llama import FAMILIES, Layout, is_llama
+
+# Shapes by tensor name; None: a buffer that is not read (any shape).
+Shapes = dict[str, tuple[int, ...] | None]
 
 
 def read_safetensors(
-    directory: Path, expected: dict[str, tuple[int, ...]], prefix: str = "transformer."
+    directory: Path, expected: Shapes, prefix: str = "transformer."
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
     checked against ``expected`` (shapes by name, without the base model's ``prefix``: GPT-2's
-    ``transformer.``, Llama's ``model.``) before its tensors are read."""
+    ``transformer.``, Llama's ``model.``) before its tensors are read: a tensor it does not
+    name is refused, as is one holding NaN or infinities. A name whose shape is None is a
+    buffer older transformers saved and recomputes (the causal mask, the rotary frequencies):
+    not read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = _shards(index)
@@ -46,20 +60,93 @@ def read_safetensors(
         path = directory / name
         try:
             with safetensors.safe_open(path, framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open is no Mapping
-                    shape = tuple(f.get_slice(key).get_shape())
-                    want = expected.get(key.removeprefix(prefix))
-                    if want is not None and shape != want:
-                        raise UserValueError(
-                            f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
-                        )
-                state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118
+                keys = list(f.keys())
+                for key in keys:
+                    _check_header(path, key, tuple(f.get_slice(key).get_shape()), expected, prefix)
+                for key in keys:
+                    if expected[key.removeprefix(prefix)] is None:
+                        continue  # a buffer transformers recomputes: not read, here or there
+                    if key in state or prefix + key in state or key.removeprefix(prefix) in state:
+                        raise UserValueError(f"{path}: {key} is given twice")
+                    state[key] = _finite(path, key, f.get_tensor(key))
         except UserValueError:
             raise
         except Exception as e:  # safetensors raises its own SafetensorError, and OSError
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserValueError(f"{path}: not a readable safetensors file ({first})") from None
     return state
+
+
+def _check_header(
+    path: Path, key: str, shape: tuple[int, ...], expected: Shapes, prefix: str
+) -> None:
+    """Refuse a tensor config.json's model has no place for, or one of another shape."""
+    name = key.removeprefix(prefix)
+    if name not in expected:
+        raise UserValueError(
+            f"{path}: holds {key}, which config.json's model has no place for (every tensor "
+            f"is read or refused, none skipped)"
+        )
+    want = expected[name]
+    if want is not None and shape != want:
+        raise UserValueError(
+            f"{path}: {key} has shape {shape}, but config.json's model needs {want}"
+        )
+
+
+def _finite(path: Path, key: str, t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise UserValueError(f"{path}: {key} holds {bad:,} NaN or infinite values")
+    return t
+
+
+def read_config_json(directory: Path) -> dict[str, Any]:
+    """The fields of ``directory/config.json``, a JSON object, or a one-line error naming it."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserFileNotFoundError(
+            f"no config.json in {directory}: a save_pretrained directory holds one, and the "
+            f"model's shape cannot be guessed"
+        )
+    try:
+        fields = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UserValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise UserValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
+    return fields
+
+
+def family_name(directory: str | os.PathLike[str]) -> str:
+    """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
+    model_type = read_config_json(Path(directory)).get("model_type")
+    return FAMILIES[str(model_type)] if is_llama(model_type) else "GPT-2"
+
+
+def check_fits(config: GPTConfig, path: Path) -> None:
+    """Refuse, before any weight is read, a model that would not fit in memory, with the KV
+    cache generating from it holds (block_size positions of every layer's keys and values)."""
+    n = parameter_count(config)
+    hs = config.n_embd // config.n_head
+    cache = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT
+    check_available(
+        2 * n * FLOAT + cache,  # the weights read, the model they are copied into, the cache
+        "cpu",
+        f"{path}: a model of {n:,} parameters (vocab_size={config.vocab_size}, "
+        f"n_embd={config.n_embd}, n_layer={config.n_layer}) with a KV cache of "
+        f"{config.block_size:,} positions",
+        "this directory's model does not fit in this machine's memory",
+    )
+
+
+@contextlib.contextmanager
+def naming(directory: Path) -> Iterator[None]:
+    """A missing or untied weight's error, naming the directory."""
+    try:
+        yield
+    except UserValueError as e:
+        raise UserValueError(f"{directory}: {e}") from None
 
 
 def _shards(index: Path) -> list[str]:
@@ -82,7 +169,7 @@ def _shards(index: Path) -> list[str]:
     return sorted(files)
 
 
-def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: GPTConfig) -> Shapes:
     """The shape of every tensor of a GPT-2 ``config``'s weights, by GPT-2's names (without
     ``transformer.``; ``Conv1D`` weights are (in, out)).
 
@@ -92,7 +179,7 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         ((4, 12), (11, 4))
     """
     V, T, C = config.vocab_size, config.block_size, config.n_embd
-    shapes: dict[str, tuple[int, ...]] = {
+    shapes: Shapes = {
         "wte.weight": (V, C),
         "wpe.weight": (T, C),
         "ln_f.weight": (C,),
@@ -112,47 +199,47 @@ def expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         "mlp.c_fc.bias": (4 * C,),
         "mlp.c_proj.weight": (4 * C, C),
         "mlp.c_proj.bias": (C,),
+        "attn.bias": None,  # the causal mask GPT2Attention kept as a buffer
+        "attn.masked_bias": None,
     }
     for i in range(config.n_layer):
         shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
     return shapes
 
 
-def llama_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+def llama_shapes(config: GPTConfig, layout: Layout) -> Shapes:
     """The shape of every tensor of a Llama-family checkpoint of ``config``, by Hugging Face's
-    names without ``model.`` (biases included: checked where a file has them).
+    names without ``model.``; biases where the ``layout`` has them.
 
     Example:
         >>> config = GPTConfig(11, 8, n_layer=1, n_head=4, n_embd=8, n_kv_head=2, d_ff=12)
-        >>> shapes = llama_shapes(config)
-        >>> shapes["layers.0.self_attn.k_proj.weight"], shapes["layers.0.mlp.down_proj.weight"]
-        ((4, 8), (8, 12))
+        >>> shapes = llama_shapes(config, Layout("qwen2", True, False, False))
+        >>> shapes["layers.0.self_attn.k_proj.bias"], shapes["layers.0.mlp.down_proj.weight"]
+        ((4,), (8, 12))
+        >>> "layers.0.self_attn.o_proj.bias" in shapes
+        False
     """
     V, C, F = config.vocab_size, config.n_embd, config.d_ff
     kv = config.n_kv_head * (C // config.n_head)  # nkv * hs
-    shapes: dict[str, tuple[int, ...]] = {
-        "embed_tokens.weight": (V, C),
-        "norm.weight": (C,),
-        "lm_head.weight": (V, C),
-    }
-    per_block = {
+    shapes: Shapes = {"embed_tokens.weight": (V, C), "norm.weight": (C,), "lm_head.weight": (V, C)}
+    per_block: Shapes = {
         "input_layernorm.weight": (C,),
         "post_attention_layernorm.weight": (C,),
-        "self_attn.q_proj.weight": (C, C),
-        "self_attn.q_proj.bias": (C,),
-        "self_attn.k_proj.weight": (kv, C),
-        "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.weight": (kv, C),
-        "self_attn.v_proj.bias": (kv,),
-        "self_attn.o_proj.weight": (C, C),
-        "self_attn.o_proj.bias": (C,),
-        "mlp.gate_proj.weight": (F, C),
-        "mlp.gate_proj.bias": (F,),
-        "mlp.up_proj.weight": (F, C),
-        "mlp.up_proj.bias": (F,),
-        "mlp.down_proj.weight": (C, F),
-        "mlp.down_proj.bias": (C,),
+        "self_attn.rotary_emb.inv_freq": None,  # transformers before 4.31 saved it
     }
+    linears = {  # name -> (out, in, has a bias)
+        "self_attn.q_proj": (C, C, layout.qkv_bias),
+        "self_attn.k_proj": (kv, C, layout.qkv_bias),
+        "self_attn.v_proj": (kv, C, layout.qkv_bias),
+        "self_attn.o_proj": (C, C, layout.o_bias),
+        "mlp.gate_proj": (F, C, layout.mlp_bias),
+        "mlp.up_proj": (F, C, layout.mlp_bias),
+        "mlp.down_proj": (C, F, layout.mlp_bias),
+    }
+    for name, (n_out, n_in, bias) in linears.items():
+        per_block[f"{name}.weight"] = (n_out, n_in)
+        if bias:
+            per_block[f"{name}.bias"] = (n_out,)
     for i in range(config.n_layer):
         shapes |= {f"layers.{i}.{k}": v for k, v in per_block.items()}
     return shapes

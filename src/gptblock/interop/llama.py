@@ -24,13 +24,16 @@ gptblock's ``bias`` is all or nothing, so a family's missing biases are zeros (t
 function): a Qwen2 model reads as ``bias=True`` with zero ``out_proj`` and MLP biases. What the
 parts do not compute is refused, naming the field: a scaled rope (``rope_type`` other than
 ``"default"``), partial rotation, a sliding window smaller than the context, a ``head_dim``
-other than ``hidden_size / num_attention_heads``, an activation other than SiLU.
+other than ``hidden_size / num_attention_heads``, an activation other than SiLU; and any field
+``interop.hf_fields`` does not know. The fields are read as the installed transformers reads
+them (its defaults, a ``rope_scaling`` beside ``rope_parameters``), so a file means the same here.
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -39,6 +42,7 @@ import torch
 from ..blocks.config import GPTConfig
 from ..blocks.rotary import pairing_permutation
 from ..errors import UserTypeError, UserValueError
+from .hf_fields import check_fields, transformers_module
 
 __all__ = ["FAMILIES", "Layout", "config_from_llama", "config_to_llama", "is_llama", "to_gptblock"]
 __all__ += ["to_llama"]
@@ -52,14 +56,6 @@ def is_llama(model_type: object) -> bool:
     return isinstance(model_type, str) and model_type in FAMILIES
 
 
-# The fields a config.json may leave out, at the defaults of each family's transformers config
-# class, so a file means here what it means there. The sizes have no default worth trusting
-# (Llama's is a 7B model): a config without them is refused.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"num_key_value_heads": None, "max_position_embeddings": 2048},
-    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
-    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
-}
 INT = "a positive int"
 REQUIRED = (
     "vocab_size",
@@ -142,18 +138,12 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
         return value
 
     V, C, F, L, nh = (get(f, INT) for f in REQUIRED)
-    defaults = DEFAULTS[family]
-    nkv = fields.get("num_key_value_heads", defaults["num_key_value_heads"])
-    nkv = nh if nkv is None else get("num_key_value_heads", INT, nkv)
-    T = get("max_position_embeddings", INT, defaults["max_position_embeddings"])
+    check_fields(fields, family, where)
+    for field in ("num_key_value_heads", "max_position_embeddings"):
+        if fields.get(field) is not None:
+            get(field, INT)
     if C % nh:
         raise refuse("hidden_size", f"not divisible by num_attention_heads={nh}")
-    if nh % nkv:
-        raise refuse(
-            "num_key_value_heads",
-            f"does not divide num_attention_heads={nh}: each key/value head serves an equal "
-            f"number of query heads",
-        )
     if fields.get("head_dim") not in (None, C // nh):
         raise refuse(
             "head_dim", f"gptblock's heads are hidden_size / num_attention_heads = {C // nh} wide"
@@ -165,23 +155,26 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
     eps = get("rms_norm_eps", "a number", 1e-6)
     if not eps > 0:  # NaN too
         raise refuse("rms_norm_eps", "expected a positive number")
-    theta = _rope_theta(fields, refuse)
+    _divides(fields.get("num_key_value_heads"), nh, refuse)
     tie = get("tie_word_embeddings", "a bool", False)
+    a, m = get("attention_bias", "a bool", False), get("mlp_bias", "a bool", False)
+    read = _as_transformers_reads(fields, where)
+    nkv: int = read.get("num_key_value_heads") or nh
+    _divides(nkv, nh, refuse)  # the field's default, as transformers fills it in
+    T = read["max_position_embeddings"]
+    theta = _rope_theta(fields, read, refuse)
     if family == "llama":
-        a, m = get("attention_bias", "a bool", False), get("mlp_bias", "a bool", False)
         layout = Layout(family, a, a, m)
-    elif family == "mistral":
-        window = fields.get("sliding_window")
-        if window is not None and (not isinstance(window, int) or window < T):
+    else:  # Mistral's window slides in every layer; Qwen2's in those layer_types names
+        types = read.get("layer_types") if family == "qwen2" else ["sliding_attention"]
+        window = read.get("sliding_window")
+        if types and "sliding_attention" in types and window is not None and not window >= T:
             raise refuse(
-                "sliding_window",
+                "sliding_window" if family == "mistral" else "use_sliding_window",
                 f"gptblock's attention reads the whole context (max_position_embeddings={T}); "
-                f"a smaller window is not computed",
+                f"a sliding window of {window!r:.20} is not computed",
             )
-        layout = Layout(family, False, False, False)
-    else:
-        _check_qwen2_window(fields, L, T, refuse)
-        layout = Layout(family, True, False, False)
+        layout = Layout(family, family == "qwen2", False, False)
     try:
         config = GPTConfig(
             vocab_size=V, block_size=T, n_layer=L, n_head=nh, n_embd=C, dropout=0.0,
@@ -195,48 +188,62 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
     return config, layout
 
 
-def _rope_theta(fields: Mapping[str, Any], refuse: Any) -> float:
-    """The rope's base, from transformers 5's ``rope_parameters`` or the older ``rope_theta``
-    and ``rope_scaling``; a scaled or partial rope is refused."""
-    field = "rope_parameters" if fields.get("rope_parameters") is not None else "rope_scaling"
-    rope = fields.get(field)
-    if rope is not None and not isinstance(rope, dict):
+def _divides(nkv: int | None, nh: int, refuse: Any) -> None:
+    if nkv is not None and nh % nkv:
+        raise refuse(
+            "num_key_value_heads",
+            f"does not divide num_attention_heads={nh}: each key/value head serves an equal "
+            f"number of query heads",
+        )
+
+
+def _as_transformers_reads(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The fields as the family's transformers config class reads them: its defaults filled
+    in, transformers 4's ``rope_scaling`` and ``rope_theta`` merged into ``rope_parameters``
+    (where ``rope_scaling`` wins), Qwen2's ``layer_types`` derived; so that a file means here
+    what it means there."""
+    tf = transformers_module()
+    name = FAMILIES[fields["model_type"]]
+    verbosity = tf.logging.get_verbosity()
+    tf.logging.set_verbosity_error()  # its warnings are not this refusal's one line
+    try:  # a copy: transformers edits the dictionaries it is given
+        return dict(getattr(tf, f"{name}Config").from_dict(copy.deepcopy(dict(fields))).to_dict())
+    except Exception as e:  # transformers' own validation errors, of several types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserValueError(
+            f"{where}not a {name} config transformers reads ({first:.200})"
+        ) from None
+    finally:
+        tf.logging.set_verbosity(verbosity)
+
+
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+
+
+def _rope_theta(fields: Mapping[str, Any], read: Mapping[str, Any], refuse: Any) -> float:
+    """The rope's base, as transformers reads it (``read``); a scaled or partial rope, or one
+    with any other key, is refused, naming the field of ``fields`` that says so."""
+    rope = read.get("rope_parameters") or read.get("rope_scaling") or {}
+    given = [f for f in ("rope_scaling", "rope_parameters") if fields.get(f) is not None]
+    field = given[0] if given else "rope_theta"
+    if not isinstance(rope, dict):
         raise refuse(field, "expected an object (or null)")
-    rope = rope or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
+    if kind != "default" or set(rope) - ROPE_KEYS:
         raise refuse(
             field, "gptblock's rotary positions are RoFormer's, unscaled (rope_type 'default')"
         )
-    if rope.get("partial_rotary_factor", fields.get("partial_rotary_factor", 1.0)) != 1:
-        raise refuse(field, "Llama-style attention rotates every channel of a head")
-    theta = rope.get("rope_theta", fields.get("rope_theta", 10000.0))
+    partial = rope.get("partial_rotary_factor", read.get("partial_rotary_factor", 1.0))
+    if partial != 1:
+        top = "partial_rotary_factor" in fields
+        raise refuse(
+            "partial_rotary_factor" if top else field,
+            "Llama-style attention rotates every channel of a head",
+        )
+    theta = rope.get("rope_theta", read.get("rope_theta", 10000.0))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise refuse(field if "rope_theta" in rope else "rope_theta", "expected a positive number")
     return float(theta)
-
-
-def _check_qwen2_window(fields: Mapping[str, Any], L: int, T: int, refuse: Any) -> None:
-    """Refuse a Qwen2 config whose layers slide a window smaller than the context."""
-    window = fields.get("sliding_window")
-    if (
-        not fields.get("use_sliding_window")
-        or window is None
-        or (isinstance(window, int) and window >= T)
-    ):
-        return
-    types = fields.get("layer_types")
-    if types is None:  # transformers' rule: the layers from max_window_layers on slide
-        start = fields.get("max_window_layers", 28)
-        sliding = not isinstance(start, int) or start < L
-    else:
-        sliding = not isinstance(types, list) or "sliding_attention" in types
-    if sliding:
-        raise refuse(
-            "use_sliding_window",
-            f"gptblock's attention reads the whole context (max_position_embeddings={T}); a "
-            f"sliding window of {window!r:.20} is not computed",
-        )
 
 
 def config_to_llama(config: GPTConfig, family: str) -> dict[str, Any]:
