@@ -25,68 +25,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 from gptblock.check.submissions import Submission, find_block
 
-LESSON = textwrap.dedent(
-    """
-    import torch
-    import torch.nn as nn
-    from torch.nn import functional as F
-
-    class Head(nn.Module):
-        def __init__(self, n_embd, head_size, block_size, dropout):
-            super().__init__()
-            self.key = nn.Linear(n_embd, head_size, bias=False)
-            self.query = nn.Linear(n_embd, head_size, bias=False)
-            self.value = nn.Linear(n_embd, head_size, bias=False)
-            self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
-            self.dropout = nn.Dropout(dropout)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            k, q, v = self.key(x), self.query(x), self.value(x)
-            wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
-            wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
-            return self.dropout(F.softmax(wei, dim=-1)) @ v
-
-    class MultiHeadAttention(nn.Module):
-        def __init__(self, n_head, head_size, n_embd, block_size, dropout):
-            super().__init__()
-            self.heads = nn.ModuleList(
-                [Head(n_embd, head_size, block_size, dropout) for _ in range(n_head)])
-            self.proj = nn.Linear(n_embd, n_embd)
-            self.dropout = nn.Dropout(dropout)
-
-        def forward(self, x):
-            return self.dropout(self.proj(torch.cat([h(x) for h in self.heads], dim=-1)))
-
-    class FeedForward(nn.Module):
-        def __init__(self, n_embd, dropout):
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.ReLU(),
-                                     nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout))
-
-        def forward(self, x):
-            return self.net(x)
-
-    class NAME(nn.Module):
-        def __init__(self, n_embd, n_head, block_size, dropout=0.2):
-            super().__init__()
-            self.sa = MultiHeadAttention(n_head, n_embd // n_head, n_embd, block_size, dropout)
-            self.ffwd = FeedForward(n_embd, dropout)
-            self.ln1 = nn.LayerNorm(n_embd)
-            self.ln2 = nn.LayerNorm(n_embd)
-
-        def forward(self, x):
-            x = x + self.sa(self.ln1(x))
-            x = x + self.ffwd(self.ln2(x))
-            return x
-    """
-)
+ROOT = Path(__file__).resolve().parents[1]
+# the lesson's code verbatim, its block's name to fill in
+LESSON = (ROOT / "tests" / "lesson_reference.py").read_text().replace("class Block(", "class NAME(")
 SCALE = " * k.shape[-1] ** -0.5"
 MASK = 'wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))'
 VARIANTS = [  # (what, the code's change); cycled through the class

@@ -5,7 +5,7 @@ PASS"), graded once by a module fixture; the gradebook, Gradescope's results.jso
 
 import csv
 import json
-import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -13,61 +13,12 @@ from gptblock.check.grading import CHECKS, Row, grade, gradescope
 from gptblock.check.submissions import NotGraded, Submission, find_block, notebook_code, submissions
 from gptblock.cli import main
 
-LESSON = textwrap.dedent(
-    """
-    import torch
-    import torch.nn as nn
-    from torch.nn import functional as F
-
-    class Head(nn.Module):
-        def __init__(self, n_embd, head_size, block_size, dropout):
-            super().__init__()
-            self.key = nn.Linear(n_embd, head_size, bias=False)
-            self.query = nn.Linear(n_embd, head_size, bias=False)
-            self.value = nn.Linear(n_embd, head_size, bias=False)
-            self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
-            self.dropout = nn.Dropout(dropout)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            k, q, v = self.key(x), self.query(x), self.value(x)
-            wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
-            wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
-            return self.dropout(F.softmax(wei, dim=-1)) @ v
-
-    class MultiHeadAttention(nn.Module):
-        def __init__(self, n_head, head_size, n_embd, block_size, dropout):
-            super().__init__()
-            self.heads = nn.ModuleList(
-                [Head(n_embd, head_size, block_size, dropout) for _ in range(n_head)])
-            self.proj = nn.Linear(n_embd, n_embd)
-            self.dropout = nn.Dropout(dropout)
-
-        def forward(self, x):
-            return self.dropout(self.proj(torch.cat([h(x) for h in self.heads], dim=-1)))
-
-    class FeedForward(nn.Module):
-        def __init__(self, n_embd, dropout):
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.ReLU(),
-                                     nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout))
-
-        def forward(self, x):
-            return self.net(x)
-
-    class NAME(nn.Module):
-        def __init__(self, n_embd, n_head, block_size, dropout=0.2):
-            super().__init__()
-            self.sa = MultiHeadAttention(n_head, n_embd // n_head, n_embd, block_size, dropout)
-            self.ffwd = FeedForward(n_embd, dropout)
-            self.ln1 = nn.LayerNorm(n_embd)
-            self.ln2 = nn.LayerNorm(n_embd)
-
-        def forward(self, x):
-            x = x + self.sa(self.ln1(x))
-            x = x + self.ffwd(self.ln2(x))
-            return x
-    """
+# the lesson's code verbatim, its block's name to fill in
+LESSON = (
+    Path(__file__)
+    .with_name("lesson_reference.py")
+    .read_text()
+    .replace("class Block(", "class NAME(")
 )
 NO_SCALE = LESSON.replace(" * k.shape[-1] ** -0.5", "")
 NO_MASK = LESSON.replace('wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))', "pass")
@@ -92,8 +43,8 @@ def notebook(code, *extra_cells):
     """``code`` as a notebook's cells (a class per cell), a magic and a shell line among them."""
     cells = [{"cell_type": "code", "source": ["%matplotlib inline\n", "!pip install torch\n"]}]
     cells += [{"cell_type": "markdown", "source": "# my block"}]
-    for part in code.split("\nclass "):
-        source = part if part.startswith("\nimport") else "class " + part
+    for i, part in enumerate(code.split("\nclass ")):
+        source = part if i == 0 else "class " + part
         cells.append({"cell_type": "code", "source": source, "outputs": [{"text": "x"}]})
     cells += [{"cell_type": "code", "source": c} for c in extra_cells]
     return json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5})
@@ -256,6 +207,8 @@ def test_the_block_is_found_by_the_lessons_name_then_by_what_uses_what(tmp_path)
         found(lesson(name="Layer")) == "Layer"
     )  # MultiHeadAttention and FeedForward are its parts
     assert found(lesson(name="Layer") + GPT.replace("NAME", "Layer")) == "Layer"
+    helper = "\nclass Unused(nn.Module):\n    def forward(self, x):\n        return x\n"
+    assert found(lesson(name="Layer") + helper) == "Layer"  # it builds on three others
     assert found(lesson(), "FeedForward") == "FeedForward"
     with pytest.raises(NotGraded, match="no class or function 'Nope'"):
         found(lesson(), "Nope")

@@ -11,8 +11,9 @@ with ``ast`` only: running it is the isolated check's job, since a submission ma
 crash at import. The block is the ``nn.Module`` subclass that the others do not build on: by the
 lessons' name first (``Block``, then a name with "block" in it), then one that no other class
 of the submission uses (``MultiHeadAttention`` and ``FeedForward`` are parts of the block that
-uses them). A class that embeds tokens (an ``Embedding``) maps token ids, not (B, T, C), so it is
-a model, not a block. When that leaves several, the submission says which and ``--class`` picks.
+uses them), then the one that builds on the most of the others (an unused helper is not it). A
+class that embeds tokens (an ``Embedding``) maps token ids, not (B, T, C), so it is a model, not
+a block. When that leaves several, the submission says which and ``--class`` picks.
 
 Shapes: B batch, T time, C channels.
 """
@@ -225,8 +226,9 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         return Found(name, defined[name], codes[defined[name]], tuple(blocks))
     if not blocks:
         raise NotGraded(why or "no nn.Module subclass in it that could be a block")
-    used = {n for n in blocks for m in blocks if m != n and n in _names(classes[m][1])}
-    key = {n: (_name_rank(n), n in used) for n in blocks}
+    uses = {m: {n for n in blocks if n != m and n in _names(classes[m][1])} for m in blocks}
+    used = set().union(*uses.values())
+    key = {n: (_name_rank(n), n in used, -len(_reach(uses, n))) for n in blocks}
     best = min(key.values())
     chosen = [n for n in blocks if key[n] == best]
     if len(chosen) > 1:
@@ -268,6 +270,17 @@ def _names(c: ast.ClassDef) -> set[str]:
         for n in ast.walk(c)
         if isinstance(n, (ast.Name, ast.Attribute))
     }
+
+
+def _reach(uses: dict[str, set[str]], start: str) -> set[str]:
+    """The classes ``start`` builds on, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for n in uses[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
 
 
 def _name_rank(name: str) -> int:
