@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Check every submission as `gptblock check` checks one, in child processes: a .py "
             "file, an .ipynb notebook (its code cells) or a student's folder of them; a folder of "
             "those is a folder of submissions. Each submission's block is the nn.Module subclass "
-            "named Block (else with 'block' in its name, else the one no other class uses); when "
-            "several could be, its row says which and --class picks. A submission that crashes, "
+            "named Block (else with 'block' in its name, else the one no other class uses, else the "
+            "one that builds on the most others); a class that embeds tokens is a model, not a "
+            "block. When several could be, its row says which and --class picks. A submission that crashes, "
             "exits, hangs or does not parse is a row (ERROR or TIMEOUT) and the batch goes on. "
             "Exit code 0 when the batch ran, whatever the verdicts; 2 for bad arguments."
         ),
