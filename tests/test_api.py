@@ -24,6 +24,7 @@ EXPECTED = [
     "__version__",
     "causal_mask",
     "check_block",
+    "grade",  # issue 29: a class's submissions into a gradebook
     "exercises",
     "lens",
     "convert",

@@ -398,3 +398,15 @@ def test_forward_arguments_are_filled_alike_in_the_runner_process(tmp_path):
     report = check_block(f"{_file(tmp_path, 'hf_style', text)}:Layer", n_embd=16, n_head=2)
     assert report.passed, str(report)
     assert "position_ids=torch.arange(T) as (1, T)" in report.notes[0]
+
+
+def test_arguments_go_to_the_parameter_of_their_role_or_are_left_out():
+    # the README's example, on the lesson's names (issue 29): d_model and nhead reach n_embd and
+    # n_head; an argument the block has no place for is left out, each said in a note
+    from gptblock import lesson
+
+    report = check_block(lesson.Block, d_model=16, nhead=2, bias=False)
+    assert report.passed, report
+    assert "n_embd=16, n_head=2" in report.target
+    notes = " ".join(report.notes)
+    assert "d_model=16 given to Block's n_embd" in notes and "bias=False left out" in notes

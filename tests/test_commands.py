@@ -21,11 +21,12 @@ from gptblock.cli.formatting import COMMANDS
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "gptblock"
 
 # What each command runs, and the packages it must not load.
-RUNS = {"train": "train", "sample": "sampling", "check": "check"}
+RUNS = {"train": "train", "sample": "sampling", "check": "check", "grade": "check"}
 NOT_LOADED = {
     "train": {"check", "lens", "bench"},
     "sample": {"check", "lens", "bench"},
     "check": {"train", "lens", "bench", "interop", "runs", "loading"},
+    "grade": {"train", "lens", "bench", "interop", "runs", "loading"},
 }
 
 

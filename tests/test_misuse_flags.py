@@ -66,6 +66,7 @@ ACCEPTED = {
     ("bench", "--warmup", "0"): "no warmup calls",
     ("bench", "--warmup", str(10**20)): "as many as asked; Ctrl-C stops it",
     ("bench", "--repeats", str(10**20)): "as many as asked; Ctrl-C stops it",
+    ("grade", "--jobs", str(10**20)): "no more at once than there are submissions",
 }
 
 
@@ -82,6 +83,7 @@ WORK = (
     "gptblock.train.run.GPTRun.fit",
     "gptblock.model.generation.decode._steps",
     "gptblock.cli.check.check_isolated",
+    "gptblock.cli.grade.grade",
     "gptblock.cli.exercises.run_all",
     "gptblock.bench.suite.matmul_peak",
 )
@@ -107,7 +109,16 @@ CASES = _cases()
 
 def test_the_sweep_reaches_every_command_with_numeric_flags():
     commands = {c for c, _, _ in CASES}
-    assert commands == {"train", "sample", "inspect", "check", "exercises", "bench", "example"}
+    assert commands == {
+        "train",
+        "sample",
+        "inspect",
+        "check",
+        "exercises",
+        "bench",
+        "example",
+        "grade",
+    }
     assert len({(c, f) for c, f, _ in CASES}) >= 35
     assert set(ACCEPTED) <= set(CASES)  # no stale entry
 
@@ -120,7 +131,9 @@ def _base(command: str, flag: str, tmp_path: Path) -> list[str]:
         "sample": ["sample", "--out", str(FIXTURE_RUN)],
         "inspect": ["inspect", "--out", str(FIXTURE_RUN), "--prompt", "ab"],
         "bench": ["bench", "--no-progress"],
+        "grade": ["grade", str(corpus.with_suffix(".py"))],
     }.get(command, [command])
+    corpus.with_suffix(".py").write_text("")  # a submission for grade
     if flag in ("--rotary-dim", "--rope-theta"):
         base = [*base, "--position", "rope"]
     return base

@@ -6,9 +6,9 @@ says what each name is. The block's forms: ``gptblock.lesson`` (as taught), ``Tr
 modern block's parts (``RMSNorm``, ``Rotary``, ``SwiGLU``, ``GroupedQueryAttention``,
 ``LlamaBlock``, with Hugging Face's Llama names). ``gptblock.reference`` is the NumPy oracle they
 are tested against, ``gptblock.exercises`` the first lesson's exercises, ``gptblock.lens`` looks
-inside a GPT, ``check_block`` finds the mistakes in anyone's block. ``GPT`` (``GPTConfig``)
-stacks the blocks; ``train_gpt`` trains one (``Trainer``, ``TrainConfig`` under it), ``load`` /
-``load_gpt`` read a run, a Hugging Face directory or a nanoGPT checkpoint.
+inside a GPT, ``check_block`` finds the mistakes in anyone's block, ``grade`` a class's.
+``GPT`` (``GPTConfig``) stacks the blocks; ``train_gpt`` trains one (``Trainer``, ``TrainConfig``
+under it), ``load`` / ``load_gpt`` read a run, a Hugging Face directory or a nanoGPT checkpoint.
 
 Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``TypeError``, ...),
 with a message that names the bad value; anything else is a bug.
@@ -38,6 +38,7 @@ NAMES = {
         "blocks.norms": "RMSNorm rmsnorm",
         "blocks.rotary": "Rotary apply_rotary",
         "check": "CheckReport Finding check_block",
+        "check.grading": "grade",
         "data.batches": "CharTokenizer",
         "errors": "UserError",
         "loading": "load load_gpt",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from .blocks.norms import RMSNorm, rmsnorm
     from .blocks.rotary import Rotary, apply_rotary
     from .check import CheckReport, Finding, check_block
+    from .check.grading import grade
     from .data.batches import CharTokenizer
     from .errors import UserError
     from .loading import load, load_gpt
@@ -130,6 +132,7 @@ __all__ = [
     "check_block",
     "convert",
     "exercises",
+    "grade",
     "lens",
     "lesson",
     "load",

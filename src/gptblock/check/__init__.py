@@ -24,6 +24,8 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
 
 ``run`` -- ``check_block``: the block in this process (trusted code) or in a child process; it
 uses all the rooms, and the block forms it checks by default (``lesson``, ``mha``, ``fused``).
+``submissions`` and ``grading`` -- ``grade`` (``gptblock grade``): a class's submissions found, the
+block in each found without running it, each checked by ``check_isolated``, rows into a gradebook.
 
 Shapes: B batch, T time, C channels.
 """

@@ -14,6 +14,7 @@ COMMANDS = {
     "inspect": "look inside a trained model on a prompt: logit lens, heads, attention",
     "export": "write a trained run as a Hugging Face directory, tokenizer included",
     "check": "find the mistakes in a transformer block and say how to fix them",
+    "grade": "check a class's submissions into a gradebook (CSV, JSON, Gradescope)",
     "exercises": "run the lesson's exercises (score variance, causal head, entropy) and check them",
     "bench": "time every form of the block against the machine's matmul peak",
     "example": "run the lesson's worked example: which outputs change when one token changes",

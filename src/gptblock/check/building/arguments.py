@@ -30,9 +30,9 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
-from .sizes import CONFIG_NAMES, config_class, parameters
+from .sizes import CONFIG_NAMES, KINDS, config_class, parameters
 
-__all__ = ["CONFIG_DEFAULTS", "complete", "guess"]
+__all__ = ["CONFIG_DEFAULTS", "complete", "fit_arguments", "guess"]
 
 CONFIG_DEFAULTS: dict[str, object] = {"bias": True}
 """A config's fields that are not sizes but that most configs have (nanoGPT's ``bias``)."""
@@ -67,6 +67,50 @@ def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 
 def _line(values: Mapping[str, object]) -> str:
     return " ".join(f"--arg {k}={v!r}" for k, v in values.items())
+
+
+_ROLES = (*KINDS.values(), ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop"))
+
+
+def fit_arguments(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> tuple[dict[str, object], list[str]]:
+    """``given``, each to a parameter ``factory`` has: its own name, else the parameter of the
+    same role (``sizes.KINDS``: ``d_model`` to ``n_embd``, ``nhead`` to ``n_head``) that nothing
+    given names; one it has no place for is left out. With what was moved or left out, as notes.
+
+    So one set of arguments (a teacher's ``--arg``, the README's ``d_model=32, nhead=4``) fits
+    every block of the lessons' kind, whatever its parameters are called. A factory taking
+    ``**kwargs`` or a config object (built from the arguments: ``complete``) gets them as given.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> fit_arguments(lesson.Block, {"d_model": 32, "nhead": 4, "bias": False})[0]
+        {'n_embd': 32, 'n_head': 4}
+    """
+    try:
+        params = list(inspect.signature(factory).parameters.values())  # **kwargs included
+    except (TypeError, ValueError):
+        params = []
+    if not params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params
+    ):
+        return dict(given), []
+    names = [p.name for p in params]
+    fitted: dict[str, object] = {n: v for n, v in given.items() if n in names}
+    name = getattr(factory, "__qualname__", repr(factory))
+    notes = []
+    for n, v in given.items():
+        if n in names:
+            continue
+        role = next((r for r in _ROLES if n in r), ())
+        to = next((p for p in names if p in role and p not in given and p not in fitted), None)
+        if to is not None:
+            fitted[to] = v
+            notes.append(f"{n}={v!r} given to {name}'s {to} (it has no {n})")
+        else:
+            notes.append(f"{n}={v!r} left out: {name} takes no {n}")
+    return fitted, notes
 
 
 def _builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:

@@ -26,7 +26,7 @@ from ..serve.calls import forward_arguments
 from ..serve.raised import learner_line, size_error
 from ..serve.raised import source as source_file
 from ..serve.subject import first_tensor
-from .arguments import complete
+from .arguments import complete, fit_arguments
 from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings
 from .vary import plan
 
@@ -129,6 +129,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
+    kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
     if other:
         return _other(target, kwargs)
     sizes = file_sizes(target, kwargs)
@@ -155,7 +156,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     undo = patch_globals(target, sizes)
     module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
-    notes, C = _origins(sizes, shown) + called, sizes.values.get("width")
+    notes, C = fitted + _origins(sizes, shown) + called, sizes.values.get("width")
     return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
 
 

@@ -22,6 +22,7 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -42,6 +43,9 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
+# The seeded RNG is the process's, not a thread's: one replay at a time, so that the threads of
+# ``gptblock grade`` (a block each) cannot draw from each other's seed.
+_RNG = threading.Lock()
 
 
 @dataclass
@@ -256,7 +260,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
 
     got: dict[int, Tensor] = {}
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with _RNG, torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(0)
             for op in trace.ops[: last + 1]:
                 args, kwargs = tree_map(value, (op.args, op.kwargs))

@@ -1,0 +1,306 @@
+"""``grade``: a class's submissions, each checked as ``gptblock check`` checks one, in parallel.
+
+Each submission (``submissions``: a file, a notebook or a student's folder) gets its block found
+without running it (``submissions.find_block``), then ``check_isolated``: its code runs only in
+the child processes that answer the checker's requests, so a submission that crashes, calls
+``sys.exit`` at import, loops forever, does not parse or prints a fake ``result: PASS`` is one
+``Row`` (``ERROR`` or ``TIMEOUT``, with the reason) and the batch goes on. ``jobs`` submissions
+are checked at once, by threads of this process: the work is the children's (each imports torch
+and runs the block); this process only compares their answers, a fraction of a second each.
+
+The rows become a gradebook (``write_csv``, ``write_json``) and, for one submission, Gradescope's
+``results.json`` (``gradescope``). Every file is written atomically (``gptblock.files``), so a
+gradebook rewritten after each row keeps the rows done when the batch is interrupted.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..devices import busy_cores
+from ..errors import UserError, UserValueError
+from ..files import atomic_write_bytes, atomic_write_json
+from .compare.probes import PROBES
+from .isolation.child import undumpable
+from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
+from .mistakes.report import CheckReport, Finding, one_line
+from .serve.subject import one_thread
+from .submissions import NotGraded, Submission, find_block, submissions
+
+__all__ = [
+    "CHECKS",
+    "VERDICTS",
+    "Row",
+    "free_cores",
+    "grade",
+    "gradescope",
+    "write_csv",
+    "write_json",
+]
+
+VERDICTS = ("PASS", "FAIL", "UNVERIFIED", "ERROR", "TIMEOUT")
+CHECKS = (*PROBES, "reference comparison")
+"""The checks every report has when the block can be built: Gradescope's tests, a point each."""
+_TIMED_OUT = "did not finish within"  # isolation's words for a child stopped at --timeout
+
+
+@dataclass(frozen=True)
+class Row:
+    """One submission graded.
+
+    Args:
+        student: the submission's file or folder name, without its suffix.
+        path: the submission as found.
+        block: ``FILE:CLASS`` checked, or ``""`` when no class was.
+        verdict: one of ``VERDICTS``: the report's, ``ERROR`` when the block could not be
+            loaded, built or found (or its process crashed), ``TIMEOUT`` past ``timeout``.
+        mistakes: the diagnosed mistakes' ids (``gptblock.check.MISTAKES``).
+        failed: the checks that did not pass.
+        report: the report's text, or the reason for an ``ERROR`` / ``TIMEOUT``.
+        seconds: how long it took, from finding its block to the verdict.
+        found: the classes that could have been the block.
+        checks: every check's finding.
+    """
+
+    student: str
+    path: str
+    block: str
+    verdict: str
+    mistakes: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    report: str = ""
+    seconds: float = 0.0
+    found: tuple[str, ...] = ()
+    checks: tuple[Finding, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON: its fields, each check as ``{name, status, message}``, the version."""
+        return {
+            "student": self.student,
+            "path": self.path,
+            "class": self.block,
+            "verdict": self.verdict,
+            "mistakes": list(self.mistakes),
+            "failed_checks": list(self.failed),
+            "classes_found": list(self.found),
+            "seconds": round(self.seconds, 2),
+            "gptblock": __version__,
+            "checks": [
+                {"name": f.name, "status": f.status, "message": f.message} for f in self.checks
+            ],
+            "report": self.report,
+        }
+
+
+def free_cores() -> int:
+    """The cores no other process keeps busy (``devices.busy_cores``), at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cpus or 1) - round(busy_cores() or 0))
+
+
+def grade(
+    paths: Iterable[str | os.PathLike[str] | Submission],
+    *,
+    kwargs: Mapping[str, object] | None = None,
+    name: str | None = None,
+    jobs: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """Check every submission in ``paths`` in a child process of its own; a row each, in order.
+
+    Args:
+        paths: submissions (``submissions``' files and folders), or ``Submission``\\ s.
+        kwargs: constructor arguments for every block (each given to the parameter of the same
+            name, or of the same role: ``d_model`` to ``n_embd``); the rest as ``check`` derives
+            them.
+        name: the class (or factory) to check in each submission, instead of finding it.
+        jobs: submissions checked at once; default ``free_cores()``.
+        timeout: seconds a submission may take to load, build and be checked.
+        on_row: called with each row as it is done (in the order they finish).
+
+    Raises:
+        UserValueError: ``jobs`` or ``timeout`` out of range; a path as ``submissions`` says.
+        KeyboardInterrupt: interrupted; the rows done were given to ``on_row``, and no new
+            submission is started.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "ada.py").write_text("import torch\\n")
+        >>> _ = (folder / "bob.py").write_text("def f(:\\n")
+        >>> for r in grade([folder], jobs=1):
+        ...     print(r.student, r.verdict, r.report)
+        ada ERROR no nn.Module subclass in it that could be a block
+        bob ERROR bob.py: SyntaxError at line 1: invalid syntax
+    """
+    subs = [s for p in paths for s in ([p] if isinstance(p, Submission) else submissions([p]))]
+    jobs = free_cores() if jobs is None else jobs
+    if not isinstance(jobs, int) or jobs < 1:
+        raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
+    if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
+        raise UserValueError(f"timeout must be a positive number <= 1e6, got {timeout!r}")
+    todo: queue.SimpleQueue[tuple[int, Submission]] = queue.SimpleQueue()
+    for item in enumerate(subs):
+        todo.put(item)
+    done: queue.SimpleQueue[tuple[int, Row]] = queue.SimpleQueue()
+    stop = threading.Event()
+    given = dict(kwargs or {})
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                i, sub = todo.get_nowait()
+            except queue.Empty:
+                return
+            done.put((i, grade_one(sub, given, name, timeout)))
+
+    rows: dict[int, Row] = {}
+    # Once for the batch: both change process-wide state that each check would otherwise set
+    # and restore under the others' feet (the threads' checks then leave it as it is).
+    with undumpable(), one_thread():
+        for _ in range(min(jobs, len(subs))):  # daemons: an interrupted batch does not wait
+            threading.Thread(target=work, daemon=True).start()
+        try:
+            while len(rows) < len(subs):
+                try:
+                    i, row = done.get(timeout=0.2)  # a short wait, so that Ctrl-C is heard
+                except queue.Empty:
+                    continue
+                rows[i] = row
+                if on_row is not None:
+                    on_row(row)
+        finally:
+            stop.set()
+    return [rows[i] for i in sorted(rows)]
+
+
+def grade_one(
+    sub: Submission, kwargs: Mapping[str, object], name: str | None, timeout: float
+) -> Row:
+    """One submission's row: its block found, then checked by ``check_isolated``."""
+    start = time.monotonic()
+
+    def row(block: str, verdict: str, report: str, **more: Any) -> Row:
+        seconds = time.monotonic() - start
+        return Row(
+            sub.student, str(sub.path), block, verdict, report=report, seconds=seconds, **more
+        )
+
+    try:
+        found = find_block(sub, name)
+    except NotGraded as e:
+        return row("", "ERROR", str(e), found=e.found)
+    block = f"{found.file.name}:{found.name}"
+    with tempfile.TemporaryDirectory() as folder:
+        file = found.file
+        if file.suffix != ".py":  # a notebook's code, as a file the child can load
+            file = Path(folder) / f"{found.file.stem}.py"
+            file.write_text(found.code, encoding="utf-8")
+        try:
+            report = check_isolated(
+                [f"{file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout
+            )[0]
+        except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
+            said = str(e).replace(str(file), str(found.file))
+            return row(block, "TIMEOUT" if _TIMED_OUT in said else "ERROR", said, found=found.found)
+        except Exception as e:  # one row, whatever failed: the batch goes on
+            said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
+            return row(block, "ERROR", said, found=found.found)
+    text = str(report).replace(str(file), str(found.file))
+    return row(
+        block,
+        _verdict(report),
+        text,
+        mistakes=tuple(report.diagnosis),
+        failed=tuple(f.name for f in report.findings if f.status != "PASS"),
+        found=found.found,
+        checks=tuple(report.findings),
+    )
+
+
+def _verdict(report: CheckReport) -> str:
+    """The report's verdict, unless the block's process ended it (isolation's ``process``
+    finding): then ``TIMEOUT`` or ``ERROR``, the findings before it kept in the report."""
+    ended = [f for f in report.findings if f.name == "process" and not f.passed]
+    if not ended:
+        return report.verdict
+    return "TIMEOUT" if _TIMED_OUT in ended[0].message else "ERROR"
+
+
+COLUMNS = ("student", "path", "class", "verdict", "mistakes", "failed_checks", "classes_found",
+           "seconds", "gptblock", "report")  # fmt: skip
+
+
+def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
+    """The gradebook as CSV, a row per submission (``COLUMNS``; lists space-separated, the
+    failed checks by ``"; "``), written atomically."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(COLUMNS)
+    for r in rows:
+        d = r.to_dict()
+        d["mistakes"], d["classes_found"] = " ".join(r.mistakes), " ".join(r.found)
+        d["failed_checks"] = "; ".join(r.failed)
+        writer.writerow([d[c] for c in COLUMNS])
+    atomic_write_bytes(path, out.getvalue().encode("utf-8"))
+
+
+def write_json(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
+    """The gradebook as a JSON list of ``Row.to_dict()``, written atomically."""
+    atomic_write_json(path, [r.to_dict() for r in rows], indent=2)
+
+
+def gradescope(row: Row) -> dict[str, Any]:
+    """Gradescope's autograder ``results.json`` for one submission: a test per check in
+    ``CHECKS`` (a point each, its finding as output; a check that did not run scores 0) and a
+    ``result`` test (a point for PASS), the report as the output, ``score`` their sum.
+
+    Example:
+        >>> r = gradescope(Row("ada", "ada.py", "ada.py:Block", "ERROR", report="SyntaxError"))
+        >>> r["score"], len(r["tests"]), r["tests"][-1]["output"]
+        (0.0, 9, 'ERROR\\nSyntaxError')
+    """
+    said = {f.name: f for f in row.checks}
+    tests = []
+    for name in CHECKS:
+        f = said.get(name)
+        ok = f is not None and f.status == "PASS"
+        output = f"{f.status}: {f.message}" if f else "not run: see the result"
+        tests.append(_test(name, ok, output))
+    said_more = [f"{f.name} {f.status}: {f.message}" for f in row.checks if f.name not in CHECKS]
+    said_more += [f"mistake: {m}" for m in row.mistakes]
+    if not row.checks:  # it was not checked: why
+        said_more.append(row.report)
+    result = "\n".join([row.verdict, *said_more])
+    tests.append(_test("result", row.verdict == "PASS", result))
+    return {
+        "score": float(sum(t["score"] for t in tests)),
+        "execution_time": round(row.seconds),
+        "output": row.report,
+        "tests": tests,
+        "extra_data": {"verdict": row.verdict, "class": row.block, "gptblock": __version__},
+    }
+
+
+def _test(name: str, ok: bool, output: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "score": 1.0 if ok else 0.0,
+        "max_score": 1.0,
+        "status": "passed" if ok else "failed",
+        "output": output,
+    }

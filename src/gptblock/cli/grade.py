@@ -1,0 +1,136 @@
+"""``gptblock grade``: check a class's submissions, one row each, into a gradebook.
+
+Argument parsing and printing only: ``gptblock.check.submissions`` finds the submissions and
+their blocks, ``gptblock.check.grading`` checks each as ``gptblock check`` does (in child
+processes, ``--jobs`` at once) and writes the gradebook. The CSV and JSON are rewritten after
+every row, atomically, so Ctrl-C keeps the rows done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tqdm import tqdm
+
+from ..check import DEFAULT_TIMEOUT, parse_argument
+from ..check.grading import Row, grade, gradescope, write_csv, write_json
+from ..check.submissions import submissions
+from ..errors import UserValueError
+from ..files import atomic_write_json, check_destination
+from .formatting import COMMANDS, HelpFormatter
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "grade",
+        help=COMMANDS["grade"],
+        description=(
+            "Check every submission as `gptblock check` checks one, in child processes: a .py "
+            "file, an .ipynb notebook (its code cells) or a student's folder of them; a folder of "
+            "those is a folder of submissions. Each submission's block is the nn.Module subclass "
+            "named Block (else with 'block' in its name, else the one no other class uses, else the "
+            "one that builds on the most others); a class that embeds tokens is a model, not a "
+            "block. When several could be, its row says which and --class picks. A submission that crashes, "
+            "exits, hangs or does not parse is a row (ERROR or TIMEOUT) and the batch goes on. "
+            "Exit code 0 when the batch ran, whatever the verdicts; 2 for bad arguments."
+        ),
+        epilog="docs/grading.md: from a folder of submissions to a gradebook and a Gradescope "
+        "autograder.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a submission, or a folder of them")
+    p.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a constructor argument for every block, VALUE a Python literal (else a string); "
+        "given to the parameter of that name or role (d_model to n_embd); repeat for more",
+    )
+    p.add_argument(
+        "--class",
+        dest="name",
+        metavar="NAME",
+        help="the class (or factory) to check in each submission (default: found as above)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="submissions checked at once (default: the cores no other process keeps busy)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long each submission may take to load, build and be checked",
+    )
+    p.add_argument("--csv", metavar="FILE", help="write the gradebook as CSV")
+    p.add_argument("--json", metavar="FILE", help="write the gradebook as JSON")
+    p.add_argument(
+        "--gradescope",
+        metavar="FILE",
+        help="write Gradescope's results.json for the one submission PATH is (a folder: one "
+        "student's, as /autograder/submission)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    kwargs = dict(parse_argument(a) for a in args.arg)
+    if args.jobs is not None and args.jobs < 1:
+        raise UserValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock
+        raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
+    for out in (args.csv, args.json, args.gradescope):
+        if out is not None:
+            check_destination(out)  # before the minutes of checking
+    if args.gradescope is not None and len(args.paths) != 1:
+        raise UserValueError(f"--gradescope grades one submission; got {len(args.paths)} PATHs")
+    subs = submissions(args.paths, one=args.gradescope is not None)
+    order = {str(s.path): i for i, s in enumerate(subs)}
+    rows: list[Row] = []
+    bar = tqdm(total=len(subs), unit="submission", disable=args.no_progress or None)
+
+    def done(row: Row) -> None:
+        rows.append(row)
+        rows.sort(key=lambda r: order[r.path])  # the gradebook in the submissions' order
+        if args.csv:
+            write_csv(rows, args.csv)
+        if args.json:
+            write_json(rows, args.json)
+        bar.set_postfix_str(f"{row.student}: {row.verdict}")
+        bar.update()
+
+    try:
+        grade(
+            subs, kwargs=kwargs, name=args.name, jobs=args.jobs, timeout=args.timeout, on_row=done
+        )
+    finally:
+        bar.close()
+        _table(rows)
+    if args.gradescope is not None:
+        atomic_write_json(args.gradescope, gradescope(rows[0]), indent=2)
+    return 0
+
+
+def _table(rows: list[Row]) -> None:
+    """The rows as a table on stdout (student, file:class, verdict, mistakes, seconds), then
+    the count of each verdict."""
+    if not rows:
+        return
+    cells = [("student", "file:class", "verdict", "mistakes (or why not checked)", "seconds")]
+    for r in rows:
+        said = " ".join(r.mistakes) or ("; ".join(r.failed) if r.verdict == "FAIL" else "")
+        if r.verdict in ("ERROR", "TIMEOUT"):
+            said = r.report.splitlines()[0][:80] if r.report else ""
+        cells.append((r.student, r.block or "-", r.verdict, said or "-", f"{r.seconds:.1f}"))
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=False)) + "  " + c[4].rjust(7))
+    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    print(f"{len(rows)} submissions: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    sys.stdout.flush()
