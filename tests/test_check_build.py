@@ -192,6 +192,15 @@ def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
     assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
 
 
+def test_the_readmes_call_builds_a_lesson_named_block_by_its_own_names(tmp_path):
+    # README: check_block(MyBlock, d_model=32, nhead=4), MyBlock taking n_embd and n_head
+    Block = load_target(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")
+    report = check_block(Block, d_model=48, nhead=6)
+    assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
+    with pytest.raises(UserValueError, match="unexpected keyword argument 'n_layers'"):
+        check_block(Block, n_layers=2)  # not a size: a typo is still refused
+
+
 def test_the_lecture_file_passes_on_the_command_line(tmp_path):
     done = _cli(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")
     assert done.returncode == 0, done.stdout + done.stderr
