@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import pickle
 import secrets
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
 from ... import errors
-from ..building.target import check_spec
+from ..building.target import check_spec, main_source
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line
 from ..serve.subject import one_thread
 from .child import STARTUP_LIMIT, Child, Gone, undumpable
@@ -100,10 +102,10 @@ def check_isolated(
     for t in targets:
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
-    sent = [t if isinstance(t, str) else _pickled(t) for t in targets]
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     reports: list[CheckReport] = []
-    with undumpable(), one_thread():
+    with tempfile.TemporaryDirectory() as folder, undumpable(), one_thread():
+        sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
         while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
             first = last = len(reports)
             while last < len(sent) and _source(sent[last]) == _source(sent[first]):
@@ -176,6 +178,19 @@ def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) ->
         return at_two_sizes(child.call, state, roles, fresh, weights)
     except ProtocolBroken as e:
         raise Gone(f"broke the checker's protocol ({e})") from None
+
+
+def _sent(target: object, folder: Path) -> str | bytes:
+    """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
+    notebook's cell, which the child cannot import) its source, as a file in ``folder``."""
+    if isinstance(target, str):
+        return target
+    source = main_source(target)
+    if source is None:
+        return _pickled(target)
+    folder.mkdir()
+    (folder / "__main__.py").write_text(source)
+    return f"{folder / '__main__.py'}:{_name(target)}"
 
 
 def _pickled(target: object) -> bytes:
