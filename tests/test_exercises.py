@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import gptblock.cli.exercises as cli_exercises
+from gptblock import lesson
 from gptblock.cli import main
-from gptblock.exercises import exercise1, exercise2, exercise3, run_all
+from gptblock.exercises import exercise1, exercise2, exercise3, on_learner, run_all
 from gptblock.reference import causal_head
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "exercises.md"
@@ -157,3 +158,115 @@ def test_cli_help_shows_the_default_seed(capsys):
     with pytest.raises(SystemExit):
         main(["exercises", "--help"])
     assert "(default: 0)" in capsys.readouterr().out
+
+
+# --- the exercises on the learner's own classes (--on) ----------------------------------------
+
+LEARNER = """
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+n_embd, n_head, block_size = 64, 4, 32
+
+
+class Head(nn.Module):
+    def __init__(self, head_size):
+        super().__init__()
+        self.key = nn.Linear(n_embd, head_size, bias=False)
+        self.query = nn.Linear(n_embd, head_size, bias=False)
+        self.value = nn.Linear(n_embd, head_size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        wei = self.query(x) @ self.key(x).transpose(-2, -1) * self.key.out_features ** -0.5
+        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        return F.softmax(wei, dim=-1) @ self.value(x)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, num_heads, head_size):
+        super().__init__()
+        self.heads = nn.ModuleList([Head(head_size) for _ in range(num_heads)])
+        self.proj = nn.Linear(head_size * num_heads, n_embd)
+
+    def forward(self, x):
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        self.sa = MultiHeadAttention(n_head, n_embd // n_head)
+        self.ffwd = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.ReLU(),
+                                  nn.Linear(4 * n_embd, n_embd))
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+
+    def forward(self, x):
+        x = x + self.sa(self.ln1(x))
+        return x + self.ffwd(self.ln3(x))  # a typo: ln3
+"""
+
+
+def test_on_runs_the_exercises_on_the_learners_classes_isolated(tmp_path, capsys):
+    path = tmp_path / "my_gpt.py"
+    path.write_text(LEARNER)
+    assert main(["exercises", "--on", str(path)]) == 1
+    out = capsys.readouterr().out
+    said = [line.split(maxsplit=1)[0] for line in out.splitlines() if line.startswith("  ")]
+    assert said == ["holds"] * 8 + ["does"] * 3 + ["holds"], out  # Head, MHA: every one holds
+    assert "3,072 = 3 C hs at C=64, hs=16" in out and "16,448 = 4 C^2 + C at C=64" in out
+    assert "(2, 6, 64) -> (2, 6, 16)" in out  # a head's output: (B, T, hs)
+    typo = "calling it raised AttributeError: 'Block' object has no attribute 'ln3'"
+    assert out.count(typo) == 3 and "49,792 = 12 C^2 + 10 C at C=64" in out, out
+    assert out.rstrip().endswith(
+        "FAIL: Block: shapes; Block: the mask; Block: the worked example"
+    ), out
+
+
+def test_a_learners_error_is_why_an_exercise_does_not_hold():
+    def typo(x):
+        raise AttributeError("'Block' object has no attribute 'ln3'")
+
+    found = on_learner("Block", typo, 32, 12 * 32 * 32 + 10 * 32)
+    assert [(h.exercise, h.holds) for h in found] == [
+        ("shapes", False),
+        ("the mask", False),
+        ("the worked example", False),
+        ("parameters", True),
+    ]
+    assert (
+        found[0].said == "calling it raised AttributeError: 'Block' object has no attribute 'ln3'"
+    )
+
+
+@pytest.mark.parametrize("C, nh", [(32, 4), (48, 3)])
+def test_the_lessons_own_classes_hold_every_exercise(C, nh):
+    torch.manual_seed(0)
+    for kind, module in (
+        ("Head", lesson.Head(C, C // nh, 8)),
+        ("MultiHeadAttention", lesson.MultiHeadAttention(nh, C, 8)),
+        ("Block", lesson.Block(C, nh, 8)),
+    ):
+        module = module.double().eval()
+
+        def forward(x, module=module):
+            with torch.no_grad():
+                return module(torch.from_numpy(x)).numpy()
+
+        n = sum(p.numel() for p in module.parameters())  # the counts: formulas checked here
+        found = on_learner(kind, forward, C, n)
+        assert all(h.holds for h in found), [h for h in found if not h.holds]
+        mistaken = on_learner(kind, forward, C, n + 1)[-1]
+        assert not mistaken.holds and "(1 more)" in mistaken.said
+
+
+def test_a_leak_and_a_blind_position_are_named():
+    w = np.random.default_rng(0).standard_normal((16, 16))
+    leaks = on_learner("Block", lambda x: x @ w + x.mean(axis=1, keepdims=True), 16, 0)[1]
+    assert not leaks.holds and leaks.said.startswith("changing token 1 moved the output at 0")
+    blind = on_learner("Block", lambda x: x @ w, 16, 0)[2]  # each position sees itself only
+    assert not blind.holds and blind.said.startswith(
+        "changing token 0 did not move the output at 1"
+    )
