@@ -270,3 +270,23 @@ def test_a_leak_and_a_blind_position_are_named():
     assert not blind.holds and blind.said.startswith(
         "changing token 0 did not move the output at 1"
     )
+
+
+def test_a_class_that_hangs_is_stopped_and_the_next_gets_a_fresh_process(tmp_path):
+    from gptblock.check.isolation.isolation import ask_isolated
+
+    path = tmp_path / "hangs.py"
+    path.write_text(
+        "import torch.nn as nn\n"
+        "class Head(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        while True:\n"
+        "            pass\n"
+        "class Block(nn.Linear):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(4, 4)\n"
+    )
+    targets = [f"{path}:Head", f"{path}:Block"]
+    answers = ask_isolated(targets, lambda call, i: call("build")[0]["description"], timeout=3)
+    assert answers == ["its process did not finish within 3 s and was stopped", "Block()"]

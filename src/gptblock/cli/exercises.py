@@ -97,13 +97,15 @@ def _on(file: str, seed: int, timeout: float) -> int:
     if not (math.isfinite(timeout) and timeout > 0):
         raise UserValueError(f"--timeout must be a positive number of seconds, got {timeout}")
     try:  # which classes it defines, read without running it
-        defined = {n.name for n in ast.parse(path.read_bytes()).body if isinstance(n, ast.ClassDef)}
+        defined = {
+            n.name for n in ast.parse(path.read_bytes(), file).body if isinstance(n, ast.ClassDef)
+        }
     except (SyntaxError, ValueError) as e:
         raise UserValueError(f"--on: cannot parse {file}: {e}") from None
     kinds = [k for k in LEARNER_CLASSES if k in defined]
     if not kinds:
         raise UserValueError(f"--on: {file} defines none of {', '.join(LEARNER_CLASSES)}")
-    print(f"the lessons' exercises on {file}'s {', '.join(kinds)} (each in a child process)")
+    print(f"the lessons' exercises on {file}'s {', '.join(kinds)} (in a child process)")
     answers = ask_isolated(
         [f"{file}:{k}" for k in kinds], lambda call, i: _asked(call, kinds[i], seed), timeout
     )
