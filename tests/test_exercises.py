@@ -162,66 +162,30 @@ def test_cli_help_shows_the_default_seed(capsys):
 
 # --- the exercises on the learner's own classes (--on) ----------------------------------------
 
-LEARNER = """
-import torch
-import torch.nn as nn
-from torch.nn import functional as F
-
-n_embd, n_head, block_size = 64, 4, 32
-
-
-class Head(nn.Module):
-    def __init__(self, head_size):
-        super().__init__()
-        self.key = nn.Linear(n_embd, head_size, bias=False)
-        self.query = nn.Linear(n_embd, head_size, bias=False)
-        self.value = nn.Linear(n_embd, head_size, bias=False)
-        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        wei = self.query(x) @ self.key(x).transpose(-2, -1) * self.key.out_features ** -0.5
-        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
-        return F.softmax(wei, dim=-1) @ self.value(x)
-
-
-class MultiHeadAttention(nn.Module):
-    def __init__(self, num_heads, head_size):
-        super().__init__()
-        self.heads = nn.ModuleList([Head(head_size) for _ in range(num_heads)])
-        self.proj = nn.Linear(head_size * num_heads, n_embd)
-
-    def forward(self, x):
-        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.sa = MultiHeadAttention(n_head, n_embd // n_head)
-        self.ffwd = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.ReLU(),
-                                  nn.Linear(4 * n_embd, n_embd))
-        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-
-    def forward(self, x):
-        x = x + self.sa(self.ln1(x))
-        return x + self.ffwd(self.ln3(x))  # a typo: ln3
-"""
+LECTURE = pathlib.Path(__file__).parent / "zoo_public" / "blocks" / "ng_video_lecture.py"
 
 
 def test_on_runs_the_exercises_on_the_learners_classes_isolated(tmp_path, capsys):
-    path = tmp_path / "my_gpt.py"
-    path.write_text(LEARNER)
-    assert main(["exercises", "--on", str(path)]) == 1
+    assert main(["exercises", "--on", str(LECTURE)]) == 0  # the lecture's own classes
     out = capsys.readouterr().out
     said = [line.split(maxsplit=1)[0] for line in out.splitlines() if line.startswith("  ")]
-    assert said == ["holds"] * 8 + ["does"] * 3 + ["holds"], out  # Head, MHA: every one holds
-    assert "3,072 = 3 C hs at C=64, hs=16" in out and "16,448 = 4 C^2 + C at C=64" in out
-    assert "(2, 6, 64) -> (2, 6, 16)" in out  # a head's output: (B, T, hs)
-    typo = "calling it raised AttributeError: 'Block' object has no attribute 'ln3'"
-    assert out.count(typo) == 3 and "49,792 = 12 C^2 + 10 C at C=64" in out, out
+    assert said == ["holds"] * 12 and out.rstrip().endswith(
+        "PASS: every exercise holds on " + str(LECTURE)
+    )
+    assert "768 = 3 C hs at C=32, hs=8" in out and "(2, 6, 32) -> (2, 6, 8)" in out  # a head's
+    assert "4,128 = 4 C^2 + C at C=32" in out and "12,608 = 12 C^2 + 10 C at C=32" in out
+    mistaken = tmp_path / "my_gpt.py"  # no mask, and a typo in the MLP's forward
+    mask = 'wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))'
+    text = LECTURE.read_text().replace(mask, "pass").replace("self.net(x)", "self.nett(x)")
+    mistaken.write_text(text)
+    assert main(["exercises", "--on", str(mistaken)]) == 1
+    out = capsys.readouterr().out
+    leak = "the mask            changing token 1 moved the output at 0: it sees a later token"
+    typo = "calling it raised AttributeError: 'FeedFoward' object has no attribute 'nett'"
+    assert out.count(leak) == 2 and out.count(typo) == 3 and "12,608 = 12 C^2" in out, out
     assert out.rstrip().endswith(
-        "FAIL: Block: shapes; Block: the mask; Block: the worked example"
+        "FAIL: Head: the mask; MultiHeadAttention: the mask; Block: shapes; Block: the mask; "
+        "Block: the worked example"
     ), out
 
 

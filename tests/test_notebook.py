@@ -17,56 +17,12 @@ from jupyter_client.manager import KernelManager  # noqa: E402  (after the skips
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
+LECTURE = (Path(__file__).parent / "zoo_public" / "blocks" / "ng_video_lecture.py").read_text()
 CELLS = [
-    """
-import torch
-import torch.nn as nn
-from torch.nn import functional as F
-import gptblock
-
-n_embd, block_size, dropout = 32, 16, 0.1
-""",
-    """
-class Head(nn.Module):
-    def __init__(self, head_size):
-        super().__init__()
-        self.key = nn.Linear(n_embd, head_size, bias=False)
-        self.query = nn.Linear(n_embd, head_size, bias=False)
-        self.value = nn.Linear(n_embd, head_size, bias=False)
-        self.register_buffer('tril', torch.tril(torch.ones(block_size, block_size)))
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        k, q = self.key(x), self.query(x)
-        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
-        wei = wei.masked_fill(self.tril[:T, :T] == 0, float('-inf'))
-        return self.dropout(F.softmax(wei, dim=-1)) @ self.value(x)
-
-
-class MultiHeadAttention(nn.Module):
-    def __init__(self, num_heads, head_size):
-        super().__init__()
-        self.heads = nn.ModuleList([Head(head_size) for _ in range(num_heads)])
-        self.proj = nn.Linear(head_size * num_heads, n_embd)
-
-    def forward(self, x):
-        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
-""",
-    """
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.sa = MultiHeadAttention(n_head, n_embd // n_head)
-        self.ffwd = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.ReLU(),
-                                  nn.Linear(4 * n_embd, n_embd))
-        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-
-    def forward(self, x):
-        x = x + self.sa(self.ln1(x))
-        return x + self.ffwd(self.ln2(x))
-""",
-    "gptblock.check_block(Block, d_model=32, nhead=4)",
+    "import gptblock",
+    LECTURE.partition("class Head")[0],  # torch imported, the sizes set
+    "class Head" + LECTURE.partition("class Head")[2].partition("# ----- the zoo's")[0],
+    "gptblock.check_block(Block, d_model=32, nhead=4)",  # the README's call, as written
     "gptblock.check_block(Block, d_model=32, nhead=4, isolate=True)",
 ]
 
