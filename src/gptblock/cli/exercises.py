@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blocks.config import check_seed
+from ..errors import UserValueError
 from ..exercises import run_all
 from .formatting import COMMANDS
 
@@ -39,6 +40,8 @@ def _verdict(passed: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     seed = check_seed(args.seed, "--seed")  # before any exercise runs
+    if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock (as check's)
+        raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
     if args.on is not None:
         return _on(args.on, seed, args.timeout)
     ex1, ex2, ex3 = run_all(seed)
@@ -88,14 +91,12 @@ def _on(file: str, seed: int, timeout: float) -> int:
     """The lessons' exercises on FILE's Head, MultiHeadAttention and Block; exit 1 when one
     does not hold."""
     from ..check.isolation.isolation import ask_isolated
-    from ..errors import UserFileNotFoundError, UserValueError
+    from ..errors import UserFileNotFoundError
     from ..exercises import LEARNER_CLASSES
 
     path = Path(file)
     if not path.is_file():
         raise UserFileNotFoundError(f"--on: no such file: {file}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise UserValueError(f"--timeout must be a positive number of seconds, got {timeout}")
     try:  # which classes it defines, read without running it
         defined = {
             n.name for n in ast.parse(path.read_bytes(), file).body if isinstance(n, ast.ClassDef)

@@ -1,7 +1,8 @@
 """The block in child processes that only answer requests.
 
 * ``isolation`` -- ``check_isolated``: every check and reading computed here from the children's
-  answers, with a timeout; ``sized`` -- the check at both sizes, one report.
+  answers, with a timeout (``ask_isolated``: other requests, ``gptblock exercises --on``'s);
+  ``sized`` -- the check at both sizes, one report.
 * ``remote`` -- the block's answers, as claims; ``served`` -- ``Served``: the block where it runs,
   answering the checker's requests (its width, outputs, gradients, parameters, its parts read
   into numbers) as plain data.
