@@ -407,3 +407,33 @@ def test_forward_arguments_are_filled_alike_in_the_runner_process(tmp_path):
     report = check_block(f"{_file(tmp_path, 'hf_style', text)}:Layer", n_embd=16, n_head=2)
     assert report.passed, str(report)
     assert "position_ids=torch.arange(T) as (1, T)" in report.notes[0]
+
+
+def test_a_class_of_main_is_sent_as_its_source_and_what_it_uses(tmp_path, monkeypatch):
+    import types
+
+    from gptblock.check.building.target import main_source
+
+    path = tmp_path / "cell.py"  # a cell: linecache reads it by its code's file name
+    path.write_text(
+        "import torch.nn as nn\n"
+        "from gptblock import lesson\n"
+        "W, unused = 16, 1\n"
+        "class Inner(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.b = lesson.Block(W, 2, 8)\n"
+        "Alias = Inner\n"
+        "class Outer(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.i = Alias()\n"
+    )
+    main = types.ModuleType("__main__")
+    exec(compile(path.read_text(), str(path), "exec"), vars(main))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    source = main_source(main.Outer)
+    assert "unused" not in source and main_source(load_target("gptblock.lesson:Block")) is None
+    fresh: dict[str, object] = {}
+    exec(source, fresh)  # another process's view: nothing of this one's __main__
+    assert sum(p.numel() for p in fresh["Outer"]().parameters()) == 12 * 16 * 16 + 10 * 16

@@ -131,6 +131,8 @@ def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
             inspect.isclass(value) or inspect.isfunction(value)
         ) and value.__module__ == "__main__":
             _define(value, scope, done)
+            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
+                done[used] = f"{used} = {value.__name__}"
         else:
             try:
                 done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
