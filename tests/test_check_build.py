@@ -192,6 +192,15 @@ def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
     assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
 
 
+def test_the_readmes_call_builds_a_lesson_named_block_by_its_own_names(tmp_path):
+    # README: check_block(MyBlock, d_model=32, nhead=4), MyBlock taking n_embd and n_head
+    Block = load_target(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")
+    report = check_block(Block, d_model=48, nhead=6)
+    assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
+    with pytest.raises(UserValueError, match="unexpected keyword argument 'n_layers'"):
+        check_block(Block, n_layers=2)  # not a size: a typo is still refused
+
+
 def test_the_lecture_file_passes_on_the_command_line(tmp_path):
     done = _cli(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -410,3 +419,33 @@ def test_arguments_go_to_the_parameter_of_their_role_or_are_left_out():
     assert "n_embd=16, n_head=2" in report.target
     notes = " ".join(report.notes)
     assert "d_model=16 given to Block's n_embd" in notes and "bias=False left out" in notes
+
+
+def test_a_class_of_main_is_sent_as_its_source_and_what_it_uses(tmp_path, monkeypatch):
+    import types
+
+    from gptblock.check.building.target import main_source
+
+    path = tmp_path / "cell.py"  # a cell: linecache reads it by its code's file name
+    path.write_text(
+        "import torch.nn as nn\n"
+        "from gptblock import lesson\n"
+        "W, unused = 16, 1\n"
+        "class Inner(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.b = lesson.Block(W, 2, 8)\n"
+        "Alias = Inner\n"
+        "class Outer(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.i = Alias()\n"
+    )
+    main = types.ModuleType("__main__")
+    exec(compile(path.read_text(), str(path), "exec"), vars(main))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    source = main_source(main.Outer)
+    assert "unused" not in source and main_source(load_target("gptblock.lesson:Block")) is None
+    fresh: dict[str, object] = {}
+    exec(source, fresh)  # another process's view: nothing of this one's __main__
+    assert sum(p.numel() for p in fresh["Outer"]().parameters()) == 12 * 16 * 16 + 10 * 16

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import gptblock.cli.exercises as cli_exercises
+from gptblock import lesson
 from gptblock.cli import main
-from gptblock.exercises import exercise1, exercise2, exercise3, run_all
+from gptblock.exercises import exercise1, exercise2, exercise3, on_learner, run_all
 from gptblock.reference import causal_head
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "exercises.md"
@@ -157,3 +158,99 @@ def test_cli_help_shows_the_default_seed(capsys):
     with pytest.raises(SystemExit):
         main(["exercises", "--help"])
     assert "(default: 0)" in capsys.readouterr().out
+
+
+# --- the exercises on the learner's own classes (--on) ----------------------------------------
+
+LECTURE = pathlib.Path(__file__).parent / "zoo_public" / "blocks" / "ng_video_lecture.py"
+
+
+def test_on_runs_the_exercises_on_the_learners_classes_isolated(tmp_path, capsys):
+    assert main(["exercises", "--on", str(LECTURE)]) == 0  # the lecture's own classes
+    out = capsys.readouterr().out
+    said = [line.split(maxsplit=1)[0] for line in out.splitlines() if line.startswith("  ")]
+    assert said == ["holds"] * 12 and out.rstrip().endswith(
+        "PASS: every exercise holds on " + str(LECTURE)
+    )
+    assert "768 = 3 C hs at C=32, hs=8" in out and "(2, 6, 32) -> (2, 6, 8)" in out  # a head's
+    assert "4,128 = 4 C^2 + C at C=32" in out and "12,608 = 12 C^2 + 10 C at C=32" in out
+    mistaken = tmp_path / "my_gpt.py"  # no mask, and a typo in the MLP's forward
+    mask = 'wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))'
+    text = LECTURE.read_text().replace(mask, "pass").replace("self.net(x)", "self.nett(x)")
+    mistaken.write_text(text)
+    assert main(["exercises", "--on", str(mistaken)]) == 1
+    out = capsys.readouterr().out
+    leak = "the mask            changing token 1 moved the output at 0: it sees a later token"
+    typo = "calling it raised AttributeError: 'FeedFoward' object has no attribute 'nett'"
+    assert out.count(leak) == 2 and out.count(typo) == 3 and "12,608 = 12 C^2" in out, out
+    assert out.rstrip().endswith(
+        "FAIL: Head: the mask; MultiHeadAttention: the mask; Block: shapes; Block: the mask; "
+        "Block: the worked example"
+    ), out
+
+
+def test_a_learners_error_is_why_an_exercise_does_not_hold():
+    def typo(x):
+        raise AttributeError("'Block' object has no attribute 'ln3'")
+
+    found = on_learner("Block", typo, 32, 12 * 32 * 32 + 10 * 32)
+    assert [(h.exercise, h.holds) for h in found] == [
+        ("shapes", False),
+        ("the mask", False),
+        ("the worked example", False),
+        ("parameters", True),
+    ]
+    assert (
+        found[0].said == "calling it raised AttributeError: 'Block' object has no attribute 'ln3'"
+    )
+
+
+@pytest.mark.parametrize("C, nh", [(32, 4), (48, 3)])
+def test_the_lessons_own_classes_hold_every_exercise(C, nh):
+    torch.manual_seed(0)
+    for kind, module in (
+        ("Head", lesson.Head(C, C // nh, 8)),
+        ("MultiHeadAttention", lesson.MultiHeadAttention(nh, C, 8)),
+        ("Block", lesson.Block(C, nh, 8)),
+    ):
+        module = module.double().eval()
+
+        def forward(x, module=module):
+            with torch.no_grad():
+                return module(torch.from_numpy(x)).numpy()
+
+        n = sum(p.numel() for p in module.parameters())  # the counts: formulas checked here
+        found = on_learner(kind, forward, C, n)
+        assert all(h.holds for h in found), [h for h in found if not h.holds]
+        mistaken = on_learner(kind, forward, C, n + 1)[-1]
+        assert not mistaken.holds and "(1 more)" in mistaken.said
+
+
+def test_a_leak_and_a_blind_position_are_named():
+    w = np.random.default_rng(0).standard_normal((16, 16))
+    leaks = on_learner("Block", lambda x: x @ w + x.mean(axis=1, keepdims=True), 16, 0)[1]
+    assert not leaks.holds and leaks.said.startswith("changing token 1 moved the output at 0")
+    blind = on_learner("Block", lambda x: x @ w, 16, 0)[2]  # each position sees itself only
+    assert not blind.holds and blind.said.startswith(
+        "changing token 0 did not move the output at 1"
+    )
+
+
+def test_a_class_that_hangs_is_stopped_and_the_next_gets_a_fresh_process(tmp_path):
+    from gptblock.check.isolation.isolation import ask_isolated
+
+    path = tmp_path / "hangs.py"
+    path.write_text(
+        "import torch.nn as nn\n"
+        "class Head(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        while True:\n"
+        "            pass\n"
+        "class Block(nn.Linear):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(4, 4)\n"
+    )
+    targets = [f"{path}:Head", f"{path}:Block"]
+    answers = ask_isolated(targets, lambda call, i: call("build")[0]["description"], timeout=3)
+    assert answers == ["its process did not finish within 3 s and was stopped", "Block()"]

@@ -10,11 +10,17 @@
 
 ``gptblock exercises`` prints them. Each function takes a ``seed`` and is deterministic given it.
 NumPy only, like the oracle the exercises are about.
+
+``on_learner`` runs the lessons' exercises on a learner's own ``Head``, ``MultiHeadAttention`` or
+``Block``, given as a function from an input to its output (``gptblock exercises --on FILE.py``
+calls the class in a child process, as ``gptblock check`` does): its shapes, the mask, its
+parameter count, and the worked example (``gptblock.example``). Each holds or says why not.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,13 +31,17 @@ from .errors import UserValueError
 from .reference import causal_head, softmax
 
 __all__ = [
+    "LEARNER_CLASSES",
     "CausalHeadCheck",
     "EntropyComparison",
+    "Holds",
+    "Refused",
     "ScoreVariance",
     "VarianceRow",
     "exercise1",
     "exercise2",
     "exercise3",
+    "on_learner",
     "run_all",
 ]
 
@@ -223,6 +233,139 @@ def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyCompa
         [True, True, True]
     """
     return exercise1(seed), exercise2(seed), exercise3(seed)
+
+
+LEARNER_CLASSES = ("Head", "MultiHeadAttention", "Block")
+"""The lessons' classes ``on_learner`` knows, by the lessons' names."""
+
+
+class Refused(Exception):
+    """What the learner's code raised in its own process, as it was said there (one line)."""
+
+
+@dataclass(frozen=True)
+class Holds:
+    """One exercise on a learner's class: whether it holds, and what was measured or why not."""
+
+    exercise: str
+    holds: bool
+    said: str
+
+
+def on_learner(
+    kind: str,
+    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    C: int,
+    n_params: int,
+    T: int = 6,
+    seed: int = 0,
+    tol: float = 1e-10,
+) -> list[Holds]:
+    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``).
+
+    Args:
+        kind: which class it is meant to be.
+        forward: its output (eval mode) for a (B, T, C) input; whatever it raises is why an
+            exercise does not hold.
+        C: its width; ``n_params``: how many parameters it has.
+        T: the sequence length, at most its block_size.
+        seed: of the random inputs.
+        tol: "did not move", relative to the output's scale (float64: 1e-10).
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.random.default_rng(0).standard_normal((8, 8))
+        >>> def causal(x):  # a running mean: position t sees positions 0..t
+        ...     return np.cumsum(x @ w, axis=1) / np.arange(1, x.shape[1] + 1)[:, None]
+        >>> [(h.exercise, h.holds) for h in on_learner("MultiHeadAttention", causal, 8, 64)]
+        [('shapes', True), ('the mask', True), ('the worked example', True), ('parameters', False)]
+        >>> on_learner("Head", causal, 8, 64)[1].said
+        'changing token t moves no output before t (t = 1..5)'
+    """
+    rng = _rng(seed)
+    B = 2
+    x = rng.standard_normal((B, T, C))  # (B, T, C)
+    want = f"(B, T, {'hs' if kind == 'Head' else 'C'})"
+    try:
+        y = np.asarray(forward(x), dtype=np.float64)  # (B, T, C), or a head's (B, T, hs)
+    except Exception as e:  # the learner's code: whatever it raises is its answer
+        y, why = np.zeros(0), f"calling it raised {_said(e)}"
+    else:
+        fits = y.shape == x.shape or (kind == "Head" and y.ndim == 3 and y.shape[:2] == (B, T))
+        why = "" if fits else f"its output is {y.shape}, not {want}"
+    shapes = Holds("shapes", not why, why or f"{x.shape} -> {y.shape}")
+    if why:
+        hs = y.shape[-1] if y.ndim == 3 else 0
+        lost = [Holds(n, False, why) for n in ("the mask", "the worked example")]
+        return [shapes, *lost, _parameters(kind, C, hs, n_params)]
+    leaks, still = _moved(forward, x, y, rng, tol)
+    mask = Holds(
+        "the mask",
+        not leaks,
+        leaks or f"changing token t moves no output before t (t = 1..{T - 1})",
+    )
+    example = Holds(
+        "the worked example",
+        not still,
+        still or f"changing token t moves every output from t on (t = 0..{T - 1})",
+    )
+    return [shapes, mask, example, _parameters(kind, C, y.shape[-1], n_params)]
+
+
+def _moved(
+    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    x: NDArray[np.float64],
+    y: NDArray[np.float64],
+    rng: np.random.Generator,
+    tol: float,
+) -> tuple[str, str]:
+    """The worked example: token t changed in turn, why the mask and the example do not hold
+    (``""``: they do): an output before t that moved, one from t on that did not."""
+    B, T, C = x.shape
+    scale = tol * (1.0 + float(np.nan_to_num(np.abs(y)).max()))
+    leaks = still = ""
+    for t in range(T):
+        x2 = x.copy()
+        x2[:, t] += rng.standard_normal((B, C))
+        try:
+            y2 = np.asarray(forward(x2), dtype=np.float64)
+        except Exception as e:  # the learner's code
+            return (f"calling it raised {_said(e)}",) * 2
+        moved = np.abs(y2 - y).max(axis=(0, 2)) > scale  # (T,): over the batch and channels
+        sees = [p for p in range(t) if moved[p]]
+        blind = [p for p in range(t, T) if not moved[p]]
+        if sees and not leaks:
+            leaks = f"changing token {t} moved the output at {sees[0]}: it sees a later token"
+        if blind and not still:
+            still = f"changing token {t} did not move the output at {blind[0]}: it cannot see it"
+    return leaks, still
+
+
+def _parameters(kind: str, C: int, hs: int, n: int) -> Holds:
+    """The lesson's count: a head's key, query and value (3 C hs, no biases); the attention's
+    heads and projection (4 C^2 + C); the block's attention, MLP (C -> 4C -> C, 8 C^2 + 5 C) and
+    two LayerNorms (4 C)."""
+    formula, want = {
+        "Head": ("3 C hs", 3 * C * hs),
+        "MultiHeadAttention": ("4 C^2 + C", 4 * C * C + C),
+        "Block": ("12 C^2 + 10 C", 12 * C * C + 10 * C),
+    }[kind]
+    at = f"C={C}" + (f", hs={hs}" if kind == "Head" else "")
+    if kind == "Head" and not hs:
+        return Holds("parameters", False, f"{n:,}; the head size hs is unknown: see its shapes")
+    if n == want:
+        return Holds("parameters", True, f"{n:,} = {formula} at {at}")
+    return Holds(
+        "parameters",
+        False,
+        f"{n:,}, the lesson's {kind} has {formula} = {want:,} at {at} "
+        f"({abs(n - want):,} {'fewer' if n < want else 'more'})",
+    )
+
+
+def _said(e: BaseException) -> str:
+    said = str(e) if isinstance(e, Refused) else f"{type(e).__name__}: {e}"
+    return " ".join(said.split())[:400]
 
 
 def _rng(seed: int) -> np.random.Generator:

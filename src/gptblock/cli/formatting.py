@@ -15,7 +15,8 @@ COMMANDS = {
     "export": "write a trained run as a Hugging Face directory, tokenizer included",
     "check": "find the mistakes in a transformer block and say how to fix them",
     "grade": "check a class's submissions into a gradebook (CSV, JSON, Gradescope)",
-    "exercises": "run the lesson's exercises (score variance, causal head, entropy) and check them",
+    "exercises": "run the lesson's exercises (score variance, causal head, entropy) and check them;"
+    " --on FILE.py: on your own classes",
     "bench": "time every form of the block against the machine's matmul peak",
     "example": "run the lesson's worked example: which outputs change when one token changes",
     "info": "print versions, threads and available devices",

@@ -133,11 +133,16 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     if other:
         return _other(target, kwargs)
     sizes = file_sizes(target, kwargs)
-    values, given = names(sizes), dict(kwargs)
     try:
         signature = inspect.signature(target).parameters
     except (TypeError, ValueError):  # some builtins have no signature
         signature = {}  # type: ignore[assignment]
+    # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
+    # ``values``: passed as named, it would be refused
+    size_names = {n for kind in KINDS.values() for n in kind}
+    taken = not signature or any(p.kind is p.VAR_KEYWORD for p in signature.values())
+    values = names(sizes)
+    given = {n: v for n, v in kwargs.items() if taken or n in signature or n not in size_names}
     empty = inspect.Parameter.empty
     params = [  # a size argument without a default, or with a number: None may mean "none"
         n for n, p in signature.items()

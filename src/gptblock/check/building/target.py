@@ -14,8 +14,12 @@ the CLI prints before exiting with code 2.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import importlib.util
+import inspect
+import linecache
+import pickle
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -24,7 +28,7 @@ from typing import Any
 from ...errors import UserFileNotFoundError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 
-__all__ = ["check_spec", "load_target", "parse_argument", "parse_role"]
+__all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_role"]
 
 
 def parse_argument(text: str) -> tuple[str, object]:
@@ -88,6 +92,80 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
     if is_file and not Path(where).is_file():
         raise UserFileNotFoundError(f"no such file: {where}")
     return where, name, is_file
+
+
+def main_source(target: object) -> str | None:
+    """A module's text that defines ``target``, a class or function of ``__main__`` (a notebook
+    cell's, or a script's run as a program), so that another process can load it; None for any
+    other target (pickled by name, it loads there as it is).
+
+    Its source is read from the cell (``linecache``, which the kernel fills: ``inspect`` cannot
+    find a cell's class in some Jupyter kernels), after what it uses from ``__main__``: the
+    classes and functions defined there (their sources too), modules imported, and every other
+    value pickled (``n_embd = 32``, a function by name). Running the cells again instead would
+    also run what they do besides defining (training, or this very check).
+
+    Raises:
+        UserValueError: its source cannot be found.
+    """
+    main = sys.modules.get("__main__")
+    if getattr(target, "__module__", None) != "__main__" or main is None:
+        return None
+    done: dict[str, str] = {}  # name -> its line(s), in the order the module needs them
+    _define(target, vars(main), done)
+    return "import pickle as _pickle\n" + "\n".join(done.values())
+
+
+def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
+    """``obj``'s source into ``done``, after what it uses from ``scope`` (``__main__``'s)."""
+    name = obj.__name__
+    done[name] = ""  # being defined: a class naming itself (super(Block, self)) is not a need
+    node, text = _def_node(obj)
+    for used in dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)):
+        if used in done or used not in scope or hasattr(builtins, used):
+            continue
+        value = scope[used]
+        if inspect.ismodule(value):
+            done[used] = f"import {value.__name__} as {used}"
+        elif (
+            inspect.isclass(value) or inspect.isfunction(value)
+        ) and value.__module__ == "__main__":
+            _define(value, scope, done)
+            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
+                done[used] = f"{used} = {value.__name__}"
+        else:
+            try:
+                done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
+            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
+                continue
+    del done[name]
+    done[name] = text
+
+
+def _def_node(obj: Any) -> tuple[ast.AST, str]:
+    """The top-level ``class`` / ``def`` of ``obj`` in its cell or file, and its text."""
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in _functions(obj)]
+    files = dict.fromkeys(c.co_filename for c in codes if c is not None)
+    for file in [*files, *reversed(linecache.cache)]:  # its own cell first, else the latest
+        lines = linecache.getlines(str(file))
+        try:
+            tree = ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
+        found = [n for n in tree.body if isinstance(n, kinds) and n.name == obj.__name__]
+        if found:
+            node = found[-1]
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return node, "".join(lines[first - 1 : node.end_lineno])
+    raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
+
+
+def _functions(obj: Any) -> list[Any]:
+    if not inspect.isclass(obj):
+        return [obj]
+    found = (getattr(v, "__func__", v) for v in vars(obj).values())
+    return [f for f in found if inspect.isfunction(f)]
 
 
 def load_target(spec: str) -> Any:

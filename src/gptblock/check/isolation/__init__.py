@@ -1,7 +1,8 @@
 """The block in child processes that only answer requests.
 
 * ``check`` -- ``check_isolated``: every check and reading computed here from the children's
-  answers, with a timeout, at both sizes (``two_sizes``, for a check in this process too).
+  answers, with a timeout, at both sizes (``two_sizes``, for a check in this process too);
+  ``ask_isolated``: other requests (``gptblock exercises --on``'s).
 * ``remote`` -- the block's answers, as claims.
 * ``child`` -- starting them (``gptblock.early``: as soon as ``gptblock check`` starts), asking
   and stopping them, under names and an environment that do not name the checker; ``reaper`` --

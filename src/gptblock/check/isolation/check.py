@@ -40,24 +40,37 @@ is a ``UserError`` naming what it raised and the learner's line; at the other si
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import secrets
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from ... import errors
 from ..building.sizes import combine, not_other
-from ..building.target import check_spec
+from ..building.target import check_spec, main_source
 from ..compare.verdict import Progress, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
 from .child import STARTUP_LIMIT, Child, Gone, undumpable
 from .remote import Call, ProtocolBroken, Remote
 
-__all__ = ["DEFAULT_TIMEOUT", "STARTUP_LIMIT", "Told", "check_isolated", "two_sizes"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "STARTUP_LIMIT",
+    "Told",
+    "ask_isolated",
+    "check_isolated",
+    "two_sizes",
+]
+
+Answer = TypeVar("Answer")
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a block may take to load, build and be checked (a check takes well under one)."""
@@ -106,10 +119,10 @@ def check_isolated(
     for t in targets:
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
-    sent = [t if isinstance(t, str) else _pickled(t) for t in targets]
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     reports: list[CheckReport] = []
-    with undumpable(), one_thread():
+    with tempfile.TemporaryDirectory() as folder, undumpable(), one_thread():
+        sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
         while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
             first = last = len(reports)
             while last < len(sent) and _source(sent[last]) == _source(sent[first]):
@@ -131,25 +144,8 @@ def _run_child(
     timeout: float,
 ) -> list[CheckReport]:
     """Run one child on ``targets``; returns a report per target it got to (at least one)."""
-    try:
-        request = pickle.dumps({"targets": targets, "kwargs": dict(kwargs)})
-    except CAUGHT as e:
-        raise errors.UserValueError(
-            f"cannot send the constructor arguments to a child process: {one_line(e)}"
-        ) from e
-    child = Child(request)
     reports: list[CheckReport] = []
-    try:
-        try:
-            child.ready()  # torch and their code imported
-        except (Gone, Raised) as e:
-            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
-            what = e.what if isinstance(e, Gone) else str(e)
-            what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
-            raise RuntimeError(
-                f"the checker's child process {what} before checking anything"
-                + (f": {err[-1]}" if err else "")
-            ) from None
+    with _started(targets, kwargs) as child:
         for i in range(len(targets)):
             state = _State(i, f"loading {names[i]}")
             child.deadline = time.monotonic() + timeout
@@ -163,13 +159,70 @@ def _run_child(
                 break  # the targets after it get a fresh child
             except Raised as e:
                 reports.append(_failed(state, names, e))
-    finally:
-        child.close()
     noisy = [o.describe() for o in child.outputs if o.size]
     if noisy:
         note = f"the checked code wrote {' and '.join(noisy)}; not shown"
         reports = [_with_note(r, note) for r in reports]
     return reports
+
+
+@contextlib.contextmanager
+def _started(targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> Iterator[Child]:
+    """A child that loaded ``targets`` (by index: ``call("load", index=i)``), ready; stopped
+    with everything below it at the end.
+
+    Raises:
+        RuntimeError: it could not start the checker.
+    """
+    try:
+        request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
+    except CAUGHT as e:
+        raise errors.UserValueError(
+            f"cannot send the constructor arguments to a child process: {one_line(e)}"
+        ) from e
+    child = Child(request)
+    try:
+        try:
+            child.ready()  # torch and their code imported
+        except (Gone, Raised) as e:
+            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
+            what = e.what if isinstance(e, Gone) else str(e)
+            what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
+            raise RuntimeError(
+                f"the checker's child process {what} before checking anything"
+                + (f": {err[-1]}" if err else "")
+            ) from None
+        yield child
+    finally:
+        child.close()
+
+
+def ask_isolated(
+    targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
+) -> list[Answer | str]:
+    """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
+    ``check_isolated`` loads it (``call``: ``Child.call``; ``call("build")`` builds it as
+    ``check`` does); for a target that cannot be loaded or built, whose process ended or ran
+    past ``timeout`` seconds, or whose error ``ask`` let through, why not, in one line.
+    """
+    for t in targets:
+        check_spec(t)
+    answers: list[Answer | str] = []
+    with undumpable(), one_thread():
+        while len(answers) < len(targets):  # a child that dies leaves the rest to a fresh one
+            with _started(targets, {}) as child:
+                for i in range(len(answers), len(targets)):
+                    child.deadline = time.monotonic() + timeout
+                    try:
+                        child.call("load", index=i)
+                        answers.append(ask(child.call, i))
+                    except Gone as e:
+                        stopped = f"did not finish within {timeout:g} s and was stopped"
+                        answers.append(f"its process {stopped if e.what == 'timeout' else e.what}")
+                        break
+                    except (Raised, errors.UserError) as e:
+                        answers.append(str(e))
+    return answers
 
 
 def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
@@ -182,6 +235,19 @@ def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) ->
         return at_two_sizes(child.call, state, roles, fresh, weights)
     except ProtocolBroken as e:
         raise Gone(f"broke the checker's protocol ({e})") from None
+
+
+def _sent(target: object, folder: Path) -> str | bytes:
+    """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
+    notebook's cell, which the child cannot import) its source, as a file in ``folder``."""
+    if isinstance(target, str):
+        return target
+    source = main_source(target)
+    if source is None:
+        return _pickled(target)
+    folder.mkdir()
+    (folder / "__main__.py").write_text(source)
+    return f"{folder / '__main__.py'}:{_name(target)}"
 
 
 def _pickled(target: object) -> bytes:

@@ -15,6 +15,7 @@ from typing import Any
 from ..serve.loop import CAUGHT
 from ..serve.loop import one_line as said
 from .catalogue import MISTAKES
+from .notebook import summary, to_html
 
 __all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
 
@@ -175,6 +176,12 @@ class CheckReport:
 
     def __str__(self) -> str:
         return self.format()
+
+    def __repr__(self) -> str:
+        return summary(self)
+
+    def _repr_html_(self) -> str:  # what a notebook shows (``notebook``)
+        return to_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
