@@ -237,7 +237,7 @@ def test_a_leak_and_a_blind_position_are_named():
 
 
 def test_a_class_that_hangs_is_stopped_and_the_next_gets_a_fresh_process(tmp_path):
-    from gptblock.check.isolation.isolation import ask_isolated
+    from gptblock.check.isolation.check import ask_isolated
 
     path = tmp_path / "hangs.py"
     path.write_text(

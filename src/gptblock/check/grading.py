@@ -35,7 +35,7 @@ from ..errors import UserError, UserValueError
 from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
 from .isolation.child import undumpable
-from .isolation.isolation import DEFAULT_TIMEOUT, check_isolated
+from .isolation.check import DEFAULT_TIMEOUT, check_isolated
 from .mistakes.report import CheckReport, Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def _on(file: str, seed: int, timeout: float) -> int:
     """The lessons' exercises on FILE's Head, MultiHeadAttention and Block; exit 1 when one
     does not hold."""
-    from ..check.isolation.isolation import ask_isolated
+    from ..check.isolation.check import ask_isolated
     from ..errors import UserFileNotFoundError
     from ..exercises import LEARNER_CLASSES
 
