@@ -334,7 +334,7 @@ def test_bad_roles_are_user_errors(roles, message):
 
 
 def test_roles_must_be_a_mapping_of_names():
-    with pytest.raises(TypeError, match="roles must map"):
+    with pytest.raises(TypeError, match="roles must be a"):
         check_block(LectureBlock, n_embd=32, n_head=4, block_size=16, roles=["q"])
 
 

@@ -34,8 +34,8 @@ from ..devices import busy_cores
 from ..errors import UserError, UserValueError
 from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
-from .isolation.child import undumpable
 from .isolation.check import DEFAULT_TIMEOUT, check_isolated
+from .isolation.child import undumpable
 from .mistakes.report import CheckReport, Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
