@@ -244,6 +244,7 @@ def test_top_k_restricts_the_choice_and_is_clamped():
         ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
         ({"top_k": 0}, "top_k must be a positive int or None, got 0"),
         ({"max_new_tokens": -1}, "max_new_tokens must be an int >= 0, got -1"),
+        ({"temperature": 0, "top_k": 5}, r"top_k=5 acts only when sampling \(temperature > 0\)"),
     ],
 )
 def test_generate_argument_errors(kw, match):

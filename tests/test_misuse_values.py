@@ -311,3 +311,10 @@ def test_train_says_how_many_threads_it_took(tmp_path, capsys):
     assert main([*argv, *small, "--warmup", "1", "--threads", "1"]) == 0
     assert "1 CPU thread)" in capsys.readouterr().out
     assert torch.get_num_threads() == threads  # restored after the command
+
+
+def test_sample_refuses_top_k_with_greedy_decoding(capsys):
+    # --top-k cannot act when --temperature 0 takes the likeliest token: one line, exit 2
+    assert main(["sample", "--temperature", "0", "--top-k", "5", "--out", "nowhere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "top_k=5 acts only when sampling" in err, err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..model.generation.sampling import refuse_top_k_when_greedy
 from ..sampling import GENERATION_WEIGHTS, generation_weights, stream_text
 from .formatting import COMMANDS, HelpFormatter, add_threads_option
 from .options import add_source_options, load_source
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_top_k_when_greedy(args.temperature, args.top_k)  # before the run is loaded
     model, tokenizer, _ = load_source(args)
     weights = generation_weights(args.weights, model)
     pieces = stream_text(

@@ -53,6 +53,7 @@ class Sampling(NamedTuple):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
             raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        refuse_top_k_when_greedy(temperature, top_k)
         if generator is not None and (
             not isinstance(generator, torch.Generator) or generator.device.type != device.type
         ):
@@ -95,3 +96,12 @@ def sample(
     overflowed = probs.isnan().any(dim=-1, keepdim=True)  # (B, 1)
     probs = torch.where(overflowed, F.one_hot(greedy[:, 0], probs.shape[-1]).to(probs), probs)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def refuse_top_k_when_greedy(temperature: object, top_k: object) -> None:
+    """Greedy decoding (temperature 0) takes the likeliest token: a top_k cannot act there."""
+    if top_k is not None and temperature == 0:
+        raise UserValueError(
+            f"top_k={top_k} acts only when sampling (temperature > 0), but temperature is 0 "
+            "(greedy): leave top_k out, or give a temperature"
+        )
