@@ -57,3 +57,20 @@ def test_every_name_in_all_exists():
 
 def test_lesson_module_exports_the_lesson_names():
     assert sorted(gptblock.lesson.__all__) == ["Block", "FeedForward", "Head", "MultiHeadAttention"]
+
+
+def test_public_modules_document_args_shape_and_a_running_example():
+    """STYLE: a public class's docstring says its arguments, its shapes and an example (the
+    examples run as doctests); a shorter house must not lose them."""
+    import inspect
+
+    import torch.nn as nn
+
+    modules = [getattr(gptblock, n) for n in gptblock.__all__]
+    modules += [getattr(gptblock.lesson, n) for n in gptblock.lesson.__all__]
+    modules = [m for m in modules if inspect.isclass(m) and issubclass(m, nn.Module)]
+    assert len(modules) >= 10
+    for cls in modules:
+        doc = inspect.getdoc(cls) or ""
+        missing = [s for s in ("Args:", "Shape:", "Example") if s not in doc]
+        assert not missing, (cls.__name__, missing)
