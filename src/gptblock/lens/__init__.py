@@ -1,14 +1,6 @@
-"""Looking inside a GPT: named activations, hooks, the residual stream read out, and pictures.
-
-* ``trace`` -- ``run_with_cache`` / ``run_with_hooks`` (also ``GPT.run_with_cache`` /
-  ``GPT.run_with_hooks``): the activations by their interpretability names, from the model's
-  own forward pass with a probe at every named point, for every block form, so no hook is ever
-  skipped.
-* ``readout`` -- the stream as a sum of components, direct logit attribution through the final
-  LayerNorm, the logit lens, and each head's attention entropy and mean distance back.
-* ``report`` -- ``inspect_prompt``: all of it for one prompt, what ``gptblock inspect`` prints.
-* ``figures`` -- matplotlib figures of an inspection (returned for notebooks, or saved as PNGs).
-* ``page`` -- the self-contained HTML attention viewer.
+"""Looking inside a GPT: named activations and hooks (``trace``), the residual stream read out
+(``readout``), all of it for one prompt (``report``), figures (``figures``) and the HTML
+attention viewer (``page``).
 
 Example:
     >>> import torch

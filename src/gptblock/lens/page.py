@@ -1,15 +1,9 @@
 """The attention viewer: one self-contained HTML page for one ``PromptInspection``.
 
-A learner picks a layer and a head, then hovers (or clicks, to keep it) a character of the
-prompt: every character it may attend to is tinted by its weight and shows the weight as a
-number, and the head's whole pattern is drawn as a heatmap with that row marked.
-
-Self-contained means it works offline forever: the styles, the script and the data (the
-patterns as JSON, in thousandths, lower triangles only) are inline, nothing is fetched, and the
-page's Content-Security-Policy forbids fetching anything, so a stray reference would fail
-loudly in the browser's console rather than reach the network. Every character of the prompt is
-put on the page as text (``textContent``), never as markup, and the JSON cannot close its
-``<script>`` element, so any prompt is safe to show.
+Pick a layer and a head, hover (or click) a character: what it attends to is tinted by weight,
+and the head's pattern is drawn as a heatmap. Everything is inline and the page's
+Content-Security-Policy forbids fetching; the prompt goes in as text (``textContent``) and the
+JSON cannot close its ``<script>``, so any prompt is safe to show.
 
 Example:
     >>> from gptblock import GPT, GPTConfig, CharTokenizer
@@ -40,10 +34,7 @@ SCALE = 1000  # weights are stored as integer thousandths: the page shows 3 deci
 
 
 def page_data(inspection: PromptInspection) -> dict[str, Any]:
-    """What the page embeds: the tokens, and per layer and head the pattern and its summary.
-
-    ``pattern[layer][head][t]`` is query ``t``'s weights on positions ``0..t`` in thousandths.
-    """
+    """What the page embeds; ``pattern[layer][head][t]``: query t's weights on 0..t, in 1/1000."""
     L, nh = inspection.n_layer, inspection.n_head
     patterns = []
     for i in range(L):

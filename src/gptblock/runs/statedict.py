@@ -1,14 +1,8 @@
-"""A module's and an optimizer's state in a ``Checkpoint``: written out, and checked on the way in.
+"""A module's and an optimizer's state in a ``Checkpoint``, checked on the way in.
 
-``gptblock.runs.checkpoint`` knows files; this knows what a ``state_dict`` is. Loading checks what
-``load_state_dict`` would take silently or fail on cryptically:
-
-* names and shapes: a checkpoint of another model names every tensor that does not fit;
-* tied weights: names that are one tensor in the module (a GPT's ``lm_head.weight`` and
-  ``transformer.wte.weight``) must hold one value in the checkpoint, or the last one loaded
-  would silently win;
-* finiteness: a NaN or infinite parameter or optimizer moment is refused, naming the tensor;
-* the optimizer's hyperparameters keep their types (a number stays a number, a flag a flag).
+Loading refuses what ``load_state_dict`` would take silently or fail on cryptically: tensors of
+another model (each named), tied names holding two values, NaN or infinite parameters or
+moments, and optimizer hyperparameters of another kind than the optimizer's own.
 """
 
 from __future__ import annotations
@@ -25,13 +19,7 @@ __all__ = ["load_model_state", "load_optimizer_state", "optimizer_parts"]
 
 
 def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model.") -> None:
-    """Copy the checkpoint's ``prefix``-named tensors into ``module``, after checking them.
-
-    Raises:
-        CheckpointError: naming the tensors file and every missing, unexpected or differently
-            shaped tensor (a checkpoint of a different model), two tied names holding different
-            values, or a parameter that is not finite.
-    """
+    """Copy the checkpoint's ``prefix``-named tensors into ``module``, after checking them."""
     saved = {k[len(prefix) :]: v for k, v in ckpt.tensors.items() if k.startswith(prefix)}
     expected = module.state_dict()
     problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in saved]
@@ -61,7 +49,6 @@ def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model."
 
 
 def _tied_names(state: dict[str, torch.Tensor]) -> list[list[str]]:
-    """Groups of two or more state_dict names that are views of the same memory."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, t in state.items():
         if t.numel() > 0:
@@ -101,12 +88,8 @@ def _check_state_tensor(ckpt: Checkpoint, name: str, t: torch.Tensor) -> None:
 def optimizer_parts(
     optimizer: torch.optim.Optimizer, prefix: str = "optim."
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON.
-
-    Tensors are named ``{prefix}{param index}.{key}`` (for AdamW: ``exp_avg``,
-    ``exp_avg_sq`` and ``step``); the param groups (hyperparameters and which parameters each
-    group holds) and any non-tensor state go to the JSON.
-    """
+    """``optimizer.state_dict()`` as tensors named ``{prefix}{param index}.{key}`` and JSON (the
+    param groups and any non-tensor state)."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -131,13 +114,7 @@ def optimizer_parts(
 def load_optimizer_state(
     optimizer: torch.optim.Optimizer, ckpt: Checkpoint, prefix: str = "optim."
 ) -> None:
-    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``).
-
-    Raises:
-        CheckpointError: naming the file, when the saved parameter groups do not match the
-            optimizer's (another model, or another optimizer), a hyperparameter has another
-            type than the optimizer's own, or a moment is not finite.
-    """
+    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``)."""
     ckpt.require("optimizer")
     saved = ckpt.meta["optimizer"]
     try:
@@ -203,9 +180,7 @@ def load_optimizer_state(
 
 
 def _same_kind(mine: object, saved: object) -> bool:
-    """Whether a saved hyperparameter is what the optimizer's own value is: a finite number
-    for a number, a flag for a flag (or None for None), as many finite numbers for a tuple."""
-
+    # A finite number for a number, a flag (or None) for a flag, a tuple of as many numbers.
     def number(v: object) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

@@ -1,7 +1,5 @@
-"""Ctrl-C (or SIGTERM) during training as a request to stop between two steps.
-
-The trainer stops at a step boundary, saves its last checkpoint and returns, so the state on
-disk is always a consistent one; a second signal aborts at once, for a user who means it.
+"""Ctrl-C (or SIGTERM) during training as a request to stop between two steps, saving "last";
+a second signal aborts at once.
 """
 
 from __future__ import annotations
@@ -16,11 +14,8 @@ __all__ = ["stop_on_signals"]
 
 @contextlib.contextmanager
 def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
-    """Turn the first Ctrl-C (or SIGTERM) into ``request_stop``; a second one interrupts at once.
-
-    Stopping between steps, rather than wherever KeyboardInterrupt lands, is what keeps the saved
-    state consistent: an exception inside ``optimizer.step`` could leave half the weights updated.
-    """
+    """Turn the first Ctrl-C (or SIGTERM) into ``request_stop``: a KeyboardInterrupt inside
+    ``optimizer.step`` could leave half the weights updated."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be installed from the main thread
         return

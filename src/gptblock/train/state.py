@@ -1,17 +1,10 @@
 """What a checkpoint of a training run holds, so that a resumed run continues exactly.
 
-Every source of randomness is state the checkpoint saves: the model's and optimizer's tensors,
-the global RNG (dropout) of every process, and the data generator that draws the batches.
-Evaluation draws its batches from generators re-seeded at each evaluation and runs without
-dropout, so how often a run evaluates does not change what it trains on. On the CPU a run
-stopped at step k and resumed therefore ends with bit-identical weights.
-
-Tensors go to safetensors (``model.*``, ``optim.*``, ``rng.*``), everything else to the JSON:
-the run's metadata, the step, the losses so far, the optimizer's layout, the loss scaler.
-
-A trainer hands ``capture`` its ``Parts`` (the objects with state) and ``History`` (how far it has
-come), and takes a ``History`` back from ``restore``: this module reads and writes no trainer's
-attributes, so it needs no ``Trainer`` and the trainer's loop can import it.
+Every source of randomness is saved: the model's and optimizer's tensors, every process's global
+RNG (dropout) and the batches' generator; evaluation re-seeds its own, so on the CPU a resumed
+run ends with bit-identical weights. Tensors (``model.*``, ``optim.*``, ``rng.*``) go to
+safetensors, the rest to the JSON. A trainer hands ``capture`` its ``Parts`` and ``History`` and
+takes a ``History`` back from ``restore``: no ``Trainer`` needed here.
 """
 
 from __future__ import annotations
@@ -97,10 +90,7 @@ def capture(
     device: torch.device,
     world_size: int,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Everything a checkpoint of a run holds: tensors (for safetensors) and JSON fields.
-
-    Collective under DDP: every process must call it (the RNG states are gathered).
-    """
+    """A run's checkpoint: tensors and JSON fields (collective under DDP: RNGs are gathered)."""
     tensors = {f"model.{k}": v for k, v in parts.model.state_dict().items()}
     opt_tensors, opt_json = optimizer_parts(parts.optimizer)
     tensors.update(opt_tensors)
@@ -132,15 +122,8 @@ def capture(
 
 
 def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
-    """Check the type and range of every field ``capture`` writes, naming the first bad one.
-
-    ``step`` lies in [0, max_iters] (by default the checkpoint's own ``train_config``'s), the
-    history holds one finite loss per step and finite estimates at steps up to ``step`` in
-    increasing order, and ``best_val_loss`` is the lowest of them (None before any).
-
-    Raises:
-        CheckpointError: naming the JSON file and the field.
-    """
+    """Check the type and range of every field ``capture`` writes, naming the first bad one
+    (``step`` at most ``max_iters``, by default the checkpoint's own)."""
     ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
     meta, where = ckpt.meta, ckpt.path
 
@@ -212,8 +195,7 @@ def _finite(value: object) -> bool:
 
 
 def _rng_state(ckpt: Checkpoint, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The RNG state ``name``, refused unless it is what a generator's state is: bytes, as
-    many as ``like`` (this generator's own state) holds."""
+    # Refused unless it is a generator's state: as many uint8 as ``like`` holds.
     t = ckpt.tensors.get(name)
     if t is not None and (t.dtype != torch.uint8 or t.shape != like.shape):
         raise CheckpointError(
