@@ -1,14 +1,10 @@
 """Reading the residual stream: its decomposition, direct logit attribution, the logit lens,
-and how sharp and how far back each head attends.
+and how sharp and how far back each head attends (docs/look-inside.md).
 
-Pre-norm makes the stream a sum: ``embed + sum_i (attn_out_i + mlp_out_i)``, each ``attn_out_i``
-its heads' ``head_out`` plus a bias. The final LayerNorm is linear in ``x`` but for its scale
-``s``; **direct logit attribution holds ``s`` at the forward pass's value**, so the components'
-contributions ``((c - mean(c)) / s * g) . W_U[token]`` plus the biases' add up to the logit
-exactly. (Rejected: each component's own scale, which does not add up; ``s`` without the
-component, a total effect.) With ``logit_softcap`` it explains the logit before the cap, which
-keeps the tokens' ranking and the components' signs. The logit lens applies ``ln_f`` and the
-unembedding to ``embed`` and each ``resid_post``.
+Direct logit attribution holds the final norm's scale ``s`` at the forward pass's value, so the
+components' ``((c - mean(c)) / s * g) . W_U[token]`` plus the biases' add up to the logit exactly
+(rejected: each component's own scale, which does not add up). A soft-capped model's is
+explained before the cap, which keeps the tokens' ranking and the components' signs.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, L = n_layer.
 """

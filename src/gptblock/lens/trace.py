@@ -1,14 +1,9 @@
 """A GPT's activations by name, and hooks that change them: one instrumented forward pass.
 
-The names are TransformerLens's, in the order the forward pass reaches them: ``embed`` (B, T, C);
-per block ``blocks.{i}.``: ``resid_pre``, ``pattern`` (B, nh, T, T, post-softmax), ``head_out``
-(B, T, nh, C: each head's write, summing with the output bias to ``attn_out``), ``attn_out``,
-``resid_mid``, ``mlp_out``, ``resid_post``; then ``ln_final``.
-
-They come from the GPT's own forward pass with a probe every point goes through
-(``gptblock.blocks.probe``), not module hooks, which fused paths silently skip; so every name
-exists for every block form and no hook is bypassed. The eval-mode function is traced (no
-dropout), nothing is registered on the model, and gradients flow as in ``forward``.
+The names (TransformerLens's) and their shapes are listed in docs/look-inside.md. They come
+from the GPT's own forward pass with a probe every point goes through (``gptblock.blocks.probe``),
+not module hooks, which fused paths skip; so every name exists for every block form and no hook
+is bypassed. The eval-mode function is traced (no dropout); nothing is registered on the model.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import safetensors.torch
 import torch
@@ -40,6 +40,8 @@ __all__ = [
     "check_same_field",
     "checkpoint_path",
     "holds_run",
+    "is_count",
+    "is_finite_number",
     "is_tensors_file",
     "load_checkpoint",
     "run_exists_error",
@@ -302,9 +304,19 @@ def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
     if not isinstance(meta["sha256"], str) or not SHA256.fullmatch(meta["sha256"]):
         raise CheckpointError(f"{json_path}: field 'sha256' must be a SHA-256 hex digest")
     step = meta["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not is_count(step):
         raise CheckpointError(f"{json_path}: field 'step' must be an int >= 0, got {step!r:.40}")
     return meta
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int >= 0 (a bool is not): a step, a size, a count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_finite_number(value: object) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not): a loss, a hyperparameter."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _not_json(constant: str) -> Any:

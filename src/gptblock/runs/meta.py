@@ -27,7 +27,7 @@ from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
 from ..model.footprint import FLOAT, check_available, parameter_count
-from .checkpoint import Checkpoint, CheckpointError, check_same_field
+from .checkpoint import Checkpoint, CheckpointError, check_same_field, is_count
 
 __all__ = ["CorpusInfo", "RunMeta"]
 
@@ -207,7 +207,7 @@ def _corpus(value: object, where: object) -> CorpusInfo | None:
     source, characters, sha = value.get("source"), value.get("characters"), value.get("sha256")
     if not isinstance(source, str):
         raise CheckpointError(f"{where}: field 'data.source' must be a string, got {source!r:.80}")
-    if isinstance(characters, bool) or not isinstance(characters, int) or characters < 0:
+    if not is_count(characters):
         raise CheckpointError(
             f"{where}: field 'data.characters' must be an int >= 0, got {characters!r:.80}"
         )

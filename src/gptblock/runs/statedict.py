@@ -7,13 +7,12 @@ moments, and optimizer hyperparameters of another kind than the optimizer's own.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError, is_count, is_finite_number
 
 __all__ = ["load_model_state", "load_optimizer_state", "optimizer_parts"]
 
@@ -168,7 +167,7 @@ def load_optimizer_state(
                 )
             if isinstance(t, torch.Tensor):
                 _check_state_tensor(ckpt, f"{prefix}{idx}.{key}", t)
-            elif isinstance(t, bool) or not isinstance(t, int) or t < 0:  # a count: step
+            elif not is_count(t):  # a count: step
                 raise CheckpointError(
                     f"{ckpt.path}: optimizer state {idx}.{key} must be an int >= 0 (a step "
                     f"count), got {t!r:.40}"
@@ -181,13 +180,14 @@ def load_optimizer_state(
 
 def _same_kind(mine: object, saved: object) -> bool:
     # A finite number for a number, a flag (or None) for a flag, a tuple of as many numbers.
-    def number(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
     if mine is None or isinstance(mine, bool):
         return saved is None or isinstance(saved, bool)
-    if number(mine):
-        return number(saved)
+    if is_finite_number(mine):
+        return is_finite_number(saved)
     if isinstance(mine, tuple):
-        return isinstance(saved, tuple) and len(saved) == len(mine) and all(map(number, saved))
+        return (
+            isinstance(saved, tuple)
+            and len(saved) == len(mine)
+            and all(map(is_finite_number, saved))
+        )
     return type(saved) is type(mine)

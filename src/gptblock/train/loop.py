@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +44,6 @@ from .config import TrainConfig, configure_optimizer, lr_at
 from .evaluate import estimate_loss, loss_of, validation_loss
 from .log import ProgressBar, save_loss_plot
 from .result import NonFiniteLossError, TrainResult
-from .signals import stop_on_signals
 from .state import History, Parts, PlainMeta, RunMetadata
 
 __all__ = ["Trainer"]
@@ -347,3 +348,26 @@ def _phase(name: str) -> contextlib.AbstractContextManager[object]:
     # A profiler range costs ~20 us even with no profiler on: mark phases only under one.
     on = torch.autograd._profiler_enabled()  # type: ignore[attr-defined]
     return torch.profiler.record_function(name) if on else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    """Turn the first Ctrl-C (or SIGTERM) into ``request_stop``: a KeyboardInterrupt inside
+    ``optimizer.step`` could leave half the weights updated."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        # The second signal is not caught: it aborts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        request_stop()
+
+    old_int = signal.signal(signal.SIGINT, handler)
+    old_term = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

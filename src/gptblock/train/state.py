@@ -10,18 +10,23 @@ takes a ``History`` back from ``restore``: no ``Trainer`` needed here.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeGuard
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn as nn
 
 from ..blocks.config import applicable
 from ..distributed import DistInfo, all_gather_rows, comm_device
-from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
+from ..runs.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_same_field,
+    is_count,
+    is_finite_number,
+)
 from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
 from .config import TrainConfig
 
@@ -146,23 +151,27 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
             f"trained {step} steps; pass a larger --max-iters (max_iters) to train further"
         )
     world_size = meta["world_size"]
-    if not _is_int(world_size) or world_size < 1:
+    if not is_count(world_size) or world_size < 1:
         raise bad("world_size", "an int >= 1", world_size)
     history = meta["history"]
     if not isinstance(history, dict) or not {"loss", "evals"} <= set(history):
         raise bad("history", 'an object with "loss" and "evals"', history)
     losses, evals = history["loss"], history["evals"]
-    if not isinstance(losses, list) or len(losses) != step or not all(map(_finite, losses)):
+    if (
+        not isinstance(losses, list)
+        or len(losses) != step
+        or not all(map(is_finite_number, losses))
+    ):
         raise bad("history.loss", f"a list of {step} finite losses, one per step", losses)
     last = -1
     for e in evals if isinstance(evals, list) else [None]:
         if not (
             isinstance(e, dict)
             and set(e) == {"step", "train", "val"}
-            and _is_int(e["step"])
+            and is_count(e["step"])
             and last < e["step"] <= step
-            and _finite(e["train"])
-            and _finite(e["val"])
+            and is_finite_number(e["train"])
+            and is_finite_number(e["val"])
         ):
             raise bad("history.evals", f"estimates at increasing steps <= {step}", evals)
         last = e["step"]
@@ -180,18 +189,10 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
             raise bad("scaler", f"an object of {sorted(like)}", sorted(scaler))
         for key, value in like.items():
             if isinstance(value, int):  # growth_interval, _growth_tracker: counts
-                if not (_is_int(scaler[key]) and scaler[key] >= 0):
+                if not is_count(scaler[key]):
                     raise bad(f"scaler.{key}", "an int >= 0", scaler[key])
-            elif not (_finite(scaler[key]) and scaler[key] > 0):  # the scale, its factors
+            elif not (is_finite_number(scaler[key]) and scaler[key] > 0):  # the scale, its factors
                 raise bad(f"scaler.{key}", "a positive, finite number", scaler[key])
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _rng_state(ckpt: Checkpoint, name: str, like: torch.Tensor) -> torch.Tensor:
