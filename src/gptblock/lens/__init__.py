@@ -1,19 +1,6 @@
 """Looking inside a GPT: named activations and hooks (``trace``), the residual stream read out
 (``readout``), all of it for one prompt (``report``), figures (``figures``) and the HTML
-attention viewer (``page``).
-
-Example:
-    >>> import torch
-    >>> from gptblock import GPT, GPTConfig
-    >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    >>> idx = torch.tensor([[1, 2, 3, 4]])
-    >>> logits, cache = model.run_with_cache(idx)
-    >>> parts = stream_components(cache)              # embed, L0 attn, L0 MLP, L1 attn, L1 MLP
-    >>> torch.allclose(sum(parts.values()), cache["blocks.1.resid_post"], atol=1e-6)
-    True
-    >>> ablated = model.run_with_hooks(idx, {"blocks.0.attn_out": torch.zeros_like})
-    >>> ablated.shape
-    torch.Size([1, 4, 11])
+attention viewer (``page``); each function's docstring has a runnable example.
 """
 
 from inspect import isfunction

@@ -69,4 +69,3 @@ def attention_page(inspection: PromptInspection) -> str:
 def save_attention_page(inspection: PromptInspection, path: str | os.PathLike[str]) -> None:
     """Write ``attention_page(inspection)`` to ``path``, atomically."""
     atomic_write_bytes(path, attention_page(inspection).encode("utf-8"))
-
