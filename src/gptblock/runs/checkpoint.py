@@ -19,7 +19,7 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -44,6 +44,7 @@ __all__ = [
     "is_finite_number",
     "is_tensors_file",
     "load_checkpoint",
+    "require_fields",
     "run_exists_error",
     "save_checkpoint",
 ]
@@ -75,9 +76,14 @@ class Checkpoint:
 
     def require(self, *fields: str) -> None:
         """Raise ``CheckpointError`` naming the JSON file if any of ``fields`` is absent."""
-        missing = [f for f in fields if f not in self.meta]
-        if missing:
-            raise CheckpointError(f"{self.path}: missing field(s) {', '.join(missing)}")
+        require_fields(self.meta, self.path, fields)
+
+
+def require_fields(meta: Mapping[str, Any], where: object, fields: Sequence[str]) -> None:
+    """Raise ``CheckpointError`` naming ``where`` and every one of ``fields`` absent."""
+    missing = [f for f in fields if f not in meta]
+    if missing:
+        raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
 
 
 def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
@@ -273,9 +279,7 @@ def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
         raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [f for f in REQUIRED if f not in meta]
-    if missing:
-        raise CheckpointError(f"{json_path}: missing field(s) {', '.join(missing)}")
+    require_fields(meta, json_path, REQUIRED)
     if meta["format"] != FORMAT or meta["version"] not in READABLE:
         raise CheckpointError(
             f"{json_path}: format {meta['format']!r} version {meta['version']!r} is not "

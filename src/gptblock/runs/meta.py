@@ -27,7 +27,7 @@ from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
 from ..model.footprint import FLOAT, check_available, parameter_count
-from .checkpoint import Checkpoint, CheckpointError, check_same_field, is_count
+from .checkpoint import Checkpoint, CheckpointError, check_same_field, is_count, require_fields
 
 __all__ = ["CorpusInfo", "RunMeta"]
 
@@ -121,9 +121,7 @@ class RunMeta:
     def from_json(cls, meta: Mapping[str, Any], where: object) -> RunMeta:
         """Read and check the fields written by ``to_json``; ``where`` names the file in errors."""
         vocab = "tokenizer" if "tokenizer" in meta else "vocab"
-        missing = [f for f in ("model_config", vocab) if f not in meta]
-        if missing:
-            raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
+        require_fields(meta, where, ("model_config", vocab))
         if not isinstance(meta["model_config"], dict):
             raise CheckpointError(f"{where}: field 'model_config' must be an object")
         try:
