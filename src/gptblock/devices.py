@@ -1,10 +1,8 @@
 """Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory.
 
-One table of dtype names (``DTYPES``) serves every command: training runs in the
-``AUTOCAST_DTYPES`` (float32 means no autocast at all), the benchmark in any of them.
-``available_memory`` reads what the machine can still give: ``MemAvailable`` of
-``/proc/meminfo`` (within a cgroup's limit, if one is set) for the CPU, ``cudaMemGetInfo`` for
-a GPU, nothing it can trust elsewhere (then ``model.footprint`` refuses nothing).
+``DTYPES`` serves every command (training runs in ``AUTOCAST_DTYPES``, float32 meaning no
+autocast). ``available_memory`` is ``MemAvailable`` within a cgroup's limit on the CPU,
+``cudaMemGetInfo`` on a GPU, None where nothing can be trusted (then nothing is refused).
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ __all__ = [
     "busy_cores",
     "choose_threads",
     "cpu_threads",
+    "cpu_ticks",
     "native_bfloat16",
     "resolve_device",
     "resolve_dtype",
@@ -47,12 +46,8 @@ AUTOCAST_DTYPES = ("float32", "bfloat16", "float16")  # what training runs in
 
 
 def native_bfloat16(device: str | torch.device) -> bool:
-    """Whether ``device`` multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX on a CPU,
-    an Ampere or newer GPU), so training in it is faster rather than emulated and slower.
-
-    On this project's 2-core AMD EPYC (avx512_bf16), a (4096, 128) @ (128, 384) matmul ran at
-    1018 GFLOP/s in bfloat16 against 216 in float32.
-    """
+    """Whether ``device`` multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX, an
+    Ampere or newer GPU): 1018 GFLOP/s against float32's 216 on this project's 2-core EPYC."""
     device = torch.device(device)
     if device.type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
@@ -63,8 +58,8 @@ def native_bfloat16(device: str | torch.device) -> bool:
 
 
 def resolve_dtype(name: str, device: str | torch.device) -> str:
-    """``"auto"`` becomes ``"bfloat16"`` where ``device`` has ``native_bfloat16``, else
-    ``"float32"``; any other name is returned as it is (``TrainConfig`` checks it).
+    """``"auto"``: bfloat16 where ``device`` has ``native_bfloat16``, else float32; any other
+    name as it is (``TrainConfig`` checks it).
 
     Example:
         >>> resolve_dtype("float32", "cpu")
@@ -78,12 +73,8 @@ def resolve_dtype(name: str, device: str | torch.device) -> str:
 
 
 def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for ``dtype`` on ``device``; a no-op for float32.
-
-    Raises:
-        UserValueError: ``dtype`` is not one of ``AUTOCAST_DTYPES``, or the device's autocast
-            does not support it.
-    """
+    """The autocast context for ``dtype`` on ``device`` (a no-op for float32), refusing one the
+    device's autocast does not support."""
     # float32 means no autocast at all, so the default path runs exactly the model's own math.
     if dtype == "float32":
         return contextlib.nullcontext()
@@ -161,10 +152,7 @@ THREADS_PER_CORE = 4  # the most CPU threads set_threads allows per core
 
 
 def set_threads(n: int) -> None:
-    """``torch.set_num_threads(n)``, refusing anything but an int in [1, 4 per CPU core].
-
-    PyTorch raises a RuntimeError for 0, and 100,000 threads crash the process (SIGSEGV while
-    OpenMP starts them); more than a few per core only oversubscribes the machine.
+    """``torch.set_num_threads(n)`` for an int in [1, 4 per CPU core] (100,000 crash OpenMP).
 
     Example:
         >>> set_threads(0)
@@ -185,29 +173,29 @@ def set_threads(n: int) -> None:
 PROBE_SECONDS = 0.1  # how long choose_threads watches the machine: 10 clock ticks per CPU
 
 
+def cpu_ticks() -> tuple[float, float, float] | None:
+    """(wall seconds, busy CPU-seconds of the machine, of this process); None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    own = os.times()
+    busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # not idle, iowait
+    return time.perf_counter(), busy, own.user + own.system
+
+
 def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
-    """How many CPUs other processes keep busy now: the machine's busy time over ``seconds``
-    (``/proc/stat``), less this process's own, per second. None where ``/proc`` is missing.
+    """How many CPUs other processes keep busy now, watched for ``seconds``; None without /proc.
 
     Example:
         >>> busy = busy_cores(0.02)
         >>> busy is None or busy >= 0
         True
     """
-
-    def ticks() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        own = os.times()
-        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # not idle, io
-        return time.perf_counter(), busy, own.user + own.system
-
-    start = ticks()
+    start = cpu_ticks()
     time.sleep(seconds)
-    end = ticks()
+    end = cpu_ticks()
     if start is None or end is None:
         return None
     wall, busy, own = (b - a for a, b in zip(start, end, strict=True))
@@ -215,16 +203,12 @@ def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
 
 
 def choose_threads(threads: int | None = None) -> int:
-    """Set and return torch's CPU threads: ``threads`` if given (``set_threads``'s checks),
-    else as many as the machine has free cores, at most torch's own choice, at least one.
+    """Set and return torch's CPU threads: ``threads`` if given, else the free cores (at most
+    torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set).
 
-    Why: PyTorch's OpenMP threads spin while they wait for each other, so a thread whose core
-    another process holds stalls every parallel region of the others. On the project's 2-core
-    machine, with one other busy process, cached generation with both threads took 4.8x its
-    quiet time, and 1.5x with one (0.9 s against 0.6 s). A few hundred microseconds of
-    ``/proc/stat`` would not say which cores are busy, so the probe watches ``PROBE_SECONDS``.
-    ``OMP_NUM_THREADS``, where set, is the user's choice and is kept. Rejected: the load
-    average, which lags a minute behind a process that starts or stops.
+    OpenMP threads spin waiting for each other, so one whose core another process holds stalls
+    the rest: with one busy neighbour on 2 cores, generation took 4.8x its quiet time on both
+    threads, 1.5x on one. Rejected: the load average, a minute behind.
     """
     if threads is not None:
         set_threads(threads)

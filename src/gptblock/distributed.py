@@ -1,10 +1,8 @@
 """The few pieces of ``torch.distributed`` the trainer needs, and nothing when run alone.
 
-``torchrun --nproc_per_node=N -m gptblock train ...`` starts N processes and tells each its
-place through environment variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, and the
-rendezvous address). ``init_distributed`` reads them and joins the process group: gloo on the
-CPU, nccl on CUDA. Without those variables every helper here is a no-op for one process, so the
-trainer has a single code path.
+``torchrun`` tells each process its place (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``);
+``init_distributed`` joins the group (gloo on the CPU, nccl on CUDA). Without them every helper
+is a no-op for one process, so the trainer has a single code path.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ def dist_info() -> DistInfo:
 
 
 def init_distributed(device: str) -> tuple[DistInfo, str]:
-    """Join the process group torchrun describes, if any; return it and this process's device.
-
-    Args:
-        device: the device asked for ("cpu", "cuda", "cuda:1", ...). Under torchrun a CUDA
-            device becomes ``cuda:LOCAL_RANK``, one GPU per process.
+    """Join the process group torchrun describes, if any; return it and this process's device
+    (a CUDA device becomes ``cuda:LOCAL_RANK``, one GPU per process).
 
     Example:
         >>> init_distributed("cpu")  # not under torchrun: one process, nothing to join
@@ -78,13 +73,8 @@ def init_distributed(device: str) -> tuple[DistInfo, str]:
 
 
 def finish_distributed(wait: bool = True) -> None:
-    """Leave the process group, if this process joined one.
-
-    Args:
-        wait: first wait until every process gets here (rank 0 may still be printing samples;
-            a process that leaves early makes gloo abort the others). False on an error path,
-            where the other processes may never arrive.
-    """
+    """Leave the process group, if joined; with ``wait``, once every process gets here (one
+    leaving early makes gloo abort the others; not on an error path, where some never come)."""
     if dist.is_available() and dist.is_initialized():
         if wait:
             dist.barrier()
@@ -100,11 +90,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_rows(t: torch.Tensor) -> list[torch.Tensor]:
-    """Every process's ``t`` (same shape and dtype on all), in rank order.
-
-    Used for the RNG states, so each process resumes with its own. ``device`` must be one the
-    backend can send (CUDA for nccl).
-    """
+    """Every process's ``t`` (same shape and dtype, on a device the backend sends), by rank."""
     world = dist_info().world_size
     if world == 1:
         return [t]

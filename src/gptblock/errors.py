@@ -1,12 +1,8 @@
 """The errors a user's input causes, as opposed to a bug in gptblock.
 
-Every check of a value the user chose (a config field, a file, a tensor handed to a block, a
-command-line flag) raises one of these. Each is also the built-in exception it refines
-(``UserValueError`` is a ``ValueError``, ...), so ``except ValueError`` keeps working. The
-command line prints these as one line on stderr and exits with code 2; any other exception is
-a bug and keeps its traceback, so it can be reported. (Rejected: catching every
-``ValueError``/``TypeError`` at the command line, which also turned real bugs into one
-misleading line.)
+Each is also the built-in exception it refines (``UserValueError`` is a ``ValueError``), so
+``except ValueError`` keeps working; the command line prints them as one line (exit code 2) and
+lets any other exception keep its traceback (docs/errors.md).
 
 Example:
     >>> from gptblock import GPTConfig
@@ -83,14 +79,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def checked(fn: F) -> F:
     """``fn``, refusing an argument of another type than its annotation with a ``UserTypeError``
-    that names the function and the parameter, before ``fn`` runs (the public functions' guard:
-    ``gptblock.load(5)`` is one line, not pathlib's traceback).
+    naming the function and the parameter (``gptblock.load(5)`` is one line, not a traceback).
 
-    Shallow, by the annotation's kind: a union's members, a class, a generic's origin
-    (``os.PathLike[str]``: a path; ``list[int]``: a list), ``Literal``'s values; an ``int``
-    is what has ``__index__``, a ``float`` what has ``__float__`` (NumPy's numbers, a 0-d
-    tensor), a bool neither. ``Any``, callables, protocols and
-    an annotation that cannot be resolved take anything.
+    Shallow: a union's members, a class, a generic's origin, ``Literal``'s values; an ``int`` has
+    ``__index__``, a ``float`` ``__float__`` (a bool neither). ``Any``, callables, protocols and
+    unresolvable annotations take anything.
 
     Example:
         >>> @checked

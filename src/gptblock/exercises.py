@@ -1,20 +1,12 @@
-"""The first lesson's three exercises, run: each returns its numbers and whether it passed.
+"""The first lesson's three exercises, run (NumPy only, deterministic given ``seed``): each
+returns its numbers and whether it passed; docs/exercises.md derives the claims and bands.
 
-* ``exercise1`` -- Monte Carlo: an unscaled dot product of independent zero-mean, unit-variance
-  vectors has variance d_k; scaled by 1/sqrt(d_k) it has variance 1. The pass band is derived
-  from the sample size (docs/exercises.md has the derivation).
-* ``exercise2`` -- the NumPy causal head (``gptblock.reference.causal_head``): every row of the
-  weights sums to 1 and no weight falls on a future position.
-* ``exercise3`` -- over many random draws, the softmax of scaled scores has higher entropy than
-  the softmax of raw scores.
-
-``gptblock exercises`` prints them. Each function takes a ``seed`` and is deterministic given it.
-NumPy only, like the oracle the exercises are about.
+* ``exercise1``: Var(q . k) = d_k, and 1 scaled by 1/sqrt(d_k) (Monte Carlo).
+* ``exercise2``: the NumPy causal head's weights: rows sum to 1, none on a future position.
+* ``exercise3``: softmax of scaled scores has higher entropy than of raw ones, in every draw.
 
 ``on_learner`` runs the lessons' exercises on a learner's own ``Head``, ``MultiHeadAttention`` or
-``Block``, given as a function from an input to its output (``gptblock exercises --on FILE.py``
-calls the class in a child process, as ``gptblock check`` does): its shapes, the mask, its
-parameter count, and the worked example (``gptblock.example``). Each holds or says why not.
+``Block``, given as a function from input to output (``gptblock exercises --on FILE.py``).
 """
 
 from __future__ import annotations
@@ -106,17 +98,8 @@ def exercise1(
 ) -> ScoreVariance:
     """Monte Carlo for Var(q . k) = d_k and Var(q . k / sqrt(d_k)) = 1.
 
-    q and k have independent standard normal coordinates. For each d_k, ``n_samples`` pairs
-    give a sample variance (``ddof=1``). Its standard error when the claim holds is exact for
-    Gaussian coordinates: the scores' fourth moment is 3 d_k^2 + 6 d_k, so
-    ``Var(s^2) = (mu4 - sigma^4 (N - 3) / (N - 1)) / N``. A row passes when its variance is within
-    ``band`` standard errors of the claim (two-sided; for 5, a false FAIL has probability ~6e-7).
-
-    Args:
-        seed: seed of the random draws.
-        d_ks: the head sizes to check.
-        n_samples: N, pairs per d_k.
-        band: the pass band in standard errors.
+    For each d_k, ``n_samples`` Gaussian pairs give a sample variance; a row passes within
+    ``band`` standard errors, exact for Gaussian coordinates (5: a false FAIL ~6e-7).
 
     Example:
         >>> r = exercise1(seed=0, d_ks=(4, 64), n_samples=2000)
@@ -148,12 +131,6 @@ def exercise1(
 def exercise2(seed: int = 0, *, n_sequences: int = 100, T: int = 8, hs: int = 4) -> CausalHeadCheck:
     """Rows of the causal head's weights sum to 1; weights on future positions are exactly 0.
 
-    Args:
-        seed: seed of the random q, k, v.
-        n_sequences: how many independent sequences to check.
-        T: sequence length.
-        hs: head size.
-
     Example:
         >>> r = exercise2(seed=0, n_sequences=3, T=5, hs=4)
         >>> r.passed, r.max_future_weight
@@ -181,19 +158,8 @@ def exercise3(
 ) -> EntropyComparison:
     """Softmax of scaled scores is flatter (higher entropy) than softmax of raw scores.
 
-    Each draw takes a standard normal query and ``n_keys`` keys in d_k dimensions, as in the
-    lesson, and compares the entropies (bits) of ``softmax(k @ q)`` and ``softmax(scale * k @ q)``.
-    For any ``0 < scale < 1`` the scaled entropy is higher in *every* draw whose scores are not
-    all equal (entropy falls as the inverse temperature rises; docs/exercises.md), so the
-    exercise passes only if it holds in every draw; one exception would be a bug.
-
-    Args:
-        seed: seed of the random draws.
-        n_draws: how many (query, keys) draws.
-        d_k: dimensions of the query and the keys.
-        n_keys: keys per draw.
-        scale: the scaling to compare; ``None`` is the head's ``1 / sqrt(d_k)``. A scale > 1
-            sharpens instead, and the exercise fails.
+    For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) the scaled entropy is higher in *every*
+    draw whose scores are not all equal, so one exception fails it; a scale > 1 sharpens.
 
     Example:
         >>> r = exercise3(seed=0, n_draws=50)
@@ -261,16 +227,9 @@ def on_learner(
     seed: int = 0,
     tol: float = 1e-10,
 ) -> list[Holds]:
-    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``).
-
-    Args:
-        kind: which class it is meant to be.
-        forward: its output (eval mode) for a (B, T, C) input; whatever it raises is why an
-            exercise does not hold.
-        C: its width; ``n_params``: how many parameters it has.
-        T: the sequence length, at most its block_size.
-        seed: of the random inputs.
-        tol: "did not move", relative to the output's scale (float64: 1e-10).
+    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), whose eval
+    ``forward`` of a (B, T, C) input is given (what it raises is why one does not hold); ``tol``
+    is "did not move", relative to the output's scale.
 
     Example:
         >>> import numpy as np
@@ -319,8 +278,7 @@ def _moved(
     rng: np.random.Generator,
     tol: float,
 ) -> tuple[str, str]:
-    """The worked example: token t changed in turn, why the mask and the example do not hold
-    (``""``: they do): an output before t that moved, one from t on that did not."""
+    # Token t changed in turn: an output before t that moved, one from t on that did not.
     B, T, C = x.shape
     scale = tol * (1.0 + float(np.nan_to_num(np.abs(y)).max()))
     leaks = still = ""
@@ -342,9 +300,6 @@ def _moved(
 
 
 def _parameters(kind: str, C: int, hs: int, n: int) -> Holds:
-    """The lesson's count: a head's key, query and value (3 C hs, no biases); the attention's
-    heads and projection (4 C^2 + C); the block's attention, MLP (C -> 4C -> C, 8 C^2 + 5 C) and
-    two LayerNorms (4 C)."""
     formula, want = {
         "Head": ("3 C hs", 3 * C * hs),
         "MultiHeadAttention": ("4 C^2 + C", 4 * C * C + C),
@@ -373,6 +328,5 @@ def _rng(seed: int) -> np.random.Generator:
 
 
 def _entropy_bits(p: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Entropy in bits along the last axis, with 0 log 0 = 0 (the lesson's ``p[p > 0]``)."""
     logp = np.log2(np.where(p > 0, p, 1.0))  # log2(1) = 0 where p = 0, with no warning
     return np.asarray(-(p * logp).sum(axis=-1))

@@ -1,22 +1,10 @@
 """Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends.
 
-Every file gptblock writes (checkpoints, the loss plot, ``bench --json``) goes through here, so
-there is one rule for temporary files. The bytes go to ``.NAME.XXXXXXXX.tmp`` in the target's
-own directory (``os.replace`` is atomic only within one file system), are flushed and fsynced,
-and the file is renamed over ``NAME``; then the directory is fsynced so the rename itself
-survives a power cut. A reader therefore sees the old content or the new, never a mix. A process
-killed mid-write leaves at most its ``.NAME.*.tmp`` file, which nothing ever reads.
-
-The temporary file is created with ``O_EXCL`` and mode 0o666 filtered by the umask, as any new
-file is (``tempfile.mkstemp`` would make it private to the user, and the renamed file with it).
-
-A destination that is not a plain file is never replaced by one. A symbolic link is written
-through: the file it points to gets the new content, atomically, and the link stays (renaming
-over the link would cut it and leave the user's file as it was, or, for a link into another
-directory, put the new file where the user did not look). A device or a pipe (``/dev/null``,
-a FIFO) is written to directly, as ``open`` would: renaming a regular file over it would destroy
-the node (as root, ``/dev/null`` itself). ``/dev/stdout``, ``/dev/fd/N`` and the like are
-written through the process's own descriptor, after what was printed to it.
+Every file gptblock writes goes through here: the bytes go to ``.NAME.XXXXXXXX.tmp`` beside
+``NAME`` (made with ``O_EXCL``, mode 0o666 under the umask), are fsynced and renamed over it,
+then the directory is fsynced. A destination that is not a plain file is never replaced by one:
+a symbolic link is written through, a device or pipe written directly, ``/dev/stdout`` and
+``/dev/fd/N`` through this process's descriptor (docs/running.md says why).
 """
 
 from __future__ import annotations
@@ -79,8 +67,7 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 def check_destination(path: str | os.PathLike[str]) -> Path:
-    """Refuse a file destination that ``atomic_write_bytes`` could not write, before the work
-    whose result it is (a benchmark's minutes) is done.
+    """Refuse a destination ``atomic_write_bytes`` could not write, before the work is done.
 
     Example:
         >>> check_destination("/nonexistent/dir/out.json")
@@ -105,7 +92,6 @@ def check_destination(path: str | os.PathLike[str]) -> Path:
 
 
 def _target(path: Path) -> Path:
-    """The file ``path`` names: itself, or what its chain of symbolic links ends at."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
@@ -115,7 +101,6 @@ DESCRIPTORS = re.compile(
 
 
 def _descriptor(path: Path) -> int | None:
-    """The descriptor ``path`` names (``/dev/stdout``: 1, ``/dev/fd/3``: 3), if it names one."""
     match = DESCRIPTORS.fullmatch(str(path))
     if match is None:
         return None
@@ -125,7 +110,6 @@ def _descriptor(path: Path) -> int | None:
 
 
 def _is_special(path: Path) -> bool:
-    """Whether ``path`` exists and is a device or a pipe: written in place, never renamed over."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -183,9 +167,7 @@ def atomic_write_json(
     indent: int = 1,
     default: Callable[[Any], Any] | None = None,
 ) -> None:
-    """``value`` as UTF-8 JSON, atomically. NaN and infinity are refused: they are not JSON.
-
-    ``default`` turns objects JSON has no type for into ones it has, as in ``json.dumps``.
+    """``value`` as UTF-8 JSON (no NaN or infinity; ``default`` as ``json.dumps``'s), atomically.
 
     Example:
         >>> import tempfile, pathlib
@@ -198,8 +180,7 @@ def atomic_write_json(
 
 
 def make_directory(path: str | os.PathLike[str]) -> Path:
-    """Create the directory ``path`` (and its parents) if missing; a one-line error where a
-    file, a device or a pipe is in the way, or the system refuses.
+    """Create the directory ``path`` (and its parents) if missing; a one-line error if it cannot.
 
     Example:
         >>> make_directory("/dev/null")

@@ -1,18 +1,8 @@
-"""How ``gptblock bench`` measures: time, matmul peak, model FLOPs, peak memory, machine load.
+"""How ``gptblock bench`` measures, knowing nothing of block forms: time (the device
+synchronised), the matmul peak, model FLOPs, peak memory, the attention kernel, machine load.
 
-Each function measures one thing and knows nothing about block forms; ``gptblock.bench.suite`` decides
-what to measure and how to show it.
-
-* **Time**: wall-clock seconds of one call, with the device synchronised before and after.
-* **Matmul peak**: median FLOP/s of square (N, N) @ (N, N) matmuls, ``2 * N**3`` FLOPs each.
-* **Model FLOPs**: nanoGPT's ``estimate_mfu`` count for one layer, with causal attention counted
-  at half the T x T (see ``block_flops``).
-* **Peak memory**: the most tensor memory allocated during one call above what was allocated
-  before it. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the allocation and free events of
-  ``torch.profiler`` (``profile_memory=True``) summed in time order. Process RSS was rejected:
-  glibc keeps freed memory, so RSS shows only the first call's growth.
-* **Attention kernel**: which attention op a call ran, from the profiler's op names.
-* **Load**: the share of the CPUs that *other* processes used, from ``/proc/stat`` (Linux).
+Peak memory on the CPU sums ``torch.profiler``'s allocation and free events in time order
+(process RSS was rejected: glibc keeps freed memory, so RSS shows only the first call's growth).
 """
 
 from __future__ import annotations
@@ -27,6 +17,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from ..devices import cpu_ticks
 
 __all__ = [
     "KERNELS",
@@ -50,11 +42,8 @@ KERNELS = {  # profiler op name fragment -> how the table names the attention it
 
 
 def block_flops(d_model: int, seq_len: int, tokens: int, training: bool) -> float:
-    """Model FLOPs of one call on ``tokens`` tokens of sequences of length ``seq_len``.
-
-    nanoGPT's estimate_mfu for one layer, with causal attention counted at half the T x T:
-    ``6 * N + 6 * C * T`` per token for a training step, ``2 * N + 2 * C * T`` for inference,
-    N = 12 * C**2 + 13 * C.
+    """Model FLOPs of one call on ``tokens`` tokens of length-``seq_len`` sequences: nanoGPT's
+    estimate_mfu for one layer, causal attention at half the T x T.
 
     Example:
         >>> block_flops(384, 256, 2048, training=False) / 1e9  # the default inference shape
@@ -108,12 +97,8 @@ def matmul_peak(
 
 @contextlib.contextmanager
 def _kineto_quiet() -> Iterator[None]:
-    """Point file descriptor 2 at /dev/null for the duration of a ``profile()``.
-
-    libkineto writes "USDT: profiler_start/stop" lines to fd 2 on every profile, whatever
-    KINETO_LOG_LEVEL says, which would bury the progress bar. Python warnings raised meanwhile
-    are kept and re-issued afterwards.
-    """
+    """fd 2 to /dev/null during a ``profile()``: libkineto writes "USDT: profiler_start/stop"
+    there whatever KINETO_LOG_LEVEL says. Python warnings are kept and re-issued after."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -160,23 +145,6 @@ def profile_call(fn: Callable[[], object], device: torch.device) -> tuple[int | 
         running += e.nbytes()
         peak = max(peak, running)
     return peak, kernel
-
-
-def cpu_ticks() -> tuple[float, float, float] | None:
-    """(wall seconds, busy CPU-seconds of the whole machine, CPU-seconds of this process).
-
-    Linux only (None elsewhere): the difference over the run is what *other* processes used,
-    the honest measure of how disturbed a CPU measurement was. See ``others_busy``.
-    """
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK")
-    busy = (sum(fields) - fields[3] - fields[4]) / hz  # all but idle and iowait
-    own = os.times()
-    return time.perf_counter(), busy, own.user + own.system
 
 
 def others_busy(start: tuple[float, float, float] | None) -> float | None:

@@ -1,7 +1,4 @@
-"""How ``gptblock bench`` shows what it measured: the table, the FusedBlock summary, the JSON.
-
-``gptblock.bench.suite`` measures; this module only formats a ``BenchResult`` (and writes it).
-"""
+"""How ``gptblock bench`` shows what it measured: the table, the FusedBlock summary, the JSON."""
 
 from __future__ import annotations
 
@@ -51,7 +48,6 @@ def format_table(result: BenchResult) -> str:
 
 
 def _summary(rows: list[Measurement]) -> list[str]:
-    """FusedBlock against the encoder layer, the lesson and the ceiling, one line per shape."""
     by = {(m.form, m.mode, m.seq_len): m for m in rows}
     lines = [
         "FusedBlock: speed-up (the other's median time / FusedBlock's); % of the matmul peak "

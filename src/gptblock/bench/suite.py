@@ -1,25 +1,10 @@
 """``gptblock bench``: the matmul peak, then every form of the block, in one process.
 
-One process, so the peak and the blocks share the machine's state. What is measured, and how:
-
-* **Matmul peak** (the "practical peak"): for each size N in ``peak_sizes``, the median time of
-  ``repeats`` square (N, N) @ (N, N) matmuls in the benchmark's dtype after ``warmup`` untimed
-  ones, as FLOP/s (``2 * N**3`` per matmul); the peak is the best of those sizes, measured before
-  and again after the blocks, keeping the higher (a lower peak would flatter the blocks).
-* **Time per call**: the median of ``repeats`` calls after ``warmup`` untimed ones. The four forms
-  are timed round-robin (one call of each per round), so a change in the machine's load hits all
-  of them alike. Inference is ``module.eval()`` under ``torch.no_grad()``; a training step is one
-  forward and one backward in train mode (dropout 0), the input requiring grad, without the
-  optimizer (gradients are set to None between calls, outside the timing).
-* **Model FLOPs** (``measure.block_flops``), the same count for every form: nanoGPT's
-  ``estimate_mfu`` for one layer with causal attention counted at half the T x T; per token
-  ``6 * N + 6 * C * T`` for a training step, ``2 * N + 2 * C * T`` for inference,
-  N = 12 * C**2 + 13 * C.
-* **Peak memory** and **attention kernel** of one more call of each form, from the profiler
-  (``measure.profile_call``).
-* **Matmuls alone**: the block's matmuls by themselves at the same shapes, timed like the forms.
-  Their time is a floor for every form, so model FLOPs over it is a ceiling on "% of peak"
-  (above 100% at long T, where the attention FLOPs it is credited with are a large share).
+One process, so the peak and the blocks share the machine's state. The forms are timed
+round-robin (one call of each per round), so a change in load hits all alike; a training step is
+a forward and a backward without the optimizer. The peak is measured before and after, keeping
+the higher (a lower one would flatter the blocks). What each column means: the command's
+epilog (``gptblock bench --help``); how each is measured: ``gptblock.bench.measure``.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads.
 """
@@ -87,18 +72,7 @@ QUICK = dict(
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What ``run_benchmark`` measures.
-
-    Args:
-        d_model, n_heads: C and nh of the block.
-        seq_len, batch: T and B of the main shape.
-        sweep: further sequence lengths, each at batch ``max(1, batch * seq_len // T)`` so every
-            call holds the same number of tokens (the default shape's 2048: T 1024 runs at B 2).
-        activation: of every form except the lesson's, which is always ReLU.
-        device, dtype: where and in what precision everything runs (the peak too).
-        warmup, repeats: untimed and timed calls per measurement.
-        peak_sizes: the square matmul sizes N tried for the peak; ``()`` picks by device.
-    """
+    """What ``run_benchmark`` measures; each sweep T runs at batch ``batch * seq_len // T``."""
 
     d_model: int = 384  # C
     n_heads: int = 6  # nh
@@ -126,7 +100,6 @@ class BenchConfig:
         BlockConfig(self.d_model, self.n_heads, activation=self.activation)
 
     def shapes(self) -> list[tuple[int, int]]:
-        """(B, T) of every measured shape: the main one first, then the sweep."""
         tokens = self.batch * self.seq_len
         shapes = [(self.batch, self.seq_len)]
         shapes += [(max(1, tokens // T), T) for T in self.sweep]
@@ -176,13 +149,9 @@ class BenchResult:
 
 
 def memory_needed(config: BenchConfig) -> int:
-    """Bytes the benchmark's largest moment needs, estimated before anything is allocated.
-
-    The four forms' weights and gradients (and the lesson's (T, T) mask per head, at the
-    longest T), plus the larger of the peak matmuls' three (N, N) operands and a training
-    step's activations at the worst shape, counted as ``gptblock.model.footprint`` counts a block's
-    (15 (B, T, C) tensors, and 3 (B, nh, T, T) for the forms that materialise the weights).
-    ``tests/test_bench.py`` holds it above what the profiler measures for every call.
+    """Bytes the benchmark's largest moment needs, estimated before anything is allocated: the
+    forms' weights and gradients (and the lesson's masks), plus the larger of the peak matmuls'
+    operands and a training step's activations (as ``gptblock.model.footprint`` counts them).
 
     Example:
         >>> memory_needed(BenchConfig(**QUICK)) < 2**30
@@ -206,7 +175,6 @@ def device_unavailable(device: str) -> str | None:
 
 
 def _make_forms(config: BenchConfig, block_size: int) -> dict[str, nn.Module]:
-    """The four forms, built by ``convert`` from one FusedBlock (the lesson's from a ReLU one)."""
     torch.manual_seed(0)
     base = FusedBlock(config.d_model, config.n_heads, activation=config.activation)
     relu = FusedBlock(config.d_model, config.n_heads, activation="relu")
@@ -224,7 +192,6 @@ Call = tuple[Callable[[], object], Callable[[], None]]  # (the call to time, its
 
 
 def _call(name: str, module: nn.Module, mode: str, x: torch.Tensor, mask: torch.Tensor) -> Call:
-    """How one form is timed in one mode on input ``x`` (B, T, C)."""
     module.train(mode == "training")
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -254,7 +221,6 @@ def _call(name: str, module: nn.Module, mode: str, x: torch.Tensor, mask: torch.
 
 
 def _matmuls_call(config: BenchConfig, x: torch.Tensor, mode: str) -> Call:
-    """The block's matmuls alone, on x's shape: what every form must at least spend."""
     B, T, C = x.shape
     g = torch.Generator(device=x.device).manual_seed(0)
 

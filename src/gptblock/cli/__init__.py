@@ -1,17 +1,9 @@
 """The ``gptblock`` command line: argument parsing and printing only.
 
-Each command lives in its own module with ``register(subparsers)``, which adds the command's
-parser and sets ``run(args) -> int`` as its handler; everything a command does is a library call
-a user could make from Python. ``formatting`` holds what every command's ``--help`` shares, and
-``COMMANDS``. Only the command being run is imported (``tests/test_commands.py``).
-
-Errors a user can cause (``gptblock.errors.UserError``: bad arguments, missing or malformed
-files, settings that do not fit together) and the operating system's refusals about the user's
-files and devices (``OSError``: permission denied, disk full) reach the terminal as one line on
-stderr and exit code 2. Any other exception is a bug in gptblock and keeps its traceback, so
-that it can be reported. Ctrl-C ends a command with exit code 130 and one line; a closed pipe
-(``gptblock sample | head``) ends it quietly with 141, as SIGPIPE would. Warnings are one line
-each too, ``gptblock COMMAND: warning: ...``.
+Each command is the module ``cli/NAME.py``, whose ``register(subparsers)`` adds its parser and
+its ``run(args) -> int``; only the command being run is imported. A ``UserError`` or ``OSError``
+is one line on stderr and exit code 2; any other exception keeps its traceback (a bug). Ctrl-C
+exits 130, a closed pipe quietly 141; warnings are one line each.
 """
 
 from __future__ import annotations
@@ -30,18 +22,9 @@ from ..errors import UserError
 from .formatting import COMMANDS
 
 
-class CLIError(UserError):
-    """An error to report as one line on stderr, with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command; given ``command``, of that one in full (when it is one) and
-    of the others their names and help lines only (enough for ``gptblock --help`` and its errors),
-    so that only the command being run is imported."""
+    """The parser of every command; given ``command``, that one in full and the others by their
+    names and help lines only, so that only the command being run is imported."""
     parser = argparse.ArgumentParser(
         prog="gptblock",
         description="The GPT transformer block as the lessons teach it, verified and fast.",
@@ -71,8 +54,7 @@ def script() -> NoReturn:
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    """The first word that is not an option (gptblock's own options, --help and --version, take
-    no value)."""
+    # gptblock's own options (--help, --version) take no value.
     return next((a for a in argv if not a.startswith("-")), None)
 
 
@@ -107,7 +89,7 @@ def _run(command: str | None, argv: list[str]) -> int:
             return 141
         except (UserError, OSError) as e:
             print(f"gptblock {args.command}: error: {e}", file=sys.stderr)
-            return getattr(e, "exit_code", 2)
+            return 2
         except KeyboardInterrupt:
             print(f"gptblock {args.command}: interrupted", file=sys.stderr)
             return 130

@@ -10,7 +10,7 @@ from ..bench.suite import QUICK, BenchConfig, device_unavailable, run_benchmark
 from ..devices import DTYPES, set_threads
 from ..errors import UserValueError
 from ..files import check_destination
-from .formatting import COMMANDS, RawEpilogHelpFormatter
+from .formatting import RawEpilogHelpFormatter, add_command
 
 EPILOG = """\
 ms: median of --repeats calls after --warmup untimed ones, the forms timed round-robin.
@@ -33,14 +33,15 @@ says so, and --json then records {"skipped": reason}); 2 bad arguments.
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = BenchConfig()
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "bench",
-        help=COMMANDS["bench"],
+        run,
+        RawEpilogHelpFormatter,
         description="Measure the matmul peak, then each block form (lesson Block,\n"
         "TransformerBlock, FusedBlock, nn.TransformerEncoderLayer) for inference and a\n"
         "training step, at one shape and a sweep over T.",
         epilog=EPILOG,
-        formatter_class=RawEpilogHelpFormatter,
     )
     p.add_argument("--d-model", type=int, default=d.d_model, help="C")
     p.add_argument("--heads", type=int, default=d.n_heads, help="nh")
@@ -72,11 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--json", metavar="FILE", help="also write every number here (atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
 
 
 DEFAULTS = BenchConfig()
 FLAGS = {"n_heads": "heads"}  # BenchConfig fields whose flag has another name
+# In the order --quick's refusal names them.
+FIELDS = "d_model n_heads seq_len batch sweep activation device dtype warmup repeats peak_sizes"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,19 +92,8 @@ def run(args: argparse.Namespace) -> int:
         check_destination(args.json)  # now, not after the benchmark
     if args.threads is not None:
         set_threads(args.threads)
-    options = {
-        "d_model": args.d_model,
-        "n_heads": args.heads,
-        "seq_len": args.seq_len,
-        "batch": args.batch,
-        "sweep": tuple(args.sweep),
-        "activation": args.activation,
-        "device": args.device,
-        "dtype": args.dtype,
-        "warmup": args.warmup,
-        "repeats": args.repeats,
-        "peak_sizes": tuple(args.peak_sizes or ()),
-    }
+    options = {name: getattr(args, FLAGS.get(name, name)) for name in FIELDS.split()}
+    options |= {"sweep": tuple(args.sweep), "peak_sizes": tuple(args.peak_sizes or ())}
     config = BenchConfig(**options)  # every value given is checked, --quick or not
     if args.quick:
         given = {k: v for k, v in options.items() if k in QUICK and v != getattr(DEFAULTS, k)}

@@ -1,11 +1,7 @@
 """``gptblock check``: find the mistakes in a transformer block, and say how to fix them.
 
-Argument parsing and printing only: ``gptblock.check.building.target`` parses ``--arg`` and ``--map``,
-``gptblock.check.check_isolated`` runs the target in a child process that only answers
-requests and computes every check and the verdict outside it, so that whatever the block does
-(exit, crash, hang, print, patch the checker), the exit code and the report are the checker's;
-the report is printed here, after the child and everything it started are gone.
-"""
+Parsing and printing only: ``check_isolated`` runs the target in a child process that only
+answers requests, so whatever the block does, the exit code and report are the checker's."""
 
 from __future__ import annotations
 
@@ -22,16 +18,18 @@ from ..check import (
 )
 from ..check.building.target import parse_role
 from ..errors import UserError, UserValueError
-from .formatting import COMMANDS
+from .formatting import add_command, check_timeout
 
 EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     defaults = ", ".join(f"{k}={v!r}" for k, v in COMMON_ARGUMENTS.items())
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "check",
-        help=COMMANDS["check"],
+        run,
+        argparse.ArgumentDefaultsHelpFormatter,
         description=(
             "Probe a block mapping (B, T, C) to (B, T, C) (shape, causality, batch "
             "independence, eval determinism, residual stream, finite outputs, gradients), read "
@@ -48,7 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Constructor arguments the block takes but --arg does not give are filled with "
             f"small values: {defaults} (dropout > 0 so that dropout left on in eval shows up)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "target",
@@ -84,15 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="how long the block may take to load, build and be checked; then it is stopped",
     )
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         kwargs = dict(parse_argument(a) for a in args.arg)
         roles = dict(parse_role(m) for m in args.map)
-        if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock
-            raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
+        check_timeout(args.timeout)
         if args.target is None:
             if kwargs or roles:
                 raise UserValueError(

@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ..example import worked_example
-from .formatting import COMMANDS
+from .formatting import add_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "example",
-        help=COMMANDS["example"],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = add_command(sub, "example", run, argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the input")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

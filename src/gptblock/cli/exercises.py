@@ -12,15 +12,11 @@ from typing import Any
 from ..blocks.config import check_seed
 from ..errors import UserValueError
 from ..exercises import run_all
-from .formatting import COMMANDS
+from .formatting import add_command, check_timeout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "exercises",
-        help=COMMANDS["exercises"],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = add_command(sub, "exercises", run, argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="seed for every random draw")
     p.add_argument(
         "--on",
@@ -31,7 +27,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--timeout", type=float, default=60.0, help="with --on: seconds each class may take"
     )
-    p.set_defaults(run=run)
 
 
 def _verdict(passed: bool) -> str:
@@ -40,8 +35,7 @@ def _verdict(passed: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     seed = check_seed(args.seed, "--seed")  # before any exercise runs
-    if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock (as check's)
-        raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
+    check_timeout(args.timeout)
     if args.on is not None:
         return _on(args.on, seed, args.timeout)
     ex1, ex2, ex3 = run_all(seed)
@@ -88,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _on(file: str, seed: int, timeout: float) -> int:
-    """The lessons' exercises on FILE's Head, MultiHeadAttention and Block; exit 1 when one
-    does not hold."""
     from ..check.isolation.check import ask_isolated
     from ..errors import UserFileNotFoundError
     from ..exercises import LEARNER_CLASSES
@@ -126,7 +118,6 @@ def _on(file: str, seed: int, timeout: float) -> int:
 
 
 def _asked(call: Any, kind: str, seed: int) -> tuple[str, list[Any]]:
-    """The class built in the child as ``check`` builds it, and the exercises on its answers."""
     import torch
 
     from ..check.mistakes.report import Raised, text

@@ -1,9 +1,5 @@
-"""``gptblock export``: a ``gptblock train`` run as a Hugging Face directory, tokenizer included.
-
-``gptblock.load_gpt`` reads the run, ``gptblock.interop.hf.save_hf`` writes the directory
-(``config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``), which
-``gptblock sample --hf DIR`` and transformers' ``from_pretrained`` read back.
-"""
+"""``gptblock export``: a ``gptblock train`` run as a Hugging Face directory (``save_hf``), which
+``gptblock sample --hf DIR`` and transformers' ``from_pretrained`` read back."""
 
 from __future__ import annotations
 
@@ -13,17 +9,17 @@ from ..interop.hf import FORMATS, save_hf
 from ..interop.hf_files import family_name
 from ..loading import load_gpt
 from ..runs.checkpoint import BEST, KINDS
-from .formatting import COMMANDS, HelpFormatter
+from .formatting import add_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "export",
-        help=COMMANDS["export"],
+        run,
         description="Write the best checkpoint of a `gptblock train` run as a Hugging Face "
         "directory with its tokenizer (character-level or BPE); a run whose options the "
         "format cannot express is refused, naming the option, and nothing is written.",
-        formatter_class=HelpFormatter,
     )
     p.add_argument("--out", default="out-gptblock", help="the directory `gptblock train` wrote")
     p.add_argument("--hf", metavar="DIR", required=True, help="the new directory to write")
@@ -33,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=FORMATS,
         help="the format (default: llama for a Llama block, else gpt2)",
     )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

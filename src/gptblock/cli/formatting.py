@@ -1,11 +1,22 @@
-"""How every command's ``--help`` looks: defaults shown, None defaults explained in words; and
-``COMMANDS``, the commands with their lines in ``gptblock --help``."""
+"""What every command's parser shares: ``--help`` with defaults shown (None ones said in words),
+``COMMANDS`` with their lines in ``gptblock --help``, ``--threads`` and ``--timeout``."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["COMMANDS", "HelpFormatter", "RawEpilogHelpFormatter", "add_threads_option"]
+from ..errors import UserValueError
+
+__all__ = [
+    "COMMANDS",
+    "HelpFormatter",
+    "RawEpilogHelpFormatter",
+    "add_command",
+    "add_threads_option",
+    "check_timeout",
+]
 
 # In the order `gptblock --help` lists them; each is the module cli/NAME.py.
 COMMANDS = {
@@ -24,8 +35,7 @@ COMMANDS = {
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` with every default shown, except None: those options say in their help text
-    what they default to (a preset's value, a newline, ...) instead of "(default: None)"."""
+    """``--help`` with every default shown but None (their help says it in words)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None:
@@ -34,7 +44,27 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class RawEpilogHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """``HelpFormatter``, with the description's and epilog's lines kept as written."""
+    """``HelpFormatter``, the description's and epilog's lines kept as written."""
+
+
+def add_command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    formatter: type[argparse.HelpFormatter] = HelpFormatter,
+    **parser: Any,
+) -> argparse.ArgumentParser:
+    """The parser of command ``name`` (its ``COMMANDS`` line as help), running ``run``."""
+    p = sub.add_parser(name, help=COMMANDS[name], formatter_class=formatter, **parser)
+    p.set_defaults(run=run)
+    return p
+
+
+def check_timeout(seconds: float) -> None:
+    """Refuse a ``--timeout`` that is not a positive number <= 1e6 (NaN too; inf overflows the
+    system's clock)."""
+    if not 0 < seconds <= 1e6:
+        raise UserValueError(f"--timeout must be a positive number <= 1e6, got {seconds}")
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:

@@ -1,10 +1,5 @@
-"""``gptblock grade``: check a class's submissions, one row each, into a gradebook.
-
-Argument parsing and printing only: ``gptblock.check.submissions`` finds the submissions and
-their blocks, ``gptblock.check.grading`` checks each as ``gptblock check`` does (in child
-processes, ``--jobs`` at once) and writes the gradebook. The CSV and JSON are rewritten after
-every row, atomically, so Ctrl-C keeps the rows done.
-"""
+"""``gptblock grade``: check a class's submissions (``gptblock.check.grading``), one row each,
+into a gradebook rewritten atomically after every row, so Ctrl-C keeps the rows done."""
 
 from __future__ import annotations
 
@@ -18,13 +13,14 @@ from ..check.grading import Row, grade, gradescope, write_csv, write_json
 from ..check.submissions import submissions
 from ..errors import UserValueError
 from ..files import atomic_write_json, check_destination
-from .formatting import COMMANDS, HelpFormatter
+from .formatting import add_command, check_timeout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "grade",
-        help=COMMANDS["grade"],
+        run,
         description=(
             "Check every submission as `gptblock check` checks one, in child processes: a .py "
             "file, an .ipynb notebook (its code cells) or a student's folder of them; a folder of "
@@ -37,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
         epilog="docs/grading.md: from a folder of submissions to a gradebook and a Gradescope "
         "autograder.",
-        formatter_class=HelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="a submission, or a folder of them")
     p.add_argument(
@@ -76,15 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "student's, as /autograder/submission)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     kwargs = dict(parse_argument(a) for a in args.arg)
     if args.jobs is not None and args.jobs < 1:
         raise UserValueError(f"--jobs must be >= 1, got {args.jobs}")
-    if not 0 < args.timeout <= 1e6:  # also NaN; inf overflows the system's clock
-        raise UserValueError(f"--timeout must be a positive number <= 1e6, got {args.timeout}")
+    check_timeout(args.timeout)
     for out in (args.csv, args.json, args.gradescope):
         if out is not None:
             check_destination(out)  # before the minutes of checking
@@ -118,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(rows: list[Row]) -> None:
-    """The rows as a table on stdout (student, file:class, verdict, mistakes, seconds), then
-    the count of each verdict."""
     if not rows:
         return
     cells = [("student", "file:class", "verdict", "mistakes (or why not checked)", "seconds")]

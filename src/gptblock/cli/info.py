@@ -9,12 +9,11 @@ import numpy as np
 import torch
 
 from .. import __version__
-from .formatting import COMMANDS
+from .formatting import add_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("info", help=COMMANDS["info"])
-    p.set_defaults(run=run)
+    add_command(sub, "info", run, argparse.HelpFormatter)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,19 +7,19 @@ import math
 
 from ..files import check_destination, make_directory
 from ..lens import FIGURE_FILES, PromptInspection, inspect_prompt, save_attention_page, save_figures
-from .formatting import COMMANDS, HelpFormatter, add_threads_option
+from .formatting import add_command, add_threads_option
 from .options import add_source_options, load_source
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "inspect",
-        help=COMMANDS["inspect"],
+        run,
         description="Load the best checkpoint of a `gptblock train` run, run it once on the "
         "prompt with every activation cached, and print the likeliest next tokens, the logit "
         "lens (each layer's top token) and a table of the heads. --hf and --nanogpt read "
         "other tools' models instead.",
-        formatter_class=HelpFormatter,
     )
     add_source_options(p)
     p.add_argument("--prompt", required=True, help="the text to look at, up to block_size long")
@@ -33,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--html", metavar="FILE", help="also write a self-contained attention viewer page"
     )
     add_threads_option(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

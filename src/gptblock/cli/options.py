@@ -1,9 +1,5 @@
-"""Options more than one command takes, spelled once: where the model comes from.
-
-``gptblock sample`` and ``gptblock inspect`` read a model from one of ``--out`` (a ``gptblock
-train`` run, the default), ``--hf`` (a Hugging Face GPT-2, Llama, Mistral or Qwen2 directory)
-or ``--nanogpt`` (a nanoGPT checkpoint), through ``gptblock.loading.load``, onto ``--device``.
-"""
+"""Where ``sample`` and ``inspect`` read a model from: ``--out`` (a run, the default), ``--hf``
+or ``--nanogpt``, through ``gptblock.loading.load``, onto ``--device``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""``gptblock sample``: print text from the best checkpoint of a ``gptblock train`` run.
-
-The text is printed as it is generated (``gptblock.sampling.stream_text``), each character flushed,
-so a long sample shows from its first token on; Ctrl-C stops it (exit code 130).
-"""
+"""``gptblock sample``: text from a run's best checkpoint, printed as generated (Ctrl-C: 130)."""
 
 from __future__ import annotations
 
@@ -11,17 +7,17 @@ import sys
 
 from ..model.generation.sampling import refuse_top_k_when_greedy
 from ..sampling import GENERATION_WEIGHTS, generation_weights, stream_text
-from .formatting import COMMANDS, HelpFormatter, add_threads_option
+from .formatting import add_command, add_threads_option
 from .options import add_source_options, load_source
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "sample",
-        help=COMMANDS["sample"],
+        run,
         description="Load the best checkpoint of a `gptblock train` run (or a Hugging Face "
         "GPT-2 directory, or a nanoGPT checkpoint) and continue a prompt.",
-        formatter_class=HelpFormatter,
     )
     add_source_options(p)
     p.add_argument("--prompt", help="text to continue (default: a newline)")
@@ -43,7 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "with bfloat16 in hardware, else float32 (docs/performance.md)",
     )
     add_threads_option(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

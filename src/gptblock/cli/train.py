@@ -1,9 +1,5 @@
-"""``gptblock train``: train a tiny GPT on a text (by default Tiny Shakespeare, built in).
-
-Argument parsing and printing only; the run is ``gptblock.train.run.prepare_run``, which a user can
-call the same way from Python. Under ``torchrun --nproc_per_node=N -m gptblock train ...`` the
-same command trains with DistributedDataParallel; only rank 0 writes files and prints.
-"""
+"""``gptblock train``: parsing and printing around ``gptblock.train.run.prepare_run``; under
+``torchrun`` the same command trains with DDP, only rank 0 writing and printing."""
 
 from __future__ import annotations
 
@@ -24,16 +20,16 @@ from ..train.presets import DEFAULT_PRESET, PRESETS
 from ..train.result import NonFiniteLossError, TrainResult
 from ..train.run import GPTRun, prepare_run
 from ..train.settings import SETTINGS, RunSettings
-from .formatting import COMMANDS, HelpFormatter, add_threads_option
+from .formatting import add_command, add_threads_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "train",
-        help=COMMANDS["train"],
+        run,
         description="Train a character-level GPT. With no arguments: the default preset on "
         "Tiny Shakespeare, which ships with gptblock (no download).",
-        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--data",
@@ -58,7 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--no-progress", action="store_true", help="no progress bar (for logs and scripts)"
     )
     add_threads_option(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:
-    """A flag per ``RunSettings`` field: its name with dashes, its type, its help and choices
-    from the field. Each defaults to None, the preset's value, which the help lists."""
+    """A flag per ``RunSettings`` field, from its type, help and choices; None (the preset's
+    value, which the help lists) by default."""
     types = typing.get_type_hints(RunSettings)
     every = {name: dataclasses.asdict(preset) for name, preset in PRESETS.items()}
     for f in dataclasses.fields(RunSettings):

@@ -1,13 +1,8 @@
-"""Text in, token batches out: a character tokenizer, the split and the batches.
+"""Text in, token batches out: a character tokenizer, the 90/10 split and the batches.
 
-The flow is nanoGPT's ``shakespeare_char``: read one UTF-8 text, take its sorted set of
-characters as the vocabulary, encode every character as its index, train on the first 90% and
-validate on the rest, and draw random windows of ``block_size + 1`` tokens (inputs, and the same
-window shifted by one as targets).
-
-Randomness comes only from a ``torch.Generator`` the caller seeds and owns, never from the
-global RNG, so the trainer can save and restore its state and a resumed run draws the same
-batches an uninterrupted one would.
+nanoGPT's ``shakespeare_char`` flow. Randomness comes only from a ``torch.Generator`` the caller
+seeds and owns (never the global RNG), so a resumed run draws the batches an uninterrupted one
+would.
 
 Shapes: B batch, T time (``block_size``).
 """
@@ -53,13 +48,8 @@ class Tokenizer(Protocol):
 
 
 class CharTokenizer:
-    """Characters to token ids and back; the vocabulary is the sorted set of a text's characters.
-
-    Saved with the model as JSON (``to_json`` / ``from_json``): a list of the characters in
-    id order, nothing executable.
-
-    Args:
-        chars: the vocabulary, one distinct character per token id, in id order.
+    """Characters to token ids and back: ``chars``, one distinct character per id, saved as a
+    JSON list (``to_json`` / ``from_json``).
 
     Example:
         >>> tok = CharTokenizer.from_text("hello world")
@@ -103,7 +93,6 @@ class CharTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of distinct token ids."""
         return len(self.chars)
 
     def unknown(self, text: str) -> list[str]:
@@ -122,10 +111,8 @@ class CharTokenizer:
         return [self._ids[c] for c in text]
 
     def encode_tensor(self, text: str) -> torch.Tensor:
-        """``encode(text)`` as a 1-D int64 tensor, made without a Python int per character.
-
-        ``encode``'s list costs about 36 bytes per character (a 100 MB text: 3.6 GB); this
-        takes 12 at its peak and 8 after. The ids are the same (a test compares them).
+        """``encode(text)`` as a 1-D int64 tensor: 12 bytes a character at the peak, against a
+        list's 36.
 
         Example:
             >>> tok = CharTokenizer.from_text("hello world")
@@ -169,7 +156,6 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
     def to_json(self) -> list[str]:
-        """A JSON-ready value: the characters in id order."""
         return list(self.chars)
 
     @classmethod
@@ -213,13 +199,7 @@ def _n_train(n: int) -> int:
 
 
 def split_tokens(ids: list[int] | torch.Tensor, block_size: int) -> TokenSplits:
-    """Split token ids 90% / 10%, checking each part holds at least one training window.
-
-    A window needs ``block_size + 1`` tokens (the inputs plus one more for the last target).
-
-    Args:
-        ids: the whole text's token ids.
-        block_size: T, the context length the windows will have.
+    """Split token ids 90% / 10%, checking each part holds a window of ``block_size + 1``.
 
     Example:
         >>> s = split_tokens(list(range(100)), block_size=8)
@@ -236,8 +216,7 @@ def split_tokens(ids: list[int] | torch.Tensor, block_size: int) -> TokenSplits:
 
 
 def split_text(text: str) -> tuple[str, str]:
-    """The first 90% of ``text``'s characters and the rest: where ``split_tokens`` splits a
-    character tokenizer's ids, for a tokenizer (BPE) that must learn from the first part alone.
+    """The first 90% of ``text``'s characters and the rest, for BPE to learn from the first.
 
     Example:
         >>> split_text("abcdefghij")
@@ -281,24 +260,9 @@ def get_batch(
     rank: int = 0,
     world_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``batch_size`` random windows and return this rank's share of them.
-
-    Every rank draws the same global batch from an identically seeded generator and keeps
-    rows ``[rank * B, (rank + 1) * B)`` with ``B = batch_size // world_size``, so N processes
-    see exactly the batch one process would, and all generators stay in step. Rejected: one
-    generator per rank seeded with ``seed + rank`` (nanoGPT's way), whose batches no single
-    process can reproduce.
-
-    Args:
-        data: 1-D token ids.
-        block_size: T.
-        batch_size: the global batch size, divisible by ``world_size``.
-        generator: a CPU ``torch.Generator``; advanced by exactly one draw.
-        rank, world_size: this process's place in a distributed run.
-
-    Shape:
-        Returns ``x`` and ``y``, both (B, T) int64, with ``y[:, t] == x[:, t + 1]`` inside the
-        text: ``y`` is the next token after each position of ``x``.
+    """This rank's share of ``batch_size`` random windows: ``x``, ``y`` (B, T), ``y`` the next
+    tokens. Every rank draws the same global batch (one ``generator`` draw) and keeps its rows,
+    so N processes see the batch one would (nanoGPT's ``seed + rank`` cannot).
 
     Example:
         >>> data = torch.arange(100)
@@ -324,21 +288,8 @@ def get_batch(
 def full_windows(
     data: torch.Tensor, block_size: int, batch_size: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches of non-overlapping windows that predict every token after the first once.
-
-    Windows start at 0, T, 2T, ...; a last, shorter window takes the tokens left over when
-    ``len(data) - 1`` is not a multiple of T, so no token is left out and none is counted
-    twice. Each window's first token is predicted from no context, as in any non-overlapping
-    evaluation; a sliding window would give every token a full context at T times the cost.
-
-    Args:
-        data: 1-D token ids, at least 2 of them.
-        block_size: T.
-        batch_size: windows per batch (the last full-length batch may hold fewer).
-
-    Shape:
-        A list of ``(x, y)`` pairs, each (B', T) int64, then (1, T') for the leftover; the
-        numbers of targets add up to ``len(data) - 1``.
+    """``(x, y)`` batches (B', T) of windows at 0, T, 2T, ..., then (1, T') for the leftover:
+    every token after the first predicted once (a sliding window would cost T times more).
 
     Example:
         >>> [tuple(x.shape) for x, _ in full_windows(torch.arange(14), 4, batch_size=2)]
@@ -360,6 +311,5 @@ def full_windows(
 
 
 def _code_points(text: str) -> np.ndarray:
-    """The code points of ``text``: (N,) uint32, one per character (a lone surrogate too, as
-    Python's ``ord`` gives it)."""
+    # (N,) uint32, a lone surrogate too, as ``ord`` gives it.
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)

@@ -1,17 +1,9 @@
-"""Byte-level BPE, GPT-2's tokenizer kind, by Hugging Face's ``tokenizers`` (none written here).
+"""Byte-level BPE, GPT-2's tokenizer kind, by Hugging Face's ``tokenizers`` (an optional extra,
+imported on use).
 
-``BPETokenizer`` wraps a ``tokenizers.Tokenizer``: trained on a text (``BPETokenizer.train``),
-or read from what a Hugging Face GPT-2 directory carries (``tokenizer.json``, or ``vocab.json``
-and ``merges.txt``). Byte-level means every string encodes, whatever its characters: a
-character the merges never saw is spelled with its UTF-8 bytes, so no text is "outside the
-vocabulary". It saves as the JSON ``tokenizers`` writes, nothing executable.
-
-A character vocabulary leaves for Hugging Face the same way (``tokenizers_of``): BPE without a
-merge, each character its token and the whole text one word (nothing normalised or split), the
-ids decoded by concatenation (``Fuse``); ``as_char_tokenizer`` reads such a file back as the
-``CharTokenizer`` it was, which refuses a character outside it where ``tokenizers`` would drop it.
-
-``tokenizers`` is an optional dependency (``pip install "gptblock[hf]"``), imported on use.
+``BPETokenizer`` is trained on a text or read from a Hugging Face directory; byte-level, so every
+string encodes. ``tokenizers_of`` exports a character vocabulary as BPE without merges (decoded
+by ``Fuse``); ``as_char_tokenizer`` reads such a file back as the ``CharTokenizer`` it was.
 """
 
 from __future__ import annotations
@@ -45,10 +37,7 @@ def _tokenizers() -> Any:
 
 
 class BPETokenizer:
-    """Text to token ids and back by byte-level BPE.
-
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer``.
+    """Text to token ids and back by byte-level BPE, over a ``tokenizers.Tokenizer``.
 
     Example:
         >>> tok = BPETokenizer.train("the cat sat on the mat. " * 50, vocab_size=262)
@@ -86,9 +75,7 @@ class BPETokenizer:
         # aborts the process while reserving room for them.
         vocab_size = min(vocab_size, MIN_VOCAB + len(text.encode("utf-8")))
         tk = _tokenizers()
-        tokenizer = tk.Tokenizer(tk.models.BPE())
-        tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = tk.decoders.ByteLevel()
+        tokenizer = _byte_level(tk, tk.models.BPE())
         trainer = tk.trainers.BpeTrainer(
             vocab_size=vocab_size,
             initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
@@ -99,11 +86,7 @@ class BPETokenizer:
 
     @classmethod
     def from_directory(cls, directory: str | os.PathLike[str]) -> BPETokenizer:
-        """The tokenizer a Hugging Face model directory carries.
-
-        Raises:
-            UserFileNotFoundError: neither ``tokenizer.json`` nor ``vocab.json`` + ``merges.txt``.
-        """
+        """The tokenizer a Hugging Face model directory carries."""
         d = Path(directory)
         tk = _tokenizers()
         if (d / "tokenizer.json").is_file():
@@ -111,17 +94,13 @@ class BPETokenizer:
         if (d / "vocab.json").is_file() and (d / "merges.txt").is_file():
             vocab, merges = str(d / "vocab.json"), str(d / "merges.txt")
             model = _read(d / "vocab.json", lambda _: tk.models.BPE.from_file(vocab, merges))
-            tokenizer = tk.Tokenizer(model)
-            tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tokenizer.decoder = tk.decoders.ByteLevel()
-            return cls(tokenizer)
+            return cls(_byte_level(tk, model))
         raise UserFileNotFoundError(
             f"no tokenizer in {d}: expected tokenizer.json, or vocab.json and merges.txt"
         )
 
     @property
     def vocab_size(self) -> int:
-        """Number of distinct token ids."""
         return int(self.tokenizer.get_vocab_size())
 
     def encode(self, text: str) -> list[int]:
@@ -144,7 +123,6 @@ class BPETokenizer:
         return []
 
     def to_json(self) -> str:
-        """The ``tokenizers`` JSON of this tokenizer."""
         return str(self.tokenizer.to_str())
 
     @classmethod
@@ -167,9 +145,15 @@ class BPETokenizer:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
+def _byte_level(tk: Any, model: Any) -> Any:
+    tokenizer = tk.Tokenizer(model)
+    tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tk.decoders.ByteLevel()
+    return tokenizer
+
+
 def _read(path: Path, read: Callable[[str], Any]) -> Any:
-    """``read(path)``, its failure on a malformed file (the library's own exception type, or
-    a panic of its Rust code) one ``UserValueError`` naming the file."""
+    # A malformed file: the library's own exception, or a panic of its Rust code.
     try:
         return read(str(path))
     except BaseException as e:  # a Rust panic is a BaseException (PanicException)

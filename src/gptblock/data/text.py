@@ -1,9 +1,5 @@
-"""Where a run's text comes from: the built-in corpora, and UTF-8 files read with care.
-
-``--data`` names a built-in corpus (``shakespeare``, the default: Tiny Shakespeare, which ships
-with gptblock; ``pydoc``: Python's own help pages) or a file. ``read_text`` reads a file, pipe or
-device without hanging on a FIFO nobody writes or reading ``/dev/zero`` until memory runs out,
-and says what is wrong with a file that is not UTF-8 text.
+"""Where a run's text comes from: the built-in corpora, and UTF-8 files read with care (no hang
+on a FIFO nobody writes, no reading ``/dev/zero`` until memory runs out).
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ CORPORA_DIR = Path(__file__).parent / "corpora"
 
 
 def shakespeare() -> str:
-    """Tiny Shakespeare: the standard character-level corpus (Karpathy's char-rnn; nanoGPT's
-    ``shakespeare_char``), 1,115,394 characters of the plays, shipped with gptblock.
+    """Tiny Shakespeare (char-rnn's, nanoGPT's ``shakespeare_char``), shipped with gptblock.
 
     Example:
         >>> text = shakespeare()
@@ -43,14 +38,7 @@ def shakespeare() -> str:
 
 
 def pydoc_topics() -> str:
-    """Python's own help topics: ``pydoc_data.topics``, which ships with CPython.
-
-    It is what ``help("if")`` prints: about 465 kB of English prose and code examples, joined
-    in sorted key order so the text is the same on every run.
-
-    Raises:
-        OSError: for a Python built without ``pydoc_data`` (some minimal distributions strip
-            it); pass a text file instead.
+    """Python's help topics (``pydoc_data.topics``, what ``help("if")`` prints), in key order.
 
     Example:
         >>> text = pydoc_topics()
@@ -88,9 +76,6 @@ def default_corpus() -> str:
 def load_corpus(data: str | os.PathLike[str] | None) -> tuple[str, str]:
     """``(text, source)`` for ``--data``: a built-in corpus's name, a file's path, or None.
 
-    Args:
-        data: ``"shakespeare"``, ``"pydoc"``, None (the default corpus), or a path.
-
     Example:
         >>> text, source = load_corpus("pydoc")
         >>> source
@@ -108,22 +93,10 @@ PIPE_WAIT = 5.0  # seconds read_text waits for a FIFO's writer to appear
 
 
 def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str:
-    """Read a UTF-8 text file, with errors that say what is wrong with it.
+    """Read a UTF-8 text file (or pipe), with errors that say what is wrong with it.
 
-    A pipe (``--data <(command)``) is read until its writer closes it; a named pipe (FIFO)
-    that no writer opens within ``PIPE_WAIT`` seconds reads as empty instead of blocking
-    forever. Devices such as ``/dev/zero`` never end, so at most ``max_bytes``
-    (``MAX_TEXT_BYTES``, 256 MiB) are read: a larger source is refused rather than read until
-    memory runs out.
-
-    Args:
-        path: the file.
-        max_bytes: the most bytes to read (default ``MAX_TEXT_BYTES``).
-
-    Raises:
-        FileNotFoundError: no such file. IsADirectoryError: ``path`` is a directory.
-        ValueError: the file is empty, larger than ``max_bytes``, or not valid UTF-8 (the
-            message gives the byte offset of the first bad byte).
+    A FIFO no writer opens within ``PIPE_WAIT`` seconds reads as empty; more than ``max_bytes``
+    (``MAX_TEXT_BYTES``) is refused, since a device such as ``/dev/zero`` never ends.
 
     Example:
         >>> read_text("/nonexistent/input.txt")
@@ -155,9 +128,7 @@ def read_text(path: str | os.PathLike[str], max_bytes: int | None = None) -> str
 
 
 def _read_at_most(path: Path, n: int) -> bytes:
-    """Up to ``n`` bytes of ``path``. A FIFO is opened without blocking (a blocking open waits
-    forever for a writer), then given ``PIPE_WAIT`` seconds for a writer to appear; once one
-    has, it is read as any pipe, to its end."""
+    # A FIFO is opened without blocking (a blocking open waits forever for a writer).
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
         if stat.S_ISFIFO(os.fstat(fd).st_mode) and not _writer_appears(fd, PIPE_WAIT):

@@ -1,27 +1,6 @@
-"""Looking inside a GPT: named activations, hooks, the residual stream read out, and pictures.
-
-* ``trace`` -- ``run_with_cache`` / ``run_with_hooks`` (also ``GPT.run_with_cache`` /
-  ``GPT.run_with_hooks``): the activations by their interpretability names, from the model's
-  own forward pass with a probe at every named point, for every block form, so no hook is ever
-  skipped.
-* ``readout`` -- the stream as a sum of components, direct logit attribution through the final
-  LayerNorm, the logit lens, and each head's attention entropy and mean distance back.
-* ``report`` -- ``inspect_prompt``: all of it for one prompt, what ``gptblock inspect`` prints.
-* ``figures`` -- matplotlib figures of an inspection (returned for notebooks, or saved as PNGs).
-* ``page`` -- the self-contained HTML attention viewer.
-
-Example:
-    >>> import torch
-    >>> from gptblock import GPT, GPTConfig
-    >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    >>> idx = torch.tensor([[1, 2, 3, 4]])
-    >>> logits, cache = model.run_with_cache(idx)
-    >>> parts = stream_components(cache)              # embed, L0 attn, L0 MLP, L1 attn, L1 MLP
-    >>> torch.allclose(sum(parts.values()), cache["blocks.1.resid_post"], atol=1e-6)
-    True
-    >>> ablated = model.run_with_hooks(idx, {"blocks.0.attn_out": torch.zeros_like})
-    >>> ablated.shape
-    torch.Size([1, 4, 11])
+"""Looking inside a GPT: named activations and hooks (``trace``), the residual stream read out
+(``readout``), all of it for one prompt (``report``), figures (``figures``) and the HTML
+attention viewer (``page``); each function's docstring has a runnable example.
 """
 
 from inspect import isfunction

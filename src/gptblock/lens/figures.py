@@ -1,9 +1,7 @@
 """Figures of one ``PromptInspection``: attention heatmaps, direct logit attribution, logit lens.
 
-Each function returns a matplotlib ``Figure`` (a notebook shows it; nothing is drawn on a
-global pyplot state) made with the object API on the Agg canvas, as ``trainlog``'s loss plot
-is, so no display is needed. ``save_figures`` writes the three as PNGs, each atomically.
-Every number drawn is taken from the inspection's one forward pass.
+Each function returns a matplotlib ``Figure`` on the Agg canvas (no pyplot state, no display);
+``save_figures`` writes the three as PNGs, each atomically.
 
 Example:
     >>> from gptblock import GPT, GPTConfig, CharTokenizer
@@ -48,11 +46,8 @@ DPI = 100
 
 
 def attention_figure(inspection: PromptInspection) -> Figure:
-    """Every head's attention pattern on the prompt: a grid of heatmaps, layers by heads.
-
-    Row t of a heatmap is what position t attends to (its weights over the positions <= t),
-    on one colour scale from 0 to 1; the title gives the head's mean entropy in bits.
-    """
+    """Every head's attention pattern: a grid of heatmaps, layers by heads (row t: what
+    position t attends to), titled with the head's mean entropy."""
     L, nh, T = inspection.n_layer, inspection.n_head, len(inspection.tokens)
     side = min(max(0.11 * T, 2.2), 6.0)  # inches per heatmap: the labels need room
     fig = _figure(nh * side + 1.2, L * side + 0.8)
@@ -98,11 +93,7 @@ def attribution_figure(inspection: PromptInspection) -> Figure:
 
 
 def logit_lens_figure(inspection: PromptInspection) -> Figure:
-    """The logit lens: at each position, each layer's likeliest next token and its probability.
-
-    Rows are the stream after the embedding and after each layer (the last row is the model's
-    own prediction); colour is the probability of that row's top token, written in the cell.
-    """
+    """The logit lens: at each position, each layer's likeliest next token and its probability."""
     lens = inspection.lens
     top = lens.probs.max(dim=-1)  # values, indices: (L + 1, T) each
     probs = top.values.cpu().double().numpy()
@@ -127,11 +118,7 @@ def logit_lens_figure(inspection: PromptInspection) -> Figure:
 
 
 def save_figures(inspection: PromptInspection, directory: str | os.PathLike[str]) -> list[Path]:
-    """Write the three figures into ``directory`` (made if missing) as ``FIGURE_FILES``.
-
-    Returns:
-        The paths written, in ``FIGURE_FILES`` order.
-    """
+    """Write the three figures into ``directory`` (made if missing); return the paths."""
     out = make_directory(directory)
     paths = []
     for name, draw in zip(
@@ -155,12 +142,10 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _quoted(prompt: str, keep: int = 40) -> str:
-    """The prompt for a title: its last ``keep`` characters when it is longer."""
     return repr(prompt) if len(prompt) <= keep else "..." + repr(prompt[-keep:])
 
 
 def _label_positions(ax: Axes, tokens: tuple[str, ...], axis: str, fontsize: float) -> None:
-    """Tick labels from the prompt's characters, every k-th once there are too many."""
     step = max(1, math.ceil(len(tokens) / MAX_LABELS))
     at = list(range(0, len(tokens), step))
     labels = [show_token(tokens[t]) for t in at]

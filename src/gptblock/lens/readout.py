@@ -1,28 +1,10 @@
 """Reading the residual stream: its decomposition, direct logit attribution, the logit lens,
-and how sharp and how far back each head attends.
+and how sharp and how far back each head attends (docs/look-inside.md).
 
-Pre-norm makes the stream a sum. With ``x_0 = embed``, each block adds ``attn_out`` and then
-``mlp_out``, so the final stream is ``embed + sum_i (attn_out_i + mlp_out_i)``, and each
-``attn_out_i`` is the sum of its heads' ``head_out`` plus the output projection's bias. The
-unembedding reads the stream through the final LayerNorm,
-``ln_f(x) = (x - mean(x)) / s * g + b`` with ``s = sqrt(var(x) + eps)``. Everything in it is
-linear in ``x`` except ``s``. **Direct logit attribution holds ``s`` at the value the actual
-forward pass computed** (the scale of the whole final stream at that position), so a component
-``c`` contributes ``((c - mean(c)) / s * g) . W_U[token]``, and the contributions of all the
-components, plus the biases' (the attention output biases and ``b . W_U[token]``), add up to the
-logit exactly. (Rejected: normalising each component by its own scale, which does not add up;
-and recomputing ``s`` without the component, which measures a total effect, not a direct one.)
-
-A soft-capped model (``logit_softcap``: the logits are ``cap * tanh(z / cap)`` of the
-unembedding's ``z``) has no such decomposition of its logit: tanh is not linear, so a
-component's share of the capped logit depends on all the others. Direct logit attribution then
-explains ``z``, the logit before the cap (``LogitAttribution.softcap`` says so), which the cap
-maps monotonically to the model's logit: the ranking of the tokens, and the sign and order of the
-components' contributions, are the same; their sizes are those of ``z``, not of the output.
-
-The logit lens reads the stream after each layer as if it were the last: final LayerNorm and
-unembedding (and the soft cap, if any) applied to ``embed`` and to each ``resid_post``; the last
-layer's reading is the model's own output.
+Direct logit attribution holds the final norm's scale ``s`` at the forward pass's value, so the
+components' ``((c - mean(c)) / s * g) . W_U[token]`` plus the biases' add up to the logit exactly
+(rejected: each component's own scale, which does not add up). A soft-capped model's is
+explained before the cap, which keeps the tokens' ranking and the components' signs.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, L = n_layer.
 """
@@ -59,13 +41,8 @@ __all__ = [
 
 
 def stream_components(cache: ActivationCache) -> dict[str, torch.Tensor]:
-    """The terms whose sum is the final stream: ``embed``, then each layer's attn and MLP.
-
-    Keys ``"embed"``, ``"L{i} attn"``, ``"L{i} MLP"``, in the order they are added.
-
-    Shape:
-        Each value (B, T, C), as the cache's ``embed``, ``blocks.{i}.attn_out`` and
-        ``blocks.{i}.mlp_out``.
+    """The (B, T, C) terms whose sum is the final stream, in order: ``embed``, ``L{i} attn``,
+    ``L{i} MLP``.
 
     Example:
         >>> from gptblock import GPT, GPTConfig
@@ -86,11 +63,9 @@ def stream_components(cache: ActivationCache) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True)
 class LogitAttribution:
-    """Each component's direct contribution to one logit, through the final LayerNorm.
+    """Each component's direct contribution to one logit: ``values.sum() + bias == logit``.
 
-    ``values.sum() + bias == logit`` (up to rounding). Labels: ``embed``, ``L{i}H{n}`` for head
-    ``n`` of layer ``i``, ``L{i} MLP`` (with its biases), in stream order. For a soft-capped model
-    ``logit`` is the logit before the cap, and the model's is ``softcap * tanh(logit / softcap)``.
+    Labels ``embed``, ``L{i}H{n}``, ``L{i} MLP``, in stream order; ``logit`` is before any cap.
     """
 
     token: int  # the token whose logit is attributed
@@ -106,18 +81,8 @@ class LogitAttribution:
 def direct_logit_attribution(
     model: GPT, run: CachedRun, token: int, *, position: int = -1, batch: int = 0
 ) -> LogitAttribution:
-    """How much each head, each MLP and the embedding add directly to ``token``'s logit.
-
-    Args:
-        model: the GPT that made ``run``.
-        run: ``run_with_cache``'s result, without hooks, caching at least ``embed`` and every
-            block's ``head_out``, ``mlp_out`` and ``resid_post`` (``names=None`` does).
-        token: the token id whose logit is explained.
-        position: which position's next-token logit (negative counts from the end).
-        batch: which sequence of the batch.
-
-    Returns:
-        A ``LogitAttribution``; see the module docstring for the LayerNorm scale used.
+    """How much each head, each MLP and the embedding add directly to ``token``'s logit at
+    ``position``, from ``model``'s own ``run_with_cache`` result (without hooks).
 
     Example:
         >>> from gptblock import GPT, GPTConfig
@@ -203,19 +168,8 @@ class LogitLens:
 def logit_lens(
     model: GPT, cache: ActivationCache, *, batch: int = 0, vocab_size: int | None = None
 ) -> LogitLens:
-    """Final LayerNorm and unembedding applied to ``embed`` and every block's ``resid_post``.
-
-    The last row is the model's own next-token distribution.
-
-    Args:
-        model: the GPT that made ``cache``.
-        cache: with ``embed`` and every ``blocks.{i}.resid_post``.
-        batch: which sequence of the batch.
-        vocab_size: read only ids below it (a tokenizer smaller than a padded embedding);
-            None: all V.
-
-    Shape:
-        ``probs`` (L + 1, T, V), V = ``vocab_size`` if given.
+    """Final LayerNorm and unembedding applied to ``embed`` and every block's ``resid_post``
+    (the last row is the model's own); only ids below ``vocab_size``, if given.
 
     Example:
         >>> from gptblock import GPT, GPTConfig
@@ -245,13 +199,7 @@ def logit_lens(
 
 
 def attention_entropy(pattern: torch.Tensor) -> torch.Tensor:
-    """The entropy of each attention row in bits (exercise 3's measure), with 0 log 0 = 0.
-
-    0 bits: all weight on one position; log2(t + 1) bits: uniform over the t + 1 positions a
-    causal row t can see.
-
-    Shape:
-        (..., T, T) -> (..., T).
+    """The entropy in bits of each attention row, (..., T, T) -> (..., T), with 0 log 0 = 0.
 
     Example:
         >>> attention_entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
@@ -262,12 +210,8 @@ def attention_entropy(pattern: torch.Tensor) -> torch.Tensor:
 
 
 def mean_distance_back(pattern: torch.Tensor) -> torch.Tensor:
-    """How far back each query row attends on average: ``sum_j w[t, j] * (t - j)``.
-
-    0: attends to itself; for a row of zeros (no key to attend to) also 0.
-
-    Shape:
-        (..., T, T) -> (..., T).
+    """How far back each query row attends on average, ``sum_j w[t, j] * (t - j)``:
+    (..., T, T) -> (..., T).
 
     Example:
         >>> mean_distance_back(torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
@@ -292,10 +236,7 @@ class HeadSummary:
 
 
 def head_summaries(cache: ActivationCache, *, batch: int = 0) -> list[HeadSummary]:
-    """A ``HeadSummary`` for every head, layer by layer, from the cache's patterns.
-
-    The means run over every query position, including position 0, which can only attend to
-    itself (0 bits, distance 0).
+    """A ``HeadSummary`` for every head, layer by layer (means over every query position).
 
     Example:
         >>> from gptblock import GPT, GPTConfig
@@ -322,7 +263,6 @@ def head_summaries(cache: ActivationCache, *, batch: int = 0) -> list[HeadSummar
 
 
 def _index(name: str, value: object, size: int, *, negative: bool = True) -> int:
-    """``value`` as an index into ``size`` items (negative from the end if allowed)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):

@@ -1,9 +1,7 @@
 """One prompt, looked at from every side: ``inspect_prompt``, what ``gptblock inspect`` shows.
 
-It runs the model once with every activation cached and reads from that one cache the next-token
-candidates, the logit lens, the direct logit attribution of the predicted token and the head
-table. The figures and the attention page draw from the same object, so every number a learner
-sees, printed, plotted or in the browser, is a number of this one forward pass.
+One forward pass, every activation cached; the candidates, logit lens, attribution, head table,
+figures and page all read from it, so every number shown is of that one pass.
 """
 
 from __future__ import annotations
@@ -67,19 +65,8 @@ class PromptInspection:
 def inspect_prompt(
     model: GPT, tokenizer: Tokenizer, prompt: str, *, top_k: int = 5
 ) -> PromptInspection:
-    """Run ``model`` on ``prompt`` once, caching everything, and read it out.
-
-    Args:
-        model: a ``GPT`` (of any block form, on any device); not changed.
-        tokenizer: encodes the prompt and decodes ids (``load_gpt`` returns one).
-        prompt: the text, at most ``block_size`` tokens long.
-        top_k: how many next-token candidates to keep.
-
-    Returns:
-        A ``PromptInspection``.
-
-    Raises:
-        UserValueError: an empty or too long prompt, characters outside the vocabulary.
+    """Run ``model`` on ``prompt`` (at most ``block_size`` tokens) once, caching everything, and
+    read it out, keeping ``top_k`` next-token candidates.
 
     Example:
         >>> from gptblock import GPT, GPTConfig, CharTokenizer

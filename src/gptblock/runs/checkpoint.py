@@ -1,35 +1,12 @@
 """Checkpoints: safetensors for every tensor, JSON for everything else, nothing executable.
 
-A checkpoint named ``last`` in directory ``out`` is two files::
-
-    out/last.json                              config, vocabulary, step, optimizer layout, ...
-    out/last-00000500-1a2b3c4d.safetensors     weights, optimizer moments, RNG states
-
-Loading never runs code from the files: ``torch.load`` (pickle) is not used anywhere, and
-RNG states are stored as the uint8 tensors PyTorch itself returns.
-
-Crash safety. Each file is written to a temporary file in the same directory, flushed and
-fsynced, then moved into place with ``os.replace``, which is atomic. The pair is kept
-consistent by writing the tensors first under a fresh, never reused name, and the JSON last:
-the JSON names its tensors file and holds its SHA-256, so replacing the JSON is the single
-atomic step that switches from the old checkpoint to the new one. Until that moment the old
-JSON still names the old tensors file, which is deleted only afterwards. A process killed at
-any instant therefore leaves either the old or the new checkpoint, complete; at worst an
-unreferenced tensors file or temporary file, which the next save removes. Rejected: writing
-``last.safetensors`` and ``last.json`` in place one after the other (a crash between the two
-leaves a mismatched pair), and swapping whole directories (no portable atomic replace of a
-non-empty directory).
-
-What a checkpoint holds is tamper-evident, all of it (format version 2). The JSON records the
-tensors file's SHA-256 and, in ``json_sha256``, the SHA-256 of its own other fields in a
-canonical form (sorted keys, no whitespace), so a changed vocabulary character or step is
-refused on load just as a flipped weight is. This detects edits and corruption, not an
-adversary, who could recompute both; there is no key. Tensors that are one tensor in the model
-(a GPT's head tied to its token embedding) are stored once, the JSON's ``tied`` naming each
-alias, so a checkpoint cannot hold two different values for one weight.
-
-Format version 1 (gptblock 0.1 and 0.2) still loads as before: its tensors are verified, and a
-warning says once per file that its JSON fields cannot be.
+Checkpoint ``last`` in ``out`` is ``out/last.json`` (config, vocabulary, step, optimizer layout,
+the tensors file's name and SHA-256, ``json_sha256`` of its other fields) and
+``out/last-00000500-1a2b3c4d.safetensors`` (weights, moments, RNG states as uint8 tensors).
+The tensors are written first under a fresh name, the JSON last: replacing the JSON is the one
+atomic step from the old checkpoint to the new, so a kill at any instant leaves one of them
+whole. Tied tensors are stored once (``tied``). Format 1 (gptblock 0.1, 0.2) still loads, with
+a warning that its fields carry no hash. docs/running.md says why each choice was made.
 """
 
 from __future__ import annotations
@@ -42,10 +19,10 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import safetensors.torch
 import torch
@@ -63,8 +40,11 @@ __all__ = [
     "check_same_field",
     "checkpoint_path",
     "holds_run",
+    "is_count",
+    "is_finite_number",
     "is_tensors_file",
     "load_checkpoint",
+    "require_fields",
     "run_exists_error",
     "save_checkpoint",
 ]
@@ -82,11 +62,7 @@ TENSORS_FILE = re.compile(r"(last|best)-\d{8,}-[0-9a-f]{8}\.safetensors")
 
 
 class CheckpointError(UserValueError):
-    """A checkpoint that is missing, truncated, corrupted, malformed or from another model.
-
-    The message names the file and the problem. A ``UserError`` (and a ``ValueError``), so the
-    command line reports it as one line.
-    """
+    """A checkpoint that is missing, truncated, corrupted, malformed or from another model."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +76,14 @@ class Checkpoint:
 
     def require(self, *fields: str) -> None:
         """Raise ``CheckpointError`` naming the JSON file if any of ``fields`` is absent."""
-        missing = [f for f in fields if f not in self.meta]
-        if missing:
-            raise CheckpointError(f"{self.path}: missing field(s) {', '.join(missing)}")
+        require_fields(self.meta, self.path, fields)
+
+
+def require_fields(meta: Mapping[str, Any], where: object, fields: Sequence[str]) -> None:
+    """Raise ``CheckpointError`` naming ``where`` and every one of ``fields`` absent."""
+    missing = [f for f in fields if f not in meta]
+    if missing:
+        raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
 
 
 def checkpoint_path(out_dir: str | os.PathLike[str], kind: str = LAST) -> Path:
@@ -129,8 +110,7 @@ def is_tensors_file(name: str, kind: str | None = None) -> bool:
 
 
 def holds_run(out_dir: str | os.PathLike[str] | None) -> bool:
-    """Whether ``out_dir`` holds a training run: a ``LAST`` checkpoint, which a fresh run must
-    never replace."""
+    """Whether ``out_dir`` holds a ``LAST`` checkpoint, which a fresh run must never replace."""
     return out_dir is not None and checkpoint_path(out_dir, LAST).exists()
 
 
@@ -148,16 +128,8 @@ def save_checkpoint(
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
 ) -> Path:
-    """Save ``tensors`` and the JSON-ready ``meta`` as checkpoint ``kind``; return the JSON path.
-
-    Args:
-        out_dir: the directory (created if needed).
-        kind: "last" or "best".
-        tensors: name -> tensor; copied to the CPU. Tensors that are views of the same memory
-            with the same shape (tied weights) are stored once, under the first name; the
-            JSON's ``tied`` maps each other name to it, and loading restores them all.
-        meta: must hold ``step`` (an int >= 0); everything else is free-form JSON (no NaN or
-            inf: ``best_val_loss`` and the like must be finite or None).
+    """Save ``tensors`` (tied ones once) and JSON ``meta`` (with an int ``step`` >= 0, no NaN)
+    as checkpoint ``kind`` in ``out_dir`` (made if needed); return the JSON path.
 
     Example:
         >>> import tempfile
@@ -202,7 +174,6 @@ def save_checkpoint(
 
 
 def _tensors_named(json_path: Path) -> str | None:
-    """The tensors file an existing checkpoint JSON names (a run's own file), if it names one."""
     try:
         name = json.loads(json_path.read_bytes()).get("tensors")
     except (OSError, ValueError, AttributeError):
@@ -213,7 +184,6 @@ def _tensors_named(json_path: Path) -> str | None:
 def _store_once(
     tensors: Mapping[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """CPU copies of ``tensors``, each shared tensor once, and the names tied to the stored one."""
     cpu: dict[str, torch.Tensor] = {}
     tied: dict[str, str] = {}
     first: dict[tuple[Any, ...], str] = {}
@@ -233,7 +203,6 @@ def _store_once(
 
 
 def _fields_sha256(record: Mapping[str, Any]) -> str:
-    """SHA-256 of every field but ``JSON_HASH``, as canonical JSON (sorted keys, no spaces)."""
     fields = {k: v for k, v in record.items() if k != JSON_HASH}
     text = json.dumps(
         fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -257,15 +226,8 @@ def _remove_stale(directory: Path, kind: str, keep: str, previous: str | None) -
 
 
 def load_checkpoint(out_dir: str | os.PathLike[str], kind: str = LAST) -> Checkpoint:
-    """Load and verify checkpoint ``kind`` from ``out_dir``.
-
-    Raises:
-        FileNotFoundError: there is no ``kind`` checkpoint in ``out_dir``.
-        CheckpointError: the JSON does not parse, lacks a field, has a field of the wrong type
-            or range, or was changed after it was written (its ``json_sha256`` differs); the
-            tensors file is missing, truncated or corrupted (its SHA-256 differs from the one
-            the JSON recorded), or is not a safetensors file. The message names the file.
-    """
+    """Load and verify checkpoint ``kind`` from ``out_dir``: a ``CheckpointError`` naming the
+    file for anything malformed, changed or corrupted, ``FileNotFoundError`` if absent."""
     json_path = checkpoint_path(out_dir, kind)
     # A training run may commit a new checkpoint (and delete the old tensors file) between our
     # reading the JSON and its tensors file: then the JSON has changed, and we read it again.
@@ -311,16 +273,13 @@ def _load(json_path: Path, raw: bytes) -> Checkpoint:
 
 
 def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
-    """The JSON's fields, after checking the format's own: version, names, hashes, step."""
     try:
         meta = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError: ValueError
         raise CheckpointError(f"{json_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{json_path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [f for f in REQUIRED if f not in meta]
-    if missing:
-        raise CheckpointError(f"{json_path}: missing field(s) {', '.join(missing)}")
+    require_fields(meta, json_path, REQUIRED)
     if meta["format"] != FORMAT or meta["version"] not in READABLE:
         raise CheckpointError(
             f"{json_path}: format {meta['format']!r} version {meta['version']!r} is not "
@@ -349,9 +308,19 @@ def _read_fields(json_path: Path, raw: bytes) -> dict[str, Any]:
     if not isinstance(meta["sha256"], str) or not SHA256.fullmatch(meta["sha256"]):
         raise CheckpointError(f"{json_path}: field 'sha256' must be a SHA-256 hex digest")
     step = meta["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not is_count(step):
         raise CheckpointError(f"{json_path}: field 'step' must be an int >= 0, got {step!r:.40}")
     return meta
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int >= 0 (a bool is not): a step, a size, a count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_finite_number(value: object) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not): a loss, a hyperparameter."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _not_json(constant: str) -> Any:
@@ -367,12 +336,8 @@ def _finite(text: str) -> float:
 
 
 def check_same_field(ckpt: Checkpoint, field: str, saved: Any, current: Any) -> None:
-    """Raise ``CheckpointError`` if the checkpoint's ``field`` differs from this run's.
-
-    For dicts (a model config) the message names every differing key with both values, so
-    resuming another model's run says what differs instead of failing on a tensor shape.
-    Nothing is checked when either side is None.
-    """
+    """Raise ``CheckpointError`` if the checkpoint's ``field`` differs from this run's (a dict's
+    differing keys named with both values); nothing is checked when either side is None."""
     if saved is None or current is None or saved == current:
         return
     if isinstance(saved, dict) and isinstance(current, dict):

@@ -1,24 +1,15 @@
 """What a GPT training run records about itself: ``RunMeta``, written and validated here only.
 
-Every checkpoint of a ``gptblock train`` run carries three JSON fields beside the trainer's own
-(step, optimizer, history): the model's shape, its vocabulary and the text it learned from::
+Every checkpoint carries, beside the trainer's own fields::
 
     "model_config": {"vocab_size": 65, "block_size": 64, "n_layer": 4, ...}   GPTConfig
     "vocab": ["\\n", " ", "!", ...]                                            CharTokenizer
     or "tokenizer": {"kind": "bpe", "json": "..."}                           BPETokenizer
     "data": {"source": "input.txt", "characters": 1115394, "sha256": "..."}  CorpusInfo
 
-``RunMeta.to_json`` writes them and ``RunMeta.from_checkpoint`` reads them back, checking each
-field's type and that the three agree (the vocabulary has ``vocab_size`` characters), so
-``load_gpt``, ``gptblock sample`` and a resumed run see a typed object or a ``CheckpointError``
-naming the field, never a ``KeyError``. Runs saved before the corpus hash was recorded load
-with ``sha256`` None.
-
-The trainer stays ignorant of all this (it is model-agnostic): it saves ``to_json()`` with every
-checkpoint and, on resume, asks ``check_resume`` whether a checkpoint belongs to this run: the
-same model, the same vocabulary and the same text (its size and SHA-256), unless the run was
-made with ``allow_other_data``. A checkpoint that recorded no hash (gptblock 0.1) is checked by
-its size alone, and a warning says once that the text cannot be verified.
+``from_checkpoint`` checks each field and that they agree, so a reader sees a typed object or a
+``CheckpointError`` naming the field. ``check_resume`` refuses another model, vocabulary or text
+(by size and SHA-256) unless ``allow_other_data``; a 0.1 run without a hash is checked by size.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from ..data.batches import CharTokenizer
 from ..data.bpe import BPETokenizer
 from ..errors import UserTypeError, UserValueError
 from ..model.footprint import FLOAT, check_available, parameter_count
-from .checkpoint import Checkpoint, CheckpointError, check_same_field
+from .checkpoint import Checkpoint, CheckpointError, check_same_field, is_count, require_fields
 
 __all__ = ["CorpusInfo", "RunMeta"]
 
@@ -79,14 +70,7 @@ class CorpusInfo:
 class RunMeta:
     """A GPT run's model shape, vocabulary and corpus: the JSON fields its checkpoints carry.
 
-    Args:
-        model_config: the GPT's shape.
-        tokenizer: a ``CharTokenizer`` (saved as ``vocab``, its characters) or a
-            ``BPETokenizer`` (saved as ``tokenizer``, its ``tokenizers`` JSON);
-            ``tokenizer.vocab_size == model_config.vocab_size``.
-        corpus: the text the run trains on; None for a run that did not record it.
-        allow_other_data: not saved: let ``check_resume`` accept a checkpoint of another
-            text (with a warning naming both); from then on the checkpoints record this one.
+    ``allow_other_data`` (not saved) lets ``check_resume`` accept another text, with a warning.
 
     Example:
         >>> tok = CharTokenizer.from_text("hello world")
@@ -135,15 +119,9 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, meta: Mapping[str, Any], where: object) -> RunMeta:
-        """Read and check the fields written by ``to_json``; ``where`` names the file in errors.
-
-        Raises:
-            CheckpointError: a field is missing, of the wrong type, or inconsistent.
-        """
+        """Read and check the fields written by ``to_json``; ``where`` names the file in errors."""
         vocab = "tokenizer" if "tokenizer" in meta else "vocab"
-        missing = [f for f in ("model_config", vocab) if f not in meta]
-        if missing:
-            raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)}")
+        require_fields(meta, where, ("model_config", vocab))
         if not isinstance(meta["model_config"], dict):
             raise CheckpointError(f"{where}: field 'model_config' must be an object")
         try:
@@ -170,14 +148,8 @@ class RunMeta:
         return meta
 
     def check_resume(self, ckpt: Checkpoint) -> None:
-        """Refuse to resume ``ckpt`` unless it is a run of this model, vocabulary and text.
-
-        The text is compared by its fingerprint (size and SHA-256), not by its file name, so a
-        moved file still resumes. Another text is refused unless ``allow_other_data``.
-
-        Raises:
-            CheckpointError: naming every differing field with both values, or both texts.
-        """
+        """Refuse to resume ``ckpt`` unless it is a run of this model, vocabulary and text (by
+        its fingerprint, not its file name); another text only with ``allow_other_data``."""
         saved_meta = self.from_checkpoint(ckpt)
         saved, mine = saved_meta.to_json(), self.to_json()
         # The tokenizer's kind first: another kind also changes vocab_size, and "a different
@@ -233,7 +205,7 @@ def _corpus(value: object, where: object) -> CorpusInfo | None:
     source, characters, sha = value.get("source"), value.get("characters"), value.get("sha256")
     if not isinstance(source, str):
         raise CheckpointError(f"{where}: field 'data.source' must be a string, got {source!r:.80}")
-    if isinstance(characters, bool) or not isinstance(characters, int) or characters < 0:
+    if not is_count(characters):
         raise CheckpointError(
             f"{where}: field 'data.characters' must be an int >= 0, got {characters!r:.80}"
         )

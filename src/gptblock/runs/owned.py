@@ -1,13 +1,8 @@
 """Which files in a run directory a gptblock run wrote: the only ones it may overwrite or delete.
 
-A run writes files whose names a user's file could also have (``loss.png``, a tensors file
-``last-00000500-1a2b3c4d.safetensors``). Before it writes one, it appends the name to
-``.gptblock.written`` in the same directory; a later run, finding the directory of a run killed
-before its first checkpoint, treats as leftovers only the names listed there (and the
-temporaries of those names), and a checkpoint removes only listed tensors files. A file merely
-named like one of ours is the user's, and stays. Rejected: recognising leftovers by their names
-alone (a user's ``loss.png`` was taken for one and overwritten), and keeping the list in the
-lock file (the lock library truncates it when it takes the lock).
+Before a run writes a file it appends the name to ``.gptblock.written``; leftovers are only the
+names listed there and their temporaries. A file merely named like ours is the user's (a
+user's ``loss.png`` was once overwritten). Not in the lock file: the lock library truncates it.
 
 Example:
     >>> import tempfile

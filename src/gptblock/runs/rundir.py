@@ -1,26 +1,10 @@
 """A run directory belongs to one run: what may be written where, and the lock that says whose.
 
-Three rules, checked before anything is built and again, under the lock, before anything is
-written:
-
-* ``--out`` is a directory, or a path where one can be made: a file, a device such as
-  ``/dev/null``, or a place where no directory can be created (``/proc/...``) is refused.
-* A fresh run writes only into a new or empty directory, or into one holding nothing but what a
-  gptblock run killed before its first checkpoint leaves (its lock file, and the files it
-  recorded writing: ``gptblock.runs.owned``). gptblock never deletes or overwrites a file it did
-  not write, so a directory with anything else in it (a ``loss.png`` of the user's, another
-  program's files, a ``best.json`` without its ``last.json``) is refused with one line listing
-  them. A run already there is continued with ``resume`` only.
-* While a run trains, its directory is locked: an OS-level lock (``flock`` through the
-  ``filelock`` library) on ``.gptblock.lock`` inside it, which the operating system releases
-  when the process ends, however it ends, so a crash never leaves a stale lock. A second run
-  pointed at the directory, started at the same moment or later, is refused at once, and the
-  first loses nothing. The lock file stays behind after the run; it also marks the directory
-  as gptblock's. Rejected: a pid file (stale after a crash, and racy to check).
-
-``Trainer.fit`` takes the lock for every caller (``run_dir_of_processes``: under torchrun the
-first process takes it and all agree); ``prepare_run`` checks the rules early, so a bad
-``--out`` is refused before the model is built.
+Checked before anything is built and again under the lock: ``--out`` is a directory or can be
+made one; a fresh run writes only into a new or empty directory, or one holding only what a run
+killed early recorded writing (``gptblock.runs.owned``); a run already there is continued with
+``resume`` only. While a run trains it holds an ``flock`` on ``.gptblock.lock`` (``filelock``),
+released by the OS however the process ends. docs/running.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -70,16 +54,8 @@ class RunInUseError(UserError, BlockingIOError):
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, try_lock: bool = True) -> None:
     """Refuse ``out_dir`` if a run (fresh, or resumed with ``resume``) may not write there.
 
-    Reads only; creates nothing. With ``try_lock``, it takes the directory's lock, if it has
-    one, for an instant, to see whether a run is training there (the processes of a
-    distributed run other than the first leave that to the first, which holds it).
-
-    Raises:
-        RunInUseError: a run is training in ``out_dir`` now.
-        UserNotADirectoryError: ``out_dir`` is a file, a device, a pipe, ...
-        UserFileNotFoundError: ``resume``, and ``out_dir`` holds no run.
-        UserFileExistsError: not ``resume``, and ``out_dir`` holds a run, or holds files that
-            are not gptblock's (listed).
+    Creates nothing. With ``try_lock``, takes the directory's lock for an instant to see whether
+    a run is training there (``RunInUseError``).
 
     Example:
         >>> import tempfile
@@ -142,9 +118,8 @@ def _kind(path: Path) -> str:
 
 
 def _foreign_entries(path: Path, marked: bool) -> list[str]:
-    """What in ``path`` a fresh run would not own: everything, unless the directory was
-    ``marked`` as a run's by gptblock's lock file; then all but what a run killed early
-    recorded writing (``gptblock.runs.owned``), its JSON checkpoints aside."""
+    # Everything, unless the lock file marks the directory a run's: then all but what a run
+    # killed early recorded writing, its JSON checkpoints aside.
     names = sorted(name for name in os.listdir(path) if name not in (LOCK_FILE, RECORD_FILE))
     recorded = written(path) if marked else set()
     checkpoints = (f"{LAST}.json", f"{BEST}.json")  # a best.json alone is still a checkpoint
@@ -176,15 +151,8 @@ def make_run_dir(out_dir: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def locked_run_dir(out_dir: str | os.PathLike[str], *, resume: bool) -> Iterator[Path]:
-    """Hold ``out_dir``'s lock inside the block, after ``check_run_dir`` passes under it.
-
-    Creates the directory if needed. Checking again under the lock closes the gap between an
-    early check and the first write: a run that finished in between has left a checkpoint,
-    which a fresh run then refuses.
-
-    Raises:
-        RunInUseError: another process holds the lock (its run is training).
-        The errors of ``check_run_dir`` and ``make_run_dir``.
+    """Hold ``out_dir``'s lock (made if needed) inside the block, after ``check_run_dir`` passes
+    under it: a run that finished since the early check has left a checkpoint, refused here.
 
     Example:
         >>> import tempfile
@@ -231,15 +199,8 @@ def _locked(path: Path, wait: float) -> Iterator[None]:
 def run_dir_of_processes(
     out_dir: str | os.PathLike[str], *, resume: bool, is_main: bool, comm: torch.device
 ) -> Iterator[None]:
-    """``locked_run_dir`` for a run of one or more processes (torchrun): the first takes the
-    lock, the others check the directory without it, and all agree, in one collective, before
-    any goes on, so none trains while another refuses.
-
-    Args:
-        out_dir, resume: as for ``locked_run_dir``.
-        is_main: whether this is the process that writes (rank 0).
-        comm: the device the processes' collectives run on.
-    """
+    """``locked_run_dir`` for torchrun's processes: the first (``is_main``) takes the lock, the
+    others check without it, and all agree in one collective on ``comm`` before any goes on."""
     problem: Exception | None = None
     with contextlib.ExitStack() as held:
         try:

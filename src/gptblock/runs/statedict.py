@@ -1,37 +1,24 @@
-"""A module's and an optimizer's state in a ``Checkpoint``: written out, and checked on the way in.
+"""A module's and an optimizer's state in a ``Checkpoint``, checked on the way in.
 
-``gptblock.runs.checkpoint`` knows files; this knows what a ``state_dict`` is. Loading checks what
-``load_state_dict`` would take silently or fail on cryptically:
-
-* names and shapes: a checkpoint of another model names every tensor that does not fit;
-* tied weights: names that are one tensor in the module (a GPT's ``lm_head.weight`` and
-  ``transformer.wte.weight``) must hold one value in the checkpoint, or the last one loaded
-  would silently win;
-* finiteness: a NaN or infinite parameter or optimizer moment is refused, naming the tensor;
-* the optimizer's hyperparameters keep their types (a number stays a number, a flag a flag).
+Loading refuses what ``load_state_dict`` would take silently or fail on cryptically: tensors of
+another model (each named), tied names holding two values, NaN or infinite parameters or
+moments, and optimizer hyperparameters of another kind than the optimizer's own.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError, is_count, is_finite_number
 
 __all__ = ["load_model_state", "load_optimizer_state", "optimizer_parts"]
 
 
 def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model.") -> None:
-    """Copy the checkpoint's ``prefix``-named tensors into ``module``, after checking them.
-
-    Raises:
-        CheckpointError: naming the tensors file and every missing, unexpected or differently
-            shaped tensor (a checkpoint of a different model), two tied names holding different
-            values, or a parameter that is not finite.
-    """
+    """Copy the checkpoint's ``prefix``-named tensors into ``module``, after checking them."""
     saved = {k[len(prefix) :]: v for k, v in ckpt.tensors.items() if k.startswith(prefix)}
     expected = module.state_dict()
     problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in saved]
@@ -61,7 +48,6 @@ def load_model_state(module: nn.Module, ckpt: Checkpoint, prefix: str = "model."
 
 
 def _tied_names(state: dict[str, torch.Tensor]) -> list[list[str]]:
-    """Groups of two or more state_dict names that are views of the same memory."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, t in state.items():
         if t.numel() > 0:
@@ -101,12 +87,8 @@ def _check_state_tensor(ckpt: Checkpoint, name: str, t: torch.Tensor) -> None:
 def optimizer_parts(
     optimizer: torch.optim.Optimizer, prefix: str = "optim."
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON.
-
-    Tensors are named ``{prefix}{param index}.{key}`` (for AdamW: ``exp_avg``,
-    ``exp_avg_sq`` and ``step``); the param groups (hyperparameters and which parameters each
-    group holds) and any non-tensor state go to the JSON.
-    """
+    """``optimizer.state_dict()`` as tensors named ``{prefix}{param index}.{key}`` and JSON (the
+    param groups and any non-tensor state)."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -131,13 +113,7 @@ def optimizer_parts(
 def load_optimizer_state(
     optimizer: torch.optim.Optimizer, ckpt: Checkpoint, prefix: str = "optim."
 ) -> None:
-    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``).
-
-    Raises:
-        CheckpointError: naming the file, when the saved parameter groups do not match the
-            optimizer's (another model, or another optimizer), a hyperparameter has another
-            type than the optimizer's own, or a moment is not finite.
-    """
+    """Restore the state saved by ``optimizer_parts`` from ``ckpt`` (field ``optimizer``)."""
     ckpt.require("optimizer")
     saved = ckpt.meta["optimizer"]
     try:
@@ -191,7 +167,7 @@ def load_optimizer_state(
                 )
             if isinstance(t, torch.Tensor):
                 _check_state_tensor(ckpt, f"{prefix}{idx}.{key}", t)
-            elif isinstance(t, bool) or not isinstance(t, int) or t < 0:  # a count: step
+            elif not is_count(t):  # a count: step
                 raise CheckpointError(
                     f"{ckpt.path}: optimizer state {idx}.{key} must be an int >= 0 (a step "
                     f"count), got {t!r:.40}"
@@ -203,16 +179,15 @@ def load_optimizer_state(
 
 
 def _same_kind(mine: object, saved: object) -> bool:
-    """Whether a saved hyperparameter is what the optimizer's own value is: a finite number
-    for a number, a flag for a flag (or None for None), as many finite numbers for a tuple."""
-
-    def number(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
+    # A finite number for a number, a flag (or None) for a flag, a tuple of as many numbers.
     if mine is None or isinstance(mine, bool):
         return saved is None or isinstance(saved, bool)
-    if number(mine):
-        return number(saved)
+    if is_finite_number(mine):
+        return is_finite_number(saved)
     if isinstance(mine, tuple):
-        return isinstance(saved, tuple) and len(saved) == len(mine) and all(map(number, saved))
+        return (
+            isinstance(saved, tuple)
+            and len(saved) == len(mine)
+            and all(map(is_finite_number, saved))
+        )
     return type(saved) is type(mine)

@@ -1,9 +1,5 @@
-"""What the ``Trainer`` refuses before it builds anything, each refusal naming the argument.
-
-A model that is no module or has nothing to train, data too short for one window, a config of
-another type, an output path that is no path, metadata that could not be saved as JSON: each
-would otherwise fail later, mid-run or at the first checkpoint, with a message about something
-else.
+"""What the ``Trainer`` refuses before it builds anything, each refusal naming the argument
+(rather than a failure mid-run, or at the first checkpoint, about something else).
 """
 
 from __future__ import annotations

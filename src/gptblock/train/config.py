@@ -1,9 +1,4 @@
-"""``TrainConfig`` and what follows from it alone: the learning-rate schedule and AdamW's groups.
-
-Pure functions of the configuration, apart from the loop in ``train.py``, so each can be
-checked on its own (the schedule against its formula, the optimizer's groups against the
-parameters' shapes). Where to run (device, dtype, autocast) is ``gptblock.devices``.
-"""
+"""``TrainConfig`` and what follows from it alone: the learning-rate schedule and the optimizer."""
 
 from __future__ import annotations
 
@@ -31,10 +26,7 @@ MAX_LR = 10.0  # a peak learning rate above this is a typo, not a schedule
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """How to train: batches, optimizer, schedule, evaluation and where to run.
-
-    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it).
-    Defaults follow nanoGPT's ``shakespeare_char`` where it has one.
+    """How to train: each field's ``help`` (``gptblock train --help``); nanoGPT's defaults.
 
     Example:
         >>> TrainConfig(max_iters=100, warmup=10).min_lr
@@ -121,13 +113,8 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """The learning rate for the update that follows ``step`` completed updates.
-
-    Linear warmup over ``warmup`` steps, then, with ``schedule="cosine"``, a half cosine from
-    ``lr`` down to ``min_lr`` at ``max_iters`` (nanoGPT's schedule, with its decay length equal
-    to the run); with ``"wsd"`` (warmup, stable, decay), ``lr`` until the last
-    ``decay_fraction`` of the run, then a straight line down to ``min_lr`` at ``max_iters``.
-    (Every optimizer group follows it in proportion: Muon's peak is ``muon_lr``.)
+    """The learning rate after ``step`` updates: linear warmup, then a half cosine (nanoGPT's)
+    or, with "wsd", flat until the last ``decay_fraction``, then linear, to ``min_lr``.
 
     Example:
         >>> cfg = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup=10, max_iters=110)
@@ -155,16 +142,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def configure_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer ``cfg.optimizer`` names, over ``model``'s parameters in groups.
 
-    ``"adamw"``: AdamW with weight decay on parameters of 2 or more dimensions only. Matrices and
-    embeddings decay; biases and LayerNorm gains do not (nanoGPT's and minGPT's rule: decaying a
-    gain towards 0 shrinks the signal rather than regularising).
-
-    ``"muon"``: ``MuonAdamW``. Muon, at ``muon_lr``, takes the hidden matrices: every 2-D weight
-    except an embedding's and the output head's (a ``lm_head`` or ``head`` module), a packed
-    ``in_proj_weight`` split into its q, k and v. AdamW takes the rest, grouped as above.
-
-    Tied parameters appear once, as ``named_parameters`` lists them. Each group's ``lr_scale``
-    is its peak learning rate over ``cfg.lr``: the trainer sets ``lr = lr_at(step) * lr_scale``.
+    AdamW decays only parameters of 2 or more dimensions (decaying a gain shrinks the signal).
+    With "muon", Muon takes every 2-D weight but the embeddings and the head (``lm_head`` or
+    ``head``); each group's ``lr_scale`` is its peak over ``cfg.lr``.
 
     Example:
         >>> opt = configure_optimizer(nn.Linear(3, 2), TrainConfig())

@@ -1,12 +1,7 @@
 """How a language model is scored: loss estimates on random batches, and the whole-split loss.
 
-Both take any module whose ``forward(idx, targets)`` returns ``(logits, loss)`` with ``loss`` the
-mean cross-entropy over the targets, run it in eval mode (no dropout) under ``no_grad``, and
-restore its mode afterwards. Losses are summed on the device and read on the host once per
-split. Under DDP each process scores its share and the sums are combined, so every process
-returns the same number.
-
-Shapes: B batch, T time (``block_size``).
+Any module whose ``forward(idx, targets)`` returns ``(logits, loss)``, run in eval mode under
+``no_grad``; under DDP each process scores its share and all return the same sum.
 """
 
 from __future__ import annotations
@@ -27,10 +22,8 @@ __all__ = ["estimate_loss", "eval_mode", "generation_loss", "loss_of", "validati
 
 
 def loss_of(output: object) -> torch.Tensor:
-    """The loss in a model's ``(logits, loss)``, after checking that this is what it returned.
-
-    A model returning its logits alone would otherwise be unpacked along the batch dimension
-    (``_, loss = logits`` "works" for a batch of two) and fail far from the mistake.
+    """The loss in a model's ``(logits, loss)``, checked (``_, loss = logits`` would "work" for a
+    batch of two, and fail far from the mistake).
 
     Example:
         >>> loss_of((torch.zeros(2, 3, 5), torch.tensor(1.5)))
@@ -86,12 +79,8 @@ def estimate_loss(
     device: torch.device,
     autocast: contextlib.AbstractContextManager[Any] | None = None,
 ) -> dict[str, float]:
-    """Mean loss over ``iters`` random batches of each split: ``{"train": ..., "val": ...}``.
-
-    The batches come from generators seeded with ``seed + 1`` (train) and ``seed + 2`` (val)
-    afresh on every call, so every estimate of a run sees the same batches and estimates differ
-    only because the model did. ``batch_size`` is the global batch, as in training.
-    """
+    """Mean loss over ``iters`` global batches of each split: ``{"train": ..., "val": ...}``,
+    from generators re-seeded each call, so estimates differ only because the model did."""
     d = dist_info()
     out = {}
     with eval_mode(model):
@@ -120,10 +109,7 @@ def validation_loss(
     device: torch.device,
     autocast: contextlib.AbstractContextManager[Any] | None = None,
 ) -> float:
-    """Mean loss per token over ALL of ``tokens``, in non-overlapping windows of ``block_size``.
-
-    Every token after the first is predicted once (``gptblock.data.batches.full_windows``). Each
-    process takes every world_size-th batch; the sums of loss x targets are combined.
+    """Mean loss per token over ALL of ``tokens``: each token after the first predicted once.
 
     Example:
         >>> from gptblock import GPT, GPTConfig

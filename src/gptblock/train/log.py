@@ -1,8 +1,4 @@
-"""What a training run shows a person: the progress bar and the loss-curve picture.
-
-Kept apart from the loop so ``train.py`` reads as the algorithm. Both are for rank 0 only; the
-trainer decides who calls them.
-"""
+"""What a training run shows a person (rank 0): the progress bar and the loss-curve picture."""
 
 from __future__ import annotations
 
@@ -19,13 +15,7 @@ __all__ = ["ProgressBar", "save_loss_plot"]
 
 
 class ProgressBar:
-    """A tqdm bar over optimizer steps showing loss, learning rate and tokens per second.
-
-    Args:
-        initial: steps already done (a resumed run starts part way).
-        total: the step the run ends at.
-        enabled: False makes every method a no-op (other ranks, tests).
-    """
+    """A tqdm bar over steps ``initial`` to ``total``: loss, learning rate, tokens per second."""
 
     def __init__(self, initial: int, total: int, *, enabled: bool = True) -> None:
         self._bar = tqdm(
@@ -33,11 +23,9 @@ class ProgressBar:
         )
 
     def advance(self) -> None:
-        """Count one more step."""
         self._bar.update(1)
 
     def show(self, loss: float, lr: float, tokens_per_step: int) -> None:
-        """Show the latest loss read, the learning rate and the smoothed token rate."""
         rate = self._bar.format_dict.get("rate") or 0.0  # steps/s, smoothed by tqdm
         self._bar.set_postfix(
             loss=f"{loss:.4f}",
@@ -47,23 +35,14 @@ class ProgressBar:
         )
 
     def close(self) -> None:
-        """Finish the bar's line."""
         self._bar.close()
 
 
 def save_loss_plot(
     losses: Sequence[float], evals: Sequence[dict[str, Any]], path: str | os.PathLike[str]
 ) -> None:
-    """Draw the training loss per step and the estimates at each evaluation into a PNG.
-
-    Written atomically (a reader never sees half a picture). Uses matplotlib's object API on
-    the Agg canvas, never ``pyplot``: no global figure state, no display needed.
-
-    Args:
-        losses: the training loss of steps 1, 2, ...
-        evals: ``{"step", "train", "val"}`` for each loss estimate.
-        path: the PNG file to write.
-    """
+    """Draw the loss of steps 1, 2, ... and each estimate of ``evals`` into a PNG, atomically
+    (matplotlib's object API on Agg: no pyplot state, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

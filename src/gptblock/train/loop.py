@@ -1,19 +1,10 @@
-"""The training loop: for any module whose ``forward(idx, targets)`` returns ``(logits, loss)``.
+"""The training loop, for any module whose ``forward(idx, targets)`` returns ``(logits, loss)``.
 
-The trainer knows nothing about GPT (minGPT's rule): it draws batches, steps AdamW, estimates
-losses, saves checkpoints and calls back. What to build from a checkpoint, and what to print at
-the end, is the caller's business; the caller passes ``meta``, saved with every checkpoint and
-asked on resume whether a checkpoint belongs to this run (for gptblock's GPT runs this is a
-``gptblock.runs.meta.RunMeta``; ``gptblock.train.run.train_gpt`` puts the pieces together).
-
-The host waits on the device only when it must. Each step's loss stays a tensor on the device;
-every ``log_interval`` steps (and before an evaluation or a checkpoint) the losses since the last
-read come to the host at once, for the progress bar, the history and the check that they are
-finite. A NaN therefore stops the run up to ``log_interval - 1`` steps after it appeared, still
-before any checkpoint of that state is written, and the error names the step it appeared at.
-
-Exact resume: everything random is state a checkpoint saves (``gptblock.train.state``), so on
-the CPU a run stopped at step k and resumed ends with bit-identical weights.
+The trainer knows nothing about GPT (minGPT's rule); the caller's ``meta`` is saved with every
+checkpoint and decides on resume whether one belongs to this run (``gptblock.runs.meta``).
+Losses stay on the device and are read every ``log_interval`` steps (and before a checkpoint),
+so a NaN stops the run before its state is saved. Everything random is checkpointed
+(``gptblock.train.state``): on the CPU a resumed run ends bit-identical.
 
 Shapes: B batch (per process), T time (``block_size``).
 """
@@ -23,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -51,7 +44,6 @@ from .config import TrainConfig, configure_optimizer, lr_at
 from .evaluate import estimate_loss, loss_of, validation_loss
 from .log import ProgressBar, save_loss_plot
 from .result import NonFiniteLossError, TrainResult
-from .signals import stop_on_signals
 from .state import History, Parts, PlainMeta, RunMetadata
 
 __all__ = ["Trainer"]
@@ -62,20 +54,9 @@ EVENTS = ("on_step_end", "on_eval_end")
 class Trainer:
     """Train ``model`` on ``data`` with AdamW, checkpoints and (under torchrun) DDP.
 
-    Args:
-        model: any module with ``forward(idx, targets) -> (logits, loss)``, ``loss`` the mean
-            cross-entropy over the batch. Moved to ``config.device``.
-        data: the training and validation token ids.
-        config: the ``TrainConfig``.
-        out_dir: where checkpoints ("last", "best") and ``loss.png`` go; None writes nothing.
-            A fresh run never overwrites a run already there.
-        meta: saved in every checkpoint: a ``RunMetadata`` (such as ``RunMeta``), which also
-            decides whether a checkpoint may be resumed, or a mapping of JSON-ready fields,
-            each of which must then equal the checkpoint's to resume.
-        progress: show a tqdm progress bar (rank 0 only).
-
-    Shape:
-        ``model`` receives ``idx`` and ``targets`` of shape (B, T) int64.
+    ``model(idx, targets)`` takes (B, T) int64 and returns the mean cross-entropy as ``loss``.
+    ``out_dir`` (None: nothing written) gets checkpoints "last", "best" and ``loss.png``.
+    ``meta`` is a ``RunMetadata`` or a mapping of JSON fields the checkpoint must match to resume.
 
     Example:
         >>> class Bigram(nn.Module):
@@ -148,18 +129,8 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainResult:
         """Train to ``config.max_iters`` steps, or resume from ``out_dir``'s "last" checkpoint.
 
-        A fresh run seeds the global RNG, which dropout draws from, with ``config.seed`` (plus
-        1000 * rank under DDP) and saves a checkpoint at step 0; a resumed run restores the
-        RNG states, the data generator, the weights and the optimizer from "last".
-
-        Raises:
-            NonFiniteLossError: a training or validation loss was NaN or infinite; the message
-                names the step, and no checkpoint is written for that state.
-            CheckpointError, FileNotFoundError: ``resume`` with no usable checkpoint, or one of
-                a different model (the message names the differing fields).
-            FileExistsError: not ``resume``, and ``out_dir`` already holds a run, or files
-                that are not a run's (``gptblock.runs.rundir``).
-            RunInUseError: another process is training in ``out_dir`` now.
+        A fresh run seeds dropout's RNG with ``config.seed`` (+ 1000 * rank) and saves step 0.
+        ``NonFiniteLossError`` names the step of a NaN loss; no checkpoint holds that state.
         """
         if not isinstance(resume, bool):
             raise UserTypeError(f"resume must be a bool, got {resume!r:.40}")
@@ -181,7 +152,6 @@ class Trainer:
 
     @contextlib.contextmanager
     def _claim_out_dir(self, resume: bool) -> Iterator[None]:
-        """Hold ``out_dir`` for the run (``gptblock.runs.rundir``), agreed by every process."""
         if self.out_dir is None:
             yield
             return
@@ -224,15 +194,8 @@ class Trainer:
         return bool(all_reduce_sum(flag).item() > 0)
 
     def read_losses(self) -> list[float]:
-        """Bring the losses of the steps since the last read to the host; return them all.
-
-        One device synchronisation (and, under DDP, one collective: every process calls it at
-        the same step, as the loop does) for all of them. Each step's value is the mean over
-        processes, the loss of the global batch.
-
-        Raises:
-            NonFiniteLossError: one of them is NaN or infinite; names the first such step.
-        """
+        """Bring the losses since the last read to the host (one sync; under DDP one collective,
+        the mean over processes); return them all. ``NonFiniteLossError`` names a NaN's step."""
         if not self._unread:
             return self.losses
         first = len(self.losses) + 1  # the step the first unread loss belongs to
@@ -249,14 +212,8 @@ class Trainer:
         return self.losses
 
     def step(self) -> None:
-        """One training step: the learning rate of this step, a batch, forward, backward, the
-        update; ``iter_num`` counts it. The loss stays on the device until ``read_losses``, so
-        the host never waits for it here. Under a profiler each phase is a range ("data",
-        "forward", "backward", "optimizer"), as ``benchmarks/profile_step.py`` reads them.
-
-        Raises:
-            UserValueError: the model's loss does not require grad.
-        """
+        """One update (its loss kept on the device for ``read_losses``). Under a profiler each
+        phase is a range ("data", "forward", "backward", "optimizer"): benchmarks read them."""
         cfg = self.config
         lr = lr_at(self.iter_num, cfg)
         for group in self.optimizer.param_groups:
@@ -301,8 +258,7 @@ class Trainer:
         return f" (the last good checkpoint is {checkpoint_path(self.out_dir, LAST)})"
 
     def estimate_loss(self) -> dict[str, float]:
-        """Mean loss over ``eval_iters`` batches of each split, with dropout off (the same
-        batches at every estimate: ``gptblock.train.evaluate.estimate_loss``)."""
+        """``gptblock.train.evaluate.estimate_loss`` of the model with this run's settings."""
         cfg = self.config
         return estimate_loss(
             self.model, self.data, block_size=cfg.block_size, batch_size=cfg.batch_size,
@@ -344,10 +300,7 @@ class Trainer:
         return TrainResult(self.iter_num, interrupted, val, self.best_val_loss, path)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Everything a checkpoint holds: tensors and JSON fields (``gptblock.train.state``).
-
-        Collective under DDP: every process must call it.
-        """
+        """A checkpoint's tensors and JSON fields (collective under DDP: every process calls)."""
         self.read_losses()
         history = History(self.iter_num, self.best_val_loss, self.losses, self.evals)
         return train_state.capture(
@@ -360,11 +313,8 @@ class Trainer:
         return Parts(self.model, self.optimizer, self.scaler, self.generator)
 
     def save(self, kind: str) -> None:
-        """Save checkpoint ``kind`` (``LAST`` or ``BEST``) to ``out_dir`` (rank 0 writes).
-
-        Called outside ``fit``, it takes the directory's lock for the save, and writes only
-        where ``fit`` could: into the run this trainer trained, or where a fresh run may start.
-        """
+        """Save checkpoint ``kind`` to ``out_dir`` (rank 0 writes); outside ``fit`` under the
+        directory's lock, and only where ``fit`` could write."""
         if self.out_dir is None:
             # Nowhere to write (every rank alike): the state is not captured, which would copy
             # the weights and optimizer for nothing (and import torch._dynamo, for 0.8 s, in
@@ -398,3 +348,26 @@ def _phase(name: str) -> contextlib.AbstractContextManager[object]:
     # A profiler range costs ~20 us even with no profiler on: mark phases only under one.
     on = torch.autograd._profiler_enabled()  # type: ignore[attr-defined]
     return torch.profiler.record_function(name) if on else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    """Turn the first Ctrl-C (or SIGTERM) into ``request_stop``: a KeyboardInterrupt inside
+    ``optimizer.step`` could leave half the weights updated."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        # The second signal is not caught: it aborts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        request_stop()
+
+    old_int = signal.signal(signal.SIGINT, handler)
+    old_term = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

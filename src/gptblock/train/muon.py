@@ -1,18 +1,9 @@
 """Muon for the blocks' matrices, AdamW for everything else, as one ``torch.optim.Optimizer``.
 
-Muon (Keller Jordan, 2024: "MomentUm Orthogonalized by Newton-Schulz") keeps SGD momentum for
-a weight matrix and applies, instead of the momentum itself, its nearest semi-orthogonal matrix
-``U V^T`` (from the SVD ``U S V^T``), approximated by five Newton-Schulz iterations. Every
-direction of the update then moves by the same amount, so the rare directions that plain
-momentum barely moves learn as fast as the common ones; in practice a transformer reaches a
-given loss in fewer steps. It is for the hidden 2-D weights only: the embeddings, the tied head,
-the LayerNorm gains and the biases stay with AdamW, as in the original recipe.
-
-A packed q/k/v projection (``in_proj_weight``, (3C, C)) is three matrices: its group has
-``split=3``, and each (C, C) third is orthogonalised on its own.
-
-Each parameter group has ``algorithm`` "muon" or "adamw" and its own ``lr``; the trainer scales
-every group's ``lr`` by the schedule through ``lr_scale`` (the group's lr over the peak lr).
+Muon (Keller Jordan, 2024) applies, instead of a matrix's SGD momentum, its nearest
+semi-orthogonal matrix ``U V^T``, by five Newton-Schulz iterations, so rare directions learn as
+fast as common ones. Only hidden 2-D weights; a packed q/k/v (3C, C) has ``split=3``, each third
+orthogonalised alone. Each group has ``algorithm`` "muon" or "adamw", its ``lr`` and ``lr_scale``.
 
 Shapes: a Muon parameter is (rows, cols); with ``split = s`` it is (s * r, cols).
 """
@@ -54,20 +45,15 @@ def orthogonalise(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
 
 
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` without its decorators' wrappers (``functools.wraps`` records it)."""
     return getattr(fn, "__wrapped__", fn)
 
 
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for the groups with ``algorithm="muon"``, AdamW for those with ``"adamw"``.
 
-    Args:
-        groups: parameter groups, each a dict with ``params``, ``algorithm`` and ``lr``, and
-            for Muon optionally ``momentum`` (0.95), ``nesterov`` (True), ``split`` (1),
-            ``weight_decay`` (0), ``ns_dtype`` ("float32": the Newton-Schulz iteration's dtype;
-            "bfloat16" is what the original runs it in, and 3-4x faster where the CPU has
-            bfloat16 matmuls); for AdamW ``betas`` ((0.9, 0.99)), ``eps`` (1e-8),
-            ``weight_decay`` (0).
+    Muon's options: ``momentum``, ``nesterov``, ``split``, ``ns_steps``, ``ns_dtype``
+    ("bfloat16" is 3-4x faster where the CPU has it); AdamW's: ``betas``, ``eps``; both
+    ``weight_decay``. The defaults are ``__init__``'s.
 
     Example:
         >>> w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.zeros(8))

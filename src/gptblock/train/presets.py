@@ -1,9 +1,4 @@
-"""The presets of a GPT run: each a model shape and how to train it, by name.
-
-``gptblock train --preset NAME`` and ``prepare_run(preset=NAME)`` start from one, and any
-setting given explicitly replaces the preset's value (``preset_settings``). A preset is a
-``RunSettings``; the training settings it does not name keep ``TrainConfig``'s defaults.
-"""
+"""The presets of a GPT run, by name: each a ``RunSettings`` that any given setting replaces."""
 
 from __future__ import annotations
 
@@ -37,6 +32,11 @@ _CPU = RunSettings(
     eval_interval=50,
     eval_iters=10,
 )
+
+_NANOGPT_CPU = RunSettings(
+    n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=12, max_iters=2000,
+    lr=1e-3, min_lr_ratio=0.1, warmup=100, eval_interval=250, eval_iters=20,
+)  # fmt: skip
 
 PRESETS: dict[str, RunSettings] = {
     "shakespeare-cpu": _CPU,
@@ -72,47 +72,21 @@ PRESETS: dict[str, RunSettings] = {
         }
     ),
     # nanoGPT's README CPU recipe ("gets us a loss of only 1.88"): speedrun.py's baseline.
-    "nanogpt-cpu": RunSettings(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        batch_size=12,
-        max_iters=2000,
-        lr=1e-3,
-        min_lr_ratio=0.1,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=20,
-    ),
+    "nanogpt-cpu": _NANOGPT_CPU,
     # The main job of gptblock 0.1 (on Python's help pages: 72 s, validation loss 1.36).
-    "tiny": RunSettings(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        batch_size=16,
-        lr=2e-3,
-        max_iters=1500,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=20,
-    ),
+    "tiny": _NANOGPT_CPU.replace({"batch_size": 16, "lr": 2e-3, "max_iters": 1500}),
     # nanoGPT's shakespeare_char: a GPU job (about 10M parameters).
-    "shakespeare": RunSettings(
-        n_layer=6,
-        n_head=6,
-        n_embd=384,
-        block_size=256,
-        dropout=0.2,
-        batch_size=64,
-        lr=1e-3,
-        max_iters=5000,
-        warmup=100,
-        eval_interval=250,
-        eval_iters=200,
+    "shakespeare": _NANOGPT_CPU.replace(
+        {
+            "n_layer": 6,
+            "n_head": 6,
+            "n_embd": 384,
+            "block_size": 256,
+            "dropout": 0.2,
+            "batch_size": 64,
+            "max_iters": 5000,
+            "eval_iters": 200,
+        }
     ),
 }
 DEFAULT_PRESET = "shakespeare-cpu"

@@ -1,17 +1,8 @@
 """A GPT trained on a text, end to end: ``prepare_run`` and ``train_gpt``.
 
-This is where the pieces of a run meet, so that the command line and a Python user do the same
-thing by the same call::
-
-    text --data.CharTokenizer--> token ids --data.split_tokens--> TokenSplits
-    preset + settings --RunSettings--> GPTConfig + TrainConfig;  seed --> GPT(GPTConfig)
-    RunMeta(config, tokenizer, corpus) --> Trainer(model, splits, config, meta) --> checkpoints
-    checkpoints --gptblock.loading.load_gpt--> GPT + CharTokenizer --sample_text--> text
-
-``prepare_run`` builds everything (under ``torchrun`` it also joins the process group) and
-returns a ``GPTRun`` whose ``fit`` trains; ``train_gpt`` is both in one call. The rule that an
-existing run is never overwritten unless ``resume`` is asked for is the trainer's, so it holds
-for every caller.
+Where the pieces of a run meet, so the command line and Python do the same by the same call:
+text -> tokenizer -> ``TokenSplits``; preset + settings -> ``GPTConfig`` + ``TrainConfig``;
+``RunMeta`` + ``GPT`` -> ``Trainer`` -> checkpoints, which ``gptblock.loading.load_gpt`` reads.
 """
 
 from __future__ import annotations
@@ -45,11 +36,8 @@ __all__ = ["GPTRun", "prepare_run", "train_gpt"]
 
 @dataclass
 class GPTRun:
-    """A GPT run ready to train: the model, its data, its configuration and its trainer.
-
-    Made by ``prepare_run``. Use it as a context manager (or call ``close``) so that a
-    distributed run leaves its process group.
-    """
+    """A GPT run ready to train (``prepare_run``'s); a context manager, so that a distributed
+    run leaves its process group."""
 
     model: GPT
     tokenizer: CharTokenizer | BPETokenizer
@@ -106,34 +94,13 @@ def prepare_run(
     progress: bool = True,
     **settings: Any,
 ) -> GPTRun:
-    """Build a GPT run on a text: tokenizer, splits, model and trainer.
+    """Build a GPT run on ``data`` (a built-in corpus, "shakespeare" when None, or a UTF-8
+    file) or ``text``: tokenizer, splits, model and trainer, from ``preset`` with ``settings``
+    (``RunSettings`` fields; None keeps the preset's) put over it.
 
-    Everything that can be checked is checked before the model is built: the output
-    directory (``gptblock.runs.rundir``: a directory, new, empty or this run's), the settings, and
-    whether the machine has the memory a step needs (``gptblock.model.footprint``).
-
-    Args:
-        data: a built-in corpus (``"shakespeare"``, the default when None, or ``"pydoc"``:
-            Python's help pages), or the path of a UTF-8 text file.
-        text: the text itself, instead of a file.
-        out_dir: where checkpoints go (None: nowhere). A run already there is continued with
-            ``resume`` and otherwise refused, never overwritten; a directory holding anything
-            but a gptblock run is refused too.
-        preset: a key of ``PRESETS``, the ``RunSettings`` to start from.
-        resume: continue the run in ``out_dir`` exactly where it stopped.
-        allow_other_data: let ``resume`` continue on a text other than the checkpoint's (by
-            size and SHA-256); without it that is refused, naming both.
-        progress: show a progress bar.
-        settings: fields of ``RunSettings`` (``gptblock.train.settings``, each with its
-            meaning) that replace the preset's; None values are ignored. Among them:
-            ``n_layer=2``, ``lr=3e-3``; ``seed`` (weights, batches, dropout); ``device``
-            ("cpu", "cuda", "cuda:N", "mps" or "auto", the default: the accelerator there is);
-            ``dtype`` ("float32", "bfloat16", "float16", or "auto": bfloat16 where the device
-            multiplies it in hardware); ``compile``; ``tokenizer`` ("char", or "bpe": byte-level
-            BPE of ``vocab_size`` tokens, learnt from the training part of the text alone).
-
-    Raises:
-        UserValueError, UserFileNotFoundError, ...: a bad file, setting or device, named.
+    The output directory, the settings and the memory a step needs are checked before the
+    model is built. A run in ``out_dir`` is continued with ``resume``, never overwritten;
+    ``allow_other_data`` lets it continue on another text.
     """
     if data is not None and text is not None:
         raise UserValueError("give data (a file) or text, not both")
@@ -179,9 +146,8 @@ def prepare_run(
 def _tokenize(
     text: str, kind: str, vocab_size: int | None, block_size: int
 ) -> tuple[CharTokenizer | BPETokenizer, TokenSplits, int]:
-    """The tokenizer (``kind`` and ``vocab_size`` as ``RunSettings`` checked them), the split
-    token ids, and how many characters the validation targets spell (every validation token
-    but the first is a target)."""
+    # The tokenizer, the splits, and the characters the validation targets spell (all but
+    # the first validation token are targets).
     if kind == "char":
         char = CharTokenizer.from_text(text)
         splits = split_tokens(char.encode_tensor(text), block_size)

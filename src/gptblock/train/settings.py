@@ -1,13 +1,8 @@
 """``RunSettings``: everything that decides a GPT run, typed, each field a ``gptblock train`` flag.
 
-A run's settings are the model's shape (``GPTConfig``'s fields), how to train it
-(``TrainConfig``'s), and how to read the text (the tokenizer). ``RunSettings`` derives from both
-configs, so each field is declared once, where it is used, with what it means in its metadata
-(``help``) and, for a word from a list, the words (``choices``): ``gptblock train``'s flags are
-made from them, so a field added to a config is a flag. Only what a run decides otherwise is
-declared here: the tokenizer, its ``vocab_size`` (which is the model's), and ``"auto"`` for
-``device`` and ``dtype``. A preset (``gptblock.train.presets``) is a ``RunSettings``;
-``prepare_run`` and the command line replace its fields by name.
+It derives from ``GPTConfig`` and ``TrainConfig``, so each field is declared once, with its
+``help`` and ``choices``; only the tokenizer, its ``vocab_size`` and ``"auto"`` for ``device``
+and ``dtype`` are declared here. A preset is a ``RunSettings``.
 """
 
 from __future__ import annotations
@@ -30,10 +25,7 @@ DTYPES = ("auto", *AUTOCAST_DTYPES)
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings(TrainConfig, GPTConfig):
-    """The settings of a GPT run: model shape, training, tokenizer and where to run.
-
-    Validated when made (by building the ``GPTConfig`` and ``TrainConfig`` they give), so a bad
-    value is named before any text is read.
+    """The settings of a GPT run, validated when made by the configs they give.
 
     Example:
         >>> s = RunSettings(n_layer=2, n_head=2, n_embd=32, block_size=16)
@@ -78,13 +70,11 @@ class RunSettings(TrainConfig, GPTConfig):
         self.train_config(dtype="float32" if self.dtype == "auto" else self.dtype, device="cpu")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The ``GPTConfig`` of these settings, for a tokenizer of ``vocab_size`` tokens (the
-        tokenizer's size, which for BPE is the ``vocab_size`` setting, is the model's)."""
+        """The ``GPTConfig`` of these settings, for a tokenizer of ``vocab_size`` tokens."""
         return GPTConfig(**(self._fields_of(GPTConfig) | {"vocab_size": vocab_size}))
 
     def train_config(self, **resolved: Any) -> TrainConfig:
-        """The ``TrainConfig`` of these settings; ``resolved`` replaces fields the caller has
-        worked out (``device="auto"`` and ``dtype="auto"`` become what this machine has)."""
+        """The ``TrainConfig`` of these settings, ``resolved`` (device, dtype) put over them."""
         return TrainConfig(**(self._fields_of(TrainConfig) | resolved))
 
     def replace(self, overrides: Mapping[str, Any]) -> RunSettings:

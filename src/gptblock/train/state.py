@@ -1,34 +1,32 @@
 """What a checkpoint of a training run holds, so that a resumed run continues exactly.
 
-Every source of randomness is state the checkpoint saves: the model's and optimizer's tensors,
-the global RNG (dropout) of every process, and the data generator that draws the batches.
-Evaluation draws its batches from generators re-seeded at each evaluation and runs without
-dropout, so how often a run evaluates does not change what it trains on. On the CPU a run
-stopped at step k and resumed therefore ends with bit-identical weights.
-
-Tensors go to safetensors (``model.*``, ``optim.*``, ``rng.*``), everything else to the JSON:
-the run's metadata, the step, the losses so far, the optimizer's layout, the loss scaler.
-
-A trainer hands ``capture`` its ``Parts`` (the objects with state) and ``History`` (how far it has
-come), and takes a ``History`` back from ``restore``: this module reads and writes no trainer's
-attributes, so it needs no ``Trainer`` and the trainer's loop can import it.
+Every source of randomness is saved: the model's and optimizer's tensors, every process's global
+RNG (dropout) and the batches' generator; evaluation re-seeds its own, so on the CPU a resumed
+run ends with bit-identical weights. Tensors (``model.*``, ``optim.*``, ``rng.*``) go to
+safetensors, the rest to the JSON. A trainer hands ``capture`` its ``Parts`` and ``History`` and
+takes a ``History`` back from ``restore``: no ``Trainer`` needed here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeGuard
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn as nn
 
 from ..blocks.config import applicable
 from ..distributed import DistInfo, all_gather_rows, comm_device
-from ..runs.checkpoint import Checkpoint, CheckpointError, check_same_field
+from ..runs.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_same_field,
+    is_count,
+    is_finite_number,
+)
 from ..runs.statedict import load_model_state, load_optimizer_state, optimizer_parts
 from .config import TrainConfig
 
@@ -97,10 +95,7 @@ def capture(
     device: torch.device,
     world_size: int,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Everything a checkpoint of a run holds: tensors (for safetensors) and JSON fields.
-
-    Collective under DDP: every process must call it (the RNG states are gathered).
-    """
+    """A run's checkpoint: tensors and JSON fields (collective under DDP: RNGs are gathered)."""
     tensors = {f"model.{k}": v for k, v in parts.model.state_dict().items()}
     opt_tensors, opt_json = optimizer_parts(parts.optimizer)
     tensors.update(opt_tensors)
@@ -132,15 +127,8 @@ def capture(
 
 
 def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
-    """Check the type and range of every field ``capture`` writes, naming the first bad one.
-
-    ``step`` lies in [0, max_iters] (by default the checkpoint's own ``train_config``'s), the
-    history holds one finite loss per step and finite estimates at steps up to ``step`` in
-    increasing order, and ``best_val_loss`` is the lowest of them (None before any).
-
-    Raises:
-        CheckpointError: naming the JSON file and the field.
-    """
+    """Check the type and range of every field ``capture`` writes, naming the first bad one
+    (``step`` at most ``max_iters``, by default the checkpoint's own)."""
     ckpt.require("step", "optimizer", "history", "best_val_loss", "world_size")
     meta, where = ckpt.meta, ckpt.path
 
@@ -163,23 +151,27 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
             f"trained {step} steps; pass a larger --max-iters (max_iters) to train further"
         )
     world_size = meta["world_size"]
-    if not _is_int(world_size) or world_size < 1:
+    if not is_count(world_size) or world_size < 1:
         raise bad("world_size", "an int >= 1", world_size)
     history = meta["history"]
     if not isinstance(history, dict) or not {"loss", "evals"} <= set(history):
         raise bad("history", 'an object with "loss" and "evals"', history)
     losses, evals = history["loss"], history["evals"]
-    if not isinstance(losses, list) or len(losses) != step or not all(map(_finite, losses)):
+    if (
+        not isinstance(losses, list)
+        or len(losses) != step
+        or not all(map(is_finite_number, losses))
+    ):
         raise bad("history.loss", f"a list of {step} finite losses, one per step", losses)
     last = -1
     for e in evals if isinstance(evals, list) else [None]:
         if not (
             isinstance(e, dict)
             and set(e) == {"step", "train", "val"}
-            and _is_int(e["step"])
+            and is_count(e["step"])
             and last < e["step"] <= step
-            and _finite(e["train"])
-            and _finite(e["val"])
+            and is_finite_number(e["train"])
+            and is_finite_number(e["val"])
         ):
             raise bad("history.evals", f"estimates at increasing steps <= {step}", evals)
         last = e["step"]
@@ -197,23 +189,14 @@ def check_fields(ckpt: Checkpoint, max_iters: int | None = None) -> None:
             raise bad("scaler", f"an object of {sorted(like)}", sorted(scaler))
         for key, value in like.items():
             if isinstance(value, int):  # growth_interval, _growth_tracker: counts
-                if not (_is_int(scaler[key]) and scaler[key] >= 0):
+                if not is_count(scaler[key]):
                     raise bad(f"scaler.{key}", "an int >= 0", scaler[key])
-            elif not (_finite(scaler[key]) and scaler[key] > 0):  # the scale, its factors
+            elif not (is_finite_number(scaler[key]) and scaler[key] > 0):  # the scale, its factors
                 raise bad(f"scaler.{key}", "a positive, finite number", scaler[key])
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _rng_state(ckpt: Checkpoint, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The RNG state ``name``, refused unless it is what a generator's state is: bytes, as
-    many as ``like`` (this generator's own state) holds."""
+    # Refused unless it is a generator's state: as many uint8 as ``like`` holds.
     t = ckpt.tensors.get(name)
     if t is not None and (t.dtype != torch.uint8 or t.shape != like.shape):
         raise CheckpointError(
