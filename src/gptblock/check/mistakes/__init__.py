@@ -7,7 +7,7 @@
   (RMSNorm, rotary, grouped heads, gated MLPs).
 * ``variants`` -- the catalogue's ways as deviations of those steps, and their combinations.
 * ``search`` -- ``explain``: the smallest set of them that reproduces a block, and its ties.
-* ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text and JSON,
+* ``report`` -- ``CheckReport`` and ``Finding``, what ``check_block`` returns, as text, JSON and HTML,
   and its verdict: ``PASS`` (compared), ``FAIL`` or ``UNVERIFIED``.
 
 Order inside: ``steps`` uses nothing of gptblock; ``catalogue`` and ``modern_steps`` use
