@@ -1,41 +1,23 @@
-"""Checking blocks in a child process that only answers requests, so that the block cannot end,
+"""Checking blocks in child processes that only answer requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` asks the builder and the runner (``gptblock.check.isolation.child``: the supervisor,
-``gptblock.check.isolation.reaper``, forks both; ``worker`` and ``runner`` say what each does), started
-from scripts with neutral names in a temporary folder, so that no command line the block can
-read names the checker; the supervisor leaves this process's tree (it forks, its parent ends),
-and their environment has no variable of the checker's. The builder loads and builds the target
-(``FILE.py:NAME`` text, or a pickled class / factory / module), the runner builds it again
-and then only answers requests (``gptblock.check.isolation.remote``): an output for an input, a backward
-pass's gradients, one forward pass recorded (``gptblock.check.serve.loop``), its cache driven. Every
-check, the reading of its weights (by replaying the recorded operators), the comparison and the
-verdict are computed here, in a process that never runs the block's code and never unpickles
-anything the child sends (JSON and raw tensors, ``gptblock.check.serve.frames``); a comparison is
-confirmed on inputs from a seed the child never sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
-are drained by threads and only counted; the report is printed by the caller, after the child
-and everything it started are gone.
+``check_isolated`` asks the builder and the runner (``child``: their supervisor, ``reaper``,
+forks both from neutral scripts and leaves this process's tree; ``worker`` and
+``serve.runner`` say what each does). Every check, the reading of the weights (by replaying
+recorded operators), the comparison and the verdict are computed here, in a process that never
+runs the block's code and never unpickles what the child sends (``serve.frames``); a match is
+confirmed on inputs from a seed the child never sees. The child's stdout and stderr are only
+counted. Whatever the child does (``os._exit``, a crash, a broken protocol, ``timeout``), the
+report comes from here, keeps the findings made before and names what happened during which
+stage. Targets of one file share a child; of different files, a child each (one learner's code
+cannot answer for another's).
 
-Whatever the child does, the report comes from here: a block that calls ``os._exit``, crashes
-(a signal), breaks the protocol or runs past ``timeout`` seconds gets a report that keeps the
-findings made before and names what happened and during which stage. At the end, or at the
-timeout, the reaper kills the child and every process below it, those that left its session
-(``setsid``, a double fork) included: it is their subreaper (Linux; elsewhere only the child's
-session is killed). Targets from different files or modules get a child each (one learner's
-code cannot answer for another's); those of one file share one. A target that cannot be loaded
-or built raises the same ``UserError`` as in-process.
+What remains (the block runs as the same user): it cannot trace this process
+(``undumpable``, ``CAP_SYS_PTRACE`` dropped), but it can write to any file and terminal the user
+can; for grading, trust the exit code or ``--json``, and run untrusted code in a container.
 
-What remains (the block runs as the same user as the checker): while a check runs, this process
-is not dumpable and the child cannot trace processes (``CAP_SYS_PTRACE`` dropped), so it cannot
-open this process's ``/proc/PID/fd/1`` even as root; but it can write to any file and terminal
-the user can (a ``/dev/pts`` terminal included), and kill this process or the reaper. For
-grading, trust the exit code or ``--json`` (one object, printed last), and run untrusted code in
-a container or as another user.
-
-Each target is checked at the sizes its file implies and at other sizes (``sizes.other_sizes``),
-and the two reports combined (``two_sizes``, for a check in this process too; ``sizes.combine``:
-PASS needs both). A block that cannot be built, or raises on its first call, at the file's sizes
-is a ``UserError`` naming what it raised and the learner's line; at the other sizes, a note.
+Each target is checked at its file's sizes and at others, the two reports combined
+(``two_sizes``; ``sizes.combine``: PASS needs both).
 """
 
 from __future__ import annotations
@@ -72,8 +54,7 @@ __all__ = [
 
 Answer = TypeVar("Answer")
 
-DEFAULT_TIMEOUT = 60.0
-"""Seconds a block may take to load, build and be checked (a check takes well under one)."""
+DEFAULT_TIMEOUT = 60.0  # seconds to load, build and check a block (a check takes well under one)
 
 
 @dataclass
@@ -201,10 +182,8 @@ def ask_isolated(
     targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
 ) -> list[Answer | str]:
     """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
-    ``check_isolated`` loads it (``call``: ``Child.call``; ``call("build")`` builds it as
-    ``check`` does); for a target that cannot be loaded or built, whose process ended or ran
-    past ``timeout`` seconds, or whose error ``ask`` let through, why not, in one line.
-    """
+    ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
+    cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
     for t in targets:
         check_spec(t)
     answers: list[Answer | str] = []

@@ -1,18 +1,12 @@
 """The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
 
-``gptblock check`` runs ``main`` in a process the supervisor (``reaper``) forks after importing
-torch, from a copy of this file and of ``frames``, ``loop``, ``subject`` and ``raised`` in a
-package with a neutral name (``serve``) in a temporary folder: the process imports nothing of
-gptblock (``sys.modules``), no frame under the block's calls is a gptblock file, and nothing in
-its command line, ancestors or environment names the checker. It loads the learner's file again
-(as a module of the file's own name), builds the block from what the builder (``worker``) built
-it with, sent as data (``to_data``: plain values, a config object as its class and fields, the
-module settings the build changed), and answers every request whose answer decides the verdict
-(``Held.answer``): the checker's ``copy`` (float64, and float32), an output (eval, or train mode
-with dropout off), gradients, parameters read and set, ``dropout_off``, a recorded forward pass
-and the cache driven (``loop``). What the builder says (the width, a reading by names) is a claim
-the checker confirms on these answers. ``worker.Served`` is a ``Held`` too: the same answers in
-the checker's own process, for ``check_block(..., isolate=False)``.
+The supervisor (``reaper``) forks it after importing torch, from a copy of this folder as the
+package ``serve``: it imports nothing of gptblock, no frame under the block's calls is a gptblock
+file, and nothing in its command line, ancestors or environment names the checker. It loads the
+learner's file again, builds the block from what the builder (``worker``) built it with, sent
+as data (``to_data``), and answers every request that decides the verdict (``Held.answer``).
+What the builder says (the width, a reading by names) is a claim checked on these answers.
+``worker.Served`` is a ``Held`` too, in the checker's own process (``isolate=False``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -49,13 +43,9 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A built block and the answers that decide the verdict, made on the checker's copy.
-
-    Args:
-        module: the learner's block (never changed: the checks run on a copy). ``C``, ``T`` and
-            ``longest`` (the width, the probes' sequence length, the longest sequence) are set
-            before ``copy``: by the checker's request, or by ``Served.width``.
-    """
+    """A built block (never changed) and the answers that decide the verdict, made on the
+    checker's copy. ``C``, ``T`` and ``longest`` are set before ``copy``: by the checker's
+    request, or by ``Served.width``."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -97,7 +87,7 @@ class Held:
         return {n: p.detach() for n, p in self.subject.module.named_parameters()}
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        """Give the copy's parameters these values (``provenance.choose``'s), by name.
+        """Give the copy's parameters these values, by name.
 
         Raises:
             ValueError: a name the copy does not have, or a value of another shape.

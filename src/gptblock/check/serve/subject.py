@@ -1,21 +1,15 @@
 """The checker's own copy of a block, and the one way every check calls it.
 
-``Subject`` is an eval-mode deep copy of the user's block in float64 (float32 when the block
-fails in float64). Every call goes through ``Subject.forward``, which gives the block a fresh
-copy of its input and takes a copy of its output: a block may change its input in place
-(``x += self.sa(self.ln1(x))`` under ``torch.no_grad``) or return a buffer it overwrites on the
-next call, and neither may leak into another probe's measurement. The copy is checked to be one:
-``copy.deepcopy`` copies a function stored on a module by reference, so minGPT's ``self.mlpf =
-lambda x: m.c_proj(...)`` would still call the original's MLP; such closures are rebuilt around
-the copied modules, and a copy that still calls the original's modules is refused. Every call but the determinism
-probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
-the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
-
-A learner trains in float32 and in train mode: a float32 input runs a float32 copy of the copy
-(``module_in``: its parameters are the copy's, whatever they were set to since), and a
-``train=True`` call runs the copy in train mode with every dropout an identity
-(``trace.NoDropout``), so that ``gptblock.check.compare.conditions`` can compare both with the reference.
-It uses nothing of gptblock but ``loop``: the runner's process holds it (``runner``).
+``Subject`` is an eval-mode deep copy of the block in float64 (float32 when it fails in
+float64). Every call gives the block a fresh copy of its input and takes a copy of its output:
+a block may change its input in place or return a buffer it overwrites, and neither may leak
+into another probe's measurement. ``copy.deepcopy`` copies a function stored on a module by
+reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``), so such closures are rebuilt
+around the copied modules, and a copy that still calls the original's modules is refused. Calls
+run re-seeded (a block that keeps dropout on in eval gets the same mask for an input and its
+perturbation). A float32 input runs a float32 copy of the copy, a ``train=True`` call runs it
+in train mode with every dropout an identity (for ``compare.conditions``). It uses nothing of
+gptblock but ``loop``: the runner's process holds it.
 
 Shapes: B batch, T time, C channels.
 """
@@ -102,9 +96,7 @@ def one_thread() -> Iterator[None]:
 
 
 class Subject:
-    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
-
-    The user's module is never changed: the copy is made with ``copy.deepcopy``.
+    """An eval-mode copy of the user's block (never changed) in float64, else float32.
 
     Args:
         module: the user's block.
@@ -176,10 +168,7 @@ class Subject:
             return self.forward(x, seeded=seeded, train=train)
 
     def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """Like calling the subject, but with autograd as the caller has it.
-
-        The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
-        """
+        """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
         with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
             if not seeded:
@@ -323,10 +312,8 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
-    """Functions stored on the copy's modules, rebuilt so their closures hold the copies.
-
-    ``memo`` is ``copy.deepcopy``'s: id(original) -> copy, for everything it copied.
-    """
+    """Functions stored on the copy's modules, rebuilt so their closures hold the copies
+    (``memo``: ``copy.deepcopy``'s, id(original) -> copy)."""
     for m in copied.modules():
         for name, f in list(vars(m).items()):
             if not isinstance(f, types.FunctionType) or not f.__closure__:
