@@ -1,10 +1,9 @@
 """The search for the variant a block is: the smallest set of catalogued mistakes that reproduces it.
 
-``explain`` runs every variant of ``gptblock.check.mistakes.variants`` (smallest first) with a block's own
-parts, under every head count and MLP activation the block may have and every reading of its
-parts that the mapping could not rule out, and stops at the first size at which one reproduces
-the block's output within ``TOLERANCE``. Matches of that size with different mistakes are
-alternatives: the block is consistent with each, and the report must say it is unsure.
+``explain`` runs every variant (``variants``, smallest first) with a block's own parts, under
+every head count, MLP activation and reading of its parts the mapping could not rule out, and
+stops at the first size at which one reproduces the block's output within ``TOLERANCE``. Matches
+of that size with other mistakes are alternatives: the report must say it is unsure.
 
 Shapes: B batch, T time, C channels.
 """
@@ -96,20 +95,9 @@ def distance(y: Tensor, y_ref: Tensor) -> float:
 def explain(
     readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
 ) -> Explanation:
-    """Find the smallest set of mistakes whose variant maps ``x`` to ``y`` with a block's parts.
-
-    Tries every variant of at most ``max_size`` deviations (smallest first), each with every
-    reading in ``readings``, every head count in ``heads`` and every activation in
-    ``CANDIDATE_ACTIVATIONS``, and stops at the first size at which one reproduces ``y`` within
-    ``TOLERANCE``.
-
-    Args:
-        readings: the block's parts, one per way of reading them the mapping could not rule out
-            (most likely first).
-        x: the input the block was called on.
-        y: the block's output.
-        heads: head counts to try, most likely first.
-        max_size: the most mistakes a variant combines.
+    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` to ``y`` with
+    one of ``readings`` (the block's parts, most likely first), one of ``heads`` (head counts)
+    and one of ``CANDIDATE_ACTIVATIONS``, within ``TOLERANCE``.
 
     Shape:
         x, y: (B, T, C).
