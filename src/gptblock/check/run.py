@@ -1,13 +1,11 @@
 """``check_block``: tell a learner exactly what is wrong with their transformer block.
 
-The evidence is black-box probes and a comparison with the lessons' block computed from the
-block's own parts, under every combination of up to three catalogued mistakes, combined into
-one report (``compare.verdict.decide`` says how). ``check_block`` runs the block in this
-process, for code the caller trusts, or (``isolate=True``, the default for a ``FILE.py:NAME``
-target, and always in ``gptblock check``) in child processes that only answer requests
-(``isolation``): a block that exits, crashes, hangs or is written to fool the checker then
-cannot touch the verdict. Either way the block is checked at the sizes its file implies and at
-others (``isolation.check.two_sizes``).
+Black-box probes and a comparison with the lessons' block computed from the block's own parts,
+under every combination of up to three catalogued mistakes, combined into one report
+(``compare.verdict.decide``). The block runs in this process, for code the caller trusts, or
+(``isolate=True``) in child processes that only answer requests (``isolation``), where a block
+that exits, crashes, hangs or is written to fool the checker cannot touch the verdict. Either
+way it is checked at the sizes its file implies and at others (``isolation.check.two_sizes``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -137,12 +135,8 @@ def check_in_process(
     roles: Mapping[str, str],
     progress: Progress | None = None,
 ) -> CheckReport:
-    """``check_block`` in this process, telling ``progress`` each stage and finding: at the
-    file's sizes, then at other sizes (``isolation.check.two_sizes``).
-
-    For code the caller trusts: the block runs in the process that decides the verdict, so a
-    block written to fool the checker can (``gptblock check`` runs it in a child process).
-    """
+    """``check_block`` in this process (for code the caller trusts: a block written to fool
+    the checker can), telling ``progress`` each stage and finding, at both sizes."""
     return two_sizes(lambda p, other: _at(target, kwargs, roles, p, other), progress)
 
 
