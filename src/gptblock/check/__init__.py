@@ -4,7 +4,7 @@ Its rooms, in the order they import each other (each uses only the rooms before 
 room's ``__init__`` says which file owns what), and nothing imports ``gptblock.cli``:
 
 1. ``serve/`` -- where the block runs: ``runner``, ``subject`` (the checker's copy of the block),
-   ``loop`` (the recorder), ``frames``, ``calls``, ``raised``. The standard library, torch and
+   ``loop`` (the recorder), ``frames``, ``calls``. The standard library, torch and
    each other only: ``gptblock.early`` copies the folder as the package ``serve`` for the
    runner's process, which imports nothing of gptblock.
 2. ``mistakes/`` -- what the checker can name and how it says so: ``catalogue`` (each mistake's

@@ -18,9 +18,8 @@ import torch.nn as nn
 
 from ...errors import UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.calls import forward_arguments
-from ..serve.raised import learner_line, size_error
-from ..serve.raised import source as source_file
+from ..serve.calls import forward_arguments, learner_line, size_error
+from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
 from .arguments import complete, fit_arguments
 from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings

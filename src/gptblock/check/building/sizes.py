@@ -55,14 +55,9 @@ _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (5
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """One value per kind of size the block uses, and where each came from.
-
-    Args:
-        values: kind -> value (``KINDS``' keys).
-        sources: kind -> ``"--arg"``, ``"the constructor's defaults"``, ``"the config's
-            defaults"``, ``"FILE's module settings"`` or ``"the checker"``.
-        notes: what was assumed (a size made smaller than the file's, say).
-    """
+    """One value per kind of size the block uses (``KINDS``' keys), where each came from
+    (``"--arg"``, ``"the constructor's defaults"``, ..., ``"the checker"``), and what was
+    assumed (a size made smaller than the file's, say)."""
 
     values: dict[str, int]
     sources: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -84,14 +84,9 @@ def check_isolated(
     roles: Mapping[str, str],
     timeout: float = DEFAULT_TIMEOUT,
 ) -> list[CheckReport]:
-    """Check each target in a child process; one report per target, in order.
-
-    Args:
-        targets: ``"FILE.py:NAME"`` / ``"package.module:NAME"`` texts, or picklable objects (a
-            class or factory importable by name, a module instance).
-        kwargs: constructor arguments, for every target.
-        roles: parts by role (``check_block``'s ``roles``).
-        timeout: seconds each target may take; then the child is killed.
+    """Check each target (a ``FILE.py:NAME`` or ``package.module:NAME`` text, or a picklable
+    object) in a child process, with ``kwargs`` and ``roles`` as ``check_block``'s, killed
+    after ``timeout`` seconds; one report per target, in order.
 
     Raises:
         UserError: a target cannot be sent, loaded or built (the error the child raised).
@@ -149,12 +144,8 @@ def _run_child(
 
 @contextlib.contextmanager
 def _started(targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> Iterator[Child]:
-    """A child that loaded ``targets`` (by index: ``call("load", index=i)``), ready; stopped
-    with everything below it at the end.
-
-    Raises:
-        RuntimeError: it could not start the checker.
-    """
+    """A child given ``targets`` (loaded by ``call("load", index=i)``), ready; stopped with
+    everything below it at the end. Raises RuntimeError when it could not start."""
     try:
         request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
     except CAUGHT as e:
@@ -296,11 +287,7 @@ def at_two_sizes(
     weights: torch.Generator,
 ) -> CheckReport:
     """The report on the loaded target, at its file's sizes and at others (``two_sizes``).
-
-    Raises:
-        UserError: the block cannot be built, or called, at the file's sizes.
-        ProtocolBroken: the block's process answered something that is not an answer.
-    """
+    Raises UserError (it cannot be built or called at the file's sizes) or ProtocolBroken."""
     return two_sizes(lambda p, other: _at(call, p, roles, fresh, weights, other), progress)
 
 

@@ -48,15 +48,9 @@ def _dtype(name: object) -> torch.dtype:
 
 
 class Remote:
-    """A block in another process, asked through ``call``.
-
-    Args:
-        call: sends a request and returns its answer.
-        C: the block's width; T: the probes' sequence length.
-        dtype: what the other process computes in (float64, else float32).
-        note: what the other process said of its copy.
-        longest: its longest sequence, as it says (0: unknown; traced up to ``TRACE_T``).
-    """
+    """A block in another process, asked through ``call``: its width ``C``, the probes'
+    length ``T``, the ``dtype`` it computes in, the ``note`` it said of its copy and its
+    ``longest`` sequence (0: unknown; traced up to ``TRACE_T``), as it says."""
 
     device = torch.device("cpu")  # the tensors here; the block's own device is its process's
 

@@ -45,11 +45,8 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """A built block and the answers the checker gets from it (``runner.Held``'s, and reading).
-
-    Args:
-        module: the user's block (never changed: the checks run on a copy).
-        kwargs: its constructor arguments (they may say its width and longest sequence).
+    """A built block and the answers the checker gets from it (``runner.Held``'s, and
+    reading); ``kwargs``, its constructor arguments, may say its width and longest sequence.
 
     Example:
         >>> from gptblock import lesson

@@ -53,26 +53,16 @@ class Parts:
     Heads are contiguous slices of the attention width: head i is channels ``i*hs:(i+1)*hs`` of
     what ``qkv`` returns and of what ``proj`` takes (the layout of the lesson's concatenated
     heads, ``nn.MultiheadAttention``'s ``in_proj_weight`` and GPT-2's ``c_attn``).
-
-    Args:
-        C: channels of the residual stream.
-        D: attention width nh * hs.
-        qkv: (B, T, C) -> q, k, v, each (B, T, D).
-        proj: the output projection, (B, T, D) -> (B, T, C).
-        fc1: the MLP's first layer, (B, T, C) -> (B, T, H).
-        fc2: the MLP's second layer, (B, T, H) -> (B, T, C).
-        ln1: the attention branch's LayerNorm, (B, T, C) -> (B, T, C).
-        ln2: the MLP branch's LayerNorm; ``None`` when the block has only one.
     """
 
-    C: int
-    D: int
-    qkv: QKV
-    proj: SubLayer
-    fc1: SubLayer
-    fc2: SubLayer
-    ln1: SubLayer | None
-    ln2: SubLayer | None
+    C: int  # channels of the residual stream
+    D: int  # attention width nh * hs
+    qkv: QKV  # (B, T, C) -> q, k, v, each (B, T, D)
+    proj: SubLayer  # the output projection, (B, T, D) -> (B, T, C)
+    fc1: SubLayer  # the MLP's first layer, (B, T, C) -> (B, T, H)
+    fc2: SubLayer  # the MLP's second layer, (B, T, H) -> (B, T, C)
+    ln1: SubLayer | None  # the attention branch's LayerNorm
+    ln2: SubLayer | None  # the MLP branch's; ``None`` when the block has only one
 
     def __post_init__(self) -> None:
         if self.C < 1 or self.D < 1:

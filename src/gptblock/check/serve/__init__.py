@@ -2,5 +2,5 @@
 (relatively): ``gptblock.early`` copies the folder, as the package ``serve``, into the runner's
 process, which imports nothing of gptblock.
 
-Order inside: ``loop`` and ``frames``; ``subject``, ``raised`` and ``calls`` (``loop``); ``runner``.
+Order inside: ``loop`` and ``frames``; ``subject`` and ``calls`` (``loop``); ``runner``.
 """

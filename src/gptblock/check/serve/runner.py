@@ -28,10 +28,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .calls import forward_arguments
+from .calls import call_error, forward_arguments, source
 from .frames import Reader, send
 from .loop import CAUGHT, UserValueError, drive_cache, one_line, record
-from .raised import call_error, source
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
