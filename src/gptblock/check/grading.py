@@ -100,13 +100,12 @@ def grade(
     timeout: float = DEFAULT_TIMEOUT,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Check every submission in ``paths`` in a child process of its own; a row each, in order.
+    """Check every submission in ``paths`` (``submissions``' files and folders, or
+    ``Submission``\\ s) in a child process of its own; a row each, in order.
 
     Args:
-        paths: submissions (``submissions``' files and folders), or ``Submission``\\ s.
-        kwargs: constructor arguments for every block (each given to the parameter of the same
-            name, or of the same role: ``d_model`` to ``n_embd``); the rest as ``check`` derives
-            them.
+        kwargs: constructor arguments for every block (each to the parameter of the same name,
+            or of the same role: ``d_model`` to ``n_embd``).
         name: the class (or factory) to check in each submission, instead of finding it.
         jobs: submissions checked at once; default ``free_cores()``.
         timeout: seconds a submission may take to load, build and be checked.

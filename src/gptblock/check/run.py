@@ -41,10 +41,9 @@ __all__ = [
     "own_blocks",
 ]
 
+# In this process (trusted code) the inputs that confirm a comparison and the weights the
+# copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).
 FRESH_SEED, WEIGHTS_SEED = 20260, 1
-"""In this process (trusted code), the seeds of the inputs that confirm a comparison and of the
-weights the block's copy is given: a report is then the same on every run. ``gptblock check``
-draws both from secret seeds instead."""
 
 
 def own_blocks() -> list[Callable[..., nn.Module]]:
@@ -70,29 +69,23 @@ def check_block(
 
     Args:
         target: an ``nn.Module`` mapping (B, T, C) to (B, T, C), a class / factory that builds
-            one, or the text ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one. A factory
-            is called with ``kwargs`` plus ``fill_common_arguments``'s defaults, under
-            ``torch.manual_seed(0)`` (the caller's RNG state is restored), so a check is
-            reproducible.
-        roles: parts of the block by role, where the checker cannot tell them itself:
+            one (called with ``kwargs`` plus ``fill_common_arguments``'s defaults under
+            ``torch.manual_seed(0)``, the caller's RNG state restored), or the text
+            ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one.
+        roles: parts of the block by role where the checker cannot tell them itself:
             ``{"q": "attn.wq", "ln1": "norm_a", ...}`` (roles ``ln1 ln2 q k v qkv proj fc1
-            fc2``; a name may be a glob such as ``"heads.*.query"``, one module per head, or a
-            slice and layout of a parameter such as ``"attn.c_attn.weight[:,0:32]:in_out"``:
-            ``gptblock.check.given``).
+            fc2``; a name may be a glob such as ``"heads.*.query"`` or a slice and layout of a
+            parameter such as ``"attn.c_attn.weight[:,0:32]:in_out"``).
         isolate: run the block in a child process, so that a block that exits, crashes or
-            hangs yields a report instead of taking this process with it. Default: only for a
-            text target (an object must be picklable to cross; ``gptblock check`` always
+            hangs yields a report. Default: only for a text target (``gptblock check`` always
             isolates).
-        timeout: with ``isolate``, the seconds the block may take (loading, building and
-            checking it); then the child is killed and the report says where it hung.
+        timeout: with ``isolate``, the seconds the block may take to load, build and check;
+            then the child is killed and the report says where it hung.
         **kwargs: constructor arguments; only with a class / factory.
 
     Returns:
-        A ``CheckReport``: ``passed``, ``findings`` (one per check), ``diagnosis`` (ids from
-        ``gptblock.check.catalogue.MISTAKES``) and, when the checker is unsure,
-        ``alternatives``. The target itself is never changed: every check runs on a float64,
-        eval-mode deep copy. While it runs, torch uses one intra-op thread (the probes' tensors
-        are tiny); the caller's setting is restored.
+        A ``CheckReport``. The target itself is never changed: every check runs on a float64,
+        eval-mode deep copy, with one intra-op thread (the caller's setting restored).
 
     Raises:
         UserValueError: the target cannot be loaded or built, its width C cannot be told, a

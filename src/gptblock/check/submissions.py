@@ -59,11 +59,8 @@ class NotGraded(Exception):
 
 
 def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -> list[Submission]:
-    """The submissions ``paths`` hold, in the order given, each folder's sorted by name.
-
-    Args:
-        paths: files (``.py``, ``.ipynb``) and folders.
-        one: each folder is one student's submission, not a folder of submissions.
+    """The submissions ``paths`` (files and folders) hold, in the order given, each folder's
+    sorted by name; with ``one``, each folder is one student's submission.
 
     Raises:
         UserFileNotFoundError: a path does not exist.

@@ -158,10 +158,10 @@ def input_gradient_error(
     fresh: torch.Generator,
     dtype: torch.dtype | None = None,
 ) -> float:
-    """How far the block's gradient of ``sum(y * w)`` with respect to a fresh input (T, T, C),
-    for a fresh direction ``w``, is from ``reference``'s (a float64 function of the input),
-    relative to the reference's scale; ``inf`` when the block gives none. The block runs in
-    ``dtype`` (its copy's by default), the reference on the same input in float64.
+    """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
+    for a fresh direction ``w``, is from ``reference``'s (float64), relative to the
+    reference's scale; ``inf`` when the block gives none. The block runs in ``dtype`` (its
+    copy's by default).
 
     Example:
         >>> from gptblock.check.serve.subject import Subject

@@ -68,14 +68,10 @@ class Explanation:
 
 
 def distance(y: Tensor, y_ref: Tensor) -> float:
-    """How far the block's output ``y`` is from a variant's ``y_ref``, relative to ``y_ref``.
-
-    Positions (rows of C) where ``y_ref`` is not finite are skipped: the variant leaves them
-    undefined, and a block may return NaN or zeros there. Anywhere else a non-finite ``y`` is
-    infinitely far. ``inf`` also when fewer than ``MIN_DEFINED`` of the positions are defined.
-
-    Shape:
-        y, y_ref: (B, T, C).
+    """How far the block's output ``y`` is from a variant's ``y_ref`` (both (B, T, C)), relative
+    to ``y_ref``. Positions where ``y_ref`` is not finite are skipped (the variant leaves them
+    undefined; a block may return NaN or zeros there); anywhere else a non-finite ``y`` is
+    infinitely far, and so is a ``y_ref`` with fewer than ``MIN_DEFINED`` positions defined.
 
     Example:
         >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
@@ -137,11 +133,9 @@ def _best_unknowns(
     deviations: tuple[Deviation, ...],
     reading: int,
 ) -> Match:
-    """The variant ``deviations`` under the head count and activation closest to ``y``.
-
-    All activations are compared before choosing, because exact and tanh GELU differ by only
-    ~1e-5 of the output (less than ``TOLERANCE``): the closer one names the block's activation.
-    """
+    """The variant ``deviations`` under the head count and activation closest to ``y``: all
+    compared first, because exact and tanh GELU differ by ~1e-5 of the output (below
+    ``TOLERANCE``), and the closer one names the block's activation."""
     steps = compose(deviations)
     best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
     for n_head in heads:
@@ -161,11 +155,8 @@ def _best_unknowns(
 
 
 def _memoised(parts: Parts) -> Parts:
-    """``parts`` whose LayerNorms and q/k/v projection remember their last few results.
-
-    Most variants call ln1 and the projections on the very same tensors (the input, its
-    normalised copy): the block's own modules, which may be slow, then run once.
-    """
+    """``parts`` whose LayerNorms and q/k/v projection remember their last few results: most
+    variants call them on the very same tensors, so the block's own modules run once."""
     return replace(
         parts,
         qkv=_remember(parts.qkv),

@@ -42,15 +42,14 @@ def _optional(annotation: object) -> bool:
 
 def forward_arguments(module: nn.Module) -> list[str]:
     """Fill what the block's ``forward`` requires besides its input, where the parameter says
-    what it holds: the input again for ``key`` / ``value`` (self-attention), ``torch.arange(T)``
-    as (1, T) for ``position_ids``, True for ``is_causal``, None where its annotation admits
-    None. Returns the note saying so (none when nothing was filled). A mask is never made: the
-    same mask means "keep" in one block and "hide" in another, so a guess can turn a correct
-    block into a failing one, or a reversed mask into a passing one.
+    what it holds: the input for ``key`` / ``value``, ``torch.arange(T)`` as (1, T) for
+    ``position_ids``, True for ``is_causal``, None where its annotation admits None; the note
+    saying so. A mask is never made: the same mask means "keep" in one block and "hide" in
+    another, so a guess could turn a reversed mask into a passing one.
 
     Raises:
-        UserValueError: a required parameter whose value is the block's own convention (a mask:
-            kept or hidden, bool or added) or unknown; the message names it and the wrapper.
+        UserValueError: a required parameter whose value is the block's own convention (a
+            mask) or unknown; the message names it and the wrapper.
 
     Example:
         >>> class Layer(nn.Module):

@@ -158,11 +158,11 @@ class Held:
 
 def to_data(value: object, home: object) -> object:
     """A constructor argument or module setting as JSON (``build`` makes it again): plain values,
-    lists, tuples, dicts, dtypes, and an object (a config) as its class and attributes.
+    lists, tuples, dicts, dtypes, a config object as its class and attributes, a class or
+    function by name (pickled, as ``check_block``'s own arguments are).
 
     Raises:
-        ValueError: a value that cannot be sent so (a local function or class); a class or a
-            function is sent by name (pickled), as ``check_block``'s own arguments are.
+        ValueError: a value that cannot be sent so (a local function or class).
 
     Example:
         >>> to_data({"n_embd": 32, "sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
@@ -253,13 +253,9 @@ def load(target: str | bytes) -> object:
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
-    """The block ``target`` builds from ``recipe`` (``{"settings": {...}, "args": {...}}``, as
-    ``to_data``), seeded as the builder's, and the undo of the module settings it set (they stay
-    set while the block runs: a block may read them in ``forward``).
-
-    Raises:
-        UserValueError: it cannot be built so, or builds something else than a module.
-    """
+    """The block ``target`` builds from ``recipe`` (``to_data``'s settings and args), seeded as
+    the builder's, and the undo of the module settings it set (set while the block runs: it
+    may read them in ``forward``). Raises UserValueError when it cannot be built so."""
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
