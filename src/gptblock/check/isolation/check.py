@@ -61,7 +61,7 @@ DEFAULT_TIMEOUT = 60.0  # seconds to load, build and check a block (a check take
 class _State:
     """Where the child is: the target, the stage, what was found so far."""
 
-    index: int | None = None
+    name: str
     where: str = "starting"  # the stage
     description: str = ""
     findings: list[Finding] = field(default_factory=list)
@@ -75,6 +75,10 @@ class _State:
 
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
+
+    def stopped(self, finding: Finding, note: str) -> CheckReport:
+        """The report of a check that stopped at ``finding``, the findings before it kept."""
+        return CheckReport(self.description or self.name, [*self.findings, finding], [], {}, [note])
 
 
 def check_isolated(
@@ -123,7 +127,7 @@ def _run_child(
     reports: list[CheckReport] = []
     with _started(targets, kwargs) as child:
         for i in range(len(targets)):
-            state = _State(i, f"loading {names[i]}")
+            state = _State(names[i], f"loading {names[i]}")
             child.deadline = time.monotonic() + timeout
             try:
                 reports.append(_check_one(child, i, state, roles))
@@ -131,14 +135,14 @@ def _run_child(
                 what = e.what
                 if what == "timeout":
                     what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-                reports.append(_cut_short(state, names, what))
+                reports.append(_cut_short(state, what))
                 break  # the targets after it get a fresh child
             except Raised as e:
-                reports.append(_failed(state, names, e))
+                reports.append(_failed(state, e))
     noisy = [o.describe() for o in child.outputs if o.size]
     if noisy:
         note = f"the checked code wrote {' and '.join(noisy)}; not shown"
-        reports = [_with_note(r, note) for r in reports]
+        reports = [replace(r, notes=[*r.notes, note]) for r in reports]
     return reports
 
 
@@ -213,14 +217,10 @@ def _sent(target: object, folder: Path) -> str | bytes:
     if isinstance(target, str):
         return target
     source = main_source(target)
-    if source is None:
-        return _pickled(target)
-    folder.mkdir()
-    (folder / "__main__.py").write_text(source)
-    return f"{folder / '__main__.py'}:{_name(target)}"
-
-
-def _pickled(target: object) -> bytes:
+    if source is not None:
+        folder.mkdir()
+        (folder / "__main__.py").write_text(source)
+        return f"{folder / '__main__.py'}:{_name(target)}"
     try:
         return pickle.dumps(target)
     except CAUGHT as e:
@@ -234,31 +234,28 @@ def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
 
 
-def _cut_short(state: _State, names: list[str], what: str) -> CheckReport:
+def _cut_short(state: _State, what: str) -> CheckReport:
     """The report of a target whose check the child did not finish, or the load error."""
-    name = names[state.index] if state.index is not None else "the target"
     if state.where.startswith("loading") or state.where == "building the block":
         verb = "load" if state.where.startswith("loading") else "build"
-        raise errors.UserValueError(f"cannot {verb} {name}: its process {what} while {state.where}")
-    finding = Finding(
-        "process", False, f"the process running the block {what} during {state.where}"
+        raise errors.UserValueError(
+            f"cannot {verb} {state.name}: its process {what} while {state.where}"
+        )
+    said = f"the process running the block {what} during {state.where}"
+    return state.stopped(
+        Finding("process", False, said), "the check was cut short; the findings before it are kept"
     )
-    notes = ["the check was cut short; the findings before it are kept"]
-    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
 
 
-def _failed(state: _State, names: list[str], e: Raised) -> CheckReport:
+def _failed(state: _State, e: Raised) -> CheckReport:
     """The block's process raised where the checker does not expect the block to (reading its
     parts, say): a failed check, and where."""
-    name = names[state.index] if state.index is not None else "the target"
-    finding = Finding("check", False, f"the check stopped during {state.where}: {e}")
+    said = f"the check stopped during {state.where}: {e}"
     where = getattr(e, "where", "")
-    notes = [f"if the block did not cause this, it is a bug in gptblock: {where}"]
-    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
-
-
-def _with_note(report: CheckReport, note: str) -> CheckReport:
-    return replace(report, notes=[*report.notes, note])
+    return state.stopped(
+        Finding("check", False, said),
+        f"if the block did not cause this, it is a bug in gptblock: {where}",
+    )
 
 
 class Told:
