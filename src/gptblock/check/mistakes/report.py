@@ -134,8 +134,6 @@ class CheckReport:
                 f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
                 f"explained equally well by: {others}",
                 width,
-                "",
-                "    ",
             )
         elif self.diagnosis:
             more = "" if self.compared else " (black-box checks only: there may be more)"
@@ -163,11 +161,9 @@ class CheckReport:
                 "weights could not be read, or only inside its own process): a wrong scale, "
                 "say, would not show)",
                 width,
-                "",
-                "    ",
             )
             if self.verify:
-                lines += _wrap(f"to verify it, run again with: {self.verify}", width, "", "    ")
+                lines += _wrap(f"to verify it, run again with: {self.verify}", width)
         else:
             n = len(self.diagnosis)
             lines.append(
@@ -253,7 +249,7 @@ def _finding(data: object) -> Finding:
     return Finding(f["name"], passed, f["message"], label)
 
 
-def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
