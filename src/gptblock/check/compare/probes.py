@@ -3,7 +3,7 @@
 Each probe calls a ``Subject`` on inputs it builds and returns a ``ProbeResult``: passed or not,
 what it measured and, when the failure proves a catalogued mistake on its own, its id. A block
 that works only when B == T mixes batch and time; causality allows no movement beyond 1e-10 of
-the output's scale. The residual probe scales the input up by S (1e4) and perturbs it by a
+the output's scale in float64. The residual probe scales the input up by S (1e4) and perturbs it by a
 unit-size d: a pre-norm block's branches see only the normalised input, so d passes straight
 through (|dy - d| / |d| ~ |f'| / S, far below ``RESIDUAL_LIMIT``); a post-norm block, or one
 that overwrites the stream, shrinks d by ~1/S (it cannot tell post_norm from no_residual; the

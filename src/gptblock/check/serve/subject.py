@@ -6,10 +6,10 @@ a block may change its input in place or return a buffer it overwrites, and neit
 into another probe's measurement. ``copy.deepcopy`` copies a function stored on a module by
 reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``), so such closures are rebuilt
 around the copied modules, and a copy that still calls the original's modules is refused. Calls
-run re-seeded (a block that keeps dropout on in eval gets the same mask for an input and its
-perturbation). A float32 input runs a float32 copy of the copy, a ``train=True`` call runs it
-in train mode with every dropout an identity (for ``compare.conditions``). It uses nothing of
-gptblock but ``loop``: the runner's process holds it.
+but the determinism probe's run re-seeded (a block that keeps dropout on in eval gets the same
+mask for an input and its perturbation). A float32 input runs a float32 copy of the copy, a
+``train=True`` call runs it in train mode with every dropout an identity (for
+``compare.conditions``). It uses nothing of gptblock but ``loop``: the runner's process holds it.
 
 Shapes: B batch, T time, C channels.
 """
