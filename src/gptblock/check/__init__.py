@@ -4,12 +4,12 @@ Its rooms, in the order they import each other (each uses only the rooms before 
 room's ``__init__`` says which file owns what), and nothing imports ``gptblock.cli``:
 
 1. ``serve/`` -- where the block runs: ``runner``, ``subject`` (the checker's copy of the block),
-   ``loop`` (the recorder), ``frames``, ``calls``, ``raised``. The standard library, torch and
+   ``loop`` (the recorder), ``frames``, ``calls``. The standard library, torch and
    each other only: ``gptblock.early`` copies the folder as the package ``serve`` for the
    runner's process, which imports nothing of gptblock.
 2. ``mistakes/`` -- what the checker can name and how it says so: ``catalogue`` (each mistake's
    one home), the lessons' ``steps`` (and ``modern_steps``), the mistakes as changes to them
-   (``variants``), ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``).
+   (``variants``), ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``, as text, JSON and HTML).
 3. ``building/`` -- the learner's block loaded (``target``: the only module that imports the user's
    code) and built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``).
 4. ``roles/`` -- finding the roles from what the tensors do (``trace``, ``decode``, ``walks``,
@@ -17,7 +17,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    ``linears``, ``mapping``) or ``--map`` (``given``, ``claims``, ``suggest``); the reading used
    (``readings``) as numbers (``plain``, ``provenance``); the modern block's (``modern_*``).
 5. ``compare/`` -- ``decide`` (``verdict``): probes, the comparison held where a learner runs
-   the block (``conditions``, ``gradient``), every parameter acting (``accounting``), the modern
+   the block (``conditions``), every parameter acting (``accounting``), the modern
    block's comparison (``modern``), confirmed as the lessons' block's is.
 6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
    requests (``child``, ``reaper``, ``worker``, ``remote``), checked at two sizes.

@@ -1,18 +1,12 @@
 """``grade``: a class's submissions, each checked as ``gptblock check`` checks one, in parallel.
 
-Each submission (``submissions``: a file, a notebook or a student's folder) gets its block found
-without running it (``submissions.find_block``), then ``check_isolated``: its code runs only in
-the child processes that answer the checker's requests, so a submission that crashes, calls
-``sys.exit`` at import, loops forever, does not parse or prints a fake ``result: PASS`` is one
-``Row`` (``ERROR`` or ``TIMEOUT``, with the reason) and the batch goes on. ``jobs`` submissions
-are checked at once, by threads of this process: the work is the children's (each imports torch
-and runs the block); this process only compares their answers, a fraction of a second each.
-
-The rows become a gradebook (``write_csv``, ``write_json``) and, for one submission, Gradescope's
-``results.json`` (``gradescope``). Every file is written atomically (``gptblock.files``), so a
-gradebook rewritten after each row keeps the rows done when the batch is interrupted.
-
-Shapes: none.
+Each submission gets its block found without running it (``submissions.find_block``), then
+``check_isolated``: a submission that crashes, exits at import, loops forever, does not parse
+or prints a fake ``result: PASS`` is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on.
+``jobs`` submissions run at once on threads of this process: the work is the children's; this
+process only compares their answers. The rows become a gradebook (``write_csv``,
+``write_json``) or Gradescope's ``results.json`` (``gradescope``), each written atomically, so
+a gradebook rewritten after each row keeps the rows done when the batch is interrupted.
 """
 
 from __future__ import annotations
@@ -59,32 +53,18 @@ _TIMED_OUT = "did not finish within"  # isolation's words for a child stopped at
 
 @dataclass(frozen=True)
 class Row:
-    """One submission graded.
+    """One submission graded."""
 
-    Args:
-        student: the submission's file or folder name, without its suffix.
-        path: the submission as found.
-        block: ``FILE:CLASS`` checked, or ``""`` when no class was.
-        verdict: one of ``VERDICTS``: the report's, ``ERROR`` when the block could not be
-            loaded, built or found (or its process crashed), ``TIMEOUT`` past ``timeout``.
-        mistakes: the diagnosed mistakes' ids (``gptblock.check.MISTAKES``).
-        failed: the checks that did not pass.
-        report: the report's text, or the reason for an ``ERROR`` / ``TIMEOUT``.
-        seconds: how long it took, from finding its block to the verdict.
-        found: the classes that could have been the block.
-        checks: every check's finding.
-    """
-
-    student: str
-    path: str
-    block: str
-    verdict: str
-    mistakes: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
-    report: str = ""
-    seconds: float = 0.0
-    found: tuple[str, ...] = ()
-    checks: tuple[Finding, ...] = field(default=(), repr=False)
+    student: str  # the submission's file or folder name, without its suffix
+    path: str  # the submission as found
+    block: str  # ``FILE:CLASS`` checked, or ``""`` when no class was
+    verdict: str  # the report's, ``ERROR`` (not loaded, built or found; crashed), ``TIMEOUT``
+    mistakes: tuple[str, ...] = ()  # the diagnosed mistakes' ids
+    failed: tuple[str, ...] = ()  # the checks that did not pass
+    report: str = ""  # the report's text, or the reason for an ``ERROR`` / ``TIMEOUT``
+    seconds: float = 0.0  # from finding its block to the verdict
+    found: tuple[str, ...] = ()  # the classes that could have been the block
+    checks: tuple[Finding, ...] = field(default=(), repr=False)  # every check's finding
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON: its fields, each check as ``{name, status, message}``, the version."""
@@ -120,13 +100,12 @@ def grade(
     timeout: float = DEFAULT_TIMEOUT,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Check every submission in ``paths`` in a child process of its own; a row each, in order.
+    """Check every submission in ``paths`` (``submissions``' files and folders, or
+    ``Submission``\\ s) in a child process of its own; a row each, in order.
 
     Args:
-        paths: submissions (``submissions``' files and folders), or ``Submission``\\ s.
-        kwargs: constructor arguments for every block (each given to the parameter of the same
-            name, or of the same role: ``d_model`` to ``n_embd``); the rest as ``check`` derives
-            them.
+        kwargs: constructor arguments for every block (each to the parameter of the same name,
+            or of the same role: ``d_model`` to ``n_embd``).
         name: the class (or factory) to check in each submission, instead of finding it.
         jobs: submissions checked at once; default ``free_cores()``.
         timeout: seconds a submission may take to load, build and be checked.

@@ -1,13 +1,11 @@
 """``check_block``: tell a learner exactly what is wrong with their transformer block.
 
-The evidence is black-box probes and a comparison with the lessons' block computed from the
-block's own parts, under every combination of up to three catalogued mistakes, combined into
-one report (``compare.verdict.decide`` says how). ``check_block`` runs the block in this
-process, for code the caller trusts, or (``isolate=True``, the default for a ``FILE.py:NAME``
-target, and always in ``gptblock check``) in child processes that only answer requests
-(``isolation``): a block that exits, crashes, hangs or is written to fool the checker then
-cannot touch the verdict. Either way the block is checked at the sizes its file implies and at
-others (``isolation.check.two_sizes``).
+Black-box probes and a comparison with the lessons' block computed from the block's own parts,
+under every combination of up to three catalogued mistakes, combined into one report
+(``compare.verdict.decide``). The block runs in this process, for code the caller trusts, or
+(``isolate=True``) in child processes that only answer requests (``isolation``), where a block
+that exits, crashes, hangs or is written to fool the checker cannot touch the verdict. Either
+way it is checked at the sizes its file implies and at others (``isolation.check.two_sizes``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -43,10 +41,9 @@ __all__ = [
     "own_blocks",
 ]
 
+# In this process (trusted code) the inputs that confirm a comparison and the weights the
+# copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).
 FRESH_SEED, WEIGHTS_SEED = 20260, 1
-"""In this process (trusted code), the seeds of the inputs that confirm a comparison and of the
-weights the block's copy is given: a report is then the same on every run. ``gptblock check``
-draws both from secret seeds instead."""
 
 
 def own_blocks() -> list[Callable[..., nn.Module]]:
@@ -72,29 +69,23 @@ def check_block(
 
     Args:
         target: an ``nn.Module`` mapping (B, T, C) to (B, T, C), a class / factory that builds
-            one, or the text ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one. A factory
-            is called with ``kwargs`` plus ``fill_common_arguments``'s defaults, under
-            ``torch.manual_seed(0)`` (the caller's RNG state is restored), so a check is
-            reproducible.
-        roles: parts of the block by role, where the checker cannot tell them itself:
+            one (called with ``kwargs`` plus ``fill_common_arguments``'s defaults under
+            ``torch.manual_seed(0)``, the caller's RNG state restored), or the text
+            ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one.
+        roles: parts of the block by role where the checker cannot tell them itself:
             ``{"q": "attn.wq", "ln1": "norm_a", ...}`` (roles ``ln1 ln2 q k v qkv proj fc1
-            fc2``; a name may be a glob such as ``"heads.*.query"``, one module per head, or a
-            slice and layout of a parameter such as ``"attn.c_attn.weight[:,0:32]:in_out"``:
-            ``gptblock.check.given``).
+            fc2``; a name may be a glob such as ``"heads.*.query"`` or a slice and layout of a
+            parameter such as ``"attn.c_attn.weight[:,0:32]:in_out"``).
         isolate: run the block in a child process, so that a block that exits, crashes or
-            hangs yields a report instead of taking this process with it. Default: only for a
-            text target (an object must be picklable to cross; ``gptblock check`` always
+            hangs yields a report. Default: only for a text target (``gptblock check`` always
             isolates).
-        timeout: with ``isolate``, the seconds the block may take (loading, building and
-            checking it); then the child is killed and the report says where it hung.
+        timeout: with ``isolate``, the seconds the block may take to load, build and check;
+            then the child is killed and the report says where it hung.
         **kwargs: constructor arguments; only with a class / factory.
 
     Returns:
-        A ``CheckReport``: ``passed``, ``findings`` (one per check), ``diagnosis`` (ids from
-        ``gptblock.check.catalogue.MISTAKES``) and, when the checker is unsure,
-        ``alternatives``. The target itself is never changed: every check runs on a float64,
-        eval-mode deep copy. While it runs, torch uses one intra-op thread (the probes' tensors
-        are tiny); the caller's setting is restored.
+        A ``CheckReport``. The target itself is never changed: every check runs on a float64,
+        eval-mode deep copy, with one intra-op thread (the caller's setting restored).
 
     Raises:
         UserValueError: the target cannot be loaded or built, its width C cannot be told, a
@@ -137,12 +128,8 @@ def check_in_process(
     roles: Mapping[str, str],
     progress: Progress | None = None,
 ) -> CheckReport:
-    """``check_block`` in this process, telling ``progress`` each stage and finding: at the
-    file's sizes, then at other sizes (``isolation.check.two_sizes``).
-
-    For code the caller trusts: the block runs in the process that decides the verdict, so a
-    block written to fool the checker can (``gptblock check`` runs it in a child process).
-    """
+    """``check_block`` in this process (for code the caller trusts: a block written to fool
+    the checker can), telling ``progress`` each stage and finding, at both sizes."""
     return two_sizes(lambda p, other: _at(target, kwargs, roles, p, other), progress)
 
 

@@ -1,21 +1,15 @@
 """A class's submissions, and the block class in each, found without running a line of them.
 
-``submissions`` turns what ``gptblock grade`` is given into ``Submission``\\ s: a ``.py`` file or
-an ``.ipynb`` notebook is one, and so is a student's folder of them; a folder of such entries is
-a folder of submissions, one per entry (``one=True``: the folder is one student's, as
-Gradescope's ``/autograder/submission``). A flat folder of files whose files import each other
-is one program, so one submission.
+``submissions``: a ``.py`` file or an ``.ipynb`` notebook is one, and so is a student's folder
+of them (or a flat folder whose files import each other); a folder of such entries holds one per
+entry (``one=True``: the folder is one student's, as Gradescope's ``/autograder/submission``).
 
-``find_block`` reads a submission's code (a notebook's code cells in order, ``notebook_code``)
-with ``ast`` only: running it is the isolated check's job, since a submission may exit, hang or
-crash at import. The block is the ``nn.Module`` subclass that the others do not build on: by the
-lessons' name first (``Block``, then a name with "block" in it), then one that no other class
-of the submission uses (``MultiHeadAttention`` and ``FeedForward`` are parts of the block that
-uses them), then the one that builds on the most of the others (an unused helper is not it). A
-class that embeds tokens (an ``Embedding``) maps token ids, not (B, T, C), so it is a model, not
-a block. When that leaves several, the submission says which and ``--class`` picks.
-
-Shapes: B batch, T time, C channels.
+``find_block`` reads the code with ``ast`` only (running it is the isolated check's job). The
+block is the ``nn.Module`` subclass the others do not build on: by the lessons' name first
+(``Block``, then a name with "block" in it), then one no other class uses (``FeedForward`` is a
+part of the block that uses it), then the one that builds on the most others. A class that
+embeds tokens is a model, not a block. When several remain, the submission says which and
+``--class`` picks.
 """
 
 from __future__ import annotations
@@ -65,11 +59,8 @@ class NotGraded(Exception):
 
 
 def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -> list[Submission]:
-    """The submissions ``paths`` hold, in the order given, each folder's sorted by name.
-
-    Args:
-        paths: files (``.py``, ``.ipynb``) and folders.
-        one: each folder is one student's submission, not a folder of submissions.
+    """The submissions ``paths`` (files and folders) hold, in the order given, each folder's
+    sorted by name; with ``one``, each folder is one student's submission.
 
     Raises:
         UserFileNotFoundError: a path does not exist.

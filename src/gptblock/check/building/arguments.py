@@ -1,21 +1,12 @@
 """Constructor arguments a block needs beyond the common ones: a config object, or the exact
 ``--arg`` line that builds it.
 
-``complete(factory, args)`` looks at what ``factory`` requires but ``args`` (the caller's
-arguments plus ``build.COMMON_ARGUMENTS``) lacks:
-
-* one argument named like a config (``config``, ``cfg``, ``args``, ``hparams``...): it is built
-  from the arguments given, as the annotated class (a dataclass gets the fields it has) or as a
-  ``types.SimpleNamespace``; an attribute the block then reads but nobody gave is an error that
-  names it, with a value that builds it;
-* anything else: an error with the exact ``--arg NAME=VALUE ...`` line that builds the block,
-  its values guessed from the names (a width 32, a head count 4, a length 16, an index 0...) and
-  tried, or, when no guess builds it, the names to give.
-
-Nothing is guessed silently: a value the caller did not give is never used for a check.
-
-``calls.forward_arguments`` does the same for what the block's ``forward`` needs besides its
-input.
+``complete`` looks at what ``factory`` requires but ``args`` lacks: one argument named like a
+config (``config``, ``cfg``, ``args``, ``hparams``...) is built from the arguments given, as
+the annotated class (a dataclass gets the fields it has) or a ``SimpleNamespace``; anything else
+is an error with the ``--arg NAME=VALUE ...`` line that builds the block, its values guessed from
+the names and tried, or the names to give. A value the caller did not give is never used for a
+check.
 """
 
 from __future__ import annotations
@@ -76,12 +67,10 @@ def fit_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
     """``given``, each to a parameter ``factory`` has: its own name, else the parameter of the
-    same role (``sizes.KINDS``: ``d_model`` to ``n_embd``, ``nhead`` to ``n_head``) that nothing
-    given names; one it has no place for is left out. With what was moved or left out, as notes.
-
-    So one set of arguments (a teacher's ``--arg``, the README's ``d_model=32, nhead=4``) fits
-    every block of the lessons' kind, whatever its parameters are called. A factory taking
-    ``**kwargs`` or a config object (built from the arguments: ``complete``) gets them as given.
+    same role (``sizes.KINDS``: ``d_model`` to ``n_embd``) that nothing given names; one it has
+    no place for is left out. With what was moved or left out, as notes. So one set of
+    arguments fits every block of the lessons' kind; a factory taking ``**kwargs`` or a config
+    object gets them as given.
 
     Example:
         >>> from gptblock import lesson
@@ -146,16 +135,9 @@ def complete(
     defaults: Mapping[str, object],
     sizes: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
-    """``args`` with a config object built where ``factory`` takes one, and a layer index
-    (``layer_idx`` 0) where it takes one nobody gave.
-
-    Args:
-        factory: the block's class or factory.
-        args: the arguments it will be called with (given ones and common ones).
-        given: the arguments the caller gave (``--arg``).
-        defaults: the common arguments' values, also a config's.
-        sizes: every size name with the value it is built at (``sizes.names``): a config
-            dataclass's fields of those names get them.
+    """``args`` (given and common ones) with a config object built where ``factory`` takes
+    one (``defaults`` and ``sizes``, every size name's value, fill its fields), and a layer
+    index (``layer_idx`` 0) where it takes one nobody gave (``given``: ``--arg``'s).
 
     Raises:
         UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``

@@ -1,10 +1,6 @@
-"""Building the block to check, and telling its width and longest sequence.
-
-``build_at`` turns what ``check_block`` was given (a module, or a class / factory and its
-constructor arguments, filled by ``fill_common_arguments``) into the module to check and the
-name the report gives it, at the file's sizes or others (``vary``). ``width`` and
-``max_length`` read C and the longest sequence the block accepts from its arguments,
-attributes and modules.
+"""Building the block to check (``build_at``: a module, or a class / factory and its
+arguments, at the file's sizes or others), and telling its width (``width``) and longest
+sequence (``max_length``).
 
 Shapes: C channels.
 """
@@ -22,9 +18,8 @@ import torch.nn as nn
 
 from ...errors import UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.calls import forward_arguments
-from ..serve.raised import learner_line, size_error
-from ..serve.raised import source as source_file
+from ..serve.calls import forward_arguments, learner_line, size_error
+from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
 from .arguments import complete, fit_arguments
 from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings
@@ -61,11 +56,8 @@ LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at an
 def fill_common_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> dict[str, object]:
-    """``given`` plus a small value for every common argument ``factory`` takes but was not given.
-
-    Args:
-        factory: a block class or a function returning a block.
-        given: constructor arguments chosen by the caller; they always win.
+    """``given`` (which always wins) plus a small value for every common argument ``factory`` (a
+    block class or a function returning a block) takes.
 
     Example:
         >>> from gptblock import lesson
@@ -85,31 +77,21 @@ def fill_common_arguments(
 
 @dataclasses.dataclass
 class Built:
-    """A block built at one set of sizes.
-
-    Args:
-        module: the block.
-        description: what the report calls it, ``Block(n_embd=64, n_head=4)``.
-        label: its sizes, ``n_embd=64, n_head=4, block_size=32`` (with module settings).
-        notes: where the sizes came from, when not from ``--arg`` or the checker.
-        undo: restores the module settings changed to build it (``sizes.patch_globals``).
-        file: the learner's source file, for the line an error points at.
-    """
+    """A block built at one set of sizes."""
 
     module: nn.Module
-    description: str
-    label: str = ""
-    notes: list[str] = dataclasses.field(default_factory=list)
-    undo: Callable[[], None] = lambda: None
-    file: str = ""
+    description: str  # what the report calls it, ``Block(n_embd=64, n_head=4)``
+    label: str = ""  # its sizes, ``n_embd=64, n_head=4, block_size=32`` (module settings too)
+    notes: list[str] = dataclasses.field(default_factory=list)  # the sizes' origins
+    undo: Callable[[], None] = lambda: None  # restores the module settings changed to build it
+    file: str = ""  # the learner's source file, for the line an error points at
     args: dict[str, object] = dataclasses.field(default_factory=dict)
     width: int | None = None  # the width it was built at, when the checker chose it
 
 
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
     """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
-    another set (``vary.plan``; None when it has none: a module given built, or no size the
-    checker can set). The module's size settings are set to the sizes built at
+    another set (``vary.plan``; None when there is none). The module's size settings stay set
     until ``undo`` is called.
 
     Raises:
@@ -166,8 +148,8 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
-    """The block built at other sizes (``vary.plan``): its numbers that are sizes, found by
-    their values on the block built at the file's sizes, changed consistently."""
+    """The block built at other sizes: its numbers that are sizes, found by their values on
+    the block built at the file's sizes, changed consistently (``vary.plan``)."""
     base = build_at(target, kwargs)
     if base is None:
         return None
@@ -258,14 +240,10 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
 
 
 def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
-    """Refuse sizes no block can be built with, before building: a width, length, head count or
-    head size that is not a whole number in 1..``LARGEST``, more heads than channels, a head
-    count that does not divide the width (unless a head size is given too), a key/value head
-    count that does not divide the head count.
-
-    Args:
-        args: the arguments the block will be built with (given and common ones).
-        given: those the caller gave (``--arg``); the message says which were filled.
+    """Refuse sizes no block can be built with, before building: a size not a whole number in
+    1..``LARGEST``, a head count that does not divide the width (unless a head size is given
+    too), a key/value head count that does not divide the head count. ``given`` (``--arg``'s)
+    says which of ``args`` were filled.
 
     Raises:
         UserValueError: one line naming the argument, its value and what was expected.
@@ -311,12 +289,10 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
 
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
-    """C: the width of the input the block accepts.
-
-    The candidates, in order: a constructor argument (``n_embd``, ``d_model``, ``dim``...), an
-    attribute (also on a ``config``), a norm's or a linear layer's width, then every size of the
-    block's parameters. The first for which a copy of the block maps a (2, T, C) input to its own
-    shape wins; when none does (the block is broken), the first candidate.
+    """C: the width of the input the block accepts. The candidates, in order: a constructor
+    argument, an attribute (also on a ``config``), a norm's or a linear layer's width, every
+    size of its parameters; the first for which a copy maps a (2, T, C) input to its own shape
+    wins, else (a broken block) the first.
 
     Raises:
         UserValueError: the block has no candidate at all (no argument, attribute or parameter).

@@ -1,14 +1,11 @@
 """The sizes a block is checked at: the file's own, and one other.
 
-A learner's file says its sizes in several places: ``--arg``, the constructor's defaults
-(``def __init__(self, n_embd=64)``), a config dataclass's defaults, and module-level settings
-that the classes read as globals (the video lecture's ``gpt.py``: ``n_embd = 64``, ``Head``
-building ``nn.Linear(n_embd, head_size)``). ``file_sizes`` reads them, in that order of
-precedence, into one value per kind of size (width, heads, key/value heads, head size, length);
-``other_sizes`` picks a second valid set (another width, head count and head size, another
-block_size), and ``names`` spells a set out for every name of its kinds, so the constructor's
-arguments, the config's fields and the module's globals (``patch_globals``, restored after) all
-agree. ``combine`` makes one report of the two checks: PASS needs both.
+A learner's file says its sizes in ``--arg``, the constructor's defaults, a config dataclass's
+defaults, and module-level settings the classes read as globals (the lecture's ``gpt.py``:
+``n_embd = 64``). ``file_sizes`` reads them, in that order of precedence, into one value per
+kind of size; ``other_sizes`` picks a second valid set, and ``names`` spells a set out for every
+name of its kinds, so arguments, config fields and globals (``patch_globals``) all agree.
+``combine`` makes one report of the two checks: PASS needs both.
 
 Shapes: C channels, nh heads, hs head size.
 """
@@ -58,14 +55,9 @@ _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (5
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """One value per kind of size the block uses, and where each came from.
-
-    Args:
-        values: kind -> value (``KINDS``' keys).
-        sources: kind -> ``"--arg"``, ``"the constructor's defaults"``, ``"the config's
-            defaults"``, ``"FILE's module settings"`` or ``"the checker"``.
-        notes: what was assumed (a size made smaller than the file's, say).
-    """
+    """One value per kind of size the block uses (``KINDS``' keys), where each came from
+    (``"--arg"``, ``"the constructor's defaults"``, ..., ``"the checker"``), and what was
+    assumed (a size made smaller than the file's, say)."""
 
     values: dict[str, int]
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -247,11 +239,8 @@ def names(sizes: Sizes) -> dict[str, int]:
 
 def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable[[], None]:
     """Set the module settings of ``factory``'s module to ``sizes`` (every name of its kinds,
-    or the values by name); returns the undo.
-
-    A class that reads ``n_embd`` as a global (the lecture's ``Head``) is then built at the
-    size its block is built at.
-    """
+    or the values by name), so a class that reads ``n_embd`` as a global is built at the
+    block's size; returns the undo."""
     module = inspect.getmodule(factory)
     if module is None:
         return lambda: None
@@ -280,12 +269,10 @@ def not_other(why: str) -> str:
 
 
 def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
-    """One report of the checks at the file's sizes (``at``) and another (``other``).
-
+    """One report of the checks at the file's sizes (``at``) and another (``other``):
     ``second`` is the other check's report, or why it did not run (a note; "" for none). The
     file's sizes decide, except that a block that passed (or was not compared) there and
-    fails at the other sizes fails, the condition named.
-    """
+    fails at the other sizes fails, the condition named."""
     if isinstance(second, str):
         return dataclasses.replace(first, notes=[*first.notes, *([second] if second else [])])
     v1, v2 = first.verdict, second.verdict

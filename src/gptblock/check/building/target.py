@@ -1,14 +1,10 @@
-"""Finding the block to check from text: ``FILE.py:NAME`` or ``package.module:NAME``.
+"""Finding the block to check from text: ``FILE.py:NAME`` or ``package.module:NAME``
+(``load_target``), and its ``NAME=VALUE`` arguments (``parse_argument``).
 
-``load_target`` turns a target spec into the object it names (a class, a factory or a module
-instance) and ``parse_argument`` turns ``NAME=VALUE`` into a constructor argument; both are what
-``gptblock check TARGET --arg NAME=VALUE`` does before it calls ``check_block``.
-
-This module is the one place where the user's code is imported and executed, kept apart from the
-checking (it imports only the standard library and ``report``), so that ``gptblock check`` can
-load it in the child process that checks it (``worker``). Every failure, ``sys.exit()`` at
-import included, is a ``ValueError`` (or ``FileNotFoundError``) with a one-line message, which
-the CLI prints before exiting with code 2.
+The one place where the user's code is imported and executed (it imports only the standard
+library and ``report``), so that ``gptblock check`` can load it in the child that checks it.
+Every failure, ``sys.exit()`` at import included, is a ``ValueError`` (or
+``FileNotFoundError``) with a one-line message, which the CLI prints before exiting with code 2.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_
 
 
 def parse_argument(text: str) -> tuple[str, object]:
-    """``NAME=VALUE`` as a constructor argument, VALUE read as a Python literal, else as text.
-
-    Args:
-        text: what followed ``--arg``.
+    """``NAME=VALUE`` (what followed ``--arg``) as a constructor argument, VALUE read as a
+    Python literal, else as text.
 
     Raises:
         ValueError: no ``=``, or NAME is not an identifier.
@@ -54,10 +48,8 @@ def parse_argument(text: str) -> tuple[str, object]:
 
 
 def parse_role(text: str) -> tuple[str, str]:
-    """``ROLE=NAME`` (what follows ``--map``): a part of the block named for a role.
-
-    Args:
-        text: e.g. ``q=attn.wq`` or ``q=heads.*.query``.
+    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``): a part of the block
+    named for a role.
 
     Raises:
         ValueError: not ``ROLE=NAME``.
@@ -96,14 +88,12 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
 
 def main_source(target: object) -> str | None:
     """A module's text that defines ``target``, a class or function of ``__main__`` (a notebook
-    cell's, or a script's run as a program), so that another process can load it; None for any
-    other target (pickled by name, it loads there as it is).
+    cell's, or a script's), so that another process can load it; None for any other target.
 
-    Its source is read from the cell (``linecache``, which the kernel fills: ``inspect`` cannot
-    find a cell's class in some Jupyter kernels), after what it uses from ``__main__``: the
-    classes and functions defined there (their sources too), modules imported, and every other
-    value pickled (``n_embd = 32``, a function by name). Running the cells again instead would
-    also run what they do besides defining (training, or this very check).
+    Its source is read from the cell (``linecache``: ``inspect`` cannot find a cell's class in
+    some kernels), after what it uses from ``__main__``: classes and functions (their sources),
+    modules imported, every other value pickled. Running the cells again would also run what
+    they do besides defining (training, or this very check).
 
     Raises:
         UserValueError: its source cannot be found.
@@ -169,14 +159,9 @@ def _functions(obj: Any) -> list[Any]:
 
 
 def load_target(spec: str) -> Any:
-    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
-
-    A file is executed as a module of its own (its folder on ``sys.path`` while it loads, so it
-    can import its neighbours); a package module is imported as usual.
-
-    Args:
-        spec: ``FILE.py:NAME`` (any ``where`` ending in ``.py`` or holding a path separator is a
-            file) or ``package.module:NAME``.
+    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted): a
+    file (a ``where`` ending in ``.py`` or holding a path separator) executed as a module of its
+    own, its folder on ``sys.path`` while it loads; a package module imported as usual.
 
     Raises:
         ValueError: a malformed spec, a module that fails to import or load, or no such NAME.

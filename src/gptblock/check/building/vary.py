@@ -1,16 +1,11 @@
 """The other sizes a block is checked at, found by value rather than by name.
 
-A block's sizes go by many names (``n_embd``, ``hid_dim``, ``n_state``, ``emb_dim`` in a config
-dict, ``decoder_embed_dim`` on an argparse namespace...), so no list of names finds them all.
+A block's sizes go by many names (``hid_dim``, ``n_state``, ``emb_dim`` in a config dict...), so
 ``plan`` starts from the block built at its file's sizes, whose width C it measured, and reads
-every whole number it was built with: the constructor's arguments, its defaults, the fields
-of the config objects among them (a dict, a dataclass, a namespace, a config class) and the
-module's settings (read as globals). A number equal to C is the width; one equal to 2C..8C is a
-hidden width (an MLP's 4C); with a head count, one equal to C / nh is the head size. A name says
-only what a value alone cannot: a head count (of two, the fewer that divide the other are
-key/value heads), a key/value head count, a head size or a length, or a number that is none of
-these (a layer index, a ratio, a window). Each is changed consistently to ``sizes.other_sizes``' set; the
-build at those sizes, whose width the caller measures again, is the proof.
+every whole number it was built with (arguments, defaults, config objects' fields, module
+settings). A number equal to C is the width; 2C..8C a hidden width; with a head count, C / nh the
+head size. A name says only what a value cannot (``kind_of``). Each is changed consistently to
+``sizes.other_sizes``' set; the build there, whose width the caller measures again, is the proof.
 
 Shapes: C channels, nh heads, hs head size.
 """
@@ -62,14 +57,9 @@ def kind_of(name: str) -> str | None:
 
 @dataclasses.dataclass
 class Plan:
-    """How to build the block at other sizes.
-
-    Args:
-        args: the constructor's arguments, the changed ones (and config copies) in.
-        sizes: the other sizes by kind.
-        settings: the module settings to set (``sizes.patch_globals``), by name.
-        label: the changed values and why each, ``hid_dim=48 (C), pf_dim=192 (4C)``.
-    """
+    """How to build the block at other sizes: the arguments (the changed ones and config
+    copies in), the sizes by kind, the module settings to set, and the label
+    (``hid_dim=48 (C), pf_dim=192 (4C)``)."""
 
     args: dict[str, object]
     sizes: Sizes
@@ -123,13 +113,8 @@ def _by_name(leaves: list[tuple[str, int]], kind: str, divides: int) -> int | No
 
 
 def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
-    """The arguments that build ``factory`` at other sizes, or None when no number it was built
-    with is a size (the same block again).
-
-    Args:
-        factory: the block's class or factory.
-        args: what it was built with at the file's sizes (``build.Built.args``).
-        C: the width measured on that build.
+    """The arguments that build ``factory`` at other sizes, from ``args`` it was built with
+    at the file's sizes and the width ``C`` measured there; None when no number is a size.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...

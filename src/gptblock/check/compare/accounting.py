@@ -1,25 +1,14 @@
-"""Every parameter accounted for: each weight the comparison used is its own, and every
-parameter of the block acts on its output.
+"""Every parameter accounted for, after a match without mistakes: each weight the comparison
+used is its own, and every parameter acts on the output.
 
-A block can compute a valid block with fewer weights than it holds: every head reading head
-0's key projection, one key module given to every head, a gate declared and never called, a
-frozen (``requires_grad=False``) matrix meant to be applied and forgotten. Its outputs are the
-lessons' block's with its own weights, so the comparison matches; but the learner's code is
-wrong (the other heads' key weights are dead, and a trained model would have one key per
-block). After a match without mistakes, ``account`` looks at what the comparison used:
-
-* the weights read are traced to the values the checker chose (``provenance.trace``): the same
-  values read by two heads of one role are one weight where the lessons' block has one per
-  head (two roles read from the same values are refused there, as a process misreporting its
-  weights would send them);
-* every parameter (or the part of one) that no role read is perturbed, with the block in its
-  copy's dtype (float64) and eval mode: if its output does not move beyond round-off, the
-  parameter never acts. A parameter read into a role is accounted for even if it is inert in
-  the reference itself: the key projection's bias only adds ``q . b_k`` to a query's row of
-  scores, which the softmax ignores (nanoGPT's ``c_attn`` bias and ``nn.MultiheadAttention``'s
-  ``in_proj_bias`` hold one).
-
-Either is the catalogued ``unused_parameters``, naming the parameters.
+A block can compute a valid block with fewer weights than it holds (every head reading head 0's
+key projection, a gate declared and never called, a frozen matrix never applied): its outputs
+match the lessons' block's with its own weights, yet its code is wrong. So the weights read are
+traced to the values the checker chose (``provenance``: two heads' reading the same values are
+one weight where the lessons have one per head), and every parameter (or part of one) no role
+read is perturbed: if the output does not move beyond round-off, it never acts. Either is
+``unused_parameters``, naming the parameters. (A parameter read into a role counts even if inert
+in the reference: a key bias only adds ``q . b_k`` to a row of scores, which the softmax ignores.)
 
 Shapes: B batch, T time, C channels.
 """

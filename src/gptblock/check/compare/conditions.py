@@ -1,26 +1,18 @@
 """The learner's conditions: a match with the reference held wherever a learner runs the block.
 
-The probes and the comparison run the checker's copy in float64, in eval mode, on a few short
-sequences in small batches. A learner trains the block in float32, in train mode, on sequences
-up to its block_size and batches of up to 64, call after call. A block can be right under the
-checker's conditions only (a path of its own for float32 or for training, a window that equals
-the causal mask for short sequences, a chunked path for big batches), so before a match becomes
-a ``PASS``, ``hold`` compares the block with the reference once more under each of a dozen
-conditions (``CONDITIONS``): float32 and float64, eval and train mode (dropout off: the copy's
-``train`` calls make every dropout an identity), T = 1, a middle T and the longest, B = 1, 64
-and a few between; each on a fresh input from the secret ``fresh`` generator (of a random scale,
-and for some a large mean per position, where a one-pass variance cancels in float32), in an
-order drawn from it, so a block can count neither its calls nor tell them apart. A mismatch
-names its condition: "equal in float64, off by 7% in float32".
+The probes and the comparison run the checker's copy in float64, eval mode, short sequences,
+small batches; a learner trains in float32, train mode, up to block_size and batches of 64. A
+block can be right under the checker's conditions only (a float32 or training path of its own,
+a window that equals the causal mask for short sequences, a chunked path for big batches), so
+``hold`` compares it once more under a dozen ``conditions``, each on a fresh input from the
+secret ``fresh`` generator, in an order drawn from it: a block can neither count its calls nor
+tell them apart. A mismatch names its condition: "equal in float64, off by 7% in float32".
 
-What is compared is the block's update, ``y - x``: the reference is a pre-norm block (only a
-match without mistakes comes here), and at a large mean the stream ``x`` would dwarf the
-branches' error. The reference runs in float64 on the very input the block got (rounded to
-float32 for a float32 call).
-
-``confirm`` is the whole confirmation of a match, the lessons' block's and the modern block's
-alike: the reference on fresh inputs the block never saw, its input gradient
-(``gradient``), then ``hold``.
+What is compared is the update ``y - x``: at a large mean the stream ``x`` would dwarf the
+branches' error. A block can also compute the right outputs and the wrong backward pass (a
+custom autograd ``Function``, a ``.detach()`` on a kept branch), so its input gradient, for a
+direction it could not foresee, is held to the reference's too (``input_gradient_error``).
+``confirm`` is the whole confirmation, the lessons' block's and the modern block's alike.
 
 Shapes: B batch, T time, C channels.
 """
@@ -35,9 +27,17 @@ import torch
 from ..mistakes.report import CAUGHT, Finding, one_line
 from ..mistakes.search import TOLERANCE, distance
 from ..serve.subject import Tested
-from .gradient import GRADIENT_TOLERANCE, input_gradient_error
 
-__all__ = ["FLOAT32_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm", "hold"]
+__all__ = [
+    "FLOAT32_TOLERANCE",
+    "GRADIENT_TOLERANCE",
+    "MAX_T",
+    "Condition",
+    "conditions",
+    "confirm",
+    "hold",
+    "input_gradient_error",
+]
 
 Tensor = torch.Tensor
 FLOAT32_TOLERANCE = 1e-3
@@ -47,6 +47,7 @@ a block of a few hundred sums and a softmax that grows to ~1e-6 of the update, a
 stay below ~5e-5. A dtype-dependent path is off by percents, and ``E[x^2] - E[x]^2`` at such a
 mean by ~1e-2 (the two terms, ~1e5, cancel to ~1, losing 5 of float32's 7 digits); the
 margin is ~20x on both sides."""
+GRADIENT_TOLERANCE = 1e-4  # of the reference's input gradient's scale (float32 blocks ~1e-6)
 FLOAT32_GRADIENT_TOLERANCE = 1e-3  # of the reference input gradient's scale, for the same reasons
 MAX_T = 256  # longest sequence compared: longer ones only cost time (T^2 scores)
 UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the common default)
@@ -115,12 +116,9 @@ def hold(
     fresh: torch.Generator,
     backward: bool = True,
 ) -> Finding | str:
-    """A failed comparison naming the condition where the block is not ``reference`` (a float64
-    function of a (B, T, C) input), or ``""`` when it is under every one of ``conditions``; a
-    note (text) when a condition cannot be compared (train mode whose outputs are random).
-
-    With ``backward`` (its backward pass runs) the block's input gradient is also held to the
-    reference's in float32 (``gradient``)."""
+    """A failed comparison naming the condition where the block is not ``reference`` (float64,
+    on (B, T, C)), else ``""`` or a note on a condition that cannot be compared (random train
+    mode); with ``backward`` its input gradient is held to the reference's in float32 too."""
     off: list[tuple[Condition, float]] = []
     held: list[Condition] = []
     note = ""
@@ -152,6 +150,42 @@ def hold(
             )
             return Finding("reference comparison", False, msg)
     return note
+
+
+def input_gradient_error(
+    subject: Tested,
+    reference: Callable[[Tensor], Tensor],
+    fresh: torch.Generator,
+    dtype: torch.dtype | None = None,
+) -> float:
+    """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
+    for a fresh direction ``w``, is from ``reference``'s (float64), relative to the
+    reference's scale; ``inf`` when the block gives none. The block runs in ``dtype`` (its
+    copy's by default).
+
+    Example:
+        >>> from gptblock.check.serve.subject import Subject
+        >>> s = Subject(torch.nn.Identity(), 4, 3)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> input_gradient_error(s, lambda x: x, g), input_gradient_error(s, lambda x: 2 * x, g)
+        (0.0, 0.5)
+    """
+    dtype = dtype or subject.dtype
+    x = torch.randn(subject.T, subject.T, subject.C, generator=fresh, dtype=torch.float64)
+    weights = torch.randn(x.shape, generator=fresh, dtype=torch.float64)
+    x, weights = x.to(dtype).to(torch.float64), weights.to(dtype).to(torch.float64)
+    x.requires_grad_(True)
+    with torch.enable_grad():
+        (ours,) = torch.autograd.grad((reference(x) * weights).sum(), [x])
+    try:
+        got = subject.grads(
+            x.detach().to(device=subject.device, dtype=dtype),
+            weights.to(device=subject.device, dtype=dtype),
+            inputs=True,
+        ).input
+    except CAUGHT:  # its backward pass ran for the probe: failing now is not one fixed block's
+        got = None
+    return float("inf") if got is None else distance(got.to(torch.float64).cpu(), ours)
 
 
 def _tolerance(c: Condition) -> float:
@@ -252,12 +286,10 @@ def confirm(
     whose: str,
     conditions: bool,
 ) -> Finding | str:
-    """A failed comparison when ``reference`` (``what``, in float64) does not also reproduce the
-    block on fresh inputs, ``first`` (B, T) by C and (T, T, C) (the block's longest T), or,
-    when ``whose`` reference it is ("lessons", "modern") is named, its input gradient (when the
-    block's backward pass ran: ``backward``) and, with ``conditions``, the learner's conditions
-    (``conditions.hold``); else ``""``, or a note on a condition that could not be compared.
-    The lessons' block and the modern block are confirmed alike.
+    """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block
+    on fresh (*first, C) and (T, T, C) inputs or, when ``whose`` ("lessons", "modern") is
+    named, in its input gradient (``backward``: its backward pass ran) and, with
+    ``conditions``, under ``hold``; else ``""`` or ``hold``'s note.
 
     Raises:
         ValueError, RuntimeError: ``reference`` cannot run on a fresh input.

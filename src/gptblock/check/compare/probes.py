@@ -1,29 +1,14 @@
 """Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
 
-Each probe calls a ``Subject`` (``gptblock.check.serve.subject``: an eval-mode float64 deep copy of the
-user's block, given a fresh input on every call) on inputs it builds, and returns a
-``ProbeResult``: passed or not, what it measured and, when the failure proves a catalogued
-mistake on its own, that mistake's id. How each probe measures:
-
-* ``shape``: a (T, T, C) and a (T + 1, T, C) input must come back with their own shapes, dtype
-  and device. A block that works only when B == T is mixing up batch and time.
-* ``eval determinism``: two eval-mode calls on one input must agree (dropout_in_eval).
-* ``causality``: for each position t, perturb the input at t; the output before t must not move
-  at all (beyond 1e-10 of the output scale in float64). Names the first position that sees a
-  later one (future_leak).
-* ``batch independence``: perturb one sequence; the others' outputs must not move (batch_mixing).
-* ``residual stream``: scale the input up by S (1e4) and perturb it by a unit-size d. A pre-norm
-  block computes y = x + f(ln(x)), whose branches see only the normalised input, so at that
-  scale d passes straight through: |dy - d| / |d| is about |f'| / S, far below ``RESIDUAL_LIMIT``.
-  A post-norm block ends in a LayerNorm and a block that overwrites the stream feeds it to a
-  sub-layer only through a norm: both shrink d by ~1/S, so |dy - d| / |d| is ~1. (This cannot
-  tell post_norm from no_residual; the reference comparison can.)
-* ``finite outputs``: inputs of ordinary size, of size 1e4, and with one position all zeros (a
-  norm without eps divides by zero there) must give finite outputs (nonfinite).
-* ``gradients``: a backward pass from the outputs must reach every parameter with finite values.
-  A backward pass that fails because the block changed in place a tensor autograd saved (the
-  residual added as ``x += ...`` after ``ln1(x)`` read it) proves ``inplace``; it runs in float32
-  as well, where a cast (``x.float()``) returns ``x`` itself and may be what was saved.
+Each probe calls a ``Subject`` on inputs it builds and returns a ``ProbeResult``: passed or not,
+what it measured and, when the failure proves a catalogued mistake on its own, its id. A block
+that works only when B == T mixes batch and time; causality allows no movement beyond 1e-10 of
+the output's scale in float64. The residual probe scales the input up by S (1e4) and perturbs it by a
+unit-size d: a pre-norm block's branches see only the normalised input, so d passes straight
+through (|dy - d| / |d| ~ |f'| / S, far below ``RESIDUAL_LIMIT``); a post-norm block, or one
+that overwrites the stream, shrinks d by ~1/S (it cannot tell post_norm from no_residual; the
+comparison can). A partly-zero input catches a norm without eps. A backward pass that fails
+because the block changed a tensor autograd saved proves ``inplace``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """The verdict: every check and the comparison, computed from what the block answers.
 
-``decide`` runs the black-box probes (``gptblock.check.probes``) on the block's answers, has
-its parts read into numbers (``gptblock.check.plain``), runs the lessons' block and every
-combination of up to three catalogued mistakes (``gptblock.check.search``) on those numbers,
+``decide`` runs the probes on the block's answers, has its parts read into numbers, runs the
+lessons' block and every combination of up to three catalogued mistakes on them (``search``),
 and combines the evidence into a ``CheckReport``. It needs nothing of the block but a
-``Service``: in ``gptblock check`` the block runs in another process and each answer is a
-claim, so a variant found on the traced input is confirmed on fresh inputs drawn from a seed
-the block never sees (``fresh``), and its input gradient with the reference's: a block can
-then be ``PASS`` only if its answers are the lessons' block's on inputs it could not foresee.
-A match without mistakes is also held to the reference where a learner runs the block
-(``conditions``: float32, train mode, every length and batch size) and to its parameters
-(``accounting``: each acts, each head's weights its own), for the lessons' block and the modern.
+``Service``: in ``gptblock check`` each answer is a claim, so a match is confirmed
+(``conditions.confirm``) on inputs from a seed the block never sees, in its input gradient, and
+for a match without mistakes where a learner runs the block and in its parameters
+(``accounting``), for the lessons' block and the modern alike.
 
-A probe failure that proves a mistake on its own (a future leak, batch mixing, dropout in eval,
-non-finite outputs, a broken shape, dtype or device) is diagnosed even when the roles cannot be
-found, unless a mistake found by the comparison already explains it (a reversed mask also leaks
-the future and leaves the last position NaN).
+A probe failure that proves a mistake on its own is diagnosed even when the roles cannot be
+found, unless a mistake the comparison found explains it (a reversed mask also leaks the
+future and leaves the last position NaN).
 
 Shapes: B batch, T time, C channels.
 """
@@ -96,18 +91,15 @@ def decide(
     *,
     again: bool = False,
 ) -> CheckReport:
-    """The report on the block ``service`` answers for.
+    """The report on the block ``service`` answers for (``description``: what the report calls
+    it; ``roles``: ``--map``'s; ``progress``: told each stage and finding).
 
     Args:
-        service: the block's answers.
-        description: what the report calls the block.
-        roles: parts the caller named (``--map``).
-        progress: told each stage and finding.
         fresh: draws the inputs that confirm a variant; its seed must be unknown to the block.
         weights: draws the values of the block's parameters (``provenance.choose``); its seed
             too.
-        again: at other sizes, once checked at the file's, where a PASS adds "equal to the
-            reference there too": the shape probe, the comparison and its confirmation only.
+        again: at other sizes, once checked at the file's: the shape probe, the comparison and
+            its confirmation only.
 
     Raises:
         UserValueError: a given role names nothing the block has.

@@ -1,41 +1,23 @@
-"""Checking blocks in a child process that only answers requests, so that the block cannot end,
+"""Checking blocks in child processes that only answer requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` asks the builder and the runner (``gptblock.check.isolation.child``: the supervisor,
-``gptblock.check.isolation.reaper``, forks both; ``worker`` and ``runner`` say what each does), started
-from scripts with neutral names in a temporary folder, so that no command line the block can
-read names the checker; the supervisor leaves this process's tree (it forks, its parent ends),
-and their environment has no variable of the checker's. The builder loads and builds the target
-(``FILE.py:NAME`` text, or a pickled class / factory / module), the runner builds it again
-and then only answers requests (``gptblock.check.isolation.remote``): an output for an input, a backward
-pass's gradients, one forward pass recorded (``gptblock.check.serve.loop``), its cache driven. Every
-check, the reading of its weights (by replaying the recorded operators), the comparison and the
-verdict are computed here, in a process that never runs the block's code and never unpickles
-anything the child sends (JSON and raw tensors, ``gptblock.check.serve.frames``); a comparison is
-confirmed on inputs from a seed the child never sees. The child's stdout and stderr (whatever the block prints, an ``atexit`` handler included)
-are drained by threads and only counted; the report is printed by the caller, after the child
-and everything it started are gone.
+``check_isolated`` asks the builder and the runner (``child``: their supervisor, ``reaper``,
+forks both from neutral scripts and leaves this process's tree; ``worker`` and
+``serve.runner`` say what each does). Every check, the reading of the weights (by replaying
+recorded operators), the comparison and the verdict are computed here, in a process that never
+runs the block's code and never unpickles what the child sends (``serve.frames``); a match is
+confirmed on inputs from a seed the child never sees. The child's stdout and stderr are only
+counted. Whatever the child does (``os._exit``, a crash, a broken protocol, ``timeout``), the
+report comes from here, keeps the findings made before and names what happened during which
+stage. Targets of one file share a child; of different files, a child each (one learner's code
+cannot answer for another's).
 
-Whatever the child does, the report comes from here: a block that calls ``os._exit``, crashes
-(a signal), breaks the protocol or runs past ``timeout`` seconds gets a report that keeps the
-findings made before and names what happened and during which stage. At the end, or at the
-timeout, the reaper kills the child and every process below it, those that left its session
-(``setsid``, a double fork) included: it is their subreaper (Linux; elsewhere only the child's
-session is killed). Targets from different files or modules get a child each (one learner's
-code cannot answer for another's); those of one file share one. A target that cannot be loaded
-or built raises the same ``UserError`` as in-process.
+What remains (the block runs as the same user): it cannot trace this process
+(``undumpable``, ``CAP_SYS_PTRACE`` dropped), but it can write to any file and terminal the user
+can; for grading, trust the exit code or ``--json``, and run untrusted code in a container.
 
-What remains (the block runs as the same user as the checker): while a check runs, this process
-is not dumpable and the child cannot trace processes (``CAP_SYS_PTRACE`` dropped), so it cannot
-open this process's ``/proc/PID/fd/1`` even as root; but it can write to any file and terminal
-the user can (a ``/dev/pts`` terminal included), and kill this process or the reaper. For
-grading, trust the exit code or ``--json`` (one object, printed last), and run untrusted code in
-a container or as another user.
-
-Each target is checked at the sizes its file implies and at other sizes (``sizes.other_sizes``),
-and the two reports combined (``two_sizes``, for a check in this process too; ``sizes.combine``:
-PASS needs both). A block that cannot be built, or raises on its first call, at the file's sizes
-is a ``UserError`` naming what it raised and the learner's line; at the other sizes, a note.
+Each target is checked at its file's sizes and at others, the two reports combined
+(``two_sizes``; ``sizes.combine``: PASS needs both).
 """
 
 from __future__ import annotations
@@ -72,15 +54,14 @@ __all__ = [
 
 Answer = TypeVar("Answer")
 
-DEFAULT_TIMEOUT = 60.0
-"""Seconds a block may take to load, build and be checked (a check takes well under one)."""
+DEFAULT_TIMEOUT = 60.0  # seconds to load, build and check a block (a check takes well under one)
 
 
 @dataclass
 class _State:
     """Where the child is: the target, the stage, what was found so far."""
 
-    index: int | None = None
+    name: str
     where: str = "starting"  # the stage
     description: str = ""
     findings: list[Finding] = field(default_factory=list)
@@ -95,6 +76,10 @@ class _State:
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
 
+    def stopped(self, finding: Finding, note: str) -> CheckReport:
+        """The report of a check that stopped at ``finding``, the findings before it kept."""
+        return CheckReport(self.description or self.name, [*self.findings, finding], [], {}, [note])
+
 
 def check_isolated(
     targets: Sequence[object],
@@ -103,14 +88,9 @@ def check_isolated(
     roles: Mapping[str, str],
     timeout: float = DEFAULT_TIMEOUT,
 ) -> list[CheckReport]:
-    """Check each target in a child process; one report per target, in order.
-
-    Args:
-        targets: ``"FILE.py:NAME"`` / ``"package.module:NAME"`` texts, or picklable objects (a
-            class or factory importable by name, a module instance).
-        kwargs: constructor arguments, for every target.
-        roles: parts by role (``check_block``'s ``roles``).
-        timeout: seconds each target may take; then the child is killed.
+    """Check each target (a ``FILE.py:NAME`` or ``package.module:NAME`` text, or a picklable
+    object) in a child process, with ``kwargs`` and ``roles`` as ``check_block``'s, killed
+    after ``timeout`` seconds; one report per target, in order.
 
     Raises:
         UserError: a target cannot be sent, loaded or built (the error the child raised).
@@ -147,7 +127,7 @@ def _run_child(
     reports: list[CheckReport] = []
     with _started(targets, kwargs) as child:
         for i in range(len(targets)):
-            state = _State(i, f"loading {names[i]}")
+            state = _State(names[i], f"loading {names[i]}")
             child.deadline = time.monotonic() + timeout
             try:
                 reports.append(_check_one(child, i, state, roles))
@@ -155,25 +135,21 @@ def _run_child(
                 what = e.what
                 if what == "timeout":
                     what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-                reports.append(_cut_short(state, names, what))
+                reports.append(_cut_short(state, what))
                 break  # the targets after it get a fresh child
             except Raised as e:
-                reports.append(_failed(state, names, e))
+                reports.append(_failed(state, e))
     noisy = [o.describe() for o in child.outputs if o.size]
     if noisy:
         note = f"the checked code wrote {' and '.join(noisy)}; not shown"
-        reports = [_with_note(r, note) for r in reports]
+        reports = [replace(r, notes=[*r.notes, note]) for r in reports]
     return reports
 
 
 @contextlib.contextmanager
 def _started(targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> Iterator[Child]:
-    """A child that loaded ``targets`` (by index: ``call("load", index=i)``), ready; stopped
-    with everything below it at the end.
-
-    Raises:
-        RuntimeError: it could not start the checker.
-    """
+    """A child given ``targets`` (loaded by ``call("load", index=i)``), ready; stopped with
+    everything below it at the end. Raises RuntimeError when it could not start."""
     try:
         request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
     except CAUGHT as e:
@@ -201,10 +177,8 @@ def ask_isolated(
     targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
 ) -> list[Answer | str]:
     """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
-    ``check_isolated`` loads it (``call``: ``Child.call``; ``call("build")`` builds it as
-    ``check`` does); for a target that cannot be loaded or built, whose process ended or ran
-    past ``timeout`` seconds, or whose error ``ask`` let through, why not, in one line.
-    """
+    ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
+    cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
     for t in targets:
         check_spec(t)
     answers: list[Answer | str] = []
@@ -243,14 +217,10 @@ def _sent(target: object, folder: Path) -> str | bytes:
     if isinstance(target, str):
         return target
     source = main_source(target)
-    if source is None:
-        return _pickled(target)
-    folder.mkdir()
-    (folder / "__main__.py").write_text(source)
-    return f"{folder / '__main__.py'}:{_name(target)}"
-
-
-def _pickled(target: object) -> bytes:
+    if source is not None:
+        folder.mkdir()
+        (folder / "__main__.py").write_text(source)
+        return f"{folder / '__main__.py'}:{_name(target)}"
     try:
         return pickle.dumps(target)
     except CAUGHT as e:
@@ -264,31 +234,28 @@ def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
 
 
-def _cut_short(state: _State, names: list[str], what: str) -> CheckReport:
+def _cut_short(state: _State, what: str) -> CheckReport:
     """The report of a target whose check the child did not finish, or the load error."""
-    name = names[state.index] if state.index is not None else "the target"
     if state.where.startswith("loading") or state.where == "building the block":
         verb = "load" if state.where.startswith("loading") else "build"
-        raise errors.UserValueError(f"cannot {verb} {name}: its process {what} while {state.where}")
-    finding = Finding(
-        "process", False, f"the process running the block {what} during {state.where}"
+        raise errors.UserValueError(
+            f"cannot {verb} {state.name}: its process {what} while {state.where}"
+        )
+    said = f"the process running the block {what} during {state.where}"
+    return state.stopped(
+        Finding("process", False, said), "the check was cut short; the findings before it are kept"
     )
-    notes = ["the check was cut short; the findings before it are kept"]
-    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
 
 
-def _failed(state: _State, names: list[str], e: Raised) -> CheckReport:
+def _failed(state: _State, e: Raised) -> CheckReport:
     """The block's process raised where the checker does not expect the block to (reading its
     parts, say): a failed check, and where."""
-    name = names[state.index] if state.index is not None else "the target"
-    finding = Finding("check", False, f"the check stopped during {state.where}: {e}")
+    said = f"the check stopped during {state.where}: {e}"
     where = getattr(e, "where", "")
-    notes = [f"if the block did not cause this, it is a bug in gptblock: {where}"]
-    return CheckReport(state.description or name, [*state.findings, finding], [], {}, notes)
-
-
-def _with_note(report: CheckReport, note: str) -> CheckReport:
-    return replace(report, notes=[*report.notes, note])
+    return state.stopped(
+        Finding("check", False, said),
+        f"if the block did not cause this, it is a bug in gptblock: {where}",
+    )
 
 
 class Told:
@@ -317,11 +284,7 @@ def at_two_sizes(
     weights: torch.Generator,
 ) -> CheckReport:
     """The report on the loaded target, at its file's sizes and at others (``two_sizes``).
-
-    Raises:
-        UserError: the block cannot be built, or called, at the file's sizes.
-        ProtocolBroken: the block's process answered something that is not an answer.
-    """
+    Raises UserError (it cannot be built or called at the file's sizes) or ProtocolBroken."""
     return two_sizes(lambda p, other: _at(call, p, roles, fresh, weights, other), progress)
 
 

@@ -1,19 +1,12 @@
-"""The child processes of ``gptblock.check.isolation.check``: started under their supervisor, asked, stopped.
+"""The child processes of ``isolation.check``: started under their supervisor, asked, stopped.
 
-``Child`` starts the supervisor (``gptblock.check.isolation.reaper``, from a script with a neutral name in
-a temporary folder, so that no command line the block can read in ``/proc`` names the checker;
-it forks away from this process's tree, so the block's ancestors are never ``gptblock check
-...``), which imports torch and forks the builder (``gptblock.check.isolation.worker``) and the runner
-(``gptblock.check.serve.runner`` with the files it uses, copied as the package ``serve`` into that
-folder: it imports nothing of gptblock); their environment has no variable of the checker's
-(``environment``). ``call`` sends each request to the process that answers it: loading, building,
-the width and readings by names to the builder, every other (what decides the verdict) to the
-runner, the block built there from the builder's ``recipe``; a reading by names is made on the
-builder's copy given the runner's parameters. It reads the answers (``gptblock.check.serve.frames``)
-within a deadline, drains the block's stdout and stderr, and stops everything below the
-supervisor at the end.
-
-Shapes: none.
+``Child`` starts the supervisor (``reaper``, from a neutral script; it forks away from this
+process's tree), which imports torch and forks the builder (``worker``) and the runner (the
+``serve`` folder's copy), in an environment without the checker's variables. ``call`` sends
+each request to the process that answers it: loading, building, the width and readings by names
+to the builder, every other (what decides the verdict) to the runner, which builds the block
+from the builder's ``recipe``; a reading by names is made on the builder's copy given the
+runner's parameters. Answers are read within a deadline; the block's output is drained.
 """
 
 from __future__ import annotations

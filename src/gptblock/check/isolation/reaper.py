@@ -1,40 +1,26 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-``python supervise.py OUT_FD ERR_FD`` (this file, copied under a neutral name) is started by
-``gptblock.check.isolation.child`` between the checker and the processes that run the user's block. It
-uses the standard library and torch, never gptblock, and never runs the user's code. It
+``python supervise.py OUT_FD ERR_FD`` (this file under a neutral name) is started by ``child``.
+It uses the standard library and torch, never gptblock, and never runs the user's code. It
 
-* forks once and lets its parent end, so that it is re-parented away from the checker (to init,
-  or to the nearest subreaper above the checker): the block's ancestors are this process and
-  that one, never the checker's ``gptblock check ...`` (whose command line names it); the parent
-  says ``supervisor PID`` on stdout. Where Linux lets it (as root, or in a user namespace of its
-  own), the fork is the first process of a PID namespace of its own (``own_pid_namespace``):
-  the block then sees no process outside it, so it cannot signal the checker or anything else,
-  nor stop or kill the supervisor (the namespace's init), and the kernel kills whatever is
-  left in it when the supervisor ends. Elsewhere the supervisor ignores every signal it may
-  (SIGTERM, SIGHUP, ...), and the checker sends it SIGCONT while it waits for it to sweep;
-* makes itself the subreaper of everything below it (Linux's ``PR_SET_CHILD_SUBREAPER``): a
-  process the block starts that leaves its parent, in a new session (``setsid``) or by forking
-  twice, is re-parented to the supervisor instead of to init, so it can always be found;
-* imports torch once, then reads its jobs from the first line of stdin (JSON: ``[[NAME,
-  MODULE, IN_FD, OUT_FD], ...]``; not in its command line, which the block can read) and forks
-  each: a process of its own session, with stdin from /dev/null, stdout and stderr on OUT_FD
-  and ERR_FD, the pipes IN_FD and OUT_FD and no other of the checker's, without the capability
-  to trace other processes (``CAP_SYS_PTRACE``, dropped from its bounding set: even as root it
-  cannot open the checker's ``/proc/PID/fd/1`` while the checker is not dumpable, nor this
-  process's), that runs ``MODULE.main([IN_FD, OUT_FD])`` and exits. A fork made after
-  ``import torch`` and before any torch operation is safe, and saves each job the import
-  (about 2 s); the runner's MODULE is a neutral copy (``gptblock.check.serve.runner``), so that it
-  imports nothing of gptblock;
-* writes ``pid NAME N`` and, when a job ends, ``exit NAME RC`` (a negative RC: the signal);
-* when every job has ended, or when its stdin closes (the checker is done, timed out, or died),
-  kills the jobs' sessions and then every process below it (found in ``/proc``), again and
-  again until none is left, and exits.
+* forks once and lets its parent end (which says ``supervisor PID``), leaving the checker's
+  tree: the block's ancestors never include ``gptblock check ...``. Where Linux lets it (root,
+  or a user namespace), the fork is the init of a PID namespace of its own
+  (``own_pid_namespace``); elsewhere it ignores every signal it may, and the checker sends it
+  SIGCONT while it waits for it to sweep;
+* is the subreaper of everything below it (``PR_SET_CHILD_SUBREAPER``): a process the block
+  starts that leaves its parent (``setsid``, a double fork) is re-parented here, not to init;
+* imports torch once, reads its jobs from stdin's first line (JSON ``[[NAME, MODULE, IN_FD,
+  OUT_FD], ...]``: not its command line, which the block can read) and forks each into a
+  session of its own, stdin /dev/null, stdout and stderr on OUT_FD and ERR_FD, no other fd of
+  the checker's, ``CAP_SYS_PTRACE`` dropped, running ``MODULE.main([IN_FD, OUT_FD])`` (a fork
+  after ``import torch`` saves each job the import, ~2 s);
+* says ``pid NAME N`` and ``exit NAME RC`` (a negative RC: the signal);
+* when every job has ended or its stdin closes, kills the jobs' sessions and every process
+  below it (``/proc``) until none is left, and exits.
 
-Off Linux there is no subreaper and no ``/proc``: only the jobs' sessions are killed, and a
-process that left them survives. Without a PID namespace, a block that SIGKILLs the supervisor
-(it runs as the same user) can also leave processes behind; a sandbox, a container or another
-user is the answer there.
+Off Linux only the jobs' sessions are killed. Without a PID namespace, a block that SIGKILLs
+the supervisor (the same user) can leave processes behind: a sandbox is the answer there.
 """
 
 from __future__ import annotations
@@ -60,19 +46,8 @@ CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 # What the block could send this process to end or stop it, short of SIGKILL and SIGSTOP:
 # ignored here (and given back to each job). In its own PID namespace nothing the block sends
 # reaches it at all.
-SPARED = [
-    "SIGTERM",
-    "SIGINT",
-    "SIGHUP",
-    "SIGQUIT",
-    "SIGUSR1",
-    "SIGUSR2",
-    "SIGALRM",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-]
-SPARED += ["SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]
+SPARED = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
+          "SIGTTIN", "SIGTTOU", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]  # fmt: skip
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT = 24, 36, 47
 CAP_SYS_PTRACE = 19
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -98,11 +73,7 @@ class _Header(ctypes.Structure):
 
 
 class _Data(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
+    _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
 
 
 def drop_ptrace() -> None:
@@ -123,12 +94,10 @@ def drop_ptrace() -> None:
 
 
 def own_pid_namespace() -> bool:
-    """Make the next fork of this process the first of a PID namespace of its own (as root, or
-    in a user namespace of its own, where the kernel lets a user make one): the processes in it
-    see only each other, so the block cannot name, let alone signal, any process of the
-    checker's or anyone's outside; its first process (the supervisor, its ``init``) receives
-    no signal from inside that it does not handle, SIGKILL and SIGSTOP included; and when it
-    ends, the kernel kills every process left in it. False where neither works."""
+    """Make the next fork the init of a PID namespace of its own (as root, or in a user
+    namespace of its own): the block then cannot name or signal any process outside, the init
+    gets no signal from inside it does not handle (SIGKILL and SIGSTOP included), and the
+    kernel kills what is left when it ends. False where neither works."""
     libc = _libc()
     if libc is None or not hasattr(libc, "unshare") or not sys.platform.startswith("linux"):
         return False

@@ -1,14 +1,10 @@
 """The checker's view of a block that runs in another process: its answers, as claims.
 
-``Remote`` is what ``gptblock.check.compare.verdict.decide`` checks when the block runs in the child
-process of ``gptblock.check.isolation.check``: a ``Tested`` and a ``Service`` whose every method is a
-request to that process (``gptblock.check.isolation.worker``) and whose every answer is plain data, read
-back and checked for form (shapes, dtypes, lengths) before it is used. The weights and the modern
-block are read here, from forward passes that process records (``gptblock.check.serve.loop``) and this
-one replays (``gptblock.check.roles.trace``). Text it sends ends up in
-the report only as one line of bounded length, never as a line of its own. The probes' inputs
-are drawn here, from the seed an in-process check uses; the weights the block is given and the
-inputs that confirm a comparison come from secret seeds (``isolation``).
+``Remote`` is what ``compare.verdict.decide`` checks for ``isolation.check``: a ``Tested`` and a
+``Service`` whose every method is a request to that process and whose every answer is plain data,
+checked for form (shapes, dtypes, lengths) before use. The weights and the modern block are read
+here, by replaying forward passes that process records. Its text reaches the report only as one
+bounded line. The weights it is given and the inputs that confirm a match come from secret seeds.
 
 Shapes: B batch, T time, C channels.
 """
@@ -52,15 +48,9 @@ def _dtype(name: object) -> torch.dtype:
 
 
 class Remote:
-    """A block in another process, asked through ``call``.
-
-    Args:
-        call: sends a request and returns its answer.
-        C: the block's width; T: the probes' sequence length.
-        dtype: what the other process computes in (float64, else float32).
-        note: what the other process said of its copy.
-        longest: its longest sequence, as it says (0: unknown; traced up to ``TRACE_T``).
-    """
+    """A block in another process, asked through ``call``: its width ``C``, the probes'
+    length ``T``, the ``dtype`` it computes in, the ``note`` it said of its copy and its
+    ``longest`` sequence (0: unknown; traced up to ``TRACE_T``), as it says."""
 
     device = torch.device("cpu")  # the tensors here; the block's own device is its process's
 
@@ -172,9 +162,8 @@ class Remote:
         return self.call("cache", {"x": x})
 
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``gptblock.check.compare.modern``), made here from traces the block's
-        process recorded, as ``Served.modern`` answers (for the lessons' block, ``{}`` or its
-        ``scope``)."""
+        """The modern comparison, made here from traces the block's process recorded, as
+        ``Served.modern`` answers."""
         B, T = trace_shapes(self.longest or TRACE_T)[0]
         x = self.input(B, T, self.C)
         seen: list[Trace] = []

@@ -1,28 +1,15 @@
 """The block built and read where it runs (``Served``), and the builder process that serves it.
 
-``Served`` holds the user's block (built, copied, its weights perturbed) and answers the
-checker's requests as plain data: its width, its parts read into numbers
-(``gptblock.check.roles.plain``), a suggested ``--map``, and (``runner.Held``) an output for an
-input, the gradients of a backward pass, its dropout switched off. ``check_block(...,
-isolate=False)`` runs a ``Served`` in the checker's own process, for code the caller trusts;
-``gptblock check`` runs one in the builder, for the width and the readings by names, and a
-``Held`` in the runner (``gptblock.check.serve.runner``) for the answers that decide the
-verdict, and treats every answer as a claim to check.
+``Served`` is a ``runner.Held`` that also tells the block's width, reads its parts into numbers
+(``roles.plain``) and suggests a ``--map``. ``check_block(..., isolate=False)`` runs one in the
+checker's own process, for code the caller trusts; ``gptblock check`` runs one in the builder.
 
-The builder is run by the supervisor (``reaper``) as ``main([IN_FD, OUT_FD])``, in a process
-forked after torch was imported: it reads the targets and constructor arguments (pickled: they
-come from the checker), says it is ready, then answers one request after another
-(``gptblock.check.serve.frames``: JSON and tensors, never pickle): ``load`` target i, ``build``
-it (at the file's sizes, or at ``other`` ones: ``build.build_at``) and say what it built with as
-data (``recipe``: the arguments, a config object as its fields, the module settings the build
-changed), tell its ``width`` and ``longest`` sequence, ``read`` its parts by names (with
-``--map``, or where the dataflow the checker reads from the runner's traces shows no roles: on a
-``copy`` given the runner's parameters, ``set``), ``suggest`` a ``--map``. This process imports
-gptblock, so the block could tell it is checked here: nothing it says decides the verdict. The
-runner builds the block again from the recipe and answers everything that does. An error the
-block raises is an answer too (``raised``); a target that cannot be loaded or built is a
-``user_error`` (the ``UserError``'s class and message). stdout and stderr are the block's: the
-checker only counts them.
+The builder (``main``, forked by ``reaper`` after torch was imported) gets the targets and
+constructor arguments pickled from the checker, then answers requests (``serve.frames``):
+``load`` target i, ``build`` it (at the file's sizes or ``other`` ones) and send its ``recipe``
+as data for the runner to build it again, its ``width``, a ``read`` by names (on a ``copy``
+given the runner's parameters, ``set``), ``suggest``. This process imports gptblock, so the
+block could tell it is checked here: nothing it says decides the verdict.
 
 Shapes: B batch, T time, C channels.
 """
@@ -58,11 +45,8 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """A built block and the answers the checker gets from it (``runner.Held``'s, and reading).
-
-    Args:
-        module: the user's block (never changed: the checks run on a copy).
-        kwargs: its constructor arguments (they may say its width and longest sequence).
+    """A built block and the answers the checker gets from it (``runner.Held``'s, and
+    reading); ``kwargs``, its constructor arguments, may say its width and longest sequence.
 
     Example:
         >>> from gptblock import lesson
@@ -103,11 +87,7 @@ class Served(Held):
     trusted = True  # in the checker's own process: what this object says is what the block did
 
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``gptblock.check.compare.modern``) as plain data: notes, the finding
-        (None: out of scope, not compared), the mistakes it names, their accounts and the
-        alternatives; for a block read as the lessons' block, ``{}``, or ``{"scope": [...]}``
-        naming what its attention computes that the references do not model
-        (``modern_scope.attention_scope``), for the verdict should no variant match it."""
+        """The modern comparison (``compare.modern``) as plain data (``modern_answer``)."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
         x = self.subject.input(B, T, self.C)
         seen: list[Trace] = []
@@ -154,9 +134,10 @@ def plain_readings(
 
 
 def modern_answer(outcome: ModernOutcome | None, seen: list[Trace]) -> dict[str, Any]:
-    """The modern comparison's outcome as plain data (``Served.modern``'s answer); for the
-    lessons' block, ``{}``, or ``{"scope": [...]}`` naming what its attention computes that the
-    references do not model, read from the last forward pass the comparison kept (``seen``)."""
+    """The modern comparison's outcome as plain data; for the lessons' block, ``{}``, or
+    ``{"scope": [...]}`` naming what its attention computes that the references do not model,
+    read from the last forward pass the comparison kept (``seen``), for the verdict should no
+    variant match it."""
     if outcome is None:  # the lessons' block: what the references do not model in it
         scope = attention_scope(seen[-1]) if seen else []
         return {"scope": scope} if scope else {}

@@ -3,8 +3,8 @@
 An entry holds all the checker knows of one mistake: its explanation and fix, the line of the
 lessons it deviates from (quoted, so a learner can put their code next to the lesson's), the
 probe failures it causes (``explains``: a reversed mask also leaks the future, so a future leak
-is then no separate mistake) and the concrete ways to make it (``ways``: each a replacement of
-steps of ``steps.CORRECT``, which ``variants`` turns into deviations). The identifiers are
+is then no separate mistake) and the concrete ways to make it (``ways``: the fields of ``steps.CORRECT`` each
+replaces, which ``variants`` turns into deviations). The identifiers are
 stable: they are what ``CheckReport.diagnosis`` lists and what ``--json`` prints.
 
 Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
@@ -16,7 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import steps
+import torch
+import torch.nn.functional as F
+
+from .steps import CORRECT
 
 __all__ = ["MISTAKES", "Mistake", "Way", "way"]
 
@@ -34,16 +37,6 @@ def way(label: str, **changes: Any) -> Way:
 class Mistake:
     """One entry of the catalogue.
 
-    Args:
-        id: the identifier reported in ``CheckReport.diagnosis``.
-        title: one line saying what is wrong.
-        explanation: why it is wrong and what it does to the block.
-        fix: what to change.
-        lesson: the lesson's line the block deviates from, quoted.
-        explains: the probe failures (ids) it causes, which are then not diagnosed apart.
-        ways: the ways to make it that the lessons' steps reproduce (none: a probe proves it,
-            or the modern comparison finds it).
-
     Example:
         >>> MISTAKES["wrong_scale"].lesson
         'lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5'
@@ -51,13 +44,13 @@ class Mistake:
         (('future_leak',), 3)
     """
 
-    id: str  # stable identifier, e.g. "post_norm"
+    id: str  # stable, reported in ``CheckReport.diagnosis``, e.g. "post_norm"
     title: str  # one line: what is wrong
-    explanation: str  # why it matters
+    explanation: str  # why it is wrong and what it does to the block
     fix: str  # what to change
     lesson: str  # the lesson's line it deviates from, quoted
-    explains: tuple[str, ...] = ()
-    ways: tuple[Way, ...] = ()
+    explains: tuple[str, ...] = ()  # probe failures it causes, then not diagnosed apart
+    ways: tuple[Way, ...] = ()  # none: a probe proves it, or the modern comparison finds it
 
     def __post_init__(self) -> None:
         if not self.id.isidentifier():
@@ -79,7 +72,7 @@ _ENTRIES = (
         "attn_mask=causal_mask(T) / is_causal=True).",
         'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
         ways=(way("no causal mask: every position attends to every position, later ones included",
-                  blocked=steps.unmasked),)),
+                  blocked=lambda T, device: torch.zeros(T, T, dtype=torch.bool, device=device)),)),
     Mistake("mask_reversed",
         "the attention mask blocks the allowed positions and allows the blocked ones",
         "nn.MultiheadAttention reads a bool mask as True = may NOT attend. A mask with True on "
@@ -92,7 +85,8 @@ _ENTRIES = (
         'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
         explains=("future_leak", "nonfinite"),
         ways=(way("the mask blocks the positions <= t (True on the allowed positions, read as True = "
-                  "blocked): each position attends only to later ones", blocked=steps.tril_blocked),)),
+                  "blocked): each position attends only to later ones",
+                  blocked=lambda T, device: ~CORRECT.blocked(T, device)),)),  # torch.tril
     Mistake("mask_zero",
         "the future positions are masked with 0 instead of -inf before the softmax",
         "The softmax turns a score of 0 into weight exp(0) = 1 relative to the others, so a "
@@ -102,7 +96,8 @@ _ENTRIES = (
         'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
         explains=("future_leak",),
         ways=(way("the future scores are set to 0 instead of -inf before the softmax, so each position "
-                  "still gives later positions weight exp(0)", masking=steps.fill_zero),)),
+                  "still gives later positions weight exp(0)",
+                  masking=lambda s, blocked, dim: F.softmax(s.masked_fill(blocked, 0.0), dim=dim)),)),
     Mistake("mask_after_softmax",
         "the causal mask is applied after the softmax instead of before it",
         "Each row of weights was normalised over every position, later ones included, and the "
@@ -113,7 +108,8 @@ _ENTRIES = (
         "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
         explains=("future_leak",),
         ways=(way("the causal mask zeroes the weights after the softmax: each row was normalised over "
-                  "the future too and no longer sums to 1", masking=steps.mask_after_softmax),)),
+                  "the future too and no longer sums to 1",
+                  masking=lambda s, blocked, dim: F.softmax(s, dim=dim).masked_fill(blocked, 0.0)),)),
     Mistake("batch_mixing",
         "batch and time are mixed up: sequences of one batch attend to each other",
         "nn.MultiheadAttention (and nn.TransformerEncoderLayer) default to batch_first=False, "
@@ -170,16 +166,17 @@ _ENTRIES = (
         ways=(
             way("q, k and v are reshaped to (B, nh, T, hs) with view(B, nh, T, hs) instead of "
                 "view(B, T, nh, hs).transpose(1, 2): each 'head' holds pieces of several positions",
-                split=steps.split_without_transpose),
+                split=lambda t, nh: t.reshape(t.shape[0], nh, t.shape[1], -1)),
             way("the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
                 "each position's output holds pieces of other positions",
-                merge=steps.merge_without_transpose),
+                merge=lambda y: y.reshape(y.shape[0], y.shape[2], -1)),
             way("the heads' outputs, batched head-major as (nh * B, T, hs), are reshaped to (B, T, C) "
                 "without splitting the heads off the batch first: each output mixes other sequences' "
-                "and heads' values", merge=steps.merge_heads_major),
+                "and heads' values",  # (nh, B, T, hs) in memory, read as (B, T, D)
+                merge=lambda y: y.transpose(0, 1).reshape(y.shape[0], y.shape[2], -1)),
             way("the heads' outputs are concatenated in the wrong order: channel d of head h lands at "
                 "d * nh + h instead of h * hs + d (a permute(0, 2, 3, 1) instead of transpose(1, 2))",
-                merge=steps.merge_interleaved),
+                merge=lambda y: y.permute(0, 2, 3, 1).reshape(y.shape[0], y.shape[2], -1)),
         )),
     Mistake("post_norm", "post-norm: the LayerNorm is applied after adding the residual",
         "x = ln(x + sublayer(x)) normalises the residual stream itself, so the input no longer "
@@ -188,7 +185,8 @@ _ENTRIES = (
         "Normalise the sub-layer's input and add its output: x = x + self.sa(self.ln1(x)); "
         "x = x + self.ffwd(self.ln2(x)) (norm_first=True for nn.TransformerEncoderLayer).",
         "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
-        ways=(way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))", wiring=steps.post_norm),)),
+        ways=(way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
+                  wiring=lambda x, sa, ffwd, ln1, ln2: ln2((x := ln1(x + sa(x))) + ffwd(x))),)),
     Mistake("no_residual", "a sub-layer overwrites the residual stream instead of adding to it",
         "The block must return its input plus each branch's output. Writing x = branch(x) "
         "(or x = ln(x) before adding) throws the stream away: gradients no longer flow "
@@ -197,13 +195,14 @@ _ENTRIES = (
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
         ways=(
             way("the attention branch overwrites the stream: x = sa(ln1(x)) instead of x = x + sa(ln1(x))",
-                wiring=steps.attn_overwrites),
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := sa(ln1(x))) + ffwd(ln2(x))),
             way("the MLP branch overwrites the stream: x = ffwd(ln2(x)) instead of x = x + ffwd(ln2(x))",
-                wiring=steps.mlp_overwrites),
+                wiring=lambda x, sa, ffwd, ln1, ln2: ffwd(ln2(x + sa(ln1(x))))),
             way("both branches overwrite the stream: x = ffwd(ln2(sa(ln1(x)))), no residual at all",
-                wiring=steps.both_overwrite),
+                wiring=lambda x, sa, ffwd, ln1, ln2: ffwd(ln2(sa(ln1(x))))),
             way("the stream is replaced by its normalised copy: x = ln1(x); x = x + sa(x); "
-                "x = ln2(x); x = x + ffwd(x)", wiring=steps.normalised_stream),
+                "x = ln2(x); x = x + ffwd(x)",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2((x := ln1(x)) + sa(x))) + ffwd(x)),
         )),
     Mistake("shared_norm", "one LayerNorm is used for both branches",
         "The attention branch and the MLP branch each normalise with their own learned gain and "
@@ -213,7 +212,7 @@ _ENTRIES = (
         "nn.LayerNorm(n_embd); x = x + self.ffwd(self.ln2(x)).",
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
         ways=(way("the MLP branch reuses the attention branch's LayerNorm: ffwd(ln1(x)) instead of "
-                  "ffwd(ln2(x))", norms=steps.shared_norm),)),
+                  "ffwd(ln2(x))", norms=lambda ln1, ln2: (ln1, ln1)),)),
     Mistake("dropout_in_eval", "dropout is still active in eval mode",
         "Two calls on the same input in eval mode give different outputs, so evaluation and "
         "generation are noisy. Usual causes: F.dropout(x, p) (its training argument defaults "

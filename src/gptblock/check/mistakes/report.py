@@ -3,19 +3,21 @@
 ``CheckReport`` is plain data with two renderings: ``format()`` (``str(report)``), the
 human-readable report ``gptblock check`` prints, and ``to_dict()``, what ``--json`` prints.
 ``CheckReport.from_dict`` reads ``to_dict()``'s output back, validating every field: it is how
-a report crosses from the child process that ran the block to the checker (``isolation``).
+a report crosses from the child process that ran the block to the checker (``isolation``). A
+notebook shows ``to_html`` (every word escaped: a target's name, a message the block's process
+sent) and ``repr`` is ``summary``, one line instead of the dataclass's every field.
 """
 
 from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field
+from html import escape
 from typing import Any
 
 from ..serve.loop import CAUGHT
 from ..serve.loop import one_line as said
 from .catalogue import MISTAKES
-from .notebook import summary, to_html
 
 __all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
 
@@ -132,8 +134,6 @@ class CheckReport:
                 f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
                 f"explained equally well by: {others}",
                 width,
-                "",
-                "    ",
             )
         elif self.diagnosis:
             more = "" if self.compared else " (black-box checks only: there may be more)"
@@ -161,11 +161,9 @@ class CheckReport:
                 "weights could not be read, or only inside its own process): a wrong scale, "
                 "say, would not show)",
                 width,
-                "",
-                "    ",
             )
             if self.verify:
-                lines += _wrap(f"to verify it, run again with: {self.verify}", width, "", "    ")
+                lines += _wrap(f"to verify it, run again with: {self.verify}", width)
         else:
             n = len(self.diagnosis)
             lines.append(
@@ -180,7 +178,7 @@ class CheckReport:
     def __repr__(self) -> str:
         return summary(self)
 
-    def _repr_html_(self) -> str:  # what a notebook shows (``notebook``)
+    def _repr_html_(self) -> str:  # what a notebook shows
         return to_html(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,7 +249,7 @@ def _finding(data: object) -> Finding:
     return Finding(f["name"], passed, f["message"], label)
 
 
-def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
@@ -299,3 +297,65 @@ def one_line(e: BaseException | None) -> str:
     if isinstance(e, Raised):
         return text(e, 400)
     return said(e)
+
+
+_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNVERIFIED": "#9a6700"}
+
+
+def summary(report: CheckReport) -> str:
+    """One line: the verdict, the target, how many checks passed and the mistakes found.
+
+    Example:
+        >>> from gptblock.check import CheckReport, Finding
+        >>> summary(CheckReport("B()", [Finding("shape", True, "ok")], ["post_norm"]))
+        '<CheckReport FAIL: B(), 1 of 1 checks passed, mistakes: post_norm (print it for the whole report)>'
+    """
+    passed = sum(f.passed for f in report.findings)
+    mistakes = f", mistakes: {', '.join(report.diagnosis)}" if report.diagnosis else ""
+    return (
+        f"<CheckReport {report.verdict}: {report.target}, {passed} of {len(report.findings)} "
+        f"checks passed{mistakes} (print it for the whole report)>"
+    )
+
+
+def to_html(report: CheckReport) -> str:
+    """The report as an HTML fragment (no script, no style sheet: a notebook's own styles).
+
+    Example:
+        >>> from gptblock.check import CheckReport, Finding
+        >>> page = to_html(CheckReport("<B>", [Finding("shape", False, "a < b")], ["post_norm"]))
+        >>> "FAIL" in page and "&lt;B&gt;" in page and "a &lt; b" in page and "<B>" not in page
+        True
+    """
+    verdict = report.verdict
+    colour = _COLOURS.get(verdict, "inherit")
+    out = [
+        f'<div><p><b style="color:{colour}">{verdict}</b> <code>{escape(report.target)}</code></p>',
+        "<table><tr><th>result</th><th>check</th><th>what was found</th></tr>",
+    ]
+    for f in report.findings:
+        style = "" if f.passed else ' style="color:#cf222e"'
+        out.append(
+            f"<tr><td{style}>{escape(f.status)}</td><td>{escape(f.name)}</td>"
+            f'<td style="text-align:left">{escape(f.message)}</td></tr>'
+        )
+    out.append("</table>")
+    for d in report.diagnosis:
+        m = MISTAKES[d]
+        rows = [
+            ("found", report.details.get(d, "")),
+            ("why", m.explanation),
+            ("fix", m.fix),
+            ("from", m.lesson),
+        ]
+        out.append(f"<p><b>{escape(d)}</b>: {escape(m.title)}</p><ul>")
+        out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in rows if v]
+        out.append("</ul>")
+    if report.alternatives:
+        others = " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
+        out.append(f"<p>unsure: explained equally well by {escape(others)}</p>")
+    out += [f"<p><small>note: {escape(n)}</small></p>" for n in report.notes]
+    formatted = report.format()  # its result line, wrapped, and how to verify an UNVERIFIED one
+    result = " ".join(formatted[formatted.rindex("result: ") :].split())
+    out.append(f"<p><b>{escape(result)}</b></p></div>")
+    return "\n".join(out)

@@ -1,10 +1,9 @@
 """The search for the variant a block is: the smallest set of catalogued mistakes that reproduces it.
 
-``explain`` runs every variant of ``gptblock.check.mistakes.variants`` (smallest first) with a block's own
-parts, under every head count and MLP activation the block may have and every reading of its
-parts that the mapping could not rule out, and stops at the first size at which one reproduces
-the block's output within ``TOLERANCE``. Matches of that size with different mistakes are
-alternatives: the block is consistent with each, and the report must say it is unsure.
+``explain`` runs every variant (``variants``, smallest first) with a block's own parts, under
+every head count, MLP activation and reading of its parts the mapping could not rule out, and
+stops at the first size at which one reproduces the block's output within ``TOLERANCE``. Matches
+of that size with other mistakes are alternatives: the report must say it is unsure.
 
 Shapes: B batch, T time, C channels.
 """
@@ -69,14 +68,10 @@ class Explanation:
 
 
 def distance(y: Tensor, y_ref: Tensor) -> float:
-    """How far the block's output ``y`` is from a variant's ``y_ref``, relative to ``y_ref``.
-
-    Positions (rows of C) where ``y_ref`` is not finite are skipped: the variant leaves them
-    undefined, and a block may return NaN or zeros there. Anywhere else a non-finite ``y`` is
-    infinitely far. ``inf`` also when fewer than ``MIN_DEFINED`` of the positions are defined.
-
-    Shape:
-        y, y_ref: (B, T, C).
+    """How far the block's output ``y`` is from a variant's ``y_ref`` (both (B, T, C)), relative
+    to ``y_ref``. Positions where ``y_ref`` is not finite are skipped (the variant leaves them
+    undefined; a block may return NaN or zeros there); anywhere else a non-finite ``y`` is
+    infinitely far, and so is a ``y_ref`` with fewer than ``MIN_DEFINED`` positions defined.
 
     Example:
         >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
@@ -96,20 +91,9 @@ def distance(y: Tensor, y_ref: Tensor) -> float:
 def explain(
     readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
 ) -> Explanation:
-    """Find the smallest set of mistakes whose variant maps ``x`` to ``y`` with a block's parts.
-
-    Tries every variant of at most ``max_size`` deviations (smallest first), each with every
-    reading in ``readings``, every head count in ``heads`` and every activation in
-    ``CANDIDATE_ACTIVATIONS``, and stops at the first size at which one reproduces ``y`` within
-    ``TOLERANCE``.
-
-    Args:
-        readings: the block's parts, one per way of reading them the mapping could not rule out
-            (most likely first).
-        x: the input the block was called on.
-        y: the block's output.
-        heads: head counts to try, most likely first.
-        max_size: the most mistakes a variant combines.
+    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` to ``y`` with
+    one of ``readings`` (the block's parts, most likely first), one of ``heads`` (head counts)
+    and one of ``CANDIDATE_ACTIVATIONS``, within ``TOLERANCE``.
 
     Shape:
         x, y: (B, T, C).
@@ -149,11 +133,9 @@ def _best_unknowns(
     deviations: tuple[Deviation, ...],
     reading: int,
 ) -> Match:
-    """The variant ``deviations`` under the head count and activation closest to ``y``.
-
-    All activations are compared before choosing, because exact and tanh GELU differ by only
-    ~1e-5 of the output (less than ``TOLERANCE``): the closer one names the block's activation.
-    """
+    """The variant ``deviations`` under the head count and activation closest to ``y``: all
+    compared first, because exact and tanh GELU differ by ~1e-5 of the output (below
+    ``TOLERANCE``), and the closer one names the block's activation."""
     steps = compose(deviations)
     best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
     for n_head in heads:
@@ -173,11 +155,8 @@ def _best_unknowns(
 
 
 def _memoised(parts: Parts) -> Parts:
-    """``parts`` whose LayerNorms and q/k/v projection remember their last few results.
-
-    Most variants call ln1 and the projections on the very same tensors (the input, its
-    normalised copy): the block's own modules, which may be slow, then run once.
-    """
+    """``parts`` whose LayerNorms and q/k/v projection remember their last few results: most
+    variants call them on the very same tensors, so the block's own modules run once."""
     return replace(
         parts,
         qkv=_remember(parts.qkv),

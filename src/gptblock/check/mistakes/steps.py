@@ -1,22 +1,16 @@
 """The lessons' pre-norm block computed step by step from a block's own parts, each step replaceable.
 
-``run_steps(parts, x, n_head, activation, steps)`` computes the pre-norm block of the lessons
-from ``Parts``: the block's sub-layers as functions, in the roles the lessons give them (the two
-LayerNorms, the q/k/v projections, the output projection, the MLP's two layers), however the
-block names or stores them (``gptblock.check.roles.mapping`` finds them). ``Steps`` says how each step
-in between is done: which norm each branch uses, how q/k/v are split into heads and merged back,
-the causal mask and when it is applied, the score scale, the softmax axis, which axis attention
-runs along, and how the sub-layers are wired to the residual stream. The correct block is
-``CORRECT``; each catalogued mistake is a change to one field of it (a ``Deviation`` of
-``gptblock.check.mistakes.variants``). The reports call this block "the reference".
+``run_steps`` computes the lessons' block from ``Parts``: the block's sub-layers as functions, in
+the lessons' roles (the two LayerNorms, q/k/v, the output projection, the MLP's two layers),
+however the block names or stores them (``roles.mapping`` finds them). ``Steps`` says how each
+step in between is done; ``CORRECT`` is the lessons' block, and each catalogued mistake is a
+change to fields of it (its ``ways`` in ``catalogue``). The reports call this "the reference".
 
-This is deliberately independent of ``gptblock.lesson`` / ``gptblock.blocks.mha``: a few lines of
-``torch.nn.functional`` that the variants can change step by step. (The project's NumPy oracle,
-``gptblock.reference``, was rejected here because the variants need the same code path with one
-step swapped, and the checker must run on whatever device the user's block lives on.) The parts
-are functions rather than weights so that a block's own LayerNorm (the Annotated Transformer's
-divides by the unbiased std plus eps), its own linear layers (Hugging Face's ``Conv1D`` stores
-weights (in, out)) and its own packing are computed exactly as the block computes them.
+Deliberately not ``gptblock.lesson`` or the NumPy oracle ``gptblock.reference``: the variants
+need one code path with one step swapped, on the block's own device. The parts are functions,
+not weights, so that a block's own LayerNorm (the Annotated Transformer's divides by the
+unbiased std plus eps), linear layers (Hugging Face's ``Conv1D``) and packing are computed
+exactly as the block computes them.
 
 Shapes: B batch, T time, C channels, D = nh * hs attention width (C in every standard block),
 H the MLP's hidden width, nh heads, hs head size.
@@ -59,26 +53,16 @@ class Parts:
     Heads are contiguous slices of the attention width: head i is channels ``i*hs:(i+1)*hs`` of
     what ``qkv`` returns and of what ``proj`` takes (the layout of the lesson's concatenated
     heads, ``nn.MultiheadAttention``'s ``in_proj_weight`` and GPT-2's ``c_attn``).
-
-    Args:
-        C: channels of the residual stream.
-        D: attention width nh * hs.
-        qkv: (B, T, C) -> q, k, v, each (B, T, D).
-        proj: the output projection, (B, T, D) -> (B, T, C).
-        fc1: the MLP's first layer, (B, T, C) -> (B, T, H).
-        fc2: the MLP's second layer, (B, T, H) -> (B, T, C).
-        ln1: the attention branch's LayerNorm, (B, T, C) -> (B, T, C).
-        ln2: the MLP branch's LayerNorm; ``None`` when the block has only one.
     """
 
-    C: int
-    D: int
-    qkv: QKV
-    proj: SubLayer
-    fc1: SubLayer
-    fc2: SubLayer
-    ln1: SubLayer | None
-    ln2: SubLayer | None
+    C: int  # channels of the residual stream
+    D: int  # attention width nh * hs
+    qkv: QKV  # (B, T, C) -> q, k, v, each (B, T, D)
+    proj: SubLayer  # the output projection, (B, T, D) -> (B, T, C)
+    fc1: SubLayer  # the MLP's first layer, (B, T, C) -> (B, T, H)
+    fc2: SubLayer  # the MLP's second layer, (B, T, H) -> (B, T, C)
+    ln1: SubLayer | None  # the attention branch's LayerNorm
+    ln2: SubLayer | None  # the MLP branch's; ``None`` when the block has only one
 
     def __post_init__(self) -> None:
         if self.C < 1 or self.D < 1:
@@ -153,12 +137,8 @@ def _merge_heads(y: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Steps:
-    """How each step of the block is done; ``CORRECT`` is the lessons' block.
-
-    Each field is one step a mistake can change, so a mistaken block is ``CORRECT`` with some
-    fields replaced (by the deviations of ``gptblock.check.mistakes.variants``), never a flag tested
-    inside the forward.
-    """
+    """How each step of the block is done; ``CORRECT`` is the lessons' block. A mistaken block
+    is ``CORRECT`` with some fields replaced, never a flag tested inside the forward."""
 
     norms: Norms  # (ln1, ln2) -> the norms the attention and MLP branches use
     split: Callable[[Tensor, int], Tensor]  # (B, T, D), nh -> (B, nh, T, hs)
@@ -188,101 +168,13 @@ CORRECT = Steps(
 )
 
 
-# ----- the mistaken steps: what a catalogued mistake puts in place of a correct one (catalogue) --
-
-
-def post_norm(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
-    x = ln1(x + attn(x))
-    return ln2(x + mlp(x))
-
-
-def attn_overwrites(
-    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
-) -> Tensor:
-    x = attn(ln1(x))
-    return x + mlp(ln2(x))
-
-
-def mlp_overwrites(
-    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
-) -> Tensor:
-    x = x + attn(ln1(x))
-    return mlp(ln2(x))
-
-
-def both_overwrite(
-    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
-) -> Tensor:
-    return mlp(ln2(attn(ln1(x))))
-
-
-def normalised_stream(
-    x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer
-) -> Tensor:
-    x = ln1(x)  # the stream itself is replaced by its normalised copy
-    x = x + attn(x)
-    x = ln2(x)
-    return x + mlp(x)
-
-
-def shared_norm(
-    ln1: SubLayer | None, ln2: SubLayer | None
-) -> tuple[SubLayer | None, SubLayer | None]:
-    return ln1, ln1  # the MLP branch reuses the attention branch's LayerNorm
-
-
-def unmasked(T: int, device: torch.device) -> Tensor:
-    return torch.zeros(T, T, dtype=torch.bool, device=device)
-
-
-def tril_blocked(T: int, device: torch.device) -> Tensor:
-    """torch.tril (True on the *allowed* positions) read as True = blocked."""
-    return torch.tril(torch.ones(T, T, dtype=torch.bool, device=device))
-
-
-def fill_zero(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
-    return F.softmax(scores.masked_fill(blocked, 0.0), dim=dim)  # 0 is a score like any other
-
-
-def mask_after_softmax(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
-    return F.softmax(scores, dim=dim).masked_fill(blocked, 0.0)  # rows no longer sum to 1
-
-
-def split_without_transpose(t: Tensor, n_head: int) -> Tensor:
-    B, T, D = t.shape
-    return t.reshape(B, n_head, T, D // n_head)  # (B, T, D) -> (B, nh, T, hs), heads and time mixed
-
-
-def merge_without_transpose(y: Tensor) -> Tensor:
-    B, nh, T, hs = y.shape
-    return y.reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, D), heads and time mixed
-
-
-def merge_heads_major(y: Tensor) -> Tensor:
-    B, nh, T, hs = y.shape
-    return y.transpose(0, 1).reshape(B, T, nh * hs)  # (nh, B, T, hs) in memory, read as (B, T, D)
-
-
-def merge_interleaved(y: Tensor) -> Tensor:
-    B, nh, T, hs = y.shape
-    return y.permute(0, 2, 3, 1).reshape(B, T, hs * nh)  # (B, T, hs, nh): channel d*nh + h
-
-
 def run_steps(
     parts: Parts, x: Tensor, n_head: int, activation: Callable[[Tensor], Tensor], steps: Steps
 ) -> Tensor:
-    """The block ``steps`` describes, with the sub-layers ``parts``, on input ``x``.
-
-    A query row that the steps' mask blocks entirely comes out NaN, as it does with
-    ``masked_fill(-inf)`` + softmax and with ``nn.MultiheadAttention``; the checker ignores
-    such positions when it compares.
-
-    Args:
-        parts: the block's sub-layers.
-        x: the input.
-        n_head: nh; must divide the attention width D.
-        activation: the MLP's nonlinearity (one of ``CANDIDATE_ACTIVATIONS``).
-        steps: ``CORRECT`` or a variant of it.
+    """The block ``steps`` (``CORRECT`` or a variant) describes, with the sub-layers ``parts``,
+    ``n_head`` heads (dividing D) and the MLP's ``activation``, on input ``x``. A query row the
+    steps' mask blocks entirely comes out NaN, as with ``masked_fill(-inf)`` + softmax; the
+    checker ignores such positions when it compares.
 
     Raises:
         MissingPart: the steps need a second LayerNorm and the block has only one.

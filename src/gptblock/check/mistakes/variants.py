@@ -1,14 +1,8 @@
 """The catalogued mistakes as changes to the lessons' steps, and every combination of them.
 
-Each ``Deviation`` is one concrete way to make a catalogued mistake (a ``way`` of its entry in
-``catalogue``): a function ``Steps -> Steps`` that swaps one step of ``steps.CORRECT`` (the
-norms, the head split or merge, the mask, the score scale, the softmax axis, the axis attention
-runs along, the wiring of the residual stream). Deviations compose, so "post-norm and no
-scaling" is two deviations applied in turn; ``variants(max_size)`` lists every composition of at
-most ``max_size`` deviations, smallest first, which ``search.explain`` runs with a block's own
-parts.
-
-Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
+Each ``Deviation`` is one ``way`` of a catalogue entry: the ``Steps`` fields it replaces.
+Deviations compose ("post-norm and no scaling" is two, applied in turn); ``variants(max_size)``
+lists every composition of at most ``max_size``, smallest first, for ``search.explain``.
 """
 
 from __future__ import annotations
@@ -30,14 +24,9 @@ mask is two fields, which of the mask deviations change only one of."""
 
 @dataclass(frozen=True)
 class Deviation:
-    """One concrete way to make a catalogued mistake: a change to one step of ``Steps``.
-
-    Args:
-        mistake: the catalogue id it is reported as (``catalogue.MISTAKES``).
-        group: deviations of one group change the same step, so a variant uses at most one of
-            them.
-        label: what exactly the block does (``catalogue.way``).
-        changes: the ``Steps`` fields it replaces, and their values.
+    """One concrete way to make a catalogued mistake (``mistake``, its id): the ``Steps``
+    fields it replaces (``changes``). Deviations of one ``group`` change the same step, so a
+    variant uses at most one of them; ``label`` says what the block then does.
 
     Example:
         >>> deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
@@ -81,10 +70,9 @@ def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
 
 
 def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
-    """Every combination of at most ``max_size`` deviations, one per group at most, smallest first.
-
-    The empty combination (the correct block) comes first, so a search that stops at the
-    first size with a match returns the smallest set of mistakes that explains a block.
+    """Every combination of at most ``max_size`` deviations, one per group at most, smallest
+    first: the empty one (the correct block) first, so a search that stops at the first size
+    with a match finds the smallest set of mistakes.
 
     Example:
         >>> [len(v) for v in variants(1)][:3]

@@ -1,9 +1,12 @@
-"""How the block is called: what its ``forward`` needs besides the input, filled where the
-parameter says what it holds.
+"""How the block is called (what its ``forward`` needs besides the input, filled where the
+parameter says what it holds), and what it raised when built or first called, where.
 
 Standard library and torch only: the builder (``build``) and the runner (``runner``, copied into
-a process that imports nothing of gptblock) both call ``forward_arguments`` on the block they
-build, so that the block is called alike in both.
+a process that imports nothing of gptblock) both use it, so that the block is called alike in
+both. A block that cannot be built, or raises on its first call for a reason other than sizes
+that do not fit (a typo, ``self.kee(x)``), is not a catalogued mistake: the checker says what
+was raised at the learner's line (``gpt.py:31: k = self.kee(x)``); a size error stays the shape
+probe's to report.
 
 Shapes: B batch, T time, C channels.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import traceback
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -19,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .loop import UserValueError
+from .loop import UserValueError, one_line
 
-__all__ = ["forward_arguments"]
+__all__ = ["call_error", "forward_arguments", "learner_line", "size_error", "source"]
 
 _SAME = ("key", "value", "keys", "values", "k", "v", "kv")  # not memory: a cross-attention
 _POSITIONS = ("position_ids", "positions", "pos", "input_pos", "pos_ids")
@@ -37,15 +42,14 @@ def _optional(annotation: object) -> bool:
 
 def forward_arguments(module: nn.Module) -> list[str]:
     """Fill what the block's ``forward`` requires besides its input, where the parameter says
-    what it holds: the input again for ``key`` / ``value`` (self-attention), ``torch.arange(T)``
-    as (1, T) for ``position_ids``, True for ``is_causal``, None where its annotation admits
-    None. Returns the note saying so (none when nothing was filled). A mask is never made: the
-    same mask means "keep" in one block and "hide" in another, so a guess can turn a correct
-    block into a failing one, or a reversed mask into a passing one.
+    what it holds: the input for ``key`` / ``value``, ``torch.arange(T)`` as (1, T) for
+    ``position_ids``, True for ``is_causal``, None where its annotation admits None; the note
+    saying so. A mask is never made: the same mask means "keep" in one block and "hide" in
+    another, so a guess could turn a reversed mask into a passing one.
 
     Raises:
-        UserValueError: a required parameter whose value is the block's own convention (a mask:
-            kept or hidden, bool or added) or unknown; the message names it and the wrapper.
+        UserValueError: a required parameter whose value is the block's own convention (a
+            mask) or unknown; the message names it and the wrapper.
 
     Example:
         >>> class Layer(nn.Module):
@@ -108,3 +112,60 @@ def _filled(
             if how == "positions":
                 kwargs[n] = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
     return args, kwargs
+
+
+_SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", "divisible",
+               "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
+
+
+def size_error(e: BaseException) -> bool:
+    """Whether ``e`` reads like tensors of sizes that do not fit together."""
+    if not isinstance(e, (RuntimeError, ValueError, IndexError, AssertionError)):
+        return False
+    said = str(e).lower()
+    return isinstance(e, AssertionError) or any(w in said for w in _SIZE_WORDS)
+
+
+def call_error(e: BaseException, file: str) -> str:
+    """What the first call's exception is, when it is not a size mistake (``""`` when it is:
+    the shape probe reports that): its class, message and the learner's line.
+
+    Example:
+        >>> call_error(AttributeError("'Head' object has no attribute 'kee'"), "")
+        "AttributeError: 'Head' object has no attribute 'kee'"
+    """
+    if size_error(e):
+        return ""
+    return f"{one_line(e)}{learner_line(e, file)}"
+
+
+def learner_line(e: BaseException, file: str) -> str:
+    """`` at gpt.py:31: k = self.kee(x)``: the last frame of ``e``'s traceback in ``file`` (else
+    the last outside torch, gptblock and the standard library), ``""`` without one."""
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
+    if not ours:
+        # gptblock's folder (check/serve/ is two below it), or the folder of the runner's copy
+        up = 3 if (__package__ or "").startswith("gptblock.") else 2
+        ours_dir = os.path.abspath(__file__)
+        for _ in range(up):
+            ours_dir = os.path.dirname(ours_dir)
+        skip = (os.path.dirname(torch.__file__), ours_dir, os.path.dirname(os.__file__))
+        ours = [f for f in frames if not f.filename.startswith(skip) and "<" not in f.filename]
+    if not ours:
+        return ""
+    f = ours[-1]
+    where = (
+        os.path.relpath(f.filename)
+        if not os.path.relpath(f.filename).startswith("..")
+        else f.filename
+    )
+    return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
+
+
+def source(target: object) -> str:
+    """The file ``target`` (a class or function) is written in, ``""`` when it has none."""
+    try:
+        return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return ""

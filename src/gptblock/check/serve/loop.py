@@ -1,19 +1,13 @@
 """The recorder that runs where the block runs: one forward pass, operator by operator, as data.
 
-This file uses nothing but the standard library and torch, never gptblock, so that the process
-running a learner's block can hold it without importing the checker (``gptblock.check.roles.trace``
-decodes what it records; ``gptblock.check.serve.runner`` runs it, copied under a neutral name). It
-also holds what every file of that process shares: ``CAUGHT``, ``one_line`` and the error a
-block that cannot be checked raises (``gptblock.errors.UserValueError`` inside gptblock).
+The standard library and torch only, so the runner's process can hold it without importing the
+checker (``roles.trace`` decodes what it records). It also holds what every file of that process
+shares: ``CAUGHT``, ``one_line`` and ``UserValueError`` (gptblock's, inside gptblock).
 
-``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode`` and returns plain
-data: a JSON-able description and the tensors it names. Every ATen operator is kept as its
-qualified name (``aten::mm.default``), its arguments with each tensor replaced by a reference
-``{"r": NODE}`` and every other argument as JSON (ints, floats, bools, None, strings, lists,
-``{"tuple": [...]}``, ``{"dtype": ...}``, ``{"device": ...}``, ``{"memory_format": ...}``,
-``{"layout": ...}``); every tensor value it read or made is a node (the input, a parameter or
-buffer by name, or an operator's output), with the module that was running and which modules
-the block called, on which nodes. The checker re-executes those operators itself, with values
+``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode``: every ATen operator
+as its qualified name and its arguments as JSON, each tensor a reference ``{"r": NODE}`` to a
+node (the input, a parameter or buffer by name, or an operator's output), with the modules the
+block called, on which nodes. The checker re-executes those operators itself, with values
 replaced, instead of running the block's Python again.
 
 Shapes: B batch, T time, C channels.
@@ -316,10 +310,9 @@ def record(
     """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data.
 
     The description holds ``ops``, ``nodes`` ([op, depends on the input, name]; node i's value
-    is ``tensors[f"n{i}"]``), ``input``, ``output`` (a node, or null when the block returned no
-    tensor it made), ``calls`` ([module, first op, end op, input nodes, output nodes]),
-    ``grad``, ``parameters`` ({name: shape}), ``modules`` (names), or ``error`` (the
-    exception's type) when the block raised both with and without grad mode.
+    is ``tensors[f"n{i}"]``), ``input``, ``output`` (null when the block returned no tensor it
+    made), ``calls`` ([module, first op, end op, input nodes, output nodes]), ``grad``,
+    ``parameters``, ``modules``, or ``error`` when the block raised with and without grad mode.
     Complex values travel as their real view (``complex``: their nodes).
 
     Example:

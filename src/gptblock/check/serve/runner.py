@@ -1,18 +1,12 @@
 """The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
 
-``gptblock check`` runs ``main`` in a process the supervisor (``reaper``) forks after importing
-torch, from a copy of this file and of ``frames``, ``loop``, ``subject`` and ``raised`` in a
-package with a neutral name (``serve``) in a temporary folder: the process imports nothing of
-gptblock (``sys.modules``), no frame under the block's calls is a gptblock file, and nothing in
-its command line, ancestors or environment names the checker. It loads the learner's file again
-(as a module of the file's own name), builds the block from what the builder (``worker``) built
-it with, sent as data (``to_data``: plain values, a config object as its class and fields, the
-module settings the build changed), and answers every request whose answer decides the verdict
-(``Held.answer``): the checker's ``copy`` (float64, and float32), an output (eval, or train mode
-with dropout off), gradients, parameters read and set, ``dropout_off``, a recorded forward pass
-and the cache driven (``loop``). What the builder says (the width, a reading by names) is a claim
-the checker confirms on these answers. ``worker.Served`` is a ``Held`` too: the same answers in
-the checker's own process, for ``check_block(..., isolate=False)``.
+The supervisor (``reaper``) forks it after importing torch, from a copy of this folder as the
+package ``serve``: it imports nothing of gptblock, no frame under the block's calls is a gptblock
+file, and nothing in its command line, ancestors or environment names the checker. It loads the
+learner's file again, builds the block from what the builder (``worker``) built it with, sent
+as data (``to_data``), and answers every request that decides the verdict (``Held.answer``).
+What the builder says (the width, a reading by names) is a claim checked on these answers.
+``worker.Served`` is a ``Held`` too, in the checker's own process (``isolate=False``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -34,10 +28,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .calls import forward_arguments
+from .calls import call_error, forward_arguments, source
 from .frames import Reader, send
 from .loop import CAUGHT, UserValueError, drive_cache, one_line, record
-from .raised import call_error, source
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
@@ -49,13 +42,9 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A built block and the answers that decide the verdict, made on the checker's copy.
-
-    Args:
-        module: the learner's block (never changed: the checks run on a copy). ``C``, ``T`` and
-            ``longest`` (the width, the probes' sequence length, the longest sequence) are set
-            before ``copy``: by the checker's request, or by ``Served.width``.
-    """
+    """A built block (never changed) and the answers that decide the verdict, made on the
+    checker's copy. ``C``, ``T`` and ``longest`` are set before ``copy``: by the checker's
+    request, or by ``Served.width``."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -97,7 +86,7 @@ class Held:
         return {n: p.detach() for n, p in self.subject.module.named_parameters()}
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        """Give the copy's parameters these values (``provenance.choose``'s), by name.
+        """Give the copy's parameters these values, by name.
 
         Raises:
             ValueError: a name the copy does not have, or a value of another shape.
@@ -169,11 +158,11 @@ class Held:
 
 def to_data(value: object, home: object) -> object:
     """A constructor argument or module setting as JSON (``build`` makes it again): plain values,
-    lists, tuples, dicts, dtypes, and an object (a config) as its class and attributes.
+    lists, tuples, dicts, dtypes, a config object as its class and attributes, a class or
+    function by name (pickled, as ``check_block``'s own arguments are).
 
     Raises:
-        ValueError: a value that cannot be sent so (a local function or class); a class or a
-            function is sent by name (pickled), as ``check_block``'s own arguments are.
+        ValueError: a value that cannot be sent so (a local function or class).
 
     Example:
         >>> to_data({"n_embd": 32, "sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
@@ -264,13 +253,9 @@ def load(target: str | bytes) -> object:
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
-    """The block ``target`` builds from ``recipe`` (``{"settings": {...}, "args": {...}}``, as
-    ``to_data``), seeded as the builder's, and the undo of the module settings it set (they stay
-    set while the block runs: a block may read them in ``forward``).
-
-    Raises:
-        UserValueError: it cannot be built so, or builds something else than a module.
-    """
+    """The block ``target`` builds from ``recipe`` (``to_data``'s settings and args), seeded as
+    the builder's, and the undo of the module settings it set (set while the block runs: it
+    may read them in ``forward``). Raises UserValueError when it cannot be built so."""
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")

@@ -1,21 +1,15 @@
 """The checker's own copy of a block, and the one way every check calls it.
 
-``Subject`` is an eval-mode deep copy of the user's block in float64 (float32 when the block
-fails in float64). Every call goes through ``Subject.forward``, which gives the block a fresh
-copy of its input and takes a copy of its output: a block may change its input in place
-(``x += self.sa(self.ln1(x))`` under ``torch.no_grad``) or return a buffer it overwrites on the
-next call, and neither may leak into another probe's measurement. The copy is checked to be one:
-``copy.deepcopy`` copies a function stored on a module by reference, so minGPT's ``self.mlpf =
-lambda x: m.c_proj(...)`` would still call the original's MLP; such closures are rebuilt around
-the copied modules, and a copy that still calls the original's modules is refused. Every call but the determinism
-probe's runs with the RNG re-seeded, so a block that wrongly keeps dropout on in eval still gets
-the same dropout mask for an input and its perturbation; the caller's RNG state is restored.
-
-A learner trains in float32 and in train mode: a float32 input runs a float32 copy of the copy
-(``module_in``: its parameters are the copy's, whatever they were set to since), and a
-``train=True`` call runs the copy in train mode with every dropout an identity
-(``trace.NoDropout``), so that ``gptblock.check.compare.conditions`` can compare both with the reference.
-It uses nothing of gptblock but ``loop``: the runner's process holds it (``runner``).
+``Subject`` is an eval-mode deep copy of the block in float64 (float32 when it fails in
+float64). Every call gives the block a fresh copy of its input and takes a copy of its output:
+a block may change its input in place or return a buffer it overwrites, and neither may leak
+into another probe's measurement. ``copy.deepcopy`` copies a function stored on a module by
+reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``), so such closures are rebuilt
+around the copied modules, and a copy that still calls the original's modules is refused. Calls
+but the determinism probe's run re-seeded (a block that keeps dropout on in eval gets the same
+mask for an input and its perturbation). A float32 input runs a float32 copy of the copy, a
+``train=True`` call runs it in train mode with every dropout an identity (for
+``compare.conditions``). It uses nothing of gptblock but ``loop``: the runner's process holds it.
 
 Shapes: B batch, T time, C channels.
 """
@@ -54,12 +48,9 @@ class Grads:
 
 
 class Tested(Protocol):
-    """What the probes and the comparison ask of a block: a ``Subject`` in this process, or the
-    checker's view of one in another (``gptblock.check.isolation.remote``), whose answers are claims.
-
-    The block runs in the dtype of its input (float64, or float32: the dtype learners train
-    in), in eval mode unless ``train``; ``longest`` is its longest sequence (block_size), 0 when
-    nothing tells it."""
+    """What the probes and the comparison ask of a block: a ``Subject`` here, or the checker's
+    view of one in another process (``isolation.remote``), whose answers are claims. It runs
+    in its input's dtype, in eval mode unless ``train``; ``longest``: its block_size, or 0."""
 
     C: int
     T: int
@@ -88,11 +79,9 @@ def moved(y: Tensor, y2: Tensor, tol: float) -> Tensor:
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """torch with one intra-op thread inside, the caller's setting restored after.
-
-    The checker's tensors are tiny: extra intra-op threads only add synchronisation, which on a
-    busy 2-core machine made one check 70x slower (2.3 s against 33 ms).
-    """
+    """torch with one intra-op thread inside, the caller's setting restored after: on tiny
+    tensors extra threads only add synchronisation (on a busy 2-core machine one check was
+    70x slower)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -102,9 +91,7 @@ def one_thread() -> Iterator[None]:
 
 
 class Subject:
-    """An eval-mode copy of the user's block in float64 (float32 if it fails in float64).
-
-    The user's module is never changed: the copy is made with ``copy.deepcopy``.
+    """An eval-mode copy of the user's block (never changed) in float64, else float32.
 
     Args:
         module: the user's block.
@@ -166,20 +153,14 @@ class Subject:
         return x.to(device=self.device, dtype=self.dtype)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x``, under ``torch.no_grad`` and (by default) a fixed seed.
-
-        ``seeded=False`` draws from the RNG as it is: call it inside ``self.own_rng()``. The
-        block runs in ``x``'s dtype (``module_in``); ``train``: in train mode with every
-        dropout an identity (``trace.NoDropout``).
-        """
+        """The block's output for ``x`` (in ``x``'s dtype), under ``torch.no_grad`` and, unless
+        ``seeded=False`` (then inside ``self.own_rng()``), a fixed seed; ``train``: in train
+        mode with every dropout an identity."""
         with torch.no_grad():
             return self.forward(x, seeded=seeded, train=train)
 
     def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """Like calling the subject, but with autograd as the caller has it.
-
-        The block gets its own copy of ``x`` and the caller gets a copy of the block's output.
-        """
+        """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
         with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
             if not seeded:
@@ -189,9 +170,8 @@ class Subject:
                 return self._output(module(x.clone()), x.shape)
 
     def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
-        """A copy of the output; from a tuple (or list, dict) the block returns, its (B, T, C)
-        tensor, the copy's ``forward`` then made to return it for every check (the trace's
-        included), and the note that says so."""
+        """A copy of the output; from a tuple (or list, dict), its (B, T, C) tensor, the copy's
+        ``forward`` then made to return it for every check, with a note saying so."""
         if not isinstance(y, Tensor) and not self.unpacked:
             self.unpacked, self._key = _unpack(self.module, y, shape)
             y = y[self._key] if self.unpacked else y  # type: ignore[index]
@@ -204,11 +184,10 @@ class Subject:
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
-        copy of the user's block in float32 with ``module``'s parameter values, as they are now.
+        float32 copy of the user's block given ``module``'s parameter values as they are now.
 
         Raises:
-            TypeError: a dtype other than float64 and float32, or float64 for a block that
-                fails in float64.
+            TypeError: neither float64 nor float32, or float64 for a block that fails in it.
         """
         if dtype == self.dtype:
             return self.module
@@ -234,11 +213,8 @@ class Subject:
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y taken as 0),
-        and with ``inputs`` the input's.
-
-        An in-place change autograd needed, in the forward pass with autograd on or in the
-        backward pass, is returned as ``failed``; any other error is raised.
-        """
+        and with ``inputs`` the input's; an in-place change autograd needed (in the forward
+        or the backward pass) is returned as ``failed``, any other error raised."""
         own = self.module_in(x.dtype).named_parameters()
         params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
@@ -279,23 +255,18 @@ def _mode(module: nn.Module, train: bool) -> Iterator[None]:
         module.eval()
 
 
-class _watch:
+@contextmanager
+def _watch(module: nn.Module) -> Iterator[list[str]]:
     """Names of the original's modules called while the copy runs (none, for a true copy)."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.called: list[str] = []
-        self.handles: list[Any] = []
-
-    def __enter__(self) -> list[str]:
-        for name, m in self.module.named_modules():
-            self.handles.append(
-                m.register_forward_pre_hook(lambda *_, n=name: self.called.append(n or "root"))
-            )
-        return self.called
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
+    called: list[str] = []
+    handles = [
+        m.register_forward_pre_hook(lambda *_, n=name: called.append(n or "root"))
+        for name, m in module.named_modules()
+    ]
+    try:
+        yield called
+    finally:
+        for handle in handles:
             handle.remove()
 
 
@@ -323,10 +294,8 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
-    """Functions stored on the copy's modules, rebuilt so their closures hold the copies.
-
-    ``memo`` is ``copy.deepcopy``'s: id(original) -> copy, for everything it copied.
-    """
+    """Functions stored on the copy's modules, rebuilt so their closures hold the copies
+    (``memo``: ``copy.deepcopy``'s, id(original) -> copy)."""
     for m in copied.modules():
         for name, f in list(vars(m).items()):
             if not isinstance(f, types.FunctionType) or not f.__closure__:
@@ -370,7 +339,7 @@ def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Tensor, str] | None
 
 
 def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, Any]:
-    """The note and the key of a block returning a tuple (or list, or dict) that holds its
+    """The note and the key of a block returning a tuple (or list, or dict) holding its
     (B, T, C) output, its ``forward`` made to return that tensor; ``""`` for any other."""
     found = first_tensor(y, tuple(shape))
     if found is None or not found[1]:
