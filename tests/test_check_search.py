@@ -114,8 +114,11 @@ def test_the_reference_with_a_blocks_own_parts_computes_the_block(form):
             theirs = block(x, src_mask=gptblock.causal_mask(5), is_causal=True)
         else:
             theirs = block(x)
-        ours = run_steps(mapped.readings[0], x, nh, CANDIDATE_ACTIVATIONS[act], CORRECT)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+        # the lesson's heads register key before query: only the comparison, trying the other
+        # orders (the fallback), tells them apart
+        tried = mapped.readings + (mapped.fallback if form == "lesson" else ())
+        ours = [run_steps(r, x, nh, CANDIDATE_ACTIVATIONS[act], CORRECT) for r in tried]
+    assert any(torch.allclose(y, theirs, rtol=0, atol=1e-10) for y in ours), form
 
 
 def _outputs(parts, x, nh, size):

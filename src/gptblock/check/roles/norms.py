@@ -1,13 +1,8 @@
 """The norms of a block, found from what they compute in a recorded forward pass.
 
-A norm is a module whose parameters are vectors, an ``F.layer_norm`` (``native_layer_norm``), or
-tensor code from a mean over the channels, whose output does not change when its input is
-scaled: it subtracts a mean (or not: RMSNorm) and divides by a root of a variance, whatever it
-is called (a class ``LN`` with ``g`` and ``b``, picoGPT's ``layer_norm`` function over a
-parameter dict). Of a norm module that holds another (x-transformers' ``LayerNorm``: an
-``nn.LayerNorm`` without weights and a gain), the outer one is the norm. ``order_norms`` makes
-the first two to run ``ln1`` and ``ln2`` (a post-norm block's MLP reads ln1's output); of more
-than two, those the attention and the MLP read.
+A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
+output does not change when its input is scaled (``_invariant``), whatever it is called. Of a
+norm module that holds another (x-transformers' ``LayerNorm``), the outer one is the norm.
 
 Shapes: B batch, T time, C channels.
 """

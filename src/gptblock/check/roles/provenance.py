@@ -1,24 +1,15 @@
 """The weights a check uses, chosen by the checker, and the parts read back traced to them.
 
 Before the probes run, the checker gives every parameter of its copy of the block a value of its
-own choosing (``choose``): matrices (two or more dimensions longer than 1: (out, in), (in, out),
-(nh, C, hs), conv kernels) drawn N(0, 1/C), vectors (gains, biases) moved by ~0.1 from where they
-are (freshly built LayerNorms are the identity, and many biases start at 0: a block that used
-the wrong norm or dropped a bias would compute exactly the right function until trained). With
-GPT-2's std-0.02 weights attention is nearly uniform and a scale mistake moves the output by
-1e-4; with these it moves it by 1e-2 or more.
-
-In ``gptblock check`` the draw comes from a seed the block's process never sees, and every
-weight read back (``gptblock.check.roles.plain``) must then be made of those values (``untraced``):
-each entry one the checker chose (or exactly 0 or 1: a missing bias, an identity, a norm without
-gain; a norm's gain may be stored as ``gain - 1``, as Gemma's RMSNorm does), and no two roles
-made of the same entries. A process that misreports its weights (q
-scaled by sqrt(hs), which would pass a block that does not scale its scores; ln1's weights
-sent again as ln2's, which would pass a block with one LayerNorm) is then caught, since the
-numbers it would have to send are not among the ones chosen. It checks values, not where they
-sit: the block's own entries rearranged (a projection's columns permuted) still pass.
-
-Shapes: C channels.
+own choosing (``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by
+1e-2 or more (GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4), vectors moved by
+~0.1 (fresh LayerNorms are the identity and many biases 0: a wrong norm or a dropped bias would
+compute the right function until trained). The draw's seed is never in the block's process, and
+every weight read back must be made of those values (``untraced``): each entry one the checker
+chose (or exactly 0 or 1; a norm's gain may be stored as ``gain - 1``, as Gemma's), no two roles
+made of the same entries. So a process that misreports its weights (q scaled by sqrt(hs), ln1's
+sent again as ln2's) is caught. Values are checked, not where they sit: the block's own entries
+rearranged still pass.
 """
 
 from __future__ import annotations
