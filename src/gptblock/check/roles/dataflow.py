@@ -54,19 +54,16 @@ class Core:
 
 @dataclass
 class Role:
-    """A sub-layer read from the trace: the node it reads, the nodes it makes (several: one per
-    attention core), the parameters behind it and a scalar factor to take out (q and k only)."""
+    """A sub-layer read from the trace."""
 
-    put: int
-    get: list[int]
-    params: list[str]
-    factor: float = 1.0
+    put: int  # the node it reads
+    get: list[int]  # the nodes it makes (one per attention core)
+    params: list[str]  # the parameters behind it
+    factor: float = 1.0  # a scalar factor to take out (q and k only)
 
 
 @dataclass
 class Roles:
-    """What ``find_roles`` found."""
-
     roles: dict[str, Role]  # q k v proj fc1 fc2
     heads: int
 

@@ -116,11 +116,11 @@ def _slice(text: str, bound: str) -> slice:
 
 
 class _Matrix(nn.Module):
-    """A role's linear layer read from a live parameter at each call (so ``perturb`` shows)."""
+    """A role's linear layer read from a live parameter at each call (so the values the checker chose show)."""
 
     def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
         super().__init__()
-        # plain attributes, not parameters: the block owns them and perturbs them
+        # plain attributes, not parameters: the block owns them (and the checker sets them)
         self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
 
     def canonical(self) -> tuple[Tensor, Tensor | None]:

@@ -6,8 +6,7 @@
 Hugging Face's ``Conv1D`` stores it (in, out); its (out, in) from the bias or by calling it), a
 ``matrix`` (a matrix parameter of another module, with the vector whose name pairs with it as
 its bias; stored (out, in) or (in, out), which ``Part.linear`` takes) or an ``mha``
-(``nn.MultiheadAttention``). ``observe`` gives the order the forward pass calls them in;
-``perturb`` gives them fresh weights of one standard scale.
+(``nn.MultiheadAttention``). ``observe`` gives the order the forward pass calls them in.
 
 Shapes: C channels, D attention width, H the MLP's hidden width.
 """
@@ -24,7 +23,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "observe", "paired_bias", "perturb"]
+__all__ = ["Part", "discover", "observe", "paired_bias"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -233,28 +232,3 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
         for handle in handles:
             handle.remove()
     return order
-
-
-def perturb(parts: list[Part], seed: int = 0) -> None:
-    """Give the parts fresh weights (in place, from a fixed seed): matrices N(0, 1/in), norm
-    weights and biases moved by ~0.1, for the reasons ``provenance.choose`` draws them so."""
-    g = torch.Generator().manual_seed(seed)
-
-    def draw(t: Tensor, std: float) -> Tensor:
-        return (torch.randn(t.shape, generator=g, dtype=torch.float64) * std).to(t.device, t.dtype)
-
-    with torch.no_grad():
-        for part in parts:
-            named = dict(part.module.named_parameters())
-            if part.kind == "matrix":
-                named = {n: p for n, p in named.items() if p is part.weight or p is part.bias}
-            elif part.kind == "linear":
-                named = {n: p for n, p in named.items() if n in ("weight", "bias")}
-            for t in named.values():
-                if t.dim() < 2:
-                    t.add_(draw(t, 0.1))
-                elif part.kind == "linear" and part.shape is not None:
-                    t.copy_(draw(t, part.shape[1] ** -0.5))  # (out, in), however it is stored
-                else:  # nn.MultiheadAttention's (out, in); a raw matrix: either way round
-                    fan_in = t.shape[-1] if part.kind == "mha" else (t.shape[0] * t.shape[1]) ** 0.5
-                    t.copy_(draw(t, float(fan_in) ** -0.5))

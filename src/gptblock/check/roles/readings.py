@@ -77,9 +77,8 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
-    tell batch, time and heads apart (a reading that mistakes one for another fails its own
-    check and the next shape is tried); then B = T, for a block that only runs so, and B = 1,
-    for one that loops over its sequences.
+    tell batch, time and heads apart; then B = T (a block that only runs so) and B = 1 (one that
+    loops over its sequences).
 
     Example:
         >>> trace_shapes(16), trace_shapes(4)

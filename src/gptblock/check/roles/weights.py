@@ -51,11 +51,16 @@ class Reading:
         )
 
 
+def _axes(shape: tuple[int, ...], B: int, T: int) -> tuple[int, int]:
+    axes = layout(shape, B, T, strict=False)
+    if axes is None:
+        raise Unread(f"a tensor of shape {shape} is not laid out by position")
+    return axes
+
+
 def _rows(value: Tensor, B: int, T: int) -> Tensor:
     """A node's value as one row per position, (B * T, F), b-major."""
-    axes = layout(tuple(value.shape), B, T, strict=False)
-    if axes is None:
-        raise Unread(f"a tensor of shape {tuple(value.shape)} is not laid out by position")
+    axes = _axes(tuple(value.shape), B, T)
     if axes[0] == axes[1]:  # (..., B * T, ...)
         return value.movedim(axes[0], 0).reshape(B * T, -1)
     return value.movedim(axes, (0, 1)).reshape(B * T, -1)
@@ -63,9 +68,7 @@ def _rows(value: Tensor, B: int, T: int) -> Tensor:
 
 def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     """``_rows``' inverse: (B * T, F) rows back to a node's shape."""
-    axes = layout(shape, B, T, strict=False)
-    if axes is None:
-        raise Unread(f"a tensor of shape {shape} is not laid out by position")
+    axes = _axes(shape, B, T)
     rest = [s for i, s in enumerate(shape) if i not in axes]
     if axes[0] == axes[1]:
         return rows.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
