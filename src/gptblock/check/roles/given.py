@@ -116,7 +116,8 @@ def _slice(text: str, bound: str) -> slice:
 
 
 class _Matrix(nn.Module):
-    """A role's linear layer read from a live parameter at each call (so the values the checker chose show)."""
+    """A role's linear layer read from a live parameter at each call (so that the values the
+    checker gives the block show)."""
 
     def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
         super().__init__()

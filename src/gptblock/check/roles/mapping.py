@@ -173,9 +173,9 @@ def _norms(
     """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
         given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
-        norms = tuple(given[r].norm() if r in given else None for r in ("ln1", "ln2"))
-        names = {r: p.name for r, p in given.items()}
-        return norms, names, [f"{'/'.join(names)} by the caller (given)"]  # type: ignore[return-value]
+        n1, n2 = (given[r].norm() if r in given else None for r in ("ln1", "ln2"))
+        names: dict[str, str] = {r: p.name for r, p in given.items()}
+        return (n1, n2), names, [f"{'/'.join(names)} by the caller (given)"]
     found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
     if not found:
         plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
@@ -302,7 +302,8 @@ def _fits(
         out, inp = shape["qkv"]  # type: ignore[misc]
         D = out // 3 if inp == C and out % 3 == 0 else None
     elif form == "separate":
-        D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] and shape["q"][1] == C else None  # type: ignore[index]
+        q = shape["q"]
+        D = q[0] if q is not None and q == shape["k"] == shape["v"] and q[1] == C else None
     elif form == "heads":
         D = sum(q.shape[0] for q, _, _ in heads if q.shape)
     else:

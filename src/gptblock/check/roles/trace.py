@@ -127,8 +127,7 @@ def from_plain(
     and every device argument moved there (a trace recorded on a GPU, replayed here).
 
     Raises:
-        TraceError: the block raised while traced, returned no tensor, or what came is not a
-            trace.
+        TraceError: the block raised while traced, returned no tensor, or sent no trace.
     """
     if "error" in meta:
         raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
@@ -160,17 +159,10 @@ def from_plain(
                 0 <= i < n and nodes[i].op == index for i in outputs
             ):
                 raise TraceError("an operator's nodes that do not exist")
-            ops.append(
-                Op(
-                    index,
-                    operator(o["func"]),
-                    tuple(decode(a, n, device) for a in args),
-                    {str(k): decode(v, n, device) for k, v in kwargs.items()},
-                    inputs,
-                    outputs,
-                    str(o["module"])[:300],
-                )
-            )
+            args = tuple(decode(a, n, device) for a in args)
+            kwargs = {str(k): decode(v, n, device) for k, v in kwargs.items()}
+            module = str(o["module"])[:300]
+            ops.append(Op(index, operator(o["func"]), args, kwargs, inputs, outputs, module))
         if not all(-2 <= node.op < len(ops) for node in nodes):
             raise TraceError("a node made by no operator")
         calls = []
