@@ -52,9 +52,7 @@ class MappedBlock:
     def describe(self, reading: int = 0) -> str:
         """'roles: ln1=ln_1, ln2=ln_2, qkv=attn.c_attn, ...; how they were decided'."""
         roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
-        text = f"roles: {roles}"
-        if self.how:
-            text += f" ({'; '.join(self.how)})"
+        text = f"roles: {roles}" + (f" ({'; '.join(self.how)})" if self.how else "")
         if self.ignored:
             text += f"; parameters with no role: {', '.join(self.ignored)}"
         return text
@@ -144,7 +142,7 @@ def map_roles(
                     c = replace(c, roles=c.roles | qkv)
                 fallback.append(_build(c, hs, mhas, C))
                 names.append(_names(c, hs, mhas))
-    except (NotABlock, ValueError) as e:  # ValueError: Part.attention's refusal
+    except NotABlock as e:
         return Unmapped(str(e))
     used = {n for c in tied for p in c.roles.values() for n in p.params}
     used |= {n for p in [*mhas, *(p for g in heads for p in g)] for n in p.params}
@@ -225,6 +223,11 @@ def _assign(
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
         raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
+    if mhas and (_attention(mhas[0]).bias_k is not None or _attention(mhas[0]).add_zero_attn):
+        raise NotABlock(
+            "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
+            "position: not the lessons' block"
+        )
     if len(plain) > 9:  # too many permutations to search
         raise NotABlock(
             f"{len(plain)} linear layers: too many to tell apart; pass --map with the roles"

@@ -68,11 +68,6 @@ class Part:
         mha = self.module
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
-        if getattr(mha, "bias_k", None) is not None or getattr(mha, "add_zero_attn", False):
-            raise ValueError(
-                "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra "
-                "learned position: not the lessons' block"
-            )
         w: Tensor = mha.in_proj_weight
         if not mha._qkv_same_embed_dim:
             w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight])
