@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from gptblock.check.mistakes.steps import Parts, affine
 from gptblock.check.roles.plain import NotPlain, _norm, from_plain, norm_function, to_plain
-from gptblock.check.roles.provenance import choose, untraced
+from gptblock.check.roles.provenance import choose, trace
 from gptblock.check.serve import frames
 from gptblock.check.serve.frames import Reader, send
 
@@ -116,10 +116,10 @@ def test_only_the_values_the_checker_chose_pass_as_weights():
     chosen = choose({"attn.w": torch.zeros(3 * C, C), "ln.w": torch.ones(C)}, C, G)
     wq, wk = chosen["attn.w"][:C], chosen["attn.w"][C : 2 * C]
     zero, gain = torch.zeros(C, dtype=torch.float64), chosen["ln.w"]
-    assert untraced({"q": [wq, zero], "k": [wk.T, zero], "ln1": [gain, zero]}, chosen, torch.float64) == ""  # fmt: skip
-    assert "q are not" in untraced({"q": [wq * 8**0.5, zero]}, chosen, torch.float64)
-    assert "q are not" in untraced({"q": [wq + 1e-7, zero]}, chosen, torch.float64)
-    shared = untraced({"ln1": [gain, zero], "ln2": [gain.clone(), zero]}, chosen, torch.float64)
+    assert trace({"q": [wq, zero], "k": [wk.T, zero], "ln1": [gain, zero]}, chosen, torch.float64).why == ""  # fmt: skip
+    assert "q are not" in trace({"q": [wq * 8**0.5, zero]}, chosen, torch.float64).why
+    assert "q are not" in trace({"q": [wq + 1e-7, zero]}, chosen, torch.float64).why
+    shared = trace({"ln1": [gain, zero], "ln2": [gain.clone(), zero]}, chosen, torch.float64).why
     assert shared == "ln1 and ln2 were read from the same parameters"
 
 

@@ -1,7 +1,7 @@
-"""The checker finds a block's parts by role, whatever they are called (gptblock.check.roles.mapping).
-
-Names, shapes, registration order and the forward pass decide together; what they cannot decide
-is said, and ``roles=`` / ``--map`` settles it.
+"""The checker finds a block's parts by role, whatever they are called: from the forward pass,
+else by shapes, the order the forward pass calls them and registration order
+(gptblock.check.roles.mapping); what they cannot decide is said, and ``roles=`` / ``--map``
+settles it.
 """
 
 import pytest
@@ -12,7 +12,6 @@ from torch.nn import functional as F
 from gptblock import TransformerBlock, check_block
 from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles, resolve_roles
 from gptblock.check.roles.parts import discover, observe
-from gptblock.check.roles.vocabulary import norm_hint, role_hint, scope_hint
 from gptblock.check.serve.subject import one_thread
 from gptblock.errors import UserValueError
 
@@ -79,38 +78,7 @@ def test_the_lecture_block_gets_the_lectures_scaling_bug_named():
     assert "q=heads.*.query, k=heads.*.key, v=heads.*.value, proj=proj" in _roles(report)
 
 
-# ----- the names people use --------------------------------------------------------------------
-
-NAMES = {
-    "q": ["query", "q", "q_proj", "Wq", "W_q", "to_q", "wq"],
-    "k": ["key", "k", "k_proj", "Wk", "wk"],
-    "v": ["value", "v", "v_proj", "Wv", "wv"],
-    "qkv": ["c_attn", "qkv", "in_proj_weight", "W_qkv", "query_key_value", "to_qkv"],
-    "proj": ["proj", "out_proj", "c_proj", "o_proj", "wo", "W_o", "to_out", "dense"],
-    "fc1": ["fc1", "c_fc", "linear1", "w1", "w_1", "up_proj", "dense_h_to_4h"],
-    "fc2": ["fc2", "c_proj", "linear2", "w2", "w_2", "down_proj", "dense_4h_to_h"],
-}
-
-
-@pytest.mark.parametrize("role, name", [(r, n) for r, ns in NAMES.items() for n in ns])
-def test_the_names_people_use_suggest_their_role(role, name):
-    assert role in role_hint(name.lower())
-
-
-@pytest.mark.parametrize("scope", ["ffwd", "mlp", "ff", "feed_forward", "net", "ffn"])
-def test_mlp_containers(scope):
-    assert scope_hint((scope, "0")) == "mlp"
-
-
-@pytest.mark.parametrize("name, branch", [
-    ("ln1", 1), ("ln_1", 1), ("norm1", 1), ("attention_norm", 1), ("input_layernorm", 1),
-    ("ln2", 2), ("ln_2", 2), ("norm2", 2), ("ffn_norm", 2), ("post_attention_layernorm", 2),
-])  # fmt: skip
-def test_norm_names(name, branch):
-    assert norm_hint((name,)) == branch
-
-
-# ----- evidence beyond names ---------------------------------------------------------------------
+# ----- shapes and order ---------------------------------------------------------------------------
 
 
 class Swapped(nn.Module):

@@ -10,10 +10,8 @@ the norms, and reading their weights into numbers.
 * ``weights`` -- ``read_block``: each role's weight read by basis-vector interventions, in the
   lessons' layout, and checked against the traced activations.
 * ``parts`` -- the weight-holding parts of the module tree, what each computes, the order the
-  forward pass calls them in; ``vocabulary`` -- the names people give each role.
-* ``mapping`` -- the parts given their roles from shapes, names, the forward pass and
-  registration order, or by ``--map``; ``linears`` (with ``linear_steps``) scores every
-  assignment of the linear layers. The fallback when the dataflow does not show the roles.
+  forward pass calls them in; ``mapping`` -- the parts given their roles by shapes and order, or
+  by ``--map``: the fallback when the dataflow does not show the roles.
 * ``given`` -- a role given as a slice and layout of a parameter (``--map
   q=attn.c_attn.weight[:,0:32]:in_out``), checked against the role's shape; ``claims`` -- a
   ``--map`` that cannot be what it claims, refused before anything is compared.
@@ -26,7 +24,7 @@ the norms, and reading their weights into numbers.
   ``modern_plain`` -- the same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs,
   a KV cache) and the parts it has that no reference models.
 
-Order inside: ``decode``, ``vocabulary``, ``parts`` and ``provenance``; ``trace``; ``walks``;
-``dataflow``; ``norms``; ``weights``; ``linear_steps``, ``linears``, ``mapping``, ``given``,
-``claims``, ``suggest``, ``readings``, ``plain``; then the modern files.
+Order inside: ``decode``, ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
+``norms``; ``weights``; ``mapping``, ``given``, ``claims``, ``suggest``, ``readings``, ``plain``;
+then the modern files.
 """

@@ -1,23 +1,12 @@
 """Refusing a ``--map`` that cannot be what it claims, before anything is compared.
 
-A role given by hand (``gptblock check --map ROLE=NAME``, ``check_block(roles=...)``) is the
-comparison's truth, so a wrong one must not quietly turn into a PASS (ignored) or a FAIL (blamed
-on the block). ``check_claims`` refuses, in one line naming the role, the name and why:
-
-* a part of the wrong kind: a norm for a projection, a linear layer for a norm, a vector (a
-  bias, a norm's weight) for a matrix, several modules for a role that is one;
-* a shape the role cannot have in a block of width C: q, k, v, qkv and fc1 read C channels,
-  proj and fc2 write C; between roles, proj reads what q writes and fc2 what fc1 writes;
-* one weight for two roles (the same module or parameter, or overlapping slices of one).
-
-``check_reading`` then holds the roles against the forward pass, where it could be read
-(``gptblock.check.roles.weights``): a name the dataflow uses for another role (``q=heads.*.key``) or
-for none is refused, and a slice must hold the matrix the forward pass uses for its role (up to
-a factor, which the reading may have moved into a scale), else the message says whose it holds.
-
-Rejected: running the comparison with the roles anyway. A role that contradicts the dataflow
-then reads as a mistake of the block (a FAIL, often with a wrong diagnosis), or, replaced by the
-dataflow's own reading, is silently ignored (a PASS).
+A role given by hand is the comparison's truth: a wrong one must not quietly become a PASS
+(ignored) or a FAIL (blamed on the block). ``check_claims`` refuses, in one line naming the role,
+the name and why, a part of the wrong kind (a norm for a projection, a bias for a matrix,
+several modules for a role that is one), a shape the role cannot have in a block of width C (or
+that the role before it does not write), and one weight for two roles. ``check_reading`` then
+holds the roles against the forward pass, where it was read: a name it uses for another role or
+for none is refused, and a slice must hold the matrix it uses for the role (up to a factor).
 
 Shapes: C channels, D attention width, H the MLP's hidden width.
 """
@@ -31,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .given import given_parts, is_given, parse_given
+from .given import SHAPES, fits, given_parts, is_given, parse_given
 from .mapping import ROLES, resolve_roles
 from .parts import Part
 from .weights import Reading
@@ -39,22 +28,13 @@ from .weights import Reading
 __all__ = ["check_claims", "check_reading"]
 
 Tensor = torch.Tensor
-SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
-          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
-READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
 def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> None:
-    """Refuse roles whose kind or shape cannot be the role, or one weight given for two roles.
-
-    Args:
-        module: the block.
-        C: the width of its residual stream.
-        parts: ``parts.discover(module)``.
-        roles: ``{role: --map value}``; a name that matches nothing is left to
-            ``mapping.resolve_roles`` to refuse.
+    """Refuse roles (``{role: --map value}``) whose kind or shape cannot be the role, or one
+    weight given for two roles; a name that matches nothing ``mapping.resolve_roles`` refuses.
 
     Raises:
         UserValueError: one line naming the role, the name and why.
@@ -135,18 +115,13 @@ def _linear(
                 f"{role} is a {SHAPES[role]} weight"
             )
         options = {p.shape_as(False), p.shape_as(True)} - {None}
-        fits = sorted(s for s in options if s is not None and _fits(role, s, C))
-        if options and not fits:
+        fit = sorted(s for s in options if s is not None and fits(role, s, C))
+        if options and not fit:
             raise UserValueError(
                 f"{role}={text}: {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}"
             )
-        shapes += fits[:1] if len(fits) == 1 else []
+        shapes += fit[:1] if len(fit) == 1 else []
     return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
-
-
-def _fits(role: str, shape: tuple[int, int], C: int) -> bool:
-    out, inp = shape
-    return inp == C if role in READS_C else out == C
 
 
 def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]]]) -> None:
@@ -207,13 +182,8 @@ def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tu
 
 
 def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, str]) -> None:
-    """Refuse roles that the forward pass shows to be something else.
-
-    Args:
-        module: the block, as it was read.
-        C: the width of its residual stream.
-        read: what ``weights.read_block`` read from its forward pass.
-        roles: ``{role: --map value}``.
+    """Refuse roles that the forward pass, as ``read`` (``weights.read_block``), shows to be
+    something else.
 
     Raises:
         UserValueError: a name the dataflow uses for another role or none, or a slice that

@@ -1,23 +1,11 @@
 """The roles of a block's parts, found from what its tensors do in one recorded forward pass.
 
-``find_roles(trace, B, T)`` reads a ``gptblock.check.roles.trace.Trace`` the way the lessons describe
-the block, whatever the code calls things or however it stores them:
-
-* an attention core is a batched product ``A @ v`` whose left operand ``A`` holds probabilities
-  (every entry in [0, 1]: a softmax's output, however it was computed), or a fused
-  ``scaled_dot_product_attention``; the product of two data tensors that ``A`` was computed from
-  is the scores ``q @ k^T``, and its operands are q and k; the right operand of ``A @ v`` is v;
-* each of q, k, v is followed back through reshapes, slices and scalar factors to the last
-  tensor laid out (B, T, ...) (or (T, B, ...), or channels-first (B, F, T)) before the heads are
-  split: what the reference calls q, k, v; then on back to the matrix product with a weight that
-  made it, whose other operand is the attention's input;
-* the first matrix product with a weight that the cores' outputs reach is the output
-  projection; its input (the heads merged, as the block merges them) is what ``proj`` reads;
-* the two other matrix products with weights are the MLP's ``fc1`` and ``fc2``;
-* the norms are found by ``gptblock.check.roles.norms``.
-
-``Roles`` names, per role, the node the role reads (``put``) and the nodes it makes (``get``);
-``gptblock.check.roles.weights`` reads each role's weight by replacing the first with basis vectors.
+``find_roles(trace, B, T)`` reads a ``trace.Trace`` as docs/checker.md ("The roles, from the
+dataflow") describes: the attention cores (a product of probabilities with v), q, k and v
+followed back to the weight products that made them, the output projection as the first weight
+product the cores' outputs reach, and the two other weight products as the MLP's. ``Roles``
+names, per role, the node it reads (``put``) and the nodes it makes (``get``); ``weights`` reads
+each weight by replacing the first with basis vectors. The norms are ``norms``'.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
 """
@@ -66,26 +54,18 @@ class Core:
 
 @dataclass
 class Role:
-    """A sub-layer read from the trace: the node it reads, the nodes it makes (several: one per
-    attention core), the parameters behind it and a scalar factor to take out (q and k only)."""
+    """A sub-layer read from the trace."""
 
-    put: int
-    get: list[int]
-    params: list[str]
-    factor: float = 1.0
+    put: int  # the node it reads
+    get: list[int]  # the nodes it makes (one per attention core)
+    params: list[str]  # the parameters behind it
+    factor: float = 1.0  # a scalar factor to take out (q and k only)
 
 
 @dataclass
 class Roles:
-    """What ``find_roles`` found."""
-
     roles: dict[str, Role]  # q k v proj fc1 fc2
     heads: int
-
-
-def _params(trace: Trace, op: Op) -> list[str]:
-    """The parameters (and buffers) a weight op's static operands were made from."""
-    return static_names(trace, [op])
 
 
 def _probabilities(value: Tensor) -> bool:
@@ -170,8 +150,9 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def _forward_to_weight(trace: Trace, node: int) -> Op | None:
-    """The first matrix product with a weight that ``node`` reaches through reshapes and cat."""
+def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
+    """The nodes reshapes and cat make of ``node``, and the first matrix product with a weight
+    that reads one of them."""
     todo, seen = [node], {node}
     found: list[Op] = []
     while todo:
@@ -181,25 +162,11 @@ def _forward_to_weight(trace: Trace, node: int) -> Op | None:
             elif op.name in SHAPE_OPS or op.name in GATHER_OPS:
                 todo += [n for n in op.outputs if n not in seen]
                 seen.update(op.outputs)
-    return min(found, key=lambda op: op.index) if found else None
+    return seen, min(found, key=lambda op: op.index) if found else None
 
 
-def _merged_heads(trace: Trace, cores: list[Core], B: int, T: int) -> int | None:
-    """The first (B, T, D) tensor that reshapes and cat make of every core's output."""
-    reach: list[set[int]] = []
-    for core in cores:
-        todo, seen = [core.y], {core.y}
-        while todo:
-            for op in trace.consumers(todo.pop()):
-                if op.name in SHAPE_OPS or op.name in GATHER_OPS:
-                    todo += [n for n in op.outputs if n not in seen]
-                    seen.update(op.outputs)
-        reach.append(seen)
-    common = set.intersection(*reach)
-    flat = [
-        n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)
-    ]
-    return min(flat) if flat else None
+def _forward_to_weight(trace: Trace, node: int) -> Op | None:
+    return _moved_to(trace, node)[1]
 
 
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
@@ -224,10 +191,16 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in qkv.values()):
         raise Unread("q, k and v are computed from different tensors")
     roles = dict(qkv)
-    used = {op.index for r in qkv.values() for op in _weight_ops(trace, r)}
-    found = [_forward_to_weight(trace, core.y) for core in cores]
+    made = [to_weight(trace, n) for r in qkv.values() for n in r.get]
+    used = {found[0].index for found in made if found is not None}
+    moved = [_moved_to(trace, core.y) for core in cores]
+    found = [op for _, op in moved]
     ops = [op for op in found if op is not None]
-    heads_out = _merged_heads(trace, cores, B, T)
+    common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
+    flat = [
+        n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)
+    ]
+    heads_out = min(flat) if flat else None
     if len(ops) < len(found) and heads_out is not None:
         roles["proj"] = Role(heads_out, [heads_out], [])  # no projection: the heads join the stream
     elif len(ops) < len(found) or len({op.index for op in ops}) != 1:
@@ -244,11 +217,6 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     return Roles(roles, heads)
 
 
-def _weight_ops(trace: Trace, role: Role) -> list[Op]:
-    found = [to_weight(trace, n) for n in role.get]
-    return [f[0] for f in found if f is not None]
-
-
 def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, float, list[str]]:
     """(input node, output node laid out by position, scalar factor, parameters) of q, k or v."""
     out = to_layout(trace, node, B, T)
@@ -260,7 +228,7 @@ def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, floa
     put = source(trace, data, B, T) if data is not None else None
     if put is None:
         raise Unread("the attention's input is not laid out by position")
-    return put, out, factor, _params(trace, op)
+    return put, out, factor, static_names(trace, [op])
 
 
 def _add(
@@ -284,4 +252,4 @@ def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
         raise Unread(
             f"a matrix product ({op.name}) whose input or output is not laid out by position"
         )
-    return Role(put, [get], _params(trace, op))
+    return Role(put, [get], static_names(trace, [op]))

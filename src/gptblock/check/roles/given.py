@@ -1,26 +1,13 @@
 """Roles given by hand as a slice and a layout of a parameter (``--map q=attn.w[:,0:32]:in_out``).
 
-A ``--map`` value is ``PATH[SLICES]:LAYOUT``, where only ``PATH`` is required:
-
-* ``PATH``: a parameter (``attn.c_attn.weight``, ``W_Q``) or, without ``[...]`` and ``:...``, a
-  module or glob as before (``gptblock.check.roles.mapping.resolve_roles``);
-* ``[SLICES]``: one ``start:stop`` (or ``:``) per dimension of the *stored* tensor, as Python
-  writes it, steps not allowed: ``c_attn.weight[:, 0:32]`` is the first 32 columns;
-* ``:LAYOUT``: how the (sliced) tensor holds the role's matrix: ``out_in`` (the default,
-  ``nn.Linear``'s (out, in)) or ``in_out`` (used as ``x @ W``: GPT-2's ``Conv1D``, picoGPT). A
-  3-D tensor is one matrix per head, heads first: ``W_Q`` (nh, C, hs) is ``in_out``, (nh, hs, C)
-  ``out_in`` (named without a layout, it is read in the one that fits its role); the heads
-  concatenate along the role's per-head side (the output of ``q``, ``k``, ``v``, the input of
-  ``proj``), as the lesson concatenates its heads.
-
-No spaces inside the brackets on the command line (the shell splits there); ``roles=`` takes
-them. Where the forward pass can be read, such a role must hold the matrix it uses for the role
-(``gptblock.check.roles.claims``); it is then read as given.
-
-The bias, where there is one, is the parameter that pairs with the weight (``weight``/``bias``,
-``W_Q``/``b_Q``), sliced along the output. Every given matrix must fit its role: (D, C) for
-``q``/``k``/``v``, (3D, C) for ``qkv``, (C, D) for ``proj``, (H, C) for ``fc1`` and (C, H) for
-``fc2``; anything else is a ``UserValueError`` that says why.
+A ``--map`` value is ``PATH[SLICES]:LAYOUT`` (docs/checker.md's table): ``PATH`` a parameter (or,
+without ``[...]`` and ``:...``, a module or glob: ``mapping.resolve_roles``); one ``start:stop``
+(or ``:``) per dimension of the stored tensor, no steps; ``LAYOUT`` ``out_in`` (the default,
+``nn.Linear``'s) or ``in_out`` (used as ``x @ W``). A 3-D tensor is one matrix per head, heads
+first, read in the layout that fits its role when none is written; the heads concatenate along
+the role's per-head side, as the lesson's do. The bias is the parameter that pairs with the
+weight (``weight``/``bias``, ``W_Q``/``b_Q``), sliced along the output. A matrix that does not fit
+its role is a ``UserValueError`` that says why.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
@@ -37,7 +24,7 @@ from torch.nn import functional as F
 
 from ...errors import UserValueError
 from .mapping import resolve_roles
-from .parts import _BIAS_PAIRS, Part
+from .parts import Part, paired_bias
 
 __all__ = [
     "Fixed",
@@ -45,25 +32,22 @@ __all__ = [
     "fix_roles",
     "given_parts",
     "is_given",
-    "paired_bias",
     "parse_given",
 ]
 
 Tensor = torch.Tensor
 LAYOUTS = ("out_in", "in_out")
+SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
+          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
+READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
 _BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
 
 
 @dataclass(frozen=True)
 class Given:
-    """One role given as a parameter, a slice of it and its layout.
-
-    Args:
-        path: the parameter's dotted name.
-        slices: one slice per stored dimension, or ``None`` for the whole tensor.
-        layout: ``"out_in"`` or ``"in_out"``.
-        text: what the user wrote.
+    """One role given as a parameter, a slice of it (one per stored dimension, or ``None``: the
+    whole tensor) and its layout, and what the user wrote.
 
     Example:
         >>> parse_given("attn.c_attn.weight[:, 0:32]:in_out")
@@ -132,11 +116,12 @@ def _slice(text: str, bound: str) -> slice:
 
 
 class _Matrix(nn.Module):
-    """A role's linear layer read from a live parameter at each call (so ``perturb`` shows)."""
+    """A role's linear layer read from a live parameter at each call (so that the values the
+    checker gives the block show)."""
 
     def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
         super().__init__()
-        # plain attributes, not parameters: the block owns them and perturbs them
+        # plain attributes, not parameters: the block owns them (and the checker sets them)
         self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
 
     def canonical(self) -> tuple[Tensor, Tensor | None]:
@@ -171,13 +156,8 @@ class _Matrix(nn.Module):
 
 
 def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int) -> dict[str, Part]:
-    """A ``linear`` part per role given with a slice or layout, checked against the role.
-
-    Args:
-        module: the block.
-        C: the width of its residual stream.
-        roles: ``{role: --map value}``; plain names are skipped.
-        start: the index the first new part takes (after the block's own).
+    """A ``linear`` part per role of ``roles`` (``{role: --map value}``) given with a slice or
+    layout, checked against the role; numbered from ``start`` (after the block's own parts).
 
     Raises:
         UserValueError: no such parameter, a slice out of range, a shape that does not fit.
@@ -206,15 +186,16 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
             _check_slices(role, g, tuple(p.shape))
         if p.dim() == 3 and re.search(r":\w+$", text) is None:  # per head, no layout written
             g = _fitting(role, C, p, g)
-        m = _Matrix(role, p, _bias(named, g.path, p), g)
+        bias = paired_bias(named, g.path, p)
+        m = _Matrix(role, p, named[bias] if bias else None, g)
         w, b = m.canonical()
         _check_fits(role, text, C, tuple(w.shape))
         if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
             raise UserValueError(
-                f"{role}={text}: its bias {paired_bias(named, g.path, p)} gives {b.numel()} "
+                f"{role}={text}: its bias {bias} gives {b.numel()} "
                 f"values for {w.shape[0]} outputs; check the slice, or the layout (out_in / in_out)"
             )
-        params = (g.path,) + ((paired_bias(named, g.path, p) or "",) if b is not None else ())
+        params = (g.path,) + ((bias or "",) if b is not None else ())
         shape = (int(w.shape[0]), int(w.shape[1]))
         out[role] = Part(text, "linear", start + len(out), m, params, shape)
     return out
@@ -246,46 +227,17 @@ def _check_slices(role: str, g: Given, shape: tuple[int, ...]) -> None:
             )
 
 
+def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
+    """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
+    return shape[1] == C if role in READS_C else shape[0] == C
+
+
 def _check_fits(role: str, text: str, C: int, shape: tuple[int, ...]) -> None:
-    """(out, in) against what the role takes and gives in a block of width C."""
-    out, inp = shape
-    expected = {
-        "q": (out, C, "(D, C)"),
-        "k": (out, C, "(D, C)"),
-        "v": (out, C, "(D, C)"),
-        "qkv": (out, C, "(3D, C)"),
-        "proj": (C, inp, "(C, D)"),
-        "fc1": (out, C, "(H, C)"),
-        "fc2": (C, inp, "(C, H)"),
-    }[role]
-    if (out, inp) != expected[:2] or (role == "qkv" and out % 3):
+    if not fits(role, shape, C) or (role == "qkv" and shape[0] % 3):
         raise UserValueError(
-            f"{role}={text}: reads as (out, in) = {shape}, but {role} is {expected[2]} with "
+            f"{role}={text}: reads as (out, in) = {shape}, but {role} is {SHAPES[role]} with "
             f"C = {C}; check the slice, or the layout (out_in / in_out)"
         )
-
-
-def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -> str | None:
-    """The full name of the bias that pairs with the weight ``path``: weight/bias, W_Q/b_Q."""
-    prefix, _, own = path.rpartition(".")
-    sizes = {int(w.shape[0]), int(w.shape[-1])}
-    for wn, bn in _BIAS_PAIRS:
-        for candidate in (own.replace(wn, bn, 1), re.sub(rf"{wn}$", bn, own)):
-            full = f"{prefix}.{candidate}" if prefix else candidate
-            b = named.get(full)
-            if candidate == own or b is None:
-                continue
-            per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
-            if w.dim() == 3 and (tuple(b.shape) in per_head or b.dim() == 1):
-                return full
-            if w.dim() == 2 and b.dim() == 1 and int(b.shape[0]) in sizes:
-                return full
-    return None
-
-
-def _bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -> nn.Parameter | None:
-    name = paired_bias(named, path, w)
-    return named[name] if name else None
 
 
 @dataclass(frozen=True)

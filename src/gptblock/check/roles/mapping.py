@@ -1,57 +1,41 @@
-"""Finding the parts of a pre-norm block by their role, whatever the block calls them.
+"""The fallback when the forward pass does not show the roles: the block's weight-holding parts
+(``parts.discover``) given their roles by shapes and order, never by names, or as ``--map`` says.
 
-``map_roles`` takes the block's weight-holding parts (``gptblock.check.roles.parts.discover``) and
-decides which is which: the two LayerNorms (``ln1`` before attention, ``ln2`` before the MLP),
-the query / key / value projections (``q``, ``k``, ``v``: per head, separate or packed into one
-``qkv``), the output projection ``proj`` and the MLP's two layers ``fc1`` and ``fc2``. Four kinds
-of evidence decide together:
+Shapes must fit: q/k/v (D, C) or per head (hs, C), packed (3D, C), proj (C, D), fc1 (H, C), fc2
+(C, H). Of the assignments that fit, the best by call order (``parts.observe``), then registration
+order, wins (``_score``); ties are all kept as readings (a raw square matrix's two orientations
+always tie), and as only order tells q, k and v apart, their other orders are the ``fallback``.
 
-* shapes: q/k/v are (D, C) or per head (hs, C), a packed projection (3D, C), ``proj`` (C, D),
-  ``fc1`` (H, C) and ``fc2`` (C, H); an assignment whose shapes do not fit is impossible;
-* names (``gptblock.check.roles.vocabulary``): a part's own name (``query``, ``c_attn``, ``w_2``) and
-  the module it sits in (``attn``, ``mlp``, ``ffwd``);
-* the forward pass (``parts.observe``): the order in which the block calls its modules: the
-  LayerNorm called first is ``ln1``, the attention's layers come before the MLP's, ``fc1`` before
-  ``fc2``;
-* registration order, the weakest: the tie-breaker, and the order of q, k, v when nothing else
-  tells them apart (``linears.0/1/2`` are q, k, v, as every source registers them; if that
-  reading reproduces nothing, the others are tried: ``MappedBlock.fallback``).
-
-The LayerNorms are decided here; every possible assignment of the linear parts is scored by this
-evidence in ``gptblock.check.roles.linears`` and the best one wins. Assignments that tie are all kept as *readings* of the block, which the reference comparison
-tries in turn (a raw matrix parameter's orientation, (out, in) or (in, out), is never in its
-name, so both are tried). Where the parts cannot be told apart at all, ``Unmapped`` says what
-could not be decided, and ``roles`` (``gptblock check --map ROLE=NAME``) settles it.
-
-The head count is not in the weights: it is the number of per-head modules, an
-``nn.MultiheadAttention``'s ``num_heads``, an attribute (``n_head``, ``num_heads``, ``h``, a
-head size ``head_size`` / ``d_k``, also on a ``config``), or else every divisor of D is tried.
-
-Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
+Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .linear_steps import LINEAR_ROLES, NotABlock
-from .linears import assign_linears
 from .parts import Part
-from .vocabulary import norm_hint
 
 __all__ = ["ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
 
 Tensor = torch.Tensor
-ROLES = ("ln1", "ln2", *LINEAR_ROLES)
+Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
+ROLES = ("ln1", "ln2", "q", "k", "v", "qkv", "proj", "fc1", "fc2")
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "h", "heads")
 HEAD_SIZE_ATTRIBUTES = ("head_size", "head_dim", "d_k", "hs", "d_head", "dim_head")
+FORMS = {  # the roles each way of making q, k, v needs from the block's plain linear parts
+    "packed": ("qkv", "proj", "fc1", "fc2"),
+    "separate": ("q", "k", "v", "proj", "fc1", "fc2"),
+    "heads": ("proj", "fc1", "fc2"),
+    "mha": ("fc1", "fc2"),
+}
 
 
 @dataclass(frozen=True)
@@ -63,14 +47,12 @@ class MappedBlock:
     how: tuple[str, ...]  # what decided the roles, and what was assumed
     heads: tuple[int, ...]  # head counts to try, most likely first
     ignored: tuple[str, ...]  # parameters no role uses
-    fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders, when names did not tell them
+    fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders
 
     def describe(self, reading: int = 0) -> str:
         """'roles: ln1=ln_1, ln2=ln_2, qkv=attn.c_attn, ...; how they were decided'."""
         roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
-        text = f"roles: {roles}"
-        if self.how:
-            text += f" ({'; '.join(self.how)})"
+        text = f"roles: {roles}" + (f" ({'; '.join(self.how)})" if self.how else "")
         if self.ignored:
             text += f"; parameters with no role: {', '.join(self.ignored)}"
         return text
@@ -81,6 +63,19 @@ class Unmapped:
     """Why a block's parts could not be given their roles."""
 
     reason: str
+
+
+class NotABlock(Exception):
+    """The parts do not make a pre-norm block, or cannot be told apart: ``Unmapped``'s reason."""
+
+
+@dataclass(frozen=True)
+class _Candidate:  # one assignment of the linear parts to roles
+    form: str
+    roles: dict[str, Part]
+    in_out: bool  # raw matrices read as stored (in, out)
+    score: float
+    D: int
 
 
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
@@ -112,17 +107,8 @@ def map_roles(
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
 ) -> MappedBlock | Unmapped:
-    """Give the block's parts their roles.
-
-    Args:
-        module: the block (its attributes may name the head count).
-        C: the width of its residual stream.
-        parts: ``parts.discover(module)``.
-        called: ``parts.observe``'s call order (may be empty).
-        roles: parts fixed by the caller (``resolve_roles``); they are taken as given.
-
-    Returns:
-        ``MappedBlock``, or ``Unmapped`` saying what could not be decided.
+    """Give ``parts`` (``parts.discover(module)``) their roles in a block of width ``C``, from
+    ``called`` (``parts.observe``'s order, may be empty) and ``roles`` fixed by the caller.
 
     Example:
         >>> from gptblock import TransformerBlock
@@ -137,33 +123,46 @@ def map_roles(
         the block has them
     """
     fixed = dict(roles or {})
+    mhas = [p for p in parts if p.kind == "mha"]
     try:
         (ln1, ln2), norm_names, norm_how = _norms(parts, C, called, fixed)
-        found = assign_linears(parts, C, called, fixed)
+        heads = _head_groups(parts, C, fixed)
+        tied = _assign(parts, C, called, fixed, heads, mhas)
+        readings = [_build(c, heads, mhas, C) for c in tied]
+        names = [_names(c, heads, mhas) for c in tied]
+        how = [*norm_how, _evidence(tied[0], called, fixed)]
+        if len(tied) > 1:
+            how.append(f"{len(tied)} readings fit equally well and are all tried")
+        fallback = []
+        if tied[0].form in ("separate", "heads") and not fixed.keys() & {"q", "k", "v"}:
+            for order in list(itertools.permutations(range(3)))[1:]:
+                c, hs = tied[0], [(g[order[0]], g[order[1]], g[order[2]]) for g in heads]
+                if c.form == "separate":  # q, k, v taken in ``order`` instead
+                    qkv = {r: c.roles["qkv"[i]] for r, i in zip("qkv", order, strict=True)}
+                    c = replace(c, roles=c.roles | qkv)
+                fallback.append(_build(c, hs, mhas, C))
+                names.append(_names(c, hs, mhas))
     except NotABlock as e:
         return Unmapped(str(e))
-    heads = found.heads or _head_counts(module, found.readings[0].D)
+    used = {n for c in tied for p in c.roles.values() for n in p.params}
+    used |= {n for p in [*mhas, *(p for g in heads for p in g)] for n in p.params}
+    used |= {n for p in parts if p.name in norm_names.values() for n in p.params}
+    if mhas:
+        nh: tuple[int, ...] = (_attention(mhas[0]).num_heads,)
+    else:
+        nh = (len(heads),) if heads else _head_counts(module, readings[0].D)
 
     def normed(ps: list[Parts]) -> tuple[Parts, ...]:
         return tuple(Parts(p.C, p.D, p.qkv, p.proj, p.fc1, p.fc2, ln1, ln2) for p in ps)
 
-    norm_params = {n for p in parts if p.name in norm_names.values() for n in p.params}
-    ignored = tuple(n for p in parts for n in p.params if n not in found.used | norm_params)
     return MappedBlock(
-        normed(found.readings),
-        tuple({**norm_names, **n} for n in found.names),
-        (*norm_how, *found.how),
-        heads,
-        ignored,
-        normed(found.fallback),
+        normed(readings),
+        tuple({**norm_names, **n} for n in names),
+        tuple(how),
+        nh,
+        tuple(n for p in parts for n in p.params if n not in used),
+        normed(fallback),
     )
-
-
-# ----- the LayerNorms ----------------------------------------------------------------------------
-
-
-def _plain_norm(C: int) -> SubLayer:
-    return lambda h: F.layer_norm(h, (C,))
 
 
 def _norms(
@@ -171,47 +170,26 @@ def _norms(
 ) -> tuple[tuple[SubLayer | None, SubLayer | None], dict[str, str], list[str]]:
     """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
-        ln1 = fixed["ln1"][0] if "ln1" in fixed else None
-        ln2 = fixed["ln2"][0] if "ln2" in fixed else None
-        found = [p for p in (ln1, ln2) if p is not None]
-        names = {r: p.name for r, p in (("ln1", ln1), ("ln2", ln2)) if p is not None}
-        return (
-            (ln1.norm() if ln1 else None, ln2.norm() if ln2 else None),
-            names,
-            [f"{'/'.join(names)} by the caller (given)"] if found else [],
-        )
-    norms = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
-    if not norms:
-        plain = _plain_norm(C)
+        given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
+        n1, n2 = (given[r].norm() if r in given else None for r in ("ln1", "ln2"))
+        names: dict[str, str] = {r: p.name for r, p in given.items()}
+        return (n1, n2), names, [f"{'/'.join(names)} by the caller (given)"]
+    found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
+    if not found:
+        plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
         return (plain, plain), {}, ["no LayerNorm module: F.layer_norm without weights assumed"]
-    if len(norms) == 1:
-        return (norms[0].norm(), None), {"ln1": norms[0].name}, ["one LayerNorm for both branches"]
-    hinted = {n: norm_hint(p.path) for n, p in enumerate(norms)}
-    if len(norms) > 2:
-        ones = [p for n, p in enumerate(norms) if hinted[n] == 1]
-        twos = [p for n, p in enumerate(norms) if hinted[n] == 2]
-        used = sorted((p for p in norms if p.name in called), key=lambda p: called[p.name])
-        if (len(ones) != 1 or len(twos) != 1) and len(used) == 2:
-            ones, twos = used[:1], used[1:]  # the only two the forward pass calls
-        if len(ones) != 1 or len(twos) != 1:
-            listed = ", ".join(p.name for p in norms)
-            raise NotABlock(
-                f"{len(norms)} LayerNorms ({listed}): cannot tell which two are the block's; "
-                "pass --map ln1=NAME ln2=NAME"
-            )
-        norms, hinted = [ones[0], twos[0]], {0: 1, 1: 2}
-    a, b = norms
-    if a.name in called and b.name in called:
-        first, how = (a, b) if called[a.name] < called[b.name] else (b, a), "by the forward pass"
-    elif (a.name in called) != (b.name in called) and hinted[0] is None:
-        first, how = (a, b) if a.name in called else (b, a), "by the forward pass (one unused)"
-    elif hinted[0] or hinted[1]:
-        a_first = hinted[0] == 1 or hinted[1] == 2
-        first, how = (a, b) if a_first else (b, a), "by names"
-    else:
-        first, how = (a, b), "by registration order"
-    one, two = first
-    return (one.norm(), two.norm()), {"ln1": one.name, "ln2": two.name}, [f"norms {how}"]
+    if len(found) == 1:
+        return (found[0].norm(), None), {"ln1": found[0].name}, ["one LayerNorm for both branches"]
+    used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
+    if len(found) > 2 and len(used) != 2:
+        listed = ", ".join(p.name for p in found)
+        raise NotABlock(
+            f"{len(found)} LayerNorms ({listed}): cannot tell which two are the block's; "
+            "pass --map ln1=NAME ln2=NAME"
+        )
+    one, two = (used + [p for p in found if p not in used])[:2]
+    how = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
+    return (one.norm(), two.norm()), {"ln1": one.name, "ln2": two.name}, [f"norms {how[len(used)]}"]
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
@@ -229,3 +207,194 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
     if named:
         return tuple(sorted(named))
     return tuple(n for n in range(1, D + 1) if D % n == 0)
+
+
+def _assign(
+    parts: list[Part],
+    C: int,
+    called: Mapping[str, int],
+    fixed: Mapping[str, list[Part]],
+    heads: Heads,
+    mhas: list[Part],
+) -> list[_Candidate]:
+    """The best assignments of the linear parts to the roles, tied ones all kept."""
+    plain = [p for p in parts if p.kind in ("linear", "matrix")]
+    plain = [p for p in plain if not any(p in group for group in heads)]
+    single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
+    if len(mhas) > 1:
+        raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
+    if mhas and (_attention(mhas[0]).bias_k is not None or _attention(mhas[0]).add_zero_attn):
+        raise NotABlock(
+            "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
+            "position: not the lessons' block"
+        )
+    if len(plain) > 9:  # too many permutations to search
+        raise NotABlock(
+            f"{len(plain)} linear layers: too many to tell apart; pass --map with the roles"
+        )
+    if not mhas and not plain:
+        raise NotABlock(
+            "no attention: no nn.MultiheadAttention and no linear layers that make q, k, v and "
+            "an output projection"
+        )
+    forms = ["mha"] if mhas else ["heads"] if heads else ["packed", "separate"]
+    conventions = (False, True) if any(p.kind == "matrix" for p in plain) else (False,)
+    scored = []
+    for form, in_out in itertools.product(forms, conventions):
+        needed = FORMS[form]
+        if any(r in single for r in ROLES[2:7] if r not in needed):
+            continue  # the caller named a role this form does not have
+        free = [r for r in needed if r not in single]
+        for chosen in itertools.permutations(
+            [p for p in plain if p not in single.values()], len(free)
+        ):
+            roles = {r: single[r] for r in needed if r in single} | dict(
+                zip(free, chosen, strict=True)
+            )
+            D = _fits(form, roles, C, heads, mhas, in_out)
+            if D is not None:
+                score = _score(form, roles, heads, mhas, called) - 4.0 * (len(plain) - len(roles))
+                scored.append(_Candidate(form, roles, in_out, score, D))
+    if not scored:
+        shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
+        what = "nn.MultiheadAttention and " if mhas else ("per-head q/k/v and " if heads else "")
+        raise NotABlock(
+            f"the linear layers do not fit a pre-norm block of width {C} ({what}"
+            f"{shapes or 'none'}); expected q/k/v (D, C) or packed (3D, C), proj (C, D), "
+            "fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if the block has them"
+        )
+    best = max(c.score for c in scored)
+    tied = [c for c in scored if c.score >= best - 1e-9]
+    keys = {
+        (c.form, c.in_out, tuple(sorted((r, p.name) for r, p in c.roles.items()))) for c in tied
+    }
+    if len(keys) > 4:  # more readings than the comparison should try
+        listed = "; ".join(
+            ", ".join(f"{r}={n}" for r, n in _names(c, heads, mhas).items()) for c in tied[:3]
+        )
+        raise NotABlock(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
+    return tied
+
+
+def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> Heads:
+    """Per-head (q, k, v) linear modules, in registration order: groups of three (hs, C) layers
+    under one parent."""
+    if all(r in fixed for r in ("q", "k", "v")) and len(fixed["q"]) > 1:
+        return list(zip(fixed["q"], fixed["k"], fixed["v"], strict=True))
+    if "qkv" in fixed or any(r in fixed for r in ("q", "k", "v")):
+        return []
+    small = [p for p in parts if p.kind == "linear" and p.shape and p.shape[1] == C]
+    small = [p for p in small if p.shape is not None and p.shape[0] < C and C % p.shape[0] == 0]
+    groups: dict[tuple[str, ...], list[Part]] = {}
+    for p in small:
+        groups.setdefault(p.path[:-1], []).append(p)
+    found = [g for g in groups.values() if len(g) == 3 and len({x.shape for x in g}) == 1]
+    if len(found) < 2 or len({g[0].shape for g in found}) != 1:
+        return []
+    return [(g[0], g[1], g[2]) for g in found]
+
+
+def _fits(
+    form: str, roles: dict[str, Part], C: int, heads: Heads, mhas: list[Part], in_out: bool
+) -> int | None:
+    """The attention width D if the shapes fit the form, else None."""
+    shape = {r: p.shape_as(in_out) for r, p in roles.items()}
+    if any(s is None for s in shape.values()):
+        return None
+    if form == "packed":
+        out, inp = shape["qkv"]  # type: ignore[misc]
+        D = out // 3 if inp == C and out % 3 == 0 else None
+    elif form == "separate":
+        q = shape["q"]
+        D = q[0] if q is not None and q == shape["k"] == shape["v"] and q[1] == C else None
+    elif form == "heads":
+        D = sum(q.shape[0] for q, _, _ in heads if q.shape)
+    else:
+        D = _attention(mhas[0]).embed_dim
+        D = D if D == C else None
+    fc1, fc2 = shape["fc1"], shape["fc2"]
+    if D is None or shape.get("proj", (C, D)) != (C, D) or not fc1 or fc1[1] != C:
+        return None
+    return D if fc2 == (C, fc1[0]) else None
+
+
+def _score(
+    form: str, roles: dict[str, Part], heads: Heads, mhas: list[Part], called: Mapping[str, int]
+) -> float:
+    inputs = [roles[r] for r in ("qkv", "q", "k", "v") if r in roles]
+    inputs += [p for group in heads for p in group] + mhas
+    steps = [inputs, [roles["proj"]] if "proj" in roles else [], [roles["fc1"]], [roles["fc2"]]]
+    score = 0.0
+    for earlier, later in itertools.pairwise([step for step in steps if step]):
+        calls_a = [called[p.name] for p in earlier if p.name in called]
+        calls_b = [called[p.name] for p in later if p.name in called]
+        if calls_a and calls_b:
+            score += 1.0 if max(calls_a) < min(calls_b) else -1.0
+        score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
+    if form == "separate":
+        q, k, v = roles["q"].index, roles["k"].index, roles["v"].index
+        score += 0.1 * ((q < k) + (k < v))
+    return score
+
+
+def _evidence(c: _Candidate, called: Mapping[str, int], fixed: Mapping[str, list[Part]]) -> str:
+    given = [r for r in ROLES[2:] if r in fixed]
+    by = f"{'/'.join(given)} by the caller (given); " if given else ""
+    if c.form == "mha":
+        by += "qkv/proj by nn.MultiheadAttention; "
+    order = "call" if any(p.name in called for p in c.roles.values()) else "registration"
+    by += f"the others by shape and {order} order"
+    if c.form in ("separate", "heads") and not fixed.keys() & {"q", "k", "v"}:
+        by += "; q, k, v by registration order, the other orders tried too"
+    return by
+
+
+def _build(c: _Candidate, heads: Heads, mhas: list[Part], C: int) -> Parts:
+    """The block's q/k/v, proj, fc1 and fc2 as callables, as assignment ``c`` reads its parts."""
+    lin = {r: p.linear(c.in_out) for r, p in c.roles.items()}
+    if c.form in ("packed", "mha"):
+        packed, proj = mhas[0].attention() if c.form == "mha" else (lin["qkv"], lin["proj"])
+
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
+            return q, k, v
+
+    else:
+        fs = [(q.linear(), k.linear(), v.linear()) for q, k, v in heads]
+        if c.form == "separate":
+            fs = [(lin["q"], lin["k"], lin["v"])]
+        proj = lin["proj"]
+
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
+            q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
+            return q, k, v
+
+    return Parts(C, c.D, qkv, proj, lin["fc1"], lin["fc2"], None, None)
+
+
+def _attention(part: Part) -> nn.MultiheadAttention:
+    if not isinstance(part.module, nn.MultiheadAttention):
+        raise TypeError(f"{part.name} is not an nn.MultiheadAttention")
+    return part.module
+
+
+def _names(c: _Candidate, heads: Heads, mhas: list[Part]) -> dict[str, str]:
+    """Each role's parameter name(s) as the report prints them (a glob for per-head modules)."""
+    names: dict[str, str] = {}
+    if c.form == "mha":
+        prefix = f"{mhas[0].name}." if mhas[0].name else ""
+        names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
+    for i, role in enumerate(("q", "k", "v") if c.form == "heads" else ()):
+        split = [g[i].name.split(".") for g in heads]  # 'sa.heads.*.query' for ...0.query, ...
+        if len({len(s) for s in split}) != 1:
+            names[role] = ", ".join(g[i].name for g in heads)
+        else:
+            names[role] = ".".join(
+                p[0] if len(set(p)) == 1 else "*" for p in zip(*split, strict=True)
+            )
+    for role in ROLES[2:]:
+        if role in c.roles:
+            part = c.roles[role]
+            names[role] = part.name + (" (in, out)" if part.kind == "matrix" and c.in_out else "")
+    return names

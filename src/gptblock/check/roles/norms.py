@@ -1,13 +1,8 @@
 """The norms of a block, found from what they compute in a recorded forward pass.
 
-A norm is a module whose parameters are vectors, an ``F.layer_norm`` (``native_layer_norm``), or
-tensor code from a mean over the channels, whose output does not change when its input is
-scaled: it subtracts a mean (or not: RMSNorm) and divides by a root of a variance, whatever it
-is called (a class ``LN`` with ``g`` and ``b``, picoGPT's ``layer_norm`` function over a
-parameter dict). Of a norm module that holds another (x-transformers' ``LayerNorm``: an
-``nn.LayerNorm`` without weights and a gain), the outer one is the norm. ``order_norms`` makes
-the first two to run ``ln1`` and ``ln2`` (a post-norm block's MLP reads ln1's output); of more
-than two, those the attention and the MLP read.
+A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
+output does not change when its input is scaled (``_normalising``), whatever it is called. Of a
+norm module that holds another (x-transformers' ``LayerNorm``), the outer one is the norm.
 
 Shapes: B batch, T time, C channels.
 """
@@ -42,20 +37,29 @@ class Norm:
     function: Callable[[Tensor], Tensor]
 
 
-def _invariant(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether ``f`` normalises: its output does not move when its input is scaled by 3, and is
-    not its input."""
+def _normalising(
+    trace: Trace, source: int, out: int, shaped: bool = False
+) -> Callable[[Tensor], Tensor] | None:
+    """The replay from ``source`` to ``out`` (``_shaped``: for inputs of other shapes) if it
+    normalises: its output does not move when its input is scaled by 3, and is not its input."""
+    like = trace.nodes[source].value
+    try:
+        f = replay(trace, source, out)
+    except TraceError:
+        return None
+    f = _shaped(f, like) if shaped else f
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
     try:
         with torch.no_grad():
             a, b = f(z), f(3.0 * z)
     except CAUGHT:  # not a norm, then
-        return False
+        return None
     if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
-        return False
+        return None
     scale = float(a.abs().max()) + 1e-12
-    return float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+    same = float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+    return f if same else None
 
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
@@ -71,14 +75,10 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
             continue  # a matrix: not a norm
         if any(weight_input(trace, op) is not None for op in trace.ops[first:end]):
             continue  # a matrix product inside (a sub-layer, its norm before it): not a norm
-        like = trace.nodes[ins[0]].value
-        if not layout(tuple(like.shape), B, T):
+        if not layout(trace.nodes[ins[0]].shape, B, T):
             continue
-        try:
-            f = _shaped(replay(trace, ins[0], outs[0]), like)
-        except TraceError:
-            continue
-        if _invariant(f, like):
+        f = _normalising(trace, ins[0], outs[0], shaped=True)
+        if f is not None:
             found.append(Norm(name, first, ins[0], outs[0], f))
     # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
     found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
@@ -96,11 +96,8 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
             out = found_out
         else:
             continue
-        try:
-            f = replay(trace, source, out)
-        except TraceError:
-            continue
-        if _invariant(f, trace.nodes[source].value):
+        f = _normalising(trace, source, out)
+        if f is not None:
             start = trace.nodes[source].op
             path = [
                 trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start
@@ -146,11 +143,7 @@ def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
             node: Node = trace.nodes[n]
             if node.shape != shape or not node.data:
                 continue
-            try:
-                f = replay(trace, source, n)
-            except TraceError:
-                continue
-            if _invariant(f, trace.nodes[source].value):
+            if _normalising(trace, source, n) is not None:
                 best = n
     return best
 

@@ -1,24 +1,12 @@
 """The parts of a block that hold weights, found in its module tree, and what each one computes.
 
-``discover(module)`` walks the module tree in registration order and lists every ``Part``:
-
-* ``norm``: an ``nn.LayerNorm`` (or ``nn.RMSNorm``), or any module whose class name says norm
-  and whose own parameters are vectors (the Annotated Transformer's ``LayerNorm`` with ``a_2`` and
-  ``b_2``); it is used as the block uses it, by calling it.
-* ``linear``: an ``nn.Linear``, or any module whose own parameters are a matrix ``weight`` and at
-  most a vector ``bias`` (Hugging Face's ``Conv1D`` stores it (in, out)); also used by calling
-  it. Its (out, in) sizes come from the bias, or from calling it once.
-* ``matrix``: a matrix parameter held directly by another module (``self.W_q =
-  nn.Parameter(...)``, used as ``x @ self.W_q`` or ``F.linear(x, self.W_q)``), with the vector
-  parameter whose name pairs with it (``b_q``, ``q_bias``) as its bias. Whether it is stored
-  (out, in) or (in, out) is not in the weights: ``Part.linear`` takes the orientation.
-* ``mha``: an ``nn.MultiheadAttention``: q, k and v packed in ``in_proj_weight``, ``out_proj``.
-
-``observe(module, parts, x)`` runs the block once with forward hooks and returns the order in
-which the parts' modules were first called: the forward pass's evidence for which LayerNorm
-feeds which branch and which layer comes first. ``perturb`` gives the parts (on the checker's
-own copy) fresh weights of one standard scale and moves every norm parameter and bias, so that
-every mistake shows in the output, whatever the block's own initialisation.
+``discover(module)`` lists every ``Part`` in registration order: a ``norm`` (``nn.LayerNorm``,
+``nn.RMSNorm``, or a leaf module whose class name says norm and whose parameters are vectors), a
+``linear`` (``nn.Linear``, or any module holding a matrix ``weight`` and at most a vector ``bias``:
+Hugging Face's ``Conv1D`` stores it (in, out); its (out, in) from the bias or by calling it), a
+``matrix`` (a matrix parameter of another module, with the vector whose name pairs with it as
+its bias; stored (out, in) or (in, out), which ``Part.linear`` takes) or an ``mha``
+(``nn.MultiheadAttention``). ``observe`` gives the order the forward pass calls them in.
 
 Shapes: C channels, D attention width, H the MLP's hidden width.
 """
@@ -26,7 +14,7 @@ Shapes: C channels, D attention width, H the MLP's hidden width.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +23,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "observe", "perturb"]
+__all__ = ["Part", "discover", "observe", "paired_bias"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -44,25 +32,15 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 @dataclass(frozen=True)
 class Part:
-    """One weight-holding part of a block.
+    """One weight-holding part of a block."""
 
-    Args:
-        name: the module's dotted name, or for a ``matrix`` the parameter's ("" = the block).
-        kind: ``"norm"``, ``"linear"``, ``"matrix"`` or ``"mha"``.
-        index: its place in registration order.
-        module: the module (for a ``matrix``, the module holding the parameter).
-        params: the full names of the parameters it holds.
-        shape: (out, in) of a ``linear``; the stored shape of a ``matrix``; ``None`` otherwise.
-        width: the normalised width of a ``norm`` (``None`` when it has no weights to tell).
-    """
-
-    name: str
-    kind: str
-    index: int
-    module: nn.Module
-    params: tuple[str, ...]
-    shape: tuple[int, int] | None = None
-    width: int | None = None
+    name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
+    kind: str  # "norm", "linear", "matrix" or "mha"
+    index: int  # its place in registration order
+    module: nn.Module  # for a ``matrix``, the module holding the parameter
+    params: tuple[str, ...]  # the full names of the parameters it holds
+    shape: tuple[int, int] | None = None  # a ``linear``'s (out, in); a ``matrix``'s as stored
+    width: int | None = None  # a ``norm``'s width (None: no weights to tell)
     weight: Tensor | None = None  # a ``matrix``'s parameter
     bias: Tensor | None = None  # a ``matrix``'s paired bias
 
@@ -70,12 +48,6 @@ class Part:
     def path(self) -> tuple[str, ...]:
         """The name's components: ``("sa", "heads", "0", "query")``."""
         return tuple(self.name.split(".")) if self.name else ()
-
-    @property
-    def own_name(self) -> str:
-        """The nearest component that is not an index, lower case: ``"query"``, ``"to_out"``."""
-        words = [p for p in self.path if not p.isdigit()]
-        return words[-1].lower() if words else ""
 
     def shape_as(self, in_out: bool) -> tuple[int, int] | None:
         """(out, in) when a ``matrix`` is read as stored (in, out) (``in_out``) or (out, in)."""
@@ -87,18 +59,28 @@ class Part:
         """What a ``linear`` or ``matrix`` computes, as a float64 (or any dtype) function."""
         if self.kind == "linear":
             return _called(self.module)
-        weight, bias = self.weight, self.bias
-        if weight is None:
+        if self.weight is None:
             raise ValueError(f"{self.name} is not a linear part")
-        w = weight.detach()
-        b = bias.detach() if bias is not None else None
-        if in_out:
-            return lambda h: h @ w.to(h.dtype) + (b.to(h.dtype) if b is not None else 0.0)
-        return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
+        return _affine(self.weight.t() if in_out else self.weight, self.bias)
+
+    def attention(self) -> tuple[SubLayer, SubLayer]:
+        """An ``mha``'s packed q/k/v (B, T, 3E) and output projection, from its weights."""
+        mha = self.module
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
+        w: Tensor = mha.in_proj_weight
+        if not mha._qkv_same_embed_dim:
+            w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight])
+        return _affine(w, mha.in_proj_bias), _affine(mha.out_proj.weight, mha.out_proj.bias)
 
     def norm(self) -> SubLayer:
         """What a ``norm`` computes: the module itself, called."""
         return _called(self.module)
+
+
+def _affine(w: Tensor, b: Tensor | None) -> SubLayer:
+    w, b = w.detach(), b.detach() if b is not None else None
+    return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
 
 
 def _called(module: nn.Module) -> SubLayer:
@@ -153,13 +135,21 @@ def _linear_shape(m: nn.Module, weight: Tensor, bias: Tensor | None) -> tuple[in
 _BIAS_PAIRS = (("weight", "bias"), ("Weight", "Bias"), ("W", "b"), ("w", "b"))
 
 
-def _paired_bias(name: str, own: dict[str, nn.Parameter], out: set[int]) -> str | None:
-    """The vector parameter whose name pairs with the matrix ``name``: W_q/b_q, q_weight/q_bias."""
-    for w, b in _BIAS_PAIRS:
-        for candidate in (name.replace(w, b, 1), re.sub(rf"{w}$", b, name)):
-            p = own.get(candidate)
-            if candidate != name and p is not None and p.dim() == 1 and p.shape[0] in out:
-                return candidate
+def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -> str | None:
+    """The full name of the bias that pairs with the weight ``path``: weight/bias, W_Q/b_Q."""
+    prefix, _, own = path.rpartition(".")
+    sizes = {int(w.shape[0]), int(w.shape[-1])}
+    for wn, bn in _BIAS_PAIRS:
+        for candidate in (own.replace(wn, bn, 1), re.sub(rf"{wn}$", bn, own)):
+            full = f"{prefix}.{candidate}" if prefix else candidate
+            b = named.get(full)
+            if candidate == own or b is None:
+                continue
+            per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
+            if w.dim() == 3 and (tuple(b.shape) in per_head or b.dim() == 1):
+                return full
+            if w.dim() == 2 and b.dim() == 1 and int(b.shape[0]) in sizes:
+                return full
     return None
 
 
@@ -184,7 +174,7 @@ def discover(module: nn.Module) -> list[Part]:
         own = dict(m.named_parameters(recurse=False))
         full = {k: f"{name}.{k}" if name else k for k in own}
         if isinstance(m, nn.MultiheadAttention):
-            params = tuple(n for n, _ in _named(m, name))
+            params = tuple(f"{name}.{n}" if name else n for n, _ in m.named_parameters())
             parts.append(Part(name, "mha", len(parts), m, params))
             inside.append(name)
         elif _is_norm(m, own):
@@ -202,7 +192,7 @@ def discover(module: nn.Module) -> list[Part]:
             for pname, p in own.items():
                 if p.dim() != 2:
                     continue
-                b = _paired_bias(pname, own, set(p.shape))
+                b = paired_bias(own, pname, p)
                 names = (full[pname], full[b]) if b else (full[pname],)
                 shape = (int(p.shape[0]), int(p.shape[1]))
                 bias = own[b] if b else None
@@ -210,10 +200,6 @@ def discover(module: nn.Module) -> list[Part]:
                     Part(full[pname], "matrix", len(parts), m, names, shape, weight=p, bias=bias)
                 )
     return parts
-
-
-def _named(m: nn.Module, prefix: str) -> list[tuple[str, nn.Parameter]]:
-    return [(f"{prefix}.{n}" if prefix else n, p) for n, p in m.named_parameters()]
 
 
 def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) -> dict[str, int]:
@@ -241,36 +227,3 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
         for handle in handles:
             handle.remove()
     return order
-
-
-def perturb(parts: list[Part], seed: int = 0) -> None:
-    """Give the parts fresh weights of one standard scale (in place), from a fixed seed.
-
-    Matrices are drawn N(0, 1/in): with unit-variance (normalised) inputs the attention scores
-    then have unit variance and attention is neither uniform nor one-hot, so a wrong scale or
-    mask moves the output by ~1e-2 or more whatever the block's own initialisation (GPT-2's
-    std 0.02 leaves attention nearly uniform: a scale mistake then moves it by 1e-4). Norm
-    weights and every bias are moved by ~0.1 from where they are: freshly built LayerNorms are
-    all the identity (weight 1, bias 0) and many biases start at 0, so a block that uses the
-    wrong norm or drops a bias computes exactly the right function until it is trained.
-    """
-    g = torch.Generator().manual_seed(seed)
-
-    def draw(t: Tensor, std: float) -> Tensor:
-        return (torch.randn(t.shape, generator=g, dtype=torch.float64) * std).to(t.device, t.dtype)
-
-    with torch.no_grad():
-        for part in parts:
-            named = dict(part.module.named_parameters())
-            if part.kind == "matrix":
-                named = {n: p for n, p in named.items() if p is part.weight or p is part.bias}
-            elif part.kind == "linear":
-                named = {n: p for n, p in named.items() if n in ("weight", "bias")}
-            for t in named.values():
-                if t.dim() < 2:
-                    t.add_(draw(t, 0.1))
-                elif part.kind == "linear" and part.shape is not None:
-                    t.copy_(draw(t, part.shape[1] ** -0.5))  # (out, in), however it is stored
-                else:  # nn.MultiheadAttention's (out, in); a raw matrix: either way round
-                    fan_in = t.shape[-1] if part.kind == "mha" else (t.shape[0] * t.shape[1]) ** 0.5
-                    t.copy_(draw(t, float(fan_in) ** -0.5))

@@ -1,25 +1,13 @@
 """A block's parts as plain numbers: what may cross from the process that runs the block.
 
-The reference comparison needs the block's sub-layers (``steps.Parts``) as functions. Read out of
-a block they are often the block's own code (its norm modules, its ``Conv1D``, a replay of its
-operators), which the process that decides the verdict must never run. ``to_plain`` therefore
-reads every sub-layer, where the block runs, into numbers: each linear role as a weight (out, in)
-and a bias, measured on zeros and basis vectors and checked on random rows; each norm as one of
-the normalisations a block may compute, fitted and checked the same way:
-
-* ``layer``: ``w * (h - mean) / sqrt(var + eps) + b`` (``nn.LayerNorm``, ``F.layer_norm``);
-* ``unbiased``: the same with the unbiased variance (``torch.var``'s default);
-* ``std``: ``w * (h - mean) / (std + eps) + b``, ``std`` unbiased (the Annotated Transformer's,
-  eps outside the root);
-* ``rms``: ``w * h / sqrt(mean(h^2) + eps) + b`` (RMSNorm).
-
-``layer`` and ``unbiased`` compute the same functions (``w`` scaled by sqrt((C - 1) / C)): the
-one whose ``w`` is the block's own gain is chosen, so that the weights read are the block's
-parameters (``gptblock.check.roles.provenance`` checks that they are).
-
-``from_plain`` builds ``Parts`` back from those numbers alone, checking every shape against the
-width C: a reading that does not fit is refused, never trusted. A sub-layer that is none of these
-(not linear, or a norm outside the three) cannot be read into numbers: ``NotPlain`` says which.
+The process that decides the verdict must never run the block's code (its norm modules, its
+``Conv1D``, a replay of its operators). ``to_plain`` reads every sub-layer, where the block
+runs, into numbers: a linear role as a weight (out, in) and a bias, measured on zeros and basis
+vectors and checked on random rows; a norm as one of ``NORM_KINDS`` (``layer``: nn.LayerNorm's;
+``unbiased``: its unbiased variance; ``std``: the Annotated Transformer's ``(h - mean) / (std +
+eps)``; ``rms``: RMSNorm's), its eps, gain and bias fitted and checked the same way (of
+``layer`` and ``unbiased``, which fit the same functions, the one whose gain is the block's own).
+``from_plain`` builds ``Parts`` back from the numbers alone, every shape checked against C.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
 """
@@ -197,15 +185,9 @@ def _norm(
 def to_plain(
     parts: Parts, like: Tensor, key: str, known: Tensor | None = None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``parts`` as numbers: a JSON-able description and its tensors (named ``key.role.*``).
-
-    Args:
-        parts: a reading of the block (its sub-layers as functions of its own code).
-        like: the (B, T, C) input the reading was made on; the sub-layers are called on inputs
-            of its B and T.
-        key: a prefix for the tensors' names.
-        known: the block's parameter values, sorted (float64): a norm is read in the kind whose
-            gain is among them.
+    """``parts`` as numbers: a JSON-able description and its tensors (named ``key.role.*``),
+    the sub-layers called on inputs of the B and T of ``like``, the input they were read on; a
+    norm is read in the kind whose gain is among ``known`` (the block's values, sorted).
 
     Raises:
         NotPlain: a sub-layer is not linear, or a norm none of ``NORM_KINDS``.

@@ -1,24 +1,15 @@
 """The weights a check uses, chosen by the checker, and the parts read back traced to them.
 
 Before the probes run, the checker gives every parameter of its copy of the block a value of its
-own choosing (``choose``): matrices (two or more dimensions longer than 1: (out, in), (in, out),
-(nh, C, hs), conv kernels) drawn N(0, 1/C), vectors (gains, biases) moved by ~0.1 from where they
-are (freshly built LayerNorms are the identity, and many biases start at 0: a block that used
-the wrong norm or dropped a bias would compute exactly the right function until trained). With
-GPT-2's std-0.02 weights attention is nearly uniform and a scale mistake moves the output by
-1e-4; with these it moves it by 1e-2 or more.
-
-In ``gptblock check`` the draw comes from a seed the block's process never sees, and every
-weight read back (``gptblock.check.roles.plain``) must then be made of those values (``untraced``):
-each entry one the checker chose (or exactly 0 or 1: a missing bias, an identity, a norm without
-gain; a norm's gain may be stored as ``gain - 1``, as Gemma's RMSNorm does), and no two roles
-made of the same entries. A process that misreports its weights (q
-scaled by sqrt(hs), which would pass a block that does not scale its scores; ln1's weights
-sent again as ln2's, which would pass a block with one LayerNorm) is then caught, since the
-numbers it would have to send are not among the ones chosen. It checks values, not where they
-sit: the block's own entries rearranged (a projection's columns permuted) still pass.
-
-Shapes: C channels.
+own choosing (``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by
+1e-2 or more (GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4), vectors moved by
+~0.1 (fresh LayerNorms are the identity and many biases 0: a wrong norm or a dropped bias would
+compute the right function until trained). The draw's seed is never in the block's process, and
+every weight read back must be made of those values (``trace``): each entry one the checker
+chose (or exactly 0 or 1; a norm's gain may be stored as ``gain - 1``, as Gemma's), no two roles
+made of the same entries. So a process that misreports its weights (q scaled by sqrt(hs), ln1's
+sent again as ln2's) is caught. Values are checked, not where they sit: the block's own entries
+rearranged still pass.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unread", "untraced",
+    "Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unread",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -108,18 +99,14 @@ def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read for the roles are made of.
+    """What the weights read for the roles are made of. A role that reads chosen values twice
+    (``repeats``: one weight serving two heads) is the block's doing, since a reading that made it
+    up would not reproduce the block; two roles read from the same values (ln1 sent again as
+    ln2) are a reading refused (``why``)."""
 
-    ``why``: why they are not the values chosen (``""`` when they are: only then do the rest
-    mean anything), or two roles read from the same values (a process that sends ln1 again as
-    ln2: the reading is refused); ``repeats``: the chosen values read twice by one role, such
-    as two heads of it (one weight serving where the lessons' block has one per head: the
-    block's, since a reading that made it up would not reproduce the block); ``used``: which
-    of the chosen values were read (positions in ``sorted_values``)."""
-
-    why: str = ""
+    why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
-    used: frozenset[int] = frozenset()
+    used: frozenset[int] = frozenset()  # the chosen values read, as positions in sorted_values
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -148,6 +135,10 @@ def trace(
         ("k's head 1 is its head 0's weights again",)
         >>> len(trace({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64).used)
         16
+        >>> trace({"q": [w[:2] * 2], "k": [w[2:]]}, chosen, torch.float64).why
+        'the weights read for q are not the values the checker gave the block'
+        >>> trace({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64).why
+        'ln1 and ln2 were read from the same parameters'
     """
     if not chosen:
         return Traced("the block has no parameters to read weights from")
@@ -198,23 +189,6 @@ def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
     if real.numel() and repeated > REPEATED * real.numel():
         return [f"{role} reads {repeated} of its {real.numel()} weights twice"]
     return []
-
-
-def untraced(roles: Mapping[str, list[Tensor]], chosen: Mapping[str, Tensor], dtype: torch.dtype) -> str:  # fmt: skip
-    """Why the weights read for ``roles`` (role -> its weight and bias) are not made of the
-    values ``chosen``, or ``""`` when they are (``trace``'s reason).
-
-    Example:
-        >>> chosen = choose({"w": torch.zeros(3, 4)}, 4, torch.Generator().manual_seed(0))
-        >>> w = chosen["w"]
-        >>> untraced({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64)
-        ''
-        >>> untraced({"q": [w[:2] * 2], "k": [w[2:]]}, chosen, torch.float64)
-        'the weights read for q are not the values the checker gave the block'
-        >>> untraced({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64)
-        'ln1 and ln2 were read from the same parameters'
-    """
-    return trace(roles, chosen, dtype).why
 
 
 def unread(

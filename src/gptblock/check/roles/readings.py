@@ -1,17 +1,11 @@
-"""How the comparison reads a block's parts: from its dataflow, else by names, or as ``--map``
-says.
+"""How the comparison reads a block's parts: from its dataflow, else from the module tree
+(``mapping``), or as ``--map`` says.
 
-``read_parts`` first reads every role's weight from one recorded forward pass
-(``gptblock.check.roles.weights``), on an input whose batch differs from its length so that shapes
-tell them apart (then with B = T, for a block that only runs so, and with B = 1, for one that
-loops over its sequences). Only where the forward pass does not show the roles does it fall back
-to the names, shapes and registration order of the module tree (``gptblock.check.roles.mapping``).
-Roles the caller gives (``--map``) must fit their role (``gptblock.check.roles.claims``: kind, shape,
-one weight per role) and, where the forward pass was read, agree with it (a name the dataflow
-uses for another role is refused); the dataflow's reading is then used. A role given as a slice
-or layout of a parameter (``gptblock.check.roles.given``) must hold the matrix the dataflow uses for
-it, and is read as given; where the forward pass cannot be read, the caller's roles are taken
-as given, through the names.
+``read_parts`` reads every role's weight from one recorded forward pass (``weights``), on the
+shapes of ``trace_shapes``. Roles given by ``--map`` must fit their role (``claims``) and agree
+with the forward pass where it was read; the dataflow's reading is then used. A role given as a
+slice or layout (``given``) must hold the matrix the dataflow uses for it, and is read as given;
+where the forward pass cannot be read, the caller's roles are taken as given.
 
 Shapes: B batch, T time, C channels.
 """
@@ -21,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -82,9 +77,8 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
-    tell batch, time and heads apart (a reading that mistakes one for another fails its own
-    check and the next shape is tried); then B = T, for a block that only runs so, and B = 1,
-    for one that loops over its sequences.
+    tell batch, time and heads apart; then B = T (a block that only runs so) and B = 1 (one that
+    loops over its sequences).
 
     Example:
         >>> trace_shapes(16), trace_shapes(4)
@@ -117,23 +111,11 @@ def dataflow(
     return why
 
 
-def _dataflow(subject: Subject, longest: int) -> tuple[Reading, Tensor] | str:
-    def trace_of(x: Tensor) -> Trace:
-        return record(subject.module, x, no_dropout=subject.no_dropout)
-
-    return dataflow(subject, trace_of, longest)
-
-
 def read_parts(
     subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
-    """The block's parts to compare, or why they cannot be read.
-
-    Args:
-        subject: the checker's copy of the block.
-        roles: parts the caller named (``--map``), possibly none.
-        longest: the longest sequence the block accepts.
-        notes: the report's notes, to add how the parts were read.
+    """The block's parts to compare, or why they cannot be read; how they were read is added to
+    ``notes``, ``roles`` are the caller's (``--map``, possibly none).
 
     Raises:
         UserValueError: a given role names nothing the block has.
@@ -143,7 +125,9 @@ def read_parts(
         raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
-    found = _dataflow(subject, longest)
+    found = dataflow(
+        subject, partial(record, subject.module, no_dropout=subject.no_dropout), longest
+    )
     parts = discover(subject.module)
     check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
     if roles and not isinstance(found, str):
@@ -167,9 +151,11 @@ def read_parts(
     called = observe(subject.module, fixed.kept, lambda: subject(x))
     mapped = map_roles(subject.module, subject.C, fixed.parts, called, fixed.roles)
     if not isinstance(mapped, MappedBlock):
-        return f"{why}; by names: {mapped.reason}" if why else mapped.reason
+        return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
-        notes.append(f"the forward pass did not show the roles ({why}): found by names instead")
+        notes.append(
+            f"the forward pass did not show the roles ({why}): found by shapes and order instead"
+        )
     # (no fresh weights here: the checker chose every parameter's value before the probes ran,
     # and the weights read must be those values: gptblock.check.roles.provenance)
     x = torch.randn(

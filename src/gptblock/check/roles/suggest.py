@@ -1,21 +1,9 @@
-"""The ``--map`` arguments to suggest when the checker could not read a block's weights itself.
+"""The ``--map`` to suggest when the checker could not read a block's weights itself.
 
-``suggest_map`` lists the block's weight-holding parts (``gptblock.check.roles.parts.discover``) and
-gives them the roles in the order the lessons' block registers them: the first two norms are
-``ln1`` and ``ln2``; four matrices are ``qkv proj fc1 fc2``, six ``q k v proj fc1 fc2``. The
-suggestion is only offered when, passed back as ``--map``, it gives the role mapping a reading
-it can compare (``gptblock.check.roles.mapping.map_roles`` accepts it): the user then only has to
-check that the roles are right, or swap the names that are not.
-
-Where a matrix needs a slice or a layout (``gptblock.check.roles.given``), the suggestion writes it:
-
-* a 3-D parameter, one matrix per head, that no module holds (TransformerLens's ``W_Q`` (nh, C,
-  hs), ``W_O`` (nh, hs, C)) takes its place among the matrices in registration order, with the
-  layout that puts C on its role's side (``q=W_Q:in_out``); one in the place of ``qkv`` holds
-  q, k and v per head, (nh, C, 3hs), and is given as three slices of each head's columns
-  (``q=W[:,:,0:8]:in_out k=W[:,:,8:16]:in_out ...``);
-* when the names alone do not fit, a weight stored (in, out) and used as ``x @ W`` (C first
-  for q/k/v/fc1, C last for proj/fc2) is given as ``PATH:in_out``.
+``suggest_map`` gives the block's weight-holding parts the roles in the order the lessons'
+block registers them (two norms ``ln1 ln2``; four matrices ``qkv proj fc1 fc2``, six ``q k v
+proj fc1 fc2``), with the slice or layout a 3-D per-head parameter (TransformerLens's ``W_Q``) or
+an (in, out) weight needs, and offers it only if ``mapping.map_roles`` accepts it back.
 """
 
 from __future__ import annotations
@@ -24,9 +12,9 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from .given import fix_roles, paired_bias
+from .given import fix_roles
 from .mapping import MappedBlock, map_roles
-from .parts import Part, discover
+from .parts import Part, discover, paired_bias
 
 __all__ = ["suggest_map"]
 

@@ -1,23 +1,15 @@
 """One forward pass of a block recorded operator by operator, and re-run with tensors replaced.
 
-``record(module, x)`` runs the block once under a ``TorchDispatchMode`` and returns a ``Trace``:
-every ATen operator the forward pass ran (``Op``), every tensor value it made or read
-(``Node``: the block's input, a parameter or buffer, or an operator's output), which values
-depend on the input (``data``) and which only on weights and constants (static), and which of
-the block's modules was running. This works on any code, whatever modules, functions, einsums or
-raw parameters it uses (``torch.fx`` needs code it can trace symbolically; this needs only that
-the block runs). The recording itself is ``gptblock.check.serve.loop``'s, as plain data, so that the
-process running the block needs nothing of the checker; ``from_plain`` reads it back, checked.
-``rerun`` replays it with chosen values replaced (an intervention, as in activation patching):
-``gptblock.check.roles.weights`` reads a weight by replacing a sub-layer's input with basis vectors.
-``replay`` re-executes the operators between two nodes as a function. Both re-execute torch's
-own operators as recorded, never the block's Python: they run wherever the trace is, the
-checker's own process included.
+``record(module, x)`` runs the block under a ``TorchDispatchMode`` (``serve.loop``'s recording,
+as plain data, so that the process running the block needs nothing of the checker;
+``from_plain`` reads it back, checked) and returns a ``Trace``: every ATen operator (``Op``),
+every tensor value (``Node``), which depend on the input (``data``), and the module calls. It
+works on any code that runs, unlike ``torch.fx``. ``rerun`` replays it with chosen nodes replaced
+(how ``weights`` reads a weight), ``replay`` re-executes the operators between two nodes as a
+function: both run torch's own operators as recorded, never the block's Python.
 
 Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
 (its fused fast path is one opaque operator); the RNG is re-seeded before every run.
-
-Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
@@ -50,21 +42,13 @@ _RNG = threading.Lock()
 
 @dataclass
 class Node:
-    """One tensor value of the forward pass.
+    """One tensor value of the forward pass."""
 
-    Args:
-        id: its index in ``Trace.nodes``.
-        op: the index of the operator that made it (``INPUT``, ``LEAF``).
-        value: a detached copy of the value as it was made.
-        data: whether it depends on the block's input (else it is static: weights, constants).
-        name: a parameter's or buffer's name in the block.
-    """
-
-    id: int
-    op: int
-    value: Tensor
-    data: bool
-    name: str = ""
+    id: int  # its index in ``Trace.nodes``
+    op: int  # the operator that made it, or ``INPUT``, ``LEAF``
+    value: Tensor  # a detached copy, as it was made
+    data: bool  # whether it depends on the block's input (else static: weights, constants)
+    name: str = ""  # a parameter's or buffer's name in the block
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -91,11 +75,8 @@ class Op:
     @property
     def base(self) -> str:
         """The name without an in-place operator's trailing underscore: ``mul`` for ``mul_``."""
-        return (
-            self.name[:-1]
-            if self.name.endswith("_") and not self.name.endswith("__")
-            else self.name
-        )
+        name = self.name
+        return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
     def scalars(self) -> list[float]:
         """The plain numbers among its arguments."""
@@ -146,8 +127,7 @@ def from_plain(
     and every device argument moved there (a trace recorded on a GPU, replayed here).
 
     Raises:
-        TraceError: the block raised while traced, returned no tensor, or what came is not a
-            trace.
+        TraceError: the block raised while traced, returned no tensor, or sent no trace.
     """
     if "error" in meta:
         raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
@@ -179,17 +159,10 @@ def from_plain(
                 0 <= i < n and nodes[i].op == index for i in outputs
             ):
                 raise TraceError("an operator's nodes that do not exist")
-            ops.append(
-                Op(
-                    index,
-                    operator(o["func"]),
-                    tuple(decode(a, n, device) for a in args),
-                    {str(k): decode(v, n, device) for k, v in kwargs.items()},
-                    inputs,
-                    outputs,
-                    str(o["module"])[:300],
-                )
-            )
+            args = tuple(decode(a, n, device) for a in args)
+            kwargs = {str(k): decode(v, n, device) for k, v in kwargs.items()}
+            module = str(o["module"])[:300]
+            ops.append(Op(index, operator(o["func"]), args, kwargs, inputs, outputs, module))
         if not all(-2 <= node.op < len(ops) for node in nodes):
             raise TraceError("a node made by no operator")
         calls = []

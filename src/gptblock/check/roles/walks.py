@@ -1,11 +1,9 @@
 """Following a node of a recorded forward pass to where a role reads or writes it.
 
-A sub-layer's input and output are rarely the tensors its matrix product sees: code reshapes,
-transposes, slices, scales and adds biases around it, and einsum permutes on its own. These
-walks step over exactly those operators (``SHAPE_OPS``, ``SLICING_OPS``, a scalar factor, a
-static bias) to the tensor laid out by position (``layout``) that the lessons' block has in that
-place: q, k, v before the heads are split, the heads as the block merged them, an MLP layer's
-input and output. ``gptblock.check.roles.dataflow`` uses them to give each role its nodes.
+Code reshapes, transposes, slices, scales and adds biases around a sub-layer's matrix product;
+these walks step over exactly those operators to the tensor laid out by position (``layout``)
+that the lessons' block has in that place: q, k, v before the heads are split, the heads as the
+block merged them, an MLP layer's input and output.
 
 Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
@@ -24,40 +22,12 @@ __all__ = [
 
 Tensor = torch.Tensor
 
-SHAPE_OPS = frozenset(
-    [
-        "view",
-        "_unsafe_view",
-        "reshape",
-        "transpose",
-        "t",
-        "permute",
-        "expand",
-        "unsqueeze",
-        "squeeze",
-        "contiguous",
-        "clone",
-        "slice",
-        "select",
-        "split",
-        "split_with_sizes",
-        "unbind",
-        "chunk",
-        "alias",
-        "detach",
-        "_to_copy",
-        "unflatten",
-        "flatten",
-        "narrow",
-        "as_strided",
-        "movedim",
-        "_reshape_alias",
-        "view_as",
-        "expand_as",
-        "lift_fresh",
-        "repeat",
-    ]
-)
+SHAPE_OPS = frozenset([
+    "view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
+    "squeeze", "contiguous", "clone", "slice", "select", "split", "split_with_sizes", "unbind",
+    "chunk", "alias", "detach", "_to_copy", "unflatten", "flatten", "narrow", "as_strided",
+    "movedim", "_reshape_alias", "view_as", "expand_as", "lift_fresh", "repeat",
+])  # fmt: skip
 WEIGHT_OPS = frozenset(
     ["mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "mv", "addmv", "linear"]
 )
@@ -123,12 +93,13 @@ def _scalar(trace: Trace, op: Op, node: int) -> float | None:
 GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
 
 
-def _moved_from(trace: Trace, node: int) -> list[int]:
-    """``node`` and the nodes it is a reshape or slice of, nearest first."""
+def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
+    """``node`` and the nodes it is a reshape (or with ``slices``, a slice) of, nearest first."""
     chain = [node]
-    while (op := trace.producer(chain[-1])) is not None and op.base in SHAPE_OPS:
+    while (op := trace.producer(chain[-1])) is not None:
         data = [n for n in op.inputs if trace.nodes[n].data]
-        if len(data) != 1:
+        moved = op.base in SHAPE_OPS if slices else op.name in SHAPE_OPS - SLICING_OPS
+        if not moved or len(data) != 1:
             break
         chain.append(data[0])
     return chain
@@ -141,7 +112,7 @@ def gathered(trace: Trace, op: Op) -> int | None:
     data = [n for n in op.inputs if trace.nodes[n].data]
     if op.base not in GATHER_OPS or not data or len(data) != len(op.inputs):
         return None
-    chains = [_moved_from(trace, n) for n in data]
+    chains = [_reshaped(trace, n, slices=True) for n in data]
     common = [n for n in chains[0] if all(n in c for c in chains[1:])]
     if not common or len(data) < 2:
         return None
@@ -196,26 +167,15 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
 def source(trace: Trace, node: int, B: int, T: int) -> int | None:
     """The earliest node laid out by position that ``node`` is a reshape of: the tensor a
     sub-layer reads, however many views of it the code (an einsum) made."""
-    best = node if layout(trace.nodes[node].shape, B, T) else None
-    while (op := trace.producer(node)) is not None:
-        data = [n for n in op.inputs if trace.nodes[n].data]
-        if op.name not in SHAPE_OPS or op.name in SLICING_OPS or len(data) != 1:
-            break
-        node = data[0]
-        best = node if layout(trace.nodes[node].shape, B, T) else best
-    return best
+    laid = [n for n in _reshaped(trace, node) if layout(trace.nodes[n].shape, B, T)]
+    return laid[-1] if laid else None
 
 
 def merged_input(trace: Trace, node: int, B: int, T: int) -> int | None:
     """What the output projection reads: the heads as the block itself merged them, the deepest
     (B, T, D) tensor behind ``node`` through reshapes; if the block never holds one (an einsum
     contracting heads and head size with a 3-D W_O), the heads (B, nh, T, hs) themselves."""
-    chain = [node]
-    while (op := trace.producer(chain[-1])) is not None:
-        data = [n for n in op.inputs if trace.nodes[n].data]
-        if op.name not in SHAPE_OPS or op.name in SLICING_OPS or len(data) != 1:
-            break
-        chain.append(data[0])
+    chain = _reshaped(trace, node)
     shapes = [trace.nodes[n].shape for n in chain]
     flat = [n for n, s in zip(chain, shapes, strict=True) if len(s) == 3 and layout(s, B, T)]
     heads = [n for n, s in zip(chain, shapes, strict=True) if layout(s, B, T, strict=False)]

@@ -1,16 +1,11 @@
 """Each role's weight read out of a block by what its sub-layer computes, in the lessons' layout.
 
-``read_block(module, x)`` records the block's forward pass on ``x`` (``gptblock.check.roles.trace``),
-finds its roles (``gptblock.check.roles.dataflow``) and reads every sub-layer's weight and bias the
-same way, whatever holds them (``nn.Linear``, ``nn.Conv1d``, GPT-2's ``Conv1D``, raw (in, out) or
-(out, in) parameters, 3-D per-head tensors, q, k, v packed in thirds or per head, parameter
-lists and dicts, parameters reached through functions): the block is run again with the role's
-input replaced by zeros and then by basis vectors, one per position, and the role's output is
-read where the reference needs it (q, k, v before the heads are split; the projection's input
-after the block merged them). A sub-layer that computes ``h @ W.T + b`` then gives ``b`` for the
-zero rows and ``W[:, c] + b`` for the row holding basis vector ``c``. Every weight read is then
-checked: applied to the role's input as traced, it must give the role's output as traced (to
-1e-9 of its scale in float64), or the block is not read.
+``read_block(module, x)`` records the forward pass (``trace``), finds the roles (``dataflow``),
+and reads every sub-layer the same way whatever holds its weight: the block is replayed with the
+role's input replaced by zeros, then by basis vectors, and its output read where the reference
+needs it; ``h @ W.T + b`` gives ``b`` for the zero rows and ``W[:, c] + b`` for basis vector
+``c``. Every weight read must reproduce the role's traced output (to 1e-9 of its scale in
+float64), or the block is not read.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
 """
@@ -56,11 +51,16 @@ class Reading:
         )
 
 
+def _axes(shape: tuple[int, ...], B: int, T: int) -> tuple[int, int]:
+    axes = layout(shape, B, T, strict=False)
+    if axes is None:
+        raise Unread(f"a tensor of shape {shape} is not laid out by position")
+    return axes
+
+
 def _rows(value: Tensor, B: int, T: int) -> Tensor:
     """A node's value as one row per position, (B * T, F), b-major."""
-    axes = layout(tuple(value.shape), B, T, strict=False)
-    if axes is None:
-        raise Unread(f"a tensor of shape {tuple(value.shape)} is not laid out by position")
+    axes = _axes(tuple(value.shape), B, T)
     if axes[0] == axes[1]:  # (..., B * T, ...)
         return value.movedim(axes[0], 0).reshape(B * T, -1)
     return value.movedim(axes, (0, 1)).reshape(B * T, -1)
@@ -68,9 +68,7 @@ def _rows(value: Tensor, B: int, T: int) -> Tensor:
 
 def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
     """``_rows``' inverse: (B * T, F) rows back to a node's shape."""
-    axes = layout(shape, B, T, strict=False)
-    if axes is None:
-        raise Unread(f"a tensor of shape {shape} is not laid out by position")
+    axes = _axes(shape, B, T)
     rest = [s for i, s in enumerate(shape) if i not in axes]
     if axes[0] == axes[1]:
         return rows.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
@@ -133,11 +131,8 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
 
 
 def read_block(module: nn.Module, x: Tensor) -> Reading:
-    """Record ``module(x)`` and read every role's weight out of it.
-
-    Args:
-        module: the checker's copy of the block (float64 or float32, eval mode).
-        x: a (B, T, C) input with B != T, so that shapes tell batch from time.
+    """Record ``module(x)`` and read every role's weight out of it; ``x`` (B, T, C) with B != T,
+    so that shapes tell batch from time.
 
     Raises:
         Unread: the block's roles or weights cannot be read; the message says why.
