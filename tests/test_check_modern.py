@@ -164,7 +164,7 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     with one_thread():
         read = read_modern(block, x)
         norms = [norm_of(f, x) for f in (read.norm1, read.norm2)]
-        mlp, attn = mlp_of(read), _attention_of(read)[0]
+        mlp, attn = mlp_of(read), _attention_of(read)[0][0]
     cat = lambda *ts: torch.cat(ts).numpy()  # noqa: E731
     params = {
         "norm1.weight": norms[0].gain.numpy(),

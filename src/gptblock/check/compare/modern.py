@@ -36,14 +36,14 @@ from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_m
 from ..mistakes.report import CAUGHT, Finding
 from ..mistakes.search import TOLERANCE
 from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
-from ..mistakes.variants import DEVIATIONS, Deviation, compose
+from ..mistakes.variants import DEVIATIONS, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_cache import CacheProbe, Source, judge_cache
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
 from ..roles.modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
-from ..roles.modern_scope import closest, measured, unmodelled
+from ..roles.modern_scope import measured, unmodelled
 from ..roles.trace import Trace, TraceError
 
 __all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
@@ -72,15 +72,13 @@ LESSON = tuple(d for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 
 
 def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Deviation, ...]]:
-    """Every set of at most ``max_size`` deviations, one per group, smallest first."""
-    pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
-    pool = [c for c in pool if rotated or c.group not in ROTARY]
-    groups: dict[str, list[Deviation]] = {}
-    for c in pool:
-        groups.setdefault(c.group, []).append(c)
-    for size in range(max_size + 1):
-        for chosen in itertools.combinations(groups.values(), size):
-            yield from itertools.product(*chosen)
+    """Every set of at most ``max_size`` deviations, one per group, smallest first (the key/value
+    order only with grouped heads, the rotary ones only with a rotation)."""
+    pool = [
+        c for c in (*MODERN, *LESSON)
+        if (grouped or c.group != "order") and (rotated or c.group not in ROTARY)
+    ]  # fmt: skip
+    return variants(max_size, pool)
 
 
 @dataclass(frozen=True)
@@ -91,14 +89,17 @@ class AttnMatch:
     qk_norm: tuple[Tensor, Tensor] | None = None
 
 
-def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
+def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch], str]:
     """The smallest sets of changes under which the modern attention reproduces the merged
-    heads the block computed (the first of each distinct set of mistakes)."""
+    heads the block computed (the first of each distinct set of mistakes); and, for a failed
+    comparison's message, the modern attention nearest them under the unknowns a correct block
+    may choose, and how far it is."""
     q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
     found: list[AttnMatch] = []
+    nearest = (float("inf"), "the modern attention")
     for changes in _changes(max_size, grouped, read.rotated):
         if found and len(changes) > len(found[0].changes):
             break
@@ -106,18 +107,24 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             continue
         steps = compose(changes)
         for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-            if (rope is None and any(c.group in ROTARY for c in changes)) or (
-                (rope, qk) == (None, None) and read.rotated
-            ):
+            if rope is None and any(c.group in ROTARY for c in changes):
                 continue
             try:
                 ctx = attention(q, k, v, read.n_head, rope, steps, qk)
             except CAUGHT:
                 continue
+            if not changes:
+                what = " with ".join(
+                    ["the modern attention", *([rope.describe(hs)] if rope else []),
+                     *(["a qk norm"] if qk is not None else [])]
+                )  # fmt: skip
+                nearest = min(nearest, (relative_error(read.ctx, ctx), what))
+            if (rope, qk) == (None, None) and read.rotated:
+                continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
                 found.append(AttnMatch(changes, rope, steps, qk))
                 break
-    return found
+    return found, f"{nearest[1]}, is off by {nearest[0]:.2g} of its scale > {TOLERANCE:g}"
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
     if not is_modern(read, [n.form in NORM_FORMS for n in norms]):
         return None
     mlp = mlp_of(read)
-    attn = _attention_of(read)
+    attn, closest = _attention_of(read)
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     hs = read.q[0].shape[0] // read.n_head
     rope = attn[0].rope if attn else None
@@ -216,7 +223,7 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
             "part nor any catalogued mistake of it"
         )
         if not attn:
-            msg += f" (the closest, {closest(read)})"
+            msg += f" (the closest, {closest})"
         return _unexplained(read, note, Finding(name, False, msg))
     wiring, error = _wiring(read, norms, mlp, attn[0], post)
     if error > TOLERANCE:
@@ -231,9 +238,9 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in attn[0].changes:
-        label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
-            c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
-                           by_C=read.x.shape[-1] ** -0.5, by_hs=1 / hs, sqrt_hs=hs**0.5)
+        label = (
+            _pairing_label(rope) if c.mistake == "rope_pairing" and rope
+            else c.describe(read.x.shape[-1], read.n_head, hs)
         )  # fmt: skip
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"

@@ -92,18 +92,6 @@ class ModernParts:
         return run_modern(parts, x.to(torch.float64), self.n_head, steps, self.rope, qk_norm=qk)
 
 
-def _activation(describe: str) -> tuple[str, bool] | None:
-    """(activation, gated) from ``MlpRead.describe`` ('swiglu d_ff=..', 'dense gelu d_ff=..')."""
-    words = describe.split()
-    if words[0] == "swiglu":
-        return "silu", True
-    if words[0] == "gated" and words[1] in GATED:
-        return words[1], True
-    if words[0] == "dense" and words[1] in DENSE:
-        return words[1], False
-    return None
-
-
 def _plain_gain(t: Tensor) -> Tensor:
     """A gain read as a ratio, with entries within 1e-9 of 1 sent as exactly 1 (a norm without a
     weight: the checker takes exact 1s as no weight, and 1 + 1e-16 for a value it chose)."""
@@ -122,9 +110,8 @@ def send(
     """The parts of a block the modern comparison found correct, as (meta, tensors), or None
     when a standard form cannot express them: ``rope`` and ``qk_norm`` are the attention's
     match (``modern.AttnMatch``), one without changes."""
-    act = _activation(mlp.describe)
     if (
-        post or act is None
+        post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
         or any(n.form == "layernorm" and n.bias is None for n in norms)
         or (rope is not None and rope.table != rope.pairing)
@@ -154,8 +141,8 @@ def send(
         "forms": [n.form for n in norms],
         "shared": shared,
         "n_head": read.n_head,
-        "activation": act[0],
-        "gated": act[1],
+        "activation": mlp.activation,
+        "gated": mlp.gated,
         "parallel": read.parallel,
         "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing, rope.sign],
     }

@@ -24,22 +24,16 @@ Shapes: B batch, T time, C channels, G = B * nh the score product's batch.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Rope, attention
+from ..mistakes.modern_steps import Rope
 from ..mistakes.report import CAUGHT
-from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT
 from .dataflow import _cores, _scores
-from .modern_parts import relative_error
-from .modern_read import ModernRead, qk_gains
-from .modern_rotary import Turn, ropes
+from .modern_read import ModernRead
+from .modern_rotary import Turn
 from .trace import Op, Trace, TraceError, replay
 
-__all__ = ["attention_scope", "closest", "measured", "unmodelled"]
+__all__ = ["attention_scope", "measured", "unmodelled"]
 
 Tensor = torch.Tensor
 SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
@@ -224,24 +218,3 @@ def measured(turn: Turn | None, hs: int) -> str:
         return "something between the projections and the scores (not identified)"
     rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
     return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"
-
-
-def closest(read: ModernRead) -> str:
-    """The modern attention nearest the block's merged heads, under the unknowns a correct
-    block may choose, and how far it is, for a failed comparison's message."""
-    h = read.h1
-    q, k, v = (F.linear(h, w.to(h.dtype), b.to(h.dtype)) for w, b in (read.q, read.k, read.v))
-    hs = q.shape[-1] // read.n_head
-    norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
-    best = (float("inf"), "the modern attention")
-    for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-        try:
-            ctx = attention(q, k, v, read.n_head, rope, CORRECT, qk)
-        except CAUGHT:
-            continue
-        what = " with ".join(
-            ["the modern attention", *([rope.describe(hs)] if rope else []),
-             *(["a qk norm"] if qk is not None else [])]
-        )  # fmt: skip
-        best = min(best, (relative_error(read.ctx, ctx), what))
-    return f"{best[1]}, is off by {best[0]:.2g} of its scale > {TOLERANCE:g}"
