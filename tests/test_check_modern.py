@@ -14,8 +14,8 @@ from gptblock import check_block
 from gptblock.blocks.fused import FusedBlock
 from gptblock.check.mistakes.catalogue import MISTAKES
 from gptblock.check.mistakes.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
-from gptblock.check.roles.modern_cache import cache_api, cached_last
 from gptblock.check.roles.modern_parts import norm_of
+from gptblock.check.serve.loop import cache_api, cached_last
 from gptblock.check.serve.subject import one_thread
 from gptblock.reference import modern as oracle
 from zoo_modern.proof import max_error

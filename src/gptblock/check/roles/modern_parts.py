@@ -1,15 +1,11 @@
 """What a modern block's norms and MLP compute, told from their traced values.
 
 ``norm_of(f, like)`` says what a norm (the map from the stream to a sub-layer's input, as the
-block computes it) is: a LayerNorm (it does not move when a constant is added to every channel:
-the block's own function is then the reference's, as for the lessons' block), RMSNorm or one of
-``modern_steps.NORM_FORMS``' mistaken forms, with its gain and eps read off it: the gain from an
-input of large positive entries (where eps does not matter), eps from inputs whose positions
-range over four orders of magnitude (where eps and where it sits decide the output).
-
-``mlp_of(read)`` says what the MLP computes between its first layer(s) and its last, from the
-weights read and the last layer's traced input: a dense MLP with one of ``DENSE``' activations,
-a gated one (``act(gate) * up``, SwiGLU with SiLU), or a catalogued mistake of a gated one.
+block computes it) is: a LayerNorm, RMSNorm or one of ``modern_steps.NORM_FORMS``' mistaken
+forms, with its gain (read on large positive inputs, where eps does not matter) and eps (on
+inputs ranging over four orders of magnitude, where it decides the output). ``mlp_of(read)``
+says what the MLP computes between its first layer(s) and its last: dense with one of
+``DENSE``' activations, gated (``act(gate) * up``), or a catalogued mistake of a gated one.
 
 Shapes: B batch, T time, C channels, H the MLP's hidden width.
 """

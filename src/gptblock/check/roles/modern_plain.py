@@ -1,20 +1,13 @@
 """A correct modern block's parts as plain numbers, and the block rebuilt from them.
 
-In ``gptblock check`` the modern comparison (``gptblock.check.compare.modern``) runs in the block's own
-process, so its PASS is a claim. When it finds the modern block with no mistake, that process
-also sends the parts it read (``send``): the q, k, v and output projections, the MLP's matrices
-and activation, the norms' eps and gains, the rotary embedding, the qk norm's gains and the head
-counts. The checker rebuilds the block from those numbers alone (``receive``) and runs it with
-its own code (``ModernParts.run``, the steps of ``gptblock.check.mistakes.modern_steps``), once
-``unpack_modern`` has held every number to the values the checker chose (as ``plain`` holds the
-lessons' readings); the verdict (``gptblock.check.compare.verdict``) then holds the rebuilt block
-to the block's outputs on inputs the block never saw, as it holds the lessons' block.
-
-What the standard forms express is sent: RMSNorm or LayerNorm (its gain, bias and eps), pre-norm
-or parallel (GPT-J's one norm read by both branches, or two), a dense or gated MLP, rotary
-positions turned by the angle or by minus it (nanochat's direction) with a table that fits their
-pairing. Anything else sends nothing, and the PASS stays unverified (a post-norm block is never a
-PASS: the comparison names it the lessons' ``post_norm``).
+The modern comparison's PASS is a claim of the block's process, which therefore sends the parts
+it read (``send``: projections, the MLP's matrices and activation, the norms' forms, eps and
+gains, the rotary embedding, the qk norm's gains, the head counts). The checker rebuilds the
+block from those numbers alone (``receive``), holds each number to the values it chose
+(``unpack_modern``, as ``plain`` holds the lessons' readings) and runs it with its own code
+(``ModernParts.run``) against the block on fresh inputs (``compare.verdict``). Only the standard
+forms are sent (docs/checker.md, "Where it runs, and what that means for PASS"); anything else
+sends nothing, and the PASS stays unverified.
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H the MLP's hidden width.
 """
@@ -151,17 +144,13 @@ def send(
 
 def _same(a: NormRead, b: NormRead) -> bool:
     """Whether two norms read are one: the same parameters, or the same values read."""
+
+    def equal(x: Tensor | None, y: Tensor | None) -> bool:
+        return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+
     if a.params and a.params == b.params:
         return True
-    ts = [(a.gain, b.gain), (a.bias, b.bias)]
-    return (
-        a.form == b.form
-        and a.eps == b.eps
-        and all(
-            (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-            for x, y in ts
-        )
-    )
+    return a.form == b.form and a.eps == b.eps and equal(a.gain, b.gain) and equal(a.bias, b.bias)
 
 
 def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:
