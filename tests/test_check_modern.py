@@ -14,8 +14,8 @@ from gptblock import check_block
 from gptblock.blocks.fused import FusedBlock
 from gptblock.check.mistakes.catalogue import MISTAKES
 from gptblock.check.mistakes.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
-from gptblock.check.roles.modern_cache import cache_api, cached_last
 from gptblock.check.roles.modern_parts import norm_of
+from gptblock.check.serve.loop import cache_api, cached_last
 from gptblock.check.serve.subject import one_thread
 from gptblock.reference import modern as oracle
 from zoo_modern.proof import max_error
@@ -164,7 +164,7 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     with one_thread():
         read = read_modern(block, x)
         norms = [norm_of(f, x) for f in (read.norm1, read.norm2)]
-        mlp, attn = mlp_of(read), _attention_of(read)[0]
+        mlp, attn = mlp_of(read), _attention_of(read)[0][0]
     cat = lambda *ts: torch.cat(ts).numpy()  # noqa: E731
     params = {
         "norm1.weight": norms[0].gain.numpy(),

@@ -17,7 +17,8 @@ import torch.nn as nn
 import zoo_modern
 from gptblock import check_block
 from gptblock.check import check_isolated
-from gptblock.check.roles.modern_cache import CACHE_APIS, cache_api, probe_cache
+from gptblock.check.compare.modern import judge_cache
+from gptblock.check.serve.loop import CACHE_APIS, cache_api, drive_cache
 
 CACHED = ("meta_llama", "gpt_fast")
 
@@ -121,7 +122,7 @@ def test_a_past_key_value_cache_is_driven(offset):
 
     with torch.no_grad():
         assert error(shifted(torch.arange(5)), block(x)) < 1e-12  # the reference is the block
-        found = probe_cache(block, x, error, 1e-4, shifted)
+        found = judge_cache(*drive_cache(block, x), x, error, 1e-4, shifted)
     assert ("rotated as position 0" in found.note) is (not offset), found.note
     assert bool(found.offset) is (not offset)
     if offset:

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from gptblock import lesson
+from gptblock.check.compare.modern import judge_cache
 from gptblock.check.isolation import child
-from gptblock.check.roles.modern_cache import judge_cache
 from gptblock.check.roles.trace import TraceError, from_plain, rerun
 from gptblock.check.serve import loop
 

@@ -1,23 +1,14 @@
 """``gptblock check`` on a modern block: compared with the modern reference, not the lessons'.
 
-When the forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated MLP
-(``gptblock.check.roles.modern_read``), the block is compared with the modern block
-(``gptblock.reference.modern``'s, computed by ``gptblock.check.mistakes.modern_steps`` with the weights
-read out of the block), part by part and then whole:
-
-1. each norm is told from what it computes (``modern_parts.norm_of``): RMSNorm with its gain and
-   eps, a LayerNorm, or a catalogued mistake of RMSNorm;
-2. the MLP's hidden values are matched (``modern_parts.mlp_of``): dense, gated, or a mistake;
-3. the attention's merged heads are matched by the smallest set of catalogued mistakes (the
-   modern ones, ``MODERN``, and the lessons' attention mistakes, ``variants.DEVIATIONS``) under
-   the unknowns a correct block may choose (the rotary pairing, direction, theta and rotated
-   channels, ``ropes``);
-4. the whole block, those parts wired pre-norm or in parallel (GPT-J), must reproduce the
-   block's output within ``search.TOLERANCE``: then ``PASS`` when no mistake was found,
-   ``FOUND`` with each mistake when some were; else ``FAIL``;
-5. a block right on whole sequences whose ``forward`` takes a cache API the checker knows has
-   its cached step compared too (``modern_cache``): ``rope_cache_offset`` when it is rotated as
-   position 0.
+A block whose forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated
+MLP (``roles.modern_read``) is compared part by part, then whole, with the modern block computed
+by ``mistakes.modern_steps`` from the weights read out of it: each norm's form
+(``modern_parts.norm_of``), the MLP's (``mlp_of``), the attention's merged heads with the
+smallest set of catalogued mistakes (``MODERN`` and the lessons' attention ``DEVIATIONS``) under
+the unknowns a correct block may choose (``ropes``), the whole block wired pre-norm, in
+parallel or as a wiring mistake; a block right on whole sequences has its KV cache's step
+compared (``judge_cache``: ``rope_cache_offset``). docs/checker.md, "The modern block", says
+what each step accepts and why.
 
 Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
@@ -25,28 +16,32 @@ Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
-from ..mistakes.report import CAUGHT, Finding
+from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE
 from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
-from ..mistakes.variants import DEVIATIONS, Deviation, compose
+from ..mistakes.variants import DEVIATIONS, Deviation, compose, variants
 from ..roles.dataflow import Unread
-from ..roles.modern_cache import CacheProbe, Source, judge_cache
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
-from ..roles.modern_read import KEPT, ModernRead, is_modern, qk_gains, read_modern_trace
+from ..roles.modern_read import KEPT, ModernRead, Source, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
-from ..roles.modern_scope import closest, measured, unmodelled
+from ..roles.modern_scope import measured, unmodelled
 from ..roles.trace import Trace, TraceError
+from ..serve.loop import CACHE_APIS
 
-__all__ = ["MODERN", "ModernOutcome", "Source", "check_modern", "compare_modern", "ropes"]
+__all__ = [
+    "MODERN", "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
+    "judge_cache", "ropes",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
@@ -72,15 +67,13 @@ LESSON = tuple(d for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 
 
 def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Deviation, ...]]:
-    """Every set of at most ``max_size`` deviations, one per group, smallest first."""
-    pool = [c for c in (*MODERN, *LESSON) if (grouped or c.group != "order")]
-    pool = [c for c in pool if rotated or c.group not in ROTARY]
-    groups: dict[str, list[Deviation]] = {}
-    for c in pool:
-        groups.setdefault(c.group, []).append(c)
-    for size in range(max_size + 1):
-        for chosen in itertools.combinations(groups.values(), size):
-            yield from itertools.product(*chosen)
+    """Every set of at most ``max_size`` deviations, one per group, smallest first (the key/value
+    order only with grouped heads, the rotary ones only with a rotation)."""
+    pool = [
+        c for c in (*MODERN, *LESSON)
+        if (grouped or c.group != "order") and (rotated or c.group not in ROTARY)
+    ]  # fmt: skip
+    return variants(max_size, pool)
 
 
 @dataclass(frozen=True)
@@ -91,14 +84,17 @@ class AttnMatch:
     qk_norm: tuple[Tensor, Tensor] | None = None
 
 
-def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
+def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch], str]:
     """The smallest sets of changes under which the modern attention reproduces the merged
-    heads the block computed (the first of each distinct set of mistakes)."""
+    heads the block computed (the first of each distinct set of mistakes); and, for a failed
+    comparison's message, the modern attention nearest them under the unknowns a correct block
+    may choose, and how far it is."""
     q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
     found: list[AttnMatch] = []
+    nearest = (float("inf"), "the modern attention")
     for changes in _changes(max_size, grouped, read.rotated):
         if found and len(changes) > len(found[0].changes):
             break
@@ -106,18 +102,24 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> list[AttnMatch]:
             continue
         steps = compose(changes)
         for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-            if (rope is None and any(c.group in ROTARY for c in changes)) or (
-                (rope, qk) == (None, None) and read.rotated
-            ):
+            if rope is None and any(c.group in ROTARY for c in changes):
                 continue
             try:
                 ctx = attention(q, k, v, read.n_head, rope, steps, qk)
             except CAUGHT:
                 continue
+            if not changes:
+                what = " with ".join(
+                    ["the modern attention", *([rope.describe(hs)] if rope else []),
+                     *(["a qk norm"] if qk is not None else [])]
+                )  # fmt: skip
+                nearest = min(nearest, (relative_error(read.ctx, ctx), what))
+            if (rope, qk) == (None, None) and read.rotated:
+                continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
                 found.append(AttnMatch(changes, rope, steps, qk))
                 break
-    return found
+    return found, f"{nearest[1]}, is off by {nearest[0]:.2g} of its scale > {TOLERANCE:g}"
 
 
 @dataclass(frozen=True)
@@ -181,14 +183,14 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
     post = norms[0].form == "none" and len(read.norms) == 2  # no norm before the attention
     if post:  # the norms after the residual: a post-norm block, for the wiring to tell
         norms = [norm_of(f, like) for f in read.norms]
-    if not is_modern(read, [n.form in NORM_FORMS for n in norms]):
-        return None
-    mlp = mlp_of(read)
-    attn = _attention_of(read)
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
+    if not (read.rotated or grouped or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
+        return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
+    mlp = mlp_of(read)
+    attn, closest = _attention_of(read)
     hs = read.q[0].shape[0] // read.n_head
     rope = attn[0].rope if attn else None
-    parts = [
+    said = [
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
         rope.describe(hs) if rope else "",
         "qk_norm" if attn and attn[0].qk_norm is not None else "",
@@ -199,7 +201,7 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
         "parallel residual" if read.parallel else "",
     ]  # fmt: skip
     roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
-    note = ["modern block: " + ", ".join(p for p in parts if p), "roles: " + "; ".join(roles) + (
+    note = ["modern block: " + ", ".join(p for p in said if p), "roles: " + "; ".join(roles) + (
         " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
     name = "reference comparison"
     missing = [
@@ -216,9 +218,10 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
             "part nor any catalogued mistake of it"
         )
         if not attn:
-            msg += f" (the closest, {closest(read)})"
+            msg += f" (the closest, {closest})"
         return _unexplained(read, note, Finding(name, False, msg))
-    wiring, error = _wiring(read, norms, mlp, attn[0], post)
+    parts = _parts(read, norms, mlp)
+    wiring, error = _wiring(read, parts, attn[0], post)
     if error > TOLERANCE:
         msg = (
             "the modern block with the weights read from this one does not reproduce it "
@@ -231,15 +234,18 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in attn[0].changes:
-        label = _pairing_label(attn[0].rope) if c.mistake == "rope_pairing" and attn[0].rope else (
-            c.label.format(C=read.x.shape[-1], hs=hs, nh=read.n_head, right=hs**-0.5,
-                           by_C=read.x.shape[-1] ** -0.5, by_hs=1 / hs, sqrt_hs=hs**0.5)
+        label = (
+            _pairing_label(rope) if c.mistake == "rope_pairing" and rope
+            else c.describe(read.x.shape[-1], read.n_head, hs)
         )  # fmt: skip
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
-        cache = _cache(source, read, norms, mlp, attn[0])
+        with torch.no_grad():
+            xs = read.x.to(read.y.dtype)
+            shifted = partial(_run, read, parts, attn[0]) if attn[0].rope else None
+            cache = judge_cache(*source.cache(xs), xs, relative_error, TOLERANCE, shifted)
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
@@ -265,21 +271,17 @@ def _unexplained(read: ModernRead, note: list[str], failed: Finding) -> ModernOu
     return ModernOutcome([*note, said], None, [], {}, [])
 
 
-def _wiring(
-    read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch, post: bool
-) -> tuple[Deviation | None, float]:
+def _wiring(read: ModernRead, parts: Parts, a: AttnMatch, post: bool) -> tuple[Deviation | None, float]:  # fmt: skip
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
-    parts = _parts(read, norms, mlp)
     with torch.no_grad():
         best: tuple[Deviation | None, float] = (None, relative_error(read.y, _run(read, parts, a)))
-        if read.parallel:
-            return best
-        for d in DEVIATIONS:
+        for d in () if read.parallel else DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
             if d.group == "wiring" and (d.mistake == "post_norm") == post:
-                error = relative_error(read.y, _run(read, parts, a, d.apply(CORRECT).wiring))
+                wiring = d.apply(CORRECT).wiring
+                error = relative_error(read.y, _run(read, parts, a, None, wiring))
                 best = (d, error) if error < best[1] else best
         return best
 
@@ -291,12 +293,7 @@ def _parts(read: ModernRead, norms: list[NormRead], mlp: MlpRead) -> Parts:
     def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return lin(h, read.q), lin(h, read.k), lin(h, read.v)
 
-    def proj(h: Tensor) -> Tensor:
-        return lin(h, read.proj)
-
-    def down(h: Tensor) -> Tensor:
-        return lin(h, read.mlp[-1])
-
+    proj, down = partial(lin, w=read.proj), partial(lin, w=read.mlp[-1])
     C, D = read.x.shape[-1], read.q[0].shape[0]
     return Parts(C, D, qkv, proj, mlp.hidden, down, norms[0].function, norms[1].function)
 
@@ -305,31 +302,72 @@ def _run(
     read: ModernRead,
     parts: Parts,
     a: AttnMatch,
-    wiring: Wiring | None = None,
     positions: Tensor | None = None,
+    wiring: Wiring | None = None,
 ) -> Tensor:
-    """The modern block on the traced input, its attention as matched, wired by ``wiring`` (by
-    default pre-norm, or in parallel: GPT-J / PaLM), its tokens rotated at ``positions`` (by
-    default 0 ... T-1)."""
+    """The modern block on the traced input, its attention as matched, its tokens rotated at
+    ``positions`` (by default 0 ... T-1), wired by ``wiring`` (by default pre-norm, or in
+    parallel: GPT-J / PaLM)."""
     wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
     steps = replace(a.steps, wiring=wiring)
     return run_modern(parts, read.x, read.n_head, steps, a.rope, a.qk_norm, positions)
 
 
-def _cache(source: Source, read: ModernRead, norms: list[NormRead], mlp: MlpRead, a: AttnMatch) -> CacheProbe:  # fmt: skip
-    """The block's KV cache driven (``modern_cache``), for a block found right on whole
-    sequences, pre-norm or in parallel."""
-    parts = _parts(read, norms, mlp)
+@dataclass(frozen=True)
+class CacheProbe:
+    """What ``judge_cache`` found: a note for the report, and the label of
+    ``rope_cache_offset`` when the cached step is rotated as position 0 (else ``""``)."""
 
-    def shifted(positions: Tensor) -> Tensor:
-        return _run(read, parts, a, positions=positions)
+    note: str
+    offset: str = ""
 
-    with torch.no_grad():
-        xs = read.x.to(read.y.dtype)
-        said, tensors = source.cache(xs)
-        return judge_cache(
-            said, tensors, xs, relative_error, TOLERANCE, shifted if a.rope else None
+
+def judge_cache(
+    said: dict[str, Any],
+    tensors: dict[str, Tensor],
+    x: Tensor,
+    error: Callable[[Tensor, Tensor], float],
+    tolerance: float,
+    shifted: Callable[[Tensor], Tensor] | None,
+) -> CacheProbe:
+    """What ``loop.drive_cache`` answered on ``x`` (where the block runs: plain data, checked
+    here), compared: the cached step with the whole sequence's last position (``error`` at most
+    ``tolerance``), else with the rebuilt block's with its tokens rotated at the given positions
+    (T,) (``shifted``; None when nothing is rotated)."""
+    api = said.get("api")
+    if api is None:
+        return CacheProbe("cache: not probed: no cache API recognised (" + ", ".join(CACHE_APIS) + ")")  # fmt: skip
+    if api not in CACHE_APIS:
+        return CacheProbe("cache: not probed: an answer about no cache API the checker knows")
+    T = x.shape[1]
+    how = {"start_pos": f"start_pos={T - 1}", "input_pos": f"input_pos=[{T - 1}]"}.get(
+        api, f"{api} from the prefix's call"
+    )
+    said_ = f"cache ({api}): one step at position {T - 1} ({how}) after the prefix"
+    if "raised" in said:
+        return CacheProbe(f"cache: not probed: driving {api} raised {text(said['raised'], 300)}")
+    whole, step = tensors.get("whole"), tensors.get("step")
+    if not (
+        isinstance(whole, Tensor) and isinstance(step, Tensor)
+        and whole.shape == step.shape == (x.shape[0], 1, x.shape[2])
+    ):  # fmt: skip
+        return CacheProbe(f"cache: not probed: driving {api} gave no (B, 1, C) outputs")
+    whole, step = whole.to(x.device), step.to(x.device)
+    far = error(step, whole)
+    if far <= tolerance:
+        return CacheProbe(f"{said_} equals the whole sequence's last position")
+    at = torch.cat((torch.arange(T - 1), torch.zeros(1, dtype=torch.long)))  # the step at 0
+    if shifted is not None and error(step, shifted(at.to(x.device))[:, -1:]) <= tolerance:
+        label = (
+            f"a cached decoding step at position {T - 1} ({how}) is rotated as position 0: "
+            "its q and k are turned by the angles of the first position, not by those of "
+            "its offset in the sequence (whole sequences, at positions 0 ... T-1, are right)"
         )
+        return CacheProbe(f"{said_} is rotated as position 0", label)
+    return CacheProbe(
+        f"{said_} differs from the whole sequence's last position (by {far:.2g} of its scale) "
+        "in a way not identified (not counted in the verdict)"
+    )
 
 
 def check_modern(

@@ -158,7 +158,7 @@ class Remote:
 
     def cache(self, x: Tensor) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """The block's cache API driven on ``x`` in its process (``loop.drive_cache``): plain
-        data, judged by ``modern_cache.judge_cache``."""
+        data, judged by ``compare.modern.judge_cache``."""
         return self.call("cache", {"x": x})
 
     def modern(self) -> dict[str, Any]:

@@ -1,16 +1,13 @@
 """The modern block's steps in torch, each replaceable: RMSNorm, rotary positions, grouped heads.
 
-What ``gptblock.check.mistakes.steps`` is for the lessons' block, this is for the parts the modern block
-swaps in (``gptblock.reference.modern`` is their NumPy oracle, and ``tests/test_check_modern.py``
-holds the two equal): the norm as ``rms(x, weight, eps, form)``, rotary positions as
-``Rope.apply``, the key/value heads repeated for the query heads by ``repeat_heads``, and the
-attention core between them, ``attention``, which takes the lessons' ``Steps`` for the steps the
-two blocks share (the mask, the scale, the softmax axis, the head split and merge), so that the
-lessons' catalogued mistakes are found in a modern block too. Each form a learner gets wrong is a
-named alternative of one step: ``NORM_FORMS``, and the ``Steps`` fields ``rotated``,
-``kv_order`` (``ORDERS``) and ``rope_table`` (ordinary deviations, as the lessons' mistakes are).
-``run_modern`` is the whole block: the lessons' ``Parts`` and ``Steps`` with those options (the
-MLP's hidden function in ``fc1``, the parallel residual a ``wiring``, ``parallel``).
+What ``steps`` is for the lessons' block, this is for the parts the modern block swaps in
+(``gptblock.reference.modern`` is their NumPy oracle; ``tests/test_check_modern.py`` holds the
+two equal): ``rms`` with ``NORM_FORMS``' mistaken forms, ``Rope.apply``, ``repeat_heads`` and
+the attention core between them, ``attention``, which takes the lessons' ``Steps`` for the
+steps the two blocks share and reads their modern fields (``rotated``, ``kv_order``,
+``rope_table``: the modern mistakes are ordinary deviations). ``run_modern`` is the whole block:
+the lessons' ``Parts`` and ``Steps`` with those options (``fc1`` the MLP's hidden function, the
+parallel residual a ``wiring``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, nh query heads, nkv key/value
 heads, hs head size, r rotated channels of each head.

@@ -8,7 +8,7 @@ lists every composition of at most ``max_size``, smallest first, for ``search.ex
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,9 +45,9 @@ class Deviation:
         """``steps`` with this deviation's fields replaced."""
         return replace(steps, **dict(self.changes))
 
-    def describe(self, C: int, n_head: int) -> str:
-        """The label with this block's numbers filled in."""
-        hs = C // n_head
+    def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
+        """The label with this block's numbers filled in (``hs`` by default C // n_head)."""
+        hs = C // n_head if hs is None else hs
         return self.label.format(
             C=C, hs=hs, nh=n_head, right=hs**-0.5, by_C=C**-0.5, by_hs=1 / hs, sqrt_hs=hs**0.5
         )
@@ -69,10 +69,13 @@ def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
     return steps
 
 
-def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
-    """Every combination of at most ``max_size`` deviations, one per group at most, smallest
-    first: the empty one (the correct block) first, so a search that stops at the first size
-    with a match finds the smallest set of mistakes.
+def variants(
+    max_size: int, pool: Iterable[Deviation] | None = None
+) -> Iterator[tuple[Deviation, ...]]:
+    """Every combination of at most ``max_size`` deviations (of ``pool``, by default
+    ``DEVIATIONS``), one per group at most, smallest first: the empty one (the correct block)
+    first, so a search that stops at the first size with a match finds the smallest set of
+    mistakes.
 
     Example:
         >>> [len(v) for v in variants(1)][:3]
@@ -81,7 +84,7 @@ def variants(max_size: int) -> Iterator[tuple[Deviation, ...]]:
         True
     """
     groups: dict[str, list[Deviation]] = {}
-    for deviation in DEVIATIONS:
+    for deviation in DEVIATIONS if pool is None else pool:
         groups.setdefault(deviation.group, []).append(deviation)
     for size in range(max_size + 1):
         for chosen in itertools.combinations(groups.values(), size):

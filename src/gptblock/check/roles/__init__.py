@@ -20,9 +20,9 @@ the norms, and reading their weights into numbers.
 * ``plain`` -- a reading's sub-layers as numbers, and back as ``Parts`` whose shapes are checked;
   ``provenance`` -- the parameter values the checker gives the block, and the check that the
   weights read back are made of them (and which, and whether a head's are another head's).
-* ``modern_read``, ``modern_rotary``, ``modern_cache``, ``modern_parts``, ``modern_scope``,
-  ``modern_plain`` -- the same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs,
-  a KV cache) and the parts it has that no reference models.
+* ``modern_read``, ``modern_rotary``, ``modern_parts``, ``modern_scope``, ``modern_plain`` -- the
+  same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs) and the parts it has
+  that no reference models.
 
 Order inside: ``decode``, ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
 ``norms``; ``weights``; ``mapping``, ``given``, ``claims``, ``suggest``, ``readings``, ``plain``;

@@ -1,15 +1,11 @@
 """What a modern block's norms and MLP compute, told from their traced values.
 
 ``norm_of(f, like)`` says what a norm (the map from the stream to a sub-layer's input, as the
-block computes it) is: a LayerNorm (it does not move when a constant is added to every channel:
-the block's own function is then the reference's, as for the lessons' block), RMSNorm or one of
-``modern_steps.NORM_FORMS``' mistaken forms, with its gain and eps read off it: the gain from an
-input of large positive entries (where eps does not matter), eps from inputs whose positions
-range over four orders of magnitude (where eps and where it sits decide the output).
-
-``mlp_of(read)`` says what the MLP computes between its first layer(s) and its last, from the
-weights read and the last layer's traced input: a dense MLP with one of ``DENSE``' activations,
-a gated one (``act(gate) * up``, SwiGLU with SiLU), or a catalogued mistake of a gated one.
+block computes it) is: a LayerNorm, RMSNorm or one of ``modern_steps.NORM_FORMS``' mistaken
+forms, with its gain (read on large positive inputs, where eps does not matter) and eps (on
+inputs ranging over four orders of magnitude, where it decides the output). ``mlp_of(read)``
+says what the MLP computes between its first layer(s) and its last: dense with one of
+``DENSE``' activations, gated (``act(gate) * up``), or a catalogued mistake of a gated one.
 
 Shapes: B batch, T time, C channels, H the MLP's hidden width.
 """
@@ -26,6 +22,7 @@ from torch.nn import functional as F
 from ..mistakes.modern_steps import NORM_FORMS, rms
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import MIN_DEFINED
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS
 from .modern_read import Linear, ModernRead
 
 __all__ = [
@@ -118,6 +115,10 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
     return NormRead("unknown", f, params=params)
 
 
+def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
+    return lambda h: rms(h, gain.to(h.dtype), eps, form)
+
+
 def _layernorm(
     f: Callable[[Tensor], Tensor],
     run: Callable[[Tensor], Tensor],
@@ -142,28 +143,12 @@ def _layernorm(
     return NormRead("layernorm", f, params=params)
 
 
-def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
-    return lambda h: rms(h, gain.to(h.dtype), eps, form)
-
-
-def _relu2(u: Tensor) -> Tensor:
-    return F.relu(u).square()
-
-
-def _gelu_tanh(u: Tensor) -> Tensor:
-    return F.gelu(u, approximate="tanh")
-
-
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "relu": F.relu, "relu2": _relu2, "silu": F.silu,
+    **CANDIDATE_ACTIVATIONS, "relu2": lambda u: F.relu(u).square(), "silu": F.silu,
 }  # fmt: skip
 """The activations of a dense MLP (``relu2``: nanochat's and the speedrun's relu(x)^2)."""
 
-GATED: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": _gelu_tanh,
-}
+GATED = {name: DENSE[name] for name in ("silu", "gelu", "gelu_tanh")}
 """The activations of a gated MLP's gate: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)."""
 
 _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj, Meta's w1 / w3
@@ -172,12 +157,15 @@ _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj,
 @dataclass(frozen=True)
 class MlpRead:
     """What the MLP computes: a description, its hidden function (first layers -> the last
-    layer's input) and the catalogued mistakes it makes, each with what exactly it does."""
+    layer's input), the catalogued mistakes it makes, each with what exactly it does, and, for a
+    standard form, its activation (a key of ``DENSE`` or ``GATED``: ``gated`` says which)."""
 
     describe: str
     hidden: Callable[[Tensor], Tensor]
     mistakes: dict[str, str]
     layers: tuple[Linear, ...] = ()  # the first layer, or the gate's and the up projection's
+    activation: str | None = None  # None: a catalogued mistake, no standard form
+    gated: bool = False
 
 
 def lin(h: Tensor, w: Linear) -> Tensor:
@@ -185,37 +173,26 @@ def lin(h: Tensor, w: Linear) -> Tensor:
     return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
 
 
-def _says(name: str, words: set[str]) -> bool:
-    return bool(words & set(re.split(r"[._]", name)))
-
-
 def mlp_of(read: ModernRead) -> MlpRead | None:
     """The MLP's form, if a dense or gated form or a catalogued mistake reproduces its traced
-    hidden values; else ``None``."""
+    hidden values; else ``None``. A first layer of 2H rows may be gate and up in one matrix: in
+    halves (``chunk(2)``, slices) or interleaved (``[..., ::2]``, ``[..., 1::2]``)."""
     h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
-    if len(read.mlp) == 2:
-        a = lin(h, read.mlp[0])
-        for name, act in DENSE.items():
-            if close(act(a), target):
-                hidden = _dense(read.mlp[0], act)
-                return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (read.mlp[0],))
-        if read.mlp[0][0].shape[0] != 2 * width:
-            return None
-        for packed in _unpacked(read.mlp[0], width):  # gate and up in one matrix
-            found = _gated_of(h, target, width, packed, ["", ""])
-            if found is not None:
-                return found
+    if len(read.mlp) == 3:
+        return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
+    w = read.mlp[0]
+    a = lin(h, w)
+    for name, act in DENSE.items():
+        if close(act(a), target):
+            hidden = lambda h, act=act: act(lin(h, w))  # noqa: E731
+            return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (w,), name)
+    if w[0].shape[0] != 2 * width:
         return None
-    return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
-
-
-def _unpacked(w: Linear, H: int) -> list[list[Linear]]:
-    """A first layer of 2H rows as two of H: in halves (``chunk(2)``, slices) or interleaved
-    (``[..., ::2]``, ``[..., 1::2]``)."""
-    return [
-        [(w[0][rows], w[1][rows]) for rows in (slice(0, H), slice(H, 2 * H))],
-        [(w[0][rows], w[1][rows]) for rows in (slice(0, None, 2), slice(1, None, 2))],
-    ]
+    for order in ((slice(0, width), slice(width, None)), (slice(0, None, 2), slice(1, None, 2))):
+        found = _gated_of(h, target, width, [(w[0][r], w[1][r]) for r in order], ["", ""])
+        if found is not None:
+            return found
+    return None
 
 
 def _gated_of(
@@ -224,57 +201,37 @@ def _gated_of(
     """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
     holds both, whose order no name tells), or a catalogued mistake of it; else None."""
     u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
+
+    def says(name: str, words: set[str]) -> bool:
+        return bool(words & set(re.split(r"[._]", name)))
+
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
             if close(act(u[gate]) * u[up], target):
                 mistakes = {}
-                if names[gate] and _says(names[gate], _UP) and _says(names[up], _GATE):
+                if names[gate] and says(names[gate], _UP) and says(names[up], _GATE):
                     mistakes["swiglu_swapped"] = (
                         f"{name} is applied to the up projection ({names[gate]}) and the gate "
                         f"projection ({names[up]}) is the linear branch: act(up(x)) * gate(x) "
                         "instead of act(gate(x)) * up(x)"
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
-                hidden = _gated(m[gate], m[up], act)
-                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (m[gate], m[up]))
+                g, p = m[gate], m[up]
+                hidden = lambda h, g=g, p=p, act=act: act(lin(h, g)) * lin(h, p)  # noqa: E731
+                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (g, p), name, True)
     for label, form in _WRONG.items():
         if close(form(u[0], u[1]), target):
-            return MlpRead(f"gated d_ff={width}", _paired(m[0], m[1], form), {"swiglu_silu": label})
+            paired = lambda h, form=form: form(lin(h, m[0]), lin(h, m[1]))  # noqa: E731
+            return MlpRead(f"gated d_ff={width}", paired, {"swiglu_silu": label})
     return None
 
 
-def _on_product(a: Tensor, b: Tensor) -> Tensor:
-    return F.silu(a * b)
-
-
-def _no_silu(a: Tensor, b: Tensor) -> Tensor:
-    return a * b
-
-
-def _on_both(a: Tensor, b: Tensor) -> Tensor:
-    return F.silu(a) * F.silu(b)
-
-
 _WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "SiLU on the product of the two branches: silu(w1 x * w3 x)": _on_product,
-    "no SiLU at all: w1 x * w3 x": _no_silu,
-    "SiLU on both branches: silu(w1 x) * silu(w3 x)": _on_both,
+    "SiLU on the product of the two branches: silu(w1 x * w3 x)": lambda a, b: F.silu(a * b),
+    "no SiLU at all: w1 x * w3 x": lambda a, b: a * b,
+    "SiLU on both branches: silu(w1 x) * silu(w3 x)": lambda a, b: F.silu(a) * F.silu(b),
 }
 """SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
-
-
-def _dense(w: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    return lambda h: act(lin(h, w))
-
-
-def _gated(gate: Linear, up: Linear, act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    return lambda h: act(lin(h, gate)) * lin(h, up)
-
-
-def _paired(
-    w1: Linear, w3: Linear, form: Callable[[Tensor, Tensor], Tensor]
-) -> Callable[[Tensor], Tensor]:
-    return lambda h: form(lin(h, w1), lin(h, w3))
 
 
 def relative_error(y: Tensor, y_ref: Tensor) -> float:

@@ -1,20 +1,13 @@
 """A correct modern block's parts as plain numbers, and the block rebuilt from them.
 
-In ``gptblock check`` the modern comparison (``gptblock.check.compare.modern``) runs in the block's own
-process, so its PASS is a claim. When it finds the modern block with no mistake, that process
-also sends the parts it read (``send``): the q, k, v and output projections, the MLP's matrices
-and activation, the norms' eps and gains, the rotary embedding, the qk norm's gains and the head
-counts. The checker rebuilds the block from those numbers alone (``receive``) and runs it with
-its own code (``ModernParts.run``, the steps of ``gptblock.check.mistakes.modern_steps``), once
-``unpack_modern`` has held every number to the values the checker chose (as ``plain`` holds the
-lessons' readings); the verdict (``gptblock.check.compare.verdict``) then holds the rebuilt block
-to the block's outputs on inputs the block never saw, as it holds the lessons' block.
-
-What the standard forms express is sent: RMSNorm or LayerNorm (its gain, bias and eps), pre-norm
-or parallel (GPT-J's one norm read by both branches, or two), a dense or gated MLP, rotary
-positions turned by the angle or by minus it (nanochat's direction) with a table that fits their
-pairing. Anything else sends nothing, and the PASS stays unverified (a post-norm block is never a
-PASS: the comparison names it the lessons' ``post_norm``).
+The modern comparison's PASS is a claim of the block's process, which therefore sends the parts
+it read (``send``: projections, the MLP's matrices and activation, the norms' forms, eps and
+gains, the rotary embedding, the qk norm's gains, the head counts). The checker rebuilds the
+block from those numbers alone (``receive``), holds each number to the values it chose
+(``unpack_modern``, as ``plain`` holds the lessons' readings) and runs it with its own code
+(``ModernParts.run``) against the block on fresh inputs (``compare.verdict``). Only the standard
+forms are sent (docs/checker.md, "Where it runs, and what that means for PASS"); anything else
+sends nothing, and the PASS stays unverified.
 
 Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H the MLP's hidden width.
 """
@@ -92,18 +85,6 @@ class ModernParts:
         return run_modern(parts, x.to(torch.float64), self.n_head, steps, self.rope, qk_norm=qk)
 
 
-def _activation(describe: str) -> tuple[str, bool] | None:
-    """(activation, gated) from ``MlpRead.describe`` ('swiglu d_ff=..', 'dense gelu d_ff=..')."""
-    words = describe.split()
-    if words[0] == "swiglu":
-        return "silu", True
-    if words[0] == "gated" and words[1] in GATED:
-        return words[1], True
-    if words[0] == "dense" and words[1] in DENSE:
-        return words[1], False
-    return None
-
-
 def _plain_gain(t: Tensor) -> Tensor:
     """A gain read as a ratio, with entries within 1e-9 of 1 sent as exactly 1 (a norm without a
     weight: the checker takes exact 1s as no weight, and 1 + 1e-16 for a value it chose)."""
@@ -122,9 +103,8 @@ def send(
     """The parts of a block the modern comparison found correct, as (meta, tensors), or None
     when a standard form cannot express them: ``rope`` and ``qk_norm`` are the attention's
     match (``modern.AttnMatch``), one without changes."""
-    act = _activation(mlp.describe)
     if (
-        post or act is None
+        post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
         or any(n.form == "layernorm" and n.bias is None for n in norms)
         or (rope is not None and rope.table != rope.pairing)
@@ -154,8 +134,8 @@ def send(
         "forms": [n.form for n in norms],
         "shared": shared,
         "n_head": read.n_head,
-        "activation": act[0],
-        "gated": act[1],
+        "activation": mlp.activation,
+        "gated": mlp.gated,
         "parallel": read.parallel,
         "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing, rope.sign],
     }
@@ -164,17 +144,13 @@ def send(
 
 def _same(a: NormRead, b: NormRead) -> bool:
     """Whether two norms read are one: the same parameters, or the same values read."""
+
+    def equal(x: Tensor | None, y: Tensor | None) -> bool:
+        return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+
     if a.params and a.params == b.params:
         return True
-    ts = [(a.gain, b.gain), (a.bias, b.bias)]
-    return (
-        a.form == b.form
-        and a.eps == b.eps
-        and all(
-            (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-            for x, y in ts
-        )
-    )
+    return a.form == b.form and a.eps == b.eps and equal(a.gain, b.gain) and equal(a.bias, b.bias)
 
 
 def receive(meta: Any, tensors: dict[str, Tensor], C: int) -> ModernParts:

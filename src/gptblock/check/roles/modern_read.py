@@ -1,25 +1,11 @@
 """A modern block's parts read from one recorded forward pass: what is there, and every weight.
 
-The modern block is the lessons' block with four parts swapped (``gptblock.reference.modern``),
-and each shows in the dataflow (``gptblock.check.roles.trace``):
-
-* the attention core is found as in ``gptblock.check.roles.dataflow`` (a product of probabilities with
-  v, or a fused ``scaled_dot_product_attention``); q, k and v are each followed back to the
-  *nearest* matrix product with a weight behind them, through whatever the block computes in
-  between (a rotation, a repeat of key/value heads), and the weight is read at that product's
-  own output, where it is a linear map of the norm's output (``weights.measure``): position by
-  position, before any rotation;
-* **rotary positions**: q or k reaches the core through more than reshapes and scalar factors
-  (a rotation multiplies by a position-dependent cos/sin table);
-* **grouped key/value heads**: k and v have fewer output rows than q (nkv = rows / hs);
-* **a gated MLP**: three matrix products outside attention, the last reading a product of the
-  other two;
-* **RMSNorm**: the map from the residual stream to a sub-layer's input (replayed from the trace,
-  whatever code computes it) is scale-invariant but moves when a constant is added to every
-  channel (a LayerNorm subtracts the mean, so it does not).
-
-``read_modern`` returns ``None`` for a block with none of these (the lessons' block: the
-reading of ``gptblock.check.roles.readings`` applies).
+The attention core is found as ``roles.dataflow`` finds it; q, k and v are each followed back to
+the *nearest* matrix product with a weight behind them and read at its output (before any
+rotation or repeat of key/value heads, ``weights.measure``). What makes a block modern (RMSNorm,
+rotary positions, grouped heads, a gated MLP) and how each shows in the dataflow: the table in
+docs/checker.md, "The modern block". ``read_modern`` returns ``None`` for a block with none of
+them (the lessons' block: ``roles.readings`` reads it).
 
 Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H MLP width.
 """
@@ -29,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
+from ..serve.loop import drive_cache
 from .dataflow import Core, Role, Roles, Unread, _cores, _forward_to_weight, _role
 from .modern_rotary import Turn, heads, measure_turn
 from .norms import find_norms, order_norms
@@ -41,7 +29,9 @@ from .trace import Op, Trace, record, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["KEPT", "ModernRead", "is_modern", "qk_gains", "read_modern", "read_modern_trace"]
+__all__ = [
+    "KEPT", "ModernRead", "Source", "qk_gains", "read_modern", "read_modern_trace",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -81,8 +71,8 @@ class ModernRead:
     # last layer make
 
 
-def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
-    """The matrix products with a weight nearest behind ``node`` on every path back."""
+def _one(trace: Trace, node: int, what: str) -> Op:
+    """The one matrix product with a weight nearest behind ``node`` on every path back."""
     found: dict[int, Op] = {}
     todo, seen = [node], {node}
     while todo:
@@ -96,14 +86,9 @@ def _nearest_weight_ops(trace: Trace, node: int) -> list[Op]:
             if trace.nodes[n].data and n not in seen:
                 seen.add(n)
                 todo.append(n)
-    return [found[i] for i in sorted(found)]
-
-
-def _one(trace: Trace, node: int, what: str) -> Op:
-    ops = _nearest_weight_ops(trace, node)
-    if len(ops) != 1:
-        raise Unread(f"{what} is made by {len(ops)} matrix products with weights, expected one")
-    return ops[0]
+    if len(found) != 1:
+        raise Unread(f"{what} is made by {len(found)} matrix products with weights, expected one")
+    return next(iter(found.values()))
 
 
 def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
@@ -213,6 +198,26 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
         return False
     scale = float(a.abs().nan_to_num(0.0).max()) + 1e-12
     return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the modern comparison asks of the block: a recorded forward pass (``trace_of``),
+    an output (``call``), its cache driven (``cache``, ``loop.drive_cache``'s answer). In this
+    process, of a module; in ``gptblock check``, requests to the block's process, whose
+    answers are data: every reading is made here, by replaying the traces."""
+
+    trace_of: Callable[[Tensor], Trace]
+    call: Callable[[Tensor], object]
+    cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Source:
+        return cls(
+            lambda x: record(module, x),
+            lambda x: module(x.clone()),
+            lambda x: drive_cache(module, x),
+        )
 
 
 KEPT: ContextVar[list[Trace] | None] = ContextVar("KEPT", default=None)
@@ -329,13 +334,6 @@ def read_modern_trace(trace: Trace) -> ModernRead | None:
         measure_turn(trace, q_op.outputs[0], core.q, B, heads, T, hs) if rotated else None,
         trace, core, (q_op.outputs[0], proj_op.outputs[0], last.outputs[0]),
     )  # fmt: skip
-
-
-def is_modern(read: ModernRead, rms_forms: list[bool]) -> bool:
-    """Whether anything of the modern block is there: an RMSNorm (right or wrong: ``rms_forms``
-    says which norms are), a rotation, grouped heads, a gate."""
-    grouped = read.k[0].shape[0] < read.q[0].shape[0]
-    return read.rotated or grouped or len(read.mlp) == 3 or any(rms_forms)
 
 
 def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:

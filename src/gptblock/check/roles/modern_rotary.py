@@ -1,22 +1,12 @@
 """A block's rotary embedding measured from its forward pass: which channels turn, and how fast.
 
-Rather than trying a list of bases, the map from q's projection to q as the score product reads
-it is replayed from the trace (``trace.replay``: whatever code computes it) on a basis vector,
-one channel of the projection lit at every position. At position 0 nothing turns; at position 1
-a rotated channel i leaks into its partner j by ``sin(w_i)``, relative to what it put at
-position 0. That gives, directly and for any base:
-
-* the rotated channels (those with a partner; the rest are passed through), so ``r``;
-* the frequencies: rotary positions turn pair p by ``theta ** (-2p / r)`` per position, so the
-  distinct ``w`` sorted from fast to slow are ``theta ** (-2p / r)``, p = 0 ... r/2 - 1, and each
-  p >= 1 gives ``theta`` (their median is taken, snapped to a round number within 1e-4);
-* ``fits``: whether they are that geometric ladder at all (the fastest turning one radian per
-  position); a rotation that is not (positions scaled or extended, as Llama 3.1's or YaRN's
-  tables) is a part the reference does not model.
-
-A qk norm before the rotation (per head or over the whole width) rescales the lit channel by
-the same factor at both positions, so the ratio is unchanged. ``heads`` lays the score product's
-operand out as (B, nh, T, hs), whichever side of the product it stands on.
+The map from q's projection to q as the score product reads it is replayed (``trace.replay``)
+on one channel lit at every position: at position 0 nothing turns, at position 1 a rotated
+channel i leaks into its partner j by ``sin(w_i)``. That gives the rotated channels (r), their
+pairing, and the frequencies, which RoPE's ladder makes ``theta ** (-2p / r)`` (``fits``: a
+rotation off that ladder, as Llama 3.1's or YaRN's, is a part no reference models).
+docs/checker.md, "The modern block", says why a qk norm does not disturb it. ``heads`` lays the
+score product's operand out as (B, nh, T, hs), whichever side of the product it stands on.
 
 Shapes: B batch, T time, nh heads, hs head size, r rotated channels of each head.
 """
@@ -63,9 +53,6 @@ class Turn:
     theta: float
     fits: bool
     pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
-
-    def describe(self) -> str:
-        return f"{self.dim} rotated channels turning {self.theta:.3g}^(-2p/{self.dim})"
 
 
 def _snap(theta: float) -> float:
@@ -115,9 +102,7 @@ def measure_turn(
     pairing = "halves" if halves else "adjacent" if adjacent else "other"
     w = sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}, reverse=True)
     ladder = _ladder(w, r)
-    if ladder is None:
-        return Turn(r, 0.0, False, pairing)
-    return Turn(r, ladder, True, pairing)
+    return Turn(r, ladder or 0.0, ladder is not None, pairing)
 
 
 def _ladder(w: list[float], r: int) -> float | None:

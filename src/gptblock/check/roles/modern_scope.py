@@ -1,45 +1,27 @@
 """The parts of a modern block the references do not model, found by what the block computes.
 
-A block the modern comparison cannot reproduce is not necessarily wrong: public layers add parts
-the modern reference has no option for. When no variant and no catalogued mistake reproduces a
-block, ``unmodelled`` looks in its recorded forward pass for positive evidence of such a part,
-and the comparison then says the block is out of scope (``UNVERIFIED``, naming the part) rather
-than ``FAIL``:
-
-* **soft-capped logits** (Gemma 2's ``tanh(s / c) * c``): a saturating function between the
-  score product and the softmax;
-* **a bias added to the scores** (ALiBi, a relative position bias): a static operand added on
-  that path whose finite entries below 1e4 in size are not all one value (a causal mask's are 0
-  or huge);
-* **a sliding window** (Mistral): the positions attended to are exactly the last w ones, w < T;
-* **sandwich norms** (Gemma 2, OLMo 2): a scale-invariant map between a sub-layer's last matrix
-  product and the residual sum (a norm inside the residual branch);
-* **a qk norm over the whole width** (OLMo 2): the map from q's projection to the scores is
-  invariant to scaling q as a whole but not to scaling one head;
-* **a rotation that is not RoPE's ladder** of frequencies (scaled positions: Llama 3.1, YaRN)
-  (``modern_rotary``).
+When no variant and no catalogued mistake reproduces a block, ``unmodelled`` looks in its
+recorded forward pass for positive evidence of such a part, and the comparison then says the
+block is out of scope (``UNVERIFIED``, naming the part) rather than ``FAIL``: soft-capped logits,
+a bias added to the scores, a sliding window, sandwich norms, a qk norm over the whole width, a
+rotation off RoPE's ladder (``modern_rotary``). docs/checker.md, "Out of scope is not FAIL",
+tables the evidence each leaves in the forward pass.
 
 Shapes: B batch, T time, C channels, G = B * nh the score product's batch.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Rope, attention
+from ..mistakes.modern_steps import Rope
 from ..mistakes.report import CAUGHT
-from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT
 from .dataflow import _cores, _scores
-from .modern_parts import relative_error
-from .modern_read import ModernRead, qk_gains
-from .modern_rotary import Turn, ropes
+from .modern_read import ModernRead
+from .modern_rotary import Turn
 from .trace import Op, Trace, TraceError, replay
 
-__all__ = ["attention_scope", "closest", "measured", "unmodelled"]
+__all__ = ["attention_scope", "measured", "unmodelled"]
 
 Tensor = torch.Tensor
 SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
@@ -169,31 +151,33 @@ def _window(trace: Trace, y: int) -> int:
     return 0
 
 
+def _moves(trace: Trace, source: int, target: int, factors: list[Tensor | float]) -> list[float]:
+    """How far the map from ``source`` to ``target`` (replayed) moves when its traced input is
+    multiplied by each of ``factors``, relative to its output's largest entry; ``[]`` where it
+    cannot be replayed or its output is 0."""
+    z = trace.nodes[source].value
+    try:
+        f = replay(trace, source, target)
+        with torch.no_grad():
+            a, *outs = [f(z).double()] + [f(z * by).double() for by in factors]
+    except (*CAUGHT, TraceError):
+        return []
+    scale = float(a.abs().max())
+    return [float((a - o).abs().max()) / scale for o in outs] if scale > 0 else []
+
+
 def _normed_branch(trace: Trace, end: int) -> bool:
     """Whether a sub-layer's output ``end`` reaches the residual sum through a norm: the map
     from it to the sum's operand is scale-invariant (a norm), where a plain branch scales."""
     shape = trace.nodes[trace.input].shape
-    start = trace.nodes[end].op
-    for op in trace.ops[start + 1 :]:
+    for op in trace.ops[trace.nodes[end].op + 1 :]:
         data = [n for n in op.inputs if trace.nodes[n].data]
         if op.base != "add" or len(data) != 2 or trace.nodes[op.outputs[0]].shape != shape:
             continue
         mine = [n for n in data if end in trace.ancestors(n)]
-        if len(mine) != 1:
-            continue
-        branch = mine[0]
-        if branch == end:
-            return False
-        try:
-            f = replay(trace, end, branch)
-            z = trace.nodes[end].value
-            with torch.no_grad():
-                a, b = f(z), f(3.0 * z)
-        except (*CAUGHT, TraceError):
-            return False
-        a, b = a.double(), b.double()
-        scale = float(a.abs().max())
-        return scale > 0 and float((a - b).abs().max()) <= 1e-3 * scale  # float32 norms: 1e-5
+        if len(mine) == 1:
+            moved = _moves(trace, end, mine[0], [3.0]) if mine[0] != end else []
+            return bool(moved) and moved[0] <= 1e-3  # float32 norms: 1e-5
     return False
 
 
@@ -204,18 +188,10 @@ def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
     D = z.shape[-1]
     if D % nh or z.dim() < 2:
         return False
-    per_head = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
-    per_head[0] = 3.0
-    try:
-        f = replay(trace, q_out, q_core)
-        with torch.no_grad():
-            a, whole, one = f(z), f(3.0 * z), f(z * per_head.flatten())
-    except (*CAUGHT, TraceError):
-        return False
-    a, whole, one = a.double(), whole.double(), one.double()
-    scale = float(a.abs().max()) + 1e-300
-    invariant = float((a - whole).abs().max()) <= 1e-3 * scale  # a float32 norm: 1e-5
-    return invariant and float((a - one).abs().max()) > 1e-2 * scale
+    one = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
+    one[0] = 3.0
+    moved = _moves(trace, q_out, q_core, [3.0, one.flatten()])
+    return bool(moved) and moved[0] <= 1e-3 and moved[1] > 1e-2  # a float32 norm: 1e-5
 
 
 def measured(turn: Turn | None, hs: int) -> str:
@@ -224,24 +200,3 @@ def measured(turn: Turn | None, hs: int) -> str:
         return "something between the projections and the scores (not identified)"
     rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
     return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"
-
-
-def closest(read: ModernRead) -> str:
-    """The modern attention nearest the block's merged heads, under the unknowns a correct
-    block may choose, and how far it is, for a failed comparison's message."""
-    h = read.h1
-    q, k, v = (F.linear(h, w.to(h.dtype), b.to(h.dtype)) for w, b in (read.q, read.k, read.v))
-    hs = q.shape[-1] // read.n_head
-    norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
-    best = (float("inf"), "the modern attention")
-    for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
-        try:
-            ctx = attention(q, k, v, read.n_head, rope, CORRECT, qk)
-        except CAUGHT:
-            continue
-        what = " with ".join(
-            ["the modern attention", *([rope.describe(hs)] if rope else []),
-             *(["a qk norm"] if qk is not None else [])]
-        )  # fmt: skip
-        best = min(best, (relative_error(read.ctx, ctx), what))
-    return f"{best[1]}, is off by {best[0]:.2g} of its scale > {TOLERANCE:g}"
