@@ -1,11 +1,19 @@
 import contextlib
 import io
+import os
 
 import pytest
 import torch
 
-# Two threads on the 2-core CI machine; the tests are small and more threads only add noise.
-torch.set_num_threads(min(torch.get_num_threads(), 2))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` on the 2-core CI machine: one thread a worker, and one for each process a
+    # test starts (they inherit the environment). Two 2-thread workers on 2 cores made PyTorch
+    # 3-5x slower.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    # Two threads on the 2-core CI machine; the tests are small and more threads only add noise.
+    torch.set_num_threads(min(torch.get_num_threads(), 2))
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +27,11 @@ def own_blocks_checked():
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["check"])
     return code, out.getvalue(), err.getvalue()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``-n N`` without ``--dist``: one file to one worker (``loadfile``), not test by test, so
+    that a file's module fixtures (trained runs, checked blocks, built models) are made once."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadfile"
