@@ -1,5 +1,6 @@
 import contextlib
 import io
+import json
 import os
 
 import pytest
@@ -17,10 +18,23 @@ else:
 
 
 @pytest.fixture(scope="session")
-def own_blocks_checked():
+def own_blocks_checked(tmp_path_factory):
     """``gptblock check`` without a target (gptblock's own blocks, each in a child process), run
     once a session: its exit code, stdout and stderr. The README's command and
-    tests/test_check_cli.py both read this one run."""
+    tests/test_check_cli.py both read this one run; under xdist the workers share it through
+    the session's temporary folder (the parent of each worker's)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _check_own_blocks()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "own_blocks_checked.json"
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            shared.write_text(json.dumps(_check_own_blocks()))
+        return tuple(json.loads(shared.read_text()))
+
+
+def _check_own_blocks():
     from gptblock.cli import main
 
     out, err = io.StringIO(), io.StringIO()
