@@ -1,21 +1,51 @@
 import contextlib
 import io
+import json
+import os
 
 import pytest
 import torch
 
-# Two threads on the 2-core CI machine; the tests are small and more threads only add noise.
-torch.set_num_threads(min(torch.get_num_threads(), 2))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` on the 2-core CI machine: one thread a worker, and one for each process a
+    # test starts (they inherit the environment). Two 2-thread workers on 2 cores made PyTorch
+    # 3-5x slower.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    # Two threads on the 2-core CI machine; the tests are small and more threads only add noise.
+    torch.set_num_threads(min(torch.get_num_threads(), 2))
 
 
 @pytest.fixture(scope="session")
-def own_blocks_checked():
+def own_blocks_checked(tmp_path_factory):
     """``gptblock check`` without a target (gptblock's own blocks, each in a child process), run
     once a session: its exit code, stdout and stderr. The README's command and
-    tests/test_check_cli.py both read this one run."""
+    tests/test_check_cli.py both read this one run; under xdist the workers share it through
+    the session's temporary folder (the parent of each worker's)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _check_own_blocks()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "own_blocks_checked.json"
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            shared.write_text(json.dumps(_check_own_blocks()))
+        return tuple(json.loads(shared.read_text()))
+
+
+def _check_own_blocks():
     from gptblock.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["check"])
     return code, out.getvalue(), err.getvalue()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``-n N`` without ``--dist``: one file to one worker (``loadfile``), not test by test, so
+    that a file's module fixtures (trained runs, checked blocks, built models) are made once."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadfile"
