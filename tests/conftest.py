@@ -45,7 +45,16 @@ def _check_own_blocks():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """``-n N`` without ``--dist``: one file to one worker (``loadfile``), not test by test, so
-    that a file's module fixtures (trained runs, checked blocks, built models) are made once."""
+    """``-n N`` without ``--dist``: one file to one worker (``loadgroup``, each file its own group
+    unless a test names another), not test by test, so that a file's module fixtures (trained
+    runs, checked blocks, built models) are made once; the real-world zoo names two groups."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
-        config.option.dist = "loadfile"
+        config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

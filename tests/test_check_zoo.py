@@ -17,27 +17,58 @@ import zoo_realworld
 from gptblock import check_block
 from gptblock.check.mistakes.catalogue import MISTAKES
 
+# The zoo in two shards of about equal size (by cases), each its own xdist group, so that
+# `pytest -n 2` checks them on both cores; each shard meets the targets on its own.
+SHARDS = (0, 1)
+
 
 @functools.cache
-def _outcomes():
-    return {case.name: zoo_realworld.outcome(case.name) for case in zoo_realworld.cases()}
+def _shard_of() -> dict[str, int]:
+    sizes = [0 for _ in SHARDS]
+    shard = {}
+    for style in sorted(zoo_realworld.STYLES, key=lambda s: -len(_cases(s))):
+        shard[style.name] = sizes.index(min(sizes))
+        sizes[shard[style.name]] += len(_cases(style))
+    return shard
 
 
-def _style_outcomes(style):
-    return [_outcomes()[case.name] for case in zoo_realworld.cases() if case.style is style]
+def _cases(style):
+    return [case for case in zoo_realworld.cases() if case.style is style]
 
 
-@pytest.mark.parametrize("style", zoo_realworld.STYLES, ids=lambda s: s.name)
+@functools.cache
+def _outcomes(shard):
+    return {
+        case.name: zoo_realworld.outcome(case.name)
+        for case in zoo_realworld.cases()
+        if _shard_of()[case.style.name] == shard
+    }
+
+
+def _in_shard(shard):
+    return pytest.mark.xdist_group(f"zoo-realworld-{shard}")
+
+
+by_shard = pytest.mark.parametrize("shard", [pytest.param(k, marks=_in_shard(k)) for k in SHARDS])
+
+
+@pytest.mark.parametrize(
+    "style",
+    [pytest.param(s, marks=_in_shard(_shard_of()[s.name])) for s in zoo_realworld.STYLES],
+    ids=lambda s: s.name,
+)
 def test_each_style_passes_when_correct_and_is_never_confidently_wrong(style):
-    results = _style_outcomes(style)
+    outcomes = _outcomes(_shard_of()[style.name])
+    results = [outcomes[case.name] for case in _cases(style)]
     correct = [(o, r) for o, r in results if not o.case.expected]
     assert len(correct) == 1 and correct[0][0].verdict == "pass", str(correct[0][1])
     wrong = [f"{o.case.name}: {o.diagnosis}\n{r}" for o, r in results if o.verdict == "wrong"]
     assert not wrong, "\n\n".join(wrong)
 
 
-def test_the_zoo_meets_the_hit_rate_targets():
-    outcomes = [o for o, _ in _outcomes().values()]
+@by_shard
+def test_the_zoo_meets_the_hit_rate_targets(shard):
+    outcomes = [o for o, _ in _outcomes(shard).values()]
     correct = [o for o in outcomes if not o.case.expected]
     mistaken = [o for o in outcomes if o.case.expected]
     exact = sum(o.verdict == "exact" for o in mistaken) / len(mistaken)
@@ -47,10 +78,11 @@ def test_the_zoo_meets_the_hit_rate_targets():
     assert sum(o.verdict == "false pass" for o in outcomes) == 0  # PASS means compared
 
 
-def test_every_unverified_block_says_which_map_verifies_it_and_that_map_does():
+@by_shard
+def test_every_unverified_block_says_which_map_verifies_it_and_that_map_does(shard):
     from gptblock.check.building.target import parse_role
 
-    for outcome, report in _outcomes().values():
+    for outcome, report in _outcomes(shard).values():
         if outcome.verdict != "unverified":
             continue
         assert report.verify.startswith("--map "), str(report)
@@ -59,14 +91,15 @@ def test_every_unverified_block_says_which_map_verifies_it_and_that_map_does():
         assert set(again.diagnosis) == set(outcome.case.expected) and again.confident, str(again)
 
 
-def test_the_comparison_is_exact_to_float64_rounding():
+@by_shard
+def test_the_comparison_is_exact_to_float64_rounding(shard):
     """Every block that computes in float64 is reproduced to float64 rounding (the measured worst
     is 8.5e-16); those that round to float32 themselves (a softmax in float32, an output cast to
     float32) to float32 rounding: 1e-5 absolute on outputs of size ~10 (hf-proj/wrong_scale:sqrt
     measured 5.7e-7 to 1.1e-6 from run to run, its inputs drawn afresh each time)."""
     import re
 
-    for outcome, report in _outcomes().values():
+    for outcome, report in _outcomes(shard).values():
         if outcome.verdict not in ("pass", "exact") or not report.compared:
             continue
         message = next(f.message for f in report.findings if f.name == "reference comparison")
