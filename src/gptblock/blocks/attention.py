@@ -1,18 +1,11 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``SelfAttention`` is the attention branch of ``FusedBlock`` and so of everything that runs the fused form's forward: training
-(``F.scaled_dot_product_attention``, or explicit products for short contexts in bfloat16:
-``causal_attention``), masks, a KV cache with the new queries at positions ``start ..``
-(generation), and the lens's points
-(the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
-
-How the projection becomes heads is a part chosen when the block is built (``SelfAttention.heads``): GPT-2's
-(``PACKED``), or the modern block's (``ModernHeads``) with three optional parts: fewer key/value heads than query heads (grouped-query attention; the cache
-holds the key/value heads, each serving ``nh // nkv`` query heads, Llama's ``repeat_kv`` order),
-an RMSNorm over each head's queries and keys, and rotary positions (the new queries' and keys'
-positions are ``start ..``, so a cache and an offset rotate them as a full pass would). Without
-them (GPT-2's block) the path is the one it always was. ``attention`` is the same function on
-given q, k, v with any mask (``GroupedQueryAttention``'s reference).
+``SelfAttention`` is ``FusedBlock``'s attention branch: training (SDPA, or explicit products for
+short contexts in bfloat16: ``causal_attention``), masks, a KV cache with the new queries at
+positions ``start ..`` (generation), and the lens's points (the pattern and the per-head outputs,
+formed only when a probe wants them). How the projection becomes heads is a part chosen when the
+block is built: GPT-2's (``PACKED``) or the modern block's (``ModernHeads``: grouped key/value
+heads, qk-norm, rotary positions). ``attention`` is the same function on given q, k, v.
 
 Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, nkv key/value
 heads, hs = C // nh.
@@ -31,26 +24,12 @@ from .parts import Linear
 from .probe import Probe, at
 from .qk_heads import ModernHeads, repeat_kv
 
-__all__ = [
-    "PACKED",
-    "PRODUCTS_MAX_T",
-    "KVStore",
-    "ModernHeads",
-    "SelfAttention",
-    "attention",
-    "causal_attention",
-    "pattern",
-    "product_attention",
-    "repeat_kv",
-]
-
 
 class PackedHeads:
     """GPT-2's heads: q, k and v of nh heads each, in thirds of the projection (B, T, 3C).
 
-    A heads part is called on the projection of the new positions ``start ..`` and returns
-    q (B, nh, T, hs), k and v (B, nkv, T, hs); ``share`` gives the keys and values (cached ones
-    included) to each of the nh query heads.
+    A heads part maps the new positions' projection to q (B, nh, T, hs), k and v (B, nkv, T,
+    hs); ``share`` gives the keys and values (cached ones included) to the nh query heads.
     """
 
     def __call__(
@@ -116,12 +95,8 @@ def attention(
 
 
 def pattern(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
-    """The attention weights ``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (one
-    mask for every head); a row with every key blocked is all zeros (``masked_softmax``).
-
-    Shape:
-        q (B, nh, T, hs), k (B, nh, L, hs), blocked (B, T, L) -> (B, nh, T, L).
-    """
+    """``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (B, T, L), one mask for
+    every head (``masked_softmax``): q (B, nh, T, hs), k (B, nh, L, hs) -> (B, nh, T, L)."""
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, nh, T, L)
     return masked_softmax(scores, blocked)
 
@@ -130,13 +105,10 @@ class KVStore(Protocol):
     """Where a block keeps the keys and values of earlier positions: ``gptblock.KVCache``."""
 
     @property
-    def length(self) -> int:
-        """Positions stored so far: the position of the next query."""
-        ...
+    def length(self) -> int: ...  # positions stored so far: the position of the next query
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (B, nh, T, hs) keys and values; return all of them so far, (B, nh, L, hs)."""
-        ...
 
 
 class SelfAttention(NamedTuple):
@@ -165,22 +137,12 @@ class SelfAttention(NamedTuple):
         probe: Probe | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal self-attention of the normalised stream ``h``.
+        """Causal self-attention of the normalised stream ``h`` (B, T, C) -> (B, T, C).
 
-        Args:
-            h: the normalised stream at the new positions.
-            attn_mask, key_padding_mask: bool, ``True`` = blocked (``blocked_positions``); not
-                with a cache.
-            kv_cache: keys and values of the positions before ``h``'s; ``h`` is at positions
-                ``kv_cache.length ..`` and its keys and values are appended.
-            dropout: on the attention weights (0 or None outside training).
-            probe: the block's hook points ``pattern`` and ``head_out``.
-            positions: the new positions' token positions, (T,) or (B, T) ints, for the rotary
-                angles only (default ``kv_cache.length ..``, or ``0 ..``); which key a query may
-                attend to follows the keys' order (the cached ones first), never these numbers.
-
-        Shape:
-            h (B, T, C) -> (B, T, C).
+        ``h`` continues after ``kv_cache``'s positions, its keys and values appended there.
+        ``positions`` are for the rotary angles only: which key a query may attend to follows
+        the keys' order (the cached ones first), never these numbers. The rest is
+        ``FusedBlock.forward``'s; ``dropout`` is on the attention weights.
         """
         p = dropout or 0.0
         nh, (B, T, C) = self.n_heads, h.shape
@@ -206,26 +168,19 @@ class SelfAttention(NamedTuple):
         return self.out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
-# PyTorch's CPU flash-attention kernel is slow to train in reduced precision, and its math
-# kernel spends half its time on copies, dtype round trips and a "safe softmax" check that a
-# causal mask never needs. At (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and
-# backward took 34.3 ms flash, 9.0 ms math and 4.4 ms as the explicit products below (autograd's
-# own backward); at T = 256 the products are still 1.6-1.8x faster than flash. Flash stays the
-# fastest without gradients, and in float32 (benchmarks/attention_kernels.py,
-# results/attention-kernels.txt). So: the products for training in reduced precision on the CPU
-# at T <= PRODUCTS_MAX_T (their (B, nh, T, T) weights grow with T squared), SDPA's own choice
-# otherwise.
+# PyTorch's CPU flash kernel is slow to train in reduced precision, and its math kernel spends
+# half its time on copies, dtype round trips and a "safe softmax" check. In bfloat16 at (B, nh,
+# T, hs) = (128, 4, 32, 32) a forward and backward took 34.3 ms flash, 9.0 ms math, 4.4 ms as the
+# explicit products below; at T = 256 these are still 1.6-1.8x faster than flash, which stays
+# fastest without gradients and in float32 (benchmarks/attention_kernels.py). So: the products
+# for CPU training in reduced precision at T <= PRODUCTS_MAX_T (their weights grow with T^2).
 PRODUCTS_MAX_T = 256
 
 
 def product_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0
 ) -> torch.Tensor:
-    """Causal ``softmax(q k^T / sqrt(hs)) v`` as two matrix products and a softmax, with dropout
-    ``p`` on the weights: the same function as causal SDPA, by another route.
-
-    Shape:
-        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
+    """Causal SDPA with dropout ``p``, as two matrix products and a softmax: (B, nh, T, hs) each.
 
     Example:
         >>> q, k, v = torch.randn(3, 2, 4, 5, 8, dtype=torch.float64).unbind(0)
@@ -244,11 +199,7 @@ def product_attention(
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route.
-
-    Shape:
-        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
-    """
+    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route."""
     if (
         q.dtype in (torch.bfloat16, torch.float16)
         and q.device.type == "cpu"
@@ -263,7 +214,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
 def _causal(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, p: float
 ) -> torch.Tensor:
-    """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``: (B, nh, T, hs)."""
+    """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``."""
     T = q.shape[2]
     if start == 0:
         return causal_attention(q, k, v, p)
@@ -299,9 +250,7 @@ def _formed(
     else:
         blocked = ~_allowed(start, T, q)[None]  # (1, T, L)
     weights = at(probe, "pattern", pattern(q, k, blocked))  # (B, nh, T, L)
-    y = (
-        F.dropout(weights, p, training=p > 0) @ v
-    )  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
+    y = F.dropout(weights, p, training=p > 0) @ v  # (B, nh, T, hs)
     if not probe.wants("head_out"):
         return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
     # Column block n of the output projection reads head n: W_O (C, C) -> (C, nh, hs).
