@@ -1,9 +1,5 @@
-"""The input checks every block form and the configs share.
-
-Every check raises a ``UserError`` (a ``ValueError``, or ``TypeError`` for a wrong type) whose
-message names the bad value and what was expected. None of them uses ``assert``: asserts vanish
-under ``python -O`` and their messages say nothing a learner can act on.
-"""
+"""The input checks every block form and the configs share: each raises a ``UserError`` naming
+the bad value and what was expected (never ``assert``, which ``python -O`` removes)."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ from ..errors import UserTypeError, UserValueError
 
 
 def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
-    # bool is an int subclass; True as a head count is always a mistake.
+    """Return ``value`` if it is an int >= 1 (not a bool: True as a head count is a mistake)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 1:
@@ -28,7 +23,7 @@ MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; the trainer adds offset
 
 
 def check_seed(value: object, name: str = "seed") -> int:
-    """Return ``value`` if it is an int seed in [0, 2**63 - 1], else raise naming ``name``.
+    """Return ``value`` if it is an int seed in [0, 2**63 - 1].
 
     Example:
         >>> check_seed(2**64)
@@ -87,11 +82,8 @@ def check_softcap(value: object) -> float | None:
 def check_heads(
     d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
 ) -> int:
-    """Return the head size ``d_model // n_heads``, refusing a remainder.
-
-    The lesson computes ``n_embd // n_head`` and silently builds a block whose concatenated
-    heads are narrower than the stream when the division is not exact.
-    """
+    """Return the head size ``d_model // n_heads``, refusing a remainder (with which the lesson
+    silently builds heads narrower than the stream)."""
     check_positive_int(names[0], d_model)
     check_positive_int(names[1], n_heads)
     if d_model % n_heads != 0:
@@ -105,14 +97,9 @@ def check_heads(
 def check_input(
     x: object, d_model: int, block_size: int | None = None, like: torch.Tensor | None = None
 ) -> tuple[int, int, int]:
-    """Check that ``x`` is a (B, T, C) tensor with C == ``d_model`` and T <= ``block_size``.
-
-    With ``like`` (one of the block's parameters), ``x`` must also be on its device and, unless
-    autocast is on there (it casts per operation), of its dtype: PyTorch's own message for a
-    float64 input to a float32 block is "mixed dtype (CPU)", which names neither.
-
-    Returns ``(B, T, C)``.
-    """
+    """Return ``(B, T, C)`` of ``x`` if it is a (B, T, C) tensor with C == ``d_model`` and T <=
+    ``block_size``, and with ``like`` (a parameter) on its device and, unless autocast is on
+    there, of its dtype (PyTorch's own message, "mixed dtype (CPU)", names neither)."""
     if not isinstance(x, torch.Tensor):
         raise UserTypeError(
             f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
@@ -151,17 +138,15 @@ def _autocast_on(device_type: str) -> bool:
     try:
         return bool(torch.is_autocast_enabled(device_type))
     except TypeError:  # torch < 2.4 has no device argument
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
+        cpu = device_type == "cpu"
+        return bool(torch.is_autocast_cpu_enabled() if cpu else torch.is_autocast_enabled())
 
 
 def check_positions(
     positions: object, B: int, T: int, device: torch.device, limit: int | None = None
 ) -> torch.Tensor:
-    """Check that ``positions`` are T token positions, (T,) or (B, T), of an integer dtype, on
-    ``device``, from 0 (and below ``limit``: a learned position table's rows). A read on the host
-    (min and max): a caller's positions are checked once per call, not per step.
+    """Return ``positions`` if they are T token positions, (T,) or (B, T) ints on ``device``, in
+    [0, ``limit``) (a learned table's rows). Reads min and max on the host: once per call.
 
     Example:
         >>> check_positions(torch.arange(3, 6), 2, 3, torch.device("cpu")).tolist()
