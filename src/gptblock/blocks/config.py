@@ -123,33 +123,25 @@ def check_choices(config: object) -> None:
             below = value < high if within[-1] == ")" else value <= high
             if not (above and below):  # nan is neither
                 raise UserValueError(f"{f.name} must be in {within}, got {value}")
-    for name in inapplicable(config, values):
-        other, needed = _acts_with(config)[name]
+    for name, other, needed in inapplicable(config, values):
         raise UserValueError(
             f"{name}={values[name]!r} acts only with {other}={needed!r}, but {other} is "
             f"{values[other]!r}: change {other} too, or leave {name} out"
         )
 
 
-def _acts_with(config: object) -> dict[str, tuple[str, str]]:
-    return {
-        f.name: f.metadata["acts_with"]
-        for f in fields(config)  # type: ignore[arg-type]
-        if f.metadata.get("acts_with")
-    }
-
-
-def inapplicable(config: object, values: Mapping[str, Any]) -> list[str]:
-    """The fields of the dataclass ``config`` set in ``values`` away from their defaults where
-    their ``acts_with`` setting (in ``values``, else its default) has another value."""
+def inapplicable(config: object, values: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(name, setting, value it needs) of each field of the dataclass ``config`` set in
+    ``values`` away from its default where its ``acts_with`` setting (in ``values``, else its
+    default) has another value."""
     defaults = {f.name: f.default for f in fields(config)}  # type: ignore[arg-type]
-    return [
-        name
-        for name, (other, needed) in _acts_with(config).items()
-        if name in values
-        and values[name] != defaults[name]
-        and values.get(other, defaults[other]) != needed
-    ]
+    found = []
+    for f in fields(config):  # type: ignore[arg-type]
+        other, needed = f.metadata.get("acts_with") or ("", None)
+        away = other and values.get(f.name, f.default) != f.default
+        if away and values.get(other, defaults[other]) != needed:
+            found.append((f.name, other, needed))
+    return found
 
 
 def applicable(
@@ -164,7 +156,7 @@ def applicable(
         {'position': 'learned', 'rope_theta': 10000.0}
     """
     defaults = {f.name: f.default for f in fields(config)}
-    dropped = {n: defaults[n] for n in inapplicable(config, values) if n not in given}
+    dropped = {n: defaults[n] for n, *_ in inapplicable(config, values) if n not in given}
     return {**values, **dropped}
 
 

@@ -19,8 +19,6 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn as nn
 
@@ -86,9 +84,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
     reference = next(module.parameters())
     new: nn.Module
     if to in ("fused", "mha"):
-        options = dataclasses.asdict(config)
-        form = FusedBlock if to == "fused" else TransformerBlock
-        new = form(options.pop("d_model"), options.pop("n_head"), **options)
+        new = (FusedBlock if to == "fused" else TransformerBlock).from_config(config)
     elif to == "lesson":
         if block_size is None and isinstance(module, Block):
             block_size = module.block_size

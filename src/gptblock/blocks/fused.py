@@ -16,17 +16,16 @@ Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
-from .attention import PACKED, KVStore, SelfAttention, pattern
+from .attention import PACKED, KVStore, SelfAttention
 from .checks import check_positions
 from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
-from .masks import blocked_positions
+from .mha import BlockForm
 from .norms import RMSNorm
 from .parts import MLP, Dense, DenseMLP, GatedMLP, LayerNormFn, Norm, dropped
 from .probe import Probe
@@ -146,7 +145,7 @@ class FusedSelfAttention(nn.Module):
         return attention(h, *args, dropout=p, **kw)
 
 
-class FusedBlock(nn.Module):
+class FusedBlock(BlockForm):
     """The pre-norm GPT block with packed QKV and ``F.scaled_dot_product_attention``.
 
     ``TransformerBlock``'s constructor, parameter names, function and masks (bool, ``True`` =
@@ -184,24 +183,8 @@ class FusedBlock(nn.Module):
         torch.Size([2, 5, 16])
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        dropout: float = 0.0,
-        activation: str = "gelu",
-        bias: bool = True,
-        norm_eps: float = 1e-5,
-        **modern: Any,
-    ) -> None:
-        super().__init__()
-        config = BlockConfig.of(
-            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
-            **modern,
-        )  # fmt: skip
-        self.config = config
-        d_ff = config.d_ff
+    def build(self, config: BlockConfig) -> None:
+        d_model, d_ff, bias = config.d_model, config.d_ff, config.bias
         self.norm1 = stream_norm(config)
         self.self_attn = FusedSelfAttention(config)
         # parallel_residual: both branches read norm1's output; there is no second norm.
@@ -218,12 +201,6 @@ class FusedBlock(nn.Module):
     def parts(self) -> BlockParts:
         """This block's own modules as ``block_forward``'s parts."""
         return BlockParts(self.norm1, self.self_attn, self.norm2, self.mlp_part)
-
-    @classmethod
-    def from_config(cls, config: BlockConfig) -> FusedBlock:
-        """A fresh block of ``config`` (any of its options)."""
-        options = dataclasses.asdict(config)
-        return cls(options.pop("d_model"), options.pop("n_head"), **options)
 
     def forward(
         self,
@@ -273,18 +250,9 @@ class FusedBlock(nn.Module):
             raise RuntimeError("decode_step is for generation in eval mode; call .eval() first")
         return self(x, kv_cache=cache)
 
-    def attention_weights(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T), fully
-        blocked rows zero. Apart from ``forward`` (whose lens point ``pattern`` tests hold to it)."""
-        B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
-        q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
-        return pattern(q, k, blocked)  # (B, nh, T, T); fully blocked rows all zero
+    def qk(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, _ = self.self_attn.project(h)
+        return q, k
 
 
 def stream_norm(config: BlockConfig) -> nn.Module:

@@ -1,9 +1,6 @@
 """The gated MLP, SwiGLU (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``, as a function and a module.
 
-Where GPT-2's MLP is ``linear2(act(linear1 x))``, Llama's multiplies the activated branch
-(the gate, ``w1`` / ``gate_proj``) by a second linear branch (``w3`` / ``up_proj``) before the
-output projection (``w2`` / ``down_proj``). With hidden size d_ff it has three d_ff x C
-matrices; Llama picks d_ff ~ 8C/3 so that it costs what a 4C two-matrix MLP does.
+Llama's three d_ff x C matrices, d_ff ~ 8C/3, cost what GPT-2's two 4C x C ones do.
 
 Shapes: C channels, F = d_ff hidden channels.
 """
@@ -15,10 +12,9 @@ import torch.nn as nn
 
 from .aliases import rename_state
 from .config import check_positive_int
-from .config import relu2 as relu2
 from .parts import Dense, GatedMLP
 
-__all__ = ["META_NAMES", "SwiGLU", "relu2", "swiglu"]
+__all__ = ["META_NAMES", "SwiGLU", "swiglu"]
 
 META_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Meta's Llama -> HF's
 
@@ -36,9 +32,8 @@ def swiglu(
 
     Args:
         x: the normalised stream.
-        w1: the gate (F, C): its branch goes through SiLU. Hugging Face's ``gate_proj``.
-        w2: the output (C, F). ``down_proj``.
-        w3: the linear branch (F, C). ``up_proj``.
+        w1, w2, w3: the gate (F, C) (through SiLU; Hugging Face's ``gate_proj``), the output
+            (C, F) (``down_proj``) and the linear branch (F, C) (``up_proj``).
         b1, b2, b3: optional biases (F,), (C,), (F,).
 
     Shape:
