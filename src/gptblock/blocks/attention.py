@@ -61,17 +61,10 @@ def attention(
     *,
     causal: bool = True,
 ) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j.
-
-    Args:
-        q: queries, the last T of the L positions.
-        k, v: keys and values of all L positions.
-        mask: optional bool, ``True`` = blocked, broadcast over (B, nh, T, L).
-        causal: also block keys after each query's position.
-
-    Shape:
-        q (B, nh, T, hs), k and v (B, nkv, L, hs) -> (B, nh, T, hs). A query row with every
-        key blocked gets zeros.
+    """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j:
+    q (B, nh, T, hs), the last T of the L positions, k and v (B, nkv, L, hs) -> (B, nh, T, hs).
+    ``mask`` (bool, ``True`` = blocked, broadcast over (B, nh, T, L)) blocks more than the
+    causal mask (none without ``causal``); a query row with every key blocked gets zeros.
 
     Example:
         >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)

@@ -3,8 +3,6 @@ the bad value and what was expected (never ``assert``, which ``python -O`` remov
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..errors import UserTypeError, UserValueError
@@ -38,22 +36,31 @@ def check_seed(value: object, name: str = "seed") -> int:
     return value
 
 
-def check_dropout(value: object, name: str = "dropout") -> float:
-    """Return ``value`` as a float if it is a probability in [0, 1)."""
+def check_within(name: str, value: object, within: str) -> float:
+    """Return ``value`` as a float if it is a number in the interval ``within`` ("[0, 1)").
+
+    Example:
+        >>> check_within("norm_eps", 0, "(0, inf)")
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: norm_eps must be in (0, inf), got 0
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"{name} must be a float in [0, 1), got {value!r}")
-    if not (0.0 <= value < 1.0) or math.isnan(value):
-        raise UserValueError(f"{name} must be in [0, 1), got {value}")
+        raise UserTypeError(f"{name} must be a float, got {value!r}")
+    low, high = (float(end) for end in within[1:-1].split(","))
+    above = low < value if within[0] == "(" else low <= value
+    below = value < high if within[-1] == ")" else value <= high
+    if not (above and below):  # nan is neither
+        raise UserValueError(f"{name} must be in {within}, got {value}")
     return float(value)
+
+
+def check_dropout(value: object, name: str = "dropout") -> float:
+    return check_within(name, value, "[0, 1)")
 
 
 def check_norm_eps(value: object) -> float:
-    """Return ``value`` if it is a LayerNorm epsilon: a finite float > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"norm_eps must be a positive float, got {value!r}")
-    if not 0 < value < math.inf:
-        raise UserValueError(f"norm_eps must be a positive float, got {value}")
-    return float(value)
+    return check_within("norm_eps", value, "(0, inf)")
 
 
 MAX_SOFTCAP = 1e4  # logits never come near it (a cap past them is no cap); float32 holds it

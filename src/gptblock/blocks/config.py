@@ -14,14 +14,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .checks import MAX_SEED as MAX_SEED
 from .checks import check_dropout as check_dropout
 from .checks import check_heads as check_heads
 from .checks import check_input as check_input
-from .checks import check_norm_eps as check_norm_eps
+from .checks import check_norm_eps, check_softcap, check_within
 from .checks import check_positive_int as check_positive_int
 from .checks import check_seed as check_seed
-from .checks import check_softcap
 from .rotary import PAIRINGS, check_rotary
 
 
@@ -116,13 +114,7 @@ def check_choices(config: object) -> None:
         if choices and value not in choices:
             raise UserValueError(f"{f.name} must be one of {choices}, got {value!r}")
         if within := f.metadata.get("within", ""):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserTypeError(f"{f.name} must be a float, got {value!r}")
-            low, high = (float(end) for end in within[1:-1].split(","))
-            above = low < value if within[0] == "(" else low <= value
-            below = value < high if within[-1] == ")" else value <= high
-            if not (above and below):  # nan is neither
-                raise UserValueError(f"{f.name} must be in {within}, got {value}")
+            check_within(f.name, value, within)
     for name, other, needed in inapplicable(config, values):
         raise UserValueError(
             f"{name}={values[name]!r} acts only with {other}={needed!r}, but {other} is "

@@ -17,15 +17,8 @@ from ..errors import UserTypeError, UserValueError
 
 def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The causal mask for a sequence of length ``T``: ``True`` ("may not attend") above the
-    diagonal. ``F.scaled_dot_product_attention`` reads a bool mask the other way round: pass it
-    ``~causal_mask(T)``, or ``is_causal=True``.
-
-    Args:
-        T: sequence length, >= 1.
-        device: where to create the mask.
-
-    Shape:
-        (T, T), dtype ``torch.bool``.
+    diagonal: (T, T) ``torch.bool`` on ``device``. ``F.scaled_dot_product_attention`` reads a
+    bool mask the other way round: pass it ``~causal_mask(T)``, or ``is_causal=True``.
 
     Example:
         >>> causal_mask(3)

@@ -28,16 +28,9 @@ def swiglu(
     b2: torch.Tensor | None = None,
     b3: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``w2(silu(w1 x) * w3 x)`` with ``nn.Linear``'s weight layout (out, in).
-
-    Args:
-        x: the normalised stream.
-        w1, w2, w3: the gate (F, C) (through SiLU; Hugging Face's ``gate_proj``), the output
-            (C, F) (``down_proj``) and the linear branch (F, C) (``up_proj``).
-        b1, b2, b3: optional biases (F,), (C,), (F,).
-
-    Shape:
-        x (..., C) -> (..., C).
+    """``w2(silu(w1 x) * w3 x)`` of x (..., C) -> (..., C), with ``nn.Linear``'s weight layout:
+    the gate ``w1`` (F, C) (Hugging Face's ``gate_proj``), the output ``w2`` (C, F)
+    (``down_proj``), the linear branch ``w3`` (F, C) (``up_proj``), optional biases.
 
     Example:
         >>> x, w1, w3, w2 = torch.randn(2, 4), torch.randn(6, 4), torch.randn(6, 4), torch.randn(4, 6)

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
 from ..errors import UserTypeError, UserValueError
-from .config import check_norm_eps
+from .checks import check_norm_eps
 
 __all__ = ["RMSNorm", "RMSNormFunction", "compute_dtype", "inverse_rms", "rms_backward", "rmsnorm"]
 

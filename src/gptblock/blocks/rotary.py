@@ -51,15 +51,9 @@ def apply_rotary(
     rotary_dim: int | None = None,
     pairing: str = "halves",
 ) -> torch.Tensor:
-    """``x`` with its first ``rotary_dim`` channels rotated by the angles of ``positions``.
-
-    Args:
-        x: queries or keys, position on the second-to-last dimension.
-        positions: each row's token position (ints): (T,), or (B, T) for x (B, nh, T, hs).
-        theta, rotary_dim, pairing: as ``Rotary``'s.
-
-    Shape:
-        x (..., T, hs) -> (..., T, hs).
+    """``x`` (..., T, hs) with its first ``rotary_dim`` channels rotated by the angles of each
+    row's token position, ``positions`` (T,) or (B, T) ints for x (B, nh, T, hs); ``theta``,
+    ``rotary_dim`` and ``pairing`` as ``Rotary``'s.
 
     Example:
         >>> q = torch.tensor([[1.0, 0.0]])  # one position, hs = 2

@@ -14,15 +14,9 @@ state_dict::
     x1  = x + (att @ v) @ out_proj.weight.T + out_proj.bias
     y   = x1 + linear2(act(linear1(norm2(x1))))       # act: exact (erf) GELU or ReLU
 
-Everything is computed in float64 whatever the input dtype: an oracle's job is to be right.
-A bias key that is absent (a block built with ``bias=False``) counts as zero and gets no
-gradient. Masks are bool with ``True`` = blocked, as everywhere in gptblock.
-
-Its modules: ``layout`` (the parameter keys, and the lesson's per-head layout mapped onto them;
-plain Python, which ``convert`` and the checker use too), ``pieces`` (each piece's forward beside
-its backward), ``modern`` (the one forward pass with options for the modern parts, ``ModernOptions``,
-its backward, and the lessons' block: the default options) and ``params`` (any block form's
-state_dict as ``params``).
+Everything is in float64 whatever the input dtype: an oracle's job is to be right. An absent
+bias key (``bias=False``) counts as zero and gets no gradient. Masks are bool, ``True`` = blocked.
+``modern`` has the one forward pass, with options for the modern parts (``ModernOptions``).
 
 Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
 

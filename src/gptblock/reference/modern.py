@@ -88,19 +88,10 @@ BlockCache = ModernCache  # what ``block_backward`` needs of ``block_forward``
 def modern_forward(
     params: dict[str, Any], x: Any, o: ModernOptions, positions: Any = None, mask: Any = None
 ) -> tuple[Array, ModernCache]:
-    """The block's forward pass in float64.
-
-    Args:
-        params: arrays named as ``FusedBlock``'s state_dict; absent biases are zero.
-        x: the input.
-        o: the options.
-        positions: the rows' token positions for the rotary angles, (T,) or (B, T); default
-            0 .. T-1 (the causal mask follows the rows' order whatever their positions).
-        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, combined with the causal
-            mask. A query row with nothing left to attend to gets zero attention weights.
-
-    Shape:
-        x (B, T, C) -> y (B, T, C), and the cache for ``modern_backward``.
+    """The block's forward pass in float64: x (B, T, C) -> y (B, T, C) and the cache for
+    ``modern_backward``. ``params`` are named as ``FusedBlock``'s state_dict (absent biases are
+    zero); ``positions`` (T,) or (B, T), default 0 .. T-1, are for the rotary angles only (the
+    causal mask follows the rows' order); ``mask`` is ``block_forward``'s.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -161,11 +152,7 @@ def modern_forward(
 
 
 def modern_backward(dy: Any, c: ModernCache) -> tuple[Array, dict[str, Array]]:
-    """The hand-derived backward of ``modern_forward``: ``dx`` and a gradient per parameter.
-
-    Shape:
-        dy (B, T, C) -> dx (B, T, C) and ``{key: (shape of params[key])}``.
-    """
+    """The hand-derived backward of ``modern_forward``: ``dx`` and a gradient per parameter."""
     o, p = c.o, c.params
     dy = np.asarray(dy, dtype=np.float64)
     B, T, C = c.x.shape
@@ -243,12 +230,8 @@ def _blocked(mask: Any, B: int, T: int) -> NDArray[np.bool_]:
 
 
 def causal_head(q: Any, k: Any, v: Any) -> tuple[Array, Array]:
-    """One causal attention head on given queries, keys and values (lesson 1, exercise 2):
-    position t attends to positions <= t, with scores scaled by ``1 / sqrt(hs)``.
-
-    Shape:
-        q, k, v: (..., T, hs), leading batch dimensions allowed. Returns ``out`` (..., T, hs)
-        and the weights ``wei`` (..., T, T), each row a distribution, 0 above the diagonal.
+    """One causal attention head (lesson 1, exercise 2) on q, k, v (..., T, hs): ``out`` (..., T,
+    hs) and the weights ``wei`` (..., T, T), 0 above the diagonal, scaled by ``1 / sqrt(hs)``.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -277,15 +260,14 @@ def block_forward(
     the default options, its arguments checked.
 
     Args:
-        params: arrays named as ``TransformerBlock``'s state_dict (see ``PARAM_KEYS``); bias keys
-            may be absent (zero). ``params_from_state_dict`` builds this from any block form.
+        params: arrays named as ``TransformerBlock``'s state_dict (``PARAM_KEYS``; absent biases
+            are zero), such as ``params_from_state_dict`` reads from any block form.
         x: the input.
-        n_head: nh, the number of heads; must divide C.
-        activation: ``"gelu"`` (exact, erf-based, as ``F.gelu``), ``"relu"``, ``"gelu_tanh"``
-            (GPT-2's tanh approximation) or ``"relu2"``.
+        n_head: nh, dividing C.
+        activation: ``"gelu"`` (exact, as ``F.gelu``), ``"relu"``, ``"gelu_tanh"`` or ``"relu2"``.
         eps: both LayerNorms' epsilon.
-        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, combined with the causal
-            mask. A query row with nothing left to attend to gets zero attention weights.
+        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, besides the causal mask;
+            a query row with nothing left to attend to gets zero attention weights.
 
     Shape:
         x: (B, T, C). Returns ``y`` (B, T, C) and the cache for ``block_backward``.
