@@ -1,11 +1,9 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``SelfAttention`` is ``FusedBlock``'s attention branch: training (SDPA, or explicit products for
-short contexts in bfloat16: ``causal_attention``), masks, a KV cache with the new queries at
-positions ``start ..`` (generation), and the lens's points (the pattern and the per-head outputs,
-formed only when a probe wants them). How the projection becomes heads is a part chosen when the
-block is built: GPT-2's (``PACKED``) or the modern block's (``ModernHeads``: grouped key/value
-heads, qk-norm, rotary positions). ``attention`` is the same function on given q, k, v.
+``SelfAttention`` is ``FusedBlock``'s attention: training (SDPA, or ``causal_attention``'s
+products), masks, a KV cache with the new queries at positions ``start ..``, and the lens's
+points (formed only when a probe wants them). Its heads part is GPT-2's (``PACKED``) or the
+modern block's (``ModernHeads``). ``attention`` is the same function on given q, k, v.
 
 Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, nkv key/value
 heads, hs = C // nh.

@@ -52,6 +52,7 @@ NORMS = ("layernorm", "rmsnorm")  # LayerNorm (GPT-2) or RMSNorm (Llama)
 MLPS = ("dense", "swiglu")  # linear2(act(linear1 x)) or linear2(silu(linear1 x) * linear3 x)
 POSITIONS = ("learned", "rope", "none")  # a GPT's position information
 ROPE = ("position", "rope")  # what the rotary settings act with
+DENSE = ("mlp", "dense")  # what activation acts with: SwiGLU's gate is SiLU
 
 
 def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -160,9 +161,10 @@ class BlockOptions:
     dropout: float = option(0.0, "dropout probability (attention weights, residual branches, MLP)")
     activation: str = option(
         "gelu",
-        "the dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2",
+        "dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2",
         ACTIVATIONS,
-        acts_with=("mlp", "dense"),  # SwiGLU's gate is SiLU
+        "",
+        DENSE,
     )
     bias: bool = option(True, "biases in the linear layers and norms (Llama has none)")
     norm_eps: float = option(1e-5, "every norm's epsilon")
@@ -172,18 +174,11 @@ class BlockOptions:
     n_kv_head: int = option(None, "key/value heads: grouped-query attention (none: n_head)")
     qk_norm: bool = option(False, "RMSNorm on each head's queries and keys")
     parallel_residual: bool = option(False, "x + attn(norm(x)) + mlp(norm(x)), as GPT-J")
-    position: str = option(
-        "learned", "learned (GPT-2's embedding), rope (rotary) or none", POSITIONS
-    )
-    rotary_dim: int | None = option(
-        None, "with rope: channels rotated per head (none: all)", acts_with=ROPE
-    )
+    position: str = option("learned", "learned (GPT-2's), rope (rotary) or none", POSITIONS)
+    rotary_dim: int | None = option(None, "with rope: channels rotated (none: all)", acts_with=ROPE)
     rope_theta: float = option(10000.0, "with rope: the angles' base", acts_with=ROPE)
     rope_pairing: str = option(
-        "halves",
-        "with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
-        PAIRINGS,
-        acts_with=ROPE,
+        "halves", "with rope: halves (i, i + hs/2; HF) or adjacent (2i, 2i + 1)", PAIRINGS, "", ROPE
     )
 
     def _check_options(self, width: tuple[str, int], n_head: int) -> None:
@@ -303,22 +298,12 @@ class GPTConfig(BlockOptions, GPTShape):
         gptblock.errors.UserValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
     """
 
-    block: str = option(
-        "fused", "the block form: fused, mha (TransformerBlock) or lesson", BLOCK_FORMS
-    )
+    block: str = option("fused", "the block form: fused, mha or lesson", BLOCK_FORMS)
     tie_embeddings: bool = option(True, "the unembedding is the token embedding's weight")
-    zero_init_proj: bool = option(
-        False, "start the blocks' output projections (and an untied head) at zero"
-    )
-    logit_softcap: float | None = option(
-        None, "squash the logits to cap * tanh(logits / cap) (none: no cap)"
-    )
-    bigram: bool = option(
-        False, "add an embedding of each (previous token, token) pair (modded-nanogpt)"
-    )
-    smear: bool = option(
-        False, "add a gated part of each position's embedding to the next (modded-nanogpt)"
-    )
+    zero_init_proj: bool = option(False, "output projections (and an untied head) start at 0")
+    logit_softcap: float | None = option(None, "logits to cap * tanh(logits / cap) (none: none)")
+    bigram: bool = option(False, "add an embedding of each (previous, this) token pair")
+    smear: bool = option(False, "add a gated part of each position's embedding to the next")
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)

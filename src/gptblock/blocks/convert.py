@@ -1,18 +1,12 @@
 """Weight mapping between the four forms of the block: ``convert(module, to)``.
 
-The forms: ``"lesson"`` (``gptblock.lesson.Block``: one q/k/v ``Linear`` per head, no q/k/v
-bias, ReLU, LayerNorm eps 1e-5, a ``block_size``), ``"mha"`` (``TransformerBlock``), ``"fused"``
-(``FusedBlock``) and ``"encoder_layer"`` (``nn.TransformerEncoderLayer(norm_first=True,
-batch_first=True)``, called as ``layer(x, src_mask=causal_mask(T), is_causal=True)``).
-
-Every conversion goes through one hub rather than twelve pairwise mappings: a ``BlockConfig``
-and a state_dict in ``TransformerBlock``'s layout (``describe``), which three forms already use
-and the lesson's per-head weights are concatenated into and split out of.
-
-"The same function" means the same outputs for every input the target accepts, in eval mode.
-The dropout probability is carried over, but the lesson places its dropouts differently, so in
-training the two compute differently distributed random functions. A conversion that would
-change the function raises ``ConversionError`` saying why.
+The forms: ``"lesson"`` (``gptblock.lesson.Block``: a q/k/v ``Linear`` per head, no q/k/v bias,
+ReLU, eps 1e-5), ``"mha"`` (``TransformerBlock``), ``"fused"`` (``FusedBlock``) and
+``"encoder_layer"`` (``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, called
+with ``src_mask=causal_mask(T), is_causal=True``). Each converts through one hub rather than
+twelve pairwise mappings: a ``BlockConfig`` and a state_dict in ``TransformerBlock``'s layout
+(``describe``). "The same function": the same outputs in eval mode (the lesson places its
+dropouts elsewhere); where it cannot be kept, ``ConversionError`` says why.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """

@@ -1,15 +1,11 @@
 """The fast block, and the one definition of the pre-norm block's forward: ``block_forward``.
 
-``FusedBlock`` computes ``TransformerBlock``'s function under its parameter names and layouts
-(``self_attn.in_proj_weight`` packs q, k, v as ``nn.MultiheadAttention`` does), so the two and
-``nn.TransformerEncoderLayer(norm_first=True)`` load one another's state_dicts. It is faster
-than the lesson (three small matmuls per head, every (T, T) weight matrix formed) and than
-``nn.MultiheadAttention`` (general): one (C, 3C) matmul, and SDPA never stores the weights.
-
+``FusedBlock`` computes ``TransformerBlock``'s function under its parameter names and layouts,
+faster: q, k and v from one (C, 3C) matmul, and SDPA never stores the (T, T) weights.
 ``block_forward`` runs on the block's parts (``BlockParts``): a ``FusedBlock``'s own modules,
-generation's KV cache and one-position weights, the lens's probe, and the other forms' weights
-(``convert.parts_of``). Each variant (norm, heads, MLP, parallel residual) is a part chosen when
-the block is built, so no forward checks an option. ``llama.py`` names this block as Llama's.
+generation's cache and weights, the lens's probe, or another form's weights
+(``convert.parts_of``). Each variant is a part chosen when the block is built, so no forward
+checks an option. ``llama.py`` names this block as Llama's.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """

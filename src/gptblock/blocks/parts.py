@@ -1,10 +1,8 @@
 """A block's parts as callables: the block's own modules, or functions of given weights.
 
-``fused.block_forward`` is written against parts, not modules, so that one definition runs on a
-``FusedBlock``'s modules, on another form's weights read without copying (``Dense``,
-``LayerNormFn``: the lens's pass over a lesson block, gradients reaching its parameters), and on
-generation's one-position weight layouts. A variant (RMSNorm, a gated MLP, the modern heads) is
-one more callable of the same shape, chosen when the block is built.
+``fused.block_forward`` is written against parts, so that it runs on a ``FusedBlock``'s modules,
+on another form's weights read without copying (the lens's pass over a lesson block, its
+gradients reaching that block) and on generation's one-position weight layouts.
 
 Shapes: B batch, T time, I in-features, O out-features, C channels.
 """

@@ -1,13 +1,9 @@
 """Hook points: the places in a block's forward where ``gptblock.lens`` may look and intervene.
 
-Without a ``probe`` each point costs one ``is None`` test. With one, the forward continues with
-what ``probe.point(name, x)`` returns, so the lens reads and patches the very computation the
-model runs; a point SDPA never forms (``pattern``, ``head_out``) is formed only if
-``probe.wants`` it. Why an argument rather than module hooks: those see no point inside a
-module (``resid_mid``), a fused path skips them silently (``nn.TransformerEncoderLayer``'s),
-and an argument leaves nothing registered on the model, even when a hook raises.
-
-Shapes: B batch, T time, C channels, nh heads.
+The forward continues with what ``probe.point(name, x)`` returns (without a probe: one ``is
+None`` test), so the lens patches the very computation the model runs; a point SDPA never forms
+is formed only if ``probe.wants`` it. Not module hooks: they see no point inside a module, a
+fused path skips them silently, and an argument leaves nothing registered on the model.
 """
 
 from __future__ import annotations

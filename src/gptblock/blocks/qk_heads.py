@@ -1,16 +1,13 @@
 """The modern heads' queries and keys prepared in one pass, with a hand-written backward.
 
-``QKHeads`` does what ``ModernHeads`` does with ``RMSNorm`` and ``Rotary`` as modules, on the
-packed projection (B, T, nh + 2 nkv, hs) at once, in float32 for half-precision inputs. Autograd's
-graph of that chain (a dozen (B, T, C)-sized tensors each way) made a modern training step 1.6x
-a GPT-2 one on a CPU. Here the rotation is ``z = x * C + swap(x) * S`` on whole contiguous
-tensors, the sign folded into S and the gains into both tables; its backward is the inverse
-rotation (a rotation is orthogonal), and RMSNorm's is ``norms.rms_backward``; v is copied
-through, so the three gradients land in one tensor. ``tests/test_modern_fast.py`` holds it to
-the module chain and to ``gradcheck`` in float64.
+``QKHeads`` is ``ModernHeads``' RMSNorm and rotation on the packed projection at once: autograd's
+graph of that chain made a modern training step 1.6x a GPT-2 one on a CPU. The rotation is ``z =
+x * C + swap(x) * S`` on whole tensors, sign and gains folded into the tables; its backward is
+the inverse rotation, RMSNorm's is ``norms.rms_backward``; v is copied through, so the three
+gradients land in one tensor. ``tests/test_modern_fast.py`` holds it to the module chain.
 
 Shapes: B batch, T time, nh query heads, nkv key/value heads, H = nh + nkv (q and k heads), hs
-head size, r = rotary_dim (the rotated leading channels), r/2 channel pairs.
+head size, r = rotary_dim (the rotated leading channels).
 """
 
 from __future__ import annotations

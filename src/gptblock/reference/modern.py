@@ -1,7 +1,7 @@
 """The block in float64 NumPy: one forward pass, with options, and its hand-derived backward.
 
-GPT-2's block with the parts of Llama, Mistral, Qwen and GPT-J swapped in, each an option
-(``ModernOptions``), named and laid out as ``FusedBlock``'s state_dict::
+GPT-2's block with Llama's, Qwen's and GPT-J's parts as options (``ModernOptions``), named and
+laid out as ``FusedBlock``'s state_dict::
 
     h1  = norm1(x)                                   # LayerNorm or RMSNorm
     q, k, v = split(h1 @ in_proj_weight.T + in_proj_bias)   # q: nh heads; k, v: nkv heads
@@ -12,12 +12,10 @@ GPT-2's block with the parts of Llama, Mistral, Qwen and GPT-J swapped in, each 
     y   = x1 + mlp(norm2(x1))                        # parallel_residual: y = x1 + mlp(h1)
     mlp = linear2(act(linear1 h))  or  linear2(silu(linear1 h) * linear3 h)   # "swiglu"
 
-Each backward line undoes one forward line: a rotation's transpose is the rotation by minus the
-angle, and a repeated key/value head collects the gradients of the query heads it served. The
-lessons' block (``block_forward``, ``block_backward``) is this one with the default options.
+Each backward line undoes one forward line. The lessons' block (``block_forward``) is this one
+with the default options.
 
-Shapes: B batch, T time, C channels, nh heads, nkv key/value heads, hs = C // nh, r rotated
-channels, F = MLP hidden width.
+Shapes: B batch, T time, C channels, nh heads, nkv key/value heads, hs = C // nh, F = MLP width.
 """
 
 from __future__ import annotations
