@@ -160,11 +160,7 @@ class BlockOptions:
 
     dropout: float = option(0.0, "dropout probability (attention weights, residual branches, MLP)")
     activation: str = option(
-        "gelu",
-        "dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2",
-        ACTIVATIONS,
-        "",
-        DENSE,
+        "gelu", "dense MLP's: gelu, relu, gelu_tanh (GPT-2's) or relu2", ACTIVATIONS, "", DENSE
     )
     bias: bool = option(True, "biases in the linear layers and norms (Llama has none)")
     norm_eps: float = option(1e-5, "every norm's epsilon")
