@@ -24,11 +24,8 @@ from .qk_heads import ModernHeads, repeat_kv
 
 
 class PackedHeads:
-    """GPT-2's heads: q, k and v of nh heads each, in thirds of the projection (B, T, 3C).
-
-    A heads part maps the new positions' projection to q (B, nh, T, hs), k and v (B, nkv, T,
-    hs); ``share`` gives the keys and values (cached ones included) to the nh query heads.
-    """
+    """GPT-2's heads part: q, k and v (B, nh, T, hs) in thirds of the projection (B, T, 3C);
+    ``share`` gives the keys and values (cached ones included) to the nh query heads."""
 
     def __call__(
         self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
@@ -128,13 +125,9 @@ class SelfAttention(NamedTuple):
         probe: Probe | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal self-attention of the normalised stream ``h`` (B, T, C) -> (B, T, C).
-
-        ``h`` continues after ``kv_cache``'s positions, its keys and values appended there.
-        ``positions`` are for the rotary angles only: which key a query may attend to follows
-        the keys' order (the cached ones first), never these numbers. The rest is
-        ``FusedBlock.forward``'s; ``dropout`` is on the attention weights.
-        """
+        """Causal self-attention of the normalised stream ``h`` (B, T, C), after ``kv_cache``'s
+        positions. ``positions`` only rotate: which key a query may attend to follows the keys'
+        order. The rest is ``FusedBlock.forward``'s; ``dropout`` is on the attention weights."""
         p = dropout or 0.0
         nh, (B, T, C) = self.n_heads, h.shape
         start = 0 if kv_cache is None else kv_cache.length

@@ -126,16 +126,12 @@ def check_input(
             f"the input has dtype {x.dtype} but the block's parameters are {like.dtype}; "
             f"convert the input (x.to({like.dtype})) or the block (block.to({x.dtype}))"
         )
-    if x.dim() != 3 or x.shape[-1] != d_model:
+    if x.dim() != 3 or x.shape[-1] != d_model or x.numel() == 0:
         raise UserValueError(
-            f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
+            f"expected input of shape (B, T, {d_model}) (batch, time, channels), non-empty, "
             f"got {tuple(x.shape)}"
         )
     B, T, C = x.shape
-    if T == 0 or B == 0:
-        raise UserValueError(
-            f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
-        )
     if block_size is not None and T > block_size:
         raise UserValueError(f"sequence length T={T} exceeds block_size={block_size}")
     return B, T, C

@@ -280,10 +280,8 @@ class GPTShape:
 class GPTConfig(BlockOptions, GPTShape):
     """The shape of a tiny GPT: embeddings, ``n_layer`` blocks, a final norm, a tied unembedding.
 
-    Each field's ``help`` says what it is; ``GPTShape``'s five may be given in order, the rest
-    by name. ``dataclasses.asdict(config)`` round-trips through ``GPTConfig(**d)``, which is how
-    checkpoints store it; a field missing from an older checkpoint has its default, which is
-    what that version built.
+    ``GPTShape``'s five fields may be given in order. ``GPTConfig(**asdict(config))`` is how
+    checkpoints store it; a field missing from an older one has its default, what it built.
 
     Example:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block

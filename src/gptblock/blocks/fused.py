@@ -43,17 +43,18 @@ class BlockParts(NamedTuple):
     def of_state(cls, config: BlockConfig, w: dict[str, torch.Tensor]) -> BlockParts:
         """GPT-2's parts on the tensors (not copied) of ``convert.describe``'s layout."""
 
-        def dense(name: str) -> Dense:
-            return Dense(w[name + ".weight"], w.get(name + ".bias"))
+        def dense(name: str, sep: str = ".") -> Dense:
+            return Dense(w[f"{name}{sep}weight"], w.get(f"{name}{sep}bias"))
 
         def norm(name: str) -> LayerNormFn:
             return LayerNormFn(w[name + ".weight"], w.get(name + ".bias"), config.norm_eps)
 
-        in_proj = Dense(w["self_attn.in_proj_weight"], w.get("self_attn.in_proj_bias"))
         act = ACTIVATION_FUNCTIONS[config.activation]  # a name BlockConfig checked
         return cls(
             norm("norm1"),
-            SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_head),
+            SelfAttention(
+                dense("self_attn.in_proj", "_"), dense("self_attn.out_proj"), config.n_head
+            ),
             norm("norm2"),
             DenseMLP(dense("linear1"), dense("linear2"), act),
         )

@@ -176,16 +176,12 @@ class ModernHeads(NamedTuple):
                 (None, None) if q_norm is None or k_norm is None else (q_norm.weight, k_norm.weight)
             )
             cos = sin = None
+            r, pairing = 0, "halves"
             if rotary is not None and positions is not None:
-                cos, sin = cos_sin(
-                    positions, rotary.rotary_dim, rotary.theta, compute_dtype(qkv.dtype)
-                )
-            r, pairing = (
-                (rotary.rotary_dim, rotary.pairing) if rotary is not None else (0, "halves")
-            )
-            q, k, v = QKHeads.apply(
-                qkv.view(B, T, nh + 2 * nkv, hs), *gains, cos, sin, nh, eps, r, pairing
-            )  # type: ignore[no-untyped-call]
+                r, pairing = rotary.rotary_dim, rotary.pairing
+                cos, sin = cos_sin(positions, r, rotary.theta, compute_dtype(qkv.dtype))
+            heads = qkv.view(B, T, nh + 2 * nkv, hs)
+            q, k, v = QKHeads.apply(heads, *gains, cos, sin, nh, eps, r, pairing)  # type: ignore[no-untyped-call]
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh | nkv, T, hs)
         q, k, v = torch.split(qkv, [nh * hs, nkv * hs, nkv * hs], dim=-1)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)

@@ -5,15 +5,7 @@ block form is tested against it, outputs and gradients. It imports NumPy and the
 only (a test loads it with torch made unimportable), so a bug in PyTorch or in gptblock's torch
 code cannot leak into the answer it gives.
 
-The block, with ``params`` named as ``TransformerBlock``'s (and ``nn.TransformerEncoderLayer``'s)
-state_dict::
-
-    h1  = norm1(x)                                    # LayerNorm
-    q, k, v = split(h1 @ in_proj_weight.T + in_proj_bias)
-    att = softmax(q @ k.T / sqrt(hs), causal + mask)  # per head; a fully blocked row is all 0
-    x1  = x + (att @ v) @ out_proj.weight.T + out_proj.bias
-    y   = x1 + linear2(act(linear1(norm2(x1))))       # act: exact (erf) GELU or ReLU
-
+The block is ``modern``'s, with ``params`` named as ``TransformerBlock``'s state_dict.
 Everything is in float64 whatever the input dtype: an oracle's job is to be right. An absent
 bias key (``bias=False``) counts as zero and gets no gradient. Masks are bool, ``True`` = blocked.
 ``modern`` has the one forward pass, with options for the modern parts (``ModernOptions``).
@@ -37,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from .layout import PARAM_KEYS
+from .layout import PARAM_KEYS, params_from_state_dict
 from .modern import (
     BlockCache,
     ModernCache,
@@ -48,7 +40,6 @@ from .modern import (
     modern_backward,
     modern_forward,
 )
-from .params import params_from_state_dict
 from .pieces import softmax
 
 __all__ = [

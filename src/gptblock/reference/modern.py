@@ -30,8 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import pieces
-from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS
-from .pieces import ACTIVATIONS, Array, linear, linear_backward, norm_backward, normalise, softmax
+from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS, Array
+from .pieces import ACTIVATIONS, linear, linear_backward, norm_backward, normalise, softmax
 
 Q_NORM, K_NORM = ("self_attn.q_norm.weight", ""), ("self_attn.k_norm.weight", "")
 LINEAR3 = ("linear3.weight", "linear3.bias")
@@ -257,18 +257,10 @@ def block_forward(
     """The lessons' pre-norm block's forward pass, in float64 NumPy: ``modern_forward`` with
     the default options, its arguments checked.
 
-    Args:
-        params: arrays named as ``TransformerBlock``'s state_dict (``PARAM_KEYS``; absent biases
-            are zero), such as ``params_from_state_dict`` reads from any block form.
-        x: the input.
-        n_head: nh, dividing C.
-        activation: ``"gelu"`` (exact, as ``F.gelu``), ``"relu"``, ``"gelu_tanh"`` or ``"relu2"``.
-        eps: both LayerNorms' epsilon.
-        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, besides the causal mask;
-            a query row with nothing left to attend to gets zero attention weights.
-
-    Shape:
-        x: (B, T, C). Returns ``y`` (B, T, C) and the cache for ``block_backward``.
+    ``params`` are named as ``TransformerBlock``'s state_dict (``PARAM_KEYS``; absent biases are
+    zero): ``params_from_state_dict``'s. ``activation`` is "gelu" (exact), "relu", "gelu_tanh"
+    or "relu2"; ``mask`` (T, T) or (B, T, T), ``True`` = blocked, blocks more than the causal
+    mask (a row left with nothing gets zero weights). x (B, T, C) -> y (B, T, C) and the cache.
 
     Example:
         >>> rng = np.random.default_rng(0)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
-Array = NDArray[np.float64]
+from .layout import Array
+
 Keys = tuple[str, str]  # (weight, bias)
 
 
