@@ -261,19 +261,6 @@ def block_forward(
     zero): ``params_from_state_dict``'s. ``activation`` is "gelu" (exact), "relu", "gelu_tanh"
     or "relu2"; ``mask`` (T, T) or (B, T, T), ``True`` = blocked, blocks more than the causal
     mask (a row left with nothing gets zero weights). x (B, T, C) -> y (B, T, C) and the cache.
-
-    Example:
-        >>> rng = np.random.default_rng(0)
-        >>> C, F = 4, 16
-        >>> shapes = {"norm1.weight": (C,), "self_attn.in_proj_weight": (3 * C, C),
-        ...           "self_attn.out_proj.weight": (C, C), "norm2.weight": (C,),
-        ...           "linear1.weight": (F, C), "linear2.weight": (C, F)}
-        >>> params = {key: rng.standard_normal(shape) for key, shape in shapes.items()}
-        >>> mask = np.zeros((3, 3), dtype=bool)
-        >>> mask[1] = True  # query row 1 is blocked from every key: zero weights in every head
-        >>> y, cache = block_forward(params, rng.standard_normal((1, 3, C)), n_head=2, mask=mask)
-        >>> y.shape, cache.wei[0, :, 1].tolist()
-        ((1, 3, 4), [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3 or 0 in x.shape:
@@ -307,14 +294,22 @@ def _check_params(params: Mapping[str, Any], C: int, n_head: int) -> dict[str, A
         raise ValueError(f"unexpected parameter names {unknown}; expected names from {PARAM_KEYS}")
     p = {key: np.asarray(params[key], dtype=np.float64) for key in PARAM_KEYS if key in params}
     F = p[LINEAR1[0]].shape[0] if LINEAR1[0] in p else 4 * C
-    expected = {
-        NORM1[0]: (C,), NORM1[1]: (C,), NORM2[0]: (C,), NORM2[1]: (C,),
-        IN_PROJ[0]: (3 * C, C), IN_PROJ[1]: (3 * C,),
-        OUT_PROJ[0]: (C, C), OUT_PROJ[1]: (C,),
-        LINEAR1[0]: (F, C), LINEAR1[1]: (F,),
-        LINEAR2[0]: (C, F), LINEAR2[1]: (C,),
-    }  # fmt: skip
-    for key, shape in expected.items():
+    # In PARAM_KEYS' order: norm1, in_proj, out_proj, norm2, linear1, linear2 (weight, bias).
+    shapes = [
+        (C,),
+        (C,),
+        (3 * C, C),
+        (3 * C,),
+        (C, C),
+        (C,),
+        (C,),
+        (C,),
+        (F, C),
+        (F,),
+        (C, F),
+        (C,),
+    ]
+    for key, shape in zip(PARAM_KEYS, shapes, strict=True):
         if key in p and p[key].shape != shape:
             raise ValueError(f"{key} must have shape {shape} for C={C}, got {p[key].shape}")
         if key not in p and key.endswith("weight"):
