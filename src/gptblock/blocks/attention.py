@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from ..errors import UserValueError
 from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
 from .parts import Linear
-from .probe import Probe, at
+from .probe import Probe
 from .qk_heads import ModernHeads, repeat_kv
 
 
@@ -233,12 +233,12 @@ def _formed(
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, q.device)  # (B, T, T)
     else:
         blocked = ~_allowed(start, T, q)[None]  # (1, T, L)
-    weights = at(probe, "pattern", pattern(q, k, blocked))  # (B, nh, T, L)
+    weights = probe.point("pattern", pattern(q, k, blocked))  # (B, nh, T, L)
     y = F.dropout(weights, p, training=p > 0) @ v  # (B, nh, T, hs)
     if not probe.wants("head_out"):
         return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
     # Column block n of the output projection reads head n: W_O (C, C) -> (C, nh, hs).
     w_o, b_o = out_proj.weight, out_proj.bias
     per_head = torch.einsum("bnti,cni->btnc", y, w_o.view(C, nh, hs))  # (B, T, nh, C)
-    out = at(probe, "head_out", per_head).sum(dim=2)  # (B, T, C)
+    out = probe.point("head_out", per_head).sum(dim=2)  # (B, T, C)
     return out if b_o is None else out + b_o

@@ -74,7 +74,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
             f"cannot convert to {to!r}: it has GPT-2's block, which cannot express "
             f"{name}={getattr(config, name)!r} (the modern block's options need 'fused')"
         )
-    state = _copy(described)
+    state = {name: t.detach().clone() for name, t in described.items()}  # never sharing storage
     reference = next(module.parameters())
     new: nn.Module
     if to in ("fused", "mha"):
@@ -247,8 +247,3 @@ def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, 
         own[f"{mine}.weight"] = weight
         own[f"{mine}.bias"] = bias if bias is not None else weight.new_zeros(weight.shape[0])
     return block, own
-
-
-def _copy(state: dict[str, torch.Tensor]) -> State:
-    """Detached copies, so the new module never shares storage with the old one."""
-    return {name: t.detach().clone() for name, t in state.items()}

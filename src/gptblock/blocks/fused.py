@@ -77,7 +77,7 @@ def block_forward(
     No input checks (``FusedBlock.forward`` makes them): this is also generation's inner loop.
     The arguments are ``FusedBlock.forward``'s; ``dropout`` is every dropout's probability.
     """
-    # Each point is inlined rather than ``at(probe, ...)``: generation runs this per token and
+    # Each point is inlined rather than a function call: generation runs this per token and
     # block, and five calls that do nothing were 2% of a token.
     x = x if probe is None else probe.point("resid_pre", x)  # (B, T, C)
     h = parts.norm1(x)  # (B, T, C)

@@ -1,8 +1,6 @@
 """The gated MLP, SwiGLU (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``, as a function and a module.
 
-Llama's three d_ff x C matrices, d_ff ~ 8C/3, cost what GPT-2's two 4C x C ones do.
-
-Shapes: C channels, F = d_ff hidden channels.
+Llama's three F x C matrices (C channels, F = d_ff ~ 8C/3) cost what GPT-2's two 4C x C do.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """RMSNorm (Zhang & Sennrich 2019), ``x / sqrt(mean(x^2) + eps) * weight`` with eps inside the
-root (as Llama, Mistral, Qwen and T5), as a function of given weights and as a module.
-
-Shapes: C channels (the last dimension).
+root (as Llama, Mistral, Qwen and T5), over the last dimension C, as a function and a module.
 """
 
 from __future__ import annotations

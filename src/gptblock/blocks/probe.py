@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["BLOCK_POINTS", "Probe", "at"]
+__all__ = ["BLOCK_POINTS", "Probe"]
 
 # The points inside each block, in the order the forward pass reaches them (TransformerLens's
 # names): the stream entering the block (B, T, C); the post-softmax attention weights
@@ -35,8 +35,3 @@ class Probe(Protocol):
     def wants(self, name: str) -> bool: ...  # whether the point must be formed
 
     def point(self, name: str, x: torch.Tensor) -> torch.Tensor: ...  # what to continue with
-
-
-def at(probe: Probe | None, name: str, x: torch.Tensor) -> torch.Tensor:
-    """``x`` through the point ``name`` of ``probe``; ``x`` itself without a probe."""
-    return x if probe is None else probe.point(name, x)
