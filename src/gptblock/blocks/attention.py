@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 
 from ..errors import UserValueError
@@ -28,8 +29,8 @@ class PackedHeads:
     ``share`` gives the keys and values (cached ones included) to the nh query heads."""
 
     def __call__(
-        self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, qkv: Tensor, nh: int, start: int, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         B, T, C3 = qkv.shape
         hs = C3 // (3 * nh)
         if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
@@ -41,7 +42,7 @@ class PackedHeads:
         q, k, v = (t.transpose(1, 2) for t in qkv.view(B, T, 3, nh, hs).unbind(2))
         return q, k, v  # (B, nh, T, hs) each
 
-    def share(self, k: torch.Tensor, v: torch.Tensor, nh: int) -> tuple[torch.Tensor, ...]:
+    def share(self, k: Tensor, v: Tensor, nh: int) -> tuple[Tensor, ...]:
         return k, v
 
 
@@ -49,13 +50,8 @@ PACKED = PackedHeads()
 
 
 def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    causal: bool = True,
-) -> torch.Tensor:
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = True
+) -> Tensor:
     """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j:
     q (B, nh, T, hs), the last T of the L positions, k and v (B, nkv, L, hs) -> (B, nh, T, hs).
     ``mask`` (bool, ``True`` = blocked, broadcast over (B, nh, T, L)) blocks more than the
@@ -82,7 +78,7 @@ def attention(
     return weights.view(B, nh, T, L) @ v  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
 
 
-def pattern(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+def pattern(q: Tensor, k: Tensor, blocked: Tensor) -> Tensor:
     """``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (B, T, L), one mask for
     every head (``masked_softmax``): q (B, nh, T, hs), k (B, nh, L, hs) -> (B, nh, T, L)."""
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, nh, T, L)
@@ -95,7 +91,7 @@ class KVStore(Protocol):
     @property
     def length(self) -> int: ...  # positions stored so far: the position of the next query
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, nh, T, hs) keys and values; return all of them so far, (B, nh, L, hs)."""
 
 
@@ -116,15 +112,15 @@ class SelfAttention(NamedTuple):
 
     def __call__(
         self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        h: Tensor,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
         kv_cache: KVStore | None = None,
         *,
         dropout: float | None = None,
         probe: Probe | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        positions: Tensor | None = None,
+    ) -> Tensor:
         """Causal self-attention of the normalised stream ``h`` (B, T, C), after ``kv_cache``'s
         positions. ``positions`` only rotate: which key a query may attend to follows the keys'
         order. The rest is ``FusedBlock.forward``'s; ``dropout`` is on the attention weights."""
@@ -161,9 +157,7 @@ class SelfAttention(NamedTuple):
 PRODUCTS_MAX_T = 256
 
 
-def product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0
-) -> torch.Tensor:
+def product_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0) -> Tensor:
     """Causal SDPA with dropout ``p``, as two matrix products and a softmax: (B, nh, T, hs) each.
 
     Example:
@@ -182,7 +176,7 @@ def product_attention(
     return att @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
     """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route."""
     if (
         q.dtype in (torch.bfloat16, torch.float16)
@@ -195,9 +189,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
     return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
-def _causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, p: float
-) -> torch.Tensor:
+def _causal(q: Tensor, k: Tensor, v: Tensor, start: int, p: float) -> Tensor:
     """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``."""
     T = q.shape[2]
     if start == 0:
@@ -208,7 +200,7 @@ def _causal(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(start, T, q), dropout_p=p)
 
 
-def _allowed(start: int, T: int, q: torch.Tensor) -> torch.Tensor:
+def _allowed(start: int, T: int, q: Tensor) -> Tensor:
     """(T, L): new query i sits at position start + i and may attend to keys <= start + i."""
     rows = torch.arange(start, start + T, device=q.device)[:, None]  # (T, 1)
     cols = torch.arange(start + T, device=q.device)[None, :]  # (1, L)
@@ -216,16 +208,16 @@ def _allowed(start: int, T: int, q: torch.Tensor) -> torch.Tensor:
 
 
 def _formed(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     out_proj: Linear,
     start: int,
-    attn_mask: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
     p: float,
     probe: Probe,
-) -> torch.Tensor:
+) -> Tensor:
     """Attention with the (T, L) pattern formed, and each head's output where it is wanted."""
     B, nh, T, hs = q.shape
     C = nh * hs

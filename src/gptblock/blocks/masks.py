@@ -10,12 +10,13 @@ sees an all ``-inf`` row, and the block then zeroes what they produce.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
 
 
-def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(T: int, device: torch.device | str | None = None) -> Tensor:
     """The causal mask for a sequence of length ``T``: ``True`` ("may not attend") above the
     diagonal: (T, T) ``torch.bool`` on ``device``. ``F.scaled_dot_product_attention`` reads a
     bool mask the other way round: pass it ``~causal_mask(T)``, or ``is_causal=True``.
@@ -32,12 +33,8 @@ def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tenso
 
 
 def blocked_positions(
-    B: int,
-    T: int,
-    attn_mask: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
-    device: torch.device,
-) -> torch.Tensor:
+    B: int, T: int, attn_mask: Tensor | None, key_padding_mask: Tensor | None, device: torch.device
+) -> Tensor:
     """The causal mask OR-ed with the optional ``attn_mask`` (T, T) or (B, T, T) and
     ``key_padding_mask`` (B, T) (``True`` = a padding key): bool (B, T, T), ``True`` = blocked.
     A mask must be a bool tensor: PyTorch reads a float mask as additive scores."""
@@ -52,7 +49,7 @@ def blocked_positions(
     return blocked
 
 
-def split_dead_rows(blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_dead_rows(blocked: Tensor) -> tuple[Tensor, Tensor]:
     """Split ``blocked`` (..., T, T) into the mask with its dead rows (every key blocked)
     unblocked and the dead rows (..., T). Unblocking them, rather than masking the NaNs
     afterwards, keeps NaN out of the backward pass too: a NaN computed and then discarded by
@@ -71,7 +68,7 @@ def split_dead_rows(blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocked & ~dead[..., None], dead  # (..., T, T), (..., T)
 
 
-def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+def masked_softmax(scores: Tensor, blocked: Tensor) -> Tensor:
     """Softmax of ``scores`` (B, nh, T, T) over the keys not ``blocked`` (B, T, T, one mask for
     every head), 0 elsewhere; a dead row is all zeros.
 
@@ -87,7 +84,7 @@ def masked_softmax(scores: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
 
 
 def _check_mask(name: str, mask: object, shape: str, shapes: tuple[tuple[int, ...], ...]) -> None:
-    if not isinstance(mask, torch.Tensor):
+    if not isinstance(mask, Tensor):
         raise UserTypeError(
             f"{name} must be a torch.bool tensor of shape {shape}, got {type(mask).__name__}"
         )

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 from torch.nn import functional as F
 
 from ..errors import UserValueError
@@ -54,7 +55,7 @@ class BlockForm(nn.Module):
     def build(self, config: BlockConfig) -> None:
         raise NotImplementedError
 
-    def qk(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def qk(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """The queries and keys (B, nh, T, hs) of the normalised stream ``h``."""
         raise NotImplementedError
 
@@ -65,11 +66,8 @@ class BlockForm(nn.Module):
         return cls(options.pop("d_model"), options.pop("n_head"), **options)
 
     def attention_weights(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T), fully
         blocked rows zero; apart from ``forward``, so that tests can hold one to the other."""
         B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
@@ -127,26 +125,20 @@ class TransformerBlock(BlockForm):
         self.dropout2 = nn.Dropout(dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         check_input(x, self.config.d_model, like=self.linear1.weight)
         x = x + self.dropout1(self._attend(self.norm1(x), attn_mask, key_padding_mask))
         x = x + self.dropout2(self._mlp(self.norm2(x)))
         return x
 
-    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, h: Tensor) -> Tensor:
         act = activation_function(self.config.activation)
         return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
 
     def _attend(
-        self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+        self, h: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None
+    ) -> Tensor:
         B, T, C = h.shape
         if attn_mask is None and key_padding_mask is None:
             mask = causal_mask(T, device=h.device)  # (T, T)
@@ -164,7 +156,7 @@ class TransformerBlock(BlockForm):
         empty = bias if bias is not None else torch.zeros((), dtype=a.dtype, device=a.device)
         return torch.where(dead[:, :, None], empty, a)  # (B, T, C)
 
-    def qk(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def qk(self, h: Tensor) -> tuple[Tensor, Tensor]:
         qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)
         q, k, _ = PACKED(qkv, self.config.n_head, 0, None)
         return q, k

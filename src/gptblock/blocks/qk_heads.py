@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 from .norms import RMSNorm, compute_dtype, inverse_rms, rms_backward
 from .rotary import Rotary, cos_sin, pair_views
@@ -22,7 +23,7 @@ from .rotary import Rotary, cos_sin, pair_views
 __all__ = ["ModernHeads", "QKHeads", "repeat_kv"]
 
 
-def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
+def _swap(t: Tensor, r: int, pairing: str) -> Tensor:
     """``t`` with the two channels of each rotated pair exchanged (the rest copied)."""
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
     t1, t2 = pair_views(t, r, pairing)
@@ -34,9 +35,7 @@ def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
     return out
 
 
-def _tables(
-    cos: torch.Tensor, sin: torch.Tensor, hs: int, r: int, pairing: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _tables(cos: Tensor, sin: Tensor, hs: int, r: int, pairing: str) -> tuple[Tensor, Tensor]:
     """The rotation as ``z = x * C + swap(x) * S``: C is cos on both channels of a pair (1 on
     the unrotated), S -sin on the first, sin on the second (0 on the unrotated): (.., T, 1, hs)."""
     cos, sin = cos[..., None, :], sin[..., None, :]  # (.., T, 1, r/2): shared by the heads
@@ -60,16 +59,16 @@ class QKHeads(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any,
-        qkv: torch.Tensor,
-        q_gain: torch.Tensor | None,
-        k_gain: torch.Tensor | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
+        qkv: Tensor,
+        q_gain: Tensor | None,
+        k_gain: Tensor | None,
+        cos: Tensor | None,
+        sin: Tensor | None,
         nh: int,
         eps: float | None,
         r: int,
         pairing: str,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         # The arithmetic is in the compute dtype chosen here, whatever autocast would choose.
         with torch.autocast(qkv.device.type, enabled=False):
             B, T, heads, hs = qkv.shape  # heads = nh + 2 nkv
@@ -104,9 +103,7 @@ class QKHeads(torch.autograd.Function):
             return q, k, v
 
     @staticmethod
-    def backward(
-        ctx: Any, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor
-    ) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, gq: Tensor, gk: Tensor, gv: Tensor) -> tuple[Tensor | None, ...]:
         with torch.autocast(gv.device.type, enabled=False):
             n, r_inv, gain, C, S = ctx.saved_tensors
             nh, nkv, r, pairing = ctx.shape
@@ -129,7 +126,7 @@ class QKHeads(torch.autograd.Function):
             return grad, g_q, g_k, None, None, None, None, None, None
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """Each key/value head (B, nkv, L, hs) repeated for the ``n_rep`` query heads it serves,
     Llama's order: query head j reads key/value head ``j // n_rep``.
 
@@ -162,8 +159,8 @@ class ModernHeads(NamedTuple):
     k_norm: RMSNorm | None
 
     def __call__(
-        self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, qkv: Tensor, nh: int, start: int, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, nh, T, hs), k and v (B, nkv, T, hs), rotated at ``positions`` (or ``start ..``)."""
         B, T, rows = qkv.shape
         nkv, rotary, q_norm, k_norm = self
@@ -195,14 +192,14 @@ class ModernHeads(NamedTuple):
         # SDPA's CPU flash kernel made a training step twice as slow.
         return q.to(v.dtype), k.to(v.dtype), v
 
-    def share(self, k: torch.Tensor, v: torch.Tensor, nh: int) -> tuple[torch.Tensor, ...]:
+    def share(self, k: Tensor, v: Tensor, nh: int) -> tuple[Tensor, ...]:
         return repeat_kv(k, nh // self.n_kv_heads), repeat_kv(v, nh // self.n_kv_heads)
 
-    def _fast(self, qkv: torch.Tensor) -> bool:
+    def _fast(self, qkv: Tensor) -> bool:
         """Whether ``QKHeads`` computes what the modules would, no hook skipped, nothing watching."""
         watched = torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()
         modules = [m for m in self[1:] if m is not None]
-        if type(qkv) is not torch.Tensor or watched:
+        if type(qkv) is not Tensor or watched:
             return False
         if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
             return False
