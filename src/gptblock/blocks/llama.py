@@ -9,8 +9,8 @@ Shapes: B batch, T time, C channels, nh query heads, nkv key/value heads, F = d_
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
-from torch import Tensor
 
 from .aliases import rename_state
 from .config import BlockConfig
@@ -88,8 +88,11 @@ class GroupedQueryAttention(FusedSelfAttention):
         _llama_names(self, config)
 
     def forward(  # type: ignore[override]
-        self, x: Tensor, positions: Tensor | None = None, mask: Tensor | None = None
-    ) -> Tensor:
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return super().forward(x, mask, positions=positions)
 
 
@@ -145,6 +148,6 @@ class LlamaBlock(FusedBlock):
         return self.norm2
 
     def forward(  # type: ignore[override]
-        self, x: Tensor, positions: Tensor | None = None
-    ) -> Tensor:
+        self, x: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return super().forward(x, positions=positions)
