@@ -129,12 +129,9 @@ class TransformerBlock(BlockForm):
     ) -> Tensor:
         check_input(x, self.config.d_model, like=self.linear1.weight)
         x = x + self.dropout1(self._attend(self.norm1(x), attn_mask, key_padding_mask))
-        x = x + self.dropout2(self._mlp(self.norm2(x)))
-        return x
-
-    def _mlp(self, h: Tensor) -> Tensor:
         act = activation_function(self.config.activation)
-        return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
+        h = self.linear2(self.dropout(act(self.linear1(self.norm2(x)))))  # via (B, T, 4C)
+        return x + self.dropout2(h)
 
     def _attend(
         self, h: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None
