@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from .layout import PARAM_KEYS, params_from_state_dict
+from .layout import PARAM_KEYS
 from .modern import (
     BlockCache,
     ModernCache,
@@ -40,6 +40,7 @@ from .modern import (
     modern_backward,
     modern_forward,
 )
+from .params import params_from_state_dict
 from .pieces import softmax
 
 __all__ = [

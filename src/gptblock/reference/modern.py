@@ -30,8 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import pieces
-from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS, Array
-from .pieces import ACTIVATIONS, linear, linear_backward, norm_backward, normalise, softmax
+from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS
+from .pieces import ACTIVATIONS, Array, linear, linear_backward, norm_backward, normalise, softmax
 
 Q_NORM, K_NORM = ("self_attn.q_norm.weight", ""), ("self_attn.k_norm.weight", "")
 LINEAR3 = ("linear3.weight", "linear3.bias")

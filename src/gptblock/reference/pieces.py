@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from .layout import Array
+Array = NDArray[np.float64]
 
 Keys = tuple[str, str]  # (weight, bias)
 
