@@ -163,12 +163,10 @@ def test_decode_step_refuses_training_mode():
 
 def test_an_unsupported_dtype_is_a_clear_error(monkeypatch):
     # float16 works on CPU in the torch this is tested with; older ones raise deep inside SDPA.
-    import gptblock.blocks.fused as fused_module
-
     def unsupported(*args, **kwargs):
         raise RuntimeError("\"scaled_dot_product_attention\" not implemented for 'Half'")
 
-    monkeypatch.setattr(fused_module.F, "scaled_dot_product_attention", unsupported)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", unsupported)
     block = FusedBlock(8, 2).half()
     # Without gradients: training at short contexts takes the explicit products, not SDPA.
     with torch.no_grad(), pytest.raises(TypeError, match=r"does not support dtype torch.float16"):

@@ -2,12 +2,9 @@
 ``gate_proj``, ``input_layernorm`` ...) or Meta's (``wq``, ``w1``, ``attention_norm`` ...) over
 gptblock's own modules (``linear1``, the packed ``in_proj_weight`` ...).
 
-``rename_state(module, names, aliases)`` registers two hooks: ``state_dict()`` writes ``names``'
-names (own -> theirs), and ``load_state_dict`` takes them, or ``aliases``' (alias -> theirs),
-renaming them back before loading; strict loading still names a stray key. A packed projection
-(``in_proj_weight``: q; k; v) is split into its ``pack`` names and concatenated back. So one
-module computes, and the conventions are names only. Rejected: a module per convention (each
-with its own forward), and a second set of attributes (two parameters for one weight).
+Two state_dict hooks rename the keys both ways, so one module computes and the conventions are
+names only. Rejected: a module per convention (each with its own forward), and a second set of
+attributes (two parameters for one weight).
 """
 
 from __future__ import annotations
@@ -39,8 +36,8 @@ def rename_state(
     pack: tuple[Sequence[str], Callable[[], list[int]]] | None = None,
 ) -> None:
     """Let ``module`` save under ``names`` (own module path -> theirs) and load under them or
-    ``aliases`` (alias -> theirs); with ``pack`` (their q, k, v module names and the rows of
-    each), ``in_proj_weight`` / ``in_proj_bias`` are saved split and loaded concatenated.
+    ``aliases`` (alias -> theirs; strict loading still names a stray key); with ``pack`` (their
+    q, k, v module names and the rows of each), ``in_proj_*`` are saved split, loaded joined.
 
     Example:
         >>> m = nn.Module(); m.linear1 = nn.Linear(2, 2, bias=False)

@@ -1,18 +1,9 @@
 """Causal self-attention from a packed q/k/v projection, once: every path of the fused form.
 
-``SelfAttention`` is the attention branch of ``FusedBlock`` and so of everything that runs the fused form's forward: training
-(``F.scaled_dot_product_attention``, or explicit products for short contexts in bfloat16:
-``causal_attention``), masks, a KV cache with the new queries at positions ``start ..``
-(generation), and the lens's points
-(the ``(T, T)`` pattern and the per-head outputs, formed only when a probe wants them).
-
-How the projection becomes heads is a part chosen when the block is built (``SelfAttention.heads``): GPT-2's
-(``PACKED``), or the modern block's (``ModernHeads``) with three optional parts: fewer key/value heads than query heads (grouped-query attention; the cache
-holds the key/value heads, each serving ``nh // nkv`` query heads, Llama's ``repeat_kv`` order),
-an RMSNorm over each head's queries and keys, and rotary positions (the new queries' and keys'
-positions are ``start ..``, so a cache and an offset rotate them as a full pass would). Without
-them (GPT-2's block) the path is the one it always was. ``attention`` is the same function on
-given q, k, v with any mask (``GroupedQueryAttention``'s reference).
+``SelfAttention`` is ``FusedBlock``'s attention: training (SDPA, or ``causal_attention``'s
+products), masks, a KV cache with the new queries at positions ``start ..``, and the lens's
+points (formed only when a probe wants them). Its heads part is GPT-2's (``PACKED``) or the
+modern block's (``ModernHeads``). ``attention`` is the same function on given q, k, v.
 
 Shapes: B batch, T time (new positions), L = start + T keys, C channels, nh heads, nkv key/value
 heads, hs = C // nh.
@@ -23,39 +14,23 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 
 from ..errors import UserValueError
 from .masks import blocked_positions, causal_mask, masked_softmax, split_dead_rows
 from .parts import Linear
-from .probe import Probe, at
+from .probe import Probe
 from .qk_heads import ModernHeads, repeat_kv
-
-__all__ = [
-    "PACKED",
-    "PRODUCTS_MAX_T",
-    "KVStore",
-    "ModernHeads",
-    "SelfAttention",
-    "attention",
-    "causal_attention",
-    "pattern",
-    "product_attention",
-    "repeat_kv",
-]
 
 
 class PackedHeads:
-    """GPT-2's heads: q, k and v of nh heads each, in thirds of the projection (B, T, 3C).
-
-    A heads part is called on the projection of the new positions ``start ..`` and returns
-    q (B, nh, T, hs), k and v (B, nkv, T, hs); ``share`` gives the keys and values (cached ones
-    included) to each of the nh query heads.
-    """
+    """GPT-2's heads part: q, k and v (B, nh, T, hs) in thirds of the projection (B, T, 3C);
+    ``share`` gives the keys and values (cached ones included) to the nh query heads."""
 
     def __call__(
-        self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, qkv: Tensor, nh: int, start: int, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         B, T, C3 = qkv.shape
         hs = C3 // (3 * nh)
         if T == 1:  # a generation step: (B, 1, 3, nh, hs) is (B, 3, nh, 1, hs) in memory
@@ -67,7 +42,7 @@ class PackedHeads:
         q, k, v = (t.transpose(1, 2) for t in qkv.view(B, T, 3, nh, hs).unbind(2))
         return q, k, v  # (B, nh, T, hs) each
 
-    def share(self, k: torch.Tensor, v: torch.Tensor, nh: int) -> tuple[torch.Tensor, ...]:
+    def share(self, k: Tensor, v: Tensor, nh: int) -> tuple[Tensor, ...]:
         return k, v
 
 
@@ -75,24 +50,12 @@ PACKED = PackedHeads()
 
 
 def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    causal: bool = True,
-) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j.
-
-    Args:
-        q: queries, the last T of the L positions.
-        k, v: keys and values of all L positions.
-        mask: optional bool, ``True`` = blocked, broadcast over (B, nh, T, L).
-        causal: also block keys after each query's position.
-
-    Shape:
-        q (B, nh, T, hs), k and v (B, nkv, L, hs) -> (B, nh, T, hs). A query row with every
-        key blocked gets zeros.
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = True
+) -> Tensor:
+    """``softmax(q k^T / sqrt(hs)) v`` with key/value head j // (nh / nkv) serving query head j:
+    q (B, nh, T, hs), the last T of the L positions, k and v (B, nkv, L, hs) -> (B, nh, T, hs).
+    ``mask`` (bool, ``True`` = blocked, broadcast over (B, nh, T, L)) blocks more than the
+    causal mask (none without ``causal``); a query row with every key blocked gets zeros.
 
     Example:
         >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
@@ -115,13 +78,9 @@ def attention(
     return weights.view(B, nh, T, L) @ v  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
 
 
-def pattern(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
-    """The attention weights ``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (one
-    mask for every head); a row with every key blocked is all zeros (``masked_softmax``).
-
-    Shape:
-        q (B, nh, T, hs), k (B, nh, L, hs), blocked (B, T, L) -> (B, nh, T, L).
-    """
+def pattern(q: Tensor, k: Tensor, blocked: Tensor) -> Tensor:
+    """``softmax(q k^T / sqrt(hs))`` over the keys not ``blocked`` (B, T, L), one mask for
+    every head (``masked_softmax``): q (B, nh, T, hs), k (B, nh, L, hs) -> (B, nh, T, L)."""
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, nh, T, L)
     return masked_softmax(scores, blocked)
 
@@ -130,13 +89,10 @@ class KVStore(Protocol):
     """Where a block keeps the keys and values of earlier positions: ``gptblock.KVCache``."""
 
     @property
-    def length(self) -> int:
-        """Positions stored so far: the position of the next query."""
-        ...
+    def length(self) -> int: ...  # positions stored so far: the position of the next query
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, nh, T, hs) keys and values; return all of them so far, (B, nh, L, hs)."""
-        ...
 
 
 class SelfAttention(NamedTuple):
@@ -156,32 +112,18 @@ class SelfAttention(NamedTuple):
 
     def __call__(
         self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        h: Tensor,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
         kv_cache: KVStore | None = None,
         *,
         dropout: float | None = None,
         probe: Probe | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Causal self-attention of the normalised stream ``h``.
-
-        Args:
-            h: the normalised stream at the new positions.
-            attn_mask, key_padding_mask: bool, ``True`` = blocked (``blocked_positions``); not
-                with a cache.
-            kv_cache: keys and values of the positions before ``h``'s; ``h`` is at positions
-                ``kv_cache.length ..`` and its keys and values are appended.
-            dropout: on the attention weights (0 or None outside training).
-            probe: the block's hook points ``pattern`` and ``head_out``.
-            positions: the new positions' token positions, (T,) or (B, T) ints, for the rotary
-                angles only (default ``kv_cache.length ..``, or ``0 ..``); which key a query may
-                attend to follows the keys' order (the cached ones first), never these numbers.
-
-        Shape:
-            h (B, T, C) -> (B, T, C).
-        """
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Causal self-attention of the normalised stream ``h`` (B, T, C), after ``kv_cache``'s
+        positions. ``positions`` only rotate: which key a query may attend to follows the keys'
+        order. The rest is ``FusedBlock.forward``'s; ``dropout`` is on the attention weights."""
         p = dropout or 0.0
         nh, (B, T, C) = self.n_heads, h.shape
         start = 0 if kv_cache is None else kv_cache.length
@@ -206,26 +148,17 @@ class SelfAttention(NamedTuple):
         return self.out_proj(y.reshape(B, T, C))  # (B, T, nh, hs) -> (B, T, C)
 
 
-# PyTorch's CPU flash-attention kernel is slow to train in reduced precision, and its math
-# kernel spends half its time on copies, dtype round trips and a "safe softmax" check that a
-# causal mask never needs. At (B, nh, T, hs) = (128, 4, 32, 32) in bfloat16 a forward and
-# backward took 34.3 ms flash, 9.0 ms math and 4.4 ms as the explicit products below (autograd's
-# own backward); at T = 256 the products are still 1.6-1.8x faster than flash. Flash stays the
-# fastest without gradients, and in float32 (benchmarks/attention_kernels.py,
-# results/attention-kernels.txt). So: the products for training in reduced precision on the CPU
-# at T <= PRODUCTS_MAX_T (their (B, nh, T, T) weights grow with T squared), SDPA's own choice
-# otherwise.
+# PyTorch's CPU flash kernel is slow to train in reduced precision, and its math kernel spends
+# half its time on copies, dtype round trips and a "safe softmax" check. In bfloat16 at (B, nh,
+# T, hs) = (128, 4, 32, 32) a forward and backward took 34.3 ms flash, 9.0 ms math, 4.4 ms as the
+# explicit products below; at T = 256 these are still 1.6-1.8x faster than flash, which stays
+# fastest without gradients and in float32 (benchmarks/attention_kernels.py). So: the products
+# for CPU training in reduced precision at T <= PRODUCTS_MAX_T (their weights grow with T^2).
 PRODUCTS_MAX_T = 256
 
 
-def product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0
-) -> torch.Tensor:
-    """Causal ``softmax(q k^T / sqrt(hs)) v`` as two matrix products and a softmax, with dropout
-    ``p`` on the weights: the same function as causal SDPA, by another route.
-
-    Shape:
-        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
+def product_attention(q: Tensor, k: Tensor, v: Tensor, p: float = 0.0) -> Tensor:
+    """Causal SDPA with dropout ``p``, as two matrix products and a softmax: (B, nh, T, hs) each.
 
     Example:
         >>> q, k, v = torch.randn(3, 2, 4, 5, 8, dtype=torch.float64).unbind(0)
@@ -243,12 +176,8 @@ def product_attention(
     return att @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route.
-
-    Shape:
-        q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
-    """
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
+    """Causal ``F.scaled_dot_product_attention`` with dropout ``p``, by the faster CPU route."""
     if (
         q.dtype in (torch.bfloat16, torch.float16)
         and q.device.type == "cpu"
@@ -260,10 +189,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
     return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
-def _causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, p: float
-) -> torch.Tensor:
-    """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``: (B, nh, T, hs)."""
+def _causal(q: Tensor, k: Tensor, v: Tensor, start: int, p: float) -> Tensor:
+    """Causal SDPA for queries at positions ``start ..`` over keys ``0 .. L``."""
     T = q.shape[2]
     if start == 0:
         return causal_attention(q, k, v, p)
@@ -273,7 +200,7 @@ def _causal(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(start, T, q), dropout_p=p)
 
 
-def _allowed(start: int, T: int, q: torch.Tensor) -> torch.Tensor:
+def _allowed(start: int, T: int, q: Tensor) -> Tensor:
     """(T, L): new query i sits at position start + i and may attend to keys <= start + i."""
     rows = torch.arange(start, start + T, device=q.device)[:, None]  # (T, 1)
     cols = torch.arange(start + T, device=q.device)[None, :]  # (1, L)
@@ -281,16 +208,16 @@ def _allowed(start: int, T: int, q: torch.Tensor) -> torch.Tensor:
 
 
 def _formed(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     out_proj: Linear,
     start: int,
-    attn_mask: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
     p: float,
     probe: Probe,
-) -> torch.Tensor:
+) -> Tensor:
     """Attention with the (T, L) pattern formed, and each head's output where it is wanted."""
     B, nh, T, hs = q.shape
     C = nh * hs
@@ -298,14 +225,12 @@ def _formed(
         blocked = blocked_positions(B, T, attn_mask, key_padding_mask, q.device)  # (B, T, T)
     else:
         blocked = ~_allowed(start, T, q)[None]  # (1, T, L)
-    weights = at(probe, "pattern", pattern(q, k, blocked))  # (B, nh, T, L)
-    y = (
-        F.dropout(weights, p, training=p > 0) @ v
-    )  # (B, nh, T, L) @ (B, nh, L, hs) -> (B, nh, T, hs)
+    weights = probe.point("pattern", pattern(q, k, blocked))  # (B, nh, T, L)
+    y = F.dropout(weights, p, training=p > 0) @ v  # (B, nh, T, hs)
     if not probe.wants("head_out"):
         return out_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
     # Column block n of the output projection reads head n: W_O (C, C) -> (C, nh, hs).
     w_o, b_o = out_proj.weight, out_proj.bias
     per_head = torch.einsum("bnti,cni->btnc", y, w_o.view(C, nh, hs))  # (B, T, nh, C)
-    out = at(probe, "head_out", per_head).sum(dim=2)  # (B, T, C)
+    out = probe.point("head_out", per_head).sum(dim=2)  # (B, T, C)
     return out if b_o is None else out + b_o

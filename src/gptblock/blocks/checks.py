@@ -1,13 +1,7 @@
-"""The input checks every block form and the configs share.
-
-Every check raises a ``UserError`` (a ``ValueError``, or ``TypeError`` for a wrong type) whose
-message names the bad value and what was expected. None of them uses ``assert``: asserts vanish
-under ``python -O`` and their messages say nothing a learner can act on.
-"""
+"""The input checks every block form and the configs share: each raises a ``UserError`` naming
+the bad value and what was expected (never ``assert``, which ``python -O`` removes)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -15,8 +9,7 @@ from ..errors import UserTypeError, UserValueError
 
 
 def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 1, else raise naming ``name`` and the value."""
-    # bool is an int subclass; True as a head count is always a mistake.
+    """Return ``value`` if it is an int >= 1 (not a bool: True as a head count is a mistake)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 1:
@@ -28,14 +21,7 @@ MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; the trainer adds offset
 
 
 def check_seed(value: object, name: str = "seed") -> int:
-    """Return ``value`` if it is an int seed in [0, 2**63 - 1], else raise naming ``name``.
-
-    Example:
-        >>> check_seed(2**64)
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: seed must be an int in [0, 2**63 - 1], got 18446744073709551616
-    """
+    """Return ``value`` if it is an int seed in [0, 2**63 - 1]."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if not 0 <= value <= MAX_SEED:
@@ -43,36 +29,31 @@ def check_seed(value: object, name: str = "seed") -> int:
     return value
 
 
-def check_dropout(value: object, name: str = "dropout") -> float:
-    """Return ``value`` as a float if it is a probability in [0, 1)."""
+def check_within(name: str, value: object, within: str) -> float:
+    """Return ``value`` as a float if it is a number in the interval ``within`` ("[0, 1)")."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"{name} must be a float in [0, 1), got {value!r}")
-    if not (0.0 <= value < 1.0) or math.isnan(value):
-        raise UserValueError(f"{name} must be in [0, 1), got {value}")
+        raise UserTypeError(f"{name} must be a float, got {value!r}")
+    low, high = (float(end) for end in within[1:-1].split(","))
+    above = low < value if within[0] == "(" else low <= value
+    below = value < high if within[-1] == ")" else value <= high
+    if not (above and below):  # nan is neither
+        raise UserValueError(f"{name} must be in {within}, got {value}")
     return float(value)
+
+
+def check_dropout(value: object, name: str = "dropout") -> float:
+    return check_within(name, value, "[0, 1)")
 
 
 def check_norm_eps(value: object) -> float:
-    """Return ``value`` if it is a LayerNorm epsilon: a finite float > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserTypeError(f"norm_eps must be a positive float, got {value!r}")
-    if not 0 < value < math.inf:
-        raise UserValueError(f"norm_eps must be a positive float, got {value}")
-    return float(value)
+    return check_within("norm_eps", value, "(0, inf)")
 
 
 MAX_SOFTCAP = 1e4  # logits never come near it (a cap past them is no cap); float32 holds it
 
 
 def check_softcap(value: object) -> float | None:
-    """Return ``value`` as a float if it is a logit soft-cap: None (no cap) or in (0, 1e4].
-
-    Example:
-        >>> check_softcap(0.0)
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: logit_softcap must be None or a float in (0, 10000], got 0.0
-    """
+    """Return ``value`` as a float if it is a logit soft-cap: None (no cap) or in (0, 1e4]."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -87,11 +68,8 @@ def check_softcap(value: object) -> float | None:
 def check_heads(
     d_model: int, n_heads: int, *, names: tuple[str, str] = ("d_model", "n_heads")
 ) -> int:
-    """Return the head size ``d_model // n_heads``, refusing a remainder.
-
-    The lesson computes ``n_embd // n_head`` and silently builds a block whose concatenated
-    heads are narrower than the stream when the division is not exact.
-    """
+    """Return the head size ``d_model // n_heads``, refusing a remainder (with which the lesson
+    silently builds heads narrower than the stream)."""
     check_positive_int(names[0], d_model)
     check_positive_int(names[1], n_heads)
     if d_model % n_heads != 0:
@@ -105,14 +83,9 @@ def check_heads(
 def check_input(
     x: object, d_model: int, block_size: int | None = None, like: torch.Tensor | None = None
 ) -> tuple[int, int, int]:
-    """Check that ``x`` is a (B, T, C) tensor with C == ``d_model`` and T <= ``block_size``.
-
-    With ``like`` (one of the block's parameters), ``x`` must also be on its device and, unless
-    autocast is on there (it casts per operation), of its dtype: PyTorch's own message for a
-    float64 input to a float32 block is "mixed dtype (CPU)", which names neither.
-
-    Returns ``(B, T, C)``.
-    """
+    """Return ``(B, T, C)`` of ``x`` if it is a (B, T, C) tensor with C == ``d_model`` and T <=
+    ``block_size``, and with ``like`` (a parameter) on its device and, unless autocast is on
+    there, of its dtype (PyTorch's own message, "mixed dtype (CPU)", names neither)."""
     if not isinstance(x, torch.Tensor):
         raise UserTypeError(
             f"expected a torch.Tensor of shape (B, T, {d_model}), got {type(x).__name__}"
@@ -132,16 +105,12 @@ def check_input(
             f"the input has dtype {x.dtype} but the block's parameters are {like.dtype}; "
             f"convert the input (x.to({like.dtype})) or the block (block.to({x.dtype}))"
         )
-    if x.dim() != 3 or x.shape[-1] != d_model:
+    if x.dim() != 3 or x.shape[-1] != d_model or x.numel() == 0:
         raise UserValueError(
-            f"expected input of shape (B, T, {d_model}) (batch, time, channels), "
+            f"expected input of shape (B, T, {d_model}) (batch, time, channels), non-empty, "
             f"got {tuple(x.shape)}"
         )
     B, T, C = x.shape
-    if T == 0 or B == 0:
-        raise UserValueError(
-            f"expected a non-empty input of shape (B, T, {d_model}), got {tuple(x.shape)}"
-        )
     if block_size is not None and T > block_size:
         raise UserValueError(f"sequence length T={T} exceeds block_size={block_size}")
     return B, T, C
@@ -151,17 +120,15 @@ def _autocast_on(device_type: str) -> bool:
     try:
         return bool(torch.is_autocast_enabled(device_type))
     except TypeError:  # torch < 2.4 has no device argument
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
+        cpu = device_type == "cpu"
+        return bool(torch.is_autocast_cpu_enabled() if cpu else torch.is_autocast_enabled())
 
 
 def check_positions(
     positions: object, B: int, T: int, device: torch.device, limit: int | None = None
 ) -> torch.Tensor:
-    """Check that ``positions`` are T token positions, (T,) or (B, T), of an integer dtype, on
-    ``device``, from 0 (and below ``limit``: a learned position table's rows). A read on the host
-    (min and max): a caller's positions are checked once per call, not per step.
+    """Return ``positions`` if they are T token positions, (T,) or (B, T) ints on ``device``, in
+    [0, ``limit``) (a learned table's rows). Reads min and max on the host: once per call.
 
     Example:
         >>> check_positions(torch.arange(3, 6), 2, 3, torch.device("cpu")).tolist()

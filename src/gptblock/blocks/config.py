@@ -1,7 +1,6 @@
 """Frozen, validated configuration: ``BlockConfig`` and ``GPTConfig``, and the activations.
 
-The input checks they share live in ``gptblock.blocks.checks`` and are importable from here too,
-as they were before the modern block's options made this file too long for them.
+``gptblock.blocks.checks``' input checks are importable from here too, where they once lived.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .checks import MAX_SEED as MAX_SEED
 from .checks import check_dropout as check_dropout
 from .checks import check_heads as check_heads
 from .checks import check_input as check_input
-from .checks import check_norm_eps as check_norm_eps
+from .checks import check_norm_eps, check_softcap, check_within
 from .checks import check_positive_int as check_positive_int
 from .checks import check_seed as check_seed
-from .checks import check_softcap
 from .rotary import PAIRINGS, check_rotary
 
 
@@ -52,23 +49,14 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 ACTIVATIONS = tuple(ACTIVATION_FUNCTIONS)  # ("gelu", "relu", "gelu_tanh", "relu2")
 NORMS = ("layernorm", "rmsnorm")  # LayerNorm (GPT-2) or RMSNorm (Llama)
-MLPS = (
-    "dense",
-    "swiglu",
-)  # linear2(act(linear1 x)) or the gated linear2(silu(linear1 x) * linear3 x)
+MLPS = ("dense", "swiglu")  # linear2(act(linear1 x)) or linear2(silu(linear1 x) * linear3 x)
 POSITIONS = ("learned", "rope", "none")  # a GPT's position information
 ROPE = ("position", "rope")  # what the rotary settings act with
-
-
-def check_activation(value: object) -> str:
-    """Return ``value`` if it names a supported activation, else list the choices."""
-    if value not in ACTIVATIONS:
-        raise UserValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
-    return str(value)
+DENSE = ("mlp", "dense")  # what activation acts with: SwiGLU's gate is SiLU
 
 
 def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation called ``name`` (see ``ACTIVATION_FUNCTIONS``); an unknown name lists the choices.
+    """The activation called ``name``; an unknown name lists the choices.
 
     Example:
         >>> activation_function("relu")(torch.tensor([-1.0, 2.0]))
@@ -79,17 +67,13 @@ def activation_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         gptblock.errors.UserValueError: activation must be one of ('gelu', 'relu', 'gelu_tanh', 'relu2'), got 'silu'
     """
     if name not in ACTIVATION_FUNCTIONS:
-        check_activation(name)  # raises, naming the choices
+        raise UserValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
     return ACTIVATION_FUNCTIONS[name]
 
 
 def activation_name(fn: object) -> str | None:
-    """The name of an activation given as a function or module, or ``None`` if it is neither.
-
-    ``F.relu`` and ``nn.ReLU()`` are ``"relu"``; ``F.gelu`` and exact ``nn.GELU()`` are
-    ``"gelu"``; ``gelu_tanh`` and ``nn.GELU(approximate="tanh")`` are ``"gelu_tanh"``. This is how
-    a module's ``activation`` attribute (``nn.TransformerEncoderLayer``'s) is read back into the
-    name a block is built with.
+    """The name of an activation given as a function or module (``nn.TransformerEncoderLayer``'s
+    ``activation``), or ``None`` if it is none of them.
 
     Example:
         >>> activation_name(nn.GELU()), activation_name(F.relu), activation_name(torch.tanh)
@@ -115,89 +99,68 @@ def option(
     within: str = "",
     acts_with: tuple[str, str] | None = None,
 ) -> Any:
-    """A config field with its help (``gptblock train --help``'s) and, for a word from a list,
-    the words, for a number its interval (``"[0, 1)"``), for a setting that only acts beside
-    another's value that setting and value (``acts_with=("mlp", "dense")``): ``check_choices``
-    and the command line read them from the field's metadata."""
+    """A config field with its help (``gptblock train --help``'s), its ``choices``, its interval
+    ``within`` (``"[0, 1)"``) and the setting and value it ``acts_with`` (``("mlp", "dense")``),
+    in its metadata, where ``check_choices`` and the command line read them."""
     metadata = {"help": help, "choices": choices, "within": within, "acts_with": acts_with}
     return field(default=default, metadata=metadata)
 
 
 def check_choices(config: object) -> None:
-    """Refuse a field of the dataclass ``config`` whose value is not among its ``choices``, is
-    not a number in its interval ``within``, or is set (away from its default) where it cannot
-    act: its ``acts_with`` setting has another value."""
+    """Refuse a field of the dataclass ``config`` not among its ``choices``, not in its interval
+    ``within``, or set (away from its default) where it cannot act (``inapplicable``)."""
     values = {f.name: getattr(config, f.name) for f in fields(config)}  # type: ignore[arg-type]
     for f in fields(config):  # type: ignore[arg-type]
         value, choices = values[f.name], f.metadata.get("choices")
         if choices and value not in choices:
             raise UserValueError(f"{f.name} must be one of {choices}, got {value!r}")
         if within := f.metadata.get("within", ""):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserTypeError(f"{f.name} must be a float, got {value!r}")
-            low, high = (float(end) for end in within[1:-1].split(","))
-            above = low < value if within[0] == "(" else low <= value
-            below = value < high if within[-1] == ")" else value <= high
-            if not (above and below):  # nan is neither
-                raise UserValueError(f"{f.name} must be in {within}, got {value}")
-    for name in inapplicable(config, values):
-        other, needed = _acts_with(config)[name]
+            check_within(f.name, value, within)
+    for name, other, needed in inapplicable(config, values):
         raise UserValueError(
             f"{name}={values[name]!r} acts only with {other}={needed!r}, but {other} is "
             f"{values[other]!r}: change {other} too, or leave {name} out"
         )
 
 
-def _acts_with(config: object) -> dict[str, tuple[str, str]]:
-    return {
-        f.name: f.metadata["acts_with"]
-        for f in fields(config)  # type: ignore[arg-type]
-        if f.metadata.get("acts_with")
-    }
-
-
-def inapplicable(config: object, values: Mapping[str, Any]) -> list[str]:
-    """The names of ``values`` (fields of the dataclass ``config``, an instance or the class)
-    that are set away from their defaults where they cannot act (their ``acts_with`` setting,
-    in ``values`` or else its default, has another value)."""
+def inapplicable(config: object, values: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(name, setting, value it needs) of each field of the dataclass ``config`` set in
+    ``values`` away from its default where its ``acts_with`` setting (in ``values``, else its
+    default) has another value."""
     defaults = {f.name: f.default for f in fields(config)}  # type: ignore[arg-type]
-    return [
-        name
-        for name, (other, needed) in _acts_with(config).items()
-        if name in values
-        and values[name] != defaults[name]
-        and values.get(other, defaults[other]) != needed
-    ]
+    found = []
+    for f in fields(config):  # type: ignore[arg-type]
+        other, needed = f.metadata.get("acts_with") or ("", None)
+        away = other and values.get(f.name, f.default) != f.default
+        if away and values.get(other, defaults[other]) != needed:
+            found.append((f.name, other, needed))
+    return found
 
 
 def applicable(
     config: type, values: Mapping[str, Any], given: Collection[str] = ()
 ) -> dict[str, Any]:
     """``values`` with each field that cannot act put back to its default, unless ``given``
-    names it (then the config refuses it): a preset's value kept for another setting, or one a
-    checkpoint stored before such values were refused, does nothing and is dropped.
+    names it (then the config refuses it): a preset's or an older checkpoint's value that did
+    nothing is dropped.
 
     Example:
         >>> applicable(GPTConfig, {"position": "learned", "rope_theta": 100.0})
         {'position': 'learned', 'rope_theta': 10000.0}
     """
     defaults = {f.name: f.default for f in fields(config)}
-    dropped = {n: defaults[n] for n in inapplicable(config, values) if n not in given}
+    dropped = {n: defaults[n] for n, *_ in inapplicable(config, values) if n not in given}
     return {**values, **dropped}
 
 
 @dataclass(frozen=True, kw_only=True)
 class BlockOptions:
-    """The options of a pre-norm transformer block, declared once: ``BlockConfig``'s and
-    ``GPTConfig``'s (a GPT's blocks all have its options). Keyword-only; the defaults are GPT-2's
-    block. The modern block's parts are ``gptblock.blocks.norms``, ``.mlp`` and ``.rotary``."""
+    """The options of a pre-norm block, ``BlockConfig``'s and ``GPTConfig``'s; the defaults are
+    GPT-2's block."""
 
     dropout: float = option(0.0, "dropout probability (attention weights, residual branches, MLP)")
     activation: str = option(
-        "gelu",
-        "the dense MLP's: gelu (exact), relu, gelu_tanh (GPT-2's) or relu2",
-        ACTIVATIONS,
-        acts_with=("mlp", "dense"),  # SwiGLU's gate is SiLU
+        "gelu", "dense MLP's: gelu, relu, gelu_tanh (GPT-2's) or relu2", ACTIVATIONS, "", DENSE
     )
     bias: bool = option(True, "biases in the linear layers and norms (Llama has none)")
     norm_eps: float = option(1e-5, "every norm's epsilon")
@@ -207,30 +170,21 @@ class BlockOptions:
     n_kv_head: int = option(None, "key/value heads: grouped-query attention (none: n_head)")
     qk_norm: bool = option(False, "RMSNorm on each head's queries and keys")
     parallel_residual: bool = option(False, "x + attn(norm(x)) + mlp(norm(x)), as GPT-J")
-    position: str = option(
-        "learned", "learned (GPT-2's embedding), rope (rotary) or none", POSITIONS
-    )
-    rotary_dim: int | None = option(
-        None, "with rope: channels rotated per head (none: all)", acts_with=ROPE
-    )
+    position: str = option("learned", "learned (GPT-2's), rope (rotary) or none", POSITIONS)
+    rotary_dim: int | None = option(None, "with rope: channels rotated (none: all)", acts_with=ROPE)
     rope_theta: float = option(10000.0, "with rope: the angles' base", acts_with=ROPE)
     rope_pairing: str = option(
-        "halves",
-        "with rope: halves (i, i + hs/2; Hugging Face) or adjacent (2i, 2i + 1; the paper)",
-        PAIRINGS,
-        acts_with=ROPE,
+        "halves", "with rope: halves (i, i + hs/2; HF) or adjacent (2i, 2i + 1)", PAIRINGS, "", ROPE
     )
 
     def _check_options(self, width: tuple[str, int], n_head: int) -> None:
-        """Validate the options, ``d_ff`` and ``n_kv_head`` resolved (None: GPT-2's), for a
-        block of ``width`` channels (its name and value) and ``n_head`` heads."""
+        """Validate the options for ``width`` channels (name, value) and ``n_head`` heads, with
+        ``d_ff`` and ``n_kv_head`` resolved (None: GPT-2's)."""
         hs = check_heads(width[1], n_head, names=(width[0], "n_head"))
         check_dropout(self.dropout)
         check_norm_eps(self.norm_eps)
         check_choices(self)
-        for flag in ("bias", "qk_norm", "parallel_residual"):
-            if not isinstance(getattr(self, flag), bool):
-                raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        _check_flags(self, "bias", "qk_norm", "parallel_residual")
         # None means "as GPT-2": resolved here, so asdict() round-trips to an equal config.
         object.__setattr__(self, "d_ff", 4 * width[1] if self.d_ff is None else self.d_ff)
         n_kv = n_head if self.n_kv_head is None else self.n_kv_head
@@ -247,13 +201,9 @@ class BlockOptions:
 
 @dataclass(frozen=True)
 class BlockConfig(BlockOptions):
-    """The hyperparameters of one pre-norm transformer block: ``d_model`` (C), ``n_head`` (nh,
-    each head of size hs = C // nh) and ``BlockOptions``' options, as ``GPTConfig`` names them.
-
-    ``TransformerBlock`` and ``FusedBlock`` build one from their constructor arguments
-    (``BlockConfig.of``), so the two forms validate identically and a block's ``config``
-    describes it completely. ``position`` matters to a block only as ``"rope"``: the queries
-    and keys rotated by their positions.
+    """One pre-norm block's hyperparameters: ``d_model`` (C), ``n_head`` (nh, each head hs = C //
+    nh wide) and ``BlockOptions``. The block forms build one from their constructor arguments
+    (``BlockConfig.of``), so they validate alike; ``position`` matters to a block only as "rope".
 
     Example:
         >>> BlockConfig(d_model=16, n_head=2).head_size
@@ -272,9 +222,8 @@ class BlockConfig(BlockOptions):
 
     @classmethod
     def of(cls, d_model: int, n_heads: int, **options: Any) -> BlockConfig:
-        """The config of a block form's constructor arguments, whose names for the options
-        ``n_kv_head`` and ``position="rope"`` are also ``n_kv_heads`` and ``rope=True``
-        (the blocks' names before the configs shared theirs).
+        """The config of a block form's constructor arguments, which may also name ``n_kv_head``
+        and ``position="rope"`` ``n_kv_heads`` and ``rope=True`` (the blocks' older names).
 
         Example:
             >>> BlockConfig.of(16, 4, n_kv_heads=2, rope=True).position
@@ -297,12 +246,18 @@ class BlockConfig(BlockOptions):
 
     @property
     def modern(self) -> tuple[str, ...]:
-        """The names of the options set away from GPT-2's block (empty for the default): what
-        ``TransformerBlock`` and the lesson's ``Block`` cannot express."""
+        """The options set away from GPT-2's block: what ``TransformerBlock`` and the lesson's
+        ``Block`` cannot express."""
         learned = "learned" if self.position == "rope" else self.position  # a block's: no rope
         gpt2 = BlockOptions(d_ff=4 * self.d_model, n_kv_head=self.n_head, position=learned)
         names = (*MODERN, "activation") if self.activation == "relu2" else MODERN
         return tuple(n for n in names if getattr(self, n) != getattr(gpt2, n))
+
+
+def _check_flags(config: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise UserTypeError(f"{name} must be a bool, got {getattr(config, name)!r}")
 
 
 # The options GPT-2's block has one value of, in the order ``BlockConfig.modern`` names them.
@@ -312,7 +267,7 @@ BLOCK_FORMS = ("fused", "mha", "lesson")
 
 @dataclass(frozen=True)
 class GPTShape:
-    """A GPT's size, ``GPTConfig``'s first fields (a base class, so that they come first)."""
+    """A GPT's size: ``GPTConfig``'s first fields (a base class, so that they come first)."""
 
     vocab_size: int = option(help="V: token ids are 0 .. V-1")
     block_size: int = option(help="context length (T): the number of position embeddings")
@@ -325,15 +280,8 @@ class GPTShape:
 class GPTConfig(BlockOptions, GPTShape):
     """The shape of a tiny GPT: embeddings, ``n_layer`` blocks, a final norm, a tied unembedding.
 
-    Every field says what it is in its metadata's ``help`` (``gptblock train --help`` shows it):
-    the size is ``GPTShape``'s, five fields that may be given in order; the blocks' options are
-    ``BlockOptions``' (``norm`` also for the final norm); the rest are given by name.
-    ``dataclasses.asdict(config)`` round-trips through ``GPTConfig(**d)``, which is how
-    checkpoints store it; a field missing from an older checkpoint has its default, which is
-    what that version built.
-
-    ``block`` is the block form: ``"fused"`` (fast; the KV cache, the modern options), ``"mha"``
-    (``TransformerBlock``) or ``"lesson"`` (the lesson's ``Block``: ReLU, biases, eps 1e-5).
+    ``GPTShape``'s five fields may be given in order. ``GPTConfig(**asdict(config))`` is how
+    checkpoints store it; a field missing from an older one has its default, what it built.
 
     Example:
         >>> GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).block
@@ -344,28 +292,16 @@ class GPTConfig(BlockOptions, GPTShape):
         gptblock.errors.UserValueError: block='lesson' is the lesson's ReLU block: it needs activation='relu', got 'gelu'
     """
 
-    block: str = option(
-        "fused", "the block form: fused, mha (TransformerBlock) or lesson", BLOCK_FORMS
-    )
+    block: str = option("fused", "the block form: fused, mha or lesson", BLOCK_FORMS)
     tie_embeddings: bool = option(True, "the unembedding is the token embedding's weight")
-    zero_init_proj: bool = option(
-        False, "start the blocks' output projections (and an untied head) at zero"
-    )
-    logit_softcap: float | None = option(
-        None, "squash the logits to cap * tanh(logits / cap) (none: no cap)"
-    )
-    bigram: bool = option(
-        False, "add an embedding of each (previous token, token) pair (modded-nanogpt)"
-    )
-    smear: bool = option(
-        False, "add a gated part of each position's embedding to the next (modded-nanogpt)"
-    )
+    zero_init_proj: bool = option(False, "output projections (and an untied head) start at 0")
+    logit_softcap: float | None = option(None, "logits to cap * tanh(logits / cap) (none: none)")
+    bigram: bool = option(False, "add an embedding of each (previous, this) token pair")
+    smear: bool = option(False, "add a gated part of each position's embedding to the next")
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
-        for flag in ("bigram", "smear", "tie_embeddings", "zero_init_proj"):
-            if not isinstance(getattr(self, flag), bool):
-                raise UserTypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        _check_flags(self, "bigram", "smear", "tie_embeddings", "zero_init_proj")
         check_positive_int("block_size", self.block_size)
         check_positive_int("n_layer", self.n_layer)
         self._check_options(("n_embd", self.n_embd), self.n_head)

@@ -1,25 +1,12 @@
 """Weight mapping between the four forms of the block: ``convert(module, to)``.
 
-The forms, by the name ``convert`` uses for each:
-
-* ``"lesson"``: ``gptblock.lesson.Block``, the first lesson's block (one q/k/v ``Linear`` per
-  head, no q/k/v bias, ReLU, LayerNorm eps fixed at 1e-5, a ``block_size``).
-* ``"mha"``: ``gptblock.TransformerBlock`` on ``nn.MultiheadAttention``.
-* ``"fused"``: ``gptblock.FusedBlock``, packed QKV + SDPA.
-* ``"encoder_layer"``: ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, called
-  as ``layer(x, src_mask=causal_mask(T), is_causal=True)``.
-
-Every conversion goes through one canonical description: a ``BlockConfig`` and a state_dict in
-``TransformerBlock``'s layout (q, k, v packed row-wise in ``self_attn.in_proj_weight``, head i
-owning rows ``i*hs:(i+1)*hs`` of each of the three). Three forms already use that layout; the
-lesson's per-head ``Linear`` weights are concatenated into it and split out of it. Going through
-one hub rather than writing twelve pairwise mappings keeps each form's mapping in one place.
-
-"The same function" means: the same outputs for every input the target accepts, in eval mode
-(or with dropout 0). The dropout probability is carried over, but the lesson places its dropouts
-differently (after ``proj`` and after the MLP rather than on both residual branches and the MLP's
-hidden layer), so in training mode the two compute differently distributed random functions.
-A conversion that would change the function raises ``ConversionError`` saying why.
+The forms: ``"lesson"`` (``gptblock.lesson.Block``: a q/k/v ``Linear`` per head, no q/k/v bias,
+ReLU, eps 1e-5), ``"mha"`` (``TransformerBlock``), ``"fused"`` (``FusedBlock``) and
+``"encoder_layer"`` (``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, called
+with ``src_mask=causal_mask(T), is_causal=True``). Each converts through one hub rather than
+twelve pairwise mappings: a ``BlockConfig`` and a state_dict in ``TransformerBlock``'s layout
+(``describe``). "The same function": the same outputs in eval mode (the lesson places its
+dropouts elsewhere); where it cannot be kept, ``ConversionError`` says why.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """
@@ -51,28 +38,13 @@ class ConversionError(UserValueError):
 def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.Module:
     """Return a new block of form ``to`` that computes the same function as ``module``.
 
-    Parameters are copied (never shared), dtype, device and train/eval mode are kept, and the
-    dropout probability, activation and LayerNorm eps are carried over.
-
-    Args:
-        module: a ``lesson.Block``, ``TransformerBlock``, ``FusedBlock`` or pre-norm, batch-first
-            ``nn.TransformerEncoderLayer`` with ``dim_feedforward = 4 * d_model``.
-        to: ``"lesson"``, ``"mha"``, ``"fused"`` or ``"encoder_layer"``.
-        block_size: the longest sequence of the new lesson ``Block``; only for ``to="lesson"``,
-            where it is required unless ``module`` is itself a lesson block (whose block_size is
-            then the default). There is no sensible default: too small refuses real inputs, too
-            large allocates a (block_size, block_size) mask per head.
-
-    Returns:
-        The new module. An encoder layer computes the block's function when called with
-        ``src_mask=causal_mask(T), is_causal=True``.
-
-    Raises:
-        ConversionError: the target form cannot compute ``module``'s function: e.g. a nonzero
-            q/k/v bias, GELU, or a LayerNorm eps other than 1e-5 to ``"lesson"``; a post-norm,
-            sequence-first or otherwise different encoder layer as the source.
-        TypeError: ``module`` is none of the four forms.
-        ValueError: ``to`` is not a form name, or ``block_size`` is missing or misplaced.
+    Parameters are copied (never shared); dtype, device, train/eval mode and the options are
+    kept. ``module`` is any form (an encoder layer pre-norm, batch-first, with
+    ``dim_feedforward = 4 * d_model``). ``block_size``, the new lesson ``Block``'s longest
+    sequence, is only for ``to="lesson"`` and required there unless ``module`` is a lesson
+    block: too small refuses real inputs, too large allocates a (block_size, block_size) mask
+    per head. ``ConversionError`` says why the target cannot compute ``module``'s function (a
+    nonzero q/k/v bias, GELU or another eps to the lesson; a post-norm encoder layer ...).
 
     Example:
         >>> from gptblock import FusedBlock, convert, lesson
@@ -102,11 +74,11 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
             f"cannot convert to {to!r}: it has GPT-2's block, which cannot express "
             f"{name}={getattr(config, name)!r} (the modern block's options need 'fused')"
         )
-    state = _copy(described)
+    state = {name: t.detach().clone() for name, t in described.items()}  # never sharing storage
     reference = next(module.parameters())
     new: nn.Module
-    if to == "fused":
-        new = FusedBlock.from_config(config)
+    if to in ("fused", "mha"):
+        new = (FusedBlock if to == "fused" else TransformerBlock).from_config(config)
     elif to == "lesson":
         if block_size is None and isinstance(module, Block):
             block_size = module.block_size
@@ -116,7 +88,7 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
                 "sequence when it is built"
             )
         new, state = _lesson(config, state, check_positive_int("block_size", block_size))
-    elif to == "encoder_layer":
+    else:
         new = nn.TransformerEncoderLayer(
             config.d_model,
             config.n_head,
@@ -134,33 +106,17 @@ def convert(module: nn.Module, to: str, *, block_size: int | None = None) -> nn.
             norm_first=True,
             bias=config.bias,
         )
-    else:
-        new = TransformerBlock(
-            config.d_model,
-            config.n_head,
-            dropout=config.dropout,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-        )
-    # Cast before loading: loading float64 values into a float32 module and casting afterwards
-    # would round them.
+    # Cast before loading: loading float64 values into a float32 module would round them.
     new.to(device=reference.device, dtype=reference.dtype)
     new.load_state_dict(state, strict=True)
     return new.train(module.training)
 
 
-# --- describe: any form -> (BlockConfig, state_dict in TransformerBlock's layout) ---------
-
-
 def describe(module: nn.Module) -> tuple[BlockConfig, State]:
     """Any form's ``BlockConfig`` and weights in ``TransformerBlock``'s layout, not copied.
 
-    The tensors are the block's own parameters (the lesson's per-head q/k/v concatenated into
-    ``self_attn.in_proj_weight``, with a zero ``in_proj_bias``), so gradients reach the block
-    and in-place changes to it show; ``convert`` copies them. This is how code that reads every
-    form uniformly (``gptblock.lens``) gets at the weights. A bias-free block has no ``*.bias``
-    entries.
+    The tensors are the block's own parameters (the lesson's q/k/v concatenated, with a zero
+    ``in_proj_bias``), so gradients reach the block; a bias-free block has no ``*.bias``.
 
     Example:
         >>> from gptblock import lesson
@@ -185,11 +141,8 @@ def describe(module: nn.Module) -> tuple[BlockConfig, State]:
 
 
 def parts_of(module: nn.Module) -> BlockParts:
-    """Any form's parts for ``block_forward``, on its own parameters (``describe``'s, not copied).
-
-    This is how a block whose own forward has no KV cache and no hook points (the lesson's, the
-    one on ``nn.MultiheadAttention``) is run with them: by the fused form's forward, which
-    computes the same function, on its weights, so gradients reach them.
+    """Any form's parts for ``block_forward`` on its own parameters (``describe``'s): how a form
+    whose forward has no KV cache or hook points is run with them.
 
     Example:
         >>> from gptblock import lesson
@@ -265,11 +218,8 @@ def _describe_encoder_layer(layer: nn.TransformerEncoderLayer) -> tuple[BlockCon
     return config, layer.state_dict(keep_vars=True)
 
 
-# --- the lesson's layout: the packed q/k/v split into per-head Linears -------------------
-
-
 def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, State]:
-    """A fresh lesson Block and ``state`` in its layout."""
+    """A fresh lesson Block and ``state`` in its layout (the packed q/k/v split by head)."""
 
     def refuse(why: str) -> ConversionError:
         return ConversionError(f"cannot convert to 'lesson': {why}")
@@ -297,8 +247,3 @@ def _lesson(config: BlockConfig, state: State, block_size: int) -> tuple[Block, 
         own[f"{mine}.weight"] = weight
         own[f"{mine}.bias"] = bias if bias is not None else weight.new_zeros(weight.shape[0])
     return block, own
-
-
-def _copy(state: dict[str, torch.Tensor]) -> State:
-    """Detached copies, so the new module never shares storage with the old one."""
-    return {name: t.detach().clone() for name, t in state.items()}

@@ -1,88 +1,63 @@
 """The fast block, and the one definition of the pre-norm block's forward: ``block_forward``.
 
-``FusedBlock`` computes the same function as ``TransformerBlock`` and the lesson's ``Block`` and
-has ``TransformerBlock``'s parameter names and layouts (``self_attn.in_proj_weight`` is q, k, v
-packed as ``nn.MultiheadAttention`` packs them), so the state_dicts of ``TransformerBlock``,
-``FusedBlock`` and ``nn.TransformerEncoderLayer(norm_first=True)`` load into one another.
-
-Why it is faster: the lesson runs three small matmuls per head and materialises every (T, T)
-weight matrix; ``nn.MultiheadAttention`` is general (cross-attention, several mask formats,
-need_weights). Here q, k and v come from one (C, 3C) matmul and SDPA computes the attention without
-storing the (B, nh, T, T) matrix (flash attention on CPU and GPU), unless ``attention_weights`` or
-the lens asks for it.
-
-``block_forward`` is this form's forward written once, on the block's parts (``BlockParts``):
-``FusedBlock.forward`` calls it on the block's own modules; the GPT's generation calls it with a
-KV cache (and, for one-position steps, weights laid out for matrix-vector products); the lens
-calls it with a probe at the named points; and a lesson or ``nn.MultiheadAttention`` block is run
-through it, on its own weights, wherever its own forward has no cache or points
-(``convert.parts_of``). Each variant (LayerNorm or RMSNorm, GPT-2's or the modern heads, a dense
-or gated MLP, a second norm or a parallel residual) is a part chosen when the block is built,
-so neither ``block_forward`` nor the attention checks an option. ``LlamaBlock`` and
-``GroupedQueryAttention`` are this block and its attention under Llama's names (``llama.py``).
+``FusedBlock`` computes ``TransformerBlock``'s function under its parameter names and layouts,
+faster: q, k and v from one (C, 3C) matmul, and SDPA never stores the (T, T) weights.
+``block_forward`` runs on the block's parts (``BlockParts``): a ``FusedBlock``'s own modules,
+generation's cache and weights, the lens's probe, or another form's weights
+(``convert.parts_of``). Each variant is a part chosen when the block is built, so no forward
+checks an option. ``llama.py`` names this block as Llama's.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from ..errors import UserTypeError, UserValueError
-from .attention import PACKED, KVStore, ModernHeads, SelfAttention, pattern
+from .attention import PACKED, KVStore, SelfAttention
 from .checks import check_positions
 from .config import ACTIVATION_FUNCTIONS, BlockConfig, check_input
-from .masks import blocked_positions
+from .mha import BlockForm
 from .norms import RMSNorm
-from .parts import MLP, Dense, DenseMLP, GatedMLP, LayerNormFn, Norm
+from .parts import MLP, Dense, DenseMLP, GatedMLP, LayerNormFn, Norm, dropped
 from .probe import Probe
+from .qk_heads import ModernHeads
 from .rotary import Rotary
 
 __all__ = ["BlockParts", "FusedBlock", "FusedSelfAttention", "block_forward", "stream_norm"]
 
 
 class BlockParts(NamedTuple):
-    """The parts of one pre-norm block, as callables (``gptblock.blocks.parts``), each variant
-    chosen when the block is built. Names are ``TransformerBlock``'s, so ``of_state`` reads
-    ``convert.describe``'s layout."""
+    """The parts of one pre-norm block, as callables (``gptblock.blocks.parts``)."""
 
     norm1: Norm  # before attention
-    attn: (
-        SelfAttention | FusedSelfAttention
-    )  # causal self-attention, C -> C (with a KV cache, the lens's points)
+    attn: SelfAttention | FusedSelfAttention  # C -> C, with a KV cache and the lens's points
     norm2: Norm | None  # before the MLP; None: parallel residual (the MLP reads norm1's output)
     mlp: MLP  # C -> C, dropout on its hidden layer
 
     @classmethod
     def of_state(cls, config: BlockConfig, w: dict[str, torch.Tensor]) -> BlockParts:
-        """GPT-2's parts computing with the tensors of a state_dict in ``TransformerBlock``'s
-        layout (``convert.describe``'s; a bias-free block has no ``*.bias`` entries). Not copied."""
+        """GPT-2's parts on the tensors (not copied) of ``convert.describe``'s layout."""
 
-        def dense(name: str) -> Dense:
-            return Dense(w[name + ".weight"], w.get(name + ".bias"))
+        def dense(name: str, sep: str = ".") -> Dense:
+            return Dense(w[f"{name}{sep}weight"], w.get(f"{name}{sep}bias"))
 
         def norm(name: str) -> LayerNormFn:
             return LayerNormFn(w[name + ".weight"], w.get(name + ".bias"), config.norm_eps)
 
-        in_proj = Dense(w["self_attn.in_proj_weight"], w.get("self_attn.in_proj_bias"))
         act = ACTIVATION_FUNCTIONS[config.activation]  # a name BlockConfig checked
         return cls(
             norm("norm1"),
-            SelfAttention(in_proj, dense("self_attn.out_proj"), config.n_head),
+            SelfAttention(
+                dense("self_attn.in_proj", "_"), dense("self_attn.out_proj"), config.n_head
+            ),
             norm("norm2"),
             DenseMLP(dense("linear1"), dense("linear2"), act),
         )
-
-
-def _dropped(x: torch.Tensor, p: float) -> torch.Tensor:
-    # Dropout only where there is some: outside training a call into PyTorch costs a
-    # generation step more than the whole arithmetic of some of its lines.
-    return F.dropout(x, p) if p else x
 
 
 def block_forward(
@@ -100,21 +75,9 @@ def block_forward(
     without ``norm2`` (parallel residual), ``x + attn(norm1(x)) + mlp(norm1(x))``.
 
     No input checks (``FusedBlock.forward`` makes them): this is also generation's inner loop.
-
-    Args:
-        parts: the block's parts.
-        x: the residual stream at the new positions.
-        attn_mask, key_padding_mask: bool, ``True`` = blocked; not with ``kv_cache``.
-        kv_cache: the earlier positions' keys and values; ``x`` continues after them.
-        dropout: every dropout's probability (0 outside training).
-        probe: the hook points ``gptblock.blocks.probe.BLOCK_POINTS``.
-        positions: the new positions' token positions for rotary attention, (T,) or (B, T)
-            (default: after the cached ones).
-
-    Shape:
-        x (B, T, C) -> (B, T, C).
+    The arguments are ``FusedBlock.forward``'s; ``dropout`` is every dropout's probability.
     """
-    # Each point is inlined rather than ``at(probe, ...)``: generation runs this per token and
+    # Each point is inlined rather than a function call: generation runs this per token and
     # block, and five calls that do nothing were 2% of a token.
     x = x if probe is None else probe.point("resid_pre", x)  # (B, T, C)
     h = parts.norm1(x)  # (B, T, C)
@@ -122,23 +85,17 @@ def block_forward(
         h, attn_mask, key_padding_mask, kv_cache, dropout=dropout, probe=probe, positions=positions
     )
     a = a if probe is None else probe.point("attn_out", a)  # (B, T, C)
-    x = x + _dropped(a, dropout)
+    x = x + dropped(a, dropout)
     x = x if probe is None else probe.point("resid_mid", x)
     m = parts.mlp(h if parts.norm2 is None else parts.norm2(x), dropout)  # (B, T, C)
     m = m if probe is None else probe.point("mlp_out", m)
-    x = x + _dropped(m, dropout)  # (B, T, C)
+    x = x + dropped(m, dropout)  # (B, T, C)
     return x if probe is None else probe.point("resid_post", x)
 
 
 class FusedSelfAttention(nn.Module):
-    """Causal self-attention with ``nn.MultiheadAttention``'s parameters, computed by SDPA.
-
-    Args:
-        config: the block's ``BlockConfig``.
-
-    Shape:
-        Input (B, T, C); output (B, T, C).
-    """
+    """Causal self-attention of a ``BlockConfig`` with ``nn.MultiheadAttention``'s parameters
+    (and the modern heads' parts), computed by ``SelfAttention``: (B, T, C) -> (B, T, C)."""
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
@@ -149,7 +106,7 @@ class FusedSelfAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(rows, C))  # rows: q; k; v
         self.in_proj_bias = nn.Parameter(torch.zeros(rows)) if config.bias else None
         self.out_proj = nn.Linear(C, C, bias=config.bias)
-        # The modern parts (None for GPT-2's attention, whose heads are then the packed thirds).
+        # The modern parts: None for GPT-2's attention, whose heads are the packed thirds.
         self.q_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(hs, config.norm_eps) if config.qk_norm else None
         rope = config.position == "rope"
@@ -170,8 +127,7 @@ class FusedSelfAttention(nn.Module):
         return Dense(self.in_proj_weight, self.in_proj_bias)
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The queries, keys and values of every head: three (B, nh, T, hs) tensors (grouped
-        key/value heads repeated; normalised and rotated at positions 0 .. T-1)."""
+        """q, k, v of every head at positions 0 .. T-1 (B, nh, T, hs), key/value heads shared."""
         q, k, v = self.heads(self.in_proj(h), self.n_heads, 0, None)
         k, v = self.heads.share(k, v, self.n_heads)
         return q, k, v  # (B, nh, T, hs) each
@@ -179,38 +135,33 @@ class FusedSelfAttention(nn.Module):
     def forward(
         self, h: torch.Tensor, *args: Any, dropout: float | None = None, **kw: Any
     ) -> torch.Tensor:
-        """``SelfAttention``'s call (see it) on this module's parameters and heads."""
-        # SDPA applies dropout_p whatever the module's mode: pass it in training only, unless
-        # the block passes its own choice.
+        """``SelfAttention``'s call on this module's parameters and heads."""
+        # SDPA applies dropout_p whatever the module's mode: in training only, unless given.
         p = dropout if dropout is not None else self.dropout if self.training else 0.0
         attention = SelfAttention(self.in_proj, self.out_proj, self.n_heads, self.heads)
         return attention(h, *args, dropout=p, **kw)
 
 
-class FusedBlock(nn.Module):
+class FusedBlock(BlockForm):
     """The pre-norm GPT block with packed QKV and ``F.scaled_dot_product_attention``.
 
-    Same constructor, parameter names and function as ``TransformerBlock``; masks follow the
-    same convention (bool, ``True`` = blocked), converted to SDPA's opposite one inside.
+    ``TransformerBlock``'s constructor, parameter names, function and masks (bool, ``True`` =
+    blocked), and the modern block's options.
 
     Args:
         d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
         dropout, activation, bias, norm_eps, **modern: the block's options, as ``BlockConfig``'s
-            (each field's help says what it is; ``BlockConfig.of`` also takes ``n_kv_heads``
-            and ``rope=True``). With the modern ones the state_dict has
-            ``self_attn.in_proj_weight`` of (C + 2 nkv hs) rows, ``linear3`` (SwiGLU's linear
-            branch; ``linear1`` is its gate), no ``norm2`` with ``parallel_residual``, and
-            ``self_attn.q_norm`` / ``k_norm`` with ``qk_norm``.
+            (``BlockConfig.of`` also takes ``n_kv_heads`` and ``rope=True``). The modern ones
+            add ``linear3`` (SwiGLU's up branch; ``linear1`` is its gate) and
+            ``self_attn.q_norm`` / ``k_norm``, drop ``norm2`` (``parallel_residual``) and
+            make ``self_attn.in_proj_weight`` (C + 2 nkv hs) rows.
 
     Shape:
-        Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T);
-        optional ``key_padding_mask`` bool (B, T). With ``kv_cache`` (a ``gptblock.KVCache``),
-        the input holds only the new positions and no extra mask is allowed. With rotary positions,
-        optional ``positions`` (T,) or (B, T) ints: the new positions' token positions (default
-        ``kv_cache.length ..``, or ``0 ..``), so an offset or a cache filled elsewhere rotates as
-        a full pass would. With ``probe``
-        (``gptblock.lens`` passes one), the activations at the named points go through it and
-        no dropout is applied.
+        Input (B, T, C); output (B, T, C). Optional ``attn_mask`` bool (T, T) or (B, T, T) and
+        ``key_padding_mask`` bool (B, T), not with ``kv_cache`` (a ``gptblock.KVCache``: the
+        input is the new positions). With rotary positions, optional ``positions`` (T,) or
+        (B, T) ints (default ``kv_cache.length ..``, or ``0 ..``). With ``probe`` (the lens's),
+        the activations at its points go through it, and no dropout is applied.
 
     Example:
         >>> from gptblock import TransformerBlock
@@ -229,24 +180,8 @@ class FusedBlock(nn.Module):
         torch.Size([2, 5, 16])
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        dropout: float = 0.0,
-        activation: str = "gelu",
-        bias: bool = True,
-        norm_eps: float = 1e-5,
-        **modern: Any,
-    ) -> None:
-        super().__init__()
-        config = BlockConfig.of(
-            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
-            **modern,
-        )  # fmt: skip
-        self.config = config
-        d_ff = config.d_ff
+    def build(self, config: BlockConfig) -> None:
+        d_model, d_ff, bias = config.d_model, config.d_ff, config.bias
         self.norm1 = stream_norm(config)
         self.self_attn = FusedSelfAttention(config)
         # parallel_residual: both branches read norm1's output; there is no second norm.
@@ -254,22 +189,15 @@ class FusedBlock(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.linear3 = nn.Linear(d_model, d_ff, bias=bias) if config.mlp == "swiglu" else None
-        # The MLP's form, chosen once. The dropouts (attention weights, both branches, the MLP's
-        # hidden layer) are block_forward's functional calls at config.dropout: one probability.
+        # The dropouts are block_forward's functional calls at config.dropout.
         act = ACTIVATION_FUNCTIONS[config.activation]
         self.mlp_part: MLP = DenseMLP(self.linear1, self.linear2, act)
         if self.linear3 is not None:
             self.mlp_part = GatedMLP(self.linear1, self.linear3, self.linear2)
 
     def parts(self) -> BlockParts:
-        """This block's own modules and parameters as ``block_forward``'s parts (not copied)."""
+        """This block's own modules as ``block_forward``'s parts."""
         return BlockParts(self.norm1, self.self_attn, self.norm2, self.mlp_part)
-
-    @classmethod
-    def from_config(cls, config: BlockConfig) -> FusedBlock:
-        """A fresh block of ``config`` (any of its options)."""
-        options = dataclasses.asdict(config)
-        return cls(options.pop("d_model"), options.pop("n_head"), **options)
 
     def forward(
         self,
@@ -314,37 +242,18 @@ class FusedBlock(nn.Module):
             raise
 
     def decode_step(self, x: torch.Tensor, cache: KVStore) -> torch.Tensor:
-        """``forward(x, kv_cache=cache)`` for one new position, in eval mode.
-
-        ``GPT.generate`` runs the same forward with weights laid out for one-position products
-        (``gptblock.model.generation``).
-
-        Shape:
-            x (B, 1, C) -> (B, 1, C); ``cache`` gains one position.
-        """
+        """``forward(x, kv_cache=cache)`` for one new position (B, 1, C), in eval mode."""
         if self.training:
             raise RuntimeError("decode_step is for generation in eval mode; call .eval() first")
         return self(x, kv_cache=cache)
 
-    def attention_weights(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T).
-
-        Computed apart from ``forward`` (the lens's ``pattern`` point is ``forward``'s own), so
-        tests can hold one to the other. Fully blocked rows are zeros.
-        """
-        B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
-        q, k, _ = self.self_attn.project(self.norm1(x))  # (B, nh, T, hs) each
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
-        return pattern(q, k, blocked)  # (B, nh, T, T); fully blocked rows all zero
+    def qk(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, _ = self.self_attn.project(h)
+        return q, k
 
 
 def stream_norm(config: BlockConfig) -> nn.Module:
-    """A fresh norm over the stream (C): GPT-2's LayerNorm or Llama's RMSNorm (no bias)."""
+    """A fresh norm over the stream: GPT-2's LayerNorm or Llama's RMSNorm."""
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)

@@ -1,12 +1,8 @@
-"""Llama's decoder layer and attention under Hugging Face's names: thin names over the one
-modern block.
+"""Llama's decoder layer and attention under Hugging Face's names: thin names over ``FusedBlock``.
 
-``LlamaBlock`` is ``FusedBlock`` with Llama's options (RMSNorm, rotary grouped-query attention,
-SwiGLU, no biases) and ``GroupedQueryAttention`` its attention alone; each only renames the
-state_dict (``aliases.rename_state``), so a state_dict of Hugging Face's layer
-(``input_layernorm``, ``self_attn.q_proj`` ..., ``post_attention_layernorm``, ``mlp.gate_proj``
-...) or of Meta's (``attention_norm``, ``attention.wq`` ..., ``ffn_norm``, ``feed_forward.w1``
-...) loads as it is, and ``state_dict()`` writes Hugging Face's names (q, k, v split).
+Each only renames the state_dict (``aliases.rename_state``): Hugging Face's names
+(``input_layernorm``, ``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...) are written and loaded,
+and Meta's (``attention_norm``, ``attention.wq`` ..., ``feed_forward.w1`` ...) loaded too.
 
 Shapes: B batch, T time, C channels, nh query heads, nkv key/value heads, F = d_ff.
 """
@@ -19,25 +15,20 @@ import torch.nn as nn
 from .aliases import rename_state
 from .config import BlockConfig
 from .fused import FusedBlock, FusedSelfAttention
+from .mlp import META_NAMES
 
 __all__ = ["GroupedQueryAttention", "LlamaBlock"]
 
 ATTENTION_NAMES = {"out_proj": "o_proj"}  # own -> Hugging Face's (and the packed q; k; v split)
 META_ATTENTION = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj"}  # -> HF's
-BLOCK_NAMES = {
-    "norm1": "input_layernorm",
-    "norm2": "post_attention_layernorm",
-    "linear1": "mlp.gate_proj",
-    "linear3": "mlp.up_proj",
-    "linear2": "mlp.down_proj",
-}
+NORM_NAMES = {"norm1": "input_layernorm", "norm2": "post_attention_layernorm"}
+# own -> Hugging Face's: linear1 (Meta's w1) -> mlp.gate_proj, linear3 -> up_proj, linear2 -> down
+BLOCK_NAMES = {**NORM_NAMES, **{f"linear{w[1]}": f"mlp.{hf}" for w, hf in META_NAMES.items()}}
 META_BLOCK = {  # Meta's Llama layer -> Hugging Face's
     "attention_norm": "input_layernorm",
     "attention": "self_attn",
     "ffn_norm": "post_attention_layernorm",
-    "feed_forward.w1": "mlp.gate_proj",
-    "feed_forward.w3": "mlp.up_proj",
-    "feed_forward.w2": "mlp.down_proj",
+    **{f"feed_forward.{w}": f"mlp.{hf}" for w, hf in META_NAMES.items()},
 }
 
 
@@ -49,10 +40,8 @@ def _llama_names(attn: FusedSelfAttention, config: BlockConfig) -> None:
 
 
 class GroupedQueryAttention(FusedSelfAttention):
-    """Causal self-attention with ``n_kv_heads`` key/value heads, rotary positions and an
-    optional RMSNorm on queries and keys, named as Hugging Face's ``LlamaAttention``; a
-    state_dict in Meta's names (``wq``, ``wk``, ``wv``, ``wo``) loads too (Meta's checkpoints
-    rotate adjacent pairs: ``rope_pairing="adjacent"``).
+    """Causal self-attention with grouped key/value heads, rotary positions and optional
+    qk-norm, as Hugging Face's ``LlamaAttention``; Meta's names (``wq`` ...) load too.
 
     Args:
         d_model: C.
@@ -60,9 +49,8 @@ class GroupedQueryAttention(FusedSelfAttention):
         n_kv_heads: nkv, key/value heads (dividing nh); None: nh. 1 is multi-query attention.
         bias: biases on the four projections (Llama has none).
         rope: rotate queries and keys by their positions.
-        rotary_dim, rope_theta, rope_pairing: as ``Rotary``'s.
-        qk_norm: ``q_norm`` and ``k_norm`` (``RMSNorm(hs)``), as Qwen 3 and OLMo 2.
-        norm_eps: their epsilon.
+        rotary_dim, rope_theta, rope_pairing: as ``Rotary``'s (Meta's weights: "adjacent").
+        qk_norm, norm_eps: ``q_norm`` and ``k_norm`` (``RMSNorm(hs)``, as Qwen 3) and their eps.
 
     Shape:
         x (B, T, C), optional positions (T,) or (B, T) (default 0 .. T-1), optional mask bool
@@ -109,19 +97,15 @@ class GroupedQueryAttention(FusedSelfAttention):
 
 
 class LlamaBlock(FusedBlock):
-    """``x + attn(norm(x))``, then ``+ mlp(norm(x))``, with RMSNorm, rotary grouped-query
-    attention and SwiGLU, under Hugging Face's names (Meta's load too): ``FusedBlock`` with
-    Llama's options.
+    """``FusedBlock`` with Llama's options (RMSNorm, rotary grouped-query attention, SwiGLU, no
+    biases) under Hugging Face's names (Meta's load too).
 
     Args:
         d_model: C.
         n_heads: nh, query heads.
         d_ff: F, the SwiGLU's hidden size.
         n_kv_heads: nkv, key/value heads (dividing nh); None: nh.
-        rope_theta, rope_pairing, rotary_dim: as ``Rotary``'s (Meta's weights rotate adjacent
-            pairs, Hugging Face's halves).
-        norm_eps: the RMSNorms' epsilon.
-        qk_norm: an RMSNorm on each head's queries and keys (Qwen 3).
+        rope_theta, rope_pairing, rotary_dim, norm_eps, qk_norm: as ``GroupedQueryAttention``'s.
 
     Shape:
         x (B, T, C), optional positions (T,) or (B, T) ints (default 0 .. T-1) -> (B, T, C).

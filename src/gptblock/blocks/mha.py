@@ -1,23 +1,19 @@
 """The second lesson's block: pre-norm, on PyTorch's own ``nn.MultiheadAttention``.
 
-``TransformerBlock`` names its parts as ``nn.TransformerEncoderLayer`` does (``norm1``,
-``self_attn``, ``norm2``, ``linear1``, ``linear2``), so its state_dict loads with ``strict=True``
-into ``nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=..., activation=...,
-batch_first=True, norm_first=True)`` and back, and the two compute the same function.
-
-The dropouts sit where the encoder layer has them too: on the attention weights (inside
-``nn.MultiheadAttention``), on each residual branch (``dropout1``, ``dropout2``) and on the MLP's
-hidden layer (``dropout``).
+Its parts are named as ``nn.TransformerEncoderLayer``'s, dropouts included, so the two load
+each other's state_dicts with ``strict=True`` and compute the same function.
 
 Shapes: B batch, T time, C = d_model channels, nh = n_heads heads, hs = C // nh.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 from torch.nn import functional as F
 
 from ..errors import UserValueError
@@ -25,18 +21,66 @@ from .attention import PACKED, pattern
 from .config import BlockConfig, activation_function, check_input
 from .masks import blocked_positions, causal_mask, split_dead_rows
 
-__all__ = ["TransformerBlock"]
+__all__ = ["BlockForm", "TransformerBlock"]
+
+Form = TypeVar("Form", bound="BlockForm")
 
 
-class TransformerBlock(nn.Module):
+class BlockForm(nn.Module):
+    """What ``TransformerBlock`` and ``FusedBlock`` share: the constructor, whose arguments
+    become a ``BlockConfig`` (so the forms validate alike) that ``build`` makes the modules of,
+    and ``attention_weights``."""
+
+    norm1: nn.Module
+    linear1: nn.Linear
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        **modern: Any,
+    ) -> None:
+        super().__init__()
+        self.config = BlockConfig.of(
+            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
+            **modern,
+        )  # fmt: skip
+        self.build(self.config)
+
+    def build(self, config: BlockConfig) -> None:
+        raise NotImplementedError
+
+    def qk(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The queries and keys (B, nh, T, hs) of the normalised stream ``h``."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls: type[Form], config: BlockConfig) -> Form:
+        """A fresh block of ``config``."""
+        options = dataclasses.asdict(config)
+        return cls(options.pop("d_model"), options.pop("n_head"), **options)
+
+    def attention_weights(
+        self, x: Tensor, attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T), fully
+        blocked rows zero; apart from ``forward``, so that tests can hold one to the other."""
+        B, T, C = check_input(x, self.config.d_model, like=self.linear1.weight)
+        q, k = self.qk(self.norm1(x))
+        return pattern(q, k, blocked_positions(B, T, attn_mask, key_padding_mask, x.device))
+
+
+class TransformerBlock(BlockForm):
     """The pre-norm GPT block built on ``nn.MultiheadAttention(batch_first=True)``.
 
-    ``x = x + attn(norm1(x))`` then ``x = x + mlp(norm2(x))``, with causal self-attention and an
-    MLP ``linear1 -> activation -> linear2`` of hidden width ``4 * d_model``.
-
-    Masks follow ``nn.MultiheadAttention``: bool, ``True`` = blocked. The causal mask is always
-    applied; ``attn_mask`` and ``key_padding_mask`` block more. A query row left with no key to
-    attend to gets zero attention weights (its attention output is ``out_proj.bias``), not NaN.
+    ``x = x + attn(norm1(x))`` then ``x = x + mlp(norm2(x))``, the MLP ``linear1 -> activation
+    -> linear2`` 4 * d_model wide. Masks (bool, ``True`` = blocked) block more than the causal
+    mask; a query row left with no key gets zero attention weights, not NaN.
 
     Args:
         d_model, n_heads: C, the width of the residual stream, and nh, its heads (dividing C).
@@ -60,32 +104,18 @@ class TransformerBlock(nn.Module):
         True
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        dropout: float = 0.0,
-        activation: str = "gelu",
-        bias: bool = True,
-        norm_eps: float = 1e-5,
-        **modern: Any,
-    ) -> None:
-        super().__init__()
-        self.config = BlockConfig.of(
-            d_model, n_heads, dropout=dropout, activation=activation, bias=bias, norm_eps=norm_eps,
-            **modern,
-        )  # fmt: skip
-        if self.config.modern:  # nn.MultiheadAttention has GPT-2's attention, and LayerNorms
-            name = self.config.modern[0]
+    def build(self, config: BlockConfig) -> None:
+        if config.modern:  # nn.MultiheadAttention has GPT-2's attention, and LayerNorms
+            name = config.modern[0]
             raise UserValueError(
                 f"TransformerBlock (nn.MultiheadAttention) cannot express "
-                f"{name}={getattr(self.config, name)!r}; FusedBlock has the modern block's options"
+                f"{name}={getattr(config, name)!r}; FusedBlock has the modern block's options"
             )
-        d_ff = self.config.d_ff
+        d_model, d_ff, dropout, bias = config.d_model, config.d_ff, config.dropout, config.bias
+        norm_eps = config.norm_eps
         self.norm1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
         self.self_attn = nn.MultiheadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, batch_first=True
+            d_model, config.n_head, dropout=dropout, bias=bias, batch_first=True
         )
         self.dropout1 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
@@ -95,26 +125,17 @@ class TransformerBlock(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        check_input(x, self.config.d_model, like=self.norm1.weight)
+        self, x: Tensor, attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        check_input(x, self.config.d_model, like=self.linear1.weight)
         x = x + self.dropout1(self._attend(self.norm1(x), attn_mask, key_padding_mask))
-        x = x + self.dropout2(self._mlp(self.norm2(x)))
-        return x
-
-    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         act = activation_function(self.config.activation)
-        return self.linear2(self.dropout(act(self.linear1(h))))  # (B, T, 4C) -> (B, T, C)
+        h = self.linear2(self.dropout(act(self.linear1(self.norm2(x)))))  # via (B, T, 4C)
+        return x + self.dropout2(h)
 
     def _attend(
-        self,
-        h: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
+        self, h: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None
+    ) -> Tensor:
         B, T, C = h.shape
         if attn_mask is None and key_padding_mask is None:
             mask = causal_mask(T, device=h.device)  # (T, T)
@@ -132,21 +153,7 @@ class TransformerBlock(nn.Module):
         empty = bias if bias is not None else torch.zeros((), dtype=a.dtype, device=a.device)
         return torch.where(dead[:, :, None], empty, a)  # (B, T, C)
 
-    def attention_weights(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Post-softmax, pre-dropout attention weights for input ``x``: (B, nh, T, T).
-
-        Computed from ``self_attn``'s packed projection rather than taken from
-        ``nn.MultiheadAttention(need_weights=True)``, whose weights are after dropout in training
-        mode. Fully blocked rows are all zeros.
-        """
-        B, T, C = check_input(x, self.config.d_model, like=self.norm1.weight)
-        h = self.norm1(x)
+    def qk(self, h: Tensor) -> tuple[Tensor, Tensor]:
         qkv = F.linear(h, self.self_attn.in_proj_weight, self.self_attn.in_proj_bias)  # (B, T, 3C)
-        q, k, _ = PACKED(qkv, self.config.n_head, 0, None)  # (B, nh, T, hs) each
-        blocked = blocked_positions(B, T, attn_mask, key_padding_mask, x.device)  # (B, T, T)
-        return pattern(q, k, blocked)  # (B, nh, T, T); fully blocked rows all zero
+        q, k, _ = PACKED(qkv, self.config.n_head, 0, None)
+        return q, k

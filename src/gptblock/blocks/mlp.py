@@ -1,11 +1,6 @@
 """The gated MLP, SwiGLU (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``, as a function and a module.
 
-Where GPT-2's MLP is ``linear2(act(linear1 x))``, Llama's multiplies the activated branch
-(the gate, ``w1`` / ``gate_proj``) by a second linear branch (``w3`` / ``up_proj``) before the
-output projection (``w2`` / ``down_proj``). With hidden size d_ff it has three d_ff x C
-matrices; Llama picks d_ff ~ 8C/3 so that it costs what a 4C two-matrix MLP does.
-
-Shapes: C channels, F = d_ff hidden channels.
+Llama's three F x C matrices (C channels, F = d_ff ~ 8C/3) cost what GPT-2's two 4C x C do.
 """
 
 from __future__ import annotations
@@ -15,10 +10,9 @@ import torch.nn as nn
 
 from .aliases import rename_state
 from .config import check_positive_int
-from .config import relu2 as relu2
 from .parts import Dense, GatedMLP
 
-__all__ = ["META_NAMES", "SwiGLU", "relu2", "swiglu"]
+__all__ = ["META_NAMES", "SwiGLU", "swiglu"]
 
 META_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Meta's Llama -> HF's
 
@@ -32,17 +26,9 @@ def swiglu(
     b2: torch.Tensor | None = None,
     b3: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``w2(silu(w1 x) * w3 x)`` with ``nn.Linear``'s weight layout (out, in).
-
-    Args:
-        x: the normalised stream.
-        w1: the gate (F, C): its branch goes through SiLU. Hugging Face's ``gate_proj``.
-        w2: the output (C, F). ``down_proj``.
-        w3: the linear branch (F, C). ``up_proj``.
-        b1, b2, b3: optional biases (F,), (C,), (F,).
-
-    Shape:
-        x (..., C) -> (..., C).
+    """``w2(silu(w1 x) * w3 x)`` of x (..., C) -> (..., C), with ``nn.Linear``'s weight layout:
+    the gate ``w1`` (F, C) (Hugging Face's ``gate_proj``), the output ``w2`` (C, F)
+    (``down_proj``), the linear branch ``w3`` (F, C) (``up_proj``), optional biases.
 
     Example:
         >>> x, w1, w3, w2 = torch.randn(2, 4), torch.randn(6, 4), torch.randn(6, 4), torch.randn(4, 6)

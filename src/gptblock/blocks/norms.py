@@ -1,10 +1,5 @@
-"""RMSNorm (Zhang & Sennrich 2019), as a function of given weights and as a module.
-
-LayerNorm subtracts the mean and divides by the standard deviation; RMSNorm only divides by
-the root mean square, ``x / sqrt(mean(x^2) + eps) * weight``, with eps inside the root (as
-Llama, Mistral, Qwen and T5 compute it). No bias.
-
-Shapes: C channels (the last dimension).
+"""RMSNorm (Zhang & Sennrich 2019), ``x / sqrt(mean(x^2) + eps) * weight`` with eps inside the
+root (as Llama, Mistral, Qwen and T5), over the last dimension C, as a function and a module.
 """
 
 from __future__ import annotations
@@ -16,21 +11,14 @@ import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
 from ..errors import UserTypeError, UserValueError
-from .config import check_norm_eps
+from .checks import check_norm_eps
 
 __all__ = ["RMSNorm", "RMSNormFunction", "compute_dtype", "inverse_rms", "rms_backward", "rmsnorm"]
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension.
-
-    Args:
-        x: any tensor; normalised over its last dimension C.
-        weight: the gain (C,), or None for none.
-        eps: added to the mean of squares, inside the square root.
-
-    Shape:
-        x (..., C), weight (C,) -> (..., C).
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension: x (..., C), the gain
+    ``weight`` (C,) or None -> (..., C).
 
     Example:
         >>> x = torch.tensor([[3.0, 4.0]])
@@ -42,8 +30,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> 
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the modern parts' hand-written Functions compute in: float32 for
-    half-precision inputs (their statistics and tables), else the input's own.
+    """The dtype the hand-written Functions compute in: float32 for half precision.
 
     Example:
         >>> compute_dtype(torch.bfloat16), compute_dtype(torch.float64)
@@ -53,12 +40,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``1 / sqrt(mean(x^2) + eps)`` over the last dimension, by one reduction pass (a norm),
-    where ``mean(x^2)`` would be a product and then a sum.
-
-    Shape:
-        (..., C) -> (..., 1).
-    """
+    """``1 / sqrt(mean(x^2) + eps)`` over the last dimension, (..., 1), by one reduction pass
+    (a norm), where ``mean(x^2)`` would be a product and then a sum."""
     rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2)
     return rms.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
 
@@ -66,16 +49,11 @@ def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_backward(
     dy: torch.Tensor, n: torch.Tensor, r: torch.Tensor, gain: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RMSNorm's backward in closed form, for G groups of C channels each with its own gain:
-    with ``n = x r`` and ``dn = dy * gain``, ``dx = r (dn - n mean(dn n))`` and ``dgain =
-    sum(dy n)`` over the rows. ``dy`` is overwritten (it becomes ``dx``).
-
-    Both sums come from ``p = dy n``: over the rows, and per group through one matrix product
-    with the gains laid out block-diagonally (a CPU's reductions over short rows are slow).
-
-    Shape:
-        dy, n (..., G, C), r (..., G, 1), gain (G, C) or None -> dx (..., G, C), dgain (G, C).
-    """
+    """RMSNorm's backward for G groups of C channels, each with its own gain: with ``n = x r``
+    and ``dn = dy * gain``, ``dx = r (dn - n mean(dn n))`` (overwriting ``dy``) and ``dgain =
+    sum(dy n)`` over the rows. Both sums come from ``p = dy n``, the per-group one through a
+    product with the gains laid out block-diagonally (a CPU's reductions over short rows are
+    slow). dy, n (..., G, C), r (..., G, 1), gain (G, C) or None."""
     G, C = n.shape[-2:]
     p = (dy * n).view(-1, G * C)  # (N, G C)
     blocks = torch.eye(G, dtype=n.dtype, device=n.device).repeat_interleave(C, dim=0)  # (G C, G)
@@ -89,15 +67,10 @@ def rms_backward(
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """``rmsnorm`` with its backward written out (``rms_backward``).
-
-    Autograd's graph of the formula (pow, mean, rsqrt, two products, and their backwards: the
-    mean's gradient expanded, the square's doubled, the two paths to x added) was three times
-    LayerNorm's fused kernel on a CPU; this is six passes over x instead of about fourteen,
-    the same numbers up to rounding (float64 gradcheck: ``tests/test_modern_fast.py``).
-    Computed in float32 for half-precision inputs (as the statistics were), whatever autocast
-    would choose; the output's dtype is ``x * weight``'s, as the formula's was.
-    """
+    """``rmsnorm`` with its backward written out (``rms_backward``): autograd's graph of the
+    formula was three times LayerNorm's fused kernel on a CPU; this is six passes over x
+    instead of about fourteen. In float32 for half-precision inputs, whatever autocast would
+    choose; the output's dtype is ``x * weight``'s."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -126,10 +99,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dimension, with a gain ``weight`` initialised to ones.
-
-    Its state_dict is ``{"weight"}``, as Hugging Face's ``LlamaRMSNorm``; ``eps`` is
-    ``variance_epsilon`` there.
+    """RMSNorm over the last dimension, with a gain ``weight`` of ones: Hugging Face's
+    ``LlamaRMSNorm`` (``eps`` is its ``variance_epsilon``).
 
     Args:
         dim: C, the normalised dimension.

@@ -1,17 +1,8 @@
 """A block's parts as callables: the block's own modules, or functions of given weights.
 
-The fused form's forward (``gptblock.blocks.fused.block_forward``) is written against parts, not
-modules, so that one definition runs on
-
-* a ``FusedBlock``'s own modules (``nn.LayerNorm``, ``nn.Linear``): training and plain calls;
-* another form's weights, read through ``convert.describe`` without copying (``Dense``,
-  ``LayerNormFn``): the lens's traced pass over a lesson or ``nn.MultiheadAttention`` block,
-  with gradients reaching that block's own parameters;
-* weights laid out for one-position products (``gptblock.model.generation.matvec``): the
-  generation step.
-
-A variant (RMSNorm, a gated MLP, the modern heads' q/k preparation) is one more callable of the
-same shape, chosen when the block is built; the forward holds no option checks.
+``fused.block_forward`` is written against parts, so that it runs on a ``FusedBlock``'s modules,
+on another form's weights read without copying (the lens's pass over a lesson block, its
+gradients reaching that block) and on generation's one-position weight layouts.
 
 Shapes: B batch, T time, I in-features, O out-features, C channels.
 """
@@ -34,9 +25,8 @@ class Norm(Protocol):
 
 
 class Linear(Protocol):
-    """A linear map with ``nn.Linear``'s weight (O, I) and bias (O,) or None: ``nn.Linear``,
-    ``Dense`` or generation's ``RowLinear``. The weights are read where a point needs them
-    (``head_out`` cuts the output projection by head)."""
+    """A linear map with ``nn.Linear``'s weight (O, I) and bias (O,) or None (``head_out`` reads
+    them): ``nn.Linear``, ``Dense`` or generation's ``RowLinear``."""
 
     @property
     def weight(self) -> torch.Tensor: ...
@@ -87,14 +77,12 @@ class MLP(Protocol):
 
     def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor: ...  # (B, T, C) -> (B, T, C)
 
-    def relaid(self, linear: Callable[[Linear], Linear]) -> MLP:
-        """The same MLP with each of its linear maps as ``linear(it)``."""
-        ...
+    def relaid(self, linear: Callable[[Linear], Linear]) -> MLP: ...  # each map as linear(it)
 
 
-def _dropped(u: torch.Tensor, p: float) -> torch.Tensor:
-    # Dropout only where there is some: outside training a call into PyTorch costs a generation
-    # step more than the whole arithmetic of some of its lines.
+def dropped(u: torch.Tensor, p: float) -> torch.Tensor:
+    # Only where there is some: outside training a call into PyTorch costs a generation step
+    # more than the whole arithmetic of some of its lines.
     return F.dropout(u, p) if p else u
 
 
@@ -112,7 +100,7 @@ class DenseMLP(NamedTuple):
     act: Callable[[torch.Tensor], torch.Tensor]
 
     def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor:
-        return self.linear2(_dropped(self.act(self.linear1(h)), p))  # (B, T, d_ff) -> (B, T, C)
+        return self.linear2(dropped(self.act(self.linear1(h)), p))  # (B, T, d_ff) -> (B, T, C)
 
     def relaid(self, linear: Callable[[Linear], Linear]) -> DenseMLP:
         return DenseMLP(linear(self.linear1), linear(self.linear2), self.act)
@@ -127,7 +115,7 @@ class GatedMLP(NamedTuple):
 
     def __call__(self, h: torch.Tensor, p: float) -> torch.Tensor:
         u = F.silu(self.linear1(h)) * self.linear3(h)  # (B, T, d_ff)
-        return self.linear2(_dropped(u, p))  # (B, T, C)
+        return self.linear2(dropped(u, p))  # (B, T, C)
 
     def relaid(self, linear: Callable[[Linear], Linear]) -> GatedMLP:
         return GatedMLP(linear(self.linear1), linear(self.linear3), linear(self.linear2))

@@ -1,26 +1,13 @@
-"""The modern heads' queries and keys prepared in one pass: RMS-normalised per head, scaled by
-the qk-norm gains, rotated; with a hand-written backward.
+"""The modern heads' queries and keys prepared in one pass, with a hand-written backward.
 
-What ``attention.ModernHeads`` computes with ``RMSNorm`` and ``Rotary`` as separate modules,
-done here on the packed projection (B, T, nh + 2 nkv, hs) at once: q and k heads side by side,
-in float32 (the compute dtype of half-precision inputs), written back in the projection's
-dtype. Autograd's graph of that chain (pow, mean, rsqrt, mul, cat, neg, casts: a dozen
-(B, T, C)-sized tensors each way) made a modern training step 1.6x a GPT-2 one on a CPU:
-
-* the rotation is ``z = x * C + swap(x) * S`` on whole contiguous tensors, the sign folded
-  into S (no cat, no neg) and the gains into both tables ((.., T, H, hs), made once a call);
-* its backward is the inverse rotation, ``gz * C - swap(gz) * S`` (a rotation is orthogonal:
-  the gradient is rotated by minus the angle), and RMSNorm's is ``RMSNormFunction``'s own
-  (``norms.inverse_rms`` and ``norms.rms_backward``, one gain per head); the angles and the
-  channel pairs are ``Rotary``'s (``rotary.cos_sin``, ``rotary.pair_views``);
-* v is copied through, so q, k and v are three views of one output, and their gradients land
-  in one (B, T, nh + 2 nkv, hs) tensor: no zero-filled slices summed by autograd.
-
-The numbers are the modules' up to rounding (``tests/test_modern_fast.py`` holds them to the
-module chain and to ``torch.autograd.gradcheck`` in float64).
+``QKHeads`` is ``ModernHeads``' RMSNorm and rotation on the packed projection at once: autograd's
+graph of that chain made a modern training step 1.6x a GPT-2 one on a CPU. The rotation is ``z =
+x * C + swap(x) * S`` on whole tensors, sign and gains folded into the tables; its backward is
+the inverse rotation, RMSNorm's is ``norms.rms_backward``; v is copied through, so the three
+gradients land in one tensor. ``tests/test_modern_fast.py`` holds it to the module chain.
 
 Shapes: B batch, T time, nh query heads, nkv key/value heads, H = nh + nkv (q and k heads), hs
-head size, r = rotary_dim (the rotated leading channels), r/2 channel pairs.
+head size, r = rotary_dim (the rotated leading channels).
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 from .norms import RMSNorm, compute_dtype, inverse_rms, rms_backward
 from .rotary import Rotary, cos_sin, pair_views
@@ -35,9 +23,8 @@ from .rotary import Rotary, cos_sin, pair_views
 __all__ = ["ModernHeads", "QKHeads", "repeat_kv"]
 
 
-def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
-    """``t`` with the two channels of each rotated pair exchanged (the rest copied): two
-    strided copies, where autograd's rotation was a cat of negated halves."""
+def _swap(t: Tensor, r: int, pairing: str) -> Tensor:
+    """``t`` with the two channels of each rotated pair exchanged (the rest copied)."""
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
     t1, t2 = pair_views(t, r, pairing)
     o1, o2 = pair_views(out, r, pairing)
@@ -48,12 +35,9 @@ def _swap(t: torch.Tensor, r: int, pairing: str) -> torch.Tensor:
     return out
 
 
-def _tables(
-    cos: torch.Tensor, sin: torch.Tensor, hs: int, r: int, pairing: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotation as ``z = x * C + swap(x) * S``, the sign folded into S: C is cos on both
-    channels of a pair (1 on the unrotated ones), S is -sin on the first, sin on the second (0
-    on the unrotated). (.., T, r/2) -> (.., T, 1, hs) each."""
+def _tables(cos: Tensor, sin: Tensor, hs: int, r: int, pairing: str) -> tuple[Tensor, Tensor]:
+    """The rotation as ``z = x * C + swap(x) * S``: C is cos on both channels of a pair (1 on
+    the unrotated), S -sin on the first, sin on the second (0 on the unrotated): (.., T, 1, hs)."""
     cos, sin = cos[..., None, :], sin[..., None, :]  # (.., T, 1, r/2): shared by the heads
     C = torch.ones(*cos.shape[:-1], hs, dtype=cos.dtype, device=cos.device)
     S = torch.zeros_like(C)
@@ -67,29 +51,24 @@ def _tables(
 
 
 class QKHeads(torch.autograd.Function):
-    """q, k and v of the packed projection, q and k RMS-normalised (with ``eps``; None: no
-    norm; the gains (hs,) optional) and rotated (with ``cos`` / ``sin`` from ``rotary.cos_sin``,
-    (T, r/2) or (B, T, r/2); None: no rotation) over their first r channels in ``pairing``, v
-    as it is. No input checks: ``ModernHeads`` runs it with its modules' settings.
-
-    ``apply(qkv, q_gain, k_gain, cos, sin, nh, eps, r, pairing)``, qkv (B, T, nh + 2 nkv, hs)
-    (nh query heads, then nkv key heads, then nkv value heads) -> q (B, T, nh, hs), k and v
-    (B, T, nkv, hs), in qkv's dtype.
-    """
+    """``apply(qkv, q_gain, k_gain, cos, sin, nh, eps, r, pairing)``: q and k of ``qkv`` (B, T,
+    nh + 2 nkv, hs) RMS-normalised (``eps`` None: not; gains (hs,) optional) and rotated over
+    their first r channels (``cos`` / ``sin`` of ``rotary.cos_sin``; None: not), v as it is ->
+    q (B, T, nh, hs), k and v (B, T, nkv, hs), in qkv's dtype. No input checks."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        qkv: torch.Tensor,
-        q_gain: torch.Tensor | None,
-        k_gain: torch.Tensor | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
+        qkv: Tensor,
+        q_gain: Tensor | None,
+        k_gain: Tensor | None,
+        cos: Tensor | None,
+        sin: Tensor | None,
         nh: int,
         eps: float | None,
         r: int,
         pairing: str,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         # The arithmetic is in the compute dtype chosen here, whatever autocast would choose.
         with torch.autocast(qkv.device.type, enabled=False):
             B, T, heads, hs = qkv.shape  # heads = nh + 2 nkv
@@ -98,9 +77,8 @@ class QKHeads(torch.autograd.Function):
             cd = compute_dtype(qkv.dtype)
             out = torch.empty(B, T, heads, hs, dtype=qkv.dtype, device=qkv.device)
             out[:, :, H:] = qkv[:, :, H:]  # v, copied through
-            # Every big operation below is on a contiguous tensor of the compute dtype, in place
-            # where it can be: broadcasts over short rows and mixed dtypes cost several times a
-            # plain pass on a CPU.
+            # Contiguous tensors of one dtype, in place where possible: broadcasts over short
+            # rows and mixed dtypes cost several times a plain pass on a CPU.
             n = qkv[:, :, :H].to(cd, memory_format=torch.contiguous_format, copy=True)
             gain = r_inv = None
             if eps is not None:  # RMSNorm over hs: n = x r
@@ -125,9 +103,7 @@ class QKHeads(torch.autograd.Function):
             return q, k, v
 
     @staticmethod
-    def backward(
-        ctx: Any, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor
-    ) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, gq: Tensor, gk: Tensor, gv: Tensor) -> tuple[Tensor | None, ...]:
         with torch.autocast(gv.device.type, enabled=False):
             n, r_inv, gain, C, S = ctx.saved_tensors
             nh, nkv, r, pairing = ctx.shape
@@ -150,12 +126,9 @@ class QKHeads(torch.autograd.Function):
             return grad, g_q, g_k, None, None, None, None, None, None
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Each key/value head repeated for the ``n_rep`` query heads it serves, Llama's order:
-    query head j reads key/value head ``j // n_rep``.
-
-    Shape:
-        (B, nkv, L, hs) -> (B, nkv * n_rep, L, hs).
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Each key/value head (B, nkv, L, hs) repeated for the ``n_rep`` query heads it serves,
+    Llama's order: query head j reads key/value head ``j // n_rep``.
 
     Example:
         >>> repeat_kv(torch.tensor([1.0, 2.0]).view(1, 2, 1, 1), 2).flatten().tolist()
@@ -165,13 +138,10 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class ModernHeads(NamedTuple):
-    """The modern block's heads part: nkv key/value heads (the projection packs q (nh hs
-    rows), k and v (nkv hs rows each)), q and k normalised per head (``q_norm``, ``k_norm``)
-    and rotated at their positions (``rotary``), each None where the block has none.
-
-    ``QKHeads`` computes it, unless a module hook is to run or something watches the operators
-    (a dispatch or function mode, such as ``gptblock check``'s trace, or a tensor subclass):
-    they see the modules themselves, one after the other, instead.
+    """The modern block's heads part: nkv key/value heads, q and k normalised per head and
+    rotated at their positions, each part None where the block has none. ``QKHeads`` computes
+    it unless a module hook is to run or something watches the operators (a dispatch or
+    function mode, such as ``gptblock check``'s trace, or a tensor subclass).
 
     Example:
         >>> from gptblock.blocks.rotary import apply_rotary
@@ -189,10 +159,9 @@ class ModernHeads(NamedTuple):
     k_norm: RMSNorm | None
 
     def __call__(
-        self, qkv: torch.Tensor, nh: int, start: int, positions: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, nh, T, hs) and k, v (B, nkv, T, hs) of the projection (B, T, (nh + 2 nkv) hs)
-        of the new positions, rotated at ``positions`` (default ``start ..``)."""
+        self, qkv: Tensor, nh: int, start: int, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, nh, T, hs), k and v (B, nkv, T, hs), rotated at ``positions`` (or ``start ..``)."""
         B, T, rows = qkv.shape
         nkv, rotary, q_norm, k_norm = self
         hs = rows // (nh + 2 * nkv)
@@ -204,16 +173,12 @@ class ModernHeads(NamedTuple):
                 (None, None) if q_norm is None or k_norm is None else (q_norm.weight, k_norm.weight)
             )
             cos = sin = None
+            r, pairing = 0, "halves"
             if rotary is not None and positions is not None:
-                cos, sin = cos_sin(
-                    positions, rotary.rotary_dim, rotary.theta, compute_dtype(qkv.dtype)
-                )
-            r, pairing = (
-                (rotary.rotary_dim, rotary.pairing) if rotary is not None else (0, "halves")
-            )
-            q, k, v = QKHeads.apply(
-                qkv.view(B, T, nh + 2 * nkv, hs), *gains, cos, sin, nh, eps, r, pairing
-            )  # type: ignore[no-untyped-call]
+                r, pairing = rotary.rotary_dim, rotary.pairing
+                cos, sin = cos_sin(positions, r, rotary.theta, compute_dtype(qkv.dtype))
+            heads = qkv.view(B, T, nh + 2 * nkv, hs)
+            q, k, v = QKHeads.apply(heads, *gains, cos, sin, nh, eps, r, pairing)  # type: ignore[no-untyped-call]
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh | nkv, T, hs)
         q, k, v = torch.split(qkv, [nh * hs, nkv * hs, nkv * hs], dim=-1)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -222,33 +187,23 @@ class ModernHeads(NamedTuple):
             q, k = q_norm(q), k_norm(k)  # over hs, per head and position
         if rotary is not None and positions is not None:
             q, k = rotary(q, positions), rotary(k, positions)
-        # The norm and the rotation compute in float32 (their tables and statistics); under
-        # bfloat16 autocast q and k go back to v's dtype, so that the attention runs in the
-        # dtype the plain path does, and by the kernel chosen for it (causal_attention): left in
-        # float32, SDPA's CPU flash kernel made a training step twice as slow.
+        # The norm and the rotation compute in float32; under bfloat16 autocast q and k go back
+        # to v's dtype, so that the attention's kernel is the plain path's: left in float32,
+        # SDPA's CPU flash kernel made a training step twice as slow.
         return q.to(v.dtype), k.to(v.dtype), v
 
-    def share(self, k: torch.Tensor, v: torch.Tensor, nh: int) -> tuple[torch.Tensor, ...]:
+    def share(self, k: Tensor, v: Tensor, nh: int) -> tuple[Tensor, ...]:
         return repeat_kv(k, nh // self.n_kv_heads), repeat_kv(v, nh // self.n_kv_heads)
 
-    def _fast(self, qkv: torch.Tensor) -> bool:
-        """Whether ``QKHeads`` computes what the modules would, with no hook skipped and
-        nothing watching the operators."""
-        if type(qkv) is not torch.Tensor or _watched():
+    def _fast(self, qkv: Tensor) -> bool:
+        """Whether ``QKHeads`` computes what the modules would, no hook skipped, nothing watching."""
+        watched = torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()
+        modules = [m for m in self[1:] if m is not None]
+        if type(qkv) is not Tensor or watched:
             return False
-        if any(_hooked(m) for m in self[1:]):
+        if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
             return False
         q_norm, k_norm = self.q_norm, self.k_norm
         if q_norm is None or k_norm is None:
             return q_norm is k_norm  # neither
         return q_norm.eps == k_norm.eps
-
-
-def _hooked(module: torch.nn.Module | None) -> bool:
-    """Whether a module has forward hooks that calling it would run (the fast path would not)."""
-    return module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _watched() -> bool:
-    """Whether a Python dispatch or function mode is recording or changing the operators."""
-    return bool(torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack())

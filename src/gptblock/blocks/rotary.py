@@ -1,16 +1,10 @@
 """Rotary position embeddings (RoPE, Su et al. 2021, "RoFormer"), as a function and a module.
 
-Each pair of a query's or key's channels is rotated by an angle proportional to the token's
-position, ``pos * theta ** (-2i / rotary_dim)``, so the dot product of a query at position m
-and a key at position n depends on m - n only. Two ways of pairing the channels exist in the
-wild, and a checkpoint is trained with one of them:
-
-* ``"adjacent"``: channels (2i, 2i + 1), as in the paper and Meta's original Llama code;
-* ``"halves"``: channels (i, i + r/2), as Hugging Face's Llama (``rotate_half``) and GPT-NeoX.
-
-They are the same model after a fixed permutation of the q/k weights' rows
-(``pairing_permutation``). Only the first ``rotary_dim`` channels of each head are rotated
-(partial rotation, GPT-NeoX / GPT-J); the rest pass through.
+Each pair of a query's or key's channels is rotated by ``pos * theta ** (-2i / rotary_dim)``,
+so a query-key product depends on their distance only. A checkpoint pairs the channels as
+``"adjacent"`` (2i, 2i + 1: the paper, Meta's Llama) or ``"halves"`` (i, i + r/2: Hugging
+Face's ``rotate_half``, GPT-NeoX), the same model after a permutation of the q/k rows
+(``pairing_permutation``). Only the first ``rotary_dim`` channels rotate (GPT-NeoX, GPT-J).
 
 Shapes: T positions, hs head size, r = rotary_dim (even, <= hs).
 """
@@ -22,22 +16,12 @@ import torch.nn as nn
 
 from ..errors import UserTypeError, UserValueError
 
-__all__ = [
-    "PAIRINGS",
-    "Rotary",
-    "apply_rotary",
-    "check_rotary",
-    "cos_sin",
-    "pair_views",
-    "pairing_permutation",
-]
-
 PAIRINGS = ("halves", "adjacent")
 
 
 def check_rotary(head_size: int, rotary_dim: int | None, theta: float, pairing: str) -> int:
-    """The number of rotated channels r (``rotary_dim``, or all of ``head_size`` when None),
-    refusing an odd or too large r, a theta that is not > 0, or an unknown pairing.
+    """The number of rotated channels r (``rotary_dim``, None: ``head_size``), refusing an odd
+    or too large r, a theta that is not > 0, or an unknown pairing.
 
     Example:
         >>> check_rotary(8, None, 10000.0, "halves")
@@ -67,18 +51,9 @@ def apply_rotary(
     rotary_dim: int | None = None,
     pairing: str = "halves",
 ) -> torch.Tensor:
-    """``x`` with its first ``rotary_dim`` channels rotated by the angles of ``positions``.
-
-    Args:
-        x: queries or keys, position on the second-to-last dimension.
-        positions: each of x's T rows' token position (ints; a cache's offset included): (T,)
-            shared by the batch, or (B, T) for x of shape (B, nh, T, hs).
-        theta: the base of the angles' wavelengths (10000 in RoFormer and Llama 2).
-        rotary_dim: r, how many leading channels rotate (even); None: all of them.
-        pairing: ``"halves"`` (i, i + r/2) or ``"adjacent"`` (2i, 2i + 1).
-
-    Shape:
-        x (..., T, hs) -> (..., T, hs).
+    """``x`` (..., T, hs) with its first ``rotary_dim`` channels rotated by the angles of each
+    row's token position, ``positions`` (T,) or (B, T) ints for x (B, nh, T, hs); ``theta``,
+    ``rotary_dim`` and ``pairing`` as ``Rotary``'s.
 
     Example:
         >>> q = torch.tensor([[1.0, 0.0]])  # one position, hs = 2
@@ -113,12 +88,8 @@ def apply_rotary(
 def cos_sin(
     positions: torch.Tensor, r: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles ``pos * theta ** (-2i / r)``, i < r/2, computed in float64
-    (a float32 angle at position 4096 is off by ~1e-4 rad) and cast to ``dtype``.
-
-    Shape:
-        positions (T,) or (B, T) -> (T, r/2) or (B, T, r/2) each.
-    """
+    """cos and sin of the angles ``pos * theta ** (-2i / r)``, i < r/2: (.., T, r/2) each, in
+    float64 (a float32 angle at position 4096 is off by ~1e-4 rad) cast to ``dtype``."""
     i = torch.arange(0, r, 2, dtype=torch.float64, device=positions.device)  # (r/2,)
     inv_freq = float(theta) ** (-i / r)  # (r/2,)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # (T, r/2) or (B, T, r/2)
@@ -126,8 +97,7 @@ def cos_sin(
 
 
 def pair_views(t: torch.Tensor, r: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first and the second channel of each rotated pair of ``t``'s last dimension, as
-    views: (..., r/2) each.
+    """The first and the second channel of each rotated pair of ``t``, as views (..., r/2).
 
     Example:
         >>> [v.tolist() for v in pair_views(torch.arange(6.0), 4, "adjacent")]
@@ -139,12 +109,8 @@ def pair_views(t: torch.Tensor, r: int, pairing: str) -> tuple[torch.Tensor, tor
 
 
 def pairing_permutation(head_size: int, rotary_dim: int | None = None) -> torch.Tensor:
-    """The order of a head's channels that turns the ``"adjacent"`` pairing into ``"halves"``.
-
-    ``apply_rotary(x[..., perm], pos, pairing="halves")`` equals
-    ``apply_rotary(x, pos, pairing="adjacent")[..., perm]``: so a q/k projection whose rows of
-    each head are reordered by ``perm`` gives, under the halves pairing, the same attention
-    scores as the original under the adjacent one.
+    """The order of a head's channels that turns the ``"adjacent"`` pairing into ``"halves"``:
+    ``apply_rotary(x[..., perm], pos)`` is ``apply_rotary(x, pos, pairing="adjacent")[..., perm]``.
 
     Example:
         >>> pairing_permutation(6)
@@ -161,8 +127,8 @@ class Rotary(nn.Module):
     Args:
         head_size: hs.
         rotary_dim: r, the leading channels rotated (even); None: all of them.
-        theta: the angles' base, 10000 by default.
-        pairing: ``"halves"`` (Hugging Face) or ``"adjacent"`` (the paper, Meta's Llama).
+        theta: the angles' base (10000 in RoFormer and Llama 2).
+        pairing: ``"halves"`` (i, i + r/2) or ``"adjacent"`` (2i, 2i + 1).
 
     Shape:
         x (..., T, hs), positions (T,) or (B, T) -> (..., T, hs).

@@ -1,36 +1,14 @@
 """The NumPy oracle: the pre-norm block's forward pass and a hand-derived backward pass.
 
-The second lesson promises "the same computation without autograd"; this package is it, and the
-project's oracle: every block form is tested against it, outputs and gradients, the way llm.c
-checks its hand-written kernels against a reference. It imports NumPy and the standard library
-only (a test loads it with torch made unimportable), so it can be copied out and run alone, and
-a bug in PyTorch or in gptblock's torch code cannot leak into the answer it gives.
+The second lesson's "the same computation without autograd", and the project's oracle: every
+block form is tested against it, outputs and gradients. It imports NumPy and the standard library
+only (a test loads it with torch made unimportable), so a bug in PyTorch or in gptblock's torch
+code cannot leak into the answer it gives.
 
-The block, with ``params`` named as ``TransformerBlock``'s (and ``nn.TransformerEncoderLayer``'s)
-state_dict::
-
-    h1  = norm1(x)                                    # LayerNorm
-    q, k, v = split(h1 @ in_proj_weight.T + in_proj_bias)
-    att = softmax(q @ k.T / sqrt(hs), causal + mask)  # per head; a fully blocked row is all 0
-    x1  = x + (att @ v) @ out_proj.weight.T + out_proj.bias
-    y   = x1 + linear2(act(linear1(norm2(x1))))       # act: exact (erf) GELU or ReLU
-
-Everything is computed in float64 whatever the input dtype: an oracle's job is to be right.
-A bias key that is absent (a block built with ``bias=False``) counts as zero and gets no
-gradient. Masks are bool with ``True`` = blocked, as everywhere in gptblock.
-
-Its modules, in reading order (only relative imports between them, nothing else of gptblock):
-
-* ``layout`` -- the parameter keys, and the lesson's per-head layout mapped onto them (plain
-  Python: ``convert`` and the checker use it too).
-* ``pieces`` -- LayerNorm, linear, GELU and the softmax, each forward beside its backward.
-* ``modern`` -- ``modern_forward`` / ``modern_backward``: the one forward pass and its backward,
-  the lessons' block with options for the modern parts (RMSNorm, SwiGLU, grouped-query
-  attention, qk-norm, rotary positions, parallel residual; ``ModernOptions``), in
-  ``FusedBlock``'s layout.
-* ``forward`` -- ``causal_head``, and ``block_forward`` / ``block_backward``: the lessons' block,
-  ``modern_forward`` with the default options, its arguments checked.
-* ``params`` -- ``params_from_state_dict``: any block form's state_dict as ``params``.
+The block is ``modern``'s, with ``params`` named as ``TransformerBlock``'s state_dict.
+Everything is in float64 whatever the input dtype: an oracle's job is to be right. An absent
+bias key (``bias=False``) counts as zero and gets no gradient. Masks are bool, ``True`` = blocked.
+``modern`` has the one forward pass, with options for the modern parts (``ModernOptions``).
 
 Shapes: B batch, T time, C channels, nh heads, hs = C // nh head size, F = MLP hidden width.
 
@@ -51,10 +29,19 @@ Example:
 
 from __future__ import annotations
 
-from .forward import BlockCache, block_backward, block_forward, causal_head, softmax
 from .layout import PARAM_KEYS
-from .modern import ModernCache, ModernOptions, modern_backward, modern_forward
+from .modern import (
+    BlockCache,
+    ModernCache,
+    ModernOptions,
+    block_backward,
+    block_forward,
+    causal_head,
+    modern_backward,
+    modern_forward,
+)
 from .params import params_from_state_dict
+from .pieces import softmax
 
 __all__ = [
     "PARAM_KEYS",

@@ -1,17 +1,11 @@
 """The block's parameter names: the packed layout every form but the lesson's uses, and the lesson's.
 
-*Packed* is ``TransformerBlock``'s layout (and ``FusedBlock``'s and
-``nn.TransformerEncoderLayer``'s): q, k and v of every head in one ``self_attn.in_proj_weight``
-of shape (3C, C), the q rows of heads 0..nh-1 first, then the k rows, then the v rows, head i
-owning rows ``i*hs:(i+1)*hs`` of each third. The first lesson's ``Block`` keeps one bias-free
-``Linear`` per head and per q/k/v (``sa.heads.{i}.query.weight``, (hs, C)) and its own names for
-the other modules. Stacking the lesson's per-head weights in ``lesson_qkv_keys`` order gives the
-packed ``in_proj_weight``; splitting it in that order gives them back.
-
-This is the one place that mapping is written. It is plain Python (no NumPy, no torch), so the
-NumPy oracle, ``convert`` and the checker can all use it.
-
-Shapes: C channels, nh heads, hs = C // nh head size.
+*Packed* is ``TransformerBlock``'s layout (and ``FusedBlock``'s and ``nn.TransformerEncoderLayer``'s):
+q, k and v of every head in one (3C, C) ``self_attn.in_proj_weight``, the q rows of heads 0..nh-1
+first, then the k rows, then the v rows. The lesson's ``Block`` keeps one bias-free ``Linear`` per
+head and per q/k/v (``sa.heads.{i}.query.weight``, (hs, C)); stacking them in ``lesson_qkv_keys``
+order gives the packed weight. Plain Python (no NumPy): the oracle, ``convert`` and the model
+share it.
 """
 
 from __future__ import annotations
@@ -57,14 +51,8 @@ LESSON_ANCHOR = lesson_head(0) + "query.weight"  # a key only the lesson's layou
 
 
 def lesson_qkv_keys(n_head: int, kind: str = "weight") -> list[str]:
-    """The lesson's per-head q/k/v keys in packed order: q of heads 0..nh-1, then k, then v.
-
-    Stacking the (hs, C) weights under these keys row-wise gives the packed (3C, C)
-    ``in_proj_weight``; chunk ``j`` of 3 * nh equal row blocks of it is the weight under key ``j``.
-
-    Args:
-        n_head: nh.
-        kind: ``"weight"`` (or ``"bias"``, for a lesson variant whose heads have biases).
+    """The lesson's per-head q/k/v keys (``kind``: weight or bias) in packed order: q of heads
+    0..nh-1, then k, then v. Row block ``j`` of 3 * nh of the packed weight is key ``j``'s.
 
     Example:
         >>> lesson_qkv_keys(2)  # doctest: +NORMALIZE_WHITESPACE
@@ -75,11 +63,8 @@ def lesson_qkv_keys(n_head: int, kind: str = "weight") -> list[str]:
 
 
 def lesson_head_count(keys: Container[str], prefix: str = "") -> int:
-    """How many heads a lesson state_dict has: heads 0, 1, ... that have a query weight.
-
-    Args:
-        keys: the state_dict's keys (or its parameters' names).
-        prefix: where the block's keys start (e.g. ``"blocks.0."``).
+    """How many heads a lesson state_dict's ``keys`` (under ``prefix``, e.g. ``"blocks.0."``)
+    have: heads 0, 1, ... that have a query weight.
 
     Example:
         >>> lesson_head_count({"sa.heads.0.query.weight", "sa.heads.1.query.weight"})

@@ -1,7 +1,7 @@
-"""The modern block in float64 NumPy: its forward and a hand-derived backward.
+"""The block in float64 NumPy: one forward pass, with options, and its hand-derived backward.
 
-GPT-2's block (``block_forward``) with the parts of Llama, Mistral, Qwen and GPT-J swapped in,
-each one an option (``ModernOptions``), named and laid out as ``FusedBlock``'s state_dict::
+GPT-2's block with Llama's, Qwen's and GPT-J's parts as options (``ModernOptions``), named and
+laid out as ``FusedBlock``'s state_dict::
 
     h1  = norm1(x)                                   # LayerNorm or RMSNorm
     q, k, v = split(h1 @ in_proj_weight.T + in_proj_bias)   # q: nh heads; k, v: nkv heads
@@ -12,28 +12,26 @@ each one an option (``ModernOptions``), named and laid out as ``FusedBlock``'s s
     y   = x1 + mlp(norm2(x1))                        # parallel_residual: y = x1 + mlp(h1)
     mlp = linear2(act(linear1 h))  or  linear2(silu(linear1 h) * linear3 h)   # "swiglu"
 
-Each backward line undoes one forward line: RMSNorm's ``dx = r (dxhat - xhat m(dxhat xhat))``,
-a rotation's transpose is the rotation by minus the angle, and a repeated key/value head
-collects the gradients of the query heads it served. NumPy and the standard library only.
+Each backward line undoes one forward line. The lessons' block (``block_forward``) is this one
+with the default options.
 
-Shapes: B batch, T time, C channels, nh heads, nkv key/value heads, hs = C // nh, r rotated
-channels, F = MLP hidden width.
+Shapes: B batch, T time, C channels, nh heads, nkv key/value heads, hs = C // nh, F = MLP width.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ
-from .pieces import ACTIVATIONS, Array, affine_normalise_backward, linear, linear_backward, softmax
-from .pieces import normalise as layer_normalise
-
-__all__ = ["ModernCache", "ModernOptions", "modern_backward", "modern_forward"]
+from . import pieces
+from .layout import IN_PROJ, LINEAR1, LINEAR2, NORM1, NORM2, OUT_PROJ, PARAM_KEYS
+from .pieces import ACTIVATIONS, Array, linear, linear_backward, norm_backward, normalise, softmax
 
 Q_NORM, K_NORM = ("self_attn.q_norm.weight", ""), ("self_attn.k_norm.weight", "")
 LINEAR3 = ("linear3.weight", "linear3.bias")
@@ -41,9 +39,8 @@ LINEAR3 = ("linear3.weight", "linear3.bias")
 
 @dataclass(frozen=True)
 class ModernOptions:
-    """The block's options, named as ``gptblock.BlockConfig``'s and ``GPTConfig``'s (without
-    dropout and bias: a bias absent from ``params`` counts as zero; ``position`` rotates the
-    queries and keys as ``"rope"``, and is the model's business otherwise)."""
+    """The block's options, named as ``gptblock.BlockConfig``'s (without dropout and bias: a
+    bias absent from ``params`` counts as zero; ``position`` matters only as ``"rope"``)."""
 
     n_head: int
     n_kv_head: int | None = None  # None: n_head
@@ -83,22 +80,16 @@ class ModernCache:
     g: Array  # (B, T, F): linear2's input
 
 
+BlockCache = ModernCache  # what ``block_backward`` needs of ``block_forward``
+
+
 def modern_forward(
     params: dict[str, Any], x: Any, o: ModernOptions, positions: Any = None, mask: Any = None
 ) -> tuple[Array, ModernCache]:
-    """The modern block's forward pass in float64.
-
-    Args:
-        params: arrays named as ``FusedBlock``'s state_dict; absent biases are zero.
-        x: the input.
-        o: the options.
-        positions: the rows' token positions for the rotary angles, (T,) or (B, T); default
-            0 .. T-1 (the causal mask follows the rows' order whatever their positions).
-        mask: optional bool (T, T) or (B, T, T), ``True`` = blocked, combined with the causal
-            mask. A query row with nothing left to attend to gets zero attention weights.
-
-    Shape:
-        x (B, T, C) -> y (B, T, C), and the cache for ``modern_backward``.
+    """The block's forward pass in float64: x (B, T, C) -> y (B, T, C) and the cache for
+    ``modern_backward``. ``params`` are named as ``FusedBlock``'s state_dict (absent biases are
+    zero); ``positions`` (T,) or (B, T), default 0 .. T-1, are for the rotary angles only (the
+    causal mask follows the rows' order); ``mask`` is ``block_forward``'s.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -120,15 +111,16 @@ def modern_forward(
     nh = o.n_head
     nkv = o.n_kv_head or nh
     hs = C // nh
-    n1 = _normalise(x, o.norm, o.norm_eps)
-    h1 = _affine(n1[0], p, NORM1)  # (B, T, C)
+    layer = o.norm == "layernorm"
+    n1 = normalise(x, o.norm_eps, layer)
+    h1 = pieces.affine(n1[0], p, NORM1)  # (B, T, C)
     qkv = linear(h1, p, IN_PROJ)  # (B, T, C + 2 nkv hs)
     q = qkv[..., :C].reshape(B, T, nh, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
     k = qkv[..., C : C + nkv * hs].reshape(B, T, nkv, hs).transpose(0, 2, 1, 3)  # (B, nkv, T, hs)
     v = qkv[..., C + nkv * hs :].reshape(B, T, nkv, hs).transpose(0, 2, 1, 3)  # (B, nkv, T, hs)
     qn = kn = rot = None
     if o.qk_norm:
-        qn, kn = _normalise(q, "rmsnorm", o.norm_eps), _normalise(k, "rmsnorm", o.norm_eps)
+        qn, kn = normalise(q, o.norm_eps, False), normalise(k, o.norm_eps, False)
         q, k = qn[0] * p[Q_NORM[0]], kn[0] * p[K_NORM[0]]
     if o.position == "rope":
         r = hs if o.rotary_dim is None else o.rotary_dim
@@ -143,46 +135,43 @@ def modern_forward(
     wei = softmax(att, blocked=_blocked(mask, B, T))  # (B, nh, T, T)
     ctx = (wei @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
     x1 = x + linear(ctx, p, OUT_PROJ)  # (B, T, C)
-    n2 = None if o.parallel_residual else _normalise(x1, o.norm, o.norm_eps)
-    h2 = h1 if n2 is None else _affine(n2[0], p, NORM2)  # (B, T, C)
+    n2 = None if o.parallel_residual else normalise(x1, o.norm_eps, layer)
+    h2 = h1 if n2 is None else pieces.affine(n2[0], p, NORM2)  # (B, T, C)
     u = linear(h2, p, LINEAR1)  # (B, T, F)
     up = None
     if o.mlp == "swiglu":
         up = linear(h2, p, LINEAR3)  # (B, T, F)
-        g = _silu(u) * up
+        g = pieces.silu(u) * up
     else:
-        g = _activation(o.activation)[0](u)
+        g = ACTIVATIONS[o.activation][0](u)
     y = x1 + linear(g, p, LINEAR2)  # (B, T, C)
     cache = ModernCache(o, p, x, n1, h1, qn, kn, rot, q, k, v, wei, ctx, n2, h2, u, up, g)
     return y, cache
 
 
 def modern_backward(dy: Any, c: ModernCache) -> tuple[Array, dict[str, Array]]:
-    """The hand-derived backward of ``modern_forward``: ``dx`` and a gradient per parameter.
-
-    Shape:
-        dy (B, T, C) -> dx (B, T, C) and ``{key: (shape of params[key])}``.
-    """
+    """The hand-derived backward of ``modern_forward``: ``dx`` and a gradient per parameter."""
     o, p = c.o, c.params
     dy = np.asarray(dy, dtype=np.float64)
     B, T, C = c.x.shape
     nh = o.n_head
     nkv = o.n_kv_head or nh
     hs = C // nh
+    layer = o.norm == "layernorm"
     grads: dict[str, Array] = {}
 
     dg = linear_backward(dy, c.g, p, LINEAR2, grads)  # (B, T, F)
     if c.up is not None:  # g = silu(u) * up
-        dh2 = linear_backward(dg * _silu(c.u), c.h2, p, LINEAR3, grads)
-        dh2 = dh2 + linear_backward(dg * c.up * _silu_grad(c.u), c.h2, p, LINEAR1, grads)
+        dh2 = linear_backward(dg * pieces.silu(c.u), c.h2, p, LINEAR3, grads)
+        dh2 = dh2 + linear_backward(dg * c.up * pieces.silu_grad(c.u), c.h2, p, LINEAR1, grads)
     else:
-        dh2 = linear_backward(dg * _activation(o.activation)[1](c.u), c.h2, p, LINEAR1, grads)
+        dh2 = linear_backward(dg * ACTIVATIONS[o.activation][1](c.u), c.h2, p, LINEAR1, grads)
     dx1 = dy  # y = x1 + mlp(...)
     dh1 = np.zeros_like(c.x)
     if c.n2 is None:  # parallel: the MLP read h1
         dh1 = dh1 + dh2
     else:
-        dx1 = dx1 + _norm_backward(dh2, c.n2, p, NORM2, o.norm, grads)
+        dx1 = dx1 + norm_backward(dh2, c.n2, p, NORM2, grads, layer)
 
     dctx = linear_backward(dx1, c.ctx, p, OUT_PROJ, grads)
     dctx = dctx.reshape(B, T, nh, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
@@ -196,55 +185,14 @@ def modern_backward(dy: Any, c: ModernCache) -> tuple[Array, dict[str, Array]]:
     if c.rot is not None:  # the transpose of a rotation is the rotation backwards
         dq, dk = _rotate(dq, c.rot, o.rope_pairing, -1.0), _rotate(dk, c.rot, o.rope_pairing, -1.0)
     if c.qn is not None and c.kn is not None:
-        dq = _rms_backward(dq, c.qn, p, Q_NORM[0], grads)
-        dk = _rms_backward(dk, c.kn, p, K_NORM[0], grads)
+        dq = norm_backward(dq, c.qn, p, Q_NORM, grads, centred=False)
+        dk = norm_backward(dk, c.kn, p, K_NORM, grads, centred=False)
     dqkv = np.concatenate(
         [t.transpose(0, 2, 1, 3).reshape(B, T, -1) for t in (dq, dk, dv)], axis=-1
     )  # (B, T, C + 2 nkv hs)
     dh1 = dh1 + linear_backward(dqkv, c.h1, p, IN_PROJ, grads)
-    dx = dx1 + _norm_backward(dh1, c.n1, p, NORM1, o.norm, grads)
+    dx = dx1 + norm_backward(dh1, c.n1, p, NORM1, grads, layer)
     return dx, {key: grads[key] for key in p}
-
-
-# --- pieces --------------------------------------------------------------------------------
-
-
-def _normalise(x: Array, kind: str, eps: float) -> tuple[Array, Array]:
-    """(xhat, 1 / scale) over the last axis: LayerNorm's, or RMSNorm's ``x / sqrt(m(x^2) + eps)``."""
-    if kind == "layernorm":
-        return layer_normalise(x, eps)
-    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    return x * rstd, rstd
-
-
-def _affine(xhat: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:
-    return xhat * p[keys[0]] + p.get(keys[1], 0.0)
-
-
-def _norm_backward(
-    dh: Array,
-    n: tuple[Array, Array],
-    p: dict[str, Array],
-    keys: tuple[str, str],
-    kind: str,
-    grads: dict[str, Array],
-) -> Array:
-    if kind == "layernorm":
-        return affine_normalise_backward(dh, n[0], n[1], p, keys, grads)
-    if keys[1] in p:
-        grads[keys[1]] = dh.sum(axis=(0, 1))
-    return _rms_backward(dh, n, p, keys[0], grads)
-
-
-def _rms_backward(
-    dh: Array, n: tuple[Array, Array], p: dict[str, Array], weight: str, grads: dict[str, Array]
-) -> Array:
-    """Backward of h = xhat * w, xhat = x r, r = 1 / sqrt(m(x^2) + eps) (m: mean over the
-    last axis): dr/dx_j = -r^3 x_j / n, so dx = r (dxhat - xhat m(dxhat xhat))."""
-    xhat, rstd = n
-    grads[weight] = (dh * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
-    dxhat = dh * p[weight]
-    return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
 
 
 def _rotate(x: Array, rot: tuple[Array, Array], pairing: str, sign: float) -> Array:
@@ -258,28 +206,6 @@ def _rotate(x: Array, rot: tuple[Array, Array], pairing: str, sign: float) -> Ar
     out[..., first] = x1 * cos - x2 * sin
     out[..., second] = x1 * sin + x2 * cos
     return out
-
-
-def _silu(u: Array) -> Array:
-    return np.asarray(u / (1.0 + np.exp(-u)))
-
-
-def _silu_grad(u: Array) -> Array:
-    s = 1.0 / (1.0 + np.exp(-u))
-    return np.asarray(s * (1.0 + u * (1.0 - s)))
-
-
-def _relu2(u: Array) -> Array:
-    return np.asarray(np.maximum(u, 0.0) ** 2)
-
-
-def _relu2_grad(u: Array) -> Array:
-    return np.asarray(2.0 * np.maximum(u, 0.0))
-
-
-def _activation(name: str) -> Any:
-    """(function, derivative) of a dense MLP's activation."""
-    return (_relu2, _relu2_grad) if name == "relu2" else ACTIVATIONS[name]
 
 
 def _blocked(mask: Any, B: int, T: int) -> NDArray[np.bool_]:
@@ -296,3 +222,96 @@ def _blocked(mask: Any, B: int, T: int) -> NDArray[np.bool_]:
             )
         blocked = blocked | mask  # (T, T) or (B, T, T)
     return blocked.reshape(-1, 1, T, T)  # broadcast over the nh heads
+
+
+# --- the lessons' block: the default options, its arguments checked ------------------------
+
+
+def causal_head(q: Any, k: Any, v: Any) -> tuple[Array, Array]:
+    """One causal attention head (lesson 1, exercise 2) on q, k, v (..., T, hs): ``out`` (..., T,
+    hs) and the weights ``wei`` (..., T, T), 0 above the diagonal, scaled by ``1 / sqrt(hs)``.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((3, 5, 4))
+        >>> out, wei = causal_head(q, k, v)
+        >>> out.shape, bool(np.allclose(wei.sum(-1), 1)), bool((np.triu(wei, 1) == 0).all())
+        ((5, 4), True, True)
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    T = q.shape[-2]
+    wei = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T, T)
+    wei = softmax(wei, blocked=np.triu(np.ones((T, T), dtype=bool), k=1))  # 0 above the diagonal
+    return wei @ v, wei  # (..., T, T) @ (..., T, hs) -> (..., T, hs)
+
+
+def block_forward(
+    params: Mapping[str, Any],
+    x: Any,
+    n_head: int,
+    *,
+    activation: str = "gelu",
+    eps: float = 1e-5,
+    mask: Any = None,
+) -> tuple[Array, ModernCache]:
+    """The lessons' pre-norm block's forward pass, in float64 NumPy: ``modern_forward`` with
+    the default options, its arguments checked.
+
+    ``params`` are named as ``TransformerBlock``'s state_dict (``PARAM_KEYS``; absent biases are
+    zero): ``params_from_state_dict``'s. ``activation`` is "gelu" (exact), "relu", "gelu_tanh"
+    or "relu2"; ``mask`` (T, T) or (B, T, T), ``True`` = blocked, blocks more than the causal
+    mask (a row left with nothing gets zero weights). x (B, T, C) -> y (B, T, C) and the cache.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 3 or 0 in x.shape:
+        raise ValueError(f"x must be a non-empty (B, T, C) array, got shape {x.shape}")
+    p = _check_params(params, x.shape[-1], n_head)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    # eps <= 0 divides a constant row by sqrt(0) (or of a negative): NaN, not an error, in NumPy.
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
+        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+    options = ModernOptions(n_head, activation=activation, norm_eps=float(eps))
+    return modern_forward(p, x, options, mask=mask)
+
+
+def block_backward(dy: Any, cache: ModernCache) -> tuple[Array, dict[str, Array]]:
+    """``block_forward``'s backward (``modern_backward``), derived by hand: ``dx`` (B, T, C)
+    and ``grads``, one array per key of the forward's ``params``, of its shape. ``dy``, the
+    gradient of a scalar loss with respect to ``y``, is (B, T, C). The package's overview,
+    ``gptblock.reference``, runs the forward and this backward."""
+    dy = np.asarray(dy, dtype=np.float64)
+    if dy.shape != cache.x.shape:
+        raise ValueError(f"dy must have the shape of y, {cache.x.shape}, got {dy.shape}")
+    return modern_backward(dy, cache)
+
+
+def _check_params(params: Mapping[str, Any], C: int, n_head: int) -> dict[str, Array]:
+    if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head < 1 or C % n_head:
+        raise ValueError(f"n_head must be a positive int dividing C={C}, got {n_head!r}")
+    unknown = sorted(set(params) - set(PARAM_KEYS))
+    if unknown:
+        raise ValueError(f"unexpected parameter names {unknown}; expected names from {PARAM_KEYS}")
+    p = {key: np.asarray(params[key], dtype=np.float64) for key in PARAM_KEYS if key in params}
+    F = p[LINEAR1[0]].shape[0] if LINEAR1[0] in p else 4 * C
+    # In PARAM_KEYS' order: norm1, in_proj, out_proj, norm2, linear1, linear2 (weight, bias).
+    shapes = [
+        (C,),
+        (C,),
+        (3 * C, C),
+        (3 * C,),
+        (C, C),
+        (C,),
+        (C,),
+        (C,),
+        (F, C),
+        (F,),
+        (C, F),
+        (C,),
+    ]
+    for key, shape in zip(PARAM_KEYS, shapes, strict=True):
+        if key in p and p[key].shape != shape:
+            raise ValueError(f"{key} must have shape {shape} for C={C}, got {p[key].shape}")
+        if key not in p and key.endswith("weight"):
+            raise ValueError(f"params has no {key!r} (expected shape {shape})")
+    return p

@@ -1,8 +1,4 @@
-"""Reading a block's state_dict into the oracle's ``params``: float64 NumPy copies, packed layout.
-
-The key mapping itself (which lesson key goes where) is ``layout.py``'s; this module only reads
-values, from torch tensors or anything ``np.asarray`` accepts, without importing torch.
-"""
+"""Reading a block's state_dict into the oracle's ``params`` (the key mapping is ``layout``'s)."""
 
 from __future__ import annotations
 
@@ -27,27 +23,10 @@ from .pieces import Array
 def params_from_state_dict(state_dict: Mapping[str, Any], *, prefix: str = "") -> dict[str, Array]:
     """Turn a block's state_dict into ``params`` for ``block_forward``: float64 NumPy copies.
 
-    Two layouts are recognised by their keys:
-
-    * ``TransformerBlock``, ``FusedBlock`` and ``nn.TransformerEncoderLayer`` (``norm1.weight``,
-      ``self_attn.in_proj_weight``, ...): copied as they are.
-    * The lesson's ``Block`` (``sa.heads.{i}.key.weight``, ``sa.proj``, ``ffwd.net.0``/``.2``,
-      ``ln1``, ``ln2``): the per-head query, key and value weights are stacked into the packed
-      ``in_proj_weight`` (q rows of heads 0..nh-1, then k, then v). The lesson's q/k/v have no
-      bias, so ``self_attn.in_proj_bias`` is left absent (zero, and no gradient), and the
-      ``tril`` buffers are dropped. The lesson's MLP uses ReLU: pass ``activation="relu"`` and
-      ``n_head=len(block.sa.heads)`` to ``block_forward``.
-
-    Values may be torch tensors (on any device, any float dtype; torch is never imported here)
-    or anything ``np.asarray`` accepts. The mapping is linear, so it also turns the lesson
-    block's parameter *gradients* into the layout of ``block_backward``'s ``grads``.
-
-    Args:
-        state_dict: the block's ``state_dict()`` (or ``{name: p.grad}``).
-        prefix: only keys starting with it are read, with it removed (e.g. ``"blocks.0."``).
-
-    Raises:
-        ValueError: neither layout is recognised, or a key is missing or unexpected.
+    The lesson's ``Block``'s per-head weights are stacked into ``in_proj_weight``, with no
+    ``in_proj_bias`` (zero; its MLP is ReLU: ``activation="relu"``). Values may be torch
+    tensors or anything ``np.asarray`` takes; the mapping is linear, so it maps gradients too.
+    Only keys under ``prefix`` (``"blocks.0."``) are read.
 
     Example:
         >>> C, hs = 8, 4

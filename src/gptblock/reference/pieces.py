@@ -1,9 +1,7 @@
-"""The block's pieces in float64 NumPy, each forward next to its hand-derived backward.
+"""The block's pieces in float64 NumPy, each forward beside its hand-derived backward.
 
-LayerNorm (split into the normalisation and its affine part, as the backward needs them), a
-linear layer, the exact GELU and the softmax (whose backward is written where it is used). Each
-backward takes the gradient of the piece's output and returns that of its input, storing the
-parameters' gradients in ``grads`` under their keys.
+A backward takes the gradient of the piece's output and returns its input's, storing the
+parameters' gradients in ``grads`` under their keys (a module's ``(weight, bias)`` pair).
 
 Shapes: B batch, T time, C channels, F = MLP hidden width; ``in``/``out`` a layer's widths.
 """
@@ -11,6 +9,7 @@ Shapes: B batch, T time, C channels, F = MLP hidden width; ``in``/``out`` a laye
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,55 +17,49 @@ from numpy.typing import NDArray
 
 Array = NDArray[np.float64]
 
-
-def normalise(x: Array, eps: float) -> tuple[Array, Array]:
-    """LayerNorm without its affine part: (x - mean) / sqrt(biased var + eps), as nn.LayerNorm."""
-    mu = x.mean(axis=-1, keepdims=True)  # (B, T, 1)
-    rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)  # (B, T, 1)
-    return (x - mu) * rstd, rstd
+Keys = tuple[str, str]  # (weight, bias)
 
 
-def affine(xhat: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:
-    weight, bias = keys
-    return xhat * p[weight] + p.get(bias, 0.0)
+def normalise(x: Array, eps: float, centred: bool = True) -> tuple[Array, Array]:
+    """(xhat, rstd) over the last axis: LayerNorm's ``(x - mean) / sqrt(var + eps)`` (biased
+    variance, as nn.LayerNorm) or, not ``centred``, RMSNorm's ``x / sqrt(mean(x^2) + eps)``."""
+    if centred:
+        x = x - x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    return x * rstd, rstd
 
 
-def affine_normalise_backward(
+def affine(xhat: Array, p: dict[str, Array], keys: Keys) -> Array:
+    return xhat * p[keys[0]] + p.get(keys[1], 0.0)
+
+
+def norm_backward(
     dh: Array,
-    xhat: Array,
-    rstd: Array,
+    n: tuple[Array, Array],
     p: dict[str, Array],
-    keys: tuple[str, str],
+    keys: Keys,
     grads: dict[str, Array],
+    centred: bool = True,
 ) -> Array:
-    """Backward of h = xhat * w + b with xhat = (x - mean) * rstd; returns dx.
+    """Backward of ``h = affine(xhat)``, ``(xhat, rstd) = n = normalise(x)``; returns dx.
 
-    d xhat = dh * w. Through the mean and the variance (both over C), with m(.) the mean over C:
-    dx = rstd * (d xhat - m(d xhat) - xhat * m(d xhat * xhat)).
+    With m(.) the mean over the last axis, RMSNorm's ``dx = rstd (dxhat - xhat m(dxhat xhat))``
+    (dr/dx_j = -r^3 x_j / C); LayerNorm's, through its mean too, also subtracts ``m(dxhat)``.
     """
-    weight, bias = keys
-    grads[weight] = (dh * xhat).sum(axis=(0, 1))  # (C,)
+    (xhat, rstd), (weight, bias) = n, keys
+    C = xhat.shape[-1]
+    grads[weight] = (dh * xhat).reshape(-1, C).sum(axis=0)
     if bias in p:
-        grads[bias] = dh.sum(axis=(0, 1))  # (C,)
-    dxhat = dh * p[weight]  # (B, T, C)
-    return rstd * (
-        dxhat
-        - dxhat.mean(axis=-1, keepdims=True)
-        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
-    )
+        grads[bias] = dh.reshape(-1, C).sum(axis=0)
+    dxhat = dh * p[weight]
+    dx = dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    return rstd * (dx - dxhat.mean(axis=-1, keepdims=True) if centred else dx)
 
 
 def softmax(z: Any, axis: int = -1, blocked: Any = None) -> Array:
-    """Numerically stable softmax; blocked entries get weight exactly 0.
-
-    The row maximum is subtracted before ``exp`` so huge scores cannot overflow. A row in which
-    every entry is blocked has no distribution to normalise: it comes back as all zeros (what
-    gptblock's torch blocks give), not NaN.
-
-    Args:
-        z: scores.
-        axis: the axis to normalise over.
-        blocked: optional bool array broadcastable to ``z``; ``True`` = weight forced to 0.
+    """Numerically stable softmax; ``blocked`` entries (a bool array broadcastable to ``z``) get
+    weight exactly 0, and a row with every entry blocked is all zeros (as gptblock's torch
+    blocks give), not NaN.
 
     Example:
         >>> softmax([[1.0, 1.0], [0.0, 1000.0]]).round(6).tolist()
@@ -87,19 +80,17 @@ def softmax(z: Any, axis: int = -1, blocked: Any = None) -> Array:
     return np.asarray(e / np.where(s > 0, s, 1.0))
 
 
-def linear(a: Array, p: dict[str, Array], keys: tuple[str, str]) -> Array:
-    weight, bias = keys
-    return a @ p[weight].T + p.get(bias, 0.0)  # (B, T, in) @ (in, out) -> (B, T, out)
+def linear(a: Array, p: dict[str, Array], keys: Keys) -> Array:
+    return a @ p[keys[0]].T + p.get(keys[1], 0.0)  # (B, T, in) @ (in, out) -> (B, T, out)
 
 
 def linear_backward(
-    dout: Array, a: Array, p: dict[str, Array], keys: tuple[str, str], grads: dict[str, Array]
+    dout: Array, a: Array, p: dict[str, Array], keys: Keys, grads: dict[str, Array]
 ) -> Array:
-    """Backward of out = a @ W.T + b: stores dW and db in ``grads``, returns da."""
+    """Backward of ``out = a @ W.T + b``: stores dW and db in ``grads``, returns da."""
     weight, bias = keys
     n_out, n_in = p[weight].shape
-    # (out, B*T) @ (B*T, in) -> (out, in): every position contributes to the one weight
-    grads[weight] = dout.reshape(-1, n_out).T @ a.reshape(-1, n_in)
+    grads[weight] = dout.reshape(-1, n_out).T @ a.reshape(-1, n_in)  # summed over positions
     if bias in p:
         grads[bias] = dout.sum(axis=(0, 1))  # (out,)
     return dout @ p[weight]  # (B, T, out) @ (out, in) -> (B, T, in)
@@ -108,6 +99,7 @@ def linear_backward(
 # math.erf, elementwise. A Python call per element is slow, but exact to the last bit or two,
 # which a rational approximation (and scipy, not a dependency) would have to earn.
 _math_erf = np.frompyfunc(math.erf, 1, 1)
+_TANH_K = math.sqrt(2.0 / math.pi)
 
 
 def _erf(u: Array) -> Array:
@@ -119,37 +111,37 @@ def gelu(u: Array) -> Array:
     return 0.5 * u * (1.0 + _erf(u / math.sqrt(2.0)))
 
 
-def gelu_tanh(u: Array) -> Array:
-    """GELU's tanh approximation (GPT-2's): 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))."""
-    return 0.5 * u * (1.0 + np.tanh(_TANH_K * (u + 0.044715 * u**3)))
-
-
-def gelu_tanh_grad(u: Array) -> Array:
-    """d/du of ``gelu_tanh``: 0.5 (1 + t) + 0.5 u (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 u^2)."""
-    t = np.tanh(_TANH_K * (u + 0.044715 * u**3))
-    return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _TANH_K * (1.0 + 3 * 0.044715 * u * u)
-
-
-_TANH_K = math.sqrt(2.0 / math.pi)
-
-
 def gelu_grad(u: Array) -> Array:
     """d/du [u * Phi(u)] = Phi(u) + u * phi(u), with phi the standard normal density."""
     cdf = 0.5 * (1.0 + _erf(u / math.sqrt(2.0)))
     return cdf + u * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
 
 
-def relu(u: Array) -> Array:
-    return np.maximum(u, 0.0)
+def gelu_tanh(u: Array) -> Array:
+    """GELU's tanh approximation (GPT-2's): 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))."""
+    return 0.5 * u * (1.0 + np.tanh(_TANH_K * (u + 0.044715 * u**3)))
 
 
-def relu_grad(u: Array) -> Array:
-    return (u > 0).astype(np.float64)  # 0 at u = 0, as torch's relu backward
+def gelu_tanh_grad(u: Array) -> Array:
+    t = np.tanh(_TANH_K * (u + 0.044715 * u**3))
+    return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _TANH_K * (1.0 + 3 * 0.044715 * u * u)
 
 
-# The MLP's activations by the names gptblock's blocks use: (function, its derivative).
-ACTIVATIONS = {
+def silu(u: Array) -> Array:
+    return np.asarray(u / (1.0 + np.exp(-u)))
+
+
+def silu_grad(u: Array) -> Array:
+    s = 1.0 / (1.0 + np.exp(-u))
+    return np.asarray(s * (1.0 + u * (1.0 - s)))
+
+
+Activation = Callable[[Array], Array]
+# The dense MLP's activations by the names gptblock's blocks use: (function, its derivative);
+# relu's is 0 at 0, as torch's.
+ACTIVATIONS: dict[str, tuple[Activation, Activation]] = {
     "gelu": (gelu, gelu_grad),
-    "relu": (relu, relu_grad),
+    "relu": (lambda u: np.maximum(u, 0.0), lambda u: (u > 0).astype(np.float64)),
     "gelu_tanh": (gelu_tanh, gelu_tanh_grad),
+    "relu2": (lambda u: np.maximum(u, 0.0) ** 2, lambda u: 2.0 * np.maximum(u, 0.0)),
 }
