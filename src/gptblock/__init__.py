@@ -101,44 +101,10 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__, *MODULES})
 
 
-__all__ = [
-    "GPT",
-    "BlockConfig",
-    "CharTokenizer",
-    "CheckReport",
-    "CheckpointError",
-    "ConversionError",
-    "Finding",
-    "FusedBlock",
-    "GPTConfig",
-    "GPTOutput",
-    "GenerationStep",
-    "GroupedQueryAttention",
-    "KVCache",
-    "LlamaBlock",
-    "NonFiniteLossError",
-    "RMSNorm",
-    "Rotary",
-    "RunMeta",
-    "SwiGLU",
-    "TrainConfig",
-    "Trainer",
-    "TransformerBlock",
-    "UserError",
-    "__version__",
-    "apply_rotary",
-    "attention",
-    "causal_mask",
-    "check_block",
-    "convert",
-    "exercises",
-    "grade",
-    "lens",
-    "lesson",
-    "load",
-    "load_gpt",
-    "reference",
-    "rmsnorm",
-    "swiglu",
-    "train_gpt",
-]
+__all__ = ["GPT", "BlockConfig", "CharTokenizer", "CheckReport", "CheckpointError"]
+__all__ += ["ConversionError", "Finding", "FusedBlock", "GPTConfig", "GPTOutput", "GenerationStep"]
+__all__ += ["GroupedQueryAttention", "KVCache", "LlamaBlock", "NonFiniteLossError", "RMSNorm"]
+__all__ += ["Rotary", "RunMeta", "SwiGLU", "TrainConfig", "Trainer", "TransformerBlock"]
+__all__ += ["UserError", "__version__", "apply_rotary", "attention", "causal_mask", "check_block"]
+__all__ += ["convert", "exercises", "grade", "lens", "lesson", "load", "load_gpt", "reference"]
+__all__ += ["rmsnorm", "swiglu", "train_gpt"]

@@ -20,21 +20,9 @@ import torch
 from .blocks.config import check_positive_int
 from .errors import UserTypeError, UserValueError
 
-__all__ = [
-    "AUTOCAST_DTYPES",
-    "DEVICE_TYPES",
-    "DTYPES",
-    "autocast_context",
-    "available_memory",
-    "busy_cores",
-    "choose_threads",
-    "cpu_threads",
-    "cpu_ticks",
-    "native_bfloat16",
-    "resolve_device",
-    "resolve_dtype",
-    "set_threads",
-]
+__all__ = ["AUTOCAST_DTYPES", "DEVICE_TYPES", "DTYPES", "autocast_context", "available_memory"]
+__all__ += ["busy_cores", "choose_threads", "cpu_threads", "cpu_ticks", "native_bfloat16"]
+__all__ += ["resolve_device", "resolve_dtype", "set_threads"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -15,15 +15,8 @@ import torch.distributed as dist
 
 from .errors import UserValueError
 
-__all__ = [
-    "DistInfo",
-    "all_gather_rows",
-    "all_reduce_sum",
-    "comm_device",
-    "dist_info",
-    "finish_distributed",
-    "init_distributed",
-]
+__all__ = ["DistInfo", "all_gather_rows", "all_reduce_sum", "comm_device", "dist_info"]
+__all__ += ["finish_distributed", "init_distributed"]
 
 
 @dataclass(frozen=True)

@@ -22,20 +22,9 @@ from .blocks.config import check_seed
 from .errors import UserValueError
 from .reference import causal_head, softmax
 
-__all__ = [
-    "LEARNER_CLASSES",
-    "CausalHeadCheck",
-    "EntropyComparison",
-    "Holds",
-    "Refused",
-    "ScoreVariance",
-    "VarianceRow",
-    "exercise1",
-    "exercise2",
-    "exercise3",
-    "on_learner",
-    "run_all",
-]
+__all__ = ["LEARNER_CLASSES", "CausalHeadCheck", "EntropyComparison", "Holds", "Refused"]
+__all__ += ["ScoreVariance", "VarianceRow", "exercise1", "exercise2", "exercise3", "on_learner"]
+__all__ += ["run_all"]
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,8 @@ from .errors import (
     UserValueError,
 )
 
-__all__ = [
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "check_destination",
-    "fsync_dir",
-    "make_directory",
-    "temporary_name",
-    "temporary_of",
-]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "check_destination", "fsync_dir"]
+__all__ += ["make_directory", "temporary_name", "temporary_of"]
 
 TEMPORARY = re.compile(r"\.(?P<of>.+)\.[0-9a-f]{8}\.tmp")
 

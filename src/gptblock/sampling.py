@@ -18,13 +18,8 @@ from .errors import UserValueError, checked
 from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
-__all__ = [
-    "GENERATION_WEIGHTS",
-    "INT8_MIN_PARAMETERS",
-    "generation_weights",
-    "sample_text",
-    "stream_text",
-]
+__all__ = ["GENERATION_WEIGHTS", "INT8_MIN_PARAMETERS", "generation_weights", "sample_text"]
+__all__ += ["stream_text"]
 
 GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
 

@@ -1,12 +1,9 @@
 """The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
 
-``interop.hf`` and ``interop.llama`` map the weights onto gptblock's; this module only finds and
-reads them: ``config.json``, the model's size estimated against the machine's memory
-(``check_fits``), the safetensors file or the shards a ``model.safetensors.index.json`` lists
-(each a file beside the index). Every tensor's name and shape is checked against the config's
-(GPT-2's ``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
-refused with its name before its tensors are loaded: a tensor the config has no place for is
-refused, never skipped, and so is one holding NaN or infinities.
+``config.json``; the model's size against the machine's memory (``check_fits``); the safetensors
+file or the shards its index lists. Every tensor's name and shape is checked against the config's
+(``expected_shapes``, ``llama_shapes``) from the file's header, before any tensor is loaded: a
+tensor the config has no place for is refused, never skipped, as is one holding NaN or infinities.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
@@ -35,12 +32,10 @@ Shapes = dict[str, tuple[int, ...] | None]
 def read_safetensors(
     directory: Path, expected: Shapes, prefix: str = "transformer."
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
-    checked against ``expected`` (shapes by name, without the base model's ``prefix``: GPT-2's
-    ``transformer.``, Llama's ``model.``) before its tensors are read: a tensor it does not
-    name is refused, as is one holding NaN or infinities. A name whose shape is None is a
-    buffer older transformers saved and recomputes (the causal mask, the rotary frequencies):
-    not read."""
+    """Every tensor of the directory's safetensors file(s), each file's header checked against
+    ``expected`` (shapes by name, without the base model's ``prefix``) first. A name whose shape
+    is None is a buffer older transformers saved and recomputes (the causal mask, the rotary
+    frequencies): not read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = _shards(index)
@@ -186,22 +181,12 @@ def expected_shapes(config: GPTConfig) -> Shapes:
         "ln_f.bias": (C,),
         "lm_head.weight": (V, C),
     }
-    per_block = {
-        "ln_1.weight": (C,),
-        "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C),
-        "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C),
-        "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,),
-        "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, 4 * C),
-        "mlp.c_fc.bias": (4 * C,),
-        "mlp.c_proj.weight": (4 * C, C),
-        "mlp.c_proj.bias": (C,),
-        "attn.bias": None,  # the causal mask GPT2Attention kept as a buffer
-        "attn.masked_bias": None,
-    }
+    # (in, out) per layer; a LayerNorm's is its gain's and bias's (C,)
+    layers = {"ln_1": (C,), "attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "ln_2": (C,)}
+    layers |= {"mlp.c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
+    per_block: Shapes = {"attn.bias": None, "attn.masked_bias": None}  # GPT2Attention's mask
+    for name, shape in layers.items():
+        per_block |= {f"{name}.weight": shape, f"{name}.bias": shape[-1:]}
     for i in range(config.n_layer):
         shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
     return shapes

@@ -1,31 +1,17 @@
 """Hugging Face's Llama, Mistral and Qwen2 and gptblock's modern GPT, weight for weight.
 
-The three are one block (RMSNorm, rotary positions, SwiGLU, grouped-query attention) with
-different biases: Llama's ``attention_bias`` (q, k, v, o) and ``mlp_bias``; none in Mistral;
-q, k and v only in Qwen2. Each is a ``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope",
-rope_pairing="halves", ...)``; per block, with C the width, nkv the key/value heads and hs the
-head size::
-
-    Hugging Face (under model.layers.{i}.)       gptblock (under transformer.h.{i}.)
-    input_layernorm                              norm1
-    self_attn.q_proj (C, C), k_proj (nkv hs, C),  self_attn.in_proj_weight (C + 2 nkv hs, C):
-      v_proj (nkv hs, C)                            their rows stacked, q; k; v
-    self_attn.o_proj                             self_attn.out_proj
-    post_attention_layernorm                     norm2
-    mlp.gate_proj / up_proj / down_proj          linear1 / linear3 / linear2
-
-and ``embed_tokens``, ``norm``, ``lm_head`` are ``transformer.wte``, ``transformer.ln_f``,
-``lm_head``. Both are ``nn.Linear`` (out, in): nothing is transposed. Hugging Face rotates the
-halves of each head (``rotate_half``), gptblock's ``"halves"`` pairing, so the q and k rows are
-copied in their order; a GPT with ``rope_pairing="adjacent"`` exports with each head's q and k
-rows permuted (``rotary.pairing_permutation``), the same model under Hugging Face's pairing.
+The three are one block (RMSNorm, rotary positions, SwiGLU, grouped-query attention), each a
+``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope", rope_pairing="halves", ...)``, with
+different biases: Llama's ``attention_bias`` and ``mlp_bias``, none in Mistral, q/k/v only in
+Qwen2. The names map by ``PLAIN`` and ``BIASES``; q_proj, k_proj and v_proj are stacked, in
+that order, into ``self_attn.in_proj_weight``. Both sides are ``nn.Linear``: nothing is
+transposed. Hugging Face rotates the halves of each head, gptblock's ``"halves"`` pairing; an
+``"adjacent"`` GPT exports with each head's q and k rows permuted (the same model).
 
 gptblock's ``bias`` is all or nothing, so a family's missing biases are zeros (the same
-function): a Qwen2 model reads as ``bias=True`` with zero ``out_proj`` and MLP biases. What the
-parts do not compute is refused, naming the field: a scaled rope (``rope_type`` other than
-``"default"``), partial rotation, a sliding window smaller than the context, a ``head_dim``
-other than ``hidden_size / num_attention_heads``, an activation other than SiLU; and any field
-``interop.hf_fields`` does not know. The fields are read as the installed transformers reads
+function). What the parts do not compute is refused, naming the field (a scaled or partial
+rope, a sliding window smaller than the context, another ``head_dim`` or activation, a field
+``interop.hf_fields`` does not know). The fields are read as the installed transformers reads
 them (its defaults, a ``rope_scaling`` beside ``rope_parameters``), so a file means the same here.
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
@@ -57,13 +43,7 @@ def is_llama(model_type: object) -> bool:
 
 
 INT = "a positive int"
-REQUIRED = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
+REQUIRED = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads"
 # (Hugging Face's name under layers.{i}., gptblock's under transformer.h.{i}.), copied as is.
 PLAIN = [
     ("input_layernorm.weight", "norm1.weight"),
@@ -137,7 +117,7 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
             raise refuse(field, f"expected {kind}")
         return value
 
-    V, C, F, L, nh = (get(f, INT) for f in REQUIRED)
+    V, C, F, L, nh = (get(f, INT) for f in REQUIRED.split())
     check_fields(fields, family, where)
     for field in ("num_key_value_heads", "max_position_embeddings"):
         if fields.get(field) is not None:
@@ -198,10 +178,8 @@ def _divides(nkv: int | None, nh: int, refuse: Any) -> None:
 
 
 def _as_transformers_reads(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The fields as the family's transformers config class reads them: its defaults filled
-    in, transformers 4's ``rope_scaling`` and ``rope_theta`` merged into ``rope_parameters``
-    (where ``rope_scaling`` wins), Qwen2's ``layer_types`` derived; so that a file means here
-    what it means there."""
+    """The fields as the family's transformers config class reads them (its defaults, merged
+    rope fields, Qwen2's ``layer_types``), so that a file means here what it means there."""
     tf = transformers_module()
     name = FAMILIES[fields["model_type"]]
     verbosity = tf.logging.get_verbosity()

@@ -1,32 +1,17 @@
 """How much memory a GPT run needs, estimated before anything is allocated, and how much there is.
 
 An absurd ``--batch-size`` or ``--n-embd`` should be refused with a number, not end in an
-allocator's traceback or, worse, the kernel's out-of-memory killer. ``train_memory`` adds up what
-one training step holds at its peak:
-
-* the parameters, counted exactly from the shape (``parameter_count``; a test holds it equal to
-  the built model's count for every block form), and as much again for their gradients, plus
-  the lesson's causal-mask buffers (a (T, T) float matrix per head); counting by building the
-  model, even on PyTorch's ``meta`` device, takes minutes for an absurd ``--n-layer``;
-* AdamW's two moments per parameter, and the one temporary per parameter its update makes
-  (after the backward pass has freed the activations, so only the larger of the two counts);
-* the activations the backward pass keeps, counted in float32 tensors of the sizes that
-  dominate: per block, (B, T, C) tensors (the LayerNorms' inputs and outputs, q/k/v, the
-  attention output, the MLP's 4C-wide hidden layer before and after its activation) and, where
-  attention weights are materialised (the lesson's heads; any form's attention with dropout,
-  which PyTorch's CPU flash kernel does not do), (B, nh, T, T) tensors; then the embeddings,
-  the final LayerNorm and the (B, T, V) logits with their log-softmax and gradients;
-* the token ids of the text (8 bytes each), and the 12 bytes per character that encoding them
-  takes at its peak.
+allocator's traceback or the out-of-memory killer. ``train_memory`` adds up one training step's
+peak: the parameters (``parameter_count``, exact: counting by building the model, even on the
+``meta`` device, takes minutes for an absurd ``--n-layer``) and their gradients; AdamW's two
+moments and its update's temporary (after the backward pass has freed the activations, so only
+the larger counts); the activations the backward pass keeps, in (B, T, C), (B, nh, T, T) and
+(B, T, V) float32 tensors; the text's token ids and encoding them.
 
 The counts per block (``PER_BLOCK``, ``DROPOUT``) were measured, not derived: the profiler's peak
-of a training step, at two depths, gives what one more block costs. ``tests/test_footprint.py``
-holds the estimate to within -20% / +35% of the peak PyTorch's profiler measures for a real
-training step (the second, when AdamW's moments exist) over the three block forms, with and
-without dropout. They were measured with PyTorch 2.13 on a CPU; a GPU's flash attention keeps
-no (T, T) weights even with dropout, so there the estimate errs high.
-``check_memory`` compares the estimate with what ``devices.available_memory`` says the machine
-can still give (the model reads no files: the machine is the devices module's business).
+of a training step at two depths (PyTorch 2.13, CPU). ``tests/test_footprint.py`` holds the
+estimate within -20% / +35% of the measured peak over the block forms, with and without dropout;
+a GPU's flash attention keeps no (T, T) weights even with dropout, so there it errs high.
 
 Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
 """
@@ -42,13 +27,7 @@ from ..devices import available_memory
 from ..errors import UserValueError
 from .embeddings import SMEAR_CHANNELS, bigram_rows
 
-__all__ = [
-    "MemoryEstimate",
-    "check_available",
-    "check_memory",
-    "parameter_count",
-    "train_memory",
-]
+__all__ = ["MemoryEstimate", "check_available", "check_memory", "parameter_count", "train_memory"]
 
 FLOAT = 4  # bytes of a float32 parameter or activation
 # Per block form: the (B, T, C) and (B, nh, T, T) float32 tensors a block keeps for its backward
@@ -161,13 +140,8 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
 def check_memory(
     config: GPTConfig, batch_size: int, characters: int, device: str | torch.device
 ) -> MemoryEstimate:
-    """``train_memory``, refused when it exceeds ``available_memory(device)``.
-
-    On a GPU the text stays on the host, so only the model's part is compared.
-
-    Raises:
-        UserValueError: naming the estimate, its parts and what is available.
-    """
+    """``train_memory``, refused (naming its parts) when it exceeds what ``device`` has
+    available; on a GPU the text stays on the host, so only the model's part counts."""
     estimate = train_memory(config, batch_size, characters)
     on_cpu = torch.device(device).type == "cpu"
     check_available(
@@ -183,9 +157,8 @@ def check_memory(
 def check_available(
     needed: int, device: str | torch.device, what: str, advice: str, detail: str = ""
 ) -> None:
-    """Refuse ``needed`` bytes on ``device`` when more than it has available, saying ``what``
-    needs them (``detail``: of what) and the ``advice``; nothing is refused where the available
-    memory is unknown.
+    """Refuse ``needed`` bytes (``detail``: of what) for ``what`` when ``device`` has less
+    available, with the ``advice``; nothing is refused where that is unknown.
 
     Example:
         >>> check_available(2**80, "cpu", "a yobibyte", "buy more memory")

@@ -1,13 +1,9 @@
 """The tiny GPT the lessons promise: embeddings, a stack of blocks, a final norm, a tied head.
 
-Model-level names are GPT-2's (``transformer.wte``, ``transformer.wpe``, ``transformer.h``,
-``transformer.ln_f``, ``lm_head``), as in nanoGPT, so checkpoints line up where the blocks do.
-The blocks are any of gptblock's three forms, chosen by ``GPTConfig.block``.
-
-The GPT's computation (embeddings -> blocks -> final norm -> head) is written once, in ``_run``:
-``forward`` (training and evaluation) calls it on the blocks themselves, generation
-(``gptblock.model.generation``) with a KV cache per block, and ``run_with_cache`` /
-``run_with_hooks`` with a probe that the blocks' forward calls at every named point.
+Model-level names are GPT-2's (``transformer.wte``, ``transformer.h``, ``lm_head``, ...), as in
+nanoGPT; the blocks are any of gptblock's three forms (``GPTConfig.block``). The computation is
+written once, in ``_run``: ``forward`` calls it on the blocks themselves, generation with a KV
+cache per block, ``run_with_cache`` / ``run_with_hooks`` with a probe at every named point.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -154,8 +150,7 @@ class GPT(nn.Module):
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once; the position
-        embeddings excluded by default, as nanoGPT reports its sizes (the token embedding stays
-        in: tied, it is also the output layer)."""
+        embeddings excluded by default, as nanoGPT reports its sizes."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_position_embeddings and self.wpe is not None:
             return n - self.wpe.weight.numel()
@@ -168,11 +163,9 @@ class GPT(nn.Module):
         *,
         positions: torch.Tensor | None = None,
     ) -> GPTOutput:
-        # Checking the ids' range reads idx.min() / idx.max() on the host: microseconds on the
-        # CPU; on an accelerator the host waits for the device, and torch.compile breaks the
-        # graph. So a training step on an accelerator, and any compiled call, skips it (a bad id
-        # from the trainer's tokenizer still fails in the embedding, with PyTorch's message);
-        # eval mode and generate always check.
+        # Checking the ids' range reads idx.min() / idx.max() on the host: on an accelerator
+        # the host waits for the device, and torch.compile breaks the graph. So a training step
+        # there, and any compiled call, skips it (a bad id still fails in the embedding).
         in_range = not torch.compiler.is_compiling() and (
             not self.training or idx.device.type == "cpu"
         )
@@ -228,13 +221,10 @@ class GPT(nn.Module):
         positions: torch.Tensor | None = None,
         before: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
-
-        The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
-        and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
-        continues after the positions they hold. ``positions`` (T,) or (B, T): the tokens'
-        positions (default: from 0, or after the cached ones). ``before`` (B, k): the ids
-        before ``idx`` that ``parts.inputs`` reads (``embeddings.LOOKBACK``; None: none).
+        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``, whose
+        blocks may also take ``kv_cache`` and ``probe``. With ``caches``, ``idx`` continues after
+        the positions they hold. ``positions`` (T,) or (B, T): default from 0, or after the
+        cached ones. ``before`` (B, k): the ids before ``idx`` that ``parts.inputs`` reads.
         """
         T = idx.shape[1]
         # (B, T, C): the token embedding, with the bigram embedding and the smear where they are on
@@ -258,9 +248,8 @@ class GPT(nn.Module):
         return soft_cap(logits, self.config.logit_softcap)  # model.head: the identity by default
 
     def _probed_blocks(self) -> list[BlockFn]:
-        """The blocks as forwards that take a probe: a ``FusedBlock`` itself; a lesson or
-        ``nn.MultiheadAttention`` block, whose own forward has no hook points, as the fused
-        form's forward on its own weights (``convert.parts_of``: gradients reach them)."""
+        """The blocks as forwards that take a probe: a ``FusedBlock`` itself, another form (whose
+        forward has no hook points) as the fused forward on its own weights."""
         return [
             b if isinstance(b, FusedBlock) else functools.partial(block_forward, parts_of(b))
             for b in self.blocks
@@ -299,14 +288,9 @@ class GPT(nn.Module):
             (B, T + max_new_tokens) token ids. The model's train/eval mode is restored.
         """
         steps = self.stream(
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            use_cache=use_cache,
-            generator=generator,
-            weights=weights,
-        )
+            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+            generator=generator, weights=weights,
+        )  # fmt: skip
         return torch.cat([idx] + [step.token for step in steps], dim=1)
 
     def stream(
@@ -323,11 +307,9 @@ class GPT(nn.Module):
     ) -> Iterator[GenerationStep]:
         """``generate``, one step at a time: yields each step's logits and sampled tokens.
 
-        Takes ``generate``'s arguments, and ``vocab_size``: sample only ids below it, for a
-        tokenizer smaller than the embedding (padded, as nanoGPT pads 50257 to 50304); the
-        steps' logits are then (B, vocab_size). None: every id. To print text as it is made, or
-        see the distribution each token was drawn from. The model is in eval mode until the
-        iterator is exhausted or closed; then its previous mode is restored.
+        ``vocab_size``: sample only ids below it, for a tokenizer smaller than a padded
+        embedding (nanoGPT pads 50257 to 50304); the logits are then (B, vocab_size). The model
+        is in eval mode until the iterator is exhausted or closed.
 
         Example:
             >>> torch.manual_seed(0) and None
@@ -338,16 +320,9 @@ class GPT(nn.Module):
         check_ids(idx, "idx", self.wte.weight.device)
         check_range(idx, "idx", self.config.vocab_size)
         return decode.stream(
-            self,
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            use_cache=use_cache,
-            generator=generator,
-            vocab_size=vocab_size,
-            weights=weights,
-        )
+            self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+            generator=generator, vocab_size=vocab_size, weights=weights,
+        )  # fmt: skip
 
     # --- looking inside: gptblock.lens -------------------------------------------------------
 
@@ -359,10 +334,8 @@ class GPT(nn.Module):
         hooks: Mapping[str, Hook] | None = None,
     ) -> CachedRun:
         """Logits equal to ``forward``'s and the activations ``names`` (all when None), by the
-        names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ``pattern``, ...).
-
-        The same pass as ``forward``, in eval mode, with a probe at every named point that
-        applies ``hooks`` (as ``run_with_hooks``) and keeps the activations asked for.
+        names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ...), with
+        ``hooks`` applied as ``run_with_hooks`` does.
 
         Example:
             >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
@@ -376,8 +349,8 @@ class GPT(nn.Module):
 
     def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
         """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
-        names): ``fn(activation)`` returns the activation to continue with. Every block form
-        honours every name; the model is not changed. ``gptblock.lens.run_with_hooks``."""
+        names): ``fn(activation)`` returns the activation to continue with. The model is not
+        changed."""
         tracer = Tracer((), hooks, self.config.n_layer)
         self._check_input(idx)
         return self._run(idx, self._parts(self._probed_blocks()), probe=tracer)

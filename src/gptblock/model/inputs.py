@@ -1,7 +1,5 @@
-"""The checks on what a GPT is handed: token ids, targets and token positions.
-
-Each raises a ``UserError`` naming the value and what was expected; PyTorch's own messages for
-the same mistakes (an index error deep in an embedding, "mixed dtype") name neither.
+"""The checks on what a GPT is handed: token ids and targets, each refused with a ``UserError``
+naming the value, where PyTorch's own messages (an index error in an embedding) name neither.
 
 Shapes: B batch, T time, V = vocab_size.
 """
@@ -16,10 +14,8 @@ __all__ = ["check_ids", "check_range"]
 
 
 def check_ids(idx: object, name: str, device: torch.device) -> tuple[int, int]:
-    """(B, T) of a 2-D integer tensor of token ids on ``device``; a clear error for anything else.
-
-    Ids are int64 or int32 (what ``F.embedding`` indexes with); targets int64 only (what
-    ``F.cross_entropy`` reads).
+    """(B, T) of a 2-D tensor of token ids on ``device``: int64 or int32 (``F.embedding``'s), or
+    for ``targets`` int64 (``F.cross_entropy``'s); a clear error for anything else.
 
     Example:
         >>> check_ids(torch.zeros(2, 3, dtype=torch.long), "idx", torch.device("cpu"))

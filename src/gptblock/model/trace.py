@@ -1,10 +1,9 @@
 """A GPT's activations by name, and hooks that change them: the probe ``GPT.run_with_cache`` passes.
 
-The names (TransformerLens's) are ``embed``, ``blocks.{i}.NAME`` for NAME in
-``gptblock.blocks.probe.BLOCK_POINTS`` and ``ln_final``; ``gptblock.lens.trace`` documents each.
-A ``Tracer`` is the probe the GPT's one forward pass calls at every point (its blocks through
-``block(i)``): it applies the hooks and keeps what was asked for. Nothing is registered on the
-model.
+The names (TransformerLens's, documented in ``gptblock.lens.trace``) are ``embed``,
+``blocks.{i}.NAME`` for NAME in ``blocks.probe.BLOCK_POINTS`` and ``ln_final``. A ``Tracer`` is
+the probe the forward pass calls at every point: it applies the hooks and keeps what was asked
+for. Nothing is registered on the model.
 
 Shapes: B batch, T time, C = n_embd, nh heads.
 """
@@ -38,9 +37,7 @@ def activation_names(n_layer: int) -> list[str]:
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
-    """The activations one ``run_with_cache`` call kept, by name, in forward order.
-
-    A read-only mapping; a name that exists but was not asked for says how to ask for it.
+    """The activations one ``run_with_cache`` call kept, by name, in forward order (read-only).
 
     Shape:
         (B, T, C) for the stream, (B, nh, T, T) for ``pattern``, (B, T, nh, C) for ``head_out``.
@@ -79,13 +76,8 @@ class CachedRun(NamedTuple):
 
 
 class Tracer:
-    """Applies the hooks and keeps the asked-for activations, point by point.
-
-    Args:
-        names: the activations to keep (None: all), checked against the model's names.
-        hooks: ``{name: fn}``, checked likewise.
-        n_layer: the model's number of blocks.
-    """
+    """Applies the ``hooks`` (``{name: fn}``) and keeps the activations ``names`` (None: all),
+    both checked against the names of a GPT of ``n_layer`` blocks."""
 
     def __init__(
         self, names: Iterable[str] | None, hooks: Mapping[str, Hook], n_layer: int

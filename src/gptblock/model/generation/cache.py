@@ -14,23 +14,17 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    """The keys and values one block has computed so far, preallocated to ``max_len`` positions.
-
-    Preallocating (rather than ``torch.cat`` on every step) keeps each step's cost independent
-    of how many tokens came before, apart from the attention itself.
+    """The keys and values one block has computed so far, preallocated to ``max_len`` positions
+    (rather than ``torch.cat`` per step, so a step's cost does not grow with the tokens before).
+    A block's forward takes it as ``kv_cache``; its input then holds only the new positions.
 
     Args:
-        batch_size: B.
-        n_heads: nh.
+        batch_size, n_heads, head_size: B, nh, hs.
         max_len: the most positions the cache holds (the model's block_size).
-        head_size: hs.
         dtype, device: those of the block's activations.
 
     Shape:
         ``k``, ``v``: (B, nh, max_len, hs); positions ``[0, length)`` are filled.
-
-    A block's forward takes it as ``kv_cache`` (``gptblock.blocks.attention.KVStore``): the
-    input then holds only the new positions, which continue after the cached ones.
 
     Example:
         >>> from gptblock import FusedBlock
@@ -52,12 +46,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, value in (
-            ("batch_size", batch_size),
-            ("n_heads", n_heads),
-            ("max_len", max_len),
-            ("head_size", head_size),
-        ):
+        sizes = {"batch_size": batch_size, "n_heads": n_heads, "max_len": max_len}
+        for name, value in (sizes | {"head_size": head_size}).items():
             check_positive_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise UserTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -78,11 +68,7 @@ class KVCache:
                 f"KV cache holds {self.max_len} positions; {start} are filled and "
                 f"{k.shape[2]} more do not fit (crop the context or rebuild the cache)"
             )
-        if (
-            k.shape[0] != self.k.shape[0]
-            or k.shape[1] != self.k.shape[1]
-            or k.shape[3] != self.k.shape[3]
-        ):
+        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
             raise UserValueError(
                 f"KV cache expects (B, nh, T, hs) = ({self.k.shape[0]}, {self.k.shape[1]}, T, "
                 f"{self.k.shape[3]}), got {tuple(k.shape)}"

@@ -1,14 +1,11 @@
 """The cached path and the generation loop under ``GPT.generate`` / ``GPT.stream``.
 
-``Decoder`` runs the GPT's one forward pass (``GPT._run``: embeddings, blocks, final norm, head)
-with a ``KVCache`` per block: the prompt at once, then one token at a time at the next position.
-Every block runs the fused form's forward (``gptblock.blocks.fused.block_forward``) on its own
-weights (``convert.parts_of``): a ``FusedBlock``'s modules, or a lesson or
-``nn.MultiheadAttention`` block's weights read in the fused layout, since those forms' own
-forwards have no cache. For one-token steps the four weight matrices are laid out for
-matrix-vector products (``matvec.RowLinear``), the same forward on other parts. With reduced
-``weights`` (``"bfloat16"``, ``"int8"``: ``weights.py``) every weight matrix, the unembedding's
-too, is that form's ``Linear``, for the prompt and the steps alike.
+``Decoder`` runs the GPT's one forward pass (``GPT._run``) with a ``KVCache`` per block: the
+prompt at once, then one token at a time. Every block runs the fused form's forward on its own
+weights (``convert.parts_of``), since the lesson's and ``nn.MultiheadAttention``'s forwards have
+no cache. One-token steps read the weight matrices laid out for matrix-vector products
+(``matvec.RowLinear``); reduced ``weights`` (``weights.py``) replace every weight matrix, the
+unembedding's too, for the prompt and the steps alike.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -46,22 +43,15 @@ class Model(Protocol):
 
     @property
     def config(self) -> GPTConfig: ...
-
     @property
     def wte(self) -> nn.Embedding: ...
-
     @property
     def wpe(self) -> nn.Embedding | None: ...
-
     @property
     def blocks(self) -> list[nn.Module]: ...
-
     def train(self, mode: bool = True) -> Any: ...
-
     def parameters(self) -> Iterator[nn.Parameter]: ...
-
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
-
     def _run(
         self,
         idx: torch.Tensor,
@@ -75,15 +65,9 @@ class Model(Protocol):
 class Decoder:
     """A GPT's forward pass with a ``KVCache`` per block: ``generate``'s cached path.
 
-    The weights are read when the decoder is made; the one-position layouts are copies, which
-    do not follow later changes to the model (``GPT.generate`` makes a decoder per call).
-    Reduced weights are made once and kept on the model while its parameters are unchanged
-    (``_reduced``).
-
-    Args:
-        model: a ``GPT`` (any block form).
-        weights: ``"float32"`` (None: the same), the model's weights as they are;
-            ``"bfloat16"`` or ``"int8"``, copies in that form (``weights.py``).
+    The weights are read when the decoder is made (``GPT.generate`` makes one per call):
+    ``weights`` None or ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, copies in
+    that form, kept on the model while its parameters are unchanged (``_reduced``).
     """
 
     def __init__(self, model: Model, weights: str | None = None) -> None:
@@ -119,17 +103,10 @@ class Decoder:
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Fresh caches filled from ``idx`` (B, T); returns its logits (B, T, V)."""
         cfg = self.model.config
-        self.caches = [
-            KVCache(
-                idx.shape[0],
-                cfg.n_kv_head,  # grouped-query attention caches the key/value heads only
-                cfg.block_size,
-                cfg.n_embd // cfg.n_head,
-                dtype=self.dtype,
-                device=idx.device,
-            )
-            for _ in self.prefill_parts.blocks
-        ]
+        # grouped-query attention caches the key/value heads only
+        shape = (idx.shape[0], cfg.n_kv_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        new = functools.partial(KVCache, *shape, dtype=self.dtype, device=idx.device)
+        self.caches = [new() for _ in self.prefill_parts.blocks]
         self.recent = idx[:, -LOOKBACK:] if self.prefill_parts.inputs is not None else None
         return self.model._run(idx, self.prefill_parts, caches=self.caches)
 
@@ -142,10 +119,8 @@ class Decoder:
 
 
 class GenerationModel(nn.Module):
-    """A GPT as generation computes it with ``weights``: ``forward(idx, targets)`` returns
-    ``(logits, loss)`` as ``GPT.forward`` does, through the ``Decoder``'s parts without a
-    cache, so that what reduced weights cost can be measured as a loss (in eval mode; the
-    weights are read when it is made).
+    """A GPT as generation computes it with ``weights`` (the ``Decoder``'s parts, no cache),
+    returning ``(logits, loss)`` as ``GPT.forward`` does: what reduced weights cost, as a loss.
 
     Args:
         model: a ``GPT``.
@@ -214,11 +189,10 @@ REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its Red
 
 def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: str) -> GPTParts:
     """``ends`` and ``blocks`` with every weight matrix, the unembedding's too, in ``weights``'
-    form. Quantising took longer than generating 100 tokens, so the copy (a quarter or half of
-    the weights' bytes) is kept on the model and reused while its parameters are the same
-    tensors at the same versions and addresses: an in-place change (an optimizer's step,
-    ``load_state_dict``, ``model.to``) makes a new one. A change through ``p.data``, which
-    PyTorch does not count, is not seen: ``forget_reduced_weights(model)`` after one."""
+    form. Quantising took longer than generating 100 tokens, so the copy is kept on the model
+    while its parameters are the same tensors at the same versions and addresses (an optimizer's
+    step, ``load_state_dict``, ``model.to`` make a new one). A change through ``p.data`` is not
+    seen: ``forget_reduced_weights(model)`` after one."""
     params = list(model.parameters())
     kept = getattr(model, REDUCED_COPY, None)
     if isinstance(kept, ReducedCopy) and kept.fits(weights, params):
@@ -247,9 +221,8 @@ def _fn(parts: BlockParts) -> BlockFn:
 def _relaid(
     parts: BlockParts, linear: Callable[[torch.Tensor, torch.Tensor | None], Linear]
 ) -> BlockParts:
-    """``parts`` with every weight matrix as ``linear(weight, bias)`` (``RowLinear``: laid out
-    for one-position products; a reduced form) and the norms as functions (a module call was a
-    tenth of a step's overhead)."""
+    """``parts`` with every weight matrix as ``linear(weight, bias)`` and the norms as functions
+    (a module call was a tenth of a step's overhead)."""
     attn = parts.attn
 
     def relay(dense: Linear) -> Linear:
@@ -282,16 +255,11 @@ def stream(
     vocab_size: int | None = None,
     weights: str | None = None,
 ) -> Iterator[GenerationStep]:
-    """``GPT.stream`` for checked prompts ``idx`` (B, T): its other arguments are checked here,
-    when it is called, and the steps run as the iterator is read. ``vocab_size``: sample only
-    ids below it (a tokenizer smaller than a padded embedding); None: every id. ``weights``:
-    ``Decoder``'s."""
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 0
-    ):
-        raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    """``GPT.stream`` for checked prompts ``idx`` (B, T): the other arguments are checked when it
+    is called, and the steps run as the iterator is read."""
+    n = max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UserValueError(f"max_new_tokens must be an int >= 0, got {n!r}")
     if not isinstance(use_cache, bool):
         raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
     V = model.config.vocab_size
@@ -302,8 +270,7 @@ def stream(
     V = vocab_size or V
     sampling = Sampling.check(temperature, top_k, generator, V, idx.device)
     weights = check_weights(weights, model.wte.weight.device, model.wte.weight.dtype)
-    # A separate generator function, so the checks above run when stream() is called rather
-    # than at the first next().
+    # A separate generator function, so the checks above run now rather than at the first next().
     return _steps(model, idx, max_new_tokens, sampling, use_cache, V, weights)
 
 
@@ -316,8 +283,7 @@ def _steps(
     V: int,
     weights: str,
 ) -> Iterator[GenerationStep]:
-    """The steps: the model in eval mode until the iterator is exhausted or closed, then in
-    its previous mode."""
+    """The steps, in eval mode until the iterator is exhausted or closed."""
     block_size = model.config.block_size
     was_training = model.training
     model.train(False)

@@ -40,18 +40,12 @@ class Sampling(NamedTuple):
         device: torch.device,
     ) -> Sampling:
         """The settings, or a ``UserError`` naming the one that is wrong."""
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not temperature >= 0
-            or math.isinf(temperature)
-        ):
+        t, k = temperature, top_k
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
             raise UserValueError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
             )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
-        ):
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k <= 0):
             raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
         refuse_top_k_when_greedy(temperature, top_k)
         if generator is not None and (
@@ -62,8 +56,7 @@ class Sampling(NamedTuple):
                 f"generator must be a torch.Generator on the model's device type "
                 f"({device.type}) or None, got {got!r:.60}"
             )
-        k = None if top_k is None else min(top_k, vocab_size)
-        return cls(float(temperature), k, generator)
+        return cls(float(t), None if k is None else min(k, vocab_size), generator)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """``sample`` with these settings: (B, V) -> (B, 1)."""
