@@ -1,17 +1,8 @@
 """gptblock: the GPT transformer block as the lessons teach it, verified, fast, and stacked into a tiny GPT.
 
 The public API is exactly ``__all__`` (a test pins it); README.md's "The library in one screen"
-says what each name is. The block's forms: ``gptblock.lesson`` (as taught), ``TransformerBlock``
-(on ``nn.MultiheadAttention``), ``FusedBlock`` (the fast one), ``convert`` between them; the
-modern block's parts (``RMSNorm``, ``Rotary``, ``SwiGLU``, ``GroupedQueryAttention``,
-``LlamaBlock``, with Hugging Face's Llama names). ``gptblock.reference`` is the NumPy oracle they
-are tested against, ``gptblock.exercises`` the first lesson's exercises, ``gptblock.lens`` looks
-inside a GPT, ``check_block`` finds the mistakes in anyone's block, ``grade`` a class's.
-``GPT`` (``GPTConfig``) stacks the blocks; ``train_gpt`` trains one (``Trainer``, ``TrainConfig``
-under it), ``load`` / ``load_gpt`` read a run, a Hugging Face directory or a nanoGPT checkpoint.
-
-Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``TypeError``, ...),
-with a message that names the bad value; anything else is a bug.
+says what each name is. Errors caused by the caller's input are ``UserError``s (also
+``ValueError``, ``TypeError``, ...) whose message names the bad value; anything else is a bug.
 """
 
 from importlib import import_module

@@ -1,9 +1,4 @@
-"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory.
-
-``DTYPES`` serves every command (training runs in ``AUTOCAST_DTYPES``, float32 meaning no
-autocast). ``available_memory`` is ``MemAvailable`` within a cgroup's limit on the CPU,
-``cudaMemGetInfo`` on a GPU, None where nothing can be trusted (then nothing is refused).
-"""
+"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory."""
 
 from __future__ import annotations
 
@@ -47,7 +42,7 @@ def native_bfloat16(device: str | torch.device) -> bool:
 
 def resolve_dtype(name: str, device: str | torch.device) -> str:
     """``"auto"``: bfloat16 where ``device`` has ``native_bfloat16``, else float32; any other
-    name as it is (``TrainConfig`` checks it).
+    name as it is.
 
     Example:
         >>> resolve_dtype("float32", "cpu")
@@ -61,9 +56,8 @@ def resolve_dtype(name: str, device: str | torch.device) -> str:
 
 
 def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for ``dtype`` on ``device`` (a no-op for float32), refusing one the
-    device's autocast does not support."""
-    # float32 means no autocast at all, so the default path runs exactly the model's own math.
+    """The autocast context for ``dtype`` on ``device`` (float32: none, so the default path runs
+    exactly the model's own math), refusing one the device's autocast does not support."""
     if dtype == "float32":
         return contextlib.nullcontext()
     if dtype not in AUTOCAST_DTYPES:
@@ -222,7 +216,8 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
 
 
 def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes the machine can still allocate on ``device``, or None where that is unknown.
+    """Bytes the machine can still allocate on ``device`` (on the CPU ``MemAvailable`` within a
+    cgroup's limit), or None where that is unknown.
 
     Example:
         >>> available_memory("cpu") is None or available_memory("cpu") > 0

@@ -87,8 +87,8 @@ def exercise1(
 ) -> ScoreVariance:
     """Monte Carlo for Var(q . k) = d_k and Var(q . k / sqrt(d_k)) = 1.
 
-    For each d_k, ``n_samples`` Gaussian pairs give a sample variance; a row passes within
-    ``band`` standard errors, exact for Gaussian coordinates (5: a false FAIL ~6e-7).
+    A row passes within ``band`` standard errors, exact for Gaussian coordinates (5: a false
+    FAIL ~6e-7).
 
     Example:
         >>> r = exercise1(seed=0, d_ks=(4, 64), n_samples=2000)
@@ -147,8 +147,8 @@ def exercise3(
 ) -> EntropyComparison:
     """Softmax of scaled scores is flatter (higher entropy) than softmax of raw scores.
 
-    For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) the scaled entropy is higher in *every*
-    draw whose scores are not all equal, so one exception fails it; a scale > 1 sharpens.
+    For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) it is in *every* draw whose scores
+    are not all equal, so one exception fails it.
 
     Example:
         >>> r = exercise3(seed=0, n_draws=50)
@@ -166,18 +166,12 @@ def exercise3(
     h_raw, h_scaled = _entropy_bits(p_raw), _entropy_bits(p_scaled)  # (n,) each
     higher = float(np.mean(h_scaled > h_raw))
     return EntropyComparison(
-        n_draws=n_draws,
-        d_k=d_k,
-        n_keys=n_keys,
-        scale=s,
-        fraction_higher=higher,
-        mean_entropy_raw=float(h_raw.mean()),
-        mean_entropy_scaled=float(h_scaled.mean()),
+        n_draws=n_draws, d_k=d_k, n_keys=n_keys, scale=s, fraction_higher=higher,
+        mean_entropy_raw=float(h_raw.mean()), mean_entropy_scaled=float(h_scaled.mean()),
         min_gap=float((h_scaled - h_raw).min()),
         mean_max_weight_raw=float(p_raw.max(axis=-1).mean()),
-        mean_max_weight_scaled=float(p_scaled.max(axis=-1).mean()),
-        passed=higher == 1.0,
-    )
+        mean_max_weight_scaled=float(p_scaled.max(axis=-1).mean()), passed=higher == 1.0,
+    )  # fmt: skip
 
 
 def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyComparison]:
@@ -216,9 +210,8 @@ def on_learner(
     seed: int = 0,
     tol: float = 1e-10,
 ) -> list[Holds]:
-    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), whose eval
-    ``forward`` of a (B, T, C) input is given (what it raises is why one does not hold); ``tol``
-    is "did not move", relative to the output's scale.
+    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), given its eval
+    ``forward`` of a (B, T, C) input; ``tol`` is "did not move", relative to the output's scale.
 
     Example:
         >>> import numpy as np
@@ -247,17 +240,10 @@ def on_learner(
         lost = [Holds(n, False, why) for n in ("the mask", "the worked example")]
         return [shapes, *lost, _parameters(kind, C, hs, n_params)]
     leaks, still = _moved(forward, x, y, rng, tol)
-    mask = Holds(
-        "the mask",
-        not leaks,
-        leaks or f"changing token t moves no output before t (t = 1..{T - 1})",
-    )
-    example = Holds(
-        "the worked example",
-        not still,
-        still or f"changing token t moves every output from t on (t = 0..{T - 1})",
-    )
-    return [shapes, mask, example, _parameters(kind, C, y.shape[-1], n_params)]
+    mask = leaks or f"changing token t moves no output before t (t = 1..{T - 1})"
+    example = still or f"changing token t moves every output from t on (t = 0..{T - 1})"
+    found = [Holds("the mask", not leaks, mask), Holds("the worked example", not still, example)]
+    return [shapes, *found, _parameters(kind, C, y.shape[-1], n_params)]
 
 
 def _moved(

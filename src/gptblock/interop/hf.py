@@ -88,15 +88,11 @@ def config_from_hf(hf: Any) -> GPTConfig:
         raise refuse("activation_function", f"the blocks support {sorted(ACTIVATIONS)}")
     rules = [
         ("scale_attn_weights", True, "the blocks always scale the scores by 1/sqrt(hs)"),
-        (
-            "scale_attn_by_inverse_layer_idx",
-            False,
-            "gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone",
-        ),
+        ("scale_attn_by_inverse_layer_idx", False, "gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone"),
         ("reorder_and_upcast_attn", False, "the blocks compute attention in the model's dtype"),
         ("add_cross_attention", False, "the blocks have self-attention only"),
         ("is_encoder_decoder", False, "gptblock's GPT is a decoder alone"),
-    ]
+    ]  # fmt: skip
     for field, wanted, why in rules:
         if bool(c.get(field, wanted)) != wanted:
             raise refuse(field, why)
@@ -107,17 +103,11 @@ def config_from_hf(hf: Any) -> GPTConfig:
     if len(drops) != 1:
         raise refuse("attn_pdrop", "gptblock's GPT has one dropout probability for all three")
     return GPTConfig(
-        vocab_size=c["vocab_size"],
-        block_size=c["n_positions"],
-        n_layer=c["n_layer"],
-        n_head=c["n_head"],
-        n_embd=c["n_embd"],
-        dropout=float(drops.pop()),
-        bias=True,
-        activation=ACTIVATIONS[c["activation_function"]],
-        norm_eps=float(eps),
+        vocab_size=c["vocab_size"], block_size=c["n_positions"], n_layer=c["n_layer"],
+        n_head=c["n_head"], n_embd=c["n_embd"], dropout=float(drops.pop()), bias=True,
+        activation=ACTIVATIONS[c["activation_function"]], norm_eps=float(eps),
         tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-    )
+    )  # fmt: skip
 
 
 def config_to_hf(config: GPTConfig) -> Any:
@@ -136,23 +126,16 @@ def config_to_hf(config: GPTConfig) -> Any:
         )
     if not config.bias:
         raise UserValueError("GPT-2 has biases in every layer; this GPT has bias=False")
+    p = config.dropout
     return transformers_module().GPT2Config(
-        vocab_size=config.vocab_size,
-        n_positions=config.block_size,
-        n_embd=config.n_embd,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        n_inner=None,
-        activation_function=TO_HF_ACTIVATION[config.activation],
-        resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
-        layer_norm_epsilon=config.norm_eps,
+        vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
+        n_layer=config.n_layer, n_head=config.n_head, n_inner=None,
+        activation_function=TO_HF_ACTIVATION[config.activation], resid_pdrop=p, embd_pdrop=p,
+        attn_pdrop=p, layer_norm_epsilon=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
         # A character-level model has no end-of-text token; GPT-2's 50256 would not exist.
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
 
 
 def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:

@@ -86,16 +86,10 @@ def read_nanogpt(
     )
     try:
         config = GPTConfig(
-            vocab_size=args["vocab_size"],
-            block_size=args["block_size"],
-            n_layer=args["n_layer"],
-            n_head=args["n_head"],
-            n_embd=args["n_embd"],
-            dropout=float(args.get("dropout", 0.0)),
-            bias=bool(args.get("bias", True)),
-            activation="gelu",
+            **{k: args[k] for k in MODEL_ARGS}, dropout=float(args.get("dropout", 0.0)),
+            bias=bool(args.get("bias", True)), activation="gelu",
             tie_embeddings=head is None or same,
-        )
+        )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise UserValueError(f"{path}: model_args: {e}") from None
     n = parameter_count(config)

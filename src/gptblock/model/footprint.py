@@ -129,12 +129,9 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
     # The lesson's heads each keep a (T, T) lower-triangular mask as a float buffer.
     buffers = config.n_layer * nh * T * T * FLOAT if config.block == "lesson" else 0
     return MemoryEstimate(
-        parameters=n,
-        weights=2 * n * FLOAT + buffers,
-        optimizer=2 * n * FLOAT,
-        activations=int(floats * FLOAT),
-        data=characters * (8 + ENCODING_BYTES),
-    )
+        parameters=n, weights=2 * n * FLOAT + buffers, optimizer=2 * n * FLOAT,
+        activations=int(floats * FLOAT), data=characters * (8 + ENCODING_BYTES),
+    )  # fmt: skip
 
 
 def check_memory(
@@ -145,12 +142,10 @@ def check_memory(
     estimate = train_memory(config, batch_size, characters)
     on_cpu = torch.device(device).type == "cpu"
     check_available(
-        estimate.total if on_cpu else estimate.total - estimate.data,
-        device,
-        "a run of this size",
+        estimate.total if on_cpu else estimate.total - estimate.data, device, "a run of this size",
         f"lower --batch-size (batch_size={batch_size}), --n-embd, --n-layer or --block-size",
         detail=estimate.describe(),
-    )
+    )  # fmt: skip
     return estimate
 
 
