@@ -19,13 +19,8 @@ __all__ = ["AUTOCAST_DTYPES", "DEVICE_TYPES", "DTYPES", "autocast_context", "ava
 __all__ += ["busy_cores", "choose_threads", "cpu_threads", "cpu_ticks", "native_bfloat16"]
 __all__ += ["resolve_device", "resolve_dtype", "set_threads"]
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
 AUTOCAST_DTYPES = ("float32", "bfloat16", "float16")  # what training runs in
+DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in (*AUTOCAST_DTYPES, "float64")}
 
 
 def native_bfloat16(device: str | torch.device) -> bool:
@@ -50,9 +45,7 @@ def resolve_dtype(name: str, device: str | torch.device) -> str:
         >>> resolve_dtype("auto", "cpu") in ("bfloat16", "float32")
         True
     """
-    if name != "auto":
-        return name
-    return "bfloat16" if native_bfloat16(device) else "float32"
+    return name if name != "auto" else "bfloat16" if native_bfloat16(device) else "float32"
 
 
 def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
@@ -70,13 +63,11 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
         except RuntimeError as e:  # an unknown device type; bfloat16 on an older GPU
             problem = str(e)
     # Some unsupported combinations only warn and disable autocast; make them errors too.
-    if caught and not problem:
-        problem = str(caught[0].message)
+    problem = problem or (str(caught[0].message) if caught else "")
     if problem:
-        first_line = problem.splitlines()[0]
         raise UserValueError(
-            f"dtype={dtype} is not supported on device {device.type!r} ({first_line}); "
-            f"use --dtype float32"
+            f"dtype={dtype} is not supported on device {device.type!r} "
+            f"({problem.splitlines()[0]}); use --dtype float32"
         )
     return ctx
 
@@ -225,8 +216,7 @@ def available_memory(device: str | torch.device = "cpu") -> int | None:
     """
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(torch.cuda.mem_get_info(device)[0])  # (free, total)
     if device.type != "cpu":
         return None
     found = [m for m in (_meminfo_available(), _cgroup_room()) if m is not None]

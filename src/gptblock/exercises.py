@@ -1,12 +1,6 @@
-"""The first lesson's three exercises, run (NumPy only, deterministic given ``seed``): each
-returns its numbers and whether it passed; docs/exercises.md derives the claims and bands.
-
-* ``exercise1``: Var(q . k) = d_k, and 1 scaled by 1/sqrt(d_k) (Monte Carlo).
-* ``exercise2``: the NumPy causal head's weights: rows sum to 1, none on a future position.
-* ``exercise3``: softmax of scaled scores has higher entropy than of raw ones, in every draw.
-
-``on_learner`` runs the lessons' exercises on a learner's own ``Head``, ``MultiHeadAttention`` or
-``Block``, given as a function from input to output (``gptblock exercises --on FILE.py``).
+"""The first lesson's three exercises, run (NumPy only, deterministic given ``seed``); each
+returns its numbers and whether it passed (docs/exercises.md derives the claims and bands).
+``on_learner`` runs the lessons' exercises on a learner's own class (``gptblock exercises --on``).
 """
 
 from __future__ import annotations

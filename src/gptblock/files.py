@@ -1,10 +1,8 @@
 """Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends.
 
-Every file gptblock writes goes through here: the bytes go to ``.NAME.XXXXXXXX.tmp`` beside
-``NAME`` (made with ``O_EXCL``, mode 0o666 under the umask), are fsynced and renamed over it,
-then the directory is fsynced. A destination that is not a plain file is never replaced by one:
-a symbolic link is written through, a device or pipe written directly, ``/dev/stdout`` and
-``/dev/fd/N`` through this process's descriptor (docs/running.md says why).
+The bytes go to ``.NAME.XXXXXXXX.tmp`` beside ``NAME``, are fsynced and renamed over it, then the
+directory is fsynced. A symbolic link is written through, a device or pipe written directly,
+``/dev/stdout`` and ``/dev/fd/N`` through this process's descriptor (docs/running.md says why).
 """
 
 from __future__ import annotations

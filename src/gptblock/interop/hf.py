@@ -1,15 +1,10 @@
 """Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf``, ``save_hf``.
 
-GPT-2 is gptblock's GPT with other names (``LAYERS``); Llama, Mistral and Qwen2 are its modern
-options (``interop.llama``). GPT-2's ``Conv1D`` computes ``x @ W + b``, so its weights are
-``nn.Linear``'s transposed; ``c_attn`` packs q, k and v as ``nn.MultiheadAttention`` does, so
-the packed layout carries over with the transpose alone. ``gelu_new`` is the blocks'
-``"gelu_tanh"``: the same function, not a close one.
-
-A config the blocks cannot compute (attention scaled by the layer index, upcast attention,
-cross-attention, an MLP not 4x wide, a scaled rope, ...) is refused, naming the field; nothing
-is approximated. Only local directories and safetensors files are read: nothing is downloaded,
-nothing unpickled.
+GPT-2 is gptblock's GPT with other names (``LAYERS``), its ``Conv1D`` weights ``nn.Linear``'s
+transposed; ``c_attn`` packs q, k and v as ``nn.MultiheadAttention`` does, and ``gelu_new`` is
+``"gelu_tanh"``, the same function. Llama, Mistral and Qwen2 are ``interop.llama``'s. A config
+the blocks cannot compute is refused, naming the field; nothing is approximated, downloaded or
+unpickled.
 
 Shapes: C = n_embd, V = vocab_size, nh heads.
 """
@@ -31,6 +26,7 @@ from ..data.bpe import tokenizers_of
 from ..errors import UserFileNotFoundError, UserTypeError, UserValueError
 from ..files import make_directory
 from ..model.embeddings import refuse_inputs
+from ..model.footprint import check_model
 from ..model.gpt import GPT
 from . import hf_files, llama
 from .hf_fields import check_fields, transformers_module
@@ -169,7 +165,8 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         else:
             config = _gpt2_config(fields, path, tf)
             shapes, prefix = hf_files.expected_shapes(config), "transformer."
-        hf_files.check_fits(config, path)
+        advice = "this directory's model does not fit in this machine's memory"
+        check_model(config, f"{path}: a model", advice, cache=True)
         state = hf_files.read_safetensors(directory, shapes, prefix)
         with hf_files.naming(directory):
             return config, _to_gptblock(state, config, layout)

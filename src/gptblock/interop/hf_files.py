@@ -1,9 +1,7 @@
-"""The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
-
-``config.json``; the model's size against the machine's memory (``check_fits``); the safetensors
-file or the shards its index lists. Every tensor's name and shape is checked against the config's
-(``expected_shapes``, ``llama_shapes``) from the file's header, before any tensor is loaded: a
-tensor the config has no place for is refused, never skipped, as is one holding NaN or infinities.
+"""The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read:
+``config.json``, and every tensor's name and shape in the safetensors headers
+(``expected_shapes``, ``llama_shapes``); a tensor the config has no place for is refused, never
+skipped, as is one holding NaN or infinities.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
@@ -22,7 +20,6 @@ import torch
 
 from ..blocks.config import GPTConfig
 from ..errors import UserFileNotFoundError, UserValueError
-from ..model.footprint import FLOAT, check_available, parameter_count
 from .llama import FAMILIES, Layout, is_llama
 
 # Shapes by tensor name; None: a buffer that is not read (any shape).
@@ -117,22 +114,6 @@ def family_name(directory: str | os.PathLike[str]) -> str:
     """The model family of a directory ``from_hf`` read: "GPT-2", "Llama", "Mistral" or "Qwen2"."""
     model_type = read_config_json(Path(directory)).get("model_type")
     return FAMILIES[str(model_type)] if is_llama(model_type) else "GPT-2"
-
-
-def check_fits(config: GPTConfig, path: Path) -> None:
-    """Refuse, before any weight is read, a model that would not fit in memory, with the KV
-    cache generating from it holds (block_size positions of every layer's keys and values)."""
-    n = parameter_count(config)
-    hs = config.n_embd // config.n_head
-    cache = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT
-    check_available(
-        2 * n * FLOAT + cache,  # the weights read, the model they are copied into, the cache
-        "cpu",
-        f"{path}: a model of {n:,} parameters (vocab_size={config.vocab_size}, "
-        f"n_embd={config.n_embd}, n_layer={config.n_layer}) with a KV cache of "
-        f"{config.block_size:,} positions",
-        "this directory's model does not fit in this machine's memory",
-    )
 
 
 @contextlib.contextmanager

@@ -1,18 +1,13 @@
 """Hugging Face's Llama, Mistral and Qwen2 and gptblock's modern GPT, weight for weight.
 
-The three are one block (RMSNorm, rotary positions, SwiGLU, grouped-query attention), each a
-``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope", rope_pairing="halves", ...)``, with
-different biases: Llama's ``attention_bias`` and ``mlp_bias``, none in Mistral, q/k/v only in
-Qwen2. The names map by ``PLAIN`` and ``BIASES``; q_proj, k_proj and v_proj are stacked, in
-that order, into ``self_attn.in_proj_weight``. Both sides are ``nn.Linear``: nothing is
-transposed. Hugging Face rotates the halves of each head, gptblock's ``"halves"`` pairing; an
-``"adjacent"`` GPT exports with each head's q and k rows permuted (the same model).
+The three are one block (``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope",
+rope_pairing="halves")``) with different biases: Llama's ``attention_bias`` and ``mlp_bias``,
+none in Mistral, q/k/v only in Qwen2; a missing bias is zeros, the same function. q_proj,
+k_proj and v_proj stack into ``in_proj_weight``; nothing is transposed. An ``"adjacent"`` GPT
+exports with each head's q and k rows permuted to Hugging Face's halves.
 
-gptblock's ``bias`` is all or nothing, so a family's missing biases are zeros (the same
-function). What the parts do not compute is refused, naming the field (a scaled or partial
-rope, a sliding window smaller than the context, another ``head_dim`` or activation, a field
-``interop.hf_fields`` does not know). The fields are read as the installed transformers reads
-them (its defaults, a ``rope_scaling`` beside ``rope_parameters``), so a file means the same here.
+What the parts do not compute is refused, naming the field. The fields are read as the installed
+transformers reads them (its defaults, ``rope_scaling`` beside ``rope_parameters``).
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
 """

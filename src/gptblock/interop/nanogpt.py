@@ -1,13 +1,9 @@
 """nanoGPT checkpoints: a ``ckpt.pt``'s ``model_args`` and weights as gptblock's GPT.
 
-nanoGPT's model is GPT-2's with ``nn.Linear`` layers: the names map as in ``interop.hf``, without
-the transpose. Its MLP is exact GELU; ``bias=False`` drops every bias, the LayerNorms' too, as
-``GPTConfig(bias=False)`` does. ``torch.compile``'s ``_orig_mod.`` prefix is removed; a head
-that differs from the token embedding loads untied.
-
-Nothing runs code from the files: ``torch.load(weights_only=True)`` refuses any object but
-tensors and plain values before creating it, and ``meta.pkl`` (the character vocabulary of
-``data/shakespeare_char``) is read by an unpickler that refuses every class and function.
+nanoGPT's model is GPT-2's with ``nn.Linear`` layers (``interop.hf``'s names, not transposed)
+and exact GELU; ``torch.compile``'s ``_orig_mod.`` prefix is removed. Nothing runs code from the
+files: ``torch.load(weights_only=True)``, and an unpickler for ``meta.pkl`` (the character
+vocabulary) that refuses every class and function.
 
 Shapes: C = n_embd.
 """
@@ -26,7 +22,7 @@ import torch
 from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer
 from ..errors import UserFileNotFoundError, UserValueError
-from ..model.footprint import FLOAT, check_available, parameter_count
+from ..model.footprint import check_model
 from ..model.gpt import GPT
 from .hf import MODEL_TENSORS, block_tensors
 from .hf_files import expected_shapes
@@ -92,13 +88,8 @@ def read_nanogpt(
         )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise UserValueError(f"{path}: model_args: {e}") from None
-    n = parameter_count(config)
-    check_available(
-        2 * n * FLOAT,  # the weights read, and the model they are copied into
-        "cpu",
-        f"{path}: a model of {n:,} parameters ({', '.join(f'{k}={args[k]}' for k in MODEL_ARGS)})",
-        "this checkpoint's model does not fit in this machine's memory",
-    )
+    advice = "this checkpoint's model does not fit in this machine's memory"
+    check_model(config, f"{path}: a model", advice)
     meta = path.parent / "meta.pkl"
     tokenizer = read_meta_pkl(meta) if meta.is_file() else None
     return config, _to_gptblock(state, config, path), tokenizer

@@ -1,17 +1,12 @@
-"""The input side beyond the token embedding: a bigram embedding and a smear (issue 22).
+"""The input side beyond the token embedding, two of modded-nanogpt's ideas (issue 22):
 
-Two of modded-nanogpt's sample-efficiency ideas, each a ``GPTConfig`` option (default off):
+- ``bigram``: an embedding of the pair (previous token, token), added to the token's. The id V
+  stands for the previous token of the input's first position (a reserved row, so "ll" and a
+  window starting at "l" stay apart). Over ``BIGRAM_CAP`` pairs (BPE) the pairs are hashed.
+- ``smear``: ``x[:, 1:] += scale * sigmoid(x[:, 1:, :k] @ gate) * x[:, :-1]``.
 
-- ``bigram``: an embedding of the pair (previous token, token), added to the token's. The
-  previous token is one of V ids or the id V, marking the input's first position (a reserved
-  row rather than the token itself: "ll" and a window starting at "l" stay apart). Up to
-  ``BIGRAM_CAP`` pairs the table is exact; above it (a BPE vocabulary) the pairs are hashed.
-- ``smear``: ``x[:, 1:] += scale * sigmoid(x[:, 1:, :k] @ gate) * x[:, :-1]``, with
-  ``k = SMEAR_CHANNELS`` channels choosing the gate (modded-nanogpt reads 12).
-
-Both read only the tokens, before the position embedding (the smear mixes content, not
-positions), and start at zero: a model with the options starts as the model without them. The
-embedding at t reads tokens t - 2 .. t: ``LOOKBACK``, what the cached decoder keeps.
+Both read only the tokens, before the position embedding, and start at zero: a model with them
+starts as the model without. The embedding at t reads ``LOOKBACK`` tokens before it.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, k before-tokens.
 """

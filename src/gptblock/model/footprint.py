@@ -1,17 +1,12 @@
 """How much memory a GPT run needs, estimated before anything is allocated, and how much there is.
 
-An absurd ``--batch-size`` or ``--n-embd`` should be refused with a number, not end in an
-allocator's traceback or the out-of-memory killer. ``train_memory`` adds up one training step's
-peak: the parameters (``parameter_count``, exact: counting by building the model, even on the
-``meta`` device, takes minutes for an absurd ``--n-layer``) and their gradients; AdamW's two
-moments and its update's temporary (after the backward pass has freed the activations, so only
-the larger counts); the activations the backward pass keeps, in (B, T, C), (B, nh, T, T) and
-(B, T, V) float32 tensors; the text's token ids and encoding them.
-
-The counts per block (``PER_BLOCK``, ``DROPOUT``) were measured, not derived: the profiler's peak
-of a training step at two depths (PyTorch 2.13, CPU). ``tests/test_footprint.py`` holds the
-estimate within -20% / +35% of the measured peak over the block forms, with and without dropout;
-a GPU's flash attention keeps no (T, T) weights even with dropout, so there it errs high.
+An absurd ``--batch-size`` or ``--n-embd`` is refused with a number, not an allocator's traceback
+or the out-of-memory killer. ``train_memory`` adds up one training step's peak: parameters
+(counted from the shape: building even a ``meta`` model takes minutes for an absurd
+``--n-layer``), gradients, AdamW's moments, the activations and the text. The per-block counts
+(``PER_BLOCK``, ``DROPOUT``) were measured (the profiler's peak at two depths, PyTorch 2.13, CPU);
+``tests/test_footprint.py`` holds the estimate within -20% / +35% of the measured peak. On a GPU
+flash attention keeps no (T, T) weights, so there it errs high.
 
 Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
 """
@@ -27,7 +22,8 @@ from ..devices import available_memory
 from ..errors import UserValueError
 from .embeddings import SMEAR_CHANNELS, bigram_rows
 
-__all__ = ["MemoryEstimate", "check_available", "check_memory", "parameter_count", "train_memory"]
+__all__ = ["MemoryEstimate", "check_available", "check_memory", "check_model", "parameter_count"]
+__all__ += ["train_memory"]
 
 FLOAT = 4  # bytes of a float32 parameter or activation
 # Per block form: the (B, T, C) and (B, nh, T, T) float32 tensors a block keeps for its backward
@@ -147,6 +143,23 @@ def check_memory(
         detail=estimate.describe(),
     )  # fmt: skip
     return estimate
+
+
+def check_model(
+    config: GPTConfig, what: str, advice: str, copies: int = 2, cache: bool = False,
+    device: str | torch.device = "cpu", itemsize: int = FLOAT,
+) -> None:  # fmt: skip
+    """Refuse a GPT of ``config`` (``what``) that does not fit on ``device``, before anything is
+    allocated: ``copies`` of its weights (a file's, read, and the model they go into) and, with
+    ``cache``, the KV cache generating from it holds (block_size positions of every layer)."""
+    n = parameter_count(config)
+    hs = config.n_embd // config.n_head
+    kv = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT if cache else 0
+    shape = f"n_layer={config.n_layer}, n_embd={config.n_embd}, vocab_size={config.vocab_size}"
+    shape += f", block_size={config.block_size}"
+    with_cache = f" with a KV cache of {config.block_size:,} positions" if cache else ""
+    needed = copies * n * itemsize + kv
+    check_available(needed, device, f"{what} of {n:,} parameters ({shape}){with_cache}", advice)
 
 
 def check_available(

@@ -29,11 +29,10 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from ..reference.layout import LESSON_RENAMES, LINEAR2, OUT_PROJ
 from .embeddings import InputMix
-from .footprint import check_available, parameter_count
+from .footprint import check_model
 from .generation import decode
 from .generation.sampling import GenerationStep
 from .head import soft_cap
-from .inputs import check_ids, check_range
 from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
@@ -59,20 +58,16 @@ class GPTOutput(NamedTuple):
 
 
 class GPT(nn.Module):
-    """A GPT made of gptblock's blocks.
-
-    Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm and an
-    unembedding whose weight is the token embedding's (weight tying). Initialised as GPT-2:
-    normal(0, 0.02) weights, residual output projections scaled by 1/sqrt(2 * n_layer), zero
-    biases.
+    """A GPT made of gptblock's blocks: token and position embeddings, ``n_layer`` pre-norm
+    blocks, a final norm and an unembedding tied to the token embedding. Initialised as GPT-2:
+    normal(0, 0.02), residual output projections scaled by 1/sqrt(2 * n_layer), zero biases.
 
     Args:
         config: a ``GPTConfig``.
 
     Shape:
         ``forward``: idx (B, T) int64 or int32 token ids, T <= block_size; targets (B, T)
-        int64 (-1: no target) or None; ``positions`` (T,) or (B, T) ints, the tokens' positions
-        (default 0 .. T-1), which pick the learned position rows or the rotary angles.
+        int64 (-1: no target) or None; ``positions`` (T,) or (B, T) (default 0 .. T-1).
         Returns logits (B, T, V) and the loss (a scalar) or None.
 
     Example:
@@ -90,14 +85,9 @@ class GPT(nn.Module):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        n = parameter_count(config)  # counted from the shape: nothing is allocated before it
-        check_available(
-            n * torch.get_default_dtype().itemsize,
-            torch.get_default_device(),
-            f"GPT(config) of {n:,} parameters (n_layer={config.n_layer}, n_embd="
-            f"{config.n_embd}, vocab_size={config.vocab_size})",
-            "a smaller n_embd, n_layer, vocab_size or block_size",
-        )
+        advice = "a smaller n_embd, n_layer, vocab_size or block_size"
+        device, itemsize = torch.get_default_device(), torch.get_default_dtype().itemsize
+        check_model(config, "GPT(config)", advice, copies=1, device=device, itemsize=itemsize)
         self.config = config
         C = config.n_embd
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
@@ -188,8 +178,7 @@ class GPT(nn.Module):
         return GPTOutput(logits, loss)
 
     def _check_input(self, idx: torch.Tensor, in_range: bool = True) -> tuple[int, int]:
-        """(B, T) of ids the model can read: of a dtype, shape and device it takes, inside the
-        vocabulary (unless ``in_range`` is False) and no longer than block_size."""
+        """(B, T) of ids the model can read (in the vocabulary unless not ``in_range``)."""
         B, T = check_ids(idx, "idx", self.wte.weight.device)
         if in_range:
             check_range(idx, "idx", self.config.vocab_size)
@@ -255,8 +244,6 @@ class GPT(nn.Module):
             for b in self.blocks
         ]
 
-    # --- generation ---------------------------------------------------------------------------
-
     def generate(
         self,
         idx: torch.Tensor,
@@ -268,24 +255,17 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         weights: str | None = None,
     ) -> torch.Tensor:
-        """Continue each prompt in ``idx`` by ``max_new_tokens`` sampled tokens.
+        """The prompts ``idx`` (B, T) continued by ``max_new_tokens`` sampled tokens: (B, T +
+        max_new_tokens) ids. The model reads the last block_size tokens; its mode is restored.
 
         Args:
-            idx: (B, T) prompts of equal length, T >= 1. Longer than block_size is cropped to the
-                last block_size tokens, as the model only reads that many.
-            max_new_tokens: how many tokens to add; 0 returns the prompt unchanged.
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
             use_cache: keep each block's keys and values so a step processes one token, not the
-                whole context ("mha" and "lesson" blocks run the fused form's forward on their
-                weights for this). The same result either way: once the context exceeds
-                block_size, the window slides and the cache is rebuilt from it each step.
+                whole context (the same result).
             generator: the random generator for sampling, for reproducible output.
             weights: "float32" (None), the model's own; "bfloat16" or "int8" (the CPU only):
                 faster copies of a float32 model's (``gptblock.model.generation.weights``).
-
-        Returns:
-            (B, T + max_new_tokens) token ids. The model's train/eval mode is restored.
         """
         steps = self.stream(
             idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
@@ -323,8 +303,6 @@ class GPT(nn.Module):
             self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
             generator=generator, vocab_size=vocab_size, weights=weights,
         )  # fmt: skip
-
-    # --- looking inside: gptblock.lens -------------------------------------------------------
 
     def run_with_cache(
         self,
@@ -366,3 +344,43 @@ def _make_block(config: GPTConfig) -> nn.Module:
             norm_eps=c.norm_eps,
         )  # fmt: skip
     return LessonBlock(c.d_model, c.n_head, config.block_size, c.dropout)
+
+
+# What a GPT is handed, refused naming the value: PyTorch's messages (an index error deep in an
+# embedding) name neither it nor what was expected.
+def check_ids(idx: object, name: str, device: torch.device) -> tuple[int, int]:
+    """(B, T) of a 2-D tensor of token ids on ``device``: int64 or int32 (``F.embedding``'s), or
+    for ``targets`` int64 (``F.cross_entropy``'s); a clear error for anything else.
+
+    Example:
+        >>> check_ids(torch.zeros(2, 3, dtype=torch.long), "idx", torch.device("cpu"))
+        (2, 3)
+    """
+    dtypes = (torch.long,) if name == "targets" else (torch.long, torch.int32)
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in dtypes:
+        got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise UserTypeError(
+            f"{name} must be a (B, T) tensor of token ids of dtype {allowed}, got {got} "
+            f"(convert with .long())"
+        )
+    if idx.dim() != 2 or idx.numel() == 0:
+        raise UserValueError(
+            f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+        )
+    if idx.device != device:
+        raise UserValueError(f"{name} is on {idx.device} but the model is on {device}; move one of them")  # fmt: skip
+    return idx.shape[0], idx.shape[1]
+
+
+def check_range(idx: torch.Tensor, name: str, V: int, allow_ignore: bool = False) -> None:
+    """Refuse ids outside [0, V) (-1 allowed for ignored targets): a read on the host."""
+    lo, hi = int(idx.min()), int(idx.max())
+    if hi >= V or lo < (-1 if allow_ignore else 0):
+        bad = lo if lo < 0 else hi
+        raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
+    if allow_ignore and hi == -1:  # the mean over no targets is 0 / 0
+        raise UserValueError(
+            f"every entry of {name} is -1 (ignored): there is no target to compute a loss "
+            f"over; pass targets=None for the logits alone"
+        )

@@ -1,10 +1,8 @@
-"""The GPT's logits after its unembedding: soft-capped, or as they are.
+"""The GPT's logits after its unembedding: soft-capped (Gemma 2, modded-nanogpt), or as they are.
 
-Logit soft-capping (Gemma 2; modded-nanogpt's speedrun) squashes each logit smoothly into
-(-cap, cap): near zero the identity, but no logit grows without bound, which keeps a few
-confident tokens from taking over the loss early in training. (Rejected: clamping, whose
-gradient is zero past the cap, so a saturated logit could never come back.) ``GPT._run``
-applies it once, so training, the lens and generation see the same logits.
+``cap * tanh(logits / cap)`` is the identity near zero but bounds every logit, so a few confident
+tokens cannot take over the loss early in training. (Rejected: clamping, whose zero gradient past
+the cap would never let a saturated logit come back.)
 
 Shapes: B batch, T time, V = vocab_size.
 """

@@ -1,8 +1,5 @@
-"""The GPT's parts as callables: what its one forward pass (``GPT._run``) runs.
-
-``forward`` passes the model's own modules (so module hooks on them fire); the lens the same with
-blocks that take a probe; generation functions of the same weights, fetched once per call, with
-blocks that take a KV cache (a module call per token and part was a tenth of a step's overhead).
+"""The GPT's parts as callables: what its one forward pass (``GPT._run``) runs; generation
+passes functions of the weights (a module call per token and part was a tenth of a step).
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size.
 """

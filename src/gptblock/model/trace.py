@@ -1,9 +1,7 @@
 """A GPT's activations by name, and hooks that change them: the probe ``GPT.run_with_cache`` passes.
 
-The names (TransformerLens's, documented in ``gptblock.lens.trace``) are ``embed``,
-``blocks.{i}.NAME`` for NAME in ``blocks.probe.BLOCK_POINTS`` and ``ln_final``. A ``Tracer`` is
-the probe the forward pass calls at every point: it applies the hooks and keeps what was asked
-for. Nothing is registered on the model.
+The names (``gptblock.lens.trace`` documents them) are ``embed``, ``blocks.{i}.NAME`` and
+``ln_final``; a ``Tracer`` applies the hooks and keeps what was asked for, point by point.
 
 Shapes: B batch, T time, C = n_embd, nh heads.
 """

@@ -1,11 +1,9 @@
 """The cached path and the generation loop under ``GPT.generate`` / ``GPT.stream``.
 
-``Decoder`` runs the GPT's one forward pass (``GPT._run``) with a ``KVCache`` per block: the
-prompt at once, then one token at a time. Every block runs the fused form's forward on its own
-weights (``convert.parts_of``), since the lesson's and ``nn.MultiheadAttention``'s forwards have
-no cache. One-token steps read the weight matrices laid out for matrix-vector products
-(``matvec.RowLinear``); reduced ``weights`` (``weights.py``) replace every weight matrix, the
-unembedding's too, for the prompt and the steps alike.
+``Decoder`` runs ``GPT._run`` with a ``KVCache`` per block: the prompt at once, then a token at a
+time. Every block runs the fused forward on its own weights (``convert.parts_of``), since the
+other forms' forwards have no cache; steps read the weights laid out by ``matvec.RowLinear``,
+or the reduced copies of ``weights.py``.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """

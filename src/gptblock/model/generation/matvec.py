@@ -1,10 +1,8 @@
 """Products with a weight for one position at a time: generation's matrix-vector products.
 
-A generation step reads every weight once per token and does two multiply-adds per weight:
-memory bound. ``F.linear`` on one row runs on one core and reads ``nn.Linear``'s (out, in)
-layout in a poor order: 139 us for a (1536, 384) matrix out of cache on this project's 2-core
-CPU. Laid out once as blocks of (in, out / parts) for ``torch.bmm``, which gives each thread its
-own blocks, it took 44-48 us. The same product, summed in another order.
+``F.linear`` on one row runs on one core and reads ``nn.Linear``'s (out, in) layout in a poor
+order: 139 us for a (1536, 384) matrix on this project's 2-core CPU. Laid out once as blocks of
+(in, out / parts) for ``torch.bmm``, which gives each thread its own, it took 44-48 us.
 
 Shapes: B rows (the batch, one position each), I = in_features, O = out_features, k parts.
 """

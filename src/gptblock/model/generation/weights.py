@@ -1,17 +1,11 @@
-"""Reduced-precision weights for generation: bfloat16, or int8 with a scale per output.
+"""Reduced-precision weights for generation: bfloat16, or int8 with a scale per output row.
 
-A generation step at batch 1 reads every weight once per token: its time is the time to read the
-weights, so halving or quartering their bytes is the lever. Each form is a ``Linear``
-(``blocks.parts``) that generation's parts use in place of the model's own:
-
-* ``BFloat16Linear``: the weight rounded to bfloat16 once; the input rounded to bfloat16 per
-  product (float32 accumulation), the output float32.
-* ``Int8Linear``: symmetric int8, one scale per output row (``max |w_row| / 127``). A few rows (a
-  step) go through ``torch._weight_int8pack_mm``, whose fast kernel takes bfloat16 inputs
-  (float32 ones took 20x longer here); many rows (a prompt) dequantise the weight to float32
-  (exact) with the same rounding of input and output, as the kernel is slower there.
-
-Activations stay float32. What each form costs in loss: ``benchmarks/generation_precision.py``.
+A step at batch 1 reads every weight once per token, so its time is the weights' bytes. Each
+form is a ``Linear`` used in place of the model's own; activations stay float32.
+``Int8Linear`` sends a few rows (a step) through ``torch._weight_int8pack_mm``, whose fast
+kernel takes bfloat16 inputs (float32 ones took 20x longer here), and dequantises for many rows
+(a prompt), where the kernel is slower. What each form costs in loss:
+``benchmarks/generation_precision.py``.
 
 Shapes: N rows, I = in_features, O = out_features.
 """
