@@ -73,12 +73,9 @@ class EntropyComparison:
 
 
 def exercise1(
-    seed: int = 0,
-    *,
-    d_ks: tuple[int, ...] = (4, 16, 64, 256),
-    n_samples: int = 10_000,
+    seed: int = 0, *, d_ks: tuple[int, ...] = (4, 16, 64, 256), n_samples: int = 10_000,
     band: float = 5.0,
-) -> ScoreVariance:
+) -> ScoreVariance:  # fmt: skip
     """Monte Carlo for Var(q . k) = d_k and Var(q . k / sqrt(d_k)) = 1.
 
     A row passes within ``band`` standard errors, exact for Gaussian coordinates (5: a false
@@ -132,13 +129,9 @@ def exercise2(seed: int = 0, *, n_sequences: int = 100, T: int = 8, hs: int = 4)
 
 
 def exercise3(
-    seed: int = 0,
-    *,
-    n_draws: int = 1000,
-    d_k: int = 64,
-    n_keys: int = 6,
+    seed: int = 0, *, n_draws: int = 1000, d_k: int = 64, n_keys: int = 6,
     scale: float | None = None,
-) -> EntropyComparison:
+) -> EntropyComparison:  # fmt: skip
     """Softmax of scaled scores is flatter (higher entropy) than softmax of raw scores.
 
     For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) it is in *every* draw whose scores
@@ -196,14 +189,9 @@ class Holds:
 
 
 def on_learner(
-    kind: str,
-    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-    C: int,
-    n_params: int,
-    T: int = 6,
-    seed: int = 0,
-    tol: float = 1e-10,
-) -> list[Holds]:
+    kind: str, forward: Callable[[NDArray[np.float64]], NDArray[np.float64]], C: int, n_params: int,
+    T: int = 6, seed: int = 0, tol: float = 1e-10,
+) -> list[Holds]:  # fmt: skip
     """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), given its eval
     ``forward`` of a (B, T, C) input; ``tol`` is "did not move", relative to the output's scale.
 
@@ -241,12 +229,9 @@ def on_learner(
 
 
 def _moved(
-    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-    x: NDArray[np.float64],
-    y: NDArray[np.float64],
-    rng: np.random.Generator,
-    tol: float,
-) -> tuple[str, str]:
+    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]], x: NDArray[np.float64],
+    y: NDArray[np.float64], rng: np.random.Generator, tol: float,
+) -> tuple[str, str]:  # fmt: skip
     # Token t changed in turn: an output before t that moved, one from t on that did not.
     B, T, C = x.shape
     scale = tol * (1.0 + float(np.nan_to_num(np.abs(y)).max()))

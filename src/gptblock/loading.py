@@ -72,13 +72,10 @@ class Loaded(NamedTuple):
 
 
 def load(
-    out_dir: str | os.PathLike[str] | None = None,
-    *,
-    hf: str | os.PathLike[str] | None = None,
-    nanogpt: str | os.PathLike[str] | None = None,
-    kind: str = BEST,
+    out_dir: str | os.PathLike[str] | None = None, *, hf: str | os.PathLike[str] | None = None,
+    nanogpt: str | os.PathLike[str] | None = None, kind: str = BEST,
     device: str | torch.device = "cpu",
-) -> Loaded:
+) -> Loaded:  # fmt: skip
     """The GPT (eval mode, on ``device``), its tokenizer and its source, from exactly one of
     ``out_dir`` (a run, whose checkpoint ``kind`` "best" or "last" is read), ``hf`` (a Hugging
     Face GPT-2, Llama, Mistral or Qwen2 directory, read offline) and ``nanogpt``.

@@ -64,16 +64,10 @@ def generation_weights(name: str, model: GPT) -> str:
 
 @checked
 def stream_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
+    model: GPT, tokenizer: Tokenizer, prompt: str | None = None, *, max_new_tokens: int = 500,
+    temperature: float = 0.8, top_k: int | None = None, seed: int = 1337,
     weights: str | None = None,
-) -> Iterator[str]:
+) -> Iterator[str]:  # fmt: skip
     """``sample_text``, piece by piece: the prompt first, then each piece of text once it ends
     on a whole character (a byte-level BPE token can be one UTF-8 byte of several). Arguments
     are checked when this is called, not at the first ``next``.
@@ -127,16 +121,10 @@ def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
 
 @checked
 def sample_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
+    model: GPT, tokenizer: Tokenizer, prompt: str | None = None, *, max_new_tokens: int = 500,
+    temperature: float = 0.8, top_k: int | None = None, seed: int = 1337,
     weights: str | None = None,
-) -> str:
+) -> str:  # fmt: skip
     """The prompt (default a newline, or the vocabulary's first character) and its continuation,
     sampled with a generator seeded by ``seed``; ``weights``: ``GPT.generate``'s.
 

@@ -248,12 +248,9 @@ def to_hf(model: nn.Module, family: str | None = None) -> Any:
 
 
 def save_hf(
-    model: nn.Module,
-    directory: str | os.PathLike[str],
-    tokenizer: Any = None,
-    *,
+    model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any = None, *,
     family: str | None = None,
-) -> Path:
+) -> Path:  # fmt: skip
     """Write the GPT ``model`` (of ``family``, as ``to_hf``) as a new Hugging Face directory,
     with ``tokenizer`` beside it if given: a run's ``CharTokenizer`` or ``BPETokenizer``, or a
     ``transformers`` tokenizer. ``from_pretrained`` and ``gptblock.load(hf=directory)`` read it.

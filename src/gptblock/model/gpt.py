@@ -147,12 +147,9 @@ class GPT(nn.Module):
         return n
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        *,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
         positions: torch.Tensor | None = None,
-    ) -> GPTOutput:
+    ) -> GPTOutput:  # fmt: skip
         # Checking the ids' range reads idx.min() / idx.max() on the host: on an accelerator
         # the host waits for the device, and torch.compile breaks the graph. So a training step
         # there, and any compiled call, skips it (a bad id still fails in the embedding).
@@ -201,15 +198,10 @@ class GPT(nn.Module):
         )
 
     def _run(
-        self,
-        idx: torch.Tensor,
-        parts: GPTParts,
-        *,
-        caches: Sequence[KVStore] | None = None,
-        probe: Tracer | None = None,
-        positions: torch.Tensor | None = None,
+        self, idx: torch.Tensor, parts: GPTParts, *, caches: Sequence[KVStore] | None = None,
+        probe: Tracer | None = None, positions: torch.Tensor | None = None,
         before: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor:  # fmt: skip
         """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``, whose
         blocks may also take ``kv_cache`` and ``probe``. With ``caches``, ``idx`` continues after
         the positions they hold. ``positions`` (T,) or (B, T): default from 0, or after the
@@ -245,16 +237,10 @@ class GPT(nn.Module):
         ]
 
     def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
+        self, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+        top_k: int | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
         weights: str | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor:  # fmt: skip
         """The prompts ``idx`` (B, T) continued by ``max_new_tokens`` sampled tokens: (B, T +
         max_new_tokens) ids. The model reads the last block_size tokens; its mode is restored.
 
@@ -274,17 +260,10 @@ class GPT(nn.Module):
         return torch.cat([idx] + [step.token for step in steps], dim=1)
 
     def stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        vocab_size: int | None = None,
-        weights: str | None = None,
-    ) -> Iterator[GenerationStep]:
+        self, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+        top_k: int | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+        vocab_size: int | None = None, weights: str | None = None,
+    ) -> Iterator[GenerationStep]:  # fmt: skip
         """``generate``, one step at a time: yields each step's logits and sampled tokens.
 
         ``vocab_size``: sample only ids below it, for a tokenizer smaller than a padded
@@ -305,12 +284,9 @@ class GPT(nn.Module):
         )  # fmt: skip
 
     def run_with_cache(
-        self,
-        idx: torch.Tensor,
-        names: Iterable[str] | None = None,
-        *,
+        self, idx: torch.Tensor, names: Iterable[str] | None = None, *,
         hooks: Mapping[str, Hook] | None = None,
-    ) -> CachedRun:
+    ) -> CachedRun:  # fmt: skip
         """Logits equal to ``forward``'s and the activations ``names`` (all when None), by the
         names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ...), with
         ``hooks`` applied as ``run_with_hooks`` does.

@@ -37,15 +37,9 @@ class KVCache:
     """
 
     def __init__(
-        self,
-        batch_size: int,
-        n_heads: int,
-        max_len: int,
-        head_size: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> None:
+        self, batch_size: int, n_heads: int, max_len: int, head_size: int, *,
+        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    ) -> None:  # fmt: skip
         sizes = {"batch_size": batch_size, "n_heads": n_heads, "max_len": max_len}
         for name, value in (sizes | {"head_size": head_size}).items():
             check_positive_int(name, value)

@@ -29,7 +29,7 @@ from ..parts import BlockFn, GPTParts
 from .cache import KVCache
 from .matvec import RowLinear
 from .sampling import GenerationStep, Sampling
-from .weights import check_weights, reduced
+from .weights import REDUCED, check_weights
 
 __all__ = ["Decoder", "GenerationModel", "forget_reduced_weights", "stream"]
 
@@ -51,13 +51,9 @@ class Model(Protocol):
     def parameters(self) -> Iterator[nn.Parameter]: ...
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
     def _run(
-        self,
-        idx: torch.Tensor,
-        parts: GPTParts,
-        *,
-        caches: Sequence[KVStore] | None = None,
+        self, idx: torch.Tensor, parts: GPTParts, *, caches: Sequence[KVStore] | None = None,
         before: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor: ...  # fmt: skip
 
 
 class Decoder:
@@ -195,7 +191,7 @@ def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: st
     kept = getattr(model, REDUCED_COPY, None)
     if isinstance(kept, ReducedCopy) and kept.fits(weights, params):
         return kept.parts
-    low = functools.partial(reduced, weights=weights)
+    low = REDUCED[weights]
     head = ends.lm_head
     parts = ends._replace(
         blocks=[_fn(_relaid(p, low)) for p in blocks], lm_head=low(head.weight, head.bias)
@@ -242,17 +238,10 @@ def _norm(norm: Norm) -> Norm:
 
 
 def stream(
-    model: Model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float,
-    top_k: int | None,
-    use_cache: bool,
-    generator: torch.Generator | None,
-    vocab_size: int | None = None,
+    model: Model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float, top_k: int | None,
+    use_cache: bool, generator: torch.Generator | None, vocab_size: int | None = None,
     weights: str | None = None,
-) -> Iterator[GenerationStep]:
+) -> Iterator[GenerationStep]:  # fmt: skip
     """``GPT.stream`` for checked prompts ``idx`` (B, T): the other arguments are checked when it
     is called, and the steps run as the iterator is read."""
     n = max_new_tokens
@@ -273,14 +262,9 @@ def stream(
 
 
 def _steps(
-    model: Model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    sampling: Sampling,
-    use_cache: bool,
-    V: int,
-    weights: str,
-) -> Iterator[GenerationStep]:
+    model: Model, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling, use_cache: bool,
+    V: int, weights: str,
+) -> Iterator[GenerationStep]:  # fmt: skip
     """The steps, in eval mode until the iterator is exhausted or closed."""
     block_size = model.config.block_size
     was_training = model.training

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from ...errors import UserValueError
 
-__all__ = ["WEIGHTS", "BFloat16Linear", "Int8Linear", "check_weights", "reduced"]
+__all__ = ["REDUCED", "WEIGHTS", "BFloat16Linear", "Int8Linear", "check_weights"]
 
 WEIGHTS = ("float32", "bfloat16", "int8")  # what generation's weights can be
 
@@ -124,12 +124,6 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
-def reduced(
-    weight: torch.Tensor, bias: torch.Tensor | None, weights: str
-) -> BFloat16Linear | Int8Linear:
-    """The linear map of ``weight`` and ``bias`` with weights ``"bfloat16"`` or ``"int8"``."""
-    if weights == "bfloat16":
-        return BFloat16Linear(weight, bias)
-    if weights == "int8":
-        return Int8Linear(weight, bias)
-    raise UserValueError(f"reduced weights are bfloat16 or int8, got {weights!r:.40}")
+# The form of each reduced ``weights``: ``REDUCED[weights](weight, bias)``.
+REDUCED: dict[str, type[BFloat16Linear | Int8Linear]] = {"bfloat16": BFloat16Linear}
+REDUCED["int8"] = Int8Linear
