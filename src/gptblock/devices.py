@@ -37,14 +37,7 @@ def native_bfloat16(device: str | torch.device) -> bool:
 
 def resolve_dtype(name: str, device: str | torch.device) -> str:
     """``"auto"``: bfloat16 where ``device`` has ``native_bfloat16``, else float32; any other
-    name as it is.
-
-    Example:
-        >>> resolve_dtype("float32", "cpu")
-        'float32'
-        >>> resolve_dtype("auto", "cpu") in ("bfloat16", "float32")
-        True
-    """
+    name as it is."""
     return name if name != "auto" else "bfloat16" if native_bfloat16(device) else "float32"
 
 
@@ -159,13 +152,7 @@ def cpu_ticks() -> tuple[float, float, float] | None:
 
 
 def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
-    """How many CPUs other processes keep busy now, watched for ``seconds``; None without /proc.
-
-    Example:
-        >>> busy = busy_cores(0.02)
-        >>> busy is None or busy >= 0
-        True
-    """
+    """How many CPUs other processes keep busy now, watched for ``seconds``; None without /proc."""
     start = cpu_ticks()
     time.sleep(seconds)
     end = cpu_ticks()
@@ -208,12 +195,7 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
 
 def available_memory(device: str | torch.device = "cpu") -> int | None:
     """Bytes the machine can still allocate on ``device`` (on the CPU ``MemAvailable`` within a
-    cgroup's limit), or None where that is unknown.
-
-    Example:
-        >>> available_memory("cpu") is None or available_memory("cpu") > 0
-        True
-    """
+    cgroup's limit), or None where that is unknown."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])  # (free, total)

@@ -155,13 +155,8 @@ def expected_shapes(config: GPTConfig) -> Shapes:
         ((4, 12), (11, 4))
     """
     V, T, C = config.vocab_size, config.block_size, config.n_embd
-    shapes: Shapes = {
-        "wte.weight": (V, C),
-        "wpe.weight": (T, C),
-        "ln_f.weight": (C,),
-        "ln_f.bias": (C,),
-        "lm_head.weight": (V, C),
-    }
+    shapes: Shapes = {"wte.weight": (V, C), "wpe.weight": (T, C), "lm_head.weight": (V, C)}
+    shapes |= {"ln_f.weight": (C,), "ln_f.bias": (C,)}
     # (in, out) per layer; a LayerNorm's is its gain's and bias's (C,)
     layers = {"ln_1": (C,), "attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "ln_2": (C,)}
     layers |= {"mlp.c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
@@ -193,15 +188,12 @@ def llama_shapes(config: GPTConfig, layout: Layout) -> Shapes:
         "post_attention_layernorm.weight": (C,),
         "self_attn.rotary_emb.inv_freq": None,  # transformers before 4.31 saved it
     }
-    linears = {  # name -> (out, in, has a bias)
-        "self_attn.q_proj": (C, C, layout.qkv_bias),
-        "self_attn.k_proj": (kv, C, layout.qkv_bias),
-        "self_attn.v_proj": (kv, C, layout.qkv_bias),
-        "self_attn.o_proj": (C, C, layout.o_bias),
-        "mlp.gate_proj": (F, C, layout.mlp_bias),
-        "mlp.up_proj": (F, C, layout.mlp_bias),
-        "mlp.down_proj": (C, F, layout.mlp_bias),
-    }
+    qkv, o, mlp = layout.qkv_bias, layout.o_bias, layout.mlp_bias
+    # name -> (out, in, has a bias)
+    linears = {"self_attn.q_proj": (C, C, qkv), "self_attn.k_proj": (kv, C, qkv)}
+    linears |= {"self_attn.v_proj": (kv, C, qkv), "self_attn.o_proj": (C, C, o)}
+    linears |= {"mlp.gate_proj": (F, C, mlp), "mlp.up_proj": (F, C, mlp)}
+    linears |= {"mlp.down_proj": (C, F, mlp)}
     for name, (n_out, n_in, bias) in linears.items():
         per_block[f"{name}.weight"] = (n_out, n_in)
         if bias:

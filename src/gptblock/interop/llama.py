@@ -39,23 +39,17 @@ def is_llama(model_type: object) -> bool:
 
 INT = "a positive int"
 REQUIRED = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads"
-# (Hugging Face's name under layers.{i}., gptblock's under transformer.h.{i}.), copied as is.
-PLAIN = [
-    ("input_layernorm.weight", "norm1.weight"),
-    ("self_attn.o_proj.weight", "self_attn.out_proj.weight"),
-    ("post_attention_layernorm.weight", "norm2.weight"),
-    ("mlp.gate_proj.weight", "linear1.weight"),
-    ("mlp.up_proj.weight", "linear3.weight"),
-    ("mlp.down_proj.weight", "linear2.weight"),
-]
+# Hugging Face's layer under layers.{i}. -> gptblock's under transformer.h.{i}.; q/k/v aside.
+LAYERS = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
+LAYERS |= {"self_attn.o_proj": "self_attn.out_proj", "mlp.gate_proj": "linear1"}
+LAYERS |= {"mlp.up_proj": "linear3", "mlp.down_proj": "linear2"}
+PLAIN = [(f"{theirs}.weight", f"{ours}.weight") for theirs, ours in LAYERS.items()]  # as they are
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-# The biases after q/k/v: (Hugging Face's, gptblock's, which Layout flag says it exists).
+# The linear layers' biases: (Hugging Face's, gptblock's, which Layout flag says it exists).
 BIASES = [
-    ("self_attn.o_proj.bias", "self_attn.out_proj.bias", "o_bias"),
-    ("mlp.gate_proj.bias", "linear1.bias", "mlp_bias"),
-    ("mlp.up_proj.bias", "linear3.bias", "mlp_bias"),
-    ("mlp.down_proj.bias", "linear2.bias", "mlp_bias"),
-]
+    (f"{theirs}.bias", f"{ours}.bias", "o_bias" if theirs.startswith("self_attn") else "mlp_bias")
+    for theirs, ours in LAYERS.items() if "layernorm" not in theirs
+]  # fmt: skip
 
 
 class Layout(NamedTuple):

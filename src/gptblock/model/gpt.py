@@ -189,13 +189,11 @@ class GPT(nn.Module):
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts:
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
         return GPTParts(
-            self.wte,
-            None if self.wpe is None else EmbeddedPositions(self.wpe),
-            self.blocks if blocks is None else blocks,
-            cast(nn.LayerNorm, self.transformer["ln_f"]),
+            self.wte, None if self.wpe is None else EmbeddedPositions(self.wpe),
+            self.blocks if blocks is None else blocks, cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
             cast(InputMix, self.transformer["inputs"]) if "inputs" in self.transformer else None,
-        )
+        )  # fmt: skip
 
     def _run(
         self, idx: torch.Tensor, parts: GPTParts, *, caches: Sequence[KVStore] | None = None,

@@ -75,11 +75,8 @@ class Decoder:
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
             None if model.wpe is None else PositionRows(model.wpe.weight),
-            [],
-            _norm(own.ln_f),
-            Dense(own.lm_head.weight, own.lm_head.bias),
-            own.inputs,
-        )
+            [], _norm(own.ln_f), Dense(own.lm_head.weight, own.lm_head.bias), own.inputs,
+        )  # fmt: skip
         if self.weights == "float32":
             self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
             self.step_parts = ends._replace(blocks=[_fn(_relaid(p, RowLinear)) for p in blocks])
