@@ -33,7 +33,7 @@ NAMES = {
         "data.batches": "CharTokenizer",
         "errors": "UserError",
         "loading": "load load_gpt",
-        "model.generation.cache": "KVCache",
+        "model.generation.decode": "KVCache",
         "model.generation.sampling": "GenerationStep",
         "model.gpt": "GPT GPTOutput",
         "runs.checkpoint": "CheckpointError",
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .data.batches import CharTokenizer
     from .errors import UserError
     from .loading import load, load_gpt
-    from .model.generation.cache import KVCache
+    from .model.generation.decode import KVCache
     from .model.generation.sampling import GenerationStep
     from .model.gpt import GPT, GPTOutput
     from .runs.checkpoint import CheckpointError

@@ -21,10 +21,9 @@ __all__ += ["stream_text"]
 GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
 
 
-# A GPT whose weight matrices hold fewer parameters than this generates with its float32
-# weights under "auto": 4 MiB in float32, the L2 caches of this project's two cores; weights that
-# stay in the cores' caches are not read from memory at each token, so a smaller form saves no
-# reading there and adds conversions (benchmarks/generation_precision.py measures both sizes).
+# Below this many weight-matrix parameters "auto" keeps float32: 4 MiB, the L2 caches of this
+# project's two cores, where the weights are not read from memory at each token, so a smaller
+# form saves no reading and adds conversions (benchmarks/generation_precision.py).
 INT8_MIN_PARAMETERS = 1 << 20
 
 

@@ -219,12 +219,10 @@ def config_to_llama(config: GPTConfig, family: str) -> dict[str, Any]:
     name = FAMILIES[family]
     hs = config.n_embd // config.n_head
     lacks = [
-        ("position", "rope", "rotary positions"),
-        ("norm", "rmsnorm", "RMSNorm"),
-        ("mlp", "swiglu", "a SwiGLU MLP"),
-        ("qk_norm", False, "no norm on q and k"),
+        ("position", "rope", "rotary positions"), ("norm", "rmsnorm", "RMSNorm"),
+        ("mlp", "swiglu", "a SwiGLU MLP"), ("qk_norm", False, "no norm on q and k"),
         ("parallel_residual", False, "sequential residual branches"),
-    ]
+    ]  # fmt: skip
     for option, wanted, what in lacks:
         if getattr(config, option) != wanted:
             raise UserValueError(
@@ -270,10 +268,8 @@ def to_gptblock(
     def zeros(like: torch.Tensor) -> torch.Tensor:
         return torch.zeros(like.shape[0])  # a bias the family does not have: the same function
 
-    out = {
-        "transformer.wte.weight": take("embed_tokens.weight"),
-        "transformer.ln_f.weight": take("norm.weight"),
-    }
+    out = {"transformer.wte.weight": take("embed_tokens.weight")}
+    out["transformer.ln_f.weight"] = take("norm.weight")
     for i in range(config.n_layer):
         theirs, ours = f"layers.{i}.", f"transformer.h.{i}."
         for hf_name, name_ in PLAIN:
@@ -315,10 +311,8 @@ def to_llama(model: torch.nn.Module, family: str) -> dict[str, torch.Tensor]:
             return t
         return t.view(n, hs, *t.shape[1:])[:, perm].reshape(t.shape)  # (n, hs, ...) -> (n hs, ...)
 
-    out = {
-        "model.embed_tokens.weight": ours["transformer.wte.weight"],
-        "model.norm.weight": ours["transformer.ln_f.weight"],
-    }
+    out = {"model.embed_tokens.weight": ours["transformer.wte.weight"]}
+    out["model.norm.weight"] = ours["transformer.ln_f.weight"]
     for i in range(config.n_layer):
         theirs, mine = f"model.layers.{i}.", f"transformer.h.{i}."
         for hf_name, name in PLAIN:
