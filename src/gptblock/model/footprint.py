@@ -106,7 +106,6 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
     """The memory a float32 training run of a GPT of ``config`` needs at its peak.
 
     Args:
-        config: the model.
         batch_size: B, sequences per step.
         characters: the length of the text it trains on (0: leave the data out).
 

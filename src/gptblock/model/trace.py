@@ -77,13 +77,10 @@ class Tracer:
     """Applies the ``hooks`` (``{name: fn}``) and keeps the activations ``names`` (None: all),
     both checked against the names of a GPT of ``n_layer`` blocks."""
 
-    def __init__(
-        self, names: Iterable[str] | None, hooks: Mapping[str, Hook], n_layer: int
-    ) -> None:
+    def __init__(self, names: Iterable[str] | None, hooks: Mapping[str, Hook], n_layer: int):
         self.n_layer = n_layer
-        self.keep = (
-            set(activation_names(n_layer)) if names is None else _check_names(names, n_layer)
-        )
+        every = set(activation_names(n_layer))
+        self.keep = every if names is None else _check_names(names, n_layer)
         self.hooks = _check_hooks(hooks, n_layer)
         self.cache: dict[str, torch.Tensor] = {}
 
@@ -142,9 +139,9 @@ def _check_names(names: Iterable[str], n_layer: int) -> set[str]:
         if not isinstance(name, str):
             raise UserTypeError(f"names must be strings, got {name!r} ({type(name).__name__})")
     valid = set(activation_names(n_layer))
-    unknown = [name for name in wanted if name not in valid]
-    if unknown:
-        raise UserValueError(unknown_name(unknown[0], n_layer))
+    for name in wanted:
+        if name not in valid:
+            raise UserValueError(unknown_name(name, n_layer))
     return set(wanted)
 
 

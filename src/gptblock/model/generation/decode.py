@@ -224,14 +224,10 @@ class ReducedCopy(NamedTuple):
     parts: GPTParts
 
     def fits(self, weights: str, params: Sequence[torch.Tensor]) -> bool:
-        return (
-            weights == self.weights
-            and len(params) == len(self.sources)
-            and all(
-                p is q and p._version == version and p.data_ptr() == ptr
-                for p, (q, version, ptr) in zip(params, self.sources, strict=True)
-            )
-        )
+        if weights != self.weights or len(params) != len(self.sources):
+            return False
+        pairs = zip(params, self.sources, strict=True)
+        return all(p is q and p._version == v and p.data_ptr() == ptr for p, (q, v, ptr) in pairs)
 
 
 REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its ReducedCopy
