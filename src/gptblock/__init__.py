@@ -18,33 +18,20 @@ __version__ = "0.3.0"
 NAMES = {
     name: module
     for module, names in {
-        "blocks.config": "BlockConfig GPTConfig",
-        "blocks.convert": "ConversionError convert",
-        "blocks.attention": "attention",
-        "blocks.fused": "FusedBlock",
-        "blocks.llama": "GroupedQueryAttention LlamaBlock",
-        "blocks.masks": "causal_mask",
-        "blocks.mha": "TransformerBlock",
-        "blocks.mlp": "SwiGLU swiglu",
-        "blocks.norms": "RMSNorm rmsnorm",
-        "blocks.rotary": "Rotary apply_rotary",
-        "check": "CheckReport Finding check_block",
-        "check.grading": "grade",
-        "data.batches": "CharTokenizer",
-        "errors": "UserError",
-        "loading": "load load_gpt",
-        "model.generation.decode": "KVCache",
-        "model.generation.sampling": "GenerationStep",
-        "model.gpt": "GPT GPTOutput",
-        "runs.checkpoint": "CheckpointError",
-        "runs.meta": "RunMeta",
-        "train.config": "TrainConfig",
-        "train.loop": "Trainer",
-        "train.result": "NonFiniteLossError",
-        "train.run": "train_gpt",
+        "blocks.config": "BlockConfig GPTConfig", "blocks.convert": "ConversionError convert",
+        "blocks.attention": "attention", "blocks.fused": "FusedBlock",
+        "blocks.llama": "GroupedQueryAttention LlamaBlock", "blocks.masks": "causal_mask",
+        "blocks.mha": "TransformerBlock", "blocks.mlp": "SwiGLU swiglu",
+        "blocks.norms": "RMSNorm rmsnorm", "blocks.rotary": "Rotary apply_rotary",
+        "check": "CheckReport Finding check_block", "check.grading": "grade",
+        "data.batches": "CharTokenizer", "errors": "UserError", "loading": "load load_gpt",
+        "model.generation.decode": "KVCache", "model.generation.sampling": "GenerationStep",
+        "model.gpt": "GPT GPTOutput", "runs.checkpoint": "CheckpointError", "runs.meta": "RunMeta",
+        "train.config": "TrainConfig", "train.loop": "Trainer",
+        "train.result": "NonFiniteLossError", "train.run": "train_gpt",
     }.items()
     for name in names.split()
-}
+}  # fmt: skip
 MODULES = ("check", "exercises", "lens", "lesson", "loading", "reference", "sampling")
 
 if TYPE_CHECKING:

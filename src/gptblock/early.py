@@ -91,14 +91,10 @@ def spawn() -> Spawned:
     folder = tempfile.TemporaryDirectory()
     supervisor = neutral_scripts(Path(folder.name))
     proc = subprocess.Popen(
-        [sys.executable, str(supervisor), str(out_w), str(err_w)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=err_w,
-        pass_fds=passed,
-        env=environment(),
+        [sys.executable, str(supervisor), str(out_w), str(err_w)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=err_w, pass_fds=passed, env=environment(),
         start_new_session=True,  # its own process group, spared the terminal's ^C
-    )
+    )  # fmt: skip
     for fd in passed:
         os.close(fd)
     if proc.stdin is not None:  # the jobs: in a pipe, not in a command line the block can read

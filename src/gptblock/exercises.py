@@ -264,11 +264,9 @@ def _parameters(kind: str, C: int, hs: int, n: int) -> Holds:
         return Holds("parameters", False, f"{n:,}; the head size hs is unknown: see its shapes")
     if n == want:
         return Holds("parameters", True, f"{n:,} = {formula} at {at}")
+    off = f"{abs(n - want):,} {'fewer' if n < want else 'more'}"
     return Holds(
-        "parameters",
-        False,
-        f"{n:,}, the lesson's {kind} has {formula} = {want:,} at {at} "
-        f"({abs(n - want):,} {'fewer' if n < want else 'more'})",
+        "parameters", False, f"{n:,}, the lesson's {kind} has {formula} = {want:,} at {at} ({off})"
     )
 
 

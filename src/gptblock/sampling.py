@@ -47,18 +47,13 @@ def generation_weights(name: str, model: GPT) -> str:
         )
     if name != "auto":
         return name
-    weight = model.wte.weight
     # What a step reads: every matrix (the tied unembedding once), one row of wpe.
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
     if model.wpe is not None:
         matrices -= model.wpe.weight.numel()
-    fast = (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and native_bfloat16(weight.device)
-        and matrices >= INT8_MIN_PARAMETERS
-    )
-    return "int8" if fast else "float32"
+    w = model.wte.weight
+    fast = w.dtype == torch.float32 and w.device.type == "cpu" and native_bfloat16(w.device)
+    return "int8" if fast and matrices >= INT8_MIN_PARAMETERS else "float32"
 
 
 @checked

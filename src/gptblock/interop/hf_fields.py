@@ -1,10 +1,8 @@
 """Every field a Hugging Face ``config.json`` may hold, and what gptblock does with it.
 
-Per family, a field is **computed** (read into the ``GPTConfig``, where a value the blocks do
-not compute is refused by name), **neutral** (accepted only at the value that changes nothing:
-no quantization, no remote code) or **metadata** (names, token ids, the stored dtype, generation
-defaults: nothing the logits depend on). Any other field is refused by name: gptblock cannot
-tell what it changes (a newer transformers' option, another architecture's field, a typo).
+Per family, a field is **computed** (read into the ``GPTConfig``), **neutral** (accepted only
+at the value that changes nothing) or **metadata** (nothing the logits depend on). Any other
+field is refused by name: gptblock cannot tell what it changes.
 
 Example:
     >>> check_fields({"model_type": "llama", "hidden_size": 8, "use_cache": True}, "llama")

@@ -62,10 +62,8 @@ class Layout(NamedTuple):
 
 
 def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTConfig, Layout]:
-    """The ``GPTConfig`` (and bias layout) of a Llama, Mistral or Qwen2 config's fields (a
-    ``config.json`` or ``config.to_dict()``); what the blocks lack is refused, naming the field.
-
-    ``where`` begins every message (the file's path and ": ").
+    """The ``GPTConfig`` (and bias layout) of a Llama, Mistral or Qwen2 config's fields; what
+    the blocks lack is refused, naming the field, after ``where`` (the file's path and ": ").
 
     Example:
         >>> fields = dict(model_type="llama", vocab_size=300, hidden_size=64, num_hidden_layers=2,

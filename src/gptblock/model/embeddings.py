@@ -102,10 +102,9 @@ class InputMix(nn.Module):
     """The token embedding with the bigram embedding and/or the smear (``GPTParts.inputs``).
 
     Args:
-        V: vocab_size.
-        C: n_embd.
-        bigram: add the (previous token, token) pair's embedding.
-        smear: smear each position's embedding into the next.
+        V, C: vocab_size, n_embd.
+        bigram, smear: add the (previous token, token) pair's embedding; smear each position's
+            embedding into the next.
 
     Shape:
         ``forward(idx, wte, before)``: ids (B, T), the token embedding ``wte`` (ids -> (B, T, C)),

@@ -96,9 +96,8 @@ def parameter_count(config: GPTConfig) -> int:
         per_block = attn + mlp + (1 if config.parallel_residual else 2) * norm
     positions = T * C if config.position == "learned" else 0
     head = 0 if config.tie_embeddings else V * C
-    inputs = (bigram_rows(V) * C if config.bigram else 0) + (
-        min(SMEAR_CHANNELS, C) + 1 if config.smear else 0
-    )  # embeddings.InputMix: the pair table; the smear's gate and scale
+    # embeddings.InputMix: the pair table; the smear's gate and scale
+    inputs = bigram_rows(V) * C * config.bigram + (min(SMEAR_CHANNELS, C) + 1) * config.smear
     return V * C + positions + config.n_layer * per_block + norm + head + inputs
 
 

@@ -153,9 +153,8 @@ class GPT(nn.Module):
         # Checking the ids' range reads idx.min() / idx.max() on the host: on an accelerator
         # the host waits for the device, and torch.compile breaks the graph. So a training step
         # there, and any compiled call, skips it (a bad id still fails in the embedding).
-        in_range = not torch.compiler.is_compiling() and (
-            not self.training or idx.device.type == "cpu"
-        )
+        compiling = torch.compiler.is_compiling()
+        in_range = not compiling and (not self.training or idx.device.type == "cpu")
         B, T = self._check_input(idx, in_range)
         if positions is not None:  # learned ones index wpe's block_size rows
             limit = self.config.block_size if self.wpe is not None else None

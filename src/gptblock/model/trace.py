@@ -35,25 +35,20 @@ def activation_names(n_layer: int) -> list[str]:
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
-    """The activations one ``run_with_cache`` call kept, by name, in forward order (read-only).
-
-    Shape:
-        (B, T, C) for the stream, (B, nh, T, T) for ``pattern``, (B, T, nh, C) for ``head_out``.
-    """
+    """The activations one ``run_with_cache`` call kept, by name, in forward order (read-only):
+    (B, T, C) for the stream, (B, nh, T, T) for ``pattern``, (B, T, nh, C) for ``head_out``."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], n_layer: int) -> None:
         self._tensors = tensors
         self.n_layer = n_layer
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        try:
+        if name in self._tensors:
             return self._tensors[name]
-        except KeyError:
-            if name in activation_names(self.n_layer):
-                raise KeyError(
-                    f"{name!r} was not cached: pass it in names=[...] (or names=None for all)"
-                ) from None
-            raise KeyError(unknown_name(name, self.n_layer)) from None
+        if name in activation_names(self.n_layer):
+            why = "pass it in names=[...] (or names=None for all)"
+            raise KeyError(f"{name!r} was not cached: {why}")
+        raise KeyError(unknown_name(name, self.n_layer))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)

@@ -199,14 +199,11 @@ class GenerationModel(nn.Module):
         logits = self.decoder.model._run(idx, self.decoder.prefill_parts)  # (B, T, V)
         if targets is None:
             return logits, None
-        B, T, V = logits.shape
-        loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
-        return logits, loss
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
 class PositionRows(NamedTuple):
-    """Rows ``start .. start + T`` of a position embedding's weight: ``GPTParts.wpe`` as a
-    slice, where an index tensor and a gather were two more PyTorch calls per token."""
+    """``GPTParts.wpe`` as a slice of the weight (an index tensor and a gather cost two calls)."""
 
     weight: torch.Tensor  # (block_size, C)
 
@@ -301,12 +298,10 @@ def stream(
         raise UserValueError(f"max_new_tokens must be an int >= 0, got {n!r}")
     if not isinstance(use_cache, bool):
         raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
-    V = model.config.vocab_size
-    if vocab_size is not None and (
-        isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V
-    ):
-        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
-    V = vocab_size or V
+    V, v = model.config.vocab_size, vocab_size
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= V):
+        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {v!r}")
+    V = v or V
     sampling = Sampling.check(temperature, top_k, generator, V, idx.device)
     weights = check_weights(weights, model.wte.weight.device, model.wte.weight.dtype)
     # A separate generator function, so the checks above run now rather than at the first next().
