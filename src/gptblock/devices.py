@@ -164,12 +164,10 @@ def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
 
 def choose_threads(threads: int | None = None) -> int:
     """Set and return torch's CPU threads: ``threads`` if given, else the free cores (at most
-    torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set).
-
-    OpenMP threads spin waiting for each other, so one whose core another process holds stalls
-    the rest: with one busy neighbour on 2 cores, generation took 4.8x its quiet time on both
-    threads, 1.5x on one. Rejected: the load average, a minute behind.
-    """
+    torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set). OpenMP threads spin
+    waiting for each other, so one whose core another process holds stalls the rest: with one
+    busy neighbour on 2 cores, generation took 4.8x its quiet time on both threads, 1.5x on one.
+    Rejected: the load average, a minute behind."""
     if threads is not None:
         set_threads(threads)
         return threads

@@ -119,9 +119,8 @@ def neutral_scripts(folder: Path) -> Path:
 
 
 def environment() -> dict[str, str]:
-    """The caller's environment without what names the checker (``GPTBLOCK_*``, the shell's
-    ``_``, ``PYTEST_*``, a value naming gptblock), and with this process's path as
-    ``PYTHONPATH``, so that the child imports the same torch and modules."""
+    """The caller's environment without what names the checker (``GPTBLOCK_*``, ``_``,
+    ``PYTEST_*``, a value naming gptblock); ``PYTHONPATH`` this process's path."""
     env = {
         k: v for k, v in os.environ.items()
         if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"

@@ -1,9 +1,7 @@
-"""Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends.
-
-The bytes go to ``.NAME.XXXXXXXX.tmp`` beside ``NAME``, are fsynced and renamed over it, then the
-directory is fsynced. A symbolic link is written through, a device or pipe written directly,
-``/dev/stdout`` and ``/dev/fd/N`` through this process's descriptor (docs/running.md says why).
-"""
+"""Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends
+write ``.NAME.XXXXXXXX.tmp`` beside ``NAME``, fsync it, rename it over ``NAME`` and fsync the
+directory. A link is written through, a device, a pipe or ``/dev/stdout`` directly
+(docs/running.md says why)."""
 
 from __future__ import annotations
 

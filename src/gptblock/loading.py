@@ -121,12 +121,8 @@ def load(
 def load_gpt(
     out_dir: str | os.PathLike[str], kind: str = BEST, device: str | torch.device = "cpu"
 ) -> tuple[GPT, CharTokenizer | BPETokenizer, Checkpoint]:
-    """``load``'s run case, with the whole checkpoint in place of its ``Source``: the model
-    (eval mode), the tokenizer and the checkpoint, every field of it checked first.
-
-    Raises:
-        FileNotFoundError, CheckpointError: naming the file and the problem.
-    """
+    """``load``'s run case, with the whole checkpoint (every field checked) in place of its
+    ``Source``; ``FileNotFoundError`` or ``CheckpointError`` name the file and the problem."""
     target = resolve_device(device) if isinstance(device, str) else device
     ckpt = load_checkpoint(out_dir, kind)
     meta = RunMeta.from_checkpoint(ckpt)

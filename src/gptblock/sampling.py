@@ -123,8 +123,7 @@ def sample_text(
     sampled with a generator seeded by ``seed``; ``weights``: ``GPT.generate``'s.
 
     Raises:
-        ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
-            a bad seed, temperature, top_k or max_new_tokens.
+        ValueError: an empty prompt, characters outside the vocabulary, a bad setting.
     """
     pieces = stream_text(
         model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,

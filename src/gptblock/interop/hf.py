@@ -1,10 +1,9 @@
 """Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf``, ``save_hf``.
 
-GPT-2 is gptblock's GPT with other names (``LAYERS``), its ``Conv1D`` weights ``nn.Linear``'s
-transposed; ``c_attn`` packs q, k and v as ``nn.MultiheadAttention`` does, and ``gelu_new`` is
-``"gelu_tanh"``, the same function. Llama, Mistral and Qwen2 are ``interop.llama``'s. A config
-the blocks cannot compute is refused, naming the field; nothing is approximated, downloaded or
-unpickled.
+GPT-2 is gptblock's GPT with other names (``LAYERS``), ``Conv1D`` weights transposed; ``c_attn``
+packs q, k and v as ``nn.MultiheadAttention`` does; ``gelu_new`` is ``"gelu_tanh"``. Llama,
+Mistral and Qwen2 are ``interop.llama``'s. A config the blocks cannot compute is refused, naming
+the field; nothing is approximated, downloaded or unpickled.
 
 Shapes: C = n_embd, V = vocab_size, nh heads.
 """
@@ -138,15 +137,10 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     """The ``GPTConfig`` and gptblock state_dict of a Hugging Face model or saved directory
     (what ``from_hf`` builds the model from).
 
-    Args:
-        source: a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
-            ``MistralForCausalLM`` or ``Qwen2ForCausalLM``, or a local directory holding its
-            ``config.json`` and ``model.safetensors`` (or shards and their index).
-
-    Raises:
-        UserImportError: transformers is not installed.
-        UserFileNotFoundError: the directory or its files are missing (a hub name is not read).
-        UserValueError: a config the blocks cannot compute, or weights of other shapes.
+    ``source``: a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+    ``MistralForCausalLM`` or ``Qwen2ForCausalLM``, or a local directory holding its
+    ``config.json`` and ``model.safetensors`` (or shards and their index); a hub name is not
+    read. A config the blocks cannot compute, or weights of other shapes, are refused.
     """
     tf = transformers_module()
     layout: llama.Layout | None = None
@@ -219,9 +213,7 @@ def to_hf(model: nn.Module, family: str | None = None) -> Any:
     """A ``transformers`` model computing what the GPT ``model`` computes (eval, float32).
 
     ``family``: ``"gpt2"``, ``"llama"``, ``"mistral"`` or ``"qwen2"``; None: Llama for Llama's
-    block (RMSNorm, SwiGLU, rotary positions), else GPT-2. An option the family cannot express
-    is refused, naming it; dropout, a training setting, is not carried into Llama's formats.
-    """
+    block, else GPT-2. An option the family cannot express is refused, naming it."""
     config: GPTConfig = model.config  # type: ignore[assignment]
     refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
     if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps
@@ -252,13 +244,8 @@ def save_hf(
     family: str | None = None,
 ) -> Path:  # fmt: skip
     """Write the GPT ``model`` (of ``family``, as ``to_hf``) as a new Hugging Face directory,
-    with ``tokenizer`` beside it if given: a run's ``CharTokenizer`` or ``BPETokenizer``, or a
-    ``transformers`` tokenizer. ``from_pretrained`` and ``gptblock.load(hf=directory)`` read it.
-
-    Raises:
-        UserValueError: what the family cannot express (nothing is written then); a
-            directory that exists and is not empty (another model's files are not mixed in).
-    """
+    with ``tokenizer`` (a run's, or a ``transformers`` one) beside it. Nothing is written for
+    what the family cannot express, nor into a directory that is not empty."""
     hf = to_hf(model, family)  # first: a model the family refuses leaves no directory
     if tokenizer is not None and getattr(tokenizer, "kind", None) in ("char", "bpe"):
         tokenizer = _hf_tokenizer(tokenizer, model.config)  # type: ignore[arg-type]

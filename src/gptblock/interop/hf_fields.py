@@ -78,9 +78,8 @@ METADATA = _words(
 
 
 def check_fields(fields: Mapping[str, Any], family: str, where: str = "") -> None:
-    """Refuse, naming it, a field of a ``family`` config ("gpt2", "llama", "mistral",
-    "qwen2") that gptblock neither computes nor knows to change nothing; ``where`` begins the
-    message (the file's path and ": ")."""
+    """Refuse, naming it after ``where``, a field of a ``family`` config that gptblock neither
+    computes nor knows to change nothing."""
     for field, value in fields.items():
         if field in METADATA or field in COMPUTED[family]:
             continue

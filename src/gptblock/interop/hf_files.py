@@ -29,10 +29,9 @@ Shapes = dict[str, tuple[int, ...] | None]
 def read_safetensors(
     directory: Path, expected: Shapes, prefix: str = "transformer."
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors file(s), each file's header checked against
-    ``expected`` (shapes by name, without the base model's ``prefix``) first. A name whose shape
-    is None is a buffer older transformers saved and recomputes (the causal mask, the rotary
-    frequencies): not read."""
+    """Every tensor of the directory's safetensors file(s), each header checked against
+    ``expected`` (shapes by name, without ``prefix``) first; a shape None is a buffer older
+    transformers saved and recompute (the causal mask, the rotary frequencies): not read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = _shards(index)

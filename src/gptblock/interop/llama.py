@@ -6,8 +6,8 @@ none in Mistral, q/k/v only in Qwen2; a missing bias is zeros, the same function
 k_proj and v_proj stack into ``in_proj_weight``; nothing is transposed. An ``"adjacent"`` GPT
 exports with each head's q and k rows permuted to Hugging Face's halves.
 
-What the parts do not compute is refused, naming the field. The fields are read as the installed
-transformers reads them (its defaults, ``rope_scaling`` beside ``rope_parameters``).
+What the parts do not compute is refused, naming the field, as the installed transformers reads
+the fields (its defaults, ``rope_scaling`` beside ``rope_parameters``).
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
 """

@@ -1,9 +1,8 @@
 """nanoGPT checkpoints: a ``ckpt.pt``'s ``model_args`` and weights as gptblock's GPT.
 
-nanoGPT's model is GPT-2's with ``nn.Linear`` layers (``interop.hf``'s names, not transposed)
-and exact GELU; ``torch.compile``'s ``_orig_mod.`` prefix is removed. Nothing runs code from the
-files: ``torch.load(weights_only=True)``, and an unpickler for ``meta.pkl`` (the character
-vocabulary) that refuses every class and function.
+nanoGPT's model is GPT-2's with ``nn.Linear`` layers (not transposed) and exact GELU. Nothing
+runs code from the files: ``torch.load(weights_only=True)``, and an unpickler for ``meta.pkl``
+(the character vocabulary) that refuses every class and function.
 
 Shapes: C = n_embd.
 """
@@ -40,9 +39,7 @@ def read_nanogpt(
     nanoGPT ``ckpt.pt`` or of the ``out_dir`` holding it: what ``from_nanogpt`` builds.
 
     Raises:
-        UserFileNotFoundError: no such file.
-        UserValueError: a file that would run code when unpickled, or that is not a nanoGPT
-            checkpoint (the message names what is missing).
+        UserValueError: a file that would run code when unpickled, or no nanoGPT checkpoint.
     """
     path = Path(path)
     if path.is_dir():

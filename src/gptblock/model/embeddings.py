@@ -5,8 +5,8 @@
   window starting at "l" stay apart). Over ``BIGRAM_CAP`` pairs (BPE) the pairs are hashed.
 - ``smear``: ``x[:, 1:] += scale * sigmoid(x[:, 1:, :k] @ gate) * x[:, :-1]``.
 
-Both read only the tokens, before the position embedding, and start at zero: a model with them
-starts as the model without. The embedding at t reads ``LOOKBACK`` tokens before it.
+Both read only the tokens, before the position embedding, and start at zero (a model with them
+starts as the model without); the embedding at t reads ``LOOKBACK`` tokens before it.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, k before-tokens.
 """

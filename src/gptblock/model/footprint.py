@@ -1,12 +1,11 @@
 """How much memory a GPT run needs, estimated before anything is allocated, and how much there is.
 
-An absurd ``--batch-size`` or ``--n-embd`` is refused with a number, not an allocator's traceback
-or the out-of-memory killer. ``train_memory`` adds up one training step's peak: parameters
-(counted from the shape: building even a ``meta`` model takes minutes for an absurd
-``--n-layer``), gradients, AdamW's moments, the activations and the text. The per-block counts
-(``PER_BLOCK``, ``DROPOUT``) were measured (the profiler's peak at two depths, PyTorch 2.13, CPU);
-``tests/test_footprint.py`` holds the estimate within -20% / +35% of the measured peak. On a GPU
-flash attention keeps no (T, T) weights, so there it errs high.
+An absurd ``--batch-size`` is refused with a number, not the out-of-memory killer.
+``train_memory`` adds up one training step's peak: parameters (counted from the shape: even a
+``meta`` model takes minutes to build for an absurd ``--n-layer``), gradients, AdamW's moments,
+the activations and the text. The per-block counts (``PER_BLOCK``, ``DROPOUT``) were measured
+(the profiler's peak at two depths, PyTorch 2.13, CPU); ``tests/test_footprint.py`` holds the
+estimate within -20% / +35% of it. A GPU's flash attention keeps no (T, T) weights: it errs high.
 
 Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
 """
@@ -147,9 +146,8 @@ def check_model(
     config: GPTConfig, what: str, advice: str, copies: int = 2, cache: bool = False,
     device: str | torch.device = "cpu", itemsize: int = FLOAT,
 ) -> None:  # fmt: skip
-    """Refuse a GPT of ``config`` (``what``) that does not fit on ``device``, before anything is
-    allocated: ``copies`` of its weights (a file's, read, and the model they go into) and, with
-    ``cache``, the KV cache generating from it holds (block_size positions of every layer)."""
+    """Refuse, before anything is allocated, a GPT of ``config`` whose ``copies`` of the weights
+    (and with ``cache`` the KV cache generating from it holds) do not fit on ``device``."""
     n = parameter_count(config)
     hs = config.n_embd // config.n_head
     kv = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT if cache else 0

@@ -1,9 +1,8 @@
 """The tiny GPT the lessons promise: embeddings, a stack of blocks, a final norm, a tied head.
 
-Model-level names are GPT-2's (``transformer.wte``, ``transformer.h``, ``lm_head``, ...), as in
-nanoGPT; the blocks are any of gptblock's three forms (``GPTConfig.block``). The computation is
-written once, in ``_run``: ``forward`` calls it on the blocks themselves, generation with a KV
-cache per block, ``run_with_cache`` / ``run_with_hooks`` with a probe at every named point.
+Model-level names are GPT-2's (``transformer.wte``, ``lm_head``, ...), as in nanoGPT; the blocks
+are any of gptblock's three forms. The computation is written once, in ``_run``: ``forward``
+calls it on the blocks, generation with a KV cache per block, the lens with a probe.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -199,11 +198,9 @@ class GPT(nn.Module):
         probe: Tracer | None = None, positions: torch.Tensor | None = None,
         before: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``, whose
-        blocks may also take ``kv_cache`` and ``probe``. With ``caches``, ``idx`` continues after
-        the positions they hold. ``positions`` (T,) or (B, T): default from 0, or after the
-        cached ones. ``before`` (B, k): the ids before ``idx`` that ``parts.inputs`` reads.
-        """
+        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``. ``idx``
+        continues after the positions ``caches`` hold (default positions); ``before`` (B, k):
+        the ids before ``idx`` that ``parts.inputs`` reads."""
         T = idx.shape[1]
         # (B, T, C): the token embedding, with the bigram embedding and the smear where they are on
         x = parts.wte(idx) if parts.inputs is None else parts.inputs(idx, parts.wte, before)
@@ -244,11 +241,9 @@ class GPT(nn.Module):
         Args:
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
-            use_cache: keep each block's keys and values so a step processes one token, not the
-                whole context (the same result).
+            use_cache: a step processes one token, not the whole context (the same result).
             generator: the random generator for sampling, for reproducible output.
-            weights: "float32" (None), the model's own; "bfloat16" or "int8" (the CPU only):
-                faster copies of a float32 model's (``gptblock.model.generation.weights``).
+            weights: "float32" (None), "bfloat16" or "int8" (CPU only): ``generation.weights``.
         """
         steps = self.stream(
             idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
@@ -299,9 +294,8 @@ class GPT(nn.Module):
         return tracer.result(self._run(idx, self._parts(self._probed_blocks()), probe=tracer))
 
     def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
-        """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
-        names): ``fn(activation)`` returns the activation to continue with. The model is not
-        changed."""
+        """Logits (B, T, V) with ``{name: fn}`` applied at ``run_with_cache``'s named activations:
+        ``fn(activation)`` returns the activation to continue with."""
         tracer = Tracer((), hooks, self.config.n_layer)
         self._check_input(idx)
         return self._run(idx, self._parts(self._probed_blocks()), probe=tracer)

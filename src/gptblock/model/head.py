@@ -1,8 +1,8 @@
 """The GPT's logits after its unembedding: soft-capped (Gemma 2, modded-nanogpt), or as they are.
 
 ``cap * tanh(logits / cap)`` is the identity near zero but bounds every logit, so a few confident
-tokens cannot take over the loss early in training. (Rejected: clamping, whose zero gradient past
-the cap would never let a saturated logit come back.)
+tokens cannot take over the loss early on. (Rejected: clamping, whose zero gradient past the cap
+would never let a saturated logit come back.)
 
 Shapes: B batch, T time, V = vocab_size.
 """

@@ -1,5 +1,4 @@
-"""The GPT's parts as callables: what its one forward pass (``GPT._run``) runs; generation
-passes functions of the weights (a module call per token and part was a tenth of a step).
+"""The GPT's parts as callables, what ``GPT._run`` runs: modules, or functions of the weights.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size.
 """

@@ -1,7 +1,6 @@
 """A GPT's activations by name, and hooks that change them: the probe ``GPT.run_with_cache`` passes.
 
-The names (``gptblock.lens.trace`` documents them) are ``embed``, ``blocks.{i}.NAME`` and
-``ln_final``; a ``Tracer`` applies the hooks and keeps what was asked for, point by point.
+The names (``lens.trace`` documents them) are ``embed``, ``blocks.{i}.NAME`` and ``ln_final``.
 
 Shapes: B batch, T time, C = n_embd, nh heads.
 """

@@ -1,9 +1,8 @@
 """The cached path and the generation loop under ``GPT.generate`` / ``GPT.stream``.
 
-``Decoder`` runs ``GPT._run`` with a ``KVCache`` (a block's keys and values so far) per block:
-the prompt at once, then a token at a time. Every block runs the fused forward on its own
-weights (``convert.parts_of``), since the other forms' forwards have no cache; steps read the
-weights laid out by ``matvec.RowLinear``, or the reduced copies of ``weights.py``.
+``Decoder`` runs ``GPT._run`` with a ``KVCache`` (a block's keys and values so far) per block,
+the prompt at once, then a token at a time; every block runs the fused forward on its own
+weights (the other forms' forwards have no cache), laid out by ``matvec`` or ``weights.py``.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -116,12 +115,8 @@ class Model(Protocol):
 
 
 class Decoder:
-    """A GPT's forward pass with a ``KVCache`` per block: ``generate``'s cached path.
-
-    The weights are read when the decoder is made (``GPT.generate`` makes one per call):
-    ``weights`` None or ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, copies in
-    that form, kept on the model while its parameters are unchanged (``_reduced``).
-    """
+    """A GPT's forward pass with a ``KVCache`` per block, its weights read when it is made:
+    ``weights`` None or ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, copies."""
 
     def __init__(self, model: Model, weights: str | None = None) -> None:
         self.model = model
@@ -231,10 +226,9 @@ REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its Red
 
 
 def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: str) -> GPTParts:
-    """``ends`` and ``blocks`` with every weight matrix, the unembedding's too, in ``weights``'
-    form. Quantising took longer than generating 100 tokens, so the copy is kept on the model
-    while its parameters are the same tensors at the same versions and addresses (an optimizer's
-    step, ``load_state_dict``, ``model.to`` make a new one). A change through ``p.data`` is not
+    """``ends`` and ``blocks`` with every weight matrix in ``weights``' form. Quantising took
+    longer than generating 100 tokens, so the copy is kept on the model while its parameters are
+    the same tensors at the same versions and addresses; a change through ``p.data`` is not
     seen: ``forget_reduced_weights(model)`` after one."""
     params = list(model.parameters())
     kept = getattr(model, REDUCED_COPY, None)

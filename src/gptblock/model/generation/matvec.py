@@ -20,9 +20,8 @@ class RowLinear:
 
     Args:
         weight: (O, I), ``nn.Linear``'s layout; bias: (O,) or None.
-        parts: how many blocks the outputs are cut into, lowered until it divides O (default:
-            twice the thread count; on 2 cores 4 parts took 1.35 ms per token of a 6-layer
-            384-wide GPT, 2 parts 1.55, 8 parts 1.62).
+        parts: blocks of outputs, lowered until it divides O (default: twice the threads; on 2
+            cores 4 took 1.35 ms per token of a 6-layer 384-wide GPT, 2 took 1.55, 8 1.62).
 
     Shape:
         ``linear(x)``: x (B, 1, I) -> (B, 1, O).

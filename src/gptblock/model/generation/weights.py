@@ -1,11 +1,8 @@
 """Reduced-precision weights for generation: bfloat16, or int8 with a scale per output row.
 
 A step at batch 1 reads every weight once per token, so its time is the weights' bytes. Each
-form is a ``Linear`` used in place of the model's own; activations stay float32.
-``Int8Linear`` sends a few rows (a step) through ``torch._weight_int8pack_mm``, whose fast
-kernel takes bfloat16 inputs (float32 ones took 20x longer here), and dequantises for many rows
-(a prompt), where the kernel is slower. What each form costs in loss:
-``benchmarks/generation_precision.py``.
+form is a ``Linear`` used in place of the model's own; activations stay float32. What each
+costs in loss: ``benchmarks/generation_precision.py``.
 
 Shapes: N rows, I = in_features, O = out_features.
 """
@@ -81,7 +78,9 @@ class BFloat16Linear:
 
 
 class Int8Linear:
-    """``F.linear`` with the weight quantised to int8, one float scale per output row.
+    """``F.linear`` with the weight quantised to int8, one float scale per output row. A few rows
+    (a step) go through ``torch._weight_int8pack_mm``, whose fast kernel takes bfloat16 inputs
+    (float32 ones took 20x longer here); many rows (a prompt), where it is slower, dequantise.
 
     Args:
         weight: (O, I), float32; bias: (O,) or None, kept in float32.
