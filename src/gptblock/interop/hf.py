@@ -155,12 +155,14 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         fields = hf_files.read_config_json(directory)
         if llama.is_llama(fields.get("model_type")):
             config, layout = llama.config_from_llama(fields, f"{path}: ")
-            shapes, prefix = hf_files.llama_shapes(config, layout), "model."
         else:
             config = _gpt2_config(fields, path, tf)
-            shapes, prefix = hf_files.expected_shapes(config), "transformer."
         advice = "this directory's model does not fit in this machine's memory"
-        check_model(config, f"{path}: a model", advice, cache=True)
+        check_model(config, f"{path}: a model", advice, cache=True)  # before the shapes' table
+        if layout is None:
+            shapes, prefix = hf_files.expected_shapes(config), "transformer."
+        else:
+            shapes, prefix = hf_files.llama_shapes(config, layout), "model."
         state = hf_files.read_safetensors(directory, shapes, prefix)
         with hf_files.naming(directory):
             return config, _to_gptblock(state, config, layout)
