@@ -1,17 +1,8 @@
 """gptblock: the GPT transformer block as the lessons teach it, verified, fast, and stacked into a tiny GPT.
 
 The public API is exactly ``__all__`` (a test pins it); README.md's "The library in one screen"
-says what each name is. The block's forms: ``gptblock.lesson`` (as taught), ``TransformerBlock``
-(on ``nn.MultiheadAttention``), ``FusedBlock`` (the fast one), ``convert`` between them; the
-modern block's parts (``RMSNorm``, ``Rotary``, ``SwiGLU``, ``GroupedQueryAttention``,
-``LlamaBlock``, with Hugging Face's Llama names). ``gptblock.reference`` is the NumPy oracle they
-are tested against, ``gptblock.exercises`` the first lesson's exercises, ``gptblock.lens`` looks
-inside a GPT, ``check_block`` finds the mistakes in anyone's block, ``grade`` a class's.
-``GPT`` (``GPTConfig``) stacks the blocks; ``train_gpt`` trains one (``Trainer``, ``TrainConfig``
-under it), ``load`` / ``load_gpt`` read a run, a Hugging Face directory or a nanoGPT checkpoint.
-
-Errors caused by the caller's input are ``UserError``s (also ``ValueError``, ``TypeError``, ...),
-with a message that names the bad value; anything else is a bug.
+says what each name is. Errors caused by the caller's input are ``UserError``s (also
+``ValueError``, ``TypeError``, ...) whose message names the bad value; anything else is a bug.
 """
 
 from importlib import import_module
@@ -27,33 +18,20 @@ __version__ = "0.3.0"
 NAMES = {
     name: module
     for module, names in {
-        "blocks.config": "BlockConfig GPTConfig",
-        "blocks.convert": "ConversionError convert",
-        "blocks.attention": "attention",
-        "blocks.fused": "FusedBlock",
-        "blocks.llama": "GroupedQueryAttention LlamaBlock",
-        "blocks.masks": "causal_mask",
-        "blocks.mha": "TransformerBlock",
-        "blocks.mlp": "SwiGLU swiglu",
-        "blocks.norms": "RMSNorm rmsnorm",
-        "blocks.rotary": "Rotary apply_rotary",
-        "check": "CheckReport Finding check_block",
-        "check.grading": "grade",
-        "data.batches": "CharTokenizer",
-        "errors": "UserError",
-        "loading": "load load_gpt",
-        "model.generation.cache": "KVCache",
-        "model.generation.sampling": "GenerationStep",
-        "model.gpt": "GPT GPTOutput",
-        "runs.checkpoint": "CheckpointError",
-        "runs.meta": "RunMeta",
-        "train.config": "TrainConfig",
-        "train.loop": "Trainer",
-        "train.result": "NonFiniteLossError",
-        "train.run": "train_gpt",
+        "blocks.config": "BlockConfig GPTConfig", "blocks.convert": "ConversionError convert",
+        "blocks.attention": "attention", "blocks.fused": "FusedBlock",
+        "blocks.llama": "GroupedQueryAttention LlamaBlock", "blocks.masks": "causal_mask",
+        "blocks.mha": "TransformerBlock", "blocks.mlp": "SwiGLU swiglu",
+        "blocks.norms": "RMSNorm rmsnorm", "blocks.rotary": "Rotary apply_rotary",
+        "check": "CheckReport Finding check_block", "check.grading": "grade",
+        "data.batches": "CharTokenizer", "errors": "UserError", "loading": "load load_gpt",
+        "model.generation.decode": "KVCache", "model.generation.sampling": "GenerationStep",
+        "model.gpt": "GPT GPTOutput", "runs.checkpoint": "CheckpointError", "runs.meta": "RunMeta",
+        "train.config": "TrainConfig", "train.loop": "Trainer",
+        "train.result": "NonFiniteLossError", "train.run": "train_gpt",
     }.items()
     for name in names.split()
-}
+}  # fmt: skip
 MODULES = ("check", "exercises", "lens", "lesson", "loading", "reference", "sampling")
 
 if TYPE_CHECKING:
@@ -73,7 +51,7 @@ if TYPE_CHECKING:
     from .data.batches import CharTokenizer
     from .errors import UserError
     from .loading import load, load_gpt
-    from .model.generation.cache import KVCache
+    from .model.generation.decode import KVCache
     from .model.generation.sampling import GenerationStep
     from .model.gpt import GPT, GPTOutput
     from .runs.checkpoint import CheckpointError
@@ -101,44 +79,10 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__, *MODULES})
 
 
-__all__ = [
-    "GPT",
-    "BlockConfig",
-    "CharTokenizer",
-    "CheckReport",
-    "CheckpointError",
-    "ConversionError",
-    "Finding",
-    "FusedBlock",
-    "GPTConfig",
-    "GPTOutput",
-    "GenerationStep",
-    "GroupedQueryAttention",
-    "KVCache",
-    "LlamaBlock",
-    "NonFiniteLossError",
-    "RMSNorm",
-    "Rotary",
-    "RunMeta",
-    "SwiGLU",
-    "TrainConfig",
-    "Trainer",
-    "TransformerBlock",
-    "UserError",
-    "__version__",
-    "apply_rotary",
-    "attention",
-    "causal_mask",
-    "check_block",
-    "convert",
-    "exercises",
-    "grade",
-    "lens",
-    "lesson",
-    "load",
-    "load_gpt",
-    "reference",
-    "rmsnorm",
-    "swiglu",
-    "train_gpt",
-]
+__all__ = ["GPT", "BlockConfig", "CharTokenizer", "CheckReport", "CheckpointError"]
+__all__ += ["ConversionError", "Finding", "FusedBlock", "GPTConfig", "GPTOutput", "GenerationStep"]
+__all__ += ["GroupedQueryAttention", "KVCache", "LlamaBlock", "NonFiniteLossError", "RMSNorm"]
+__all__ += ["Rotary", "RunMeta", "SwiGLU", "TrainConfig", "Trainer", "TransformerBlock"]
+__all__ += ["UserError", "__version__", "apply_rotary", "attention", "causal_mask", "check_block"]
+__all__ += ["convert", "exercises", "grade", "lens", "lesson", "load", "load_gpt", "reference"]
+__all__ += ["rmsnorm", "swiglu", "train_gpt"]

@@ -1,9 +1,4 @@
-"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory.
-
-``DTYPES`` serves every command (training runs in ``AUTOCAST_DTYPES``, float32 meaning no
-autocast). ``available_memory`` is ``MemAvailable`` within a cgroup's limit on the CPU,
-``cudaMemGetInfo`` on a GPU, None where nothing can be trusted (then nothing is refused).
-"""
+"""Where and in what precision to run: device names, dtype names, autocast, CPU threads, memory."""
 
 from __future__ import annotations
 
@@ -20,29 +15,12 @@ import torch
 from .blocks.config import check_positive_int
 from .errors import UserTypeError, UserValueError
 
-__all__ = [
-    "AUTOCAST_DTYPES",
-    "DEVICE_TYPES",
-    "DTYPES",
-    "autocast_context",
-    "available_memory",
-    "busy_cores",
-    "choose_threads",
-    "cpu_threads",
-    "cpu_ticks",
-    "native_bfloat16",
-    "resolve_device",
-    "resolve_dtype",
-    "set_threads",
-]
+__all__ = ["AUTOCAST_DTYPES", "DEVICE_TYPES", "DTYPES", "autocast_context", "available_memory"]
+__all__ += ["busy_cores", "choose_threads", "cpu_threads", "cpu_ticks", "native_bfloat16"]
+__all__ += ["resolve_device", "resolve_dtype", "set_threads"]
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
 AUTOCAST_DTYPES = ("float32", "bfloat16", "float16")  # what training runs in
+DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in (*AUTOCAST_DTYPES, "float64")}
 
 
 def native_bfloat16(device: str | torch.device) -> bool:
@@ -59,23 +37,13 @@ def native_bfloat16(device: str | torch.device) -> bool:
 
 def resolve_dtype(name: str, device: str | torch.device) -> str:
     """``"auto"``: bfloat16 where ``device`` has ``native_bfloat16``, else float32; any other
-    name as it is (``TrainConfig`` checks it).
-
-    Example:
-        >>> resolve_dtype("float32", "cpu")
-        'float32'
-        >>> resolve_dtype("auto", "cpu") in ("bfloat16", "float32")
-        True
-    """
-    if name != "auto":
-        return name
-    return "bfloat16" if native_bfloat16(device) else "float32"
+    name as it is."""
+    return name if name != "auto" else "bfloat16" if native_bfloat16(device) else "float32"
 
 
 def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for ``dtype`` on ``device`` (a no-op for float32), refusing one the
-    device's autocast does not support."""
-    # float32 means no autocast at all, so the default path runs exactly the model's own math.
+    """The autocast context for ``dtype`` on ``device`` (float32: none, so the default path runs
+    exactly the model's own math), refusing one the device's autocast does not support."""
     if dtype == "float32":
         return contextlib.nullcontext()
     if dtype not in AUTOCAST_DTYPES:
@@ -88,13 +56,11 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
         except RuntimeError as e:  # an unknown device type; bfloat16 on an older GPU
             problem = str(e)
     # Some unsupported combinations only warn and disable autocast; make them errors too.
-    if caught and not problem:
-        problem = str(caught[0].message)
+    problem = problem or (str(caught[0].message) if caught else "")
     if problem:
-        first_line = problem.splitlines()[0]
         raise UserValueError(
-            f"dtype={dtype} is not supported on device {device.type!r} ({first_line}); "
-            f"use --dtype float32"
+            f"dtype={dtype} is not supported on device {device.type!r} "
+            f"({problem.splitlines()[0]}); use --dtype float32"
         )
     return ctx
 
@@ -186,13 +152,7 @@ def cpu_ticks() -> tuple[float, float, float] | None:
 
 
 def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
-    """How many CPUs other processes keep busy now, watched for ``seconds``; None without /proc.
-
-    Example:
-        >>> busy = busy_cores(0.02)
-        >>> busy is None or busy >= 0
-        True
-    """
+    """How many CPUs other processes keep busy now, watched for ``seconds``; None without /proc."""
     start = cpu_ticks()
     time.sleep(seconds)
     end = cpu_ticks()
@@ -204,12 +164,10 @@ def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
 
 def choose_threads(threads: int | None = None) -> int:
     """Set and return torch's CPU threads: ``threads`` if given, else the free cores (at most
-    torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set).
-
-    OpenMP threads spin waiting for each other, so one whose core another process holds stalls
-    the rest: with one busy neighbour on 2 cores, generation took 4.8x its quiet time on both
-    threads, 1.5x on one. Rejected: the load average, a minute behind.
-    """
+    torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set). OpenMP threads spin
+    waiting for each other, so one whose core another process holds stalls the rest: with one
+    busy neighbour on 2 cores, generation took 4.8x its quiet time on both threads, 1.5x on one.
+    Rejected: the load average, a minute behind."""
     if threads is not None:
         set_threads(threads)
         return threads
@@ -234,16 +192,11 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
 
 
 def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes the machine can still allocate on ``device``, or None where that is unknown.
-
-    Example:
-        >>> available_memory("cpu") is None or available_memory("cpu") > 0
-        True
-    """
+    """Bytes the machine can still allocate on ``device`` (on the CPU ``MemAvailable`` within a
+    cgroup's limit), or None where that is unknown."""
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(torch.cuda.mem_get_info(device)[0])  # (free, total)
     if device.type != "cpu":
         return None
     found = [m for m in (_meminfo_available(), _cgroup_room()) if m is not None]

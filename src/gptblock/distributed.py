@@ -1,9 +1,5 @@
-"""The few pieces of ``torch.distributed`` the trainer needs, and nothing when run alone.
-
-``torchrun`` tells each process its place (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``);
-``init_distributed`` joins the group (gloo on the CPU, nccl on CUDA). Without them every helper
-is a no-op for one process, so the trainer has a single code path.
-"""
+"""The few pieces of ``torch.distributed`` the trainer needs: without ``torchrun`` every helper
+is a no-op for one process, so the trainer has a single code path."""
 
 from __future__ import annotations
 
@@ -15,15 +11,8 @@ import torch.distributed as dist
 
 from .errors import UserValueError
 
-__all__ = [
-    "DistInfo",
-    "all_gather_rows",
-    "all_reduce_sum",
-    "comm_device",
-    "dist_info",
-    "finish_distributed",
-    "init_distributed",
-]
+__all__ = ["DistInfo", "all_gather_rows", "all_reduce_sum", "comm_device", "dist_info"]
+__all__ += ["finish_distributed", "init_distributed"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +37,8 @@ def dist_info() -> DistInfo:
 
 
 def init_distributed(device: str) -> tuple[DistInfo, str]:
-    """Join the process group torchrun describes, if any; return it and this process's device
-    (a CUDA device becomes ``cuda:LOCAL_RANK``, one GPU per process).
+    """Join the process group torchrun describes (gloo on the CPU, nccl on CUDA), if any;
+    return it and this process's device (``cuda:LOCAL_RANK``: one GPU per process).
 
     Example:
         >>> init_distributed("cpu")  # not under torchrun: one process, nothing to join

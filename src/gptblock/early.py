@@ -1,14 +1,10 @@
 """The checker's child processes, started as early as the command line says they are needed.
 
-``gptblock check`` spends about 3 s importing gptblock (torch included) and its supervisor
-(``gptblock.check.isolation.reaper``) about 2 s importing torch before it forks the builder and the runner:
-one after the other, 5 s. So ``gptblock.cli.main`` calls ``start(argv)`` before it imports torch:
-when the command is ``check`` it ``spawn``s the supervisor there, whose torch import then runs
-beside this process's, and ``gptblock.check.isolation.child.Child`` ``take``s it instead of spawning one.
-A command that never takes it (an error in its arguments) ``drop``s it: with its stdin closed
-the supervisor ends, and its forks with it. This file uses nothing but the standard library.
-
-Shapes: none.
+``gptblock check`` spends about 3 s importing gptblock and torch, and its supervisor
+(``check.isolation.reaper``) about 2 s importing torch before it forks the builder and the
+runner. So ``gptblock.cli.main`` calls ``start(argv)`` before it imports torch, and the
+supervisor's import runs beside this process's; ``check.isolation.child.Child`` ``take``s it. A
+command that never takes it ``drop``s it. This file uses nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -95,14 +91,10 @@ def spawn() -> Spawned:
     folder = tempfile.TemporaryDirectory()
     supervisor = neutral_scripts(Path(folder.name))
     proc = subprocess.Popen(
-        [sys.executable, str(supervisor), str(out_w), str(err_w)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=err_w,
-        pass_fds=passed,
-        env=environment(),
+        [sys.executable, str(supervisor), str(out_w), str(err_w)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=err_w, pass_fds=passed, env=environment(),
         start_new_session=True,  # its own process group, spared the terminal's ^C
-    )
+    )  # fmt: skip
     for fd in passed:
         os.close(fd)
     if proc.stdin is not None:  # the jobs: in a pipe, not in a command line the block can read
@@ -115,9 +107,8 @@ def spawn() -> Spawned:
 
 
 def neutral_scripts(folder: Path) -> Path:
-    """The supervisor (``check/isolation/reaper.py``, copied) and the runner's package (``serve``: the
-    files ``RUNNER``, copied), under names that say nothing of the checker: the command lines,
-    the modules and the frames the block can see."""
+    """Copies of the supervisor (``check/isolation/reaper.py``) and the runner's package (the
+    files ``RUNNER``) under names that say nothing of the checker, in what the block can see."""
     supervisor, package = folder / "supervise.py", folder / "serve"
     supervisor.write_bytes((CHECK / "isolation" / "reaper.py").read_bytes())
     package.mkdir()
@@ -128,10 +119,8 @@ def neutral_scripts(folder: Path) -> Path:
 
 
 def environment() -> dict[str, str]:
-    """The child's environment: the caller's, but nothing that names the checker (``GPTBLOCK_*``,
-    the shell's ``_``: the command it ran, pytest's ``PYTEST_*``, a value that names
-    gptblock); ``PYTHONPATH`` this process's path, so that the child imports the same torch
-    and modules."""
+    """The caller's environment without what names the checker (``GPTBLOCK_*``, ``_``,
+    ``PYTEST_*``, a value naming gptblock); ``PYTHONPATH`` this process's path."""
     env = {
         k: v for k, v in os.environ.items()
         if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"

@@ -24,18 +24,9 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = [
-    "UserError",
-    "UserFileExistsError",
-    "UserFileNotFoundError",
-    "UserImportError",
-    "UserIsADirectoryError",
-    "UserNotADirectoryError",
-    "UserPermissionError",
-    "UserTypeError",
-    "UserValueError",
-    "checked",
-]
+__all__ = ["UserError", "UserFileExistsError", "UserFileNotFoundError", "UserImportError"]
+__all__ += ["UserIsADirectoryError", "UserNotADirectoryError", "UserPermissionError"]
+__all__ += ["UserTypeError", "UserValueError", "checked"]
 
 
 class UserError(Exception):

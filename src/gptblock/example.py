@@ -1,8 +1,5 @@
-"""The second lesson's worked example, run: change one token, see which outputs move.
-
-A ``TransformerBlock`` (float64, eval mode) maps a (B, T, C) input to a (B, T, C) output. Each
-position t in turn gets a random change; the causal mask means outputs before t must stay
-exactly as they were and outputs from t on must move. ``gptblock example`` prints the table.
+"""The second lesson's worked example, run: change one token of a ``TransformerBlock``'s input
+and see which outputs move (before it, none; from it on, all). ``gptblock example`` prints it.
 
 Shapes: B batch, T time, C channels, nh heads.
 """

@@ -1,12 +1,6 @@
-"""The first lesson's three exercises, run (NumPy only, deterministic given ``seed``): each
-returns its numbers and whether it passed; docs/exercises.md derives the claims and bands.
-
-* ``exercise1``: Var(q . k) = d_k, and 1 scaled by 1/sqrt(d_k) (Monte Carlo).
-* ``exercise2``: the NumPy causal head's weights: rows sum to 1, none on a future position.
-* ``exercise3``: softmax of scaled scores has higher entropy than of raw ones, in every draw.
-
-``on_learner`` runs the lessons' exercises on a learner's own ``Head``, ``MultiHeadAttention`` or
-``Block``, given as a function from input to output (``gptblock exercises --on FILE.py``).
+"""The first lesson's three exercises, run (NumPy only, deterministic given ``seed``); each
+returns its numbers and whether it passed (docs/exercises.md derives the claims and bands).
+``on_learner`` runs the lessons' exercises on a learner's own class (``gptblock exercises --on``).
 """
 
 from __future__ import annotations
@@ -22,20 +16,9 @@ from .blocks.config import check_seed
 from .errors import UserValueError
 from .reference import causal_head, softmax
 
-__all__ = [
-    "LEARNER_CLASSES",
-    "CausalHeadCheck",
-    "EntropyComparison",
-    "Holds",
-    "Refused",
-    "ScoreVariance",
-    "VarianceRow",
-    "exercise1",
-    "exercise2",
-    "exercise3",
-    "on_learner",
-    "run_all",
-]
+__all__ = ["LEARNER_CLASSES", "CausalHeadCheck", "EntropyComparison", "Holds", "Refused"]
+__all__ += ["ScoreVariance", "VarianceRow", "exercise1", "exercise2", "exercise3", "on_learner"]
+__all__ += ["run_all"]
 
 
 @dataclass(frozen=True)
@@ -90,16 +73,13 @@ class EntropyComparison:
 
 
 def exercise1(
-    seed: int = 0,
-    *,
-    d_ks: tuple[int, ...] = (4, 16, 64, 256),
-    n_samples: int = 10_000,
+    seed: int = 0, *, d_ks: tuple[int, ...] = (4, 16, 64, 256), n_samples: int = 10_000,
     band: float = 5.0,
-) -> ScoreVariance:
+) -> ScoreVariance:  # fmt: skip
     """Monte Carlo for Var(q . k) = d_k and Var(q . k / sqrt(d_k)) = 1.
 
-    For each d_k, ``n_samples`` Gaussian pairs give a sample variance; a row passes within
-    ``band`` standard errors, exact for Gaussian coordinates (5: a false FAIL ~6e-7).
+    A row passes within ``band`` standard errors, exact for Gaussian coordinates (5: a false
+    FAIL ~6e-7).
 
     Example:
         >>> r = exercise1(seed=0, d_ks=(4, 64), n_samples=2000)
@@ -149,17 +129,13 @@ def exercise2(seed: int = 0, *, n_sequences: int = 100, T: int = 8, hs: int = 4)
 
 
 def exercise3(
-    seed: int = 0,
-    *,
-    n_draws: int = 1000,
-    d_k: int = 64,
-    n_keys: int = 6,
+    seed: int = 0, *, n_draws: int = 1000, d_k: int = 64, n_keys: int = 6,
     scale: float | None = None,
-) -> EntropyComparison:
+) -> EntropyComparison:  # fmt: skip
     """Softmax of scaled scores is flatter (higher entropy) than softmax of raw scores.
 
-    For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) the scaled entropy is higher in *every*
-    draw whose scores are not all equal, so one exception fails it; a scale > 1 sharpens.
+    For any ``0 < scale < 1`` (None: ``1 / sqrt(d_k)``) it is in *every* draw whose scores
+    are not all equal, so one exception fails it.
 
     Example:
         >>> r = exercise3(seed=0, n_draws=50)
@@ -177,18 +153,12 @@ def exercise3(
     h_raw, h_scaled = _entropy_bits(p_raw), _entropy_bits(p_scaled)  # (n,) each
     higher = float(np.mean(h_scaled > h_raw))
     return EntropyComparison(
-        n_draws=n_draws,
-        d_k=d_k,
-        n_keys=n_keys,
-        scale=s,
-        fraction_higher=higher,
-        mean_entropy_raw=float(h_raw.mean()),
-        mean_entropy_scaled=float(h_scaled.mean()),
+        n_draws=n_draws, d_k=d_k, n_keys=n_keys, scale=s, fraction_higher=higher,
+        mean_entropy_raw=float(h_raw.mean()), mean_entropy_scaled=float(h_scaled.mean()),
         min_gap=float((h_scaled - h_raw).min()),
         mean_max_weight_raw=float(p_raw.max(axis=-1).mean()),
-        mean_max_weight_scaled=float(p_scaled.max(axis=-1).mean()),
-        passed=higher == 1.0,
-    )
+        mean_max_weight_scaled=float(p_scaled.max(axis=-1).mean()), passed=higher == 1.0,
+    )  # fmt: skip
 
 
 def run_all(seed: int = 0) -> tuple[ScoreVariance, CausalHeadCheck, EntropyComparison]:
@@ -219,17 +189,11 @@ class Holds:
 
 
 def on_learner(
-    kind: str,
-    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-    C: int,
-    n_params: int,
-    T: int = 6,
-    seed: int = 0,
-    tol: float = 1e-10,
-) -> list[Holds]:
-    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), whose eval
-    ``forward`` of a (B, T, C) input is given (what it raises is why one does not hold); ``tol``
-    is "did not move", relative to the output's scale.
+    kind: str, forward: Callable[[NDArray[np.float64]], NDArray[np.float64]], C: int, n_params: int,
+    T: int = 6, seed: int = 0, tol: float = 1e-10,
+) -> list[Holds]:  # fmt: skip
+    """The lessons' exercises on a learner's ``kind`` (one of ``LEARNER_CLASSES``), given its eval
+    ``forward`` of a (B, T, C) input; ``tol`` is "did not move", relative to the output's scale.
 
     Example:
         >>> import numpy as np
@@ -258,26 +222,16 @@ def on_learner(
         lost = [Holds(n, False, why) for n in ("the mask", "the worked example")]
         return [shapes, *lost, _parameters(kind, C, hs, n_params)]
     leaks, still = _moved(forward, x, y, rng, tol)
-    mask = Holds(
-        "the mask",
-        not leaks,
-        leaks or f"changing token t moves no output before t (t = 1..{T - 1})",
-    )
-    example = Holds(
-        "the worked example",
-        not still,
-        still or f"changing token t moves every output from t on (t = 0..{T - 1})",
-    )
-    return [shapes, mask, example, _parameters(kind, C, y.shape[-1], n_params)]
+    mask = leaks or f"changing token t moves no output before t (t = 1..{T - 1})"
+    example = still or f"changing token t moves every output from t on (t = 0..{T - 1})"
+    found = [Holds("the mask", not leaks, mask), Holds("the worked example", not still, example)]
+    return [shapes, *found, _parameters(kind, C, y.shape[-1], n_params)]
 
 
 def _moved(
-    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-    x: NDArray[np.float64],
-    y: NDArray[np.float64],
-    rng: np.random.Generator,
-    tol: float,
-) -> tuple[str, str]:
+    forward: Callable[[NDArray[np.float64]], NDArray[np.float64]], x: NDArray[np.float64],
+    y: NDArray[np.float64], rng: np.random.Generator, tol: float,
+) -> tuple[str, str]:  # fmt: skip
     # Token t changed in turn: an output before t that moved, one from t on that did not.
     B, T, C = x.shape
     scale = tol * (1.0 + float(np.nan_to_num(np.abs(y)).max()))
@@ -310,11 +264,9 @@ def _parameters(kind: str, C: int, hs: int, n: int) -> Holds:
         return Holds("parameters", False, f"{n:,}; the head size hs is unknown: see its shapes")
     if n == want:
         return Holds("parameters", True, f"{n:,} = {formula} at {at}")
+    off = f"{abs(n - want):,} {'fewer' if n < want else 'more'}"
     return Holds(
-        "parameters",
-        False,
-        f"{n:,}, the lesson's {kind} has {formula} = {want:,} at {at} "
-        f"({abs(n - want):,} {'fewer' if n < want else 'more'})",
+        "parameters", False, f"{n:,}, the lesson's {kind} has {formula} = {want:,} at {at} ({off})"
     )
 
 

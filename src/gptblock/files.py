@@ -1,11 +1,7 @@
-"""Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends.
-
-Every file gptblock writes goes through here: the bytes go to ``.NAME.XXXXXXXX.tmp`` beside
-``NAME`` (made with ``O_EXCL``, mode 0o666 under the umask), are fsynced and renamed over it,
-then the directory is fsynced. A destination that is not a plain file is never replaced by one:
-a symbolic link is written through, a device or pipe written directly, ``/dev/stdout`` and
-``/dev/fd/N`` through this process's descriptor (docs/running.md says why).
-"""
+"""Writing files so that a crash never leaves half of one: ``atomic_write_bytes`` and friends
+write ``.NAME.XXXXXXXX.tmp`` beside ``NAME``, fsync it, rename it over ``NAME`` and fsync the
+directory. A link is written through, a device, a pipe or ``/dev/stdout`` directly
+(docs/running.md says why)."""
 
 from __future__ import annotations
 
@@ -27,15 +23,8 @@ from .errors import (
     UserValueError,
 )
 
-__all__ = [
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "check_destination",
-    "fsync_dir",
-    "make_directory",
-    "temporary_name",
-    "temporary_of",
-]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "check_destination", "fsync_dir"]
+__all__ += ["make_directory", "temporary_name", "temporary_of"]
 
 TEMPORARY = re.compile(r"\.(?P<of>.+)\.[0-9a-f]{8}\.tmp")
 

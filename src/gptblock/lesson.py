@@ -1,19 +1,11 @@
 """The first lesson's transformer block, piece by piece, exactly as taught.
 
-``Head``, ``MultiHeadAttention``, ``FeedForward`` and ``Block`` keep the lesson's constructor
-signatures, attribute names (``key``, ``query``, ``value``, ``tril``, ``heads``, ``proj``, ``net``,
-``sa``, ``ffwd``, ``ln1``, ``ln2``) and arithmetic, so a state_dict saved from the lesson's own
-code loads here with ``strict=True`` and gives bit-identical outputs.
-
-Two things are added, neither changing a result:
-
-* Checks the lesson leaves out. ``n_embd`` not divisible by ``n_head``, ``T > block_size``, and
-  inputs that are not (B, T, n_embd) raise ``ValueError`` naming the numbers, instead of building
-  a block of the wrong width or failing with a broadcast error deep inside.
-* ``attention_weights(x)`` on ``Head``, ``MultiHeadAttention`` and ``Block``: the post-softmax,
-  pre-dropout attention pattern, computed by the same code ``forward`` uses. It is a method
-  rather than state stored during ``forward`` so that reading it never changes what ``forward``
-  does, costs nothing when unused, and cannot go stale.
+The classes keep the lesson's signatures, attribute names and arithmetic, so a state_dict saved
+from the lesson's code loads here with ``strict=True`` and gives bit-identical outputs. Added,
+changing no result: the checks the lesson leaves out (``n_embd`` not divisible by ``n_head``,
+``T > block_size``, an input not (B, T, n_embd) raise naming the numbers), and
+``attention_weights(x)``, the post-softmax, pre-dropout pattern by ``forward``'s own code: a
+method rather than state kept by ``forward``, so it costs nothing unused and cannot go stale.
 
 Shapes: B batch, T time, C = n_embd channels, nh = n_head heads, hs = head_size.
 """
@@ -60,8 +52,7 @@ class Head(nn.Module):
         self.key = nn.Linear(n_embd, head_size, bias=False)
         self.query = nn.Linear(n_embd, head_size, bias=False)
         self.value = nn.Linear(n_embd, head_size, bias=False)
-        # a lower-triangular mask, registered as a non-parameter buffer (persistent, as in the
-        # lesson, so the lesson's state_dicts load with strict=True)
+        # persistent, as in the lesson, so the lesson's state_dicts load with strict=True
         self.tril: torch.Tensor
         self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
         self.dropout = nn.Dropout(check_dropout(dropout))
@@ -155,10 +146,8 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """The pre-norm transformer block (lesson 1, section 3).
-
-    ``x = x + sa(ln1(x))`` then ``x = x + ffwd(ln2(x))``: each sub-layer reads a normalised copy
-    of the residual stream and adds its output back, never overwriting it.
+    """The pre-norm transformer block (lesson 1, section 3): ``x = x + sa(ln1(x))`` then
+    ``x = x + ffwd(ln2(x))``.
 
     Args:
         n_embd: C, width of the residual stream.

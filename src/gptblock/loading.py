@@ -1,15 +1,11 @@
 """One way to load a GPT, from any of the three places one comes from::
 
     load("out-gptblock")              a `gptblock train` run: its best checkpoint (``load_gpt``)
-    load(hf="path/to/dir")            a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2),
-                                      with its tokenizer
+    load(hf="path/to/dir")            a Hugging Face directory, with its tokenizer
     load(nanogpt="out/ckpt.pt")       a nanoGPT checkpoint, with the meta.pkl vocabulary beside it
 
-Each returns the same ``Loaded``: the model (eval mode, on ``device``), its tokenizer and the
-``Source`` it came from. ``gptblock sample`` and ``gptblock inspect`` load through it, by their
-``--out`` / ``--hf`` / ``--nanogpt`` options. Reading each kind of file is the business of the
-layers below (``gptblock.runs`` for runs, ``gptblock.interop`` for the others); this module only
-picks the reader and gives every answer one shape.
+Each returns the same ``Loaded`` (model, tokenizer, ``Source``); reading the files is the
+business of ``gptblock.runs`` and ``gptblock.interop``.
 """
 
 from __future__ import annotations
@@ -60,12 +56,8 @@ class Source:
     @property
     def what(self) -> str:
         """The kind, in words: ``"step 150"``, ``"Hugging Face Llama"`` or ``"nanoGPT"``."""
-        names = {
-            "run": f"step {self.step}",
-            "hf": f"Hugging Face {self.family}",
-            "nanogpt": "nanoGPT",
-        }
-        return names[self.kind]
+        names = {"run": f"step {self.step}", "hf": f"Hugging Face {self.family}"}
+        return names.get(self.kind, "nanoGPT")
 
     def __str__(self) -> str:
         return f"{self.path} ({self.what})"
@@ -80,23 +72,13 @@ class Loaded(NamedTuple):
 
 
 def load(
-    out_dir: str | os.PathLike[str] | None = None,
-    *,
-    hf: str | os.PathLike[str] | None = None,
-    nanogpt: str | os.PathLike[str] | None = None,
-    kind: str = BEST,
+    out_dir: str | os.PathLike[str] | None = None, *, hf: str | os.PathLike[str] | None = None,
+    nanogpt: str | os.PathLike[str] | None = None, kind: str = BEST,
     device: str | torch.device = "cpu",
-) -> Loaded:
-    """The GPT, its tokenizer and its source, from exactly one of three places.
-
-    Args:
-        out_dir: a directory ``gptblock train --out`` wrote; its checkpoint ``kind`` is read.
-        hf: a Hugging Face GPT-2, Llama, Mistral or Qwen2 directory (``save_pretrained``'s
-            config, safetensors and tokenizer), read offline.
-        nanogpt: nanoGPT's ``ckpt.pt`` or the out_dir holding it; its character vocabulary is
-            the ``meta.pkl`` beside it, if there is one.
-        kind: a run's checkpoint: "best" (the lowest validation loss) or "last".
-        device: where to put the model ("cpu", "cuda", "auto", ...).
+) -> Loaded:  # fmt: skip
+    """The GPT (eval mode, on ``device``), its tokenizer and its source, from exactly one of
+    ``out_dir`` (a run, whose checkpoint ``kind`` "best" or "last" is read), ``hf`` (a Hugging
+    Face GPT-2, Llama, Mistral or Qwen2 directory, read offline) and ``nanogpt``.
 
     Raises:
         UserValueError: none of the three or more than one, or a tokenizer with more tokens
@@ -108,9 +90,8 @@ def load(
         ...
         gptblock.errors.UserValueError: give one of out_dir (a gptblock train run), hf (a Hugging Face directory) or nanogpt (a nanoGPT checkpoint), got hf and nanogpt
     """
-    given = [
-        n for n, v in (("out_dir", out_dir), ("hf", hf), ("nanogpt", nanogpt)) if v is not None
-    ]
+    places = {"out_dir": out_dir, "hf": hf, "nanogpt": nanogpt}
+    given = [name for name, value in places.items() if value is not None]
     if len(given) != 1:
         raise UserValueError(
             f"give one of out_dir (a gptblock train run), hf (a Hugging Face directory) "
@@ -140,24 +121,8 @@ def load(
 def load_gpt(
     out_dir: str | os.PathLike[str], kind: str = BEST, device: str | torch.device = "cpu"
 ) -> tuple[GPT, CharTokenizer | BPETokenizer, Checkpoint]:
-    """Rebuild the trained GPT and its tokenizer from a ``gptblock train`` output directory:
-    ``load``'s run case, with the whole checkpoint in place of its ``Source``.
-
-    Every field of the checkpoint is checked (``RunMeta.from_checkpoint``,
-    ``train.state.check_fields``, the weights' shapes, ties and finiteness) before the model
-    is returned.
-
-    Args:
-        out_dir: the directory ``gptblock train --out`` wrote.
-        kind: "best" (lowest validation loss, the default) or "last".
-        device: where to put the model.
-
-    Returns:
-        The model in eval mode, the tokenizer, and the checkpoint (for its other fields).
-
-    Raises:
-        FileNotFoundError, CheckpointError: naming the file and the problem.
-    """
+    """``load``'s run case, with the whole checkpoint (every field checked) in place of its
+    ``Source``; ``FileNotFoundError`` or ``CheckpointError`` name the file and the problem."""
     target = resolve_device(device) if isinstance(device, str) else device
     ckpt = load_checkpoint(out_dir, kind)
     meta = RunMeta.from_checkpoint(ckpt)

@@ -1,8 +1,5 @@
-"""Text from a trained GPT: ``stream_text`` piece by piece as it is made, ``sample_text`` whole.
-
-Either tokenizer (``CharTokenizer``, or byte-level BPE, whose tokens can be parts of a
-character) gives whole characters.
-"""
+"""Text from a trained GPT, in whole characters: ``stream_text`` piece by piece as it is made,
+``sample_text`` whole."""
 
 from __future__ import annotations
 
@@ -18,36 +15,25 @@ from .errors import UserValueError, checked
 from .model.generation.weights import WEIGHTS
 from .model.gpt import GPT
 
-__all__ = [
-    "GENERATION_WEIGHTS",
-    "INT8_MIN_PARAMETERS",
-    "generation_weights",
-    "sample_text",
-    "stream_text",
-]
+__all__ = ["GENERATION_WEIGHTS", "INT8_MIN_PARAMETERS", "generation_weights", "sample_text"]
+__all__ += ["stream_text"]
 
 GENERATION_WEIGHTS = ("auto", *WEIGHTS)  # what `gptblock sample --weights` takes
 
 
-# A GPT whose weight matrices hold fewer parameters than this generates with its float32
-# weights under "auto": 4 MiB in float32, the L2 caches of this project's two cores; weights that
-# stay in the cores' caches are not read from memory at each token, so a smaller form saves no
-# reading there and adds conversions (benchmarks/generation_precision.py measures both sizes).
+# Below this many weight-matrix parameters "auto" keeps float32: 4 MiB, the L2 caches of this
+# project's two cores, where the weights are not read from memory at each token, so a smaller
+# form saves no reading and adds conversions (benchmarks/generation_precision.py).
 INT8_MIN_PARAMETERS = 1 << 20
 
 
 @checked
 def generation_weights(name: str, model: GPT) -> str:
     """The weights ``model`` generates with for ``name`` (one of ``GENERATION_WEIGHTS``):
-    ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware whose weight
-    matrices hold at least ``INT8_MIN_PARAMETERS``, and ``"float32"`` (the model's own weights)
-    otherwise; any other name is itself.
-
-    Why: a cached step at batch 1 reads every weight once per token. On the 6-layer, 384-wide
-    GPT, ``benchmarks/generation_precision.py`` measures int8 the fastest form, bfloat16 no
-    faster than float32 there, and int8 changing the default run's whole-validation loss by
-    less than 0.01 (benchmarks/LOG.md). The int8 kernel computes in bfloat16, which a CPU
-    without it emulates slowly.
+    ``"auto"`` is ``"int8"`` for a float32 model on a CPU with bfloat16 in hardware (the int8
+    kernel computes in it) whose weight matrices hold at least ``INT8_MIN_PARAMETERS``, else
+    ``"float32"``. On the 6-layer, 384-wide GPT int8 is the fastest form and changes the
+    validation loss by less than 0.01 (``benchmarks/generation_precision.py``, LOG.md).
 
     Example:
         >>> from gptblock import GPTConfig
@@ -61,40 +47,24 @@ def generation_weights(name: str, model: GPT) -> str:
         )
     if name != "auto":
         return name
-    weight = model.wte.weight
-    # What a step reads: every matrix (the tied unembedding once), one row of the position
-    # embedding.
+    # What a step reads: every matrix (the tied unembedding once), one row of wpe.
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
     if model.wpe is not None:
         matrices -= model.wpe.weight.numel()
-    fast = (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and native_bfloat16(weight.device)
-        and matrices >= INT8_MIN_PARAMETERS
-    )
-    return "int8" if fast else "float32"
+    w = model.wte.weight
+    fast = w.dtype == torch.float32 and w.device.type == "cpu" and native_bfloat16(w.device)
+    return "int8" if fast and matrices >= INT8_MIN_PARAMETERS else "float32"
 
 
 @checked
 def stream_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
+    model: GPT, tokenizer: Tokenizer, prompt: str | None = None, *, max_new_tokens: int = 500,
+    temperature: float = 0.8, top_k: int | None = None, seed: int = 1337,
     weights: str | None = None,
-) -> Iterator[str]:
-    """``sample_text``, piece by piece: the prompt first, then the text as it is made.
-
-    A character tokenizer's tokens are characters, each a piece. A byte-level BPE token can be
-    part of a character (one UTF-8 byte of several), so the text is decoded from every token
-    so far and a piece is yielded once it ends on a whole character.
-
-    Arguments are checked when this is called, not at the first ``next``.
+) -> Iterator[str]:  # fmt: skip
+    """``sample_text``, piece by piece: the prompt first, then each piece of text once it ends
+    on a whole character (a byte-level BPE token can be one UTF-8 byte of several). Arguments
+    are checked when this is called, not at the first ``next``.
 
     Example:
         >>> from gptblock import CharTokenizer, GPTConfig
@@ -123,14 +93,9 @@ def stream_text(
     # 50257 tokens): the padded ids have no text, so they are never sampled.
     V = min(model.config.vocab_size, getattr(tokenizer, "vocab_size", model.config.vocab_size))
     steps = model.stream(
-        idx,
-        max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        generator=generator,
-        vocab_size=V,
-        weights=weights,
-    )
+        idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+        vocab_size=V, weights=weights,
+    )  # fmt: skip
     return itertools.chain([prompt], _pieces(tokenizer, (int(s.token[0, 0]) for s in steps)))
 
 
@@ -150,35 +115,18 @@ def _pieces(tokenizer: Tokenizer, ids: Iterator[int]) -> Iterator[str]:
 
 @checked
 def sample_text(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str | None = None,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    seed: int = 1337,
+    model: GPT, tokenizer: Tokenizer, prompt: str | None = None, *, max_new_tokens: int = 500,
+    temperature: float = 0.8, top_k: int | None = None, seed: int = 1337,
     weights: str | None = None,
-) -> str:
-    """The prompt and its continuation, sampled with a generator seeded by ``seed``.
-
-    The default prompt is a newline (or, for a vocabulary without one, its first character).
-    A temperature so small that it overflows the logits (1e-45) samples greedily. ``weights``:
-    ``GPT.generate``'s (None: the model's own).
+) -> str:  # fmt: skip
+    """The prompt (default a newline, or the vocabulary's first character) and its continuation,
+    sampled with a generator seeded by ``seed``; ``weights``: ``GPT.generate``'s.
 
     Raises:
-        ValueError: an empty prompt, or one with characters outside the vocabulary (listed);
-            a bad seed, temperature, top_k or max_new_tokens.
+        ValueError: an empty prompt, characters outside the vocabulary, a bad setting.
     """
-    return "".join(
-        stream_text(
-            model,
-            tokenizer,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            seed=seed,
-            weights=weights,
-        )
-    )
+    pieces = stream_text(
+        model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, seed=seed, weights=weights,
+    )  # fmt: skip
+    return "".join(pieces)

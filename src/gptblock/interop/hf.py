@@ -1,27 +1,9 @@
 """Hugging Face's models and gptblock's GPT, weight for weight: ``from_hf``, ``to_hf``, ``save_hf``.
 
-GPT-2 is gptblock's GPT with other names; Llama, Mistral and Qwen2 are its modern options
-(``interop.llama`` maps those). ``gptblock.interop`` offers these functions; the GPT itself
-reads and writes no files. Per GPT-2 block, with C the width::
-
-    GPT-2 (Conv1D: weight (in, out))     gptblock (nn.Linear: weight (out, in))
-    h.{i}.ln_1                           transformer.h.{i}.norm1
-    h.{i}.attn.c_attn    (C, 3C)         transformer.h.{i}.self_attn.in_proj_weight   (3C, C)
-    h.{i}.attn.c_proj    (C, C)          transformer.h.{i}.self_attn.out_proj         (C, C)
-    h.{i}.ln_2                           transformer.h.{i}.norm2
-    h.{i}.mlp.c_fc       (C, 4C)         transformer.h.{i}.linear1                    (4C, C)
-    h.{i}.mlp.c_proj     (4C, C)         transformer.h.{i}.linear2                    (C, 4C)
-
-``Conv1D`` computes ``x @ W + b``, so its weights are transposed. ``c_attn`` packs q, k and v
-along its output as ``nn.MultiheadAttention`` does (q of every head, then k, then v, head i's
-columns ``i*hs:(i+1)*hs`` of each third), so the packed layout carries over with the transpose
-alone. The embeddings, ``ln_f`` and ``lm_head`` keep their names. GPT-2's ``gelu_new`` is the
-tanh approximation of GELU: the blocks' ``"gelu_tanh"``, so the function is the same, not close.
-
-A config that gptblock's blocks cannot compute (attention scaled by the layer index, upcast and
-reordered attention, cross-attention, an MLP not 4x wide, a scaled rope, ...) is refused with an
-error naming the field; nothing is approximated. Only local directories are read (a hub name is
-refused: nothing is downloaded), and only safetensors files (a ``.bin`` would be unpickled).
+GPT-2 is gptblock's GPT with other names (``LAYERS``), ``Conv1D`` weights transposed; ``c_attn``
+packs q, k and v as ``nn.MultiheadAttention`` does; ``gelu_new`` is ``"gelu_tanh"``. Llama,
+Mistral and Qwen2 are ``interop.llama``'s. A config the blocks cannot compute is refused, naming
+the field; nothing is approximated, downloaded or unpickled.
 
 Shapes: C = n_embd, V = vocab_size, nh heads.
 """
@@ -43,17 +25,10 @@ from ..data.bpe import tokenizers_of
 from ..errors import UserFileNotFoundError, UserTypeError, UserValueError
 from ..files import make_directory
 from ..model.embeddings import refuse_inputs
+from ..model.footprint import check_model
 from ..model.gpt import GPT
-from . import llama
+from . import hf_files, llama
 from .hf_fields import check_fields, transformers_module
-from .hf_files import (
-    check_fits,
-    expected_shapes,
-    llama_shapes,
-    naming,
-    read_config_json,
-    read_safetensors,
-)
 
 __all__ = ["config_from_hf", "config_to_hf", "from_hf", "read_hf", "save_hf", "to_hf"]
 
@@ -63,21 +38,22 @@ FORMATS = ("gpt2", *llama.FAMILIES)  # what to_hf writes
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACTIVATIONS |= {"relu": "relu"}
 TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-# (GPT-2's name under h.{i}., gptblock's under transformer.h.{i}., transposed?) per tensor.
-BLOCK_TENSORS = [
-    ("ln_1.weight", "norm1.weight", False),
-    ("ln_1.bias", "norm1.bias", False),
-    ("attn.c_attn.weight", "self_attn.in_proj_weight", True),
-    ("attn.c_attn.bias", "self_attn.in_proj_bias", False),
-    ("attn.c_proj.weight", "self_attn.out_proj.weight", True),
-    ("attn.c_proj.bias", "self_attn.out_proj.bias", False),
-    ("ln_2.weight", "norm2.weight", False),
-    ("ln_2.bias", "norm2.bias", False),
-    ("mlp.c_fc.weight", "linear1.weight", True),
-    ("mlp.c_fc.bias", "linear1.bias", False),
-    ("mlp.c_proj.weight", "linear2.weight", True),
-    ("mlp.c_proj.bias", "linear2.bias", False),
-]
+# GPT-2's (and nanoGPT's) layer under h.{i}. -> gptblock's under transformer.h.{i}.
+LAYERS = {"ln_1": "norm1", "attn.c_attn": "self_attn.in_proj", "attn.c_proj": "self_attn.out_proj"}
+LAYERS |= {"ln_2": "norm2", "mlp.c_fc": "linear1", "mlp.c_proj": "linear2"}
+
+
+def block_tensors(kinds: tuple[str, ...] = ("weight", "bias")) -> list[tuple[str, str, bool]]:
+    """(GPT-2's tensor, gptblock's, transposed?) per tensor of a block: a ``Conv1D`` weight is."""
+    return [
+        # nn.MultiheadAttention's packed projection is a parameter pair, not a Linear.
+        (f"{theirs}.{kind}", f"{ours}_{kind}" if ours.endswith("in_proj") else f"{ours}.{kind}",
+         kind == "weight" and not theirs.startswith("ln_"))
+        for theirs, ours in LAYERS.items() for kind in kinds
+    ]  # fmt: skip
+
+
+BLOCK_TENSORS = block_tensors()
 MODEL_TENSORS = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
 
 
@@ -107,15 +83,11 @@ def config_from_hf(hf: Any) -> GPTConfig:
         raise refuse("activation_function", f"the blocks support {sorted(ACTIVATIONS)}")
     rules = [
         ("scale_attn_weights", True, "the blocks always scale the scores by 1/sqrt(hs)"),
-        (
-            "scale_attn_by_inverse_layer_idx",
-            False,
-            "gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone",
-        ),
+        ("scale_attn_by_inverse_layer_idx", False, "gptblock's blocks scale every layer's attention by 1/sqrt(hs) alone"),
         ("reorder_and_upcast_attn", False, "the blocks compute attention in the model's dtype"),
         ("add_cross_attention", False, "the blocks have self-attention only"),
         ("is_encoder_decoder", False, "gptblock's GPT is a decoder alone"),
-    ]
+    ]  # fmt: skip
     for field, wanted, why in rules:
         if bool(c.get(field, wanted)) != wanted:
             raise refuse(field, why)
@@ -126,17 +98,11 @@ def config_from_hf(hf: Any) -> GPTConfig:
     if len(drops) != 1:
         raise refuse("attn_pdrop", "gptblock's GPT has one dropout probability for all three")
     return GPTConfig(
-        vocab_size=c["vocab_size"],
-        block_size=c["n_positions"],
-        n_layer=c["n_layer"],
-        n_head=c["n_head"],
-        n_embd=c["n_embd"],
-        dropout=float(drops.pop()),
-        bias=True,
-        activation=ACTIVATIONS[c["activation_function"]],
-        norm_eps=float(eps),
+        vocab_size=c["vocab_size"], block_size=c["n_positions"], n_layer=c["n_layer"],
+        n_head=c["n_head"], n_embd=c["n_embd"], dropout=float(drops.pop()), bias=True,
+        activation=ACTIVATIONS[c["activation_function"]], norm_eps=float(eps),
         tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-    )
+    )  # fmt: skip
 
 
 def config_to_hf(config: GPTConfig) -> Any:
@@ -155,42 +121,29 @@ def config_to_hf(config: GPTConfig) -> Any:
         )
     if not config.bias:
         raise UserValueError("GPT-2 has biases in every layer; this GPT has bias=False")
+    p = config.dropout
     return transformers_module().GPT2Config(
-        vocab_size=config.vocab_size,
-        n_positions=config.block_size,
-        n_embd=config.n_embd,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        n_inner=None,
-        activation_function=TO_HF_ACTIVATION[config.activation],
-        resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
-        layer_norm_epsilon=config.norm_eps,
+        vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
+        n_layer=config.n_layer, n_head=config.n_head, n_inner=None,
+        activation_function=TO_HF_ACTIVATION[config.activation], resid_pdrop=p, embd_pdrop=p,
+        attn_pdrop=p, layer_norm_epsilon=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
         # A character-level model has no end-of-text token; GPT-2's 50256 would not exist.
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
 
 
 def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """The ``GPTConfig`` and gptblock state_dict of a Hugging Face model or saved directory.
+    """The ``GPTConfig`` and gptblock state_dict of a Hugging Face model or saved directory
+    (what ``from_hf`` builds the model from).
 
-    ``from_hf`` builds the model from them.
-
-    Args:
-        source: a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
-            ``MistralForCausalLM`` or ``Qwen2ForCausalLM``, or the path of a local directory
-            holding its ``config.json`` and ``model.safetensors`` (or sharded safetensors and
-            their ``model.safetensors.index.json``).
-
-    Raises:
-        UserImportError: transformers is not installed.
-        UserFileNotFoundError: the directory or its files are missing (a hub name is not read).
-        UserValueError: a config the blocks cannot compute, or weights of other shapes.
+    ``source``: a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+    ``MistralForCausalLM`` or ``Qwen2ForCausalLM``, or a local directory holding its
+    ``config.json`` and ``model.safetensors`` (or shards and their index); a hub name is not
+    read. A config the blocks cannot compute, or weights of other shapes, are refused.
     """
     tf = transformers_module()
+    layout: llama.Layout | None = None
     if isinstance(source, (str, os.PathLike)):
         directory = Path(source)
         if not directory.is_dir():
@@ -199,25 +152,27 @@ def read_hf(source: Any) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
                 f"directory (nothing is downloaded: a hub name is not a directory)"
             )
         path = directory / "config.json"
-        fields = read_config_json(directory)
+        fields = hf_files.read_config_json(directory)
         if llama.is_llama(fields.get("model_type")):
             config, layout = llama.config_from_llama(fields, f"{path}: ")
-            check_fits(config, path)
-            state = read_safetensors(directory, llama_shapes(config, layout), "model.")
-            with naming(directory):
-                return config, llama.to_gptblock(state, config, layout)
-        config = _gpt2_config(fields, path, tf)
-        check_fits(config, path)
-        state = read_safetensors(directory, expected_shapes(config))
-        with naming(directory):
-            return config, _to_gptblock(state, config)
+        else:
+            config = _gpt2_config(fields, path, tf)
+        advice = "this directory's model does not fit in this machine's memory"
+        check_model(config, f"{path}: a model", advice, cache=True)  # before the shapes' table
+        if layout is None:
+            shapes, prefix = hf_files.expected_shapes(config), "transformer."
+        else:
+            shapes, prefix = hf_files.llama_shapes(config, layout), "model."
+        state = hf_files.read_safetensors(directory, shapes, prefix)
+        with hf_files.naming(directory):
+            return config, _to_gptblock(state, config, layout)
     if isinstance(source, nn.Module) and hasattr(source, "config"):
         if llama.is_llama(getattr(source.config, "model_type", None)):
             fields = source.config.to_dict()  # type: ignore[union-attr, operator]
             config, layout = llama.config_from_llama(fields)
-            return config, llama.to_gptblock(source.state_dict(), config, layout)
-        config = config_from_hf(source.config)
-        return config, _to_gptblock(source.state_dict(), config)
+        else:
+            config = config_from_hf(source.config)
+        return config, _to_gptblock(source.state_dict(), config, layout)
     raise UserTypeError(
         f"expected a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
         f"a directory, got {type(source).__name__}"
@@ -245,21 +200,9 @@ def _gpt2_config(fields: dict[str, Any], path: Path, tf: Any) -> GPTConfig:
 
 
 def from_hf(source: Any, *, block: str = "fused") -> GPT:
-    """A GPT with the weights of a Hugging Face model (GPT-2, Llama, Mistral or Qwen2) or of a
-    local directory ``save_pretrained`` wrote; its logits are the model's.
-
-    Args:
-        source: the model, or the directory (``config.json`` + safetensors); nothing is
-            downloaded.
-        block: ``"fused"`` or ``"mha"`` (GPT-2 only: the modern options need ``"fused"``).
-
-    Returns:
-        The model in eval mode, float32, on the CPU.
-
-    Raises:
-        UserImportError: transformers is missing (``pip install "gptblock[hf]"``).
-        UserValueError: a config the blocks cannot compute, naming the field.
-    """
+    """A GPT, in eval mode, float32, on the CPU, whose logits are those of ``read_hf``'s
+    ``source``; ``block``: ``"fused"`` or ``"mha"`` (GPT-2 only: the modern options need
+    ``"fused"``)."""
     if block not in ("fused", "mha"):
         raise UserValueError(f"block must be 'fused' or 'mha' (GPT-2 is GELU), got {block!r}")
     config, state = read_hf(source)
@@ -271,13 +214,8 @@ def from_hf(source: Any, *, block: str = "fused") -> GPT:
 def to_hf(model: nn.Module, family: str | None = None) -> Any:
     """A ``transformers`` model computing what the GPT ``model`` computes (eval, float32).
 
-    Args:
-        model: a ``gptblock.GPT`` (read through its ``config``, ``blocks`` and state_dict).
-        family: ``"gpt2"`` (``GPT2LMHeadModel``), ``"llama"``, ``"mistral"`` or ``"qwen2"``
-            (``LlamaForCausalLM``, ...); None: Llama for Llama's block (RMSNorm, SwiGLU, rotary
-            positions), else GPT-2. An option the family cannot express is refused, naming it. Dropout, a training
-            setting, is not carried into Llama's formats.
-    """
+    ``family``: ``"gpt2"``, ``"llama"``, ``"mistral"`` or ``"qwen2"``; None: Llama for Llama's
+    block, else GPT-2. An option the family cannot express is refused, naming it."""
     config: GPTConfig = model.config  # type: ignore[assignment]
     refuse_inputs(config, "Hugging Face's formats (GPT-2's and Llama's embed each token alone)")
     if config.logit_softcap is not None:  # GPT-2's and Llama's heads are plain linear maps
@@ -304,24 +242,12 @@ def to_hf(model: nn.Module, family: str | None = None) -> Any:
 
 
 def save_hf(
-    model: nn.Module,
-    directory: str | os.PathLike[str],
-    tokenizer: Any = None,
-    *,
+    model: nn.Module, directory: str | os.PathLike[str], tokenizer: Any = None, *,
     family: str | None = None,
-) -> Path:
-    """Write the GPT ``model`` as a new Hugging Face directory (``config.json``,
-    ``model.safetensors``), of ``family`` as ``to_hf`` chooses it, with ``tokenizer`` beside them
-    if given: a run's ``CharTokenizer`` or ``BPETokenizer`` (as ``tokenizer.json`` and
-    ``tokenizer_config.json``), or a ``transformers`` tokenizer.
-
-    It loads with ``AutoModelForCausalLM`` and ``AutoTokenizer``'s ``from_pretrained`` and with
-    ``gptblock.load(hf=directory)`` (a character vocabulary as the ``CharTokenizer`` it was).
-
-    Raises:
-        UserValueError: what the family cannot express (nothing is written then); a
-            directory that exists and is not empty (another model's files are not mixed in).
-    """
+) -> Path:  # fmt: skip
+    """Write the GPT ``model`` (of ``family``, as ``to_hf``) as a new Hugging Face directory,
+    with ``tokenizer`` (a run's, or a ``transformers`` one) beside it. Nothing is written for
+    what the family cannot express, nor into a directory that is not empty."""
     hf = to_hf(model, family)  # first: a model the family refuses leaves no directory
     if tokenizer is not None and getattr(tokenizer, "kind", None) in ("char", "bpe"):
         tokenizer = _hf_tokenizer(tokenizer, model.config)  # type: ignore[arg-type]
@@ -359,7 +285,11 @@ def _hf_tokenizer(tokenizer: Any, config: GPTConfig) -> Any:
     )
 
 
-def _to_gptblock(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+def _to_gptblock(
+    state: Mapping[str, torch.Tensor], config: GPTConfig, layout: llama.Layout | None = None
+) -> dict[str, torch.Tensor]:
+    if layout is not None:
+        return llama.to_gptblock(state, config, layout)
     # GPT2LMHeadModel's keys start with "transformer."; a bare GPT2Model's (the original
     # openai-community checkpoints) do not.
     hf = {k.removeprefix("transformer."): v for k, v in state.items()}

@@ -1,17 +1,8 @@
 """Every field a Hugging Face ``config.json`` may hold, and what gptblock does with it.
 
-A field is one of three kinds, by the table below, for each family:
-
-* **computed**: its value is read into the ``GPTConfig`` (``interop.hf.config_from_hf``,
-  ``interop.llama.config_from_llama``), where a value the blocks do not compute is refused by
-  name; the logits are then transformers' (``tests/test_hf*.py``);
-* **neutral only**: accepted at the value that changes nothing (no quantization, no remote
-  code, no cross-attention), refused by name at any other;
-* **metadata**: names, token ids, labels, the stored dtype (the weights are read as float32),
-  the generation defaults, output switches: nothing the logits depend on.
-
-A field in none of them is refused by name as well: gptblock cannot tell what it changes, so
-it does not guess (a newer transformers' option, another architecture's field, a typo).
+Per family, a field is **computed** (read into the ``GPTConfig``), **neutral** (accepted only
+at the value that changes nothing) or **metadata** (nothing the logits depend on). Any other
+field is refused by name: gptblock cannot tell what it changes.
 
 Example:
     >>> check_fields({"model_type": "llama", "hidden_size": 8, "use_cache": True}, "llama")
@@ -87,9 +78,8 @@ METADATA = _words(
 
 
 def check_fields(fields: Mapping[str, Any], family: str, where: str = "") -> None:
-    """Refuse, naming it, a field of a ``family`` config ("gpt2", "llama", "mistral",
-    "qwen2") that gptblock neither computes nor knows to change nothing; ``where`` begins the
-    message (the file's path and ": ")."""
+    """Refuse, naming it after ``where``, a field of a ``family`` config that gptblock neither
+    computes nor knows to change nothing."""
     for field, value in fields.items():
         if field in METADATA or field in COMPUTED[family]:
             continue

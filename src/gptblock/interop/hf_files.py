@@ -1,12 +1,7 @@
-"""The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read.
-
-``interop.hf`` and ``interop.llama`` map the weights onto gptblock's; this module only finds and
-reads them: ``config.json``, the model's size estimated against the machine's memory
-(``check_fits``), the safetensors file or the shards a ``model.safetensors.index.json`` lists
-(each a file beside the index). Every tensor's name and shape is checked against the config's
-(GPT-2's ``expected_shapes``, or ``llama_shapes``) from the file's header, so a wrong file is
-refused with its name before its tensors are loaded: a tensor the config has no place for is
-refused, never skipped, and so is one holding NaN or infinities.
+"""The files of a Hugging Face ``save_pretrained`` directory, checked before a weight is read:
+``config.json``, and every tensor's name and shape in the safetensors headers
+(``expected_shapes``, ``llama_shapes``); a tensor the config has no place for is refused, never
+skipped, as is one holding NaN or infinities.
 
 Shapes: C = n_embd, V = vocab_size, T = n_positions.
 """
@@ -25,7 +20,6 @@ import torch
 
 from ..blocks.config import GPTConfig
 from ..errors import UserFileNotFoundError, UserValueError
-from ..model.footprint import FLOAT, check_available, parameter_count
 from .llama import FAMILIES, Layout, is_llama
 
 # Shapes by tensor name; None: a buffer that is not read (any shape).
@@ -35,12 +29,9 @@ Shapes = dict[str, tuple[int, ...] | None]
 def read_safetensors(
     directory: Path, expected: Shapes, prefix: str = "transformer."
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors file(s), each file's header (names, shapes)
-    checked against ``expected`` (shapes by name, without the base model's ``prefix``: GPT-2's
-    ``transformer.``, Llama's ``model.``) before its tensors are read: a tensor it does not
-    name is refused, as is one holding NaN or infinities. A name whose shape is None is a
-    buffer older transformers saved and recomputes (the causal mask, the rotary frequencies):
-    not read."""
+    """Every tensor of the directory's safetensors file(s), each header checked against
+    ``expected`` (shapes by name, without ``prefix``) first; a shape None is a buffer older
+    transformers saved and recompute (the causal mask, the rotary frequencies): not read."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = _shards(index)
@@ -124,22 +115,6 @@ def family_name(directory: str | os.PathLike[str]) -> str:
     return FAMILIES[str(model_type)] if is_llama(model_type) else "GPT-2"
 
 
-def check_fits(config: GPTConfig, path: Path) -> None:
-    """Refuse, before any weight is read, a model that would not fit in memory, with the KV
-    cache generating from it holds (block_size positions of every layer's keys and values)."""
-    n = parameter_count(config)
-    hs = config.n_embd // config.n_head
-    cache = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT
-    check_available(
-        2 * n * FLOAT + cache,  # the weights read, the model they are copied into, the cache
-        "cpu",
-        f"{path}: a model of {n:,} parameters (vocab_size={config.vocab_size}, "
-        f"n_embd={config.n_embd}, n_layer={config.n_layer}) with a KV cache of "
-        f"{config.block_size:,} positions",
-        "this directory's model does not fit in this machine's memory",
-    )
-
-
 @contextlib.contextmanager
 def naming(directory: Path) -> Iterator[None]:
     """A missing or untied weight's error, naming the directory."""
@@ -179,29 +154,14 @@ def expected_shapes(config: GPTConfig) -> Shapes:
         ((4, 12), (11, 4))
     """
     V, T, C = config.vocab_size, config.block_size, config.n_embd
-    shapes: Shapes = {
-        "wte.weight": (V, C),
-        "wpe.weight": (T, C),
-        "ln_f.weight": (C,),
-        "ln_f.bias": (C,),
-        "lm_head.weight": (V, C),
-    }
-    per_block = {
-        "ln_1.weight": (C,),
-        "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C),
-        "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C),
-        "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,),
-        "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, 4 * C),
-        "mlp.c_fc.bias": (4 * C,),
-        "mlp.c_proj.weight": (4 * C, C),
-        "mlp.c_proj.bias": (C,),
-        "attn.bias": None,  # the causal mask GPT2Attention kept as a buffer
-        "attn.masked_bias": None,
-    }
+    shapes: Shapes = {"wte.weight": (V, C), "wpe.weight": (T, C), "lm_head.weight": (V, C)}
+    shapes |= {"ln_f.weight": (C,), "ln_f.bias": (C,)}
+    # (in, out) per layer; a LayerNorm's is its gain's and bias's (C,)
+    layers = {"ln_1": (C,), "attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "ln_2": (C,)}
+    layers |= {"mlp.c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
+    per_block: Shapes = {"attn.bias": None, "attn.masked_bias": None}  # GPT2Attention's mask
+    for name, shape in layers.items():
+        per_block |= {f"{name}.weight": shape, f"{name}.bias": shape[-1:]}
     for i in range(config.n_layer):
         shapes |= {f"h.{i}.{k}": v for k, v in per_block.items()}
     return shapes
@@ -227,15 +187,12 @@ def llama_shapes(config: GPTConfig, layout: Layout) -> Shapes:
         "post_attention_layernorm.weight": (C,),
         "self_attn.rotary_emb.inv_freq": None,  # transformers before 4.31 saved it
     }
-    linears = {  # name -> (out, in, has a bias)
-        "self_attn.q_proj": (C, C, layout.qkv_bias),
-        "self_attn.k_proj": (kv, C, layout.qkv_bias),
-        "self_attn.v_proj": (kv, C, layout.qkv_bias),
-        "self_attn.o_proj": (C, C, layout.o_bias),
-        "mlp.gate_proj": (F, C, layout.mlp_bias),
-        "mlp.up_proj": (F, C, layout.mlp_bias),
-        "mlp.down_proj": (C, F, layout.mlp_bias),
-    }
+    qkv, o, mlp = layout.qkv_bias, layout.o_bias, layout.mlp_bias
+    # name -> (out, in, has a bias)
+    linears = {"self_attn.q_proj": (C, C, qkv), "self_attn.k_proj": (kv, C, qkv)}
+    linears |= {"self_attn.v_proj": (kv, C, qkv), "self_attn.o_proj": (C, C, o)}
+    linears |= {"mlp.gate_proj": (F, C, mlp), "mlp.up_proj": (F, C, mlp)}
+    linears |= {"mlp.down_proj": (C, F, mlp)}
     for name, (n_out, n_in, bias) in linears.items():
         per_block[f"{name}.weight"] = (n_out, n_in)
         if bias:

@@ -1,32 +1,13 @@
 """Hugging Face's Llama, Mistral and Qwen2 and gptblock's modern GPT, weight for weight.
 
-The three are one block (RMSNorm, rotary positions, SwiGLU, grouped-query attention) with
-different biases: Llama's ``attention_bias`` (q, k, v, o) and ``mlp_bias``; none in Mistral;
-q, k and v only in Qwen2. Each is a ``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope",
-rope_pairing="halves", ...)``; per block, with C the width, nkv the key/value heads and hs the
-head size::
+The three are one block (``GPTConfig(norm="rmsnorm", mlp="swiglu", position="rope",
+rope_pairing="halves")``) with different biases: Llama's ``attention_bias`` and ``mlp_bias``,
+none in Mistral, q/k/v only in Qwen2; a missing bias is zeros, the same function. q_proj,
+k_proj and v_proj stack into ``in_proj_weight``; nothing is transposed. An ``"adjacent"`` GPT
+exports with each head's q and k rows permuted to Hugging Face's halves.
 
-    Hugging Face (under model.layers.{i}.)       gptblock (under transformer.h.{i}.)
-    input_layernorm                              norm1
-    self_attn.q_proj (C, C), k_proj (nkv hs, C),  self_attn.in_proj_weight (C + 2 nkv hs, C):
-      v_proj (nkv hs, C)                            their rows stacked, q; k; v
-    self_attn.o_proj                             self_attn.out_proj
-    post_attention_layernorm                     norm2
-    mlp.gate_proj / up_proj / down_proj          linear1 / linear3 / linear2
-
-and ``embed_tokens``, ``norm``, ``lm_head`` are ``transformer.wte``, ``transformer.ln_f``,
-``lm_head``. Both are ``nn.Linear`` (out, in): nothing is transposed. Hugging Face rotates the
-halves of each head (``rotate_half``), gptblock's ``"halves"`` pairing, so the q and k rows are
-copied in their order; a GPT with ``rope_pairing="adjacent"`` exports with each head's q and k
-rows permuted (``rotary.pairing_permutation``), the same model under Hugging Face's pairing.
-
-gptblock's ``bias`` is all or nothing, so a family's missing biases are zeros (the same
-function): a Qwen2 model reads as ``bias=True`` with zero ``out_proj`` and MLP biases. What the
-parts do not compute is refused, naming the field: a scaled rope (``rope_type`` other than
-``"default"``), partial rotation, a sliding window smaller than the context, a ``head_dim``
-other than ``hidden_size / num_attention_heads``, an activation other than SiLU; and any field
-``interop.hf_fields`` does not know. The fields are read as the installed transformers reads
-them (its defaults, a ``rope_scaling`` beside ``rope_parameters``), so a file means the same here.
+What the parts do not compute is refused, naming the field, as the installed transformers reads
+the fields (its defaults, ``rope_scaling`` beside ``rope_parameters``).
 
 Shapes: C = hidden_size, F = intermediate_size, V = vocab_size, nh heads, nkv key/value heads.
 """
@@ -57,30 +38,18 @@ def is_llama(model_type: object) -> bool:
 
 
 INT = "a positive int"
-REQUIRED = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
-# (Hugging Face's name under layers.{i}., gptblock's under transformer.h.{i}.), copied as is.
-PLAIN = [
-    ("input_layernorm.weight", "norm1.weight"),
-    ("self_attn.o_proj.weight", "self_attn.out_proj.weight"),
-    ("post_attention_layernorm.weight", "norm2.weight"),
-    ("mlp.gate_proj.weight", "linear1.weight"),
-    ("mlp.up_proj.weight", "linear3.weight"),
-    ("mlp.down_proj.weight", "linear2.weight"),
-]
+REQUIRED = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads"
+# Hugging Face's layer under layers.{i}. -> gptblock's under transformer.h.{i}.; q/k/v aside.
+LAYERS = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
+LAYERS |= {"self_attn.o_proj": "self_attn.out_proj", "mlp.gate_proj": "linear1"}
+LAYERS |= {"mlp.up_proj": "linear3", "mlp.down_proj": "linear2"}
+PLAIN = [(f"{theirs}.weight", f"{ours}.weight") for theirs, ours in LAYERS.items()]  # as they are
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-# The biases after q/k/v: (Hugging Face's, gptblock's, which Layout flag says it exists).
+# The linear layers' biases: (Hugging Face's, gptblock's, which Layout flag says it exists).
 BIASES = [
-    ("self_attn.o_proj.bias", "self_attn.out_proj.bias", "o_bias"),
-    ("mlp.gate_proj.bias", "linear1.bias", "mlp_bias"),
-    ("mlp.up_proj.bias", "linear3.bias", "mlp_bias"),
-    ("mlp.down_proj.bias", "linear2.bias", "mlp_bias"),
-]
+    (f"{theirs}.bias", f"{ours}.bias", "o_bias" if theirs.startswith("self_attn") else "mlp_bias")
+    for theirs, ours in LAYERS.items() if "layernorm" not in theirs
+]  # fmt: skip
 
 
 class Layout(NamedTuple):
@@ -93,10 +62,8 @@ class Layout(NamedTuple):
 
 
 def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTConfig, Layout]:
-    """The ``GPTConfig`` (and bias layout) of a Llama, Mistral or Qwen2 config's fields (a
-    ``config.json`` or ``config.to_dict()``); what the blocks lack is refused, naming the field.
-
-    ``where`` begins every message (the file's path and ": ").
+    """The ``GPTConfig`` (and bias layout) of a Llama, Mistral or Qwen2 config's fields; what
+    the blocks lack is refused, naming the field, after ``where`` (the file's path and ": ").
 
     Example:
         >>> fields = dict(model_type="llama", vocab_size=300, hidden_size=64, num_hidden_layers=2,
@@ -137,7 +104,7 @@ def config_from_llama(fields: Mapping[str, Any], where: str = "") -> tuple[GPTCo
             raise refuse(field, f"expected {kind}")
         return value
 
-    V, C, F, L, nh = (get(f, INT) for f in REQUIRED)
+    V, C, F, L, nh = (get(f, INT) for f in REQUIRED.split())
     check_fields(fields, family, where)
     for field in ("num_key_value_heads", "max_position_embeddings"):
         if fields.get(field) is not None:
@@ -198,10 +165,8 @@ def _divides(nkv: int | None, nh: int, refuse: Any) -> None:
 
 
 def _as_transformers_reads(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The fields as the family's transformers config class reads them: its defaults filled
-    in, transformers 4's ``rope_scaling`` and ``rope_theta`` merged into ``rope_parameters``
-    (where ``rope_scaling`` wins), Qwen2's ``layer_types`` derived; so that a file means here
-    what it means there."""
+    """The fields as the family's transformers config class reads them (its defaults, merged
+    rope fields, Qwen2's ``layer_types``), so that a file means here what it means there."""
     tf = transformers_module()
     name = FAMILIES[fields["model_type"]]
     verbosity = tf.logging.get_verbosity()
@@ -252,12 +217,10 @@ def config_to_llama(config: GPTConfig, family: str) -> dict[str, Any]:
     name = FAMILIES[family]
     hs = config.n_embd // config.n_head
     lacks = [
-        ("position", "rope", "rotary positions"),
-        ("norm", "rmsnorm", "RMSNorm"),
-        ("mlp", "swiglu", "a SwiGLU MLP"),
-        ("qk_norm", False, "no norm on q and k"),
+        ("position", "rope", "rotary positions"), ("norm", "rmsnorm", "RMSNorm"),
+        ("mlp", "swiglu", "a SwiGLU MLP"), ("qk_norm", False, "no norm on q and k"),
         ("parallel_residual", False, "sequential residual branches"),
-    ]
+    ]  # fmt: skip
     for option, wanted, what in lacks:
         if getattr(config, option) != wanted:
             raise UserValueError(
@@ -303,10 +266,8 @@ def to_gptblock(
     def zeros(like: torch.Tensor) -> torch.Tensor:
         return torch.zeros(like.shape[0])  # a bias the family does not have: the same function
 
-    out = {
-        "transformer.wte.weight": take("embed_tokens.weight"),
-        "transformer.ln_f.weight": take("norm.weight"),
-    }
+    out = {"transformer.wte.weight": take("embed_tokens.weight")}
+    out["transformer.ln_f.weight"] = take("norm.weight")
     for i in range(config.n_layer):
         theirs, ours = f"layers.{i}.", f"transformer.h.{i}."
         for hf_name, name_ in PLAIN:
@@ -348,10 +309,8 @@ def to_llama(model: torch.nn.Module, family: str) -> dict[str, torch.Tensor]:
             return t
         return t.view(n, hs, *t.shape[1:])[:, perm].reshape(t.shape)  # (n, hs, ...) -> (n hs, ...)
 
-    out = {
-        "model.embed_tokens.weight": ours["transformer.wte.weight"],
-        "model.norm.weight": ours["transformer.ln_f.weight"],
-    }
+    out = {"model.embed_tokens.weight": ours["transformer.wte.weight"]}
+    out["model.norm.weight"] = ours["transformer.ln_f.weight"]
     for i in range(config.n_layer):
         theirs, mine = f"model.layers.{i}.", f"transformer.h.{i}."
         for hf_name, name in PLAIN:

@@ -1,17 +1,8 @@
 """nanoGPT checkpoints: a ``ckpt.pt``'s ``model_args`` and weights as gptblock's GPT.
 
-nanoGPT (``train.py``) saves ``torch.save({"model": state_dict, "model_args": {...}, ...})``.
-Its model is GPT-2's with ``nn.Linear`` layers, so the names map as in ``gptblock.interop.hf`` without
-the transpose; its MLP is exact GELU (``nn.GELU()``); ``bias=False`` drops every bias, the
-LayerNorms' too, as gptblock's ``GPTConfig(bias=False)`` does. A model trained with
-``torch.compile`` has every key prefixed ``_orig_mod.``; that prefix is removed. The head is tied
-to the token embedding in nanoGPT; a checkpoint whose head differs loads untied.
-
-Nothing runs code from the files. ``torch.load(weights_only=True)`` unpickles tensors, dicts,
-lists and numbers only and refuses any other object before creating it; nanoGPT's ``meta.pkl``
-(the character vocabulary of ``data/shakespeare_char``: ``{"vocab_size", "itos", "stoi"}``) is
-read by an unpickler that refuses every class and function, so only plain dicts, ints and
-strings come out of it.
+nanoGPT's model is GPT-2's with ``nn.Linear`` layers (not transposed) and exact GELU. Nothing
+runs code from the files: ``torch.load(weights_only=True)``, and an unpickler for ``meta.pkl``
+(the character vocabulary) that refuses every class and function.
 
 Shapes: C = n_embd.
 """
@@ -30,40 +21,25 @@ import torch
 from ..blocks.config import GPTConfig
 from ..data.batches import CharTokenizer
 from ..errors import UserFileNotFoundError, UserValueError
-from ..model.footprint import FLOAT, check_available, parameter_count
+from ..model.footprint import check_model
 from ..model.gpt import GPT
-from .hf import MODEL_TENSORS
+from .hf import MODEL_TENSORS, block_tensors
 from .hf_files import expected_shapes
 
 __all__ = ["from_nanogpt", "read_meta_pkl", "read_nanogpt"]
 
 PREFIX = "_orig_mod."  # what torch.compile puts in front of every key
-# nanoGPT's name under transformer.h.{i}. -> gptblock's (both nn.Linear: no transpose).
-BLOCK_TENSORS = {
-    "ln_1": "norm1",
-    "attn.c_attn": "self_attn.in_proj",
-    "attn.c_proj": "self_attn.out_proj",
-    "ln_2": "norm2",
-    "mlp.c_fc": "linear1",
-    "mlp.c_proj": "linear2",
-}
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
 
 def read_nanogpt(
     path: str | os.PathLike[str],
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], CharTokenizer | None]:
-    """The config, gptblock state_dict and (if ``meta.pkl`` is beside it) vocabulary of a run.
-
-    ``from_nanogpt`` builds the model from them.
-
-    Args:
-        path: nanoGPT's ``ckpt.pt``, or the ``out_dir`` holding it.
+    """The config, gptblock state_dict and (if ``meta.pkl`` is beside it) vocabulary of a
+    nanoGPT ``ckpt.pt`` or of the ``out_dir`` holding it: what ``from_nanogpt`` builds.
 
     Raises:
-        UserFileNotFoundError: no such file.
-        UserValueError: a file that would run code when unpickled, or that is not a nanoGPT
-            checkpoint (the message names what is missing).
+        UserValueError: a file that would run code when unpickled, or no nanoGPT checkpoint.
     """
     path = Path(path)
     if path.is_dir():
@@ -103,25 +79,14 @@ def read_nanogpt(
     )
     try:
         config = GPTConfig(
-            vocab_size=args["vocab_size"],
-            block_size=args["block_size"],
-            n_layer=args["n_layer"],
-            n_head=args["n_head"],
-            n_embd=args["n_embd"],
-            dropout=float(args.get("dropout", 0.0)),
-            bias=bool(args.get("bias", True)),
-            activation="gelu",
+            **{k: args[k] for k in MODEL_ARGS}, dropout=float(args.get("dropout", 0.0)),
+            bias=bool(args.get("bias", True)), activation="gelu",
             tie_embeddings=head is None or same,
-        )
+        )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise UserValueError(f"{path}: model_args: {e}") from None
-    n = parameter_count(config)
-    check_available(
-        2 * n * FLOAT,  # the weights read, and the model they are copied into
-        "cpu",
-        f"{path}: a model of {n:,} parameters ({', '.join(f'{k}={args[k]}' for k in MODEL_ARGS)})",
-        "this checkpoint's model does not fit in this machine's memory",
-    )
+    advice = "this checkpoint's model does not fit in this machine's memory"
+    check_model(config, f"{path}: a model", advice)
     meta = path.parent / "meta.pkl"
     tokenizer = read_meta_pkl(meta) if meta.is_file() else None
     return config, _to_gptblock(state, config, path), tokenizer
@@ -130,12 +95,7 @@ def read_nanogpt(
 def from_nanogpt(
     path: str | os.PathLike[str], *, block: str = "fused"
 ) -> tuple[GPT, CharTokenizer | None]:
-    """The GPT of a nanoGPT ``ckpt.pt`` (or its out_dir), and the character vocabulary of
-    the ``meta.pkl`` beside it if there is one; nothing in either file can run code.
-
-    Returns:
-        The model in eval mode, float32, on the CPU, and the tokenizer or None.
-    """
+    """``read_nanogpt``'s GPT (eval mode, float32, on the CPU) and its tokenizer or None."""
     config, state, tokenizer = read_nanogpt(path)
     model = GPT(dataclasses.replace(config, block=block))
     model.load_state_dict(state, strict=True)
@@ -158,16 +118,12 @@ def _to_gptblock(
         return state[key]
 
     shapes = expected_shapes(config)
-
     kinds = ("weight", "bias") if config.bias else ("weight",)
     names = [k for k in MODEL_TENSORS if config.bias or not k.endswith(".bias")]
     out = {f"transformer.{k}": take(f"transformer.{k}") for k in names}
     for i in range(config.n_layer):
-        for theirs, ours in BLOCK_TENSORS.items():
-            for kind in kinds:
-                # nn.MultiheadAttention's packed projection is a parameter pair, not a Linear.
-                name = f"{ours}_{kind}" if ours == "self_attn.in_proj" else f"{ours}.{kind}"
-                out[f"transformer.h.{i}.{name}"] = take(f"transformer.h.{i}.{theirs}.{kind}")
+        for theirs, ours, _ in block_tensors(kinds):  # nn.Linear, as gptblock's: no transpose
+            out[f"transformer.h.{i}.{ours}"] = take(f"transformer.h.{i}.{theirs}")
     out["lm_head.weight"] = (
         take("lm_head.weight") if "lm_head.weight" in state else out["transformer.wte.weight"]
     )
@@ -182,12 +138,8 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def read_meta_pkl(path: str | os.PathLike[str]) -> CharTokenizer:
-    """nanoGPT's character vocabulary (``itos``: id -> character) as a ``CharTokenizer``.
-
-    Raises:
-        UserValueError: the file refers to any class or function (it would run code), or is
-            not a vocabulary.
-    """
+    """nanoGPT's character vocabulary (``itos``: id -> character) as a ``CharTokenizer``; a
+    ``UserValueError`` if the file refers to any class or function, or is not a vocabulary."""
     path = Path(path)
     try:
         meta = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()

@@ -1,24 +1,12 @@
-"""The input side beyond the token embedding: a bigram embedding and a smear (issue 22).
+"""The input side beyond the token embedding, two of modded-nanogpt's ideas (issue 22):
 
-Two of modded-nanogpt's sample-efficiency ideas, each a ``GPTConfig`` option (default off):
+- ``bigram``: an embedding of the pair (previous token, token), added to the token's. The id V
+  stands for the previous token of the input's first position (a reserved row, so "ll" and a
+  window starting at "l" stay apart). Over ``BIGRAM_CAP`` pairs (BPE) the pairs are hashed.
+- ``smear``: ``x[:, 1:] += scale * sigmoid(x[:, 1:, :k] @ gate) * x[:, :-1]``.
 
-- ``bigram``: an embedding of the pair (previous token, token), added to the token's embedding,
-  so the first block already reads which two characters end the context. With V tokens the
-  pairs are (V + 1) * V: the previous token is one of V ids or the id V, which
-  marks the first position of the input, the one whose previous token the model does not see
-  (a reserved row per token rather than the token itself: "ll" and a window starting at "l"
-  stay apart). Up to ``BIGRAM_CAP`` pairs the table is exact, row ``prev * V + cur``; above it
-  (a BPE vocabulary) the pairs are hashed into ``BIGRAM_CAP`` rows (``bigram_index``).
-- ``smear``: the embedding at t gets a gated part of the embedding at t - 1,
-  ``x[:, 1:] += scale * sigmoid(x[:, 1:, :k] @ gate) * x[:, :-1]`` with ``k = SMEAR_CHANNELS``
-  channels choosing the gate (modded-nanogpt reads 12). ``scale`` and ``gate`` start at zero, so
-  the model starts as without the smear.
-
-Both read only the tokens, before the position embedding is added (the smear mixes token
-content, not positions), and the bigram table starts at zero too: a model with the options
-starts as the model without them. The smear acts on the bigram-embedded tokens, so the
-embedding at t reads the tokens t - 2 .. t: ``LOOKBACK`` tokens before it, which is what the
-cached decoder keeps (``generation.decode.Decoder``).
+Both read only the tokens, before the position embedding, and start at zero (a model with them
+starts as the model without); the embedding at t reads ``LOOKBACK`` tokens before it.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, k before-tokens.
 """
@@ -32,16 +20,8 @@ import torch.nn as nn
 
 from ..errors import UserValueError
 
-__all__ = [
-    "BIGRAM_CAP",
-    "LOOKBACK",
-    "SMEAR_CHANNELS",
-    "InputMix",
-    "Smear",
-    "bigram_index",
-    "bigram_rows",
-    "refuse_inputs",
-]
+__all__ = ["BIGRAM_CAP", "LOOKBACK", "SMEAR_CHANNELS", "InputMix", "Smear", "bigram_index"]
+__all__ += ["bigram_rows", "refuse_inputs"]
 
 BIGRAM_CAP = 2**16  # the most rows of a bigram table; more pairs than this are hashed
 SMEAR_CHANNELS = 12  # the channels of the embedding that choose the smear's gate
@@ -49,8 +29,7 @@ LOOKBACK = 2  # tokens before a position that its embedding reads (bigram, then 
 
 
 def bigram_rows(V: int) -> int:
-    """Rows of the bigram table for V tokens: every (previous, token) pair, ``(V + 1) * V``
-    (previous id V included), up to ``BIGRAM_CAP``; above it ``BIGRAM_CAP`` hashed rows.
+    """Rows of the bigram table for V tokens: ``(V + 1) * V`` pairs, at most ``BIGRAM_CAP``.
 
     Example:
         >>> bigram_rows(65), bigram_rows(50257)
@@ -60,11 +39,9 @@ def bigram_rows(V: int) -> int:
 
 
 def bigram_index(prev: torch.Tensor, cur: torch.Tensor, V: int) -> torch.Tensor:
-    """The bigram table's row of each pair: ``prev * V + cur`` while every pair has a row;
-    else ``(36313 * cur) XOR (27191 * prev)`` modulo ``BIGRAM_CAP`` (modded-nanogpt's hash: two
-    odd multipliers spread neighbouring ids over the table, where a plain modulo of
-    ``prev * V + cur`` would put the pairs of one previous token side by side and collide whole
-    runs of them). ``prev`` is V where there is no previous token.
+    """The bigram table's row of each pair: ``prev * V + cur`` while every pair has a row; else
+    modded-nanogpt's hash, whose odd multipliers spread neighbouring ids over the table (a plain
+    modulo would collide whole runs of one previous token's pairs). ``prev`` V: none.
 
     Example:
         >>> bigram_index(torch.tensor([65, 0]), torch.tensor([3, 3]), 65).tolist()
@@ -77,8 +54,7 @@ def bigram_index(prev: torch.Tensor, cur: torch.Tensor, V: int) -> torch.Tensor:
 
 
 def refuse_inputs(config: object, where: str) -> None:
-    """Refuse a model with a bigram embedding or a smear, for a format without them: one line
-    naming the option.
+    """Refuse a model with a bigram embedding or a smear, for a format without them.
 
     Example:
         >>> from gptblock import GPTConfig
@@ -126,10 +102,9 @@ class InputMix(nn.Module):
     """The token embedding with the bigram embedding and/or the smear (``GPTParts.inputs``).
 
     Args:
-        V: vocab_size.
-        C: n_embd.
-        bigram: add the (previous token, token) pair's embedding.
-        smear: smear each position's embedding into the next.
+        V, C: vocab_size, n_embd.
+        bigram, smear: add the (previous token, token) pair's embedding; smear each position's
+            embedding into the next.
 
     Shape:
         ``forward(idx, wte, before)``: ids (B, T), the token embedding ``wte`` (ids -> (B, T, C)),

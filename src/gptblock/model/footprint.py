@@ -1,32 +1,11 @@
 """How much memory a GPT run needs, estimated before anything is allocated, and how much there is.
 
-An absurd ``--batch-size`` or ``--n-embd`` should be refused with a number, not end in an
-allocator's traceback or, worse, the kernel's out-of-memory killer. ``train_memory`` adds up what
-one training step holds at its peak:
-
-* the parameters, counted exactly from the shape (``parameter_count``; a test holds it equal to
-  the built model's count for every block form), and as much again for their gradients, plus
-  the lesson's causal-mask buffers (a (T, T) float matrix per head); counting by building the
-  model, even on PyTorch's ``meta`` device, takes minutes for an absurd ``--n-layer``;
-* AdamW's two moments per parameter, and the one temporary per parameter its update makes
-  (after the backward pass has freed the activations, so only the larger of the two counts);
-* the activations the backward pass keeps, counted in float32 tensors of the sizes that
-  dominate: per block, (B, T, C) tensors (the LayerNorms' inputs and outputs, q/k/v, the
-  attention output, the MLP's 4C-wide hidden layer before and after its activation) and, where
-  attention weights are materialised (the lesson's heads; any form's attention with dropout,
-  which PyTorch's CPU flash kernel does not do), (B, nh, T, T) tensors; then the embeddings,
-  the final LayerNorm and the (B, T, V) logits with their log-softmax and gradients;
-* the token ids of the text (8 bytes each), and the 12 bytes per character that encoding them
-  takes at its peak.
-
-The counts per block (``PER_BLOCK``, ``DROPOUT``) were measured, not derived: the profiler's peak
-of a training step, at two depths, gives what one more block costs. ``tests/test_footprint.py``
-holds the estimate to within -20% / +35% of the peak PyTorch's profiler measures for a real
-training step (the second, when AdamW's moments exist) over the three block forms, with and
-without dropout. They were measured with PyTorch 2.13 on a CPU; a GPU's flash attention keeps
-no (T, T) weights even with dropout, so there the estimate errs high.
-``check_memory`` compares the estimate with what ``devices.available_memory`` says the machine
-can still give (the model reads no files: the machine is the devices module's business).
+An absurd ``--batch-size`` is refused with a number, not the out-of-memory killer.
+``train_memory`` adds up one training step's peak: parameters (counted from the shape: even a
+``meta`` model takes minutes to build for an absurd ``--n-layer``), gradients, AdamW's moments,
+the activations and the text. The per-block counts (``PER_BLOCK``, ``DROPOUT``) were measured
+(the profiler's peak at two depths, PyTorch 2.13, CPU); ``tests/test_footprint.py`` holds the
+estimate within -20% / +35% of it. A GPU's flash attention keeps no (T, T) weights: it errs high.
 
 Shapes: B batch, T time (block_size), C = n_embd, V = vocab_size, nh = n_head, L = n_layer.
 """
@@ -42,13 +21,8 @@ from ..devices import available_memory
 from ..errors import UserValueError
 from .embeddings import SMEAR_CHANNELS, bigram_rows
 
-__all__ = [
-    "MemoryEstimate",
-    "check_available",
-    "check_memory",
-    "parameter_count",
-    "train_memory",
-]
+__all__ = ["MemoryEstimate", "check_available", "check_memory", "check_model", "parameter_count"]
+__all__ += ["train_memory"]
 
 FLOAT = 4  # bytes of a float32 parameter or activation
 # Per block form: the (B, T, C) and (B, nh, T, T) float32 tensors a block keeps for its backward
@@ -121,9 +95,8 @@ def parameter_count(config: GPTConfig) -> int:
         per_block = attn + mlp + (1 if config.parallel_residual else 2) * norm
     positions = T * C if config.position == "learned" else 0
     head = 0 if config.tie_embeddings else V * C
-    inputs = (bigram_rows(V) * C if config.bigram else 0) + (
-        min(SMEAR_CHANNELS, C) + 1 if config.smear else 0
-    )  # embeddings.InputMix: the pair table; the smear's gate and scale
+    # embeddings.InputMix: the pair table; the smear's gate and scale
+    inputs = bigram_rows(V) * C * config.bigram + (min(SMEAR_CHANNELS, C) + 1) * config.smear
     return V * C + positions + config.n_layer * per_block + norm + head + inputs
 
 
@@ -131,7 +104,6 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
     """The memory a float32 training run of a GPT of ``config`` needs at its peak.
 
     Args:
-        config: the model.
         batch_size: B, sequences per step.
         characters: the length of the text it trains on (0: leave the data out).
 
@@ -150,42 +122,47 @@ def train_memory(config: GPTConfig, batch_size: int, characters: int = 0) -> Mem
     # The lesson's heads each keep a (T, T) lower-triangular mask as a float buffer.
     buffers = config.n_layer * nh * T * T * FLOAT if config.block == "lesson" else 0
     return MemoryEstimate(
-        parameters=n,
-        weights=2 * n * FLOAT + buffers,
-        optimizer=2 * n * FLOAT,
-        activations=int(floats * FLOAT),
-        data=characters * (8 + ENCODING_BYTES),
-    )
+        parameters=n, weights=2 * n * FLOAT + buffers, optimizer=2 * n * FLOAT,
+        activations=int(floats * FLOAT), data=characters * (8 + ENCODING_BYTES),
+    )  # fmt: skip
 
 
 def check_memory(
     config: GPTConfig, batch_size: int, characters: int, device: str | torch.device
 ) -> MemoryEstimate:
-    """``train_memory``, refused when it exceeds ``available_memory(device)``.
-
-    On a GPU the text stays on the host, so only the model's part is compared.
-
-    Raises:
-        UserValueError: naming the estimate, its parts and what is available.
-    """
+    """``train_memory``, refused (naming its parts) when it exceeds what ``device`` has
+    available; on a GPU the text stays on the host, so only the model's part counts."""
     estimate = train_memory(config, batch_size, characters)
     on_cpu = torch.device(device).type == "cpu"
     check_available(
-        estimate.total if on_cpu else estimate.total - estimate.data,
-        device,
-        "a run of this size",
+        estimate.total if on_cpu else estimate.total - estimate.data, device, "a run of this size",
         f"lower --batch-size (batch_size={batch_size}), --n-embd, --n-layer or --block-size",
         detail=estimate.describe(),
-    )
+    )  # fmt: skip
     return estimate
+
+
+def check_model(
+    config: GPTConfig, what: str, advice: str, copies: int = 2, cache: bool = False,
+    device: str | torch.device = "cpu", itemsize: int = FLOAT,
+) -> None:  # fmt: skip
+    """Refuse, before anything is allocated, a GPT of ``config`` whose ``copies`` of the weights
+    (and with ``cache`` the KV cache generating from it holds) do not fit on ``device``."""
+    n = parameter_count(config)
+    hs = config.n_embd // config.n_head
+    kv = 2 * config.n_layer * config.n_kv_head * config.block_size * hs * FLOAT if cache else 0
+    shape = f"n_layer={config.n_layer}, n_embd={config.n_embd}, vocab_size={config.vocab_size}"
+    shape += f", block_size={config.block_size}"
+    with_cache = f" with a KV cache of {config.block_size:,} positions" if cache else ""
+    needed = copies * n * itemsize + kv
+    check_available(needed, device, f"{what} of {n:,} parameters ({shape}){with_cache}", advice)
 
 
 def check_available(
     needed: int, device: str | torch.device, what: str, advice: str, detail: str = ""
 ) -> None:
-    """Refuse ``needed`` bytes on ``device`` when more than it has available, saying ``what``
-    needs them (``detail``: of what) and the ``advice``; nothing is refused where the available
-    memory is unknown.
+    """Refuse ``needed`` bytes (``detail``: of what) for ``what`` when ``device`` has less
+    available, with the ``advice``; nothing is refused where that is unknown.
 
     Example:
         >>> check_available(2**80, "cpu", "a yobibyte", "buy more memory")

@@ -1,13 +1,8 @@
 """The tiny GPT the lessons promise: embeddings, a stack of blocks, a final norm, a tied head.
 
-Model-level names are GPT-2's (``transformer.wte``, ``transformer.wpe``, ``transformer.h``,
-``transformer.ln_f``, ``lm_head``), as in nanoGPT, so checkpoints line up where the blocks do.
-The blocks are any of gptblock's three forms, chosen by ``GPTConfig.block``.
-
-The GPT's computation (embeddings -> blocks -> final norm -> head) is written once, in ``_run``:
-``forward`` (training and evaluation) calls it on the blocks themselves, generation
-(``gptblock.model.generation``) with a KV cache per block, and ``run_with_cache`` /
-``run_with_hooks`` with a probe that the blocks' forward calls at every named point.
+Model-level names are GPT-2's (``transformer.wte``, ``lm_head``, ...), as in nanoGPT; the blocks
+are any of gptblock's three forms. The computation is written once, in ``_run``: ``forward``
+calls it on the blocks, generation with a KV cache per block, the lens with a probe.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -33,11 +28,10 @@ from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
 from ..reference.layout import LESSON_RENAMES, LINEAR2, OUT_PROJ
 from .embeddings import InputMix
-from .footprint import check_available, parameter_count
+from .footprint import check_model
 from .generation import decode
 from .generation.sampling import GenerationStep
 from .head import soft_cap
-from .inputs import check_ids, check_range
 from .parts import BlockFn, EmbeddedPositions, GPTParts
 from .trace import CachedRun, Hook, Tracer
 
@@ -63,20 +57,16 @@ class GPTOutput(NamedTuple):
 
 
 class GPT(nn.Module):
-    """A GPT made of gptblock's blocks.
-
-    Token and position embeddings, ``n_layer`` pre-norm blocks, a final LayerNorm and an
-    unembedding whose weight is the token embedding's (weight tying). Initialised as GPT-2:
-    normal(0, 0.02) weights, residual output projections scaled by 1/sqrt(2 * n_layer), zero
-    biases.
+    """A GPT made of gptblock's blocks: token and position embeddings, ``n_layer`` pre-norm
+    blocks, a final norm and an unembedding tied to the token embedding. Initialised as GPT-2:
+    normal(0, 0.02), residual output projections scaled by 1/sqrt(2 * n_layer), zero biases.
 
     Args:
         config: a ``GPTConfig``.
 
     Shape:
         ``forward``: idx (B, T) int64 or int32 token ids, T <= block_size; targets (B, T)
-        int64 (-1: no target) or None; ``positions`` (T,) or (B, T) ints, the tokens' positions
-        (default 0 .. T-1), which pick the learned position rows or the rotary angles.
+        int64 (-1: no target) or None; ``positions`` (T,) or (B, T) (default 0 .. T-1).
         Returns logits (B, T, V) and the loss (a scalar) or None.
 
     Example:
@@ -94,14 +84,9 @@ class GPT(nn.Module):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise UserTypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        n = parameter_count(config)  # counted from the shape: nothing is allocated before it
-        check_available(
-            n * torch.get_default_dtype().itemsize,
-            torch.get_default_device(),
-            f"GPT(config) of {n:,} parameters (n_layer={config.n_layer}, n_embd="
-            f"{config.n_embd}, vocab_size={config.vocab_size})",
-            "a smaller n_embd, n_layer, vocab_size or block_size",
-        )
+        advice = "a smaller n_embd, n_layer, vocab_size or block_size"
+        device, itemsize = torch.get_default_device(), torch.get_default_dtype().itemsize
+        check_model(config, "GPT(config)", advice, copies=1, device=device, itemsize=itemsize)
         self.config = config
         C = config.n_embd
         modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
@@ -154,28 +139,21 @@ class GPT(nn.Module):
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Number of parameters, the tied embedding/unembedding counted once; the position
-        embeddings excluded by default, as nanoGPT reports its sizes (the token embedding stays
-        in: tied, it is also the output layer)."""
+        embeddings excluded by default, as nanoGPT reports its sizes."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_position_embeddings and self.wpe is not None:
             return n - self.wpe.weight.numel()
         return n
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        *,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
         positions: torch.Tensor | None = None,
-    ) -> GPTOutput:
-        # Checking the ids' range reads idx.min() / idx.max() on the host: microseconds on the
-        # CPU; on an accelerator the host waits for the device, and torch.compile breaks the
-        # graph. So a training step on an accelerator, and any compiled call, skips it (a bad id
-        # from the trainer's tokenizer still fails in the embedding, with PyTorch's message);
-        # eval mode and generate always check.
-        in_range = not torch.compiler.is_compiling() and (
-            not self.training or idx.device.type == "cpu"
-        )
+    ) -> GPTOutput:  # fmt: skip
+        # Checking the ids' range reads idx.min() / idx.max() on the host: on an accelerator
+        # the host waits for the device, and torch.compile breaks the graph. So a training step
+        # there, and any compiled call, skips it (a bad id still fails in the embedding).
+        compiling = torch.compiler.is_compiling()
+        in_range = not compiling and (not self.training or idx.device.type == "cpu")
         B, T = self._check_input(idx, in_range)
         if positions is not None:  # learned ones index wpe's block_size rows
             limit = self.config.block_size if self.wpe is not None else None
@@ -195,8 +173,7 @@ class GPT(nn.Module):
         return GPTOutput(logits, loss)
 
     def _check_input(self, idx: torch.Tensor, in_range: bool = True) -> tuple[int, int]:
-        """(B, T) of ids the model can read: of a dtype, shape and device it takes, inside the
-        vocabulary (unless ``in_range`` is False) and no longer than block_size."""
+        """(B, T) of ids the model can read (in the vocabulary unless not ``in_range``)."""
         B, T = check_ids(idx, "idx", self.wte.weight.device)
         if in_range:
             check_range(idx, "idx", self.config.vocab_size)
@@ -210,32 +187,20 @@ class GPT(nn.Module):
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts:
         """The model's own modules as ``_run``'s parts; ``blocks`` instead of its blocks."""
         return GPTParts(
-            self.wte,
-            None if self.wpe is None else EmbeddedPositions(self.wpe),
-            self.blocks if blocks is None else blocks,
-            cast(nn.LayerNorm, self.transformer["ln_f"]),
+            self.wte, None if self.wpe is None else EmbeddedPositions(self.wpe),
+            self.blocks if blocks is None else blocks, cast(nn.LayerNorm, self.transformer["ln_f"]),
             self.lm_head,
             cast(InputMix, self.transformer["inputs"]) if "inputs" in self.transformer else None,
-        )
+        )  # fmt: skip
 
     def _run(
-        self,
-        idx: torch.Tensor,
-        parts: GPTParts,
-        *,
-        caches: Sequence[KVStore] | None = None,
-        probe: Tracer | None = None,
-        positions: torch.Tensor | None = None,
+        self, idx: torch.Tensor, parts: GPTParts, *, caches: Sequence[KVStore] | None = None,
+        probe: Tracer | None = None, positions: torch.Tensor | None = None,
         before: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``.
-
-        The blocks are the model's own (``forward``), or callables that also take ``kv_cache``
-        and ``probe`` (``_probed_blocks``, ``generation.Decoder``). With ``caches``, ``idx``
-        continues after the positions they hold. ``positions`` (T,) or (B, T): the tokens'
-        positions (default: from 0, or after the cached ones). ``before`` (B, k): the ids
-        before ``idx`` that ``parts.inputs`` reads (``embeddings.LOOKBACK``; None: none).
-        """
+    ) -> torch.Tensor:  # fmt: skip
+        """The GPT, once: logits (B, T, V) of checked ids (B, T), computed by ``parts``. ``idx``
+        continues after the positions ``caches`` hold (default positions); ``before`` (B, k):
+        the ids before ``idx`` that ``parts.inputs`` reads."""
         T = idx.shape[1]
         # (B, T, C): the token embedding, with the bigram embedding and the smear where they are on
         x = parts.wte(idx) if parts.inputs is None else parts.inputs(idx, parts.wte, before)
@@ -258,76 +223,44 @@ class GPT(nn.Module):
         return soft_cap(logits, self.config.logit_softcap)  # model.head: the identity by default
 
     def _probed_blocks(self) -> list[BlockFn]:
-        """The blocks as forwards that take a probe: a ``FusedBlock`` itself; a lesson or
-        ``nn.MultiheadAttention`` block, whose own forward has no hook points, as the fused
-        form's forward on its own weights (``convert.parts_of``: gradients reach them)."""
+        """The blocks as forwards that take a probe: a ``FusedBlock`` itself, another form (whose
+        forward has no hook points) as the fused forward on its own weights."""
         return [
             b if isinstance(b, FusedBlock) else functools.partial(block_forward, parts_of(b))
             for b in self.blocks
         ]
 
-    # --- generation ---------------------------------------------------------------------------
-
     def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
+        self, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+        top_k: int | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
         weights: str | None = None,
-    ) -> torch.Tensor:
-        """Continue each prompt in ``idx`` by ``max_new_tokens`` sampled tokens.
+    ) -> torch.Tensor:  # fmt: skip
+        """The prompts ``idx`` (B, T) continued by ``max_new_tokens`` sampled tokens: (B, T +
+        max_new_tokens) ids. The model reads the last block_size tokens; its mode is restored.
 
         Args:
-            idx: (B, T) prompts of equal length, T >= 1. Longer than block_size is cropped to the
-                last block_size tokens, as the model only reads that many.
-            max_new_tokens: how many tokens to add; 0 returns the prompt unchanged.
             temperature: divides the logits; 0 means greedy (argmax, no sampling).
             top_k: sample only among the k most likely tokens (clamped to the vocabulary).
-            use_cache: keep each block's keys and values so a step processes one token, not the
-                whole context ("mha" and "lesson" blocks run the fused form's forward on their
-                weights for this). The same result either way: once the context exceeds
-                block_size, the window slides and the cache is rebuilt from it each step.
+            use_cache: a step processes one token, not the whole context (the same result).
             generator: the random generator for sampling, for reproducible output.
-            weights: "float32" (None), the model's own; "bfloat16" or "int8" (the CPU only):
-                faster copies of a float32 model's (``gptblock.model.generation.weights``).
-
-        Returns:
-            (B, T + max_new_tokens) token ids. The model's train/eval mode is restored.
+            weights: "float32" (None), "bfloat16" or "int8" (CPU only): ``generation.weights``.
         """
         steps = self.stream(
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            use_cache=use_cache,
-            generator=generator,
-            weights=weights,
-        )
+            idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+            generator=generator, weights=weights,
+        )  # fmt: skip
         return torch.cat([idx] + [step.token for step in steps], dim=1)
 
     def stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        vocab_size: int | None = None,
-        weights: str | None = None,
-    ) -> Iterator[GenerationStep]:
+        self, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+        top_k: int | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+        vocab_size: int | None = None, weights: str | None = None,
+    ) -> Iterator[GenerationStep]:  # fmt: skip
         """``generate``, one step at a time: yields each step's logits and sampled tokens.
 
-        Takes ``generate``'s arguments, and ``vocab_size``: sample only ids below it, for a
-        tokenizer smaller than the embedding (padded, as nanoGPT pads 50257 to 50304); the
-        steps' logits are then (B, vocab_size). None: every id. To print text as it is made, or
-        see the distribution each token was drawn from. The model is in eval mode until the
-        iterator is exhausted or closed; then its previous mode is restored.
+        ``vocab_size``: sample only ids below it, for a tokenizer smaller than a padded
+        embedding (nanoGPT pads 50257 to 50304); the logits are then (B, vocab_size). The model
+        is in eval mode until the iterator is exhausted or closed.
 
         Example:
             >>> torch.manual_seed(0) and None
@@ -338,31 +271,17 @@ class GPT(nn.Module):
         check_ids(idx, "idx", self.wte.weight.device)
         check_range(idx, "idx", self.config.vocab_size)
         return decode.stream(
-            self,
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            use_cache=use_cache,
-            generator=generator,
-            vocab_size=vocab_size,
-            weights=weights,
-        )
-
-    # --- looking inside: gptblock.lens -------------------------------------------------------
+            self, idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+            generator=generator, vocab_size=vocab_size, weights=weights,
+        )  # fmt: skip
 
     def run_with_cache(
-        self,
-        idx: torch.Tensor,
-        names: Iterable[str] | None = None,
-        *,
+        self, idx: torch.Tensor, names: Iterable[str] | None = None, *,
         hooks: Mapping[str, Hook] | None = None,
-    ) -> CachedRun:
+    ) -> CachedRun:  # fmt: skip
         """Logits equal to ``forward``'s and the activations ``names`` (all when None), by the
-        names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ``pattern``, ...).
-
-        The same pass as ``forward``, in eval mode, with a probe at every named point that
-        applies ``hooks`` (as ``run_with_hooks``) and keeps the activations asked for.
+        names of ``gptblock.lens.trace`` (``embed``, ``blocks.{i}.resid_pre``, ...), with
+        ``hooks`` applied as ``run_with_hooks`` does.
 
         Example:
             >>> model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
@@ -375,9 +294,8 @@ class GPT(nn.Module):
         return tracer.result(self._run(idx, self._parts(self._probed_blocks()), probe=tracer))
 
     def run_with_hooks(self, idx: torch.Tensor, hooks: Mapping[str, Hook]) -> torch.Tensor:
-        """Logits (B, T, V) with ``{name: fn}`` applied at named activations (``run_with_cache``'s
-        names): ``fn(activation)`` returns the activation to continue with. Every block form
-        honours every name; the model is not changed. ``gptblock.lens.run_with_hooks``."""
+        """Logits (B, T, V) with ``{name: fn}`` applied at ``run_with_cache``'s named activations:
+        ``fn(activation)`` returns the activation to continue with."""
         tracer = Tracer((), hooks, self.config.n_layer)
         self._check_input(idx)
         return self._run(idx, self._parts(self._probed_blocks()), probe=tracer)
@@ -393,3 +311,43 @@ def _make_block(config: GPTConfig) -> nn.Module:
             norm_eps=c.norm_eps,
         )  # fmt: skip
     return LessonBlock(c.d_model, c.n_head, config.block_size, c.dropout)
+
+
+# What a GPT is handed, refused naming the value: PyTorch's messages (an index error deep in an
+# embedding) name neither it nor what was expected.
+def check_ids(idx: object, name: str, device: torch.device) -> tuple[int, int]:
+    """(B, T) of a 2-D tensor of token ids on ``device``: int64 or int32 (``F.embedding``'s), or
+    for ``targets`` int64 (``F.cross_entropy``'s); a clear error for anything else.
+
+    Example:
+        >>> check_ids(torch.zeros(2, 3, dtype=torch.long), "idx", torch.device("cpu"))
+        (2, 3)
+    """
+    dtypes = (torch.long,) if name == "targets" else (torch.long, torch.int32)
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in dtypes:
+        got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise UserTypeError(
+            f"{name} must be a (B, T) tensor of token ids of dtype {allowed}, got {got} "
+            f"(convert with .long())"
+        )
+    if idx.dim() != 2 or idx.numel() == 0:
+        raise UserValueError(
+            f"{name} must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+        )
+    if idx.device != device:
+        raise UserValueError(f"{name} is on {idx.device} but the model is on {device}; move one of them")  # fmt: skip
+    return idx.shape[0], idx.shape[1]
+
+
+def check_range(idx: torch.Tensor, name: str, V: int, allow_ignore: bool = False) -> None:
+    """Refuse ids outside [0, V) (-1 allowed for ignored targets): a read on the host."""
+    lo, hi = int(idx.min()), int(idx.max())
+    if hi >= V or lo < (-1 if allow_ignore else 0):
+        bad = lo if lo < 0 else hi
+        raise UserValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {V})")
+    if allow_ignore and hi == -1:  # the mean over no targets is 0 / 0
+        raise UserValueError(
+            f"every entry of {name} is -1 (ignored): there is no target to compute a loss "
+            f"over; pass targets=None for the logits alone"
+        )

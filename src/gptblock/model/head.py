@@ -1,13 +1,8 @@
-"""The GPT's logits after its unembedding: soft-capped, or as they are.
+"""The GPT's logits after its unembedding: soft-capped (Gemma 2, modded-nanogpt), or as they are.
 
-Logit soft-capping (Gemma 2; modded-nanogpt's speedrun, cap 30 then 15) squashes each logit
-smoothly into (-cap, cap): ``cap * tanh(logits / cap)``. Near zero it is the identity (slope 1),
-so a well-calibrated model barely changes, but no logit can grow without bound, which keeps a
-few confident tokens from taking over the loss early in training. (Rejected: clamping, whose
-gradient is zero past the cap, so a saturated logit could never come back.)
-
-``GPT._run`` applies it once, after ``lm_head``, so training, evaluation, the lens's runs and
-generation (every weight form) see the same logits, and the loss is computed on capped ones.
+``cap * tanh(logits / cap)`` is the identity near zero but bounds every logit, so a few confident
+tokens cannot take over the loss early on. (Rejected: clamping, whose zero gradient past the cap
+would never let a saturated logit come back.)
 
 Shapes: B batch, T time, V = vocab_size.
 """
@@ -20,11 +15,7 @@ __all__ = ["soft_cap"]
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """``cap * tanh(logits / cap)``; ``logits`` unchanged when ``cap`` is None.
-
-    Args:
-        logits: any shape, e.g. (B, T, V).
-        cap: a positive float (``GPTConfig.logit_softcap``), or None.
+    """``cap * tanh(logits / cap)`` (any shape); ``logits`` unchanged when ``cap`` is None.
 
     Example:
         >>> soft_cap(torch.tensor([0.0, 1.0, 100.0]), 15.0)

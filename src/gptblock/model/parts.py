@@ -1,10 +1,4 @@
-"""The GPT's parts as callables: what its one forward pass (``GPT._run``) runs.
-
-``GPT._run`` (embeddings -> blocks -> final norm -> head) is written once, against these parts,
-as a block's forward is against ``gptblock.blocks.fused.BlockParts``. ``forward`` passes the
-model's own modules (so module hooks on them fire); the lens the same with blocks that take a
-probe; generation functions of the same weights, fetched once per call, with blocks that take a
-KV cache (a module call per token and part was a tenth of a generation step's overhead).
+"""The GPT's parts as callables, what ``GPT._run`` runs: modules, or functions of the weights.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size.
 """

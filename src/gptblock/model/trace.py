@@ -1,10 +1,6 @@
 """A GPT's activations by name, and hooks that change them: the probe ``GPT.run_with_cache`` passes.
 
-The names (TransformerLens's) are ``embed``, ``blocks.{i}.NAME`` for NAME in
-``gptblock.blocks.probe.BLOCK_POINTS`` and ``ln_final``; ``gptblock.lens.trace`` documents each.
-A ``Tracer`` is the probe the GPT's one forward pass calls at every point (its blocks through
-``block(i)``): it applies the hooks and keeps what was asked for. Nothing is registered on the
-model.
+The names (``lens.trace`` documents them) are ``embed``, ``blocks.{i}.NAME`` and ``ln_final``.
 
 Shapes: B batch, T time, C = n_embd, nh heads.
 """
@@ -38,27 +34,20 @@ def activation_names(n_layer: int) -> list[str]:
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
-    """The activations one ``run_with_cache`` call kept, by name, in forward order.
-
-    A read-only mapping; a name that exists but was not asked for says how to ask for it.
-
-    Shape:
-        (B, T, C) for the stream, (B, nh, T, T) for ``pattern``, (B, T, nh, C) for ``head_out``.
-    """
+    """The activations one ``run_with_cache`` call kept, by name, in forward order (read-only):
+    (B, T, C) for the stream, (B, nh, T, T) for ``pattern``, (B, T, nh, C) for ``head_out``."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], n_layer: int) -> None:
         self._tensors = tensors
         self.n_layer = n_layer
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        try:
+        if name in self._tensors:
             return self._tensors[name]
-        except KeyError:
-            if name in activation_names(self.n_layer):
-                raise KeyError(
-                    f"{name!r} was not cached: pass it in names=[...] (or names=None for all)"
-                ) from None
-            raise KeyError(unknown_name(name, self.n_layer)) from None
+        if name in activation_names(self.n_layer):
+            why = "pass it in names=[...] (or names=None for all)"
+            raise KeyError(f"{name!r} was not cached: {why}")
+        raise KeyError(unknown_name(name, self.n_layer))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -79,21 +68,13 @@ class CachedRun(NamedTuple):
 
 
 class Tracer:
-    """Applies the hooks and keeps the asked-for activations, point by point.
+    """Applies the ``hooks`` (``{name: fn}``) and keeps the activations ``names`` (None: all),
+    both checked against the names of a GPT of ``n_layer`` blocks."""
 
-    Args:
-        names: the activations to keep (None: all), checked against the model's names.
-        hooks: ``{name: fn}``, checked likewise.
-        n_layer: the model's number of blocks.
-    """
-
-    def __init__(
-        self, names: Iterable[str] | None, hooks: Mapping[str, Hook], n_layer: int
-    ) -> None:
+    def __init__(self, names: Iterable[str] | None, hooks: Mapping[str, Hook], n_layer: int):
         self.n_layer = n_layer
-        self.keep = (
-            set(activation_names(n_layer)) if names is None else _check_names(names, n_layer)
-        )
+        every = set(activation_names(n_layer))
+        self.keep = every if names is None else _check_names(names, n_layer)
         self.hooks = _check_hooks(hooks, n_layer)
         self.cache: dict[str, torch.Tensor] = {}
 
@@ -152,9 +133,9 @@ def _check_names(names: Iterable[str], n_layer: int) -> set[str]:
         if not isinstance(name, str):
             raise UserTypeError(f"names must be strings, got {name!r} ({type(name).__name__})")
     valid = set(activation_names(n_layer))
-    unknown = [name for name in wanted if name not in valid]
-    if unknown:
-        raise UserValueError(unknown_name(unknown[0], n_layer))
+    for name in wanted:
+        if name not in valid:
+            raise UserValueError(unknown_name(name, n_layer))
     return set(wanted)
 
 

@@ -1,14 +1,8 @@
 """The cached path and the generation loop under ``GPT.generate`` / ``GPT.stream``.
 
-``Decoder`` runs the GPT's one forward pass (``GPT._run``: embeddings, blocks, final norm, head)
-with a ``KVCache`` per block: the prompt at once, then one token at a time at the next position.
-Every block runs the fused form's forward (``gptblock.blocks.fused.block_forward``) on its own
-weights (``convert.parts_of``): a ``FusedBlock``'s modules, or a lesson or
-``nn.MultiheadAttention`` block's weights read in the fused layout, since those forms' own
-forwards have no cache. For one-token steps the four weight matrices are laid out for
-matrix-vector products (``matvec.RowLinear``), the same forward on other parts. With reduced
-``weights`` (``"bfloat16"``, ``"int8"``: ``weights.py``) every weight matrix, the unembedding's
-too, is that form's ``Linear``, for the prompt and the steps alike.
+``Decoder`` runs ``GPT._run`` with a ``KVCache`` (a block's keys and values so far) per block,
+the prompt at once, then a token at a time; every block runs the fused forward on its own
+weights (the other forms' forwards have no cache), laid out by ``matvec`` or ``weights.py``.
 
 Shapes: B batch, T time, C = n_embd, V = vocab_size, nh heads, hs = C // nh.
 """
@@ -24,19 +18,78 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ...blocks.attention import KVStore, SelfAttention
-from ...blocks.config import GPTConfig
+from ...blocks.config import GPTConfig, check_positive_int
 from ...blocks.convert import parts_of
 from ...blocks.fused import BlockParts, block_forward
 from ...blocks.parts import Dense, LayerNormFn, Linear, Norm
 from ...errors import UserTypeError, UserValueError
 from ..embeddings import LOOKBACK
 from ..parts import BlockFn, GPTParts
-from .cache import KVCache
 from .matvec import RowLinear
 from .sampling import GenerationStep, Sampling
-from .weights import check_weights, reduced
+from .weights import REDUCED, check_weights
 
-__all__ = ["Decoder", "GenerationModel", "forget_reduced_weights", "stream"]
+__all__ = ["Decoder", "GenerationModel", "KVCache", "forget_reduced_weights", "stream"]
+
+
+class KVCache:
+    """The keys and values one block has computed so far, preallocated to ``max_len`` positions
+    (rather than ``torch.cat`` per step, so a step's cost does not grow with the tokens before).
+    A block's forward takes it as ``kv_cache``; its input then holds only the new positions.
+
+    Args:
+        batch_size, n_heads, head_size: B, nh, hs.
+        max_len: the most positions the cache holds (the model's block_size).
+        dtype, device: those of the block's activations.
+
+    Shape:
+        ``k``, ``v``: (B, nh, max_len, hs); positions ``[0, length)`` are filled.
+
+    Example:
+        >>> from gptblock import FusedBlock
+        >>> cache = KVCache(1, 2, max_len=8, head_size=4)
+        >>> block = FusedBlock(8, 2).eval()
+        >>> _ = block(torch.randn(1, 3, 8), kv_cache=cache)   # prefill 3 positions
+        >>> _ = block(torch.randn(1, 1, 8), kv_cache=cache)   # one more
+        >>> cache.length
+        4
+    """
+
+    def __init__(
+        self, batch_size: int, n_heads: int, max_len: int, head_size: int, *,
+        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    ) -> None:  # fmt: skip
+        sizes = {"batch_size": batch_size, "n_heads": n_heads, "max_len": max_len}
+        for name, value in (sizes | {"head_size": head_size}).items():
+            check_positive_int(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise UserTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        shape = (batch_size, n_heads, max_len, head_size)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, nh, T_new, hs) keys and values; return all keys and values so far."""
+        start, stop = self.length, self.length + k.shape[2]
+        if stop > self.max_len:
+            raise UserValueError(
+                f"KV cache holds {self.max_len} positions; {start} are filled and "
+                f"{k.shape[2]} more do not fit (crop the context or rebuild the cache)"
+            )
+        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+            raise UserValueError(
+                f"KV cache expects (B, nh, T, hs) = ({self.k.shape[0]}, {self.k.shape[1]}, T, "
+                f"{self.k.shape[3]}), got {tuple(k.shape)}"
+            )
+        self.k[:, :, start:stop] = k
+        self.v[:, :, start:stop] = v
+        self.length = stop
+        return self.k[:, :, :stop], self.v[:, :, :stop]  # (B, nh, stop, hs) each
 
 
 class Model(Protocol):
@@ -46,45 +99,24 @@ class Model(Protocol):
 
     @property
     def config(self) -> GPTConfig: ...
-
     @property
     def wte(self) -> nn.Embedding: ...
-
     @property
     def wpe(self) -> nn.Embedding | None: ...
-
     @property
     def blocks(self) -> list[nn.Module]: ...
-
     def train(self, mode: bool = True) -> Any: ...
-
     def parameters(self) -> Iterator[nn.Parameter]: ...
-
     def _parts(self, blocks: Sequence[BlockFn] | None = None) -> GPTParts: ...
-
     def _run(
-        self,
-        idx: torch.Tensor,
-        parts: GPTParts,
-        *,
-        caches: Sequence[KVStore] | None = None,
+        self, idx: torch.Tensor, parts: GPTParts, *, caches: Sequence[KVStore] | None = None,
         before: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor: ...  # fmt: skip
 
 
 class Decoder:
-    """A GPT's forward pass with a ``KVCache`` per block: ``generate``'s cached path.
-
-    The weights are read when the decoder is made; the one-position layouts are copies, which
-    do not follow later changes to the model (``GPT.generate`` makes a decoder per call).
-    Reduced weights are made once and kept on the model while its parameters are unchanged
-    (``_reduced``).
-
-    Args:
-        model: a ``GPT`` (any block form).
-        weights: ``"float32"`` (None: the same), the model's weights as they are;
-            ``"bfloat16"`` or ``"int8"``, copies in that form (``weights.py``).
-    """
+    """A GPT's forward pass with a ``KVCache`` per block, its weights read when it is made:
+    ``weights`` None or ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, copies."""
 
     def __init__(self, model: Model, weights: str | None = None) -> None:
         self.model = model
@@ -97,11 +129,8 @@ class Decoder:
         ends = GPTParts(
             functools.partial(F.embedding, weight=model.wte.weight),
             None if model.wpe is None else PositionRows(model.wpe.weight),
-            [],
-            _norm(own.ln_f),
-            Dense(own.lm_head.weight, own.lm_head.bias),
-            own.inputs,
-        )
+            [], _norm(own.ln_f), Dense(own.lm_head.weight, own.lm_head.bias), own.inputs,
+        )  # fmt: skip
         if self.weights == "float32":
             self.prefill_parts = ends._replace(blocks=[_fn(p) for p in blocks])
             self.step_parts = ends._replace(blocks=[_fn(_relaid(p, RowLinear)) for p in blocks])
@@ -119,17 +148,10 @@ class Decoder:
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Fresh caches filled from ``idx`` (B, T); returns its logits (B, T, V)."""
         cfg = self.model.config
-        self.caches = [
-            KVCache(
-                idx.shape[0],
-                cfg.n_kv_head,  # grouped-query attention caches the key/value heads only
-                cfg.block_size,
-                cfg.n_embd // cfg.n_head,
-                dtype=self.dtype,
-                device=idx.device,
-            )
-            for _ in self.prefill_parts.blocks
-        ]
+        # grouped-query attention caches the key/value heads only
+        shape = (idx.shape[0], cfg.n_kv_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        new = functools.partial(KVCache, *shape, dtype=self.dtype, device=idx.device)
+        self.caches = [new() for _ in self.prefill_parts.blocks]
         self.recent = idx[:, -LOOKBACK:] if self.prefill_parts.inputs is not None else None
         return self.model._run(idx, self.prefill_parts, caches=self.caches)
 
@@ -142,10 +164,8 @@ class Decoder:
 
 
 class GenerationModel(nn.Module):
-    """A GPT as generation computes it with ``weights``: ``forward(idx, targets)`` returns
-    ``(logits, loss)`` as ``GPT.forward`` does, through the ``Decoder``'s parts without a
-    cache, so that what reduced weights cost can be measured as a loss (in eval mode; the
-    weights are read when it is made).
+    """A GPT as generation computes it with ``weights`` (the ``Decoder``'s parts, no cache),
+    returning ``(logits, loss)`` as ``GPT.forward`` does: what reduced weights cost, as a loss.
 
     Args:
         model: a ``GPT``.
@@ -174,14 +194,11 @@ class GenerationModel(nn.Module):
         logits = self.decoder.model._run(idx, self.decoder.prefill_parts)  # (B, T, V)
         if targets is None:
             return logits, None
-        B, T, V = logits.shape
-        loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
-        return logits, loss
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
 class PositionRows(NamedTuple):
-    """Rows ``start .. start + T`` of a position embedding's weight: ``GPTParts.wpe`` as a
-    slice, where an index tensor and a gather were two more PyTorch calls per token."""
+    """``GPTParts.wpe`` as a slice of the weight (an index tensor and a gather cost two calls)."""
 
     weight: torch.Tensor  # (block_size, C)
 
@@ -199,31 +216,25 @@ class ReducedCopy(NamedTuple):
     parts: GPTParts
 
     def fits(self, weights: str, params: Sequence[torch.Tensor]) -> bool:
-        return (
-            weights == self.weights
-            and len(params) == len(self.sources)
-            and all(
-                p is q and p._version == version and p.data_ptr() == ptr
-                for p, (q, version, ptr) in zip(params, self.sources, strict=True)
-            )
-        )
+        if weights != self.weights or len(params) != len(self.sources):
+            return False
+        pairs = zip(params, self.sources, strict=True)
+        return all(p is q and p._version == v and p.data_ptr() == ptr for p, (q, v, ptr) in pairs)
 
 
 REDUCED_COPY = "_generation_weights"  # the model's attribute that keeps its ReducedCopy
 
 
 def _reduced(model: Model, ends: GPTParts, blocks: list[BlockParts], weights: str) -> GPTParts:
-    """``ends`` and ``blocks`` with every weight matrix, the unembedding's too, in ``weights``'
-    form. Quantising took longer than generating 100 tokens, so the copy (a quarter or half of
-    the weights' bytes) is kept on the model and reused while its parameters are the same
-    tensors at the same versions and addresses: an in-place change (an optimizer's step,
-    ``load_state_dict``, ``model.to``) makes a new one. A change through ``p.data``, which
-    PyTorch does not count, is not seen: ``forget_reduced_weights(model)`` after one."""
+    """``ends`` and ``blocks`` with every weight matrix in ``weights``' form. Quantising took
+    longer than generating 100 tokens, so the copy is kept on the model while its parameters are
+    the same tensors at the same versions and addresses; a change through ``p.data`` is not
+    seen: ``forget_reduced_weights(model)`` after one."""
     params = list(model.parameters())
     kept = getattr(model, REDUCED_COPY, None)
     if isinstance(kept, ReducedCopy) and kept.fits(weights, params):
         return kept.parts
-    low = functools.partial(reduced, weights=weights)
+    low = REDUCED[weights]
     head = ends.lm_head
     parts = ends._replace(
         blocks=[_fn(_relaid(p, low)) for p in blocks], lm_head=low(head.weight, head.bias)
@@ -247,9 +258,8 @@ def _fn(parts: BlockParts) -> BlockFn:
 def _relaid(
     parts: BlockParts, linear: Callable[[torch.Tensor, torch.Tensor | None], Linear]
 ) -> BlockParts:
-    """``parts`` with every weight matrix as ``linear(weight, bias)`` (``RowLinear``: laid out
-    for one-position products; a reduced form) and the norms as functions (a module call was a
-    tenth of a step's overhead)."""
+    """``parts`` with every weight matrix as ``linear(weight, bias)`` and the norms as functions
+    (a module call was a tenth of a step's overhead)."""
     attn = parts.attn
 
     def relay(dense: Linear) -> Linear:
@@ -271,53 +281,32 @@ def _norm(norm: Norm) -> Norm:
 
 
 def stream(
-    model: Model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float,
-    top_k: int | None,
-    use_cache: bool,
-    generator: torch.Generator | None,
-    vocab_size: int | None = None,
+    model: Model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float, top_k: int | None,
+    use_cache: bool, generator: torch.Generator | None, vocab_size: int | None = None,
     weights: str | None = None,
-) -> Iterator[GenerationStep]:
-    """``GPT.stream`` for checked prompts ``idx`` (B, T): its other arguments are checked here,
-    when it is called, and the steps run as the iterator is read. ``vocab_size``: sample only
-    ids below it (a tokenizer smaller than a padded embedding); None: every id. ``weights``:
-    ``Decoder``'s."""
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 0
-    ):
-        raise UserValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+) -> Iterator[GenerationStep]:  # fmt: skip
+    """``GPT.stream`` for checked prompts ``idx`` (B, T): the other arguments are checked when it
+    is called, and the steps run as the iterator is read."""
+    n = max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UserValueError(f"max_new_tokens must be an int >= 0, got {n!r}")
     if not isinstance(use_cache, bool):
         raise UserTypeError(f"use_cache must be a bool, got {use_cache!r:.40}")
-    V = model.config.vocab_size
-    if vocab_size is not None and (
-        isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= V
-    ):
-        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {vocab_size!r}")
-    V = vocab_size or V
+    V, v = model.config.vocab_size, vocab_size
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= V):
+        raise UserValueError(f"vocab_size must be an int in [1, {V}] or None, got {v!r}")
+    V = v or V
     sampling = Sampling.check(temperature, top_k, generator, V, idx.device)
     weights = check_weights(weights, model.wte.weight.device, model.wte.weight.dtype)
-    # A separate generator function, so the checks above run when stream() is called rather
-    # than at the first next().
+    # A separate generator function, so the checks above run now rather than at the first next().
     return _steps(model, idx, max_new_tokens, sampling, use_cache, V, weights)
 
 
 def _steps(
-    model: Model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    sampling: Sampling,
-    use_cache: bool,
-    V: int,
-    weights: str,
-) -> Iterator[GenerationStep]:
-    """The steps: the model in eval mode until the iterator is exhausted or closed, then in
-    its previous mode."""
+    model: Model, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling, use_cache: bool,
+    V: int, weights: str,
+) -> Iterator[GenerationStep]:  # fmt: skip
+    """The steps, in eval mode until the iterator is exhausted or closed."""
     block_size = model.config.block_size
     was_training = model.training
     model.train(False)

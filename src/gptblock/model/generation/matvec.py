@@ -1,14 +1,8 @@
 """Products with a weight for one position at a time: generation's matrix-vector products.
 
-A generation step multiplies one position's vector by every weight matrix of the model, so it
-reads every weight from memory once per token and does two multiply-adds per weight: memory
-bound, not compute bound. ``F.linear`` on a single row runs on one core whatever the thread
-count and, for ``nn.Linear``'s (out, in) layout, reads memory in a poor order: on this project's
-2-core CPU, with the weights out of cache (a (1536, 384) matrix among 24), it took 139 us. Laid out
-once as ``parts`` blocks of (in, out / parts) and multiplied by ``torch.bmm``, which gives each
-thread its own blocks, the same product took 44-48 us (``benchmarks/vs_hf.py`` measures what this
-does to a whole generation). The result is the same product, summed in another order: equal to
-float32 rounding.
+``F.linear`` on one row runs on one core and reads ``nn.Linear``'s (out, in) layout in a poor
+order: 139 us for a (1536, 384) matrix on this project's 2-core CPU. Laid out once as blocks of
+(in, out / parts) for ``torch.bmm``, which gives each thread its own, it took 44-48 us.
 
 Shapes: B rows (the batch, one position each), I = in_features, O = out_features, k parts.
 """
@@ -21,19 +15,13 @@ __all__ = ["RowLinear"]
 
 
 class RowLinear:
-    """``F.linear(x, weight, bias)`` for a few rows, with ``weight`` re-laid out once.
-
-    The layout is a copy, made at construction: a ``RowLinear`` does not follow later changes
-    to ``weight`` (generation makes new ones per call). ``weight`` and ``bias`` stay readable in
-    ``nn.Linear``'s layout (a ``gptblock.blocks.parts.Linear``).
+    """``F.linear(x, weight, bias)`` for a few rows, with ``weight`` re-laid out once (a copy,
+    which does not follow later changes to ``weight``).
 
     Args:
-        weight: (O, I), ``nn.Linear``'s layout.
-        bias: (O,) or None.
-        parts: how many blocks the outputs are cut into (default: twice the torch thread
-            count, so each thread reads its own parts of the weight: on 2 cores, 4 parts took
-            1.35 ms per token of a 6-layer 384-wide GPT, 2 parts 1.55, 8 parts 1.62); lowered
-            until it divides O.
+        weight: (O, I), ``nn.Linear``'s layout; bias: (O,) or None.
+        parts: blocks of outputs, lowered until it divides O (default: twice the threads; on 2
+            cores 4 took 1.35 ms per token of a 6-layer 384-wide GPT, 2 took 1.55, 8 1.62).
 
     Shape:
         ``linear(x)``: x (B, 1, I) -> (B, 1, O).

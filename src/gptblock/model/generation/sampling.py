@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from ...errors import UserTypeError, UserValueError
 
-__all__ = ["GenerationStep", "Sampling", "sample"]
+__all__ = ["GenerationStep", "Sampling"]
 
 
 class GenerationStep(NamedTuple):
@@ -40,18 +40,12 @@ class Sampling(NamedTuple):
         device: torch.device,
     ) -> Sampling:
         """The settings, or a ``UserError`` naming the one that is wrong."""
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not temperature >= 0
-            or math.isinf(temperature)
-        ):
+        t, k = temperature, top_k
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
             raise UserValueError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
             )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
-        ):
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k <= 0):
             raise UserValueError(f"top_k must be a positive int or None, got {top_k!r}")
         refuse_top_k_when_greedy(temperature, top_k)
         if generator is not None and (
@@ -62,40 +56,29 @@ class Sampling(NamedTuple):
                 f"generator must be a torch.Generator on the model's device type "
                 f"({device.type}) or None, got {got!r:.60}"
             )
-        k = None if top_k is None else min(top_k, vocab_size)
-        return cls(float(temperature), k, generator)
+        return cls(float(t), None if k is None else min(k, vocab_size), generator)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """``sample`` with these settings: (B, V) -> (B, 1)."""
-        return sample(logits, self.temperature, self.top_k, self.generator)
-
-
-def sample(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> torch.Tensor:
-    """One token per row of ``logits`` (B, V): greedy at temperature 0, else sampled.
-
-    A temperature so small that ``logits / temperature`` overflows (1e-45: the softmax would be
-    NaN) samples its limit, the greedy token, in the rows where it overflows.
-    """
-    # A host read per token: NaN logits (a model with NaN weights) would otherwise give NaN
-    # probabilities, which multinomial refuses cryptically, or a silent argmax of garbage.
-    if not bool(torch.isfinite(logits).all()):
-        raise UserValueError(
-            "the model's next-token logits are NaN or infinite: its weights are not finite "
-            "(check them with torch.isfinite(p).all() for p in model.parameters())"
-        )
-    if top_k is not None:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    if temperature == 0:
-        # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
-        return greedy
-    probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
-    overflowed = probs.isnan().any(dim=-1, keepdim=True)  # (B, 1)
-    probs = torch.where(overflowed, F.one_hot(greedy[:, 0], probs.shape[-1]).to(probs), probs)
-    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+        """One token per row of ``logits`` (B, V) -> (B, 1): greedy at temperature 0, else
+        sampled; where ``logits / temperature`` overflows (1e-45) its limit, the greedy token."""
+        # A host read per token: NaN logits (a model with NaN weights) would otherwise give NaN
+        # probabilities, which multinomial refuses cryptically, or a silent argmax of garbage.
+        if not bool(torch.isfinite(logits).all()):
+            raise UserValueError(
+                "the model's next-token logits are NaN or infinite: its weights are not finite "
+                "(check them with torch.isfinite(p).all() for p in model.parameters())"
+            )
+        if self.top_k is not None:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        if self.temperature == 0:
+            # Greedy: argmax directly, never multinomial over a degenerate (one-hot) distribution.
+            return greedy
+        probs = F.softmax(logits / self.temperature, dim=-1)  # (B, V)
+        overflowed = probs.isnan().any(dim=-1, keepdim=True)  # (B, 1)
+        probs = torch.where(overflowed, F.one_hot(greedy[:, 0], probs.shape[-1]).to(probs), probs)
+        return torch.multinomial(probs, num_samples=1, generator=self.generator)  # (B, 1)
 
 
 def refuse_top_k_when_greedy(temperature: object, top_k: object) -> None:

@@ -1,25 +1,8 @@
-"""Reduced-precision weights for generation: bfloat16, or int8 with a scale per output.
+"""Reduced-precision weights for generation: bfloat16, or int8 with a scale per output row.
 
-A generation step at batch 1 reads every weight matrix once per token and does two
-multiply-adds per weight: its time is the time to read the weights. Halving or quartering their
-bytes is the lever. Two forms, each a ``Linear`` (``gptblock.blocks.parts``) that generation's
-parts use in place of the model's own, for the prompt and for every step:
-
-* ``BFloat16Linear``: the weight rounded to bfloat16 once; each product rounds its input to
-  bfloat16, multiplies (float32 accumulation, PyTorch's CPU kernels) and returns float32.
-* ``Int8Linear``: weight-only int8 quantisation, symmetric, one scale per output row
-  (``scale = max |w_row| / 127``, ``q = round(w / scale)``). A few rows (a generation step) go
-  through ``torch._weight_int8pack_mm``, which reads the int8 weight and scales inside the
-  product; its fast kernel takes bfloat16 inputs (float32 inputs took 20x longer on this
-  project's CPU), so the input is rounded to bfloat16 and the output is bfloat16. Many rows (a
-  prompt, an evaluation) dequantise the weight to float32 (exact: 8-bit integers times
-  bfloat16 scales) and multiply in float32 with the same rounding of input and output, since the
-  int8 kernel is slower than float32 there. Both are the same function up to float32 summation
-  order.
-
-The activations between the products (norms, attention, the residual stream, the KV cache)
-stay float32. What each form costs in loss is measured over the validation split
-(``gptblock.train.evaluate.weights_validation_loss``, ``benchmarks/generation_precision.py``).
+A step at batch 1 reads every weight once per token, so its time is the weights' bytes. Each
+form is a ``Linear`` used in place of the model's own; activations stay float32. What each
+costs in loss: ``benchmarks/generation_precision.py``.
 
 Shapes: N rows, I = in_features, O = out_features.
 """
@@ -31,7 +14,7 @@ from torch.nn import functional as F
 
 from ...errors import UserValueError
 
-__all__ = ["WEIGHTS", "BFloat16Linear", "Int8Linear", "check_weights", "reduced"]
+__all__ = ["REDUCED", "WEIGHTS", "BFloat16Linear", "Int8Linear", "check_weights"]
 
 WEIGHTS = ("float32", "bfloat16", "int8")  # what generation's weights can be
 
@@ -45,8 +28,8 @@ INT8_KERNEL_IN_MULTIPLE = 16
 
 
 def check_weights(weights: object, device: torch.device, dtype: torch.dtype) -> str:
-    """``weights`` if generation can use it for a model on ``device`` with parameters of
-    ``dtype``; a ``UserValueError`` naming what is wrong otherwise. None means "float32"."""
+    """``weights`` (None: "float32") if generation can use it for a model on ``device`` with
+    parameters of ``dtype``, else a ``UserValueError``."""
     if weights is None:
         return "float32"
     if weights not in WEIGHTS:
@@ -68,8 +51,7 @@ class BFloat16Linear:
     """``F.linear`` with the weight rounded to bfloat16: float32 in, float32 out.
 
     Args:
-        weight: (O, I), ``nn.Linear``'s layout, float32.
-        bias: (O,) or None; kept in float32.
+        weight: (O, I), float32; bias: (O,) or None, kept in float32.
 
     Shape:
         ``linear(x)``: (..., I) -> (..., O).
@@ -96,11 +78,12 @@ class BFloat16Linear:
 
 
 class Int8Linear:
-    """``F.linear`` with the weight quantised to int8, one float scale per output row.
+    """``F.linear`` with the weight quantised to int8, one float scale per output row. A few rows
+    (a step) go through ``torch._weight_int8pack_mm``, whose fast kernel takes bfloat16 inputs
+    (float32 ones took 20x longer here); many rows (a prompt), where it is slower, dequantise.
 
     Args:
-        weight: (O, I), ``nn.Linear``'s layout, float32.
-        bias: (O,) or None; kept in float32.
+        weight: (O, I), float32; bias: (O,) or None, kept in float32.
 
     Shape:
         ``linear(x)``: (..., I) -> (..., O).
@@ -116,9 +99,8 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w = weight.detach().float()  # (O, I)
-        # Symmetric, per output row: the row's largest magnitude maps to 127 (a zero row keeps
-        # scale 1 rather than dividing by 0). The scale is kept in bfloat16, as the kernel
-        # takes it, and the integers are rounded against that scale.
+        # A zero row keeps scale 1 rather than dividing by 0. The scale is bfloat16, as the
+        # kernel takes it, and the integers are rounded against that scale.
         top = w.abs().amax(dim=1)  # (O,)
         scales = torch.where(top > 0, top / 127, torch.ones_like(top)).to(torch.bfloat16)  # (O,)
         self.scales = scales
@@ -141,12 +123,6 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
-def reduced(
-    weight: torch.Tensor, bias: torch.Tensor | None, weights: str
-) -> BFloat16Linear | Int8Linear:
-    """The linear map of ``weight`` and ``bias`` with weights ``"bfloat16"`` or ``"int8"``."""
-    if weights == "bfloat16":
-        return BFloat16Linear(weight, bias)
-    if weights == "int8":
-        return Int8Linear(weight, bias)
-    raise UserValueError(f"reduced weights are bfloat16 or int8, got {weights!r:.40}")
+# The form of each reduced ``weights``: ``REDUCED[weights](weight, bias)``.
+REDUCED: dict[str, type[BFloat16Linear | Int8Linear]] = {"bfloat16": BFloat16Linear}
+REDUCED["int8"] = Int8Linear
