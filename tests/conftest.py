@@ -47,14 +47,28 @@ def _check_own_blocks():
 def pytest_cmdline_main(config):
     """``-n N`` without ``--dist``: one file to one worker (``loadgroup``, each file its own group
     unless a test names another), not test by test, so that a file's module fixtures (trained
-    runs, checked blocks, built models) are made once; the real-world zoo names two groups."""
+    runs, checked blocks, built models) are made once; the real-world zoo names two groups.
+    The workers parse the command line again (no ``--dist`` there): the environment they inherit
+    tells them."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
         config.option.dist = "loadgroup"
+        os.environ["TESTS_XDIST_GROUP_BY_FILE"] = "1"
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("TESTS_XDIST_GROUP_BY_FILE"):
+        config.option.loadgroup = True  # read by xdist's worker when it names the groups
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "dist", "no") != "loadgroup":
+    if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # The zoos' groups (a minute or more each) first, so that the short files fill in around
+    # them instead of one worker ending alone on a zoo.
+    items.sort(
+        key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("zoo-")
+    )

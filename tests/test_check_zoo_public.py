@@ -16,6 +16,9 @@ import zoo_public
 from gptblock.check.serve.subject import one_thread
 from zoo_public.proof import max_error, randomised
 
+# one xdist group, scheduled first under `pytest -n` (tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("zoo-public")
+
 
 @pytest.mark.parametrize("name", zoo_public.NAMES)
 def test_each_block_computes_gptblocks_block_with_its_weights(name):
