@@ -1,23 +1,15 @@
 """Checking blocks in child processes that only answer requests, so that the block cannot end,
 hang or fool the checker.
 
-``check_isolated`` asks the builder and the runner (``child``: their supervisor, ``reaper``,
-forks both from neutral scripts and leaves this process's tree; ``worker`` and
-``serve.runner`` say what each does). Every check, the reading of the weights (by replaying
-recorded operators), the comparison and the verdict are computed here, in a process that never
-runs the block's code and never unpickles what the child sends (``serve.frames``); a match is
-confirmed on inputs from a seed the child never sees. The child's stdout and stderr are only
-counted. Whatever the child does (``os._exit``, a crash, a broken protocol, ``timeout``), the
-report comes from here, keeps the findings made before and names what happened during which
-stage. Targets of one file share a child; of different files, a child each (one learner's code
-cannot answer for another's).
-
-What remains (the block runs as the same user): it cannot trace this process
-(``undumpable``, ``CAP_SYS_PTRACE`` dropped), but it can write to any file and terminal the user
-can; for grading, trust the exit code or ``--json``, and run untrusted code in a container.
-
-Each target is checked at its file's sizes and at others, the two reports combined
-(``two_sizes``; ``sizes.combine``: PASS needs both).
+``check_isolated`` asks the builder and the runner (``child``). Every check, the reading of the
+weights (by replaying recorded operators), the comparison and the verdict are computed here, in
+a process that never runs the block's code nor unpickles what the child sends; a match is
+confirmed on inputs from a seed the child never sees. Whatever the child does (``os._exit``, a
+crash, a broken protocol, ``timeout``), the report comes from here, keeps the findings made
+before and names what happened during which stage. Targets of one file share a child; of
+different files, a child each (one learner's code cannot answer for another's). What remains
+(the block runs as the same user): it can write to any file the user can; for grading, trust
+the exit code or ``--json``, and run untrusted code in a container.
 """
 
 from __future__ import annotations
@@ -66,7 +58,6 @@ class _State:
     description: str = ""
     findings: list[Finding] = field(default_factory=list)
 
-    # the verdict.Progress protocol
     def stage(self, what: str) -> None:
         self.where = what
 
@@ -100,50 +91,59 @@ def check_isolated(
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
     names = [t if isinstance(t, str) else _name(t) for t in targets]
-    reports: list[CheckReport] = []
-    with tempfile.TemporaryDirectory() as folder, undumpable(), one_thread():
+    states = [_State(name, f"loading {name}") for name in names]
+
+    def check(child: Child, j: int, i: int) -> CheckReport:
+        try:
+            return _check_one(child, j, states[i], roles)
+        except Raised as e:  # where the checker does not expect the block to raise
+            said = f"the check stopped during {states[i].where}: {e}"
+            where = getattr(e, "where", "")
+            note = f"if the block did not cause this, it is a bug in gptblock: {where}"
+            return states[i].stopped(Finding("check", False, said), note)
+
+    def cut(i: int, what: str) -> CheckReport:
+        stopped = f"did not finish within {timeout:g} s (--timeout) and was stopped"
+        return _cut_short(states[i], stopped if what == "timeout" else what)
+
+    with tempfile.TemporaryDirectory() as folder:
         sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
-        while len(reports) < len(sent):  # a child that dies leaves the rest to a fresh one
-            first = last = len(reports)
-            while last < len(sent) and _source(sent[last]) == _source(sent[first]):
-                last += 1  # one child per file: one learner's code cannot answer for another's
-            reports += _run_child(sent[first:last], names[first:last], kwargs, roles, timeout)
-    return reports
+        noted = lambda r, n: replace(r, notes=[*r.notes, n])  # noqa: E731
+        return _in_children(sent, kwargs, timeout, check, cut, noted)
 
 
-def _source(target: str | bytes) -> str:
-    """Where a target's code comes from: its file or module, or "" for a pickled object."""
-    return target.rpartition(":")[0] if isinstance(target, str) else ""
-
-
-def _run_child(
-    targets: list[str | bytes],
-    names: list[str],
+def _in_children(
+    sent: Sequence[str | bytes],
     kwargs: Mapping[str, object],
-    roles: Mapping[str, str],
     timeout: float,
-) -> list[CheckReport]:
-    """Run one child on ``targets``; returns a report per target it got to (at least one)."""
-    reports: list[CheckReport] = []
-    with _started(targets, kwargs) as child:
-        for i in range(len(targets)):
-            state = _State(names[i], f"loading {names[i]}")
-            child.deadline = time.monotonic() + timeout
-            try:
-                reports.append(_check_one(child, i, state, roles))
-            except Gone as e:
-                what = e.what
-                if what == "timeout":
-                    what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-                reports.append(_cut_short(state, what))
-                break  # the targets after it get a fresh child
-            except Raised as e:
-                reports.append(_failed(state, e))
-    noisy = [o.describe() for o in child.outputs if o.size]
-    if noisy:
-        note = f"the checked code wrote {' and '.join(noisy)}; not shown"
-        reports = [replace(r, notes=[*r.notes, note]) for r in reports]
-    return reports
+    ask: Callable[[Child, int, int], Answer],
+    cut: Callable[[int, str], Answer],
+    note: Callable[[Answer, str], Answer] | None = None,
+) -> list[Answer]:
+    """``ask(child, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds,
+    ``cut(i, what)`` where the child stopped answering (``Gone``): the targets after it get a
+    fresh child. With ``note``: a child per file (one learner's code cannot answer for
+    another's), and ``note(answer, what the checked code wrote)``."""
+    answers: list[Answer] = []
+    where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
+    with undumpable(), one_thread():
+        while len(answers) < len(sent):
+            first = last = len(answers)
+            while last < len(sent) and (where[last] == where[first] or note is None):
+                last += 1
+            with _started(sent[first:last], kwargs) as child:
+                for i in range(first, last):
+                    child.deadline = time.monotonic() + timeout
+                    try:
+                        answers.append(ask(child, i - first, i))
+                    except Gone as e:
+                        answers.append(cut(i, e.what))
+                        break
+            noisy = [o.describe() for o in child.outputs if o.size]
+            if noisy and note is not None:
+                said = f"the checked code wrote {' and '.join(noisy)}; not shown"
+                answers[first:] = [note(r, said) for r in answers[first:]]
+    return answers
 
 
 @contextlib.contextmanager
@@ -181,22 +181,19 @@ def ask_isolated(
     cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
     for t in targets:
         check_spec(t)
-    answers: list[Answer | str] = []
-    with undumpable(), one_thread():
-        while len(answers) < len(targets):  # a child that dies leaves the rest to a fresh one
-            with _started(targets, {}) as child:
-                for i in range(len(answers), len(targets)):
-                    child.deadline = time.monotonic() + timeout
-                    try:
-                        child.call("load", index=i)
-                        answers.append(ask(child.call, i))
-                    except Gone as e:
-                        stopped = f"did not finish within {timeout:g} s and was stopped"
-                        answers.append(f"its process {stopped if e.what == 'timeout' else e.what}")
-                        break
-                    except (Raised, errors.UserError) as e:
-                        answers.append(str(e))
-    return answers
+
+    def one(child: Child, j: int, i: int) -> Answer | str:
+        try:
+            child.call("load", index=j)
+            return ask(child.call, i)
+        except (Raised, errors.UserError) as e:
+            return str(e)
+
+    def cut(i: int, what: str) -> str:
+        stopped = f"did not finish within {timeout:g} s and was stopped"
+        return f"its process {stopped if what == 'timeout' else what}"
+
+    return _in_children(targets, {}, timeout, one, cut)
 
 
 def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
@@ -206,7 +203,7 @@ def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) ->
     fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these
     weights = torch.Generator().manual_seed(secrets.randbits(63))
     try:
-        return at_two_sizes(child.call, state, roles, fresh, weights)
+        return two_sizes(lambda p, other: _at(child.call, p, roles, fresh, weights, other), state)
     except ProtocolBroken as e:
         raise Gone(f"broke the checker's protocol ({e})") from None
 
@@ -247,17 +244,6 @@ def _cut_short(state: _State, what: str) -> CheckReport:
     )
 
 
-def _failed(state: _State, e: Raised) -> CheckReport:
-    """The block's process raised where the checker does not expect the block to (reading its
-    parts, say): a failed check, and where."""
-    said = f"the check stopped during {state.where}: {e}"
-    where = getattr(e, "where", "")
-    return state.stopped(
-        Finding("check", False, said),
-        f"if the block did not cause this, it is a bug in gptblock: {where}",
-    )
-
-
 class Told:
     """The progress of the check at other sizes: its stages told to the target's (where a
     report cut short says it stopped), its findings kept apart; of none, a quiet progress."""
@@ -276,24 +262,12 @@ class Told:
         pass
 
 
-def at_two_sizes(
-    call: Call,
-    progress: Progress,
-    roles: Mapping[str, str],
-    fresh: torch.Generator,
-    weights: torch.Generator,
-) -> CheckReport:
-    """The report on the loaded target, at its file's sizes and at others (``two_sizes``).
-    Raises UserError (it cannot be built or called at the file's sizes) or ProtocolBroken."""
-    return two_sizes(lambda p, other: _at(call, p, roles, fresh, weights, other), progress)
-
-
 def two_sizes(
     at: Callable[[Progress, bool], tuple[CheckReport, str] | str], progress: Progress | None
 ) -> CheckReport:
     """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
     the other sizes (``True``: or why not, a note), combined (``sizes.combine``: PASS needs
-    both); for a block in another process (``at_two_sizes``) or in this one (``run``). A
+    both); for a block in another process (``_check_one``) or in this one (``run``). A
     mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
     first = at(progress or Told(None), False)
     if isinstance(first, str):  # the file's sizes raise rather than say why not

@@ -81,16 +81,6 @@ def undumpable() -> Iterator[None]:
             prctl(PR_SET_DUMPABLE, before)
 
 
-@dataclass
-class _Channel:
-    """The pipes to one of the processes below the supervisor."""
-
-    name: str
-    to_fd: int
-    from_fd: int
-    reader: Reader
-
-
 class Child:
     """The supervisor, the builder and the runner below it, the pipes to them, and their drained
     output."""
@@ -98,82 +88,75 @@ class Child:
     def __init__(self, request: bytes) -> None:
         spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
         self.proc, self.folder = spawned.proc, spawned.folder
-        self.channels = {
-            name: _Channel(name, to_fd, from_fd, Reader(from_fd))
-            for name, (to_fd, from_fd) in spawned.pipes.items()
+        self.pipes = {
+            name: (to_fd, Reader(from_fd)) for name, (to_fd, from_fd) in spawned.pipes.items()
         }
-        out_r, err_r = spawned.out_r, spawned.err_r
         self.status: list[str] = []
         self.eof = False
         self.outputs = [_Output("stdout"), _Output("stderr")]
         self.threads = [
             threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
-            for o, fd in zip(self.outputs, (out_r, err_r), strict=True)
+            for o, fd in zip(self.outputs, (spawned.out_r, spawned.err_r), strict=True)
         ]
         for t in self.threads:
             t.start()
         self.id, self.index, self.synced, self.dropout = 0, 0, False, False
         self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
-        for channel in self.channels.values():
+        for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
-                send(channel.to_fd, {"init": request.hex()})
+                send(to_fd, {"init": request.hex()})
 
     def ready(self) -> None:
         """Wait for both processes to say they are ready (torch and their code imported)."""
-        for channel in self.channels.values():
-            self.answer(channel, 0)
+        for name in self.pipes:
+            self.answer(name, 0)
 
     def call(
         self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
-        builder, runner = self.channels["builder"], self.channels["runner"]
         if op == "build":
-            said, _ = self._ask(builder, op, None, **args)
+            said, _ = self._ask("builder", op, None, **args)
             if said.get("none") is not True:
                 recipe = said.pop("recipe", None)
-                self._ask(runner, op, None, index=self.index, recipe=recipe)
+                self._ask("runner", op, None, index=self.index, recipe=recipe)
                 self.synced = self.dropout = False
             return said, {}
         if op in BUILDER_OPS:
             self.index = int(args.get("index", self.index))
             if op in ("read", "suggest"):
                 self._sync()
-            return self._ask(builder, op, tensors, **args)
+            return self._ask("builder", op, tensors, **args)
         if op == "copy":
             self.shape = args
         self.dropout = self.dropout or op == "dropout_off"
-        return self._ask(runner, op, tensors, **args)
+        return self._ask("runner", op, tensors, **args)
 
     def _sync(self) -> None:
         """The builder's copy made as the runner's is, and given its parameters, to read it."""
-        builder = self.channels["builder"]
         if not self.synced:
-            self._ask(builder, "copy", None, **self.shape)
+            self._ask("builder", "copy", None, **self.shape)
             if self.dropout:
-                self._ask(builder, "dropout_off", None)
+                self._ask("builder", "dropout_off", None)
             self.synced = True
-        values = self._ask(self.channels["runner"], "parameters", None)[1]
-        self._ask(builder, "set", values)
+        self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
 
     def _ask(
-        self, channel: _Channel, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
+        self, name: str, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
-            send(channel.to_fd, {"id": self.id, "op": op, **args}, tensors)
-        return self.answer(channel, self.id)
+            send(self.pipes[name][0], {"id": self.id, "op": op, **args}, tensors)
+        return self.answer(name, self.id)
 
-    def answer(
-        self, channel: _Channel, wanted: int
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def answer(self, name: str, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         try:
-            header, tensors = channel.reader.next(self.deadline)
+            header, tensors = self.pipes[name][1].next(self.deadline)
         except TimeoutError:
             raise Gone("timeout") from None
         except EOFError:
-            raise Gone(self.ended(channel.name)) from None
+            raise Gone(self.ended(name)) from None
         except ValueError as e:
             raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
         if header.get("id") != wanted:
@@ -250,7 +233,7 @@ class Child:
             self._signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)  # (the first process: it ended at once)
-        for fd in (fd for c in self.channels.values() for fd in (c.to_fd, c.from_fd)):
+        for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
         for t in self.threads:

@@ -1,26 +1,22 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-``python supervise.py OUT_FD ERR_FD`` (this file under a neutral name) is started by ``child``.
-It uses the standard library and torch, never gptblock, and never runs the user's code. It
+``python supervise.py OUT_FD ERR_FD`` (this file under a neutral name, started by ``child``) uses
+the standard library and torch, never gptblock, and never runs the user's code. It
 
-* forks once and lets its parent end (which says ``supervisor PID``), leaving the checker's
-  tree: the block's ancestors never include ``gptblock check ...``. Where Linux lets it (root,
-  or a user namespace), the fork is the init of a PID namespace of its own
-  (``own_pid_namespace``); elsewhere it ignores every signal it may, and the checker sends it
-  SIGCONT while it waits for it to sweep;
-* is the subreaper of everything below it (``PR_SET_CHILD_SUBREAPER``): a process the block
-  starts that leaves its parent (``setsid``, a double fork) is re-parented here, not to init;
-* imports torch once, reads its jobs from stdin's first line (JSON ``[[NAME, MODULE, IN_FD,
-  OUT_FD], ...]``: not its command line, which the block can read) and forks each into a
-  session of its own, stdin /dev/null, stdout and stderr on OUT_FD and ERR_FD, no other fd of
-  the checker's, ``CAP_SYS_PTRACE`` dropped, running ``MODULE.main([IN_FD, OUT_FD])`` (a fork
-  after ``import torch`` saves each job the import, ~2 s);
-* says ``pid NAME N`` and ``exit NAME RC`` (a negative RC: the signal);
-* when every job has ended or its stdin closes, kills the jobs' sessions and every process
-  below it (``/proc``) until none is left, and exits.
-
-Off Linux only the jobs' sessions are killed. Without a PID namespace, a block that SIGKILLs
-the supervisor (the same user) can leave processes behind: a sandbox is the answer there.
+* forks once and lets its parent end (saying ``supervisor PID``), leaving the checker's tree:
+  the block's ancestors never include ``gptblock check ...``. Where Linux lets it, the fork is
+  the init of a PID namespace of its own; elsewhere it ignores every signal it may, and the
+  checker sends it SIGCONT while it waits for it to sweep;
+* is the subreaper of everything below it: a process the block starts that leaves its parent
+  (``setsid``, a double fork) is re-parented here, not to init;
+* imports torch once (saving each job ~2 s), reads its jobs from stdin's first line (JSON
+  ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
+  forks each into a session of its own, stdin /dev/null, stdout and stderr on OUT_FD and
+  ERR_FD, no other fd of the checker's, ``CAP_SYS_PTRACE`` dropped, running
+  ``MODULE.main([IN_FD, OUT_FD])``; says ``pid NAME N`` and ``exit NAME RC`` (RC < 0: a signal);
+* when every job has ended or its stdin closes, kills every process below it until none is
+  left, and exits. Off Linux only the jobs' sessions are killed; without a PID namespace, a
+  block that SIGKILLs the supervisor can leave processes behind: a sandbox is the answer there.
 """
 
 from __future__ import annotations
@@ -54,18 +50,22 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def _libc() -> ctypes.CDLL | None:
+    """The C library where it is Linux's, else None."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     except OSError:
         return None
+    return libc if sys.platform.startswith("linux") and hasattr(libc, "prctl") else None
 
 
 def prctl(option: int, value: int = 0) -> int:
     """``prctl(option, value)``'s result: -1 where there is none or it failed."""
     libc = _libc()
-    if libc is None or not hasattr(libc, "prctl") or not sys.platform.startswith("linux"):
-        return -1
-    return int(libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0))
+    return (
+        -1
+        if libc is None
+        else int(libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0))
+    )
 
 
 class _Header(ctypes.Structure):
@@ -80,7 +80,7 @@ def drop_ptrace() -> None:
     """Give up ``CAP_SYS_PTRACE`` for this process and everything it runs (best effort: a
     process without the capability has nothing to drop)."""
     libc = _libc()
-    if libc is None or not sys.platform.startswith("linux"):
+    if libc is None:
         return
     prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)  # exec cannot give it back, even to root
     libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(4), 0, 0, 0)  # clear the ambient set
@@ -99,7 +99,7 @@ def own_pid_namespace() -> bool:
     gets no signal from inside it does not handle (SIGKILL and SIGSTOP included), and the
     kernel kills what is left when it ends. False where neither works."""
     libc = _libc()
-    if libc is None or not hasattr(libc, "unshare") or not sys.platform.startswith("linux"):
+    if libc is None or not hasattr(libc, "unshare"):
         return False
     if libc.unshare(ctypes.c_int(CLONE_NEWPID)) == 0:
         return True

@@ -1,10 +1,9 @@
 """The checker's view of a block that runs in another process: its answers, as claims.
 
-``Remote`` is what ``compare.verdict.decide`` checks for ``isolation.check``: a ``Tested`` and a
-``Service`` whose every method is a request to that process and whose every answer is plain data,
-checked for form (shapes, dtypes, lengths) before use. The weights and the modern block are read
-here, by replaying forward passes that process records. Its text reaches the report only as one
-bounded line. The weights it is given and the inputs that confirm a match come from secret seeds.
+``Remote`` is the ``Tested`` and ``Service`` that ``compare.verdict.decide`` checks for
+``isolation.check``: every method a request to that process, every answer plain data checked for
+form (shapes, dtypes, lengths) before use. The weights and the modern block are read here, by
+replaying forward passes that process records; its text reaches the report only bounded.
 
 Shapes: B batch, T time, C channels.
 """
@@ -23,7 +22,7 @@ from ..compare.modern import Source, check_modern
 from ..mistakes.report import text
 from ..roles.readings import TRACE_T, Readings, dataflow, trace_shapes
 from ..roles.trace import Trace, from_plain
-from ..serve.subject import Grads, moved
+from ..serve.subject import Grads, Probed
 from .worker import modern_answer, plain_readings
 
 __all__ = ["Call", "ProtocolBroken", "Remote"]
@@ -47,7 +46,7 @@ def _dtype(name: object) -> torch.dtype:
     return dtype
 
 
-class Remote:
+class Remote(Probed):
     """A block in another process, asked through ``call``: its width ``C``, the probes'
     length ``T``, the ``dtype`` it computes in, the ``note`` it said of its copy and its
     ``longest`` sequence (0: unknown; traced up to ``TRACE_T``), as it says."""
@@ -59,10 +58,9 @@ class Remote:
     ) -> None:
         if dtype not in (torch.float64, torch.float32):
             raise ProtocolBroken(f"a copy in {dtype}, expected float64 or float32")
-        self.call, self.C, self.T, self.dtype, self._note = call, C, T, dtype, text(note)
-        self.longest = longest
+        self.call, self.C, self.T, self._note, self.longest = call, C, T, text(note), longest
+        self.dtype, self.generator = dtype, torch.Generator().manual_seed(0)
         self.tol = 1e-10 if dtype == torch.float64 else 1e-5
-        self.generator = torch.Generator().manual_seed(0)
         self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
 
     @property
@@ -72,11 +70,6 @@ class Remote:
     @property
     def note(self) -> str:
         return self._note
-
-    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
-        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
-        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
-        return x.to(self.dtype)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
@@ -98,9 +91,6 @@ class Remote:
 
     def own_rng(self) -> ContextManager[None]:
         return nullcontext()  # the block draws from its own process's generator
-
-    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
-        return moved(y, y2, self.tol)
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The gradients the block says a backward pass gives."""

@@ -1,15 +1,12 @@
 """The block built and read where it runs (``Served``), and the builder process that serves it.
 
 ``Served`` is a ``runner.Held`` that also tells the block's width, reads its parts into numbers
-(``roles.plain``) and suggests a ``--map``. ``check_block(..., isolate=False)`` runs one in the
-checker's own process, for code the caller trusts; ``gptblock check`` runs one in the builder.
-
-The builder (``main``, forked by ``reaper`` after torch was imported) gets the targets and
-constructor arguments pickled from the checker, then answers requests (``serve.frames``):
-``load`` target i, ``build`` it (at the file's sizes or ``other`` ones) and send its ``recipe``
-as data for the runner to build it again, its ``width``, a ``read`` by names (on a ``copy``
-given the runner's parameters, ``set``), ``suggest``. This process imports gptblock, so the
-block could tell it is checked here: nothing it says decides the verdict.
+(``roles.plain``) and suggests a ``--map``: in the checker's own process for
+``check_block(..., isolate=False)``, else in the builder. The builder (``main``) answers ``load``
+target i, ``build`` it (at the file's sizes or ``other`` ones, sending its ``recipe`` as data for
+the runner to build it again), ``width``, ``read`` by names (on a ``copy`` given the runner's
+parameters) and ``suggest``. It imports gptblock, so the block could tell it is checked here:
+nothing it says decides the verdict.
 
 Shapes: B batch, T time, C channels.
 """
@@ -20,7 +17,7 @@ import contextlib
 import pickle
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -35,7 +32,7 @@ from ..roles.plain import NotPlain, to_plain
 from ..roles.readings import TRACE_T, Readings, read_parts, trace_shapes
 from ..roles.suggest import suggest_map
 from ..roles.trace import NoDropout, Trace
-from ..serve.runner import Held, serve, to_data
+from ..serve.runner import Held, Runner, serve, to_data
 
 __all__ = ["PROBE_T", "Served", "main", "modern_answer", "plain_readings"]
 
@@ -99,6 +96,17 @@ class Served(Held):
         """The ``--map`` arguments that would let the checker read the block, or ``""``."""
         return suggest_map(self.subject.module, self.C)
 
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+        """``runner.Held``'s answers, and the builder's: ``width``, ``read``, ``suggest``."""
+        if op == "width":
+            C, T = self.width()
+            return {"C": C, "T": T, "longest": self.longest}, {}
+        if op == "read":
+            return self.read(args["roles"])
+        if op == "suggest":
+            return {"map": self.suggest()}, {}
+        return super().answer(op, args, tensors)  # copy, set, dropout_off: read as the runner
+
 
 def plain_readings(
     found: Readings, known: Tensor | None, notes: list[str]
@@ -153,15 +161,6 @@ def modern_answer(outcome: ModernOutcome | None, seen: list[Trace]) -> dict[str,
     }
 
 
-def _load(target: str | bytes) -> object:
-    if isinstance(target, str):
-        return load_target(target)
-    try:
-        return pickle.loads(target)
-    except CAUGHT as e:
-        raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
-
-
 def _settings(
     target: object, undo: Callable[[], None]
 ) -> tuple[Callable[[], None], dict[str, Any]]:
@@ -188,47 +187,39 @@ def _settings(
         raise UserValueError(f"cannot send a module setting to a fresh process: {e}") from e
 
 
-class _Builder:
-    def __init__(self, request: dict[str, Any]) -> None:
-        self.targets, self.kwargs = request["targets"], request["kwargs"]
-        self.target: object = None
-        self.served: Served | None = None
-        self.undo: Callable[[], None] = lambda: None  # the module settings a build changed
+def _load(target: str | bytes) -> object:
+    if isinstance(target, str):
+        return load_target(target)
+    try:
+        return pickle.loads(target)
+    except CAUGHT as e:
+        raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
 
-    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        if op in ("load", "build"):
-            self.undo()
-            self.undo, self.served = lambda: None, None
+
+class _Builder(Runner):
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__(request)
+        self.kwargs, self.target = request["kwargs"], cast(object, None)
+
+    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
         if op == "load":
             self.target = _load(self.targets[int(args["index"])])
             return {}, {}
-        if op == "build":
-            other = bool(args.get("other"))
-            built = build_at(self.target, self.kwargs, other)
-            if built is None:
-                return {"none": True}, {}
-            self.undo, settings = _settings(self.target, built.undo)
-            self.served = Served(built.module, built.args if other else self.kwargs)
-            home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-            try:
-                recipe = {"settings": settings, "args": to_data(built.args, home)}
-            except ValueError as e:
-                raise UserValueError(
-                    f"cannot send {built.description}'s arguments to a fresh process: {e}"
-                ) from e
-            told = {"description": built.description, "label": built.label, "recipe": recipe}
-            return {**told, "notes": built.notes, "width": built.width}, {}
-        served = self.served
-        if served is None:
-            raise RuntimeError(f"{op} before build")
-        if op == "width":
-            C, T = served.width()
-            return {"C": C, "T": T, "longest": served.longest}, {}
-        if op == "read":
-            return served.read(args["roles"])
-        if op == "suggest":
-            return {"map": served.suggest()}, {}
-        return served.answer(op, args, tensors)  # copy, set, dropout_off: to read as the runner
+        other = bool(args.get("other"))
+        built = build_at(self.target, self.kwargs, other)
+        if built is None:
+            return {"none": True}, {}
+        self.undo, settings = _settings(self.target, built.undo)
+        self.held = Served(built.module, built.args if other else self.kwargs)
+        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+        try:
+            recipe = {"settings": settings, "args": to_data(built.args, home)}
+        except ValueError as e:
+            raise UserValueError(
+                f"cannot send {built.description}'s arguments to a fresh process: {e}"
+            ) from e
+        told = {"description": built.description, "label": built.label, "recipe": recipe}
+        return {**told, "notes": built.notes, "width": built.width}, {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import os
 import traceback
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -146,20 +147,14 @@ def learner_line(e: BaseException, file: str) -> str:
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
     if not ours:
         # gptblock's folder (check/serve/ is two below it), or the folder of the runner's copy
-        up = 3 if (__package__ or "").startswith("gptblock.") else 2
-        ours_dir = os.path.abspath(__file__)
-        for _ in range(up):
-            ours_dir = os.path.dirname(ours_dir)
-        skip = (os.path.dirname(torch.__file__), ours_dir, os.path.dirname(os.__file__))
+        up = 2 if (__package__ or "").startswith("gptblock.") else 1
+        mine = str(Path(os.path.abspath(__file__)).parents[up])
+        skip = (os.path.dirname(torch.__file__), mine, os.path.dirname(os.__file__))
         ours = [f for f in frames if not f.filename.startswith(skip) and "<" not in f.filename]
     if not ours:
         return ""
-    f = ours[-1]
-    where = (
-        os.path.relpath(f.filename)
-        if not os.path.relpath(f.filename).startswith("..")
-        else f.filename
-    )
+    f, near = ours[-1], os.path.relpath(ours[-1].filename)
+    where = f.filename if near.startswith("..") else near
     return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
 
 

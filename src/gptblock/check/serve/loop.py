@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 try:
     from ...errors import UserValueError
@@ -35,7 +36,7 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "NoDropout", "NotCached", "UserValueError",
-    "cache_api", "cached_last", "drive_cache", "encode", "one_line", "record",
+    "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
 CAUGHT = (Exception, SystemExit)
@@ -75,8 +76,9 @@ class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return False
 
 
-def encode(a: object) -> object:
-    """An operator's argument as JSON (tensors already replaced by ``{"r": node}``).
+def encode(a: object, other: Callable[[object], object] | None = None) -> object:
+    """An operator's argument as JSON; ``other(a)`` for what is none of these (a tensor, given
+    as ``{"r": node}`` by the recorder), else ``{"opaque": ...}``: the checker cannot replay it.
 
     Example:
         >>> encode((2, [torch.float64, None], torch.device("cpu")))
@@ -84,12 +86,11 @@ def encode(a: object) -> object:
     """
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
-    if isinstance(a, tuple):
-        return {"tuple": [encode(b) for b in a]}
-    if isinstance(a, list):
-        return [encode(b) for b in a]
+    if isinstance(a, (tuple, list)):
+        items = [encode(b, other) for b in a]
+        return items if isinstance(a, list) else {"tuple": items}
     if isinstance(a, dict):
-        return {"dict": {str(k): encode(v) for k, v in a.items()}}
+        return {"dict": {str(k): encode(v, other) for k, v in a.items()}}
     if isinstance(a, complex):
         return {"complex": [a.real, a.imag]}
     if isinstance(a, torch.device):
@@ -97,7 +98,7 @@ def encode(a: object) -> object:
     for key, kind in _ENUMS.items():
         if isinstance(a, kind):
             return {key: str(a).removeprefix("torch.")}
-    return {"opaque": type(a).__name__}  # (a generator, say): the checker cannot replay it
+    return {"opaque": type(a).__name__} if other is None else other(a)
 
 
 class _Recorder(_Mode):
@@ -134,33 +135,17 @@ class _Recorder(_Mode):
             if isinstance(a, Tensor):
                 inputs.append(self.node_of(a))
                 return {"r": inputs[-1]}
-            return a
+            return {"opaque": type(a).__name__}
 
-        rargs, rkwargs = tree_map(ref, (list(args), kwargs))
+        said = [encode(a, ref) for a in args], {k: encode(v, ref) for k, v in kwargs.items()}
         out = func(*args, **kwargs)
         index = len(self.ops)
         data = any(self.nodes[n][1] for n in inputs)
         outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-        self.ops.append(
-            {
-                "func": f"{func._schema.name}.{func._overloadname}",
-                "args": [_plain(a) for a in rargs],
-                "kwargs": {k: _plain(v) for k, v in rkwargs.items()},
-                "inputs": inputs,
-                "outputs": outputs,
-                "module": self.stack[-1],
-            }
-        )
+        name = f"{func._schema.name}.{func._overloadname}"
+        self.ops.append({"func": name, "args": said[0], "kwargs": said[1], "inputs": inputs,
+                         "outputs": outputs, "module": self.stack[-1]})  # fmt: skip
         return out
-
-
-def _plain(a: object) -> object:
-    if isinstance(a, dict) and set(a) == {"r"}:
-        return a  # a tensor's reference
-    if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
-        inner = [_plain(b) for b in a]
-        return inner if isinstance(a, list) else {"tuple": inner}
-    return encode(a)
 
 
 def _stamp(t: Tensor) -> tuple[object, ...]:
@@ -195,10 +180,18 @@ def _hooks(module: nn.Module, rec: _Recorder, calls: list[list[Any]]) -> list[An
     return handles
 
 
-def _call(module: nn.Module, x: Tensor, grad: bool) -> object:
-    with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(grad):
-        torch.manual_seed(0)
-        return module(x)
+@contextlib.contextmanager
+def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
+    """Seed 0 inside; after, the caller's RNG state (the CPU's, and a CUDA ``device``'s). On a
+    CPU ``device`` without CUDA only the CPU's generator is seeded: nothing else can draw, and
+    ``torch.manual_seed`` (every device's) costs 200 times more, on every call of the block."""
+    cuda = device is not None and device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        if device is not None and device.type == "cpu" and not torch.cuda.is_available():
+            torch.default_generator.manual_seed(0)
+        else:
+            torch.manual_seed(0)
+        yield
 
 
 class NoDropout(_Mode):
@@ -330,34 +323,21 @@ def record(
         try:
             # NoDropout inside the recorder: what is recorded is what ran (``fill_``, not the
             # ``bernoulli_`` it replaced), so a replay needs no NoDropout of its own
-            with rec, NoDropout() if no_dropout else contextlib.nullcontext():
-                out = _first(_call(module, x, grad))
+            off = NoDropout() if no_dropout else contextlib.nullcontext()
+            with rec, off, fixed_seed(x.device), torch.set_grad_enabled(grad):
+                out = _first(module(x))
         except Exception as e:  # the block's own error ends the trace, not the check
             error = error or type(e).__name__
             continue
         finally:
             for h in handles:
                 h.remove()
-        output = (
-            rec.latest[id(out)][1] if isinstance(out, Tensor) and id(out) in rec.latest else None
-        )
-        tensors: dict[str, Tensor] = {}
-        complex_nodes = []
-        for i, v in enumerate(rec.values):
-            if v.is_complex():
-                complex_nodes.append(i)
-                v = torch.view_as_real(v.resolve_conj())
-            tensors[f"n{i}"] = v
-        meta = {
-            "ops": rec.ops,
-            "nodes": rec.nodes,
-            "input": rec.input,
-            "output": output,
-            "calls": calls,
-            "grad": grad,
-            "parameters": {n: list(p.shape) for n, p in module.named_parameters()},
-            "modules": [n for n, _ in module.named_modules()],
-            "complex": complex_nodes,
-        }
-        return meta, tensors
+        made = isinstance(out, Tensor) and id(out) in rec.latest
+        real = [torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in rec.values]
+        meta = {"ops": rec.ops, "nodes": rec.nodes, "input": rec.input, "calls": calls,
+                "output": rec.latest[id(out)][1] if made else None, "grad": grad,
+                "parameters": {n: list(p.shape) for n, p in module.named_parameters()},
+                "modules": [n for n, _ in module.named_modules()],
+                "complex": [i for i, v in enumerate(rec.values) if v.is_complex()]}  # fmt: skip
+        return meta, {f"n{i}": v for i, v in enumerate(real)}
     return {"error": error}, {}

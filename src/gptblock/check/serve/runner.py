@@ -1,12 +1,10 @@
 """The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
 
-The supervisor (``reaper``) forks it after importing torch, from a copy of this folder as the
-package ``serve``: it imports nothing of gptblock, no frame under the block's calls is a gptblock
-file, and nothing in its command line, ancestors or environment names the checker. It loads the
-learner's file again, builds the block from what the builder (``worker``) built it with, sent
-as data (``to_data``), and answers every request that decides the verdict (``Held.answer``).
-What the builder says (the width, a reading by names) is a claim checked on these answers.
-``worker.Served`` is a ``Held`` too, in the checker's own process (``isolate=False``).
+The supervisor (``reaper``) forks it from a copy of this folder as the package ``serve``: it
+imports nothing of gptblock, no frame under the block's calls is a gptblock file, and nothing in
+its command line, ancestors or environment names the checker. It loads the learner's file
+again, builds the block from what the builder (``worker``) built it with, sent as data
+(``to_data``), and answers every request that decides the verdict (``Held.answer``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -30,10 +28,10 @@ import torch.nn as nn
 
 from .calls import call_error, forward_arguments, source
 from .frames import Reader, send
-from .loop import CAUGHT, UserValueError, drive_cache, one_line, record
+from .loop import CAUGHT, UserValueError, drive_cache, fixed_seed, one_line, record
 from .subject import Subject
 
-__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
+__all__ = ["DROPOUT_NAMES", "Held", "Runner", "build", "load", "main", "serve", "to_data"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
@@ -52,20 +50,18 @@ class Held:
         self._subject: Subject | None = None
 
     @property
-    def tested(self) -> Subject:
+    def subject(self) -> Subject:
         """The copy the probes call (``copy`` makes it)."""
-        return self.subject
+        if self._subject is None:
+            raise RuntimeError("the block has not been copied yet")
+        return self._subject
+
+    tested = subject  # (the name ``verdict.Service`` asks for)
 
     @property
     def note(self) -> str:
         """What the copy says of itself (checked in float32, say)."""
         return self.subject.note
-
-    @property
-    def subject(self) -> Subject:
-        if self._subject is None:
-            raise RuntimeError("the block has not been copied yet")
-        return self._subject
 
     def copy(self) -> dict[str, Any]:
         """Make the checker's copy (float64, eval); what it is."""
@@ -271,8 +267,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
         args = _from_data(recipe["args"], home)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with fixed_seed():
             module = target(**args)  # type: ignore[operator]
     except CAUGHT as e:
         undo()
@@ -284,33 +279,37 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-class _Runner:
-    """The runner's state: the targets (loaded once each), the block built last."""
+class Runner:
+    """A process's answers: ``build`` (and the builder's ``load``) makes a fresh ``held``, the
+    last build's module settings undone; every other request is the held block's to answer."""
 
     def __init__(self, request: dict[str, Any]) -> None:
         self.targets: list[str | bytes] = request["targets"]
-        self.loaded: dict[int, object] = {}
+        self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
         self.held: Held | None = None
         self.undo: Callable[[], None] = lambda: None
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        if op == "build":
+        if op in ("load", "build"):
             self.undo()
             self.undo, self.held = lambda: None, None
-            i = int(args["index"])
-            if i not in self.loaded:
-                try:
-                    self.loaded[i] = load(self.targets[i])
-                except CAUGHT as e:
-                    raise UserValueError(
-                        f"cannot load it again in a fresh process: {one_line(e)}"
-                    ) from e
-            module, self.undo = build(self.loaded[i], args["recipe"])
-            self.held = Held(module)
-            return {}, {}
+            return self.build(op, args)
         if self.held is None:
             raise RuntimeError(f"{op} before build")
         return self.held.answer(op, args, tensors)
+
+    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
+        i = int(args["index"])
+        if i not in self.loaded:
+            try:
+                self.loaded[i] = load(self.targets[i])
+            except CAUGHT as e:
+                raise UserValueError(
+                    f"cannot load it again in a fresh process: {one_line(e)}"
+                ) from e
+        module, self.undo = build(self.loaded[i], args["recipe"])
+        self.held = Held(module)
+        return {}, {}
 
 
 def serve(
@@ -351,4 +350,4 @@ def serve(
 
 def main(argv: list[str]) -> int:
     """The runner: ``IN_FD OUT_FD``."""
-    return serve(argv, _Runner)
+    return serve(argv, Runner)

@@ -1,15 +1,12 @@
 """The checker's own copy of a block, and the one way every check calls it.
 
 ``Subject`` is an eval-mode deep copy of the block in float64 (float32 when it fails in
-float64). Every call gives the block a fresh copy of its input and takes a copy of its output:
-a block may change its input in place or return a buffer it overwrites, and neither may leak
-into another probe's measurement. ``copy.deepcopy`` copies a function stored on a module by
-reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``), so such closures are rebuilt
-around the copied modules, and a copy that still calls the original's modules is refused. Calls
-but the determinism probe's run re-seeded (a block that keeps dropout on in eval gets the same
-mask for an input and its perturbation). A float32 input runs a float32 copy of the copy, a
-``train=True`` call runs it in train mode with every dropout an identity (for
-``compare.conditions``). It uses nothing of gptblock but ``loop``: the runner's process holds it.
+float64). Every call copies the input and the output: a block may change its input in place or
+return a buffer it overwrites, and neither may leak into another probe. ``copy.deepcopy`` keeps
+a function stored on a module by reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``),
+so such closures are rebuilt around the copies. Calls but the determinism probe's are re-seeded
+(a block that keeps dropout on in eval gets the same mask for an input and its perturbation).
+It uses nothing of gptblock but ``loop``: the runner's process holds it.
 
 Shapes: B batch, T time, C channels.
 """
@@ -28,9 +25,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from .loop import CAUGHT, NoDropout, UserValueError, one_line
+from .loop import CAUGHT, NoDropout, UserValueError, fixed_seed, one_line
 
-__all__ = ["Grads", "Subject", "Tested", "first_tensor", "moved", "one_thread"]
+__all__ = ["Grads", "Probed", "Subject", "Tested", "first_tensor", "one_thread"]
 
 Tensor = torch.Tensor
 
@@ -70,13 +67,6 @@ class Tested(Protocol):
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
 
 
-def moved(y: Tensor, y2: Tensor, tol: float) -> Tensor:
-    """Where ``y2`` differs from ``y`` by more than ``tol`` of y's scale (NaN == NaN is equal)."""
-    scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
-    same = (y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= tol * scale)
-    return ~same
-
-
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch with one intra-op thread inside, the caller's setting restored after: on tiny
@@ -90,7 +80,27 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-class Subject:
+class Probed:
+    """What ``Subject`` and the checker's view of a block in another process share: the inputs
+    from the checker's own seed, in the block's ``dtype``, and what counts as moved."""
+
+    dtype: torch.dtype
+    device: torch.device
+    generator: torch.Generator
+    tol: float  # "did not move", times the output's scale: round-off in ``dtype``
+
+    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
+        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
+        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
+        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
+        scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
+        return ~((y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale))
+
+
+class Subject(Probed):
     """An eval-mode copy of the user's block (never changed) in float64, else float32.
 
     Args:
@@ -145,12 +155,7 @@ class Subject:
                 _take(self._others[torch.float32], self._key)
         if self.unpacked:
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
-        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5  # "did not move", x output scale
-
-    def input(self, *shape: int, scale: float = 1.0) -> Tensor:
-        """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
-        x = torch.randn(*shape, generator=self.generator, dtype=torch.float64) * scale
-        return x.to(device=self.device, dtype=self.dtype)
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x`` (in ``x``'s dtype), under ``torch.no_grad`` and, unless
@@ -162,12 +167,9 @@ class Subject:
     def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
-        with NoDropout() if self.no_dropout or train else nullcontext(), _mode(module, train):
-            if not seeded:
-                return self._output(module(x.clone()), x.shape)
-            with self.own_rng():
-                torch.manual_seed(0)
-                return self._output(module(x.clone()), x.shape)
+        off = NoDropout() if self.no_dropout or train else nullcontext()
+        with off, _mode(module, train), fixed_seed(self.device) if seeded else nullcontext():
+            return self._output(module(x.clone()), x.shape)
 
     def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
         """A copy of the output; from a tuple (or list, dict), its (B, T, C) tensor, the copy's
@@ -207,10 +209,6 @@ class Subject:
         devices = [self.device] if self.device.type == "cuda" else []
         return torch.random.fork_rng(devices=devices)
 
-    def moved(self, y: Tensor, y2: Tensor) -> Tensor:
-        """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
-        return moved(y, y2, self.tol)
-
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y taken as 0),
         and with ``inputs`` the input's; an in-place change autograd needed (in the forward
@@ -245,14 +243,13 @@ class Subject:
 @contextmanager
 def _mode(module: nn.Module, train: bool) -> Iterator[None]:
     """``module`` in train mode inside when ``train``; back in eval mode after."""
-    if not train:
-        yield
-        return
-    module.train()
+    if train:
+        module.train()
     try:
         yield
     finally:
-        module.eval()
+        if train:
+            module.eval()
 
 
 @contextmanager
