@@ -94,8 +94,15 @@ def check_isolated(
     states = [_State(name, f"loading {name}") for name in names]
 
     def check(child: Child, j: int, i: int) -> CheckReport:
+        """Load, build and check target i at the file's sizes and at others (``two_sizes``)."""
         try:
-            return _check_one(child, j, states[i], roles)
+            child.call("load", index=j)
+            fresh = torch.Generator().manual_seed(secrets.randbits(63))  # never seen by the child
+            weights = torch.Generator().manual_seed(secrets.randbits(63))
+            at = lambda p, other: _at(child.call, p, roles, fresh, weights, other)  # noqa: E731
+            return two_sizes(at, states[i])
+        except ProtocolBroken as e:
+            raise Gone(f"broke the checker's protocol ({e})") from None
         except Raised as e:  # where the checker does not expect the block to raise
             said = f"the check stopped during {states[i].where}: {e}"
             where = getattr(e, "where", "")
@@ -103,8 +110,18 @@ def check_isolated(
             return states[i].stopped(Finding("check", False, said), note)
 
     def cut(i: int, what: str) -> CheckReport:
-        stopped = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-        return _cut_short(states[i], stopped if what == "timeout" else what)
+        """The report of a target whose check the child did not finish, or the load error."""
+        if what == "timeout":
+            what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
+        s = states[i]
+        if s.where.startswith("loading") or s.where == "building the block":
+            verb = "load" if s.where.startswith("loading") else "build"
+            raise errors.UserValueError(
+                f"cannot {verb} {s.name}: its process {what} while {s.where}"
+            )
+        said = f"the process running the block {what} during {s.where}"
+        note = "the check was cut short; the findings before it are kept"
+        return s.stopped(Finding("process", False, said), note)
 
     with tempfile.TemporaryDirectory() as folder:
         sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
@@ -196,18 +213,6 @@ def ask_isolated(
     return _in_children(targets, {}, timeout, one, cut)
 
 
-def _check_one(child: Child, i: int, state: _State, roles: Mapping[str, str]) -> CheckReport:
-    """Load, build and check target ``i`` through ``child`` at the file's sizes and at others
-    (``two_sizes``); every check computed here."""
-    child.call("load", index=i)
-    fresh = torch.Generator().manual_seed(secrets.randbits(63))  # the child never sees these
-    weights = torch.Generator().manual_seed(secrets.randbits(63))
-    try:
-        return two_sizes(lambda p, other: _at(child.call, p, roles, fresh, weights, other), state)
-    except ProtocolBroken as e:
-        raise Gone(f"broke the checker's protocol ({e})") from None
-
-
 def _sent(target: object, folder: Path) -> str | bytes:
     """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
     notebook's cell, which the child cannot import) its source, as a file in ``folder``."""
@@ -229,19 +234,6 @@ def _sent(target: object, folder: Path) -> str | bytes:
 
 def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
-
-
-def _cut_short(state: _State, what: str) -> CheckReport:
-    """The report of a target whose check the child did not finish, or the load error."""
-    if state.where.startswith("loading") or state.where == "building the block":
-        verb = "load" if state.where.startswith("loading") else "build"
-        raise errors.UserValueError(
-            f"cannot {verb} {state.name}: its process {what} while {state.where}"
-        )
-    said = f"the process running the block {what} during {state.where}"
-    return state.stopped(
-        Finding("process", False, said), "the check was cut short; the findings before it are kept"
-    )
 
 
 class Told:
@@ -267,7 +259,7 @@ def two_sizes(
 ) -> CheckReport:
     """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
     the other sizes (``True``: or why not, a note), combined (``sizes.combine``: PASS needs
-    both); for a block in another process (``_check_one``) or in this one (``run``). A
+    both); for a block in another process (``check_isolated``) or in this one (``run``). A
     mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
     first = at(progress or Told(None), False)
     if isinstance(first, str):  # the file's sizes raise rather than say why not

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import signal
 import subprocess
@@ -208,13 +209,11 @@ class Child:
     def ended(self, name: str) -> str:
         """How the builder or the runner ended, as their supervisor saw it."""
         self._status(10)
-        rc: int | None = None
-        for line in self.status:
-            said = line.removeprefix(f"exit {name} ")
-            if said != line and said.lstrip("-").isdigit() and rc is None:
-                rc = int(said)
-        if rc is None:
+        found = (re.fullmatch(rf"exit {name} (-?\d+)", line) for line in self.status)
+        codes = [int(m[1]) for m in found if m]
+        if not codes:
             return "ended without a word from its reaper"
+        rc = codes[0]
         if rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
             why = {

@@ -233,11 +233,8 @@ def main(argv: list[str]) -> NoReturn:
     _OWN_NAMESPACE = isolated and os.getpid() == 1
     if not hasattr(os, "fork"):
         _say(f"supervisor {os.getpid()}")
-    handlers = {}
-    for name in SPARED:
-        if hasattr(signal, name):
-            number = getattr(signal, name)
-            handlers[number] = signal.signal(number, signal.SIG_IGN)
+    numbers = [getattr(signal, name) for name in SPARED if hasattr(signal, name)]
+    handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
     with contextlib.suppress(ImportError):

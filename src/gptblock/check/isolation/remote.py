@@ -58,18 +58,11 @@ class Remote(Probed):
     ) -> None:
         if dtype not in (torch.float64, torch.float32):
             raise ProtocolBroken(f"a copy in {dtype}, expected float64 or float32")
-        self.call, self.C, self.T, self._note, self.longest = call, C, T, text(note), longest
+        self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
+        self.tested = self
         self.dtype, self.generator = dtype, torch.Generator().manual_seed(0)
         self.tol = 1e-10 if dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
-
-    @property
-    def tested(self) -> Remote:
-        return self
-
-    @property
-    def note(self) -> str:
-        return self._note
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
@@ -140,8 +133,7 @@ class Remote(Probed):
             if not isinstance(found, str):
                 read, x = found
                 readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
-                own = [p.flatten().to(torch.float64) for p in self.parameters().values()]
-                return plain_readings(readings, torch.cat(own).sort().values if own else None, [])
+                return plain_readings(readings, list(self.parameters().values()), [])
         return self.call("read", roles=dict(roles))
 
     trusted = False  # answers from the block's process: claims

@@ -76,10 +76,7 @@ class Served(Held):
         )
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
-        own = [
-            p.detach().flatten().to(torch.float64).cpu() for p in self.subject.module.parameters()
-        ]
-        return plain_readings(found, torch.cat(own).sort().values if own else None, notes)
+        return plain_readings(found, list(self.subject.module.parameters()), notes)
 
     trusted = True  # in the checker's own process: what this object says is what the block did
 
@@ -109,35 +106,29 @@ class Served(Held):
 
 
 def plain_readings(
-    found: Readings, known: Tensor | None, notes: list[str]
+    found: Readings, params: list[Tensor], notes: list[str]
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """``found``'s parts as numbers (``plain.to_plain``), as ``Served.read`` answers: each
-    reading that can be read so, with its description; ``known``: the block's parameter
-    values, sorted (float64)."""
-    x = found.x
-    tensors: dict[str, Tensor] = {"x": x}
+    reading that can be read so, with its description; ``params``: the block's parameters."""
+    own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
+    known = torch.cat(own).sort().values if own else None
+    tensors: dict[str, Tensor] = {"x": found.x}
     parts: list[dict[str, Any]] = []
     describe: list[str] = []
-    heads = list(found.heads)
-    kept = {"readings": 0, "fallback": 0}
-    whole = [
-        *(("readings", p) for p in found.readings),
-        *(("fallback", p) for p in found.fallback),
-    ]
-    missed = ""
-    for i, (kind, p) in enumerate(whole):
+    readings, missed = 0, ""
+    for i, p in enumerate([*found.readings, *found.fallback]):
         try:
-            meta, read = to_plain(p, x, str(len(parts)), known)
+            meta, read = to_plain(p, found.x, str(len(parts)), known)
         except CAUGHT as e:  # a part of the block's own code refused the probe
             missed = missed or (str(e) if isinstance(e, NotPlain) else one_line(e))
             continue
         parts.append(meta)
         tensors.update(read)
         describe.append(found.describe(i))
-        kept[kind] += 1
+        readings += i < len(found.readings)
     if not parts:
         return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
-    meta = {"parts": parts, "readings": kept["readings"], "heads": heads, "describe": describe}
+    meta = {"parts": parts, "readings": readings, "heads": list(found.heads), "describe": describe}
     return {**meta, "notes": notes}, tensors
 
 

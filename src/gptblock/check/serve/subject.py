@@ -113,8 +113,7 @@ class Subject(Probed):
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
         self._others: dict[torch.dtype, nn.Module] = {}  # copies in the other dtype (module_in)
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
+        self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if self.device.type == "meta":
             raise UserValueError(
                 f"{type(module).__name__}'s parameters are on the meta device (shapes without "

@@ -1,0 +1,105 @@
+"""Where the block is built and run again: the runner builds it from the builder's arguments,
+sent as data, and ``gptblock check`` starts its child before it imports torch (ending one it
+leaves unused).
+"""
+
+import os
+import textwrap
+import time
+
+import pytest
+
+CONFIGURED = textwrap.dedent(
+    """
+    import dataclasses
+    import torch.nn as nn
+
+    n_embd = 64  # a module setting the block reads
+
+
+    @dataclasses.dataclass
+    class Config:
+        n_embd: int = 8
+        n_head: int = 2
+
+        def __post_init__(self):
+            self.head_size = self.n_embd // self.n_head
+
+
+    class Block(nn.Module):
+        def __init__(self, config, layer_idx):
+            super().__init__()
+            self.proj = nn.Linear(config.n_embd, config.head_size * config.n_head)
+            self.width, self.layer_idx = n_embd, layer_idx
+    """
+)
+
+
+def test_the_runner_builds_the_block_again_from_the_builders_arguments_as_data(tmp_path):
+    import json
+    import sys
+
+    import torch
+
+    from gptblock.check.serve.runner import build, load, to_data
+
+    path = tmp_path / "configured.py"
+    path.write_text(CONFIGURED)
+    target = load(f"{path}:Block")  # as the runner loads it: a module of the file's own name
+    home = sys.modules[target.__module__]
+    assert home.__name__ == "configured"
+    args = {"config": home.Config(n_embd=16, n_head=4), "layer_idx": 1}
+    recipe = {"settings": {"n_embd": to_data(16, home)}, "args": to_data(args, home)}
+    module, undo = build(target, json.loads(json.dumps(recipe)))  # JSON: data, never code
+    assert module.proj.weight.shape == (16, 16) and (module.width, module.layer_idx) == (16, 1)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # seeded as the builder builds it (build.build_at)
+        assert torch.equal(target(**args).proj.weight, module.proj.weight)
+    undo()
+    assert home.n_embd == 64
+    with pytest.raises(ValueError, match="a function, which cannot be sent as data"):
+        to_data({"act": lambda x: x}, home)
+    assert _from_data_of(to_data(torch.nn.functional.gelu, home)) is torch.nn.functional.gelu
+
+
+def _from_data_of(data):
+    from gptblock.check.serve.runner import _from_data
+
+    return _from_data(data, None)
+
+
+def test_gptblock_check_starts_its_child_first_and_one_left_unused_ends(monkeypatch):
+    import select
+
+    from gptblock import early
+
+    monkeypatch.setattr(early, "_started", None)
+    for argv in (["train", "x.txt"], ["check", "--help"], ["--help"]):
+        early.start(argv)
+        assert early._started is None  # only for a check
+    early.start(["check", "f.py:Block"])  # what gptblock.cli.main does first
+    spawned = early._started
+    assert spawned is not None and early.take() is spawned and early._started is None
+    spawned.proc.stdin.close()  # the command ended (an error in its arguments) without a check
+    status, deadline = b"", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not select.select([spawned.proc.stdout], [], [], 1)[0]:
+            continue
+        chunk = os.read(spawned.proc.stdout.fileno(), 4096)
+        if not chunk:
+            break  # the supervisor ended, and the jobs it forked with it
+        status += chunk
+    assert status.startswith(b"supervisor ") and b"exit runner -9" in status, status
+    for fd in (spawned.out_r, spawned.err_r, *(fd for p in spawned.pipes.values() for fd in p)):
+        os.close(fd)
+    spawned.proc.stdout.close()
+    spawned.folder.cleanup()
+
+
+def test_a_check_that_fails_before_it_runs_ends_the_child_started_for_it(capsys):
+    from gptblock import early
+    from gptblock.cli import main
+
+    assert main(["check", "no_such_file.py:Block"]) == 2
+    assert early._started is None  # dropped: its supervisor and forks have ended
+    assert "no_such_file.py" in capsys.readouterr().err
