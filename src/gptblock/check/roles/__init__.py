@@ -2,8 +2,7 @@
 the norms, and reading their weights into numbers.
 
 * ``trace`` -- one forward pass recorded operator by operator (``serve.loop``'s, read back
-  checked), replayed with chosen tensors replaced; ``decode`` -- a recorded argument and operator
-  read back (torch's own operators only), and ``TraceError``.
+  checked: torch's own operators only), replayed with chosen tensors replaced; ``TraceError``.
 * ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
   role reads or writes it; ``dataflow`` -- the roles from what the tensors do; ``norms`` -- the
   norms, from what they compute.
@@ -24,7 +23,7 @@ the norms, and reading their weights into numbers.
   same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs) and the parts it has
   that no reference models.
 
-Order inside: ``decode``, ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
+Order inside: ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
 ``norms``; ``weights``; ``mapping``, ``given``, ``claims``, ``suggest``, ``readings``, ``plain``;
 then the modern files.
 """

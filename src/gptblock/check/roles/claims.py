@@ -14,14 +14,15 @@ Shapes: C channels, D attention width, H the MLP's hidden width.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .given import SHAPES, fits, given_parts, is_given, parse_given
-from .mapping import ROLES, resolve_roles
+from .given import given_parts, is_given, parse_given
+from .mapping import ROLES, SHAPES, fits, resolve_roles
 from .parts import Part
 from .weights import Reading
 
@@ -53,10 +54,18 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
     named = dict(module.named_parameters())
     for role, text in roles.items():
         found = [] if is_given(module, text) else _resolved(parts, role, text)
-        if found and role in BRANCH:
-            _norm(role, text, found)
-        elif found:
-            fitted[role] = _linear(role, text, found, C, named)
+        if len(found) > 1 and role not in ("q", "k", "v"):
+            one = "only q, k and v take one module per head"
+            one = f"{role} is one norm" if role in BRANCH else one
+            names = ", ".join(p.name for p in found[:4])
+            raise UserValueError(f"{role}={text} matches {len(found)} parts ({names}); {one}")
+        if found and role in BRANCH and found[0].kind != "norm":
+            raise UserValueError(
+                f"{role}={text}: {found[0].name or '(the block)'} is {_what(found[0])}, not a "
+                f"norm; {role} is the norm before the {BRANCH[role]}"
+            )
+        if found and role not in BRANCH:
+            fitted[role] = _linear(role, text, found, C, named.get(text))
     _between(roles, fitted)
 
 
@@ -77,38 +86,17 @@ def _what(p: Part) -> str:
     return f"a linear layer (out, in) = {p.shape}"
 
 
-def _norm(role: str, text: str, found: list[Part]) -> None:
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found[:4])
-        raise UserValueError(
-            f"{role}={text} matches {len(found)} parts ({names}); {role} is one norm"
-        )
-    p = found[0]
-    if p.kind != "norm":
-        raise UserValueError(
-            f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a norm; {role} is the "
-            f"norm before the {BRANCH[role]}"
-        )
-
-
 def _linear(
-    role: str, text: str, found: list[Part], C: int, named: Mapping[str, nn.Parameter]
+    role: str, text: str, found: list[Part], C: int, vector: Tensor | None
 ) -> list[tuple[int, int]]:
     """The (out, in) of each part given for a linear role, refused where it cannot be."""
-    if len(found) > 1 and role not in ("q", "k", "v"):
-        names = ", ".join(p.name for p in found[:4])
+    if vector is not None and vector.dim() < 2:
         raise UserValueError(
-            f"{role}={text} matches {len(found)} parts ({names}); only q, k and v take one module "
-            "per head"
+            f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
+            f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
         )
     shapes: list[tuple[int, int]] = []
     for p in found:
-        vector = named.get(text)
-        if vector is not None and vector.dim() < 2:
-            raise UserValueError(
-                f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
-                f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
-            )
         if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
             raise UserValueError(
                 f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
@@ -152,19 +140,15 @@ def _one_weight_one_role(module: nn.Module, parts: list[Part], roles: Mapping[st
             continue
         found = [p for p in _resolved(parts, role, text) if p.kind != "mha"]
         held[role] = [(n, None) for p in found for n in (p.params if text not in p.params else (text,))]  # fmt: skip
-    given = list(held)
-    for i, a in enumerate(given):
-        for b in given[i + 1 :]:
-            if {a, b} == {"ln1", "ln2"}:
-                continue
-            for path, sa in held[a]:
-                for other, sb in held[b]:
-                    if path == other and _overlap(sa, sb, shapes.get(path, ())):
-                        what = "overlapping slices of" if sa and sb else "both name"
-                        raise UserValueError(
-                            f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight "
-                            f"cannot be both {a} and {b}"
-                        )
+    for a, b in itertools.combinations(held, 2):
+        for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
+            same = path == other and _overlap(sa, sb, shapes.get(path, ()))
+            if same and {a, b} != {"ln1", "ln2"}:
+                what = "overlapping slices of" if sa and sb else "both name"
+                raise UserValueError(
+                    f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight cannot be both "
+                    f"{a} and {b}"
+                )
 
 
 def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tuple[int, ...]) -> bool:  # fmt: skip

@@ -79,19 +79,17 @@ def _cores(trace: Trace) -> list[Core]:
         data = [n for n in op.inputs if trace.nodes[n].data]
         if "scaled_dot_product" in op.name and len(data) >= 3:
             q, k, v = op.inputs[:3]
-            y = op.outputs[0]
             time = trace.nodes[q].shape[-2]
         elif op.name in ("bmm", "mm") and len(data) == 2 and (found := _weighted(trace, data)):
             A, v, flipped, scores = found
             q, k = [n for n in scores.inputs if trace.nodes[n].data]
             if _keys_first(trace, scores, A, flipped):
                 q, k = k, q
-            y = op.outputs[0]
             time = trace.nodes[A].shape[-1]
         else:
             continue
         shape = trace.nodes[q].shape
-        cores.append(Core(q, k, v, y, math.prod(shape[:-2]), time))
+        cores.append(Core(q, k, v, op.outputs[0], math.prod(shape[:-2]), time))
     return cores
 
 

@@ -16,30 +16,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from ...errors import UserValueError
-from .mapping import resolve_roles
-from .parts import Part, paired_bias
+from .mapping import SHAPES, fits, resolve_roles
+from .parts import Part, _affine, paired_bias
 
-__all__ = [
-    "Fixed",
-    "Given",
-    "fix_roles",
-    "given_parts",
-    "is_given",
-    "parse_given",
-]
+__all__ = ["Fixed", "Given", "fix_roles", "given_parts", "is_given", "parse_given"]
 
 Tensor = torch.Tensor
 LAYOUTS = ("out_in", "in_out")
-SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
-          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
-READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
 _BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
 
@@ -151,8 +140,7 @@ class _Matrix(nn.Module):
         return w, b
 
     def forward(self, h: Tensor) -> Tensor:
-        w, b = self.canonical()
-        return F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
+        return _affine(*self.canonical())(h)
 
 
 def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int) -> dict[str, Part]:
@@ -203,12 +191,9 @@ def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int)
 
 def _fitting(role: str, C: int, p: nn.Parameter, g: Given) -> Given:
     """``g`` read in_out when only that layout fits the role (``W_Q`` (nh, C, hs) for q)."""
-    flipped = Given(g.path, g.slices, "in_out", g.text)
-    try:
-        _check_fits(role, g.text, C, tuple(_Matrix(role, p, None, g).canonical()[0].shape))
-    except UserValueError:
-        return flipped
-    return g
+    shape = tuple(_Matrix(role, p, None, g).canonical()[0].shape)
+    ok = fits(role, shape, C) and (role != "qkv" or shape[0] % 3 == 0)
+    return g if ok else replace(g, layout="in_out")
 
 
 def _check_slices(role: str, g: Given, shape: tuple[int, ...]) -> None:
@@ -225,11 +210,6 @@ def _check_slices(role: str, g: Given, shape: tuple[int, ...]) -> None:
                 f"{role}={g.text}: slice {start}:{stop} is out of range for a dimension of "
                 f"size {n} ({g.path} has shape {shape})"
             )
-
-
-def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
-    """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
-    return shape[1] == C if role in READS_C else shape[0] == C
 
 
 def _check_fits(role: str, text: str, C: int, shape: tuple[int, ...]) -> None:

@@ -21,13 +21,16 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .parts import Part
+from .parts import Part, glob
 
 __all__ = ["ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
 ROLES = ("ln1", "ln2", "q", "k", "v", "qkv", "proj", "fc1", "fc2")
+SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
+          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
+READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "h", "heads")
 HEAD_SIZE_ATTRIBUTES = ("head_size", "head_dim", "d_k", "hs", "d_head", "dim_head")
 FORMS = {  # the roles each way of making q, k, v needs from the block's plain linear parts
@@ -78,6 +81,11 @@ class _Candidate:  # one assignment of the linear parts to roles
     D: int
 
 
+def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
+    """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
+    return shape[1] == C if role in READS_C else shape[0] == C
+
+
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
     """The parts named by ``{role: name}`` (a part's name, one of its parameters, or a glob
     such as ``heads.*.query`` for one part per head, in registration order).
@@ -125,10 +133,10 @@ def map_roles(
     fixed = dict(roles or {})
     mhas = [p for p in parts if p.kind == "mha"]
     try:
-        (ln1, ln2), norm_names, norm_how = _norms(parts, C, called, fixed)
+        lns, norm_names, norm_how = _norms(parts, C, called, fixed)
         heads = _head_groups(parts, C, fixed)
         tied = _assign(parts, C, called, fixed, heads, mhas)
-        readings = [_build(c, heads, mhas, C) for c in tied]
+        readings = [_build(c, heads, mhas, C, lns) for c in tied]
         names = [_names(c, heads, mhas) for c in tied]
         how = [*norm_how, _evidence(tied[0], called, fixed)]
         if len(tied) > 1:
@@ -140,7 +148,7 @@ def map_roles(
                 if c.form == "separate":  # q, k, v taken in ``order`` instead
                     qkv = {r: c.roles["qkv"[i]] for r, i in zip("qkv", order, strict=True)}
                     c = replace(c, roles=c.roles | qkv)
-                fallback.append(_build(c, hs, mhas, C))
+                fallback.append(_build(c, hs, mhas, C, lns))
                 names.append(_names(c, hs, mhas))
     except NotABlock as e:
         return Unmapped(str(e))
@@ -151,17 +159,13 @@ def map_roles(
         nh: tuple[int, ...] = (_attention(mhas[0]).num_heads,)
     else:
         nh = (len(heads),) if heads else _head_counts(module, readings[0].D)
-
-    def normed(ps: list[Parts]) -> tuple[Parts, ...]:
-        return tuple(Parts(p.C, p.D, p.qkv, p.proj, p.fc1, p.fc2, ln1, ln2) for p in ps)
-
     return MappedBlock(
-        normed(readings),
+        tuple(readings),
         tuple({**norm_names, **n} for n in names),
         tuple(how),
         nh,
         tuple(n for p in parts for n in p.params if n not in used),
-        normed(fallback),
+        tuple(fallback),
     )
 
 
@@ -218,8 +222,7 @@ def _assign(
     mhas: list[Part],
 ) -> list[_Candidate]:
     """The best assignments of the linear parts to the roles, tied ones all kept."""
-    plain = [p for p in parts if p.kind in ("linear", "matrix")]
-    plain = [p for p in plain if not any(p in group for group in heads)]
+    plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
         raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
@@ -245,12 +248,10 @@ def _assign(
         if any(r in single for r in ROLES[2:7] if r not in needed):
             continue  # the caller named a role this form does not have
         free = [r for r in needed if r not in single]
-        for chosen in itertools.permutations(
-            [p for p in plain if p not in single.values()], len(free)
-        ):
-            roles = {r: single[r] for r in needed if r in single} | dict(
-                zip(free, chosen, strict=True)
-            )
+        rest = [p for p in plain if p not in single.values()]
+        for chosen in itertools.permutations(rest, len(free)):
+            roles = {r: single[r] for r in needed if r in single}
+            roles |= dict(zip(free, chosen, strict=True))
             D = _fits(form, roles, C, heads, mhas, in_out)
             if D is not None:
                 score = _score(form, roles, heads, mhas, called) - 4.0 * (len(plain) - len(roles))
@@ -298,24 +299,20 @@ def _fits(
     form: str, roles: dict[str, Part], C: int, heads: Heads, mhas: list[Part], in_out: bool
 ) -> int | None:
     """The attention width D if the shapes fit the form, else None."""
-    shape = {r: p.shape_as(in_out) for r, p in roles.items()}
-    if any(s is None for s in shape.values()):
+    shape = {r: s for r, p in roles.items() if (s := p.shape_as(in_out)) and fits(r, s, C)}
+    if len(shape) < len(roles):
         return None
     if form == "packed":
-        out, inp = shape["qkv"]  # type: ignore[misc]
-        D = out // 3 if inp == C and out % 3 == 0 else None
+        D = shape["qkv"][0] // 3 if shape["qkv"][0] % 3 == 0 else None
     elif form == "separate":
-        q = shape["q"]
-        D = q[0] if q is not None and q == shape["k"] == shape["v"] and q[1] == C else None
+        D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] else None
     elif form == "heads":
         D = sum(q.shape[0] for q, _, _ in heads if q.shape)
     else:
-        D = _attention(mhas[0]).embed_dim
-        D = D if D == C else None
-    fc1, fc2 = shape["fc1"], shape["fc2"]
-    if D is None or shape.get("proj", (C, D)) != (C, D) or not fc1 or fc1[1] != C:
+        D = C if _attention(mhas[0]).embed_dim == C else None
+    if D is None or shape.get("proj", (C, D)) != (C, D):
         return None
-    return D if fc2 == (C, fc1[0]) else None
+    return D if shape["fc2"] == (C, shape["fc1"][0]) else None
 
 
 def _score(
@@ -349,7 +346,13 @@ def _evidence(c: _Candidate, called: Mapping[str, int], fixed: Mapping[str, list
     return by
 
 
-def _build(c: _Candidate, heads: Heads, mhas: list[Part], C: int) -> Parts:
+def _build(
+    c: _Candidate,
+    heads: Heads,
+    mhas: list[Part],
+    C: int,
+    lns: tuple[SubLayer | None, SubLayer | None],
+) -> Parts:
     """The block's q/k/v, proj, fc1 and fc2 as callables, as assignment ``c`` reads its parts."""
     lin = {r: p.linear(c.in_out) for r, p in c.roles.items()}
     if c.form in ("packed", "mha"):
@@ -370,7 +373,7 @@ def _build(c: _Candidate, heads: Heads, mhas: list[Part], C: int) -> Parts:
             q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
             return q, k, v
 
-    return Parts(C, c.D, qkv, proj, lin["fc1"], lin["fc2"], None, None)
+    return Parts(C, c.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
 
 
 def _attention(part: Part) -> nn.MultiheadAttention:
@@ -386,13 +389,7 @@ def _names(c: _Candidate, heads: Heads, mhas: list[Part]) -> dict[str, str]:
         prefix = f"{mhas[0].name}." if mhas[0].name else ""
         names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
     for i, role in enumerate(("q", "k", "v") if c.form == "heads" else ()):
-        split = [g[i].name.split(".") for g in heads]  # 'sa.heads.*.query' for ...0.query, ...
-        if len({len(s) for s in split}) != 1:
-            names[role] = ", ".join(g[i].name for g in heads)
-        else:
-            names[role] = ".".join(
-                p[0] if len(set(p)) == 1 else "*" for p in zip(*split, strict=True)
-            )
+        names[role] = glob([g[i].name for g in heads])  # 'sa.heads.*.query'
     for role in ROLES[2:]:
         if role in c.roles:
             part = c.roles[role]

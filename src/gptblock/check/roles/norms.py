@@ -35,6 +35,7 @@ class Norm:
     source: int
     out: int
     function: Callable[[Tensor], Tensor]
+    end: int = 0  # a norm module's call: the operators first:end ran inside it
 
 
 def _normalising(
@@ -79,30 +80,22 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
             continue
         f = _normalising(trace, ins[0], outs[0], shaped=True)
         if f is not None:
-            found.append(Norm(name, first, ins[0], outs[0], f))
+            found.append(Norm(name, first, ins[0], outs[0], f, end))
     # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
-    found = [n for n in found if not any(o is not n and _inside(n, o, trace) for o in found)]
+    found = [n for n in found if not any(_inside(n, o) for o in found)]
     for op in trace.ops:
-        inside = any(_op_in(op.index, n, trace) for n in found)
+        inside = any(n.first <= op.index < n.end for n in found)
         if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
             continue
-        if op.name in NORM_OPS:
-            source, out = op.inputs[0], op.outputs[0]
-        elif op.name == "mean" and layout(trace.nodes[op.inputs[0]].shape, B, T):
-            source = op.inputs[0]
-            found_out = _written_norm(trace, op, source)
-            if found_out is None:
-                continue
-            out = found_out
-        else:
-            continue
-        f = _normalising(trace, source, out)
-        if f is not None:
-            start = trace.nodes[source].op
-            path = [
-                trace.ops[i] for i in {trace.nodes[a].op for a in trace.ancestors(out)} if i > start
-            ]
-            key = ", ".join(static_names(trace, path)) or f"{op.name} #{op.index} (no weights)"
+        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
+            out = _written_norm(trace, op, source)
+        f = _normalising(trace, source, out) if out is not None else None
+        if f is not None and out is not None:
+            key = (
+                ", ".join(static_names(trace, trace.between(source, out)))
+                or f"{op.name} #{op.index} (no weights)"
+            )
             found.append(Norm(key, op.index, source, out, f))
     return sorted(found, key=lambda n: n.first)
 
@@ -122,13 +115,8 @@ def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], T
     return call
 
 
-def _inside(inner: Norm, outer: Norm, trace: Trace) -> bool:
-    return _op_in(inner.first, outer, trace) and inner.key.startswith(outer.key + ".")
-
-
-def _op_in(index: int, norm: Norm, trace: Trace) -> bool:
-    call = next((c for c in trace.calls if c[0] == norm.key and c[1] == norm.first), None)
-    return call is not None and call[1] <= index < call[2]
+def _inside(inner: Norm, outer: Norm) -> bool:
+    return outer.first <= inner.first < outer.end and inner.key.startswith(outer.key + ".")
 
 
 def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "observe", "paired_bias"]
+__all__ = ["Part", "discover", "glob", "observe", "paired_bias"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -76,6 +76,16 @@ class Part:
     def norm(self) -> SubLayer:
         """What a ``norm`` computes: the module itself, called."""
         return _called(self.module)
+
+
+def glob(names: list[str]) -> str:
+    """Names that differ in one component as one glob (``heads.*.query``), else listed."""
+    split = [n.split(".") for n in names]
+    if len(names) > 1 and len({len(s) for s in split}) == 1:
+        pattern = [p[0] if len(set(p)) == 1 else "*" for p in zip(*split, strict=True)]
+        if pattern.count("*") == 1:
+            return ".".join(pattern)
+    return ", ".join(names)
 
 
 def _affine(w: Tensor, b: Tensor | None) -> SubLayer:

@@ -14,14 +14,13 @@ rearranged still pass.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unread",
-]  # fmt: skip
+__all__ = ["Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unread"]
 
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
@@ -158,12 +157,10 @@ def trace(
         weight = found[0]
         if weight is not None and tensors[0].dim() == 2:
             repeats += _repeats(role, weight.reshape(tensors[0].shape), (heads or {}).get(role, 0))
-    names = list(used)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            smaller = min(len(used[a]), len(used[b]))
-            if smaller and len(used[a] & used[b]) > SHARED * smaller:
-                return Traced(f"{a} and {b} were read from the same parameters")
+    for a, b in itertools.combinations(used, 2):
+        smaller = min(len(used[a]), len(used[b]))
+        if smaller and len(used[a] & used[b]) > SHARED * smaller:
+            return Traced(f"{a} and {b} were read from the same parameters")
     return Traced("", tuple(repeats), frozenset(set().union(*used.values())))
 
 

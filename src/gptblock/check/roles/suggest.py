@@ -8,26 +8,15 @@ an (in, out) weight needs, and offers it only if ``mapping.map_roles`` accepts i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch.nn as nn
 
 from .given import fix_roles
-from .mapping import MappedBlock, map_roles
+from .mapping import READS_C, MappedBlock, map_roles
 from .parts import Part, discover, paired_bias
 
 __all__ = ["suggest_map"]
 
 ORDERS = {4: ("qkv", "proj", "fc1", "fc2"), 6: ("q", "k", "v", "proj", "fc1", "fc2")}
-C_IN = ("q", "k", "v", "qkv", "fc1")  # the roles that read the C-wide stream
-
-
-@dataclass(frozen=True)
-class _Matrix:
-    place: int  # registration order of its weight
-    name: str  # what --map names: the part, or the 3-D parameter
-    param: str  # its weight parameter
-    shape: tuple[int, ...]  # as stored
 
 
 def suggest_map(module: nn.Module, C: int) -> str:
@@ -44,40 +33,40 @@ def suggest_map(module: nn.Module, C: int) -> str:
     place = {n: i for i, n in enumerate(named)}
     per_head = {n: p for n, p in named.items() if p.dim() == 3}
     biases = {paired_bias(named, n, p) for n, p in per_head.items()}  # b_Q (nh, hs): no matrix
-    matrices = [
-        _Matrix(place[p.params[0]], p.name, p.params[0], tuple(named[p.params[0]].shape))
+    # (registration order of its weight, what --map names: the part or the 3-D parameter, the weight)
+    matrices = [(place[n], n, n) for n in per_head] + [
+        (place[p.params[0]], p.name, p.params[0])
         for p in parts
         if p.kind in ("linear", "matrix") and p.params[0] not in biases
     ]
-    matrices += [_Matrix(place[n], n, n, tuple(p.shape)) for n, p in per_head.items()]
-    matrices.sort(key=lambda m: m.place)
+    matrices.sort()
     order = ORDERS.get(len(matrices))
     if order is None:
         return ""
     for laid in (False, True):
         roles = {f"ln{i + 1}": p.name for i, p in enumerate(norms)}
-        for role, m in zip(order, matrices, strict=True):
-            roles.update(_given(role, C, m, laid))
+        for role, (_, name, weight) in zip(order, matrices, strict=True):
+            roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         if _fits(module, C, parts, roles):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
 
-def _given(role: str, C: int, m: _Matrix, laid: bool) -> dict[str, str]:
+def _given(
+    role: str, C: int, name: str, weight: str, shape: tuple[int, ...], laid: bool
+) -> dict[str, str]:
     """The --map values for one matrix in ``role``: its name, or a slice / layout of it."""
-    if len(m.shape) == 3:  # per head: (nh, C, hs) is in_out for q/k/v, (nh, hs, C) for proj
-        in_out = (m.shape[1] == C) == (role in C_IN)
+    if len(shape) == 3:  # per head: (nh, C, hs) is in_out for q/k/v, (nh, hs, C) for proj
+        in_out = (shape[1] == C) == (role in READS_C)
         layout = "in_out" if in_out else "out_in"
         if role != "qkv":
-            return {role: f"{m.name}:{layout}"}
-        hs = m.shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
+            return {role: f"{name}:{layout}"}
+        hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
         at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
-        return {
-            r: f"{m.name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate("qkv")
-        }
-    rows, cols = m.shape
-    stored_in_out = rows == C and cols != C if role in C_IN else cols == C and rows != C
-    return {role: f"{m.param}:in_out" if laid and stored_in_out else m.name}
+        return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate("qkv")}
+    rows, cols = shape
+    stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
+    return {role: f"{weight}:in_out" if laid and stored_in_out else name}
 
 
 def _fits(module: nn.Module, C: int, parts: list[Part], roles: dict[str, str]) -> bool:

@@ -10,10 +10,15 @@ function: both run torch's own operators as recorded, never the block's Python.
 
 Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
 (its fused fast path is one opaque operator); the RNG is re-seeded before every run.
+
+What the block's process sends is JSON (``loop.encode``); ``_decode`` turns an argument back into
+what the operator takes (a node into a ``Ref``) and ``_operator`` finds an operator by name in
+torch's own registry: never anything the block defined, never code the message carries.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +32,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..mistakes.report import CAUGHT
 from ..serve import loop
 from ..serve.loop import INPUT, LEAF, NoDropout
-from .decode import Opaque, Ref, TraceError, decode, ints, operator
 
 __all__ = [
     "INPUT", "LEAF", "NoDropout", "Node", "Op", "Trace", "TraceError", "from_plain", "record",
@@ -38,6 +42,84 @@ Tensor = torch.Tensor
 # The seeded RNG is the process's, not a thread's: one replay at a time, so that the threads of
 # ``gptblock grade`` (a block each) cannot draw from each other's seed.
 _RNG = threading.Lock()
+
+
+class TraceError(Exception):
+    """The forward pass cannot be recorded or re-run as recorded; the message says why."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A node in an operator's recorded arguments."""
+
+    node: int
+
+
+class Opaque:
+    """An argument recorded without its value (a generator, say): an operator that takes one
+    cannot be re-executed."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+
+
+def _operator(name: object) -> Any:
+    """torch's own operator named ``namespace::name.overload``: found in torch's registry,
+    never anything the block defined in the checker's process."""
+    if not isinstance(name, str) or "::" not in name:
+        raise TraceError(f"an operator named {str(name)[:80]!r}")
+    ns, _, rest = name.partition("::")
+    op, _, overload = rest.rpartition(".")
+    if not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
+        raise TraceError(f"an operator named {name[:80]!r}")
+    try:
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError):
+        raise TraceError(f"an operator the checker does not have: {name[:80]}") from None
+    if not isinstance(func, torch._ops.OpOverload):
+        raise TraceError(f"an operator named {name[:80]!r}")
+    return func
+
+
+def _decode(a: object, nodes: int, device: torch.device | None = None) -> object:
+    """A recorded argument (``loop.encode``'s JSON) back as the operator takes it."""
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    if isinstance(a, list):
+        return [_decode(b, nodes, device) for b in a]
+    if not isinstance(a, dict) or len(a) != 1:
+        raise TraceError("an operator's argument of no known form")
+    ((key, value),) = a.items()
+    if key == "r" and isinstance(value, int) and 0 <= value < nodes:
+        return Ref(value)
+    if key == "tuple" and isinstance(value, list):
+        return tuple(_decode(b, nodes, device) for b in value)
+    if key == "dict" and isinstance(value, dict):
+        return {str(k): _decode(v, nodes, device) for k, v in value.items()}
+    if key == "complex" and isinstance(value, list) and len(value) == 2:
+        return complex(float(value[0]), float(value[1]))
+    if key == "device" and isinstance(value, str):
+        try:
+            return device if device is not None else torch.device(value)
+        except RuntimeError:
+            raise TraceError(f"a device {value[:40]!r}") from None
+    if key in _ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
+        found = getattr(torch, value, None)
+        if isinstance(found, _ENUMS[key]):
+            return found
+    if key == "opaque":
+        return Opaque(str(value)[:40])
+    raise TraceError("an operator's argument of no known form")
+
+
+def _ints(value: object) -> list[int]:
+    if not isinstance(value, list) or not all(type(n) is int for n in value):
+        raise TraceError("a list of nodes that is not one")
+    return value
 
 
 @dataclass
@@ -83,6 +165,13 @@ class Op:
         flat, _ = tree_flatten((self.args, self.kwargs))
         return [float(a) for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
 
+    def call(self, value: Callable[[object], object]) -> tuple[list[Tensor], list[Tensor]]:
+        """Run the operator on its recorded arguments, each ``Ref`` given by ``value``: (the
+        tensors it made, in order; its tensor arguments)."""
+        args, kwargs = tree_map(value, (self.args, self.kwargs))
+        made = [t for t in tree_flatten(self.func(*args, **kwargs))[0] if isinstance(t, Tensor)]
+        return made, [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
+
 
 @dataclass
 class Trace:
@@ -106,6 +195,12 @@ class Trace:
     def producer(self, node: int) -> Op | None:
         index = self.nodes[node].op
         return self.ops[index] if index >= 0 else None
+
+    def between(self, source: int, target: int) -> list[Op]:
+        """The operators after ``source`` that ``target`` was computed from, in order."""
+        start = self.nodes[source].op  # nothing made before the source can depend on it
+        made = {self.nodes[n].op for n in self.ancestors(target)}
+        return [self.ops[i] for i in sorted(made) if i > start]
 
     def ancestors(self, node: int) -> set[int]:
         """Every node ``node`` was computed from, itself included."""
@@ -135,7 +230,7 @@ def from_plain(
         rows = meta["nodes"]
         if not isinstance(rows, list):
             raise TraceError("nodes that are not a list")
-        complex_nodes = set(ints(meta.get("complex", [])))
+        complex_nodes = set(_ints(meta.get("complex", [])))
         nodes: list[Node] = []
         for i, row in enumerate(rows):
             if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
@@ -154,15 +249,15 @@ def from_plain(
             args, kwargs = o["args"], o["kwargs"]
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise TraceError("an operator's arguments that are not a list and a dict")
-            inputs, outputs = ints(o["inputs"]), ints(o["outputs"])
+            inputs, outputs = _ints(o["inputs"]), _ints(o["outputs"])
             if not all(0 <= i < n for i in inputs) or not all(
                 0 <= i < n and nodes[i].op == index for i in outputs
             ):
                 raise TraceError("an operator's nodes that do not exist")
-            args = tuple(decode(a, n, device) for a in args)
-            kwargs = {str(k): decode(v, n, device) for k, v in kwargs.items()}
+            args = tuple(_decode(a, n, device) for a in args)
+            kwargs = {str(k): _decode(v, n, device) for k, v in kwargs.items()}
             module = str(o["module"])[:300]
-            ops.append(Op(index, operator(o["func"]), args, kwargs, inputs, outputs, module))
+            ops.append(Op(index, _operator(o["func"]), args, kwargs, inputs, outputs, module))
         if not all(-2 <= node.op < len(ops) for node in nodes):
             raise TraceError("a node made by no operator")
         calls = []
@@ -172,7 +267,7 @@ def from_plain(
                 continue  # a module whose call raised inside the block (which caught it)
             if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
                 raise TraceError("a module call that is not one")
-            ins, outs = ints(ins), ints(outs)
+            ins, outs = _ints(ins), _ints(outs)
             if not all(0 <= i < n for i in ins + outs):
                 raise TraceError("a module call on nodes that do not exist")
             calls.append((str(name)[:300], first, end, ins, outs))
@@ -181,7 +276,7 @@ def from_plain(
             raise TraceError("the block returned no tensor made in its forward pass")
         if not (type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n):
             raise TraceError("an input or output node that does not exist")
-        parameters = {str(k): tuple(ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
+        parameters = {str(k): tuple(_ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
         modules = [str(m) for m in meta.get("modules", [])]
         grad = meta.get("grad") is not False
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -236,10 +331,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
         with _RNG, torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(0)
             for op in trace.ops[: last + 1]:
-                args, kwargs = tree_map(value, (op.args, op.kwargs))
-                out = op.func(*args, **kwargs)
-                flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
-                made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+                made, flat_in = op.call(value)
                 if len(made) != len(op.outputs):
                     raise TraceError(f"{op.name} made other tensors when replayed")
                 for t, node in zip(made, op.outputs, strict=True):
@@ -276,13 +368,9 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
     Raises:
         TraceError: ``target`` also depends on input data that does not come from ``source``.
     """
-    between = trace.ancestors(target)
-    start = trace.nodes[source].op  # nothing made before the source can depend on it
-    ops = sorted({trace.nodes[n].op for n in between if trace.nodes[n].op > start})
     inside: set[int] = {source}
     chosen = []
-    for index in ops:
-        op = trace.ops[index]
+    for op in trace.between(source, target):
         if not any(n in inside for n in op.inputs):
             if any(trace.nodes[n].data for n in op.inputs):
                 raise TraceError("the part reads input data from elsewhere")
@@ -296,15 +384,10 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
         env = {source: h}
 
         def value(a: object) -> object:
-            if isinstance(a, Ref):
-                return env.get(a.node, trace.nodes[a.node].value)
-            return a
+            return env.get(a.node, trace.nodes[a.node].value) if isinstance(a, Ref) else a
 
         for op in chosen:
-            args, kwargs = tree_map(value, (op.args, op.kwargs))
-            out = op.func(*args, **kwargs)
-            tensors = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-            env.update(zip(op.outputs, tensors, strict=True))
+            env.update(zip(op.outputs, op.call(value)[0], strict=True))
         return env[target]
 
     return run

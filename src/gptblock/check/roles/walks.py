@@ -16,8 +16,7 @@ from .trace import Op, Trace
 
 __all__ = [
     "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "forward_end", "gathered", "layout",
-    "merged_input", "source",
-    "static_names", "to_layout", "to_weight", "weight_input",
+    "merged_input", "source", "static_names", "to_layout", "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -31,6 +30,10 @@ SHAPE_OPS = frozenset([
 WEIGHT_OPS = frozenset(
     ["mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "mv", "addmv", "linear"]
 )
+SLICING_OPS = frozenset(
+    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
+)
+GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
 
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
@@ -90,9 +93,6 @@ def _scalar(trace: Trace, op: Op, node: int) -> float | None:
     return values[0] if op.base == "mul" else 1.0 / values[0]
 
 
-GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
-
-
 def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
     """``node`` and the nodes it is a reshape (or with ``slices``, a slice) of, nearest first."""
     chain = [node]
@@ -142,11 +142,6 @@ def _back(trace: Trace, node: int) -> tuple[int, float] | None:
     return None
 
 
-SLICING_OPS = frozenset(
-    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
-)
-
-
 def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     """``node``, or the nearest node behind it, that holds one row per position (B, T, ...).
 
@@ -155,10 +150,9 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     axes have sizes B and T ((B, nh, T, hs) heads)."""
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
-        if op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub")):
-            return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
-        step = _back(trace, node)
-        if step is None:  # made by a product: (nh, B * T, hs) from a 3-D weight
+        stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
+        step = None if stop else _back(trace, node)
+        if step is None:  # or made by a product: (nh, B * T, hs) from a 3-D weight
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         node = step[0]
     return node

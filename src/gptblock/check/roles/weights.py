@@ -22,6 +22,7 @@ import torch.nn as nn
 from ..mistakes.steps import Parts, affine
 from .dataflow import Role, Roles, Unread, find_roles
 from .norms import find_norms, order_norms
+from .parts import glob
 from .trace import LEAF, Trace, TraceError, record, rerun
 from .walks import layout
 
@@ -169,12 +170,8 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
     D = wq.shape[0]
     if wk.shape != wq.shape or wv.shape != wq.shape or wq.shape[1] != C:
         raise Unread(f"q, k, v have shapes {tuple(wq.shape)}, {tuple(wk.shape)}, {tuple(wv.shape)}")
-    shapes = {
-        "proj": (C, D),
-        "fc2": (C, read["fc1"][0].shape[0]),
-        "fc1": (read["fc1"][0].shape[0], C),
-    }
-    for role, shape in shapes.items():
+    H = read["fc1"][0].shape[0]
+    for role, shape in {"proj": (C, D), "fc2": (C, H), "fc1": (H, C)}.items():
         if tuple(read[role][0].shape) != shape:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
     if D % found.heads:
@@ -212,12 +209,7 @@ def _display(trace: Trace, params: list[str]) -> str:
     for owner, held in owners.items():
         own = {p for p in trace.parameters if p.rpartition(".")[0] == owner}
         shown += [owner] if owner and set(held) == own else held
-    if len(shown) > 1 and all(s.count(".") == shown[0].count(".") for s in shown):
-        split = [s.split(".") for s in shown]
-        pattern = [p[0] if len(set(p)) == 1 else "*" for p in zip(*split, strict=True)]
-        if pattern.count("*") == 1:
-            return ".".join(pattern)
-    return ", ".join(shown) or "(no parameter)"
+    return glob(shown) or "(no parameter)"
 
 
 def _orientation(params: Mapping[str, Tensor], names: list[str], weight: Tensor) -> str:
