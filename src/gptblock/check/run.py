@@ -33,13 +33,8 @@ from .mistakes.report import CheckReport
 from .serve.subject import one_thread
 
 __all__ = [
-    "FRESH_SEED",
-    "WEIGHTS_SEED",
-    "Progress",
-    "check_block",
-    "check_in_process",
-    "own_blocks",
-]
+    "FRESH_SEED", "WEIGHTS_SEED", "Progress", "check_block", "check_in_process", "own_blocks",
+]  # fmt: skip
 
 # In this process (trusted code) the inputs that confirm a comparison and the weights the
 # copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).

@@ -138,8 +138,7 @@ def batch_independence(s: Tested) -> ProbeResult:
                 "examples of a batch are mixed"
             )
             return ProbeResult(False, msg, "batch_mixing")
-    msg = "changing one sequence moves no other sequence's output"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, "changing one sequence moves no other sequence's output")
 
 
 def residual(s: Tested) -> ProbeResult:
@@ -183,8 +182,7 @@ def finite(s: Tested) -> ProbeResult:
     if bad:
         msg = f"inf/NaN outputs for {', '.join(bad)}"
         return ProbeResult(False, msg, "nonfinite")
-    msg = f"finite for {', '.join(cases)}"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, f"finite for {', '.join(cases)}")
 
 
 def gradients(s: Tested) -> ProbeResult:
@@ -220,8 +218,7 @@ def gradients(s: Tested) -> ProbeResult:
         problems.append(f"non-finite gradients in {_names(nonfinite)}")
     if problems:
         return ProbeResult(False, "; ".join(problems))
-    msg = f"all {len(params)} parameters get finite gradients"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, f"all {len(params)} parameters get finite gradients")
 
 
 PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
