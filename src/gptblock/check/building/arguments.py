@@ -123,12 +123,9 @@ def _index(name: str) -> int | None:
 
 
 def complete(
-    factory: Callable[..., Any],
-    args: dict[str, object],
-    given: Mapping[str, object],
-    defaults: Mapping[str, object],
-    sizes: Mapping[str, object] | None = None,
-) -> dict[str, object]:
+    factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
+    defaults: Mapping[str, object], sizes: Mapping[str, object] | None = None,
+) -> dict[str, object]:  # fmt: skip
     """``args`` (given and common ones) with a config object built where ``factory`` takes
     one (``defaults`` and ``sizes``, every size name's value, fill its fields), and a layer
     index (``layer_idx`` 0) where it takes one nobody gave (``given``: ``--arg``'s).
@@ -147,7 +144,7 @@ def complete(
     missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
-    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or _config_class(factory, p)]
+    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
     if len(configs) == 1 and len(missing) == 1:
         values = {**defaults, **given}
         return _with_config(factory, name, missing[0], args, values, given, sizes or {})
@@ -162,31 +159,16 @@ def complete(
     )
 
 
-def _config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """The class ``param`` is annotated with when it is a config: a dataclass or a class of
-    the block's own file (not ``int``, ``torch.Tensor``...)."""
-    cls = config_class(factory, param)
-    if cls is None or (cls.__module__ != getattr(factory, "__module__", None)
-                       and not dataclasses.is_dataclass(cls)):  # fmt: skip
-        return None
-    return cls
-
-
 def _with_config(
-    factory: Callable[..., Any],
-    name: str,
-    param: inspect.Parameter,
-    args: dict[str, object],
-    values: dict[str, object],
-    given: Mapping[str, object],
-    sizes: Mapping[str, object],
-) -> dict[str, object]:
+    factory: Callable[..., Any], name: str, param: inspect.Parameter, args: dict[str, object],
+    values: dict[str, object], given: Mapping[str, object], sizes: Mapping[str, object],
+) -> dict[str, object]:  # fmt: skip
     """``args`` plus the config object ``param`` built from ``values`` (given and common): as
     its dataclass (the fields it has; a required field nobody gave is refused with the line
     that gives it), its own class called with them as keywords, else a namespace."""
     own = {p.name for p in parameters(factory)} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
-    cls = _config_class(factory, param)
+    cls = config_class(factory, param)
     values = {**CONFIG_DEFAULTS, **values}
     fields = dataclasses.fields(cls) if cls is not None and dataclasses.is_dataclass(cls) else ()
     known = {f.name for f in fields}

@@ -118,7 +118,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     patched = [n for n in module_settings if n in values]
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in patched})
-    config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
+    plain = (type(None), int, float, str, bool)
+    config = next(
+        (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None
+    )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     undo = patch_globals(target, sizes)
     module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
@@ -148,11 +151,9 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
 
 
 def _made(
-    target: Callable[..., Any],
-    args: Mapping[str, object],
-    undo: Callable[[], None],
+    target: Callable[..., Any], args: Mapping[str, object], undo: Callable[[], None],
     hint: Callable[[BaseException], str],
-) -> tuple[nn.Module, str, list[str]]:
+) -> tuple[nn.Module, str, list[str]]:  # fmt: skip
     """``target(**args)`` under seed 0, its description and what its forward is called with
     (``calls.forward_arguments``); a failure raised as what it is, with ``hint`` (the
     ``--arg`` line that builds it) where the sizes are to blame."""
@@ -174,10 +175,6 @@ def _made(
     except BaseException:  # the module settings back as they were
         undo()
         raise
-
-
-def _plain(value: object) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:

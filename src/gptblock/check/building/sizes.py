@@ -57,12 +57,8 @@ class Sizes:
     def label(self, used: Mapping[str, object]) -> str:
         """``n_embd=64, n_head=4, block_size=32``: one name ``used`` (arguments, settings, a
         config's fields) for each kind."""
-        shown = []
-        for kind_names in KINDS.values():
-            name = next((n for n in kind_names if n in used), None)
-            if name is not None:
-                shown.append(f"{name}={used[name]!r}")
-        return ", ".join(shown) or "its own sizes"
+        found = (next((n for n in kind_names if n in used), None) for kind_names in KINDS.values())
+        return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
 
     def origins(self, shown: Mapping[str, object]) -> list[str]:
         """The note saying where the file's sizes came from (none when all are --arg's or the
@@ -101,12 +97,16 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
     """The class ``param`` is annotated with (a string annotation looked up in the factory's
-    module), or None."""
+    module) when it is a config: a dataclass or a class of the block's own file (not ``int``,
+    ``torch.Tensor``...); else None."""
     cls = param.annotation
     if isinstance(cls, str):
         module = inspect.getmodule(factory)
         cls = vars(module).get(cls) if module is not None else None
-    return cls if isinstance(cls, type) else None
+    if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
+                                     and not dataclasses.is_dataclass(cls)):  # fmt: skip
+        return None
+    return cls
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:

@@ -191,9 +191,7 @@ def load_target(spec: str) -> Any:
     return obj
 
 
-def _load_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise UserFileNotFoundError(f"no such file: {path}")
+def _load_file(path: Path) -> ModuleType:  # check_spec found the file
     name = f"_gptblock_check_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

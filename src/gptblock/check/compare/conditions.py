@@ -102,11 +102,9 @@ def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
 
 
 def hold(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     backward: bool = True,
-) -> Finding | str:
+) -> Finding | str:  # fmt: skip
     """A failed comparison naming the condition where the block is not ``reference`` (float64,
     on (B, T, C)), else ``""`` or a note on a condition that cannot be compared (random train
     mode); with ``backward`` its input gradient is held to the reference's in float32 too."""
@@ -142,11 +140,9 @@ def hold(
 
 
 def input_gradient_error(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     dtype: torch.dtype | None = None,
-) -> float:
+) -> float:  # fmt: skip
     """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
     for a fresh direction ``w``, is from ``reference``'s (float64), relative to the
     reference's scale; ``inf`` when the block gives none. The block runs in ``dtype`` (its
@@ -233,12 +229,9 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
-    held: list[Condition],
-    off: list[tuple[Condition, float]],
-) -> str:
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
+    held: list[Condition], off: list[tuple[Condition, float]],
+) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart from those it holds in; for a length
     or a batch size, the largest that holds (bisected, a few more calls)."""
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
@@ -270,15 +263,9 @@ def _mismatch(
 
 
 def confirm(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    first: tuple[int, int],
-    fresh: torch.Generator,
-    backward: bool,
-    what: str,
-    whose: str,
-    conditions: bool,
-) -> Finding | str:
+    subject: Tested, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
+    fresh: torch.Generator, backward: bool, what: str, whose: str, conditions: bool,
+) -> Finding | str:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block
     on fresh (*first, C) and (T, T, C) inputs or, when ``whose`` ("lessons", "modern") is
     named, in its input gradient (``backward``: its backward pass ran) and, with

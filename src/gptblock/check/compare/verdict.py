@@ -178,14 +178,9 @@ class Compared:
 
 
 def _modern_compared(
-    service: Service,
-    modern: Mapping[str, Any],
-    chosen: Mapping[str, Tensor],
-    fresh: torch.Generator,
-    backward: bool,
-    notes: list[str],
-    progress: Progress,
-) -> Compared:
+    service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
+    fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
+) -> Compared:  # fmt: skip
     """The modern comparison's finding, a PASS confirmed as the lessons' block's is: it was
     read from traces the block's process sent, so it is a claim until the parts read are held
     here to the chosen weights, to fresh inputs, the input gradient and the learner's
@@ -223,17 +218,10 @@ def _modern_compared(
 
 
 def _lessons_compared(
-    subject: Tested,
-    readings: Readings,
-    read: list[dict[str, list[Tensor]]],
-    chosen: Mapping[str, Tensor],
-    fresh: torch.Generator,
-    backward: bool,
-    again: bool,
-    scope: list[str],
-    notes: list[str],
-    progress: Progress,
-) -> Compared:
+    subject: Tested, readings: Readings, read: list[dict[str, list[Tensor]]],
+    chosen: Mapping[str, Tensor], fresh: torch.Generator, backward: bool, again: bool,
+    scope: list[str], notes: list[str], progress: Progress,
+) -> Compared:  # fmt: skip
     """The lessons' comparison on the readings, its match confirmed; matching nothing, with a
     part no reference models (``scope``), out of scope, not FAIL."""
     progress.stage("the reference comparison")
