@@ -170,9 +170,10 @@ def _with_config(
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     cls = config_class(factory, param)
     values = {**CONFIG_DEFAULTS, **values}
-    fields = dataclasses.fields(cls) if cls is not None and dataclasses.is_dataclass(cls) else ()
+    dataclass = cls is not None and dataclasses.is_dataclass(cls)
+    fields = dataclasses.fields(cls) if cls is not None and dataclass else ()
     known = {f.name for f in fields}
-    if fields and cls is not None:
+    if cls is not None and dataclass:
         unknown = sorted(set(given) - known)
         if unknown:
             raise UserValueError(
@@ -192,7 +193,7 @@ def _with_config(
     call: Callable[..., object] = cls or types.SimpleNamespace
 
     def make(v: dict[str, object]) -> object:
-        if fields:  # a dataclass: the fields it has, and its own checks
+        if dataclass:  # the fields it has, and its own checks
             return call(**{k: x for k, x in v.items() if k in known})
         try:  # a class of the file's own, e.g. Config(**kw), else a namespace
             return call(**v)

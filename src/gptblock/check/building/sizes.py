@@ -21,7 +21,7 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "KINDS", "Sizes", "combine", "defaults", "file_sizes", "hint_sizes", "names",
+    "CONFIG_NAMES", "KINDS", "Sizes", "combine", "file_sizes", "hint_sizes", "names",
     "not_other", "number", "other_sizes", "parameters", "patch_globals", "settings", "signature",
 ]  # fmt: skip
 
@@ -124,11 +124,6 @@ def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
     return [p for p in signature(factory).values() if p.kind in kinds]
 
 
-def defaults(factory: object) -> dict[str, object]:
-    """``factory``'s parameters that have a default, with it."""
-    return {n: p.default for n, p in signature(factory).items() if p.default is not p.empty}
-
-
 def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
     """The sizes the file implies for ``factory``: ``--arg`` first, then the constructor's
     defaults, a config dataclass's defaults, the module's settings, else the checker's.
@@ -139,6 +134,7 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         {'width': 64, 'heads': 4}
     """
     params = parameters(factory)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
     fields: dict[str, object] = {}
     for p in params:
         cls = config_class(factory, p)
@@ -151,7 +147,7 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
         ("--arg", given),
-        ("the constructor's defaults", defaults(factory)),
+        ("the constructor's defaults", defaults),
         ("the config's defaults", fields),
         (f"{file}'s module settings", module),
     )

@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .sizes import KINDS, Sizes, defaults, number, other_sizes, settings
+from .sizes import KINDS, Sizes, number, other_sizes, settings, signature
 
 __all__ = ["Plan", "kind_of", "plan"]
 
@@ -115,7 +115,8 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
         >>> found.args, found.label
         ({'hid_dim': 48, 'n_heads': 3, 'pf_dim': 192}, 'hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)')
     """
-    top = {**defaults(factory), **args}
+    top = {n: p.default for n, p in signature(factory).items() if p.default is not p.empty}
+    top.update(args)
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
     leaves = [(n, v) for n, x in top.items() if (v := number(x)) is not None]
     leaves += [(n, v) for f in configs.values() for n, x in f.items() if (v := number(x))]

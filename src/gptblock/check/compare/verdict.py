@@ -228,7 +228,7 @@ def _lessons_compared(
     try:
         finding, match, ties, reading = _compare(subject, readings)
         scope = [] if match or finding.passed else scope
-        if match is not None:  # confirmed; a variant with mistakes only on fresh inputs
+        if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
             progress.stage("confirming the comparison on fresh inputs and conditions")
             parts = [*readings.readings, *readings.fallback][reading]
             steps, full = compose(match.deviations), not match.deviations
