@@ -35,15 +35,8 @@ from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
 
 __all__ = [
-    "CHECKS",
-    "VERDICTS",
-    "Row",
-    "free_cores",
-    "grade",
-    "gradescope",
-    "write_csv",
-    "write_json",
-]
+    "CHECKS", "VERDICTS", "Row", "free_cores", "grade", "gradescope", "write_csv", "write_json",
+]  # fmt: skip
 
 VERDICTS = ("PASS", "FAIL", "UNVERIFIED", "ERROR", "TIMEOUT")
 CHECKS = (*PROBES, "reference comparison")

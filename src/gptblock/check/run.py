@@ -33,13 +33,8 @@ from .mistakes.report import CheckReport
 from .serve.subject import one_thread
 
 __all__ = [
-    "FRESH_SEED",
-    "WEIGHTS_SEED",
-    "Progress",
-    "check_block",
-    "check_in_process",
-    "own_blocks",
-]
+    "FRESH_SEED", "WEIGHTS_SEED", "Progress", "check_block", "check_in_process", "own_blocks",
+]  # fmt: skip
 
 # In this process (trusted code) the inputs that confirm a comparison and the weights the
 # copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).
@@ -123,23 +118,18 @@ def check_block(
 
 
 def check_in_process(
-    target: object,
-    kwargs: Mapping[str, object],
-    roles: Mapping[str, str],
+    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str],
     progress: Progress | None = None,
-) -> CheckReport:
+) -> CheckReport:  # fmt: skip
     """``check_block`` in this process (for code the caller trusts: a block written to fool
     the checker can), telling ``progress`` each stage and finding, at both sizes."""
     return two_sizes(lambda p, other: _at(target, kwargs, roles, p, other), progress)
 
 
 def _at(
-    target: object,
-    kwargs: Mapping[str, object],
-    roles: Mapping[str, str],
-    progress: Progress,
+    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str], progress: Progress,
     other: bool,
-) -> tuple[CheckReport, str] | str:
+) -> tuple[CheckReport, str] | str:  # fmt: skip
     """The report at the file's sizes (or the ``other``) and their label; at the other sizes,
     why not instead when the block cannot be built or called there."""
     progress.stage("building the block")
@@ -164,18 +154,16 @@ def _at(
             if other and copy["failed"]:
                 return not_other(f"calling it raised {copy['failed']}")
             if copy["raised"]:
-                raised = copy["raised"]
                 raise UserValueError(
                     f"cannot check {built.description}: calling it on a {(T, T, C)} input "
-                    f"raised {raised}"
+                    f"raised {copy['raised']}"
                 )
             fresh = torch.Generator().manual_seed(FRESH_SEED)
             weights = torch.Generator().manual_seed(WEIGHTS_SEED)
             report = decide(served, built.description, roles, progress, fresh, weights, again=other)
     finally:
         built.undo()
-    report = replace(report, notes=[*built.notes, *report.notes])
-    return report, built.label
+    return replace(report, notes=[*built.notes, *report.notes]), built.label
 
 
 def _checked_roles(roles: object) -> dict[str, str]:

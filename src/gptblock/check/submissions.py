@@ -206,7 +206,8 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         if isinstance(c, ast.ClassDef)
     }
     modules = _modules(classes)
-    blocks = [n for n in modules if not _embeds(classes[n][1])]
+    embeds = {n for n in modules if any(x.endswith("Embedding") for x in _names(classes[n][1]))}
+    blocks = [n for n in modules if n not in embeds]  # one that embeds token ids is a model
     why = "; ".join(broken)
     if name is not None:
         defined = {
@@ -247,11 +248,6 @@ def _modules(classes: dict[str, tuple[Path, ast.ClassDef]]) -> list[str]:
 def _is_module(base: str, modules: set[str]) -> bool:
     last = base.rsplit(".", 1)[-1]
     return last in modules or last == "Module" or base.startswith(("nn.", "torch.nn."))
-
-
-def _embeds(c: ast.ClassDef) -> bool:
-    """Whether the class builds an embedding: it maps token ids, so it is a model, not a block."""
-    return any(n.endswith("Embedding") for n in _names(c))
 
 
 def _names(c: ast.ClassDef) -> set[str]:

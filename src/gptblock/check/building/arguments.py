@@ -21,9 +21,9 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
-from .sizes import CONFIG_NAMES, KINDS, config_class, parameters
+from .sizes import CONFIG_NAMES, KINDS, config_class, parameters, signature
 
-__all__ = ["CONFIG_DEFAULTS", "complete", "fit_arguments", "guess"]
+__all__ = ["CONFIG_DEFAULTS", "builds", "complete", "fit_arguments", "guess"]
 
 CONFIG_DEFAULTS: dict[str, object] = {"bias": True}
 """A config's fields that are not sizes but that most configs have (nanoGPT's ``bias``)."""
@@ -52,10 +52,6 @@ def guess(name: str) -> object:
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
 
 
-def _required(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    return [p for p in parameters(factory) if p.default is inspect.Parameter.empty]
-
-
 def _line(values: Mapping[str, object]) -> str:
     return " ".join(f"--arg {k}={v!r}" for k, v in values.items())
 
@@ -77,10 +73,7 @@ def fit_arguments(
         >>> fit_arguments(lesson.Block, {"d_model": 32, "nhead": 4, "bias": False})[0]
         {'n_embd': 32, 'n_head': 4}
     """
-    try:
-        params = list(inspect.signature(factory).parameters.values())  # **kwargs included
-    except (TypeError, ValueError):
-        params = []
+    params = list(signature(factory).values())  # **kwargs included
     if not params or any(
         p.kind is inspect.Parameter.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params
     ):
@@ -102,7 +95,8 @@ def fit_arguments(
     return fitted, notes
 
 
-def _builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
+def builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
+    """Whether ``factory(**args)`` returns (the caller's random state kept)."""
     with torch.random.fork_rng(devices=[]):
         try:
             factory(**args)
@@ -129,12 +123,9 @@ def _index(name: str) -> int | None:
 
 
 def complete(
-    factory: Callable[..., Any],
-    args: dict[str, object],
-    given: Mapping[str, object],
-    defaults: Mapping[str, object],
-    sizes: Mapping[str, object] | None = None,
-) -> dict[str, object]:
+    factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
+    defaults: Mapping[str, object], sizes: Mapping[str, object] | None = None,
+) -> dict[str, object]:  # fmt: skip
     """``args`` (given and common ones) with a config object built where ``factory`` takes
     one (``defaults`` and ``sizes``, every size name's value, fill its fields), and a layer
     index (``layer_idx`` 0) where it takes one nobody gave (``given``: ``--arg``'s).
@@ -145,7 +136,7 @@ def complete(
     """
     name = getattr(factory, "__qualname__", repr(factory))
     args = dict(args)
-    missing = [p for p in _required(factory) if p.name not in args]
+    missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
     for p in missing:
         index = _index(p.name)
         if index is not None:
@@ -153,12 +144,12 @@ def complete(
     missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
-    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or _config_class(factory, p)]
+    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
     if len(configs) == 1 and len(missing) == 1:
         values = {**defaults, **given}
         return _with_config(factory, name, missing[0], args, values, given, sizes or {})
     values = {p.name: guess(p.name) for p in missing}
-    if _builds(factory, {**args, **values}):
+    if builds(factory, {**args, **values}):
         raise UserValueError(
             f"cannot build {name}: it needs {', '.join(values)}, which --arg does not give; "
             f"this builds it: {_line(values)}"
@@ -168,76 +159,47 @@ def complete(
     )
 
 
-def _config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """The class ``param`` is annotated with when it is a config: a dataclass or a class of
-    the block's own file (not ``int``, ``torch.Tensor``...)."""
+def _with_config(
+    factory: Callable[..., Any], name: str, param: inspect.Parameter, args: dict[str, object],
+    values: dict[str, object], given: Mapping[str, object], sizes: Mapping[str, object],
+) -> dict[str, object]:  # fmt: skip
+    """``args`` plus the config object ``param`` built from ``values`` (given and common): as
+    its dataclass (the fields it has; a required field nobody gave is refused with the line
+    that gives it), its own class called with them as keywords, else a namespace."""
+    own = {p.name for p in parameters(factory)} - {param.name}
+    rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     cls = config_class(factory, param)
-    if cls is None or (cls.__module__ != getattr(factory, "__module__", None)
-                       and not dataclasses.is_dataclass(cls)):  # fmt: skip
-        return None
-    return cls
-
-
-def _maker(
-    factory: Callable[..., Any],
-    name: str,
-    param: inspect.Parameter,
-    given: Mapping[str, object],
-    sizes: Mapping[str, object],
-) -> Callable[[dict[str, object]], object]:
-    """How to make the config from values: its dataclass (the fields it has; a required field
-    nobody gave is refused with the line that gives it), its own class called with them as
-    keywords, else a namespace."""
-    cls = _config_class(factory, param)
-    if cls is not None and dataclasses.is_dataclass(cls):
-        fields = dataclasses.fields(cls)
-        known = {f.name for f in fields}
+    values = {**CONFIG_DEFAULTS, **values}
+    dataclass = cls is not None and dataclasses.is_dataclass(cls)
+    fields = dataclasses.fields(cls) if cls is not None and dataclass else ()
+    known = {f.name for f in fields}
+    if cls is not None and dataclass:
         unknown = sorted(set(given) - known)
         if unknown:
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
+        values.update({k: x for k, x in sizes.items() if k in known and k not in given})
+        values = {k: x for k, x in values.items() if k in known}
         empty = dataclasses.MISSING
-        required = [f.name for f in fields if f.default is empty and f.default_factory is empty]
+        lacking = [f.name for f in fields if f.default is empty and f.default_factory is empty
+                   and f.name not in values]  # fmt: skip
+        if lacking:
+            raise UserValueError(
+                f"cannot build {name}: its {cls.__name__} config needs {', '.join(lacking)}, "
+                f"which --arg does not give; give them: {_line({f: guess(f) for f in lacking})}"
+            )
 
-        def make(v: dict[str, object]) -> object:
-            v = {**v, **{k: x for k, x in sizes.items() if k in known and k not in given}}
-            lacking = [f for f in required if f not in v]
-            if lacking:
-                line = _line({f: guess(f) for f in lacking})
-                raise UserValueError(
-                    f"cannot build {name}: its {cls.__name__} config needs {', '.join(lacking)}, "
-                    f"which --arg does not give; give them: {line}"
-                )
-            return cls(**{k: x for k, x in v.items() if k in known})
+    call: Callable[..., object] = cls or types.SimpleNamespace
 
-        return make
-    if cls is not None:  # a class of the file's own, e.g. Config(**kw)
+    def make(v: dict[str, object]) -> object:
+        if dataclass:  # the fields it has, and its own checks
+            return call(**{k: x for k, x in v.items() if k in known})
+        try:  # a class of the file's own, e.g. Config(**kw), else a namespace
+            return call(**v)
+        except CAUGHT:
+            return types.SimpleNamespace(**v)
 
-        def make_own(v: dict[str, object]) -> object:
-            try:
-                return cls(**v)
-            except CAUGHT:
-                return types.SimpleNamespace(**v)
-
-        return make_own
-    return lambda v: types.SimpleNamespace(**v)
-
-
-def _with_config(
-    factory: Callable[..., Any],
-    name: str,
-    param: inspect.Parameter,
-    args: dict[str, object],
-    values: dict[str, object],
-    given: Mapping[str, object],
-    sizes: Mapping[str, object],
-) -> dict[str, object]:
-    """``args`` plus the config object ``param`` built from ``values`` (given and common)."""
-    own = {p.name for p in parameters(factory)} - {param.name}
-    rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
-    make = _maker(factory, name, param, given, sizes)
-    values = {**CONFIG_DEFAULTS, **values}
     added: dict[str, object] = {}
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,35 +20,23 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
-from .arguments import complete, fit_arguments
-from .sizes import KINDS, Sizes, file_sizes, hint_sizes, names, patch_globals, settings
+from .arguments import builds, complete, fit_arguments
+from .sizes import KINDS, file_sizes, hint_sizes, names, number, patch_globals, settings, signature
 from .vary import plan
 
 __all__ = [
-    "COMMON_ARGUMENTS",
-    "Built",
-    "build_at",
-    "check_sizes",
-    "fill_common_arguments",
-    "max_length",
+    "COMMON_ARGUMENTS", "Built", "build_at", "check_sizes", "fill_common_arguments", "max_length",
     "width",
-]
+]  # fmt: skip
 
 COMMON_ARGUMENTS: dict[str, object] = {
-    "n_embd": 32,
-    "d_model": 32,
-    "embed_dim": 32,
-    "n_head": 4,
-    "n_heads": 4,
-    "num_heads": 4,
-    "nhead": 4,
-    "block_size": 16,
-    "dropout": 0.1,
+    **dict.fromkeys(("n_embd", "d_model", "embed_dim"), 32),
+    **dict.fromkeys(("n_head", "n_heads", "num_heads", "nhead"), 4),
+    **{"block_size": 16, "dropout": 0.1},
 }
 """Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
 dropout left on in eval mode shows up."""
 
-_WIDTH_NAMES = tuple(n for n in KINDS["width"] if n != "dim")  # `dim` only as an argument (KINDS)
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
 
 
@@ -64,12 +51,8 @@ def fill_common_arguments(
         >>> fill_common_arguments(lesson.Block, {"n_head": 2})
         {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
     """
-    try:
-        names = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # some builtins have no signature
-        return dict(given)
     filled = dict(given)
-    for name in names:
+    for name in signature(factory):
         if name in COMMON_ARGUMENTS and name not in filled:
             filled[name] = COMMON_ARGUMENTS[name]
     return filled
@@ -115,35 +98,34 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     if other:
         return _other(target, kwargs)
     sizes = file_sizes(target, kwargs)
-    try:
-        signature = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # some builtins have no signature
-        signature = {}  # type: ignore[assignment]
+    params = signature(target)
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
     size_names = {n for kind in KINDS.values() for n in kind}
-    taken = not signature or any(p.kind is p.VAR_KEYWORD for p in signature.values())
+    taken = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
     values = names(sizes)
-    given = {n: v for n, v in kwargs.items() if taken or n in signature or n not in size_names}
-    empty = inspect.Parameter.empty
-    params = [  # a size argument without a default, or with a number: None may mean "none"
-        n for n, p in signature.items()
-        if p.default is empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
+    given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
+    sized = [  # a size argument without a default, or with a number: None may mean "none"
+        n for n, p in params.items()
+        if p.default is p.empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
     ]  # fmt: skip
-    filled = {**{n: values[n] for n in params if n in values}, **given}
+    filled = {**{n: values[n] for n in sized if n in values}, **given}
     filled = fill_common_arguments(target, filled)
     check_sizes(filled, kwargs)
     _, module_settings = settings(target)
-    sized = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
-    args = complete(target, filled, given, sized, values)
+    common = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
+    args = complete(target, filled, given, common, values)
     patched = [n for n in module_settings if n in values]
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in patched})
-    config = next((v for n, v in args.items() if n not in filled and not _plain(v)), None)
+    plain = (type(None), int, float, str, bool)
+    config = next(
+        (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None
+    )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     undo = patch_globals(target, sizes)
     module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
-    notes, C = fitted + _origins(sizes, shown) + called, sizes.values.get("width")
+    notes, C = fitted + sizes.origins(shown) + called, sizes.values.get("width")
     return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
 
 
@@ -169,11 +151,9 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
 
 
 def _made(
-    target: Callable[..., Any],
-    args: Mapping[str, object],
-    undo: Callable[[], None],
+    target: Callable[..., Any], args: Mapping[str, object], undo: Callable[[], None],
     hint: Callable[[BaseException], str],
-) -> tuple[nn.Module, str, list[str]]:
+) -> tuple[nn.Module, str, list[str]]:  # fmt: skip
     """``target(**args)`` under seed 0, its description and what its forward is called with
     (``calls.forward_arguments``); a failure raised as what it is, with ``hint`` (the
     ``--arg`` line that builds it) where the sizes are to blame."""
@@ -197,45 +177,19 @@ def _made(
         raise
 
 
-def _plain(value: object) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
-
-
-def _origins(sizes: Sizes, shown: Mapping[str, object]) -> list[str]:
-    """The note saying where the file's sizes came from (none when all are --arg's or the
-    checker's own)."""
-    by_source: dict[str, list[str]] = {}
-    for kind, source in sizes.sources.items():
-        if source in ("--arg", "the checker"):
-            continue
-        name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
-        by_source.setdefault(source, []).append(f"{name}={sizes.values[kind]}")
-    if not by_source:
-        return list(sizes.notes)
-    said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
-    return [f"built at the file's sizes: {said}", *sizes.notes]
-
-
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
     """``; it builds with --arg ...`` at the first of ``sizes.hint_sizes`` that builds."""
-    try:
-        params = list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
-        return ""
     for found in hint_sizes(file_sizes(target, given)):
         values = names(found)
-        line = {n: values[n] for n in params if n in values}
+        line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
         undo = patch_globals(target, found)
         try:
-            with torch.random.fork_rng(devices=[]):
-                target(**fill_common_arguments(target, {**given, **line}))
-        except CAUGHT:
-            continue
+            if builds(target, fill_common_arguments(target, {**given, **line})):
+                return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
         finally:
             undo()
-        return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
     return ""
 
 
@@ -262,7 +216,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
 
     for name in (n for kind in KINDS.values() for n in kind if n in args):
         value = args[name]
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LARGEST:
+        if not (size := number(value)) or size > LARGEST:
             hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
                 isinstance(value, str) and any(c in value for c in "*+-/")
             ) else ""  # fmt: skip
@@ -297,12 +251,7 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
     Raises:
         UserValueError: the block has no candidate at all (no argument, attribute or parameter).
     """
-    candidates: list[int] = []
-    for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in KINDS["width"] if source is kwargs else _WIDTH_NAMES:
-            value = source.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                candidates.append(value)
+    candidates = _said(module, kwargs, KINDS["width"])
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
             candidates.append(int(m.normalized_shape[-1]))
@@ -341,24 +290,22 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
     """The longest sequence the block accepts, as far as its arguments and buffers tell."""
-    for source in (kwargs, *(_attributes(m) for m in module.modules())):
-        for name in KINDS["length"]:
-            value = source.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value
+    for value in _said(module, kwargs, KINDS["length"]):
+        return value
     for _, buffer in module.named_buffers():
         if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] and buffer.shape[-1] >= 1:
             return int(buffer.shape[-1])  # a causal-mask buffer: (..., block_size, block_size)
     return default
 
 
-def _attributes(m: nn.Module) -> dict[str, object]:
-    """The module's own attributes, and its ``config``'s, that might name a size."""
-    found: dict[str, object] = {}
-    config = getattr(m, "config", None)
-    for owner in (config, m):
-        for name in _WIDTH_NAMES + KINDS["length"]:
-            value = getattr(owner, name, None)
-            if value is not None:
-                found[name] = value
+def _said(module: nn.Module, kwargs: Mapping[str, object], names: tuple[str, ...]) -> list[int]:
+    """The sizes called ``names`` in the constructor arguments, then in each module's own
+    attributes, else its ``config``'s (``dim`` only as an argument: ``nn.Softmax`` has one)."""
+    found = [v for n in names if (v := number(kwargs.get(n)))]
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        for n in (n for n in names if n != "dim"):
+            own = getattr(m, n, None)
+            if v := number(getattr(config, n, None) if own is None else own):
+                found.append(v)
     return found

@@ -21,18 +21,9 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES",
-    "KINDS",
-    "Sizes",
-    "combine",
-    "file_sizes",
-    "hint_sizes",
-    "names",
-    "not_other",
-    "other_sizes",
-    "parameters",
-    "patch_globals",
-]
+    "CONFIG_NAMES", "KINDS", "Sizes", "combine", "file_sizes", "hint_sizes", "names",
+    "not_other", "number", "other_sizes", "parameters", "patch_globals", "settings", "signature",
+]  # fmt: skip
 
 KINDS: dict[str, tuple[str, ...]] = {
     "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
@@ -66,22 +57,31 @@ class Sizes:
     def label(self, used: Mapping[str, object]) -> str:
         """``n_embd=64, n_head=4, block_size=32``: one name ``used`` (arguments, settings, a
         config's fields) for each kind."""
-        shown = []
-        for kind_names in KINDS.values():
-            name = next((n for n in kind_names if n in used), None)
-            if name is not None:
-                shown.append(f"{name}={used[name]!r}")
-        return ", ".join(shown) or "its own sizes"
+        found = (next((n for n in kind_names if n in used), None) for kind_names in KINDS.values())
+        return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
+
+    def origins(self, shown: Mapping[str, object]) -> list[str]:
+        """The note saying where the file's sizes came from (none when all are --arg's or the
+        checker's own), each by a name ``shown`` has, and the notes."""
+        by_source: dict[str, list[str]] = {}
+        for kind, source in self.sources.items():
+            if source not in ("--arg", "the checker"):
+                name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
+                by_source.setdefault(source, []).append(f"{name}={self.values[kind]}")
+        said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
+        return ([f"built at the file's sizes: {said}"] if said else []) + list(self.notes)
 
 
-def _size(value: object) -> int | None:
+def number(value: object) -> int | None:
+    """``value`` if it is a whole number >= 1 (a size, or a count), else None."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     return None
 
 
 def settings(factory: object) -> tuple[str, dict[str, int]]:
-    """The file name and the module-level size settings of the module ``factory`` lives in.
+    """The file name and the module-level numbers (size settings among them: the lecture's
+    ``n_embd = 64``, read by ``Head`` as a global) of the module ``factory`` lives in.
 
     Example:
         >>> settings(int)
@@ -90,29 +90,38 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
     module = inspect.getmodule(factory)
     if module is None:
         return "", {}
-    found = {n: v for kind in KINDS.values() for n in kind if (v := _size(vars(module).get(n)))}
+    found = {n: v for n, x in vars(module).items() if (v := number(x))}
     file = getattr(module, "__file__", None)
     return (os.path.basename(file) if file else module.__name__), found
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
     """The class ``param`` is annotated with (a string annotation looked up in the factory's
-    module), or None."""
+    module) when it is a config: a dataclass or a class of the block's own file (not ``int``,
+    ``torch.Tensor``...); else None."""
     cls = param.annotation
     if isinstance(cls, str):
         module = inspect.getmodule(factory)
         cls = vars(module).get(cls) if module is not None else None
-    return cls if isinstance(cls, type) else None
+    if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
+                                     and not dataclasses.is_dataclass(cls)):  # fmt: skip
+        return None
+    return cls
+
+
+def signature(factory: object) -> dict[str, inspect.Parameter]:
+    """``factory``'s parameters by name (``**kwargs`` too); none without a signature (some
+    builtins)."""
+    try:
+        return dict(inspect.signature(factory).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return {}
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
     """The parameters that take one value each (not ``*args``, ``**kwargs``)."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return []
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p for p in params if p.kind in kinds]
+    return [p for p in signature(factory).values() if p.kind in kinds]
 
 
 def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
@@ -125,7 +134,7 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         {'width': 64, 'heads': 4}
     """
     params = parameters(factory)
-    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
     fields: dict[str, object] = {}
     for p in params:
         cls = config_class(factory, p)
@@ -148,7 +157,7 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         if not used & set(kind_names):
             continue
         for source, where in places:
-            value = next((v for n in kind_names if n in where and (v := _size(where[n]))), None)
+            value = next((v for n in kind_names if n in where and (v := number(where[n]))), None)
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
                 values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
                 break
@@ -246,7 +255,7 @@ def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable
         return lambda: None
     found = vars(module)
     wanted = names(sizes) if isinstance(sizes, Sizes) else sizes
-    before = {n: v for n, v in found.items() if n in wanted and _size(v) and wanted[n] != v}
+    before = {n: v for n, v in found.items() if n in wanted and number(v) and wanted[n] != v}
     for n in before:
         setattr(module, n, wanted[n])
 
@@ -273,25 +282,16 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
     ``second`` is the other check's report, or why it did not run (a note; "" for none). The
     file's sizes decide, except that a block that passed (or was not compared) there and
     fails at the other sizes fails, the condition named."""
-    if isinstance(second, str):
+    if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
+        if not isinstance(second, str):
+            said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]
+            second = f"checked again at {other}: {said}"
         return dataclasses.replace(first, notes=[*first.notes, *([second] if second else [])])
-    v1, v2 = first.verdict, second.verdict
-    if v1 == "FAIL" or v2 != "FAIL":
-        said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[v2]
-        note = f"checked again at {other}: {said}"
-        return dataclasses.replace(first, notes=[*first.notes, note])
     failed = [f for f in second.findings if not f.passed]
-    why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2])
-    why = why or ", ".join(second.diagnosis)
-    finding = Finding("other sizes", False, f"{v1} at {at}; at {other}: FAIL ({why})")
+    why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2]) or ", ".join(second.diagnosis)
+    finding = Finding("other sizes", False, f"{first.verdict} at {at}; at {other}: FAIL ({why})")
     notes = [*first.notes, *(n for n in second.notes if n not in first.notes)]
-    return CheckReport(
-        first.target,
-        [*first.findings, finding],
-        list(second.diagnosis),
-        dict(second.details),
-        notes,
-        [list(a) for a in second.alternatives],
-        second.compared,
-        "",
+    findings = [*first.findings, finding]  # the rest is the other sizes' report's
+    return dataclasses.replace(
+        second, target=first.target, findings=findings, notes=notes, verify=""
     )

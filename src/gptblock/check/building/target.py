@@ -38,9 +38,7 @@ def parse_argument(text: str) -> tuple[str, object]:
         >>> parse_argument("n_head=4"), parse_argument("activation=relu")
         (('n_head', 4), ('activation', 'relu'))
     """
-    name, sep, value = text.partition("=")
-    if not sep or not name.isidentifier():
-        raise UserValueError(f"--arg expects NAME=VALUE with NAME an identifier, got {text!r}")
+    name, value = _pair(text, "--arg expects NAME=VALUE with NAME an identifier", "", empty=True)
     try:
         return name, ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -58,12 +56,15 @@ def parse_role(text: str) -> tuple[str, str]:
         >>> parse_role("ln1=norm_a")
         ('ln1', 'norm_a')
     """
-    role, sep, name = text.partition("=")
-    if not sep or not role.isidentifier() or not name:
-        raise UserValueError(
-            f"--map expects ROLE=NAME (e.g. q=attn.wq), got {text!r}; put TARGET before --map"
-        )
-    return role, name
+    return _pair(text, "--map expects ROLE=NAME (e.g. q=attn.wq)", "; put TARGET before --map")
+
+
+def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str, str]:
+    """``text``'s ``LEFT=RIGHT``, LEFT an identifier, RIGHT not empty unless ``empty``."""
+    left, sep, right = text.partition("=")
+    if not sep or not left.isidentifier() or not (right or empty):
+        raise UserValueError(f"{expected}, got {text!r}{more}")
+    return left, right
 
 
 def check_spec(spec: str) -> tuple[str, str, bool]:
@@ -190,9 +191,7 @@ def load_target(spec: str) -> Any:
     return obj
 
 
-def _load_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise UserFileNotFoundError(f"no such file: {path}")
+def _load_file(path: Path) -> ModuleType:  # check_spec found the file
     name = f"_gptblock_check_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .sizes import KINDS, Sizes, other_sizes
+from .sizes import KINDS, Sizes, number, other_sizes, settings, signature
 
 __all__ = ["Plan", "kind_of", "plan"]
 
@@ -65,12 +64,6 @@ class Plan:
     sizes: Sizes
     settings: dict[str, int]
     label: str
-
-
-def _number(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    return None
 
 
 def _fields(value: object) -> dict[str, object] | None:
@@ -122,18 +115,13 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
         >>> found.args, found.label
         ({'hid_dim': 48, 'n_heads': 3, 'pf_dim': 192}, 'hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)')
     """
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        params = ()  # type: ignore[assignment]
-    top = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    top = {n: p.default for n, p in signature(factory).items() if p.default is not p.empty}
     top.update(args)
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
-    leaves = [(n, v) for n, x in top.items() if (v := _number(x)) is not None]
-    leaves += [(n, v) for f in configs.values() for n, x in f.items() if (v := _number(x))]
-    module = inspect.getmodule(factory)
-    globals_ = {n: v for n, x in vars(module).items() if (v := _number(x))} if module else {}
-    leaves += list(globals_.items())  # the lecture's n_embd = 64, read by Head as a global
+    leaves = [(n, v) for n, x in top.items() if (v := number(x)) is not None]
+    leaves += [(n, v) for f in configs.values() for n, x in f.items() if (v := number(x))]
+    globals_ = settings(factory)[1]
+    leaves += list(globals_.items())
     nh = _by_name(leaves, "heads", C)
     kv = _by_name(leaves, "kv_heads", nh) if nh else None
     fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
@@ -165,12 +153,12 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
 
     out, said = dict(args), {}
     for n, x in top.items():
-        if (v := _number(x)) is not None and (c := changed(n, v)) is not None:
+        if (v := number(x)) is not None and (c := changed(n, v)) is not None:
             out[n], said[n] = c
     for n, fields in configs.items():
         changes = {}
         for k, x in fields.items():
-            if (v := _number(x)) is not None and (c := changed(k, v)) is not None:
+            if (v := number(x)) is not None and (c := changed(k, v)) is not None:
                 changes[k], said[k] = c
         if changes:
             out[n] = _replaced(top[n], changes)

@@ -22,6 +22,7 @@ import torch
 from ..mistakes.report import CAUGHT, Finding
 from ..roles.provenance import Traced, unread
 from ..serve.subject import Tested
+from .probes import listed
 
 __all__ = ["account", "silent"]
 
@@ -29,12 +30,9 @@ Tensor = torch.Tensor
 
 
 def silent(
-    set_parameters: Callable[[Mapping[str, Tensor]], None],
-    subject: Tested,
-    chosen: Mapping[str, Tensor],
-    used: frozenset[int],
-    fresh: torch.Generator,
-) -> list[str]:
+    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Tested,
+    chosen: Mapping[str, Tensor], used: frozenset[int], fresh: torch.Generator,
+) -> list[str]:  # fmt: skip
     """The parameters (``name``, or ``name (k of its n values)`` for a part) whose values no
     role read (``used``: ``Traced.used``) and whose change moves no output; each is changed
     through ``set_parameters`` and given back its chosen value."""
@@ -65,22 +63,17 @@ def silent(
 
 
 def account(
-    set_parameters: Callable[[Mapping[str, Tensor]], None],
-    subject: Tested,
-    chosen: Mapping[str, Tensor],
-    traced: Traced,
-    fresh: torch.Generator,
-    findings: list[Finding],
+    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Tested,
+    chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator, findings: list[Finding],
     details: dict[str, str],
-) -> list[str]:
+) -> list[str]:  # fmt: skip
     """The mistakes of a block that matched the reference without one: ``["unused_parameters"]``
     when a head's weights read are another head's or a parameter never acts, with its finding
     (added to ``findings``) and its account (to ``details``); else ``[]``."""
     said = list(traced.repeats)
     dead = silent(set_parameters, subject, chosen, traced.used, fresh)
     if dead:
-        shown = ", ".join(dead[:6]) + (f" and {len(dead) - 6} more" if len(dead) > 6 else "")
-        said.append(f"{shown} never {'acts' if len(dead) == 1 else 'act'} on the output")
+        said.append(f"{listed(dead, 6)} never {'acts' if len(dead) == 1 else 'act'} on the output")
     if not said:
         return []
     findings.append(Finding("parameters", False, "; ".join(said)))

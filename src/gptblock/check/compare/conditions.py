@@ -29,15 +29,9 @@ from ..mistakes.search import TOLERANCE, distance
 from ..serve.subject import Tested
 
 __all__ = [
-    "FLOAT32_TOLERANCE",
-    "GRADIENT_TOLERANCE",
-    "MAX_T",
-    "Condition",
-    "conditions",
-    "confirm",
-    "hold",
-    "input_gradient_error",
-]
+    "FLOAT32_TOLERANCE", "GRADIENT_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm",
+    "hold", "input_gradient_error",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 FLOAT32_TOLERANCE = 1e-3
@@ -71,11 +65,8 @@ class Condition:
     def describe(self) -> str:
         """``B = 64, T = 3, float32, train mode, mean 300``."""
         said = f"B = {self.B}, T = {self.T}, {str(self.dtype).removeprefix('torch.')}"
-        return (
-            said
-            + (", train mode" if self.train else "")
-            + (f", mean {MEAN:g}" if self.mean else "")
-        )
+        said += ", train mode" if self.train else ""
+        return said + (f", mean {MEAN:g}" if self.mean else "")
 
 
 def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
@@ -111,11 +102,9 @@ def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
 
 
 def hold(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     backward: bool = True,
-) -> Finding | str:
+) -> Finding | str:  # fmt: skip
     """A failed comparison naming the condition where the block is not ``reference`` (float64,
     on (B, T, C)), else ``""`` or a note on a condition that cannot be compared (random train
     mode); with ``backward`` its input gradient is held to the reference's in float32 too."""
@@ -126,8 +115,9 @@ def hold(
         x = _input(c, subject.C, fresh)
         error = _error(subject, reference, c, x)
         if isinstance(error, str):
-            msg = f"equal under the checker's conditions, but the block {error} at {c.describe()}"
-            return Finding("reference comparison", False, msg)
+            return _off(
+                f"equal under the checker's conditions, but the block {error} at {c.describe()}"
+            )
         if error <= _tolerance(c):
             held.append(c)
         elif c.train and _random(subject, x):
@@ -138,26 +128,21 @@ def hold(
         else:
             off.append((c, error))
     if off:
-        return Finding(
-            "reference comparison", False, _mismatch(subject, reference, fresh, held, off)
-        )
+        return _off(_mismatch(subject, reference, fresh, held, off))
     if backward and subject.dtype == torch.float64:
         error = input_gradient_error(subject, reference, fresh, torch.float32)
         if not error <= FLOAT32_GRADIENT_TOLERANCE:
-            msg = (
+            return _off(
                 "the block's outputs are the reference's, but in float32 its gradient with "
                 f"respect to its input is not (off by {_size(error)})"
             )
-            return Finding("reference comparison", False, msg)
     return note
 
 
 def input_gradient_error(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     dtype: torch.dtype | None = None,
-) -> float:
+) -> float:  # fmt: skip
     """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
     for a fresh direction ``w``, is from ``reference``'s (float64), relative to the
     reference's scale; ``inf`` when the block gives none. The block runs in ``dtype`` (its
@@ -186,6 +171,10 @@ def input_gradient_error(
     except CAUGHT:  # its backward pass ran for the probe: failing now is not one fixed block's
         got = None
     return float("inf") if got is None else distance(got.to(torch.float64).cpu(), ours)
+
+
+def _off(message: str) -> Finding:
+    return Finding("reference comparison", False, message)
 
 
 def _tolerance(c: Condition) -> float:
@@ -240,12 +229,9 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    fresh: torch.Generator,
-    held: list[Condition],
-    off: list[tuple[Condition, float]],
-) -> str:
+    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
+    held: list[Condition], off: list[tuple[Condition, float]],
+) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart from those it holds in; for a length
     or a batch size, the largest that holds (bisected, a few more calls)."""
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
@@ -277,15 +263,9 @@ def _mismatch(
 
 
 def confirm(
-    subject: Tested,
-    reference: Callable[[Tensor], Tensor],
-    first: tuple[int, int],
-    fresh: torch.Generator,
-    backward: bool,
-    what: str,
-    whose: str,
-    conditions: bool,
-) -> Finding | str:
+    subject: Tested, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
+    fresh: torch.Generator, backward: bool, what: str, whose: str, conditions: bool,
+) -> Finding | str:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block
     on fresh (*first, C) and (T, T, C) inputs or, when ``whose`` ("lessons", "modern") is
     named, in its input gradient (``backward``: its backward pass ran) and, with
@@ -304,25 +284,22 @@ def confirm(
         try:
             theirs = subject(x.to(device=subject.device, dtype=subject.dtype))
         except CAUGHT as e:
-            msg = f"the block raised {one_line(e)} on a fresh {shape} input"
-            return Finding("reference comparison", False, msg)
+            return _off(f"the block raised {one_line(e)} on a fresh {shape} input")
         error = distance(theirs.to(torch.float64).cpu(), ours)
         if not error <= TOLERANCE:
-            msg = (
+            return _off(
                 f"{what} reproduces the block on the traced input, but not on a fresh {shape} "
                 f"input (off by {error:.2g} of its scale): its outputs are not those of one "
                 "fixed block"
             )
-            return Finding("reference comparison", False, msg)
     if not whose:
         return ""  # the block fails already: a mistake
     if backward:  # else its backward pass fails already
         error = input_gradient_error(subject, reference, fresh)
         if not error <= GRADIENT_TOLERANCE:
-            msg = (
+            return _off(
                 f"the block's outputs are the {whose} block's, but its gradient with respect "
                 f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
                 "not its forward pass's"
             )
-            return Finding("reference comparison", False, msg)
     return hold(subject, reference, fresh, backward) if conditions else ""

@@ -21,7 +21,7 @@ import torch
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.subject import Tested
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult"]
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "listed"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
@@ -43,7 +43,13 @@ def _size(scale: float) -> str:
     return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")
 
 
-def _names(names: list[str], limit: int = 4) -> str:
+def listed(names: list[str], limit: int = 4) -> str:
+    """The first ``limit`` names, and how many more.
+
+    Example:
+        >>> listed(["a", "b", "c"], 2)
+        'a, b and 1 more'
+    """
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -138,8 +144,7 @@ def batch_independence(s: Tested) -> ProbeResult:
                 "examples of a batch are mixed"
             )
             return ProbeResult(False, msg, "batch_mixing")
-    msg = "changing one sequence moves no other sequence's output"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, "changing one sequence moves no other sequence's output")
 
 
 def residual(s: Tested) -> ProbeResult:
@@ -183,8 +188,7 @@ def finite(s: Tested) -> ProbeResult:
     if bad:
         msg = f"inf/NaN outputs for {', '.join(bad)}"
         return ProbeResult(False, msg, "nonfinite")
-    msg = f"finite for {', '.join(cases)}"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, f"finite for {', '.join(cases)}")
 
 
 def gradients(s: Tested) -> ProbeResult:
@@ -209,19 +213,17 @@ def gradients(s: Tested) -> ProbeResult:
             "a tensor autograd had saved for it"
         )
         return ProbeResult(False, msg, "inplace")
-    params, grads = got.names, got.grads
-    pairs = list(zip(params, grads, strict=True))
+    pairs = list(zip(got.names, got.grads, strict=True))
     unreached = [n for n, g in pairs if g is None]
     nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
     problems = []
     if unreached:
-        problems.append(f"no gradient reaches {_names(unreached)} (unused in forward?)")
+        problems.append(f"no gradient reaches {listed(unreached)} (unused in forward?)")
     if nonfinite:
-        problems.append(f"non-finite gradients in {_names(nonfinite)}")
+        problems.append(f"non-finite gradients in {listed(nonfinite)}")
     if problems:
         return ProbeResult(False, "; ".join(problems))
-    msg = f"all {len(params)} parameters get finite gradients"
-    return ProbeResult(True, msg)
+    return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients")
 
 
 PROBES: dict[str, Callable[[Tested], ProbeResult]] = {

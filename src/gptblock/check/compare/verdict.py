@@ -17,7 +17,7 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,9 +47,7 @@ class Progress(Protocol):
     """Where a check is, for a caller that must say what the block was doing if it never ends."""
 
     def stage(self, what: str) -> None: ...
-
     def built(self, description: str) -> None: ...
-
     def finding(self, finding: Finding) -> None: ...
 
 
@@ -59,20 +57,13 @@ class Service(Protocol):
 
     @property
     def tested(self) -> Tested: ...
-
     @property
     def note(self) -> str: ...
-
     def parameters(self) -> dict[str, Tensor]: ...
-
     def set_parameters(self, values: Mapping[str, Tensor]) -> None: ...
-
     def dropout_off(self) -> str: ...
-
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
-
     def suggest(self) -> str: ...
-
     @property
     def trusted(self) -> bool:
         """Whether the answers come from this process (``Served``), not the block's (claims)."""
@@ -113,7 +104,10 @@ def decide(
     findings: list[Finding] = []
     for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
-        results.append(_run(probe, subject))
+        try:
+            results.append(probe(subject))
+        except CAUGHT as e:  # a block that raises fails that probe instead of stopping the check
+            results.append(ProbeResult(False, f"the block raised {one_line(e)}"))
         findings.append(Finding(name, results[-1].passed, results[-1].message))
         progress.finding(findings[-1])
         if results[-1].stop:
@@ -184,14 +178,9 @@ class Compared:
 
 
 def _modern_compared(
-    service: Service,
-    modern: Mapping[str, Any],
-    chosen: Mapping[str, Tensor],
-    fresh: torch.Generator,
-    backward: bool,
-    notes: list[str],
-    progress: Progress,
-) -> Compared:
+    service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
+    fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
+) -> Compared:  # fmt: skip
     """The modern comparison's finding, a PASS confirmed as the lessons' block's is: it was
     read from traces the block's process sent, so it is a claim until the parts read are held
     here to the chosen weights, to fresh inputs, the input gradient and the learner's
@@ -229,30 +218,29 @@ def _modern_compared(
 
 
 def _lessons_compared(
-    subject: Tested,
-    readings: Readings,
-    read: list[dict[str, list[Tensor]]],
-    chosen: Mapping[str, Tensor],
-    fresh: torch.Generator,
-    backward: bool,
-    again: bool,
-    scope: list[str],
-    notes: list[str],
-    progress: Progress,
-) -> Compared:
+    subject: Tested, readings: Readings, read: list[dict[str, list[Tensor]]],
+    chosen: Mapping[str, Tensor], fresh: torch.Generator, backward: bool, again: bool,
+    scope: list[str], notes: list[str], progress: Progress,
+) -> Compared:  # fmt: skip
     """The lessons' comparison on the readings, its match confirmed; matching nothing, with a
     part no reference models (``scope``), out of scope, not FAIL."""
     progress.stage("the reference comparison")
     try:
         finding, match, ties, reading = _compare(subject, readings)
         scope = [] if match or finding.passed else scope
-        if match is not None:
+        if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
             progress.stage("confirming the comparison on fresh inputs and conditions")
-            confirm = _confirm_match(subject, readings, reading, match, fresh, backward, again)
-            if isinstance(confirm, Finding):
-                finding, match = confirm, None
-            elif confirm:
-                notes.append(confirm)
+            parts = [*readings.readings, *readings.fallback][reading]
+            steps, full = compose(match.deviations), not match.deviations
+            activation = CANDIDATE_ACTIVATIONS[match.activation]
+            reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
+            B, T, _ = readings.x.shape
+            held = confirm(subject, reference, (B, T), fresh, backward, match.describe(),
+                           "lessons" if full else "", full and not again)  # fmt: skip
+            if isinstance(held, Finding):
+                finding, match = held, None
+            elif held:
+                notes.append(held)
     except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
         notes.append(readings.describe(0))
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
@@ -285,14 +273,6 @@ def _diagnose(found: list[str], implied: list[str]) -> list[str]:
     explains (``Mistake.explains``: a reversed mask also leaks the future), in catalogue order."""
     explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
     return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
-
-
-def _run(probe: Callable[[Tested], ProbeResult], subject: Tested) -> ProbeResult:
-    """Run one probe; a block that raises fails that probe instead of stopping the check."""
-    try:
-        return probe(subject)
-    except CAUGHT as e:
-        return ProbeResult(False, f"the block raised {one_line(e)}")
 
 
 def _compare(
@@ -331,25 +311,3 @@ def _compare(
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
     return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading
-
-
-def _confirm_match(
-    subject: Tested,
-    read: Readings,
-    reading: int,
-    match: Match,
-    fresh: torch.Generator,
-    backward: bool,
-    again: bool = False,
-) -> Finding | str:
-    """``conditions.confirm`` for the variant found, the lessons' block with its mistakes: a mistaken
-    block fails already, so only its outputs on fresh inputs are held."""
-    parts = [*read.readings, *read.fallback][reading]
-    steps = compose(match.deviations)
-    activation = CANDIDATE_ACTIVATIONS[match.activation]
-    reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
-    full = not match.deviations
-    held = "lessons" if full else ""
-    B, T, _ = read.x.shape
-    return confirm(subject, reference, (B, T), fresh, backward, match.describe(), held,
-                    full and not again)  # fmt: skip

@@ -129,10 +129,9 @@ class CheckReport:
         for note in self.notes:
             lines += _wrap(note, width, "  note: ", " " * 8)
         if self.alternatives:
-            others = " | ".join(", ".join(a) or "no mistake" for a in self.alternatives)
             lines += _wrap(
                 f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
-                f"explained equally well by: {others}",
+                f"explained equally well by: {_others(self)}",
                 width,
             )
         elif self.diagnosis:
@@ -144,13 +143,9 @@ class CheckReport:
         else:
             lines.append("diagnosis: no catalogued mistake identified; see the failed checks")
         for d in self.diagnosis:
-            m = MISTAKES[d]
-            lines += _wrap(m.title, width, f"  {d}: ", "    ")
-            if d in self.details:
-                lines += _wrap(self.details[d], width, "    found:  ", " " * 12)
-            lines += _wrap(m.explanation, width, "    why:    ", " " * 12)
-            lines += _wrap(m.fix, width, "    fix:    ", " " * 12)
-            lines += _wrap(m.lesson, width, "    from:   ", " " * 12)
+            lines += _wrap(MISTAKES[d].title, width, f"  {d}: ", "    ")
+            for k, v in _entry(self, d):
+                lines += _wrap(v, width, f"    {k + ':':<8}", " " * 12)
         failed = sum(not f.passed for f in self.findings)
         if self.verdict == "PASS":
             lines.append("result: PASS")
@@ -238,6 +233,17 @@ class CheckReport:
             )
         except (TypeError, AttributeError) as e:
             raise ValueError(f"not a check report: {e}") from e
+
+
+def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
+    """A diagnosed mistake's lines: what the block does (where said), why, the fix, the lesson."""
+    m = MISTAKES[d]
+    found = [("found", report.details[d])] if d in report.details else []
+    return [*found, ("why", m.explanation), ("fix", m.fix), ("from", m.lesson)]
+
+
+def _others(report: CheckReport) -> str:
+    return " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
 
 
 def _finding(data: object) -> Finding:
@@ -341,19 +347,11 @@ def to_html(report: CheckReport) -> str:
         )
     out.append("</table>")
     for d in report.diagnosis:
-        m = MISTAKES[d]
-        rows = [
-            ("found", report.details.get(d, "")),
-            ("why", m.explanation),
-            ("fix", m.fix),
-            ("from", m.lesson),
-        ]
-        out.append(f"<p><b>{escape(d)}</b>: {escape(m.title)}</p><ul>")
-        out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in rows if v]
+        out.append(f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>")
+        out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(report, d) if v]
         out.append("</ul>")
     if report.alternatives:
-        others = " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
-        out.append(f"<p>unsure: explained equally well by {escape(others)}</p>")
+        out.append(f"<p>unsure: explained equally well by {escape(_others(report))}</p>")
     out += [f"<p><small>note: {escape(n)}</small></p>" for n in report.notes]
     formatted = report.format()  # its result line, wrapped, and how to verify an UNVERIFIED one
     result = " ".join(formatted[formatted.rindex("result: ") :].split())
