@@ -2,7 +2,7 @@
 
 A block whose forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated
 MLP (``roles.modern_read``) is compared part by part, then whole, with the modern block computed
-by ``mistakes.modern_steps`` from the weights read out of it: each norm's form
+by ``mistakes.steps`` from the weights read out of it: each norm's form
 (``modern_parts.norm_of``), the MLP's (``mlp_of``), the attention's merged heads with the
 smallest set of catalogued mistakes (``MODERN`` and the lessons' attention ``DEVIATIONS``) under
 the unknowns a correct block may choose (``ropes``), the whole block wired pre-norm, in
@@ -24,10 +24,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
 from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
+from ..mistakes.steps import (
+    CORRECT,
+    NORM_FORMS,
+    Parts,
+    Rope,
+    Steps,
+    Wiring,
+    attention,
+    parallel,
+    run_steps,
+)
 from ..mistakes.variants import DEVIATIONS, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
@@ -57,7 +66,7 @@ MODERN: tuple[Deviation, ...] = (
               "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
               (("kv_order", "tile"),)),
 )  # fmt: skip
-"""The modern attention mistakes, ordinary deviations of the steps (``modern_steps.attention``
+"""The modern attention mistakes, ordinary deviations of the steps (``steps.attention``
 reads the fields they change); ``rope_pairing``'s label names the block's conventions."""
 
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
@@ -105,7 +114,7 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch],
             if rope is None and any(c.group in ROTARY for c in changes):
                 continue
             try:
-                ctx = attention(q, k, v, read.n_head, rope, steps, qk)
+                ctx = attention(q, k, v, read.n_head, rope, steps, qk, C=read.x.shape[-1])
             except CAUGHT:
                 continue
             if not changes:
@@ -310,7 +319,7 @@ def _run(
     parallel: GPT-J / PaLM)."""
     wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
     steps = replace(a.steps, wiring=wiring)
-    return run_modern(parts, read.x, read.n_head, steps, a.rope, a.qk_norm, positions)
+    return run_steps(parts, read.x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
 
 
 @dataclass(frozen=True)
