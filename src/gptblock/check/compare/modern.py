@@ -42,7 +42,7 @@ from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
-from ..roles.modern_read import KEPT, ModernRead, Source, qk_gains, read_modern_trace
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
 from ..roles.trace import Trace, TraceError
@@ -50,7 +50,7 @@ from ..serve.loop import CACHE_APIS
 
 __all__ = [
     "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
-    "judge_cache", "ropes",
+    "judge_cache",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -369,17 +369,22 @@ def check_modern(
 ) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
     the lessons' reading (and its report of what it cannot read) takes over. The forward pass
-    it reads is kept in ``seen``, if given (``modern_read.KEPT``)."""
+    it reads is kept in ``seen``, if given (a lessons' block's is looked at again for what the
+    references do not model)."""
     source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
+    if seen is not None:
+        record = source.trace_of
+
+        def kept(x: Tensor) -> Trace:
+            seen.append(record(x))
+            return seen[-1]
+
+        source = replace(source, trace_of=kept)
     try:
         with torch.no_grad():
             y = source.call(x)
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        kept = KEPT.set(seen)
-        try:
-            return compare_modern(source, x)
-        finally:
-            KEPT.reset(kept)
+        return compare_modern(source, x)
     except CAUGHT:
         return None
