@@ -14,7 +14,7 @@ from torch.nn import functional as F
 import gptblock
 from gptblock import TransformerBlock, lesson, reference
 from gptblock.check.mistakes.catalogue import MISTAKES
-from gptblock.check.mistakes.search import TOLERANCE, distance, explain
+from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
 from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
     CORRECT,
@@ -198,6 +198,22 @@ def test_variants_are_smallest_first_with_one_deviation_per_group():
     for v in variants(3):
         groups = [d.group for d in v]
         assert len(groups) == len(set(groups))
+
+
+def test_smallest_stops_at_the_first_size_and_tries_each_set_of_mistakes_once():
+    # the one search of the lessons' variants and the modern attention: wrong_scale's three
+    # ways are one diagnosis (its first accepted), and nothing larger is tried after a match
+    pool = [d for d in LESSONS if d.mistake in ("no_scaling", "wrong_scale", "post_norm")]
+    tried = []
+
+    def attempt(deviations):
+        tried.append(deviations)
+        return deviations if {d.group for d in deviations} == {"scale"} else None
+
+    found = smallest(variants(2, pool), attempt)
+    assert [f[0].mistake for f in found] == ["no_scaling", "wrong_scale"]
+    assert max(len(t) for t in tried) == 1
+    assert sum(1 for t in tried if t and t[0].mistake == "wrong_scale") == 1
 
 
 def test_each_mistake_has_one_home_in_the_catalogue():
