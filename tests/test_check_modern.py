@@ -13,7 +13,7 @@ import zoo_modern
 from gptblock import check_block
 from gptblock.blocks.fused import FusedBlock
 from gptblock.check.mistakes.catalogue import MISTAKES
-from gptblock.check.mistakes.modern_steps import NORM_FORMS, Rope, repeat_heads, rms
+from gptblock.check.mistakes.steps import NORM_FORMS, Rope, repeat_heads, rms
 from gptblock.check.roles.modern_parts import norm_of
 from gptblock.check.serve.loop import cache_api, cached_last
 from gptblock.check.serve.subject import one_thread
@@ -225,15 +225,14 @@ def test_q_k_v_packed_per_head_are_read_from_the_core():
 
 
 @pytest.mark.parametrize("parallel", [False, True])
-def test_run_modern_is_the_oracles_block(parallel):
+def test_run_steps_modern_is_the_oracles_block(parallel):
     """The checker's modern block (the lessons' Parts and Steps with the modern options:
     grouped heads, rotary positions, SwiGLU, the parallel residual as a wiring) is the NumPy
     oracle's."""
     from dataclasses import replace
 
-    from gptblock.check.mistakes.modern_steps import parallel as parallel_wiring
-    from gptblock.check.mistakes.modern_steps import run_modern
-    from gptblock.check.mistakes.steps import CORRECT, Parts, affine
+    from gptblock.check.mistakes.steps import CORRECT, Parts, affine, run_steps
+    from gptblock.check.mistakes.steps import parallel as parallel_wiring
 
     g = np.random.default_rng(3)
     C, nh, nkv, H = 8, 4, 2, 12
@@ -256,24 +255,23 @@ def test_run_modern_is_the_oracles_block(parallel):
         affine(t["linear2.weight"]), norm1, norm2,
     )  # fmt: skip
     steps = replace(CORRECT, wiring=parallel_wiring) if parallel else CORRECT
-    got = run_modern(
-        parts, torch.from_numpy(x), nh, steps, Rope(10000.0, 2, "halves", "halves", 1.0)
+    got = run_steps(
+        parts, torch.from_numpy(x), nh, None, steps, Rope(10000.0, 2, "halves", "halves", 1.0)
     )
     np.testing.assert_allclose(got.numpy(), want, atol=1e-10, rtol=0)
 
 
 def test_each_modern_mistake_is_a_deviation_the_attention_reads():
-    """rope_v, rope_q_only, rope_pairing and gqa_order are ordinary deviations of the steps:
-    each changes what the modern attention computes."""
-    from gptblock.check.compare.modern import MODERN
-    from gptblock.check.mistakes.modern_steps import attention
-    from gptblock.check.mistakes.steps import CORRECT
-    from gptblock.check.mistakes.variants import compose
+    """rope_v, rope_q_only, rope_pairing and gqa_order are ordinary deviations of the steps,
+    ways of their catalogue entries: each changes what the modern attention computes."""
+    from gptblock.check.mistakes.steps import CORRECT, attention
+    from gptblock.check.mistakes.variants import MODERN, compose
 
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 6, n, generator=g, dtype=torch.float64) for n in (16, 8, 8))
     rope = Rope(10000.0, 4, "halves", "halves", 1.0)
     right = attention(q, k, v, 4, rope, CORRECT)
+    assert [d.mistake for d in MODERN] == ["rope_v", "rope_q_only", "rope_pairing", "gqa_order"]
     for d in MODERN:
         wrong = attention(q, k, v, 4, rope, compose([d]))
         assert (wrong - right).abs().max() > 1e-3, d.mistake

@@ -14,16 +14,17 @@ from torch.nn import functional as F
 import gptblock
 from gptblock import TransformerBlock, lesson, reference
 from gptblock.check.mistakes.catalogue import MISTAKES
-from gptblock.check.mistakes.search import TOLERANCE, distance, explain
+from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
 from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
     CORRECT,
+    NORM_FORMS,
     MissingPart,
     Parts,
     affine,
     run_steps,
 )
-from gptblock.check.mistakes.variants import DEVIATIONS, compose, variants
+from gptblock.check.mistakes.variants import DEVIATIONS, LESSONS, MODERN, compose, variants
 from gptblock.check.roles.mapping import MappedBlock, map_roles
 from gptblock.check.roles.parts import discover
 from gptblock.check.roles.provenance import choose
@@ -199,14 +200,34 @@ def test_variants_are_smallest_first_with_one_deviation_per_group():
         assert len(groups) == len(set(groups))
 
 
+def test_smallest_stops_at_the_first_size_and_tries_each_set_of_mistakes_once():
+    # the one search of the lessons' variants and the modern attention: wrong_scale's three
+    # ways are one diagnosis (its first accepted), and nothing larger is tried after a match
+    pool = [d for d in LESSONS if d.mistake in ("no_scaling", "wrong_scale", "post_norm")]
+    tried = []
+
+    def attempt(deviations):
+        tried.append(deviations)
+        return deviations if {d.group for d in deviations} == {"scale"} else None
+
+    found = smallest(variants(2, pool), attempt)
+    assert [f[0].mistake for f in found] == ["no_scaling", "wrong_scale"]
+    assert max(len(t) for t in tried) == 1
+    assert sum(1 for t in tried if t and t[0].mistake == "wrong_scale") == 1
+
+
 def test_each_mistake_has_one_home_in_the_catalogue():
     # every deviation is a way of its own mistake's entry, grouped by the one step it changes,
     # and what an entry explains is another catalogued mistake
     ways = [(m.id, label) for m in MISTAKES.values() for label, _ in m.ways]
     assert [(d.mistake, d.label) for d in DEVIATIONS] == ways
     assert all(len(d.changes) == 1 for d in DEVIATIONS)
-    groups = {d.group for d in DEVIATIONS}
+    groups = {d.group for d in LESSONS}
     assert groups == {"mask", "axis", "scale", "softmax", "split", "merge", "wiring", "norms"}
+    assert {d.group for d in MODERN} == {"targets", "table", "order"}
+    assert set(DEVIATIONS) == {*LESSONS, *MODERN}
+    forms = [f for m in MISTAKES.values() for f in m.forms]  # each mistaken norm form, one home
+    assert sorted(forms) == sorted(f for f in NORM_FORMS if f != "rms")
     assert all(e in MISTAKES and e != m.id for m in MISTAKES.values() for e in m.explains)
     assert MISTAKES["mask_reversed"].explains == ("future_leak", "nonfinite")
 
@@ -215,7 +236,7 @@ def test_every_deviation_changes_the_block():
     w = _weights(16, seed=3)
     x = torch.randn(4, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     right = run_steps(_parts(w, 16), x, 4, F.gelu, CORRECT)
-    for deviation in DEVIATIONS:
+    for deviation in LESSONS:  # the modern ones: tests/test_check_modern.py
         y = run_steps(_parts(w, 16), x, 4, F.gelu, compose([deviation]))
         assert min(distance(y, right), distance(right, y)) > 100 * TOLERANCE, deviation.label
 

@@ -8,7 +8,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    each other only: ``gptblock.early`` copies the folder as the package ``serve`` for the
    runner's process, which imports nothing of gptblock.
 2. ``mistakes/`` -- what the checker can name and how it says so: ``catalogue`` (each mistake's
-   one home), the lessons' ``steps`` (and ``modern_steps``), the mistakes as changes to them
+   one home), the reference's ``steps`` (the lessons' and the modern block's), the mistakes as changes to them
    (``variants``), ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``, as text, JSON and HTML).
 3. ``building/`` -- the learner's block loaded (``target``: the only module that imports the user's
    code) and built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``).

@@ -2,9 +2,9 @@
 
 A block whose forward pass shows RMSNorm, rotary positions, grouped key/value heads or a gated
 MLP (``roles.modern_read``) is compared part by part, then whole, with the modern block computed
-by ``mistakes.modern_steps`` from the weights read out of it: each norm's form
+by ``mistakes.steps`` from the weights read out of it: each norm's form
 (``modern_parts.norm_of``), the MLP's (``mlp_of``), the attention's merged heads with the
-smallest set of catalogued mistakes (``MODERN`` and the lessons' attention ``DEVIATIONS``) under
+smallest set of catalogued mistakes (``variants.MODERN`` and the lessons' attention's) under
 the unknowns a correct block may choose (``ropes``), the whole block wired pre-norm, in
 parallel or as a wiring mistake; a block right on whole sequences has its KV cache's step
 compared (``judge_cache``: ``rope_cache_offset``). docs/checker.md, "The modern block", says
@@ -24,41 +24,37 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..mistakes.modern_steps import NORM_FORMS, Rope, attention, parallel, run_modern
+from ..mistakes.catalogue import MISTAKES
 from ..mistakes.report import CAUGHT, Finding, text
-from ..mistakes.search import TOLERANCE
-from ..mistakes.steps import CORRECT, Parts, Steps, Wiring
-from ..mistakes.variants import DEVIATIONS, Deviation, compose, variants
+from ..mistakes.search import TOLERANCE, smallest
+from ..mistakes.steps import (
+    CORRECT,
+    NORM_FORMS,
+    Parts,
+    Rope,
+    Steps,
+    Wiring,
+    attention,
+    parallel,
+    run_steps,
+)
+from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
 from ..roles.modern_plain import send
-from ..roles.modern_read import KEPT, ModernRead, Source, qk_gains, read_modern_trace
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
 from ..roles.trace import Trace, TraceError
 from ..serve.loop import CACHE_APIS
 
 __all__ = [
-    "MODERN", "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
-    "judge_cache", "ropes",
+    "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
+    "judge_cache",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 
-
-MODERN: tuple[Deviation, ...] = (
-    Deviation("rope_v", "targets", "rotary positions are applied to v as well as to q and k",
-              (("rotated", "qkv"),)),
-    Deviation("rope_q_only", "targets", "rotary positions are applied to q only, not to k",
-              (("rotated", "q"),)),
-    Deviation("rope_pairing", "table", "", (("rope_table", "other"),)),
-    Deviation("gqa_order", "order", "each key/value head j serves query heads j, j + nkv, "
-              "j + 2 nkv, ... (k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
-              "(k.repeat_interleave(g, dim=1), as the weights' grouping is)",
-              (("kv_order", "tile"),)),
-)  # fmt: skip
-"""The modern attention mistakes, ordinary deviations of the steps (``modern_steps.attention``
-reads the fields they change); ``rope_pairing``'s label names the block's conventions."""
 
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 _SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
@@ -93,19 +89,15 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch],
     hs = q.shape[-1] // read.n_head
     grouped = k.shape[-1] < q.shape[-1]
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
-    found: list[AttnMatch] = []
-    nearest = (float("inf"), "the modern attention")
-    for changes in _changes(max_size, grouped, read.rotated):
-        if found and len(changes) > len(found[0].changes):
-            break
-        if {c.mistake for c in changes} in [{c.mistake for c in m.changes} for m in found]:
-            continue
+    nearest = [(float("inf"), "the modern attention")]
+
+    def attempt(changes: tuple[Deviation, ...]) -> AttnMatch | None:
         steps = compose(changes)
         for rope, qk in itertools.product(ropes(hs, read.rotated, read.turn), norms):
             if rope is None and any(c.group in ROTARY for c in changes):
                 continue
             try:
-                ctx = attention(q, k, v, read.n_head, rope, steps, qk)
+                ctx = attention(q, k, v, read.n_head, rope, steps, qk, C=read.x.shape[-1])
             except CAUGHT:
                 continue
             if not changes:
@@ -113,13 +105,16 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch],
                     ["the modern attention", *([rope.describe(hs)] if rope else []),
                      *(["a qk norm"] if qk is not None else [])]
                 )  # fmt: skip
-                nearest = min(nearest, (relative_error(read.ctx, ctx), what))
+                nearest[0] = min(nearest[0], (relative_error(read.ctx, ctx), what))
             if (rope, qk) == (None, None) and read.rotated:
                 continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
-                found.append(AttnMatch(changes, rope, steps, qk))
-                break
-    return found, f"{nearest[1]}, is off by {nearest[0]:.2g} of its scale > {TOLERANCE:g}"
+                return AttnMatch(changes, rope, steps, qk)
+        return None
+
+    found = smallest(_changes(max_size, grouped, read.rotated), attempt)
+    off = nearest[0]
+    return found, f"{off[1]}, is off by {off[0]:.2g} of its scale > {TOLERANCE:g}"
 
 
 @dataclass(frozen=True)
@@ -137,9 +132,8 @@ class ModernOutcome:
 def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
     out: dict[str, str] = {}
     for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
-        if n.form in NORM_FORMS and n.form != "rms":
-            key = {"eps_outside": "rmsnorm_eps", "square_of_mean": "rmsnorm_mean",
-                   "mean": "rmsnorm_mean", "time": "rmsnorm_dim", "batch": "rmsnorm_dim"}[n.form]  # fmt: skip
+        key = next((m.id for m in MISTAKES.values() if n.form in m.forms), None)
+        if key is not None:
             out.setdefault(
                 key,
                 f"the RMSNorm {which} computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}",
@@ -310,7 +304,7 @@ def _run(
     parallel: GPT-J / PaLM)."""
     wiring = wiring or (parallel if read.parallel else CORRECT.wiring)
     steps = replace(a.steps, wiring=wiring)
-    return run_modern(parts, read.x, read.n_head, steps, a.rope, a.qk_norm, positions)
+    return run_steps(parts, read.x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
 
 
 @dataclass(frozen=True)
@@ -375,17 +369,22 @@ def check_modern(
 ) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
     the lessons' reading (and its report of what it cannot read) takes over. The forward pass
-    it reads is kept in ``seen``, if given (``modern_read.KEPT``)."""
+    it reads is kept in ``seen``, if given (a lessons' block's is looked at again for what the
+    references do not model)."""
     source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
+    if seen is not None:
+        record = source.trace_of
+
+        def kept(x: Tensor) -> Trace:
+            seen.append(record(x))
+            return seen[-1]
+
+        source = replace(source, trace_of=kept)
     try:
         with torch.no_grad():
             y = source.call(x)
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        kept = KEPT.set(seen)
-        try:
-            return compare_modern(source, x)
-        finally:
-            KEPT.reset(kept)
+        return compare_modern(source, x)
     except CAUGHT:
         return None

@@ -4,7 +4,8 @@ An entry holds all the checker knows of one mistake: its explanation and fix, th
 lessons it deviates from (quoted, so a learner can put their code next to the lesson's), the
 probe failures it causes (``explains``: a reversed mask also leaks the future, so a future leak
 is then no separate mistake) and the concrete ways to make it (``ways``: the fields of ``steps.CORRECT`` each
-replaces, which ``variants`` turns into deviations). The identifiers are
+replaces, which ``variants`` turns into deviations, the modern attention's among them; ``forms``:
+the mistaken RMSNorms that make it). The identifiers are
 stable: they are what ``CheckReport.diagnosis`` lists and what ``--json`` prints.
 
 Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
@@ -51,6 +52,7 @@ class Mistake:
     lesson: str  # the lesson's line it deviates from, quoted
     explains: tuple[str, ...] = ()  # probe failures it causes, then not diagnosed apart
     ways: tuple[Way, ...] = ()  # none: a probe proves it, or the modern comparison finds it
+    forms: tuple[str, ...] = ()  # the norm forms (``steps.NORM_FORMS``' keys) that make it
 
     def __post_init__(self) -> None:
         if not self.id.isidentifier():
@@ -261,33 +263,36 @@ _ENTRIES = (
         "and changes the scale of every small vector: for inputs of size 1e-3 the outputs are off "
         "by percents, so a checkpoint trained with the other form computes something else.",
         "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) (or F.rms_norm / nn.RMSNorm).",
-        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)"),
+        "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
+        forms=("eps_outside",)),
     Mistake("rmsnorm_mean", "RMSNorm divides by the root of a mean of x, not of x squared",
         "The root mean square is sqrt(mean(x^2)). x.mean(-1) alone is negative for half the "
         "positions (the root is NaN there) and mean(x)^2 is the square of the mean, near 0 for "
         "centred vectors (outputs blow up): neither is the vector's size.",
         "variance = x.pow(2).mean(-1, keepdim=True), then x * torch.rsqrt(variance + eps).",
         "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight (docs/modern-block.md)",
-        explains=("nonfinite",)),
+        explains=("nonfinite",), forms=("square_of_mean", "mean")),
     Mistake("rmsnorm_dim", "RMSNorm averages over the wrong axis (time or batch, not the channels)",
         "A norm is per position: each C-vector is divided by its own size. mean(dim=1) on "
         "(B, T, C) averages over the sequence, so every position's output depends on every "
         "other one, later ones included (a future leak), and on the sequence's length.",
         "Average over the last axis: x.pow(2).mean(-1, keepdim=True).",
         "modern block: rmsnorm(x) = x / sqrt(mean(x^2) + eps) * weight, the mean over C",
-        explains=("future_leak", "batch_mixing")),
+        explains=("future_leak", "batch_mixing"), forms=("time", "batch")),
     Mistake("rope_v", "rotary positions are applied to v as well as to q and k",
         "RoPE rotates q and k so that their product depends only on the distance between two "
         "positions. Rotating v too mixes the values with the absolute position of each key: the "
         "output of a head then changes when the same text is shifted along the sequence.",
         "Rotate q and k only: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
-        "modern block: q, k = rotate(q, pos), rotate(k, pos); v is not rotated"),
+        "modern block: q, k = rotate(q, pos), rotate(k, pos); v is not rotated",
+        ways=(way("rotary positions are applied to v as well as to q and k", rotated="qkv"),)),
     Mistake("rope_q_only", "rotary positions are applied to q but not to k",
         "q_m . k_n depends on m - n only when both are rotated (R_m q . R_n k = q . R_(n-m) k). "
         "Rotating q alone makes the scores depend on the query's absolute position and not on "
         "where the key is: the model has no relative positions.",
         "Rotate both: q, k = apply_rotary(q, pos), apply_rotary(k, pos).",
-        "modern block: q, k = rotate(q, pos), rotate(k, pos)"),
+        "modern block: q, k = rotate(q, pos), rotate(k, pos)",
+        ways=(way("rotary positions are applied to q only, not to k", rotated="q"),)),
     Mistake("rope_pairing",
         "the rotary table is laid out for the other pairing of channels than the rotation",
         "RoPE pairs channels one of two ways: adjacent pairs (2i, 2i+1), as RoFormer and Meta's "
@@ -300,7 +305,10 @@ _ENTRIES = (
         "Use the table of the rotation's pairing: rotate_half with cat((freqs, freqs)); adjacent "
         "pairs with repeat_interleave(freqs, 2) (or complex freqs_cis). Load weights written for "
         "the pairing the code uses.",
-        "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)"),
+        "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)",
+        # the comparison says which pairing and table (``compare.modern``)
+        ways=(way("the cos/sin table is laid out for the other pairing of channels than the "
+                  "rotation: each pair is turned by two different angles", rope_table="other"),)),
     Mistake("rope_cache_offset",
         "a cached decoding step is rotated as position 0, not at its offset in the sequence",
         "With a KV cache, the tokens of a step sit at positions start_pos ... start_pos + "
@@ -323,7 +331,10 @@ _ENTRIES = (
         "trained with.",
         "k = k.repeat_interleave(nh // nkv, dim=1) (the same for v), or "
         "F.scaled_dot_product_attention(..., enable_gqa=True).",
-        "modern block: att = softmax(q @ repeat(k).T / sqrt(hs)); key/value head j // (nh / nkv)"),
+        "modern block: att = softmax(q @ repeat(k).T / sqrt(hs)); key/value head j // (nh / nkv)",
+        ways=(way("each key/value head j serves query heads j, j + nkv, j + 2 nkv, ... "
+                  "(k.repeat(1, g, 1, 1)) instead of heads j*g ... (j+1)*g - 1 "
+                  "(k.repeat_interleave(g, dim=1), as the weights' grouping is)", kv_order="tile"),)),
     Mistake("swiglu_swapped",
         "SwiGLU's gate and up projections are swapped: SiLU on the up projection",
         "SwiGLU is w2(silu(w1 x) * w3 x): the SiLU goes on the gate projection (gate_proj, w1), "

@@ -10,9 +10,9 @@ Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -20,9 +20,10 @@ from .report import CAUGHT
 from .steps import CANDIDATE_ACTIVATIONS, MissingPart, Parts, run_steps
 from .variants import Deviation, compose, variants
 
-__all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain"]
+__all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain", "smallest"]
 
 Tensor = torch.Tensor
+M = TypeVar("M")
 
 TOLERANCE = 1e-4
 """A variant reproduces a block when its output differs by at most this much, relative to the
@@ -88,6 +89,27 @@ def distance(y: Tensor, y_ref: Tensor) -> float:
     return float((ours - ref).abs().max() / scale)
 
 
+def smallest(
+    candidates: Iterable[tuple[Deviation, ...]],
+    attempt: Callable[[tuple[Deviation, ...]], M | None],
+) -> list[M]:
+    """What ``attempt`` makes of the first of each distinct set of mistakes among ``candidates``
+    (smallest first, as ``variants`` lists them) that it accepts (not ``None``), of the smallest
+    size at which one is accepted: the first is the match, the rest its alternatives. Distinct
+    deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs), and readings
+    or unknowns can agree: those are one diagnosis, not alternatives, and tried no further."""
+    found: list[tuple[set[str], M]] = []
+    size = 0
+    for deviations in candidates:
+        if found and len(deviations) > size:
+            break  # every smaller variant has been tried; larger ones are not simpler
+        mistakes = {d.mistake for d in deviations}
+        if mistakes not in (m for m, _ in found) and (match := attempt(deviations)) is not None:
+            found.append((mistakes, match))
+            size = len(deviations)
+    return [match for _, match in found]
+
+
 def explain(
     readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
 ) -> Explanation:
@@ -101,28 +123,21 @@ def explain(
     if not readings or not heads:
         raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
     memoised = [_memoised(parts) for parts in readings]
-    closest: Match | None = None
-    found: list[Match] = []
-    for deviations in variants(max_size):
-        if found and len(deviations) > len(found[0].deviations):
-            break  # every smaller variant has been tried; larger ones are not simpler
+    closest: list[Match] = []  # the nearest miss so far
+
+    def attempt(deviations: tuple[Deviation, ...]) -> Match | None:
         for r, parts in enumerate(memoised):
             match = _best_unknowns(parts, x, y, heads, deviations, r)
-            if closest is None or match.error < closest.error:
-                closest = match
+            if not closest or match.error < closest[0].error:
+                closest[:] = [match]
             if match.error <= TOLERANCE:
-                found.append(match)
+                return match
+        return None
+
+    found = smallest(variants(max_size), attempt)
     if not found:
-        return Explanation(None, (), closest)
-    # Distinct deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs), and
-    # readings can agree: those are one diagnosis, not alternatives.
-    first, seen = found[0], {tuple(found[0].mistakes)}
-    others = []
-    for m in found[1:]:
-        if tuple(m.mistakes) not in seen:
-            seen.add(tuple(m.mistakes))
-            others.append(m)
-    return Explanation(first, tuple(others), None)
+        return Explanation(None, (), closest[0] if closest else None)
+    return Explanation(found[0], tuple(found[1:]), None)
 
 
 def _best_unknowns(

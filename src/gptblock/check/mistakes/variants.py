@@ -15,11 +15,13 @@ from typing import Any
 from .catalogue import MISTAKES
 from .steps import CORRECT, Steps
 
-__all__ = ["DEVIATIONS", "Deviation", "compose", "variants"]
+__all__ = ["DEVIATIONS", "LESSONS", "MODERN", "Deviation", "compose", "variants"]
 
-_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax"}
+_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
+           "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
 """The group of a deviation that changes this field of ``Steps`` (else the field's name): the
 mask is two fields, which of the mask deviations change only one of."""
+MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotation, grouped heads
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ DEVIATIONS: tuple[Deviation, ...] = tuple(
     for label, changes in m.ways
 )
 """Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
+MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
+"""The modern attention's mistakes (``steps.attention`` reads the fields they change): tried
+only on a modern block, the key/value order only with grouped heads (``compare.modern``)."""
+LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)
+"""The lessons' block's mistakes: what ``search.explain`` tries."""
 
 
 def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
@@ -73,18 +80,18 @@ def variants(
     max_size: int, pool: Iterable[Deviation] | None = None
 ) -> Iterator[tuple[Deviation, ...]]:
     """Every combination of at most ``max_size`` deviations (of ``pool``, by default
-    ``DEVIATIONS``), one per group at most, smallest first: the empty one (the correct block)
+    ``LESSONS``), one per group at most, smallest first: the empty one (the correct block)
     first, so a search that stops at the first size with a match finds the smallest set of
     mistakes.
 
     Example:
         >>> [len(v) for v in variants(1)][:3]
         [0, 1, 1]
-        >>> sum(1 for _ in variants(1)) == 1 + len(DEVIATIONS)
+        >>> sum(1 for _ in variants(1)) == 1 + len(LESSONS)
         True
     """
     groups: dict[str, list[Deviation]] = {}
-    for deviation in DEVIATIONS if pool is None else pool:
+    for deviation in LESSONS if pool is None else pool:
         groups.setdefault(deviation.group, []).append(deviation)
     for size in range(max_size + 1):
         for chosen in itertools.combinations(groups.values(), size):

@@ -1,7 +1,7 @@
 """What a modern block's norms and MLP compute, told from their traced values.
 
 ``norm_of(f, like)`` says what a norm (the map from the stream to a sub-layer's input, as the
-block computes it) is: a LayerNorm, RMSNorm or one of ``modern_steps.NORM_FORMS``' mistaken
+block computes it) is: a LayerNorm, RMSNorm or one of ``steps.NORM_FORMS``' mistaken
 forms, with its gain (read on large positive inputs, where eps does not matter) and eps (on
 inputs ranging over four orders of magnitude, where it decides the output). ``mlp_of(read)``
 says what the MLP computes between its first layer(s) and its last: dense with one of
@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import NORM_FORMS, rms
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import MIN_DEFINED
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, rms
 from .modern_read import Linear, ModernRead
 
 __all__ = [

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import functional as F
 
-from ..mistakes.modern_steps import Rope, parallel, rms, run_modern
-from ..mistakes.steps import CORRECT, Parts, SubLayer, affine
+from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, rms, run_steps
 from .modern_parts import DENSE, GATED
 from .plain import NotPlain
 from .provenance import Traced, snap, trace
@@ -60,7 +59,7 @@ class ModernParts:
     shared: bool = False
 
     def run(self, x: Tensor) -> Tensor:
-        """The block on ``x`` (B, T, C) in float64 (``modern_steps.run_modern``)."""
+        """The block on ``x`` (B, T, C) in float64 (``steps.run_steps``)."""
         lin = {r: affine(w.double(), b.double()) for r, (w, b) in self.linears.items()}
         g = {r: [t.double() for t in v] for r, v in self.gains.items()}
         qk = (g["lnq"][0], g["lnk"][0]) if "lnq" in g else None
@@ -82,7 +81,7 @@ class ModernParts:
         C, D = x.shape[-1], self.linears["q"][0].shape[0]
         parts = Parts(C, D, qkv, lin["proj"], hidden, lin["mlp2"], norm(0), norm(1))
         steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
-        return run_modern(parts, x.to(torch.float64), self.n_head, steps, self.rope, qk_norm=qk)
+        return run_steps(parts, x.to(torch.float64), self.n_head, None, steps, self.rope, qk)
 
 
 def _plain_gain(t: Tensor) -> Tensor:

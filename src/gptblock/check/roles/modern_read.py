@@ -13,7 +13,6 @@ Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H M
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
 __all__ = [
-    "KEPT", "ModernRead", "Source", "qk_gains", "read_modern", "read_modern_trace",
+    "ModernRead", "Source", "qk_gains", "read_modern", "read_modern_trace",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -220,13 +219,8 @@ class Source:
         )
 
 
-KEPT: ContextVar[list[Trace] | None] = ContextVar("KEPT", default=None)
-"""Where ``read_modern`` keeps the traces it records, when set (``modern.check_modern``'s
-``seen``: a lessons' block's trace is looked at again for what the references do not model)."""
-
-
 def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
-    """Record ``module(x)`` (kept in ``KEPT``, if set) and read it as a modern block; ``None``
+    """Record ``module(x)`` and read it as a modern block; ``None``
     when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
 
     Raises:
@@ -246,8 +240,6 @@ def read_modern_trace(trace: Trace) -> ModernRead | None:
     """
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
-    if (kept := KEPT.get()) is not None:
-        kept.append(trace)
     cores = _cores(trace)
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading

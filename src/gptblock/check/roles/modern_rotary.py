@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mistakes.modern_steps import Rope
 from ..mistakes.report import CAUGHT
+from ..mistakes.steps import Rope
 from .trace import Trace, TraceError, replay
 
 __all__ = ["THETAS", "Turn", "heads", "measure_turn", "ropes"]

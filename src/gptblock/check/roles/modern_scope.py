@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..mistakes.modern_steps import Rope
 from ..mistakes.report import CAUGHT
+from ..mistakes.steps import Rope
 from .dataflow import _cores, _scores
 from .modern_read import ModernRead
 from .modern_rotary import Turn
