@@ -1,7 +1,9 @@
+import collections
 import contextlib
 import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,15 +45,23 @@ def _check_own_blocks():
     return code, out.getvalue(), err.getvalue()
 
 
+# Seconds each xdist group (a file, or a group a test names) took in a quiet `pytest -n2` run:
+# the groups start longest first, so that the short ones fill in around them and no worker ends
+# alone on a long one. `TESTS_STORE_DURATIONS=1 pytest -n2` measures them again.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """``-n N`` without ``--dist``: one file to one worker (``loadgroup``, each file its own group
     unless a test names another), not test by test, so that a file's module fixtures (trained
     runs, checked blocks, built models) are made once; the real-world zoo names two groups.
-    The workers parse the command line again (no ``--dist`` there): the environment they inherit
-    tells them."""
+    The groups keep the order ``pytest_collection_modifyitems`` gives them (xdist would sort them
+    by their number of tests). The workers parse the command line again (no ``--dist`` there):
+    the environment they inherit tells them."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
         config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False
         os.environ["TESTS_XDIST_GROUP_BY_FILE"] = "1"
 
 
@@ -67,8 +77,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    # The zoos' groups (a minute or more each) first, so that the short files fill in around
-    # them instead of one worker ending alone on a zoo.
-    items.sort(
-        key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("zoo-")
-    )
+    measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    group = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
+    count = collections.Counter(group.values())
+    # a group not measured yet: half a second a test, about the suite's mean
+    items.sort(key=lambda item: -measured.get(group[item], 0.5 * count[group[item]]))
+
+
+_took: collections.Counter[str] = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    """On the controller, with TESTS_STORE_DURATIONS=1: the seconds of each group (named after
+    the ``@`` of an xdist node id), written to tests/durations.json when the session ends."""
+    if os.environ.get("TESTS_STORE_DURATIONS") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _took[report.nodeid.rpartition("@")[2] or report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _took and exitstatus == 0:
+        rounded = {group: round(seconds, 1) for group, seconds in _took.most_common()}
+        partial = DURATIONS.with_suffix(".part")  # written whole or not at all
+        partial.write_text(json.dumps(rounded, indent=0) + "\n")
+        partial.replace(DURATIONS)

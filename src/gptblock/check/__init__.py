@@ -12,7 +12,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    (``variants``), ``search`` (``explain``) and ``report`` (``CheckReport``, ``Finding``, as text, JSON and HTML).
 3. ``building/`` -- the learner's block loaded (``target``: the only module that imports the user's
    code) and built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``).
-4. ``roles/`` -- finding the roles from what the tensors do (``trace``, ``decode``, ``walks``,
+4. ``roles/`` -- finding the roles from what the tensors do (``trace``, ``walks``,
    ``dataflow``, ``norms``, ``weights``), else from the module tree by shapes and order
    (``parts``, ``mapping``) or ``--map`` (``given``, ``claims``, ``suggest``); the reading used
    (``readings``) as numbers (``plain``, ``provenance``); the modern block's (``modern_*``).

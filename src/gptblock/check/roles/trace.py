@@ -18,6 +18,7 @@ torch's own registry: never anything the block defined, never code the message c
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..mistakes.report import CAUGHT
 from ..serve import loop
@@ -160,17 +161,24 @@ class Op:
         name = self.name
         return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
+    @functools.cached_property
+    def _flat(self) -> tuple[list[Any], Any]:  # flattened once: a search reruns it 1000s of times
+        return tree_flatten((self.args, self.kwargs))
+
     def scalars(self) -> list[float]:
         """The plain numbers among its arguments."""
-        flat, _ = tree_flatten((self.args, self.kwargs))
+        flat = self._flat[0]
         return [float(a) for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
 
     def call(self, value: Callable[[object], object]) -> tuple[list[Tensor], list[Tensor]]:
         """Run the operator on its recorded arguments, each ``Ref`` given by ``value``: (the
         tensors it made, in order; its tensor arguments)."""
-        args, kwargs = tree_map(value, (self.args, self.kwargs))
-        made = [t for t in tree_flatten(self.func(*args, **kwargs))[0] if isinstance(t, Tensor)]
-        return made, [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
+        leaves = [value(a) for a in self._flat[0]]
+        args, kwargs = tree_unflatten(leaves, self._flat[1])
+        out = self.func(*args, **kwargs)
+        made = [out] if isinstance(out, Tensor) else tree_flatten(out)[0]
+        tensors = [a for a in leaves if isinstance(a, Tensor)]
+        return [t for t in made if isinstance(t, Tensor)], tensors
 
 
 @dataclass
@@ -328,8 +336,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
 
     got: dict[int, Tensor] = {}
     try:
-        with _RNG, torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(0)
+        with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad():  # the CPU's restored
             for op in trace.ops[: last + 1]:
                 made, flat_in = op.call(value)
                 if len(made) != len(op.outputs):
