@@ -58,8 +58,10 @@ def pytest_cmdline_main(config):
     runs, checked blocks, built models) are made once; the real-world zoo names two groups.
     The groups keep the order ``pytest_collection_modifyitems`` gives them (xdist would sort them
     by their number of tests). The workers parse the command line again (no ``--dist`` there):
-    the environment they inherit tells them."""
-    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+    the environment they inherit tells them. Whether xdist's own hook ran first (it turns "no"
+    into "load") depends on pytest's version: the command line says whether ``--dist`` was given."""
+    given = any(a.startswith(("--dist", "-d")) for a in config.invocation_params.args)
+    if getattr(config.option, "numprocesses", None) and not given:
         config.option.dist = "loadgroup"
         config.option.loadscopereorder = False
         os.environ["TESTS_XDIST_GROUP_BY_FILE"] = "1"
@@ -70,13 +72,18 @@ def pytest_configure(config):
         config.option.loadgroup = True  # read by xdist's worker when it names the groups
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
+def pytest_itemcollected(item):
+    # here, not in pytest_collection_modifyitems: xdist's worker reads the groups into the node
+    # ids there, before or after this file's hook as pytest's version orders them
+    if getattr(item.config.option, "loadgroup", False) and not item.get_closest_marker(
+        "xdist_group"
+    ):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     group = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
     count = collections.Counter(group.values())
