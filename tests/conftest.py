@@ -84,6 +84,9 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):
         return
+    for item in items:  # src/'s doctests: this file's pytest_itemcollected sees only tests/
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     group = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
     count = collections.Counter(group.values())
