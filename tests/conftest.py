@@ -75,9 +75,12 @@ def pytest_configure(config):
 def pytest_itemcollected(item):
     # here, not in pytest_collection_modifyitems: xdist's worker reads the groups into the node
     # ids there, before or after this file's hook as pytest's version orders them
-    if getattr(item.config.option, "loadgroup", False) and not item.get_closest_marker(
-        "xdist_group"
-    ):
+    if getattr(item.config.option, "loadgroup", False):
+        _file_group(item)
+
+
+def _file_group(item):
+    if item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
@@ -85,8 +88,7 @@ def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:  # src/'s doctests: this file's pytest_itemcollected sees only tests/
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        _file_group(item)
     measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     group = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
     count = collections.Counter(group.values())
@@ -101,7 +103,8 @@ def pytest_runtest_logreport(report):
     """On the controller, with TESTS_STORE_DURATIONS=1: the seconds of each group (named after
     the ``@`` of an xdist node id), written to tests/durations.json when the session ends."""
     if os.environ.get("TESTS_STORE_DURATIONS") and not os.environ.get("PYTEST_XDIST_WORKER"):
-        _took[report.nodeid.rpartition("@")[2] or report.nodeid.split("::")[0]] += report.duration
+        _, at, group = report.nodeid.rpartition("@")
+        _took[group if at else report.nodeid.split("::")[0]] += report.duration
 
 
 def pytest_sessionfinish(session, exitstatus):
