@@ -9,8 +9,10 @@ command that never takes it ``drop``s it. This file uses nothing but the standar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,8 +61,12 @@ def drop() -> None:
     spawned, _started = _started, None
     if spawned is None:
         return
+    # Nothing of the block ran: kill the supervisor (its first process is not reaped yet, so the
+    # group's number is still ours) rather than let it import torch and fork jobs for nothing.
+    with contextlib.suppress(OSError):
+        os.killpg(spawned.proc.pid, signal.SIGKILL)
     if spawned.proc.stdin is not None:
-        spawned.proc.stdin.close()  # the supervisor reads its end and ends, with its forks
+        spawned.proc.stdin.close()
     for fd in (spawned.out_r, spawned.err_r, *(fd for p in spawned.pipes.values() for fd in p)):
         os.close(fd)
     spawned.proc.wait()
