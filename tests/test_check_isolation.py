@@ -373,6 +373,7 @@ def test_a_block_that_signals_its_checker_gets_a_verdict_and_leaves_no_process(
             return script
 
         monkeypatch.setattr(early, "neutral_scripts", without_namespace)
+        monkeypatch.setattr(early, "_server", None)  # a fork server of the changed script
     monkeypatch.syspath_prepend(str(blocks.parent))
     (report,) = check_isolated([f"{turns}:TurnsOnItsChecker"], kwargs={}, roles={}, timeout=5)
     assert not report.passed and "SIGTERM" in report.findings[-1].message, report.findings[-1]
@@ -382,3 +383,5 @@ def test_a_block_that_signals_its_checker_gets_a_verdict_and_leaves_no_process(
     while not all(map(_gone, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in pids if not _gone(p)] == []
+    if not namespace:
+        early._server.close()

@@ -80,20 +80,19 @@ def test_gptblock_check_starts_its_child_first_and_one_left_unused_ends(monkeypa
     early.start(["check", "f.py:Block"])  # what gptblock.cli.main does first
     spawned = early._started
     assert spawned is not None and early.take() is spawned and early._started is None
-    spawned.proc.stdin.close()  # the command ended (an error in its arguments) without a check
+    spawned.stdin.close()  # the command ended (an error in its arguments) without a check
     status, deadline = b"", time.monotonic() + 120
     while time.monotonic() < deadline:
-        if not select.select([spawned.proc.stdout], [], [], 1)[0]:
+        if not select.select([spawned.stdout], [], [], 1)[0]:
             continue
-        chunk = os.read(spawned.proc.stdout.fileno(), 4096)
+        chunk = os.read(spawned.stdout.fileno(), 4096)
         if not chunk:
             break  # the supervisor ended, and the jobs it forked with it
         status += chunk
     assert status.startswith(b"supervisor ") and b"exit runner -9" in status, status
     for fd in (spawned.out_r, spawned.err_r, *(fd for p in spawned.pipes.values() for fd in p)):
         os.close(fd)
-    spawned.proc.stdout.close()
-    spawned.folder.cleanup()
+    spawned.stdout.close()
 
 
 def test_a_check_that_fails_before_it_runs_ends_the_child_started_for_it(capsys):
@@ -103,3 +102,50 @@ def test_a_check_that_fails_before_it_runs_ends_the_child_started_for_it(capsys)
     assert main(["check", "no_such_file.py:Block"]) == 2
     assert early._started is None  # dropped: its supervisor and forks have ended
     assert "no_such_file.py" in capsys.readouterr().err
+
+
+SEEN = textwrap.dedent(
+    """
+    import json, os, random, sys
+    from gptblock.lesson import Block as Lesson
+
+    class Block(Lesson):
+        def __init__(self, n_embd=32, n_head=4, block_size=16, dropout=0.0):
+            super().__init__(n_embd, n_head, block_size, dropout)
+            ours = [p for p in sys.path if p.endswith(("/a", "/b"))]
+            seen = [os.getcwd(), os.environ.get("SEEN_MARK"), random.random(), ours]
+            with open(os.environ["SEEN_LOG"], "a") as f:
+                f.write(json.dumps(seen) + "\\n")
+    """
+)
+
+
+def test_checks_of_one_process_fork_from_one_server_and_see_its_current_folder_and_environment(
+    tmp_path, monkeypatch
+):
+    import json
+
+    from gptblock import early
+    from gptblock.check import check_isolated
+
+    (tmp_path / "seen.py").write_text(SEEN)
+    log = tmp_path / "seen.jsonl"
+    monkeypatch.setenv("SEEN_LOG", str(log))
+    servers = []
+    for mark in ("a", "b"):
+        folder = tmp_path / mark
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.setenv("SEEN_MARK", mark)
+        monkeypatch.syspath_prepend(str(folder))
+        (report,) = check_isolated([f"{tmp_path / 'seen.py'}:Block"], kwargs={}, roles={})
+        assert report.passed, report
+        servers.append(early._server)
+    assert servers[0] is servers[1] and servers[0].proc.poll() is None  # torch imported once
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    # Each build (builder and runner, at each size) as a new interpreter there and then would:
+    for mark, path in (("a", ["a"]), ("b", ["b", "a"])):  # the checker's sys.path then
+        mine = [s for s in seen if s[1] == mark]
+        path = [str(tmp_path / p) for p in path]
+        assert mine and all(s[0] == path[0] and s[3] == path for s in mine), seen
+    assert len({s[2] for s in seen}) == len(seen)  # its own draws, not the server's

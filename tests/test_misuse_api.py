@@ -273,7 +273,7 @@ MODELS = {
     "logits alone": (
         lambda lg, ls: lg,
         TypeError,
-        r"must return \(logits, loss\), got a tensor of shape \(2, 4, 5\)",
+        r"must return \(logits, loss\), got a torch.float32 tensor of shape \(2, 4, 5\)",
     ),
     "loss None": (
         lambda lg, ls: (lg, None),

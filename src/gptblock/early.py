@@ -4,7 +4,9 @@
 (``check.isolation.reaper``) about 2 s importing torch before it forks the builder and the
 runner. So ``gptblock.cli.main`` calls ``start(argv)`` before it imports torch, and the
 supervisor's import runs beside this process's; ``check.isolation.child.Child`` ``take``s it. A
-command that never takes it ``drop``s it. This file uses nothing but the standard library.
+command that never takes it ``drop``s it. Supervisors are forked from one fork server per
+checking process (``reaper.serve_forks``), which pays the import once: a class graded, or a
+test suite, starts each check in milliseconds. This file uses nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -12,35 +14,84 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 __all__ = ["RUNNER", "Spawned", "environment", "neutral_scripts", "spawn", "start", "take"]
 
 CHECK = Path(__file__).with_name("check")
 # The runner's files: none imports gptblock.
 RUNNER = ("calls", "frames", "loop", "runner", "subject")
+JOBS = (("builder", "gptblock.check.isolation.worker"), ("runner", "serve.runner"))
 _KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
+
+
+class _Server:
+    """This process's fork server (``reaper.serve_forks``): it imports torch once, and each
+    supervisor forked from it starts as if it were a new interpreter that had just done so."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.folder = tempfile.TemporaryDirectory()
+        script = neutral_scripts(Path(self.folder.name))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(theirs.fileno())], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+            env=environment(), start_new_session=True,  # its own group, spared the terminal's ^C
+        )  # fmt: skip
+        theirs.close()
+        self.sock, self.owner, self.asked, self.pids = mine, os.getpid(), 0, list[int]()
+
+    def fork(self, fds: list[int], numbers: list[int]) -> int:
+        """Ask for a supervisor given ``fds`` (stdin, stdout, then those it knows as ``numbers``);
+        its index in the order of asking."""
+        ask = {"fds": numbers, "env": environment(), "cwd": os.getcwd()}
+        socket.send_fds(self.sock, [json.dumps(ask).encode()], fds)
+        self.asked += 1
+        self.replies(0)
+        return self.asked - 1
+
+    def replies(self, wait: float) -> list[int]:
+        """The pids forked so far, read as they come (unread, they would fill the socket)."""
+        while select.select([self.sock], [], [], wait)[0] and (data := self.sock.recv(8)):
+            self.pids.append(int.from_bytes(data, "little"))
+        return self.pids
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.sock.close()
+        self.folder.cleanup()
 
 
 @dataclass
 class Spawned:
-    """The supervisor just started: its process, its folder, the pipes of the block's stdout and
-    stderr (read ends), and each job's (``builder``, ``runner``: to it, from it)."""
+    """The supervisor just asked for: its first process's stdin (closed, it stops) and stdout
+    (what it says; the fork server reaps it), the pipes of the block's stdout and stderr (read
+    ends), each job's (``builder``, ``runner``: to it, from it), and where it was asked."""
 
-    proc: subprocess.Popen[bytes]
-    folder: tempfile.TemporaryDirectory[str]
+    stdin: IO[bytes]
+    stdout: IO[bytes]
     out_r: int
     err_r: int
     pipes: dict[str, tuple[int, int]]
+    server: _Server
+    index: int
 
 
 _started: Spawned | None = None
+_server: _Server | None = None
+_lock = threading.Lock()
 
 
 def start(argv: Sequence[str]) -> None:
@@ -57,20 +108,23 @@ def start(argv: Sequence[str]) -> None:
 
 def drop() -> None:
     """End the supervisor ``start`` spawned if no check took it (the command failed first)."""
-    global _started
+    global _started, _server
     spawned, _started = _started, None
     if spawned is None:
         return
-    # Nothing of the block ran: kill the supervisor (its first process is not reaped yet, so the
-    # group's number is still ours) rather than let it import torch and fork jobs for nothing.
-    with contextlib.suppress(OSError):
-        os.killpg(spawned.proc.pid, signal.SIGKILL)
-    if spawned.proc.stdin is not None:
-        spawned.proc.stdin.close()
+    with _lock:  # nothing of the block ran: no need to let it import torch and fork for nothing
+        pids = spawned.server.replies(0.05)
+        if spawned.index < len(pids):
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(OSError):
+                    kill(pids[spawned.index], signal.SIGKILL)
+        elif spawned.server is _server:  # it imports torch still: a command that failed at once
+            _server = None
+            spawned.server.close()
+    spawned.stdin.close()
+    spawned.stdout.close()
     for fd in (spawned.out_r, spawned.err_r, *(fd for p in spawned.pipes.values() for fd in p)):
         os.close(fd)
-    spawned.proc.wait()
-    spawned.folder.cleanup()
 
 
 def take() -> Spawned:
@@ -81,35 +135,32 @@ def take() -> Spawned:
 
 
 def spawn() -> Spawned:
-    """Start the supervisor; it imports torch and forks the builder and the runner."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    """Ask the fork server (started on first use) for a supervisor; it forks the builder and the
+    runner."""
+    global _server
+    (out_r, out_w), (err_r, err_w), (in_r, in_w), (st_r, st_w) = (os.pipe() for _ in range(4))
     jobs, passed, pipes = [], [out_w, err_w], {}
-    for name, module in (
-        ("builder", "gptblock.check.isolation.worker"),
-        ("runner", "serve.runner"),
-    ):
+    for name, module in JOBS:
         to_child, to_fd = os.pipe()
         from_fd, from_child = os.pipe()
         pipes[name] = (to_fd, from_fd)
         jobs.append([name, module, to_child, from_child])
         passed += [to_child, from_child]
-    folder = tempfile.TemporaryDirectory()
-    supervisor = neutral_scripts(Path(folder.name))
-    proc = subprocess.Popen(
-        [sys.executable, str(supervisor), str(out_w), str(err_w)], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=err_w, pass_fds=passed, env=environment(),
-        start_new_session=True,  # its own process group, spared the terminal's ^C
-    )  # fmt: skip
-    for fd in passed:
+    with _lock:  # grading checks in threads
+        if _server is None or _server.owner != os.getpid() or _server.proc.poll() is not None:
+            _server = _Server()  # (the block may have killed it, where it could see it)
+        server, index = _server, _server.fork([in_r, st_w, *passed], passed)
+    for fd in (in_r, st_w, *passed):
         os.close(fd)
-    if proc.stdin is not None:  # the jobs: in a pipe, not in a command line the block can read
-        try:
-            proc.stdin.write((json.dumps(jobs) + "\n").encode())
-            proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died: asking it says how
-    return Spawned(proc, folder, out_r, err_r, pipes)
+    spawned = Spawned(
+        os.fdopen(in_w, "wb"), os.fdopen(st_r, "rb"), out_r, err_r, pipes, server, index
+    )
+    try:  # the jobs: in a pipe, not in a command line the block can read
+        spawned.stdin.write((json.dumps(jobs) + "\n").encode())
+        spawned.stdin.flush()
+    except BrokenPipeError:
+        pass  # it died: asking it says how
+    return spawned
 
 
 def neutral_scripts(folder: Path) -> Path:

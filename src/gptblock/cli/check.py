@@ -18,7 +18,7 @@ from ..check import (
 )
 from ..check.building.target import parse_role
 from ..errors import UserError, UserValueError
-from .formatting import add_command, check_timeout
+from .formatting import add_command, add_timeout_option, check_timeout
 
 EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
 
@@ -73,13 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "module per head, or a slice and layout like attn.c_attn.weight[:,0:32]:in_out or "
         "W_Q:in_out for (nh, C, hs) per head); an UNVERIFIED report suggests one",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help="how long the block may take to load, build and be checked; then it is stopped",
-    )
+    add_timeout_option(p, DEFAULT_TIMEOUT, "the block")
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
 
 

@@ -60,6 +60,14 @@ def add_command(
     return p
 
 
+def add_timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
+    """``--timeout SECONDS``: how long ``what`` may take to load, build and be checked."""
+    p.add_argument(
+        "--timeout", type=float, default=default, metavar="SECONDS",
+        help=f"how long {what} may take to load, build and be checked",
+    )  # fmt: skip
+
+
 def check_timeout(seconds: float) -> None:
     """Refuse a ``--timeout`` that is not a positive number <= 1e6 (NaN too; inf overflows the
     system's clock)."""

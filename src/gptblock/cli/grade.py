@@ -13,7 +13,7 @@ from ..check.grading import Row, grade, gradescope, write_csv, write_json
 from ..check.submissions import submissions
 from ..errors import UserValueError
 from ..files import atomic_write_json, check_destination
-from .formatting import add_command, check_timeout
+from .formatting import add_command, add_timeout_option, check_timeout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -55,13 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="N",
         help="submissions checked at once (default: the cores no other process keeps busy)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help="how long each submission may take to load, build and be checked",
-    )
+    add_timeout_option(p, DEFAULT_TIMEOUT, "each submission")
     p.add_argument("--csv", metavar="FILE", help="write the gradebook as CSV")
     p.add_argument("--json", metavar="FILE", help="write the gradebook as JSON")
     p.add_argument(

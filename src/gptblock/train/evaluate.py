@@ -31,29 +31,25 @@ def loss_of(output: object) -> torch.Tensor:
         >>> loss_of(torch.zeros(2, 3, 5))
         Traceback (most recent call last):
         ...
-        gptblock.errors.UserTypeError: the model's forward(idx, targets) must return (logits, loss), got a tensor of shape (2, 3, 5)
+        gptblock.errors.UserTypeError: the model's forward(idx, targets) must return (logits, loss), got a torch.float32 tensor of shape (2, 3, 5)
     """
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        got = (
-            f"a tensor of shape {tuple(output.shape)}"
-            if isinstance(output, torch.Tensor)
-            else f"{type(output).__name__} {output!r:.60}"
-        )
         raise UserTypeError(
-            f"the model's forward(idx, targets) must return (logits, loss), got {got}"
+            f"the model's forward(idx, targets) must return (logits, loss), got {_what(output)}"
         )
     loss = output[1]
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
-        got = (
-            f"a {loss.dtype} tensor of shape {tuple(loss.shape)}"
-            if isinstance(loss, torch.Tensor)
-            else f"{type(loss).__name__} {loss!r:.60}"
-        )
         raise UserTypeError(
             f"the loss a model returns in (logits, loss) must be a scalar float tensor (the mean "
-            f"cross-entropy), got {got}"
+            f"cross-entropy), got {_what(loss)}"
         )
     return loss
+
+
+def _what(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"{type(x).__name__} {x!r:.60}"
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ import os
 import re
 import select
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -88,7 +87,7 @@ class Child:
 
     def __init__(self, request: bytes) -> None:
         spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
-        self.proc, self.folder = spawned.proc, spawned.folder
+        self.spawned = spawned  # its stdin and stdout: the supervisor
         self.pipes = {
             name: (to_fd, Reader(from_fd)) for name, (to_fd, from_fd) in spawned.pipes.items()
         }
@@ -179,10 +178,9 @@ class Child:
         """The supervisor's lines (``supervisor PID``, ``pid PID``, ``exit RC``) until it ends,
         after closing its stdin (its signal to stop the worker and sweep)."""
         with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        out = self.proc.stdout
-        if out is None or self.eof:
+            self.spawned.stdin.close()
+        out = self.spawned.stdout
+        if self.eof:
             return
         deadline = time.monotonic() + timeout
         data = b""
@@ -230,13 +228,9 @@ class Child:
         self._status(30)
         if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
             self._signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)  # (the first process: it ended at once)
         for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
         for t in self.threads:
             t.join(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.folder.cleanup()
+        self.spawned.stdout.close()

@@ -9,7 +9,8 @@ the standard library and torch, never gptblock, and never runs the user's code. 
   checker sends it SIGCONT while it waits for it to sweep;
 * is the subreaper of everything below it: a process the block starts that leaves its parent
   (``setsid``, a double fork) is re-parented here, not to init;
-* imports torch once (saving each job ~2 s), reads its jobs from stdin's first line (JSON
+* imports torch once (saving each job ~2 s; forked from ``serve_forks``, which imported it
+  for every supervisor of one checking process), reads its jobs from stdin's first line (JSON
   ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
   forks each into a session of its own, stdin /dev/null, stdout and stderr on OUT_FD and
   ERR_FD, no other fd of the checker's, ``CAP_SYS_PTRACE`` dropped, running
@@ -222,8 +223,68 @@ def _job(
 _OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
 
 
+def serve_forks(sock_fd: int) -> NoReturn:
+    """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
+    on the socket (its pipes as file descriptors, the checker's numbers for them, environment and
+    folder), as if each were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
+    import fcntl  # POSIX's, as the fork server
+    import socket
+
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+    prctl(PR_SET_DUMPABLE, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its forks are reaped by the kernel
+    sock = socket.socket(fileno=sock_fd)
+    base = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 64)
+        except OSError:
+            break
+        if not data:
+            break  # the checker ended
+        ask = json.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            stdin, stdout, *passed = fds
+            for fd, to in ((stdin, 0), (stdout, 1), (passed[1], 2)):
+                os.dup2(fd, to)
+            floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
+            for fd in set(_open_fds()) - {0, 1, 2, *high}:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # the socket, the received copies, whatever torch opened
+            for fd, to in zip(high, ask["fds"], strict=True):
+                os.dup2(fd, to)
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(ask["env"])
+            sys.path[1:] = [*ask["env"].get("PYTHONPATH", "").split(os.pathsep), *base]
+            os.chdir(ask["cwd"])
+            if "random" in sys.modules:
+                sys.modules["random"].seed()  # not the fork server's draws
+            sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
+            main(sys.argv[1:])
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            sock.send(pid.to_bytes(8, "little"))
+    os._exit(0)
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the usual range
+        return list(range(3, 256))
+
+
 def main(argv: list[str]) -> NoReturn:
     global _OWN_NAMESPACE
+    if len(argv) == 1:
+        serve_forks(int(argv[0]))
     out_fd, err_fd = int(argv[0]), int(argv[1])
     isolated = own_pid_namespace()
     pid = os.fork() if hasattr(os, "fork") else 0
