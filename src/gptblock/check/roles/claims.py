@@ -31,7 +31,6 @@ __all__ = ["check_claims", "check_reading"]
 Tensor = torch.Tensor
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
-Held = list[tuple[str, "tuple[slice, ...] | None"]]  # the parameters a role names, and its slices
 
 
 def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> None:
@@ -52,11 +51,7 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
     """
     given = {r: parse_given(module, text) for r, text in roles.items()}
     found = {r: [] if given[r] else _resolved(parts, r, text) for r, text in roles.items()}
-    held: dict[str, Held] = {}
-    for role, text in roles.items():
-        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
-        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
-    _one_weight_one_role(module, roles, held)
+    _one_weight_one_role(module, roles, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
     for role, text in roles.items():
@@ -132,10 +127,19 @@ def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]
             )
 
 
-def _one_weight_one_role(module: nn.Module, roles: Mapping[str, str], held: dict[str, Held]) -> None:  # fmt: skip
+def _one_weight_one_role(
+    module: nn.Module,
+    roles: Mapping[str, str],
+    given: Mapping[str, Given | None],
+    found: Mapping[str, list[Part]],
+) -> None:
     """Refuse two roles that name the same module or parameter, or overlapping slices of one.
     (ln1 and ln2 may share a norm: one LayerNorm for both branches.)"""
     shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}  # role -> names, slices
+    for role, text in roles.items():
+        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
+        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
     for a, b in itertools.combinations(held, 2):
         for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
             if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
@@ -208,9 +212,12 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
             f"reads {width}"
         )
     mine = _without_bias(part.module, x)
-    theirs = _outputs(read, x) if role in ("q", "k", "v", "qkv") else {}
-    if role not in theirs:
-        theirs[role] = _without_bias(getattr(read.parts, role), x)
+    if role in ("q", "k", "v", "qkv"):  # q, k, v and qkv of the reading, less their biases
+        zero = read.parts.qkv(torch.zeros_like(x))
+        q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
+        theirs = {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
+    else:
+        theirs = {role: _without_bias(getattr(read.parts, role), x)}
     if _same(mine, theirs[role]):
         return
     whose = [r for r, y in theirs.items() if r != role and _same(mine, y)]
@@ -222,13 +229,6 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
 
 def _without_bias(f: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
     return f(h) - f(torch.zeros_like(h))
-
-
-def _outputs(read: Reading, x: Tensor) -> dict[str, Tensor]:
-    """q, k, v and qkv of the reading, less their biases, on ``x`` (1, T, C)."""
-    zero = read.parts.qkv(torch.zeros_like(x))
-    q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
-    return {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
