@@ -57,10 +57,11 @@ def parse_given(module: nn.Module, text: str) -> Given | None:
         UserValueError: brackets or a layout that are not well formed.
 
     Example:
-        >>> parse_given(nn.Linear(2, 2), "weight"), parse_given(nn.Linear(2, 2), "weight:in_out").layout
-        (None, 'in_out')
-        >>> parse_given(nn.Linear(2, 2), "weight[0:2, :]").slices
-        (slice(0, 2, None), slice(None, None, None))
+        >>> block = nn.Linear(2, 2)
+        >>> parse_given(block, "weight"), parse_given(block, "heads.*.query")  # names, globs
+        (None, None)
+        >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
+        ('in_out', (slice(0, 2, None), slice(None, None, None)))
     """
     if "[" not in text and ":" not in text:
         p = dict(module.named_parameters()).get(text)
