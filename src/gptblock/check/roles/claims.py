@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .given import given_parts, is_given, parse_given
+from .given import Given, given_part, parse_given
 from .mapping import ROLES, SHAPES, fits, resolve_roles
 from .parts import Part
 from .weights import Reading
@@ -49,23 +49,24 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
         ...
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
-    _one_weight_one_role(module, parts, roles)
+    given = {r: parse_given(module, text) for r, text in roles.items()}
+    found = {r: [] if given[r] else _resolved(parts, r, text) for r, text in roles.items()}
+    _one_weight_one_role(module, roles, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
     for role, text in roles.items():
-        found = [] if is_given(module, text) else _resolved(parts, role, text)
-        if len(found) > 1 and role not in ("q", "k", "v"):
-            one = "only q, k and v take one module per head"
-            one = f"{role} is one norm" if role in BRANCH else one
-            names = ", ".join(p.name for p in found[:4])
-            raise UserValueError(f"{role}={text} matches {len(found)} parts ({names}); {one}")
-        if found and role in BRANCH and found[0].kind != "norm":
+        some = found[role]
+        if len(some) > 1 and role not in ("q", "k", "v"):
+            one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
+            names = ", ".join(p.name for p in some[:4])
+            raise UserValueError(f"{role}={text} matches {len(some)} parts ({names}); {one}")
+        if some and role in BRANCH and some[0].kind != "norm":
             raise UserValueError(
-                f"{role}={text}: {found[0].name or '(the block)'} is {_what(found[0])}, not a "
+                f"{role}={text}: {some[0].name or '(the block)'} is {_what(some[0])}, not a "
                 f"norm; {role} is the norm before the {BRANCH[role]}"
             )
-        if found and role not in BRANCH:
-            fitted[role] = _linear(role, text, found, C, named.get(text))
+        if some and role not in BRANCH:
+            fitted[role] = _linear(role, text, some, C, named.get(text))
     _between(roles, fitted)
 
 
@@ -118,32 +119,30 @@ def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]
     pairs = (("q" if "q" in fitted else "qkv", q, "proj"), ("fc1", fitted.get("fc1"), "fc2"))
     for first, writes, second in pairs:
         reads = fitted.get(second)
-        if not writes or not reads:
-            continue
-        width = sum(s[0] for s in writes)
-        if reads[0][1] != width:
+        if writes and reads and reads[0][1] != sum(s[0] for s in writes):
             raise UserValueError(
                 f"{second}={roles[second]} reads {reads[0][1]} channels, but {first}="
-                f"{roles[first]} writes {width}: {second} must read what {first} writes"
+                f"{roles[first]} writes {sum(s[0] for s in writes)}: {second} must read what "
+                f"{first} writes"
             )
 
 
-def _one_weight_one_role(module: nn.Module, parts: list[Part], roles: Mapping[str, str]) -> None:
+def _one_weight_one_role(
+    module: nn.Module,
+    roles: Mapping[str, str],
+    given: Mapping[str, Given | None],
+    found: Mapping[str, list[Part]],
+) -> None:
     """Refuse two roles that name the same module or parameter, or overlapping slices of one.
     (ln1 and ln2 may share a norm: one LayerNorm for both branches.)"""
     shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
-    held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}
+    held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}  # role -> names, slices
     for role, text in roles.items():
-        g = parse_given(text) if is_given(module, text) else None
-        if g is not None:
-            held[role] = [(g.path, g.slices)]
-            continue
-        found = [p for p in _resolved(parts, role, text) if p.kind != "mha"]
-        held[role] = [(n, None) for p in found for n in (p.params if text not in p.params else (text,))]  # fmt: skip
+        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
+        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
     for a, b in itertools.combinations(held, 2):
         for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
-            same = path == other and _overlap(sa, sb, shapes.get(path, ()))
-            if same and {a, b} != {"ln1", "ln2"}:
+            if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
                 what = "overlapping slices of" if sa and sb else "both name"
                 raise UserValueError(
                     f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight cannot be both "
@@ -154,12 +153,8 @@ def _one_weight_one_role(module: nn.Module, parts: list[Part], roles: Mapping[st
 def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tuple[int, ...]) -> bool:  # fmt: skip
     if a is None or b is None or len(a) != len(b) or len(a) != len(shape):
         return True
-    for sa, sb, n in zip(a, b, shape, strict=True):
-        lo_a, hi_a, _ = sa.indices(n)
-        lo_b, hi_b, _ = sb.indices(n)
-        if max(lo_a, lo_b) >= min(hi_a, hi_b):
-            return False
-    return True
+    spans = [(x.indices(n), y.indices(n)) for x, y, n in zip(a, b, shape, strict=True)]
+    return all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in spans)
 
 
 # ----- against the forward pass ------------------------------------------------------------------
@@ -173,82 +168,67 @@ def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, 
         UserValueError: a name the dataflow uses for another role or none, or a slice that
             does not hold the role's matrix; the message says what the forward pass shows.
     """
-    ids = _Tensors(module)
-    held = {r: set().union(*(ids.of(n) for n in names)) for r, names in read.params.items()}
+    held = {r: set().union(*(_ids(module, n) for n in names)) for r, names in read.params.items()}
     for role, text in roles.items():
-        given = is_given(module, text)
-        g = parse_given(text) if given else None
+        g = parse_given(module, text)
         path = g.path if g is not None else text
-        mine = ids.of(path)
+        mine = _ids(module, path)
         if not mine:
             continue  # no such part: said where the roles are resolved
         claimed = {"q", "k", "v"} if role == "qkv" else {role}
         if role == "ln2" and "ln2" not in held:
             claimed = {"ln1"}  # one LayerNorm for both branches
         users = [r for r in ROLES if mine & held.get(r, set())]
-        there = f"it reads {role} from {read.names[role]}" if role in read.names else ""
+        there = f" (it reads {role} from {read.names[role]})" if role in read.names else ""
         if not claimed & set(users):
             uses = f"uses {path} as {', '.join(users)}" if users else f"uses {path} for no role"
-            raise UserValueError(
-                f"{role}={text}: the forward pass {uses}, not {role}" + (f" ({there})" if there else "")
-            )  # fmt: skip
-        if given:
-            _holds(module, C, read, role, text)
+            raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
+        if g is not None:
+            _holds(module, C, read, role, g)
 
 
-class _Tensors:
+def _ids(module: nn.Module, name: str) -> set[int]:
     """The parameters and buffers a name stands for: a parameter, a module's, or a glob's."""
-
-    def __init__(self, module: nn.Module):
-        self.tensors = {
-            **{n: id(t) for n, t in module.named_buffers(remove_duplicate=False)},
-            **{n: id(t) for n, t in module.named_parameters(remove_duplicate=False)},
-        }
-        self.modules = dict(module.named_modules(remove_duplicate=False))
-
-    def of(self, name: str) -> set[int]:
-        if name in self.tensors:
-            return {self.tensors[name]}
-        found = [m for n, m in self.modules.items() if n == name or fnmatch.fnmatchcase(n, name)]
-        ids = {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
-        return ids | {i for n, i in self.tensors.items() if fnmatch.fnmatchcase(n, name)}
+    tensors = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+    if name in tensors:
+        return {id(tensors[name])}
+    found = [m for n, m in module.named_modules(remove_duplicate=False) if n == name or fnmatch.fnmatchcase(n, name)]  # fmt: skip
+    ids = {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
+    return ids | {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
 
 
-def _holds(module: nn.Module, C: int, read: Reading, role: str, text: str) -> None:
+def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:
     """A slice given for a role must hold the matrix the forward pass uses for it."""
-    part = given_parts(module, C, {role: text}, 0)[role]
-    g = torch.Generator().manual_seed(3)
+    part = given_part(module, C, role, g, 0)
     H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
     width = {"proj": read.parts.D, "fc2": H}.get(role, C)
-    x = torch.randn(1, 4, width, generator=g, dtype=torch.float64)
-
+    x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     if part.shape is not None and part.shape[1] != width:
         raise UserValueError(
-            f"{role}={text}: reads {part.shape[1]} channels, but the forward pass's {role} reads "
-            f"{width}"
+            f"{role}={g.text}: reads {part.shape[1]} channels, but the forward pass's {role} "
+            f"reads {width}"
         )
     mine = _without_bias(part.module, x)
-    theirs = _outputs(read, x) if role in ("q", "k", "v", "qkv") else {}
-    if role not in theirs:
-        theirs[role] = _without_bias(getattr(read.parts, role), x)
+    if role in ("q", "k", "v", "qkv"):  # q, k, v and qkv of the reading, less their biases
+        zero = read.parts.qkv(torch.zeros_like(x))
+        q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
+        theirs = {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
+    else:
+        theirs = {role: _without_bias(getattr(read.parts, role), x)}
     if _same(mine, theirs[role]):
         return
     whose = [r for r, y in theirs.items() if r != role and _same(mine, y)]
     held = f"it holds what the forward pass uses as {whose[0]}" if whose else (
         f"it is not the matrix the forward pass uses as {role}"
     )  # fmt: skip
-    raise UserValueError(f"{role}={text}: {held}; check the slice and the layout")
+    raise UserValueError(f"{role}={g.text}: {held}; check the slice and the layout")
 
 
 def _without_bias(f: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
     return f(h) - f(torch.zeros_like(h))
-
-
-def _outputs(read: Reading, x: Tensor) -> dict[str, Tensor]:
-    """q, k, v and qkv of the reading, less their biases, on ``x`` (1, T, C)."""
-    zero = read.parts.qkv(torch.zeros_like(x))
-    q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
-    return {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
 
 
 def _same(a: Tensor, b: Tensor) -> bool:

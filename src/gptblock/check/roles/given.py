@@ -6,8 +6,9 @@ without ``[...]`` and ``:...``, a module or glob: ``mapping.resolve_roles``); on
 ``nn.Linear``'s) or ``in_out`` (used as ``x @ W``). A 3-D tensor is one matrix per head, heads
 first, read in the layout that fits its role when none is written; the heads concatenate along
 the role's per-head side, as the lesson's do. The bias is the parameter that pairs with the
-weight (``weight``/``bias``, ``W_Q``/``b_Q``), sliced along the output. A matrix that does not fit
-its role is a ``UserValueError`` that says why.
+weight (``weight``/``bias``, ``W_Q``/``b_Q``), sliced along the output. Each value is parsed once
+(``parse_given``) for the claims (``claims``), the mapping (``fix_roles``) and the suggestion; a
+matrix that does not fit its role is a ``UserValueError`` that says why.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
@@ -25,10 +26,9 @@ from ...errors import UserValueError
 from .mapping import SHAPES, fits, resolve_roles
 from .parts import Part, _affine, paired_bias
 
-__all__ = ["Fixed", "Given", "fix_roles", "given_parts", "is_given", "parse_given"]
+__all__ = ["Fixed", "Given", "fix_roles", "given_part", "parse_given"]
 
 Tensor = torch.Tensor
-LAYOUTS = ("out_in", "in_out")
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
 _BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
 
@@ -36,11 +36,11 @@ _BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
 @dataclass(frozen=True)
 class Given:
     """One role given as a parameter, a slice of it (one per stored dimension, or ``None``: the
-    whole tensor) and its layout, and what the user wrote.
+    whole tensor), its layout ("": none written) and what the user wrote.
 
     Example:
-        >>> parse_given("attn.c_attn.weight[:, 0:32]:in_out")
-        Given(path='attn.c_attn.weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='attn.c_attn.weight[:, 0:32]:in_out')
+        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
+        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out')
     """
 
     path: str
@@ -49,48 +49,37 @@ class Given:
     text: str
 
 
-def parse_given(text: str) -> Given | None:
-    """The slice and layout in a ``--map`` value (a plain name: the whole tensor, out_in), or
-    ``None`` for a glob.
+def parse_given(module: nn.Module, text: str) -> Given | None:
+    """A ``--map`` value read here (it has a slice or a layout, or names a 3-D parameter: one
+    matrix per head, which no module holds), or ``None``: a name for ``resolve_roles``.
 
     Raises:
         UserValueError: brackets or a layout that are not well formed.
 
     Example:
-        >>> parse_given("attn.W_Q:in_out").layout, parse_given("heads.*.query")
-        ('in_out', None)
-        >>> parse_given("attn.W_Q[0:2, :, 0:8]").slices
-        (slice(0, 2, None), slice(None, None, None), slice(0, 8, None))
+        >>> block = nn.Linear(2, 2)
+        >>> parse_given(block, "weight"), parse_given(block, "heads.*.query")  # names, globs
+        (None, None)
+        >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
+        ('in_out', (slice(0, 2, None), slice(None, None, None)))
     """
     if "[" not in text and ":" not in text:
-        return None if "*" in text else Given(text, None, "out_in", text)
+        p = dict(module.named_parameters()).get(text)
+        return Given(text, None, "", text) if p is not None and p.dim() == 3 else None
     match = _SPEC.match(text.strip())
     if match is None:
         raise UserValueError(
             f"--map value {text!r}: expected PATH[START:STOP, ...]:LAYOUT, e.g. "
             "attn.c_attn.weight[:, 0:32]:in_out"
         )
-    layout = match["layout"] or "out_in"
-    if layout not in LAYOUTS:
-        raise UserValueError(f"--map value {text!r}: layout {layout!r}; expected out_in or in_out")
+    if match["layout"] not in (None, "out_in", "in_out"):
+        raise UserValueError(
+            f"--map value {text!r}: layout {match['layout']!r}; expected out_in or in_out"
+        )
     slices = None
     if match["slices"] is not None:
         slices = tuple(_slice(text, s) for s in match["slices"].split(","))
-    return Given(match["path"], slices, layout, text)
-
-
-def is_given(module: nn.Module, text: str) -> bool:
-    """Whether a ``--map`` value is read here: it has a slice or a layout, or it names a 3-D
-    parameter (one matrix per head), which no module holds.
-
-    Example:
-        >>> is_given(nn.Linear(2, 2), "weight[:, 0:1]"), is_given(nn.Linear(2, 2), "weight")
-        (True, False)
-    """
-    if "[" in text or ":" in text:
-        return True
-    p = dict(module.named_parameters()).get(text)
-    return p is not None and p.dim() == 3
+    return Given(match["path"], slices, match["layout"] or "", text)
 
 
 def _slice(text: str, bound: str) -> slice:
@@ -108,6 +97,11 @@ class _Matrix(nn.Module):
     """A role's linear layer read from a live parameter at each call (so that the values the
     checker gives the block show)."""
 
+    role: str
+    weight_of: Tensor
+    bias_of: Tensor | None
+    given: Given
+
     def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
         super().__init__()
         # plain attributes, not parameters: the block owns them (and the checker sets them)
@@ -115,109 +109,86 @@ class _Matrix(nn.Module):
 
     def canonical(self) -> tuple[Tensor, Tensor | None]:
         """(out, in) weight and (out,) bias."""
-        g: Given = self.__dict__["given"]
-        w: Tensor = self.__dict__["weight_of"].detach()
-        b: Tensor | None = self.__dict__["bias_of"]
+        g, w, b = self.given, self.weight_of.detach(), self.bias_of
         b = b.detach() if b is not None else None
         in_out = g.layout == "in_out"
-        out_dim = w.dim() - (1 if in_out else 2)  # the stored dimension that is the output
         if g.slices is not None:
+            out = g.slices[w.dim() - (1 if in_out else 2)]  # the stored dimension of the output
             w = w[g.slices]
-            if b is not None and b.dim() == 2 == w.dim() - 1:  # (nh, hs) per head: heads, output
-                b = b[g.slices[0], g.slices[out_dim]]
-            elif b is not None:
-                b = b[g.slices[out_dim]]
-        if w.dim() == 3:  # (nh, in, out) or (nh, out, in) per head
-            w = w.transpose(1, 2) if in_out else w  # (nh, out_h, in_h)
+            if b is not None:  # (nh, hs) per head: heads, output
+                b = b[g.slices[0], out] if b.dim() == 2 == w.dim() - 1 else b[out]
+        w = w.transpose(-1, -2) if in_out else w  # (out, in), or (nh, out_h, in_h) per head
+        if w.dim() == 3:
             nh, out_h, in_h = w.shape
-            if self.__dict__["role"] == "proj":  # heads concatenate the input: (C, nh*hs)
+            if self.role == "proj":  # heads concatenate the input: (C, nh*hs)
                 w = w.permute(1, 0, 2).reshape(out_h, nh * in_h)
             else:  # heads concatenate the output: (nh*hs, C)
                 w = w.reshape(nh * out_h, in_h)
             b = b.reshape(-1) if b is not None else None
-        else:
-            w = w.t() if in_out else w
         return w, b
 
     def forward(self, h: Tensor) -> Tensor:
         return _affine(*self.canonical())(h)
 
 
-def given_parts(module: nn.Module, C: int, roles: Mapping[str, str], start: int) -> dict[str, Part]:
-    """A ``linear`` part per role of ``roles`` (``{role: --map value}``) given with a slice or
-    layout, checked against the role; numbered from ``start`` (after the block's own parts).
+def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
+    """A ``linear`` part for ``role`` read from ``g``, checked against the role; ``index`` its
+    place (after the block's own parts).
 
     Raises:
-        UserValueError: no such parameter, a slice out of range, a shape that does not fit.
+        UserValueError: a norm, no such parameter, a slice out of range, a shape that does not fit.
     """
-    named = dict(module.named_parameters())
-    out: dict[str, Part] = {}
-    for role, text in roles.items():
-        g = parse_given(text)
-        if g is None:
-            continue
-        if role in ("ln1", "ln2"):
-            raise UserValueError(f"{role}={text}: a norm is given as its module, not a slice")
-        p = named.get(g.path)
-        if p is None:
-            near = ", ".join(n for n in named if n.rpartition(".")[2] == g.path.rpartition(".")[2])
-            raise UserValueError(
-                f"{role}={text}: the block has no parameter {g.path!r}"
-                + (f" (parameters of that name: {near})" if near else "")
-            )
-        if p.dim() not in (2, 3):
-            raise UserValueError(
-                f"{role}={text}: {g.path} has shape {tuple(p.shape)}; expected a matrix "
-                "(out, in) / (in, out) or one per head (nh, C, hs)"
-            )
-        if g.slices is not None:
-            _check_slices(role, g, tuple(p.shape))
-        if p.dim() == 3 and re.search(r":\w+$", text) is None:  # per head, no layout written
-            g = _fitting(role, C, p, g)
-        bias = paired_bias(named, g.path, p)
-        m = _Matrix(role, p, named[bias] if bias else None, g)
-        w, b = m.canonical()
-        _check_fits(role, text, C, tuple(w.shape))
-        if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
-            raise UserValueError(
-                f"{role}={text}: its bias {bias} gives {b.numel()} "
-                f"values for {w.shape[0]} outputs; check the slice, or the layout (out_in / in_out)"
-            )
-        params = (g.path,) + ((bias or "",) if b is not None else ())
-        shape = (int(w.shape[0]), int(w.shape[1]))
-        out[role] = Part(text, "linear", start + len(out), m, params, shape)
-    return out
-
-
-def _fitting(role: str, C: int, p: nn.Parameter, g: Given) -> Given:
-    """``g`` read in_out when only that layout fits the role (``W_Q`` (nh, C, hs) for q)."""
-    shape = tuple(_Matrix(role, p, None, g).canonical()[0].shape)
-    ok = fits(role, shape, C) and (role != "qkv" or shape[0] % 3 == 0)
-    return g if ok else replace(g, layout="in_out")
-
-
-def _check_slices(role: str, g: Given, shape: tuple[int, ...]) -> None:
-    slices = g.slices or ()
-    if len(slices) != len(shape):
+    named, say = dict(module.named_parameters()), f"{role}={g.text}"
+    if role in ("ln1", "ln2"):
+        raise UserValueError(f"{say}: a norm is given as its module, not a slice")
+    p = named.get(g.path)
+    if p is None:
+        near = ", ".join(n for n in named if n.rpartition(".")[2] == g.path.rpartition(".")[2])
         raise UserValueError(
-            f"{role}={g.text}: {len(slices)} slices for {g.path} of shape {shape}; give one "
-            "per dimension (':' for all)"
+            f"{say}: the block has no parameter {g.path!r}"
+            + (f" (parameters of that name: {near})" if near else "")
         )
-    for s, n in zip(slices, shape, strict=True):
+    shape = tuple(p.shape)
+    if p.dim() not in (2, 3):
+        raise UserValueError(
+            f"{say}: {g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one "
+            "per head (nh, C, hs)"
+        )
+    if g.slices is not None and len(g.slices) != len(shape):
+        raise UserValueError(
+            f"{say}: {len(g.slices)} slices for {g.path} of shape {shape}; give one per "
+            "dimension (':' for all)"
+        )
+    for s, n in zip(g.slices or (), shape, strict=False):
         start, stop = s.start or 0, n if s.stop is None else s.stop
         if not 0 <= start < stop <= n:
             raise UserValueError(
-                f"{role}={g.text}: slice {start}:{stop} is out of range for a dimension of "
-                f"size {n} ({g.path} has shape {shape})"
+                f"{say}: slice {start}:{stop} is out of range for a dimension of size {n} "
+                f"({g.path} has shape {shape})"
             )
-
-
-def _check_fits(role: str, text: str, C: int, shape: tuple[int, ...]) -> None:
-    if not fits(role, shape, C) or (role == "qkv" and shape[0] % 3):
+    bias = paired_bias(named, g.path, p)
+    # a per-head tensor with no layout written is read in the one that fits the role
+    for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
+        m = _Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
+        w, b = m.canonical()
+        if _fits(role, tuple(w.shape), C):
+            break
+    if not _fits(role, tuple(w.shape), C):
         raise UserValueError(
-            f"{role}={text}: reads as (out, in) = {shape}, but {role} is {SHAPES[role]} with "
+            f"{say}: reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with "
             f"C = {C}; check the slice, or the layout (out_in / in_out)"
         )
+    if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
+        raise UserValueError(
+            f"{say}: its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs; check "
+            "the slice, or the layout (out_in / in_out)"
+        )
+    params = (g.path, bias) if bias else (g.path,)
+    return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
+
+
+def _fits(role: str, shape: tuple[int, ...], C: int) -> bool:
+    return fits(role, shape, C) and (role != "qkv" or shape[0] % 3 == 0)
 
 
 @dataclass(frozen=True)
@@ -225,13 +196,8 @@ class Fixed:
     """The parts the caller's roles fix, and the block's parts left for the rest of the roles."""
 
     kept: list[Part]  # the block's parts, less those whose parameters are given in slices
-    sliced: dict[str, Part]  # role -> a part read from a slice / layout
+    parts: list[Part]  # every part the mapping chooses from: ``kept``, then those of slices
     roles: dict[str, list[Part]]  # every given role -> its parts
-
-    @property
-    def parts(self) -> list[Part]:
-        """Every part the mapping chooses from."""
-        return [*self.kept, *self.sliced.values()]
 
 
 def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> Fixed:
@@ -239,15 +205,16 @@ def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, 
     ``gptblock.check.roles.mapping.resolve_roles``.
 
     Raises:
-        UserValueError: a slice or layout that does not fit (``given_parts``).
+        UserValueError: a slice or layout that does not fit (``given_part``).
         ValueError: a plain name that matches no part.
     """
-    explicit = {r: n for r, n in roles.items() if is_given(module, n)}
-    sliced = given_parts(module, C, explicit, len(parts))
+    sliced: dict[str, Part] = {}
+    for role, text in roles.items():
+        if (g := parse_given(module, text)) is not None:
+            sliced[role] = given_part(module, C, role, g, len(parts) + len(sliced))
     covered = {n for p in sliced.values() for n in p.params}
     # a parameter given in slices is read only through them: its own part takes no role
     kept = [p for p in parts if not covered & set(p.params)]
     plain = {r: n for r, n in roles.items() if r not in sliced}
-    return Fixed(
-        kept, sliced, {**resolve_roles(kept, plain), **{r: [p] for r, p in sliced.items()}}
-    )
+    given = {r: [p] for r, p in sliced.items()}
+    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **given})

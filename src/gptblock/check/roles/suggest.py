@@ -2,8 +2,9 @@
 
 ``suggest_map`` gives the block's weight-holding parts the roles in the order the lessons'
 block registers them (two norms ``ln1 ln2``; four matrices ``qkv proj fc1 fc2``, six ``q k v
-proj fc1 fc2``), with the slice or layout a 3-D per-head parameter (TransformerLens's ``W_Q``) or
-an (in, out) weight needs, and offers it only if ``mapping.map_roles`` accepts it back.
+proj fc1 fc2``: ``mapping.FORMS``), with the slice or layout a 3-D per-head parameter
+(TransformerLens's ``W_Q``) or an (in, out) weight needs, and offers it only if ``fix_roles``
+and ``mapping.map_roles`` accept it back.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import torch.nn as nn
 
 from .given import fix_roles
-from .mapping import READS_C, MappedBlock, map_roles
-from .parts import Part, discover, paired_bias
+from .mapping import FORMS, READS_C, ROLES, MappedBlock, map_roles
+from .parts import discover, paired_bias
 
 __all__ = ["suggest_map"]
 
-ORDERS = {4: ("qkv", "proj", "fc1", "fc2"), 6: ("q", "k", "v", "proj", "fc1", "fc2")}
+ORDERS = {len(FORMS[f]): FORMS[f] for f in ("packed", "separate")}  # by the number of matrices
 
 
 def suggest_map(module: nn.Module, C: int) -> str:
@@ -28,11 +29,10 @@ def suggest_map(module: nn.Module, C: int) -> str:
         ''
     """
     parts = discover(module)
-    norms = [p for p in parts if p.kind == "norm"][:2]
     named = dict(module.named_parameters())
     place = {n: i for i, n in enumerate(named)}
-    per_head = {n: p for n, p in named.items() if p.dim() == 3}
-    biases = {paired_bias(named, n, p) for n, p in per_head.items()}  # b_Q (nh, hs): no matrix
+    per_head = [n for n, p in named.items() if p.dim() == 3]
+    biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
     # (registration order of its weight, what --map names: the part or the 3-D parameter, the weight)
     matrices = [(place[n], n, n) for n in per_head] + [
         (place[p.params[0]], p.name, p.params[0])
@@ -40,14 +40,17 @@ def suggest_map(module: nn.Module, C: int) -> str:
         if p.kind in ("linear", "matrix") and p.params[0] not in biases
     ]
     matrices.sort()
-    order = ORDERS.get(len(matrices))
-    if order is None:
-        return ""
-    for laid in (False, True):
-        roles = {f"ln{i + 1}": p.name for i, p in enumerate(norms)}
+    order = ORDERS.get(len(matrices), ())
+    norms = [p.name for p in parts if p.kind == "norm"]
+    for laid in (False, True) if order else ():
+        roles = dict(zip(ROLES[:2], norms, strict=False))
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
-        if _fits(module, C, parts, roles):
+        try:
+            fixed = fix_roles(module, C, parts, roles)
+        except ValueError:
+            continue
+        if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
@@ -67,12 +70,3 @@ def _given(
     rows, cols = shape
     stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
     return {role: f"{weight}:in_out" if laid and stored_in_out else name}
-
-
-def _fits(module: nn.Module, C: int, parts: list[Part], roles: dict[str, str]) -> bool:
-    """Whether ``roles``, passed back as --map, give the mapping a reading it can compare."""
-    try:
-        fixed = fix_roles(module, C, parts, roles)
-    except ValueError:
-        return False
-    return isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock)
