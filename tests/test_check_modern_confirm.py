@@ -181,6 +181,15 @@ def test_a_shared_norm_or_a_direction_out_of_range_is_refused():
         receive({**meta, "rope": [10000.0, 4, "adjacent", 0.5]}, tensors, 8)
     with pytest.raises(ValueError, match=r"ln2\.weight: .* got nothing"):
         receive({**meta, "ln2": layer}, tensors, 8)  # ln2 missing
+    # the one check of a part that arrives (receive.decode), as a lessons' reading's
+    with pytest.raises(ValueError, match=r"ln1\.bias: .* got nothing"):  # a LayerNorm's bias
+        receive(meta, {k: t for k, t in tensors.items() if k != "0.ln1.bias"}, 8)
+    with pytest.raises(ValueError, match=r"eps -1\.0 is not in"):
+        receive({**meta, "ln1": {**layer, "eps": -1.0}}, tensors, 8)
+    with pytest.raises(ValueError, match="finite"):
+        receive(meta, {**tensors, "0.mlp2.bias": torch.full((8,), float("nan"))}, 8)
+    with pytest.raises(ValueError, match="width 8"):
+        receive({**meta, "C": 16}, tensors, 8)
 
 
 class _Half(torch.autograd.Function):

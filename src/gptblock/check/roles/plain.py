@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["KEY", "NORM_KINDS", "NotPlain", "norm_function", "send", "to_plain"]
 
 Tensor = torch.Tensor
+Roles = dict[str, tuple[Tensor | None, ...]]  # role -> (weight, bias), or (gain,), to send
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
 KEY = "0"  # the key of the one part ``send`` writes
@@ -95,18 +96,20 @@ def _check_fit(name: str, ours: Tensor, theirs: Tensor) -> float:
     return error
 
 
-def _linear(name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor) -> list[Tensor]:
-    """``f``'s outputs' weights and biases, [w0, b0, w1, b1, ...] (a qkv gives three)."""
+def _linear(
+    name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """``f``'s outputs' weights and biases, one (weight, bias) each (a qkv gives three)."""
     g = torch.Generator().manual_seed(7)
     probe = torch.randn(like.shape[0] * like.shape[1], n_in, generator=g, dtype=torch.float64)
     basis = torch.cat([torch.zeros(1, n_in, dtype=torch.float64), torch.eye(n_in).double()])
     rows = torch.cat([basis, probe]).to(like.dtype)  # (1 + in + BT, in)
-    read: list[Tensor] = []
+    read: list[tuple[Tensor, Tensor]] = []
     for out in _rows_through(f, rows, like):
         bias = out[0]
         weight = (out[1 : 1 + n_in] - bias).T.contiguous()  # (out, in)
         _check_fit(name, probe @ weight.T + bias, out[1 + n_in :])
-        read += [weight, bias.contiguous()]
+        read.append((weight, bias.contiguous()))
     return read
 
 
@@ -189,14 +192,12 @@ def to_plain(
     Raises:
         NotPlain: a sub-layer is not linear, or a norm none of ``NORM_KINDS``.
     """
-    wq, bq, wk, bk, wv, bv = _linear("q, k, v", parts.qkv, parts.C, like)
-    wf1, bf1 = _linear("fc1", parts.fc1, parts.C, like)
-    roles: dict[str, tuple[Tensor | None, ...]] = {
-        "q": (wq, bq), "k": (wk, bk), "v": (wv, bv), "fc1": (wf1, bf1),
-        "proj": tuple(_linear("proj", parts.proj, wq.shape[0], like)),
-        "fc2": tuple(_linear("fc2", parts.fc2, wf1.shape[0], like)),
-    }  # fmt: skip
-    meta: dict[str, Any] = {"C": parts.C, "D": parts.D, "H": wf1.shape[0], "ln2": None}
+    q, k, v = _linear("q, k, v", parts.qkv, parts.C, like)
+    (fc1,) = _linear("fc1", parts.fc1, parts.C, like)
+    (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
+    (fc2,) = _linear("fc2", parts.fc2, fc1[0].shape[0], like)
+    roles: Roles = {"q": q, "k": k, "v": v, "proj": proj, "fc1": fc1, "fc2": fc2}
+    meta: dict[str, Any] = {"C": parts.C, "D": parts.D, "H": fc1[0].shape[0], "ln2": None}
     for role, f in (("ln1", parts.ln1), ("ln2", parts.ln2)):
         if f is not None:
             meta[role], w, b = _norm(role, f, like, known)
@@ -227,7 +228,7 @@ def send(
         return None
     names = ["q", "k", "v", "proj", *(f"mlp{i}" for i in range(len(mlp.layers))), "mlp2"]
     linear = (read.q, read.k, read.v, read.proj, *mlp.layers, read.mlp[-1])
-    roles: dict[str, tuple[Tensor | None, ...]] = dict(zip(names, linear, strict=True))
+    roles: Roles = dict(zip(names, linear, strict=True))
     (D, C), K, H = read.q[0].shape, read.k[0].shape[0], read.mlp[-1][0].shape[1]
     meta: dict[str, Any] = {
         "C": C, "D": D, "K": K, "H": H, "n_head": read.n_head, "activation": mlp.activation,
@@ -244,7 +245,7 @@ def send(
     return meta, _tensors(KEY, roles)
 
 
-def _tensors(key: str, roles: dict[str, tuple[Tensor | None, ...]]) -> dict[str, Tensor]:
+def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
     """The one naming of what crosses: ``key.role.weight`` and ``key.role.bias`` (if any)."""
     return {
         f"{key}.{role}.{p}": t.detach().cpu()

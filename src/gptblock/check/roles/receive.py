@@ -2,7 +2,7 @@
 is decided, from the numbers alone: a lessons' block's readings (``from_plain``,
 ``unpack_readings``) and a modern block's parts (``receive``, ``unpack_modern``), each number held
 to the values the checker chose (``provenance``). The modern block is then run with the checker's
-own code (``Part.run``) against the block on fresh inputs (``compare.verdict``).
+own code (``Received.run``) against the block on fresh inputs (``compare.verdict``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
 """
@@ -23,7 +23,7 @@ from .plain import KEY, NORM_KINDS, NotPlain, norm_function
 from .provenance import Traced, snap, sorted_values, trace
 from .readings import Readings
 
-__all__ = ["READ", "SNAP", "Part", "from_plain", "receive", "unpack_modern", "unpack_readings"]
+__all__ = ["READ", "SNAP", "Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
 
 Tensor = torch.Tensor
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
@@ -37,7 +37,7 @@ PARAMS = ("weight", "bias")
 
 
 @dataclass(frozen=True)
-class Part:
+class Received:
     """A block's parts as they arrived, checked, all float64: ``roles`` role -> [weight (out, in),
     bias (out,)] for a linear map, [gain (C,), bias (C,)] for a norm (an RMSNorm's bias may be
     left out: 0), [gain (hs,)] for lnq, lnk (a modern block that normalises q and k); ``norms``
@@ -97,7 +97,7 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
-) -> Part:  # fmt: skip
+) -> Received:  # fmt: skip
     """The one check of a part that arrives (``plain.to_plain``'s, ``plain.send``'s): its widths
     (``C`` and those its linear roles' ``shapes`` name), every tensor's shape and values, its
     norms' kinds and eps.
@@ -129,7 +129,7 @@ def decode(
         norms[role] = (str(n["kind"]), float(eps))
         biased = n["kind"] != "rms" or f"{key}.{role}.bias" in tensors  # an RMSNorm's may be 0
         roles[role] = [_tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in PARAMS[: 1 + biased]]
-    return Part(C, widths["D"], roles, norms)
+    return Received(C, widths["D"], roles, norms)
 
 
 def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
@@ -187,13 +187,13 @@ def unpack_readings(
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     rest = [i for i in kept if i not in main]
-    main_parts, rest_parts = tuple(parts[i] for i in main), tuple(parts[i] for i in rest)
-    shown = [shown[i] for i in main + rest]
-    readings = Readings(main_parts, rest_parts, heads, x.to(torch.float64), shown.__getitem__)
+    described = [shown[i] for i in main + rest].__getitem__
+    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in rest))
+    readings = Readings(*kept_parts, heads, x.to(torch.float64), described)
     return readings, [read[i] for i in main + rest]
 
 
-def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Part:
+def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
     """The parts another process sent (``plain.send``), checked to fit together: a part
     (``decode``) with a head count, an activation, a wiring and a rotary embedding more.
 
@@ -228,12 +228,14 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Part:
         ):  # fmt: skip
             raise NotPlain("the rotary embedding sent is not one the checker knows")
         rope = Rope(rope[0], rope[1], rope[2], rope[2], float(rope[3]))
-    return replace(got, n_head=n_head, activation=activation, gated=gated, parallel=is_parallel, rope=rope)  # fmt: skip
+    return replace(
+        got, n_head=n_head, activation=activation, gated=gated, parallel=is_parallel, rope=rope
+    )
 
 
 def unpack_modern(
     modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
-) -> tuple[Part, Traced] | str:
+) -> tuple[Received, Traced] | str:
     """The parts a modern block's process sent (``plain.send``), received, each number snapped
     to the nearest value the checker chose (within ``READ`` of its scale for a matrix measured
     from traced values, ``SNAP`` for a norm's gain read as a ratio, plus 1 for a gain stored as
