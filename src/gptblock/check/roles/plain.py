@@ -9,7 +9,10 @@ mean) / (std + eps)``; ``rms``: RMSNorm's), its eps, gain and bias fitted and ch
 (of ``layer`` and ``unbiased``, which fit the same functions, the one whose gain is the block's
 own). ``send`` writes the parts of a modern block the modern comparison found correct, in the
 standard forms only (docs/checker.md, "Where it runs, and what that means for PASS"). Both write
-one format (``_tensors``), which ``receive`` checks: a modern part is a part with more fields.
+one format: a JSON-able description (``C``, the widths ``D`` and ``H``, each norm's ``kind`` and
+``eps``, ln2 None where there is none) and tensors named ``key.role.weight`` and
+``key.role.bias`` (``_tensors``); a modern part is a part with more fields (the keys' width
+``K``, heads, activation, wiring, rotary embedding). ``receive.decode`` checks what arrives.
 
 Shapes: B batch, T time, C channels, D attention width (nh * hs), K the keys' width (nkv * hs),
 H the MLP's hidden width.
