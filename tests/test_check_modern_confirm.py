@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gptblock.check import check_block, check_isolated
-from gptblock.check.roles.modern_plain import receive
+from gptblock.check.roles.receive import receive
 
 ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
 sys.path.insert(0, str(ZOO))
@@ -166,20 +166,30 @@ def test_forged_traces_do_not_pass(forged):
 
 
 def test_a_shared_norm_or_a_direction_out_of_range_is_refused():
-    meta = {"eps": [1e-5, 1e-5], "forms": ["layernorm", "layernorm"], "shared": True,
-            "n_head": 2, "activation": "gelu", "gated": False, "parallel": True,
+    layer = {"kind": "layer", "eps": 1e-5}
+    meta = {"C": 8, "D": 8, "K": 8, "H": 8, "ln1": layer, "ln2": None, "n_head": 2,
+            "activation": "gelu", "gated": False, "parallel": True,
             "rope": [10000.0, 4, "adjacent", -1.0]}  # fmt: skip
     w = torch.zeros(8, 8)
-    tensors = {f"{r}.{p}": w if p == "w" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp2") for p in "wb"}  # fmt: skip
-    tensors |= {"ln1": w[0], "ln1.b": w[0]}
+    tensors = {f"0.{r}.{p}": w if p == "weight" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp2") for p in ("weight", "bias")}  # fmt: skip
+    tensors |= {"0.ln1.weight": w[0], "0.ln1.bias": w[0]}
     parts = receive(meta, tensors, 8)
-    assert parts.shared and parts.rope is not None and parts.rope.sign == -1.0
+    assert "ln2" not in parts.norms and parts.rope is not None and parts.rope.sign == -1.0
     with pytest.raises(ValueError, match="do not describe a block"):
         receive({**meta, "parallel": False}, tensors, 8)  # one norm for both: not pre-norm
     with pytest.raises(ValueError, match="not one the checker knows"):
         receive({**meta, "rope": [10000.0, 4, "adjacent", 0.5]}, tensors, 8)
-    with pytest.raises(ValueError, match="incomplete"):
-        receive({**meta, "shared": False}, tensors, 8)  # ln2 missing
+    with pytest.raises(ValueError, match=r"ln2\.weight: .* got nothing"):
+        receive({**meta, "ln2": layer}, tensors, 8)  # ln2 missing
+    # the one check of a part that arrives (receive.decode), as a lessons' reading's
+    with pytest.raises(ValueError, match=r"ln1\.bias: .* got nothing"):  # a LayerNorm's bias
+        receive(meta, {k: t for k, t in tensors.items() if k != "0.ln1.bias"}, 8)
+    with pytest.raises(ValueError, match=r"eps -1\.0 is not in"):
+        receive({**meta, "ln1": {**layer, "eps": -1.0}}, tensors, 8)
+    with pytest.raises(ValueError, match="finite"):
+        receive(meta, {**tensors, "0.mlp2.bias": torch.full((8,), float("nan"))}, 8)
+    with pytest.raises(ValueError, match="width 8"):
+        receive({**meta, "C": 16}, tensors, 8)
 
 
 class _Half(torch.autograd.Function):

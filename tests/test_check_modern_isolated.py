@@ -1,7 +1,7 @@
 """A modern block's PASS in ``gptblock check`` (isolated) is confirmed by the checker's process.
 
 The modern comparison is read in the checker's process from traces the block's process records
-(``gptblock.check.serve.loop``); a PASS's parts (``gptblock.check.roles.modern_plain``) are then held to the
+(``gptblock.check.serve.loop``); a PASS's parts (``gptblock.check.roles.plain``) are then held to the
 weights the checker chose and to the block's outputs on fresh inputs
 (``gptblock.check.compare.conditions.confirm``). A correct Llama block passes; a wrong block whose process
 sends the traces of a correct twin (the chosen weights) or of a twin with weights made up, does
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gptblock.check import check_isolated
-from gptblock.check.roles.modern_plain import receive
+from gptblock.check.roles.receive import receive
 
 ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
 
@@ -123,13 +123,16 @@ def test_a_pass_with_made_up_parts_is_not_verified(reports):
 
 
 def test_parts_that_do_not_fit_are_refused():
-    meta = {"eps": [1e-6, 1e-6], "n_head": 3, "activation": "silu", "gated": True,
-            "parallel": False, "rope": None}  # fmt: skip
+    rms = {"kind": "rms", "eps": 1e-6}
+    meta = {"C": 8, "D": 8, "K": 8, "H": 8, "ln1": rms, "ln2": rms, "n_head": 3,
+            "activation": "silu", "gated": True, "parallel": False, "rope": None}  # fmt: skip
     w = torch.zeros(8, 8)
-    tensors = {f"{r}.{p}": w if p == "w" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp1", "mlp2") for p in "wb"}  # fmt: skip
-    tensors |= {"ln1": w[0], "ln2": w[0]}
+    tensors = {f"0.{r}.{p}": w if p == "weight" else w[0] for r in ("q", "k", "v", "proj", "mlp0", "mlp1", "mlp2") for p in ("weight", "bias")}  # fmt: skip
+    tensors |= {"0.ln1.weight": w[0], "0.ln2.weight": w[0]}
     with pytest.raises(ValueError, match="do not fit together"):
         receive(meta, tensors, 8)  # 8 channels are not 3 heads
     with pytest.raises(ValueError, match="do not fit together"):
-        receive({**meta, "n_head": 2}, {**tensors, "q.w": w[0]}, 8)  # a matrix sent as a vector
+        receive(
+            {**meta, "n_head": 2}, {**tensors, "0.q.weight": w[0]}, 8
+        )  # a matrix sent as a vector
     assert receive({**meta, "n_head": 2}, tensors, 8).n_head == 2

@@ -41,10 +41,10 @@ from ..mistakes.steps import (
 from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
-from ..roles.modern_plain import send
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
+from ..roles.plain import send
 from ..roles.trace import Trace, TraceError
 from ..serve.loop import CACHE_APIS
 
@@ -126,7 +126,7 @@ class ModernOutcome:
     mistakes: list[str]
     details: dict[str, str]
     alternatives: list[list[str]]
-    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, modern_plain.send
+    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, plain.send
 
 
 def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:

@@ -28,10 +28,9 @@ from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Match, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..mistakes.variants import compose
-from ..roles.modern_plain import unpack_modern
-from ..roles.plain import unpack_readings
 from ..roles.provenance import Traced, choose, trace
 from ..roles.readings import Readings
+from ..roles.receive import unpack_modern, unpack_readings
 from ..serve.subject import Tested
 from .accounting import account
 from .conditions import confirm

@@ -127,7 +127,7 @@ class Remote(Probed):
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """The block's parts as numbers: read here from traces the block's process recorded
         (the dataflow), else, with roles given or by names, as the block's process says
-        (checked by ``verdict._unpack`` and ``plain.from_plain``)."""
+        (checked by ``receive.unpack_readings``)."""
         if not roles:
             found = dataflow(self, self.record, self.longest or TRACE_T)
             if not isinstance(found, str):

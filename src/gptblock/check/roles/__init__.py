@@ -16,14 +16,16 @@ the norms, and reading their weights into numbers.
   ``--map`` that cannot be what it claims, refused before anything is compared.
 * ``readings`` -- which reading the comparison uses: the dataflow's, else the module tree's, or
   as ``--map`` says; ``suggest`` -- a ``--map`` to offer.
-* ``plain`` -- a reading's sub-layers as numbers, and back as ``Parts`` whose shapes are checked;
-  ``provenance`` -- the parameter values the checker gives the block, and the check that the
-  weights read back are made of them (and which, and whether a head's are another head's).
-* ``modern_read``, ``modern_rotary``, ``modern_parts``, ``modern_scope``, ``modern_plain`` -- the
+* ``plain`` -- a reading's sub-layers (or a modern block's parts) as numbers; ``provenance`` --
+  the parameter values the checker gives the block, and the check that the weights read back
+  are made of them (and which, and whether a head's are another head's).
+* ``modern_read``, ``modern_rotary``, ``modern_parts``, ``modern_scope`` -- the
   same for the modern block (RMSNorm, rotary, grouped heads, gated MLPs) and the parts it has
   that no reference models.
+* ``receive`` -- the one check of the numbers ``plain`` sent, and the parts (a lessons' block's
+  or a modern one's) built back from them.
 
 Order inside: ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
 ``norms``; ``weights``; ``mapping``, ``given``, ``claims``, ``suggest``, ``readings``, ``plain``;
-then the modern files.
+then the modern files; ``receive``.
 """

@@ -1,45 +1,53 @@
 """A block's parts as plain numbers: what may cross from the process that runs the block.
 
 The process that decides the verdict must never run the block's code (its norm modules, its
-``Conv1D``, a replay of its operators). ``to_plain`` reads every sub-layer, where the block
-runs, into numbers: a linear role as a weight (out, in) and a bias, measured on zeros and basis
-vectors and checked on random rows; a norm as one of ``NORM_KINDS`` (``layer``: nn.LayerNorm's;
-``unbiased``: its unbiased variance; ``std``: the Annotated Transformer's ``(h - mean) / (std +
-eps)``; ``rms``: RMSNorm's), its eps, gain and bias fitted and checked the same way (of
-``layer`` and ``unbiased``, which fit the same functions, the one whose gain is the block's own).
-``from_plain`` builds ``Parts`` back from the numbers alone, every shape checked against C.
+``Conv1D``, a replay of its operators). Where the block runs, ``to_plain`` reads a lessons'
+block's sub-layers into numbers: a linear role as a weight (out, in) and a bias, measured on
+zeros and basis vectors and checked on random rows; a norm as one of ``NORM_KINDS`` (``layer``:
+nn.LayerNorm's; ``unbiased``: its unbiased variance; ``std``: the Annotated Transformer's ``(h -
+mean) / (std + eps)``; ``rms``: RMSNorm's), its eps, gain and bias fitted and checked the same way
+(of ``layer`` and ``unbiased``, which fit the same functions, the one whose gain is the block's
+own). ``send`` writes the parts of a modern block the modern comparison found correct, in the
+standard forms only (docs/checker.md, "Where it runs, and what that means for PASS"). Both write
+one format: a JSON-able description (``C``, the widths ``D`` and ``H``, each norm's ``kind`` and
+``eps``, ln2 None where there is none) and tensors named ``key.role.weight`` and
+``key.role.bias`` (``_tensors``); a modern part is a part with more fields (the keys' width
+``K``, heads, activation, wiring, rotary embedding). ``receive.decode`` checks what arrives.
 
-Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
+Shapes: B batch, T time, C channels, D attention width (nh * hs), K the keys' width (nkv * hs),
+H the MLP's hidden width.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..mistakes.report import one_line, text
-from ..mistakes.steps import Parts, SubLayer, affine
-from ..serve.subject import Tested
-from .provenance import snap, trace
-from .readings import Readings
+from ..mistakes.steps import Parts, Rope, SubLayer
+from .provenance import snap
 
-__all__ = ["NORM_KINDS", "NotPlain", "from_plain", "norm_function", "to_plain", "unpack_readings"]
+if TYPE_CHECKING:
+    from .modern_parts import MlpRead, NormRead
+    from .modern_read import ModernRead
+
+__all__ = ["KEY", "NORM_KINDS", "NotPlain", "norm_function", "send", "to_plain"]
 
 Tensor = torch.Tensor
+Roles = dict[str, tuple[Tensor | None, ...]]  # role -> (weight, bias), or (gain,), to send
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
-MAX_WIDTH = 1 << 16  # D and H at most this: a claim of more is not a block's
+KEY = "0"  # the key of the one part ``send`` writes
 
 
 class NotPlain(ValueError):
     """A sub-layer that cannot be read into numbers; the message says which and why."""
 
 
-def norm_function(kind: str, weight: Tensor, bias: Tensor, eps: float) -> SubLayer:
-    """The norm ``kind`` (one of ``NORM_KINDS``) over the last axis, as a sub-layer.
+def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
+    """The norm ``kind`` (one of ``NORM_KINDS``) over the last axis, as a sub-layer (no bias: 0).
 
     Example:
         >>> C = 4
@@ -53,7 +61,7 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor, eps: float) -> SubLay
         raise NotPlain(f"unknown norm kind {kind!r}; expected one of {NORM_KINDS}")
 
     def norm(h: Tensor) -> Tensor:
-        w, b = weight.to(h.dtype), bias.to(h.dtype)
+        w, b = weight.to(h.dtype), 0.0 if bias is None else bias.to(h.dtype)
         if kind == "rms":
             return w * h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) + b
         centred = h - h.mean(-1, keepdim=True)
@@ -67,14 +75,11 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor, eps: float) -> SubLay
     return norm
 
 
-# ----- where the block runs: its parts into numbers ------------------------------------------
-
-
 def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
     """``f`` applied to ``rows`` (N, F), fed in inputs shaped like ``like`` (B, T, .); each output
     back as rows (N, out). (Some read sub-layers only run on the traced input's B and T.)"""
     B, T = like.shape[0], like.shape[1]
-    outs: list[list[Tensor]] = []
+    chunks: list[list[Tensor]] = []  # each chunk's outputs
     for start in range(0, rows.shape[0], B * T):
         chunk = rows[start : start + B * T]
         padded = torch.zeros(B * T, rows.shape[1], dtype=like.dtype, device=like.device)
@@ -82,11 +87,8 @@ def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> lis
         with torch.no_grad():
             got = f(padded.reshape(B, T, -1))  # (B, T, F) -> (B, T, out), or a tuple of them
         got = got if isinstance(got, tuple) else (got,)
-        for i, g in enumerate(got):
-            if len(outs) <= i:
-                outs.append([])
-            outs[i].append(g.reshape(B * T, -1)[: chunk.shape[0]].to(torch.float64).cpu())
-    return [torch.cat(o) for o in outs]
+        chunks.append([g.reshape(B * T, -1)[: chunk.shape[0]].to(torch.float64).cpu() for g in got])
+    return [torch.cat(o) for o in zip(*chunks, strict=True)]
 
 
 def _check_fit(name: str, ours: Tensor, theirs: Tensor) -> float:
@@ -97,18 +99,20 @@ def _check_fit(name: str, ours: Tensor, theirs: Tensor) -> float:
     return error
 
 
-def _linear(name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor) -> list[Tensor]:
-    """``f``'s outputs' weights and biases, [w0, b0, w1, b1, ...] (a qkv gives three)."""
+def _linear(
+    name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """``f``'s outputs' weights and biases, one (weight, bias) each (a qkv gives three)."""
     g = torch.Generator().manual_seed(7)
     probe = torch.randn(like.shape[0] * like.shape[1], n_in, generator=g, dtype=torch.float64)
     basis = torch.cat([torch.zeros(1, n_in, dtype=torch.float64), torch.eye(n_in).double()])
     rows = torch.cat([basis, probe]).to(like.dtype)  # (1 + in + BT, in)
-    read: list[Tensor] = []
+    read: list[tuple[Tensor, Tensor]] = []
     for out in _rows_through(f, rows, like):
         bias = out[0]
         weight = (out[1 : 1 + n_in] - bias).T.contiguous()  # (out, in)
         _check_fit(name, probe @ weight.T + bias, out[1 + n_in :])
-        read += [weight, bias.contiguous()]
+        read.append((weight, bias.contiguous()))
     return read
 
 
@@ -161,8 +165,7 @@ def _norm(
         eps = 0.0 if abs(eps) < 1e-12 else eps
         if not (math.isfinite(eps) and 0.0 <= eps < 1.0):
             continue
-        weight = g1 * d1
-        weight = torch.where((weight - 1.0).abs() <= 1e-6, 1.0, weight).contiguous()  # no gain
+        weight = _ones(g1 * d1, 1e-6).contiguous()
         try:
             error = _check_fit(name, norm_function(kind, weight, bias, eps)(probe), out[4:])
         except NotPlain:
@@ -192,138 +195,80 @@ def to_plain(
     Raises:
         NotPlain: a sub-layer is not linear, or a norm none of ``NORM_KINDS``.
     """
-    tensors: dict[str, Tensor] = {}
-    wq, bq, wk, bk, wv, bv = _linear("q, k, v", parts.qkv, parts.C, like)
-    wf1, bf1 = _linear("fc1", parts.fc1, parts.C, like)
-    read = {
-        "q": (wq, bq), "k": (wk, bk), "v": (wv, bv), "fc1": (wf1, bf1),
-        "proj": tuple(_linear("proj", parts.proj, wq.shape[0], like)),
-        "fc2": tuple(_linear("fc2", parts.fc2, wf1.shape[0], like)),
-    }  # fmt: skip
-    for role, (w, b) in read.items():
-        tensors[f"{key}.{role}.weight"], tensors[f"{key}.{role}.bias"] = w, b
-    meta: dict[str, Any] = {"C": parts.C, "D": parts.D}
+    q, k, v = _linear("q, k, v", parts.qkv, parts.C, like)
+    (fc1,) = _linear("fc1", parts.fc1, parts.C, like)
+    (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
+    (fc2,) = _linear("fc2", parts.fc2, fc1[0].shape[0], like)
+    roles: Roles = {"q": q, "k": k, "v": v, "proj": proj, "fc1": fc1, "fc2": fc2}
+    meta: dict[str, Any] = {"C": parts.C, "D": parts.D, "H": fc1[0].shape[0], "ln2": None}
     for role, f in (("ln1", parts.ln1), ("ln2", parts.ln2)):
-        if f is None:
-            meta[role] = None
-            continue
-        meta[role], tensors[f"{key}.{role}.weight"], tensors[f"{key}.{role}.bias"] = _norm(
-            role, f, like, known
-        )
-    return meta, tensors
+        if f is not None:
+            meta[role], w, b = _norm(role, f, like, known)
+            roles[role] = (w, b)
+    return meta, _tensors(key, roles)
 
 
-# ----- where the verdict is decided: numbers into parts, checked -----------------------------
-
-
-def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
-    t = tensors.get(name)
-    if not isinstance(t, Tensor) or tuple(t.shape) != shape:
-        got = tuple(t.shape) if isinstance(t, Tensor) else "nothing"
-        raise NotPlain(f"{name}: expected a tensor of shape {shape}, got {got}")
-    if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
-        raise NotPlain(f"{name}: expected finite floating-point values")
-    return t.to(torch.float64)
-
-
-def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    """``to_plain``'s numbers back as ``Parts``, every shape checked against the width ``C``.
-
-    Raises:
-        NotPlain: the description or a tensor does not fit a block of width ``C``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.weights import read_block
-        >>> block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
-        >>> x = torch.randn(5, 7, 8, dtype=torch.float64)
-        >>> meta, tensors = to_plain(read_block(block, x).parts, x, "0")
-        >>> parts = from_plain(meta, tensors, "0", 8)
-        >>> meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))
-        ('layer', 8, True)
-    """
-    if not isinstance(meta, dict) or meta.get("C") != C:
-        raise NotPlain(f"a reading of a block of width {C} expected")
-    D, H = meta.get("D"), tensors.get(f"{key}.fc1.bias")
-    if not isinstance(D, int) or not 1 <= D <= MAX_WIDTH or not isinstance(H, Tensor):
-        raise NotPlain("the attention width D or the MLP's width H is missing")
-    H_ = H.shape[0] if H.dim() == 1 and 1 <= H.shape[0] <= MAX_WIDTH else 0
-    shapes = {"q": (D, C), "k": (D, C), "v": (D, C), "proj": (C, D), "fc1": (H_, C), "fc2": (C, H_)}
-    linear = {
-        r: affine(_tensor(tensors, f"{key}.{r}.weight", s), _tensor(tensors, f"{key}.{r}.bias", s[:1]))
-        for r, s in shapes.items()
+def send(
+    read: ModernRead,
+    norms: list[NormRead],
+    mlp: MlpRead,
+    rope: Rope | None,
+    qk_norm: tuple[Tensor, Tensor] | None,
+    post: bool,
+) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
+    """The parts of a block the modern comparison found correct, as (meta, tensors) of the part
+    ``KEY``, or None when a standard form cannot express them: ``rope`` and ``qk_norm`` are the
+    attention's match (``modern.AttnMatch``), one without changes. Roles: q, k, v, proj, the
+    MLP's ``mlp0`` (the gate, or the dense first layer), ``mlp1`` (the up projection, if gated)
+    and ``mlp2`` (the last layer), the norms ln1, ln2 and, for normalised q and k, lnq, lnk."""
+    if (
+        post or mlp.activation is None
+        or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
+        or any(n.form == "layernorm" and n.bias is None for n in norms)
+        or (rope is not None and rope.table != rope.pairing)
+        or (read.rotated and rope is None)  # turned by something the forms do not name
+    ):  # fmt: skip
+        return None
+    names = ["q", "k", "v", "proj", *(f"mlp{i}" for i in range(len(mlp.layers))), "mlp2"]
+    linear = (read.q, read.k, read.v, read.proj, *mlp.layers, read.mlp[-1])
+    roles: Roles = dict(zip(names, linear, strict=True))
+    (D, C), K, H = read.q[0].shape, read.k[0].shape[0], read.mlp[-1][0].shape[1]
+    meta: dict[str, Any] = {
+        "C": C, "D": D, "K": K, "H": H, "n_head": read.n_head, "activation": mlp.activation,
+        "gated": mlp.gated, "parallel": read.parallel, "ln2": None,
+        "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing, rope.sign],
     }  # fmt: skip
-    norms: dict[str, SubLayer | None] = {}
-    for role in ("ln1", "ln2"):
-        n = meta.get(role)
-        if n is None and role == "ln2":
-            norms[role] = None
-            continue
-        if not isinstance(n, dict) or n.get("kind") not in NORM_KINDS:
-            raise NotPlain(f"{role}: a norm kind expected")
-        eps = n.get("eps")
-        if not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0:
-            raise NotPlain(f"{role}: eps {eps!r} is not in [0, 1)")
-        w, b = (_tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in ("weight", "bias"))
-        norms[role] = norm_function(str(n["kind"]), w, b, float(eps))
-    q, k, v = linear["q"], linear["k"], linear["v"]
+    # GPT-J's one norm read by both branches: sent once, as ln1 with no ln2 (the same values
+    # twice would be read as one parameter read for two roles)
+    for i, n in enumerate(norms[:1] if read.parallel and _same(*norms) else norms):
+        meta[f"ln{i + 1}"] = {"kind": "layer" if n.form == "layernorm" else "rms", "eps": n.eps}
+        roles[f"ln{i + 1}"] = (None if n.gain is None else _ones(n.gain, 1e-9), n.bias)
+    if qk_norm is not None:
+        roles.update({"lnq": (_ones(qk_norm[0], 1e-9),), "lnk": (_ones(qk_norm[1], 1e-9),)})
+    return meta, _tensors(KEY, roles)
 
-    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return q(h), k(h), v(h)
 
-    return Parts(
-        C, D, qkv, linear["proj"], linear["fc1"], linear["fc2"], norms["ln1"], norms["ln2"]
+def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
+    """The one naming of what crosses: ``key.role.weight`` and ``key.role.bias`` (if any)."""
+    return {
+        f"{key}.{role}.{p}": t.detach().cpu()
+        for role, ts in roles.items()
+        for p, t in zip(("weight", "bias"), ts, strict=False)
+        if t is not None
+    }
+
+
+def _ones(t: Tensor, tol: float) -> Tensor:
+    """A gain read as a ratio, with entries within ``tol`` of 1 as exactly 1: a norm without a
+    weight (the checker takes exact 1s as no weight, and 1 + 1e-16 for a value it chose)."""
+    return torch.where((t - 1.0).abs() <= tol, torch.ones_like(t), t)
+
+
+def _same(a: NormRead, b: NormRead) -> bool:
+    """Whether two norms read are one: the same parameters, or the same values read."""
+    if a.params and a.params == b.params:
+        return True
+    pairs = ((a.gain, b.gain), (a.bias, b.bias))
+    return (a.form, a.eps) == (b.form, b.eps) and all(
+        x is y or (x is not None and y is not None and torch.equal(x, y)) for x, y in pairs
     )
-
-
-_ROLES = ("q", "k", "v", "proj", "fc1", "fc2", "ln1")  # and ln2, when the block has one
-
-
-def unpack_readings(
-    meta: dict[str, Any],
-    tensors: dict[str, Tensor],
-    subject: Tested,
-    chosen: Mapping[str, Tensor],
-    notes: list[str],
-) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
-    """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
-    shapes, and that their weights are the values the checker chose (``provenance``); with
-    each reading's weights by role, in the order the comparison numbers the readings."""
-    C = subject.C
-    try:
-        notes += [text(n) for n in meta.get("notes", [])]
-        if "why" in meta:
-            return text(meta["why"])
-        x, heads, count = tensors["x"], tuple(meta["heads"]), int(meta["readings"])
-        shown = [text(d) for d in meta["describe"]]
-        parts = [from_plain(p, tensors, str(i), C) for i, p in enumerate(meta["parts"])]
-        if (
-            x.dim() != 3 or x.shape[-1] != C or not x.is_floating_point() or not parts
-            or len(shown) != len(parts) or not 0 <= count <= len(parts) or not heads
-            or not all(isinstance(h, int) and 1 <= h <= p.D for h in heads for p in parts)
-            or not bool(torch.isfinite(x).all())
-        ):  # fmt: skip
-            raise NotPlain("the readings do not fit together")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        return f"the block's process sent readings that do not check ({one_line(e)})"
-    why = ""
-    kept: list[int] = []  # the readings made of the values chosen
-    read: list[dict[str, list[Tensor]]] = []  # each reading's weights by role
-    for i, part in enumerate(parts):
-        roles = _ROLES + (("ln2",) if part.ln2 is not None else ())
-        read.append({r: [tensors[f"{i}.{r}.{p}"] for p in ("weight", "bias")] for r in roles})
-        why = trace(read[-1], chosen, subject.dtype).why
-        if not why:
-            kept.append(i)
-    if not kept:
-        return why
-    main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
-    rest = [i for i in kept if i not in main]
-    readings = Readings(
-        tuple(parts[i] for i in main),
-        tuple(parts[i] for i in rest),
-        heads,
-        x.to(torch.float64),
-        [shown[i] for i in main + rest].__getitem__,
-    )
-    return readings, [read[i] for i in main + rest]

@@ -1,0 +1,270 @@
+"""What the block's process sent (``plain``), checked and built back into parts where the verdict
+is decided, from the numbers alone: a lessons' block's readings (``from_plain``,
+``unpack_readings``) and a modern block's parts (``receive``, ``unpack_modern``), each number held
+to the values the checker chose (``provenance``). The modern block is then run with the checker's
+own code (``Received.run``) against the block on fresh inputs (``compare.verdict``).
+
+Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..mistakes.report import one_line, text
+from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
+from ..serve.subject import Tested
+from .modern_parts import DENSE, GATED
+from .plain import KEY, NORM_KINDS, NotPlain, norm_function
+from .provenance import Traced, snap, sorted_values, trace
+from .readings import Readings
+
+__all__ = ["READ", "SNAP", "Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
+
+Tensor = torch.Tensor
+MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
+SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
+READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
+# each linear role's weight (out, in) in letters of the widths; mlp1 only in a gated MLP
+LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
+MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
+QK = ("lnq", "lnk")
+PARAMS = ("weight", "bias")
+
+
+@dataclass(frozen=True)
+class Received:
+    """A block's parts as they arrived, checked, all float64: ``roles`` role -> [weight (out, in),
+    bias (out,)] for a linear map, [gain (C,), bias (C,)] for a norm (an RMSNorm's bias may be
+    left out: 0), [gain (hs,)] for lnq, lnk (a modern block that normalises q and k); ``norms``
+    ln1 (and ln2, where there is one) -> (a kind of ``NORM_KINDS``, eps). A modern block's part
+    has more fields: its heads, the MLP's activation (``gated``: with ``mlp0`` the gate, ``mlp1``
+    the up projection), its wiring and rotary embedding; a parallel one without ln2 reads ln1 in
+    both branches."""
+
+    C: int
+    D: int
+    roles: dict[str, list[Tensor]]
+    norms: dict[str, tuple[str, float]]
+    n_head: int = 0  # 0: a lessons' block's reading; the rest is a modern block's
+    activation: str = ""
+    gated: bool = False
+    parallel: bool = False
+    rope: Rope | None = None
+
+    def parts(self) -> Parts:
+        """The sub-layers, in the roles of the lessons' block."""
+        lin = {r: affine(*ts) for r, ts in self.roles.items() if r not in (*self.norms, *QK)}
+        norm: dict[str, SubLayer] = {}
+        for r, (kind, eps) in self.norms.items():
+            gain, *bias = self.roles[r]
+            norm[r] = norm_function(kind, gain, bias[0] if bias else None, eps)
+        fc1, fc2 = (lin["fc1"], lin["fc2"]) if "fc1" in lin else (lin["mlp0"], lin["mlp2"])
+        if self.n_head:  # a modern block: its MLP's hidden function; one norm, or two
+            act = (GATED if self.gated else DENSE)[self.activation]
+            if self.gated:
+                fc1 = lambda h: act(lin["mlp0"](h)) * lin["mlp1"](h)  # noqa: E731
+            else:
+                fc1 = lambda h: act(lin["mlp0"](h))  # noqa: E731
+            norm.setdefault("ln2", norm["ln1"])
+
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return lin["q"](h), lin["k"](h), lin["v"](h)
+
+        return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, norm["ln1"], norm.get("ln2"))
+
+    def run(self, x: Tensor) -> Tensor:
+        """The modern block on ``x`` (B, T, C) in float64 (``steps.run_steps``)."""
+        qk = (self.roles["lnq"][0], self.roles["lnk"][0]) if "lnq" in self.roles else None
+        steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
+        x = x.to(torch.float64)
+        return run_steps(self.parts(), x, self.n_head, None, steps, self.rope, qk)
+
+
+def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
+    t = tensors.get(name)
+    if not isinstance(t, Tensor) or tuple(t.shape) != shape:
+        got = tuple(t.shape) if isinstance(t, Tensor) else "nothing"
+        raise NotPlain(f"{name}: expected a tensor of shape {shape}, got {got}")
+    if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+        raise NotPlain(f"{name}: expected finite floating-point values")
+    return t.to(torch.float64)
+
+
+def decode(
+    meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
+) -> Received:  # fmt: skip
+    """The one check of a part that arrives (``plain.to_plain``'s, ``plain.send``'s): its widths
+    (``C`` and those its linear roles' ``shapes`` name), every tensor's shape and values, its
+    norms' kinds and eps.
+
+    Raises:
+        NotPlain: the description or a tensor does not fit a block of width ``C``.
+    """
+    if not isinstance(meta, dict) or meta.get("C") != C:
+        raise NotPlain(f"a reading of a block of width {C} expected")
+    sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
+    if not all(isinstance(n, int) and 1 <= n <= MAX_WIDTH for n in sent.values()):
+        raise NotPlain(f"the attention width D, keys' K or the MLP's H is missing ({sent})")
+    widths: dict[str, int] = {"C": C, **sent}
+    roles = {
+        r: [_tensor(tensors, f"{key}.{r}.weight", (widths[s[0]], widths[s[1]])),
+            _tensor(tensors, f"{key}.{r}.bias", (widths[s[0]],))]
+        for r, s in shapes.items()
+    }  # fmt: skip
+    norms: dict[str, tuple[str, float]] = {}
+    for role in ("ln1", "ln2"):
+        n = meta.get(role)
+        if n is None and role == "ln2":
+            continue
+        if not isinstance(n, dict) or n.get("kind") not in NORM_KINDS:
+            raise NotPlain(f"{role}: a norm kind expected")
+        eps = n.get("eps")
+        if not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0:
+            raise NotPlain(f"{role}: eps {eps!r} is not in [0, 1)")
+        norms[role] = (str(n["kind"]), float(eps))
+        biased = n["kind"] != "rms" or f"{key}.{role}.bias" in tensors  # an RMSNorm's may be 0
+        roles[role] = [_tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in PARAMS[: 1 + biased]]
+    return Received(C, widths["D"], roles, norms)
+
+
+def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
+    """``to_plain``'s numbers back as ``Parts``, every shape checked against the width ``C``.
+
+    Raises:
+        NotPlain: the description or a tensor does not fit a block of width ``C``.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> from gptblock.check.roles.plain import to_plain
+        >>> from gptblock.check.roles.weights import read_block
+        >>> block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
+        >>> x = torch.randn(5, 7, 8, dtype=torch.float64)
+        >>> meta, tensors = to_plain(read_block(block, x).parts, x, "0")
+        >>> parts = from_plain(meta, tensors, "0", 8)
+        >>> meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))
+        ('layer', 8, True)
+    """
+    return decode(meta, tensors, key, C, LESSON).parts()
+
+
+def unpack_readings(
+    meta: dict[str, Any],
+    tensors: dict[str, Tensor],
+    subject: Tested,
+    chosen: Mapping[str, Tensor],
+    notes: list[str],
+) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
+    """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
+    shapes, and that their weights are the values the checker chose (``provenance``); with
+    each reading's weights by role, in the order the comparison numbers the readings."""
+    C = subject.C
+    try:
+        notes += [text(n) for n in meta.get("notes", [])]
+        if "why" in meta:
+            return text(meta["why"])
+        x, heads, count = tensors["x"], tuple(meta["heads"]), int(meta["readings"])
+        shown = [text(d) for d in meta["describe"]]
+        got = [decode(p, tensors, str(i), C, LESSON) for i, p in enumerate(meta["parts"])]
+        parts = [g.parts() for g in got]
+        if (
+            x.dim() != 3 or x.shape[-1] != C or not x.is_floating_point() or not parts
+            or len(shown) != len(parts) or not 0 <= count <= len(parts) or not heads
+            or not all(isinstance(h, int) and 1 <= h <= p.D for h in heads for p in parts)
+            or not bool(torch.isfinite(x).all())
+        ):  # fmt: skip
+            raise NotPlain("the readings do not fit together")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return f"the block's process sent readings that do not check ({one_line(e)})"
+    why = ""
+    read = [g.roles for g in got]  # each reading's weights by role
+    kept = [i for i, r in enumerate(read) if not (why := trace(r, chosen, subject.dtype).why)]
+    if not kept:
+        return why
+    main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
+    rest = [i for i in kept if i not in main]
+    described = [shown[i] for i in main + rest].__getitem__
+    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in rest))
+    readings = Readings(*kept_parts, heads, x.to(torch.float64), described)
+    return readings, [read[i] for i in main + rest]
+
+
+def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
+    """The parts another process sent (``plain.send``), checked to fit together: a part
+    (``decode``) with a head count, an activation, a wiring and a rotary embedding more.
+
+    Raises:
+        NotPlain: they do not.
+    """
+    try:
+        n_head, gated, activation = meta["n_head"], meta["gated"] is True, meta["activation"]
+        rope, is_parallel = meta["rope"], meta.get("parallel") is True
+        known = activation in (GATED if gated else DENSE)
+    except (KeyError, TypeError) as e:
+        raise NotPlain(f"the modern parts sent are incomplete ({one_line(e)})") from None
+    if not (known and isinstance(n_head, int) and 1 <= n_head <= 4096):
+        raise NotPlain("the modern parts sent do not describe a block")
+    try:
+        shapes = {r: s for r, s in MODERN.items() if gated or r != "mlp1"}
+        got = decode(meta, tensors, KEY, C, shapes)
+        hs, K = got.D // n_head, got.roles["k"][0].shape[0]
+        qk = [r for r in QK if f"{KEY}.{r}.weight" in tensors]
+        got.roles.update({r: [_tensor(tensors, f"{KEY}.{r}.weight", (hs,))] for r in qk})
+    except NotPlain as e:
+        raise NotPlain(f"the modern parts sent do not fit together ({e})") from None
+    if "ln2" not in got.norms and not is_parallel:  # one norm for both branches: GPT-J's only
+        raise NotPlain("the modern parts sent do not describe a block")
+    if got.D % n_head or K % hs or n_head % (K // hs) or len(qk) == 1:
+        raise NotPlain("the modern parts sent do not fit together")
+    if rope is not None:
+        if not (
+            isinstance(rope, list) and len(rope) == 4 and rope[2] in ("halves", "adjacent")
+            and isinstance(rope[1], int) and 2 <= rope[1] <= hs and rope[1] % 2 == 0
+            and isinstance(rope[0], float) and 1.0 < rope[0] < 1e9 and rope[3] in (1.0, -1.0)
+        ):  # fmt: skip
+            raise NotPlain("the rotary embedding sent is not one the checker knows")
+        rope = Rope(rope[0], rope[1], rope[2], rope[2], float(rope[3]))
+    return replace(
+        got, n_head=n_head, activation=activation, gated=gated, parallel=is_parallel, rope=rope
+    )
+
+
+def unpack_modern(
+    modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
+) -> tuple[Received, Traced] | str:
+    """The parts a modern block's process sent (``plain.send``), received, each number snapped
+    to the nearest value the checker chose (within ``READ`` of its scale for a matrix measured
+    from traced values, ``SNAP`` for a norm's gain read as a ratio, plus 1 for a gain stored as
+    ``gain - 1``) and traced to them (``provenance``); else why they cannot be."""
+    if not modern.get("parts"):
+        return "its process sent no parts the checker can rebuild it from"
+    try:
+        parts = receive(modern["parts"], dict(modern.get("tensors") or {}), C)
+    except NotPlain as e:
+        return str(e)
+    values = sorted_values(chosen, dtype)[0]
+    if not values.numel():
+        return "the checker gave the block no values to trace its weights to"
+    roles: dict[str, list[Tensor]] = {}
+    for role, ts in parts.roles.items():
+        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
+        snapped = [
+            snap(t, values, (SNAP if gain else READ) * _scale(t) + 1e-300,
+                 (0.0, 1.0) if gain and i == 0 else (0.0,))
+            for i, t in enumerate(ts)
+        ]  # fmt: skip
+        if any(s is None for s in snapped):
+            return f"the weights read for {role} are not the values the checker gave the block"
+        roles[role] = [s for s in snapped if s is not None]
+    hs = parts.D // parts.n_head
+    heads = {r: parts.roles[r][0].shape[0] // hs for r in ("q", "k", "v")}
+    traced = trace(roles, chosen, dtype, heads)
+    return traced.why or (replace(parts, roles=roles), traced)
+
+
+def _scale(t: Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
