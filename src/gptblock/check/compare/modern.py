@@ -45,11 +45,11 @@ from ..roles.modern_plain import send
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
-from ..roles.trace import Trace, TraceError
+from ..roles.trace import TraceError
 from ..serve.loop import CACHE_APIS
 
 __all__ = [
-    "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
+    "CacheProbe", "ModernOutcome", "check_modern", "compare_modern",
     "judge_cache",
 ]  # fmt: skip
 
@@ -364,22 +364,10 @@ def judge_cache(
     )
 
 
-def check_modern(
-    subject_module: nn.Module | Source, x: Tensor, seen: list[Trace] | None = None
-) -> ModernOutcome | None:
+def check_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
-    the lessons' reading (and its report of what it cannot read) takes over. The forward pass
-    it reads is kept in ``seen``, if given (a lessons' block's is looked at again for what the
-    references do not model)."""
+    the lessons' reading (and its report of what it cannot read) takes over."""
     source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
-    if seen is not None:
-        record = source.trace_of
-
-        def kept(x: Tensor) -> Trace:
-            seen.append(record(x))
-            return seen[-1]
-
-        source = replace(source, trace_of=kept)
     try:
         with torch.no_grad():
             y = source.call(x)
