@@ -47,10 +47,10 @@ class Traces:
 
     def __init__(self, tested: Tested, record: Callable[[Tensor], Trace]) -> None:
         self.tested, self.record = tested, record
+        self.inputs: dict[tuple[int, int], Tensor] = {}
         self.clear()
 
     def clear(self) -> None:
-        self.inputs: dict[tuple[int, int], Tensor] = {}
         self.seen: list[tuple[Tensor, Trace]] = []  # (input, its forward pass)
         self.last: Trace | None = None  # the latest asked for
 
@@ -62,11 +62,13 @@ class Traces:
 
     def __call__(self, x: Tensor) -> Trace:
         """The forward pass on ``x``, recorded unless it was before."""
-        found = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
-        self.last = next(found, None) or self.record(x)
-        if all(t is not self.last for _, t in self.seen):
-            self.seen.append((x, self.last))
-        return self.last
+        same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
+        trace = next(same, None)
+        if trace is None:
+            trace = self.record(x)
+            self.seen.append((x, trace))
+        self.last = trace
+        return trace
 
 
 @dataclass(frozen=True)
