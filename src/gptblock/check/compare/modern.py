@@ -41,7 +41,7 @@ from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
 from ..roles.dataflow import Unread
 from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of
 from ..roles.modern_plain import send
-from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
 from ..roles.trace import TraceError
@@ -169,7 +169,7 @@ def compare_modern(source: Source, x: Tensor) -> ModernOutcome | None:
     """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
     block."""
     try:
-        read = read_modern_trace(source.trace_of(x))
+        read = read_modern(source.trace_of(x))
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:

@@ -17,18 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
 from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role
 from .modern_rotary import Turn, heads, measure_turn
 from .norms import find_norms, order_norms
-from .trace import Op, Trace, record, replay
+from .trace import Op, Trace, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
 __all__ = [
-    "ModernRead", "Source", "qk_gains", "read_modern", "read_modern_trace",
+    "ModernRead", "Source", "qk_gains", "read_modern",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -210,20 +209,10 @@ class Source:
     cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
 
 
-def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
-    """Record ``module(x)`` and read it as a modern block; ``None``
-    when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
-
-    Raises:
-        Unread: it is a modern block, but its parts cannot be read; the message says why.
-        TraceError: the forward pass cannot be recorded or re-run.
-    """
-    return read_modern_trace(record(module, x))
-
-
-def read_modern_trace(trace: Trace) -> ModernRead | None:
-    """``read_modern`` on a recorded forward pass, wherever it was recorded (every weight read
-    by replaying the trace).
+def read_modern(trace: Trace) -> ModernRead | None:
+    """A recorded forward pass (wherever it was recorded) read as a modern block, every weight
+    by replaying it; ``None`` when it is the lessons' block (no RMSNorm, rotary positions,
+    grouped heads or gated MLP).
 
     Raises:
         Unread: it is a modern block, but its parts cannot be read; the message says why.
