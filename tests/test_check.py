@@ -21,6 +21,7 @@ from forms import FORMS
 from gptblock import CheckReport, TransformerBlock, check_block, lesson
 from gptblock.check import fill_common_arguments
 from gptblock.check.mistakes.catalogue import MISTAKES
+from gptblock.check.roles.trace import record
 
 
 def _flat(text):
@@ -108,6 +109,18 @@ def test_a_block_holding_q_k_v_in_one_3d_parameter_is_read_from_its_dataflow():
     assert any("q=w_qkv" in note and "read from the forward pass" in note for note in report.notes)
     post = check_block(zoo_torch.OpaquePostNorm, n_embd=32, n_head=4)
     assert post.diagnosis == ["post_norm"] and post.confident, str(post)
+
+
+def test_each_size_records_the_block_once_for_the_modern_and_the_lessons_reading(monkeypatch):
+    from gptblock.check.isolation import worker
+
+    recorded = []
+    monkeypatch.setattr(
+        worker, "record", lambda *a, **k: recorded.append(a[1].shape) or record(*a, **k)
+    )
+    report = check_block(lesson.Block, n_embd=16, n_head=2)
+    assert report.passed and report.compared, str(report)
+    assert len(recorded) == 2 == len(set(recorded)), recorded  # the file's size and another
 
 
 def test_two_blocks_in_one_module_are_unverified_not_passed():

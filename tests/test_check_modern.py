@@ -158,12 +158,13 @@ def test_what_the_checker_reads_is_the_oracles_block(options):
     from gptblock.check.compare.modern import _attention_of
     from gptblock.check.roles.modern_parts import mlp_of
     from gptblock.check.roles.modern_read import read_modern
+    from gptblock.check.roles.trace import record
 
     torch.manual_seed(0)
     block = randomised(FusedBlock(32, 4, **options))
     x = torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     with one_thread():
-        read = read_modern(block, x)
+        read = read_modern(record(block, x))
         norms = [norm_of(f, x) for f in (read.norm1, read.norm2)]
         mlp, attn = mlp_of(read), _attention_of(read)[0][0]
     cat = lambda *ts: torch.cat(ts).numpy()  # noqa: E731

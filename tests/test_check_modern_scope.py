@@ -23,6 +23,7 @@ import modern_scope_blocks as blocks
 from gptblock.check import check_block, check_isolated
 from gptblock.check.roles.modern_read import read_modern
 from gptblock.check.roles.modern_rotary import measure_turn, ropes
+from gptblock.check.roles.trace import record
 
 FILE = pathlib.Path(blocks.__file__)
 CORRECT = {
@@ -145,7 +146,7 @@ def test_an_unexplained_attention_fails_with_the_numbers_of_the_closest(tmp_path
 def test_the_rotary_base_and_channels_are_measured_from_the_block(theta, factor):
     block = blocks.DecoderLayer(rope_theta=theta, partial_rotary_factor=factor).double()
     x = torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    read = read_modern(block, x)
+    read = read_modern(record(block, x))
     assert read is not None and read.turn is not None and read.turn.fits
     r = int(8 * factor)
     assert read.turn.dim == r and read.turn.pairing == "halves"
@@ -157,6 +158,6 @@ def test_the_rotary_base_and_channels_are_measured_from_the_block(theta, factor)
 def test_nothing_measured_falls_back_to_the_common_bases():
     assert {rope.theta for rope in ropes(8, True) if rope} == {1e4, 1e6, 5e5, 1e5}
     x = torch.randn(5, 7, 32, dtype=torch.float64)
-    read = read_modern(blocks.Alibi().double(), x)  # nothing turns
+    read = read_modern(record(blocks.Alibi().double(), x))  # nothing turns
     assert read is not None and not read.rotated and read.turn is None
     assert measure_turn(read.trace, read.ends[0], read.core.q, 5, 4, 1, 8) is None  # T = 1

@@ -22,11 +22,10 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from ..mistakes.catalogue import MISTAKES
 from ..mistakes.report import CAUGHT, Finding, text
-from ..mistakes.search import TOLERANCE, smallest
+from ..mistakes.search import TOLERANCE, distance, smallest
 from ..mistakes.steps import (
     CORRECT,
     NORM_FORMS,
@@ -40,16 +39,16 @@ from ..mistakes.steps import (
 )
 from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
 from ..roles.dataflow import Unread
-from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of, relative_error
-from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern_trace
+from ..roles.modern_parts import MlpRead, NormRead, close, lin, mlp_of, norm_of
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern
 from ..roles.modern_rotary import ropes
 from ..roles.modern_scope import measured, unmodelled
 from ..roles.plain import send
-from ..roles.trace import Trace, TraceError
+from ..roles.trace import TraceError
 from ..serve.loop import CACHE_APIS
 
 __all__ = [
-    "CacheProbe", "ModernOutcome", "Source", "check_modern", "compare_modern",
+    "CacheProbe", "ModernOutcome", "check_modern", "compare_modern",
     "judge_cache",
 ]  # fmt: skip
 
@@ -60,6 +59,13 @@ ROTARY = ("targets", "table")  # the groups that change a rotation: only where t
 _SHARED_GROUPS = ("mask", "scale", "softmax", "split", "merge")
 LESSON = tuple(d for d in DEVIATIONS if d.group in _SHARED_GROUPS)
 """The lessons' attention mistakes, which a modern block can make too."""
+
+
+def _error(y: Tensor, y_ref: Tensor) -> float:
+    """``search.distance``, and 0 where neither is defined anywhere (a root of a negative mean
+    everywhere: the norm's own test decided)."""
+    nowhere = not torch.isfinite(y_ref).any() and not torch.isfinite(y).any()
+    return 0.0 if nowhere else distance(y, y_ref)
 
 
 def _changes(max_size: int, grouped: bool, rotated: bool) -> Iterator[tuple[Deviation, ...]]:
@@ -105,7 +111,7 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch],
                     ["the modern attention", *([rope.describe(hs)] if rope else []),
                      *(["a qk norm"] if qk is not None else [])]
                 )  # fmt: skip
-                nearest[0] = min(nearest[0], (relative_error(read.ctx, ctx), what))
+                nearest[0] = min(nearest[0], (_error(read.ctx, ctx), what))
             if (rope, qk) == (None, None) and read.rotated:
                 continue
             if close(read.ctx, ctx, TOLERANCE, undefined=True):
@@ -159,12 +165,11 @@ def _pairing_label(rope: Rope) -> str:
     )
 
 
-def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutcome | None:
+def compare_modern(source: Source, x: Tensor) -> ModernOutcome | None:
     """Read and compare a modern block traced on ``x`` (B, T, C); ``None`` when it is the lessons'
     block."""
-    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
     try:
-        read = read_modern_trace(source.trace_of(x))
+        read = read_modern(source.trace_of(x))
     except (Unread, TraceError):
         return None  # not read as a modern block: the lessons' reading says why
     if read is None:
@@ -239,7 +244,7 @@ def compare_modern(subject_module: nn.Module | Source, x: Tensor) -> ModernOutco
         with torch.no_grad():
             xs = read.x.to(read.y.dtype)
             shifted = partial(_run, read, parts, attn[0]) if attn[0].rope else None
-            cache = judge_cache(*source.cache(xs), xs, relative_error, TOLERANCE, shifted)
+            cache = judge_cache(*source.cache(xs), xs, _error, TOLERANCE, shifted)
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
@@ -269,13 +274,13 @@ def _wiring(read: ModernRead, parts: Parts, a: AttnMatch, post: bool) -> tuple[D
     """The modern block with the parts as read, wired pre-norm (or in parallel, GPT-J), else
     with one of the lessons' wiring mistakes: the mistake (None for none) and the error."""
     with torch.no_grad():
-        best: tuple[Deviation | None, float] = (None, relative_error(read.y, _run(read, parts, a)))
+        best: tuple[Deviation | None, float] = (None, _error(read.y, _run(read, parts, a)))
         for d in () if read.parallel else DEVIATIONS:
             if best[1] <= TOLERANCE:
                 break
             if d.group == "wiring" and (d.mistake == "post_norm") == post:
                 wiring = d.apply(CORRECT).wiring
-                error = relative_error(read.y, _run(read, parts, a, None, wiring))
+                error = _error(read.y, _run(read, parts, a, None, wiring))
                 best = (d, error) if error < best[1] else best
         return best
 
@@ -364,22 +369,9 @@ def judge_cache(
     )
 
 
-def check_modern(
-    subject_module: nn.Module | Source, x: Tensor, seen: list[Trace] | None = None
-) -> ModernOutcome | None:
+def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
     """``compare_modern``; ``None`` also when the checker's own code fails on the block, so that
-    the lessons' reading (and its report of what it cannot read) takes over. The forward pass
-    it reads is kept in ``seen``, if given (a lessons' block's is looked at again for what the
-    references do not model)."""
-    source = subject_module if isinstance(subject_module, Source) else Source.of(subject_module)
-    if seen is not None:
-        record = source.trace_of
-
-        def kept(x: Tensor) -> Trace:
-            seen.append(record(x))
-            return seen[-1]
-
-        source = replace(source, trace_of=kept)
+    the lessons' reading (and its report of what it cannot read) takes over."""
     try:
         with torch.no_grad():
             y = source.call(x)

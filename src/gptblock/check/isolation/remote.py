@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from ..compare.modern import Source, check_modern
+from ..compare.modern import check_modern
 from ..mistakes.report import text
-from ..roles.readings import TRACE_T, Readings, dataflow, trace_shapes
+from ..roles.modern_read import Source
+from ..roles.readings import TRACE_T, Readings, Traces, dataflow, trace_shapes
 from ..roles.trace import Trace, from_plain
 from ..serve.subject import Grads, Probed
 from .worker import modern_answer, plain_readings
@@ -63,6 +64,7 @@ class Remote(Probed):
         self.dtype, self.generator = dtype, torch.Generator().manual_seed(0)
         self.tol = 1e-10 if dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
+        self.traces = Traces(self, self.record)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
@@ -111,9 +113,11 @@ class Remote(Probed):
         return {str(n): tensors[n] for n in names}
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        self.traces.clear()  # recorded with the weights before
         self.call("set", dict(values))
 
     def dropout_off(self) -> str:
+        self.traces.clear()
         how = self.call("dropout_off")[0].get("how")
         if how not in ("", "switched off", "with its probability set to 0"):
             raise ProtocolBroken("an unknown way of switching dropout off")
@@ -129,7 +133,7 @@ class Remote(Probed):
         (the dataflow), else, with roles given or by names, as the block's process says
         (checked by ``receive.unpack_readings``)."""
         if not roles:
-            found = dataflow(self, self.record, self.longest or TRACE_T)
+            found = dataflow(self.traces, self.longest or TRACE_T)
             if not isinstance(found, str):
                 read, x = found
                 readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
@@ -147,9 +151,8 @@ class Remote(Probed):
         """The modern comparison, made here from traces the block's process recorded, as
         ``Served.modern`` answers."""
         B, T = trace_shapes(self.longest or TRACE_T)[0]
-        x = self.input(B, T, self.C)
-        seen: list[Trace] = []
-        return modern_answer(check_modern(Source(self.record, self, self.cache), x, seen), seen)
+        outcome = check_modern(Source(self.traces, self, self.cache), self.traces.input(B, T))
+        return modern_answer(outcome, self.traces.last)
 
     def suggest(self) -> str:
         """The ``--map`` arguments the block's process suggests, if they are only that."""

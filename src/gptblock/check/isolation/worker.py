@@ -17,6 +17,7 @@ import contextlib
 import pickle
 import sys
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -27,11 +28,13 @@ from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.modern import ModernOutcome, check_modern
 from ..mistakes.report import CAUGHT, one_line
+from ..roles.modern_read import Source
 from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import TRACE_T, Readings, read_parts, trace_shapes
+from ..roles.readings import TRACE_T, Readings, Traces, read_parts, trace_shapes
 from ..roles.suggest import suggest_map
-from ..roles.trace import NoDropout, Trace
+from ..roles.trace import NoDropout, Trace, record
+from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data
 
 __all__ = ["PROBE_T", "Served", "main", "modern_answer", "plain_readings"]
@@ -71,23 +74,38 @@ class Served(Held):
             UserValueError: a given role names nothing the block has.
         """
         notes: list[str] = []
-        found = read_parts(
-            self.subject, roles, max_length(self.module, self.kwargs, TRACE_T), notes
-        )
+        longest = max_length(self.module, self.kwargs, TRACE_T)
+        found = read_parts(self.subject, self.traces, roles, longest, notes)
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
+
+    def copy(self) -> dict[str, Any]:
+        """``Held.copy``, and the copy's forward passes recorded once per input (``Traces``)."""
+        told = super().copy()
+        s = self.subject
+        self.traces = Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
+        return told
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        super().set_parameters(values)
+        self.traces.clear()  # recorded with the weights before
+
+    def dropout_off(self) -> str:
+        how = super().dropout_off()
+        self.traces.clear()
+        return how
 
     trusted = True  # in the checker's own process: what this object says is what the block did
 
     def modern(self) -> dict[str, Any]:
         """The modern comparison (``compare.modern``) as plain data (``modern_answer``)."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
-        x = self.subject.input(B, T, self.C)
-        seen: list[Trace] = []
-        with NoDropout() if self.subject.no_dropout else contextlib.nullcontext():
-            outcome = check_modern(self.subject.module, x, seen)
-        return modern_answer(outcome, seen)
+        s = self.subject
+        source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
+        with NoDropout() if s.no_dropout else contextlib.nullcontext():
+            outcome = check_modern(source, self.traces.input(B, T))
+        return modern_answer(outcome, self.traces.last)
 
     def suggest(self) -> str:
         """The ``--map`` arguments that would let the checker read the block, or ``""``."""
@@ -132,13 +150,13 @@ def plain_readings(
     return {**meta, "notes": notes}, tensors
 
 
-def modern_answer(outcome: ModernOutcome | None, seen: list[Trace]) -> dict[str, Any]:
+def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str, Any]:
     """The modern comparison's outcome as plain data; for the lessons' block, ``{}``, or
     ``{"scope": [...]}`` naming what its attention computes that the references do not model,
-    read from the last forward pass the comparison kept (``seen``), for the verdict should no
+    read from the forward pass the comparison read last (``last``), for the verdict should no
     variant match it."""
     if outcome is None:  # the lessons' block: what the references do not model in it
-        scope = attention_scope(seen[-1]) if seen else []
+        scope = attention_scope(last) if last is not None else []
         return {"scope": scope} if scope else {}
     f = outcome.finding
     return {

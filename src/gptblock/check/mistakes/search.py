@@ -68,23 +68,27 @@ class Explanation:
     closest: Match | None  # when nothing matches: the variant that came nearest
 
 
-def distance(y: Tensor, y_ref: Tensor) -> float:
-    """How far the block's output ``y`` is from a variant's ``y_ref`` (both (B, T, C)), relative
-    to ``y_ref``. Positions where ``y_ref`` is not finite are skipped (the variant leaves them
-    undefined; a block may return NaN or zeros there); anywhere else a non-finite ``y`` is
-    infinitely far, and so is a ``y_ref`` with fewer than ``MIN_DEFINED`` positions defined.
+def distance(y: Tensor, y_ref: Tensor, least: float = MIN_DEFINED) -> float:
+    """How far ``y`` is from ``y_ref`` (of one shape, (..., F)), relative to ``y_ref``'s largest
+    entry: the one measure of the checker's comparisons. Positions (rows of the last axis) where
+    ``y_ref`` is not finite are skipped (the reference leaves them undefined, a row the mask
+    blocks entirely; a block may return NaN or zeros there); anywhere else a non-finite ``y`` is
+    infinitely far, and so are another shape and a ``y_ref`` defined at fewer than ``least`` of
+    its positions.
 
     Example:
         >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
-        >>> distance(y, y), round(distance(1.5 * y, y), 12)
-        (0.0, 0.5)
+        >>> distance(y, y), round(distance(1.5 * y, y), 12), distance(y, y[0])
+        (0.0, 0.5, inf)
     """
-    defined = torch.isfinite(y_ref).all(dim=-1)  # (B, T)
-    if defined.double().mean().item() < MIN_DEFINED:
+    defined = torch.isfinite(y_ref).all(dim=-1)  # (...)
+    if y.shape != y_ref.shape or defined.double().mean().item() < least:
         return float("inf")
-    ours, ref = y[defined], y_ref[defined]  # (n, C)
+    ours, ref = y[defined].double(), y_ref[defined].double()  # (n, F)
     if not torch.isfinite(ours).all():
         return float("inf")
+    if not defined.any():  # (``least`` 0) nowhere defined: nothing differs
+        return 0.0
     scale = ref.abs().max().clamp_min(1e-12)
     return float((ours - ref).abs().max() / scale)
 

@@ -163,10 +163,6 @@ def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
     return seen, min(found, key=lambda op: op.index) if found else None
 
 
-def _forward_to_weight(trace: Trace, node: int) -> Op | None:
-    return _moved_to(trace, node)[1]
-
-
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
     """The roles in a recorded forward pass of a block on a (B, T, C) input.
 

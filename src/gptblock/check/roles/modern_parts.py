@@ -20,12 +20,12 @@ import torch
 from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
-from ..mistakes.search import MIN_DEFINED
+from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, rms
 from .modern_read import Linear, ModernRead
 
 __all__ = [
-    "DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of", "relative_error",
+    "DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -36,22 +36,13 @@ CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (floa
 
 
 def close(a: Tensor, b: Tensor, tol: float = CLOSE, undefined: bool = False) -> bool:
-    """Whether the block's ``a`` and the reference's ``b`` agree to ``tol`` of ``b``'s largest
-    entry, NaN where both are; with ``undefined``, entries where ``b`` is not finite are
-    skipped instead (a row the mask blocks entirely: NaN in the reference, zeros in SDPA's),
-    as long as at least half of ``b`` is defined."""
-    if a.shape != b.shape:
-        return False
-    fine = torch.isfinite(b)
+    """Whether the block's ``a`` and the reference's ``b`` agree to ``tol`` (``search.distance``)
+    and are undefined at the same positions, wherever that is (a root of a negative mean); with
+    ``undefined``, ``b``'s undefined positions are skipped instead (NaN in the reference, zeros
+    in SDPA's), as long as at least half of ``b`` is defined."""
     if undefined:
-        if fine.double().mean() < 0.5 or not torch.isfinite(a[fine]).all():
-            return False
-    elif not torch.equal(torch.isfinite(a), fine):
-        return False
-    if not fine.any():
-        return True
-    scale = float(b[fine].abs().max()) + 1e-30
-    return float((a[fine] - b[fine]).abs().max()) <= tol * scale
+        return distance(a, b) <= tol
+    return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
 
 
 @dataclass(frozen=True)
@@ -127,7 +118,7 @@ def _layernorm(
     """A LayerNorm, used as the block computes it, with its bias (its output at 0, where the
     normalised input is 0), gain (on large inputs, where eps does not matter) and eps (on small
     ones, where it does) read off it when one eps of ``EPS`` reproduces it: what the checker's
-    own process rebuilds the block from (``modern_plain``)."""
+    own process rebuilds the block from (``plain.send``, ``receive``)."""
     z, big, small = probes
     C = z.shape[-1]
     try:
@@ -231,18 +222,3 @@ _WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "SiLU on both branches: silu(w1 x) * silu(w3 x)": lambda a, b: F.silu(a) * F.silu(b),
 }
 """SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
-
-
-def relative_error(y: Tensor, y_ref: Tensor) -> float:
-    """The largest difference relative to ``y_ref``'s largest entry, over the positions the
-    reference defines (a row the mask blocks entirely is NaN in it; a block may give zeros),
-    where ``y`` must be defined too; 0 where neither is defined anywhere (a root of a negative
-    mean everywhere: the norm's own test decided)."""
-    y = y.double()
-    fine = torch.isfinite(y_ref)
-    if not fine.any():
-        return 0.0 if not torch.isfinite(y).any() else float("inf")
-    if fine.double().mean() < MIN_DEFINED or not torch.isfinite(y[fine]).all():
-        return float("inf")
-    scale = float(y_ref[fine].abs().max()) + 1e-30
-    return float((y[fine] - y_ref[fine]).abs().max()) / scale

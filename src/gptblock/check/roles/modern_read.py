@@ -17,19 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
-from ..serve.loop import drive_cache
-from .dataflow import Core, Role, Roles, Unread, _cores, _forward_to_weight, _role
+from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role
 from .modern_rotary import Turn, heads, measure_turn
 from .norms import find_norms, order_norms
-from .trace import Op, Trace, record, replay
+from .trace import Op, Trace, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
 __all__ = [
-    "ModernRead", "Source", "qk_gains", "read_modern", "read_modern_trace",
+    "ModernRead", "Source", "qk_gains", "read_modern",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -210,29 +208,11 @@ class Source:
     call: Callable[[Tensor], object]
     cache: Callable[[Tensor], tuple[dict[str, Any], dict[str, Tensor]]]
 
-    @classmethod
-    def of(cls, module: nn.Module) -> Source:
-        return cls(
-            lambda x: record(module, x),
-            lambda x: module(x.clone()),
-            lambda x: drive_cache(module, x),
-        )
 
-
-def read_modern(module: nn.Module, x: Tensor) -> ModernRead | None:
-    """Record ``module(x)`` and read it as a modern block; ``None``
-    when it is the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
-
-    Raises:
-        Unread: it is a modern block, but its parts cannot be read; the message says why.
-        TraceError: the forward pass cannot be recorded or re-run.
-    """
-    return read_modern_trace(record(module, x))
-
-
-def read_modern_trace(trace: Trace) -> ModernRead | None:
-    """``read_modern`` on a recorded forward pass, wherever it was recorded (every weight read
-    by replaying the trace).
+def read_modern(trace: Trace) -> ModernRead | None:
+    """A recorded forward pass (wherever it was recorded) read as a modern block, every weight
+    by replaying it; ``None`` when it is the lessons' block (no RMSNorm, rotary positions,
+    grouped heads or gated MLP).
 
     Raises:
         Unread: it is a modern block, but its parts cannot be read; the message says why.
@@ -245,7 +225,7 @@ def read_modern_trace(trace: Trace) -> ModernRead | None:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
     q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    proj_op = _forward_to_weight(trace, core.y)
+    proj_op = _moved_to(trace, core.y)[1]
     if proj_op is None:
         raise Unread("no output projection reads the attention's output")
     attn_ops = {q_op.index, k_op.index, v_op.index, proj_op.index}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -28,15 +27,48 @@ from .dataflow import Unread
 from .given import fix_roles
 from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe
-from .trace import Trace, TraceError, record
+from .trace import Trace, TraceError
 from .weights import Reading, read_trace
 
 __all__ = [
-    "TRACE_B", "TRACE_T", "Readings", "agrees", "dataflow", "read_parts", "trace_shapes",
+    "TRACE_B", "TRACE_T", "Readings", "Traces", "agrees", "dataflow", "read_parts", "trace_shapes",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell them apart
+
+
+class Traces:
+    """A block's forward passes, each recorded once per input by ``record`` (here, or in the
+    block's process), on inputs drawn once per (B, T) from ``tested``'s seed: the modern
+    comparison and the dataflow's reading read the same one (a recording runs the block
+    operator by operator, the costliest step of reading it). Valid while the block's weights
+    stay as they are: ``clear`` after setting them."""
+
+    def __init__(self, tested: Tested, record: Callable[[Tensor], Trace]) -> None:
+        self.tested, self.record = tested, record
+        self.inputs: dict[tuple[int, int], Tensor] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        self.seen: list[tuple[Tensor, Trace]] = []  # (input, its forward pass)
+        self.last: Trace | None = None  # the latest asked for
+
+    def input(self, B: int, T: int) -> Tensor:
+        """The input traced at (B, T), (B, T, C) in the block's dtype."""
+        if (B, T) not in self.inputs:
+            self.inputs[B, T] = self.tested.input(B, T, self.tested.C)
+        return self.inputs[B, T]
+
+    def __call__(self, x: Tensor) -> Trace:
+        """The forward pass on ``x``, recorded unless it was before."""
+        same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
+        trace = next(same, None)
+        if trace is None:
+            trace = self.record(x)
+            self.seen.append((x, trace))
+        self.last = trace
+        return trace
 
 
 @dataclass(frozen=True)
@@ -93,17 +125,15 @@ def trace_shapes(longest: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
 
 
-def dataflow(
-    tested: Tested, trace_of: Callable[[Tensor], Trace], longest: int
-) -> tuple[Reading, Tensor] | str:
+def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
     """The dataflow's reading of the block and the (float64) input it was traced on, or why
-    there is none: each shape of ``trace_shapes`` recorded by ``trace_of`` (here, or in the
-    block's process) and read by replaying the trace here (``weights.read_trace``)."""
+    there is none: each shape of ``trace_shapes`` recorded (``traces``) and read by replaying
+    the trace here (``weights.read_trace``)."""
     why = ""
     for B, T in trace_shapes(longest):
-        x = tested.input(B, T, tested.C).to(torch.float64)
+        x = traces.input(B, T)
         try:
-            return read_trace(trace_of(x.to(tested.dtype)), x.to(tested.dtype)), x
+            return read_trace(traces(x), x), x.to(torch.float64)
         except (Unread, TraceError) as e:
             why = why or str(e)
         except CAUGHT as e:  # the reader's own limit, not the block's mistake: say so
@@ -112,10 +142,11 @@ def dataflow(
 
 
 def read_parts(
-    subject: Subject, roles: Mapping[str, str], longest: int, notes: list[str]
+    subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
     """The block's parts to compare, or why they cannot be read; how they were read is added to
-    ``notes``, ``roles`` are the caller's (``--map``, possibly none).
+    ``notes``, ``roles`` are the caller's (``--map``, possibly none); ``traces`` record
+    ``subject``.
 
     Raises:
         UserValueError: a given role names nothing the block has.
@@ -125,9 +156,7 @@ def read_parts(
         raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
-    found = dataflow(
-        subject, partial(record, subject.module, no_dropout=subject.no_dropout), longest
-    )
+    found = dataflow(traces, longest)
     parts = discover(subject.module)
     check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
     if roles and not isinstance(found, str):
