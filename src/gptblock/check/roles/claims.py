@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ...errors import UserValueError
 from .given import Given, given_part, parse_given
-from .mapping import ROLES, SHAPES, fits, resolve_roles
+from .mapping import ROLES, SHAPES, fits, named_parts
 from .parts import Part
 from .weights import Reading
 
@@ -50,7 +50,8 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
     given = {r: parse_given(module, text) for r, text in roles.items()}
-    found = {r: [] if given[r] else _resolved(parts, r, text) for r, text in roles.items()}
+    # a name of no part: resolve_roles says so later, with the trace's names
+    found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
     _one_weight_one_role(module, roles, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
@@ -68,13 +69,6 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
         if some and role not in BRANCH:
             fitted[role] = _linear(role, text, some, C, named.get(text))
     _between(roles, fitted)
-
-
-def _resolved(parts: list[Part], role: str, text: str) -> list[Part]:
-    try:
-        return resolve_roles(parts, {role: text}).get(role, [])
-    except ValueError:  # no such part: resolve_roles says so later, with the trace's names
-        return []
 
 
 def _what(p: Part) -> str:
