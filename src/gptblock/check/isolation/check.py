@@ -352,14 +352,11 @@ def _at(
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
-    dtype = getattr(torch, str(copy.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
     service: Service
     if isinstance(call, InProcess) and isinstance(call.held, Served):  # seeded: a report the
         service, seeds = call.held, (FRESH_SEED, WEIGHTS_SEED)  # same on every run
     else:  # claims, and inputs and weights from seeds the child never sees
-        service = Remote(call, C, T, dtype, str(copy.get("note", "")), longest)
+        service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
         seeds = (secrets.randbits(63), secrets.randbits(63))
     fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)
     report = decide(service, description, roles, progress, fresh, weights, again=other)
