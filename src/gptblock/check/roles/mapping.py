@@ -23,20 +23,20 @@ from torch.nn import functional as F
 from ..mistakes.steps import Parts, SubLayer
 from .parts import Part, glob
 
-__all__ = ["ROLES", "MappedBlock", "Unmapped", "map_roles", "named_parts", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "named_parts", "resolve_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
 ROLES = ("ln1", "ln2", "q", "k", "v", "qkv", "proj", "fc1", "fc2")
 QKV = ROLES[2:5]  # told apart only by order: a form with them separate tries their other orders
-SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
-          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
-READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
+SHAPES = {**dict.fromkeys(QKV, "(D, C)"), "qkv": "(3D, C)", "proj": "(C, D)", "fc1": "(H, C)",
+          "fc2": "(C, H)"}  # fmt: skip
+READS_C = (*QKV, "qkv", "fc1")  # the rest (proj, fc2) write C
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "h", "heads")
 HEAD_SIZE_ATTRIBUTES = ("head_size", "head_dim", "d_k", "hs", "d_head", "dim_head")
 FORMS = {  # the roles each way of making q, k, v needs from the block's plain linear parts
     "packed": ("qkv", "proj", "fc1", "fc2"),
-    "separate": ("q", "k", "v", "proj", "fc1", "fc2"),
+    "separate": (*QKV, "proj", "fc1", "fc2"),
     "heads": ("proj", "fc1", "fc2"),
     "mha": ("fc1", "fc2"),
 }
@@ -109,7 +109,7 @@ def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list
             known = ", ".join(p.name or "(the block)" for p in parts[:16])
             raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
         out[role] = found
-    if "qkv" in out and out.keys() & {"q", "k", "v"}:
+    if "qkv" in out and out.keys() & set(QKV):
         raise ValueError("give either qkv (packed) or q, k and v, not both")
     return out
 
