@@ -5,7 +5,8 @@ under every combination of up to three catalogued mistakes, combined into one re
 (``compare.verdict.decide``). The block runs in this process, for code the caller trusts, or
 (``isolate=True``) in child processes that only answer requests (``isolation``), where a block
 that exits, crashes, hangs or is written to fool the checker cannot touch the verdict. Either
-way it is checked at the sizes its file implies and at others (``isolation.check.two_sizes``).
+way the same requests check it, at the sizes its file implies and at others (``isolation.check``:
+``two_sizes``; in this process they reach ``InProcess``).
 
 Shapes: B batch, T time, C channels.
 """

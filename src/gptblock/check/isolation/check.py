@@ -9,7 +9,8 @@ crash, a broken protocol, ``timeout``), the report comes from here, keeps the fi
 before and names what happened during which stage. Targets of one file share a child; of
 different files, a child each (one learner's code cannot answer for another's). What remains
 (the block runs as the same user): it can write to any file the user can; for grading, trust
-the exit code or ``--json``, and run untrusted code in a container.
+the exit code or ``--json``, and run untrusted code in a container. ``check_in_process``, for
+code the caller trusts, sends the same requests to ``InProcess``, which answers them here.
 """
 
 from __future__ import annotations
