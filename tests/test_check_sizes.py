@@ -3,6 +3,7 @@ checker does not know, in the constructor, its defaults, a config the caller pas
 dataclass config the checker builds, all changed consistently."""
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -77,6 +78,20 @@ def test_a_block_right_only_at_its_files_sizes_fails_naming_the_other_sizes():
     (other,) = [f for f in report.findings if not f.passed]
     assert other.name == "other sizes"
     assert "; at hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): FAIL" in other.message
+
+
+def test_in_process_and_isolated_the_other_sizes_are_checked_by_one_path():
+    # check_in_process answers here the requests check_isolated sends a child (InProcess):
+    # the same findings, notes and failure at the other sizes (the isolated seeds are secret)
+    args = {**SEQ2SEQ, "scale": math.sqrt(8)}
+    here, there = (check_block(DecoderLayer, isolate=i, **args) for i in (False, True))
+    assert [(f.name, f.passed) for f in here.findings] == [
+        (f.name, f.passed) for f in there.findings
+    ]
+    unmeasured = [[re.sub(r"\d+(e-\d+)?", "#", n) for n in r.notes] for r in (here, there)]
+    assert unmeasured[0] == unmeasured[1] and here.diagnosis == there.diagnosis
+    said = [f.message.partition(": FAIL")[0] for r in (here, there) for f in r.findings[-1:]]
+    assert said[0] == said[1] and said[0].endswith("at hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)")
 
 
 # Written the way rasbt's LLMs-from-scratch (ch. 4) writes its block: a config dict with emb_dim,

@@ -5,7 +5,8 @@ under every combination of up to three catalogued mistakes, combined into one re
 (``compare.verdict.decide``). The block runs in this process, for code the caller trusts, or
 (``isolate=True``) in child processes that only answer requests (``isolation``), where a block
 that exits, crashes, hangs or is written to fool the checker cannot touch the verdict. Either
-way it is checked at the sizes its file implies and at others (``isolation.check.two_sizes``).
+way the same requests check it, at the sizes its file implies and at others (``isolation.check``:
+``two_sizes``; in this process they reach ``InProcess``).
 
 Shapes: B batch, T time, C channels.
 """
@@ -14,31 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
-import torch
 import torch.nn as nn
 
 from ..blocks.fused import FusedBlock
 from ..blocks.mha import TransformerBlock
-from ..errors import UserError, UserTypeError, UserValueError
+from ..errors import UserTypeError, UserValueError
 from ..lesson import Block as LessonBlock
-from .building.build import build_at
-from .building.sizes import not_other
 from .building.target import load_target
-from .compare.verdict import Progress, decide
-from .isolation.check import DEFAULT_TIMEOUT, check_isolated, two_sizes
-from .isolation.worker import Served
+from .compare.verdict import Progress
+from .isolation.check import DEFAULT_TIMEOUT, FRESH_SEED, WEIGHTS_SEED, check_isolated
+from .isolation.check import check_in_process as check_in_process
 from .mistakes.report import CheckReport
-from .serve.subject import one_thread
 
 __all__ = [
     "FRESH_SEED", "WEIGHTS_SEED", "Progress", "check_block", "check_in_process", "own_blocks",
 ]  # fmt: skip
-
-# In this process (trusted code) the inputs that confirm a comparison and the weights the
-# copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).
-FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 
 def own_blocks() -> list[Callable[..., nn.Module]]:
@@ -115,55 +107,6 @@ def check_block(
     if isinstance(target, str):
         target = load_target(target)
     return check_in_process(target, kwargs, given)
-
-
-def check_in_process(
-    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str],
-    progress: Progress | None = None,
-) -> CheckReport:  # fmt: skip
-    """``check_block`` in this process (for code the caller trusts: a block written to fool
-    the checker can), telling ``progress`` each stage and finding, at both sizes."""
-    return two_sizes(lambda p, other: _at(target, kwargs, roles, p, other), progress)
-
-
-def _at(
-    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str], progress: Progress,
-    other: bool,
-) -> tuple[CheckReport, str] | str:  # fmt: skip
-    """The report at the file's sizes (or the ``other``) and their label; at the other sizes,
-    why not instead when the block cannot be built or called there."""
-    progress.stage("building the block")
-    try:
-        built = build_at(target, kwargs, other)
-    except UserError as e:
-        if not other:
-            raise
-        return not_other(str(e))
-    if built is None:
-        return ""
-    try:
-        progress.built(built.description)
-        served = Served(built.module, built.args if other else kwargs)
-        with one_thread():
-            progress.stage("copying the block and calling it once to tell its width C")
-            C, T = served.width()
-            if other and C != built.width:
-                return not_other(f"it takes a width of {C}, not {built.width}")
-            progress.stage("copying the block and calling it once")
-            copy = served.copy()
-            if other and copy["failed"]:
-                return not_other(f"calling it raised {copy['failed']}")
-            if copy["raised"]:
-                raise UserValueError(
-                    f"cannot check {built.description}: calling it on a {(T, T, C)} input "
-                    f"raised {copy['raised']}"
-                )
-            fresh = torch.Generator().manual_seed(FRESH_SEED)
-            weights = torch.Generator().manual_seed(WEIGHTS_SEED)
-            report = decide(served, built.description, roles, progress, fresh, weights, again=other)
-    finally:
-        built.undo()
-    return replace(report, notes=[*built.notes, *report.notes]), built.label
 
 
 def _checked_roles(roles: object) -> dict[str, str]:

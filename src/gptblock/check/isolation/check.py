@@ -9,7 +9,8 @@ crash, a broken protocol, ``timeout``), the report comes from here, keeps the fi
 before and names what happened during which stage. Targets of one file share a child; of
 different files, a child each (one learner's code cannot answer for another's). What remains
 (the block runs as the same user): it can write to any file the user can; for grading, trust
-the exit code or ``--json``, and run untrusted code in a container.
+the exit code or ``--json``, and run untrusted code in a container. ``check_in_process``, for
+code the caller trusts, sends the same requests to ``InProcess``, which answers them here.
 """
 
 from __future__ import annotations
@@ -22,31 +23,33 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from ... import errors
+from ..building.build import build_at
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
-from ..compare.verdict import Progress, decide
+from ..compare.verdict import Progress, Service, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
+from ..serve.runner import Runner
 from ..serve.subject import one_thread
 from .child import STARTUP_LIMIT, Child, Gone, undumpable
 from .remote import Call, ProtocolBroken, Remote
+from .worker import Served
 
 __all__ = [
-    "DEFAULT_TIMEOUT",
-    "STARTUP_LIMIT",
-    "Told",
-    "ask_isolated",
-    "check_isolated",
-    "two_sizes",
-]
+    "DEFAULT_TIMEOUT", "FRESH_SEED", "STARTUP_LIMIT", "WEIGHTS_SEED", "InProcess", "Told",
+    "ask_isolated", "check_in_process", "check_isolated", "two_sizes",
+]  # fmt: skip
 
 Answer = TypeVar("Answer")
 
 DEFAULT_TIMEOUT = 60.0  # seconds to load, build and check a block (a check takes well under one)
+# In this process (trusted code) the inputs that confirm a comparison and the weights the
+# copy is given are seeded, so a report is the same on every run (``gptblock check``: secret).
+FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 
 @dataclass
@@ -97,10 +100,7 @@ def check_isolated(
         """Load, build and check target i at the file's sizes and at others (``two_sizes``)."""
         try:
             child.call("load", index=j)
-            fresh = torch.Generator().manual_seed(secrets.randbits(63))  # never seen by the child
-            weights = torch.Generator().manual_seed(secrets.randbits(63))
-            at = lambda p, other: _at(child.call, p, roles, fresh, weights, other)  # noqa: E731
-            return two_sizes(at, states[i])
+            return two_sizes(lambda p, other: _at(child.call, p, roles, other), states[i])
         except ProtocolBroken as e:
             raise Gone(f"broke the checker's protocol ({e})") from None
         except Raised as e:  # where the checker does not expect the block to raise
@@ -274,29 +274,67 @@ def two_sizes(
     return combine(first[0], report, first[1], other)
 
 
+class InProcess(Runner):
+    """The builder's and the runner's answers made in this process, for code the caller trusts
+    (``check_in_process``): a ``Call`` as a child's, whose block (``held``, a ``Served``)
+    ``decide`` then asks directly. Its last build's module settings stay set until ``undo``."""
+
+    def __init__(self, target: object, kwargs: Mapping[str, object]) -> None:
+        super().__init__({"targets": []})
+        self.target, self.kwargs = target, kwargs
+
+    def __call__(
+        self, op: str, tensors: Mapping[str, torch.Tensor] | None = None, **args: object
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return self.answer(op, args, tensors or {})
+
+    def build(self, op: str, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        other = bool(args["other"])
+        built = build_at(self.target, self.kwargs, other)
+        if built is None:
+            return {"none": True}, {}
+        self.undo = built.undo
+        self.held = Served(built.module, built.args if other else self.kwargs)
+        told = {"description": built.description, "label": built.label, "notes": built.notes}
+        return {**told, "width": built.width}, {}
+
+
+def check_in_process(
+    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str],
+    progress: Progress | None = None,
+) -> CheckReport:  # fmt: skip
+    """``check_block`` in this process (for code the caller trusts: a block written to fool
+    the checker can), telling ``progress`` each stage and finding, at both sizes: the requests
+    ``check_isolated`` sends a child, answered here (``InProcess``)."""
+    local = InProcess(target, kwargs)
+    try:
+        with one_thread():
+            return two_sizes(lambda p, other: _at(local, p, roles, other), progress)
+    finally:
+        local.undo()
+
+
 def _at(
-    call: Call,
-    progress: Progress,
-    roles: Mapping[str, str],
-    fresh: torch.Generator,
-    weights: torch.Generator,
-    other: bool,
+    call: Call, progress: Progress, roles: Mapping[str, str], other: bool
 ) -> tuple[CheckReport, str] | str:
     """The report at the file's sizes or the ``other`` ones and their label; at the other
-    sizes, why not instead when the block cannot be built or called there."""
+    sizes, why not instead when the block cannot be built or called there. What a child says
+    is bounded (``text``) and checked for form; what this process says (``InProcess``), not."""
+    trusted = isinstance(call, InProcess)
+    bound = (lambda value, limit: str(value)) if trusted else text
     progress.stage("building the block")
     try:
         said = call("build", other=other)[0]
     except errors.UserError as e:
         if not other:
             raise
-        return not_other(text(str(e), 400))
+        return not_other(bound(str(e), 400))
     if said.get("none") is True:
         return ""
-    description = text(said.get("description", ""), 400)
+    description = bound(said.get("description", ""), 400)
     progress.built(description)
-    notes = said.get("notes")
-    notes = [text(n, 400) for n in notes][:4] if isinstance(notes, list) else []
+    notes = said["notes"] if isinstance(said.get("notes"), list) else []
+    notes = [bound(n, 400) for n in notes][: None if trusted else 4]
     progress.stage("copying the block and calling it once to tell its width C")
     shape = call("width")[0]
     C, T, longest = shape.get("C"), shape.get("T"), shape.get("longest", 0)
@@ -305,19 +343,22 @@ def _at(
     if not isinstance(longest, int) or not 0 <= longest <= 1 << 30:
         raise ProtocolBroken("a longest sequence that is not one")
     if other and C != said.get("width"):
-        return not_other(f"it takes a width of {C}, not {text(said.get('width'), 20)}")
+        return not_other(f"it takes a width of {C}, not {bound(said.get('width'), 20)}")
     progress.stage("copying the block and calling it once")
     copy = call("copy", C=C, T=T, longest=longest)[0]
-    raised = text(copy.get("raised", ""), 600)
+    raised = bound(copy.get("raised", ""), 600)
     if other and copy.get("failed"):
-        return not_other(f"calling it raised {text(copy.get('failed'), 400)}")
+        return not_other(f"calling it raised {bound(copy.get('failed'), 400)}")
     if raised:
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
-    dtype = getattr(torch, str(copy.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ProtocolBroken(f"a copy in {text(copy.get('dtype'), 40)!r}")
-    remote = Remote(call, C, T, dtype, str(copy.get("note", "")), longest)
-    report = decide(remote, description, roles, progress, fresh, weights, again=other)
-    return replace(report, notes=[*notes, *report.notes]), text(said.get("label", ""), 200)
+    service: Service
+    if isinstance(call, InProcess) and isinstance(call.held, Served):  # seeded: a report the
+        service, seeds = call.held, (FRESH_SEED, WEIGHTS_SEED)  # same on every run
+    else:  # claims, and inputs and weights from seeds the child never sees
+        service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
+        seeds = (secrets.randbits(63), secrets.randbits(63))
+    fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)
+    report = decide(service, description, roles, progress, fresh, weights, again=other)
+    return replace(report, notes=[*notes, *report.notes]), bound(said.get("label", ""), 200)

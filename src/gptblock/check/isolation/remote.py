@@ -49,16 +49,16 @@ def _dtype(name: object) -> torch.dtype:
 
 class Remote(Probed):
     """A block in another process, asked through ``call``: its width ``C``, the probes'
-    length ``T``, the ``dtype`` it computes in, the ``note`` it said of its copy and its
-    ``longest`` sequence (0: unknown; traced up to ``TRACE_T``), as it says."""
+    length ``T``, the ``name`` of the dtype it computes in (float64 or float32), the ``note``
+    it said of its copy and its ``longest`` sequence (0: unknown; traced up to ``TRACE_T``),
+    as it says."""
 
     device = torch.device("cpu")  # the tensors here; the block's own device is its process's
 
-    def __init__(
-        self, call: Call, C: int, T: int, dtype: torch.dtype, note: str, longest: int = 0
-    ) -> None:
-        if dtype not in (torch.float64, torch.float32):
-            raise ProtocolBroken(f"a copy in {dtype}, expected float64 or float32")
+    def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
+        dtype = {"float64": torch.float64, "float32": torch.float32}.get(str(name))
+        if dtype is None:
+            raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
         self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
         self.tested = self
         self.dtype, self.generator = dtype, torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ...errors import UserValueError
 from .given import Given, given_part, parse_given
-from .mapping import ROLES, SHAPES, fits, resolve_roles
+from .mapping import QKV, ROLES, SHAPES, fits, named_parts
 from .parts import Part
 from .weights import Reading
 
@@ -50,13 +50,14 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
     given = {r: parse_given(module, text) for r, text in roles.items()}
-    found = {r: [] if given[r] else _resolved(parts, r, text) for r, text in roles.items()}
+    # a name of no part: resolve_roles says so later, with the trace's names
+    found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
     _one_weight_one_role(module, roles, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
     for role, text in roles.items():
         some = found[role]
-        if len(some) > 1 and role not in ("q", "k", "v"):
+        if len(some) > 1 and role not in QKV:
             one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
             names = ", ".join(p.name for p in some[:4])
             raise UserValueError(f"{role}={text} matches {len(some)} parts ({names}); {one}")
@@ -68,13 +69,6 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[st
         if some and role not in BRANCH:
             fitted[role] = _linear(role, text, some, C, named.get(text))
     _between(roles, fitted)
-
-
-def _resolved(parts: list[Part], role: str, text: str) -> list[Part]:
-    try:
-        return resolve_roles(parts, {role: text}).get(role, [])
-    except ValueError:  # no such part: resolve_roles says so later, with the trace's names
-        return []
 
 
 def _what(p: Part) -> str:
@@ -175,7 +169,7 @@ def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, 
         mine = _ids(module, path)
         if not mine:
             continue  # no such part: said where the roles are resolved
-        claimed = {"q", "k", "v"} if role == "qkv" else {role}
+        claimed = set(QKV) if role == "qkv" else {role}
         if role == "ln2" and "ln2" not in held:
             claimed = {"ln1"}  # one LayerNorm for both branches
         users = [r for r in ROLES if mine & held.get(r, set())]
@@ -212,7 +206,7 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
             f"reads {width}"
         )
     mine = _without_bias(part.module, x)
-    if role in ("q", "k", "v", "qkv"):  # q, k, v and qkv of the reading, less their biases
+    if role in (*QKV, "qkv"):  # q, k, v and qkv of the reading, less their biases
         zero = read.parts.qkv(torch.zeros_like(x))
         q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
         theirs = {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}

@@ -23,19 +23,20 @@ from torch.nn import functional as F
 from ..mistakes.steps import Parts, SubLayer
 from .parts import Part, glob
 
-__all__ = ["ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "named_parts", "resolve_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
 ROLES = ("ln1", "ln2", "q", "k", "v", "qkv", "proj", "fc1", "fc2")
-SHAPES = {"q": "(D, C)", "k": "(D, C)", "v": "(D, C)", "qkv": "(3D, C)", "proj": "(C, D)",
-          "fc1": "(H, C)", "fc2": "(C, H)"}  # fmt: skip
-READS_C = ("q", "k", "v", "qkv", "fc1")  # the rest (proj, fc2) write C
+QKV = ROLES[2:5]  # told apart only by order: a form with them separate tries their other orders
+SHAPES = {**dict.fromkeys(QKV, "(D, C)"), "qkv": "(3D, C)", "proj": "(C, D)", "fc1": "(H, C)",
+          "fc2": "(C, H)"}  # fmt: skip
+READS_C = (*QKV, "qkv", "fc1")  # the rest (proj, fc2) write C
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "h", "heads")
 HEAD_SIZE_ATTRIBUTES = ("head_size", "head_dim", "d_k", "hs", "d_head", "dim_head")
 FORMS = {  # the roles each way of making q, k, v needs from the block's plain linear parts
     "packed": ("qkv", "proj", "fc1", "fc2"),
-    "separate": ("q", "k", "v", "proj", "fc1", "fc2"),
+    "separate": (*QKV, "proj", "fc1", "fc2"),
     "heads": ("proj", "fc1", "fc2"),
     "mha": ("fc1", "fc2"),
 }
@@ -86,9 +87,15 @@ def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     return shape[1] == C if role in READS_C else shape[0] == C
 
 
+def named_parts(parts: list[Part], name: str) -> list[Part]:
+    """The parts ``name`` names: the part of that name or with that parameter, else those a
+    glob such as ``heads.*.query`` matches (one per head, in registration order); or none."""
+    found = [p for p in parts if p.name == name or name in p.params]
+    return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
+
+
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}`` (a part's name, one of its parameters, or a glob
-    such as ``heads.*.query`` for one part per head, in registration order).
+    """The parts named by ``{role: name}`` (``named_parts``).
 
     Raises:
         ValueError: an unknown role, or a name that matches no part.
@@ -97,13 +104,12 @@ def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list
     for role, name in roles.items():
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}")
-        found = [p for p in parts if p.name == name or name in p.params]
-        found = found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
+        found = named_parts(parts, name)
         if not found:
             known = ", ".join(p.name or "(the block)" for p in parts[:16])
             raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
         out[role] = found
-    if "qkv" in out and out.keys() & {"q", "k", "v"}:
+    if "qkv" in out and out.keys() & set(QKV):
         raise ValueError("give either qkv (packed) or q, k and v, not both")
     return out
 
@@ -142,11 +148,11 @@ def map_roles(
         if len(tied) > 1:
             how.append(f"{len(tied)} readings fit equally well and are all tried")
         fallback = []
-        if tied[0].form in ("separate", "heads") and not fixed.keys() & {"q", "k", "v"}:
+        if tied[0].form in ("separate", "heads") and not fixed.keys() & set(QKV):
             for order in list(itertools.permutations(range(3)))[1:]:
                 c, hs = tied[0], [(g[order[0]], g[order[1]], g[order[2]]) for g in heads]
                 if c.form == "separate":  # q, k, v taken in ``order`` instead
-                    qkv = {r: c.roles["qkv"[i]] for r, i in zip("qkv", order, strict=True)}
+                    qkv = {r: c.roles[QKV[i]] for r, i in zip(QKV, order, strict=True)}
                     c = replace(c, roles=c.roles | qkv)
                 fallback.append(_build(c, hs, mhas, C, lns))
                 names.append(_names(c, hs, mhas))
@@ -280,9 +286,10 @@ def _assign(
 def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> Heads:
     """Per-head (q, k, v) linear modules, in registration order: groups of three (hs, C) layers
     under one parent."""
-    if all(r in fixed for r in ("q", "k", "v")) and len(fixed["q"]) > 1:
-        return list(zip(fixed["q"], fixed["k"], fixed["v"], strict=True))
-    if "qkv" in fixed or any(r in fixed for r in ("q", "k", "v")):
+    given = [fixed[r] for r in QKV if r in fixed]
+    if len(given) == 3 and len(given[0]) > 1:
+        return list(zip(*given, strict=True))
+    if given or "qkv" in fixed:
         return []
     small = [p for p in parts if p.kind == "linear" and p.shape and p.shape[1] == C]
     small = [p for p in small if p.shape is not None and p.shape[0] < C and C % p.shape[0] == 0]
@@ -318,7 +325,7 @@ def _fits(
 def _score(
     form: str, roles: dict[str, Part], heads: Heads, mhas: list[Part], called: Mapping[str, int]
 ) -> float:
-    inputs = [roles[r] for r in ("qkv", "q", "k", "v") if r in roles]
+    inputs = [roles[r] for r in ("qkv", *QKV) if r in roles]
     inputs += [p for group in heads for p in group] + mhas
     steps = [inputs, [roles["proj"]] if "proj" in roles else [], [roles["fc1"]], [roles["fc2"]]]
     score = 0.0
@@ -341,7 +348,7 @@ def _evidence(c: _Candidate, called: Mapping[str, int], fixed: Mapping[str, list
         by += "qkv/proj by nn.MultiheadAttention; "
     order = "call" if any(p.name in called for p in c.roles.values()) else "registration"
     by += f"the others by shape and {order} order"
-    if c.form in ("separate", "heads") and not fixed.keys() & {"q", "k", "v"}:
+    if c.form in ("separate", "heads") and not fixed.keys() & set(QKV):
         by += "; q, k, v by registration order, the other orders tried too"
     return by
 
@@ -355,23 +362,16 @@ def _build(
 ) -> Parts:
     """The block's q/k/v, proj, fc1 and fc2 as callables, as assignment ``c`` reads its parts."""
     lin = {r: p.linear(c.in_out) for r, p in c.roles.items()}
-    if c.form in ("packed", "mha"):
-        packed, proj = mhas[0].attention() if c.form == "mha" else (lin["qkv"], lin["proj"])
+    packed, proj = mhas[0].attention() if c.form == "mha" else (lin.get("qkv"), lin["proj"])
+    fs = [[p.linear() for p in g] for g in heads] or [[lin[r] for r in QKV if r in lin]]
 
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if packed is not None:
             q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
             return q, k, v
-
-    else:
-        fs = [(q.linear(), k.linear(), v.linear()) for q, k, v in heads]
-        if c.form == "separate":
-            fs = [(lin["q"], lin["k"], lin["v"])]
-        proj = lin["proj"]
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
-            q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
-            return q, k, v
+        outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
+        q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
+        return q, k, v
 
     return Parts(C, c.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
 
@@ -388,7 +388,7 @@ def _names(c: _Candidate, heads: Heads, mhas: list[Part]) -> dict[str, str]:
     if c.form == "mha":
         prefix = f"{mhas[0].name}." if mhas[0].name else ""
         names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
-    for i, role in enumerate(("q", "k", "v") if c.form == "heads" else ()):
+    for i, role in enumerate(QKV if c.form == "heads" else ()):
         names[role] = glob([g[i].name for g in heads])  # 'sa.heads.*.query'
     for role in ROLES[2:]:
         if role in c.roles:

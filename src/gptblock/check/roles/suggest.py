@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from .given import fix_roles
-from .mapping import FORMS, READS_C, ROLES, MappedBlock, map_roles
+from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
 from .parts import discover, paired_bias
 
 __all__ = ["suggest_map"]
@@ -66,7 +66,7 @@ def _given(
             return {role: f"{name}:{layout}"}
         hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
         at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
-        return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate("qkv")}
+        return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate(QKV)}
     rows, cols = shape
     stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
     return {role: f"{weight}:in_out" if laid and stored_in_out else name}
