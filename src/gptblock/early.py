@@ -61,9 +61,11 @@ class _Server:
         return self.asked - 1
 
     def replies(self, wait: float) -> list[int]:
-        """The pids forked so far, read as they come (unread, they would fill the socket)."""
+        """The pids forked so far, read as they come (unread, they would fill the socket), after
+        waiting at most ``wait`` seconds for the next."""
         while select.select([self.sock], [], [], wait)[0] and (data := self.sock.recv(8)):
             self.pids.append(int.from_bytes(data, "little"))
+            wait = 0
         return self.pids
 
     def close(self) -> None:

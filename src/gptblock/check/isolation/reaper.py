@@ -246,27 +246,31 @@ def serve_forks(sock_fd: int) -> NoReturn:
         ask = json.loads(data)
         pid = os.fork()
         if pid == 0:
-            os.setsid()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            stdin, stdout, *passed = fds
-            for fd, to in ((stdin, 0), (stdout, 1), (passed[1], 2)):
-                os.dup2(fd, to)
-            floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
-            for fd in set(_open_fds()) - {0, 1, 2, *high}:
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # the socket, the received copies, whatever torch opened
-            for fd, to in zip(high, ask["fds"], strict=True):
-                os.dup2(fd, to)
-                os.close(fd)
-            os.environ.clear()
-            os.environ.update(ask["env"])
-            sys.path[1:] = [*ask["env"].get("PYTHONPATH", "").split(os.pathsep), *base]
-            os.chdir(ask["cwd"])
-            if "random" in sys.modules:
-                sys.modules["random"].seed()  # not the fork server's draws
-            sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
-            main(sys.argv[1:])
+            try:  # main ends by os._exit; this fork must never return to the server's loop
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                stdin, stdout, *passed = fds
+                for fd, to in ((stdin, 0), (stdout, 1), (passed[1], 2)):
+                    os.dup2(fd, to)
+                floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
+                for fd in set(_open_fds()) - {0, 1, 2, *high}:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)  # the socket, the received copies, whatever torch opened
+                for fd, to in zip(high, ask["fds"], strict=True):
+                    os.dup2(fd, to)
+                    os.close(fd)
+                os.environ.clear()
+                os.environ.update(ask["env"])
+                sys.path[1:] = [*ask["env"].get("PYTHONPATH", "").split(os.pathsep), *base]
+                os.chdir(ask["cwd"])
+                if "random" in sys.modules:
+                    sys.modules["random"].seed()  # not the fork server's draws
+                sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
+                main(sys.argv[1:])
+            except BaseException:
+                traceback.print_exc()  # on the checker's stderr pipe, once fd 2 is it
+            os._exit(1)
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
