@@ -1,12 +1,7 @@
-"""How the block is called (what its ``forward`` needs besides the input, filled where the
-parameter says what it holds), and what it raised when built or first called, where.
-
-Standard library and torch only: the builder (``build``) and the runner (``runner``, copied into
-a process that imports nothing of gptblock) both use it, so that the block is called alike in
-both. A block that cannot be built, or raises on its first call for a reason other than sizes
-that do not fit (a typo, ``self.kee(x)``), is not a catalogued mistake: the checker says what
-was raised at the learner's line (``gpt.py:31: k = self.kee(x)``); a size error stays the shape
-probe's to report.
+"""How the block is called (what its ``forward`` needs besides the input), and where what it
+raised when built or first called comes from. The builder and the runner both use it, so that
+the block is called alike in both. An error that is not of sizes (a typo, ``self.kee(x)``) is no
+catalogued mistake: the checker says it at the learner's line; a size error is the shape probe's.
 
 Shapes: B batch, T time, C channels.
 """
@@ -25,12 +20,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .loop import UserValueError, one_line
+from .loop import UserValueError
 
-__all__ = ["call_error", "forward_arguments", "learner_line", "size_error", "source"]
+__all__ = ["forward_arguments", "learner_line", "size_error", "source"]
 
-_SAME = ("key", "value", "keys", "values", "k", "v", "kv")  # not memory: a cross-attention
-_POSITIONS = ("position_ids", "positions", "pos", "input_pos", "pos_ids")
+_FILLS = {  # what a required parameter of these names is given
+    "input": ("key", "value", "keys", "values", "k", "v", "kv"),  # not memory: cross-attention
+    "positions": ("position_ids", "positions", "pos", "input_pos", "pos_ids"),
+    "causal": ("is_causal", "causal"),
+}
+_SAID = {"input": "the input", "positions": "torch.arange(T) as (1, T)", "none": "None",
+         "causal": "True"}  # fmt: skip
+_SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", "divisible",
+               "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
 
 
 def _optional(annotation: object) -> bool:
@@ -42,11 +44,10 @@ def _optional(annotation: object) -> bool:
 
 
 def forward_arguments(module: nn.Module) -> list[str]:
-    """Fill what the block's ``forward`` requires besides its input, where the parameter says
-    what it holds: the input for ``key`` / ``value``, ``torch.arange(T)`` as (1, T) for
-    ``position_ids``, True for ``is_causal``, None where its annotation admits None; the note
-    saying so. A mask is never made: the same mask means "keep" in one block and "hide" in
-    another, so a guess could turn a reversed mask into a passing one.
+    """Fill what the block's ``forward`` requires besides its input, where the parameter's name
+    or annotation says what it holds (``_FILLS``, None where it admits None); the note saying
+    so. A mask is never made: the same mask means "keep" in one block and "hide" in another,
+    so a guess could turn a reversed mask into a passing one.
 
     Raises:
         UserValueError: a required parameter whose value is the block's own convention (a
@@ -73,32 +74,24 @@ def forward_arguments(module: nn.Module) -> list[str]:
     for p in params[1:]:
         if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        name = type(module).__name__
-        if p.kind in kinds and p.name.lower() in _SAME:
-            fill[p.name] = "input"
-        elif p.kind in kinds and p.name.lower() in _POSITIONS:
-            fill[p.name] = "positions"
-        elif p.kind in kinds and p.name.lower() in ("is_causal", "causal"):
-            fill[p.name] = "causal"
-        elif p.kind in kinds and _optional(p.annotation):
-            fill[p.name] = "none"
-        else:
+        how = next((how for how, names in _FILLS.items() if p.name.lower() in names), None)
+        how = how or ("none" if _optional(p.annotation) else None)
+        if how is None or p.kind not in kinds:
             what = "a mask's convention (kept or hidden, bool or added) is the block's own" if (
                 "mask" in p.name.lower()) else "the checker cannot tell what it holds"  # fmt: skip
             raise UserValueError(
-                f"cannot check {name}: its forward needs {p.name} besides the input and {what}; "
-                f"check a module whose forward(x) calls it with the {p.name} your model passes"
+                f"cannot check {type(module).__name__}: its forward needs {p.name} besides the "
+                f"input and {what}; check a module whose forward(x) calls it with the {p.name} "
+                "your model passes"
             )
+        fill[p.name] = how
     if not fill:
         return []
     module.register_forward_pre_hook(functools.partial(_filled, fill), with_kwargs=True)
-    said = {"input": "the input", "positions": "torch.arange(T) as (1, T)", "none": "None",
-            "causal": "True"}  # fmt: skip
     same = [n for n, how in fill.items() if how == "input"]
     parts = [f"{' = '.join(same)} = the input"] if same else []
-    parts += [f"{n}={said[how]}" for n, how in fill.items() if how != "input"]
-    shown = ", ".join(p.name for p in params)
-    return [f"forward({shown}) called with {', '.join(parts)}"]
+    parts += [f"{n}={_SAID[how]}" for n, how in fill.items() if how != "input"]
+    return [f"forward({', '.join(p.name for p in params)}) called with {', '.join(parts)}"]
 
 
 def _filled(
@@ -106,42 +99,25 @@ def _filled(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The pre-hook: the arguments the caller did not give, made from the input (B, T, C)."""
     x = args[0] if args else next(iter(kwargs.values()))
-    T = x.shape[-2]
     for n, how in list(fill.items())[max(len(args) - 1, 0) :]:
-        if n not in kwargs:
+        if n not in kwargs and how == "positions":
+            kwargs[n] = torch.arange(x.shape[-2], device=x.device).unsqueeze(0)  # (1, T)
+        elif n not in kwargs:
             kwargs[n] = x if how == "input" else (how == "causal" or None)
-            if how == "positions":
-                kwargs[n] = torch.arange(T, device=x.device).unsqueeze(0)  # (1, T)
     return args, kwargs
-
-
-_SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", "divisible",
-               "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
 
 
 def size_error(e: BaseException) -> bool:
     """Whether ``e`` reads like tensors of sizes that do not fit together."""
-    if not isinstance(e, (RuntimeError, ValueError, IndexError, AssertionError)):
-        return False
     said = str(e).lower()
-    return isinstance(e, AssertionError) or any(w in said for w in _SIZE_WORDS)
-
-
-def call_error(e: BaseException, file: str) -> str:
-    """What the first call's exception is, when it is not a size mistake (``""`` when it is:
-    the shape probe reports that): its class, message and the learner's line.
-
-    Example:
-        >>> call_error(AttributeError("'Head' object has no attribute 'kee'"), "")
-        "AttributeError: 'Head' object has no attribute 'kee'"
-    """
-    if size_error(e):
-        return ""
-    return f"{one_line(e)}{learner_line(e, file)}"
+    return isinstance(e, AssertionError) or (
+        isinstance(e, (RuntimeError, ValueError, IndexError))
+        and any(w in said for w in _SIZE_WORDS)
+    )
 
 
 def learner_line(e: BaseException, file: str) -> str:
-    """`` at gpt.py:31: k = self.kee(x)``: the last frame of ``e``'s traceback in ``file`` (else
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file`` (else
     the last outside torch, gptblock and the standard library), ``""`` without one."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]

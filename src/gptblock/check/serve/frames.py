@@ -1,10 +1,7 @@
-"""The messages between the checker and the process that runs the block: JSON and raw tensors.
-
-One message is a JSON object on one line, then, when the object says ``"bytes": N``, N bytes of
-tensors in the safetensors format. Nothing is pickled: reading a message runs no code it carries,
-so the checker can read what the block's process sends as plain data, and check it as a claim.
-
-Shapes: none.
+"""The messages between the checker and the block's process: a JSON object on one line, then,
+when it says ``"bytes": N``, N bytes of tensors in the safetensors format. Nothing is pickled:
+reading a message runs no code it carries, so what the block's process sends is plain data,
+checked as a claim.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def send(fd: int, header: dict[str, Any], tensors: dict[str, Tensor] | None = No
     blob = b""
     if tensors:
         blob = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
-    data = (json.dumps({**header, "bytes": len(blob)}) + "\n").encode() + blob
-    view = memoryview(data)
+    view = memoryview((json.dumps({**header, "bytes": len(blob)}) + "\n").encode() + blob)
     while view:
         view = view[os.write(fd, view) :]
 
@@ -45,15 +41,19 @@ class Reader:
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer = fd, bytearray()
 
-    def _fill(self, deadline: float | None) -> None:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
-                raise TimeoutError
-        chunk = os.read(self.fd, 1 << 20)
-        if not chunk:
-            raise EOFError
-        self.buffer += chunk
+    def _fill(self, deadline: float | None, size: int | None) -> None:
+        """Read until the buffer holds ``size`` bytes, or a line (``size`` None)."""
+        while b"\n" not in self.buffer if size is None else len(self.buffer) < size:
+            if size is None and len(self.buffer) > MAX_HEADER:
+                raise ValueError(f"a line of over {MAX_HEADER} bytes")
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                    raise TimeoutError
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
 
     def next(self, deadline: float | None = None) -> Message:
         """The next message (waiting for ever without a ``deadline``).
@@ -63,10 +63,7 @@ class Reader:
             EOFError: the other end closed the pipe.
             ValueError: what came is not a message (too long, not JSON, bad tensors).
         """
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > MAX_HEADER:
-                raise ValueError(f"a line of over {MAX_HEADER} bytes")
-            self._fill(deadline)
+        self._fill(deadline, None)
         end = self.buffer.index(b"\n")
         header = json.loads(bytes(self.buffer[:end]))
         if not isinstance(header, dict):
@@ -75,14 +72,10 @@ class Reader:
         if not isinstance(size, int) or not 0 <= size <= MAX_TENSORS:
             raise ValueError(f"a message of {size!r} bytes of tensors")
         del self.buffer[: end + 1]
-        while len(self.buffer) < size:
-            self._fill(deadline)
+        self._fill(deadline, size)
         blob = bytes(self.buffer[:size])
         del self.buffer[:size]
-        tensors: dict[str, Tensor] = {}
-        if size:
-            try:
-                tensors = load_tensors(blob)
-            except Exception as e:  # safetensors' own errors are of several kinds
-                raise ValueError(f"tensors that do not load: {e}") from e
-        return header, tensors
+        try:
+            return header, load_tensors(blob) if size else {}
+        except Exception as e:  # safetensors' own errors are of several kinds
+            raise ValueError(f"tensors that do not load: {e}") from e

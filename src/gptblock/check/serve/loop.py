@@ -1,14 +1,11 @@
-"""The recorder that runs where the block runs: one forward pass, operator by operator, as data.
+"""The recorder that runs where the block runs, and what every file there shares: ``CAUGHT``,
+``one_line``, ``UserValueError`` (gptblock's, inside gptblock); the block's cache API, driven.
 
-The standard library and torch only, so the runner's process can hold it without importing the
-checker (``roles.trace`` decodes what it records). It also holds what every file of that process
-shares: ``CAUGHT``, ``one_line`` and ``UserValueError`` (gptblock's, inside gptblock).
-
-``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode``: every ATen operator
-as its qualified name and its arguments as JSON, each tensor a reference ``{"r": NODE}`` to a
-node (the input, a parameter or buffer by name, or an operator's output), with the modules the
-block called, on which nodes. The checker re-executes those operators itself, with values
-replaced, instead of running the block's Python again.
+``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode``: each ATen operator
+by name with its arguments as JSON, each tensor a reference ``{"r": NODE}`` to a node (the
+input, a parameter or buffer by name, an operator's output), and the modules called, on which
+nodes. The checker (``roles.trace``) replays those operators with values replaced instead of
+running the block's Python again.
 
 Shapes: B batch, T time, C channels.
 """
@@ -18,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,10 +37,9 @@ __all__ = [
     "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
+# What the user's code may raise without stopping the check: any error, and sys.exit() (which
+# would end the checker's process with the block's exit code); KeyboardInterrupt still stops it.
 CAUGHT = (Exception, SystemExit)
-"""What the user's code may raise without stopping the check: any error, and ``sys.exit()``
-called from it (a ``SystemExit`` that would otherwise end the checker's process with the
-block's exit code). ``KeyboardInterrupt`` still stops the check."""
 
 Tensor = torch.Tensor
 INPUT = -1  # a node's op: the block's input
@@ -68,8 +65,8 @@ def one_line(e: BaseException | None) -> str:
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """A dispatch mode without ``torch._dynamo``'s wrapper, which would import ``torch._dynamo``
-    on the first call (5 s on a busy 2-core machine); nothing here is compiled."""
+    """Without ``torch._dynamo``'s wrapper, which imports ``torch._dynamo`` on the first call
+    (5 s on a busy 2-core machine); nothing here is compiled."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -156,27 +153,26 @@ def _stamp(t: Tensor) -> tuple[object, ...]:
 
 
 def _hooks(module: nn.Module, rec: _Recorder, calls: list[list[Any]]) -> list[Any]:
+    """Each submodule's call, as ``calls`` rows: [name, first op, end op, in nodes, out nodes]."""
+
+    def nodes(values: Iterable[object]) -> list[int]:
+        return [
+            rec.latest[id(t)][1] for t in values if isinstance(t, Tensor) and id(t) in rec.latest
+        ]
+
+    def pre(name: str, m: nn.Module, args: Any) -> None:
+        rec.stack.append(name)
+        calls.append([name, len(rec.ops), -1, nodes(args), []])
+
+    def post(name: str, m: nn.Module, args: Any, out: Any) -> None:
+        rec.stack.pop()
+        call = next(c for c in reversed(calls) if c[0] == name and c[2] == -1)
+        call[2], call[4] = len(rec.ops), nodes(tree_flatten(out)[0])
+
     handles = []
-    for name, m in module.named_modules():
-        if not name:
-            continue
-
-        def pre(m: nn.Module, args: Any, name: str = name) -> None:
-            rec.stack.append(name)
-            ins = [
-                rec.latest[id(a)][1] for a in args if isinstance(a, Tensor) and id(a) in rec.latest
-            ]
-            calls.append([name, len(rec.ops), -1, ins, []])
-
-        def post(m: nn.Module, args: Any, out: Any, name: str = name) -> None:
-            rec.stack.pop()
-            call = next(c for c in reversed(calls) if c[0] == name and c[2] == -1)
-            call[2] = len(rec.ops)
-            flat = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-            call[4] = [rec.latest[id(t)][1] for t in flat if id(t) in rec.latest]
-
-        handles.append(m.register_forward_pre_hook(pre))
-        handles.append(m.register_forward_hook(post))
+    for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
+        handles.append(m.register_forward_pre_hook(partial(pre, name)))
+        handles.append(m.register_forward_hook(partial(post, name)))
     return handles
 
 
@@ -221,9 +217,15 @@ def _first(out: object) -> object:
     return out
 
 
-PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
-CACHE_APIS = ("start_pos", "input_pos", *PAST)
-"""The cache arguments recognised in a block's ``forward``, in the order they are looked for."""
+# The cache arguments recognised in a block's ``forward``, in the order they are looked for
+CACHE_APIS = (
+    "start_pos",
+    "input_pos",
+    "past_key_value",
+    "past_key_values",
+    "layer_past",
+    "kv_cache",
+)
 
 
 class NotCached(ValueError):
@@ -292,8 +294,7 @@ def drive_cache(
                 raise TypeError(f"forward(x) returned a {type(whole).__name__}")
             step = cached_last(copy.deepcopy(module), x, api)
     except Exception as e:
-        first = str(e).strip().splitlines()
-        return {"api": api, "raised": f"{type(e).__name__}: {first[0] if first else ''}"}, {}
+        return {"api": api, "raised": one_line(e)}, {}
     return {"api": api}, {"whole": whole[:, -1:], "step": step}
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .calls import call_error, forward_arguments, source
+from .calls import forward_arguments, learner_line, size_error, source
 from .frames import Reader, send
 from .loop import CAUGHT, UserValueError, drive_cache, fixed_seed, one_line, record
 from .subject import Subject
@@ -41,40 +41,32 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 class Held:
     """A built block (never changed) and the answers that decide the verdict, made on the
-    checker's copy. ``C``, ``T`` and ``longest`` are set before ``copy``: by the checker's
-    request, or by ``Served.width``."""
+    checker's copy (``subject``, also ``tested``: made by ``copy`` at ``C``, ``T`` and
+    ``longest``, set by the checker's request or by ``Served.width``)."""
+
+    subject: Subject
+    tested: Subject
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
+        self.module, self.note = module, ""
         self.C, self.T, self.longest = 0, 0, 0
-        self._subject: Subject | None = None
-
-    @property
-    def subject(self) -> Subject:
-        """The copy the probes call (``copy`` makes it)."""
-        if self._subject is None:
-            raise RuntimeError("the block has not been copied yet")
-        return self._subject
-
-    tested = subject  # (the name ``verdict.Service`` asks for)
-
-    @property
-    def note(self) -> str:
-        """What the copy says of itself (checked in float32, say)."""
-        return self.subject.note
 
     def copy(self) -> dict[str, Any]:
-        """Make the checker's copy (float64, eval); what it is."""
-        self._subject = Subject(self.module, self.C, self.T, self.longest)
-        s = self._subject
-        failed = "" if s.failure is None else one_line(s.failure)  # the first call, in both dtypes
-        raised = "" if s.failure is None else call_error(s.failure, source(type(self.module)))
+        """Make the checker's copy (float64, eval); what it is, and what its first call raised
+        in both dtypes (``raised``: where, unless sizes that do not fit: then no check runs)."""
+        s = self.subject = self.tested = Subject(self.module, self.C, self.T, self.longest)
+        self.note, e = s.note, s.failure
+        raised = (
+            ""
+            if e is None or size_error(e)
+            else one_line(e) + learner_line(e, source(type(self.module)))
+        )
         return {
             "dtype": str(s.dtype).removeprefix("torch."),
             "device": str(s.device),
             "note": s.note,
-            "failed": failed,
-            "raised": raised,  # not for sizes that do not fit: no check can run
+            "failed": "" if e is None else one_line(e),
+            "raised": raised,
         }
 
     def parameters(self) -> dict[str, Tensor]:
@@ -124,16 +116,15 @@ class Held:
                 self.C, self.T, self.longest = int(args["C"]), int(args["T"]), int(args["longest"])
             return self.copy(), {}
         s = self.subject
+        x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
-            x, train = tensors["x"].to(s.device), bool(args.get("train", False))
-            y = s(x, seeded=bool(args["seeded"]), train=train)
+            y = s(x, seeded=bool(args["seeded"]), train=bool(args.get("train", False)))
             meta = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch.")}
             if y.device != s.device:
                 return {**meta, "device": str(y.device)}, {}
             return {**meta, "device": "same"}, {"y": y}
         if op == "grads":
-            x, w = tensors["x"].to(s.device), tensors["weights"].to(s.device)
-            got = s.grads(x, w, inputs=bool(args["inputs"]))
+            got = s.grads(x, tensors["weights"].to(s.device), inputs=bool(args["inputs"]))
             found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
             found.update({"input": got.input} if got.input is not None else {})
             return {"names": got.names, "failed": got.failed, "message": got.message}, found
@@ -145,10 +136,10 @@ class Held:
             return {}, {}
         if op == "dropout_off":
             return {"how": self.dropout_off()}, {}
-        if op == "record":
-            return record(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
+        if op == "record":  # (this module's ``record``: a forgery test swaps it)
+            return record(s.module, x, no_dropout=s.no_dropout)
         if op == "cache":
-            return drive_cache(s.module, tensors["x"].to(s.device), no_dropout=s.no_dropout)
+            return drive_cache(s.module, x, no_dropout=s.no_dropout)
         raise RuntimeError(f"unknown request {op!r}")
 
 
@@ -180,8 +171,8 @@ def to_data(value: object, home: object) -> object:
         try:
             return {"pickle": pickle.dumps(value).hex()}
         except CAUGHT:
-            raise ValueError(f"a {cls.__name__}, which cannot be sent as data") from None
-    if hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
+            pass
+    elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
         own = cls.__module__ == getattr(home, "__name__", None)  # the learner's file's
         where = "" if own else cls.__module__
         return {"object": cls.__qualname__, "module": where, "fields": to_data(vars(value), home)}
@@ -266,9 +257,8 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
         setattr(home, n, v)
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
-        args = _from_data(recipe["args"], home)
         with fixed_seed():
-            module = target(**args)  # type: ignore[operator]
+            module = target(**_from_data(recipe["args"], home))  # type: ignore[operator]
     except CAUGHT as e:
         undo()
         raise UserValueError(f"cannot build {name} again in a fresh process: {one_line(e)}") from e
@@ -300,13 +290,10 @@ class Runner:
 
     def build(self, op: str, args: Mapping[str, Any]) -> Answer:
         i = int(args["index"])
-        if i not in self.loaded:
-            try:
-                self.loaded[i] = load(self.targets[i])
-            except CAUGHT as e:
-                raise UserValueError(
-                    f"cannot load it again in a fresh process: {one_line(e)}"
-                ) from e
+        try:
+            self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
+        except CAUGHT as e:
+            raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
         module, self.undo = build(self.loaded[i], args["recipe"])
         self.held = Held(module)
         return {}, {}

@@ -1,12 +1,9 @@
-"""The checker's own copy of a block, and the one way every check calls it.
+"""The checker's own copy of a block (``Subject``), and the one way every check calls it.
 
-``Subject`` is an eval-mode deep copy of the block in float64 (float32 when it fails in
-float64). Every call copies the input and the output: a block may change its input in place or
-return a buffer it overwrites, and neither may leak into another probe. ``copy.deepcopy`` keeps
-a function stored on a module by reference (minGPT's ``self.mlpf = lambda x: m.c_proj(...)``),
-so such closures are rebuilt around the copies. Calls but the determinism probe's are re-seeded
-(a block that keeps dropout on in eval gets the same mask for an input and its perturbation).
-It uses nothing of gptblock but ``loop``: the runner's process holds it.
+Every call copies the input and the output: a block may change its input in place or return a
+buffer it overwrites, and neither may leak into another probe. Calls but the determinism
+probe's are re-seeded (a block that keeps dropout on in eval gets the same mask for an input
+and its perturbation).
 
 Shapes: B batch, T time, C channels.
 """
@@ -20,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -44,34 +41,10 @@ class Grads:
     input: Tensor | None = None  # the input's gradient, when asked for
 
 
-class Tested(Protocol):
-    """What the probes and the comparison ask of a block: a ``Subject`` here, or the checker's
-    view of one in another process (``isolation.remote``), whose answers are claims. It runs
-    in its input's dtype, in eval mode unless ``train``; ``longest``: its block_size, or 0."""
-
-    C: int
-    T: int
-    longest: int
-    dtype: torch.dtype
-    device: torch.device
-    tol: float
-
-    def input(self, *shape: int, scale: float = 1.0) -> Tensor: ...
-
-    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
-
-    def own_rng(self) -> ContextManager[None]: ...
-
-    def moved(self, y: Tensor, y2: Tensor) -> Tensor: ...
-
-    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
-
-
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """torch with one intra-op thread inside, the caller's setting restored after: on tiny
-    tensors extra threads only add synchronisation (on a busy 2-core machine one check was
-    70x slower)."""
+    """torch with one intra-op thread inside: on tiny tensors extra threads only add
+    synchronisation (on a busy 2-core machine one check was 70x slower)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -81,13 +54,27 @@ def one_thread() -> Iterator[None]:
 
 
 class Probed:
-    """What ``Subject`` and the checker's view of a block in another process share: the inputs
-    from the checker's own seed, in the block's ``dtype``, and what counts as moved."""
+    """What the probes ask of a block (also named ``Tested``): a ``Subject``, or the checker's
+    view of one in another process (``isolation.remote``), whose answers are claims. Shared:
+    the inputs from the checker's own seed, in the block's ``dtype``, and what counts as moved;
+    ``longest``: its block_size, or 0."""
 
+    C: int
+    T: int
+    longest: int
     dtype: torch.dtype
     device: torch.device
     generator: torch.Generator
     tol: float  # "did not move", times the output's scale: round-off in ``dtype``
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        raise NotImplementedError
+
+    def own_rng(self) -> ContextManager[None]:
+        raise NotImplementedError
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        raise NotImplementedError
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor:
         """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
@@ -100,8 +87,12 @@ class Probed:
         return ~((y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale))
 
 
+Tested = Probed
+
+
 class Subject(Probed):
-    """An eval-mode copy of the user's block (never changed) in float64, else float32.
+    """An eval-mode copy of the user's block (never changed) in float64, else (when it fails in
+    float64) float32.
 
     Args:
         module: the user's block.
@@ -121,7 +112,7 @@ class Subject(Probed):
             )
         self.generator = torch.Generator().manual_seed(0)
         self.note = ""
-        self.no_dropout = False  # every call with dropout switched off (trace.NoDropout)
+        self.no_dropout = False  # every call with dropout switched off (loop.NoDropout)
         self.failure: BaseException | None = None  # the first call's, in both dtypes
         self.unpacked = ""  # how the output is taken from a tuple the block returns
         self._key: Any = None  # and which item of it
@@ -167,20 +158,29 @@ class Subject(Probed):
         """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
-        with off, _mode(module, train), fixed_seed(self.device) if seeded else nullcontext():
-            return self._output(module(x.clone()), x.shape)
-
-    def _output(self, y: object, shape: tuple[int, ...]) -> Tensor:
-        """A copy of the output; from a tuple (or list, dict), its (B, T, C) tensor, the copy's
-        ``forward`` then made to return it for every check, with a note saying so."""
-        if not isinstance(y, Tensor) and not self.unpacked:
-            self.unpacked, self._key = _unpack(self.module, y, shape)
-            y = y[self._key] if self.unpacked else y  # type: ignore[index]
-        return _output(y)
+        module.train(train)
+        try:
+            with off, fixed_seed(self.device) if seeded else nullcontext():
+                y = module(x.clone())
+        finally:
+            module.eval()
+        if not isinstance(y, Tensor) and not self.unpacked:  # a tuple, list or dict: the
+            found = first_tensor(y, tuple(x.shape))  # (B, T, C) tensor taken, from now on
+            if found is not None and found[1]:
+                self._key = found[0]
+                _take(self.module, self._key)
+                self.unpacked = (f"the block returns a {type(y).__name__}: its {found[1]}, "
+                                 "the (B, T, C) tensor, is taken as its output")  # fmt: skip
+                y = y[self._key]
+        if not isinstance(y, Tensor):
+            what = type(y).__name__
+            if isinstance(y, (tuple, list)) and y and isinstance(y[0], Tensor):
+                what += f" (of {len(y)}, the first a tensor of shape {tuple(y[0].shape)})"
+            raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
+        return y.clone() if y.requires_grad else y.detach().clone()
 
     def copies(self) -> list[nn.Module]:
-        """The checker's copy and its copy in the other dtype, if any (``Served.dropout_off``
-        changes the attributes of both)."""
+        """The copy and its copy in the other dtype, if any."""
         return [self.module, *self._others.values()]
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
@@ -217,38 +217,21 @@ class Subject(Probed):
         names = [n for n, _ in params]
         if not params and not inputs:
             return Grads([], [])
-        x = x.detach().requires_grad_(inputs)
-        with torch.enable_grad():
-            try:
+        x, stage = x.detach().requires_grad_(inputs), "forward"
+        try:  # (in the forward pass: a view autograd needs, changed in place: only with grad)
+            with torch.enable_grad():
                 y = self.forward(x)
-            except RuntimeError as e:  # a view autograd needs, changed in place: only with grad
-                said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
-                if "inplace" not in said:
-                    raise
-                return Grads(names, [], "forward", one_line(e))
-            loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
-            if not loss.requires_grad:  # the output depends on no parameter at all
-                return Grads(names, [None] * len(params))
-            wrt = [p for _, p in params] + ([x] if inputs else [])
-            try:
+                loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
+                if not loss.requires_grad:  # the output depends on no parameter at all
+                    return Grads(names, [None] * len(params))
+                stage, wrt = "backward", [p for _, p in params] + ([x] if inputs else [])
                 grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
-            except RuntimeError as e:
-                if "inplace operation" not in str(e):
-                    raise
-                return Grads(names, [], "backward", one_line(e))
+        except RuntimeError as e:
+            said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
+            if "inplace" not in said:
+                raise
+            return Grads(names, [], stage, one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
-
-
-@contextmanager
-def _mode(module: nn.Module, train: bool) -> Iterator[None]:
-    """``module`` in train mode inside when ``train``; back in eval mode after."""
-    if train:
-        module.train()
-    try:
-        yield
-    finally:
-        if train:
-            module.eval()
 
 
 @contextmanager
@@ -267,6 +250,8 @@ def _watch(module: nn.Module) -> Iterator[list[str]]:
 
 
 def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``copy.deepcopy`` keeps a function stored on a module by reference (minGPT's ``self.mlpf
+    = lambda x: m.c_proj(...)``): such closures are rebuilt around the copies."""
     memo: dict[int, Any] = {}
     try:
         copied = copy.deepcopy(module, memo)
@@ -290,8 +275,7 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
-    """Functions stored on the copy's modules, rebuilt so their closures hold the copies
-    (``memo``: ``copy.deepcopy``'s, id(original) -> copy)."""
+    """``memo``: ``copy.deepcopy``'s, id(original) -> copy."""
     for m in copied.modules():
         for name, f in list(vars(m).items()):
             if not isinstance(f, types.FunctionType) or not f.__closure__:
@@ -299,11 +283,11 @@ def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
             cells = []
             for cell in f.__closure__:
                 try:
-                    value = cell.cell_contents
+                    cells.append(
+                        types.CellType(memo.get(id(cell.cell_contents), cell.cell_contents))
+                    )
                 except ValueError:  # an empty cell
                     cells.append(cell)
-                    continue
-                cells.append(types.CellType(memo.get(id(value), value)))
             g = types.FunctionType(
                 f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells)
             )
@@ -311,53 +295,32 @@ def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
             setattr(m, name, g)
 
 
-def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Tensor, str] | None:
-    """The first tensor of ``shape`` in what a block returned (a tuple, list or dict such as
-    Hugging Face's ``ModelOutput``: output and cache, or attention weights), and which.
+def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
+    """The key of the first tensor of ``shape`` in what a block returned (a tuple, list or dict
+    such as Hugging Face's ``ModelOutput``: output and cache, or attention weights), and which
+    it is; ``(None, "")`` for a tensor.
 
     Example:
         >>> y = torch.zeros(2, 3, 4)
-        >>> first_tensor((y, None), (2, 3, 4))[1], first_tensor(y, (2, 3, 4))[1]
-        ('element 0 of the tuple', '')
+        >>> first_tensor((None, y), (2, 3, 4)), first_tensor({"y": y}, (2, 3, 4))
+        ((1, 'element 1'), ('y', "'y'"))
     """
     if isinstance(y, Tensor):
-        return y, ""
-    items: list[tuple[object, object]] = []
-    if isinstance(y, (tuple, list)):
-        items = list(enumerate(y))
-    elif isinstance(y, Mapping):
-        items = list(y.items())
+        return None, ""
+    items = (
+        y.items()
+        if isinstance(y, Mapping)
+        else enumerate(y)
+        if isinstance(y, (tuple, list))
+        else ()
+    )
     for key, value in items:
         if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
-            which = f"{key!r}" if isinstance(key, str) else f"element {key}"
-            return value, f"{which} of the {type(y).__name__}"
+            return key, f"{key!r}" if isinstance(key, str) else f"element {key}"
     return None
-
-
-def _unpack(module: nn.Module, y: object, shape: tuple[int, ...]) -> tuple[str, Any]:
-    """The note and the key of a block returning a tuple (or list, or dict) holding its
-    (B, T, C) output, its ``forward`` made to return that tensor; ``""`` for any other."""
-    found = first_tensor(y, tuple(shape))
-    if found is None or not found[1]:
-        return "", None
-    pairs = enumerate(y) if isinstance(y, (tuple, list)) else y.items()  # type: ignore[attr-defined]
-    key = next(k for k, v in pairs if v is found[0])
-    _take(module, key)
-    which = found[1].split(" of ")[0]
-    note = f"the block returns a {type(y).__name__}: its {which}, the (B, T, C) tensor, is taken"
-    return note + " as its output", key
 
 
 def _take(module: nn.Module, key: Any) -> None:
     """Make ``module``'s ``forward`` return the ``key`` item of what its class's returns."""
     forward = type(module).forward
     module.forward = types.MethodType(lambda m, *a, **k: forward(m, *a, **k)[key], module)
-
-
-def _output(y: object) -> Tensor:
-    if not isinstance(y, Tensor):
-        what = type(y).__name__
-        if isinstance(y, (tuple, list)) and y and isinstance(y[0], Tensor):
-            what += f" (of {len(y)}, the first a tensor of shape {tuple(y[0].shape)})"
-        raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
-    return y.clone() if y.requires_grad else y.detach().clone()
