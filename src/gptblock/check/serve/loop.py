@@ -201,10 +201,8 @@ class NoDropout(_Mode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func._opname
-        if name == "bernoulli_" and len(args) > 1 and isinstance(args[1], float):
-            return args[0].fill_(args[1])
-        if name == "bernoulli" and len(args) > 1 and isinstance(args[1], float):
-            return torch.full_like(args[0], args[1])
+        if name in ("bernoulli_", "bernoulli") and len(args) > 1 and isinstance(args[1], float):
+            return args[0].fill_(args[1]) if name == "bernoulli_" else torch.full_like(*args[:2])
         if name == "native_dropout":
             return args[0].clone(), torch.ones_like(args[0], dtype=torch.bool)
         return func(*args, **(kwargs or {}))
@@ -217,15 +215,8 @@ def _first(out: object) -> object:
     return out
 
 
-# The cache arguments recognised in a block's ``forward``, in the order they are looked for
-CACHE_APIS = (
-    "start_pos",
-    "input_pos",
-    "past_key_value",
-    "past_key_values",
-    "layer_past",
-    "kv_cache",
-)
+_PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
+CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forward, in this order
 
 
 class NotCached(ValueError):

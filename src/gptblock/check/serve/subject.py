@@ -283,11 +283,11 @@ def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
             cells = []
             for cell in f.__closure__:
                 try:
-                    cells.append(
-                        types.CellType(memo.get(id(cell.cell_contents), cell.cell_contents))
-                    )
+                    value = cell.cell_contents
                 except ValueError:  # an empty cell
                     cells.append(cell)
+                    continue
+                cells.append(types.CellType(memo.get(id(value), value)))
             g = types.FunctionType(
                 f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells)
             )
@@ -307,13 +307,9 @@ def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
     """
     if isinstance(y, Tensor):
         return None, ""
-    items = (
-        y.items()
-        if isinstance(y, Mapping)
-        else enumerate(y)
-        if isinstance(y, (tuple, list))
-        else ()
-    )
+    items: Any = enumerate(y) if isinstance(y, (tuple, list)) else ()
+    if isinstance(y, Mapping):
+        items = y.items()
     for key, value in items:
         if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
             return key, f"{key!r}" if isinstance(key, str) else f"element {key}"
