@@ -104,8 +104,7 @@ class _Recorder(_Mode):
         self.ops: list[dict[str, Any]] = []
         self.nodes: list[list[Any]] = []  # [op, data, name]
         self.values: list[Tensor] = []
-        self.latest: dict[int, tuple[Tensor, int]] = {}  # id(tensor) -> (tensor, node)
-        self.stamp: dict[int, tuple[object, ...]] = {}  # id(tensor) -> what it held then
+        self.latest: dict[int, tuple[Tensor, int, object]] = {}  # id -> (tensor, node, stamp)
         self.known = known
         self.stack: list[str] = [""]
         self.input = self.node_of(x, INPUT, data=True)
@@ -113,13 +112,12 @@ class _Recorder(_Mode):
     def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
         self.nodes.append([op, data, name])
         self.values.append(t.detach().clone())
-        self.latest[id(t)] = (t, len(self.nodes) - 1)
-        self.stamp[id(t)] = _stamp(t)
+        self.latest[id(t)] = (t, len(self.nodes) - 1, _stamp(t))
         return len(self.nodes) - 1
 
     def node_of(self, t: Tensor, op: int = LEAF, data: bool = False) -> int:
         hit = self.latest.get(id(t))
-        if hit is not None and hit[0] is t and self.stamp[id(t)] == _stamp(t):
+        if hit is not None and hit[0] is t and hit[2] == _stamp(t):
             return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
         known = self.known.get(id(t))
         return self.new(t, op, data, known[1] if known else "")
@@ -146,6 +144,7 @@ class _Recorder(_Mode):
 
 
 def _stamp(t: Tensor) -> tuple[object, ...]:
+    """What a tensor holds now: its node is not reused once it changed."""
     try:
         return (t.dtype, tuple(t.shape), t.data_ptr())  # (not _version: bumped after us)
     except RuntimeError:  # a tensor without storage
@@ -191,10 +190,9 @@ def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
 
 
 class NoDropout(_Mode):
-    """Every dropout an identity, however the code calls it: ``bernoulli_(p)``, the keep-mask
-    dropout draws and then divides by ``p``, fills with ``p`` (so the mask is exactly 1), and
-    ``native_dropout`` returns its input. For a block that keeps dropout on in eval mode through
-    a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
+    """Every dropout an identity, however the code calls it (``bernoulli(p)``, whose mask is
+    then divided by ``p``, fills with ``p``), for a block that keeps dropout on in eval mode
+    through a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]

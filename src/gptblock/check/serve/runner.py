@@ -56,17 +56,14 @@ class Held:
         in both dtypes (``raised``: where, unless sizes that do not fit: then no check runs)."""
         s = self.subject = self.tested = Subject(self.module, self.C, self.T, self.longest)
         self.note, e = s.note, s.failure
-        raised = (
-            ""
-            if e is None or size_error(e)
-            else one_line(e) + learner_line(e, source(type(self.module)))
-        )
+        failed = "" if e is None else one_line(e)
+        where = "" if e is None else learner_line(e, source(type(self.module)))
         return {
             "dtype": str(s.dtype).removeprefix("torch."),
             "device": str(s.device),
             "note": s.note,
-            "failed": "" if e is None else one_line(e),
-            "raised": raised,
+            "failed": failed,
+            "raised": "" if e is None or size_error(e) else failed + where,
         }
 
     def parameters(self) -> dict[str, Tensor]:
@@ -74,11 +71,8 @@ class Held:
         return {n: p.detach() for n, p in self.subject.module.named_parameters()}
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        """Give the copy's parameters these values, by name.
-
-        Raises:
-            ValueError: a name the copy does not have, or a value of another shape.
-        """
+        """Give the copy's parameters these values, by name (ValueError: a name the copy does
+        not have, or a value of another shape)."""
         own = dict(self.subject.module.named_parameters())
         with torch.no_grad():
             for name, value in values.items():
@@ -119,10 +113,9 @@ class Held:
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
             y = s(x, seeded=bool(args["seeded"]), train=bool(args.get("train", False)))
+            same = y.device == s.device  # (else its values stay here: it says its shape)
             meta = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch.")}
-            if y.device != s.device:
-                return {**meta, "device": str(y.device)}, {}
-            return {**meta, "device": "same"}, {"y": y}
+            return {**meta, "device": "same" if same else str(y.device)}, {"y": y} if same else {}
         if op == "grads":
             got = s.grads(x, tensors["weights"].to(s.device), inputs=bool(args["inputs"]))
             found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
@@ -152,8 +145,8 @@ def to_data(value: object, home: object) -> object:
         ValueError: a value that cannot be sent so (a local function or class).
 
     Example:
-        >>> to_data({"n_embd": 32, "sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
-        {'dict': {'n_embd': 32, 'sizes': {'tuple': [1, 2]}, 'cfg': {'namespace': {'dict': {'bias': True}}}}}
+        >>> to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
+        {'dict': {'sizes': {'tuple': [1, 2]}, 'cfg': {'object': 'SimpleNamespace', 'module': 'types', 'fields': {'dict': {'bias': True}}}}}
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -164,8 +157,6 @@ def to_data(value: object, home: object) -> object:
         return {"dict": {k: to_data(v, home) for k, v in value.items()}}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).removeprefix("torch.")}
-    if isinstance(value, types.SimpleNamespace):
-        return {"namespace": to_data(vars(value), home)}
     cls = type(value)
     if callable(value) or isinstance(value, types.ModuleType):  # by name: F.gelu, nn.GELU
         try:
@@ -194,8 +185,6 @@ def _from_data(data: Any, home: object) -> Any:
         return getattr(torch, data["dtype"])
     if "pickle" in data:
         return pickle.loads(bytes.fromhex(data["pickle"]))
-    if "namespace" in data:
-        return types.SimpleNamespace(**_from_data(data["namespace"], home))
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)

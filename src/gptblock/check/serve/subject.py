@@ -91,8 +91,7 @@ Tested = Probed
 
 
 class Subject(Probed):
-    """An eval-mode copy of the user's block (never changed) in float64, else (when it fails in
-    float64) float32.
+    """An eval-mode copy of the user's block (never changed) in float64, else float32.
 
     Args:
         module: the user's block.
@@ -117,20 +116,25 @@ class Subject(Probed):
         self.unpacked = ""  # how the output is taken from a tuple the block returns
         self._key: Any = None  # and which item of it
         failure: BaseException | None = None
+        called: list[str] = []  # the original's modules a copy calls (none, for a true copy)
         for dtype in (torch.float64, torch.float32):
-            self.dtype = dtype
-            self.module = _copy(module, dtype)
+            self.dtype, self.module = dtype, _copy(module, dtype)  # (copied without the hooks)
+            hooks = [
+                m.register_forward_pre_hook(lambda *_, n=name: called.append(n or "root"))
+                for name, m in module.named_modules()
+            ]
             try:
-                with _watch(module) as original_called:
-                    self(self.input(T, T, C))
+                self(self.input(T, T, C))
                 break
             except CAUGHT as e:
                 failure = failure or e
             finally:
-                if original_called:
+                for h in hooks:
+                    h.remove()
+                if called:
                     raise UserValueError(
                         f"the checker's copy of {type(module).__name__} still calls the "
-                        f"original's {', '.join(original_called[:3])}: keep the modules a "
+                        f"original's {', '.join(called[:3])}: keep the modules a "
                         "function uses reachable as attributes, not only in its closure"
                     )
         else:
@@ -185,11 +189,8 @@ class Subject(Probed):
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
-        float32 copy of the user's block given ``module``'s parameter values as they are now.
-
-        Raises:
-            TypeError: neither float64 nor float32, or float64 for a block that fails in it.
-        """
+        float32 copy of the user's block given ``module``'s parameter values as they are now
+        (TypeError: neither float64 nor float32, or float64 for a block that fails in it)."""
         if dtype == self.dtype:
             return self.module
         if dtype not in (torch.float64, torch.float32):
@@ -232,21 +233,6 @@ class Subject(Probed):
                 raise
             return Grads(names, [], stage, one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
-
-
-@contextmanager
-def _watch(module: nn.Module) -> Iterator[list[str]]:
-    """Names of the original's modules called while the copy runs (none, for a true copy)."""
-    called: list[str] = []
-    handles = [
-        m.register_forward_pre_hook(lambda *_, n=name: called.append(n or "root"))
-        for name, m in module.named_modules()
-    ]
-    try:
-        yield called
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
