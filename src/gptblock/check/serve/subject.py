@@ -162,12 +162,14 @@ class Subject(Probed):
         """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
-        module.train(train)
+        if train:  # (only then: ``train()`` may be the block's own)
+            module.train()
         try:
             with off, fixed_seed(self.device) if seeded else nullcontext():
                 y = module(x.clone())
         finally:
-            module.eval()
+            if train:
+                module.eval()
         if not isinstance(y, Tensor) and not self.unpacked:  # a tuple, list or dict: the
             found = first_tensor(y, tuple(x.shape))  # (B, T, C) tensor taken, from now on
             if found is not None and found[1]:
