@@ -1,12 +1,10 @@
-"""The block built and read where it runs (``Served``), and the builder process that serves it.
+"""The block built and read where it runs (``Served``), answering in this process
+(``InProcess``, for ``check_block(..., isolate=False)``) or in the builder process (``main``).
 
-``Served`` is a ``runner.Held`` that also tells the block's width, reads its parts into numbers
-(``roles.plain``) and suggests a ``--map``: in the checker's own process for
-``check_block(..., isolate=False)``, else in the builder. The builder (``main``) answers ``load``
-target i, ``build`` it (at the file's sizes or ``other`` ones, sending its ``recipe`` as data for
-the runner to build it again), ``width``, ``read`` by names (on a ``copy`` given the runner's
-parameters) and ``suggest``. It imports gptblock, so the block could tell it is checked here:
-nothing it says decides the verdict.
+The builder answers ``load``, ``build`` (sending its ``recipe`` as data for the runner to build
+it again), ``width``, ``read`` by names (on a ``copy`` given the runner's parameters) and
+``suggest``. It imports gptblock, so the block could tell it is checked here: nothing it says
+decides the verdict.
 
 Shapes: B batch, T time, C channels.
 """
@@ -16,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -37,7 +35,7 @@ from ..roles.trace import NoDropout, Trace, record
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data
 
-__all__ = ["PROBE_T", "Served", "main", "modern_answer", "plain_readings"]
+__all__ = ["PROBE_T", "InProcess", "Served", "main", "modern_answer", "plain_readings"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
@@ -55,6 +53,8 @@ class Served(Held):
         ((16, 6), 'float64')
     """
 
+    trusted = True  # in the checker's own process: what this object says is what the block did
+
     def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
         super().__init__(module)
         self.kwargs = kwargs
@@ -67,7 +67,7 @@ class Served(Held):
         self.C = width(self.module, self.kwargs, self.T)
         return self.C, self.T
 
-    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    def read(self, roles: Mapping[str, str]) -> Answer:
         """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``).
 
         Raises:
@@ -96,8 +96,6 @@ class Served(Held):
         self.traces.clear()
         return how
 
-    trusted = True  # in the checker's own process: what this object says is what the block did
-
     def modern(self) -> dict[str, Any]:
         """The modern comparison (``compare.modern``) as plain data (``modern_answer``)."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
@@ -123,9 +121,7 @@ class Served(Held):
         return super().answer(op, args, tensors)  # copy, set, dropout_off: read as the runner
 
 
-def plain_readings(
-    found: Readings, params: list[Tensor], notes: list[str]
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Answer:
     """``found``'s parts as numbers (``plain.to_plain``), as ``Served.read`` answers: each
     reading that can be read so, with its description; ``params``: the block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
@@ -151,11 +147,10 @@ def plain_readings(
 
 
 def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str, Any]:
-    """The modern comparison's outcome as plain data; for the lessons' block, ``{}``, or
-    ``{"scope": [...]}`` naming what its attention computes that the references do not model,
-    read from the forward pass the comparison read last (``last``), for the verdict should no
-    variant match it."""
-    if outcome is None:  # the lessons' block: what the references do not model in it
+    """The modern comparison's outcome as plain data; for the lessons' block (None), what its
+    attention computes that the references do not model (``scope``), read from the forward
+    pass the comparison read last, for the verdict should no variant match it."""
+    if outcome is None:
         scope = attention_scope(last) if last is not None else []
         return {"scope": scope} if scope else {}
     f = outcome.finding
@@ -170,30 +165,64 @@ def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str
     }
 
 
-def _settings(
-    target: object, undo: Callable[[], None]
-) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The module settings a build changed (those its ``undo`` restores), kept set, as data;
-    and their undo. Read by difference, whatever set them (``sizes.patch_globals``)."""
-    home = sys.modules.get(getattr(target, "__module__", None) or "")
-    if home is None:
-        return undo, {}
-    built = dict(vars(home))
-    undo()
-    restored = dict(vars(home))
-    changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
-    for n, v in changed.items():
-        setattr(home, n, v)
+class InProcess(Runner):
+    """The builder's and the runner's answers made in this process, for code the caller trusts
+    (``check_in_process``): a ``Call`` as a child's, whose block (``held``, a ``Served``)
+    ``decide`` then asks directly. Its last build's module settings stay set until ``undo``."""
 
-    def again() -> None:
-        for n in changed:
-            setattr(home, n, restored[n])
+    def __init__(
+        self, target: object, kwargs: Mapping[str, object], targets: list[Any] | None = None
+    ) -> None:
+        super().__init__({"targets": targets or []})
+        self.target, self.kwargs = target, kwargs
 
-    try:
-        return again, {n: to_data(v, home) for n, v in changed.items()}
-    except ValueError as e:
-        again()
-        raise UserValueError(f"cannot send a module setting to a fresh process: {e}") from e
+    def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
+        return self.answer(op, args, tensors or {})
+
+    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
+        other = bool(args.get("other"))
+        built = build_at(self.target, self.kwargs, other)
+        if built is None:
+            return {"none": True}, {}
+        self.undo, self.args = built.undo, built.args
+        self.held = Served(built.module, built.args if other else self.kwargs)
+        told = {"description": built.description, "label": built.label, "notes": built.notes}
+        return {**told, "width": built.width}, {}
+
+
+class _Builder(InProcess):
+    """The builder process's answers: ``load`` too, and with each build its ``recipe``."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__(None, request["kwargs"], request["targets"])
+
+    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
+        if op == "load":
+            self.target = _load(self.targets[int(args["index"])])
+            return {}, {}
+        said, _ = super().build(op, args)
+        if said.get("none"):
+            return said, {}
+        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+        changed: dict[str, object] = {}
+        if home is not None:
+            # The module settings the build changed (undo restores them), kept set: read by
+            # difference, whatever set them (``sizes.patch_globals``).
+            built = dict(vars(home))
+            self.undo()
+            restored = dict(vars(home))
+            changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+            vars(home).update(changed)
+            self.undo = lambda: vars(home).update({n: restored[n] for n in changed})
+        try:
+            settings = {n: to_data(v, home) for n, v in changed.items()}
+            said["recipe"] = {"settings": settings, "args": to_data(self.args, home)}
+        except ValueError as e:
+            raise UserValueError(
+                f"cannot send {said['description']}'s arguments or module settings to a fresh "
+                f"process: {e}"
+            ) from e
+        return said, {}
 
 
 def _load(target: str | bytes) -> object:
@@ -203,32 +232,6 @@ def _load(target: str | bytes) -> object:
         return pickle.loads(target)
     except CAUGHT as e:
         raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
-
-
-class _Builder(Runner):
-    def __init__(self, request: dict[str, Any]) -> None:
-        super().__init__(request)
-        self.kwargs, self.target = request["kwargs"], cast(object, None)
-
-    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
-        if op == "load":
-            self.target = _load(self.targets[int(args["index"])])
-            return {}, {}
-        other = bool(args.get("other"))
-        built = build_at(self.target, self.kwargs, other)
-        if built is None:
-            return {"none": True}, {}
-        self.undo, settings = _settings(self.target, built.undo)
-        self.held = Served(built.module, built.args if other else self.kwargs)
-        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-        try:
-            recipe = {"settings": settings, "args": to_data(built.args, home)}
-        except ValueError as e:
-            raise UserValueError(
-                f"cannot send {built.description}'s arguments to a fresh process: {e}"
-            ) from e
-        told = {"description": built.description, "label": built.label, "recipe": recipe}
-        return {**told, "notes": built.notes, "width": built.width}, {}
 
 
 def main(argv: list[str] | None = None) -> int:
