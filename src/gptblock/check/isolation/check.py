@@ -1,24 +1,17 @@
-"""Checking blocks in child processes that only answer requests, so that the block cannot end,
-hang or fool the checker.
-
-``check_isolated`` asks the builder and the runner (``child``). Every check, the reading of the
-weights (by replaying recorded operators), the comparison and the verdict are computed here, in
-a process that never runs the block's code nor unpickles what the child sends; a match is
-confirmed on inputs from a seed the child never sees. Whatever the child does (``os._exit``, a
-crash, a broken protocol, ``timeout``), the report comes from here and keeps the findings made
-before. Targets of one file share a child; of different files, a child each. The block still
-runs as the same user and can write any file the user can: run untrusted code in a container.
-``check_in_process``, for code the caller trusts, sends the same requests to ``InProcess``.
+"""Checking blocks in child processes that only answer requests (``check_isolated``), so that
+the block cannot end, hang or fool the checker: every reading, comparison and verdict is made
+here, a match confirmed on inputs from a seed the child never sees; whatever the child does, the
+report comes from here and keeps the findings before. The block still runs as the same user: run
+untrusted code in a container. ``check_in_process`` sends the same requests to ``InProcess``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -90,9 +83,6 @@ def check_isolated(
         UserError: a target cannot be sent, loaded or built (the error the child raised).
         RuntimeError: the child process could not start the checker.
     """
-    for t in targets:
-        if isinstance(t, str):
-            check_spec(t)  # a malformed spec or a missing file needs no child to say so
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     states = [_State(name, f"loading {name}") for name in names]
 
@@ -104,12 +94,14 @@ def check_isolated(
             raise Gone(f"broke the checker's protocol ({e})") from None
         except Raised as e:  # where the checker does not expect the block to raise
             said = f"the check stopped during {states[i].where}: {e}"
-            note = f"if the block did not cause this, it is a bug in gptblock: {getattr(e, 'where', '')}"
+            where = getattr(e, "where", "")
+            note = f"if the block did not cause this, it is a bug in gptblock: {where}"
             return states[i].stopped(Finding("check", False, said), note)
 
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
-        what = _stopped(what, timeout, " (--timeout)")
+        if what == "timeout":
+            what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
@@ -125,14 +117,6 @@ def check_isolated(
         return _in_children(sent, kwargs, timeout, check, cut, noted)
 
 
-def _stopped(what: str, timeout: float, option: str = "") -> str:
-    return (
-        f"did not finish within {timeout:g} s{option} and was stopped"
-        if what == "timeout"
-        else what
-    )
-
-
 def _in_children(
     sent: Sequence[str | bytes],
     kwargs: Mapping[str, object],
@@ -145,6 +129,9 @@ def _in_children(
     ``cut(i, what)`` where the child stopped answering (``Gone``): the targets after it get a
     fresh child. With ``note``: a child per file (one learner's code cannot answer for
     another's), and ``note(answer, what the checked code wrote)``."""
+    for t in sent:
+        if isinstance(t, str):
+            check_spec(t)  # a malformed spec or a missing file needs no child to say so
     answers: list[Answer] = []
     where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
     with undumpable(), one_thread():
@@ -152,7 +139,9 @@ def _in_children(
             first = last = len(answers)
             while last < len(sent) and (where[last] == where[first] or note is None):
                 last += 1
-            with _started(sent[first:last], kwargs) as child:
+            child = Child(sent[first:last], kwargs)
+            try:
+                child.ready()
                 for i in range(first, last):
                     child.deadline = time.monotonic() + timeout
                     try:
@@ -160,37 +149,13 @@ def _in_children(
                     except Gone as e:
                         answers.append(cut(i, str(e)))
                         break
+            finally:
+                child.close()
             noisy = [o.describe() for o in child.outputs if o.size]
             if noisy and note is not None:
                 said = f"the checked code wrote {' and '.join(noisy)}; not shown"
                 answers[first:] = [note(r, said) for r in answers[first:]]
     return answers
-
-
-@contextlib.contextmanager
-def _started(targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> Iterator[Child]:
-    """A child given ``targets`` (loaded by ``call("load", index=i)``), ready; stopped with
-    everything below it at the end. Raises RuntimeError when it could not start."""
-    try:
-        request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
-    except CAUGHT as e:
-        raise errors.UserValueError(
-            f"cannot send the constructor arguments to a child process: {one_line(e)}"
-        ) from e
-    child = Child(request)
-    try:
-        try:
-            child.ready()  # torch and their code imported
-        except (Gone, Raised) as e:
-            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
-            what = f"did not start within {STARTUP_LIMIT:g} s" if str(e) == "timeout" else str(e)
-            raise RuntimeError(
-                f"the checker's child process {what} before checking anything"
-                + (f": {err[-1]}" if err else "")
-            ) from None
-        yield child
-    finally:
-        child.close()
 
 
 def ask_isolated(
@@ -199,8 +164,6 @@ def ask_isolated(
     """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
     ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
     cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
-    for t in targets:
-        check_spec(t)
 
     def one(child: Child, j: int, i: int) -> Answer | str:
         try:
@@ -209,7 +172,10 @@ def ask_isolated(
         except (Raised, errors.UserError) as e:
             return str(e)
 
-    cut = lambda i, what: f"its process {_stopped(what, timeout)}"  # noqa: E731
+    def cut(i: int, what: str) -> str:
+        stopped = f"did not finish within {timeout:g} s and was stopped"
+        return f"its process {stopped if what == 'timeout' else what}"
+
     return _in_children(targets, {}, timeout, one, cut)
 
 

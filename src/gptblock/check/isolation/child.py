@@ -1,30 +1,28 @@
-"""The child processes of ``isolation.check``: started under their supervisor, asked, stopped.
-
-``Child`` takes a supervisor (``reaper``, started by ``gptblock.early``), which forks the builder
-(``worker``) and the runner (the ``serve`` folder's copy). ``call`` sends loading, building, the
-width and readings by names to the builder, every other request (what decides the verdict) to the
-runner, which builds the block from the builder's ``recipe``; a reading by names is made on the
-builder's copy given the runner's parameters. The block's output is drained.
+"""The child processes of ``isolation.check``: a supervisor (``reaper``, taken from
+``gptblock.early``), the builder (``worker``) and the runner (``serve``) it forks. ``Child.call``
+sends loading, building, the width and readings by names to the builder (on its copy given the
+runner's parameters), every other request, what decides the verdict, to the runner, which builds
+the block from the builder's ``recipe``. The block's output is drained.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import select
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ... import errors
 from ...early import environment, take
-from ..mistakes.report import Raised, one_line, text
+from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.frames import Reader, send
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"]
@@ -41,17 +39,16 @@ class Gone(BaseException):  # not an Exception: the probes must not catch it
     the protocol; the argument says which."""
 
 
-@dataclass
-class _Output:
-    """One of the child's stdout / stderr: counted, its start kept, the rest dropped."""
+class _Output(threading.Thread):
+    """One of the child's stdout / stderr, drained: counted, its start kept, the rest dropped."""
 
-    name: str
-    size: int = 0
-    lines: int = 0
-    head: bytearray = field(default_factory=bytearray)
+    def __init__(self, name: str, fd: int) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stream, self.size, self.lines, self.head = os.fdopen(fd, "rb"), 0, 0, bytearray()
+        self.start()
 
-    def drain(self, stream: IO[bytes]) -> None:
-        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+    def run(self) -> None:
+        while chunk := self.stream.read1(65536):
             self.size += len(chunk)
             self.lines += chunk.count(b"\n")
             self.head += chunk[: max(0, KEEP - len(self.head))]
@@ -78,31 +75,39 @@ def undumpable() -> Iterator[None]:
 
 
 class Child:
-    """The supervisor, the builder and the runner below it, the pipes to them, and their drained
-    output; what the supervisor said (``said``)."""
+    """The supervisor, the builder and the runner below it given ``targets`` (each loaded by
+    ``call("load", index=i)``) and ``kwargs``, the pipes to them, and their drained output."""
 
-    def __init__(self, request: bytes) -> None:
+    def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
+        try:
+            request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
+        except CAUGHT as e:
+            raise errors.UserValueError(
+                f"cannot send the constructor arguments to a child process: {one_line(e)}"
+            ) from e
         self.spawned = spawned = take()  # started early by ``gptblock check``, or now
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
-        self.said, self.eof = b"", False
-        self.outputs = [_Output("stdout"), _Output("stderr")]
-        self.threads = [
-            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
-            for o, fd in zip(self.outputs, (spawned.out_r, spawned.err_r), strict=True)
-        ]
-        for t in self.threads:
-            t.start()
+        self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
+        self.said, self.eof, self.shape = b"", False, dict[str, Any]()  # what the supervisor said
         self.id, self.index, self.synced, self.dropout = 0, 0, False, False
-        self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
                 send(to_fd, {"init": request.hex()})
 
     def ready(self) -> None:
-        """Wait for both processes to say they are ready (torch and their code imported)."""
-        for name in self.pipes:
-            self.answer(name, 0)
+        """Wait for both processes to say they are ready (torch and their code imported), else
+        raise RuntimeError with the last line they wrote to stderr."""
+        try:
+            for name in self.pipes:
+                self.answer(name, 0)
+        except (Gone, Raised) as e:
+            err = self.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
+            what = f"did not start within {STARTUP_LIMIT:g} s" if str(e) == "timeout" else str(e)
+            raise RuntimeError(
+                f"the checker's child process {what} before checking anything"
+                + (f": {err[-1]}" if err else "")
+            ) from None
 
     def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Answer:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
@@ -128,9 +133,7 @@ class Child:
         self.dropout = self.dropout or op == "dropout_off"
         return self._ask("runner", op, tensors, **args)
 
-    def _ask(
-        self, name: str, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
-    ) -> Answer:
+    def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Answer:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
             send(self.pipes[name][0], {"id": self.id, "op": op, **args}, tensors)
@@ -162,22 +165,23 @@ class Child:
 
     def _status(self, timeout: float) -> None:
         """What the supervisor says (``supervisor PID``, ``pid NAME PID``, ``exit NAME RC``) until
-        it ends, after closing its stdin (its signal to stop the jobs and sweep)."""
+        it ends, after closing its stdin (its signal to stop the jobs and sweep); past ``timeout``
+        it is killed (by the pid it said: it is not our child)."""
         with contextlib.suppress(OSError):
             self.spawned.stdin.close()
         out, deadline = self.spawned.stdout, time.monotonic() + timeout
-        while not self.eof and (left := deadline - time.monotonic()) > 0:
-            if select.select([out], [], [], min(left, 0.5))[0]:
+        while not self.eof:
+            left = deadline - time.monotonic()
+            if left > 0 and select.select([out], [], [], min(left, 0.5))[0]:
                 chunk = os.read(out.fileno(), 4096)
                 self.said, self.eof = self.said + chunk, not chunk
-            else:  # without a PID namespace, the block may have stopped it: it must sweep
-                self._signal(signal.SIGCONT)
-
-    def _signal(self, number: int) -> None:
-        """Send the supervisor (by the pid it said) signal ``number``."""
-        if found := re.search(rb"^supervisor (\d+)$", self.said, re.M):
-            with contextlib.suppress(OSError):
-                os.kill(int(found[1]), number)
+                continue
+            # Silent: without a PID namespace the block may have stopped it, and it must sweep.
+            if found := re.search(rb"^supervisor (\d+)$", self.said, re.M):
+                with contextlib.suppress(OSError):
+                    os.kill(int(found[1]), signal.SIGCONT if left > 0 else signal.SIGKILL)
+            if left <= 0:
+                return
 
     def ended(self, name: str) -> str:
         """How the builder or the runner ended, as their supervisor saw it."""
@@ -194,11 +198,9 @@ class Child:
     def close(self) -> None:
         """Stop the jobs and everything below them (the supervisor sweeps), and the drains."""
         self._status(30)
-        if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
-            self._signal(signal.SIGKILL)
         for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for t in self.threads:
-            t.join(timeout=5)
+        for o in self.outputs:
+            o.join(timeout=5)
         self.spawned.stdout.close()

@@ -1,10 +1,7 @@
-"""The block built and read where it runs (``Served``), answering in this process
-(``InProcess``, for ``check_block(..., isolate=False)``) or in the builder process (``main``).
-
-The builder answers ``load``, ``build`` (sending its ``recipe`` as data for the runner to build
-it again), ``width``, ``read`` by names (on a ``copy`` given the runner's parameters) and
-``suggest``. It imports gptblock, so the block could tell it is checked here: nothing it says
-decides the verdict.
+"""The block built and read where it runs (``Served``), answering in this process (``InProcess``,
+for ``isolate=False``) or in the builder process (``main``; it also sends each build's ``recipe``
+for the runner). The builder imports gptblock, so the block could tell it is checked there:
+nothing it says decides the verdict.
 
 Shapes: B batch, T time, C channels.
 """
@@ -60,19 +57,14 @@ class Served(Held):
         self.kwargs = kwargs
 
     def width(self) -> tuple[int, int]:
-        """(C, T): the block's width, and the probes' sequence length (``longest``: its longest
-        sequence, 0 if nothing tells)."""
+        """(C, T): the block's width and the probes' length; ``longest`` set (0: unknown)."""
         self.longest = max_length(self.module, self.kwargs, 0)
         self.T = min(PROBE_T, self.longest or PROBE_T)
         self.C = width(self.module, self.kwargs, self.T)
         return self.C, self.T
 
     def read(self, roles: Mapping[str, str]) -> Answer:
-        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``).
-
-        Raises:
-            UserValueError: a given role names nothing the block has.
-        """
+        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
         notes: list[str] = []
         longest = max_length(self.module, self.kwargs, TRACE_T)
         found = read_parts(self.subject, self.traces, roles, longest, notes)
@@ -97,7 +89,6 @@ class Served(Held):
         return how
 
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``compare.modern``) as plain data (``modern_answer``)."""
         B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
         s = self.subject
         source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
@@ -106,11 +97,9 @@ class Served(Held):
         return modern_answer(outcome, self.traces.last)
 
     def suggest(self) -> str:
-        """The ``--map`` arguments that would let the checker read the block, or ``""``."""
         return suggest_map(self.subject.module, self.C)
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        """``runner.Held``'s answers, and the builder's: ``width``, ``read``, ``suggest``."""
         if op == "width":
             C, T = self.width()
             return {"C": C, "T": T, "longest": self.longest}, {}
@@ -122,8 +111,8 @@ class Served(Held):
 
 
 def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Answer:
-    """``found``'s parts as numbers (``plain.to_plain``), as ``Served.read`` answers: each
-    reading that can be read so, with its description; ``params``: the block's parameters."""
+    """``found``'s parts as numbers (``plain.to_plain``), each with its description, as
+    ``Served.read`` answers; ``params``: the block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
@@ -148,8 +137,7 @@ def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> A
 
 def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str, Any]:
     """The modern comparison's outcome as plain data; for the lessons' block (None), what its
-    attention computes that the references do not model (``scope``), read from the forward
-    pass the comparison read last, for the verdict should no variant match it."""
+    attention computes that the references do not model, read from the ``last`` forward pass."""
     if outcome is None:
         scope = attention_scope(last) if last is not None else []
         return {"scope": scope} if scope else {}
@@ -166,9 +154,8 @@ def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str
 
 
 class InProcess(Runner):
-    """The builder's and the runner's answers made in this process, for code the caller trusts
-    (``check_in_process``): a ``Call`` as a child's, whose block (``held``, a ``Served``)
-    ``decide`` then asks directly. Its last build's module settings stay set until ``undo``."""
+    """A child's answers (a ``Call``) made in this process, for code the caller trusts; ``decide``
+    then asks its ``held`` block directly. Its last build's module settings stay set until ``undo``."""
 
     def __init__(
         self, target: object, kwargs: Mapping[str, object], targets: list[Any] | None = None
@@ -191,14 +178,21 @@ class InProcess(Runner):
 
 
 class _Builder(InProcess):
-    """The builder process's answers: ``load`` too, and with each build its ``recipe``."""
-
     def __init__(self, request: dict[str, Any]) -> None:
         super().__init__(None, request["kwargs"], request["targets"])
 
     def build(self, op: str, args: Mapping[str, Any]) -> Answer:
         if op == "load":
-            self.target = _load(self.targets[int(args["index"])])
+            target = self.targets[int(args["index"])]
+            if isinstance(target, str):
+                self.target = load_target(target)
+                return {}, {}
+            try:
+                self.target = pickle.loads(target)
+            except CAUGHT as e:
+                raise UserValueError(
+                    f"cannot load the target in the child process: {one_line(e)}"
+                ) from e
             return {}, {}
         said, _ = super().build(op, args)
         if said.get("none"):
@@ -206,8 +200,7 @@ class _Builder(InProcess):
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
         changed: dict[str, object] = {}
         if home is not None:
-            # The module settings the build changed (undo restores them), kept set: read by
-            # difference, whatever set them (``sizes.patch_globals``).
+            # the module settings the build changed, kept set, read by difference from undo's
             built = dict(vars(home))
             self.undo()
             restored = dict(vars(home))
@@ -225,19 +218,6 @@ class _Builder(InProcess):
         return said, {}
 
 
-def _load(target: str | bytes) -> object:
-    if isinstance(target, str):
-        return load_target(target)
-    try:
-        return pickle.loads(target)
-    except CAUGHT as e:
-        raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
-    return serve(sys.argv[1:] if argv is None else argv, _Builder, (UserError,))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return serve(argv, _Builder, (UserError,))
