@@ -25,8 +25,7 @@ from ..compare.verdict import Progress, Service, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
 from .child import STARTUP_LIMIT, Child, Gone, undumpable
-from .remote import Call, ProtocolBroken, Remote
-from .worker import InProcess, Served
+from .worker import Call, InProcess, ProtocolBroken, Remote, Served
 
 __all__ = [
     "DEFAULT_TIMEOUT", "FRESH_SEED", "STARTUP_LIMIT", "WEIGHTS_SEED", "InProcess",

@@ -1,14 +1,11 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-``python supervise.py OUT_FD ERR_FD`` (this file under a neutral name; standard library and torch
-only, never the user's code) forks away from the checker's tree (saying ``supervisor PID``), as
-the init of a PID namespace of its own where Linux lets it (else ignoring what signals it may),
-and is the subreaper of all below it. It reads its jobs from stdin's first line (JSON
-``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read), forks
-each into a session of its own without ``CAP_SYS_PTRACE``, running ``MODULE.main([IN_FD, OUT_FD])``,
-says ``pid NAME N`` and ``exit NAME RC`` (RC < 0: a signal) and, when all have ended or its stdin
-closes, kills everything below it and exits. Without a PID namespace, a block that SIGKILLs the
-supervisor can leave processes behind: a sandbox is the answer there.
+This file runs under a neutral name (``supervise.py``; standard library and torch only) as the
+fork server (``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree,
+as the init of a PID namespace of its own where Linux lets it, is the subreaper of all below it,
+forks each job of stdin's first line (JSON ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its
+command line, which the block can read) and says ``supervisor PID``, ``pid NAME N`` and ``exit
+NAME RC``. Without a PID namespace, a block that SIGKILLs it can leave processes behind.
 """
 
 from __future__ import annotations
@@ -69,10 +66,9 @@ def drop_ptrace() -> None:
 
 
 def own_pid_namespace() -> bool:
-    """Make the next fork the init of a PID namespace of its own (as root, or in a user
-    namespace of its own): the block then cannot name or signal any process outside, the init
-    gets no signal from inside it does not handle (SIGKILL and SIGSTOP included), and the
-    kernel kills what is left when it ends. False where neither works."""
+    """Make the next fork the init of a PID namespace of its own (as root, or in a user namespace
+    of its own): the block then cannot signal any process outside, nor the init (SIGKILL and
+    SIGSTOP included), and the kernel kills what is left when it ends. False where it cannot."""
     libc = _libc()
     if libc is None or not hasattr(libc, "unshare"):
         return False
@@ -120,15 +116,12 @@ def sweep(sessions: list[int]) -> None:
         for session in sessions:
             with contextlib.suppress(OSError):
                 os.killpg(session, signal.SIGKILL)
-        while True:  # reap what died, and what was re-parented to us and died
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                if not with_pids:
-                    return
-                break
-            if pid == 0:
-                break
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass  # reap what died, and what was re-parented to us and died
+        except ChildProcessError:  # no child left
+            if not with_pids:
+                return
         time.sleep(0.002)
 
 
@@ -172,8 +165,8 @@ def _job(
 
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes as file descriptors, the checker's numbers for them, environment and
-    folder), as if each were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
+    on the socket (its pipes, the checker's numbers for them, environment and folder), as if it
+    were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
     import fcntl  # POSIX's, as the fork server
     import socket
 
@@ -201,7 +194,11 @@ def serve_forks(sock_fd: int) -> NoReturn:
                     os.dup2(fd, to)
                 floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
                 high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
-                for fd in set(_open_fds()) - {0, 1, 2, *high}:
+                try:
+                    opened = [int(n) for n in os.listdir("/proc/self/fd")]
+                except OSError:  # no /proc: the usual range
+                    opened = list(range(3, 256))
+                for fd in set(opened) - {0, 1, 2, *high}:
                     with contextlib.suppress(OSError):
                         os.close(fd)  # the socket, the received copies, whatever torch opened
                 for fd, to in zip(high, ask["fds"], strict=True):
@@ -225,17 +222,9 @@ def serve_forks(sock_fd: int) -> NoReturn:
     os._exit(0)
 
 
-def _open_fds() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: the usual range
-        return list(range(3, 256))
-
-
 def main(argv: list[str]) -> NoReturn:
+    """A supervisor (``python supervise.py OUT_FD ERR_FD``, as the fork server starts it)."""
     global _OWN_NAMESPACE
-    if len(argv) == 1:
-        serve_forks(int(argv[0]))
     out_fd, err_fd = int(argv[0]), int(argv[1])
     isolated = own_pid_namespace()
     pid = os.fork()
@@ -283,4 +272,4 @@ def main(argv: list[str]) -> NoReturn:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    serve_forks(int(sys.argv[1]))

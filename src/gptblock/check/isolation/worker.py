@@ -1,7 +1,8 @@
 """The block built and read where it runs (``Served``), answering in this process (``InProcess``,
 for ``isolate=False``) or in the builder process (``main``; it also sends each build's ``recipe``
-for the runner). The builder imports gptblock, so the block could tell it is checked there:
-nothing it says decides the verdict.
+for the runner: the builder imports gptblock, so nothing it says decides the verdict); and the
+checker's view of a block in another process (``Remote``), whose answers are claims checked for
+form, its text bounded, its weights and modern block read here from the traces it records.
 
 Shapes: B batch, T time, C channels.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager as ContextManager
 from functools import partial
 from typing import Any
 
@@ -21,21 +24,27 @@ import torch.nn as nn
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
-from ..compare.modern import ModernOutcome, check_modern
-from ..mistakes.report import CAUGHT, one_line
+from ..compare.modern import check_modern
+from ..mistakes.report import CAUGHT, one_line, text
 from ..roles.modern_read import Source
 from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import TRACE_T, Readings, Traces, read_parts, trace_shapes
+from ..roles.readings import TRACE_T, Readings, Traces, dataflow, read_parts, trace_shapes
 from ..roles.suggest import suggest_map
-from ..roles.trace import NoDropout, Trace, record
+from ..roles.trace import NoDropout, from_plain, record
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data
+from ..serve.subject import Grads, Probed
 
-__all__ = ["PROBE_T", "InProcess", "Served", "main", "modern_answer", "plain_readings"]
+__all__ = [
+    "PROBE_T", "Call", "InProcess", "ProtocolBroken", "Remote", "Served", "main", "modern_answer",
+    "plain_readings",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
+Call = Callable[..., Answer]
+"""``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
 
@@ -89,12 +98,9 @@ class Served(Held):
         return how
 
     def modern(self) -> dict[str, Any]:
-        B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
-        s = self.subject
+        s, longest = self.subject, max_length(self.module, self.kwargs, TRACE_T)
         source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
-        with NoDropout() if s.no_dropout else contextlib.nullcontext():
-            outcome = check_modern(source, self.traces.input(B, T))
-        return modern_answer(outcome, self.traces.last)
+        return modern_answer(source, self.traces, longest, s.no_dropout)
 
     def suggest(self) -> str:
         return suggest_map(self.subject.module, self.C)
@@ -135,11 +141,16 @@ def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> A
     return {**meta, "notes": notes}, tensors
 
 
-def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str, Any]:
-    """The modern comparison's outcome as plain data; for the lessons' block (None), what its
-    attention computes that the references do not model, read from the ``last`` forward pass."""
+def modern_answer(
+    source: Source, traces: Traces, longest: int, no_dropout: bool = False
+) -> dict[str, Any]:
+    """The modern comparison (``compare.modern``) as plain data; for the lessons' block, what its
+    attention computes that the references do not model, read from the last forward pass."""
+    B, T = trace_shapes(longest)[0]
+    with NoDropout() if no_dropout else contextlib.nullcontext():
+        outcome = check_modern(source, traces.input(B, T))
     if outcome is None:
-        scope = attention_scope(last) if last is not None else []
+        scope = attention_scope(traces.last) if traces.last is not None else []
         return {"scope": scope} if scope else {}
     f = outcome.finding
     return {
@@ -221,3 +232,106 @@ class _Builder(InProcess):
 def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
     return serve(argv, _Builder, (UserError,))
+
+
+_SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes
+MAX_NUMEL = 1 << 28  # elements of a tensor the block's process may claim to have made
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class ProtocolBroken(BaseException):  # not an Exception: no probe may catch it
+    """The block's process answered something that is not an answer to the request: the check
+    stops there (``isolation`` reports it), rather than counting it as the block's error."""
+
+
+class Remote(Probed):
+    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Tested`` and
+    ``Service``): its width ``C``, the probes' length ``T``, the ``name`` of the dtype it computes
+    in, the ``note`` it said of its copy and its ``longest`` sequence (0: unknown), as it says."""
+
+    device = torch.device("cpu")  # the tensors here; the block's own device is its process's
+    trusted = False  # answers from the block's process: claims
+
+    def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
+        if str(name) not in DTYPES:
+            raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
+        self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
+        self.tested, self.dtype = self, DTYPES[str(name)]
+        self.generator = torch.Generator().manual_seed(0)
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
+        self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
+        record = lambda x: from_plain(*call("record", {"x": x}), device=self.device)  # noqa: E731
+        self.traces = Traces(self, record)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
+        meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
+        shape, y = meta.get("shape"), tensors.get("y")
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ProtocolBroken("an output without a shape")
+        dtype = getattr(torch, str(meta.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolBroken(f"an unknown dtype {text(meta.get('dtype'), 40)!r}")
+        if meta.get("device") != "same":  # on another device than its input: shown as meta
+            if len(shape) > 8 or torch.Size(shape).numel() > MAX_NUMEL:
+                raise ProtocolBroken("an output of an impossible shape")
+            return torch.empty(shape, dtype=dtype, device="meta")
+        if y is None or list(y.shape) != shape or y.dtype != dtype:
+            raise ProtocolBroken("an output that is not what its description says")
+        return y
+
+    def own_rng(self) -> ContextManager[None]:
+        return contextlib.nullcontext()  # the block draws from its own process's generator
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        meta, tensors = self.call("grads", {"x": x, "weights": weights}, inputs=inputs)
+        names, failed = meta.get("names"), meta.get("failed")
+        if not isinstance(names, list) or failed not in ("", "forward", "backward"):
+            raise ProtocolBroken("gradients without parameter names")
+        shown = [text(n, 200) for n in names]
+        if failed:
+            return Grads(shown, [], str(failed), text(meta.get("message", ""), 400))
+        got = tensors.get("input")
+        if inputs and (got is None or got.shape != x.shape):
+            raise ProtocolBroken("an input gradient of the wrong shape")
+        return Grads(shown, [tensors.get(f"g{i}") for i in range(len(names))], input=got)
+
+    def parameters(self) -> dict[str, Tensor]:
+        meta, tensors = self.call("parameters")
+        names = meta.get("names")
+        if not isinstance(names, list) or set(names) != set(tensors) or len(names) > 1 << 16:
+            raise ProtocolBroken("parameters without names")
+        if not all(t.is_floating_point() and t.dim() <= 8 for t in tensors.values()):
+            raise ProtocolBroken("parameters that are not floating-point tensors")
+        return {str(n): tensors[n] for n in names}
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        self.traces.clear()  # recorded with the weights before
+        self.call("set", dict(values))
+
+    def dropout_off(self) -> str:
+        self.traces.clear()
+        how = self.call("dropout_off")[0].get("how")
+        if how not in ("", "switched off", "with its probability set to 0"):
+            raise ProtocolBroken("an unknown way of switching dropout off")
+        return str(how)
+
+    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's parts as numbers: read here from the dataflow of traces the block's
+        process recorded, else (with roles given, or by names) as that process says (checked
+        by ``receive.unpack_readings``)."""
+        found = "" if roles else dataflow(self.traces, self.longest or TRACE_T)
+        if isinstance(found, str):
+            return self.call("read", roles=dict(roles))
+        read, x = found
+        readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+        return plain_readings(readings, list(self.parameters().values()), [])
+
+    def modern(self) -> dict[str, Any]:
+        source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
+        return modern_answer(source, self.traces, self.longest or TRACE_T)
+
+    def suggest(self) -> str:
+        """The ``--map`` arguments the block's process suggests, if they are only that."""
+        said = text(self.call("suggest")[0].get("map", ""), 4000)
+        return said if re.fullmatch(_SUGGESTION, said) else ""
