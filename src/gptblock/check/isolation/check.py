@@ -24,12 +24,12 @@ from ..building.target import check_spec, main_source
 from ..compare.verdict import Progress, Service, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
-from .child import STARTUP_LIMIT, Child, Gone, undumpable
+from .child import Child, Gone, undumpable
 from .worker import Call, InProcess, ProtocolBroken, Remote, Served
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "FRESH_SEED", "STARTUP_LIMIT", "WEIGHTS_SEED", "InProcess",
-    "ask_isolated", "check_in_process", "check_isolated", "two_sizes",
+    "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "InProcess", "ask_isolated",
+    "check_in_process", "check_isolated", "two_sizes",
 ]  # fmt: skip
 
 Answer = TypeVar("Answer")

@@ -36,10 +36,7 @@ from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data
 from ..serve.subject import Grads, Probed
 
-__all__ = [
-    "PROBE_T", "Call", "InProcess", "ProtocolBroken", "Remote", "Served", "main", "modern_answer",
-    "plain_readings",
-]  # fmt: skip
+__all__ = ["Call", "InProcess", "ProtocolBroken", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
