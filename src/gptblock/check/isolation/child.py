@@ -163,10 +163,10 @@ class Child:
             raise raised
         raise Gone("broke the checker's protocol (an answer of no known kind)")
 
-    def _status(self, timeout: float) -> None:
+    def _status(self, timeout: float, last: int = signal.SIGCONT) -> None:
         """What the supervisor says (``supervisor PID``, ``pid NAME PID``, ``exit NAME RC``) until
         it ends, after closing its stdin (its signal to stop the jobs and sweep); past ``timeout``
-        it is killed (by the pid it said: it is not our child)."""
+        it is sent signal ``last`` (by the pid it said: it is not our child)."""
         with contextlib.suppress(OSError):
             self.spawned.stdin.close()
         out, deadline = self.spawned.stdout, time.monotonic() + timeout
@@ -179,7 +179,7 @@ class Child:
             # Silent: without a PID namespace the block may have stopped it, and it must sweep.
             if found := re.search(rb"^supervisor (\d+)$", self.said, re.M):
                 with contextlib.suppress(OSError):
-                    os.kill(int(found[1]), signal.SIGCONT if left > 0 else signal.SIGKILL)
+                    os.kill(int(found[1]), signal.SIGCONT if left > 0 else last)
             if left <= 0:
                 return
 
@@ -197,7 +197,7 @@ class Child:
 
     def close(self) -> None:
         """Stop the jobs and everything below them (the supervisor sweeps), and the drains."""
-        self._status(30)
+        self._status(30, signal.SIGKILL)  # hung: the supervisor, at least
         for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -165,10 +165,8 @@ class InProcess(Runner):
     """A child's answers (a ``Call``) made in this process, for code the caller trusts; ``decide``
     then asks its ``held`` block directly. Its last build's module settings stay set until ``undo``."""
 
-    def __init__(
-        self, target: object, kwargs: Mapping[str, object], targets: list[Any] | None = None
-    ) -> None:
-        super().__init__({"targets": targets or []})
+    def __init__(self, target: object, kwargs: Mapping[str, object], targets: Any = ()) -> None:
+        super().__init__({"targets": list(targets)})
         self.target, self.kwargs = target, kwargs
 
     def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
