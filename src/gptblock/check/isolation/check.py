@@ -1,47 +1,35 @@
-"""Checking blocks in child processes that only answer requests, so that the block cannot end,
-hang or fool the checker.
-
-``check_isolated`` asks the builder and the runner (``child``). Every check, the reading of the
-weights (by replaying recorded operators), the comparison and the verdict are computed here, in
-a process that never runs the block's code nor unpickles what the child sends; a match is
-confirmed on inputs from a seed the child never sees. Whatever the child does (``os._exit``, a
-crash, a broken protocol, ``timeout``), the report comes from here, keeps the findings made
-before and names what happened during which stage. Targets of one file share a child; of
-different files, a child each (one learner's code cannot answer for another's). What remains
-(the block runs as the same user): it can write to any file the user can; for grading, trust
-the exit code or ``--json``, and run untrusted code in a container. ``check_in_process``, for
-code the caller trusts, sends the same requests to ``InProcess``, which answers them here.
+"""Checking blocks in child processes that only answer requests (``check_isolated``), so that
+the block cannot end, hang or fool the checker: every reading, comparison and verdict is made
+here, a match confirmed on inputs from a seed the child never sees; whatever the child does, the
+report comes from here and keeps the findings before. The block still runs as the same user: run
+untrusted code in a container. ``check_in_process`` sends the same requests to ``InProcess``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from ... import errors
-from ..building.build import build_at
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
 from ..compare.verdict import Progress, Service, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
-from ..serve.runner import Runner
 from ..serve.subject import one_thread
-from .child import STARTUP_LIMIT, Child, Gone, undumpable
-from .remote import Call, ProtocolBroken, Remote
-from .worker import Served
+from .child import Child, Gone, undumpable
+from .worker import Call, InProcess, ProtocolBroken, Remote, Served
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "FRESH_SEED", "STARTUP_LIMIT", "WEIGHTS_SEED", "InProcess", "Told",
-    "ask_isolated", "check_in_process", "check_isolated", "two_sizes",
+    "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "InProcess", "ask_isolated",
+    "check_in_process", "check_isolated", "two_sizes",
 ]  # fmt: skip
 
 Answer = TypeVar("Answer")
@@ -54,15 +42,19 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 @dataclass
 class _State:
-    """Where the child is: the target, the stage, what was found so far."""
+    """A check's ``Progress``: the stage, the block, what was found; at the other sizes
+    (``outer``: the file's sizes' progress, if any), its stages told to ``outer`` too."""
 
-    name: str
-    where: str = "starting"  # the stage
+    name: str = ""
+    where: str = "starting"
     description: str = ""
     findings: list[Finding] = field(default_factory=list)
+    outer: Progress | None = None
 
     def stage(self, what: str) -> None:
         self.where = what
+        if self.outer is not None:
+            self.outer.stage(f"at other sizes: {what}")
 
     def built(self, description: str) -> None:
         self.description = description
@@ -90,14 +82,10 @@ def check_isolated(
         UserError: a target cannot be sent, loaded or built (the error the child raised).
         RuntimeError: the child process could not start the checker.
     """
-    for t in targets:
-        if isinstance(t, str):
-            check_spec(t)  # a malformed spec or a missing file needs no child to say so
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     states = [_State(name, f"loading {name}") for name in names]
 
     def check(child: Child, j: int, i: int) -> CheckReport:
-        """Load, build and check target i at the file's sizes and at others (``two_sizes``)."""
         try:
             child.call("load", index=j)
             return two_sizes(lambda p, other: _at(child.call, p, roles, other), states[i])
@@ -110,10 +98,9 @@ def check_isolated(
             return states[i].stopped(Finding("check", False, said), note)
 
     def cut(i: int, what: str) -> CheckReport:
-        """The report of a target whose check the child did not finish, or the load error."""
+        s = states[i]
         if what == "timeout":
             what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
-        s = states[i]
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
@@ -141,6 +128,9 @@ def _in_children(
     ``cut(i, what)`` where the child stopped answering (``Gone``): the targets after it get a
     fresh child. With ``note``: a child per file (one learner's code cannot answer for
     another's), and ``note(answer, what the checked code wrote)``."""
+    for t in sent:
+        if isinstance(t, str):
+            check_spec(t)  # a malformed spec or a missing file needs no child to say so
     answers: list[Answer] = []
     where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
     with undumpable(), one_thread():
@@ -148,46 +138,23 @@ def _in_children(
             first = last = len(answers)
             while last < len(sent) and (where[last] == where[first] or note is None):
                 last += 1
-            with _started(sent[first:last], kwargs) as child:
+            child = Child(sent[first:last], kwargs)
+            try:
+                child.ready()
                 for i in range(first, last):
                     child.deadline = time.monotonic() + timeout
                     try:
                         answers.append(ask(child, i - first, i))
                     except Gone as e:
-                        answers.append(cut(i, e.what))
+                        answers.append(cut(i, str(e)))
                         break
+            finally:
+                child.close()
             noisy = [o.describe() for o in child.outputs if o.size]
             if noisy and note is not None:
                 said = f"the checked code wrote {' and '.join(noisy)}; not shown"
                 answers[first:] = [note(r, said) for r in answers[first:]]
     return answers
-
-
-@contextlib.contextmanager
-def _started(targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> Iterator[Child]:
-    """A child given ``targets`` (loaded by ``call("load", index=i)``), ready; stopped with
-    everything below it at the end. Raises RuntimeError when it could not start."""
-    try:
-        request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
-    except CAUGHT as e:
-        raise errors.UserValueError(
-            f"cannot send the constructor arguments to a child process: {one_line(e)}"
-        ) from e
-    child = Child(request)
-    try:
-        try:
-            child.ready()  # torch and their code imported
-        except (Gone, Raised) as e:
-            err = child.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
-            what = e.what if isinstance(e, Gone) else str(e)
-            what = f"did not start within {STARTUP_LIMIT:g} s" if what == "timeout" else what
-            raise RuntimeError(
-                f"the checker's child process {what} before checking anything"
-                + (f": {err[-1]}" if err else "")
-            ) from None
-        yield child
-    finally:
-        child.close()
 
 
 def ask_isolated(
@@ -196,8 +163,6 @@ def ask_isolated(
     """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
     ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
     cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
-    for t in targets:
-        check_spec(t)
 
     def one(child: Child, j: int, i: int) -> Answer | str:
         try:
@@ -236,67 +201,24 @@ def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
 
 
-class Told:
-    """The progress of the check at other sizes: its stages told to the target's (where a
-    report cut short says it stopped), its findings kept apart; of none, a quiet progress."""
-
-    def __init__(self, outer: Progress | None) -> None:
-        self.outer = outer
-
-    def stage(self, what: str) -> None:
-        if self.outer is not None:
-            self.outer.stage(f"at other sizes: {what}")
-
-    def built(self, description: str) -> None:
-        pass
-
-    def finding(self, finding: Finding) -> None:
-        pass
-
-
 def two_sizes(
     at: Callable[[Progress, bool], tuple[CheckReport, str] | str], progress: Progress | None
 ) -> CheckReport:
     """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
-    the other sizes (``True``: or why not, a note), combined (``sizes.combine``: PASS needs
-    both); for a block in another process (``check_isolated``) or in this one (``run``). A
-    mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
-    first = at(progress or Told(None), False)
+    the other sizes (``True``: or why not, a note; its findings kept apart), combined
+    (``sizes.combine``: PASS needs both). A mistake diagnosed at the file's sizes is not
+    checked again: it would stay the verdict."""
+    first = at(progress or _State(), False)
     if isinstance(first, str):  # the file's sizes raise rather than say why not
         raise RuntimeError(f"no report at the file's sizes: {first}")
     if first[0].verdict == "FAIL" and first[0].diagnosis:
         return first[0]
     try:
-        second = at(Told(progress), True)
+        second = at(_State(outer=progress), True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not
         second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
     report, other = (second, "") if isinstance(second, str) else second
     return combine(first[0], report, first[1], other)
-
-
-class InProcess(Runner):
-    """The builder's and the runner's answers made in this process, for code the caller trusts
-    (``check_in_process``): a ``Call`` as a child's, whose block (``held``, a ``Served``)
-    ``decide`` then asks directly. Its last build's module settings stay set until ``undo``."""
-
-    def __init__(self, target: object, kwargs: Mapping[str, object]) -> None:
-        super().__init__({"targets": []})
-        self.target, self.kwargs = target, kwargs
-
-    def __call__(
-        self, op: str, tensors: Mapping[str, torch.Tensor] | None = None, **args: object
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        return self.answer(op, args, tensors or {})
-
-    def build(self, op: str, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        other = bool(args["other"])
-        built = build_at(self.target, self.kwargs, other)
-        if built is None:
-            return {"none": True}, {}
-        self.undo = built.undo
-        self.held = Served(built.module, built.args if other else self.kwargs)
-        told = {"description": built.description, "label": built.label, "notes": built.notes}
-        return {**told, "width": built.width}, {}
 
 
 def check_in_process(

@@ -1,64 +1,57 @@
-"""The child processes of ``isolation.check``: started under their supervisor, asked, stopped.
-
-``Child`` starts the supervisor (``reaper``, from a neutral script; it forks away from this
-process's tree), which imports torch and forks the builder (``worker``) and the runner (the
-``serve`` folder's copy), in an environment without the checker's variables. ``call`` sends
-each request to the process that answers it: loading, building, the width and readings by names
-to the builder, every other (what decides the verdict) to the runner, which builds the block
-from the builder's ``recipe``; a reading by names is made on the builder's copy given the
-runner's parameters. Answers are read within a deadline; the block's output is drained.
+"""The child processes of ``isolation.check``: a supervisor (``reaper``, taken from
+``gptblock.early``), the builder (``worker``) and the runner (``serve``) it forks. ``Child.call``
+sends loading, building, the width and readings by names to the builder (on its copy given the
+runner's parameters), every other request, what decides the verdict, to the runner, which builds
+the block from the builder's ``recipe``. The block's output is drained.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import select
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ... import errors
 from ...early import environment, take
-from ..mistakes.report import Raised, one_line, text
+from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.frames import Reader, send
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"]
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
-BUILDER_OPS = ("load", "width", "read", "suggest")
+SIGNALS = {"SIGSEGV": " (a crash in native code)", "SIGKILL": " (out of memory?)",
+           "SIGINT": " (a KeyboardInterrupt raised in the block)"}  # fmt: skip
+Answer = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
-    """The child stopped answering: it ended, hung past the deadline or broke the protocol."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
+    """The child stopped answering: it ended, hung past the deadline (``"timeout"``) or broke
+    the protocol; the argument says which."""
 
 
-@dataclass
-class _Output:
-    """One of the child's stdout / stderr: counted, its start kept, the rest dropped."""
+class _Output(threading.Thread):
+    """One of the child's stdout / stderr, drained: counted, its start kept, the rest dropped."""
 
-    name: str
-    size: int = 0
-    lines: int = 0
-    head: bytearray = field(default_factory=bytearray)
+    def __init__(self, name: str, fd: int) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stream, self.size, self.lines, self.head = os.fdopen(fd, "rb"), 0, 0, bytearray()
+        self.start()
 
-    def drain(self, stream: IO[bytes]) -> None:
-        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+    def run(self) -> None:
+        while chunk := self.stream.read1(65536):
             self.size += len(chunk)
             self.lines += chunk.count(b"\n")
-            if len(self.head) < KEEP:
-                self.head += chunk[: KEEP - len(self.head)]
+            self.head += chunk[: max(0, KEEP - len(self.head))]
 
     def describe(self) -> str:
         first = self.head.decode("utf-8", "replace").strip().splitlines()
@@ -82,39 +75,41 @@ def undumpable() -> Iterator[None]:
 
 
 class Child:
-    """The supervisor, the builder and the runner below it, the pipes to them, and their drained
-    output."""
+    """The supervisor, the builder and the runner below it given ``targets`` (each loaded by
+    ``call("load", index=i)``) and ``kwargs``, the pipes to them, and their drained output."""
 
-    def __init__(self, request: bytes) -> None:
-        spawned = take()  # started early by ``gptblock check`` (``gptblock.early``), or now
-        self.spawned = spawned  # its stdin and stdout: the supervisor
-        self.pipes = {
-            name: (to_fd, Reader(from_fd)) for name, (to_fd, from_fd) in spawned.pipes.items()
-        }
-        self.status: list[str] = []
-        self.eof = False
-        self.outputs = [_Output("stdout"), _Output("stderr")]
-        self.threads = [
-            threading.Thread(target=o.drain, args=(os.fdopen(fd, "rb"),), daemon=True)
-            for o, fd in zip(self.outputs, (spawned.out_r, spawned.err_r), strict=True)
-        ]
-        for t in self.threads:
-            t.start()
+    def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
+        try:
+            request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
+        except CAUGHT as e:
+            raise errors.UserValueError(
+                f"cannot send the constructor arguments to a child process: {one_line(e)}"
+            ) from e
+        self.spawned = spawned = take()  # started early by ``gptblock check``, or now
+        self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
+        self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
+        self.said, self.eof, self.shape = b"", False, dict[str, Any]()  # what the supervisor said
         self.id, self.index, self.synced, self.dropout = 0, 0, False, False
-        self.shape: dict[str, Any] = {}
         self.deadline = time.monotonic() + STARTUP_LIMIT
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
                 send(to_fd, {"init": request.hex()})
 
     def ready(self) -> None:
-        """Wait for both processes to say they are ready (torch and their code imported)."""
-        for name in self.pipes:
-            self.answer(name, 0)
+        """Wait for both processes to say they are ready (torch and their code imported), else
+        raise RuntimeError with the last line they wrote to stderr."""
+        try:
+            for name in self.pipes:
+                self.answer(name, 0)
+        except (Gone, Raised) as e:
+            err = self.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
+            what = f"did not start within {STARTUP_LIMIT:g} s" if str(e) == "timeout" else str(e)
+            raise RuntimeError(
+                f"the checker's child process {what} before checking anything"
+                + (f": {err[-1]}" if err else "")
+            ) from None
 
-    def call(
-        self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Answer:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
         if op == "build":
             said, _ = self._ask("builder", op, None, **args)
@@ -123,34 +118,28 @@ class Child:
                 self._ask("runner", op, None, index=self.index, recipe=recipe)
                 self.synced = self.dropout = False
             return said, {}
-        if op in BUILDER_OPS:
+        if op in ("load", "width", "read", "suggest"):
             self.index = int(args.get("index", self.index))
-            if op in ("read", "suggest"):
-                self._sync()
+            if op in ("read", "suggest"):  # on the builder's copy, made as the runner's is
+                if not self.synced:
+                    self._ask("builder", "copy", None, **self.shape)
+                    if self.dropout:
+                        self._ask("builder", "dropout_off", None)
+                    self.synced = True
+                self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
             return self._ask("builder", op, tensors, **args)
         if op == "copy":
             self.shape = args
         self.dropout = self.dropout or op == "dropout_off"
         return self._ask("runner", op, tensors, **args)
 
-    def _sync(self) -> None:
-        """The builder's copy made as the runner's is, and given its parameters, to read it."""
-        if not self.synced:
-            self._ask("builder", "copy", None, **self.shape)
-            if self.dropout:
-                self._ask("builder", "dropout_off", None)
-            self.synced = True
-        self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
-
-    def _ask(
-        self, name: str, op: str, tensors: dict[str, torch.Tensor] | None, **args: Any
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Answer:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
             send(self.pipes[name][0], {"id": self.id, "op": op, **args}, tensors)
         return self.answer(name, self.id)
 
-    def answer(self, name: str, wanted: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def answer(self, name: str, wanted: int) -> Answer:
         try:
             header, tensors = self.pipes[name][1].next(self.deadline)
         except TimeoutError:
@@ -161,10 +150,10 @@ class Child:
             raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
         if header.get("id") != wanted:
             raise Gone("broke the checker's protocol (an answer to no request)")
-        if "ok" in header and isinstance(header["ok"], dict):
+        if isinstance(header.get("ok"), dict):
             return header["ok"], tensors
         if "user_error" in header:
-            cls = getattr(errors, str(header["user_error"]), errors.UserValueError)
+            cls = getattr(errors, str(header["user_error"]), None)
             if not (isinstance(cls, type) and issubclass(cls, errors.UserError)):
                 cls = errors.UserValueError
             raise cls(text(header.get("message", ""), 2000))
@@ -174,63 +163,44 @@ class Child:
             raise raised
         raise Gone("broke the checker's protocol (an answer of no known kind)")
 
-    def _status(self, timeout: float) -> None:
-        """The supervisor's lines (``supervisor PID``, ``pid PID``, ``exit RC``) until it ends,
-        after closing its stdin (its signal to stop the worker and sweep)."""
+    def _status(self, timeout: float, last: int = signal.SIGCONT) -> None:
+        """What the supervisor says (``supervisor PID``, ``pid NAME PID``, ``exit NAME RC``) until
+        it ends, after closing its stdin (its signal to stop the jobs and sweep); past ``timeout``
+        it is sent signal ``last`` (by the pid it said: it is not our child)."""
         with contextlib.suppress(OSError):
             self.spawned.stdin.close()
-        out = self.spawned.stdout
-        if self.eof:
-            return
-        deadline = time.monotonic() + timeout
-        data = b""
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([out], [], [], min(left, 0.5))[0]:
-                # Where it has no PID namespace of its own, the block may have stopped it
-                # (SIGSTOP): it must go on, to sweep.
-                self._signal(signal.SIGCONT, data)
+        out, deadline = self.spawned.stdout, time.monotonic() + timeout
+        while not self.eof:
+            left = deadline - time.monotonic()
+            if left > 0 and select.select([out], [], [], min(left, 0.5))[0]:
+                chunk = os.read(out.fileno(), 4096)
+                self.said, self.eof = self.said + chunk, not chunk
                 continue
-            chunk = os.read(out.fileno(), 4096)
-            if not chunk:
-                self.eof = True
-                break
-            data += chunk
-        self.status += data.decode(errors="replace").splitlines()
-
-    def _signal(self, number: int, data: bytes = b"") -> None:
-        """Send the supervisor (by the pid it said, here or in ``data``) signal ``number``."""
-        for line in [*self.status, *data.decode(errors="replace").splitlines()]:
-            if line.startswith("supervisor ") and line[11:].isdigit():
+            # Silent: without a PID namespace the block may have stopped it, and it must sweep.
+            if found := re.search(rb"^supervisor (\d+)$", self.said, re.M):
                 with contextlib.suppress(OSError):
-                    os.kill(int(line[11:]), number)
+                    os.kill(int(found[1]), signal.SIGCONT if left > 0 else last)
+            if left <= 0:
+                return
 
     def ended(self, name: str) -> str:
         """How the builder or the runner ended, as their supervisor saw it."""
         self._status(10)
-        found = (re.fullmatch(rf"exit {name} (-?\d+)", line) for line in self.status)
-        codes = [int(m[1]) for m in found if m]
-        if not codes:
+        found = re.search(rf"^exit {name} (-?\d+)$".encode(), self.said, re.M)
+        if not found:
             return "ended without a word from its reaper"
-        rc = codes[0]
-        if rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
-            why = {
-                "SIGSEGV": " (a crash in native code)",
-                "SIGKILL": " (out of memory?)",
-                "SIGINT": " (a KeyboardInterrupt raised in the block)",
-            }
-            return f"was killed by {name}{why.get(name, '')}"
-        return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
+        rc = int(found[1])
+        if rc >= 0:
+            return f"exited with code {rc} without a result (os._exit, or a crash past Python)"
+        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+        return f"was killed by {name}{SIGNALS.get(name, '')}"
 
     def close(self) -> None:
-        """Stop the builder, the runner and everything below them (the supervisor sweeps), and
-        the drains."""
-        self._status(30)
-        if not self.eof:  # it hangs: the supervisor, at least (not our child: by its pid)
-            self._signal(signal.SIGKILL)
+        """Stop the jobs and everything below them (the supervisor sweeps), and the drains."""
+        self._status(30, signal.SIGKILL)  # hung: the supervisor, at least
         for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for t in self.threads:
-            t.join(timeout=5)
+        for o in self.outputs:
+            o.join(timeout=5)
         self.spawned.stdout.close()

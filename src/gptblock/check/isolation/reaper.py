@@ -1,23 +1,11 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-``python supervise.py OUT_FD ERR_FD`` (this file under a neutral name, started by ``child``) uses
-the standard library and torch, never gptblock, and never runs the user's code. It
-
-* forks once and lets its parent end (saying ``supervisor PID``), leaving the checker's tree:
-  the block's ancestors never include ``gptblock check ...``. Where Linux lets it, the fork is
-  the init of a PID namespace of its own; elsewhere it ignores every signal it may, and the
-  checker sends it SIGCONT while it waits for it to sweep;
-* is the subreaper of everything below it: a process the block starts that leaves its parent
-  (``setsid``, a double fork) is re-parented here, not to init;
-* imports torch once (saving each job ~2 s; forked from ``serve_forks``, which imported it
-  for every supervisor of one checking process), reads its jobs from stdin's first line (JSON
-  ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
-  forks each into a session of its own, stdin /dev/null, stdout and stderr on OUT_FD and
-  ERR_FD, no other fd of the checker's, ``CAP_SYS_PTRACE`` dropped, running
-  ``MODULE.main([IN_FD, OUT_FD])``; says ``pid NAME N`` and ``exit NAME RC`` (RC < 0: a signal);
-* when every job has ended or its stdin closes, kills every process below it until none is
-  left, and exits. Off Linux only the jobs' sessions are killed; without a PID namespace, a
-  block that SIGKILLs the supervisor can leave processes behind: a sandbox is the answer there.
+This file runs under a neutral name (``supervise.py``; standard library and torch only) as the
+fork server (``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree,
+as the init of a PID namespace of its own where Linux lets it, is the subreaper of all below it,
+forks each job of stdin's first line (JSON ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its
+command line, which the block can read) and says ``supervisor PID``, ``pid NAME N`` and ``exit
+NAME RC``. Without a PID namespace, a block that SIGKILLs it can leave processes behind.
 """
 
 from __future__ import annotations
@@ -38,16 +26,13 @@ from typing import Any, NoReturn
 
 __all__ = ["main"]
 
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
-CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 3, 4, 24, 36
+PR_CAP_AMBIENT, CAP_SYS_PTRACE, CLONE_NEWUSER, CLONE_NEWPID = 47, 19, 0x10000000, 0x20000000
 # What the block could send this process to end or stop it, short of SIGKILL and SIGSTOP:
-# ignored here (and given back to each job). In its own PID namespace nothing the block sends
-# reaches it at all.
+# ignored here (and given back to each job).
 SPARED = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
           "SIGTTIN", "SIGTTOU", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]  # fmt: skip
-PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT = 24, 36, 47
-CAP_SYS_PTRACE = 19
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -62,43 +47,28 @@ def _libc() -> ctypes.CDLL | None:
 def prctl(option: int, value: int = 0) -> int:
     """``prctl(option, value)``'s result: -1 where there is none or it failed."""
     libc = _libc()
-    return (
-        -1
-        if libc is None
-        else int(libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0))
-    )
-
-
-class _Header(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _Data(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+    return -1 if libc is None else libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0)
 
 
 def drop_ptrace() -> None:
-    """Give up ``CAP_SYS_PTRACE`` for this process and everything it runs (best effort: a
-    process without the capability has nothing to drop)."""
+    """Give up ``CAP_SYS_PTRACE`` for this process and all it runs (exec cannot give it back)."""
     libc = _libc()
     if libc is None:
         return
-    prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)  # exec cannot give it back, even to root
-    libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(4), 0, 0, 0)  # clear the ambient set
-    header, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
-    if libc.capget(ctypes.byref(header), data) == 0:
-        keep = ~(1 << CAP_SYS_PTRACE) & 0xFFFFFFFF
-        data[0].effective &= keep
-        data[0].permitted &= keep
-        data[0].inheritable &= keep
-        libc.capset(ctypes.byref(header), data)
+    prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)
+    prctl(PR_CAP_AMBIENT, 4)  # clear the ambient set
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    sets = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; of capabilities 0-31 first
+    if libc.capget(header, sets) == 0:
+        for i in range(3):
+            sets[i] &= ~(1 << CAP_SYS_PTRACE) & 0xFFFFFFFF
+        libc.capset(header, sets)
 
 
 def own_pid_namespace() -> bool:
-    """Make the next fork the init of a PID namespace of its own (as root, or in a user
-    namespace of its own): the block then cannot name or signal any process outside, the init
-    gets no signal from inside it does not handle (SIGKILL and SIGSTOP included), and the
-    kernel kills what is left when it ends. False where neither works."""
+    """Make the next fork the init of a PID namespace of its own (as root, or in a user namespace
+    of its own): the block then cannot signal any process outside, nor the init (SIGKILL and
+    SIGSTOP included), and the kernel kills what is left when it ends. False where it cannot."""
     libc = _libc()
     if libc is None or not hasattr(libc, "unshare"):
         return False
@@ -107,39 +77,26 @@ def own_pid_namespace() -> bool:
     uid, gid = os.getuid(), os.getgid()  # before: in the new user namespace they are unmapped
     if libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWPID)) != 0:
         return False
+    maps = {"setgroups": "deny", "uid_map": f"{uid} {uid} 1", "gid_map": f"{gid} {gid} 1"}
     with contextlib.suppress(OSError):  # the same ids inside as outside
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1")):
+        for name, text in maps.items():
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
     return True
 
 
 def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, from ``/proc`` (empty where there is no ``/proc``)."""
+    """Every process below ``root``, from ``/proc`` (none where there is no ``/proc``)."""
     children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(b")", 1)[-1].split()  # the name may hold spaces and parentheses
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    with contextlib.suppress(OSError):
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()  # the name may hold ")"
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found = [root]
+    for pid in found:  # found grows as it is walked
+        found += children.get(pid, [])
+    return found[1:]
 
 
 def sweep(sessions: list[int]) -> None:
@@ -159,15 +116,12 @@ def sweep(sessions: list[int]) -> None:
         for session in sessions:
             with contextlib.suppress(OSError):
                 os.killpg(session, signal.SIGKILL)
-        while True:  # reap what died, and what was re-parented to us and died
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                if not with_pids:
-                    return
-                break
-            if pid == 0:
-                break
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass  # reap what died, and what was re-parented to us and died
+        except ChildProcessError:  # no child left
+            if not with_pids:
+                return
         time.sleep(0.002)
 
 
@@ -176,20 +130,9 @@ def _say(line: str) -> None:
         os.write(1, (line + "\n").encode())
 
 
-def _jobs() -> list[list[Any]]:
-    """The first line of stdin, as JSON; ``[]`` when it closes first."""
-    data = b""
-    while b"\n" not in data:
-        chunk = os.read(0, 1 << 16)
-        if not chunk:
-            return []
-        data += chunk
-    return list(json.loads(data.split(b"\n", 1)[0]))
-
-
 def _job(
-    module: str, pipes: list[int], out_fd: int, err_fd: int, others: set[int], handlers: Any
-) -> None:
+    module: str, pipes: list[int], out_fd: int, err_fd: int, fds: set[int], handlers: Any
+) -> NoReturn:
     """In the forked child: become the job (see the module's docstring), run it, exit."""
     rc = 1
     try:
@@ -199,7 +142,7 @@ def _job(
         null = os.open(os.devnull, os.O_RDONLY)
         for fd, to in ((null, 0), (out_fd, 1), (err_fd, 2)):
             os.dup2(fd, to)
-        for fd in (others | {null}) - set(pipes) - {0, 1, 2}:
+        for fd in (fds | {null}) - set(pipes) - {0, 1, 2}:
             with contextlib.suppress(OSError):
                 os.close(fd)
         drop_ptrace()
@@ -220,13 +163,10 @@ def _job(
         os._exit(rc)
 
 
-_OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
-
-
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes as file descriptors, the checker's numbers for them, environment and
-    folder), as if each were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
+    on the socket (its pipes, the checker's numbers for them, environment and folder), as if it
+    were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
     import fcntl  # POSIX's, as the fork server
     import socket
 
@@ -254,7 +194,11 @@ def serve_forks(sock_fd: int) -> NoReturn:
                     os.dup2(fd, to)
                 floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
                 high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
-                for fd in set(_open_fds()) - {0, 1, 2, *high}:
+                try:
+                    opened = [int(n) for n in os.listdir("/proc/self/fd")]
+                except OSError:  # no /proc: the usual range
+                    opened = list(range(3, 256))
+                for fd in set(opened) - {0, 1, 2, *high}:
                     with contextlib.suppress(OSError):
                         os.close(fd)  # the socket, the received copies, whatever torch opened
                 for fd, to in zip(high, ask["fds"], strict=True):
@@ -278,33 +222,26 @@ def serve_forks(sock_fd: int) -> NoReturn:
     os._exit(0)
 
 
-def _open_fds() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: the usual range
-        return list(range(3, 256))
-
-
 def main(argv: list[str]) -> NoReturn:
+    """A supervisor (``python supervise.py OUT_FD ERR_FD``, as the fork server starts it)."""
     global _OWN_NAMESPACE
-    if len(argv) == 1:
-        serve_forks(int(argv[0]))
     out_fd, err_fd = int(argv[0]), int(argv[1])
     isolated = own_pid_namespace()
-    pid = os.fork() if hasattr(os, "fork") else 0
+    pid = os.fork()
     if pid:  # the checker's child ends here: this process leaves the checker's tree
         _say(f"supervisor {pid}")  # as the checker numbers it (in the namespace it is 1)
         os._exit(0)
     _OWN_NAMESPACE = isolated and os.getpid() == 1
-    if not hasattr(os, "fork"):
-        _say(f"supervisor {os.getpid()}")
     numbers = [getattr(signal, name) for name in SPARED if hasattr(signal, name)]
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401  (once for every job: each is forked from here)
-    jobs = _jobs()
+    data = b""
+    while b"\n" not in data and (chunk := os.read(0, 1 << 16)):  # the jobs; none if it closes
+        data += chunk
+    jobs = json.loads(data.split(b"\n", 1)[0]) if b"\n" in data else []
     fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
     running: dict[int, str] = {}
     for name, module, *pipes in jobs:
@@ -335,4 +272,4 @@ def main(argv: list[str]) -> NoReturn:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    serve_forks(int(sys.argv[1]))

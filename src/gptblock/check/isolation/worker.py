@@ -1,12 +1,8 @@
-"""The block built and read where it runs (``Served``), and the builder process that serves it.
-
-``Served`` is a ``runner.Held`` that also tells the block's width, reads its parts into numbers
-(``roles.plain``) and suggests a ``--map``: in the checker's own process for
-``check_block(..., isolate=False)``, else in the builder. The builder (``main``) answers ``load``
-target i, ``build`` it (at the file's sizes or ``other`` ones, sending its ``recipe`` as data for
-the runner to build it again), ``width``, ``read`` by names (on a ``copy`` given the runner's
-parameters) and ``suggest``. It imports gptblock, so the block could tell it is checked here:
-nothing it says decides the verdict.
+"""The block built and read where it runs (``Served``), answering in this process (``InProcess``,
+for ``isolate=False``) or in the builder process (``main``; it also sends each build's ``recipe``
+for the runner: the builder imports gptblock, so nothing it says decides the verdict); and the
+checker's view of a block in another process (``Remote``), whose answers are claims checked for
+form, its text bounded, its weights and modern block read here from the traces it records.
 
 Shapes: B batch, T time, C channels.
 """
@@ -15,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import re
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager as ContextManager
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -26,21 +24,24 @@ import torch.nn as nn
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
-from ..compare.modern import ModernOutcome, check_modern
-from ..mistakes.report import CAUGHT, one_line
+from ..compare.modern import check_modern
+from ..mistakes.report import CAUGHT, one_line, text
 from ..roles.modern_read import Source
 from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import TRACE_T, Readings, Traces, read_parts, trace_shapes
+from ..roles.readings import TRACE_T, Readings, Traces, dataflow, read_parts, trace_shapes
 from ..roles.suggest import suggest_map
-from ..roles.trace import NoDropout, Trace, record
+from ..roles.trace import NoDropout, from_plain, record
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data
+from ..serve.subject import Grads, Probed
 
-__all__ = ["PROBE_T", "Served", "main", "modern_answer", "plain_readings"]
+__all__ = ["Call", "InProcess", "ProtocolBroken", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
+Call = Callable[..., Answer]
+"""``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
 
@@ -55,24 +56,21 @@ class Served(Held):
         ((16, 6), 'float64')
     """
 
+    trusted = True  # in the checker's own process: what this object says is what the block did
+
     def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
         super().__init__(module)
         self.kwargs = kwargs
 
     def width(self) -> tuple[int, int]:
-        """(C, T): the block's width, and the probes' sequence length (``longest``: its longest
-        sequence, 0 if nothing tells)."""
+        """(C, T): the block's width and the probes' length; ``longest`` set (0: unknown)."""
         self.longest = max_length(self.module, self.kwargs, 0)
         self.T = min(PROBE_T, self.longest or PROBE_T)
         self.C = width(self.module, self.kwargs, self.T)
         return self.C, self.T
 
-    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``).
-
-        Raises:
-            UserValueError: a given role names nothing the block has.
-        """
+    def read(self, roles: Mapping[str, str]) -> Answer:
+        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
         notes: list[str] = []
         longest = max_length(self.module, self.kwargs, TRACE_T)
         found = read_parts(self.subject, self.traces, roles, longest, notes)
@@ -96,23 +94,15 @@ class Served(Held):
         self.traces.clear()
         return how
 
-    trusted = True  # in the checker's own process: what this object says is what the block did
-
     def modern(self) -> dict[str, Any]:
-        """The modern comparison (``compare.modern``) as plain data (``modern_answer``)."""
-        B, T = trace_shapes(max_length(self.module, self.kwargs, TRACE_T))[0]
-        s = self.subject
+        s, longest = self.subject, max_length(self.module, self.kwargs, TRACE_T)
         source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
-        with NoDropout() if s.no_dropout else contextlib.nullcontext():
-            outcome = check_modern(source, self.traces.input(B, T))
-        return modern_answer(outcome, self.traces.last)
+        return modern_answer(source, self.traces, longest, s.no_dropout)
 
     def suggest(self) -> str:
-        """The ``--map`` arguments that would let the checker read the block, or ``""``."""
         return suggest_map(self.subject.module, self.C)
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        """``runner.Held``'s answers, and the builder's: ``width``, ``read``, ``suggest``."""
         if op == "width":
             C, T = self.width()
             return {"C": C, "T": T, "longest": self.longest}, {}
@@ -123,11 +113,9 @@ class Served(Held):
         return super().answer(op, args, tensors)  # copy, set, dropout_off: read as the runner
 
 
-def plain_readings(
-    found: Readings, params: list[Tensor], notes: list[str]
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``found``'s parts as numbers (``plain.to_plain``), as ``Served.read`` answers: each
-    reading that can be read so, with its description; ``params``: the block's parameters."""
+def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Answer:
+    """``found``'s parts as numbers (``plain.to_plain``), each with its description, as
+    ``Served.read`` answers; ``params``: the block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
@@ -150,13 +138,16 @@ def plain_readings(
     return {**meta, "notes": notes}, tensors
 
 
-def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str, Any]:
-    """The modern comparison's outcome as plain data; for the lessons' block, ``{}``, or
-    ``{"scope": [...]}`` naming what its attention computes that the references do not model,
-    read from the forward pass the comparison read last (``last``), for the verdict should no
-    variant match it."""
-    if outcome is None:  # the lessons' block: what the references do not model in it
-        scope = attention_scope(last) if last is not None else []
+def modern_answer(
+    source: Source, traces: Traces, longest: int, no_dropout: bool = False
+) -> dict[str, Any]:
+    """The modern comparison (``compare.modern``) as plain data; for the lessons' block, what its
+    attention computes that the references do not model, read from the last forward pass."""
+    B, T = trace_shapes(longest)[0]
+    with NoDropout() if no_dropout else contextlib.nullcontext():
+        outcome = check_modern(source, traces.input(B, T))
+    if outcome is None:
+        scope = attention_scope(traces.last) if traces.last is not None else []
         return {"scope": scope} if scope else {}
     f = outcome.finding
     return {
@@ -170,71 +161,172 @@ def modern_answer(outcome: ModernOutcome | None, last: Trace | None) -> dict[str
     }
 
 
-def _settings(
-    target: object, undo: Callable[[], None]
-) -> tuple[Callable[[], None], dict[str, Any]]:
-    """The module settings a build changed (those its ``undo`` restores), kept set, as data;
-    and their undo. Read by difference, whatever set them (``sizes.patch_globals``)."""
-    home = sys.modules.get(getattr(target, "__module__", None) or "")
-    if home is None:
-        return undo, {}
-    built = dict(vars(home))
-    undo()
-    restored = dict(vars(home))
-    changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
-    for n, v in changed.items():
-        setattr(home, n, v)
+class InProcess(Runner):
+    """A child's answers (a ``Call``) made in this process, for code the caller trusts; ``decide``
+    then asks its ``held`` block directly. Its last build's module settings stay set until ``undo``."""
 
-    def again() -> None:
-        for n in changed:
-            setattr(home, n, restored[n])
+    def __init__(self, target: object, kwargs: Mapping[str, object], targets: Any = ()) -> None:
+        super().__init__({"targets": list(targets)})
+        self.target, self.kwargs = target, kwargs
 
-    try:
-        return again, {n: to_data(v, home) for n, v in changed.items()}
-    except ValueError as e:
-        again()
-        raise UserValueError(f"cannot send a module setting to a fresh process: {e}") from e
-
-
-def _load(target: str | bytes) -> object:
-    if isinstance(target, str):
-        return load_target(target)
-    try:
-        return pickle.loads(target)
-    except CAUGHT as e:
-        raise UserValueError(f"cannot load the target in the child process: {one_line(e)}") from e
-
-
-class _Builder(Runner):
-    def __init__(self, request: dict[str, Any]) -> None:
-        super().__init__(request)
-        self.kwargs, self.target = request["kwargs"], cast(object, None)
+    def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
+        return self.answer(op, args, tensors or {})
 
     def build(self, op: str, args: Mapping[str, Any]) -> Answer:
-        if op == "load":
-            self.target = _load(self.targets[int(args["index"])])
-            return {}, {}
         other = bool(args.get("other"))
         built = build_at(self.target, self.kwargs, other)
         if built is None:
             return {"none": True}, {}
-        self.undo, settings = _settings(self.target, built.undo)
+        self.undo, self.args = built.undo, built.args
         self.held = Served(built.module, built.args if other else self.kwargs)
+        told = {"description": built.description, "label": built.label, "notes": built.notes}
+        return {**told, "width": built.width}, {}
+
+
+class _Builder(InProcess):
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__(None, request["kwargs"], request["targets"])
+
+    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
+        if op == "load":
+            target = self.targets[int(args["index"])]
+            if isinstance(target, str):
+                self.target = load_target(target)
+                return {}, {}
+            try:
+                self.target = pickle.loads(target)
+            except CAUGHT as e:
+                raise UserValueError(
+                    f"cannot load the target in the child process: {one_line(e)}"
+                ) from e
+            return {}, {}
+        said, _ = super().build(op, args)
+        if said.get("none"):
+            return said, {}
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+        changed: dict[str, object] = {}
+        if home is not None:
+            # the module settings the build changed, kept set, read by difference from undo's
+            built = dict(vars(home))
+            self.undo()
+            restored = dict(vars(home))
+            changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+            vars(home).update(changed)
+            self.undo = lambda: vars(home).update({n: restored[n] for n in changed})
         try:
-            recipe = {"settings": settings, "args": to_data(built.args, home)}
+            settings = {n: to_data(v, home) for n, v in changed.items()}
+            said["recipe"] = {"settings": settings, "args": to_data(self.args, home)}
         except ValueError as e:
             raise UserValueError(
-                f"cannot send {built.description}'s arguments to a fresh process: {e}"
+                f"cannot send {said['description']}'s arguments or module settings to a fresh "
+                f"process: {e}"
             ) from e
-        told = {"description": built.description, "label": built.label, "recipe": recipe}
-        return {**told, "notes": built.notes, "width": built.width}, {}
+        return said, {}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
-    return serve(sys.argv[1:] if argv is None else argv, _Builder, (UserError,))
+    return serve(argv, _Builder, (UserError,))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+_SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes
+MAX_NUMEL = 1 << 28  # elements of a tensor the block's process may claim to have made
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class ProtocolBroken(BaseException):  # not an Exception: no probe may catch it
+    """The block's process answered something that is not an answer to the request: the check
+    stops there (``isolation`` reports it), rather than counting it as the block's error."""
+
+
+class Remote(Probed):
+    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Tested`` and
+    ``Service``): its width ``C``, the probes' length ``T``, the ``name`` of the dtype it computes
+    in, the ``note`` it said of its copy and its ``longest`` sequence (0: unknown), as it says."""
+
+    device = torch.device("cpu")  # the tensors here; the block's own device is its process's
+    trusted = False  # answers from the block's process: claims
+
+    def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
+        if str(name) not in DTYPES:
+            raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
+        self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
+        self.tested, self.dtype = self, DTYPES[str(name)]
+        self.generator = torch.Generator().manual_seed(0)
+        self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
+        self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
+        record = lambda x: from_plain(*call("record", {"x": x}), device=self.device)  # noqa: E731
+        self.traces = Traces(self, record)
+
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
+        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
+        meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
+        shape, y = meta.get("shape"), tensors.get("y")
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ProtocolBroken("an output without a shape")
+        dtype = getattr(torch, str(meta.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ProtocolBroken(f"an unknown dtype {text(meta.get('dtype'), 40)!r}")
+        if meta.get("device") != "same":  # on another device than its input: shown as meta
+            if len(shape) > 8 or torch.Size(shape).numel() > MAX_NUMEL:
+                raise ProtocolBroken("an output of an impossible shape")
+            return torch.empty(shape, dtype=dtype, device="meta")
+        if y is None or list(y.shape) != shape or y.dtype != dtype:
+            raise ProtocolBroken("an output that is not what its description says")
+        return y
+
+    def own_rng(self) -> ContextManager[None]:
+        return contextlib.nullcontext()  # the block draws from its own process's generator
+
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
+        meta, tensors = self.call("grads", {"x": x, "weights": weights}, inputs=inputs)
+        names, failed = meta.get("names"), meta.get("failed")
+        if not isinstance(names, list) or failed not in ("", "forward", "backward"):
+            raise ProtocolBroken("gradients without parameter names")
+        shown = [text(n, 200) for n in names]
+        if failed:
+            return Grads(shown, [], str(failed), text(meta.get("message", ""), 400))
+        got = tensors.get("input")
+        if inputs and (got is None or got.shape != x.shape):
+            raise ProtocolBroken("an input gradient of the wrong shape")
+        return Grads(shown, [tensors.get(f"g{i}") for i in range(len(names))], input=got)
+
+    def parameters(self) -> dict[str, Tensor]:
+        meta, tensors = self.call("parameters")
+        names = meta.get("names")
+        if not isinstance(names, list) or set(names) != set(tensors) or len(names) > 1 << 16:
+            raise ProtocolBroken("parameters without names")
+        if not all(t.is_floating_point() and t.dim() <= 8 for t in tensors.values()):
+            raise ProtocolBroken("parameters that are not floating-point tensors")
+        return {str(n): tensors[n] for n in names}
+
+    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
+        self.traces.clear()  # recorded with the weights before
+        self.call("set", dict(values))
+
+    def dropout_off(self) -> str:
+        self.traces.clear()
+        how = self.call("dropout_off")[0].get("how")
+        if how not in ("", "switched off", "with its probability set to 0"):
+            raise ProtocolBroken("an unknown way of switching dropout off")
+        return str(how)
+
+    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """The block's parts as numbers: read here from the dataflow of traces the block's
+        process recorded, else (with roles given, or by names) as that process says (checked
+        by ``receive.unpack_readings``)."""
+        found = "" if roles else dataflow(self.traces, self.longest or TRACE_T)
+        if isinstance(found, str):
+            return self.call("read", roles=dict(roles))
+        read, x = found
+        readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+        return plain_readings(readings, list(self.parameters().values()), [])
+
+    def modern(self) -> dict[str, Any]:
+        source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
+        return modern_answer(source, self.traces, self.longest or TRACE_T)
+
+    def suggest(self) -> str:
+        """The ``--map`` arguments the block's process suggests, if they are only that."""
+        said = text(self.call("suggest")[0].get("map", ""), 4000)
+        return said if re.fullmatch(_SUGGESTION, said) else ""
