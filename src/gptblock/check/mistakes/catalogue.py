@@ -1,15 +1,7 @@
-"""The catalogue of mistakes ``gptblock check`` can name: each mistake's one home.
-
-An entry holds all the checker knows of one mistake: its explanation and fix, the line of the
-lessons it deviates from (quoted, so a learner can put their code next to the lesson's), the
-probe failures it causes (``explains``: a reversed mask also leaks the future, so a future leak
-is then no separate mistake) and the concrete ways to make it (``ways``: the fields of ``steps.CORRECT`` each
-replaces, which ``variants`` turns into deviations, the modern attention's among them; ``forms``:
-the mistaken RMSNorms that make it). The identifiers are
-stable: they are what ``CheckReport.diagnosis`` lists and what ``--json`` prints.
-
-Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
-lesson 2 is "A Transformer Block as nn.Module" (``nn.MultiheadAttention``).
+"""The catalogue of mistakes ``gptblock check`` can name: all the checker knows of each, with a
+stable id (what ``CheckReport.diagnosis`` lists and ``--json`` prints). Lesson 1 is "Reimplement
+the transformer block" (``Head``/``MultiHeadAttention``/``Block``); lesson 2 is "A Transformer
+Block as nn.Module" (``nn.MultiheadAttention``).
 """
 
 from __future__ import annotations
@@ -49,14 +41,10 @@ class Mistake:
     title: str  # one line: what is wrong
     explanation: str  # why it is wrong and what it does to the block
     fix: str  # what to change
-    lesson: str  # the lesson's line it deviates from, quoted
+    lesson: str  # the lesson's line it deviates from, quoted for a learner to compare with
     explains: tuple[str, ...] = ()  # probe failures it causes, then not diagnosed apart
     ways: tuple[Way, ...] = ()  # none: a probe proves it, or the modern comparison finds it
     forms: tuple[str, ...] = ()  # the norm forms (``steps.NORM_FORMS``' keys) that make it
-
-    def __post_init__(self) -> None:
-        if not self.id.isidentifier():
-            raise ValueError(f"a mistake id must be an identifier, got {self.id!r}")
 
 
 # fmt: off

@@ -1,11 +1,9 @@
 """What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue.
 
-``CheckReport`` is plain data with two renderings: ``format()`` (``str(report)``), the
-human-readable report ``gptblock check`` prints, and ``to_dict()``, what ``--json`` prints.
-``CheckReport.from_dict`` reads ``to_dict()``'s output back, validating every field: it is how
-a report crosses from the child process that ran the block to the checker (``isolation``). A
-notebook shows ``to_html`` (every word escaped: a target's name, a message the block's process
-sent) and ``repr`` is ``summary``, one line instead of the dataclass's every field.
+A ``CheckReport`` is plain data, rendered as text (``format``, what ``gptblock check`` prints),
+JSON (``to_dict``; ``from_dict`` validates it back when a report crosses from the block's process,
+``isolation``) and HTML for a notebook (every word escaped: a name or a message the block's
+process sent); the three share one walk of the report (``_entry``, ``_diagnosis``, ``_result``).
 """
 
 from __future__ import annotations
@@ -124,60 +122,72 @@ class CheckReport:
             width: where the notes and explanations wrap; a check's line never wraps.
         """
         lines = [f"check {self.target}"]
-        for f in self.findings:
-            lines.append(f"  {f.status:<5} {f.name:<21} {f.message}")
+        lines += [f"  {f.status:<5} {f.name:<21} {f.message}" for f in self.findings]
         for note in self.notes:
             lines += _wrap(note, width, "  note: ", " " * 8)
-        if self.alternatives:
-            lines += _wrap(
-                f"diagnosis (unsure): {', '.join(self.diagnosis) or 'no mistake'}; "
-                f"explained equally well by: {_others(self)}",
-                width,
-            )
-        elif self.diagnosis:
-            more = "" if self.compared else " (black-box checks only: there may be more)"
-            lines.append("diagnosis: " + ", ".join(self.diagnosis) + more)
-        elif self.verdict != "FAIL":
-            more = "" if self.compared else " found by the black-box checks (not compared)"
-            lines.append("diagnosis: none" + more)
-        else:
-            lines.append("diagnosis: no catalogued mistake identified; see the failed checks")
+        diagnosis = _diagnosis(self)  # only the unsure one wraps
+        lines += _wrap(diagnosis, width) if self.alternatives else [diagnosis]
         for d in self.diagnosis:
             lines += _wrap(MISTAKES[d].title, width, f"  {d}: ", "    ")
             for k, v in _entry(self, d):
                 lines += _wrap(v, width, f"    {k + ':':<8}", " " * 12)
-        failed = sum(not f.passed for f in self.findings)
-        if self.verdict == "PASS":
-            lines.append("result: PASS")
-        elif self.verdict == "UNVERIFIED":
-            lines += _wrap(
-                f"result: UNVERIFIED (the {len(self.findings)} black-box checks passed, but the "
-                "block was not compared with a reference it could be confirmed against (its "
-                "weights could not be read, or only inside its own process): a wrong scale, "
-                "say, would not show)",
-                width,
-            )
-            if self.verify:
-                lines += _wrap(f"to verify it, run again with: {self.verify}", width)
-        else:
-            n = len(self.diagnosis)
-            lines.append(
-                f"result: FAIL ({failed} of {len(self.findings)} checks failed, "
-                f"{n} mistake{'' if n == 1 else 's'} diagnosed)"
-            )
+        for paragraph in _result(self):
+            lines += _wrap(paragraph, width) if self.verdict == "UNVERIFIED" else [paragraph]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
+    __str__ = format
 
     def __repr__(self) -> str:
-        return summary(self)
+        """One line: the verdict, the target, how many checks passed and the mistakes found.
 
-    def _repr_html_(self) -> str:  # what a notebook shows
-        return to_html(self)
+        Example:
+            >>> CheckReport("B()", [Finding("shape", True, "ok")], ["post_norm"])
+            <CheckReport FAIL: B(), 1 of 1 checks passed, mistakes: post_norm (print it for the whole report)>
+        """
+        passed = sum(f.passed for f in self.findings)
+        mistakes = f", mistakes: {', '.join(self.diagnosis)}" if self.diagnosis else ""
+        return (
+            f"<CheckReport {self.verdict}: {self.target}, {passed} of {len(self.findings)} "
+            f"checks passed{mistakes} (print it for the whole report)>"
+        )
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows: an HTML fragment (no script, no style sheet).
+
+        Example:
+            >>> page = CheckReport("<B>", [Finding("shape", False, "a < b")])._repr_html_()
+            >>> "FAIL" in page and "&lt;B&gt;" in page and "a &lt; b" in page and "<B>" not in page
+            True
+        """
+        colour = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNVERIFIED": "#9a6700"}[self.verdict]
+        out = [
+            f'<div><p><b style="color:{colour}">{self.verdict}</b> <code>{escape(self.target)}</code></p>',
+            "<table><tr><th>result</th><th>check</th><th>what was found</th></tr>",
+        ]
+        for f in self.findings:
+            style = "" if f.passed else ' style="color:#cf222e"'
+            out.append(
+                f"<tr><td{style}>{escape(f.status)}</td><td>{escape(f.name)}</td>"
+                f'<td style="text-align:left">{escape(f.message)}</td></tr>'
+            )
+        out.append("</table>")
+        for d in self.diagnosis:
+            out.append(f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>")
+            out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(self, d) if v]
+            out.append("</ul>")
+        if self.alternatives:
+            out.append(f"<p>unsure: explained equally well by {escape(_others(self))}</p>")
+        out += [f"<p><small>note: {escape(n)}</small></p>" for n in self.notes]
+        result = " ".join(" ".join(_result(self)).split())
+        return "\n".join([*out, f"<p><b>{escape(result)}</b></p></div>"])
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
+        mistakes = {}
+        for d in self.diagnosis:
+            m = MISTAKES[d]
+            mistakes[d] = {"title": m.title, "found": self.details.get(d, "")}
+            mistakes[d].update(explanation=m.explanation, fix=m.fix, lesson=m.lesson)
         return {
             "target": self.target,
             "passed": self.passed,
@@ -187,16 +197,7 @@ class CheckReport:
                 for f in self.findings
             ],
             "diagnosis": list(self.diagnosis),
-            "mistakes": {
-                d: {
-                    "title": MISTAKES[d].title,
-                    "found": self.details.get(d, ""),
-                    "explanation": MISTAKES[d].explanation,
-                    "fix": MISTAKES[d].fix,
-                    "lesson": MISTAKES[d].lesson,
-                }
-                for d in self.diagnosis
-            },
+            "mistakes": mistakes,
             "notes": list(self.notes),
             "confident": self.confident,
             "compared": self.compared,
@@ -218,9 +219,14 @@ class CheckReport:
         """
         try:
             d = _fields(data, {"target": str, "findings": list, "diagnosis": list})
-            findings = [_finding(f) for f in d["findings"]]
-            mistakes = d.get("mistakes", {})
-            details = {str(k): str(v.get("found", "")) for k, v in _fields(mistakes, {}).items()}
+            findings = []
+            for row in d["findings"]:
+                f = _fields(row, {"name": str, "passed": bool, "message": str})
+                label = _str(f.get("label", ""))  # PASS / FAIL follow from passed
+                label = label if label == "FOUND" else ""  # and an unknown word is not printed
+                findings.append(Finding(f["name"], f["passed"], f["message"], label))
+            mistakes = _fields(d.get("mistakes", {}), {}).items()
+            details = {str(k): str(v.get("found", "")) for k, v in mistakes}
             return cls(
                 d["target"],
                 findings,
@@ -246,13 +252,37 @@ def _others(report: CheckReport) -> str:
     return " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
 
 
-def _finding(data: object) -> Finding:
-    f = _fields(data, {"name": str, "passed": bool, "message": str})
-    label = _str(f.get("label", ""))
-    passed: bool = f["passed"]
-    if label in ("PASS", "FAIL") or label not in ("", "FOUND"):
-        label = ""  # the word follows from passed; an unknown word is not printed
-    return Finding(f["name"], passed, f["message"], label)
+def _diagnosis(report: CheckReport) -> str:
+    if report.alternatives:
+        named = ", ".join(report.diagnosis) or "no mistake"
+        return f"diagnosis (unsure): {named}; explained equally well by: {_others(report)}"
+    if report.diagnosis:
+        more = "" if report.compared else " (black-box checks only: there may be more)"
+        return "diagnosis: " + ", ".join(report.diagnosis) + more
+    if report.verdict != "FAIL":
+        more = "" if report.compared else " found by the black-box checks (not compared)"
+        return "diagnosis: none" + more
+    return "diagnosis: no catalogued mistake identified; see the failed checks"
+
+
+def _result(report: CheckReport) -> list[str]:
+    """The result line, and for an UNVERIFIED block how to verify it."""
+    n = len(report.findings)
+    if report.verdict == "PASS":
+        return ["result: PASS"]
+    if report.verdict == "FAIL":
+        failed, found = sum(not f.passed for f in report.findings), len(report.diagnosis)
+        plural = "" if found == 1 else "s"
+        return [f"result: FAIL ({failed} of {n} checks failed, {found} mistake{plural} diagnosed)"]
+    unverified = (
+        f"result: UNVERIFIED (the {n} black-box checks passed, but the block was not compared "
+        "with a reference it could be confirmed against (its weights could not be read, or only "
+        "inside its own process): a wrong scale, say, would not show)"
+    )
+    return [
+        unverified,
+        *([f"to verify it, run again with: {report.verify}"] if report.verify else []),
+    ]
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:
@@ -300,60 +330,4 @@ def one_line(e: BaseException | None) -> str:
         >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
         ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
     """
-    if isinstance(e, Raised):
-        return text(e, 400)
-    return said(e)
-
-
-_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNVERIFIED": "#9a6700"}
-
-
-def summary(report: CheckReport) -> str:
-    """One line: the verdict, the target, how many checks passed and the mistakes found.
-
-    Example:
-        >>> from gptblock.check import CheckReport, Finding
-        >>> summary(CheckReport("B()", [Finding("shape", True, "ok")], ["post_norm"]))
-        '<CheckReport FAIL: B(), 1 of 1 checks passed, mistakes: post_norm (print it for the whole report)>'
-    """
-    passed = sum(f.passed for f in report.findings)
-    mistakes = f", mistakes: {', '.join(report.diagnosis)}" if report.diagnosis else ""
-    return (
-        f"<CheckReport {report.verdict}: {report.target}, {passed} of {len(report.findings)} "
-        f"checks passed{mistakes} (print it for the whole report)>"
-    )
-
-
-def to_html(report: CheckReport) -> str:
-    """The report as an HTML fragment (no script, no style sheet: a notebook's own styles).
-
-    Example:
-        >>> from gptblock.check import CheckReport, Finding
-        >>> page = to_html(CheckReport("<B>", [Finding("shape", False, "a < b")], ["post_norm"]))
-        >>> "FAIL" in page and "&lt;B&gt;" in page and "a &lt; b" in page and "<B>" not in page
-        True
-    """
-    verdict = report.verdict
-    colour = _COLOURS.get(verdict, "inherit")
-    out = [
-        f'<div><p><b style="color:{colour}">{verdict}</b> <code>{escape(report.target)}</code></p>',
-        "<table><tr><th>result</th><th>check</th><th>what was found</th></tr>",
-    ]
-    for f in report.findings:
-        style = "" if f.passed else ' style="color:#cf222e"'
-        out.append(
-            f"<tr><td{style}>{escape(f.status)}</td><td>{escape(f.name)}</td>"
-            f'<td style="text-align:left">{escape(f.message)}</td></tr>'
-        )
-    out.append("</table>")
-    for d in report.diagnosis:
-        out.append(f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>")
-        out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(report, d) if v]
-        out.append("</ul>")
-    if report.alternatives:
-        out.append(f"<p>unsure: explained equally well by {escape(_others(report))}</p>")
-    out += [f"<p><small>note: {escape(n)}</small></p>" for n in report.notes]
-    formatted = report.format()  # its result line, wrapped, and how to verify an UNVERIFIED one
-    result = " ".join(formatted[formatted.rindex("result: ") :].split())
-    out.append(f"<p><b>{escape(result)}</b></p></div>")
-    return "\n".join(out)
+    return text(e, 400) if isinstance(e, Raised) else said(e)

@@ -1,11 +1,6 @@
-"""The search for the variant a block is: the smallest set of catalogued mistakes that reproduces it.
-
-``explain`` runs every variant (``variants``, smallest first) with a block's own parts, under
-every head count, MLP activation and reading of its parts the mapping could not rule out, and
-stops at the first size at which one reproduces the block's output within ``TOLERANCE``. Matches
-of that size with other mistakes are alternatives: the report must say it is unsure.
-
-Shapes: B batch, T time, C channels.
+"""The search for the smallest set of catalogued mistakes that reproduces a block (``explain``):
+every variant, smallest first, under every head count, activation and reading of its parts not
+ruled out, up to the first size at which one matches; others of that size are alternatives.
 """
 
 from __future__ import annotations
@@ -27,15 +22,12 @@ M = TypeVar("M")
 
 TOLERANCE = 1e-4
 """A variant reproduces a block when its output differs by at most this much, relative to the
-largest output entry. Two float64 implementations of one function agree to ~1e-12 and a float32
-block to ~1e-6. Variants with different diagnoses differ by more than 1e-2, 100x this
-tolerance (tests/test_check_search.py measures the smallest gap over every single mistake and
-pair). Exact and tanh GELU can differ by less than this tolerance; neither is a mistake, and the
-closer one is reported."""
+largest output entry. float64 implementations of one function agree to ~1e-12, a float32 block
+to ~1e-6; variants with different diagnoses differ by more than 1e-2 (tests/test_check_search.py
+measures it). Exact and tanh GELU can differ by less: neither is a mistake, the closer is named."""
 
 MIN_DEFINED = 0.5
-"""A variant whose output is NaN at more than half of the positions (a mask that blocks
-whole rows) is too undefined to be evidence, and is never accepted."""
+"""A variant NaN at more than half of the positions (a mask blocking whole rows) is no evidence."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +41,7 @@ class Match:
     reading: int = 0  # which reading of the block's parts (an index into explain's `readings`)
 
     @property
-    def mistakes(self) -> list[str]:
-        """The catalogue ids of ``deviations``, each once, in order."""
+    def mistakes(self) -> list[str]:  # the catalogue ids, each once, in order
         return list(dict.fromkeys(d.mistake for d in self.deviations))
 
     def describe(self) -> str:
@@ -70,11 +61,9 @@ class Explanation:
 
 def distance(y: Tensor, y_ref: Tensor, least: float = MIN_DEFINED) -> float:
     """How far ``y`` is from ``y_ref`` (of one shape, (..., F)), relative to ``y_ref``'s largest
-    entry: the one measure of the checker's comparisons. Positions (rows of the last axis) where
-    ``y_ref`` is not finite are skipped (the reference leaves them undefined, a row the mask
-    blocks entirely; a block may return NaN or zeros there); anywhere else a non-finite ``y`` is
-    infinitely far, and so are another shape and a ``y_ref`` defined at fewer than ``least`` of
-    its positions.
+    entry: the checker's one measure. Positions (rows of the last axis) where ``y_ref`` is not
+    finite (a row the mask blocks entirely) are skipped; elsewhere a non-finite ``y`` is
+    infinitely far, as are another shape and a ``y_ref`` defined at fewer than ``least`` of them.
 
     Example:
         >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
@@ -97,11 +86,9 @@ def smallest(
     candidates: Iterable[tuple[Deviation, ...]],
     attempt: Callable[[tuple[Deviation, ...]], M | None],
 ) -> list[M]:
-    """What ``attempt`` makes of the first of each distinct set of mistakes among ``candidates``
-    (smallest first, as ``variants`` lists them) that it accepts (not ``None``), of the smallest
-    size at which one is accepted: the first is the match, the rest its alternatives. Distinct
-    deviations of one mistake can coincide (1/hs equals C ** -0.5 when nh == hs), and readings
-    or unknowns can agree: those are one diagnosis, not alternatives, and tried no further."""
+    """What ``attempt`` accepts (not ``None``) of ``candidates`` (smallest first), at the smallest
+    size it accepts one, once per set of mistakes: the match, then its alternatives. Deviations
+    of one mistake can coincide (1/hs is C ** -0.5 when nh == hs): one diagnosis, tried once."""
     found: list[tuple[set[str], M]] = []
     size = 0
     for deviations in candidates:
@@ -117,21 +104,44 @@ def smallest(
 def explain(
     readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
 ) -> Explanation:
-    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` to ``y`` with
-    one of ``readings`` (the block's parts, most likely first), one of ``heads`` (head counts)
-    and one of ``CANDIDATE_ACTIVATIONS``, within ``TOLERANCE``.
+    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` to ``y`` within
+    ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads`` and the activations.
 
     Shape:
         x, y: (B, T, C).
     """
     if not readings or not heads:
         raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
-    memoised = [_memoised(parts) for parts in readings]
+    # the variants call the norms and q/k/v on the very same tensors: the block's modules run once
+    memoised = [
+        replace(p, qkv=_remember(p.qkv), ln1=_remember(p.ln1), ln2=_remember(p.ln2))
+        for p in readings
+    ]
     closest: list[Match] = []  # the nearest miss so far
+
+    def unknowns(parts: Parts, deviations: tuple[Deviation, ...], reading: int) -> Match:
+        """The head count and activation under which ``deviations`` comes closest to ``y``: all
+        activations compared, since exact and tanh GELU differ by less than ``TOLERANCE``."""
+        steps = compose(deviations)
+        best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
+        for n_head in heads:
+            for name, activation in CANDIDATE_ACTIVATIONS.items():
+                try:
+                    y_ref = run_steps(parts, x, n_head, activation, steps)
+                except MissingPart:
+                    return best  # this variant needs a part the block does not have
+                except CAUGHT:
+                    continue  # the block's own modules refuse this variant's input (or head count)
+                match = Match(deviations, n_head, name, distance(y, y_ref), reading)
+                if match.error < best.error:
+                    best = match
+            if best.error <= TOLERANCE:
+                break
+        return best
 
     def attempt(deviations: tuple[Deviation, ...]) -> Match | None:
         for r, parts in enumerate(memoised):
-            match = _best_unknowns(parts, x, y, heads, deviations, r)
+            match = unknowns(parts, deviations, r)
             if not closest or match.error < closest[0].error:
                 closest[:] = [match]
             if match.error <= TOLERANCE:
@@ -144,47 +154,9 @@ def explain(
     return Explanation(found[0], tuple(found[1:]), None)
 
 
-def _best_unknowns(
-    parts: Parts,
-    x: Tensor,
-    y: Tensor,
-    heads: tuple[int, ...],
-    deviations: tuple[Deviation, ...],
-    reading: int,
-) -> Match:
-    """The variant ``deviations`` under the head count and activation closest to ``y``: all
-    compared first, because exact and tanh GELU differ by ~1e-5 of the output (below
-    ``TOLERANCE``), and the closer one names the block's activation."""
-    steps = compose(deviations)
-    best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
-    for n_head in heads:
-        for name, activation in CANDIDATE_ACTIVATIONS.items():
-            try:
-                y_ref = run_steps(parts, x, n_head, activation, steps)
-            except MissingPart:
-                return best  # this variant needs a part the block does not have
-            except CAUGHT:
-                continue  # the block's own modules refuse this variant's input (or head count)
-            match = Match(deviations, n_head, name, distance(y, y_ref), reading)
-            if match.error < best.error:
-                best = match
-        if best.error <= TOLERANCE:
-            return best
-    return best
-
-
-def _memoised(parts: Parts) -> Parts:
-    """``parts`` whose LayerNorms and q/k/v projection remember their last few results: most
-    variants call them on the very same tensors, so the block's own modules run once."""
-    return replace(
-        parts,
-        qkv=_remember(parts.qkv),
-        ln1=_remember(parts.ln1) if parts.ln1 else None,
-        ln2=_remember(parts.ln2) if parts.ln2 else None,
-    )
-
-
-def _remember(f: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
+def _remember(f: Any) -> Any:
+    if f is None:
+        return None
     seen: dict[int, tuple[Tensor, Any]] = {}  # id(input) -> (input, output); input kept alive
 
     def call(h: Tensor) -> Any:

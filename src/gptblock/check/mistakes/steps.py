@@ -1,32 +1,22 @@
 """The reference block computed step by step from a block's own parts, each step replaceable.
 
-``run_steps`` computes the lessons' block from ``Parts``: the block's sub-layers as functions, in
-the lessons' roles (the two LayerNorms, q/k/v, the output projection, the MLP's two layers),
-however the block names or stores them (``roles.mapping`` finds them). ``Steps`` says how each
-step in between is done; ``CORRECT`` is the lessons' block, and each catalogued mistake is a
-change to fields of it (its ``ways`` in ``catalogue``). The reports call this "the reference".
+``run_steps`` computes the lessons' block from ``Parts`` (the block's sub-layers as functions,
+found by ``roles.mapping``) as ``Steps`` says; ``CORRECT`` is the lessons' block and each
+catalogued mistake replaces fields of it. Not ``gptblock.lesson`` or the NumPy oracle: the
+variants need one code path with one step swapped, and a block's own LayerNorm, linear layers
+and packing computed exactly as the block computes them, on its device. The modern block is the
+same steps with its options (``gptblock.reference.modern`` is their oracle): ``rms``, ``Rope``,
+``repeat_heads``, a qk norm, the parallel wiring, ``fc1`` the whole gated hidden function.
 
-Deliberately not ``gptblock.lesson`` or the NumPy oracle ``gptblock.reference``: the variants
-need one code path with one step swapped, on the block's own device. The parts are functions,
-not weights, so that a block's own LayerNorm (the Annotated Transformer's divides by the
-unbiased std plus eps), linear layers (Hugging Face's ``Conv1D``) and packing are computed
-exactly as the block computes them.
-
-The modern block is the same steps with its options (``gptblock.reference.modern`` is their
-NumPy oracle; ``tests/test_check_modern.py`` holds the two equal): ``rms`` with ``NORM_FORMS``'
-mistaken forms, rotary positions (``Rope``), grouped key/value heads (``repeat_heads``), a qk
-norm, the parallel residual as a ``wiring``, and ``fc1`` the MLP's whole hidden function; its
-attention mistakes are ordinary ``Steps`` fields (``rotated``, ``kv_order``, ``rope_table``).
-
-Shapes: B batch, T time, C channels, D = nh * hs attention width (C in every standard block),
-Dkv = nkv * hs, H the MLP's hidden width, nh query heads, nkv key/value heads, hs head size,
-r rotated channels of each head.
+Shapes: B batch, T time, C channels, D = nh * hs attention width, Dkv = nkv * hs, H the MLP's
+hidden width, nh query heads, nkv key/value heads, hs head size, r rotated channels of a head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from torch.nn import functional as F
@@ -40,6 +30,7 @@ __all__ = [
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
 QKV = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
+Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
 
 
 class MissingPart(ValueError):
@@ -48,12 +39,9 @@ class MissingPart(ValueError):
 
 @dataclass(frozen=True, repr=False)
 class Parts:
-    """One block's sub-layers as functions, in the roles of the lessons' block.
-
-    Heads are contiguous slices of the attention width: head i is channels ``i*hs:(i+1)*hs`` of
-    what ``qkv`` returns and of what ``proj`` takes (the layout of the lesson's concatenated
-    heads, ``nn.MultiheadAttention``'s ``in_proj_weight`` and GPT-2's ``c_attn``).
-    """
+    """One block's sub-layers as functions, in the roles of the lessons' block. Head i is
+    channels ``i*hs:(i+1)*hs`` of what ``qkv`` returns and ``proj`` takes (the lesson's
+    concatenated heads, ``nn.MultiheadAttention``'s ``in_proj_weight``, GPT-2's ``c_attn``)."""
 
     C: int  # channels of the residual stream
     D: int  # attention width nh * hs
@@ -83,19 +71,13 @@ def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
     return lambda h: F.linear(h, weight, bias)
 
 
-def _gelu_tanh(x: Tensor) -> Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
 CANDIDATE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf): nn.GELU(), TransformerBlock, nanoGPT
-    "gelu_tanh": _gelu_tanh,  # the tanh approximation: Hugging Face GPT-2's gelu_new, minGPT
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # Hugging Face GPT-2's gelu_new, minGPT
     "relu": F.relu,  # the first lesson's FeedForward, the Annotated Transformer
 }
-"""The MLP activations a correct block may use. A black box does not say which it uses, so each
-is tried, and none of them is a mistake. (Not ``gptblock.blocks.config.ACTIVATIONS``, the activations
-gptblock's own blocks offer: a learner's block may use one they do not, such as tanh GELU.)"""
-
+"""The MLP activations a correct block may use: a black box does not say which, so each is
+tried. (Not ``gptblock.blocks.config.ACTIVATIONS``: a learner may use one gptblock's blocks do not.)"""
 
 NORM_FORMS = {
     "rms": "x / sqrt(mean(x^2) + eps)",
@@ -105,8 +87,7 @@ NORM_FORMS = {
     "time": "x / sqrt(mean(x^2, dim=1) + eps), over the time axis",
     "batch": "x / sqrt(mean(x^2, dim=0) + eps), over the batch axis",
 }
-"""RMSNorm (``rms``, Zhang & Sennrich 2019: eps inside the root, the mean of squares over the
-channels) and the forms of it learners write instead."""
+"""RMSNorm (``rms``, Zhang & Sennrich 2019) and the forms of it learners write instead."""
 
 
 def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Tensor:
@@ -134,11 +115,9 @@ class Rope:
     Channel pair ``(a_i, b_i)`` of each head's first ``dim`` channels is rotated by the angle
     ``sign * t * theta ** (-2i / dim)`` at position t. ``pairing`` says which channels pair:
     ``"halves"``, (i, i + dim/2) as Hugging Face's Llama (``rotate_half``); ``"adjacent"``,
-    (2i, 2i + 1) as RoFormer and Meta's Llama (complex numbers of adjacent pairs). ``table`` is
-    how the block laid out its cos/sin table: ``cat((freqs, freqs))`` fits the halves,
-    ``repeat_interleave(freqs, 2)`` the adjacent pairs; a table that does not fit its pairing
-    rotates each pair by two different angles (the catalogue's ``rope_pairing``). ``sign`` -1 is
-    nanochat's direction (the same model with the second channel of each pair negated).
+    (2i, 2i + 1) as RoFormer and Meta's Llama. ``table`` is the layout of the cos/sin table:
+    ``cat((freqs, freqs))`` fits the halves, ``repeat_interleave(freqs, 2)`` the adjacent pairs
+    (the other turns each pair by two angles: ``rope_pairing``). ``sign`` -1 is nanochat's.
 
     Example:
         >>> rope = Rope(10000.0, 4, "halves", "halves", 1.0)
@@ -161,8 +140,7 @@ class Rope:
         return f"rope ({pairs}, theta {self.theta:g}{rest}{turn})"
 
     def apply(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """``x`` (B, heads, T, hs) rotated position by position: at ``positions`` (T,), by
-        default 0 ... T-1 (a cached step is at its offset in the sequence)."""
+        """``x`` (B, heads, T, hs) rotated at ``positions`` (T,), by default 0 ... T-1."""
         T, r = x.shape[-2], self.dim
         inv = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)
         at = torch.arange(T, device=x.device) if positions is None else positions
@@ -184,8 +162,8 @@ class Rope:
 
 ORDERS = ("interleave", "tile")
 """How key/value head j serves the query heads: ``interleave``, heads j*g ... (j+1)*g - 1
-(``repeat_interleave(g, dim=1)``, Hugging Face's ``repeat_kv``, Meta's; right); ``tile``, heads
-j, j + nkv, j + 2 nkv ... (``repeat(1, g, 1, 1)``: the catalogue's ``gqa_order``)."""
+(``repeat_interleave``, Hugging Face's ``repeat_kv``; right); ``tile``, heads j, j + nkv, ...
+(``repeat(1, g, 1, 1)``: the catalogue's ``gqa_order``)."""
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
@@ -198,47 +176,7 @@ def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
     """
     if groups == 1:
         return t
-    if order == "tile":
-        return t.repeat(1, groups, 1, 1)
-    return t.repeat_interleave(groups, dim=1)
-
-
-# ----- the correct steps ---------------------------------------------------------------------
-
-Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
-Norms = Callable[[SubLayer | None, SubLayer | None], tuple[SubLayer | None, SubLayer | None]]
-Masking = Callable[[Tensor, Tensor, int], Tensor]
-
-
-def _pre_norm(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
-    x = x + attn(ln1(x))  # lesson 1: x = x + self.sa(self.ln1(x))
-    return x + mlp(ln2(x))  # lesson 1: x = x + self.ffwd(self.ln2(x))
-
-
-def _own_norms(
-    ln1: SubLayer | None, ln2: SubLayer | None
-) -> tuple[SubLayer | None, SubLayer | None]:
-    return ln1, ln2  # each branch its own LayerNorm
-
-
-def _causal(T: int, device: torch.device) -> Tensor:
-    """True = blocked: key j > query i (lesson 2's torch.triu(..., diagonal=1))."""
-    return torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), diagonal=1)
-
-
-def _mask_then_softmax(scores: Tensor, blocked: Tensor, dim: int) -> Tensor:
-    # lesson 1: wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), then F.softmax
-    return F.softmax(scores.masked_fill(blocked, float("-inf")), dim=dim)
-
-
-def _split_heads(t: Tensor, n_head: int) -> Tensor:
-    B, T, D = t.shape
-    return t.reshape(B, T, n_head, D // n_head).transpose(1, 2)  # (B, T, D) -> (B, nh, T, hs)
-
-
-def _merge_heads(y: Tensor) -> Tensor:
-    B, nh, T, hs = y.shape
-    return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, nh * hs)
+    return t.repeat(1, groups, 1, 1) if order == "tile" else t.repeat_interleave(groups, dim=1)
 
 
 @dataclass(frozen=True)
@@ -246,11 +184,11 @@ class Steps:
     """How each step of the block is done; ``CORRECT`` is the lessons' block. A mistaken block
     is ``CORRECT`` with some fields replaced, never a flag tested inside the forward."""
 
-    norms: Norms  # (ln1, ln2) -> the norms the attention and MLP branches use
+    norms: Callable[[SubLayer | None, SubLayer | None], tuple[SubLayer | None, SubLayer | None]]
     split: Callable[[Tensor, int], Tensor]  # (B, T, D), nh -> (B, nh, T, hs)
     blocked: Callable[[int, torch.device], Tensor]  # T -> bool (T, T) mask, True = blocked
     scale: Callable[[int, int], float]  # (C, hs) -> factor on the scores
-    masking: Masking  # (scores, blocked, softmax_dim) -> attention weights, (B, nh, T, T)
+    masking: Callable[[Tensor, Tensor, int], Tensor]  # (scores, blocked, dim) -> weights
     softmax_dim: int  # the axis of the (B, nh, T, T) scores that the softmax normalises
     merge: Callable[[Tensor], Tensor]  # (B, nh, T, hs) -> (B, T, D)
     time_axis: int  # the input axis attention runs along: 1 for (B, T, C), 0 if read as (T, B, C)
@@ -262,15 +200,19 @@ class Steps:
 
 
 CORRECT = Steps(
-    norms=_own_norms,
-    split=_split_heads,
-    blocked=_causal,
+    norms=lambda ln1, ln2: (ln1, ln2),  # each branch its own LayerNorm
+    # (B, T, D) -> (B, nh, T, hs)
+    split=lambda t, nh: t.reshape(*t.shape[:2], nh, t.shape[2] // nh).transpose(1, 2),
+    # lesson 2's torch.triu(..., diagonal=1): True = blocked, key j > query i
+    blocked=lambda T, device: torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), 1),
     scale=lambda C, hs: hs**-0.5,
-    masking=_mask_then_softmax,
+    # lesson 1: wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), then F.softmax
+    masking=lambda scores, blocked, dim: F.softmax(scores.masked_fill(blocked, -torch.inf), dim),
     softmax_dim=-1,
-    merge=_merge_heads,
+    merge=lambda y: y.transpose(1, 2).flatten(2),  # (B, nh, T, hs) -> (B, T, nh * hs)
     time_axis=1,
-    wiring=_pre_norm,
+    # lesson 1: x = x + self.sa(self.ln1(x)); x = x + self.ffwd(self.ln2(x))
+    wiring=lambda x, attn, mlp, ln1, ln2: (x := x + attn(ln1(x))) + mlp(ln2(x)),
 )
 
 
@@ -289,12 +231,11 @@ def run_steps(
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
 ) -> Tensor:
-    """The block ``steps`` (``CORRECT`` or a variant) describes, with the sub-layers ``parts``,
-    ``n_head`` query heads (dividing D; ``parts.qkv`` may give k and v of fewer heads) and the
-    MLP's ``activation`` (``None``: ``fc1`` is the MLP's whole hidden function, a gate
-    included), on input ``x``; the modern block's rotation, qk norm and ``positions`` as
-    ``attention`` takes them. A query row the steps' mask blocks entirely comes out NaN, as
-    with ``masked_fill(-inf)`` + softmax; the checker ignores such positions when it compares.
+    """The block ``steps`` describes, with the sub-layers ``parts``, ``n_head`` query heads and
+    the MLP's ``activation`` (``None``: ``fc1`` is the MLP's whole hidden function, a gate
+    included); ``rope``, ``qk_norm`` and ``positions`` as ``attention`` takes them. A query row
+    the mask blocks entirely comes out NaN (``masked_fill(-inf)`` + softmax); the checker
+    ignores such positions when it compares.
 
     Raises:
         MissingPart: the steps need a second LayerNorm and the block has only one.
@@ -342,12 +283,10 @@ def attention(
     positions: Tensor | None = None,
     C: int | None = None,
 ) -> Tensor:
-    """The attention core from q (B, T, D), k and v (B, T, Dkv): heads split, each head's q and k
-    normalised (``qk_norm``: the gains of q's and k's RMSNorm over hs, eps 1e-6), rotated (at
-    ``positions`` (T,), by default 0 ... T-1), key/value heads repeated, scores scaled (``C``,
-    the channels a scale mistake may use, by default D), masked, softmax, heads merged; each
-    step as ``steps`` says (the rotated tensors, the key/value heads' order and the rotary
-    table are the modern block's).
+    """The attention core as ``steps`` says: heads split, q and k normalised (``qk_norm``: the
+    gains of their RMSNorm over hs, eps 1e-6) and rotated (at ``positions``), key/value heads
+    repeated, scores scaled (``C``: the channels a scale mistake may use, by default D),
+    masked, softmax, heads merged.
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).

@@ -1,8 +1,5 @@
-"""The catalogued mistakes as changes to the lessons' steps, and every combination of them.
-
-Each ``Deviation`` is one ``way`` of a catalogue entry: the ``Steps`` fields it replaces.
-Deviations compose ("post-norm and no scaling" is two, applied in turn); ``variants(max_size)``
-lists every composition of at most ``max_size``, smallest first, for ``search.explain``.
+"""The catalogued mistakes as changes to the steps (``Deviation``: one ``way`` of an entry), and
+every combination of them (``variants``, smallest first, for ``search.explain``).
 """
 
 from __future__ import annotations
@@ -10,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import reduce
 from typing import Any
 
 from .catalogue import MISTAKES
@@ -17,10 +15,10 @@ from .steps import CORRECT, Steps
 
 __all__ = ["DEVIATIONS", "LESSONS", "MODERN", "Deviation", "compose", "variants"]
 
+# The group of a deviation that changes this field of ``Steps`` (else the field's name): the
+# mask is two fields, which of the mask deviations change only one of.
 _GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
            "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
-"""The group of a deviation that changes this field of ``Steps`` (else the field's name): the
-mask is two fields, which of the mask deviations change only one of."""
 MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotation, grouped heads
 
 
@@ -44,7 +42,6 @@ class Deviation:
     changes: tuple[tuple[str, Any], ...]
 
     def apply(self, steps: Steps) -> Steps:
-        """``steps`` with this deviation's fields replaced."""
         return replace(steps, **dict(self.changes))
 
     def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
@@ -62,27 +59,21 @@ DEVIATIONS: tuple[Deviation, ...] = tuple(
 )
 """Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
 MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
-"""The modern attention's mistakes (``steps.attention`` reads the fields they change): tried
-only on a modern block, the key/value order only with grouped heads (``compare.modern``)."""
+"""The modern attention's mistakes, tried only on a modern block (``compare.modern``)."""
 LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)
 """The lessons' block's mistakes: what ``search.explain`` tries."""
 
 
 def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
     """``CORRECT`` with each deviation's change applied in turn."""
-    steps = CORRECT
-    for deviation in deviations:
-        steps = deviation.apply(steps)
-    return steps
+    return reduce(lambda steps, deviation: deviation.apply(steps), deviations, CORRECT)
 
 
 def variants(
     max_size: int, pool: Iterable[Deviation] | None = None
 ) -> Iterator[tuple[Deviation, ...]]:
-    """Every combination of at most ``max_size`` deviations (of ``pool``, by default
-    ``LESSONS``), one per group at most, smallest first: the empty one (the correct block)
-    first, so a search that stops at the first size with a match finds the smallest set of
-    mistakes.
+    """Every combination of at most ``max_size`` deviations of ``pool`` (``LESSONS``), one per
+    group, smallest first (the correct block first): the first size that matches is the smallest.
 
     Example:
         >>> [len(v) for v in variants(1)][:3]
