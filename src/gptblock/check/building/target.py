@@ -1,10 +1,7 @@
-"""Finding the block to check from text: ``FILE.py:NAME`` or ``package.module:NAME``
-(``load_target``), and its ``NAME=VALUE`` arguments (``parse_argument``).
-
-The one place where the user's code is imported and executed (it imports only the standard
-library and ``report``), so that ``gptblock check`` can load it in the child that checks it.
-Every failure, ``sys.exit()`` at import included, is a ``ValueError`` (or
-``FileNotFoundError``) with a one-line message, which the CLI prints before exiting with code 2.
+"""Finding the block to check from ``FILE.py:NAME`` or ``package.module:NAME`` (``load_target``):
+the one place where the user's code is imported (this module imports only the standard library
+and ``report``, so the child that checks it can load it). Every failure, ``sys.exit()`` at import
+included, is a ``ValueError`` (or ``FileNotFoundError``) with a one-line message.
 """
 
 from __future__ import annotations
@@ -28,11 +25,7 @@ __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_
 
 
 def parse_argument(text: str) -> tuple[str, object]:
-    """``NAME=VALUE`` (what followed ``--arg``) as a constructor argument, VALUE read as a
-    Python literal, else as text.
-
-    Raises:
-        ValueError: no ``=``, or NAME is not an identifier.
+    """``NAME=VALUE`` (what followed ``--arg``), VALUE read as a Python literal, else as text.
 
     Example:
         >>> parse_argument("n_head=4"), parse_argument("activation=relu")
@@ -46,11 +39,7 @@ def parse_argument(text: str) -> tuple[str, object]:
 
 
 def parse_role(text: str) -> tuple[str, str]:
-    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``): a part of the block
-    named for a role.
-
-    Raises:
-        ValueError: not ``ROLE=NAME``.
+    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``).
 
     Example:
         >>> parse_role("ln1=norm_a")
@@ -60,7 +49,6 @@ def parse_role(text: str) -> tuple[str, str]:
 
 
 def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str, str]:
-    """``text``'s ``LEFT=RIGHT``, LEFT an identifier, RIGHT not empty unless ``empty``."""
     left, sep, right = text.partition("=")
     if not sep or not left.isidentifier() or not (right or empty):
         raise UserValueError(f"{expected}, got {text!r}{more}")
@@ -69,10 +57,6 @@ def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str
 
 def check_spec(spec: str) -> tuple[str, str, bool]:
     """``(where, name, is_file)`` of a well-formed target spec, without importing anything.
-
-    Raises:
-        ValueError: a malformed spec.
-        FileNotFoundError: a file spec whose file does not exist.
 
     Example:
         >>> check_spec("gptblock.lesson:Block")
@@ -88,16 +72,11 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
 
 
 def main_source(target: object) -> str | None:
-    """A module's text that defines ``target``, a class or function of ``__main__`` (a notebook
-    cell's, or a script's), so that another process can load it; None for any other target.
-
-    Its source is read from the cell (``linecache``: ``inspect`` cannot find a cell's class in
-    some kernels), after what it uses from ``__main__``: classes and functions (their sources),
-    modules imported, every other value pickled. Running the cells again would also run what
-    they do besides defining (training, or this very check).
-
-    Raises:
-        UserValueError: its source cannot be found.
+    """A module's text defining ``target``, a class or function of ``__main__`` (a notebook
+    cell's), so another process can load it; None for any other target. Its source comes from
+    ``linecache`` (``inspect`` cannot find a cell's class in some kernels), after what it uses
+    from ``__main__``: sources, imports, other values pickled (running the cells again would
+    also run the training, or this very check).
     """
     main = sys.modules.get("__main__")
     if getattr(target, "__module__", None) != "__main__" or main is None:
@@ -108,7 +87,6 @@ def main_source(target: object) -> str | None:
 
 
 def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
-    """``obj``'s source into ``done``, after what it uses from ``scope`` (``__main__``'s)."""
     name = obj.__name__
     done[name] = ""  # being defined: a class naming itself (super(Block, self)) is not a need
     node, text = _def_node(obj)
@@ -136,7 +114,9 @@ def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
 def _def_node(obj: Any) -> tuple[ast.AST, str]:
     """The top-level ``class`` / ``def`` of ``obj`` in its cell or file, and its text."""
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in _functions(obj)]
+    members = vars(obj).values() if inspect.isclass(obj) else [obj]
+    functions = [f for v in members if inspect.isfunction(f := getattr(v, "__func__", v))]
+    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in functions]
     files = dict.fromkeys(c.co_filename for c in codes if c is not None)
     for file in [*files, *reversed(linecache.cache)]:  # its own cell first, else the latest
         lines = linecache.getlines(str(file))
@@ -152,21 +132,9 @@ def _def_node(obj: Any) -> tuple[ast.AST, str]:
     raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
 
 
-def _functions(obj: Any) -> list[Any]:
-    if not inspect.isclass(obj):
-        return [obj]
-    found = (getattr(v, "__func__", v) for v in vars(obj).values())
-    return [f for f in found if inspect.isfunction(f)]
-
-
 def load_target(spec: str) -> Any:
     """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted): a
-    file (a ``where`` ending in ``.py`` or holding a path separator) executed as a module of its
-    own, its folder on ``sys.path`` while it loads; a package module imported as usual.
-
-    Raises:
-        ValueError: a malformed spec, a module that fails to import or load, or no such NAME.
-        FileNotFoundError: the file does not exist.
+    file executed as a module of its own, its folder on ``sys.path`` while it loads.
 
     Example:
         >>> load_target("gptblock.lesson:Block")
