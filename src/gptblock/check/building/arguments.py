@@ -1,12 +1,10 @@
-"""Constructor arguments a block needs beyond the common ones (``complete``): a config object
-built from the arguments given, a layer index, else an error with the ``--arg`` line that
-builds it (values guessed from the names, and tried). A guessed value is never used for a check.
+"""Constructor arguments a block needs beyond the common ones (``complete``), else the ``--arg``
+line that builds it: a guessed value is never used for a check.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,9 +50,8 @@ def arg_line(values: Mapping[str, object]) -> str:
 def fit_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
-    """``given``, each to ``factory``'s parameter of its name, else of the same role
-    (``d_model`` to ``n_embd``) that nothing given names, else left out; with notes of what
-    moved. So one set of arguments fits every block of the lessons' kind.
+    """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
+    ``n_embd``), else left out; with notes of what moved.
 
     Example:
         >>> from gptblock import lesson
@@ -118,13 +115,10 @@ def complete(
     factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
     defaults: Mapping[str, object], sizes: Mapping[str, object],
 ) -> dict[str, object]:  # fmt: skip
-    """``args`` with a layer index (``layer_idx`` 0) and a config object where ``factory``
-    takes one nobody gave (``given``: ``--arg``'s); ``defaults`` and ``sizes`` (every size
-    name's value) fill its fields.
-
-    Raises:
-        UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``
-            line that builds it, or the names to give.
+    """``args`` with a layer index (``layer_idx`` 0), and a config object where ``factory``
+    takes one nobody gave: its dataclass (the fields it has) or its own class called with
+    ``given``, ``defaults`` and ``sizes`` (every size name's value), else a namespace.
+    Attributes the block reads that nobody gave are guessed, then asked for with ``--arg``.
     """
     name = getattr(factory, "__qualname__", repr(factory))
     args = dict(args)
@@ -136,27 +130,18 @@ def complete(
     if not missing:
         return args
     configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
-    if len(configs) == 1 and len(missing) == 1:
-        return _with_config(factory, name, missing[0], args, {**defaults, **given}, given, sizes)
-    values = {p.name: guess(p.name) for p in missing}
-    if builds(factory, {**args, **values}):
-        raise _needs(name, "it", values, "this builds it")
-    raise UserValueError(
-        f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
-    )
-
-
-def _with_config(
-    factory: Callable[..., Any], name: str, param: inspect.Parameter, args: dict[str, object],
-    values: dict[str, object], given: Mapping[str, object], sizes: Mapping[str, object],
-) -> dict[str, object]:  # fmt: skip
-    """``args`` plus the config object ``param`` built from ``values``: its dataclass (the
-    fields it has), its own class called with them as keywords, else a namespace. Attributes
-    the block reads and nobody gave are guessed, then asked for with the line that gives them."""
+    if len(configs) != 1 or len(missing) != 1:
+        values = {p.name: guess(p.name) for p in missing}
+        if builds(factory, {**args, **values}):
+            raise _needs(name, "it", values, "this builds it")
+        raise UserValueError(
+            f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
+        )
+    (param,) = missing
     own = {p.name for p in parameters(factory)} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     cls = config_class(factory, param)
-    values = {"bias": True, **values}  # not a size, but most configs have it (nanoGPT's)
+    values = {"bias": True, **defaults, **given}  # bias: not a size, but in most configs
     known: set[str] | None = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)

@@ -1,8 +1,5 @@
-"""Building the block to check (``build_at``: a module, or a class / factory and its arguments,
-at the file's sizes or others), and telling its width (``width``) and longest sequence
-(``max_length``).
-
-Shapes: C channels.
+"""Building the block to check (``build_at``) at the file's sizes or others, and telling its
+width C (``width``) and longest sequence (``max_length``).
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at an
 def fill_common_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> dict[str, object]:
-    """``given`` (which always wins) plus a small value for every common argument ``factory`` (a
-    block class or a function returning a block) takes.
+    """``given`` plus a small value for every common argument ``factory`` takes.
 
     Example:
         >>> from gptblock import lesson
@@ -68,15 +64,8 @@ class Built:
 
 
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
-    """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
-    another set (``vary.plan``; None when there is none). The module's size settings stay set
-    until ``undo`` is called.
-
-    Raises:
-        UserTypeError: not a module nor callable, it returns a non-module, or constructor
-            arguments come with a module instance.
-        UserValueError: building the block raised, or it needs arguments nobody gave.
-    """
+    """The block built at the file's sizes, or with ``other`` at another set (``vary.plan``;
+    None when there is none); the module's size settings stay set until ``undo`` is called."""
     if isinstance(target, nn.Module):
         if kwargs:
             raise UserTypeError(
@@ -116,15 +105,12 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
-    undo = patch_globals(target, sizes)
-    module, description, called = _made(target, args, undo, lambda: _hint(target, kwargs))
+    module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
     notes, C = fitted + sizes.origins(shown) + called, sizes.values.get("width")
     return Built(module, description, sizes.label(shown), notes, undo, args, C)
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
-    """The block built at other sizes: its numbers that are sizes, found by their values on
-    the block built at the file's sizes, changed consistently (``vary.plan``)."""
     base = build_at(target, kwargs)
     if base is None:
         return None
@@ -136,22 +122,22 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
         base.undo()
     if found is None:
         return None  # nothing the checker sets: the same block again
-    undo = patch_globals(target, found.settings)
-    module, _, _ = _made(target, found.args, undo, lambda: "")
+    module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
     said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
     C2 = found.sizes.values["width"]  # the caller measures it again: the proof
     return Built(module, said, found.label, [], undo, found.args, C2)
 
 
 def _made(
-    target: Callable[..., Any], args: Mapping[str, object], undo: Callable[[], None],
+    target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, int],
     hint: Callable[[], str],
-) -> tuple[nn.Module, str, list[str]]:  # fmt: skip
-    """``target(**args)`` under seed 0, its description and what its forward is called with;
-    a failure raised with ``hint`` (the ``--arg`` line that builds it) if the sizes are to blame,
-    the module settings set back."""
+) -> tuple[nn.Module, str, list[str], Callable[[], None]]:  # fmt: skip
+    """``target(**args)`` under seed 0 and the module settings ``sizes``, its description, its
+    forward's arguments and the settings' undo; a failure raised with ``hint`` (the ``--arg``
+    line that builds it) where the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+    undo = patch_globals(target, sizes)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -164,7 +150,7 @@ def _made(
         if not isinstance(module, nn.Module):
             kind = type(module).__name__
             raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
-        return module, description, forward_arguments(module)
+        return module, description, forward_arguments(module), undo
     except BaseException:
         undo()
         raise
@@ -177,7 +163,7 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
-        undo = patch_globals(target, found)
+        undo = patch_globals(target, values)
         try:
             if builds(target, fill_common_arguments(target, {**given, **line})):
                 return f"; it builds with {arg_line(line)}"
@@ -187,10 +173,8 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
 
 
 def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
-    """Refuse sizes no block can be built with, before building: a size not a whole number in
-    1..``LARGEST``, a head count that does not divide the width (unless a head size is given
-    too), a key/value head count that does not divide the head count. ``given`` (``--arg``'s)
-    says which of ``args`` were filled.
+    """Refuse sizes no block can be built with: not a whole number in 1..``LARGEST``, or a head
+    count that does not divide the width or is not divided by the key/value head count.
 
     Example:
         >>> check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
@@ -235,11 +219,8 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
 
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
-    """C: the width of the input the block accepts. The candidates, in order: a constructor
-    argument, an attribute (also on a ``config``), a norm's or a linear layer's width, every
-    size of its parameters; the first for which a copy maps a (2, T, C) input to its own shape
-    wins, else (a broken block) the first.
-    """
+    """C: the first candidate (an argument, an attribute, a norm's or linear layer's width, its
+    parameters' sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
     candidates = _said(module, kwargs, KINDS["width"])
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
@@ -290,8 +271,8 @@ def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) ->
 
 
 def _said(module: nn.Module, kwargs: Mapping[str, object], names: tuple[str, ...]) -> list[int]:
-    """The sizes called ``names`` in the constructor arguments, then in each module's own
-    attributes, else its ``config``'s (``dim`` only as an argument: ``nn.Softmax`` has one)."""
+    """The sizes called ``names`` in the arguments, then each module's (or its ``config``'s)
+    attributes (``dim`` only as an argument: ``nn.Softmax`` has one)."""
     found = [v for n in names if (v := number(kwargs.get(n)))]
     for m in module.modules():
         config = getattr(m, "config", None)

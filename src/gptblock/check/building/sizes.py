@@ -1,8 +1,5 @@
-"""The sizes a block is checked at: the file's own (``file_sizes``, from ``--arg``, defaults and
-module settings), another valid set (``other_sizes``), every name of a set (``names``: arguments,
-config fields and globals agree), and one report of the two checks (``combine``).
-
-Shapes: C channels, nh heads, hs head size.
+"""The sizes a block is checked at: the file's own (``file_sizes``), another valid set
+(``other_sizes``), and one report of the two checks (``combine``). Shapes: C channels, nh heads.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (5
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """One value per kind of size (``KINDS``' keys), where each came from (``"--arg"``...
-    ``"the checker"``), and what was assumed (a size made smaller than the file's, say)."""
+    """One value per kind of size (``KINDS``' keys), where each came from, what was assumed."""
 
     values: dict[str, int]
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -72,8 +68,7 @@ def number(value: object) -> int | None:
 
 
 def settings(factory: object) -> tuple[str, dict[str, int]]:
-    """The file name and the module-level numbers (the lecture's ``n_embd = 64``, read by
-    ``Head`` as a global) of ``factory``'s module.
+    """The file name and the numbers (the lecture's global ``n_embd = 64``) of ``factory``'s module.
 
     Example:
         >>> settings(int)
@@ -88,8 +83,7 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """``param``'s annotation (a string looked up in the module) when it is a config: a
-    dataclass or a class of the block's own file (not ``int``, ``torch.Tensor``...)."""
+    """``param``'s annotation if a config: a dataclass or a class of the block's own file."""
     cls = param.annotation
     if isinstance(cls, str):
         module = inspect.getmodule(factory)
@@ -115,8 +109,7 @@ def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 
 
 def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
-    """The sizes the file implies: ``--arg`` first, then the constructor's defaults, a config
-    dataclass's defaults, the module's settings, else the checker's.
+    """The sizes the file implies, by the first of ``places`` that names them, else the checker's.
 
     Example:
         >>> def make(n_embd=64, n_head=4): ...
@@ -153,29 +146,22 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     C = values.get("width")
     if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
         values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
-    return _smaller(Sizes(values, sources))
-
-
-def _smaller(sizes: Sizes) -> Sizes:
-    """A width or length above ``LARGEST_IMPLIED`` and not --arg's made smaller (the same head
-    count, 16 channels a head): the checker's mistakes show at any size."""
-    values, notes = dict(sizes.values), []
-    C, nh = values.get("width"), values.get("heads", 1)
-    if C and C > LARGEST_IMPLIED["width"] and sizes.sources.get("width") != "--arg" and nh <= 16:
+    # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
+    # head), as the checker's mistakes show at any size
+    notes, nh, L = [], values.get("heads", 1), values.get("length")
+    if C and C > LARGEST_IMPLIED["width"] and sources.get("width") != "--arg" and nh <= 16:
         values["width"] = 16 * nh
         if "head_size" in values:
             values["head_size"] = 16
         notes.append(f"the file's width {C} made {16 * nh} for the check (--arg sets it)")
-    L = values.get("length")
-    if L and L > LARGEST_IMPLIED["length"] and sizes.sources.get("length") != "--arg":
+    if L and L > LARGEST_IMPLIED["length"] and sources.get("length") != "--arg":
         values["length"] = 256
         notes.append(f"the file's length {L} made 256 for the check (--arg sets it)")
-    return Sizes(values, sizes.sources, tuple(notes))
+    return Sizes(values, sources, tuple(notes))
 
 
 def other_sizes(sizes: Sizes) -> Sizes | None:
-    """Another valid set: a different width, head count and head size, a different length;
-    None without a width.
+    """Another valid set, with a different width, head count, head size and length.
 
     Example:
         >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
@@ -185,8 +171,7 @@ def other_sizes(sizes: Sizes) -> Sizes | None:
 
 
 def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
-    """Other valid sets (head sizes stay integral, key/value heads keep their group); with
-    ``hints``, the sets to try when a block cannot be built at its file's (up to GPT-2's)."""
+    """Other valid sets; with ``hints``, those to try for a block not built at its file's."""
     v = sizes.values
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
@@ -198,15 +183,10 @@ def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
             continue
         if nh is None and C2 % 12:  # heads fixed inside the block: a width many counts divide
             continue
-        values = {"width": C2}
-        if nh is not None:
-            values["heads"] = nh2
-        if kv is not None:
-            values["kv_heads"] = nh2 // group
-        if "head_size" in v:
-            values["head_size"] = C2 // (nh2 if nh is not None else C // v["head_size"])
-        if "length" in v:
-            values["length"] = 16 if v["length"] != 16 else 24
+        per_head = nh2 if nh is not None else C // v.get("head_size", C)
+        length = 16 if v.get("length") != 16 else 24
+        every = {"width": C2, "heads": nh2, "kv_heads": nh2 // group, "head_size": C2 // per_head}
+        values = {k: x for k, x in {**every, "length": length}.items() if k in v}
         found.append(Sizes(values, {k: "the checker" for k in values}))
     return found
 
@@ -221,16 +201,14 @@ def names(sizes: Sizes) -> dict[str, int]:
     return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
 
 
-def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable[[], None]:
-    """Set the settings of ``factory``'s module to ``sizes`` (every name of its kinds, or the
-    values by name), so a class reading ``n_embd`` as a global is built at that size; the undo."""
+def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
+    """Set ``factory``'s module's globals (``n_embd``) to ``sizes`` by name; returns the undo."""
     module = inspect.getmodule(factory)
     if module is None:
         return lambda: None
-    wanted = names(sizes) if isinstance(sizes, Sizes) else sizes
-    before = {n: v for n, v in vars(module).items() if n in wanted and number(v) and wanted[n] != v}
+    before = {n: v for n, v in vars(module).items() if n in sizes and number(v) and sizes[n] != v}
     for n in before:
-        setattr(module, n, wanted[n])
+        setattr(module, n, sizes[n])
 
     def undo() -> None:
         for n, v in before.items():
@@ -240,7 +218,7 @@ def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable
 
 
 def not_other(why: str) -> str:
-    """The note of a block that cannot be checked at other sizes: the file's sizes' check stands.
+    """The note of a block not checked at other sizes: not a failure.
 
     Example:
         >>> print(not_other("it takes a width of 64, not 48"))
@@ -250,9 +228,8 @@ def not_other(why: str) -> str:
 
 
 def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
-    """One report of the checks at the file's sizes (``at``) and others (``other``; ``second``
-    its report, or why it did not run, "" for none): the file's sizes decide, except that a
-    block that did not fail there and fails at the other sizes fails."""
+    """One report of the checks at the file's sizes (``at``) and others (``second``, or why it
+    did not run): the file's sizes decide, unless only the other sizes fail."""
     if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
         if not isinstance(second, str):
             said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]

@@ -1,7 +1,6 @@
-"""Finding the block to check from ``FILE.py:NAME`` or ``package.module:NAME`` (``load_target``):
-the one place where the user's code is imported (this module imports only the standard library
-and ``report``, so the child that checks it can load it). Every failure, ``sys.exit()`` at import
-included, is a ``ValueError`` (or ``FileNotFoundError``) with a one-line message.
+"""Loading the block to check (``load_target``): the one place the user's code is imported
+(this module imports only the standard library and ``report``, for the child that checks it).
+Every failure, ``sys.exit()`` included, is a ``ValueError`` or ``FileNotFoundError``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import linecache
 import pickle
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ...errors import UserFileNotFoundError, UserValueError
@@ -72,11 +70,10 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
 
 
 def main_source(target: object) -> str | None:
-    """A module's text defining ``target``, a class or function of ``__main__`` (a notebook
-    cell's), so another process can load it; None for any other target. Its source comes from
-    ``linecache`` (``inspect`` cannot find a cell's class in some kernels), after what it uses
-    from ``__main__``: sources, imports, other values pickled (running the cells again would
-    also run the training, or this very check).
+    """A module's text defining ``target`` of ``__main__`` (a notebook cell's) for another
+    process; None for other targets. Its source comes from ``linecache`` (``inspect`` cannot
+    find a cell's class in some kernels), after what it uses from ``__main__``: sources, imports,
+    other values pickled (running the cells again would also run the training, or this check).
     """
     main = sys.modules.get("__main__")
     if getattr(target, "__module__", None) != "__main__" or main is None:
@@ -87,32 +84,10 @@ def main_source(target: object) -> str | None:
 
 
 def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
+    """``obj``'s top-level ``class`` / ``def`` from its cell or file into ``done``, after what
+    it uses from ``scope``."""
     name = obj.__name__
     done[name] = ""  # being defined: a class naming itself (super(Block, self)) is not a need
-    node, text = _def_node(obj)
-    for used in dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)):
-        if used in done or used not in scope or hasattr(builtins, used):
-            continue
-        value = scope[used]
-        if inspect.ismodule(value):
-            done[used] = f"import {value.__name__} as {used}"
-        elif (
-            inspect.isclass(value) or inspect.isfunction(value)
-        ) and value.__module__ == "__main__":
-            _define(value, scope, done)
-            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
-                done[used] = f"{used} = {value.__name__}"
-        else:
-            try:
-                done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
-            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
-                continue
-    del done[name]
-    done[name] = text
-
-
-def _def_node(obj: Any) -> tuple[ast.AST, str]:
-    """The top-level ``class`` / ``def`` of ``obj`` in its cell or file, and its text."""
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     members = vars(obj).values() if inspect.isclass(obj) else [obj]
     functions = [f for v in members if inspect.isfunction(f := getattr(v, "__func__", v))]
@@ -126,15 +101,34 @@ def _def_node(obj: Any) -> tuple[ast.AST, str]:
             continue
         found = [n for n in tree.body if isinstance(n, kinds) and n.name == obj.__name__]
         if found:
-            node = found[-1]
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            return node, "".join(lines[first - 1 : node.end_lineno])
-    raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
+            first = min([found[-1].lineno, *(d.lineno for d in found[-1].decorator_list)])
+            break
+    else:
+        raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
+    for used in dict.fromkeys(n.id for n in ast.walk(found[-1]) if isinstance(n, ast.Name)):
+        if used in done or used not in scope or hasattr(builtins, used):
+            continue
+        value = scope[used]
+        ours = (
+            inspect.isclass(value) or inspect.isfunction(value)
+        ) and value.__module__ == "__main__"
+        if inspect.ismodule(value):
+            done[used] = f"import {value.__name__} as {used}"
+        elif ours:
+            _define(value, scope, done)
+            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
+                done[used] = f"{used} = {value.__name__}"
+        else:
+            try:
+                done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
+            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
+                continue
+    del done[name]
+    done[name] = "".join(lines[first - 1 : found[-1].end_lineno])
 
 
 def load_target(spec: str) -> Any:
-    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted): a
-    file executed as a module of its own, its folder on ``sys.path`` while it loads.
+    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
 
     Example:
         >>> load_target("gptblock.lesson:Block")
@@ -145,7 +139,20 @@ def load_target(spec: str) -> Any:
     """
     where, name, is_file = check_spec(spec)
     if is_file:
-        module = _load_file(Path(where))
+        path, module_name = Path(where), f"_gptblock_check_{Path(where).stem}"
+        spec_ = importlib.util.spec_from_file_location(module_name, path)
+        if spec_ is None or spec_.loader is None:
+            raise UserValueError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[module_name] = module  # dataclasses and pickling look the module up here
+        sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+        try:
+            spec_.loader.exec_module(module)
+        except CAUGHT as e:
+            del sys.modules[module_name]
+            raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
+        finally:
+            sys.path.remove(str(path.resolve().parent))
     else:
         try:
             module = importlib.import_module(where)
@@ -157,21 +164,3 @@ def load_target(spec: str) -> Any:
             raise UserValueError(f"{where} has no {name!r}")
         obj = getattr(obj, part)
     return obj
-
-
-def _load_file(path: Path) -> ModuleType:  # check_spec found the file
-    name = f"_gptblock_check_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise UserValueError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up here
-    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    except CAUGHT as e:
-        del sys.modules[name]
-        raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    return module

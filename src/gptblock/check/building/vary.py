@@ -1,10 +1,6 @@
 """The other sizes a block is checked at, found by value rather than by name (``hid_dim``,
-``n_state``, ``emb_dim`` in a config dict...): ``plan`` reads every whole number the block was
-built with at its file's sizes. One equal to the measured width C is the width, 2C..8C a hidden
-width, C / nh the head size; a name says only what a value cannot (``kind_of``). The build at the
-new sizes, whose width the caller measures again, is the proof.
-
-Shapes: C channels, nh heads, hs head size.
+``n_state``...): of the numbers the block was built with, the measured width C is the width,
+2C..8C a hidden width, C / nh (nh heads) the head size; a name says what a value cannot.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ _WHY = {"width": "C", "heads": "nh", "kv_heads": "kv heads", "head_size": "hs", 
 
 
 def kind_of(name: str) -> str | None:
-    """What a name says its number is, when the number alone cannot: ``heads``, ``kv_heads``,
-    ``head_size``, ``length``, ``other`` (not a size), or None (the value decides).
+    """What a name says its number is: a kind, ``other`` (not a size), or None (the value decides).
 
     Example:
         >>> [kind_of(n) for n in ("num_attention_heads", "attn_dim_head", "n_ctx", "layer_idx")]
@@ -55,8 +50,7 @@ def kind_of(name: str) -> str | None:
 
 @dataclasses.dataclass
 class Plan:
-    """The arguments (config copies in), sizes and module settings of the other sizes, and
-    their label (``hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)``)."""
+    """The arguments, sizes, module settings and label of the other sizes."""
 
     args: dict[str, object]
     sizes: Sizes
@@ -80,8 +74,7 @@ def _fields(value: object) -> dict[str, object] | None:
 
 
 def _replaced(config: object, changes: Mapping[str, int]) -> object:
-    """A copy of ``config`` with ``changes`` (a dataclass through ``replace``, so that its
-    ``__post_init__`` derives what it derives from them)."""
+    """A copy of ``config`` with ``changes`` (a dataclass's ``__post_init__`` derives from them)."""
     if isinstance(config, dict):
         return {**config, **changes}
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -95,8 +88,8 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
 
 
 def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
-    """The arguments that build ``factory`` at other sizes, from ``args`` it was built with
-    at the file's sizes and the width ``C`` measured there; None when no number is a size.
+    """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
+    of the build at the file's sizes; None when no number is a size.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
@@ -127,7 +120,7 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     said: dict[str, str] = {}
 
     def changes(numbers: Mapping[str, object]) -> dict[str, int]:
-        """The new value of each number that is a size, its kind (``4C`` a multiple) in ``said``."""
+        """The new value of each size, its kind (``4C`` for a multiple) in ``said``."""
         out = {}
         for name, x in numbers.items():
             if (v := number(x)) is None or (kind := kind_of(name)) == "other":
@@ -150,19 +143,13 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     patched = changes(globals_)
     if not said:
         return None
-    values: dict[str, object] = dict(patched)
-    for c in config_changes.values():
-        values.update(c)
-    values.update(top_changes)
+    in_configs = {k: v for c in config_changes.values() for k, v in c.items()}
+    values = {**patched, **in_configs, **top_changes}
     out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
-    return Plan(out, other, patched, _label(values, said))
-
-
-def _label(values: Mapping[str, object], said: Mapping[str, str]) -> str:
-    """``hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)``: the kind said where the name does not."""
+    # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
     rank = {n: _ORDER.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
     shown = []
     for n in sorted(said, key=rank.__getitem__):
         why = "" if n in KINDS.get(said[n], ()) else f" ({_WHY.get(said[n], said[n])})"
         shown.append(f"{n}={values[n]!r}{why}")
-    return ", ".join(shown)
+    return Plan(out, other, patched, ", ".join(shown))
