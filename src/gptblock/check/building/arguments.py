@@ -150,8 +150,7 @@ def complete(
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
-        values.update({k: x for k, x in sizes.items() if k not in given})
-        values = {k: x for k, x in values.items() if k in known}
+        values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
         empty = dataclasses.MISSING
         lacking = {f.name: guess(f.name) for f in fields if f.default is empty
                    and f.default_factory is empty and f.name not in values}  # fmt: skip
