@@ -1,18 +1,10 @@
-"""Constructor arguments a block needs beyond the common ones: a config object, or the exact
-``--arg`` line that builds it.
-
-``complete`` looks at what ``factory`` requires but ``args`` lacks: one argument named like a
-config (``config``, ``cfg``, ``args``, ``hparams``...) is built from the arguments given, as
-the annotated class (a dataclass gets the fields it has) or a ``SimpleNamespace``; anything else
-is an error with the ``--arg NAME=VALUE ...`` line that builds the block, its values guessed from
-the names and tried, or the names to give. A value the caller did not give is never used for a
-check.
+"""Constructor arguments a block needs beyond the common ones (``complete``), else the ``--arg``
+line that builds it: a guessed value is never used for a check.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,10 +15,8 @@ from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
 from .sizes import CONFIG_NAMES, KINDS, config_class, parameters, signature
 
-__all__ = ["CONFIG_DEFAULTS", "builds", "complete", "fit_arguments", "guess"]
+__all__ = ["arg_line", "builds", "complete", "fit_arguments", "guess"]
 
-CONFIG_DEFAULTS: dict[str, object] = {"bias": True}
-"""A config's fields that are not sizes but that most configs have (nanoGPT's ``bias``)."""
 _GUESSES = (
     (("embd", "d_model", "dim", "hidden", "width", "embed", "channels"), 32),
     (("head",), 4),
@@ -39,6 +29,7 @@ _GUESSES = (
     (("vocab",), 64),
     (("mult", "ratio", "factor", "expansion"), 4),
 )
+_ROLES = (*KINDS.values(), ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop"))
 
 
 def guess(name: str) -> object:
@@ -52,21 +43,15 @@ def guess(name: str) -> object:
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
 
 
-def _line(values: Mapping[str, object]) -> str:
+def arg_line(values: Mapping[str, object]) -> str:
     return " ".join(f"--arg {k}={v!r}" for k, v in values.items())
-
-
-_ROLES = (*KINDS.values(), ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop"))
 
 
 def fit_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
-    """``given``, each to a parameter ``factory`` has: its own name, else the parameter of the
-    same role (``sizes.KINDS``: ``d_model`` to ``n_embd``) that nothing given names; one it has
-    no place for is left out. With what was moved or left out, as notes. So one set of
-    arguments fits every block of the lessons' kind; a factory taking ``**kwargs`` or a config
-    object gets them as given.
+    """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
+    ``n_embd``), else left out; with notes of what moved.
 
     Example:
         >>> from gptblock import lesson
@@ -74,10 +59,8 @@ def fit_arguments(
         {'n_embd': 32, 'n_head': 4}
     """
     params = list(signature(factory).values())  # **kwargs included
-    if not params or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params
-    ):
-        return dict(given), []
+    if not params or any(p.kind is p.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params):
+        return dict(given), []  # **kwargs or a config object: they take what is given
     names = [p.name for p in params]
     fitted: dict[str, object] = {n: v for n, v in given.items() if n in names}
     name = getattr(factory, "__qualname__", repr(factory))
@@ -106,8 +89,7 @@ def builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
 
 
 def _index(name: str) -> int | None:
-    """The value of an argument that says which layer the block is (``layer_idx`` 0,
-    ``layer_number`` 1), None for any other name.
+    """The value of an argument saying which layer the block is, None for any other name.
 
     Example:
         >>> _index("layer_idx"), _index("layer_number"), _index("n_layer")
@@ -122,78 +104,62 @@ def _index(name: str) -> int | None:
     return {"idx": 0, "index": 0, "id": 0, "i": 0, "number": 1, "no": 1, "num": 1}.get(words[-1])
 
 
+def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> UserValueError:
+    return UserValueError(
+        f"cannot build {name}: {whose} needs {', '.join(values)}, which --arg does not give; "
+        f"{then}: {arg_line(values)}"
+    )
+
+
 def complete(
     factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
-    defaults: Mapping[str, object], sizes: Mapping[str, object] | None = None,
+    defaults: Mapping[str, object], sizes: Mapping[str, object],
 ) -> dict[str, object]:  # fmt: skip
-    """``args`` (given and common ones) with a config object built where ``factory`` takes
-    one (``defaults`` and ``sizes``, every size name's value, fill its fields), and a layer
-    index (``layer_idx`` 0) where it takes one nobody gave (``given``: ``--arg``'s).
-
-    Raises:
-        UserValueError: ``factory`` needs arguments nobody gave; the message has the ``--arg``
-            line that builds it, or the names to give.
+    """``args`` with a layer index (``layer_idx`` 0), and a config object where ``factory``
+    takes one nobody gave: its dataclass (the fields it has) or its own class called with
+    ``given``, ``defaults`` and ``sizes`` (every size name's value), else a namespace.
+    Attributes the block reads that nobody gave are guessed, then asked for with ``--arg``.
     """
     name = getattr(factory, "__qualname__", repr(factory))
     args = dict(args)
     missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
     for p in missing:
-        index = _index(p.name)
-        if index is not None:
+        if (index := _index(p.name)) is not None:
             args[p.name] = index
     missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
     configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
-    if len(configs) == 1 and len(missing) == 1:
-        values = {**defaults, **given}
-        return _with_config(factory, name, missing[0], args, values, given, sizes or {})
-    values = {p.name: guess(p.name) for p in missing}
-    if builds(factory, {**args, **values}):
+    if len(configs) != 1 or len(missing) != 1:
+        values = {p.name: guess(p.name) for p in missing}
+        if builds(factory, {**args, **values}):
+            raise _needs(name, "it", values, "this builds it")
         raise UserValueError(
-            f"cannot build {name}: it needs {', '.join(values)}, which --arg does not give; "
-            f"this builds it: {_line(values)}"
+            f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
         )
-    raise UserValueError(
-        f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
-    )
-
-
-def _with_config(
-    factory: Callable[..., Any], name: str, param: inspect.Parameter, args: dict[str, object],
-    values: dict[str, object], given: Mapping[str, object], sizes: Mapping[str, object],
-) -> dict[str, object]:  # fmt: skip
-    """``args`` plus the config object ``param`` built from ``values`` (given and common): as
-    its dataclass (the fields it has; a required field nobody gave is refused with the line
-    that gives it), its own class called with them as keywords, else a namespace."""
+    (param,) = missing
     own = {p.name for p in parameters(factory)} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     cls = config_class(factory, param)
-    values = {**CONFIG_DEFAULTS, **values}
-    dataclass = cls is not None and dataclasses.is_dataclass(cls)
-    fields = dataclasses.fields(cls) if cls is not None and dataclass else ()
-    known = {f.name for f in fields}
-    if cls is not None and dataclass:
-        unknown = sorted(set(given) - known)
-        if unknown:
+    values = {"bias": True, **defaults, **given}  # bias: not a size, but in most configs
+    known: set[str] | None = None
+    if cls is not None and dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields}
+        if unknown := sorted(set(given) - known):
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
-        values.update({k: x for k, x in sizes.items() if k in known and k not in given})
-        values = {k: x for k, x in values.items() if k in known}
+        values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
         empty = dataclasses.MISSING
-        lacking = [f.name for f in fields if f.default is empty and f.default_factory is empty
-                   and f.name not in values]  # fmt: skip
+        lacking = {f.name: guess(f.name) for f in fields if f.default is empty
+                   and f.default_factory is empty and f.name not in values}  # fmt: skip
         if lacking:
-            raise UserValueError(
-                f"cannot build {name}: its {cls.__name__} config needs {', '.join(lacking)}, "
-                f"which --arg does not give; give them: {_line({f: guess(f) for f in lacking})}"
-            )
-
+            raise _needs(name, f"its {cls.__name__} config", lacking, "give them")
     call: Callable[..., object] = cls or types.SimpleNamespace
 
     def make(v: dict[str, object]) -> object:
-        if dataclass:  # the fields it has, and its own checks
+        if known is not None:  # the fields it has, and its own checks
             return call(**{k: x for k, x in v.items() if k in known})
         try:  # a class of the file's own, e.g. Config(**kw), else a namespace
             return call(**v)
@@ -217,10 +183,7 @@ def _with_config(
         except CAUGHT:
             break
         if added:
-            raise UserValueError(
-                f"cannot build {name}: its {param.name} needs {', '.join(added)}, which --arg "
-                f"does not give; this builds it: {_line(added)}"
-            )
+            raise _needs(name, f"its {param.name}", added, "this builds it")
         return {**rest, param.name: config}
     raise UserValueError(
         f"cannot build {name}({param.name}): give the config's fields with --arg NAME=VALUE "

@@ -1,8 +1,5 @@
-"""Building the block to check (``build_at``: a module, or a class / factory and its
-arguments, at the file's sizes or others), and telling its width (``width``) and longest
-sequence (``max_length``).
-
-Shapes: C channels.
+"""Building the block to check (``build_at``) at the file's sizes or others, and telling its
+width C (``width``) and longest sequence (``max_length``).
 """
 
 from __future__ import annotations
@@ -20,8 +17,8 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
-from .arguments import builds, complete, fit_arguments
-from .sizes import KINDS, file_sizes, hint_sizes, names, number, patch_globals, settings, signature
+from .arguments import arg_line, builds, complete, fit_arguments
+from .sizes import KINDS, file_sizes, names, number, patch_globals, settings, signature, size_sets
 from .vary import plan
 
 __all__ = [
@@ -29,33 +26,28 @@ __all__ = [
     "width",
 ]  # fmt: skip
 
+# small values for the arguments most blocks take; dropout non-zero, so that dropout left on in
+# eval mode shows up
 COMMON_ARGUMENTS: dict[str, object] = {
     **dict.fromkeys(("n_embd", "d_model", "embed_dim"), 32),
     **dict.fromkeys(("n_head", "n_heads", "num_heads", "nhead"), 4),
     **{"block_size": 16, "dropout": 0.1},
 }
-"""Small values for the constructor arguments most blocks take. ``dropout`` is non-zero so that
-dropout left on in eval mode shows up."""
-
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
 
 
 def fill_common_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> dict[str, object]:
-    """``given`` (which always wins) plus a small value for every common argument ``factory`` (a
-    block class or a function returning a block) takes.
+    """``given`` plus a small value for every common argument ``factory`` takes.
 
     Example:
         >>> from gptblock import lesson
         >>> fill_common_arguments(lesson.Block, {"n_head": 2})
         {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
     """
-    filled = dict(given)
-    for name in signature(factory):
-        if name in COMMON_ARGUMENTS and name not in filled:
-            filled[name] = COMMON_ARGUMENTS[name]
-    return filled
+    common = (n for n in signature(factory) if n in COMMON_ARGUMENTS and n not in given)
+    return {**given, **{n: COMMON_ARGUMENTS[n] for n in common}}
 
 
 @dataclasses.dataclass
@@ -67,22 +59,13 @@ class Built:
     label: str = ""  # its sizes, ``n_embd=64, n_head=4, block_size=32`` (module settings too)
     notes: list[str] = dataclasses.field(default_factory=list)  # the sizes' origins
     undo: Callable[[], None] = lambda: None  # restores the module settings changed to build it
-    file: str = ""  # the learner's source file, for the line an error points at
     args: dict[str, object] = dataclasses.field(default_factory=dict)
     width: int | None = None  # the width it was built at, when the checker chose it
 
 
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
-    """The block built at the file's sizes (``sizes.file_sizes``), or with ``other`` at
-    another set (``vary.plan``; None when there is none). The module's size settings stay set
-    until ``undo`` is called.
-
-    Raises:
-        UserTypeError: ``target`` is neither a module nor callable, it returns a non-module, or
-            constructor arguments come with a module instance.
-        UserValueError: building the block raised (or called ``sys.exit``), or it needs
-            arguments nobody gave (the message has the ``--arg`` line that builds it).
-    """
+    """The block built at the file's sizes, or with ``other`` at another set (``vary.plan``;
+    None when there is none); the module's size settings stay set until ``undo`` is called."""
     if isinstance(target, nn.Module):
         if kwargs:
             raise UserTypeError(
@@ -98,40 +81,36 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     if other:
         return _other(target, kwargs)
     sizes = file_sizes(target, kwargs)
+    values = names(sizes)
     params = signature(target)
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
     size_names = {n for kind in KINDS.values() for n in kind}
     taken = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-    values = names(sizes)
     given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
     sized = [  # a size argument without a default, or with a number: None may mean "none"
         n for n, p in params.items()
         if p.default is p.empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
     ]  # fmt: skip
-    filled = {**{n: values[n] for n in sized if n in values}, **given}
-    filled = fill_common_arguments(target, filled)
+    filled = fill_common_arguments(
+        target, {**{n: values[n] for n in sized if n in values}, **given}
+    )
     check_sizes(filled, kwargs)
-    _, module_settings = settings(target)
-    common = {**COMMON_ARGUMENTS, **{n: v for n, v in values.items() if n in COMMON_ARGUMENTS}}
+    common = {n: values.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     args = complete(target, filled, given, common, values)
-    patched = [n for n in module_settings if n in values]
     shown = {n: v for n, v in filled.items() if n in values}
-    shown.update({n: values[n] for n in patched})
+    shown.update({n: values[n] for n in settings(target)[1] if n in values})
     plain = (type(None), int, float, str, bool)
     config = next(
         (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
-    undo = patch_globals(target, sizes)
-    module, description, called = _made(target, args, undo, lambda e: _hint(target, kwargs))
+    module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
     notes, C = fitted + sizes.origins(shown) + called, sizes.values.get("width")
-    return Built(module, description, sizes.label(shown), notes, undo, source_file(target), args, C)
+    return Built(module, description, sizes.label(shown), notes, undo, args, C)
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
-    """The block built at other sizes: its numbers that are sizes, found by their values on
-    the block built at the file's sizes, changed consistently (``vary.plan``)."""
     base = build_at(target, kwargs)
     if base is None:
         return None
@@ -143,64 +122,59 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
         base.undo()
     if found is None:
         return None  # nothing the checker sets: the same block again
-    undo = patch_globals(target, found.settings)
-    module, _, _ = _made(target, found.args, undo, lambda e: "")
+    module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
     said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
     C2 = found.sizes.values["width"]  # the caller measures it again: the proof
-    return Built(module, said, found.label, [], undo, source_file(target), found.args, C2)
+    return Built(module, said, found.label, [], undo, found.args, C2)
 
 
 def _made(
-    target: Callable[..., Any], args: Mapping[str, object], undo: Callable[[], None],
-    hint: Callable[[BaseException], str],
-) -> tuple[nn.Module, str, list[str]]:  # fmt: skip
-    """``target(**args)`` under seed 0, its description and what its forward is called with
-    (``calls.forward_arguments``); a failure raised as what it is, with ``hint`` (the
-    ``--arg`` line that builds it) where the sizes are to blame."""
+    target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, int],
+    hint: Callable[[], str],
+) -> tuple[nn.Module, str, list[str], Callable[[], None]]:  # fmt: skip
+    """``target(**args)`` under seed 0 and the module settings ``sizes``, its description, its
+    forward's arguments and the settings' undo; a failure raised with ``hint`` (the ``--arg``
+    line that builds it) where the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+    undo = patch_globals(target, sizes)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
                 module = target(**args)
             except CAUGHT as e:
-                more = hint(e) if size_error(e) else ""
+                more = hint() if size_error(e) else ""
                 at = learner_line(e, source_file(target))
                 raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{more}") from e
         if not isinstance(module, nn.Module):
             kind = type(module).__name__
             raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
-        return module, description, forward_arguments(module)
-    except BaseException:  # the module settings back as they were
+        return module, description, forward_arguments(module), undo
+    except BaseException:
         undo()
         raise
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
-    """``; it builds with --arg ...`` at the first of ``sizes.hint_sizes`` that builds."""
-    for found in hint_sizes(file_sizes(target, given)):
+    """``; it builds with --arg ...`` at the first set of ``size_sets``' hints that builds."""
+    for found in size_sets(file_sizes(target, given), hints=True):
         values = names(found)
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
-        undo = patch_globals(target, found)
+        undo = patch_globals(target, values)
         try:
             if builds(target, fill_common_arguments(target, {**given, **line})):
-                return "; it builds with " + " ".join(f"--arg {k}={v!r}" for k, v in line.items())
+                return f"; it builds with {arg_line(line)}"
         finally:
             undo()
     return ""
 
 
 def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
-    """Refuse sizes no block can be built with, before building: a size not a whole number in
-    1..``LARGEST``, a head count that does not divide the width (unless a head size is given
-    too), a key/value head count that does not divide the head count. ``given`` (``--arg``'s)
-    says which of ``args`` were filled.
-
-    Raises:
-        UserValueError: one line naming the argument, its value and what was expected.
+    """Refuse sizes no block can be built with: not a whole number in 1..``LARGEST``, or a head
+    count that does not divide the width or is not divided by the key/value head count.
 
     Example:
         >>> check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
@@ -214,9 +188,10 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
             return f"--arg {name}={args[name]!r}"
         return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
 
+    sizes: dict[str, int] = {}
     for name in (n for kind in KINDS.values() for n in kind if n in args):
-        value = args[name]
-        if not (size := number(value)) or size > LARGEST:
+        size = number(value := args[name])
+        if size is None or size > LARGEST:
             hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
                 isinstance(value, str) and any(c in value for c in "*+-/")
             ) else ""  # fmt: skip
@@ -224,33 +199,28 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
                 f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
                 "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
             )
-    widths = [n for n in KINDS["width"] if n in args]
-    heads = [n for n in KINDS["heads"] if n in args]
-    if widths and heads and not any(n in args for n in KINDS["head_size"]):
-        C, nh = int(args[widths[0]]), int(args[heads[0]])  # type: ignore[call-overload]
-        if C % nh:
-            divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
-            raise UserValueError(
-                f"{shown(heads[0])}: {widths[0]}={C} is not divisible by {heads[0]}={nh} (each "
-                f"head gets {widths[0]} / {heads[0]} channels); give one of {divisors}"
-            )
-    kv = [n for n in KINDS["kv_heads"] if n in args]
-    if kv and heads and int(args[heads[0]]) % int(args[kv[0]]):  # type: ignore[call-overload]
+        sizes[name] = size
+    first = {
+        kind: next((n for n in kind_names if n in sizes), "") for kind, kind_names in KINDS.items()
+    }
+    wide, heads, kv = first["width"], first["heads"], first["kv_heads"]
+    if wide and heads and not first["head_size"] and sizes[wide] % sizes[heads]:
+        C = sizes[wide]
+        divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
         raise UserValueError(
-            f"{shown(kv[0])}: {heads[0]}={args[heads[0]]} is not divisible by {kv[0]}="
-            f"{args[kv[0]]} (each key/value head serves n_head / n_kv_head query heads)"
+            f"{shown(heads)}: {wide}={C} is not divisible by {heads}={sizes[heads]} (each "
+            f"head gets {wide} / {heads} channels); give one of {divisors}"
+        )
+    if kv and heads and sizes[heads] % sizes[kv]:
+        raise UserValueError(
+            f"{shown(kv)}: {heads}={sizes[heads]} is not divisible by {kv}={sizes[kv]} (each "
+            "key/value head serves n_head / n_kv_head query heads)"
         )
 
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
-    """C: the width of the input the block accepts. The candidates, in order: a constructor
-    argument, an attribute (also on a ``config``), a norm's or a linear layer's width, every
-    size of its parameters; the first for which a copy maps a (2, T, C) input to its own shape
-    wins, else (a broken block) the first.
-
-    Raises:
-        UserValueError: the block has no candidate at all (no argument, attribute or parameter).
-    """
+    """C: the first candidate (an argument, an attribute, a norm's or linear layer's width, its
+    parameters' sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
     candidates = _said(module, kwargs, KINDS["width"])
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
@@ -260,16 +230,16 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
         elif isinstance(m, nn.MultiheadAttention):
             candidates.append(int(m.embed_dim))
     sizes = [n for p in module.parameters() for n in p.shape if n > 1]
-    candidates += sorted(set(sizes), key=lambda n: (-sizes.count(n), n))
-    candidates = list(dict.fromkeys(candidates))
+    candidates = list(
+        dict.fromkeys(candidates + sorted(set(sizes), key=lambda n: (-sizes.count(n), n)))
+    )
     if not candidates:
         raise UserValueError(
             f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "
             "n_embd / d_model / embed_dim argument or attribute; pass --arg n_embd=C"
         )
-    if len(candidates) == 1 or _accepts(module, candidates[0], T):
-        return candidates[0]
-    return next((c for c in candidates[1:] if _accepts(module, c, T)), candidates[0])
+    fits = (c for c in candidates if len(candidates) == 1 or _accepts(module, c, T))
+    return next(fits, candidates[0])
 
 
 def _accepts(module: nn.Module, C: int, T: int) -> bool:
@@ -290,17 +260,19 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
     """The longest sequence the block accepts, as far as its arguments and buffers tell."""
-    for value in _said(module, kwargs, KINDS["length"]):
-        return value
-    for _, buffer in module.named_buffers():
-        if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] and buffer.shape[-1] >= 1:
-            return int(buffer.shape[-1])  # a causal-mask buffer: (..., block_size, block_size)
-    return default
+    said = _said(module, kwargs, KINDS["length"])
+    # a causal-mask buffer: (..., block_size, block_size)
+    masks = [
+        int(b.shape[-1])
+        for b in module.buffers()
+        if b.dim() >= 2 and b.shape[-1] == b.shape[-2] >= 1
+    ]
+    return next(iter(said + masks), default)
 
 
 def _said(module: nn.Module, kwargs: Mapping[str, object], names: tuple[str, ...]) -> list[int]:
-    """The sizes called ``names`` in the constructor arguments, then in each module's own
-    attributes, else its ``config``'s (``dim`` only as an argument: ``nn.Softmax`` has one)."""
+    """The sizes called ``names`` in the arguments, then each module's (or its ``config``'s)
+    attributes (``dim`` only as an argument: ``nn.Softmax`` has one)."""
     found = [v for n in names if (v := number(kwargs.get(n)))]
     for m in module.modules():
         config = getattr(m, "config", None)

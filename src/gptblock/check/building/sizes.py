@@ -1,13 +1,5 @@
-"""The sizes a block is checked at: the file's own, and one other.
-
-A learner's file says its sizes in ``--arg``, the constructor's defaults, a config dataclass's
-defaults, and module-level settings the classes read as globals (the lecture's ``gpt.py``:
-``n_embd = 64``). ``file_sizes`` reads them, in that order of precedence, into one value per
-kind of size; ``other_sizes`` picks a second valid set, and ``names`` spells a set out for every
-name of its kinds, so arguments, config fields and globals (``patch_globals``) all agree.
-``combine`` makes one report of the two checks: PASS needs both.
-
-Shapes: C channels, nh heads, hs head size.
+"""The sizes a block is checked at: the file's own (``file_sizes``), another valid set
+(``other_sizes``), and one report of the two checks (``combine``). Shapes: C channels, nh heads.
 """
 
 from __future__ import annotations
@@ -21,10 +13,13 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "KINDS", "Sizes", "combine", "file_sizes", "hint_sizes", "names",
+    "CONFIG_NAMES", "KINDS", "Sizes", "combine", "config_class", "file_sizes", "names",
     "not_other", "number", "other_sizes", "parameters", "patch_globals", "settings", "signature",
+    "size_sets",
 ]  # fmt: skip
 
+# each kind of size and its names (``dim`` is a width only as an argument or a setting:
+# ``nn.Softmax`` has a ``.dim``)
 KINDS: dict[str, tuple[str, ...]] = {
     "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
     "heads": ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"),
@@ -32,11 +27,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "head_size": ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"),
     "length": ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
 }
-"""Each kind of size and the names people give it (``dim`` is a width only as an argument or
-a setting: ``nn.Softmax`` has a ``.dim``)."""
-
+# the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
-"""The names of an argument that is a config object (``Block(config)``)."""
 
 CHECKER = {"width": 32, "heads": 4, "length": 16}  # a kind the file uses but gives no value
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
@@ -46,23 +38,19 @@ _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (5
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """One value per kind of size the block uses (``KINDS``' keys), where each came from
-    (``"--arg"``, ``"the constructor's defaults"``, ..., ``"the checker"``), and what was
-    assumed (a size made smaller than the file's, say)."""
+    """One value per kind of size (``KINDS``' keys), where each came from, what was assumed."""
 
     values: dict[str, int]
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
     def label(self, used: Mapping[str, object]) -> str:
-        """``n_embd=64, n_head=4, block_size=32``: one name ``used`` (arguments, settings, a
-        config's fields) for each kind."""
-        found = (next((n for n in kind_names if n in used), None) for kind_names in KINDS.values())
+        """``n_embd=64, n_head=4, block_size=32``: one name ``used`` has for each kind."""
+        found = (next((n for n in kind if n in used), None) for kind in KINDS.values())
         return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
 
     def origins(self, shown: Mapping[str, object]) -> list[str]:
-        """The note saying where the file's sizes came from (none when all are --arg's or the
-        checker's own), each by a name ``shown`` has, and the notes."""
+        """Where the file's sizes came from (unless --arg or the checker), and the notes."""
         by_source: dict[str, list[str]] = {}
         for kind, source in self.sources.items():
             if source not in ("--arg", "the checker"):
@@ -80,8 +68,7 @@ def number(value: object) -> int | None:
 
 
 def settings(factory: object) -> tuple[str, dict[str, int]]:
-    """The file name and the module-level numbers (size settings among them: the lecture's
-    ``n_embd = 64``, read by ``Head`` as a global) of the module ``factory`` lives in.
+    """The file name and the numbers (the lecture's global ``n_embd = 64``) of ``factory``'s module.
 
     Example:
         >>> settings(int)
@@ -96,9 +83,7 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """The class ``param`` is annotated with (a string annotation looked up in the factory's
-    module) when it is a config: a dataclass or a class of the block's own file (not ``int``,
-    ``torch.Tensor``...); else None."""
+    """``param``'s annotation if a config: a dataclass or a class of the block's own file."""
     cls = param.annotation
     if isinstance(cls, str):
         module = inspect.getmodule(factory)
@@ -110,8 +95,7 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:
-    """``factory``'s parameters by name (``**kwargs`` too); none without a signature (some
-    builtins)."""
+    """``factory``'s parameters by name (``**kwargs`` too); none for some builtins."""
     try:
         return dict(inspect.signature(factory).parameters)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -125,8 +109,7 @@ def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 
 
 def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
-    """The sizes the file implies for ``factory``: ``--arg`` first, then the constructor's
-    defaults, a config dataclass's defaults, the module's settings, else the checker's.
+    """The sizes the file implies, by the first of ``places`` that names them, else the checker's.
 
     Example:
         >>> def make(n_embd=64, n_head=4): ...
@@ -135,12 +118,8 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     """
     params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    fields: dict[str, object] = {}
-    for p in params:
-        cls = config_class(factory, p)
-        if cls is not None and dataclasses.is_dataclass(cls):
-            for f in dataclasses.fields(cls):
-                fields[f.name] = f.default
+    classes = [c for p in params if dataclasses.is_dataclass(c := config_class(factory, p))]
+    fields = {f.name: f.default for c in classes for f in dataclasses.fields(c)}
     file, module = settings(factory)
     used = {p.name for p in params} | set(fields) | set(module) | set(given)
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
@@ -167,77 +146,53 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     C = values.get("width")
     if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
         values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
-    return _smaller(Sizes(values, sources))
-
-
-def _smaller(sizes: Sizes) -> Sizes:
-    """A width or length above ``LARGEST_IMPLIED`` that ``--arg`` did not give, made smaller
-    (the same head count, 16 channels a head): the checker's mistakes show at any size."""
-    values, notes = dict(sizes.values), []
-    C, nh = values.get("width"), values.get("heads", 1)
-    if C and C > LARGEST_IMPLIED["width"] and sizes.sources.get("width") != "--arg" and nh <= 16:
+    # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
+    # head), as the checker's mistakes show at any size
+    notes, nh, L = [], values.get("heads", 1), values.get("length")
+    if C and C > LARGEST_IMPLIED["width"] and sources.get("width") != "--arg" and nh <= 16:
         values["width"] = 16 * nh
         if "head_size" in values:
             values["head_size"] = 16
         notes.append(f"the file's width {C} made {16 * nh} for the check (--arg sets it)")
-    L = values.get("length")
-    if L and L > LARGEST_IMPLIED["length"] and sizes.sources.get("length") != "--arg":
+    if L and L > LARGEST_IMPLIED["length"] and sources.get("length") != "--arg":
         values["length"] = 256
         notes.append(f"the file's length {L} made 256 for the check (--arg sets it)")
-    return Sizes(values, sizes.sources, tuple(notes))
+    return Sizes(values, sources, tuple(notes))
 
 
 def other_sizes(sizes: Sizes) -> Sizes | None:
-    """Another valid set: a different width, head count and head size (head sizes stay
-    integral, key/value heads keep their group), a different length; None without a width.
+    """Another valid set, with a different width, head count, head size and length.
 
     Example:
         >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
         {'width': 48, 'heads': 3, 'length': 24}
     """
-    return next(iter(_sets(sizes, _OTHERS, strict=True)), None)
+    return next(iter(size_sets(sizes)), None)
 
 
-def hint_sizes(sizes: Sizes) -> list[Sizes]:
-    """Sets of sizes to try when a block cannot be built at its file's: the other sizes', then
-    larger widths (up to GPT-2's 768 and 12 heads)."""
-    return _sets(sizes, _HINTS, strict=False)
-
-
-def _sets(sizes: Sizes, pool: tuple[tuple[int, int], ...], strict: bool) -> list[Sizes]:
+def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
+    """Other valid sets; with ``hints``, those to try for a block not built at its file's."""
     v = sizes.values
-    C = v.get("width")
-    if C is None:
-        return []
-    nh = v.get("heads")
-    kv = v.get("kv_heads")
+    C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
     found = []
-    for C2, nh2 in pool:
-        if C2 == C and (nh is None or nh2 == nh):
+    for C2, nh2 in _HINTS if hints else _OTHERS:
+        if C is None or (C2 == C and (nh is None or nh2 == nh)) or nh2 % group:
             continue
-        if strict and (C2 == C or (nh is not None and (nh2 == nh or C2 // nh2 == C // nh))):
+        if not hints and (C2 == C or (nh is not None and (nh2 == nh or C2 // nh2 == C // nh))):
             continue
         if nh is None and C2 % 12:  # heads fixed inside the block: a width many counts divide
             continue
-        if nh2 % group:
-            continue
-        values = {"width": C2}
-        if nh is not None:
-            values["heads"] = nh2
-        if kv is not None:
-            values["kv_heads"] = nh2 // group
-        if "head_size" in v:
-            values["head_size"] = C2 // (nh2 if nh is not None else C // v["head_size"])
-        if "length" in v:
-            values["length"] = 16 if v["length"] != 16 else 24
+        per_head = nh2 if nh is not None else C // v.get("head_size", C)
+        length = 16 if v.get("length") != 16 else 24
+        every = {"width": C2, "heads": nh2, "kv_heads": nh2 // group, "head_size": C2 // per_head}
+        values = {k: x for k, x in {**every, "length": length}.items() if k in v}
         found.append(Sizes(values, {k: "the checker" for k in values}))
     return found
 
 
 def names(sizes: Sizes) -> dict[str, int]:
-    """Every name of every kind ``sizes`` has, with its value (``head_dim`` as C / nh when
-    the kind is used but has no value of its own).
+    """Every name of every kind ``sizes`` has, with its value.
 
     Example:
         >>> names(Sizes({"heads": 2}))["n_head"], names(Sizes({"heads": 2}))["num_heads"]
@@ -246,18 +201,14 @@ def names(sizes: Sizes) -> dict[str, int]:
     return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
 
 
-def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable[[], None]:
-    """Set the module settings of ``factory``'s module to ``sizes`` (every name of its kinds,
-    or the values by name), so a class that reads ``n_embd`` as a global is built at the
-    block's size; returns the undo."""
+def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
+    """Set ``factory``'s module's globals (``n_embd``) to ``sizes`` by name; returns the undo."""
     module = inspect.getmodule(factory)
     if module is None:
         return lambda: None
-    found = vars(module)
-    wanted = names(sizes) if isinstance(sizes, Sizes) else sizes
-    before = {n: v for n, v in found.items() if n in wanted and number(v) and wanted[n] != v}
+    before = {n: v for n, v in vars(module).items() if n in sizes and number(v) and sizes[n] != v}
     for n in before:
-        setattr(module, n, wanted[n])
+        setattr(module, n, sizes[n])
 
     def undo() -> None:
         for n, v in before.items():
@@ -267,8 +218,7 @@ def patch_globals(factory: object, sizes: Sizes | Mapping[str, int]) -> Callable
 
 
 def not_other(why: str) -> str:
-    """The note of a block that cannot be checked at other sizes: not a failure, the check at
-    the file's sizes stands.
+    """The note of a block not checked at other sizes: not a failure.
 
     Example:
         >>> print(not_other("it takes a width of 64, not 48"))
@@ -278,10 +228,8 @@ def not_other(why: str) -> str:
 
 
 def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
-    """One report of the checks at the file's sizes (``at``) and another (``other``):
-    ``second`` is the other check's report, or why it did not run (a note; "" for none). The
-    file's sizes decide, except that a block that passed (or was not compared) there and
-    fails at the other sizes fails, the condition named."""
+    """One report of the checks at the file's sizes (``at``) and others (``second``, or why it
+    did not run): the file's sizes decide, unless only the other sizes fail."""
     if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
         if not isinstance(second, str):
             said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]

@@ -1,10 +1,6 @@
-"""Finding the block to check from text: ``FILE.py:NAME`` or ``package.module:NAME``
-(``load_target``), and its ``NAME=VALUE`` arguments (``parse_argument``).
-
-The one place where the user's code is imported and executed (it imports only the standard
-library and ``report``), so that ``gptblock check`` can load it in the child that checks it.
-Every failure, ``sys.exit()`` at import included, is a ``ValueError`` (or
-``FileNotFoundError``) with a one-line message, which the CLI prints before exiting with code 2.
+"""Loading the block to check (``load_target``): the one place the user's code is imported
+(this module imports only the standard library and ``report``, for the child that checks it).
+Every failure, ``sys.exit()`` included, is a ``ValueError`` or ``FileNotFoundError``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import linecache
 import pickle
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ...errors import UserFileNotFoundError, UserValueError
@@ -28,11 +23,7 @@ __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_
 
 
 def parse_argument(text: str) -> tuple[str, object]:
-    """``NAME=VALUE`` (what followed ``--arg``) as a constructor argument, VALUE read as a
-    Python literal, else as text.
-
-    Raises:
-        ValueError: no ``=``, or NAME is not an identifier.
+    """``NAME=VALUE`` (what followed ``--arg``), VALUE read as a Python literal, else as text.
 
     Example:
         >>> parse_argument("n_head=4"), parse_argument("activation=relu")
@@ -46,11 +37,7 @@ def parse_argument(text: str) -> tuple[str, object]:
 
 
 def parse_role(text: str) -> tuple[str, str]:
-    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``): a part of the block
-    named for a role.
-
-    Raises:
-        ValueError: not ``ROLE=NAME``.
+    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``).
 
     Example:
         >>> parse_role("ln1=norm_a")
@@ -60,7 +47,6 @@ def parse_role(text: str) -> tuple[str, str]:
 
 
 def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str, str]:
-    """``text``'s ``LEFT=RIGHT``, LEFT an identifier, RIGHT not empty unless ``empty``."""
     left, sep, right = text.partition("=")
     if not sep or not left.isidentifier() or not (right or empty):
         raise UserValueError(f"{expected}, got {text!r}{more}")
@@ -69,10 +55,6 @@ def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str
 
 def check_spec(spec: str) -> tuple[str, str, bool]:
     """``(where, name, is_file)`` of a well-formed target spec, without importing anything.
-
-    Raises:
-        ValueError: a malformed spec.
-        FileNotFoundError: a file spec whose file does not exist.
 
     Example:
         >>> check_spec("gptblock.lesson:Block")
@@ -88,16 +70,10 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
 
 
 def main_source(target: object) -> str | None:
-    """A module's text that defines ``target``, a class or function of ``__main__`` (a notebook
-    cell's, or a script's), so that another process can load it; None for any other target.
-
-    Its source is read from the cell (``linecache``: ``inspect`` cannot find a cell's class in
-    some kernels), after what it uses from ``__main__``: classes and functions (their sources),
-    modules imported, every other value pickled. Running the cells again would also run what
-    they do besides defining (training, or this very check).
-
-    Raises:
-        UserValueError: its source cannot be found.
+    """A module's text defining ``target`` of ``__main__`` (a notebook cell's) for another
+    process; None for other targets. Its source comes from ``linecache`` (``inspect`` cannot
+    find a cell's class in some kernels), after what it uses from ``__main__``: sources, imports,
+    other values pickled (running the cells again would also run the training, or this check).
     """
     main = sys.modules.get("__main__")
     if getattr(target, "__module__", None) != "__main__" or main is None:
@@ -108,35 +84,14 @@ def main_source(target: object) -> str | None:
 
 
 def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
-    """``obj``'s source into ``done``, after what it uses from ``scope`` (``__main__``'s)."""
+    """``obj``'s top-level ``class`` / ``def`` from its cell or file into ``done``, after what
+    it uses from ``scope``."""
     name = obj.__name__
     done[name] = ""  # being defined: a class naming itself (super(Block, self)) is not a need
-    node, text = _def_node(obj)
-    for used in dict.fromkeys(n.id for n in ast.walk(node) if isinstance(n, ast.Name)):
-        if used in done or used not in scope or hasattr(builtins, used):
-            continue
-        value = scope[used]
-        if inspect.ismodule(value):
-            done[used] = f"import {value.__name__} as {used}"
-        elif (
-            inspect.isclass(value) or inspect.isfunction(value)
-        ) and value.__module__ == "__main__":
-            _define(value, scope, done)
-            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
-                done[used] = f"{used} = {value.__name__}"
-        else:
-            try:
-                done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
-            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
-                continue
-    del done[name]
-    done[name] = text
-
-
-def _def_node(obj: Any) -> tuple[ast.AST, str]:
-    """The top-level ``class`` / ``def`` of ``obj`` in its cell or file, and its text."""
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in _functions(obj)]
+    members = vars(obj).values() if inspect.isclass(obj) else [obj]
+    functions = [f for v in members if inspect.isfunction(f := getattr(v, "__func__", v))]
+    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in functions]
     files = dict.fromkeys(c.co_filename for c in codes if c is not None)
     for file in [*files, *reversed(linecache.cache)]:  # its own cell first, else the latest
         lines = linecache.getlines(str(file))
@@ -146,27 +101,34 @@ def _def_node(obj: Any) -> tuple[ast.AST, str]:
             continue
         found = [n for n in tree.body if isinstance(n, kinds) and n.name == obj.__name__]
         if found:
-            node = found[-1]
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            return node, "".join(lines[first - 1 : node.end_lineno])
-    raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
-
-
-def _functions(obj: Any) -> list[Any]:
-    if not inspect.isclass(obj):
-        return [obj]
-    found = (getattr(v, "__func__", v) for v in vars(obj).values())
-    return [f for f in found if inspect.isfunction(f)]
+            first = min([found[-1].lineno, *(d.lineno for d in found[-1].decorator_list)])
+            break
+    else:
+        raise UserValueError(f"cannot find the source of {obj.__qualname__}, defined in __main__")
+    for used in dict.fromkeys(n.id for n in ast.walk(found[-1]) if isinstance(n, ast.Name)):
+        if used in done or used not in scope or hasattr(builtins, used):
+            continue
+        value = scope[used]
+        ours = (
+            inspect.isclass(value) or inspect.isfunction(value)
+        ) and value.__module__ == "__main__"
+        if inspect.ismodule(value):
+            done[used] = f"import {value.__name__} as {used}"
+        elif ours:
+            _define(value, scope, done)
+            if used != value.__name__:  # an alias: Attention = MultiHeadAttention
+                done[used] = f"{used} = {value.__name__}"
+        else:
+            try:
+                done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
+            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
+                continue
+    del done[name]
+    done[name] = "".join(lines[first - 1 : found[-1].end_lineno])
 
 
 def load_target(spec: str) -> Any:
-    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted): a
-    file (a ``where`` ending in ``.py`` or holding a path separator) executed as a module of its
-    own, its folder on ``sys.path`` while it loads; a package module imported as usual.
-
-    Raises:
-        ValueError: a malformed spec, a module that fails to import or load, or no such NAME.
-        FileNotFoundError: the file does not exist.
+    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
 
     Example:
         >>> load_target("gptblock.lesson:Block")
@@ -177,7 +139,20 @@ def load_target(spec: str) -> Any:
     """
     where, name, is_file = check_spec(spec)
     if is_file:
-        module = _load_file(Path(where))
+        path, module_name = Path(where), f"_gptblock_check_{Path(where).stem}"
+        spec_ = importlib.util.spec_from_file_location(module_name, path)
+        if spec_ is None or spec_.loader is None:
+            raise UserValueError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[module_name] = module  # dataclasses and pickling look the module up here
+        sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+        try:
+            spec_.loader.exec_module(module)
+        except CAUGHT as e:
+            del sys.modules[module_name]
+            raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
+        finally:
+            sys.path.remove(str(path.resolve().parent))
     else:
         try:
             module = importlib.import_module(where)
@@ -189,21 +164,3 @@ def load_target(spec: str) -> Any:
             raise UserValueError(f"{where} has no {name!r}")
         obj = getattr(obj, part)
     return obj
-
-
-def _load_file(path: Path) -> ModuleType:  # check_spec found the file
-    name = f"_gptblock_check_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise UserValueError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up here
-    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    except CAUGHT as e:
-        del sys.modules[name]
-        raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    return module

@@ -1,13 +1,6 @@
-"""The other sizes a block is checked at, found by value rather than by name.
-
-A block's sizes go by many names (``hid_dim``, ``n_state``, ``emb_dim`` in a config dict...), so
-``plan`` starts from the block built at its file's sizes, whose width C it measured, and reads
-every whole number it was built with (arguments, defaults, config objects' fields, module
-settings). A number equal to C is the width; 2C..8C a hidden width; with a head count, C / nh the
-head size. A name says only what a value cannot (``kind_of``). Each is changed consistently to
-``sizes.other_sizes``' set; the build there, whose width the caller measures again, is the proof.
-
-Shapes: C channels, nh heads, hs head size.
+"""The other sizes a block is checked at, found by value rather than by name (``hid_dim``,
+``n_state``...): of the numbers the block was built with, the measured width C is the width,
+2C..8C a hidden width, C / nh (nh heads) the head size; a name says what a value cannot.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .sizes import KINDS, Sizes, number, other_sizes, settings, signature
+from .sizes import KINDS, Sizes, number, other_sizes, parameters, settings
 
 __all__ = ["Plan", "kind_of", "plan"]
 
@@ -27,11 +20,12 @@ _NOT_SIZES = ("layer", "vocab", "ratio", "mult", "factor", "expansion", "window"
 _NOT_SIZE_WORDS = {"id", "idx", "index", "base"}
 _LENGTHS = ("block_size", "len", "ctx", "context", "seq", "position", "max_t")
 _HEAD_SIZES = {"d_k", "d_v", "d_kv", "dk", "dv", "kv_channels", "d_head"}
+_ORDER = ("width", "heads", "kv_heads", "head_size", "C", "length")
+_WHY = {"width": "C", "heads": "nh", "kv_heads": "kv heads", "head_size": "hs", "length": "T max"}
 
 
 def kind_of(name: str) -> str | None:
-    """What a name says its number is, when the number alone cannot: ``heads``, ``kv_heads``,
-    ``head_size``, ``length``, ``other`` (not a size), or None (the value decides).
+    """What a name says its number is: a kind, ``other`` (not a size), or None (the value decides).
 
     Example:
         >>> [kind_of(n) for n in ("num_attention_heads", "attn_dim_head", "n_ctx", "layer_idx")]
@@ -56,9 +50,7 @@ def kind_of(name: str) -> str | None:
 
 @dataclasses.dataclass
 class Plan:
-    """How to build the block at other sizes: the arguments (the changed ones and config
-    copies in), the sizes by kind, the module settings to set, and the label
-    (``hid_dim=48 (C), pf_dim=192 (4C)``)."""
+    """The arguments, sizes, module settings and label of the other sizes."""
 
     args: dict[str, object]
     sizes: Sizes
@@ -72,12 +64,8 @@ def _fields(value: object) -> dict[str, object] | None:
         return {k: v for k, v in value.items() if isinstance(k, str)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-    kind = type(value)
-    if kind.__module__.split(".")[0] in ("torch", "builtins", "numpy") and not isinstance(
-        value, types.SimpleNamespace
-    ):
-        return None
-    if isinstance(value, (type, types.FunctionType, types.ModuleType)) or callable(value):
+    library = type(value).__module__.split(".")[0] in ("torch", "builtins", "numpy")
+    if (library and not isinstance(value, types.SimpleNamespace)) or callable(value):
         return None
     try:
         return {k: v for k, v in vars(value).items() if not k.startswith("_")}
@@ -86,14 +74,12 @@ def _fields(value: object) -> dict[str, object] | None:
 
 
 def _replaced(config: object, changes: Mapping[str, int]) -> object:
-    """A copy of ``config`` with ``changes`` (a dataclass through ``replace``, so that its
-    ``__post_init__`` derives what it derives from them)."""
+    """A copy of ``config`` with ``changes`` (a dataclass's ``__post_init__`` derives from them)."""
     if isinstance(config, dict):
         return {**config, **changes}
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         init = {f.name for f in dataclasses.fields(config) if f.init}
-        kept = {k: v for k, v in changes.items() if k in init}
-        new: object = dataclasses.replace(config, **kept)
+        new: object = dataclasses.replace(config, **{k: v for k, v in changes.items() if k in init})
     else:
         new = copy.copy(config)
     for k, v in changes.items():
@@ -101,13 +87,9 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
     return new
 
 
-def _by_name(leaves: list[tuple[str, int]], kind: str, divides: int) -> int | None:
-    return next((v for n, v in leaves if kind_of(n) == kind and divides % v == 0), None)
-
-
 def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
-    """The arguments that build ``factory`` at other sizes, from ``args`` it was built with
-    at the file's sizes and the width ``C`` measured there; None when no number is a size.
+    """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
+    of the build at the file's sizes; None when no number is a size.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
@@ -115,17 +97,19 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
         >>> found.args, found.label
         ({'hid_dim': 48, 'n_heads': 3, 'pf_dim': 192}, 'hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)')
     """
-    top = {n: p.default for n, p in signature(factory).items() if p.default is not p.empty}
+    top = {p.name: p.default for p in parameters(factory) if p.default is not p.empty}
     top.update(args)
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
-    leaves = [(n, v) for n, x in top.items() if (v := number(x)) is not None]
-    leaves += [(n, v) for f in configs.values() for n, x in f.items() if (v := number(x))]
     globals_ = settings(factory)[1]
-    leaves += list(globals_.items())
-    nh = _by_name(leaves, "heads", C)
-    kv = _by_name(leaves, "kv_heads", nh) if nh else None
+    found = [*top.items(), *(x for f in configs.values() for x in f.items()), *globals_.items()]
+    leaves = [(n, v) for n, x in found if (v := number(x)) is not None]
+
+    def by_name(kind: str, divides: int) -> int | None:
+        return next((v for n, v in leaves if kind_of(n) == kind and divides % v == 0), None)
+
+    nh = by_name("heads", C)
     fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
-    kv = kv or next(iter(fewer), None)  # two head counts: the fewer are key/value heads
+    kv = (by_name("kv_heads", nh) if nh else None) or next(iter(fewer), None)  # fewer: kv heads
     hs = next((v for n, v in leaves if kind_of(n) == "head_size"), C // nh if nh else None)
     L = next((v for n, v in leaves if kind_of(n) == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
@@ -133,64 +117,39 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     if other is None:
         return None
     new = other.values
+    said: dict[str, str] = {}
 
-    def changed(name: str, v: int) -> tuple[int, str] | None:
-        """The new value of a number called ``name`` and its kind (``4C`` for a multiple)."""
-        kind = kind_of(name)
-        if kind in ("heads", "kv_heads"):  # gpt-fast's n_local_heads: kv heads by value
-            kind = "heads" if kind == "heads" and v == nh else "kv_heads"
-        if kind in ("heads", "kv_heads", "head_size", "length"):
-            return (new[kind], kind) if v == measured[kind] and kind in new else None
-        if kind is not None:
-            return None
-        if v == C:
-            return new["width"], "width"
-        if v % C == 0 and 2 <= v // C <= 8:
-            return v // C * new["width"], f"{v // C}C"
-        if hs is not None and v == hs and "head_size" in new:
-            return new["head_size"], "head_size"
-        return None
+    def changes(numbers: Mapping[str, object]) -> dict[str, int]:
+        """The new value of each size, its kind (``4C`` for a multiple) in ``said``."""
+        out = {}
+        for name, x in numbers.items():
+            if (v := number(x)) is None or (kind := kind_of(name)) == "other":
+                continue
+            if kind in ("heads", "kv_heads"):  # gpt-fast's n_local_heads: kv heads by value
+                kind = "heads" if kind == "heads" and v == nh else "kv_heads"
+            if kind is not None:
+                if v == measured[kind] and kind in new:
+                    out[name], said[name] = new[kind], kind
+            elif v == C:
+                out[name], said[name] = new["width"], "width"
+            elif v % C == 0 and 2 <= v // C <= 8:
+                out[name], said[name] = v // C * new["width"], f"{v // C}C"
+            elif hs is not None and v == hs and "head_size" in new:
+                out[name], said[name] = new["head_size"], "head_size"
+        return out
 
-    out, said = dict(args), {}
-    for n, x in top.items():
-        if (v := number(x)) is not None and (c := changed(n, v)) is not None:
-            out[n], said[n] = c
-    for n, fields in configs.items():
-        changes = {}
-        for k, x in fields.items():
-            if (v := number(x)) is not None and (c := changed(k, v)) is not None:
-                changes[k], said[k] = c
-        if changes:
-            out[n] = _replaced(top[n], changes)
-    patched = {}
-    for n, v in globals_.items():
-        if (c := changed(n, v)) is not None:
-            patched[n], said[n] = c
+    top_changes = changes(top)
+    config_changes = {n: c for n, fields in configs.items() if (c := changes(fields))}
+    patched = changes(globals_)
     if not said:
         return None
-    values: dict[str, object] = dict(patched)
-    for n in configs:
-        values.update({k: v for k, v in (_fields(out[n]) or {}).items() if k in said})
-    values.update({k: v for k, v in out.items() if k in said})
-    return Plan(out, other, patched, _label(values, said))
-
-
-_ORDER = ("width", "heads", "kv_heads", "head_size", "C", "length")
-_WHY = {"width": "C", "heads": "nh", "kv_heads": "kv heads", "head_size": "hs", "length": "T max"}
-
-
-def _label(values: Mapping[str, object], said: Mapping[str, str]) -> str:
-    """``hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)``: the changed values by kind, the kind
-    said where the name does not say it."""
-
-    def rank(name: str) -> int:
-        kind = said[name]
-        return _ORDER.index("C" if kind.endswith("C") else kind)
-
+    in_configs = {k: v for c in config_changes.values() for k, v in c.items()}
+    values = {**patched, **in_configs, **top_changes}
+    out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
+    # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
+    rank = {n: _ORDER.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
     shown = []
-    for n in sorted(said, key=rank):
-        kind = said[n]
-        obvious = n in KINDS.get(kind, ())
-        why = "" if obvious else f" ({_WHY.get(kind, kind)})"
+    for n in sorted(said, key=rank.__getitem__):
+        why = "" if n in KINDS.get(said[n], ()) else f" ({_WHY.get(said[n], said[n])})"
         shown.append(f"{n}={values[n]!r}{why}")
-    return ", ".join(shown)
+    return Plan(out, other, patched, ", ".join(shown))
