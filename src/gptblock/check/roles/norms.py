@@ -1,8 +1,7 @@
-"""The norms of a block, found from what they compute in a recorded forward pass.
-
-A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
-output does not change when its input is scaled (``_normalising``), whatever it is called. Of a
-norm module that holds another (x-transformers' ``LayerNorm``), the outer one is the norm.
+"""The norms of a block, found from what they compute in a recorded forward pass: a module call,
+an ``F.layer_norm`` or tensor code from a mean over the channels whose output does not change
+when its input is scaled (``_normalising``), whatever it is called. Of a norm module that holds
+another (x-transformers' ``LayerNorm``), the outer one is the norm.
 
 Shapes: B batch, T time, C channels.
 """
@@ -17,7 +16,7 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from .dataflow import Unread
-from .trace import Node, Op, Trace, TraceError, replay
+from .trace import Op, Trace, replay
 from .walks import layout, static_names, weight_input
 
 __all__ = ["NORM_OPS", "Norm", "find_norms", "order_norms"]
@@ -41,17 +40,14 @@ class Norm:
 def _normalising(
     trace: Trace, source: int, out: int, shaped: bool = False
 ) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` (``_shaped``: for inputs of other shapes) if it
-    normalises: its output does not move when its input is scaled by 3, and is not its input."""
+    """The replay from ``source`` to ``out`` (``shaped``: for inputs of other shapes and dtypes)
+    if it normalises: its output does not move when its input is scaled by 3, and is not it."""
     like = trace.nodes[source].value
-    try:
-        f = replay(trace, source, out)
-    except TraceError:
-        return None
-    f = _shaped(f, like) if shaped else f
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
     try:
+        f = replay(trace, source, out)
+        f = _shaped(f, like) if shaped else f
         with torch.no_grad():
             a, b = f(z), f(3.0 * z)
     except CAUGHT:  # not a norm, then
@@ -66,20 +62,18 @@ def _normalising(
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
     """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
     from the trace, never the block's code)."""
-    modules = set(trace.modules)
     found: list[Norm] = []
     for name, first, end, ins, outs in trace.calls:
-        if name not in modules or len(ins) != 1 or len(outs) != 1 or not trace.nodes[ins[0]].data:
+        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
             continue
         held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
-        if any(math.prod(shape) != max(shape, default=1) for shape in held):
-            continue  # a matrix: not a norm
-        if any(weight_input(trace, op) is not None for op in trace.ops[first:end]):
-            continue  # a matrix product inside (a sub-layer, its norm before it): not a norm
-        if not layout(trace.nodes[ins[0]].shape, B, T):
-            continue
-        f = _normalising(trace, ins[0], outs[0], shaped=True)
-        if f is not None:
+        if (
+            trace.nodes[ins[0]].data
+            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
+            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
+            and layout(trace.nodes[ins[0]].shape, B, T)
+            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
+        ):
             found.append(Norm(name, first, ins[0], outs[0], f, end))
     # a norm module that holds another (x-transformers' LayerNorm: nn.LayerNorm and a gain)
     found = [n for n in found if not any(_inside(n, o) for o in found)]
@@ -90,20 +84,16 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
         source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
         if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
             out = _written_norm(trace, op, source)
-        f = _normalising(trace, source, out) if out is not None else None
-        if f is not None and out is not None:
-            key = (
-                ", ".join(static_names(trace, trace.between(source, out)))
-                or f"{op.name} #{op.index} (no weights)"
-            )
+        if out is not None and (f := _normalising(trace, source, out)) is not None:
+            names = static_names(trace, trace.between(source, out))
+            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
             found.append(Norm(key, op.index, source, out, f))
     return sorted(found, key=lambda n: n.first)
 
 
 def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
     """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
-    positions in another shape ((B, T, C) for a norm traced on (B * T, C)): its output in the
-    input's dtype and shape."""
+    positions in another shape ((B, T, C) for a norm traced on (B * T, C))."""
 
     def call(h: Tensor) -> Tensor:
         shape = h.shape
@@ -122,17 +112,14 @@ def _inside(inner: Norm, outer: Norm) -> bool:
 def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
     """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
     before the next matrix product, that normalises it."""
-    shape = trace.nodes[source].shape
     best = None
     for op in trace.ops[mean.index + 1 :]:
         if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
             break
         for n in op.outputs:
-            node: Node = trace.nodes[n]
-            if node.shape != shape or not node.data:
-                continue
-            if _normalising(trace, source, n) is not None:
-                best = n
+            node = trace.nodes[n]
+            if node.shape == trace.nodes[source].shape and node.data:
+                best = n if _normalising(trace, source, n) is not None else best
     return best
 
 

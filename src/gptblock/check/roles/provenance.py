@@ -1,15 +1,13 @@
 """The weights a check uses, chosen by the checker, and the parts read back traced to them.
 
-Before the probes run, the checker gives every parameter of its copy of the block a value of its
-own choosing (``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by
-1e-2 or more (GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4), vectors moved by
-~0.1 (fresh LayerNorms are the identity and many biases 0: a wrong norm or a dropped bias would
-compute the right function until trained). The draw's seed is never in the block's process, and
-every weight read back must be made of those values (``trace``): each entry one the checker
-chose (or exactly 0 or 1; a norm's gain may be stored as ``gain - 1``, as Gemma's), no two roles
-made of the same entries. So a process that misreports its weights (q scaled by sqrt(hs), ln1's
-sent again as ln2's) is caught. Values are checked, not where they sit: the block's own entries
-rearranged still pass.
+The checker gives every parameter of its copy of the block a value of its own choosing
+(``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by 1e-2 or more
+(GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4); vectors moved by ~0.1 (a fresh
+LayerNorm is the identity, many biases 0: a wrong norm or a dropped bias would go unseen). The
+seed never enters the block's process, and every weight read back must be made of those values
+(``trace``): each entry one the checker chose (or exactly 0 or 1; a norm's gain may be stored as
+``gain - 1``), no two roles made of the same entries. So a process that misreports its weights
+(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; the entries rearranged still pass.
 """
 
 from __future__ import annotations
@@ -40,14 +38,9 @@ def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[st
     """
     chosen = {}
     for name, value in current.items():
-        if value.dim() == 0:
-            chosen[name] = value.to(torch.float64)
-            continue
-        noise = torch.randn(value.shape, generator=g, dtype=torch.float64)
-        if sum(n > 1 for n in value.shape) >= 2:
-            chosen[name] = noise * C**-0.5
-        else:
-            chosen[name] = value.to(torch.float64) + noise * 0.1
+        noise = torch.randn(value.shape, generator=g, dtype=torch.float64) if value.dim() else 0.0
+        matrix = sum(n > 1 for n in value.shape) >= 2
+        chosen[name] = noise * C**-0.5 if matrix else value.to(torch.float64) + noise * 0.1
     return chosen
 
 
@@ -85,23 +78,18 @@ def snap(
 
 
 def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
-    """For each entry of ``read``, the index in the sorted ``values`` it is (-1 for an exact 0 or
-    1), or None if one is neither."""
+    """Each entry's index in ``values`` (-1 for an exact 0 or 1), if ``snap`` places them all."""
     flat = read.flatten().to(torch.float64)
-    special = (flat == 0.0) | (flat == 1.0)
-    at = nearest(values, flat)
-    close = (values[at] - flat).abs() <= tol
-    if not bool((close | special).all()):
+    if snap(flat, values, tol) is None:
         return None
-    return torch.where(special, -1, at)
+    return torch.where((flat == 0.0) | (flat == 1.0), -1, nearest(values, flat))
 
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read for the roles are made of. A role that reads chosen values twice
-    (``repeats``: one weight serving two heads) is the block's doing, since a reading that made it
-    up would not reproduce the block; two roles read from the same values (ln1 sent again as
-    ln2) are a reading refused (``why``)."""
+    """What the weights read are made of. A role that reads chosen values twice (``repeats``:
+    one weight serving two heads) is the block's doing, since a made-up reading would not
+    reproduce the block; two roles read from the same values are a reading refused (``why``)."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
