@@ -2,6 +2,9 @@
 (docs/checker.md, "The roles, from the dataflow"): the attention cores (a product of
 probabilities with v), q, k and v followed back to the weight products that made them, the output
 projection as the first weight product the cores' outputs reach, the two others as the MLP's.
+A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
+output does not change when its input is scaled (``_normalising``), whatever it is called; of a
+norm module that holds another (x-transformers' ``LayerNorm``), the outer one.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
 """
@@ -9,11 +12,13 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .trace import Op, Trace
+from ..mistakes.report import CAUGHT
+from .trace import Op, Trace, replay
 from .walks import (
     data,
     forward_end,
@@ -27,7 +32,9 @@ from .walks import (
     weight_input,
 )
 
-__all__ = ["Core", "Role", "Roles", "Unread", "find_roles"]
+__all__ = [
+    "NORM_OPS", "Core", "Norm", "Role", "Roles", "Unread", "find_norms", "find_roles", "order_norms",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
@@ -88,17 +95,10 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
     """(A, v, whether A is on the right, the scores' product) of a product of probabilities A
     with v: ``A @ v``, or written transposed, ``v^T @ A^T`` (channels first)."""
     for A, v, flipped in ((moved[0], moved[1], False), (moved[1], moved[0], True)):
-        shape, value = trace.nodes[A].shape, trace.nodes[A].value
+        value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
-        if (
-            shape[-1] != shape[-2]
-            or not finite.numel()
-            or finite.min() < 0
-            or finite.max() > 1 + 1e-6
-        ):
-            continue
-        scores = _scores(trace, A)
-        if scores is not None:
+        probabilities = finite.numel() > 0 and 0 <= finite.min() and finite.max() <= 1 + 1e-6
+        if value.shape[-1] == value.shape[-2] and probabilities and (scores := _scores(trace, A)):
             return A, v, flipped, scores
     return None
 
@@ -174,8 +174,7 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     first = trace.nodes[roles["q"].put].value
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in roles.values()):
         raise Unread("q, k and v are computed from different tensors")
-    made = [to_weight(trace, n) for r in roles.values() for n in r.get]
-    used = {found[0].index for found in made if found is not None}
+    used = {f[0].index for r in roles.values() for n in r.get if (f := to_weight(trace, n))}
     moved = [_moved_to(trace, core.y) for core in cores]
     ops = {op.index: op for _, op in moved if op is not None}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
@@ -221,3 +220,122 @@ def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
             f"a matrix product ({op.name}) whose input or output is not laid out by position"
         )
     return Role(put, [get], static_names(trace, [op]))
+
+
+NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its input and output nodes, and as a function."""
+
+    key: str
+    first: int
+    source: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+    end: int = 0  # a norm module's call: the operators first:end ran inside it
+
+
+def _normalising(
+    trace: Trace, source: int, out: int, shaped: bool = False
+) -> Callable[[Tensor], Tensor] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: for inputs of other shapes and dtypes)
+    if it normalises: its output does not move when its input is scaled by 3, and is not it."""
+    like = trace.nodes[source].value
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    try:
+        f = replay(trace, source, out)
+        f = _shaped(f, like) if shaped else f
+        with torch.no_grad():
+            a, b = f(z), f(3.0 * z)
+    except CAUGHT:  # not a norm, then
+        return None
+    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
+        return None
+    scale = float(a.abs().max()) + 1e-12
+    same = float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+    return f if same else None
+
+
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
+    from the trace, never the block's code)."""
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
+            continue
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if (
+            trace.nodes[ins[0]].data
+            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
+            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
+            and layout(trace.nodes[ins[0]].shape, B, T)
+            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
+        ):
+            found.append(Norm(name, first, ins[0], outs[0], f, end))
+    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
+        n
+        for n in found
+        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
+    ]
+    for op in trace.ops:
+        inside = any(n.first <= op.index < n.end for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
+            out = _written_norm(trace, op, source)
+        if out is not None and (f := _normalising(trace, source, out)) is not None:
+            names = static_names(trace, trace.between(source, out))
+            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
+            found.append(Norm(key, op.index, source, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
+    positions in another shape ((B, T, C) for a norm traced on (B * T, C))."""
+
+    def call(h: Tensor) -> Tensor:
+        shape = h.shape
+        if h.shape != like.shape and h.numel() == like.numel():
+            h = h.reshape(like.shape)
+        out = f(h.to(like.dtype))
+        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
+
+    return call
+
+
+def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
+    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
+    before the next matrix product, that normalises it."""
+    best = None
+    for op in trace.ops[mean.index + 1 :]:
+        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
+            break
+        for n in op.outputs:
+            node = trace.nodes[n]
+            if node.shape == trace.nodes[source].shape and node.data:
+                best = n if _normalising(trace, source, n) is not None else best
+    return best
+
+
+def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
+    reads ln1's output); of more than two, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]

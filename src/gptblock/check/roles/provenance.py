@@ -23,8 +23,7 @@ __all__ = ["Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unr
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
 SHARED = 0.5  # two roles sharing more than this fraction of their entries are one part read twice
-REPEATED = 0.05  # a role whose entries repeat more than this: one weight read twice (float32
-# draws collide by chance far more rarely)
+REPEATED = 0.05  # a role's entries repeated more than this: one weight read twice (not by chance)
 
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
@@ -99,9 +98,7 @@ class Traced:
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Every chosen value as the block holds it (``dtype``), in float64, sorted; and for each,
     its position in the parameters ``chosen`` laid end to end (their order, flattened)."""
-    flat = torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()])
-    values, order = flat.sort()
-    return values, order
+    return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
 def trace(
@@ -155,8 +152,7 @@ def trace(
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
     """How ``role``'s (out, in) weight, as positions among the chosen values, reads some of
     them twice: a head that is another head's weights, else the share of repeated entries."""
-    rows = at.shape[0]
-    if heads > 1 and rows % heads == 0:
+    if heads > 1 and at.shape[0] % heads == 0:
         blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
         copies: dict[int, list[int]] = {}  # head -> the later heads that are it
         for h in range(1, heads):

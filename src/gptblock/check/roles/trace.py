@@ -32,9 +32,7 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
-# The seeded RNG is the process's, not a thread's: one replay at a time, so that the threads of
-# ``gptblock grade`` (a block each) cannot draw from each other's seed.
-_RNG = threading.Lock()
+_RNG = threading.Lock()  # the seeded RNG is the process's: one replay at a time (grade's threads)
 
 
 class TraceError(Exception):
@@ -110,7 +108,6 @@ def _ints(value: object) -> list[int]:
 class Node:
     """One tensor value of the forward pass."""
 
-    id: int  # its index in ``Trace.nodes``
     op: int  # the operator that made it, or ``INPUT``, ``LEAF``
     value: Tensor  # a detached copy, as it was made
     data: bool  # whether it depends on the block's input (else static: weights, constants)
@@ -220,7 +217,7 @@ def from_plain(
             if i in complex_nodes:
                 value = torch.view_as_complex(value.contiguous())
             value = value.to(device) if device is not None else value
-            nodes.append(Node(i, row[0], value, row[1] is True, str(row[2])[:300]))
+            nodes.append(Node(row[0], value, row[1] is True, str(row[2])[:300]))
         n = len(nodes)
         ops: list[Op] = []
         for index, o in enumerate(meta["ops"]):
@@ -277,8 +274,8 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
 
 
 def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
-    """The traced forward pass replayed with the nodes in ``put`` replaced by those values (each
-    of the node's shape), only as far as the last node in ``get``: their values.
+    """The values of the nodes ``get``, the forward pass replayed as far as needed with the
+    nodes in ``put`` replaced by those values (each of the node's shape).
 
     Raises:
         TraceError: an operator cannot be re-executed on the values given.
@@ -316,8 +313,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
 
 
 def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
-    """``new`` where an operator made ``made``: in place for an in-place operator, else with
-    ``made``'s strides (so that a ``view`` of it still works)."""
+    """``new`` in place for an in-place operator, else with ``made``'s strides (for a view)."""
     if any(made is a for a in inputs):
         return made.copy_(new)
     if 0 in made.stride():  # an expanded view: a fresh contiguous value
@@ -328,8 +324,7 @@ def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
-    """The operators that compute ``target`` from ``source`` (and static values), as a function
-    of a tensor of ``source``'s shape.
+    """The operators computing ``target`` from ``source`` (and static values), as a function.
 
     Raises:
         TraceError: ``target`` also depends on input data that does not come from ``source``.

@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Roles, Unread, find_roles
-from .norms import find_norms, order_norms
+from .dataflow import Role, Roles, Unread, find_norms, find_roles, order_norms
 from .parts import glob
 from .trace import LEAF, Trace, TraceError, record, rerun
 from .walks import layout
