@@ -23,7 +23,6 @@ from .walks import (
     data,
     forward_end,
     layout,
-    merged_input,
     reach,
     source,
     static_names,
@@ -33,7 +32,8 @@ from .walks import (
 )
 
 __all__ = [
-    "NORM_OPS", "Core", "Norm", "Role", "Roles", "Unread", "find_norms", "find_roles", "order_norms",
+    "NORM_OPS", "Core", "Norm", "Role", "Roles", "Unread", "find_norms", "find_roles",
+    "order_norms",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -213,7 +213,7 @@ def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, floa
 
 def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
     moved = weight_input(trace, op)
-    put = (merged_input if heads else source)(trace, moved, B, T) if moved is not None else None
+    put = source(trace, moved, B, T, heads) if moved is not None else None
     get = forward_end(trace, op, B, T)
     if put is None or get is None:
         raise Unread(

@@ -12,8 +12,8 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "data", "forward_end", "gathered", "layout",
-    "merged_input", "reach", "source", "static_names", "to_layout", "to_weight", "weight_input",
+    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "data", "forward_end", "gathered",
+    "layout", "reach", "source", "static_names", "to_layout", "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -145,21 +145,14 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     return node
 
 
-def source(trace: Trace, node: int, B: int, T: int) -> int | None:
+def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
     """The earliest node laid out by position that ``node`` is a reshape of (however many views
-    of it the code made)."""
-    laid = [n for n in _reshaped(trace, node) if layout(trace.nodes[n].shape, B, T)]
-    return laid[-1] if laid else None
-
-
-def merged_input(trace: Trace, node: int, B: int, T: int) -> int | None:
-    """What the output projection reads: the deepest (B, T, D) reshape behind ``node`` (the
-    heads as the block merged them), else (an einsum with a 3-D W_O) the heads themselves."""
-    chain = _reshaped(trace, node)
-    shapes = [trace.nodes[n].shape for n in chain]
-    flat = [n for n, s in zip(chain, shapes, strict=True) if len(s) == 3 and layout(s, B, T)]
-    heads = [n for n, s in zip(chain, shapes, strict=True) if layout(s, B, T, strict=False)]
-    found = flat or heads
+    of it the code made). With ``heads`` (what the output projection reads), the earliest
+    (B, T, D) one, the heads as the block merged them, else (an einsum with a 3-D W_O) the heads."""
+    shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
+    found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
+    if heads and not found:
+        found = [n for n, s in shapes.items() if layout(s, B, T, strict=False)]
     return found[-1] if found else None
 
 

@@ -75,7 +75,7 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
         put = {}
         for n, v in like.items():
             rows = torch.zeros(BT, width[n], dtype=v.dtype, device=v.device)
-            at = torch.arange(max(0, min(BT, width[n] - r * BT)) if r >= 0 else 0)
+            at = torch.arange(max(0, min(BT, width[n] - r * BT)) if r >= 0 else 0, device=v.device)
             rows[at, r * BT + at] = 1.0
             put[n] = _rows(rows, B, T, tuple(v.shape))
         return rerun(trace, put, gets)
