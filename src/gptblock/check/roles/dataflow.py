@@ -227,11 +227,10 @@ NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms
 
 @dataclass
 class Norm:
-    """One call of a norm: what it is (``key``), its input and output nodes, and as a function."""
+    """One call of a norm: what it is (``key``), its output node, and as a function."""
 
     key: str
     first: int
-    source: int
     out: int
     function: Callable[[Tensor], Tensor]
     end: int = 0  # a norm module's call: the operators first:end ran inside it
@@ -274,7 +273,7 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
             and layout(trace.nodes[ins[0]].shape, B, T)
             and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
         ):
-            found.append(Norm(name, first, ins[0], outs[0], f, end))
+            found.append(Norm(name, first, outs[0], f, end))
     found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
         n
         for n in found
@@ -290,7 +289,7 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
         if out is not None and (f := _normalising(trace, source, out)) is not None:
             names = static_names(trace, trace.between(source, out))
             key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
-            found.append(Norm(key, op.index, source, out, f))
+            found.append(Norm(key, op.index, out, f))
     return sorted(found, key=lambda n: n.first)
 
 

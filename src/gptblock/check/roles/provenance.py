@@ -189,12 +189,7 @@ def unread(
         return {}
     order = sorted_values(chosen, dtype)[1]
     read = torch.zeros(order.numel(), dtype=torch.bool)
-    if used:
-        read[order[torch.tensor(sorted(used))]] = True
-    masks, start = {}, 0
-    for name, value in chosen.items():
-        mask = ~read[start : start + value.numel()].reshape(value.shape)
-        start += value.numel()
-        if bool(mask.any()):
-            masks[name] = mask
-    return masks
+    read[order[torch.tensor(sorted(used), dtype=torch.long)]] = True
+    pieces = torch.split(~read, [v.numel() for v in chosen.values()])
+    masks = {n: m.reshape(v.shape) for (n, v), m in zip(chosen.items(), pieces, strict=True)}
+    return {n: m for n, m in masks.items() if bool(m.any())}
