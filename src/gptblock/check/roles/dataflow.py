@@ -1,11 +1,10 @@
-"""The roles of a block's parts, found from what its tensors do in one recorded forward pass.
-
-``find_roles(trace, B, T)`` reads a ``trace.Trace`` as docs/checker.md ("The roles, from the
-dataflow") describes: the attention cores (a product of probabilities with v), q, k and v
-followed back to the weight products that made them, the output projection as the first weight
-product the cores' outputs reach, and the two other weight products as the MLP's. ``Roles``
-names, per role, the node it reads (``put``) and the nodes it makes (``get``); ``weights`` reads
-each weight by replacing the first with basis vectors. The norms are ``norms``'.
+"""The roles of a block's parts, found from what its tensors do in one recorded forward pass
+(docs/checker.md, "The roles, from the dataflow"): the attention cores (a product of
+probabilities with v), q, k and v followed back to the weight products that made them, the output
+projection as the first weight product the cores' outputs reach, the two others as the MLP's.
+A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
+output does not change when its input is scaled (``_normalising``), whatever it is called; of a
+norm module that holds another (x-transformers' ``LayerNorm``), the outer one.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
 """
@@ -13,17 +12,18 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .trace import Op, Trace
+from ..mistakes.report import CAUGHT
+from .trace import Op, Trace, replay
 from .walks import (
-    GATHER_OPS,
-    SHAPE_OPS,
+    data,
     forward_end,
     layout,
-    merged_input,
+    reach,
     source,
     static_names,
     to_layout,
@@ -31,7 +31,10 @@ from .walks import (
     weight_input,
 )
 
-__all__ = ["Core", "Role", "Roles", "Unread", "find_roles"]
+__all__ = [
+    "NORM_OPS", "Core", "Norm", "Role", "Roles", "Unread", "find_norms", "find_roles",
+    "order_norms",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
@@ -68,21 +71,16 @@ class Roles:
     heads: int
 
 
-def _probabilities(value: Tensor) -> bool:
-    finite = value[torch.isfinite(value)]
-    return finite.numel() > 0 and bool((finite >= 0).all()) and bool((finite <= 1 + 1e-6).all())
-
-
 def _cores(trace: Trace) -> list[Core]:
     cores = []
     for op in trace.ops:
-        data = [n for n in op.inputs if trace.nodes[n].data]
-        if "scaled_dot_product" in op.name and len(data) >= 3:
+        moved = data(trace, op)
+        if "scaled_dot_product" in op.name and len(moved) >= 3:
             q, k, v = op.inputs[:3]
             time = trace.nodes[q].shape[-2]
-        elif op.name in ("bmm", "mm") and len(data) == 2 and (found := _weighted(trace, data)):
+        elif op.name in ("bmm", "mm") and len(moved) == 2 and (found := _weighted(trace, moved)):
             A, v, flipped, scores = found
-            q, k = [n for n in scores.inputs if trace.nodes[n].data]
+            q, k = data(trace, scores)
             if _keys_first(trace, scores, A, flipped):
                 q, k = k, q
             time = trace.nodes[A].shape[-1]
@@ -93,39 +91,35 @@ def _cores(trace: Trace) -> list[Core]:
     return cores
 
 
-def _weighted(trace: Trace, data: list[int]) -> tuple[int, int, bool, Op] | None:
+def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | None:
     """(A, v, whether A is on the right, the scores' product) of a product of probabilities A
-    with v: ``A @ v``, or the same written transposed, ``v^T @ A^T`` (channels first)."""
-    for A, v, flipped in ((data[0], data[1], False), (data[1], data[0], True)):
-        shape = trace.nodes[A].shape
-        if shape[-1] != shape[-2] or not _probabilities(trace.nodes[A].value):
-            continue
-        scores = _scores(trace, A)
-        if scores is not None:
+    with v: ``A @ v``, or written transposed, ``v^T @ A^T`` (channels first)."""
+    for A, v, flipped in ((moved[0], moved[1], False), (moved[1], moved[0], True)):
+        value = trace.nodes[A].value
+        finite = value[torch.isfinite(value)]
+        probabilities = finite.numel() > 0 and 0 <= finite.min() and finite.max() <= 1 + 1e-6
+        if value.shape[-1] == value.shape[-2] and probabilities and (scores := _scores(trace, A)):
             return A, v, flipped, scores
     return None
 
 
 def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
-    """Whether the scores' product has k on its left: ``(k @ q^T)^T``, a product written
-    transposed. The probabilities rise and fall with the scores along the axis the softmax
-    normalised; that holds for the scores as the product made them or for their transpose, and
-    the one it holds for tells which operand stands for the queries."""
+    """Whether the scores' product has k on its left (``(k @ q^T)^T``): the probabilities rise
+    and fall with the scores along the softmax's axis, for the scores or for their transpose."""
     S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
     if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
         return False
     n = S.shape[-1]
     S, P = S.reshape(-1, n, n).double(), P.reshape(-1, n, n).double()
-    if flipped:  # A^T: put the queries back on the rows
-        P = P.mT
+    P = P.mT if flipped else P  # A^T: the queries back on the rows
     m = min(n, 32)  # a few heads' first positions tell it: (G, n, n, n) pairs stay small
     S, P = S[:4, :m, :m], P[:4, :m, :m]
     return _agreement(S.mT, P) > _agreement(S, P)
 
 
 def _agreement(S: Tensor, P: Tensor) -> float:
-    """The share of pairs of positive probabilities in one row (or one column) that are ordered
-    as the scores in the same places are, along whichever axis agrees best."""
+    """The share of pairs of positive probabilities in one row (or column, whichever agrees
+    best) ordered as the scores in the same places are."""
     best = 0.0
     for axis in (-1, -2):
         s, p = S.unsqueeze(axis) - S.unsqueeze(axis - 1), P.unsqueeze(axis) - P.unsqueeze(axis - 1)
@@ -143,24 +137,15 @@ def _scores(trace: Trace, A: int) -> Op | None:
         for n in trace.ancestors(A)
         if (op := trace.producer(n)) is not None
         and op.name in ("bmm", "baddbmm", "mm")
-        and sum(trace.nodes[i].data for i in op.inputs) == 2
+        and len(data(trace, op)) == 2
     ]
     return max(found, key=lambda op: op.index) if found else None
 
 
 def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
-    """The nodes reshapes and cat make of ``node``, and the first matrix product with a weight
-    that reads one of them."""
-    todo, seen = [node], {node}
-    found: list[Op] = []
-    while todo:
-        for op in trace.consumers(todo.pop()):
-            if weight_input(trace, op) is not None:
-                found.append(op)
-            elif op.name in SHAPE_OPS or op.name in GATHER_OPS:
-                todo += [n for n in op.outputs if n not in seen]
-                seen.update(op.outputs)
-    return seen, min(found, key=lambda op: op.index) if found else None
+    """The nodes reshapes and cat make of ``node``, and the first weight product reading one."""
+    seen, found = reach(trace, node, forward=True)
+    return seen, found[0] if found else None
 
 
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
@@ -172,36 +157,37 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
-    qkv: dict[str, Role] = {}
+    roles: dict[str, Role] = {}
     heads = 0
     for core in cores:
         batch = B if core.time == T else T
         if core.groups % batch:
             raise Unread(f"the attention's batch {core.groups} is not a multiple of {batch}")
         heads += core.groups // batch
-        for role, node in (("q", core.q), ("k", core.k), ("v", core.v)):
-            _add(qkv, role, *_projection(trace, node, B, T), scaled=role != "v")
-    first = trace.nodes[qkv["q"].put].value
-    if any(not torch.equal(trace.nodes[r.put].value, first) for r in qkv.values()):
+        for name, node in (("q", core.q), ("k", core.k), ("v", core.v)):
+            put, get, factor, params = _projection(trace, node, B, T)
+            role = roles.setdefault(name, Role(put, [], [], factor if name != "v" else 1.0))
+            if name != "v" and abs(role.factor - factor) > 1e-12 * abs(factor):
+                raise Unread(f"the heads' {name} are computed differently")
+            role.get.append(get)
+            role.params += [p for p in params if p not in role.params]
+    first = trace.nodes[roles["q"].put].value
+    if any(not torch.equal(trace.nodes[r.put].value, first) for r in roles.values()):
         raise Unread("q, k and v are computed from different tensors")
-    roles = dict(qkv)
-    made = [to_weight(trace, n) for r in qkv.values() for n in r.get]
-    used = {found[0].index for found in made if found is not None}
+    used = {f[0].index for r in roles.values() for n in r.get if (f := to_weight(trace, n))}
     moved = [_moved_to(trace, core.y) for core in cores]
-    found = [op for _, op in moved]
-    ops = [op for op in found if op is not None]
+    ops = {op.index: op for _, op in moved if op is not None}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
-    flat = [
-        n for n in common if len(trace.nodes[n].shape) == 3 and layout(trace.nodes[n].shape, B, T)
-    ]
-    heads_out = min(flat) if flat else None
-    if len(ops) < len(found) and heads_out is not None:
-        roles["proj"] = Role(heads_out, [heads_out], [])  # no projection: the heads join the stream
-    elif len(ops) < len(found) or len({op.index for op in ops}) != 1:
+    shapes = {n: trace.nodes[n].shape for n in common}
+    flat = [n for n, shape in shapes.items() if len(shape) == 3 and layout(shape, B, T)]
+    if any(op is None for _, op in moved) and flat:  # no projection: the heads join the stream
+        roles["proj"] = Role(min(flat), [min(flat)], [])
+    elif any(op is None for _, op in moved) or len(ops) != 1:
         raise Unread("no single output projection reads the attention's output")
     else:
-        roles["proj"] = _role(trace, ops[0], B, T, heads=True)
-        used.add(ops[0].index)
+        ((index, proj),) = ops.items()
+        roles["proj"] = _role(trace, proj, B, T, heads=True)
+        used.add(index)
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
     if len(rest) != 2 or rest[0].outputs[0] not in trace.ancestors(rest[1].outputs[0]):
         raise Unread(
@@ -218,32 +204,137 @@ def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, floa
     if out is None or found is None:
         raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
     op, factor = found
-    data = weight_input(trace, op)
-    put = source(trace, data, B, T) if data is not None else None
+    moved = weight_input(trace, op)
+    put = source(trace, moved, B, T) if moved is not None else None
     if put is None:
         raise Unread("the attention's input is not laid out by position")
     return put, out, factor, static_names(trace, [op])
 
 
-def _add(
-    roles: dict[str, Role], name: str, put: int, get: int, factor: float, params: list[str],
-    scaled: bool,
-) -> None:  # fmt: skip
-    factor = factor if scaled else 1.0
-    role = roles.setdefault(name, Role(put, [], [], factor))
-    if abs(role.factor - factor) > 1e-12 * abs(factor):
-        raise Unread(f"the heads' {name} are computed differently")
-    role.get.append(get)
-    role.params += [p for p in params if p not in role.params]
-
-
 def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
-    data = weight_input(trace, op)
-    find = merged_input if heads else source
-    put = find(trace, data, B, T) if data is not None else None
+    moved = weight_input(trace, op)
+    put = source(trace, moved, B, T, heads) if moved is not None else None
     get = forward_end(trace, op, B, T)
     if put is None or get is None:
         raise Unread(
             f"a matrix product ({op.name}) whose input or output is not laid out by position"
         )
     return Role(put, [get], static_names(trace, [op]))
+
+
+NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its output node, and as a function."""
+
+    key: str
+    first: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+    end: int = 0  # a norm module's call: the operators first:end ran inside it
+
+
+def _normalising(
+    trace: Trace, source: int, out: int, shaped: bool = False
+) -> Callable[[Tensor], Tensor] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: for inputs of other shapes and dtypes)
+    if it normalises: its output does not move when its input is scaled by 3, and is not it."""
+    like = trace.nodes[source].value
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    try:
+        f = replay(trace, source, out)
+        f = _shaped(f, like) if shaped else f
+        with torch.no_grad():
+            a, b = f(z), f(3.0 * z)
+    except CAUGHT:  # not a norm, then
+        return None
+    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
+        return None
+    scale = float(a.abs().max()) + 1e-12
+    same = float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
+    return f if same else None
+
+
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
+    from the trace, never the block's code)."""
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
+            continue
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if (
+            trace.nodes[ins[0]].data
+            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
+            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
+            and layout(trace.nodes[ins[0]].shape, B, T)
+            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
+        ):
+            found.append(Norm(name, first, outs[0], f, end))
+    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
+        n
+        for n in found
+        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
+    ]
+    for op in trace.ops:
+        inside = any(n.first <= op.index < n.end for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
+            out = _written_norm(trace, op, source)
+        if out is not None and (f := _normalising(trace, source, out)) is not None:
+            names = static_names(trace, trace.between(source, out))
+            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
+            found.append(Norm(key, op.index, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
+    positions in another shape ((B, T, C) for a norm traced on (B * T, C))."""
+
+    def call(h: Tensor) -> Tensor:
+        shape = h.shape
+        if h.shape != like.shape and h.numel() == like.numel():
+            h = h.reshape(like.shape)
+        out = f(h.to(like.dtype))
+        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
+
+    return call
+
+
+def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
+    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
+    before the next matrix product, that normalises it."""
+    best = None
+    for op in trace.ops[mean.index + 1 :]:
+        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
+            break
+        for n in op.outputs:
+            node = trace.nodes[n]
+            if node.shape == trace.nodes[source].shape and node.data:
+                best = n if _normalising(trace, source, n) is not None else best
+    return best
+
+
+def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
+    reads ln1's output); of more than two, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]

@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from ..mistakes.report import CAUGHT
-from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role
+from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role, find_norms, order_norms
 from .modern_rotary import Turn, heads, measure_turn
-from .norms import find_norms, order_norms
 from .trace import Op, Trace, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure

@@ -1,15 +1,13 @@
 """The weights a check uses, chosen by the checker, and the parts read back traced to them.
 
-Before the probes run, the checker gives every parameter of its copy of the block a value of its
-own choosing (``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by
-1e-2 or more (GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4), vectors moved by
-~0.1 (fresh LayerNorms are the identity and many biases 0: a wrong norm or a dropped bias would
-compute the right function until trained). The draw's seed is never in the block's process, and
-every weight read back must be made of those values (``trace``): each entry one the checker
-chose (or exactly 0 or 1; a norm's gain may be stored as ``gain - 1``, as Gemma's), no two roles
-made of the same entries. So a process that misreports its weights (q scaled by sqrt(hs), ln1's
-sent again as ln2's) is caught. Values are checked, not where they sit: the block's own entries
-rearranged still pass.
+The checker gives every parameter of its copy of the block a value of its own choosing
+(``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by 1e-2 or more
+(GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4); vectors moved by ~0.1 (a fresh
+LayerNorm is the identity, many biases 0: a wrong norm or a dropped bias would go unseen). The
+seed never enters the block's process, and every weight read back must be made of those values
+(``trace``): each entry one the checker chose (or exactly 0 or 1; a norm's gain may be stored as
+``gain - 1``), no two roles made of the same entries. So a process that misreports its weights
+(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; the entries rearranged still pass.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ __all__ = ["Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unr
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
 SHARED = 0.5  # two roles sharing more than this fraction of their entries are one part read twice
-REPEATED = 0.05  # a role whose entries repeat more than this: one weight read twice (float32
-# draws collide by chance far more rarely)
+REPEATED = 0.05  # a role's entries repeated more than this: one weight read twice (not by chance)
 
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
@@ -40,14 +37,9 @@ def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[st
     """
     chosen = {}
     for name, value in current.items():
-        if value.dim() == 0:
-            chosen[name] = value.to(torch.float64)
-            continue
-        noise = torch.randn(value.shape, generator=g, dtype=torch.float64)
-        if sum(n > 1 for n in value.shape) >= 2:
-            chosen[name] = noise * C**-0.5
-        else:
-            chosen[name] = value.to(torch.float64) + noise * 0.1
+        noise = torch.randn(value.shape, generator=g, dtype=torch.float64) if value.dim() else 0.0
+        matrix = sum(n > 1 for n in value.shape) >= 2
+        chosen[name] = noise * C**-0.5 if matrix else value.to(torch.float64) + noise * 0.1
     return chosen
 
 
@@ -85,23 +77,18 @@ def snap(
 
 
 def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
-    """For each entry of ``read``, the index in the sorted ``values`` it is (-1 for an exact 0 or
-    1), or None if one is neither."""
+    """Each entry's index in ``values`` (-1 for an exact 0 or 1), if ``snap`` places them all."""
     flat = read.flatten().to(torch.float64)
-    special = (flat == 0.0) | (flat == 1.0)
-    at = nearest(values, flat)
-    close = (values[at] - flat).abs() <= tol
-    if not bool((close | special).all()):
+    if snap(flat, values, tol) is None:
         return None
-    return torch.where(special, -1, at)
+    return torch.where((flat == 0.0) | (flat == 1.0), -1, nearest(values, flat))
 
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read for the roles are made of. A role that reads chosen values twice
-    (``repeats``: one weight serving two heads) is the block's doing, since a reading that made it
-    up would not reproduce the block; two roles read from the same values (ln1 sent again as
-    ln2) are a reading refused (``why``)."""
+    """What the weights read are made of. A role that reads chosen values twice (``repeats``:
+    one weight serving two heads) is the block's doing, since a made-up reading would not
+    reproduce the block; two roles read from the same values are a reading refused (``why``)."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
@@ -111,9 +98,7 @@ class Traced:
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Every chosen value as the block holds it (``dtype``), in float64, sorted; and for each,
     its position in the parameters ``chosen`` laid end to end (their order, flattened)."""
-    flat = torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()])
-    values, order = flat.sort()
-    return values, order
+    return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
 def trace(
@@ -167,8 +152,7 @@ def trace(
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
     """How ``role``'s (out, in) weight, as positions among the chosen values, reads some of
     them twice: a head that is another head's weights, else the share of repeated entries."""
-    rows = at.shape[0]
-    if heads > 1 and rows % heads == 0:
+    if heads > 1 and at.shape[0] % heads == 0:
         blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
         copies: dict[int, list[int]] = {}  # head -> the later heads that are it
         for h in range(1, heads):
@@ -205,12 +189,7 @@ def unread(
         return {}
     order = sorted_values(chosen, dtype)[1]
     read = torch.zeros(order.numel(), dtype=torch.bool)
-    if used:
-        read[order[torch.tensor(sorted(used))]] = True
-    masks, start = {}, 0
-    for name, value in chosen.items():
-        mask = ~read[start : start + value.numel()].reshape(value.shape)
-        start += value.numel()
-        if bool(mask.any()):
-            masks[name] = mask
-    return masks
+    read[order[torch.tensor(sorted(used), dtype=torch.long)]] = True
+    pieces = torch.split(~read, [v.numel() for v in chosen.values()])
+    masks = {n: m.reshape(v.shape) for (n, v), m in zip(chosen.items(), pieces, strict=True)}
+    return {n: m for n, m in masks.items() if bool(m.any())}

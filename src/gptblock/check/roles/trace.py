@@ -1,19 +1,11 @@
 """One forward pass of a block recorded operator by operator, and re-run with tensors replaced.
 
-``record(module, x)`` runs the block under a ``TorchDispatchMode`` (``serve.loop``'s recording,
-as plain data, so that the process running the block needs nothing of the checker;
-``from_plain`` reads it back, checked) and returns a ``Trace``: every ATen operator (``Op``),
-every tensor value (``Node``), which depend on the input (``data``), and the module calls. It
-works on any code that runs, unlike ``torch.fx``. ``rerun`` replays it with chosen nodes replaced
-(how ``weights`` reads a weight), ``replay`` re-executes the operators between two nodes as a
-function: both run torch's own operators as recorded, never the block's Python.
-
-Grad mode is on while recording, so that ``nn.MultiheadAttention`` takes its decomposed path
-(its fused fast path is one opaque operator); the RNG is re-seeded before every run.
-
-What the block's process sends is JSON (``loop.encode``); ``_decode`` turns an argument back into
-what the operator takes (a node into a ``Ref``) and ``_operator`` finds an operator by name in
-torch's own registry: never anything the block defined, never code the message carries.
+``record`` runs the block under ``serve.loop``'s recording (plain data, so that the block's process
+needs nothing of the checker) and ``from_plain`` reads it back, checked: every operator found by
+name in torch's own registry, never code the message carries. Unlike ``torch.fx`` it works on any
+code that runs. ``rerun`` replays it with nodes replaced (how ``weights`` reads a weight);
+``replay`` makes the operators between two nodes a function. Grad mode is on while recording, so
+that ``nn.MultiheadAttention`` takes its decomposed path, not one fused operator.
 """
 
 from __future__ import annotations
@@ -40,9 +32,7 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
-# The seeded RNG is the process's, not a thread's: one replay at a time, so that the threads of
-# ``gptblock grade`` (a block each) cannot draw from each other's seed.
-_RNG = threading.Lock()
+_RNG = threading.Lock()  # the seeded RNG is the process's: one replay at a time (grade's threads)
 
 
 class TraceError(Exception):
@@ -50,33 +40,24 @@ class TraceError(Exception):
 
 
 @dataclass(frozen=True)
-class Ref:
-    """A node in an operator's recorded arguments."""
-
+class Ref:  # a node in an operator's recorded arguments
     node: int
 
 
-class Opaque:
-    """An argument recorded without its value (a generator, say): an operator that takes one
-    cannot be re-executed."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+@dataclass(frozen=True)
+class Opaque:  # an argument recorded without its value (a generator): not re-executable
+    kind: str
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
 def _operator(name: object) -> Any:
-    """torch's own operator named ``namespace::name.overload``: found in torch's registry,
-    never anything the block defined in the checker's process."""
-    if not isinstance(name, str) or "::" not in name:
-        raise TraceError(f"an operator named {str(name)[:80]!r}")
-    ns, _, rest = name.partition("::")
+    """torch's own ``namespace::name.overload``, never anything the block defined here."""
+    ns, _, rest = str(name).partition("::")
     op, _, overload = rest.rpartition(".")
-    if not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
-        raise TraceError(f"an operator named {name[:80]!r}")
+    if not isinstance(name, str) or not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
+        raise TraceError(f"an operator named {str(name)[:80]!r}")
     try:
         func = getattr(getattr(getattr(torch.ops, ns), op), overload)
     except (AttributeError, RuntimeError):
@@ -108,9 +89,9 @@ def _decode(a: object, nodes: int, device: torch.device | None = None) -> object
             return device if device is not None else torch.device(value)
         except RuntimeError:
             raise TraceError(f"a device {value[:40]!r}") from None
-    if key in _ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
+    if key in loop._ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
         found = getattr(torch, value, None)
-        if isinstance(found, _ENUMS[key]):
+        if isinstance(found, loop._ENUMS[key]):
             return found
     if key == "opaque":
         return Opaque(str(value)[:40])
@@ -127,7 +108,6 @@ def _ints(value: object) -> list[int]:
 class Node:
     """One tensor value of the forward pass."""
 
-    id: int  # its index in ``Trace.nodes``
     op: int  # the operator that made it, or ``INPUT``, ``LEAF``
     value: Tensor  # a detached copy, as it was made
     data: bool  # whether it depends on the block's input (else static: weights, constants)
@@ -140,7 +120,7 @@ class Node:
 
 @dataclass
 class Op:
-    """One ATen operator call: what it is, what it read and made, inside which module."""
+    """One ATen operator call: what it is, what it read and made."""
 
     index: int
     func: Any  # torch._ops.OpOverload
@@ -148,16 +128,13 @@ class Op:
     kwargs: dict[str, Any]
     inputs: list[int]  # node ids of its tensor arguments, in order
     outputs: list[int]  # node ids of the tensors it returned, in order
-    module: str  # the innermost module of the block running when it was called
 
     @property
-    def name(self) -> str:
-        """The operator's name without namespace and overload: ``mm``, ``_softmax``."""
+    def name(self) -> str:  # without namespace and overload: ``mm``, ``_softmax``
         return str(self.func._opname)
 
     @property
-    def base(self) -> str:
-        """The name without an in-place operator's trailing underscore: ``mul`` for ``mul_``."""
+    def base(self) -> str:  # ``mul`` for the in-place ``mul_``
         name = self.name
         return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
@@ -166,13 +143,11 @@ class Op:
         return tree_flatten((self.args, self.kwargs))
 
     def scalars(self) -> list[float]:
-        """The plain numbers among its arguments."""
         flat = self._flat[0]
         return [float(a) for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
 
     def call(self, value: Callable[[object], object]) -> tuple[list[Tensor], list[Tensor]]:
-        """Run the operator on its recorded arguments, each ``Ref`` given by ``value``: (the
-        tensors it made, in order; its tensor arguments)."""
+        """(the tensors it makes, its tensor arguments), each ``Ref`` given by ``value``."""
         leaves = [value(a) for a in self._flat[0]]
         args, kwargs = tree_unflatten(leaves, self._flat[1])
         out = self.func(*args, **kwargs)
@@ -183,7 +158,7 @@ class Op:
 
 @dataclass
 class Trace:
-    """A recorded forward pass: its operators, nodes, and the nodes' consumers."""
+    """A recorded forward pass: its operators, nodes, and module calls."""
 
     ops: list[Op]
     nodes: list[Node]
@@ -191,13 +166,10 @@ class Trace:
     output: int  # the node of the block's output
     calls: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)
     """Module calls: (name, first op, end op (exclusive), input nodes, output nodes)."""
-    grad: bool = True  # whether it ran with grad mode on (off only for a block that fails so)
-    parameters: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """The block's parameters' shapes, by name (read or not)."""
+    parameters: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shapes, read or not
     modules: list[str] = field(default_factory=list)  # the block's modules' names ("": itself)
 
     def consumers(self, node: int) -> list[Op]:
-        """The operators that read ``node``, in order."""
         return [op for op in self.ops if node in op.inputs]
 
     def producer(self, node: int) -> Op | None:
@@ -225,8 +197,7 @@ class Trace:
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
-    """A ``Trace`` from what ``loop.record`` sent, checked for form: every node a tensor, every
-    reference to a node that exists, every operator torch's own; with ``device``, the values
+    """A ``Trace`` from what ``loop.record`` sent, checked for form; with ``device``, the values
     and every device argument moved there (a trace recorded on a GPU, replayed here).
 
     Raises:
@@ -235,22 +206,18 @@ def from_plain(
     if "error" in meta:
         raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
     try:
-        rows = meta["nodes"]
-        if not isinstance(rows, list):
-            raise TraceError("nodes that are not a list")
         complex_nodes = set(_ints(meta.get("complex", [])))
         nodes: list[Node] = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(meta["nodes"]):
+            value = tensors.get(f"n{i}")
             if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
                 raise TraceError("a node that is not one")
-            value = tensors.get(f"n{i}")
             if not isinstance(value, Tensor):
                 raise TraceError(f"node {i} without its value")
             if i in complex_nodes:
                 value = torch.view_as_complex(value.contiguous())
-            if device is not None:
-                value = value.to(device)
-            nodes.append(Node(i, row[0], value, row[1] is True, str(row[2])[:300]))
+            value = value.to(device) if device is not None else value
+            nodes.append(Node(row[0], value, row[1] is True, str(row[2])[:300]))
         n = len(nodes)
         ops: list[Op] = []
         for index, o in enumerate(meta["ops"]):
@@ -264,19 +231,16 @@ def from_plain(
                 raise TraceError("an operator's nodes that do not exist")
             args = tuple(_decode(a, n, device) for a in args)
             kwargs = {str(k): _decode(v, n, device) for k, v in kwargs.items()}
-            module = str(o["module"])[:300]
-            ops.append(Op(index, _operator(o["func"]), args, kwargs, inputs, outputs, module))
+            ops.append(Op(index, _operator(o["func"]), args, kwargs, inputs, outputs))
         if not all(-2 <= node.op < len(ops) for node in nodes):
             raise TraceError("a node made by no operator")
         calls = []
-        for c in meta["calls"]:
-            name, first, end, ins, outs = c
+        for name, first, end, ins, outs in meta["calls"]:
             if end == -1:
                 continue  # a module whose call raised inside the block (which caught it)
             if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
                 raise TraceError("a module call that is not one")
-            ins, outs = _ints(ins), _ints(outs)
-            if not all(0 <= i < n for i in ins + outs):
+            if not all(0 <= i < n for i in _ints(ins) + _ints(outs)):
                 raise TraceError("a module call on nodes that do not exist")
             calls.append((str(name)[:300], first, end, ins, outs))
         x, y = meta["input"], meta["output"]
@@ -286,17 +250,14 @@ def from_plain(
             raise TraceError("an input or output node that does not exist")
         parameters = {str(k): tuple(_ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
         modules = [str(m) for m in meta.get("modules", [])]
-        grad = meta.get("grad") is not False
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise TraceError(f"a trace that is not one ({type(e).__name__})") from None
-    return Trace(ops, nodes, x, y, calls, grad, parameters, modules)
+    return Trace(ops, nodes, x, y, calls, parameters, modules)
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
-    """Run ``module(x)`` once and record every operator (``loop.record``, as here).
-
-    With ``no_dropout``, or inside ``NoDropout``, every dropout is recorded as the identity it
-    ran as, so that a replay needs no ``NoDropout``.
+    """Run ``module(x)`` once and record every operator (``loop.record``, as here). With
+    ``no_dropout``, or inside ``NoDropout``, every dropout is recorded as the identity it ran as.
 
     Raises:
         TraceError: the block raised, or returned no tensor.
@@ -313,9 +274,8 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
 
 
 def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
-    """The traced forward pass replayed (torch's operators as recorded, never the block's
-    code) with the nodes in ``put`` replaced by those values (each of the node's shape); the
-    values of the nodes in ``get``.
+    """The values of the nodes ``get``, the forward pass replayed as far as needed with the
+    nodes in ``put`` replaced by those values (each of the node's shape).
 
     Raises:
         TraceError: an operator cannot be re-executed on the values given.
@@ -342,23 +302,18 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
                 if len(made) != len(op.outputs):
                     raise TraceError(f"{op.name} made other tensors when replayed")
                 for t, node in zip(made, op.outputs, strict=True):
-                    if node in put:
-                        t = _put(t, put[node], flat_in)
-                    env[node] = t
-                    if node in wanted:
-                        got[node] = t.detach().clone()
+                    env[node] = _put(t, put[node], flat_in) if node in put else t
+                    if node in wanted:  # as made: a later in-place operator may change it
+                        got[node] = env[node].detach().clone()
     except TraceError:
         raise
     except CAUGHT as e:
         raise TraceError(f"the replay raised {type(e).__name__}: {e}"[:300]) from e
-    for n in wanted - set(got):
-        got[n] = cast(Tensor, value(Ref(n))).detach().clone()
-    return got
+    return {n: got[n] if n in got else cast(Tensor, value(Ref(n))).detach().clone() for n in wanted}
 
 
 def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
-    """``new`` where an operator made ``made``: in place for an in-place operator, else with
-    ``made``'s strides (so that a ``view`` of it still works)."""
+    """``new`` in place for an in-place operator, else with ``made``'s strides (for a view)."""
     if any(made is a for a in inputs):
         return made.copy_(new)
     if 0 in made.stride():  # an expanded view: a fresh contiguous value
@@ -369,21 +324,18 @@ def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
-    """The operators that compute ``target`` from ``source`` (and static values), as a function
-    of a tensor of ``source``'s shape.
+    """The operators computing ``target`` from ``source`` (and static values), as a function.
 
     Raises:
         TraceError: ``target`` also depends on input data that does not come from ``source``.
     """
-    inside: set[int] = {source}
-    chosen = []
+    inside, chosen = {source}, []
     for op in trace.between(source, target):
-        if not any(n in inside for n in op.inputs):
-            if any(trace.nodes[n].data for n in op.inputs):
-                raise TraceError("the part reads input data from elsewhere")
-            continue  # a static value: recorded
-        chosen.append(op)
-        inside.update(op.outputs)
+        if any(n in inside for n in op.inputs):
+            chosen.append(op)
+            inside.update(op.outputs)
+        elif any(trace.nodes[n].data for n in op.inputs):
+            raise TraceError("the part reads input data from elsewhere")
     if target not in inside:
         raise TraceError("the target does not depend on the source")
 

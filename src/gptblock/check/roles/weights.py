@@ -1,10 +1,9 @@
 """Each role's weight read out of a block by what its sub-layer computes, in the lessons' layout.
 
-``read_block(module, x)`` records the forward pass (``trace``), finds the roles (``dataflow``),
-and reads every sub-layer the same way whatever holds its weight: the block is replayed with the
-role's input replaced by zeros, then by basis vectors, and its output read where the reference
-needs it; ``h @ W.T + b`` gives ``b`` for the zero rows and ``W[:, c] + b`` for basis vector
-``c``. Every weight read must reproduce the role's traced output (to 1e-9 of its scale in
+``read_block`` records the forward pass (``trace``) and finds the roles (``dataflow``); each
+sub-layer is read the same way whatever holds its weight: the trace is replayed with the role's
+input replaced by zeros, then by basis vectors (``h @ W.T + b`` gives ``b``, then ``W[:, c] +
+b``). Every weight read must reproduce the role's traced output (to 1e-9 of its scale in
 float64), or the block is not read.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
@@ -13,15 +12,13 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Roles, Unread, find_roles
-from .norms import find_norms, order_norms
+from .dataflow import Role, Roles, Unread, find_norms, find_roles, order_norms
 from .parts import glob
 from .trace import LEAF, Trace, TraceError, record, rerun
 from .walks import layout
@@ -52,55 +49,38 @@ class Reading:
         )
 
 
-def _axes(shape: tuple[int, ...], B: int, T: int) -> tuple[int, int]:
-    axes = layout(shape, B, T, strict=False)
+def _rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
+    """A node's value as one row per position, (B * T, F), b-major; with ``shape``, such rows
+    back to a node's ``shape``."""
+    axes = layout(shape or tuple(value.shape), B, T, strict=False)
     if axes is None:
-        raise Unread(f"a tensor of shape {shape} is not laid out by position")
-    return axes
-
-
-def _rows(value: Tensor, B: int, T: int) -> Tensor:
-    """A node's value as one row per position, (B * T, F), b-major."""
-    axes = _axes(tuple(value.shape), B, T)
-    if axes[0] == axes[1]:  # (..., B * T, ...)
-        return value.movedim(axes[0], 0).reshape(B * T, -1)
-    return value.movedim(axes, (0, 1)).reshape(B * T, -1)
-
-
-def _unrows(rows: Tensor, shape: tuple[int, ...], B: int, T: int) -> Tensor:
-    """``_rows``' inverse: (B * T, F) rows back to a node's shape."""
-    axes = _axes(shape, B, T)
+        raise Unread(f"a tensor of shape {shape or tuple(value.shape)} is not laid out by position")
+    if not shape:
+        flat = value.movedim(axes[0], 0) if axes[0] == axes[1] else value.movedim(axes, (0, 1))
+        return flat.reshape(B * T, -1)
     rest = [s for i, s in enumerate(shape) if i not in axes]
-    if axes[0] == axes[1]:
-        return rows.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
-    return rows.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
+    if axes[0] == axes[1]:  # (..., B * T, ...)
+        return value.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
+    return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
 def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
-    puts = {r.put for r in found.roles.values()}
-    like = {n: trace.nodes[n].value for n in puts}
+    like = {r.put: trace.nodes[r.put].value for r in found.roles.values()}
     width = {n: _rows(v, B, T).shape[1] for n, v in like.items()}
     gets = [g for r in found.roles.values() for g in r.get]
 
-    def run(fill: dict[int, Tensor]) -> dict[int, Tensor]:
-        put = {n: _unrows(fill[n], tuple(like[n].shape), B, T) for n in puts}
+    def run(r: int) -> dict[int, Tensor]:  # r < 0: zeros; else row p is channel r * BT + p's 1
+        put = {}
+        for n, v in like.items():
+            rows = torch.zeros(BT, width[n], dtype=v.dtype, device=v.device)
+            at = torch.arange(max(0, min(BT, width[n] - r * BT)) if r >= 0 else 0, device=v.device)
+            rows[at, r * BT + at] = 1.0
+            put[n] = _rows(rows, B, T, tuple(v.shape))
         return rerun(trace, put, gets)
 
-    def basis(r: int, w: int, v: Tensor) -> Tensor:
-        rows = torch.zeros(BT, w, dtype=v.dtype, device=v.device)
-        for p in range(min(BT, w - r * BT)):
-            rows[p, r * BT + p] = 1.0
-        return rows
-
-    zero = run(
-        {n: torch.zeros(BT, width[n], dtype=v.dtype, device=v.device) for n, v in like.items()}
-    )
-    runs = [
-        run({n: basis(r, width[n], v) for n, v in like.items()})
-        for r in range(math.ceil(max(width.values()) / BT))
-    ]
+    zero, runs = run(-1), [run(r) for r in range(math.ceil(max(width.values()) / BT))]
     out = {}
     for name, role in found.roles.items():
 
@@ -108,12 +88,8 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
             out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
             return out / role.factor
 
-        z, w_in = rows(zero), width[role.put]
-        measured = [rows(r) for r in runs]
-        weight = torch.stack(
-            [measured[c // BT][c % BT] - z[c % BT] for c in range(w_in)], dim=1
-        )  # (out, in)
-        bias = z[0]
+        z = rows(zero)
+        weight = torch.cat([rows(r) - z for r in runs])[: width[role.put]].T.contiguous()
         values = {g: trace.nodes[g].value for g in role.get}
         x, y = _rows(like[role.put], B, T).double(), rows(values)
         low = min((v.dtype for v in (like[role.put], *values.values())), key=lambda d: d.itemsize)
@@ -121,13 +97,13 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
         if finite.double().mean() < 0.5:  # a mask that blocks whole rows leaves some NaN
             raise Unread(f"{name}'s input or output is not finite at most positions")
         x, y = x[finite], y[finite]
-        error = float((x @ weight.T + bias - y).abs().max() / (y.abs().max() + 1e-30))
+        error = float((x @ weight.T + z[0] - y).abs().max() / (y.abs().max() + 1e-30))
         if not error <= TOLERANCE.get(low, 1e-4):
             raise Unread(
                 f"{name} is not a linear map of its input alone (the weight read from the block "
                 f"misses its traced output by {error:.1e} of its scale)"
             )
-        out[name] = (weight, bias, error)
+        out[name] = (weight, z[0], error)
     return out
 
 
@@ -153,8 +129,7 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
-    """``read_block`` on a recorded forward pass (``x`` its input): every weight read by
-    replaying the trace, wherever it was recorded.
+    """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded.
 
     Raises:
         Unread: the block's roles or weights cannot be read; the message says why.
@@ -167,10 +142,9 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
     except TraceError as e:
         raise Unread(str(e)) from e
     (wq, bq, _), (wk, bk, _), (wv, bv, _) = read["q"], read["k"], read["v"]
-    D = wq.shape[0]
+    D, H = wq.shape[0], read["fc1"][0].shape[0]
     if wk.shape != wq.shape or wv.shape != wq.shape or wq.shape[1] != C:
         raise Unread(f"q, k, v have shapes {tuple(wq.shape)}, {tuple(wk.shape)}, {tuple(wv.shape)}")
-    H = read["fc1"][0].shape[0]
     for role, shape in {"proj": (C, D), "fc2": (C, H), "fc1": (H, C)}.items():
         if tuple(read[role][0].shape) != shape:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
@@ -181,27 +155,22 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
         return affine(wq, bq)(h), affine(wk, bk)(h), affine(wv, bv)(h)
 
     ln = [n.function for n in norms]
-    parts = Parts(
-        C, D, qkv, affine(*read["proj"][:2]), affine(*read["fc1"][:2]), affine(*read["fc2"][:2]),
-        ln[0], ln[1] if len(ln) > 1 else None,
-    )  # fmt: skip
+    proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("proj", "fc1", "fc2"))
+    parts = Parts(C, D, qkv, proj, fc1, fc2, ln[0], ln[1] if len(ln) > 1 else None)
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
-    params = {n.name: n.value for n in trace.nodes if n.op == LEAF and n.name in trace.parameters}
-    for role, r in found.roles.items():
-        names[role] = (
-            _display(trace, r.params) + _orientation(params, r.params, read[role][0])
-            if r.params
-            else "none (the merged heads join the stream as they are: the identity)"
-        )
-    error = max(e for _, _, e in read.values())
+    names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.roles.items()})
     held = {r: list(role.params) for r, role in found.roles.items()}
     held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
+    error = max(e for _, _, e in read.values())
     return Reading(parts, found.heads, names, error, held)
 
 
-def _display(trace: Trace, params: list[str]) -> str:
-    """Parameters by the modules that hold them: ``attn.c_attn`` for its weight and bias,
-    ``heads.*.query`` for one module per head, else the parameters themselves."""
+def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
+    """Parameters by the modules that hold them (``attn.c_attn`` for its weight and bias,
+    ``heads.*.query`` for one module per head), with ' (in, out)' when the role's one matrix is
+    stored transposed, as ``x @ W`` reads it."""
+    if not params:
+        return "none (the merged heads join the stream as they are: the identity)"
     owners: dict[str, list[str]] = {}
     for p in params:
         owners.setdefault(p.rpartition(".")[0], []).append(p)
@@ -209,14 +178,11 @@ def _display(trace: Trace, params: list[str]) -> str:
     for owner, held in owners.items():
         own = {p for p in trace.parameters if p.rpartition(".")[0] == owner}
         shown += [owner] if owner and set(held) == own else held
-    return glob(shown) or "(no parameter)"
-
-
-def _orientation(params: Mapping[str, Tensor], names: list[str], weight: Tensor) -> str:
-    """' (in, out)' when the role's one matrix is stored transposed, as ``x @ W`` reads it."""
-    matrices = [params[n] for n in names if n in params and params[n].dim() == 2]
+    values = {n.name: n.value for n in trace.nodes if n.op == LEAF and n.name in params}
+    matrices = [v for name, v in values.items() if name in trace.parameters and v.dim() == 2]
     if len(matrices) != 1 or matrices[0].shape != weight.T.shape:
-        return ""
+        return glob(shown) or "(no parameter)"
     stored = matrices[0].detach().to(weight.dtype)
     same = stored.shape == weight.shape and torch.allclose(stored, weight, atol=1e-8)
-    return "" if same or not torch.allclose(stored, weight.T, atol=1e-8) else " (in, out)"
+    turned = not same and torch.allclose(stored, weight.T, atol=1e-8)
+    return (glob(shown) or "(no parameter)") + (" (in, out)" if turned else "")
