@@ -1,11 +1,6 @@
-"""How the comparison reads a block's parts: from its dataflow, else from the module tree
-(``mapping``), or as ``--map`` says.
-
-``read_parts`` reads every role's weight from one recorded forward pass (``weights``), on the
-shapes of ``trace_shapes``. Roles given by ``--map`` must fit their role (``claims``) and agree
-with the forward pass where it was read; the dataflow's reading is then used. A role given as a
-slice or layout (``given``) must hold the matrix the dataflow uses for it, and is read as given;
-where the forward pass cannot be read, the caller's roles are taken as given.
+"""Which reading the comparison uses (``read_parts``): the dataflow's (``weights``), else the
+module tree's (``mapping``), or as ``--map`` says (``given``: a role given as a slice is read as
+given, and must hold what the dataflow uses for it).
 
 Shapes: B batch, T time, C channels.
 """
@@ -22,9 +17,8 @@ from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Subject, Tested
-from .claims import check_claims, check_reading
 from .dataflow import Unread
-from .given import fix_roles
+from .given import check_claims, check_reading, fix_roles
 from .mapping import ROLES, MappedBlock, map_roles
 from .parts import discover, observe
 from .trace import Trace, TraceError
@@ -39,11 +33,9 @@ TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell
 
 
 class Traces:
-    """A block's forward passes, each recorded once per input by ``record`` (here, or in the
-    block's process), on inputs drawn once per (B, T) from ``tested``'s seed: the modern
-    comparison and the dataflow's reading read the same one (a recording runs the block
-    operator by operator, the costliest step of reading it). Valid while the block's weights
-    stay as they are: ``clear`` after setting them."""
+    """A block's forward passes, each recorded once per input (drawn once per (B, T)) by
+    ``record``: the costliest step, shared by the modern comparison and the dataflow's reading.
+    ``clear`` after setting the block's weights."""
 
     def __init__(self, tested: Tested, record: Callable[[Tensor], Trace]) -> None:
         self.tested, self.record = tested, record
@@ -55,13 +47,11 @@ class Traces:
         self.last: Trace | None = None  # the latest asked for
 
     def input(self, B: int, T: int) -> Tensor:
-        """The input traced at (B, T), (B, T, C) in the block's dtype."""
         if (B, T) not in self.inputs:
             self.inputs[B, T] = self.tested.input(B, T, self.tested.C)
         return self.inputs[B, T]
 
     def __call__(self, x: Tensor) -> Trace:
-        """The forward pass on ``x``, recorded unless it was before."""
         same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
         trace = next(same, None)
         if trace is None:
@@ -73,8 +63,6 @@ class Traces:
 
 @dataclass(frozen=True)
 class Readings:
-    """The ways of reading the block's parts that the comparison tries, on which input."""
-
     readings: tuple[Parts, ...]
     fallback: tuple[Parts, ...]
     heads: tuple[int, ...]
@@ -83,8 +71,7 @@ class Readings:
 
 
 def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
-    """Whether every given role names what the forward pass read it from: a parameter, the
-    module holding it, or a glob matching them (``qkv`` names q's).
+    """Whether every role names what the forward pass read it from (``qkv``: q's).
 
     Example:
         >>> from gptblock import lesson
@@ -108,9 +95,8 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
 
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
-    """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
-    tell batch, time and heads apart; then B = T (a block that only runs so) and B = 1 (one that
-    loops over its sequences).
+    """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
+    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences).
 
     Example:
         >>> trace_shapes(16), trace_shapes(4)
@@ -126,9 +112,7 @@ def trace_shapes(longest: int) -> list[tuple[int, int]]:
 
 
 def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
-    """The dataflow's reading of the block and the (float64) input it was traced on, or why
-    there is none: each shape of ``trace_shapes`` recorded (``traces``) and read by replaying
-    the trace here (``weights.read_trace``)."""
+    """The dataflow's reading and its (float64) input, or why there is none."""
     why = ""
     for B, T in trace_shapes(longest):
         x = traces.input(B, T)
@@ -144,13 +128,7 @@ def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
 def read_parts(
     subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
-    """The block's parts to compare, or why they cannot be read; how they were read is added to
-    ``notes``, ``roles`` are the caller's (``--map``, possibly none); ``traces`` record
-    ``subject``.
-
-    Raises:
-        UserValueError: a given role names nothing the block has.
-    """
+    """The block's parts to compare, or why they cannot be read; how, added to ``notes``."""
     unknown = [r for r in roles if r not in ROLES]
     if unknown:
         raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
@@ -158,9 +136,9 @@ def read_parts(
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     parts = discover(subject.module)
-    check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
+    check_claims(subject.module, subject.C, parts, roles)
     if roles and not isinstance(found, str):
-        check_reading(subject.module, subject.C, found[0], roles)  # roles the dataflow refutes
+        check_reading(subject.module, subject.C, found[0], roles)
     sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
     if not isinstance(found, str) and not sliced and agrees(found[0], roles):
         read, x = found
