@@ -28,11 +28,10 @@ from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.modern import ModernOutcome, check_modern
 from ..mistakes.report import CAUGHT, one_line
-from ..roles.given import suggest_map
 from ..roles.modern_read import Source
 from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import TRACE_T, Readings, Traces, read_parts, trace_shapes
+from ..roles.readings import TRACE_T, Readings, Traces, read_parts, suggest_map, trace_shapes
 from ..roles.trace import NoDropout, Trace, record
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data

@@ -6,8 +6,7 @@ is written. The bias is the parameter paired with the weight, sliced along the o
 
 A role given by hand is the comparison's truth: a wrong one must not quietly become a PASS or a
 FAIL. ``check_claims`` refuses a part of the wrong kind, a shape the role cannot have, one weight
-for two roles; ``check_reading`` holds the roles against the forward pass where it was read.
-``suggest_map`` offers a ``--map`` by registration order, if ``fix_roles`` takes it back.
+for two roles; ``check_reading`` holds them against the forward pass where it was read.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
@@ -17,37 +16,25 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .mapping import (
-    FORMS,
-    QKV,
-    READS_C,
-    ROLES,
-    SHAPES,
-    MappedBlock,
-    fits,
-    map_roles,
-    named_parts,
-    resolve_roles,
-)
-from .parts import Part, _affine, discover, paired_bias
+from .mapping import QKV, ROLES, SHAPES, fits, named_parts, resolve_roles
+from .parts import Part, _affine, paired_bias
 from .weights import Reading
 
 __all__ = [
     "Fixed", "Given", "check_claims", "check_reading", "fix_roles", "given_part", "parse_given",
-    "suggest_map",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
-_BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
+_BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,7 @@ def parse_given(module: nn.Module, text: str) -> Given | None:
 
 def _slice(text: str, bound: str) -> slice:
     found = _BOUND.match(bound)
-    if found is None or ":" not in bound:
+    if found is None:
         raise UserValueError(
             f"--map value {text!r}: {bound.strip()!r} is not START:STOP (steps and single "
             "indices are not taken)"
@@ -378,13 +365,13 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
             f"{role}={g.text}: reads {part.shape[1]} channels, but the forward pass's {role} "
             f"reads {width}"
         )
-    mine = _without_bias(part.module, x)
-    if role in (*QKV, "qkv"):  # q, k, v and qkv of the reading, less their biases
-        zero = read.parts.qkv(torch.zeros_like(x))
-        q, k, v = (a - b for a, b in zip(read.parts.qkv(x), zero, strict=True))
+    zero = torch.zeros_like(x)
+    mine = part.module(x) - part.module(zero)  # less their biases
+    if role in (*QKV, "qkv"):
+        q, k, v = (a - b for a, b in zip(read.parts.qkv(x), read.parts.qkv(zero), strict=True))
         theirs = {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
     else:
-        theirs = {role: _without_bias(getattr(read.parts, role), x)}
+        theirs = {role: getattr(read.parts, role)(x) - getattr(read.parts, role)(zero)}
     if _same(mine, theirs[role]):
         return
     whose = [r for r, y in theirs.items() if r != role and _same(mine, y)]
@@ -392,10 +379,6 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
         f"it is not the matrix the forward pass uses as {role}"
     )  # fmt: skip
     raise UserValueError(f"{role}={g.text}: {held}; check the slice and the layout")
-
-
-def _without_bias(f: Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
-    return f(h) - f(torch.zeros_like(h))
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
@@ -408,58 +391,3 @@ def _same(a: Tensor, b: Tensor) -> bool:
     if abs(factor) < SAME:  # all but zero: not the same matrix
         return False
     return float((a - factor * b).abs().max()) <= SAME * scale * max(abs(factor), 1.0)
-
-
-ORDERS = {len(FORMS[f]): FORMS[f] for f in ("packed", "separate")}  # by the number of matrices
-
-
-def suggest_map(module: nn.Module, C: int) -> str:
-    """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
-    per-head weights need, or "" if none fits.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> suggest_map(lesson.Block(16, 2, 8), 16)  # one module per head: no fixed order fits
-        ''
-    """
-    parts = discover(module)
-    named = dict(module.named_parameters())
-    place = {n: i for i, n in enumerate(named)}
-    per_head = [n for n, p in named.items() if p.dim() == 3]
-    biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
-    # (registration order of its weight, what --map names: the part or the 3-D parameter, the weight)
-    matrices = [(place[n], n, n) for n in per_head] + [
-        (place[p.params[0]], p.name, p.params[0])
-        for p in parts
-        if p.kind in ("linear", "matrix") and p.params[0] not in biases
-    ]
-    matrices.sort()
-    order = ORDERS.get(len(matrices), ())
-    norms = [p.name for p in parts if p.kind == "norm"]
-    for laid in (False, True) if order else ():
-        roles = dict(zip(ROLES[:2], norms, strict=False))
-        for role, (_, name, weight) in zip(order, matrices, strict=True):
-            roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
-        try:
-            fixed = fix_roles(module, C, parts, roles)
-        except ValueError:
-            continue
-        if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):
-            return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
-    return ""
-
-
-def _given(
-    role: str, C: int, name: str, weight: str, shape: tuple[int, ...], laid: bool
-) -> dict[str, str]:
-    if len(shape) == 3:  # per head: (nh, C, hs) is in_out for q/k/v, (nh, hs, C) for proj
-        in_out = (shape[1] == C) == (role in READS_C)
-        layout = "in_out" if in_out else "out_in"
-        if role != "qkv":
-            return {role: f"{name}:{layout}"}
-        hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
-        at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
-        return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate(QKV)}
-    rows, cols = shape
-    stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
-    return {role: f"{weight}:in_out" if laid and stored_in_out else name}
