@@ -73,17 +73,14 @@ class _Candidate:  # one assignment of the parts to roles
     form: str
     roles: dict[str, Part]  # the plain linear parts' roles
     heads: Heads
-    mha: Part | None
+    attn: Part | None  # an nn.MultiheadAttention
     in_out: bool  # raw matrices read as stored (in, out)
     score: float = 0.0
     D: int = 0
 
-    def parts(self) -> list[Part]:
-        return [
-            *self.roles.values(),
-            *(p for g in self.heads for p in g),
-            *filter(None, [self.mha]),
-        ]
+    def inputs(self) -> list[Part]:  # the parts that make q, k, v
+        qkv = [p for r, p in self.roles.items() if r in ("qkv", *QKV)]
+        return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
 
     def width(self, C: int) -> int | None:
         """The attention width D if the shapes fit the form, else None."""
@@ -98,16 +95,14 @@ class _Candidate:  # one assignment of the parts to roles
         elif self.form == "heads":
             D = sum(q.shape[0] for q, _, _ in self.heads if q.shape)
         else:
-            D = C if self.mha and _attention(self.mha).embed_dim == C else None
+            D = C if self.attn and self.attn.mha.embed_dim == C else None
         if D is None or shape.get("proj", (C, D)) != (C, D):
             return None
         return D if shape["fc2"] == (C, shape["fc1"][0]) else None
 
     def order_score(self, called: Mapping[str, int]) -> float:
         """+1 per step called after the one before it (-1 before), +0.25 registered so."""
-        inputs = [self.roles[r] for r in ("qkv", *QKV) if r in self.roles]
-        inputs += [p for group in self.heads for p in group] + list(filter(None, [self.mha]))
-        steps = [inputs, [self.roles["proj"]] if "proj" in self.roles else []]
+        steps = [self.inputs(), [self.roles["proj"]] if "proj" in self.roles else []]
         steps += [[self.roles["fc1"]], [self.roles["fc2"]]]
         score = 0.0
         for earlier, later in itertools.pairwise([step for step in steps if step]):
@@ -130,9 +125,9 @@ class _Candidate:  # one assignment of the parts to roles
         return replace(self, roles=roles, heads=heads)
 
     def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
-        lin = {r: p.linear(self.in_out) for r, p in self.roles.items()}
-        packed, proj = self.mha.attention() if self.mha else (lin.get("qkv"), lin["proj"])
-        fs = [[p.linear() for p in g] for g in self.heads] or [[lin[r] for r in QKV if r in lin]]
+        lin = {r: p.function(self.in_out) for r, p in self.roles.items()}
+        packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
+        fs = [[p.function() for p in g] for g in self.heads] or [[lin[r] for r in QKV if r in lin]]
 
         def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             if packed is not None:
@@ -147,8 +142,8 @@ class _Candidate:  # one assignment of the parts to roles
     def names(self) -> dict[str, str]:
         """Each role's parameter name(s) as the report prints them (a glob for per-head ones)."""
         names: dict[str, str] = {}
-        if self.mha and self.form == "mha":
-            prefix = f"{self.mha.name}." if self.mha.name else ""
+        if self.attn and self.form == "mha":
+            prefix = f"{self.attn.name}." if self.attn.name else ""
             names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
         for i, role in enumerate(QKV if self.form == "heads" else ()):
             names[role] = glob([g[i].name for g in self.heads])  # 'sa.heads.*.query'
@@ -223,10 +218,10 @@ def map_roles(
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
     readings = [c.build(C, lns) for c in tied]
-    used = {n for c in tied for p in c.parts() for n in p.params}
+    used = {n for c in tied for p in [*c.inputs(), *c.roles.values()] for n in p.params}
     used |= {n for p in parts if p.name in norm_names.values() for n in p.params}
-    if first.mha:
-        nh: tuple[int, ...] = (_attention(first.mha).num_heads,)
+    if first.attn:
+        nh: tuple[int, ...] = (first.attn.mha.num_heads,)
     else:
         nh = (len(first.heads),) if first.heads else _head_counts(module, readings[0].D)
     return MappedBlock(
@@ -245,7 +240,7 @@ def _norms(
     """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
         given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
-        n1, n2 = (given[r].norm() if r in given else None for r in ("ln1", "ln2"))
+        n1, n2 = (given[r].function() if r in given else None for r in ("ln1", "ln2"))
         names: dict[str, str] = {r: p.name for r, p in given.items()}
         return (n1, n2), names, [f"{'/'.join(names)} by the caller (given)"]
     found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
@@ -253,7 +248,11 @@ def _norms(
         plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
         return (plain, plain), {}, ["no LayerNorm module: F.layer_norm without weights assumed"]
     if len(found) == 1:
-        return (found[0].norm(), None), {"ln1": found[0].name}, ["one LayerNorm for both branches"]
+        return (
+            (found[0].function(), None),
+            {"ln1": found[0].name},
+            ["one LayerNorm for both branches"],
+        )
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
@@ -263,7 +262,11 @@ def _norms(
         )
     one, two = (used + [p for p in found if p not in used])[:2]
     how = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
-    return (one.norm(), two.norm()), {"ln1": one.name, "ln2": two.name}, [f"norms {how[len(used)]}"]
+    return (
+        (one.function(), two.function()),
+        {"ln1": one.name, "ln2": two.name},
+        [f"norms {how[len(used)]}"],
+    )
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
@@ -291,7 +294,7 @@ def _assign(
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
         raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
-    if mhas and (_attention(mhas[0]).bias_k is not None or _attention(mhas[0]).add_zero_attn):
+    if mhas and (mhas[0].mha.bias_k is not None or mhas[0].mha.add_zero_attn):
         raise NotABlock(
             "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
             "position: not the lessons' block"
@@ -356,9 +359,3 @@ def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> 
     if len(found) < 2 or len({g[0].shape for g in found}) != 1:
         return []
     return [(g[0], g[1], g[2]) for g in found]
-
-
-def _attention(part: Part) -> nn.MultiheadAttention:
-    if not isinstance(part.module, nn.MultiheadAttention):
-        raise TypeError(f"{part.name} is not an nn.MultiheadAttention")
-    return part.module

@@ -43,25 +43,27 @@ class Part:
             return self.shape
         return (self.shape[1], self.shape[0]) if in_out else self.shape
 
-    def linear(self, in_out: bool = False) -> SubLayer:
-        if self.kind == "linear":
+    def function(self, in_out: bool = False) -> SubLayer:
+        """What a ``norm``, ``linear`` or ``matrix`` computes."""
+        if self.kind != "matrix":
             return _called(self.module)
         if self.weight is None:
             raise ValueError(f"{self.name} is not a linear part")
         return _affine(self.weight.t() if in_out else self.weight, self.bias)
 
+    @property
+    def mha(self) -> nn.MultiheadAttention:
+        if not isinstance(self.module, nn.MultiheadAttention):
+            raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
+        return self.module
+
     def attention(self) -> tuple[SubLayer, SubLayer]:
         """An ``mha``'s packed q/k/v (B, T, 3E) and output projection, from its weights."""
-        mha = self.module
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
+        mha = self.mha
         w: Tensor = mha.in_proj_weight
         if not mha._qkv_same_embed_dim:
             w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight])
         return _affine(w, mha.in_proj_bias), _affine(mha.out_proj.weight, mha.out_proj.bias)
-
-    def norm(self) -> SubLayer:
-        return _called(self.module)
 
 
 def glob(names: list[str]) -> str:
