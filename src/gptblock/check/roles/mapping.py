@@ -1,6 +1,6 @@
 """The fallback when the forward pass does not show the roles: the parts (``parts.discover``)
 given roles by shapes and order, never by names, or as ``--map`` says. Of the assignments whose
-shapes fit, the best by call order, then registration order, wins (``_score``); ties are all
+shapes fit, the best by call order, then registration order, wins (``order_score``); ties are all
 kept (a raw square matrix's two orientations always tie), and q, k, v's other orders (only
 order tells them apart) are the ``fallback``.
 

@@ -82,8 +82,7 @@ def _affine(w: Tensor, b: Tensor | None) -> SubLayer:
 
 
 def _called(module: nn.Module) -> SubLayer:
-    first = next(module.parameters(), None)
-    dtype = first.dtype if first is not None else None
+    dtype = next((p.dtype for p in module.parameters()), None)
 
     def call(h: Tensor) -> Tensor:
         h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view

@@ -131,8 +131,7 @@ def read_parts(
     subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
     """The block's parts to compare, or why they cannot be read; how, added to ``notes``."""
-    unknown = [r for r in roles if r not in ROLES]
-    if unknown:
+    if unknown := [r for r in roles if r not in ROLES]:
         raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")

@@ -32,7 +32,6 @@ READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) 
 LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
 MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
 QK = ("lnq", "lnk")
-PARAMS = ("weight", "bias")
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,8 @@ class Received:
             norm[r] = norm_function(kind, gain, bias[0] if bias else None, eps)
         fc1, fc2 = (lin["fc1"], lin["fc2"]) if "fc1" in lin else (lin["mlp0"], lin["mlp2"])
         if self.n_head:  # a modern block: its MLP's hidden function; one norm, or two
-            act = (GATED if self.gated else DENSE)[self.activation]
-            if self.gated:
-                fc1 = lambda h: act(lin["mlp0"](h)) * lin["mlp1"](h)  # noqa: E731
-            else:
-                fc1 = lambda h: act(lin["mlp0"](h))  # noqa: E731
+            act, up = (GATED if self.gated else DENSE)[self.activation], lin.get("mlp1")
+            fc1 = lambda h: act(lin["mlp0"](h)) * (up(h) if up else 1)  # noqa: E731
             norm.setdefault("ln2", norm["ln1"])
 
         def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -116,7 +112,9 @@ def decode(
             raise NotPlain(f"{role}: eps {eps!r} is not in [0, 1)")
         norms[role] = (str(n["kind"]), float(eps))
         biased = n["kind"] != "rms" or f"{key}.{role}.bias" in tensors  # an RMSNorm's may be 0
-        roles[role] = [_tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in PARAMS[: 1 + biased]]
+        roles[role] = [
+            _tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in ("weight", "bias")[: 1 + biased]
+        ]
     return Received(C, widths["D"], roles, norms)
 
 
@@ -229,7 +227,7 @@ def unpack_modern(
     for role, ts in parts.roles.items():
         gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
         snapped = [
-            snap(t, values, (SNAP if gain else READ) * _scale(t) + 1e-300,
+            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300,
                  (0.0, 1.0) if gain and i == 0 else (0.0,))
             for i, t in enumerate(ts)
         ]  # fmt: skip
@@ -240,7 +238,3 @@ def unpack_modern(
     heads = {r: parts.roles[r][0].shape[0] // hs for r in ("q", "k", "v")}
     traced = trace(roles, chosen, dtype, heads)
     return traced.why or (replace(parts, roles=roles), traced)
-
-
-def _scale(t: Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
