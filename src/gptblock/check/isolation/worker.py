@@ -29,8 +29,15 @@ from ..mistakes.report import CAUGHT, one_line, text
 from ..roles.modern_read import Source
 from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import TRACE_T, Readings, Traces, dataflow, read_parts, trace_shapes
-from ..roles.suggest import suggest_map
+from ..roles.readings import (
+    TRACE_T,
+    Readings,
+    Traces,
+    dataflow,
+    read_parts,
+    suggest_map,
+    trace_shapes,
+)
 from ..roles.trace import NoDropout, from_plain, record
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, Runner, serve, to_data

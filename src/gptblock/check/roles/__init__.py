@@ -8,14 +8,10 @@ the norms, and reading their weights into numbers.
   norms, from what they compute.
 * ``weights`` -- ``read_block``: each role's weight read by basis-vector interventions, in the
   lessons' layout, and checked against the traced activations.
-* ``parts`` -- the weight-holding parts of the module tree, what each computes, the order the
-  forward pass calls them in; ``mapping`` -- the parts given their roles by shapes and order, or
-  by ``--map``: the fallback when the dataflow does not show the roles.
-* ``given`` -- a role given as a slice and layout of a parameter (``--map
-  q=attn.c_attn.weight[:,0:32]:in_out``), checked against the role's shape; ``claims`` -- a
-  ``--map`` that cannot be what it claims, refused before anything is compared.
-* ``readings`` -- which reading the comparison uses: the dataflow's, else the module tree's, or
-  as ``--map`` says; ``suggest`` -- a ``--map`` to offer.
+* ``parts`` -- the module tree's weight-holding parts; ``mapping`` -- their roles by shapes and
+  order, or by ``--map``: the fallback when the dataflow does not show the roles.
+* ``given`` -- ``--map`` parsed (a slice and layout of a parameter too), and refused where it
+  cannot be what it claims; ``readings`` -- which reading is used, and a ``--map`` to offer.
 * ``plain`` -- a reading's sub-layers (or a modern block's parts) as numbers; ``provenance`` --
   the parameter values the checker gives the block, and the check that the weights read back
   are made of them (and which, and whether a head's are another head's).
@@ -26,6 +22,6 @@ the norms, and reading their weights into numbers.
   or a modern one's) built back from them.
 
 Order inside: ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
-``norms``; ``weights``; ``mapping``, ``given``, ``claims``, ``suggest``, ``readings``, ``plain``;
+``norms``; ``weights``; ``mapping``, ``given``, ``readings``, ``plain``;
 then the modern files; ``receive``.
 """

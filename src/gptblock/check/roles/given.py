@@ -1,20 +1,20 @@
-"""Roles given by hand as a slice and a layout of a parameter (``--map q=attn.w[:,0:32]:in_out``).
+"""``--map``: roles given by hand, each value parsed once (``parse_given``): a module, glob or
+parameter (``mapping.resolve_roles``), or ``PATH[SLICES]:LAYOUT`` (docs/checker.md's table), one
+``start:stop`` per stored dimension, ``out_in`` (the default) or ``in_out`` (used as ``x @ W``); a
+3-D tensor is one matrix per head, heads first, read in the layout that fits its role when none
+is written. The bias is the parameter paired with the weight, sliced along the output.
 
-A ``--map`` value is ``PATH[SLICES]:LAYOUT`` (docs/checker.md's table): ``PATH`` a parameter (or,
-without ``[...]`` and ``:...``, a module or glob: ``mapping.resolve_roles``); one ``start:stop``
-(or ``:``) per dimension of the stored tensor, no steps; ``LAYOUT`` ``out_in`` (the default,
-``nn.Linear``'s) or ``in_out`` (used as ``x @ W``). A 3-D tensor is one matrix per head, heads
-first, read in the layout that fits its role when none is written; the heads concatenate along
-the role's per-head side, as the lesson's do. The bias is the parameter that pairs with the
-weight (``weight``/``bias``, ``W_Q``/``b_Q``), sliced along the output. Each value is parsed once
-(``parse_given``) for the claims (``claims``), the mapping (``fix_roles``) and the suggestion; a
-matrix that does not fit its role is a ``UserValueError`` that says why.
+A role given by hand is the comparison's truth: a wrong one must not quietly become a PASS or a
+FAIL. ``check_claims`` refuses a part of the wrong kind, a shape the role cannot have, one weight
+for two roles; ``check_reading`` holds them against the forward pass where it was read.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -23,20 +23,23 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .mapping import SHAPES, fits, resolve_roles
+from .mapping import QKV, ROLES, SHAPES, fits, named_parts, resolve_roles
 from .parts import Part, _affine, paired_bias
+from .weights import Reading
 
-__all__ = ["Fixed", "Given", "fix_roles", "given_part", "parse_given"]
+__all__ = [
+    "Fixed", "Given", "check_claims", "check_reading", "fix_roles", "given_part", "parse_given",
+]  # fmt: skip
 
 Tensor = torch.Tensor
+
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
-_BOUND = re.compile(r"^\s*(-?\d*)\s*(?::\s*(-?\d*)\s*)?$")
+_BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
 
 
 @dataclass(frozen=True)
 class Given:
-    """One role given as a parameter, a slice of it (one per stored dimension, or ``None``: the
-    whole tensor), its layout ("": none written) and what the user wrote.
+    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text.
 
     Example:
         >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
@@ -50,11 +53,8 @@ class Given:
 
 
 def parse_given(module: nn.Module, text: str) -> Given | None:
-    """A ``--map`` value read here (it has a slice or a layout, or names a 3-D parameter: one
-    matrix per head, which no module holds), or ``None``: a name for ``resolve_roles``.
-
-    Raises:
-        UserValueError: brackets or a layout that are not well formed.
+    """A value with a slice or layout, or naming a 3-D parameter (no module holds it), else
+    ``None``: a name for ``resolve_roles``. A UserValueError if not well formed.
 
     Example:
         >>> block = nn.Linear(2, 2)
@@ -84,7 +84,7 @@ def parse_given(module: nn.Module, text: str) -> Given | None:
 
 def _slice(text: str, bound: str) -> slice:
     found = _BOUND.match(bound)
-    if found is None or ":" not in bound:
+    if found is None:
         raise UserValueError(
             f"--map value {text!r}: {bound.strip()!r} is not START:STOP (steps and single "
             "indices are not taken)"
@@ -94,8 +94,7 @@ def _slice(text: str, bound: str) -> slice:
 
 
 class _Matrix(nn.Module):
-    """A role's linear layer read from a live parameter at each call (so that the values the
-    checker gives the block show)."""
+    """A role's linear layer read from the live parameter at each call: the checker sets it."""
 
     role: str
     weight_of: Tensor
@@ -104,11 +103,10 @@ class _Matrix(nn.Module):
 
     def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
         super().__init__()
-        # plain attributes, not parameters: the block owns them (and the checker sets them)
+        # plain attributes, not parameters: the block owns them
         self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
 
     def canonical(self) -> tuple[Tensor, Tensor | None]:
-        """(out, in) weight and (out,) bias."""
         g, w, b = self.given, self.weight_of.detach(), self.bias_of
         b = b.detach() if b is not None else None
         in_out = g.layout == "in_out"
@@ -132,12 +130,8 @@ class _Matrix(nn.Module):
 
 
 def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
-    """A ``linear`` part for ``role`` read from ``g``, checked against the role; ``index`` its
-    place (after the block's own parts).
-
-    Raises:
-        UserValueError: a norm, no such parameter, a slice out of range, a shape that does not fit.
-    """
+    """A ``linear`` part for ``role`` read from ``g``, its place ``index``; a UserValueError
+    where it cannot be the role."""
     named, say = dict(module.named_parameters()), f"{role}={g.text}"
     if role in ("ln1", "ln2"):
         raise UserValueError(f"{say}: a norm is given as its module, not a slice")
@@ -193,21 +187,13 @@ def _fits(role: str, shape: tuple[int, ...], C: int) -> bool:
 
 @dataclass(frozen=True)
 class Fixed:
-    """The parts the caller's roles fix, and the block's parts left for the rest of the roles."""
-
     kept: list[Part]  # the block's parts, less those whose parameters are given in slices
     parts: list[Part]  # every part the mapping chooses from: ``kept``, then those of slices
     roles: dict[str, list[Part]]  # every given role -> its parts
 
 
 def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> Fixed:
-    """The parts ``roles`` names: slices and layouts here, plain names and globs by
-    ``gptblock.check.roles.mapping.resolve_roles``.
-
-    Raises:
-        UserValueError: a slice or layout that does not fit (``given_part``).
-        ValueError: a plain name that matches no part.
-    """
+    """The parts ``roles`` names; a ValueError for a plain name that matches no part."""
     sliced: dict[str, Part] = {}
     for role, text in roles.items():
         if (g := parse_given(module, text)) is not None:
@@ -218,3 +204,190 @@ def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, 
     plain = {r: n for r, n in roles.items() if r not in sliced}
     given = {r: [p] for r, p in sliced.items()}
     return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **given})
+
+
+BRANCH = {"ln1": "attention", "ln2": "MLP"}
+SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
+
+
+def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> None:
+    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> from gptblock.check.roles.parts import discover
+        >>> block = lesson.Block(16, 2, 8)
+        >>> check_claims(block, 16, discover(block), {"q": "ln1"})
+        Traceback (most recent call last):
+        ...
+        gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
+    """
+    given = {r: parse_given(module, text) for r, text in roles.items()}
+    # a name of no part: resolve_roles says so later, with the trace's names
+    found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
+    _one_weight_one_role(module, roles, given, found)
+    fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
+    named = dict(module.named_parameters())
+    for role, text in roles.items():
+        some = found[role]
+        if len(some) > 1 and role not in QKV:
+            one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
+            names = ", ".join(p.name for p in some[:4])
+            raise UserValueError(f"{role}={text} matches {len(some)} parts ({names}); {one}")
+        if some and role in BRANCH and some[0].kind != "norm":
+            raise UserValueError(
+                f"{role}={text}: {some[0].name or '(the block)'} is {_what(some[0])}, not a "
+                f"norm; {role} is the norm before the {BRANCH[role]}"
+            )
+        if some and role not in BRANCH:
+            fitted[role] = _linear(role, text, some, C, named.get(text))
+    _between(roles, fitted)
+
+
+def _what(p: Part) -> str:
+    if p.kind == "norm":
+        return "a norm" + (f" of width {p.width}" if p.width else "")
+    if p.kind == "mha":
+        return "an nn.MultiheadAttention (q, k, v and proj)"
+    if p.kind == "matrix":
+        return f"a matrix parameter of shape {p.shape}"
+    return f"a linear layer (out, in) = {p.shape}"
+
+
+def _linear(
+    role: str, text: str, found: list[Part], C: int, vector: Tensor | None
+) -> list[tuple[int, int]]:
+    if vector is not None and vector.dim() < 2:
+        raise UserValueError(
+            f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
+            f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
+        )
+    shapes: list[tuple[int, int]] = []
+    for p in found:
+        if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
+            raise UserValueError(
+                f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
+                f"{role} is a {SHAPES[role]} weight"
+            )
+        options = {p.shape_as(False), p.shape_as(True)} - {None}
+        fit = sorted(s for s in options if s is not None and fits(role, s, C))
+        if options and not fit:
+            raise UserValueError(
+                f"{role}={text}: {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}"
+            )
+        shapes += fit[:1] if len(fit) == 1 else []
+    return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
+
+
+def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]]]) -> None:
+    """proj reads what q (or qkv) writes; fc2 reads what fc1 writes."""
+    q = fitted.get("q") or [(s[0] // 3, s[1]) for s in fitted.get("qkv", [])]
+    pairs = (("q" if "q" in fitted else "qkv", q, "proj"), ("fc1", fitted.get("fc1"), "fc2"))
+    for first, writes, second in pairs:
+        reads = fitted.get(second)
+        if writes and reads and reads[0][1] != sum(s[0] for s in writes):
+            raise UserValueError(
+                f"{second}={roles[second]} reads {reads[0][1]} channels, but {first}="
+                f"{roles[first]} writes {sum(s[0] for s in writes)}: {second} must read what "
+                f"{first} writes"
+            )
+
+
+def _one_weight_one_role(
+    module: nn.Module,
+    roles: Mapping[str, str],
+    given: Mapping[str, Given | None],
+    found: Mapping[str, list[Part]],
+) -> None:
+    """ln1 and ln2 may share a norm: one LayerNorm for both branches."""
+    shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}  # role -> names, slices
+    for role, text in roles.items():
+        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
+        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
+    for a, b in itertools.combinations(held, 2):
+        for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
+            if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
+                what = "overlapping slices of" if sa and sb else "both name"
+                raise UserValueError(
+                    f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight cannot be both "
+                    f"{a} and {b}"
+                )
+
+
+def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tuple[int, ...]) -> bool:  # fmt: skip
+    if a is None or b is None or len(a) != len(b) or len(a) != len(shape):
+        return True
+    spans = [(x.indices(n), y.indices(n)) for x, y, n in zip(a, b, shape, strict=True)]
+    return all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in spans)
+
+
+def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, str]) -> None:
+    """Refuse roles that the forward pass, as ``read``, shows to be something else."""
+    held = {r: set().union(*(_ids(module, n) for n in names)) for r, names in read.params.items()}
+    for role, text in roles.items():
+        g = parse_given(module, text)
+        path = g.path if g is not None else text
+        mine = _ids(module, path)
+        if not mine:
+            continue  # no such part: said where the roles are resolved
+        claimed = set(QKV) if role == "qkv" else {role}
+        if role == "ln2" and "ln2" not in held:
+            claimed = {"ln1"}  # one LayerNorm for both branches
+        users = [r for r in ROLES if mine & held.get(r, set())]
+        there = f" (it reads {role} from {read.names[role]})" if role in read.names else ""
+        if not claimed & set(users):
+            uses = f"uses {path} as {', '.join(users)}" if users else f"uses {path} for no role"
+            raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
+        if g is not None:
+            _holds(module, C, read, role, g)
+
+
+def _ids(module: nn.Module, name: str) -> set[int]:
+    tensors = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+    if name in tensors:
+        return {id(tensors[name])}
+    found = [m for n, m in module.named_modules(remove_duplicate=False) if n == name or fnmatch.fnmatchcase(n, name)]  # fmt: skip
+    ids = {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
+    return ids | {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
+
+
+def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:
+    part = given_part(module, C, role, g, 0)
+    H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
+    width = {"proj": read.parts.D, "fc2": H}.get(role, C)
+    x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if part.shape is not None and part.shape[1] != width:
+        raise UserValueError(
+            f"{role}={g.text}: reads {part.shape[1]} channels, but the forward pass's {role} "
+            f"reads {width}"
+        )
+    zero = torch.zeros_like(x)
+    mine = part.module(x) - part.module(zero)  # less their biases
+    if role in (*QKV, "qkv"):
+        q, k, v = (a - b for a, b in zip(read.parts.qkv(x), read.parts.qkv(zero), strict=True))
+        theirs = {"q": q, "k": k, "v": v, "qkv": torch.cat([q, k, v], dim=-1)}
+    else:
+        theirs = {role: getattr(read.parts, role)(x) - getattr(read.parts, role)(zero)}
+    if _same(mine, theirs[role]):
+        return
+    whose = [r for r, y in theirs.items() if r != role and _same(mine, y)]
+    held = f"it holds what the forward pass uses as {whose[0]}" if whose else (
+        f"it is not the matrix the forward pass uses as {role}"
+    )  # fmt: skip
+    raise UserValueError(f"{role}={g.text}: {held}; check the slice and the layout")
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    scale = float(b.abs().max())
+    if scale == 0.0:
+        return float(a.abs().max()) == 0.0
+    factor = float((a * b).sum() / (b * b).sum())
+    if abs(factor) < SAME:  # all but zero: not the same matrix
+        return False
+    return float((a - factor * b).abs().max()) <= SAME * scale * max(abs(factor), 1.0)

@@ -1,10 +1,8 @@
-"""The fallback when the forward pass does not show the roles: the block's weight-holding parts
-(``parts.discover``) given their roles by shapes and order, never by names, or as ``--map`` says.
-
-Shapes must fit: q/k/v (D, C) or per head (hs, C), packed (3D, C), proj (C, D), fc1 (H, C), fc2
-(C, H). Of the assignments that fit, the best by call order (``parts.observe``), then registration
-order, wins (``_score``); ties are all kept as readings (a raw square matrix's two orientations
-always tie), and as only order tells q, k and v apart, their other orders are the ``fallback``.
+"""The fallback when the forward pass does not show the roles: the parts (``parts.discover``)
+given roles by shapes and order, never by names, or as ``--map`` says. Of the assignments whose
+shapes fit, the best by call order, then registration order, wins (``order_score``); ties are all
+kept (a raw square matrix's two orientations always tie), and q, k, v's other orders (only
+order tells them apart) are the ``fallback``.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
 """
@@ -54,7 +52,6 @@ class MappedBlock:
     fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders
 
     def describe(self, reading: int = 0) -> str:
-        """'roles: ln1=ln_1, ln2=ln_2, qkv=attn.c_attn, ...; how they were decided'."""
         roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
         text = f"roles: {roles}" + (f" ({'; '.join(self.how)})" if self.how else "")
         if self.ignored:
@@ -64,22 +61,96 @@ class MappedBlock:
 
 @dataclass(frozen=True)
 class Unmapped:
-    """Why a block's parts could not be given their roles."""
-
     reason: str
 
 
 class NotABlock(Exception):
-    """The parts do not make a pre-norm block, or cannot be told apart: ``Unmapped``'s reason."""
+    """``Unmapped``'s reason."""
 
 
 @dataclass(frozen=True)
-class _Candidate:  # one assignment of the linear parts to roles
+class _Candidate:  # one assignment of the parts to roles
     form: str
-    roles: dict[str, Part]
+    roles: dict[str, Part]  # the plain linear parts' roles
+    heads: Heads
+    attn: Part | None  # an nn.MultiheadAttention
     in_out: bool  # raw matrices read as stored (in, out)
-    score: float
-    D: int
+    score: float = 0.0
+    D: int = 0
+
+    def inputs(self) -> list[Part]:  # the parts that make q, k, v
+        qkv = [p for r, p in self.roles.items() if r in ("qkv", *QKV)]
+        return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
+
+    def width(self, C: int) -> int | None:
+        """The attention width D if the shapes fit the form, else None."""
+        roles = self.roles
+        shape = {r: s for r, p in roles.items() if (s := p.shape_as(self.in_out)) and fits(r, s, C)}
+        if len(shape) < len(roles):
+            return None
+        if self.form == "packed":
+            D = shape["qkv"][0] // 3 if shape["qkv"][0] % 3 == 0 else None
+        elif self.form == "separate":
+            D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] else None
+        elif self.form == "heads":
+            D = sum(q.shape[0] for q, _, _ in self.heads if q.shape)
+        else:
+            D = C if self.attn and self.attn.mha.embed_dim == C else None
+        if D is None or shape.get("proj", (C, D)) != (C, D):
+            return None
+        return D if shape["fc2"] == (C, shape["fc1"][0]) else None
+
+    def order_score(self, called: Mapping[str, int]) -> float:
+        """+1 per step called after the one before it (-1 before), +0.25 registered so."""
+        steps = [self.inputs(), [self.roles["proj"]] if "proj" in self.roles else []]
+        steps += [[self.roles["fc1"]], [self.roles["fc2"]]]
+        score = 0.0
+        for earlier, later in itertools.pairwise([step for step in steps if step]):
+            calls_a = [called[p.name] for p in earlier if p.name in called]
+            calls_b = [called[p.name] for p in later if p.name in called]
+            if calls_a and calls_b:
+                score += 1.0 if max(calls_a) < min(calls_b) else -1.0
+            score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
+        if self.form == "separate":
+            q, k, v = self.roles["q"].index, self.roles["k"].index, self.roles["v"].index
+            score += 0.1 * ((q < k) + (k < v))
+        return score
+
+    def reordered(self, order: tuple[int, ...]) -> _Candidate:
+        """q, k, v taken in ``order`` instead."""
+        heads = [(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads]
+        roles = self.roles
+        if self.form == "separate":
+            roles = roles | {r: roles[QKV[i]] for r, i in zip(QKV, order, strict=True)}
+        return replace(self, roles=roles, heads=heads)
+
+    def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
+        lin = {r: p.function(self.in_out) for r, p in self.roles.items()}
+        packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
+        fs = [[p.function() for p in g] for g in self.heads] or [[lin[r] for r in QKV if r in lin]]
+
+        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            if packed is not None:
+                q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
+                return q, k, v
+            outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
+            q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
+            return q, k, v
+
+        return Parts(C, self.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
+
+    def names(self) -> dict[str, str]:
+        """Each role's parameter name(s) as the report prints them (a glob for per-head ones)."""
+        names: dict[str, str] = {}
+        if self.attn and self.form == "mha":
+            prefix = f"{self.attn.name}." if self.attn.name else ""
+            names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
+        for i, role in enumerate(QKV if self.form == "heads" else ()):
+            names[role] = glob([g[i].name for g in self.heads])  # 'sa.heads.*.query'
+        for role, part in sorted(self.roles.items(), key=lambda rp: ROLES.index(rp[0])):
+            matrix = part.kind == "matrix" and self.in_out
+            names[role] = part.name + (" (in, out)" if matrix else "")
+        return names
 
 
 def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
@@ -88,29 +159,21 @@ def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
 
 
 def named_parts(parts: list[Part], name: str) -> list[Part]:
-    """The parts ``name`` names: the part of that name or with that parameter, else those a
-    glob such as ``heads.*.query`` matches (one per head, in registration order); or none."""
+    """The part of that name or parameter, else those a glob (``heads.*.query``) matches."""
     found = [p for p in parts if p.name == name or name in p.params]
     return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
 
 
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}`` (``named_parts``).
-
-    Raises:
-        ValueError: an unknown role, or a name that matches no part.
-    """
+    """The parts named by ``{role: name}``; a ValueError for a name that matches none (unknown
+    roles and qkv with q are refused before: ``readings.read_parts``)."""
     out: dict[str, list[Part]] = {}
     for role, name in roles.items():
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}")
         found = named_parts(parts, name)
         if not found:
             known = ", ".join(p.name or "(the block)" for p in parts[:16])
             raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
         out[role] = found
-    if "qkv" in out and out.keys() & set(QKV):
-        raise ValueError("give either qkv (packed) or q, k and v, not both")
     return out
 
 
@@ -121,8 +184,8 @@ def map_roles(
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
 ) -> MappedBlock | Unmapped:
-    """Give ``parts`` (``parts.discover(module)``) their roles in a block of width ``C``, from
-    ``called`` (``parts.observe``'s order, may be empty) and ``roles`` fixed by the caller.
+    """Give ``parts`` their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
+    order, may be empty), with ``roles`` fixed by the caller.
 
     Example:
         >>> from gptblock import TransformerBlock
@@ -137,41 +200,37 @@ def map_roles(
         the block has them
     """
     fixed = dict(roles or {})
-    mhas = [p for p in parts if p.kind == "mha"]
     try:
-        lns, norm_names, norm_how = _norms(parts, C, called, fixed)
-        heads = _head_groups(parts, C, fixed)
-        tied = _assign(parts, C, called, fixed, heads, mhas)
-        readings = [_build(c, heads, mhas, C, lns) for c in tied]
-        names = [_names(c, heads, mhas) for c in tied]
-        how = [*norm_how, _evidence(tied[0], called, fixed)]
-        if len(tied) > 1:
-            how.append(f"{len(tied)} readings fit equally well and are all tried")
-        fallback = []
-        if tied[0].form in ("separate", "heads") and not fixed.keys() & set(QKV):
-            for order in list(itertools.permutations(range(3)))[1:]:
-                c, hs = tied[0], [(g[order[0]], g[order[1]], g[order[2]]) for g in heads]
-                if c.form == "separate":  # q, k, v taken in ``order`` instead
-                    qkv = {r: c.roles[QKV[i]] for r, i in zip(QKV, order, strict=True)}
-                    c = replace(c, roles=c.roles | qkv)
-                fallback.append(_build(c, hs, mhas, C, lns))
-                names.append(_names(c, hs, mhas))
+        lns, norm_names, how = _norms(parts, C, called, fixed)
+        tied = _assign(parts, C, called, fixed)
     except NotABlock as e:
         return Unmapped(str(e))
-    used = {n for c in tied for p in c.roles.values() for n in p.params}
-    used |= {n for p in [*mhas, *(p for g in heads for p in g)] for n in p.params}
+    first = tied[0]
+    given = [r for r in ROLES[2:] if r in fixed]
+    by = f"{'/'.join(given)} by the caller (given); " if given else ""
+    by += "qkv/proj by nn.MultiheadAttention; " if first.form == "mha" else ""
+    order = "call" if any(p.name in called for p in first.roles.values()) else "registration"
+    how.append(f"{by}the others by shape and {order} order")
+    others = []  # q, k, v in their other orders: only order tells them apart
+    if first.form in ("separate", "heads") and not fixed.keys() & set(QKV):
+        how[-1] += "; q, k, v by registration order, the other orders tried too"
+        others = [first.reordered(o) for o in list(itertools.permutations(range(3)))[1:]]
+    if len(tied) > 1:
+        how.append(f"{len(tied)} readings fit equally well and are all tried")
+    readings = [c.build(C, lns) for c in tied]
+    used = {n for c in tied for p in [*c.inputs(), *c.roles.values()] for n in p.params}
     used |= {n for p in parts if p.name in norm_names.values() for n in p.params}
-    if mhas:
-        nh: tuple[int, ...] = (_attention(mhas[0]).num_heads,)
+    if first.attn:
+        nh: tuple[int, ...] = (first.attn.mha.num_heads,)
     else:
-        nh = (len(heads),) if heads else _head_counts(module, readings[0].D)
+        nh = (len(first.heads),) if first.heads else _head_counts(module, readings[0].D)
     return MappedBlock(
         tuple(readings),
-        tuple({**norm_names, **n} for n in names),
+        tuple({**norm_names, **c.names()} for c in [*tied, *others]),
         tuple(how),
         nh,
         tuple(n for p in parts for n in p.params if n not in used),
-        tuple(fallback),
+        tuple(c.build(C, lns) for c in others),
     )
 
 
@@ -181,7 +240,7 @@ def _norms(
     """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
         given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
-        n1, n2 = (given[r].norm() if r in given else None for r in ("ln1", "ln2"))
+        n1, n2 = (given[r].function() if r in given else None for r in ("ln1", "ln2"))
         names: dict[str, str] = {r: p.name for r, p in given.items()}
         return (n1, n2), names, [f"{'/'.join(names)} by the caller (given)"]
     found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
@@ -189,7 +248,11 @@ def _norms(
         plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
         return (plain, plain), {}, ["no LayerNorm module: F.layer_norm without weights assumed"]
     if len(found) == 1:
-        return (found[0].norm(), None), {"ln1": found[0].name}, ["one LayerNorm for both branches"]
+        return (
+            (found[0].function(), None),
+            {"ln1": found[0].name},
+            ["one LayerNorm for both branches"],
+        )
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
@@ -199,11 +262,15 @@ def _norms(
         )
     one, two = (used + [p for p in found if p not in used])[:2]
     how = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
-    return (one.norm(), two.norm()), {"ln1": one.name, "ln2": two.name}, [f"norms {how[len(used)]}"]
+    return (
+        (one.function(), two.function()),
+        {"ln1": one.name, "ln2": two.name},
+        [f"norms {how[len(used)]}"],
+    )
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
-    """Head counts named by an attribute of any submodule (or its ``config``), else all divisors."""
+    """Those an attribute of any submodule (or its ``config``) names, else all divisors."""
     named: set[int] = set()
     for sub in module.modules():
         for owner in (sub, getattr(sub, "config", None)):
@@ -214,25 +281,20 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
                 n = value if attr in HEAD_ATTRIBUTES else D // value if D % value == 0 else 0
                 if n >= 1 and D % n == 0:
                     named.add(n)
-    if named:
-        return tuple(sorted(named))
-    return tuple(n for n in range(1, D + 1) if D % n == 0)
+    return tuple(sorted(named)) or tuple(n for n in range(1, D + 1) if D % n == 0)
 
 
 def _assign(
-    parts: list[Part],
-    C: int,
-    called: Mapping[str, int],
-    fixed: Mapping[str, list[Part]],
-    heads: Heads,
-    mhas: list[Part],
+    parts: list[Part], C: int, called: Mapping[str, int], fixed: Mapping[str, list[Part]]
 ) -> list[_Candidate]:
-    """The best assignments of the linear parts to the roles, tied ones all kept."""
+    """The best assignments of the parts to the roles, tied ones all kept."""
+    heads = _head_groups(parts, C, fixed)
+    mhas = [p for p in parts if p.kind == "mha"]
     plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
         raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
-    if mhas and (_attention(mhas[0]).bias_k is not None or _attention(mhas[0]).add_zero_attn):
+    if mhas and (mhas[0].mha.bias_k is not None or mhas[0].mha.add_zero_attn):
         raise NotABlock(
             "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
             "position: not the lessons' block"
@@ -258,10 +320,10 @@ def _assign(
         for chosen in itertools.permutations(rest, len(free)):
             roles = {r: single[r] for r in needed if r in single}
             roles |= dict(zip(free, chosen, strict=True))
-            D = _fits(form, roles, C, heads, mhas, in_out)
-            if D is not None:
-                score = _score(form, roles, heads, mhas, called) - 4.0 * (len(plain) - len(roles))
-                scored.append(_Candidate(form, roles, in_out, score, D))
+            c = _Candidate(form, roles, heads, mhas[0] if mhas else None, in_out)
+            if (D := c.width(C)) is not None:
+                score = c.order_score(called) - 4.0 * (len(plain) - len(roles))
+                scored.append(replace(c, score=score, D=D))
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
         what = "nn.MultiheadAttention and " if mhas else ("per-head q/k/v and " if heads else "")
@@ -276,16 +338,13 @@ def _assign(
         (c.form, c.in_out, tuple(sorted((r, p.name) for r, p in c.roles.items()))) for c in tied
     }
     if len(keys) > 4:  # more readings than the comparison should try
-        listed = "; ".join(
-            ", ".join(f"{r}={n}" for r, n in _names(c, heads, mhas).items()) for c in tied[:3]
-        )
+        listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
         raise NotABlock(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
     return tied
 
 
 def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> Heads:
-    """Per-head (q, k, v) linear modules, in registration order: groups of three (hs, C) layers
-    under one parent."""
+    """Per-head (q, k, v): groups of three (hs, C) linear modules under one parent."""
     given = [fixed[r] for r in QKV if r in fixed]
     if len(given) == 3 and len(given[0]) > 1:
         return list(zip(*given, strict=True))
@@ -293,105 +352,10 @@ def _head_groups(parts: list[Part], C: int, fixed: Mapping[str, list[Part]]) -> 
         return []
     small = [p for p in parts if p.kind == "linear" and p.shape and p.shape[1] == C]
     small = [p for p in small if p.shape is not None and p.shape[0] < C and C % p.shape[0] == 0]
-    groups: dict[tuple[str, ...], list[Part]] = {}
+    groups: dict[str, list[Part]] = {}
     for p in small:
-        groups.setdefault(p.path[:-1], []).append(p)
+        groups.setdefault(p.name.rpartition(".")[0], []).append(p)
     found = [g for g in groups.values() if len(g) == 3 and len({x.shape for x in g}) == 1]
     if len(found) < 2 or len({g[0].shape for g in found}) != 1:
         return []
     return [(g[0], g[1], g[2]) for g in found]
-
-
-def _fits(
-    form: str, roles: dict[str, Part], C: int, heads: Heads, mhas: list[Part], in_out: bool
-) -> int | None:
-    """The attention width D if the shapes fit the form, else None."""
-    shape = {r: s for r, p in roles.items() if (s := p.shape_as(in_out)) and fits(r, s, C)}
-    if len(shape) < len(roles):
-        return None
-    if form == "packed":
-        D = shape["qkv"][0] // 3 if shape["qkv"][0] % 3 == 0 else None
-    elif form == "separate":
-        D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] else None
-    elif form == "heads":
-        D = sum(q.shape[0] for q, _, _ in heads if q.shape)
-    else:
-        D = C if _attention(mhas[0]).embed_dim == C else None
-    if D is None or shape.get("proj", (C, D)) != (C, D):
-        return None
-    return D if shape["fc2"] == (C, shape["fc1"][0]) else None
-
-
-def _score(
-    form: str, roles: dict[str, Part], heads: Heads, mhas: list[Part], called: Mapping[str, int]
-) -> float:
-    inputs = [roles[r] for r in ("qkv", *QKV) if r in roles]
-    inputs += [p for group in heads for p in group] + mhas
-    steps = [inputs, [roles["proj"]] if "proj" in roles else [], [roles["fc1"]], [roles["fc2"]]]
-    score = 0.0
-    for earlier, later in itertools.pairwise([step for step in steps if step]):
-        calls_a = [called[p.name] for p in earlier if p.name in called]
-        calls_b = [called[p.name] for p in later if p.name in called]
-        if calls_a and calls_b:
-            score += 1.0 if max(calls_a) < min(calls_b) else -1.0
-        score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
-    if form == "separate":
-        q, k, v = roles["q"].index, roles["k"].index, roles["v"].index
-        score += 0.1 * ((q < k) + (k < v))
-    return score
-
-
-def _evidence(c: _Candidate, called: Mapping[str, int], fixed: Mapping[str, list[Part]]) -> str:
-    given = [r for r in ROLES[2:] if r in fixed]
-    by = f"{'/'.join(given)} by the caller (given); " if given else ""
-    if c.form == "mha":
-        by += "qkv/proj by nn.MultiheadAttention; "
-    order = "call" if any(p.name in called for p in c.roles.values()) else "registration"
-    by += f"the others by shape and {order} order"
-    if c.form in ("separate", "heads") and not fixed.keys() & set(QKV):
-        by += "; q, k, v by registration order, the other orders tried too"
-    return by
-
-
-def _build(
-    c: _Candidate,
-    heads: Heads,
-    mhas: list[Part],
-    C: int,
-    lns: tuple[SubLayer | None, SubLayer | None],
-) -> Parts:
-    """The block's q/k/v, proj, fc1 and fc2 as callables, as assignment ``c`` reads its parts."""
-    lin = {r: p.linear(c.in_out) for r, p in c.roles.items()}
-    packed, proj = mhas[0].attention() if c.form == "mha" else (lin.get("qkv"), lin["proj"])
-    fs = [[p.linear() for p in g] for g in heads] or [[lin[r] for r in QKV if r in lin]]
-
-    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if packed is not None:
-            q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
-            return q, k, v
-        outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
-        q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
-        return q, k, v
-
-    return Parts(C, c.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
-
-
-def _attention(part: Part) -> nn.MultiheadAttention:
-    if not isinstance(part.module, nn.MultiheadAttention):
-        raise TypeError(f"{part.name} is not an nn.MultiheadAttention")
-    return part.module
-
-
-def _names(c: _Candidate, heads: Heads, mhas: list[Part]) -> dict[str, str]:
-    """Each role's parameter name(s) as the report prints them (a glob for per-head modules)."""
-    names: dict[str, str] = {}
-    if c.form == "mha":
-        prefix = f"{mhas[0].name}." if mhas[0].name else ""
-        names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
-    for i, role in enumerate(QKV if c.form == "heads" else ()):
-        names[role] = glob([g[i].name for g in heads])  # 'sa.heads.*.query'
-    for role in ROLES[2:]:
-        if role in c.roles:
-            part = c.roles[role]
-            names[role] = part.name + (" (in, out)" if part.kind == "matrix" and c.in_out else "")
-    return names

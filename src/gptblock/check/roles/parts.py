@@ -1,14 +1,7 @@
-"""The parts of a block that hold weights, found in its module tree, and what each one computes.
-
-``discover(module)`` lists every ``Part`` in registration order: a ``norm`` (``nn.LayerNorm``,
-``nn.RMSNorm``, or a leaf module whose class name says norm and whose parameters are vectors), a
-``linear`` (``nn.Linear``, or any module holding a matrix ``weight`` and at most a vector ``bias``:
-Hugging Face's ``Conv1D`` stores it (in, out); its (out, in) from the bias or by calling it), a
-``matrix`` (a matrix parameter of another module, with the vector whose name pairs with it as
-its bias; stored (out, in) or (in, out), which ``Part.linear`` takes) or an ``mha``
-(``nn.MultiheadAttention``). ``observe`` gives the order the forward pass calls them in.
-
-Shapes: C channels, D attention width, H the MLP's hidden width.
+"""The weight-holding parts of a block's module tree (``discover``), what each computes, and the
+order the forward pass calls them in (``observe``). A ``linear`` is any module with a matrix
+``weight`` and at most a vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` is a bare
+matrix parameter with its paired bias, read (out, in) or (in, out).
 """
 
 from __future__ import annotations
@@ -44,38 +37,33 @@ class Part:
     weight: Tensor | None = None  # a ``matrix``'s parameter
     bias: Tensor | None = None  # a ``matrix``'s paired bias
 
-    @property
-    def path(self) -> tuple[str, ...]:
-        """The name's components: ``("sa", "heads", "0", "query")``."""
-        return tuple(self.name.split(".")) if self.name else ()
-
     def shape_as(self, in_out: bool) -> tuple[int, int] | None:
-        """(out, in) when a ``matrix`` is read as stored (in, out) (``in_out``) or (out, in)."""
+        """(out, in) of a ``matrix`` read as stored (in, out) (``in_out``) or (out, in)."""
         if self.kind != "matrix" or self.shape is None:
             return self.shape
         return (self.shape[1], self.shape[0]) if in_out else self.shape
 
-    def linear(self, in_out: bool = False) -> SubLayer:
-        """What a ``linear`` or ``matrix`` computes, as a float64 (or any dtype) function."""
-        if self.kind == "linear":
+    def function(self, in_out: bool = False) -> SubLayer:
+        """What a ``norm``, ``linear`` or ``matrix`` computes."""
+        if self.kind != "matrix":
             return _called(self.module)
         if self.weight is None:
             raise ValueError(f"{self.name} is not a linear part")
         return _affine(self.weight.t() if in_out else self.weight, self.bias)
 
+    @property
+    def mha(self) -> nn.MultiheadAttention:
+        if not isinstance(self.module, nn.MultiheadAttention):
+            raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
+        return self.module
+
     def attention(self) -> tuple[SubLayer, SubLayer]:
         """An ``mha``'s packed q/k/v (B, T, 3E) and output projection, from its weights."""
-        mha = self.module
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"{self.name} is not an nn.MultiheadAttention")
+        mha = self.mha
         w: Tensor = mha.in_proj_weight
         if not mha._qkv_same_embed_dim:
             w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight])
         return _affine(w, mha.in_proj_bias), _affine(mha.out_proj.weight, mha.out_proj.bias)
-
-    def norm(self) -> SubLayer:
-        """What a ``norm`` computes: the module itself, called."""
-        return _called(self.module)
 
 
 def glob(names: list[str]) -> str:
@@ -94,9 +82,7 @@ def _affine(w: Tensor, b: Tensor | None) -> SubLayer:
 
 
 def _called(module: nn.Module) -> SubLayer:
-    """The module as a function of tensors of any dtype (it runs in its own)."""
-    first = next(module.parameters(), None)
-    dtype = first.dtype if first is not None else None
+    dtype = next((p.dtype for p in module.parameters()), None)
 
     def call(h: Tensor) -> Tensor:
         h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view
@@ -125,7 +111,7 @@ def _norm_width(m: nn.Module, own: dict[str, nn.Parameter]) -> int | None:
 
 
 def _linear_shape(m: nn.Module, weight: Tensor, bias: Tensor | None) -> tuple[int, int] | None:
-    """(out, in) of a module with a matrix ``weight``: from the bias, or by calling it once."""
+    """From the bias, or by calling the module once."""
     a, b = weight.shape
     if isinstance(m, nn.Linear) or a == b:
         return (a, b)
@@ -146,7 +132,7 @@ _BIAS_PAIRS = (("weight", "bias"), ("Weight", "Bias"), ("W", "b"), ("w", "b"))
 
 
 def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -> str | None:
-    """The full name of the bias that pairs with the weight ``path``: weight/bias, W_Q/b_Q."""
+    """The full name of the bias paired with the weight ``path``: weight/bias, W_Q/b_Q."""
     prefix, _, own = path.rpartition(".")
     sizes = {int(w.shape[0]), int(w.shape[-1])}
     for wn, bn in _BIAS_PAIRS:
@@ -215,9 +201,7 @@ def discover(module: nn.Module) -> list[Part]:
 def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) -> dict[str, int]:
     """The order in which the parts' modules are first called while ``call()`` runs the block.
 
-    Returns ``{part name: rank}`` for the parts that were called (a ``matrix`` never is: it is
-    not a module). A block that raises here is not the mapping's business: what was called
-    before the exception is returned.
+    A ``matrix`` is never called (not a module); a block that raises returns what it called.
     """
     order: dict[str, int] = {}
     handles = []

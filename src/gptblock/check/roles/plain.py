@@ -1,21 +1,11 @@
-"""A block's parts as plain numbers: what may cross from the process that runs the block.
+"""A block's parts as plain numbers, all that crosses from the process that runs the block (the
+verdict's process never runs the block's code). ``to_plain`` reads a lessons' block's linear
+roles as (out, in) weights and biases from zeros and basis vectors, and its norms as one of
+``NORM_KINDS`` with eps, gain and bias, each checked on random rows. ``send`` writes a modern
+block's parts that the modern comparison found correct, in the standard forms only. Both write
+a JSON-able description and tensors ``key.role.weight``/``.bias``; ``receive.decode`` checks them.
 
-The process that decides the verdict must never run the block's code (its norm modules, its
-``Conv1D``, a replay of its operators). Where the block runs, ``to_plain`` reads a lessons'
-block's sub-layers into numbers: a linear role as a weight (out, in) and a bias, measured on
-zeros and basis vectors and checked on random rows; a norm as one of ``NORM_KINDS`` (``layer``:
-nn.LayerNorm's; ``unbiased``: its unbiased variance; ``std``: the Annotated Transformer's ``(h -
-mean) / (std + eps)``; ``rms``: RMSNorm's), its eps, gain and bias fitted and checked the same way
-(of ``layer`` and ``unbiased``, which fit the same functions, the one whose gain is the block's
-own). ``send`` writes the parts of a modern block the modern comparison found correct, in the
-standard forms only (docs/checker.md, "Where it runs, and what that means for PASS"). Both write
-one format: a JSON-able description (``C``, the widths ``D`` and ``H``, each norm's ``kind`` and
-``eps``, ln2 None where there is none) and tensors named ``key.role.weight`` and
-``key.role.bias`` (``_tensors``); a modern part is a part with more fields (the keys' width
-``K``, heads, activation, wiring, rotary embedding). ``receive.decode`` checks what arrives.
-
-Shapes: B batch, T time, C channels, D attention width (nh * hs), K the keys' width (nkv * hs),
-H the MLP's hidden width.
+Shapes: B batch, T time, C channels, D attention width, K the keys' width, H the MLP's width.
 """
 
 from __future__ import annotations
@@ -43,11 +33,12 @@ KEY = "0"  # the key of the one part ``send`` writes
 
 
 class NotPlain(ValueError):
-    """A sub-layer that cannot be read into numbers; the message says which and why."""
+    """A sub-layer that cannot be read into numbers, or numbers that do not fit."""
 
 
 def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
-    """The norm ``kind`` (one of ``NORM_KINDS``) over the last axis, as a sub-layer (no bias: 0).
+    """The norm ``kind`` over the last axis (``std``: the Annotated Transformer's ``(h - mean) /
+    (std + eps)``; ``unbiased``: LayerNorm with the unbiased variance), as a sub-layer.
 
     Example:
         >>> C = 4
@@ -76,8 +67,8 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) ->
 
 
 def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
-    """``f`` applied to ``rows`` (N, F), fed in inputs shaped like ``like`` (B, T, .); each output
-    back as rows (N, out). (Some read sub-layers only run on the traced input's B and T.)"""
+    """``f`` on ``rows`` (N, F) fed as (B, T, F) like ``like`` (some sub-layers only run on the
+    traced B and T); each output back as rows (N, out)."""
     B, T = like.shape[0], like.shape[1]
     chunks: list[list[Tensor]] = []  # each chunk's outputs
     for start in range(0, rows.shape[0], B * T):
@@ -102,7 +93,6 @@ def _check_fit(name: str, ours: Tensor, theirs: Tensor) -> float:
 def _linear(
     name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor
 ) -> list[tuple[Tensor, Tensor]]:
-    """``f``'s outputs' weights and biases, one (weight, bias) each (a qkv gives three)."""
     g = torch.Generator().manual_seed(7)
     probe = torch.randn(like.shape[0] * like.shape[1], n_in, generator=g, dtype=torch.float64)
     basis = torch.cat([torch.zeros(1, n_in, dtype=torch.float64), torch.eye(n_in).double()])
@@ -117,8 +107,7 @@ def _linear(
 
 
 def _centred_unit(C: int) -> Tensor:
-    """A fixed (C,) vector with mean 0 and mean square 1 whose entries are all about +-1 (so that
-    dividing by them loses no precision), in a fixed random order."""
+    """Mean 0, mean square 1, entries all about +-1 (dividing by them loses no precision)."""
     plus, minus = C // 2, C - C // 2
     u = torch.cat([torch.full((plus,), 1.0 / plus), torch.full((minus,), -1.0 / minus)]).double()
     u = u[torch.randperm(C, generator=torch.Generator().manual_seed(5))]
@@ -126,8 +115,7 @@ def _centred_unit(C: int) -> Tensor:
 
 
 def _kinds(r: float, a: float, C: int) -> dict[str, tuple[float, float]]:
-    """Each kind's (eps, d(1)) from r = d(a) / d(1), the ratio of its denominators at input
-    scales a and 1 (for an input with mean 0 and mean square 1)."""
+    """Each kind's (eps, d(1)) from r = d(a) / d(1), its denominators at input scales a and 1."""
     k = math.sqrt(C / (C - 1))  # the unbiased std of that input
     eps = (a * a - r * r) / (r * r - 1)  # d(s) = sqrt(s^2 + eps)
     eps_std = k * (a - r) / (r - 1)  # d(s) = s * k + eps
@@ -142,8 +130,8 @@ def _kinds(r: float, a: float, C: int) -> dict[str, tuple[float, float]]:
 def _norm(
     name: str, f: SubLayer, like: Tensor, known: Tensor | None
 ) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """The kind, eps, weight and bias of the norm ``f`` computes, checked on random rows; of two
-    kinds that fit, the one whose weight is among the sorted values ``known``."""
+    """The kind, eps, weight and bias of the norm ``f``; of two kinds that fit (``layer`` and
+    ``unbiased`` fit the same functions), the one whose weight is among the values ``known``."""
     C = like.shape[-1]
     if C < 2:
         raise NotPlain(f"{name}: a norm over {C} channel cannot be read")
@@ -188,13 +176,8 @@ def _norm(
 def to_plain(
     parts: Parts, like: Tensor, key: str, known: Tensor | None = None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``parts`` as numbers: a JSON-able description and its tensors (named ``key.role.*``),
-    the sub-layers called on inputs of the B and T of ``like``, the input they were read on; a
-    norm is read in the kind whose gain is among ``known`` (the block's values, sorted).
-
-    Raises:
-        NotPlain: a sub-layer is not linear, or a norm none of ``NORM_KINDS``.
-    """
+    """``parts`` as (description, tensors), called on the B and T of ``like``; a norm is read
+    in the kind whose gain is among ``known`` (the block's values, sorted)."""
     q, k, v = _linear("q, k, v", parts.qkv, parts.C, like)
     (fc1,) = _linear("fc1", parts.fc1, parts.C, like)
     (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
@@ -216,11 +199,9 @@ def send(
     qk_norm: tuple[Tensor, Tensor] | None,
     post: bool,
 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
-    """The parts of a block the modern comparison found correct, as (meta, tensors) of the part
-    ``KEY``, or None when a standard form cannot express them: ``rope`` and ``qk_norm`` are the
-    attention's match (``modern.AttnMatch``), one without changes. Roles: q, k, v, proj, the
-    MLP's ``mlp0`` (the gate, or the dense first layer), ``mlp1`` (the up projection, if gated)
-    and ``mlp2`` (the last layer), the norms ln1, ln2 and, for normalised q and k, lnq, lnk."""
+    """The parts the modern comparison found correct as (meta, tensors) of the part ``KEY``, or
+    None where no standard form expresses them. Roles: q, k, v, proj, ``mlp0`` (the gate, or the
+    dense first layer), ``mlp1`` (the up projection, if gated), ``mlp2``, ln1, ln2, lnq, lnk."""
     if (
         post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
@@ -249,7 +230,6 @@ def send(
 
 
 def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
-    """The one naming of what crosses: ``key.role.weight`` and ``key.role.bias`` (if any)."""
     return {
         f"{key}.{role}.{p}": t.detach().cpu()
         for role, ts in roles.items()
@@ -259,13 +239,11 @@ def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
 
 
 def _ones(t: Tensor, tol: float) -> Tensor:
-    """A gain read as a ratio, with entries within ``tol`` of 1 as exactly 1: a norm without a
-    weight (the checker takes exact 1s as no weight, and 1 + 1e-16 for a value it chose)."""
+    """Entries within ``tol`` of 1 as exactly 1: the checker takes exact 1s as no weight."""
     return torch.where((t - 1.0).abs() <= tol, torch.ones_like(t), t)
 
 
 def _same(a: NormRead, b: NormRead) -> bool:
-    """Whether two norms read are one: the same parameters, or the same values read."""
     if a.params and a.params == b.params:
         return True
     pairs = ((a.gain, b.gain), (a.bias, b.bias))

@@ -1,11 +1,6 @@
-"""How the comparison reads a block's parts: from its dataflow, else from the module tree
-(``mapping``), or as ``--map`` says.
-
-``read_parts`` reads every role's weight from one recorded forward pass (``weights``), on the
-shapes of ``trace_shapes``. Roles given by ``--map`` must fit their role (``claims``) and agree
-with the forward pass where it was read; the dataflow's reading is then used. A role given as a
-slice or layout (``given``) must hold the matrix the dataflow uses for it, and is read as given;
-where the forward pass cannot be read, the caller's roles are taken as given.
+"""Which reading the comparison uses (``read_parts``): the dataflow's (``weights``), else the
+module tree's (``mapping``), or as ``--map`` says (``given``: a role given as a slice is read as
+given, and must hold what the dataflow uses for it). ``suggest_map``: a ``--map`` to offer.
 
 Shapes: B batch, T time, C channels.
 """
@@ -17,21 +12,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Subject, Tested
-from .claims import check_claims, check_reading
 from .dataflow import Unread
-from .given import fix_roles
-from .mapping import ROLES, MappedBlock, map_roles
-from .parts import discover, observe
+from .given import check_claims, check_reading, fix_roles
+from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
+from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
 
 __all__ = [
-    "TRACE_B", "TRACE_T", "Readings", "Traces", "agrees", "dataflow", "read_parts", "trace_shapes",
+    "TRACE_B", "TRACE_T", "Readings", "Traces", "agrees", "dataflow", "read_parts", "suggest_map",
+    "trace_shapes",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -39,11 +35,9 @@ TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell
 
 
 class Traces:
-    """A block's forward passes, each recorded once per input by ``record`` (here, or in the
-    block's process), on inputs drawn once per (B, T) from ``tested``'s seed: the modern
-    comparison and the dataflow's reading read the same one (a recording runs the block
-    operator by operator, the costliest step of reading it). Valid while the block's weights
-    stay as they are: ``clear`` after setting them."""
+    """A block's forward passes, each recorded once per input (drawn once per (B, T)) by
+    ``record``: the costliest step, shared by the modern comparison and the dataflow's reading.
+    ``clear`` after setting the block's weights."""
 
     def __init__(self, tested: Tested, record: Callable[[Tensor], Trace]) -> None:
         self.tested, self.record = tested, record
@@ -55,13 +49,11 @@ class Traces:
         self.last: Trace | None = None  # the latest asked for
 
     def input(self, B: int, T: int) -> Tensor:
-        """The input traced at (B, T), (B, T, C) in the block's dtype."""
         if (B, T) not in self.inputs:
             self.inputs[B, T] = self.tested.input(B, T, self.tested.C)
         return self.inputs[B, T]
 
     def __call__(self, x: Tensor) -> Trace:
-        """The forward pass on ``x``, recorded unless it was before."""
         same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
         trace = next(same, None)
         if trace is None:
@@ -73,8 +65,6 @@ class Traces:
 
 @dataclass(frozen=True)
 class Readings:
-    """The ways of reading the block's parts that the comparison tries, on which input."""
-
     readings: tuple[Parts, ...]
     fallback: tuple[Parts, ...]
     heads: tuple[int, ...]
@@ -83,8 +73,7 @@ class Readings:
 
 
 def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
-    """Whether every given role names what the forward pass read it from: a parameter, the
-    module holding it, or a glob matching them (``qkv`` names q's).
+    """Whether every role names what the forward pass read it from (``qkv``: q's).
 
     Example:
         >>> from gptblock import lesson
@@ -108,9 +97,8 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
 
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
-    """The (B, T) to trace with, in turn: B != T and neither likely a head count, so that shapes
-    tell batch, time and heads apart; then B = T (a block that only runs so) and B = 1 (one that
-    loops over its sequences).
+    """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
+    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences).
 
     Example:
         >>> trace_shapes(16), trace_shapes(4)
@@ -126,9 +114,7 @@ def trace_shapes(longest: int) -> list[tuple[int, int]]:
 
 
 def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
-    """The dataflow's reading of the block and the (float64) input it was traced on, or why
-    there is none: each shape of ``trace_shapes`` recorded (``traces``) and read by replaying
-    the trace here (``weights.read_trace``)."""
+    """The dataflow's reading and its (float64) input, or why there is none."""
     why = ""
     for B, T in trace_shapes(longest):
         x = traces.input(B, T)
@@ -144,23 +130,16 @@ def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
 def read_parts(
     subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
-    """The block's parts to compare, or why they cannot be read; how they were read is added to
-    ``notes``, ``roles`` are the caller's (``--map``, possibly none); ``traces`` record
-    ``subject``.
-
-    Raises:
-        UserValueError: a given role names nothing the block has.
-    """
-    unknown = [r for r in roles if r not in ROLES]
-    if unknown:
+    """The block's parts to compare, or why they cannot be read; how, added to ``notes``."""
+    if unknown := [r for r in roles if r not in ROLES]:
         raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     parts = discover(subject.module)
-    check_claims(subject.module, subject.C, parts, roles)  # kinds, shapes, one weight per role
+    check_claims(subject.module, subject.C, parts, roles)
     if roles and not isinstance(found, str):
-        check_reading(subject.module, subject.C, found[0], roles)  # roles the dataflow refutes
+        check_reading(subject.module, subject.C, found[0], roles)
     sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
     if not isinstance(found, str) and not sliced and agrees(found[0], roles):
         read, x = found
@@ -191,3 +170,58 @@ def read_parts(
         T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
     )
     return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
+
+
+ORDERS = {len(FORMS[f]): FORMS[f] for f in ("packed", "separate")}  # by the number of matrices
+
+
+def suggest_map(module: nn.Module, C: int) -> str:
+    """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
+    per-head weights need, or "" if none fits.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> suggest_map(lesson.Block(16, 2, 8), 16)  # one module per head: no fixed order fits
+        ''
+    """
+    parts = discover(module)
+    named = dict(module.named_parameters())
+    place = {n: i for i, n in enumerate(named)}
+    per_head = [n for n, p in named.items() if p.dim() == 3]
+    biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
+    # (registration order of its weight, what --map names: the part or the 3-D parameter, the weight)
+    matrices = [(place[n], n, n) for n in per_head] + [
+        (place[p.params[0]], p.name, p.params[0])
+        for p in parts
+        if p.kind in ("linear", "matrix") and p.params[0] not in biases
+    ]
+    matrices.sort()
+    order = ORDERS.get(len(matrices), ())
+    norms = [p.name for p in parts if p.kind == "norm"]
+    for laid in (False, True) if order else ():
+        roles = dict(zip(ROLES[:2], norms, strict=False))
+        for role, (_, name, weight) in zip(order, matrices, strict=True):
+            roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
+        try:
+            fixed = fix_roles(module, C, parts, roles)
+        except ValueError:
+            continue
+        if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):
+            return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
+    return ""
+
+
+def _given(
+    role: str, C: int, name: str, weight: str, shape: tuple[int, ...], laid: bool
+) -> dict[str, str]:
+    if len(shape) == 3:  # per head: (nh, C, hs) is in_out for q/k/v, (nh, hs, C) for proj
+        in_out = (shape[1] == C) == (role in READS_C)
+        layout = "in_out" if in_out else "out_in"
+        if role != "qkv":
+            return {role: f"{name}:{layout}"}
+        hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
+        at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
+        return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate(QKV)}
+    rows, cols = shape
+    stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
+    return {role: f"{weight}:in_out" if laid and stored_in_out else name}

@@ -1,8 +1,7 @@
-"""What the block's process sent (``plain``), checked and built back into parts where the verdict
-is decided, from the numbers alone: a lessons' block's readings (``from_plain``,
-``unpack_readings``) and a modern block's parts (``receive``, ``unpack_modern``), each number held
-to the values the checker chose (``provenance``). The modern block is then run with the checker's
-own code (``Received.run``) against the block on fresh inputs (``compare.verdict``).
+"""What the block's process sent (``plain``), checked (``decode``) and built back into parts from
+the numbers alone, each number held to the values the checker chose (``provenance``): a lessons'
+block's readings (``unpack_readings``) and a modern block's parts (``unpack_modern``), which are
+then run with the checker's own code (``Received.run``).
 
 Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
 """
@@ -33,18 +32,13 @@ READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) 
 LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
 MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
 QK = ("lnq", "lnk")
-PARAMS = ("weight", "bias")
 
 
 @dataclass(frozen=True)
 class Received:
-    """A block's parts as they arrived, checked, all float64: ``roles`` role -> [weight (out, in),
-    bias (out,)] for a linear map, [gain (C,), bias (C,)] for a norm (an RMSNorm's bias may be
-    left out: 0), [gain (hs,)] for lnq, lnk (a modern block that normalises q and k); ``norms``
-    ln1 (and ln2, where there is one) -> (a kind of ``NORM_KINDS``, eps). A modern block's part
-    has more fields: its heads, the MLP's activation (``gated``: with ``mlp0`` the gate, ``mlp1``
-    the up projection), its wiring and rotary embedding; a parallel one without ln2 reads ln1 in
-    both branches."""
+    """A block's parts as they arrived, checked, float64: ``roles`` role -> [weight (out, in),
+    bias] or a norm's [gain, bias] (an RMSNorm's may be left out) or lnq/lnk's [gain (hs,)];
+    ``norms`` ln1 (ln2) -> (kind, eps). A parallel modern block without ln2 reads ln1 twice."""
 
     C: int
     D: int
@@ -57,7 +51,6 @@ class Received:
     rope: Rope | None = None
 
     def parts(self) -> Parts:
-        """The sub-layers, in the roles of the lessons' block."""
         lin = {r: affine(*ts) for r, ts in self.roles.items() if r not in (*self.norms, *QK)}
         norm: dict[str, SubLayer] = {}
         for r, (kind, eps) in self.norms.items():
@@ -65,11 +58,8 @@ class Received:
             norm[r] = norm_function(kind, gain, bias[0] if bias else None, eps)
         fc1, fc2 = (lin["fc1"], lin["fc2"]) if "fc1" in lin else (lin["mlp0"], lin["mlp2"])
         if self.n_head:  # a modern block: its MLP's hidden function; one norm, or two
-            act = (GATED if self.gated else DENSE)[self.activation]
-            if self.gated:
-                fc1 = lambda h: act(lin["mlp0"](h)) * lin["mlp1"](h)  # noqa: E731
-            else:
-                fc1 = lambda h: act(lin["mlp0"](h))  # noqa: E731
+            act, up = (GATED if self.gated else DENSE)[self.activation], lin.get("mlp1")
+            fc1 = lambda h: act(lin["mlp0"](h)) * (up(h) if up else 1)  # noqa: E731
             norm.setdefault("ln2", norm["ln1"])
 
         def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -78,7 +68,6 @@ class Received:
         return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, norm["ln1"], norm.get("ln2"))
 
     def run(self, x: Tensor) -> Tensor:
-        """The modern block on ``x`` (B, T, C) in float64 (``steps.run_steps``)."""
         qk = (self.roles["lnq"][0], self.roles["lnk"][0]) if "lnq" in self.roles else None
         steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
         x = x.to(torch.float64)
@@ -98,13 +87,8 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
 ) -> Received:  # fmt: skip
-    """The one check of a part that arrives (``plain.to_plain``'s, ``plain.send``'s): its widths
-    (``C`` and those its linear roles' ``shapes`` name), every tensor's shape and values, its
-    norms' kinds and eps.
-
-    Raises:
-        NotPlain: the description or a tensor does not fit a block of width ``C``.
-    """
+    """The one check of a part that arrives: its widths (``C`` and those ``shapes`` name), each
+    tensor's shape and values, its norms' kinds and eps."""
     if not isinstance(meta, dict) or meta.get("C") != C:
         raise NotPlain(f"a reading of a block of width {C} expected")
     sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
@@ -128,15 +112,14 @@ def decode(
             raise NotPlain(f"{role}: eps {eps!r} is not in [0, 1)")
         norms[role] = (str(n["kind"]), float(eps))
         biased = n["kind"] != "rms" or f"{key}.{role}.bias" in tensors  # an RMSNorm's may be 0
-        roles[role] = [_tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in PARAMS[: 1 + biased]]
+        roles[role] = [
+            _tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in ("weight", "bias")[: 1 + biased]
+        ]
     return Received(C, widths["D"], roles, norms)
 
 
 def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    """``to_plain``'s numbers back as ``Parts``, every shape checked against the width ``C``.
-
-    Raises:
-        NotPlain: the description or a tensor does not fit a block of width ``C``.
+    """``to_plain``'s numbers back as ``Parts``, checked against the width ``C``.
 
     Example:
         >>> from gptblock import lesson
@@ -159,9 +142,7 @@ def unpack_readings(
     chosen: Mapping[str, Tensor],
     notes: list[str],
 ) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
-    """The readings ``Served.read`` sent, rebuilt from their numbers alone and checked: their
-    shapes, and that their weights are the values the checker chose (``provenance``); with
-    each reading's weights by role, in the order the comparison numbers the readings."""
+    """The readings ``Served.read`` sent, rebuilt and checked, with each one's weights by role."""
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -194,12 +175,7 @@ def unpack_readings(
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
-    """The parts another process sent (``plain.send``), checked to fit together: a part
-    (``decode``) with a head count, an activation, a wiring and a rotary embedding more.
-
-    Raises:
-        NotPlain: they do not.
-    """
+    """The modern parts ``plain.send`` sent, checked to fit together."""
     try:
         n_head, gated, activation = meta["n_head"], meta["gated"] is True, meta["activation"]
         rope, is_parallel = meta["rope"], meta.get("parallel") is True
@@ -236,10 +212,8 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
 def unpack_modern(
     modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
 ) -> tuple[Received, Traced] | str:
-    """The parts a modern block's process sent (``plain.send``), received, each number snapped
-    to the nearest value the checker chose (within ``READ`` of its scale for a matrix measured
-    from traced values, ``SNAP`` for a norm's gain read as a ratio, plus 1 for a gain stored as
-    ``gain - 1``) and traced to them (``provenance``); else why they cannot be."""
+    """The modern parts sent, received, each number snapped to the nearest value the checker
+    chose (a gain may be stored as ``gain - 1``) and traced to them; else why they cannot be."""
     if not modern.get("parts"):
         return "its process sent no parts the checker can rebuild it from"
     try:
@@ -253,7 +227,7 @@ def unpack_modern(
     for role, ts in parts.roles.items():
         gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
         snapped = [
-            snap(t, values, (SNAP if gain else READ) * _scale(t) + 1e-300,
+            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300,
                  (0.0, 1.0) if gain and i == 0 else (0.0,))
             for i, t in enumerate(ts)
         ]  # fmt: skip
@@ -264,7 +238,3 @@ def unpack_modern(
     heads = {r: parts.roles[r][0].shape[0] // hs for r in ("q", "k", "v")}
     traced = trace(roles, chosen, dtype, heads)
     return traced.why or (replace(parts, roles=roles), traced)
-
-
-def _scale(t: Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
