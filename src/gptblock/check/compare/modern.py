@@ -218,12 +218,9 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in a.changes:
-        paired = c.mistake == "rope_pairing" and a.rope
-        label = (
-            _pairing_label(a.rope)
-            if paired and a.rope
-            else c.describe(read.x.shape[-1], read.n_head, hs)
-        )
+        label = c.describe(read.x.shape[-1], read.n_head, hs)
+        if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
+            label = _pairing_label(a.rope)
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]

@@ -23,9 +23,7 @@ from .trace import Op, Trace, replay
 from .walks import static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = [
-    "ModernRead", "Source", "qk_gains", "read_modern",
-]  # fmt: skip
+__all__ = ["ModernRead", "Source", "qk_gains", "read_modern"]
 
 Tensor = torch.Tensor
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
@@ -100,15 +98,13 @@ def _residual(trace: Trace, after: int, mlp_in: int) -> int:
     if after not in behind:
         return trace.input
     shape = trace.nodes[trace.input].shape
-    best = after
-    for n in sorted(behind):
-        op = trace.producer(n)
-        if (
-            op is not None and op.base == "add" and trace.nodes[n].shape == shape
-            and sum(trace.nodes[i].data for i in op.inputs) == 2 and after in trace.ancestors(n)
-        ):  # fmt: skip
-            best = n
-    return best
+    sums = [
+        n for n in behind
+        if (op := trace.producer(n)) is not None and op.base == "add"
+        and trace.nodes[n].shape == shape and sum(trace.nodes[i].data for i in op.inputs) == 2
+        and after in trace.ancestors(n)
+    ]  # fmt: skip
+    return max(sums, default=after)
 
 
 def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:

@@ -85,15 +85,14 @@ def measure_turn(
     halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
     adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
     pairing = "halves" if halves else "adjacent" if adjacent else "other"
-    w = sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}, reverse=True)
-    theta = _ladder(w, r)
+    theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
     return Turn(r, theta or 0.0, theta is not None, pairing)
 
 
 def _ladder(w: list[float], r: int) -> float | None:
-    """theta when the frequencies ``w`` (fast to slow) are ``theta ** (-2p / r)``, else None."""
+    """theta when the frequencies ``w`` are ``theta ** (-2p / r)``, else None."""
     distinct: list[float] = []
-    for x in w:  # frequencies within 1e-6 of each other are one (float32 tables)
+    for x in reversed(w):  # fast to slow; within 1e-6 of each other, one (float32 tables)
         if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
             distinct.append(x)
     if len(distinct) != r // 2 or abs(distinct[0] - 1.0) > 1e-4:

@@ -112,39 +112,30 @@ def _bias(trace: Trace, op: Op) -> bool:
     return False
 
 
-def _allowed(trace: Trace, y: int) -> Tensor | None:
-    """(T, T): which key each query attends to in every head and sequence: from the
-    probabilities of an unfused core, or a fused one's static ``attn_mask``."""
+def _window(trace: Trace, y: int) -> int:
+    """w when exactly the keys t - w < s <= t are attended to at every query t of every head and
+    sequence, with w < T (from the probabilities of an unfused core, or a fused one's static
+    ``attn_mask``); else 0 (causal, or another pattern: a catalogued mask mistake's)."""
     made = trace.producer(y)
     if made is None:
-        return None
+        return 0
     if "scaled_dot_product" in made.name:
         if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
-            return None
+            return 0
         mask = trace.nodes[made.inputs[3]].value
         allowed = mask if mask.dtype == torch.bool else mask > MASKED
         if allowed.dim() < 2:
-            return None
-        return allowed.reshape(-1, *allowed.shape[-2:]).all(0)
-    A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
-    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
-        return None
-    return (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
-
-
-def _window(trace: Trace, y: int) -> int:
-    """w when exactly the keys t - w < s <= t are attended to at every query t, with w < T; else
-    0 (causal, or any other pattern: a catalogued mask mistake's)."""
-    allowed = _allowed(trace, y)
-    if allowed is None:
-        return 0
-    T = allowed.shape[-1]
-    t = torch.arange(T)
+            return 0
+        allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
+    else:
+        A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
+        if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+            return 0
+        allowed = (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+    t = torch.arange(allowed.shape[-1])
     back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
-    for w in range(1, T):
-        if torch.equal(allowed.cpu(), (back >= 0) & (back < w)):
-            return w
-    return 0
+    found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))
+    return next(found, 0)
 
 
 def _moves(trace: Trace, source: int, target: int, factors: list[Tensor | float]) -> list[float]:
