@@ -206,11 +206,9 @@ def read_modern(trace: Trace) -> ModernRead | None:
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         norms = []
-    width = {r: trace.nodes[op.outputs[0]].shape[-1] for r, op in (("q", q_op), ("k", k_op))}
+    wq, wk = (trace.nodes[op.outputs[0]].shape[-1] for op in (q_op, k_op))
     hs = trace.nodes[core.q].shape[-1]
-    grouped = width["q"] != nh * hs * (3 if shared else 1) or (
-        not shared and width["k"] < width["q"]
-    )
+    grouped = wq != nh * hs * (3 if shared else 1) or wk < wq  # k's op is q's where shared
     if not (rotated or grouped or rest[2:] or any(_shifts(f, x) for f in (norm1, norm2, *norms))):
         return None  # the lessons' block: read by gptblock.check.roles.readings
     read = measure(trace, Roles(roles, nh), B, T)
@@ -219,9 +217,13 @@ def read_modern(trace: Trace) -> ModernRead | None:
         value = trace.nodes[n].value
         laid = heads(value, B, nh, T, hs, r == "k")
         oriented[r] = value if laid is None else laid
+
+    def rows(node: int) -> Tensor:
+        return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)
+
     if shared:  # q, k, v packed in one matrix: which rows are which, from the core
         w, b = read["q"][:2]
-        h = _rows(trace.nodes[roles["q"].put].value, B, T).double().reshape(B, T, -1)[:, 0]
+        h = rows(roles["q"].put)[:, 0]
         operands = [oriented[r] for r in ("q", "k", "v")]
         try:
             packed = _packed(h @ w.T + b, operands, nh)
@@ -238,10 +240,6 @@ def read_modern(trace: Trace) -> ModernRead | None:
             f"q, k, v map to {D}, {K}, {read['v'][0].shape[0]} channels: "
             f"not {nh} query heads and a divisor of them as key/value heads"
         )
-
-    def rows(node: int) -> Tensor:
-        return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)
-
     names = {r: ", ".join(static_names(trace, [op])) for r, op in attn.items()}
     return ModernRead(
         x.double(), trace.nodes[trace.output].value.double(), nh,
