@@ -75,15 +75,23 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
     big = 100.0 * (1.0 + torch.rand(shape, generator=g, dtype=torch.float64))  # all positive
     scales = 10.0 ** -torch.linspace(0, 4, shape[0] * shape[1], dtype=torch.float64)
     small = torch.randn(shape, generator=g, dtype=torch.float64) * scales.reshape(*shape[:2], 1)
+    C, form = shape[-1], "unknown"
     try:
         fz = run(z)
         if close(fz, z, 1e-12):
             return NormRead("none", lambda h: h, params=params)
-        if close(run(z + 3.0), fz, 1e-6):
-            return _layernorm(f, run, params, z, big, small)
+        if close(run(z + 3.0), fz, 1e-6):  # a LayerNorm: it subtracts the mean first
+            form = "layernorm"
+            bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,): at 0
+            gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
         fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
     except CAUGHT:
-        return NormRead("unknown", f, params=params)
+        return NormRead(form, f, params=params)
+    if form == "layernorm":  # used as the block computes it; gain, bias and eps for plain.send
+        for eps in EPS:
+            if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
+                return NormRead(form, f, eps, params, gain, bias)
+        return NormRead(form, f, params=params)
     for form in NORM_FORMS:
         gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
         for eps in EPS:
@@ -91,28 +99,6 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
                 same = lambda h, g=gain, e=eps, n=form: rms(h, g.to(h.dtype), e, n)  # noqa: E731
                 return NormRead(form, same, eps, params, gain)
     return NormRead("unknown", f, params=params)
-
-
-def _layernorm(
-    f: Callable[[Tensor], Tensor],
-    run: Callable[[Tensor], Tensor],
-    params: tuple[str, ...],
-    *probes: Tensor,
-) -> NormRead:
-    """A LayerNorm, used as the block computes it, with its bias (its output at 0), gain and eps
-    read where one eps reproduces it: what ``plain.send`` sends for the checker to rebuild."""
-    z, big, small = probes
-    C = z.shape[-1]
-    try:
-        bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,)
-        gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
-        outputs = [(t, run(t)) for t in (z, small)]
-    except CAUGHT:
-        return NormRead("layernorm", f, params=params)
-    for eps in EPS:
-        if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
-            return NormRead("layernorm", f, eps, params, gain, bias)
-    return NormRead("layernorm", f, params=params)
 
 
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {

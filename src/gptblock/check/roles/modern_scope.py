@@ -101,15 +101,12 @@ def _score_path(trace: Trace, y: int) -> list[Op]:
 
 def _bias(trace: Trace, op: Op) -> bool:
     """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
-    if op.base not in ("add", "sub"):
-        return False
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
-    for t in static:
-        if t.dim() >= 2 and t.is_floating_point():
-            kept = t[torch.isfinite(t) & (t.abs() < -MASKED)]  # a mask's are 0 or huge
-            if kept.numel() and bool((kept != kept.flatten()[0]).any()):
-                return True
-    return False
+    kept = [  # a mask's entries are 0 or huge
+        t[torch.isfinite(t) & (t.abs() < -MASKED)]
+        for t in static if op.base in ("add", "sub") and t.dim() >= 2 and t.is_floating_point()
+    ]  # fmt: skip
+    return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
 
 
 def _window(trace: Trace, y: int) -> int:
