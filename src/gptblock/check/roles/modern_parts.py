@@ -1,11 +1,8 @@
 """What a modern block's norms and MLP compute, told from their traced values.
 
-``norm_of(f, like)`` says what a norm (the map from the stream to a sub-layer's input, as the
-block computes it) is: a LayerNorm, RMSNorm or one of ``steps.NORM_FORMS``' mistaken
-forms, with its gain (read on large positive inputs, where eps does not matter) and eps (on
-inputs ranging over four orders of magnitude, where it decides the output). ``mlp_of(read)``
-says what the MLP computes between its first layer(s) and its last: dense with one of
-``DENSE``' activations, gated (``act(gate) * up``), or a catalogued mistake of a gated one.
+``norm_of`` says whether a norm is a LayerNorm, an RMSNorm or one of ``steps.NORM_FORMS``'
+mistaken forms, with its gain and eps; ``mlp_of`` whether the MLP is dense with one of ``DENSE``'
+activations, gated (``act(gate) * up``) or a catalogued mistake of a gated one.
 
 Shapes: B batch, T time, C channels, H the MLP's hidden width.
 """
@@ -24,9 +21,7 @@ from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, rms
 from .modern_read import Linear, ModernRead
 
-__all__ = [
-    "DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of",
-]  # fmt: skip
+__all__ = ["DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of"]
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
@@ -35,13 +30,9 @@ float32 and float64), tried in turn; where two fit, the inputs cannot tell them 
 CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
 
 
-def close(a: Tensor, b: Tensor, tol: float = CLOSE, undefined: bool = False) -> bool:
-    """Whether the block's ``a`` and the reference's ``b`` agree to ``tol`` (``search.distance``)
-    and are undefined at the same positions, wherever that is (a root of a negative mean); with
-    ``undefined``, ``b``'s undefined positions are skipped instead (NaN in the reference, zeros
-    in SDPA's), as long as at least half of ``b`` is defined."""
-    if undefined:
-        return distance(a, b) <= tol
+def close(a: Tensor, b: Tensor, tol: float = CLOSE) -> bool:
+    """Whether ``a`` and ``b`` agree to ``tol`` (``search.distance``) and are undefined at the
+    same positions, wherever that is (a root of a negative mean)."""
     return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
 
 
@@ -63,18 +54,10 @@ class NormRead:
         return self.form
 
 
-def _probes(like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    g = torch.Generator().manual_seed(5)
-    shape = like.shape
-    z = torch.randn(shape, generator=g, dtype=torch.float64)
-    big = 100.0 * (1.0 + torch.rand(shape, generator=g, dtype=torch.float64))  # all positive
-    scales = 10.0 ** -torch.linspace(0, 4, shape[0] * shape[1], dtype=torch.float64)
-    small = torch.randn(shape, generator=g, dtype=torch.float64) * scales.reshape(*shape[:2], 1)
-    return z, big, small
-
-
 def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """What the norm ``f`` computes, on inputs shaped and typed as ``like`` (B, T, C).
+    """What the norm ``f`` computes, on inputs shaped and typed as ``like`` (B, T, C): its gain
+    read on large positive inputs (where eps does not matter), its eps on inputs ranging over
+    four orders of magnitude (where it decides the output).
 
     Example:
         >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
@@ -87,50 +70,35 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
         with torch.no_grad():
             return f(t.to(like.dtype)).double()
 
-    z, big, small = _probes(like)
+    g, shape = torch.Generator().manual_seed(5), like.shape
+    z = torch.randn(shape, generator=g, dtype=torch.float64)
+    big = 100.0 * (1.0 + torch.rand(shape, generator=g, dtype=torch.float64))  # all positive
+    scales = 10.0 ** -torch.linspace(0, 4, shape[0] * shape[1], dtype=torch.float64)
+    small = torch.randn(shape, generator=g, dtype=torch.float64) * scales.reshape(*shape[:2], 1)
+    C, form = shape[-1], "unknown"
     try:
         fz = run(z)
         if close(fz, z, 1e-12):
             return NormRead("none", lambda h: h, params=params)
-        if close(run(z + 3.0), fz, 1e-6):
-            return _layernorm(f, run, params, (z, big, small))
+        if close(run(z + 3.0), fz, 1e-6):  # a LayerNorm: it subtracts the mean first
+            form = "layernorm"
+            bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,): at 0
+            gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
         fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
     except CAUGHT:
-        return NormRead("unknown", f, params=params)
+        return NormRead(form, f, params=params)
+    if form == "layernorm":  # used as the block computes it; gain, bias and eps for plain.send
+        for eps in EPS:
+            if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
+                return NormRead(form, f, eps, params, gain, bias)
+        return NormRead(form, f, params=params)
     for form in NORM_FORMS:
         gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
         for eps in EPS:
             if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
-                return NormRead(form, _rms_with(gain, eps, form), eps, params, gain)
+                same = lambda h, g=gain, e=eps, n=form: rms(h, g.to(h.dtype), e, n)  # noqa: E731
+                return NormRead(form, same, eps, params, gain)
     return NormRead("unknown", f, params=params)
-
-
-def _rms_with(gain: Tensor, eps: float, form: str) -> Callable[[Tensor], Tensor]:
-    return lambda h: rms(h, gain.to(h.dtype), eps, form)
-
-
-def _layernorm(
-    f: Callable[[Tensor], Tensor],
-    run: Callable[[Tensor], Tensor],
-    params: tuple[str, ...],
-    probes: tuple[Tensor, Tensor, Tensor],
-) -> NormRead:
-    """A LayerNorm, used as the block computes it, with its bias (its output at 0, where the
-    normalised input is 0), gain (on large inputs, where eps does not matter) and eps (on small
-    ones, where it does) read off it when one eps of ``EPS`` reproduces it: what the checker's
-    own process rebuilds the block from (``plain.send``, ``receive``)."""
-    z, big, small = probes
-    C = z.shape[-1]
-    try:
-        bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,)
-        gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
-        outputs = [(t, run(t)) for t in (z, small)]
-    except CAUGHT:
-        return NormRead("layernorm", f, params=params)
-    for eps in EPS:
-        if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
-            return NormRead("layernorm", f, eps, params, gain, bias)
-    return NormRead("layernorm", f, params=params)
 
 
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
@@ -147,8 +115,8 @@ _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj,
 @dataclass(frozen=True)
 class MlpRead:
     """What the MLP computes: a description, its hidden function (first layers -> the last
-    layer's input), the catalogued mistakes it makes, each with what exactly it does, and, for a
-    standard form, its activation (a key of ``DENSE`` or ``GATED``: ``gated`` says which)."""
+    layer's input), its catalogued mistakes, and a standard form's activation (``DENSE``' or
+    ``GATED``')."""
 
     describe: str
     hidden: Callable[[Tensor], Tensor]
@@ -159,14 +127,12 @@ class MlpRead:
 
 
 def lin(h: Tensor, w: Linear) -> Tensor:
-    """``h`` through the linear layer ``w`` (weight, bias) read, in ``h``'s dtype."""
     return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
 
 
 def mlp_of(read: ModernRead) -> MlpRead | None:
     """The MLP's form, if a dense or gated form or a catalogued mistake reproduces its traced
-    hidden values; else ``None``. A first layer of 2H rows may be gate and up in one matrix: in
-    halves (``chunk(2)``, slices) or interleaved (``[..., ::2]``, ``[..., 1::2]``)."""
+    hidden values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
     h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
         return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
@@ -178,28 +144,23 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
             return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (w,), name)
     if w[0].shape[0] != 2 * width:
         return None
-    for order in ((slice(0, width), slice(width, None)), (slice(0, None, 2), slice(1, None, 2))):
-        found = _gated_of(h, target, width, [(w[0][r], w[1][r]) for r in order], ["", ""])
-        if found is not None:
-            return found
-    return None
+    halves = (slice(0, width), slice(width, None)), (slice(0, None, 2), slice(1, None, 2))
+    found = (_gated_of(h, target, width, [(w[0][r], w[1][r]) for r in o], ["", ""]) for o in halves)
+    return next((m for m in found if m is not None), None)
 
 
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
 ) -> MlpRead | None:
     """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
-    holds both, whose order no name tells), or a catalogued mistake of it; else None."""
+    holds both), or a catalogued mistake of it."""
     u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
-
-    def says(name: str, words: set[str]) -> bool:
-        return bool(words & set(re.split(r"[._]", name)))
-
+    said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
             if close(act(u[gate]) * u[up], target):
                 mistakes = {}
-                if names[gate] and says(names[gate], _UP) and says(names[up], _GATE):
+                if names[gate] and said[gate] & _UP and said[up] & _GATE:
                     mistakes["swiglu_swapped"] = (
                         f"{name} is applied to the up projection ({names[gate]}) and the gate "
                         f"projection ({names[up]}) is the linear branch: act(up(x)) * gate(x) "

@@ -1,18 +1,15 @@
 """A block's rotary embedding measured from its forward pass: which channels turn, and how fast.
 
-The map from q's projection to q as the score product reads it is replayed (``trace.replay``)
-on one channel lit at every position: at position 0 nothing turns, at position 1 a rotated
-channel i leaks into its partner j by ``sin(w_i)``. That gives the rotated channels (r), their
-pairing, and the frequencies, which RoPE's ladder makes ``theta ** (-2p / r)`` (``fits``: a
-rotation off that ladder, as Llama 3.1's or YaRN's, is a part no reference models).
-docs/checker.md, "The modern block", says why a qk norm does not disturb it. ``heads`` lays the
-score product's operand out as (B, nh, T, hs), whichever side of the product it stands on.
+The map from q's projection to the score product is replayed on one channel lit at every
+position: at position 1 a rotated channel i leaks into its partner j by ``sin(w_i)``, which gives
+the rotated channels (r), their pairing, and frequencies that RoPE makes ``theta ** (-2p / r)``.
 
 Shapes: B batch, T time, nh heads, hs head size, r rotated channels of each head.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -36,8 +33,7 @@ def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> 
     if core.numel() != B * nh * T * hs or core.dim() < 2:
         return None
     rows, last = core.shape[-2:]
-    flipped = (rows, last) == (hs, T) and (key or (rows, last) != (T, hs))
-    if flipped:
+    if (rows, last) == (hs, T) and (key or (rows, last) != (T, hs)):
         core = core.transpose(-2, -1)
     elif (rows, last) != (T, hs):
         return None
@@ -46,22 +42,13 @@ def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> 
 
 @dataclass(frozen=True)
 class Turn:
-    """What ``measure_turn`` read: the rotated channels of each head, the base that makes their
-    frequencies, and whether they are that ladder at all."""
+    """What ``measure_turn`` read: the rotated channels of a head, their base, and whether their
+    frequencies are that base's ladder at all."""
 
     dim: int  # r
     theta: float
     fits: bool
     pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
-
-
-def _snap(theta: float) -> float:
-    """``theta`` rounded to the fewest significant digits within 1e-4 of it (8e6, 10000)."""
-    for digits in range(1, 7):
-        rounded = float(f"{theta:.{digits - 1}e}")
-        if abs(rounded - theta) <= 1e-4 * theta:
-            return rounded
-    return theta
 
 
 def measure_turn(
@@ -83,14 +70,12 @@ def measure_turn(
             if out is None:
                 return None
             at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
-            peak = int(at0.abs().argmax())
-            head, i = divmod(peak, hs)
-            if head != 0 or float(at0.abs().max()) == 0.0 or i in leaks:
-                continue
-            other = at1[0].clone()
-            other[i] = 0.0
-            j = int(other.abs().argmax())
-            leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
+            head, i = divmod(int(at0.abs().argmax()), hs)
+            if head == 0 and float(at0.abs().max()) != 0.0 and i not in leaks:
+                other = at1[0].clone()
+                other[i] = 0.0
+                j = int(other.abs().argmax())
+                leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
     except (*CAUGHT, TraceError):
         return None
     turned = {i: (j, s) for i, (j, s) in leaks.items() if s > 1e-9}
@@ -100,15 +85,14 @@ def measure_turn(
     halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
     adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
     pairing = "halves" if halves else "adjacent" if adjacent else "other"
-    w = sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}, reverse=True)
-    ladder = _ladder(w, r)
-    return Turn(r, ladder or 0.0, ladder is not None, pairing)
+    theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
+    return Turn(r, theta or 0.0, theta is not None, pairing)
 
 
 def _ladder(w: list[float], r: int) -> float | None:
-    """theta when the frequencies ``w`` (fast to slow) are ``theta ** (-2p / r)``, else None."""
+    """theta when the frequencies ``w`` are ``theta ** (-2p / r)``, else None."""
     distinct: list[float] = []
-    for x in w:  # frequencies within 1e-6 of each other are one (float32 tables)
+    for x in reversed(w):  # fast to slow; within 1e-6 of each other, one (float32 tables)
         if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
             distinct.append(x)
     if len(distinct) != r // 2 or abs(distinct[0] - 1.0) > 1e-4:
@@ -119,7 +103,8 @@ def _ladder(w: list[float], r: int) -> float | None:
     theta = sorted(each)[len(each) // 2]
     if any(abs(t - theta) > 1e-3 * theta for t in each):
         return None
-    return _snap(theta)
+    rounded = (float(f"{theta:.{digits}e}") for digits in range(6))  # 8e6, 10000
+    return next((near for near in rounded if abs(near - theta) <= 1e-4 * theta), theta)
 
 
 def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
@@ -129,15 +114,8 @@ def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]
     measured are not a base's (a qk norm at most, then)."""
     if not rotated or (turn is not None and not turn.fits):
         return [None]
-    if turn is not None:
-        dims, thetas = [turn.dim], [turn.theta]
-    else:
-        dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
-        thetas = list(THETAS)
-    return [
-        Rope(theta, dim, pairing, pairing, sign)
-        for dim in dims
-        for pairing in ("halves", "adjacent")
-        for sign in (1.0, -1.0)
-        for theta in thetas
-    ] + [None]  # what happens between projection and scores may be a qk norm only
+    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+    dims, thetas = ([turn.dim], [turn.theta]) if turn else (dims, list(THETAS))
+    found = itertools.product(dims, ("halves", "adjacent"), (1.0, -1.0), thetas)
+    # what happens between projection and scores may be a qk norm only: None last
+    return [*(Rope(theta, dim, pair, pair, sign) for dim, pair, sign, theta in found), None]

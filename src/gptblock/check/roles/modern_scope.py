@@ -1,11 +1,9 @@
-"""The parts of a modern block the references do not model, found by what the block computes.
+"""The parts of a block the references do not model, found by what the block computes.
 
-When no variant and no catalogued mistake reproduces a block, ``unmodelled`` looks in its
-recorded forward pass for positive evidence of such a part, and the comparison then says the
-block is out of scope (``UNVERIFIED``, naming the part) rather than ``FAIL``: soft-capped logits,
-a bias added to the scores, a sliding window, sandwich norms, a qk norm over the whole width, a
-rotation off RoPE's ladder (``modern_rotary``). docs/checker.md, "Out of scope is not FAIL",
-tables the evidence each leaves in the forward pass.
+Where no variant reproduces a block, ``unmodelled`` looks in its forward pass for positive
+evidence of such a part (soft-capped logits, a bias on the scores, a sliding window, sandwich
+norms, a qk norm over the whole width, a rotation off RoPE's ladder): then the block is out of
+scope (``UNVERIFIED``), not ``FAIL``. docs/checker.md, "Out of scope is not FAIL", tables them.
 
 Shapes: B batch, T time, C channels, G = B * nh the score product's batch.
 """
@@ -31,9 +29,8 @@ MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not
 
 
 def attention_scope(trace: Trace) -> list[str]:
-    """What the attention of a block read as the lessons' block computes that the references do
-    not model (soft-capped logits, a bias on the scores, a sliding window), in any of its cores
-    (one per head, or one for all) of its recorded forward pass."""
+    """What the attention of a lessons' block computes that the references do not model, in any
+    of its cores (one per head, or one for all)."""
     found: list[str] = []
     try:
         for core in _cores(trace):
@@ -46,13 +43,12 @@ def attention_scope(trace: Trace) -> list[str]:
 def _in_core(trace: Trace, y: int) -> list[str]:
     found: list[str] = []
     path = _score_path(trace, y)
-    for op in path:
-        if op.base in SATURATING:
-            found.append(
-                f"the attention logits are soft-capped ({SATURATING[op.base]} between the score "
-                "product and the softmax, as Gemma 2's tanh(s / c) * c)"
-            )
-            break
+    capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
+    if capped:
+        found.append(
+            f"the attention logits are soft-capped ({capped[0]} between the score product and "
+            "the softmax, as Gemma 2's tanh(s / c) * c)"
+        )
     if any(_bias(trace, op) for op in path):
         found.append(
             "a bias that varies with the positions is added to the attention scores (ALiBi or "
@@ -66,8 +62,8 @@ def _in_core(trace: Trace, y: int) -> list[str]:
 
 def unmodelled(read: ModernRead) -> list[str]:
     """What ``read``'s block computes that the references do not model, one line each."""
-    trace, core = read.trace, read.core
-    found = _in_core(trace, core.y)
+    trace = read.trace
+    found = _in_core(trace, read.core.y)
     q_out, proj_out, down_out = read.ends
     for what, end in (("attention", proj_out), ("MLP", down_out)):
         if _normed_branch(trace, end):
@@ -75,7 +71,7 @@ def unmodelled(read: ModernRead) -> list[str]:
                 f"a norm after the {what} inside its residual branch (a sandwich norm, as "
                 "Gemma 2's and OLMo 2's)"
             )
-    if _width_norm(trace, q_out, core.q, read.n_head):
+    if _width_norm(trace, q_out, read.core.q, read.n_head):
         found.append("q and k normalised over the whole width (OLMo 2's qk norm), not per head")
     if read.turn is not None and not read.turn.fits:
         found.append(
@@ -105,56 +101,43 @@ def _score_path(trace: Trace, y: int) -> list[Op]:
 
 def _bias(trace: Trace, op: Op) -> bool:
     """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
-    if op.base not in ("add", "sub"):
-        return False
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
-    for t in static:
-        if t.dim() >= 2 and t.is_floating_point():
-            kept = t[torch.isfinite(t) & (t.abs() < -MASKED)]  # a mask's are 0 or huge
-            if kept.numel() and bool((kept != kept.flatten()[0]).any()):
-                return True
-    return False
-
-
-def _allowed(trace: Trace, y: int) -> Tensor | None:
-    """(T, T): which key each query attends to, where every head and sequence agrees: from the
-    probabilities of an unfused core, or a fused one's static ``attn_mask``."""
-    made = trace.producer(y)
-    if made is None:
-        return None
-    if "scaled_dot_product" in made.name:
-        if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
-            return None
-        mask = trace.nodes[made.inputs[3]].value
-        allowed = mask if mask.dtype == torch.bool else mask > MASKED
-        if allowed.dim() < 2:
-            return None
-        return allowed.reshape(-1, *allowed.shape[-2:]).all(0)
-    A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
-    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
-        return None
-    return (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+    kept = [  # a mask's entries are 0 or huge
+        t[torch.isfinite(t) & (t.abs() < -MASKED)]
+        for t in static if op.base in ("add", "sub") and t.dim() >= 2 and t.is_floating_point()
+    ]  # fmt: skip
+    return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
 
 
 def _window(trace: Trace, y: int) -> int:
-    """w when exactly the keys t - w < s <= t are attended to at every query t, with w < T; else
-    0 (causal, or any other pattern: a catalogued mask mistake's)."""
-    allowed = _allowed(trace, y)
-    if allowed is None:
+    """w when exactly the keys t - w < s <= t are attended to at every query t of every head and
+    sequence, with w < T (from the probabilities of an unfused core, or a fused one's static
+    ``attn_mask``); else 0 (causal, or another pattern: a catalogued mask mistake's)."""
+    made = trace.producer(y)
+    if made is None:
         return 0
-    T = allowed.shape[-1]
-    t = torch.arange(T)
+    if "scaled_dot_product" in made.name:
+        if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
+            return 0
+        mask = trace.nodes[made.inputs[3]].value
+        allowed = mask if mask.dtype == torch.bool else mask > MASKED
+        if allowed.dim() < 2:
+            return 0
+        allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
+    else:
+        A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
+        if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+            return 0
+        allowed = (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+    t = torch.arange(allowed.shape[-1])
     back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
-    for w in range(1, T):
-        if torch.equal(allowed.cpu(), (back >= 0) & (back < w)):
-            return w
-    return 0
+    found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))
+    return next(found, 0)
 
 
 def _moves(trace: Trace, source: int, target: int, factors: list[Tensor | float]) -> list[float]:
-    """How far the map from ``source`` to ``target`` (replayed) moves when its traced input is
-    multiplied by each of ``factors``, relative to its output's largest entry; ``[]`` where it
-    cannot be replayed or its output is 0."""
+    """How far the replayed map from ``source`` to ``target`` moves when its traced input is
+    multiplied by each of ``factors``, of its output's scale; ``[]`` where it cannot tell."""
     z = trace.nodes[source].value
     try:
         f = replay(trace, source, target)
@@ -167,8 +150,8 @@ def _moves(trace: Trace, source: int, target: int, factors: list[Tensor | float]
 
 
 def _normed_branch(trace: Trace, end: int) -> bool:
-    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm: the map
-    from it to the sum's operand is scale-invariant (a norm), where a plain branch scales."""
+    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm: a map that
+    does not scale with it."""
     shape = trace.nodes[trace.input].shape
     for op in trace.ops[trace.nodes[end].op + 1 :]:
         data = [n for n in op.inputs if trace.nodes[n].data]
@@ -182,8 +165,8 @@ def _normed_branch(trace: Trace, end: int) -> bool:
 
 
 def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
-    """Whether the map from q's projection to the score product is invariant to scaling q as a
-    whole but not to scaling one head (a norm over the whole width, not per head)."""
+    """Whether the map from q's projection to the scores is invariant to scaling q as a whole
+    but not to scaling one head (a norm over the whole width, not per head)."""
     z = trace.nodes[q_out].value
     D = z.shape[-1]
     if D % nh or z.dim() < 2:
