@@ -226,12 +226,12 @@ def _mismatch(
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
     by = f"off by {_size(error)} at {worst.describe()}"
     bad = [c for c, _ in off]
-    for attr, on, fine, wrong in (
+    for attr, on, right, wrong in (
         ("dtype", torch.float32, "float64", "float32"),
         ("train", True, "eval mode", "train mode with dropout off"),
     ):
         if all(getattr(c, attr) == on for c in bad) and any(getattr(c, attr) != on for c in held):
-            return f"equal in {fine}, off by {_size(error)} in {wrong} ({worst.describe()})"
+            return f"equal in {right}, off by {_size(error)} in {wrong} ({worst.describe()})"
     for what in ("T", "B"):
         fine = max((getattr(c, what) for c in held), default=0)
         if fine and all(getattr(c, what) > fine for c in bad):
