@@ -1,10 +1,7 @@
-"""``grade``: a class's submissions, each checked as ``gptblock check`` checks one, in parallel.
-
-Each submission gets its block found without running it (``submissions.find_block``), then
-``check_isolated``: a submission that crashes, exits, hangs, does not parse or prints a fake
-``result: PASS`` is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on. ``jobs`` submissions
-run at once on threads (the work is the children's). Each gradebook is written atomically, so
-one rewritten after each row keeps the rows done when the batch is interrupted.
+"""``grade``: a class's submissions, each found (``submissions``) and checked as ``gptblock
+check`` checks one (``check_isolated``), ``jobs`` at once: a submission that crashes, exits, hangs
+or does not parse is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on. Gradebooks are
+written atomically, so one rewritten after each row keeps the rows done when interrupted.
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ from .mistakes.report import Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
 
-__all__ = [
-    "CHECKS", "VERDICTS", "Row", "free_cores", "grade", "gradescope", "write_csv", "write_json",
-]  # fmt: skip
+__all__ = ["CHECKS", "VERDICTS", "Row", "grade", "gradescope", "write_csv", "write_json"]
 
 VERDICTS = ("PASS", "FAIL", "UNVERIFIED", "ERROR", "TIMEOUT")
 CHECKS = (*PROBES, "reference comparison")  # every report's checks: Gradescope's tests
@@ -77,12 +72,6 @@ class Row:
         }
 
 
-def free_cores() -> int:
-    """The cores no other process keeps busy (``devices.busy_cores``), at least one."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cpus or 1) - round(busy_cores() or 0))
-
-
 def grade(
     paths: Iterable[str | os.PathLike[str] | Submission], *,
     kwargs: Mapping[str, object] | None = None, name: str | None = None, jobs: int | None = None,
@@ -95,7 +84,7 @@ def grade(
         kwargs: constructor arguments for every block (each to the parameter of the same name,
             or of the same role: ``d_model`` to ``n_embd``).
         name: the class (or factory) to check in each submission, instead of finding it.
-        jobs: submissions checked at once; default ``free_cores()``.
+        jobs: submissions checked at once; default: the cores no other process keeps busy.
         timeout: seconds a submission may take to load, build and be checked.
         on_row: called with each row as it is done (in the order they finish).
 
@@ -115,7 +104,9 @@ def grade(
         bob ERROR bob.py: SyntaxError at line 1: invalid syntax
     """
     subs = [s for p in paths for s in ([p] if isinstance(p, Submission) else submissions([p]))]
-    jobs = free_cores() if jobs is None else jobs
+    if jobs is None:  # the cores no other process keeps busy (``devices.busy_cores``)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = max(1, (cpus or 1) - round(busy_cores() or 0))
     if not isinstance(jobs, int) or jobs < 1:
         raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock

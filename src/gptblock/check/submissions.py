@@ -1,8 +1,5 @@
-"""A class's submissions, and the block class in each, found without running a line of them.
-
-``submissions``: a ``.py`` file or an ``.ipynb`` notebook is one, and so is a student's folder
-of them (or a flat folder whose files import each other); a folder of such entries holds one per
-entry. ``find_block`` reads the code with ``ast`` only (running it is the isolated check's job).
+"""A class's submissions (``submissions``), and the block class in each (``find_block``), found
+without running a line of them: the code is read with ``ast`` only.
 """
 
 from __future__ import annotations

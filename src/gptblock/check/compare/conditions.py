@@ -1,18 +1,8 @@
-"""The learner's conditions: a match with the reference held wherever a learner runs the block.
-
-The probes and the comparison run the checker's copy in float64, eval mode, short sequences and
-small batches; a learner trains in float32, train mode, up to block_size and batches of 64. A
-block can be right under the checker's conditions only (a float32 or training path of its own,
-a window that equals the causal mask for short sequences, a chunked path for big batches), so
-``hold`` compares it once more under a dozen ``conditions``, each on a fresh input from the
-secret ``fresh`` generator, in an order drawn from it: a block can neither count its calls nor
-tell them apart. What is compared is the update ``y - x``: at a large mean the stream ``x``
-would dwarf the branches' error. A block can also compute the right outputs and the wrong
-backward pass (a custom autograd ``Function``, a ``.detach()`` on a kept branch), so its input
-gradient, for a direction it could not foresee, is held to the reference's too. ``confirm`` is
-the whole confirmation, the lessons' block's and the modern block's alike.
-
-Shapes: B batch, T time, C channels.
+"""The learner's conditions: a match with the reference held where a learner runs the block
+(float32, train mode, T up to block_size, B up to 64: ``hold``), on fresh inputs in an order the
+block cannot foresee, and in its input gradient; ``confirm`` is the whole confirmation, the
+lessons' block's and the modern block's alike. docs/checker.md, "Where a learner runs it", says
+why each condition and tolerance.
 """
 
 from __future__ import annotations
@@ -32,18 +22,15 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
-# The float32 calls' tolerance, of the update's scale. Correct blocks stay below ~5e-5: float32
-# rounds to 6e-8, ~1e-6 through a block's sums and softmax, plus the stream's own rounding at a
-# mean of 300 (300 x 6e-8 = 2e-5). A dtype-dependent path is off by percents and
-# ``E[x^2] - E[x]^2`` at such a mean by ~1e-2 (~1e5 - 1e5 loses 5 of float32's 7 digits).
+# The float32 calls' tolerance, of the update's scale: correct blocks stay below ~5e-5; a
+# float32-only path is off by percents, ``E[x^2] - E[x]^2`` at a mean of 300 by ~1e-2.
 FLOAT32_TOLERANCE = 1e-3
 GRADIENT_TOLERANCE = 1e-4  # of the reference's input gradient's scale (float32 blocks ~1e-6)
 FLOAT32_GRADIENT_TOLERANCE = 1e-3  # of the reference input gradient's scale, for the same reasons
 MAX_T = 256  # longest sequence compared: longer ones only cost time (T^2 scores)
 UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the common default)
-# The mean some float32 inputs get, per position. Not in float64: a block that normalises in
-# float32 (Llama's RMSNorm upcasts to it) loses the 1/300 of the vector that varies around the
-# mean to float32's rounding: ~8e-5 of the update in correct blocks, too near float64's 1e-4.
+# Some float32 inputs' mean per position. Not in float64: a block that normalises in float32
+# (Llama's RMSNorm) loses the 1/300 of the vector around the mean to rounding (~8e-5 of the update).
 MEAN = 300.0
 
 
