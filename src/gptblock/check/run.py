@@ -39,14 +39,10 @@ def own_blocks() -> list[Callable[..., nn.Module]]:
 
 
 def check_block(
-    target: nn.Module | Callable[..., nn.Module] | str,
-    /,
-    *,
-    roles: Mapping[str, str] | None = None,
-    isolate: bool | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    **kwargs: object,
-) -> CheckReport:
+    target: nn.Module | Callable[..., nn.Module] | str, /, *,
+    roles: Mapping[str, str] | None = None, isolate: bool | None = None,
+    timeout: float = DEFAULT_TIMEOUT, **kwargs: object,
+) -> CheckReport:  # fmt: skip
     """Check a transformer block and diagnose its mistakes.
 
     Args:
