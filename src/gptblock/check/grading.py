@@ -1,12 +1,7 @@
-"""``grade``: a class's submissions, each checked as ``gptblock check`` checks one, in parallel.
-
-Each submission gets its block found without running it (``submissions.find_block``), then
-``check_isolated``: a submission that crashes, exits at import, loops forever, does not parse
-or prints a fake ``result: PASS`` is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on.
-``jobs`` submissions run at once on threads of this process: the work is the children's; this
-process only compares their answers. The rows become a gradebook (``write_csv``,
-``write_json``) or Gradescope's ``results.json`` (``gradescope``), each written atomically, so
-a gradebook rewritten after each row keeps the rows done when the batch is interrupted.
+"""``grade``: a class's submissions, each found (``submissions``) and checked as ``gptblock
+check`` checks one (``check_isolated``), ``jobs`` at once: a submission that crashes, exits, hangs
+or does not parse is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on. Gradebooks are
+written atomically, so one rewritten after each row keeps the rows done when interrupted.
 """
 
 from __future__ import annotations
@@ -30,17 +25,16 @@ from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
 from .isolation.check import DEFAULT_TIMEOUT, check_isolated
 from .isolation.child import undumpable
-from .mistakes.report import CheckReport, Finding, one_line
+from .mistakes.report import Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
 
-__all__ = [
-    "CHECKS", "VERDICTS", "Row", "free_cores", "grade", "gradescope", "write_csv", "write_json",
-]  # fmt: skip
+__all__ = ["CHECKS", "VERDICTS", "Row", "grade", "gradescope", "write_csv", "write_json"]
 
 VERDICTS = ("PASS", "FAIL", "UNVERIFIED", "ERROR", "TIMEOUT")
-CHECKS = (*PROBES, "reference comparison")
-"""The checks every report has when the block can be built: Gradescope's tests, a point each."""
+CHECKS = (*PROBES, "reference comparison")  # every report's checks: Gradescope's tests
+COLUMNS = ("student", "path", "class", "verdict", "mistakes", "failed_checks", "classes_found",
+           "seconds", "gptblock", "report")  # fmt: skip
 _TIMED_OUT = "did not finish within"  # isolation's words for a child stopped at --timeout
 
 
@@ -78,21 +72,11 @@ class Row:
         }
 
 
-def free_cores() -> int:
-    """The cores no other process keeps busy (``devices.busy_cores``), at least one."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cpus or 1) - round(busy_cores() or 0))
-
-
 def grade(
-    paths: Iterable[str | os.PathLike[str] | Submission],
-    *,
-    kwargs: Mapping[str, object] | None = None,
-    name: str | None = None,
-    jobs: int | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_row: Callable[[Row], None] | None = None,
-) -> list[Row]:
+    paths: Iterable[str | os.PathLike[str] | Submission], *,
+    kwargs: Mapping[str, object] | None = None, name: str | None = None, jobs: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT, on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:  # fmt: skip
     """Check every submission in ``paths`` (``submissions``' files and folders, or
     ``Submission``\\ s) in a child process of its own; a row each, in order.
 
@@ -100,7 +84,7 @@ def grade(
         kwargs: constructor arguments for every block (each to the parameter of the same name,
             or of the same role: ``d_model`` to ``n_embd``).
         name: the class (or factory) to check in each submission, instead of finding it.
-        jobs: submissions checked at once; default ``free_cores()``.
+        jobs: submissions checked at once; default: the cores no other process keeps busy.
         timeout: seconds a submission may take to load, build and be checked.
         on_row: called with each row as it is done (in the order they finish).
 
@@ -120,7 +104,9 @@ def grade(
         bob ERROR bob.py: SyntaxError at line 1: invalid syntax
     """
     subs = [s for p in paths for s in ([p] if isinstance(p, Submission) else submissions([p]))]
-    jobs = free_cores() if jobs is None else jobs
+    if jobs is None:  # the cores no other process keeps busy (``devices.busy_cores``)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = max(1, (cpus or 1) - round(busy_cores() or 0))
     if not isinstance(jobs, int) or jobs < 1:
         raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
@@ -130,7 +116,6 @@ def grade(
         todo.put(item)
     done: queue.SimpleQueue[tuple[int, Row]] = queue.SimpleQueue()
     stop = threading.Event()
-    given = dict(kwargs or {})
 
     def work() -> None:
         while not stop.is_set():
@@ -138,7 +123,7 @@ def grade(
                 i, sub = todo.get_nowait()
             except queue.Empty:
                 return
-            done.put((i, grade_one(sub, given, name, timeout)))
+            done.put((i, grade_one(sub, dict(kwargs or {}), name, timeout)))
 
     rows: dict[int, Row] = {}
     # Once for the batch: both change process-wide state that each check would otherwise set
@@ -163,20 +148,18 @@ def grade(
 def grade_one(
     sub: Submission, kwargs: Mapping[str, object], name: str | None, timeout: float
 ) -> Row:
-    """One submission's row: its block found, then checked by ``check_isolated``."""
+    """One submission's row: its block found, then checked by ``check_isolated``; a block
+    whose process the check ended (isolation's ``process`` finding) is ``TIMEOUT`` or
+    ``ERROR``, the findings before it kept in the report."""
     start = time.monotonic()
-
-    def row(block: str, verdict: str, report: str, **more: Any) -> Row:
-        seconds = time.monotonic() - start
-        return Row(
-            sub.student, str(sub.path), block, verdict, report=report, seconds=seconds, **more
-        )
-
     try:
         found = find_block(sub, name)
     except NotGraded as e:
-        return row("", "ERROR", str(e), found=e.found)
-    block = f"{found.file.name}:{found.name}"
+        seconds = time.monotonic() - start
+        return Row(
+            sub.student, str(sub.path), "", "ERROR", report=str(e), seconds=seconds, found=e.found
+        )
+    more: dict[str, Any] = {"found": found.found}
     with tempfile.TemporaryDirectory() as folder:
         file = found.file
         if file.suffix != ".py":  # a notebook's code, as a file the child can load
@@ -186,35 +169,26 @@ def grade_one(
             report = check_isolated(
                 [f"{file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout
             )[0]
+            ended = [f.message for f in report.findings if f.name == "process" and not f.passed]
+            verdict, said = report.verdict, str(report)
+            more.update(
+                mistakes=tuple(report.diagnosis),
+                failed=tuple(f.name for f in report.findings if f.status != "PASS"),
+                checks=tuple(report.findings),
+            )
         except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
-            said = str(e).replace(str(file), str(found.file))
-            return row(block, "TIMEOUT" if _TIMED_OUT in said else "ERROR", said, found=found.found)
+            ended, said = [str(e)], str(e)
         except Exception as e:  # one row, whatever failed: the batch goes on
-            said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
-            return row(block, "ERROR", said, found=found.found)
-    text = str(report).replace(str(file), str(found.file))
-    return row(
-        block,
-        _verdict(report),
-        text,
-        mistakes=tuple(report.diagnosis),
-        failed=tuple(f.name for f in report.findings if f.status != "PASS"),
-        found=found.found,
-        checks=tuple(report.findings),
-    )
-
-
-def _verdict(report: CheckReport) -> str:
-    """The report's verdict, unless the block's process ended it (isolation's ``process``
-    finding): then ``TIMEOUT`` or ``ERROR``, the findings before it kept in the report."""
-    ended = [f for f in report.findings if f.name == "process" and not f.passed]
-    if not ended:
-        return report.verdict
-    return "TIMEOUT" if _TIMED_OUT in ended[0].message else "ERROR"
-
-
-COLUMNS = ("student", "path", "class", "verdict", "mistakes", "failed_checks", "classes_found",
-           "seconds", "gptblock", "report")  # fmt: skip
+            ended, said = (
+                [""],
+                f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug",
+            )
+    if ended:
+        verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
+    said = said.replace(str(file), str(found.file))
+    block = f"{found.file.name}:{found.name}"
+    seconds = time.monotonic() - start
+    return Row(sub.student, str(sub.path), block, verdict, report=said, seconds=seconds, **more)
 
 
 def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
@@ -247,32 +221,31 @@ def gradescope(row: Row) -> dict[str, Any]:
         (0.0, 9, 'ERROR\\nSyntaxError')
     """
     said = {f.name: f for f in row.checks}
-    tests = []
-    for name in CHECKS:
-        f = said.get(name)
-        ok = f is not None and f.status == "PASS"
-        output = f"{f.status}: {f.message}" if f else "not run: see the result"
-        tests.append(_test(name, ok, output))
-    said_more = [f"{f.name} {f.status}: {f.message}" for f in row.checks if f.name not in CHECKS]
-    said_more += [f"mistake: {m}" for m in row.mistakes]
-    if not row.checks:  # it was not checked: why
-        said_more.append(row.report)
-    result = "\n".join([row.verdict, *said_more])
-    tests.append(_test("result", row.verdict == "PASS", result))
+    tests = [
+        (
+            n,
+            f is not None and f.status == "PASS",
+            f"{f.status}: {f.message}" if f else "not run: see the result",
+        )
+        for n, f in ((n, said.get(n)) for n in CHECKS)
+    ]
+    more = [f"{f.name} {f.status}: {f.message}" for f in row.checks if f.name not in CHECKS]
+    more += [f"mistake: {m}" for m in row.mistakes]
+    more += [] if row.checks else [row.report]  # it was not checked: why
+    tests.append(("result", row.verdict == "PASS", "\n".join([row.verdict, *more])))
     return {
-        "score": float(sum(t["score"] for t in tests)),
+        "score": float(sum(ok for _, ok, _ in tests)),
         "execution_time": round(row.seconds),
         "output": row.report,
-        "tests": tests,
+        "tests": [
+            {
+                "name": n,
+                "score": float(ok),
+                "max_score": 1.0,
+                "status": "passed" if ok else "failed",
+                "output": out,
+            }
+            for n, ok, out in tests
+        ],
         "extra_data": {"verdict": row.verdict, "class": row.block, "gptblock": __version__},
-    }
-
-
-def _test(name: str, ok: bool, output: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "score": 1.0 if ok else 0.0,
-        "max_score": 1.0,
-        "status": "passed" if ok else "failed",
-        "output": output,
     }

@@ -1,14 +1,9 @@
 """``check_block``: tell a learner exactly what is wrong with their transformer block.
 
-Black-box probes and a comparison with the lessons' block computed from the block's own parts,
-under every combination of up to three catalogued mistakes, combined into one report
-(``compare.verdict.decide``). The block runs in this process, for code the caller trusts, or
-(``isolate=True``) in child processes that only answer requests (``isolation``), where a block
-that exits, crashes, hangs or is written to fool the checker cannot touch the verdict. Either
-way the same requests check it, at the sizes its file implies and at others (``isolation.check``:
-``two_sizes``; in this process they reach ``InProcess``).
-
-Shapes: B batch, T time, C channels.
+The probes and the comparison with the lessons' block (``compare.verdict.decide``) run on the
+block in this process, for code the caller trusts, or (``isolate=True``) in child processes that
+only answer requests (``isolation``): there a block that exits, crashes, hangs or is written to
+fool the checker cannot touch the verdict.
 """
 
 from __future__ import annotations
@@ -44,14 +39,10 @@ def own_blocks() -> list[Callable[..., nn.Module]]:
 
 
 def check_block(
-    target: nn.Module | Callable[..., nn.Module] | str,
-    /,
-    *,
-    roles: Mapping[str, str] | None = None,
-    isolate: bool | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    **kwargs: object,
-) -> CheckReport:
+    target: nn.Module | Callable[..., nn.Module] | str, /, *,
+    roles: Mapping[str, str] | None = None, isolate: bool | None = None,
+    timeout: float = DEFAULT_TIMEOUT, **kwargs: object,
+) -> CheckReport:  # fmt: skip
     """Check a transformer block and diagnose its mistakes.
 
     Args:
@@ -97,23 +88,16 @@ def check_block(
         >>> report.passed, report.diagnosis
         (False, ['post_norm'])
     """
-    given = _checked_roles(roles)
-    if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-        raise UserValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if isolate is None:
-        isolate = isinstance(target, str)
-    if isolate:
-        return check_isolated([target], kwargs=kwargs, roles=given, timeout=timeout)[0]
-    if isinstance(target, str):
-        target = load_target(target)
-    return check_in_process(target, kwargs, given)
-
-
-def _checked_roles(roles: object) -> dict[str, str]:
-    if roles is None:
-        return {}
-    if not isinstance(roles, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in roles.items()
+    if roles is not None and not (
+        isinstance(roles, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items())
     ):
         raise UserTypeError(f"roles must map role names to part names (str to str), got {roles!r}")
-    return dict(roles)
+    if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise UserValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    given = dict(roles or {})
+    if isolate or (isolate is None and isinstance(target, str)):
+        return check_isolated([target], kwargs=kwargs, roles=given, timeout=timeout)[0]
+    return check_in_process(
+        load_target(target) if isinstance(target, str) else target, kwargs, given
+    )

@@ -1,15 +1,5 @@
-"""A class's submissions, and the block class in each, found without running a line of them.
-
-``submissions``: a ``.py`` file or an ``.ipynb`` notebook is one, and so is a student's folder
-of them (or a flat folder whose files import each other); a folder of such entries holds one per
-entry (``one=True``: the folder is one student's, as Gradescope's ``/autograder/submission``).
-
-``find_block`` reads the code with ``ast`` only (running it is the isolated check's job). The
-block is the ``nn.Module`` subclass the others do not build on: by the lessons' name first
-(``Block``, then a name with "block" in it), then one no other class uses (``FeedForward`` is a
-part of the block that uses it), then the one that builds on the most others. A class that
-embeds tokens is a model, not a block. When several remain, the submission says which and
-``--class`` picks.
+"""A class's submissions (``submissions``), and the block class in each (``find_block``), found
+without running a line of them: the code is read with ``ast`` only.
 """
 
 from __future__ import annotations
@@ -17,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,27 +18,26 @@ __all__ = ["CODE", "Found", "NotGraded", "Submission", "find_block", "notebook_c
 
 CODE = (".py", ".ipynb")
 LESSON_NAME = "Block"  # the lessons' name for the block
+HIDDEN = (".", "__")  # the names of files and folders that are no code of the student's
 
 
 @dataclass(frozen=True)
 class Submission:
-    """One student's work: ``student`` (the file's or folder's name without its suffix), the
-    ``path`` given, and its code ``files`` (``.py`` and ``.ipynb``, sorted)."""
+    """One student's work."""
 
-    student: str
-    path: Path
-    files: tuple[Path, ...]
+    student: str  # the file's or folder's name without its suffix
+    path: Path  # as given
+    files: tuple[Path, ...]  # its .py and .ipynb files, sorted
 
 
 @dataclass(frozen=True)
 class Found:
-    """The block of a submission: its class ``name``, the ``file`` defining it and that file's
-    ``code`` (a notebook's as Python), and the classes that could be the block (``found``)."""
+    """The block of a submission."""
 
-    name: str
-    file: Path
-    code: str
-    found: tuple[str, ...]
+    name: str  # the class's
+    file: Path  # the file defining it
+    code: str  # that file's (a notebook's as Python)
+    found: tuple[str, ...]  # the classes that could be the block
 
 
 class NotGraded(Exception):
@@ -60,7 +50,8 @@ class NotGraded(Exception):
 
 def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -> list[Submission]:
     """The submissions ``paths`` (files and folders) hold, in the order given, each folder's
-    sorted by name; with ``one``, each folder is one student's submission.
+    sorted by name; with ``one``, each folder is one student's submission (as Gradescope's
+    ``/autograder/submission``).
 
     Raises:
         UserFileNotFoundError: a path does not exist.
@@ -75,8 +66,7 @@ def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -
         [('alice', ['alice.py']), ('bob', ['block.ipynb'])]
     """
     found: list[Submission] = []
-    for given in paths:
-        path = Path(given)
+    for path in map(Path, paths):
         if not path.exists():
             raise UserFileNotFoundError(f"no such file or folder: {path}")
         if path.is_file():
@@ -84,31 +74,23 @@ def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -
                 raise UserValueError(f"{path}: a submission is a .py or .ipynb file, or a folder")
             found.append(Submission(path.stem, path, (path,)))
             continue
-        entries = [e for e in sorted(path.iterdir()) if _code(e)]
+        entries = [e for e in sorted(path.iterdir()) if not e.name.startswith(HIDDEN) and _files(e)]
         if not entries:
             raise UserValueError(f"{path}: no .py or .ipynb file in it")
-        flat = all(e.is_file() for e in entries)
-        if one or (flat and _one_program(entries)):
+        if one or (all(e.is_file() for e in entries) and _one_program(entries)):
             found.append(Submission(path.name, path, _files(path)))
         else:
             found += [Submission(e.stem if e.is_file() else e.name, e, _files(e)) for e in entries]
     return found
 
 
-def _code(entry: Path) -> bool:
-    """Whether ``entry`` is a code file or a folder holding one (hidden ones and caches aside)."""
-    if entry.name.startswith((".", "__")):
-        return False
-    return entry.suffix in CODE if entry.is_file() else bool(_files(entry))
-
-
 def _files(path: Path) -> tuple[Path, ...]:
     if path.is_file():
-        return (path,)
+        return (path,) if path.suffix in CODE else ()
     return tuple(
         f for f in sorted(path.rglob("*"))
         if f.is_file() and f.suffix in CODE
-        and not any(p.startswith((".", "__")) for p in f.relative_to(path).parts)
+        and not any(p.startswith(HIDDEN) for p in f.relative_to(path).parts)
     )  # fmt: skip
 
 
@@ -121,13 +103,10 @@ def _one_program(files: Sequence[Path]) -> bool:
         except (SyntaxError, ValueError, OSError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module.split(".")[0]]
-            else:
-                continue
-            if (set(names) & stems) - {f.stem}:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            if {n.split(".")[0] for n in names} & (stems - {f.stem}):
                 return True
     return False
 
@@ -154,23 +133,15 @@ def notebook_code(path: str | Path) -> str:
     """
     try:
         cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-        sources = [
-            c["source"] if isinstance(c["source"], str) else "".join(c["source"])
-            for c in cells
-            if c.get("cell_type") == "code"
-        ]
+        sources = ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a notebook ({type(e).__name__}: {e})") from e
-    kept = []
-    for source in sources:
-        if source.lstrip().startswith("%%"):
-            continue
-        lines = source.splitlines()
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith(("%", "!")):
-                lines[i] = line[: len(line) - len(line.lstrip())] + "pass"
-        kept.append("\n".join(lines) + "\n")
-    return "\n".join(kept)
+    magic = re.compile(r"^([^\S\n]*)[%!].*$", re.MULTILINE)  # its indent kept
+    return "\n".join(
+        magic.sub(r"\1pass", "\n".join(s.splitlines())) + "\n"
+        for s in sources
+        if not s.lstrip().startswith("%%")
+    )
 
 
 def code_of(path: Path) -> str:
@@ -181,8 +152,11 @@ def code_of(path: Path) -> str:
 
 
 def find_block(submission: Submission, name: str | None = None) -> Found:
-    """The class to check in ``submission``: ``name`` if given, else the one the module
-    docstring says.
+    """The class to check in ``submission``: ``name`` if given (a class, a factory or an
+    instance), else the ``nn.Module`` subclass the others do not build on: by the lessons' name
+    first (``Block``, then a name with "block" in it), then one no other class uses
+    (``FeedForward`` is a part of the block that uses it), then the one that builds on the most
+    others. A class that embeds tokens is a model, not a block.
 
     Raises:
         NotGraded: a file does not parse and no block was found elsewhere, no class could be the
@@ -205,24 +179,36 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         for c in tree.body
         if isinstance(c, ast.ClassDef)
     }
-    modules = _modules(classes)
-    embeds = {n for n in modules if any(x.endswith("Embedding") for x in _names(classes[n][1]))}
-    blocks = [n for n in modules if n not in embeds]  # one that embeds token ids is a model
+    modules: set[str] = set()  # a base is ``Module``, from ``nn``, or one of them
+    while more := {n for n, (_, c) in classes.items() if n not in modules and _module(c, modules)}:
+        modules |= more
+    names = {  # every name and attribute a class's code mentions (its bases included)
+        n: {
+            x.id if isinstance(x, ast.Name) else x.attr
+            for x in ast.walk(c)
+            if isinstance(x, (ast.Name, ast.Attribute))
+        }
+        for n, (_, c) in classes.items()
+    }
+    blocks = [
+        n for n in classes if n in modules and not any(x.endswith("Embedding") for x in names[n])
+    ]
     why = "; ".join(broken)
-    if name is not None:
-        defined = {
-            n: f for f, tree in trees.items() for n in _top_level(tree)
-        }  # a factory function or an instance may be checked too
+    if name is not None:  # a factory function or an instance may be checked too
+        defined = {n: f for f, tree in trees.items() for n in _top_level(tree)}
         if name not in defined:
             raise NotGraded(why or f"no class or function {name!r} in it", blocks)
         return Found(name, defined[name], codes[defined[name]], tuple(blocks))
     if not blocks:
         raise NotGraded(why or "no nn.Module subclass in it that could be a block")
-    uses = {m: {n for n in blocks if n != m and n in _names(classes[m][1])} for m in blocks}
+    uses = {m: {n for n in blocks if n != m and n in names[m]} for m in blocks}
     used = set().union(*uses.values())
-    key = {n: (_name_rank(n), n in used, -len(_reach(uses, n))) for n in blocks}
-    best = min(key.values())
-    chosen = [n for n in blocks if key[n] == best]
+    rank = {n: 0 if n == LESSON_NAME else 1 if "block" in n.lower() else 2 for n in blocks}
+    reach = uses  # the classes each builds on, directly or through others
+    while (grown := {m: r.union(*(reach[n] for n in r)) for m, r in reach.items()}) != reach:
+        reach = grown
+    key = {n: (rank[n], n in used, -len(reach[n])) for n in blocks}
+    chosen = [n for n in blocks if key[n] == min(key.values())]
     if len(chosen) > 1:
         raise NotGraded(
             f"several classes could be the block: {', '.join(chosen)}; pick one with --class",
@@ -232,46 +218,12 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
     return Found(chosen[0], f, codes[f], tuple(blocks))
 
 
-def _modules(classes: dict[str, tuple[Path, ast.ClassDef]]) -> list[str]:
-    """The classes that are ``nn.Module``\\ s: a base is ``Module``, from ``nn``, or one of them."""
-    found: set[str] = set()
-    while True:
-        more = {
-            n for n, (_, c) in classes.items()
-            if n not in found and any(_is_module(ast.unparse(b), found) for b in c.bases)
-        }  # fmt: skip
-        if not more:
-            return [n for n in classes if n in found]
-        found |= more
-
-
-def _is_module(base: str, modules: set[str]) -> bool:
-    last = base.rsplit(".", 1)[-1]
-    return last in modules or last == "Module" or base.startswith(("nn.", "torch.nn."))
-
-
-def _names(c: ast.ClassDef) -> set[str]:
-    """Every name and attribute a class's code mentions (its bases included)."""
-    return {
-        n.id if isinstance(n, ast.Name) else n.attr
-        for n in ast.walk(c)
-        if isinstance(n, (ast.Name, ast.Attribute))
-    }
-
-
-def _reach(uses: dict[str, set[str]], start: str) -> set[str]:
-    """The classes ``start`` builds on, directly or through others."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for n in uses[todo.pop()] - seen:
-            seen.add(n)
-            todo.append(n)
-    return seen
-
-
-def _name_rank(name: str) -> int:
-    return 0 if name == LESSON_NAME else 1 if "block" in name.lower() else 2
+def _module(c: ast.ClassDef, modules: set[str]) -> bool:
+    bases = [ast.unparse(b) for b in c.bases]
+    return any(
+        b.rsplit(".", 1)[-1] in {"Module", *modules} or b.startswith(("nn.", "torch.nn."))
+        for b in bases
+    )
 
 
 def _top_level(tree: ast.Module) -> list[str]:

@@ -1,20 +1,8 @@
-"""The learner's conditions: a match with the reference held wherever a learner runs the block.
-
-The probes and the comparison run the checker's copy in float64, eval mode, short sequences,
-small batches; a learner trains in float32, train mode, up to block_size and batches of 64. A
-block can be right under the checker's conditions only (a float32 or training path of its own,
-a window that equals the causal mask for short sequences, a chunked path for big batches), so
-``hold`` compares it once more under a dozen ``conditions``, each on a fresh input from the
-secret ``fresh`` generator, in an order drawn from it: a block can neither count its calls nor
-tell them apart. A mismatch names its condition: "equal in float64, off by 7% in float32".
-
-What is compared is the update ``y - x``: at a large mean the stream ``x`` would dwarf the
-branches' error. A block can also compute the right outputs and the wrong backward pass (a
-custom autograd ``Function``, a ``.detach()`` on a kept branch), so its input gradient, for a
-direction it could not foresee, is held to the reference's too (``input_gradient_error``).
-``confirm`` is the whole confirmation, the lessons' block's and the modern block's alike.
-
-Shapes: B batch, T time, C channels.
+"""The learner's conditions: a match with the reference held where a learner runs the block
+(float32, train mode, T up to block_size, B up to 64: ``hold``), on fresh inputs in an order the
+block cannot foresee, and in its input gradient; ``confirm`` is the whole confirmation, the
+lessons' block's and the modern block's alike. docs/checker.md, "Where a learner runs it", says
+why each condition and tolerance.
 """
 
 from __future__ import annotations
@@ -34,22 +22,16 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
+# The float32 calls' tolerance, of the update's scale: correct blocks stay below ~5e-5; a
+# float32-only path is off by percents, ``E[x^2] - E[x]^2`` at a mean of 300 by ~1e-2.
 FLOAT32_TOLERANCE = 1e-3
-"""The float32 calls' tolerance, of the update's scale. float32 rounds to 6e-8 of a value; through
-a block of a few hundred sums and a softmax that grows to ~1e-6 of the update, and at a mean of
-300 the stream's own rounding (300 x 6e-8 = 2e-5, once added back) comes on top: correct blocks
-stay below ~5e-5. A dtype-dependent path is off by percents, and ``E[x^2] - E[x]^2`` at such a
-mean by ~1e-2 (the two terms, ~1e5, cancel to ~1, losing 5 of float32's 7 digits); the
-margin is ~20x on both sides."""
 GRADIENT_TOLERANCE = 1e-4  # of the reference's input gradient's scale (float32 blocks ~1e-6)
 FLOAT32_GRADIENT_TOLERANCE = 1e-3  # of the reference input gradient's scale, for the same reasons
 MAX_T = 256  # longest sequence compared: longer ones only cost time (T^2 scores)
 UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the common default)
+# Some float32 inputs' mean per position. Not in float64: a block that normalises in float32
+# (Llama's RMSNorm) loses the 1/300 of the vector around the mean to rounding (~8e-5 of the update).
 MEAN = 300.0
-"""The size of the mean some float32 inputs get, per position. Not in float64: there a block
-that normalises in float32 (Llama's RMSNorm upcasts to it) loses the small part of the
-normalised vector that varies around the mean direction, 1/300 of it, to float32's rounding:
-~8e-5 of the update in the zoos' correct blocks, too near float64's 1e-4."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +49,10 @@ class Condition:
         said = f"B = {self.B}, T = {self.T}, {str(self.dtype).removeprefix('torch.')}"
         said += ", train mode" if self.train else ""
         return said + (f", mean {MEAN:g}" if self.mean else "")
+
+    @property
+    def tolerance(self) -> float:
+        return FLOAT32_TOLERANCE if self.dtype == torch.float32 else TOLERANCE
 
 
 def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
@@ -118,7 +104,7 @@ def hold(
             return _off(
                 f"equal under the checker's conditions, but the block {error} at {c.describe()}"
             )
-        if error <= _tolerance(c):
+        if error <= c.tolerance:
             held.append(c)
         elif c.train and _random(subject, x):
             note = (
@@ -144,9 +130,8 @@ def input_gradient_error(
     dtype: torch.dtype | None = None,
 ) -> float:  # fmt: skip
     """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
-    for a fresh direction ``w``, is from ``reference``'s (float64), relative to the
-    reference's scale; ``inf`` when the block gives none. The block runs in ``dtype`` (its
-    copy's by default).
+    for a fresh ``w``, is from ``reference``'s (float64), of the reference's scale; ``inf``
+    when the block gives none. The block runs in ``dtype`` (its copy's by default).
 
     Example:
         >>> from gptblock.check.serve.subject import Subject
@@ -162,12 +147,9 @@ def input_gradient_error(
     x.requires_grad_(True)
     with torch.enable_grad():
         (ours,) = torch.autograd.grad((reference(x) * weights).sum(), [x])
+    x, weights = (t.detach().to(device=subject.device, dtype=dtype) for t in (x, weights))
     try:
-        got = subject.grads(
-            x.detach().to(device=subject.device, dtype=dtype),
-            weights.to(device=subject.device, dtype=dtype),
-            inputs=True,
-        ).input
+        got = subject.grads(x, weights, inputs=True).input
     except CAUGHT:  # its backward pass ran for the probe: failing now is not one fixed block's
         got = None
     return float("inf") if got is None else distance(got.to(torch.float64).cpu(), ours)
@@ -177,25 +159,19 @@ def _off(message: str) -> Finding:
     return Finding("reference comparison", False, message)
 
 
-def _tolerance(c: Condition) -> float:
-    return FLOAT32_TOLERANCE if c.dtype == torch.float32 else TOLERANCE
-
-
 def _error(
     subject: Tested, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
 ) -> float | str:
     """How far the block's update is from the reference's at ``x`` (of the reference update's
-    scale), or what went wrong, in one line: the exception it raised."""
+    scale), or the exception it raised, in one line. An output in another dtype is the shape
+    probe's (dtype_device): its values are still compared here."""
     try:
         with subject.own_rng():  # a fork, not a seed per call: seeding costs ~10 ms
             theirs = subject(x.to(subject.device), seeded=False, train=c.train)
     except CAUGHT as e:
         return f"raised {one_line(e)}"
-    # An output in another dtype than the input's is the shape probe's (dtype_device): the
-    # values are still compared here.
-    theirs = theirs.to(torch.float64).cpu()
+    theirs, x64 = theirs.to(torch.float64).cpu(), x.to(torch.float64)
     with torch.no_grad():
-        x64 = x.to(torch.float64)
         ours = reference(x64)
     return distance(theirs - x64, ours - x64) if theirs.shape == ours.shape else float("inf")
 
@@ -237,13 +213,12 @@ def _mismatch(
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
     by = f"off by {_size(error)} at {worst.describe()}"
     bad = [c for c, _ in off]
-    if all(c.dtype == torch.float32 for c in bad) and any(c.dtype == torch.float64 for c in held):
-        return f"equal in float64, off by {_size(error)} in float32 ({worst.describe()})"
-    if all(c.train for c in bad) and any(not c.train for c in held):
-        return (
-            f"equal in eval mode, off by {_size(error)} in train mode with dropout off "
-            f"({worst.describe()})"
-        )
+    for attr, on, right, wrong in (
+        ("dtype", torch.float32, "float64", "float32"),
+        ("train", True, "eval mode", "train mode with dropout off"),
+    ):
+        if all(getattr(c, attr) == on for c in bad) and any(getattr(c, attr) != on for c in held):
+            return f"equal in {right}, off by {_size(error)} in {wrong} ({worst.describe()})"
     for what in ("T", "B"):
         fine = max((getattr(c, what) for c in held), default=0)
         if fine and all(getattr(c, what) > fine for c in bad):
@@ -252,7 +227,7 @@ def _mismatch(
             while hi - lo > 1:  # lo holds, hi does not
                 at = replace(first, **{what: (lo + hi) // 2})
                 e = _error(subject, reference, at, _input(at, subject.C, fresh))
-                if isinstance(e, float) and e <= _tolerance(at):
+                if isinstance(e, float) and e <= at.tolerance:
                     lo = getattr(at, what)
                 else:
                     hi = getattr(at, what)
@@ -274,8 +249,7 @@ def confirm(
     Raises:
         ValueError, RuntimeError: ``reference`` cannot run on a fresh input.
     """
-    T, C = subject.T, subject.C
-    for shape in ((*first, C), (T, T, C)):
+    for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():
             ours = reference(x)  # (B, T, C); raises where the parts do not chain

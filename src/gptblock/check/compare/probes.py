@@ -1,14 +1,10 @@
 """Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
 
-Each probe calls a ``Subject`` on inputs it builds and returns a ``ProbeResult``: passed or not,
-what it measured and, when the failure proves a catalogued mistake on its own, its id. A block
-that works only when B == T mixes batch and time; causality allows no movement beyond 1e-10 of
-the output's scale in float64. The residual probe scales the input up by S (1e4) and perturbs it by a
-unit-size d: a pre-norm block's branches see only the normalised input, so d passes straight
-through (|dy - d| / |d| ~ |f'| / S, far below ``RESIDUAL_LIMIT``); a post-norm block, or one
-that overwrites the stream, shrinks d by ~1/S (it cannot tell post_norm from no_residual; the
-comparison can). A partly-zero input catches a norm without eps. A backward pass that fails
-because the block changed a tensor autograd saved proves ``inplace``.
+Each probe returns a ``ProbeResult``: passed or not, what it measured and the catalogued mistake
+its failure proves, if any. The residual probe scales the input up by S and adds a unit-size d:
+a pre-norm block's branches see only the normalised input, so d passes straight through
+(|dy - d| / |d| ~ |f'| / S, far below ``RESIDUAL_LIMIT``); a post-norm block, or one that
+overwrites the stream, shrinks d by ~1/S (the comparison tells those two apart).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ class ProbeResult:
 
 
 def _size(scale: float) -> str:
-    """1e4, not 1e+04."""
-    return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")
+    return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")  # 1e4, not 1e+04
 
 
 def listed(names: list[str], limit: int = 4) -> str:
@@ -72,6 +67,7 @@ def shape(s: Tested) -> ProbeResult:
                 "batch and time are mixed up"
             )
             return ProbeResult(False, msg, "shape")
+        dtypes = [str(t.dtype).removeprefix("torch.") for t in (x, y)]
         if y.shape != x.shape:
             msg = f"a {tuple(x.shape)} input gave a {tuple(y.shape)} output, expected {tuple(x.shape)}"
             return ProbeResult(False, msg, "shape", stop=True)
@@ -79,14 +75,10 @@ def shape(s: Tested) -> ProbeResult:
             msg = f"a {x.device} input gave an output on {y.device}, expected {x.device}"
             return ProbeResult(False, msg, "dtype_device", stop=True)
         if y.dtype != x.dtype:
-            msg = f"a {_dtype(x)} input gave a {_dtype(y)} output, expected {_dtype(x)}"
+            msg = f"a {dtypes[0]} input gave a {dtypes[1]} output, expected {dtypes[0]}"
             return ProbeResult(False, msg, "dtype_device")
         results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
     return ProbeResult(True, " and ".join(results))
-
-
-def _dtype(t: Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def determinism(s: Tested) -> ProbeResult:
@@ -95,14 +87,14 @@ def determinism(s: Tested) -> ProbeResult:
     with s.own_rng():  # one fork for both calls, so that a random block draws differently
         y1, y2 = s(x, seeded=False), s(x, seeded=False)
     moved = s.moved(y1, y2)
-    if moved.any():
-        worst = float((y1 - y2).abs().nan_to_num(0.0).max())
-        msg = (
-            f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
-            f"values, by up to {worst:.3g}): something random is still on in eval mode"
-        )
-        return ProbeResult(False, msg, "dropout_in_eval")
-    return ProbeResult(True, "two eval-mode calls give equal outputs")
+    if not moved.any():
+        return ProbeResult(True, "two eval-mode calls give equal outputs")
+    worst = float((y1 - y2).abs().nan_to_num(0.0).max())
+    msg = (
+        f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
+        f"values, by up to {worst:.3g}): something random is still on in eval mode"
+    )
+    return ProbeResult(False, msg, "dropout_in_eval")
 
 
 def causality(s: Tested) -> ProbeResult:
@@ -116,15 +108,15 @@ def causality(s: Tested) -> ProbeResult:
         x2[:, t] += s.input(T, C)  # (B, C): a different change in every sequence
         moved = s.moved(y, s(x2))[:, :t].any(dim=2).any(dim=0)  # (t,): earlier positions moved
         leaks += [(int(p), t) for p in moved.nonzero().flatten()]
-    if leaks:
-        p, t = min(leaks)
-        msg = (
-            f"position {p}'s output changes when position {t} changes, so it sees the future "
-            f"({len(leaks)} (earlier, later) position pairs leak)"
-        )
-        return ProbeResult(False, msg, "future_leak")
-    msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
-    return ProbeResult(True, msg)
+    if not leaks:
+        msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
+        return ProbeResult(True, msg)
+    p, t = min(leaks)
+    msg = (
+        f"position {p}'s output changes when position {t} changes, so it sees the future "
+        f"({len(leaks)} (earlier, later) position pairs leak)"
+    )
+    return ProbeResult(False, msg, "future_leak")
 
 
 def batch_independence(s: Tested) -> ProbeResult:
@@ -138,10 +130,9 @@ def batch_independence(s: Tested) -> ProbeResult:
         moved = s.moved(y, s(x2)).flatten(1).any(dim=1)  # (B,): sequences whose output moved
         moved[b] = False
         if moved.any():
-            other = int(moved.nonzero()[0])
             msg = (
-                f"changing sequence {b} of the batch changes the output of sequence {other}: "
-                "examples of a batch are mixed"
+                f"changing sequence {b} of the batch changes the output of sequence "
+                f"{int(moved.nonzero()[0])}: examples of a batch are mixed"
             )
             return ProbeResult(False, msg, "batch_mixing")
     return ProbeResult(True, "changing one sequence moves no other sequence's output")
@@ -150,13 +141,13 @@ def batch_independence(s: Tested) -> ProbeResult:
 def residual(s: Tested) -> ProbeResult:
     """A small change to a large input passes straight through a pre-norm block."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
-    x = s.input(T, T, C, scale=S)
-    d = s.input(T, T, C)
+    x, d = s.input(T, T, C, scale=S), s.input(T, T, C)
     y, y2 = s(x), s(x + d)
     ok = torch.isfinite(y).all(dim=-1) & torch.isfinite(y2).all(dim=-1)  # (B, T)
     if not ok.any():
-        msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
-        return ProbeResult(False, msg)
+        return ProbeResult(
+            False, f"not measured: the outputs are not finite for inputs of size {_size(S)}"
+        )
     r = float((y2 - y - d)[ok].norm() / d[ok].norm())
     change = f"a change d to a size-{_size(S)} input"
     if r <= RESIDUAL_LIMIT:
@@ -170,7 +161,7 @@ def residual(s: Tested) -> ProbeResult:
 
 
 def finite(s: Tested) -> ProbeResult:
-    """Ordinary, large and partly-zero inputs give finite outputs."""
+    """Ordinary, large and partly-zero inputs give finite outputs (the last: a norm without eps)."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     zero = s.input(T, T, C)
     zero[:, 0] = 0.0  # position 0 of every sequence is the zero vector
@@ -182,12 +173,10 @@ def finite(s: Tested) -> ProbeResult:
     bad = []
     for what, x in cases.items():
         y = s(x)
-        n = int((~torch.isfinite(y)).sum())
-        if n:
+        if n := int((~torch.isfinite(y)).sum()):
             bad.append(f"{what} ({n} of {y.numel()} values)")
     if bad:
-        msg = f"inf/NaN outputs for {', '.join(bad)}"
-        return ProbeResult(False, msg, "nonfinite")
+        return ProbeResult(False, f"inf/NaN outputs for {', '.join(bad)}", "nonfinite")
     return ProbeResult(True, f"finite for {', '.join(cases)}")
 
 
@@ -216,16 +205,17 @@ def gradients(s: Tested) -> ProbeResult:
     pairs = list(zip(got.names, got.grads, strict=True))
     unreached = [n for n, g in pairs if g is None]
     nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
-    problems = []
-    if unreached:
-        problems.append(f"no gradient reaches {listed(unreached)} (unused in forward?)")
-    if nonfinite:
-        problems.append(f"non-finite gradients in {listed(nonfinite)}")
+    problems = (
+        [f"no gradient reaches {listed(unreached)} (unused in forward?)"] if unreached else []
+    )
+    problems += [f"non-finite gradients in {listed(nonfinite)}"] if nonfinite else []
     if problems:
         return ProbeResult(False, "; ".join(problems))
     return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients")
 
 
+# The probes by the name their finding gets, in the order they run; ``shape`` first, since the
+# others need its contract.
 PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
     "shape": shape,
     "eval determinism": determinism,
@@ -235,5 +225,3 @@ PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
     "finite outputs": finite,
     "gradients": gradients,
 }
-"""The probes by the name their finding gets, in the order they run; ``shape`` first, since the
-others need its contract."""

@@ -1,18 +1,12 @@
 """The verdict: every check and the comparison, computed from what the block answers.
 
-``decide`` runs the probes on the block's answers, has its parts read into numbers, runs the
-lessons' block and every combination of up to three catalogued mistakes on them (``search``),
-and combines the evidence into a ``CheckReport``. It needs nothing of the block but a
-``Service``: in ``gptblock check`` each answer is a claim, so a match is confirmed
-(``conditions.confirm``) on inputs from a seed the block never sees, in its input gradient, and
-for a match without mistakes where a learner runs the block and in its parameters
-(``accounting``), for the lessons' block and the modern alike.
-
-A probe failure that proves a mistake on its own is diagnosed even when the roles cannot be
-found, unless a mistake the comparison found explains it (a reversed mask also leaks the
-future and leaves the last position NaN).
-
-Shapes: B batch, T time, C channels.
+``decide`` runs the probes, has the block's parts read into numbers, runs the lessons' block and
+every combination of up to three catalogued mistakes on them (``search``), and combines the
+evidence into a ``CheckReport``. It needs nothing of the block but a ``Service``, whose answers
+are claims: a match, the lessons' or the modern one, is confirmed (``conditions.confirm``) on
+inputs from a seed the block never sees and, without mistakes, in its parameters
+(``accounting``). A probe failure that proves a mistake on its own is diagnosed even when the
+roles cannot be found, unless a mistake the comparison found explains it.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import torch
 
 from ..mistakes.catalogue import MISTAKES
 from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
-from ..mistakes.search import TOLERANCE, Match, explain
+from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..mistakes.variants import compose
 from ..roles.provenance import Traced, choose, trace
@@ -51,8 +45,8 @@ class Progress(Protocol):
 
 
 class Service(Protocol):
-    """What ``decide`` asks of the block (``gptblock.check.isolation.worker.Served``, or the checker's
-    view of one in another process)."""
+    """What ``decide`` asks of the block (``isolation.worker.Served``, or the checker's view of
+    one in another process)."""
 
     @property
     def tested(self) -> Tested: ...
@@ -71,16 +65,21 @@ class Service(Protocol):
     def modern(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class Compared:
+    """What the comparison with a reference (the modern one or the lessons') concluded."""
+
+    finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
+    mistakes: list[str] = field(default_factory=list)
+    alternatives: list[list[str]] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+    traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
+
+
 def decide(
-    service: Service,
-    description: str,
-    roles: Mapping[str, str],
-    progress: Progress,
-    fresh: torch.Generator,
-    weights: torch.Generator,
-    *,
-    again: bool = False,
-) -> CheckReport:
+    service: Service, description: str, roles: Mapping[str, str], progress: Progress,
+    fresh: torch.Generator, weights: torch.Generator, *, again: bool = False,
+) -> CheckReport:  # fmt: skip
     """The report on the block ``service`` answers for (``description``: what the report calls
     it; ``roles``: ``--map``'s; ``progress``: told each stage and finding).
 
@@ -114,38 +113,38 @@ def decide(
             break
     implied = [r.implies for r in results if r.implies]  # mistakes the probes prove
     details = {r.implies: r.message for r in results if r.implies}
-    verify = ""
+    verify, dropout = "", ""
     modern: dict[str, Any] = {}
     done = Compared(None)  # the comparison, with the modern or the lessons' reference
-
-    dropout = ""
-    if not results[-1].stop and "dropout_in_eval" in implied:
+    random = not results[-1].stop and "dropout_in_eval" in implied
+    if random:
         progress.stage("switching the block's dropout off")
         dropout = service.dropout_off()
     backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
-    if results[-1].stop:
-        pass
-    elif "dropout_in_eval" in implied and not dropout:
+    if random and not dropout:
         notes.append("no comparison with the reference: the outputs are random in eval mode")
-    elif not roles and (modern := _modern(service, progress)) and modern.get("finding", 0) is None:
-        notes.extend(modern["notes"])  # a part the references do not model: not compared
-    elif modern.get("finding"):
-        notes.extend(modern["notes"])
-        done = _modern_compared(service, modern, chosen, fresh, backward, notes, progress)
-    else:
-        if dropout:
-            notes.append(f"compared with every dropout of the block {dropout}")
-        progress.stage("reading the weights from the forward pass")
-        unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
-        if isinstance(unpacked, str):
-            notes.append(f"weights not read, black-box results only: {unpacked}")
-            if not again:
-                progress.stage("suggesting a --map")
-                verify = service.suggest()
+    elif not results[-1].stop:
+        if not roles:
+            progress.stage("the modern reference comparison")
+            modern = service.modern()  # {} for the lessons' block
+        if modern.get("finding", 0) is None:  # a part the references do not model: not compared
+            notes.extend(modern["notes"])
+        elif modern.get("finding"):
+            notes.extend(modern["notes"])
+            done = _modern_compared(service, modern, chosen, fresh, backward, notes, progress)
         else:
-            scope = modern.get("scope", [])
-            done = _lessons_compared(subject, *unpacked, chosen, fresh, backward, again, scope,
-                                     notes, progress)  # fmt: skip
+            if dropout:
+                notes.append(f"compared with every dropout of the block {dropout}")
+            progress.stage("reading the weights from the forward pass")
+            unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
+            if isinstance(unpacked, str):
+                notes.append(f"weights not read, black-box results only: {unpacked}")
+                if not again:
+                    progress.stage("suggesting a --map")
+                    verify = service.suggest()
+            else:
+                done = _lessons_compared(subject, *unpacked, chosen, fresh, backward, again,
+                                         modern.get("scope", []), notes, progress)  # fmt: skip
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
@@ -155,7 +154,6 @@ def decide(
         found = account(
             service.set_parameters, subject, chosen, done.traced, fresh, findings, details
         )
-
     diagnosis = _diagnose(found, implied)
     alternatives = [a for a in (_diagnose(o, implied) for o in done.alternatives) if a != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
@@ -165,25 +163,13 @@ def decide(
     )
 
 
-@dataclass(frozen=True)
-class Compared:
-    """What the comparison with a reference (the modern one or the lessons') concluded."""
-
-    finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
-    mistakes: list[str] = field(default_factory=list)
-    alternatives: list[list[str]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
-    traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
-
-
 def _modern_compared(
     service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
     fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
 ) -> Compared:  # fmt: skip
-    """The modern comparison's finding, a PASS confirmed as the lessons' block's is: it was
-    read from traces the block's process sent, so it is a claim until the parts read are held
-    here to the chosen weights, to fresh inputs, the input gradient and the learner's
-    conditions. In this process (trusted) only a failure counts."""
+    """The modern comparison's finding. Its PASS was read from traces the block's process sent:
+    a claim until the parts read are held here to the chosen weights and confirmed as the
+    lessons' block's is. In this process (trusted) only a failure counts."""
     subject = service.tested
     finding = Finding(*modern["finding"])
     if not finding.passed or finding.label == "FOUND":
@@ -206,14 +192,14 @@ def _modern_compared(
         why = f"the parts sent cannot be run as a block ({one_line(e)})"
     if isinstance(why, Finding):
         return Compared(why)
-    if not service.trusted:
-        notes.append(
-            "the modern block's comparison, read from the traces the block's process sent, is "
-            f"not confirmed outside it ({why}): not verified (check_in_process, for code you "
-            "trust, gives its verdict)"
-        )
-        return Compared(None)
-    return Compared(finding)
+    if service.trusted:
+        return Compared(finding)
+    notes.append(
+        "the modern block's comparison, read from the traces the block's process sent, is "
+        f"not confirmed outside it ({why}): not verified (check_in_process, for code you "
+        "trust, gives its verdict)"
+    )
+    return Compared(None)
 
 
 def _lessons_compared(
@@ -225,9 +211,10 @@ def _lessons_compared(
     part no reference models (``scope``), out of scope, not FAIL."""
     progress.stage("the reference comparison")
     try:
-        finding, match, ties, reading = _compare(subject, readings)
-        scope = [] if match or finding.passed else scope
+        result, reading = _explain(subject, readings)
+        finding, match = _finding(result), result.match
         if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
+            scope = []
             progress.stage("confirming the comparison on fresh inputs and conditions")
             parts = [*readings.readings, *readings.fallback][reading]
             steps, full = compose(match.deviations), not match.deviations
@@ -250,48 +237,34 @@ def _lessons_compared(
             f"not compared, as the references do not model it: {'; '.join(scope)} "
             f"(the lessons' block: {finding.message})"
         )
-    done = Compared(None if scope else finding)
+        return Compared(None)
     if match is None:
-        return done
+        return Compared(finding)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     traced = None
     if not match.deviations:
         heads = dict.fromkeys(("q", "k", "v"), match.n_head)
         traced = trace(read[reading], chosen, subject.dtype, heads)
-    return Compared(done.finding, match.mistakes, [m.mistakes for m in ties], details, traced)
+    ties = [m.mistakes for m in result.alternatives]
+    return Compared(finding, match.mistakes, ties, details, traced)
 
 
-def _modern(service: Service, progress: Progress) -> dict[str, Any]:
-    """The modern block's comparison (``gptblock.check.modern``), ``{}`` for the lessons' block."""
-    progress.stage("the modern reference comparison")
-    return service.modern()
-
-
-def _diagnose(found: list[str], implied: list[str]) -> list[str]:
-    """The mistakes found by comparison, plus those the probes prove that no diagnosed mistake
-    explains (``Mistake.explains``: a reversed mask also leaks the future), in catalogue order."""
-    explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
-    return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
-
-
-def _compare(
-    subject: Tested, read: Readings
-) -> tuple[Finding, Match | None, tuple[Match, ...], int]:
-    """Search the variants for the one that reproduces the block: the finding, the match, the
-    equally good alternatives and which reading of the block."""
+def _explain(subject: Tested, read: Readings) -> tuple[Explanation, int]:
+    """The variants' search on the block's output, and which reading of the block matched."""
     x = read.x.to(subject.device)
     y = subject(x.to(subject.dtype)).to(torch.float64)
-    offset = 0
     with torch.no_grad():
         result = explain(read.readings, x, y, read.heads, MAX_MISTAKES)
         if result.match is None and read.fallback:  # q, k, v in another order, then?
             again = explain(read.fallback, x, y, read.heads, MAX_MISTAKES)
             if again.match is not None:
-                result, offset = again, len(read.readings)
-    reading = offset + (result.match.reading if result.match else 0)
-    name = "reference comparison"
-    if result.match is None:
-        closest = result.closest
+                return again, len(read.readings) + again.match.reading
+    return result, result.match.reading if result.match else 0
+
+
+def _finding(result: Explanation) -> Finding:
+    name, match, closest = "reference comparison", result.match, result.closest
+    if match is None:
         near = (
             f"; the closest is {closest.describe()}, off by {closest.error:.2g}" if closest else ""
         )
@@ -299,14 +272,20 @@ def _compare(
             f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
             f"within {TOLERANCE:g} of its output scale{near}"
         )
-        return Finding(name, False, msg), None, (), 0
-    match = result.match
+        return Finding(name, False, msg)
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
     if not match.deviations and not result.alternatives:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
-        return Finding(name, True, msg), match, (), reading
+        return Finding(name, True, msg)
     msg = f"matches the lessons' block only with {match.describe()}: {within}"
     if result.alternatives:
         others = "; ".join(m.describe() for m in result.alternatives)
         msg += f" (equally small and also matching: {others})"
-    return Finding(name, True, msg, "FOUND"), match, result.alternatives, reading
+    return Finding(name, True, msg, "FOUND")
+
+
+def _diagnose(found: list[str], implied: list[str]) -> list[str]:
+    """The mistakes found by comparison, plus those the probes prove that no diagnosed mistake
+    explains (``Mistake.explains``: a reversed mask also leaks the future), in catalogue order."""
+    explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
+    return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]
