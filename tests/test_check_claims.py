@@ -1,5 +1,5 @@
 """A ``--map`` or ``--arg`` that makes no sense is refused in one line, never a PASS or a FAIL
-(``gptblock.check.roles.claims``, ``gptblock.check.building.build.check_sizes``; issue 21, class 2).
+(``gptblock.check.roles.given``, ``gptblock.check.building.build.check_sizes``; issue 21, class 2).
 
 A role given by hand is the comparison's truth: a norm for a projection, a bias for a weight, a
 shape the role cannot have, one weight for two roles, or a name the forward pass uses for another

@@ -13,14 +13,14 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
 3. ``building/`` -- the learner's block loaded (``target``: the only module that imports the user's
    code) and built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``).
 4. ``roles/`` -- finding the roles from what the tensors do (``trace``, ``walks``,
-   ``dataflow``, ``norms``, ``weights``), else from the module tree by shapes and order
-   (``parts``, ``mapping``) or ``--map`` (``given``, ``claims``, ``suggest``); the reading used
+   ``dataflow`` (the norms too), ``weights``), else from the module tree by shapes and order
+   (``parts``, ``mapping``) or ``--map`` (``given``; its offer in ``readings``); the reading used
    (``readings``) as numbers (``plain``, ``provenance``); the modern block's (``modern_*``).
 5. ``compare/`` -- ``decide`` (``verdict``): probes, the comparison held where a learner runs
    the block (``conditions``), every parameter acting (``accounting``), the modern
    block's comparison (``modern``), confirmed as the lessons' block's is.
 6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
-   requests (``child``, ``reaper``, ``worker``, ``remote``), checked at two sizes.
+   requests (``child``, ``reaper``, ``worker`` (its ``Remote``)), checked at two sizes.
 
 ``run`` -- ``check_block``: the block in this process (trusted code) or in a child process; it
 uses all the rooms, and the block forms it checks by default (``lesson``, ``mha``, ``fused``).

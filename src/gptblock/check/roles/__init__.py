@@ -4,8 +4,8 @@ the norms, and reading their weights into numbers.
 * ``trace`` -- one forward pass recorded operator by operator (``serve.loop``'s, read back
   checked: torch's own operators only), replayed with chosen tensors replaced; ``TraceError``.
 * ``walks`` -- following a traced tensor through reshapes, slices and scalar factors to where a
-  role reads or writes it; ``dataflow`` -- the roles from what the tensors do; ``norms`` -- the
-  norms, from what they compute.
+  role reads or writes it; ``dataflow`` -- the roles from what the tensors do, and
+  the norms from what they compute.
 * ``weights`` -- ``read_block``: each role's weight read by basis-vector interventions, in the
   lessons' layout, and checked against the traced activations.
 * ``parts`` -- the module tree's weight-holding parts; ``mapping`` -- their roles by shapes and
@@ -22,6 +22,6 @@ the norms, and reading their weights into numbers.
   or a modern one's) built back from them.
 
 Order inside: ``parts`` and ``provenance``; ``trace``; ``walks``; ``dataflow``;
-``norms``; ``weights``; ``mapping``, ``given``, ``readings``, ``plain``;
+``weights``; ``mapping``, ``given``, ``readings``, ``plain``;
 then the modern files; ``receive``.
 """

@@ -55,7 +55,7 @@ def one_thread() -> Iterator[None]:
 
 class Probed:
     """What the probes ask of a block (also named ``Tested``): a ``Subject``, or the checker's
-    view of one in another process (``isolation.remote``), whose answers are claims. Shared:
+    view of one in another process (``isolation.worker.Remote``), whose answers are claims. Shared:
     the inputs from the checker's own seed, in the block's ``dtype``, and what counts as moved;
     ``longest``: its block_size, or 0."""
 
