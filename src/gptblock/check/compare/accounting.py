@@ -12,7 +12,7 @@ import torch
 
 from ..mistakes.report import CAUGHT, Finding
 from ..roles.provenance import Traced, unread
-from ..serve.subject import Tested
+from ..serve.subject import Probed
 from .probes import listed
 
 __all__ = ["account"]
@@ -21,7 +21,7 @@ Tensor = torch.Tensor
 
 
 def account(
-    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Tested,
+    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Probed,
     chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator, findings: list[Finding],
     details: dict[str, str],
 ) -> list[str]:  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 
 from ..mistakes.report import CAUGHT, Finding, one_line
 from ..mistakes.search import TOLERANCE, distance
-from ..serve.subject import Tested
+from ..serve.subject import Probed
 
 __all__ = [
     "FLOAT32_TOLERANCE", "GRADIENT_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm",
@@ -55,7 +55,7 @@ class Condition:
         return FLOAT32_TOLERANCE if self.dtype == torch.float32 else TOLERANCE
 
 
-def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
+def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
     """The calls ``hold`` makes, in a random order drawn from ``fresh``.
 
     Example:
@@ -88,7 +88,7 @@ def conditions(subject: Tested, fresh: torch.Generator) -> list[Condition]:
 
 
 def hold(
-    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
+    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     backward: bool = True,
 ) -> Finding | str:  # fmt: skip
     """A failed comparison naming the condition where the block is not ``reference`` (float64,
@@ -126,7 +126,7 @@ def hold(
 
 
 def input_gradient_error(
-    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
+    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     dtype: torch.dtype | None = None,
 ) -> float:  # fmt: skip
     """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
@@ -160,7 +160,7 @@ def _off(message: str) -> Finding:
 
 
 def _error(
-    subject: Tested, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
+    subject: Probed, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
 ) -> float | str:
     """How far the block's update is from the reference's at ``x`` (of the reference update's
     scale), or the exception it raised, in one line. An output in another dtype is the shape
@@ -187,7 +187,7 @@ def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
     return x.to(c.dtype)
 
 
-def _random(subject: Tested, x: Tensor) -> bool:
+def _random(subject: Probed, x: Tensor) -> bool:
     """Whether two train-mode calls on ``x`` differ (something random besides dropout)."""
     try:
         with subject.own_rng():
@@ -205,7 +205,7 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Tested, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
+    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     held: list[Condition], off: list[tuple[Condition, float]],
 ) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart from those it holds in; for a length
@@ -238,7 +238,7 @@ def _mismatch(
 
 
 def confirm(
-    subject: Tested, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
+    subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
     fresh: torch.Generator, backward: bool, what: str, whose: str, conditions: bool,
 ) -> Finding | str:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.subject import Tested
+from ..serve.subject import Probed
 
 __all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "listed"]
 
@@ -49,7 +49,7 @@ def listed(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def shape(s: Tested) -> ProbeResult:
+def shape(s: Probed) -> ProbeResult:
     """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
     results = []
@@ -81,7 +81,7 @@ def shape(s: Tested) -> ProbeResult:
     return ProbeResult(True, " and ".join(results))
 
 
-def determinism(s: Tested) -> ProbeResult:
+def determinism(s: Probed) -> ProbeResult:
     """Two eval-mode calls on the same input agree."""
     x = s.input(s.T, s.T, s.C)
     with s.own_rng():  # one fork for both calls, so that a random block draws differently
@@ -97,7 +97,7 @@ def determinism(s: Tested) -> ProbeResult:
     return ProbeResult(False, msg, "dropout_in_eval")
 
 
-def causality(s: Tested) -> ProbeResult:
+def causality(s: Probed) -> ProbeResult:
     """Perturbing position t moves no output before t."""
     T, C = s.T, s.C
     x = s.input(T, T, C)
@@ -119,7 +119,7 @@ def causality(s: Tested) -> ProbeResult:
     return ProbeResult(False, msg, "future_leak")
 
 
-def batch_independence(s: Tested) -> ProbeResult:
+def batch_independence(s: Probed) -> ProbeResult:
     """Perturbing one sequence of the batch moves no other sequence's output."""
     T, C = s.T, s.C
     x = s.input(T, T, C)
@@ -138,7 +138,7 @@ def batch_independence(s: Tested) -> ProbeResult:
     return ProbeResult(True, "changing one sequence moves no other sequence's output")
 
 
-def residual(s: Tested) -> ProbeResult:
+def residual(s: Probed) -> ProbeResult:
     """A small change to a large input passes straight through a pre-norm block."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     x, d = s.input(T, T, C, scale=S), s.input(T, T, C)
@@ -160,7 +160,7 @@ def residual(s: Tested) -> ProbeResult:
     return ProbeResult(False, msg)
 
 
-def finite(s: Tested) -> ProbeResult:
+def finite(s: Probed) -> ProbeResult:
     """Ordinary, large and partly-zero inputs give finite outputs (the last: a norm without eps)."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     zero = s.input(T, T, C)
@@ -180,7 +180,7 @@ def finite(s: Tested) -> ProbeResult:
     return ProbeResult(True, f"finite for {', '.join(cases)}")
 
 
-def gradients(s: Tested) -> ProbeResult:
+def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
     float32 (the dtype learners train in: a cast such as ``x.float()`` is a copy in float64 and
     ``x`` itself in float32, so an in-place change may break only there)."""
@@ -216,7 +216,7 @@ def gradients(s: Tested) -> ProbeResult:
 
 # The probes by the name their finding gets, in the order they run; ``shape`` first, since the
 # others need its contract.
-PROBES: dict[str, Callable[[Tested], ProbeResult]] = {
+PROBES: dict[str, Callable[[Probed], ProbeResult]] = {
     "shape": shape,
     "eval determinism": determinism,
     "causality": causality,

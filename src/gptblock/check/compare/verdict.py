@@ -25,7 +25,7 @@ from ..mistakes.variants import compose
 from ..roles.provenance import Traced, choose, trace
 from ..roles.readings import Readings
 from ..roles.receive import unpack_modern, unpack_readings
-from ..serve.subject import Tested
+from ..serve.subject import Probed
 from .accounting import account
 from .conditions import confirm
 from .probes import PROBES, ProbeResult
@@ -49,7 +49,7 @@ class Service(Protocol):
     one in another process)."""
 
     @property
-    def tested(self) -> Tested: ...
+    def tested(self) -> Probed: ...
     @property
     def note(self) -> str: ...
     def parameters(self) -> dict[str, Tensor]: ...
@@ -203,7 +203,7 @@ def _modern_compared(
 
 
 def _lessons_compared(
-    subject: Tested, readings: Readings, read: list[dict[str, list[Tensor]]],
+    subject: Probed, readings: Readings, read: list[dict[str, list[Tensor]]],
     chosen: Mapping[str, Tensor], fresh: torch.Generator, backward: bool, again: bool,
     scope: list[str], notes: list[str], progress: Progress,
 ) -> Compared:  # fmt: skip
@@ -249,7 +249,7 @@ def _lessons_compared(
     return Compared(finding, match.mistakes, ties, details, traced)
 
 
-def _explain(subject: Tested, read: Readings) -> tuple[Explanation, int]:
+def _explain(subject: Probed, read: Readings) -> tuple[Explanation, int]:
     """The variants' search on the block's output, and which reading of the block matched."""
     x = read.x.to(subject.device)
     y = subject(x.to(subject.dtype)).to(torch.float64)

@@ -28,7 +28,7 @@ from .child import Child, Gone, undumpable
 from .worker import Call, InProcess, ProtocolBroken, Remote, Served
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "InProcess", "ask_isolated",
+    "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated",
     "check_in_process", "check_isolated", "two_sizes",
 ]  # fmt: skip
 

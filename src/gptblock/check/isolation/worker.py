@@ -247,7 +247,7 @@ class ProtocolBroken(BaseException):  # not an Exception: no probe may catch it
 
 
 class Remote(Probed):
-    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Tested`` and
+    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Probed`` and
     ``Service``): its width ``C``, the probes' length ``T``, the ``name`` of the dtype it computes
     in, the ``note`` it said of its copy and its ``longest`` sequence (0: unknown), as it says."""
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
-from ..serve.subject import Subject, Tested
+from ..serve.subject import Probed, Subject
 from .dataflow import Unread
 from .given import check_claims, check_reading, fix_roles
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
@@ -39,7 +39,7 @@ class Traces:
     ``record``: the costliest step, shared by the modern comparison and the dataflow's reading.
     ``clear`` after setting the block's weights."""
 
-    def __init__(self, tested: Tested, record: Callable[[Tensor], Trace]) -> None:
+    def __init__(self, tested: Probed, record: Callable[[Tensor], Trace]) -> None:
         self.tested, self.record = tested, record
         self.inputs: dict[tuple[int, int], Tensor] = {}
         self.clear()

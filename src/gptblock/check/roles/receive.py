@@ -16,7 +16,7 @@ import torch
 
 from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
-from ..serve.subject import Tested
+from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED
 from .plain import KEY, NORM_KINDS, NotPlain, norm_function
 from .provenance import Traced, snap, sorted_values, trace
@@ -138,7 +138,7 @@ def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) ->
 def unpack_readings(
     meta: dict[str, Any],
     tensors: dict[str, Tensor],
-    subject: Tested,
+    subject: Probed,
     chosen: Mapping[str, Tensor],
     notes: list[str],
 ) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .loop import CAUGHT, NoDropout, UserValueError, fixed_seed, one_line
 
-__all__ = ["Grads", "Probed", "Subject", "Tested", "first_tensor", "one_thread"]
+__all__ = ["Grads", "Probed", "Subject", "first_tensor", "one_thread"]
 
 Tensor = torch.Tensor
 
@@ -54,7 +54,7 @@ def one_thread() -> Iterator[None]:
 
 
 class Probed:
-    """What the probes ask of a block (also named ``Tested``): a ``Subject``, or the checker's
+    """What the probes ask of a block: a ``Subject``, or the checker's
     view of one in another process (``isolation.worker.Remote``), whose answers are claims. Shared:
     the inputs from the checker's own seed, in the block's ``dtype``, and what counts as moved;
     ``longest``: its block_size, or 0."""
@@ -85,9 +85,6 @@ class Probed:
         """Where ``y2`` differs from ``y`` by more than round-off (NaN == NaN counts as equal)."""
         scale = 1.0 + float(y.abs().nan_to_num(0.0, 0.0, 0.0).max())
         return ~((y == y2) | (y.isnan() & y2.isnan()) | ((y - y2).abs() <= self.tol * scale))
-
-
-Tested = Probed
 
 
 class Subject(Probed):
