@@ -1,8 +1,8 @@
 """Checking blocks in child processes that only answer requests (``check_isolated``), so that
 the block cannot end, hang or fool the checker: every reading, comparison and verdict is made
-here, a match confirmed on inputs from a seed the child never sees; whatever the child does, the
-report comes from here and keeps the findings before. The block still runs as the same user: run
-untrusted code in a container. ``check_in_process`` sends the same requests to ``InProcess``.
+here, a match confirmed on inputs from a seed the child never sees, and the report keeps the
+findings before whatever the child does. The block still runs as the same user: run untrusted
+code in a container. ``check_in_process`` sends the same requests to ``worker.Served``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from ..building.target import check_spec, main_source
 from ..compare.verdict import Progress, Service, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
-from .child import Child, Gone, undumpable
-from .worker import Call, InProcess, ProtocolBroken, Remote, Served
+from .child import Child, Gone, ProtocolBroken, undumpable
+from .worker import Call, Remote, Served
 
 __all__ = [
     "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated",
@@ -42,8 +42,7 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 @dataclass
 class _State:
-    """A check's ``Progress``: the stage, the block, what was found; at the other sizes
-    (``outer``: the file's sizes' progress, if any), its stages told to ``outer`` too."""
+    """A check's ``Progress``; at the other sizes, its stages told to ``outer`` (if any) too."""
 
     name: str = ""
     where: str = "starting"
@@ -63,7 +62,6 @@ class _State:
         self.findings.append(finding)
 
     def stopped(self, finding: Finding, note: str) -> CheckReport:
-        """The report of a check that stopped at ``finding``, the findings before it kept."""
         return CheckReport(self.description or self.name, [*self.findings, finding], [], {}, [note])
 
 
@@ -89,18 +87,13 @@ def check_isolated(
         try:
             child.call("load", index=j)
             return two_sizes(lambda p, other: _at(child.call, p, roles, other), states[i])
-        except ProtocolBroken as e:
-            raise Gone(f"broke the checker's protocol ({e})") from None
         except Raised as e:  # where the checker does not expect the block to raise
             said = f"the check stopped during {states[i].where}: {e}"
-            where = getattr(e, "where", "")
-            note = f"if the block did not cause this, it is a bug in gptblock: {where}"
+            note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"  # type: ignore[attr-defined]
             return states[i].stopped(Finding("check", False, said), note)
 
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
-        if what == "timeout":
-            what = f"did not finish within {timeout:g} s (--timeout) and was stopped"
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
@@ -125,9 +118,9 @@ def _in_children(
     note: Callable[[Answer, str], Answer] | None = None,
 ) -> list[Answer]:
     """``ask(child, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds,
-    ``cut(i, what)`` where the child stopped answering (``Gone``): the targets after it get a
-    fresh child. With ``note``: a child per file (one learner's code cannot answer for
-    another's), and ``note(answer, what the checked code wrote)``."""
+    ``cut(i, how the child stopped answering)`` where it did: the targets after it get a fresh
+    child. With ``note``: a child per file (one learner's code cannot answer for another's),
+    and ``note(answer, what the checked code wrote)``."""
     for t in sent:
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
@@ -146,7 +139,9 @@ def _in_children(
                     try:
                         answers.append(ask(child, i - first, i))
                     except Gone as e:
-                        answers.append(cut(i, str(e)))
+                        flag = " (--timeout)" if note else ""
+                        stopped = f"did not finish within {timeout:g} s{flag} and was stopped"
+                        answers.append(cut(i, stopped if str(e) == "timeout" else str(e)))
                         break
             finally:
                 child.close()
@@ -171,16 +166,12 @@ def ask_isolated(
         except (Raised, errors.UserError) as e:
             return str(e)
 
-    def cut(i: int, what: str) -> str:
-        stopped = f"did not finish within {timeout:g} s and was stopped"
-        return f"its process {stopped if what == 'timeout' else what}"
-
-    return _in_children(targets, {}, timeout, one, cut)
+    return _in_children(targets, {}, timeout, one, lambda i, what: f"its process {what}")
 
 
 def _sent(target: object, folder: Path) -> str | bytes:
     """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
-    notebook's cell, which the child cannot import) its source, as a file in ``folder``."""
+    notebook's cell, which the child cannot import) its source as a file in ``folder``."""
     if isinstance(target, str):
         return target
     source = main_source(target)
@@ -205,9 +196,8 @@ def two_sizes(
     at: Callable[[Progress, bool], tuple[CheckReport, str] | str], progress: Progress | None
 ) -> CheckReport:
     """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
-    the other sizes (``True``: or why not, a note; its findings kept apart), combined
-    (``sizes.combine``: PASS needs both). A mistake diagnosed at the file's sizes is not
-    checked again: it would stay the verdict."""
+    the other sizes (``True``: or why not), combined (``sizes.combine``: PASS needs both). A
+    mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
     first = at(progress or _State(), False)
     if isinstance(first, str):  # the file's sizes raise rather than say why not
         raise RuntimeError(f"no report at the file's sizes: {first}")
@@ -226,9 +216,9 @@ def check_in_process(
     progress: Progress | None = None,
 ) -> CheckReport:  # fmt: skip
     """``check_block`` in this process (for code the caller trusts: a block written to fool
-    the checker can), telling ``progress`` each stage and finding, at both sizes: the requests
-    ``check_isolated`` sends a child, answered here (``InProcess``)."""
-    local = InProcess(target, kwargs)
+    the checker can), telling ``progress`` each stage and finding: the requests
+    ``check_isolated`` sends a child, answered here (``worker.Served``)."""
+    local = Served(target, kwargs)
     try:
         with one_thread():
             return two_sizes(lambda p, other: _at(local, p, roles, other), progress)
@@ -240,9 +230,9 @@ def _at(
     call: Call, progress: Progress, roles: Mapping[str, str], other: bool
 ) -> tuple[CheckReport, str] | str:
     """The report at the file's sizes or the ``other`` ones and their label; at the other
-    sizes, why not instead when the block cannot be built or called there. What a child says
-    is bounded (``text``) and checked for form; what this process says (``InProcess``), not."""
-    trusted = isinstance(call, InProcess)
+    sizes, why not when the block cannot be built or called there. What a child says is
+    bounded (``text``) and checked for form; what this process says (``Served``), not."""
+    trusted = isinstance(call, Served)
     bound = (lambda value, limit: str(value)) if trusted else text
     progress.stage("building the block")
     try:
@@ -276,8 +266,8 @@ def _at(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
     service: Service
-    if isinstance(call, InProcess) and isinstance(call.held, Served):  # seeded: a report the
-        service, seeds = call.held, (FRESH_SEED, WEIGHTS_SEED)  # same on every run
+    if trusted and isinstance(call, Served):  # seeded: a report the same on every run
+        service, seeds = call, (FRESH_SEED, WEIGHTS_SEED)
     else:  # claims, and inputs and weights from seeds the child never sees
         service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
         seeds = (secrets.randbits(63), secrets.randbits(63))

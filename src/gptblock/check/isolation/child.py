@@ -25,7 +25,7 @@ from ...early import environment, take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.frames import Reader, send
 
-__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "environment", "undumpable"]
+__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
@@ -37,6 +37,14 @@ Answer = tuple[dict[str, Any], dict[str, torch.Tensor]]
 class Gone(BaseException):  # not an Exception: the probes must not catch it
     """The child stopped answering: it ended, hung past the deadline (``"timeout"``) or broke
     the protocol; the argument says which."""
+
+
+class ProtocolBroken(Gone):
+    """An answer that is not one to the request: the check stops there, rather than counting
+    it as the block's error."""
+
+    def __str__(self) -> str:
+        return f"broke the checker's protocol ({self.args[0]})"
 
 
 class _Output(threading.Thread):
@@ -147,9 +155,9 @@ class Child:
         except EOFError:
             raise Gone(self.ended(name)) from None
         except ValueError as e:
-            raise Gone(f"broke the checker's protocol ({one_line(e)})") from None
+            raise ProtocolBroken(one_line(e)) from None
         if header.get("id") != wanted:
-            raise Gone("broke the checker's protocol (an answer to no request)")
+            raise ProtocolBroken("an answer to no request")
         if isinstance(header.get("ok"), dict):
             return header["ok"], tensors
         if "user_error" in header:
@@ -161,7 +169,7 @@ class Child:
             raised = Raised(text(header["raised"], 400))
             raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
             raise raised
-        raise Gone("broke the checker's protocol (an answer of no known kind)")
+        raise ProtocolBroken("an answer of no known kind")
 
     def _status(self, timeout: float, last: int = signal.SIGCONT) -> None:
         """What the supervisor says (``supervisor PID``, ``pid NAME PID``, ``exit NAME RC``) until

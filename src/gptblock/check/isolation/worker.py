@@ -1,10 +1,8 @@
-"""The block built and read where it runs (``Served``), answering in this process (``InProcess``,
-for ``isolate=False``) or in the builder process (``main``; it also sends each build's ``recipe``
-for the runner: the builder imports gptblock, so nothing it says decides the verdict); and the
-checker's view of a block in another process (``Remote``), whose answers are claims checked for
-form, its text bounded, its weights and modern block read here from the traces it records.
-
-Shapes: B batch, T time, C channels.
+"""The block built and read where it runs (``Served``: in this process for ``isolate=False``, or
+in the builder process, ``main``, which also sends each build's ``recipe`` for the runner: the
+builder imports gptblock, so nothing it says decides the verdict); and the checker's view of a
+block in another process (``Remote``), whose answers are claims checked for form, its text
+bounded, its weights and modern block read here from the traces it records.
 """
 
 from __future__ import annotations
@@ -13,13 +11,12 @@ import contextlib
 import pickle
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
@@ -40,10 +37,11 @@ from ..roles.readings import (
 )
 from ..roles.trace import NoDropout, from_plain, record
 from ..serve.loop import drive_cache
-from ..serve.runner import Held, Runner, serve, to_data
+from ..serve.runner import Held, serve, to_data
 from ..serve.subject import Grads, Probed
+from .child import ProtocolBroken
 
-__all__ = ["Call", "InProcess", "ProtocolBroken", "Remote", "Served", "main"]
+__all__ = ["Call", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
@@ -53,33 +51,95 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """A built block and the answers the checker gets from it (``runner.Held``'s, and
-    reading); ``kwargs``, its constructor arguments, may say its width and longest sequence.
+    """``target`` built with ``kwargs`` and read (``runner.Held``'s answers, and ``width``,
+    ``read``, ``suggest``, ``modern``), for code the caller trusts: ``decide`` asks it directly.
+    In the builder process (``targets`` given) each ``load``s a target, and each build also says
+    its ``recipe`` for the runner. The last build's module settings stay set until ``undo``.
 
     Example:
         >>> from gptblock import lesson
-        >>> served = Served(lesson.Block(16, 2, 8), {})
-        >>> served.width(), served.copy()["dtype"]
-        ((16, 6), 'float64')
+        >>> served = Served(lesson.Block, {"n_embd": 16, "n_head": 2, "block_size": 8})
+        >>> served("build")[0]["width"], served("width")[0], served("copy")[0]["dtype"]
+        (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
     """
 
     trusted = True  # in the checker's own process: what this object says is what the block did
 
-    def __init__(self, module: nn.Module, kwargs: Mapping[str, object]) -> None:
-        super().__init__(module)
-        self.kwargs = kwargs
+    def __init__(
+        self, target: object, kwargs: Mapping[str, object], targets: Sequence[str | bytes] = ()
+    ):
+        super().__init__({"targets": targets})
+        self.target, self.kwargs, self.sized = target, kwargs, kwargs
+
+    def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
+        return self.answer(op, args, tensors or {})
+
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+        if op == "load":
+            target = self.targets[int(args["index"])]
+            if isinstance(target, str):
+                self.target = load_target(target)
+                return {}, {}
+            try:
+                self.target = pickle.loads(target)
+            except CAUGHT as e:
+                raise UserValueError(
+                    f"cannot load the target in the child process: {one_line(e)}"
+                ) from e
+            return {}, {}
+        if op == "width":
+            C, T = self.width()
+            return {"C": C, "T": T, "longest": self.longest}, {}
+        if op == "read":
+            return self.read(args["roles"])
+        if op == "suggest":
+            return {"map": self.suggest()}, {}
+        return super().answer(op, args, tensors)
+
+    def build(self, args: Mapping[str, Any]) -> Answer:
+        other = bool(args.get("other"))
+        built = build_at(self.target, self.kwargs, other)
+        if built is None:
+            return {"none": True}, {}
+        self.module, self.undo = built.module, built.undo
+        self.sized = built.args if other else self.kwargs
+        told: dict[str, Any] = {"description": built.description, "label": built.label}
+        told["notes"] = built.notes
+        if self.targets:
+            told["recipe"] = self.recipe(built.args, built.description)
+        return {**told, "width": built.width}, {}
+
+    def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
+        """What the runner builds the block from: its arguments and the module settings the
+        build changed, kept set (read by difference from ``undo``'s), as data."""
+        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+        changed: dict[str, object] = {}
+        if home is not None:
+            built = dict(vars(home))
+            self.undo()
+            restored = dict(vars(home))
+            changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+            vars(home).update(changed)
+            self.undo = lambda: vars(home).update({n: restored[n] for n in changed})
+        try:
+            return {"settings": {n: to_data(v, home) for n, v in changed.items()},
+                    "args": to_data(args, home)}  # fmt: skip
+        except ValueError as e:
+            raise UserValueError(
+                f"cannot send {description}'s arguments or module settings to a fresh process: {e}"
+            ) from e
 
     def width(self) -> tuple[int, int]:
         """(C, T): the block's width and the probes' length; ``longest`` set (0: unknown)."""
-        self.longest = max_length(self.module, self.kwargs, 0)
+        self.longest = max_length(self.module, self.sized, 0)
         self.T = min(PROBE_T, self.longest or PROBE_T)
-        self.C = width(self.module, self.kwargs, self.T)
+        self.C = width(self.module, self.sized, self.T)
         return self.C, self.T
 
     def read(self, roles: Mapping[str, str]) -> Answer:
         """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
         notes: list[str] = []
-        longest = max_length(self.module, self.kwargs, TRACE_T)
+        longest = max_length(self.module, self.sized, TRACE_T)
         found = read_parts(self.subject, self.traces, roles, longest, notes)
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
@@ -102,22 +162,12 @@ class Served(Held):
         return how
 
     def modern(self) -> dict[str, Any]:
-        s, longest = self.subject, max_length(self.module, self.kwargs, TRACE_T)
+        s, longest = self.subject, max_length(self.module, self.sized, TRACE_T)
         source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
         return modern_answer(source, self.traces, longest, s.no_dropout)
 
     def suggest(self) -> str:
         return suggest_map(self.subject.module, self.C)
-
-    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        if op == "width":
-            C, T = self.width()
-            return {"C": C, "T": T, "longest": self.longest}, {}
-        if op == "read":
-            return self.read(args["roles"])
-        if op == "suggest":
-            return {"map": self.suggest()}, {}
-        return super().answer(op, args, tensors)  # copy, set, dropout_off: read as the runner
 
 
 def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Answer:
@@ -168,82 +218,16 @@ def modern_answer(
     }
 
 
-class InProcess(Runner):
-    """A child's answers (a ``Call``) made in this process, for code the caller trusts; ``decide``
-    then asks its ``held`` block directly. Its last build's module settings stay set until ``undo``."""
-
-    def __init__(self, target: object, kwargs: Mapping[str, object], targets: Any = ()) -> None:
-        super().__init__({"targets": list(targets)})
-        self.target, self.kwargs = target, kwargs
-
-    def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
-        return self.answer(op, args, tensors or {})
-
-    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
-        other = bool(args.get("other"))
-        built = build_at(self.target, self.kwargs, other)
-        if built is None:
-            return {"none": True}, {}
-        self.undo, self.args = built.undo, built.args
-        self.held = Served(built.module, built.args if other else self.kwargs)
-        told = {"description": built.description, "label": built.label, "notes": built.notes}
-        return {**told, "width": built.width}, {}
-
-
-class _Builder(InProcess):
-    def __init__(self, request: dict[str, Any]) -> None:
-        super().__init__(None, request["kwargs"], request["targets"])
-
-    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
-        if op == "load":
-            target = self.targets[int(args["index"])]
-            if isinstance(target, str):
-                self.target = load_target(target)
-                return {}, {}
-            try:
-                self.target = pickle.loads(target)
-            except CAUGHT as e:
-                raise UserValueError(
-                    f"cannot load the target in the child process: {one_line(e)}"
-                ) from e
-            return {}, {}
-        said, _ = super().build(op, args)
-        if said.get("none"):
-            return said, {}
-        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-        changed: dict[str, object] = {}
-        if home is not None:
-            # the module settings the build changed, kept set, read by difference from undo's
-            built = dict(vars(home))
-            self.undo()
-            restored = dict(vars(home))
-            changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
-            vars(home).update(changed)
-            self.undo = lambda: vars(home).update({n: restored[n] for n in changed})
-        try:
-            settings = {n: to_data(v, home) for n, v in changed.items()}
-            said["recipe"] = {"settings": settings, "args": to_data(self.args, home)}
-        except ValueError as e:
-            raise UserValueError(
-                f"cannot send {said['description']}'s arguments or module settings to a fresh "
-                f"process: {e}"
-            ) from e
-        return said, {}
-
-
 def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
-    return serve(argv, _Builder, (UserError,))
+    return serve(
+        argv, lambda request: Served(None, request["kwargs"], request["targets"]), (UserError,)
+    )
 
 
 _SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes
 MAX_NUMEL = 1 << 28  # elements of a tensor the block's process may claim to have made
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-class ProtocolBroken(BaseException):  # not an Exception: no probe may catch it
-    """The block's process answered something that is not an answer to the request: the check
-    stops there (``isolation`` reports it), rather than counting it as the block's error."""
 
 
 class Remote(Probed):

@@ -86,8 +86,8 @@ def encode(a: object, other: Callable[[object], object] | None = None) -> object
     if isinstance(a, (tuple, list)):
         items = [encode(b, other) for b in a]
         return items if isinstance(a, list) else {"tuple": items}
-    if isinstance(a, dict):
-        return {"dict": {str(k): encode(v, other) for k, v in a.items()}}
+    if isinstance(a, dict) and all(isinstance(k, str) for k in a):
+        return {"dict": {k: encode(v, other) for k, v in a.items()}}
     if isinstance(a, complex):
         return {"complex": [a.real, a.imag]}
     if isinstance(a, torch.device):

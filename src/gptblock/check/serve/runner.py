@@ -2,15 +2,13 @@
 
 The supervisor (``reaper``) forks it from a copy of this folder as the package ``serve``: it
 imports nothing of gptblock, no frame under the block's calls is a gptblock file, and nothing in
-its command line, ancestors or environment names the checker. It loads the learner's file
-again, builds the block from what the builder (``worker``) built it with, sent as data
-(``to_data``), and answers every request that decides the verdict (``Held.answer``).
-
-Shapes: B batch, T time, C channels.
+its command line, ancestors or environment names the checker. It loads the learner's file again,
+builds the block from the builder's ``recipe`` (``to_data``) and answers (``Held.answer``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -28,10 +26,10 @@ import torch.nn as nn
 
 from .calls import forward_arguments, learner_line, size_error, source
 from .frames import Reader, send
-from .loop import CAUGHT, UserValueError, drive_cache, fixed_seed, one_line, record
+from .loop import CAUGHT, UserValueError, drive_cache, encode, fixed_seed, one_line, record
 from .subject import Subject
 
-__all__ = ["DROPOUT_NAMES", "Held", "Runner", "build", "load", "main", "serve", "to_data"]
+__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
 
 Tensor = torch.Tensor
 Answer = tuple[dict[str, Any], dict[str, Tensor]]
@@ -40,16 +38,28 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A built block (never changed) and the answers that decide the verdict, made on the
-    checker's copy (``subject``, also ``tested``: made by ``copy`` at ``C``, ``T`` and
-    ``longest``, set by the checker's request or by ``Served.width``)."""
+    """A process's answers about a block (``answer``): ``build`` makes the block (``module``), the
+    last build's module settings undone; the rest are made on the checker's copy (``subject``,
+    also ``tested``) that ``copy`` makes at ``C``, ``T`` and ``longest``."""
 
     subject: Subject
     tested: Subject
+    module: nn.Module
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module, self.note = module, ""
-        self.C, self.T, self.longest = 0, 0, 0
+    def __init__(self, request: Mapping[str, Any]) -> None:
+        self.targets: list[str | bytes] = list(request["targets"])
+        self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
+        self.undo: Callable[[], None] = lambda: None
+        self.C, self.T, self.longest, self.note = 0, 0, 0, ""
+
+    def build(self, args: Mapping[str, Any]) -> Answer:
+        i = int(args["index"])
+        try:
+            self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
+        except CAUGHT as e:
+            raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
+        self.module, self.undo = build(self.loaded[i], args["recipe"])
+        return {}, {}
 
     def copy(self) -> dict[str, Any]:
         """Make the checker's copy (float64, eval); what it is, and what its first call raised
@@ -67,12 +77,9 @@ class Held:
         }
 
     def parameters(self) -> dict[str, Tensor]:
-        """The copy's parameters, by name."""
         return {n: p.detach() for n, p in self.subject.module.named_parameters()}
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        """Give the copy's parameters these values, by name (ValueError: a name the copy does
-        not have, or a value of another shape)."""
         own = dict(self.subject.module.named_parameters())
         with torch.no_grad():
             for name, value in values.items():
@@ -82,9 +89,8 @@ class Held:
                 p.copy_(value.to(device=p.device, dtype=p.dtype))
 
     def dropout_off(self) -> str:
-        """Set every dropout probability of the copy to 0, else switch every dropout off where
-        it runs (``loop.NoDropout``); how, if that makes its eval outputs deterministic (the
-        rest of its arithmetic can then be compared), else ``""``."""
+        """Set every dropout probability of the copy to 0, else switch dropout off where it runs
+        (``loop.NoDropout``); how, if then its eval outputs are deterministic, else ``""``."""
         s = self.subject
         for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
             for name, value in vars(m).items():
@@ -103,8 +109,12 @@ class Held:
         return ""
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        """One request's answer: ``copy`` (at ``C``, ``T``, ``longest`` when given), ``forward``,
-        ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
+        """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
+        ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
+        if op == "build":
+            self.undo()
+            self.undo = lambda: None
+            return self.build(args)
         if op == "copy":
             if "C" in args:
                 self.C, self.T, self.longest = int(args["C"]), int(args["T"]), int(args["longest"])
@@ -137,9 +147,9 @@ class Held:
 
 
 def to_data(value: object, home: object) -> object:
-    """A constructor argument or module setting as JSON (``build`` makes it again): plain values,
-    lists, tuples, dicts, dtypes, a config object as its class and attributes, a class or
-    function by name (pickled, as ``check_block``'s own arguments are).
+    """A constructor argument or module setting as JSON (``loop.encode``'s, made again by
+    ``build``), a config object as its class and attributes, a class or function by name (pickled,
+    as ``check_block``'s own arguments are).
 
     Raises:
         ValueError: a value that cannot be sent so (a local function or class).
@@ -148,26 +158,22 @@ def to_data(value: object, home: object) -> object:
         >>> to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
         {'dict': {'sizes': {'tuple': [1, 2]}, 'cfg': {'object': 'SimpleNamespace', 'module': 'types', 'fields': {'dict': {'bias': True}}}}}
     """
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [to_data(v, home) for v in value]
-        return items if isinstance(value, list) else {"tuple": items}
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"dict": {k: to_data(v, home) for k, v in value.items()}}
-    if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
-    cls = type(value)
-    if callable(value) or isinstance(value, types.ModuleType):  # by name: F.gelu, nn.GELU
-        try:
-            return {"pickle": pickle.dumps(value).hex()}
-        except CAUGHT:
-            pass
-    elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
-        own = cls.__module__ == getattr(home, "__name__", None)  # the learner's file's
-        where = "" if own else cls.__module__
-        return {"object": cls.__qualname__, "module": where, "fields": to_data(vars(value), home)}
-    raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
+
+    def other(value: object) -> object:
+        cls = type(value)
+        if callable(value) or isinstance(value, types.ModuleType):  # by name: F.gelu, nn.GELU
+            with contextlib.suppress(*CAUGHT):
+                return {"pickle": pickle.dumps(value).hex()}
+        elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
+            where = "" if cls.__module__ == getattr(home, "__name__", None) else cls.__module__
+            return {
+                "object": cls.__qualname__,
+                "module": where,
+                "fields": to_data(vars(value), home),
+            }
+        raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
+
+    return encode(value, other)
 
 
 def _from_data(data: Any, home: object) -> Any:
@@ -177,14 +183,19 @@ def _from_data(data: Any, home: object) -> Any:
         return [_from_data(v, home) for v in data]
     if not isinstance(data, dict):
         return data
-    if "tuple" in data:
-        return tuple(_from_data(v, home) for v in data["tuple"])
-    if "dict" in data:
-        return {k: _from_data(v, home) for k, v in data["dict"].items()}
-    if "dtype" in data:
-        return getattr(torch, data["dtype"])
-    if "pickle" in data:
-        return pickle.loads(bytes.fromhex(data["pickle"]))
+    key, value = next(iter(data.items()))
+    if key == "tuple":
+        return tuple(_from_data(v, home) for v in value)
+    if key == "dict":
+        return {k: _from_data(v, home) for k, v in value.items()}
+    if key in ("dtype", "layout", "memory_format"):
+        return getattr(torch, value)
+    if key == "device":
+        return torch.device(value)
+    if key == "complex":
+        return complex(*value)
+    if key == "pickle":
+        return pickle.loads(bytes.fromhex(value))
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)
@@ -201,9 +212,8 @@ def _from_data(data: Any, home: object) -> Any:
 
 
 def load(target: str | bytes) -> object:
-    """What a target names: ``FILE.py:NAME`` (the file run as a module of its own name, its
-    folder on ``sys.path`` meanwhile), ``package.module:NAME``, or a pickled class, factory or
-    module (from the checker)."""
+    """What a target names: ``FILE.py:NAME`` (run as a module of its own name), ``module:NAME``,
+    or a pickled class, factory or module (from the checker)."""
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
@@ -230,8 +240,7 @@ def load(target: str | bytes) -> object:
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
     """The block ``target`` builds from ``recipe`` (``to_data``'s settings and args), seeded as
-    the builder's, and the undo of the module settings it set (set while the block runs: it
-    may read them in ``forward``). Raises UserValueError when it cannot be built so."""
+    the builder's, and the undo of the module settings it set (kept: ``forward`` may read them)."""
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
@@ -258,44 +267,14 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-class Runner:
-    """A process's answers: ``build`` (and the builder's ``load``) makes a fresh ``held``, the
-    last build's module settings undone; every other request is the held block's to answer."""
-
-    def __init__(self, request: dict[str, Any]) -> None:
-        self.targets: list[str | bytes] = request["targets"]
-        self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
-        self.held: Held | None = None
-        self.undo: Callable[[], None] = lambda: None
-
-    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
-        if op in ("load", "build"):
-            self.undo()
-            self.undo, self.held = lambda: None, None
-            return self.build(op, args)
-        if self.held is None:
-            raise RuntimeError(f"{op} before build")
-        return self.held.answer(op, args, tensors)
-
-    def build(self, op: str, args: Mapping[str, Any]) -> Answer:
-        i = int(args["index"])
-        try:
-            self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
-        except CAUGHT as e:
-            raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
-        module, self.undo = build(self.loaded[i], args["recipe"])
-        self.held = Held(module)
-        return {}, {}
-
-
 def serve(
     argv: list[str],
     start: Callable[[dict[str, Any]], Any],
     refused: tuple[type[BaseException], ...] = (UserValueError,),
 ) -> int:
-    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until the first
-    closes: ``start(request)`` (the first message's pickled ``init``) answers them; an error
-    ``refused`` is a ``user_error`` (its class's name and message), any other a ``raised``."""
+    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until it closes, by
+    ``start(the first message's init)``; an error ``refused`` is a ``user_error``, any other
+    ``raised``."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
@@ -326,4 +305,4 @@ def serve(
 
 def main(argv: list[str]) -> int:
     """The runner: ``IN_FD OUT_FD``."""
-    return serve(argv, Runner)
+    return serve(argv, Held)
