@@ -1,8 +1,7 @@
-"""The child processes of ``isolation.check``: a supervisor (``reaper``, taken from
-``gptblock.early``), the builder (``worker``) and the runner (``serve``) it forks. ``Child.call``
-sends loading, building, the width and readings by names to the builder (on its copy given the
-runner's parameters), every other request, what decides the verdict, to the runner, which builds
-the block from the builder's ``recipe``. The block's output is drained.
+"""The child processes of ``isolation.check``: a supervisor (``reaper``, from ``gptblock.early``)
+and the builder (``worker``) and the runner (``serve``) it forks. ``Child.call`` sends loading,
+building, the width and readings by names to the builder (on its copy given the runner's
+parameters), every other request, what decides the verdict, to the runner.
 """
 
 from __future__ import annotations
@@ -36,19 +35,16 @@ Answer = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
     """The child stopped answering: it ended, hung past the deadline (``"timeout"``) or broke
-    the protocol; the argument says which."""
+    the protocol (``ProtocolBroken``: an answer that is not one, not counted as the block's)."""
 
 
 class ProtocolBroken(Gone):
-    """An answer that is not one to the request: the check stops there, rather than counting
-    it as the block's error."""
-
     def __str__(self) -> str:
         return f"broke the checker's protocol ({self.args[0]})"
 
 
 class _Output(threading.Thread):
-    """One of the child's stdout / stderr, drained: counted, its start kept, the rest dropped."""
+    """The child's stdout or stderr, drained: counted, its start kept, the rest dropped."""
 
     def __init__(self, name: str, fd: int) -> None:
         super().__init__(name=name, daemon=True)
@@ -69,8 +65,8 @@ class _Output(threading.Thread):
 
 @contextlib.contextmanager
 def undumpable() -> Iterator[None]:
-    """This process not dumpable while the child runs: a process without ``CAP_SYS_PTRACE``
-    (the child) cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
+    """This process not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``)
+    cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
     from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
     before = prctl(PR_GET_DUMPABLE)
@@ -83,8 +79,8 @@ def undumpable() -> Iterator[None]:
 
 
 class Child:
-    """The supervisor, the builder and the runner below it given ``targets`` (each loaded by
-    ``call("load", index=i)``) and ``kwargs``, the pipes to them, and their drained output."""
+    """The supervisor, and the builder and the runner below it given ``targets`` (each loaded
+    by ``call("load", index=i)``) and ``kwargs``; the pipes to them, their drained output."""
 
     def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
         try:
@@ -104,8 +100,8 @@ class Child:
                 send(to_fd, {"init": request.hex()})
 
     def ready(self) -> None:
-        """Wait for both processes to say they are ready (torch and their code imported), else
-        raise RuntimeError with the last line they wrote to stderr."""
+        """Wait for both processes to say they are ready, else raise RuntimeError with the last
+        line they wrote to stderr."""
         try:
             for name in self.pipes:
                 self.answer(name, 0)
@@ -172,9 +168,8 @@ class Child:
         raise ProtocolBroken("an answer of no known kind")
 
     def _status(self, timeout: float, last: int = signal.SIGCONT) -> None:
-        """What the supervisor says (``supervisor PID``, ``pid NAME PID``, ``exit NAME RC``) until
-        it ends, after closing its stdin (its signal to stop the jobs and sweep); past ``timeout``
-        it is sent signal ``last`` (by the pid it said: it is not our child)."""
+        """What the supervisor says until it ends, after closing its stdin (its signal to stop
+        the jobs and sweep); past ``timeout`` it is sent signal ``last`` (by the pid it said)."""
         with contextlib.suppress(OSError):
             self.spawned.stdin.close()
         out, deadline = self.spawned.stdout, time.monotonic() + timeout
@@ -192,7 +187,6 @@ class Child:
                 return
 
     def ended(self, name: str) -> str:
-        """How the builder or the runner ended, as their supervisor saw it."""
         self._status(10)
         found = re.search(rf"^exit {name} (-?\d+)$".encode(), self.said, re.M)
         if not found:
@@ -204,7 +198,6 @@ class Child:
         return f"was killed by {name}{SIGNALS.get(name, '')}"
 
     def close(self) -> None:
-        """Stop the jobs and everything below them (the supervisor sweeps), and the drains."""
         self._status(30, signal.SIGKILL)  # hung: the supervisor, at least
         for fd in (fd for to_fd, reader in self.pipes.values() for fd in (to_fd, reader.fd)):
             with contextlib.suppress(OSError):

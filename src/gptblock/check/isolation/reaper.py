@@ -1,11 +1,11 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 
-This file runs under a neutral name (``supervise.py``; standard library and torch only) as the
-fork server (``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree,
-as the init of a PID namespace of its own where Linux lets it, is the subreaper of all below it,
-forks each job of stdin's first line (JSON ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its
-command line, which the block can read) and says ``supervisor PID``, ``pid NAME N`` and ``exit
-NAME RC``. Without a PID namespace, a block that SIGKILLs it can leave processes behind.
+This file runs as ``supervise.py`` (standard library and torch only), the fork server
+(``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree, as the init
+of a PID namespace of its own where Linux lets it (else a block that SIGKILLs it can leave
+processes behind), is the subreaper of all below it, forks each job of stdin's first line (JSON
+``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
+says ``supervisor PID``, ``pid NAME N`` and ``exit NAME RC``.
 """
 
 from __future__ import annotations
@@ -28,15 +28,13 @@ __all__ = ["main"]
 
 PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 3, 4, 24, 36
 PR_CAP_AMBIENT, CAP_SYS_PTRACE, CLONE_NEWUSER, CLONE_NEWPID = 47, 19, 0x10000000, 0x20000000
-# What the block could send this process to end or stop it, short of SIGKILL and SIGSTOP:
-# ignored here (and given back to each job).
+# What the block could send to end or stop it, short of SIGKILL and SIGSTOP: ignored here.
 SPARED = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
           "SIGTTIN", "SIGTTOU", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]  # fmt: skip
 _OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
 
 
-def _libc() -> ctypes.CDLL | None:
-    """The C library where it is Linux's, else None."""
+def _libc() -> ctypes.CDLL | None:  # where it is Linux's
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     except OSError:
@@ -67,8 +65,8 @@ def drop_ptrace() -> None:
 
 def own_pid_namespace() -> bool:
     """Make the next fork the init of a PID namespace of its own (as root, or in a user namespace
-    of its own): the block then cannot signal any process outside, nor the init (SIGKILL and
-    SIGSTOP included), and the kernel kills what is left when it ends. False where it cannot."""
+    of its own): the block then cannot signal any process outside, nor the init, and the kernel
+    kills what is left when it ends. False where it cannot."""
     libc = _libc()
     if libc is None or not hasattr(libc, "unshare"):
         return False
@@ -85,8 +83,7 @@ def own_pid_namespace() -> bool:
     return True
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, from ``/proc`` (none where there is no ``/proc``)."""
+def _descendants(root: int) -> list[int]:  # from /proc (none without it)
     children: dict[int, list[int]] = {}
     with contextlib.suppress(OSError):
         for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -130,21 +127,27 @@ def _say(line: str) -> None:
         os.write(1, (line + "\n").encode())
 
 
-def _job(
-    module: str, pipes: list[int], out_fd: int, err_fd: int, fds: set[int], handlers: Any
-) -> NoReturn:
+def _only(std: tuple[int, int, int], keep: set[int]) -> None:
+    """Make ``std`` fds 0, 1 and 2 and close every other but ``keep``, in a new session."""
+    os.setsid()
+    for fd, to in zip(std, (0, 1, 2), strict=True):
+        os.dup2(fd, to)
+    try:
+        opened = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the usual range
+        opened = list(range(3, 256))
+    for fd in set(opened) - {0, 1, 2, *keep}:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, handlers: Any) -> NoReturn:
     """In the forked child: become the job (see the module's docstring), run it, exit."""
     rc = 1
     try:
         for number, handler in handlers.items():  # what the supervisor ignores, as it was
             signal.signal(number, handler)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        for fd, to in ((null, 0), (out_fd, 1), (err_fd, 2)):
-            os.dup2(fd, to)
-        for fd in (fds | {null}) - set(pipes) - {0, 1, 2}:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _only((os.open(os.devnull, os.O_RDONLY), out_fd, err_fd), set(pipes))
         drop_ptrace()
         prctl(PR_SET_DUMPABLE, 1)  # its own process, as an exec'd one would be
         rc = int(importlib.import_module(module).main([str(fd) for fd in pipes]) or 0)
@@ -165,8 +168,8 @@ def _job(
 
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes, the checker's numbers for them, environment and folder), as if it
-    were a new ``python supervise.py OUT_FD ERR_FD``; reply with its pid."""
+    on the socket (its pipes, the checker's numbers for them, environment and folder), as if
+    ``python supervise.py OUT_FD ERR_FD`` had started; reply with its pid."""
     import fcntl  # POSIX's, as the fork server
     import socket
 
@@ -187,20 +190,10 @@ def serve_forks(sock_fd: int) -> NoReturn:
         pid = os.fork()
         if pid == 0:
             try:  # main ends by os._exit; this fork must never return to the server's loop
-                os.setsid()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                stdin, stdout, *passed = fds
-                for fd, to in ((stdin, 0), (stdout, 1), (passed[1], 2)):
-                    os.dup2(fd, to)
                 floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
-                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in passed]
-                try:
-                    opened = [int(n) for n in os.listdir("/proc/self/fd")]
-                except OSError:  # no /proc: the usual range
-                    opened = list(range(3, 256))
-                for fd in set(opened) - {0, 1, 2, *high}:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)  # the socket, the received copies, whatever torch opened
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds[2:]]
+                _only((fds[0], fds[1], fds[3]), set(high))  # the socket, what torch opened
                 for fd, to in zip(high, ask["fds"], strict=True):
                     os.dup2(fd, to)
                     os.close(fd)
@@ -247,7 +240,7 @@ def main(argv: list[str]) -> NoReturn:
     for name, module, *pipes in jobs:
         pid = os.fork()
         if pid == 0:
-            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, fds, handlers)
+            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, handlers)
         running[pid] = str(name)
         _say(f"pid {name} {pid}")
     for fd in fds:

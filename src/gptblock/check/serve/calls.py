@@ -1,9 +1,6 @@
-"""How the block is called (what its ``forward`` needs besides the input), and where what it
-raised when built or first called comes from. The builder and the runner both use it, so that
-the block is called alike in both. An error that is not of sizes (a typo, ``self.kee(x)``) is no
-catalogued mistake: the checker says it at the learner's line; a size error is the shape probe's.
-
-Shapes: B batch, T time, C channels.
+"""How the block is called (what its ``forward`` needs besides the input), alike in the builder
+and the runner, and where what it raised comes from: an error not of sizes (a typo) is said at
+the learner's line; a size error is the shape probe's.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ _SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", 
                "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
 
 
-def _optional(annotation: object) -> bool:
-    """Whether an annotation admits None (``Optional[Tensor]``, ``Tensor | None``, as text too)."""
+def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, as text too
     if isinstance(annotation, str):
         words = annotation.strip("'\"").split("|")  # quoted under `from __future__ import ...`
         return "Optional[" in annotation or "None" in (w.strip() for w in words)
@@ -46,12 +42,10 @@ def _optional(annotation: object) -> bool:
 def forward_arguments(module: nn.Module) -> list[str]:
     """Fill what the block's ``forward`` requires besides its input, where the parameter's name
     or annotation says what it holds (``_FILLS``, None where it admits None); the note saying
-    so. A mask is never made: the same mask means "keep" in one block and "hide" in another,
-    so a guess could turn a reversed mask into a passing one.
+    so. A mask is never made: a guess could turn a reversed mask into a passing one.
 
     Raises:
-        UserValueError: a required parameter whose value is the block's own convention (a
-            mask) or unknown; the message names it and the wrapper.
+        UserValueError: a required parameter the checker cannot fill (a mask).
 
     Example:
         >>> class Layer(nn.Module):
@@ -97,7 +91,6 @@ def forward_arguments(module: nn.Module) -> list[str]:
 def _filled(
     fill: Mapping[str, str], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The pre-hook: the arguments the caller did not give, made from the input (B, T, C)."""
     x = args[0] if args else next(iter(kwargs.values()))
     for n, how in list(fill.items())[max(len(args) - 1, 0) :]:
         if n not in kwargs and how == "positions":
@@ -108,7 +101,6 @@ def _filled(
 
 
 def size_error(e: BaseException) -> bool:
-    """Whether ``e`` reads like tensors of sizes that do not fit together."""
     said = str(e).lower()
     return isinstance(e, AssertionError) or (
         isinstance(e, (RuntimeError, ValueError, IndexError))
@@ -117,8 +109,8 @@ def size_error(e: BaseException) -> bool:
 
 
 def learner_line(e: BaseException, file: str) -> str:
-    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file`` (else
-    the last outside torch, gptblock and the standard library), ``""`` without one."""
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file``,
+    else the last outside torch, gptblock and the standard library."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
     if not ours:
@@ -135,7 +127,7 @@ def learner_line(e: BaseException, file: str) -> str:
 
 
 def source(target: object) -> str:
-    """The file ``target`` (a class or function) is written in, ``""`` when it has none."""
+    """The file ``target`` (a class or function) is written in, else ``""``."""
     try:
         return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
     except (TypeError, OSError):

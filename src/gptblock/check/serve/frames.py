@@ -1,7 +1,6 @@
-"""The messages between the checker and the block's process: a JSON object on one line, then,
-when it says ``"bytes": N``, N bytes of tensors in the safetensors format. Nothing is pickled:
-reading a message runs no code it carries, so what the block's process sends is plain data,
-checked as a claim.
+"""The messages between the checker and the block's process: a JSON object on one line, then
+its ``"bytes": N`` of tensors in the safetensors format. Nothing is pickled: reading a message
+runs no code it carries.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ class Reader:
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer = fd, bytearray()
 
-    def _fill(self, deadline: float | None, size: int | None) -> None:
-        """Read until the buffer holds ``size`` bytes, or a line (``size`` None)."""
+    def _fill(self, deadline: float | None, size: int | None) -> None:  # size None: a line
         while b"\n" not in self.buffer if size is None else len(self.buffer) < size:
             if size is None and len(self.buffer) > MAX_HEADER:
                 raise ValueError(f"a line of over {MAX_HEADER} bytes")

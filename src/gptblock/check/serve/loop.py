@@ -1,13 +1,7 @@
-"""The recorder that runs where the block runs, and what every file there shares: ``CAUGHT``,
-``one_line``, ``UserValueError`` (gptblock's, inside gptblock); the block's cache API, driven.
-
-``record(module, x)`` runs ``module(x)`` once under a ``TorchDispatchMode``: each ATen operator
-by name with its arguments as JSON, each tensor a reference ``{"r": NODE}`` to a node (the
-input, a parameter or buffer by name, an operator's output), and the modules called, on which
-nodes. The checker (``roles.trace``) replays those operators with values replaced instead of
-running the block's Python again.
-
-Shapes: B batch, T time, C channels.
+"""What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``:
+gptblock's, inside gptblock), the block's cache API driven, and ``record``: ``module(x)`` run
+once, each ATen operator by name with its arguments as JSON, each tensor a node (``{"r": N}``),
+which the checker (``roles.trace``) replays with values replaced.
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ __all__ = [
     "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
-# What the user's code may raise without stopping the check: any error, and sys.exit() (which
-# would end the checker's process with the block's exit code); KeyboardInterrupt still stops it.
+# What the user's code may raise without stopping the check: any error, and sys.exit();
+# KeyboardInterrupt still stops it.
 CAUGHT = (Exception, SystemExit)
 
 Tensor = torch.Tensor
@@ -65,8 +59,10 @@ def one_line(e: BaseException | None) -> str:
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Without ``torch._dynamo``'s wrapper, which imports ``torch._dynamo`` on the first call
-    (5 s on a busy 2-core machine); nothing here is compiled."""
+    """Without ``torch._dynamo``'s wrapper, which imports ``torch._dynamo`` (5 s) on first use."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -74,8 +70,8 @@ class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 def encode(a: object, other: Callable[[object], object] | None = None) -> object:
-    """An operator's argument as JSON; ``other(a)`` for what is none of these (a tensor, given
-    as ``{"r": node}`` by the recorder), else ``{"opaque": ...}``: the checker cannot replay it.
+    """An operator's argument as JSON; ``other(a)`` for what is none of these (the recorder's:
+    a tensor as ``{"r": node}``), else ``{"opaque": ...}``: the checker cannot replay it.
 
     Example:
         >>> encode((2, [torch.float64, None], torch.device("cpu")))
@@ -98,9 +94,9 @@ def encode(a: object, other: Callable[[object], object] | None = None) -> object
     return {"opaque": type(a).__name__} if other is None else other(a)
 
 
-class _Recorder(_Mode):
+class _Recorder(_Mode):  # type: ignore[no-untyped-call]
     def __init__(self, known: dict[int, tuple[Tensor, str]], x: Tensor) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.ops: list[dict[str, Any]] = []
         self.nodes: list[list[Any]] = []  # [op, data, name]
         self.values: list[Tensor] = []
@@ -143,8 +139,7 @@ class _Recorder(_Mode):
         return out
 
 
-def _stamp(t: Tensor) -> tuple[object, ...]:
-    """What a tensor holds now: its node is not reused once it changed."""
+def _stamp(t: Tensor) -> tuple[object, ...]:  # what it holds now: a changed tensor is a new node
     try:
         return (t.dtype, tuple(t.shape), t.data_ptr())  # (not _version: bumped after us)
     except RuntimeError:  # a tensor without storage
@@ -178,8 +173,8 @@ def _hooks(module: nn.Module, rec: _Recorder, calls: list[list[Any]]) -> list[An
 @contextlib.contextmanager
 def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
     """Seed 0 inside; after, the caller's RNG state (the CPU's, and a CUDA ``device``'s). On a
-    CPU ``device`` without CUDA only the CPU's generator is seeded: nothing else can draw, and
-    ``torch.manual_seed`` (every device's) costs 200 times more, on every call of the block."""
+    CPU ``device`` without CUDA only the CPU's generator is seeded (``torch.manual_seed``, every
+    device's, costs 200 times more)."""
     cuda = device is not None and device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []):
         if device is not None and device.type == "cpu" and not torch.cuda.is_available():
@@ -189,13 +184,9 @@ def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
         yield
 
 
-class NoDropout(_Mode):
-    """Every dropout an identity, however the code calls it (``bernoulli(p)``, whose mask is
-    then divided by ``p``, fills with ``p``), for a block that keeps dropout on in eval mode
-    through a probability the checker cannot reach (a module-level ``F.dropout(x, p)``)."""
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+class NoDropout(_Mode):  # type: ignore[no-untyped-call]
+    """Every dropout an identity, however it is called (``bernoulli(p)``, whose mask is then
+    divided by ``p``, fills with ``p``): for a probability the checker cannot reach."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func._opname
@@ -206,8 +197,7 @@ class NoDropout(_Mode):
         return func(*args, **(kwargs or {}))
 
 
-def _first(out: object) -> object:
-    """A block's output; of a tuple (output, cache or attention weights), its first element."""
+def _first(out: object) -> object:  # of (output, cache or attention weights): the output
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         return out[0]
     return out
@@ -218,7 +208,7 @@ CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forwa
 
 
 class NotCached(ValueError):
-    """The block's cache API did not answer as the recognised one does."""
+    """The block's cache API did not answer as the one recognised does."""
 
 
 def cache_api(module: nn.Module) -> str | None:
@@ -271,8 +261,7 @@ def drive_cache(
     module: nn.Module, x: Tensor, *, no_dropout: bool = False
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The block's cache API driven on ``x`` (B, T, C), on a copy: ``({"api": ...}, {"whole":
-    the whole sequence's last position, "step": the cached step's})``, both (B, 1, C);
-    ``{"api": None}`` without an API ``cached_last`` knows; ``"raised"``: what it raised."""
+    the last position's output, "step": the cached step's})``, both (B, 1, C); ``"raised"``."""
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
@@ -290,13 +279,11 @@ def drive_cache(
 def record(
     module: nn.Module, x: Tensor, *, no_dropout: bool = False
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data.
-
-    The description holds ``ops``, ``nodes`` ([op, depends on the input, name]; node i's value
-    is ``tensors[f"n{i}"]``), ``input``, ``output`` (null when the block returned no tensor it
-    made), ``calls`` ([module, first op, end op, input nodes, output nodes]), ``grad``,
-    ``parameters``, ``modules``, or ``error`` when the block raised with and without grad mode.
-    Complex values travel as their real view (``complex``: their nodes).
+    """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data: ``ops``,
+    ``nodes`` ([op, depends on the input, name]; node i's value is ``tensors[f"n{i}"]``, a
+    complex one as its real view), ``input``, ``output`` (null: no tensor it made), ``calls``
+    ([module, first op, end op, input nodes, output nodes]), ``grad``, ``parameters``,
+    ``modules``, ``complex``; or ``error`` when the block raised with and without grad mode.
 
     Example:
         >>> meta, tensors = record(nn.Linear(4, 4), torch.zeros(2, 3, 4))
@@ -311,8 +298,7 @@ def record(
         calls: list[list[Any]] = []
         handles = _hooks(module, rec, calls)
         try:
-            # NoDropout inside the recorder: what is recorded is what ran (``fill_``, not the
-            # ``bernoulli_`` it replaced), so a replay needs no NoDropout of its own
+            # inside the recorder: the ``fill_`` that replaced ``bernoulli_`` is recorded
             off = NoDropout() if no_dropout else contextlib.nullcontext()
             with rec, off, fixed_seed(x.device), torch.set_grad_enabled(grad):
                 out = _first(module(x))

@@ -1,11 +1,7 @@
-"""The checker's own copy of a block (``Subject``), and the one way every check calls it.
-
-Every call copies the input and the output: a block may change its input in place or return a
-buffer it overwrites, and neither may leak into another probe. Calls but the determinism
-probe's are re-seeded (a block that keeps dropout on in eval gets the same mask for an input
-and its perturbation).
-
-Shapes: B batch, T time, C channels.
+"""The checker's own copy of a block (``Subject``), and the one way every check calls it: the
+input and output copied (a block may change its input in place or return a buffer it
+overwrites), every call but the determinism probe's re-seeded (dropout left on in eval gets the
+same mask for an input and its perturbation).
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class Grads:
-    """What a backward pass gave: each trainable parameter's gradient (None: unreached), or the
-    in-place change that stopped it (``failed``: ``"forward"`` or ``"backward"``, and why)."""
+    """Each trainable parameter's gradient (None: unreached), or the in-place change that
+    stopped the backward pass (``failed``: ``"forward"`` or ``"backward"``, and why)."""
 
     names: list[str]
     grads: list[Tensor | None]
@@ -43,8 +39,7 @@ class Grads:
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """torch with one intra-op thread inside: on tiny tensors extra threads only add
-    synchronisation (on a busy 2-core machine one check was 70x slower)."""
+    """One intra-op thread inside: on tiny tensors extra threads only add synchronisation."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -54,10 +49,9 @@ def one_thread() -> Iterator[None]:
 
 
 class Probed:
-    """What the probes ask of a block: a ``Subject``, or the checker's
-    view of one in another process (``isolation.worker.Remote``), whose answers are claims. Shared:
-    the inputs from the checker's own seed, in the block's ``dtype``, and what counts as moved;
-    ``longest``: its block_size, or 0."""
+    """What the probes ask of a block: a ``Subject``, or the checker's view of one in another
+    process (``isolation.worker.Remote``), whose answers are claims; ``longest``: its
+    block_size, or 0."""
 
     C: int
     T: int
@@ -135,8 +129,7 @@ class Subject(Probed):
                         "function uses reachable as attributes, not only in its closure"
                     )
         else:
-            self.dtype = torch.float64
-            self.module = _copy(module, torch.float64)
+            self.dtype, self.module = torch.float64, _copy(module, torch.float64)
             self.failure = failure
         if self.dtype != torch.float64:
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
@@ -149,14 +142,12 @@ class Subject(Probed):
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x`` (in ``x``'s dtype), under ``torch.no_grad`` and, unless
-        ``seeded=False`` (then inside ``self.own_rng()``), a fixed seed; ``train``: in train
-        mode with every dropout an identity."""
+        """The block's output for ``x`` (in ``x``'s dtype), without grad, seeded unless
+        ``seeded=False``; ``train``: in train mode with every dropout an identity."""
         with torch.no_grad():
             return self.forward(x, seeded=seeded, train=train)
 
     def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """Like calling the subject, but with autograd as the caller has it."""
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
         if train:  # (only then: ``train()`` may be the block's own)
@@ -182,14 +173,12 @@ class Subject(Probed):
             raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
         return y.clone() if y.requires_grad else y.detach().clone()
 
-    def copies(self) -> list[nn.Module]:
-        """The copy and its copy in the other dtype, if any."""
+    def copies(self) -> list[nn.Module]:  # and in the other dtype, if any
         return [self.module, *self._others.values()]
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
-        """The copy that runs in ``dtype``: ``module``, or (float32, for a float64 ``module``) a
-        float32 copy of the user's block given ``module``'s parameter values as they are now
-        (TypeError: neither float64 nor float32, or float64 for a block that fails in it)."""
+        """The copy that runs in ``dtype``: ``module``, or a float32 copy of the user's block
+        given ``module``'s parameter values as they are now."""
         if dtype == self.dtype:
             return self.module
         if dtype not in (torch.float64, torch.float32):
@@ -204,14 +193,12 @@ class Subject(Probed):
         return other
 
     def own_rng(self) -> ContextManager[None]:
-        """A context in which the block may draw random numbers; the caller's RNG is restored."""
         devices = [self.device] if self.device.type == "cuda" else []
         return torch.random.fork_rng(devices=devices)
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y taken as 0),
-        and with ``inputs`` the input's; an in-place change autograd needed (in the forward
-        or the backward pass) is returned as ``failed``, any other error raised."""
+        """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y as 0), with
+        ``inputs`` the input's; an in-place change autograd needed is returned as ``failed``."""
         own = self.module_in(x.dtype).named_parameters()
         params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
@@ -236,7 +223,7 @@ class Subject(Probed):
 
 def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """``copy.deepcopy`` keeps a function stored on a module by reference (minGPT's ``self.mlpf
-    = lambda x: m.c_proj(...)``): such closures are rebuilt around the copies."""
+    = lambda x: m.c_proj(...)``): such closures are rebuilt around the copies (``memo``)."""
     memo: dict[int, Any] = {}
     try:
         copied = copy.deepcopy(module, memo)
@@ -260,7 +247,6 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
-    """``memo``: ``copy.deepcopy``'s, id(original) -> copy."""
     for m in copied.modules():
         for name, f in list(vars(m).items()):
             if not isinstance(f, types.FunctionType) or not f.__closure__:
@@ -301,7 +287,6 @@ def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
     return None
 
 
-def _take(module: nn.Module, key: Any) -> None:
-    """Make ``module``'s ``forward`` return the ``key`` item of what its class's returns."""
+def _take(module: nn.Module, key: Any) -> None:  # its forward returns the ``key`` item
     forward = type(module).forward
     module.forward = types.MethodType(lambda m, *a, **k: forward(m, *a, **k)[key], module)
