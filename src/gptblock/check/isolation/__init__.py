@@ -1,4 +1,3 @@
 """The block in child processes that only answer requests (``check.check_isolated``).
-
-Order inside: ``reaper``; ``child``; ``worker`` (its ``Remote``: the checker's view); ``check``.
+Order: ``reaper``; ``child``; ``worker`` (its ``Remote``: the checker's view); ``check``.
 """

@@ -27,10 +27,8 @@ from ..serve.subject import one_thread
 from .child import Child, Gone, ProtocolBroken, undumpable
 from .worker import Call, Remote, Served
 
-__all__ = [
-    "DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated",
-    "check_in_process", "check_isolated", "two_sizes",
-]  # fmt: skip
+__all__ = ["DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated", "check_in_process",
+           "check_isolated", "two_sizes"]  # fmt: skip
 
 Answer = TypeVar("Answer")
 

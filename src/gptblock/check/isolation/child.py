@@ -22,7 +22,7 @@ import torch
 from ... import errors
 from ...early import environment, take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
-from ..serve.frames import Reader, send
+from ..serve.frames import Message, Reader, send
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
 
@@ -30,7 +30,6 @@ STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: 
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
 SIGNALS = {"SIGSEGV": " (a crash in native code)", "SIGKILL": " (out of memory?)",
            "SIGINT": " (a KeyboardInterrupt raised in the block)"}  # fmt: skip
-Answer = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
@@ -113,7 +112,7 @@ class Child:
                 + (f": {err[-1]}" if err else "")
             ) from None
 
-    def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Answer:
+    def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Message:
         """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
         if op == "build":
             said, _ = self._ask("builder", op, None, **args)
@@ -137,13 +136,13 @@ class Child:
         self.dropout = self.dropout or op == "dropout_off"
         return self._ask("runner", op, tensors, **args)
 
-    def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Answer:
+    def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Message:
         self.id += 1
         with contextlib.suppress(BrokenPipeError):  # it died: reading says how
             send(self.pipes[name][0], {"id": self.id, "op": op, **args}, tensors)
         return self.answer(name, self.id)
 
-    def answer(self, name: str, wanted: int) -> Answer:
+    def answer(self, name: str, wanted: int) -> Message:
         try:
             header, tensors = self.pipes[name][1].next(self.deadline)
         except TimeoutError:

@@ -36,6 +36,7 @@ from ..roles.readings import (
     trace_shapes,
 )
 from ..roles.trace import NoDropout, from_plain, record
+from ..serve.frames import Message
 from ..serve.loop import drive_cache
 from ..serve.runner import Held, serve, to_data
 from ..serve.subject import Grads, Probed
@@ -44,8 +45,7 @@ from .child import ProtocolBroken
 __all__ = ["Call", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
-Answer = tuple[dict[str, Any], dict[str, Tensor]]
-Call = Callable[..., Answer]
+Call = Callable[..., Message]
 """``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
@@ -71,10 +71,12 @@ class Served(Held):
         super().__init__({"targets": targets})
         self.target, self.kwargs, self.sized = target, kwargs, kwargs
 
-    def __call__(self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any) -> Answer:
+    def __call__(
+        self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any
+    ) -> Message:
         return self.answer(op, args, tensors or {})
 
-    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         if op == "load":
             target = self.targets[int(args["index"])]
             if isinstance(target, str):
@@ -96,7 +98,7 @@ class Served(Held):
             return {"map": self.suggest()}, {}
         return super().answer(op, args, tensors)
 
-    def build(self, args: Mapping[str, Any]) -> Answer:
+    def build(self, args: Mapping[str, Any]) -> Message:
         other = bool(args.get("other"))
         built = build_at(self.target, self.kwargs, other)
         if built is None:
@@ -136,7 +138,7 @@ class Served(Held):
         self.C = width(self.module, self.sized, self.T)
         return self.C, self.T
 
-    def read(self, roles: Mapping[str, str]) -> Answer:
+    def read(self, roles: Mapping[str, str]) -> Message:
         """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
         notes: list[str] = []
         longest = max_length(self.module, self.sized, TRACE_T)
@@ -170,7 +172,7 @@ class Served(Held):
         return suggest_map(self.subject.module, self.C)
 
 
-def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Answer:
+def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Message:
     """``found``'s parts as numbers (``plain.to_plain``), each with its description, as
     ``Served.read`` answers; ``params``: the block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]

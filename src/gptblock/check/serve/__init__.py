@@ -1,6 +1,3 @@
-"""Where the block runs. Everything here imports only the standard library, torch and each other
-(relatively): ``gptblock.early`` copies the folder, as the package ``serve``, into the runner's
-process, which imports nothing of gptblock.
-
-Order inside: ``loop`` and ``frames``; ``subject`` and ``calls`` (``loop``); ``runner``.
+"""Where the block runs: standard library, torch and each other only (``gptblock.early`` copies
+it into the runner's process). Order: ``loop``, ``frames``; ``subject``, ``calls``; ``runner``.
 """

@@ -25,14 +25,13 @@ import torch
 import torch.nn as nn
 
 from .calls import forward_arguments, learner_line, size_error, source
-from .frames import Reader, send
+from .frames import Message, Reader, send
 from .loop import CAUGHT, UserValueError, drive_cache, encode, fixed_seed, one_line, record
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
 
 Tensor = torch.Tensor
-Answer = tuple[dict[str, Any], dict[str, Tensor]]
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
                  "dropout_rate", "drop_prob", "attn_dropout", "resid_dropout", "dropout_prob")  # fmt: skip
 
@@ -52,7 +51,7 @@ class Held:
         self.undo: Callable[[], None] = lambda: None
         self.C, self.T, self.longest, self.note = 0, 0, 0, ""
 
-    def build(self, args: Mapping[str, Any]) -> Answer:
+    def build(self, args: Mapping[str, Any]) -> Message:
         i = int(args["index"])
         try:
             self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
@@ -108,7 +107,7 @@ class Held:
         s.no_dropout = False
         return ""
 
-    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Answer:
+    def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
         ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
         if op == "build":
