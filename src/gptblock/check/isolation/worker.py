@@ -115,14 +115,13 @@ class Served(Held):
         """What the runner builds the block from: its arguments and the module settings the
         build changed, kept set (read by difference from ``undo``'s), as data."""
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-        changed: dict[str, object] = {}
-        if home is not None:
-            built = dict(vars(home))
-            self.undo()
-            restored = dict(vars(home))
-            changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
-            vars(home).update(changed)
-            self.undo = lambda: vars(home).update({n: restored[n] for n in changed})
+        own: dict[str, Any] = vars(home) if home else {}
+        built = dict(own)
+        self.undo()
+        restored = dict(own)
+        changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+        own.update(changed)
+        self.undo = partial(own.update, {n: restored[n] for n in changed})
         try:
             return {"settings": {n: to_data(v, home) for n, v in changed.items()},
                     "args": to_data(args, home)}  # fmt: skip

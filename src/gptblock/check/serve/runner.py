@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
@@ -243,15 +244,11 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
+    own: dict[str, Any] = vars(home) if home else {}
     settings = {n: _from_data(v, home) for n, v in recipe["settings"].items()} if home else {}
-    before = {n: getattr(home, n) for n in settings}
-
-    def undo() -> None:
-        for n, v in before.items():
-            setattr(home, n, v)
-
-    for n, v in settings.items():
-        setattr(home, n, v)
+    before = {n: own[n] for n in settings}
+    own.update(settings)
+    undo = functools.partial(own.update, before)
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
         with fixed_seed():

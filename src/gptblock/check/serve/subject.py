@@ -93,7 +93,7 @@ class Subject(Probed):
 
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
-        self._others: dict[torch.dtype, nn.Module] = {}  # copies in the other dtype (module_in)
+        self.float32: nn.Module | None = None  # of a float64 copy: for float32 inputs
         self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if self.device.type == "meta":
             raise UserValueError(
@@ -134,9 +134,9 @@ class Subject(Probed):
         if self.dtype != torch.float64:
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
         else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
-            self._others[torch.float32] = _copy(module, torch.float32)
+            self.float32 = _copy(module, torch.float32)
             if self.unpacked:
-                _take(self._others[torch.float32], self._key)
+                _take(self.float32, self._key)
         if self.unpacked:
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
@@ -174,18 +174,16 @@ class Subject(Probed):
         return y.clone() if y.requires_grad else y.detach().clone()
 
     def copies(self) -> list[nn.Module]:  # and in the other dtype, if any
-        return [self.module, *self._others.values()]
+        return [m for m in (self.module, self.float32) if m is not None]
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or a float32 copy of the user's block
         given ``module``'s parameter values as they are now."""
         if dtype == self.dtype:
             return self.module
-        if dtype not in (torch.float64, torch.float32):
-            raise TypeError(f"the checker runs the block in float64 or float32, not {dtype}")
-        other = self._others.get(dtype)
-        if other is None:
-            raise TypeError(f"the block fails in float64: it is checked in {self.dtype} only")
+        other = self.float32
+        if dtype != torch.float32 or other is None:
+            raise TypeError(f"the block is checked in {self.dtype} only, not {dtype}")
         own = dict(self.module.named_parameters())
         with torch.no_grad():
             for name, p in other.named_parameters():
