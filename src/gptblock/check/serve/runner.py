@@ -68,13 +68,9 @@ class Held:
         self.note, e = s.note, s.failure
         failed = "" if e is None else one_line(e)
         where = "" if e is None else learner_line(e, source(type(self.module)))
-        return {
-            "dtype": str(s.dtype).removeprefix("torch."),
-            "device": str(s.device),
-            "note": s.note,
-            "failed": failed,
-            "raised": "" if e is None or size_error(e) else failed + where,
-        }
+        raised = "" if e is None or size_error(e) else failed + where
+        told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
+        return {**told, "note": s.note, "failed": failed, "raised": raised}
 
     def parameters(self) -> dict[str, Tensor]:
         return {n: p.detach() for n, p in self.subject.module.named_parameters()}
