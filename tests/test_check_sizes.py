@@ -81,7 +81,7 @@ def test_a_block_right_only_at_its_files_sizes_fails_naming_the_other_sizes():
 
 
 def test_in_process_and_isolated_the_other_sizes_are_checked_by_one_path():
-    # check_in_process answers here the requests check_isolated sends a child (InProcess):
+    # check_in_process answers here the requests check_isolated sends a child (worker.Served):
     # the same findings, notes and failure at the other sizes (the isolated seeds are secret)
     args = {**SEQ2SEQ, "scale": math.sqrt(8)}
     here, there = (check_block(DecoderLayer, isolate=i, **args) for i in (False, True))
