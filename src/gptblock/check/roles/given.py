@@ -207,8 +207,8 @@ def fix_roles(
     # a parameter given in slices is read only through them: its own part takes no role
     kept = [p for p in parts if not covered & set(p.params)]
     plain = {r: n for r, n in roles.items() if r not in sliced}
-    given = {r: [p] for r, p in sliced.items()}
-    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **given})
+    ones = {r: [p] for r, p in sliced.items()}
+    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **ones})
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
