@@ -1,8 +1,6 @@
-"""The fallback when the forward pass does not show the roles: the parts (``parts.discover``)
-given roles by shapes and order, never by names, or as ``--map`` says. Of the assignments whose
-shapes fit, the best by call order, then registration order, wins (``order_score``); ties are all
-kept (a raw square matrix's two orientations always tie), and q, k, v's other orders (only
-order tells them apart) are the ``fallback``.
+"""The fallback when the forward pass does not show the roles: the parts given roles by shapes
+and call, then registration, order (never names), or as ``--map`` says. Ties are all kept, and
+q, k, v's other orders (only order tells them apart) are the ``fallback``.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
 """
@@ -65,7 +63,7 @@ class Unmapped:
 
 
 class NotABlock(Exception):
-    """``Unmapped``'s reason."""
+    pass
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,6 @@ class _Candidate:  # one assignment of the parts to roles
         return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
 
     def width(self, C: int) -> int | None:
-        """The attention width D if the shapes fit the form, else None."""
         roles = self.roles
         shape = {r: s for r, p in roles.items() if (s := p.shape_as(self.in_out)) and fits(r, s, C)}
         if len(shape) < len(roles):
@@ -117,7 +114,6 @@ class _Candidate:  # one assignment of the parts to roles
         return score
 
     def reordered(self, order: tuple[int, ...]) -> _Candidate:
-        """q, k, v taken in ``order`` instead."""
         heads = [(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads]
         roles = self.roles
         if self.form == "separate":
@@ -140,7 +136,6 @@ class _Candidate:  # one assignment of the parts to roles
         return Parts(C, self.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
 
     def names(self) -> dict[str, str]:
-        """Each role's parameter name(s) as the report prints them (a glob for per-head ones)."""
         names: dict[str, str] = {}
         if self.attn and self.form == "mha":
             prefix = f"{self.attn.name}." if self.attn.name else ""
@@ -165,8 +160,7 @@ def named_parts(parts: list[Part], name: str) -> list[Part]:
 
 
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}``; a ValueError for a name that matches none (unknown
-    roles and qkv with q are refused before: ``readings.read_parts``)."""
+    """The parts named by ``{role: name}``; a ValueError for a name that matches none."""
     out: dict[str, list[Part]] = {}
     for role, name in roles.items():
         found = named_parts(parts, name)
@@ -184,7 +178,7 @@ def map_roles(
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
 ) -> MappedBlock | Unmapped:
-    """Give ``parts`` their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
+    """``parts`` in their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
     order, may be empty), with ``roles`` fixed by the caller.
 
     Example:
@@ -237,7 +231,6 @@ def map_roles(
 def _norms(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: dict[str, list[Part]]
 ) -> tuple[tuple[SubLayer | None, SubLayer | None], dict[str, str], list[str]]:
-    """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
         given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
         n1, n2 = (given[r].function() if r in given else None for r in ("ln1", "ln2"))
@@ -270,7 +263,7 @@ def _norms(
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
-    """Those an attribute of any submodule (or its ``config``) names, else all divisors."""
+    """Those an attribute of a submodule (or its ``config``) names, else all divisors."""
     named: set[int] = set()
     for sub in module.modules():
         for owner in (sub, getattr(sub, "config", None)):
@@ -287,7 +280,6 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
 def _assign(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: Mapping[str, list[Part]]
 ) -> list[_Candidate]:
-    """The best assignments of the parts to the roles, tied ones all kept."""
     heads = _head_groups(parts, C, fixed)
     mhas = [p for p in parts if p.kind == "mha"]
     plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]

@@ -1,7 +1,5 @@
 """The weight-holding parts of a block's module tree (``discover``), what each computes, and the
-order the forward pass calls them in (``observe``). A ``linear`` is any module with a matrix
-``weight`` and at most a vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` is a bare
-matrix parameter with its paired bias, read (out, in) or (in, out).
+order the forward pass calls them in (``observe``).
 """
 
 from __future__ import annotations
@@ -25,7 +23,8 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 @dataclass(frozen=True)
 class Part:
-    """One weight-holding part of a block."""
+    """One weight-holding part: a ``linear`` is a module with a matrix ``weight`` and at most a
+    vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` a bare matrix with its bias."""
 
     name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
     kind: str  # "norm", "linear", "matrix" or "mha"
@@ -150,11 +149,8 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
 
 
 def discover(module: nn.Module) -> list[Part]:
-    """Every weight-holding part of ``module``, in registration order.
-
-    Args:
-        module: the block; it is called (on zeros) only to tell the shape of a linear-like
-            module whose bias does not.
+    """Every weight-holding part of ``module``, in registration order (called on zeros only to
+    tell the shape of a linear-like module whose bias does not).
 
     Example:
         >>> from gptblock import lesson
@@ -199,10 +195,8 @@ def discover(module: nn.Module) -> list[Part]:
 
 
 def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) -> dict[str, int]:
-    """The order in which the parts' modules are first called while ``call()`` runs the block.
-
-    A ``matrix`` is never called (not a module); a block that raises returns what it called.
-    """
+    """The order in which the parts' modules are first called while ``call()`` runs the block
+    (a ``matrix`` is not a module: never); a block that raises returns what it called."""
     order: dict[str, int] = {}
     handles = []
     for part in parts:
