@@ -57,13 +57,12 @@ class MappedBlock:
         return text
 
 
-@dataclass(frozen=True)
-class Unmapped:
-    reason: str
+class Unmapped(Exception):
+    """Why the parts are no block: raised while mapping, returned by ``map_roles``."""
 
-
-class NotABlock(Exception):
-    pass
+    @property
+    def reason(self) -> str:
+        return str(self)
 
 
 @dataclass(frozen=True)
@@ -197,8 +196,8 @@ def map_roles(
     try:
         lns, norm_names, how = _norms(parts, C, called, fixed)
         tied = _assign(parts, C, called, fixed)
-    except NotABlock as e:
-        return Unmapped(str(e))
+    except Unmapped as e:
+        return e
     first = tied[0]
     given = [r for r in ROLES[2:] if r in fixed]
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
@@ -249,7 +248,7 @@ def _norms(
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
-        raise NotABlock(
+        raise Unmapped(
             f"{len(found)} LayerNorms ({listed}): cannot tell which two are the block's; "
             "pass --map ln1=NAME ln2=NAME"
         )
@@ -285,18 +284,18 @@ def _assign(
     plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
-        raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
+        raise Unmapped(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
     if mhas and (mhas[0].mha.bias_k is not None or mhas[0].mha.add_zero_attn):
-        raise NotABlock(
+        raise Unmapped(
             "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
             "position: not the lessons' block"
         )
     if len(plain) > 9:  # too many permutations to search
-        raise NotABlock(
+        raise Unmapped(
             f"{len(plain)} linear layers: too many to tell apart; pass --map with the roles"
         )
     if not mhas and not plain:
-        raise NotABlock(
+        raise Unmapped(
             "no attention: no nn.MultiheadAttention and no linear layers that make q, k, v and "
             "an output projection"
         )
@@ -319,7 +318,7 @@ def _assign(
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
         what = "nn.MultiheadAttention and " if mhas else ("per-head q/k/v and " if heads else "")
-        raise NotABlock(
+        raise Unmapped(
             f"the linear layers do not fit a pre-norm block of width {C} ({what}"
             f"{shapes or 'none'}); expected q/k/v (D, C) or packed (3D, C), proj (C, D), "
             "fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if the block has them"
@@ -331,7 +330,7 @@ def _assign(
     }
     if len(keys) > 4:  # more readings than the comparison should try
         listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
-        raise NotABlock(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
+        raise Unmapped(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
     return tied
 
 
