@@ -21,13 +21,20 @@ if TYPE_CHECKING:
     from .modern_parts import MlpRead, NormRead
     from .modern_read import ModernRead
 
-__all__ = ["KEY", "NORM_KINDS", "NotPlain", "norm_function", "send", "to_plain"]
+__all__ = [
+    "KEY", "LESSON", "MODERN", "NORM_KINDS", "QK", "NotPlain", "norm_function", "send", "to_plain",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 Roles = dict[str, tuple[Tensor | None, ...]]  # role -> (weight, bias), or (gain,), to send
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
 KEY = "0"  # the key of the one part ``send`` writes
+# the format both sides use: each linear role's weight (out, in) in letters of the widths sent
+# (``meta``); norms' gains and biases (C,), lnq/lnk's (hs,); mlp1 only in a gated MLP
+LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
+MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
+QK = ("lnq", "lnk")
 
 
 class NotPlain(ValueError):
@@ -207,8 +214,8 @@ def send(
         or (read.rotated and rope is None)  # turned by something the forms do not name
     ):  # fmt: skip
         return None
-    names = ["q", "k", "v", "proj", *(f"mlp{i}" for i in range(len(mlp.layers))), "mlp2"]
     linear = (read.q, read.k, read.v, read.proj, *mlp.layers, read.mlp[-1])
+    names = [r for r in MODERN if mlp.gated or r != "mlp1"]
     roles: Roles = dict(zip(names, linear, strict=True))
     (D, C), K, H = read.q[0].shape, read.k[0].shape[0], read.mlp[-1][0].shape[1]
     meta: dict[str, Any] = {

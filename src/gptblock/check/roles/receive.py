@@ -17,7 +17,7 @@ from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
 from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED
-from .plain import KEY, NORM_KINDS, NotPlain, norm_function
+from .plain import KEY, LESSON, MODERN, NORM_KINDS, QK, NotPlain, norm_function
 from .provenance import Traced, snap, sorted_values, trace
 from .readings import Readings
 
@@ -27,10 +27,6 @@ Tensor = torch.Tensor
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
 SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
 READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
-# each linear role's weight (out, in) in letters of the widths; mlp1 only in a gated MLP
-LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
-MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
-QK = ("lnq", "lnk")
 
 
 @dataclass(frozen=True)
