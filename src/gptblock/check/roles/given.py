@@ -7,7 +7,6 @@ Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs he
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import re
 from collections.abc import Mapping
@@ -17,13 +16,13 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .mapping import QKV, ROLES, SHAPES, fits, named_parts, resolve_roles
-from .parts import Part, _affine, paired_bias
+from .mapping import QKV, ROLES, SHAPES, fits, resolve_roles
+from .parts import Part, _affine, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
 __all__ = [
     "Fixed", "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
-    "parse_given", "parse_map", "tensor_ids",
+    "parse_given", "parse_map",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -349,25 +348,6 @@ def check_reading(
             raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
         if g is not None:
             _holds(module, C, read, role, g)
-
-
-def tensor_ids(module: nn.Module, *names: str) -> set[int]:
-    """The parameters and buffers ``names`` name (each a tensor, a module or a glob): the one
-    matcher of names, by identity, so that tied weights and a module's own tensors agree."""
-    tensors = {
-        **dict(module.named_buffers(remove_duplicate=False)),
-        **dict(module.named_parameters(remove_duplicate=False)),
-    }
-    modules = list(module.named_modules(remove_duplicate=False))
-    ids: set[int] = set()
-    for name in names:
-        if name in tensors:
-            ids.add(id(tensors[name]))
-            continue
-        found = [m for n, m in modules if n == name or fnmatch.fnmatchcase(n, name)]
-        ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
-        ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
-    return ids
 
 
 def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:

@@ -7,7 +7,6 @@ Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -17,9 +16,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .parts import Part, glob
+from .parts import Part, glob, named_parts
 
-__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "named_parts", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
@@ -150,12 +149,6 @@ class _Candidate:  # one assignment of the parts to roles
 def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
     return shape[1] == C if role in READS_C else shape[0] == C
-
-
-def named_parts(parts: list[Part], name: str) -> list[Part]:
-    """The part of that name or parameter, else those a glob (``heads.*.query``) matches."""
-    found = [p for p in parts if p.name == name or name in p.params]
-    return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
 
 
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:

@@ -4,6 +4,7 @@ order the forward pass calls them in (``observe``).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "glob", "observe", "paired_bias"]
+__all__ = ["Part", "discover", "glob", "named_parts", "observe", "paired_bias", "tensor_ids"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -73,6 +74,31 @@ def glob(names: list[str]) -> str:
         if pattern.count("*") == 1:
             return ".".join(pattern)
     return ", ".join(names)
+
+
+def named_parts(parts: list[Part], name: str) -> list[Part]:
+    """The part of that name or parameter, else those a glob (``heads.*.query``) matches."""
+    found = [p for p in parts if p.name == name or name in p.params]
+    return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
+
+
+def tensor_ids(module: nn.Module, *names: str) -> set[int]:
+    """The tensors ``names`` name (a tensor, module or glob each), by identity: tied weights and
+    a module's own tensors agree (``named_parts``: the parts, by their names)."""
+    tensors = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+    modules = list(module.named_modules(remove_duplicate=False))
+    ids: set[int] = set()
+    for name in names:
+        if name in tensors:
+            ids.add(id(tensors[name]))
+            continue
+        found = [m for n, m in modules if n == name or fnmatch.fnmatchcase(n, name)]
+        ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
+        ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
+    return ids
 
 
 def _affine(w: Tensor, b: Tensor | None) -> SubLayer:

@@ -17,9 +17,9 @@ from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles, parse_map, tensor_ids
+from .given import check_claims, check_reading, fix_roles, parse_map
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
-from .parts import discover, observe, paired_bias
+from .parts import discover, observe, paired_bias, tensor_ids
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
 
