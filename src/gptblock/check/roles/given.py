@@ -1,19 +1,12 @@
-"""``--map``: roles given by hand, each value parsed once (``parse_given``): a module, glob or
-parameter (``mapping.resolve_roles``), or ``PATH[SLICES]:LAYOUT`` (docs/checker.md's table), one
-``start:stop`` per stored dimension, ``out_in`` (the default) or ``in_out`` (used as ``x @ W``); a
-3-D tensor is one matrix per head, heads first, read in the layout that fits its role when none
-is written. The bias is the parameter paired with the weight, sliced along the output.
-
-A role given by hand is the comparison's truth: a wrong one must not quietly become a PASS or a
-FAIL. ``check_claims`` refuses a part of the wrong kind, a shape the role cannot have, one weight
-for two roles; ``check_reading`` holds them against the forward pass where it was read.
+"""``--map``, parsed once (``parse_map``): a module, glob or parameter, or ``PATH[SLICES]:LAYOUT``
+(docs/checker.md); a 3-D tensor is one matrix per head. A role given by hand is the comparison's
+truth, so a wrong one is refused (``check_claims``, ``check_reading``), never quietly a verdict.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import re
 from collections.abc import Mapping
@@ -23,12 +16,13 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .mapping import QKV, ROLES, SHAPES, fits, named_parts, resolve_roles
-from .parts import Part, _affine, paired_bias
+from .mapping import QKV, ROLES, SHAPES, fits, resolve_roles
+from .parts import Part, _affine, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
 __all__ = [
-    "Fixed", "Given", "check_claims", "check_reading", "fix_roles", "given_part", "parse_given",
+    "Fixed", "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
+    "parse_given", "parse_map",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -52,9 +46,17 @@ class Given:
     text: str
 
 
+Map = dict[str, "Given | None"]  # role -> its parsed value (None: a name for resolve_roles)
+
+
+def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
+    """Each ``--map`` value parsed, once for every check that reads it."""
+    return {r: parse_given(module, text) for r, text in roles.items()}
+
+
 def parse_given(module: nn.Module, text: str) -> Given | None:
-    """A value with a slice or layout, or naming a 3-D parameter (no module holds it), else
-    ``None``: a name for ``resolve_roles``. A UserValueError if not well formed.
+    """A value with a slice or layout, or naming a 3-D parameter, else ``None`` (a name); a
+    UserValueError if not well formed.
 
     Example:
         >>> block = nn.Linear(2, 2)
@@ -94,7 +96,7 @@ def _slice(text: str, bound: str) -> slice:
 
 
 class _Matrix(nn.Module):
-    """A role's linear layer read from the live parameter at each call: the checker sets it."""
+    """Read from the live parameter at each call: the checker sets it."""
 
     role: str
     weight_of: Tensor
@@ -192,37 +194,40 @@ class Fixed:
     roles: dict[str, list[Part]]  # every given role -> its parts
 
 
-def fix_roles(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> Fixed:
+def fix_roles(
+    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
+) -> Fixed:
     """The parts ``roles`` names; a ValueError for a plain name that matches no part."""
     sliced: dict[str, Part] = {}
-    for role, text in roles.items():
-        if (g := parse_given(module, text)) is not None:
+    for role, g in given.items():
+        if g is not None:
             sliced[role] = given_part(module, C, role, g, len(parts) + len(sliced))
     covered = {n for p in sliced.values() for n in p.params}
     # a parameter given in slices is read only through them: its own part takes no role
     kept = [p for p in parts if not covered & set(p.params)]
     plain = {r: n for r, n in roles.items() if r not in sliced}
-    given = {r: [p] for r, p in sliced.items()}
-    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **given})
+    ones = {r: [p] for r, p in sliced.items()}
+    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **ones})
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
-def check_claims(module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]) -> None:
+def check_claims(
+    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
+) -> None:
     """Refuse roles whose kind or shape cannot be the role, or one weight for two roles.
 
     Example:
         >>> from gptblock import lesson
         >>> from gptblock.check.roles.parts import discover
         >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), {"q": "ln1"})
+        >>> check_claims(block, 16, discover(block), {"q": "ln1"}, {"q": None})
         Traceback (most recent call last):
         ...
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
-    given = {r: parse_given(module, text) for r, text in roles.items()}
     # a name of no part: resolve_roles says so later, with the trace's names
     found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
     _one_weight_one_role(module, roles, given, found)
@@ -322,13 +327,15 @@ def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tu
     return all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in spans)
 
 
-def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, str]) -> None:
+def check_reading(
+    module: nn.Module, C: int, read: Reading, roles: Mapping[str, str], given: Map
+) -> None:
     """Refuse roles that the forward pass, as ``read``, shows to be something else."""
-    held = {r: set().union(*(_ids(module, n) for n in names)) for r, names in read.params.items()}
+    held = {r: tensor_ids(module, *names) for r, names in read.params.items()}
     for role, text in roles.items():
-        g = parse_given(module, text)
+        g = given[role]
         path = g.path if g is not None else text
-        mine = _ids(module, path)
+        mine = tensor_ids(module, path)
         if not mine:
             continue  # no such part: said where the roles are resolved
         claimed = set(QKV) if role == "qkv" else {role}
@@ -341,18 +348,6 @@ def check_reading(module: nn.Module, C: int, read: Reading, roles: Mapping[str, 
             raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
         if g is not None:
             _holds(module, C, read, role, g)
-
-
-def _ids(module: nn.Module, name: str) -> set[int]:
-    tensors = {
-        **dict(module.named_buffers(remove_duplicate=False)),
-        **dict(module.named_parameters(remove_duplicate=False)),
-    }
-    if name in tensors:
-        return {id(tensors[name])}
-    found = [m for n, m in module.named_modules(remove_duplicate=False) if n == name or fnmatch.fnmatchcase(n, name)]  # fmt: skip
-    ids = {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
-    return ids | {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
 
 
 def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:

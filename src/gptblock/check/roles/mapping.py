@@ -1,15 +1,12 @@
-"""The fallback when the forward pass does not show the roles: the parts (``parts.discover``)
-given roles by shapes and order, never by names, or as ``--map`` says. Of the assignments whose
-shapes fit, the best by call order, then registration order, wins (``order_score``); ties are all
-kept (a raw square matrix's two orientations always tie), and q, k, v's other orders (only
-order tells them apart) are the ``fallback``.
+"""The fallback when the forward pass does not show the roles: the parts given roles by shapes
+and call, then registration, order (never names), or as ``--map`` says. Ties are all kept, and
+q, k, v's other orders (only order tells them apart) are the ``fallback``.
 
 Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -19,9 +16,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .parts import Part, glob
+from .parts import Part, glob, named_parts
 
-__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "named_parts", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
@@ -59,13 +56,12 @@ class MappedBlock:
         return text
 
 
-@dataclass(frozen=True)
-class Unmapped:
-    reason: str
+class Unmapped(Exception):
+    """Why the parts are no block: raised while mapping, returned by ``map_roles``."""
 
-
-class NotABlock(Exception):
-    """``Unmapped``'s reason."""
+    @property
+    def reason(self) -> str:
+        return str(self)
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,6 @@ class _Candidate:  # one assignment of the parts to roles
         return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
 
     def width(self, C: int) -> int | None:
-        """The attention width D if the shapes fit the form, else None."""
         roles = self.roles
         shape = {r: s for r, p in roles.items() if (s := p.shape_as(self.in_out)) and fits(r, s, C)}
         if len(shape) < len(roles):
@@ -117,7 +112,6 @@ class _Candidate:  # one assignment of the parts to roles
         return score
 
     def reordered(self, order: tuple[int, ...]) -> _Candidate:
-        """q, k, v taken in ``order`` instead."""
         heads = [(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads]
         roles = self.roles
         if self.form == "separate":
@@ -140,7 +134,6 @@ class _Candidate:  # one assignment of the parts to roles
         return Parts(C, self.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
 
     def names(self) -> dict[str, str]:
-        """Each role's parameter name(s) as the report prints them (a glob for per-head ones)."""
         names: dict[str, str] = {}
         if self.attn and self.form == "mha":
             prefix = f"{self.attn.name}." if self.attn.name else ""
@@ -158,15 +151,8 @@ def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     return shape[1] == C if role in READS_C else shape[0] == C
 
 
-def named_parts(parts: list[Part], name: str) -> list[Part]:
-    """The part of that name or parameter, else those a glob (``heads.*.query``) matches."""
-    found = [p for p in parts if p.name == name or name in p.params]
-    return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
-
-
 def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}``; a ValueError for a name that matches none (unknown
-    roles and qkv with q are refused before: ``readings.read_parts``)."""
+    """The parts named by ``{role: name}``; a ValueError for a name that matches none."""
     out: dict[str, list[Part]] = {}
     for role, name in roles.items():
         found = named_parts(parts, name)
@@ -184,7 +170,7 @@ def map_roles(
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
 ) -> MappedBlock | Unmapped:
-    """Give ``parts`` their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
+    """``parts`` in their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
     order, may be empty), with ``roles`` fixed by the caller.
 
     Example:
@@ -203,8 +189,8 @@ def map_roles(
     try:
         lns, norm_names, how = _norms(parts, C, called, fixed)
         tied = _assign(parts, C, called, fixed)
-    except NotABlock as e:
-        return Unmapped(str(e))
+    except Unmapped as e:
+        return e
     first = tied[0]
     given = [r for r in ROLES[2:] if r in fixed]
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
@@ -237,7 +223,6 @@ def map_roles(
 def _norms(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: dict[str, list[Part]]
 ) -> tuple[tuple[SubLayer | None, SubLayer | None], dict[str, str], list[str]]:
-    """(ln1, ln2), their names and how they were told apart."""
     if "ln1" in fixed or "ln2" in fixed:
         given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
         n1, n2 = (given[r].function() if r in given else None for r in ("ln1", "ln2"))
@@ -256,7 +241,7 @@ def _norms(
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
-        raise NotABlock(
+        raise Unmapped(
             f"{len(found)} LayerNorms ({listed}): cannot tell which two are the block's; "
             "pass --map ln1=NAME ln2=NAME"
         )
@@ -270,7 +255,7 @@ def _norms(
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
-    """Those an attribute of any submodule (or its ``config``) names, else all divisors."""
+    """Those an attribute of a submodule (or its ``config``) names, else all divisors."""
     named: set[int] = set()
     for sub in module.modules():
         for owner in (sub, getattr(sub, "config", None)):
@@ -287,24 +272,23 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
 def _assign(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: Mapping[str, list[Part]]
 ) -> list[_Candidate]:
-    """The best assignments of the parts to the roles, tied ones all kept."""
     heads = _head_groups(parts, C, fixed)
     mhas = [p for p in parts if p.kind == "mha"]
     plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
-        raise NotABlock(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
+        raise Unmapped(f"{len(mhas)} nn.MultiheadAttention modules: check one block at a time")
     if mhas and (mhas[0].mha.bias_k is not None or mhas[0].mha.add_zero_attn):
-        raise NotABlock(
+        raise Unmapped(
             "nn.MultiheadAttention with add_bias_kv / add_zero_attn attends to an extra learned "
             "position: not the lessons' block"
         )
     if len(plain) > 9:  # too many permutations to search
-        raise NotABlock(
+        raise Unmapped(
             f"{len(plain)} linear layers: too many to tell apart; pass --map with the roles"
         )
     if not mhas and not plain:
-        raise NotABlock(
+        raise Unmapped(
             "no attention: no nn.MultiheadAttention and no linear layers that make q, k, v and "
             "an output projection"
         )
@@ -327,7 +311,7 @@ def _assign(
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
         what = "nn.MultiheadAttention and " if mhas else ("per-head q/k/v and " if heads else "")
-        raise NotABlock(
+        raise Unmapped(
             f"the linear layers do not fit a pre-norm block of width {C} ({what}"
             f"{shapes or 'none'}); expected q/k/v (D, C) or packed (3D, C), proj (C, D), "
             "fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if the block has them"
@@ -339,7 +323,7 @@ def _assign(
     }
     if len(keys) > 4:  # more readings than the comparison should try
         listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
-        raise NotABlock(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
+        raise Unmapped(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
     return tied
 
 

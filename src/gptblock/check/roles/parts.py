@@ -1,11 +1,10 @@
 """The weight-holding parts of a block's module tree (``discover``), what each computes, and the
-order the forward pass calls them in (``observe``). A ``linear`` is any module with a matrix
-``weight`` and at most a vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` is a bare
-matrix parameter with its paired bias, read (out, in) or (in, out).
+order the forward pass calls them in (``observe``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "glob", "observe", "paired_bias"]
+__all__ = ["Part", "discover", "glob", "named_parts", "observe", "paired_bias", "tensor_ids"]
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -25,7 +24,8 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 @dataclass(frozen=True)
 class Part:
-    """One weight-holding part of a block."""
+    """One weight-holding part: a ``linear`` is a module with a matrix ``weight`` and at most a
+    vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` a bare matrix with its bias."""
 
     name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
     kind: str  # "norm", "linear", "matrix" or "mha"
@@ -74,6 +74,31 @@ def glob(names: list[str]) -> str:
         if pattern.count("*") == 1:
             return ".".join(pattern)
     return ", ".join(names)
+
+
+def named_parts(parts: list[Part], name: str) -> list[Part]:
+    """The part of that name or parameter, else those a glob (``heads.*.query``) matches."""
+    found = [p for p in parts if p.name == name or name in p.params]
+    return found or [p for p in parts if fnmatch.fnmatchcase(p.name, name)]
+
+
+def tensor_ids(module: nn.Module, *names: str) -> set[int]:
+    """The tensors ``names`` name (a tensor, module or glob each), by identity: tied weights and
+    a module's own tensors agree (``named_parts``: the parts, by their names)."""
+    tensors = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+    modules = list(module.named_modules(remove_duplicate=False))
+    ids: set[int] = set()
+    for name in names:
+        if name in tensors:
+            ids.add(id(tensors[name]))
+            continue
+        found = [m for n, m in modules if n == name or fnmatch.fnmatchcase(n, name)]
+        ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
+        ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
+    return ids
 
 
 def _affine(w: Tensor, b: Tensor | None) -> SubLayer:
@@ -150,11 +175,8 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
 
 
 def discover(module: nn.Module) -> list[Part]:
-    """Every weight-holding part of ``module``, in registration order.
-
-    Args:
-        module: the block; it is called (on zeros) only to tell the shape of a linear-like
-            module whose bias does not.
+    """Every weight-holding part of ``module``, in registration order (called on zeros only to
+    tell the shape of a linear-like module whose bias does not).
 
     Example:
         >>> from gptblock import lesson
@@ -199,10 +221,8 @@ def discover(module: nn.Module) -> list[Part]:
 
 
 def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) -> dict[str, int]:
-    """The order in which the parts' modules are first called while ``call()`` runs the block.
-
-    A ``matrix`` is never called (not a module); a block that raises returns what it called.
-    """
+    """The order in which the parts' modules are first called while ``call()`` runs the block
+    (a ``matrix`` is not a module: never); a block that raises returns what it called."""
     order: dict[str, int] = {}
     handles = []
     for part in parts:

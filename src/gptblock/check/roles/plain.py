@@ -1,9 +1,7 @@
-"""A block's parts as plain numbers, all that crosses from the process that runs the block (the
-verdict's process never runs the block's code). ``to_plain`` reads a lessons' block's linear
-roles as (out, in) weights and biases from zeros and basis vectors, and its norms as one of
-``NORM_KINDS`` with eps, gain and bias, each checked on random rows. ``send`` writes a modern
-block's parts that the modern comparison found correct, in the standard forms only. Both write
-a JSON-able description and tensors ``key.role.weight``/``.bias``; ``receive.decode`` checks them.
+"""A block's parts as plain numbers, all that crosses from the process that runs the block:
+``to_plain`` (a lessons' reading, read from zeros and basis vectors and checked on random rows)
+and ``send`` (a modern block's correct parts) write a JSON-able description and tensors
+``key.role.weight``/``.bias`` in the format ``receive.decode`` checks (its shape tables).
 
 Shapes: B batch, T time, C channels, D attention width, K the keys' width, H the MLP's width.
 """
@@ -23,13 +21,20 @@ if TYPE_CHECKING:
     from .modern_parts import MlpRead, NormRead
     from .modern_read import ModernRead
 
-__all__ = ["KEY", "NORM_KINDS", "NotPlain", "norm_function", "send", "to_plain"]
+__all__ = [
+    "KEY", "LESSON", "MODERN", "NORM_KINDS", "QK", "NotPlain", "norm_function", "send", "to_plain",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 Roles = dict[str, tuple[Tensor | None, ...]]  # role -> (weight, bias), or (gain,), to send
 NORM_KINDS = ("layer", "unbiased", "std", "rms")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
 KEY = "0"  # the key of the one part ``send`` writes
+# the format both sides use: each linear role's weight (out, in) in letters of the widths sent
+# (``meta``); norms' gains and biases (C,), lnq/lnk's (hs,); mlp1 only in a gated MLP
+LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
+MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
+QK = ("lnq", "lnk")
 
 
 class NotPlain(ValueError):
@@ -37,8 +42,8 @@ class NotPlain(ValueError):
 
 
 def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
-    """The norm ``kind`` over the last axis (``std``: the Annotated Transformer's ``(h - mean) /
-    (std + eps)``; ``unbiased``: LayerNorm with the unbiased variance), as a sub-layer.
+    """The norm ``kind`` over the last axis (``std``: ``(h - mean) / (std + eps)``; ``unbiased``:
+    LayerNorm with the unbiased variance), as a sub-layer.
 
     Example:
         >>> C = 4
@@ -68,7 +73,7 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) ->
 
 def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
     """``f`` on ``rows`` (N, F) fed as (B, T, F) like ``like`` (some sub-layers only run on the
-    traced B and T); each output back as rows (N, out)."""
+    traced B and T), each output back as rows."""
     B, T = like.shape[0], like.shape[1]
     chunks: list[list[Tensor]] = []  # each chunk's outputs
     for start in range(0, rows.shape[0], B * T):
@@ -107,7 +112,7 @@ def _linear(
 
 
 def _centred_unit(C: int) -> Tensor:
-    """Mean 0, mean square 1, entries all about +-1 (dividing by them loses no precision)."""
+    """Mean 0, mean square 1, entries about +-1 (dividing by them loses no precision)."""
     plus, minus = C // 2, C - C // 2
     u = torch.cat([torch.full((plus,), 1.0 / plus), torch.full((minus,), -1.0 / minus)]).double()
     u = u[torch.randperm(C, generator=torch.Generator().manual_seed(5))]
@@ -131,7 +136,7 @@ def _norm(
     name: str, f: SubLayer, like: Tensor, known: Tensor | None
 ) -> tuple[dict[str, Any], Tensor, Tensor]:
     """The kind, eps, weight and bias of the norm ``f``; of two kinds that fit (``layer`` and
-    ``unbiased`` fit the same functions), the one whose weight is among the values ``known``."""
+    ``unbiased`` do alike), the one whose weight is among ``known``."""
     C = like.shape[-1]
     if C < 2:
         raise NotPlain(f"{name}: a norm over {C} channel cannot be read")
@@ -199,9 +204,8 @@ def send(
     qk_norm: tuple[Tensor, Tensor] | None,
     post: bool,
 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
-    """The parts the modern comparison found correct as (meta, tensors) of the part ``KEY``, or
-    None where no standard form expresses them. Roles: q, k, v, proj, ``mlp0`` (the gate, or the
-    dense first layer), ``mlp1`` (the up projection, if gated), ``mlp2``, ln1, ln2, lnq, lnk."""
+    """The modern parts found correct as (meta, tensors) of the part ``KEY``, or None where no
+    standard form expresses them; ``mlp0`` is the gate (or the dense first layer), ``mlp1`` up."""
     if (
         post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
@@ -210,8 +214,8 @@ def send(
         or (read.rotated and rope is None)  # turned by something the forms do not name
     ):  # fmt: skip
         return None
-    names = ["q", "k", "v", "proj", *(f"mlp{i}" for i in range(len(mlp.layers))), "mlp2"]
     linear = (read.q, read.k, read.v, read.proj, *mlp.layers, read.mlp[-1])
+    names = [r for r in MODERN if mlp.gated or r != "mlp1"]
     roles: Roles = dict(zip(names, linear, strict=True))
     (D, C), K, H = read.q[0].shape, read.k[0].shape[0], read.mlp[-1][0].shape[1]
     meta: dict[str, Any] = {

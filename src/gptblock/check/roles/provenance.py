@@ -1,13 +1,7 @@
-"""The weights a check uses, chosen by the checker, and the parts read back traced to them.
-
-The checker gives every parameter of its copy of the block a value of its own choosing
-(``choose``): matrices drawn N(0, 1/C), so that a scale mistake moves the output by 1e-2 or more
-(GPT-2's std-0.02 weights leave attention nearly uniform: 1e-4); vectors moved by ~0.1 (a fresh
-LayerNorm is the identity, many biases 0: a wrong norm or a dropped bias would go unseen). The
-seed never enters the block's process, and every weight read back must be made of those values
-(``trace``): each entry one the checker chose (or exactly 0 or 1; a norm's gain may be stored as
-``gain - 1``), no two roles made of the same entries. So a process that misreports its weights
-(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; the entries rearranged still pass.
+"""The weights a check uses, chosen by the checker (``choose``), and the weights read back traced
+to them (``trace``): each entry one the checker chose (or exactly 0 or 1), no two roles made of
+the same entries. The seed never enters the block's process, so one that misreports its weights
+(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; rearranged entries still pass.
 """
 
 from __future__ import annotations
@@ -27,7 +21,9 @@ REPEATED = 0.05  # a role's entries repeated more than this: one weight read twi
 
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
-    """New values for the parameters ``current`` (name -> value), drawn from ``g``.
+    """New values for the parameters ``current``: matrices N(0, 1/C), so that a scale mistake
+    shows (GPT-2's std 0.02 leaves attention nearly uniform); vectors moved by ~0.1, so that a
+    wrong norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -58,9 +54,8 @@ def nearest(values: Tensor, t: Tensor) -> Tensor:
 def snap(
     t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...] = (0.0,)
 ) -> Tensor | None:
-    """``t`` (float64) with each entry replaced by the nearest of the sorted, non-empty
-    ``values`` (plus a shift: 1 for a gain stored as ``gain - 1``) within ``tol``, exact 0s and
-    1s kept (a missing bias, a norm without gain); None when an entry is further from all.
+    """``t`` (float64), each entry the nearest of the sorted ``values`` (plus a shift: 1 for a
+    gain stored as ``gain - 1``) within ``tol``, exact 0s and 1s kept; else None.
 
     Example:
         >>> snap(torch.tensor([0.0, 2.001, 1.0]), torch.tensor([2.0, 5.0]), 1e-2).tolist()
@@ -86,9 +81,8 @@ def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read are made of. A role that reads chosen values twice (``repeats``:
-    one weight serving two heads) is the block's doing, since a made-up reading would not
-    reproduce the block; two roles read from the same values are a reading refused (``why``)."""
+    """What the weights read are made of: a role reading chosen values twice (``repeats``) is the
+    block's doing (a made-up reading would not reproduce it); two roles sharing them, refused."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
@@ -96,8 +90,8 @@ class Traced:
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Every chosen value as the block holds it (``dtype``), in float64, sorted; and for each,
-    its position in the parameters ``chosen`` laid end to end (their order, flattened)."""
+    """Every chosen value as the block holds it, float64, sorted; and each one's position in the
+    parameters laid end to end."""
     return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
@@ -107,10 +101,8 @@ def trace(
     dtype: torch.dtype,
     heads: Mapping[str, int] | None = None,
 ) -> Traced:
-    """The weights read for ``roles`` (role -> its weight and bias) traced to the values
-    ``chosen``; ``heads`` (role -> its number of heads: rows of its (out, in) weight in as many
-    equal groups) names a head that repeats another's. A norm's (``ln1``, ``ln2``) gain may
-    be 1 + them.
+    """The weights read for ``roles`` (role -> weight, bias) traced to ``chosen``; ``heads``
+    (role -> head count) names a head that repeats another's. A norm's gain may be 1 + them.
 
     Example:
         >>> chosen = choose({"w": torch.zeros(4, 4)}, 4, torch.Generator().manual_seed(0))
@@ -150,8 +142,7 @@ def trace(
 
 
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
-    """How ``role``'s (out, in) weight, as positions among the chosen values, reads some of
-    them twice: a head that is another head's weights, else the share of repeated entries."""
+    """A head that is another head's weights, else the share of entries read twice."""
     if heads > 1 and at.shape[0] % heads == 0:
         blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
         copies: dict[int, list[int]] = {}  # head -> the later heads that are it
@@ -175,8 +166,7 @@ def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
 def unread(
     chosen: Mapping[str, Tensor], used: frozenset[int], dtype: torch.dtype
 ) -> dict[str, Tensor]:
-    """For each parameter with values no role read (``used``: ``Traced.used``), a mask of them
-    (its shape, True where unread).
+    """For each parameter with values no role read (``Traced.used``), a mask, True where unread.
 
     Example:
         >>> chosen = choose({"a": torch.zeros(2, 2), "b": torch.zeros(3)}, 2, torch.Generator())

@@ -1,13 +1,11 @@
-"""Which reading the comparison uses (``read_parts``): the dataflow's (``weights``), else the
-module tree's (``mapping``), or as ``--map`` says (``given``: a role given as a slice is read as
-given, and must hold what the dataflow uses for it). ``suggest_map``: a ``--map`` to offer.
+"""Which reading the comparison uses (``read_parts``): the dataflow's, else the module tree's, or
+as ``--map`` says; ``suggest_map``: a ``--map`` to offer.
 
 Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -19,9 +17,9 @@ from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles
+from .given import check_claims, check_reading, fix_roles, parse_map
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
-from .parts import discover, observe, paired_bias
+from .parts import discover, observe, paired_bias, tensor_ids
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
 
@@ -35,9 +33,8 @@ TRACE_T, TRACE_B = 7, 5  # the traced input's T and B: different, so shapes tell
 
 
 class Traces:
-    """A block's forward passes, each recorded once per input (drawn once per (B, T)) by
-    ``record``: the costliest step, shared by the modern comparison and the dataflow's reading.
-    ``clear`` after setting the block's weights."""
+    """A block's forward passes, recorded once per input (the costliest step, shared by the
+    modern comparison and the dataflow's reading); ``clear`` after setting the block's weights."""
 
     def __init__(self, tested: Probed, record: Callable[[Tensor], Trace]) -> None:
         self.tested, self.record = tested, record
@@ -72,7 +69,7 @@ class Readings:
     describe: Callable[[int], str]  # the roles note for a reading
 
 
-def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
+def agrees(module: nn.Module, read: Reading, roles: Mapping[str, str]) -> bool:
     """Whether every role names what the forward pass read it from (``qkv``: q's).
 
     Example:
@@ -80,20 +77,16 @@ def agrees(read: Reading, roles: Mapping[str, str]) -> bool:
         >>> from gptblock.check.roles.weights import read_block
         >>> block = lesson.Block(16, 2, 8, dropout=0.0).double()
         >>> read = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
-        >>> agrees(read, {"q": "sa.heads.*.query", "ln2": "ln2"}), agrees(read, {"q": "sa.proj"})
-        (True, False)
+        >>> agrees(block, read, {"q": "sa.heads.*.query", "ln2": "ln2"})
+        True
+        >>> agrees(block, read, {"q": "sa.proj"})
+        False
     """
-    for role, name in roles.items():
-        held = read.params.get("q" if role == "qkv" else role)
-        if not held:
-            return False
-        if not any(
-            p == name or p.startswith(name + ".") or name.startswith(p + ".") or fnmatch.fnmatchcase(p.rpartition(".")[0], name)
-            or fnmatch.fnmatchcase(p, name)
-            for p in held
-        ):  # fmt: skip
-            return False
-    return True
+    held = {r: tensor_ids(module, *names) for r, names in read.params.items()}
+    return all(
+        tensor_ids(module, name) & held.get("q" if role == "qkv" else role, set())
+        for role, name in roles.items()
+    )
 
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
@@ -136,19 +129,19 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
-    parts = discover(subject.module)
-    check_claims(subject.module, subject.C, parts, roles)
+    parts, given = discover(subject.module), parse_map(subject.module, roles)
+    check_claims(subject.module, subject.C, parts, roles, given)
     if roles and not isinstance(found, str):
-        check_reading(subject.module, subject.C, found[0], roles)
+        check_reading(subject.module, subject.C, found[0], roles, given)
     sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
-    if not isinstance(found, str) and not sliced and agrees(found[0], roles):
+    if not isinstance(found, str) and not sliced and agrees(subject.module, found[0], roles):
         read, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
         return Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
     why = found if isinstance(found, str) else ""
     try:
-        fixed = fix_roles(subject.module, subject.C, parts, roles)
+        fixed = fix_roles(subject.module, subject.C, parts, roles, given)
     except UserValueError:
         raise
     except ValueError as e:
@@ -203,7 +196,7 @@ def suggest_map(module: nn.Module, C: int) -> str:
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            fixed = fix_roles(module, C, parts, roles)
+            fixed = fix_roles(module, C, parts, roles, parse_map(module, roles))
         except ValueError:
             continue
         if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):

@@ -1,7 +1,6 @@
-"""What the block's process sent (``plain``), checked (``decode``) and built back into parts from
-the numbers alone, each number held to the values the checker chose (``provenance``): a lessons'
-block's readings (``unpack_readings``) and a modern block's parts (``unpack_modern``), which are
-then run with the checker's own code (``Received.run``).
+"""What the block's process sent (``plain``), checked (``decode``), held to the values the checker
+chose and built back into parts run by the checker's own code: ``unpack_readings``,
+``unpack_modern``.
 
 Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
 """
@@ -18,7 +17,7 @@ from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
 from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED
-from .plain import KEY, NORM_KINDS, NotPlain, norm_function
+from .plain import KEY, LESSON, MODERN, NORM_KINDS, QK, NotPlain, norm_function
 from .provenance import Traced, snap, sorted_values, trace
 from .readings import Readings
 
@@ -28,17 +27,12 @@ Tensor = torch.Tensor
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
 SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
 READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
-# each linear role's weight (out, in) in letters of the widths; mlp1 only in a gated MLP
-LESSON = {"q": "DC", "k": "DC", "v": "DC", "proj": "CD", "fc1": "HC", "fc2": "CH"}
-MODERN = {"q": "DC", "k": "KC", "v": "KC", "proj": "CD", "mlp0": "HC", "mlp1": "HC", "mlp2": "CH"}
-QK = ("lnq", "lnk")
 
 
 @dataclass(frozen=True)
 class Received:
     """A block's parts as they arrived, checked, float64: ``roles`` role -> [weight (out, in),
-    bias] or a norm's [gain, bias] (an RMSNorm's may be left out) or lnq/lnk's [gain (hs,)];
-    ``norms`` ln1 (ln2) -> (kind, eps). A parallel modern block without ln2 reads ln1 twice."""
+    bias], a norm's [gain, bias?] or lnq/lnk's [gain (hs,)]; ``norms`` ln1 (ln2) -> (kind, eps)."""
 
     C: int
     D: int
@@ -87,8 +81,8 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
 ) -> Received:  # fmt: skip
-    """The one check of a part that arrives: its widths (``C`` and those ``shapes`` name), each
-    tensor's shape and values, its norms' kinds and eps."""
+    """The one check of a part that arrives: its widths, each tensor's shape and values, its
+    norms' kinds and eps."""
     if not isinstance(meta, dict) or meta.get("C") != C:
         raise NotPlain(f"a reading of a block of width {C} expected")
     sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
@@ -212,8 +206,8 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
 def unpack_modern(
     modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
 ) -> tuple[Received, Traced] | str:
-    """The modern parts sent, received, each number snapped to the nearest value the checker
-    chose (a gain may be stored as ``gain - 1``) and traced to them; else why they cannot be."""
+    """The modern parts sent, each number snapped to the nearest value the checker chose and
+    traced to them; else why they cannot be."""
     if not modern.get("parts"):
         return "its process sent no parts the checker can rebuild it from"
     try:

@@ -1,11 +1,7 @@
-"""One forward pass of a block recorded operator by operator, and re-run with tensors replaced.
-
-``record`` runs the block under ``serve.loop``'s recording (plain data, so that the block's process
-needs nothing of the checker) and ``from_plain`` reads it back, checked: every operator found by
-name in torch's own registry, never code the message carries. Unlike ``torch.fx`` it works on any
-code that runs. ``rerun`` replays it with nodes replaced (how ``weights`` reads a weight);
-``replay`` makes the operators between two nodes a function. Grad mode is on while recording, so
-that ``nn.MultiheadAttention`` takes its decomposed path, not one fused operator.
+"""One forward pass recorded operator by operator (``record``, as plain data: ``from_plain`` reads
+it back with torch's own operators only, never code the message carries; unlike ``torch.fx`` it
+works on any code that runs), re-run with nodes replaced (``rerun``) or as a function
+(``replay``). Grad mode is on while recording, so that ``nn.MultiheadAttention`` is decomposed.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _operator(name: object) -> Any:
-    """torch's own ``namespace::name.overload``, never anything the block defined here."""
+    """torch's own ``namespace::name.overload``, never anything the block defined."""
     ns, _, rest = str(name).partition("::")
     op, _, overload = rest.rpartition(".")
     if not isinstance(name, str) or not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
@@ -164,8 +160,8 @@ class Trace:
     nodes: list[Node]
     input: int  # the node of the block's input
     output: int  # the node of the block's output
+    # module calls: (name, first op, end op (exclusive), input nodes, output nodes)
     calls: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)
-    """Module calls: (name, first op, end op (exclusive), input nodes, output nodes)."""
     parameters: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shapes, read or not
     modules: list[str] = field(default_factory=list)  # the block's modules' names ("": itself)
 
@@ -197,12 +193,8 @@ class Trace:
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
-    """A ``Trace`` from what ``loop.record`` sent, checked for form; with ``device``, the values
-    and every device argument moved there (a trace recorded on a GPU, replayed here).
-
-    Raises:
-        TraceError: the block raised while traced, returned no tensor, or sent no trace.
-    """
+    """A ``Trace`` from what ``loop.record`` sent, checked for form (a TraceError); with
+    ``device``, the values and every device argument moved there."""
     if "error" in meta:
         raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
     try:
@@ -256,11 +248,8 @@ def from_plain(
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
-    """Run ``module(x)`` once and record every operator (``loop.record``, as here). With
-    ``no_dropout``, or inside ``NoDropout``, every dropout is recorded as the identity it ran as.
-
-    Raises:
-        TraceError: the block raised, or returned no tensor.
+    """Run ``module(x)`` once and record every operator; with ``no_dropout`` (or inside
+    ``NoDropout``) dropout is recorded as the identity. A TraceError if the block raised.
 
     Example:
         >>> import torch.nn as nn
@@ -274,12 +263,8 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
 
 
 def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
-    """The values of the nodes ``get``, the forward pass replayed as far as needed with the
-    nodes in ``put`` replaced by those values (each of the node's shape).
-
-    Raises:
-        TraceError: an operator cannot be re-executed on the values given.
-    """
+    """The values of the nodes ``get``, replayed as far as needed with the nodes in ``put``
+    replaced (a TraceError where an operator cannot run on them)."""
     wanted = set(get)
     last = max((trace.nodes[n].op for n in wanted), default=-1)
     env: dict[int, Tensor] = {}
@@ -324,11 +309,8 @@ def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
-    """The operators computing ``target`` from ``source`` (and static values), as a function.
-
-    Raises:
-        TraceError: ``target`` also depends on input data that does not come from ``source``.
-    """
+    """The operators computing ``target`` from ``source`` (and static values), as a function;
+    a TraceError where ``target`` also reads other input data."""
     inside, chosen = {source}, []
     for op in trace.between(source, target):
         if any(n in inside for n in op.inputs):

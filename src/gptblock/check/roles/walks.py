@@ -1,6 +1,5 @@
-"""Following a node of a recorded forward pass over the data movement code does around a
-sub-layer's matrix product (reshapes, transposes, slices, scalar factors, biases) to the tensor
-laid out by position (``layout``) that the lessons' block has in that place.
+"""Following a traced node over the data movement around a matrix product (reshapes, slices,
+scalar factors, biases) to the tensor laid out by position (``layout``) the lessons' block has.
 
 Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
@@ -33,10 +32,9 @@ GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vsta
 
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
-    """The axes (batch, time) along which a node of ``shape`` holds one row per position:
-    strictly, (B, T, ...), (T, B, ...) or channels-first (B, F, T) (unit axes allowed between,
-    (B, F, 1, T)); else any axes of sizes B and T, or one axis of size B * T holding them
-    flattened b-major (given twice).
+    """The (batch, time) axes along which ``shape`` holds one row per position: strictly,
+    (B, T, ...), (T, B, ...) or (B, F, T) (unit axes between); else any axes of sizes B and T,
+    or one axis of B * T, b-major (given twice).
 
     Example:
         >>> layout((5, 7, 4, 8), 5, 7), layout((7, 5, 32), 5, 7), layout((5, 32, 7), 5, 7)
@@ -82,7 +80,7 @@ def weight_input(trace: Trace, op: Op) -> int | None:
 
 
 def _scalar(trace: Trace, op: Op, node: int) -> float | None:
-    """The factor a mul / div by a scalar applies to ``node``, or None if it is no such op."""
+    """The factor a mul / div by a scalar applies to ``node``, else None."""
     if op.base not in ("mul", "div") or (op.inputs[:1] != [node] and op.base == "div"):
         return None
     others = [n for n in op.inputs if n != node]
@@ -105,8 +103,8 @@ def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
 
 
 def gathered(trace: Trace, op: Op) -> int | None:
-    """The one tensor whose elements a cat / stack of its reshapes and slices only rearranges
-    (heads split by ``stack(t.split(hs, -1), 1)``, merged by ``cat(y.unbind(1), -1)``)."""
+    """The one tensor a cat / stack of its reshapes and slices only rearranges (heads split by
+    ``stack(t.split(hs, -1), 1)``, merged by ``cat(y.unbind(1), -1)``)."""
     pieces = data(trace, op)
     if op.base not in GATHER_OPS or len(pieces) < 2 or len(pieces) != len(op.inputs):
         return None
@@ -117,8 +115,7 @@ def gathered(trace: Trace, op: Op) -> int | None:
 
 
 def _back(trace: Trace, node: int) -> tuple[int, float] | None:
-    """One step back over a reshape, a slice, a rearranging cat / stack, a scalar factor or a
-    bias: the node before, and the factor."""
+    """One step back over a reshape, slice, rearranging cat, scalar factor or bias."""
     op = trace.producer(node)
     if op is None:
         return None
@@ -132,9 +129,8 @@ def _back(trace: Trace, node: int) -> tuple[int, float] | None:
 
 
 def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
-    """``node``, or the nearest node behind it, that holds one row per position (B, T, ...).
-    The walk stops where a slice took it out of a larger one (q out of a packed qkv) or a bias
-    was added (per head): there the node is read along the axes of sizes B and T."""
+    """``node``, or the nearest node behind it, laid out by position; it stops at a slice (q of
+    a packed qkv) or a bias (per head), read there along the axes of sizes B and T."""
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
         stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
@@ -146,9 +142,8 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
 
 
 def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
-    """The earliest node laid out by position that ``node`` is a reshape of (however many views
-    of it the code made). With ``heads`` (what the output projection reads), the earliest
-    (B, T, D) one, the heads as the block merged them, else (an einsum with a 3-D W_O) the heads."""
+    """The earliest node laid out by position that ``node`` is a reshape of; with ``heads`` (the
+    output projection's input), the (B, T, D) one, else (an einsum with a 3-D W_O) the heads."""
     shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
     found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
     if heads and not found:
@@ -179,7 +174,7 @@ def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
 
 def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
     """The matrix products with a weight nearest ``node`` on every path, in order, and the nodes
-    on the way: forward over reshapes and cat / stack; back over any operator."""
+    on the way (forward over reshapes and cat / stack; back over any operator)."""
     todo, seen, found = [node], {node}, {}
     while todo:
         n = todo.pop()
@@ -195,7 +190,7 @@ def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
 
 def forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
     """The last node laid out by position on the single-consumer chain of reshapes, biases,
-    scalar factors and sums that follows ``op``'s output."""
+    scalar factors and sums after ``op``."""
     node, last = op.outputs[0], None
     while True:
         last = node if layout(trace.nodes[node].shape, B, T) is not None else last

@@ -1,10 +1,6 @@
-"""Each role's weight read out of a block by what its sub-layer computes, in the lessons' layout.
-
-``read_block`` records the forward pass (``trace``) and finds the roles (``dataflow``); each
-sub-layer is read the same way whatever holds its weight: the trace is replayed with the role's
-input replaced by zeros, then by basis vectors (``h @ W.T + b`` gives ``b``, then ``W[:, c] +
-b``). Every weight read must reproduce the role's traced output (to 1e-9 of its scale in
-float64), or the block is not read.
+"""Each role's weight read by what its sub-layer computes (``read_block``): the trace replayed
+with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
+``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
 """
@@ -50,8 +46,7 @@ class Reading:
 
 
 def _rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
-    """A node's value as one row per position, (B * T, F), b-major; with ``shape``, such rows
-    back to a node's ``shape``."""
+    """A node's value as rows (B * T, F), b-major; with ``shape``, such rows back to it."""
     axes = layout(shape or tuple(value.shape), B, T, strict=False)
     if axes is None:
         raise Unread(f"a tensor of shape {shape or tuple(value.shape)} is not laid out by position")
@@ -108,11 +103,8 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
 
 
 def read_block(module: nn.Module, x: Tensor) -> Reading:
-    """Record ``module(x)`` and read every role's weight out of it; ``x`` (B, T, C) with B != T,
-    so that shapes tell batch from time.
-
-    Raises:
-        Unread: the block's roles or weights cannot be read; the message says why.
+    """Record ``module(x)`` and read every role's weight out of it (``x`` (B, T, C), B != T, so
+    that shapes tell batch from time); an Unread says why it cannot.
 
     Example:
         >>> from gptblock import lesson
@@ -129,11 +121,7 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
-    """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded.
-
-    Raises:
-        Unread: the block's roles or weights cannot be read; the message says why.
-    """
+    """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
     try:
         found = find_roles(trace, B, T)
@@ -166,9 +154,8 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
-    """Parameters by the modules that hold them (``attn.c_attn`` for its weight and bias,
-    ``heads.*.query`` for one module per head), with ' (in, out)' when the role's one matrix is
-    stored transposed, as ``x @ W`` reads it."""
+    """Parameters by their modules (``attn.c_attn``, ``heads.*.query``), ' (in, out)' where the
+    role's one matrix is stored transposed."""
     if not params:
         return "none (the merged heads join the stream as they are: the identity)"
     owners: dict[str, list[str]] = {}
