@@ -1,9 +1,6 @@
-"""What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue.
-
-A ``CheckReport`` is plain data, rendered as text (``format``, what ``gptblock check`` prints),
-JSON (``to_dict``; ``from_dict`` validates it back when a report crosses from the block's process,
-``isolation``) and HTML for a notebook (every word escaped: a name or a message the block's
-process sent); the three share one walk of the report (``_entry``, ``_diagnosis``, ``_result``).
+"""What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue,
+rendered as text, JSON (``from_dict`` validates it back from the block's process) and HTML
+(every word escaped); the three share one walk of the report (``_entry``, ``_diagnosis``...).
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ class Finding:
 
     @property
     def status(self) -> str:
-        """The word the report prints for it: its label, else PASS or FAIL."""
         return self.label or ("PASS" if self.passed else "FAIL")
 
 
@@ -100,19 +96,16 @@ class CheckReport:
 
     @property
     def confident(self) -> bool:
-        """True when the arithmetic was compared and nothing else explains the block as well."""
         return self.compared and not self.alternatives
 
     @property
     def verdict(self) -> str:
-        """``PASS``, ``FAIL`` or ``UNVERIFIED`` (see the class docstring)."""
         if self.diagnosis or not all(f.passed for f in self.findings):
             return "FAIL"
         return "PASS" if self.compared else "UNVERIFIED"
 
     @property
     def passed(self) -> bool:
-        """True when the block was compared, every check passed and no mistake was diagnosed."""
         return self.verdict == "PASS"
 
     def format(self, width: int = 100) -> str:
@@ -183,11 +176,11 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
-        mistakes = {}
-        for d in self.diagnosis:
-            m = MISTAKES[d]
-            mistakes[d] = {"title": m.title, "found": self.details.get(d, "")}
-            mistakes[d].update(explanation=m.explanation, fix=m.fix, lesson=m.lesson)
+        mistakes = {
+            d: {"title": m.title, "found": self.details.get(d, ""), "explanation": m.explanation,
+                "fix": m.fix, "lesson": m.lesson}
+            for d, m in ((d, MISTAKES[d]) for d in self.diagnosis)
+        }  # fmt: skip
         return {
             "target": self.target,
             "passed": self.passed,
@@ -242,7 +235,6 @@ class CheckReport:
 
 
 def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
-    """A diagnosed mistake's lines: what the block does (where said), why, the fix, the lesson."""
     m = MISTAKES[d]
     found = [("found", report.details[d])] if d in report.details else []
     return [*found, ("why", m.explanation), ("fix", m.fix), ("from", m.lesson)]
@@ -266,7 +258,6 @@ def _diagnosis(report: CheckReport) -> str:
 
 
 def _result(report: CheckReport) -> list[str]:
-    """The result line, and for an UNVERIFIED block how to verify it."""
     n = len(report.findings)
     if report.verdict == "PASS":
         return ["result: PASS"]
@@ -279,10 +270,9 @@ def _result(report: CheckReport) -> list[str]:
         "with a reference it could be confirmed against (its weights could not be read, or only "
         "inside its own process): a wrong scale, say, would not show)"
     )
-    return [
-        unverified,
-        *([f"to verify it, run again with: {report.verify}"] if report.verify else []),
-    ]
+    return [unverified] + (
+        [f"to verify it, run again with: {report.verify}"] if report.verify else []
+    )
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:
