@@ -48,24 +48,19 @@ class CheckReport:
     Args:
         target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
         findings: one ``Finding`` per check that ran, in the order they ran.
-        diagnosis: identifiers from ``gptblock.check.mistakes.catalogue.MISTAKES``, in catalogue order;
-            empty when no catalogued mistake was found.
+        diagnosis: ids of ``catalogue.MISTAKES``, in catalogue order; empty when none was found.
         details: for each diagnosed id, what exactly this block does.
         notes: what the checker could not do or assumed (e.g. names it could not map).
-        alternatives: other sets of mistakes that explain the block equally well. When there
-            are any, the checker is unsure: ``diagnosis`` is the likeliest, not a verdict.
-        compared: whether the block's arithmetic was compared with the reference. Without it
-            only the black-box probes speak: what they prove is diagnosed, but a mistake they
-            cannot see (a wrong scale) may remain.
-        verify: when the block was not compared, the ``--map`` arguments that let the checker
-            read its weights (empty when it has none to suggest).
+        alternatives: other sets of mistakes that explain the block equally well: then the
+            checker is unsure, ``diagnosis`` is the likeliest.
+        compared: whether the block's arithmetic was compared with the reference (without it
+            a mistake the black-box probes cannot see, a wrong scale, may remain).
+        verify: when not compared, the ``--map`` arguments that let the checker read its weights.
 
-    ``verdict`` is ``PASS`` only when the block was compared with the lessons' block, every
-    finding passed and the diagnosis is empty; ``FAIL`` when a finding failed or a mistake was
-    diagnosed; ``UNVERIFIED`` when every black-box check passed but the weights could not be
-    read, so the block was not compared. ``passed`` is ``verdict == "PASS"``; ``confident``
-    when the arithmetic was compared and no alternative explains the block as well as
-    ``diagnosis`` does.
+    ``verdict`` is ``PASS`` when the block was compared, every finding passed and nothing was
+    diagnosed; ``FAIL`` when a finding failed or a mistake was diagnosed; ``UNVERIFIED`` when
+    every black-box check passed but the block was not compared. ``passed`` is ``verdict ==
+    "PASS"``; ``confident`` when it was compared and no alternative explains it as well.
 
     Example:
         >>> shape = Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")
@@ -215,9 +210,8 @@ class CheckReport:
             findings = []
             for row in d["findings"]:
                 f = _fields(row, {"name": str, "passed": bool, "message": str})
-                label = _str(f.get("label", ""))  # PASS / FAIL follow from passed
-                label = label if label == "FOUND" else ""  # and an unknown word is not printed
-                findings.append(Finding(f["name"], f["passed"], f["message"], label))
+                found = _str(f.get("label", "")) == "FOUND"  # an unknown label is not printed
+                findings.append(Finding(f["name"], f["passed"], f["message"], "FOUND" * found))
             mistakes = _fields(d.get("mistakes", {}), {}).items()
             details = {str(k): str(v.get("found", "")) for k, v in mistakes}
             return cls(

@@ -104,11 +104,9 @@ class Rope:
     """Rotary positions (RoFormer, Su et al. 2021) as a block computes them, right or wrong.
 
     Channel pair ``(a_i, b_i)`` of each head's first ``dim`` channels is rotated by the angle
-    ``sign * t * theta ** (-2i / dim)`` at position t. ``pairing`` says which channels pair:
-    ``"halves"``, (i, i + dim/2) as Hugging Face's Llama (``rotate_half``); ``"adjacent"``,
-    (2i, 2i + 1) as RoFormer and Meta's Llama. ``table`` is the layout of the cos/sin table:
-    ``cat((freqs, freqs))`` fits the halves, ``repeat_interleave(freqs, 2)`` the adjacent pairs
-    (the other turns each pair by two angles: ``rope_pairing``). ``sign`` -1 is nanochat's.
+    ``sign * t * theta ** (-2i / dim)`` at position t. Pairs are ``"halves"``, (i, i + dim/2) as
+    Hugging Face's Llama, or ``"adjacent"``, (2i, 2i + 1) as Meta's; a cos/sin ``table`` laid
+    out for the other pairing turns each pair by two angles (``rope_pairing``).
 
     Example:
         >>> rope = Rope(10000.0, 4, "halves", "halves", 1.0)
@@ -120,8 +118,8 @@ class Rope:
     theta: float
     dim: int  # r: the rotated channels of each head
     pairing: str  # "halves" or "adjacent"
-    table: str  # the layout of the cos/sin table: "halves" (cat) or "adjacent" (interleave)
-    sign: float  # 1.0, or -1.0: rotated by minus the angle
+    table: str  # "halves" (cat((freqs, freqs))) or "adjacent" (repeat_interleave(freqs, 2))
+    sign: float  # 1.0, or -1.0 (nanochat): rotated by minus the angle
 
     def describe(self, hs: int) -> str:
         pairs = "halves (i, i + r/2)" if self.pairing == "halves" else "adjacent pairs (2i, 2i+1)"
