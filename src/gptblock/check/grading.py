@@ -1,7 +1,5 @@
-"""``grade``: a class's submissions, each found (``submissions``) and checked as ``gptblock
-check`` checks one (``check_isolated``), ``jobs`` at once: a submission that crashes, exits, hangs
-or does not parse is one ``ERROR`` or ``TIMEOUT`` row and the batch goes on. Gradebooks are
-written atomically, so one rewritten after each row keeps the rows done when interrupted.
+"""``grade``: a class's submissions, each checked as ``gptblock check`` checks one, ``jobs`` at
+once; one that crashes, exits, hangs or does not parse is an ``ERROR`` or ``TIMEOUT`` row.
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ class Row:
     checks: tuple[Finding, ...] = field(default=(), repr=False)  # every check's finding
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as JSON: its fields, each check as ``{name, status, message}``, the version."""
         return {
             "student": self.student,
             "path": self.path,
@@ -148,9 +145,8 @@ def grade(
 def grade_one(
     sub: Submission, kwargs: Mapping[str, object], name: str | None, timeout: float
 ) -> Row:
-    """One submission's row: its block found, then checked by ``check_isolated``; a block
-    whose process the check ended (isolation's ``process`` finding) is ``TIMEOUT`` or
-    ``ERROR``, the findings before it kept in the report."""
+    """One submission's row; a block whose process the check ended (isolation's ``process``
+    finding) is ``TIMEOUT`` or ``ERROR``, the findings before it kept in the report."""
     start = time.monotonic()
     try:
         found = find_block(sub, name)
@@ -179,21 +175,17 @@ def grade_one(
         except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
             ended, said = [str(e)], str(e)
         except Exception as e:  # one row, whatever failed: the batch goes on
-            ended, said = (
-                [""],
-                f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug",
-            )
+            ended = [""]
+            said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
     if ended:
         verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
     said = said.replace(str(file), str(found.file))
-    block = f"{found.file.name}:{found.name}"
-    seconds = time.monotonic() - start
+    block, seconds = f"{found.file.name}:{found.name}", time.monotonic() - start
     return Row(sub.student, str(sub.path), block, verdict, report=said, seconds=seconds, **more)
 
 
 def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
-    """The gradebook as CSV, a row per submission (``COLUMNS``; lists space-separated, the
-    failed checks by ``"; "``), written atomically."""
+    """The gradebook as CSV (``COLUMNS``; lists space-separated, the failed checks by ``"; "``)."""
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
@@ -206,7 +198,7 @@ def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
 
 
 def write_json(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
-    """The gradebook as a JSON list of ``Row.to_dict()``, written atomically."""
+    """The gradebook as a JSON list of ``Row.to_dict()``."""
     atomic_write_json(path, [r.to_dict() for r in rows], indent=2)
 
 

@@ -1,6 +1,5 @@
-"""A class's submissions (``submissions``), and the block class in each (``find_block``), found
-without running a line of them: the code is read with ``ast`` only.
-"""
+"""A class's submissions, and the block class in each (``find_block``), found with ``ast``
+only: without running a line of them."""
 
 from __future__ import annotations
 
@@ -95,7 +94,7 @@ def _files(path: Path) -> tuple[Path, ...]:
 
 
 def _one_program(files: Sequence[Path]) -> bool:
-    """Whether one of ``files`` imports another: then they are one student's, not several."""
+    """Whether one of ``files`` imports another: one student's, not several."""
     stems = {f.stem for f in files}
     for f in files:
         try:
@@ -145,7 +144,6 @@ def notebook_code(path: str | Path) -> str:
 
 
 def code_of(path: Path) -> str:
-    """A file's Python source (a notebook's through ``notebook_code``)."""
     if path.suffix == ".ipynb":
         return notebook_code(path)
     return path.read_text(encoding="utf-8", errors="replace")
@@ -153,15 +151,9 @@ def code_of(path: Path) -> str:
 
 def find_block(submission: Submission, name: str | None = None) -> Found:
     """The class to check in ``submission``: ``name`` if given (a class, a factory or an
-    instance), else the ``nn.Module`` subclass the others do not build on: by the lessons' name
-    first (``Block``, then a name with "block" in it), then one no other class uses
-    (``FeedForward`` is a part of the block that uses it), then the one that builds on the most
-    others. A class that embeds tokens is a model, not a block.
-
-    Raises:
-        NotGraded: a file does not parse and no block was found elsewhere, no class could be the
-            block, several could (their names in ``found``), or no class ``name``.
-    """
+    instance), else by the lessons' name (``Block``, then a name with "block" in it), then one no
+    other class uses, then the one that builds on the most others. A class that embeds tokens is
+    a model, not a block. Raises ``NotGraded`` when none or several could be the block."""
     codes: dict[Path, str] = {}
     trees: dict[Path, ast.Module] = {}
     broken: list[str] = []

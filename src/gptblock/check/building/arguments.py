@@ -79,7 +79,6 @@ def fit_arguments(
 
 
 def builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
-    """Whether ``factory(**args)`` returns (the caller's random state kept)."""
     with torch.random.fork_rng(devices=[]):
         try:
             factory(**args)
@@ -116,10 +115,8 @@ def complete(
     defaults: Mapping[str, object], sizes: Mapping[str, object],
 ) -> dict[str, object]:  # fmt: skip
     """``args`` with a layer index (``layer_idx`` 0), and a config object where ``factory``
-    takes one nobody gave: its dataclass (the fields it has) or its own class called with
-    ``given``, ``defaults`` and ``sizes`` (every size name's value), else a namespace.
-    Attributes the block reads that nobody gave are guessed, then asked for with ``--arg``.
-    """
+    takes one nobody gave: its dataclass or own class called with ``given``, ``defaults`` and
+    ``sizes``, else a namespace. Attributes the block reads and nobody gave are asked for."""
     name = getattr(factory, "__qualname__", repr(factory))
     args = dict(args)
     missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
@@ -159,7 +156,7 @@ def complete(
     call: Callable[..., object] = cls or types.SimpleNamespace
 
     def make(v: dict[str, object]) -> object:
-        if known is not None:  # the fields it has, and its own checks
+        if known is not None:  # a dataclass: the fields it has, and its own checks
             return call(**{k: x for k, x in v.items() if k in known})
         try:  # a class of the file's own, e.g. Config(**kw), else a namespace
             return call(**v)

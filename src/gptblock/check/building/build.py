@@ -65,7 +65,7 @@ class Built:
 
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
     """The block built at the file's sizes, or with ``other`` at another set (``vary.plan``;
-    None when there is none); the module's size settings stay set until ``undo`` is called."""
+    None when there is none); the module's settings stay changed until ``undo``."""
     if isinstance(target, nn.Module):
         if kwargs:
             raise UserTypeError(
@@ -133,8 +133,7 @@ def _made(
     hint: Callable[[], str],
 ) -> tuple[nn.Module, str, list[str], Callable[[], None]]:  # fmt: skip
     """``target(**args)`` under seed 0 and the module settings ``sizes``, its description, its
-    forward's arguments and the settings' undo; a failure raised with ``hint`` (the ``--arg``
-    line that builds it) where the sizes are to blame."""
+    forward's arguments and the settings' undo; a failure says ``hint`` if the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     undo = patch_globals(target, sizes)
@@ -157,7 +156,6 @@ def _made(
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
-    """``; it builds with --arg ...`` at the first set of ``size_sets``' hints that builds."""
     for found in size_sets(file_sizes(target, given), hints=True):
         values = names(found)
         line = {n: values[n] for n in signature(target) if n in values}
@@ -219,8 +217,8 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
 
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
-    """C: the first candidate (an argument, an attribute, a norm's or linear layer's width, its
-    parameters' sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
+    """C: the first candidate (an argument, an attribute, a layer's width, its parameters'
+    sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
     candidates = _said(module, kwargs, KINDS["width"])
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
@@ -243,7 +241,6 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
 
 
 def _accepts(module: nn.Module, C: int, T: int) -> bool:
-    """Whether a copy of the block maps a (2, T, C) input to a (2, T, C) output."""
     try:
         copied = copy.deepcopy(module).eval()
         first = next(copied.parameters(), None)
@@ -259,9 +256,8 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
-    """The longest sequence the block accepts, as far as its arguments and buffers tell."""
+    """The longest sequence the block accepts, by its arguments or a causal-mask buffer."""
     said = _said(module, kwargs, KINDS["length"])
-    # a causal-mask buffer: (..., block_size, block_size)
     masks = [
         int(b.shape[-1])
         for b in module.buffers()

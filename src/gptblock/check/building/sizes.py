@@ -1,5 +1,5 @@
 """The sizes a block is checked at: the file's own (``file_sizes``), another valid set
-(``other_sizes``), and one report of the two checks (``combine``). Shapes: C channels, nh heads.
+(``other_sizes``), and one report of the two checks (``combine``).
 """
 
 from __future__ import annotations
@@ -45,12 +45,11 @@ class Sizes:
     notes: tuple[str, ...] = ()
 
     def label(self, used: Mapping[str, object]) -> str:
-        """``n_embd=64, n_head=4, block_size=32``: one name ``used`` has for each kind."""
+        """``n_embd=64, n_head=4``: one name ``used`` has for each kind."""
         found = (next((n for n in kind if n in used), None) for kind in KINDS.values())
         return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
 
     def origins(self, shown: Mapping[str, object]) -> list[str]:
-        """Where the file's sizes came from (unless --arg or the checker), and the notes."""
         by_source: dict[str, list[str]] = {}
         for kind, source in self.sources.items():
             if source not in ("--arg", "the checker"):
@@ -61,7 +60,6 @@ class Sizes:
 
 
 def number(value: object) -> int | None:
-    """``value`` if it is a whole number >= 1 (a size, or a count), else None."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     return None
@@ -83,7 +81,7 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """``param``'s annotation if a config: a dataclass or a class of the block's own file."""
+    """``param``'s annotation if a dataclass or a class of the block's own file."""
     cls = param.annotation
     if isinstance(cls, str):
         module = inspect.getmodule(factory)
@@ -95,7 +93,6 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:
-    """``factory``'s parameters by name (``**kwargs`` too); none for some builtins."""
     try:
         return dict(inspect.signature(factory).parameters)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -103,7 +100,7 @@ def signature(factory: object) -> dict[str, inspect.Parameter]:
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    """The parameters that take one value each (not ``*args``, ``**kwargs``)."""
+    """The parameters that take one value each."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p for p in signature(factory).values() if p.kind in kinds]
 
@@ -171,7 +168,7 @@ def other_sizes(sizes: Sizes) -> Sizes | None:
 
 
 def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
-    """Other valid sets; with ``hints``, those to try for a block not built at its file's."""
+    """Other valid sets; with ``hints``, to try for a block not built at its file's."""
     v = sizes.values
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
@@ -207,14 +204,8 @@ def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], Non
     if module is None:
         return lambda: None
     before = {n: v for n, v in vars(module).items() if n in sizes and number(v) and sizes[n] != v}
-    for n in before:
-        setattr(module, n, sizes[n])
-
-    def undo() -> None:
-        for n, v in before.items():
-            setattr(module, n, v)
-
-    return undo
+    vars(module).update({n: sizes[n] for n in before})
+    return lambda: vars(module).update(before)
 
 
 def not_other(why: str) -> str:

@@ -1,5 +1,4 @@
-"""Loading the block to check (``load_target``): the one place the user's code is imported
-(this module imports only the standard library and ``report``, for the child that checks it).
+"""Loading the block to check (``load_target``): the one place the user's code is imported.
 Every failure, ``sys.exit()`` included, is a ``ValueError`` or ``FileNotFoundError``.
 """
 
@@ -71,10 +70,9 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
 
 def main_source(target: object) -> str | None:
     """A module's text defining ``target`` of ``__main__`` (a notebook cell's) for another
-    process; None for other targets. Its source comes from ``linecache`` (``inspect`` cannot
-    find a cell's class in some kernels), after what it uses from ``__main__``: sources, imports,
-    other values pickled (running the cells again would also run the training, or this check).
-    """
+    process, None for other targets: its source from ``linecache`` (``inspect`` cannot find a
+    cell's class in some kernels) after what it uses from ``__main__``, other values pickled
+    (running the cells again would also run the training, or this check)."""
     main = sys.modules.get("__main__")
     if getattr(target, "__module__", None) != "__main__" or main is None:
         return None
@@ -84,8 +82,7 @@ def main_source(target: object) -> str | None:
 
 
 def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
-    """``obj``'s top-level ``class`` / ``def`` from its cell or file into ``done``, after what
-    it uses from ``scope``."""
+    """``obj``'s ``class`` / ``def`` into ``done``, after what it uses from ``scope``."""
     name = obj.__name__
     done[name] = ""  # being defined: a class naming itself (super(Block, self)) is not a need
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

@@ -1,4 +1,3 @@
 """Comparing the block with the reference, and deciding (``verdict.decide``).
-
-Order inside: ``probes``; ``conditions`` and ``accounting``; ``modern``; ``verdict``.
+Order inside: ``probes``; ``conditions``; ``modern``; ``verdict``.
 """

@@ -1,8 +1,6 @@
-"""The learner's conditions: a match with the reference held where a learner runs the block
-(float32, train mode, T up to block_size, B up to 64: ``hold``), on fresh inputs in an order the
-block cannot foresee, and in its input gradient; ``confirm`` is the whole confirmation, the
-lessons' block's and the modern block's alike. docs/checker.md, "Where a learner runs it", says
-why each condition and tolerance.
+"""A match confirmed (``confirm``): on fresh inputs, in its input gradient, and held where a
+learner runs the block (``hold``: float32, train mode, T up to block_size, B up to 64) in an
+order the block cannot foresee. docs/checker.md, "Where a learner runs it", says why each.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ class Condition:
     mean: bool
 
     def describe(self) -> str:
-        """``B = 64, T = 3, float32, train mode, mean 300``."""
         said = f"B = {self.B}, T = {self.T}, {str(self.dtype).removeprefix('torch.')}"
         said += ", train mode" if self.train else ""
         return said + (f", mean {MEAN:g}" if self.mean else "")
@@ -91,9 +88,8 @@ def hold(
     subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     backward: bool = True,
 ) -> Finding | str:  # fmt: skip
-    """A failed comparison naming the condition where the block is not ``reference`` (float64,
-    on (B, T, C)), else ``""`` or a note on a condition that cannot be compared (random train
-    mode); with ``backward`` its input gradient is held to the reference's in float32 too."""
+    """A failed comparison naming where the block is not ``reference`` (float64), else ``""`` or
+    a note (train mode random); with ``backward`` its float32 input gradient is held too."""
     off: list[tuple[Condition, float]] = []
     held: list[Condition] = []
     note = ""
@@ -129,9 +125,8 @@ def input_gradient_error(
     subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     dtype: torch.dtype | None = None,
 ) -> float:  # fmt: skip
-    """How far the block's gradient of ``sum(y * w)`` with respect to a fresh (T, T, C) input,
-    for a fresh ``w``, is from ``reference``'s (float64), of the reference's scale; ``inf``
-    when the block gives none. The block runs in ``dtype`` (its copy's by default).
+    """How far the block's gradient of ``sum(y * w)`` by a fresh (T, T, C) input, for a fresh
+    ``w``, is from ``reference``'s (float64), of its scale; ``inf`` when the block gives none.
 
     Example:
         >>> from gptblock.check.serve.subject import Subject
@@ -162,9 +157,8 @@ def _off(message: str) -> Finding:
 def _error(
     subject: Probed, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
 ) -> float | str:
-    """How far the block's update is from the reference's at ``x`` (of the reference update's
-    scale), or the exception it raised, in one line. An output in another dtype is the shape
-    probe's (dtype_device): its values are still compared here."""
+    """How far the block's update is from the reference's at ``x``, of its scale, or the
+    exception it raised (another dtype is the shape probe's: the values are compared here)."""
     try:
         with subject.own_rng():  # a fork, not a seed per call: seeding costs ~10 ms
             theirs = subject(x.to(subject.device), seeded=False, train=c.train)
@@ -178,7 +172,7 @@ def _error(
 
 def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
     """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
-    position for ``c.mean``, in ``c.dtype``."""
+    position for ``c.mean``."""
     scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
     x = torch.randn(c.B, c.T, C, generator=fresh, dtype=torch.float64) * scale
     if c.mean:
@@ -188,7 +182,6 @@ def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
 
 
 def _random(subject: Probed, x: Tensor) -> bool:
-    """Whether two train-mode calls on ``x`` differ (something random besides dropout)."""
     try:
         with subject.own_rng():
             first = subject(x, seeded=False, train=True)
@@ -198,7 +191,6 @@ def _random(subject: Probed, x: Tensor) -> bool:
 
 
 def _size(error: float) -> str:
-    """7%, or 3.1e-04 of its scale, or non-finite."""
     if error != error or error == float("inf"):
         return "non-finite or missing values"
     return f"{error:.0%}" if error >= 0.01 else f"{error:.1e} of its scale"
@@ -208,8 +200,8 @@ def _mismatch(
     subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
     held: list[Condition], off: list[tuple[Condition, float]],
 ) -> str:  # fmt: skip
-    """What sets the conditions the block is off in apart from those it holds in; for a length
-    or a batch size, the largest that holds (bisected, a few more calls)."""
+    """What sets the conditions the block is off in apart; for a length or a batch size, the
+    largest that holds (bisected)."""
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
     by = f"off by {_size(error)} at {worst.describe()}"
     bad = [c for c, _ in off]
@@ -241,14 +233,10 @@ def confirm(
     subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
     fresh: torch.Generator, backward: bool, what: str, whose: str, conditions: bool,
 ) -> Finding | str:  # fmt: skip
-    """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block
-    on fresh (*first, C) and (T, T, C) inputs or, when ``whose`` ("lessons", "modern") is
-    named, in its input gradient (``backward``: its backward pass ran) and, with
-    ``conditions``, under ``hold``; else ``""`` or ``hold``'s note.
-
-    Raises:
-        ValueError, RuntimeError: ``reference`` cannot run on a fresh input.
-    """
+    """A failed comparison when ``reference`` (``what``) does not reproduce the block on fresh
+    (*first, C) and (T, T, C) inputs or, for ``whose`` block ("lessons", "modern"), in its
+    input gradient (``backward``) and, with ``conditions``, under ``hold``; else ``""`` or a
+    note. Raises ValueError or RuntimeError when ``reference`` cannot run."""
     for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():

@@ -1,10 +1,5 @@
-"""Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C).
-
-Each probe returns a ``ProbeResult``: passed or not, what it measured and the catalogued mistake
-its failure proves, if any. The residual probe scales the input up by S and adds a unit-size d:
-a pre-norm block's branches see only the normalised input, so d passes straight through
-(|dy - d| / |d| ~ |f'| / S, far below ``RESIDUAL_LIMIT``); a post-norm block, or one that
-overwrites the stream, shrinks d by ~1/S (the comparison tells those two apart).
+"""Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C). Each
+returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if any.
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ class ProbeResult:
 
 
 def _size(scale: float) -> str:
-    return f"{scale:.0e}".replace("e+0", "e").replace("e+", "e")  # 1e4, not 1e+04
+    return f"{scale:.0e}".replace("e+0", "e")  # 1e4, not 1e+04
 
 
 def listed(names: list[str], limit: int = 4) -> str:
@@ -139,7 +134,9 @@ def batch_independence(s: Probed) -> ProbeResult:
 
 
 def residual(s: Probed) -> ProbeResult:
-    """A small change to a large input passes straight through a pre-norm block."""
+    """A unit-size change d to an input scaled up by S passes straight through a pre-norm block,
+    whose branches see only the normalised input (|dy - d| / |d| ~ |f'| / S); a post-norm block,
+    or one that overwrites the stream, shrinks d by ~1/S (the comparison tells those apart)."""
     T, C, S = s.T, s.C, LARGE[s.dtype]
     x, d = s.input(T, T, C, scale=S), s.input(T, T, C)
     y, y2 = s(x), s(x + d)
@@ -182,8 +179,7 @@ def finite(s: Probed) -> ProbeResult:
 
 def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
-    float32 (the dtype learners train in: a cast such as ``x.float()`` is a copy in float64 and
-    ``x`` itself in float32, so an in-place change may break only there)."""
+    float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there)."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
     got = s.grads(x, w)
     if not got.failed and got.names and s.dtype != torch.float32:
@@ -205,10 +201,8 @@ def gradients(s: Probed) -> ProbeResult:
     pairs = list(zip(got.names, got.grads, strict=True))
     unreached = [n for n, g in pairs if g is None]
     nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
-    problems = (
-        [f"no gradient reaches {listed(unreached)} (unused in forward?)"] if unreached else []
-    )
-    problems += [f"non-finite gradients in {listed(nonfinite)}"] if nonfinite else []
+    problems = [f"no gradient reaches {listed(unreached)} (unused in forward?)"] * bool(unreached)
+    problems += [f"non-finite gradients in {listed(nonfinite)}"] * bool(nonfinite)
     if problems:
         return ProbeResult(False, "; ".join(problems))
     return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients")

@@ -1,17 +1,13 @@
-"""The verdict: every check and the comparison, computed from what the block answers.
-
-``decide`` runs the probes, has the block's parts read into numbers, runs the lessons' block and
-every combination of up to three catalogued mistakes on them (``search``), and combines the
-evidence into a ``CheckReport``. It needs nothing of the block but a ``Service``, whose answers
-are claims: a match, the lessons' or the modern one, is confirmed (``conditions.confirm``) on
-inputs from a seed the block never sees and, without mistakes, in its parameters
-(``accounting``). A probe failure that proves a mistake on its own is diagnosed even when the
-roles cannot be found, unless a mistake the comparison found explains it.
+"""The verdict (``decide``): the probes, then the block's parts read into numbers and every
+combination of up to three catalogued mistakes run on them (``search``). The ``Service``'s
+answers are claims: a match is confirmed (``conditions.confirm``) on inputs from a seed the
+block never sees and, without mistakes, in its parameters (``account``). A probe failure that
+proves a mistake is diagnosed unless a mistake the comparison found explains it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,13 +18,12 @@ from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..mistakes.variants import compose
-from ..roles.provenance import Traced, choose, trace
+from ..roles.provenance import Traced, choose, trace, unread
 from ..roles.readings import Readings
 from ..roles.receive import unpack_modern, unpack_readings
 from ..serve.subject import Probed
-from .accounting import account
 from .conditions import confirm
-from .probes import PROBES, ProbeResult
+from .probes import PROBES, ProbeResult, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
@@ -58,9 +53,7 @@ class Service(Protocol):
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
     def suggest(self) -> str: ...
     @property
-    def trusted(self) -> bool:
-        """Whether the answers come from this process (``Served``), not the block's (claims)."""
-        ...
+    def trusted(self) -> bool: ...  # the answers come from this process, not the block's
 
     def modern(self) -> dict[str, Any]: ...
 
@@ -80,19 +73,9 @@ def decide(
     service: Service, description: str, roles: Mapping[str, str], progress: Progress,
     fresh: torch.Generator, weights: torch.Generator, *, again: bool = False,
 ) -> CheckReport:  # fmt: skip
-    """The report on the block ``service`` answers for (``description``: what the report calls
-    it; ``roles``: ``--map``'s; ``progress``: told each stage and finding).
-
-    Args:
-        fresh: draws the inputs that confirm a variant; its seed must be unknown to the block.
-        weights: draws the values of the block's parameters (``provenance.choose``); its seed
-            too.
-        again: at other sizes, once checked at the file's: the shape probe, the comparison and
-            its confirmation only.
-
-    Raises:
-        UserValueError: a given role names nothing the block has.
-    """
+    """The report on the block ``service`` answers for (``roles``: ``--map``'s). ``fresh`` draws
+    the confirming inputs and ``weights`` the parameters' values: their seeds are unknown to the
+    block. ``again``: at other sizes, the shape probe and the comparison only."""
     subject = service.tested
     progress.stage("giving the block's copy the checker's weights")
     chosen = choose(service.parameters(), subject.C, weights)
@@ -163,13 +146,50 @@ def decide(
     )
 
 
+def account(
+    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Probed,
+    chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator, findings: list[Finding],
+    details: dict[str, str],
+) -> list[str]:  # fmt: skip
+    """``["unused_parameters"]``, its finding and details added, when a block that matched
+    without mistakes has fewer weights than it holds: a head reads another's weights, or a
+    parameter (or part) no role read never moves the output (perturbed through
+    ``set_parameters``, then set back; docs/checker.md, "Every parameter accounted for")."""
+    said = list(traced.repeats)
+    masks = unread(chosen, traced.used, subject.dtype)
+    dead: list[str] = []
+    if masks:  # else nothing is drawn from ``fresh``
+        x = torch.randn(2, subject.T, subject.C, generator=fresh, dtype=torch.float64)
+        x = x.to(device=subject.device, dtype=subject.dtype)
+        y = subject(x)
+    for name, mask in masks.items():
+        value = chosen[name]
+        spread = max(float(value.abs().max()), subject.C**-0.5)
+        noise = torch.randn(value.shape, generator=fresh, dtype=torch.float64) * spread
+        set_parameters({name: torch.where(mask, value + noise, value)})
+        try:
+            acts = bool(subject.moved(y, subject(x)).any())
+        except CAUGHT:  # it changed something, if only the block's mind
+            acts = True
+        finally:
+            set_parameters({name: value})
+        part, n = int(mask.sum()), mask.numel()
+        dead += [] if acts else [name if part == n else f"{name} ({part} of its {n} values)"]
+    if dead:
+        said.append(f"{listed(dead, 6)} never {'acts' if len(dead) == 1 else 'act'} on the output")
+    if not said:
+        return []
+    findings.append(Finding("parameters", False, "; ".join(said)))
+    details["unused_parameters"] = "; ".join(said)
+    return ["unused_parameters"]
+
+
 def _modern_compared(
     service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
     fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
 ) -> Compared:  # fmt: skip
-    """The modern comparison's finding. Its PASS was read from traces the block's process sent:
-    a claim until the parts read are held here to the chosen weights and confirmed as the
-    lessons' block's is. In this process (trusted) only a failure counts."""
+    """The modern comparison's finding: its PASS, read from the block's process's traces, is a
+    claim until the parts are held to the chosen weights and confirmed here."""
     subject = service.tested
     finding = Finding(*modern["finding"])
     if not finding.passed or finding.label == "FOUND":
@@ -207,8 +227,8 @@ def _lessons_compared(
     chosen: Mapping[str, Tensor], fresh: torch.Generator, backward: bool, again: bool,
     scope: list[str], notes: list[str], progress: Progress,
 ) -> Compared:  # fmt: skip
-    """The lessons' comparison on the readings, its match confirmed; matching nothing, with a
-    part no reference models (``scope``), out of scope, not FAIL."""
+    """The lessons' comparison, its match confirmed; no match with a part no reference models
+    (``scope``) is out of scope, not FAIL."""
     progress.stage("the reference comparison")
     try:
         result, reading = _explain(subject, readings)
@@ -250,7 +270,6 @@ def _lessons_compared(
 
 
 def _explain(subject: Probed, read: Readings) -> tuple[Explanation, int]:
-    """The variants' search on the block's output, and which reading of the block matched."""
     x = read.x.to(subject.device)
     y = subject(x.to(subject.dtype)).to(torch.float64)
     with torch.no_grad():
@@ -285,7 +304,7 @@ def _finding(result: Explanation) -> Finding:
 
 
 def _diagnose(found: list[str], implied: list[str]) -> list[str]:
-    """The mistakes found by comparison, plus those the probes prove that no diagnosed mistake
-    explains (``Mistake.explains``: a reversed mask also leaks the future), in catalogue order."""
+    """The mistakes found, plus those the probes prove that no diagnosed mistake explains
+    (``Mistake.explains``), in catalogue order."""
     explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
     return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]

@@ -1,8 +1,6 @@
-"""The catalogue of mistakes ``gptblock check`` can name: all the checker knows of each, with a
-stable id (what ``CheckReport.diagnosis`` lists and ``--json`` prints). Lesson 1 is "Reimplement
-the transformer block" (``Head``/``MultiHeadAttention``/``Block``); lesson 2 is "A Transformer
-Block as nn.Module" (``nn.MultiheadAttention``).
-"""
+"""The mistakes ``gptblock check`` can name, each with a stable id (``CheckReport.diagnosis``).
+Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
+lesson 2 "A Transformer Block as nn.Module" (``nn.MultiheadAttention``)."""
 
 from __future__ import annotations
 

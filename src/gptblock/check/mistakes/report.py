@@ -1,9 +1,6 @@
-"""What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue.
-
-A ``CheckReport`` is plain data, rendered as text (``format``, what ``gptblock check`` prints),
-JSON (``to_dict``; ``from_dict`` validates it back when a report crosses from the block's process,
-``isolation``) and HTML for a notebook (every word escaped: a name or a message the block's
-process sent); the three share one walk of the report (``_entry``, ``_diagnosis``, ``_result``).
+"""What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue,
+rendered as text, JSON (``from_dict`` validates it back from the block's process) and HTML
+(every word escaped); the three share one walk of the report (``_entry``, ``_diagnosis``...).
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ class Finding:
 
     @property
     def status(self) -> str:
-        """The word the report prints for it: its label, else PASS or FAIL."""
         return self.label or ("PASS" if self.passed else "FAIL")
 
 
@@ -52,24 +48,19 @@ class CheckReport:
     Args:
         target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
         findings: one ``Finding`` per check that ran, in the order they ran.
-        diagnosis: identifiers from ``gptblock.check.mistakes.catalogue.MISTAKES``, in catalogue order;
-            empty when no catalogued mistake was found.
+        diagnosis: ids of ``catalogue.MISTAKES``, in catalogue order; empty when none was found.
         details: for each diagnosed id, what exactly this block does.
         notes: what the checker could not do or assumed (e.g. names it could not map).
-        alternatives: other sets of mistakes that explain the block equally well. When there
-            are any, the checker is unsure: ``diagnosis`` is the likeliest, not a verdict.
-        compared: whether the block's arithmetic was compared with the reference. Without it
-            only the black-box probes speak: what they prove is diagnosed, but a mistake they
-            cannot see (a wrong scale) may remain.
-        verify: when the block was not compared, the ``--map`` arguments that let the checker
-            read its weights (empty when it has none to suggest).
+        alternatives: other sets of mistakes that explain the block equally well: then the
+            checker is unsure, ``diagnosis`` is the likeliest.
+        compared: whether the block's arithmetic was compared with the reference (without it
+            a mistake the black-box probes cannot see, a wrong scale, may remain).
+        verify: when not compared, the ``--map`` arguments that let the checker read its weights.
 
-    ``verdict`` is ``PASS`` only when the block was compared with the lessons' block, every
-    finding passed and the diagnosis is empty; ``FAIL`` when a finding failed or a mistake was
-    diagnosed; ``UNVERIFIED`` when every black-box check passed but the weights could not be
-    read, so the block was not compared. ``passed`` is ``verdict == "PASS"``; ``confident``
-    when the arithmetic was compared and no alternative explains the block as well as
-    ``diagnosis`` does.
+    ``verdict`` is ``PASS`` when the block was compared, every finding passed and nothing was
+    diagnosed; ``FAIL`` when a finding failed or a mistake was diagnosed; ``UNVERIFIED`` when
+    every black-box check passed but the block was not compared. ``passed`` is ``verdict ==
+    "PASS"``; ``confident`` when it was compared and no alternative explains it as well.
 
     Example:
         >>> shape = Finding("shape", True, "(6, 6, 32) -> (6, 6, 32)")
@@ -100,19 +91,16 @@ class CheckReport:
 
     @property
     def confident(self) -> bool:
-        """True when the arithmetic was compared and nothing else explains the block as well."""
         return self.compared and not self.alternatives
 
     @property
     def verdict(self) -> str:
-        """``PASS``, ``FAIL`` or ``UNVERIFIED`` (see the class docstring)."""
         if self.diagnosis or not all(f.passed for f in self.findings):
             return "FAIL"
         return "PASS" if self.compared else "UNVERIFIED"
 
     @property
     def passed(self) -> bool:
-        """True when the block was compared, every check passed and no mistake was diagnosed."""
         return self.verdict == "PASS"
 
     def format(self, width: int = 100) -> str:
@@ -183,11 +171,11 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
-        mistakes = {}
-        for d in self.diagnosis:
-            m = MISTAKES[d]
-            mistakes[d] = {"title": m.title, "found": self.details.get(d, "")}
-            mistakes[d].update(explanation=m.explanation, fix=m.fix, lesson=m.lesson)
+        mistakes = {
+            d: {"title": m.title, "found": self.details.get(d, ""), "explanation": m.explanation,
+                "fix": m.fix, "lesson": m.lesson}
+            for d, m in ((d, MISTAKES[d]) for d in self.diagnosis)
+        }  # fmt: skip
         return {
             "target": self.target,
             "passed": self.passed,
@@ -222,9 +210,8 @@ class CheckReport:
             findings = []
             for row in d["findings"]:
                 f = _fields(row, {"name": str, "passed": bool, "message": str})
-                label = _str(f.get("label", ""))  # PASS / FAIL follow from passed
-                label = label if label == "FOUND" else ""  # and an unknown word is not printed
-                findings.append(Finding(f["name"], f["passed"], f["message"], label))
+                found = _str(f.get("label", "")) == "FOUND"  # an unknown label is not printed
+                findings.append(Finding(f["name"], f["passed"], f["message"], "FOUND" * found))
             mistakes = _fields(d.get("mistakes", {}), {}).items()
             details = {str(k): str(v.get("found", "")) for k, v in mistakes}
             return cls(
@@ -242,7 +229,6 @@ class CheckReport:
 
 
 def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
-    """A diagnosed mistake's lines: what the block does (where said), why, the fix, the lesson."""
     m = MISTAKES[d]
     found = [("found", report.details[d])] if d in report.details else []
     return [*found, ("why", m.explanation), ("fix", m.fix), ("from", m.lesson)]
@@ -266,7 +252,6 @@ def _diagnosis(report: CheckReport) -> str:
 
 
 def _result(report: CheckReport) -> list[str]:
-    """The result line, and for an UNVERIFIED block how to verify it."""
     n = len(report.findings)
     if report.verdict == "PASS":
         return ["result: PASS"]
@@ -279,10 +264,9 @@ def _result(report: CheckReport) -> list[str]:
         "with a reference it could be confirmed against (its weights could not be read, or only "
         "inside its own process): a wrong scale, say, would not show)"
     )
-    return [
-        unverified,
-        *([f"to verify it, run again with: {report.verify}"] if report.verify else []),
-    ]
+    return [unverified] + (
+        [f"to verify it, run again with: {report.verify}"] if report.verify else []
+    )
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:

@@ -1,12 +1,7 @@
-"""The reference block computed step by step from a block's own parts, each step replaceable.
-
-``run_steps`` computes the lessons' block from ``Parts`` (the block's sub-layers as functions,
-found by ``roles.mapping``) as ``Steps`` says; ``CORRECT`` is the lessons' block and each
-catalogued mistake replaces fields of it. Not ``gptblock.lesson`` or the NumPy oracle: the
-variants need one code path with one step swapped, and a block's own LayerNorm, linear layers
-and packing computed exactly as the block computes them, on its device. The modern block is the
-same steps with its options (``gptblock.reference.modern`` is their oracle): ``rms``, ``Rope``,
-``repeat_heads``, a qk norm, the parallel wiring, ``fc1`` the whole gated hidden function.
+"""The reference block computed step by step from a block's own parts (``run_steps``), each
+step replaceable: ``CORRECT`` is the lessons' block, a catalogued mistake replaces fields of it.
+Not ``gptblock.lesson``: the variants need one code path with one step swapped, and the block's
+own layers computed as it computes them. The modern block is the same steps with its options.
 
 Shapes: B batch, T time, C channels, D = nh * hs attention width, Dkv = nkv * hs, H the MLP's
 hidden width, nh query heads, nkv key/value heads, hs head size, r rotated channels of a head.
@@ -34,7 +29,7 @@ Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
 
 
 class MissingPart(ValueError):
-    """The steps need a part this block does not have (a second LayerNorm)."""
+    """The steps need a second LayerNorm and the block has one."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -52,10 +47,6 @@ class Parts:
     ln1: SubLayer | None  # the attention branch's LayerNorm
     ln2: SubLayer | None  # the MLP branch's; ``None`` when the block has only one
 
-    def __post_init__(self) -> None:
-        if self.C < 1 or self.D < 1:
-            raise ValueError(f"C and D must be >= 1, got C={self.C}, D={self.D}")
-
     def __repr__(self) -> str:
         return f"Parts(C={self.C}, D={self.D})"
 
@@ -71,14 +62,15 @@ def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
     return lambda h: F.linear(h, weight, bias)
 
 
+# The MLP activations a correct block may use: each is tried (not ``blocks.config.ACTIVATIONS``:
+# a learner may use one gptblock's blocks do not).
 CANDIDATE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf): nn.GELU(), TransformerBlock, nanoGPT
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # Hugging Face GPT-2's gelu_new, minGPT
     "relu": F.relu,  # the first lesson's FeedForward, the Annotated Transformer
 }
-"""The MLP activations a correct block may use: a black box does not say which, so each is
-tried. (Not ``gptblock.blocks.config.ACTIVATIONS``: a learner may use one gptblock's blocks do not.)"""
 
+# RMSNorm (``rms``, Zhang & Sennrich 2019) and the forms of it learners write instead
 NORM_FORMS = {
     "rms": "x / sqrt(mean(x^2) + eps)",
     "eps_outside": "x / (sqrt(mean(x^2)) + eps)",
@@ -87,7 +79,6 @@ NORM_FORMS = {
     "time": "x / sqrt(mean(x^2, dim=1) + eps), over the time axis",
     "batch": "x / sqrt(mean(x^2, dim=0) + eps), over the batch axis",
 }
-"""RMSNorm (``rms``, Zhang & Sennrich 2019) and the forms of it learners write instead."""
 
 
 def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Tensor:
@@ -113,11 +104,9 @@ class Rope:
     """Rotary positions (RoFormer, Su et al. 2021) as a block computes them, right or wrong.
 
     Channel pair ``(a_i, b_i)`` of each head's first ``dim`` channels is rotated by the angle
-    ``sign * t * theta ** (-2i / dim)`` at position t. ``pairing`` says which channels pair:
-    ``"halves"``, (i, i + dim/2) as Hugging Face's Llama (``rotate_half``); ``"adjacent"``,
-    (2i, 2i + 1) as RoFormer and Meta's Llama. ``table`` is the layout of the cos/sin table:
-    ``cat((freqs, freqs))`` fits the halves, ``repeat_interleave(freqs, 2)`` the adjacent pairs
-    (the other turns each pair by two angles: ``rope_pairing``). ``sign`` -1 is nanochat's.
+    ``sign * t * theta ** (-2i / dim)`` at position t. Pairs are ``"halves"``, (i, i + dim/2) as
+    Hugging Face's Llama, or ``"adjacent"``, (2i, 2i + 1) as Meta's; a cos/sin ``table`` laid
+    out for the other pairing turns each pair by two angles (``rope_pairing``).
 
     Example:
         >>> rope = Rope(10000.0, 4, "halves", "halves", 1.0)
@@ -129,11 +118,10 @@ class Rope:
     theta: float
     dim: int  # r: the rotated channels of each head
     pairing: str  # "halves" or "adjacent"
-    table: str  # the layout of the cos/sin table: "halves" (cat) or "adjacent" (interleave)
-    sign: float  # 1.0, or -1.0: rotated by minus the angle
+    table: str  # "halves" (cat((freqs, freqs))) or "adjacent" (repeat_interleave(freqs, 2))
+    sign: float  # 1.0, or -1.0 (nanochat): rotated by minus the angle
 
     def describe(self, hs: int) -> str:
-        """'rope (halves (i, i + r/2), theta 10000)' for a block of head size ``hs``."""
         pairs = "halves (i, i + r/2)" if self.pairing == "halves" else "adjacent pairs (2i, 2i+1)"
         rest = f", rotary_dim {self.dim} of {hs}" if self.dim < hs else ""
         turn = ", rotated by minus the angle (as nanochat)" if self.sign < 0 else ""
@@ -160,10 +148,9 @@ class Rope:
         return torch.cat((part * cos + turned * sin, rest), dim=-1)
 
 
+# How key/value head j serves the query heads: ``interleave``, heads j*g ... (j+1)*g - 1
+# (``repeat_interleave``, right); ``tile``, heads j, j + nkv, ... (the catalogue's ``gqa_order``)
 ORDERS = ("interleave", "tile")
-"""How key/value head j serves the query heads: ``interleave``, heads j*g ... (j+1)*g - 1
-(``repeat_interleave``, Hugging Face's ``repeat_kv``; right); ``tile``, heads j, j + nkv, ...
-(``repeat(1, g, 1, 1)``: the catalogue's ``gqa_order``)."""
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
@@ -232,13 +219,8 @@ def run_steps(
     positions: Tensor | None = None,
 ) -> Tensor:
     """The block ``steps`` describes, with the sub-layers ``parts``, ``n_head`` query heads and
-    the MLP's ``activation`` (``None``: ``fc1`` is the MLP's whole hidden function, a gate
-    included); ``rope``, ``qk_norm`` and ``positions`` as ``attention`` takes them. A query row
-    the mask blocks entirely comes out NaN (``masked_fill(-inf)`` + softmax); the checker
-    ignores such positions when it compares.
-
-    Raises:
-        MissingPart: the steps need a second LayerNorm and the block has only one.
+    the MLP's ``activation`` (``None``: ``fc1`` is the whole hidden function, a gate included).
+    A query row the mask blocks entirely comes out NaN; the checker ignores such positions.
 
     Shape:
         x: (B, T, C); returns (B, T, C).
@@ -283,10 +265,8 @@ def attention(
     positions: Tensor | None = None,
     C: int | None = None,
 ) -> Tensor:
-    """The attention core as ``steps`` says: heads split, q and k normalised (``qk_norm``: the
-    gains of their RMSNorm over hs, eps 1e-6) and rotated (at ``positions``), key/value heads
-    repeated, scores scaled (``C``: the channels a scale mistake may use, by default D),
-    masked, softmax, heads merged.
+    """The attention core as ``steps`` says (``qk_norm``: the gains of q's and k's RMSNorm over
+    hs; ``C``: the channels a scale mistake may use, by default D).
 
     Shape:
         q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
