@@ -2,7 +2,7 @@
 
 Each block of ``tests/conditions_blocks.py`` is right under the checker's old conditions only
 (float64, eval mode, T <= 7, B <= 7) or holds a parameter that never acts, and got PASS before
-``gptblock.check.compare.conditions`` and ``gptblock.check.compare.accounting``: now each fails, naming its
+``gptblock.check.compare.conditions`` and ``gptblock.check.compare.verdict`` (``account``): now each fails, naming its
 condition or ``unused_parameters``, in process and in the child process of ``gptblock check``.
 The lesson's block, nanoGPT's (whose ``c_attn`` bias holds the inert key bias) and an
 ``nn.MultiheadAttention`` block (its ``in_proj_bias`` likewise) still pass.

@@ -17,7 +17,7 @@ room's ``__init__`` says which file owns what), and nothing imports ``gptblock.c
    (``parts``, ``mapping``) or ``--map`` (``given``; its offer in ``readings``); the reading used
    (``readings``) as numbers (``plain``, ``provenance``); the modern block's (``modern_*``).
 5. ``compare/`` -- ``decide`` (``verdict``): probes, the comparison held where a learner runs
-   the block (``conditions``), every parameter acting (``accounting``), the modern
+   the block (``conditions``), every parameter acting (``account``), the modern
    block's comparison (``modern``), confirmed as the lessons' block's is.
 6. ``isolation/`` -- ``check_isolated`` (``check``): the block in child processes that only answer
    requests (``child``, ``reaper``, ``worker`` (its ``Remote``)), checked at two sizes.
