@@ -22,10 +22,8 @@ from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, distance, smallest
 from ..mistakes.steps import NORM_FORMS, Parts, Rope, Steps, attention, parallel, run_steps
 from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
-from ..roles.modern_parts import NormRead, lin, mlp_of, norm_of
-from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern
-from ..roles.modern_rotary import ropes
-from ..roles.modern_scope import measured, unmodelled
+from ..roles.modern_parts import NormRead, lin, measured, mlp_of, norm_of, unmodelled
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..serve.loop import CACHE_APIS
 

@@ -236,26 +236,42 @@ class Norm:
     end: int = 0  # a norm module's call: the operators first:end ran inside it
 
 
+def rescaled(
+    trace: Trace,
+    source: int,
+    out: int,
+    z: Tensor,
+    factors: list[Tensor | float],
+    shaped: bool = False,
+) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: for other shapes and dtypes), its output
+    on ``z``, and how far that moves, of its scale, when ``z`` is multiplied by each of
+    ``factors``; None where it fails or is not finite."""
+    try:
+        f = replay(trace, source, out)
+        f = _shaped(f, trace.nodes[source].value) if shaped else f
+        with torch.no_grad():
+            a, *outs = [f(z)] + [f(z * by) for by in factors]
+        if not isinstance(a, Tensor) or not torch.isfinite(a).all():
+            return None
+        scale = float(a.abs().max()) + 1e-12
+        return f, a, [float((a - o).abs().max()) / scale for o in outs]
+    except CAUGHT:
+        return None
+
+
 def _normalising(
     trace: Trace, source: int, out: int, shaped: bool = False
 ) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: for inputs of other shapes and dtypes)
-    if it normalises: its output does not move when its input is scaled by 3, and is not it."""
+    """The replay from ``source`` to ``out`` if it normalises: its output does not move when its
+    input is scaled by 3, and is not it."""
     like = trace.nodes[source].value
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
-    try:
-        f = replay(trace, source, out)
-        f = _shaped(f, like) if shaped else f
-        with torch.no_grad():
-            a, b = f(z), f(3.0 * z)
-    except CAUGHT:  # not a norm, then
+    found = rescaled(trace, source, out, z, [3.0], shaped)
+    if found is None or found[1].shape != z.shape or found[2][0] > 1e-3:
         return None
-    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
-        return None
-    scale = float(a.abs().max()) + 1e-12
-    same = float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
-    return f if same else None
+    return None if torch.allclose(found[1], z) else found[0]
 
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:

@@ -1,14 +1,13 @@
-"""A modern block's parts read from one recorded forward pass: what is there, and every weight.
-
-q, k and v are followed back from the attention core (``dataflow``) to the nearest matrix product
-with a weight and read at its output, before any rotation or repeat of key/value heads. What makes
-a block modern and how each shows in the dataflow: docs/checker.md, "The modern block".
-
-Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H MLP width.
+"""A modern block's parts read from one recorded forward pass: every weight (q, k, v at their
+projections' outputs, before any rotation or repeat of key/value heads) and the rotation.
+docs/checker.md, "The modern block". Shapes: B batch, T time, C channels, D attention width,
+H MLP width, nh heads, hs head size, r rotated channels of each head.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +15,120 @@ from typing import Any
 import torch
 
 from ..mistakes.report import CAUGHT
+from ..mistakes.steps import Rope
 from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role, find_norms, order_norms
-from .modern_rotary import Turn, heads, measure_turn
-from .trace import Op, Trace, replay
-from .walks import static_names, to_layout, to_weight, weight_input
+from .trace import Op, Trace, TraceError, replay
+from .walks import reach, static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["ModernRead", "Source", "qk_gains", "read_modern"]
+__all__ = [
+    "THETAS",
+    "ModernRead",
+    "Source",
+    "Turn",
+    "measure_turn",
+    "qk_gains",
+    "read_modern",
+    "ropes",
+]
 
 Tensor = torch.Tensor
+THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
+
+
+def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
+    """The score product's operand ``core`` as (B, nh, T, hs): laid out (..., T, hs) or, as a
+    key written ``q @ k.transpose(2, 3)`` reaches a batched product, (..., hs, T); ``key``
+    decides when T == hs. None when it holds another number of entries or neither layout."""
+    if core.numel() != B * nh * T * hs or core.dim() < 2:
+        return None
+    rows, last = core.shape[-2:]
+    if (rows, last) == (hs, T) and (key or (rows, last) != (T, hs)):
+        core = core.transpose(-2, -1)
+    elif (rows, last) != (T, hs):
+        return None
+    return core.reshape(B, nh, T, hs)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The rotated channels of a head, their base, and whether their frequencies are its ladder."""
+
+    dim: int  # r
+    theta: float
+    fits: bool
+    pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
+
+
+def measure_turn(
+    trace: Trace, source: int, core: int, B: int, nh: int, T: int, hs: int
+) -> Turn | None:
+    """The rotation between the projection's output ``source`` and the score product's operand
+    ``core`` (q's), measured on head 0; None when it cannot be replayed or nothing turns."""
+    if T < 2:
+        return None
+    try:
+        run = replay(trace, source, core)
+        like = trace.nodes[source].value
+        leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
+        for c in range(like.shape[-1]):
+            lit = torch.zeros_like(like)
+            lit[..., c] = 1.0
+            with torch.no_grad():
+                out = heads(run(lit), B, nh, T, hs)
+            if out is None:
+                return None
+            at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
+            head, i = divmod(int(at0.abs().argmax()), hs)
+            if head == 0 and float(at0.abs().max()) != 0.0 and i not in leaks:
+                other = at1[0].clone()
+                other[i] = 0.0
+                j = int(other.abs().argmax())
+                leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
+    except (*CAUGHT, TraceError):
+        return None
+    turned = {i: (j, s) for i, (j, s) in leaks.items() if s > 1e-9}
+    r = len(turned)
+    if r < 2 or r % 2:
+        return None
+    halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
+    adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
+    pairing = "halves" if halves else "adjacent" if adjacent else "other"
+    theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
+    return Turn(r, theta or 0.0, theta is not None, pairing)
+
+
+def _ladder(w: list[float], r: int) -> float | None:
+    """theta when the frequencies ``w`` are ``theta ** (-2p / r)``, else None."""
+    distinct: list[float] = []
+    for x in reversed(w):  # fast to slow; within 1e-6 of each other, one (float32 tables)
+        if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
+            distinct.append(x)
+    if len(distinct) != r // 2 or abs(distinct[0] - 1.0) > 1e-4:
+        return None
+    if r == 2:
+        return 10000.0  # one pair turns one radian per position whatever the base
+    each = [math.exp(-math.log(x) * r / (2 * p)) for p, x in enumerate(distinct) if p]
+    theta = sorted(each)[len(each) // 2]
+    if any(abs(t - theta) > 1e-3 * theta for t in each):
+        return None
+    rounded = (float(f"{theta:.{digits}e}") for digits in range(6))  # 8e6, 10000
+    return next((near for near in rounded if abs(near - theta) <= 1e-4 * theta), theta)
+
+
+def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use: with the rotated channels and base
+    measured from the block (``turn``), the pairings and directions; without, the common bases
+    and widths (``THETAS``: the fallback); ``[None]`` when nothing turns, or the frequencies
+    measured are not a base's (a qk norm at most, then)."""
+    if not rotated or (turn is not None and not turn.fits):
+        return [None]
+    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+    dims, thetas = ([turn.dim], [turn.theta]) if turn else (dims, list(THETAS))
+    found = itertools.product(dims, ("halves", "adjacent"), (1.0, -1.0), thetas)
+    # what happens between projection and scores may be a qk norm only: None last
+    return [*(Rope(theta, dim, pair, pair, sign) for dim, pair, sign, theta in found), None]
 
 
 @dataclass
@@ -54,19 +157,15 @@ class ModernRead:
     core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
     core_k: Tensor  # k likewise (its key/value heads repeated)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
-    turn: Turn | None  # the rotation measured on q (``modern_rotary``), None: not measured
+    turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
     trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_scope``)
     core: Core
     ends: tuple[int, int, int]  # the outputs of q's projection, the output projection, the MLP
 
 
 def _one(trace: Trace, node: int, what: str) -> Op:
-    """The one matrix product with a weight behind ``node`` that no other such product is behind
-    (``to_weight``'s, where a rotation stands in the way)."""
-    made = [trace.producer(n) for n in trace.ancestors(node)]
-    found = {op.index: op for op in made if op and weight_input(trace, op) is not None}
-    behind = [trace.ancestors(weight_input(trace, op) or 0) for op in found.values()]
-    near = [op for op in found.values() if not any(op.outputs[0] in b for b in behind)]
+    """The one nearest matrix product with a weight behind ``node`` (a rotation may stand between)."""
+    near = reach(trace, node, forward=False)[1]
     if len(near) != 1:
         raise Unread(f"{what} is made by {len(near)} matrix products with weights, expected one")
     return near[0]
