@@ -1,12 +1,6 @@
-"""The roles of a block's parts, found from what its tensors do in one recorded forward pass
-(docs/checker.md, "The roles, from the dataflow"): the attention cores (a product of
-probabilities with v), q, k and v followed back to the weight products that made them, the output
-projection as the first weight product the cores' outputs reach, the two others as the MLP's.
-A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
-output does not change when its input is scaled (``_normalising``), whatever it is called; of a
-norm module that holds another (x-transformers' ``LayerNorm``), the outer one.
-
-Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
+"""The roles of a block's parts from what its tensors do in one recorded forward pass
+(docs/checker.md, "The roles, from the dataflow"): attention cores, q/k/v, proj, the MLP, and the
+norms (whatever computes a scale-free function of a mean over the channels). B batch, T time.
 """
 
 from __future__ import annotations
@@ -45,7 +39,7 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class Core:
-    """One attention core: the nodes of q, k, v (as the product reads them) and its output."""
+    """One attention core: q, k, v as the products read them, and its output."""
 
     q: int
     k: int
@@ -92,8 +86,7 @@ def _cores(trace: Trace) -> list[Core]:
 
 
 def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | None:
-    """(A, v, whether A is on the right, the scores' product) of a product of probabilities A
-    with v: ``A @ v``, or written transposed, ``v^T @ A^T`` (channels first)."""
+    """(A, v, whether A is on the right, the scores' product) of ``A @ v`` or ``v^T @ A^T``."""
     for A, v, flipped in ((moved[0], moved[1], False), (moved[1], moved[0], True)):
         value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
@@ -105,7 +98,7 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
 
 def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
     """Whether the scores' product has k on its left (``(k @ q^T)^T``): the probabilities rise
-    and fall with the scores along the softmax's axis, for the scores or for their transpose."""
+    and fall with the scores' transpose along the softmax's axis."""
     S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
     if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
         return False
@@ -118,8 +111,7 @@ def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
 
 
 def _agreement(S: Tensor, P: Tensor) -> float:
-    """The share of pairs of positive probabilities in one row (or column, whichever agrees
-    best) ordered as the scores in the same places are."""
+    """The share of pairs of positive probabilities in a row (or column) ordered as the scores."""
     best = 0.0
     for axis in (-1, -2):
         s, p = S.unsqueeze(axis) - S.unsqueeze(axis - 1), P.unsqueeze(axis) - P.unsqueeze(axis - 1)
@@ -149,11 +141,8 @@ def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
 
 
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
-    """The roles in a recorded forward pass of a block on a (B, T, C) input.
-
-    Raises:
-        Unread: a role is missing or does not fit the lessons' block; the message says which.
-    """
+    """The roles in a recorded forward pass of a block on a (B, T, C) input; Unread (saying
+    which) where one is missing or does not fit the lessons' block."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -244,9 +233,8 @@ def rescaled(
     factors: list[Tensor | float],
     shaped: bool = False,
 ) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: for other shapes and dtypes), its output
-    on ``z``, and how far that moves, of its scale, when ``z`` is multiplied by each of
-    ``factors``; None where it fails or is not finite."""
+    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
+    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
     try:
         f = replay(trace, source, out)
         f = _shaped(f, trace.nodes[source].value) if shaped else f
@@ -263,8 +251,7 @@ def rescaled(
 def _normalising(
     trace: Trace, source: int, out: int, shaped: bool = False
 ) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` if it normalises: its output does not move when its
-    input is scaled by 3, and is not it."""
+    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
     like = trace.nodes[source].value
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
@@ -275,8 +262,7 @@ def _normalising(
 
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
-    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
-    from the trace, never the block's code)."""
+    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
     found: list[Norm] = []
     for name, first, end, ins, outs in trace.calls:
         if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
@@ -310,8 +296,7 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
 
 
 def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
-    positions in another shape ((B, T, C) for a norm traced on (B * T, C))."""
+    """``f`` (a replay on inputs like ``like``) on another dtype or shape of as many entries."""
 
     def call(h: Tensor) -> Tensor:
         shape = h.shape
@@ -324,8 +309,7 @@ def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], T
 
 
 def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
-    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
-    before the next matrix product, that normalises it."""
+    """The last node of ``source``'s shape after ``mean``, before a matrix product, normalising it."""
     best = None
     for op in trace.ops[mean.index + 1 :]:
         if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
@@ -338,8 +322,7 @@ def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
 
 
 def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
-    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
-    reads ln1's output); of more than two, those the attention and the MLP read."""
+    """ln1 and ln2: the first two norms to run; of more, those the attention and the MLP read."""
     distinct: dict[str, Norm] = {}
     for n in norms:
         distinct.setdefault(n.key, n)

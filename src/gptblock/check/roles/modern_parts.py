@@ -27,21 +27,19 @@ __all__ = [
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
-"""The eps values blocks use (Llama's 1e-5 and 1e-6, ``F.rms_norm``'s default, the finfo eps of
-float32 and float64), tried in turn; where two fit, the inputs cannot tell them apart."""
+"""Llama's, ``F.rms_norm``'s, float32's and float64's eps..., in turn; where two fit, both do."""
 CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
 
 
 def close(a: Tensor, b: Tensor, tol: float = CLOSE) -> bool:
-    """Whether ``a`` and ``b`` agree to ``tol`` (``search.distance``) and are undefined at the
-    same positions, wherever that is (a root of a negative mean)."""
+    """Whether ``a`` and ``b`` agree to ``tol`` and are undefined at the same positions."""
     return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
 
 
 @dataclass(frozen=True)
 class NormRead:
     """One norm: its form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``), the
-    function the reference uses for it, and its gain and eps where it is an RMS form."""
+    function the reference uses for it, its gain and eps where read."""
 
     form: str
     function: Callable[[Tensor], Tensor]
@@ -57,9 +55,8 @@ class NormRead:
 
 
 def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """What the norm ``f`` computes, on inputs shaped and typed as ``like`` (B, T, C): its gain
-    read on large positive inputs (where eps does not matter), its eps on inputs ranging over
-    four orders of magnitude (where it decides the output).
+    """What the norm ``f`` computes on inputs like ``like`` (B, T, C): its gain read on large
+    positive inputs (eps does not matter), its eps on inputs over four orders of magnitude.
 
     Example:
         >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
@@ -106,19 +103,17 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
     **CANDIDATE_ACTIVATIONS, "relu2": lambda u: F.relu(u).square(), "silu": F.silu,
 }  # fmt: skip
-"""The activations of a dense MLP (``relu2``: nanochat's and the speedrun's relu(x)^2)."""
+# relu2: nanochat's and the speedrun's relu(x)^2
 
 GATED = {name: DENSE[name] for name in ("silu", "gelu", "gelu_tanh")}
-"""The activations of a gated MLP's gate: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)."""
+# a gate's: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)
 
 _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj, Meta's w1 / w3
 
 
 @dataclass(frozen=True)
 class MlpRead:
-    """What the MLP computes: a description, its hidden function (first layers -> the last
-    layer's input), its catalogued mistakes, and a standard form's activation (``DENSE``' or
-    ``GATED``')."""
+    """What the MLP computes: its hidden function (to the last layer's input), mistakes, form."""
 
     describe: str
     hidden: Callable[[Tensor], Tensor]
@@ -133,8 +128,8 @@ def lin(h: Tensor, w: Linear) -> Tensor:
 
 
 def mlp_of(read: ModernRead) -> MlpRead | None:
-    """The MLP's form, if a dense or gated form or a catalogued mistake reproduces its traced
-    hidden values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
+    """The dense or gated form or catalogued mistake that reproduces the MLP's traced hidden
+    values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
     h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
         return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
@@ -154,8 +149,7 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
 ) -> MlpRead | None:
-    """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
-    holds both), or a catalogued mistake of it."""
+    """A gated MLP of ``m`` (parameters ``names``, "" where packed), or a mistake of it."""
     u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
@@ -179,12 +173,11 @@ def _gated_of(
     return None
 
 
-_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {  # swiglu_silu
     "SiLU on the product of the two branches: silu(w1 x * w3 x)": lambda a, b: F.silu(a * b),
     "no SiLU at all: w1 x * w3 x": lambda a, b: a * b,
     "SiLU on both branches: silu(w1 x) * silu(w3 x)": lambda a, b: F.silu(a) * F.silu(b),
 }
-"""SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
 
 
 SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
@@ -194,8 +187,7 @@ MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not
 
 
 def attention_scope(trace: Trace) -> list[str]:
-    """What the attention of a lessons' block computes that the references do not model, in any
-    of its cores (one per head, or one for all)."""
+    """What the attention of a lessons' block computes that no reference models, in any core."""
     found: list[str] = []
     try:
         for core in _cores(trace):
@@ -275,9 +267,8 @@ def _bias(trace: Trace, op: Op) -> bool:
 
 
 def _window(trace: Trace, y: int) -> int:
-    """w when exactly the keys t - w < s <= t are attended to at every query t of every head and
-    sequence, with w < T (from the probabilities of an unfused core, or a fused one's static
-    ``attn_mask``); else 0 (causal, or another pattern: a catalogued mask mistake's)."""
+    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
+    probabilities, or a fused core's static ``attn_mask``); else 0."""
     made = trace.producer(y)
     if made is None:
         return 0
@@ -301,8 +292,7 @@ def _window(trace: Trace, y: int) -> int:
 
 
 def _normed_branch(trace: Trace, end: int) -> bool:
-    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm: a map that
-    does not scale with it."""
+    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm."""
     shape = trace.nodes[trace.input].shape
     for op in trace.ops[trace.nodes[end].op + 1 :]:
         data = [n for n in op.inputs if trace.nodes[n].data]
@@ -317,8 +307,7 @@ def _normed_branch(trace: Trace, end: int) -> bool:
 
 
 def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
-    """Whether the map from q's projection to the scores is invariant to scaling q as a whole
-    but not to scaling one head (a norm over the whole width, not per head)."""
+    """Whether q's map to the scores ignores scaling q, but not one head (a whole-width norm)."""
     z = trace.nodes[q_out].value
     D = z.shape[-1]
     if D % nh or z.dim() < 2:

@@ -17,20 +17,11 @@ import torch
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
 from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role, find_norms, order_norms
-from .trace import Op, Trace, TraceError, replay
+from .trace import Op, Trace, replay
 from .walks import reach, static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = [
-    "THETAS",
-    "ModernRead",
-    "Source",
-    "Turn",
-    "measure_turn",
-    "qk_gains",
-    "read_modern",
-    "ropes",
-]
+__all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
 
 Tensor = torch.Tensor
 THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
@@ -38,9 +29,8 @@ Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
 
 
 def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
-    """The score product's operand ``core`` as (B, nh, T, hs): laid out (..., T, hs) or, as a
-    key written ``q @ k.transpose(2, 3)`` reaches a batched product, (..., hs, T); ``key``
-    decides when T == hs. None when it holds another number of entries or neither layout."""
+    """The score product's operand as (B, nh, T, hs), from (..., T, hs) or a key's (..., hs, T)
+    (``key`` decides when T == hs); None for another size or layout."""
     if core.numel() != B * nh * T * hs or core.dim() < 2:
         return None
     rows, last = core.shape[-2:]
@@ -86,7 +76,7 @@ def measure_turn(
                 other[i] = 0.0
                 j = int(other.abs().argmax())
                 leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
-    except (*CAUGHT, TraceError):
+    except CAUGHT:
         return None
     turned = {i: (j, s) for i, (j, s) in leaks.items() if s > 1e-9}
     r = len(turned)
@@ -118,10 +108,8 @@ def _ladder(w: list[float], r: int) -> float | None:
 
 
 def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use: with the rotated channels and base
-    measured from the block (``turn``), the pairings and directions; without, the common bases
-    and widths (``THETAS``: the fallback); ``[None]`` when nothing turns, or the frequencies
-    measured are not a base's (a qk norm at most, then)."""
+    """Every rotary embedding a correct block may use: of the measured ``turn``'s width and base,
+    else of ``THETAS`` and common widths; ``[None]`` where nothing turns on a base's ladder."""
     if not rotated or (turn is not None and not turn.fits):
         return [None]
     dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
@@ -172,8 +160,7 @@ def _one(trace: Trace, node: int, what: str) -> Op:
 
 
 def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
-    """``dataflow._role``, its output read before a key/value head is repeated for its query
-    heads (``expand``, ``repeat``): once, as the projection made it."""
+    """``dataflow._role``, its output read before key/value heads are repeated (``expand``)."""
     role = _role(trace, op, B, T)
     size = trace.nodes[op.outputs[0]].value.numel()
     node, last = op.outputs[0], role.get[0]
@@ -189,9 +176,8 @@ def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
 
 
 def _residual(trace: Trace, after: int, mlp_in: int) -> int:
-    """The stream the MLP's norm reads: the latest sum of two data tensors shaped as the input
-    that comes from the attention's output ``after`` (or ``after`` itself, where attention
-    overwrote the stream); the block's input where the MLP's input does not (a parallel block)."""
+    """The stream the MLP's norm reads: the latest residual sum after ``after`` (the attention's
+    output), else ``after``; the block's input in a parallel block."""
     behind = trace.ancestors(mlp_in)
     if after not in behind:
         return trace.input
@@ -212,14 +198,9 @@ def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
 
 
 def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
-    """The rows of a packed q/k/v projection that make each of ``cores``, head by head: those whose
-    output ``out`` (B, O) at position 0 (where nothing turns) is proportional, over the batch, to
-    each channel the score product reads. ``[q | k | v]``, per head (GPT-NeoX) and per group
-    (lit-gpt) all read so; key/value heads are kept once each, in the order first used.
-
-    Raises:
-        Unread: a channel matches no row (a qk norm rescales each position).
-    """
+    """The rows of a packed projection making each of ``cores``: those whose output ``out``
+    (B, O) at position 0 (nothing turns) is proportional to a channel the scores read (any
+    packing: GPT-NeoX's, lit-gpt's); Unread where one matches no row (a qk norm)."""
     unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
     found: list[list[int]] = []
     for core in cores:
@@ -239,8 +220,8 @@ def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
 
 
 def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether a norm moves when a constant is added to every channel, and is no identity: an
-    RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
+    """Whether a norm moves when a constant is added to every channel (an RMSNorm's form, not a
+    LayerNorm's) and is no identity."""
     z = torch.randn(like.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     z = z.to(like.dtype)
     try:
@@ -254,9 +235,8 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """What the modern comparison asks of the block: a recorded forward pass, an output, its
-    cache driven (``loop.drive_cache``'s answer). In ``gptblock check``, requests to the block's
-    process, whose answers are data: every reading is made here, by replaying the traces."""
+    """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
+    answers are data): a trace, an output, its cache driven (``loop.drive_cache``)."""
 
     trace_of: Callable[[Tensor], Trace]
     call: Callable[[Tensor], object]
@@ -265,12 +245,7 @@ class Source:
 
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
-
-    Raises:
-        Unread: it is a modern block, but its parts cannot be read; the message says why.
-        TraceError: the trace cannot be replayed.
-    """
+    the lessons' block. Raises Unread (a modern block whose parts cannot be read, saying why)."""
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
     cores = _cores(trace)
@@ -354,8 +329,8 @@ def read_modern(trace: Trace) -> ModernRead | None:
 
 
 def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
-    0, where no rotation turns anything; None when the scores' operands are not (B, nh, T, hs)."""
+    """The gains of a qk norm (an RMSNorm per head on q and k), read at position 0 where nothing
+    turns; None where the scores' operands are not (B, nh, T, hs)."""
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []
