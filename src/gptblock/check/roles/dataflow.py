@@ -134,12 +134,6 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
-    """The nodes reshapes and cat make of ``node``, and the first weight product reading one."""
-    seen, found = reach(trace, node, forward=True)
-    return seen, found[0] if found else None
-
-
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
     """The roles in a recorded forward pass of a block on a (B, T, C) input; Unread (saying
     which) where one is missing or does not fit the lessons' block."""
@@ -164,14 +158,14 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in roles.values()):
         raise Unread("q, k and v are computed from different tensors")
     used = {f[0].index for r in roles.values() for n in r.get if (f := to_weight(trace, n))}
-    moved = [_moved_to(trace, core.y) for core in cores]
-    ops = {op.index: op for _, op in moved if op is not None}
+    moved = [reach(trace, core.y, forward=True) for core in cores]  # (nodes, weight products)
+    ops = {found[0].index: found[0] for _, found in moved if found}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
     shapes = {n: trace.nodes[n].shape for n in common}
     flat = [n for n, shape in shapes.items() if len(shape) == 3 and layout(shape, B, T)]
-    if any(op is None for _, op in moved) and flat:  # no projection: the heads join the stream
+    if not all(found for _, found in moved) and flat:  # no projection: the heads join the stream
         roles["proj"] = Role(min(flat), [min(flat)], [])
-    elif any(op is None for _, op in moved) or len(ops) != 1:
+    elif not all(found for _, found in moved) or len(ops) != 1:
         raise Unread("no single output projection reads the attention's output")
     else:
         ((index, proj),) = ops.items()

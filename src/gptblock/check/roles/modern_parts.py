@@ -198,36 +198,27 @@ def attention_scope(trace: Trace) -> list[str]:
 
 
 def _in_core(trace: Trace, y: int) -> list[str]:
-    found: list[str] = []
     path = _score_path(trace, y)
     capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
-    if capped:
-        found.append(
-            f"the attention logits are soft-capped ({capped[0]} between the score product and "
-            "the softmax, as Gemma 2's tanh(s / c) * c)"
-        )
-    if any(_bias(trace, op) for op in path):
-        found.append(
-            "a bias that varies with the positions is added to the attention scores (ALiBi or "
-            "a relative position bias)"
-        )
     window = _window(trace, y)
-    if window:
-        found.append(f"a sliding-window mask: each position attends to the last {window} only")
-    return found
+    found = [
+        capped and f"the attention logits are soft-capped ({capped[0]} between the score product "
+        "and the softmax, as Gemma 2's tanh(s / c) * c)",
+        any(_bias(trace, op) for op in path) and "a bias that varies with the positions is added "
+        "to the attention scores (ALiBi or a relative position bias)",
+        window and f"a sliding-window mask: each position attends to the last {window} only",
+    ]  # fmt: skip
+    return [f for f in found if f]
 
 
 def unmodelled(read: ModernRead) -> list[str]:
     """What ``read``'s block computes that the references do not model, one line each."""
-    trace = read.trace
-    found = _in_core(trace, read.core.y)
-    q_out, proj_out, down_out = read.ends
-    for what, end in (("attention", proj_out), ("MLP", down_out)):
-        if _normed_branch(trace, end):
-            found.append(
-                f"a norm after the {what} inside its residual branch (a sandwich norm, as "
-                "Gemma 2's and OLMo 2's)"
-            )
+    trace, (q_out, proj_out, down_out) = read.trace, read.ends
+    found = _in_core(trace, read.core.y) + [
+        f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
+        "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
+        if _normed_branch(trace, end)
+    ]  # fmt: skip
     if _width_norm(trace, q_out, read.core.q, read.n_head):
         found.append("q and k normalised over the whole width (OLMo 2's qk norm), not per head")
     if read.turn is not None and not read.turn.fits:

@@ -16,7 +16,7 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
-from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role, find_norms, order_norms
+from .dataflow import Core, Role, Roles, Unread, _cores, _role, find_norms, order_norms
 from .trace import Op, Trace, replay
 from .walks import reach, static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
@@ -146,7 +146,7 @@ class ModernRead:
     core_k: Tensor  # k likewise (its key/value heads repeated)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
     turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
-    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_scope``)
+    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
     core: Core
     ends: tuple[int, int, int]  # the outputs of q's projection, the output projection, the MLP
 
@@ -253,9 +253,10 @@ def read_modern(trace: Trace) -> ModernRead | None:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
     q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    proj_op = _moved_to(trace, core.y)[1]
-    if proj_op is None:
+    proj = reach(trace, core.y, forward=True)[1]
+    if not proj:
         raise Unread("no output projection reads the attention's output")
+    proj_op = proj[0]
     attn = {"q": q_op, "k": k_op, "v": v_op, "proj": proj_op}
     used = {op.index for op in attn.values()}
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
