@@ -21,8 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import modern_scope_blocks as blocks
 from gptblock.check import check_block, check_isolated
-from gptblock.check.roles.modern_read import read_modern
-from gptblock.check.roles.modern_rotary import measure_turn, ropes
+from gptblock.check.roles.modern_read import measure_turn, read_modern, ropes
 from gptblock.check.roles.trace import record
 
 FILE = pathlib.Path(blocks.__file__)

@@ -1,10 +1,6 @@
-"""``gptblock check`` on a modern block (RMSNorm, rotary positions, grouped key/value heads, a gated
-MLP: ``roles.modern_read``), compared with the one reference with its modern options
-(``mistakes.steps``): each norm and the MLP by form (``modern_parts``), the attention's merged heads
-under the smallest set of deviations, the whole block wired, then its KV cache's step
-(``judge_cache``). docs/checker.md, "The modern block", says what each step accepts and why.
-
-Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
+"""A modern block (``roles.modern_read``) compared with the one reference's modern options: the
+norms and MLP by form, the merged heads under the smallest set of deviations, the whole block
+wired, then its KV cache's step. docs/checker.md, "The modern block". B batch, T time, C channels.
 """
 
 from __future__ import annotations
@@ -22,10 +18,8 @@ from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, distance, smallest
 from ..mistakes.steps import NORM_FORMS, Parts, Rope, Steps, attention, parallel, run_steps
 from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
-from ..roles.modern_parts import NormRead, lin, mlp_of, norm_of
-from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern
-from ..roles.modern_rotary import ropes
-from ..roles.modern_scope import measured, unmodelled
+from ..roles.modern_parts import NormRead, lin, measured, mlp_of, norm_of, unmodelled
+from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..serve.loop import CACHE_APIS
 
@@ -34,7 +28,6 @@ __all__ = ["CacheProbe", "ModernOutcome", "check_modern", "judge_cache"]
 Tensor = torch.Tensor
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 LESSON = tuple(d for d in DEVIATIONS if d.group in ("mask", "scale", "softmax", "split", "merge"))
-"""The lessons' attention mistakes, which a modern block can make too."""
 NAME = "reference comparison"
 
 
@@ -52,9 +45,8 @@ class AttnMatch:
 
 
 def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch], str]:
-    """The smallest sets of changes (the key/value order only with grouped heads, the rotary ones
-    only with a rotation) under which the attention reproduces the merged heads the block
-    computed; and, for a failed comparison, the nearest correct attention and how far it is."""
+    """The smallest sets of changes under which the attention reproduces the merged heads; and
+    the nearest correct attention and how far it is, for a failed comparison."""
     q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
     hs = q.shape[-1] // read.n_head
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
@@ -136,9 +128,8 @@ def _pairing_label(rope: Rope) -> str:
 
 
 def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
-    """The modern comparison of a block traced on ``x`` (B, T, C); ``None`` for the lessons'
-    block, and where it is not read as a modern one or the checker's own code fails on it: the
-    lessons' reading (and its report of what it cannot read) takes over."""
+    """The modern comparison of a block traced on ``x`` (B, T, C); ``None`` where the lessons'
+    reading takes over (not read as a modern block, or the checker's own code fails on it)."""
     try:
         with torch.no_grad():
             y = source.call(x)
@@ -242,8 +233,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
 
 
 def _unexplained(read: ModernRead, note: list[str], failed: str) -> ModernOutcome:
-    """What no variant reproduces: out of scope (no finding, ``UNVERIFIED``) where it computes a
-    part the references do not model (``modern_scope``), else the failed comparison."""
+    """Out of scope (no finding: ``UNVERIFIED``) where the block computes a part no reference
+    models, else the failed comparison."""
     parts = unmodelled(read)
     if not parts:
         return ModernOutcome(note, Finding(NAME, False, failed), {}, [])
@@ -267,9 +258,8 @@ def judge_cache(
     tolerance: float,
     shifted: Callable[[Tensor], Tensor] | None,
 ) -> CacheProbe:
-    """What ``loop.drive_cache`` answered on ``x`` (plain data, checked here): the cached step
-    compared with the whole sequence's last position, else with the block's with its tokens
-    rotated at the given positions (T,) (``shifted``; None when nothing is rotated)."""
+    """``loop.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step against
+    the whole sequence's last position, else ``shifted`` (tokens rotated at positions (T,))."""
     api = said.get("api")
     if api is None:
         return CacheProbe(f"cache: not probed: no cache API recognised ({', '.join(CACHE_APIS)})")

@@ -23,8 +23,8 @@ from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.modern import check_modern
 from ..mistakes.report import CAUGHT, one_line, text
+from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
-from ..roles.modern_scope import attention_scope
 from ..roles.plain import NotPlain, to_plain
 from ..roles.readings import (
     TRACE_T,

@@ -1,7 +1,5 @@
-"""The search for the smallest set of catalogued mistakes that reproduces a block (``explain``):
-every variant, smallest first, under every head count, activation and reading of its parts not
-ruled out, up to the first size at which one matches; others of that size are alternatives.
-"""
+"""``explain``: the smallest set of catalogued mistakes whose variant reproduces a block, under
+every head count, activation and reading not ruled out; others of that size are alternatives."""
 
 from __future__ import annotations
 
@@ -86,9 +84,8 @@ def smallest(
     candidates: Iterable[tuple[Deviation, ...]],
     attempt: Callable[[tuple[Deviation, ...]], M | None],
 ) -> list[M]:
-    """What ``attempt`` accepts (not ``None``) of ``candidates`` (smallest first), at the smallest
-    size it accepts one, once per set of mistakes: the match, then its alternatives. Deviations
-    of one mistake can coincide (1/hs is C ** -0.5 when nh == hs): one diagnosis, tried once."""
+    """What ``attempt`` accepts of ``candidates`` (smallest first) at the smallest size it accepts
+    one, once per set of mistakes (1/hs is C ** -0.5 when nh == hs): a match, its alternatives."""
     found: list[tuple[set[str], M]] = []
     size = 0
     for deviations in candidates:
@@ -104,12 +101,8 @@ def smallest(
 def explain(
     readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
 ) -> Explanation:
-    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` to ``y`` within
-    ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads`` and the activations.
-
-    Shape:
-        x, y: (B, T, C).
-    """
+    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` (B, T, C) to
+    ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``."""
     if not readings or not heads:
         raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
     # the variants call the norms and q/k/v on the very same tensors: the block's modules run once
@@ -120,8 +113,7 @@ def explain(
     closest: list[Match] = []  # the nearest miss so far
 
     def unknowns(parts: Parts, deviations: tuple[Deviation, ...], reading: int) -> Match:
-        """The head count and activation under which ``deviations`` comes closest to ``y``: all
-        activations compared, since exact and tanh GELU differ by less than ``TOLERANCE``."""
+        # every activation compared: exact and tanh GELU differ by less than TOLERANCE
         steps = compose(deviations)
         best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
         for n_head in heads:

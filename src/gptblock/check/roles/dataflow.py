@@ -1,12 +1,6 @@
-"""The roles of a block's parts, found from what its tensors do in one recorded forward pass
-(docs/checker.md, "The roles, from the dataflow"): the attention cores (a product of
-probabilities with v), q, k and v followed back to the weight products that made them, the output
-projection as the first weight product the cores' outputs reach, the two others as the MLP's.
-A norm is a module call, an ``F.layer_norm`` or tensor code from a mean over the channels whose
-output does not change when its input is scaled (``_normalising``), whatever it is called; of a
-norm module that holds another (x-transformers' ``LayerNorm``), the outer one.
-
-Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width, G = B * nh.
+"""The roles of a block's parts from what its tensors do in one recorded forward pass
+(docs/checker.md, "The roles, from the dataflow"): attention cores, q/k/v, proj, the MLP, and the
+norms (whatever computes a scale-free function of a mean over the channels). B batch, T time.
 """
 
 from __future__ import annotations
@@ -45,7 +39,7 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class Core:
-    """One attention core: the nodes of q, k, v (as the product reads them) and its output."""
+    """One attention core: q, k, v as the products read them, and its output."""
 
     q: int
     k: int
@@ -92,8 +86,7 @@ def _cores(trace: Trace) -> list[Core]:
 
 
 def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | None:
-    """(A, v, whether A is on the right, the scores' product) of a product of probabilities A
-    with v: ``A @ v``, or written transposed, ``v^T @ A^T`` (channels first)."""
+    """(A, v, whether A is on the right, the scores' product) of ``A @ v`` or ``v^T @ A^T``."""
     for A, v, flipped in ((moved[0], moved[1], False), (moved[1], moved[0], True)):
         value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
@@ -105,7 +98,7 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
 
 def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
     """Whether the scores' product has k on its left (``(k @ q^T)^T``): the probabilities rise
-    and fall with the scores along the softmax's axis, for the scores or for their transpose."""
+    and fall with the scores' transpose along the softmax's axis."""
     S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
     if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
         return False
@@ -118,8 +111,7 @@ def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
 
 
 def _agreement(S: Tensor, P: Tensor) -> float:
-    """The share of pairs of positive probabilities in one row (or column, whichever agrees
-    best) ordered as the scores in the same places are."""
+    """The share of pairs of positive probabilities in a row (or column) ordered as the scores."""
     best = 0.0
     for axis in (-1, -2):
         s, p = S.unsqueeze(axis) - S.unsqueeze(axis - 1), P.unsqueeze(axis) - P.unsqueeze(axis - 1)
@@ -142,18 +134,9 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def _moved_to(trace: Trace, node: int) -> tuple[set[int], Op | None]:
-    """The nodes reshapes and cat make of ``node``, and the first weight product reading one."""
-    seen, found = reach(trace, node, forward=True)
-    return seen, found[0] if found else None
-
-
 def find_roles(trace: Trace, B: int, T: int) -> Roles:
-    """The roles in a recorded forward pass of a block on a (B, T, C) input.
-
-    Raises:
-        Unread: a role is missing or does not fit the lessons' block; the message says which.
-    """
+    """The roles in a recorded forward pass of a block on a (B, T, C) input; Unread (saying
+    which) where one is missing or does not fit the lessons' block."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -175,14 +158,14 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in roles.values()):
         raise Unread("q, k and v are computed from different tensors")
     used = {f[0].index for r in roles.values() for n in r.get if (f := to_weight(trace, n))}
-    moved = [_moved_to(trace, core.y) for core in cores]
-    ops = {op.index: op for _, op in moved if op is not None}
+    moved = [reach(trace, core.y, forward=True) for core in cores]  # (nodes, weight products)
+    ops = {found[0].index: found[0] for _, found in moved if found}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
     shapes = {n: trace.nodes[n].shape for n in common}
     flat = [n for n, shape in shapes.items() if len(shape) == 3 and layout(shape, B, T)]
-    if any(op is None for _, op in moved) and flat:  # no projection: the heads join the stream
+    if not all(found for _, found in moved) and flat:  # no projection: the heads join the stream
         roles["proj"] = Role(min(flat), [min(flat)], [])
-    elif any(op is None for _, op in moved) or len(ops) != 1:
+    elif not all(found for _, found in moved) or len(ops) != 1:
         raise Unread("no single output projection reads the attention's output")
     else:
         ((index, proj),) = ops.items()
@@ -236,31 +219,44 @@ class Norm:
     end: int = 0  # a norm module's call: the operators first:end ran inside it
 
 
+def rescaled(
+    trace: Trace,
+    source: int,
+    out: int,
+    z: Tensor,
+    factors: list[Tensor | float],
+    shaped: bool = False,
+) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
+    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
+    try:
+        f = replay(trace, source, out)
+        f = _shaped(f, trace.nodes[source].value) if shaped else f
+        with torch.no_grad():
+            a, *outs = [f(z)] + [f(z * by) for by in factors]
+        if not isinstance(a, Tensor) or not torch.isfinite(a).all():
+            return None
+        scale = float(a.abs().max()) + 1e-12
+        return f, a, [float((a - o).abs().max()) / scale for o in outs]
+    except CAUGHT:
+        return None
+
+
 def _normalising(
     trace: Trace, source: int, out: int, shaped: bool = False
 ) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: for inputs of other shapes and dtypes)
-    if it normalises: its output does not move when its input is scaled by 3, and is not it."""
+    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
     like = trace.nodes[source].value
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
-    try:
-        f = replay(trace, source, out)
-        f = _shaped(f, like) if shaped else f
-        with torch.no_grad():
-            a, b = f(z), f(3.0 * z)
-    except CAUGHT:  # not a norm, then
+    found = rescaled(trace, source, out, z, [3.0], shaped)
+    if found is None or found[1].shape != z.shape or found[2][0] > 1e-3:
         return None
-    if not isinstance(a, Tensor) or a.shape != z.shape or not torch.isfinite(a).all():
-        return None
-    scale = float(a.abs().max()) + 1e-12
-    same = float((a - b).abs().max()) <= 1e-3 * scale and not torch.allclose(a, z)
-    return f if same else None
+    return None if torch.allclose(found[1], z) else found[0]
 
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
-    """Every call of a norm in the trace, in the order they ran (a norm module's call replayed
-    from the trace, never the block's code)."""
+    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
     found: list[Norm] = []
     for name, first, end, ins, outs in trace.calls:
         if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
@@ -294,8 +290,7 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
 
 
 def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``f`` (a replay, for inputs like ``like``) on an input of another dtype, or of the same
-    positions in another shape ((B, T, C) for a norm traced on (B * T, C))."""
+    """``f`` (a replay on inputs like ``like``) on another dtype or shape of as many entries."""
 
     def call(h: Tensor) -> Tensor:
         shape = h.shape
@@ -308,8 +303,7 @@ def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], T
 
 
 def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
-    """The last node of ``source``'s shape that tensor code computes from it after ``mean``,
-    before the next matrix product, that normalises it."""
+    """The last node of ``source``'s shape after ``mean``, before a matrix product, normalising it."""
     best = None
     for op in trace.ops[mean.index + 1 :]:
         if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
@@ -322,8 +316,7 @@ def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
 
 
 def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
-    """ln1 and ln2 (their first calls): the first two norms to run (a post-norm block's MLP
-    reads ln1's output); of more than two, those the attention and the MLP read."""
+    """ln1 and ln2: the first two norms to run; of more, those the attention and the MLP read."""
     distinct: dict[str, Norm] = {}
     for n in norms:
         distinct.setdefault(n.key, n)

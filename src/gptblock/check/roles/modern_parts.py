@@ -1,10 +1,7 @@
-"""What a modern block's norms and MLP compute, told from their traced values.
-
-``norm_of`` says whether a norm is a LayerNorm, an RMSNorm or one of ``steps.NORM_FORMS``'
-mistaken forms, with its gain and eps; ``mlp_of`` whether the MLP is dense with one of ``DENSE``'
-activations, gated (``act(gate) * up``) or a catalogued mistake of a gated one.
-
-Shapes: B batch, T time, C channels, H the MLP's hidden width.
+"""What a modern block's parts compute, told from their traced values: ``norm_of`` (a LayerNorm,
+an RMSNorm or a mistaken form of ``steps.NORM_FORMS``), ``mlp_of`` (dense, gated or a catalogued
+mistake); and ``unmodelled``: the parts no reference models, found by what the block computes
+(docs/checker.md, "Out of scope is not FAIL"). Shapes: B batch, T time, C channels, H MLP width.
 """
 
 from __future__ import annotations
@@ -18,28 +15,31 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, rms
-from .modern_read import Linear, ModernRead
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, rms
+from .dataflow import _cores, _scores, rescaled
+from .modern_read import Linear, ModernRead, Turn
+from .trace import Op, Trace
 
-__all__ = ["DENSE", "MlpRead", "NormRead", "close", "lin", "mlp_of", "norm_of"]
+__all__ = [
+    "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "lin", "measured",
+    "mlp_of", "norm_of", "unmodelled",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
-"""The eps values blocks use (Llama's 1e-5 and 1e-6, ``F.rms_norm``'s default, the finfo eps of
-float32 and float64), tried in turn; where two fit, the inputs cannot tell them apart."""
+"""Llama's, ``F.rms_norm``'s, float32's and float64's eps..., in turn; where two fit, both do."""
 CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
 
 
 def close(a: Tensor, b: Tensor, tol: float = CLOSE) -> bool:
-    """Whether ``a`` and ``b`` agree to ``tol`` (``search.distance``) and are undefined at the
-    same positions, wherever that is (a root of a negative mean)."""
+    """Whether ``a`` and ``b`` agree to ``tol`` and are undefined at the same positions."""
     return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
 
 
 @dataclass(frozen=True)
 class NormRead:
     """One norm: its form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``), the
-    function the reference uses for it, and its gain and eps where it is an RMS form."""
+    function the reference uses for it, its gain and eps where read."""
 
     form: str
     function: Callable[[Tensor], Tensor]
@@ -55,9 +55,8 @@ class NormRead:
 
 
 def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """What the norm ``f`` computes, on inputs shaped and typed as ``like`` (B, T, C): its gain
-    read on large positive inputs (where eps does not matter), its eps on inputs ranging over
-    four orders of magnitude (where it decides the output).
+    """What the norm ``f`` computes on inputs like ``like`` (B, T, C): its gain read on large
+    positive inputs (eps does not matter), its eps on inputs over four orders of magnitude.
 
     Example:
         >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
@@ -104,19 +103,17 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
     **CANDIDATE_ACTIVATIONS, "relu2": lambda u: F.relu(u).square(), "silu": F.silu,
 }  # fmt: skip
-"""The activations of a dense MLP (``relu2``: nanochat's and the speedrun's relu(x)^2)."""
+# relu2: nanochat's and the speedrun's relu(x)^2
 
 GATED = {name: DENSE[name] for name in ("silu", "gelu", "gelu_tanh")}
-"""The activations of a gated MLP's gate: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)."""
+# a gate's: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)
 
 _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj, Meta's w1 / w3
 
 
 @dataclass(frozen=True)
 class MlpRead:
-    """What the MLP computes: a description, its hidden function (first layers -> the last
-    layer's input), its catalogued mistakes, and a standard form's activation (``DENSE``' or
-    ``GATED``')."""
+    """What the MLP computes: its hidden function (to the last layer's input), mistakes, form."""
 
     describe: str
     hidden: Callable[[Tensor], Tensor]
@@ -131,8 +128,8 @@ def lin(h: Tensor, w: Linear) -> Tensor:
 
 
 def mlp_of(read: ModernRead) -> MlpRead | None:
-    """The MLP's form, if a dense or gated form or a catalogued mistake reproduces its traced
-    hidden values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
+    """The dense or gated form or catalogued mistake that reproduces the MLP's traced hidden
+    values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
     h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
         return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
@@ -152,8 +149,7 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
 ) -> MlpRead | None:
-    """A gated MLP of the first layers ``m`` (their parameters ``names``: "" where one matrix
-    holds both), or a catalogued mistake of it."""
+    """A gated MLP of ``m`` (parameters ``names``, "" where packed), or a mistake of it."""
     u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
@@ -177,9 +173,145 @@ def _gated_of(
     return None
 
 
-_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+_WRONG: dict[str, Callable[[Tensor, Tensor], Tensor]] = {  # swiglu_silu
     "SiLU on the product of the two branches: silu(w1 x * w3 x)": lambda a, b: F.silu(a * b),
     "no SiLU at all: w1 x * w3 x": lambda a, b: a * b,
     "SiLU on both branches: silu(w1 x) * silu(w3 x)": lambda a, b: F.silu(a) * F.silu(b),
 }
-"""SwiGLU with its SiLU on the wrong branch (the catalogue's ``swiglu_silu``)."""
+
+
+SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf",
+              "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "hardtanh": "clamp"}  # fmt: skip
+MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased; an
+# additive mask's entries are 0 or at least this large (- 1e10 * (1 - b), as OpenAI's GPT-2)
+
+
+def attention_scope(trace: Trace) -> list[str]:
+    """What the attention of a lessons' block computes that no reference models, in any core."""
+    found: list[str] = []
+    try:
+        for core in _cores(trace):
+            found += [p for p in _in_core(trace, core.y) if p not in found]
+    except CAUGHT:  # the checker's own limit: nothing found
+        return []
+    return found
+
+
+def _in_core(trace: Trace, y: int) -> list[str]:
+    path = _score_path(trace, y)
+    capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
+    window = _window(trace, y)
+    found = [
+        capped and f"the attention logits are soft-capped ({capped[0]} between the score product "
+        "and the softmax, as Gemma 2's tanh(s / c) * c)",
+        any(_bias(trace, op) for op in path) and "a bias that varies with the positions is added "
+        "to the attention scores (ALiBi or a relative position bias)",
+        window and f"a sliding-window mask: each position attends to the last {window} only",
+    ]  # fmt: skip
+    return [f for f in found if f]
+
+
+def unmodelled(read: ModernRead) -> list[str]:
+    """What ``read``'s block computes that the references do not model, one line each."""
+    trace, (q_out, proj_out, down_out) = read.trace, read.ends
+    found = _in_core(trace, read.core.y) + [
+        f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
+        "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
+        if _normed_branch(trace, end)
+    ]  # fmt: skip
+    if _width_norm(trace, q_out, read.core.q, read.n_head):
+        found.append("q and k normalised over the whole width (OLMo 2's qk norm), not per head")
+    if read.turn is not None and not read.turn.fits:
+        found.append(
+            "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
+            "Llama 3.1's or YaRN's)"
+        )
+    return found
+
+
+def _score_path(trace: Trace, y: int) -> list[Op]:
+    """The operators between the score product and the probabilities that multiply v."""
+    made = trace.producer(y)
+    if made is None or made.name not in ("bmm", "mm"):
+        return []  # a fused attention: no scores to look at
+    A = next(n for n in made.inputs if trace.nodes[n].data)
+    scores = _scores(trace, A)
+    if scores is None:
+        return []
+    behind = trace.ancestors(A)
+    inside, path = set(scores.outputs), []
+    for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
+        if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
+            inside.update(op.outputs)
+            path.append(op)
+    return path
+
+
+def _bias(trace: Trace, op: Op) -> bool:
+    """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
+    static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
+    kept = [  # a mask's entries are 0 or huge
+        t[torch.isfinite(t) & (t.abs() < -MASKED)]
+        for t in static if op.base in ("add", "sub") and t.dim() >= 2 and t.is_floating_point()
+    ]  # fmt: skip
+    return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
+
+
+def _window(trace: Trace, y: int) -> int:
+    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
+    probabilities, or a fused core's static ``attn_mask``); else 0."""
+    made = trace.producer(y)
+    if made is None:
+        return 0
+    if "scaled_dot_product" in made.name:
+        if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
+            return 0
+        mask = trace.nodes[made.inputs[3]].value
+        allowed = mask if mask.dtype == torch.bool else mask > MASKED
+        if allowed.dim() < 2:
+            return 0
+        allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
+    else:
+        A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
+        if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+            return 0
+        allowed = (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+    t = torch.arange(allowed.shape[-1])
+    back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
+    found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))
+    return next(found, 0)
+
+
+def _normed_branch(trace: Trace, end: int) -> bool:
+    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm."""
+    shape = trace.nodes[trace.input].shape
+    for op in trace.ops[trace.nodes[end].op + 1 :]:
+        data = [n for n in op.inputs if trace.nodes[n].data]
+        if op.base != "add" or len(data) != 2 or trace.nodes[op.outputs[0]].shape != shape:
+            continue
+        mine = [n for n in data if end in trace.ancestors(n)]
+        if len(mine) == 1:
+            z = trace.nodes[end].value
+            moved = None if mine[0] == end else rescaled(trace, end, mine[0], z, [3.0])
+            return moved is not None and moved[2][0] <= 1e-3  # float32 norms: 1e-5
+    return False
+
+
+def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
+    """Whether q's map to the scores ignores scaling q, but not one head (a whole-width norm)."""
+    z = trace.nodes[q_out].value
+    D = z.shape[-1]
+    if D % nh or z.dim() < 2:
+        return False
+    one = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
+    one[0] = 3.0
+    moved = rescaled(trace, q_out, q_core, z, [3.0, one.flatten()])
+    return moved is not None and moved[2][0] <= 1e-3 and moved[2][1] > 1e-2  # float32: 1e-5
+
+
+def measured(turn: Turn | None, hs: int) -> str:
+    """What turns q and k where the attention as a whole was not matched."""
+    if turn is None or not turn.fits or turn.pairing == "other":
+        return "something between the projections and the scores (not identified)"
+    rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
+    return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"

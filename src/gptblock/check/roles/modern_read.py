@@ -1,14 +1,13 @@
-"""A modern block's parts read from one recorded forward pass: what is there, and every weight.
-
-q, k and v are followed back from the attention core (``dataflow``) to the nearest matrix product
-with a weight and read at its output, before any rotation or repeat of key/value heads. What makes
-a block modern and how each shows in the dataflow: docs/checker.md, "The modern block".
-
-Shapes: B batch, T time, C channels, D attention width, Dkv key/value width, H MLP width.
+"""A modern block's parts read from one recorded forward pass: every weight (q, k, v at their
+projections' outputs, before any rotation or repeat of key/value heads) and the rotation.
+docs/checker.md, "The modern block". Shapes: B batch, T time, C channels, D attention width,
+H MLP width, nh heads, hs head size, r rotated channels of each head.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +15,108 @@ from typing import Any
 import torch
 
 from ..mistakes.report import CAUGHT
-from .dataflow import Core, Role, Roles, Unread, _cores, _moved_to, _role, find_norms, order_norms
-from .modern_rotary import Turn, heads, measure_turn
+from ..mistakes.steps import Rope
+from .dataflow import Core, Role, Roles, Unread, _cores, _role, find_norms, order_norms
 from .trace import Op, Trace, replay
-from .walks import static_names, to_layout, to_weight, weight_input
+from .walks import reach, static_names, to_layout, to_weight, weight_input
 from .weights import _rows, measure
 
-__all__ = ["ModernRead", "Source", "qk_gains", "read_modern"]
+__all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
 
 Tensor = torch.Tensor
+THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 3, others
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
+
+
+def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
+    """The score product's operand as (B, nh, T, hs), from (..., T, hs) or a key's (..., hs, T)
+    (``key`` decides when T == hs); None for another size or layout."""
+    if core.numel() != B * nh * T * hs or core.dim() < 2:
+        return None
+    rows, last = core.shape[-2:]
+    if (rows, last) == (hs, T) and (key or (rows, last) != (T, hs)):
+        core = core.transpose(-2, -1)
+    elif (rows, last) != (T, hs):
+        return None
+    return core.reshape(B, nh, T, hs)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The rotated channels of a head, their base, and whether their frequencies are its ladder."""
+
+    dim: int  # r
+    theta: float
+    fits: bool
+    pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
+
+
+def measure_turn(
+    trace: Trace, source: int, core: int, B: int, nh: int, T: int, hs: int
+) -> Turn | None:
+    """The rotation between the projection's output ``source`` and the score product's operand
+    ``core`` (q's), measured on head 0; None when it cannot be replayed or nothing turns."""
+    if T < 2:
+        return None
+    try:
+        run = replay(trace, source, core)
+        like = trace.nodes[source].value
+        leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
+        for c in range(like.shape[-1]):
+            lit = torch.zeros_like(like)
+            lit[..., c] = 1.0
+            with torch.no_grad():
+                out = heads(run(lit), B, nh, T, hs)
+            if out is None:
+                return None
+            at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
+            head, i = divmod(int(at0.abs().argmax()), hs)
+            if head == 0 and float(at0.abs().max()) != 0.0 and i not in leaks:
+                other = at1[0].clone()
+                other[i] = 0.0
+                j = int(other.abs().argmax())
+                leaks[i] = (j, float(other[j].abs() / at0[0, i].abs()))
+    except CAUGHT:
+        return None
+    turned = {i: (j, s) for i, (j, s) in leaks.items() if s > 1e-9}
+    r = len(turned)
+    if r < 2 or r % 2:
+        return None
+    halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
+    adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
+    pairing = "halves" if halves else "adjacent" if adjacent else "other"
+    theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
+    return Turn(r, theta or 0.0, theta is not None, pairing)
+
+
+def _ladder(w: list[float], r: int) -> float | None:
+    """theta when the frequencies ``w`` are ``theta ** (-2p / r)``, else None."""
+    distinct: list[float] = []
+    for x in reversed(w):  # fast to slow; within 1e-6 of each other, one (float32 tables)
+        if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
+            distinct.append(x)
+    if len(distinct) != r // 2 or abs(distinct[0] - 1.0) > 1e-4:
+        return None
+    if r == 2:
+        return 10000.0  # one pair turns one radian per position whatever the base
+    each = [math.exp(-math.log(x) * r / (2 * p)) for p, x in enumerate(distinct) if p]
+    theta = sorted(each)[len(each) // 2]
+    if any(abs(t - theta) > 1e-3 * theta for t in each):
+        return None
+    rounded = (float(f"{theta:.{digits}e}") for digits in range(6))  # 8e6, 10000
+    return next((near for near in rounded if abs(near - theta) <= 1e-4 * theta), theta)
+
+
+def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
+    """Every rotary embedding a correct block may use: of the measured ``turn``'s width and base,
+    else of ``THETAS`` and common widths; ``[None]`` where nothing turns on a base's ladder."""
+    if not rotated or (turn is not None and not turn.fits):
+        return [None]
+    dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
+    dims, thetas = ([turn.dim], [turn.theta]) if turn else (dims, list(THETAS))
+    found = itertools.product(dims, ("halves", "adjacent"), (1.0, -1.0), thetas)
+    # what happens between projection and scores may be a qk norm only: None last
+    return [*(Rope(theta, dim, pair, pair, sign) for dim, pair, sign, theta in found), None]
 
 
 @dataclass
@@ -54,27 +145,22 @@ class ModernRead:
     core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
     core_k: Tensor  # k likewise (its key/value heads repeated)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
-    turn: Turn | None  # the rotation measured on q (``modern_rotary``), None: not measured
-    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_scope``)
+    turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
+    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
     core: Core
     ends: tuple[int, int, int]  # the outputs of q's projection, the output projection, the MLP
 
 
 def _one(trace: Trace, node: int, what: str) -> Op:
-    """The one matrix product with a weight behind ``node`` that no other such product is behind
-    (``to_weight``'s, where a rotation stands in the way)."""
-    made = [trace.producer(n) for n in trace.ancestors(node)]
-    found = {op.index: op for op in made if op and weight_input(trace, op) is not None}
-    behind = [trace.ancestors(weight_input(trace, op) or 0) for op in found.values()]
-    near = [op for op in found.values() if not any(op.outputs[0] in b for b in behind)]
+    """The one nearest matrix product with a weight behind ``node`` (a rotation may stand between)."""
+    near = reach(trace, node, forward=False)[1]
     if len(near) != 1:
         raise Unread(f"{what} is made by {len(near)} matrix products with weights, expected one")
     return near[0]
 
 
 def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
-    """``dataflow._role``, its output read before a key/value head is repeated for its query
-    heads (``expand``, ``repeat``): once, as the projection made it."""
+    """``dataflow._role``, its output read before key/value heads are repeated (``expand``)."""
     role = _role(trace, op, B, T)
     size = trace.nodes[op.outputs[0]].value.numel()
     node, last = op.outputs[0], role.get[0]
@@ -90,9 +176,8 @@ def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
 
 
 def _residual(trace: Trace, after: int, mlp_in: int) -> int:
-    """The stream the MLP's norm reads: the latest sum of two data tensors shaped as the input
-    that comes from the attention's output ``after`` (or ``after`` itself, where attention
-    overwrote the stream); the block's input where the MLP's input does not (a parallel block)."""
+    """The stream the MLP's norm reads: the latest residual sum after ``after`` (the attention's
+    output), else ``after``; the block's input in a parallel block."""
     behind = trace.ancestors(mlp_in)
     if after not in behind:
         return trace.input
@@ -113,14 +198,9 @@ def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
 
 
 def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
-    """The rows of a packed q/k/v projection that make each of ``cores``, head by head: those whose
-    output ``out`` (B, O) at position 0 (where nothing turns) is proportional, over the batch, to
-    each channel the score product reads. ``[q | k | v]``, per head (GPT-NeoX) and per group
-    (lit-gpt) all read so; key/value heads are kept once each, in the order first used.
-
-    Raises:
-        Unread: a channel matches no row (a qk norm rescales each position).
-    """
+    """The rows of a packed projection making each of ``cores``: those whose output ``out``
+    (B, O) at position 0 (nothing turns) is proportional to a channel the scores read (any
+    packing: GPT-NeoX's, lit-gpt's); Unread where one matches no row (a qk norm)."""
     unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
     found: list[list[int]] = []
     for core in cores:
@@ -140,8 +220,8 @@ def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
 
 
 def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether a norm moves when a constant is added to every channel, and is no identity: an
-    RMSNorm (a LayerNorm subtracts the mean first); a norm that fails on the probe is not one."""
+    """Whether a norm moves when a constant is added to every channel (an RMSNorm's form, not a
+    LayerNorm's) and is no identity."""
     z = torch.randn(like.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     z = z.to(like.dtype)
     try:
@@ -155,9 +235,8 @@ def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """What the modern comparison asks of the block: a recorded forward pass, an output, its
-    cache driven (``loop.drive_cache``'s answer). In ``gptblock check``, requests to the block's
-    process, whose answers are data: every reading is made here, by replaying the traces."""
+    """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
+    answers are data): a trace, an output, its cache driven (``loop.drive_cache``)."""
 
     trace_of: Callable[[Tensor], Trace]
     call: Callable[[Tensor], object]
@@ -166,12 +245,7 @@ class Source:
 
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    the lessons' block (no RMSNorm, rotary positions, grouped heads or gated MLP).
-
-    Raises:
-        Unread: it is a modern block, but its parts cannot be read; the message says why.
-        TraceError: the trace cannot be replayed.
-    """
+    the lessons' block. Raises Unread (a modern block whose parts cannot be read, saying why)."""
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
     cores = _cores(trace)
@@ -179,9 +253,10 @@ def read_modern(trace: Trace) -> ModernRead | None:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
     q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    proj_op = _moved_to(trace, core.y)[1]
-    if proj_op is None:
+    proj = reach(trace, core.y, forward=True)[1]
+    if not proj:
         raise Unread("no output projection reads the attention's output")
+    proj_op = proj[0]
     attn = {"q": q_op, "k": k_op, "v": v_op, "proj": proj_op}
     used = {op.index for op in attn.values()}
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
@@ -255,8 +330,8 @@ def read_modern(trace: Trace) -> ModernRead | None:
 
 
 def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The gains of a qk norm (an RMSNorm over each head's hs on q and on k), read at position
-    0, where no rotation turns anything; None when the scores' operands are not (B, nh, T, hs)."""
+    """The gains of a qk norm (an RMSNorm per head on q and k), read at position 0 where nothing
+    turns; None where the scores' operands are not (B, nh, T, hs)."""
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []
