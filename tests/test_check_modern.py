@@ -265,8 +265,8 @@ def test_run_steps_modern_is_the_oracles_block(parallel):
 def test_each_modern_mistake_is_a_deviation_the_attention_reads():
     """rope_v, rope_q_only, rope_pairing and gqa_order are ordinary deviations of the steps,
     ways of their catalogue entries: each changes what the modern attention computes."""
+    from gptblock.check.mistakes.catalogue import MODERN, compose
     from gptblock.check.mistakes.steps import CORRECT, attention
-    from gptblock.check.mistakes.variants import MODERN, compose
 
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 6, n, generator=g, dtype=torch.float64) for n in (16, 8, 8))

@@ -13,7 +13,14 @@ from torch.nn import functional as F
 
 import gptblock
 from gptblock import TransformerBlock, lesson, reference
-from gptblock.check.mistakes.catalogue import MISTAKES
+from gptblock.check.mistakes.catalogue import (
+    DEVIATIONS,
+    LESSONS,
+    MISTAKES,
+    MODERN,
+    compose,
+    variants,
+)
 from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
 from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
@@ -24,7 +31,6 @@ from gptblock.check.mistakes.steps import (
     affine,
     run_steps,
 )
-from gptblock.check.mistakes.variants import DEVIATIONS, LESSONS, MODERN, compose, variants
 from gptblock.check.roles.mapping import MappedBlock, map_roles
 from gptblock.check.roles.parts import discover
 from gptblock.check.roles.provenance import choose

@@ -13,11 +13,19 @@ from typing import Any
 
 import torch
 
-from ..mistakes.catalogue import MISTAKES
+from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose, variants
 from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, distance, smallest
-from ..mistakes.steps import NORM_FORMS, Parts, Rope, Steps, attention, parallel, run_steps
-from ..mistakes.variants import DEVIATIONS, MODERN, Deviation, compose, variants
+from ..mistakes.steps import (
+    NORM_FORMS,
+    Deviation,
+    Parts,
+    Rope,
+    Steps,
+    attention,
+    parallel,
+    run_steps,
+)
 from ..roles.modern_parts import NormRead, lin, measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send

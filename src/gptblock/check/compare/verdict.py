@@ -13,11 +13,10 @@ from typing import Any, Protocol
 
 import torch
 
-from ..mistakes.catalogue import MISTAKES
+from ..mistakes.catalogue import MISTAKES, compose
 from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
-from ..mistakes.variants import compose
 from ..roles.provenance import Traced, choose, trace, unread
 from ..roles.readings import Readings
 from ..roles.receive import unpack_modern, unpack_readings

@@ -1,27 +1,22 @@
-"""The mistakes ``gptblock check`` can name, each with a stable id (``CheckReport.diagnosis``).
+"""The mistakes ``gptblock check`` can name, each row its one home: its stable id
+(``CheckReport.diagnosis``), its text, what it explains and its ways as changes to the steps
+(``Deviation``), with every combination of them (``variants``, for ``search.explain``).
 Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
 lesson 2 "A Transformer Block as nn.Module" (``nn.MultiheadAttention``)."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import reduce
 
 import torch
 import torch.nn.functional as F
 
-from .steps import CORRECT
+from .steps import CORRECT, Deviation, Steps, Way, way
 
-__all__ = ["MISTAKES", "Mistake", "Way", "way"]
-
-Way = tuple[str, tuple[tuple[str, Any], ...]]
-
-
-def way(label: str, **changes: Any) -> Way:
-    """One concrete way to make a mistake: what the block then does (``label``: ``{C}``,
-    ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and
-    ``{sqrt_hs}`` are filled in) and the ``steps.Steps`` fields it replaces."""
-    return label, tuple(changes.items())
+__all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "variants"]
 
 
 @dataclass(frozen=True)
@@ -342,3 +337,46 @@ _ENTRIES = (
 
 MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}
 """The catalogue, in the order diagnoses are listed."""
+
+# The group of a deviation that changes this field of ``Steps`` (else the field's name): the
+# mask is two fields, which of the mask deviations change only one of.
+_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
+           "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
+MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotation, grouped heads
+
+
+DEVIATIONS: tuple[Deviation, ...] = tuple(
+    Deviation(m.id, _GROUPS.get(changes[0][0], changes[0][0]), label, changes)
+    for m in MISTAKES.values()
+    for label, changes in m.ways
+)
+"""Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
+MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
+"""The modern attention's mistakes, tried only on a modern block (``compare.modern``)."""
+LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)
+"""The lessons' block's mistakes: what ``search.explain`` tries."""
+
+
+def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
+    """``CORRECT`` with each deviation's change applied in turn."""
+    return reduce(lambda steps, deviation: deviation.apply(steps), deviations, CORRECT)
+
+
+def variants(
+    max_size: int, pool: Iterable[Deviation] | None = None
+) -> Iterator[tuple[Deviation, ...]]:
+    """Every combination of at most ``max_size`` deviations of ``pool`` (``LESSONS``), one per
+    group, smallest first (the correct block first): the first size that matches is the smallest.
+
+    Example:
+        >>> [len(v) for v in variants(1)][:3]
+        [0, 1, 1]
+        >>> sum(1 for _ in variants(1)) == 1 + len(LESSONS)
+        True
+    """
+    groups: dict[str, list[Deviation]] = {}
+    for deviation in LESSONS if pool is None else pool:
+        groups.setdefault(deviation.group, []).append(deviation)
+    for size in range(max_size + 1):
+        for chosen in itertools.combinations(groups.values(), size):
+            yield from itertools.product(*chosen)

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from .catalogue import compose, variants
 from .report import CAUGHT
-from .steps import CANDIDATE_ACTIVATIONS, MissingPart, Parts, run_steps
-from .variants import Deviation, compose, variants
+from .steps import CANDIDATE_ACTIVATIONS, Deviation, MissingPart, Parts, run_steps
 
 __all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain", "smallest"]
 

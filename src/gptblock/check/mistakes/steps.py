@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 __all__ = [
-    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "ORDERS", "QKV", "MissingPart", "Parts",
-    "Rope", "Steps", "SubLayer", "Wiring", "affine", "attention", "parallel", "repeat_heads",
-    "rms", "run_steps",
+    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "ORDERS", "QKV", "Deviation", "MissingPart",
+    "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
+    "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -201,6 +202,47 @@ CORRECT = Steps(
     # lesson 1: x = x + self.sa(self.ln1(x)); x = x + self.ffwd(self.ln2(x))
     wiring=lambda x, attn, mlp, ln1, ln2: (x := x + attn(ln1(x))) + mlp(ln2(x)),
 )
+
+
+Way = tuple[str, tuple[tuple[str, Any], ...]]
+
+
+def way(label: str, **changes: Any) -> Way:
+    """One concrete way to make a mistake: what the block then does (``label``: ``{C}``,
+    ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and
+    ``{sqrt_hs}`` are filled in) and the ``steps.Steps`` fields it replaces."""
+    return label, tuple(changes.items())
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One concrete way to make a catalogued mistake (``mistake``, its id): the ``Steps``
+    fields it replaces (``changes``). Deviations of one ``group`` change the same step, so a
+    variant uses at most one of them; ``label`` says what the block then does.
+
+    Example:
+        >>> from gptblock.check.mistakes.catalogue import DEVIATIONS, compose
+        >>> deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
+        >>> deviation.describe(C=32, n_head=4)
+        'scores scaled by C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)'
+        >>> compose([deviation]).scale(32, 8) == 32**-0.5
+        True
+    """
+
+    mistake: str
+    group: str
+    label: str
+    changes: tuple[tuple[str, Any], ...]
+
+    def apply(self, steps: Steps) -> Steps:
+        return replace(steps, **dict(self.changes))
+
+    def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
+        """The label with this block's numbers filled in (``hs`` by default C // n_head)."""
+        hs = C // n_head if hs is None else hs
+        return self.label.format(
+            C=C, hs=hs, nh=n_head, right=hs**-0.5, by_C=C**-0.5, by_hs=1 / hs, sqrt_hs=hs**0.5
+        )
 
 
 def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
