@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from gptblock import lesson
 from gptblock.check import check_block
-from gptblock.check.building.vary import plan
+from gptblock.check.building.sizes import plan
 
 
 # Written the way bentrevett/pytorch-seq2seq's "Attention is All You Need" notebook writes its

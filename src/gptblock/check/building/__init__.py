@@ -1,4 +1,4 @@
 """The learner's block, loaded (``target``, the only module that imports the user's code) and
-built at the sizes its file implies (``build``, ``arguments``, ``sizes``, ``vary``). Order
-inside: ``target`` and ``sizes``; ``arguments`` and ``vary`` (``sizes``); ``build``.
+built at the sizes its file implies (``build``, ``arguments``, ``sizes``). Order inside:
+``target`` and ``sizes``; ``arguments`` (``sizes``); ``build``.
 """

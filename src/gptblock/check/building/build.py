@@ -18,8 +18,17 @@ from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
 from .arguments import arg_line, builds, complete, fit_arguments
-from .sizes import KINDS, file_sizes, names, number, patch_globals, settings, signature, size_sets
-from .vary import plan
+from .sizes import (
+    KINDS,
+    file_sizes,
+    names,
+    number,
+    patch_globals,
+    plan,
+    settings,
+    signature,
+    size_sets,
+)
 
 __all__ = [
     "COMMON_ARGUMENTS", "Built", "build_at", "check_sizes", "fill_common_arguments", "max_length",
@@ -64,7 +73,7 @@ class Built:
 
 
 def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) -> Built | None:
-    """The block built at the file's sizes, or with ``other`` at another set (``vary.plan``;
+    """The block built at the file's sizes, or with ``other`` at another set (``sizes.plan``;
     None when there is none); the module's settings stay changed until ``undo``."""
     if isinstance(target, nn.Module):
         if kwargs:
