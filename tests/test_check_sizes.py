@@ -1,4 +1,4 @@
-"""The other sizes a block is checked at, found by value (check/building/vary.py): sizes under names the
+"""The other sizes a block is checked at, found by value (check/building/sizes.py): sizes under names the
 checker does not know, in the constructor, its defaults, a config the caller passes or a
 dataclass config the checker builds, all changed consistently."""
 
