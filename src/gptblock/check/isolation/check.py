@@ -87,7 +87,7 @@ def check_isolated(
             return two_sizes(lambda p, other: _at(child.call, p, roles, other), states[i])
         except Raised as e:  # where the checker does not expect the block to raise
             said = f"the check stopped during {states[i].where}: {e}"
-            note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"  # type: ignore[attr-defined]
+            note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"
             return states[i].stopped(Finding("check", False, said), note)
 
     def cut(i: int, what: str) -> CheckReport:

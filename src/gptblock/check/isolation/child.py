@@ -162,7 +162,7 @@ class Child:
             raise cls(text(header.get("message", ""), 2000))
         if "raised" in header:
             raised = Raised(text(header["raised"], 400))
-            raised.where = text(header.get("where", ""), 600)  # type: ignore[attr-defined]
+            raised.where = text(header.get("where", ""), 600)
             raise raised
         raise ProtocolBroken("an answer of no known kind")
 

@@ -293,6 +293,8 @@ def _str(value: object) -> str:
 class Raised(Exception):
     """An error the block raised in another process, as ``one_line`` described it there."""
 
+    where = ""  # the last lines of its traceback there
+
 
 def text(value: object, limit: int = 2000) -> str:
     """``value`` as one line of at most ``limit`` characters: what another process sent, made
