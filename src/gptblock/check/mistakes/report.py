@@ -1,6 +1,6 @@
 """What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue,
-rendered as text, JSON (``from_dict`` validates it back from the block's process) and HTML
-(every word escaped); the three share one walk of the report (``_entry``, ``_diagnosis``...).
+rendered as text, JSON and HTML (every word escaped); the three share one walk of the report
+(``_entry``, ``_diagnosis``...).
 """
 
 from __future__ import annotations
@@ -193,40 +193,6 @@ class CheckReport:
             "verify": self.verify,
         }
 
-    @classmethod
-    def from_dict(cls, data: object) -> CheckReport:
-        """The report ``to_dict()`` wrote, every field checked.
-
-        Raises:
-            ValueError: ``data`` is not such a report.
-
-        Example:
-            >>> report = CheckReport("B()", [Finding("shape", False, "bad")], ["shape"], compared=True)
-            >>> CheckReport.from_dict(report.to_dict()) == report
-            True
-        """
-        try:
-            d = _fields(data, {"target": str, "findings": list, "diagnosis": list})
-            findings = []
-            for row in d["findings"]:
-                f = _fields(row, {"name": str, "passed": bool, "message": str})
-                found = _str(f.get("label", "")) == "FOUND"  # an unknown label is not printed
-                findings.append(Finding(f["name"], f["passed"], f["message"], "FOUND" * found))
-            mistakes = _fields(d.get("mistakes", {}), {}).items()
-            details = {str(k): str(v.get("found", "")) for k, v in mistakes}
-            return cls(
-                d["target"],
-                findings,
-                [_str(m) for m in d["diagnosis"]],
-                {k: v for k, v in details.items() if v},
-                [_str(n) for n in d.get("notes", [])],
-                [[_str(m) for m in a] for a in d.get("alternatives", [])],
-                d.get("compared") is True,
-                _str(d.get("verify", "")),
-            )
-        except (TypeError, AttributeError) as e:
-            raise ValueError(f"not a check report: {e}") from e
-
 
 def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
     m = MISTAKES[d]
@@ -273,21 +239,6 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[st
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
-
-
-def _fields(data: object, types: dict[str, type]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise TypeError(f"expected an object, got {type(data).__name__}")
-    for key, kind in types.items():
-        if not isinstance(data.get(key), kind):
-            raise TypeError(f"{key!r} must be a {kind.__name__}")
-    return data
-
-
-def _str(value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    return value
 
 
 class Raised(Exception):
