@@ -13,14 +13,12 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
-from .sizes import CONFIG_NAMES, KINDS, config_class, parameters, signature
+from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, config_class, parameters, signature
 
 __all__ = ["arg_line", "builds", "complete", "fit_arguments", "guess"]
 
 _GUESSES = (
-    (("embd", "d_model", "dim", "hidden", "width", "embed", "channels"), 32),
-    (("head",), 4),
-    (("block", "ctx", "len", "seq", "position", "context", "window"), 16),
+    *((k.guess, k.value) for k in KINDS.values() if k.guess),
     (("drop",), 0.0),
     (("eps",), 1e-5),
     (("bias",), True),
@@ -29,7 +27,7 @@ _GUESSES = (
     (("vocab",), 64),
     (("mult", "ratio", "factor", "expansion"), 4),
 )
-_ROLES = (*KINDS.values(), ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop"))
+_ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 
 
 def guess(name: str) -> object:

@@ -18,24 +18,61 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
     "names", "not_other", "number", "other_sizes", "parameters", "patch_globals", "plan",
     "settings", "signature", "size_sets",
 ]  # fmt: skip
 
-# each kind of size and its names (``dim`` is a width only as an argument or a setting:
-# ``nn.Softmax`` has a ``.dim``)
-KINDS: dict[str, tuple[str, ...]] = {
-    "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
-    "heads": ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"),
-    "kv_heads": ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
-    "head_size": ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"),
-    "length": ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of size: its names (the first ``common`` common arguments), its ``value`` where
+    the file gives none (and ``guess``'s, for a name with a part of ``guess``), its word in a
+    label; ``kind_of`` knows it by ``also``, a part of each of ``parts``, a word of ``words``."""
+
+    names: tuple[str, ...]
+    value: int | None = None
+    common: int = 0
+    short: str = ""
+    guess: tuple[str, ...] = ()
+    parts: tuple[tuple[str, ...], ...] = ()
+    words: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+
+
+# ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; a width
+# is found by value (``kind_of``), its multiples too
+KINDS: dict[str, Kind] = {
+    "width": Kind(
+        ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"), 32, 3, "C",
+        ("embd", "d_model", "dim", "hidden", "width", "embed", "channels"),
+    ),
+    "heads": Kind(
+        ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4, 4, "nh",
+        ("head",), (("head",),),
+    ),
+    "kv_heads": Kind(  # n_kv_heads, num_key_value_heads, litgpt's n_query_groups
+        ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"), short="kv heads",
+        parts=(("head", "group"), ("kv", "key", "query")),
+    ),
+    "head_size": Kind(
+        ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"), short="hs",
+        parts=(("head",), ("dim", "size", "d_")), also=("d_kv", "dk", "dv", "kv_channels"),
+    ),
+    "length": Kind(
+        ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"), 16, 1,
+        "T max", ("block", "ctx", "len", "seq", "position", "context", "window"),
+        (("block_size", "len", "ctx", "context", "seq", "position", "max_t"),),
+        ("pos", "tokens", "t"),
+    ),
+}  # fmt: skip
+# not a size, whatever else the name says
+_OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansion", "window",
+              "seed", "batch", "rotary", "theta", "depth", "bucket", "stride", "kernel"),),
+              words=("id", "idx", "index", "base"))  # fmt: skip
+DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
-
-CHECKER = {"width": 32, "heads": 4, "length": 16}  # a kind the file uses but gives no value
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 16, 8, 12, 16...
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
@@ -51,14 +88,14 @@ class Sizes:
 
     def label(self, used: Mapping[str, object]) -> str:
         """``n_embd=64, n_head=4``: one name ``used`` has for each kind."""
-        found = (next((n for n in kind if n in used), None) for kind in KINDS.values())
+        found = (next((n for n in k.names if n in used), None) for k in KINDS.values())
         return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
 
     def origins(self, shown: Mapping[str, object]) -> list[str]:
         by_source: dict[str, list[str]] = {}
         for kind, source in self.sources.items():
             if source not in ("--arg", "the checker"):
-                name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
+                name = next((n for n in KINDS[kind].names if n in shown), KINDS[kind].names[0])
                 by_source.setdefault(source, []).append(f"{name}={self.values[kind]}")
         said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
         return ([f"built at the file's sizes: {said}"] if said else []) + list(self.notes)
@@ -134,7 +171,8 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     )
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
-    for kind, kind_names in KINDS.items():
+    for kind, k in KINDS.items():
+        kind_names = k.names
         if not used & set(kind_names):
             continue
         for source, where in places:
@@ -143,10 +181,15 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
                 values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
                 break
         else:
-            if kind in CHECKER:
-                values[kind], sources[kind] = CHECKER[kind], "the checker"
+            if k.value is not None:
+                values[kind], sources[kind] = k.value, "the checker"
     C = values.get("width")
-    if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
+    if (
+        used & set(KINDS["head_size"].names)
+        and "head_size" not in values
+        and C
+        and "heads" in values
+    ):
         values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
     # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
     # head), as the checker's mistakes show at any size
@@ -200,7 +243,7 @@ def names(sizes: Sizes) -> dict[str, int]:
         >>> names(Sizes({"heads": 2}))["n_head"], names(Sizes({"heads": 2}))["num_heads"]
         (2, 2)
     """
-    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
+    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind].names}
 
 
 def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
@@ -241,15 +284,6 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
     )
 
 
-_NOT_SIZES = ("layer", "vocab", "ratio", "mult", "factor", "expansion", "window", "seed", "batch",
-              "rotary", "theta", "depth", "bucket", "stride", "kernel")  # fmt: skip
-_NOT_SIZE_WORDS = {"id", "idx", "index", "base"}
-_LENGTHS = ("block_size", "len", "ctx", "context", "seq", "position", "max_t")
-_HEAD_SIZES = {"d_k", "d_v", "d_kv", "dk", "dv", "kv_channels", "d_head"}
-_ORDER = ("width", "heads", "kv_heads", "head_size", "C", "length")
-_WHY = {"width": "C", "heads": "nh", "kv_heads": "kv heads", "head_size": "hs", "length": "T max"}
-
-
 def kind_of(name: str) -> str | None:
     """What a name says its number is: a kind, ``other`` (not a size), or None (the value decides).
 
@@ -261,16 +295,14 @@ def kind_of(name: str) -> str | None:
     """
     lower = name.lower()
     words = set(lower.split("_"))
-    if any(w in lower for w in _NOT_SIZES) or words & _NOT_SIZE_WORDS:
-        return "other"
-    if lower in _HEAD_SIZES or ("head" in lower and any(w in lower for w in ("dim", "size", "d_"))):
-        return "head_size"
-    if ("head" in lower or "group" in lower) and any(w in lower for w in ("kv", "key", "query")):
-        return "kv_heads"  # n_kv_heads, num_key_value_heads, litgpt's n_query_groups
-    if "head" in lower:
-        return "heads"
-    if any(w in lower for w in _LENGTHS) or words & {"pos", "tokens", "t"}:
-        return "length"
+    for kind in ("other", "head_size", "kv_heads", "heads", "length"):  # the first that says
+        k = KINDS.get(kind, _OTHER)
+        if (
+            lower in k.names + k.also
+            or (k.parts and all(any(w in lower for w in part) for part in k.parts))
+            or words & set(k.words)
+        ):
+            return kind
     return None
 
 
@@ -373,9 +405,11 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     values = {**patched, **in_configs, **top_changes}
     out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
     # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
-    rank = {n: _ORDER.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
+    order = [*[*KINDS][:4], "C", "length"]  # a multiple of the width after the head size
+    rank = {n: order.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
     shown = []
     for n in sorted(said, key=rank.__getitem__):
-        why = "" if n in KINDS.get(said[n], ()) else f" ({_WHY.get(said[n], said[n])})"
+        k = KINDS.get(said[n])
+        why = "" if k and n in k.names else f" ({k.short if k else said[n]})"
         shown.append(f"{n}={values[n]!r}{why}")
     return Plan(out, other, patched, ", ".join(shown))
