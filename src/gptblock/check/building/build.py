@@ -115,8 +115,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
-    notes, C = fitted + sizes.origins(shown) + called, sizes.values.get("width")
-    return Built(module, description, sizes.label(shown), notes, undo, args, C)
+    label, origins = sizes.said(shown)
+    return Built(
+        module, description, label, fitted + origins + called, undo, args, sizes.values.get("width")
+    )
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:

@@ -1,5 +1,5 @@
-"""The sizes a block is checked at: the file's own (``file_sizes``), another valid set
-(``other_sizes``) and the arguments that build it (``plan``: found by value rather than by name,
+"""The sizes a block is checked at: the file's own (``file_sizes``), other valid sets
+(``size_sets``) and the arguments that build it (``plan``: found by value rather than by name,
 ``hid_dim``, ``n_state``...: of the numbers the block was built with, the measured width C is the
 width, 2C..8C a hidden width, C / nh (nh heads) the head size; a name says what a value cannot),
 and one report of the two checks (``combine``).
@@ -19,7 +19,7 @@ from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
-    "names", "not_other", "number", "other_sizes", "parameters", "patch_globals", "plan",
+    "names", "not_other", "number", "parameters", "patch_globals", "plan",
     "settings", "signature", "size_sets",
 ]  # fmt: skip
 
@@ -86,19 +86,19 @@ class Sizes:
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def label(self, used: Mapping[str, object]) -> str:
-        """``n_embd=64, n_head=4``: one name ``used`` has for each kind."""
-        found = (next((n for n in k.names if n in used), None) for k in KINDS.values())
-        return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
-
-    def origins(self, shown: Mapping[str, object]) -> list[str]:
+    def said(self, shown: Mapping[str, object]) -> tuple[str, list[str]]:
+        """The label, ``n_embd=64, n_head=4`` (the first name ``shown`` has of each kind), and
+        the notes of where the sizes came from."""
+        first = {kind: next((n for n in k.names if n in shown), None) for kind, k in KINDS.items()}
+        label = ", ".join(f"{n}={shown[n]!r}" for n in first.values() if n is not None)
         by_source: dict[str, list[str]] = {}
         for kind, source in self.sources.items():
             if source not in ("--arg", "the checker"):
-                name = next((n for n in KINDS[kind].names if n in shown), KINDS[kind].names[0])
+                name = first[kind] or KINDS[kind].names[0]
                 by_source.setdefault(source, []).append(f"{name}={self.values[kind]}")
         said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
-        return ([f"built at the file's sizes: {said}"] if said else []) + list(self.notes)
+        notes = [f"built at the file's sizes: {said}"] if said else []
+        return label or "its own sizes", notes + list(self.notes)
 
 
 def number(value: object) -> int | None:
@@ -205,18 +205,14 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     return Sizes(values, sources, tuple(notes))
 
 
-def other_sizes(sizes: Sizes) -> Sizes | None:
-    """Another valid set, with a different width, head count, head size and length.
+def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
+    """Other valid sets, each with a different width, head count, head size and length; with
+    ``hints``, more, to try for a block not built at its file's.
 
     Example:
-        >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
+        >>> size_sets(Sizes({"width": 32, "heads": 4, "length": 16}))[0].values
         {'width': 48, 'heads': 3, 'length': 24}
     """
-    return next(iter(size_sets(sizes)), None)
-
-
-def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
-    """Other valid sets; with ``hints``, to try for a block not built at its file's."""
     v = sizes.values
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
@@ -371,7 +367,7 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     hs = next((v for n, v in leaves if kind_of(n) == "head_size"), C // nh if nh else None)
     L = next((v for n, v in leaves if kind_of(n) == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
-    other = other_sizes(Sizes({k: v for k, v in measured.items() if v is not None}))
+    other = next(iter(size_sets(Sizes({k: v for k, v in measured.items() if v is not None}))), None)
     if other is None:
         return None
     new = other.values
