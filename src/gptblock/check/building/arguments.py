@@ -15,8 +15,17 @@ from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
 from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, config_class, parameters, signature
 
-__all__ = ["arg_line", "builds", "complete", "fit_arguments", "guess"]
+__all__ = [
+    "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
+    "guess",
+]  # fmt: skip
 
+# small values for the arguments most blocks take; dropout non-zero, so that dropout left on in
+# eval mode shows up
+COMMON_ARGUMENTS: dict[str, object] = {
+    **{n: k.value for k in KINDS.values() for n in k.names[: k.common]},
+    DROPOUTS[0]: 0.1,
+}
 _GUESSES = (
     *((k.guess, k.value) for k in KINDS.values() if k.guess),
     (("drop",), 0.0),
@@ -39,6 +48,20 @@ def guess(name: str) -> object:
     """
     lower = name.lower()
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
+
+
+def fill_common_arguments(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> dict[str, object]:
+    """``given`` plus a small value for every common argument ``factory`` takes.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
+        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
+    """
+    common = (n for n in signature(factory) if n in COMMON_ARGUMENTS and n not in given)
+    return {**given, **{n: COMMON_ARGUMENTS[n] for n in common}}
 
 
 def arg_line(values: Mapping[str, object]) -> str:
@@ -110,11 +133,12 @@ def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> Us
 
 def complete(
     factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
-    defaults: Mapping[str, object], sizes: Mapping[str, object],
+    sizes: Mapping[str, int],
 ) -> dict[str, object]:  # fmt: skip
     """``args`` with a layer index (``layer_idx`` 0), and a config object where ``factory``
-    takes one nobody gave: its dataclass or own class called with ``given``, ``defaults`` and
-    ``sizes``, else a namespace. Attributes the block reads and nobody gave are asked for."""
+    takes one nobody gave: its dataclass or own class called with ``given`` and ``sizes`` (a
+    namespace: the common arguments of them), else a namespace. Attributes the block reads and
+    nobody gave are asked for."""
     name = getattr(factory, "__qualname__", repr(factory))
     args = dict(args)
     missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
@@ -136,7 +160,8 @@ def complete(
     own = {p.name for p in parameters(factory)} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
     cls = config_class(factory, param)
-    values = {"bias": True, **defaults, **given}  # bias: not a size, but in most configs
+    common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
+    values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
     known: set[str] | None = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)

@@ -17,9 +17,15 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
-from .arguments import arg_line, builds, complete, fit_arguments
+from .arguments import (
+    COMMON_ARGUMENTS,
+    arg_line,
+    builds,
+    complete,
+    fill_common_arguments,
+    fit_arguments,
+)
 from .sizes import (
-    DROPOUTS,
     KINDS,
     file_sizes,
     names,
@@ -36,27 +42,7 @@ __all__ = [
     "width",
 ]  # fmt: skip
 
-# small values for the arguments most blocks take; dropout non-zero, so that dropout left on in
-# eval mode shows up
-COMMON_ARGUMENTS: dict[str, object] = {
-    **{n: k.value for k in KINDS.values() for n in k.names[: k.common]},
-    DROPOUTS[0]: 0.1,
-}
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
-
-
-def fill_common_arguments(
-    factory: Callable[..., Any], given: Mapping[str, object]
-) -> dict[str, object]:
-    """``given`` plus a small value for every common argument ``factory`` takes.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
-        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
-    """
-    common = (n for n in signature(factory) if n in COMMON_ARGUMENTS and n not in given)
-    return {**given, **{n: COMMON_ARGUMENTS[n] for n in common}}
 
 
 @dataclasses.dataclass
@@ -105,8 +91,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         target, {**{n: values[n] for n in sized if n in values}, **given}
     )
     check_sizes(filled, kwargs)
-    common = {n: values.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
-    args = complete(target, filled, given, common, values)
+    args = complete(target, filled, given, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in settings(target)[1] if n in values})
     plain = (type(None), int, float, str, bool)

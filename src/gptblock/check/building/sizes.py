@@ -1,7 +1,5 @@
-"""The sizes a block is checked at: the file's own (``file_sizes``), other valid sets
-(``size_sets``) and the arguments that build it (``plan``: found by value rather than by name,
-``hid_dim``, ``n_state``...: of the numbers the block was built with, the measured width C is the
-width, 2C..8C a hidden width, C / nh (nh heads) the head size; a name says what a value cannot),
+"""The sizes a block is checked at (one table of their kinds, ``KINDS``): the file's own
+(``file_sizes``), other valid sets (``size_sets``) and the arguments that build it (``plan``),
 and one report of the two checks (``combine``).
 """
 
@@ -40,31 +38,22 @@ class Kind:
     also: tuple[str, ...] = ()
 
 
-# ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; a width
-# is found by value (``kind_of``), its multiples too
-KINDS: dict[str, Kind] = {
-    "width": Kind(
-        ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"), 32, 3, "C",
-        ("embd", "d_model", "dim", "hidden", "width", "embed", "channels"),
-    ),
-    "heads": Kind(
-        ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4, 4, "nh",
-        ("head",), (("head",),),
-    ),
-    "kv_heads": Kind(  # n_kv_heads, num_key_value_heads, litgpt's n_query_groups
-        ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"), short="kv heads",
-        parts=(("head", "group"), ("kv", "key", "query")),
-    ),
-    "head_size": Kind(
-        ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"), short="hs",
-        parts=(("head",), ("dim", "size", "d_")), also=("d_kv", "dk", "dv", "kv_channels"),
-    ),
-    "length": Kind(
-        ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"), 16, 1,
-        "T max", ("block", "ctx", "len", "seq", "position", "context", "window"),
-        (("block_size", "len", "ctx", "context", "seq", "position", "max_t"),),
-        ("pos", "tokens", "t"),
-    ),
+# ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; ``kind_of``
+# knows no width: a width is found by value, its multiples too
+KINDS: dict[str, Kind] = {  # in a label's order
+    "width": Kind(("n_embd", "d_model", "embed_dim", "hidden_size", "dim"), 32, 3, "C",
+                  ("embd", "d_model", "dim", "hidden", "width", "embed", "channels")),
+    "heads": Kind(("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4,
+                  4, "nh", ("head",), (("head",),)),
+    "kv_heads": Kind(("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
+                     short="kv heads", parts=(("head", "group"), ("kv", "key", "query"))),
+    "head_size": Kind(("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"), short="hs",
+                      parts=(("head",), ("dim", "size", "d_")),
+                      also=("d_kv", "dk", "dv", "kv_channels")),
+    "length": Kind(("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
+                   16, 1, "T max", ("block", "ctx", "len", "seq", "position", "context", "window"),
+                   (("block_size", "len", "ctx", "context", "seq", "position", "max_t"),),
+                   ("pos", "tokens", "t")),
 }  # fmt: skip
 # not a size, whatever else the name says
 _OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansion", "window",
@@ -172,28 +161,21 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
     for kind, k in KINDS.items():
-        kind_names = k.names
-        if not used & set(kind_names):
+        if not used & set(k.names):
             continue
         for source, where in places:
-            value = next((v for n in kind_names if n in where and (v := number(where[n]))), None)
+            value = next((v for n in k.names if n in where and (v := number(where[n]))), None)
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
                 values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
                 break
-        else:
-            if k.value is not None:
-                values[kind], sources[kind] = k.value, "the checker"
-    C = values.get("width")
-    if (
-        used & set(KINDS["head_size"].names)
-        and "head_size" not in values
-        and C
-        and "heads" in values
-    ):
-        values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
+        else:  # the checker's; a head size C / nh
+            C, nh = values.get("width"), values.get("heads")
+            value = C // nh if kind == "head_size" and C and nh else k.value
+            if value is not None:
+                values[kind], sources[kind] = value, "the checker"
     # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
     # head), as the checker's mistakes show at any size
-    notes, nh, L = [], values.get("heads", 1), values.get("length")
+    notes, C, nh, L = [], values.get("width"), values.get("heads", 1), values.get("length")
     if C and C > LARGEST_IMPLIED["width"] and sources.get("width") != "--arg" and nh <= 16:
         values["width"] = 16 * nh
         if "head_size" in values:
@@ -343,7 +325,9 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
 
 def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
     """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
-    of the build at the file's sizes; None when no number is a size.
+    of the build at the file's sizes, found by value, whatever their names (of the numbers it
+    was built with, C is the width, 2C..8C a hidden width, C / nh the head size; a name says
+    what a value cannot); None when no number is a size.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
