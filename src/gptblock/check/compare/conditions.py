@@ -195,11 +195,12 @@ def _mismatch(
 def confirm(
     subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
     fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
-) -> Finding | str:  # fmt: skip
+    notes: list[str],
+) -> Finding | None:  # fmt: skip
     """A failed comparison when ``reference`` (``what``) does not reproduce the block on fresh
     (*first, C) and (T, T, C) inputs or, for ``whose`` block ("lessons", "modern"), in its
     input gradient (``backward``: also in float32) and, with ``learner``, where a learner
-    runs it (float64 ``reference``); else ``""`` or a note. Raises ValueError or RuntimeError
+    runs it (float64 ``reference``); else None, a note added to ``notes``. Raises ValueError or RuntimeError
     when ``reference`` cannot run."""
     for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
@@ -219,7 +220,7 @@ def confirm(
                 "fixed block"
             )
     if not whose:
-        return ""  # the block fails already: a mistake
+        return None  # the block fails already: a mistake
     if backward:  # else its backward pass fails already
         error = input_gradient_error(subject, reference, fresh)
         if not error <= GRADIENT_TOLERANCE:
@@ -229,7 +230,7 @@ def confirm(
                 "not its forward pass's"
             )
     if not learner:
-        return ""
+        return None
     off: list[tuple[Condition, float]] = []
     held: list[Condition] = []
     note = ""
@@ -243,10 +244,8 @@ def confirm(
         if got <= c.tolerance:
             held.append(c)
         elif c.train and _random(subject, x):
-            note = (
-                "train mode not compared: the block's train-mode outputs are random even with "
-                "every dropout off"
-            )
+            note = ("train mode not compared: the block's train-mode outputs are random even "
+                    "with every dropout off")  # fmt: skip
         else:
             off.append((c, got))
     if off:
@@ -258,4 +257,5 @@ def confirm(
                 "the block's outputs are the reference's, but in float32 its gradient with "
                 f"respect to its input is not (off by {_size(error)})"
             )
-    return note
+    notes += [note] if note else []
+    return None

@@ -206,11 +206,9 @@ def _compared(
             reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
             B, T, _ = readings.x.shape
             held = confirm(subject, reference, (B, T), fresh, backward, match.describe(),
-                           "lessons" if full else "", full and not again)  # fmt: skip
-            if isinstance(held, Finding):
+                           "lessons" if full else "", full and not again, notes)  # fmt: skip
+            if held is not None:
                 finding, match = held, None
-            elif held:
-                notes.append(held)
     except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
         notes.append(readings.describe(0))
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
@@ -247,13 +245,9 @@ def _modern_compared(
     try:
         if not isinstance(received, str):
             what = "the modern block rebuilt from the parts its process sent"
-            why = confirm(
-                subject, received[0].run, (2, subject.T), fresh, backward, what, "modern", True
-            )
-            if isinstance(why, Finding):
-                return Compared(why)
-            notes += [why] if why else []
-            return Compared(finding, traced=received[1])
+            why = confirm(subject, received[0].run, (2, subject.T), fresh, backward, what,
+                          "modern", True, notes)  # fmt: skip
+            return Compared(finding, traced=received[1]) if why is None else Compared(why)
     except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
         said = f"the parts sent cannot be run as a block ({one_line(e)})"
     if service.trusted:
