@@ -140,26 +140,22 @@ def complete(
     namespace: the common arguments of them), else a namespace. Attributes the block reads and
     nobody gave are asked for."""
     name = getattr(factory, "__qualname__", repr(factory))
-    args = dict(args)
-    missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
-    for p in missing:
-        if (index := _index(p.name)) is not None:
-            args[p.name] = index
+    params = parameters(factory)
+    missing = [p for p in params if p.default is p.empty and p.name not in args]
+    args = {**args, **{p.name: i for p in missing if (i := _index(p.name)) is not None}}
     missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
-    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
-    if len(configs) != 1 or len(missing) != 1:
+    param, cls = missing[0], config_class(factory, missing[0])
+    if len(missing) != 1 or not (cls or param.name.lower() in CONFIG_NAMES):
         values = {p.name: guess(p.name) for p in missing}
         if builds(factory, {**args, **values}):
             raise _needs(name, "it", values, "this builds it")
         raise UserValueError(
             f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
         )
-    (param,) = missing
-    own = {p.name for p in parameters(factory)} - {param.name}
+    own = {p.name for p in params} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
-    cls = config_class(factory, param)
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
     known: set[str] | None = None

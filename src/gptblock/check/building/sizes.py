@@ -340,16 +340,13 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
     globals_ = settings(factory)[1]
     found = [*top.items(), *(x for f in configs.values() for x in f.items()), *globals_.items()]
-    leaves = [(n, v) for n, x in found if (v := number(x)) is not None]
-
-    def by_name(kind: str, divides: int) -> int | None:
-        return next((v for n, v in leaves if kind_of(n) == kind and divides % v == 0), None)
-
-    nh = by_name("heads", C)
-    fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
-    kv = (by_name("kv_heads", nh) if nh else None) or next(iter(fewer), None)  # fewer: kv heads
-    hs = next((v for n, v in leaves if kind_of(n) == "head_size"), C // nh if nh else None)
-    L = next((v for n, v in leaves if kind_of(n) == "length"), None)
+    leaves = [(kind_of(n), v) for n, x in found if (v := number(x)) is not None]
+    nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
+    kv = next((v for k, v in leaves if k == "kv_heads" and nh and nh % v == 0), None) or next(
+        (v for k, v in leaves if k == "heads" and nh and v < nh and nh % v == 0), None
+    )  # the fewer of two head counts: key/value heads
+    hs = next((v for k, v in leaves if k == "head_size"), C // nh if nh else None)
+    L = next((v for k, v in leaves if k == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
     other = next(iter(size_sets(Sizes({k: v for k, v in measured.items() if v is not None}))), None)
     if other is None:
