@@ -86,9 +86,7 @@ def fit_arguments(
     fitted: dict[str, object] = {n: v for n, v in given.items() if n in names}
     name = getattr(factory, "__qualname__", repr(factory))
     notes = []
-    for n, v in given.items():
-        if n in names:
-            continue
+    for n, v in ((n, v) for n, v in given.items() if n not in names):
         role = next((r for r in _ROLES if n in r), ())
         to = next((p for p in names if p in role and p not in given and p not in fitted), None)
         if to is not None:

@@ -66,6 +66,7 @@ class Compared:
     alternatives: list[list[str]] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
     traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
+    verify: str = ""  # the --map that would read the weights, when they could not be
 
 
 def decide(
@@ -95,7 +96,7 @@ def decide(
         if stop := result.stop:
             notes.append("the other checks need the shape contract and were not run")
             break
-    done, verify = Compared(None), ""  # the comparison, with the modern or the lessons' reference
+    done = Compared(None)  # the comparison, with the modern or the lessons' reference
     dropout = ""
     if not stop and "dropout_in_eval" in implied:
         progress.stage("switching the block's dropout off")
@@ -104,8 +105,7 @@ def decide(
             stop = True
     backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
     if not stop:
-        done, verify = _compared(service, roles, chosen, fresh, backward, again, dropout, notes,
-                                 progress)  # fmt: skip
+        done = _compared(service, roles, chosen, fresh, backward, again, dropout, notes, progress)
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
@@ -120,7 +120,7 @@ def decide(
     details = {m: details[m] for m in diagnosis if m in details}
     compared = done.finding is not None
     return CheckReport(
-        description, findings, diagnosis, details, notes, alternatives, compared, verify
+        description, findings, diagnosis, details, notes, alternatives, compared, done.verify
     )
 
 
@@ -166,10 +166,9 @@ def _compared(
     service: Service, roles: Mapping[str, str], chosen: Mapping[str, Tensor],
     fresh: torch.Generator, backward: bool, again: bool, dropout: str, notes: list[str],
     progress: Progress,
-) -> tuple[Compared, str]:  # fmt: skip
-    """The comparison with the modern reference or the lessons' (a match confirmed: the
-    modern one's PASS, read from the block's process's traces, is a claim until then), and the
-    ``--map`` to suggest when the weights cannot be read."""
+) -> Compared:  # fmt: skip
+    """The comparison with the modern reference or the lessons', a match confirmed (the modern
+    one's PASS, read from the block's process's traces, is a claim until then)."""
     subject = service.tested
     modern: dict[str, Any] = {}
     if not roles:
@@ -178,8 +177,29 @@ def _compared(
     if "finding" in modern:  # None: a part the references do not model: not compared
         notes.extend(modern["notes"])
         if modern["finding"] is None:
-            return Compared(None), ""
-        return _modern_compared(service, modern, chosen, fresh, backward, notes, progress), ""
+            return Compared(None)
+        finding = Finding(*modern["finding"])
+        if not finding.passed or finding.label == "FOUND":
+            return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
+        progress.stage("confirming the modern comparison on fresh inputs")
+        received = unpack_modern(modern, subject.C, subject.dtype, chosen)
+        said = received if isinstance(received, str) else ""
+        try:
+            if not isinstance(received, str):
+                what = "the modern block rebuilt from the parts its process sent"
+                why = confirm(subject, received[0].run, (2, subject.T), fresh, backward, what,
+                              "modern", True, notes)  # fmt: skip
+                return Compared(finding, traced=received[1]) if why is None else Compared(why)
+        except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
+            said = f"the parts sent cannot be run as a block ({one_line(e)})"
+        if service.trusted:
+            return Compared(finding)
+        notes.append(
+            "the modern block's comparison, read from the traces the block's process sent, is "
+            f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
+            "trust, gives its verdict)"
+        )
+        return Compared(None)
     if dropout:
         notes.append(f"compared with every dropout of the block {dropout}")
     progress.stage("reading the weights from the forward pass")
@@ -187,9 +207,9 @@ def _compared(
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
         if again:
-            return Compared(None), ""
+            return Compared(None)
         progress.stage("suggesting a --map")
-        return Compared(None), service.suggest()
+        return Compared(None, verify=service.suggest())
     readings, read = unpacked
     scope = modern.get("scope", [])  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
@@ -212,52 +232,23 @@ def _compared(
     except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
         notes.append(readings.describe(0))
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
-        return Compared(None), ""
+        return Compared(None)
     notes.append(readings.describe(reading))
     if scope:
         notes.append(
             f"not compared, as the references do not model it: {'; '.join(scope)} "
             f"(the lessons' block: {finding.message})"
         )
-        return Compared(None), ""
+        return Compared(None)
     if match is None:
-        return Compared(finding), ""
+        return Compared(finding)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     traced = None
     if not match.deviations:
         heads = dict.fromkeys(("q", "k", "v"), match.n_head)
         traced = trace(read[reading], chosen, subject.dtype, heads)
     ties = [m.mistakes for m in result.alternatives]
-    return Compared(finding, match.mistakes, ties, details, traced), ""
-
-
-def _modern_compared(
-    service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
-    fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
-) -> Compared:  # fmt: skip
-    subject = service.tested
-    finding = Finding(*modern["finding"])
-    if not finding.passed or finding.label == "FOUND":
-        return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
-    progress.stage("confirming the modern comparison on fresh inputs")
-    received = unpack_modern(modern, subject.C, subject.dtype, chosen)
-    said = received if isinstance(received, str) else ""
-    try:
-        if not isinstance(received, str):
-            what = "the modern block rebuilt from the parts its process sent"
-            why = confirm(subject, received[0].run, (2, subject.T), fresh, backward, what,
-                          "modern", True, notes)  # fmt: skip
-            return Compared(finding, traced=received[1]) if why is None else Compared(why)
-    except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
-        said = f"the parts sent cannot be run as a block ({one_line(e)})"
-    if service.trusted:
-        return Compared(finding)
-    notes.append(
-        "the modern block's comparison, read from the traces the block's process sent, is "
-        f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
-        "trust, gives its verdict)"
-    )
-    return Compared(None)
+    return Compared(finding, match.mistakes, ties, details, traced)
 
 
 def _explain(subject: Probed, read: Readings) -> tuple[Explanation, int]:
