@@ -13,14 +13,21 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT
-from .sizes import CONFIG_NAMES, KINDS, config_class, parameters, signature
+from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, config_class, parameters, signature
 
-__all__ = ["arg_line", "builds", "complete", "fit_arguments", "guess"]
+__all__ = [
+    "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
+    "guess",
+]  # fmt: skip
 
+# small values for the arguments most blocks take; dropout non-zero, so that dropout left on in
+# eval mode shows up
+COMMON_ARGUMENTS: dict[str, object] = {
+    **{n: k.value for k in KINDS.values() for n in k.names[: k.common]},
+    DROPOUTS[0]: 0.1,
+}
 _GUESSES = (
-    (("embd", "d_model", "dim", "hidden", "width", "embed", "channels"), 32),
-    (("head",), 4),
-    (("block", "ctx", "len", "seq", "position", "context", "window"), 16),
+    *((k.guess, k.value) for k in KINDS.values() if k.guess),
     (("drop",), 0.0),
     (("eps",), 1e-5),
     (("bias",), True),
@@ -29,7 +36,7 @@ _GUESSES = (
     (("vocab",), 64),
     (("mult", "ratio", "factor", "expansion"), 4),
 )
-_ROLES = (*KINDS.values(), ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop"))
+_ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 
 
 def guess(name: str) -> object:
@@ -41,6 +48,20 @@ def guess(name: str) -> object:
     """
     lower = name.lower()
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
+
+
+def fill_common_arguments(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> dict[str, object]:
+    """``given`` plus a small value for every common argument ``factory`` takes.
+
+    Example:
+        >>> from gptblock import lesson
+        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
+        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
+    """
+    common = (n for n in signature(factory) if n in COMMON_ARGUMENTS and n not in given)
+    return {**given, **{n: COMMON_ARGUMENTS[n] for n in common}}
 
 
 def arg_line(values: Mapping[str, object]) -> str:
@@ -65,9 +86,7 @@ def fit_arguments(
     fitted: dict[str, object] = {n: v for n, v in given.items() if n in names}
     name = getattr(factory, "__qualname__", repr(factory))
     notes = []
-    for n, v in given.items():
-        if n in names:
-            continue
+    for n, v in ((n, v) for n, v in given.items() if n not in names):
         role = next((r for r in _ROLES if n in r), ())
         to = next((p for p in names if p in role and p not in given and p not in fitted), None)
         if to is not None:
@@ -112,33 +131,31 @@ def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> Us
 
 def complete(
     factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
-    defaults: Mapping[str, object], sizes: Mapping[str, object],
+    sizes: Mapping[str, int],
 ) -> dict[str, object]:  # fmt: skip
     """``args`` with a layer index (``layer_idx`` 0), and a config object where ``factory``
-    takes one nobody gave: its dataclass or own class called with ``given``, ``defaults`` and
-    ``sizes``, else a namespace. Attributes the block reads and nobody gave are asked for."""
+    takes one nobody gave: its dataclass or own class called with ``given`` and ``sizes`` (a
+    namespace: the common arguments of them), else a namespace. Attributes the block reads and
+    nobody gave are asked for."""
     name = getattr(factory, "__qualname__", repr(factory))
-    args = dict(args)
-    missing = [p for p in parameters(factory) if p.default is p.empty and p.name not in args]
-    for p in missing:
-        if (index := _index(p.name)) is not None:
-            args[p.name] = index
+    params = parameters(factory)
+    missing = [p for p in params if p.default is p.empty and p.name not in args]
+    args = {**args, **{p.name: i for p in missing if (i := _index(p.name)) is not None}}
     missing = [p for p in missing if p.name not in args]
     if not missing:
         return args
-    configs = [p for p in missing if p.name.lower() in CONFIG_NAMES or config_class(factory, p)]
-    if len(configs) != 1 or len(missing) != 1:
+    param, cls = missing[0], config_class(factory, missing[0])
+    if len(missing) != 1 or not (cls or param.name.lower() in CONFIG_NAMES):
         values = {p.name: guess(p.name) for p in missing}
         if builds(factory, {**args, **values}):
             raise _needs(name, "it", values, "this builds it")
         raise UserValueError(
             f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
         )
-    (param,) = missing
-    own = {p.name for p in parameters(factory)} - {param.name}
+    own = {p.name for p in params} - {param.name}
     rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
-    cls = config_class(factory, param)
-    values = {"bias": True, **defaults, **given}  # bias: not a size, but in most configs
+    common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
+    values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
     known: set[str] | None = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)

@@ -17,7 +17,14 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.calls import source as source_file
 from ..serve.subject import first_tensor
-from .arguments import arg_line, builds, complete, fit_arguments
+from .arguments import (
+    COMMON_ARGUMENTS,
+    arg_line,
+    builds,
+    complete,
+    fill_common_arguments,
+    fit_arguments,
+)
 from .sizes import (
     KINDS,
     file_sizes,
@@ -35,28 +42,7 @@ __all__ = [
     "width",
 ]  # fmt: skip
 
-# small values for the arguments most blocks take; dropout non-zero, so that dropout left on in
-# eval mode shows up
-COMMON_ARGUMENTS: dict[str, object] = {
-    **dict.fromkeys(("n_embd", "d_model", "embed_dim"), 32),
-    **dict.fromkeys(("n_head", "n_heads", "num_heads", "nhead"), 4),
-    **{"block_size": 16, "dropout": 0.1},
-}
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
-
-
-def fill_common_arguments(
-    factory: Callable[..., Any], given: Mapping[str, object]
-) -> dict[str, object]:
-    """``given`` plus a small value for every common argument ``factory`` takes.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> fill_common_arguments(lesson.Block, {"n_head": 2})
-        {'n_head': 2, 'n_embd': 32, 'block_size': 16, 'dropout': 0.1}
-    """
-    common = (n for n in signature(factory) if n in COMMON_ARGUMENTS and n not in given)
-    return {**given, **{n: COMMON_ARGUMENTS[n] for n in common}}
 
 
 @dataclasses.dataclass
@@ -94,7 +80,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     params = signature(target)
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
-    size_names = {n for kind in KINDS.values() for n in kind}
+    size_names = {n for k in KINDS.values() for n in k.names}
     taken = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
     given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
     sized = [  # a size argument without a default, or with a number: None may mean "none"
@@ -105,8 +91,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         target, {**{n: values[n] for n in sized if n in values}, **given}
     )
     check_sizes(filled, kwargs)
-    common = {n: values.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
-    args = complete(target, filled, given, common, values)
+    args = complete(target, filled, given, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in settings(target)[1] if n in values})
     plain = (type(None), int, float, str, bool)
@@ -115,8 +100,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
-    notes, C = fitted + sizes.origins(shown) + called, sizes.values.get("width")
-    return Built(module, description, sizes.label(shown), notes, undo, args, C)
+    label, origins = sizes.said(shown)
+    return Built(
+        module, description, label, fitted + origins + called, undo, args, sizes.values.get("width")
+    )
 
 
 def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
@@ -196,7 +183,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
         return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
 
     sizes: dict[str, int] = {}
-    for name in (n for kind in KINDS.values() for n in kind if n in args):
+    for name in (n for k in KINDS.values() for n in k.names if n in args):
         size = number(value := args[name])
         if size is None or size > LARGEST:
             hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
@@ -207,9 +194,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
                 "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
             )
         sizes[name] = size
-    first = {
-        kind: next((n for n in kind_names if n in sizes), "") for kind, kind_names in KINDS.items()
-    }
+    first = {kind: next((n for n in k.names if n in sizes), "") for kind, k in KINDS.items()}
     wide, heads, kv = first["width"], first["heads"], first["kv_heads"]
     if wide and heads and not first["head_size"] and sizes[wide] % sizes[heads]:
         C = sizes[wide]
@@ -228,7 +213,7 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
     """C: the first candidate (an argument, an attribute, a layer's width, its parameters'
     sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
-    candidates = _said(module, kwargs, KINDS["width"])
+    candidates = _said(module, kwargs, KINDS["width"].names)
     for m in module.modules():
         if isinstance(m, nn.LayerNorm) and m.normalized_shape:
             candidates.append(int(m.normalized_shape[-1]))
@@ -266,7 +251,7 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 
 def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
     """The longest sequence the block accepts, by its arguments or a causal-mask buffer."""
-    said = _said(module, kwargs, KINDS["length"])
+    said = _said(module, kwargs, KINDS["length"].names)
     masks = [
         int(b.shape[-1])
         for b in module.buffers()

@@ -1,7 +1,5 @@
-"""The sizes a block is checked at: the file's own (``file_sizes``), another valid set
-(``other_sizes``) and the arguments that build it (``plan``: found by value rather than by name,
-``hid_dim``, ``n_state``...: of the numbers the block was built with, the measured width C is the
-width, 2C..8C a hidden width, C / nh (nh heads) the head size; a name says what a value cannot),
+"""The sizes a block is checked at (one table of their kinds, ``KINDS``): the file's own
+(``file_sizes``), other valid sets (``size_sets``) and the arguments that build it (``plan``),
 and one report of the two checks (``combine``).
 """
 
@@ -18,24 +16,52 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
-    "names", "not_other", "number", "other_sizes", "parameters", "patch_globals", "plan",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
+    "names", "not_other", "number", "parameters", "patch_globals", "plan",
     "settings", "signature", "size_sets",
 ]  # fmt: skip
 
-# each kind of size and its names (``dim`` is a width only as an argument or a setting:
-# ``nn.Softmax`` has a ``.dim``)
-KINDS: dict[str, tuple[str, ...]] = {
-    "width": ("n_embd", "d_model", "embed_dim", "hidden_size", "dim"),
-    "heads": ("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"),
-    "kv_heads": ("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
-    "head_size": ("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"),
-    "length": ("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of size: its names (the first ``common`` common arguments), its ``value`` where
+    the file gives none (and ``guess``'s, for a name with a part of ``guess``), its word in a
+    label; ``kind_of`` knows it by ``also``, a part of each of ``parts``, a word of ``words``."""
+
+    names: tuple[str, ...]
+    value: int | None = None
+    common: int = 0
+    short: str = ""
+    guess: tuple[str, ...] = ()
+    parts: tuple[tuple[str, ...], ...] = ()
+    words: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+
+
+# ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; ``kind_of``
+# knows no width: a width is found by value, its multiples too
+KINDS: dict[str, Kind] = {  # in a label's order
+    "width": Kind(("n_embd", "d_model", "embed_dim", "hidden_size", "dim"), 32, 3, "C",
+                  ("embd", "d_model", "dim", "hidden", "width", "embed", "channels")),
+    "heads": Kind(("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4,
+                  4, "nh", ("head",), (("head",),)),
+    "kv_heads": Kind(("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
+                     short="kv heads", parts=(("head", "group"), ("kv", "key", "query"))),
+    "head_size": Kind(("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"), short="hs",
+                      parts=(("head",), ("dim", "size", "d_")),
+                      also=("d_kv", "dk", "dv", "kv_channels")),
+    "length": Kind(("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
+                   16, 1, "T max", ("block", "ctx", "len", "seq", "position", "context", "window"),
+                   (("block_size", "len", "ctx", "context", "seq", "position", "max_t"),),
+                   ("pos", "tokens", "t")),
+}  # fmt: skip
+# not a size, whatever else the name says
+_OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansion", "window",
+              "seed", "batch", "rotary", "theta", "depth", "bucket", "stride", "kernel"),),
+              words=("id", "idx", "index", "base"))  # fmt: skip
+DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
-
-CHECKER = {"width": 32, "heads": 4, "length": 16}  # a kind the file uses but gives no value
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 16, 8, 12, 16...
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
@@ -49,19 +75,19 @@ class Sizes:
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def label(self, used: Mapping[str, object]) -> str:
-        """``n_embd=64, n_head=4``: one name ``used`` has for each kind."""
-        found = (next((n for n in kind if n in used), None) for kind in KINDS.values())
-        return ", ".join(f"{n}={used[n]!r}" for n in found if n is not None) or "its own sizes"
-
-    def origins(self, shown: Mapping[str, object]) -> list[str]:
+    def said(self, shown: Mapping[str, object]) -> tuple[str, list[str]]:
+        """The label, ``n_embd=64, n_head=4`` (the first name ``shown`` has of each kind), and
+        the notes of where the sizes came from."""
+        first = {kind: next((n for n in k.names if n in shown), None) for kind, k in KINDS.items()}
+        label = ", ".join(f"{n}={shown[n]!r}" for n in first.values() if n is not None)
         by_source: dict[str, list[str]] = {}
         for kind, source in self.sources.items():
             if source not in ("--arg", "the checker"):
-                name = next((n for n in KINDS[kind] if n in shown), KINDS[kind][0])
+                name = first[kind] or KINDS[kind].names[0]
                 by_source.setdefault(source, []).append(f"{name}={self.values[kind]}")
         said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
-        return ([f"built at the file's sizes: {said}"] if said else []) + list(self.notes)
+        notes = [f"built at the file's sizes: {said}"] if said else []
+        return label or "its own sizes", notes + list(self.notes)
 
 
 def number(value: object) -> int | None:
@@ -134,23 +160,22 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     )
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
-    for kind, kind_names in KINDS.items():
-        if not used & set(kind_names):
+    for kind, k in KINDS.items():
+        if not used & set(k.names):
             continue
         for source, where in places:
-            value = next((v for n in kind_names if n in where and (v := number(where[n]))), None)
+            value = next((v for n in k.names if n in where and (v := number(where[n]))), None)
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
                 values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
                 break
-        else:
-            if kind in CHECKER:
-                values[kind], sources[kind] = CHECKER[kind], "the checker"
-    C = values.get("width")
-    if used & set(KINDS["head_size"]) and "head_size" not in values and C and "heads" in values:
-        values["head_size"], sources["head_size"] = C // values["heads"], "the checker"
+        else:  # the checker's; a head size C / nh
+            C, nh = values.get("width"), values.get("heads")
+            value = C // nh if kind == "head_size" and C and nh else k.value
+            if value is not None:
+                values[kind], sources[kind] = value, "the checker"
     # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
     # head), as the checker's mistakes show at any size
-    notes, nh, L = [], values.get("heads", 1), values.get("length")
+    notes, C, nh, L = [], values.get("width"), values.get("heads", 1), values.get("length")
     if C and C > LARGEST_IMPLIED["width"] and sources.get("width") != "--arg" and nh <= 16:
         values["width"] = 16 * nh
         if "head_size" in values:
@@ -162,18 +187,14 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     return Sizes(values, sources, tuple(notes))
 
 
-def other_sizes(sizes: Sizes) -> Sizes | None:
-    """Another valid set, with a different width, head count, head size and length.
+def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
+    """Other valid sets, each with a different width, head count, head size and length; with
+    ``hints``, more, to try for a block not built at its file's.
 
     Example:
-        >>> other_sizes(Sizes({"width": 32, "heads": 4, "length": 16})).values
+        >>> size_sets(Sizes({"width": 32, "heads": 4, "length": 16}))[0].values
         {'width': 48, 'heads': 3, 'length': 24}
     """
-    return next(iter(size_sets(sizes)), None)
-
-
-def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
-    """Other valid sets; with ``hints``, to try for a block not built at its file's."""
     v = sizes.values
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
@@ -200,7 +221,7 @@ def names(sizes: Sizes) -> dict[str, int]:
         >>> names(Sizes({"heads": 2}))["n_head"], names(Sizes({"heads": 2}))["num_heads"]
         (2, 2)
     """
-    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind]}
+    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind].names}
 
 
 def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
@@ -241,15 +262,6 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
     )
 
 
-_NOT_SIZES = ("layer", "vocab", "ratio", "mult", "factor", "expansion", "window", "seed", "batch",
-              "rotary", "theta", "depth", "bucket", "stride", "kernel")  # fmt: skip
-_NOT_SIZE_WORDS = {"id", "idx", "index", "base"}
-_LENGTHS = ("block_size", "len", "ctx", "context", "seq", "position", "max_t")
-_HEAD_SIZES = {"d_k", "d_v", "d_kv", "dk", "dv", "kv_channels", "d_head"}
-_ORDER = ("width", "heads", "kv_heads", "head_size", "C", "length")
-_WHY = {"width": "C", "heads": "nh", "kv_heads": "kv heads", "head_size": "hs", "length": "T max"}
-
-
 def kind_of(name: str) -> str | None:
     """What a name says its number is: a kind, ``other`` (not a size), or None (the value decides).
 
@@ -261,16 +273,14 @@ def kind_of(name: str) -> str | None:
     """
     lower = name.lower()
     words = set(lower.split("_"))
-    if any(w in lower for w in _NOT_SIZES) or words & _NOT_SIZE_WORDS:
-        return "other"
-    if lower in _HEAD_SIZES or ("head" in lower and any(w in lower for w in ("dim", "size", "d_"))):
-        return "head_size"
-    if ("head" in lower or "group" in lower) and any(w in lower for w in ("kv", "key", "query")):
-        return "kv_heads"  # n_kv_heads, num_key_value_heads, litgpt's n_query_groups
-    if "head" in lower:
-        return "heads"
-    if any(w in lower for w in _LENGTHS) or words & {"pos", "tokens", "t"}:
-        return "length"
+    for kind in ("other", "head_size", "kv_heads", "heads", "length"):  # the first that says
+        k = KINDS.get(kind, _OTHER)
+        if (
+            lower in k.names + k.also
+            or (k.parts and all(any(w in lower for w in part) for part in k.parts))
+            or words & set(k.words)
+        ):
+            return kind
     return None
 
 
@@ -315,7 +325,9 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
 
 def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
     """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
-    of the build at the file's sizes; None when no number is a size.
+    of the build at the file's sizes, found by value, whatever their names (of the numbers it
+    was built with, C is the width, 2C..8C a hidden width, C / nh the head size; a name says
+    what a value cannot); None when no number is a size.
 
     Example:
         >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
@@ -328,18 +340,15 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
     globals_ = settings(factory)[1]
     found = [*top.items(), *(x for f in configs.values() for x in f.items()), *globals_.items()]
-    leaves = [(n, v) for n, x in found if (v := number(x)) is not None]
-
-    def by_name(kind: str, divides: int) -> int | None:
-        return next((v for n, v in leaves if kind_of(n) == kind and divides % v == 0), None)
-
-    nh = by_name("heads", C)
-    fewer = [v for n, v in leaves if kind_of(n) == "heads" and nh and v < nh and nh % v == 0]
-    kv = (by_name("kv_heads", nh) if nh else None) or next(iter(fewer), None)  # fewer: kv heads
-    hs = next((v for n, v in leaves if kind_of(n) == "head_size"), C // nh if nh else None)
-    L = next((v for n, v in leaves if kind_of(n) == "length"), None)
+    leaves = [(kind_of(n), v) for n, x in found if (v := number(x)) is not None]
+    nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
+    kv = next((v for k, v in leaves if k == "kv_heads" and nh and nh % v == 0), None) or next(
+        (v for k, v in leaves if k == "heads" and nh and v < nh and nh % v == 0), None
+    )  # the fewer of two head counts: key/value heads
+    hs = next((v for k, v in leaves if k == "head_size"), C // nh if nh else None)
+    L = next((v for k, v in leaves if k == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
-    other = other_sizes(Sizes({k: v for k, v in measured.items() if v is not None}))
+    other = next(iter(size_sets(Sizes({k: v for k, v in measured.items() if v is not None}))), None)
     if other is None:
         return None
     new = other.values
@@ -373,9 +382,11 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     values = {**patched, **in_configs, **top_changes}
     out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
     # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
-    rank = {n: _ORDER.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
+    order = [*[*KINDS][:4], "C", "length"]  # a multiple of the width after the head size
+    rank = {n: order.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
     shown = []
     for n in sorted(said, key=rank.__getitem__):
-        why = "" if n in KINDS.get(said[n], ()) else f" ({_WHY.get(said[n], said[n])})"
+        k = KINDS.get(said[n])
+        why = "" if k and n in k.names else f" ({k.short if k else said[n]})"
         shown.append(f"{n}={values[n]!r}{why}")
     return Plan(out, other, patched, ", ".join(shown))

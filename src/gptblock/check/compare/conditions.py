@@ -1,5 +1,5 @@
 """A match confirmed (``confirm``): on fresh inputs, in its input gradient, and held where a
-learner runs the block (``hold``: float32, train mode, T up to block_size, B up to 64) in an
+learner runs the block (float32, train mode, T up to block_size, B up to 64) in an
 order the block cannot foresee. docs/checker.md, "Where a learner runs it", says why each.
 """
 
@@ -16,7 +16,7 @@ from ..serve.subject import Probed
 
 __all__ = [
     "FLOAT32_TOLERANCE", "GRADIENT_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm",
-    "hold", "input_gradient_error",
+    "input_gradient_error",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -53,7 +53,7 @@ class Condition:
 
 
 def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
-    """The calls ``hold`` makes, in a random order drawn from ``fresh``.
+    """The calls ``confirm`` makes, in a random order drawn from ``fresh``.
 
     Example:
         >>> from gptblock.check.serve.subject import Subject
@@ -82,43 +82,6 @@ def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
     ]
     order = torch.randperm(len(table), generator=fresh).tolist()
     return [Condition(*table[i]) for i in order]
-
-
-def hold(
-    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
-    backward: bool = True,
-) -> Finding | str:  # fmt: skip
-    """A failed comparison naming where the block is not ``reference`` (float64), else ``""`` or
-    a note (train mode random); with ``backward`` its float32 input gradient is held too."""
-    off: list[tuple[Condition, float]] = []
-    held: list[Condition] = []
-    note = ""
-    for c in conditions(subject, fresh):
-        x = _input(c, subject.C, fresh)
-        error = _error(subject, reference, c, x)
-        if isinstance(error, str):
-            return _off(
-                f"equal under the checker's conditions, but the block {error} at {c.describe()}"
-            )
-        if error <= c.tolerance:
-            held.append(c)
-        elif c.train and _random(subject, x):
-            note = (
-                "train mode not compared: the block's train-mode outputs are random even with "
-                "every dropout off"
-            )
-        else:
-            off.append((c, error))
-    if off:
-        return _off(_mismatch(subject, reference, fresh, held, off))
-    if backward and subject.dtype == torch.float64:
-        error = input_gradient_error(subject, reference, fresh, torch.float32)
-        if not error <= FLOAT32_GRADIENT_TOLERANCE:
-            return _off(
-                "the block's outputs are the reference's, but in float32 its gradient with "
-                f"respect to its input is not (off by {_size(error)})"
-            )
-    return note
 
 
 def input_gradient_error(
@@ -231,12 +194,14 @@ def _mismatch(
 
 def confirm(
     subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
-    fresh: torch.Generator, backward: bool, what: str, whose: str, conditions: bool,
-) -> Finding | str:  # fmt: skip
+    fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
+    notes: list[str],
+) -> Finding | None:  # fmt: skip
     """A failed comparison when ``reference`` (``what``) does not reproduce the block on fresh
     (*first, C) and (T, T, C) inputs or, for ``whose`` block ("lessons", "modern"), in its
-    input gradient (``backward``) and, with ``conditions``, under ``hold``; else ``""`` or a
-    note. Raises ValueError or RuntimeError when ``reference`` cannot run."""
+    input gradient (``backward``: also in float32) and, with ``learner``, where a learner
+    runs it (float64 ``reference``); else None, a note added to ``notes``. Raises ValueError
+    or RuntimeError when ``reference`` cannot run."""
     for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():
@@ -255,7 +220,7 @@ def confirm(
                 "fixed block"
             )
     if not whose:
-        return ""  # the block fails already: a mistake
+        return None  # the block fails already: a mistake
     if backward:  # else its backward pass fails already
         error = input_gradient_error(subject, reference, fresh)
         if not error <= GRADIENT_TOLERANCE:
@@ -264,4 +229,33 @@ def confirm(
                 f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
                 "not its forward pass's"
             )
-    return hold(subject, reference, fresh, backward) if conditions else ""
+    if not learner:
+        return None
+    off: list[tuple[Condition, float]] = []
+    held: list[Condition] = []
+    note = ""
+    for c in conditions(subject, fresh):
+        x = _input(c, subject.C, fresh)
+        got = _error(subject, reference, c, x)
+        if isinstance(got, str):
+            return _off(
+                f"equal under the checker's conditions, but the block {got} at {c.describe()}"
+            )
+        if got <= c.tolerance:
+            held.append(c)
+        elif c.train and _random(subject, x):
+            note = ("train mode not compared: the block's train-mode outputs are random even "
+                    "with every dropout off")  # fmt: skip
+        else:
+            off.append((c, got))
+    if off:
+        return _off(_mismatch(subject, reference, fresh, held, off))
+    if backward and subject.dtype == torch.float64:
+        error = input_gradient_error(subject, reference, fresh, torch.float32)
+        if not error <= FLOAT32_GRADIENT_TOLERANCE:
+            return _off(
+                "the block's outputs are the reference's, but in float32 its gradient with "
+                f"respect to its input is not (off by {_size(error)})"
+            )
+    notes += [note] if note else []
+    return None

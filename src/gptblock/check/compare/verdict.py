@@ -66,6 +66,7 @@ class Compared:
     alternatives: list[list[str]] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
     traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
+    verify: str = ""  # the --map that would read the weights, when they could not be
 
 
 def decide(
@@ -80,68 +81,46 @@ def decide(
     chosen = choose(service.parameters(), subject.C, weights)
     service.set_parameters(chosen)
     notes = [service.note] if service.note else []
-    results: list[ProbeResult] = []
     findings: list[Finding] = []
+    implied: dict[str, str] = {}  # the mistakes the probes prove, with what was measured
+    stop = False
     for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
         try:
-            results.append(probe(subject))
+            result = probe(subject)
         except CAUGHT as e:  # a block that raises fails that probe instead of stopping the check
-            results.append(ProbeResult(False, f"the block raised {one_line(e)}"))
-        findings.append(Finding(name, results[-1].passed, results[-1].message))
+            result = ProbeResult(False, f"the block raised {one_line(e)}")
+        findings.append(Finding(name, result.passed, result.message))
         progress.finding(findings[-1])
-        if results[-1].stop:
+        implied.update({result.implies: result.message} if result.implies else {})
+        if stop := result.stop:
             notes.append("the other checks need the shape contract and were not run")
             break
-    implied = [r.implies for r in results if r.implies]  # mistakes the probes prove
-    details = {r.implies: r.message for r in results if r.implies}
-    verify, dropout = "", ""
-    modern: dict[str, Any] = {}
     done = Compared(None)  # the comparison, with the modern or the lessons' reference
-    random = not results[-1].stop and "dropout_in_eval" in implied
-    if random:
+    dropout = ""
+    if not stop and "dropout_in_eval" in implied:
         progress.stage("switching the block's dropout off")
-        dropout = service.dropout_off()
+        if not (dropout := service.dropout_off()):
+            notes.append("no comparison with the reference: the outputs are random in eval mode")
+            stop = True
     backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
-    if random and not dropout:
-        notes.append("no comparison with the reference: the outputs are random in eval mode")
-    elif not results[-1].stop:
-        if not roles:
-            progress.stage("the modern reference comparison")
-            modern = service.modern()  # {} for the lessons' block
-        if modern.get("finding", 0) is None:  # a part the references do not model: not compared
-            notes.extend(modern["notes"])
-        elif modern.get("finding"):
-            notes.extend(modern["notes"])
-            done = _modern_compared(service, modern, chosen, fresh, backward, notes, progress)
-        else:
-            if dropout:
-                notes.append(f"compared with every dropout of the block {dropout}")
-            progress.stage("reading the weights from the forward pass")
-            unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
-            if isinstance(unpacked, str):
-                notes.append(f"weights not read, black-box results only: {unpacked}")
-                if not again:
-                    progress.stage("suggesting a --map")
-                    verify = service.suggest()
-            else:
-                done = _lessons_compared(subject, *unpacked, chosen, fresh, backward, again,
-                                         modern.get("scope", []), notes, progress)  # fmt: skip
+    if not stop:
+        done = _compared(service, roles, chosen, fresh, backward, again, dropout, notes, progress)
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
     found = done.mistakes  # the mistakes the reference comparison reproduces
-    details.update(done.details)
+    details = {**implied, **done.details}
     if done.traced is not None and not again:  # a PASS: does every parameter act?
         found = account(
             service.set_parameters, subject, chosen, done.traced, fresh, findings, details
         )
-    diagnosis = _diagnose(found, implied)
-    alternatives = [a for a in (_diagnose(o, implied) for o in done.alternatives) if a != diagnosis]
+    diagnosis = _diagnose(found, list(implied))
+    alternatives = [a for o in done.alternatives if (a := _diagnose(o, list(implied))) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
     compared = done.finding is not None
     return CheckReport(
-        description, findings, diagnosis, details, notes, alternatives, compared, verify
+        description, findings, diagnosis, details, notes, alternatives, compared, done.verify
     )
 
 
@@ -183,55 +162,61 @@ def account(
     return ["unused_parameters"]
 
 
-def _modern_compared(
-    service: Service, modern: Mapping[str, Any], chosen: Mapping[str, Tensor],
-    fresh: torch.Generator, backward: bool, notes: list[str], progress: Progress,
+def _compared(
+    service: Service, roles: Mapping[str, str], chosen: Mapping[str, Tensor],
+    fresh: torch.Generator, backward: bool, again: bool, dropout: str, notes: list[str],
+    progress: Progress,
 ) -> Compared:  # fmt: skip
-    """The modern comparison's finding: its PASS, read from the block's process's traces, is a
-    claim until the parts are held to the chosen weights and confirmed here."""
+    """The comparison with the modern reference or the lessons', a match confirmed (the modern
+    one's PASS, read from the block's process's traces, is a claim until then)."""
     subject = service.tested
-    finding = Finding(*modern["finding"])
-    if not finding.passed or finding.label == "FOUND":
-        return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
-    progress.stage("confirming the modern comparison on fresh inputs")
-    received = unpack_modern(modern, subject.C, subject.dtype, chosen)
-    what = "the modern block rebuilt from the parts its process sent"
-    try:
-        if isinstance(received, str):
-            why: Finding | str = received
-        else:
-            rebuilt, traced = received
-            why = confirm(
-                subject, rebuilt.run, (2, subject.T), fresh, backward, what, "modern", True
-            )
-            if isinstance(why, str):
-                notes += [why] if why else []
-                return Compared(finding, traced=traced)
-    except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
-        why = f"the parts sent cannot be run as a block ({one_line(e)})"
-    if isinstance(why, Finding):
-        return Compared(why)
-    if service.trusted:
-        return Compared(finding)
-    notes.append(
-        "the modern block's comparison, read from the traces the block's process sent, is "
-        f"not confirmed outside it ({why}): not verified (check_in_process, for code you "
-        "trust, gives its verdict)"
-    )
-    return Compared(None)
-
-
-def _lessons_compared(
-    subject: Probed, readings: Readings, read: list[dict[str, list[Tensor]]],
-    chosen: Mapping[str, Tensor], fresh: torch.Generator, backward: bool, again: bool,
-    scope: list[str], notes: list[str], progress: Progress,
-) -> Compared:  # fmt: skip
-    """The lessons' comparison, its match confirmed; no match with a part no reference models
-    (``scope``) is out of scope, not FAIL."""
+    modern: dict[str, Any] = {}
+    if not roles:
+        progress.stage("the modern reference comparison")
+        modern = service.modern()  # {} for the lessons' block
+    if "finding" in modern:  # None: a part the references do not model: not compared
+        notes.extend(modern["notes"])
+        if modern["finding"] is None:
+            return Compared(None)
+        finding = Finding(*modern["finding"])
+        if not finding.passed or finding.label == "FOUND":
+            return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
+        progress.stage("confirming the modern comparison on fresh inputs")
+        received = unpack_modern(modern, subject.C, subject.dtype, chosen)
+        said = received if isinstance(received, str) else ""
+        try:
+            if not isinstance(received, str):
+                what = "the modern block rebuilt from the parts its process sent"
+                why = confirm(subject, received[0].run, (2, subject.T), fresh, backward, what,
+                              "modern", True, notes)  # fmt: skip
+                return Compared(finding, traced=received[1]) if why is None else Compared(why)
+        except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
+            said = f"the parts sent cannot be run as a block ({one_line(e)})"
+        if service.trusted:
+            return Compared(finding)
+        notes.append(
+            "the modern block's comparison, read from the traces the block's process sent, is "
+            f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
+            "trust, gives its verdict)"
+        )
+        return Compared(None)
+    if dropout:
+        notes.append(f"compared with every dropout of the block {dropout}")
+    progress.stage("reading the weights from the forward pass")
+    unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
+    if isinstance(unpacked, str):
+        notes.append(f"weights not read, black-box results only: {unpacked}")
+        if again:
+            return Compared(None)
+        progress.stage("suggesting a --map")
+        return Compared(None, verify=service.suggest())
+    readings, read = unpacked
+    scope = modern.get("scope", [])  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
     try:
         result, reading = _explain(subject, readings)
-        finding, match = _finding(result), result.match
+        match = result.match
+        finding = _finding(result)
         if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
             scope = []
             progress.stage("confirming the comparison on fresh inputs and conditions")
@@ -241,11 +226,9 @@ def _lessons_compared(
             reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
             B, T, _ = readings.x.shape
             held = confirm(subject, reference, (B, T), fresh, backward, match.describe(),
-                           "lessons" if full else "", full and not again)  # fmt: skip
-            if isinstance(held, Finding):
+                           "lessons" if full else "", full and not again, notes)  # fmt: skip
+            if held is not None:
                 finding, match = held, None
-            elif held:
-                notes.append(held)
     except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
         notes.append(readings.describe(0))
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
