@@ -20,7 +20,7 @@ Its rooms, in the order they import each other (each uses only the rooms before 
 Shapes: B batch, T time, C channels.
 """
 
-from .building.build import COMMON_ARGUMENTS, fill_common_arguments
+from .building.arguments import COMMON_ARGUMENTS, fill_common_arguments
 from .building.target import load_target, parse_argument
 from .isolation.check import DEFAULT_TIMEOUT, check_isolated
 from .mistakes.catalogue import MISTAKES

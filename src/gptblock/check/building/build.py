@@ -37,10 +37,7 @@ from .sizes import (
     size_sets,
 )
 
-__all__ = [
-    "COMMON_ARGUMENTS", "Built", "build_at", "check_sizes", "fill_common_arguments", "max_length",
-    "width",
-]  # fmt: skip
+__all__ = ["Built", "build_at", "check_sizes", "max_length", "width"]
 
 LARGEST = 8192  # widths and lengths the checker builds: its mistakes show at any size (32 here)
 
