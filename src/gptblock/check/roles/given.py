@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from ...errors import UserValueError
 from .mapping import QKV, ROLES, SHAPES, fits, resolve_roles
-from .parts import Part, _affine, named_parts, paired_bias, tensor_ids
+from .parts import Given, Matrix, Part, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
 __all__ = [
@@ -29,21 +29,6 @@ Tensor = torch.Tensor
 
 _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>\w+))?$")
 _BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
-
-
-@dataclass(frozen=True)
-class Given:
-    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text.
-
-    Example:
-        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
-        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out')
-    """
-
-    path: str
-    slices: tuple[slice, ...] | None
-    layout: str
-    text: str
 
 
 Map = dict[str, "Given | None"]  # role -> its parsed value (None: a name for resolve_roles)
@@ -95,42 +80,6 @@ def _slice(text: str, bound: str) -> slice:
     return slice(start, stop)
 
 
-class _Matrix(nn.Module):
-    """Read from the live parameter at each call: the checker sets it."""
-
-    role: str
-    weight_of: Tensor
-    bias_of: Tensor | None
-    given: Given
-
-    def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
-        super().__init__()
-        # plain attributes, not parameters: the block owns them
-        self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
-
-    def canonical(self) -> tuple[Tensor, Tensor | None]:
-        g, w, b = self.given, self.weight_of.detach(), self.bias_of
-        b = b.detach() if b is not None else None
-        in_out = g.layout == "in_out"
-        if g.slices is not None:
-            out = g.slices[w.dim() - (1 if in_out else 2)]  # the stored dimension of the output
-            w = w[g.slices]
-            if b is not None:  # (nh, hs) per head: heads, output
-                b = b[g.slices[0], out] if b.dim() == 2 == w.dim() - 1 else b[out]
-        w = w.transpose(-1, -2) if in_out else w  # (out, in), or (nh, out_h, in_h) per head
-        if w.dim() == 3:
-            nh, out_h, in_h = w.shape
-            if self.role == "proj":  # heads concatenate the input: (C, nh*hs)
-                w = w.permute(1, 0, 2).reshape(out_h, nh * in_h)
-            else:  # heads concatenate the output: (nh*hs, C)
-                w = w.reshape(nh * out_h, in_h)
-            b = b.reshape(-1) if b is not None else None
-        return w, b
-
-    def forward(self, h: Tensor) -> Tensor:
-        return _affine(*self.canonical())(h)
-
-
 def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
     """A ``linear`` part for ``role`` read from ``g``, its place ``index``; a UserValueError
     where it cannot be the role."""
@@ -165,11 +114,11 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
     for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
-        m = _Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
+        m = Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
         w, b = m.canonical()
-        if _fits(role, tuple(w.shape), C):
+        if fits(role, tuple(w.shape), C):
             break
-    if not _fits(role, tuple(w.shape), C):
+    if not fits(role, tuple(w.shape), C):
         raise UserValueError(
             f"{say}: reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with "
             f"C = {C}; check the slice, or the layout (out_in / in_out)"
@@ -181,10 +130,6 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
         )
     params = (g.path, bias) if bias else (g.path,)
     return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
-
-
-def _fits(role: str, shape: tuple[int, ...], C: int) -> bool:
-    return fits(role, shape, C) and (role != "qkv" or shape[0] % 3 == 0)
 
 
 @dataclass(frozen=True)
@@ -274,7 +219,7 @@ def _linear(
                 f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
                 f"{role} is a {SHAPES[role]} weight"
             )
-        options = {p.shape_as(False), p.shape_as(True)} - {None}
+        options = {p.shape, p.laid(True).shape} - {None}
         fit = sorted(s for s in options if s is not None and fits(role, s, C))
         if options and not fit:
             raise UserValueError(

@@ -70,7 +70,6 @@ class _Candidate:  # one assignment of the parts to roles
     roles: dict[str, Part]  # the plain linear parts' roles
     heads: Heads
     attn: Part | None  # an nn.MultiheadAttention
-    in_out: bool  # raw matrices read as stored (in, out)
     score: float = 0.0
     D: int = 0
 
@@ -80,16 +79,15 @@ class _Candidate:  # one assignment of the parts to roles
 
     def width(self, C: int) -> int | None:
         roles = self.roles
-        shape = {r: s for r, p in roles.items() if (s := p.shape_as(self.in_out)) and fits(r, s, C)}
+        shape = {r: p.shape for r, p in roles.items() if p.shape and fits(r, p.shape, C)}
         if len(shape) < len(roles):
             return None
-        if self.form == "packed":
-            D = shape["qkv"][0] // 3 if shape["qkv"][0] % 3 == 0 else None
-        elif self.form == "separate":
+        D: int | None = shape["qkv"][0] // 3 if self.form == "packed" else None
+        if self.form == "separate":
             D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] else None
         elif self.form == "heads":
             D = sum(q.shape[0] for q, _, _ in self.heads if q.shape)
-        else:
+        elif self.form == "mha":
             D = C if self.attn and self.attn.mha.embed_dim == C else None
         if D is None or shape.get("proj", (C, D)) != (C, D):
             return None
@@ -119,7 +117,7 @@ class _Candidate:  # one assignment of the parts to roles
         return replace(self, roles=roles, heads=heads)
 
     def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
-        lin = {r: p.function(self.in_out) for r, p in self.roles.items()}
+        lin = {r: p.function() for r, p in self.roles.items()}
         packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
         fs = [[p.function() for p in g] for g in self.heads] or [[lin[r] for r in QKV if r in lin]]
 
@@ -141,13 +139,14 @@ class _Candidate:  # one assignment of the parts to roles
         for i, role in enumerate(QKV if self.form == "heads" else ()):
             names[role] = glob([g[i].name for g in self.heads])  # 'sa.heads.*.query'
         for role, part in sorted(self.roles.items(), key=lambda rp: ROLES.index(rp[0])):
-            matrix = part.kind == "matrix" and self.in_out
-            names[role] = part.name + (" (in, out)" if matrix else "")
+            names[role] = part.name
         return names
 
 
 def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
+    if role == "qkv" and shape[0] % 3:
+        return False
     return shape[1] == C if role in READS_C else shape[0] == C
 
 
@@ -300,11 +299,11 @@ def _assign(
         if any(r in single for r in ROLES[2:7] if r not in needed):
             continue  # the caller named a role this form does not have
         free = [r for r in needed if r not in single]
-        rest = [p for p in plain if p not in single.values()]
+        rest = [p.laid(in_out) for p in plain if p not in single.values()]
         for chosen in itertools.permutations(rest, len(free)):
-            roles = {r: single[r] for r in needed if r in single}
+            roles = {r: single[r].laid(in_out) for r in needed if r in single}
             roles |= dict(zip(free, chosen, strict=True))
-            c = _Candidate(form, roles, heads, mhas[0] if mhas else None, in_out)
+            c = _Candidate(form, roles, heads, mhas[0] if mhas else None)
             if (D := c.width(C)) is not None:
                 score = c.order_score(called) - 4.0 * (len(plain) - len(roles))
                 scored.append(replace(c, score=score, D=D))
@@ -318,9 +317,7 @@ def _assign(
         )
     best = max(c.score for c in scored)
     tied = [c for c in scored if c.score >= best - 1e-9]
-    keys = {
-        (c.form, c.in_out, tuple(sorted((r, p.name) for r, p in c.roles.items()))) for c in tied
-    }
+    keys = {(c.form, tuple(sorted((r, p.name) for r, p in c.roles.items()))) for c in tied}
     if len(keys) > 4:  # more readings than the comparison should try
         listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
         raise Unmapped(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
