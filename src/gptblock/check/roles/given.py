@@ -31,7 +31,7 @@ _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>
 _BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
 
 
-Map = dict[str, "Given | None"]  # role -> its parsed value (None: a name for resolve_roles)
+Map = dict[str, Given]  # role -> its parsed value
 
 
 def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
@@ -39,20 +39,20 @@ def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
     return {r: parse_given(module, text) for r, text in roles.items()}
 
 
-def parse_given(module: nn.Module, text: str) -> Given | None:
-    """A value with a slice or layout, or naming a 3-D parameter, else ``None`` (a name); a
-    UserValueError if not well formed.
+def parse_given(module: nn.Module, text: str) -> Given:
+    """A value, ``read`` as a matrix where it has a slice or layout or names a 3-D parameter,
+    else a name; a UserValueError if not well formed.
 
     Example:
         >>> block = nn.Linear(2, 2)
-        >>> parse_given(block, "weight"), parse_given(block, "heads.*.query")  # names, globs
-        (None, None)
+        >>> parse_given(block, "weight").read, parse_given(block, "heads.*.query").read  # names
+        (False, False)
         >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
         ('in_out', (slice(0, 2, None), slice(None, None, None)))
     """
     if "[" not in text and ":" not in text:
         p = dict(module.named_parameters()).get(text)
-        return Given(text, None, "", text) if p is not None and p.dim() == 3 else None
+        return Given(text, None, "", text, p is not None and p.dim() == 3)
     match = _SPEC.match(text.strip())
     if match is None:
         raise UserValueError(
@@ -66,7 +66,7 @@ def parse_given(module: nn.Module, text: str) -> Given | None:
     slices = None
     if match["slices"] is not None:
         slices = tuple(_slice(text, s) for s in match["slices"].split(","))
-    return Given(match["path"], slices, match["layout"] or "", text)
+    return Given(match["path"], slices, match["layout"] or "", text, True)
 
 
 def _slice(text: str, bound: str) -> slice:
@@ -139,47 +139,41 @@ class Fixed:
     roles: dict[str, list[Part]]  # every given role -> its parts
 
 
-def fix_roles(
-    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
-) -> Fixed:
-    """The parts ``roles`` names; a ValueError for a plain name that matches no part."""
-    sliced: dict[str, Part] = {}
-    for role, g in given.items():
-        if g is not None:
-            sliced[role] = given_part(module, C, role, g, len(parts) + len(sliced))
-    covered = {n for p in sliced.values() for n in p.params}
+def fix_roles(parts: list[Part], given: Map, read: dict[str, Part]) -> Fixed:
+    """The parts ``given`` names, ``read`` those read as matrices (``check_claims``); a
+    ValueError for a plain name that matches no part."""
+    covered = {n for p in read.values() for n in p.params}
     # a parameter given in slices is read only through them: its own part takes no role
     kept = [p for p in parts if not covered & set(p.params)]
-    plain = {r: n for r, n in roles.items() if r not in sliced}
-    ones = {r: [p] for r, p in sliced.items()}
-    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **ones})
+    plain = {r: g.text for r, g in given.items() if r not in read}
+    ones = {r: [p] for r, p in read.items()}
+    return Fixed(kept, [*kept, *read.values()], {**resolve_roles(kept, plain), **ones})
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
-def check_claims(
-    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
-) -> None:
-    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles.
+def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> dict[str, Part]:
+    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles; the
+    parts of those read as matrices (``given_part``), placed after ``parts``.
 
     Example:
         >>> from gptblock import lesson
         >>> from gptblock.check.roles.parts import discover
         >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), {"q": "ln1"}, {"q": None})
+        >>> check_claims(block, 16, discover(block), parse_map(block, {"q": "ln1"}))
         Traceback (most recent call last):
         ...
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
     # a name of no part: resolve_roles says so later, with the trace's names
-    found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
-    _one_weight_one_role(module, roles, given, found)
+    found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
+    _one_weight_one_role(module, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
-    for role, text in roles.items():
-        some = found[role]
+    for role, g in given.items():
+        some, text = found[role], g.text
         if len(some) > 1 and role not in QKV:
             one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
             names = ", ".join(p.name for p in some[:4])
@@ -191,7 +185,9 @@ def check_claims(
             )
         if some and role not in BRANCH:
             fitted[role] = _linear(role, text, some, C, named.get(text))
-    _between(roles, fitted)
+    _between(given, fitted)
+    read = [(r, g) for r, g in given.items() if g.read]
+    return {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
 
 
 def _what(p: Part) -> str:
@@ -229,7 +225,7 @@ def _linear(
     return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
 
 
-def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]]]) -> None:
+def _between(given: Map, fitted: Mapping[str, list[tuple[int, int]]]) -> None:
     """proj reads what q (or qkv) writes; fc2 reads what fc1 writes."""
     q = fitted.get("q") or [(s[0] // 3, s[1]) for s in fitted.get("qkv", [])]
     pairs = (("q" if "q" in fitted else "qkv", q, "proj"), ("fc1", fitted.get("fc1"), "fc2"))
@@ -237,30 +233,25 @@ def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]
         reads = fitted.get(second)
         if writes and reads and reads[0][1] != sum(s[0] for s in writes):
             raise UserValueError(
-                f"{second}={roles[second]} reads {reads[0][1]} channels, but {first}="
-                f"{roles[first]} writes {sum(s[0] for s in writes)}: {second} must read what "
+                f"{second}={given[second].text} reads {reads[0][1]} channels, but {first}="
+                f"{given[first].text} writes {sum(s[0] for s in writes)}: {second} must read what "
                 f"{first} writes"
             )
 
 
-def _one_weight_one_role(
-    module: nn.Module,
-    roles: Mapping[str, str],
-    given: Mapping[str, Given | None],
-    found: Mapping[str, list[Part]],
-) -> None:
+def _one_weight_one_role(module: nn.Module, given: Map, found: Mapping[str, list[Part]]) -> None:
     """ln1 and ln2 may share a norm: one LayerNorm for both branches."""
     shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
     held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}  # role -> names, slices
-    for role, text in roles.items():
-        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
-        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
+    for role, g in given.items():
+        ps = [p for p in found[role] if p.kind != "mha"]
+        held[role] = [(g.path, g.slices)] if g.read else [(n, None) for p in ps for n in (p.params if g.text not in p.params else (g.text,))]  # fmt: skip
     for a, b in itertools.combinations(held, 2):
         for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
             if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
                 what = "overlapping slices of" if sa and sb else "both name"
                 raise UserValueError(
-                    f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight cannot be both "
+                    f"{a}={given[a].text} and {b}={given[b].text}: {what} {path}; one weight cannot be both "
                     f"{a} and {b}"
                 )
 
@@ -273,14 +264,15 @@ def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tu
 
 
 def check_reading(
-    module: nn.Module, C: int, read: Reading, roles: Mapping[str, str], given: Map
-) -> None:
-    """Refuse roles that the forward pass, as ``read``, shows to be something else."""
+    module: nn.Module, C: int, read: Reading, given: Map, parts: Mapping[str, Part]
+) -> bool:
+    """Refuse roles that the forward pass, as ``read``, shows to be something else (``parts``:
+    those read as matrices); whether every role is named as it reads it (``qkv``: as q)."""
     held = {r: tensor_ids(module, *names) for r, names in read.params.items()}
-    for role, text in roles.items():
-        g = given[role]
-        path = g.path if g is not None else text
-        mine = tensor_ids(module, path)
+    agree = True
+    for role, g in given.items():
+        mine = tensor_ids(module, g.path)
+        agree = agree and not (g.slices or g.layout) and bool(mine & held.get("q" if role == "qkv" else role, set()))  # fmt: skip
         if not mine:
             continue  # no such part: said where the roles are resolved
         claimed = set(QKV) if role == "qkv" else {role}
@@ -289,14 +281,14 @@ def check_reading(
         users = [r for r in ROLES if mine & held.get(r, set())]
         there = f" (it reads {role} from {read.names[role]})" if role in read.names else ""
         if not claimed & set(users):
-            uses = f"uses {path} as {', '.join(users)}" if users else f"uses {path} for no role"
-            raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
-        if g is not None:
-            _holds(module, C, read, role, g)
+            uses = f"uses {g.path} as {', '.join(users)}" if users else f"uses {g.path} for no role"
+            raise UserValueError(f"{role}={g.text}: the forward pass {uses}, not {role}{there}")
+        if role in parts:
+            _holds(C, read, role, g, parts[role])
+    return agree
 
 
-def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:
-    part = given_part(module, C, role, g, 0)
+def _holds(C: int, read: Reading, role: str, g: Given, part: Part) -> None:
     H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
     width = {"proj": read.parts.D, "fc2": H}.get(role, C)
     x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(3), dtype=torch.float64)

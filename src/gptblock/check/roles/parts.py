@@ -34,18 +34,20 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 @dataclass(frozen=True)
 class Given:
-    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text.
+    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text;
+    not ``read`` as a matrix, a name of parts (``named_parts``).
 
     Example:
         >>> from gptblock.check.roles.given import parse_given
         >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
-        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out')
+        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out', read=True)
     """
 
     path: str
     slices: tuple[slice, ...] | None
     layout: str
     text: str
+    read: bool = True
 
 
 class Matrix(nn.Module):
