@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,7 @@ from .parts import Given, Matrix, Part, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
 __all__ = [
-    "Fixed", "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
+    "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
     "parse_given", "parse_map",
 ]  # fmt: skip
 
@@ -94,23 +94,14 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
             + (f" (parameters of that name: {near})" if near else "")
         )
     shape = tuple(p.shape)
+    spans = [(s.start or 0, n if s.stop is None else s.stop, n) for s, n in zip(g.slices or (), shape, strict=False)]  # fmt: skip
+    out = [f"slice {a}:{b} is out of range for a dimension of size {n} ({g.path} has shape {shape})" for a, b, n in spans if not 0 <= a < b <= n]  # fmt: skip
     if p.dim() not in (2, 3):
-        raise UserValueError(
-            f"{say}: {g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one "
-            "per head (nh, C, hs)"
-        )
-    if g.slices is not None and len(g.slices) != len(shape):
-        raise UserValueError(
-            f"{say}: {len(g.slices)} slices for {g.path} of shape {shape}; give one per "
-            "dimension (':' for all)"
-        )
-    for s, n in zip(g.slices or (), shape, strict=False):
-        start, stop = s.start or 0, n if s.stop is None else s.stop
-        if not 0 <= start < stop <= n:
-            raise UserValueError(
-                f"{say}: slice {start}:{stop} is out of range for a dimension of size {n} "
-                f"({g.path} has shape {shape})"
-            )
+        out = [f"{g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one per head (nh, C, hs)"]  # fmt: skip
+    elif g.slices is not None and len(g.slices) != len(shape):
+        out = [f"{len(g.slices)} slices for {g.path} of shape {shape}; give one per dimension (':' for all)"]  # fmt: skip
+    if out:
+        raise UserValueError(f"{say}: {out[0]}")
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
     for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
@@ -118,36 +109,26 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
         w, b = m.canonical()
         if fits(role, tuple(w.shape), C):
             break
-    if not fits(role, tuple(w.shape), C):
-        raise UserValueError(
-            f"{say}: reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with "
-            f"C = {C}; check the slice, or the layout (out_in / in_out)"
-        )
-    if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
-        raise UserValueError(
-            f"{say}: its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs; check "
-            "the slice, or the layout (out_in / in_out)"
-        )
+    why = "" if fits(role, tuple(w.shape), C) else f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"  # fmt: skip
+    if (
+        b is not None and b.numel() != w.shape[0] and not why
+    ):  # a slice or layout that misses the bias
+        why = f"its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs"
+    if why:
+        raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
     params = (g.path, bias) if bias else (g.path,)
     return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
 
 
-@dataclass(frozen=True)
-class Fixed:
-    kept: list[Part]  # the block's parts, less those whose parameters are given in slices
-    parts: list[Part]  # every part the mapping chooses from: ``kept``, then those of slices
-    roles: dict[str, list[Part]]  # every given role -> its parts
-
-
-def fix_roles(parts: list[Part], given: Map, read: dict[str, Part]) -> Fixed:
-    """The parts ``given`` names, ``read`` those read as matrices (``check_claims``); a
-    ValueError for a plain name that matches no part."""
+def fix_roles(
+    parts: list[Part], given: Map, read: dict[str, Part]
+) -> tuple[list[Part], dict[str, list[Part]]]:
+    """The block's parts less those whose parameters are ``read`` as matrices (``check_claims``:
+    they are read only so), and every role's parts; a ValueError for a name of no part."""
     covered = {n for p in read.values() for n in p.params}
-    # a parameter given in slices is read only through them: its own part takes no role
     kept = [p for p in parts if not covered & set(p.params)]
-    plain = {r: g.text for r, g in given.items() if r not in read}
-    ones = {r: [p] for r, p in read.items()}
-    return Fixed(kept, [*kept, *read.values()], {**resolve_roles(kept, plain), **ones})
+    names = {r: g.text for r, g in given.items() if r not in read}
+    return kept, {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}

@@ -15,17 +15,7 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = [
-    "Given",
-    "Matrix",
-    "Part",
-    "discover",
-    "glob",
-    "named_parts",
-    "observe",
-    "paired_bias",
-    "tensor_ids",
-]
+__all__ = ["Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias", "tensor_ids"]  # fmt: skip
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -102,7 +92,6 @@ class Part:
     width: int | None = None  # a ``norm``'s width (None: no weights to tell)
 
     def function(self) -> SubLayer:
-        """What a ``norm``, ``linear`` or ``matrix`` computes."""
         return _called(self.module)
 
     def laid(self, in_out: bool) -> Part:
@@ -110,9 +99,8 @@ class Part:
         m = self.module
         if not (in_out and isinstance(m, Matrix) and self.kind == "matrix" and self.shape):
             return self
-        g = replace(m.given, layout="in_out")
+        m = Matrix(m.role, m.weight_of, m.bias_of, replace(m.given, layout="in_out"))
         shape = (self.shape[1], self.shape[0])
-        m = Matrix(m.role, m.weight_of, m.bias_of, g)
         return replace(self, name=f"{self.name} (in, out)", module=m, shape=shape)
 
     @property
@@ -149,10 +137,8 @@ def named_parts(parts: list[Part], name: str) -> list[Part]:
 def tensor_ids(module: nn.Module, *names: str) -> set[int]:
     """The tensors ``names`` name (a tensor, module or glob each), by identity: tied weights and
     a module's own tensors agree (``named_parts``: the parts, by their names)."""
-    tensors = {
-        **dict(module.named_buffers(remove_duplicate=False)),
-        **dict(module.named_parameters(remove_duplicate=False)),
-    }
+    tensors = dict(module.named_buffers(remove_duplicate=False))
+    tensors |= dict(module.named_parameters(remove_duplicate=False))
     modules = list(module.named_modules(remove_duplicate=False))
     ids: set[int] = set()
     for name in names:

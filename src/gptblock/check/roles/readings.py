@@ -119,14 +119,14 @@ def read_parts(
         return Readings((reading.parts,), (), (reading.heads,), x, lambda _: reading.describe())
     why = found if isinstance(found, str) else ""
     try:
-        fixed = fix_roles(parts, given, read)
+        kept, fixed = fix_roles(parts, given, read)
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     T = subject.T
     x = subject.input(T, T, C)
-    called = observe(module, fixed.kept, lambda: subject(x))
-    mapped = map_roles(module, C, fixed.parts, called, fixed.roles)
+    called = observe(module, kept, lambda: subject(x))
+    mapped = map_roles(module, C, [*kept, *read.values()], called, fixed)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
@@ -171,10 +171,11 @@ def suggest_map(module: nn.Module, C: int) -> str:
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
             given = parse_map(module, roles)
-            fixed = fix_roles(parts, given, check_claims(module, C, parts, given))
+            read = check_claims(module, C, parts, given)
+            kept, fixed = fix_roles(parts, given, read)
         except ValueError:
             continue
-        if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):
+        if isinstance(map_roles(module, C, [*kept, *read.values()], {}, fixed), MappedBlock):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
