@@ -289,10 +289,11 @@ def _assign(
         for chosen in itertools.permutations(rest, len(free)):
             roles = {r: single[r].laid(in_out) for r in needed if r in single}
             roles |= dict(zip(free, chosen, strict=True))
+            unused = len(plain) - len(roles)
             group = [(roles.pop("q"), roles.pop("k"), roles.pop("v"))] if form == "separate" else heads  # fmt: skip
             c = _Candidate(form, roles, group if form != "mha" else [], mhas[0] if mhas else None)
             if (D := c.width(C)) is not None:
-                score = c.order_score(called) - 4.0 * (len(plain) - len(roles))
+                score = c.order_score(called) - 4.0 * unused
                 scored.append(replace(c, score=score, D=D))
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
