@@ -110,9 +110,7 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
         if fits(role, tuple(w.shape), C):
             break
     why = "" if fits(role, tuple(w.shape), C) else f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"  # fmt: skip
-    if (
-        b is not None and b.numel() != w.shape[0] and not why
-    ):  # a slice or layout that misses the bias
+    if not why and b is not None and b.numel() != w.shape[0]:  # a slice that misses the bias
         why = f"its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs"
     if why:
         raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
@@ -154,18 +152,16 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> di
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
     for role, g in given.items():
-        some, text = found[role], g.text
+        some, why = found[role], ""
         if len(some) > 1 and role not in QKV:
             one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
-            names = ", ".join(p.name for p in some[:4])
-            raise UserValueError(f"{role}={text} matches {len(some)} parts ({names}); {one}")
-        if some and role in BRANCH and some[0].kind != "norm":
-            raise UserValueError(
-                f"{role}={text}: {some[0].name or '(the block)'} is {_what(some[0])}, not a "
-                f"norm; {role} is the norm before the {BRANCH[role]}"
-            )
-        if some and role not in BRANCH:
-            fitted[role] = _linear(role, text, some, C, named.get(text))
+            why = f" matches {len(some)} parts ({', '.join(p.name for p in some[:4])}); {one}"
+        elif some and role in BRANCH and some[0].kind != "norm":
+            why = f": {some[0].name or '(the block)'} is {_what(some[0])}, not a norm; {role} is the norm before the {BRANCH[role]}"  # fmt: skip
+        elif some and role not in BRANCH:
+            why, fitted[role] = _linear(role, some, C, named.get(g.text))
+        if why:
+            raise UserValueError(f"{role}={g.text}{why}")
     _between(given, fitted)
     read = [(r, g) for r, g in given.items() if g.read]
     return {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
@@ -182,28 +178,21 @@ def _what(p: Part) -> str:
 
 
 def _linear(
-    role: str, text: str, found: list[Part], C: int, vector: Tensor | None
-) -> list[tuple[int, int]]:
+    role: str, found: list[Part], C: int, vector: Tensor | None
+) -> tuple[str, list[tuple[int, int]]]:
+    """Why ``found`` cannot be ``role`` ("" where it can), and its (out, in) where known."""
     if vector is not None and vector.dim() < 2:
-        raise UserValueError(
-            f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
-            f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
-        )
+        return f": a vector of shape {tuple(vector.shape)} (a bias or a norm's weight), not {role}'s {SHAPES[role]} weight; name the weight or its module", []  # fmt: skip
     shapes: list[tuple[int, int]] = []
     for p in found:
         if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
-            raise UserValueError(
-                f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
-                f"{role} is a {SHAPES[role]} weight"
-            )
+            return f": {p.name or '(the block)'} is {_what(p)}, not a linear layer; {role} is a {SHAPES[role]} weight", []  # fmt: skip
         options = {p.shape, p.laid(True).shape} - {None}
         fit = sorted(s for s in options if s is not None and fits(role, s, C))
         if options and not fit:
-            raise UserValueError(
-                f"{role}={text}: {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}"
-            )
+            return f": {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}", []
         shapes += fit[:1] if len(fit) == 1 else []
-    return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
+    return "", shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
 
 
 def _between(given: Map, fitted: Mapping[str, list[tuple[int, int]]]) -> None:
