@@ -210,13 +210,13 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
     """The full name of the bias paired with the weight ``path``: weight/bias, W_Q/b_Q."""
     prefix, _, own = path.rpartition(".")
     sizes = {int(w.shape[0]), int(w.shape[-1])}
+    per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
     for wn, bn in _BIAS_PAIRS:
         for candidate in (own.replace(wn, bn, 1), re.sub(rf"{wn}$", bn, own)):
             full = f"{prefix}.{candidate}" if prefix else candidate
             b = named.get(full)
             if candidate == own or b is None:
                 continue
-            per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
             if w.dim() == 3 and (tuple(b.shape) in per_head or b.dim() == 1):
                 return full
             if w.dim() == 2 and b.dim() == 1 and int(b.shape[0]) in sizes:
