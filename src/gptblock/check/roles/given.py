@@ -94,14 +94,23 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
             + (f" (parameters of that name: {near})" if near else "")
         )
     shape = tuple(p.shape)
-    spans = [(s.start or 0, n if s.stop is None else s.stop, n) for s, n in zip(g.slices or (), shape, strict=False)]  # fmt: skip
-    out = [f"slice {a}:{b} is out of range for a dimension of size {n} ({g.path} has shape {shape})" for a, b, n in spans if not 0 <= a < b <= n]  # fmt: skip
     if p.dim() not in (2, 3):
-        out = [f"{g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one per head (nh, C, hs)"]  # fmt: skip
-    elif g.slices is not None and len(g.slices) != len(shape):
-        out = [f"{len(g.slices)} slices for {g.path} of shape {shape}; give one per dimension (':' for all)"]  # fmt: skip
-    if out:
-        raise UserValueError(f"{say}: {out[0]}")
+        raise UserValueError(
+            f"{say}: {g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one "
+            "per head (nh, C, hs)"
+        )
+    if g.slices is not None and len(g.slices) != len(shape):
+        raise UserValueError(
+            f"{say}: {len(g.slices)} slices for {g.path} of shape {shape}; give one per "
+            "dimension (':' for all)"
+        )
+    for s, n in zip(g.slices or (), shape, strict=False):
+        start, stop = s.start or 0, n if s.stop is None else s.stop
+        if not 0 <= start < stop <= n:
+            raise UserValueError(
+                f"{say}: slice {start}:{stop} is out of range for a dimension of size {n} "
+                f"({g.path} has shape {shape})"
+            )
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
     for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
@@ -109,9 +118,12 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
         w, b = m.canonical()
         if fits(role, tuple(w.shape), C):
             break
-    why = "" if fits(role, tuple(w.shape), C) else f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"  # fmt: skip
-    if not why and b is not None and b.numel() != w.shape[0]:  # a slice that misses the bias
-        why = f"its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs"
+    why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
+    if fits(role, tuple(w.shape), C):  # then a slice or layout that misses the bias
+        n = w.shape[0] if b is None else b.numel()
+        why = (
+            f"its bias {bias} gives {n} values for {w.shape[0]} outputs" if n != w.shape[0] else ""
+        )
     if why:
         raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
     params = (g.path, bias) if bias else (g.path,)
@@ -157,7 +169,8 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> di
             one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
             why = f" matches {len(some)} parts ({', '.join(p.name for p in some[:4])}); {one}"
         elif some and role in BRANCH and some[0].kind != "norm":
-            why = f": {some[0].name or '(the block)'} is {_what(some[0])}, not a norm; {role} is the norm before the {BRANCH[role]}"  # fmt: skip
+            what = f"{some[0].name or '(the block)'} is {_what(some[0])}"
+            why = f": {what}, not a norm; {role} is the norm before the {BRANCH[role]}"
         elif some and role not in BRANCH:
             why, fitted[role] = _linear(role, some, C, named.get(g.text))
         if why:
@@ -182,11 +195,13 @@ def _linear(
 ) -> tuple[str, list[tuple[int, int]]]:
     """Why ``found`` cannot be ``role`` ("" where it can), and its (out, in) where known."""
     if vector is not None and vector.dim() < 2:
-        return f": a vector of shape {tuple(vector.shape)} (a bias or a norm's weight), not {role}'s {SHAPES[role]} weight; name the weight or its module", []  # fmt: skip
+        what = f"a vector of shape {tuple(vector.shape)} (a bias or a norm's weight)"
+        return f": {what}, not {role}'s {SHAPES[role]} weight; name the weight or its module", []
     shapes: list[tuple[int, int]] = []
     for p in found:
         if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
-            return f": {p.name or '(the block)'} is {_what(p)}, not a linear layer; {role} is a {SHAPES[role]} weight", []  # fmt: skip
+            what = f"{p.name or '(the block)'} is {_what(p)}"
+            return f": {what}, not a linear layer; {role} is a {SHAPES[role]} weight", []
         options = {p.shape, p.laid(True).shape} - {None}
         fit = sorted(s for s in options if s is not None and fits(role, s, C))
         if options and not fit:
@@ -221,8 +236,8 @@ def _one_weight_one_role(module: nn.Module, given: Map, found: Mapping[str, list
             if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
                 what = "overlapping slices of" if sa and sb else "both name"
                 raise UserValueError(
-                    f"{a}={given[a].text} and {b}={given[b].text}: {what} {path}; one weight cannot be both "
-                    f"{a} and {b}"
+                    f"{a}={given[a].text} and {b}={given[b].text}: {what} {path}; one weight "
+                    f"cannot be both {a} and {b}"
                 )
 
 
@@ -242,7 +257,8 @@ def check_reading(
     agree = True
     for role, g in given.items():
         mine = tensor_ids(module, g.path)
-        agree = agree and not (g.slices or g.layout) and bool(mine & held.get("q" if role == "qkv" else role, set()))  # fmt: skip
+        named = not (g.slices or g.layout)  # a slice or layout is read as given, never traced
+        agree = agree and named and bool(mine & held.get("q" if role == "qkv" else role, set()))
         if not mine:
             continue  # no such part: said where the roles are resolved
         claimed = set(QKV) if role == "qkv" else {role}

@@ -180,7 +180,7 @@ def map_roles(
     """
     fixed = dict(roles or {})
     try:
-        norms, how = _norms(parts, C, called, fixed)
+        norms, chosen = _norms(parts, C, called, fixed)
         tied = _assign(parts, C, called, fixed)
     except Unmapped as e:
         return e
@@ -192,7 +192,8 @@ def map_roles(
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
     by += "qkv/proj by nn.MultiheadAttention; " if first.attn else ""
     ran = [*first.roles.values(), *itertools.chain(*first.heads)]
-    how.append(f"{by}the others by shape and {'call' if any(p.name in called for p in ran) else 'registration'} order")  # fmt: skip
+    order = "call" if any(p.name in called for p in ran) else "registration"
+    how = [chosen, f"{by}the others by shape and {order} order"]
     others = []  # q, k, v in their other orders: only order tells them apart
     if first.heads and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
@@ -219,15 +220,16 @@ def map_roles(
 
 def _norms(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: dict[str, list[Part]]
-) -> tuple[list[Part | None], list[str]]:
-    """ln1's and ln2's parts (none: F.layer_norm; ln2 None: ln1 for both), and how."""
+) -> tuple[list[Part | None], str]:
+    """ln1's and ln2's parts ([]: F.layer_norm; ln2 None: ln1's for both), and how."""
     if "ln1" in fixed or "ln2" in fixed:
-        given = [r for r in ("ln1", "ln2") if r in fixed]
-        return [fixed[r][0] if r in fixed else None for r in ("ln1", "ln2")], [f"{'/'.join(given)} by the caller (given)"]  # fmt: skip
+        given = [fixed[r][0] if r in fixed else None for r in ("ln1", "ln2")]
+        return given, f"{'/'.join(r for r in ('ln1', 'ln2') if r in fixed)} by the caller (given)"
     found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
-    if len(found) < 2:
-        how = "one LayerNorm for both branches" if found else "no LayerNorm module: F.layer_norm without weights assumed"  # fmt: skip
-        return [*found, None] if found else [], [how]
+    if not found:
+        return [], "no LayerNorm module: F.layer_norm without weights assumed"
+    if len(found) == 1:
+        return [found[0], None], "one LayerNorm for both branches"
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
@@ -236,7 +238,7 @@ def _norms(
             "pass --map ln1=NAME ln2=NAME"
         )
     orders = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
-    return [*(used + [p for p in found if p not in used])[:2]], [f"norms {orders[len(used)]}"]
+    return [*(used + [p for p in found if p not in used])[:2]], f"norms {orders[len(used)]}"
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
@@ -290,7 +292,9 @@ def _assign(
             roles = {r: single[r].laid(in_out) for r in needed if r in single}
             roles |= dict(zip(free, chosen, strict=True))
             unused = len(plain) - len(roles)
-            group = [(roles.pop("q"), roles.pop("k"), roles.pop("v"))] if form == "separate" else heads  # fmt: skip
+            group = (
+                [(roles.pop("q"), roles.pop("k"), roles.pop("v"))] if form == "separate" else heads
+            )
             c = _Candidate(form, roles, group if form != "mha" else [], mhas[0] if mhas else None)
             if (D := c.width(C)) is not None:
                 score = c.order_score(called) - 4.0 * unused

@@ -15,7 +15,10 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias", "tensor_ids"]  # fmt: skip
+__all__ = [
+    "Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias",
+    "tensor_ids",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
