@@ -270,17 +270,18 @@ def check_reading(
             uses = f"uses {g.path} as {', '.join(users)}" if users else f"uses {g.path} for no role"
             raise UserValueError(f"{role}={g.text}: the forward pass {uses}, not {role}{there}")
         if role in parts:
-            _holds(C, read, role, g, parts[role])
+            _holds(C, read, role, parts[role])
     return agree
 
 
-def _holds(C: int, read: Reading, role: str, g: Given, part: Part) -> None:
+def _holds(C: int, read: Reading, role: str, part: Part) -> None:
+    """The forward pass's ``role`` is ``part`` (named as given), up to a factor."""
     H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
     width = {"proj": read.parts.D, "fc2": H}.get(role, C)
     x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     if part.shape is not None and part.shape[1] != width:
         raise UserValueError(
-            f"{role}={g.text}: reads {part.shape[1]} channels, but the forward pass's {role} "
+            f"{role}={part.name}: reads {part.shape[1]} channels, but the forward pass's {role} "
             f"reads {width}"
         )
     zero = torch.zeros_like(x)
@@ -296,7 +297,7 @@ def _holds(C: int, read: Reading, role: str, g: Given, part: Part) -> None:
     held = f"it holds what the forward pass uses as {whose[0]}" if whose else (
         f"it is not the matrix the forward pass uses as {role}"
     )  # fmt: skip
-    raise UserValueError(f"{role}={g.text}: {held}; check the slice and the layout")
+    raise UserValueError(f"{role}={part.name}: {held}; check the slice and the layout")
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
