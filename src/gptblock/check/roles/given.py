@@ -63,9 +63,8 @@ def parse_given(module: nn.Module, text: str) -> Given:
         raise UserValueError(
             f"--map value {text!r}: layout {match['layout']!r}; expected out_in or in_out"
         )
-    slices = None
-    if match["slices"] is not None:
-        slices = tuple(_slice(text, s) for s in match["slices"].split(","))
+    bounds = match["slices"]
+    slices = None if bounds is None else tuple(_slice(text, s) for s in bounds.split(","))
     return Given(match["path"], slices, match["layout"] or "", text, True)
 
 

@@ -93,10 +93,10 @@ class _Candidate:  # one assignment of the parts to roles
 
     def order_score(self, called: Mapping[str, int]) -> float:
         """+1 per step called after the one before it (-1 before), +0.25 registered so."""
-        steps = [self.inputs(), [self.roles["proj"]] if "proj" in self.roles else []]
-        steps += [[self.roles["fc1"]], [self.roles["fc2"]]]
+        after = [[self.roles[r]] for r in ("proj", "fc1", "fc2") if r in self.roles]
+        steps = [self.inputs(), *after]
         score = 0.0
-        for earlier, later in itertools.pairwise([step for step in steps if step]):
+        for earlier, later in itertools.pairwise(steps):
             calls_a = [called[p.name] for p in earlier if p.name in called]
             calls_b = [called[p.name] for p in later if p.name in called]
             if calls_a and calls_b:
