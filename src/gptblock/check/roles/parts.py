@@ -28,7 +28,7 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 @dataclass(frozen=True)
 class Given:
     """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text;
-    not ``read`` as a matrix, a name of parts (``named_parts``).
+    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``).
 
     Example:
         >>> from gptblock.check.roles.given import parse_given
