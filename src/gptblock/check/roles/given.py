@@ -10,18 +10,18 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
 from .mapping import QKV, ROLES, SHAPES, fits, resolve_roles
-from .parts import Part, _affine, named_parts, paired_bias, tensor_ids
+from .parts import Given, Matrix, Part, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
 __all__ = [
-    "Fixed", "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
+    "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
     "parse_given", "parse_map",
 ]  # fmt: skip
 
@@ -31,22 +31,7 @@ _SPEC = re.compile(r"^(?P<path>[\w.]+)(?:\[(?P<slices>[^\]]*)\])?(?::(?P<layout>
 _BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
 
 
-@dataclass(frozen=True)
-class Given:
-    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text.
-
-    Example:
-        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
-        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out')
-    """
-
-    path: str
-    slices: tuple[slice, ...] | None
-    layout: str
-    text: str
-
-
-Map = dict[str, "Given | None"]  # role -> its parsed value (None: a name for resolve_roles)
+Map = dict[str, Given]  # role -> its parsed value
 
 
 def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
@@ -54,20 +39,20 @@ def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
     return {r: parse_given(module, text) for r, text in roles.items()}
 
 
-def parse_given(module: nn.Module, text: str) -> Given | None:
-    """A value with a slice or layout, or naming a 3-D parameter, else ``None`` (a name); a
-    UserValueError if not well formed.
+def parse_given(module: nn.Module, text: str) -> Given:
+    """A value, ``read`` as a matrix where it has a slice or layout or names a 3-D parameter,
+    else a name; a UserValueError if not well formed.
 
     Example:
         >>> block = nn.Linear(2, 2)
-        >>> parse_given(block, "weight"), parse_given(block, "heads.*.query")  # names, globs
-        (None, None)
+        >>> parse_given(block, "weight").read, parse_given(block, "heads.*.query").read  # names
+        (False, False)
         >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
         ('in_out', (slice(0, 2, None), slice(None, None, None)))
     """
     if "[" not in text and ":" not in text:
         p = dict(module.named_parameters()).get(text)
-        return Given(text, None, "", text) if p is not None and p.dim() == 3 else None
+        return Given(text, None, "", text, p is not None and p.dim() == 3)
     match = _SPEC.match(text.strip())
     if match is None:
         raise UserValueError(
@@ -78,10 +63,9 @@ def parse_given(module: nn.Module, text: str) -> Given | None:
         raise UserValueError(
             f"--map value {text!r}: layout {match['layout']!r}; expected out_in or in_out"
         )
-    slices = None
-    if match["slices"] is not None:
-        slices = tuple(_slice(text, s) for s in match["slices"].split(","))
-    return Given(match["path"], slices, match["layout"] or "", text)
+    bounds = match["slices"]
+    slices = None if bounds is None else tuple(_slice(text, s) for s in bounds.split(","))
+    return Given(match["path"], slices, match["layout"] or "", text, True)
 
 
 def _slice(text: str, bound: str) -> slice:
@@ -93,42 +77,6 @@ def _slice(text: str, bound: str) -> slice:
         )
     start, stop = (int(s) if s else None for s in found.groups())
     return slice(start, stop)
-
-
-class _Matrix(nn.Module):
-    """Read from the live parameter at each call: the checker sets it."""
-
-    role: str
-    weight_of: Tensor
-    bias_of: Tensor | None
-    given: Given
-
-    def __init__(self, role: str, weight: nn.Parameter, bias: nn.Parameter | None, g: Given):
-        super().__init__()
-        # plain attributes, not parameters: the block owns them
-        self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
-
-    def canonical(self) -> tuple[Tensor, Tensor | None]:
-        g, w, b = self.given, self.weight_of.detach(), self.bias_of
-        b = b.detach() if b is not None else None
-        in_out = g.layout == "in_out"
-        if g.slices is not None:
-            out = g.slices[w.dim() - (1 if in_out else 2)]  # the stored dimension of the output
-            w = w[g.slices]
-            if b is not None:  # (nh, hs) per head: heads, output
-                b = b[g.slices[0], out] if b.dim() == 2 == w.dim() - 1 else b[out]
-        w = w.transpose(-1, -2) if in_out else w  # (out, in), or (nh, out_h, in_h) per head
-        if w.dim() == 3:
-            nh, out_h, in_h = w.shape
-            if self.role == "proj":  # heads concatenate the input: (C, nh*hs)
-                w = w.permute(1, 0, 2).reshape(out_h, nh * in_h)
-            else:  # heads concatenate the output: (nh*hs, C)
-                w = w.reshape(nh * out_h, in_h)
-            b = b.reshape(-1) if b is not None else None
-        return w, b
-
-    def forward(self, h: Tensor) -> Tensor:
-        return _affine(*self.canonical())(h)
 
 
 def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
@@ -165,88 +113,70 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
     for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
-        m = _Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
+        m = Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
         w, b = m.canonical()
-        if _fits(role, tuple(w.shape), C):
+        if fits(role, tuple(w.shape), C):
             break
-    if not _fits(role, tuple(w.shape), C):
-        raise UserValueError(
-            f"{say}: reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with "
-            f"C = {C}; check the slice, or the layout (out_in / in_out)"
+    why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
+    if fits(role, tuple(w.shape), C):  # then a slice or layout that misses the bias
+        n = w.shape[0] if b is None else b.numel()
+        why = (
+            f"its bias {bias} gives {n} values for {w.shape[0]} outputs" if n != w.shape[0] else ""
         )
-    if b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
-        raise UserValueError(
-            f"{say}: its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs; check "
-            "the slice, or the layout (out_in / in_out)"
-        )
+    if why:
+        raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
     params = (g.path, bias) if bias else (g.path,)
     return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
 
 
-def _fits(role: str, shape: tuple[int, ...], C: int) -> bool:
-    return fits(role, shape, C) and (role != "qkv" or shape[0] % 3 == 0)
-
-
-@dataclass(frozen=True)
-class Fixed:
-    kept: list[Part]  # the block's parts, less those whose parameters are given in slices
-    parts: list[Part]  # every part the mapping chooses from: ``kept``, then those of slices
-    roles: dict[str, list[Part]]  # every given role -> its parts
-
-
 def fix_roles(
-    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
-) -> Fixed:
-    """The parts ``roles`` names; a ValueError for a plain name that matches no part."""
-    sliced: dict[str, Part] = {}
-    for role, g in given.items():
-        if g is not None:
-            sliced[role] = given_part(module, C, role, g, len(parts) + len(sliced))
-    covered = {n for p in sliced.values() for n in p.params}
-    # a parameter given in slices is read only through them: its own part takes no role
+    parts: list[Part], given: Map, read: dict[str, Part]
+) -> tuple[list[Part], dict[str, list[Part]]]:
+    """The block's parts less those whose parameters are ``read`` as matrices (``check_claims``:
+    they are read only so), and every role's parts; a ValueError for a name of no part."""
+    covered = {n for p in read.values() for n in p.params}
     kept = [p for p in parts if not covered & set(p.params)]
-    plain = {r: n for r, n in roles.items() if r not in sliced}
-    ones = {r: [p] for r, p in sliced.items()}
-    return Fixed(kept, [*kept, *sliced.values()], {**resolve_roles(kept, plain), **ones})
+    names = {r: g.text for r, g in given.items() if r not in read}
+    return kept, {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
-def check_claims(
-    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str], given: Map
-) -> None:
-    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles.
+def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> dict[str, Part]:
+    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles; the
+    parts of those read as matrices (``given_part``), placed after ``parts``.
 
     Example:
         >>> from gptblock import lesson
         >>> from gptblock.check.roles.parts import discover
         >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), {"q": "ln1"}, {"q": None})
+        >>> check_claims(block, 16, discover(block), parse_map(block, {"q": "ln1"}))
         Traceback (most recent call last):
         ...
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
     """
     # a name of no part: resolve_roles says so later, with the trace's names
-    found = {r: [] if given[r] else named_parts(parts, text) for r, text in roles.items()}
-    _one_weight_one_role(module, roles, given, found)
+    found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
+    _one_weight_one_role(module, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
-    for role, text in roles.items():
-        some = found[role]
+    for role, g in given.items():
+        some, why = found[role], ""
         if len(some) > 1 and role not in QKV:
             one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
-            names = ", ".join(p.name for p in some[:4])
-            raise UserValueError(f"{role}={text} matches {len(some)} parts ({names}); {one}")
-        if some and role in BRANCH and some[0].kind != "norm":
-            raise UserValueError(
-                f"{role}={text}: {some[0].name or '(the block)'} is {_what(some[0])}, not a "
-                f"norm; {role} is the norm before the {BRANCH[role]}"
-            )
-        if some and role not in BRANCH:
-            fitted[role] = _linear(role, text, some, C, named.get(text))
-    _between(roles, fitted)
+            why = f" matches {len(some)} parts ({', '.join(p.name for p in some[:4])}); {one}"
+        elif some and role in BRANCH and some[0].kind != "norm":
+            what = f"{some[0].name or '(the block)'} is {_what(some[0])}"
+            why = f": {what}, not a norm; {role} is the norm before the {BRANCH[role]}"
+        elif some and role not in BRANCH:
+            why, fitted[role] = _linear(role, some, C, named.get(g.text))
+        if why:
+            raise UserValueError(f"{role}={g.text}{why}")
+    _between(given, fitted)
+    read = [(r, g) for r, g in given.items() if g.read]
+    return {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
 
 
 def _what(p: Part) -> str:
@@ -260,31 +190,26 @@ def _what(p: Part) -> str:
 
 
 def _linear(
-    role: str, text: str, found: list[Part], C: int, vector: Tensor | None
-) -> list[tuple[int, int]]:
+    role: str, found: list[Part], C: int, vector: Tensor | None
+) -> tuple[str, list[tuple[int, int]]]:
+    """Why ``found`` cannot be ``role`` ("" where it can), and its (out, in) where known."""
     if vector is not None and vector.dim() < 2:
-        raise UserValueError(
-            f"{role}={text}: a vector of shape {tuple(vector.shape)} (a bias or a norm's "
-            f"weight), not {role}'s {SHAPES[role]} weight; name the weight or its module"
-        )
+        what = f"a vector of shape {tuple(vector.shape)} (a bias or a norm's weight)"
+        return f": {what}, not {role}'s {SHAPES[role]} weight; name the weight or its module", []
     shapes: list[tuple[int, int]] = []
     for p in found:
         if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
-            raise UserValueError(
-                f"{role}={text}: {p.name or '(the block)'} is {_what(p)}, not a linear layer; "
-                f"{role} is a {SHAPES[role]} weight"
-            )
-        options = {p.shape_as(False), p.shape_as(True)} - {None}
+            what = f"{p.name or '(the block)'} is {_what(p)}"
+            return f": {what}, not a linear layer; {role} is a {SHAPES[role]} weight", []
+        options = {p.shape, p.laid(True).shape} - {None}
         fit = sorted(s for s in options if s is not None and fits(role, s, C))
         if options and not fit:
-            raise UserValueError(
-                f"{role}={text}: {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}"
-            )
+            return f": {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}", []
         shapes += fit[:1] if len(fit) == 1 else []
-    return shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
+    return "", shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
 
 
-def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]]]) -> None:
+def _between(given: Map, fitted: Mapping[str, list[tuple[int, int]]]) -> None:
     """proj reads what q (or qkv) writes; fc2 reads what fc1 writes."""
     q = fitted.get("q") or [(s[0] // 3, s[1]) for s in fitted.get("qkv", [])]
     pairs = (("q" if "q" in fitted else "qkv", q, "proj"), ("fc1", fitted.get("fc1"), "fc2"))
@@ -292,31 +217,26 @@ def _between(roles: Mapping[str, str], fitted: Mapping[str, list[tuple[int, int]
         reads = fitted.get(second)
         if writes and reads and reads[0][1] != sum(s[0] for s in writes):
             raise UserValueError(
-                f"{second}={roles[second]} reads {reads[0][1]} channels, but {first}="
-                f"{roles[first]} writes {sum(s[0] for s in writes)}: {second} must read what "
+                f"{second}={given[second].text} reads {reads[0][1]} channels, but {first}="
+                f"{given[first].text} writes {sum(s[0] for s in writes)}: {second} must read what "
                 f"{first} writes"
             )
 
 
-def _one_weight_one_role(
-    module: nn.Module,
-    roles: Mapping[str, str],
-    given: Mapping[str, Given | None],
-    found: Mapping[str, list[Part]],
-) -> None:
+def _one_weight_one_role(module: nn.Module, given: Map, found: Mapping[str, list[Part]]) -> None:
     """ln1 and ln2 may share a norm: one LayerNorm for both branches."""
     shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
     held: dict[str, list[tuple[str, tuple[slice, ...] | None]]] = {}  # role -> names, slices
-    for role, text in roles.items():
-        g, ps = given[role], [p for p in found[role] if p.kind != "mha"]
-        held[role] = [(g.path, g.slices)] if g else [(n, None) for p in ps for n in (p.params if text not in p.params else (text,))]  # fmt: skip
+    for role, g in given.items():
+        ps = [p for p in found[role] if p.kind != "mha"]
+        held[role] = [(g.path, g.slices)] if g.read else [(n, None) for p in ps for n in (p.params if g.text not in p.params else (g.text,))]  # fmt: skip
     for a, b in itertools.combinations(held, 2):
         for (path, sa), (other, sb) in itertools.product(held[a], held[b]):
             if path == other and _overlap(sa, sb, shapes.get(path, ())) and {a, b} != {"ln1", "ln2"}:  # fmt: skip
                 what = "overlapping slices of" if sa and sb else "both name"
                 raise UserValueError(
-                    f"{a}={roles[a]} and {b}={roles[b]}: {what} {path}; one weight cannot be both "
-                    f"{a} and {b}"
+                    f"{a}={given[a].text} and {b}={given[b].text}: {what} {path}; one weight "
+                    f"cannot be both {a} and {b}"
                 )
 
 
@@ -328,14 +248,16 @@ def _overlap(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: tu
 
 
 def check_reading(
-    module: nn.Module, C: int, read: Reading, roles: Mapping[str, str], given: Map
-) -> None:
-    """Refuse roles that the forward pass, as ``read``, shows to be something else."""
+    module: nn.Module, C: int, read: Reading, given: Map, parts: Mapping[str, Part]
+) -> bool:
+    """Refuse roles that the forward pass, as ``read``, shows to be something else (``parts``:
+    those read as matrices); whether every role is named as it reads it (``qkv``: as q)."""
     held = {r: tensor_ids(module, *names) for r, names in read.params.items()}
-    for role, text in roles.items():
-        g = given[role]
-        path = g.path if g is not None else text
-        mine = tensor_ids(module, path)
+    agree = True
+    for role, g in given.items():
+        mine = tensor_ids(module, g.path)
+        named = not (g.slices or g.layout)  # a slice or layout is read as given, never traced
+        agree = agree and named and bool(mine & held.get("q" if role == "qkv" else role, set()))
         if not mine:
             continue  # no such part: said where the roles are resolved
         claimed = set(QKV) if role == "qkv" else {role}
@@ -344,20 +266,21 @@ def check_reading(
         users = [r for r in ROLES if mine & held.get(r, set())]
         there = f" (it reads {role} from {read.names[role]})" if role in read.names else ""
         if not claimed & set(users):
-            uses = f"uses {path} as {', '.join(users)}" if users else f"uses {path} for no role"
-            raise UserValueError(f"{role}={text}: the forward pass {uses}, not {role}{there}")
-        if g is not None:
-            _holds(module, C, read, role, g)
+            uses = f"uses {g.path} as {', '.join(users)}" if users else f"uses {g.path} for no role"
+            raise UserValueError(f"{role}={g.text}: the forward pass {uses}, not {role}{there}")
+        if role in parts:
+            _holds(C, read, role, parts[role])
+    return agree
 
 
-def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> None:
-    part = given_part(module, C, role, g, 0)
+def _holds(C: int, read: Reading, role: str, part: Part) -> None:
+    """The forward pass's ``role`` is ``part`` (named as given), up to a factor."""
     H = int(read.parts.fc1(torch.zeros(1, 1, C, dtype=torch.float64)).shape[-1])
     width = {"proj": read.parts.D, "fc2": H}.get(role, C)
     x = torch.randn(1, 4, width, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     if part.shape is not None and part.shape[1] != width:
         raise UserValueError(
-            f"{role}={g.text}: reads {part.shape[1]} channels, but the forward pass's {role} "
+            f"{role}={part.name}: reads {part.shape[1]} channels, but the forward pass's {role} "
             f"reads {width}"
         )
     zero = torch.zeros_like(x)
@@ -373,7 +296,7 @@ def _holds(module: nn.Module, C: int, read: Reading, role: str, g: Given) -> Non
     held = f"it holds what the forward pass uses as {whose[0]}" if whose else (
         f"it is not the matrix the forward pass uses as {role}"
     )  # fmt: skip
-    raise UserValueError(f"{role}={g.text}: {held}; check the slice and the layout")
+    raise UserValueError(f"{role}={part.name}: {held}; check the slice and the layout")
 
 
 def _same(a: Tensor, b: Tensor) -> bool:

@@ -67,61 +67,53 @@ class Unmapped(Exception):
 @dataclass(frozen=True)
 class _Candidate:  # one assignment of the parts to roles
     form: str
-    roles: dict[str, Part]  # the plain linear parts' roles
-    heads: Heads
+    roles: dict[str, Part]  # qkv (packed), proj, fc1, fc2: the plain linear parts' roles
+    heads: Heads  # q, k, v: per head, or one group (``separate``)
     attn: Part | None  # an nn.MultiheadAttention
-    in_out: bool  # raw matrices read as stored (in, out)
     score: float = 0.0
     D: int = 0
 
     def inputs(self) -> list[Part]:  # the parts that make q, k, v
-        qkv = [p for r, p in self.roles.items() if r in ("qkv", *QKV)]
+        qkv = [self.roles["qkv"]] if "qkv" in self.roles else []
         return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
 
     def width(self, C: int) -> int | None:
-        roles = self.roles
-        shape = {r: s for r, p in roles.items() if (s := p.shape_as(self.in_out)) and fits(r, s, C)}
-        if len(shape) < len(roles):
-            return None
-        if self.form == "packed":
-            D = shape["qkv"][0] // 3 if shape["qkv"][0] % 3 == 0 else None
-        elif self.form == "separate":
-            D = shape["q"][0] if shape["q"] == shape["k"] == shape["v"] else None
-        elif self.form == "heads":
-            D = sum(q.shape[0] for q, _, _ in self.heads if q.shape)
+        shape = {r: p.shape for r, p in self.roles.items() if p.shape and fits(r, p.shape, C)}
+        each = {p.shape for p in itertools.chain(*self.heads)}  # one (hs, C) for all q, k, v
+        if self.attn:
+            D = C if self.attn.mha.embed_dim == C else 0
+        elif "qkv" in self.roles:
+            D = shape["qkv"][0] // 3 if "qkv" in shape else 0
         else:
-            D = C if self.attn and self.attn.mha.embed_dim == C else None
-        if D is None or shape.get("proj", (C, D)) != (C, D):
+            hs = next(iter(each))
+            D = hs[0] * len(self.heads) if len(each) == 1 and hs and fits("q", hs, C) else 0
+        if not D or len(shape) < len(self.roles) or shape.get("proj", (C, D)) != (C, D):
             return None
         return D if shape["fc2"] == (C, shape["fc1"][0]) else None
 
     def order_score(self, called: Mapping[str, int]) -> float:
         """+1 per step called after the one before it (-1 before), +0.25 registered so."""
-        steps = [self.inputs(), [self.roles["proj"]] if "proj" in self.roles else []]
-        steps += [[self.roles["fc1"]], [self.roles["fc2"]]]
+        after = [[self.roles[r]] for r in ("proj", "fc1", "fc2") if r in self.roles]
+        steps = [self.inputs(), *after]
         score = 0.0
-        for earlier, later in itertools.pairwise([step for step in steps if step]):
+        for earlier, later in itertools.pairwise(steps):
             calls_a = [called[p.name] for p in earlier if p.name in called]
             calls_b = [called[p.name] for p in later if p.name in called]
             if calls_a and calls_b:
                 score += 1.0 if max(calls_a) < min(calls_b) else -1.0
             score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
-        if self.form == "separate":
-            q, k, v = self.roles["q"].index, self.roles["k"].index, self.roles["v"].index
+        if self.heads:
+            q, k, v = (p.index for p in self.heads[0])
             score += 0.1 * ((q < k) + (k < v))
         return score
 
     def reordered(self, order: tuple[int, ...]) -> _Candidate:
-        heads = [(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads]
-        roles = self.roles
-        if self.form == "separate":
-            roles = roles | {r: roles[QKV[i]] for r, i in zip(QKV, order, strict=True)}
-        return replace(self, roles=roles, heads=heads)
+        return replace(self, heads=[(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads])
 
     def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
-        lin = {r: p.function(self.in_out) for r, p in self.roles.items()}
+        lin = {r: p.function() for r, p in self.roles.items()}
         packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
-        fs = [[p.function() for p in g] for g in self.heads] or [[lin[r] for r in QKV if r in lin]]
+        fs = [[p.function() for p in g] for g in self.heads]
 
         def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             if packed is not None:
@@ -135,19 +127,20 @@ class _Candidate:  # one assignment of the parts to roles
 
     def names(self) -> dict[str, str]:
         names: dict[str, str] = {}
-        if self.attn and self.form == "mha":
+        if self.attn:
             prefix = f"{self.attn.name}." if self.attn.name else ""
             names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
-        for i, role in enumerate(QKV if self.form == "heads" else ()):
+        for i, role in enumerate(QKV if self.heads else ()):
             names[role] = glob([g[i].name for g in self.heads])  # 'sa.heads.*.query'
         for role, part in sorted(self.roles.items(), key=lambda rp: ROLES.index(rp[0])):
-            matrix = part.kind == "matrix" and self.in_out
-            names[role] = part.name + (" (in, out)" if matrix else "")
+            names[role] = part.name
         return names
 
 
 def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     """Whether (out, in) ``shape`` reads C (q, k, v, qkv, fc1) or writes C (proj, fc2)."""
+    if role == "qkv" and shape[0] % 3:
+        return False
     return shape[1] == C if role in READS_C else shape[0] == C
 
 
@@ -187,57 +180,56 @@ def map_roles(
     """
     fixed = dict(roles or {})
     try:
-        lns, norm_names, how = _norms(parts, C, called, fixed)
+        norms, chosen = _norms(parts, C, called, fixed)
         tied = _assign(parts, C, called, fixed)
     except Unmapped as e:
         return e
+    plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
+    n1, n2 = (p.function() if p else None for p in norms) if norms else (plain, plain)
+    norm_names = {r: p.name for r, p in zip(("ln1", "ln2"), norms, strict=False) if p}
     first = tied[0]
     given = [r for r in ROLES[2:] if r in fixed]
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
-    by += "qkv/proj by nn.MultiheadAttention; " if first.form == "mha" else ""
-    order = "call" if any(p.name in called for p in first.roles.values()) else "registration"
-    how.append(f"{by}the others by shape and {order} order")
+    by += "qkv/proj by nn.MultiheadAttention; " if first.attn else ""
+    ran = [*first.roles.values(), *itertools.chain(*first.heads)]
+    order = "call" if any(p.name in called for p in ran) else "registration"
+    how = [chosen, f"{by}the others by shape and {order} order"]
     others = []  # q, k, v in their other orders: only order tells them apart
-    if first.form in ("separate", "heads") and not fixed.keys() & set(QKV):
+    if first.heads and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
         others = [first.reordered(o) for o in list(itertools.permutations(range(3)))[1:]]
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
-    readings = [c.build(C, lns) for c in tied]
-    used = {n for c in tied for p in [*c.inputs(), *c.roles.values()] for n in p.params}
-    used |= {n for p in parts if p.name in norm_names.values() for n in p.params}
+    readings = [c.build(C, (n1, n2)) for c in tied]
+    used = {
+        n for c in tied for p in [*c.inputs(), *c.roles.values(), *norms] if p for n in p.params
+    }
     if first.attn:
         nh: tuple[int, ...] = (first.attn.mha.num_heads,)
     else:
-        nh = (len(first.heads),) if first.heads else _head_counts(module, readings[0].D)
+        nh = (len(first.heads),) if first.form == "heads" else _head_counts(module, readings[0].D)
     return MappedBlock(
         tuple(readings),
         tuple({**norm_names, **c.names()} for c in [*tied, *others]),
         tuple(how),
         nh,
         tuple(n for p in parts for n in p.params if n not in used),
-        tuple(c.build(C, lns) for c in others),
+        tuple(c.build(C, (n1, n2)) for c in others),
     )
 
 
 def _norms(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: dict[str, list[Part]]
-) -> tuple[tuple[SubLayer | None, SubLayer | None], dict[str, str], list[str]]:
+) -> tuple[list[Part | None], str]:
+    """ln1's and ln2's parts ([]: F.layer_norm; ln2 None: ln1's for both), and how."""
     if "ln1" in fixed or "ln2" in fixed:
-        given = {r: fixed[r][0] for r in ("ln1", "ln2") if r in fixed}
-        n1, n2 = (given[r].function() if r in given else None for r in ("ln1", "ln2"))
-        names: dict[str, str] = {r: p.name for r, p in given.items()}
-        return (n1, n2), names, [f"{'/'.join(names)} by the caller (given)"]
+        given = [fixed[r][0] if r in fixed else None for r in ("ln1", "ln2")]
+        return given, f"{'/'.join(r for r in ('ln1', 'ln2') if r in fixed)} by the caller (given)"
     found = [p for p in parts if p.kind == "norm" and p.width in (None, C)]
     if not found:
-        plain: SubLayer = lambda h: F.layer_norm(h, (C,))  # noqa: E731
-        return (plain, plain), {}, ["no LayerNorm module: F.layer_norm without weights assumed"]
+        return [], "no LayerNorm module: F.layer_norm without weights assumed"
     if len(found) == 1:
-        return (
-            (found[0].function(), None),
-            {"ln1": found[0].name},
-            ["one LayerNorm for both branches"],
-        )
+        return [found[0], None], "one LayerNorm for both branches"
     used = sorted((p for p in found if p.name in called), key=lambda p: called[p.name])
     if len(found) > 2 and len(used) != 2:
         listed = ", ".join(p.name for p in found)
@@ -245,13 +237,8 @@ def _norms(
             f"{len(found)} LayerNorms ({listed}): cannot tell which two are the block's; "
             "pass --map ln1=NAME ln2=NAME"
         )
-    one, two = (used + [p for p in found if p not in used])[:2]
-    how = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
-    return (
-        (one.function(), two.function()),
-        {"ln1": one.name, "ln2": two.name},
-        [f"norms {how[len(used)]}"],
-    )
+    orders = ("by registration order", "by the forward pass (one unused)", "by the forward pass")
+    return [*(used + [p for p in found if p not in used])[:2]], f"norms {orders[len(used)]}"
 
 
 def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
@@ -300,13 +287,17 @@ def _assign(
         if any(r in single for r in ROLES[2:7] if r not in needed):
             continue  # the caller named a role this form does not have
         free = [r for r in needed if r not in single]
-        rest = [p for p in plain if p not in single.values()]
+        rest = [p.laid(in_out) for p in plain if p not in single.values()]
         for chosen in itertools.permutations(rest, len(free)):
-            roles = {r: single[r] for r in needed if r in single}
+            roles = {r: single[r].laid(in_out) for r in needed if r in single}
             roles |= dict(zip(free, chosen, strict=True))
-            c = _Candidate(form, roles, heads, mhas[0] if mhas else None, in_out)
+            unused = len(plain) - len(roles)
+            group = (
+                [(roles.pop("q"), roles.pop("k"), roles.pop("v"))] if form == "separate" else heads
+            )
+            c = _Candidate(form, roles, group if form != "mha" else [], mhas[0] if mhas else None)
             if (D := c.width(C)) is not None:
-                score = c.order_score(called) - 4.0 * (len(plain) - len(roles))
+                score = c.order_score(called) - 4.0 * unused
                 scored.append(replace(c, score=score, D=D))
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
@@ -318,9 +309,7 @@ def _assign(
         )
     best = max(c.score for c in scored)
     tied = [c for c in scored if c.score >= best - 1e-9]
-    keys = {
-        (c.form, c.in_out, tuple(sorted((r, p.name) for r, p in c.roles.items()))) for c in tied
-    }
+    keys = {(c.form, tuple(c.names().items())) for c in tied}
     if len(keys) > 4:  # more readings than the comparison should try
         listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
         raise Unmapped(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -15,7 +15,10 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 
-__all__ = ["Part", "discover", "glob", "named_parts", "observe", "paired_bias", "tensor_ids"]
+__all__ = [
+    "Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias",
+    "tensor_ids",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
@@ -23,33 +26,85 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 
 @dataclass(frozen=True)
+class Given:
+    """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text;
+    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``).
+
+    Example:
+        >>> from gptblock.check.roles.given import parse_given
+        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
+        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out', read=True)
+    """
+
+    path: str
+    slices: tuple[slice, ...] | None
+    layout: str
+    text: str
+    read: bool = True
+
+
+class Matrix(nn.Module):
+    """A parameter, or a slice of it, in its layout as a linear layer; read from the live
+    parameter at each call: the checker sets it."""
+
+    role: str
+    weight_of: Tensor
+    bias_of: Tensor | None
+    given: Given
+
+    def __init__(self, role: str, weight: Tensor, bias: Tensor | None, g: Given):
+        super().__init__()
+        # plain attributes, not parameters: the block owns them
+        self.__dict__.update(role=role, weight_of=weight, bias_of=bias, given=g)
+
+    def canonical(self) -> tuple[Tensor, Tensor | None]:
+        g, w, b = self.given, self.weight_of.detach(), self.bias_of
+        b = b.detach() if b is not None else None
+        in_out = g.layout == "in_out"
+        if g.slices is not None:
+            out = g.slices[w.dim() - (1 if in_out else 2)]  # the stored dimension of the output
+            w = w[g.slices]
+            if b is not None:  # (nh, hs) per head: heads, output
+                b = b[g.slices[0], out] if b.dim() == 2 == w.dim() - 1 else b[out]
+        w = w.transpose(-1, -2) if in_out else w  # (out, in), or (nh, out_h, in_h) per head
+        if w.dim() == 3:
+            nh, out_h, in_h = w.shape
+            if self.role == "proj":  # heads concatenate the input: (C, nh*hs)
+                w = w.permute(1, 0, 2).reshape(out_h, nh * in_h)
+            else:  # heads concatenate the output: (nh*hs, C)
+                w = w.reshape(nh * out_h, in_h)
+            b = b.reshape(-1) if b is not None else None
+        return w, b
+
+    def forward(self, h: Tensor) -> Tensor:
+        return _affine(*self.canonical())(h)
+
+
+@dataclass(frozen=True)
 class Part:
     """One weight-holding part: a ``linear`` is a module with a matrix ``weight`` and at most a
-    vector ``bias`` (``Conv1D`` stores (in, out)); a ``matrix`` a bare matrix with its bias."""
+    vector ``bias`` (``Conv1D`` stores (in, out)) or a ``Matrix``; a ``matrix`` a bare matrix
+    parameter with its bias, a ``Matrix`` read (out, in) unless ``laid`` (in, out)."""
 
     name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
     kind: str  # "norm", "linear", "matrix" or "mha"
     index: int  # its place in registration order
-    module: nn.Module  # for a ``matrix``, the module holding the parameter
+    module: nn.Module
     params: tuple[str, ...]  # the full names of the parameters it holds
-    shape: tuple[int, int] | None = None  # a ``linear``'s (out, in); a ``matrix``'s as stored
+    shape: tuple[int, int] | None = None  # (out, in) of a ``linear`` or ``matrix``
     width: int | None = None  # a ``norm``'s width (None: no weights to tell)
-    weight: Tensor | None = None  # a ``matrix``'s parameter
-    bias: Tensor | None = None  # a ``matrix``'s paired bias
 
-    def shape_as(self, in_out: bool) -> tuple[int, int] | None:
-        """(out, in) of a ``matrix`` read as stored (in, out) (``in_out``) or (out, in)."""
-        if self.kind != "matrix" or self.shape is None:
-            return self.shape
-        return (self.shape[1], self.shape[0]) if in_out else self.shape
+    def function(self) -> SubLayer:
+        return _called(self.module)
 
-    def function(self, in_out: bool = False) -> SubLayer:
-        """What a ``norm``, ``linear`` or ``matrix`` computes."""
-        if self.kind != "matrix":
-            return _called(self.module)
-        if self.weight is None:
-            raise ValueError(f"{self.name} is not a linear part")
-        return _affine(self.weight.t() if in_out else self.weight, self.bias)
+    def laid(self, in_out: bool) -> Part:
+        """A ``matrix`` read as stored (in, out) where ``in_out``."""
+        m = self.module
+        if not (in_out and isinstance(m, Matrix) and self.kind == "matrix" and self.shape):
+            return self
+        m = Matrix(m.role, m.weight_of, m.bias_of, replace(m.given, layout="in_out"))
+        shape = (self.shape[1], self.shape[0])
+        return replace(self, name=f"{self.name} (in, out)", module=m, shape=shape)
 
     @property
     def mha(self) -> nn.MultiheadAttention:
@@ -85,10 +140,8 @@ def named_parts(parts: list[Part], name: str) -> list[Part]:
 def tensor_ids(module: nn.Module, *names: str) -> set[int]:
     """The tensors ``names`` name (a tensor, module or glob each), by identity: tied weights and
     a module's own tensors agree (``named_parts``: the parts, by their names)."""
-    tensors = {
-        **dict(module.named_buffers(remove_duplicate=False)),
-        **dict(module.named_parameters(remove_duplicate=False)),
-    }
+    tensors = dict(module.named_buffers(remove_duplicate=False))
+    tensors |= dict(module.named_parameters(remove_duplicate=False))
     modules = list(module.named_modules(remove_duplicate=False))
     ids: set[int] = set()
     for name in names:
@@ -160,13 +213,13 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
     """The full name of the bias paired with the weight ``path``: weight/bias, W_Q/b_Q."""
     prefix, _, own = path.rpartition(".")
     sizes = {int(w.shape[0]), int(w.shape[-1])}
+    per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
     for wn, bn in _BIAS_PAIRS:
         for candidate in (own.replace(wn, bn, 1), re.sub(rf"{wn}$", bn, own)):
             full = f"{prefix}.{candidate}" if prefix else candidate
             b = named.get(full)
             if candidate == own or b is None:
                 continue
-            per_head = {(w.shape[0], w.shape[-1]), (w.shape[0], w.shape[1])}
             if w.dim() == 3 and (tuple(b.shape) in per_head or b.dim() == 1):
                 return full
             if w.dim() == 2 and b.dim() == 1 and int(b.shape[0]) in sizes:
@@ -213,21 +266,18 @@ def discover(module: nn.Module) -> list[Part]:
                 b = paired_bias(own, pname, p)
                 names = (full[pname], full[b]) if b else (full[pname],)
                 shape = (int(p.shape[0]), int(p.shape[1]))
-                bias = own[b] if b else None
-                parts.append(
-                    Part(full[pname], "matrix", len(parts), m, names, shape, weight=p, bias=bias)
-                )
+                g = Given(full[pname], None, "out_in", full[pname])
+                read = Matrix("", p, own[b] if b else None, g)
+                parts.append(Part(full[pname], "matrix", len(parts), read, names, shape))
     return parts
 
 
 def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) -> dict[str, int]:
     """The order in which the parts' modules are first called while ``call()`` runs the block
-    (a ``matrix`` is not a module: never); a block that raises returns what it called."""
+    (a ``matrix``'s never is); a block that raises returns what it called."""
     order: dict[str, int] = {}
     handles = []
     for part in parts:
-        if part.kind == "matrix":
-            continue
 
         def hook(m: nn.Module, args: object, name: str = part.name) -> None:
             order.setdefault(name, len(order))

@@ -19,12 +19,12 @@ from ..serve.subject import Probed, Subject
 from .dataflow import Unread
 from .given import check_claims, check_reading, fix_roles, parse_map
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
-from .parts import discover, observe, paired_bias, tensor_ids
+from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
 
 __all__ = [
-    "TRACE_B", "TRACE_T", "Readings", "Traces", "agrees", "dataflow", "read_parts", "suggest_map",
+    "TRACE_B", "TRACE_T", "Readings", "Traces", "dataflow", "read_parts", "suggest_map",
     "trace_shapes",
 ]  # fmt: skip
 
@@ -69,26 +69,6 @@ class Readings:
     describe: Callable[[int], str]  # the roles note for a reading
 
 
-def agrees(module: nn.Module, read: Reading, roles: Mapping[str, str]) -> bool:
-    """Whether every role names what the forward pass read it from (``qkv``: q's).
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.weights import read_block
-        >>> block = lesson.Block(16, 2, 8, dropout=0.0).double()
-        >>> read = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
-        >>> agrees(block, read, {"q": "sa.heads.*.query", "ln2": "ln2"})
-        True
-        >>> agrees(block, read, {"q": "sa.proj"})
-        False
-    """
-    held = {r: tensor_ids(module, *names) for r, names in read.params.items()}
-    return all(
-        tensor_ids(module, name) & held.get("q" if role == "qkv" else role, set())
-        for role, name in roles.items()
-    )
-
-
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
     apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences).
@@ -129,28 +109,24 @@ def read_parts(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
-    parts, given = discover(subject.module), parse_map(subject.module, roles)
-    check_claims(subject.module, subject.C, parts, roles, given)
-    if roles and not isinstance(found, str):
-        check_reading(subject.module, subject.C, found[0], roles, given)
-    sliced = any(c in n for n in roles.values() for c in "[:")  # read as given, never traced
-    if not isinstance(found, str) and not sliced and agrees(subject.module, found[0], roles):
-        read, x = found
+    module, C = subject.module, subject.C
+    parts, given = discover(module), parse_map(module, roles)
+    read = check_claims(module, C, parts, given)
+    if not isinstance(found, str) and check_reading(module, C, found[0], given, read):
+        reading, x = found
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
-        return Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+        return Readings((reading.parts,), (), (reading.heads,), x, lambda _: reading.describe())
     why = found if isinstance(found, str) else ""
     try:
-        fixed = fix_roles(subject.module, subject.C, parts, roles, given)
-    except UserValueError:
-        raise
+        kept, fixed = fix_roles(parts, given, read)
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     T = subject.T
-    x = subject.input(T, T, subject.C)
-    called = observe(subject.module, fixed.kept, lambda: subject(x))
-    mapped = map_roles(subject.module, subject.C, fixed.parts, called, fixed.roles)
+    x = subject.input(T, T, C)
+    called = observe(module, kept, lambda: subject(x))
+    mapped = map_roles(module, C, [*kept, *read.values()], called, fixed)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
@@ -159,9 +135,7 @@ def read_parts(
         )
     # (no fresh weights here: the checker chose every parameter's value before the probes ran,
     # and the weights read must be those values: gptblock.check.roles.provenance)
-    x = torch.randn(
-        T, T, subject.C, generator=torch.Generator().manual_seed(1), dtype=torch.float64
-    )
+    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
 
 
@@ -196,10 +170,12 @@ def suggest_map(module: nn.Module, C: int) -> str:
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            fixed = fix_roles(module, C, parts, roles, parse_map(module, roles))
+            given = parse_map(module, roles)
+            read = check_claims(module, C, parts, given)
+            kept, fixed = fix_roles(parts, given, read)
         except ValueError:
             continue
-        if isinstance(map_roles(module, C, fixed.parts, {}, fixed.roles), MappedBlock):
+        if isinstance(map_roles(module, C, [*kept, *read.values()], {}, fixed), MappedBlock):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
