@@ -1,8 +1,6 @@
-"""The block built and read where it runs (``Served``: in this process for ``isolate=False``, or
-in the builder process, ``main``, which also sends each build's ``recipe`` for the runner: the
-builder imports gptblock, so nothing it says decides the verdict); and the checker's view of a
-block in another process (``Remote``), whose answers are claims checked for form, its text
-bounded, its weights and modern block read here from the traces it records.
+"""The block built and read where it runs (``Served``: here for ``isolate=False``, or in the
+builder process, ``main``, which imports gptblock: nothing it says decides the verdict); and the
+checker's view of a block in another process (``Remote``), whose answers are claims.
 """
 
 from __future__ import annotations
@@ -23,18 +21,10 @@ from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.modern import check_modern
 from ..mistakes.report import CAUGHT, one_line, text
+from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import (
-    TRACE_T,
-    Readings,
-    Traces,
-    dataflow,
-    read_parts,
-    suggest_map,
-    trace_shapes,
-)
 from ..roles.trace import NoDropout, from_plain, record
 from ..serve.frames import Message
 from ..serve.loop import drive_cache
@@ -81,17 +71,19 @@ class Served(Held):
             target = self.targets[int(args["index"])]
             if isinstance(target, str):
                 self.target = load_target(target)
-                return {}, {}
-            try:
-                self.target = pickle.loads(target)
-            except CAUGHT as e:
-                raise UserValueError(
-                    f"cannot load the target in the child process: {one_line(e)}"
-                ) from e
+            else:
+                try:
+                    self.target = pickle.loads(target)
+                except CAUGHT as e:
+                    raise UserValueError(
+                        f"cannot load the target in the child process: {one_line(e)}"
+                    ) from e
             return {}, {}
-        if op == "width":
-            C, T = self.width()
-            return {"C": C, "T": T, "longest": self.longest}, {}
+        if op == "width":  # the block's width and the probes' length; longest 0: unknown
+            self.longest = max_length(self.module, self.sized, 0)
+            self.T = min(PROBE_T, self.longest or PROBE_T)
+            self.C = width(self.module, self.sized, self.T)
+            return {"C": self.C, "T": self.T, "longest": self.longest}, {}
         if op == "read":
             return self.read(args["roles"])
         if op == "suggest":
@@ -130,27 +122,18 @@ class Served(Held):
                 f"cannot send {description}'s arguments or module settings to a fresh process: {e}"
             ) from e
 
-    def width(self) -> tuple[int, int]:
-        """(C, T): the block's width and the probes' length; ``longest`` set (0: unknown)."""
-        self.longest = max_length(self.module, self.sized, 0)
-        self.T = min(PROBE_T, self.longest or PROBE_T)
-        self.C = width(self.module, self.sized, self.T)
-        return self.C, self.T
-
-    def read(self, roles: Mapping[str, str]) -> Message:
-        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
+    def read(self, roles: Mapping[str, str]) -> Message:  # as numbers, or "why" not
         notes: list[str] = []
-        longest = max_length(self.module, self.sized, TRACE_T)
-        found = read_parts(self.subject, self.traces, roles, longest, notes)
+        longest = max_length(self.module, self.sized, readings.TRACE_T)
+        found = readings.read_parts(self.subject, self.traces, roles, longest, notes)
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
 
-    def copy(self) -> dict[str, Any]:
-        """``Held.copy``, and the copy's forward passes recorded once per input (``Traces``)."""
+    def copy(self) -> dict[str, Any]:  # and its forward passes recorded once per input
         told = super().copy()
         s = self.subject
-        self.traces = Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
+        self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
         return told
 
     def set_parameters(self, values: Mapping[str, Tensor]) -> None:
@@ -163,23 +146,23 @@ class Served(Held):
         return how
 
     def modern(self) -> dict[str, Any]:
-        s, longest = self.subject, max_length(self.module, self.sized, TRACE_T)
+        s, longest = self.subject, max_length(self.module, self.sized, readings.TRACE_T)
         source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
         return modern_answer(source, self.traces, longest, s.no_dropout)
 
     def suggest(self) -> str:
-        return suggest_map(self.subject.module, self.C)
+        return readings.suggest_map(self.subject.module, self.C)
 
 
-def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Message:
-    """``found``'s parts as numbers (``plain.to_plain``), each with its description, as
-    ``Served.read`` answers; ``params``: the block's parameters."""
+def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
+    """``found``'s parts as numbers (``plain.to_plain``), each described; ``params``: the
+    block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
     parts: list[dict[str, Any]] = []
     describe: list[str] = []
-    readings, missed = 0, ""
+    counted, missed = 0, ""
     for i, p in enumerate([*found.readings, *found.fallback]):
         try:
             meta, read = to_plain(p, found.x, str(len(parts)), known)
@@ -189,19 +172,19 @@ def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> M
         parts.append(meta)
         tensors.update(read)
         describe.append(found.describe(i))
-        readings += i < len(found.readings)
+        counted += i < len(found.readings)
     if not parts:
         return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
-    meta = {"parts": parts, "readings": readings, "heads": list(found.heads), "describe": describe}
+    meta = {"parts": parts, "readings": counted, "heads": list(found.heads), "describe": describe}
     return {**meta, "notes": notes}, tensors
 
 
 def modern_answer(
-    source: Source, traces: Traces, longest: int, no_dropout: bool = False
+    source: Source, traces: readings.Traces, longest: int, no_dropout: bool = False
 ) -> dict[str, Any]:
-    """The modern comparison (``compare.modern``) as plain data; for the lessons' block, what its
-    attention computes that the references do not model, read from the last forward pass."""
-    B, T = trace_shapes(longest)[0]
+    """The modern comparison (``compare.modern``) as data; else what the block's attention
+    computes that the references do not model (its last forward pass)."""
+    B, T = readings.trace_shapes(longest)[0]
     with NoDropout() if no_dropout else contextlib.nullcontext():
         outcome = check_modern(source, traces.input(B, T))
     if outcome is None:
@@ -248,10 +231,9 @@ class Remote(Probed):
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
         record = lambda x: from_plain(*call("record", {"x": x}), device=self.device)  # noqa: E731
-        self.traces = Traces(self, record)
+        self.traces = readings.Traces(self, record)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
         shape, y = meta.get("shape"), tensors.get("y")
         if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
@@ -303,22 +285,20 @@ class Remote(Probed):
             raise ProtocolBroken("an unknown way of switching dropout off")
         return str(how)
 
-    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """The block's parts as numbers: read here from the dataflow of traces the block's
-        process recorded, else (with roles given, or by names) as that process says (checked
-        by ``receive.unpack_readings``)."""
-        found = "" if roles else dataflow(self.traces, self.longest or TRACE_T)
+    def read(self, roles: Mapping[str, str]) -> Message:
+        """Read here from the traces' dataflow, else (by roles or names) as the block's process
+        says (checked by ``receive.unpack_readings``)."""
+        found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
             return self.call("read", roles=dict(roles))
         read, x = found
-        readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
-        return plain_readings(readings, list(self.parameters().values()), [])
+        parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+        return plain_readings(parts, list(self.parameters().values()), [])
 
     def modern(self) -> dict[str, Any]:
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
-        return modern_answer(source, self.traces, self.longest or TRACE_T)
+        return modern_answer(source, self.traces, self.longest or readings.TRACE_T)
 
-    def suggest(self) -> str:
-        """The ``--map`` arguments the block's process suggests, if they are only that."""
+    def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)
         return said if re.fullmatch(_SUGGESTION, said) else ""
