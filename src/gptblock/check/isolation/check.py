@@ -21,7 +21,7 @@ import torch
 from ... import errors
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
-from ..compare.verdict import Progress, Service, decide
+from ..compare.verdict import Progress, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
 from .child import Child, Gone, ProtocolBroken, undumpable
@@ -260,12 +260,9 @@ def _at(
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
-    service: Service
-    if isinstance(call, Served):  # seeded: a report the same on every run
-        service, seeds = call, (FRESH_SEED, WEIGHTS_SEED)
-    else:  # claims, and inputs and weights from seeds the child never sees
-        service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
-        seeds = (secrets.randbits(63), secrets.randbits(63))
+    service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
+    # here, seeded: a report the same on every run; else from seeds the child never sees
+    seeds = (FRESH_SEED, WEIGHTS_SEED) if trusted else (secrets.randbits(63), secrets.randbits(63))
     fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)
     report = decide(service, description, roles, progress, fresh, weights, again=other)
     return replace(report, notes=[*notes, *report.notes]), bound(said.get("label", ""), 200)

@@ -25,9 +25,8 @@ from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.trace import NoDropout, from_plain, record
+from ..roles.trace import Trace, from_plain, record
 from ..serve.frames import Message
-from ..serve.loop import drive_cache
 from ..serve.runner import Held, serve, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
@@ -42,9 +41,9 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 class Served(Held):
     """``target`` built with ``kwargs`` and read (``runner.Held``'s answers, and ``width``,
-    ``read``, ``suggest``, ``modern``), for code the caller trusts: ``decide`` asks it directly.
-    In the builder process (``targets`` given) each ``load``s a target, and each build also says
-    its ``recipe`` for the runner. The last build's module settings stay set until ``undo``.
+    ``read``, ``suggest``), for code the caller trusts: asked directly (``Remote``). In the builder
+    process (``targets`` given) each ``load``s a target, and each build also says its ``recipe``
+    for the runner. The last build's module settings stay set until ``undo``.
 
     Example:
         >>> from gptblock import lesson
@@ -52,8 +51,6 @@ class Served(Held):
         >>> served("build")[0]["width"], served("width")[0], served("copy")[0]["dtype"]
         (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
     """
-
-    trusted = True  # in the checker's own process: what this object says is what the block did
 
     def __init__(
         self, target: object, kwargs: Mapping[str, object], targets: Sequence[str | bytes] = ()
@@ -88,7 +85,13 @@ class Served(Held):
             return self.read(args["roles"])
         if op == "suggest":
             return {"map": self.suggest()}, {}
-        return super().answer(op, args, tensors)
+        told = super().answer(op, args, tensors)
+        if op == "copy":  # its forward passes recorded once per input, until the weights change
+            s = self.subject
+            self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
+        elif op in ("set", "dropout_off"):
+            self.traces.clear()
+        return told
 
     def build(self, args: Mapping[str, Any]) -> Message:
         other = bool(args.get("other"))
@@ -130,26 +133,6 @@ class Served(Held):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
 
-    def copy(self) -> dict[str, Any]:  # and its forward passes recorded once per input
-        told = super().copy()
-        s = self.subject
-        self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
-        return told
-
-    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        super().set_parameters(values)
-        self.traces.clear()  # recorded with the weights before
-
-    def dropout_off(self) -> str:
-        how = super().dropout_off()
-        self.traces.clear()
-        return how
-
-    def modern(self) -> dict[str, Any]:
-        s, longest = self.subject, max_length(self.module, self.sized, readings.TRACE_T)
-        source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
-        return modern_answer(source, self.traces, longest, s.no_dropout)
-
     def suggest(self) -> str:
         return readings.suggest_map(self.subject.module, self.C)
 
@@ -179,14 +162,11 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
     return {**meta, "notes": notes}, tensors
 
 
-def modern_answer(
-    source: Source, traces: readings.Traces, longest: int, no_dropout: bool = False
-) -> dict[str, Any]:
+def modern_answer(source: Source, traces: readings.Traces, longest: int) -> dict[str, Any]:
     """The modern comparison (``compare.modern``) as data; else what the block's attention
     computes that the references do not model (its last forward pass)."""
     B, T = readings.trace_shapes(longest)[0]
-    with NoDropout() if no_dropout else contextlib.nullcontext():
-        outcome = check_modern(source, traces.input(B, T))
+    outcome = check_modern(source, traces.input(B, T))
     if outcome is None:
         scope = attention_scope(traces.last) if traces.last is not None else []
         return {"scope": scope} if scope else {}
@@ -215,23 +195,28 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class Remote(Probed):
-    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Probed`` and
-    ``Service``): its width ``C``, the probes' length ``T``, the ``name`` of the dtype it computes
-    in, the ``note`` it said of its copy and its ``longest`` sequence (0: unknown), as it says."""
-
-    device = torch.device("cpu")  # the tensors here; the block's own device is its process's
-    trusted = False  # answers from the block's process: claims
+    """A block asked through ``call`` (``compare.verdict``'s ``Probed`` and ``Service``): in
+    another process, whose answers are claims, or here (a ``Served``: ``trusted``); its width
+    ``C``, the probes' length ``T``, the ``name`` of the dtype it computes in, the ``note`` it
+    said of its copy and its ``longest`` sequence (0: unknown), as it says."""
 
     def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
         if str(name) not in DTYPES:
             raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
         self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
         self.tested, self.dtype = self, DTYPES[str(name)]
+        self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
+        self.trusted = self.here is not None  # then what it says is what the block did
+        self.device = torch.device("cpu") if self.here is None else self.here.device
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
-        self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
-        record = lambda x: from_plain(*call("record", {"x": x}), device=self.device)  # noqa: E731
-        self.traces = readings.Traces(self, record)
+        self.input(T, T, C)  # the draw the copy's first call takes
+        self.traces = readings.Traces(self, self.record)
+
+    def record(self, x: Tensor) -> Trace:  # the forward pass on x, as its process sent it
+        if (s := self.here) is not None:
+            return record(s.module, x, no_dropout=s.no_dropout)
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
@@ -249,8 +234,8 @@ class Remote(Probed):
             raise ProtocolBroken("an output that is not what its description says")
         return y
 
-    def own_rng(self) -> ContextManager[None]:
-        return contextlib.nullcontext()  # the block draws from its own process's generator
+    def own_rng(self) -> ContextManager[None]:  # in another process: its own generator
+        return contextlib.nullcontext() if self.here is None else self.here.own_rng()
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         meta, tensors = self.call("grads", {"x": x, "weights": weights}, inputs=inputs)

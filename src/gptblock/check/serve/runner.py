@@ -39,18 +39,17 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 class Held:
     """A process's answers about a block (``answer``): ``build`` makes the block (``module``), the
-    last build's module settings undone; the rest are made on the checker's copy (``subject``,
-    also ``tested``) that ``copy`` makes at ``C``, ``T`` and ``longest``."""
+    last build's module settings undone; the rest are made on the checker's copy (``subject``)
+    that ``copy`` makes at ``C``, ``T`` and ``longest``."""
 
     subject: Subject
-    tested: Subject
     module: nn.Module
 
     def __init__(self, request: Mapping[str, Any]) -> None:
         self.targets: list[str | bytes] = list(request["targets"])
         self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
         self.undo: Callable[[], None] = lambda: None
-        self.C, self.T, self.longest, self.note = 0, 0, 0, ""
+        self.C, self.T, self.longest = 0, 0, 0
 
     def build(self, args: Mapping[str, Any]) -> Message:
         i = int(args["index"])
@@ -60,29 +59,6 @@ class Held:
             raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
         self.module, self.undo = build(self.loaded[i], args["recipe"])
         return {}, {}
-
-    def copy(self) -> dict[str, Any]:
-        """Make the checker's copy (float64, eval); what it is, and what its first call raised
-        in both dtypes (``raised``: where, unless sizes that do not fit: then no check runs)."""
-        s = self.subject = self.tested = Subject(self.module, self.C, self.T, self.longest)
-        self.note, e = s.note, s.failure
-        failed = "" if e is None else one_line(e)
-        where = "" if e is None else learner_line(e, source(type(self.module)))
-        raised = "" if e is None or size_error(e) else failed + where
-        told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
-        return {**told, "note": s.note, "failed": failed, "raised": raised}
-
-    def parameters(self) -> dict[str, Tensor]:
-        return {n: p.detach() for n, p in self.subject.module.named_parameters()}
-
-    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        own = dict(self.subject.module.named_parameters())
-        with torch.no_grad():
-            for name, value in values.items():
-                p = own.get(name)
-                if p is None or p.shape != value.shape:
-                    raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
-                p.copy_(value.to(device=p.device, dtype=p.dtype))
 
     def dropout_off(self) -> str:
         """Set every dropout probability of the copy to 0, else switch dropout off where it runs
@@ -111,10 +87,16 @@ class Held:
             self.undo()
             self.undo = lambda: None
             return self.build(args)
-        if op == "copy":
+        if op == "copy":  # the checker's copy (float64, eval), and what its first call raised
             if "C" in args:
                 self.C, self.T, self.longest = int(args["C"]), int(args["T"]), int(args["longest"])
-            return self.copy(), {}
+            s = self.subject = Subject(self.module, self.C, self.T, self.longest)
+            e = s.failure
+            failed = "" if e is None else one_line(e)
+            where = "" if e is None else learner_line(e, source(type(self.module)))
+            raised = "" if e is None or size_error(e) else failed + where  # sizes: no check runs
+            told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
+            return {**told, "note": s.note, "failed": failed, "raised": raised}, {}
         s = self.subject
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
@@ -128,10 +110,16 @@ class Held:
             found.update({"input": got.input} if got.input is not None else {})
             return {"names": got.names, "failed": got.failed, "message": got.message}, found
         if op == "parameters":
-            values = self.parameters()
+            values = {n: p.detach() for n, p in s.module.named_parameters()}
             return {"names": list(values)}, values
         if op == "set":
-            self.set_parameters(tensors)
+            own = dict(s.module.named_parameters())
+            with torch.no_grad():
+                for name, value in tensors.items():
+                    p = own.get(name)
+                    if p is None or p.shape != value.shape:
+                        raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
+                    p.copy_(value.to(device=p.device, dtype=p.dtype))
             return {}, {}
         if op == "dropout_off":
             return {"how": self.dropout_off()}, {}
