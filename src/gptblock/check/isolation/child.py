@@ -23,6 +23,7 @@ from ... import errors
 from ...early import environment, take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.frames import Message, Reader, send
+from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
 
@@ -66,8 +67,6 @@ class _Output(threading.Thread):
 def undumpable() -> Iterator[None]:
     """This process not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``)
     cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
-    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
-
     before = prctl(PR_GET_DUMPABLE)
     changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
     try:

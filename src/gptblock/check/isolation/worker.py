@@ -162,26 +162,6 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
     return {**meta, "notes": notes}, tensors
 
 
-def modern_answer(source: Source, traces: readings.Traces, longest: int) -> dict[str, Any]:
-    """The modern comparison (``compare.modern``) as data; else what the block's attention
-    computes that the references do not model (its last forward pass)."""
-    B, T = readings.trace_shapes(longest)[0]
-    outcome = check_modern(source, traces.input(B, T))
-    if outcome is None:
-        scope = attention_scope(traces.last) if traces.last is not None else []
-        return {"scope": scope} if scope else {}
-    f = outcome.finding
-    return {
-        "notes": list(outcome.notes),
-        "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-        "mistakes": list(outcome.mistakes),
-        "details": dict(outcome.details),
-        "alternatives": [list(a) for a in outcome.alternatives],
-        "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
-        "tensors": outcome.parts[1] if outcome.parts else {},
-    }
-
-
 def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
     return serve(
@@ -281,8 +261,25 @@ class Remote(Probed):
         return plain_readings(parts, list(self.parameters().values()), [])
 
     def modern(self) -> dict[str, Any]:
+        """The modern comparison (``compare.modern``) as data; else what the block's attention
+        computes that the references do not model (its last forward pass)."""
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
-        return modern_answer(source, self.traces, self.longest or readings.TRACE_T)
+        B, T = readings.trace_shapes(self.longest or readings.TRACE_T)[0]
+        outcome = check_modern(source, self.traces.input(B, T))
+        if outcome is None:
+            last = self.traces.last
+            scope = attention_scope(last) if last is not None else []
+            return {"scope": scope} if scope else {}
+        f = outcome.finding
+        return {
+            "notes": list(outcome.notes),
+            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
+            "mistakes": list(outcome.mistakes),
+            "details": dict(outcome.details),
+            "alternatives": [list(a) for a in outcome.alternatives],
+            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
+            "tensors": outcome.parts[1] if outcome.parts else {},
+        }
 
     def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)

@@ -160,6 +160,13 @@ def to_data(value: object, home: object) -> object:
     return encode(value, other)
 
 
+_MADE: dict[str, Callable[[Any], object]] = {
+    "tuple": tuple, "device": torch.device, "complex": lambda v: complex(*v),
+    "pickle": lambda v: pickle.loads(bytes.fromhex(v)),
+    **dict.fromkeys(("dtype", "layout", "memory_format"), functools.partial(getattr, torch)),
+}  # fmt: skip
+
+
 def _from_data(data: Any, home: object) -> Any:
     """``to_data``'s value made again; a config as its class called with its fields (a
     dataclass: its ``init`` fields), else made without calling it, its attributes set."""
@@ -168,18 +175,10 @@ def _from_data(data: Any, home: object) -> Any:
     if not isinstance(data, dict):
         return data
     key, value = next(iter(data.items()))
-    if key == "tuple":
-        return tuple(_from_data(v, home) for v in value)
     if key == "dict":
         return {k: _from_data(v, home) for k, v in value.items()}
-    if key in ("dtype", "layout", "memory_format"):
-        return getattr(torch, value)
-    if key == "device":
-        return torch.device(value)
-    if key == "complex":
-        return complex(*value)
-    if key == "pickle":
-        return pickle.loads(bytes.fromhex(value))
+    if key in _MADE:
+        return _MADE[key](_from_data(value, home) if key == "tuple" else value)
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)
