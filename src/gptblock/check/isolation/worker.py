@@ -6,7 +6,6 @@ checker's view of a block in another process (``Remote``), whose answers are cla
 from __future__ import annotations
 
 import contextlib
-import pickle
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
 from ..roles.trace import Trace, from_plain, record
 from ..serve.frames import Message
-from ..serve.runner import Held, serve, to_data
+from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
 
@@ -58,23 +57,20 @@ class Served(Held):
         super().__init__({"targets": targets})
         self.target, self.kwargs, self.sized = target, kwargs, kwargs
 
-    def __call__(
-        self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any
-    ) -> Message:
+    def __call__(self, op: str, tensors: dict[str, Tensor] | None = None, **args: Any) -> Message:
         return self.answer(op, args, tensors or {})
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         if op == "load":
             target = self.targets[int(args["index"])]
-            if isinstance(target, str):
-                self.target = load_target(target)
-            else:
-                try:
-                    self.target = pickle.loads(target)
-                except CAUGHT as e:
-                    raise UserValueError(
-                        f"cannot load the target in the child process: {one_line(e)}"
-                    ) from e
+            try:
+                self.target = load_target(target) if isinstance(target, str) else load(target)
+            except UserError:
+                raise
+            except CAUGHT as e:
+                raise UserValueError(
+                    f"cannot load the target in the child process: {one_line(e)}"
+                ) from e
             return {}, {}
         if op == "width":  # the block's width and the probes' length; longest 0: unknown
             self.longest = max_length(self.module, self.sized, 0)
@@ -100,11 +96,10 @@ class Served(Held):
             return {"none": True}, {}
         self.module, self.undo = built.module, built.undo
         self.sized = built.args if other else self.kwargs
-        told: dict[str, Any] = {"description": built.description, "label": built.label}
-        told["notes"] = built.notes
+        told: dict[str, Any] = {"description": built.description, "notes": built.notes}
         if self.targets:
             told["recipe"] = self.recipe(built.args, built.description)
-        return {**told, "width": built.width}, {}
+        return {**told, "label": built.label, "width": built.width}, {}
 
     def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
         """What the runner builds the block from: its arguments and the module settings the
@@ -113,10 +108,9 @@ class Served(Held):
         own: dict[str, Any] = vars(home) if home else {}
         built = dict(own)
         self.undo()
-        restored = dict(own)
-        changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+        changed = {n: v for n, v in built.items() if n in own and own[n] is not v}
+        self.undo = partial(own.update, {n: own[n] for n in changed})
         own.update(changed)
-        self.undo = partial(own.update, {n: restored[n] for n in changed})
         try:
             return {"settings": {n: to_data(v, home) for n, v in changed.items()},
                     "args": to_data(args, home)}  # fmt: skip

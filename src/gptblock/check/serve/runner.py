@@ -60,26 +60,6 @@ class Held:
         self.module, self.undo = build(self.loaded[i], args["recipe"])
         return {}, {}
 
-    def dropout_off(self) -> str:
-        """Set every dropout probability of the copy to 0, else switch dropout off where it runs
-        (``loop.NoDropout``); how, if then its eval outputs are deterministic, else ``""``."""
-        s = self.subject
-        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
-            for name, value in vars(m).items():
-                if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
-                    setattr(m, name, 0.0)
-        x = s.input(s.T, s.T, s.C)
-        for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
-            s.no_dropout = switched_off
-            try:
-                with s.own_rng():
-                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
-                        return "switched off" if switched_off else "with its probability set to 0"
-            except CAUGHT:
-                pass
-        s.no_dropout = False
-        return ""
-
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
         ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
@@ -121,8 +101,20 @@ class Held:
                         raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
                     p.copy_(value.to(device=p.device, dtype=p.dtype))
             return {}, {}
-        if op == "dropout_off":
-            return {"how": self.dropout_off()}, {}
+        if op == "dropout_off":  # every dropout probability 0, else dropout off where it runs
+            for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
+                for name, value in vars(m).items():
+                    if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
+                        setattr(m, name, 0.0)
+            how, x = "", s.input(s.T, s.T, s.C)  # how, if then its eval outputs are the same
+            for switched_off in (False, True):  # (a probability it cannot reach: NoDropout)
+                s.no_dropout = switched_off
+                with contextlib.suppress(*CAUGHT), s.own_rng():
+                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
+                        how = "switched off" if switched_off else "with its probability set to 0"
+                        break
+            s.no_dropout = how == "switched off"
+            return {"how": how}, {}
         if op == "record":  # (this module's ``record``: a forgery test swaps it)
             return record(s.module, x, no_dropout=s.no_dropout)
         if op == "cache":
