@@ -27,7 +27,7 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 
 __all__ = [
-    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "NoDropout", "UserValueError",
+    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "Message", "NoDropout", "UserValueError",
     "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
@@ -36,6 +36,7 @@ __all__ = [
 CAUGHT = (Exception, SystemExit)
 
 Tensor = torch.Tensor
+Message = tuple[dict[str, Any], dict[str, Tensor]]  # a JSON object and tensors
 INPUT = -1  # a node's op: the block's input
 LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
@@ -251,9 +252,7 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     return y
 
 
-def drive_cache(
-    module: nn.Module, x: Tensor, *, no_dropout: bool = False
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """The block's cache API driven on ``x`` (B, T, C), on a copy: ``({"api": ...}, {"whole":
     the last position's output, "step": the cached step's})``, both (B, 1, C); ``"raised"``."""
     api = cache_api(module)
@@ -270,9 +269,7 @@ def drive_cache(
     return {"api": api}, {"whole": whole[:, -1:], "step": step}
 
 
-def record(
-    module: nn.Module, x: Tensor, *, no_dropout: bool = False
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data: ``ops``,
     ``nodes`` ([op, depends on the input, name]; node i's value is ``tensors[f"n{i}"]``, a
     complex one as its real view), ``input``, ``output`` (null: no tensor it made), ``calls``
