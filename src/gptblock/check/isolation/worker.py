@@ -24,7 +24,7 @@ from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.trace import Trace, from_plain, record
+from ..roles.trace import from_plain, record
 from ..serve.frames import Message
 from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
@@ -185,12 +185,12 @@ class Remote(Probed):
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes
-        self.traces = readings.Traces(self, self.record)
-
-    def record(self, x: Tensor) -> Trace:  # the forward pass on x, as its process sent it
-        if (s := self.here) is not None:
-            return record(s.module, x, no_dropout=s.no_dropout)
-        return from_plain(*self.call("record", {"x": x}), device=self.device)
+        if isinstance(call, Served):  # its forward passes as recorded here
+            self.traces = call.traces
+        else:
+            self.traces = readings.Traces(
+                self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
+            )
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
