@@ -33,8 +33,7 @@ from .child import ProtocolBroken
 __all__ = ["Call", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
-Call = Callable[..., Message]
-"""``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
+Call = Callable[..., Message]  # call(op, tensors=None, **args): one request's answer
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
 
@@ -137,9 +136,7 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
-    parts: list[dict[str, Any]] = []
-    describe: list[str] = []
-    counted, missed = 0, ""
+    parts, describe, counted, missed = list[dict[str, Any]](), list[str](), 0, ""
     for i, p in enumerate([*found.readings, *found.fallback]):
         try:
             meta, read = to_plain(p, found.x, str(len(parts)), known)

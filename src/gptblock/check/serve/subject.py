@@ -191,8 +191,7 @@ class Subject(Probed):
         return other
 
     def own_rng(self) -> ContextManager[None]:
-        devices = [self.device] if self.device.type == "cuda" else []
-        return torch.random.fork_rng(devices=devices)
+        return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y as 0), with
