@@ -82,8 +82,9 @@ def check_isolated(
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     states = [_State(name, f"loading {name}") for name in names]
 
-    def check(call: Call, i: int) -> CheckReport:
+    def check(call: Call, j: int, i: int) -> CheckReport:
         try:
+            call("load", index=j)
             return two_sizes(call, roles, states[i])
         except Raised as e:  # where the checker does not expect the block to raise
             note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"
@@ -113,8 +114,9 @@ def ask_isolated(
     ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
     cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
 
-    def one(call: Call, i: int) -> Answer | str:
+    def one(call: Call, j: int, i: int) -> Answer | str:
         try:
+            call("load", index=j)
             return ask(call, i)
         except (Raised, errors.UserError) as e:
             return str(e)
@@ -126,11 +128,11 @@ def _in_children(
     sent: Sequence[str | bytes],
     kwargs: Mapping[str, object],
     timeout: float,
-    ask: Callable[[Call, int], Answer],
+    ask: Callable[[Call, int, int], Answer],
     cut: Callable[[int, str], Answer],
     noted: bool = False,
 ) -> list[Answer]:
-    """``ask(call, i)`` for each target i, loaded in a child, within ``timeout`` seconds, ``cut(i,
+    """``ask(call, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds, ``cut(i,
     how the child stopped answering)`` where it did: the targets after it get a fresh child.
     ``noted``: a child per file (one learner's code cannot answer for another's), and each
     report noted with what the checked code wrote."""
@@ -150,8 +152,7 @@ def _in_children(
                 for i in range(first, last):
                     child.deadline = time.monotonic() + timeout
                     try:
-                        child.call("load", index=i - first)
-                        answers.append(ask(child.call, i))
+                        answers.append(ask(child.call, i - first, i))
                     except Gone as e:
                         flag = " (--timeout)" if noted else ""
                         stopped = f"did not finish within {timeout:g} s{flag} and was stopped"
