@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from ... import errors
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
-from ..compare.verdict import Progress, Service, decide
+from ..compare.verdict import Progress, decide
 from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
 from ..serve.subject import one_thread
 from .child import Child, Gone, ProtocolBroken, undumpable
@@ -59,8 +59,9 @@ class _State:
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
 
-    def stopped(self, finding: Finding, note: str) -> CheckReport:
-        return CheckReport(self.description or self.name, [*self.findings, finding], [], {}, [note])
+    def stopped(self, name: str, said: str, note: str) -> CheckReport:
+        findings = [*self.findings, Finding(name, False, said)]
+        return CheckReport(self.description or self.name, findings, [], {}, [note])
 
 
 def check_isolated(
@@ -81,14 +82,15 @@ def check_isolated(
     names = [t if isinstance(t, str) else _name(t) for t in targets]
     states = [_State(name, f"loading {name}") for name in names]
 
-    def check(child: Child, j: int, i: int) -> CheckReport:
+    def check(call: Call, j: int, i: int) -> CheckReport:
         try:
-            child.call("load", index=j)
-            return two_sizes(lambda p, other: _at(child.call, p, roles, other), states[i])
+            call("load", index=j)
+            return two_sizes(call, roles, states[i])
         except Raised as e:  # where the checker does not expect the block to raise
-            said = f"the check stopped during {states[i].where}: {e}"
             note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"
-            return states[i].stopped(Finding("check", False, said), note)
+            return states[i].stopped(
+                "check", f"the check stopped during {states[i].where}: {e}", note
+            )
 
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
@@ -97,57 +99,12 @@ def check_isolated(
             raise errors.UserValueError(
                 f"cannot {verb} {s.name}: its process {what} while {s.where}"
             )
-        said = f"the process running the block {what} during {s.where}"
         note = "the check was cut short; the findings before it are kept"
-        return s.stopped(Finding("process", False, said), note)
+        return s.stopped("process", f"the process running the block {what} during {s.where}", note)
 
     with tempfile.TemporaryDirectory() as folder:
         sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
-        noted = lambda r, n: replace(r, notes=[*r.notes, n])  # noqa: E731
-        return _in_children(sent, kwargs, timeout, check, cut, noted)
-
-
-def _in_children(
-    sent: Sequence[str | bytes],
-    kwargs: Mapping[str, object],
-    timeout: float,
-    ask: Callable[[Child, int, int], Answer],
-    cut: Callable[[int, str], Answer],
-    note: Callable[[Answer, str], Answer] | None = None,
-) -> list[Answer]:
-    """``ask(child, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds,
-    ``cut(i, how the child stopped answering)`` where it did: the targets after it get a fresh
-    child. With ``note``: a child per file (one learner's code cannot answer for another's),
-    and ``note(answer, what the checked code wrote)``."""
-    for t in sent:
-        if isinstance(t, str):
-            check_spec(t)  # a malformed spec or a missing file needs no child to say so
-    answers: list[Answer] = []
-    where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
-    with undumpable(), one_thread():
-        while len(answers) < len(sent):
-            first = last = len(answers)
-            while last < len(sent) and (where[last] == where[first] or note is None):
-                last += 1
-            child = Child(sent[first:last], kwargs)
-            try:
-                child.ready()
-                for i in range(first, last):
-                    child.deadline = time.monotonic() + timeout
-                    try:
-                        answers.append(ask(child, i - first, i))
-                    except Gone as e:
-                        flag = " (--timeout)" if note else ""
-                        stopped = f"did not finish within {timeout:g} s{flag} and was stopped"
-                        answers.append(cut(i, stopped if str(e) == "timeout" else str(e)))
-                        break
-            finally:
-                child.close()
-            noisy = [o.describe() for o in child.outputs if o.size]
-            if noisy and note is not None:
-                said = f"the checked code wrote {' and '.join(noisy)}; not shown"
-                answers[first:] = [note(r, said) for r in answers[first:]]
-    return answers
+        return _in_children(sent, kwargs, timeout, check, cut, noted=True)
 
 
 def ask_isolated(
@@ -157,14 +114,57 @@ def ask_isolated(
     ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
     cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
 
-    def one(child: Child, j: int, i: int) -> Answer | str:
+    def one(call: Call, j: int, i: int) -> Answer | str:
         try:
-            child.call("load", index=j)
-            return ask(child.call, i)
+            call("load", index=j)
+            return ask(call, i)
         except (Raised, errors.UserError) as e:
             return str(e)
 
     return _in_children(targets, {}, timeout, one, lambda i, what: f"its process {what}")
+
+
+def _in_children(
+    sent: Sequence[str | bytes],
+    kwargs: Mapping[str, object],
+    timeout: float,
+    ask: Callable[[Call, int, int], Answer],
+    cut: Callable[[int, str], Answer],
+    noted: bool = False,
+) -> list[Answer]:
+    """``ask(call, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds, ``cut(i,
+    how the child stopped answering)`` where it did: the targets after it get a fresh child.
+    ``noted``: a child per file (one learner's code cannot answer for another's), and each
+    report noted with what the checked code wrote."""
+    for t in sent:
+        if isinstance(t, str):
+            check_spec(t)  # a malformed spec or a missing file needs no child to say so
+    answers: list[Any] = []
+    where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
+    with undumpable(), one_thread():
+        while len(answers) < len(sent):
+            first = last = len(answers)
+            while last < len(sent) and (where[last] == where[first] or not noted):
+                last += 1
+            child = Child(sent[first:last], kwargs)
+            try:
+                child.ready()
+                for i in range(first, last):
+                    child.deadline = time.monotonic() + timeout
+                    try:
+                        answers.append(ask(child.call, i - first, i))
+                    except Gone as e:
+                        flag = " (--timeout)" if noted else ""
+                        stopped = f"did not finish within {timeout:g} s{flag} and was stopped"
+                        answers.append(cut(i, stopped if str(e) == "timeout" else str(e)))
+                        break
+            finally:
+                child.close()
+            noisy = [o.describe() for o in child.outputs if o.size]
+            if noisy and noted:
+                said = f"the checked code wrote {' and '.join(noisy)}; not shown"
+                answers[first:] = [replace(r, notes=[*r.notes, said]) for r in answers[first:]]
+    return answers
 
 
 def _sent(target: object, folder: Path) -> str | bytes:
@@ -190,25 +190,6 @@ def _name(target: object) -> str:
     return str(getattr(target, "__qualname__", type(target).__name__))
 
 
-def two_sizes(
-    at: Callable[[Progress, bool], tuple[CheckReport, str] | str], progress: Progress | None
-) -> CheckReport:
-    """The check ``at`` the file's sizes (``False``: the report and the sizes' label), then at
-    the other sizes (``True``: or why not), combined (``sizes.combine``: PASS needs both). A
-    mistake diagnosed at the file's sizes is not checked again: it would stay the verdict."""
-    first = at(progress or _State(), False)
-    if isinstance(first, str):  # the file's sizes raise rather than say why not
-        raise RuntimeError(f"no report at the file's sizes: {first}")
-    if first[0].verdict == "FAIL" and first[0].diagnosis:
-        return first[0]
-    try:
-        second = at(_State(outer=progress), True)
-    except (Raised, errors.UserError) as e:  # a block raising where the checker does not
-        second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
-    report, other = (second, "") if isinstance(second, str) else second
-    return combine(first[0], report, first[1], other)
-
-
 def check_in_process(
     target: object, kwargs: Mapping[str, object], roles: Mapping[str, str],
     progress: Progress | None = None,
@@ -219,9 +200,26 @@ def check_in_process(
     local = Served(target, kwargs)
     try:
         with one_thread():
-            return two_sizes(lambda p, other: _at(local, p, roles, other), progress)
+            return two_sizes(local, roles, progress or _State())
     finally:
         local.undo()
+
+
+def two_sizes(call: Call, roles: Mapping[str, str], progress: Progress) -> CheckReport:
+    """The check at the file's sizes, then at the other sizes (or why not), combined
+    (``sizes.combine``: PASS needs both). A mistake diagnosed at the file's sizes is not
+    checked again: it would stay the verdict."""
+    first = _at(call, progress, roles, False)
+    if isinstance(first, str):  # the file's sizes are always built (in this process)
+        raise ProtocolBroken("no block at the file's sizes")
+    if first[0].verdict == "FAIL" and first[0].diagnosis:
+        return first[0]
+    try:
+        second = _at(call, _State(outer=progress), roles, True)
+    except (Raised, errors.UserError) as e:  # a block raising where the checker does not
+        second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
+    report, other = (second, "") if isinstance(second, str) else second
+    return combine(first[0], report, first[1], other)
 
 
 def _at(
@@ -263,12 +261,9 @@ def _at(
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
-    service: Service
-    if trusted and isinstance(call, Served):  # seeded: a report the same on every run
-        service, seeds = call, (FRESH_SEED, WEIGHTS_SEED)
-    else:  # claims, and inputs and weights from seeds the child never sees
-        service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
-        seeds = (secrets.randbits(63), secrets.randbits(63))
+    service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
+    # here, seeded: a report the same on every run; else from seeds the child never sees
+    seeds = (FRESH_SEED, WEIGHTS_SEED) if trusted else (secrets.randbits(63), secrets.randbits(63))
     fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)
     report = decide(service, description, roles, progress, fresh, weights, again=other)
     return replace(report, notes=[*notes, *report.notes]), bound(said.get("label", ""), 200)

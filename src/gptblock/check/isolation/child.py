@@ -23,6 +23,7 @@ from ... import errors
 from ...early import environment, take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.frames import Message, Reader, send
+from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
 
@@ -66,8 +67,6 @@ class _Output(threading.Thread):
 def undumpable() -> Iterator[None]:
     """This process not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``)
     cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
-    from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
-
     before = prctl(PR_GET_DUMPABLE)
     changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
     try:
@@ -92,7 +91,7 @@ class Child:
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
         self.said, self.eof, self.shape = b"", False, dict[str, Any]()  # what the supervisor said
-        self.id, self.index, self.synced, self.dropout = 0, 0, False, False
+        self.id, self.index, self.dropout = 0, 0, False
         self.deadline = time.monotonic() + STARTUP_LIMIT
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
@@ -119,16 +118,14 @@ class Child:
             if said.get("none") is not True:
                 recipe = said.pop("recipe", None)
                 self._ask("runner", op, None, index=self.index, recipe=recipe)
-                self.synced = self.dropout = False
+                self.dropout = False
             return said, {}
         if op in ("load", "width", "read", "suggest"):
             self.index = int(args.get("index", self.index))
             if op in ("read", "suggest"):  # on the builder's copy, made as the runner's is
-                if not self.synced:
-                    self._ask("builder", "copy", None, **self.shape)
-                    if self.dropout:
-                        self._ask("builder", "dropout_off", None)
-                    self.synced = True
+                self._ask("builder", "copy", None, **self.shape)
+                if self.dropout:
+                    self._ask("builder", "dropout_off", None)
                 self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
             return self._ask("builder", op, tensors, **args)
         if op == "copy":

@@ -5,7 +5,7 @@ This file runs as ``supervise.py`` (standard library and torch only), the fork s
 of a PID namespace of its own where Linux lets it (else a block that SIGKILLs it can leave
 processes behind), is the subreaper of all below it, forks each job of stdin's first line (JSON
 ``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
-says ``supervisor PID``, ``pid NAME N`` and ``exit NAME RC``.
+says ``supervisor PID`` and ``exit NAME RC``.
 """
 
 from __future__ import annotations
@@ -229,8 +229,6 @@ def main(argv: list[str]) -> NoReturn:
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
-    with contextlib.suppress(ImportError):
-        import torch  # noqa: F401  (once for every job: each is forked from here)
     data = b""
     while b"\n" not in data and (chunk := os.read(0, 1 << 16)):  # the jobs; none if it closes
         data += chunk
@@ -242,7 +240,6 @@ def main(argv: list[str]) -> NoReturn:
         if pid == 0:
             _job(str(module), [int(p) for p in pipes], out_fd, err_fd, handlers)
         running[pid] = str(name)
-        _say(f"pid {name} {pid}")
     for fd in fds:
         os.close(fd)
     sessions = list(running)

@@ -1,14 +1,11 @@
-"""The block built and read where it runs (``Served``: in this process for ``isolate=False``, or
-in the builder process, ``main``, which also sends each build's ``recipe`` for the runner: the
-builder imports gptblock, so nothing it says decides the verdict); and the checker's view of a
-block in another process (``Remote``), whose answers are claims checked for form, its text
-bounded, its weights and modern block read here from the traces it records.
+"""The block built and read where it runs (``Served``: here for ``isolate=False``, or in the
+builder process, ``main``, which imports gptblock: nothing it says decides the verdict); and the
+checker's view of a block in another process (``Remote``), whose answers are claims.
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -23,38 +20,28 @@ from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.modern import check_modern
 from ..mistakes.report import CAUGHT, one_line, text
+from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.readings import (
-    TRACE_T,
-    Readings,
-    Traces,
-    dataflow,
-    read_parts,
-    suggest_map,
-    trace_shapes,
-)
-from ..roles.trace import NoDropout, from_plain, record
+from ..roles.trace import from_plain, record
 from ..serve.frames import Message
-from ..serve.loop import drive_cache
-from ..serve.runner import Held, serve, to_data
+from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
 
 __all__ = ["Call", "Remote", "Served", "main"]
 
 Tensor = torch.Tensor
-Call = Callable[..., Message]
-"""``call(op, tensors=None, **args)``: one request's answer, (JSON object, tensors)."""
+Call = Callable[..., Message]  # call(op, tensors=None, **args): one request's answer
 PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block's block_size
 
 
 class Served(Held):
     """``target`` built with ``kwargs`` and read (``runner.Held``'s answers, and ``width``,
-    ``read``, ``suggest``, ``modern``), for code the caller trusts: ``decide`` asks it directly.
-    In the builder process (``targets`` given) each ``load``s a target, and each build also says
-    its ``recipe`` for the runner. The last build's module settings stay set until ``undo``.
+    ``read``, ``suggest``), for code the caller trusts: asked directly (``Remote``). In the builder
+    process (``targets`` given) each ``load``s a target, and each build also says its ``recipe``
+    for the runner. The last build's module settings stay set until ``undo``.
 
     Example:
         >>> from gptblock import lesson
@@ -63,40 +50,43 @@ class Served(Held):
         (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
     """
 
-    trusted = True  # in the checker's own process: what this object says is what the block did
-
     def __init__(
         self, target: object, kwargs: Mapping[str, object], targets: Sequence[str | bytes] = ()
     ):
         super().__init__({"targets": targets})
         self.target, self.kwargs, self.sized = target, kwargs, kwargs
 
-    def __call__(
-        self, op: str, tensors: Mapping[str, Tensor] | None = None, **args: Any
-    ) -> Message:
+    def __call__(self, op: str, tensors: dict[str, Tensor] | None = None, **args: Any) -> Message:
         return self.answer(op, args, tensors or {})
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         if op == "load":
             target = self.targets[int(args["index"])]
-            if isinstance(target, str):
-                self.target = load_target(target)
-                return {}, {}
             try:
-                self.target = pickle.loads(target)
+                self.target = load_target(target) if isinstance(target, str) else load(target)
+            except UserError:
+                raise
             except CAUGHT as e:
                 raise UserValueError(
                     f"cannot load the target in the child process: {one_line(e)}"
                 ) from e
             return {}, {}
-        if op == "width":
-            C, T = self.width()
-            return {"C": C, "T": T, "longest": self.longest}, {}
+        if op == "width":  # the block's width and the probes' length; longest 0: unknown
+            self.longest = max_length(self.module, self.sized, 0)
+            self.T = min(PROBE_T, self.longest or PROBE_T)
+            self.C = width(self.module, self.sized, self.T)
+            return {"C": self.C, "T": self.T, "longest": self.longest}, {}
         if op == "read":
             return self.read(args["roles"])
         if op == "suggest":
             return {"map": self.suggest()}, {}
-        return super().answer(op, args, tensors)
+        told = super().answer(op, args, tensors)
+        if op == "copy":  # its forward passes recorded once per input, until the weights change
+            s = self.subject
+            self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
+        elif op in ("set", "dropout_off"):
+            self.traces.clear()
+        return told
 
     def build(self, args: Mapping[str, Any]) -> Message:
         other = bool(args.get("other"))
@@ -105,11 +95,10 @@ class Served(Held):
             return {"none": True}, {}
         self.module, self.undo = built.module, built.undo
         self.sized = built.args if other else self.kwargs
-        told: dict[str, Any] = {"description": built.description, "label": built.label}
-        told["notes"] = built.notes
+        told: dict[str, Any] = {"description": built.description, "notes": built.notes}
         if self.targets:
             told["recipe"] = self.recipe(built.args, built.description)
-        return {**told, "width": built.width}, {}
+        return {**told, "label": built.label, "width": built.width}, {}
 
     def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
         """What the runner builds the block from: its arguments and the module settings the
@@ -118,10 +107,9 @@ class Served(Held):
         own: dict[str, Any] = vars(home) if home else {}
         built = dict(own)
         self.undo()
-        restored = dict(own)
-        changed = {n: v for n, v in built.items() if n in restored and restored[n] is not v}
+        changed = {n: v for n, v in built.items() if n in own and own[n] is not v}
+        self.undo = partial(own.update, {n: own[n] for n in changed})
         own.update(changed)
-        self.undo = partial(own.update, {n: restored[n] for n in changed})
         try:
             return {"settings": {n: to_data(v, home) for n, v in changed.items()},
                     "args": to_data(args, home)}  # fmt: skip
@@ -130,56 +118,25 @@ class Served(Held):
                 f"cannot send {description}'s arguments or module settings to a fresh process: {e}"
             ) from e
 
-    def width(self) -> tuple[int, int]:
-        """(C, T): the block's width and the probes' length; ``longest`` set (0: unknown)."""
-        self.longest = max_length(self.module, self.sized, 0)
-        self.T = min(PROBE_T, self.longest or PROBE_T)
-        self.C = width(self.module, self.sized, self.T)
-        return self.C, self.T
-
-    def read(self, roles: Mapping[str, str]) -> Message:
-        """The block's parts as numbers (``plain``), or why they cannot be read (``"why"``)."""
+    def read(self, roles: Mapping[str, str]) -> Message:  # as numbers, or "why" not
         notes: list[str] = []
-        longest = max_length(self.module, self.sized, TRACE_T)
-        found = read_parts(self.subject, self.traces, roles, longest, notes)
+        longest = max_length(self.module, self.sized, readings.TRACE_T)
+        found = readings.read_parts(self.subject, self.traces, roles, longest, notes)
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
 
-    def copy(self) -> dict[str, Any]:
-        """``Held.copy``, and the copy's forward passes recorded once per input (``Traces``)."""
-        told = super().copy()
-        s = self.subject
-        self.traces = Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
-        return told
-
-    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        super().set_parameters(values)
-        self.traces.clear()  # recorded with the weights before
-
-    def dropout_off(self) -> str:
-        how = super().dropout_off()
-        self.traces.clear()
-        return how
-
-    def modern(self) -> dict[str, Any]:
-        s, longest = self.subject, max_length(self.module, self.sized, TRACE_T)
-        source = Source(self.traces, lambda x: s.module(x.clone()), partial(drive_cache, s.module))
-        return modern_answer(source, self.traces, longest, s.no_dropout)
-
     def suggest(self) -> str:
-        return suggest_map(self.subject.module, self.C)
+        return readings.suggest_map(self.subject.module, self.C)
 
 
-def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> Message:
-    """``found``'s parts as numbers (``plain.to_plain``), each with its description, as
-    ``Served.read`` answers; ``params``: the block's parameters."""
+def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
+    """``found``'s parts as numbers (``plain.to_plain``), each described; ``params``: the
+    block's parameters."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
-    parts: list[dict[str, Any]] = []
-    describe: list[str] = []
-    readings, missed = 0, ""
+    parts, describe, counted, missed = list[dict[str, Any]](), list[str](), 0, ""
     for i, p in enumerate([*found.readings, *found.fallback]):
         try:
             meta, read = to_plain(p, found.x, str(len(parts)), known)
@@ -189,34 +146,11 @@ def plain_readings(found: Readings, params: list[Tensor], notes: list[str]) -> M
         parts.append(meta)
         tensors.update(read)
         describe.append(found.describe(i))
-        readings += i < len(found.readings)
+        counted += i < len(found.readings)
     if not parts:
         return {"why": f"its parts cannot be read as numbers: {missed}", "notes": notes}, {}
-    meta = {"parts": parts, "readings": readings, "heads": list(found.heads), "describe": describe}
+    meta = {"parts": parts, "readings": counted, "heads": list(found.heads), "describe": describe}
     return {**meta, "notes": notes}, tensors
-
-
-def modern_answer(
-    source: Source, traces: Traces, longest: int, no_dropout: bool = False
-) -> dict[str, Any]:
-    """The modern comparison (``compare.modern``) as plain data; for the lessons' block, what its
-    attention computes that the references do not model, read from the last forward pass."""
-    B, T = trace_shapes(longest)[0]
-    with NoDropout() if no_dropout else contextlib.nullcontext():
-        outcome = check_modern(source, traces.input(B, T))
-    if outcome is None:
-        scope = attention_scope(traces.last) if traces.last is not None else []
-        return {"scope": scope} if scope else {}
-    f = outcome.finding
-    return {
-        "notes": list(outcome.notes),
-        "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-        "mistakes": list(outcome.mistakes),
-        "details": dict(outcome.details),
-        "alternatives": [list(a) for a in outcome.alternatives],
-        "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
-        "tensors": outcome.parts[1] if outcome.parts else {},
-    }
 
 
 def main(argv: list[str]) -> int:
@@ -232,26 +166,30 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class Remote(Probed):
-    """A block in another process, asked through ``call`` (``compare.verdict``'s ``Probed`` and
-    ``Service``): its width ``C``, the probes' length ``T``, the ``name`` of the dtype it computes
-    in, the ``note`` it said of its copy and its ``longest`` sequence (0: unknown), as it says."""
-
-    device = torch.device("cpu")  # the tensors here; the block's own device is its process's
-    trusted = False  # answers from the block's process: claims
+    """A block asked through ``call`` (``compare.verdict``'s ``Probed`` and ``Service``): in
+    another process, whose answers are claims, or here (a ``Served``: ``trusted``); its width
+    ``C``, the probes' length ``T``, the ``name`` of the dtype it computes in, the ``note`` it
+    said of its copy and its ``longest`` sequence (0: unknown), as it says."""
 
     def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
         if str(name) not in DTYPES:
             raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
         self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
         self.tested, self.dtype = self, DTYPES[str(name)]
+        self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
+        self.trusted = self.here is not None  # then what it says is what the block did
+        self.device = torch.device("cpu") if self.here is None else self.here.device
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
-        self.input(T, T, C)  # the draw the copy's first call takes in a check in-process
-        record = lambda x: from_plain(*call("record", {"x": x}), device=self.device)  # noqa: E731
-        self.traces = Traces(self, record)
+        self.input(T, T, C)  # the draw the copy's first call takes
+        if isinstance(call, Served):  # its forward passes as recorded here
+            self.traces = call.traces
+        else:
+            self.traces = readings.Traces(
+                self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
+            )
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x`` (in its dtype; in train mode, dropout off), as it says."""
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
         shape, y = meta.get("shape"), tensors.get("y")
         if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
@@ -267,8 +205,8 @@ class Remote(Probed):
             raise ProtocolBroken("an output that is not what its description says")
         return y
 
-    def own_rng(self) -> ContextManager[None]:
-        return contextlib.nullcontext()  # the block draws from its own process's generator
+    def own_rng(self) -> ContextManager[None]:  # in another process: its own generator
+        return contextlib.nullcontext() if self.here is None else self.here.own_rng()
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         meta, tensors = self.call("grads", {"x": x, "weights": weights}, inputs=inputs)
@@ -303,22 +241,37 @@ class Remote(Probed):
             raise ProtocolBroken("an unknown way of switching dropout off")
         return str(how)
 
-    def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """The block's parts as numbers: read here from the dataflow of traces the block's
-        process recorded, else (with roles given, or by names) as that process says (checked
-        by ``receive.unpack_readings``)."""
-        found = "" if roles else dataflow(self.traces, self.longest or TRACE_T)
+    def read(self, roles: Mapping[str, str]) -> Message:
+        """Read here from the traces' dataflow, else (by roles or names) as the block's process
+        says (checked by ``receive.unpack_readings``)."""
+        found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
             return self.call("read", roles=dict(roles))
         read, x = found
-        readings = Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
-        return plain_readings(readings, list(self.parameters().values()), [])
+        parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
+        return plain_readings(parts, list(self.parameters().values()), [])
 
     def modern(self) -> dict[str, Any]:
+        """The modern comparison (``compare.modern``) as data; else what the block's attention
+        computes that the references do not model (its last forward pass)."""
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
-        return modern_answer(source, self.traces, self.longest or TRACE_T)
+        B, T = readings.trace_shapes(self.longest or readings.TRACE_T)[0]
+        outcome = check_modern(source, self.traces.input(B, T))
+        if outcome is None:
+            last = self.traces.last
+            scope = attention_scope(last) if last is not None else []
+            return {"scope": scope} if scope else {}
+        f = outcome.finding
+        return {
+            "notes": list(outcome.notes),
+            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
+            "mistakes": list(outcome.mistakes),
+            "details": dict(outcome.details),
+            "alternatives": [list(a) for a in outcome.alternatives],
+            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
+            "tensors": outcome.parts[1] if outcome.parts else {},
+        }
 
-    def suggest(self) -> str:
-        """The ``--map`` arguments the block's process suggests, if they are only that."""
+    def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)
         return said if re.fullmatch(_SUGGESTION, said) else ""

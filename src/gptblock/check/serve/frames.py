@@ -15,13 +15,14 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from .loop import Message
+
 __all__ = ["MAX_HEADER", "MAX_TENSORS", "Message", "Reader", "send"]
 
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 
 Tensor = torch.Tensor
-Message = tuple[dict[str, Any], dict[str, Tensor]]
 
 
 def send(fd: int, header: dict[str, Any], tensors: dict[str, Tensor] | None = None) -> None:

@@ -27,7 +27,7 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 
 __all__ = [
-    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "NoDropout", "NotCached", "UserValueError",
+    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "Message", "NoDropout", "UserValueError",
     "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
@@ -36,6 +36,7 @@ __all__ = [
 CAUGHT = (Exception, SystemExit)
 
 Tensor = torch.Tensor
+Message = tuple[dict[str, Any], dict[str, Tensor]]  # a JSON object and tensors
 INPUT = -1  # a node's op: the block's input
 LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
@@ -103,7 +104,29 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         self.latest: dict[int, tuple[Tensor, int, object]] = {}  # id -> (tensor, node, stamp)
         self.known = known
         self.stack: list[str] = [""]
+        self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
+
+    def hooks(self, module: nn.Module) -> list[Any]:  # each submodule's call, as ``calls`` rows
+        handles = []
+        for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
+            handles.append(m.register_forward_pre_hook(partial(self.pre, name)))
+            handles.append(m.register_forward_hook(partial(self.post, name)))
+        return handles
+
+    def pre(self, name: str, m: nn.Module, args: Any) -> None:
+        self.stack.append(name)
+        self.calls.append([name, len(self.ops), -1, self.known_nodes(args), []])
+
+    def post(self, name: str, m: nn.Module, args: Any, out: Any) -> None:
+        self.stack.pop()
+        call = next(c for c in reversed(self.calls) if c[0] == name and c[2] == -1)
+        call[2], call[4] = len(self.ops), self.known_nodes(tree_flatten(out)[0])
+
+    def known_nodes(self, values: Iterable[object]) -> list[int]:
+        return [
+            self.latest[id(t)][1] for t in values if isinstance(t, Tensor) and id(t) in self.latest
+        ]
 
     def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
         self.nodes.append([op, data, name])
@@ -146,30 +169,6 @@ def _stamp(t: Tensor) -> tuple[object, ...]:  # what it holds now: a changed ten
         return (t.dtype, tuple(t.shape))
 
 
-def _hooks(module: nn.Module, rec: _Recorder, calls: list[list[Any]]) -> list[Any]:
-    """Each submodule's call, as ``calls`` rows: [name, first op, end op, in nodes, out nodes]."""
-
-    def nodes(values: Iterable[object]) -> list[int]:
-        return [
-            rec.latest[id(t)][1] for t in values if isinstance(t, Tensor) and id(t) in rec.latest
-        ]
-
-    def pre(name: str, m: nn.Module, args: Any) -> None:
-        rec.stack.append(name)
-        calls.append([name, len(rec.ops), -1, nodes(args), []])
-
-    def post(name: str, m: nn.Module, args: Any, out: Any) -> None:
-        rec.stack.pop()
-        call = next(c for c in reversed(calls) if c[0] == name and c[2] == -1)
-        call[2], call[4] = len(rec.ops), nodes(tree_flatten(out)[0])
-
-    handles = []
-    for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
-        handles.append(m.register_forward_pre_hook(partial(pre, name)))
-        handles.append(m.register_forward_hook(partial(post, name)))
-    return handles
-
-
 @contextlib.contextmanager
 def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
     """Seed 0 inside; after, the caller's RNG state (the CPU's, and a CUDA ``device``'s). On a
@@ -207,10 +206,6 @@ _PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
 CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forward, in this order
 
 
-class NotCached(ValueError):
-    """The block's cache API did not answer as the one recognised does."""
-
-
 def cache_api(module: nn.Module) -> str | None:
     """The cache argument of ``module.forward`` the checker knows how to drive, or None.
 
@@ -232,7 +227,7 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     position T-1 through the cache ``api`` after the prefix ``x[:, :T-1]``: (B, 1, C).
 
     Raises:
-        NotCached: the prefix's call does not return a cache to pass back.
+        ValueError: the prefix's call does not return a cache to pass back.
     """
     B, T, _ = x.shape
     P = T - 1
@@ -247,19 +242,17 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
         extra: dict[str, object] = {"use_cache": True} if "use_cache" in params else {}
         out = module(x[:, :P], **extra)
         if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
-            raise NotCached(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
+            raise ValueError(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
         if "position_ids" in params:
             extra["position_ids"] = torch.full((B, 1), P, device=x.device)
         y = module(x[:, P:], **{api: out[1]}, **extra)
     y = y[0] if isinstance(y, tuple) else y
     if not isinstance(y, Tensor) or y.shape != (B, 1, x.shape[-1]):
-        raise NotCached("the cached step does not return the step's (B, 1, C) output")
+        raise ValueError("the cached step does not return the step's (B, 1, C) output")
     return y
 
 
-def drive_cache(
-    module: nn.Module, x: Tensor, *, no_dropout: bool = False
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """The block's cache API driven on ``x`` (B, T, C), on a copy: ``({"api": ...}, {"whole":
     the last position's output, "step": the cached step's})``, both (B, 1, C); ``"raised"``."""
     api = cache_api(module)
@@ -276,9 +269,7 @@ def drive_cache(
     return {"api": api}, {"whole": whole[:, -1:], "step": step}
 
 
-def record(
-    module: nn.Module, x: Tensor, *, no_dropout: bool = False
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data: ``ops``,
     ``nodes`` ([op, depends on the input, name]; node i's value is ``tensors[f"n{i}"]``, a
     complex one as its real view), ``input``, ``output`` (null: no tensor it made), ``calls``
@@ -295,8 +286,7 @@ def record(
     error = ""
     for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
         rec = _Recorder(known, x)
-        calls: list[list[Any]] = []
-        handles = _hooks(module, rec, calls)
+        handles = rec.hooks(module)
         try:
             # inside the recorder: the ``fill_`` that replaced ``bernoulli_`` is recorded
             off = NoDropout() if no_dropout else contextlib.nullcontext()
@@ -310,7 +300,7 @@ def record(
                 h.remove()
         made = isinstance(out, Tensor) and id(out) in rec.latest
         real = [torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in rec.values]
-        meta = {"ops": rec.ops, "nodes": rec.nodes, "input": rec.input, "calls": calls,
+        meta = {"ops": rec.ops, "nodes": rec.nodes, "input": rec.input, "calls": rec.calls,
                 "output": rec.latest[id(out)][1] if made else None, "grad": grad,
                 "parameters": {n: list(p.shape) for n, p in module.named_parameters()},
                 "modules": [n for n, _ in module.named_modules()],

@@ -39,18 +39,17 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 class Held:
     """A process's answers about a block (``answer``): ``build`` makes the block (``module``), the
-    last build's module settings undone; the rest are made on the checker's copy (``subject``,
-    also ``tested``) that ``copy`` makes at ``C``, ``T`` and ``longest``."""
+    last build's module settings undone; the rest are made on the checker's copy (``subject``)
+    that ``copy`` makes at ``C``, ``T`` and ``longest``."""
 
     subject: Subject
-    tested: Subject
     module: nn.Module
 
     def __init__(self, request: Mapping[str, Any]) -> None:
         self.targets: list[str | bytes] = list(request["targets"])
         self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
         self.undo: Callable[[], None] = lambda: None
-        self.C, self.T, self.longest, self.note = 0, 0, 0, ""
+        self.C, self.T, self.longest = 0, 0, 0
 
     def build(self, args: Mapping[str, Any]) -> Message:
         i = int(args["index"])
@@ -61,49 +60,6 @@ class Held:
         self.module, self.undo = build(self.loaded[i], args["recipe"])
         return {}, {}
 
-    def copy(self) -> dict[str, Any]:
-        """Make the checker's copy (float64, eval); what it is, and what its first call raised
-        in both dtypes (``raised``: where, unless sizes that do not fit: then no check runs)."""
-        s = self.subject = self.tested = Subject(self.module, self.C, self.T, self.longest)
-        self.note, e = s.note, s.failure
-        failed = "" if e is None else one_line(e)
-        where = "" if e is None else learner_line(e, source(type(self.module)))
-        raised = "" if e is None or size_error(e) else failed + where
-        told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
-        return {**told, "note": s.note, "failed": failed, "raised": raised}
-
-    def parameters(self) -> dict[str, Tensor]:
-        return {n: p.detach() for n, p in self.subject.module.named_parameters()}
-
-    def set_parameters(self, values: Mapping[str, Tensor]) -> None:
-        own = dict(self.subject.module.named_parameters())
-        with torch.no_grad():
-            for name, value in values.items():
-                p = own.get(name)
-                if p is None or p.shape != value.shape:
-                    raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
-                p.copy_(value.to(device=p.device, dtype=p.dtype))
-
-    def dropout_off(self) -> str:
-        """Set every dropout probability of the copy to 0, else switch dropout off where it runs
-        (``loop.NoDropout``); how, if then its eval outputs are deterministic, else ``""``."""
-        s = self.subject
-        for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
-            for name, value in vars(m).items():
-                if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
-                    setattr(m, name, 0.0)
-        x = s.input(s.T, s.T, s.C)
-        for switched_off in (False, True):  # a probability it cannot reach: dropout as identity
-            s.no_dropout = switched_off
-            try:
-                with s.own_rng():
-                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
-                        return "switched off" if switched_off else "with its probability set to 0"
-            except CAUGHT:
-                pass
-        s.no_dropout = False
-        return ""
-
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
         ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
@@ -111,10 +67,16 @@ class Held:
             self.undo()
             self.undo = lambda: None
             return self.build(args)
-        if op == "copy":
+        if op == "copy":  # the checker's copy (float64, eval), and what its first call raised
             if "C" in args:
                 self.C, self.T, self.longest = int(args["C"]), int(args["T"]), int(args["longest"])
-            return self.copy(), {}
+            s = self.subject = Subject(self.module, self.C, self.T, self.longest)
+            e = s.failure
+            failed = "" if e is None else one_line(e)
+            where = "" if e is None else learner_line(e, source(type(self.module)))
+            raised = "" if e is None or size_error(e) else failed + where  # sizes: no check runs
+            told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
+            return {**told, "note": s.note, "failed": failed, "raised": raised}, {}
         s = self.subject
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
@@ -128,13 +90,31 @@ class Held:
             found.update({"input": got.input} if got.input is not None else {})
             return {"names": got.names, "failed": got.failed, "message": got.message}, found
         if op == "parameters":
-            values = self.parameters()
+            values = {n: p.detach() for n, p in s.module.named_parameters()}
             return {"names": list(values)}, values
         if op == "set":
-            self.set_parameters(tensors)
+            own = dict(s.module.named_parameters())
+            with torch.no_grad():
+                for name, value in tensors.items():
+                    p = own.get(name)
+                    if p is None or p.shape != value.shape:
+                        raise ValueError(f"no parameter {name!r} of shape {tuple(value.shape)}")
+                    p.copy_(value.to(device=p.device, dtype=p.dtype))
             return {}, {}
-        if op == "dropout_off":
-            return {"how": self.dropout_off()}, {}
+        if op == "dropout_off":  # every dropout probability 0, else dropout off where it runs
+            for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
+                for name, value in vars(m).items():
+                    if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
+                        setattr(m, name, 0.0)
+            how, x = "", s.input(s.T, s.T, s.C)  # how, if then its eval outputs are the same
+            for switched_off in (False, True):  # (a probability it cannot reach: NoDropout)
+                s.no_dropout = switched_off
+                with contextlib.suppress(*CAUGHT), s.own_rng():
+                    if torch.equal(s(x, seeded=False), s(x, seeded=False)):
+                        how = "switched off" if switched_off else "with its probability set to 0"
+                        break
+            s.no_dropout = how == "switched off"
+            return {"how": how}, {}
         if op == "record":  # (this module's ``record``: a forgery test swaps it)
             return record(s.module, x, no_dropout=s.no_dropout)
         if op == "cache":
@@ -172,6 +152,13 @@ def to_data(value: object, home: object) -> object:
     return encode(value, other)
 
 
+_MADE: dict[str, Callable[[Any], object]] = {
+    "tuple": tuple, "device": torch.device, "complex": lambda v: complex(*v),
+    "pickle": lambda v: pickle.loads(bytes.fromhex(v)),
+    **dict.fromkeys(("dtype", "layout", "memory_format"), functools.partial(getattr, torch)),
+}  # fmt: skip
+
+
 def _from_data(data: Any, home: object) -> Any:
     """``to_data``'s value made again; a config as its class called with its fields (a
     dataclass: its ``init`` fields), else made without calling it, its attributes set."""
@@ -180,18 +167,10 @@ def _from_data(data: Any, home: object) -> Any:
     if not isinstance(data, dict):
         return data
     key, value = next(iter(data.items()))
-    if key == "tuple":
-        return tuple(_from_data(v, home) for v in value)
     if key == "dict":
         return {k: _from_data(v, home) for k, v in value.items()}
-    if key in ("dtype", "layout", "memory_format"):
-        return getattr(torch, value)
-    if key == "device":
-        return torch.device(value)
-    if key == "complex":
-        return complex(*value)
-    if key == "pickle":
-        return pickle.loads(bytes.fromhex(value))
+    if key in _MADE:
+        return _MADE[key](_from_data(value, home) if key == "tuple" else value)
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)

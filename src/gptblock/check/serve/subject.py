@@ -191,8 +191,7 @@ class Subject(Probed):
         return other
 
     def own_rng(self) -> ContextManager[None]:
-        devices = [self.device] if self.device.type == "cuda" else []
-        return torch.random.fork_rng(devices=devices)
+        return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y as 0), with
@@ -225,7 +224,15 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     memo: dict[int, Any] = {}
     try:
         copied = copy.deepcopy(module, memo)
-        _rebind_closures(copied, memo)
+        for m in copied.modules():
+            for name, f in list(vars(m).items()):
+                if isinstance(f, types.FunctionType) and f.__closure__:
+                    cells = tuple(_cell(c, memo) for c in f.__closure__)
+                    g = types.FunctionType(
+                        f.__code__, f.__globals__, f.__name__, f.__defaults__, cells
+                    )
+                    g.__kwdefaults__ = f.__kwdefaults__
+                    setattr(m, name, g)
         # .to(float64) would cast a complex buffer (Meta Llama's freqs_cis) to real, dropping its
         # imaginary part: such buffers become the complex dtype of the checker's precision.
         complex_buffers = [(m, n, b) for m in copied.modules() for n, b in m._buffers.items()
@@ -244,24 +251,12 @@ def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
         ) from e
 
 
-def _rebind_closures(copied: nn.Module, memo: dict[int, Any]) -> None:
-    for m in copied.modules():
-        for name, f in list(vars(m).items()):
-            if not isinstance(f, types.FunctionType) or not f.__closure__:
-                continue
-            cells = []
-            for cell in f.__closure__:
-                try:
-                    value = cell.cell_contents
-                except ValueError:  # an empty cell
-                    cells.append(cell)
-                    continue
-                cells.append(types.CellType(memo.get(id(value), value)))
-            g = types.FunctionType(
-                f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells)
-            )
-            g.__kwdefaults__ = f.__kwdefaults__
-            setattr(m, name, g)
+def _cell(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:  # of the copy's values
+    try:
+        value = cell.cell_contents
+    except ValueError:  # an empty cell
+        return cell
+    return types.CellType(memo.get(id(value), value))
 
 
 def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
