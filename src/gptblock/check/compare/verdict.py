@@ -39,8 +39,8 @@ class Progress(Protocol):
 
 
 class Service(Protocol):
-    """What ``decide`` asks of the block (``isolation.worker.Served``, or the checker's view of
-    one in another process)."""
+    """What ``decide`` asks of the block: ``isolation.worker.Remote``, over a child process or,
+    in process, a local ``Served``."""
 
     @property
     def tested(self) -> Probed: ...
