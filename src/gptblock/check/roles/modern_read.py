@@ -141,7 +141,7 @@ class ModernRead:
     parallel: bool  # the MLP reads the block's input, not the stream after attention
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
-    norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
+    norm_params: tuple[tuple[str, ...], ...]  # what each norm reads (ln1, ln2)
     core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
     core_k: Tensor  # k likewise (its key/value heads repeated)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
@@ -191,12 +191,6 @@ def _residual(trace: Trace, after: int, mlp_in: int) -> int:
     return max(sums, default=after)
 
 
-def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
-    start = trace.nodes[source].op
-    ops = {trace.nodes[n].op for n in trace.ancestors(target) if trace.nodes[n].op > start}
-    return tuple(static_names(trace, [trace.ops[i] for i in sorted(ops)]))
-
-
 def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
     """The rows of a packed projection making each of ``cores``: those whose output ``out``
     (B, O) at position 0 (nothing turns) is proportional to a channel the scores read (any
@@ -219,20 +213,6 @@ def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
     return found
 
 
-def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether a norm moves when a constant is added to every channel (an RMSNorm's form, not a
-    LayerNorm's) and is no identity."""
-    z = torch.randn(like.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    z = z.to(like.dtype)
-    try:
-        with torch.no_grad():
-            a, b = f(z), f(z + 3.0)
-    except CAUGHT:
-        return False
-    scale = float(a.abs().nan_to_num(0.0).max()) + 1e-12
-    return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
-
-
 @dataclass(frozen=True)
 class Source:
     """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
@@ -245,7 +225,7 @@ class Source:
 
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    the lessons' block. Raises Unread (a modern block whose parts cannot be read, saying why)."""
+    one core per head (the lessons' reading). Raises Unread (a modern block whose parts cannot be read, saying why)."""
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
     cores = _cores(trace)
@@ -280,12 +260,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         norms = []
-    wq, wk = (trace.nodes[op.outputs[0]].shape[-1] for op in (q_op, k_op))
-    hs = trace.nodes[core.q].shape[-1]
-    grouped = wq != nh * hs * (3 if shared else 1) or wk < wq  # k's op is q's where shared
-    if not (rotated or grouped or rest[2:] or any(_shifts(f, x) for f in (norm1, norm2, *norms))):
-        return None  # the lessons' block: read by gptblock.check.roles.readings
-    read = measure(trace, Roles(roles, nh), B, T)
+    read, hs = measure(trace, Roles(roles, nh), B, T), trace.nodes[core.q].shape[-1]
     oriented = {}  # as the score product reads them, (B, nh, T, hs) where so laid out
     for r, n in (("q", core.q), ("k", core.k), ("v", core.v)):
         value = trace.nodes[n].value
@@ -322,7 +297,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         [", ".join(static_names(trace, [op])) for op in rest],
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
-        (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
+        tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
         oriented["q"].double(), oriented["k"].double(), norms,
         measure_turn(trace, q_op.outputs[0], core.q, B, nh, T, hs) if rotated else None,
         trace, core, (q_op.outputs[0], proj_op.outputs[0], rest[-1].outputs[0]),

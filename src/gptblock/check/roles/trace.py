@@ -262,11 +262,14 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
     return from_plain(*loop.record(module, x, no_dropout=no_dropout))
 
 
-def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
-    """The values of the nodes ``get``, replayed as far as needed with the nodes in ``put``
-    replaced (a TraceError where an operator cannot run on them)."""
+def rerun(
+    trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], ops: Sequence[Op] | None = None
+) -> dict[int, Tensor]:
+    """The values of the nodes ``get``, replayed (``ops``; by default as far as needed) with the
+    nodes in ``put`` replaced (a TraceError where an operator cannot run on them)."""
     wanted = set(get)
-    last = max((trace.nodes[n].op for n in wanted), default=-1)
+    if ops is None:
+        ops = trace.ops[: max((trace.nodes[n].op for n in wanted), default=-1) + 1]
     env: dict[int, Tensor] = {}
 
     def value(a: object) -> object:
@@ -282,7 +285,7 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
     got: dict[int, Tensor] = {}
     try:
         with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad():  # the CPU's restored
-            for op in trace.ops[: last + 1]:
+            for op in ops:
                 made, flat_in = op.call(value)
                 if len(made) != len(op.outputs):
                     raise TraceError(f"{op.name} made other tensors when replayed")
@@ -320,15 +323,4 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
             raise TraceError("the part reads input data from elsewhere")
     if target not in inside:
         raise TraceError("the target does not depend on the source")
-
-    def run(h: Tensor) -> Tensor:
-        env = {source: h}
-
-        def value(a: object) -> object:
-            return env.get(a.node, trace.nodes[a.node].value) if isinstance(a, Ref) else a
-
-        for op in chosen:
-            env.update(zip(op.outputs, op.call(value)[0], strict=True))
-        return env[target]
-
-    return run
+    return lambda h: rerun(trace, {source: h}, [target], chosen)[target]
