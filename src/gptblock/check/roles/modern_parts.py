@@ -16,9 +16,10 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, rms
-from .dataflow import _cores, _scores, rescaled
+from .dataflow import _cores, _scores
 from .modern_read import Linear, ModernRead, Turn
 from .trace import Op, Trace
+from .weights import rescaled
 
 __all__ = [
     "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "lin", "measured",

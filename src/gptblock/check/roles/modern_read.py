@@ -16,10 +16,21 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
-from .dataflow import Core, Role, Roles, Unread, _cores, _role, find_norms, order_norms
+from .dataflow import (
+    Core,
+    Role,
+    Roles,
+    Unread,
+    _cores,
+    _role,
+    reach,
+    static_names,
+    to_layout,
+    to_weight,
+    weight_input,
+)  # fmt: skip
 from .trace import Op, Trace, replay
-from .walks import reach, static_names, to_layout, to_weight, weight_input
-from .weights import _rows, measure
+from .weights import _rows, find_norms, measure, order_norms
 
 __all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
 

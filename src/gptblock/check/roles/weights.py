@@ -1,6 +1,7 @@
 """Each role's weight read by what its sub-layer computes (``read_block``): the trace replayed
 with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
-``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output.
+``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output. The
+norms (``find_norms``): whatever computes a scale-free function of a mean over the channels.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
 """
@@ -8,18 +9,22 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Roles, Unread, find_norms, find_roles, order_norms
+from .dataflow import Role, Roles, Unread, find_roles, layout, static_names, weight_input
 from .parts import glob
-from .trace import LEAF, Trace, TraceError, record, rerun
-from .walks import layout
+from .trace import LEAF, Op, Trace, TraceError, record, replay, rerun
 
-__all__ = ["Reading", "measure", "read_block", "read_trace"]
+__all__ = [
+    "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_block", "read_trace",
+    "rescaled",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # of a role's output scale
@@ -57,6 +62,134 @@ def _rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
     if axes[0] == axes[1]:  # (..., B * T, ...)
         return value.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
     return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
+
+
+NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its output node, and as a function."""
+
+    key: str
+    first: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+    end: int = 0  # a norm module's call: the operators first:end ran inside it
+
+
+def rescaled(
+    trace: Trace,
+    source: int,
+    out: int,
+    z: Tensor,
+    factors: list[Tensor | float],
+    shaped: bool = False,
+) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
+    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
+    try:
+        f = replay(trace, source, out)
+        f = _shaped(f, trace.nodes[source].value) if shaped else f
+        with torch.no_grad():
+            a, *outs = [f(z)] + [f(z * by) for by in factors]
+        if not isinstance(a, Tensor) or not torch.isfinite(a).all():
+            return None
+        scale = float(a.abs().max()) + 1e-12
+        return f, a, [float((a - o).abs().max()) / scale for o in outs]
+    except CAUGHT:
+        return None
+
+
+def _normalising(
+    trace: Trace, source: int, out: int, shaped: bool = False
+) -> Callable[[Tensor], Tensor] | None:
+    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
+    like = trace.nodes[source].value
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    found = rescaled(trace, source, out, z, [3.0], shaped)
+    if found is None or found[1].shape != z.shape or found[2][0] > 1e-3:
+        return None
+    return None if torch.allclose(found[1], z) else found[0]
+
+
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
+            continue
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if (
+            trace.nodes[ins[0]].data
+            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
+            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
+            and layout(trace.nodes[ins[0]].shape, B, T)
+            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
+        ):
+            found.append(Norm(name, first, outs[0], f, end))
+    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
+        n
+        for n in found
+        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
+    ]
+    for op in trace.ops:
+        inside = any(n.first <= op.index < n.end for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
+            out = _written_norm(trace, op, source)
+        if out is not None and (f := _normalising(trace, source, out)) is not None:
+            names = static_names(trace, trace.between(source, out))
+            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
+            found.append(Norm(key, op.index, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``f`` (a replay on inputs like ``like``) on another dtype or shape of as many entries."""
+
+    def call(h: Tensor) -> Tensor:
+        shape = h.shape
+        if h.shape != like.shape and h.numel() == like.numel():
+            h = h.reshape(like.shape)
+        out = f(h.to(like.dtype))
+        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
+
+    return call
+
+
+def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
+    """The last node of ``source``'s shape after ``mean``, before a matrix product, normalising it."""
+    best = None
+    for op in trace.ops[mean.index + 1 :]:
+        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
+            break
+        for n in op.outputs:
+            node = trace.nodes[n]
+            if node.shape == trace.nodes[source].shape and node.data:
+                best = n if _normalising(trace, source, n) is not None else best
+    return best
+
+
+def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2: the first two norms to run; of more, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]
 
 
 def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
