@@ -37,6 +37,7 @@ Tensor = torch.Tensor
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 LESSON = tuple(d for d in DEVIATIONS if d.group in ("mask", "scale", "softmax", "split", "merge"))
 NAME = "reference comparison"
+_PARTS = ("the norm before the attention", "the norm before the MLP", "the MLP", "the attention")
 
 
 def _error(y: Tensor, y_ref: Tensor) -> float:
@@ -177,20 +178,13 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
     note = ["modern block: " + ", ".join(p for p in said if p), "roles: " + "; ".join(roles) + (
         " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
-    missing = [
-        what for what, bad in (
-            ("the norm before the attention", norms[0].form == "unknown"),
-            ("the norm before the MLP", norms[1].form == "unknown"),
-            ("the MLP", mlp is None),
-            ("the attention", a is None),
-        ) if bad
-    ]  # fmt: skip
-    if missing or mlp is None or a is None:
-        msg = (
-            f"{' and '.join(missing)} of this modern block computes neither the modern block's "
-            "part nor any catalogued mistake of it"
-        ) + ("" if a else f" (the closest, {closest})")
-        return _unexplained(read, note, msg)
+    missing = [n.form == "unknown" for n in norms] + [mlp is None, a is None]
+    if mlp is None or a is None or any(missing):
+        which = " and ".join(w for w, bad in zip(_PARTS, missing, strict=True) if bad)
+        msg = f"{which} of this modern block computes neither the modern block's part nor any " + (
+            "catalogued mistake of it"
+        )
+        return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
     qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
     parts = Parts(read.x.shape[-1], read.q[0].shape[0], qkv, partial(lin, w=read.proj), mlp.hidden,
                   partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip

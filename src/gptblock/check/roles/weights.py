@@ -247,22 +247,18 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         (2, 16, True)
     """
     try:
-        trace = record(module, x)
+        return read_trace(record(module, x), x)
     except TraceError as e:
         raise Unread(str(e)) from e
-    return read_trace(trace, x)
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
     """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
-    try:
-        found = find_roles(trace, B, T)
-        norms = order_norms(find_norms(trace, B, T), found.roles["q"].put, found.roles["fc1"].put)
-        read = measure(trace, found, B, T)
-    except TraceError as e:
-        raise Unread(str(e)) from e
-    (wq, bq, _), (wk, bk, _), (wv, bv, _) = read["q"], read["k"], read["v"]
+    found = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
+    norms = order_norms(find_norms(trace, B, T), found.roles["q"].put, found.roles["fc1"].put)
+    read = measure(trace, found, B, T)
+    wq, wk, wv = read["q"][0], read["k"][0], read["v"][0]
     D, H = wq.shape[0], read["fc1"][0].shape[0]
     if wk.shape != wq.shape or wv.shape != wq.shape or wq.shape[1] != C:
         raise Unread(f"q, k, v have shapes {tuple(wq.shape)}, {tuple(wk.shape)}, {tuple(wv.shape)}")
@@ -271,13 +267,9 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
     if D % found.heads:
         raise Unread(f"{found.heads} heads do not divide the attention width {D}")
-
-    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return affine(wq, bq)(h), affine(wk, bk)(h), affine(wv, bv)(h)
-
-    ln = [n.function for n in norms]
-    proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("proj", "fc1", "fc2"))
-    parts = Parts(C, D, qkv, proj, fc1, fc2, ln[0], ln[1] if len(ln) > 1 else None)
+    q, k, v, proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("q", "k", "v", "proj", "fc1", "fc2"))
+    ln = [n.function for n in norms] + [None]
+    parts = Parts(C, D, lambda h: (q(h), k(h), v(h)), proj, fc1, fc2, ln[0], ln[1])
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
     names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.roles.items()})
     held = {r: list(role.params) for r, role in found.roles.items()}
