@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch.nn import functional as F
@@ -199,9 +200,12 @@ def attention_scope(trace: Trace) -> list[str]:
 
 
 def _in_core(trace: Trace, y: int) -> list[str]:
-    path = _score_path(trace, y)
+    made = cast(Op, trace.producer(y))  # a core's product: a fused one, or A @ v
+    fused = "scaled_dot_product" in made.name
+    A = None if fused else next(n for n in made.inputs if trace.nodes[n].data)
+    path = _score_path(trace, A) if A is not None else []
     capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
-    window = _window(trace, y)
+    window = _window(trace, made, A)
     found = [
         capped and f"the attention logits are soft-capped ({capped[0]} between the score product "
         "and the softmax, as Gemma 2's tanh(s / c) * c)",
@@ -230,12 +234,8 @@ def unmodelled(read: ModernRead) -> list[str]:
     return found
 
 
-def _score_path(trace: Trace, y: int) -> list[Op]:
-    """The operators between the score product and the probabilities that multiply v."""
-    made = trace.producer(y)
-    if made is None or made.name not in ("bmm", "mm"):
-        return []  # a fused attention: no scores to look at
-    A = next(n for n in made.inputs if trace.nodes[n].data)
+def _score_path(trace: Trace, A: int) -> list[Op]:
+    """The operators between the score product and the probabilities ``A`` that multiply v."""
     scores = _scores(trace, A)
     if scores is None:
         return []
@@ -258,13 +258,10 @@ def _bias(trace: Trace, op: Op) -> bool:
     return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
 
 
-def _window(trace: Trace, y: int) -> int:
+def _window(trace: Trace, made: Op, A: int | None) -> int:
     """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
-    probabilities, or a fused core's static ``attn_mask``); else 0."""
-    made = trace.producer(y)
-    if made is None:
-        return 0
-    if "scaled_dot_product" in made.name:
+    probabilities ``A``, or a fused core's static ``attn_mask``); else 0."""
+    if A is None:
         if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
             return 0
         mask = trace.nodes[made.inputs[3]].value
@@ -273,10 +270,10 @@ def _window(trace: Trace, y: int) -> int:
             return 0
         allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
     else:
-        A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
-        if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        P = trace.nodes[A].value
+        if P.dim() < 2 or P.shape[-1] != P.shape[-2]:
             return 0
-        allowed = (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+        allowed = (P.reshape(-1, *P.shape[-2:]) != 0).any(0)
     t = torch.arange(allowed.shape[-1])
     back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
     found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))

@@ -244,8 +244,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
     q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    proj = reach(trace, core.y, forward=True)[1]
-    if not proj:
+    if not (proj := reach(trace, core.y, forward=True)[1]):
         raise Unread("no output projection reads the attention's output")
     proj_op = proj[0]
     attn = {"q": q_op, "k": k_op, "v": v_op, "proj": proj_op}
@@ -322,10 +321,10 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
     hs = q.shape[-1] // read.n_head
     gains = []
     for lin, core in ((q, read.core_q), (k, read.core_k)):
-        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
+        if core.shape != (B, read.n_head, T, hs):  # laid out by ``heads``, or not
             return None
         heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
         base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
-        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
+        seen = core[:, : heads.shape[1], 0]  # (B, h, hs)
         gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
     return gains[0], gains[1]

@@ -92,10 +92,8 @@ def _decode(a: object, nodes: int, device: torch.device | None = None) -> object
 
 
 def _ints(value: object) -> list[int]:
-    _need(
-        isinstance(value, list) and all(type(n) is int for n in value),
-        "a list of nodes that is not one",
-    )
+    ints = isinstance(value, list) and all(type(n) is int for n in value)
+    _need(ints, "a list of nodes that is not one")
     return cast(list[int], value)
 
 
