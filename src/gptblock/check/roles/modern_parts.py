@@ -203,7 +203,13 @@ def _in_core(trace: Trace, y: int) -> list[str]:
     made = cast(Op, trace.producer(y))  # a core's product: a fused one, or A @ v
     fused = "scaled_dot_product" in made.name
     A = None if fused else next(n for n in made.inputs if trace.nodes[n].data)
-    path = _score_path(trace, A) if A is not None else []
+    scores, path = _scores(trace, A) if A is not None else None, []  # and the ops to A from it
+    if A is not None and scores is not None:
+        inside, behind = set(scores.outputs), trace.ancestors(A)
+        for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
+            if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
+                inside.update(op.outputs)
+                path.append(op)
     capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
     window = _window(trace, made, A)
     found = [
@@ -232,20 +238,6 @@ def unmodelled(read: ModernRead) -> list[str]:
             "Llama 3.1's or YaRN's)"
         )
     return found
-
-
-def _score_path(trace: Trace, A: int) -> list[Op]:
-    """The operators between the score product and the probabilities ``A`` that multiply v."""
-    scores = _scores(trace, A)
-    if scores is None:
-        return []
-    behind = trace.ancestors(A)
-    inside, path = set(scores.outputs), []
-    for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
-        if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
-            inside.update(op.outputs)
-            path.append(op)
-    return path
 
 
 def _bias(trace: Trace, op: Op) -> bool:

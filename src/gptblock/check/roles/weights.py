@@ -89,8 +89,15 @@ def rescaled(
     """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
     and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
     try:
-        f = replay(trace, source, out)
-        f = _shaped(f, trace.nodes[source].value) if shaped else f
+        run, like = replay(trace, source, out), trace.nodes[source].value
+
+        def f(h: Tensor) -> Tensor:  # ``shaped``: on another dtype or shape of as many entries
+            if not shaped:
+                return run(h)
+            shape, h = h.shape, h.reshape(like.shape) if h.numel() == like.numel() else h
+            got = run(h.to(like.dtype))
+            return (got.reshape(shape) if got.numel() == math.prod(shape) else got).to(h.dtype)
+
         with torch.no_grad():
             a, *outs = [f(z)] + [f(z * by) for by in factors]
         if not isinstance(a, Tensor) or not torch.isfinite(a).all():
@@ -146,19 +153,6 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
             key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
             found.append(Norm(key, op.index, out, f))
     return sorted(found, key=lambda n: n.first)
-
-
-def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``f`` (a replay on inputs like ``like``) on another dtype or shape of as many entries."""
-
-    def call(h: Tensor) -> Tensor:
-        shape = h.shape
-        if h.shape != like.shape and h.numel() == like.numel():
-            h = h.reshape(like.shape)
-        out = f(h.to(like.dtype))
-        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
-
-    return call
 
 
 def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
