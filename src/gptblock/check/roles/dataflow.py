@@ -55,11 +55,8 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
         return None
     if shape[:2] in ((B, T), (T, B)):
         return (0, 1) if shape[:2] == (B, T) else (1, 0)
-    if (
-        shape[0] == B
-        and shape[-1] == T
-        and (len(shape) == 3 or sum(n != 1 for n in shape[1:-1]) == 1)
-    ):
+    middle = shape[1:-1]
+    if shape[0] == B and shape[-1] == T and (len(middle) == 1 or sum(n != 1 for n in middle) == 1):
         return (0, len(shape) - 1)  # channels-first, with unit axes: a 1x1 conv's (B, F, 1, T)
     if strict:
         return None

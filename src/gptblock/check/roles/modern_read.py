@@ -153,8 +153,6 @@ class ModernRead:
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
     norm_params: tuple[tuple[str, ...], ...]  # what each norm reads (ln1, ln2)
-    core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
-    core_k: Tensor  # k likewise (its key/value heads repeated)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
     turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
     trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
@@ -202,28 +200,6 @@ def _residual(trace: Trace, after: int, mlp_in: int) -> int:
     return max(sums, default=after)
 
 
-def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
-    """The rows of a packed projection making each of ``cores``: those whose output ``out``
-    (B, O) at position 0 (nothing turns) is proportional to a channel the scores read (any
-    packing: GPT-NeoX's, lit-gpt's); Unread where one matches no row (a qk norm)."""
-    unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
-    found: list[list[int]] = []
-    for core in cores:
-        hs = core.shape[-1]
-        seen = core.reshape(out.shape[0], nh, -1, hs)[:, :, 0]  # (B, nh, hs) at position 0
-        per_head: list[list[int]] = []
-        for head in range(nh):
-            v = seen[:, head]  # (B, hs)
-            cos = (v / v.norm(dim=0, keepdim=True).clamp_min(1e-30)).T @ unit  # (hs, O)
-            best = cos.abs().max(dim=1)
-            if not bool((best.values > 1 - 1e-6).all()):
-                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
-            if (rows := best.indices.tolist()) not in per_head:
-                per_head.append(rows)
-        found.append([r for rows in per_head for r in rows])
-    return found
-
-
 @dataclass(frozen=True)
 class Source:
     """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
@@ -236,7 +212,7 @@ class Source:
 
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    one core per head (the lessons' reading). Raises Unread (a modern block whose parts cannot be read, saying why)."""
+    one core per head (the lessons' reading). Raises Unread (parts that cannot be read: why)."""
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
     cores = _cores(trace)
@@ -255,9 +231,16 @@ def read_modern(trace: Trace) -> ModernRead | None:
     roles = {f"fc{i + 1}": _role(trace, op, B, T) for i, op in enumerate(rest[:-1])}
     roles["down"] = _role(trace, rest[-1], B, T)
     roles["proj"] = _role(trace, proj_op, B, T, heads=True)
-    shared = q_op.index == k_op.index == v_op.index
-    for name, op in (("q", q_op), ("k", k_op), ("v", v_op))[: 1 if shared else 3]:
+    for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
         roles[name] = _role_of(trace, op, B, T)
+    if q_op.index == k_op.index == v_op.index:  # packed in one matrix: each read at its slice
+        made = reach(trace, q_op.outputs[0], forward=True)[0]  # over reshapes and slices
+        behind = [trace.ancestors(n) for n in (core.q, core.k, core.v)]
+        for r, mine in zip("qkv", behind, strict=True):
+            own = [n for n in made if n in mine and sum(n in b for b in behind) == 1]
+            if not own:
+                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
+            roles[r].get = [min(own)]
     nh = core.groups // (B if core.time == T else T)
     h1, h2 = roles["q"].put, roles["fc1"].put
     stream = _residual(trace, roles["proj"].get[0], h2)
@@ -271,28 +254,10 @@ def read_modern(trace: Trace) -> ModernRead | None:
     except Unread:
         norms = []
     read, hs = measure(trace, Roles(roles, nh), B, T), trace.nodes[core.q].shape[-1]
-    oriented = {}  # as the score product reads them, (B, nh, T, hs) where so laid out
-    for r, n in (("q", core.q), ("k", core.k), ("v", core.v)):
-        value = trace.nodes[n].value
-        laid = heads(value, B, nh, T, hs, r == "k")
-        oriented[r] = value if laid is None else laid
 
     def rows(node: int) -> Tensor:
         return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)
 
-    if shared:  # q, k, v packed in one matrix: which rows are which, from the core
-        w, b = read["q"][:2]
-        h = rows(roles["q"].put)[:, 0]
-        operands = [oriented[r] for r in ("q", "k", "v")]
-        try:
-            packed = _packed(h @ w.T + b, operands, nh)
-        except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
-            D = nh * hs
-            kv = (w.shape[0] - D) // 2
-            if _packed(h @ w.T + b, operands[2:], nh)[0] != list(range(D + kv, w.shape[0])):
-                raise
-            packed = [list(range(D)), list(range(D, D + kv)), list(range(D + kv, w.shape[0]))]
-        read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)
     D, K = read["q"][0].shape[0], read["k"][0].shape[0]
     if D % nh or K != read["v"][0].shape[0] or D % K:
         raise Unread(
@@ -308,7 +273,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
         tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
-        oriented["q"].double(), oriented["k"].double(), norms,
+        norms,
         measure_turn(trace, q_op.outputs[0], core.q, B, nh, T, hs) if rotated else None,
         trace, core, (q_op.outputs[0], proj_op.outputs[0], rest[-1].outputs[0]),
     )  # fmt: skip
@@ -320,11 +285,12 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []
-    for lin, core in ((q, read.core_q), (k, read.core_k)):
-        if core.shape != (B, read.n_head, T, hs):  # laid out by ``heads``, or not
+    for key, (lin, n) in enumerate(((q, read.core.q), (k, read.core.k))):  # as the scores read
+        core = heads(read.trace.nodes[n].value.double(), B, read.n_head, T, hs, key == 1)
+        if core is None:
             return None
-        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
-        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
-        seen = core[:, : heads.shape[1], 0]  # (B, h, hs)
+        each = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
+        base = each * torch.rsqrt(each.pow(2).mean(-1, keepdim=True) + 1e-6)
+        seen = core[:, : each.shape[1], 0]  # (B, h, hs)
         gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
     return gains[0], gains[1]
