@@ -234,7 +234,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
     for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
         roles[name] = _role_of(trace, op, B, T)
     if q_op.index == k_op.index == v_op.index:  # packed in one matrix: each read at its slice
-        made = reach(trace, q_op.outputs[0], forward=True)[0]  # over reshapes and slices
+        made = reach(trace, roles["q"].get[0], forward=True)[0]  # after a bias, over slices
         behind = [trace.ancestors(n) for n in (core.q, core.k, core.v)]
         for r, mine in zip("qkv", behind, strict=True):
             own = [n for n in made if n in mine and sum(n in b for b in behind) == 1]
