@@ -15,7 +15,7 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "Core", "Role", "Roles", "Unread",
+    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "Core", "Role", "Unread",
     "data", "find_roles", "forward_end", "gathered", "layout", "reach", "source", "static_names",
     "to_layout", "to_weight", "weight_input",
 ]  # fmt: skip
@@ -232,12 +232,6 @@ class Role:
     factor: float = 1.0  # a scalar factor to take out (q and k only)
 
 
-@dataclass
-class Roles:
-    roles: dict[str, Role]  # q k v proj fc1 fc2
-    heads: int
-
-
 def _cores(trace: Trace) -> list[Core]:
     cores = []
     for op in trace.ops:
@@ -307,9 +301,9 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def find_roles(trace: Trace, B: int, T: int) -> Roles:
-    """The roles in a recorded forward pass of a block on a (B, T, C) input; Unread (saying
-    which) where one is missing or does not fit the lessons' block."""
+def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
+    """The roles (q k v proj fc1 fc2) and the head count in a recorded forward pass of a block on
+    a (B, T, C) input; Unread (saying which) where one is missing or does not fit the lessons'."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -350,7 +344,7 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
         )
     roles["fc1"], roles["fc2"] = _role(trace, rest[0], B, T), _role(trace, rest[1], B, T)
-    return Roles(roles, heads)
+    return roles, heads
 
 
 def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, float, list[str]]:

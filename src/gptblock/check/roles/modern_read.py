@@ -19,7 +19,6 @@ from ..mistakes.steps import Rope
 from .dataflow import (
     Core,
     Role,
-    Roles,
     Unread,
     _cores,
     _role,
@@ -253,7 +252,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         norms = []
-    read, hs = measure(trace, Roles(roles, nh), B, T), trace.nodes[core.q].shape[-1]
+    read, hs = measure(trace, roles, B, T), trace.nodes[core.q].shape[-1]
 
     def rows(node: int) -> Tensor:
         return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Roles, Unread, find_roles, layout, static_names, weight_input
+from .dataflow import Role, Unread, find_roles, layout, static_names, weight_input
 from .parts import glob
 from .trace import LEAF, Op, Trace, TraceError, record, replay, rerun
 
@@ -186,12 +186,12 @@ def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm
     return [ln1, ln2]
 
 
-def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
+def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
-    like = {r.put: trace.nodes[r.put].value for r in found.roles.values()}
+    like = {r.put: trace.nodes[r.put].value for r in roles.values()}
     width = {n: _rows(v, B, T).shape[1] for n, v in like.items()}
-    gets = [g for r in found.roles.values() for g in r.get]
+    gets = [g for r in roles.values() for g in r.get]
 
     def run(r: int) -> dict[int, Tensor]:  # r < 0: zeros; else row p is channel r * BT + p's 1
         put = {}
@@ -204,7 +204,7 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
 
     zero, runs = run(-1), [run(r) for r in range(math.ceil(max(width.values()) / BT))]
     out = {}
-    for name, role in found.roles.items():
+    for name, role in roles.items():
 
         def rows(values: dict[int, Tensor], role: Role = role) -> Tensor:
             out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
@@ -249,8 +249,8 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
 def read_trace(trace: Trace, x: Tensor) -> Reading:
     """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
-    found = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
-    norms = order_norms(find_norms(trace, B, T), found.roles["q"].put, found.roles["fc1"].put)
+    found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
+    norms = order_norms(find_norms(trace, B, T), found["q"].put, found["fc1"].put)
     read = measure(trace, found, B, T)
     wq, wk, wv = read["q"][0], read["k"][0], read["v"][0]
     D, H = wq.shape[0], read["fc1"][0].shape[0]
@@ -259,17 +259,17 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
     for role, shape in {"proj": (C, D), "fc2": (C, H), "fc1": (H, C)}.items():
         if tuple(read[role][0].shape) != shape:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
-    if D % found.heads:
-        raise Unread(f"{found.heads} heads do not divide the attention width {D}")
+    if D % nh:
+        raise Unread(f"{nh} heads do not divide the attention width {D}")
     q, k, v, proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("q", "k", "v", "proj", "fc1", "fc2"))
     ln = [n.function for n in norms] + [None]
     parts = Parts(C, D, lambda h: (q(h), k(h), v(h)), proj, fc1, fc2, ln[0], ln[1])
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
-    names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.roles.items()})
-    held = {r: list(role.params) for r, role in found.roles.items()}
+    names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.items()})
+    held = {r: list(role.params) for r, role in found.items()}
     held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
     error = max(e for _, _, e in read.values())
-    return Reading(parts, found.heads, names, error, held)
+    return Reading(parts, nh, names, error, held)
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
