@@ -26,7 +26,7 @@ from ..mistakes.steps import (
     parallel,
     run_steps,
 )
-from ..roles.modern_parts import NormRead, lin, measured, mlp_of, norm_of, unmodelled
+from ..roles.modern_parts import lin, measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..serve.loop import CACHE_APIS
@@ -104,19 +104,6 @@ class ModernOutcome:
     @property
     def mistakes(self) -> list[str]:
         return list(self.details)
-
-
-def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
-        key = next((m.id for m in MISTAKES.values() if n.form in m.forms), None)
-        if key is not None:
-            said = f"computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}"
-            out.setdefault(key, f"the RMSNorm {which} {said}")
-    if norms[0].params and norms[0].params == norms[1].params and not parallel:
-        said = ", ".join(norms[0].params)
-        out["shared_norm"] = f"the MLP branch reuses the attention branch's norm ({said})"
-    return out
 
 
 _PAIRS = {
@@ -206,7 +193,16 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         return _unexplained(read, note, (
             "the modern block with the weights read from this one does not reproduce it "
             f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"))  # fmt: skip
-    details = _norm_mistakes(norms, read.parallel) | mlp.mistakes
+    details: dict[str, str] = {}
+    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
+        key = next((m.id for m in MISTAKES.values() if n.form in m.forms), None)
+        if key is not None:
+            form = f"computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}"
+            details.setdefault(key, f"the RMSNorm {which} {form}")
+    if norms[0].params and norms[0].params == norms[1].params and not read.parallel:
+        shared = ", ".join(norms[0].params)
+        details["shared_norm"] = f"the MLP branch reuses the attention branch's norm ({shared})"
+    details |= mlp.mistakes
     if wiring is not None:
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative

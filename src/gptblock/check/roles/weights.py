@@ -19,7 +19,7 @@ from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
 from .dataflow import Role, Unread, find_roles, layout, static_names, weight_input
 from .parts import glob
-from .trace import LEAF, Op, Trace, TraceError, record, replay, rerun
+from .trace import LEAF, Trace, TraceError, record, replay, rerun
 
 __all__ = [
     "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_block", "read_trace",
@@ -146,26 +146,19 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
         if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
             continue
         source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
-        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
-            out = _written_norm(trace, op, source)
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):  # a norm written out:
+            for later in trace.ops[op.index + 1 :]:  # the last node normalising the source
+                if weight_input(trace, later) is not None or later.name in ("bmm", "_softmax"):
+                    break  # before a matrix product
+                for n in later.outputs:
+                    node = trace.nodes[n]
+                    if node.shape == trace.nodes[source].shape and node.data:
+                        out = n if _normalising(trace, source, n) is not None else out
         if out is not None and (f := _normalising(trace, source, out)) is not None:
             names = static_names(trace, trace.between(source, out))
             key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
             found.append(Norm(key, op.index, out, f))
     return sorted(found, key=lambda n: n.first)
-
-
-def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
-    """The last node of ``source``'s shape after ``mean``, before a matrix product, normalising it."""
-    best = None
-    for op in trace.ops[mean.index + 1 :]:
-        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
-            break
-        for n in op.outputs:
-            node = trace.nodes[n]
-            if node.shape == trace.nodes[source].shape and node.data:
-                best = n if _normalising(trace, source, n) is not None else best
-    return best
 
 
 def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
