@@ -26,7 +26,7 @@ from ..mistakes.steps import (
     parallel,
     run_steps,
 )
-from ..roles.modern_parts import NormRead, lin, measured, mlp_of, norm_of, unmodelled
+from ..roles.modern_parts import lin, measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..serve.loop import CACHE_APIS
@@ -37,6 +37,7 @@ Tensor = torch.Tensor
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 LESSON = tuple(d for d in DEVIATIONS if d.group in ("mask", "scale", "softmax", "split", "merge"))
 NAME = "reference comparison"
+_PARTS = ("the norm before the attention", "the norm before the MLP", "the MLP", "the attention")
 
 
 def _error(y: Tensor, y_ref: Tensor) -> float:
@@ -105,19 +106,6 @@ class ModernOutcome:
         return list(self.details)
 
 
-def _norm_mistakes(norms: list[NormRead], parallel: bool) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
-        key = next((m.id for m in MISTAKES.values() if n.form in m.forms), None)
-        if key is not None:
-            said = f"computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}"
-            out.setdefault(key, f"the RMSNorm {which} {said}")
-    if norms[0].params and norms[0].params == norms[1].params and not parallel:
-        said = ", ".join(norms[0].params)
-        out["shared_norm"] = f"the MLP branch reuses the attention branch's norm ({said})"
-    return out
-
-
 _PAIRS = {
     "halves": ("halves (i, i + r/2), as Hugging Face's Llama (rotate_half)", "cat((freqs, freqs))"),
     "adjacent": ("adjacent pairs (2i, 2i + 1), as RoFormer and Meta's Llama (complex numbers)",
@@ -177,20 +165,13 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
     note = ["modern block: " + ", ".join(p for p in said if p), "roles: " + "; ".join(roles) + (
         " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
-    missing = [
-        what for what, bad in (
-            ("the norm before the attention", norms[0].form == "unknown"),
-            ("the norm before the MLP", norms[1].form == "unknown"),
-            ("the MLP", mlp is None),
-            ("the attention", a is None),
-        ) if bad
-    ]  # fmt: skip
-    if missing or mlp is None or a is None:
-        msg = (
-            f"{' and '.join(missing)} of this modern block computes neither the modern block's "
-            "part nor any catalogued mistake of it"
-        ) + ("" if a else f" (the closest, {closest})")
-        return _unexplained(read, note, msg)
+    missing = [n.form == "unknown" for n in norms] + [mlp is None, a is None]
+    if mlp is None or a is None or any(missing):
+        which = " and ".join(w for w, bad in zip(_PARTS, missing, strict=True) if bad)
+        msg = f"{which} of this modern block computes neither the modern block's part nor any " + (
+            "catalogued mistake of it"
+        )
+        return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
     qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
     parts = Parts(read.x.shape[-1], read.q[0].shape[0], qkv, partial(lin, w=read.proj), mlp.hidden,
                   partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip
@@ -212,7 +193,16 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         return _unexplained(read, note, (
             "the modern block with the weights read from this one does not reproduce it "
             f"(max error {error:.1e} of its output scale > {TOLERANCE:g})"))  # fmt: skip
-    details = _norm_mistakes(norms, read.parallel) | mlp.mistakes
+    details: dict[str, str] = {}
+    for which, n in zip(("before the attention", "before the MLP"), norms, strict=True):
+        key = next((m.id for m in MISTAKES.values() if n.form in m.forms), None)
+        if key is not None:
+            form = f"computes {NORM_FORMS[n.form]} instead of {NORM_FORMS['rms']}"
+            details.setdefault(key, f"the RMSNorm {which} {form}")
+    if norms[0].params and norms[0].params == norms[1].params and not read.parallel:
+        shared = ", ".join(norms[0].params)
+        details["shared_norm"] = f"the MLP branch reuses the attention branch's norm ({shared})"
+    details |= mlp.mistakes
     if wiring is not None:
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative

@@ -3,6 +3,7 @@ every head count, activation and reading not ruled out; others of that size are 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -105,10 +106,13 @@ def explain(
     ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``."""
     if not readings or not heads:
         raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
+
+    def remember(f: Any) -> Any:  # a tensor hashes by its id, and the cache keeps it alive
+        return f and functools.lru_cache(maxsize=4)(f)
+
     # the variants call the norms and q/k/v on the very same tensors: the block's modules run once
     memoised = [
-        replace(p, qkv=_remember(p.qkv), ln1=_remember(p.ln1), ln2=_remember(p.ln2))
-        for p in readings
+        replace(p, qkv=remember(p.qkv), ln1=remember(p.ln1), ln2=remember(p.ln2)) for p in readings
     ]
     closest: list[Match] = []  # the nearest miss so far
 
@@ -144,20 +148,3 @@ def explain(
     if not found:
         return Explanation(None, (), closest[0] if closest else None)
     return Explanation(found[0], tuple(found[1:]), None)
-
-
-def _remember(f: Any) -> Any:
-    if f is None:
-        return None
-    seen: dict[int, tuple[Tensor, Any]] = {}  # id(input) -> (input, output); input kept alive
-
-    def call(h: Tensor) -> Any:
-        hit = seen.get(id(h))
-        if hit is not None and hit[0] is h:
-            return hit[1]
-        out = f(h)
-        if len(seen) < 4:  # the few inputs every variant shares, not one per variant
-            seen[id(h)] = (h, out)
-        return out
-
-    return call

@@ -1,36 +1,209 @@
 """The roles of a block's parts from what its tensors do in one recorded forward pass
-(docs/checker.md, "The roles, from the dataflow"): attention cores, q/k/v, proj, the MLP, and the
-norms (whatever computes a scale-free function of a mean over the channels). B batch, T time.
+(docs/checker.md, "The roles, from the dataflow"): attention cores, q/k/v, proj and the MLP, each
+found by following a node over the data movement around a matrix product (reshapes, slices,
+scalar factors, biases) to the tensor laid out by position (``layout``) the lessons' block has.
+Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..mistakes.report import CAUGHT
-from .trace import Op, Trace, replay
-from .walks import (
-    data,
-    forward_end,
-    layout,
-    reach,
-    source,
-    static_names,
-    to_layout,
-    to_weight,
-    weight_input,
-)
+from .trace import Op, Trace
 
 __all__ = [
-    "NORM_OPS", "Core", "Norm", "Role", "Roles", "Unread", "find_norms", "find_roles",
-    "order_norms",
+    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "Core", "Role", "Unread",
+    "data", "find_roles", "forward_end", "gathered", "layout", "reach", "source", "static_names",
+    "to_layout", "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
+SHAPE_OPS = frozenset([
+    "view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
+    "squeeze", "contiguous", "clone", "slice", "select", "split", "split_with_sizes", "unbind",
+    "chunk", "alias", "detach", "_to_copy", "unflatten", "flatten", "narrow", "as_strided",
+    "movedim", "_reshape_alias", "view_as", "expand_as", "lift_fresh", "repeat",
+])  # fmt: skip
+WEIGHT_OPS = frozenset(
+    ["mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "mv", "addmv", "linear"]
+)
+SLICING_OPS = frozenset(
+    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
+)
+GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
+
+
+def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
+    """The (batch, time) axes along which ``shape`` holds one row per position: strictly,
+    (B, T, ...), (T, B, ...) or (B, F, T) (unit axes between); else any axes of sizes B and T,
+    or one axis of B * T, b-major (given twice).
+
+    Example:
+        >>> layout((5, 7, 4, 8), 5, 7), layout((7, 5, 32), 5, 7), layout((5, 32, 7), 5, 7)
+        ((0, 1), (1, 0), (0, 2))
+        >>> layout((5, 4, 7, 8), 5, 7), layout((5, 4, 7, 8), 5, 7, strict=False)
+        (None, (0, 2))
+        >>> layout((5, 32, 1, 7), 5, 7)
+        (0, 3)
+    """
+    if B == 1 and len(shape) >= 2 and shape[0] == T:
+        return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
+    if len(shape) < 3 or (B == T and shape[:2] != (B, T)):
+        return None
+    if shape[:2] in ((B, T), (T, B)):
+        return (0, 1) if shape[:2] == (B, T) else (1, 0)
+    middle = shape[1:-1]
+    if shape[0] == B and shape[-1] == T and (len(middle) == 1 or sum(n != 1 for n in middle) == 1):
+        return (0, len(shape) - 1)  # channels-first, with unit axes: a 1x1 conv's (B, F, 1, T)
+    if strict:
+        return None
+    if B in shape and T in shape and shape.index(B) != shape.index(T):
+        return shape.index(B), shape.index(T)
+    if B * T in shape:  # positions flattened b-major, (nh, B * T, hs): the axis twice
+        return shape.index(B * T), shape.index(B * T)
+    return None
+
+
+def data(trace: Trace, op: Op) -> list[int]:
+    """``op``'s operands that depend on the block's input."""
+    return [n for n in op.inputs if trace.nodes[n].data]
+
+
+def weight_input(trace: Trace, op: Op) -> int | None:
+    """The data operand of a matrix product with a weight (a static operand of >= 2 dims)."""
+    if op.name not in WEIGHT_OPS:
+        return None
+    static = [n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2]
+    moved = data(trace, op)
+    return moved[0] if len(moved) == 1 and static else None
+
+
+def _scalar(trace: Trace, op: Op, node: int) -> float | None:
+    """The factor a mul / div by a scalar applies to ``node``, else None."""
+    if op.base not in ("mul", "div") or (op.inputs[:1] != [node] and op.base == "div"):
+        return None
+    others = [n for n in op.inputs if n != node]
+    if any(trace.nodes[n].data or trace.nodes[n].value.numel() != 1 for n in others):
+        return None
+    values = [float(trace.nodes[n].value) for n in others] + op.scalars()
+    if len(values) != 1 or values[0] == 0:
+        return None
+    return values[0] if op.base == "mul" else 1.0 / values[0]
+
+
+def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
+    """``node`` and the nodes it is a reshape (or with ``slices``, a slice) of, nearest first."""
+    chain = [node]
+    while (op := trace.producer(chain[-1])) is not None and len(data(trace, op)) == 1:
+        if not (op.base in SHAPE_OPS if slices else op.name in SHAPE_OPS - SLICING_OPS):
+            break
+        chain.append(data(trace, op)[0])
+    return chain
+
+
+def gathered(trace: Trace, op: Op) -> int | None:
+    """The one tensor a cat / stack of its reshapes and slices only rearranges (heads split by
+    ``stack(t.split(hs, -1), 1)``, merged by ``cat(y.unbind(1), -1)``)."""
+    pieces = data(trace, op)
+    if op.base not in GATHER_OPS or len(pieces) < 2 or len(pieces) != len(op.inputs):
+        return None
+    chains = [_reshaped(trace, n, slices=True) for n in pieces]
+    common = [n for n in chains[0] if all(n in c for c in chains[1:])]
+    size = trace.nodes[op.outputs[0]].value.numel()
+    return common[0] if common and trace.nodes[common[0]].value.numel() == size else None
+
+
+def _back(trace: Trace, node: int) -> tuple[int, float] | None:
+    """One step back over a reshape, slice, rearranging cat, scalar factor or bias."""
+    op = trace.producer(node)
+    if op is None:
+        return None
+    moved, pieces = gathered(trace, op), data(trace, op)
+    if moved is not None or len(pieces) != 1:
+        return None if moved is None else (moved, 1.0)
+    factor = 1.0 if op.base in SHAPE_OPS else _scalar(trace, op, pieces[0])
+    if factor is None and (op.base == "add" or (op.base == "sub" and op.inputs[0] == pieces[0])):
+        factor = 1.0  # a bias
+    return None if factor is None else (pieces[0], factor)
+
+
+def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
+    """``node``, or the nearest node behind it, laid out by position; it stops at a slice (q of
+    a packed qkv) or a bias (per head), read there along the axes of sizes B and T."""
+    while layout(trace.nodes[node].shape, B, T) is None:
+        op = trace.producer(node)
+        stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
+        step = None if stop else _back(trace, node)
+        if step is None:  # or made by a product: (nh, B * T, hs) from a 3-D weight
+            return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
+        node = step[0]
+    return node
+
+
+def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
+    """The earliest node laid out by position that ``node`` is a reshape of; with ``heads`` (the
+    output projection's input), the (B, T, D) one, else (an einsum with a 3-D W_O) the heads."""
+    shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
+    found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
+    if heads and not found:
+        found = [n for n, s in shapes.items() if layout(s, B, T, strict=False)]
+    return found[-1] if found else None
+
+
+def static_names(trace: Trace, ops: list[Op]) -> list[str]:
+    """The parameters (and buffers) the static operands of ``ops`` were made from."""
+    names: list[str] = []
+    for op in ops:
+        for n in op.inputs:
+            if not trace.nodes[n].data:
+                names += [trace.nodes[a].name for a in sorted(trace.ancestors(n))]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
+    """The matrix product with a weight behind ``node``, and the scalar factors on the way."""
+    factor = 1.0
+    while (op := trace.producer(node)) is None or weight_input(trace, op) is None:
+        step = _back(trace, node)
+        if step is None:
+            return None
+        node, factor = step[0], factor * step[1]
+    return op, factor
+
+
+def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
+    """The matrix products with a weight nearest ``node`` on every path, in order, and the nodes
+    on the way (forward over reshapes and cat / stack; back over any operator)."""
+    todo, seen, found = [node], {node}, {}
+    while todo:
+        n = todo.pop()
+        for op in trace.consumers(n) if forward else filter(None, [trace.producer(n)]):
+            if weight_input(trace, op) is not None:
+                found[op.index] = op
+            elif not forward or op.name in SHAPE_OPS | GATHER_OPS:
+                new = [m for m in (op.outputs if forward else data(trace, op)) if m not in seen]
+                todo += new
+                seen.update(new)
+    return seen, [found[i] for i in sorted(found)]
+
+
+def forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
+    """The last node laid out by position on the single-consumer chain of reshapes, biases,
+    scalar factors and sums after ``op``."""
+    node, last = op.outputs[0], None
+    while True:
+        last = node if layout(trace.nodes[node].shape, B, T) is not None else last
+        users = trace.consumers(node)
+        if len(users) != 1 or len(users[0].outputs) != 1 or len(data(trace, users[0])) != 1:
+            return last
+        user = users[0]
+        moved = user.base in SHAPE_OPS or user.base == "add" or user.name == "sum"
+        if not (moved or _scalar(trace, user, node)):
+            return last
+        node = user.outputs[0]
 
 
 class Unread(Exception):
@@ -57,12 +230,6 @@ class Role:
     get: list[int]  # the nodes it makes (one per attention core)
     params: list[str]  # the parameters behind it
     factor: float = 1.0  # a scalar factor to take out (q and k only)
-
-
-@dataclass
-class Roles:
-    roles: dict[str, Role]  # q k v proj fc1 fc2
-    heads: int
 
 
 def _cores(trace: Trace) -> list[Core]:
@@ -134,9 +301,9 @@ def _scores(trace: Trace, A: int) -> Op | None:
     return max(found, key=lambda op: op.index) if found else None
 
 
-def find_roles(trace: Trace, B: int, T: int) -> Roles:
-    """The roles in a recorded forward pass of a block on a (B, T, C) input; Unread (saying
-    which) where one is missing or does not fit the lessons' block."""
+def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
+    """The roles (q k v proj fc1 fc2) and the head count in a recorded forward pass of a block on
+    a (B, T, C) input; Unread (saying which) where one is missing or does not fit the lessons'."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -177,7 +344,7 @@ def find_roles(trace: Trace, B: int, T: int) -> Roles:
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
         )
     roles["fc1"], roles["fc2"] = _role(trace, rest[0], B, T), _role(trace, rest[1], B, T)
-    return Roles(roles, heads)
+    return roles, heads
 
 
 def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, float, list[str]]:
@@ -203,131 +370,3 @@ def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
             f"a matrix product ({op.name}) whose input or output is not laid out by position"
         )
     return Role(put, [get], static_names(trace, [op]))
-
-
-NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
-
-
-@dataclass
-class Norm:
-    """One call of a norm: what it is (``key``), its output node, and as a function."""
-
-    key: str
-    first: int
-    out: int
-    function: Callable[[Tensor], Tensor]
-    end: int = 0  # a norm module's call: the operators first:end ran inside it
-
-
-def rescaled(
-    trace: Trace,
-    source: int,
-    out: int,
-    z: Tensor,
-    factors: list[Tensor | float],
-    shaped: bool = False,
-) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
-    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
-    try:
-        f = replay(trace, source, out)
-        f = _shaped(f, trace.nodes[source].value) if shaped else f
-        with torch.no_grad():
-            a, *outs = [f(z)] + [f(z * by) for by in factors]
-        if not isinstance(a, Tensor) or not torch.isfinite(a).all():
-            return None
-        scale = float(a.abs().max()) + 1e-12
-        return f, a, [float((a - o).abs().max()) / scale for o in outs]
-    except CAUGHT:
-        return None
-
-
-def _normalising(
-    trace: Trace, source: int, out: int, shaped: bool = False
-) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
-    like = trace.nodes[source].value
-    g = torch.Generator().manual_seed(3)
-    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
-    found = rescaled(trace, source, out, z, [3.0], shaped)
-    if found is None or found[1].shape != z.shape or found[2][0] > 1e-3:
-        return None
-    return None if torch.allclose(found[1], z) else found[0]
-
-
-def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
-    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
-    found: list[Norm] = []
-    for name, first, end, ins, outs in trace.calls:
-        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
-            continue
-        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
-        if (
-            trace.nodes[ins[0]].data
-            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
-            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
-            and layout(trace.nodes[ins[0]].shape, B, T)
-            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
-        ):
-            found.append(Norm(name, first, outs[0], f, end))
-    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
-        n
-        for n in found
-        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
-    ]
-    for op in trace.ops:
-        inside = any(n.first <= op.index < n.end for n in found)
-        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
-            continue
-        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
-        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):
-            out = _written_norm(trace, op, source)
-        if out is not None and (f := _normalising(trace, source, out)) is not None:
-            names = static_names(trace, trace.between(source, out))
-            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
-            found.append(Norm(key, op.index, out, f))
-    return sorted(found, key=lambda n: n.first)
-
-
-def _shaped(f: Callable[[Tensor], Tensor], like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``f`` (a replay on inputs like ``like``) on another dtype or shape of as many entries."""
-
-    def call(h: Tensor) -> Tensor:
-        shape = h.shape
-        if h.shape != like.shape and h.numel() == like.numel():
-            h = h.reshape(like.shape)
-        out = f(h.to(like.dtype))
-        return (out.reshape(shape) if out.numel() == math.prod(shape) else out).to(h.dtype)
-
-    return call
-
-
-def _written_norm(trace: Trace, mean: Op, source: int) -> int | None:
-    """The last node of ``source``'s shape after ``mean``, before a matrix product, normalising it."""
-    best = None
-    for op in trace.ops[mean.index + 1 :]:
-        if weight_input(trace, op) is not None or op.name in ("bmm", "_softmax"):
-            break
-        for n in op.outputs:
-            node = trace.nodes[n]
-            if node.shape == trace.nodes[source].shape and node.data:
-                best = n if _normalising(trace, source, n) is not None else best
-    return best
-
-
-def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
-    """ln1 and ln2: the first two norms to run; of more, those the attention and the MLP read."""
-    distinct: dict[str, Norm] = {}
-    for n in norms:
-        distinct.setdefault(n.key, n)
-    order = list(distinct.values())
-    if not order:
-        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
-    if len(order) <= 2:
-        return order
-    by_out = {n.out: distinct[n.key] for n in norms}
-    ln1 = by_out.get(attn_input, order[0])
-    ln2 = by_out.get(mlp_input)
-    if ln2 is None or ln2.key == ln1.key:
-        ln2 = next(n for n in order if n.key != ln1.key)
-    return [ln1, ln2]

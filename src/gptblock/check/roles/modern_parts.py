@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch.nn import functional as F
@@ -16,9 +17,10 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, rms
-from .dataflow import _cores, _scores, rescaled
+from .dataflow import _cores, _scores
 from .modern_read import Linear, ModernRead, Turn
 from .trace import Op, Trace
+from .weights import rescaled
 
 __all__ = [
     "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "lin", "measured",
@@ -198,9 +200,18 @@ def attention_scope(trace: Trace) -> list[str]:
 
 
 def _in_core(trace: Trace, y: int) -> list[str]:
-    path = _score_path(trace, y)
+    made = cast(Op, trace.producer(y))  # a core's product: a fused one, or A @ v
+    fused = "scaled_dot_product" in made.name
+    A = None if fused else next(n for n in made.inputs if trace.nodes[n].data)
+    scores, path = _scores(trace, A) if A is not None else None, []  # and the ops to A from it
+    if A is not None and scores is not None:
+        inside, behind = set(scores.outputs), trace.ancestors(A)
+        for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
+            if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
+                inside.update(op.outputs)
+                path.append(op)
     capped = [SATURATING[op.base] for op in path if op.base in SATURATING]
-    window = _window(trace, y)
+    window = _window(trace, made, A)
     found = [
         capped and f"the attention logits are soft-capped ({capped[0]} between the score product "
         "and the softmax, as Gemma 2's tanh(s / c) * c)",
@@ -229,24 +240,6 @@ def unmodelled(read: ModernRead) -> list[str]:
     return found
 
 
-def _score_path(trace: Trace, y: int) -> list[Op]:
-    """The operators between the score product and the probabilities that multiply v."""
-    made = trace.producer(y)
-    if made is None or made.name not in ("bmm", "mm"):
-        return []  # a fused attention: no scores to look at
-    A = next(n for n in made.inputs if trace.nodes[n].data)
-    scores = _scores(trace, A)
-    if scores is None:
-        return []
-    behind = trace.ancestors(A)
-    inside, path = set(scores.outputs), []
-    for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
-        if any(n in inside for n in op.inputs) and any(n in behind for n in op.outputs):
-            inside.update(op.outputs)
-            path.append(op)
-    return path
-
-
 def _bias(trace: Trace, op: Op) -> bool:
     """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
@@ -257,13 +250,10 @@ def _bias(trace: Trace, op: Op) -> bool:
     return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
 
 
-def _window(trace: Trace, y: int) -> int:
+def _window(trace: Trace, made: Op, A: int | None) -> int:
     """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
-    probabilities, or a fused core's static ``attn_mask``); else 0."""
-    made = trace.producer(y)
-    if made is None:
-        return 0
-    if "scaled_dot_product" in made.name:
+    probabilities ``A``, or a fused core's static ``attn_mask``); else 0."""
+    if A is None:
         if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
             return 0
         mask = trace.nodes[made.inputs[3]].value
@@ -272,10 +262,10 @@ def _window(trace: Trace, y: int) -> int:
             return 0
         allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
     else:
-        A = trace.nodes[next(n for n in made.inputs if trace.nodes[n].data)].value
-        if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        P = trace.nodes[A].value
+        if P.dim() < 2 or P.shape[-1] != P.shape[-2]:
             return 0
-        allowed = (A.reshape(-1, *A.shape[-2:]) != 0).any(0)
+        allowed = (P.reshape(-1, *P.shape[-2:]) != 0).any(0)
     t = torch.arange(allowed.shape[-1])
     back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
     found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))

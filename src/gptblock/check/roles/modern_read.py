@@ -16,10 +16,20 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
-from .dataflow import Core, Role, Roles, Unread, _cores, _role, find_norms, order_norms
+from .dataflow import (
+    Core,
+    Role,
+    Unread,
+    _cores,
+    _role,
+    reach,
+    static_names,
+    to_layout,
+    to_weight,
+    weight_input,
+)  # fmt: skip
 from .trace import Op, Trace, replay
-from .walks import reach, static_names, to_layout, to_weight, weight_input
-from .weights import _rows, measure
+from .weights import _rows, find_norms, measure, order_norms
 
 __all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
 
@@ -141,9 +151,7 @@ class ModernRead:
     parallel: bool  # the MLP reads the block's input, not the stream after attention
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
     names: dict[str, str]  # role -> parameters, for the report
-    norm_params: tuple[tuple[str, ...], tuple[str, ...]]  # what each norm reads
-    core_q: Tensor  # (B, nh, T, hs) where so laid out: q as the score product reads it
-    core_k: Tensor  # k likewise (its key/value heads repeated)
+    norm_params: tuple[tuple[str, ...], ...]  # what each norm reads (ln1, ln2)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
     turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
     trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
@@ -191,48 +199,6 @@ def _residual(trace: Trace, after: int, mlp_in: int) -> int:
     return max(sums, default=after)
 
 
-def _path_params(trace: Trace, source: int, target: int) -> tuple[str, ...]:
-    start = trace.nodes[source].op
-    ops = {trace.nodes[n].op for n in trace.ancestors(target) if trace.nodes[n].op > start}
-    return tuple(static_names(trace, [trace.ops[i] for i in sorted(ops)]))
-
-
-def _packed(out: Tensor, cores: list[Tensor], nh: int) -> list[list[int]]:
-    """The rows of a packed projection making each of ``cores``: those whose output ``out``
-    (B, O) at position 0 (nothing turns) is proportional to a channel the scores read (any
-    packing: GPT-NeoX's, lit-gpt's); Unread where one matches no row (a qk norm)."""
-    unit = out / out.norm(dim=0, keepdim=True).clamp_min(1e-30)  # (B, O)
-    found: list[list[int]] = []
-    for core in cores:
-        hs = core.shape[-1]
-        seen = core.reshape(out.shape[0], nh, -1, hs)[:, :, 0]  # (B, nh, hs) at position 0
-        per_head: list[list[int]] = []
-        for head in range(nh):
-            v = seen[:, head]  # (B, hs)
-            cos = (v / v.norm(dim=0, keepdim=True).clamp_min(1e-30)).T @ unit  # (hs, O)
-            best = cos.abs().max(dim=1)
-            if not bool((best.values > 1 - 1e-6).all()):
-                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
-            if (rows := best.indices.tolist()) not in per_head:
-                per_head.append(rows)
-        found.append([r for rows in per_head for r in rows])
-    return found
-
-
-def _shifts(f: Callable[[Tensor], Tensor], like: Tensor) -> bool:
-    """Whether a norm moves when a constant is added to every channel (an RMSNorm's form, not a
-    LayerNorm's) and is no identity."""
-    z = torch.randn(like.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    z = z.to(like.dtype)
-    try:
-        with torch.no_grad():
-            a, b = f(z), f(z + 3.0)
-    except CAUGHT:
-        return False
-    scale = float(a.abs().nan_to_num(0.0).max()) + 1e-12
-    return not torch.allclose(a, z) and float((a - b).abs().nan_to_num(1.0).max()) > 1e-6 * scale
-
-
 @dataclass(frozen=True)
 class Source:
     """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
@@ -245,7 +211,7 @@ class Source:
 
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    the lessons' block. Raises Unread (a modern block whose parts cannot be read, saying why)."""
+    one core per head (the lessons' reading). Raises Unread (parts that cannot be read: why)."""
     x = trace.nodes[trace.input].value
     B, T, C = x.shape
     cores = _cores(trace)
@@ -253,8 +219,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
     q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    proj = reach(trace, core.y, forward=True)[1]
-    if not proj:
+    if not (proj := reach(trace, core.y, forward=True)[1]):
         raise Unread("no output projection reads the attention's output")
     proj_op = proj[0]
     attn = {"q": q_op, "k": k_op, "v": v_op, "proj": proj_op}
@@ -265,9 +230,16 @@ def read_modern(trace: Trace) -> ModernRead | None:
     roles = {f"fc{i + 1}": _role(trace, op, B, T) for i, op in enumerate(rest[:-1])}
     roles["down"] = _role(trace, rest[-1], B, T)
     roles["proj"] = _role(trace, proj_op, B, T, heads=True)
-    shared = q_op.index == k_op.index == v_op.index
-    for name, op in (("q", q_op), ("k", k_op), ("v", v_op))[: 1 if shared else 3]:
+    for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
         roles[name] = _role_of(trace, op, B, T)
+    if q_op.index == k_op.index == v_op.index:  # packed in one matrix: each read at its slice
+        made = reach(trace, roles["q"].get[0], forward=True)[0]  # after a bias, over slices
+        behind = [trace.ancestors(n) for n in (core.q, core.k, core.v)]
+        for r, mine in zip("qkv", behind, strict=True):
+            own = [n for n in made if n in mine and sum(n in b for b in behind) == 1]
+            if not own:
+                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
+            roles[r].get = [min(own)]
     nh = core.groups // (B if core.time == T else T)
     h1, h2 = roles["q"].put, roles["fc1"].put
     stream = _residual(trace, roles["proj"].get[0], h2)
@@ -280,34 +252,11 @@ def read_modern(trace: Trace) -> ModernRead | None:
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         norms = []
-    wq, wk = (trace.nodes[op.outputs[0]].shape[-1] for op in (q_op, k_op))
-    hs = trace.nodes[core.q].shape[-1]
-    grouped = wq != nh * hs * (3 if shared else 1) or wk < wq  # k's op is q's where shared
-    if not (rotated or grouped or rest[2:] or any(_shifts(f, x) for f in (norm1, norm2, *norms))):
-        return None  # the lessons' block: read by gptblock.check.roles.readings
-    read = measure(trace, Roles(roles, nh), B, T)
-    oriented = {}  # as the score product reads them, (B, nh, T, hs) where so laid out
-    for r, n in (("q", core.q), ("k", core.k), ("v", core.v)):
-        value = trace.nodes[n].value
-        laid = heads(value, B, nh, T, hs, r == "k")
-        oriented[r] = value if laid is None else laid
+    read, hs = measure(trace, roles, B, T), trace.nodes[core.q].shape[-1]
 
     def rows(node: int) -> Tensor:
         return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)
 
-    if shared:  # q, k, v packed in one matrix: which rows are which, from the core
-        w, b = read["q"][:2]
-        h = rows(roles["q"].put)[:, 0]
-        operands = [oriented[r] for r in ("q", "k", "v")]
-        try:
-            packed = _packed(h @ w.T + b, operands, nh)
-        except Unread:  # a qk norm rescales q and k: [q | k | v] if v is where that puts it
-            D = nh * hs
-            kv = (w.shape[0] - D) // 2
-            if _packed(h @ w.T + b, operands[2:], nh)[0] != list(range(D + kv, w.shape[0])):
-                raise
-            packed = [list(range(D)), list(range(D, D + kv)), list(range(D + kv, w.shape[0]))]
-        read["q"], read["k"], read["v"] = ((w[i], b[i], 0.0) for i in packed)
     D, K = read["q"][0].shape[0], read["k"][0].shape[0]
     if D % nh or K != read["v"][0].shape[0] or D % K:
         raise Unread(
@@ -322,8 +271,8 @@ def read_modern(trace: Trace) -> ModernRead | None:
         [", ".join(static_names(trace, [op])) for op in rest],
         rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
-        (_path_params(trace, trace.input, h1), _path_params(trace, stream, h2)),
-        oriented["q"].double(), oriented["k"].double(), norms,
+        tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
+        norms,
         measure_turn(trace, q_op.outputs[0], core.q, B, nh, T, hs) if rotated else None,
         trace, core, (q_op.outputs[0], proj_op.outputs[0], rest[-1].outputs[0]),
     )  # fmt: skip
@@ -335,11 +284,12 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []
-    for lin, core in ((q, read.core_q), (k, read.core_k)):
-        if core.numel() != B * read.n_head * T * hs or core.shape[-2:] != (T, hs):
+    for key, (lin, n) in enumerate(((q, read.core.q), (k, read.core.k))):  # as the scores read
+        core = heads(read.trace.nodes[n].value.double(), B, read.n_head, T, hs, key == 1)
+        if core is None:
             return None
-        heads = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
-        base = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
-        seen = core.reshape(B, read.n_head, T, hs)[:, : heads.shape[1], 0]  # (B, h, hs)
+        each = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
+        base = each * torch.rsqrt(each.pow(2).mean(-1, keepdim=True) + 1e-6)
+        seen = core[:, : each.shape[1], 0]  # (B, h, hs)
         gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
     return gains[0], gains[1]

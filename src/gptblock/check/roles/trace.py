@@ -52,14 +52,12 @@ def _operator(name: object) -> Any:
     """torch's own ``namespace::name.overload``, never anything the block defined."""
     ns, _, rest = str(name).partition("::")
     op, _, overload = rest.rpartition(".")
-    if not isinstance(name, str) or not all(_NAME.fullmatch(n) for n in (ns, op, overload)):
-        raise TraceError(f"an operator named {str(name)[:80]!r}")
+    named = isinstance(name, str) and all(_NAME.fullmatch(n) for n in (ns, op, overload))
     try:
-        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload) if named else None
     except (AttributeError, RuntimeError):
-        raise TraceError(f"an operator the checker does not have: {name[:80]}") from None
-    if not isinstance(func, torch._ops.OpOverload):
-        raise TraceError(f"an operator named {name[:80]!r}")
+        raise TraceError(f"an operator the checker does not have: {str(name)[:80]}") from None
+    _need(isinstance(func, torch._ops.OpOverload), f"an operator named {str(name)[:80]!r}")
     return func
 
 
@@ -69,9 +67,8 @@ def _decode(a: object, nodes: int, device: torch.device | None = None) -> object
         return a
     if isinstance(a, list):
         return [_decode(b, nodes, device) for b in a]
-    if not isinstance(a, dict) or len(a) != 1:
-        raise TraceError("an operator's argument of no known form")
-    ((key, value),) = a.items()
+    _need(isinstance(a, dict) and len(a) == 1, "an operator's argument of no known form")
+    ((key, value),) = cast(dict[str, Any], a).items()
     if key == "r" and isinstance(value, int) and 0 <= value < nodes:
         return Ref(value)
     if key == "tuple" and isinstance(value, list):
@@ -95,9 +92,9 @@ def _decode(a: object, nodes: int, device: torch.device | None = None) -> object
 
 
 def _ints(value: object) -> list[int]:
-    if not isinstance(value, list) or not all(type(n) is int for n in value):
-        raise TraceError("a list of nodes that is not one")
-    return value
+    ints = isinstance(value, list) and all(type(n) is int for n in value)
+    _need(ints, "a list of nodes that is not one")
+    return cast(list[int], value)
 
 
 @dataclass
@@ -190,56 +187,55 @@ class Trace:
         return seen
 
 
+def _need(ok: object, what: str) -> None:
+    if not ok:
+        raise TraceError(what)
+
+
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
     """A ``Trace`` from what ``loop.record`` sent, checked for form (a TraceError); with
     ``device``, the values and every device argument moved there."""
-    if "error" in meta:
-        raise TraceError(f"the block raised {str(meta['error'])[:400]} while traced")
+    _need("error" not in meta, f"the block raised {str(meta.get('error'))[:400]} while traced")
     try:
         complex_nodes = set(_ints(meta.get("complex", [])))
         nodes: list[Node] = []
         for i, row in enumerate(meta["nodes"]):
+            ok = isinstance(row, list) and len(row) == 3 and type(row[0]) is int
+            _need(ok, "a node that is not one")
             value = tensors.get(f"n{i}")
-            if not (isinstance(row, list) and len(row) == 3 and type(row[0]) is int):
-                raise TraceError("a node that is not one")
             if not isinstance(value, Tensor):
                 raise TraceError(f"node {i} without its value")
-            if i in complex_nodes:
-                value = torch.view_as_complex(value.contiguous())
+            value = torch.view_as_complex(value.contiguous()) if i in complex_nodes else value
             value = value.to(device) if device is not None else value
             nodes.append(Node(row[0], value, row[1] is True, str(row[2])[:300]))
         n = len(nodes)
         ops: list[Op] = []
         for index, o in enumerate(meta["ops"]):
             args, kwargs = o["args"], o["kwargs"]
-            if not isinstance(args, list) or not isinstance(kwargs, dict):
-                raise TraceError("an operator's arguments that are not a list and a dict")
+            ok = isinstance(args, list) and isinstance(kwargs, dict)
+            _need(ok, "an operator's arguments that are not a list and a dict")
             inputs, outputs = _ints(o["inputs"]), _ints(o["outputs"])
-            if not all(0 <= i < n for i in inputs) or not all(
-                0 <= i < n and nodes[i].op == index for i in outputs
-            ):
-                raise TraceError("an operator's nodes that do not exist")
+            made = all(0 <= i < n and nodes[i].op == index for i in outputs)
+            _need(made and all(0 <= i < n for i in inputs), "an operator's nodes that do not exist")
             args = tuple(_decode(a, n, device) for a in args)
             kwargs = {str(k): _decode(v, n, device) for k, v in kwargs.items()}
             ops.append(Op(index, _operator(o["func"]), args, kwargs, inputs, outputs))
-        if not all(-2 <= node.op < len(ops) for node in nodes):
-            raise TraceError("a node made by no operator")
+        _need(all(-2 <= node.op < len(ops) for node in nodes), "a node made by no operator")
         calls = []
         for name, first, end, ins, outs in meta["calls"]:
             if end == -1:
                 continue  # a module whose call raised inside the block (which caught it)
-            if not (type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)):
-                raise TraceError("a module call that is not one")
-            if not all(0 <= i < n for i in _ints(ins) + _ints(outs)):
-                raise TraceError("a module call on nodes that do not exist")
+            ok = type(first) is int and type(end) is int and 0 <= first <= end <= len(ops)
+            _need(ok, "a module call that is not one")
+            ok = all(0 <= i < n for i in _ints(ins) + _ints(outs))
+            _need(ok, "a module call on nodes that do not exist")
             calls.append((str(name)[:300], first, end, ins, outs))
         x, y = meta["input"], meta["output"]
-        if y is None:
-            raise TraceError("the block returned no tensor made in its forward pass")
-        if not (type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n):
-            raise TraceError("an input or output node that does not exist")
+        _need(y is not None, "the block returned no tensor made in its forward pass")
+        ok = type(x) is int and type(y) is int and 0 <= x < n and 0 <= y < n
+        _need(ok, "an input or output node that does not exist")
         parameters = {str(k): tuple(_ints(v)) for k, v in dict(meta.get("parameters", {})).items()}
         modules = [str(m) for m in meta.get("modules", [])]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -262,11 +258,14 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
     return from_plain(*loop.record(module, x, no_dropout=no_dropout))
 
 
-def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[int, Tensor]:
-    """The values of the nodes ``get``, replayed as far as needed with the nodes in ``put``
-    replaced (a TraceError where an operator cannot run on them)."""
+def rerun(
+    trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], ops: Sequence[Op] | None = None
+) -> dict[int, Tensor]:
+    """The values of the nodes ``get``, replayed (``ops``; by default as far as needed) with the
+    nodes in ``put`` replaced (a TraceError where an operator cannot run on them)."""
     wanted = set(get)
-    last = max((trace.nodes[n].op for n in wanted), default=-1)
+    if ops is None:
+        ops = trace.ops[: max((trace.nodes[n].op for n in wanted), default=-1) + 1]
     env: dict[int, Tensor] = {}
 
     def value(a: object) -> object:
@@ -282,10 +281,9 @@ def rerun(trace: Trace, put: Mapping[int, Tensor], get: Sequence[int]) -> dict[i
     got: dict[int, Tensor] = {}
     try:
         with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad():  # the CPU's restored
-            for op in trace.ops[: last + 1]:
+            for op in ops:
                 made, flat_in = op.call(value)
-                if len(made) != len(op.outputs):
-                    raise TraceError(f"{op.name} made other tensors when replayed")
+                _need(len(made) == len(op.outputs), f"{op.name} made other tensors when replayed")
                 for t, node in zip(made, op.outputs, strict=True):
                     env[node] = _put(t, put[node], flat_in) if node in put else t
                     if node in wanted:  # as made: a later in-place operator may change it
@@ -320,15 +318,4 @@ def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]
             raise TraceError("the part reads input data from elsewhere")
     if target not in inside:
         raise TraceError("the target does not depend on the source")
-
-    def run(h: Tensor) -> Tensor:
-        env = {source: h}
-
-        def value(a: object) -> object:
-            return env.get(a.node, trace.nodes[a.node].value) if isinstance(a, Ref) else a
-
-        for op in chosen:
-            env.update(zip(op.outputs, op.call(value)[0], strict=True))
-        return env[target]
-
-    return run
+    return lambda h: rerun(trace, {source: h}, [target], chosen)[target]

@@ -1,6 +1,7 @@
 """Each role's weight read by what its sub-layer computes (``read_block``): the trace replayed
 with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
-``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output.
+``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output. The
+norms (``find_norms``): whatever computes a scale-free function of a mean over the channels.
 
 Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
 """
@@ -8,18 +9,22 @@ Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Roles, Unread, find_norms, find_roles, order_norms
+from .dataflow import Role, Unread, find_roles, layout, static_names, weight_input
 from .parts import glob
-from .trace import LEAF, Trace, TraceError, record, rerun
-from .walks import layout
+from .trace import LEAF, Trace, TraceError, record, replay, rerun
 
-__all__ = ["Reading", "measure", "read_block", "read_trace"]
+__all__ = [
+    "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_block", "read_trace",
+    "rescaled",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # of a role's output scale
@@ -59,12 +64,127 @@ def _rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
     return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
-def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
+NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+
+
+@dataclass
+class Norm:
+    """One call of a norm: what it is (``key``), its output node, and as a function."""
+
+    key: str
+    first: int
+    out: int
+    function: Callable[[Tensor], Tensor]
+    end: int = 0  # a norm module's call: the operators first:end ran inside it
+
+
+def rescaled(
+    trace: Trace,
+    source: int,
+    out: int,
+    z: Tensor,
+    factors: list[Tensor | float],
+    shaped: bool = False,
+) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
+    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
+    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
+    try:
+        run, like = replay(trace, source, out), trace.nodes[source].value
+
+        def f(h: Tensor) -> Tensor:  # ``shaped``: on another dtype or shape of as many entries
+            if not shaped:
+                return run(h)
+            shape, h = h.shape, h.reshape(like.shape) if h.numel() == like.numel() else h
+            got = run(h.to(like.dtype))
+            return (got.reshape(shape) if got.numel() == math.prod(shape) else got).to(h.dtype)
+
+        with torch.no_grad():
+            a, *outs = [f(z)] + [f(z * by) for by in factors]
+        if not isinstance(a, Tensor) or not torch.isfinite(a).all():
+            return None
+        scale = float(a.abs().max()) + 1e-12
+        return f, a, [float((a - o).abs().max()) / scale for o in outs]
+    except CAUGHT:
+        return None
+
+
+def _normalising(
+    trace: Trace, source: int, out: int, shaped: bool = False
+) -> Callable[[Tensor], Tensor] | None:
+    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
+    like = trace.nodes[source].value
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
+    found = rescaled(trace, source, out, z, [3.0], shaped)
+    if found is None or found[1].shape != z.shape or found[2][0] > 1e-3:
+        return None
+    return None if torch.allclose(found[1], z) else found[0]
+
+
+def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
+    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
+    found: list[Norm] = []
+    for name, first, end, ins, outs in trace.calls:
+        if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
+            continue
+        held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        if (
+            trace.nodes[ins[0]].data
+            and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
+            and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
+            and layout(trace.nodes[ins[0]].shape, B, T)
+            and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
+        ):
+            found.append(Norm(name, first, outs[0], f, end))
+    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
+        n
+        for n in found
+        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
+    ]
+    for op in trace.ops:
+        inside = any(n.first <= op.index < n.end for n in found)
+        if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
+            continue
+        source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
+        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):  # a norm written out:
+            for later in trace.ops[op.index + 1 :]:  # the last node normalising the source
+                if weight_input(trace, later) is not None or later.name in ("bmm", "_softmax"):
+                    break  # before a matrix product
+                for n in later.outputs:
+                    node = trace.nodes[n]
+                    if node.shape == trace.nodes[source].shape and node.data:
+                        out = n if _normalising(trace, source, n) is not None else out
+        if out is not None and (f := _normalising(trace, source, out)) is not None:
+            names = static_names(trace, trace.between(source, out))
+            key = ", ".join(names) or f"{op.name} #{op.index} (no weights)"
+            found.append(Norm(key, op.index, out, f))
+    return sorted(found, key=lambda n: n.first)
+
+
+def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm]:
+    """ln1 and ln2: the first two norms to run; of more, those the attention and the MLP read."""
+    distinct: dict[str, Norm] = {}
+    for n in norms:
+        distinct.setdefault(n.key, n)
+    order = list(distinct.values())
+    if not order:
+        raise Unread("no norm in the forward pass (nothing that divides by a root of a variance)")
+    if len(order) <= 2:
+        return order
+    by_out = {n.out: distinct[n.key] for n in norms}
+    ln1 = by_out.get(attn_input, order[0])
+    ln2 = by_out.get(mlp_input)
+    if ln2 is None or ln2.key == ln1.key:
+        ln2 = next(n for n in order if n.key != ln1.key)
+    return [ln1, ln2]
+
+
+def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
-    like = {r.put: trace.nodes[r.put].value for r in found.roles.values()}
+    like = {r.put: trace.nodes[r.put].value for r in roles.values()}
     width = {n: _rows(v, B, T).shape[1] for n, v in like.items()}
-    gets = [g for r in found.roles.values() for g in r.get]
+    gets = [g for r in roles.values() for g in r.get]
 
     def run(r: int) -> dict[int, Tensor]:  # r < 0: zeros; else row p is channel r * BT + p's 1
         put = {}
@@ -77,7 +197,7 @@ def measure(trace: Trace, found: Roles, B: int, T: int) -> dict[str, tuple[Tenso
 
     zero, runs = run(-1), [run(r) for r in range(math.ceil(max(width.values()) / BT))]
     out = {}
-    for name, role in found.roles.items():
+    for name, role in roles.items():
 
         def rows(values: dict[int, Tensor], role: Role = role) -> Tensor:
             out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
@@ -114,43 +234,35 @@ def read_block(module: nn.Module, x: Tensor) -> Reading:
         (2, 16, True)
     """
     try:
-        trace = record(module, x)
+        return read_trace(record(module, x), x)
     except TraceError as e:
         raise Unread(str(e)) from e
-    return read_trace(trace, x)
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
     """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
-    try:
-        found = find_roles(trace, B, T)
-        norms = order_norms(find_norms(trace, B, T), found.roles["q"].put, found.roles["fc1"].put)
-        read = measure(trace, found, B, T)
-    except TraceError as e:
-        raise Unread(str(e)) from e
-    (wq, bq, _), (wk, bk, _), (wv, bv, _) = read["q"], read["k"], read["v"]
+    found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
+    norms = order_norms(find_norms(trace, B, T), found["q"].put, found["fc1"].put)
+    read = measure(trace, found, B, T)
+    wq, wk, wv = read["q"][0], read["k"][0], read["v"][0]
     D, H = wq.shape[0], read["fc1"][0].shape[0]
     if wk.shape != wq.shape or wv.shape != wq.shape or wq.shape[1] != C:
         raise Unread(f"q, k, v have shapes {tuple(wq.shape)}, {tuple(wk.shape)}, {tuple(wv.shape)}")
     for role, shape in {"proj": (C, D), "fc2": (C, H), "fc1": (H, C)}.items():
         if tuple(read[role][0].shape) != shape:
             raise Unread(f"{role} maps {tuple(read[role][0].shape)[::-1]}, expected {shape[::-1]}")
-    if D % found.heads:
-        raise Unread(f"{found.heads} heads do not divide the attention width {D}")
-
-    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return affine(wq, bq)(h), affine(wk, bk)(h), affine(wv, bv)(h)
-
-    ln = [n.function for n in norms]
-    proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("proj", "fc1", "fc2"))
-    parts = Parts(C, D, qkv, proj, fc1, fc2, ln[0], ln[1] if len(ln) > 1 else None)
+    if D % nh:
+        raise Unread(f"{nh} heads do not divide the attention width {D}")
+    q, k, v, proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("q", "k", "v", "proj", "fc1", "fc2"))
+    ln = [n.function for n in norms] + [None]
+    parts = Parts(C, D, lambda h: (q(h), k(h), v(h)), proj, fc1, fc2, ln[0], ln[1])
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
-    names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.roles.items()})
-    held = {r: list(role.params) for r, role in found.roles.items()}
+    names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.items()})
+    held = {r: list(role.params) for r, role in found.items()}
     held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
     error = max(e for _, _, e in read.values())
-    return Reading(parts, found.heads, names, error, held)
+    return Reading(parts, nh, names, error, held)
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
