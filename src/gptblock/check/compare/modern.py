@@ -56,7 +56,8 @@ class AttnMatch:
 def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch], str]:
     """The smallest sets of changes under which the attention reproduces the merged heads; and
     the nearest correct attention and how far it is, for a failed comparison."""
-    q, k, v = (lin(read.h1, w) for w in (read.q, read.k, read.v))
+    q, k, v = (lin(read.rows("h1"), w) for w in (read.q, read.k, read.v))
+    merged = read.rows("ctx")
     hs = q.shape[-1] // read.n_head
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
     unknowns = list(itertools.product(ropes(hs, read.rotated, read.turn), norms))
@@ -69,16 +70,16 @@ def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch],
             if rope is None and any(c.group in ROTARY for c in changes):
                 continue
             try:
-                ctx = attention(q, k, v, read.n_head, rope, steps, qk, C=read.x.shape[-1])
+                ctx = attention(q, k, v, read.n_head, rope, steps, qk, C=read.q[0].shape[1])
             except CAUGHT:
                 continue
             if not changes:
                 said = [rope.describe(hs)] if rope else []
                 said += ["a qk norm"] if qk is not None else []
                 what = " with ".join(["the modern attention", *said])
-                nearest = min(nearest, (_error(read.ctx, ctx), what))
+                nearest = min(nearest, (_error(merged, ctx), what))
             turned = rope is not None or qk is not None or not read.rotated
-            if turned and distance(read.ctx, ctx) <= TOLERANCE:
+            if turned and distance(merged, ctx) <= TOLERANCE:
                 return AttnMatch(changes, rope, qk)
         return None
 
@@ -138,7 +139,8 @@ def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
 
 
 def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutcome | None:
-    like = read.x.to(dtype)
+    x, y = read.rows("x"), read.rows("y")
+    like = x.to(dtype)
     norms = [
         norm_of(f, like, p) for f, p in zip((read.norm1, read.norm2), read.norm_params, strict=True)
     ]
@@ -173,21 +175,21 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
     qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
-    parts = Parts(read.x.shape[-1], read.q[0].shape[0], qkv, partial(lin, w=read.proj), mlp.hidden,
+    parts = Parts(x.shape[-1], read.q[0].shape[0], qkv, partial(lin, w=read.proj), mlp.hidden,
                   partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip
     steps = compose(a.changes)
     wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's
 
     def run(positions: Tensor | None = None, steps: Steps = wired) -> Tensor:
         """The block as read, tokens rotated at ``positions`` (T,) (by default 0 ... T-1)."""
-        return run_steps(parts, read.x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
+        return run_steps(parts, x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
 
     with torch.no_grad():
         wiring: Deviation | None = None
-        error = _error(read.y, run())
+        error = _error(y, run())
         for d in () if read.parallel else DEVIATIONS:  # a lessons' wiring mistake?
             if error > TOLERANCE and d.group == "wiring" and (d.mistake == "post_norm") == post:
-                off = _error(read.y, run(None, d.apply(steps)))
+                off = _error(y, run(None, d.apply(steps)))
                 wiring, error = (d, off) if off < error else (wiring, error)
     if error > TOLERANCE:
         return _unexplained(read, note, (
@@ -207,7 +209,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in a.changes:
-        label = c.describe(read.x.shape[-1], read.n_head, hs)
+        label = c.describe(x.shape[-1], read.n_head, hs)
         if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
             label = _pairing_label(a.rope)
         details.setdefault(c.mistake, label)
@@ -215,8 +217,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
         with torch.no_grad():
-            xs = read.x.to(read.y.dtype)
-            cache = judge_cache(*source.cache(xs), xs, _error, TOLERANCE, run if a.rope else None)
+            cache = judge_cache(*source.cache(x), x, _error, TOLERANCE, run if a.rope else None)
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset

@@ -132,7 +132,7 @@ def lin(h: Tensor, w: Linear) -> Tensor:
 def mlp_of(read: ModernRead) -> MlpRead | None:
     """The dense or gated form or catalogued mistake that reproduces the MLP's traced hidden
     values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
-    h, target, width = read.h2, read.hidden, read.mlp[-1][0].shape[1]
+    h, target, width = read.rows("h2"), read.rows("hidden"), read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
         return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
     w = read.mlp[0]

@@ -133,8 +133,6 @@ def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]
 class ModernRead:
     """What ``read_modern`` read: the weights, the traced values each sub-layer met, the norms."""
 
-    x: Tensor  # (B, T, C): the traced input
-    y: Tensor  # (B, T, C): the block's output for it
     n_head: int
     q: Linear
     k: Linear
@@ -142,10 +140,6 @@ class ModernRead:
     proj: Linear
     mlp: list[Linear]  # fc1 (and the second first-layer matrix, if gated), then the last layer
     mlp_names: list[str]  # the parameters each of ``mlp`` was read from
-    h1: Tensor  # (B, T, C): the attention's input, as traced
-    h2: Tensor  # (B, T, C): the MLP's input
-    ctx: Tensor  # (B, T, D): the heads as the block merged them (the output projection's input)
-    hidden: Tensor  # (B, T, H): the MLP's last layer's input
     norm1: Callable[[Tensor], Tensor]  # the stream -> h1, as the block computes it
     norm2: Callable[[Tensor], Tensor]  # the stream the MLP reads -> h2
     parallel: bool  # the MLP reads the block's input, not the stream after attention
@@ -157,6 +151,14 @@ class ModernRead:
     trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
     core: Core
     ends: tuple[int, int, int]  # the outputs of q's projection, the output projection, the MLP
+    # the traced nodes ``rows`` reads: x (the input), y (the output), h1 and h2 (the attention's
+    # and the MLP's inputs), ctx (the heads merged: D wide), hidden (the MLP's last input: H wide)
+    at: dict[str, int]
+
+    def rows(self, what: str) -> Tensor:
+        """The node ``at[what]`` as (B, T, F), as the block computed it."""
+        B, T = self.trace.nodes[self.trace.input].shape[:2]
+        return _rows(self.trace.nodes[self.at[what]].value, B, T).double().reshape(B, T, -1)
 
 
 def _one(trace: Trace, node: int, what: str) -> Op:
@@ -212,8 +214,7 @@ class Source:
 def read_modern(trace: Trace) -> ModernRead | None:
     """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
     one core per head (the lessons' reading). Raises Unread (parts that cannot be read: why)."""
-    x = trace.nodes[trace.input].value
-    B, T, C = x.shape
+    B, T, _ = trace.nodes[trace.input].shape
     cores = _cores(trace)
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading
@@ -253,10 +254,6 @@ def read_modern(trace: Trace) -> ModernRead | None:
     except Unread:
         norms = []
     read, hs = measure(trace, roles, B, T), trace.nodes[core.q].shape[-1]
-
-    def rows(node: int) -> Tensor:
-        return _rows(trace.nodes[node].value, B, T).double().reshape(B, T, -1)
-
     D, K = read["q"][0].shape[0], read["k"][0].shape[0]
     if D % nh or K != read["v"][0].shape[0] or D % K:
         raise Unread(
@@ -265,16 +262,17 @@ def read_modern(trace: Trace) -> ModernRead | None:
         )
     names = {r: ", ".join(static_names(trace, [op])) for r, op in attn.items()}
     return ModernRead(
-        x.double(), trace.nodes[trace.output].value.double(), nh,
+        nh,
         read["q"][:2], read["k"][:2], read["v"][:2], read["proj"][:2],
         [read[f"fc{i + 1}"][:2] for i in range(len(rest) - 1)] + [read["down"][:2]],
         [", ".join(static_names(trace, [op])) for op in rest],
-        rows(h1), rows(h2), rows(roles["proj"].put), rows(roles["down"].put),
         norm1, norm2, stream == trace.input, rotated, names,
         tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
         norms,
         measure_turn(trace, q_op.outputs[0], core.q, B, nh, T, hs) if rotated else None,
         trace, core, (q_op.outputs[0], proj_op.outputs[0], rest[-1].outputs[0]),
+        {"x": trace.input, "y": trace.output, "h1": h1, "h2": h2, "ctx": roles["proj"].put,
+         "hidden": roles["down"].put},
     )  # fmt: skip
 
 
