@@ -9,20 +9,19 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose, variants
+from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, Finding, text
-from ..mistakes.search import TOLERANCE, distance, smallest
+from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import (
     NORM_FORMS,
     Deviation,
     Parts,
     Rope,
     Steps,
-    attention,
     parallel,
     run_steps,
 )
@@ -46,50 +45,32 @@ def _error(y: Tensor, y_ref: Tensor) -> float:
     return 0.0 if nowhere else distance(y, y_ref)
 
 
-@dataclass(frozen=True)
-class AttnMatch:
-    changes: tuple[Deviation, ...]
-    rope: Rope | None  # the rotary embedding the block means (the unknowns)
-    qk_norm: tuple[Tensor, Tensor] | None
+def _qkv(read: ModernRead) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    return lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))
 
 
-def _attention_of(read: ModernRead, max_size: int = 2) -> tuple[list[AttnMatch], str]:
+def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
     """The smallest sets of changes under which the attention reproduces the merged heads; and
     the nearest correct attention and how far it is, for a failed comparison."""
-    q, k, v = (lin(read.rows("h1"), w) for w in (read.q, read.k, read.v))
-    merged = read.rows("ctx")
+    h, ctx, proj = read.rows("h1"), read.rows("ctx"), partial(lin, w=read.proj)
+    parts = Parts(read.q[0].shape[1], read.q[0].shape[0], _qkv(read), proj, proj, proj, None, None)
+    q, k, _ = parts.qkv(h)
     hs = q.shape[-1] // read.n_head
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
-    unknowns = list(itertools.product(ropes(hs, read.rotated, read.turn), norms))
-    nearest = (float("inf"), "the modern attention")
-
-    def attempt(changes: tuple[Deviation, ...]) -> AttnMatch | None:
-        nonlocal nearest
-        steps = compose(changes)
-        for rope, qk in unknowns:
-            if rope is None and any(c.group in ROTARY for c in changes):
-                continue
-            try:
-                ctx = attention(q, k, v, read.n_head, rope, steps, qk, C=read.q[0].shape[1])
-            except CAUGHT:
-                continue
-            if not changes:
-                said = [rope.describe(hs)] if rope else []
-                said += ["a qk norm"] if qk is not None else []
-                what = " with ".join(["the modern attention", *said])
-                nearest = min(nearest, (_error(merged, ctx), what))
-            turned = rope is not None or qk is not None or not read.rotated
-            if turned and distance(merged, ctx) <= TOLERANCE:
-                return AttnMatch(changes, rope, qk)
-        return None
-
-    grouped = k.shape[-1] < q.shape[-1]
+    turns = list(itertools.product(ropes(hs, read.rotated, read.turn), norms))
     pool = [
         c for c in (*MODERN, *LESSON)
-        if (grouped or c.group != "order") and (read.rotated or c.group not in ROTARY)
+        if (k.shape[-1] < q.shape[-1] or c.group != "order") and (read.rotated or c.group not in ROTARY)
     ]  # fmt: skip
-    found = smallest(variants(max_size, pool), attempt)
-    return found, f"{nearest[1]}, is off by {nearest[0]:.2g} of its scale > {TOLERANCE:g}"
+    turned = [t for t in turns if t[0] or t[1] is not None or not read.rotated]  # one turns
+    found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
+    if found.match:
+        return [found.match, *found.alternatives], ""
+    near = cast(Match, explain([parts], h, ctx, (read.n_head,), 0, (), turns, True, _error).closest)
+    said = [near.rope.describe(hs)] if near.rope else []
+    said += ["a qk norm"] if near.qk_norm is not None else []
+    what = " with ".join(["the modern attention", *said])
+    return [], f"{what}, is off by {near.error:.2g} of its scale > {TOLERANCE:g}"
 
 
 @dataclass(frozen=True)
@@ -174,10 +155,9 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
             "catalogued mistake of it"
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
-    qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
-    parts = Parts(x.shape[-1], read.q[0].shape[0], qkv, partial(lin, w=read.proj), mlp.hidden,
+    parts = Parts(x.shape[-1], read.q[0].shape[0], _qkv(read), partial(lin, w=read.proj), mlp.hidden,
                   partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip
-    steps = compose(a.changes)
+    steps = compose(a.deviations)
     wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's
 
     def run(positions: Tensor | None = None, steps: Steps = wired) -> Tensor:
@@ -208,13 +188,13 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     if wiring is not None:
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
-    for c in a.changes:
+    for c in a.deviations:
         label = c.describe(x.shape[-1], read.n_head, hs)
         if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
             label = _pairing_label(a.rope)
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
-    others = [outside + sorted({c.mistake for c in m.changes}) for m in attn[1:]]
+    others = [outside + sorted({c.mistake for c in m.deviations}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
         with torch.no_grad():
             cache = judge_cache(*source.cache(x), x, _error, TOLERANCE, run if a.rope else None)
@@ -222,7 +202,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
     if not details:
-        sent = None if a.changes else send(read, norms, mlp, a.rope, a.qk_norm, post)
+        sent = None if a.deviations else send(read, norms, mlp, a.rope, a.qk_norm, post)
         found = Finding(NAME, True, f"computes the modern block: {within}")
         return ModernOutcome(note, found, {}, [], sent)  # no change: each is a mistake, in details
     msg = f"matches the modern block only with {' + '.join(details)}: {within}"

@@ -4,6 +4,7 @@ every head count, activation and reading not ruled out; others of that size are 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ import torch
 
 from .catalogue import compose, variants
 from .report import CAUGHT
-from .steps import CANDIDATE_ACTIVATIONS, Deviation, MissingPart, Parts, run_steps
+from .steps import CANDIDATE_ACTIVATIONS, Deviation, MissingPart, Parts, Rope, attention, run_steps
 
 __all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain", "smallest"]
 
@@ -38,6 +39,8 @@ class Match:
     activation: str  # a key of CANDIDATE_ACTIVATIONS
     error: float  # max |block - variant| / max |variant|, over the positions compared
     reading: int = 0  # which reading of the block's parts (an index into explain's `readings`)
+    rope: Rope | None = None  # the rotary embedding the block means (one of explain's ``turns``)
+    qk_norm: tuple[Tensor, Tensor] | None = None
 
     @property
     def mistakes(self) -> list[str]:  # the catalogue ids, each once, in order
@@ -100,10 +103,19 @@ def smallest(
 
 
 def explain(
-    readings: Sequence[Parts], x: Tensor, y: Tensor, heads: tuple[int, ...], max_size: int = 3
+    readings: Sequence[Parts],
+    x: Tensor,
+    y: Tensor,
+    heads: tuple[int, ...],
+    max_size: int = 3,
+    pool: Iterable[Deviation] | None = None,
+    turns: Sequence[tuple[Rope | None, tuple[Tensor, Tensor] | None]] = ((None, None),),
+    alone: bool = False,
+    measure: Callable[[Tensor, Tensor], float] = distance,
 ) -> Explanation:
-    """The smallest set of mistakes (at most ``max_size``) whose variant maps ``x`` (B, T, C) to
-    ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``."""
+    """The smallest set of mistakes of ``pool`` (at most ``max_size``) whose variant maps ``x``
+    (B, T, C) to ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``
+    and ``turns`` (rotary embedding, qk norm gains); ``alone``: to the merged heads (B, T, D)."""
     if not readings or not heads:
         raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
 
@@ -120,15 +132,19 @@ def explain(
         # every activation compared: exact and tanh GELU differ by less than TOLERANCE
         steps = compose(deviations)
         best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
+        activations = list(CANDIDATE_ACTIVATIONS.items())[: 1 if alone else None]
         for n_head in heads:
-            for name, activation in CANDIDATE_ACTIVATIONS.items():
+            for (name, activation), (rope, qk) in itertools.product(activations, turns):
                 try:
-                    y_ref = run_steps(parts, x, n_head, activation, steps)
+                    if alone:
+                        y_ref = attention(*parts.qkv(x), n_head, rope, steps, qk, C=parts.C)
+                    else:
+                        y_ref = run_steps(parts, x, n_head, activation, steps, rope, qk)
                 except MissingPart:
                     return best  # this variant needs a part the block does not have
                 except CAUGHT:
                     continue  # the block's own modules refuse this variant's input (or head count)
-                match = Match(deviations, n_head, name, distance(y, y_ref), reading)
+                match = Match(deviations, n_head, name, measure(y, y_ref), reading, rope, qk)
                 if match.error < best.error:
                     best = match
             if best.error <= TOLERANCE:
@@ -144,7 +160,7 @@ def explain(
                 return match
         return None
 
-    found = smallest(variants(max_size), attempt)
+    found = smallest(variants(max_size, pool), attempt)
     if not found:
         return Explanation(None, (), closest[0] if closest else None)
     return Explanation(found[0], tuple(found[1:]), None)
