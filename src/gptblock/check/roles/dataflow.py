@@ -230,6 +230,7 @@ class Role:
     get: list[int]  # the nodes it makes (one per attention core)
     params: list[str]  # the parameters behind it
     factor: float = 1.0  # a scalar factor to take out (q and k only)
+    turned: bool = False  # more than reshapes and scalar factors before the core (a rotation)
 
 
 def _cores(trace: Trace) -> list[Core]:
@@ -302,8 +303,8 @@ def _scores(trace: Trace, A: int) -> Op | None:
 
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
-    """The roles (q k v proj fc1 fc2) and the head count in a recorded forward pass of a block on
-    a (B, T, C) input; Unread (saying which) where one is missing or does not fit the lessons'."""
+    """The roles (q k v proj fc1 fc2, a gated MLP's fc3 too) and the head count in a recorded
+    forward pass of a block on a (B, T, C) input; Unread (saying which) where one is missing."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -315,8 +316,8 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
             raise Unread(f"the attention's batch {core.groups} is not a multiple of {batch}")
         heads += core.groups // batch
         for name, node in (("q", core.q), ("k", core.k), ("v", core.v)):
-            put, get, factor, params = _projection(trace, node, B, T)
-            role = roles.setdefault(name, Role(put, [], [], factor if name != "v" else 1.0))
+            put, get, factor, params, turned = _projection(trace, node, B, T, core)
+            role = roles.setdefault(name, Role(put, [], [], factor if name != "v" else 1.0, turned))
             if name != "v" and abs(role.factor - factor) > 1e-12 * abs(factor):
                 raise Unread(f"the heads' {name} are computed differently")
             role.get.append(get)
@@ -339,26 +340,52 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
         roles["proj"] = _role(trace, proj, B, T, heads=True)
         used.add(index)
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
-    if len(rest) != 2 or rest[0].outputs[0] not in trace.ancestors(rest[1].outputs[0]):
+    if len(rest) not in (2, 3) or rest[0].outputs[0] not in trace.ancestors(rest[-1].outputs[0]):
         raise Unread(
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
         )
-    roles["fc1"], roles["fc2"] = _role(trace, rest[0], B, T), _role(trace, rest[1], B, T)
+    for name, op in zip([*["fc1", "fc3"][: len(rest) - 1], "fc2"], rest, strict=True):
+        roles[name] = _role(trace, op, B, T)
     return roles, heads
 
 
-def _projection(trace: Trace, node: int, B: int, T: int) -> tuple[int, int, float, list[str]]:
-    """(input node, output node laid out by position, scalar factor, parameters) of q, k or v."""
+def _projection(
+    trace: Trace, node: int, B: int, T: int, core: Core
+) -> tuple[int, int, float, list[str], bool]:
+    """(input node, output node laid out by position, scalar factor, parameters, turned) of q, k
+    or v; turned (a rotation, a qk norm between) or repeated: its one nearest product, read at
+    its output before key/value heads are repeated, at its own slice of a packed product."""
     out = to_layout(trace, node, B, T)
     found = to_weight(trace, out) if out is not None else None
-    if out is None or found is None:
-        raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
+    turned, size = found is None, trace.nodes[node].value.numel()
+    if found is None or size > trace.nodes[found[0].outputs[0]].value.numel():  # heads repeated
+        near = reach(trace, node, forward=False)[1]
+        if len(near) != 1:
+            raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
+        found, out = (near[0], 1.0), _unrepeated(trace, near[0], node, core, B, T)
     op, factor = found
     moved = weight_input(trace, op)
     put = source(trace, moved, B, T) if moved is not None else None
-    if put is None:
+    if put is None or out is None:
         raise Unread("the attention's input is not laid out by position")
-    return put, out, factor, static_names(trace, [op])
+    return put, out, factor, static_names(trace, [op]), turned
+
+
+def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> int:
+    """``op``'s output as ``forward_end`` reads it, but before a repeat of key/value heads (a
+    change of size), and of a packed product the nodes behind ``node`` alone."""
+    end, at, size = forward_end(trace, op, B, T), op.outputs[0], trace.nodes[op.outputs[0]].shape
+    while at != end:
+        users = [u for u in trace.consumers(at) if u.outputs]
+        if len(users) != 1 or math.prod(trace.nodes[users[0].outputs[0]].shape) != math.prod(size):
+            at = to_layout(trace, at, B, T) or op.outputs[0]
+            break
+        at = users[0].outputs[0]
+    behind, mine = [trace.ancestors(n) for n in (core.q, core.k, core.v)], trace.ancestors(node)
+    own = [n for n in reach(trace, at, True)[0] if n in mine and sum(n in b for b in behind) == 1]
+    if not own:
+        raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
+    return min(own)
 
 
 def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:

@@ -16,19 +16,8 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
-from .dataflow import (
-    Core,
-    Role,
-    Unread,
-    _cores,
-    _role,
-    reach,
-    static_names,
-    to_layout,
-    to_weight,
-    weight_input,
-)  # fmt: skip
-from .trace import Op, Trace, replay
+from .dataflow import Core, Unread, _cores, find_roles, static_names, to_weight
+from .trace import Trace, replay
 from .weights import _rows, find_norms, measure, order_norms
 
 __all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
@@ -161,30 +150,6 @@ class ModernRead:
         return _rows(self.trace.nodes[self.at[what]].value, B, T).double().reshape(B, T, -1)
 
 
-def _one(trace: Trace, node: int, what: str) -> Op:
-    """The one nearest matrix product with a weight behind ``node`` (a rotation may stand between)."""
-    near = reach(trace, node, forward=False)[1]
-    if len(near) != 1:
-        raise Unread(f"{what} is made by {len(near)} matrix products with weights, expected one")
-    return near[0]
-
-
-def _role_of(trace: Trace, op: Op, B: int, T: int) -> Role:
-    """``dataflow._role``, its output read before key/value heads are repeated (``expand``)."""
-    role = _role(trace, op, B, T)
-    size = trace.nodes[op.outputs[0]].value.numel()
-    node, last = op.outputs[0], role.get[0]
-    while node != last:
-        users = [u for u in trace.consumers(node) if u.outputs]
-        if len(users) != 1 or trace.nodes[users[0].outputs[0]].value.numel() != size:
-            break
-        node = users[0].outputs[0]
-    if node != last:
-        found = to_layout(trace, node, B, T)
-        role.get = [found if found is not None else op.outputs[0]]
-    return role
-
-
 def _residual(trace: Trace, after: int, mlp_in: int) -> int:
     """The stream the MLP's norm reads: the latest residual sum after ``after`` (the attention's
     output), else ``after``; the block's input in a parallel block."""
@@ -219,36 +184,14 @@ def read_modern(trace: Trace) -> ModernRead | None:
     if len(cores) != 1:
         return None  # one core per head (or none): the lessons' reading
     core = cores[0]
-    q_op, k_op, v_op = (_one(trace, n, r) for n, r in ((core.q, "q"), (core.k, "k"), (core.v, "v")))
-    if not (proj := reach(trace, core.y, forward=True)[1]):
+    roles, nh = find_roles(trace, B, T)
+    if roles["proj"].put == roles["proj"].get[0]:
         raise Unread("no output projection reads the attention's output")
-    proj_op = proj[0]
-    attn = {"q": q_op, "k": k_op, "v": v_op, "proj": proj_op}
-    used = {op.index for op in attn.values()}
-    rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
-    if len(rest) not in (2, 3):
-        raise Unread(f"{len(rest)} matrix products with weights outside attention, expected 2 or 3")
-    roles = {f"fc{i + 1}": _role(trace, op, B, T) for i, op in enumerate(rest[:-1])}
-    roles["down"] = _role(trace, rest[-1], B, T)
-    roles["proj"] = _role(trace, proj_op, B, T, heads=True)
-    for name, op in (("q", q_op), ("k", k_op), ("v", v_op)):
-        roles[name] = _role_of(trace, op, B, T)
-    if q_op.index == k_op.index == v_op.index:  # packed in one matrix: each read at its slice
-        made = reach(trace, roles["q"].get[0], forward=True)[0]  # after a bias, over slices
-        behind = [trace.ancestors(n) for n in (core.q, core.k, core.v)]
-        for r, mine in zip("qkv", behind, strict=True):
-            own = [n for n in made if n in mine and sum(n in b for b in behind) == 1]
-            if not own:
-                raise Unread("q, k, v are packed in one matrix in a way the checker cannot read")
-            roles[r].get = [min(own)]
-    nh = core.groups // (B if core.time == T else T)
+    mlp = [r for r in ("fc1", "fc3", "fc2") if r in roles]
     h1, h2 = roles["q"].put, roles["fc1"].put
     stream = _residual(trace, roles["proj"].get[0], h2)
     norm1, norm2 = replay(trace, trace.input, h1), replay(trace, stream, h2)
-    rotated = any(
-        (found := to_weight(trace, n)) is None or found[0].index != op.index
-        for n, op in ((core.q, q_op), (core.k, k_op))
-    )
+    rotated = roles["q"].turned or roles["k"].turned
     try:  # ln1 and ln2 where they run, for a post-norm block's
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
@@ -260,19 +203,19 @@ def read_modern(trace: Trace) -> ModernRead | None:
             f"q, k, v map to {D}, {K}, {read['v'][0].shape[0]} channels: "
             f"not {nh} query heads and a divisor of them as key/value heads"
         )
-    names = {r: ", ".join(static_names(trace, [op])) for r, op in attn.items()}
+    names = {r: ", ".join(roles[r].params) for r in ("q", "k", "v", "proj")}
+    if (made := to_weight(trace, roles["q"].get[0])) is None:  # q's product: the rotation's start
+        raise Unread("q is not read at its matrix product")
+    ends = (made[0].outputs[0], roles["proj"].get[0], roles["fc2"].get[0])
     return ModernRead(
-        nh,
-        read["q"][:2], read["k"][:2], read["v"][:2], read["proj"][:2],
-        [read[f"fc{i + 1}"][:2] for i in range(len(rest) - 1)] + [read["down"][:2]],
-        [", ".join(static_names(trace, [op])) for op in rest],
+        nh, read["q"][:2], read["k"][:2], read["v"][:2], read["proj"][:2],
+        [read[r][:2] for r in mlp], [", ".join(roles[r].params) for r in mlp],
         norm1, norm2, stream == trace.input, rotated, names,
         tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
         norms,
-        measure_turn(trace, q_op.outputs[0], core.q, B, nh, T, hs) if rotated else None,
-        trace, core, (q_op.outputs[0], proj_op.outputs[0], rest[-1].outputs[0]),
+        measure_turn(trace, ends[0], core.q, B, nh, T, hs) if rotated else None, trace, core, ends,
         {"x": trace.input, "y": trace.output, "h1": h1, "h2": h2, "ctx": roles["proj"].put,
-         "hidden": roles["down"].put},
+         "hidden": roles["fc2"].put},
     )  # fmt: skip
 
 

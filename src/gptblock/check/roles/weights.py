@@ -243,6 +243,8 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
     """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
     found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
+    if "fc3" in found or any(r.turned for r in found.values()):  # the modern block's parts
+        raise Unread("a gated MLP, or q, k or v turned between their products and the scores")
     norms = order_norms(find_norms(trace, B, T), found["q"].put, found["fc1"].put)
     read = measure(trace, found, B, T)
     wq, wk, wv = read["q"][0], read["k"][0], read["v"][0]
