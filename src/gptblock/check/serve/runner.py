@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from .calls import forward_arguments, learner_line, size_error, source
 from .frames import Message, Reader, send
-from .loop import CAUGHT, UserValueError, drive_cache, encode, fixed_seed, one_line, record
+from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_seed, one_line, record
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
@@ -152,25 +152,15 @@ def to_data(value: object, home: object) -> object:
     return encode(value, other)
 
 
-_MADE: dict[str, Callable[[Any], object]] = {
-    "tuple": tuple, "device": torch.device, "complex": lambda v: complex(*v),
-    "pickle": lambda v: pickle.loads(bytes.fromhex(v)),
-    **dict.fromkeys(("dtype", "layout", "memory_format"), functools.partial(getattr, torch)),
-}  # fmt: skip
-
-
 def _from_data(data: Any, home: object) -> Any:
     """``to_data``'s value made again; a config as its class called with its fields (a
     dataclass: its ``init`` fields), else made without calling it, its attributes set."""
-    if isinstance(data, list):
-        return [_from_data(v, home) for v in data]
-    if not isinstance(data, dict):
-        return data
-    key, value = next(iter(data.items()))
-    if key == "dict":
-        return {k: _from_data(v, home) for k, v in value.items()}
-    if key in _MADE:
-        return _MADE[key](_from_data(value, home) if key == "tuple" else value)
+    return decode(data, functools.partial(_made, home))
+
+
+def _made(home: object, data: dict[str, Any]) -> object:
+    if "pickle" in data:
+        return pickle.loads(bytes.fromhex(data["pickle"]))
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)
