@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import UserFileNotFoundError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
+from ..serve.runner import load_module
 
 __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_role"]
 
@@ -135,26 +136,13 @@ def load_target(spec: str) -> Any:
         gptblock.errors.UserValueError: TARGET must be FILE.py:NAME or package.module:NAME, got 'gptblock.lesson'
     """
     where, name, is_file = check_spec(spec)
-    if is_file:
-        path, module_name = Path(where), f"_gptblock_check_{Path(where).stem}"
-        spec_ = importlib.util.spec_from_file_location(module_name, path)
-        if spec_ is None or spec_.loader is None:
-            raise UserValueError(f"cannot load {path} as a Python module")
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[module_name] = module  # dataclasses and pickling look the module up here
-        sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-        try:
-            spec_.loader.exec_module(module)
-        except CAUGHT as e:
-            del sys.modules[module_name]
-            raise UserValueError(f"cannot load {path}: {one_line(e)}") from e
-        finally:
-            sys.path.remove(str(path.resolve().parent))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except CAUGHT as e:
-            raise UserValueError(f"cannot import {where}: {one_line(e)}") from e
+    if is_file and importlib.util.spec_from_file_location("", where) is None:
+        raise UserValueError(f"cannot load {Path(where)} as a Python module")
+    try:
+        module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "")
+    except CAUGHT as e:
+        what = f"load {Path(where)}" if is_file else f"import {where}"
+        raise UserValueError(f"cannot {what}: {one_line(e)}") from e
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):

@@ -191,16 +191,15 @@ def _name(target: object) -> str:
 
 
 def check_in_process(
-    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str],
-    progress: Progress | None = None,
-) -> CheckReport:  # fmt: skip
+    target: object, kwargs: Mapping[str, object], roles: Mapping[str, str]
+) -> CheckReport:
     """``check_block`` in this process (for code the caller trusts: a block written to fool
-    the checker can), telling ``progress`` each stage and finding: the requests
-    ``check_isolated`` sends a child, answered here (``worker.Served``)."""
+    the checker can): the requests ``check_isolated`` sends a child, answered here
+    (``worker.Served``)."""
     local = Served(target, kwargs)
     try:
         with one_thread():
-            return two_sizes(local, roles, progress or _State())
+            return two_sizes(local, roles, _State())
     finally:
         local.undo()
 

@@ -61,34 +61,12 @@ def _operator(name: object) -> Any:
     return func
 
 
-def _decode(a: object, nodes: int, device: torch.device | None = None) -> object:
-    """A recorded argument (``loop.encode``'s JSON) back as the operator takes it."""
-    if a is None or isinstance(a, (bool, int, float, str)):
-        return a
-    if isinstance(a, list):
-        return [_decode(b, nodes, device) for b in a]
-    _need(isinstance(a, dict) and len(a) == 1, "an operator's argument of no known form")
-    ((key, value),) = cast(dict[str, Any], a).items()
-    if key == "r" and isinstance(value, int) and 0 <= value < nodes:
-        return Ref(value)
-    if key == "tuple" and isinstance(value, list):
-        return tuple(_decode(b, nodes, device) for b in value)
-    if key == "dict" and isinstance(value, dict):
-        return {str(k): _decode(v, nodes, device) for k, v in value.items()}
-    if key == "complex" and isinstance(value, list) and len(value) == 2:
-        return complex(float(value[0]), float(value[1]))
-    if key == "device" and isinstance(value, str):
-        try:
-            return device if device is not None else torch.device(value)
-        except RuntimeError:
-            raise TraceError(f"a device {value[:40]!r}") from None
-    if key in loop._ENUMS and isinstance(value, str) and _NAME.fullmatch(value):
-        found = getattr(torch, value, None)
-        if isinstance(found, loop._ENUMS[key]):
-            return found
-    if key == "opaque":
-        return Opaque(str(value)[:40])
-    raise TraceError("an operator's argument of no known form")
+def _node(nodes: int, a: dict[str, Any]) -> object:  # ``loop.decode``'s forms of a trace's own
+    ref = a.get("r")
+    if len(a) == 1 and isinstance(ref, int) and 0 <= ref < nodes:
+        return Ref(ref)
+    _need(len(a) == 1 and "opaque" in a, "an operator's argument of no known form")
+    return Opaque(str(a["opaque"])[:40])
 
 
 def _ints(value: object) -> list[int]:
@@ -219,8 +197,8 @@ def from_plain(
             inputs, outputs = _ints(o["inputs"]), _ints(o["outputs"])
             made = all(0 <= i < n and nodes[i].op == index for i in outputs)
             _need(made and all(0 <= i < n for i in inputs), "an operator's nodes that do not exist")
-            args = tuple(_decode(a, n, device) for a in args)
-            kwargs = {str(k): _decode(v, n, device) for k, v in kwargs.items()}
+            args = loop.decode({"tuple": args}, functools.partial(_node, n), device)
+            kwargs = loop.decode({"dict": kwargs}, functools.partial(_node, n), device)
             ops.append(Op(index, _operator(o["func"]), args, kwargs, inputs, outputs))
         _need(all(-2 <= node.op < len(ops) for node in nodes), "a node made by no operator")
         calls = []

@@ -28,7 +28,7 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "Message", "NoDropout", "UserValueError",
-    "cache_api", "cached_last", "drive_cache", "encode", "fixed_seed", "one_line", "record",
+    "cache_api", "cached_last", "decode", "drive_cache", "encode", "fixed_seed", "one_line", "record",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -93,6 +93,27 @@ def encode(a: object, other: Callable[[object], object] | None = None) -> object
         if isinstance(a, kind):
             return {key: str(a).removeprefix("torch.")}
     return {"opaque": type(a).__name__} if other is None else other(a)
+
+
+def decode(a: Any, other: Callable[[dict[str, Any]], Any], device: object = None) -> Any:
+    """``encode``'s JSON made again, checked for form: ``other(a)`` for a form of the caller's
+    (a node, an object), every device as ``device`` where one is given (a trace moved)."""
+    if isinstance(a, list):
+        return [decode(b, other, device) for b in a]
+    if not isinstance(a, dict):
+        return a
+    key, value = next(iter(a.items())) if len(a) == 1 else (None, None)
+    if key == "tuple" and isinstance(value, list):
+        return tuple(decode(b, other, device) for b in value)
+    if key == "dict" and isinstance(value, dict):
+        return {str(k): decode(v, other, device) for k, v in value.items()}
+    if key == "complex" and isinstance(value, list) and len(value) == 2:
+        return complex(float(value[0]), float(value[1]))
+    if key == "device" and isinstance(value, str):
+        with contextlib.suppress(RuntimeError):  # not a device: ``other``'s to refuse
+            return device if device is not None else torch.device(value)
+    found = getattr(torch, value, None) if key in _ENUMS and isinstance(value, str) else None
+    return found if key in _ENUMS and isinstance(found, _ENUMS[key]) else other(a)
 
 
 class _Recorder(_Mode):  # type: ignore[no-untyped-call]

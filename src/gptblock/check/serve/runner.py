@@ -27,10 +27,10 @@ import torch.nn as nn
 
 from .calls import forward_arguments, learner_line, size_error, source
 from .frames import Message, Reader, send
-from .loop import CAUGHT, UserValueError, drive_cache, encode, fixed_seed, one_line, record
+from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_seed, one_line, record
 from .subject import Subject
 
-__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "main", "serve", "to_data"]
+__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "load_module", "main", "serve", "to_data"]
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -152,25 +152,15 @@ def to_data(value: object, home: object) -> object:
     return encode(value, other)
 
 
-_MADE: dict[str, Callable[[Any], object]] = {
-    "tuple": tuple, "device": torch.device, "complex": lambda v: complex(*v),
-    "pickle": lambda v: pickle.loads(bytes.fromhex(v)),
-    **dict.fromkeys(("dtype", "layout", "memory_format"), functools.partial(getattr, torch)),
-}  # fmt: skip
-
-
 def _from_data(data: Any, home: object) -> Any:
     """``to_data``'s value made again; a config as its class called with its fields (a
     dataclass: its ``init`` fields), else made without calling it, its attributes set."""
-    if isinstance(data, list):
-        return [_from_data(v, home) for v in data]
-    if not isinstance(data, dict):
-        return data
-    key, value = next(iter(data.items()))
-    if key == "dict":
-        return {k: _from_data(v, home) for k, v in value.items()}
-    if key in _MADE:
-        return _MADE[key](_from_data(value, home) if key == "tuple" else value)
+    return decode(data, functools.partial(_made, home))
+
+
+def _made(home: object, data: dict[str, Any]) -> object:
+    if "pickle" in data:
+        return pickle.loads(bytes.fromhex(data["pickle"]))
     cls: Any = importlib.import_module(data["module"]) if data["module"] else home
     for part in data["object"].split("."):
         cls = getattr(cls, part)
@@ -192,25 +182,36 @@ def load(target: str | bytes) -> object:
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        free = path.stem.isidentifier() and path.stem not in sys.modules
-        free = free and path.stem not in sys.stdlib_module_names
-        spec = importlib.util.spec_from_file_location(path.stem if free else "learner", path)
-        if spec is None or spec.loader is None:
-            raise UserValueError(f"cannot load {path} as a Python module")
-        obj: Any = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = obj  # dataclasses and pickling look the module up here
-        sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-        try:
-            spec.loader.exec_module(obj)
-        finally:
-            sys.path.remove(str(path.resolve().parent))
-    else:
-        obj = importlib.import_module(where)
+    obj = load_module(where)
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def load_module(where: str, name_as: str = "") -> Any:
+    """A module imported, or a file run as the module ``name_as``, else of its own name where
+    that is free, else "learner"."""
+    if not (where.endswith(".py") or "/" in where or "\\" in where):
+        return importlib.import_module(where)
+    path = Path(where)
+    free = path.stem.isidentifier() and path.stem not in sys.modules
+    free = free and path.stem not in sys.stdlib_module_names
+    spec = importlib.util.spec_from_file_location(
+        name_as or (path.stem if free else "learner"), path
+    )
+    if spec is None or spec.loader is None:
+        raise UserValueError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look the module up here
+    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
