@@ -66,7 +66,8 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
     found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
     if found.match:
         return [found.match, *found.alternatives], ""
-    near = cast(Match, explain([parts], h, ctx, (read.n_head,), 0, (), turns, True, _error).closest)
+    nearest = explain([parts], h, ctx, (read.n_head,), 0, (), turns, True, _error)
+    near = cast(Match, nearest.match or nearest.closest)  # a match: undefined in both, a turn less
     said = [near.rope.describe(hs)] if near.rope else []
     said += ["a qk norm"] if near.qk_norm is not None else []
     what = " with ".join(["the modern attention", *said])
