@@ -177,6 +177,21 @@ def test_ctrl_c_keeps_the_rows_written(tmp_path, monkeypatch):
     assert written == [1] and len(list(csv.DictReader(out.open()))) == 1
 
 
+def test_a_check_that_raises_past_exception_is_an_error_row_not_a_hang(tmp_path, monkeypatch):
+    import gptblock.check.grading as grading
+
+    class Stopped(BaseException):  # as the child's Gone is: not an Exception
+        pass
+
+    def stopped(*args, **kwargs):
+        raise Stopped("its process stopped answering")
+
+    monkeypatch.setattr(grading, "check_isolated", stopped)
+    (tmp_path / "ada.py").write_text(lesson())
+    (row,) = grade([tmp_path], jobs=1)
+    assert row.verdict == "ERROR" and "its process stopped answering" in row.report
+
+
 @pytest.mark.parametrize(
     "argv, said",
     [

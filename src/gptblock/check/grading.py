@@ -174,7 +174,7 @@ def grade_one(
             )
         except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
             ended, said = [str(e)], str(e)
-        except Exception as e:  # one row, whatever failed: the batch goes on
+        except BaseException as e:  # one row, whatever failed (Gone too): the batch goes on
             ended = [""]
             said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
     if ended:
