@@ -73,7 +73,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     if other:
         return _other(target, kwargs)
     sizes = file_sizes(target, kwargs)
-    values = names(sizes)
+    values = names(sizes.values)
     params = signature(target)
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
@@ -117,8 +117,8 @@ def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | 
         return None  # nothing the checker sets: the same block again
     module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
     said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
-    C2 = found.sizes.values["width"]  # the caller measures it again: the proof
-    return Built(module, said, found.label, [], undo, found.args, C2)
+    # the caller measures the width again: the proof
+    return Built(module, said, found.label, [], undo, found.args, found.width)
 
 
 def _made(
@@ -149,7 +149,7 @@ def _made(
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
-    for found in size_sets(file_sizes(target, given), hints=True):
+    for found in size_sets(file_sizes(target, given).values, hints=True):
         values = names(found)
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:

@@ -187,15 +187,14 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
     return Sizes(values, sources, tuple(notes))
 
 
-def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
-    """Other valid sets, each with a different width, head count, head size and length; with
-    ``hints``, more, to try for a block not built at its file's.
+def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
+    """Other valid sets of sizes (``KINDS``' keys), each with a different width, head count,
+    head size and length; with ``hints``, more, to try for a block not built at its file's.
 
     Example:
-        >>> size_sets(Sizes({"width": 32, "heads": 4, "length": 16}))[0].values
+        >>> size_sets({"width": 32, "heads": 4, "length": 16})[0]
         {'width': 48, 'heads': 3, 'length': 24}
     """
-    v = sizes.values
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
     found = []
@@ -209,19 +208,18 @@ def size_sets(sizes: Sizes, hints: bool = False) -> list[Sizes]:
         per_head = nh2 if nh is not None else C // v.get("head_size", C)
         length = 16 if v.get("length") != 16 else 24
         every = {"width": C2, "heads": nh2, "kv_heads": nh2 // group, "head_size": C2 // per_head}
-        values = {k: x for k, x in {**every, "length": length}.items() if k in v}
-        found.append(Sizes(values, {k: "the checker" for k in values}))
+        found.append({k: x for k, x in {**every, "length": length}.items() if k in v})
     return found
 
 
-def names(sizes: Sizes) -> dict[str, int]:
-    """Every name of every kind ``sizes`` has, with its value.
+def names(values: Mapping[str, int]) -> dict[str, int]:
+    """Every name of every kind of size in ``values``, with its value.
 
     Example:
-        >>> names(Sizes({"heads": 2}))["n_head"], names(Sizes({"heads": 2}))["num_heads"]
+        >>> names({"heads": 2})["n_head"], names({"heads": 2})["num_heads"]
         (2, 2)
     """
-    return {n: value for kind, value in sizes.values.items() for n in KINDS[kind].names}
+    return {n: value for kind, value in values.items() for n in KINDS[kind].names}
 
 
 def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
@@ -286,10 +284,10 @@ def kind_of(name: str) -> str | None:
 
 @dataclasses.dataclass
 class Plan:
-    """The arguments, sizes, module settings and label of the other sizes."""
+    """The arguments, width, module settings and label of the other sizes."""
 
     args: dict[str, object]
-    sizes: Sizes
+    width: int
     settings: dict[str, int]
     label: str
 
@@ -348,29 +346,27 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     hs = next((v for k, v in leaves if k == "head_size"), C // nh if nh else None)
     L = next((v for k, v in leaves if k == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
-    other = next(iter(size_sets(Sizes({k: v for k, v in measured.items() if v is not None}))), None)
+    other = next(iter(size_sets({k: v for k, v in measured.items() if v is not None})), None)
     if other is None:
         return None
-    new = other.values
-    said: dict[str, str] = {}
+    many = [f"{m}C" for m in range(2, 9)]  # a hidden width, a multiple of the width
+    measured.update({m: int(m[0]) * C for m in many})
+    new = {**other, **{m: int(m[0]) * other["width"] for m in many}}
+    said: dict[str, tuple[str, int]] = {}  # each name changed: its kind, its new value
 
     def changes(numbers: Mapping[str, object]) -> dict[str, int]:
-        """The new value of each size, its kind (``4C`` for a multiple) in ``said``."""
         out = {}
         for name, x in numbers.items():
             if (v := number(x)) is None or (kind := kind_of(name)) == "other":
                 continue
             if kind in ("heads", "kv_heads"):  # gpt-fast's n_local_heads: kv heads by value
                 kind = "heads" if kind == "heads" and v == nh else "kv_heads"
-            if kind is not None:
-                if v == measured[kind] and kind in new:
-                    out[name], said[name] = new[kind], kind
-            elif v == C:
-                out[name], said[name] = new["width"], "width"
-            elif v % C == 0 and 2 <= v // C <= 8:
-                out[name], said[name] = v // C * new["width"], f"{v // C}C"
-            elif hs is not None and v == hs and "head_size" in new:
-                out[name], said[name] = new["head_size"], "head_size"
+            kind = kind or next(
+                (k for k in ("width", *many, "head_size") if measured[k] == v), None
+            )
+            if kind is not None and v == measured[kind] and kind in new:
+                out[name] = new[kind]
+                said[name] = kind, new[kind]
         return out
 
     top_changes = changes(top)
@@ -378,15 +374,12 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     patched = changes(globals_)
     if not said:
         return None
-    in_configs = {k: v for c in config_changes.values() for k, v in c.items()}
-    values = {**patched, **in_configs, **top_changes}
     out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
     # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
-    order = [*[*KINDS][:4], "C", "length"]  # a multiple of the width after the head size
-    rank = {n: order.index("C" if kind.endswith("C") else kind) for n, kind in said.items()}
+    order = [*[*KINDS][:4], *many, "length"]  # a multiple of the width after the head size
     shown = []
-    for n in sorted(said, key=rank.__getitem__):
-        k = KINDS.get(said[n])
-        why = "" if k and n in k.names else f" ({k.short if k else said[n]})"
-        shown.append(f"{n}={values[n]!r}{why}")
-    return Plan(out, other, patched, ", ".join(shown))
+    for n, (kind, value) in sorted(said.items(), key=lambda s: order.index(s[1][0])):
+        k = KINDS.get(kind)
+        why = "" if k and n in k.names else f" ({k.short if k else kind})"
+        shown.append(f"{n}={value!r}{why}")
+    return Plan(out, other["width"], patched, ", ".join(shown))
