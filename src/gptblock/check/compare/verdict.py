@@ -7,7 +7,7 @@ proves a mistake is diagnosed unless a mistake the comparison found explains it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,7 +83,7 @@ def decide(
     notes = [service.note] if service.note else []
     findings: list[Finding] = []
     implied: dict[str, str] = {}  # the mistakes the probes prove, with what was measured
-    stop = False
+    stop, dropout = False, ""
     for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
         try:
@@ -96,25 +96,24 @@ def decide(
         if stop := result.stop:
             notes.append("the other checks need the shape contract and were not run")
             break
-    done = Compared(None)  # the comparison, with the modern or the lessons' reference
-    dropout = ""
     if not stop and "dropout_in_eval" in implied:
         progress.stage("switching the block's dropout off")
         if not (dropout := service.dropout_off()):
             notes.append("no comparison with the reference: the outputs are random in eval mode")
             stop = True
     backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
+    done = Compared(None)  # the comparison, with the modern or the lessons' reference
     if not stop:
         done = _compared(service, roles, chosen, fresh, backward, again, dropout, notes, progress)
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
-    found = done.mistakes  # the mistakes the reference comparison reproduces
     details = {**implied, **done.details}
-    if done.traced is not None and not again:  # a PASS: does every parameter act?
-        found = account(
-            service.set_parameters, subject, chosen, done.traced, fresh, findings, details
-        )
+    unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
+    if unused:  # a PASS whose parameters do not all act
+        findings.append(Finding("parameters", False, unused))
+        details["unused_parameters"] = unused
+    found = ["unused_parameters"] if unused else done.mistakes
     diagnosis = _diagnose(found, list(implied))
     alternatives = [a for o in done.alternatives if (a := _diagnose(o, list(implied))) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
@@ -125,14 +124,12 @@ def decide(
 
 
 def account(
-    set_parameters: Callable[[Mapping[str, Tensor]], None], subject: Probed,
-    chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator, findings: list[Finding],
-    details: dict[str, str],
-) -> list[str]:  # fmt: skip
-    """``["unused_parameters"]``, its finding and details added, when a block that matched
-    without mistakes has fewer weights than it holds: a head reads another's weights, or a
-    parameter (or part) no role read never moves the output (perturbed through
-    ``set_parameters``, then set back; docs/checker.md, "Every parameter accounted for")."""
+    service: Service, chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator
+) -> str:
+    """What a block that matched without mistakes does not use, "" when nothing: a head that
+    reads another's weights, or a parameter (or part) no role read that never moves the output
+    (perturbed, then set back; docs/checker.md, "Every parameter accounted for")."""
+    subject = service.tested
     said = list(traced.repeats)
     masks = unread(chosen, traced.used, subject.dtype)
     dead: list[str] = []
@@ -144,22 +141,18 @@ def account(
         value = chosen[name]
         spread = max(float(value.abs().max()), subject.C**-0.5)
         noise = torch.randn(value.shape, generator=fresh, dtype=torch.float64) * spread
-        set_parameters({name: torch.where(mask, value + noise, value)})
+        service.set_parameters({name: torch.where(mask, value + noise, value)})
         try:
             acts = bool(subject.moved(y, subject(x)).any())
         except CAUGHT:  # it changed something, if only the block's mind
             acts = True
         finally:
-            set_parameters({name: value})
+            service.set_parameters({name: value})
         part, n = int(mask.sum()), mask.numel()
         dead += [] if acts else [name if part == n else f"{name} ({part} of its {n} values)"]
     if dead:
         said.append(f"{listed(dead, 6)} never {'acts' if len(dead) == 1 else 'act'} on the output")
-    if not said:
-        return []
-    findings.append(Finding("parameters", False, "; ".join(said)))
-    details["unused_parameters"] = "; ".join(said)
-    return ["unused_parameters"]
+    return "; ".join(said)
 
 
 def _compared(
