@@ -152,11 +152,10 @@ def complete(
         raise UserValueError(
             f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
         )
-    own = {p.name for p in params} - {param.name}
-    rest = {k: v for k, v in args.items() if k in own}  # the rest go into the config
+    rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
-    known: set[str] | None = None
+    fields = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
@@ -170,14 +169,13 @@ def complete(
                    and f.default_factory is empty and f.name not in values}  # fmt: skip
         if lacking:
             raise _needs(name, f"its {cls.__name__} config", lacking, "give them")
-    call: Callable[..., object] = cls or types.SimpleNamespace
 
     def make(v: dict[str, object]) -> object:
-        if known is not None:  # a dataclass: the fields it has, and its own checks
-            return call(**{k: x for k, x in v.items() if k in known})
-        try:  # a class of the file's own, e.g. Config(**kw), else a namespace
-            return call(**v)
+        try:  # a dataclass (its own checks), or a class of the file's own, e.g. Config(**kw)
+            return (cls or types.SimpleNamespace)(**v)
         except CAUGHT:
+            if fields is not None:  # an attribute it lacks: not a field
+                raise
             return types.SimpleNamespace(**v)
 
     added: dict[str, object] = {}

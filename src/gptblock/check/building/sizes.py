@@ -175,15 +175,13 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
                 values[kind], sources[kind] = value, "the checker"
     # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
     # head), as the checker's mistakes show at any size
-    notes, C, nh, L = [], values.get("width"), values.get("heads", 1), values.get("length")
-    if C and C > LARGEST_IMPLIED["width"] and sources.get("width") != "--arg" and nh <= 16:
-        values["width"] = 16 * nh
-        if "head_size" in values:
-            values["head_size"] = 16
-        notes.append(f"the file's width {C} made {16 * nh} for the check (--arg sets it)")
-    if L and L > LARGEST_IMPLIED["length"] and sources.get("length") != "--arg":
-        values["length"] = 256
-        notes.append(f"the file's length {L} made 256 for the check (--arg sets it)")
+    notes, nh = [], values.get("heads", 1)
+    for kind, small in (("width", 16 * nh if nh <= 16 else 0), ("length", 256)):
+        big = values.get(kind, 0)
+        if small and big > LARGEST_IMPLIED[kind] and sources.get(kind) != "--arg":
+            values[kind] = small
+            values.update({"head_size": 16} if kind == "width" and "head_size" in values else {})
+            notes.append(f"the file's {kind} {big} made {small} for the check (--arg sets it)")
     return Sizes(values, sources, tuple(notes))
 
 
