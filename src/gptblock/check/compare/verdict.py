@@ -18,7 +18,6 @@ from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..roles.provenance import Traced, choose, trace, unread
-from ..roles.readings import Readings
 from ..roles.receive import unpack_modern, unpack_readings
 from ..serve.subject import Probed
 from .conditions import confirm
@@ -207,8 +206,16 @@ def _compared(
     scope = modern.get("scope", [])  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
     try:
-        result, reading = _explain(subject, readings)
+        x = readings.x.to(subject.device)
+        y = subject(x.to(subject.dtype)).to(torch.float64)
+        with torch.no_grad():
+            result, first = explain(readings.readings, x, y, readings.heads, MAX_MISTAKES), 0
+            if result.match is None and readings.fallback:  # q, k, v in another order, then?
+                swapped = explain(readings.fallback, x, y, readings.heads, MAX_MISTAKES)
+                if swapped.match is not None:
+                    result, first = swapped, len(readings.readings)
         match = result.match
+        reading = first + match.reading if match else 0
         finding = _finding(result)
         if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
             scope = []
@@ -242,18 +249,6 @@ def _compared(
         traced = trace(read[reading], chosen, subject.dtype, heads)
     ties = [m.mistakes for m in result.alternatives]
     return Compared(finding, match.mistakes, ties, details, traced)
-
-
-def _explain(subject: Probed, read: Readings) -> tuple[Explanation, int]:
-    x = read.x.to(subject.device)
-    y = subject(x.to(subject.dtype)).to(torch.float64)
-    with torch.no_grad():
-        result = explain(read.readings, x, y, read.heads, MAX_MISTAKES)
-        if result.match is None and read.fallback:  # q, k, v in another order, then?
-            again = explain(read.fallback, x, y, read.heads, MAX_MISTAKES)
-            if again.match is not None:
-                return again, len(read.readings) + again.match.reading
-    return result, result.match.reading if result.match else 0
 
 
 def _finding(result: Explanation) -> Finding:
