@@ -72,8 +72,8 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
     if other:
         return _other(target, kwargs)
-    sizes = file_sizes(target, kwargs)
-    values = names(sizes.values)
+    sizes, origins = file_sizes(target, kwargs)
+    values = names(sizes)
     params = signature(target)
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
@@ -97,9 +97,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
     module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
-    label, origins = sizes.said(shown)
+    first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
+    label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
     return Built(
-        module, description, label, fitted + origins + called, undo, args, sizes.values.get("width")
+        module, description, label, fitted + origins + called, undo, args, sizes.get("width")
     )
 
 
@@ -149,7 +150,7 @@ def _made(
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
-    for found in size_sets(file_sizes(target, given).values, hints=True):
+    for found in size_sets(file_sizes(target, given)[0], hints=True):
         values = names(found)
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:

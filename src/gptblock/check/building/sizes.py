@@ -16,7 +16,7 @@ from typing import Any
 from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "Sizes", "combine", "config_class", "file_sizes", "kind_of",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "combine", "config_class", "file_sizes", "kind_of",
     "names", "not_other", "number", "parameters", "patch_globals", "plan",
     "settings", "signature", "size_sets",
 ]  # fmt: skip
@@ -67,29 +67,6 @@ _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """One value per kind of size (``KINDS``' keys), where each came from, what was assumed."""
-
-    values: dict[str, int]
-    sources: dict[str, str] = dataclasses.field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    def said(self, shown: Mapping[str, object]) -> tuple[str, list[str]]:
-        """The label, ``n_embd=64, n_head=4`` (the first name ``shown`` has of each kind), and
-        the notes of where the sizes came from."""
-        first = {kind: next((n for n in k.names if n in shown), None) for kind, k in KINDS.items()}
-        label = ", ".join(f"{n}={shown[n]!r}" for n in first.values() if n is not None)
-        by_source: dict[str, list[str]] = {}
-        for kind, source in self.sources.items():
-            if source not in ("--arg", "the checker"):
-                name = first[kind] or KINDS[kind].names[0]
-                by_source.setdefault(source, []).append(f"{name}={self.values[kind]}")
-        said = "; ".join(f"{', '.join(v)} from {source}" for source, v in by_source.items())
-        notes = [f"built at the file's sizes: {said}"] if said else []
-        return label or "its own sizes", notes + list(self.notes)
-
-
 def number(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
@@ -136,12 +113,15 @@ def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
     return [p for p in signature(factory).values() if p.kind in kinds]
 
 
-def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Sizes:
-    """The sizes the file implies, by the first of ``places`` that names them, else the checker's.
+def file_sizes(
+    factory: Callable[..., Any], given: Mapping[str, object]
+) -> tuple[dict[str, int], list[str]]:
+    """The sizes the file implies, by the first of ``places`` that names them, else the
+    checker's, and the notes of where they came from.
 
     Example:
         >>> def make(n_embd=64, n_head=4): ...
-        >>> file_sizes(make, {}).values
+        >>> file_sizes(make, {})[0]
         {'width': 64, 'heads': 4}
     """
     params = parameters(factory)
@@ -159,30 +139,38 @@ def file_sizes(factory: Callable[..., Any], given: Mapping[str, object]) -> Size
         (f"{file}'s module settings", module),
     )
     values: dict[str, int] = {}
-    sources: dict[str, str] = {}
+    named: dict[str, tuple[str, str]] = {}  # kind -> the name and the place the file gives it
     for kind, k in KINDS.items():
         if not used & set(k.names):
             continue
         for source, where in places:
-            value = next((v for n in k.names if n in where and (v := number(where[n]))), None)
+            n, value = next(
+                ((n, v) for n in k.names if n in where and (v := number(where[n]))), ("", None)
+            )
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
-                values[kind], sources[kind] = value, source  # a width of 1 is a softmax's dim
+                values[kind], named[kind] = value, (n, source)  # a width of 1 is a softmax's dim
                 break
         else:  # the checker's; a head size C / nh
             C, nh = values.get("width"), values.get("heads")
             value = C // nh if kind == "head_size" and C and nh else k.value
             if value is not None:
-                values[kind], sources[kind] = value, "the checker"
+                values[kind] = value
     # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
     # head), as the checker's mistakes show at any size
     notes, nh = [], values.get("heads", 1)
     for kind, small in (("width", 16 * nh if nh <= 16 else 0), ("length", 256)):
         big = values.get(kind, 0)
-        if small and big > LARGEST_IMPLIED[kind] and sources.get(kind) != "--arg":
+        if small and big > LARGEST_IMPLIED[kind] and named.get(kind, ("", ""))[1] != "--arg":
             values[kind] = small
             values.update({"head_size": 16} if kind == "width" and "head_size" in values else {})
             notes.append(f"the file's {kind} {big} made {small} for the check (--arg sets it)")
-    return Sizes(values, sources, tuple(notes))
+    by_source: dict[str, list[str]] = {}
+    for kind, (n, source) in named.items():
+        by_source.setdefault(source, []).append(f"{n}={values[kind]}")
+    said = "; ".join(
+        f"{', '.join(v)} from {source}" for source, v in by_source.items() if source != "--arg"
+    )
+    return values, [f"built at the file's sizes: {said}"] * bool(said) + notes
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
