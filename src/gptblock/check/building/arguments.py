@@ -88,12 +88,10 @@ def fit_arguments(
     notes = []
     for n, v in ((n, v) for n, v in given.items() if n not in names):
         role = next((r for r in _ROLES if n in r), ())
-        to = next((p for p in names if p in role and p not in given and p not in fitted), None)
-        if to is not None:
-            fitted[to] = v
-            notes.append(f"{n}={v!r} given to {name}'s {to} (it has no {n})")
-        else:
-            notes.append(f"{n}={v!r} left out: {name} takes no {n}")
+        to = next((p for p in names if p in role and p not in given and p not in fitted), "")
+        fitted.update({to: v} if to else {})
+        said = f"given to {name}'s {to} (it has no {n})" if to else f"left out: {name} takes no {n}"
+        notes.append(f"{n}={v!r} {said}")
     return fitted, notes
 
 

@@ -230,9 +230,7 @@ def _result(report: CheckReport) -> list[str]:
         "with a reference it could be confirmed against (its weights could not be read, or only "
         "inside its own process): a wrong scale, say, would not show)"
     )
-    return [unverified] + (
-        [f"to verify it, run again with: {report.verify}"] if report.verify else []
-    )
+    return [unverified] + [f"to verify it, run again with: {report.verify}"] * bool(report.verify)
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "    ") -> list[str]:
