@@ -1,6 +1,5 @@
 """Constructor arguments a block needs beyond the common ones (``complete``), else the ``--arg``
-line that builds it: a guessed value is never used for a check.
-"""
+line that builds it: a guessed value is never used for a check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Building the block to check (``build_at``) at the file's sizes or others, and telling its
-width C (``width``) and longest sequence (``max_length``).
-"""
+width C (``width``) and longest sequence (``max_length``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The sizes a block is checked at (one table of their kinds, ``KINDS``): the file's own
 (``file_sizes``), other valid sets (``size_sets``) and the arguments that build it (``plan``),
-and one report of the two checks (``combine``).
-"""
+and one report of the two checks (``combine``)."""
 
 from __future__ import annotations
 

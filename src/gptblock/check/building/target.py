@@ -1,6 +1,5 @@
 """Loading the block to check (``load_target``): the one place the user's code is imported.
-Every failure, ``sys.exit()`` included, is a ``ValueError`` or ``FileNotFoundError``.
-"""
+Every failure, ``sys.exit()`` included, is a ``ValueError`` or ``FileNotFoundError``."""
 
 from __future__ import annotations
 

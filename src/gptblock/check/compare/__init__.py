@@ -1,3 +1,2 @@
 """Comparing the block with the reference, and deciding (``verdict.decide``).
-Order inside: ``probes``; ``conditions``; ``modern``; ``verdict``.
-"""
+Order inside: ``probes``; ``conditions``; ``modern``; ``verdict``."""

@@ -1,7 +1,6 @@
 """A match confirmed (``confirm``): on fresh inputs, in its input gradient, and held where a
 learner runs the block (float32, train mode, T up to block_size, B up to 64) in an
-order the block cannot foresee. docs/checker.md, "Where a learner runs it", says why each.
-"""
+order the block cannot foresee. docs/checker.md, "Where a learner runs it", says why each."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Black-box checks: they need nothing but a module that maps (B, T, C) to (B, T, C). Each
-returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if any.
-"""
+returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if any."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 combination of up to three catalogued mistakes run on them (``search``). The ``Service``'s
 answers are claims: a match is confirmed (``conditions.confirm``) on inputs from a seed the
 block never sees and, without mistakes, in its parameters (``account``). A probe failure that
-proves a mistake is diagnosed unless a mistake the comparison found explains it.
-"""
+proves a mistake is diagnosed unless a mistake the comparison found explains it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What ``check_block`` returns: one finding per check, and a diagnosis from the catalogue,
 rendered as text, JSON and HTML (every word escaped); the three share one walk of the report
-(``_entry``, ``_diagnosis``...).
-"""
+(``_entry``, ``_diagnosis``...)."""
 
 from __future__ import annotations
 
