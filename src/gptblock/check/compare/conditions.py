@@ -179,12 +179,10 @@ def _mismatch(
             first = min(bad, key=lambda c: getattr(c, what))
             lo, hi = fine, getattr(first, what)
             while hi - lo > 1:  # lo holds, hi does not
-                at = replace(first, **{what: (lo + hi) // 2})
+                mid = (lo + hi) // 2
+                at = replace(first, **{what: mid})
                 e = _error(subject, reference, at, _input(at, subject.C, fresh))
-                if isinstance(e, float) and e <= at.tolerance:
-                    lo = getattr(at, what)
-                else:
-                    hi = getattr(at, what)
+                lo, hi = (mid, hi) if isinstance(e, float) and e <= at.tolerance else (lo, mid)
             return f"equal for {what} <= {lo}, {by}"
     return (
         f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"
