@@ -69,8 +69,22 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
     kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
-    if other:
-        return _other(target, kwargs)
+    if other:  # read while the module settings are those of the build (a width made smaller)
+        base = build_at(target, kwargs)
+        if base is None:
+            return None
+        try:
+            found = plan(target, base.args, width(base.module, kwargs))
+        except CAUGHT as e:  # a config that cannot be copied or rejects the other values
+            raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+        finally:
+            base.undo()
+        if found is None:
+            return None  # nothing the checker sets: the same block again
+        module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
+        said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+        # the caller measures the width again: the proof
+        return Built(module, said, found.label, [], undo, found.args, found.width)
     sizes, origins = file_sizes(target, kwargs)
     values = names(sizes)
     params = signature(target)
@@ -101,24 +115,6 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     return Built(
         module, description, label, fitted + origins + called, undo, args, sizes.get("width")
     )
-
-
-def _other(target: Callable[..., Any], kwargs: Mapping[str, object]) -> Built | None:
-    base = build_at(target, kwargs)
-    if base is None:
-        return None
-    try:  # read while the module settings are those of the build (a width made smaller)
-        found = plan(target, base.args, width(base.module, kwargs))
-    except CAUGHT as e:  # a config that cannot be copied or rejects the other values
-        raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
-    finally:
-        base.undo()
-    if found is None:
-        return None  # nothing the checker sets: the same block again
-    module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
-    said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
-    # the caller measures the width again: the proof
-    return Built(module, said, found.label, [], undo, found.args, found.width)
 
 
 def _made(
