@@ -26,6 +26,7 @@ largest output entry. float64 implementations of one function agree to ~1e-12, a
 to ~1e-6; variants with different diagnoses differ by more than 1e-2 (tests/test_check_search.py
 measures it). Exact and tanh GELU can differ by less: neither is a mistake, the closer is named."""
 
+
 MIN_DEFINED = 0.5
 """A variant NaN at more than half of the positions (a mask blocking whole rows) is no evidence."""
 
@@ -111,13 +112,10 @@ def explain(
     pool: Iterable[Deviation] | None = None,
     turns: Sequence[tuple[Rope | None, tuple[Tensor, Tensor] | None]] = ((None, None),),
     alone: bool = False,
-    measure: Callable[[Tensor, Tensor], float] = distance,
 ) -> Explanation:
     """The smallest set of mistakes of ``pool`` (at most ``max_size``) whose variant maps ``x``
     (B, T, C) to ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``
     and ``turns`` (rotary embedding, qk norm gains); ``alone``: to the merged heads (B, T, D)."""
-    if not readings or not heads:
-        raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
 
     def remember(f: Any) -> Any:  # a tensor hashes by its id, and the cache keeps it alive
         return f and functools.lru_cache(maxsize=4)(f)
@@ -144,7 +142,7 @@ def explain(
                     return best  # this variant needs a part the block does not have
                 except CAUGHT:
                     continue  # the block's own modules refuse this variant's input (or head count)
-                match = Match(deviations, n_head, name, measure(y, y_ref), reading, rope, qk)
+                match = Match(deviations, n_head, name, distance(y, y_ref), reading, rope, qk)
                 if match.error < best.error:
                     best = match
             if best.error <= TOLERANCE:
