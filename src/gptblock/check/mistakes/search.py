@@ -112,6 +112,7 @@ def explain(
     pool: Iterable[Deviation] | None = None,
     turns: Sequence[tuple[Rope | None, tuple[Tensor, Tensor] | None]] = ((None, None),),
     alone: bool = False,
+    measure: Callable[[Tensor, Tensor], float] = distance,
 ) -> Explanation:
     """The smallest set of mistakes of ``pool`` (at most ``max_size``) whose variant maps ``x``
     (B, T, C) to ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``
@@ -142,7 +143,7 @@ def explain(
                     return best  # this variant needs a part the block does not have
                 except CAUGHT:
                     continue  # the block's own modules refuse this variant's input (or head count)
-                match = Match(deviations, n_head, name, distance(y, y_ref), reading, rope, qk)
+                match = Match(deviations, n_head, name, measure(y, y_ref), reading, rope, qk)
                 if match.error < best.error:
                     best = match
             if best.error <= TOLERANCE:
