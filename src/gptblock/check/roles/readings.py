@@ -17,7 +17,7 @@ from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles, parse_map
+from .given import check_claims, check_reading, fix_roles, parse_given
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
@@ -110,7 +110,7 @@ def read_parts(
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     module, C = subject.module, subject.C
-    parts, given = discover(module), parse_map(module, roles)
+    parts, given = discover(module), {r: parse_given(module, t) for r, t in roles.items()}
     read = check_claims(module, C, parts, given)
     if not isinstance(found, str) and check_reading(module, C, found[0], given, read):
         reading, x = found
@@ -170,7 +170,7 @@ def suggest_map(module: nn.Module, C: int) -> str:
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            given = parse_map(module, roles)
+            given = {r: parse_given(module, t) for r, t in roles.items()}
             read = check_claims(module, C, parts, given)
             kept, fixed = fix_roles(parts, given, read)
         except ValueError:
