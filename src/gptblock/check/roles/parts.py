@@ -94,7 +94,17 @@ class Part:
     width: int | None = None  # a ``norm``'s width (None: no weights to tell)
 
     def function(self) -> SubLayer:
-        return _called(self.module)
+        module = self.module
+        dtype = next((p.dtype for p in module.parameters()), None)
+
+        def call(h: Tensor) -> Tensor:
+            h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view
+            out = module(h.to(dtype) if dtype is not None else h)
+            if not isinstance(out, Tensor):
+                raise TypeError(f"{type(module).__name__} returned a {type(out).__name__}")
+            return out.to(h.dtype)
+
+        return call
 
     def laid(self, in_out: bool) -> Part:
         """A ``matrix`` read as stored (in, out) where ``in_out``."""
@@ -151,19 +161,6 @@ def tensor_ids(module: nn.Module, *names: str) -> set[int]:
         ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
         ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
     return ids
-
-
-def _called(module: nn.Module) -> SubLayer:
-    dtype = next((p.dtype for p in module.parameters()), None)
-
-    def call(h: Tensor) -> Tensor:
-        h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view
-        out = module(h.to(dtype) if dtype is not None else h)
-        if not isinstance(out, Tensor):
-            raise TypeError(f"{type(module).__name__} returned a {type(out).__name__}")
-        return out.to(h.dtype)
-
-    return call
 
 
 def _is_norm(m: nn.Module, own: dict[str, nn.Parameter]) -> bool:

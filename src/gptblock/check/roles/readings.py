@@ -139,9 +139,6 @@ def read_parts(
     return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
 
 
-ORDERS = {len(FORMS[f]): FORMS[f] for f in ("packed", "separate")}  # by the number of matrices
-
-
 def suggest_map(module: nn.Module, C: int) -> str:
     """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
     per-head weights need, or "" if none fits.
@@ -163,7 +160,7 @@ def suggest_map(module: nn.Module, C: int) -> str:
         if p.kind in ("linear", "matrix") and p.params[0] not in biases
     ]
     matrices.sort()
-    order = ORDERS.get(len(matrices), ())
+    order = next((FORMS[f] for f in ("packed", "separate") if len(FORMS[f]) == len(matrices)), ())
     norms = [p.name for p in parts if p.kind == "norm"]
     for laid in (False, True) if order else ():
         roles = dict(zip(ROLES[:2], norms, strict=False))
