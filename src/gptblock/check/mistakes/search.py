@@ -26,6 +26,7 @@ largest output entry. float64 implementations of one function agree to ~1e-12, a
 to ~1e-6; variants with different diagnoses differ by more than 1e-2 (tests/test_check_search.py
 measures it). Exact and tanh GELU can differ by less: neither is a mistake, the closer is named."""
 
+
 MIN_DEFINED = 0.5
 """A variant NaN at more than half of the positions (a mask blocking whole rows) is no evidence."""
 
@@ -116,8 +117,6 @@ def explain(
     """The smallest set of mistakes of ``pool`` (at most ``max_size``) whose variant maps ``x``
     (B, T, C) to ``y`` within ``TOLERANCE``, with one of ``readings`` (most likely first), ``heads``
     and ``turns`` (rotary embedding, qk norm gains); ``alone``: to the merged heads (B, T, D)."""
-    if not readings or not heads:
-        raise ValueError(f"explain needs readings and head counts, got {readings!r}, {heads!r}")
 
     def remember(f: Any) -> Any:  # a tensor hashes by its id, and the cache keeps it alive
         return f and functools.lru_cache(maxsize=4)(f)

@@ -1,7 +1,6 @@
-"""The reference block computed step by step from a block's own parts (``run_steps``), each
-step replaceable: ``CORRECT`` is the lessons' block, a catalogued mistake replaces fields of it.
-Not ``gptblock.lesson``: the variants need one code path with one step swapped, and the block's
-own layers computed as it computes them. The modern block is the same steps with its options.
+"""The reference block step by step from a block's own parts (``run_steps``): ``CORRECT`` is the
+lessons' block, a catalogued mistake replaces fields of it (not ``gptblock.lesson``: one code path
+with one step swapped, the block's own layers computed as it computes them).
 
 Shapes: B batch, T time, C channels, D = nh * hs attention width, Dkv = nkv * hs, H the MLP's
 hidden width, nh query heads, nkv key/value heads, hs head size, r rotated channels of a head.
@@ -53,14 +52,16 @@ class Parts:
 
 
 def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
-    """``F.linear`` with these weights ((out, in), as ``nn.Linear`` stores them) as a sub-layer.
+    """``F.linear`` with these weights ((out, in), as ``nn.Linear`` stores them), detached and
+    in the input's dtype, as a sub-layer.
 
     Example:
         >>> f = affine(torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
         >>> f(torch.zeros(1, 2, dtype=torch.float64))
         tensor([[1., 1.]], dtype=torch.float64)
     """
-    return lambda h: F.linear(h, weight, bias)
+    w, b = weight.detach(), bias.detach() if bias is not None else None
+    return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
 
 
 # The MLP activations a correct block may use: each is tried (not ``blocks.config.ACTIVATIONS``:

@@ -1,6 +1,6 @@
-"""``--map``, parsed once (``parse_map``): a module, glob or parameter, or ``PATH[SLICES]:LAYOUT``
-(docs/checker.md); a 3-D tensor is one matrix per head. A role given by hand is the comparison's
-truth, so a wrong one is refused (``check_claims``, ``check_reading``), never quietly a verdict.
+"""``--map``, each value parsed once (``parse_given``): a module, glob or parameter, or
+``PATH[SLICES]:LAYOUT`` (docs/checker.md); a 3-D tensor is one matrix per head. A role given by
+hand is the comparison's truth, so a wrong one is refused (``check_claims``, ``check_reading``).
 
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
@@ -22,7 +22,7 @@ from .weights import Reading
 
 __all__ = [
     "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
-    "parse_given", "parse_map",
+    "parse_given",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -32,11 +32,6 @@ _BOUND = re.compile(r"^\s*(-?\d*)\s*:\s*(-?\d*)\s*$")
 
 
 Map = dict[str, Given]  # role -> its parsed value
-
-
-def parse_map(module: nn.Module, roles: Mapping[str, str]) -> Map:
-    """Each ``--map`` value parsed, once for every check that reads it."""
-    return {r: parse_given(module, text) for r, text in roles.items()}
 
 
 def parse_given(module: nn.Module, text: str) -> Given:
@@ -152,7 +147,7 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> di
         >>> from gptblock import lesson
         >>> from gptblock.check.roles.parts import discover
         >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), parse_map(block, {"q": "ln1"}))
+        >>> check_claims(block, 16, discover(block), {"q": parse_given(block, "ln1")})
         Traceback (most recent call last):
         ...
         gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight

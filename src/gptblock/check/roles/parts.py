@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
+from ..mistakes.steps import SubLayer, affine
 
 __all__ = [
     "Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias",
@@ -21,7 +21,6 @@ __all__ = [
 ]  # fmt: skip
 
 Tensor = torch.Tensor
-SubLayer = Callable[[Tensor], Tensor]
 NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 
 
@@ -77,7 +76,7 @@ class Matrix(nn.Module):
         return w, b
 
     def forward(self, h: Tensor) -> Tensor:
-        return _affine(*self.canonical())(h)
+        return affine(*self.canonical())(h)
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,17 @@ class Part:
     width: int | None = None  # a ``norm``'s width (None: no weights to tell)
 
     def function(self) -> SubLayer:
-        return _called(self.module)
+        module = self.module
+        dtype = next((p.dtype for p in module.parameters()), None)
+
+        def call(h: Tensor) -> Tensor:
+            h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view
+            out = module(h.to(dtype) if dtype is not None else h)
+            if not isinstance(out, Tensor):
+                raise TypeError(f"{type(module).__name__} returned a {type(out).__name__}")
+            return out.to(h.dtype)
+
+        return call
 
     def laid(self, in_out: bool) -> Part:
         """A ``matrix`` read as stored (in, out) where ``in_out``."""
@@ -118,7 +127,7 @@ class Part:
         w: Tensor = mha.in_proj_weight
         if not mha._qkv_same_embed_dim:
             w = torch.cat([mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight])
-        return _affine(w, mha.in_proj_bias), _affine(mha.out_proj.weight, mha.out_proj.bias)
+        return affine(w, mha.in_proj_bias), affine(mha.out_proj.weight, mha.out_proj.bias)
 
 
 def glob(names: list[str]) -> str:
@@ -152,24 +161,6 @@ def tensor_ids(module: nn.Module, *names: str) -> set[int]:
         ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
         ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
     return ids
-
-
-def _affine(w: Tensor, b: Tensor | None) -> SubLayer:
-    w, b = w.detach(), b.detach() if b is not None else None
-    return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
-
-
-def _called(module: nn.Module) -> SubLayer:
-    dtype = next((p.dtype for p in module.parameters()), None)
-
-    def call(h: Tensor) -> Tensor:
-        h = h.contiguous()  # the reference transposes; Conv1D-style modules call .view
-        out = module(h.to(dtype) if dtype is not None else h)
-        if not isinstance(out, Tensor):
-            raise TypeError(f"{type(module).__name__} returned a {type(out).__name__}")
-        return out.to(h.dtype)
-
-    return call
 
 
 def _is_norm(m: nn.Module, own: dict[str, nn.Parameter]) -> bool:

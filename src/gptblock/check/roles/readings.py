@@ -17,7 +17,7 @@ from ..mistakes.report import CAUGHT, one_line
 from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles, parse_map
+from .given import check_claims, check_reading, fix_roles, parse_given
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
@@ -110,7 +110,7 @@ def read_parts(
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     module, C = subject.module, subject.C
-    parts, given = discover(module), parse_map(module, roles)
+    parts, given = discover(module), {r: parse_given(module, t) for r, t in roles.items()}
     read = check_claims(module, C, parts, given)
     if not isinstance(found, str) and check_reading(module, C, found[0], given, read):
         reading, x = found
@@ -139,9 +139,6 @@ def read_parts(
     return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
 
 
-ORDERS = {len(FORMS[f]): FORMS[f] for f in ("packed", "separate")}  # by the number of matrices
-
-
 def suggest_map(module: nn.Module, C: int) -> str:
     """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
     per-head weights need, or "" if none fits.
@@ -163,14 +160,14 @@ def suggest_map(module: nn.Module, C: int) -> str:
         if p.kind in ("linear", "matrix") and p.params[0] not in biases
     ]
     matrices.sort()
-    order = ORDERS.get(len(matrices), ())
+    order = next((FORMS[f] for f in ("packed", "separate") if len(FORMS[f]) == len(matrices)), ())
     norms = [p.name for p in parts if p.kind == "norm"]
     for laid in (False, True) if order else ():
         roles = dict(zip(ROLES[:2], norms, strict=False))
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            given = parse_map(module, roles)
+            given = {r: parse_given(module, t) for r, t in roles.items()}
             read = check_claims(module, C, parts, given)
             kept, fixed = fix_roles(parts, given, read)
         except ValueError:
