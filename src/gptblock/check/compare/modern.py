@@ -16,15 +16,7 @@ import torch
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
-from ..mistakes.steps import (
-    NORM_FORMS,
-    Deviation,
-    Parts,
-    Rope,
-    Steps,
-    parallel,
-    run_steps,
-)
+from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Rope, Steps, parallel, run_steps
 from ..roles.modern_parts import lin, measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send

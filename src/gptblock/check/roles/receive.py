@@ -118,10 +118,11 @@ def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) ->
     Example:
         >>> from gptblock import lesson
         >>> from gptblock.check.roles.plain import to_plain
-        >>> from gptblock.check.roles.weights import read_block
+        >>> from gptblock.check.roles.trace import record
+        >>> from gptblock.check.roles.weights import read_trace
         >>> block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
         >>> x = torch.randn(5, 7, 8, dtype=torch.float64)
-        >>> meta, tensors = to_plain(read_block(block, x).parts, x, "0")
+        >>> meta, tensors = to_plain(read_trace(record(block, x), x).parts, x, "0")
         >>> parts = from_plain(meta, tensors, "0", 8)
         >>> meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))
         ('layer', 8, True)

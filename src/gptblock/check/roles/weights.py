@@ -1,4 +1,4 @@
-"""Each role's weight read by what its sub-layer computes (``read_block``): the trace replayed
+"""Each role's weight read by what its sub-layer computes (``read_trace``): the trace replayed
 with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
 ``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output. The
 norms (``find_norms``): whatever computes a scale-free function of a mean over the channels.
@@ -13,16 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
 from .dataflow import Role, Unread, find_roles, layout, static_names, weight_input
 from .parts import glob
-from .trace import LEAF, Trace, TraceError, record, replay, rerun
+from .trace import LEAF, Trace, replay, rerun
 
 __all__ = [
-    "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_block", "read_trace",
+    "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_trace",
     "rescaled",
 ]  # fmt: skip
 
@@ -222,25 +221,19 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
     return out
 
 
-def read_block(module: nn.Module, x: Tensor) -> Reading:
-    """Record ``module(x)`` and read every role's weight out of it (``x`` (B, T, C), B != T, so
-    that shapes tell batch from time); an Unread says why it cannot.
+def read_trace(trace: Trace, x: Tensor) -> Reading:
+    """Every role's weight read out of a recorded forward pass on ``x`` (B, T, C), B != T, so that
+    shapes tell batch from time; an Unread says why it cannot (a TraceError: cannot replay).
 
     Example:
         >>> from gptblock import lesson
+        >>> from gptblock.check.roles.trace import record
         >>> block = lesson.Block(16, 2, 8, dropout=0.0).double().eval()
-        >>> reading = read_block(block, torch.randn(5, 7, 16, dtype=torch.float64))
+        >>> x = torch.randn(5, 7, 16, dtype=torch.float64)
+        >>> reading = read_trace(record(block, x), x)
         >>> reading.heads, reading.parts.D, reading.error < 1e-12
         (2, 16, True)
     """
-    try:
-        return read_trace(record(module, x), x)
-    except TraceError as e:
-        raise Unread(str(e)) from e
-
-
-def read_trace(trace: Trace, x: Tensor) -> Reading:
-    """``read_block`` on a recorded forward pass (``x`` its input), wherever it was recorded."""
     B, T, C = x.shape
     found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
     if "fc3" in found or any(r.turned for r in found.values()):  # the modern block's parts
