@@ -3,9 +3,9 @@
 This file runs as ``supervise.py`` (standard library and torch only), the fork server
 (``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree, as the init
 of a PID namespace of its own where Linux lets it (else a block that SIGKILLs it can leave
-processes behind), is the subreaper of all below it, forks each job of stdin's first line (JSON
-``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
-says ``supervisor PID`` and ``exit NAME RC``.
+processes behind), is the subreaper of all below it, forks each job of its request
+(``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read), says
+``supervisor PID`` and ``exit NAME RC``, and stops when its stdin closes.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def serve_forks(sock_fd: int) -> NoReturn:
                 if "random" in sys.modules:
                     sys.modules["random"].seed()  # not the fork server's draws
                 sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
-                main(sys.argv[1:])
+                main(sys.argv[1:], ask["jobs"])  # in a socket, not a command line the block reads
             except BaseException:
                 traceback.print_exc()  # on the checker's stderr pipe, once fd 2 is it
             os._exit(1)
@@ -215,8 +215,9 @@ def serve_forks(sock_fd: int) -> NoReturn:
     os._exit(0)
 
 
-def main(argv: list[str]) -> NoReturn:
-    """A supervisor (``python supervise.py OUT_FD ERR_FD``, as the fork server starts it)."""
+def main(argv: list[str], jobs: list[list[Any]]) -> NoReturn:
+    """A supervisor of ``jobs`` (``python supervise.py OUT_FD ERR_FD``, as the fork server
+    starts it)."""
     global _OWN_NAMESPACE
     out_fd, err_fd = int(argv[0]), int(argv[1])
     isolated = own_pid_namespace()
@@ -229,10 +230,6 @@ def main(argv: list[str]) -> NoReturn:
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
-    data = b""
-    while b"\n" not in data and (chunk := os.read(0, 1 << 16)):  # the jobs; none if it closes
-        data += chunk
-    jobs = json.loads(data.split(b"\n", 1)[0]) if b"\n" in data else []
     fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
     running: dict[int, str] = {}
     for name, module, *pipes in jobs:
