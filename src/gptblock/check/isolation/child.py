@@ -91,7 +91,7 @@ class Child:
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
         self.said, self.eof, self.shape = b"", False, dict[str, Any]()  # what the supervisor said
-        self.id, self.index, self.dropout = 0, 0, False
+        self.id, self.dropout = 0, False
         self.deadline = time.monotonic() + STARTUP_LIMIT
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
@@ -116,18 +116,17 @@ class Child:
         if op == "build":
             said, _ = self._ask("builder", op, None, **args)
             if said.get("none") is not True:
-                recipe = said.pop("recipe", None)
-                self._ask("runner", op, None, index=self.index, recipe=recipe)
+                self._ask("runner", op, None, recipe=said.pop("recipe", None))
                 self.dropout = False
             return said, {}
         if op in ("load", "width", "read", "suggest"):
-            self.index = int(args.get("index", self.index))
             if op in ("read", "suggest"):  # on the builder's copy, made as the runner's is
                 self._ask("builder", "copy", None, **self.shape)
                 if self.dropout:
                     self._ask("builder", "dropout_off", None)
                 self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
-            return self._ask("builder", op, tensors, **args)
+            told = self._ask("builder", op, tensors, **args)
+            return self._ask("runner", op, None, **args) if op == "load" else told
         if op == "copy":
             self.shape = args
         self.dropout = self.dropout or op == "dropout_off"

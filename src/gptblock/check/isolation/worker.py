@@ -50,6 +50,8 @@ class Served(Held):
         (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
     """
 
+    refused = (UserError,)
+
     def __init__(
         self, target: object, kwargs: Mapping[str, object], targets: Sequence[str | bytes] = ()
     ):
@@ -60,17 +62,6 @@ class Served(Held):
         return self.answer(op, args, tensors or {})
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        if op == "load":
-            target = self.targets[int(args["index"])]
-            try:
-                self.target = load_target(target) if isinstance(target, str) else load(target)
-            except UserError:
-                raise
-            except CAUGHT as e:
-                raise UserValueError(
-                    f"cannot load the target in the child process: {one_line(e)}"
-                ) from e
-            return {}, {}
         if op == "width":  # the block's width and the probes' length; longest 0: unknown
             self.longest = max_length(self.module, self.sized, 0)
             self.T = min(PROBE_T, self.longest or PROBE_T)
@@ -87,6 +78,9 @@ class Served(Held):
         elif op in ("set", "dropout_off"):
             self.traces.clear()
         return told
+
+    def load(self, target: str | bytes) -> object:
+        return load_target(target) if isinstance(target, str) else load(target)
 
     def build(self, args: Mapping[str, Any]) -> Message:
         other = bool(args.get("other"))
@@ -155,9 +149,7 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
-    return serve(
-        argv, lambda request: Served(None, request["kwargs"], request["targets"]), (UserError,)
-    )
+    return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
 _SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes

@@ -44,25 +44,34 @@ class Held:
 
     subject: Subject
     module: nn.Module
+    refused: tuple[type[BaseException], ...] = (UserValueError,)  # said as the user's error
 
     def __init__(self, request: Mapping[str, Any]) -> None:
         self.targets: list[str | bytes] = list(request["targets"])
-        self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
+        self.target: object = None
         self.undo: Callable[[], None] = lambda: None
         self.C, self.T, self.longest = 0, 0, 0
 
+    def load(self, target: str | bytes) -> object:
+        return load(target)
+
     def build(self, args: Mapping[str, Any]) -> Message:
-        i = int(args["index"])
-        try:
-            self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
-        except CAUGHT as e:
-            raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
-        self.module, self.undo = build(self.loaded[i], args["recipe"])
+        self.module, self.undo = build(self.target, args["recipe"])
         return {}, {}
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
-        ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
+        """One request's answer: ``load``, ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when
+        given), ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``,
+        ``cache``."""
+        if op == "load":
+            try:
+                self.target = self.load(self.targets[int(args["index"])])
+            except self.refused:
+                raise
+            except CAUGHT as error:
+                said = one_line(error)
+                raise UserValueError(f"cannot load it in a fresh process: {said}") from error
+            return {}, {}
         if op == "build":
             self.undo()
             self.undo = lambda: None
@@ -239,13 +248,9 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-def serve(
-    argv: list[str],
-    start: Callable[[dict[str, Any]], Any],
-    refused: tuple[type[BaseException], ...] = (UserValueError,),
-) -> int:
+def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
     """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until it closes, by
-    ``start(the first message's init)``; an error ``refused`` is a ``user_error``, any other
+    ``start(the first message's init)``; an error it ``refused`` is a ``user_error``, any other
     ``raised``."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
@@ -267,7 +272,7 @@ def serve(
         found: dict[str, Tensor] = {}
         try:
             reply["ok"], found = held.answer(str(header.get("op")), header, tensors)
-        except refused as e:
+        except held.refused as e:
             reply.update(user_error=type(e).__name__, message=str(e))
         except CAUGHT as e:
             where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])

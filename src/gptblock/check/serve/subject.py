@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -48,7 +48,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-class Probed:
+class Probed(Protocol):
     """What the probes ask of a block: a ``Subject``, or the checker's view of one in another
     process (``isolation.worker.Remote``), whose answers are claims; ``longest``: its
     block_size, or 0."""
@@ -61,14 +61,9 @@ class Probed:
     generator: torch.Generator
     tol: float  # "did not move", times the output's scale: round-off in ``dtype``
 
-    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        raise NotImplementedError
-
-    def own_rng(self) -> ContextManager[None]:
-        raise NotImplementedError
-
-    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        raise NotImplementedError
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
+    def own_rng(self) -> ContextManager[None]: ...
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor:
         """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
