@@ -51,10 +51,11 @@ class _Server:
         theirs.close()
         self.sock, self.owner, self.asked, self.pids = mine, os.getpid(), 0, list[int]()
 
-    def fork(self, fds: list[int], numbers: list[int], jobs: list[list[object]]) -> int:
-        """Ask for a supervisor of ``jobs`` given ``fds`` (stdin, stdout, then those it knows as
-        ``numbers``); its index in the order of asking."""
-        ask = {"fds": numbers, "env": environment(), "cwd": os.getcwd(), "jobs": jobs}
+    def fork(self, fds: list[int], jobs: list[list[object]]) -> int:
+        """Ask for a supervisor of ``jobs`` (their pipes: indices in ``fds``) given ``fds``
+        (stdin, stdout, the block's stdout and stderr, the jobs'); its index in the order of
+        asking."""
+        ask = {"env": environment(), "cwd": os.getcwd(), "jobs": jobs}
         socket.send_fds(self.sock, [json.dumps(ask).encode()], fds)
         self.asked += 1
         self.replies(0)
@@ -142,18 +143,18 @@ def spawn() -> Spawned:
     global _server
     (out_r, out_w), (err_r, err_w), (in_r, in_w), (st_r, st_w) = (os.pipe() for _ in range(4))
     jobs: list[list[object]] = []
-    passed, pipes = [out_w, err_w], {}
+    passed, pipes = [in_r, st_w, out_w, err_w], {}
     for name, module in JOBS:
         to_child, to_fd = os.pipe()
         from_fd, from_child = os.pipe()
         pipes[name] = (to_fd, from_fd)
-        jobs.append([name, module, to_child, from_child])
+        jobs.append([name, module, len(passed), len(passed) + 1])
         passed += [to_child, from_child]
     with _lock:  # grading checks in threads
         if _server is None or _server.owner != os.getpid() or _server.proc.poll() is not None:
             _server = _Server()  # (the block may have killed it, where it could see it)
-        server, index = _server, _server.fork([in_r, st_w, *passed], passed, jobs)
-    for fd in (in_r, st_w, *passed):
+        server, index = _server, _server.fork(passed, jobs)
+    for fd in passed:
         os.close(fd)
     return Spawned(os.fdopen(in_w, "wb"), os.fdopen(st_r, "rb"), out_r, err_r, pipes, server, index)
 

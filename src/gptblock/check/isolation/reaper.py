@@ -168,9 +168,9 @@ def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, handlers: Any)
 
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes, the checker's numbers for them, environment and folder), as if
-    ``python supervise.py OUT_FD ERR_FD`` had started; reply with its pid."""
-    import fcntl  # POSIX's, as the fork server
+    on the socket (its pipes: stdin, stdout, the block's stdout and stderr, the jobs'; its jobs,
+    environment and folder), as if ``python supervise.py OUT_FD ERR_FD`` had started; reply
+    with its pid."""
     import socket
 
     with contextlib.suppress(ImportError):
@@ -191,20 +191,16 @@ def serve_forks(sock_fd: int) -> NoReturn:
         if pid == 0:
             try:  # main ends by os._exit; this fork must never return to the server's loop
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
-                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds[2:]]
-                _only((fds[0], fds[1], fds[3]), set(high))  # the socket, what torch opened
-                for fd, to in zip(high, ask["fds"], strict=True):
-                    os.dup2(fd, to)
-                    os.close(fd)
+                _only((fds[0], fds[1], fds[3]), set(fds[2:]))  # the socket, what torch opened
                 os.environ.clear()
                 os.environ.update(ask["env"])
                 sys.path[1:] = [*ask["env"].get("PYTHONPATH", "").split(os.pathsep), *base]
                 os.chdir(ask["cwd"])
                 if "random" in sys.modules:
                     sys.modules["random"].seed()  # not the fork server's draws
-                sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
-                main(sys.argv[1:], ask["jobs"])  # in a socket, not a command line the block reads
+                sys.argv[1:] = [str(n) for n in fds[2:4]]
+                jobs = [[name, module, fds[i], fds[o]] for name, module, i, o in ask["jobs"]]
+                main(fds[2], fds[3], jobs)  # in a socket, not a command line the block reads
             except BaseException:
                 traceback.print_exc()  # on the checker's stderr pipe, once fd 2 is it
             os._exit(1)
@@ -215,11 +211,9 @@ def serve_forks(sock_fd: int) -> NoReturn:
     os._exit(0)
 
 
-def main(argv: list[str], jobs: list[list[Any]]) -> NoReturn:
-    """A supervisor of ``jobs`` (``python supervise.py OUT_FD ERR_FD``, as the fork server
-    starts it)."""
+def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
+    """A supervisor of ``jobs`` (``[NAME, MODULE, IN_FD, OUT_FD]``), as the fork server starts it."""
     global _OWN_NAMESPACE
-    out_fd, err_fd = int(argv[0]), int(argv[1])
     isolated = own_pid_namespace()
     pid = os.fork()
     if pid:  # the checker's child ends here: this process leaves the checker's tree
@@ -230,13 +224,13 @@ def main(argv: list[str], jobs: list[list[Any]]) -> NoReturn:
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
-    fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
+    fds = {out_fd, err_fd, *(fd for job in jobs for fd in job[2:])}
     running: dict[int, str] = {}
     for name, module, *pipes in jobs:
         pid = os.fork()
         if pid == 0:
-            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, handlers)
-        running[pid] = str(name)
+            _job(module, pipes, out_fd, err_fd, handlers)
+        running[pid] = name
     for fd in fds:
         os.close(fd)
     sessions = list(running)
