@@ -72,11 +72,9 @@ class Served(Held):
         if op == "suggest":
             return {"map": self.suggest()}, {}
         told = super().answer(op, args, tensors)
-        if op == "copy":  # its forward passes recorded once per input, until the weights change
+        if op == "copy":  # its forward passes recorded once per input (``Remote`` clears them)
             s = self.subject
             self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
-        elif op in ("set", "dropout_off"):
-            self.traces.clear()
         return told
 
     def load(self, target: str | bytes) -> object:
@@ -174,12 +172,10 @@ class Remote(Probed):
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes
-        if isinstance(call, Served):  # its forward passes as recorded here
-            self.traces = call.traces
-        else:
-            self.traces = readings.Traces(
-                self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
-            )
+        remote = readings.Traces(
+            self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
+        )
+        self.traces = call.traces if isinstance(call, Served) else remote
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
