@@ -136,19 +136,18 @@ class Subject(Probed):
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
 
-    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x`` (in ``x``'s dtype), without grad, seeded unless
+    def __call__(
+        self, x: Tensor, *, seeded: bool = True, train: bool = False, grad: bool = False
+    ) -> Tensor:
+        """The block's output for ``x`` (in ``x``'s dtype), without ``grad``, seeded unless
         ``seeded=False``; ``train``: in train mode with every dropout an identity."""
-        with torch.no_grad():
-            return self.forward(x, seeded=seeded, train=train)
-
-    def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
+        seed = fixed_seed(self.device) if seeded else nullcontext()
         if train:  # (only then: ``train()`` may be the block's own)
             module.train()
         try:
-            with off, fixed_seed(self.device) if seeded else nullcontext():
+            with off, seed, torch.set_grad_enabled(grad):
                 y = module(x.clone())
         finally:
             if train:
@@ -199,7 +198,7 @@ class Subject(Probed):
         x, stage = x.detach().requires_grad_(inputs), "forward"
         try:  # (in the forward pass: a view autograd needs, changed in place: only with grad)
             with torch.enable_grad():
-                y = self.forward(x)
+                y = self(x, grad=True)
                 loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
                 if not loss.requires_grad:  # the output depends on no parameter at all
                     return Grads(names, [None] * len(params))
