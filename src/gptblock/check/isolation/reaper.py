@@ -31,7 +31,6 @@ PR_CAP_AMBIENT, CAP_SYS_PTRACE, CLONE_NEWUSER, CLONE_NEWPID = 47, 19, 0x10000000
 # What the block could send to end or stop it, short of SIGKILL and SIGSTOP: ignored here.
 SPARED = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
           "SIGTTIN", "SIGTTOU", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]  # fmt: skip
-_OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
 
 
 def _libc() -> ctypes.CDLL | None:  # where it is Linux's
@@ -96,9 +95,10 @@ def _descendants(root: int) -> list[int]:  # from /proc (none without it)
     return found[1:]
 
 
-def sweep(sessions: list[int]) -> None:
-    """Kill ``sessions`` and every process below this one until none is left, reaping them."""
-    while _OWN_NAMESPACE:  # every process of the namespace is ours: kill(-1) finds them all
+def sweep(sessions: list[int], init: bool) -> None:
+    """Kill ``sessions`` and every process below this one until none is left, reaping them;
+    ``init``: of a PID namespace of its own, whose every process is ours (``kill(-1)``)."""
+    while init:
         with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)  # all but this one (its init)
         try:
@@ -213,13 +213,11 @@ def serve_forks(sock_fd: int) -> NoReturn:
 
 def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
     """A supervisor of ``jobs`` (``[NAME, MODULE, IN_FD, OUT_FD]``), as the fork server starts it."""
-    global _OWN_NAMESPACE
     isolated = own_pid_namespace()
     pid = os.fork()
     if pid:  # the checker's child ends here: this process leaves the checker's tree
         _say(f"supervisor {pid}")  # as the checker numbers it (in the namespace it is 1)
         os._exit(0)
-    _OWN_NAMESPACE = isolated and os.getpid() == 1
     numbers = [getattr(signal, name) for name in SPARED if hasattr(signal, name)]
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -248,7 +246,7 @@ def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
                 kill(pid, signal.SIGKILL)
     for pid, name in running.items():
         _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
-    sweep(sessions)
+    sweep(sessions, isolated and os.getpid() == 1)
     os._exit(0)  # not Python's exit: tearing torch down takes longer than the whole sweep
 
 
