@@ -159,8 +159,7 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         hit = self.latest.get(id(t))
         if hit is not None and hit[0] is t and hit[2] == _stamp(t):
             return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
-        known = self.known.get(id(t))
-        return self.new(t, op, data, known[1] if known else "")
+        return self.new(t, op, data, self.known.get(id(t), (t, ""))[1])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}

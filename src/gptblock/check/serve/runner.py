@@ -111,7 +111,8 @@ class Held:
                     p.copy_(value.to(device=p.device, dtype=p.dtype))
             return {}, {}
         if op == "dropout_off":  # every dropout probability 0, else dropout off where it runs
-            for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
+            copies = [m for m in (s.module, s.float32) if m is not None]  # float32's too
+            for m in (m for copy in copies for m in copy.modules()):
                 for name, value in vars(m).items():
                     if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                         setattr(m, name, 0.0)

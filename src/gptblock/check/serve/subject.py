@@ -167,9 +167,6 @@ class Subject(Probed):
             raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
         return y.clone() if y.requires_grad else y.detach().clone()
 
-    def copies(self) -> list[nn.Module]:  # and in the other dtype, if any
-        return [m for m in (self.module, self.float32) if m is not None]
-
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or a float32 copy of the user's block
         given ``module``'s parameter values as they are now."""
