@@ -152,11 +152,8 @@ def to_data(value: object, home: object) -> object:
                 return {"pickle": pickle.dumps(value).hex()}
         elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
             where = "" if cls.__module__ == getattr(home, "__name__", None) else cls.__module__
-            return {
-                "object": cls.__qualname__,
-                "module": where,
-                "fields": to_data(vars(value), home),
-            }
+            fields = to_data(vars(value), home)
+            return {"object": cls.__qualname__, "module": where, "fields": fields}
         raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
 
     return encode(value, other)
@@ -171,9 +168,8 @@ def _from_data(data: Any, home: object) -> Any:
 def _made(home: object, data: dict[str, Any]) -> object:
     if "pickle" in data:
         return pickle.loads(bytes.fromhex(data["pickle"]))
-    cls: Any = importlib.import_module(data["module"]) if data["module"] else home
-    for part in data["object"].split("."):
-        cls = getattr(cls, part)
+    where = importlib.import_module(data["module"]) if data["module"] else home
+    cls: Any = functools.reduce(getattr, data["object"].split("."), where)
     fields = _from_data(data["fields"], home)
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
@@ -192,10 +188,7 @@ def load(target: str | bytes) -> object:
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
-    obj = load_module(where)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return functools.reduce(getattr, name.split("."), load_module(where))
 
 
 def load_module(where: str, name_as: str = "") -> Any:
@@ -239,12 +232,11 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     try:
         with fixed_seed():
             module = target(**_from_data(recipe["args"], home))  # type: ignore[operator]
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"it returned a {type(module).__name__}")
     except CAUGHT as e:
         undo()
         raise UserValueError(f"cannot build {name} again in a fresh process: {one_line(e)}") from e
-    if not isinstance(module, nn.Module):
-        undo()
-        raise UserValueError(f"{name}, built again, returned a {type(module).__name__}")
     forward_arguments(module)  # called as the builder calls it (said in the builder's note)
     return module, undo
 
