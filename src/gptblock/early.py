@@ -30,7 +30,7 @@ __all__ = ["RUNNER", "Spawned", "environment", "neutral_scripts", "spawn", "star
 
 CHECK = Path(__file__).with_name("check")
 # The runner's files: none imports gptblock.
-RUNNER = ("calls", "frames", "loop", "runner", "subject")
+RUNNER = ("frames", "loop", "runner", "subject")
 JOBS = (("builder", "gptblock.check.isolation.worker"), ("runner", "serve.runner"))
 _KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
 
@@ -51,10 +51,11 @@ class _Server:
         theirs.close()
         self.sock, self.owner, self.asked, self.pids = mine, os.getpid(), 0, list[int]()
 
-    def fork(self, fds: list[int], numbers: list[int]) -> int:
-        """Ask for a supervisor given ``fds`` (stdin, stdout, then those it knows as ``numbers``);
-        its index in the order of asking."""
-        ask = {"fds": numbers, "env": environment(), "cwd": os.getcwd()}
+    def fork(self, fds: list[int], jobs: list[list[object]]) -> int:
+        """Ask for a supervisor of ``jobs`` (their pipes: indices in ``fds``) given ``fds``
+        (stdin, stdout, the block's stdout and stderr, the jobs'); its index in the order of
+        asking."""
+        ask = {"env": environment(), "cwd": os.getcwd(), "jobs": jobs}
         socket.send_fds(self.sock, [json.dumps(ask).encode()], fds)
         self.asked += 1
         self.replies(0)
@@ -141,28 +142,21 @@ def spawn() -> Spawned:
     runner."""
     global _server
     (out_r, out_w), (err_r, err_w), (in_r, in_w), (st_r, st_w) = (os.pipe() for _ in range(4))
-    jobs, passed, pipes = [], [out_w, err_w], {}
+    jobs: list[list[object]] = []
+    passed, pipes = [in_r, st_w, out_w, err_w], {}
     for name, module in JOBS:
         to_child, to_fd = os.pipe()
         from_fd, from_child = os.pipe()
         pipes[name] = (to_fd, from_fd)
-        jobs.append([name, module, to_child, from_child])
+        jobs.append([name, module, len(passed), len(passed) + 1])
         passed += [to_child, from_child]
     with _lock:  # grading checks in threads
         if _server is None or _server.owner != os.getpid() or _server.proc.poll() is not None:
             _server = _Server()  # (the block may have killed it, where it could see it)
-        server, index = _server, _server.fork([in_r, st_w, *passed], passed)
-    for fd in (in_r, st_w, *passed):
+        server, index = _server, _server.fork(passed, jobs)
+    for fd in passed:
         os.close(fd)
-    spawned = Spawned(
-        os.fdopen(in_w, "wb"), os.fdopen(st_r, "rb"), out_r, err_r, pipes, server, index
-    )
-    try:  # the jobs: in a pipe, not in a command line the block can read
-        spawned.stdin.write((json.dumps(jobs) + "\n").encode())
-        spawned.stdin.flush()
-    except BrokenPipeError:
-        pass  # it died: asking it says how
-    return spawned
+    return Spawned(os.fdopen(in_w, "wb"), os.fdopen(st_r, "rb"), out_r, err_r, pipes, server, index)
 
 
 def neutral_scripts(folder: Path) -> Path:

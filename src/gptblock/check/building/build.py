@@ -13,8 +13,8 @@ import torch.nn as nn
 
 from ...errors import UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.calls import forward_arguments, learner_line, size_error
-from ..serve.calls import source as source_file
+from ..serve.runner import forward_arguments, learner_line, size_error
+from ..serve.runner import source as source_file
 from ..serve.subject import first_tensor
 from .arguments import (
     COMMON_ARGUMENTS,

@@ -111,8 +111,7 @@ def ask_isolated(
     targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
 ) -> list[Answer | str]:
     """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
-    ``check_isolated`` loads it (``call("build")`` builds it); else why not, in one line (it
-    cannot be loaded or built, its process ended or ran past ``timeout`` seconds)."""
+    ``check_isolated`` loads it; else why not, in one line."""
 
     def one(call: Call, j: int, i: int) -> Answer | str:
         try:
@@ -133,9 +132,9 @@ def _in_children(
     noted: bool = False,
 ) -> list[Answer]:
     """``ask(call, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds, ``cut(i,
-    how the child stopped answering)`` where it did: the targets after it get a fresh child.
-    ``noted``: a child per file (one learner's code cannot answer for another's), and each
-    report noted with what the checked code wrote."""
+    how the child stopped answering)`` where it did, the targets after it in a fresh child;
+    ``noted``: a child per file (one's code cannot answer for another's), each report noted
+    with what the checked code wrote."""
     for t in sent:
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
@@ -193,9 +192,8 @@ def _name(target: object) -> str:
 def check_in_process(
     target: object, kwargs: Mapping[str, object], roles: Mapping[str, str]
 ) -> CheckReport:
-    """``check_block`` in this process (for code the caller trusts: a block written to fool
-    the checker can): the requests ``check_isolated`` sends a child, answered here
-    (``worker.Served``)."""
+    """``check_block`` in this process, for code the caller trusts (a block written to fool the
+    checker can): ``check_isolated``'s requests, answered here (``worker.Served``)."""
     local = Served(target, kwargs)
     try:
         with one_thread():
@@ -205,9 +203,8 @@ def check_in_process(
 
 
 def two_sizes(call: Call, roles: Mapping[str, str], progress: Progress) -> CheckReport:
-    """The check at the file's sizes, then at the other sizes (or why not), combined
-    (``sizes.combine``: PASS needs both). A mistake diagnosed at the file's sizes is not
-    checked again: it would stay the verdict."""
+    """The check at the file's sizes, then (unless a mistake was diagnosed: it would stay the
+    verdict) at the other sizes or why not, combined (``sizes.combine``: PASS needs both)."""
     first = _at(call, progress, roles, False)
     if isinstance(first, str):  # the file's sizes are always built (in this process)
         raise ProtocolBroken("no block at the file's sizes")
@@ -224,9 +221,8 @@ def two_sizes(call: Call, roles: Mapping[str, str], progress: Progress) -> Check
 def _at(
     call: Call, progress: Progress, roles: Mapping[str, str], other: bool
 ) -> tuple[CheckReport, str] | str:
-    """The report at the file's sizes or the ``other`` ones and their label; at the other
-    sizes, why not when the block cannot be built or called there. What a child says is
-    bounded (``text``) and checked for form; what this process says (``Served``), not."""
+    """The report at the file's sizes or the ``other`` ones and their label, else why not; what
+    a child says is bounded (``text``) and checked for form, what ``Served`` says, not."""
     trusted = isinstance(call, Served)
     bound = (lambda value, limit: str(value)) if trusted else text
     progress.stage("building the block")

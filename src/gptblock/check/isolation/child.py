@@ -90,8 +90,8 @@ class Child:
         self.spawned = spawned = take()  # started early by ``gptblock check``, or now
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
-        self.said, self.eof, self.shape = b"", False, dict[str, Any]()  # what the supervisor said
-        self.id, self.index, self.dropout = 0, 0, False
+        self.said, self.eof = b"", False  # what the supervisor said
+        self.id, self.dropout = 0, False
         self.deadline = time.monotonic() + STARTUP_LIMIT
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
@@ -103,7 +103,7 @@ class Child:
         try:
             for name in self.pipes:
                 self.answer(name, 0)
-        except (Gone, Raised) as e:
+        except Gone as e:
             err = self.outputs[1].head.decode("utf-8", "replace").strip().splitlines()
             what = f"did not start within {STARTUP_LIMIT:g} s" if str(e) == "timeout" else str(e)
             raise RuntimeError(
@@ -116,20 +116,17 @@ class Child:
         if op == "build":
             said, _ = self._ask("builder", op, None, **args)
             if said.get("none") is not True:
-                recipe = said.pop("recipe", None)
-                self._ask("runner", op, None, index=self.index, recipe=recipe)
+                self._ask("runner", op, None, recipe=said.pop("recipe", None))
                 self.dropout = False
             return said, {}
         if op in ("load", "width", "read", "suggest"):
-            self.index = int(args.get("index", self.index))
-            if op in ("read", "suggest"):  # on the builder's copy, made as the runner's is
-                self._ask("builder", "copy", None, **self.shape)
+            if op in ("read", "suggest"):  # on the builder's copy (at its width), as the runner's
+                self._ask("builder", "copy", None)
                 if self.dropout:
                     self._ask("builder", "dropout_off", None)
                 self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
-            return self._ask("builder", op, tensors, **args)
-        if op == "copy":
-            self.shape = args
+            told = self._ask("builder", op, tensors, **args)
+            return self._ask("runner", op, None, **args) if op == "load" else told
         self.dropout = self.dropout or op == "dropout_off"
         return self._ask("runner", op, tensors, **args)
 

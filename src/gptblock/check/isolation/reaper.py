@@ -3,9 +3,9 @@
 This file runs as ``supervise.py`` (standard library and torch only), the fork server
 (``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree, as the init
 of a PID namespace of its own where Linux lets it (else a block that SIGKILLs it can leave
-processes behind), is the subreaper of all below it, forks each job of stdin's first line (JSON
-``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read) and
-says ``supervisor PID`` and ``exit NAME RC``.
+processes behind), is the subreaper of all below it, forks each job of its request
+(``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read), says
+``supervisor PID`` and ``exit NAME RC``, and stops when its stdin closes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ PR_CAP_AMBIENT, CAP_SYS_PTRACE, CLONE_NEWUSER, CLONE_NEWPID = 47, 19, 0x10000000
 # What the block could send to end or stop it, short of SIGKILL and SIGSTOP: ignored here.
 SPARED = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
           "SIGTTIN", "SIGTTOU", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF"]  # fmt: skip
-_OWN_NAMESPACE = False  # this process is the init of a PID namespace of its own
 
 
 def _libc() -> ctypes.CDLL | None:  # where it is Linux's
@@ -96,9 +95,10 @@ def _descendants(root: int) -> list[int]:  # from /proc (none without it)
     return found[1:]
 
 
-def sweep(sessions: list[int]) -> None:
-    """Kill ``sessions`` and every process below this one until none is left, reaping them."""
-    while _OWN_NAMESPACE:  # every process of the namespace is ours: kill(-1) finds them all
+def sweep(sessions: list[int], init: bool) -> None:
+    """Kill ``sessions`` and every process below this one until none is left, reaping them;
+    ``init``: of a PID namespace of its own, whose every process is ours (``kill(-1)``)."""
+    while init:
         with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)  # all but this one (its init)
         try:
@@ -168,9 +168,9 @@ def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, handlers: Any)
 
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes, the checker's numbers for them, environment and folder), as if
-    ``python supervise.py OUT_FD ERR_FD`` had started; reply with its pid."""
-    import fcntl  # POSIX's, as the fork server
+    on the socket (its pipes: stdin, stdout, the block's stdout and stderr, the jobs'; its jobs,
+    environment and folder), as if ``python supervise.py OUT_FD ERR_FD`` had started; reply
+    with its pid."""
     import socket
 
     with contextlib.suppress(ImportError):
@@ -191,20 +191,16 @@ def serve_forks(sock_fd: int) -> NoReturn:
         if pid == 0:
             try:  # main ends by os._exit; this fork must never return to the server's loop
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                floor = max([*ask["fds"], *fds]) + 1  # out of the way of the checker's numbers
-                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds[2:]]
-                _only((fds[0], fds[1], fds[3]), set(high))  # the socket, what torch opened
-                for fd, to in zip(high, ask["fds"], strict=True):
-                    os.dup2(fd, to)
-                    os.close(fd)
+                _only((fds[0], fds[1], fds[3]), set(fds[2:]))  # the socket, what torch opened
                 os.environ.clear()
                 os.environ.update(ask["env"])
                 sys.path[1:] = [*ask["env"].get("PYTHONPATH", "").split(os.pathsep), *base]
                 os.chdir(ask["cwd"])
                 if "random" in sys.modules:
                     sys.modules["random"].seed()  # not the fork server's draws
-                sys.argv[1:] = [str(n) for n in ask["fds"][:2]]
-                main(sys.argv[1:])
+                sys.argv[1:] = [str(n) for n in fds[2:4]]
+                jobs = [[name, module, fds[i], fds[o]] for name, module, i, o in ask["jobs"]]
+                main(fds[2], fds[3], jobs)  # in a socket, not a command line the block reads
             except BaseException:
                 traceback.print_exc()  # on the checker's stderr pipe, once fd 2 is it
             os._exit(1)
@@ -215,31 +211,24 @@ def serve_forks(sock_fd: int) -> NoReturn:
     os._exit(0)
 
 
-def main(argv: list[str]) -> NoReturn:
-    """A supervisor (``python supervise.py OUT_FD ERR_FD``, as the fork server starts it)."""
-    global _OWN_NAMESPACE
-    out_fd, err_fd = int(argv[0]), int(argv[1])
+def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
+    """A supervisor of ``jobs`` (``[NAME, MODULE, IN_FD, OUT_FD]``), as the fork server starts it."""
     isolated = own_pid_namespace()
     pid = os.fork()
     if pid:  # the checker's child ends here: this process leaves the checker's tree
         _say(f"supervisor {pid}")  # as the checker numbers it (in the namespace it is 1)
         os._exit(0)
-    _OWN_NAMESPACE = isolated and os.getpid() == 1
     numbers = [getattr(signal, name) for name in SPARED if hasattr(signal, name)]
     handlers = {number: signal.signal(number, signal.SIG_IGN) for number in numbers}
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_DUMPABLE, 0)  # the block cannot reach into this process's files or memory
-    data = b""
-    while b"\n" not in data and (chunk := os.read(0, 1 << 16)):  # the jobs; none if it closes
-        data += chunk
-    jobs = json.loads(data.split(b"\n", 1)[0]) if b"\n" in data else []
-    fds = {out_fd, err_fd, *(int(fd) for job in jobs for fd in job[2:])}
+    fds = {out_fd, err_fd, *(fd for job in jobs for fd in job[2:])}
     running: dict[int, str] = {}
     for name, module, *pipes in jobs:
         pid = os.fork()
         if pid == 0:
-            _job(str(module), [int(p) for p in pipes], out_fd, err_fd, handlers)
-        running[pid] = str(name)
+            _job(module, pipes, out_fd, err_fd, handlers)
+        running[pid] = name
     for fd in fds:
         os.close(fd)
     sessions = list(running)
@@ -257,7 +246,7 @@ def main(argv: list[str]) -> NoReturn:
                 kill(pid, signal.SIGKILL)
     for pid, name in running.items():
         _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
-    sweep(sessions)
+    sweep(sessions, isolated and os.getpid() == 1)
     os._exit(0)  # not Python's exit: tearing torch down takes longer than the whole sweep
 
 

@@ -50,6 +50,8 @@ class Served(Held):
         (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
     """
 
+    refused = (UserError,)
+
     def __init__(
         self, target: object, kwargs: Mapping[str, object], targets: Sequence[str | bytes] = ()
     ):
@@ -60,17 +62,6 @@ class Served(Held):
         return self.answer(op, args, tensors or {})
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        if op == "load":
-            target = self.targets[int(args["index"])]
-            try:
-                self.target = load_target(target) if isinstance(target, str) else load(target)
-            except UserError:
-                raise
-            except CAUGHT as e:
-                raise UserValueError(
-                    f"cannot load the target in the child process: {one_line(e)}"
-                ) from e
-            return {}, {}
         if op == "width":  # the block's width and the probes' length; longest 0: unknown
             self.longest = max_length(self.module, self.sized, 0)
             self.T = min(PROBE_T, self.longest or PROBE_T)
@@ -81,12 +72,13 @@ class Served(Held):
         if op == "suggest":
             return {"map": self.suggest()}, {}
         told = super().answer(op, args, tensors)
-        if op == "copy":  # its forward passes recorded once per input, until the weights change
+        if op == "copy":  # its forward passes recorded once per input (``Remote`` clears them)
             s = self.subject
             self.traces = readings.Traces(s, lambda x: record(s.module, x, no_dropout=s.no_dropout))
-        elif op in ("set", "dropout_off"):
-            self.traces.clear()
         return told
+
+    def load(self, target: str | bytes) -> object:
+        return load_target(target) if isinstance(target, str) else load(target)
 
     def build(self, args: Mapping[str, Any]) -> Message:
         other = bool(args.get("other"))
@@ -155,9 +147,7 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 def main(argv: list[str]) -> int:
     """The builder: ``IN_FD OUT_FD``."""
-    return serve(
-        argv, lambda request: Served(None, request["kwargs"], request["targets"]), (UserError,)
-    )
+    return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
 _SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes
@@ -182,12 +172,10 @@ class Remote(Probed):
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes
-        if isinstance(call, Served):  # its forward passes as recorded here
-            self.traces = call.traces
-        else:
-            self.traces = readings.Traces(
-                self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
-            )
+        remote = readings.Traces(
+            self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
+        )
+        self.traces = call.traces if isinstance(call, Served) else remote
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)

@@ -60,7 +60,7 @@ def one_line(e: BaseException | None) -> str:
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Without ``torch._dynamo``'s wrapper, which imports ``torch._dynamo`` (5 s) on first use."""
+    # without torch._dynamo's wrapper, which imports torch._dynamo (5 s) on first use
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -97,7 +97,7 @@ def encode(a: object, other: Callable[[object], object] | None = None) -> object
 
 def decode(a: Any, other: Callable[[dict[str, Any]], Any], device: object = None) -> Any:
     """``encode``'s JSON made again, checked for form: ``other(a)`` for a form of the caller's
-    (a node, an object), every device as ``device`` where one is given (a trace moved)."""
+    (a node, an object), every device as ``device`` if given."""
     if isinstance(a, list):
         return [decode(b, other, device) for b in a]
     if not isinstance(a, dict):
@@ -159,8 +159,7 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         hit = self.latest.get(id(t))
         if hit is not None and hit[0] is t and hit[2] == _stamp(t):
             return hit[1]  # (a module's .to() swaps a parameter's data: then it is new)
-        known = self.known.get(id(t))
-        return self.new(t, op, data, known[1] if known else "")
+        return self.new(t, op, data, self.known.get(id(t), (t, ""))[1])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -192,9 +191,8 @@ def _stamp(t: Tensor) -> tuple[object, ...]:  # what it holds now: a changed ten
 
 @contextlib.contextmanager
 def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
-    """Seed 0 inside; after, the caller's RNG state (the CPU's, and a CUDA ``device``'s). On a
-    CPU ``device`` without CUDA only the CPU's generator is seeded (``torch.manual_seed``, every
-    device's, costs 200 times more)."""
+    """Seed 0 inside, the caller's RNG state after; on a CPU ``device`` without CUDA only the
+    CPU's generator (``torch.manual_seed``, every device's, costs 200 times more)."""
     cuda = device is not None and device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []):
         if device is not None and device.type == "cpu" and not torch.cuda.is_available():

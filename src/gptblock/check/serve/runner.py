@@ -4,6 +4,9 @@ The supervisor (``reaper``) forks it from a copy of this folder as the package `
 imports nothing of gptblock, no frame under the block's calls is a gptblock file, and nothing in
 its command line, ancestors or environment names the checker. It loads the learner's file again,
 builds the block from the builder's ``recipe`` (``to_data``) and answers (``Held.answer``).
+How the block is called (``forward_arguments``) is alike here and in the builder, and where what
+it raised comes from: an error not of sizes (a typo) is said at the learner's line; a size
+error is the shape probe's.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import pickle
 import sys
 import traceback
 import types
+import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +30,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .calls import forward_arguments, learner_line, size_error, source
 from .frames import Message, Reader, send
 from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_seed, one_line, record
 from .subject import Subject
 
-__all__ = ["DROPOUT_NAMES", "Held", "build", "load", "load_module", "main", "serve", "to_data"]
+__all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
+           "load_module", "main", "serve", "size_error", "source", "to_data"]  # fmt: skip
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -44,25 +49,34 @@ class Held:
 
     subject: Subject
     module: nn.Module
+    refused: tuple[type[BaseException], ...] = (UserValueError,)  # said as the user's error
 
     def __init__(self, request: Mapping[str, Any]) -> None:
         self.targets: list[str | bytes] = list(request["targets"])
-        self.loaded: dict[int, object] = {}  # the runner's: each target loaded once
+        self.target: object = None
         self.undo: Callable[[], None] = lambda: None
         self.C, self.T, self.longest = 0, 0, 0
 
+    def load(self, target: str | bytes) -> object:
+        return load(target)
+
     def build(self, args: Mapping[str, Any]) -> Message:
-        i = int(args["index"])
-        try:
-            self.loaded[i] = self.loaded[i] if i in self.loaded else load(self.targets[i])
-        except CAUGHT as e:
-            raise UserValueError(f"cannot load it again in a fresh process: {one_line(e)}") from e
-        self.module, self.undo = build(self.loaded[i], args["recipe"])
+        self.module, self.undo = build(self.target, args["recipe"])
         return {}, {}
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        """One request's answer: ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when given),
-        ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``, ``cache``."""
+        """One request's answer: ``load``, ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when
+        given), ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``,
+        ``cache``."""
+        if op == "load":
+            try:
+                self.target = self.load(self.targets[int(args["index"])])
+            except self.refused:
+                raise
+            except CAUGHT as error:
+                said = one_line(error)
+                raise UserValueError(f"cannot load it in a fresh process: {said}") from error
+            return {}, {}
         if op == "build":
             self.undo()
             self.undo = lambda: None
@@ -102,7 +116,8 @@ class Held:
                     p.copy_(value.to(device=p.device, dtype=p.dtype))
             return {}, {}
         if op == "dropout_off":  # every dropout probability 0, else dropout off where it runs
-            for m in (m for copy in s.copies() for m in copy.modules()):  # float32's too
+            copies = [m for m in (s.module, s.float32) if m is not None]  # float32's too
+            for m in (m for copy in copies for m in copy.modules()):
                 for name, value in vars(m).items():
                     if name in DROPOUT_NAMES and isinstance(value, float) and 0.0 < value < 1.0:
                         setattr(m, name, 0.0)
@@ -142,11 +157,8 @@ def to_data(value: object, home: object) -> object:
                 return {"pickle": pickle.dumps(value).hex()}
         elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
             where = "" if cls.__module__ == getattr(home, "__name__", None) else cls.__module__
-            return {
-                "object": cls.__qualname__,
-                "module": where,
-                "fields": to_data(vars(value), home),
-            }
+            fields = to_data(vars(value), home)
+            return {"object": cls.__qualname__, "module": where, "fields": fields}
         raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
 
     return encode(value, other)
@@ -161,9 +173,8 @@ def _from_data(data: Any, home: object) -> Any:
 def _made(home: object, data: dict[str, Any]) -> object:
     if "pickle" in data:
         return pickle.loads(bytes.fromhex(data["pickle"]))
-    cls: Any = importlib.import_module(data["module"]) if data["module"] else home
-    for part in data["object"].split("."):
-        cls = getattr(cls, part)
+    where = importlib.import_module(data["module"]) if data["module"] else home
+    cls: Any = functools.reduce(getattr, data["object"].split("."), where)
     fields = _from_data(data["fields"], home)
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
@@ -182,10 +193,7 @@ def load(target: str | bytes) -> object:
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
-    obj = load_module(where)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return functools.reduce(getattr, name.split("."), load_module(where))
 
 
 def load_module(where: str, name_as: str = "") -> Any:
@@ -229,23 +237,18 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     try:
         with fixed_seed():
             module = target(**_from_data(recipe["args"], home))  # type: ignore[operator]
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"it returned a {type(module).__name__}")
     except CAUGHT as e:
         undo()
         raise UserValueError(f"cannot build {name} again in a fresh process: {one_line(e)}") from e
-    if not isinstance(module, nn.Module):
-        undo()
-        raise UserValueError(f"{name}, built again, returned a {type(module).__name__}")
     forward_arguments(module)  # called as the builder calls it (said in the builder's note)
     return module, undo
 
 
-def serve(
-    argv: list[str],
-    start: Callable[[dict[str, Any]], Any],
-    refused: tuple[type[BaseException], ...] = (UserValueError,),
-) -> int:
+def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
     """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until it closes, by
-    ``start(the first message's init)``; an error ``refused`` is a ``user_error``, any other
+    ``start(the first message's init)``; an error it ``refused`` is a ``user_error``, any other
     ``raised``."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
@@ -267,7 +270,7 @@ def serve(
         found: dict[str, Tensor] = {}
         try:
             reply["ok"], found = held.answer(str(header.get("op")), header, tensors)
-        except refused as e:
+        except held.refused as e:
             reply.update(user_error=type(e).__name__, message=str(e))
         except CAUGHT as e:
             where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
@@ -278,3 +281,116 @@ def serve(
 def main(argv: list[str]) -> int:
     """The runner: ``IN_FD OUT_FD``."""
     return serve(argv, Held)
+
+
+_FILLS = {  # what a required parameter of these names is given
+    "input": ("key", "value", "keys", "values", "k", "v", "kv"),  # not memory: cross-attention
+    "positions": ("position_ids", "positions", "pos", "input_pos", "pos_ids"),
+    "causal": ("is_causal", "causal"),
+}
+_SAID = {"input": "the input", "positions": "torch.arange(T) as (1, T)", "none": "None",
+         "causal": "True"}  # fmt: skip
+_SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", "divisible",
+               "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
+
+
+def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, as text too
+    if isinstance(annotation, str):
+        words = annotation.strip("'\"").split("|")  # quoted under `from __future__ import ...`
+        return "Optional[" in annotation or "None" in (w.strip() for w in words)
+    return type(None) in typing.get_args(annotation)
+
+
+def forward_arguments(module: nn.Module) -> list[str]:
+    """Fill what the block's ``forward`` requires besides its input, where the parameter's name
+    or annotation says what it holds (``_FILLS``, None where it admits None); the note saying
+    so. A mask is never made: a guess could turn a reversed mask into a passing one.
+
+    Raises:
+        UserValueError: a required parameter the checker cannot fill (a mask).
+
+    Example:
+        >>> class Layer(nn.Module):
+        ...     def forward(self, query, key, value, cache: "dict | None"):
+        ...         return query + key + value
+        >>> layer = Layer()
+        >>> forward_arguments(layer)
+        ['forward(query, key, value, cache) called with key = value = the input, cache=None']
+        >>> layer(torch.ones(1, 2, 3)).sum().item()
+        18.0
+    """
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if not params or params[0].kind not in (*kinds, inspect.Parameter.POSITIONAL_ONLY):
+        return []
+    fill: dict[str, str] = {}
+    for p in params[1:]:
+        if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        how = next((how for how, names in _FILLS.items() if p.name.lower() in names), None)
+        how = how or ("none" if _optional(p.annotation) else None)
+        if how is None or p.kind not in kinds:
+            what = "a mask's convention (kept or hidden, bool or added) is the block's own" if (
+                "mask" in p.name.lower()) else "the checker cannot tell what it holds"  # fmt: skip
+            raise UserValueError(
+                f"cannot check {type(module).__name__}: its forward needs {p.name} besides the "
+                f"input and {what}; check a module whose forward(x) calls it with the {p.name} "
+                "your model passes"
+            )
+        fill[p.name] = how
+    if not fill:
+        return []
+    module.register_forward_pre_hook(functools.partial(_filled, fill), with_kwargs=True)
+    same = [n for n, how in fill.items() if how == "input"]
+    parts = [f"{' = '.join(same)} = the input"] if same else []
+    parts += [f"{n}={_SAID[how]}" for n, how in fill.items() if how != "input"]
+    return [f"forward({', '.join(p.name for p in params)}) called with {', '.join(parts)}"]
+
+
+def _filled(
+    fill: Mapping[str, str], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    x = args[0] if args else next(iter(kwargs.values()))
+    for n, how in list(fill.items())[max(len(args) - 1, 0) :]:
+        if n not in kwargs and how == "positions":
+            kwargs[n] = torch.arange(x.shape[-2], device=x.device).unsqueeze(0)  # (1, T)
+        elif n not in kwargs:
+            kwargs[n] = x if how == "input" else (how == "causal" or None)
+    return args, kwargs
+
+
+def size_error(e: BaseException) -> bool:
+    said = str(e).lower()
+    return isinstance(e, AssertionError) or (
+        isinstance(e, (RuntimeError, ValueError, IndexError))
+        and any(w in said for w in _SIZE_WORDS)
+    )
+
+
+def learner_line(e: BaseException, file: str) -> str:
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file``,
+    else the last outside torch, gptblock and the standard library."""
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
+    if not ours:
+        # gptblock's folder (check/serve/ is two below it), or the folder of the runner's copy
+        up = 2 if (__package__ or "").startswith("gptblock.") else 1
+        mine = str(Path(os.path.abspath(__file__)).parents[up])
+        skip = (os.path.dirname(torch.__file__), mine, os.path.dirname(os.__file__))
+        ours = [f for f in frames if not f.filename.startswith(skip) and "<" not in f.filename]
+    if not ours:
+        return ""
+    f, near = ours[-1], os.path.relpath(ours[-1].filename)
+    where = f.filename if near.startswith("..") else near
+    return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
+
+
+def source(target: object) -> str:
+    """The file ``target`` (a class or function) is written in, else ``""``."""
+    try:
+        return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return ""

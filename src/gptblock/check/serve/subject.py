@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -48,7 +48,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-class Probed:
+class Probed(Protocol):
     """What the probes ask of a block: a ``Subject``, or the checker's view of one in another
     process (``isolation.worker.Remote``), whose answers are claims; ``longest``: its
     block_size, or 0."""
@@ -61,14 +61,9 @@ class Probed:
     generator: torch.Generator
     tol: float  # "did not move", times the output's scale: round-off in ``dtype``
 
-    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        raise NotImplementedError
-
-    def own_rng(self) -> ContextManager[None]:
-        raise NotImplementedError
-
-    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        raise NotImplementedError
+    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor: ...
+    def own_rng(self) -> ContextManager[None]: ...
+    def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads: ...
 
     def input(self, *shape: int, scale: float = 1.0) -> Tensor:
         """Standard normal values of ``shape`` times ``scale``, from the checker's own seed."""
@@ -141,19 +136,18 @@ class Subject(Probed):
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
 
-    def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
-        """The block's output for ``x`` (in ``x``'s dtype), without grad, seeded unless
+    def __call__(
+        self, x: Tensor, *, seeded: bool = True, train: bool = False, grad: bool = False
+    ) -> Tensor:
+        """The block's output for ``x`` (in ``x``'s dtype), without ``grad``, seeded unless
         ``seeded=False``; ``train``: in train mode with every dropout an identity."""
-        with torch.no_grad():
-            return self.forward(x, seeded=seeded, train=train)
-
-    def forward(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
+        seed = fixed_seed(self.device) if seeded else nullcontext()
         if train:  # (only then: ``train()`` may be the block's own)
             module.train()
         try:
-            with off, fixed_seed(self.device) if seeded else nullcontext():
+            with off, seed, torch.set_grad_enabled(grad):
                 y = module(x.clone())
         finally:
             if train:
@@ -172,9 +166,6 @@ class Subject(Probed):
                 what += f" (of {len(y)}, the first a tensor of shape {tuple(y[0].shape)})"
             raise TypeError(f"the block returned a {what}, expected a (B, T, C) tensor")
         return y.clone() if y.requires_grad else y.detach().clone()
-
-    def copies(self) -> list[nn.Module]:  # and in the other dtype, if any
-        return [m for m in (self.module, self.float32) if m is not None]
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
         """The copy that runs in ``dtype``: ``module``, or a float32 copy of the user's block
@@ -204,7 +195,7 @@ class Subject(Probed):
         x, stage = x.detach().requires_grad_(inputs), "forward"
         try:  # (in the forward pass: a view autograd needs, changed in place: only with grad)
             with torch.enable_grad():
-                y = self.forward(x)
+                y = self(x, grad=True)
                 loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
                 if not loss.requires_grad:  # the output depends on no parameter at all
                     return Grads(names, [None] * len(params))
