@@ -5,6 +5,7 @@ PASS"), graded once by a module fixture; the gradebook, Gradescope's results.jso
 
 import csv
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,12 @@ def test_a_check_that_raises_past_exception_is_an_error_row_not_a_hang(tmp_path,
 
     monkeypatch.setattr(grading, "check_isolated", stopped)
     (tmp_path / "ada.py").write_text(lesson())
-    (row,) = grade([tmp_path], jobs=1)
+    rows = []  # graded in a thread: without the fix the batch waits forever, and this fails
+    worker = threading.Thread(target=lambda: rows.extend(grade([tmp_path], jobs=1)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "grade waited forever for a row that never came"
+    (row,) = rows
     assert row.verdict == "ERROR" and "its process stopped answering" in row.report
 
 
