@@ -130,7 +130,7 @@ def trace(
         if any(f is None for f in found):
             why = f"the weights read for {role} are not the values the checker gave the block"
             return Traced(why)
-        used[role] = {int(i) for f in found if f is not None for i in f.tolist() if i >= 0}
+        used[role] = _ties(values, [f for f in found if f is not None], 2 * tol)
         weight = found[0]
         if weight is not None and tensors[0].dim() == 2:
             repeats += _repeats(role, weight.reshape(tensors[0].shape), (heads or {}).get(role, 0))
@@ -139,6 +139,16 @@ def trace(
         if smaller and len(used[a] & used[b]) > SHARED * smaller:
             return Traced(f"{a} and {b} were read from the same parameters")
     return Traced("", tuple(repeats), frozenset(set().union(*used.values())))
+
+
+def _ties(values: Tensor, found: list[Tensor], tol: float) -> set[int]:
+    """The positions ``found`` (-1: none) and every value within ``tol`` of one: values the
+    dtype rounds together (or nearer than a read's error) cannot tell which one was read."""
+    at = torch.cat([f.flatten() for f in found]) if found else torch.zeros(0, dtype=torch.long)
+    near = values[at[at >= 0]]
+    lo = torch.searchsorted(values, near - tol).tolist()
+    hi = torch.searchsorted(values, near + tol, right=True).tolist()
+    return {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
 
 
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
