@@ -311,3 +311,20 @@ def test_a_mistake_outside_the_catalogue_is_not_forced_into_it():
     assert not comparison.passed and "no variant" in comparison.message
     assert "closest" in comparison.message
     assert not report.passed
+
+
+def test_a_reports_one_line_repr_its_escaped_html_and_one_line_text():
+    from gptblock.check.mistakes.report import Finding, one_line, text
+
+    report = CheckReport("B()", [Finding("shape", True, "ok")], ["post_norm"])
+    assert repr(report) == (
+        "<CheckReport FAIL: B(), 1 of 1 checks passed, mistakes: post_norm (print it for the "
+        "whole report)>"
+    )
+    page = CheckReport("<B>", [Finding("shape", False, "a < b")])._repr_html_()
+    assert "FAIL" in page and "&lt;B&gt;" in page and "a &lt; b" in page and "<B>" not in page
+    assert text("roles: q=wq\nresult: PASS") == "roles: q=wq result: PASS"
+    assert (one_line(ValueError("bad value. ")), one_line(SystemExit(3))) == (
+        "ValueError: bad value",
+        "SystemExit: 3 (sys.exit(3) was called)",
+    )

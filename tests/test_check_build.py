@@ -449,3 +449,25 @@ def test_a_class_of_main_is_sent_as_its_source_and_what_it_uses(tmp_path, monkey
     fresh: dict[str, object] = {}
     exec(source, fresh)  # another process's view: nothing of this one's __main__
     assert sum(p.numel() for p in fresh["Outer"]().parameters()) == 12 * 16 * 16 + 10 * 16
+
+
+def test_the_argument_helpers_guess_fit_and_parse():
+    from gptblock import lesson
+    from gptblock.check.building.arguments import _index, fit_arguments, guess
+    from gptblock.check.building.build import check_sizes
+    from gptblock.check.building.target import check_spec, parse_role
+
+    assert (guess("n_layer"), guess("layer_idx"), guess("n_kv_heads"), guess("max_seq_len")) == (
+        1, 0, 4, 16,
+    )  # fmt: skip
+    given = {"d_model": 32, "nhead": 4, "bias": False}
+    assert fit_arguments(lesson.Block, given)[0] == {"n_embd": 32, "n_head": 4}
+    assert (_index("layer_idx"), _index("layer_number"), _index("n_layer")) == (0, 1, None)
+    assert parse_role("ln1=norm_a") == ("ln1", "norm_a")
+    assert check_spec("gptblock.lesson:Block") == ("gptblock.lesson", "Block", False)
+    with pytest.raises(UserValueError) as raised:
+        check_sizes({"n_embd": 32, "n_head": 3}, {"n_head": 3})
+    assert str(raised.value) == (
+        "--arg n_head=3: n_embd=32 is not divisible by n_head=3 (each head gets n_embd / n_head "
+        "channels); give one of 1, 2, 4, 8, 16, 32"
+    )

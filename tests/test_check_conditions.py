@@ -125,3 +125,19 @@ def test_a_head_that_repeats_another_and_the_values_no_role_read():
     masks = unread(chosen, traced.used, torch.float64)
     assert list(masks) == ["unused"] and bool(masks["unused"].all())
     assert sorted_values(chosen, torch.float64)[0].numel() == 35
+
+
+def test_the_conditions_and_the_input_gradient_error_of_an_identity():
+    from gptblock.check.compare.conditions import input_gradient_error
+    from gptblock.check.compare.probes import listed
+
+    s = Subject(torch.nn.Identity(), 4, 3, longest=16)
+    cs = conditions(s, torch.Generator().manual_seed(0))
+    assert (len(cs), sorted({c.T for c in cs}), sorted({c.B for c in cs})) == (
+        12, [1, 3, 9, 16], [1, 2, 3, 5, 17, 64],
+    )  # fmt: skip
+    s = Subject(torch.nn.Identity(), 4, 3)
+    g = torch.Generator().manual_seed(0)
+    errors = input_gradient_error(s, lambda x: x, g), input_gradient_error(s, lambda x: 2 * x, g)
+    assert errors == (0.0, 0.5)
+    assert listed(["a", "b", "c"], 2) == "a, b and 1 more"

@@ -287,3 +287,14 @@ def test_a_reading_that_raises_is_skipped_not_fatal():
     y = run_steps(good, x, 2, F.gelu, CORRECT)
     found = explain([bad, good], x, y, (2,), max_size=1)
     assert found.match is not None and found.match.reading == 1 and found.match.deviations == ()
+
+
+def test_a_catalogue_entry_and_the_count_of_single_variants():
+    assert MISTAKES["wrong_scale"].lesson == (
+        "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5"
+    )
+    assert (MISTAKES["mask_zero"].explains, len(MISTAKES["wrong_scale"].ways)) == (
+        ("future_leak",), 3,
+    )  # fmt: skip
+    assert [len(v) for v in variants(1)][:3] == [0, 1, 1]
+    assert sum(1 for _ in variants(1)) == 1 + len(LESSONS)

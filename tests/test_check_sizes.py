@@ -208,3 +208,36 @@ def test_a_mistake_diagnosed_at_the_files_sizes_is_not_checked_again():
     report = check_block(PostNorm)
     assert report.diagnosis == ["post_norm"], str(report)
     assert not any(n.startswith("checked again at") for n in report.notes), report.notes
+
+
+def test_the_sizes_helpers_read_names_and_values():
+    from gptblock.check.building.sizes import (
+        file_sizes,
+        kind_of,
+        names,
+        not_other,
+        settings,
+        size_sets,
+    )
+
+    def make(n_embd=64, n_head=4): ...
+
+    def wide(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
+
+    assert settings(int) == ("builtins", {})
+    assert file_sizes(make, {})[0] == {"width": 64, "heads": 4}
+    assert size_sets({"width": 32, "heads": 4, "length": 16})[0] == {
+        "width": 48, "heads": 3, "length": 24,
+    }  # fmt: skip
+    assert (names({"heads": 2})["n_head"], names({"heads": 2})["num_heads"]) == (2, 2)
+    assert not_other("it takes a width of 64, not 48") == (
+        "checked at the file's sizes only: at other sizes it takes a width of 64, not 48 (a size "
+        "fixed in the code?)"
+    )
+    kinds = [kind_of(n) for n in ("num_attention_heads", "attn_dim_head", "n_ctx", "layer_idx")]
+    assert kinds == ["heads", "head_size", "length", "other"]
+    assert kind_of("hid_dim") is None
+    found = plan(wide, {}, 32)
+    assert found is not None
+    assert found.args == {"hid_dim": 48, "n_heads": 3, "pf_dim": 192}
+    assert found.label == "hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)"

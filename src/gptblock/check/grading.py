@@ -205,13 +205,7 @@ def write_json(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
 def gradescope(row: Row) -> dict[str, Any]:
     """Gradescope's autograder ``results.json`` for one submission: a test per check in
     ``CHECKS`` (a point each, its finding as output; a check that did not run scores 0) and a
-    ``result`` test (a point for PASS), the report as the output, ``score`` their sum.
-
-    Example:
-        >>> r = gradescope(Row("ada", "ada.py", "ada.py:Block", "ERROR", report="SyntaxError"))
-        >>> r["score"], len(r["tests"]), r["tests"][-1]["output"]
-        (0.0, 9, 'ERROR\\nSyntaxError')
-    """
+    ``result`` test (a point for PASS), the report as the output, ``score`` their sum."""
     said = {f.name: f for f in row.checks}
     tests = [
         (

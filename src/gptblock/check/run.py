@@ -1,10 +1,6 @@
-"""``check_block``: tell a learner exactly what is wrong with their transformer block.
-
-The probes and the comparison with the lessons' block (``compare.verdict.decide``) run on the
-block in this process, for code the caller trusts, or (``isolate=True``) in child processes that
-only answer requests (``isolation``): there a block that exits, crashes, hangs or is written to
-fool the checker cannot touch the verdict.
-"""
+"""``check_block``: tell a learner exactly what is wrong with their transformer block, in this
+process for code the caller trusts or (``isolate=True``) in child processes that only answer
+requests. docs/checker.md, "How it decides"."""
 
 from __future__ import annotations
 

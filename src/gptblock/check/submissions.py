@@ -54,16 +54,7 @@ def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -
 
     Raises:
         UserFileNotFoundError: a path does not exist.
-        UserValueError: a file that is not ``.py`` or ``.ipynb``, or a folder with none.
-
-    Example:
-        >>> import tempfile
-        >>> d = Path(tempfile.mkdtemp())
-        >>> _ = (d / "alice.py").write_text(""); (d / "bob").mkdir()
-        >>> _ = (d / "bob" / "block.ipynb").write_text("{}")
-        >>> [(s.student, [f.name for f in s.files]) for s in submissions([d])]
-        [('alice', ['alice.py']), ('bob', ['block.ipynb'])]
-    """
+        UserValueError: a file that is not ``.py`` or ``.ipynb``, or a folder with none."""
     found: list[Submission] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -116,20 +107,7 @@ def notebook_code(path: str | Path) -> str:
     that starts with a ``%%`` cell magic (its body is the magic's, not Python) left out.
 
     Raises:
-        ValueError: the file is not a notebook (JSON with a list of cells).
-
-    Example:
-        >>> import tempfile
-        >>> p = Path(tempfile.mkdtemp()) / "n.ipynb"
-        >>> cells = [{"cell_type": "code", "source": ["!pip install torch\\n", "x = 1"]},
-        ...          {"cell_type": "markdown", "source": "# notes"},
-        ...          {"cell_type": "code", "source": "%%bash\\nls"}]
-        >>> _ = p.write_text(json.dumps({"cells": cells}))
-        >>> print(notebook_code(p))
-        pass
-        x = 1
-        <BLANKLINE>
-    """
+        ValueError: the file is not a notebook (JSON with a list of cells)."""
     try:
         cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
         sources = ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"]

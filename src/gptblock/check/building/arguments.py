@@ -39,12 +39,7 @@ _ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 
 
 def guess(name: str) -> object:
-    """A small value for a constructor argument, from its name.
-
-    Example:
-        >>> guess("n_layer"), guess("layer_idx"), guess("n_kv_heads"), guess("max_seq_len")
-        (1, 0, 4, 16)
-    """
+    """A small value for a constructor argument, from its name."""
     lower = name.lower()
     return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
 
@@ -71,13 +66,7 @@ def fit_arguments(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
     """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
-    ``n_embd``), else left out; with notes of what moved.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> fit_arguments(lesson.Block, {"d_model": 32, "nhead": 4, "bias": False})[0]
-        {'n_embd': 32, 'n_head': 4}
-    """
+    ``n_embd``), else left out; with notes of what moved."""
     params = list(signature(factory).values())  # **kwargs included
     if not params or any(p.kind is p.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params):
         return dict(given), []  # **kwargs or a config object: they take what is given
@@ -104,12 +93,7 @@ def builds(factory: Callable[..., Any], args: Mapping[str, object]) -> bool:
 
 
 def _index(name: str) -> int | None:
-    """The value of an argument saying which layer the block is, None for any other name.
-
-    Example:
-        >>> _index("layer_idx"), _index("layer_number"), _index("n_layer")
-        (0, 1, None)
-    """
+    """The value of an argument saying which layer the block is, None for any other name."""
     lower = name.lower()
     if lower in ("idx", "index", "i"):
         return 0

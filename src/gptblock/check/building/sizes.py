@@ -23,9 +23,8 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """A kind of size: its names (the first ``common`` common arguments), its ``value`` where
-    the file gives none (and ``guess``'s, for a name with a part of ``guess``), its word in a
-    label; ``kind_of`` knows it by ``also``, a part of each of ``parts``, a word of ``words``."""
+    """A kind of size: its names (the first ``common`` are common arguments), its ``value`` where
+    the file gives none; ``kind_of`` knows it by ``also``, ``parts`` (all) or ``words`` (one)."""
 
     names: tuple[str, ...]
     value: int | None = None
@@ -73,12 +72,7 @@ def number(value: object) -> int | None:
 
 
 def settings(factory: object) -> tuple[str, dict[str, int]]:
-    """The file name and the numbers (the lecture's global ``n_embd = 64``) of ``factory``'s module.
-
-    Example:
-        >>> settings(int)
-        ('builtins', {})
-    """
+    """The file name and the numbers (the lecture's ``n_embd = 64``) of ``factory``'s module."""
     module = inspect.getmodule(factory)
     if module is None:
         return "", {}
@@ -116,13 +110,7 @@ def file_sizes(
     factory: Callable[..., Any], given: Mapping[str, object]
 ) -> tuple[dict[str, int], list[str]]:
     """The sizes the file implies, by the first of ``places`` that names them, else the
-    checker's, and the notes of where they came from.
-
-    Example:
-        >>> def make(n_embd=64, n_head=4): ...
-        >>> file_sizes(make, {})[0]
-        {'width': 64, 'heads': 4}
-    """
+    checker's, and the notes of where they came from."""
     params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
     classes = [c for p in params if dataclasses.is_dataclass(c := config_class(factory, p))]
@@ -174,12 +162,7 @@ def file_sizes(
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
     """Other valid sets of sizes (``KINDS``' keys), each with a different width, head count,
-    head size and length; with ``hints``, more, to try for a block not built at its file's.
-
-    Example:
-        >>> size_sets({"width": 32, "heads": 4, "length": 16})[0]
-        {'width': 48, 'heads': 3, 'length': 24}
-    """
+    head size and length; with ``hints``, more, to try for a block not built at its file's."""
     C, nh, kv = v.get("width"), v.get("heads"), v.get("kv_heads")
     group = nh // kv if nh and kv and nh % kv == 0 else 1
     found = []
@@ -198,12 +181,6 @@ def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]
 
 
 def names(values: Mapping[str, int]) -> dict[str, int]:
-    """Every name of every kind of size in ``values``, with its value.
-
-    Example:
-        >>> names({"heads": 2})["n_head"], names({"heads": 2})["num_heads"]
-        (2, 2)
-    """
     return {n: value for kind, value in values.items() for n in KINDS[kind].names}
 
 
@@ -218,12 +195,7 @@ def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], Non
 
 
 def not_other(why: str) -> str:
-    """The note of a block not checked at other sizes: not a failure.
-
-    Example:
-        >>> print(not_other("it takes a width of 64, not 48"))
-        checked at the file's sizes only: at other sizes it takes a width of 64, not 48 (a size fixed in the code?)
-    """
+    """The note of a block not checked at other sizes: not a failure."""
     return f"checked at the file's sizes only: at other sizes {why} (a size fixed in the code?)"
 
 
@@ -246,14 +218,7 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
 
 
 def kind_of(name: str) -> str | None:
-    """What a name says its number is: a kind, ``other`` (not a size), or None (the value decides).
-
-    Example:
-        >>> [kind_of(n) for n in ("num_attention_heads", "attn_dim_head", "n_ctx", "layer_idx")]
-        ['heads', 'head_size', 'length', 'other']
-        >>> kind_of("hid_dim") is None
-        True
-    """
+    """What a name says its number is: a kind, ``other`` (not a size), None (the value says)."""
     lower = name.lower()
     words = set(lower.split("_"))
     for kind in ("other", "head_size", "kv_heads", "heads", "length"):  # the first that says
@@ -310,14 +275,7 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
     of the build at the file's sizes, found by value, whatever their names (of the numbers it
     was built with, C is the width, 2C..8C a hidden width, C / nh the head size; a name says
-    what a value cannot); None when no number is a size.
-
-    Example:
-        >>> def make(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
-        >>> found = plan(make, {}, 32)
-        >>> found.args, found.label
-        ({'hid_dim': 48, 'n_heads': 3, 'pf_dim': 192}, 'hid_dim=48 (C), n_heads=3, pf_dim=192 (4C)')
-    """
+    what a value cannot); None when no number is a size."""
     top = {p.name: p.default for p in parameters(factory) if p.default is not p.empty}
     top.update(args)
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}

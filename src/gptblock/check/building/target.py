@@ -36,12 +36,7 @@ def parse_argument(text: str) -> tuple[str, object]:
 
 
 def parse_role(text: str) -> tuple[str, str]:
-    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``).
-
-    Example:
-        >>> parse_role("ln1=norm_a")
-        ('ln1', 'norm_a')
-    """
+    """``ROLE=NAME`` (what follows ``--map``, e.g. ``q=heads.*.query``)."""
     return _pair(text, "--map expects ROLE=NAME (e.g. q=attn.wq)", "; put TARGET before --map")
 
 
@@ -53,12 +48,7 @@ def _pair(text: str, expected: str, more: str, empty: bool = False) -> tuple[str
 
 
 def check_spec(spec: str) -> tuple[str, str, bool]:
-    """``(where, name, is_file)`` of a well-formed target spec, without importing anything.
-
-    Example:
-        >>> check_spec("gptblock.lesson:Block")
-        ('gptblock.lesson', 'Block', False)
-    """
+    """``(where, name, is_file)`` of a well-formed target spec, without importing anything."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise UserValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")

@@ -52,15 +52,7 @@ class Condition:
 
 
 def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
-    """The calls ``confirm`` makes, in a random order drawn from ``fresh``.
-
-    Example:
-        >>> from gptblock.check.serve.subject import Subject
-        >>> s = Subject(torch.nn.Identity(), 4, 3, longest=16)
-        >>> cs = conditions(s, torch.Generator().manual_seed(0))
-        >>> len(cs), sorted({c.T for c in cs}), sorted({c.B for c in cs})
-        (12, [1, 3, 9, 16], [1, 2, 3, 5, 17, 64])
-    """
+    """The calls ``confirm`` makes, in a random order drawn from ``fresh``."""
     longest = min(subject.longest or UNKNOWN_T, MAX_T)
     mid, short = longest // 2 + 1, min(longest, 3)
     f64 = torch.float64 if subject.dtype == torch.float64 else torch.float32
@@ -88,15 +80,7 @@ def input_gradient_error(
     dtype: torch.dtype | None = None,
 ) -> float:  # fmt: skip
     """How far the block's gradient of ``sum(y * w)`` by a fresh (T, T, C) input, for a fresh
-    ``w``, is from ``reference``'s (float64), of its scale; ``inf`` when the block gives none.
-
-    Example:
-        >>> from gptblock.check.serve.subject import Subject
-        >>> s = Subject(torch.nn.Identity(), 4, 3)
-        >>> g = torch.Generator().manual_seed(0)
-        >>> input_gradient_error(s, lambda x: x, g), input_gradient_error(s, lambda x: 2 * x, g)
-        (0.0, 0.5)
-    """
+    ``w``, is from ``reference``'s (float64), of its scale; ``inf`` when the block gives none."""
     dtype = dtype or subject.dtype
     x = torch.randn(subject.T, subject.T, subject.C, generator=fresh, dtype=torch.float64)
     weights = torch.randn(x.shape, generator=fresh, dtype=torch.float64)

@@ -33,12 +33,7 @@ def _size(scale: float) -> str:
 
 
 def listed(names: list[str], limit: int = 4) -> str:
-    """The first ``limit`` names, and how many more.
-
-    Example:
-        >>> listed(["a", "b", "c"], 2)
-        'a, b and 1 more'
-    """
+    """The first ``limit`` names, and how many more."""
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 

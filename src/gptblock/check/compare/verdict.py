@@ -1,8 +1,6 @@
-"""The verdict (``decide``): the probes, then the block's parts read into numbers and every
-combination of up to three catalogued mistakes run on them (``search``). The ``Service``'s
-answers are claims: a match is confirmed (``conditions.confirm``) on inputs from a seed the
-block never sees and, without mistakes, in its parameters (``account``). A probe failure that
-proves a mistake is diagnosed unless a mistake the comparison found explains it."""
+"""The verdict (``decide``): the probes, then the comparison (``search``), a match confirmed
+(``conditions.confirm``) on inputs from a seed the block never sees and, without mistakes, in its
+parameters (``account``). docs/checker.md, "How it decides" and "Every parameter accounted for"."""
 
 from __future__ import annotations
 

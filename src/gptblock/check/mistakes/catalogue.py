@@ -1,8 +1,7 @@
-"""The mistakes ``gptblock check`` can name, each row its one home: its stable id
-(``CheckReport.diagnosis``), its text, what it explains and its ways as changes to the steps
-(``Deviation``), with every combination of them (``variants``, for ``search.explain``).
-Lesson 1 is "Reimplement the transformer block" (``Head``/``MultiHeadAttention``/``Block``);
-lesson 2 "A Transformer Block as nn.Module" (``nn.MultiheadAttention``)."""
+"""The mistakes ``gptblock check`` can name, each row its one home: its id, its text, what it
+explains and its ways as changes to the steps (``Deviation``), with their combinations
+(``variants``). Lesson 1 is "Reimplement the transformer block", lesson 2 "A Transformer Block
+as nn.Module". docs/checker.md, "The catalogue"."""
 
 from __future__ import annotations
 
@@ -21,14 +20,7 @@ __all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", 
 
 @dataclass(frozen=True)
 class Mistake:
-    """One entry of the catalogue.
-
-    Example:
-        >>> MISTAKES["wrong_scale"].lesson
-        'lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5'
-        >>> MISTAKES["mask_zero"].explains, len(MISTAKES["wrong_scale"].ways)
-        (('future_leak',), 3)
-    """
+    """One entry of the catalogue."""
 
     id: str  # stable, reported in ``CheckReport.diagnosis``, e.g. "post_norm"
     title: str  # one line: what is wrong
@@ -366,14 +358,7 @@ def variants(
     max_size: int, pool: Iterable[Deviation] | None = None
 ) -> Iterator[tuple[Deviation, ...]]:
     """Every combination of at most ``max_size`` deviations of ``pool`` (``LESSONS``), one per
-    group, smallest first (the correct block first): the first size that matches is the smallest.
-
-    Example:
-        >>> [len(v) for v in variants(1)][:3]
-        [0, 1, 1]
-        >>> sum(1 for _ in variants(1)) == 1 + len(LESSONS)
-        True
-    """
+    group, smallest first (the correct block first): the first size that matches is the smallest."""
     groups: dict[str, list[Deviation]] = {}
     for deviation in LESSONS if pool is None else pool:
         groups.setdefault(deviation.group, []).append(deviation)

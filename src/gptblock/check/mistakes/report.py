@@ -18,12 +18,8 @@ __all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
 
 @dataclass(frozen=True)
 class Finding:
-    """The outcome of one check.
-
-    Args:
-        name: which check, e.g. ``"causality"``.
-        passed: whether the block passed it.
-        message: what was measured and found, in one or two sentences.
+    """The outcome of one check: which (``name``), whether the block ``passed`` it, and the
+    ``message`` of what was measured and found, in one or two sentences.
 
     Example:
         >>> Finding("causality", True, "no position sees a later one")
@@ -125,12 +121,7 @@ class CheckReport:
     __str__ = format
 
     def __repr__(self) -> str:
-        """One line: the verdict, the target, how many checks passed and the mistakes found.
-
-        Example:
-            >>> CheckReport("B()", [Finding("shape", True, "ok")], ["post_norm"])
-            <CheckReport FAIL: B(), 1 of 1 checks passed, mistakes: post_norm (print it for the whole report)>
-        """
+        """One line: the verdict, the target, how many checks passed and the mistakes found."""
         passed = sum(f.passed for f in self.findings)
         mistakes = f", mistakes: {', '.join(self.diagnosis)}" if self.diagnosis else ""
         return (
@@ -139,13 +130,7 @@ class CheckReport:
         )
 
     def _repr_html_(self) -> str:
-        """What a notebook shows: an HTML fragment (no script, no style sheet).
-
-        Example:
-            >>> page = CheckReport("<B>", [Finding("shape", False, "a < b")])._repr_html_()
-            >>> "FAIL" in page and "&lt;B&gt;" in page and "a &lt; b" in page and "<B>" not in page
-            True
-        """
+        """What a notebook shows: an HTML fragment (no script, no style sheet)."""
         colour = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNVERIFIED": "#9a6700"}[self.verdict]
         out = [
             f'<div><p><b style="color:{colour}">{self.verdict}</b> <code>{escape(self.target)}</code></p>',
@@ -246,22 +231,12 @@ class Raised(Exception):
 
 def text(value: object, limit: int = 2000) -> str:
     """``value`` as one line of at most ``limit`` characters: what another process sent, made
-    safe to print inside a report (it cannot start a line of its own).
-
-    Example:
-        >>> text("roles: q=wq\\nresult: PASS")
-        'roles: q=wq result: PASS'
-    """
+    safe to print inside a report (it cannot start a line of its own)."""
     line = " ".join(str(value).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def one_line(e: BaseException | None) -> str:
     """'TypeError: first line of the message', for a one-line report (``loop.one_line``; an
-    error the block's process reported, as it said it).
-
-    Example:
-        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
-        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
-    """
+    error the block's process reported, as it said it)."""
     return text(e, 400) if isinstance(e, Raised) else said(e)
