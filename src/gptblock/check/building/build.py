@@ -50,6 +50,7 @@ class Built:
     label: str = ""  # its sizes, ``n_embd=64, n_head=4, block_size=32`` (module settings too)
     notes: list[str] = dataclasses.field(default_factory=list)  # the sizes' origins
     undo: Callable[[], None] = lambda: None  # restores the module settings changed to build it
+    settings: dict[str, int] = dataclasses.field(default_factory=dict)  # those, as set
     args: dict[str, object] = dataclasses.field(default_factory=dict)
     width: int | None = None  # the width it was built at, when the checker chose it
 
@@ -81,10 +82,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
             base.undo()
         if found is None:
             return None  # nothing the checker sets: the same block again
-        module, _, _, undo = _made(target, found.args, found.settings, lambda: "")
-        said = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
-        # the caller measures the width again: the proof
-        return Built(module, said, found.label, [], undo, found.args, found.width)
+        built = _made(target, found.args, found.settings, lambda: "")
+        built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+        built.label, built.notes, built.width = found.label, [], found.width  # measured again
+        return built
     sizes, origins = file_sizes(target, kwargs)
     values = names(sizes)
     params = signature(target)
@@ -109,23 +110,22 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None
     )
     shown.update({n: v for n in values if (v := getattr(config, n, None)) is not None})
-    module, description, called, undo = _made(target, args, values, lambda: _hint(target, kwargs))
+    built = _made(target, args, values, lambda: _hint(target, kwargs))
     first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
-    label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
-    return Built(
-        module, description, label, fitted + origins + called, undo, args, sizes.get("width")
-    )
+    built.label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
+    built.notes, built.width = fitted + origins + built.notes, sizes.get("width")
+    return built
 
 
 def _made(
     target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, int],
     hint: Callable[[], str],
-) -> tuple[nn.Module, str, list[str], Callable[[], None]]:  # fmt: skip
-    """``target(**args)`` under seed 0 and the module settings ``sizes``, its description, its
-    forward's arguments and the settings' undo; a failure says ``hint`` if the sizes are to blame."""
+) -> Built:  # fmt: skip
+    """``target(**args)`` under seed 0 and the module settings ``sizes`` (notes: its forward's
+    arguments); a failure says ``hint`` if the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
-    undo = patch_globals(target, sizes)
+    set_, undo = patch_globals(target, sizes)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -138,7 +138,7 @@ def _made(
         if not isinstance(module, nn.Module):
             kind = type(module).__name__
             raise UserTypeError(f"{description} returned a {kind}, expected an nn.Module")
-        return module, description, forward_arguments(module), undo
+        return Built(module, description, "", forward_arguments(module), undo, set_, dict(args))
     except BaseException:
         undo()
         raise
@@ -150,7 +150,7 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
-        undo = patch_globals(target, values)
+        undo = patch_globals(target, values)[1]
         try:
             if builds(target, fill_common_arguments(target, {**given, **line})):
                 return f"; it builds with {arg_line(line)}"

@@ -184,14 +184,16 @@ def names(values: Mapping[str, int]) -> dict[str, int]:
     return {n: value for kind, value in values.items() for n in KINDS[kind].names}
 
 
-def patch_globals(factory: object, sizes: Mapping[str, int]) -> Callable[[], None]:
-    """Set ``factory``'s module's globals (``n_embd``) to ``sizes`` by name; returns the undo."""
+def patch_globals(
+    factory: object, sizes: Mapping[str, int]
+) -> tuple[dict[str, int], Callable[[], None]]:
+    """Set ``factory``'s module's globals (``n_embd``) to ``sizes`` by name: those set, the undo."""
     module = inspect.getmodule(factory)
     if module is None:
-        return lambda: None
+        return {}, lambda: None
     before = {n: v for n, v in vars(module).items() if n in sizes and number(v) and sizes[n] != v}
-    vars(module).update({n: sizes[n] for n in before})
-    return lambda: vars(module).update(before)
+    vars(module).update(changed := {n: sizes[n] for n in before})
+    return changed, lambda: vars(module).update(before)
 
 
 def not_other(why: str) -> str:

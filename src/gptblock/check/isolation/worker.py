@@ -10,7 +10,6 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
-from functools import partial
 from typing import Any
 
 import torch
@@ -89,19 +88,15 @@ class Served(Held):
         self.sized = built.args if other else self.kwargs
         told: dict[str, Any] = {"description": built.description, "notes": built.notes}
         if self.targets:
-            told["recipe"] = self.recipe(built.args, built.description)
+            told["recipe"] = self.recipe(built.args, built.settings, built.description)
         return {**told, "label": built.label, "width": built.width}, {}
 
-    def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
+    def recipe(
+        self, args: dict[str, object], changed: dict[str, int], description: str
+    ) -> dict[str, Any]:
         """What the runner builds the block from: its arguments and the module settings the
-        build changed, kept set (read by difference from ``undo``'s), as data."""
+        build set, as data."""
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-        own: dict[str, Any] = vars(home) if home else {}
-        built = dict(own)
-        self.undo()
-        changed = {n: v for n, v in built.items() if n in own and own[n] is not v}
-        self.undo = partial(own.update, {n: own[n] for n in changed})
-        own.update(changed)
         try:
             return {"settings": {n: to_data(v, home) for n, v in changed.items()},
                     "args": to_data(args, home)}  # fmt: skip

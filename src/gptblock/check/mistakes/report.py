@@ -5,7 +5,7 @@ rendered as text, JSON and HTML (every word escaped); the three share one walk o
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Any
 
@@ -160,22 +160,9 @@ class CheckReport:
                 "fix": m.fix, "lesson": m.lesson}
             for d, m in ((d, MISTAKES[d]) for d in self.diagnosis)
         }  # fmt: skip
-        return {
-            "target": self.target,
-            "passed": self.passed,
-            "verdict": self.verdict,
-            "findings": [
-                {"name": f.name, "passed": f.passed, "message": f.message, "label": f.status}
-                for f in self.findings
-            ],
-            "diagnosis": list(self.diagnosis),
-            "mistakes": mistakes,
-            "notes": list(self.notes),
-            "confident": self.confident,
-            "compared": self.compared,
-            "alternatives": [list(a) for a in self.alternatives],
-            "verify": self.verify,
-        }
+        findings = [{**asdict(f), "label": f.status} for f in self.findings]
+        said = {"passed": self.passed, "verdict": self.verdict, "confident": self.confident}
+        return {**asdict(self), **said, "findings": findings, "mistakes": mistakes}
 
 
 def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
