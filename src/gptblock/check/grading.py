@@ -27,9 +27,8 @@ from .mistakes.report import Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
 
-__all__ = ["CHECKS", "VERDICTS", "Row", "grade", "gradescope", "write_csv", "write_json"]
+__all__ = ["CHECKS", "Row", "grade", "gradescope", "write_csv", "write_json"]
 
-VERDICTS = ("PASS", "FAIL", "UNVERIFIED", "ERROR", "TIMEOUT")
 CHECKS = (*PROBES, "reference comparison")  # every report's checks: Gradescope's tests
 COLUMNS = ("student", "path", "class", "verdict", "mistakes", "failed_checks", "classes_found",
            "seconds", "gptblock", "report")  # fmt: skip
@@ -207,31 +206,18 @@ def gradescope(row: Row) -> dict[str, Any]:
     ``CHECKS`` (a point each, its finding as output; a check that did not run scores 0) and a
     ``result`` test (a point for PASS), the report as the output, ``score`` their sum."""
     said = {f.name: f for f in row.checks}
-    tests = [
-        (
-            n,
-            f is not None and f.status == "PASS",
-            f"{f.status}: {f.message}" if f else "not run: see the result",
-        )
-        for n, f in ((n, said.get(n)) for n in CHECKS)
-    ]
     more = [f"{f.name} {f.status}: {f.message}" for f in row.checks if f.name not in CHECKS]
-    more += [f"mistake: {m}" for m in row.mistakes]
-    more += [] if row.checks else [row.report]  # it was not checked: why
-    tests.append(("result", row.verdict == "PASS", "\n".join([row.verdict, *more])))
+    more += [f"mistake: {m}" for m in row.mistakes] + [row.report] * (not row.checks)
+    tests = [
+        (n, f is not None and f.status == "PASS",
+         f"{f.status}: {f.message}" if f else "not run: see the result")
+        for n, f in ((n, said.get(n)) for n in CHECKS)
+    ] + [("result", row.verdict == "PASS", "\n".join([row.verdict, *more]))]  # fmt: skip
     return {
         "score": float(sum(ok for _, ok, _ in tests)),
         "execution_time": round(row.seconds),
         "output": row.report,
-        "tests": [
-            {
-                "name": n,
-                "score": float(ok),
-                "max_score": 1.0,
-                "status": "passed" if ok else "failed",
-                "output": out,
-            }
-            for n, ok, out in tests
-        ],
+        "tests": [{"name": n, "score": float(ok), "max_score": 1.0,
+                   "status": "passed" if ok else "failed", "output": out} for n, ok, out in tests],
         "extra_data": {"verdict": row.verdict, "class": row.block, "gptblock": __version__},
-    }
+    }  # fmt: skip

@@ -150,14 +150,14 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         if isinstance(c, ast.ClassDef)
     }
     modules: set[str] = set()  # a base is ``Module``, from ``nn``, or one of them
-    while more := {n for n, (_, c) in classes.items() if n not in modules and _module(c, modules)}:
+    bases = {n: [ast.unparse(b) for b in c.bases] for n, (_, c) in classes.items()}
+    while more := {n for n, bs in bases.items() if n not in modules and any(
+        b.rsplit(".", 1)[-1] in {"Module", *modules} or b.startswith(("nn.", "torch.nn."))
+        for b in bs
+    )}:  # fmt: skip
         modules |= more
     names = {  # every name and attribute a class's code mentions (its bases included)
-        n: {
-            x.id if isinstance(x, ast.Name) else x.attr
-            for x in ast.walk(c)
-            if isinstance(x, (ast.Name, ast.Attribute))
-        }
+        n: {str(getattr(x, "id", "") or getattr(x, "attr", "")) for x in ast.walk(c)}
         for n, (_, c) in classes.items()
     }
     blocks = [
@@ -165,7 +165,14 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
     ]
     why = "; ".join(broken)
     if name is not None:  # a factory function or an instance may be checked too
-        defined = {n: f for f, tree in trees.items() for n in _top_level(tree)}
+        tops = [(f, x) for f, tree in trees.items() for x in tree.body]
+        defined = {  # a top-level class, function or assignment's name
+            n: f for f, x in tops for n in (
+                [x.name] if isinstance(x, (ast.ClassDef, ast.FunctionDef))
+                else [t.id for t in x.targets if isinstance(t, ast.Name)]
+                if isinstance(x, ast.Assign) else []
+            )
+        }  # fmt: skip
         if name not in defined:
             raise NotGraded(why or f"no class or function {name!r} in it", blocks)
         return Found(name, defined[name], codes[defined[name]], tuple(blocks))
@@ -186,21 +193,3 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         )
     f = classes[chosen[0]][0]
     return Found(chosen[0], f, codes[f], tuple(blocks))
-
-
-def _module(c: ast.ClassDef, modules: set[str]) -> bool:
-    bases = [ast.unparse(b) for b in c.bases]
-    return any(
-        b.rsplit(".", 1)[-1] in {"Module", *modules} or b.startswith(("nn.", "torch.nn."))
-        for b in bases
-    )
-
-
-def _top_level(tree: ast.Module) -> list[str]:
-    names: list[str] = []
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-            names.append(node.name)
-        elif isinstance(node, ast.Assign):
-            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
-    return names

@@ -66,9 +66,7 @@ _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (5
 
 
 def number(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def settings(factory: object) -> tuple[str, dict[str, int]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import importlib.util
 import inspect
 import linecache

@@ -15,7 +15,6 @@ __all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "listed"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
-Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -238,10 +238,8 @@ def _compared(
     if match is None:
         return Compared(finding)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
-    traced = None
-    if not match.deviations:
-        heads = dict.fromkeys(("q", "k", "v"), match.n_head)
-        traced = trace(read[reading], chosen, subject.dtype, heads)
+    heads = dict.fromkeys(("q", "k", "v"), match.n_head)
+    traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
     ties = [m.mistakes for m in result.alternatives]
     return Compared(finding, match.mistakes, ties, details, traced)
 

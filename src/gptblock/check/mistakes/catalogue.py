@@ -327,26 +327,22 @@ _ENTRIES = (
 )
 # fmt: on
 
-MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}
-"""The catalogue, in the order diagnoses are listed."""
+MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}  # in the order diagnoses are listed
 
 # The group of a deviation that changes this field of ``Steps`` (else the field's name): the
 # mask is two fields, which of the mask deviations change only one of.
 _GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
            "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
 MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotation, grouped heads
-
-
+# Every way of making a catalogued mistake that the steps can reproduce, in catalogue order:
+# the modern attention's (tried only on a modern block, ``compare.modern``) and the lessons'.
 DEVIATIONS: tuple[Deviation, ...] = tuple(
     Deviation(m.id, _GROUPS.get(changes[0][0], changes[0][0]), label, changes)
     for m in MISTAKES.values()
     for label, changes in m.ways
 )
-"""Every way of making a catalogued mistake that the steps can reproduce, in catalogue order."""
 MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
-"""The modern attention's mistakes, tried only on a modern block (``compare.modern``)."""
-LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)
-"""The lessons' block's mistakes: what ``search.explain`` tries."""
+LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)  # ``search.explain``'s
 
 
 def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:

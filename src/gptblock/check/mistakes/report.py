@@ -40,18 +40,6 @@ class Finding:
 class CheckReport:
     """Everything ``check_block`` found about one block.
 
-    Args:
-        target: what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``.
-        findings: one ``Finding`` per check that ran, in the order they ran.
-        diagnosis: ids of ``catalogue.MISTAKES``, in catalogue order; empty when none was found.
-        details: for each diagnosed id, what exactly this block does.
-        notes: what the checker could not do or assumed (e.g. names it could not map).
-        alternatives: other sets of mistakes that explain the block equally well: then the
-            checker is unsure, ``diagnosis`` is the likeliest.
-        compared: whether the block's arithmetic was compared with the reference (without it
-            a mistake the black-box probes cannot see, a wrong scale, may remain).
-        verify: when not compared, the ``--map`` arguments that let the checker read its weights.
-
     ``verdict`` is ``PASS`` when the block was compared, every finding passed and nothing was
     diagnosed; ``FAIL`` when a finding failed or a mistake was diagnosed; ``UNVERIFIED`` when
     every black-box check passed but the block was not compared. ``passed`` is ``verdict ==
@@ -69,14 +57,19 @@ class CheckReport:
         result: PASS
     """
 
-    target: str
-    findings: list[Finding]
+    target: str  # what was checked, e.g. ``"Block(n_embd=32, n_head=4, block_size=16)"``
+    findings: list[Finding]  # one per check that ran, in the order they ran
+    # ids of ``catalogue.MISTAKES``, in catalogue order; empty when none was found
     diagnosis: list[str] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # each id's: what this block does
+    # what the checker could not do or assumed (e.g. names it could not map)
     notes: list[str] = field(default_factory=list)
+    # other sets of mistakes that explain it equally well: unsure, ``diagnosis`` the likeliest
     alternatives: list[list[str]] = field(default_factory=list)
+    # whether its arithmetic was compared with the reference (without it a mistake the probes
+    # cannot see, a wrong scale, may remain)
     compared: bool = False
-    verify: str = ""
+    verify: str = ""  # when not compared, the ``--map`` arguments that let it read the weights
 
     def __post_init__(self) -> None:
         named = [*self.diagnosis, *(d for ds in self.alternatives for d in ds)]
