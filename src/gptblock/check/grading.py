@@ -11,6 +11,7 @@ import queue
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,17 +108,15 @@ def grade(
         raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
         raise UserValueError(f"timeout must be a positive number <= 1e6, got {timeout!r}")
-    todo: queue.SimpleQueue[tuple[int, Submission]] = queue.SimpleQueue()
-    for item in enumerate(subs):
-        todo.put(item)
+    todo = deque(enumerate(subs))  # its popleft is thread-safe
     done: queue.SimpleQueue[tuple[int, Row]] = queue.SimpleQueue()
     stop = threading.Event()
 
     def work() -> None:
         while not stop.is_set():
             try:
-                i, sub = todo.get_nowait()
-            except queue.Empty:
+                i, sub = todo.popleft()
+            except IndexError:
                 return
             done.put((i, grade_one(sub, dict(kwargs or {}), name, timeout)))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -71,9 +71,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         )
     kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
     if other:  # read while the module settings are those of the build (a width made smaller)
-        base = build_at(target, kwargs)
-        if base is None:
-            return None
+        base = cast(Built, build_at(target, kwargs))  # a factory's build is never None
         try:
             found = plan(target, base.args, width(base.module, kwargs))
         except CAUGHT as e:  # a config that cannot be copied or rejects the other values

@@ -13,10 +13,7 @@ from ..mistakes.report import CAUGHT, Finding, one_line
 from ..mistakes.search import TOLERANCE, distance
 from ..serve.subject import Probed
 
-__all__ = [
-    "FLOAT32_TOLERANCE", "GRADIENT_TOLERANCE", "MAX_T", "Condition", "conditions", "confirm",
-    "input_gradient_error",
-]  # fmt: skip
+__all__ = ["Condition", "conditions", "confirm", "input_gradient_error"]
 
 Tensor = torch.Tensor
 # The float32 calls' tolerance, of the update's scale: correct blocks stay below ~5e-5; a

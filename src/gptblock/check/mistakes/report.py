@@ -148,11 +148,9 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the report plus each diagnosed mistake's catalogue entry."""
-        mistakes = {
-            d: {"title": m.title, "found": self.details.get(d, ""), "explanation": m.explanation,
-                "fix": m.fix, "lesson": m.lesson}
-            for d, m in ((d, MISTAKES[d]) for d in self.diagnosis)
-        }  # fmt: skip
+        keys = {"why": "explanation", "from": "lesson"}  # the text's words: the JSON's keys
+        entries = {d: {keys.get(k, k): v for k, v in _entry(self, d)} for d in self.diagnosis}
+        mistakes = {d: {"title": MISTAKES[d].title, "found": "", **e} for d, e in entries.items()}
         findings = [{**asdict(f), "label": f.status} for f in self.findings]
         said = {"passed": self.passed, "verdict": self.verdict, "confident": self.confident}
         return {**asdict(self), **said, "findings": findings, "mistakes": mistakes}
