@@ -86,7 +86,6 @@ BLOCKS = textwrap.dedent(
         def __init__(self, n_embd, n_head):
             super().__init__(n_embd, n_head)
             import gptblock.check as check
-            from gptblock.check import run
             from gptblock.check.mistakes import report, search
             from gptblock.check.compare import probes
             from gptblock.check.isolation import worker as served
