@@ -1,10 +1,7 @@
 """The reference block step by step from a block's own parts (``run_steps``): ``CORRECT`` is the
-lessons' block, a catalogued mistake replaces fields of it (not ``gptblock.lesson``: one code path
-with one step swapped, the block's own layers computed as it computes them).
-
-Shapes: B batch, T time, C channels, D = nh * hs attention width, Dkv = nkv * hs, H the MLP's
-hidden width, nh query heads, nkv key/value heads, hs head size, r rotated channels of a head.
-"""
+lessons' block, a catalogued mistake replaces fields of it (docs/checker.md, "The comparison").
+Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H hidden width, nh query heads,
+nkv key/value heads, hs head size, r rotated channels of a head."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class MissingPart(ValueError):
 @dataclass(frozen=True, repr=False)
 class Parts:
     """One block's sub-layers as functions, in the roles of the lessons' block. Head i is
-    channels ``i*hs:(i+1)*hs`` of what ``qkv`` returns and ``proj`` takes (the lesson's
-    concatenated heads, ``nn.MultiheadAttention``'s ``in_proj_weight``, GPT-2's ``c_attn``)."""
+    channels ``i*hs:(i+1)*hs`` of what ``qkv`` returns and ``proj`` takes."""
 
     C: int  # channels of the residual stream
     D: int  # attention width nh * hs
@@ -52,14 +48,7 @@ class Parts:
 
 
 def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
-    """``F.linear`` with these weights ((out, in), as ``nn.Linear`` stores them), detached and
-    in the input's dtype, as a sub-layer.
-
-    Example:
-        >>> f = affine(torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
-        >>> f(torch.zeros(1, 2, dtype=torch.float64))
-        tensor([[1., 1.]], dtype=torch.float64)
-    """
+    """``F.linear`` with these (out, in) weights, detached, in the input's dtype."""
     w, b = weight.detach(), bias.detach() if bias is not None else None
     return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
 
@@ -84,13 +73,7 @@ NORM_FORMS = {
 
 
 def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Tensor:
-    """RMSNorm of ``x`` (B, T, C) over its channels, or one of ``NORM_FORMS``' mistaken forms.
-
-    Example:
-        >>> x = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64)
-        >>> rms(x, 1.0, 0.0)  # sqrt((9 + 16) / 2) = 3.5355
-        tensor([[[0.8485, 1.1314]]], dtype=torch.float64)
-    """
+    """RMSNorm of ``x`` (B, T, C) over its channels, or one of ``NORM_FORMS``' mistaken forms."""
     if form == "eps_outside":
         return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
     if form == "square_of_mean":
@@ -103,19 +86,8 @@ def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Ten
 
 @dataclass(frozen=True)
 class Rope:
-    """Rotary positions (RoFormer, Su et al. 2021) as a block computes them, right or wrong.
-
-    Channel pair ``(a_i, b_i)`` of each head's first ``dim`` channels is rotated by the angle
-    ``sign * t * theta ** (-2i / dim)`` at position t. Pairs are ``"halves"``, (i, i + dim/2) as
-    Hugging Face's Llama, or ``"adjacent"``, (2i, 2i + 1) as Meta's; a cos/sin ``table`` laid
-    out for the other pairing turns each pair by two angles (``rope_pairing``).
-
-    Example:
-        >>> rope = Rope(10000.0, 4, "halves", "halves", 1.0)
-        >>> x = torch.ones(1, 1, 3, 4, dtype=torch.float64)     # (B, nh, T, hs)
-        >>> torch.equal(rope.apply(x)[..., 0, :], x[..., 0, :])  # position 0: no rotation
-        True
-    """
+    """Rotary positions as a block computes them, right or wrong: pair i of the first ``dim``
+    channels turned by ``sign * t * theta ** (-2i / dim)`` at position t."""
 
     theta: float
     dim: int  # r: the rotated channels of each head
@@ -156,13 +128,7 @@ ORDERS = ("interleave", "tile")
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
-    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs), each key/value head repeated for its group.
-
-    Example:
-        >>> t = torch.arange(2.0).reshape(1, 2, 1, 1)
-        >>> repeat_heads(t, 2).flatten().tolist(), repeat_heads(t, 2, "tile").flatten().tolist()
-        ([0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0])
-    """
+    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs), each key/value head repeated for its group."""
     if groups == 1:
         return t
     return t.repeat(1, groups, 1, 1) if order == "tile" else t.repeat_interleave(groups, dim=1)
@@ -209,26 +175,15 @@ Way = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 def way(label: str, **changes: Any) -> Way:
-    """One concrete way to make a mistake: what the block then does (``label``: ``{C}``,
-    ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and
-    ``{sqrt_hs}`` are filled in) and the ``steps.Steps`` fields it replaces."""
+    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5),
+    ``{by_hs}`` (1/hs) and ``{sqrt_hs}`` (``Deviation.describe`` fills them in)."""
     return label, tuple(changes.items())
 
 
 @dataclass(frozen=True)
 class Deviation:
-    """One concrete way to make a catalogued mistake (``mistake``, its id): the ``Steps``
-    fields it replaces (``changes``). Deviations of one ``group`` change the same step, so a
-    variant uses at most one of them; ``label`` says what the block then does.
-
-    Example:
-        >>> from gptblock.check.mistakes.catalogue import DEVIATIONS, compose
-        >>> deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
-        >>> deviation.describe(C=32, n_head=4)
-        'scores scaled by C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)'
-        >>> compose([deviation]).scale(32, 8) == 32**-0.5
-        True
-    """
+    """One concrete way to make a catalogued mistake: the ``Steps`` fields it replaces. One
+    ``group`` changes one step, so a variant uses at most one deviation of it."""
 
     mistake: str
     group: str
@@ -239,7 +194,6 @@ class Deviation:
         return replace(steps, **dict(self.changes))
 
     def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
-        """The label with this block's numbers filled in (``hs`` by default C // n_head)."""
         hs = C // n_head if hs is None else hs
         return self.label.format(
             C=C, hs=hs, nh=n_head, right=hs**-0.5, by_C=C**-0.5, by_hs=1 / hs, sqrt_hs=hs**0.5
@@ -261,24 +215,8 @@ def run_steps(
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
 ) -> Tensor:
-    """The block ``steps`` describes, with the sub-layers ``parts``, ``n_head`` query heads and
-    the MLP's ``activation`` (``None``: ``fc1`` is the whole hidden function, a gate included).
-    A query row the mask blocks entirely comes out NaN; the checker ignores such positions.
-
-    Shape:
-        x: (B, T, C); returns (B, T, C).
-
-    Example:
-        >>> C, H = 8, 32
-        >>> g = torch.Generator().manual_seed(0)
-        >>> w = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-        >>> wq, wk, wv = w(C, C), w(C, C), w(C, C)
-        >>> qkv = lambda h: (F.linear(h, wq), F.linear(h, wk), F.linear(h, wv))
-        >>> norm = lambda h: F.layer_norm(h, (C,))
-        >>> parts = Parts(C, C, qkv, affine(w(C, C)), affine(w(H, C)), affine(w(C, H)), norm, norm)
-        >>> run_steps(parts, w(2, 3, C), 2, F.relu, CORRECT).shape
-        torch.Size([2, 3, 8])
-    """
+    """x (B, T, C) -> (B, T, C); ``activation`` None: ``fc1`` is the whole hidden function (a
+    gate included). A query row the mask blocks entirely comes out NaN."""
     ln1, ln2 = steps.norms(parts.ln1, parts.ln2)
     if ln1 is None or ln2 is None:
         raise MissingPart("these steps need a norm per branch; the block has only one")
@@ -308,12 +246,8 @@ def attention(
     positions: Tensor | None = None,
     C: int | None = None,
 ) -> Tensor:
-    """The attention core as ``steps`` says (``qk_norm``: the gains of q's and k's RMSNorm over
-    hs; ``C``: the channels a scale mistake may use, by default D).
-
-    Shape:
-        q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
-    """
+    """q (B, T, D), k and v (B, T, Dkv) -> (B, T, D); ``qk_norm``: the gains of q's and k's
+    RMSNorm over hs; ``C``: the channels a scale mistake may use, by default D."""
     hs = q.shape[-1] // n_head
     n_kv = k.shape[-1] // hs
     T = q.shape[1]

@@ -1,7 +1,5 @@
-"""``--map``, each value parsed once (``parse_given``): a module, glob or parameter, or
-``PATH[SLICES]:LAYOUT`` (docs/checker.md); a 3-D tensor is one matrix per head. A role given by
-hand is the comparison's truth, so a wrong one is refused (``check_claims``, ``check_reading``).
-
+"""``--map``: a module, glob or parameter, or ``PATH[SLICES]:LAYOUT``, refused where it cannot be
+the role (docs/checker.md, "A `--map` or `--arg` that cannot be what it claims is refused").
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
 
@@ -35,16 +33,7 @@ Map = dict[str, Given]  # role -> its parsed value
 
 
 def parse_given(module: nn.Module, text: str) -> Given:
-    """A value, ``read`` as a matrix where it has a slice or layout or names a 3-D parameter,
-    else a name; a UserValueError if not well formed.
-
-    Example:
-        >>> block = nn.Linear(2, 2)
-        >>> parse_given(block, "weight").read, parse_given(block, "heads.*.query").read  # names
-        (False, False)
-        >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
-        ('in_out', (slice(0, 2, None), slice(None, None, None)))
-    """
+    """``read`` as a matrix where it has a slice or layout or names a 3-D parameter, else a name."""
     if "[" not in text and ":" not in text:
         p = dict(module.named_parameters()).get(text)
         return Given(text, None, "", text, p is not None and p.dim() == 3)
@@ -141,17 +130,7 @@ SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, 
 
 def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> dict[str, Part]:
     """Refuse roles whose kind or shape cannot be the role, or one weight for two roles; the
-    parts of those read as matrices (``given_part``), placed after ``parts``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.parts import discover
-        >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), {"q": parse_given(block, "ln1")})
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
-    """
+    parts of those read as matrices (``given_part``), placed after ``parts``."""
     # a name of no part: resolve_roles says so later, with the trace's names
     found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
     _one_weight_one_role(module, given, found)

@@ -1,8 +1,6 @@
-"""The fallback when the forward pass does not show the roles: the parts given roles by shapes
-and call, then registration, order (never names), or as ``--map`` says. Ties are all kept, and
-q, k, v's other orders (only order tells them apart) are the ``fallback``.
-
-Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
+"""The fallback when the forward pass does not show the roles: roles by shapes and call, then
+registration, order (never names), or as ``--map`` says (docs/checker.md, "When the forward pass
+does not show the roles"). Shapes: C channels, D attention width, H hidden width, hs head size.
 """
 
 from __future__ import annotations
@@ -164,20 +162,8 @@ def map_roles(
     roles: Mapping[str, list[Part]] | None = None,
 ) -> MappedBlock | Unmapped:
     """``parts`` in their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
-    order, may be empty), with ``roles`` fixed by the caller.
-
-    Example:
-        >>> from gptblock import TransformerBlock
-        >>> from gptblock.check.roles.parts import discover
-        >>> block = TransformerBlock(16, 2)
-        >>> mapped = map_roles(block, 16, discover(block), {})
-        >>> mapped.names[0]["qkv"], mapped.heads
-        ('self_attn.in_proj_weight', (2,))
-        >>> print(map_roles(nn.Linear(16, 16), 16, discover(nn.Linear(16, 16)), {}).reason)
-        the linear layers do not fit a pre-norm block of width 16 ((the block) (16, 16)); expected
-        q/k/v (D, C) or packed (3D, C), proj (C, D), fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if
-        the block has them
-    """
+    order, may be empty), with ``roles`` fixed by the caller; ties are all kept, and q, k, v's
+    other orders (only order tells them apart) are the ``fallback``."""
     fixed = dict(roles or {})
     try:
         norms, chosen = _norms(parts, C, called, fixed)

@@ -27,13 +27,7 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 @dataclass(frozen=True)
 class Given:
     """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text;
-    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``).
-
-    Example:
-        >>> from gptblock.check.roles.given import parse_given
-        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
-        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out', read=True)
-    """
+    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``)."""
 
     path: str
     slices: tuple[slice, ...] | None
@@ -220,14 +214,7 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
 
 def discover(module: nn.Module) -> list[Part]:
     """Every weight-holding part of ``module``, in registration order (called on zeros only to
-    tell the shape of a linear-like module whose bias does not).
-
-    Example:
-        >>> from gptblock import lesson
-        >>> parts = discover(lesson.Block(16, 2, 8))
-        >>> [(p.name, p.kind) for p in parts][:2], len(parts)
-        ([('sa.heads.0.key', 'linear'), ('sa.heads.0.query', 'linear')], 11)
-    """
+    tell the shape of a linear-like module whose bias does not)."""
     parts: list[Part] = []
     inside: list[str] = []  # parts whose submodules belong to them
     for name, m in module.named_modules():

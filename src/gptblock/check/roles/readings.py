@@ -1,7 +1,6 @@
 """Which reading the comparison uses (``read_parts``): the dataflow's, else the module tree's, or
-as ``--map`` says; ``suggest_map``: a ``--map`` to offer.
-
-Shapes: B batch, T time, C channels.
+as ``--map`` says; ``suggest_map``: a ``--map`` to offer (docs/checker.md, "When the forward pass
+does not show the roles"). Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
@@ -71,12 +70,7 @@ class Readings:
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
-    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences).
-
-    Example:
-        >>> trace_shapes(16), trace_shapes(4)
-        ([(5, 7), (11, 13), (4, 7), (7, 7), (1, 7)], [(5, 4), (11, 4), (6, 4), (4, 4), (1, 4)])
-    """
+    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences)."""
     shapes = []
     for B, T in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T)):
         T = min(T, longest)
@@ -141,13 +135,7 @@ def read_parts(
 
 def suggest_map(module: nn.Module, C: int) -> str:
     """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
-    per-head weights need, or "" if none fits.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> suggest_map(lesson.Block(16, 2, 8), 16)  # one module per head: no fixed order fits
-        ''
-    """
+    per-head weights need, or "" if none fits."""
     parts = discover(module)
     named = dict(module.named_parameters())
     place = {n: i for i, n in enumerate(named)}
