@@ -116,21 +116,29 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
 def fix_roles(
     parts: list[Part], given: Map, read: dict[str, Part]
 ) -> tuple[list[Part], dict[str, list[Part]]]:
-    """The block's parts less those whose parameters are ``read`` as matrices (``check_claims``:
-    they are read only so), and every role's parts; a ValueError for a name of no part."""
+    """The block's parts with those ``read`` as matrices in place of the parts holding their
+    parameters (read only so), and every role's parts; a ValueError for a name of no part."""
     covered = {n for p in read.values() for n in p.params}
     kept = [p for p in parts if not covered & set(p.params)]
     names = {r: g.text for r, g in given.items() if r not in read}
-    return kept, {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
+    fixed = {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
+    return [*kept, *read.values()], fixed
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
-def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> dict[str, Part]:
-    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles; the
+def check_claims(
+    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]
+) -> tuple[Map, dict[str, Part]]:
+    """``roles`` parsed; refused where one cannot be the role, or one weight is two roles; the
     parts of those read as matrices (``given_part``), placed after ``parts``."""
+    if unknown := [r for r in roles if r not in ROLES]:
+        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
+    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
+        raise UserValueError("give either qkv (packed) or q, k and v, not both")
+    given = {r: parse_given(module, t) for r, t in roles.items()}
     # a name of no part: resolve_roles says so later, with the trace's names
     found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
     _one_weight_one_role(module, given, found)
@@ -150,7 +158,7 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> di
             raise UserValueError(f"{role}={g.text}{why}")
     _between(given, fitted)
     read = [(r, g) for r, g in given.items() if g.read]
-    return {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
+    return given, {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
 
 
 def _what(p: Part) -> str:

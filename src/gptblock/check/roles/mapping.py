@@ -6,7 +6,7 @@ does not show the roles"). Shapes: C channels, D attention width, H hidden width
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,21 +37,15 @@ FORMS = {  # the roles each way of making q, k, v needs from the block's plain l
 
 @dataclass(frozen=True)
 class MappedBlock:
-    """A block's parts in their roles: one or more readings for the comparison to try."""
+    """A block's parts in their roles (``readings.Readings``: however they were found)."""
 
     readings: tuple[Parts, ...]  # most likely first
-    names: tuple[dict[str, str], ...]  # per reading, then per fallback: role -> the block's names
-    how: tuple[str, ...]  # what decided the roles, and what was assumed
+    fallback: tuple[Parts, ...]  # q/k/v in the other orders
     heads: tuple[int, ...]  # head counts to try, most likely first
-    ignored: tuple[str, ...]  # parameters no role uses
-    fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders
-
-    def describe(self, reading: int = 0) -> str:
-        roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
-        text = f"roles: {roles}" + (f" ({'; '.join(self.how)})" if self.how else "")
-        if self.ignored:
-            text += f"; parameters with no role: {', '.join(self.ignored)}"
-        return text
+    x: Tensor  # (B, T, C) float64: the input to compare on
+    describe: Callable[[int], str]  # the roles note for a reading (then for a fallback)
+    names: tuple[dict[str, str], ...] = ()  # per reading, then per fallback: role -> its names
+    ignored: tuple[str, ...] = ()  # parameters no role uses
 
 
 class Unmapped(Exception):
@@ -160,10 +154,11 @@ def map_roles(
     parts: list[Part],
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
+    T: int = 7,
 ) -> MappedBlock | Unmapped:
     """``parts`` in their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
     order, may be empty), with ``roles`` fixed by the caller; ties are all kept, and q, k, v's
-    other orders (only order tells them apart) are the ``fallback``."""
+    other orders (only order tells them apart) are the ``fallback``; compared on x (T, T, C)."""
     fixed = dict(roles or {})
     try:
         norms, chosen = _norms(parts, C, called, fixed)
@@ -194,14 +189,19 @@ def map_roles(
         nh: tuple[int, ...] = (first.attn.mha.num_heads,)
     else:
         nh = (len(first.heads),) if first.form == "heads" else _head_counts(module, readings[0].D)
-    return MappedBlock(
-        tuple(readings),
-        tuple({**norm_names, **c.names()} for c in [*tied, *others]),
-        tuple(how),
-        nh,
-        tuple(n for p in parts for n in p.params if n not in used),
-        tuple(c.build(C, (n1, n2)) for c in others),
-    )
+    names = tuple({**norm_names, **c.names()} for c in [*tied, *others])
+    ignored = tuple(n for p in parts for n in p.params if n not in used)
+    said = f" ({'; '.join(how)})"
+    said += f"; parameters with no role: {', '.join(ignored)}" if ignored else ""
+
+    def describe(reading: int = 0) -> str:
+        return f"roles: {', '.join(f'{r}={n}' for r, n in names[reading].items())}{said}"
+
+    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
+    # and the weights read must be those values: gptblock.check.roles.provenance)
+    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    others_read = tuple(c.build(C, (n1, n2)) for c in others)
+    return MappedBlock(tuple(readings), others_read, nh, x, describe, names, ignored)
 
 
 def _norms(

@@ -6,17 +6,15 @@ does not show the roles"). Shapes: B batch, T time, C channels.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles, parse_given
+from .given import check_claims, check_reading, fix_roles
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
@@ -59,13 +57,7 @@ class Traces:
         return trace
 
 
-@dataclass(frozen=True)
-class Readings:
-    readings: tuple[Parts, ...]
-    fallback: tuple[Parts, ...]
-    heads: tuple[int, ...]
-    x: Tensor  # (B, T, C) float64
-    describe: Callable[[int], str]  # the roles note for a reading
+Readings = MappedBlock  # the parts to compare, by the dataflow, the module tree or --map
 
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
@@ -98,14 +90,10 @@ def read_parts(
     subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
     """The block's parts to compare, or why they cannot be read; how, added to ``notes``."""
-    if unknown := [r for r in roles if r not in ROLES]:
-        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
-    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
-        raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     module, C = subject.module, subject.C
-    parts, given = discover(module), {r: parse_given(module, t) for r, t in roles.items()}
-    read = check_claims(module, C, parts, given)
+    parts = discover(module)
+    given, read = check_claims(module, C, parts, roles)
     if not isinstance(found, str) and check_reading(module, C, found[0], given, read):
         reading, x = found
         if roles:
@@ -120,17 +108,14 @@ def read_parts(
     T = subject.T
     x = subject.input(T, T, C)
     called = observe(module, kept, lambda: subject(x))
-    mapped = map_roles(module, C, [*kept, *read.values()], called, fixed)
+    mapped = map_roles(module, C, kept, called, fixed, T)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
         notes.append(
             f"the forward pass did not show the roles ({why}): found by shapes and order instead"
         )
-    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
-    # and the weights read must be those values: gptblock.check.roles.provenance)
-    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
+    return mapped
 
 
 def suggest_map(module: nn.Module, C: int) -> str:
@@ -155,12 +140,10 @@ def suggest_map(module: nn.Module, C: int) -> str:
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            given = {r: parse_given(module, t) for r, t in roles.items()}
-            read = check_claims(module, C, parts, given)
-            kept, fixed = fix_roles(parts, given, read)
+            kept, fixed = fix_roles(parts, *check_claims(module, C, parts, roles))
         except ValueError:
             continue
-        if isinstance(map_roles(module, C, [*kept, *read.values()], {}, fixed), MappedBlock):
+        if isinstance(map_roles(module, C, kept, {}, fixed), MappedBlock):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
