@@ -13,8 +13,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from ...blocks.qk_heads import repeat_kv
+from ...blocks.rotary import cos_sin, pair_views
+
 __all__ = [
-    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "ORDERS", "QKV", "Deviation", "MissingPart",
+    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "QKV", "Deviation", "MissingPart",
     "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
     "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
@@ -103,35 +106,25 @@ class Rope:
 
     def apply(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """``x`` (B, heads, T, hs) rotated at ``positions`` (T,), by default 0 ... T-1."""
-        T, r = x.shape[-2], self.dim
-        inv = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)
-        at = torch.arange(T, device=x.device) if positions is None else positions
-        angles = at.to(device=x.device, dtype=torch.float64)[:, None] * inv  # (T, r/2)
-        if self.table == "halves":
-            angles = torch.cat((angles, angles), dim=-1)  # (T, r): angle i at i and i + r/2
-        else:
-            angles = torch.repeat_interleave(angles, 2, dim=-1)  # (T, r): angle i at 2i, 2i+1
-        cos, sin = angles.cos().to(x.dtype), (self.sign * angles).sin().to(x.dtype)
-        part, rest = x[..., :r], x[..., r:]
+        r = self.dim
+        at = torch.arange(x.shape[-2]) if positions is None else positions
+        cos, sin = cos_sin(at.to(x.device), r, self.theta, x.dtype)  # (T, r/2): angle i of pair i
+        halves = self.table == "halves"  # (T, r): angle i at i and i + r/2, else at 2i and 2i + 1
+        cos, sin = (
+            torch.cat((t, t), -1) if halves else t.repeat_interleave(2, -1) for t in (cos, sin)
+        )
+        a, b = pair_views(x, r, self.pairing)  # (..., r/2) each
         if self.pairing == "halves":
-            a, b = part[..., : r // 2], part[..., r // 2 :]
             turned = torch.cat((-b, a), dim=-1)  # (..., r): rotate_half
         else:
-            a, b = part[..., 0::2], part[..., 1::2]
             turned = torch.stack((-b, a), dim=-1).flatten(-2)  # (..., r): (-b_i, a_i) per pair
-        return torch.cat((part * cos + turned * sin, rest), dim=-1)
-
-
-# How key/value head j serves the query heads: ``interleave``, heads j*g ... (j+1)*g - 1
-# (``repeat_interleave``, right); ``tile``, heads j, j + nkv, ... (the catalogue's ``gqa_order``)
-ORDERS = ("interleave", "tile")
+        return torch.cat((x[..., :r] * cos + turned * (self.sign * sin), x[..., r:]), dim=-1)
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
-    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs), each key/value head repeated for its group."""
-    if groups == 1:
-        return t
-    return t.repeat(1, groups, 1, 1) if order == "tile" else t.repeat_interleave(groups, dim=1)
+    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs): key/value head j serves query heads j*g ...
+    (j+1)*g - 1 (``interleave``, right), or j, j + nkv, ... (``tile``, the catalogue's ``gqa_order``)."""
+    return t.repeat(1, groups, 1, 1) if order == "tile" else repeat_kv(t, groups)
 
 
 @dataclass(frozen=True)
@@ -150,7 +143,7 @@ class Steps:
     wiring: Wiring  # how the sub-layers and norms connect to the residual stream
     # the modern block's options a mistake can change (``attention``):
     rotated: str = "qk"  # the tensors rotary positions turn: "qk" (right), "q" or "qkv"
-    kv_order: str = "interleave"  # how key/value heads serve query heads (``ORDERS``)
+    kv_order: str = "interleave"  # how key/value heads serve query heads (``repeat_heads``)
     rope_table: str = "fits"  # the cos/sin table laid out for the rotation's pairing, or "other"
 
 

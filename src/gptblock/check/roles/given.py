@@ -162,13 +162,11 @@ def check_claims(
 
 
 def _what(p: Part) -> str:
-    if p.kind == "norm":
-        return "a norm" + (f" of width {p.width}" if p.width else "")
-    if p.kind == "mha":
-        return "an nn.MultiheadAttention (q, k, v and proj)"
-    if p.kind == "matrix":
-        return f"a matrix parameter of shape {p.shape}"
-    return f"a linear layer (out, in) = {p.shape}"
+    return {
+        "norm": "a norm" + (f" of width {p.width}" if p.width else ""),
+        "mha": "an nn.MultiheadAttention (q, k, v and proj)",
+        "matrix": f"a matrix parameter of shape {p.shape}",
+    }.get(p.kind, f"a linear layer (out, in) = {p.shape}")
 
 
 def _linear(

@@ -99,9 +99,6 @@ class _Candidate:  # one assignment of the parts to roles
             score += 0.1 * ((q < k) + (k < v))
         return score
 
-    def reordered(self, order: tuple[int, ...]) -> _Candidate:
-        return replace(self, heads=[(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads])
-
     def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
         lin = {r: p.function() for r, p in self.roles.items()}
         packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
@@ -178,10 +175,13 @@ def map_roles(
     others = []  # q, k, v in their other orders: only order tells them apart
     if first.heads and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
-        others = [first.reordered(o) for o in list(itertools.permutations(range(3)))[1:]]
+        orders = list(itertools.permutations(range(3)))[1:]
+        others = [
+            replace(first, heads=[(g[a], g[b], g[c]) for g in first.heads]) for a, b, c in orders
+        ]
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
-    readings = [c.build(C, (n1, n2)) for c in tied]
+    readings = [c.build(C, (n1, n2)) for c in [*tied, *others]]
     used = {
         n for c in tied for p in [*c.inputs(), *c.roles.values(), *norms] if p for n in p.params
     }
@@ -200,8 +200,8 @@ def map_roles(
     # (no fresh weights here: the checker chose every parameter's value before the probes ran,
     # and the weights read must be those values: gptblock.check.roles.provenance)
     x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    others_read = tuple(c.build(C, (n1, n2)) for c in others)
-    return MappedBlock(tuple(readings), others_read, nh, x, describe, names, ignored)
+    main, fallback = tuple(readings[: len(tied)]), tuple(readings[len(tied) :])
+    return MappedBlock(main, fallback, nh, x, describe, names, ignored)
 
 
 def _norms(

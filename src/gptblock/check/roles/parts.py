@@ -4,10 +4,12 @@ order the forward pass calls them in (``observe``).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -254,18 +256,13 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
     """The order in which the parts' modules are first called while ``call()`` runs the block
     (a ``matrix``'s never is); a block that raises returns what it called."""
     order: dict[str, int] = {}
-    handles = []
-    for part in parts:
 
-        def hook(m: nn.Module, args: object, name: str = part.name) -> None:
-            order.setdefault(name, len(order))
+    def first(name: str, *_: object) -> None:  # a pre-hook that returns a value replaces the input
+        order.setdefault(name, len(order))
 
-        handles.append(part.module.register_forward_pre_hook(hook))
-    try:
-        call()
-    except CAUGHT:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
+    with contextlib.ExitStack() as hooks:
+        for p in parts:
+            hooks.callback(p.module.register_forward_pre_hook(partial(first, p.name)).remove)
+        with contextlib.suppress(*CAUGHT):
+            call()
     return order

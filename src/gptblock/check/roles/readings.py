@@ -63,13 +63,9 @@ Readings = MappedBlock  # the parts to compare, by the dataflow, the module tree
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
     apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences)."""
-    shapes = []
-    for B, T in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T)):
-        T = min(T, longest)
-        B = B if B != T else B + 2
-        shapes.append((B, T))
     T = min(TRACE_T, longest)
-    return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
+    shapes = [(B, min(t, longest)) for B, t in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T))]
+    return list(dict.fromkeys([*((B + 2 * (B == t), t) for B, t in shapes), (T, T), (1, T)]))
 
 
 def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
