@@ -17,14 +17,13 @@ from ...blocks.qk_heads import repeat_kv
 from ...blocks.rotary import cos_sin, pair_views
 
 __all__ = [
-    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "QKV", "Deviation", "MissingPart",
+    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "Deviation", "MissingPart",
     "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
     "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
-QKV = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
 Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
 
 
@@ -39,7 +38,7 @@ class Parts:
 
     C: int  # channels of the residual stream
     D: int  # attention width nh * hs
-    qkv: QKV  # (B, T, C) -> q, k, v, each (B, T, D)
+    qkv: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]  # (B, T, C) -> 3 x (B, T, D)
     proj: SubLayer  # the output projection, (B, T, D) -> (B, T, C)
     fc1: SubLayer  # the MLP's first layer, (B, T, C) -> (B, T, H)
     fc2: SubLayer  # the MLP's second layer, (B, T, H) -> (B, T, C)

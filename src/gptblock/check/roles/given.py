@@ -96,21 +96,19 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
             )
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
-    for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
-        m = Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
-        w, b = m.canonical()
-        if fits(role, tuple(w.shape), C):
-            break
-    why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
-    if fits(role, tuple(w.shape), C):  # then a slice or layout that misses the bias
-        n = w.shape[0] if b is None else b.numel()
-        why = (
-            f"its bias {bias} gives {n} values for {w.shape[0]} outputs" if n != w.shape[0] else ""
-        )
-    if why:
-        raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
-    params = (g.path, bias) if bias else (g.path,)
-    return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
+    layouts = ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,)
+    reads = [Matrix(role, p, named[bias] if bias else None, replace(g, layout=x)) for x in layouts]
+    m = next((m for m in reads if fits(role, tuple(m.canonical()[0].shape), C)), reads[-1])
+    w, b = m.canonical()
+    n = w.shape[0] if b is None else b.numel()
+    if not fits(role, tuple(w.shape), C):
+        why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
+    elif n != w.shape[0]:  # a slice or layout that misses the bias
+        why = f"its bias {bias} gives {n} values for {w.shape[0]} outputs"
+    else:
+        params = (g.path, bias) if bias else (g.path,)
+        return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
+    raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
 
 
 def fix_roles(

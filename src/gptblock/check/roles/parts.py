@@ -1,6 +1,5 @@
 """The weight-holding parts of a block's module tree (``discover``), what each computes, and the
-order the forward pass calls them in (``observe``).
-"""
+order the forward pass calls them in (``observe``)."""
 
 from __future__ import annotations
 
@@ -77,9 +76,8 @@ class Matrix(nn.Module):
 
 @dataclass(frozen=True)
 class Part:
-    """One weight-holding part: a ``linear`` is a module with a matrix ``weight`` and at most a
-    vector ``bias`` (``Conv1D`` stores (in, out)) or a ``Matrix``; a ``matrix`` a bare matrix
-    parameter with its bias, a ``Matrix`` read (out, in) unless ``laid`` (in, out)."""
+    """A ``linear`` module (weight and bias; ``Conv1D`` stores (in, out)) or a ``Matrix``; a
+    ``matrix``: a bare matrix parameter with its bias, read (out, in) unless ``laid``."""
 
     name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
     kind: str  # "norm", "linear", "matrix" or "mha"
@@ -149,11 +147,8 @@ def tensor_ids(module: nn.Module, *names: str) -> set[int]:
     tensors |= dict(module.named_parameters(remove_duplicate=False))
     modules = list(module.named_modules(remove_duplicate=False))
     ids: set[int] = set()
-    for name in names:
-        if name in tensors:
-            ids.add(id(tensors[name]))
-            continue
-        found = [m for n, m in modules if n == name or fnmatch.fnmatchcase(n, name)]
+    for name in names:  # a name matches itself as a glob
+        found = [m for n, m in modules if fnmatch.fnmatchcase(n, name)]
         ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
         ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
     return ids

@@ -5,6 +5,7 @@ does not show the roles"). Shapes: B batch, T time, C channels.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import torch
@@ -34,18 +35,13 @@ class Traces:
     modern comparison and the dataflow's reading); ``clear`` after setting the block's weights."""
 
     def __init__(self, tested: Probed, record: Callable[[Tensor], Trace]) -> None:
-        self.tested, self.record = tested, record
-        self.inputs: dict[tuple[int, int], Tensor] = {}
+        self.record = record
+        self.input = functools.cache(lambda B, T: tested.input(B, T, tested.C))  # one draw each
         self.clear()
 
     def clear(self) -> None:
         self.seen: list[tuple[Tensor, Trace]] = []  # (input, its forward pass)
         self.last: Trace | None = None  # the latest asked for
-
-    def input(self, B: int, T: int) -> Tensor:
-        if (B, T) not in self.inputs:
-            self.inputs[B, T] = self.tested.input(B, T, self.tested.C)
-        return self.inputs[B, T]
 
     def __call__(self, x: Tensor) -> Trace:
         same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
