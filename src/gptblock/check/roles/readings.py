@@ -97,10 +97,9 @@ def read_parts(
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
-    T = subject.T
-    x = subject.input(T, T, C)
+    x = subject.input(subject.T, subject.T, C)
     called = observe(module, kept, lambda: subject(x))
-    mapped = map_roles(module, C, kept, called, fixed, T)
+    mapped = map_roles(module, C, kept, called, fixed, subject.T)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
