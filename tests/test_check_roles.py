@@ -371,3 +371,61 @@ def test_a_copy_that_still_calls_the_original_is_refused():
 
     with pytest.raises(UserValueError, match="still calls the original's mlp"):
         check_block(Hidden())
+
+
+# ----- the internal functions' former doctest examples (moved here from their docstrings) ----
+
+
+def test_parse_given_reads_slices_and_layouts():
+    from gptblock.check.roles.given import parse_given
+    from gptblock.check.roles.parts import Given
+
+    got = parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
+    assert got == Given("weight", (slice(None), slice(0, 32)), "in_out", got.text, True)
+    assert got.text == "weight[:, 0:32]:in_out"
+    block = nn.Linear(2, 2)
+    assert (parse_given(block, "weight").read, parse_given(block, "heads.*.query").read) == (
+        False,
+        False,
+    )  # names
+    assert parse_given(block, "weight:in_out").layout == "in_out"
+    assert parse_given(block, "weight[0:2, :]").slices == (slice(0, 2), slice(None))
+
+
+def test_discover_lists_the_parts_in_registration_order():
+    from gptblock import lesson
+
+    parts = discover(lesson.Block(16, 2, 8))
+    assert [(p.name, p.kind) for p in parts][:2] == [
+        ("sa.heads.0.key", "linear"),
+        ("sa.heads.0.query", "linear"),
+    ]
+    assert len(parts) == 11
+
+
+def test_map_roles_of_a_packed_block_and_of_no_block():
+    block = TransformerBlock(16, 2)
+    mapped = map_roles(block, 16, discover(block), {})
+    assert isinstance(mapped, MappedBlock)
+    assert (mapped.names[0]["qkv"], mapped.heads) == ("self_attn.in_proj_weight", (2,))
+    unmapped = map_roles(nn.Linear(16, 16), 16, discover(nn.Linear(16, 16)), {})
+    assert isinstance(unmapped, Unmapped)
+    assert unmapped.reason == (
+        "the linear layers do not fit a pre-norm block of width 16 ((the block) (16, 16)); "
+        "expected q/k/v (D, C) or packed (3D, C), proj (C, D), fc1 (H, C), fc2 (C, H); "
+        "pass --map ROLE=NAME if the block has them"
+    )
+
+
+def test_trace_shapes_tell_batch_time_and_heads_apart():
+    from gptblock.check.roles.readings import trace_shapes
+
+    assert trace_shapes(16) == [(5, 7), (11, 13), (4, 7), (7, 7), (1, 7)]
+    assert trace_shapes(4) == [(5, 4), (11, 4), (6, 4), (4, 4), (1, 4)]
+
+
+def test_suggest_map_offers_none_for_one_module_per_head():
+    from gptblock import lesson
+    from gptblock.check.roles.readings import suggest_map
+
+    assert suggest_map(lesson.Block(16, 2, 8), 16) == ""  # one module per head: no fixed order

@@ -298,3 +298,36 @@ def test_a_catalogue_entry_and_the_count_of_single_variants():
     )  # fmt: skip
     assert [len(v) for v in variants(1)][:3] == [0, 1, 1]
     assert sum(1 for _ in variants(1)) == 1 + len(LESSONS)
+
+
+# ----- the internal functions' former doctest examples (moved here from their docstrings) ----
+
+
+def test_affine_is_f_linear_with_these_weights():
+    f = affine(torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    assert f(torch.zeros(1, 2, dtype=torch.float64)).tolist() == [[1.0, 1.0]]
+
+
+def test_repeat_heads_interleaves_or_tiles():
+    from gptblock.check.mistakes.steps import repeat_heads
+
+    t = torch.arange(2.0).reshape(1, 2, 1, 1)
+    assert repeat_heads(t, 2).flatten().tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert repeat_heads(t, 2, "tile").flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_a_deviation_describes_itself_with_the_blocks_numbers():
+    deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
+    assert deviation.describe(C=32, n_head=4) == (
+        "scores scaled by C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)"
+    )
+    assert compose([deviation]).scale(32, 8) == 32**-0.5
+
+
+def test_distance_is_relative_to_the_largest_entry():
+    y = torch.ones(1, 2, 4, dtype=torch.float64)
+    assert (distance(y, y), round(distance(1.5 * y, y), 12), distance(y, y[0])) == (
+        0.0,
+        0.5,
+        float("inf"),
+    )

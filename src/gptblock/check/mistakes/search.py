@@ -21,10 +21,8 @@ Tensor = torch.Tensor
 M = TypeVar("M")
 
 TOLERANCE = 1e-4
-"""A variant reproduces a block when its output differs by at most this much, relative to the
-largest output entry. float64 implementations of one function agree to ~1e-12, a float32 block
-to ~1e-6; variants with different diagnoses differ by more than 1e-2 (tests/test_check_search.py
-measures it). Exact and tanh GELU can differ by less: neither is a mistake, the closer is named."""
+"""Relative to the largest output entry: float64 agrees to ~1e-12, float32 to ~1e-6, different
+diagnoses differ by more than 1e-2 (tests/test_check_search.py); exact and tanh GELU by less."""
 
 
 MIN_DEFINED = 0.5
@@ -63,16 +61,8 @@ class Explanation:
 
 
 def distance(y: Tensor, y_ref: Tensor, least: float = MIN_DEFINED) -> float:
-    """How far ``y`` is from ``y_ref`` (of one shape, (..., F)), relative to ``y_ref``'s largest
-    entry: the checker's one measure. Positions (rows of the last axis) where ``y_ref`` is not
-    finite (a row the mask blocks entirely) are skipped; elsewhere a non-finite ``y`` is
-    infinitely far, as are another shape and a ``y_ref`` defined at fewer than ``least`` of them.
-
-    Example:
-        >>> y = torch.ones(1, 2, 4, dtype=torch.float64)
-        >>> distance(y, y), round(distance(1.5 * y, y), 12), distance(y, y[0])
-        (0.0, 0.5, inf)
-    """
+    """The checker's one measure, relative to ``y_ref``'s largest entry; rows where ``y_ref`` is
+    not finite (masked entirely) are skipped, unless fewer than ``least`` of them are left."""
     defined = torch.isfinite(y_ref).all(dim=-1)  # (...)
     if y.shape != y_ref.shape or defined.double().mean().item() < least:
         return float("inf")

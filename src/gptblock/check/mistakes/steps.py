@@ -1,10 +1,7 @@
 """The reference block step by step from a block's own parts (``run_steps``): ``CORRECT`` is the
-lessons' block, a catalogued mistake replaces fields of it (not ``gptblock.lesson``: one code path
-with one step swapped, the block's own layers computed as it computes them).
-
-Shapes: B batch, T time, C channels, D = nh * hs attention width, Dkv = nkv * hs, H the MLP's
-hidden width, nh query heads, nkv key/value heads, hs head size, r rotated channels of a head.
-"""
+lessons' block, a catalogued mistake replaces fields of it (docs/checker.md, "The comparison").
+Shapes: B batch, T time, C channels, D = nh * hs, Dkv = nkv * hs, H hidden width, nh query heads,
+nkv key/value heads, hs head size, r rotated channels of a head."""
 
 from __future__ import annotations
 
@@ -16,15 +13,17 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from ...blocks.qk_heads import repeat_kv
+from ...blocks.rotary import cos_sin, pair_views
+
 __all__ = [
-    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "ORDERS", "QKV", "Deviation", "MissingPart",
+    "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "Deviation", "MissingPart",
     "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
     "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 SubLayer = Callable[[Tensor], Tensor]
-QKV = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
 Wiring = Callable[[Tensor, SubLayer, SubLayer, SubLayer, SubLayer], Tensor]
 
 
@@ -35,12 +34,11 @@ class MissingPart(ValueError):
 @dataclass(frozen=True, repr=False)
 class Parts:
     """One block's sub-layers as functions, in the roles of the lessons' block. Head i is
-    channels ``i*hs:(i+1)*hs`` of what ``qkv`` returns and ``proj`` takes (the lesson's
-    concatenated heads, ``nn.MultiheadAttention``'s ``in_proj_weight``, GPT-2's ``c_attn``)."""
+    channels ``i*hs:(i+1)*hs`` of what ``qkv`` returns and ``proj`` takes."""
 
     C: int  # channels of the residual stream
     D: int  # attention width nh * hs
-    qkv: QKV  # (B, T, C) -> q, k, v, each (B, T, D)
+    qkv: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]  # (B, T, C) -> 3 x (B, T, D)
     proj: SubLayer  # the output projection, (B, T, D) -> (B, T, C)
     fc1: SubLayer  # the MLP's first layer, (B, T, C) -> (B, T, H)
     fc2: SubLayer  # the MLP's second layer, (B, T, H) -> (B, T, C)
@@ -52,14 +50,7 @@ class Parts:
 
 
 def affine(weight: Tensor, bias: Tensor | None = None) -> SubLayer:
-    """``F.linear`` with these weights ((out, in), as ``nn.Linear`` stores them), detached and
-    in the input's dtype, as a sub-layer.
-
-    Example:
-        >>> f = affine(torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
-        >>> f(torch.zeros(1, 2, dtype=torch.float64))
-        tensor([[1., 1.]], dtype=torch.float64)
-    """
+    """``F.linear`` with these (out, in) weights, detached, in the input's dtype."""
     w, b = weight.detach(), bias.detach() if bias is not None else None
     return lambda h: F.linear(h, w.to(h.dtype), b.to(h.dtype) if b is not None else None)
 
@@ -84,13 +75,7 @@ NORM_FORMS = {
 
 
 def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Tensor:
-    """RMSNorm of ``x`` (B, T, C) over its channels, or one of ``NORM_FORMS``' mistaken forms.
-
-    Example:
-        >>> x = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64)
-        >>> rms(x, 1.0, 0.0)  # sqrt((9 + 16) / 2) = 3.5355
-        tensor([[[0.8485, 1.1314]]], dtype=torch.float64)
-    """
+    """RMSNorm of ``x`` (B, T, C) over its channels, or one of ``NORM_FORMS``' mistaken forms."""
     if form == "eps_outside":
         return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
     if form == "square_of_mean":
@@ -103,19 +88,8 @@ def rms(x: Tensor, weight: Tensor | float, eps: float, form: str = "rms") -> Ten
 
 @dataclass(frozen=True)
 class Rope:
-    """Rotary positions (RoFormer, Su et al. 2021) as a block computes them, right or wrong.
-
-    Channel pair ``(a_i, b_i)`` of each head's first ``dim`` channels is rotated by the angle
-    ``sign * t * theta ** (-2i / dim)`` at position t. Pairs are ``"halves"``, (i, i + dim/2) as
-    Hugging Face's Llama, or ``"adjacent"``, (2i, 2i + 1) as Meta's; a cos/sin ``table`` laid
-    out for the other pairing turns each pair by two angles (``rope_pairing``).
-
-    Example:
-        >>> rope = Rope(10000.0, 4, "halves", "halves", 1.0)
-        >>> x = torch.ones(1, 1, 3, 4, dtype=torch.float64)     # (B, nh, T, hs)
-        >>> torch.equal(rope.apply(x)[..., 0, :], x[..., 0, :])  # position 0: no rotation
-        True
-    """
+    """Rotary positions as a block computes them, right or wrong: pair i of the first ``dim``
+    channels turned by ``sign * t * theta ** (-2i / dim)`` at position t."""
 
     theta: float
     dim: int  # r: the rotated channels of each head
@@ -131,41 +105,25 @@ class Rope:
 
     def apply(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """``x`` (B, heads, T, hs) rotated at ``positions`` (T,), by default 0 ... T-1."""
-        T, r = x.shape[-2], self.dim
-        inv = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)
-        at = torch.arange(T, device=x.device) if positions is None else positions
-        angles = at.to(device=x.device, dtype=torch.float64)[:, None] * inv  # (T, r/2)
-        if self.table == "halves":
-            angles = torch.cat((angles, angles), dim=-1)  # (T, r): angle i at i and i + r/2
-        else:
-            angles = torch.repeat_interleave(angles, 2, dim=-1)  # (T, r): angle i at 2i, 2i+1
-        cos, sin = angles.cos().to(x.dtype), (self.sign * angles).sin().to(x.dtype)
-        part, rest = x[..., :r], x[..., r:]
+        r = self.dim
+        at = torch.arange(x.shape[-2]) if positions is None else positions
+        cos, sin = cos_sin(at.to(x.device), r, self.theta, x.dtype)  # (T, r/2): angle i of pair i
+        halves = self.table == "halves"  # (T, r): angle i at i and i + r/2, else at 2i and 2i + 1
+        cos, sin = (
+            torch.cat((t, t), -1) if halves else t.repeat_interleave(2, -1) for t in (cos, sin)
+        )
+        a, b = pair_views(x, r, self.pairing)  # (..., r/2) each
         if self.pairing == "halves":
-            a, b = part[..., : r // 2], part[..., r // 2 :]
             turned = torch.cat((-b, a), dim=-1)  # (..., r): rotate_half
         else:
-            a, b = part[..., 0::2], part[..., 1::2]
             turned = torch.stack((-b, a), dim=-1).flatten(-2)  # (..., r): (-b_i, a_i) per pair
-        return torch.cat((part * cos + turned * sin, rest), dim=-1)
-
-
-# How key/value head j serves the query heads: ``interleave``, heads j*g ... (j+1)*g - 1
-# (``repeat_interleave``, right); ``tile``, heads j, j + nkv, ... (the catalogue's ``gqa_order``)
-ORDERS = ("interleave", "tile")
+        return torch.cat((x[..., :r] * cos + turned * (self.sign * sin), x[..., r:]), dim=-1)
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
-    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs), each key/value head repeated for its group.
-
-    Example:
-        >>> t = torch.arange(2.0).reshape(1, 2, 1, 1)
-        >>> repeat_heads(t, 2).flatten().tolist(), repeat_heads(t, 2, "tile").flatten().tolist()
-        ([0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0])
-    """
-    if groups == 1:
-        return t
-    return t.repeat(1, groups, 1, 1) if order == "tile" else t.repeat_interleave(groups, dim=1)
+    """(B, nkv, T, hs) -> (B, nkv * groups, T, hs): key/value head j serves query heads j*g ...
+    (j+1)*g - 1 (``interleave``, right), or j, j + nkv, ... (``tile``, the catalogue's ``gqa_order``)."""
+    return t.repeat(1, groups, 1, 1) if order == "tile" else repeat_kv(t, groups)
 
 
 @dataclass(frozen=True)
@@ -184,7 +142,7 @@ class Steps:
     wiring: Wiring  # how the sub-layers and norms connect to the residual stream
     # the modern block's options a mistake can change (``attention``):
     rotated: str = "qk"  # the tensors rotary positions turn: "qk" (right), "q" or "qkv"
-    kv_order: str = "interleave"  # how key/value heads serve query heads (``ORDERS``)
+    kv_order: str = "interleave"  # how key/value heads serve query heads (``repeat_heads``)
     rope_table: str = "fits"  # the cos/sin table laid out for the rotation's pairing, or "other"
 
 
@@ -209,26 +167,15 @@ Way = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 def way(label: str, **changes: Any) -> Way:
-    """One concrete way to make a mistake: what the block then does (``label``: ``{C}``,
-    ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5), ``{by_hs}`` (1/hs) and
-    ``{sqrt_hs}`` are filled in) and the ``steps.Steps`` fields it replaces."""
+    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5),
+    ``{by_hs}`` (1/hs) and ``{sqrt_hs}`` (``Deviation.describe`` fills them in)."""
     return label, tuple(changes.items())
 
 
 @dataclass(frozen=True)
 class Deviation:
-    """One concrete way to make a catalogued mistake (``mistake``, its id): the ``Steps``
-    fields it replaces (``changes``). Deviations of one ``group`` change the same step, so a
-    variant uses at most one of them; ``label`` says what the block then does.
-
-    Example:
-        >>> from gptblock.check.mistakes.catalogue import DEVIATIONS, compose
-        >>> deviation = next(d for d in DEVIATIONS if d.mistake == "wrong_scale")
-        >>> deviation.describe(C=32, n_head=4)
-        'scores scaled by C ** -0.5 = 0.1768 (C=32) instead of hs ** -0.5 = 0.3536 (hs=8)'
-        >>> compose([deviation]).scale(32, 8) == 32**-0.5
-        True
-    """
+    """One concrete way to make a catalogued mistake: the ``Steps`` fields it replaces. One
+    ``group`` changes one step, so a variant uses at most one deviation of it."""
 
     mistake: str
     group: str
@@ -239,7 +186,6 @@ class Deviation:
         return replace(steps, **dict(self.changes))
 
     def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
-        """The label with this block's numbers filled in (``hs`` by default C // n_head)."""
         hs = C // n_head if hs is None else hs
         return self.label.format(
             C=C, hs=hs, nh=n_head, right=hs**-0.5, by_C=C**-0.5, by_hs=1 / hs, sqrt_hs=hs**0.5
@@ -261,24 +207,8 @@ def run_steps(
     qk_norm: tuple[Tensor, Tensor] | None = None,
     positions: Tensor | None = None,
 ) -> Tensor:
-    """The block ``steps`` describes, with the sub-layers ``parts``, ``n_head`` query heads and
-    the MLP's ``activation`` (``None``: ``fc1`` is the whole hidden function, a gate included).
-    A query row the mask blocks entirely comes out NaN; the checker ignores such positions.
-
-    Shape:
-        x: (B, T, C); returns (B, T, C).
-
-    Example:
-        >>> C, H = 8, 32
-        >>> g = torch.Generator().manual_seed(0)
-        >>> w = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-        >>> wq, wk, wv = w(C, C), w(C, C), w(C, C)
-        >>> qkv = lambda h: (F.linear(h, wq), F.linear(h, wk), F.linear(h, wv))
-        >>> norm = lambda h: F.layer_norm(h, (C,))
-        >>> parts = Parts(C, C, qkv, affine(w(C, C)), affine(w(H, C)), affine(w(C, H)), norm, norm)
-        >>> run_steps(parts, w(2, 3, C), 2, F.relu, CORRECT).shape
-        torch.Size([2, 3, 8])
-    """
+    """x (B, T, C) -> (B, T, C); ``activation`` None: ``fc1`` is the whole hidden function (a
+    gate included). A query row the mask blocks entirely comes out NaN."""
     ln1, ln2 = steps.norms(parts.ln1, parts.ln2)
     if ln1 is None or ln2 is None:
         raise MissingPart("these steps need a norm per branch; the block has only one")
@@ -308,12 +238,8 @@ def attention(
     positions: Tensor | None = None,
     C: int | None = None,
 ) -> Tensor:
-    """The attention core as ``steps`` says (``qk_norm``: the gains of q's and k's RMSNorm over
-    hs; ``C``: the channels a scale mistake may use, by default D).
-
-    Shape:
-        q (B, T, D), k and v (B, T, Dkv) -> (B, T, D).
-    """
+    """q (B, T, D), k and v (B, T, Dkv) -> (B, T, D); ``qk_norm``: the gains of q's and k's
+    RMSNorm over hs; ``C``: the channels a scale mistake may use, by default D."""
     hs = q.shape[-1] // n_head
     n_kv = k.shape[-1] // hs
     T = q.shape[1]

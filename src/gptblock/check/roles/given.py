@@ -1,7 +1,5 @@
-"""``--map``, each value parsed once (``parse_given``): a module, glob or parameter, or
-``PATH[SLICES]:LAYOUT`` (docs/checker.md); a 3-D tensor is one matrix per head. A role given by
-hand is the comparison's truth, so a wrong one is refused (``check_claims``, ``check_reading``).
-
+"""``--map``: a module, glob or parameter, or ``PATH[SLICES]:LAYOUT``, refused where it cannot be
+the role (docs/checker.md, "A `--map` or `--arg` that cannot be what it claims is refused").
 Shapes: C channels, D attention width, H the MLP's hidden width, nh heads, hs head size.
 """
 
@@ -35,16 +33,7 @@ Map = dict[str, Given]  # role -> its parsed value
 
 
 def parse_given(module: nn.Module, text: str) -> Given:
-    """A value, ``read`` as a matrix where it has a slice or layout or names a 3-D parameter,
-    else a name; a UserValueError if not well formed.
-
-    Example:
-        >>> block = nn.Linear(2, 2)
-        >>> parse_given(block, "weight").read, parse_given(block, "heads.*.query").read  # names
-        (False, False)
-        >>> parse_given(block, "weight:in_out").layout, parse_given(block, "weight[0:2, :]").slices
-        ('in_out', (slice(0, 2, None), slice(None, None, None)))
-    """
+    """``read`` as a matrix where it has a slice or layout or names a 3-D parameter, else a name."""
     if "[" not in text and ":" not in text:
         p = dict(module.named_parameters()).get(text)
         return Given(text, None, "", text, p is not None and p.dim() == 3)
@@ -107,51 +96,47 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
             )
     bias = paired_bias(named, g.path, p)
     # a per-head tensor with no layout written is read in the one that fits the role
-    for layout in ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,):
-        m = Matrix(role, p, named[bias] if bias else None, replace(g, layout=layout))
-        w, b = m.canonical()
-        if fits(role, tuple(w.shape), C):
-            break
-    why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
-    if fits(role, tuple(w.shape), C):  # then a slice or layout that misses the bias
-        n = w.shape[0] if b is None else b.numel()
-        why = (
-            f"its bias {bias} gives {n} values for {w.shape[0]} outputs" if n != w.shape[0] else ""
-        )
-    if why:
-        raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
-    params = (g.path, bias) if bias else (g.path,)
-    return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
+    layouts = ("out_in", "in_out") if p.dim() == 3 and not g.layout else (g.layout,)
+    reads = [Matrix(role, p, named[bias] if bias else None, replace(g, layout=x)) for x in layouts]
+    m = next((m for m in reads if fits(role, tuple(m.canonical()[0].shape), C)), reads[-1])
+    w, b = m.canonical()
+    n = w.shape[0] if b is None else b.numel()
+    if not fits(role, tuple(w.shape), C):
+        why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
+    elif n != w.shape[0]:  # a slice or layout that misses the bias
+        why = f"its bias {bias} gives {n} values for {w.shape[0]} outputs"
+    else:
+        params = (g.path, bias) if bias else (g.path,)
+        return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))
+    raise UserValueError(f"{say}: {why}; check the slice, or the layout (out_in / in_out)")
 
 
 def fix_roles(
     parts: list[Part], given: Map, read: dict[str, Part]
 ) -> tuple[list[Part], dict[str, list[Part]]]:
-    """The block's parts less those whose parameters are ``read`` as matrices (``check_claims``:
-    they are read only so), and every role's parts; a ValueError for a name of no part."""
+    """The block's parts with those ``read`` as matrices in place of the parts holding their
+    parameters (read only so), and every role's parts; a ValueError for a name of no part."""
     covered = {n for p in read.values() for n in p.params}
     kept = [p for p in parts if not covered & set(p.params)]
     names = {r: g.text for r, g in given.items() if r not in read}
-    return kept, {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
+    fixed = {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
+    return [*kept, *read.values()], fixed
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
 SAME = 1e-6  # a slice holds a role's matrix when they agree to this, relative, up to a factor
 
 
-def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> dict[str, Part]:
-    """Refuse roles whose kind or shape cannot be the role, or one weight for two roles; the
-    parts of those read as matrices (``given_part``), placed after ``parts``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.parts import discover
-        >>> block = lesson.Block(16, 2, 8)
-        >>> check_claims(block, 16, discover(block), {"q": parse_given(block, "ln1")})
-        Traceback (most recent call last):
-        ...
-        gptblock.errors.UserValueError: q=ln1: ln1 is a norm of width 16, not a linear layer; q is a (D, C) weight
-    """
+def check_claims(
+    module: nn.Module, C: int, parts: list[Part], roles: Mapping[str, str]
+) -> tuple[Map, dict[str, Part]]:
+    """``roles`` parsed; refused where one cannot be the role, or one weight is two roles; the
+    parts of those read as matrices (``given_part``), placed after ``parts``."""
+    if unknown := [r for r in roles if r not in ROLES]:
+        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
+    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
+        raise UserValueError("give either qkv (packed) or q, k and v, not both")
+    given = {r: parse_given(module, t) for r, t in roles.items()}
     # a name of no part: resolve_roles says so later, with the trace's names
     found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
     _one_weight_one_role(module, given, found)
@@ -171,17 +156,15 @@ def check_claims(module: nn.Module, C: int, parts: list[Part], given: Map) -> di
             raise UserValueError(f"{role}={g.text}{why}")
     _between(given, fitted)
     read = [(r, g) for r, g in given.items() if g.read]
-    return {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
+    return given, {r: given_part(module, C, r, g, len(parts) + i) for i, (r, g) in enumerate(read)}
 
 
 def _what(p: Part) -> str:
-    if p.kind == "norm":
-        return "a norm" + (f" of width {p.width}" if p.width else "")
-    if p.kind == "mha":
-        return "an nn.MultiheadAttention (q, k, v and proj)"
-    if p.kind == "matrix":
-        return f"a matrix parameter of shape {p.shape}"
-    return f"a linear layer (out, in) = {p.shape}"
+    return {
+        "norm": "a norm" + (f" of width {p.width}" if p.width else ""),
+        "mha": "an nn.MultiheadAttention (q, k, v and proj)",
+        "matrix": f"a matrix parameter of shape {p.shape}",
+    }.get(p.kind, f"a linear layer (out, in) = {p.shape}")
 
 
 def _linear(

@@ -1,14 +1,12 @@
-"""The fallback when the forward pass does not show the roles: the parts given roles by shapes
-and call, then registration, order (never names), or as ``--map`` says. Ties are all kept, and
-q, k, v's other orders (only order tells them apart) are the ``fallback``.
-
-Shapes: C channels, D attention width, H the MLP's hidden width, hs head size.
+"""The fallback when the forward pass does not show the roles: roles by shapes and call, then
+registration, order (never names), or as ``--map`` says (docs/checker.md, "When the forward pass
+does not show the roles"). Shapes: C channels, D attention width, H hidden width, hs head size.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -39,21 +37,15 @@ FORMS = {  # the roles each way of making q, k, v needs from the block's plain l
 
 @dataclass(frozen=True)
 class MappedBlock:
-    """A block's parts in their roles: one or more readings for the comparison to try."""
+    """A block's parts in their roles (``readings.Readings``: however they were found)."""
 
     readings: tuple[Parts, ...]  # most likely first
-    names: tuple[dict[str, str], ...]  # per reading, then per fallback: role -> the block's names
-    how: tuple[str, ...]  # what decided the roles, and what was assumed
+    fallback: tuple[Parts, ...]  # q/k/v in the other orders
     heads: tuple[int, ...]  # head counts to try, most likely first
-    ignored: tuple[str, ...]  # parameters no role uses
-    fallback: tuple[Parts, ...] = ()  # q/k/v in the other orders
-
-    def describe(self, reading: int = 0) -> str:
-        roles = ", ".join(f"{r}={n}" for r, n in self.names[reading].items())
-        text = f"roles: {roles}" + (f" ({'; '.join(self.how)})" if self.how else "")
-        if self.ignored:
-            text += f"; parameters with no role: {', '.join(self.ignored)}"
-        return text
+    x: Tensor  # (B, T, C) float64: the input to compare on
+    describe: Callable[[int], str]  # the roles note for a reading (then for a fallback)
+    names: tuple[dict[str, str], ...] = ()  # per reading, then per fallback: role -> its names
+    ignored: tuple[str, ...] = ()  # parameters no role uses
 
 
 class Unmapped(Exception):
@@ -107,9 +99,6 @@ class _Candidate:  # one assignment of the parts to roles
             score += 0.1 * ((q < k) + (k < v))
         return score
 
-    def reordered(self, order: tuple[int, ...]) -> _Candidate:
-        return replace(self, heads=[(g[order[0]], g[order[1]], g[order[2]]) for g in self.heads])
-
     def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
         lin = {r: p.function() for r, p in self.roles.items()}
         packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
@@ -162,22 +151,11 @@ def map_roles(
     parts: list[Part],
     called: Mapping[str, int],
     roles: Mapping[str, list[Part]] | None = None,
+    T: int = 7,
 ) -> MappedBlock | Unmapped:
     """``parts`` in their roles in a block of width ``C``, by ``called`` (``parts.observe``'s
-    order, may be empty), with ``roles`` fixed by the caller.
-
-    Example:
-        >>> from gptblock import TransformerBlock
-        >>> from gptblock.check.roles.parts import discover
-        >>> block = TransformerBlock(16, 2)
-        >>> mapped = map_roles(block, 16, discover(block), {})
-        >>> mapped.names[0]["qkv"], mapped.heads
-        ('self_attn.in_proj_weight', (2,))
-        >>> print(map_roles(nn.Linear(16, 16), 16, discover(nn.Linear(16, 16)), {}).reason)
-        the linear layers do not fit a pre-norm block of width 16 ((the block) (16, 16)); expected
-        q/k/v (D, C) or packed (3D, C), proj (C, D), fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if
-        the block has them
-    """
+    order, may be empty), with ``roles`` fixed by the caller; ties are all kept, and q, k, v's
+    other orders (only order tells them apart) are the ``fallback``; compared on x (T, T, C)."""
     fixed = dict(roles or {})
     try:
         norms, chosen = _norms(parts, C, called, fixed)
@@ -197,10 +175,13 @@ def map_roles(
     others = []  # q, k, v in their other orders: only order tells them apart
     if first.heads and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
-        others = [first.reordered(o) for o in list(itertools.permutations(range(3)))[1:]]
+        orders = list(itertools.permutations(range(3)))[1:]
+        others = [
+            replace(first, heads=[(g[a], g[b], g[c]) for g in first.heads]) for a, b, c in orders
+        ]
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
-    readings = [c.build(C, (n1, n2)) for c in tied]
+    readings = [c.build(C, (n1, n2)) for c in [*tied, *others]]
     used = {
         n for c in tied for p in [*c.inputs(), *c.roles.values(), *norms] if p for n in p.params
     }
@@ -208,14 +189,19 @@ def map_roles(
         nh: tuple[int, ...] = (first.attn.mha.num_heads,)
     else:
         nh = (len(first.heads),) if first.form == "heads" else _head_counts(module, readings[0].D)
-    return MappedBlock(
-        tuple(readings),
-        tuple({**norm_names, **c.names()} for c in [*tied, *others]),
-        tuple(how),
-        nh,
-        tuple(n for p in parts for n in p.params if n not in used),
-        tuple(c.build(C, (n1, n2)) for c in others),
-    )
+    names = tuple({**norm_names, **c.names()} for c in [*tied, *others])
+    ignored = tuple(n for p in parts for n in p.params if n not in used)
+    said = f" ({'; '.join(how)})"
+    said += f"; parameters with no role: {', '.join(ignored)}" if ignored else ""
+
+    def describe(reading: int = 0) -> str:
+        return f"roles: {', '.join(f'{r}={n}' for r, n in names[reading].items())}{said}"
+
+    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
+    # and the weights read must be those values: gptblock.check.roles.provenance)
+    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    main, fallback = tuple(readings[: len(tied)]), tuple(readings[len(tied) :])
+    return MappedBlock(main, fallback, nh, x, describe, names, ignored)
 
 
 def _norms(

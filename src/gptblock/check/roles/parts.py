@@ -1,13 +1,14 @@
 """The weight-holding parts of a block's module tree (``discover``), what each computes, and the
-order the forward pass calls them in (``observe``).
-"""
+order the forward pass calls them in (``observe``)."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -27,13 +28,7 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
 @dataclass(frozen=True)
 class Given:
     """A role given as a parameter, its slices (``None``: all), layout ("": none) and the text;
-    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``).
-
-    Example:
-        >>> from gptblock.check.roles.given import parse_given
-        >>> parse_given(nn.Linear(32, 96), "weight[:, 0:32]:in_out")
-        Given(path='weight', slices=(slice(None, None, None), slice(0, 32, None)), layout='in_out', text='weight[:, 0:32]:in_out', read=True)
-    """
+    ``read`` as a matrix (a slice, layout or 3-D parameter), else a name (``named_parts``)."""
 
     path: str
     slices: tuple[slice, ...] | None
@@ -81,9 +76,8 @@ class Matrix(nn.Module):
 
 @dataclass(frozen=True)
 class Part:
-    """One weight-holding part: a ``linear`` is a module with a matrix ``weight`` and at most a
-    vector ``bias`` (``Conv1D`` stores (in, out)) or a ``Matrix``; a ``matrix`` a bare matrix
-    parameter with its bias, a ``Matrix`` read (out, in) unless ``laid`` (in, out)."""
+    """A ``linear`` module (weight and bias; ``Conv1D`` stores (in, out)) or a ``Matrix``; a
+    ``matrix``: a bare matrix parameter with its bias, read (out, in) unless ``laid``."""
 
     name: str  # the module's dotted name, or a ``matrix``'s parameter's ("" = the block)
     kind: str  # "norm", "linear", "matrix" or "mha"
@@ -153,11 +147,8 @@ def tensor_ids(module: nn.Module, *names: str) -> set[int]:
     tensors |= dict(module.named_parameters(remove_duplicate=False))
     modules = list(module.named_modules(remove_duplicate=False))
     ids: set[int] = set()
-    for name in names:
-        if name in tensors:
-            ids.add(id(tensors[name]))
-            continue
-        found = [m for n, m in modules if n == name or fnmatch.fnmatchcase(n, name)]
+    for name in names:  # a name matches itself as a glob
+        found = [m for n, m in modules if fnmatch.fnmatchcase(n, name)]
         ids |= {id(t) for m in found for t in (*m.parameters(), *m.buffers())}
         ids |= {id(t) for n, t in tensors.items() if fnmatch.fnmatchcase(n, name)}
     return ids
@@ -220,14 +211,7 @@ def paired_bias(named: Mapping[str, nn.Parameter], path: str, w: nn.Parameter) -
 
 def discover(module: nn.Module) -> list[Part]:
     """Every weight-holding part of ``module``, in registration order (called on zeros only to
-    tell the shape of a linear-like module whose bias does not).
-
-    Example:
-        >>> from gptblock import lesson
-        >>> parts = discover(lesson.Block(16, 2, 8))
-        >>> [(p.name, p.kind) for p in parts][:2], len(parts)
-        ([('sa.heads.0.key', 'linear'), ('sa.heads.0.query', 'linear')], 11)
-    """
+    tell the shape of a linear-like module whose bias does not)."""
     parts: list[Part] = []
     inside: list[str] = []  # parts whose submodules belong to them
     for name, m in module.named_modules():
@@ -267,18 +251,13 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
     """The order in which the parts' modules are first called while ``call()`` runs the block
     (a ``matrix``'s never is); a block that raises returns what it called."""
     order: dict[str, int] = {}
-    handles = []
-    for part in parts:
 
-        def hook(m: nn.Module, args: object, name: str = part.name) -> None:
-            order.setdefault(name, len(order))
+    def first(name: str, *_: object) -> None:  # a pre-hook that returns a value replaces the input
+        order.setdefault(name, len(order))
 
-        handles.append(part.module.register_forward_pre_hook(hook))
-    try:
-        call()
-    except CAUGHT:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
+    with contextlib.ExitStack() as hooks:
+        for p in parts:
+            hooks.callback(p.module.register_forward_pre_hook(partial(first, p.name)).remove)
+        with contextlib.suppress(*CAUGHT):
+            call()
     return order

@@ -1,23 +1,21 @@
 """Which reading the comparison uses (``read_parts``): the dataflow's, else the module tree's, or
-as ``--map`` says; ``suggest_map``: a ``--map`` to offer.
-
-Shapes: B batch, T time, C channels.
+as ``--map`` says; ``suggest_map``: a ``--map`` to offer (docs/checker.md, "When the forward pass
+does not show the roles"). Shapes: B batch, T time, C channels.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..mistakes.steps import Parts
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
-from .given import check_claims, check_reading, fix_roles, parse_given
+from .given import check_claims, check_reading, fix_roles
 from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
@@ -37,18 +35,13 @@ class Traces:
     modern comparison and the dataflow's reading); ``clear`` after setting the block's weights."""
 
     def __init__(self, tested: Probed, record: Callable[[Tensor], Trace]) -> None:
-        self.tested, self.record = tested, record
-        self.inputs: dict[tuple[int, int], Tensor] = {}
+        self.record = record
+        self.input = functools.cache(lambda B, T: tested.input(B, T, tested.C))  # one draw each
         self.clear()
 
     def clear(self) -> None:
         self.seen: list[tuple[Tensor, Trace]] = []  # (input, its forward pass)
         self.last: Trace | None = None  # the latest asked for
-
-    def input(self, B: int, T: int) -> Tensor:
-        if (B, T) not in self.inputs:
-            self.inputs[B, T] = self.tested.input(B, T, self.tested.C)
-        return self.inputs[B, T]
 
     def __call__(self, x: Tensor) -> Trace:
         same = (t for s, t in self.seen if s.shape == x.shape and s.dtype == x.dtype and torch.equal(s, x))  # fmt: skip
@@ -60,30 +53,15 @@ class Traces:
         return trace
 
 
-@dataclass(frozen=True)
-class Readings:
-    readings: tuple[Parts, ...]
-    fallback: tuple[Parts, ...]
-    heads: tuple[int, ...]
-    x: Tensor  # (B, T, C) float64
-    describe: Callable[[int], str]  # the roles note for a reading
+Readings = MappedBlock  # the parts to compare, by the dataflow, the module tree or --map
 
 
 def trace_shapes(longest: int) -> list[tuple[int, int]]:
     """The (B, T) to trace with: B != T, neither likely a head count (so shapes tell them
-    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences).
-
-    Example:
-        >>> trace_shapes(16), trace_shapes(4)
-        ([(5, 7), (11, 13), (4, 7), (7, 7), (1, 7)], [(5, 4), (11, 4), (6, 4), (4, 4), (1, 4)])
-    """
-    shapes = []
-    for B, T in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T)):
-        T = min(T, longest)
-        B = B if B != T else B + 2
-        shapes.append((B, T))
+    apart), then B = T (a block that only runs so) and B = 1 (one that loops over sequences)."""
     T = min(TRACE_T, longest)
-    return list(dict.fromkeys([*shapes, (T, T), (1, T)]))
+    shapes = [(B, min(t, longest)) for B, t in ((TRACE_B, TRACE_T), (11, 13), (4, TRACE_T))]
+    return list(dict.fromkeys([*((B + 2 * (B == t), t) for B, t in shapes), (T, T), (1, T)]))
 
 
 def dataflow(traces: Traces, longest: int) -> tuple[Reading, Tensor] | str:
@@ -104,14 +82,10 @@ def read_parts(
     subject: Subject, traces: Traces, roles: Mapping[str, str], longest: int, notes: list[str]
 ) -> Readings | str:
     """The block's parts to compare, or why they cannot be read; how, added to ``notes``."""
-    if unknown := [r for r in roles if r not in ROLES]:
-        raise UserValueError(f"unknown role {unknown[0]!r}; the roles are {', '.join(ROLES)}")
-    if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
-        raise UserValueError("give either qkv (packed) or q, k and v, not both")
     found = dataflow(traces, longest)
     module, C = subject.module, subject.C
-    parts, given = discover(module), {r: parse_given(module, t) for r, t in roles.items()}
-    read = check_claims(module, C, parts, given)
+    parts = discover(module)
+    given, read = check_claims(module, C, parts, roles)
     if not isinstance(found, str) and check_reading(module, C, found[0], given, read):
         reading, x = found
         if roles:
@@ -123,31 +97,21 @@ def read_parts(
     except ValueError as e:
         seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
-    T = subject.T
-    x = subject.input(T, T, C)
+    x = subject.input(subject.T, subject.T, C)
     called = observe(module, kept, lambda: subject(x))
-    mapped = map_roles(module, C, [*kept, *read.values()], called, fixed)
+    mapped = map_roles(module, C, kept, called, fixed, subject.T)
     if not isinstance(mapped, MappedBlock):
         return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
     if why:
         notes.append(
             f"the forward pass did not show the roles ({why}): found by shapes and order instead"
         )
-    # (no fresh weights here: the checker chose every parameter's value before the probes ran,
-    # and the weights read must be those values: gptblock.check.roles.provenance)
-    x = torch.randn(T, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    return Readings(mapped.readings, mapped.fallback, mapped.heads, x, mapped.describe)
+    return mapped
 
 
 def suggest_map(module: nn.Module, C: int) -> str:
     """``--map ROLE=NAME ...`` by registration order, with the slices or layouts (in, out) and
-    per-head weights need, or "" if none fits.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> suggest_map(lesson.Block(16, 2, 8), 16)  # one module per head: no fixed order fits
-        ''
-    """
+    per-head weights need, or "" if none fits."""
     parts = discover(module)
     named = dict(module.named_parameters())
     place = {n: i for i, n in enumerate(named)}
@@ -167,12 +131,10 @@ def suggest_map(module: nn.Module, C: int) -> str:
         for role, (_, name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
-            given = {r: parse_given(module, t) for r, t in roles.items()}
-            read = check_claims(module, C, parts, given)
-            kept, fixed = fix_roles(parts, given, read)
+            kept, fixed = fix_roles(parts, *check_claims(module, C, parts, roles))
         except ValueError:
             continue
-        if isinstance(map_roles(module, C, [*kept, *read.values()], {}, fixed), MappedBlock):
+        if isinstance(map_roles(module, C, kept, {}, fixed), MappedBlock):
             return "--map " + " ".join(f"{r}={n}" for r, n in roles.items())
     return ""
 
