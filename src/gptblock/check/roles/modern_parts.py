@@ -1,7 +1,6 @@
-"""What a modern block's parts compute, told from their traced values: ``norm_of`` (a LayerNorm,
-an RMSNorm or a mistaken form of ``steps.NORM_FORMS``), ``mlp_of`` (dense, gated or a catalogued
-mistake); and ``unmodelled``: the parts no reference models, found by what the block computes
-(docs/checker.md, "Out of scope is not FAIL"). Shapes: B batch, T time, C channels, H MLP width.
+"""What a modern block's parts compute, told from their traced values: ``norm_of``, ``mlp_of``,
+and ``unmodelled`` (the parts no reference models). docs/checker.md, "The modern block" ("Out of
+scope is not FAIL"). B batch, T time, C channels, H MLP width.
 """
 
 from __future__ import annotations
@@ -57,15 +56,8 @@ class NormRead:
 
 
 def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """What the norm ``f`` computes on inputs like ``like`` (B, T, C): its gain read on large
-    positive inputs (eps does not matter), its eps on inputs over four orders of magnitude.
-
-    Example:
-        >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
-        >>> f = lambda h: h / (h.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * w
-        >>> norm_of(f, torch.zeros(2, 3, 8, dtype=torch.float64)).form
-        'eps_outside'
-    """
+    """The gain read on large positive inputs (eps does not matter), eps on inputs over four
+    orders of magnitude."""
 
     def run(t: Tensor) -> Tensor:
         with torch.no_grad():
@@ -130,8 +122,8 @@ def lin(h: Tensor, w: Linear) -> Tensor:
 
 
 def mlp_of(read: ModernRead) -> MlpRead | None:
-    """The dense or gated form or catalogued mistake that reproduces the MLP's traced hidden
-    values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
+    """The form or catalogued mistake that reproduces the MLP's traced hidden values; a first
+    layer of 2H rows may be gate and up, in halves or interleaved."""
     h, target, width = read.rows("h2"), read.rows("hidden"), read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
         return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
@@ -251,8 +243,9 @@ def _bias(trace: Trace, op: Op) -> bool:
 
 
 def _window(trace: Trace, made: Op, A: int | None) -> int:
-    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
-    probabilities ``A``, or a fused core's static ``attn_mask``); else 0."""
+    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by ``A``,
+    or a fused core's static ``attn_mask``); else 0."""
+
     if A is None:
         if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
             return 0

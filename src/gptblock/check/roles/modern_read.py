@@ -1,7 +1,6 @@
-"""A modern block's parts read from one recorded forward pass: every weight (q, k, v at their
-projections' outputs, before any rotation or repeat of key/value heads) and the rotation.
-docs/checker.md, "The modern block". Shapes: B batch, T time, C channels, D attention width,
-H MLP width, nh heads, hs head size, r rotated channels of each head.
+"""A modern block's parts read from one recorded forward pass: every weight (q, k, v before any
+rotation or repeat of key/value heads) and the rotation. docs/checker.md, "The modern block".
+B batch, T time, C channels, nh heads, hs head size, r rotated channels of each head.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
 
 def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
     """The score product's operand as (B, nh, T, hs), from (..., T, hs) or a key's (..., hs, T)
-    (``key`` decides when T == hs); None for another size or layout."""
+    (``key`` decides when T == hs)."""
     if core.numel() != B * nh * T * hs or core.dim() < 2:
         return None
     rows, last = core.shape[-2:]
@@ -53,8 +52,8 @@ class Turn:
 def measure_turn(
     trace: Trace, source: int, core: int, B: int, nh: int, T: int, hs: int
 ) -> Turn | None:
-    """The rotation between the projection's output ``source`` and the score product's operand
-    ``core`` (q's), measured on head 0; None when it cannot be replayed or nothing turns."""
+    """The rotation from q's projection ``source`` to the scores' operand ``core``, measured on
+    head 0."""
     if T < 2:
         return None
     try:
@@ -107,8 +106,8 @@ def _ladder(w: list[float], r: int) -> float | None:
 
 
 def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use: of the measured ``turn``'s width and base,
-    else of ``THETAS`` and common widths; ``[None]`` where nothing turns on a base's ladder."""
+    """Every rotary embedding a correct block may use: the measured ``turn``'s, else of
+    ``THETAS`` and common widths; ``[None]`` where nothing turns on a base's ladder."""
     if not rotated or (turn is not None and not turn.fits):
         return [None]
     dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
@@ -151,8 +150,8 @@ class ModernRead:
 
 
 def _residual(trace: Trace, after: int, mlp_in: int) -> int:
-    """The stream the MLP's norm reads: the latest residual sum after ``after`` (the attention's
-    output), else ``after``; the block's input in a parallel block."""
+    """The stream the MLP's norm reads: the latest residual sum after the attention's output
+    ``after``; the block's input in a parallel block."""
     behind = trace.ancestors(mlp_in)
     if after not in behind:
         return trace.input
@@ -177,8 +176,7 @@ class Source:
 
 
 def read_modern(trace: Trace) -> ModernRead | None:
-    """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    one core per head (the lessons' reading). Raises Unread (parts that cannot be read: why)."""
+    """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
     cores = _cores(trace)
     if len(cores) != 1:
@@ -221,7 +219,8 @@ def read_modern(trace: Trace) -> ModernRead | None:
 
 def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
     """The gains of a qk norm (an RMSNorm per head on q and k), read at position 0 where nothing
-    turns; None where the scores' operands are not (B, nh, T, hs)."""
+    turns."""
+
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []

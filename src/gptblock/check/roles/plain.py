@@ -1,9 +1,6 @@
-"""A block's parts as plain numbers, all that crosses from the process that runs the block:
-``to_plain`` (a lessons' reading, read from zeros and basis vectors and checked on random rows)
-and ``send`` (a modern block's correct parts) write a JSON-able description and tensors
-``key.role.weight``/``.bias`` in the format ``receive.decode`` checks (its shape tables).
-
-Shapes: B batch, T time, C channels, D attention width, K the keys' width, H the MLP's width.
+"""A block's parts as plain numbers, all that crosses from the block's process: ``to_plain`` (a
+lessons' reading) and ``send`` (a modern block's correct parts), in the format ``receive.decode``
+checks. docs/checker.md, "How it decides" ("Read into numbers"). B batch, T time, C channels.
 """
 
 from __future__ import annotations
@@ -43,16 +40,7 @@ class NotPlain(ValueError):
 
 def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
     """The norm ``kind`` over the last axis (``std``: ``(h - mean) / (std + eps)``; ``unbiased``:
-    LayerNorm with the unbiased variance), as a sub-layer.
-
-    Example:
-        >>> C = 4
-        >>> w, b = torch.ones(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
-        >>> h = torch.randn(2, 3, C, dtype=torch.float64)
-        >>> ours = norm_function("layer", w, b, 1e-5)(h)
-        >>> torch.allclose(ours, torch.nn.functional.layer_norm(h, (C,)), atol=1e-12)
-        True
-    """
+    LayerNorm with the unbiased variance)."""
     if kind not in NORM_KINDS:
         raise NotPlain(f"unknown norm kind {kind!r}; expected one of {NORM_KINDS}")
 
@@ -72,8 +60,7 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) ->
 
 
 def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
-    """``f`` on ``rows`` (N, F) fed as (B, T, F) like ``like`` (some sub-layers only run on the
-    traced B and T), each output back as rows."""
+    """``f`` on ``rows`` (N, F) fed as (B, T, F): some sub-layers only run on the traced B, T."""
     B, T = like.shape[0], like.shape[1]
     chunks: list[list[Tensor]] = []  # each chunk's outputs
     for start in range(0, rows.shape[0], B * T):
@@ -135,8 +122,8 @@ def _kinds(r: float, a: float, C: int) -> dict[str, tuple[float, float]]:
 def _norm(
     name: str, f: SubLayer, like: Tensor, known: Tensor | None
 ) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """The kind, eps, weight and bias of the norm ``f``; of two kinds that fit (``layer`` and
-    ``unbiased`` do alike), the one whose weight is among ``known``."""
+    """Of two kinds that fit (``layer`` and ``unbiased`` do alike), the one whose weight is
+    among ``known``."""
     C = like.shape[-1]
     if C < 2:
         raise NotPlain(f"{name}: a norm over {C} channel cannot be read")
@@ -181,8 +168,8 @@ def _norm(
 def to_plain(
     parts: Parts, like: Tensor, key: str, known: Tensor | None = None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``parts`` as (description, tensors), called on the B and T of ``like``; a norm is read
-    in the kind whose gain is among ``known`` (the block's values, sorted)."""
+    """``parts`` as (description, tensors); a norm is read in the kind whose gain is among
+    ``known`` (the block's values, sorted)."""
     q, k, v = _linear("q, k, v", parts.qkv, parts.C, like)
     (fc1,) = _linear("fc1", parts.fc1, parts.C, like)
     (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
@@ -204,8 +191,9 @@ def send(
     qk_norm: tuple[Tensor, Tensor] | None,
     post: bool,
 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
-    """The modern parts found correct as (meta, tensors) of the part ``KEY``, or None where no
-    standard form expresses them; ``mlp0`` is the gate (or the dense first layer), ``mlp1`` up."""
+    """None where no standard form expresses the parts; ``mlp0`` is the gate (or the dense
+    first layer), ``mlp1`` up."""
+
     if (
         post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)

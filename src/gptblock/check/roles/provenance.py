@@ -1,7 +1,6 @@
-"""The weights a check uses, chosen by the checker (``choose``), and the weights read back traced
-to them (``trace``): each entry one the checker chose (or exactly 0 or 1), no two roles made of
-the same entries. The seed never enters the block's process, so one that misreports its weights
-(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; rearranged entries still pass.
+"""The weights the checker chooses (``choose``) and the weights read back traced to them
+(``trace``): each entry a chosen one (or exactly 0 or 1), no two roles made of the same entries.
+docs/checker.md, "How it decides" ("The block cannot break the checker", provenance).
 """
 
 from __future__ import annotations
@@ -21,16 +20,8 @@ REPEATED = 0.05  # a role's entries repeated more than this: one weight read twi
 
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
-    """New values for the parameters ``current``: matrices N(0, 1/C), so that a scale mistake
-    shows (GPT-2's std 0.02 leaves attention nearly uniform); vectors moved by ~0.1, so that a
-    wrong norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> new = choose({"w": torch.zeros(4, 4), "b": torch.zeros(4)}, 4, g)
-        >>> new["w"].std().item() > 0.2, new["b"].abs().max().item() < 0.5
-        (True, True)
-    """
+    """Matrices N(0, 1/C), so that a scale mistake shows; vectors moved by ~0.1, so that a wrong
+    norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0)."""
     chosen = {}
     for name, value in current.items():
         noise = torch.randn(value.shape, generator=g, dtype=torch.float64) if value.dim() else 0.0
@@ -40,12 +31,7 @@ def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[st
 
 
 def nearest(values: Tensor, t: Tensor) -> Tensor:
-    """For each entry of ``t``, the index of the nearest of the sorted, non-empty ``values``.
-
-    Example:
-        >>> nearest(torch.tensor([0.0, 1.0, 5.0]), torch.tensor([0.4, 4.0, 9.0])).tolist()
-        [0, 2, 2]
-    """
+    """For each entry of ``t``, the index of the nearest of the sorted, non-empty ``values``."""
     at = torch.searchsorted(values, t)
     below, above = (at - 1).clamp(0, len(values) - 1), at.clamp(0, len(values) - 1)
     return torch.where((t - values[below]).abs() <= (values[above] - t).abs(), below, above)
@@ -54,13 +40,8 @@ def nearest(values: Tensor, t: Tensor) -> Tensor:
 def snap(
     t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...] = (0.0,)
 ) -> Tensor | None:
-    """``t`` (float64), each entry the nearest of the sorted ``values`` (plus a shift: 1 for a
-    gain stored as ``gain - 1``) within ``tol``, exact 0s and 1s kept; else None.
-
-    Example:
-        >>> snap(torch.tensor([0.0, 2.001, 1.0]), torch.tensor([2.0, 5.0]), 1e-2).tolist()
-        [0.0, 2.0, 1.0]
-    """
+    """``t`` (float64), each entry the nearest of ``values`` (plus a shift: 1 for a gain stored
+    as ``gain - 1``) within ``tol``, exact 0s and 1s kept; else None."""
     g = t.to(torch.float64)
     found = (g == 0.0) | (g == 1.0)
     best = g.clone()
@@ -81,8 +62,8 @@ def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read are made of: a role reading chosen values twice (``repeats``) is the
-    block's doing (a made-up reading would not reproduce it); two roles sharing them, refused."""
+    """A role reading chosen values twice (``repeats``) is the block's doing; two roles sharing
+    them are refused (``why``)."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
@@ -90,8 +71,7 @@ class Traced:
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Every chosen value as the block holds it, float64, sorted; and each one's position in the
-    parameters laid end to end."""
+    """Every chosen value as the block holds it, sorted; and its position in all parameters."""
     return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
@@ -101,21 +81,8 @@ def trace(
     dtype: torch.dtype,
     heads: Mapping[str, int] | None = None,
 ) -> Traced:
-    """The weights read for ``roles`` (role -> weight, bias) traced to ``chosen``; ``heads``
-    (role -> head count) names a head that repeats another's. A norm's gain may be 1 + them.
-
-    Example:
-        >>> chosen = choose({"w": torch.zeros(4, 4)}, 4, torch.Generator().manual_seed(0))
-        >>> w = chosen["w"]
-        >>> trace({"k": [torch.cat([w[:2], w[:2]])]}, chosen, torch.float64, {"k": 2}).repeats
-        ("k's head 1 is its head 0's weights again",)
-        >>> len(trace({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64).used)
-        16
-        >>> trace({"q": [w[:2] * 2], "k": [w[2:]]}, chosen, torch.float64).why
-        'the weights read for q are not the values the checker gave the block'
-        >>> trace({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64).why
-        'ln1 and ln2 were read from the same parameters'
-    """
+    """``heads`` (role -> head count) names a head that repeats another's; a norm's gain may be
+    1 + the chosen values."""
     if not chosen:
         return Traced("the block has no parameters to read weights from")
     values = sorted_values(chosen, dtype)[0]
@@ -142,8 +109,8 @@ def trace(
 
 
 def _ties(values: Tensor, found: list[Tensor], tol: float) -> set[int]:
-    """The positions ``found`` (-1: none) and every value within ``tol`` of one: values the
-    dtype rounds together (or nearer than a read's error) cannot tell which one was read."""
+    """``found`` and every value within ``tol`` of one: values the dtype rounds together (or
+    nearer than a read's error) cannot tell which one was read."""
     at = torch.cat([f.flatten() for f in found]) if found else torch.zeros(0, dtype=torch.long)
     near = values[at[at >= 0]]
     lo = torch.searchsorted(values, near - tol).tolist()
@@ -176,15 +143,8 @@ def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
 def unread(
     chosen: Mapping[str, Tensor], used: frozenset[int], dtype: torch.dtype
 ) -> dict[str, Tensor]:
-    """For each parameter with values no role read (``Traced.used``), a mask, True where unread.
+    """For each parameter with values no role read (``Traced.used``), a mask, True where unread."""
 
-    Example:
-        >>> chosen = choose({"a": torch.zeros(2, 2), "b": torch.zeros(3)}, 2, torch.Generator())
-        >>> values, order = sorted_values(chosen, torch.float64)
-        >>> taken = frozenset(int(i) for i in range(7) if order[i] < 4)  # all of a's
-        >>> {n: m.tolist() for n, m in unread(chosen, taken, torch.float64).items()}
-        {'b': [True, True, True]}
-    """
     if not chosen:
         return {}
     order = sorted_values(chosen, dtype)[1]

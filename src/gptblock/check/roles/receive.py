@@ -1,8 +1,6 @@
-"""What the block's process sent (``plain``), checked (``decode``), held to the values the checker
-chose and built back into parts run by the checker's own code: ``unpack_readings``,
-``unpack_modern``.
-
-Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
+"""What the block's process sent (``plain``), checked (``decode``), traced to the values the
+checker chose and built back into parts run by the checker's own code (``unpack_readings``,
+``unpack_modern``). C channels, D = nh * hs, K = nkv * hs, H the MLP's width.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
 ) -> Received:  # fmt: skip
-    """The one check of a part that arrives: its widths, each tensor's shape and values, its
-    norms' kinds and eps."""
+    """The one check of a part that arrives: widths, shapes, values, norms' kinds and eps."""
     if not isinstance(meta, dict) or meta.get("C") != C:
         raise NotPlain(f"a reading of a block of width {C} expected")
     sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
@@ -113,20 +110,8 @@ def decode(
 
 
 def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    """``to_plain``'s numbers back as ``Parts``, checked against the width ``C``.
+    """``to_plain``'s numbers back as ``Parts``, checked against the width ``C``."""
 
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.plain import to_plain
-        >>> from gptblock.check.roles.trace import record
-        >>> from gptblock.check.roles.weights import read_trace
-        >>> block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
-        >>> x = torch.randn(5, 7, 8, dtype=torch.float64)
-        >>> meta, tensors = to_plain(read_trace(record(block, x), x).parts, x, "0")
-        >>> parts = from_plain(meta, tensors, "0", 8)
-        >>> meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))
-        ('layer', 8, True)
-    """
     return decode(meta, tensors, key, C, LESSON).parts()
 
 

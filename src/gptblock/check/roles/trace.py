@@ -1,7 +1,6 @@
-"""One forward pass recorded operator by operator (``record``, as plain data: ``from_plain`` reads
-it back with torch's own operators only, never code the message carries; unlike ``torch.fx`` it
-works on any code that runs), re-run with nodes replaced (``rerun``) or as a function
-(``replay``). Grad mode is on while recording, so that ``nn.MultiheadAttention`` is decomposed.
+"""One forward pass recorded operator by operator (``record``, read back by ``from_plain`` with
+torch's own operators only), re-run with nodes replaced (``rerun``) or as a function
+(``replay``). docs/checker.md, "The roles, from the dataflow".
 """
 
 from __future__ import annotations
@@ -173,8 +172,7 @@ def _need(ok: object, what: str) -> None:
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
-    """A ``Trace`` from what ``loop.record`` sent, checked for form (a TraceError); with
-    ``device``, the values and every device argument moved there."""
+    """What ``loop.record`` sent, checked for form (a TraceError); ``device``: moved there."""
     _need("error" not in meta, f"the block raised {str(meta.get('error'))[:400]} while traced")
     try:
         complex_nodes = set(_ints(meta.get("complex", [])))
@@ -222,15 +220,7 @@ def from_plain(
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
-    """Run ``module(x)`` once and record every operator; with ``no_dropout`` (or inside
-    ``NoDropout``) dropout is recorded as the identity. A TraceError if the block raised.
-
-    Example:
-        >>> import torch.nn as nn
-        >>> trace = record(nn.Linear(4, 4).double(), torch.zeros(2, 3, 4, dtype=torch.float64))
-        >>> [op.name for op in trace.ops]
-        ['view', 't', 'addmm', 'view']
-    """
+    """With ``no_dropout`` (or inside ``NoDropout``) dropout is recorded as the identity."""
     modes = _get_current_dispatch_mode_stack()
     no_dropout = no_dropout or any(isinstance(m, NoDropout) for m in modes)
     return from_plain(*loop.record(module, x, no_dropout=no_dropout))
@@ -239,8 +229,8 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
 def rerun(
     trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], ops: Sequence[Op] | None = None
 ) -> dict[int, Tensor]:
-    """The values of the nodes ``get``, replayed (``ops``; by default as far as needed) with the
-    nodes in ``put`` replaced (a TraceError where an operator cannot run on them)."""
+    """The values of ``get``, replayed (``ops``: by default as far as needed) with ``put``'s
+    nodes replaced; a TraceError where an operator cannot run on them."""
     wanted = set(get)
     if ops is None:
         ops = trace.ops[: max((trace.nodes[n].op for n in wanted), default=-1) + 1]
@@ -285,8 +275,8 @@ def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
-    """The operators computing ``target`` from ``source`` (and static values), as a function;
-    a TraceError where ``target`` also reads other input data."""
+    """A TraceError where ``target`` also reads input data not from ``source``."""
+
     inside, chosen = {source}, []
     for op in trace.between(source, target):
         if any(n in inside for n in op.inputs):

@@ -1,9 +1,6 @@
-"""Each role's weight read by what its sub-layer computes (``read_trace``): the trace replayed
-with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
-``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output. The
-norms (``find_norms``): whatever computes a scale-free function of a mean over the channels.
-
-Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
+"""Each role's weight read by replaying its sub-layer on zeros and basis vectors (``measure``,
+``read_trace``), and the norms (``find_norms``). docs/checker.md, "How it decides" ("The weights,
+read by what each sub-layer computes"). B batch, T time, C channels, D, H attention, MLP widths.
 """
 
 from __future__ import annotations
@@ -85,8 +82,8 @@ def rescaled(
     factors: list[Tensor | float],
     shaped: bool = False,
 ) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
-    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
+    """The replay (``shaped``: on any shape, dtype), its output on ``z``, and how far that moves
+    when ``z`` is multiplied by each of ``factors``; None: not finite."""
     try:
         run, like = replay(trace, source, out), trace.nodes[source].value
 
@@ -222,18 +219,8 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
-    """Every role's weight read out of a recorded forward pass on ``x`` (B, T, C), B != T, so that
-    shapes tell batch from time; an Unread says why it cannot (a TraceError: cannot replay).
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.trace import record
-        >>> block = lesson.Block(16, 2, 8, dropout=0.0).double().eval()
-        >>> x = torch.randn(5, 7, 16, dtype=torch.float64)
-        >>> reading = read_trace(record(block, x), x)
-        >>> reading.heads, reading.parts.D, reading.error < 1e-12
-        (2, 16, True)
-    """
+    """Every role's weight read, ``x`` (B, T, C) with B != T so that shapes tell batch from
+    time; an Unread says why it cannot (a TraceError: cannot replay)."""
     B, T, C = x.shape
     found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
     if "fc3" in found or any(r.turned for r in found.values()):  # the modern block's parts
@@ -261,8 +248,8 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
-    """Parameters by their modules (``attn.c_attn``, ``heads.*.query``), ' (in, out)' where the
-    role's one matrix is stored transposed."""
+    """Parameters by their modules (``heads.*.query``), ' (in, out)' where stored transposed."""
+
     if not params:
         return "none (the merged heads join the stream as they are: the identity)"
     owners: dict[str, list[str]] = {}
