@@ -69,7 +69,7 @@ def test_nearest_and_snap():
         2,
     ]
     snapped = snap(torch.tensor([0.0, 2.001, 1.0]), torch.tensor([2.0, 5.0]), 1e-2)
-    assert snapped is not None and snapped.tolist() == [0.0, 2.0, 1.0]
+    assert snapped is not None and snapped[0].tolist() == [0.0, 2.0, 1.0]
 
 
 def test_trace_repeats_used_and_refusals():

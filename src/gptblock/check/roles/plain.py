@@ -161,7 +161,7 @@ def _norm(
                 own = snap(weight - offset, known, tol)
                 if own is not None:
                     snapped = snap(b, known, tol)
-                    return meta, own + offset, b if snapped is None else snapped
+                    return meta, own[0] + offset, b if snapped is None else snapped[0]
     return fitting[0][1]
 
 

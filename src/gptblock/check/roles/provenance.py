@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,8 @@ __all__ = ["Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unr
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
 SHARED = 0.5  # two roles sharing more than this fraction of their entries are one part read twice
+SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
+READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 REPEATED = 0.05  # a role's entries repeated more than this: one weight read twice (not by chance)
 
 
@@ -39,25 +41,18 @@ def nearest(values: Tensor, t: Tensor) -> Tensor:
 
 def snap(
     t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...] = (0.0,)
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor] | None:
     """``t`` (float64), each entry the nearest of ``values`` (plus a shift: 1 for a gain stored
-    as ``gain - 1``) within ``tol``, exact 0s and 1s kept; else None."""
+    as ``gain - 1``) within ``tol``, exact 0s and 1s kept; and each one's index (-1: kept)."""
     g = t.to(torch.float64)
     found = (g == 0.0) | (g == 1.0)
-    best = g.clone()
+    best, at = g.clone(), torch.full(g.shape, -1, dtype=torch.long)
     for shift in shifts:
-        near = values[nearest(values, g - shift)] + shift
-        fits = ((near - g).abs() <= tol) & ~found
-        best, found = torch.where(fits, near, best), found | fits
-    return best if bool(found.all()) else None
-
-
-def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
-    """Each entry's index in ``values`` (-1 for an exact 0 or 1), if ``snap`` places them all."""
-    flat = read.flatten().to(torch.float64)
-    if snap(flat, values, tol) is None:
-        return None
-    return torch.where((flat == 0.0) | (flat == 1.0), -1, nearest(values, flat))
+        i = nearest(values, g - shift)
+        fits = ((values[i] + shift - g).abs() <= tol) & ~found
+        best, at = torch.where(fits, values[i] + shift, best), torch.where(fits, i, at)
+        found = found | fits
+    return (best, at) if bool(found.all()) else None
 
 
 @dataclass(frozen=True)
@@ -68,6 +63,7 @@ class Traced:
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
     used: frozenset[int] = frozenset()  # the chosen values read, as positions in sorted_values
+    roles: dict[str, list[Tensor]] = field(default_factory=dict)  # the weights, snapped to them
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -80,32 +76,38 @@ def trace(
     chosen: Mapping[str, Tensor],
     dtype: torch.dtype,
     heads: Mapping[str, int] | None = None,
+    measured: bool = False,
 ) -> Traced:
     """``heads`` (role -> head count) names a head that repeats another's; a norm's gain may be
-    1 + the chosen values."""
-    if not chosen:
+    1 + the chosen values; ``measured``: weights measured from traced values (``SNAP``, ``READ``)."""
+    values = sorted_values(chosen, dtype)[0] if chosen else torch.zeros(0)
+    if not values.numel():
         return Traced("the block has no parameters to read weights from")
-    values = sorted_values(chosen, dtype)[0]
     used: dict[str, set[int]] = {}
     repeats: list[str] = []
+    snapped: dict[str, list[Tensor]] = {}
     for role, tensors in roles.items():
+        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
         scale = max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
         tol = RELATIVE[dtype] * scale + 1e-300
-        found = [_positions(t, values, tol) for t in tensors]
-        if role.startswith("ln") and found and found[0] is None:
-            found[0] = _positions(tensors[0] - 1.0, values, tol)
+        found = [
+            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300 if measured
+                 else tol, (0.0, 1.0) if gain and i == 0 else (0.0,))
+            for i, t in enumerate(tensors)
+        ]  # fmt: skip
         if any(f is None for f in found):
             why = f"the weights read for {role} are not the values the checker gave the block"
             return Traced(why)
-        used[role] = _ties(values, [f for f in found if f is not None], 2 * tol)
-        weight = found[0]
-        if weight is not None and tensors[0].dim() == 2:
-            repeats += _repeats(role, weight.reshape(tensors[0].shape), (heads or {}).get(role, 0))
+        snapped[role] = [f[0] for f in found if f is not None]
+        at = [f[1] for f in found if f is not None]
+        used[role] = _ties(values, at, 2 * tol)
+        if tensors[0].dim() == 2:
+            repeats += _repeats(role, at[0], (heads or {}).get(role, 0))
     for a, b in itertools.combinations(used, 2):
         smaller = min(len(used[a]), len(used[b]))
         if smaller and len(used[a] & used[b]) > SHARED * smaller:
             return Traced(f"{a} and {b} were read from the same parameters")
-    return Traced("", tuple(repeats), frozenset(set().union(*used.values())))
+    return Traced("", tuple(repeats), frozenset(set().union(*used.values())), snapped)
 
 
 def _ties(values: Tensor, found: list[Tensor], tol: float) -> set[int]:

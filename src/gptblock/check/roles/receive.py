@@ -16,15 +16,13 @@ from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, r
 from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED
 from .plain import KEY, LESSON, MODERN, NORM_KINDS, QK, NotPlain, norm_function
-from .provenance import Traced, snap, sorted_values, trace
+from .provenance import Traced, trace
 from .readings import Readings
 
-__all__ = ["READ", "SNAP", "Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
+__all__ = ["Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
 
 Tensor = torch.Tensor
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
-SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
-READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 
 
 @dataclass(frozen=True)
@@ -200,21 +198,7 @@ def unpack_modern(
         parts = receive(modern["parts"], dict(modern.get("tensors") or {}), C)
     except NotPlain as e:
         return str(e)
-    values = sorted_values(chosen, dtype)[0]
-    if not values.numel():
-        return "the checker gave the block no values to trace its weights to"
-    roles: dict[str, list[Tensor]] = {}
-    for role, ts in parts.roles.items():
-        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
-        snapped = [
-            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300,
-                 (0.0, 1.0) if gain and i == 0 else (0.0,))
-            for i, t in enumerate(ts)
-        ]  # fmt: skip
-        if any(s is None for s in snapped):
-            return f"the weights read for {role} are not the values the checker gave the block"
-        roles[role] = [s for s in snapped if s is not None]
     hs = parts.D // parts.n_head
     heads = {r: parts.roles[r][0].shape[0] // hs for r in ("q", "k", "v")}
-    traced = trace(roles, chosen, dtype, heads)
-    return traced.why or (replace(parts, roles=roles), traced)
+    traced = trace(parts.roles, chosen, dtype, heads, measured=True)
+    return traced.why or (replace(parts, roles=traced.roles), traced)
