@@ -13,9 +13,7 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "Core", "Role", "Unread",
-    "data", "find_roles", "forward_end", "gathered", "layout", "reach", "source", "static_names",
-    "to_layout", "to_weight", "weight_input",
+    "Core", "Role", "Unread", "find_roles", "layout", "static_names", "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -35,8 +33,7 @@ GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vsta
 
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
-    """The (batch, time) axes of ``shape``: strictly, (B, T, ...), (T, B, ...) or (B, F, T) (unit
-    axes between); else any axes of sizes B and T, or one axis of B * T, b-major (given twice)."""
+    """The (batch, time) axes of ``shape``; not ``strict``: any axes of sizes B and T, or B * T."""
     if B == 1 and len(shape) >= 2 and shape[0] == T:
         return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
     if len(shape) < 3 or (B == T and shape[:2] != (B, T)):
@@ -56,7 +53,6 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
 
 
 def data(trace: Trace, op: Op) -> list[int]:
-    """``op``'s operands that depend on the block's input."""
     return [n for n in op.inputs if trace.nodes[n].data]
 
 
@@ -93,8 +89,7 @@ def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
 
 
 def gathered(trace: Trace, op: Op) -> int | None:
-    """The one tensor a cat / stack of its reshapes and slices only rearranges (heads split by
-    ``stack(t.split(hs, -1), 1)``, merged by ``cat(y.unbind(1), -1)``)."""
+    """The one tensor a cat / stack only rearranges (``stack(t.split(hs, -1), 1)``)."""
     pieces = data(trace, op)
     if op.base not in GATHER_OPS or len(pieces) < 2 or len(pieces) != len(op.inputs):
         return None
@@ -105,7 +100,6 @@ def gathered(trace: Trace, op: Op) -> int | None:
 
 
 def _back(trace: Trace, node: int) -> tuple[int, float] | None:
-    """One step back over a reshape, slice, rearranging cat, scalar factor or bias."""
     op = trace.producer(node)
     if op is None:
         return None
@@ -132,8 +126,7 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
 
 
 def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
-    """The earliest node laid out by position that ``node`` is a reshape of; ``heads`` (proj's
-    input): the (B, T, D) one, else (an einsum with a 3-D W_O) the heads."""
+    """The earliest node laid out by position that ``node`` is a reshape of (``heads``: 3-D)."""
     shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
     found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
     if heads and not found:
@@ -142,7 +135,6 @@ def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int 
 
 
 def static_names(trace: Trace, ops: list[Op]) -> list[str]:
-    """The parameters (and buffers) the static operands of ``ops`` were made from."""
     names: list[str] = []
     for op in ops:
         for n in op.inputs:
@@ -152,7 +144,6 @@ def static_names(trace: Trace, ops: list[Op]) -> list[str]:
 
 
 def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
-    """The matrix product with a weight behind ``node``, and the scalar factors on the way."""
     factor = 1.0
     while (op := trace.producer(node)) is None or weight_input(trace, op) is None:
         step = _back(trace, node)
@@ -163,8 +154,7 @@ def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
 
 
 def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
-    """The nearest matrix products with a weight on every path, and the nodes on the way
-    (forward over reshapes and cat / stack; back over any operator)."""
+    """The nearest matrix products with a weight on every path, and the nodes on the way."""
     todo, seen, found = [node], {node}, {}
     while todo:
         n = todo.pop()
@@ -179,8 +169,7 @@ def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
 
 
 def forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
-    """The last node laid out by position on the single-consumer chain of reshapes, biases,
-    scalar factors and sums after ``op``."""
+    """The last node laid out by position on the single-consumer chain after ``op``."""
     node, last = op.outputs[0], None
     while True:
         last = node if layout(trace.nodes[node].shape, B, T) is not None else last
@@ -200,8 +189,6 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class Core:
-    """One attention core: q, k, v as the products read them, and its output."""
-
     q: int
     k: int
     v: int
@@ -212,8 +199,6 @@ class Core:
 
 @dataclass
 class Role:
-    """A sub-layer read from the trace."""
-
     put: int  # the node it reads
     get: list[int]  # the nodes it makes (one per attention core)
     params: list[str]  # the parameters behind it
@@ -253,8 +238,7 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
 
 
 def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
-    """Whether the scores' product is ``(k @ q^T)^T``: then the probabilities follow the scores'
-    transpose."""
+    """Whether the scores' product is ``(k @ q^T)^T``: the probabilities follow S^T."""
     S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
     if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
         return False
@@ -279,7 +263,6 @@ def _agreement(S: Tensor, P: Tensor) -> float:
 
 
 def _scores(trace: Trace, A: int) -> Op | None:
-    """The latest product of two data tensors that ``A`` was computed from."""
     found = [
         op
         for n in trace.ancestors(A)
@@ -291,8 +274,7 @@ def _scores(trace: Trace, A: int) -> Op | None:
 
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
-    """The roles (q k v proj fc1 fc2, a gated MLP's fc3 too) and the head count; Unread (saying
-    which) where one is missing."""
+    """The roles (q k v proj fc1 (fc3) fc2) and the head count; Unread where one is missing."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -342,7 +324,6 @@ def _projection(
 ) -> tuple[int, int, float, list[str], bool]:
     """Turned (a rotation, a qk norm between) or repeated: its one nearest product, read before
     key/value heads are repeated, at its own slice of a packed product."""
-
     out = to_layout(trace, node, B, T)
     found = to_weight(trace, out) if out is not None else None
     turned, size = found is None, trace.nodes[node].value.numel()

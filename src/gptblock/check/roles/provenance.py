@@ -33,7 +33,6 @@ def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[st
 
 
 def nearest(values: Tensor, t: Tensor) -> Tensor:
-    """For each entry of ``t``, the index of the nearest of the sorted, non-empty ``values``."""
     at = torch.searchsorted(values, t)
     below, above = (at - 1).clamp(0, len(values) - 1), at.clamp(0, len(values) - 1)
     return torch.where((t - values[below]).abs() <= (values[above] - t).abs(), below, above)
@@ -57,8 +56,7 @@ def snap(
 
 @dataclass(frozen=True)
 class Traced:
-    """A role reading chosen values twice (``repeats``) is the block's doing; two roles sharing
-    them are refused (``why``)."""
+    """A role reading chosen values twice is the block's doing; two roles sharing them, refused."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
@@ -67,7 +65,6 @@ class Traced:
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Every chosen value as the block holds it, sorted; and its position in all parameters."""
     return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
@@ -79,7 +76,7 @@ def trace(
     measured: bool = False,
 ) -> Traced:
     """``heads`` (role -> head count) names a head that repeats another's; a norm's gain may be
-    1 + the chosen values; ``measured``: weights measured from traced values (``SNAP``, ``READ``)."""
+    1 + the chosen values; ``measured``: weights measured from traced values (SNAP, READ)."""
     values = sorted_values(chosen, dtype)[0] if chosen else torch.zeros(0)
     if not values.numel():
         return Traced("the block has no parameters to read weights from")
@@ -95,14 +92,20 @@ def trace(
                  else tol, (0.0, 1.0) if gain and i == 0 else (0.0,))
             for i, t in enumerate(tensors)
         ]  # fmt: skip
-        if any(f is None for f in found):
+        got = [f for f in found if f is not None]
+        if len(got) < len(found):
             why = f"the weights read for {role} are not the values the checker gave the block"
             return Traced(why)
-        snapped[role] = [f[0] for f in found if f is not None]
-        at = [f[1] for f in found if f is not None]
-        used[role] = _ties(values, at, 2 * tol)
+        snapped[role] = [g[0] for g in got]
+        # each value read and every value within 2 tol of it: values the dtype rounds together
+        # (or nearer than a read's error) cannot tell which one was read
+        at = torch.cat([g[1].flatten() for g in got])
+        near = values[at[at >= 0]]
+        lo = torch.searchsorted(values, near - 2 * tol).tolist()
+        hi = torch.searchsorted(values, near + 2 * tol, right=True).tolist()
+        used[role] = {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
         if tensors[0].dim() == 2:
-            repeats += _repeats(role, at[0], (heads or {}).get(role, 0))
+            repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
     for a, b in itertools.combinations(used, 2):
         smaller = min(len(used[a]), len(used[b]))
         if smaller and len(used[a] & used[b]) > SHARED * smaller:
@@ -110,18 +113,7 @@ def trace(
     return Traced("", tuple(repeats), frozenset(set().union(*used.values())), snapped)
 
 
-def _ties(values: Tensor, found: list[Tensor], tol: float) -> set[int]:
-    """``found`` and every value within ``tol`` of one: values the dtype rounds together (or
-    nearer than a read's error) cannot tell which one was read."""
-    at = torch.cat([f.flatten() for f in found]) if found else torch.zeros(0, dtype=torch.long)
-    near = values[at[at >= 0]]
-    lo = torch.searchsorted(values, near - tol).tolist()
-    hi = torch.searchsorted(values, near + tol, right=True).tolist()
-    return {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
-
-
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
-    """A head that is another head's weights, else the share of entries read twice."""
     if heads > 1 and at.shape[0] % heads == 0:
         blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
         copies: dict[int, list[int]] = {}  # head -> the later heads that are it
@@ -145,8 +137,6 @@ def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
 def unread(
     chosen: Mapping[str, Tensor], used: frozenset[int], dtype: torch.dtype
 ) -> dict[str, Tensor]:
-    """For each parameter with values no role read (``Traced.used``), a mask, True where unread."""
-
     if not chosen:
         return {}
     order = sorted_values(chosen, dtype)[1]

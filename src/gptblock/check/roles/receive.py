@@ -51,17 +51,13 @@ class Received:
             act, up = (GATED if self.gated else DENSE)[self.activation], lin.get("mlp1")
             fc1 = lambda h: act(lin["mlp0"](h)) * (up(h) if up else 1)  # noqa: E731
             norm.setdefault("ln2", norm["ln1"])
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return lin["q"](h), lin["k"](h), lin["v"](h)
-
+        qkv = lambda h: (lin["q"](h), lin["k"](h), lin["v"](h))  # noqa: E731
         return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, norm["ln1"], norm.get("ln2"))
 
     def run(self, x: Tensor) -> Tensor:
         qk = (self.roles["lnq"][0], self.roles["lnk"][0]) if "lnq" in self.roles else None
         steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
-        x = x.to(torch.float64)
-        return run_steps(self.parts(), x, self.n_head, None, steps, self.rope, qk)
+        return run_steps(self.parts(), x.double(), self.n_head, None, steps, self.rope, qk)
 
 
 def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
@@ -77,7 +73,6 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
 ) -> Received:  # fmt: skip
-    """The one check of a part that arrives: widths, shapes, values, norms' kinds and eps."""
     if not isinstance(meta, dict) or meta.get("C") != C:
         raise NotPlain(f"a reading of a block of width {C} expected")
     sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
@@ -108,8 +103,6 @@ def decode(
 
 
 def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    """``to_plain``'s numbers back as ``Parts``, checked against the width ``C``."""
-
     return decode(meta, tensors, key, C, LESSON).parts()
 
 
@@ -120,7 +113,6 @@ def unpack_readings(
     chosen: Mapping[str, Tensor],
     notes: list[str],
 ) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
-    """The readings ``Served.read`` sent, rebuilt and checked, with each one's weights by role."""
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -153,7 +145,6 @@ def unpack_readings(
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
-    """The modern parts ``plain.send`` sent, checked to fit together."""
     try:
         n_head, gated, activation = meta["n_head"], meta["gated"] is True, meta["activation"]
         rope, is_parallel = meta["rope"], meta.get("parallel") is True
@@ -190,8 +181,7 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
 def unpack_modern(
     modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
 ) -> tuple[Received, Traced] | str:
-    """The modern parts sent, each number snapped to the nearest value the checker chose and
-    traced to them; else why they cannot be."""
+    """The modern parts sent, traced to the values the checker chose; else why they cannot be."""
     if not modern.get("parts"):
         return "its process sent no parts the checker can rebuild it from"
     try:
