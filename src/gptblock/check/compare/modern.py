@@ -36,15 +36,12 @@ def _error(y: Tensor, y_ref: Tensor) -> float:  # 0 where neither is defined (th
     return 0.0 if nowhere else distance(y, y_ref)
 
 
-def _qkv(read: ModernRead) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
-    return lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))
-
-
-def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
-    """The smallest sets of changes that reproduce the merged heads; else how far the nearest is."""
-    h, ctx, proj = read.rows("q"), read.rows("proj"), partial(lin, w=read.proj)
-    (D, C), qkv = read.q[0].shape, _qkv(read)
+def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
+    """The smallest sets of changes that reproduce the merged heads (else how far), the parts."""
+    (D, C), proj = read.q[0].shape, partial(lin, w=read.proj)
+    qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
     parts = Parts(C, D, qkv, proj, proj, proj, None, None)
+    h, ctx = read.rows("q"), read.rows("proj")
     q, k, _ = parts.qkv(h)
     hs = q.shape[-1] // read.n_head
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
@@ -56,13 +53,13 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
     turned = [t for t in turns if t[0] or t[1] is not None or not read.rotated]  # one turns
     found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
     if found.match:
-        return [found.match, *found.alternatives], ""
+        return [found.match, *found.alternatives], "", parts
     nearest = explain([parts], h, ctx, (read.n_head,), 0, (), turns, True, _error)
     near = cast(Match, nearest.match or nearest.closest)  # a match: undefined in both, a turn less
     said = [near.rope.describe(hs)] if near.rope else []
     said += ["a qk norm"] if near.qk_norm is not None else []
     what = " with ".join(["the modern attention", *said])
-    return [], f"{what}, is off by {near.error:.2g} of its scale > {TOLERANCE:g}"
+    return [], f"{what}, is off by {near.error:.2g} of its scale > {TOLERANCE:g}", parts
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     if not (read.rotated or grouped or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     mlp = mlp_of(read)
-    attn, closest = _attention_of(read)
+    attn, closest, attention = _attention_of(read)
     a = attn[0] if attn else None
     said = [
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
@@ -132,8 +129,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
             "catalogued mistake of it"
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
-    parts = Parts(x.shape[-1], read.q[0].shape[0], _qkv(read), partial(lin, w=read.proj), mlp.hidden,
-                  partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip
+    fc2, ln1, ln2 = partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function
+    parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2)
     steps = compose(a.deviations)
     wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's
 
