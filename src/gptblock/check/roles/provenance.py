@@ -43,7 +43,7 @@ def snap(
 ) -> tuple[Tensor, Tensor] | None:
     """``t`` (float64), each entry the nearest of ``values`` (plus a shift: 1 for a gain stored
     as ``gain - 1``) within ``tol``, exact 0s and 1s kept; and each one's index (-1: kept)."""
-    g = t.to(torch.float64)
+    g = t.to(torch.float64).contiguous()  # searchsorted copies (and warns on) any other
     found = (g == 0.0) | (g == 1.0)
     best, at = g.clone(), torch.full(g.shape, -1, dtype=torch.long)
     for shift in shifts:
