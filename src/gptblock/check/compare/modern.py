@@ -16,7 +16,7 @@ import torch
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
-from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Rope, Steps, parallel, run_steps
+from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, parallel, run_steps
 from ..roles.modern_parts import lin, measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
@@ -31,21 +31,17 @@ NAME = "reference comparison"
 _PARTS = ("the norm before the attention", "the norm before the MLP", "the MLP", "the attention")
 
 
-def _error(y: Tensor, y_ref: Tensor) -> float:
-    """``distance``, 0 where neither is defined anywhere (the norm's own test decided)."""
+def _error(y: Tensor, y_ref: Tensor) -> float:  # 0 where neither is defined (the norms decided)
     nowhere = not torch.isfinite(y_ref).any() and not torch.isfinite(y).any()
     return 0.0 if nowhere else distance(y, y_ref)
 
 
-def _qkv(read: ModernRead) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
-    return lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))
-
-
-def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
-    """The smallest sets of changes under which the attention reproduces the merged heads; and
-    the nearest correct attention and how far it is, for a failed comparison."""
-    h, ctx, proj = read.rows("h1"), read.rows("ctx"), partial(lin, w=read.proj)
-    parts = Parts(read.q[0].shape[1], read.q[0].shape[0], _qkv(read), proj, proj, proj, None, None)
+def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
+    """The smallest sets of changes that reproduce the merged heads (else how far), the parts."""
+    (D, C), proj = read.q[0].shape, partial(lin, w=read.proj)
+    qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
+    parts = Parts(C, D, qkv, proj, proj, proj, None, None)
+    h, ctx = read.rows("q"), read.rows("proj")
     q, k, _ = parts.qkv(h)
     hs = q.shape[-1] // read.n_head
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
@@ -57,28 +53,22 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str]:
     turned = [t for t in turns if t[0] or t[1] is not None or not read.rotated]  # one turns
     found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
     if found.match:
-        return [found.match, *found.alternatives], ""
+        return [found.match, *found.alternatives], "", parts
     nearest = explain([parts], h, ctx, (read.n_head,), 0, (), turns, True, _error)
     near = cast(Match, nearest.match or nearest.closest)  # a match: undefined in both, a turn less
     said = [near.rope.describe(hs)] if near.rope else []
     said += ["a qk norm"] if near.qk_norm is not None else []
     what = " with ".join(["the modern attention", *said])
-    return [], f"{what}, is off by {near.error:.2g} of its scale > {TOLERANCE:g}"
+    return [], f"{what}, is off by {near.error:.2g} of its scale > {TOLERANCE:g}", parts
 
 
 @dataclass(frozen=True)
 class ModernOutcome:
-    """What the modern comparison found, for the report."""
-
     notes: list[str]  # what the block was recognised as, and where its weights were read
     finding: Finding | None  # the reference comparison; None when the weights were not read
     details: dict[str, str]  # each mistake found, with what exactly it does
     alternatives: list[list[str]]
     parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, plain.send
-
-    @property
-    def mistakes(self) -> list[str]:
-        return list(self.details)
 
 
 _PAIRS = {
@@ -88,19 +78,8 @@ _PAIRS = {
 }  # fmt: skip
 
 
-def _pairing_label(rope: Rope) -> str:
-    (pairs, table), (other, wrong) = (
-        _PAIRS[p] for p in (rope.pairing, "adjacent" if rope.pairing == "halves" else "halves")
-    )
-    return (
-        f"the rotation pairs channels in {pairs}, but the cos/sin table is laid out for {other} "
-        f"({wrong} instead of {table}): each pair is turned by two different angles"
-    )
-
-
 def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
-    """The modern comparison of a block traced on ``x`` (B, T, C); ``None`` where the lessons'
-    reading takes over (not read as a modern block, or the checker's own code fails on it)."""
+    """``None`` where the lessons' reading takes over (not a modern block, or the checker fails)."""
     try:
         with torch.no_grad():
             y = source.call(x)
@@ -126,7 +105,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     if not (read.rotated or grouped or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     mlp = mlp_of(read)
-    attn, closest = _attention_of(read)
+    attn, closest, attention = _attention_of(read)
     a = attn[0] if attn else None
     said = [
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
@@ -138,7 +117,9 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         f"{read.n_head} heads",
         "parallel residual" if read.parallel else "",
     ]  # fmt: skip
-    roles = [f"{r}={n}" for r, n in read.names.items()] + [f"mlp={', '.join(read.mlp_names)}"]
+    names = {r: ", ".join(role.params) for r, role in read.roles.items()}
+    mlp_names = ", ".join(n for r, n in names.items() if r.startswith("fc"))
+    roles = [f"{r}={names[r]}" for r in ("q", "k", "v", "proj")] + [f"mlp={mlp_names}"]
     note = ["modern block: " + ", ".join(p for p in said if p), "roles: " + "; ".join(roles) + (
         " (read from the forward pass, each at its matrix product's output)")]  # fmt: skip
     missing = [n.form == "unknown" for n in norms] + [mlp is None, a is None]
@@ -148,13 +129,12 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
             "catalogued mistake of it"
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
-    parts = Parts(x.shape[-1], read.q[0].shape[0], _qkv(read), partial(lin, w=read.proj), mlp.hidden,
-                  partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function)  # fmt: skip
+    fc2, ln1, ln2 = partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function
+    parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2)
     steps = compose(a.deviations)
     wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's
 
     def run(positions: Tensor | None = None, steps: Steps = wired) -> Tensor:
-        """The block as read, tokens rotated at ``positions`` (T,) (by default 0 ... T-1)."""
         return run_steps(parts, x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
 
     with torch.no_grad():
@@ -184,7 +164,14 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     for c in a.deviations:
         label = c.describe(x.shape[-1], read.n_head, hs)
         if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
-            label = _pairing_label(a.rope)
+            (pairs, table), (other, wrong) = (
+                _PAIRS[p]
+                for p in (a.rope.pairing, "adjacent" if a.rope.pairing == "halves" else "halves")
+            )
+            label = (
+                f"the rotation pairs channels in {pairs}, but the cos/sin table is laid out for "
+                f"{other} ({wrong} instead of {table}): each pair is turned by two different angles"
+            )
         details.setdefault(c.mistake, label)
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.deviations}) for m in attn[1:]]
@@ -205,8 +192,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
 
 
 def _unexplained(read: ModernRead, note: list[str], failed: str) -> ModernOutcome:
-    """Out of scope (no finding: ``UNVERIFIED``) where the block computes a part no reference
-    models, else the failed comparison."""
+    """Out of scope (UNVERIFIED) where a part is one no reference models, else FAIL."""
     parts = unmodelled(read)
     if not parts:
         return ModernOutcome(note, Finding(NAME, False, failed), {}, [])
@@ -216,8 +202,6 @@ def _unexplained(read: ModernRead, note: list[str], failed: str) -> ModernOutcom
 
 @dataclass(frozen=True)
 class CacheProbe:
-    """A note for the report, and ``rope_cache_offset``'s label where it is made (else "")."""
-
     note: str
     offset: str = ""
 

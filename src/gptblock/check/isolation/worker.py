@@ -248,7 +248,7 @@ class Remote(Probed):
         return {
             "notes": list(outcome.notes),
             "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-            "mistakes": list(outcome.mistakes),
+            "mistakes": list(outcome.details),
             "details": dict(outcome.details),
             "alternatives": [list(a) for a in outcome.alternatives],
             "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker

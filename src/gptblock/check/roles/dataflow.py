@@ -1,8 +1,6 @@
-"""The roles of a block's parts from what its tensors do in one recorded forward pass
-(docs/checker.md, "The roles, from the dataflow"): attention cores, q/k/v, proj and the MLP, each
-found by following a node over the data movement around a matrix product (reshapes, slices,
-scalar factors, biases) to the tensor laid out by position (``layout``) the lessons' block has.
-Shapes: B batch, T time, C channels, D attention width, nh heads, hs head size.
+"""The roles of a block's parts (attention cores, q/k/v, proj, the MLP) from one recorded forward
+pass, each followed over reshapes, slices, scalar factors and biases to a tensor laid out by
+position. docs/checker.md, "The roles, from the dataflow". B batch, T time, nh heads, hs head size.
 """
 
 from __future__ import annotations
@@ -15,9 +13,7 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "GATHER_OPS", "SHAPE_OPS", "SLICING_OPS", "WEIGHT_OPS", "Core", "Role", "Unread",
-    "data", "find_roles", "forward_end", "gathered", "layout", "reach", "source", "static_names",
-    "to_layout", "to_weight", "weight_input",
+    "Core", "Role", "Unread", "find_roles", "layout", "static_names", "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -37,18 +33,7 @@ GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vsta
 
 
 def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple[int, int] | None:
-    """The (batch, time) axes along which ``shape`` holds one row per position: strictly,
-    (B, T, ...), (T, B, ...) or (B, F, T) (unit axes between); else any axes of sizes B and T,
-    or one axis of B * T, b-major (given twice).
-
-    Example:
-        >>> layout((5, 7, 4, 8), 5, 7), layout((7, 5, 32), 5, 7), layout((5, 32, 7), 5, 7)
-        ((0, 1), (1, 0), (0, 2))
-        >>> layout((5, 4, 7, 8), 5, 7), layout((5, 4, 7, 8), 5, 7, strict=False)
-        (None, (0, 2))
-        >>> layout((5, 32, 1, 7), 5, 7)
-        (0, 3)
-    """
+    """The (batch, time) axes of ``shape``; not ``strict``: any axes of sizes B and T, or B * T."""
     if B == 1 and len(shape) >= 2 and shape[0] == T:
         return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
     if len(shape) < 3 or (B == T and shape[:2] != (B, T)):
@@ -68,7 +53,6 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
 
 
 def data(trace: Trace, op: Op) -> list[int]:
-    """``op``'s operands that depend on the block's input."""
     return [n for n in op.inputs if trace.nodes[n].data]
 
 
@@ -95,7 +79,7 @@ def _scalar(trace: Trace, op: Op, node: int) -> float | None:
 
 
 def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
-    """``node`` and the nodes it is a reshape (or with ``slices``, a slice) of, nearest first."""
+    """``node`` and the nodes it is a reshape (``slices``: or slice) of, nearest first."""
     chain = [node]
     while (op := trace.producer(chain[-1])) is not None and len(data(trace, op)) == 1:
         if not (op.base in SHAPE_OPS if slices else op.name in SHAPE_OPS - SLICING_OPS):
@@ -105,8 +89,7 @@ def _reshaped(trace: Trace, node: int, slices: bool = False) -> list[int]:
 
 
 def gathered(trace: Trace, op: Op) -> int | None:
-    """The one tensor a cat / stack of its reshapes and slices only rearranges (heads split by
-    ``stack(t.split(hs, -1), 1)``, merged by ``cat(y.unbind(1), -1)``)."""
+    """The one tensor a cat / stack only rearranges (``stack(t.split(hs, -1), 1)``)."""
     pieces = data(trace, op)
     if op.base not in GATHER_OPS or len(pieces) < 2 or len(pieces) != len(op.inputs):
         return None
@@ -117,7 +100,6 @@ def gathered(trace: Trace, op: Op) -> int | None:
 
 
 def _back(trace: Trace, node: int) -> tuple[int, float] | None:
-    """One step back over a reshape, slice, rearranging cat, scalar factor or bias."""
     op = trace.producer(node)
     if op is None:
         return None
@@ -131,8 +113,8 @@ def _back(trace: Trace, node: int) -> tuple[int, float] | None:
 
 
 def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
-    """``node``, or the nearest node behind it, laid out by position; it stops at a slice (q of
-    a packed qkv) or a bias (per head), read there along the axes of sizes B and T."""
+    """``node`` or the nearest node behind it laid out by position; a slice (q of a packed qkv)
+    or a bias (per head) stops it, read there along the axes of sizes B and T."""
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
         stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
@@ -144,8 +126,7 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
 
 
 def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
-    """The earliest node laid out by position that ``node`` is a reshape of; with ``heads`` (the
-    output projection's input), the (B, T, D) one, else (an einsum with a 3-D W_O) the heads."""
+    """The earliest node laid out by position that ``node`` is a reshape of (``heads``: 3-D)."""
     shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
     found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
     if heads and not found:
@@ -154,7 +135,6 @@ def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int 
 
 
 def static_names(trace: Trace, ops: list[Op]) -> list[str]:
-    """The parameters (and buffers) the static operands of ``ops`` were made from."""
     names: list[str] = []
     for op in ops:
         for n in op.inputs:
@@ -164,7 +144,6 @@ def static_names(trace: Trace, ops: list[Op]) -> list[str]:
 
 
 def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
-    """The matrix product with a weight behind ``node``, and the scalar factors on the way."""
     factor = 1.0
     while (op := trace.producer(node)) is None or weight_input(trace, op) is None:
         step = _back(trace, node)
@@ -175,8 +154,7 @@ def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
 
 
 def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
-    """The matrix products with a weight nearest ``node`` on every path, in order, and the nodes
-    on the way (forward over reshapes and cat / stack; back over any operator)."""
+    """The nearest matrix products with a weight on every path, and the nodes on the way."""
     todo, seen, found = [node], {node}, {}
     while todo:
         n = todo.pop()
@@ -191,8 +169,7 @@ def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
 
 
 def forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
-    """The last node laid out by position on the single-consumer chain of reshapes, biases,
-    scalar factors and sums after ``op``."""
+    """The last node laid out by position on the single-consumer chain after ``op``."""
     node, last = op.outputs[0], None
     while True:
         last = node if layout(trace.nodes[node].shape, B, T) is not None else last
@@ -212,8 +189,6 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class Core:
-    """One attention core: q, k, v as the products read them, and its output."""
-
     q: int
     k: int
     v: int
@@ -224,8 +199,6 @@ class Core:
 
 @dataclass
 class Role:
-    """A sub-layer read from the trace."""
-
     put: int  # the node it reads
     get: list[int]  # the nodes it makes (one per attention core)
     params: list[str]  # the parameters behind it
@@ -265,8 +238,7 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
 
 
 def _keys_first(trace: Trace, scores: Op, A: int, flipped: bool) -> bool:
-    """Whether the scores' product has k on its left (``(k @ q^T)^T``): the probabilities rise
-    and fall with the scores' transpose along the softmax's axis."""
+    """Whether the scores' product is ``(k @ q^T)^T``: the probabilities follow S^T."""
     S, P = trace.nodes[scores.outputs[0]].value, trace.nodes[A].value
     if S.numel() != P.numel() or S.shape[-1] != S.shape[-2] or S.shape[-1] < 2:
         return False
@@ -291,7 +263,6 @@ def _agreement(S: Tensor, P: Tensor) -> float:
 
 
 def _scores(trace: Trace, A: int) -> Op | None:
-    """The latest product of two data tensors that ``A`` was computed from."""
     found = [
         op
         for n in trace.ancestors(A)
@@ -303,8 +274,7 @@ def _scores(trace: Trace, A: int) -> Op | None:
 
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
-    """The roles (q k v proj fc1 fc2, a gated MLP's fc3 too) and the head count in a recorded
-    forward pass of a block on a (B, T, C) input; Unread (saying which) where one is missing."""
+    """The roles (q k v proj fc1 (fc3) fc2) and the head count; Unread where one is missing."""
     cores = _cores(trace)
     if not cores:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
@@ -352,9 +322,8 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
 def _projection(
     trace: Trace, node: int, B: int, T: int, core: Core
 ) -> tuple[int, int, float, list[str], bool]:
-    """(input node, output node laid out by position, scalar factor, parameters, turned) of q, k
-    or v; turned (a rotation, a qk norm between) or repeated: its one nearest product, read at
-    its output before key/value heads are repeated, at its own slice of a packed product."""
+    """Turned (a rotation, a qk norm between) or repeated: its one nearest product, read before
+    key/value heads are repeated, at its own slice of a packed product."""
     out = to_layout(trace, node, B, T)
     found = to_weight(trace, out) if out is not None else None
     turned, size = found is None, trace.nodes[node].value.numel()

@@ -1,7 +1,6 @@
-"""What a modern block's parts compute, told from their traced values: ``norm_of`` (a LayerNorm,
-an RMSNorm or a mistaken form of ``steps.NORM_FORMS``), ``mlp_of`` (dense, gated or a catalogued
-mistake); and ``unmodelled``: the parts no reference models, found by what the block computes
-(docs/checker.md, "Out of scope is not FAIL"). Shapes: B batch, T time, C channels, H MLP width.
+"""What a modern block's parts compute, told from their traced values: ``norm_of``, ``mlp_of``,
+and ``unmodelled`` (the parts no reference models). docs/checker.md, "The modern block" ("Out of
+scope is not FAIL"). B batch, T time, C channels, H MLP width.
 """
 
 from __future__ import annotations
@@ -34,14 +33,12 @@ CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (floa
 
 
 def close(a: Tensor, b: Tensor, tol: float = CLOSE) -> bool:
-    """Whether ``a`` and ``b`` agree to ``tol`` and are undefined at the same positions."""
     return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
 
 
 @dataclass(frozen=True)
 class NormRead:
-    """One norm: its form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``), the
-    function the reference uses for it, its gain and eps where read."""
+    """A norm's form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``)."""
 
     form: str
     function: Callable[[Tensor], Tensor]
@@ -57,15 +54,7 @@ class NormRead:
 
 
 def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """What the norm ``f`` computes on inputs like ``like`` (B, T, C): its gain read on large
-    positive inputs (eps does not matter), its eps on inputs over four orders of magnitude.
-
-    Example:
-        >>> w = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
-        >>> f = lambda h: h / (h.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * w
-        >>> norm_of(f, torch.zeros(2, 3, 8, dtype=torch.float64)).form
-        'eps_outside'
-    """
+    """The gain read on large inputs (eps does not matter), eps on inputs over 4 magnitudes."""
 
     def run(t: Tensor) -> Tensor:
         with torch.no_grad():
@@ -115,8 +104,6 @@ _GATE, _UP = {"gate", "w1"}, {"up", "w3"}  # Hugging Face's gate_proj / up_proj,
 
 @dataclass(frozen=True)
 class MlpRead:
-    """What the MLP computes: its hidden function (to the last layer's input), mistakes, form."""
-
     describe: str
     hidden: Callable[[Tensor], Tensor]
     mistakes: dict[str, str]
@@ -130,11 +117,17 @@ def lin(h: Tensor, w: Linear) -> Tensor:
 
 
 def mlp_of(read: ModernRead) -> MlpRead | None:
-    """The dense or gated form or catalogued mistake that reproduces the MLP's traced hidden
-    values. A first layer of 2H rows may be gate and up, in halves or interleaved."""
-    h, target, width = read.rows("h2"), read.rows("hidden"), read.mlp[-1][0].shape[1]
+    """The form or catalogued mistake that reproduces the MLP's traced hidden values; a first
+    layer of 2H rows may be gate and up, in halves or interleaved."""
+    h, target, width = read.rows("fc1"), read.rows("fc2"), read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
-        return _gated_of(h, target, width, read.mlp[:2], read.mlp_names[:2])
+        return _gated_of(
+            h,
+            target,
+            width,
+            read.mlp[:2],
+            [", ".join(read.roles[r].params) for r in ("fc1", "fc3")],
+        )
     w = read.mlp[0]
     a = lin(h, w)
     for name, act in DENSE.items():
@@ -150,8 +143,7 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
 
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
-) -> MlpRead | None:
-    """A gated MLP of ``m`` (parameters ``names``, "" where packed), or a mistake of it."""
+) -> MlpRead | None:  # names: the parameters of m, "" where packed
     u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
     said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
@@ -189,7 +181,6 @@ MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not
 
 
 def attention_scope(trace: Trace) -> list[str]:
-    """What the attention of a lessons' block computes that no reference models, in any core."""
     found: list[str] = []
     try:
         for core in _cores(trace):
@@ -223,7 +214,6 @@ def _in_core(trace: Trace, y: int) -> list[str]:
 
 
 def unmodelled(read: ModernRead) -> list[str]:
-    """What ``read``'s block computes that the references do not model, one line each."""
     trace, (q_out, proj_out, down_out) = read.trace, read.ends
     found = _in_core(trace, read.core.y) + [
         f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
@@ -241,7 +231,6 @@ def unmodelled(read: ModernRead) -> list[str]:
 
 
 def _bias(trace: Trace, op: Op) -> bool:
-    """Whether ``op`` adds a static tensor with more than one finite, unmasked value."""
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
     kept = [  # a mask's entries are 0 or huge
         t[torch.isfinite(t) & (t.abs() < -MASKED)]
@@ -251,8 +240,8 @@ def _bias(trace: Trace, op: Op) -> bool:
 
 
 def _window(trace: Trace, made: Op, A: int | None) -> int:
-    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by the
-    probabilities ``A``, or a fused core's static ``attn_mask``); else 0."""
+    """w < T where exactly the keys t - w < s <= t are attended to at every query t (by ``A``,
+    or a fused core's static ``attn_mask``); else 0."""
     if A is None:
         if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
             return 0
@@ -273,7 +262,6 @@ def _window(trace: Trace, made: Op, A: int | None) -> int:
 
 
 def _normed_branch(trace: Trace, end: int) -> bool:
-    """Whether a sub-layer's output ``end`` reaches the residual sum through a norm."""
     shape = trace.nodes[trace.input].shape
     for op in trace.ops[trace.nodes[end].op + 1 :]:
         data = [n for n in op.inputs if trace.nodes[n].data]
@@ -287,8 +275,7 @@ def _normed_branch(trace: Trace, end: int) -> bool:
     return False
 
 
-def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
-    """Whether q's map to the scores ignores scaling q, but not one head (a whole-width norm)."""
+def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:  # OLMo 2's qk norm
     z = trace.nodes[q_out].value
     D = z.shape[-1]
     if D % nh or z.dim() < 2:
@@ -300,7 +287,6 @@ def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:
 
 
 def measured(turn: Turn | None, hs: int) -> str:
-    """What turns q and k where the attention as a whole was not matched."""
     if turn is None or not turn.fits or turn.pairing == "other":
         return "something between the projections and the scores (not identified)"
     rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)

@@ -1,7 +1,6 @@
-"""A modern block's parts read from one recorded forward pass: every weight (q, k, v at their
-projections' outputs, before any rotation or repeat of key/value heads) and the rotation.
-docs/checker.md, "The modern block". Shapes: B batch, T time, C channels, D attention width,
-H MLP width, nh heads, hs head size, r rotated channels of each head.
+"""A modern block's parts read from one recorded forward pass: every weight (q, k, v before any
+rotation or repeat of key/value heads) and the rotation. docs/checker.md, "The modern block".
+B batch, T time, C channels, nh heads, hs head size, r rotated channels of each head.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope
-from .dataflow import Core, Unread, _cores, find_roles, static_names, to_weight
+from .dataflow import Core, Role, Unread, _cores, find_roles, static_names, to_weight
 from .trace import Trace, replay
 from .weights import _rows, find_norms, measure, order_norms
 
@@ -28,8 +27,7 @@ Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
 
 
 def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
-    """The score product's operand as (B, nh, T, hs), from (..., T, hs) or a key's (..., hs, T)
-    (``key`` decides when T == hs); None for another size or layout."""
+    """The scores' operand as (B, nh, T, hs), from (..., T, hs) or a ``key``'s (..., hs, T)."""
     if core.numel() != B * nh * T * hs or core.dim() < 2:
         return None
     rows, last = core.shape[-2:]
@@ -42,8 +40,6 @@ def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> 
 
 @dataclass(frozen=True)
 class Turn:
-    """The rotated channels of a head, their base, and whether their frequencies are its ladder."""
-
     dim: int  # r
     theta: float
     fits: bool
@@ -53,8 +49,7 @@ class Turn:
 def measure_turn(
     trace: Trace, source: int, core: int, B: int, nh: int, T: int, hs: int
 ) -> Turn | None:
-    """The rotation between the projection's output ``source`` and the score product's operand
-    ``core`` (q's), measured on head 0; None when it cannot be replayed or nothing turns."""
+    """The rotation from q's projection ``source`` to the scores' operand, on head 0."""
     if T < 2:
         return None
     try:
@@ -88,8 +83,7 @@ def measure_turn(
     return Turn(r, theta or 0.0, theta is not None, pairing)
 
 
-def _ladder(w: list[float], r: int) -> float | None:
-    """theta when the frequencies ``w`` are ``theta ** (-2p / r)``, else None."""
+def _ladder(w: list[float], r: int) -> float | None:  # theta where w are theta ** (-2p / r)
     distinct: list[float] = []
     for x in reversed(w):  # fast to slow; within 1e-6 of each other, one (float32 tables)
         if not distinct or abs(distinct[-1] - x) > 1e-6 * distinct[-1]:
@@ -107,8 +101,7 @@ def _ladder(w: list[float], r: int) -> float | None:
 
 
 def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]:
-    """Every rotary embedding a correct block may use: of the measured ``turn``'s width and base,
-    else of ``THETAS`` and common widths; ``[None]`` where nothing turns on a base's ladder."""
+    """Every rotary embedding a correct block may use: the measured ``turn``'s, else common ones."""
     if not rotated or (turn is not None and not turn.fits):
         return [None]
     dims = [d for d in (hs, hs // 2, hs // 4) if d >= 2 and d % 2 == 0]
@@ -120,56 +113,36 @@ def ropes(hs: int, rotated: bool, turn: Turn | None = None) -> list[Rope | None]
 
 @dataclass
 class ModernRead:
-    """What ``read_modern`` read: the weights, the traced values each sub-layer met, the norms."""
-
     n_head: int
+    roles: dict[str, Role]  # as ``find_roles`` found them: q k v proj fc1 (fc3) fc2
     q: Linear
     k: Linear
     v: Linear
     proj: Linear
-    mlp: list[Linear]  # fc1 (and the second first-layer matrix, if gated), then the last layer
-    mlp_names: list[str]  # the parameters each of ``mlp`` was read from
+    mlp: list[Linear]  # fc1 (and a gated MLP's fc3), then fc2
     norm1: Callable[[Tensor], Tensor]  # the stream -> h1, as the block computes it
     norm2: Callable[[Tensor], Tensor]  # the stream the MLP reads -> h2
     parallel: bool  # the MLP reads the block's input, not the stream after attention
     rotated: bool  # q or k reach the core through more than reshapes and scalar factors
-    names: dict[str, str]  # role -> parameters, for the report
     norm_params: tuple[tuple[str, ...], ...]  # what each norm reads (ln1, ln2)
     norms: list[Callable[[Tensor], Tensor]]  # the block's norms where they run, ln1 and ln2
     turn: Turn | None  # the rotation measured on q (``measure_turn``), None: not measured
-    trace: Trace  # the forward pass, for what the comparison cannot explain (``modern_parts.unmodelled``)
+    trace: Trace  # the forward pass, for what the comparison cannot explain (``unmodelled``)
     core: Core
-    ends: tuple[int, int, int]  # the outputs of q's projection, the output projection, the MLP
-    # the traced nodes ``rows`` reads: x (the input), y (the output), h1 and h2 (the attention's
-    # and the MLP's inputs), ctx (the heads merged: D wide), hidden (the MLP's last input: H wide)
-    at: dict[str, int]
+    ends: tuple[int, int, int]  # the outputs of q's product (a rotation's start), proj, the MLP
 
     def rows(self, what: str) -> Tensor:
-        """The node ``at[what]`` as (B, T, F), as the block computed it."""
-        B, T = self.trace.nodes[self.trace.input].shape[:2]
-        return _rows(self.trace.nodes[self.at[what]].value, B, T).double().reshape(B, T, -1)
-
-
-def _residual(trace: Trace, after: int, mlp_in: int) -> int:
-    """The stream the MLP's norm reads: the latest residual sum after ``after`` (the attention's
-    output), else ``after``; the block's input in a parallel block."""
-    behind = trace.ancestors(mlp_in)
-    if after not in behind:
-        return trace.input
-    shape = trace.nodes[trace.input].shape
-    sums = [
-        n for n in behind
-        if (op := trace.producer(n)) is not None and op.base == "add"
-        and trace.nodes[n].shape == shape and sum(trace.nodes[i].data for i in op.inputs) == 2
-        and after in trace.ancestors(n)
-    ]  # fmt: skip
-    return max(sums, default=after)
+        """The input ``x``, output ``y`` or a role's input (q's: h1, fc1's: h2, proj's: the heads
+        merged, fc2's: the MLP's hidden values) as (B, T, F), as the block computed it."""
+        t = self.trace
+        node = self.roles[what].put if what in self.roles else {"x": t.input, "y": t.output}[what]
+        B, T = t.nodes[t.input].shape[:2]
+        return _rows(t.nodes[node].value, B, T).double().reshape(B, T, -1)
 
 
 @dataclass(frozen=True)
 class Source:
-    """What the modern comparison asks of the block (in ``gptblock check``, of its process, whose
-    answers are data): a trace, an output, its cache driven (``loop.drive_cache``)."""
+    """What the modern comparison asks of the block (of its process: the answers are data)."""
 
     trace_of: Callable[[Tensor], Trace]
     call: Callable[[Tensor], object]
@@ -177,8 +150,7 @@ class Source:
 
 
 def read_modern(trace: Trace) -> ModernRead | None:
-    """A recorded forward pass read as a modern block, every weight by replaying it; ``None`` for
-    one core per head (the lessons' reading). Raises Unread (parts that cannot be read: why)."""
+    """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
     cores = _cores(trace)
     if len(cores) != 1:
@@ -187,9 +159,17 @@ def read_modern(trace: Trace) -> ModernRead | None:
     roles, nh = find_roles(trace, B, T)
     if roles["proj"].put == roles["proj"].get[0]:
         raise Unread("no output projection reads the attention's output")
-    mlp = [r for r in ("fc1", "fc3", "fc2") if r in roles]
     h1, h2 = roles["q"].put, roles["fc1"].put
-    stream = _residual(trace, roles["proj"].get[0], h2)
+    # the stream the MLP's norm reads: the latest residual sum after the attention's output
+    # ``after``; the block's input in a parallel block
+    after, behind, shape = roles["proj"].get[0], trace.ancestors(h2), trace.nodes[trace.input].shape
+    sums = [
+        n for n in behind
+        if (op := trace.producer(n)) is not None and op.base == "add"
+        and trace.nodes[n].shape == shape and sum(trace.nodes[i].data for i in op.inputs) == 2
+        and after in trace.ancestors(n)
+    ]  # fmt: skip
+    stream = max(sums, default=after) if after in behind else trace.input
     norm1, norm2 = replay(trace, trace.input, h1), replay(trace, stream, h2)
     rotated = roles["q"].turned or roles["k"].turned
     try:  # ln1 and ln2 where they run, for a post-norm block's
@@ -203,25 +183,22 @@ def read_modern(trace: Trace) -> ModernRead | None:
             f"q, k, v map to {D}, {K}, {read['v'][0].shape[0]} channels: "
             f"not {nh} query heads and a divisor of them as key/value heads"
         )
-    names = {r: ", ".join(roles[r].params) for r in ("q", "k", "v", "proj")}
     if (made := to_weight(trace, roles["q"].get[0])) is None:  # q's product: the rotation's start
         raise Unread("q is not read at its matrix product")
     ends = (made[0].outputs[0], roles["proj"].get[0], roles["fc2"].get[0])
+    ins = ((trace.input, h1), (stream, h2))
+    params = tuple(tuple(static_names(trace, trace.between(*p))) for p in ins)
+    turn = measure_turn(trace, ends[0], core.q, B, nh, T, hs) if rotated else None
+    q, k, v, proj, *mlp = (w[:2] for w in read.values())
+    parallel = stream == trace.input
     return ModernRead(
-        nh, read["q"][:2], read["k"][:2], read["v"][:2], read["proj"][:2],
-        [read[r][:2] for r in mlp], [", ".join(roles[r].params) for r in mlp],
-        norm1, norm2, stream == trace.input, rotated, names,
-        tuple(tuple(static_names(trace, trace.between(*p))) for p in ((trace.input, h1), (stream, h2))),
-        norms,
-        measure_turn(trace, ends[0], core.q, B, nh, T, hs) if rotated else None, trace, core, ends,
-        {"x": trace.input, "y": trace.output, "h1": h1, "h2": h2, "ctx": roles["proj"].put,
-         "hidden": roles["fc2"].put},
+        nh, roles, q, k, v, proj, mlp, norm1, norm2, parallel, rotated, params, norms, turn, trace,
+        core, ends,
     )  # fmt: skip
 
 
 def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The gains of a qk norm (an RMSNorm per head on q and k), read at position 0 where nothing
-    turns; None where the scores' operands are not (B, nh, T, hs)."""
+    """A qk norm's gains (an RMSNorm per head), read at position 0 where nothing turns."""
     B, T, _ = q.shape
     hs = q.shape[-1] // read.n_head
     gains = []

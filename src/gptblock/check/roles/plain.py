@@ -1,9 +1,6 @@
-"""A block's parts as plain numbers, all that crosses from the process that runs the block:
-``to_plain`` (a lessons' reading, read from zeros and basis vectors and checked on random rows)
-and ``send`` (a modern block's correct parts) write a JSON-able description and tensors
-``key.role.weight``/``.bias`` in the format ``receive.decode`` checks (its shape tables).
-
-Shapes: B batch, T time, C channels, D attention width, K the keys' width, H the MLP's width.
+"""A block's parts as plain numbers, all that crosses from the block's process: ``to_plain`` (a
+lessons' reading) and ``send`` (a modern block's correct parts), in the format ``receive.decode``
+checks. docs/checker.md, "How it decides" ("Read into numbers"). B batch, T time, C channels.
 """
 
 from __future__ import annotations
@@ -42,17 +39,7 @@ class NotPlain(ValueError):
 
 
 def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
-    """The norm ``kind`` over the last axis (``std``: ``(h - mean) / (std + eps)``; ``unbiased``:
-    LayerNorm with the unbiased variance), as a sub-layer.
-
-    Example:
-        >>> C = 4
-        >>> w, b = torch.ones(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
-        >>> h = torch.randn(2, 3, C, dtype=torch.float64)
-        >>> ours = norm_function("layer", w, b, 1e-5)(h)
-        >>> torch.allclose(ours, torch.nn.functional.layer_norm(h, (C,)), atol=1e-12)
-        True
-    """
+    """``std``: ``(h - mean) / (std + eps)``; ``unbiased``: with the unbiased variance."""
     if kind not in NORM_KINDS:
         raise NotPlain(f"unknown norm kind {kind!r}; expected one of {NORM_KINDS}")
 
@@ -72,8 +59,6 @@ def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) ->
 
 
 def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
-    """``f`` on ``rows`` (N, F) fed as (B, T, F) like ``like`` (some sub-layers only run on the
-    traced B and T), each output back as rows."""
     B, T = like.shape[0], like.shape[1]
     chunks: list[list[Tensor]] = []  # each chunk's outputs
     for start in range(0, rows.shape[0], B * T):
@@ -111,36 +96,18 @@ def _linear(
     return read
 
 
-def _centred_unit(C: int) -> Tensor:
-    """Mean 0, mean square 1, entries about +-1 (dividing by them loses no precision)."""
-    plus, minus = C // 2, C - C // 2
-    u = torch.cat([torch.full((plus,), 1.0 / plus), torch.full((minus,), -1.0 / minus)]).double()
-    u = u[torch.randperm(C, generator=torch.Generator().manual_seed(5))]
-    return u / u.pow(2).mean().sqrt()
-
-
-def _kinds(r: float, a: float, C: int) -> dict[str, tuple[float, float]]:
-    """Each kind's (eps, d(1)) from r = d(a) / d(1), its denominators at input scales a and 1."""
-    k = math.sqrt(C / (C - 1))  # the unbiased std of that input
-    eps = (a * a - r * r) / (r * r - 1)  # d(s) = sqrt(s^2 + eps)
-    eps_std = k * (a - r) / (r - 1)  # d(s) = s * k + eps
-    return {
-        "layer": (eps, math.sqrt(1 + eps)),
-        "rms": (eps, math.sqrt(1 + eps)),
-        "unbiased": (eps * k * k, math.sqrt(k * k + eps * k * k)),
-        "std": (eps_std, k + eps_std),
-    }
-
-
 def _norm(
     name: str, f: SubLayer, like: Tensor, known: Tensor | None
 ) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """The kind, eps, weight and bias of the norm ``f``; of two kinds that fit (``layer`` and
-    ``unbiased`` do alike), the one whose weight is among ``known``."""
+    """Of two kinds that fit (``layer`` and ``unbiased`` do alike), the one whose gain is known."""
     C = like.shape[-1]
     if C < 2:
         raise NotPlain(f"{name}: a norm over {C} channel cannot be read")
-    u, a = _centred_unit(C), 1e-2
+    # u: mean 0, mean square 1, entries about +-1 (dividing by them loses no precision)
+    plus, minus, a = C // 2, C - C // 2, 1e-2
+    u = torch.cat([torch.full((plus,), 1.0 / plus), torch.full((minus,), -1.0 / minus)]).double()
+    u = u[torch.randperm(C, generator=torch.Generator().manual_seed(5))]
+    u = u / u.pow(2).mean().sqrt()
     g = torch.Generator().manual_seed(6)
     probe = torch.randn(like.shape[0] * like.shape[1], C, generator=g, dtype=torch.float64)
     probe = probe * torch.rand(probe.shape[0], 1, generator=g, dtype=torch.float64) * 3 + 0.5
@@ -152,9 +119,18 @@ def _norm(
     live = ga.abs() > 1e-12 * (ga.abs().max() + 1e-300)
     if not live.any():
         raise NotPlain(f"{name} does not depend on its input")
-    r = float((g1[live] / ga[live]).median())  # d(a) / d(1)
+    r = float((g1[live] / ga[live]).median())  # d(a) / d(1), the denominators at scales a, 1
+    k = math.sqrt(C / (C - 1))  # the unbiased std of u
+    eps = (a * a - r * r) / (r * r - 1)  # d(s) = sqrt(s^2 + eps)
+    eps_std = k * (a - r) / (r - 1)  # d(s) = s * k + eps
+    kinds = {  # each kind's (eps, d(1))
+        "layer": (eps, math.sqrt(1 + eps)),
+        "rms": (eps, math.sqrt(1 + eps)),
+        "unbiased": (eps * k * k, math.sqrt(k * k + eps * k * k)),
+        "std": (eps_std, k + eps_std),
+    }
     fitting = []
-    for kind, (eps, d1) in _kinds(r, a, C).items():
+    for kind, (eps, d1) in kinds.items():
         eps = 0.0 if abs(eps) < 1e-12 else eps
         if not (math.isfinite(eps) and 0.0 <= eps < 1.0):
             continue
@@ -174,15 +150,14 @@ def _norm(
                 own = snap(weight - offset, known, tol)
                 if own is not None:
                     snapped = snap(b, known, tol)
-                    return meta, own + offset, b if snapped is None else snapped
+                    return meta, own[0] + offset, b if snapped is None else snapped[0]
     return fitting[0][1]
 
 
 def to_plain(
     parts: Parts, like: Tensor, key: str, known: Tensor | None = None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``parts`` as (description, tensors), called on the B and T of ``like``; a norm is read
-    in the kind whose gain is among ``known`` (the block's values, sorted)."""
+    """A norm is read in the kind whose gain is among ``known`` (the block's values, sorted)."""
     q, k, v = _linear("q, k, v", parts.qkv, parts.C, like)
     (fc1,) = _linear("fc1", parts.fc1, parts.C, like)
     (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
@@ -204,8 +179,7 @@ def send(
     qk_norm: tuple[Tensor, Tensor] | None,
     post: bool,
 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
-    """The modern parts found correct as (meta, tensors) of the part ``KEY``, or None where no
-    standard form expresses them; ``mlp0`` is the gate (or the dense first layer), ``mlp1`` up."""
+    """None where no standard form says it; ``mlp0``: the gate (or the dense first layer)."""
     if (
         post or mlp.activation is None
         or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)

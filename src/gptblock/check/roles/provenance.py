@@ -1,14 +1,13 @@
-"""The weights a check uses, chosen by the checker (``choose``), and the weights read back traced
-to them (``trace``): each entry one the checker chose (or exactly 0 or 1), no two roles made of
-the same entries. The seed never enters the block's process, so one that misreports its weights
-(q scaled by sqrt(hs), ln1's sent again as ln2's) is caught; rearranged entries still pass.
+"""The weights the checker chooses (``choose``) and the weights read back traced to them
+(``trace``): each entry a chosen one (or exactly 0 or 1), no two roles made of the same entries.
+docs/checker.md, "How it decides" ("The block cannot break the checker", provenance).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,20 +16,14 @@ __all__ = ["Traced", "choose", "nearest", "snap", "sorted_values", "trace", "unr
 Tensor = torch.Tensor
 RELATIVE = {torch.float64: 1e-9, torch.float32: 1e-6}  # a read entry's distance, x its role's scale
 SHARED = 0.5  # two roles sharing more than this fraction of their entries are one part read twice
+SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
+READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 REPEATED = 0.05  # a role's entries repeated more than this: one weight read twice (not by chance)
 
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
-    """New values for the parameters ``current``: matrices N(0, 1/C), so that a scale mistake
-    shows (GPT-2's std 0.02 leaves attention nearly uniform); vectors moved by ~0.1, so that a
-    wrong norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> new = choose({"w": torch.zeros(4, 4), "b": torch.zeros(4)}, 4, g)
-        >>> new["w"].std().item() > 0.2, new["b"].abs().max().item() < 0.5
-        (True, True)
-    """
+    """Matrices N(0, 1/C), so that a scale mistake shows; vectors moved by ~0.1, so that a wrong
+    norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0)."""
     chosen = {}
     for name, value in current.items():
         noise = torch.randn(value.shape, generator=g, dtype=torch.float64) if value.dim() else 0.0
@@ -40,12 +33,6 @@ def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[st
 
 
 def nearest(values: Tensor, t: Tensor) -> Tensor:
-    """For each entry of ``t``, the index of the nearest of the sorted, non-empty ``values``.
-
-    Example:
-        >>> nearest(torch.tensor([0.0, 1.0, 5.0]), torch.tensor([0.4, 4.0, 9.0])).tolist()
-        [0, 2, 2]
-    """
     at = torch.searchsorted(values, t)
     below, above = (at - 1).clamp(0, len(values) - 1), at.clamp(0, len(values) - 1)
     return torch.where((t - values[below]).abs() <= (values[above] - t).abs(), below, above)
@@ -53,45 +40,31 @@ def nearest(values: Tensor, t: Tensor) -> Tensor:
 
 def snap(
     t: Tensor, values: Tensor, tol: float, shifts: tuple[float, ...] = (0.0,)
-) -> Tensor | None:
-    """``t`` (float64), each entry the nearest of the sorted ``values`` (plus a shift: 1 for a
-    gain stored as ``gain - 1``) within ``tol``, exact 0s and 1s kept; else None.
-
-    Example:
-        >>> snap(torch.tensor([0.0, 2.001, 1.0]), torch.tensor([2.0, 5.0]), 1e-2).tolist()
-        [0.0, 2.0, 1.0]
-    """
-    g = t.to(torch.float64)
+) -> tuple[Tensor, Tensor] | None:
+    """``t`` (float64), each entry the nearest of ``values`` (plus a shift: 1 for a gain stored
+    as ``gain - 1``) within ``tol``, exact 0s and 1s kept; and each one's index (-1: kept)."""
+    g = t.to(torch.float64).contiguous()  # searchsorted copies (and warns on) any other
     found = (g == 0.0) | (g == 1.0)
-    best = g.clone()
+    best, at = g.clone(), torch.full(g.shape, -1, dtype=torch.long)
     for shift in shifts:
-        near = values[nearest(values, g - shift)] + shift
-        fits = ((near - g).abs() <= tol) & ~found
-        best, found = torch.where(fits, near, best), found | fits
-    return best if bool(found.all()) else None
-
-
-def _positions(read: Tensor, values: Tensor, tol: float) -> Tensor | None:
-    """Each entry's index in ``values`` (-1 for an exact 0 or 1), if ``snap`` places them all."""
-    flat = read.flatten().to(torch.float64)
-    if snap(flat, values, tol) is None:
-        return None
-    return torch.where((flat == 0.0) | (flat == 1.0), -1, nearest(values, flat))
+        i = nearest(values, g - shift)
+        fits = ((values[i] + shift - g).abs() <= tol) & ~found
+        best, at = torch.where(fits, values[i] + shift, best), torch.where(fits, i, at)
+        found = found | fits
+    return (best, at) if bool(found.all()) else None
 
 
 @dataclass(frozen=True)
 class Traced:
-    """What the weights read are made of: a role reading chosen values twice (``repeats``) is the
-    block's doing (a made-up reading would not reproduce it); two roles sharing them, refused."""
+    """A role reading chosen values twice is the block's doing; two roles sharing them, refused."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
     used: frozenset[int] = frozenset()  # the chosen values read, as positions in sorted_values
+    roles: dict[str, list[Tensor]] = field(default_factory=dict)  # the weights, snapped to them
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Every chosen value as the block holds it, float64, sorted; and each one's position in the
-    parameters laid end to end."""
     return torch.cat([v.to(dtype).to(torch.float64).flatten() for v in chosen.values()]).sort()
 
 
@@ -100,59 +73,47 @@ def trace(
     chosen: Mapping[str, Tensor],
     dtype: torch.dtype,
     heads: Mapping[str, int] | None = None,
+    measured: bool = False,
 ) -> Traced:
-    """The weights read for ``roles`` (role -> weight, bias) traced to ``chosen``; ``heads``
-    (role -> head count) names a head that repeats another's. A norm's gain may be 1 + them.
-
-    Example:
-        >>> chosen = choose({"w": torch.zeros(4, 4)}, 4, torch.Generator().manual_seed(0))
-        >>> w = chosen["w"]
-        >>> trace({"k": [torch.cat([w[:2], w[:2]])]}, chosen, torch.float64, {"k": 2}).repeats
-        ("k's head 1 is its head 0's weights again",)
-        >>> len(trace({"q": [w[:2]], "k": [w[2:]]}, chosen, torch.float64).used)
-        16
-        >>> trace({"q": [w[:2] * 2], "k": [w[2:]]}, chosen, torch.float64).why
-        'the weights read for q are not the values the checker gave the block'
-        >>> trace({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64).why
-        'ln1 and ln2 were read from the same parameters'
-    """
-    if not chosen:
+    """``heads`` (role -> head count) names a head that repeats another's; a norm's gain may be
+    1 + the chosen values; ``measured``: weights measured from traced values (SNAP, READ)."""
+    values = sorted_values(chosen, dtype)[0] if chosen else torch.zeros(0)
+    if not values.numel():
         return Traced("the block has no parameters to read weights from")
-    values = sorted_values(chosen, dtype)[0]
     used: dict[str, set[int]] = {}
     repeats: list[str] = []
+    snapped: dict[str, list[Tensor]] = {}
     for role, tensors in roles.items():
+        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
         scale = max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
         tol = RELATIVE[dtype] * scale + 1e-300
-        found = [_positions(t, values, tol) for t in tensors]
-        if role.startswith("ln") and found and found[0] is None:
-            found[0] = _positions(tensors[0] - 1.0, values, tol)
-        if any(f is None for f in found):
+        found = [
+            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300 if measured
+                 else tol, (0.0, 1.0) if gain and i == 0 else (0.0,))
+            for i, t in enumerate(tensors)
+        ]  # fmt: skip
+        got = [f for f in found if f is not None]
+        if len(got) < len(found):
             why = f"the weights read for {role} are not the values the checker gave the block"
             return Traced(why)
-        used[role] = _ties(values, [f for f in found if f is not None], 2 * tol)
-        weight = found[0]
-        if weight is not None and tensors[0].dim() == 2:
-            repeats += _repeats(role, weight.reshape(tensors[0].shape), (heads or {}).get(role, 0))
+        snapped[role] = [g[0] for g in got]
+        # each value read and every value within 2 tol of it: values the dtype rounds together
+        # (or nearer than a read's error) cannot tell which one was read
+        at = torch.cat([g[1].flatten() for g in got])
+        near = values[at[at >= 0]]
+        lo = torch.searchsorted(values, near - 2 * tol).tolist()
+        hi = torch.searchsorted(values, near + 2 * tol, right=True).tolist()
+        used[role] = {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
+        if tensors[0].dim() == 2:
+            repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
     for a, b in itertools.combinations(used, 2):
         smaller = min(len(used[a]), len(used[b]))
         if smaller and len(used[a] & used[b]) > SHARED * smaller:
             return Traced(f"{a} and {b} were read from the same parameters")
-    return Traced("", tuple(repeats), frozenset(set().union(*used.values())))
-
-
-def _ties(values: Tensor, found: list[Tensor], tol: float) -> set[int]:
-    """The positions ``found`` (-1: none) and every value within ``tol`` of one: values the
-    dtype rounds together (or nearer than a read's error) cannot tell which one was read."""
-    at = torch.cat([f.flatten() for f in found]) if found else torch.zeros(0, dtype=torch.long)
-    near = values[at[at >= 0]]
-    lo = torch.searchsorted(values, near - tol).tolist()
-    hi = torch.searchsorted(values, near + tol, right=True).tolist()
-    return {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
+    return Traced("", tuple(repeats), frozenset(set().union(*used.values())), snapped)
 
 
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
-    """A head that is another head's weights, else the share of entries read twice."""
     if heads > 1 and at.shape[0] % heads == 0:
         blocks = at.reshape(heads, -1)  # (nh, hs * in): head h's rows, laid end to end
         copies: dict[int, list[int]] = {}  # head -> the later heads that are it
@@ -176,15 +137,6 @@ def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
 def unread(
     chosen: Mapping[str, Tensor], used: frozenset[int], dtype: torch.dtype
 ) -> dict[str, Tensor]:
-    """For each parameter with values no role read (``Traced.used``), a mask, True where unread.
-
-    Example:
-        >>> chosen = choose({"a": torch.zeros(2, 2), "b": torch.zeros(3)}, 2, torch.Generator())
-        >>> values, order = sorted_values(chosen, torch.float64)
-        >>> taken = frozenset(int(i) for i in range(7) if order[i] < 4)  # all of a's
-        >>> {n: m.tolist() for n, m in unread(chosen, taken, torch.float64).items()}
-        {'b': [True, True, True]}
-    """
     if not chosen:
         return {}
     order = sorted_values(chosen, dtype)[1]

@@ -1,8 +1,6 @@
-"""What the block's process sent (``plain``), checked (``decode``), held to the values the checker
-chose and built back into parts run by the checker's own code: ``unpack_readings``,
-``unpack_modern``.
-
-Shapes: B batch, T time, C channels, D = nh * hs, K = nkv * hs, H the MLP's hidden width.
+"""What the block's process sent (``plain``), checked (``decode``), traced to the values the
+checker chose and built back into parts run by the checker's own code (``unpack_readings``,
+``unpack_modern``). C channels, D = nh * hs, K = nkv * hs, H the MLP's width.
 """
 
 from __future__ import annotations
@@ -18,15 +16,13 @@ from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, r
 from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED
 from .plain import KEY, LESSON, MODERN, NORM_KINDS, QK, NotPlain, norm_function
-from .provenance import Traced, snap, sorted_values, trace
+from .provenance import Traced, trace
 from .readings import Readings
 
-__all__ = ["READ", "SNAP", "Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
+__all__ = ["Received", "from_plain", "receive", "unpack_modern", "unpack_readings"]
 
 Tensor = torch.Tensor
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
-SNAP = 1e-3  # a gain read as a ratio is this close (x its scale) to the value the checker chose
-READ = 1e-6  # a matrix measured from traced values (a float32 step on the way) is this close
 
 
 @dataclass(frozen=True)
@@ -55,17 +51,13 @@ class Received:
             act, up = (GATED if self.gated else DENSE)[self.activation], lin.get("mlp1")
             fc1 = lambda h: act(lin["mlp0"](h)) * (up(h) if up else 1)  # noqa: E731
             norm.setdefault("ln2", norm["ln1"])
-
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return lin["q"](h), lin["k"](h), lin["v"](h)
-
+        qkv = lambda h: (lin["q"](h), lin["k"](h), lin["v"](h))  # noqa: E731
         return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, norm["ln1"], norm.get("ln2"))
 
     def run(self, x: Tensor) -> Tensor:
         qk = (self.roles["lnq"][0], self.roles["lnk"][0]) if "lnq" in self.roles else None
         steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
-        x = x.to(torch.float64)
-        return run_steps(self.parts(), x, self.n_head, None, steps, self.rope, qk)
+        return run_steps(self.parts(), x.double(), self.n_head, None, steps, self.rope, qk)
 
 
 def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
@@ -81,8 +73,6 @@ def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) ->
 def decode(
     meta: object, tensors: Mapping[str, Tensor], key: str, C: int, shapes: Mapping[str, str],
 ) -> Received:  # fmt: skip
-    """The one check of a part that arrives: its widths, each tensor's shape and values, its
-    norms' kinds and eps."""
     if not isinstance(meta, dict) or meta.get("C") != C:
         raise NotPlain(f"a reading of a block of width {C} expected")
     sent: dict[str, Any] = {w: meta.get(w) for w in "DKH" if any(w in s for s in shapes.values())}
@@ -113,20 +103,6 @@ def decode(
 
 
 def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    """``to_plain``'s numbers back as ``Parts``, checked against the width ``C``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.plain import to_plain
-        >>> from gptblock.check.roles.trace import record
-        >>> from gptblock.check.roles.weights import read_trace
-        >>> block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
-        >>> x = torch.randn(5, 7, 8, dtype=torch.float64)
-        >>> meta, tensors = to_plain(read_trace(record(block, x), x).parts, x, "0")
-        >>> parts = from_plain(meta, tensors, "0", 8)
-        >>> meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))
-        ('layer', 8, True)
-    """
     return decode(meta, tensors, key, C, LESSON).parts()
 
 
@@ -137,7 +113,6 @@ def unpack_readings(
     chosen: Mapping[str, Tensor],
     notes: list[str],
 ) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
-    """The readings ``Served.read`` sent, rebuilt and checked, with each one's weights by role."""
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -170,7 +145,6 @@ def unpack_readings(
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
-    """The modern parts ``plain.send`` sent, checked to fit together."""
     try:
         n_head, gated, activation = meta["n_head"], meta["gated"] is True, meta["activation"]
         rope, is_parallel = meta["rope"], meta.get("parallel") is True
@@ -207,29 +181,14 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
 def unpack_modern(
     modern: Mapping[str, Any], C: int, dtype: torch.dtype, chosen: Mapping[str, Tensor]
 ) -> tuple[Received, Traced] | str:
-    """The modern parts sent, each number snapped to the nearest value the checker chose and
-    traced to them; else why they cannot be."""
+    """The modern parts sent, traced to the values the checker chose; else why they cannot be."""
     if not modern.get("parts"):
         return "its process sent no parts the checker can rebuild it from"
     try:
         parts = receive(modern["parts"], dict(modern.get("tensors") or {}), C)
     except NotPlain as e:
         return str(e)
-    values = sorted_values(chosen, dtype)[0]
-    if not values.numel():
-        return "the checker gave the block no values to trace its weights to"
-    roles: dict[str, list[Tensor]] = {}
-    for role, ts in parts.roles.items():
-        gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
-        snapped = [
-            snap(t, values, (SNAP if gain else READ) * float(t.abs().max()) + 1e-300,
-                 (0.0, 1.0) if gain and i == 0 else (0.0,))
-            for i, t in enumerate(ts)
-        ]  # fmt: skip
-        if any(s is None for s in snapped):
-            return f"the weights read for {role} are not the values the checker gave the block"
-        roles[role] = [s for s in snapped if s is not None]
     hs = parts.D // parts.n_head
     heads = {r: parts.roles[r][0].shape[0] // hs for r in ("q", "k", "v")}
-    traced = trace(roles, chosen, dtype, heads)
-    return traced.why or (replace(parts, roles=roles), traced)
+    traced = trace(parts.roles, chosen, dtype, heads, measured=True)
+    return traced.why or (replace(parts, roles=traced.roles), traced)

@@ -1,7 +1,6 @@
-"""One forward pass recorded operator by operator (``record``, as plain data: ``from_plain`` reads
-it back with torch's own operators only, never code the message carries; unlike ``torch.fx`` it
-works on any code that runs), re-run with nodes replaced (``rerun``) or as a function
-(``replay``). Grad mode is on while recording, so that ``nn.MultiheadAttention`` is decomposed.
+"""One forward pass recorded operator by operator (``record``, read back by ``from_plain`` with
+torch's own operators only), re-run with nodes replaced (``rerun``) or as a function
+(``replay``). docs/checker.md, "The roles, from the dataflow".
 """
 
 from __future__ import annotations
@@ -20,12 +19,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..mistakes.report import CAUGHT
 from ..serve import loop
-from ..serve.loop import INPUT, LEAF, NoDropout
+from ..serve.loop import LEAF, NoDropout
 
-__all__ = [
-    "INPUT", "LEAF", "NoDropout", "Node", "Op", "Trace", "TraceError", "from_plain", "record",
-    "replay", "rerun",
-]  # fmt: skip
+__all__ = ["LEAF", "Op", "Trace", "TraceError", "from_plain", "record", "replay", "rerun"]
 
 Tensor = torch.Tensor
 _RNG = threading.Lock()  # the seeded RNG is the process's: one replay at a time (grade's threads)
@@ -38,11 +34,7 @@ class TraceError(Exception):
 @dataclass(frozen=True)
 class Ref:  # a node in an operator's recorded arguments
     node: int
-
-
-@dataclass(frozen=True)
-class Opaque:  # an argument recorded without its value (a generator): not re-executable
-    kind: str
+    opaque: str = ""  # an argument recorded without its value (a generator): not re-executable
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -66,7 +58,7 @@ def _node(nodes: int, a: dict[str, Any]) -> object:  # ``loop.decode``'s forms o
     if len(a) == 1 and isinstance(ref, int) and 0 <= ref < nodes:
         return Ref(ref)
     _need(len(a) == 1 and "opaque" in a, "an operator's argument of no known form")
-    return Opaque(str(a["opaque"])[:40])
+    return Ref(-1, str(a["opaque"])[:40])
 
 
 def _ints(value: object) -> list[int]:
@@ -77,8 +69,6 @@ def _ints(value: object) -> list[int]:
 
 @dataclass
 class Node:
-    """One tensor value of the forward pass."""
-
     op: int  # the operator that made it, or ``INPUT``, ``LEAF``
     value: Tensor  # a detached copy, as it was made
     data: bool  # whether it depends on the block's input (else static: weights, constants)
@@ -91,8 +81,6 @@ class Node:
 
 @dataclass
 class Op:
-    """One ATen operator call: what it is, what it read and made."""
-
     index: int
     func: Any  # torch._ops.OpOverload
     args: tuple[Any, ...]  # tensors replaced by Ref
@@ -118,7 +106,6 @@ class Op:
         return [float(a) for a in flat if isinstance(a, (int, float)) and not isinstance(a, bool)]
 
     def call(self, value: Callable[[object], object]) -> tuple[list[Tensor], list[Tensor]]:
-        """(the tensors it makes, its tensor arguments), each ``Ref`` given by ``value``."""
         leaves = [value(a) for a in self._flat[0]]
         args, kwargs = tree_unflatten(leaves, self._flat[1])
         out = self.func(*args, **kwargs)
@@ -129,8 +116,6 @@ class Op:
 
 @dataclass
 class Trace:
-    """A recorded forward pass: its operators, nodes, and module calls."""
-
     ops: list[Op]
     nodes: list[Node]
     input: int  # the node of the block's input
@@ -148,13 +133,11 @@ class Trace:
         return self.ops[index] if index >= 0 else None
 
     def between(self, source: int, target: int) -> list[Op]:
-        """The operators after ``source`` that ``target`` was computed from, in order."""
         start = self.nodes[source].op  # nothing made before the source can depend on it
         made = {self.nodes[n].op for n in self.ancestors(target)}
         return [self.ops[i] for i in sorted(made) if i > start]
 
     def ancestors(self, node: int) -> set[int]:
-        """Every node ``node`` was computed from, itself included."""
         seen, todo = {node}, [node]
         while todo:
             op = self.producer(todo.pop())
@@ -173,8 +156,6 @@ def _need(ok: object, what: str) -> None:
 def from_plain(
     meta: dict[str, Any], tensors: Mapping[str, Tensor], device: torch.device | None = None
 ) -> Trace:
-    """A ``Trace`` from what ``loop.record`` sent, checked for form (a TraceError); with
-    ``device``, the values and every device argument moved there."""
     _need("error" not in meta, f"the block raised {str(meta.get('error'))[:400]} while traced")
     try:
         complex_nodes = set(_ints(meta.get("complex", [])))
@@ -222,15 +203,7 @@ def from_plain(
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
-    """Run ``module(x)`` once and record every operator; with ``no_dropout`` (or inside
-    ``NoDropout``) dropout is recorded as the identity. A TraceError if the block raised.
-
-    Example:
-        >>> import torch.nn as nn
-        >>> trace = record(nn.Linear(4, 4).double(), torch.zeros(2, 3, 4, dtype=torch.float64))
-        >>> [op.name for op in trace.ops]
-        ['view', 't', 'addmm', 'view']
-    """
+    """With ``no_dropout`` (or inside ``NoDropout``) dropout is recorded as the identity."""
     modes = _get_current_dispatch_mode_stack()
     no_dropout = no_dropout or any(isinstance(m, NoDropout) for m in modes)
     return from_plain(*loop.record(module, x, no_dropout=no_dropout))
@@ -239,18 +212,17 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Trace:
 def rerun(
     trace: Trace, put: Mapping[int, Tensor], get: Sequence[int], ops: Sequence[Op] | None = None
 ) -> dict[int, Tensor]:
-    """The values of the nodes ``get``, replayed (``ops``; by default as far as needed) with the
-    nodes in ``put`` replaced (a TraceError where an operator cannot run on them)."""
+    """The values of ``get``, replayed (``ops``: as far as needed) with ``put``'s nodes replaced."""
     wanted = set(get)
     if ops is None:
         ops = trace.ops[: max((trace.nodes[n].op for n in wanted), default=-1) + 1]
     env: dict[int, Tensor] = {}
 
     def value(a: object) -> object:
-        if isinstance(a, Opaque):
-            raise TraceError(f"an operator that takes a {a.kind} cannot be replayed")
         if not isinstance(a, Ref):
             return a
+        if a.opaque:
+            raise TraceError(f"an operator that takes a {a.opaque} cannot be replayed")
         if a.node not in env:  # a leaf (or the input): a copy, which in-place operators may change
             given = put.get(a.node)
             env[a.node] = (given if given is not None else trace.nodes[a.node].value).clone()
@@ -273,20 +245,17 @@ def rerun(
     return {n: got[n] if n in got else cast(Tensor, value(Ref(n))).detach().clone() for n in wanted}
 
 
-def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:
-    """``new`` in place for an in-place operator, else with ``made``'s strides (for a view)."""
+def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:  # as ``made`` was made
     if any(made is a for a in inputs):
         return made.copy_(new)
     if 0 in made.stride():  # an expanded view: a fresh contiguous value
         return new.clone()
-    return torch.empty_strided(new.shape, made.stride(), dtype=new.dtype, device=new.device).copy_(
-        new
-    )
+    strided = torch.empty_strided(new.shape, made.stride(), dtype=new.dtype, device=new.device)
+    return strided.copy_(new)
 
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
-    """The operators computing ``target`` from ``source`` (and static values), as a function;
-    a TraceError where ``target`` also reads other input data."""
+    """A TraceError where ``target`` also reads input data not from ``source``."""
     inside, chosen = {source}, []
     for op in trace.between(source, target):
         if any(n in inside for n in op.inputs):

@@ -1,9 +1,6 @@
-"""Each role's weight read by what its sub-layer computes (``read_trace``): the trace replayed
-with the role's input replaced by zeros, then basis vectors (``h @ W.T + b`` gives ``b``, then
-``W[:, c] + b``), whatever holds the weight; each must reproduce the role's traced output. The
-norms (``find_norms``): whatever computes a scale-free function of a mean over the channels.
-
-Shapes: B batch, T time, C channels, D attention width, H the MLP's hidden width.
+"""Each role's weight read by replaying its sub-layer on zeros and basis vectors (``measure``,
+``read_trace``), and the norms (``find_norms``). docs/checker.md, "How it decides" ("The weights,
+read by what each sub-layer computes"). B batch, T time, C channels, D, H attention, MLP widths.
 """
 
 from __future__ import annotations
@@ -20,10 +17,7 @@ from .dataflow import Role, Unread, find_roles, layout, static_names, weight_inp
 from .parts import glob
 from .trace import LEAF, Trace, replay, rerun
 
-__all__ = [
-    "NORM_OPS", "Norm", "Reading", "find_norms", "measure", "order_norms", "read_trace",
-    "rescaled",
-]  # fmt: skip
+__all__ = ["Reading", "find_norms", "measure", "order_norms", "read_trace", "rescaled"]
 
 Tensor = torch.Tensor
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # of a role's output scale
@@ -68,8 +62,6 @@ NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms
 
 @dataclass
 class Norm:
-    """One call of a norm: what it is (``key``), its output node, and as a function."""
-
     key: str
     first: int
     out: int
@@ -85,8 +77,8 @@ def rescaled(
     factors: list[Tensor | float],
     shaped: bool = False,
 ) -> tuple[Callable[[Tensor], Tensor], Tensor, list[float]] | None:
-    """The replay from ``source`` to ``out`` (``shaped``: any shape, dtype), its output on ``z``,
-    and how far that moves when ``z`` is multiplied by each of ``factors``; None: not finite."""
+    """The replay (``shaped``: on any shape, dtype), its output on ``z``, and how far that moves
+    when ``z`` is multiplied by each of ``factors``; None: not finite."""
     try:
         run, like = replay(trace, source, out), trace.nodes[source].value
 
@@ -109,8 +101,7 @@ def rescaled(
 
 def _normalising(
     trace: Trace, source: int, out: int, shaped: bool = False
-) -> Callable[[Tensor], Tensor] | None:
-    """The replay from ``source`` to ``out`` if it is no identity and ignores scaling its input."""
+) -> Callable[[Tensor], Tensor] | None:  # no identity, and it ignores scaling its input
     like = trace.nodes[source].value
     g = torch.Generator().manual_seed(3)
     z = torch.randn(like.shape, generator=g, dtype=torch.float64).to(like.dtype)
@@ -121,7 +112,6 @@ def _normalising(
 
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
-    """Every call of a norm in the trace, in order (of a module holding another, the outer one)."""
     found: list[Norm] = []
     for name, first, end, ins, outs in trace.calls:
         if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
@@ -179,7 +169,6 @@ def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm
 
 
 def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
-    """Each role's (weight (out, in), bias (out,), verification error)."""
     BT = B * T
     like = {r.put: trace.nodes[r.put].value for r in roles.values()}
     width = {n: _rows(v, B, T).shape[1] for n, v in like.items()}
@@ -222,18 +211,7 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
 
 
 def read_trace(trace: Trace, x: Tensor) -> Reading:
-    """Every role's weight read out of a recorded forward pass on ``x`` (B, T, C), B != T, so that
-    shapes tell batch from time; an Unread says why it cannot (a TraceError: cannot replay).
-
-    Example:
-        >>> from gptblock import lesson
-        >>> from gptblock.check.roles.trace import record
-        >>> block = lesson.Block(16, 2, 8, dropout=0.0).double().eval()
-        >>> x = torch.randn(5, 7, 16, dtype=torch.float64)
-        >>> reading = read_trace(record(block, x), x)
-        >>> reading.heads, reading.parts.D, reading.error < 1e-12
-        (2, 16, True)
-    """
+    """Every role's weight read; ``x`` (B, T, C) with B != T so that shapes tell batch from time."""
     B, T, C = x.shape
     found, nh = find_roles(trace, B, T)  # a TraceError where the trace cannot be replayed
     if "fc3" in found or any(r.turned for r in found.values()):  # the modern block's parts
@@ -261,8 +239,7 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
-    """Parameters by their modules (``attn.c_attn``, ``heads.*.query``), ' (in, out)' where the
-    role's one matrix is stored transposed."""
+    """Parameters by their modules (``heads.*.query``), ' (in, out)' where stored transposed."""
     if not params:
         return "none (the merged heads join the stream as they are: the identity)"
     owners: dict[str, list[str]] = {}
