@@ -1,8 +1,6 @@
-"""Checking blocks in child processes that only answer requests (``check_isolated``), so that
-the block cannot end, hang or fool the checker: every reading, comparison and verdict is made
-here, a match confirmed on inputs from a seed the child never sees, and the report keeps the
-findings before whatever the child does. The block still runs as the same user: run untrusted
-code in a container. ``check_in_process`` sends the same requests to ``worker.Served``.
+"""Checking blocks in child processes that only answer requests (``check_isolated``): every
+reading, comparison and verdict is made here; ``check_in_process`` sends the same requests to
+``worker.Served``. docs/checker.md, "The block cannot break the checker".
 """
 
 from __future__ import annotations
@@ -131,10 +129,9 @@ def _in_children(
     cut: Callable[[int, str], Answer],
     noted: bool = False,
 ) -> list[Answer]:
-    """``ask(call, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds, ``cut(i,
-    how the child stopped answering)`` where it did, the targets after it in a fresh child;
-    ``noted``: a child per file (one's code cannot answer for another's), each report noted
-    with what the checked code wrote."""
+    """``ask(call, j, i)`` for each target i (the child's j-th), ``cut(i, how)`` where the child
+    stopped answering, the targets after it in a fresh child; ``noted``: a child per file (one's
+    code cannot answer for another's), each report noted with what the checked code wrote."""
     for t in sent:
         if isinstance(t, str):
             check_spec(t)  # a malformed spec or a missing file needs no child to say so
@@ -167,8 +164,8 @@ def _in_children(
 
 
 def _sent(target: object, folder: Path) -> str | bytes:
-    """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
-    notebook's cell, which the child cannot import) its source as a file in ``folder``."""
+    """A spec, a pickled object, or for an object of ``__main__`` (a notebook's cell, which the
+    child cannot import) its source as a file in ``folder``."""
     if isinstance(target, str):
         return target
     source = main_source(target)
@@ -193,7 +190,7 @@ def check_in_process(
     target: object, kwargs: Mapping[str, object], roles: Mapping[str, str]
 ) -> CheckReport:
     """``check_block`` in this process, for code the caller trusts (a block written to fool the
-    checker can): ``check_isolated``'s requests, answered here (``worker.Served``)."""
+    checker can): ``check_isolated``'s requests, answered here."""
     local = Served(target, kwargs)
     try:
         with one_thread():
@@ -222,7 +219,7 @@ def _at(
     call: Call, progress: Progress, roles: Mapping[str, str], other: bool
 ) -> tuple[CheckReport, str] | str:
     """The report at the file's sizes or the ``other`` ones and their label, else why not; what
-    a child says is bounded (``text``) and checked for form, what ``Served`` says, not."""
+    a child says is bounded (``text``) and checked for form."""
     trusted = isinstance(call, Served)
     bound = (lambda value, limit: str(value)) if trusted else text
     progress.stage("building the block")

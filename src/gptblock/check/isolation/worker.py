@@ -1,6 +1,6 @@
 """The block built and read where it runs (``Served``: here for ``isolate=False``, or in the
-builder process, ``main``, which imports gptblock: nothing it says decides the verdict); and the
-checker's view of a block in another process (``Remote``), whose answers are claims.
+builder process, ``main``: nothing it says decides the verdict); and the checker's view of a
+block (``Remote``), whose answers are claims. docs/checker.md, "What the block can still tell".
 """
 
 from __future__ import annotations
@@ -38,17 +38,9 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """``target`` built with ``kwargs`` and read (``runner.Held``'s answers, and ``width``,
-    ``read``, ``suggest``), for code the caller trusts: asked directly (``Remote``). In the builder
-    process (``targets`` given) each ``load``s a target, and each build also says its ``recipe``
-    for the runner. The last build's module settings stay set until ``undo``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> served = Served(lesson.Block, {"n_embd": 16, "n_head": 2, "block_size": 8})
-        >>> served("build")[0]["width"], served("width")[0], served("copy")[0]["dtype"]
-        (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
-    """
+    """``runner.Held``'s answers and ``width``, ``read``, ``suggest``; in the builder process
+    (``targets`` given) each build also says its ``recipe`` for the runner. The last build's
+    module settings stay set until ``undo``."""
 
     refused = (UserError,)
 
@@ -93,8 +85,8 @@ class Served(Held):
         return {**told, "label": built.label, "width": built.width}, {}
 
     def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
-        """What the runner builds the block from: its arguments and the module settings the
-        build changed, kept set (read by difference from ``undo``'s), as data."""
+        """The arguments and the module settings the build changed (by difference from
+        ``undo``'s), as data for the runner."""
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
         own: dict[str, Any] = vars(home) if home else {}
         built = dict(own)
@@ -123,8 +115,7 @@ class Served(Held):
 
 
 def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
-    """``found``'s parts as numbers (``plain.to_plain``), each described; ``params``: the
-    block's parameters."""
+    """``found``'s parts as numbers (``plain.to_plain``), each described."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
@@ -146,7 +137,6 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 
 def main(argv: list[str]) -> int:
-    """The builder: ``IN_FD OUT_FD``."""
     return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
@@ -157,9 +147,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 class Remote(Probed):
     """A block asked through ``call`` (``compare.verdict``'s ``Probed`` and ``Service``): in
-    another process, whose answers are claims, or here (a ``Served``: ``trusted``); its width
-    ``C``, the probes' length ``T``, the ``name`` of the dtype it computes in, the ``note`` it
-    said of its copy and its ``longest`` sequence (0: unknown), as it says."""
+    another process, whose answers are claims, or here (a ``Served``: ``trusted``)."""
 
     def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
         if str(name) not in DTYPES:
@@ -230,8 +218,8 @@ class Remote(Probed):
         return str(how)
 
     def read(self, roles: Mapping[str, str]) -> Message:
-        """Read here from the traces' dataflow, else (by roles or names) as the block's process
-        says (checked by ``receive.unpack_readings``)."""
+        """From the traces' dataflow here, else as the block's process says (checked by
+        ``receive.unpack_readings``)."""
         found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
             return self.call("read", roles=dict(roles))

@@ -1,12 +1,7 @@
-"""The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
-
-The supervisor (``reaper``) forks it from a copy of this folder as the package ``serve``: it
-imports nothing of gptblock, no frame under the block's calls is a gptblock file, and nothing in
-its command line, ancestors or environment names the checker. It loads the learner's file again,
-builds the block from the builder's ``recipe`` (``to_data``) and answers (``Held.answer``).
-How the block is called (``forward_arguments``) is alike here and in the builder, and where what
-it raised comes from: an error not of sizes (a typo) is said at the learner's line; a size
-error is the shape probe's.
+"""The runner: the process whose answers decide the verdict (``Held.answer``), forked from a copy
+of this folder as the package ``serve``, importing nothing of gptblock; it builds the block again
+from the builder's ``recipe`` (``to_data``) and calls it as the builder does (``forward_arguments``).
+docs/checker.md, "The block cannot break the checker" and "What the block can still tell".
 """
 
 from __future__ import annotations
@@ -43,9 +38,8 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A process's answers about a block (``answer``): ``build`` makes the block (``module``), the
-    last build's module settings undone; the rest are made on the checker's copy (``subject``)
-    that ``copy`` makes at ``C``, ``T`` and ``longest``."""
+    """A process's answers about a block: ``build`` makes ``module``, the rest ask the checker's
+    copy (``subject``) that ``copy`` makes at ``C``, ``T`` and ``longest``."""
 
     subject: Subject
     module: nn.Module
@@ -65,9 +59,6 @@ class Held:
         return {}, {}
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        """One request's answer: ``load``, ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when
-        given), ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``,
-        ``cache``."""
         if op == "load":
             try:
                 self.target = self.load(self.targets[int(args["index"])])
@@ -138,17 +129,8 @@ class Held:
 
 
 def to_data(value: object, home: object) -> object:
-    """A constructor argument or module setting as JSON (``loop.encode``'s, made again by
-    ``build``), a config object as its class and attributes, a class or function by name (pickled,
-    as ``check_block``'s own arguments are).
-
-    Raises:
-        ValueError: a value that cannot be sent so (a local function or class).
-
-    Example:
-        >>> to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
-        {'dict': {'sizes': {'tuple': [1, 2]}, 'cfg': {'object': 'SimpleNamespace', 'module': 'types', 'fields': {'dict': {'bias': True}}}}}
-    """
+    """A constructor argument or module setting as JSON (``loop.encode``'s), a config object as
+    its class and attributes, a class or function by name (pickled); else ValueError."""
 
     def other(value: object) -> object:
         cls = type(value)
@@ -165,8 +147,7 @@ def to_data(value: object, home: object) -> object:
 
 
 def _from_data(data: Any, home: object) -> Any:
-    """``to_data``'s value made again; a config as its class called with its fields (a
-    dataclass: its ``init`` fields), else made without calling it, its attributes set."""
+    """A config as its class called with its fields, else made without calling it."""
     return decode(data, functools.partial(_made, home))
 
 
@@ -197,8 +178,7 @@ def load(target: str | bytes) -> object:
 
 
 def load_module(where: str, name_as: str = "") -> Any:
-    """A module imported, or a file run as the module ``name_as``, else of its own name where
-    that is free, else "learner"."""
+    """A file runs as the module ``name_as``, else of its own name where free, else "learner"."""
     if not (where.endswith(".py") or "/" in where or "\\" in where):
         return importlib.import_module(where)
     path = Path(where)
@@ -223,8 +203,8 @@ def load_module(where: str, name_as: str = "") -> Any:
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
-    """The block ``target`` builds from ``recipe`` (``to_data``'s settings and args), seeded as
-    the builder's, and the undo of the module settings it set (kept: ``forward`` may read them)."""
+    """The block built from ``recipe``, seeded as the builder's, and the undo of the module
+    settings it set (kept set: ``forward`` may read them)."""
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
@@ -247,9 +227,8 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
 
 
 def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
-    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until it closes, by
-    ``start(the first message's init)``; an error it ``refused`` is a ``user_error``, any other
-    ``raised``."""
+    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes; an error the
+    ``Held`` ``refused`` is a ``user_error``, any other ``raised``."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
@@ -279,7 +258,6 @@ def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The runner: ``IN_FD OUT_FD``."""
     return serve(argv, Held)
 
 
@@ -302,23 +280,8 @@ def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, a
 
 
 def forward_arguments(module: nn.Module) -> list[str]:
-    """Fill what the block's ``forward`` requires besides its input, where the parameter's name
-    or annotation says what it holds (``_FILLS``, None where it admits None); the note saying
-    so. A mask is never made: a guess could turn a reversed mask into a passing one.
-
-    Raises:
-        UserValueError: a required parameter the checker cannot fill (a mask).
-
-    Example:
-        >>> class Layer(nn.Module):
-        ...     def forward(self, query, key, value, cache: "dict | None"):
-        ...         return query + key + value
-        >>> layer = Layer()
-        >>> forward_arguments(layer)
-        ['forward(query, key, value, cache) called with key = value = the input, cache=None']
-        >>> layer(torch.ones(1, 2, 3)).sum().item()
-        18.0
-    """
+    """Fill what ``forward`` requires besides its input where the name or annotation says what
+    it holds, and say so. A mask is never made: a guess could turn a reversed mask into a pass."""
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
@@ -371,8 +334,8 @@ def size_error(e: BaseException) -> bool:
 
 
 def learner_line(e: BaseException, file: str) -> str:
-    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file``,
-    else the last outside torch, gptblock and the standard library."""
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in ``file``, else outside torch,
+    gptblock and the standard library."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
     if not ours:
@@ -389,7 +352,6 @@ def learner_line(e: BaseException, file: str) -> str:
 
 
 def source(target: object) -> str:
-    """The file ``target`` (a class or function) is written in, else ``""``."""
     try:
         return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
     except (TypeError, OSError):
