@@ -18,13 +18,13 @@ import torch
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
-from ..compare.modern import check_modern
+from ..compare.modern import ModernOutcome, check_modern
 from ..mistakes.report import CAUGHT, one_line, text
 from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.trace import from_plain, record
+from ..roles.trace import Trace, from_plain, record
 from ..serve.frames import Message
 from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
@@ -157,13 +157,13 @@ class Remote(Probed):
         self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
         self.trusted = self.here is not None  # then what it says is what the block did
         self.device = torch.device("cpu") if self.here is None else self.here.device
+        self.traces = call.traces if isinstance(call, Served) else readings.Traces(self, self.trace)
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes
-        remote = readings.Traces(
-            self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
-        )
-        self.traces = call.traces if isinstance(call, Served) else remote
+
+    def trace(self, x: Tensor) -> Trace:  # its forward pass on ``x``, as its process says
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
@@ -227,26 +227,14 @@ class Remote(Probed):
         parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
         return plain_readings(parts, list(self.parameters().values()), [])
 
-    def modern(self) -> dict[str, Any]:
-        """The modern comparison (``compare.modern``) as data; else what the block's attention
-        computes that the references do not model (its last forward pass)."""
+    def modern(self) -> ModernOutcome | list[str]:
+        """The modern comparison (``compare.modern``); else what the block's attention computes
+        that the references do not model (its last forward pass)."""
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
         B, T = readings.trace_shapes(self.longest or readings.TRACE_T)[0]
         outcome = check_modern(source, self.traces.input(B, T))
-        if outcome is None:
-            last = self.traces.last
-            scope = attention_scope(last) if last is not None else []
-            return {"scope": scope} if scope else {}
-        f = outcome.finding
-        return {
-            "notes": list(outcome.notes),
-            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-            "mistakes": list(outcome.mistakes),
-            "details": dict(outcome.details),
-            "alternatives": [list(a) for a in outcome.alternatives],
-            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
-            "tensors": outcome.parts[1] if outcome.parts else {},
-        }
+        last = self.traces.last
+        return outcome or (attention_scope(last) if last is not None else [])
 
     def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)
