@@ -30,7 +30,7 @@ from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_see
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
-           "load_module", "main", "serve", "size_error", "source", "to_data"]  # fmt: skip
+           "load_module", "main", "serve", "size_error", "to_data"]  # fmt: skip
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -64,9 +64,8 @@ class Held:
                 self.target = self.load(self.targets[int(args["index"])])
             except self.refused:
                 raise
-            except CAUGHT as error:
-                said = one_line(error)
-                raise UserValueError(f"cannot load it in a fresh process: {said}") from error
+            except CAUGHT as e:
+                raise UserValueError(f"cannot load it in a fresh process: {one_line(e)}") from e
             return {}, {}
         if op == "build":
             self.undo()
@@ -78,10 +77,9 @@ class Held:
             s = self.subject = Subject(self.module, self.C, self.T, self.longest)
             e = s.failure
             failed = "" if e is None else one_line(e)
-            where = "" if e is None else learner_line(e, source(type(self.module)))
-            raised = "" if e is None or size_error(e) else failed + where  # sizes: no check runs
-            told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
-            return {**told, "note": s.note, "failed": failed, "raised": raised}, {}
+            raised = "" if e is None or size_error(e) else failed + learner_line(e, type(s.module))
+            told = {"dtype": str(s.dtype).removeprefix("torch."), "note": s.note, "failed": failed}
+            return {**told, "raised": raised}, {}  # (a size error: the shape probe's to tell)
         s = self.subject
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
@@ -182,11 +180,9 @@ def load_module(where: str, name_as: str = "") -> Any:
     if not (where.endswith(".py") or "/" in where or "\\" in where):
         return importlib.import_module(where)
     path = Path(where)
-    free = path.stem.isidentifier() and path.stem not in sys.modules
-    free = free and path.stem not in sys.stdlib_module_names
-    spec = importlib.util.spec_from_file_location(
-        name_as or (path.stem if free else "learner"), path
-    )
+    free = path.stem.isidentifier() and path.stem not in {*sys.modules, *sys.stdlib_module_names}
+    name = name_as or (path.stem if free else "learner")
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
@@ -333,9 +329,12 @@ def size_error(e: BaseException) -> bool:
     )
 
 
-def learner_line(e: BaseException, file: str) -> str:
-    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in ``file``, else outside torch,
-    gptblock and the standard library."""
+def learner_line(e: BaseException, target: object) -> str:
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in ``target``'s file, else outside
+    torch, gptblock and the standard library."""
+    file = ""
+    with contextlib.suppress(TypeError, OSError):
+        file = inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
     if not ours:
@@ -349,10 +348,3 @@ def learner_line(e: BaseException, file: str) -> str:
     f, near = ours[-1], os.path.relpath(ours[-1].filename)
     where = f.filename if near.startswith("..") else near
     return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
-
-
-def source(target: object) -> str:
-    try:
-        return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
-    except (TypeError, OSError):
-        return ""
