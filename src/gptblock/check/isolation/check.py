@@ -40,9 +40,8 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 class _State:
     """A check's ``Progress``; at the other sizes, its stages told to ``outer`` (if any) too."""
 
-    name: str = ""
+    description: str = ""  # the target's name until it is built
     where: str = "starting"
-    description: str = ""
     findings: list[Finding] = field(default_factory=list)
     outer: Progress | None = None
 
@@ -52,14 +51,14 @@ class _State:
             self.outer.stage(f"at other sizes: {what}")
 
     def built(self, description: str) -> None:
-        self.description = description
+        self.description = description or self.description
 
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
 
     def stopped(self, name: str, said: str, note: str) -> CheckReport:
         findings = [*self.findings, Finding(name, False, said)]
-        return CheckReport(self.description or self.name, findings, [], {}, [note])
+        return CheckReport(self.description, findings, [], {}, [note])
 
 
 def check_isolated(
@@ -95,7 +94,7 @@ def check_isolated(
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
-                f"cannot {verb} {s.name}: its process {what} while {s.where}"
+                f"cannot {verb} {s.description}: its process {what} while {s.where}"
             )
         note = "the check was cut short; the findings before it are kept"
         return s.stopped("process", f"the process running the block {what} during {s.where}", note)
@@ -108,8 +107,7 @@ def check_isolated(
 def ask_isolated(
     targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
 ) -> list[Answer | str]:
-    """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
-    ``check_isolated`` loads it; else why not, in one line."""
+    """``ask(call, i)`` for each ``FILE.py:NAME`` target i loaded in a child; else why not."""
 
     def one(call: Call, j: int, i: int) -> Answer | str:
         try:
@@ -132,9 +130,8 @@ def _in_children(
     """``ask(call, j, i)`` for each target i (the child's j-th), ``cut(i, how)`` where the child
     stopped answering, the targets after it in a fresh child; ``noted``: a child per file (one's
     code cannot answer for another's), each report noted with what the checked code wrote."""
-    for t in sent:
-        if isinstance(t, str):
-            check_spec(t)  # a malformed spec or a missing file needs no child to say so
+    for spec in [t for t in sent if isinstance(t, str)]:
+        check_spec(spec)  # a malformed spec or a missing file needs no child to say so
     answers: list[Any] = []
     where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
     with undumpable(), one_thread():

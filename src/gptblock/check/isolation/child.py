@@ -33,8 +33,7 @@ SIGNALS = {"SIGSEGV": " (a crash in native code)", "SIGKILL": " (out of memory?)
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
-    """The child stopped answering: it ended, hung past the deadline (``"timeout"``) or broke
-    the protocol (``ProtocolBroken``)."""
+    """The child stopped answering: it ended, hung (``"timeout"``) or broke the protocol."""
 
 
 class ProtocolBroken(Gone):
@@ -74,8 +73,7 @@ def undumpable() -> Iterator[None]:
 
 
 class Child:
-    """The supervisor, and the builder and the runner below it given ``targets`` (each loaded
-    by ``call("load", index=i)``) and ``kwargs``."""
+    """The supervisor, and the builder and the runner below it given ``targets`` and ``kwargs``."""
 
     def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
         try:

@@ -230,11 +230,10 @@ def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
                 del running[pid]
         if running and select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
             break  # the checker closed our stdin: stop
-    for pid in running:  # its session, and itself: it may not have made its session yet
+    for pid, name in running.items():  # its session, and itself: it may have none yet
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
                 kill(pid, signal.SIGKILL)
-    for pid, name in running.items():
         _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
     sweep(sessions, isolated and os.getpid() == 1)
     os._exit(0)  # not Python's exit: tearing torch down takes longer than the whole sweep

@@ -38,9 +38,8 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """``runner.Held``'s answers and ``width``, ``read``, ``suggest``; in the builder process
-    (``targets`` given) each build also says its ``recipe`` for the runner. The last build's
-    module settings stay set until ``undo``."""
+    """``runner.Held``'s answers and ``width``, ``read``, ``suggest``; in the builder, each build
+    also says its ``recipe``. The last build's module settings stay set until ``undo``."""
 
     refused = (UserError,)
 
@@ -85,8 +84,7 @@ class Served(Held):
         return {**told, "label": built.label, "width": built.width}, {}
 
     def recipe(self, args: dict[str, object], description: str) -> dict[str, Any]:
-        """The arguments and the module settings the build changed (by difference from
-        ``undo``'s), as data for the runner."""
+        """The arguments and the module settings the build changed, as data for the runner."""
         home = sys.modules.get(getattr(self.target, "__module__", None) or "")
         own: dict[str, Any] = vars(home) if home else {}
         built = dict(own)
@@ -218,8 +216,7 @@ class Remote(Probed):
         return str(how)
 
     def read(self, roles: Mapping[str, str]) -> Message:
-        """From the traces' dataflow here, else as the block's process says (checked by
-        ``receive.unpack_readings``)."""
+        """From the traces' dataflow here, else as its process says (``receive`` checks it)."""
         found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
             return self.call("read", roles=dict(roles))

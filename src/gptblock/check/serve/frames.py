@@ -53,8 +53,7 @@ class Reader:
             self.buffer += chunk
 
     def next(self, deadline: float | None = None) -> Message:
-        """The next message, else TimeoutError past ``deadline`` (``time.monotonic()``), EOFError
-        where the pipe closed, ValueError where what came is not a message."""
+        """The next message; else TimeoutError past ``deadline``, EOFError, or ValueError."""
         self._fill(deadline, None)
         end = self.buffer.index(b"\n")
         header = json.loads(bytes(self.buffer[:end]))

@@ -65,8 +65,7 @@ class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 def encode(a: object, other: Callable[[object], object] | None = None) -> object:
-    """An operator's argument as JSON; ``other(a)`` for what is none of these (the recorder's:
-    a tensor as ``{"r": node}``), else ``{"opaque": ...}``: the checker cannot replay it."""
+    """An argument as JSON; else ``other(a)`` (a tensor's node), else opaque: not replayed."""
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, (tuple, list)):
@@ -132,10 +131,8 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         call = next(c for c in reversed(self.calls) if c[0] == name and c[2] == -1)
         call[2], call[4] = len(self.ops), self.known_nodes(tree_flatten(out)[0])
 
-    def known_nodes(self, values: Iterable[object]) -> list[int]:
-        return [
-            self.latest[id(t)][1] for t in values if isinstance(t, Tensor) and id(t) in self.latest
-        ]
+    def known_nodes(self, values: Iterable[object]) -> list[int]:  # (``latest`` keeps them alive)
+        return [self.latest[id(t)][1] for t in values if id(t) in self.latest]
 
     def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
         self.nodes.append([op, data, name])
@@ -222,10 +219,8 @@ def cache_api(module: nn.Module) -> str | None:
 
 
 def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
-    """The last position's output (B, 1, C) as one decoding step through the cache ``api``
-    after the prefix ``x[:, :T-1]``."""
-    B, T, _ = x.shape
-    P = T - 1
+    """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
+    B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
     params = inspect.signature(module.forward).parameters
     if api == "start_pos":
         module(x[:, :P], start_pos=0)
@@ -248,8 +243,7 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
 
 
 def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
-    """``({"api": ...}, {"whole": the last position's output, "step": the cached step's})``,
-    driven on a copy; ``"raised"`` where the block raised."""
+    """The last position's output (``whole``) and the cached step's (``step``), on a copy."""
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
@@ -267,8 +261,7 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """``module(x)`` run once, recorded as plain data (``roles.trace.from_plain`` reads it): node
     i's value is ``tensors[f"n{i}"]``; ``error`` when it raised with and without grad mode."""
-    named = [*module.named_parameters(), *module.named_buffers()]
-    known = {id(t): (t, name) for name, t in named}
+    known = {id(t): (t, n) for n, t in [*module.named_parameters(), *module.named_buffers()]}
     error = ""
     for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
         rec = _Recorder(known, x)

@@ -1,6 +1,6 @@
 """The runner: the process whose answers decide the verdict (``Held.answer``), forked from a copy
-of this folder as the package ``serve``, importing nothing of gptblock; it builds the block again
-from the builder's ``recipe`` (``to_data``) and calls it as the builder does (``forward_arguments``).
+of this folder as the package ``serve``, importing nothing of gptblock; it builds the block from
+the builder's ``recipe`` (``to_data``) and calls it as the builder does (``forward_arguments``).
 docs/checker.md, "The block cannot break the checker" and "What the block can still tell".
 """
 
@@ -38,8 +38,7 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A process's answers about a block: ``build`` makes ``module``, the rest ask the checker's
-    copy (``subject``) that ``copy`` makes at ``C``, ``T`` and ``longest``."""
+    """A process's answers: ``build`` makes ``module``; the rest ask its copy (``subject``)."""
 
     subject: Subject
     module: nn.Module
@@ -64,8 +63,9 @@ class Held:
                 self.target = self.load(self.targets[int(args["index"])])
             except self.refused:
                 raise
-            except CAUGHT as e:
-                raise UserValueError(f"cannot load it in a fresh process: {one_line(e)}") from e
+            except CAUGHT as error:
+                said = one_line(error)
+                raise UserValueError(f"cannot load it in a fresh process: {said}") from error
             return {}, {}
         if op == "build":
             self.undo()
@@ -127,8 +127,7 @@ class Held:
 
 
 def to_data(value: object, home: object) -> object:
-    """A constructor argument or module setting as JSON (``loop.encode``'s), a config object as
-    its class and attributes, a class or function by name (pickled); else ValueError."""
+    """A value as JSON (``loop.encode``), a config as its class and fields, a function pickled."""
 
     def other(value: object) -> object:
         cls = type(value)
@@ -167,8 +166,7 @@ def _made(home: object, data: dict[str, Any]) -> object:
 
 
 def load(target: str | bytes) -> object:
-    """What a target names: ``FILE.py:NAME`` (run as a module of its own name), ``module:NAME``,
-    or a pickled class, factory or module (from the checker)."""
+    """``FILE.py:NAME``, ``module:NAME``, or a pickled class, factory or module (the checker's)."""
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
@@ -223,8 +221,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
 
 
 def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
-    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes; an error the
-    ``Held`` ``refused`` is a ``user_error``, any other ``raised``."""
+    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
@@ -330,8 +327,7 @@ def size_error(e: BaseException) -> bool:
 
 
 def learner_line(e: BaseException, target: object) -> str:
-    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in ``target``'s file, else outside
-    torch, gptblock and the standard library."""
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in the target's file, else ours."""
     file = ""
     with contextlib.suppress(TypeError, OSError):
         file = inspect.getsourcefile(target) or ""  # type: ignore[arg-type]

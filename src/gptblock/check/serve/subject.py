@@ -48,12 +48,11 @@ def one_thread() -> Iterator[None]:
 
 
 class Probed(Protocol):
-    """What the probes ask of a block: a ``Subject``, or ``isolation.worker.Remote`` (its
-    answers are claims); ``longest``: its block_size, or 0."""
+    """What the probes ask: a ``Subject``, or a ``worker.Remote`` (whose answers are claims)."""
 
     C: int
     T: int
-    longest: int
+    longest: int  # its block_size, or 0
     dtype: torch.dtype
     device: torch.device
     generator: torch.Generator
@@ -75,8 +74,7 @@ class Probed(Protocol):
 
 
 class Subject(Probed):
-    """An eval-mode copy of the user's block (never changed) in float64, else float32;
-    ``longest``: its longest sequence, 0 if unknown."""
+    """An eval-mode copy of the user's block (never changed) in float64, else float32."""
 
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
@@ -175,8 +173,7 @@ class Subject(Probed):
         return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        """The gradients of ``sum(y * weights)`` (non-finite y as 0); an in-place change autograd
-        needed is returned as ``failed``."""
+        """The gradients of ``sum(y * weights)``; an in-place change autograd needed: ``failed``."""
         own = self.module_in(x.dtype).named_parameters()
         params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
@@ -241,8 +238,7 @@ def _cell(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:  # of t
 
 
 def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
-    """The key of the first tensor of ``shape`` in a tuple, list or dict (Hugging Face's
-    ``ModelOutput``) a block returned, and which it is in words; ``(None, "")`` for a tensor."""
+    """The key of the first ``shape`` tensor in a tuple, list or dict, and that key in words."""
     if isinstance(y, Tensor):
         return None, ""
     items: Any = enumerate(y) if isinstance(y, (tuple, list)) else ()
