@@ -1,7 +1,6 @@
 """Checking blocks in child processes that only answer requests (``check_isolated``): every
 reading, comparison and verdict is made here; ``check_in_process`` sends the same requests to
-``worker.Served``. docs/checker.md, "The block cannot break the checker".
-"""
+``worker.Served``. docs/checker.md, "The block cannot break the checker"."""
 
 from __future__ import annotations
 
@@ -161,8 +160,7 @@ def _in_children(
 
 
 def _sent(target: object, folder: Path) -> str | bytes:
-    """A spec, a pickled object, or for an object of ``__main__`` (a notebook's cell, which the
-    child cannot import) its source as a file in ``folder``."""
+    """A spec, a pickled object, or a ``__main__`` object's source in ``folder`` (unimportable)."""
     if isinstance(target, str):
         return target
     source = main_source(target)

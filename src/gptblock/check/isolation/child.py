@@ -1,7 +1,6 @@
 """The child processes of ``isolation.check``: a supervisor (``reaper``), the builder (``worker``)
 and the runner (``serve``). ``Child.call`` sends what decides the verdict to the runner, the rest
-to the builder. docs/checker.md, "What the block can still tell".
-"""
+to the builder. docs/checker.md, "What the block can still tell"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
 Runs as ``supervise.py`` (standard library and torch only): the fork server (``serve_forks``) of
-supervisors (``main``). docs/checker.md, "The block cannot break the checker".
-"""
+supervisors (``main``). docs/checker.md, "The block cannot break the checker"."""
 
 from __future__ import annotations
 

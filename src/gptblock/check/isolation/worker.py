@@ -1,7 +1,6 @@
 """The block built and read where it runs (``Served``: here for ``isolate=False``, or in the
 builder process, ``main``: nothing it says decides the verdict); and the checker's view of a
-block (``Remote``), whose answers are claims. docs/checker.md, "What the block can still tell".
-"""
+block (``Remote``), whose answers are claims. docs/checker.md, "What the block can still tell"."""
 
 from __future__ import annotations
 
@@ -144,8 +143,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class Remote(Probed):
-    """A block asked through ``call`` (``compare.verdict``'s ``Probed`` and ``Service``): in
-    another process, whose answers are claims, or here (a ``Served``: ``trusted``)."""
+    """``verdict``'s ``Service`` asked through ``call``: a process (claims), or a ``Served``."""
 
     def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
         if str(name) not in DTYPES:

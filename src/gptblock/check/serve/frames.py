@@ -1,6 +1,5 @@
 """The messages between the checker and the block's process: a JSON line, then its ``"bytes"``
-of tensors (safetensors). Nothing is pickled: reading a message runs no code it carries.
-"""
+of tensors (safetensors). Nothing is pickled: reading a message runs no code it carries."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``),
 the block's cache API driven, and ``record``: ``module(x)`` as ATen operators in JSON, which the
-checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow".
-"""
+checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow"."""
 
 from __future__ import annotations
 
@@ -176,8 +175,7 @@ def _stamp(t: Tensor) -> tuple[object, ...]:  # what it holds now: a changed ten
 
 @contextlib.contextmanager
 def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
-    """Seed 0 inside; on a CPU ``device`` without CUDA only the CPU's generator
-    (``torch.manual_seed``, every device's, costs 200 times more)."""
+    """Seed 0 inside; on a CPU ``device`` without CUDA only the CPU's generator (200x cheaper)."""
     cuda = device is not None and device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []):
         if device is not None and device.type == "cpu" and not torch.cuda.is_available():

@@ -1,8 +1,7 @@
 """The runner: the process whose answers decide the verdict (``Held.answer``), forked from a copy
 of this folder as the package ``serve``, importing nothing of gptblock; it builds the block from
 the builder's ``recipe`` (``to_data``) and calls it as the builder does (``forward_arguments``).
-docs/checker.md, "The block cannot break the checker" and "What the block can still tell".
-"""
+docs/checker.md, "The block cannot break the checker" and "What the block can still tell"."""
 
 from __future__ import annotations
 

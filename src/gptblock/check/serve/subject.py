@@ -1,7 +1,6 @@
 """The checker's own copy of a block (``Subject``), and the one way every check calls it: input
 and output copied (a block may change its input in place), every call but the determinism
-probe's re-seeded (dropout left on in eval gets one mask). docs/checker.md, "On a copy".
-"""
+probe's re-seeded (dropout left on in eval gets one mask). docs/checker.md, "On a copy"."""
 
 from __future__ import annotations
 
