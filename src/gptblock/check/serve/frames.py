@@ -20,10 +20,8 @@ __all__ = ["MAX_HEADER", "MAX_TENSORS", "Message", "Reader", "send"]
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 
-Tensor = torch.Tensor
 
-
-def send(fd: int, header: dict[str, Any], tensors: dict[str, Tensor] | None = None) -> None:
+def send(fd: int, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
     blob = b""
     if tensors:
         blob = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
