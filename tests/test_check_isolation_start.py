@@ -149,3 +149,40 @@ def test_checks_of_one_process_fork_from_one_server_and_see_its_current_folder_a
         path = [str(tmp_path / p) for p in path]
         assert mine and all(s[0] == path[0] and s[3] == path for s in mine), seen
     assert len({s[2] for s in seen}) == len(seen)  # its own draws, not the server's
+
+
+def test_to_data_forward_arguments_and_served():
+    # (the doctest examples of serve/runner.py and isolation/worker.py, moved here)
+    import types
+
+    import torch
+    import torch.nn as nn
+
+    from gptblock import lesson
+    from gptblock.check.isolation.worker import Served
+    from gptblock.check.serve.runner import forward_arguments, to_data
+
+    assert to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None) == {
+        "dict": {
+            "sizes": {"tuple": [1, 2]},
+            "cfg": {
+                "object": "SimpleNamespace",
+                "module": "types",
+                "fields": {"dict": {"bias": True}},
+            },
+        }
+    }
+
+    class Layer(nn.Module):
+        def forward(self, query, key, value, cache: "dict | None"):
+            return query + key + value
+
+    layer = Layer()
+    assert forward_arguments(layer) == [
+        "forward(query, key, value, cache) called with key = value = the input, cache=None"
+    ]
+    assert layer(torch.ones(1, 2, 3)).sum().item() == 18.0
+    served = Served(lesson.Block, {"n_embd": 16, "n_head": 2, "block_size": 8})
+    said = served("build")[0]["width"], served("width")[0], served("copy")[0]["dtype"]
+    assert said == (16, {"C": 16, "T": 6, "longest": 8}, "float64")
+    served.undo()

@@ -87,3 +87,26 @@ def test_the_childs_environment_names_no_checker(monkeypatch):
     env = child.environment()
     assert not {"GPTBLOCK_SEEN", "_", "LEARNER_NOTE"} & set(env)
     assert env["PATH"] == "/opt/gptblock/bin:/usr/bin"  # torch needs it: kept
+
+
+def test_the_runner_helpers_one_line_encode_cache_api_and_record():
+    # (the doctest examples of serve/loop.py, moved here)
+    assert (loop.one_line(ValueError("bad value. ")), loop.one_line(SystemExit(3))) == (
+        "ValueError: bad value",
+        "SystemExit: 3 (sys.exit(3) was called)",
+    )
+    assert loop.encode((2, [torch.float64, None], torch.device("cpu"))) == {
+        "tuple": [2, [{"dtype": "float64"}, None], {"device": "cpu"}]
+    }
+
+    class Meta(nn.Module):
+        def forward(self, x, start_pos=None): ...
+
+    assert (loop.cache_api(Meta()), loop.cache_api(nn.Identity())) == ("start_pos", None)
+    meta, _ = loop.record(nn.Linear(4, 4), torch.zeros(2, 3, 4))
+    assert [op["func"] for op in meta["ops"]] == [
+        "aten::view.default",
+        "aten::t.default",
+        "aten::addmm.default",
+        "aten::view.default",
+    ]

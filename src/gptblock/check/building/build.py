@@ -14,7 +14,6 @@ import torch.nn as nn
 from ...errors import UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import forward_arguments, learner_line, size_error
-from ..serve.runner import source as source_file
 from ..serve.subject import first_tensor
 from .arguments import (
     COMMON_ARGUMENTS,
@@ -131,7 +130,7 @@ def _made(
                 module = target(**args)
             except CAUGHT as e:
                 more = hint() if size_error(e) else ""
-                at = learner_line(e, source_file(target))
+                at = learner_line(e, target)
                 raise UserValueError(f"cannot build {description}: {one_line(e)}{at}{more}") from e
         if not isinstance(module, nn.Module):
             kind = type(module).__name__

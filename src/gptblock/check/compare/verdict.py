@@ -18,6 +18,7 @@ from ..roles.provenance import Traced, choose, trace, unread
 from ..roles.receive import unpack_modern, unpack_readings
 from ..serve.subject import Probed
 from .conditions import confirm
+from .modern import ModernOutcome
 from .probes import PROBES, ProbeResult, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -48,7 +49,7 @@ class Service(Protocol):
     def dropout_off(self) -> str: ...
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
     def suggest(self) -> str: ...
-    def modern(self) -> dict[str, Any]: ...
+    def modern(self) -> ModernOutcome | list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -157,19 +158,20 @@ def _compared(
     """The comparison with the modern reference or the lessons', a match confirmed (the modern
     one's PASS, read from the block's process's traces, is a claim until then)."""
     subject = service.tested
-    modern: dict[str, Any] = {}
+    modern: ModernOutcome | list[str] = []
     if not roles:
         progress.stage("the modern reference comparison")
-        modern = service.modern()  # {} for the lessons' block
-    if "finding" in modern:  # None: a part the references do not model: not compared
-        notes.extend(modern["notes"])
-        if modern["finding"] is None:
+        modern = service.modern()  # [] for the lessons' block
+    if isinstance(modern, ModernOutcome):  # None: a part the references do not model
+        notes.extend(modern.notes)
+        finding = modern.finding
+        if finding is None:
             return Compared(None)
-        finding = Finding(*modern["finding"])
         if not finding.passed or finding.label == "FOUND":
-            return Compared(finding, modern["mistakes"], modern["alternatives"], modern["details"])
+            return Compared(finding, list(modern.details), modern.alternatives, modern.details)
         progress.stage("confirming the modern comparison on fresh inputs")
-        received = unpack_modern(modern, subject.C, subject.dtype, chosen)
+        sent = dict(zip(("parts", "tensors"), modern.parts or (), strict=False))
+        received = unpack_modern(sent, subject.C, subject.dtype, chosen)
         said = received if isinstance(received, str) else ""
         try:
             if not isinstance(received, str):
@@ -198,7 +200,7 @@ def _compared(
         progress.stage("suggesting a --map")
         return Compared(None, verify=service.suggest())
     readings, read = unpacked
-    scope = modern.get("scope", [])  # a part no reference models: out of scope, not FAIL
+    scope = modern  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
     try:
         x = readings.x.to(subject.device)

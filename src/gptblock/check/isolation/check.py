@@ -1,9 +1,6 @@
-"""Checking blocks in child processes that only answer requests (``check_isolated``), so that
-the block cannot end, hang or fool the checker: every reading, comparison and verdict is made
-here, a match confirmed on inputs from a seed the child never sees, and the report keeps the
-findings before whatever the child does. The block still runs as the same user: run untrusted
-code in a container. ``check_in_process`` sends the same requests to ``worker.Served``.
-"""
+"""Checking blocks in child processes that only answer requests (``check_isolated``): every
+reading, comparison and verdict is made here; ``check_in_process`` sends the same requests to
+``worker.Served``. docs/checker.md, "The block cannot break the checker"."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 class _State:
     """A check's ``Progress``; at the other sizes, its stages told to ``outer`` (if any) too."""
 
-    name: str = ""
+    description: str = ""  # the target's name until it is built
     where: str = "starting"
-    description: str = ""
     findings: list[Finding] = field(default_factory=list)
     outer: Progress | None = None
 
@@ -54,14 +50,14 @@ class _State:
             self.outer.stage(f"at other sizes: {what}")
 
     def built(self, description: str) -> None:
-        self.description = description
+        self.description = description or self.description
 
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
 
     def stopped(self, name: str, said: str, note: str) -> CheckReport:
         findings = [*self.findings, Finding(name, False, said)]
-        return CheckReport(self.description or self.name, findings, [], {}, [note])
+        return CheckReport(self.description, findings, [], {}, [note])
 
 
 def check_isolated(
@@ -97,7 +93,7 @@ def check_isolated(
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
-                f"cannot {verb} {s.name}: its process {what} while {s.where}"
+                f"cannot {verb} {s.description}: its process {what} while {s.where}"
             )
         note = "the check was cut short; the findings before it are kept"
         return s.stopped("process", f"the process running the block {what} during {s.where}", note)
@@ -110,8 +106,7 @@ def check_isolated(
 def ask_isolated(
     targets: Sequence[str], ask: Callable[[Call, int], Answer], timeout: float = DEFAULT_TIMEOUT
 ) -> list[Answer | str]:
-    """``ask(call, i)`` for each ``FILE.py:NAME`` target i, loaded in a child process as
-    ``check_isolated`` loads it; else why not, in one line."""
+    """``ask(call, i)`` for each ``FILE.py:NAME`` target i loaded in a child; else why not."""
 
     def one(call: Call, j: int, i: int) -> Answer | str:
         try:
@@ -131,13 +126,11 @@ def _in_children(
     cut: Callable[[int, str], Answer],
     noted: bool = False,
 ) -> list[Answer]:
-    """``ask(call, j, i)`` for each target i (the child's j-th) within ``timeout`` seconds, ``cut(i,
-    how the child stopped answering)`` where it did, the targets after it in a fresh child;
-    ``noted``: a child per file (one's code cannot answer for another's), each report noted
-    with what the checked code wrote."""
-    for t in sent:
-        if isinstance(t, str):
-            check_spec(t)  # a malformed spec or a missing file needs no child to say so
+    """``ask(call, j, i)`` for each target i (the child's j-th), ``cut(i, how)`` where the child
+    stopped answering, the targets after it in a fresh child; ``noted``: a child per file (one's
+    code cannot answer for another's), each report noted with what the checked code wrote."""
+    for spec in [t for t in sent if isinstance(t, str)]:
+        check_spec(spec)  # a malformed spec or a missing file needs no child to say so
     answers: list[Any] = []
     where = [t.rpartition(":")[0] if isinstance(t, str) else "" for t in sent]  # file, module
     with undumpable(), one_thread():
@@ -167,8 +160,7 @@ def _in_children(
 
 
 def _sent(target: object, folder: Path) -> str | bytes:
-    """What the child loads: a spec, a pickled object, or for an object of ``__main__`` (a
-    notebook's cell, which the child cannot import) its source as a file in ``folder``."""
+    """A spec, a pickled object, or a ``__main__`` object's source in ``folder`` (unimportable)."""
     if isinstance(target, str):
         return target
     source = main_source(target)
@@ -193,7 +185,7 @@ def check_in_process(
     target: object, kwargs: Mapping[str, object], roles: Mapping[str, str]
 ) -> CheckReport:
     """``check_block`` in this process, for code the caller trusts (a block written to fool the
-    checker can): ``check_isolated``'s requests, answered here (``worker.Served``)."""
+    checker can): ``check_isolated``'s requests, answered here."""
     local = Served(target, kwargs)
     try:
         with one_thread():
@@ -222,7 +214,7 @@ def _at(
     call: Call, progress: Progress, roles: Mapping[str, str], other: bool
 ) -> tuple[CheckReport, str] | str:
     """The report at the file's sizes or the ``other`` ones and their label, else why not; what
-    a child says is bounded (``text``) and checked for form, what ``Served`` says, not."""
+    a child says is bounded (``text``) and checked for form."""
     trusted = isinstance(call, Served)
     bound = (lambda value, limit: str(value)) if trusted else text
     progress.stage("building the block")

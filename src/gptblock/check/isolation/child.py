@@ -1,8 +1,6 @@
-"""The child processes of ``isolation.check``: a supervisor (``reaper``, from ``gptblock.early``)
-and the builder (``worker``) and the runner (``serve``) it forks. ``Child.call`` sends loading,
-building, the width and readings by names to the builder (on its copy given the runner's
-parameters), every other request, what decides the verdict, to the runner.
-"""
+"""The child processes of ``isolation.check``: a supervisor (``reaper``), the builder (``worker``)
+and the runner (``serve``). ``Child.call`` sends what decides the verdict to the runner, the rest
+to the builder. docs/checker.md, "What the block can still tell"."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ SIGNALS = {"SIGSEGV": " (a crash in native code)", "SIGKILL": " (out of memory?)
 
 
 class Gone(BaseException):  # not an Exception: the probes must not catch it
-    """The child stopped answering: it ended, hung past the deadline (``"timeout"``) or broke
-    the protocol (``ProtocolBroken``: an answer that is not one, not counted as the block's)."""
+    """The child stopped answering: it ended, hung (``"timeout"``) or broke the protocol."""
 
 
 class ProtocolBroken(Gone):
@@ -44,8 +41,6 @@ class ProtocolBroken(Gone):
 
 
 class _Output(threading.Thread):
-    """The child's stdout or stderr, drained: counted, its start kept, the rest dropped."""
-
     def __init__(self, name: str, fd: int) -> None:
         super().__init__(name=name, daemon=True)
         self.stream, self.size, self.lines, self.head = os.fdopen(fd, "rb"), 0, 0, bytearray()
@@ -65,8 +60,8 @@ class _Output(threading.Thread):
 
 @contextlib.contextmanager
 def undumpable() -> Iterator[None]:
-    """This process not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``)
-    cannot then open its ``/proc/PID/fd`` (its stdout), even as the same user."""
+    """Not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``) cannot then
+    open its ``/proc/PID/fd`` (its stdout), even as the same user."""
     before = prctl(PR_GET_DUMPABLE)
     changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
     try:
@@ -77,8 +72,7 @@ def undumpable() -> Iterator[None]:
 
 
 class Child:
-    """The supervisor, and the builder and the runner below it given ``targets`` (each loaded
-    by ``call("load", index=i)``) and ``kwargs``; the pipes to them, their drained output."""
+    """The supervisor, and the builder and the runner below it given ``targets`` and ``kwargs``."""
 
     def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
         try:
@@ -98,8 +92,6 @@ class Child:
                 send(to_fd, {"init": request.hex()})
 
     def ready(self) -> None:
-        """Wait for both processes to say they are ready, else raise RuntimeError with the last
-        line they wrote to stderr."""
         try:
             for name in self.pipes:
                 self.answer(name, 0)
@@ -112,7 +104,7 @@ class Child:
             ) from None
 
     def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Message:
-        """One request's answer; a block error as ``Raised``, a target's as its ``UserError``."""
+        """A block error as ``Raised``, a target's as its ``UserError``."""
         if op == "build":
             said, _ = self._ask("builder", op, None, **args)
             if said.get("none") is not True:
@@ -161,8 +153,8 @@ class Child:
         raise ProtocolBroken("an answer of no known kind")
 
     def _status(self, timeout: float, last: int = signal.SIGCONT) -> None:
-        """What the supervisor says until it ends, after closing its stdin (its signal to stop
-        the jobs and sweep); past ``timeout`` it is sent signal ``last`` (by the pid it said)."""
+        """Close the supervisor's stdin (its signal to stop and sweep) and read what it says until
+        it ends; past ``timeout`` it is sent signal ``last``."""
         with contextlib.suppress(OSError):
             self.spawned.stdin.close()
         out, deadline = self.spawned.stdout, time.monotonic() + timeout

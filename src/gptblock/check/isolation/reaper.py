@@ -1,12 +1,6 @@
 """Run the checker's processes and, when they end or when told to stop, kill every process below.
-
-This file runs as ``supervise.py`` (standard library and torch only), the fork server
-(``serve_forks``) of supervisors (``main``). A supervisor leaves the checker's tree, as the init
-of a PID namespace of its own where Linux lets it (else a block that SIGKILLs it can leave
-processes behind), is the subreaper of all below it, forks each job of its request
-(``[[NAME, MODULE, IN_FD, OUT_FD], ...]``: not its command line, which the block can read), says
-``supervisor PID`` and ``exit NAME RC``, and stops when its stdin closes.
-"""
+Runs as ``supervise.py`` (standard library and torch only): the fork server (``serve_forks``) of
+supervisors (``main``). docs/checker.md, "The block cannot break the checker"."""
 
 from __future__ import annotations
 
@@ -42,7 +36,6 @@ def _libc() -> ctypes.CDLL | None:  # where it is Linux's
 
 
 def prctl(option: int, value: int = 0) -> int:
-    """``prctl(option, value)``'s result: -1 where there is none or it failed."""
     libc = _libc()
     return -1 if libc is None else libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0)
 
@@ -63,9 +56,8 @@ def drop_ptrace() -> None:
 
 
 def own_pid_namespace() -> bool:
-    """Make the next fork the init of a PID namespace of its own (as root, or in a user namespace
-    of its own): the block then cannot signal any process outside, nor the init, and the kernel
-    kills what is left when it ends. False where it cannot."""
+    """Make the next fork the init of a PID namespace of its own: the block then cannot signal
+    any process outside, nor the init, and the kernel kills what is left when it ends."""
     libc = _libc()
     if libc is None or not hasattr(libc, "unshare"):
         return False
@@ -96,8 +88,8 @@ def _descendants(root: int) -> list[int]:  # from /proc (none without it)
 
 
 def sweep(sessions: list[int], init: bool) -> None:
-    """Kill ``sessions`` and every process below this one until none is left, reaping them;
-    ``init``: of a PID namespace of its own, whose every process is ours (``kill(-1)``)."""
+    """Kill ``sessions`` and every process below this one until none is left; ``init``: of a PID
+    namespace of its own, whose every process is ours (``kill(-1)``)."""
     while init:
         with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)  # all but this one (its init)
@@ -128,7 +120,6 @@ def _say(line: str) -> None:
 
 
 def _only(std: tuple[int, int, int], keep: set[int]) -> None:
-    """Make ``std`` fds 0, 1 and 2 and close every other but ``keep``, in a new session."""
     os.setsid()
     for fd, to in zip(std, (0, 1, 2), strict=True):
         os.dup2(fd, to)
@@ -142,7 +133,6 @@ def _only(std: tuple[int, int, int], keep: set[int]) -> None:
 
 
 def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, handlers: Any) -> NoReturn:
-    """In the forked child: become the job (see the module's docstring), run it, exit."""
     rc = 1
     try:
         for number, handler in handlers.items():  # what the supervisor ignores, as it was
@@ -168,9 +158,7 @@ def _job(module: str, pipes: list[int], out_fd: int, err_fd: int, handlers: Any)
 
 def serve_forks(sock_fd: int) -> NoReturn:
     """``python supervise.py SOCK_FD``: import torch once, then fork a supervisor for each request
-    on the socket (its pipes: stdin, stdout, the block's stdout and stderr, the jobs'; its jobs,
-    environment and folder), as if ``python supervise.py OUT_FD ERR_FD`` had started; reply
-    with its pid."""
+    on the socket (pipes, jobs, environment, folder: not a command line the block reads)."""
     import socket
 
     with contextlib.suppress(ImportError):
@@ -212,7 +200,8 @@ def serve_forks(sock_fd: int) -> NoReturn:
 
 
 def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
-    """A supervisor of ``jobs`` (``[NAME, MODULE, IN_FD, OUT_FD]``), as the fork server starts it."""
+    """A supervisor of ``jobs`` (``[NAME, MODULE, IN_FD, OUT_FD]``): it leaves the checker's tree,
+    says ``supervisor PID`` and ``exit NAME RC``, and stops when its stdin closes."""
     isolated = own_pid_namespace()
     pid = os.fork()
     if pid:  # the checker's child ends here: this process leaves the checker's tree
@@ -240,11 +229,10 @@ def main(out_fd: int, err_fd: int, jobs: list[list[Any]]) -> NoReturn:
                 del running[pid]
         if running and select.select([0], [], [], 0.02)[0] and not os.read(0, 1 << 12):
             break  # the checker closed our stdin: stop
-    for pid in running:  # its session, and itself: it may not have made its session yet
+    for pid, name in running.items():  # its session, and itself: it may have none yet
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
                 kill(pid, signal.SIGKILL)
-    for pid, name in running.items():
         _say(f"exit {name} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}")
     sweep(sessions, isolated and os.getpid() == 1)
     os._exit(0)  # not Python's exit: tearing torch down takes longer than the whole sweep

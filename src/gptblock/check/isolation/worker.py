@@ -1,7 +1,6 @@
 """The block built and read where it runs (``Served``: here for ``isolate=False``, or in the
-builder process, ``main``, which imports gptblock: nothing it says decides the verdict); and the
-checker's view of a block in another process (``Remote``), whose answers are claims.
-"""
+builder process, ``main``: nothing it says decides the verdict); and the checker's view of a
+block (``Remote``), whose answers are claims. docs/checker.md, "What the block can still tell"."""
 
 from __future__ import annotations
 
@@ -17,13 +16,13 @@ import torch
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
-from ..compare.modern import check_modern
+from ..compare.modern import ModernOutcome, check_modern
 from ..mistakes.report import CAUGHT, one_line, text
 from ..roles import readings
 from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
-from ..roles.trace import from_plain, record
+from ..roles.trace import Trace, from_plain, record
 from ..serve.frames import Message
 from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
@@ -37,17 +36,8 @@ PROBE_T = 6  # sequence length (and batch size) of the probes, at most the block
 
 
 class Served(Held):
-    """``target`` built with ``kwargs`` and read (``runner.Held``'s answers, and ``width``,
-    ``read``, ``suggest``), for code the caller trusts: asked directly (``Remote``). In the builder
-    process (``targets`` given) each ``load``s a target, and each build also says its ``recipe``
-    for the runner. The last build's module settings stay set until ``undo``.
-
-    Example:
-        >>> from gptblock import lesson
-        >>> served = Served(lesson.Block, {"n_embd": 16, "n_head": 2, "block_size": 8})
-        >>> served("build")[0]["width"], served("width")[0], served("copy")[0]["dtype"]
-        (16, {'C': 16, 'T': 6, 'longest': 8}, 'float64')
-    """
+    """``runner.Held``'s answers and ``width``, ``read``, ``suggest``; in the builder, each build
+    also says its ``recipe``. The last build's module settings stay set until ``undo``."""
 
     refused = (UserError,)
 
@@ -118,8 +108,7 @@ class Served(Held):
 
 
 def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
-    """``found``'s parts as numbers (``plain.to_plain``), each described; ``params``: the
-    block's parameters."""
+    """``found``'s parts as numbers (``plain.to_plain``), each described."""
     own = [p.detach().flatten().to(torch.float64).cpu() for p in params]
     known = torch.cat(own).sort().values if own else None
     tensors: dict[str, Tensor] = {"x": found.x}
@@ -141,7 +130,6 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 
 def main(argv: list[str]) -> int:
-    """The builder: ``IN_FD OUT_FD``."""
     return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
@@ -151,10 +139,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class Remote(Probed):
-    """A block asked through ``call`` (``compare.verdict``'s ``Probed`` and ``Service``): in
-    another process, whose answers are claims, or here (a ``Served``: ``trusted``); its width
-    ``C``, the probes' length ``T``, the ``name`` of the dtype it computes in, the ``note`` it
-    said of its copy and its ``longest`` sequence (0: unknown), as it says."""
+    """``verdict``'s ``Service`` asked through ``call``: a process (claims), or a ``Served``."""
 
     def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
         if str(name) not in DTYPES:
@@ -164,13 +149,13 @@ class Remote(Probed):
         self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
         self.trusted = self.here is not None  # then what it says is what the block did
         self.device = torch.device("cpu") if self.here is None else self.here.device
+        self.traces = call.traces if isinstance(call, Served) else readings.Traces(self, self.trace)
         self.generator = torch.Generator().manual_seed(0)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
         self.input(T, T, C)  # the draw the copy's first call takes
-        remote = readings.Traces(
-            self, lambda x: from_plain(*call("record", {"x": x}), device=self.device)
-        )
-        self.traces = call.traces if isinstance(call, Served) else remote
+
+    def trace(self, x: Tensor) -> Trace:  # its forward pass on ``x``, as its process says
+        return from_plain(*self.call("record", {"x": x}), device=self.device)
 
     def __call__(self, x: Tensor, *, seeded: bool = True, train: bool = False) -> Tensor:
         meta, tensors = self.call("forward", {"x": x}, seeded=seeded, train=train)
@@ -225,8 +210,7 @@ class Remote(Probed):
         return str(how)
 
     def read(self, roles: Mapping[str, str]) -> Message:
-        """Read here from the traces' dataflow, else (by roles or names) as the block's process
-        says (checked by ``receive.unpack_readings``)."""
+        """From the traces' dataflow here, else as its process says (``receive`` checks it)."""
         found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
             return self.call("read", roles=dict(roles))
@@ -234,26 +218,14 @@ class Remote(Probed):
         parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
         return plain_readings(parts, list(self.parameters().values()), [])
 
-    def modern(self) -> dict[str, Any]:
-        """The modern comparison (``compare.modern``) as data; else what the block's attention
-        computes that the references do not model (its last forward pass)."""
+    def modern(self) -> ModernOutcome | list[str]:
+        """The modern comparison (``compare.modern``); else what the block's attention computes
+        that the references do not model (its last forward pass)."""
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
         B, T = readings.trace_shapes(self.longest or readings.TRACE_T)[0]
         outcome = check_modern(source, self.traces.input(B, T))
-        if outcome is None:
-            last = self.traces.last
-            scope = attention_scope(last) if last is not None else []
-            return {"scope": scope} if scope else {}
-        f = outcome.finding
-        return {
-            "notes": list(outcome.notes),
-            "finding": None if f is None else [f.name, f.passed, f.message, f.label],
-            "mistakes": list(outcome.details),
-            "details": dict(outcome.details),
-            "alternatives": [list(a) for a in outcome.alternatives],
-            "parts": outcome.parts[0] if outcome.parts else None,  # a PASS's, for the checker
-            "tensors": outcome.parts[1] if outcome.parts else {},
-        }
+        last = self.traces.last
+        return outcome or (attention_scope(last) if last is not None else [])
 
     def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)

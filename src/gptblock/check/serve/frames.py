@@ -1,7 +1,5 @@
-"""The messages between the checker and the block's process: a JSON object on one line, then
-its ``"bytes": N`` of tensors in the safetensors format. Nothing is pickled: reading a message
-runs no code it carries.
-"""
+"""The messages between the checker and the block's process: a JSON line, then its ``"bytes"``
+of tensors (safetensors). Nothing is pickled: reading a message runs no code it carries."""
 
 from __future__ import annotations
 
@@ -22,11 +20,8 @@ __all__ = ["MAX_HEADER", "MAX_TENSORS", "Message", "Reader", "send"]
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 
-Tensor = torch.Tensor
 
-
-def send(fd: int, header: dict[str, Any], tensors: dict[str, Tensor] | None = None) -> None:
-    """Write one message to ``fd``: ``header`` (JSON-able) and ``tensors`` (any device)."""
+def send(fd: int, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
     blob = b""
     if tensors:
         blob = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
@@ -55,13 +50,7 @@ class Reader:
             self.buffer += chunk
 
     def next(self, deadline: float | None = None) -> Message:
-        """The next message (waiting for ever without a ``deadline``).
-
-        Raises:
-            TimeoutError: past ``deadline`` (``time.monotonic()``).
-            EOFError: the other end closed the pipe.
-            ValueError: what came is not a message (too long, not JSON, bad tensors).
-        """
+        """The next message; else TimeoutError past ``deadline``, EOFError, or ValueError."""
         self._fill(deadline, None)
         end = self.buffer.index(b"\n")
         header = json.loads(bytes(self.buffer[:end]))

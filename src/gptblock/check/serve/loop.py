@@ -1,8 +1,6 @@
-"""What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``:
-gptblock's, inside gptblock), the block's cache API driven, and ``record``: ``module(x)`` run
-once, each ATen operator by name with its arguments as JSON, each tensor a node (``{"r": N}``),
-which the checker (``roles.trace``) replays with values replaced.
-"""
+"""What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``),
+the block's cache API driven, and ``record``: ``module(x)`` as ATen operators in JSON, which the
+checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow"."""
 
 from __future__ import annotations
 
@@ -43,12 +41,7 @@ _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": 
 
 
 def one_line(e: BaseException | None) -> str:
-    """'TypeError: first line of the message', for a one-line report.
-
-    Example:
-        >>> one_line(ValueError("bad value. ")), one_line(SystemExit(3))
-        ('ValueError: bad value', 'SystemExit: 3 (sys.exit(3) was called)')
-    """
+    """'TypeError: first line of the message', for a one-line report."""
     if e is None:
         return "unknown error"
     if isinstance(e, SystemExit):
@@ -71,13 +64,7 @@ class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 def encode(a: object, other: Callable[[object], object] | None = None) -> object:
-    """An operator's argument as JSON; ``other(a)`` for what is none of these (the recorder's:
-    a tensor as ``{"r": node}``), else ``{"opaque": ...}``: the checker cannot replay it.
-
-    Example:
-        >>> encode((2, [torch.float64, None], torch.device("cpu")))
-        {'tuple': [2, [{'dtype': 'float64'}, None], {'device': 'cpu'}]}
-    """
+    """An argument as JSON; else ``other(a)`` (a tensor's node), else opaque: not replayed."""
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, (tuple, list)):
@@ -96,8 +83,7 @@ def encode(a: object, other: Callable[[object], object] | None = None) -> object
 
 
 def decode(a: Any, other: Callable[[dict[str, Any]], Any], device: object = None) -> Any:
-    """``encode``'s JSON made again, checked for form: ``other(a)`` for a form of the caller's
-    (a node, an object), every device as ``device`` if given."""
+    """``encode``'s JSON made again, checked for form: ``other(a)`` for the caller's forms."""
     if isinstance(a, list):
         return [decode(b, other, device) for b in a]
     if not isinstance(a, dict):
@@ -144,10 +130,8 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         call = next(c for c in reversed(self.calls) if c[0] == name and c[2] == -1)
         call[2], call[4] = len(self.ops), self.known_nodes(tree_flatten(out)[0])
 
-    def known_nodes(self, values: Iterable[object]) -> list[int]:
-        return [
-            self.latest[id(t)][1] for t in values if isinstance(t, Tensor) and id(t) in self.latest
-        ]
+    def known_nodes(self, values: Iterable[object]) -> list[int]:  # (``latest`` keeps them alive)
+        return [self.latest[id(t)][1] for t in values if id(t) in self.latest]
 
     def new(self, t: Tensor, op: int, data: bool, name: str = "") -> int:
         self.nodes.append([op, data, name])
@@ -191,8 +175,7 @@ def _stamp(t: Tensor) -> tuple[object, ...]:  # what it holds now: a changed ten
 
 @contextlib.contextmanager
 def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
-    """Seed 0 inside, the caller's RNG state after; on a CPU ``device`` without CUDA only the
-    CPU's generator (``torch.manual_seed``, every device's, costs 200 times more)."""
+    """Seed 0 inside; on a CPU ``device`` without CUDA only the CPU's generator (200x cheaper)."""
     cuda = device is not None and device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []):
         if device is not None and device.type == "cpu" and not torch.cuda.is_available():
@@ -226,14 +209,6 @@ CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forwa
 
 
 def cache_api(module: nn.Module) -> str | None:
-    """The cache argument of ``module.forward`` the checker knows how to drive, or None.
-
-    Example:
-        >>> class Meta(nn.Module):
-        ...     def forward(self, x, start_pos=None): ...
-        >>> cache_api(Meta()), cache_api(nn.Identity())
-        ('start_pos', None)
-    """
     try:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
@@ -242,14 +217,8 @@ def cache_api(module: nn.Module) -> str | None:
 
 
 def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
-    """The output at the last position of ``x`` (B, T, C), computed as one decoding step at
-    position T-1 through the cache ``api`` after the prefix ``x[:, :T-1]``: (B, 1, C).
-
-    Raises:
-        ValueError: the prefix's call does not return a cache to pass back.
-    """
-    B, T, _ = x.shape
-    P = T - 1
+    """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
+    B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
     params = inspect.signature(module.forward).parameters
     if api == "start_pos":
         module(x[:, :P], start_pos=0)
@@ -272,8 +241,7 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
 
 
 def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
-    """The block's cache API driven on ``x`` (B, T, C), on a copy: ``({"api": ...}, {"whole":
-    the last position's output, "step": the cached step's})``, both (B, 1, C); ``"raised"``."""
+    """The last position's output (``whole``) and the cached step's (``step``), on a copy."""
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
@@ -289,19 +257,9 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
-    """Run ``module(x)`` once, recorded: ``(description, tensors)``, plain data: ``ops``,
-    ``nodes`` ([op, depends on the input, name]; node i's value is ``tensors[f"n{i}"]``, a
-    complex one as its real view), ``input``, ``output`` (null: no tensor it made), ``calls``
-    ([module, first op, end op, input nodes, output nodes]), ``grad``, ``parameters``,
-    ``modules``, ``complex``; or ``error`` when the block raised with and without grad mode.
-
-    Example:
-        >>> meta, tensors = record(nn.Linear(4, 4), torch.zeros(2, 3, 4))
-        >>> [op["func"] for op in meta["ops"]]
-        ['aten::view.default', 'aten::t.default', 'aten::addmm.default', 'aten::view.default']
-    """
-    named = [*module.named_parameters(), *module.named_buffers()]
-    known = {id(t): (t, name) for name, t in named}
+    """``module(x)`` run once, recorded as plain data (``roles.trace.from_plain`` reads it): node
+    i's value is ``tensors[f"n{i}"]``; ``error`` when it raised with and without grad mode."""
+    known = {id(t): (t, n) for n, t in [*module.named_parameters(), *module.named_buffers()]}
     error = ""
     for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
         rec = _Recorder(known, x)

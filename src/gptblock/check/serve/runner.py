@@ -1,13 +1,7 @@
-"""The runner: the process whose answers decide the verdict, and which cannot tell it is checked.
-
-The supervisor (``reaper``) forks it from a copy of this folder as the package ``serve``: it
-imports nothing of gptblock, no frame under the block's calls is a gptblock file, and nothing in
-its command line, ancestors or environment names the checker. It loads the learner's file again,
-builds the block from the builder's ``recipe`` (``to_data``) and answers (``Held.answer``).
-How the block is called (``forward_arguments``) is alike here and in the builder, and where what
-it raised comes from: an error not of sizes (a typo) is said at the learner's line; a size
-error is the shape probe's.
-"""
+"""The runner: the process whose answers decide the verdict (``Held.answer``), forked from a copy
+of this folder as the package ``serve``, importing nothing of gptblock; it builds the block from
+the builder's ``recipe`` (``to_data``) and calls it as the builder does (``forward_arguments``).
+docs/checker.md, "The block cannot break the checker" and "What the block can still tell"."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_see
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
-           "load_module", "main", "serve", "size_error", "source", "to_data"]  # fmt: skip
+           "load_module", "main", "serve", "size_error", "to_data"]  # fmt: skip
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -43,9 +37,7 @@ DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop
 
 
 class Held:
-    """A process's answers about a block (``answer``): ``build`` makes the block (``module``), the
-    last build's module settings undone; the rest are made on the checker's copy (``subject``)
-    that ``copy`` makes at ``C``, ``T`` and ``longest``."""
+    """A process's answers: ``build`` makes ``module``; the rest ask its copy (``subject``)."""
 
     subject: Subject
     module: nn.Module
@@ -65,9 +57,6 @@ class Held:
         return {}, {}
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
-        """One request's answer: ``load``, ``build``, ``copy`` (at ``C``, ``T``, ``longest`` when
-        given), ``forward``, ``grads``, ``parameters``, ``set``, ``dropout_off``, ``record``,
-        ``cache``."""
         if op == "load":
             try:
                 self.target = self.load(self.targets[int(args["index"])])
@@ -87,10 +76,9 @@ class Held:
             s = self.subject = Subject(self.module, self.C, self.T, self.longest)
             e = s.failure
             failed = "" if e is None else one_line(e)
-            where = "" if e is None else learner_line(e, source(type(self.module)))
-            raised = "" if e is None or size_error(e) else failed + where  # sizes: no check runs
-            told = {"dtype": str(s.dtype).removeprefix("torch."), "device": str(s.device)}
-            return {**told, "note": s.note, "failed": failed, "raised": raised}, {}
+            raised = "" if e is None or size_error(e) else failed + learner_line(e, type(s.module))
+            told = {"dtype": str(s.dtype).removeprefix("torch."), "note": s.note, "failed": failed}
+            return {**told, "raised": raised}, {}  # (a size error: the shape probe's to tell)
         s = self.subject
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)
         if op == "forward":
@@ -138,17 +126,7 @@ class Held:
 
 
 def to_data(value: object, home: object) -> object:
-    """A constructor argument or module setting as JSON (``loop.encode``'s, made again by
-    ``build``), a config object as its class and attributes, a class or function by name (pickled,
-    as ``check_block``'s own arguments are).
-
-    Raises:
-        ValueError: a value that cannot be sent so (a local function or class).
-
-    Example:
-        >>> to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None)
-        {'dict': {'sizes': {'tuple': [1, 2]}, 'cfg': {'object': 'SimpleNamespace', 'module': 'types', 'fields': {'dict': {'bias': True}}}}}
-    """
+    """A value as JSON (``loop.encode``), a config as its class and fields, a function pickled."""
 
     def other(value: object) -> object:
         cls = type(value)
@@ -165,8 +143,7 @@ def to_data(value: object, home: object) -> object:
 
 
 def _from_data(data: Any, home: object) -> Any:
-    """``to_data``'s value made again; a config as its class called with its fields (a
-    dataclass: its ``init`` fields), else made without calling it, its attributes set."""
+    """A config as its class called with its fields, else made without calling it."""
     return decode(data, functools.partial(_made, home))
 
 
@@ -188,8 +165,7 @@ def _made(home: object, data: dict[str, Any]) -> object:
 
 
 def load(target: str | bytes) -> object:
-    """What a target names: ``FILE.py:NAME`` (run as a module of its own name), ``module:NAME``,
-    or a pickled class, factory or module (from the checker)."""
+    """``FILE.py:NAME``, ``module:NAME``, or a pickled class, factory or module (the checker's)."""
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
@@ -197,16 +173,13 @@ def load(target: str | bytes) -> object:
 
 
 def load_module(where: str, name_as: str = "") -> Any:
-    """A module imported, or a file run as the module ``name_as``, else of its own name where
-    that is free, else "learner"."""
+    """A file runs as the module ``name_as``, else of its own name where free, else "learner"."""
     if not (where.endswith(".py") or "/" in where or "\\" in where):
         return importlib.import_module(where)
     path = Path(where)
-    free = path.stem.isidentifier() and path.stem not in sys.modules
-    free = free and path.stem not in sys.stdlib_module_names
-    spec = importlib.util.spec_from_file_location(
-        name_as or (path.stem if free else "learner"), path
-    )
+    free = path.stem.isidentifier() and path.stem not in {*sys.modules, *sys.stdlib_module_names}
+    name = name_as or (path.stem if free else "learner")
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
@@ -223,8 +196,8 @@ def load_module(where: str, name_as: str = "") -> Any:
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:
-    """The block ``target`` builds from ``recipe`` (``to_data``'s settings and args), seeded as
-    the builder's, and the undo of the module settings it set (kept: ``forward`` may read them)."""
+    """The block built from ``recipe``, seeded as the builder's, and the undo of the module
+    settings it set (kept set: ``forward`` may read them)."""
     if isinstance(target, nn.Module):
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
@@ -247,9 +220,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
 
 
 def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
-    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` (``frames``) until it closes, by
-    ``start(the first message's init)``; an error it ``refused`` is a ``user_error``, any other
-    ``raised``."""
+    """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
@@ -279,7 +250,6 @@ def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The runner: ``IN_FD OUT_FD``."""
     return serve(argv, Held)
 
 
@@ -302,23 +272,8 @@ def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, a
 
 
 def forward_arguments(module: nn.Module) -> list[str]:
-    """Fill what the block's ``forward`` requires besides its input, where the parameter's name
-    or annotation says what it holds (``_FILLS``, None where it admits None); the note saying
-    so. A mask is never made: a guess could turn a reversed mask into a passing one.
-
-    Raises:
-        UserValueError: a required parameter the checker cannot fill (a mask).
-
-    Example:
-        >>> class Layer(nn.Module):
-        ...     def forward(self, query, key, value, cache: "dict | None"):
-        ...         return query + key + value
-        >>> layer = Layer()
-        >>> forward_arguments(layer)
-        ['forward(query, key, value, cache) called with key = value = the input, cache=None']
-        >>> layer(torch.ones(1, 2, 3)).sum().item()
-        18.0
-    """
+    """Fill what ``forward`` requires besides its input where the name or annotation says what
+    it holds, and say so. A mask is never made: a guess could turn a reversed mask into a pass."""
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
@@ -370,9 +325,11 @@ def size_error(e: BaseException) -> bool:
     )
 
 
-def learner_line(e: BaseException, file: str) -> str:
-    """`` (at gpt.py:31: k = self.kee(x))``: the last frame of ``e``'s traceback in ``file``,
-    else the last outside torch, gptblock and the standard library."""
+def learner_line(e: BaseException, target: object) -> str:
+    """`` (at gpt.py:31: k = self.kee(x))``: the last frame in the target's file, else ours."""
+    file = ""
+    with contextlib.suppress(TypeError, OSError):
+        file = inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if file and os.path.abspath(f.filename) == os.path.abspath(file)]
     if not ours:
@@ -386,11 +343,3 @@ def learner_line(e: BaseException, file: str) -> str:
     f, near = ours[-1], os.path.relpath(ours[-1].filename)
     where = f.filename if near.startswith("..") else near
     return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
-
-
-def source(target: object) -> str:
-    """The file ``target`` (a class or function) is written in, else ``""``."""
-    try:
-        return inspect.getsourcefile(target) or ""  # type: ignore[arg-type]
-    except (TypeError, OSError):
-        return ""

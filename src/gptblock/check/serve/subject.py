@@ -1,8 +1,6 @@
-"""The checker's own copy of a block (``Subject``), and the one way every check calls it: the
-input and output copied (a block may change its input in place or return a buffer it
-overwrites), every call but the determinism probe's re-seeded (dropout left on in eval gets the
-same mask for an input and its perturbation).
-"""
+"""The checker's own copy of a block (``Subject``), and the one way every check calls it: input
+and output copied (a block may change its input in place), every call but the determinism
+probe's re-seeded (dropout left on in eval gets one mask). docs/checker.md, "On a copy"."""
 
 from __future__ import annotations
 
@@ -49,13 +47,11 @@ def one_thread() -> Iterator[None]:
 
 
 class Probed(Protocol):
-    """What the probes ask of a block: a ``Subject``, or the checker's view of one in another
-    process (``isolation.worker.Remote``), whose answers are claims; ``longest``: its
-    block_size, or 0."""
+    """What the probes ask: a ``Subject``, or a ``worker.Remote`` (whose answers are claims)."""
 
     C: int
     T: int
-    longest: int
+    longest: int  # its block_size, or 0
     dtype: torch.dtype
     device: torch.device
     generator: torch.Generator
@@ -77,14 +73,7 @@ class Probed(Protocol):
 
 
 class Subject(Probed):
-    """An eval-mode copy of the user's block (never changed) in float64, else float32.
-
-    Args:
-        module: the user's block.
-        C: channels of its input.
-        T: the sequence length to probe with (<= the block's block_size).
-        longest: the block's longest sequence, 0 if unknown.
-    """
+    """An eval-mode copy of the user's block (never changed) in float64, else float32."""
 
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
@@ -139,8 +128,7 @@ class Subject(Probed):
     def __call__(
         self, x: Tensor, *, seeded: bool = True, train: bool = False, grad: bool = False
     ) -> Tensor:
-        """The block's output for ``x`` (in ``x``'s dtype), without ``grad``, seeded unless
-        ``seeded=False``; ``train``: in train mode with every dropout an identity."""
+        """``train``: in train mode with every dropout an identity."""
         module = self.module_in(x.dtype)
         off = NoDropout() if self.no_dropout or train else nullcontext()
         seed = fixed_seed(self.device) if seeded else nullcontext()
@@ -168,8 +156,7 @@ class Subject(Probed):
         return y.clone() if y.requires_grad else y.detach().clone()
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
-        """The copy that runs in ``dtype``: ``module``, or a float32 copy of the user's block
-        given ``module``'s parameter values as they are now."""
+        """``module``, or a float32 copy of the user's block given its values as they are now."""
         if dtype == self.dtype:
             return self.module
         other = self.float32
@@ -185,8 +172,7 @@ class Subject(Probed):
         return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        """The trainable parameters' gradients of ``sum(y * weights)`` (non-finite y as 0), with
-        ``inputs`` the input's; an in-place change autograd needed is returned as ``failed``."""
+        """The gradients of ``sum(y * weights)``; an in-place change autograd needed: ``failed``."""
         own = self.module_in(x.dtype).named_parameters()
         params = [(n, p) for n, p in own if p.requires_grad]
         names = [n for n, _ in params]
@@ -251,15 +237,7 @@ def _cell(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:  # of t
 
 
 def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
-    """The key of the first tensor of ``shape`` in what a block returned (a tuple, list or dict
-    such as Hugging Face's ``ModelOutput``: output and cache, or attention weights), and which
-    it is; ``(None, "")`` for a tensor.
-
-    Example:
-        >>> y = torch.zeros(2, 3, 4)
-        >>> first_tensor((None, y), (2, 3, 4)), first_tensor({"y": y}, (2, 3, 4))
-        ((1, 'element 1'), ('y', "'y'"))
-    """
+    """The key of the first ``shape`` tensor in a tuple, list or dict, and that key in words."""
     if isinstance(y, Tensor):
         return None, ""
     items: Any = enumerate(y) if isinstance(y, (tuple, list)) else ()
