@@ -75,13 +75,9 @@ def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -
 
 
 def _files(path: Path) -> tuple[Path, ...]:
-    if path.is_file():
-        return (path,) if path.suffix in CODE else ()
-    return tuple(
-        f for f in sorted(path.rglob("*"))
-        if f.is_file() and f.suffix in CODE
-        and not any(p.startswith(HIDDEN) for p in f.relative_to(path).parts)
-    )  # fmt: skip
+    found = [path] if path.is_file() else sorted(path.rglob("*"))
+    shown = [f for f in found if not any(p.startswith(HIDDEN) for p in f.relative_to(path).parts)]
+    return tuple(f for f in shown if f.is_file() and f.suffix in CODE)
 
 
 def _one_program(files: Sequence[Path]) -> bool:
@@ -122,9 +118,8 @@ def notebook_code(path: str | Path) -> str:
 
 
 def code_of(path: Path) -> str:
-    if path.suffix == ".ipynb":
-        return notebook_code(path)
-    return path.read_text(encoding="utf-8", errors="replace")
+    is_notebook = path.suffix == ".ipynb"
+    return notebook_code(path) if is_notebook else path.read_text("utf-8", errors="replace")
 
 
 def find_block(submission: Submission, name: str | None = None) -> Found:
@@ -143,12 +138,9 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
             broken.append(f"{f.name}: SyntaxError at line {e.lineno}: {e.msg}")
         except (ValueError, OSError) as e:
             broken.append(f"{f.name}: cannot read it: {e}")
-    classes = {  # the last definition of a name wins, as when the file runs
-        c.name: (f, c)
-        for f, tree in trees.items()
-        for c in tree.body
-        if isinstance(c, ast.ClassDef)
-    }
+    tops = [(f, x) for f, tree in trees.items() for x in tree.body]
+    # the last definition of a name wins, as when the file runs
+    classes = {c.name: (f, c) for f, c in tops if isinstance(c, ast.ClassDef)}
     modules: set[str] = set()  # a base is ``Module``, from ``nn``, or one of them
     bases = {n: [ast.unparse(b) for b in c.bases] for n, (_, c) in classes.items()}
     while more := {n for n, bs in bases.items() if n not in modules and any(
@@ -165,7 +157,6 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
     ]
     why = "; ".join(broken)
     if name is not None:  # a factory function or an instance may be checked too
-        tops = [(f, x) for f, tree in trees.items() for x in tree.body]
         defined = {  # a top-level class, function or assignment's name
             n: f for f, x in tops for n in (
                 [x.name] if isinstance(x, (ast.ClassDef, ast.FunctionDef))

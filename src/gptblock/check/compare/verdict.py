@@ -35,15 +35,13 @@ class Progress(Protocol):
     def finding(self, finding: Finding) -> None: ...
 
 
-class Service(Protocol):
+class Service(Probed, Protocol):
     """What ``decide`` asks of the block: ``isolation.worker.Remote``, over a child process or,
     in process, a local ``Served``."""
 
     note: str
     trusted: bool  # the answers come from this process, not the block's
 
-    @property
-    def tested(self) -> Probed: ...
     def parameters(self) -> dict[str, Tensor]: ...
     def set_parameters(self, values: Mapping[str, Tensor]) -> None: ...
     def dropout_off(self) -> str: ...
@@ -71,9 +69,8 @@ def decide(
     """The report on the block ``service`` answers for (``roles``: ``--map``'s). ``fresh`` draws
     the confirming inputs and ``weights`` the parameters' values: their seeds are unknown to the
     block. ``again``: at other sizes, the shape probe and the comparison only."""
-    subject = service.tested
     progress.stage("giving the block's copy the checker's weights")
-    chosen = choose(service.parameters(), subject.C, weights)
+    chosen = choose(service.parameters(), service.C, weights)
     service.set_parameters(chosen)
     notes = [service.note] if service.note else []
     findings: list[Finding] = []
@@ -82,7 +79,7 @@ def decide(
     for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
         try:
-            result = probe(subject)
+            result = probe(service)
         except CAUGHT as e:  # a block that raises fails that probe instead of stopping the check
             result = ProbeResult(False, f"the block raised {one_line(e)}")
         findings.append(Finding(name, result.passed, result.message))
@@ -119,12 +116,11 @@ def decide(
 
 
 def account(
-    service: Service, chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator
+    subject: Service, chosen: Mapping[str, Tensor], traced: Traced, fresh: torch.Generator
 ) -> str:
     """What a block that matched without mistakes does not use, "" when nothing: a head that
     reads another's weights, or a parameter (or part) no role read that never moves the output
     (perturbed, then set back; docs/checker.md, "Every parameter accounted for")."""
-    subject = service.tested
     said = list(traced.repeats)
     masks = unread(chosen, traced.used, subject.dtype)
     dead: list[str] = []
@@ -136,13 +132,13 @@ def account(
         value = chosen[name]
         spread = max(float(value.abs().max()), subject.C**-0.5)
         noise = torch.randn(value.shape, generator=fresh, dtype=torch.float64) * spread
-        service.set_parameters({name: torch.where(mask, value + noise, value)})
+        subject.set_parameters({name: torch.where(mask, value + noise, value)})
         try:
             acts = bool(subject.moved(y, subject(x)).any())
         except CAUGHT:  # it changed something, if only the block's mind
             acts = True
         finally:
-            service.set_parameters({name: value})
+            subject.set_parameters({name: value})
         part, n = int(mask.sum()), mask.numel()
         dead += [] if acts else [name if part == n else f"{name} ({part} of its {n} values)"]
     if dead:
@@ -151,23 +147,20 @@ def account(
 
 
 def _compared(
-    service: Service, roles: Mapping[str, str], chosen: Mapping[str, Tensor],
+    subject: Service, roles: Mapping[str, str], chosen: Mapping[str, Tensor],
     fresh: torch.Generator, backward: bool, again: bool, dropout: str, notes: list[str],
     progress: Progress,
 ) -> Compared:  # fmt: skip
     """The comparison with the modern reference or the lessons', a match confirmed (the modern
     one's PASS, read from the block's process's traces, is a claim until then)."""
-    subject = service.tested
     modern: ModernOutcome | list[str] = []
     if not roles:
         progress.stage("the modern reference comparison")
-        modern = service.modern()  # [] for the lessons' block
+        modern = subject.modern()  # [] for the lessons' block
     if isinstance(modern, ModernOutcome):  # None: a part the references do not model
         notes.extend(modern.notes)
-        finding = modern.finding
-        if finding is None:
-            return Compared(None)
-        if not finding.passed or finding.label == "FOUND":
+        finding = modern.finding  # (None: no details, no alternatives)
+        if finding is None or not finding.passed or finding.label == "FOUND":
             return Compared(finding, list(modern.details), modern.alternatives, modern.details)
         progress.stage("confirming the modern comparison on fresh inputs")
         sent = dict(zip(("parts", "tensors"), modern.parts or (), strict=False))
@@ -181,7 +174,7 @@ def _compared(
                 return Compared(finding, traced=received[1]) if why is None else Compared(why)
         except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
             said = f"the parts sent cannot be run as a block ({one_line(e)})"
-        if service.trusted:
+        if subject.trusted:
             return Compared(finding)
         notes.append(
             "the modern block's comparison, read from the traces the block's process sent, is "
@@ -192,13 +185,13 @@ def _compared(
     if dropout:
         notes.append(f"compared with every dropout of the block {dropout}")
     progress.stage("reading the weights from the forward pass")
-    unpacked = unpack_readings(*service.read(roles), subject, chosen, notes)
+    unpacked = unpack_readings(*subject.read(roles), subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
         if again:
             return Compared(None)
         progress.stage("suggesting a --map")
-        return Compared(None, verify=service.suggest())
+        return Compared(None, verify=subject.suggest())
     readings, read = unpacked
     scope = modern  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
@@ -249,13 +242,10 @@ def _compared(
 def _finding(result: Explanation) -> Finding:
     name, match, closest = "reference comparison", result.match, result.closest
     if match is None:
-        near = (
-            f"; the closest is {closest.describe()}, off by {closest.error:.2g}" if closest else ""
-        )
-        msg = (
-            f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
-            f"within {TOLERANCE:g} of its output scale{near}"
-        )
+        msg = f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
+        msg += f"within {TOLERANCE:g} of its output scale"
+        if closest:
+            msg += f"; the closest is {closest.describe()}, off by {closest.error:.2g}"
         return Finding(name, False, msg)
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
     if not match.deviations and not result.alternatives:

@@ -145,7 +145,7 @@ class Remote(Probed):
         if str(name) not in DTYPES:
             raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
         self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
-        self.tested, self.dtype = self, DTYPES[str(name)]
+        self.dtype = DTYPES[str(name)]
         self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
         self.trusted = self.here is not None  # then what it says is what the block did
         self.device = torch.device("cpu") if self.here is None else self.here.device

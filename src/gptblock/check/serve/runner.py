@@ -142,17 +142,13 @@ def to_data(value: object, home: object) -> object:
     return encode(value, other)
 
 
-def _from_data(data: Any, home: object) -> Any:
-    """A config as its class called with its fields, else made without calling it."""
-    return decode(data, functools.partial(_made, home))
-
-
 def _made(home: object, data: dict[str, Any]) -> object:
+    """A config as its class called with its fields, else made without calling it."""
     if "pickle" in data:
         return pickle.loads(bytes.fromhex(data["pickle"]))
     where = importlib.import_module(data["module"]) if data["module"] else home
     cls: Any = functools.reduce(getattr, data["object"].split("."), where)
-    fields = _from_data(data["fields"], home)
+    fields = decode(data["fields"], functools.partial(_made, home))
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
         return cls(**{n: fields[n] for n in init})
@@ -202,14 +198,15 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
         return target, lambda: None
     home = sys.modules.get(getattr(target, "__module__", None) or "")
     own: dict[str, Any] = vars(home) if home else {}
-    settings = {n: _from_data(v, home) for n, v in recipe["settings"].items()} if home else {}
+    made = functools.partial(_made, home)
+    settings = {n: decode(v, made) for n, v in recipe["settings"].items()} if home else {}
     before = {n: own[n] for n in settings}
     own.update(settings)
     undo = functools.partial(own.update, before)
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
         with fixed_seed():
-            module = target(**_from_data(recipe["args"], home))  # type: ignore[operator]
+            module = target(**decode(recipe["args"], made))  # type: ignore[operator]
         if not isinstance(module, nn.Module):
             raise TypeError(f"it returned a {type(module).__name__}")
     except CAUGHT as e:
