@@ -77,23 +77,17 @@ class Served(Held):
         self.module, self.undo = built.module, built.undo
         self.sized = built.args if other else self.kwargs
         told: dict[str, Any] = {"description": built.description, "notes": built.notes}
-        if self.targets:
-            told["recipe"] = self.recipe(built.args, built.settings, built.description)
+        if self.targets:  # in the builder: what the runner builds the block from, as data
+            home = sys.modules.get(getattr(self.target, "__module__", None) or "")
+            try:
+                settings = {n: to_data(v, home) for n, v in built.settings.items()}
+                told["recipe"] = {"settings": settings, "args": to_data(built.args, home)}
+            except ValueError as e:
+                raise UserValueError(
+                    f"cannot send {built.description}'s arguments or module settings to a "
+                    f"fresh process: {e}"
+                ) from e
         return {**told, "label": built.label, "width": built.width}, {}
-
-    def recipe(
-        self, args: dict[str, object], changed: dict[str, int], description: str
-    ) -> dict[str, Any]:
-        """What the runner builds the block from: its arguments and the module settings the
-        build set, as data."""
-        home = sys.modules.get(getattr(self.target, "__module__", None) or "")
-        try:
-            return {"settings": {n: to_data(v, home) for n, v in changed.items()},
-                    "args": to_data(args, home)}  # fmt: skip
-        except ValueError as e:
-            raise UserValueError(
-                f"cannot send {description}'s arguments or module settings to a fresh process: {e}"
-            ) from e
 
     def read(self, roles: Mapping[str, str]) -> Message:  # as numbers, or "why" not
         notes: list[str] = []
