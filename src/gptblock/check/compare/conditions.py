@@ -55,19 +55,11 @@ def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
     f64 = torch.float64 if subject.dtype == torch.float64 else torch.float32
     f32 = torch.float32
     table = [  # (B, T, dtype, train, mean): a mean only in float32 (MEAN)
-        (1, 1, f64, False, False),
-        (1, longest, f64, False, False),
-        (3, mid, f64, False, False),
-        (64, short, f64, False, False),
-        (17, short, f64, False, False),
-        (2, mid, f64, True, False),
-        (1, longest, f64, True, False),
-        (2, mid, f32, False, True),
-        (64, short, f32, False, False),
-        (1, longest, f32, False, True),
-        (5, mid, f32, True, False),
-        (2, 1, f32, True, True),
-    ]
+        (1, 1, f64, False, False), (1, longest, f64, False, False), (3, mid, f64, False, False),
+        (64, short, f64, False, False), (17, short, f64, False, False), (2, mid, f64, True, False),
+        (1, longest, f64, True, False), (2, mid, f32, False, True), (64, short, f32, False, False),
+        (1, longest, f32, False, True), (5, mid, f32, True, False), (2, 1, f32, True, True),
+    ]  # fmt: skip
     order = torch.randperm(len(table), generator=fresh).tolist()
     return [Condition(*table[i]) for i in order]
 

@@ -84,17 +84,15 @@ def check_isolated(
             return two_sizes(call, roles, states[i])
         except Raised as e:  # where the checker does not expect the block to raise
             note = f"if the block did not cause this, it is a bug in gptblock: {e.where}"
-            return states[i].stopped(
-                "check", f"the check stopped during {states[i].where}: {e}", note
-            )
+            said = f"the check stopped during {states[i].where}: {e}"
+            return states[i].stopped("check", said, note)
 
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
-        if s.where.startswith("loading") or s.where == "building the block":
-            verb = "load" if s.where.startswith("loading") else "build"
-            raise errors.UserValueError(
-                f"cannot {verb} {s.description}: its process {what} while {s.where}"
-            )
+        verb = {"loading": "load", "building": "build"}.get(s.where.split()[0])
+        if verb:
+            said = f"cannot {verb} {s.description}: its process {what} while {s.where}"
+            raise errors.UserValueError(said)
         note = "the check was cut short; the findings before it are kept"
         return s.stopped("process", f"the process running the block {what} during {s.where}", note)
 

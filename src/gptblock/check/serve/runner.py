@@ -62,9 +62,8 @@ class Held:
                 self.target = self.load(self.targets[int(args["index"])])
             except self.refused:
                 raise
-            except CAUGHT as error:
-                said = one_line(error)
-                raise UserValueError(f"cannot load it in a fresh process: {said}") from error
+            except CAUGHT as why:
+                raise UserValueError(f"cannot load it in a fresh process: {one_line(why)}") from why
             return {}, {}
         if op == "build":
             self.undo()
@@ -216,7 +215,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
+def serve(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int:
     """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
@@ -246,8 +245,7 @@ def serve(argv: list[str], start: Callable[[dict[str, Any]], Held]) -> int:
         send(out_fd, reply, found)
 
 
-def main(argv: list[str]) -> int:
-    return serve(argv, Held)
+main = serve
 
 
 _FILLS = {  # what a required parameter of these names is given
