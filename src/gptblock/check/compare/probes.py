@@ -49,11 +49,9 @@ def shape(s: Probed) -> ProbeResult:
             if B == T:
                 msg = f"calling it on a {(B, T, C)} input raised {one_line(e)}"
                 return ProbeResult(False, msg, "shape", stop=True)
-            msg = (
-                f"it works on a {(T, T, C)} input but a {(B, T, C)} input raised {one_line(e)}; "
-                "it only works when the batch size equals the sequence length, a sign that "
-                "batch and time are mixed up"
-            )
+            msg = f"it works on a {(T, T, C)} input but a {(B, T, C)} input raised {one_line(e)}; "
+            msg += "it only works when the batch size equals the sequence length, a sign that "
+            msg += "batch and time are mixed up"
             return ProbeResult(False, msg, "shape")
         dtypes = [str(t.dtype).removeprefix("torch.") for t in (x, y)]
         if y.shape != x.shape:
@@ -78,10 +76,8 @@ def determinism(s: Probed) -> ProbeResult:
     if not moved.any():
         return ProbeResult(True, "two eval-mode calls give equal outputs")
     worst = float((y1 - y2).abs().nan_to_num(0.0).max())
-    msg = (
-        f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
-        f"values, by up to {worst:.3g}): something random is still on in eval mode"
-    )
+    msg = f"two eval-mode calls on the same input differ ({int(moved.sum())} of {moved.numel()} "
+    msg += f"values, by up to {worst:.3g}): something random is still on in eval mode"
     return ProbeResult(False, msg, "dropout_in_eval")
 
 
@@ -100,10 +96,8 @@ def causality(s: Probed) -> ProbeResult:
         msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
         return ProbeResult(True, msg)
     p, t = min(leaks)
-    msg = (
-        f"position {p}'s output changes when position {t} changes, so it sees the future "
-        f"({len(leaks)} (earlier, later) position pairs leak)"
-    )
+    msg = f"position {p}'s output changes when position {t} changes, so it sees the future "
+    msg += f"({len(leaks)} (earlier, later) position pairs leak)"
     return ProbeResult(False, msg, "future_leak")
 
 
@@ -118,10 +112,8 @@ def batch_independence(s: Probed) -> ProbeResult:
         moved = s.moved(y, s(x2)).flatten(1).any(dim=1)  # (B,): sequences whose output moved
         moved[b] = False
         if moved.any():
-            msg = (
-                f"changing sequence {b} of the batch changes the output of sequence "
-                f"{int(moved.nonzero()[0])}: examples of a batch are mixed"
-            )
+            msg = f"changing sequence {b} of the batch changes the output of sequence "
+            msg += f"{int(moved.nonzero()[0])}: examples of a batch are mixed"
             return ProbeResult(False, msg, "batch_mixing")
     return ProbeResult(True, "changing one sequence moves no other sequence's output")
 
@@ -143,10 +135,8 @@ def residual(s: Probed) -> ProbeResult:
     if r <= RESIDUAL_LIMIT:
         msg = f"{change} passes through (pre-norm): |dy - d| / |d| = {r:.2g} <= {RESIDUAL_LIMIT}"
         return ProbeResult(True, msg)
-    msg = (
-        f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
-        "stream is normalised after adding (post_norm) or overwritten (no_residual)"
-    )
+    msg = f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
+    msg += "stream is normalised after adding (post_norm) or overwritten (no_residual)"
     return ProbeResult(False, msg)
 
 
@@ -186,10 +176,8 @@ def gradients(s: Probed) -> ProbeResult:
         return ProbeResult(False, msg, "inplace")
     if got.failed:
         where = " in float32" if got.message.startswith("in float32") else ""
-        msg = (
-            f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
-            "a tensor autograd had saved for it"
-        )
+        msg = f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
+        msg += "a tensor autograd had saved for it"
         return ProbeResult(False, msg, "inplace")
     pairs = list(zip(got.names, got.grads, strict=True))
     unreached = [n for n, g in pairs if g is None]

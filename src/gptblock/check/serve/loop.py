@@ -103,23 +103,21 @@ def decode(a: Any, other: Callable[[dict[str, Any]], Any], device: object = None
 
 
 class _Recorder(_Mode):  # type: ignore[no-untyped-call]
-    def __init__(self, known: dict[int, tuple[Tensor, str]], x: Tensor) -> None:
+    def __init__(self, module: nn.Module, x: Tensor) -> None:
         super().__init__()
+        own = [*module.named_parameters(), *module.named_buffers()]
+        self.known = {id(t): (t, n) for n, t in own}
         self.ops: list[dict[str, Any]] = []
         self.nodes: list[list[Any]] = []  # [op, data, name]
         self.values: list[Tensor] = []
         self.latest: dict[int, tuple[Tensor, int, object]] = {}  # id -> (tensor, node, stamp)
-        self.known = known
         self.stack: list[str] = [""]
         self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
-
-    def hooks(self, module: nn.Module) -> list[Any]:  # each submodule's call, as ``calls`` rows
-        handles = []
+        self.handles: list[Any] = []  # each submodule's call, as ``calls`` rows
         for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
-            handles.append(m.register_forward_pre_hook(partial(self.pre, name)))
-            handles.append(m.register_forward_hook(partial(self.post, name)))
-        return handles
+            self.handles.append(m.register_forward_pre_hook(partial(self.pre, name)))
+            self.handles.append(m.register_forward_hook(partial(self.post, name)))
 
     def pre(self, name: str, m: nn.Module, args: Any) -> None:
         self.stack.append(name)
@@ -259,11 +257,9 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """``module(x)`` run once, recorded as plain data (``roles.trace.from_plain`` reads it): node
     i's value is ``tensors[f"n{i}"]``; ``error`` when it raised with and without grad mode."""
-    known = {id(t): (t, n) for n, t in [*module.named_parameters(), *module.named_buffers()]}
     error = ""
     for grad in (True, False):  # without grad for a block that fails with it (an in-place view)
-        rec = _Recorder(known, x)
-        handles = rec.hooks(module)
+        rec = _Recorder(module, x)
         try:
             # inside the recorder: the ``fill_`` that replaced ``bernoulli_`` is recorded
             off = NoDropout() if no_dropout else contextlib.nullcontext()
@@ -273,7 +269,7 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message
             error = error or type(e).__name__
             continue
         finally:
-            for h in handles:
+            for h in rec.handles:
                 h.remove()
         made = isinstance(out, Tensor) and id(out) in rec.latest
         real = [torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in rec.values]
