@@ -62,10 +62,13 @@ def test_the_runner_builds_the_block_again_from_the_builders_arguments_as_data(t
     assert _from_data_of(to_data(torch.nn.functional.gelu, home)) is torch.nn.functional.gelu
 
 
-def _from_data_of(data):
-    from gptblock.check.serve.runner import _from_data
+def _from_data_of(data):  # (runner's _from_data, inlined into build and _made)
+    from functools import partial
 
-    return _from_data(data, None)
+    from gptblock.check.serve.loop import decode
+    from gptblock.check.serve.runner import _made
+
+    return decode(data, partial(_made, None))
 
 
 def test_gptblock_check_starts_its_child_first_and_one_left_unused_ends(monkeypatch):
@@ -149,6 +152,26 @@ def test_checks_of_one_process_fork_from_one_server_and_see_its_current_folder_a
         path = [str(tmp_path / p) for p in path]
         assert mine and all(s[0] == path[0] and s[3] == path for s in mine), seen
     assert len({s[2] for s in seen}) == len(seen)  # its own draws, not the server's
+
+
+def test_a_forked_process_leaves_its_parents_fork_server_and_folder_alone():
+    import gc
+    from pathlib import Path
+
+    from gptblock import early
+
+    server = early._Server()
+    try:
+        pid = os.fork()
+        if pid == 0:  # a forked checker drops the server it inherited (its own starts anew)
+            del server
+            gc.collect()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert (Path(server.folder) / "supervise.py").exists() and server.proc.poll() is None
+    finally:
+        server.close()
+    assert not Path(server.folder).exists()
 
 
 def test_to_data_forward_arguments_and_served():

@@ -15,12 +15,14 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +43,9 @@ class _Server:
 
     def __init__(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.folder = tempfile.TemporaryDirectory()
-        script = neutral_scripts(Path(self.folder.name))
+        self.folder = tempfile.mkdtemp()  # removed by the process that made it, not by a fork
+        weakref.finalize(self, _remove, self.folder, os.getpid())
+        script = neutral_scripts(Path(self.folder))
         self.proc = subprocess.Popen(
             [sys.executable, str(script), str(theirs.fileno())], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
@@ -74,7 +77,12 @@ class _Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.sock.close()
-        self.folder.cleanup()
+        _remove(self.folder, os.getpid())
+
+
+def _remove(folder: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
