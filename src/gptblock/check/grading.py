@@ -110,11 +110,10 @@ def grade(
         raise UserValueError(f"timeout must be a positive number <= 1e6, got {timeout!r}")
     todo = deque(enumerate(subs))  # its popleft is thread-safe
     done: queue.SimpleQueue[tuple[int, Row]] = queue.SimpleQueue()
-    stop = threading.Event()
 
     def work() -> None:
-        while not stop.is_set():
-            try:
+        while todo:  # (emptied when interrupted: then no new submission is started)
+            try:  # (the last one may be taken by another thread meanwhile)
                 i, sub = todo.popleft()
             except IndexError:
                 return
@@ -136,7 +135,7 @@ def grade(
                 if on_row is not None:
                     on_row(row)
         finally:
-            stop.set()
+            todo.clear()
     return [rows[i] for i in sorted(rows)]
 
 

@@ -167,11 +167,9 @@ def confirm(
     fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
     notes: list[str],
 ) -> Finding | None:  # fmt: skip
-    """A failed comparison when ``reference`` (``what``) does not reproduce the block on fresh
-    (*first, C) and (T, T, C) inputs or, for ``whose`` block ("lessons", "modern"), in its
-    input gradient (``backward``: also in float32) and, with ``learner``, where a learner
-    runs it (float64 ``reference``); else None, a note added to ``notes``. Raises ValueError
-    or RuntimeError when ``reference`` cannot run."""
+    """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block on
+    fresh inputs or, for ``whose`` block, in its input gradient and, with ``learner``, where a
+    learner runs it; else None. ValueError or RuntimeError when ``reference`` cannot run."""
     for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():

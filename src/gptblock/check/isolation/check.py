@@ -124,9 +124,9 @@ def _in_children(
     cut: Callable[[int, str], Answer],
     noted: bool = False,
 ) -> list[Answer]:
-    """``ask(call, j, i)`` for each target i (the child's j-th), ``cut(i, how)`` where the child
-    stopped answering, the targets after it in a fresh child; ``noted``: a child per file (one's
-    code cannot answer for another's), each report noted with what the checked code wrote."""
+    """``ask(call, j, i)`` for target i (the child's j-th), else ``cut(i, how)`` and the rest in a
+    new child; ``noted``: a child per file (one's code cannot answer for another's), its output
+    noted."""
     for spec in [t for t in sent if isinstance(t, str)]:
         check_spec(spec)  # a malformed spec or a missing file needs no child to say so
     answers: list[Any] = []
