@@ -182,21 +182,19 @@ def confirm(
             return _off(f"the block raised {one_line(e)} on a fresh {shape} input")
         error = distance(theirs.to(torch.float64).cpu(), ours)
         if not error <= TOLERANCE:
-            return _off(
-                f"{what} reproduces the block on the traced input, but not on a fresh {shape} "
-                f"input (off by {error:.2g} of its scale): its outputs are not those of one "
-                "fixed block"
-            )
+            said = f"{what} reproduces the block on the traced input, but not on a fresh {shape} "
+            said += f"input (off by {error:.2g} of its scale): its outputs are not those of one "
+            said += "fixed block"
+            return _off(said)
     if not whose:
         return None  # the block fails already: a mistake
     if backward:  # else its backward pass fails already
         error = input_gradient_error(subject, reference, fresh)
         if not error <= GRADIENT_TOLERANCE:
-            return _off(
-                f"the block's outputs are the {whose} block's, but its gradient with respect "
-                f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
-                "not its forward pass's"
-            )
+            said = f"the block's outputs are the {whose} block's, but its gradient with respect "
+            said += f"to its input is not (off by {error:.2g} of its scale): its backward pass is "
+            said += "not its forward pass's"
+            return _off(said)
     if not learner:
         return None
     off: list[tuple[Condition, float]] = []

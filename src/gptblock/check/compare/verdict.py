@@ -176,11 +176,10 @@ def _compared(
             said = f"the parts sent cannot be run as a block ({one_line(e)})"
         if subject.trusted:
             return Compared(finding)
-        notes.append(
-            "the modern block's comparison, read from the traces the block's process sent, is "
-            f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
-            "trust, gives its verdict)"
-        )
+        note = "the modern block's comparison, read from the traces the block's process sent, is "
+        note += f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
+        note += "trust, gives its verdict)"
+        notes.append(note)
         return Compared(None)
     if dropout:
         notes.append(f"compared with every dropout of the block {dropout}")
