@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import ctypes.util
 import importlib
 import json

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import importlib.util
 import inspect
 import os
@@ -16,10 +15,9 @@ import pickle
 import sys
 import traceback
 import types
-import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.nn as nn
@@ -263,7 +261,7 @@ def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, a
     if isinstance(annotation, str):
         words = annotation.strip("'\"").split("|")  # quoted under `from __future__ import ...`
         return "Optional[" in annotation or "None" in (w.strip() for w in words)
-    return type(None) in typing.get_args(annotation)
+    return type(None) in get_args(annotation)
 
 
 def forward_arguments(module: nn.Module) -> list[str]:
