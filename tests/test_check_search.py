@@ -294,7 +294,7 @@ def test_a_catalogue_entry_and_the_count_of_single_variants():
         "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5"
     )
     assert (MISTAKES["mask_zero"].explains, len(MISTAKES["wrong_scale"].ways)) == (
-        ("future_leak",), 3,
+        ("future_leak",), 4,
     )  # fmt: skip
     assert [len(v) for v in variants(1)][:3] == [0, 1, 1]
     assert sum(1 for _ in variants(1)) == 1 + len(LESSONS)
@@ -331,3 +331,62 @@ def test_distance_is_relative_to_the_largest_entry():
         0.5,
         float("inf"),
     )
+
+
+# ----- public code's ways of known mistakes (blocks of our own writing, shaped like theirs) ----
+
+
+class _Head(nn.Module):
+    def __init__(self, C: int, hs: int, scale_power: float | None) -> None:
+        super().__init__()
+        self.key, self.query, self.value = (nn.Linear(C, hs, bias=False) for _ in range(3))
+        self.register_buffer("tril", torch.tril(torch.ones(8, 8)))
+        self.scale_power = scale_power
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        k, q = self.key(x), self.query(x)
+        power = self.scale_power  # of C; None: the lesson's hs ** -0.5
+        wei = q @ k.transpose(-2, -1) * (k.shape[-1] ** -0.5 if power is None else C**power)
+        wei = F.softmax(wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), dim=-1)
+        return wei @ self.value(x)
+
+
+class _PublicShapedBlock(nn.Module):
+    def __init__(self, n_embd: int = 16, scale_power: float | None = None, normed: str = ""):
+        super().__init__()
+        self.heads = nn.ModuleList(_Head(n_embd, n_embd // 4, scale_power) for _ in range(4))
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.ff = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd)
+        )
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.normed = normed  # the branch whose stream is replaced by its normed copy
+
+    def sa(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normed == "attn":  # TobiasJacob/tinychatgpt's GptBlock
+            x = self.ln1(x)
+            x = x + self.sa(x)
+        else:
+            x = x + self.sa(self.ln1(x))
+        if self.normed == "mlp":
+            x = self.ln2(x)
+            return x + self.ff(x)
+        return x + self.ff(self.ln2(x))
+
+
+@pytest.mark.parametrize("kwargs, diagnosis", [
+    ({"scale_power": 0.5}, ["wrong_scale"]),  # devshah21/GPT_from_scartch: * C ** 0.5
+    ({"normed": "attn", "scale_power": -0.5}, ["no_residual", "wrong_scale"]),
+    ({"normed": "attn"}, ["no_residual"]),
+    ({"normed": "mlp"}, ["no_residual"]),
+])  # fmt: skip
+def test_public_ways_of_wrong_scale_and_no_residual_are_named(kwargs, diagnosis):
+    from gptblock.check.isolation.check import check_in_process
+
+    torch.manual_seed(0)
+    report = check_in_process(_PublicShapedBlock, kwargs, {})
+    assert sorted(report.diagnosis) == diagnosis and report.confident, str(report)

@@ -110,13 +110,10 @@ _ENTRIES = (
         "sqrt(head_size) are the other usual slips.",
         "Scale by k.shape[-1] ** -0.5 (hs = C // n_head), not by C ** -0.5.",
         "lesson 1: wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5",
-        ways=(
-            way("scores scaled by C ** -0.5 = {by_C:.4g} (C={C}) instead of hs ** -0.5 = {right:.4g} (hs={hs})",
-                scale=lambda C, hs: C**-0.5),
-            way("scores divided by hs = {hs} instead of by sqrt(hs) = {sqrt_hs:.4g}",
-                scale=lambda C, hs: hs**-1.0),
-            way("scores multiplied by sqrt(hs) = {sqrt_hs:.4g} instead of divided by it (hs={hs})",
-                scale=lambda C, hs: hs**0.5),
+        ways=tuple(  # a power of C or hs other than hs ** -0.5
+            way(f"scores scaled by {b} ** {e} = {{value:.4g}} ({b}={{{b}}}) instead of hs ** -0.5 = "
+                "{right:.4g} (hs={hs})", scale=lambda C, hs, b=b, e=e: (C if b == "C" else hs) ** e)
+            for b, e in (("C", -0.5), ("hs", -1), ("hs", 0.5), ("C", 0.5))
         )),
     Mistake("softmax_dim", "the softmax runs over the wrong axis",
         "Each query's row of scores must become a distribution over keys (the last axis). "
@@ -178,6 +175,12 @@ _ENTRIES = (
             way("the stream is replaced by its normalised copy: x = ln1(x); x = x + sa(x); "
                 "x = ln2(x); x = x + ffwd(x)",
                 wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2((x := ln1(x)) + sa(x))) + ffwd(x)),
+            way("the attention branch's stream is replaced by its normalised copy: x = ln1(x); "
+                "x = x + sa(x); x = x + ffwd(ln2(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := (x := ln1(x)) + sa(x)) + ffwd(ln2(x))),
+            way("the MLP branch's stream is replaced by its normalised copy: x = x + sa(ln1(x)); "
+                "x = ln2(x); x = x + ffwd(x)",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2(x + sa(ln1(x)))) + ffwd(x)),
         )),
     Mistake("shared_norm", "one LayerNorm is used for both branches",
         "The attention branch and the MLP branch each normalise with their own learned gain and "

@@ -92,11 +92,8 @@ class CheckReport:
         return self.verdict == "PASS"
 
     def format(self, width: int = 100) -> str:
-        """The report as text: one line per check, then each diagnosis with its fix.
-
-        Args:
-            width: where the notes and explanations wrap; a check's line never wraps.
-        """
+        """The report as text: one line per check, then each diagnosis with its fix; notes and
+        explanations wrap at ``width``, a check's line never does."""
         lines = [f"check {self.target}"]
         lines += [f"  {f.status:<5} {f.name:<21} {f.message}" for f in self.findings]
         for note in self.notes:

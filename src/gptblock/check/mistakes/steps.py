@@ -167,8 +167,8 @@ Way = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 def way(label: str, **changes: Any) -> Way:
-    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5), ``{by_C}`` (C**-0.5),
-    ``{by_hs}`` (1/hs) and ``{sqrt_hs}`` (``Deviation.describe`` fills them in)."""
+    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5) and ``{value}`` (the
+    way's scale; ``Deviation.describe`` fills them in)."""
     return label, tuple(changes.items())
 
 
@@ -187,9 +187,8 @@ class Deviation:
 
     def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
         hs = C // n_head if hs is None else hs
-        return self.label.format(
-            C=C, hs=hs, nh=n_head, right=hs**-0.5, by_C=C**-0.5, by_hs=1 / hs, sqrt_hs=hs**0.5
-        )
+        value = dict(self.changes).get("scale", lambda C, hs: None)(C, hs)
+        return self.label.format(C=C, hs=hs, nh=n_head, right=hs**-0.5, value=value)
 
 
 def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:

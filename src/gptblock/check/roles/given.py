@@ -76,16 +76,11 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
             f"{say}: the block has no parameter {g.path!r}"
             + (f" (parameters of that name: {near})" if near else "")
         )
-    shape = tuple(p.shape)
-    if p.dim() not in (2, 3):
+    shape, n = tuple(p.shape), len(p.shape if g.slices is None else g.slices)
+    if p.dim() not in (2, 3) or n != p.dim():
         raise UserValueError(
-            f"{say}: {g.path} has shape {shape}; expected a matrix (out, in) / (in, out) or one "
-            "per head (nh, C, hs)"
-        )
-    if g.slices is not None and len(g.slices) != len(shape):
-        raise UserValueError(
-            f"{say}: {len(g.slices)} slices for {g.path} of shape {shape}; give one per "
-            "dimension (':' for all)"
+            f"{say}: {n} slices for {g.path} of shape {shape}; expected a matrix (out, in) / "
+            "(in, out) or one per head (nh, C, hs), one slice per dimension (':' for all)"
         )
     for s, n in zip(g.slices or (), shape, strict=False):
         start, stop = s.start or 0, n if s.stop is None else s.stop
