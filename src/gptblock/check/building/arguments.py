@@ -140,7 +140,7 @@ def complete(
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
-        if unknown := sorted(set(given) - known):
+        if unknown := sorted(set(given) - known - {n for k in KINDS.values() for n in k.names}):
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )

@@ -82,7 +82,7 @@ class Served(Held):
         return {**told, "label": built.label, "width": built.width}, {}
 
     def recipe(
-        self, args: dict[str, object], changed: dict[str, int], description: str
+        self, args: dict[str, object], changed: dict[str, object], description: str
     ) -> dict[str, Any]:
         """What the runner builds the block from: its arguments and the module settings the
         build set, as data."""
