@@ -278,7 +278,8 @@ class Block(nn.Module):
 """
 
 # Shaped like davidilic/llama3-pytorch-tut: the config annotated with a Protocol; the file's
-# dataclass has fields without defaults, which --arg gives (context_length a size name)
+# dataclass has fields without defaults, which --arg gives (context_length a size name), and
+# a bfloat16 dtype, checked in float32
 PROTOCOL = PER_HEAD.replace(
     "from dataclasses import dataclass\n",
     "from dataclasses import dataclass\nfrom typing import Protocol\n",
@@ -286,11 +287,13 @@ PROTOCOL = PER_HEAD.replace(
     "    d_model: int = 768\n    n_heads: int = 12\n    d_head: int = 64\n    d_mlp: int = 3072\n"
     "    n_ctx: int = 1024\n    init_range: float = 0.02\n",
     "    vocab_size: int\n    context_length: int\n    d_model: int\n    n_heads: int\n"
-    "    d_head: int\n    d_mlp: int\n    init_range: float = 0.02\n\n\n"
+    "    d_head: int\n    d_mlp: int\n    init_range: float = 0.02\n    dtype: torch.dtype = torch.bfloat16\n\n\n"
     "class BlockConfig(Protocol):\n    d_model: int\n    n_heads: int\n    d_head: int\n"
     "    d_mlp: int\n    init_range: float\n",
 ).replace("    def __init__(self, cfg):\n        super().__init__()\n        self.ln1",
-          "    def __init__(self, cfg: BlockConfig):\n        super().__init__()\n        self.ln1")  # fmt: skip
+          "    def __init__(self, cfg: BlockConfig):\n        super().__init__()\n        self.ln1").replace(
+    "nn.Linear(cfg.d_model, cfg.d_mlp)", "nn.Linear(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype)"
+)  # fmt: skip
 GIVEN = {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_heads": 4, "d_head": 8,
          "d_mlp": 128}  # fmt: skip
 
