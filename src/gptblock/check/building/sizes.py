@@ -80,46 +80,40 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
 
 
 def module_configs(factory: object) -> dict[str, object]:
-    """The config objects (``model_config = SimpleNamespace(n_embd=384)``) of its module that
-    its code, or the module's classes and functions that it reads, reads."""
-    module = inspect.getmodule(factory)
-    own = vars(module) if module is not None else {}
-    todo, seen, read = [factory], set[str](), set[str]()
+    """The config objects (``model_config = SimpleNamespace(n_embd=384)``) of its module that its
+    code reads, or the module's classes and functions it reads do."""
+    own = vars(inspect.getmodule(factory) or types)
+    todo, done, read = [factory], list[object](), set[str]()
     while todo:
-        members = vars(obj).values() if isinstance(obj := todo.pop(), type) else [obj]
-        codes: list[types.CodeType] = [
-            c for f in members if inspect.iscode(c := getattr(getattr(f, "__func__", f), "__code__", 0))
-        ]  # fmt: skip
+        done.append(obj := todo.pop())
+        members = vars(obj).values() if isinstance(obj, type) else [obj]
+        codes = [getattr(getattr(f, "__func__", f), "__code__", 0) for f in members]
         while codes:
-            read |= set((code := codes.pop()).co_names)
-            codes += [c for c in code.co_consts if inspect.iscode(c)]
-        for v in (own[n] for n in read - seen if n in own):
-            todo += [v] if getattr(v, "__module__", 0) == own["__name__"] and callable(v) else []
-        seen |= read
+            if inspect.iscode(code := codes.pop()):
+                read |= set(code.co_names)
+                codes += code.co_consts
+        todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
+                 and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
     return {
-        n: v for n, v in own.items()
+        n: v
+        for n, v in own.items()
         if n in read and (isinstance(v, plain) or dataclasses.is_dataclass(type(v)))
-    }  # fmt: skip
+    }
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
     """``param``'s annotation if a dataclass or a class of the block's own file; for a config
     parameter without one (or a Protocol), the file's dataclass with the most size fields."""
-    module = inspect.getmodule(factory)
-    own = vars(module) if module is not None else {}
+    own = vars(inspect.getmodule(factory) or types)
     cls = own.get(param.annotation) if isinstance(param.annotation, str) else param.annotation
     if getattr(cls, "_is_protocol", False) or (
         cls is param.empty and param.name.lower() in CONFIG_NAMES
     ):
         wanted = set(getattr(cls, "__annotations__", ()))  # a Protocol's fields
-        found = [
-            (sum(kind_of(f) not in (None, "other") for f in fields), c)
-            for c in own.values()
-            if dataclasses.is_dataclass(c) and isinstance(c, type)
-            and c.__module__ == getattr(module, "__name__", None)
-            and wanted <= (fields := {f.name for f in dataclasses.fields(c)})
-        ]  # fmt: skip
+        found = [(sum(kind_of(n) not in (None, "other") for n in names), c) for c in own.values()
+                 if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == own["__name__"]
+                 and wanted <= (names := {f.name for f in dataclasses.fields(c)})]  # fmt: skip
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
     if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
                                      and not dataclasses.is_dataclass(cls)):  # fmt: skip
