@@ -136,6 +136,7 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
         built.notes.append(f"checked at the file's sizes: at {found.label} it takes another width")
         return built
     small.undo = functools.partial(_both, small.undo, built.undo)
+    small.settings = {**built.settings, **small.settings}  # both, for the runner's build
     small.label, small.width = found.label, found.width
     small.notes = [*built.notes, f"made smaller for the check: {found.label} (--arg sets them)"]
     return small

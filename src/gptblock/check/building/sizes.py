@@ -357,7 +357,7 @@ def plan(
             )
             if kind is not None and v == measured[kind] and kind in new:
                 out[name] = new[kind]
-                said[name] = kind, new[kind]
+                said.update({name: (kind, new[kind])} if new[kind] != v else {})
         return out
 
     top_changes = changes(top)
