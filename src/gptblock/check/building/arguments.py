@@ -145,9 +145,7 @@ def complete(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
         values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
-        half = (
-            f.name for f in fields if isinstance(f.default, torch.dtype) and f.default.itemsize < 4
-        )
+        half = [f.name for f in fields if str(f.default) in ("torch.bfloat16", "torch.float16")]
         values = {**{n: torch.float32 for n in half if n not in given}, **values}  # checked on CPU
         empty = dataclasses.MISSING
         lacking = {f.name: guess(f.name) for f in fields if f.default is empty

@@ -93,7 +93,10 @@ def check_isolated(
         s = states[i]
         if s.kept is not None:  # cut short at the other sizes: the file's sizes decide
             at = s.where.removeprefix("at other sizes: ")
-            return combine(s.kept, not_other(f"its process {what} during {at}"), "", "")
+            said = (
+                f"checked at the file's sizes only: at other sizes its process {what} during {at}"
+            )
+            return combine(s.kept, said, "", "")
         if s.where.startswith("loading") or s.where == "building the block":
             verb = "load" if s.where.startswith("loading") else "build"
             raise errors.UserValueError(
