@@ -123,9 +123,10 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
     """``built`` made smaller by value (``sizes.plan``) if over ``LARGEST_IMPLIED`` and not set
     by --arg; at the file's sizes where the smaller block does not take its width."""
     keep = {v for n, x in kwargs.items() if (v := number(x)) and kind_of(n) != "other"}
-    try:
-        found = plan(target, built.args, width(built.module, kwargs), keep)
-        if found is None:
+    large = sum(p.numel() for p in built.module.parameters()) > 1 << 20  # else its C by name
+    try:  # (its forward is called here only if large: a block may break the checker's protocol)
+        C = width(built.module, kwargs) if large else built.width
+        if C is None or (found := plan(target, built.args, C, keep)) is None:
             return built
         small = _made(target, found.args, found.settings, lambda: "")
     except (*CAUGHT, UserError) as e:
