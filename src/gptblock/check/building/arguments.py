@@ -140,11 +140,13 @@ def complete(
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
-        if unknown := sorted(set(given) - known):
+        if unknown := sorted(set(given) - known - {n for k in KINDS.values() for n in k.names}):
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
         values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
+        half = [f.name for f in fields if str(f.default) in ("torch.bfloat16", "torch.float16")]
+        values = {**{n: torch.float32 for n in half if n not in given}, **values}  # checked on CPU
         empty = dataclasses.MISSING
         lacking = {f.name: guess(f.name) for f in fields if f.default is empty
                    and f.default_factory is empty and f.name not in values}  # fmt: skip

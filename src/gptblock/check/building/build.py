@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
 import torch.nn as nn
 
-from ...errors import UserTypeError, UserValueError
+from ...errors import UserError, UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
@@ -24,8 +25,10 @@ from .arguments import (
     fit_arguments,
 )
 from .sizes import (
+    CONFIG_NAMES,
     KINDS,
     file_sizes,
+    kind_of,
     names,
     number,
     patch_globals,
@@ -49,7 +52,7 @@ class Built:
     label: str = ""  # its sizes, ``n_embd=64, n_head=4, block_size=32`` (module settings too)
     notes: list[str] = dataclasses.field(default_factory=list)  # the sizes' origins
     undo: Callable[[], None] = lambda: None  # restores the module settings changed to build it
-    settings: dict[str, int] = dataclasses.field(default_factory=dict)  # those, as set
+    settings: dict[str, object] = dataclasses.field(default_factory=dict)  # those, as set
     args: dict[str, object] = dataclasses.field(default_factory=dict)
     width: int | None = None  # the width it was built at, when the checker chose it
 
@@ -89,7 +92,9 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
     # ``values``: passed as named, it would be refused
     size_names = {n for k in KINDS.values() for n in k.names}
-    taken = not params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    taken = not params or any(  # **kwargs or a config: they take what is given
+        p.kind is p.VAR_KEYWORD or p.name.lower() in CONFIG_NAMES for p in params.values()
+    )
     given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
     sized = [  # a size argument without a default, or with a number: None may mean "none"
         n for n, p in params.items()
@@ -111,11 +116,35 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
     built.label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
     built.notes, built.width = fitted + origins + built.notes, sizes.get("width")
-    return built
+    return _smaller(target, built, kwargs)
+
+
+def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, object]) -> Built:
+    """``built`` made smaller by value (``sizes.plan``) if over ``LARGEST_IMPLIED`` and not set
+    by --arg; at the file's sizes where the smaller block does not take its width."""
+    keep = {v for n, x in kwargs.items() if (v := number(x)) and kind_of(n) != "other"}
+    large = sum(p.numel() for p in built.module.parameters()) > 1 << 20  # else its C by name
+    try:  # (its forward is called here only if large: a block may break the checker's protocol)
+        C = width(built.module, kwargs) if large else built.width
+        if C is None or (found := plan(target, built.args, C, keep)) is None:
+            return built
+        small = _made(target, found.args, found.settings, lambda: "")
+    except (*CAUGHT, UserError) as e:
+        built.notes.append(f"checked at the file's sizes: made smaller, {one_line(e)}")
+        return built
+    if not _accepts(small.module, found.width, 2):
+        small.undo()
+        built.notes.append(f"checked at the file's sizes: at {found.label} it takes another width")
+        return built
+    small.undo = functools.partial(_both, small.undo, built.undo)
+    small.settings = {**built.settings, **small.settings}  # both, for the runner's build
+    small.label, small.width = found.label, found.width
+    small.notes = [*built.notes, f"made smaller for the check: {found.label} (--arg sets them)"]
+    return small
 
 
 def _made(
-    target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, int],
+    target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, object],
     hint: Callable[[], str],
 ) -> Built:  # fmt: skip
     """``target(**args)`` under seed 0 and the module settings ``sizes`` (notes: its forward's
@@ -139,6 +168,11 @@ def _made(
     except BaseException:
         undo()
         raise
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
+    first()
+    then()
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:

@@ -9,8 +9,8 @@ import dataclasses
 import inspect
 import os
 import types
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, cast
 
 from ..mistakes.report import CheckReport, Finding
 
@@ -79,12 +79,42 @@ def settings(factory: object) -> tuple[str, dict[str, int]]:
     return (os.path.basename(file) if file else module.__name__), found
 
 
+def module_configs(factory: object) -> dict[str, object]:
+    """The config objects (``model_config = SimpleNamespace(n_embd=384)``) of its module that its
+    code reads, or the module's classes and functions it reads do."""
+    own = vars(inspect.getmodule(factory) or types)
+    todo, done, read = [factory], list[object](), set[str]()
+    while todo:
+        done.append(obj := todo.pop())
+        members = vars(obj).values() if isinstance(obj, type) else [obj]
+        codes = [getattr(getattr(f, "__func__", f), "__code__", 0) for f in members]
+        while codes:
+            if inspect.iscode(code := codes.pop()):
+                read |= set(code.co_names)
+                codes += code.co_consts
+        todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
+                 and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
+    plain = (dict, types.SimpleNamespace)
+    return {
+        n: v
+        for n, v in own.items()
+        if n in read and (isinstance(v, plain) or dataclasses.is_dataclass(type(v)))
+    }
+
+
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
-    """``param``'s annotation if a dataclass or a class of the block's own file."""
-    cls = param.annotation
-    if isinstance(cls, str):
-        module = inspect.getmodule(factory)
-        cls = vars(module).get(cls) if module is not None else None
+    """``param``'s annotation if a dataclass or a class of the block's own file; for a config
+    parameter without one (or a Protocol), the file's dataclass with the most size fields."""
+    own = vars(inspect.getmodule(factory) or types)
+    cls = own.get(param.annotation) if isinstance(param.annotation, str) else param.annotation
+    if getattr(cls, "_is_protocol", False) or (
+        cls is param.empty and param.name.lower() in CONFIG_NAMES
+    ):
+        wanted = set(getattr(cls, "__annotations__", ()))  # a Protocol's fields
+        found = [(sum(kind_of(n) not in (None, "other") for n in names), c) for c in own.values()
+                 if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == own["__name__"]
+                 and wanted <= (names := {f.name for f in dataclasses.fields(c)})]  # fmt: skip
+        return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
     if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
                                      and not dataclasses.is_dataclass(cls)):  # fmt: skip
         return None
@@ -111,9 +141,13 @@ def file_sizes(
     checker's, and the notes of where they came from."""
     params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    classes = [c for p in params if dataclasses.is_dataclass(c := config_class(factory, p))]
+    classes = [c for p in params if p.name not in given
+               and dataclasses.is_dataclass(c := config_class(factory, p))]  # fmt: skip
     fields = {f.name: f.default for c in classes for f in dataclasses.fields(c)}
-    file, module = settings(factory)
+    file, numbers = settings(factory)
+    module: dict[str, object] = dict(numbers)
+    for config in module_configs(factory).values():  # model_config.n_embd: after the numbers
+        module = {**cast(dict[str, object], _fields(config)), **module}
     used = {p.name for p in params} | set(fields) | set(module) | set(given)
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
@@ -140,22 +174,13 @@ def file_sizes(
             value = C // nh if kind == "head_size" and C and nh else k.value
             if value is not None:
                 values[kind] = value
-    # above LARGEST_IMPLIED and not --arg's: made smaller (the same head count, 16 channels a
-    # head), as the checker's mistakes show at any size
-    notes, nh = [], values.get("heads", 1)
-    for kind, small in (("width", 16 * nh if nh <= 16 else 0), ("length", 256)):
-        big = values.get(kind, 0)
-        if small and big > LARGEST_IMPLIED[kind] and named.get(kind, ("", ""))[1] != "--arg":
-            values[kind] = small
-            values.update({"head_size": 16} if kind == "width" and "head_size" in values else {})
-            notes.append(f"the file's {kind} {big} made {small} for the check (--arg sets it)")
     by_source: dict[str, list[str]] = {}
     for kind, (n, source) in named.items():
         by_source.setdefault(source, []).append(f"{n}={values[kind]}")
     said = "; ".join(
         f"{', '.join(v)} from {source}" for source, v in by_source.items() if source != "--arg"
     )
-    return values, [f"built at the file's sizes: {said}"] * bool(said) + notes
+    return values, [f"built at the file's sizes: {said}"] * bool(said)
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
@@ -183,13 +208,17 @@ def names(values: Mapping[str, int]) -> dict[str, int]:
 
 
 def patch_globals(
-    factory: object, sizes: Mapping[str, int]
-) -> tuple[dict[str, int], Callable[[], None]]:
-    """Set ``factory``'s module's globals (``n_embd``) to ``sizes`` by name: those set, the undo."""
+    factory: object, sizes: Mapping[str, object]
+) -> tuple[dict[str, object], Callable[[], None]]:
+    """Set ``factory``'s module's numbers (``n_embd``) and configs (``plan``'s) to ``sizes`` by
+    name: those set, the undo."""
     module = inspect.getmodule(factory)
     if module is None:
         return {}, lambda: None
-    before = {n: v for n, v in vars(module).items() if n in sizes and number(v) and sizes[n] != v}
+    before = {
+        n: v for n, v in vars(module).items()
+        if n in sizes and sizes[n] != v and (number(v) or not isinstance(sizes[n], int))
+    }  # fmt: skip
     vars(module).update(changed := {n: sizes[n] for n in before})
     return changed, lambda: vars(module).update(before)
 
@@ -232,13 +261,26 @@ def kind_of(name: str) -> str | None:
     return None
 
 
+def _smaller(m: Mapping[str, int], keep: Collection[int]) -> dict[str, int] | None:
+    """Sizes for a block over ``LARGEST_IMPLIED`` (its mistakes show at any size): 16 channels a
+    head (4 over 16 heads), the same head counts, a length of 256; --arg's (``keep``) kept."""
+    out, C, L, hs = dict(m), m["width"], m.get("length", 0), m.get("head_size")
+    nh = m.get("heads") or (C // hs if hs and C % hs == 0 else 0)
+    if C > LARGEST_IMPLIED["width"] and C not in keep:
+        small = 16 if nh <= 16 else 4
+        out.update({"width": nh * small, "head_size": small} if nh else {"width": 96})
+    if L > LARGEST_IMPLIED["length"] and L not in keep:
+        out["length"] = 256
+    return out if out != m else None
+
+
 @dataclasses.dataclass
 class Plan:
     """The arguments, width, module settings and label of the other sizes."""
 
     args: dict[str, object]
     width: int
-    settings: dict[str, int]
+    settings: dict[str, object]
     label: str
 
 
@@ -271,16 +313,21 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
     return new
 
 
-def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Plan | None:
-    """The arguments that build ``factory`` at other sizes, from ``args`` and the width ``C``
-    of the build at the file's sizes, found by value, whatever their names (of the numbers it
-    was built with, C is the width, 2C..8C a hidden width, C / nh the head size; a name says
-    what a value cannot); None when no number is a size."""
+def plan(
+    factory: Callable[..., Any], args: Mapping[str, object], C: int,
+    keep: Collection[int] | None = None,
+) -> Plan | None:  # fmt: skip
+    """The arguments that build ``factory`` at other sizes (with ``keep``: smaller ones,
+    ``_smaller``), from ``args`` and the width ``C`` it was built at, found by value, whatever
+    their names (of the numbers it was built with, C is the width, 2C..8C a hidden width, C / nh
+    the head size; a name says what a value cannot); None when no number is a size."""
     top = {p.name: p.default for p in parameters(factory) if p.default is not p.empty}
     top.update(args)
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
-    globals_ = settings(factory)[1]
-    found = [*top.items(), *(x for f in configs.values() for x in f.items()), *globals_.items()]
+    globals_, objects = settings(factory)[1], module_configs(factory)
+    held = {n: f for n, v in objects.items() if (f := _fields(v)) is not None}
+    found = [*top.items(), *globals_.items()]
+    found += [x for f in [*configs.values(), *held.values()] for x in f.items()]
     leaves = [(kind_of(n), v) for n, x in found if (v := number(x)) is not None]
     nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
     kv = next((v for k, v in leaves if k == "kv_heads" and nh and nh % v == 0), None) or next(
@@ -289,7 +336,8 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
     hs = next((v for k, v in leaves if k == "head_size"), C // nh if nh else None)
     L = next((v for k, v in leaves if k == "length"), None)
     measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
-    other = next(iter(size_sets({k: v for k, v in measured.items() if v is not None})), None)
+    sized = {k: v for k, v in measured.items() if v is not None}
+    other = _smaller(sized, keep) if keep is not None else next(iter(size_sets(sized)), None)
     if other is None:
         return None
     many = [f"{m}C" for m in range(2, 9)]  # a hidden width, a multiple of the width
@@ -309,12 +357,13 @@ def plan(factory: Callable[..., Any], args: Mapping[str, object], C: int) -> Pla
             )
             if kind is not None and v == measured[kind] and kind in new:
                 out[name] = new[kind]
-                said[name] = kind, new[kind]
+                said.update({name: (kind, new[kind])} if new[kind] != v else {})
         return out
 
     top_changes = changes(top)
     config_changes = {n: c for n, fields in configs.items() if (c := changes(fields))}
-    patched = changes(globals_)
+    patched: dict[str, object] = {**changes(globals_)}
+    patched.update({n: _replaced(objects[n], c) for n, f in held.items() if (c := changes(f))})
     if not said:
         return None
     out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}

@@ -43,6 +43,7 @@ class _State:
     where: str = "starting"
     findings: list[Finding] = field(default_factory=list)
     outer: Progress | None = None
+    kept: CheckReport | None = None  # the file's sizes' report, while the other sizes run
 
     def stage(self, what: str) -> None:
         self.where = what
@@ -89,6 +90,12 @@ def check_isolated(
 
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
+        if s.kept is not None:  # cut short at the other sizes: the file's sizes decide
+            at = s.where.removeprefix("at other sizes: ")
+            said = (
+                f"checked at the file's sizes only: at other sizes its process {what} during {at}"
+            )
+            return combine(s.kept, said, "", "")
         verb = {"loading": "load", "building": "build"}.get(s.where.split()[0])
         if verb:
             said = f"cannot {verb} {s.description}: its process {what} while {s.where}"
@@ -192,7 +199,7 @@ def check_in_process(
         local.undo()
 
 
-def two_sizes(call: Call, roles: Mapping[str, str], progress: Progress) -> CheckReport:
+def two_sizes(call: Call, roles: Mapping[str, str], progress: _State) -> CheckReport:
     """The check at the file's sizes, then (unless a mistake was diagnosed: it would stay the
     verdict) at the other sizes or why not, combined (``sizes.combine``: PASS needs both)."""
     first = _at(call, progress, roles, False)
@@ -200,6 +207,7 @@ def two_sizes(call: Call, roles: Mapping[str, str], progress: Progress) -> Check
         raise ProtocolBroken("no block at the file's sizes")
     if first[0].verdict == "FAIL" and first[0].diagnosis:
         return first[0]
+    progress.kept = first[0]
     try:
         second = _at(call, _State(outer=progress), roles, True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not

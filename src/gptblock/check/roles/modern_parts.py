@@ -28,7 +28,22 @@ __all__ = [
 
 Tensor = torch.Tensor
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
-"""Llama's, ``F.rms_norm``'s, float32's and float64's eps..., in turn; where two fit, both do."""
+"""Llama's, ``F.rms_norm``'s, float32's and float64's eps..., in turn (then ``_solved``); where
+two fit, both do."""
+
+
+def _solved(t: Tensor, out: Tensor, gain: Tensor, bias: Tensor | None) -> tuple[float, ...]:
+    """The eps of a norm's output ``out`` on ``t`` (its 4 smallest rows), rounded and as solved:
+    ms(t) / (ms(t) + eps) = ms(out / gain), centred for a LayerNorm."""
+    r = (out if bias is None else out - bias) / gain
+    if bias is not None:
+        t, r = t - t.mean(-1, keepdim=True), r - r.mean(-1, keepdim=True)
+    ms, ms_r = t.pow(2).mean(-1).flatten(), r.pow(2).mean(-1).flatten()
+    rows = ms.argsort()[:4]
+    eps = float((ms[rows] * (1 / ms_r[rows] - 1)).median())
+    return (float(f"{eps:.2g}"), eps) if 0 <= eps < 1 else ()
+
+
 CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
 
 
@@ -78,13 +93,13 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
     except CAUGHT:
         return NormRead(form, f, params=params)
     if form == "layernorm":  # used as the block computes it; gain, bias and eps for plain.send
-        for eps in EPS:
+        for eps in (*EPS, *_solved(*outputs[1], gain, bias)):
             if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
                 return NormRead(form, f, eps, params, gain, bias)
         return NormRead(form, f, params=params)
     for form in NORM_FORMS:
         gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
-        for eps in EPS:
+        for eps in (*EPS, *(_solved(*outputs[1], gain, None) if form == "rms" else ())):
             if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
                 same = lambda h, g=gain, e=eps, n=form: rms(h, g.to(h.dtype), e, n)  # noqa: E731
                 return NormRead(form, same, eps, params, gain)
