@@ -14,9 +14,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock.check.mistakes.steps import Parts, affine
-from gptblock.check.roles.plain import NotPlain, _norm, norm_function, to_plain
+from gptblock.check.roles.plain import NotPlain, _norm, from_plain, norm_function, to_plain
 from gptblock.check.roles.provenance import choose, trace, unread
-from gptblock.check.roles.receive import from_plain
 from gptblock.check.serve import frames
 from gptblock.check.serve.frames import Reader, send
 
