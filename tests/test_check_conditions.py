@@ -16,6 +16,7 @@ import torch
 import conditions_blocks as cb
 from gptblock.check import check_block, check_isolated
 from gptblock.check.compare.conditions import conditions
+from gptblock.check.isolation import check as isolation_check
 from gptblock.check.roles.provenance import choose, sorted_values, trace, unread
 from gptblock.check.serve.subject import Subject
 from nanogpt_style import Block as NanoBlock
@@ -79,6 +80,15 @@ def test_the_modern_path_holds_them_in_the_child_process_too():
     assert [r.verdict for r in reports] == ["FAIL", "FAIL", "PASS"], [str(r) for r in reports]
     assert reports[0].diagnosis == ["unused_parameters"]
     assert "train mode" in _failed(reports[1], "reference comparison")[0].message
+
+
+def test_the_unused_gate_is_named_whole_with_the_seeds_the_child_drew(monkeypatch):
+    """The child draws its seeds; with these a gate value lay 7e-10 from a read one and was
+    counted read ("gate.weight (4095 of its 4096 values)"), 1 run in 5."""
+    monkeypatch.setattr(isolation_check, "FRESH_SEED", 1000)
+    monkeypatch.setattr(isolation_check, "WEIGHTS_SEED", 5000)
+    report = check_block(cb.UnusedLinearBlock, isolate=False, **LESSON)
+    assert report.details["unused_parameters"].startswith("gate.weight, gate.bias never"), report
 
 
 @pytest.mark.parametrize(

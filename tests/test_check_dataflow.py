@@ -6,9 +6,8 @@ import torch.nn as nn
 from gptblock import lesson
 from gptblock.check.roles.dataflow import layout
 from gptblock.check.roles.modern_parts import norm_of
-from gptblock.check.roles.plain import norm_function, to_plain
+from gptblock.check.roles.plain import from_plain, norm_function, to_plain
 from gptblock.check.roles.provenance import choose, nearest, snap, sorted_values, trace, unread
-from gptblock.check.roles.receive import from_plain
 from gptblock.check.roles.trace import record
 from gptblock.check.roles.weights import read_trace
 

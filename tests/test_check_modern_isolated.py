@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gptblock.check import check_isolated
-from gptblock.check.roles.receive import receive
+from gptblock.check.roles.plain import receive
 
 ZOO = pathlib.Path(__file__).parent / "zoo_modern" / "blocks"
 

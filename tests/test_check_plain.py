@@ -14,9 +14,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock.check.mistakes.steps import Parts, affine
-from gptblock.check.roles.plain import NotPlain, _norm, norm_function, to_plain
+from gptblock.check.roles.plain import NotPlain, _norm, from_plain, norm_function, to_plain
 from gptblock.check.roles.provenance import choose, trace, unread
-from gptblock.check.roles.receive import from_plain
 from gptblock.check.serve import frames
 from gptblock.check.serve.frames import Reader, send
 
@@ -152,3 +151,17 @@ def test_a_value_the_dtype_rounds_together_with_a_read_one_counts_as_read():
     far = {"k.bias": a, "other": a + 1e-3}  # told apart: the other is unread
     traced = trace({"k": [a.float().double()]}, far, torch.float32)
     assert list(unread(far, traced.used, torch.float32)) == ["other"]
+
+
+def test_a_value_only_near_a_read_one_is_not_counted_as_read():
+    # UnusedLinearBlock (1 seed in 5): a gate value 7e-10 from a read float64 one was counted read
+    # (within 2 x the tolerance), so only "4095 of its 4096 values" never acted; a read exact to
+    # the last bit tells its value from any other, one with an error from those farther than it
+    a, step = torch.tensor([0.25], dtype=torch.float64), 2.0**-33  # binary fractions: exact
+    chosen = {"k.bias": a, "other": a + 4 * step}
+    traced = trace({"k": [a.clone()]}, chosen, torch.float64)
+    assert traced.why == "" and list(unread(chosen, traced.used, torch.float64)) == ["other"]
+    traced = trace({"k": [a + 3 * step]}, chosen, torch.float64)  # nearer the other: it was read
+    assert list(unread(chosen, traced.used, torch.float64)) == ["k.bias"]
+    traced = trace({"k": [a + 2 * step]}, chosen, torch.float64)  # halfway: either was read
+    assert unread(chosen, traced.used, torch.float64) == {}

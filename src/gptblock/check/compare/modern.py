@@ -164,10 +164,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     for c in a.deviations:
         label = c.describe(x.shape[-1], read.n_head, hs)
         if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
-            (pairs, table), (other, wrong) = (
-                _PAIRS[p]
-                for p in (a.rope.pairing, "adjacent" if a.rope.pairing == "halves" else "halves")
-            )
+            not_pairs = "adjacent" if a.rope.pairing == "halves" else "halves"
+            (pairs, table), (other, wrong) = _PAIRS[a.rope.pairing], _PAIRS[not_pairs]
             label = (
                 f"the rotation pairs channels in {pairs}, but the cos/sin table is laid out for "
                 f"{other} ({wrong} instead of {table}): each pair is turned by two different angles"

@@ -14,8 +14,8 @@ from ..mistakes.catalogue import MISTAKES, compose
 from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
+from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, trace, unread
-from ..roles.receive import unpack_modern, unpack_readings
 from ..serve.subject import Probed
 from .conditions import confirm
 from .modern import ModernOutcome

@@ -263,13 +263,8 @@ def _agreement(S: Tensor, P: Tensor) -> float:
 
 
 def _scores(trace: Trace, A: int) -> Op | None:
-    found = [
-        op
-        for n in trace.ancestors(A)
-        if (op := trace.producer(n)) is not None
-        and op.name in ("bmm", "baddbmm", "mm")
-        and len(data(trace, op)) == 2
-    ]
+    made = filter(None, map(trace.producer, trace.ancestors(A)))
+    found = [op for op in made if op.name in ("bmm", "baddbmm", "mm") and len(data(trace, op)) == 2]
     return max(found, key=lambda op: op.index) if found else None
 
 

@@ -136,13 +136,8 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     layer of 2H rows may be gate and up, in halves or interleaved."""
     h, target, width = read.rows("fc1"), read.rows("fc2"), read.mlp[-1][0].shape[1]
     if len(read.mlp) == 3:
-        return _gated_of(
-            h,
-            target,
-            width,
-            read.mlp[:2],
-            [", ".join(read.roles[r].params) for r in ("fc1", "fc3")],
-        )
+        names = [", ".join(read.roles[r].params) for r in ("fc1", "fc3")]
+        return _gated_of(h, target, width, read.mlp[:2], names)
     w = read.mlp[0]
     a = lin(h, w)
     for name, act in DENSE.items():

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..mistakes.report import CAUGHT
-from ..mistakes.steps import Rope
+from ..mistakes.steps import Rope, rms
 from .dataflow import Core, Role, Unread, _cores, find_roles, static_names, to_weight
 from .trace import Trace, replay
 from .weights import _rows, find_norms, measure, order_norms
@@ -207,7 +207,7 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
         if core is None:
             return None
         each = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
-        base = each * torch.rsqrt(each.pow(2).mean(-1, keepdim=True) + 1e-6)
+        base = rms(each, 1.0, 1e-6)
         seen = core[:, : each.shape[1], 0]  # (B, h, hs)
         gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
     return gains[0], gains[1]

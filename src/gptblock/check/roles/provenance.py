@@ -97,13 +97,16 @@ def trace(
             why = f"the weights read for {role} are not the values the checker gave the block"
             return Traced(why)
         snapped[role] = [g[0] for g in got]
-        # each value read and every value within 2 tol of it: values the dtype rounds together
-        # (or nearer than a read's error) cannot tell which one was read
+        # each value read, its equals (the dtype rounds them together) and every value at least
+        # as near the read as it: which one was read cannot be told (not a fixed window: a value
+        # merely near an exact read was not read, UnusedLinearBlock)
         at = torch.cat([g[1].flatten() for g in got])
-        near = values[at[at >= 0]]
-        lo = torch.searchsorted(values, near - 2 * tol).tolist()
-        hi = torch.searchsorted(values, near + 2 * tol, right=True).tolist()
-        used[role] = {i for a, b in zip(lo, hi, strict=True) for i in range(a, b)}
+        pairs = zip(tensors, got, strict=True)
+        err = torch.cat([(t.to(torch.float64) - g[0]).flatten() for t, g in pairs])
+        near, err = values[at[at >= 0]], err[at >= 0]
+        lo = torch.searchsorted(values, torch.minimum(near, near + err - err.abs())).tolist()
+        hi = torch.searchsorted(values, torch.maximum(near, near + err + err.abs()), right=True)
+        used[role] = {i for a, b in zip(lo, hi.tolist(), strict=True) for i in range(a, b)}
         if tensors[0].dim() == 2:
             repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
     for a, b in itertools.combinations(used, 2):
