@@ -10,7 +10,7 @@ import inspect
 import os
 import types
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, cast
+from typing import Any
 
 from ..mistakes.report import CheckReport, Finding
 
@@ -147,7 +147,7 @@ def file_sizes(
     file, numbers = settings(factory)
     module: dict[str, object] = dict(numbers)
     for config in module_configs(factory).values():  # model_config.n_embd: after the numbers
-        module = {**cast(dict[str, object], _fields(config)), **module}
+        module = {**(_fields(config) or {}), **module}
     used = {p.name for p in params} | set(fields) | set(module) | set(given)
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
