@@ -153,8 +153,7 @@ def spawn() -> Spawned:
     jobs: list[list[object]] = []
     passed, pipes = [in_r, st_w, out_w, err_w], {}
     for name, module in JOBS:
-        to_child, to_fd = os.pipe()
-        from_fd, from_child = os.pipe()
+        (to_child, to_fd), (from_fd, from_child) = os.pipe(), os.pipe()
         pipes[name] = (to_fd, from_fd)
         jobs.append([name, module, len(passed), len(passed) + 1])
         passed += [to_child, from_child]

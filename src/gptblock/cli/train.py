@@ -50,9 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --resume: continue on a text other than the checkpoint's (by size and "
         "SHA-256), which is otherwise refused",
     )
-    p.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (for logs and scripts)"
-    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
     add_threads_option(p)
 
 
