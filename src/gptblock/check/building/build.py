@@ -25,7 +25,6 @@ from .arguments import (
     fit_arguments,
 )
 from .sizes import (
-    CONFIG_NAMES,
     KINDS,
     file_sizes,
     kind_of,
@@ -86,25 +85,18 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
         built.label, built.notes, built.width = found.label, [], found.width  # measured again
         return built
+    # kwargs fitted: d_model=32 given to a block's n_embd, each taken by name (or by **kwargs)
     sizes, origins = file_sizes(target, kwargs)
     values = names(sizes)
-    params = signature(target)
-    # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
-    # ``values``: passed as named, it would be refused
-    size_names = {n for k in KINDS.values() for n in k.names}
-    taken = not params or any(  # **kwargs or a config: they take what is given
-        p.kind is p.VAR_KEYWORD or p.name.lower() in CONFIG_NAMES for p in params.values()
-    )
-    given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
     sized = [  # a size argument without a default, or with a number: None may mean "none"
-        n for n, p in params.items()
+        n for n, p in signature(target).items()
         if p.default is p.empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
     ]  # fmt: skip
     filled = fill_common_arguments(
-        target, {**{n: values[n] for n in sized if n in values}, **given}
+        target, {**{n: values[n] for n in sized if n in values}, **kwargs}
     )
     check_sizes(filled, kwargs)
-    args = complete(target, filled, given, values)
+    args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in settings(target)[1] if n in values})
     plain = (type(None), int, float, str, bool)
