@@ -3,11 +3,11 @@ width C (``width``) and longest sequence (``max_length``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -70,22 +70,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
-    if other:  # read while the module settings are those of the build (a width made smaller)
-        base = cast(Built, build_at(target, kwargs))  # a factory's build is never None
-        try:
-            found = plan(target, base.args, width(base.module, kwargs))
-        except CAUGHT as e:  # a config that cannot be copied or rejects the other values
-            raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
-        finally:
-            base.undo()
-        if found is None:
-            return None  # nothing the checker sets: the same block again
-        built = _made(target, found.args, found.settings, lambda: "")
-        built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
-        built.label, built.notes, built.width = found.label, [], found.width  # measured again
-        return built
-    # kwargs fitted: d_model=32 given to a block's n_embd, each taken by name (or by **kwargs)
+    kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 given to a block's n_embd
     sizes, origins = file_sizes(target, kwargs)
     values = names(sizes)
     sized = [  # a size argument without a default, or with a number: None may mean "none"
@@ -108,7 +93,21 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
     built.label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
     built.notes, built.width = fitted + origins + built.notes, sizes.get("width")
-    return _smaller(target, built, kwargs)
+    built = _smaller(target, built, kwargs)
+    if not other:
+        return built
+    try:  # read while the module settings are those of the build (a width made smaller)
+        found = plan(target, built.args, width(built.module, kwargs))
+    except CAUGHT as e:  # a config that cannot be copied or rejects the other values
+        raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+    finally:
+        built.undo()
+    if found is None:
+        return None  # nothing the checker sets: the same block again
+    built = _made(target, found.args, found.settings, lambda: "")
+    built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+    built.label, built.notes, built.width = found.label, [], found.width  # measured again
+    return built
 
 
 def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, object]) -> Built:
@@ -128,7 +127,10 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
         small.undo()
         built.notes.append(f"checked at the file's sizes: at {found.label} it takes another width")
         return built
-    small.undo = functools.partial(_both, small.undo, built.undo)
+    undo = contextlib.ExitStack()  # the smaller block's module settings undone, then the file's
+    undo.callback(built.undo)
+    undo.callback(small.undo)
+    small.undo = undo.close
     small.settings = {**built.settings, **small.settings}  # both, for the runner's build
     small.label, small.width = found.label, found.width
     small.notes = [*built.notes, f"made smaller for the check: {found.label} (--arg sets them)"]
@@ -160,11 +162,6 @@ def _made(
     except BaseException:
         undo()
         raise
-
-
-def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
-    first()
-    then()
 
 
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
