@@ -16,14 +16,7 @@ from ...errors import UserError, UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
-from .arguments import (
-    COMMON_ARGUMENTS,
-    arg_line,
-    builds,
-    complete,
-    fill_common_arguments,
-    fit_arguments,
-)
+from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
 from .sizes import (
     KINDS,
     file_sizes,
@@ -104,7 +97,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         built.undo()
     if found is None:
         return None  # nothing the checker sets: the same block again
-    built = _made(target, found.args, found.settings, lambda: "")
+    built = _made(target, found.args, found.settings)
     built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
     built.label, built.notes, built.width = found.label, [], found.width  # measured again
     return built
@@ -119,7 +112,7 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
         C = width(built.module, kwargs) if large else built.width
         if C is None or (found := plan(target, built.args, C, keep)) is None:
             return built
-        small = _made(target, found.args, found.settings, lambda: "")
+        small = _made(target, found.args, found.settings)
     except (*CAUGHT, UserError) as e:
         built.notes.append(f"checked at the file's sizes: made smaller, {one_line(e)}")
         return built
@@ -139,7 +132,7 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
 
 def _made(
     target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, object],
-    hint: Callable[[], str],
+    hint: Callable[[], str] = lambda: "",
 ) -> Built:  # fmt: skip
     """``target(**args)`` under seed 0 and the module settings ``sizes`` (notes: its forward's
     arguments); a failure says ``hint`` if the sizes are to blame."""
@@ -170,12 +163,11 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
-        undo = patch_globals(target, values)[1]
         try:
-            if builds(target, fill_common_arguments(target, {**given, **line})):
-                return f"; it builds with {arg_line(line)}"
-        finally:
-            undo()
+            _made(target, fill_common_arguments(target, {**given, **line}), values).undo()
+        except UserError:
+            continue
+        return f"; it builds with {arg_line(line)}"
     return ""
 
 

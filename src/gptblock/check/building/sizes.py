@@ -109,10 +109,8 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
                  if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == own["__name__"]
                  and wanted <= (names := {f.name for f in dataclasses.fields(c)})]  # fmt: skip
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
-    if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
-                                     and not dataclasses.is_dataclass(cls)):  # fmt: skip
-        return None
-    return cls
+    ours = isinstance(cls, type) and cls.__module__ == getattr(factory, "__module__", None)
+    return cls if ours or (isinstance(cls, type) and dataclasses.is_dataclass(cls)) else None
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:
@@ -311,14 +309,12 @@ def plan(
     ``_smaller``), from ``args`` and the width ``C`` it was built at, found by value, whatever
     their names (of the numbers it was built with, C is the width, 2C..8C a hidden width, C / nh
     the head size; a name says what a value cannot); None when no number is a size."""
-    top = {p.name: p.default for p in parameters(factory) if p.default is not p.empty}
-    top.update(args)
+    top = {**{p.name: p.default for p in parameters(factory) if p.default is not p.empty}, **args}
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
     _, globals_, objects = settings(factory)
     held = {n: f for n, v in objects.items() if (f := _fields(v)) is not None}
-    found = [*top.items(), *globals_.items()]
-    found += [x for f in [*configs.values(), *held.values()] for x in f.items()]
-    leaves = [(kind_of(n), v) for n, x in found if (v := number(x)) is not None]
+    places = [top, globals_, *configs.values(), *held.values()]
+    leaves = [(kind_of(n), v) for place in places for n, x in place.items() if (v := number(x))]
     nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
     kv = next((v for k, v in leaves if k == "kv_heads" and nh and nh % v == 0), None) or next(
         (v for k, v in leaves if k == "heads" and nh and v < nh and nh % v == 0), None
