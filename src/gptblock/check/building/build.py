@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -184,9 +185,8 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
     for name in (n for k in KINDS.values() for n in k.names if n in args):
         size = number(value := args[name])
         if size is None or size > LARGEST:
-            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
-                isinstance(value, str) and any(c in value for c in "*+-/")
-            ) else ""  # fmt: skip
+            literal = isinstance(value, str) and any(c in value for c in "*+-/")  # 10**6
+            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" * literal
             raise UserValueError(
                 f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
                 "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
@@ -219,10 +219,8 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
             candidates.append(int(m.in_features))
         elif isinstance(m, nn.MultiheadAttention):
             candidates.append(int(m.embed_dim))
-    sizes = [n for p in module.parameters() for n in p.shape if n > 1]
-    candidates = list(
-        dict.fromkeys(candidates + sorted(set(sizes), key=lambda n: (-sizes.count(n), n)))
-    )
+    sizes = Counter(n for p in module.parameters() for n in p.shape if n > 1)  # the most first
+    candidates = [*dict.fromkeys(candidates + sorted(sizes, key=lambda n: (-sizes[n], n)))]
     if not candidates:
         raise UserValueError(
             f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "
