@@ -89,8 +89,8 @@ def settings(factory: object) -> tuple[str, dict[str, int], dict[str, object]]:
         todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
                  and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
-    configs = {n: v for n, v in own.items() if n in read
-               and (isinstance(v, plain) or dataclasses.is_dataclass(type(v)))}  # fmt: skip
+    read &= {n for n, v in own.items() if isinstance(v, plain) or dataclasses.is_dataclass(type(v))}
+    configs = {n: v for n, v in own.items() if n in read}
     file = getattr(module, "__file__", None)
     numbers = {n: v for n, x in own.items() if (v := number(x))}
     return (os.path.basename(file) if file else module.__name__), numbers, configs
