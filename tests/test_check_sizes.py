@@ -224,7 +224,7 @@ def test_the_sizes_helpers_read_names_and_values():
 
     def wide(hid_dim=32, n_heads=4, pf_dim=128, dropout=0.1): ...
 
-    assert settings(int) == ("builtins", {})
+    assert settings(int) == ("builtins", {}, {})
     assert file_sizes(make, {})[0] == {"width": 64, "heads": 4}
     assert size_sets({"width": 32, "heads": 4, "length": 16})[0] == {
         "width": 48, "heads": 3, "length": 24,

@@ -186,11 +186,9 @@ def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
-    for r in rows:
-        d = r.to_dict()
-        d["mistakes"], d["classes_found"] = " ".join(r.mistakes), " ".join(r.found)
-        d["failed_checks"] = "; ".join(r.failed)
-        writer.writerow([d[c] for c in COLUMNS])
+    joined = {"mistakes": " ", "failed_checks": "; ", "classes_found": " "}  # a list, one cell
+    for d in (r.to_dict() for r in rows):
+        writer.writerow([joined[c].join(d[c]) if c in joined else d[c] for c in COLUMNS])
     atomic_write_bytes(path, out.getvalue().encode("utf-8"))
 
 

@@ -59,18 +59,15 @@ def submissions(paths: Iterable[str | os.PathLike[str]], *, one: bool = False) -
     for path in map(Path, paths):
         if not path.exists():
             raise UserFileNotFoundError(f"no such file or folder: {path}")
-        if path.is_file():
-            if path.suffix not in CODE:
-                raise UserValueError(f"{path}: a submission is a .py or .ipynb file, or a folder")
-            found.append(Submission(path.stem, path, (path,)))
-            continue
-        entries = [e for e in sorted(path.iterdir()) if not e.name.startswith(HIDDEN) and _files(e)]
-        if not entries:
+        if path.is_file() and path.suffix not in CODE:
+            raise UserValueError(f"{path}: a submission is a .py or .ipynb file, or a folder")
+        entries = [] if path.is_file() else sorted(path.iterdir())
+        entries = [e for e in entries if not e.name.startswith(HIDDEN) and _files(e)]
+        if not path.is_file() and not entries:
             raise UserValueError(f"{path}: no .py or .ipynb file in it")
-        if one or (all(e.is_file() for e in entries) and _one_program(entries)):
-            found.append(Submission(path.name, path, _files(path)))
-        else:
-            found += [Submission(e.stem if e.is_file() else e.name, e, _files(e)) for e in entries]
+        if path.is_file() or one or (all(e.is_file() for e in entries) and _one_program(entries)):
+            entries = [path]  # one submission
+        found += [Submission(e.stem if e.is_file() else e.name, e, _files(e)) for e in entries]
     return found
 
 

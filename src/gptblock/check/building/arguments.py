@@ -67,16 +67,15 @@ def fit_arguments(
 ) -> tuple[dict[str, object], list[str]]:
     """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
     ``n_embd``), else left out; with notes of what moved."""
-    params = list(signature(factory).values())  # **kwargs included
-    if not params or any(p.kind is p.VAR_KEYWORD or p.name in CONFIG_NAMES for p in params):
+    params = signature(factory)  # **kwargs included
+    if not params or any(p.kind is p.VAR_KEYWORD or n in CONFIG_NAMES for n, p in params.items()):
         return dict(given), []  # **kwargs or a config object: they take what is given
-    names = [p.name for p in params]
-    fitted: dict[str, object] = {n: v for n, v in given.items() if n in names}
+    fitted: dict[str, object] = {n: v for n, v in given.items() if n in params}
     name = getattr(factory, "__qualname__", repr(factory))
     notes = []
-    for n, v in ((n, v) for n, v in given.items() if n not in names):
+    for n, v in ((n, v) for n, v in given.items() if n not in params):
         role = next((r for r in _ROLES if n in r), ())
-        to = next((p for p in names if p in role and p not in given and p not in fitted), "")
+        to = next((p for p in params if p in role and p not in given and p not in fitted), "")
         fitted.update({to: v} if to else {})
         said = f"given to {name}'s {to} (it has no {n})" if to else f"left out: {name} takes no {n}"
         notes.append(f"{n}={v!r} {said}")

@@ -3,11 +3,12 @@ width C (``width``) and longest sequence (``max_length``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import functools
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -16,16 +17,8 @@ from ...errors import UserError, UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
-from .arguments import (
-    COMMON_ARGUMENTS,
-    arg_line,
-    builds,
-    complete,
-    fill_common_arguments,
-    fit_arguments,
-)
+from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
 from .sizes import (
-    CONFIG_NAMES,
     KINDS,
     file_sizes,
     kind_of,
@@ -71,40 +64,18 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         raise UserTypeError(
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
-    kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 to a block's n_embd
-    if other:  # read while the module settings are those of the build (a width made smaller)
-        base = cast(Built, build_at(target, kwargs))  # a factory's build is never None
-        try:
-            found = plan(target, base.args, width(base.module, kwargs))
-        except CAUGHT as e:  # a config that cannot be copied or rejects the other values
-            raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
-        finally:
-            base.undo()
-        if found is None:
-            return None  # nothing the checker sets: the same block again
-        built = _made(target, found.args, found.settings, lambda: "")
-        built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
-        built.label, built.notes, built.width = found.label, [], found.width  # measured again
-        return built
+    kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 given to a block's n_embd
     sizes, origins = file_sizes(target, kwargs)
     values = names(sizes)
-    params = signature(target)
-    # a size it takes by another name (d_model=32 for its n_embd) reaches it by its kind, in
-    # ``values``: passed as named, it would be refused
-    size_names = {n for k in KINDS.values() for n in k.names}
-    taken = not params or any(  # **kwargs or a config: they take what is given
-        p.kind is p.VAR_KEYWORD or p.name.lower() in CONFIG_NAMES for p in params.values()
-    )
-    given = {n: v for n, v in kwargs.items() if taken or n in params or n not in size_names}
     sized = [  # a size argument without a default, or with a number: None may mean "none"
-        n for n, p in params.items()
+        n for n, p in signature(target).items()
         if p.default is p.empty or isinstance(p.default, int) or n in COMMON_ARGUMENTS
     ]  # fmt: skip
     filled = fill_common_arguments(
-        target, {**{n: values[n] for n in sized if n in values}, **given}
+        target, {**{n: values[n] for n in sized if n in values}, **kwargs}
     )
     check_sizes(filled, kwargs)
-    args = complete(target, filled, given, values)
+    args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in settings(target)[1] if n in values})
     plain = (type(None), int, float, str, bool)
@@ -116,7 +87,21 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
     built.label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
     built.notes, built.width = fitted + origins + built.notes, sizes.get("width")
-    return _smaller(target, built, kwargs)
+    built = _smaller(target, built, kwargs)
+    if not other:
+        return built
+    try:  # read while the module settings are those of the build (a width made smaller)
+        found = plan(target, built.args, width(built.module, kwargs))
+    except CAUGHT as e:  # a config that cannot be copied or rejects the other values
+        raise UserValueError(f"cannot set other sizes: {one_line(e)}") from e
+    finally:
+        built.undo()
+    if found is None:
+        return None  # nothing the checker sets: the same block again
+    built = _made(target, found.args, found.settings)
+    built.description = f"{getattr(target, '__qualname__', repr(target))} at {found.label}"
+    built.label, built.notes, built.width = found.label, [], found.width  # measured again
+    return built
 
 
 def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, object]) -> Built:
@@ -128,7 +113,7 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
         C = width(built.module, kwargs) if large else built.width
         if C is None or (found := plan(target, built.args, C, keep)) is None:
             return built
-        small = _made(target, found.args, found.settings, lambda: "")
+        small = _made(target, found.args, found.settings)
     except (*CAUGHT, UserError) as e:
         built.notes.append(f"checked at the file's sizes: made smaller, {one_line(e)}")
         return built
@@ -136,7 +121,10 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
         small.undo()
         built.notes.append(f"checked at the file's sizes: at {found.label} it takes another width")
         return built
-    small.undo = functools.partial(_both, small.undo, built.undo)
+    undo = contextlib.ExitStack()  # the smaller block's module settings undone, then the file's
+    undo.callback(built.undo)
+    undo.callback(small.undo)
+    small.undo = undo.close
     small.settings = {**built.settings, **small.settings}  # both, for the runner's build
     small.label, small.width = found.label, found.width
     small.notes = [*built.notes, f"made smaller for the check: {found.label} (--arg sets them)"]
@@ -145,7 +133,7 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
 
 def _made(
     target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, object],
-    hint: Callable[[], str],
+    hint: Callable[[], str] = lambda: "",
 ) -> Built:  # fmt: skip
     """``target(**args)`` under seed 0 and the module settings ``sizes`` (notes: its forward's
     arguments); a failure says ``hint`` if the sizes are to blame."""
@@ -170,23 +158,17 @@ def _made(
         raise
 
 
-def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
-    first()
-    then()
-
-
 def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
     for found in size_sets(file_sizes(target, given)[0], hints=True):
         values = names(found)
         line = {n: values[n] for n in signature(target) if n in values}
         if not line:
             return ""
-        undo = patch_globals(target, values)[1]
         try:
-            if builds(target, fill_common_arguments(target, {**given, **line})):
-                return f"; it builds with {arg_line(line)}"
-        finally:
-            undo()
+            _made(target, fill_common_arguments(target, {**given, **line}), values).undo()
+        except UserError:
+            continue
+        return f"; it builds with {arg_line(line)}"
     return ""
 
 
@@ -203,9 +185,8 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
     for name in (n for k in KINDS.values() for n in k.names if n in args):
         size = number(value := args[name])
         if size is None or size > LARGEST:
-            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" if (
-                isinstance(value, str) and any(c in value for c in "*+-/")
-            ) else ""  # fmt: skip
+            literal = isinstance(value, str) and any(c in value for c in "*+-/")  # 10**6
+            hint = " (VALUE is read as a Python literal: write 1000000, not 10**6)" * literal
             raise UserValueError(
                 f"{shown(name)}: expected a whole number from 1 to {LARGEST}{hint}; the "
                 "checker's mistakes show at any size (32 channels, 4 heads are plenty)"
@@ -238,10 +219,8 @@ def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
             candidates.append(int(m.in_features))
         elif isinstance(m, nn.MultiheadAttention):
             candidates.append(int(m.embed_dim))
-    sizes = [n for p in module.parameters() for n in p.shape if n > 1]
-    candidates = list(
-        dict.fromkeys(candidates + sorted(set(sizes), key=lambda n: (-sizes.count(n), n)))
-    )
+    sizes = Counter(n for p in module.parameters() for n in p.shape if n > 1)  # the most first
+    candidates = [*dict.fromkeys(candidates + sorted(sizes, key=lambda n: (-sizes[n], n)))]
     if not candidates:
         raise UserValueError(
             f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import os
 import types
+from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -16,8 +17,8 @@ from ..mistakes.report import CheckReport, Finding
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "combine", "config_class", "file_sizes", "kind_of",
-    "names", "not_other", "number", "parameters", "patch_globals", "plan",
-    "settings", "signature", "size_sets",
+    "names", "not_other", "number", "parameters", "patch_globals", "plan", "settings", "signature",
+    "size_sets",
 ]  # fmt: skip
 
 
@@ -69,21 +70,14 @@ def number(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def settings(factory: object) -> tuple[str, dict[str, int]]:
-    """The file name and the numbers (the lecture's ``n_embd = 64``) of ``factory``'s module."""
+def settings(factory: object) -> tuple[str, dict[str, int], dict[str, object]]:
+    """The file name, the numbers (the lecture's ``n_embd = 64``) of ``factory``'s module, and its
+    config objects (``model_config = SimpleNamespace(n_embd=384)``) that ``factory``'s code reads,
+    or the module's classes and functions it reads do."""
     module = inspect.getmodule(factory)
     if module is None:
-        return "", {}
-    found = {n: v for n, x in vars(module).items() if (v := number(x))}
-    file = getattr(module, "__file__", None)
-    return (os.path.basename(file) if file else module.__name__), found
-
-
-def module_configs(factory: object) -> dict[str, object]:
-    """The config objects (``model_config = SimpleNamespace(n_embd=384)``) of its module that its
-    code reads, or the module's classes and functions it reads do."""
-    own = vars(inspect.getmodule(factory) or types)
-    todo, done, read = [factory], list[object](), set[str]()
+        return "", {}, {}
+    own, todo, done, read = vars(module), [factory], list[object](), set[str]()
     while todo:
         done.append(obj := todo.pop())
         members = vars(obj).values() if isinstance(obj, type) else [obj]
@@ -95,11 +89,11 @@ def module_configs(factory: object) -> dict[str, object]:
         todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
                  and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
-    return {
-        n: v
-        for n, v in own.items()
-        if n in read and (isinstance(v, plain) or dataclasses.is_dataclass(type(v)))
-    }
+    read &= {n for n, v in own.items() if isinstance(v, plain) or dataclasses.is_dataclass(type(v))}
+    configs = {n: v for n, v in own.items() if n in read}
+    file = getattr(module, "__file__", None)
+    numbers = {n: v for n, x in own.items() if (v := number(x))}
+    return (os.path.basename(file) if file else module.__name__), numbers, configs
 
 
 def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type | None:
@@ -115,10 +109,8 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
                  if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == own["__name__"]
                  and wanted <= (names := {f.name for f in dataclasses.fields(c)})]  # fmt: skip
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
-    if not isinstance(cls, type) or (cls.__module__ != getattr(factory, "__module__", None)
-                                     and not dataclasses.is_dataclass(cls)):  # fmt: skip
-        return None
-    return cls
+    ours = isinstance(cls, type) and cls.__module__ == getattr(factory, "__module__", None)
+    return cls if ours or (isinstance(cls, type) and dataclasses.is_dataclass(cls)) else None
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:
@@ -144,10 +136,8 @@ def file_sizes(
     classes = [c for p in params if p.name not in given
                and dataclasses.is_dataclass(c := config_class(factory, p))]  # fmt: skip
     fields = {f.name: f.default for c in classes for f in dataclasses.fields(c)}
-    file, numbers = settings(factory)
-    module: dict[str, object] = dict(numbers)
-    for config in module_configs(factory).values():  # model_config.n_embd: after the numbers
-        module = {**(_fields(config) or {}), **module}
+    file, numbers, configs = settings(factory)  # model_config.n_embd: after the numbers
+    module = ChainMap(dict[str, object](numbers), *(_fields(c) or {} for c in configs.values()))
     used = {p.name for p in params} | set(fields) | set(module) | set(given)
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
@@ -158,7 +148,7 @@ def file_sizes(
         (f"{file}'s module settings", module),
     )
     values: dict[str, int] = {}
-    named: dict[str, tuple[str, str]] = {}  # kind -> the name and the place the file gives it
+    named: dict[str, list[str]] = {}  # place -> the sizes it gives, n_embd=64
     for kind, k in KINDS.items():
         if not used & set(k.names):
             continue
@@ -167,18 +157,16 @@ def file_sizes(
                 ((n, v) for n in k.names if n in where and (v := number(where[n]))), ("", None)
             )
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
-                values[kind], named[kind] = value, (n, source)  # a width of 1 is a softmax's dim
+                values[kind] = value  # (a width of 1 is a softmax's dim)
+                named.setdefault(source, []).append(f"{n}={value}")
                 break
         else:  # the checker's; a head size C / nh
             C, nh = values.get("width"), values.get("heads")
             value = C // nh if kind == "head_size" and C and nh else k.value
             if value is not None:
                 values[kind] = value
-    by_source: dict[str, list[str]] = {}
-    for kind, (n, source) in named.items():
-        by_source.setdefault(source, []).append(f"{n}={values[kind]}")
     said = "; ".join(
-        f"{', '.join(v)} from {source}" for source, v in by_source.items() if source != "--arg"
+        f"{', '.join(v)} from {source}" for source, v in named.items() if source != "--arg"
     )
     return values, [f"built at the file's sizes: {said}"] * bool(said)
 
@@ -321,14 +309,12 @@ def plan(
     ``_smaller``), from ``args`` and the width ``C`` it was built at, found by value, whatever
     their names (of the numbers it was built with, C is the width, 2C..8C a hidden width, C / nh
     the head size; a name says what a value cannot); None when no number is a size."""
-    top = {p.name: p.default for p in parameters(factory) if p.default is not p.empty}
-    top.update(args)
+    top = {**{p.name: p.default for p in parameters(factory) if p.default is not p.empty}, **args}
     configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
-    globals_, objects = settings(factory)[1], module_configs(factory)
+    _, globals_, objects = settings(factory)
     held = {n: f for n, v in objects.items() if (f := _fields(v)) is not None}
-    found = [*top.items(), *globals_.items()]
-    found += [x for f in [*configs.values(), *held.values()] for x in f.items()]
-    leaves = [(kind_of(n), v) for n, x in found if (v := number(x)) is not None]
+    places = [top, globals_, *configs.values(), *held.values()]
+    leaves = [(kind_of(n), v) for place in places for n, x in place.items() if (v := number(x))]
     nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
     kv = next((v for k, v in leaves if k == "kv_heads" and nh and nh % v == 0), None) or next(
         (v for k, v in leaves if k == "heads" and nh and v < nh and nh % v == 0), None
