@@ -10,8 +10,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock import TransformerBlock, check_block
-from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles, resolve_roles
-from gptblock.check.roles.parts import discover, observe
+from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles
+from gptblock.check.roles.parts import discover, named_parts, observe
 from gptblock.check.serve.subject import one_thread
 from gptblock.errors import UserValueError
 
@@ -118,7 +118,8 @@ def _map(module, C=32, roles=None):
     parts = discover(module)
     x = torch.randn(2, 4, C)
     called = observe(module, parts, lambda: module(x))
-    return map_roles(module, C, parts, called, resolve_roles(parts, roles or {}))
+    fixed = {r: named_parts(parts, name) for r, name in (roles or {}).items()}
+    return map_roles(module, C, parts, called, fixed)
 
 
 class RawMatrices(nn.Module):

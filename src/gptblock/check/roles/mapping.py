@@ -14,9 +14,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .parts import Part, glob, named_parts
+from .parts import Part, glob
 
-__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
@@ -118,18 +118,6 @@ def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     if role == "qkv" and shape[0] % 3:
         return False
     return shape[1] == C if role in READS_C else shape[0] == C
-
-
-def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}``; a ValueError for a name that matches none."""
-    out: dict[str, list[Part]] = {}
-    for role, name in roles.items():
-        found = named_parts(parts, name)
-        if not found:
-            known = ", ".join(p.name or "(the block)" for p in parts[:16])
-            raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
-        out[role] = found
-    return out
 
 
 def map_roles(
