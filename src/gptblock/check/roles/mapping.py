@@ -52,11 +52,7 @@ class MappedBlock:
 
 
 class Unmapped(Exception):
-    """Why the parts are no block: raised while mapping, returned by ``map_roles``."""
-
-    @property
-    def reason(self) -> str:
-        return str(self)
+    """Why the parts are no block (its text): raised while mapping, returned by ``map_roles``."""
 
 
 def _width(roles: Roles, C: int) -> int:
