@@ -114,12 +114,13 @@ def suggest_map(module: nn.Module, C: int) -> str:
     per-head weights need, or "" if none fits."""
     parts = discover(module)
     named = dict(module.named_parameters())
+    place = {n: i for i, n in enumerate(named)}
     per_head = [n for n, p in named.items() if p.dim() == 3]
     biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
     # (what --map names: the part or the 3-D parameter, its weight), by the weight's registration
     linear = [(p.name, p.params[0]) for p in parts if p.kind in ("linear", "matrix")]
     matrices = [(n, n) for n in per_head] + [m for m in linear if m[1] not in biases]
-    matrices.sort(key=lambda m: [*named].index(m[1]))
+    matrices.sort(key=lambda m: place[m[1]])
     order = next((FORMS[f] for f in ("packed", "separate") if len(FORMS[f]) == len(matrices)), ())
     norms = [p.name for p in parts if p.kind == "norm"]
     for laid in (False, True) if order else ():
