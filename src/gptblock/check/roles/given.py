@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from ...errors import UserValueError
-from .mapping import QKV, ROLES, SHAPES, fits, resolve_roles
+from .mapping import QKV, ROLES, SHAPES, fits
 from .parts import Given, Matrix, Part, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
@@ -113,9 +113,11 @@ def fix_roles(
     parameters (read only so), and every role's parts; a ValueError for a name of no part."""
     covered = {n for p in read.values() for n in p.params}
     kept = [p for p in parts if not covered & set(p.params)]
-    names = {r: g.text for r, g in given.items() if r not in read}
-    fixed = {**resolve_roles(kept, names), **{r: [p] for r, p in read.items()}}
-    return [*kept, *read.values()], fixed
+    fixed = {r: named_parts(kept, g.text) for r, g in given.items() if r not in read}
+    for role in (r for r, found in fixed.items() if not found):
+        known = ", ".join(p.name or "(the block)" for p in kept[:16])
+        raise ValueError(f"{role}={given[role].text}: no such part; the block's parts are {known}")
+    return [*kept, *read.values()], fixed | {r: [p] for r, p in read.items()}
 
 
 BRANCH = {"ln1": "attention", "ln2": "MLP"}
@@ -132,21 +134,13 @@ def check_claims(
     if "qkv" in roles and roles.keys() & {"q", "k", "v"}:
         raise UserValueError("give either qkv (packed) or q, k and v, not both")
     given = {r: parse_given(module, t) for r, t in roles.items()}
-    # a name of no part: resolve_roles says so later, with the trace's names
+    # a name of no part: fix_roles says so later, with the trace's names
     found = {r: [] if g.read else named_parts(parts, g.text) for r, g in given.items()}
     _one_weight_one_role(module, given, found)
     fitted: dict[str, list[tuple[int, int]]] = {}  # role -> (out, in) of each of its parts
     named = dict(module.named_parameters())
     for role, g in given.items():
-        some, why = found[role], ""
-        if len(some) > 1 and role not in QKV:
-            one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
-            why = f" matches {len(some)} parts ({', '.join(p.name for p in some[:4])}); {one}"
-        elif some and role in BRANCH and some[0].kind != "norm":
-            what = f"{some[0].name or '(the block)'} is {_what(some[0])}"
-            why = f": {what}, not a norm; {role} is the norm before the {BRANCH[role]}"
-        elif some and role not in BRANCH:
-            why, fitted[role] = _linear(role, some, C, named.get(g.text))
+        why, fitted[role] = _cannot(role, found[role], C, named.get(g.text))
         if why:
             raise UserValueError(f"{role}={g.text}{why}")
     _between(given, fitted)
@@ -155,29 +149,36 @@ def check_claims(
 
 
 def _what(p: Part) -> str:
-    return {
+    return f"{p.name or '(the block)'} is " + {
         "norm": "a norm" + (f" of width {p.width}" if p.width else ""),
         "mha": "an nn.MultiheadAttention (q, k, v and proj)",
         "matrix": f"a matrix parameter of shape {p.shape}",
     }.get(p.kind, f"a linear layer (out, in) = {p.shape}")
 
 
-def _linear(
+def _cannot(
     role: str, found: list[Part], C: int, vector: Tensor | None
 ) -> tuple[str, list[tuple[int, int]]]:
     """Why ``found`` cannot be ``role`` ("" where it can), and its (out, in) where known."""
+    if not found:  # read as a matrix (``given_part``), or a name of no part (said later)
+        return "", []
+    if len(found) > 1 and role not in QKV:
+        one = f"{role} is one norm" if role in BRANCH else "only q, k and v take one module per head"  # fmt: skip
+        return f" matches {len(found)} parts ({', '.join(p.name for p in found[:4])}); {one}", []
+    if role in BRANCH:
+        why = f": {_what(found[0])}, not a norm; {role} is the norm before the {BRANCH[role]}"
+        return "" if found[0].kind == "norm" else why, []
     if vector is not None and vector.dim() < 2:
         what = f"a vector of shape {tuple(vector.shape)} (a bias or a norm's weight)"
         return f": {what}, not {role}'s {SHAPES[role]} weight; name the weight or its module", []
     shapes: list[tuple[int, int]] = []
     for p in found:
         if p.kind == "norm" or (p.kind == "mha" and role in ("fc1", "fc2")):
-            what = f"{p.name or '(the block)'} is {_what(p)}"
-            return f": {what}, not a linear layer; {role} is a {SHAPES[role]} weight", []
+            return f": {_what(p)}, not a linear layer; {role} is a {SHAPES[role]} weight", []
         options = {p.shape, p.laid(True).shape} - {None}
         fit = sorted(s for s in options if s is not None and fits(role, s, C))
         if options and not fit:
-            return f": {p.name} is {_what(p)}, but {role} is {SHAPES[role]} with C = {C}", []
+            return f": {_what(p)}, but {role} is {SHAPES[role]} with C = {C}", []
         shapes += fit[:1] if len(fit) == 1 else []
     return "", shapes if len(shapes) == len(found) else []  # [] where the orientation is unknown
 

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from ..mistakes.steps import Parts, SubLayer
-from .parts import Part, glob, named_parts
+from .parts import Part, glob
 
-__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles", "resolve_roles"]
+__all__ = ["QKV", "ROLES", "MappedBlock", "Unmapped", "map_roles"]
 
 Tensor = torch.Tensor
 Heads = list[tuple[Part, Part, Part]]  # per head, its (q, k, v) modules
+# one assignment of the parts to roles: q, k, v one part each, or one per head; the others one;
+# "mha": an nn.MultiheadAttention, that makes qkv and proj
+Roles = dict[str, list[Part]]
 ROLES = ("ln1", "ln2", "q", "k", "v", "qkv", "proj", "fc1", "fc2")
 QKV = ROLES[2:5]  # told apart only by order: a form with them separate tries their other orders
 SHAPES = {**dict.fromkeys(QKV, "(D, C)"), "qkv": "(3D, C)", "proj": "(C, D)", "fc1": "(H, C)",
@@ -49,81 +52,61 @@ class MappedBlock:
 
 
 class Unmapped(Exception):
-    """Why the parts are no block: raised while mapping, returned by ``map_roles``."""
-
-    @property
-    def reason(self) -> str:
-        return str(self)
+    """Why the parts are no block (its text): raised while mapping, returned by ``map_roles``."""
 
 
-@dataclass(frozen=True)
-class _Candidate:  # one assignment of the parts to roles
-    form: str
-    roles: dict[str, Part]  # qkv (packed), proj, fc1, fc2: the plain linear parts' roles
-    heads: Heads  # q, k, v: per head, or one group (``separate``)
-    attn: Part | None  # an nn.MultiheadAttention
-    score: float = 0.0
-    D: int = 0
+def _width(roles: Roles, C: int) -> int:
+    """D, where the parts' shapes fit a block of width C (q, k, v all one shape), else 0."""
+    linear = [(r, p.shape) for r, ps in roles.items() if r != "mha" for p in ps]
+    shape = {r: s for r, s in linear if s and fits(r, s, C)}
+    if len(shape) < len(roles) - ("mha" in roles) or len({s for r, s in linear if r in QKV}) > 1:
+        return 0
+    if "mha" in roles:
+        D = C if roles["mha"][0].mha.embed_dim == C else 0
+    else:
+        D = shape["qkv"][0] // 3 if "qkv" in shape else shape["q"][0] * len(roles["q"])
+    return D if shape.get("proj", (C, D)) == (C, D) and shape["fc2"] == (C, shape["fc1"][0]) else 0
 
-    def inputs(self) -> list[Part]:  # the parts that make q, k, v
-        qkv = [self.roles["qkv"]] if "qkv" in self.roles else []
-        return [*qkv, *itertools.chain(*self.heads), *filter(None, [self.attn])]
 
-    def width(self, C: int) -> int | None:
-        shape = {r: p.shape for r, p in self.roles.items() if p.shape and fits(r, p.shape, C)}
-        each = {p.shape for p in itertools.chain(*self.heads)}  # one (hs, C) for all q, k, v
-        if self.attn:
-            D = C if self.attn.mha.embed_dim == C else 0
-        elif "qkv" in self.roles:
-            D = shape["qkv"][0] // 3 if "qkv" in shape else 0
-        else:
-            hs = next(iter(each))
-            D = hs[0] * len(self.heads) if len(each) == 1 and hs and fits("q", hs, C) else 0
-        if not D or len(shape) < len(self.roles) or shape.get("proj", (C, D)) != (C, D):
-            return None
-        return D if shape["fc2"] == (C, shape["fc1"][0]) else None
+def _order_score(roles: Roles, called: Mapping[str, int]) -> float:
+    """+1 per step called after the one before it (-1 before), +0.25 registered so."""
+    inputs = [p for r in ("mha", "qkv", *QKV) for p in roles.get(r, [])]  # they make q, k, v
+    steps = [inputs, *(roles[r] for r in ("proj", "fc1", "fc2") if r in roles)]
+    score = 0.0
+    for earlier, later in itertools.pairwise(steps):
+        calls_a = [called[p.name] for p in earlier if p.name in called]
+        calls_b = [called[p.name] for p in later if p.name in called]
+        if calls_a and calls_b:
+            score += 1.0 if max(calls_a) < min(calls_b) else -1.0
+        score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
+    if "q" in roles:
+        q, k, v = (roles[r][0].index for r in QKV)
+        score += 0.1 * ((q < k) + (k < v))
+    return score
 
-    def order_score(self, called: Mapping[str, int]) -> float:
-        """+1 per step called after the one before it (-1 before), +0.25 registered so."""
-        after = [[self.roles[r]] for r in ("proj", "fc1", "fc2") if r in self.roles]
-        steps = [self.inputs(), *after]
-        score = 0.0
-        for earlier, later in itertools.pairwise(steps):
-            calls_a = [called[p.name] for p in earlier if p.name in called]
-            calls_b = [called[p.name] for p in later if p.name in called]
-            if calls_a and calls_b:
-                score += 1.0 if max(calls_a) < min(calls_b) else -1.0
-            score += 0.25 if max(p.index for p in earlier) < min(p.index for p in later) else -0.25
-        if self.heads:
-            q, k, v = (p.index for p in self.heads[0])
-            score += 0.1 * ((q < k) + (k < v))
-        return score
 
-    def build(self, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
-        lin = {r: p.function() for r, p in self.roles.items()}
-        packed, proj = self.attn.attention() if self.attn else (lin.get("qkv"), lin["proj"])
-        fs = [[p.function() for p in g] for g in self.heads]
+def _build(roles: Roles, C: int, lns: tuple[SubLayer | None, SubLayer | None]) -> Parts:
+    fs = {r: [p.function() for p in ps] for r, ps in roles.items() if r != "mha"}
+    one = {r: f[0] for r, f in fs.items()}
+    packed, proj = roles["mha"][0].attention() if "mha" in roles else (one.get("qkv"), one["proj"])
 
-        def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            if packed is not None:
-                q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
-                return q, k, v
-            outs = [[f(h) for f in group] for group in fs]  # nh x 3 x (B, T, hs)
-            q, k, v = (torch.cat([o[i] for o in outs], dim=-1) for i in range(3))  # (B, T, D)
+    def qkv(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if packed is not None:
+            q, k, v = packed(h).chunk(3, dim=-1)  # (B, T, 3D) -> 3 x (B, T, D)
             return q, k, v
+        # each role's heads: nh x (B, T, hs) -> (B, T, D)
+        q, k, v = (torch.cat([f(h) for f in fs[r]], dim=-1) for r in QKV)
+        return q, k, v
 
-        return Parts(C, self.D, qkv, proj, lin["fc1"], lin["fc2"], *lns)
+    return Parts(C, _width(roles, C), qkv, proj, one["fc1"], one["fc2"], *lns)
 
-    def names(self) -> dict[str, str]:
-        names: dict[str, str] = {}
-        if self.attn:
-            prefix = f"{self.attn.name}." if self.attn.name else ""
-            names |= {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj"}
-        for i, role in enumerate(QKV if self.heads else ()):
-            names[role] = glob([g[i].name for g in self.heads])  # 'sa.heads.*.query'
-        for role, part in sorted(self.roles.items(), key=lambda rp: ROLES.index(rp[0])):
-            names[role] = part.name
-        return names
+
+def _names(roles: Roles) -> dict[str, str]:
+    names = {r: glob([p.name for p in roles[r]]) for r in ROLES if r in roles}  # 'sa.heads.*.query'
+    if "mha" in roles:
+        prefix = f"{roles['mha'][0].name}." if roles["mha"][0].name else ""
+        names = {"qkv": f"{prefix}in_proj_weight", "proj": f"{prefix}out_proj", **names}
+    return names
 
 
 def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
@@ -131,18 +114,6 @@ def fits(role: str, shape: tuple[int, ...], C: int) -> bool:
     if role == "qkv" and shape[0] % 3:
         return False
     return shape[1] == C if role in READS_C else shape[0] == C
-
-
-def resolve_roles(parts: list[Part], roles: Mapping[str, str]) -> dict[str, list[Part]]:
-    """The parts named by ``{role: name}``; a ValueError for a name that matches none."""
-    out: dict[str, list[Part]] = {}
-    for role, name in roles.items():
-        found = named_parts(parts, name)
-        if not found:
-            known = ", ".join(p.name or "(the block)" for p in parts[:16])
-            raise ValueError(f"{role}={name}: no such part; the block's parts are {known}")
-        out[role] = found
-    return out
 
 
 def map_roles(
@@ -168,28 +139,27 @@ def map_roles(
     first = tied[0]
     given = [r for r in ROLES[2:] if r in fixed]
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
-    by += "qkv/proj by nn.MultiheadAttention; " if first.attn else ""
-    ran = [*first.roles.values(), *itertools.chain(*first.heads)]
+    by += "qkv/proj by nn.MultiheadAttention; " if "mha" in first else ""
+    ran = [p for r, ps in first.items() if r != "mha" for p in ps]
     order = "call" if any(p.name in called for p in ran) else "registration"
     how = [chosen, f"{by}the others by shape and {order} order"]
     others = []  # q, k, v in their other orders: only order tells them apart
-    if first.heads and not fixed.keys() & set(QKV):
+    if "q" in first and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
-        orders = list(itertools.permutations(range(3)))[1:]
+        orders = list(itertools.permutations(QKV))[1:]
         others = [
-            replace(first, heads=[(g[a], g[b], g[c]) for g in first.heads]) for a, b, c in orders
+            {**first, **{r: first[o] for r, o in zip(QKV, order, strict=True)}} for order in orders
         ]
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
-    readings = [c.build(C, (n1, n2)) for c in [*tied, *others]]
-    used = {
-        n for c in tied for p in [*c.inputs(), *c.roles.values(), *norms] if p for n in p.params
-    }
-    if first.attn:
-        nh: tuple[int, ...] = (first.attn.mha.num_heads,)
+    readings = [_build(c, C, (n1, n2)) for c in [*tied, *others]]
+    used = {n for c in tied for p in [*norms, *itertools.chain(*c.values())] if p for n in p.params}
+    per_head = first.get("q", [])  # one q module per head: as many heads
+    if "mha" in first:
+        nh: tuple[int, ...] = (first["mha"][0].mha.num_heads,)
     else:
-        nh = (len(first.heads),) if first.form == "heads" else _head_counts(module, readings[0].D)
-    names = tuple({**norm_names, **c.names()} for c in [*tied, *others])
+        nh = (len(per_head),) if len(per_head) > 1 else _head_counts(module, readings[0].D)
+    names = tuple({**norm_names, **_names(c)} for c in [*tied, *others])
     ignored = tuple(n for p in parts for n in p.params if n not in used)
     said = f" ({'; '.join(how)})"
     said += f"; parameters with no role: {', '.join(ignored)}" if ignored else ""
@@ -244,9 +214,10 @@ def _head_counts(module: nn.Module, D: int) -> tuple[int, ...]:
 
 def _assign(
     parts: list[Part], C: int, called: Mapping[str, int], fixed: Mapping[str, list[Part]]
-) -> list[_Candidate]:
+) -> list[Roles]:
     heads = _head_groups(parts, C, fixed)
     mhas = [p for p in parts if p.kind == "mha"]
+    grouped = {r: [g[i] for g in heads] for i, r in enumerate(QKV)} if heads else {}
     plain = [p for p in parts if p.kind in ("linear", "matrix") and not any(p in g for g in heads)]
     single = {r: ps[0] for r, ps in fixed.items() if r not in ("ln1", "ln2") and len(ps) == 1}
     if len(mhas) > 1:
@@ -267,7 +238,7 @@ def _assign(
         )
     forms = ["mha"] if mhas else ["heads"] if heads else ["packed", "separate"]
     conventions = (False, True) if any(p.kind == "matrix" for p in plain) else (False,)
-    scored = []
+    scored: list[tuple[float, Roles]] = []
     for form, in_out in itertools.product(forms, conventions):
         needed = FORMS[form]
         if any(r in single for r in ROLES[2:7] if r not in needed):
@@ -275,16 +246,12 @@ def _assign(
         free = [r for r in needed if r not in single]
         rest = [p.laid(in_out) for p in plain if p not in single.values()]
         for chosen in itertools.permutations(rest, len(free)):
-            roles = {r: single[r].laid(in_out) for r in needed if r in single}
-            roles |= dict(zip(free, chosen, strict=True))
+            roles = {r: [single[r].laid(in_out)] for r in needed if r in single}
+            roles |= {r: [p] for r, p in zip(free, chosen, strict=True)}
             unused = len(plain) - len(roles)
-            group = (
-                [(roles.pop("q"), roles.pop("k"), roles.pop("v"))] if form == "separate" else heads
-            )
-            c = _Candidate(form, roles, group if form != "mha" else [], mhas[0] if mhas else None)
-            if (D := c.width(C)) is not None:
-                score = c.order_score(called) - 4.0 * unused
-                scored.append(replace(c, score=score, D=D))
+            roles |= {"mha": mhas} if mhas else grouped
+            if _width(roles, C):
+                scored.append((_order_score(roles, called) - 4.0 * unused, roles))
     if not scored:
         shapes = ", ".join(f"{p.name or '(the block)'} {p.shape}" for p in plain)
         what = "nn.MultiheadAttention and " if mhas else ("per-head q/k/v and " if heads else "")
@@ -293,11 +260,10 @@ def _assign(
             f"{shapes or 'none'}); expected q/k/v (D, C) or packed (3D, C), proj (C, D), "
             "fc1 (H, C), fc2 (C, H); pass --map ROLE=NAME if the block has them"
         )
-    best = max(c.score for c in scored)
-    tied = [c for c in scored if c.score >= best - 1e-9]
-    keys = {(c.form, tuple(c.names().items())) for c in tied}
-    if len(keys) > 4:  # more readings than the comparison should try
-        listed = "; ".join(", ".join(f"{r}={n}" for r, n in c.names().items()) for c in tied[:3])
+    best = max(score for score, _ in scored)
+    tied = [c for score, c in scored if score >= best - 1e-9]
+    if len({tuple(_names(c).items()) for c in tied}) > 4:  # more than the comparison should try
+        listed = "; ".join(", ".join(f"{r}={n}" for r, n in _names(c).items()) for c in tied[:3])
         raise Unmapped(f"the linear layers fit {len(tied)} ways equally well ({listed}, ...)")
     return tied
 

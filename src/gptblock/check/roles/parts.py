@@ -219,22 +219,17 @@ def discover(module: nn.Module) -> list[Part]:
             continue
         own = dict(m.named_parameters(recurse=False))
         full = {k: f"{name}.{k}" if name else k for k in own}
+        held, at = tuple(full.values()), len(parts)
         if isinstance(m, nn.MultiheadAttention):
             params = tuple(f"{name}.{n}" if name else n for n, _ in m.named_parameters())
-            parts.append(Part(name, "mha", len(parts), m, params))
-            inside.append(name)
+            parts.append(Part(name, "mha", at, m, params))
         elif _is_norm(m, own):
-            width = _norm_width(m, own)
-            parts.append(Part(name, "norm", len(parts), m, tuple(full.values()), width=width))
-            inside.append(name)
+            parts.append(Part(name, "norm", at, m, held, width=_norm_width(m, own)))
         elif "weight" in own and own["weight"].dim() == 2 and set(own) <= {"weight", "bias"}:
-            if isinstance(m, nn.Embedding):
-                continue
-            shape = _linear_shape(m, own["weight"], own.get("bias"))
-            if shape is not None:
-                parts.append(Part(name, "linear", len(parts), m, tuple(full.values()), shape))
-                inside.append(name)
-        else:
+            embedding = isinstance(m, nn.Embedding)
+            shape = None if embedding else _linear_shape(m, own["weight"], own.get("bias"))
+            parts += [Part(name, "linear", at, m, held, shape)] if shape else []
+        else:  # bare matrices: parts of their own, the module none
             for pname, p in own.items():
                 if p.dim() != 2:
                     continue
@@ -244,6 +239,8 @@ def discover(module: nn.Module) -> list[Part]:
                 g = Given(full[pname], None, "out_in", full[pname])
                 read = Matrix("", p, own[b] if b else None, g)
                 parts.append(Part(full[pname], "matrix", len(parts), read, names, shape))
+        if len(parts) > at and parts[at].module is m:
+            inside.append(name)
     return parts
 
 

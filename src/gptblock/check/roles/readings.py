@@ -101,7 +101,7 @@ def read_parts(
     called = observe(module, kept, lambda: subject(x))
     mapped = map_roles(module, C, kept, called, fixed, subject.T)
     if not isinstance(mapped, MappedBlock):
-        return f"{why}; by the module tree: {mapped.reason}" if why else mapped.reason
+        return f"{why}; by the module tree: {mapped}" if why else str(mapped)
     if why:
         notes.append(
             f"the forward pass did not show the roles ({why}): found by shapes and order instead"
@@ -117,18 +117,15 @@ def suggest_map(module: nn.Module, C: int) -> str:
     place = {n: i for i, n in enumerate(named)}
     per_head = [n for n, p in named.items() if p.dim() == 3]
     biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
-    # (registration order of its weight, what --map names: the part or the 3-D parameter, the weight)
-    matrices = [(place[n], n, n) for n in per_head] + [
-        (place[p.params[0]], p.name, p.params[0])
-        for p in parts
-        if p.kind in ("linear", "matrix") and p.params[0] not in biases
-    ]
-    matrices.sort()
+    # (what --map names: the part or the 3-D parameter, its weight), by the weight's registration
+    linear = [(p.name, p.params[0]) for p in parts if p.kind in ("linear", "matrix")]
+    matrices = [(n, n) for n in per_head] + [m for m in linear if m[1] not in biases]
+    matrices.sort(key=lambda m: place[m[1]])
     order = next((FORMS[f] for f in ("packed", "separate") if len(FORMS[f]) == len(matrices)), ())
     norms = [p.name for p in parts if p.kind == "norm"]
     for laid in (False, True) if order else ():
         roles = dict(zip(ROLES[:2], norms, strict=False))
-        for role, (_, name, weight) in zip(order, matrices, strict=True):
+        for role, (name, weight) in zip(order, matrices, strict=True):
             roles.update(_given(role, C, name, weight, tuple(named[weight].shape), laid))
         try:
             kept, fixed = fix_roles(parts, *check_claims(module, C, parts, roles))
