@@ -15,14 +15,14 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, rms
-from .dataflow import _cores, _scores
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, affine, rms
+from .dataflow import Core, cores
 from .modern_read import Linear, ModernRead, Turn
 from .trace import Op, Trace
 from .weights import rescaled
 
 __all__ = [
-    "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "lin", "measured",
+    "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "measured",
     "mlp_of", "norm_of", "unmodelled",
 ]  # fmt: skip
 
@@ -127,10 +127,6 @@ class MlpRead:
     gated: bool = False
 
 
-def lin(h: Tensor, w: Linear) -> Tensor:
-    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
-
-
 def mlp_of(read: ModernRead) -> MlpRead | None:
     """The form or catalogued mistake that reproduces the MLP's traced hidden values; a first
     layer of 2H rows may be gate and up, in halves or interleaved."""
@@ -138,11 +134,10 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     if len(read.mlp) == 3:
         names = [", ".join(read.roles[r].params) for r in ("fc1", "fc3")]
         return _gated_of(h, target, width, read.mlp[:2], names)
-    w = read.mlp[0]
-    a = lin(h, w)
+    w, first = read.mlp[0], affine(*read.mlp[0])
     for name, act in DENSE.items():
-        if close(act(a), target):
-            hidden = lambda h, act=act: act(lin(h, w))  # noqa: E731
+        if close(act(first(h)), target):
+            hidden = lambda h, act=act: act(first(h))  # noqa: E731
             return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (w,), name)
     if w[0].shape[0] != 2 * width:
         return None
@@ -154,7 +149,8 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
 ) -> MlpRead | None:  # names: the parameters of m, "" where packed
-    u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
+    f = [affine(*w) for w in m]
+    u = [layer(h) for layer in f]  # the two first-layer outputs, (B, T, H) each
     said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
@@ -167,12 +163,13 @@ def _gated_of(
                         "instead of act(gate(x)) * up(x)"
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
-                g, p = m[gate], m[up]
-                hidden = lambda h, g=g, p=p, act=act: act(lin(h, g)) * lin(h, p)  # noqa: E731
-                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (g, p), name, True)
+                g, p = f[gate], f[up]
+                hidden = lambda h, g=g, p=p, act=act: act(g(h)) * p(h)  # noqa: E731
+                layers = m[gate], m[up]
+                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, layers, name, True)
     for label, form in _WRONG.items():
         if close(form(u[0], u[1]), target):
-            paired = lambda h, form=form: form(lin(h, m[0]), lin(h, m[1]))  # noqa: E731
+            paired = lambda h, form=form: form(f[0](h), f[1](h))  # noqa: E731
             return MlpRead(f"gated d_ff={width}", paired, {"swiglu_silu": label})
     return None
 
@@ -193,18 +190,16 @@ MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not
 def attention_scope(trace: Trace) -> list[str]:
     found: list[str] = []
     try:
-        for core in _cores(trace):
-            found += [p for p in _in_core(trace, core.y) if p not in found]
+        for core in cores(trace):
+            found += [p for p in _in_core(trace, core) if p not in found]
     except CAUGHT:  # the checker's own limit: nothing found
         return []
     return found
 
 
-def _in_core(trace: Trace, y: int) -> list[str]:
-    made = cast(Op, trace.producer(y))  # a core's product: a fused one, or A @ v
-    fused = "scaled_dot_product" in made.name
-    A = None if fused else next(n for n in made.inputs if trace.nodes[n].data)
-    scores, path = _scores(trace, A) if A is not None else None, []  # and the ops to A from it
+def _in_core(trace: Trace, core: Core) -> list[str]:
+    made, A, scores = cast(Op, trace.producer(core.y)), core.A, core.scores  # fused, or A @ v
+    path: list[Op] = []  # the ops from the scores to A
     if A is not None and scores is not None:
         inside, behind = set(scores.outputs), trace.ancestors(A)
         for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
@@ -225,7 +220,7 @@ def _in_core(trace: Trace, y: int) -> list[str]:
 
 def unmodelled(read: ModernRead) -> list[str]:
     trace, (q_out, proj_out, down_out) = read.trace, read.ends
-    found = _in_core(trace, read.core.y) + [
+    found = _in_core(trace, read.core) + [
         f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)

@@ -22,7 +22,7 @@ from .provenance import Traced, snap, trace
 from .readings import Readings
 
 __all__ = [
-    "KEY", "LESSON", "MODERN", "NORM_KINDS", "QK", "NotPlain", "Received", "from_plain",
+    "KEY", "LESSON", "MODERN", "NORM_KINDS", "QK", "NotPlain", "Received", "decode",
     "norm_function", "receive", "send", "to_plain", "unpack_modern", "unpack_readings",
 ]  # fmt: skip
 
@@ -306,10 +306,6 @@ def decode(
             _tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in ("weight", "bias")[: 1 + biased]
         ]
     return Received(C, widths["D"], roles, norms)
-
-
-def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    return decode(meta, tensors, key, C, LESSON).parts()
 
 
 def unpack_readings(
