@@ -5,8 +5,8 @@ import torch.nn as nn
 
 from gptblock import lesson
 from gptblock.check.roles.dataflow import layout
-from gptblock.check.roles.modern_parts import norm_of
-from gptblock.check.roles.plain import LESSON, decode, norm_function, to_plain
+from gptblock.check.roles.modern_parts import norm_function, norm_of
+from gptblock.check.roles.plain import LESSON, decode, to_plain
 from gptblock.check.roles.provenance import choose, nearest, snap, sorted_values, trace, unread
 from gptblock.check.roles.trace import record
 from gptblock.check.roles.weights import read_trace

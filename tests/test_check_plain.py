@@ -14,7 +14,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock.check.mistakes.steps import Parts, affine
-from gptblock.check.roles.plain import LESSON, NotPlain, _norm, decode, norm_function, to_plain
+from gptblock.check.roles.modern_parts import norm_function
+from gptblock.check.roles.plain import LESSON, NotPlain, _norm, decode, to_plain
 from gptblock.check.roles.provenance import choose, trace, unread
 from gptblock.check.serve import frames
 from gptblock.check.serve.frames import Reader, send
