@@ -311,8 +311,7 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
     moved = [reach(trace, core.y, forward=True) for core in attention]  # (nodes, weight products)
     ops = {found[0].index: found[0] for _, found in moved if found}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
-    shapes = {n: trace.nodes[n].shape for n in common}
-    flat = [n for n, shape in shapes.items() if len(shape) == 3 and layout(shape, B, T)]
+    flat = [n for n in common if len(s := trace.nodes[n].shape) == 3 and layout(s, B, T)]
     if not all(found for _, found in moved) and flat:  # no projection: the heads join the stream
         roles["proj"] = Role(min(flat), [min(flat)], [])
     elif not all(found for _, found in moved) or len(ops) != 1:

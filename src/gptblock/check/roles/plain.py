@@ -264,11 +264,10 @@ def unpack_readings(
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
-    rest = [i for i in kept if i not in main]
-    described = [shown[i] for i in main + rest].__getitem__
-    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in rest))
-    readings = Readings(*kept_parts, heads, x.to(torch.float64), described)
-    return readings, [read[i] for i in main + rest]
+    order = main + [i for i in kept if i not in main]
+    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in order[len(main) :]))
+    readings = Readings(*kept_parts, heads, x.double(), [shown[i] for i in order].__getitem__)
+    return readings, [read[i] for i in order]
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
