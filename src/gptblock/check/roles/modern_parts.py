@@ -130,7 +130,6 @@ def norm_of(
     except CAUGHT:
         return NormRead("layer" if centred else "unknown", f, params=params)
     odd = torch.where(odd.abs() <= 1e-9 * float(fz.abs().max()), 0.0, odd)
-
     fits: list[tuple[float, NormRead]] = []
     for kind in kinds:  # each kind's first eps that fits, with the gain read at it
         bias = odd if kind in NORM_KINDS and (kind != "rms" or odd.any()) else None
