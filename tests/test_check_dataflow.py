@@ -5,8 +5,8 @@ import torch.nn as nn
 
 from gptblock import lesson
 from gptblock.check.roles.dataflow import layout
-from gptblock.check.roles.modern_parts import norm_of
-from gptblock.check.roles.plain import from_plain, norm_function, to_plain
+from gptblock.check.roles.modern_parts import norm_function, norm_of
+from gptblock.check.roles.plain import LESSON, decode, to_plain
 from gptblock.check.roles.provenance import choose, nearest, snap, sorted_values, trace, unread
 from gptblock.check.roles.trace import record
 from gptblock.check.roles.weights import read_trace
@@ -43,11 +43,11 @@ def test_norm_function_layer_is_layer_norm():
     assert torch.allclose(ours, torch.nn.functional.layer_norm(h, (C,)), atol=1e-12)
 
 
-def test_from_plain_rebuilds_to_plain():
+def test_decode_rebuilds_to_plain():
     block = lesson.Block(8, 2, 8, dropout=0.0).double().eval()
     x = torch.randn(5, 7, 8, dtype=torch.float64)
     meta, tensors = to_plain(read_trace(record(block, x), x).parts, x, "0")
-    parts = from_plain(meta, tensors, "0", 8)
+    parts = decode(meta, tensors, "0", 8, LESSON).parts()
     assert (meta["ln1"]["kind"], parts.D, torch.allclose(parts.ln1(x), block.ln1(x))) == (
         "layer",
         8,

@@ -54,7 +54,7 @@ def test_each_norm_form_is_told_apart_with_its_eps(form):
 
 def test_a_layernorm_is_not_an_rmsnorm():
     ln = torch.nn.LayerNorm(16).double()
-    assert norm_of(ln, torch.zeros(5, 7, 16, dtype=torch.float64)).form == "layernorm"
+    assert norm_of(ln, torch.zeros(5, 7, 16, dtype=torch.float64)).form == "layer"
 
 
 MODERN_FORMS = [

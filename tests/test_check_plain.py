@@ -14,7 +14,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock.check.mistakes.steps import Parts, affine
-from gptblock.check.roles.plain import NotPlain, _norm, from_plain, norm_function, to_plain
+from gptblock.check.roles.modern_parts import norm_function
+from gptblock.check.roles.plain import LESSON, NotPlain, _norm, decode, to_plain
 from gptblock.check.roles.provenance import choose, trace, unread
 from gptblock.check.serve import frames
 from gptblock.check.serve.frames import Reader, send
@@ -89,7 +90,7 @@ def test_numbers_come_back_as_the_same_parts():
     parts, w = _lesson_parts()
     x = _randn(5, 7, C)
     meta, tensors = to_plain(parts, x, "0")
-    back = from_plain(meta, tensors, "0", C)
+    back = decode(meta, tensors, "0", C, LESSON).parts()
     assert torch.allclose(tensors["0.q.weight"], w["q"][0], atol=1e-13)
     assert torch.allclose(back.proj(x), parts.proj(x), atol=1e-12)
     assert torch.allclose(back.ln2(x), parts.ln2(x), atol=1e-12)
@@ -109,7 +110,7 @@ def test_numbers_that_do_not_fit_the_width_are_refused(edit, why):
     meta, tensors = to_plain(_lesson_parts()[0], _randn(5, 7, C), "0")
     edit(meta, tensors)
     with pytest.raises(NotPlain, match=why):
-        from_plain(meta, tensors, "0", C)
+        decode(meta, tensors, "0", C, LESSON).parts()
 
 
 def test_only_the_values_the_checker_chose_pass_as_weights():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any, cast
 
 import torch
@@ -16,8 +15,8 @@ import torch
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
-from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, parallel, run_steps
-from ..roles.modern_parts import lin, measured, mlp_of, norm_of, unmodelled
+from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, parallel, run_steps
+from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..serve.loop import CACHE_APIS
@@ -38,8 +37,8 @@ def _error(y: Tensor, y_ref: Tensor) -> float:  # 0 where neither is defined (th
 
 def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
     """The smallest sets of changes that reproduce the merged heads (else how far), the parts."""
-    (D, C), proj = read.q[0].shape, partial(lin, w=read.proj)
-    qkv = lambda h: (lin(h, read.q), lin(h, read.k), lin(h, read.v))  # noqa: E731
+    wq, wk, wv, proj = (affine(*w) for w in (read.q, read.k, read.v, read.proj))
+    (D, C), qkv = read.q[0].shape, lambda h: (wq(h), wk(h), wv(h))
     parts = Parts(C, D, qkv, proj, proj, proj, None, None)
     h, ctx = read.rows("q"), read.rows("proj")
     q, k, _ = parts.qkv(h)
@@ -129,7 +128,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
             "catalogued mistake of it"
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
-    fc2, ln1, ln2 = partial(lin, w=read.mlp[-1]), norms[0].function, norms[1].function
+    fc2, ln1, ln2 = affine(*read.mlp[-1]), norms[0].function, norms[1].function
     parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2)
     steps = compose(a.deviations)
     wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's

@@ -13,7 +13,8 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "Core", "Role", "Unread", "find_roles", "layout", "static_names", "to_weight", "weight_input",
+    "Core", "Role", "Unread", "as_rows", "cores", "find_roles", "layout", "static_names",
+    "to_weight", "weight_input",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -50,6 +51,20 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
     if B * T in shape:  # positions flattened b-major, (nh, B * T, hs): the axis twice
         return shape.index(B * T), shape.index(B * T)
     return None
+
+
+def as_rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
+    """A node's value as rows (B * T, F), b-major; with ``shape``, such rows back to it."""
+    axes = layout(shape or tuple(value.shape), B, T, strict=False)
+    if axes is None:
+        raise Unread(f"a tensor of shape {shape or tuple(value.shape)} is not laid out by position")
+    if not shape:
+        flat = value.movedim(axes[0], 0) if axes[0] == axes[1] else value.movedim(axes, (0, 1))
+        return flat.reshape(B * T, -1)
+    rest = [s for i, s in enumerate(shape) if i not in axes]
+    if axes[0] == axes[1]:  # (..., B * T, ...)
+        return value.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
+    return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
 def data(trace: Trace, op: Op) -> list[int]:
@@ -195,6 +210,8 @@ class Core:
     y: int
     groups: int  # G: the batch of the product, B * heads
     time: int  # the length attention runs along (T, or B when the block mixes them up)
+    A: int | None = None  # the softmax weights the product reads (None: a fused core)
+    scores: Op | None = None  # the product of q and k behind them
 
 
 @dataclass
@@ -206,12 +223,12 @@ class Role:
     turned: bool = False  # more than reshapes and scalar factors before the core (a rotation)
 
 
-def _cores(trace: Trace) -> list[Core]:
-    cores = []
+def cores(trace: Trace) -> list[Core]:
+    out, A, scores = [], None, None
     for op in trace.ops:
         moved = data(trace, op)
         if "scaled_dot_product" in op.name and len(moved) >= 3:
-            q, k, v = op.inputs[:3]
+            (q, k, v), A, scores = op.inputs[:3], None, None
             time = trace.nodes[q].shape[-2]
         elif op.name in ("bmm", "mm") and len(moved) == 2 and (found := _weighted(trace, moved)):
             A, v, flipped, scores = found
@@ -222,8 +239,8 @@ def _cores(trace: Trace) -> list[Core]:
         else:
             continue
         shape = trace.nodes[q].shape
-        cores.append(Core(q, k, v, op.outputs[0], math.prod(shape[:-2]), time))
-    return cores
+        out.append(Core(q, k, v, op.outputs[0], math.prod(shape[:-2]), time, A, scores))
+    return out
 
 
 def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | None:
@@ -270,12 +287,12 @@ def _scores(trace: Trace, A: int) -> Op | None:
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
     """The roles (q k v proj fc1 (fc3) fc2) and the head count; Unread where one is missing."""
-    cores = _cores(trace)
-    if not cores:
+    attention = cores(trace)
+    if not attention:
         raise Unread("no attention: no product of softmax weights with v in the forward pass")
     roles: dict[str, Role] = {}
     heads = 0
-    for core in cores:
+    for core in attention:
         batch = B if core.time == T else T
         if core.groups % batch:
             raise Unread(f"the attention's batch {core.groups} is not a multiple of {batch}")
@@ -291,11 +308,10 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
     if any(not torch.equal(trace.nodes[r.put].value, first) for r in roles.values()):
         raise Unread("q, k and v are computed from different tensors")
     used = {f[0].index for r in roles.values() for n in r.get if (f := to_weight(trace, n))}
-    moved = [reach(trace, core.y, forward=True) for core in cores]  # (nodes, weight products)
+    moved = [reach(trace, core.y, forward=True) for core in attention]  # (nodes, weight products)
     ops = {found[0].index: found[0] for _, found in moved if found}
     common = set.intersection(*(seen for seen, _ in moved))  # every core's output, merged
-    shapes = {n: trace.nodes[n].shape for n in common}
-    flat = [n for n, shape in shapes.items() if len(shape) == 3 and layout(shape, B, T)]
+    flat = [n for n in common if len(s := trace.nodes[n].shape) == 3 and layout(s, B, T)]
     if not all(found for _, found in moved) and flat:  # no projection: the heads join the stream
         roles["proj"] = Role(min(flat), [min(flat)], [])
     elif not all(found for _, found in moved) or len(ops) != 1:

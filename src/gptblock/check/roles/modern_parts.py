@@ -1,13 +1,15 @@
-"""What a modern block's parts compute, told from their traced values: ``norm_of``, ``mlp_of``,
-and ``unmodelled`` (the parts no reference models). docs/checker.md, "The modern block" ("Out of
-scope is not FAIL"). B batch, T time, C channels, H MLP width.
+"""What a modern block's parts compute, told from their traced values: ``norm_of`` (any block's
+norms: ``plain`` sends the lessons' so), ``mlp_of``, and ``unmodelled`` (the parts no reference
+models). docs/checker.md, "The modern block" ("Out of scope is not FAIL"). B batch, T time, C
+channels, H MLP width.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import torch
@@ -15,61 +17,98 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, rms
-from .dataflow import _cores, _scores
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
+from .dataflow import Core, cores
 from .modern_read import Linear, ModernRead, Turn
+from .provenance import snap
 from .trace import Op, Trace
 from .weights import rescaled
 
 __all__ = [
-    "DENSE", "GATED", "MlpRead", "NormRead", "attention_scope", "close", "lin", "measured",
-    "mlp_of", "norm_of", "unmodelled",
+    "DENSE", "GATED", "NORM_KINDS", "MlpRead", "NormRead", "attention_scope", "close", "measured",
+    "mlp_of", "norm_function", "norm_of", "unmodelled",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
+NORM_KINDS = ("layer", "unbiased", "std", "rms")  # the norms a block may send as numbers
 EPS = (1e-5, 1e-6, 1e-8, 1e-12, 2.0**-23, 2.0**-52, 1e-4, 1e-3, 1e-2, 0.0)
 """Llama's, ``F.rms_norm``'s, float32's and float64's eps..., in turn (then ``_solved``); where
 two fit, both do."""
 
 
-def _solved(t: Tensor, out: Tensor, gain: Tensor, bias: Tensor | None) -> tuple[float, ...]:
-    """The eps of a norm's output ``out`` on ``t`` (its 4 smallest rows), rounded and as solved:
-    ms(t) / (ms(t) + eps) = ms(out / gain), centred for a LayerNorm."""
+def norm_function(kind: str, weight: Tensor | float, bias: Tensor | None, eps: float) -> SubLayer:
+    """``std``: ``(h - mean) / (std + eps)``; ``unbiased``: with the unbiased variance; a key of
+    ``NORM_FORMS``: that form of RMSNorm (``steps.rms``)."""
+
+    def norm(h: Tensor) -> Tensor:
+        w = weight.to(h.dtype) if isinstance(weight, Tensor) else weight
+        b = 0.0 if bias is None else bias.to(h.dtype)
+        if kind not in ("layer", "unbiased", "std"):  # RMSNorm, or a form of it
+            return rms(h, w, eps, kind) + b
+        centred = h - h.mean(-1, keepdim=True)
+        if kind == "std":
+            return w * centred / (centred.std(-1, keepdim=True) + eps) + b
+        var = centred.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        if kind == "unbiased":
+            var = var * h.shape[-1] / (h.shape[-1] - 1)
+        return w * centred / torch.sqrt(var + eps) + b
+
+    return norm
+
+
+def _solved(
+    kind: str, t: Tensor, out: Tensor, gain: Tensor, bias: Tensor | None
+) -> tuple[float, ...]:
+    """The eps of a norm's output ``out`` on ``t`` (its 4 smallest rows), rounded and as solved
+    from its divisor d: ms(t) / d^2 = ms(out / gain), centred but for an RMSNorm."""
     r = (out if bias is None else out - bias) / gain
-    if bias is not None:
+    if kind != "rms":
         t, r = t - t.mean(-1, keepdim=True), r - r.mean(-1, keepdim=True)
     ms, ms_r = t.pow(2).mean(-1).flatten(), r.pow(2).mean(-1).flatten()
     rows = ms.argsort()[:4]
-    eps = float((ms[rows] * (1 / ms_r[rows] - 1)).median())
+    ms, d = ms[rows], (ms[rows] / ms_r[rows]).sqrt()  # d: the divisor at each row
+    k = t.shape[-1] / (t.shape[-1] - 1)  # the unbiased variance over the biased
+    eps = float(
+        {"std": d - (k * ms).sqrt(), "unbiased": d * d - k * ms}.get(kind, d * d - ms).median()
+    )
     return (float(f"{eps:.2g}"), eps) if 0 <= eps < 1 else ()
 
 
 CLOSE = 1e-5  # a part reproduces a traced value to this much of its scale (float32 inside: 1e-7)
 
 
+def _off(a: Tensor, b: Tensor) -> float:  # how far, relative to b; inf: not finite alike
+    return distance(a, b, 0.0) if torch.equal(torch.isfinite(a), torch.isfinite(b)) else math.inf
+
+
 def close(a: Tensor, b: Tensor, tol: float = CLOSE) -> bool:
-    return torch.equal(torch.isfinite(a), torch.isfinite(b)) and distance(a, b, 0.0) <= tol
+    return _off(a, b) <= tol
 
 
 @dataclass(frozen=True)
 class NormRead:
-    """A norm's form (``layernorm``, ``none``, ``unknown`` or a key of ``NORM_FORMS``)."""
+    """A norm's form: one of ``NORM_KINDS`` or ``NORM_FORMS``' keys, ``none`` or ``unknown``."""
 
     form: str
     function: Callable[[Tensor], Tensor]
     eps: float = 0.0
     params: tuple[str, ...] = field(default=())  # the parameters it reads, for shared_norm
-    gain: Tensor | None = None  # (C,): an RMS form's weight, or a LayerNorm's, as read
-    bias: Tensor | None = None  # (C,): a LayerNorm's bias, as read (None: not read)
+    gain: Tensor | None = None  # (C,): its weight, as read (None: not read)
+    bias: Tensor | None = None  # (C,): its bias, as read (None: not read, or an RMSNorm's none)
 
     def describe(self) -> str:
         if self.form in NORM_FORMS:
             return f"rmsnorm (eps {self.eps:.3g})" if self.form == "rms" else "rmsnorm (mistaken)"
-        return self.form
+        return "layernorm" if self.form == "layer" else self.form
 
 
-def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...] = ()) -> NormRead:
-    """The gain read on large inputs (eps does not matter), eps on inputs over 4 magnitudes."""
+def norm_of(
+    f: SubLayer, like: Tensor, params: tuple[str, ...] = (), known: Tensor | None = None,
+    kinds: tuple[str, ...] = ("layer", *NORM_FORMS),
+) -> NormRead:  # fmt: skip
+    """The gain read on large inputs (eps does not matter), eps on inputs over 4 magnitudes. Of
+    kinds that fit alike (``layer`` and ``unbiased``; any with eps 0), the first whose gain (or 1 +
+    it, Gemma's) is among ``known`` (the block's values, sorted), else the first."""
 
     def run(t: Tensor) -> Tensor:
         with torch.no_grad():
@@ -80,30 +119,43 @@ def norm_of(f: Callable[[Tensor], Tensor], like: Tensor, params: tuple[str, ...]
     big = 100.0 * (1.0 + torch.rand(shape, generator=g, dtype=torch.float64))  # all positive
     scales = 10.0 ** -torch.linspace(0, 4, shape[0] * shape[1], dtype=torch.float64)
     small = torch.randn(shape, generator=g, dtype=torch.float64) * scales.reshape(*shape[:2], 1)
-    C, form = shape[-1], "unknown"
+    centred = False
     try:
         fz = run(z)
         if close(fz, z, 1e-12):
             return NormRead("none", lambda h: h, params=params)
-        if close(run(z + 3.0), fz, 1e-6):  # a LayerNorm: it subtracts the mean first
-            form = "layernorm"
-            bias = run(torch.zeros_like(z)).flatten(0, -2).median(dim=0).values  # (C,): at 0
-            gain = ((run(big) - bias) / F.layer_norm(big, (C,))).flatten(0, -2).median(dim=0).values
+        centred = close(run(z + 3.0), fz, 1e-6)  # a LayerNorm: it subtracts the mean first
+        odd = _channels((fz + run(-z)) / 2)  # (C,): the bias of a norm odd but for it
         fb, outputs = run(big), [(t, run(t)) for t in (z, small)]
     except CAUGHT:
-        return NormRead(form, f, params=params)
-    if form == "layernorm":  # used as the block computes it; gain, bias and eps for plain.send
-        for eps in (*EPS, *_solved(*outputs[1], gain, bias)):
-            if all(close(out, F.layer_norm(t, (C,), gain, bias, eps)) for t, out in outputs):
-                return NormRead(form, f, eps, params, gain, bias)
-        return NormRead(form, f, params=params)
-    for form in NORM_FORMS:
-        gain = (fb / rms(big, 1.0, 0.0, form)).flatten(0, -2).median(dim=0).values  # (C,)
-        for eps in (*EPS, *(_solved(*outputs[1], gain, None) if form == "rms" else ())):
-            if all(close(out, rms(t, gain, eps, form)) for t, out in outputs):
-                same = lambda h, g=gain, e=eps, n=form: rms(h, g.to(h.dtype), e, n)  # noqa: E731
-                return NormRead(form, same, eps, params, gain)
-    return NormRead("unknown", f, params=params)
+        return NormRead("layer" if centred else "unknown", f, params=params)
+    odd = torch.where(odd.abs() <= 1e-9 * float(fz.abs().max()), 0.0, odd)
+    fits: list[tuple[float, NormRead]] = []
+    for kind in kinds:  # each kind's first eps that fits, with the gain read at it
+        bias = odd if kind in NORM_KINDS and (kind != "rms" or odd.any()) else None
+        moved = fb - (0.0 if bias is None else bias)
+        gain = _channels(moved / norm_function(kind, 1.0, None, 0.0)(big))
+        solved = _solved(kind, *outputs[1], gain, bias) if kind in NORM_KINDS else ()
+        for eps in (*EPS, *solved):
+            gain = _channels(moved / norm_function(kind, 1.0, None, eps)(big))
+            gain = torch.where((gain - 1.0).abs() <= 1e-6, 1.0, gain)  # 1s: no weight
+            same = norm_function(kind, gain, bias, eps)
+            if (error := max(_off(same(t), out) for t, out in outputs)) <= CLOSE:
+                same = f if kind == "layer" else same  # a LayerNorm as the block computes it
+                fits.append((error, NormRead(kind, same, eps, params, gain, bias)))
+                break
+    for error, n in fits if known is not None and len(known) else ():
+        gain, values = cast(Tensor, n.gain), cast(Tensor, known)
+        tol = max(1e-9, 10 * error) * float(gain.abs().max())  # the fit's own precision
+        for offset in (0.0, 1.0):  # a gain stored as such, or as 1 + it (Gemma's RMSNorm)
+            if (own := snap(gain - offset, values, tol)) is not None:
+                b = None if n.bias is None else snap(n.bias, values, tol)
+                return replace(n, gain=own[0] + offset, bias=n.bias if b is None else b[0])
+    return fits[0][1] if fits else NormRead("layer" if centred else "unknown", f, params=params)
+
+
+def _channels(t: Tensor) -> Tensor:  # (..., C) -> (C,): the median of each channel
+    return t.flatten(0, -2).median(dim=0).values
 
 
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
@@ -127,10 +179,6 @@ class MlpRead:
     gated: bool = False
 
 
-def lin(h: Tensor, w: Linear) -> Tensor:
-    return F.linear(h, w[0].to(h.dtype), w[1].to(h.dtype))
-
-
 def mlp_of(read: ModernRead) -> MlpRead | None:
     """The form or catalogued mistake that reproduces the MLP's traced hidden values; a first
     layer of 2H rows may be gate and up, in halves or interleaved."""
@@ -138,11 +186,10 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     if len(read.mlp) == 3:
         names = [", ".join(read.roles[r].params) for r in ("fc1", "fc3")]
         return _gated_of(h, target, width, read.mlp[:2], names)
-    w = read.mlp[0]
-    a = lin(h, w)
+    w, first = read.mlp[0], affine(*read.mlp[0])
     for name, act in DENSE.items():
-        if close(act(a), target):
-            hidden = lambda h, act=act: act(lin(h, w))  # noqa: E731
+        if close(act(first(h)), target):
+            hidden = lambda h, act=act: act(first(h))  # noqa: E731
             return MlpRead(f"dense {name} d_ff={width}", hidden, {}, (w,), name)
     if w[0].shape[0] != 2 * width:
         return None
@@ -154,7 +201,8 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
 def _gated_of(
     h: Tensor, target: Tensor, width: int, m: list[Linear], names: list[str]
 ) -> MlpRead | None:  # names: the parameters of m, "" where packed
-    u = [lin(h, w) for w in m]  # the two first-layer outputs, (B, T, H) each
+    f = [affine(*w) for w in m]
+    u = [layer(h) for layer in f]  # the two first-layer outputs, (B, T, H) each
     said = [set(re.split(r"[._]", name)) for name in names]
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
@@ -167,12 +215,13 @@ def _gated_of(
                         "instead of act(gate(x)) * up(x)"
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
-                g, p = m[gate], m[up]
-                hidden = lambda h, g=g, p=p, act=act: act(lin(h, g)) * lin(h, p)  # noqa: E731
-                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, (g, p), name, True)
+                g, p = f[gate], f[up]
+                hidden = lambda h, g=g, p=p, act=act: act(g(h)) * p(h)  # noqa: E731
+                layers = m[gate], m[up]
+                return MlpRead(f"{label} d_ff={width}", hidden, mistakes, layers, name, True)
     for label, form in _WRONG.items():
         if close(form(u[0], u[1]), target):
-            paired = lambda h, form=form: form(lin(h, m[0]), lin(h, m[1]))  # noqa: E731
+            paired = lambda h, form=form: form(f[0](h), f[1](h))  # noqa: E731
             return MlpRead(f"gated d_ff={width}", paired, {"swiglu_silu": label})
     return None
 
@@ -193,18 +242,16 @@ MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not
 def attention_scope(trace: Trace) -> list[str]:
     found: list[str] = []
     try:
-        for core in _cores(trace):
-            found += [p for p in _in_core(trace, core.y) if p not in found]
+        for core in cores(trace):
+            found += [p for p in _in_core(trace, core) if p not in found]
     except CAUGHT:  # the checker's own limit: nothing found
         return []
     return found
 
 
-def _in_core(trace: Trace, y: int) -> list[str]:
-    made = cast(Op, trace.producer(y))  # a core's product: a fused one, or A @ v
-    fused = "scaled_dot_product" in made.name
-    A = None if fused else next(n for n in made.inputs if trace.nodes[n].data)
-    scores, path = _scores(trace, A) if A is not None else None, []  # and the ops to A from it
+def _in_core(trace: Trace, core: Core) -> list[str]:
+    made, A, scores = cast(Op, trace.producer(core.y)), core.A, core.scores  # fused, or A @ v
+    path: list[Op] = []  # the ops from the scores to A
     if A is not None and scores is not None:
         inside, behind = set(scores.outputs), trace.ancestors(A)
         for op in trace.ops[scores.index + 1 : trace.nodes[A].op + 1]:
@@ -225,7 +272,7 @@ def _in_core(trace: Trace, y: int) -> list[str]:
 
 def unmodelled(read: ModernRead) -> list[str]:
     trace, (q_out, proj_out, down_out) = read.trace, read.ends
-    found = _in_core(trace, read.core.y) + [
+    found = _in_core(trace, read.core) + [
         f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)

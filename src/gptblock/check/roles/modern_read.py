@@ -15,9 +15,9 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope, rms
-from .dataflow import Core, Role, Unread, _cores, find_roles, static_names, to_weight
+from .dataflow import Core, Role, Unread, as_rows, cores, find_roles, static_names, to_weight
 from .trace import Trace, replay
-from .weights import _rows, find_norms, measure, order_norms
+from .weights import find_norms, measure, order_norms
 
 __all__ = ["THETAS", "ModernRead", "Source", "Turn", "measure_turn", "qk_gains", "read_modern", "ropes"]  # fmt: skip
 
@@ -137,7 +137,7 @@ class ModernRead:
         t = self.trace
         node = self.roles[what].put if what in self.roles else {"x": t.input, "y": t.output}[what]
         B, T = t.nodes[t.input].shape[:2]
-        return _rows(t.nodes[node].value, B, T).double().reshape(B, T, -1)
+        return as_rows(t.nodes[node].value, B, T).double().reshape(B, T, -1)
 
 
 @dataclass(frozen=True)
@@ -152,10 +152,10 @@ class Source:
 def read_modern(trace: Trace) -> ModernRead | None:
     """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
-    cores = _cores(trace)
-    if len(cores) != 1:
+    found = cores(trace)
+    if len(found) != 1:
         return None  # one core per head (or none): the lessons' reading
-    core = cores[0]
+    core = found[0]
     roles, nh = find_roles(trace, B, T)
     if roles["proj"].put == roles["proj"].get[0]:
         raise Unread("no output projection reads the attention's output")

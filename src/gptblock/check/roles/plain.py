@@ -6,7 +6,6 @@ back here (``decode``, ``unpack_readings``, ``unpack_modern``). docs/checker.md,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,19 +15,18 @@ import torch
 from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
 from ..serve.subject import Probed
-from .modern_parts import DENSE, GATED, MlpRead, NormRead
+from .modern_parts import DENSE, GATED, NORM_KINDS, MlpRead, NormRead, norm_function, norm_of
 from .modern_read import Linear, ModernRead
-from .provenance import Traced, snap, trace
+from .provenance import Traced, trace
 from .readings import Readings
 
 __all__ = [
-    "KEY", "LESSON", "MODERN", "NORM_KINDS", "QK", "NotPlain", "Received", "from_plain",
-    "norm_function", "receive", "send", "to_plain", "unpack_modern", "unpack_readings",
+    "KEY", "LESSON", "MODERN", "QK", "NotPlain", "Received", "decode", "receive", "send",
+    "to_plain", "unpack_modern", "unpack_readings",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
 Roles = dict[str, tuple[Tensor | None, ...]]  # role -> (weight, bias), or (gain,), to send
-NORM_KINDS = ("layer", "unbiased", "std", "rms")
 FIT = 1e-5  # a fitted sub-layer must reproduce the block's to this, relative (float32 ~1e-6)
 KEY = "0"  # the key of the one part ``send`` writes
 MAX_WIDTH = 1 << 16  # D, K and H at most this: a claim of more is not a block's
@@ -43,118 +41,45 @@ class NotPlain(ValueError):
     """A sub-layer that cannot be read into numbers, or numbers that do not fit."""
 
 
-def norm_function(kind: str, weight: Tensor, bias: Tensor | None, eps: float) -> SubLayer:
-    """``std``: ``(h - mean) / (std + eps)``; ``unbiased``: with the unbiased variance."""
-    if kind not in NORM_KINDS:
-        raise NotPlain(f"unknown norm kind {kind!r}; expected one of {NORM_KINDS}")
-
-    def norm(h: Tensor) -> Tensor:
-        w, b = weight.to(h.dtype), 0.0 if bias is None else bias.to(h.dtype)
-        if kind == "rms":
-            return w * h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) + b
-        centred = h - h.mean(-1, keepdim=True)
-        if kind == "std":
-            return w * centred / (centred.std(-1, keepdim=True) + eps) + b
-        var = centred.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
-        if kind == "unbiased":
-            var = var * h.shape[-1] / (h.shape[-1] - 1)
-        return w * centred / torch.sqrt(var + eps) + b
-
-    return norm
-
-
-def _rows_through(f: Callable[[Tensor], Any], rows: Tensor, like: Tensor) -> list[Tensor]:
-    B, T = like.shape[0], like.shape[1]
-    chunks: list[list[Tensor]] = []  # each chunk's outputs
-    for start in range(0, rows.shape[0], B * T):
-        chunk = rows[start : start + B * T]
-        padded = torch.zeros(B * T, rows.shape[1], dtype=like.dtype, device=like.device)
-        padded[: chunk.shape[0]] = chunk
-        with torch.no_grad():
-            got = f(padded.reshape(B, T, -1))  # (B, T, F) -> (B, T, out), or a tuple of them
-        got = got if isinstance(got, tuple) else (got,)
-        chunks.append([g.reshape(B * T, -1)[: chunk.shape[0]].to(torch.float64).cpu() for g in got])
-    return [torch.cat(o) for o in zip(*chunks, strict=True)]
-
-
-def _check_fit(name: str, ours: Tensor, theirs: Tensor) -> float:
-    scale = float(theirs.abs().max()) + 1e-30
-    error = float((ours - theirs).abs().max()) / scale
-    if not error <= FIT:
-        raise NotPlain(f"{name} is not what its numbers say (off by {error:.1e} of its scale)")
-    return error
-
-
 def _linear(name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor) -> list[Linear]:
+    """Each of ``f``'s outputs as a weight and bias: ``f`` run on zeros, the basis vectors and
+    random rows, checked on the random rows, B * T rows at a time as (B, T, in)."""
+    B, T = like.shape[0], like.shape[1]
     g = torch.Generator().manual_seed(7)
-    probe = torch.randn(like.shape[0] * like.shape[1], n_in, generator=g, dtype=torch.float64)
+    probe = torch.randn(B * T, n_in, generator=g, dtype=torch.float64)
     basis = torch.cat([torch.zeros(1, n_in, dtype=torch.float64), torch.eye(n_in).double()])
     rows = torch.cat([basis, probe]).to(like.dtype)  # (1 + in + BT, in)
+    chunks: list[list[Tensor]] = []  # each chunk's outputs
+    for start in range(0, rows.shape[0], B * T):
+        chunk = torch.zeros(B * T, n_in, dtype=like.dtype, device=like.device)
+        chunk[: len(rows) - start] = rows[start : start + B * T]  # the last one padded
+        with torch.no_grad():
+            got = f(chunk.reshape(B, T, -1))  # (B, T, in) -> (B, T, out), or a tuple of them
+        got = got if isinstance(got, tuple) else (got,)
+        chunks.append([o.reshape(B * T, -1).to(torch.float64).cpu() for o in got])
     read: list[Linear] = []
-    for out in _rows_through(f, rows, like):
-        bias = out[0]
+    for out in (torch.cat(o)[: len(rows)] for o in zip(*chunks, strict=True)):
+        bias, theirs = out[0], out[1 + n_in :]
         weight = (out[1 : 1 + n_in] - bias).T.contiguous()  # (out, in)
-        _check_fit(name, probe @ weight.T + bias, out[1 + n_in :])
+        error = float((probe @ weight.T + bias - theirs).abs().max() / (theirs.abs().max() + 1e-30))
+        if not error <= FIT:
+            raise NotPlain(f"{name} is not what its numbers say (off by {error:.1e} of its scale)")
         read.append((weight, bias.contiguous()))
     return read
 
 
 def _norm(
     name: str, f: SubLayer, like: Tensor, known: Tensor | None
-) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """Of two kinds that fit (``layer`` and ``unbiased`` do alike), the one whose gain is known."""
-    C = like.shape[-1]
-    if C < 2:
-        raise NotPlain(f"{name}: a norm over {C} channel cannot be read")
-    # u: mean 0, mean square 1, entries about +-1 (dividing by them loses no precision)
-    plus, minus, a = C // 2, C - C // 2, 1e-2
-    u = torch.cat([torch.full((plus,), 1.0 / plus), torch.full((minus,), -1.0 / minus)]).double()
-    u = u[torch.randperm(C, generator=torch.Generator().manual_seed(5))]
-    u = u / u.pow(2).mean().sqrt()
-    g = torch.Generator().manual_seed(6)
-    probe = torch.randn(like.shape[0] * like.shape[1], C, generator=g, dtype=torch.float64)
-    probe = probe * torch.rand(probe.shape[0], 1, generator=g, dtype=torch.float64) * 3 + 0.5
-    rows = torch.cat([torch.stack([u, -u, a * u, -a * u]), probe]).to(like.dtype)
-    (out,) = _rows_through(f, rows, like)
-    bias = (out[0] + out[1]) / 2
-    bias = torch.where(bias.abs() <= 1e-9 * (float(out[0].abs().max()) + 1e-300), 0.0, bias)
-    g1, ga = (out[0] - out[1]) / (2 * u), (out[2] - out[3]) / (2 * a * u)  # w / d(1), w / d(a)
-    live = ga.abs() > 1e-12 * (ga.abs().max() + 1e-300)
-    if not live.any():
-        raise NotPlain(f"{name} does not depend on its input")
-    r = float((g1[live] / ga[live]).median())  # d(a) / d(1), the denominators at scales a, 1
-    k = math.sqrt(C / (C - 1))  # the unbiased std of u
-    eps = (a * a - r * r) / (r * r - 1)  # d(s) = sqrt(s^2 + eps)
-    eps_std = k * (a - r) / (r - 1)  # d(s) = s * k + eps
-    kinds = {  # each kind's (eps, d(1))
-        "layer": (eps, math.sqrt(1 + eps)),
-        "rms": (eps, math.sqrt(1 + eps)),
-        "unbiased": (eps * k * k, math.sqrt(k * k + eps * k * k)),
-        "std": (eps_std, k + eps_std),
-    }
-    fitting = []
-    for kind, (eps, d1) in kinds.items():
-        eps = 0.0 if abs(eps) < 1e-12 else eps
-        if not (math.isfinite(eps) and 0.0 <= eps < 1.0):
-            continue
-        weight = _ones(g1 * d1, 1e-6).contiguous()
-        try:
-            error = _check_fit(name, norm_function(kind, weight, bias, eps)(probe), out[4:])
-        except NotPlain:
-            continue
-        fitting.append((error, ({"kind": kind, "eps": eps}, weight, bias.contiguous())))
-    if not fitting:
+) -> tuple[dict[str, Any], Tensor, Tensor | None]:
+    """``norm_of``'s reading of one of ``NORM_KINDS``, in the kind whose gain is known."""
+    if like.shape[-1] < 2:
+        raise NotPlain(f"{name}: a norm over {like.shape[-1]} channel cannot be read")
+    n = norm_of(f, like, known=known, kinds=NORM_KINDS)
+    if n.gain is None:
         raise NotPlain(f"{name} computes none of the norms {', '.join(NORM_KINDS)} (to {FIT:g})")
-    fitting.sort(key=lambda f: f[0])  # the closest first
-    if known is not None and len(known):  # the kind whose gain is the block's, exactly
-        for error, (meta, weight, b) in fitting:
-            tol = max(1e-9, 10 * error) * float(weight.abs().max())  # the fit's own precision
-            for offset in (0.0, 1.0):  # a gain stored as such, or as 1 + it (Gemma's RMSNorm)
-                own = snap(weight - offset, known, tol)
-                if own is not None:
-                    snapped = snap(b, known, tol)
-                    return meta, own[0] + offset, b if snapped is None else snapped[0]
-    return fitting[0][1]
+    if not bool(n.gain.any()):
+        raise NotPlain(f"{name} does not depend on its input")
+    return {"kind": n.form, "eps": n.eps}, n.gain.contiguous(), n.bias
 
 
 def to_plain(
@@ -185,8 +110,8 @@ def send(
     """None where no standard form says it; ``mlp0``: the gate (or the dense first layer)."""
     if (
         post or mlp.activation is None
-        or any(n.form not in ("rms", "layernorm") or n.gain is None for n in norms)
-        or any(n.form == "layernorm" and n.bias is None for n in norms)
+        or any(n.form not in ("rms", "layer") or n.gain is None for n in norms)
+        or any(n.form == "layer" and n.bias is None for n in norms)
         or (rope is not None and rope.table != rope.pairing)
         or (read.rotated and rope is None)  # turned by something the forms do not name
     ):  # fmt: skip
@@ -203,10 +128,10 @@ def send(
     # GPT-J's one norm read by both branches: sent once, as ln1 with no ln2 (the same values
     # twice would be read as one parameter read for two roles)
     for i, n in enumerate(norms[:1] if read.parallel and _same(*norms) else norms):
-        meta[f"ln{i + 1}"] = {"kind": "layer" if n.form == "layernorm" else "rms", "eps": n.eps}
-        roles[f"ln{i + 1}"] = (None if n.gain is None else _ones(n.gain, 1e-9), n.bias)
+        meta[f"ln{i + 1}"] = {"kind": n.form, "eps": n.eps}
+        roles[f"ln{i + 1}"] = (n.gain, n.bias)  # gains of 1 read as exactly 1 (``norm_of``)
     if qk_norm is not None:
-        roles.update({"lnq": (_ones(qk_norm[0], 1e-9),), "lnk": (_ones(qk_norm[1], 1e-9),)})
+        roles.update({"lnq": (_ones(qk_norm[0]),), "lnk": (_ones(qk_norm[1]),)})
     return meta, _tensors(KEY, roles)
 
 
@@ -219,9 +144,9 @@ def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
     }
 
 
-def _ones(t: Tensor, tol: float) -> Tensor:
-    """Entries within ``tol`` of 1 as exactly 1: the checker takes exact 1s as no weight."""
-    return torch.where((t - 1.0).abs() <= tol, torch.ones_like(t), t)
+def _ones(t: Tensor) -> Tensor:
+    """Entries within 1e-9 of 1 as exactly 1: the checker takes exact 1s as no weight."""
+    return torch.where((t - 1.0).abs() <= 1e-9, torch.ones_like(t), t)
 
 
 def _same(a: NormRead, b: NormRead) -> bool:
@@ -308,10 +233,6 @@ def decode(
     return Received(C, widths["D"], roles, norms)
 
 
-def from_plain(meta: object, tensors: Mapping[str, Tensor], key: str, C: int) -> Parts:
-    return decode(meta, tensors, key, C, LESSON).parts()
-
-
 def unpack_readings(
     meta: dict[str, Any],
     tensors: dict[str, Tensor],
@@ -343,11 +264,10 @@ def unpack_readings(
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
-    rest = [i for i in kept if i not in main]
-    described = [shown[i] for i in main + rest].__getitem__
-    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in rest))
-    readings = Readings(*kept_parts, heads, x.to(torch.float64), described)
-    return readings, [read[i] for i in main + rest]
+    order = main + [i for i in kept if i not in main]
+    kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in order[len(main) :]))
+    readings = Readings(*kept_parts, heads, x.double(), [shown[i] for i in order].__getitem__)
+    return readings, [read[i] for i in order]
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:

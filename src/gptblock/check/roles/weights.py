@@ -13,7 +13,7 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
-from .dataflow import Role, Unread, find_roles, layout, static_names, weight_input
+from .dataflow import Role, Unread, as_rows, find_roles, layout, static_names, weight_input
 from .parts import glob
 from .trace import LEAF, Trace, replay, rerun
 
@@ -41,20 +41,6 @@ class Reading:
             f"shapes; every weight reproduces its sub-layer's traced output to {self.error:.0e}"
             f"{one})"
         )
-
-
-def _rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tensor:
-    """A node's value as rows (B * T, F), b-major; with ``shape``, such rows back to it."""
-    axes = layout(shape or tuple(value.shape), B, T, strict=False)
-    if axes is None:
-        raise Unread(f"a tensor of shape {shape or tuple(value.shape)} is not laid out by position")
-    if not shape:
-        flat = value.movedim(axes[0], 0) if axes[0] == axes[1] else value.movedim(axes, (0, 1))
-        return flat.reshape(B * T, -1)
-    rest = [s for i, s in enumerate(shape) if i not in axes]
-    if axes[0] == axes[1]:  # (..., B * T, ...)
-        return value.reshape(B * T, *rest).movedim(0, axes[0]).contiguous()
-    return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
 NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
@@ -171,7 +157,7 @@ def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm
 def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     BT = B * T
     like = {r.put: trace.nodes[r.put].value for r in roles.values()}
-    width = {n: _rows(v, B, T).shape[1] for n, v in like.items()}
+    width = {n: as_rows(v, B, T).shape[1] for n, v in like.items()}
     gets = [g for r in roles.values() for g in r.get]
 
     def run(r: int) -> dict[int, Tensor]:  # r < 0: zeros; else row p is channel r * BT + p's 1
@@ -180,7 +166,7 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
             rows = torch.zeros(BT, width[n], dtype=v.dtype, device=v.device)
             at = torch.arange(max(0, min(BT, width[n] - r * BT)) if r >= 0 else 0, device=v.device)
             rows[at, r * BT + at] = 1.0
-            put[n] = _rows(rows, B, T, tuple(v.shape))
+            put[n] = as_rows(rows, B, T, tuple(v.shape))
         return rerun(trace, put, gets)
 
     zero, runs = run(-1), [run(r) for r in range(math.ceil(max(width.values()) / BT))]
@@ -188,13 +174,13 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
     for name, role in roles.items():
 
         def rows(values: dict[int, Tensor], role: Role = role) -> Tensor:
-            out = torch.cat([_rows(values[g], B, T).double() for g in role.get], dim=1)
+            out = torch.cat([as_rows(values[g], B, T).double() for g in role.get], dim=1)
             return out / role.factor
 
         z = rows(zero)
         weight = torch.cat([rows(r) - z for r in runs])[: width[role.put]].T.contiguous()
         values = {g: trace.nodes[g].value for g in role.get}
-        x, y = _rows(like[role.put], B, T).double(), rows(values)
+        x, y = as_rows(like[role.put], B, T).double(), rows(values)
         low = min((v.dtype for v in (like[role.put], *values.values())), key=lambda d: d.itemsize)
         finite = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)  # (B * T,)
         if finite.double().mean() < 0.5:  # a mask that blocks whole rows leaves some NaN
