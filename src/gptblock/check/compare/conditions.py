@@ -163,7 +163,7 @@ def _mismatch(
 
 
 def confirm(
-    subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
+    subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, ...],
     fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
     notes: list[str],
 ) -> Finding | None:  # fmt: skip

@@ -18,7 +18,7 @@ from ...blocks.rotary import cos_sin, pair_views
 
 __all__ = [
     "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "Deviation", "MissingPart",
-    "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
+    "Parts", "Rope", "Steps", "SubLayer", "Wiring", "affine", "attention", "parallel",
     "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
 
@@ -163,21 +163,12 @@ CORRECT = Steps(
 )
 
 
-Way = tuple[str, tuple[tuple[str, Any], ...]]
-
-
-def way(label: str, **changes: Any) -> Way:
-    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5) and ``{value}`` (the
-    way's scale; ``Deviation.describe`` fills them in)."""
-    return label, tuple(changes.items())
-
-
 @dataclass(frozen=True)
 class Deviation:
     """One concrete way to make a catalogued mistake: the ``Steps`` fields it replaces. One
     ``group`` changes one step, so a variant uses at most one deviation of it."""
 
-    mistake: str
+    mistake: str  # the catalogue id, set by its entry (``catalogue.DEVIATIONS``)
     group: str
     label: str
     changes: tuple[tuple[str, Any], ...]
@@ -189,6 +180,19 @@ class Deviation:
         hs = C // n_head if hs is None else hs
         value = dict(self.changes).get("scale", lambda C, hs: None)(C, hs)
         return self.label.format(C=C, hs=hs, nh=n_head, right=hs**-0.5, value=value)
+
+
+# The group of a deviation that changes this field of ``Steps`` (else the field's name): the
+# mask is two fields, which of the mask deviations change only one of.
+_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
+           "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
+
+
+def way(label: str, **change: Any) -> Deviation:
+    """A catalogue entry's way: ``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}``
+    (hs**-0.5) and ``{value}`` (the way's scale; ``Deviation.describe`` fills them in)."""
+    field = next(iter(change))
+    return Deviation("", _GROUPS.get(field, field), label, tuple(change.items()))
 
 
 def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
