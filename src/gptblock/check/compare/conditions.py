@@ -16,6 +16,7 @@ from ..serve.subject import Probed
 __all__ = ["Condition", "conditions", "confirm", "input_gradient_error"]
 
 Tensor = torch.Tensor
+Reference = Callable[[Tensor], Tensor]  # (B, T, C) -> (B, T, C), float64
 # The float32 calls' tolerance, of the update's scale: correct blocks stay below ~5e-5; a
 # float32-only path is off by percents, ``E[x^2] - E[x]^2`` at a mean of 300 by ~1e-2.
 FLOAT32_TOLERANCE = 1e-3
@@ -65,9 +66,8 @@ def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
 
 
 def input_gradient_error(
-    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
-    dtype: torch.dtype | None = None,
-) -> float:  # fmt: skip
+    subject: Probed, reference: Reference, fresh: torch.Generator, dtype: torch.dtype | None = None
+) -> float:
     """How far the block's gradient of ``sum(y * w)`` by a fresh (T, T, C) input, for a fresh
     ``w``, is from ``reference``'s (float64), of its scale; ``inf`` when the block gives none."""
     dtype = dtype or subject.dtype
@@ -89,9 +89,7 @@ def _off(message: str) -> Finding:
     return Finding("reference comparison", False, message)
 
 
-def _error(
-    subject: Probed, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
-) -> float | str:
+def _error(subject: Probed, reference: Reference, c: Condition, x: Tensor) -> float | str:
     """How far the block's update is from the reference's at ``x``, of its scale, or the
     exception it raised (another dtype is the shape probe's: the values are compared here)."""
     try:
@@ -132,8 +130,8 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
-    held: list[Condition], off: list[tuple[Condition, float]],
+    subject: Probed, reference: Reference, fresh: torch.Generator, held: list[Condition],
+    off: list[tuple[Condition, float]],
 ) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart; for a length or a batch size, the
     largest that holds (bisected)."""
@@ -163,9 +161,8 @@ def _mismatch(
 
 
 def confirm(
-    subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, ...],
-    fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
-    notes: list[str],
+    subject: Probed, reference: Reference, first: tuple[int, ...], fresh: torch.Generator,
+    backward: bool, what: str, whose: str, learner: bool, notes: list[str],
 ) -> Finding | None:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block on
     fresh inputs or, for ``whose`` block, in its input gradient and, with ``learner``, where a

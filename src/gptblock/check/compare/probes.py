@@ -4,7 +4,7 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -164,18 +164,16 @@ def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
     float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there)."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
-    got = s.grads(x, w)
-    if not got.failed and got.names and s.dtype != torch.float32:
-        again = s.grads(x.float(), w.float())
-        if again.failed:
-            got = replace(again, message=f"in float32 ({again.message})")
+    got, where = s.grads(x, w), ""
+    float32 = not got.failed and got.names and s.dtype != torch.float32
+    if float32 and (again := s.grads(x.float(), w.float())).failed:
+        got, where = again, " in float32"
     if not got.names:
         return ProbeResult(True, "the block has no trainable parameters")
     if got.failed == "forward":
-        msg = f"the forward pass fails with autograd on: an in-place change ({got.message})"
+        msg = f"the forward pass fails{where} with autograd on: an in-place change ({got.message})"
         return ProbeResult(False, msg, "inplace")
     if got.failed:
-        where = " in float32" if got.message.startswith("in float32") else ""
         msg = f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
         msg += "a tensor autograd had saved for it"
         return ProbeResult(False, msg, "inplace")

@@ -55,9 +55,8 @@ class Compared:
     """What the comparison with a reference (the modern one or the lessons') concluded."""
 
     finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
-    mistakes: list[str] = field(default_factory=list)
     alternatives: list[list[str]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # each mistake found: what it does
     traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
     verify: str = ""  # the --map that would read the weights, when they could not be
 
@@ -103,7 +102,7 @@ def decide(
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
     details = {**implied, **done.details, "unused_parameters": unused}
-    diagnosis = _diagnose(["unused_parameters"] if unused else done.mistakes, implied)
+    diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
     alternatives = [a for o in done.alternatives if (a := _diagnose(o, implied)) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
     compared = done.finding is not None
@@ -158,7 +157,7 @@ def _compared(
         notes.extend(modern.notes)
         finding = modern.finding  # (None: no details, no alternatives)
         if finding is None or not finding.passed or finding.label == "FOUND":
-            return Compared(finding, list(modern.details), modern.alternatives, modern.details)
+            return Compared(finding, modern.alternatives, modern.details)
         progress.stage("confirming the modern comparison on fresh inputs")
         sent = dict(zip(("parts", "tensors"), modern.parts or (), strict=False))
         received = unpack_modern(sent, subject.C, subject.dtype, chosen)
@@ -229,8 +228,7 @@ def _compared(
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
-    ties = [m.mistakes for m in result.alternatives]
-    return Compared(finding, match.mistakes, ties, details, traced)
+    return Compared(finding, [m.mistakes for m in result.alternatives], details, traced)
 
 
 def _finding(result: Explanation) -> Finding:
@@ -246,9 +244,8 @@ def _finding(result: Explanation) -> Finding:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg)
     msg = f"matches the lessons' block only with {match.describe()}: {within}"
-    if result.alternatives:
-        others = "; ".join(m.describe() for m in result.alternatives)
-        msg += f" (equally small and also matching: {others})"
+    others = "; ".join(m.describe() for m in result.alternatives)
+    msg += f" (equally small and also matching: {others})" if others else ""
     return Finding(name, True, msg, "FOUND")
 
 
