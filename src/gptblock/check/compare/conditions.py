@@ -5,7 +5,7 @@ order the block cannot foresee. docs/checker.md, "Where a learner runs it", says
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -29,8 +29,7 @@ UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the comm
 MEAN = 300.0
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(NamedTuple):
     """One call: a (B, T) input in ``dtype``, in train mode or eval, with a large mean or not."""
 
     B: int
@@ -47,6 +46,16 @@ class Condition:
     @property
     def tolerance(self) -> float:
         return FLOAT32_TOLERANCE if self.dtype == torch.float32 else TOLERANCE
+
+    def input(self, C: int, fresh: torch.Generator) -> Tensor:
+        """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
+        position for ``mean``."""
+        scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
+        x = torch.randn(self.B, self.T, C, generator=fresh, dtype=torch.float64) * scale
+        if self.mean:
+            sign = torch.randint(0, 2, (self.B, self.T, 1), generator=fresh, dtype=torch.float64)
+            x = x + MEAN * (sign * 2 - 1)
+        return x.to(self.dtype)
 
 
 def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
@@ -103,17 +112,6 @@ def _error(subject: Probed, reference: Reference, c: Condition, x: Tensor) -> fl
     return distance(theirs - x64, ours - x64) if theirs.shape == ours.shape else float("inf")
 
 
-def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
-    """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
-    position for ``c.mean``."""
-    scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
-    x = torch.randn(c.B, c.T, C, generator=fresh, dtype=torch.float64) * scale
-    if c.mean:
-        sign = torch.randint(0, 2, (c.B, c.T, 1), generator=fresh, dtype=torch.float64) * 2 - 1
-        x = x + MEAN * sign
-    return x.to(c.dtype)
-
-
 def _random(subject: Probed, x: Tensor) -> bool:
     try:
         with subject.own_rng():
@@ -151,8 +149,8 @@ def _mismatch(
             lo, hi = fine, getattr(first, what)
             while hi - lo > 1:  # lo holds, hi does not
                 mid = (lo + hi) // 2
-                at = replace(first, **{what: mid})
-                e = _error(subject, reference, at, _input(at, subject.C, fresh))
+                at = first._replace(**{what: mid})
+                e = _error(subject, reference, at, at.input(subject.C, fresh))
                 lo, hi = (mid, hi) if isinstance(e, float) and e <= at.tolerance else (lo, mid)
             return f"equal for {what} <= {lo}, {by}"
     return (
@@ -198,7 +196,7 @@ def confirm(
     held: list[Condition] = []
     note = ""
     for c in conditions(subject, fresh):
-        x = _input(c, subject.C, fresh)
+        x = c.input(subject.C, fresh)
         got = _error(subject, reference, c, x)
         if isinstance(got, str):
             return _off(
