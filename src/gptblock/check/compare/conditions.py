@@ -128,11 +128,13 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Probed, reference: Reference, fresh: torch.Generator, held: list[Condition],
-    off: list[tuple[Condition, float]],
+    subject: Probed, reference: Reference, fresh: torch.Generator,
+    measured: list[tuple[Condition, float]],
 ) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart; for a length or a batch size, the
     largest that holds (bisected)."""
+    held = [c for c, e in measured if e <= c.tolerance]
+    off = [(c, e) for c, e in measured if not e <= c.tolerance]
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
     by = f"off by {_size(error)} at {worst.describe()}"
     bad = [c for c, _ in off]
@@ -192,8 +194,7 @@ def confirm(
             return _off(said)
     if not learner:
         return None
-    off: list[tuple[Condition, float]] = []
-    held: list[Condition] = []
+    measured: list[tuple[Condition, float]] = []  # (condition, error of the update's scale)
     note = ""
     for c in conditions(subject, fresh):
         x = c.input(subject.C, fresh)
@@ -202,15 +203,13 @@ def confirm(
             return _off(
                 f"equal under the checker's conditions, but the block {got} at {c.describe()}"
             )
-        if got <= c.tolerance:
-            held.append(c)
-        elif c.train and _random(subject, x):
+        if not got <= c.tolerance and c.train and _random(subject, x):
             note = ("train mode not compared: the block's train-mode outputs are random even "
                     "with every dropout off")  # fmt: skip
         else:
-            off.append((c, got))
-    if off:
-        return _off(_mismatch(subject, reference, fresh, held, off))
+            measured.append((c, got))
+    if not all(e <= c.tolerance for c, e in measured):
+        return _off(_mismatch(subject, reference, fresh, measured))
     if backward and subject.dtype == torch.float64:
         error = input_gradient_error(subject, reference, fresh, torch.float32)
         if not error <= FLOAT32_GRADIENT_TOLERANCE:

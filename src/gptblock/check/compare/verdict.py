@@ -184,10 +184,9 @@ def _compared(
     unpacked = unpack_readings(*subject.read(roles), subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
-        if again:
-            return Compared(None)
-        progress.stage("suggesting a --map")
-        return Compared(None, verify=subject.suggest())
+        if not again:
+            progress.stage("suggesting a --map")
+        return Compared(None, verify="" if again else subject.suggest())
     readings, read = unpacked
     progress.stage("the reference comparison")
     try:

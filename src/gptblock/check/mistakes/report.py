@@ -134,9 +134,8 @@ class CheckReport:
             )
         out.append("</table>")
         for d in self.diagnosis:
-            out.append(f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>")
-            out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(self, d) if v]
-            out.append("</ul>")
+            items = [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(self, d) if v]
+            out += [f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>", *items, "</ul>"]
         if self.alternatives:
             out.append(f"<p>unsure: explained equally well by {escape(_others(self))}</p>")
         out += [f"<p><small>note: {escape(n)}</small></p>" for n in self.notes]
