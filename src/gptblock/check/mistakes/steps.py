@@ -255,8 +255,7 @@ def attention(
         q = rope.apply(q, positions)
         k = rope.apply(k, positions) if "k" in steps.rotated else k
         v = rope.apply(v, positions) if "v" in steps.rotated else v
-    groups = n_head // n_kv
-    k, v = repeat_heads(k, groups, steps.kv_order), repeat_heads(v, groups, steps.kv_order)
+    k, v = (repeat_heads(t, n_head // n_kv, steps.kv_order) for t in (k, v))  # (B, nh, T, hs)
     scores = (q @ k.transpose(-2, -1)) * steps.scale(C or n_head * hs, hs)  # (B, nh, T, T)
     wei = steps.masking(scores, steps.blocked(T, q.device), steps.softmax_dim)
     return steps.merge(wei @ v)  # (B, nh, T, hs) -> (B, T, D)
