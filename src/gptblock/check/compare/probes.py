@@ -4,7 +4,7 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -17,8 +17,7 @@ RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
 
 
-@dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(NamedTuple):
     """One probe's outcome, the catalogued mistake its failure proves, and whether to stop."""
 
     passed: bool

@@ -108,16 +108,16 @@ class Rope:
         r = self.dim
         at = torch.arange(x.shape[-2]) if positions is None else positions
         cos, sin = cos_sin(at.to(x.device), r, self.theta, x.dtype)  # (T, r/2): angle i of pair i
-        halves = self.table == "halves"  # (T, r): angle i at i and i + r/2, else at 2i and 2i + 1
-        cos, sin = (
-            torch.cat((t, t), -1) if halves else t.repeat_interleave(2, -1) for t in (cos, sin)
-        )
+        # (T, r): angle i at i and i + r/2 (a "halves" table), else at 2i and 2i + 1
+        cos, sin = (_laid(t, t, self.table) for t in (cos, sin))
         a, b = pair_views(x, r, self.pairing)  # (..., r/2) each
-        if self.pairing == "halves":
-            turned = torch.cat((-b, a), dim=-1)  # (..., r): rotate_half
-        else:
-            turned = torch.stack((-b, a), dim=-1).flatten(-2)  # (..., r): (-b_i, a_i) per pair
+        turned = _laid(-b, a, self.pairing)  # (..., r): rotate_half, or (-b_i, a_i) per pair
         return torch.cat((x[..., :r] * cos + turned * (self.sign * sin), x[..., r:]), dim=-1)
+
+
+def _laid(a: Tensor, b: Tensor, pairing: str) -> Tensor:
+    """(..., n) twice -> (..., 2n): ``a`` then ``b`` ("halves"), else pair i (a_i, b_i)."""
+    return torch.cat((a, b), -1) if pairing == "halves" else torch.stack((a, b), -1).flatten(-2)
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
