@@ -200,9 +200,8 @@ def confirm(
         x = c.input(subject.C, fresh)
         got = _error(subject, reference, c, x)
         if isinstance(got, str):
-            return _off(
-                f"equal under the checker's conditions, but the block {got} at {c.describe()}"
-            )
+            said = f"equal under the checker's conditions, but the block {got} at {c.describe()}"
+            return _off(said)
         if not got <= c.tolerance and c.train and _random(subject, x):
             note = ("train mode not compared: the block's train-mode outputs are random even "
                     "with every dropout off")  # fmt: skip

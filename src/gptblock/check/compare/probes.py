@@ -126,9 +126,8 @@ def residual(s: Probed) -> ProbeResult:
     y, y2 = s(x), s(x + d)
     ok = torch.isfinite(y).all(dim=-1) & torch.isfinite(y2).all(dim=-1)  # (B, T)
     if not ok.any():
-        return ProbeResult(
-            False, f"not measured: the outputs are not finite for inputs of size {_size(S)}"
-        )
+        msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
+        return ProbeResult(False, msg)
     r = float((y2 - y - d)[ok].norm() / d[ok].norm())
     change = f"a change d to a size-{_size(S)} input"
     if r <= RESIDUAL_LIMIT:
