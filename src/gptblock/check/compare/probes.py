@@ -39,7 +39,6 @@ def listed(names: list[str], limit: int = 4) -> str:
 def shape(s: Probed) -> ProbeResult:
     """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
-    results = []
     for B in (T, T + 1):
         x = s.input(B, T, C)
         try:
@@ -62,8 +61,7 @@ def shape(s: Probed) -> ProbeResult:
         if y.dtype != x.dtype:
             msg = f"a {dtypes[0]} input gave a {dtypes[1]} output, expected {dtypes[0]}"
             return ProbeResult(False, msg, "dtype_device")
-        results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
-    return ProbeResult(True, " and ".join(results))
+    return ProbeResult(True, " and ".join(f"{(B, T, C)} -> {(B, T, C)}" for B in (T, T + 1)))
 
 
 def determinism(s: Probed) -> ProbeResult:
