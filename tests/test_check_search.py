@@ -225,7 +225,7 @@ def test_smallest_stops_at_the_first_size_and_tries_each_set_of_mistakes_once():
 def test_each_mistake_has_one_home_in_the_catalogue():
     # every deviation is a way of its own mistake's entry, grouped by the one step it changes,
     # and what an entry explains is another catalogued mistake
-    ways = [(m.id, label) for m in MISTAKES.values() for label, _ in m.ways]
+    ways = [(m.id, d.label) for m in MISTAKES.values() for d in m.ways]
     assert [(d.mistake, d.label) for d in DEVIATIONS] == ways
     assert all(len(d.changes) == 1 for d in DEVIATIONS)
     groups = {d.group for d in LESSONS}

@@ -5,7 +5,7 @@ order the block cannot foresee. docs/checker.md, "Where a learner runs it", says
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -16,6 +16,7 @@ from ..serve.subject import Probed
 __all__ = ["Condition", "conditions", "confirm", "input_gradient_error"]
 
 Tensor = torch.Tensor
+Reference = Callable[[Tensor], Tensor]  # (B, T, C) -> (B, T, C), float64
 # The float32 calls' tolerance, of the update's scale: correct blocks stay below ~5e-5; a
 # float32-only path is off by percents, ``E[x^2] - E[x]^2`` at a mean of 300 by ~1e-2.
 FLOAT32_TOLERANCE = 1e-3
@@ -28,8 +29,7 @@ UNKNOWN_T = 16  # the longest when nothing says the block's block_size (the comm
 MEAN = 300.0
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(NamedTuple):
     """One call: a (B, T) input in ``dtype``, in train mode or eval, with a large mean or not."""
 
     B: int
@@ -46,6 +46,16 @@ class Condition:
     @property
     def tolerance(self) -> float:
         return FLOAT32_TOLERANCE if self.dtype == torch.float32 else TOLERANCE
+
+    def input(self, C: int, fresh: torch.Generator) -> Tensor:
+        """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
+        position for ``mean``."""
+        scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
+        x = torch.randn(self.B, self.T, C, generator=fresh, dtype=torch.float64) * scale
+        if self.mean:
+            sign = torch.randint(0, 2, (self.B, self.T, 1), generator=fresh, dtype=torch.float64)
+            x = x + MEAN * (sign * 2 - 1)
+        return x.to(self.dtype)
 
 
 def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
@@ -65,9 +75,8 @@ def conditions(subject: Probed, fresh: torch.Generator) -> list[Condition]:
 
 
 def input_gradient_error(
-    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
-    dtype: torch.dtype | None = None,
-) -> float:  # fmt: skip
+    subject: Probed, reference: Reference, fresh: torch.Generator, dtype: torch.dtype | None = None
+) -> float:
     """How far the block's gradient of ``sum(y * w)`` by a fresh (T, T, C) input, for a fresh
     ``w``, is from ``reference``'s (float64), of its scale; ``inf`` when the block gives none."""
     dtype = dtype or subject.dtype
@@ -89,9 +98,7 @@ def _off(message: str) -> Finding:
     return Finding("reference comparison", False, message)
 
 
-def _error(
-    subject: Probed, reference: Callable[[Tensor], Tensor], c: Condition, x: Tensor
-) -> float | str:
+def _error(subject: Probed, reference: Reference, c: Condition, x: Tensor) -> float | str:
     """How far the block's update is from the reference's at ``x``, of its scale, or the
     exception it raised (another dtype is the shape probe's: the values are compared here)."""
     try:
@@ -103,17 +110,6 @@ def _error(
     with torch.no_grad():
         ours = reference(x64)
     return distance(theirs - x64, ours - x64) if theirs.shape == ours.shape else float("inf")
-
-
-def _input(c: Condition, C: int, fresh: torch.Generator) -> Tensor:
-    """A fresh (B, T, C) input of a random scale in [0.5, 2], with a mean of +-MEAN per
-    position for ``c.mean``."""
-    scale = 0.5 + 1.5 * float(torch.rand((), generator=fresh, dtype=torch.float64))
-    x = torch.randn(c.B, c.T, C, generator=fresh, dtype=torch.float64) * scale
-    if c.mean:
-        sign = torch.randint(0, 2, (c.B, c.T, 1), generator=fresh, dtype=torch.float64) * 2 - 1
-        x = x + MEAN * sign
-    return x.to(c.dtype)
 
 
 def _random(subject: Probed, x: Tensor) -> bool:
@@ -132,11 +128,13 @@ def _size(error: float) -> str:
 
 
 def _mismatch(
-    subject: Probed, reference: Callable[[Tensor], Tensor], fresh: torch.Generator,
-    held: list[Condition], off: list[tuple[Condition, float]],
+    subject: Probed, reference: Reference, fresh: torch.Generator,
+    measured: list[tuple[Condition, float]],
 ) -> str:  # fmt: skip
     """What sets the conditions the block is off in apart; for a length or a batch size, the
     largest that holds (bisected)."""
+    held = [c for c, e in measured if e <= c.tolerance]
+    off = [(c, e) for c, e in measured if not e <= c.tolerance]
     worst, error = max(off, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
     by = f"off by {_size(error)} at {worst.describe()}"
     bad = [c for c, _ in off]
@@ -153,8 +151,8 @@ def _mismatch(
             lo, hi = fine, getattr(first, what)
             while hi - lo > 1:  # lo holds, hi does not
                 mid = (lo + hi) // 2
-                at = replace(first, **{what: mid})
-                e = _error(subject, reference, at, _input(at, subject.C, fresh))
+                at = first._replace(**{what: mid})
+                e = _error(subject, reference, at, at.input(subject.C, fresh))
                 lo, hi = (mid, hi) if isinstance(e, float) and e <= at.tolerance else (lo, mid)
             return f"equal for {what} <= {lo}, {by}"
     return (
@@ -163,9 +161,8 @@ def _mismatch(
 
 
 def confirm(
-    subject: Probed, reference: Callable[[Tensor], Tensor], first: tuple[int, int],
-    fresh: torch.Generator, backward: bool, what: str, whose: str, learner: bool,
-    notes: list[str],
+    subject: Probed, reference: Reference, first: tuple[int, ...], fresh: torch.Generator,
+    backward: bool, what: str, whose: str, learner: bool, notes: list[str],
 ) -> Finding | None:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block on
     fresh inputs or, for ``whose`` block, in its input gradient and, with ``learner``, where a
@@ -197,25 +194,21 @@ def confirm(
             return _off(said)
     if not learner:
         return None
-    off: list[tuple[Condition, float]] = []
-    held: list[Condition] = []
+    measured: list[tuple[Condition, float]] = []  # (condition, error of the update's scale)
     note = ""
     for c in conditions(subject, fresh):
-        x = _input(c, subject.C, fresh)
+        x = c.input(subject.C, fresh)
         got = _error(subject, reference, c, x)
         if isinstance(got, str):
-            return _off(
-                f"equal under the checker's conditions, but the block {got} at {c.describe()}"
-            )
-        if got <= c.tolerance:
-            held.append(c)
-        elif c.train and _random(subject, x):
+            said = f"equal under the checker's conditions, but the block {got} at {c.describe()}"
+            return _off(said)
+        if not got <= c.tolerance and c.train and _random(subject, x):
             note = ("train mode not compared: the block's train-mode outputs are random even "
                     "with every dropout off")  # fmt: skip
         else:
-            off.append((c, got))
-    if off:
-        return _off(_mismatch(subject, reference, fresh, held, off))
+            measured.append((c, got))
+    if not all(e <= c.tolerance for c, e in measured):
+        return _off(_mismatch(subject, reference, fresh, measured))
     if backward and subject.dtype == torch.float64:
         error = input_gradient_error(subject, reference, fresh, torch.float32)
         if not error <= FLOAT32_GRADIENT_TOLERANCE:

@@ -4,7 +4,7 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -17,8 +17,7 @@ RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
 
 
-@dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(NamedTuple):
     """One probe's outcome, the catalogued mistake its failure proves, and whether to stop."""
 
     passed: bool
@@ -40,7 +39,6 @@ def listed(names: list[str], limit: int = 4) -> str:
 def shape(s: Probed) -> ProbeResult:
     """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
-    results = []
     for B in (T, T + 1):
         x = s.input(B, T, C)
         try:
@@ -63,8 +61,7 @@ def shape(s: Probed) -> ProbeResult:
         if y.dtype != x.dtype:
             msg = f"a {dtypes[0]} input gave a {dtypes[1]} output, expected {dtypes[0]}"
             return ProbeResult(False, msg, "dtype_device")
-        results.append(f"{tuple(x.shape)} -> {tuple(y.shape)}")
-    return ProbeResult(True, " and ".join(results))
+    return ProbeResult(True, " and ".join(f"{(B, T, C)} -> {(B, T, C)}" for B in (T, T + 1)))
 
 
 def determinism(s: Probed) -> ProbeResult:
@@ -127,9 +124,8 @@ def residual(s: Probed) -> ProbeResult:
     y, y2 = s(x), s(x + d)
     ok = torch.isfinite(y).all(dim=-1) & torch.isfinite(y2).all(dim=-1)  # (B, T)
     if not ok.any():
-        return ProbeResult(
-            False, f"not measured: the outputs are not finite for inputs of size {_size(S)}"
-        )
+        msg = f"not measured: the outputs are not finite for inputs of size {_size(S)}"
+        return ProbeResult(False, msg)
     r = float((y2 - y - d)[ok].norm() / d[ok].norm())
     change = f"a change d to a size-{_size(S)} input"
     if r <= RESIDUAL_LIMIT:
@@ -164,18 +160,16 @@ def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
     float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there)."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
-    got = s.grads(x, w)
-    if not got.failed and got.names and s.dtype != torch.float32:
-        again = s.grads(x.float(), w.float())
-        if again.failed:
-            got = replace(again, message=f"in float32 ({again.message})")
+    got, where = s.grads(x, w), ""
+    float32 = not got.failed and got.names and s.dtype != torch.float32
+    if float32 and (again := s.grads(x.float(), w.float())).failed:
+        got, where = again, " in float32"
     if not got.names:
         return ProbeResult(True, "the block has no trainable parameters")
     if got.failed == "forward":
-        msg = f"the forward pass fails with autograd on: an in-place change ({got.message})"
+        msg = f"the forward pass fails{where} with autograd on: an in-place change ({got.message})"
         return ProbeResult(False, msg, "inplace")
     if got.failed:
-        where = " in float32" if got.message.startswith("in float32") else ""
         msg = f"the backward pass fails{where}: an in-place operation (such as x += ...) changed "
         msg += "a tensor autograd had saved for it"
         return ProbeResult(False, msg, "inplace")

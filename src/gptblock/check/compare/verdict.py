@@ -55,9 +55,8 @@ class Compared:
     """What the comparison with a reference (the modern one or the lessons') concluded."""
 
     finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
-    mistakes: list[str] = field(default_factory=list)
     alternatives: list[list[str]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # each mistake found: what it does
     traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
     verify: str = ""  # the --map that would read the weights, when they could not be
 
@@ -100,14 +99,11 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
-    details = {**implied, **done.details}
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
-    if unused:  # a PASS whose parameters do not all act
-        findings.append(Finding("parameters", False, unused))
-        details["unused_parameters"] = unused
-    found = ["unused_parameters"] if unused else done.mistakes
-    diagnosis = _diagnose(found, list(implied))
-    alternatives = [a for o in done.alternatives if (a := _diagnose(o, list(implied))) != diagnosis]
+    findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
+    details = {**implied, **done.details, "unused_parameters": unused}
+    diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
+    alternatives = [a for o in done.alternatives if (a := _diagnose(o, implied)) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
     compared = done.finding is not None
     return CheckReport(
@@ -161,7 +157,7 @@ def _compared(
         notes.extend(modern.notes)
         finding = modern.finding  # (None: no details, no alternatives)
         if finding is None or not finding.passed or finding.label == "FOUND":
-            return Compared(finding, list(modern.details), modern.alternatives, modern.details)
+            return Compared(finding, modern.alternatives, modern.details)
         progress.stage("confirming the modern comparison on fresh inputs")
         sent = dict(zip(("parts", "tensors"), modern.parts or (), strict=False))
         received = unpack_modern(sent, subject.C, subject.dtype, chosen)
@@ -176,10 +172,11 @@ def _compared(
             said = f"the parts sent cannot be run as a block ({one_line(e)})"
         if subject.trusted:
             return Compared(finding)
-        note = "the modern block's comparison, read from the traces the block's process sent, is "
-        note += f"not confirmed outside it ({said}): not verified (check_in_process, for code you "
-        note += "trust, gives its verdict)"
-        notes.append(note)
+        notes.append(
+            "the modern block's comparison, read from the traces the block's process sent, is not "
+            f"confirmed outside it ({said}): not verified (check_in_process, for code you trust, "
+            "gives its verdict)"
+        )
         return Compared(None)
     if dropout:
         notes.append(f"compared with every dropout of the block {dropout}")
@@ -187,12 +184,10 @@ def _compared(
     unpacked = unpack_readings(*subject.read(roles), subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
-        if again:
-            return Compared(None)
-        progress.stage("suggesting a --map")
-        return Compared(None, verify=subject.suggest())
+        if not again:
+            progress.stage("suggesting a --map")
+        return Compared(None, verify="" if again else subject.suggest())
     readings, read = unpacked
-    scope = modern  # a part no reference models: out of scope, not FAIL
     progress.stage("the reference comparison")
     try:
         x = readings.x.to(subject.device)
@@ -207,14 +202,12 @@ def _compared(
         reading = first + match.reading if match else 0
         finding = _finding(result)
         if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
-            scope = []
             progress.stage("confirming the comparison on fresh inputs and conditions")
             parts = [*readings.readings, *readings.fallback][reading]
             steps, full = compose(match.deviations), not match.deviations
             activation = CANDIDATE_ACTIVATIONS[match.activation]
             reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
-            B, T, _ = readings.x.shape
-            held = confirm(subject, reference, (B, T), fresh, backward, match.describe(),
+            held = confirm(subject, reference, x.shape[:2], fresh, backward, match.describe(),
                            "lessons" if full else "", full and not again, notes)  # fmt: skip
             if held is not None:
                 finding, match = held, None
@@ -223,9 +216,9 @@ def _compared(
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
         return Compared(None)
     notes.append(readings.describe(reading))
-    if scope:
+    if modern and result.match is None:  # a part no reference models: out of scope, not FAIL
         notes.append(
-            f"not compared, as the references do not model it: {'; '.join(scope)} "
+            f"not compared, as the references do not model it: {'; '.join(modern)} "
             f"(the lessons' block: {finding.message})"
         )
         return Compared(None)
@@ -234,8 +227,7 @@ def _compared(
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
-    ties = [m.mistakes for m in result.alternatives]
-    return Compared(finding, match.mistakes, ties, details, traced)
+    return Compared(finding, [m.mistakes for m in result.alternatives], details, traced)
 
 
 def _finding(result: Explanation) -> Finding:
@@ -251,14 +243,13 @@ def _finding(result: Explanation) -> Finding:
         msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg)
     msg = f"matches the lessons' block only with {match.describe()}: {within}"
-    if result.alternatives:
-        others = "; ".join(m.describe() for m in result.alternatives)
-        msg += f" (equally small and also matching: {others})"
+    others = "; ".join(m.describe() for m in result.alternatives)
+    msg += f" (equally small and also matching: {others})" if others else ""
     return Finding(name, True, msg, "FOUND")
 
 
-def _diagnose(found: list[str], implied: list[str]) -> list[str]:
+def _diagnose(found: list[str], implied: Mapping[str, str]) -> list[str]:
     """The mistakes found, plus those the probes prove that no diagnosed mistake explains
     (``Mistake.explains``), in catalogue order."""
-    explained = {e for m in found + implied for e in MISTAKES[m].explains} - set(found)
+    explained = {e for m in [*found, *implied] for e in MISTAKES[m].explains} - set(found)
     return [m for m in MISTAKES if m in found or (m in implied and m not in explained)]

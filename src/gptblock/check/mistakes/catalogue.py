@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 import torch
 import torch.nn.functional as F
 
-from .steps import CORRECT, Deviation, Steps, Way, way
+from .steps import CORRECT, Deviation, Steps, way
 
 __all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "variants"]
 
@@ -28,7 +28,7 @@ class Mistake:
     fix: str  # what to change
     lesson: str  # the lesson's line it deviates from, quoted for a learner to compare with
     explains: tuple[str, ...] = ()  # probe failures it causes, then not diagnosed apart
-    ways: tuple[Way, ...] = ()  # none: a probe proves it, or the modern comparison finds it
+    ways: tuple[Deviation, ...] = ()  # none: a probe proves it, or the modern comparison finds it
     forms: tuple[str, ...] = ()  # the norm forms (``steps.NORM_FORMS``' keys) that make it
 
 
@@ -332,18 +332,10 @@ _ENTRIES = (
 
 MISTAKES: dict[str, Mistake] = {m.id: m for m in _ENTRIES}  # in the order diagnoses are listed
 
-# The group of a deviation that changes this field of ``Steps`` (else the field's name): the
-# mask is two fields, which of the mask deviations change only one of.
-_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
-           "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
 MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotation, grouped heads
 # Every way of making a catalogued mistake that the steps can reproduce, in catalogue order:
 # the modern attention's (tried only on a modern block, ``compare.modern``) and the lessons'.
-DEVIATIONS: tuple[Deviation, ...] = tuple(
-    Deviation(m.id, _GROUPS.get(changes[0][0], changes[0][0]), label, changes)
-    for m in MISTAKES.values()
-    for label, changes in m.ways
-)
+DEVIATIONS = tuple(replace(d, mistake=m.id) for m in MISTAKES.values() for d in m.ways)
 MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
 LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)  # ``search.explain``'s
 

@@ -133,13 +133,11 @@ class CheckReport:
                 f'<td style="text-align:left">{escape(f.message)}</td></tr>'
             )
         out.append("</table>")
-        for d in self.diagnosis:
-            out.append(f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>")
-            out += [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(self, d) if v]
-            out.append("</ul>")
-        if self.alternatives:
-            out.append(f"<p>unsure: explained equally well by {escape(_others(self))}</p>")
         out += [f"<p><small>note: {escape(n)}</small></p>" for n in self.notes]
+        out.append(f"<p>{escape(_diagnosis(self))}</p>")  # as the text says it, in its order
+        for d in self.diagnosis:
+            items = [f"<li><b>{k}</b>: {escape(v)}</li>" for k, v in _entry(self, d) if v]
+            out += [f"<p><b>{escape(d)}</b>: {escape(MISTAKES[d].title)}</p><ul>", *items, "</ul>"]
         result = " ".join(" ".join(_result(self)).split())
         return "\n".join([*out, f"<p><b>{escape(result)}</b></p></div>"])
 
@@ -159,14 +157,11 @@ def _entry(report: CheckReport, d: str) -> list[tuple[str, str]]:
     return [*found, ("why", m.explanation), ("fix", m.fix), ("from", m.lesson)]
 
 
-def _others(report: CheckReport) -> str:
-    return " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
-
-
 def _diagnosis(report: CheckReport) -> str:
     if report.alternatives:
         named = ", ".join(report.diagnosis) or "no mistake"
-        return f"diagnosis (unsure): {named}; explained equally well by: {_others(report)}"
+        others = " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
+        return f"diagnosis (unsure): {named}; explained equally well by: {others}"
     if report.diagnosis:
         more = "" if report.compared else " (black-box checks only: there may be more)"
         return "diagnosis: " + ", ".join(report.diagnosis) + more

@@ -18,7 +18,7 @@ from ...blocks.rotary import cos_sin, pair_views
 
 __all__ = [
     "CANDIDATE_ACTIVATIONS", "CORRECT", "NORM_FORMS", "Deviation", "MissingPart",
-    "Parts", "Rope", "Steps", "SubLayer", "Way", "Wiring", "affine", "attention", "parallel",
+    "Parts", "Rope", "Steps", "SubLayer", "Wiring", "affine", "attention", "parallel",
     "repeat_heads", "rms", "run_steps", "way",
 ]  # fmt: skip
 
@@ -108,16 +108,16 @@ class Rope:
         r = self.dim
         at = torch.arange(x.shape[-2]) if positions is None else positions
         cos, sin = cos_sin(at.to(x.device), r, self.theta, x.dtype)  # (T, r/2): angle i of pair i
-        halves = self.table == "halves"  # (T, r): angle i at i and i + r/2, else at 2i and 2i + 1
-        cos, sin = (
-            torch.cat((t, t), -1) if halves else t.repeat_interleave(2, -1) for t in (cos, sin)
-        )
+        # (T, r): angle i at i and i + r/2 (a "halves" table), else at 2i and 2i + 1
+        cos, sin = (_laid(t, t, self.table) for t in (cos, sin))
         a, b = pair_views(x, r, self.pairing)  # (..., r/2) each
-        if self.pairing == "halves":
-            turned = torch.cat((-b, a), dim=-1)  # (..., r): rotate_half
-        else:
-            turned = torch.stack((-b, a), dim=-1).flatten(-2)  # (..., r): (-b_i, a_i) per pair
+        turned = _laid(-b, a, self.pairing)  # (..., r): rotate_half, or (-b_i, a_i) per pair
         return torch.cat((x[..., :r] * cos + turned * (self.sign * sin), x[..., r:]), dim=-1)
+
+
+def _laid(a: Tensor, b: Tensor, pairing: str) -> Tensor:
+    """(..., n) twice -> (..., 2n): ``a`` then ``b`` ("halves"), else pair i (a_i, b_i)."""
+    return torch.cat((a, b), -1) if pairing == "halves" else torch.stack((a, b), -1).flatten(-2)
 
 
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
@@ -163,21 +163,12 @@ CORRECT = Steps(
 )
 
 
-Way = tuple[str, tuple[tuple[str, Any], ...]]
-
-
-def way(label: str, **changes: Any) -> Way:
-    """``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}`` (hs**-0.5) and ``{value}`` (the
-    way's scale; ``Deviation.describe`` fills them in)."""
-    return label, tuple(changes.items())
-
-
 @dataclass(frozen=True)
 class Deviation:
     """One concrete way to make a catalogued mistake: the ``Steps`` fields it replaces. One
     ``group`` changes one step, so a variant uses at most one deviation of it."""
 
-    mistake: str
+    mistake: str  # the catalogue id, set by its entry (``catalogue.DEVIATIONS``)
     group: str
     label: str
     changes: tuple[tuple[str, Any], ...]
@@ -189,6 +180,19 @@ class Deviation:
         hs = C // n_head if hs is None else hs
         value = dict(self.changes).get("scale", lambda C, hs: None)(C, hs)
         return self.label.format(C=C, hs=hs, nh=n_head, right=hs**-0.5, value=value)
+
+
+# The group of a deviation that changes this field of ``Steps`` (else the field's name): the
+# mask is two fields, which of the mask deviations change only one of.
+_GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_dim": "softmax",
+           "rotated": "targets", "rope_table": "table", "kv_order": "order"}  # fmt: skip
+
+
+def way(label: str, **change: Any) -> Deviation:
+    """A catalogue entry's way: ``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}``
+    (hs**-0.5) and ``{value}`` (the way's scale; ``Deviation.describe`` fills them in)."""
+    field = next(iter(change))
+    return Deviation("", _GROUPS.get(field, field), label, tuple(change.items()))
 
 
 def parallel(x: Tensor, attn: SubLayer, mlp: SubLayer, ln1: SubLayer, ln2: SubLayer) -> Tensor:
@@ -251,8 +255,7 @@ def attention(
         q = rope.apply(q, positions)
         k = rope.apply(k, positions) if "k" in steps.rotated else k
         v = rope.apply(v, positions) if "v" in steps.rotated else v
-    groups = n_head // n_kv
-    k, v = repeat_heads(k, groups, steps.kv_order), repeat_heads(v, groups, steps.kv_order)
+    k, v = (repeat_heads(t, n_head // n_kv, steps.kv_order) for t in (k, v))  # (B, nh, T, hs)
     scores = (q @ k.transpose(-2, -1)) * steps.scale(C or n_head * hs, hs)  # (B, nh, T, T)
     wei = steps.masking(scores, steps.blocked(T, q.device), steps.softmax_dim)
     return steps.merge(wei @ v)  # (B, nh, T, hs) -> (B, T, D)
