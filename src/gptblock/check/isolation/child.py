@@ -20,7 +20,7 @@ import torch
 from ... import errors
 from ...early import environment, take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
-from ..serve.frames import Message, Reader, send
+from ..serve.loop import Message, Reader, send
 from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]

@@ -23,7 +23,7 @@ from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
 from ..roles.trace import Trace, from_plain, record
-from ..serve.frames import Message
+from ..serve.loop import Message
 from ..serve.runner import Held, load, serve, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
