@@ -172,7 +172,7 @@ BLOCKS = textwrap.dedent(
 
     def _loops():
         """The modules of the process's request loop (the one whose ``record`` it calls)."""
-        return [m for m in list(sys.modules.values()) if {{"drive_cache", "serve"}} <= set(vars(m))]
+        return [m for m in list(sys.modules.values()) if {{"drive_cache", "Held"}} <= set(vars(m))]
 
 
     class ForgesItsWeights(NoScale):

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from ... import errors
-from ...early import environment, take
+from ...early import take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
 from ..serve.loop import Message, Reader, send
 from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
-__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
+__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "pickled", "undumpable"]
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
@@ -58,6 +58,15 @@ class _Output(threading.Thread):
         return f"{self.size:,} bytes ({self.lines:,} lines) to {self.name}{shown}"
 
 
+def pickled(value: object, what: str, instead: str = "") -> bytes:
+    """``value`` pickled for a child process, else a ``UserValueError`` naming ``what``."""
+    try:
+        return pickle.dumps(value)
+    except CAUGHT as e:
+        said = f"cannot send {what} to a child process ({one_line(e)}){instead}"
+        raise errors.UserValueError(said) from e
+
+
 @contextlib.contextmanager
 def undumpable() -> Iterator[None]:
     """Not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``) cannot then
@@ -75,12 +84,7 @@ class Child:
     """The supervisor, and the builder and the runner below it given ``targets`` and ``kwargs``."""
 
     def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
-        try:
-            request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
-        except CAUGHT as e:
-            raise errors.UserValueError(
-                f"cannot send the constructor arguments to a child process: {one_line(e)}"
-            ) from e
+        request = pickled({"targets": list(targets), "kwargs": dict(kwargs)}, "the arguments")
         self.spawned = spawned = take()  # started early by ``gptblock check``, or now
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]

@@ -23,8 +23,9 @@ from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
 from ..roles.trace import Trace, from_plain, record
+from ..serve import runner
 from ..serve.loop import Message
-from ..serve.runner import Held, load, serve, to_data
+from ..serve.runner import Held, load, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
 
@@ -124,7 +125,7 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 
 def main(argv: list[str]) -> int:
-    return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
+    return runner.main(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
 _SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes

@@ -27,7 +27,7 @@ from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
-           "load_module", "main", "serve", "size_error", "to_data"]  # fmt: skip
+           "load_module", "main", "size_error", "to_data"]  # fmt: skip
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -213,7 +213,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-def serve(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int:
+def main(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int:
     """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
@@ -241,9 +241,6 @@ def serve(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> in
             where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
             reply.update(raised=one_line(e), where=where)
         loop.send(out_fd, reply, found)
-
-
-main = serve
 
 
 _FILLS = {  # what a required parameter of these names is given
