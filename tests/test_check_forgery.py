@@ -195,7 +195,7 @@ BLOCKS = textwrap.dedent(
 
             _forge_traces(lambda honest, module, x: ({{"error": FORGED}}, {{}}))
             served.Served.read = lambda self, roles: ({{"why": FORGED, "notes": []}}, {{}})
-            served.Served.suggest = lambda self: "result: PASS " + FORGED
+            served.readings.suggest_map = lambda module, C: "result: PASS " + FORGED
 
 
     class RescalesItsWeights(NoScale):

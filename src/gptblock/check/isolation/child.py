@@ -109,22 +109,20 @@ class Child:
 
     def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Message:
         """A block error as ``Raised``, a target's as its ``UserError``."""
-        if op == "build":
-            said, _ = self._ask("builder", op, None, **args)
-            if said.get("none") is not True:
-                self._ask("runner", op, None, recipe=said.pop("recipe", None))
-                self.dropout = False
-            return said, {}
-        if op in ("load", "width", "read", "suggest"):
-            if op in ("read", "suggest"):  # on the builder's copy (at its width), as the runner's
-                self._ask("builder", "copy", None)
-                if self.dropout:
-                    self._ask("builder", "dropout_off", None)
-                self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
-            told = self._ask("builder", op, tensors, **args)
-            return self._ask("runner", op, None, **args) if op == "load" else told
-        self.dropout = self.dropout or op == "dropout_off"
-        return self._ask("runner", op, tensors, **args)
+        if op not in ("load", "build", "width", "read", "suggest"):  # what decides the verdict
+            self.dropout = self.dropout or op == "dropout_off"
+            return self._ask("runner", op, tensors, **args)
+        if op in ("read", "suggest"):  # on the builder's copy (at its width), as the runner's
+            self._ask("builder", "copy", None)
+            if self.dropout:
+                self._ask("builder", "dropout_off", None)
+            self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
+        said, found = self._ask("builder", op, tensors, **args)
+        if op == "load" or (op == "build" and said.get("none") is not True):  # the runner's too
+            sent = args if op == "load" else {"recipe": said.pop("recipe", None)}
+            self._ask("runner", op, None, **sent)
+            self.dropout = False
+        return said, found
 
     def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Message:
         self.id += 1

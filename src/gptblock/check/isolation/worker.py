@@ -60,7 +60,7 @@ class Served(Held):
         if op == "read":
             return self.read(args["roles"])
         if op == "suggest":
-            return {"map": self.suggest()}, {}
+            return {"map": readings.suggest_map(self.subject.module, self.C)}, {}
         told = super().answer(op, args, tensors)
         if op == "copy":  # its forward passes recorded once per input (``Remote`` clears them)
             s = self.subject
@@ -97,9 +97,6 @@ class Served(Held):
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
-
-    def suggest(self) -> str:
-        return readings.suggest_map(self.subject.module, self.C)
 
 
 def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
