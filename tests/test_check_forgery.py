@@ -105,7 +105,7 @@ BLOCKS = textwrap.dedent(
         """Trick 2: walk the stack to the worker's pipe and send a report, and answers, of its own."""
 
         def forward(self, x):
-            from gptblock.check.serve import frames
+            from gptblock.check.serve import loop
             frame = sys._getframe()
             while frame is not None:
                 out_fd = frame.f_locals.get("out_fd")
@@ -114,8 +114,8 @@ BLOCKS = textwrap.dedent(
                     wanted = header.get("id")
                     report = {{"event": "report", "report": REPORT, "nonce": "0"}}
                     os.write(out_fd, (json.dumps(report) + "\\n").encode())
-                    frames.send(out_fd, {{"id": wanted, "ok": {{"verdict": "PASS"}}}})
-                    frames.send(out_fd, {{"id": wanted + 1, "ok": {{"how": "switched off"}}}})
+                    loop.send(out_fd, {{"id": wanted, "ok": {{"verdict": "PASS"}}}})
+                    loop.send(out_fd, {{"id": wanted + 1, "ok": {{"how": "switched off"}}}})
                 frame = frame.f_back
             for fd in range(3, 64):  # and to every descriptor it has
                 try:
@@ -172,7 +172,7 @@ BLOCKS = textwrap.dedent(
 
     def _loops():
         """The modules of the process's request loop (the one whose ``record`` it calls)."""
-        return [m for m in list(sys.modules.values()) if {{"drive_cache", "serve"}} <= set(vars(m))]
+        return [m for m in list(sys.modules.values()) if {{"drive_cache", "Held"}} <= set(vars(m))]
 
 
     class ForgesItsWeights(NoScale):
@@ -195,7 +195,7 @@ BLOCKS = textwrap.dedent(
 
             _forge_traces(lambda honest, module, x: ({{"error": FORGED}}, {{}}))
             served.Served.read = lambda self, roles: ({{"why": FORGED, "notes": []}}, {{}})
-            served.Served.suggest = lambda self: "result: PASS " + FORGED
+            served.readings.suggest_map = lambda module, C: "result: PASS " + FORGED
 
 
     class RescalesItsWeights(NoScale):

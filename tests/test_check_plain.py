@@ -2,7 +2,7 @@
 
 ``plain`` reads each sub-layer into numbers where the block runs (a linear map's weight and bias;
 a norm's kind, eps, gain and bias) and builds them back where the verdict is decided;
-``provenance`` refuses weights that are not the values the checker chose; ``frames`` carries
+``provenance`` refuses weights that are not the values the checker chose; ``loop``'s frames carry
 JSON and raw tensors and refuses anything else.
 """
 
@@ -17,8 +17,8 @@ from gptblock.check.mistakes.steps import Parts, affine
 from gptblock.check.roles.modern_parts import norm_function
 from gptblock.check.roles.plain import LESSON, NotPlain, _norm, decode, to_plain
 from gptblock.check.roles.provenance import choose, trace, unread
-from gptblock.check.serve import frames
-from gptblock.check.serve.frames import Reader, send
+from gptblock.check.serve import loop
+from gptblock.check.serve.loop import Reader, send
 
 C = 16
 G = torch.Generator().manual_seed(0)
@@ -125,7 +125,7 @@ def test_only_the_values_the_checker_chose_pass_as_weights():
 
 
 def test_frames_carry_json_and_tensors_and_nothing_else(monkeypatch):
-    monkeypatch.setattr(frames, "MAX_HEADER", 100)  # (a real one is 1 MiB: more than a pipe holds)
+    monkeypatch.setattr(loop, "MAX_HEADER", 100)  # (a real one is 1 MiB: more than a pipe holds)
     r, w = os.pipe()
     try:
         send(w, {"id": 1, "ok": {"a": [1, 2]}}, {"y": torch.arange(6.0).reshape(2, 3)})

@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptblock import lesson
+from gptblock import early, lesson
 from gptblock.check.compare.modern import judge_cache
-from gptblock.check.isolation import child
 from gptblock.check.roles.trace import TraceError, from_plain, rerun
 from gptblock.check.serve import loop
 
@@ -84,7 +83,7 @@ def test_the_childs_environment_names_no_checker(monkeypatch):
     monkeypatch.setenv("_", "/usr/local/bin/gptblock")
     monkeypatch.setenv("LEARNER_NOTE", "run by gptblock check")
     monkeypatch.setenv("PATH", "/opt/gptblock/bin:/usr/bin")
-    env = child.environment()
+    env = early.environment()
     assert not {"GPTBLOCK_SEEN", "_", "LEARNER_NOTE"} & set(env)
     assert env["PATH"] == "/opt/gptblock/bin:/usr/bin"  # torch needs it: kept
 

@@ -4,7 +4,6 @@ reading, comparison and verdict is made here; ``check_in_process`` sends the sam
 
 from __future__ import annotations
 
-import pickle
 import secrets
 import tempfile
 import time
@@ -19,9 +18,9 @@ from ... import errors
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
 from ..compare.verdict import Progress, decide
-from ..mistakes.report import CAUGHT, CheckReport, Finding, Raised, one_line, text
+from ..mistakes.report import CheckReport, Finding, Raised, text
 from ..serve.subject import one_thread
-from .child import Child, Gone, ProtocolBroken, undumpable
+from .child import Child, Gone, ProtocolBroken, pickled, undumpable
 from .worker import Call, Remote, Served
 
 __all__ = ["DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated", "check_in_process",
@@ -173,13 +172,8 @@ def _sent(target: object, folder: Path) -> str | bytes:
         folder.mkdir()
         (folder / "__main__.py").write_text(source)
         return f"{folder / '__main__.py'}:{_name(target)}"
-    try:
-        return pickle.dumps(target)
-    except CAUGHT as e:
-        raise errors.UserValueError(
-            f"cannot send {_name(target)} to a child process ({one_line(e)}); pass it as "
-            "'FILE.py:NAME', or check it with isolate=False"
-        ) from e
+    instead = "; pass it as 'FILE.py:NAME', or check it with isolate=False"
+    return pickled(target, _name(target), instead)
 
 
 def _name(target: object) -> str:

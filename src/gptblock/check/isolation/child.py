@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from ... import errors
-from ...early import environment, take
+from ...early import take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
-from ..serve.frames import Message, Reader, send
+from ..serve.loop import Message, Reader, send
 from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
-__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "environment", "undumpable"]
+__all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "pickled", "undumpable"]
 
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and the checker: not the block's
 KEEP = 4096  # bytes of the block's own output kept, for the first line in the report
@@ -58,6 +58,15 @@ class _Output(threading.Thread):
         return f"{self.size:,} bytes ({self.lines:,} lines) to {self.name}{shown}"
 
 
+def pickled(value: object, what: str, instead: str = "") -> bytes:
+    """``value`` pickled for a child process, else a ``UserValueError`` naming ``what``."""
+    try:
+        return pickle.dumps(value)
+    except CAUGHT as e:
+        said = f"cannot send {what} to a child process ({one_line(e)}){instead}"
+        raise errors.UserValueError(said) from e
+
+
 @contextlib.contextmanager
 def undumpable() -> Iterator[None]:
     """Not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``) cannot then
@@ -75,12 +84,7 @@ class Child:
     """The supervisor, and the builder and the runner below it given ``targets`` and ``kwargs``."""
 
     def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
-        try:
-            request = pickle.dumps({"targets": list(targets), "kwargs": dict(kwargs)})
-        except CAUGHT as e:
-            raise errors.UserValueError(
-                f"cannot send the constructor arguments to a child process: {one_line(e)}"
-            ) from e
+        request = pickled({"targets": list(targets), "kwargs": dict(kwargs)}, "the arguments")
         self.spawned = spawned = take()  # started early by ``gptblock check``, or now
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
@@ -105,22 +109,20 @@ class Child:
 
     def call(self, op: str, tensors: dict[str, torch.Tensor] | None = None, **args: Any) -> Message:
         """A block error as ``Raised``, a target's as its ``UserError``."""
-        if op == "build":
-            said, _ = self._ask("builder", op, None, **args)
-            if said.get("none") is not True:
-                self._ask("runner", op, None, recipe=said.pop("recipe", None))
-                self.dropout = False
-            return said, {}
-        if op in ("load", "width", "read", "suggest"):
-            if op in ("read", "suggest"):  # on the builder's copy (at its width), as the runner's
-                self._ask("builder", "copy", None)
-                if self.dropout:
-                    self._ask("builder", "dropout_off", None)
-                self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
-            told = self._ask("builder", op, tensors, **args)
-            return self._ask("runner", op, None, **args) if op == "load" else told
-        self.dropout = self.dropout or op == "dropout_off"
-        return self._ask("runner", op, tensors, **args)
+        if op not in ("load", "build", "width", "read", "suggest"):  # what decides the verdict
+            self.dropout = self.dropout or op == "dropout_off"
+            return self._ask("runner", op, tensors, **args)
+        if op in ("read", "suggest"):  # on the builder's copy (at its width), as the runner's
+            self._ask("builder", "copy", None)
+            if self.dropout:
+                self._ask("builder", "dropout_off", None)
+            self._ask("builder", "set", self._ask("runner", "parameters", None)[1])
+        said, found = self._ask("builder", op, tensors, **args)
+        if op == "load" or (op == "build" and said.get("none") is not True):  # the runner's too
+            sent = args if op == "load" else {"recipe": said.pop("recipe", None)}
+            self._ask("runner", op, None, **sent)
+            self.dropout = False
+        return said, found
 
     def _ask(self, name: str, op: str, tensors: dict[str, Any] | None, **args: Any) -> Message:
         self.id += 1

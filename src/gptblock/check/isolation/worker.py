@@ -23,8 +23,9 @@ from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
 from ..roles.trace import Trace, from_plain, record
-from ..serve.frames import Message
-from ..serve.runner import Held, load, serve, to_data
+from ..serve import runner
+from ..serve.loop import Message
+from ..serve.runner import Held, load, to_data
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
 
@@ -59,7 +60,7 @@ class Served(Held):
         if op == "read":
             return self.read(args["roles"])
         if op == "suggest":
-            return {"map": self.suggest()}, {}
+            return {"map": readings.suggest_map(self.subject.module, self.C)}, {}
         told = super().answer(op, args, tensors)
         if op == "copy":  # its forward passes recorded once per input (``Remote`` clears them)
             s = self.subject
@@ -97,9 +98,6 @@ class Served(Held):
             return {"why": found, "notes": notes}, {}
         return plain_readings(found, list(self.subject.module.parameters()), notes)
 
-    def suggest(self) -> str:
-        return readings.suggest_map(self.subject.module, self.C)
-
 
 def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[str]) -> Message:
     """``found``'s parts as numbers (``plain.to_plain``), each described."""
@@ -124,7 +122,7 @@ def plain_readings(found: readings.Readings, params: list[Tensor], notes: list[s
 
 
 def main(argv: list[str]) -> int:
-    return serve(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
+    return runner.main(argv, lambda request: Served(None, request["kwargs"], request["targets"]))
 
 
 _SUGGESTION = r"(--map( [a-z0-9]+=[\w.*\[\]:,-]+)+)?"  # what suggest.suggest_map writes

@@ -1,2 +1,2 @@
 """Where the block runs: standard library, torch and each other only (``gptblock.early`` copies
-it into the runner's process). Order: ``loop``, ``frames``; ``subject``; ``runner``."""
+it into the runner's process). Order: ``loop``; ``subject``; ``runner``."""

@@ -1,18 +1,26 @@
 """What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``),
-the block's cache API driven, and ``record``: ``module(x)`` as ATen operators in JSON, which the
-checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow"."""
+the messages between the checker and the block's process (``send``, ``Reader``: a JSON line, then
+its ``"bytes"`` of tensors, safetensors; nothing is pickled: reading a message runs no code it
+carries), the block's cache API driven, and ``record``: ``module(x)`` as ATen operators in JSON,
+which the checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow"."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import inspect
+import json
+import os
+import select
+import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
 import torch
 import torch.nn as nn
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -25,8 +33,9 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 
 __all__ = [
-    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "Message", "NoDropout", "UserValueError",
-    "cache_api", "cached_last", "decode", "drive_cache", "encode", "fixed_seed", "one_line", "record",
+    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
+    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "drive_cache", "encode",
+    "fixed_seed", "one_line", "record", "send",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -37,6 +46,8 @@ Tensor = torch.Tensor
 Message = tuple[dict[str, Any], dict[str, Tensor]]  # a JSON object and tensors
 INPUT = -1  # a node's op: the block's input
 LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
+MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
+MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
@@ -50,6 +61,54 @@ def one_line(e: BaseException | None) -> str:
     first = lines[0].rstrip(".") if lines else ""
     first = first if len(first) <= 300 else first[:300] + "..."  # a message may be megabytes
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def send(fd: int, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
+    blob = b""
+    if tensors:
+        blob = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    view = memoryview((json.dumps({**header, "bytes": len(blob)}) + "\n").encode() + blob)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Reader:
+    """Messages from a pipe, each within a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, bytearray()
+
+    def _fill(self, deadline: float | None, size: int | None) -> None:  # size None: a line
+        while b"\n" not in self.buffer if size is None else len(self.buffer) < size:
+            if size is None and len(self.buffer) > MAX_HEADER:
+                raise ValueError(f"a line of over {MAX_HEADER} bytes")
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                    raise TimeoutError
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
+    def next(self, deadline: float | None = None) -> Message:
+        """The next message; else TimeoutError past ``deadline``, EOFError, or ValueError."""
+        self._fill(deadline, None)
+        end = self.buffer.index(b"\n")
+        header = json.loads(bytes(self.buffer[:end]))
+        if not isinstance(header, dict):
+            raise ValueError("a message that is not a JSON object")
+        size = header.get("bytes", 0)
+        if not isinstance(size, int) or not 0 <= size <= MAX_TENSORS:
+            raise ValueError(f"a message of {size!r} bytes of tensors")
+        del self.buffer[: end + 1]
+        self._fill(deadline, size)
+        blob = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        try:
+            return header, load_tensors(blob) if size else {}
+        except Exception as e:  # safetensors' own errors are of several kinds
+            raise ValueError(f"tensors that do not load: {e}") from e
 
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]

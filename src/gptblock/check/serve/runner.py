@@ -22,12 +22,12 @@ from typing import Any, get_args
 import torch
 import torch.nn as nn
 
-from .frames import Message, Reader, send
-from .loop import CAUGHT, UserValueError, decode, drive_cache, encode, fixed_seed, one_line, record
+from . import loop
+from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
-           "load_module", "main", "serve", "size_error", "to_data"]  # fmt: skip
+           "load_module", "main", "size_error", "to_data"]  # fmt: skip
 
 Tensor = torch.Tensor
 DROPOUT_NAMES = ("p", "dropout", "dropout_p", "attn_pdrop", "resid_pdrop", "drop", "pdrop",
@@ -136,7 +136,7 @@ def to_data(value: object, home: object) -> object:
             return {"object": cls.__qualname__, "module": where, "fields": fields}
         raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
 
-    return encode(value, other)
+    return loop.encode(value, other)
 
 
 def _made(home: object, data: dict[str, Any]) -> object:
@@ -145,7 +145,7 @@ def _made(home: object, data: dict[str, Any]) -> object:
         return pickle.loads(bytes.fromhex(data["pickle"]))
     where = importlib.import_module(data["module"]) if data["module"] else home
     cls: Any = functools.reduce(getattr, data["object"].split("."), where)
-    fields = decode(data["fields"], functools.partial(_made, home))
+    fields = loop.decode(data["fields"], functools.partial(_made, home))
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
         return cls(**{n: fields[n] for n in init})
@@ -196,14 +196,14 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     home = sys.modules.get(getattr(target, "__module__", None) or "")
     own: dict[str, Any] = vars(home) if home else {}
     made = functools.partial(_made, home)
-    settings = {n: decode(v, made) for n, v in recipe["settings"].items()} if home else {}
+    settings = {n: loop.decode(v, made) for n, v in recipe["settings"].items()} if home else {}
     before = {n: own[n] for n in settings}
     own.update(settings)
     undo = functools.partial(own.update, before)
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
-        with fixed_seed():
-            module = target(**decode(recipe["args"], made))  # type: ignore[operator]
+        with loop.fixed_seed():
+            module = target(**loop.decode(recipe["args"], made))  # type: ignore[operator]
         if not isinstance(module, nn.Module):
             raise TypeError(f"it returned a {type(module).__name__}")
     except CAUGHT as e:
@@ -213,18 +213,18 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     return module, undo
 
 
-def serve(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int:
+def main(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int:
     """Answer requests from fd ``argv[0]`` on fd ``argv[1]`` until it closes."""
     in_fd, out_fd = int(argv[0]), int(argv[1])
     for fd in (in_fd, out_fd):
         os.set_inheritable(fd, False)  # not passed on to processes the block starts
-    reader = Reader(in_fd)
+    reader = loop.Reader(in_fd)
     try:
         header, _ = reader.next()
     except EOFError:  # started early by a command that ended without a check
         return 0
     held = start(pickle.loads(bytes.fromhex(header["init"])))  # (from the checker)
-    send(out_fd, {"id": 0, "ok": {"ready": True}})
+    loop.send(out_fd, {"id": 0, "ok": {"ready": True}})
     torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
     while True:
         try:
@@ -240,10 +240,7 @@ def serve(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> in
         except CAUGHT as e:
             where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
             reply.update(raised=one_line(e), where=where)
-        send(out_fd, reply, found)
-
-
-main = serve
+        loop.send(out_fd, reply, found)
 
 
 _FILLS = {  # what a required parameter of these names is given
