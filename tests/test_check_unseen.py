@@ -209,6 +209,16 @@ def test_a_width_under_another_name_is_made_smaller_with_the_block(tmp_path, tex
     assert report.passed, str(report)
 
 
+def test_the_lectures_n_embed_spelling_is_read_from_the_module(tmp_path):
+    # Shaped like learners' copies of the video lecture (s16 unseen set): `n_embed = 384` and
+    # `Block(n_embed, n_head)`; unread, the build asked for --arg n_embed and a smaller value
+    # left the heads at the module's 384 (a false `shape` FAIL)
+    text = LECTURE.replace("n_embd", "n_embed")
+    report = check_block(f"{_file(tmp_path, text)}:Block", isolate=False)
+    assert report.passed, str(report)
+    assert any("n_embed=384" in n for n in report.notes), report.notes
+
+
 def test_a_config_of_unknown_names_is_made_smaller_by_its_values(tmp_path):
     report = check_block(f"{_file(tmp_path, CONFIG)}:TransformerBlock", isolate=False)
     assert report.passed, str(report)
