@@ -25,7 +25,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> 
         >>> rmsnorm(x, torch.ones(2), eps=0.0)  # rms = sqrt((9 + 16) / 2)
         tensor([[0.8485, 1.1314]])
     """
-    out: torch.Tensor = RMSNormFunction.apply(x, weight, eps)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = RMSNormFunction.apply(x, weight, eps)  # type: ignore[no-untyped-call, unused-ignore]
     return out
 
 

@@ -178,7 +178,7 @@ class ModernHeads(NamedTuple):
                 r, pairing = rotary.rotary_dim, rotary.pairing
                 cos, sin = cos_sin(positions, r, rotary.theta, compute_dtype(qkv.dtype))
             heads = qkv.view(B, T, nh + 2 * nkv, hs)
-            q, k, v = QKHeads.apply(heads, *gains, cos, sin, nh, eps, r, pairing)  # type: ignore[no-untyped-call]
+            q, k, v = QKHeads.apply(heads, *gains, cos, sin, nh, eps, r, pairing)  # type: ignore[no-untyped-call, unused-ignore]
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh | nkv, T, hs)
         q, k, v = torch.split(qkv, [nh * hs, nkv * hs, nkv * hs], dim=-1)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
