@@ -471,3 +471,25 @@ def test_the_argument_helpers_guess_fit_and_parse():
         "--arg n_head=3: n_embd=32 is not divisible by n_head=3 (each head gets n_embd / n_head "
         "channels); give one of 1, 2, 4, 8, 16, 32"
     )
+    # an MLP's width is not C; single letters; no number invented for a name or type that says none
+    names = ("d_ff", "dim_ff", "emb_size", "d", "H", "T")
+    assert [guess(n) for n in names] == [128, 128, 32, 32, 4, 16]
+    assert (guess("rope"), guess("feed_forward"), guess("n", Path)) == (None, None, None)
+
+
+def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
+    """A block taking its attention module: no ``--arg attention=1`` line (which builds it, to
+    fail in its first call and be blamed on the learner's line)."""
+    from gptblock import lesson
+
+    class Takes(lesson.Block):
+        def __init__(self, n_embd, n_head, attention):
+            super().__init__(n_embd, n_head)
+            self.attention = attention
+
+    with pytest.raises(UserValueError) as raised:
+        check_block(Takes)
+    assert str(raised.value).endswith(
+        "it needs attention, which --arg does not give; give each with --arg NAME=VALUE (or "
+        "check a function that returns the block)"
+    ), str(raised.value)

@@ -4,6 +4,7 @@ line that builds it: a guessed value is never used for a check."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,7 +27,9 @@ COMMON_ARGUMENTS: dict[str, object] = {
     DROPOUTS[0]: 0.1,
 }
 _GUESSES = (
+    (("ff", "mlp", "intermediate", "inner"), 128),  # an MLP's width (d_ff, dim_ff), 4C: before C's
     *((k.guess, k.value) for k in KINDS.values() if k.guess),
+    (("emb",), 32),
     (("drop",), 0.0),
     (("eps",), 1e-5),
     (("bias",), True),
@@ -38,10 +41,18 @@ _GUESSES = (
 _ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 
 
-def guess(name: str) -> object:
-    """A small value for a constructor argument, from its name."""
+_LETTERS = {"c": 32, "d": 32, "h": 4, "t": 16}  # C, d (the width), H (heads), T (the length)
+_NUMBERS = (int, float, bool, inspect.Parameter.empty)  # annotations a number may have
+
+
+def guess(name: str, annotation: object = None) -> object:
+    """A small value for a constructor argument from its name, None where neither the name nor
+    its annotation says a number (a module, an object: ``rope: RoPE``)."""
     lower = name.lower()
-    return next((v for words, v in _GUESSES if any(w in lower for w in words)), 1)
+    if isinstance(annotation, type) and annotation not in _NUMBERS:
+        return None
+    found = next((v for words, v in _GUESSES if any(w in lower for w in words)), None)
+    return _LETTERS.get(lower) if found is None else found
 
 
 def fill_common_arguments(
@@ -103,9 +114,12 @@ def _index(name: str) -> int | None:
 
 
 def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> UserValueError:
+    """The error naming what ``whose`` needs, with the ``--arg`` line where each has a guess."""
+    said = f"{then}: {arg_line(values)}"
+    if None in values.values():
+        said = "give each with --arg NAME=VALUE (or check a function that returns the block)"
     return UserValueError(
-        f"cannot build {name}: {whose} needs {', '.join(values)}, which --arg does not give; "
-        f"{then}: {arg_line(values)}"
+        f"cannot build {name}: {whose} needs {', '.join(values)}, which --arg does not give; {said}"
     )
 
 
@@ -126,12 +140,9 @@ def complete(
         return args
     param, cls = missing[0], config_class(factory, missing[0])
     if len(missing) != 1 or not (cls or param.name.lower() in CONFIG_NAMES):
-        values = {p.name: guess(p.name) for p in missing}
-        if builds(factory, {**args, **values}):
-            raise _needs(name, "it", values, "this builds it")
-        raise UserValueError(
-            f"cannot build {name}: it needs {', '.join(values)}; give each with --arg NAME=VALUE"
-        )
+        values = {p.name: guess(p.name, p.annotation) for p in missing}
+        built = None not in values.values() and builds(factory, {**args, **values})
+        raise _needs(name, "it", values if built else dict.fromkeys(values), "this builds it")
     rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
@@ -168,7 +179,7 @@ def complete(
                 factory(**rest, **{param.name: config})
         except AttributeError as e:
             attribute = getattr(e, "name", None)
-            if not isinstance(attribute, str) or attribute in added:
+            if not isinstance(attribute, str) or attribute in added or guess(attribute) is None:
                 break
             added[attribute] = guess(attribute)
             continue
