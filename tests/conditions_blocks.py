@@ -120,6 +120,22 @@ class DtypeBranchBlock(Block):
     attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=HalfHead))
 
 
+class Float32MaskHead(Head):
+    """The fused kernel with an additive mask made as ``torch.full`` makes it, float32 whatever
+    the input: on PyTorch's CPU kernel (2.13, 2.14), float64 q, k, v with a float32 mask are
+    wrong from T = 16 on (emind's GQA block, the s16 unseen set)."""
+
+    def forward(self, x, k=None):
+        T = x.shape[1]
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        mask = torch.triu(torch.full((T, T), float("-inf")), 1)  # float32
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+
+
+class Float32MaskBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=Float32MaskHead))
+
+
 # ----- right only for small batches --------------------------------------------------------------
 
 

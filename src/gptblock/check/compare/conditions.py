@@ -140,6 +140,7 @@ def _mismatch(
     bad = [c for c, _ in off]
     for attr, on, right, wrong in (
         ("dtype", torch.float32, "float64", "float32"),
+        ("dtype", torch.float64, "float32", "float64"),  # a float32 mask in float64 attention
         ("train", True, "eval mode", "train mode with dropout off"),
     ):
         if all(getattr(c, attr) == on for c in bad) and any(getattr(c, attr) != on for c in held):
