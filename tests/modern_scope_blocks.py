@@ -267,6 +267,17 @@ def Sliding(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, window=3)
 
 
+def WideWindow(hidden_size=32, num_attention_heads=4, max_seq_len=16):
+    """A window of 8: wider than the traced sequences (7), narrower than the file's (16)."""
+    return DecoderLayer(hidden_size, num_attention_heads, window=8)
+
+
+def FullWindow(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_seq_len=16):
+    """A window of 16 (Mistral's ``window_size``, not a size) at the file's length of 16: causal
+    there; the checker's other sizes are longer, where the window bites."""
+    return DecoderLayer(hidden_size, num_attention_heads, num_key_value_heads, window=16)
+
+
 class CausalSelfAttention(nn.Module):
     """nanoGPT's, with a learned temperature (``temperature``: a parameter multiplying the
     scores, initialised to 1 / sqrt(hs)) or soft-capped logits (``softcap``)."""

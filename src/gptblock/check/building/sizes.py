@@ -13,7 +13,7 @@ from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ..mistakes.report import CheckReport, Finding
+from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "combine", "config_class", "file_sizes", "kind_of",
@@ -222,7 +222,8 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
     if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
         if not isinstance(second, str):
             said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]
-            second = f"checked again at {other}: {said}"
+            out = [n.removeprefix(OUT_OF_SCOPE) for n in second.notes if n.startswith(OUT_OF_SCOPE)]
+            second = f"checked again at {other}: {said}" + "".join(f" ({o})" for o in out[:1])
         return dataclasses.replace(first, notes=[*first.notes, *([second] if second else [])])
     failed = [f for f in second.findings if not f.passed]
     why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2]) or ", ".join(second.diagnosis)

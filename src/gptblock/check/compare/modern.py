@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
-from ..mistakes.report import CAUGHT, Finding, text
+from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, parallel, run_steps
 from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
@@ -193,7 +193,7 @@ def _unexplained(read: ModernRead, note: list[str], failed: str) -> ModernOutcom
     parts = unmodelled(read)
     if not parts:
         return ModernOutcome(note, Finding(NAME, False, failed), {}, [])
-    said = f"not compared, as the references do not model it: {'; '.join(parts)}"
+    said = f"{OUT_OF_SCOPE}{'; '.join(parts)}"
     return ModernOutcome([*note, said], None, {}, [])
 
 

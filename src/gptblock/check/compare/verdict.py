@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from ..mistakes.catalogue import MISTAKES, compose
-from ..mistakes.report import CAUGHT, CheckReport, Finding, one_line
+from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..roles.plain import unpack_modern, unpack_readings
@@ -48,6 +48,7 @@ class Service(Probed, Protocol):
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
     def suggest(self) -> str: ...
     def modern(self) -> ModernOutcome | list[str]: ...
+    def scope(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,8 @@ def _compared(
                 what = "the modern block rebuilt from the parts its process sent"
                 why = confirm(subject, received[0].run, (2, subject.T), fresh, backward, what,
                               "modern", True, notes)  # fmt: skip
+                if why is not None and _beyond(subject, notes):  # Mistral's, wider than T
+                    return Compared(None)
                 return Compared(finding, traced=received[1]) if why is None else Compared(why)
         except CAUGHT as e:  # parts whose shapes do not chain: the block's process made them up
             said = f"the parts sent cannot be run as a block ({one_line(e)})"
@@ -217,10 +220,9 @@ def _compared(
         return Compared(None)
     notes.append(readings.describe(reading))
     if modern and result.match is None:  # a part no reference models: out of scope, not FAIL
-        notes.append(
-            f"not compared, as the references do not model it: {'; '.join(modern)} "
-            f"(the lessons' block: {finding.message})"
-        )
+        notes.append(f"{OUT_OF_SCOPE}{'; '.join(modern)} (the lessons' block: {finding.message})")
+        return Compared(None)
+    if again and match is None and result.match is not None and _beyond(subject, notes):
         return Compared(None)
     if match is None:
         return Compared(finding)
@@ -228,6 +230,18 @@ def _compared(
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
     return Compared(finding, [m.mistakes for m in result.alternatives], details, traced)
+
+
+def _beyond(subject: Service, notes: list[str]) -> bool:
+    """Whether a match that failed on longer sequences than the traced ones has a part no
+    reference models there, noted: a sliding window wider than the traced length (the modern
+    block's, at any sizes; the lessons' block's at the other sizes only, where it is as long as
+    the file's sequences: else it is right only for short sequences, a FAIL)."""
+    found = subject.scope()
+    notes += [
+        f"{OUT_OF_SCOPE}{'; '.join(found)}, seen on sequences longer than the traced ones"
+    ] * bool(found)
+    return bool(found)
 
 
 def _finding(result: Explanation) -> Finding:

@@ -16,6 +16,7 @@ import torch
 from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
+from ..compare.conditions import MAX_T, UNKNOWN_T
 from ..compare.modern import ModernOutcome, check_modern
 from ..mistakes.report import CAUGHT, one_line, text
 from ..roles import readings
@@ -218,6 +219,12 @@ class Remote(Probed):
         outcome = check_modern(source, self.traces.input(B, T))
         last = self.traces.last
         return outcome or (attention_scope(last) if last is not None else [])
+
+    def scope(self) -> list[str]:
+        """What its attention computes that no reference models, at the longest sequence compared
+        (a sliding window as long as the traced sequences shows only there)."""
+        T = min(self.longest or UNKNOWN_T, MAX_T)
+        return attention_scope(self.traces(self.traces.input(1, T)))
 
     def suggest(self) -> str:  # the --map arguments its process suggests, if only that
         said = text(self.call("suggest")[0].get("map", ""), 4000)

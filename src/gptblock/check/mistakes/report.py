@@ -13,7 +13,9 @@ from ..serve.loop import CAUGHT
 from ..serve.loop import one_line as said
 from .catalogue import MISTAKES
 
-__all__ = ["CAUGHT", "CheckReport", "Finding", "Raised", "one_line", "text"]
+__all__ = ["CAUGHT", "OUT_OF_SCOPE", "CheckReport", "Finding", "Raised", "one_line", "text"]
+
+OUT_OF_SCOPE = "not compared, as the references do not model it: "  # then the parts: UNVERIFIED
 
 
 @dataclass(frozen=True)
