@@ -493,3 +493,39 @@ def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
         "it needs attention, which --arg does not give; give each with --arg NAME=VALUE (or "
         "check a function that returns the block)"
     ), str(raised.value)
+
+
+def test_a_config_block_that_raises_while_building_says_what_and_where():
+    """Not only "give the config's fields": the exception and the learner's line (s17 unseen
+    set, cy_llama: a 7-argument call to a 6-argument constructor)."""
+    import dataclasses
+
+    import torch
+
+    @dataclasses.dataclass
+    class Cfg:
+        d_model: int = 32
+        n_head: int = 4
+
+    class Sub(torch.nn.Module):
+        def __init__(self, a):
+            super().__init__()
+
+    class Broken(torch.nn.Module):
+        def __init__(self, config: Cfg):
+            super().__init__()
+            self.sub = Sub(config.d_model, 1)
+
+    with pytest.raises(UserValueError) as raised:
+        check_block(Broken)
+    said = str(raised.value)
+    assert "building it raised TypeError: " in said and "self.sub = Sub(config.d_model, 1))" in said
+
+    class Flagged(torch.nn.Module):  # energy_gpt's: a field no name says the value of
+        def __init__(self, config):
+            super().__init__()
+            self.proj = torch.nn.Linear(config.n_embd, config.n_embd)
+            self.plus_one = config.tril_plus_one
+
+    with pytest.raises(UserValueError, match="its config needs tril_plus_one, which --arg does"):
+        check_block(Flagged)

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from ...errors import UserValueError
-from ..mistakes.report import CAUGHT
+from ..mistakes.report import CAUGHT, one_line
+from ..serve.runner import learner_line
 from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, config_class, parameters, signature
 
 __all__ = [
@@ -172,6 +173,7 @@ def complete(
             return types.SimpleNamespace(**v)
 
     added: dict[str, object] = {}
+    raised = ""  # what building it with the config raised, at the learner's line
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:
             config = make({**values, **added})
@@ -179,18 +181,22 @@ def complete(
                 factory(**rest, **{param.name: config})
         except AttributeError as e:
             attribute = getattr(e, "name", None)
-            if not isinstance(attribute, str) or attribute in added or guess(attribute) is None:
-                break
-            added[attribute] = guess(attribute)
-            continue
+            if isinstance(attribute, str) and attribute not in added:
+                added[attribute] = guess(attribute)
+                if added[attribute] is None:  # named, with no value to suggest
+                    raise _needs(name, f"its {param.name}", added, "") from e
+                continue
+            raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"
+            break
         except UserValueError:
             raise
-        except CAUGHT:
+        except CAUGHT as e:
+            raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"
             break
         if added:
             raise _needs(name, f"its {param.name}", added, "this builds it")
         return {**rest, param.name: config}
     raise UserValueError(
-        f"cannot build {name}({param.name}): give the config's fields with --arg NAME=VALUE "
-        "(they make a namespace), or check a function that returns the block"
+        f"cannot build {name}({param.name}){raised}; give the config's fields with --arg "
+        "NAME=VALUE (they make a namespace), or check a function that returns the block"
     )
