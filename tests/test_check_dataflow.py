@@ -1,5 +1,6 @@
 """The examples that were doctests of the checker's roles/dataflow files, as tests (same values)."""
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -104,3 +105,10 @@ def test_norm_of_tells_eps_outside():
         return h / (h.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * w
 
     assert norm_of(f, torch.zeros(2, 3, 8, dtype=torch.float64)).form == "eps_outside"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_no_norm_is_read_as_none_in_the_blocks_dtype_too(dtype):
+    """A post-norm block's place before the attention is the identity, also in float32 (a block
+    checked in float32 had its post_norm unread: s17 unseen set, lizh_llama's mutant)."""
+    assert norm_of(lambda h: h, torch.zeros(2, 3, 8, dtype=dtype)).form == "none"

@@ -122,7 +122,7 @@ def norm_of(
     centred = False
     try:
         fz = run(z)
-        if close(fz, z, 1e-12):
+        if close(fz, z.to(like.dtype).double(), 1e-12):  # the identity, in the block's dtype
             return NormRead("none", lambda h: h, params=params)
         centred = close(run(z + 3.0), fz, 1e-6)  # a LayerNorm: it subtracts the mean first
         odd = _channels((fz + run(-z)) / 2)  # (C,): the bias of a norm odd but for it
