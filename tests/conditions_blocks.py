@@ -172,6 +172,18 @@ class ShortOnlyBlock(Block):
     attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=WindowHead))
 
 
+class FullMaskHead(Head):
+    """The mask never cut to T: the block runs only on sequences of block_size (s17 unseen set,
+    a (1, 1, bs, bs) mask sliced [:T, :T] on its size-1 axes)."""
+
+    def mask(self, T):
+        return self.tril == 0
+
+
+class FullLengthOnlyBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=FullMaskHead))
+
+
 # ----- right only in eval mode -------------------------------------------------------------------
 
 

@@ -63,6 +63,13 @@ def test_each_fails_naming_its_condition_in_process(name, check, said):
         assert said.split(" never")[0] in report.details["unused_parameters"]
 
 
+def test_a_block_that_runs_only_at_its_longest_sequence_is_told_so():
+    report = check_block(cb.FullLengthOnlyBlock, isolate=False, **LESSON)
+    assert report.diagnosis == ["shape"], str(report)
+    said = _failed(report, "shape")[0].message
+    assert "a (2, 16, 32) one runs: it runs only at its longest sequence, T = 16" in said, said
+
+
 def test_each_fails_in_the_child_process_too():
     """The train-mode calls, the float32 calls and the perturbed parameters cross the worker's
     protocol; every block of one file shares one child."""

@@ -36,6 +36,13 @@ def listed(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _runs(s: Probed, x: torch.Tensor) -> bool:
+    try:
+        return s(x).shape == x.shape
+    except CAUGHT:
+        return False
+
+
 def shape(s: Probed) -> ProbeResult:
     """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
     T, C = s.T, s.C
@@ -46,6 +53,9 @@ def shape(s: Probed) -> ProbeResult:
         except CAUGHT as e:
             if B == T:
                 msg = f"calling it on a {(B, T, C)} input raised {one_line(e)}"
+                if T < (L := min(s.longest, 256)) and _runs(s, s.input(2, L, C)):
+                    msg += f", a (2, {L}, {C}) one runs: it runs only at its longest sequence, "
+                    msg += f"T = {L} (a mask or table not cut to T?)"
                 return ProbeResult(False, msg, "shape", stop=True)
             msg = f"it works on a {(T, T, C)} input but a {(B, T, C)} input raised {one_line(e)}; "
             msg += "it only works when the batch size equals the sequence length, a sign that "
