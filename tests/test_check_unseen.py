@@ -367,3 +367,23 @@ def test_an_rmsnorm_of_any_small_eps_is_read():
         report = check_block(block)
         assert report.passed, str(report)
         assert any(f"rmsnorm (eps {eps:.3g})" in n for n in report.notes), report.notes
+
+
+class UnmaskedPostNormMha(nn.Module):
+    """Shaped like Tokisakix/AiFinal's GPTBlock (s16 unseen set): nn.MultiheadAttention without
+    batch_first, no mask, post-norm; read on one sequence, where the batch axis hides the mask."""
+
+    def __init__(self, d_model=32, n_heads=4, d_ff=128):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d_model, n_heads)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        x = self.norm1(x + self.self_attn(x, x, x)[0])
+        return self.norm2(x + self.ff(x))
+
+
+def test_mistakes_the_traced_input_cannot_tell_apart_are_found_on_a_fresh_one():
+    report = check_block(UnmaskedPostNormMha)
+    assert report.diagnosis == ["future_leak", "batch_mixing", "post_norm"], str(report)

@@ -15,7 +15,7 @@ import torch
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
-from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, parallel, run_steps
+from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, run_steps
 from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
@@ -101,7 +101,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         norms = [norm_of(f, like) for f in read.norms]
     hs = read.q[0].shape[0] // read.n_head
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
-    if not (read.rotated or grouped or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
+    if not (read.rotated or grouped or read.parallel or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     mlp = mlp_of(read)
     attn, closest, attention = _attention_of(read)
@@ -129,11 +129,10 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         )
         return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
     fc2, ln1, ln2 = affine(*read.mlp[-1]), norms[0].function, norms[1].function
-    parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2)
+    parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2, parallel=read.parallel)
     steps = compose(a.deviations)
-    wired = replace(steps, wiring=parallel) if read.parallel else steps  # GPT-J's, PaLM's
 
-    def run(positions: Tensor | None = None, steps: Steps = wired) -> Tensor:
+    def run(positions: Tensor | None = None, steps: Steps = steps) -> Tensor:
         return run_steps(parts, x, read.n_head, None, steps, a.rope, a.qk_norm, positions)
 
     with torch.no_grad():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -193,43 +194,54 @@ def _compared(
     readings, read = unpacked
     progress.stage("the reference comparison")
     try:
-        x = readings.x.to(subject.device)
-        y = subject(x.to(subject.dtype)).to(torch.float64)
-        with torch.no_grad():
-            result, first = explain(readings.readings, x, y, readings.heads, MAX_MISTAKES), 0
-            if result.match is None and readings.fallback:  # q, k, v in another order, then?
-                swapped = explain(readings.fallback, x, y, readings.heads, MAX_MISTAKES)
-                if swapped.match is not None:
-                    result, first = swapped, len(readings.readings)
-        match = result.match
-        reading = first + match.reading if match else 0
-        finding = _finding(result)
-        if match is not None:  # confirmed (a variant with mistakes fails already: its outputs only)
-            progress.stage("confirming the comparison on fresh inputs and conditions")
+        # the traced input, then, where mistakes found on it fail on fresh inputs, one of those:
+        # the traced input may not tell them apart (one sequence hides a mask over the batch)
+        inputs = [readings.x.to(subject.device)]
+        for x in inputs:
+            y = subject(x.to(subject.dtype)).to(torch.float64)
+            with torch.no_grad():
+                tried, first = explain(readings.readings, x, y, readings.heads, MAX_MISTAKES), 0
+                if tried.match is None and readings.fallback:  # q, k, v in another order, then?
+                    swapped = explain(readings.fallback, x, y, readings.heads, MAX_MISTAKES)
+                    if swapped.match is not None:
+                        tried, first = swapped, len(readings.readings)
+            if len(inputs) > 1 and tried.match is None:
+                break  # the traced input's nearest match and its failure stand
+            result = tried
+            match = result.match
+            reading = first + match.reading if match else 0
             parts = [*readings.readings, *readings.fallback][reading]
+            found = _finding(result, parts.parallel)
+            if match is None:
+                break
+            progress.stage("confirming the comparison on fresh inputs and conditions")
             steps, full = compose(match.deviations), not match.deviations
             activation = CANDIDATE_ACTIVATIONS[match.activation]
-            reference = lambda x: run_steps(parts, x, match.n_head, activation, steps)  # noqa: E731
+            reference = partial(run_steps, parts, n_head=match.n_head, activation=activation,
+                                steps=steps)  # fmt: skip
             held = confirm(subject, reference, x.shape[:2], fresh, backward, match.describe(),
                            "lessons" if full else "", full and not again, notes)  # fmt: skip
-            if held is not None:
-                finding, match = held, None
+            if held is not None:  # a variant with mistakes fails already: its outputs only
+                found = held
+                match = None
+                fresh_x = torch.randn(subject.T, subject.T, subject.C, generator=fresh)
+                inputs += [fresh_x.double().to(subject.device)] * (len(inputs) == 1 and not full)
     except CAUGHT as e:  # a layout the reference cannot run is the checker's limit
         notes.append(readings.describe(0))
         notes.append(f"no comparison with the reference: it failed with {one_line(e)}")
         return Compared(None)
     notes.append(readings.describe(reading))
     if modern and result.match is None:  # a part no reference models: out of scope, not FAIL
-        notes.append(f"{OUT_OF_SCOPE}{'; '.join(modern)} (the lessons' block: {finding.message})")
+        notes.append(f"{OUT_OF_SCOPE}{'; '.join(modern)} (the lessons' block: {found.message})")
         return Compared(None)
     if again and match is None and result.match is not None and _beyond(subject, notes):
         return Compared(None)
     if match is None:
-        return Compared(finding)
+        return Compared(found)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
-    return Compared(finding, [m.mistakes for m in result.alternatives], details, traced)
+    return Compared(found, [m.mistakes for m in result.alternatives], details, traced)
 
 
 def _beyond(subject: Service, notes: list[str]) -> bool:
@@ -244,8 +256,9 @@ def _beyond(subject: Service, notes: list[str]) -> bool:
     return bool(found)
 
 
-def _finding(result: Explanation) -> Finding:
+def _finding(result: Explanation, parallel: bool) -> Finding:
     name, match, closest = "reference comparison", result.match, result.closest
+    lessons = "the lessons' block" + " with a parallel residual (GPT-J's)" * parallel
     if match is None:
         msg = f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
         msg += f"within {TOLERANCE:g} of its output scale"
@@ -254,9 +267,9 @@ def _finding(result: Explanation) -> Finding:
         return Finding(name, False, msg)
     within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
     if not match.deviations and not result.alternatives:
-        msg = f"computes the lessons' block ({match.activation}, {match.n_head} heads): {within}"
+        msg = f"computes {lessons} ({match.activation}, {match.n_head} heads): {within}"
         return Finding(name, True, msg)
-    msg = f"matches the lessons' block only with {match.describe()}: {within}"
+    msg = f"matches {lessons} only with {match.describe()}: {within}"
     others = "; ".join(m.describe() for m in result.alternatives)
     msg += f" (equally small and also matching: {others})" if others else ""
     return Finding(name, True, msg, "FOUND")

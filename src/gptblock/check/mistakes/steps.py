@@ -44,6 +44,7 @@ class Parts:
     fc2: SubLayer  # the MLP's second layer, (B, T, H) -> (B, T, C)
     ln1: SubLayer | None  # the attention branch's LayerNorm
     ln2: SubLayer | None  # the MLP branch's; ``None`` when the block has only one
+    parallel: bool = False  # GPT-J's wiring (``parallel``) where no deviation changes the wiring
 
     def __repr__(self) -> str:
         return f"Parts(C={self.C}, D={self.D})"
@@ -212,7 +213,8 @@ def run_steps(
 ) -> Tensor:
     """x (B, T, C) -> (B, T, C); ``activation`` None: ``fc1`` is the whole hidden function (a
     gate included). A query row the mask blocks entirely comes out NaN."""
-    ln1, ln2 = steps.norms(parts.ln1, parts.ln2)
+    one = parts.parallel and parts.ln2 is None  # GPT-J's one norm, read by both branches
+    ln1, ln2 = steps.norms(parts.ln1, parts.ln1 if one else parts.ln2)
     if ln1 is None or ln2 is None:
         raise MissingPart("these steps need a norm per branch; the block has only one")
 
@@ -227,7 +229,8 @@ def run_steps(
         hidden = parts.fc1(h)  # (B, T, C) -> (B, T, H)
         return parts.fc2(hidden if activation is None else activation(hidden))  # -> (B, T, C)
 
-    return steps.wiring(x, attn, mlp, ln1, ln2)
+    wiring = parallel if parts.parallel and steps.wiring is CORRECT.wiring else steps.wiring
+    return wiring(x, attn, mlp, ln1, ln2)
 
 
 def attention(

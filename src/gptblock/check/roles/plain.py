@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..mistakes.report import one_line, text
-from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, parallel, run_steps
+from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, run_steps
 from ..serve.subject import Probed
 from .modern_parts import DENSE, GATED, NORM_KINDS, MlpRead, NormRead, norm_function, norm_of
 from .modern_read import Linear, ModernRead
@@ -92,6 +92,7 @@ def to_plain(
     (fc2,) = _linear("fc2", parts.fc2, fc1[0].shape[0], like)
     roles: Roles = {"q": q, "k": k, "v": v, "proj": proj, "fc1": fc1, "fc2": fc2}
     meta: dict[str, Any] = {"C": parts.C, "D": parts.D, "H": fc1[0].shape[0], "ln2": None}
+    meta["parallel"] = parts.parallel
     for role, f in (("ln1", parts.ln1), ("ln2", parts.ln2)):
         if f is not None:
             meta[role], w, b = _norm(role, f, like, known)
@@ -180,17 +181,16 @@ class Received:
             gain, *bias = self.roles[r]
             norm[r] = norm_function(kind, gain, bias[0] if bias else None, eps)
         fc1, fc2 = (lin["fc1"], lin["fc2"]) if "fc1" in lin else (lin["mlp0"], lin["mlp2"])
-        if self.n_head:  # a modern block: its MLP's hidden function; one norm, or two
+        if self.n_head:  # a modern block: its MLP's hidden function
             act, up = (GATED if self.gated else DENSE)[self.activation], lin.get("mlp1")
             fc1 = lambda h: act(lin["mlp0"](h)) * (up(h) if up else 1)  # noqa: E731
-            norm.setdefault("ln2", norm["ln1"])
         qkv = lambda h: (lin["q"](h), lin["k"](h), lin["v"](h))  # noqa: E731
-        return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, norm["ln1"], norm.get("ln2"))
+        ln1, ln2 = norm["ln1"], norm.get("ln2")
+        return Parts(self.C, self.D, qkv, lin["proj"], fc1, fc2, ln1, ln2, self.parallel)
 
     def run(self, x: Tensor) -> Tensor:
         qk = (self.roles["lnq"][0], self.roles["lnk"][0]) if "lnq" in self.roles else None
-        steps = replace(CORRECT, wiring=parallel) if self.parallel else CORRECT
-        return run_steps(self.parts(), x.double(), self.n_head, None, steps, self.rope, qk)
+        return run_steps(self.parts(), x.double(), self.n_head, None, CORRECT, self.rope, qk)
 
 
 def _tensor(tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
@@ -230,7 +230,7 @@ def decode(
         roles[role] = [
             _tensor(tensors, f"{key}.{role}.{p}", (C,)) for p in ("weight", "bias")[: 1 + biased]
         ]
-    return Received(C, widths["D"], roles, norms)
+    return Received(C, widths["D"], roles, norms, parallel=meta.get("parallel") is True)
 
 
 def unpack_readings(
@@ -273,7 +273,7 @@ def unpack_readings(
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
     try:
         n_head, gated, activation = meta["n_head"], meta["gated"] is True, meta["activation"]
-        rope, is_parallel = meta["rope"], meta.get("parallel") is True
+        rope = meta["rope"]
         known = activation in (GATED if gated else DENSE)
     except (KeyError, TypeError) as e:
         raise NotPlain(f"the modern parts sent are incomplete ({one_line(e)})") from None
@@ -287,7 +287,7 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
         got.roles.update({r: [_tensor(tensors, f"{KEY}.{r}.weight", (hs,))] for r in qk})
     except NotPlain as e:
         raise NotPlain(f"the modern parts sent do not fit together ({e})") from None
-    if "ln2" not in got.norms and not is_parallel:  # one norm for both branches: GPT-J's only
+    if "ln2" not in got.norms and not got.parallel:  # one norm for both branches: GPT-J's only
         raise NotPlain("the modern parts sent do not describe a block")
     if got.D % n_head or K % hs or n_head % (K // hs) or len(qk) == 1:
         raise NotPlain("the modern parts sent do not fit together")
@@ -299,9 +299,7 @@ def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
         ):  # fmt: skip
             raise NotPlain("the rotary embedding sent is not one the checker knows")
         rope = Rope(rope[0], rope[1], rope[2], rope[2], float(rope[3]))
-    return replace(
-        got, n_head=n_head, activation=activation, gated=gated, parallel=is_parallel, rope=rope
-    )
+    return replace(got, n_head=n_head, activation=activation, gated=gated, rope=rope)
 
 
 def unpack_modern(

@@ -36,6 +36,7 @@ class Reading:
     def describe(self) -> str:
         roles = ", ".join(f"{r}={n}" for r, n in self.names.items())
         one = "" if "ln2" in self.names else "; one LayerNorm for both branches"
+        one += "; a parallel residual: both branches read the block's input" * self.parts.parallel
         return (
             f"roles: {roles} (read from the forward pass: {self.heads} heads from the attention's "
             f"shapes; every weight reproduces its sub-layer's traced output to {self.error:.0e}"
@@ -215,7 +216,9 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
         raise Unread(f"{nh} heads do not divide the attention width {D}")
     q, k, v, proj, fc1, fc2 = (affine(*read[r][:2]) for r in ("q", "k", "v", "proj", "fc1", "fc2"))
     ln = [n.function for n in norms] + [None]
-    parts = Parts(C, D, lambda h: (q(h), k(h), v(h)), proj, fc1, fc2, ln[0], ln[1])
+    # the MLP reads no stream after the attention: both branches read the block's input
+    parallel = found["proj"].get[0] not in trace.ancestors(found["fc1"].put)
+    parts = Parts(C, D, lambda h: (q(h), k(h), v(h)), proj, fc1, fc2, ln[0], ln[1], parallel)
     names = {f"ln{i + 1}": n.key for i, n in enumerate(norms)}
     names.update({role: _shown(trace, r.params, read[role][0]) for role, r in found.items()})
     held = {r: list(role.params) for r, role in found.items()}
