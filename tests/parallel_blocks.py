@@ -6,11 +6,19 @@ import torch
 from torch.nn import functional as F
 
 from gptblock import lesson
+from nanogpt_style import Block as NanoBlock
 
 
 class Parallel(lesson.Block):
     def forward(self, x):
         return x + self.sa(self.ln1(x)) + self.ffwd(self.ln2(x))
+
+
+class NanoParallel(NanoBlock):
+    """nanoGPT's block (one attention core for all heads) with the residual in parallel."""
+
+    def forward(self, x):
+        return x + self.attn(self.ln_1(x)) + self.mlp(self.ln_2(x))
 
 
 class OneNorm(lesson.Block):

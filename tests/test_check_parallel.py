@@ -15,9 +15,10 @@ from gptblock.check import check_block, check_isolated
 SIZES = {"n_embd": 32, "n_head": 4, "block_size": 16, "dropout": 0.0}
 
 
-@pytest.mark.parametrize("name", ["Parallel", "OneNorm"])
+@pytest.mark.parametrize("name", ["Parallel", "OneNorm", "NanoParallel"])
 def test_a_parallel_residual_passes_as_the_references_parallel_wiring(name):
-    report = check_block(getattr(blocks, name), **SIZES)
+    sizes = {"n_embd": 32, "n_head": 4, "bias": True} if name == "NanoParallel" else SIZES
+    report = check_block(getattr(blocks, name), **sizes)
     assert report.verdict == "PASS", report.format()
     compared = next(f for f in report.findings if f.name == "reference comparison")
     assert "the lessons' block with a parallel residual" in compared.message, report.format()

@@ -101,7 +101,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         norms = [norm_of(f, like) for f in read.norms]
     hs = read.q[0].shape[0] // read.n_head
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
-    if not (read.rotated or grouped or read.parallel or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
+    if not (read.rotated or grouped or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     mlp = mlp_of(read)
     attn, closest, attention = _attention_of(read)
