@@ -121,19 +121,29 @@ class DtypeBranchBlock(Block):
 
 
 class Float32MaskHead(Head):
-    """The fused kernel with an additive mask made as ``torch.full`` makes it, float32 whatever
-    the input: on PyTorch's CPU kernel (2.13, 2.14), float64 q, k, v with a float32 mask are
-    wrong from T = 16 on (emind's GQA block, the s16 unseen set)."""
+    """The fused kernel with an additive mask of ``dtype`` (float32: wrong in float64 from T = 16
+    on PyTorch's CPU kernel, 2.13 and 2.14); None: the default's, as ``torch.full`` and
+    ``nn.Transformer.generate_square_subsequent_mask`` make it (s16 and s18 unseen sets)."""
+
+    dtype = torch.float32
 
     def forward(self, x, k=None):
         T = x.shape[1]
         q, k, v = self.query(x), self.key(x), self.value(x)
-        mask = torch.triu(torch.full((T, T), float("-inf")), 1)  # float32
+        mask = torch.triu(torch.full((T, T), float("-inf"), dtype=self.dtype), 1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+
+
+class DefaultMaskHead(Float32MaskHead):
+    dtype = None
 
 
 class Float32MaskBlock(Block):
     attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=Float32MaskHead))
+
+
+class DefaultMaskBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=DefaultMaskHead))
 
 
 # ----- right only for small batches --------------------------------------------------------------

@@ -105,6 +105,7 @@ def test_the_unused_gate_is_named_whole_with_the_seeds_the_child_drew(monkeypatc
         (cb.Block, LESSON),
         (NanoBlock, {"n_embd": 32, "n_head": 4, "bias": True}),  # c_attn's bias holds b_k
         (MhaBlock, {"d_model": 32, "n_heads": 4}),  # in_proj_bias holds b_k
+        (cb.DefaultMaskBlock, LESSON),  # its float64 copy makes its mask in float64
     ],
 )
 def test_correct_blocks_still_pass(block, kwargs):

@@ -34,8 +34,8 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
-    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "drive_cache", "encode",
-    "fixed_seed", "one_line", "record", "send",
+    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "default_dtype",
+    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -242,6 +242,19 @@ def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``dtype`` the default inside: what the block makes without a dtype (a mask from
+    ``torch.full``) is in its copy's dtype, as it would be run so; PyTorch's CPU attention
+    computes a float32 mask with float64 q, k, v wrongly from T = 16 on."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 class NoDropout(_Mode):  # type: ignore[no-untyped-call]
     """Every dropout an identity, however it is called (``bernoulli(p)``, whose mask is then
     divided by ``p``, fills with ``p``): for a probability the checker cannot reach."""
@@ -322,7 +335,13 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message
         try:
             # inside the recorder: the ``fill_`` that replaced ``bernoulli_`` is recorded
             off = NoDropout() if no_dropout else contextlib.nullcontext()
-            with rec, off, fixed_seed(x.device), torch.set_grad_enabled(grad):
+            with (
+                rec,
+                off,
+                fixed_seed(x.device),
+                default_dtype(x.dtype),
+                torch.set_grad_enabled(grad),
+            ):
                 out = _first(module(x))
         except Exception as e:  # the block's own error ends the trace, not the check
             error = error or type(e).__name__

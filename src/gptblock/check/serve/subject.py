@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from .loop import CAUGHT, NoDropout, UserValueError, fixed_seed, one_line
+from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line
 
 __all__ = ["Grads", "Probed", "Subject", "first_tensor", "one_thread"]
 
@@ -135,7 +135,7 @@ class Subject(Probed):
         if train:  # (only then: ``train()`` may be the block's own)
             module.train()
         try:
-            with off, seed, torch.set_grad_enabled(grad):
+            with off, seed, default_dtype(x.dtype), torch.set_grad_enabled(grad):
                 y = module(x.clone())
         finally:
             if train:
