@@ -246,7 +246,7 @@ def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """``dtype`` the default inside: what the block makes without a dtype (a mask from
     ``torch.full``) is in its copy's dtype, as it would be run so; PyTorch's CPU attention
-    computes a float32 mask with float64 q, k, v wrongly from T = 16 on."""
+    can compute a float32 mask with float64 q, k, v wrongly (4-D, from T = 16; 2.13, 2.14)."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
