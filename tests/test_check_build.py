@@ -529,3 +529,27 @@ def test_a_config_block_that_raises_while_building_says_what_and_where():
 
     with pytest.raises(UserValueError, match="its config needs tril_plus_one, which --arg does"):
         check_block(Flagged)
+
+
+def test_a_config_read_as_a_dict_is_built_as_one():
+    """``config["n_embd"]`` (s18 unseen set, einops_vit): a dict of the --arg values, not a
+    namespace that cannot be subscripted; a key nobody gave is asked for with a value."""
+    import torch
+
+    class DictBlock(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.proj = torch.nn.Linear(config["n_embd"], config["n_embd"])
+            self.drop = torch.nn.Dropout(config["hidden_dropout_prob"])
+
+        def forward(self, x):
+            return x + self.drop(self.proj(x))
+
+    with pytest.raises(UserValueError) as raised:
+        check_block(DictBlock)
+    assert str(raised.value).endswith(
+        "its config needs hidden_dropout_prob, which --arg does not give; this builds it: "
+        "--arg hidden_dropout_prob=0.0"
+    ), str(raised.value)
+    report = check_block(DictBlock, hidden_dropout_prob=0.0)
+    assert "config={'bias': True, 'n_embd': 32" in report.target, str(report)

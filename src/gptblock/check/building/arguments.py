@@ -27,11 +27,11 @@ COMMON_ARGUMENTS: dict[str, object] = {
     **{n: k.value for k in KINDS.values() for n in k.names[: k.common]},
     DROPOUTS[0]: 0.1,
 }
-_GUESSES = (
-    (("ff", "mlp", "intermediate", "inner"), 128),  # an MLP's width (d_ff, dim_ff), 4C: before C's
+_GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width
+    (("drop",), 0.0),
+    (("ff", "mlp", "intermediate", "inner"), 128),  # 4C
     *((k.guess, k.value) for k in KINDS.values() if k.guess),
     (("emb",), 32),
-    (("drop",), 0.0),
     (("eps",), 1e-5),
     (("bias",), True),
     (("idx", "index", "layer_id", "_id"), 0),
@@ -173,15 +173,19 @@ def complete(
             return types.SimpleNamespace(**v)
 
     added: dict[str, object] = {}
-    raised = ""  # what building it with the config raised, at the learner's line
+    raised, as_dict = "", False  # what building it raised, at the learner's line; config["x"]
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:
-            config = make({**values, **added})
+            config = dict(values, **added) if as_dict else make({**values, **added})
             with torch.random.fork_rng(devices=[]):
                 factory(**rest, **{param.name: config})
-        except AttributeError as e:
-            attribute = getattr(e, "name", None)
-            if isinstance(attribute, str) and attribute not in added:
+        except (AttributeError, KeyError) as e:
+            attribute = getattr(e, "name", None) if isinstance(e, AttributeError) else e.args[0]
+            if (
+                isinstance(attribute, str)
+                and attribute not in added
+                and as_dict == (isinstance(e, KeyError))
+            ):
                 added[attribute] = guess(attribute)
                 if added[attribute] is None:  # named, with no value to suggest
                     raise _needs(name, f"its {param.name}", added, "") from e
@@ -191,6 +195,9 @@ def complete(
         except UserValueError:
             raise
         except CAUGHT as e:
+            if fields is None and not as_dict and "subscriptable" in str(e):  # read as a dict
+                as_dict = True
+                continue
             raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"
             break
         if added:
@@ -198,5 +205,5 @@ def complete(
         return {**rest, param.name: config}
     raise UserValueError(
         f"cannot build {name}({param.name}){raised}; give the config's fields with --arg "
-        "NAME=VALUE (they make a namespace), or check a function that returns the block"
+        "NAME=VALUE (they make a namespace or a dict), or check a function that returns the block"
     )
