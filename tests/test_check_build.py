@@ -477,6 +477,13 @@ def test_the_argument_helpers_guess_fit_and_parse():
     assert (guess("rope"), guess("feed_forward"), guess("n", Path)) == (None, None, None)
 
 
+def _refusal(block, **kwargs):
+    """The one-line error ``check_block`` refuses ``block`` with."""
+    with pytest.raises(UserValueError) as raised:
+        check_block(block, **kwargs)
+    return str(raised.value)
+
+
 def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
     """A block taking its attention module: no ``--arg attention=1`` line (which builds it, to
     fail in its first call and be blamed on the learner's line)."""
@@ -487,12 +494,11 @@ def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
             super().__init__(n_embd, n_head)
             self.attention = attention
 
-    with pytest.raises(UserValueError) as raised:
-        check_block(Takes)
-    assert str(raised.value).endswith(
+    said = _refusal(Takes)
+    assert said.endswith(
         "it needs attention, which --arg does not give; give each with --arg NAME=VALUE (or "
         "check a function that returns the block)"
-    ), str(raised.value)
+    ), said
 
 
 def test_a_config_block_that_raises_while_building_says_what_and_where():
@@ -516,9 +522,7 @@ def test_a_config_block_that_raises_while_building_says_what_and_where():
             super().__init__()
             self.sub = Sub(config.d_model, 1)
 
-    with pytest.raises(UserValueError) as raised:
-        check_block(Broken)
-    said = str(raised.value)
+    said = _refusal(Broken)
     assert "building it raised TypeError: " in said and "self.sub = Sub(config.d_model, 1))" in said
 
     class Flagged(torch.nn.Module):  # energy_gpt's: a field no name says the value of
@@ -545,11 +549,10 @@ def test_a_config_read_as_a_dict_is_built_as_one():
         def forward(self, x):
             return x + self.drop(self.proj(x))
 
-    with pytest.raises(UserValueError) as raised:
-        check_block(DictBlock)
-    assert str(raised.value).endswith(
+    said = _refusal(DictBlock)
+    assert said.endswith(
         "its config needs hidden_dropout_prob, which --arg does not give; this builds it: "
         "--arg hidden_dropout_prob=0.0"
-    ), str(raised.value)
+    ), said
     report = check_block(DictBlock, hidden_dropout_prob=0.0)
     assert "config={'bias': True, 'n_embd': 32" in report.target, str(report)
