@@ -180,7 +180,8 @@ def complete(
             with torch.random.fork_rng(devices=[]):
                 factory(**rest, **{param.name: config})
         except (AttributeError, KeyError) as e:
-            attribute = getattr(e, "name", None) if isinstance(e, AttributeError) else e.args[0]
+            key = e.args[0] if isinstance(e, KeyError) and e.args else None
+            attribute = getattr(e, "name", None) if isinstance(e, AttributeError) else key
             if (
                 isinstance(attribute, str)
                 and attribute not in added
