@@ -185,6 +185,22 @@ def test_the_lecture_file_is_built_at_its_module_settings_and_checked_at_other_s
     assert (module.n_embd, module.n_head, module.block_size) == (64, 4, 32)  # restored
 
 
+def test_upper_case_settings_are_the_files_sizes_and_give_the_arg_line(tmp_path):
+    # (s18 unseen set) the heads read EMBED_DIM = 64, the block takes emb_dim with no default:
+    # the line offers the file's 64, not a width of 32 that builds a 64-wide block it cannot run
+    text = LECTURE.replace("n_embd", "EMBED_DIM").replace("n_head = 4", "N_HEAD = 4")
+    text = text.replace(
+        "def __init__(self, EMBED_DIM, n_head):",
+        "def __init__(self, emb_dim, n_head):\n        EMBED_DIM = emb_dim",
+    )
+    path = _file(tmp_path, "gpt", text)
+    with pytest.raises(UserValueError, match=r"this builds it: --arg emb_dim=64$"):
+        check_block(f"{path}:Block", isolate=False)
+    report = check_block(f"{path}:Block", isolate=False, emb_dim=64)
+    assert report.passed and report.target == "Block(n_head=4, emb_dim=64)", str(report)
+    assert "N_HEAD=4, block_size=32 from gpt.py's module settings" in " ".join(report.notes)
+
+
 def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
     path = _file(tmp_path, "gpt", LECTURE)
     # the heads read n_embd from the module: built at 48 too, or the block would not fit

@@ -14,7 +14,7 @@ import torch
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import learner_line
-from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, config_class, parameters, signature
+from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, Kind, config_class, parameters, signature
 
 __all__ = [
     "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
@@ -30,7 +30,7 @@ COMMON_ARGUMENTS: dict[str, object] = {
 _GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width
     (("drop",), 0.0),
     (("ff", "mlp", "intermediate", "inner"), 128),  # 4C
-    *((k.guess, k.value) for k in KINDS.values() if k.guess),
+    *((k.guess, k) for k in KINDS.values() if k.guess),  # a size: the file's, else k.value
     (("emb",), 32),
     (("eps",), 1e-5),
     (("bias",), True),
@@ -46,13 +46,15 @@ _LETTERS = {"c": 32, "d": 32, "h": 4, "t": 16}  # C, d (the width), H (heads), T
 _NUMBERS = (int, float, bool, inspect.Parameter.empty)  # annotations a number may have
 
 
-def guess(name: str, annotation: object = None) -> object:
-    """A small value for a constructor argument from its name, None where neither the name nor
-    its annotation says a number (a module, an object: ``rope: RoPE``)."""
+def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}) -> object:
+    """A small value for a constructor argument from its name (a size: the file's ``sizes``, by
+    name), None where neither the name nor its annotation says a number (``rope: RoPE``)."""
     lower = name.lower()
     if isinstance(annotation, type) and annotation not in _NUMBERS:
         return None
     found = next((v for words, v in _GUESSES if any(w in lower for w in words)), None)
+    if isinstance(found, Kind):
+        return sizes.get(found.names[0], found.value)
     return _LETTERS.get(lower) if found is None else found
 
 
@@ -141,7 +143,7 @@ def complete(
         return args
     param, cls = missing[0], config_class(factory, missing[0])
     if len(missing) != 1 or not (cls or param.name.lower() in CONFIG_NAMES):
-        values = {p.name: guess(p.name, p.annotation) for p in missing}
+        values = {p.name: guess(p.name, p.annotation, sizes) for p in missing}
         built = None not in values.values() and builds(factory, {**args, **values})
         raise _needs(name, "it", values if built else dict.fromkeys(values), "this builds it")
     rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
@@ -159,7 +161,7 @@ def complete(
         half = [f.name for f in fields if str(f.default) in ("torch.bfloat16", "torch.float16")]
         values = {**{n: torch.float32 for n in half if n not in given}, **values}  # checked on CPU
         empty = dataclasses.MISSING
-        lacking = {f.name: guess(f.name) for f in fields if f.default is empty
+        lacking = {f.name: guess(f.name, sizes=sizes) for f in fields if f.default is empty
                    and f.default_factory is empty and f.name not in values}  # fmt: skip
         if lacking:
             raise _needs(name, f"its {cls.__name__} config", lacking, "give them")
@@ -187,7 +189,7 @@ def complete(
                 and attribute not in added
                 and as_dict == (isinstance(e, KeyError))
             ):
-                added[attribute] = guess(attribute)
+                added[attribute] = guess(attribute, sizes=sizes)
                 if added[attribute] is None:  # named, with no value to suggest
                     raise _needs(name, f"its {param.name}", added, "") from e
                 continue

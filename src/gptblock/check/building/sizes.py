@@ -16,7 +16,7 @@ from typing import Any
 from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Plan", "combine", "config_class", "file_sizes", "kind_of",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "file_sizes", "kind_of",
     "names", "not_other", "number", "parameters", "patch_globals", "plan", "settings", "signature",
     "size_sets",
 ]  # fmt: skip
@@ -138,7 +138,7 @@ def file_sizes(
     fields = {f.name: f.default for c in classes for f in dataclasses.fields(c)}
     file, numbers, configs = settings(factory)  # model_config.n_embd: after the numbers
     module = ChainMap(dict[str, object](numbers), *(_fields(c) or {} for c in configs.values()))
-    used = {p.name for p in params} | set(fields) | set(module) | set(given)
+    used = {n.lower() for n in [*(p.name for p in params), *fields, *module, *given]}
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
@@ -153,8 +153,10 @@ def file_sizes(
         if not used & set(k.names):
             continue
         for source, where in places:
+            lower = {m.lower(): m for m in where}  # EMBED_DIM = 64 is an embed_dim too
             n, value = next(
-                ((n, v) for n in k.names if n in where and (v := number(where[n]))), ("", None)
+                ((m, v) for n in k.names if (m := lower.get(n)) and (v := number(where[m]))),
+                ("", None),
             )
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
                 values[kind] = value  # (a width of 1 is a softmax's dim)
