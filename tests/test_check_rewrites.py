@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import zoo_modern
 import zoo_public
 import zoo_realworld
 from gptblock import check_block
@@ -189,3 +190,17 @@ def test_every_rewrite_keeps_the_verdict_and_diagnosis(case):
         if same_function(block, name, C)[1]:  # only where the rewrite finds something to rewrite
             said = check_block(rewrite_module(BLOCKS[case](), name))
             assert _outcome(said) == base, (name, str(said))
+
+
+@pytest.mark.parametrize(
+    "block, name",
+    [("phi3", "conv1d"), ("phi3", "transposed"), ("qwen2", "einsum"), ("qwen3", "seq_first")],
+)
+def test_modern_blocks_rewritten_keep_their_pass(block, name):
+    """The rotation and the qk norm's gains read however the block is written: q's product
+    channels first or flattened (B * T, F) (phi3 conv1d), the scores' q operand transposed
+    (phi3 transposed), a bias added after the product (qwen2 einsum), heads before the batch
+    (qwen3 seq_first, with a qk norm). Each of these made a correct block FAIL or UNVERIFIED."""
+    module = zoo_modern.spec(block)
+    report = check_block(rewrite_module(module.BLOCK(**module.ARGS), name))
+    assert report.verdict == "PASS", str(report)

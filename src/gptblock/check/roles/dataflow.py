@@ -37,6 +37,8 @@ def layout(shape: tuple[int, ...], B: int, T: int, strict: bool = True) -> tuple
     """The (batch, time) axes of ``shape``; not ``strict``: any axes of sizes B and T, or B * T."""
     if B == 1 and len(shape) >= 2 and shape[0] == T:
         return (0, 0)  # one sequence, the batch axis dropped: (T, ...)
+    if not strict and len(shape) == 2 and shape[0] == B * T:
+        return (0, 0)  # positions flattened b-major: an addmm's (B * T, F)
     if len(shape) < 3 or (B == T and shape[:2] != (B, T)):
         return None
     if shape[:2] in ((B, T), (T, B)):

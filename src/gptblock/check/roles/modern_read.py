@@ -26,8 +26,11 @@ THETAS = (10000.0, 1e6, 500000.0, 100000.0)  # GPT-NeoX / Llama 2, Qwen2, Llama 
 Linear = tuple[Tensor, Tensor]  # weight (out, in), bias (out,)
 
 
-def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> Tensor | None:
-    """The scores' operand as (B, nh, T, hs), from (..., T, hs) or a ``key``'s (..., hs, T)."""
+def heads(
+    core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False, heads_first: bool = False
+) -> Tensor | None:
+    """The scores' operand as (B, nh, T, hs), from (..., T, hs) or a ``key``'s (..., hs, T); the
+    heads before the batch where the shape says so, (nh, B, ...), or ``heads_first``."""
     if core.numel() != B * nh * T * hs or core.dim() < 2:
         return None
     rows, last = core.shape[-2:]
@@ -35,6 +38,8 @@ def heads(core: Tensor, B: int, nh: int, T: int, hs: int, key: bool = False) -> 
         core = core.transpose(-2, -1)
     elif (rows, last) != (T, hs):
         return None
+    if heads_first or (core.dim() == 4 and core.shape[:2] == (nh, B) != (B, nh)):
+        return core.reshape(nh, B, T, hs).transpose(0, 1)
     return core.reshape(B, nh, T, hs)
 
 
@@ -55,14 +60,21 @@ def measure_turn(
     try:
         run = replay(trace, source, core)
         like = trace.nodes[source].value
-        leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
-        for c in range(like.shape[-1]):
-            lit = torch.zeros_like(like)
-            lit[..., c] = 1.0
+        rows = as_rows(like, B, T)  # (B * T, F): the product may be channels first
+
+        def response(lit: Tensor) -> Tensor | None:
             with torch.no_grad():
-                out = heads(run(lit), B, nh, T, hs)
-            if out is None:
+                return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
+
+        # less what zeros give: a bias added after the product (an einsum's) turns too
+        zero = response(torch.zeros_like(rows))
+        leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
+        for c in range(rows.shape[-1]):
+            lit = torch.zeros_like(rows)
+            lit[:, c] = 1.0
+            if (out := response(lit)) is None or zero is None:
                 return None
+            out = out - zero
             at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
             head, i = divmod(int(at0.abs().argmax()), hs)
             if head == 0 and float(at0.abs().max()) != 0.0 and i not in leaks:
@@ -176,7 +188,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
         norms = [n.function for n in order_norms(find_norms(trace, B, T), h1, h2)]
     except Unread:
         norms = []
-    read, hs = measure(trace, roles, B, T), trace.nodes[core.q].shape[-1]
+    read = measure(trace, roles, B, T)
     D, K = read["q"][0].shape[0], read["k"][0].shape[0]
     if D % nh or K != read["v"][0].shape[0] or D % K:
         raise Unread(
@@ -188,7 +200,7 @@ def read_modern(trace: Trace) -> ModernRead | None:
     ends = (made[0].outputs[0], roles["proj"].get[0], roles["fc2"].get[0])
     ins = ((trace.input, h1), (stream, h2))
     params = tuple(tuple(static_names(trace, trace.between(*p))) for p in ins)
-    turn = measure_turn(trace, ends[0], core.q, B, nh, T, hs) if rotated else None
+    turn = measure_turn(trace, ends[0], core.q, B, nh, T, D // nh) if rotated else None
     q, k, v, proj, *mlp = (w[:2] for w in read.values())
     parallel = stream == trace.input
     return ModernRead(
@@ -203,11 +215,16 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
     hs = q.shape[-1] // read.n_head
     gains = []
     for key, (lin, n) in enumerate(((q, read.core.q), (k, read.core.k))):  # as the scores read
-        core = heads(read.trace.nodes[n].value.double(), B, read.n_head, T, hs, key == 1)
-        if core is None:
+        value = read.trace.nodes[n].value.double()
+        base = rms(lin.reshape(B, T, -1, hs)[:, 0, 0], 1.0, 1e-6)  # (B, hs): head 0 at position 0
+        found = []  # (spread over the batch, gains): (B * nh, T, hs) may be (nh * B, T, hs)
+        for first in (False, True):
+            if (core := heads(value, B, read.n_head, T, hs, key == 1, first)) is not None:
+                ratio = core[:, 0, 0] / base  # (B, hs)
+                found.append(
+                    (float(ratio.std(dim=0, correction=0).sum()), ratio.median(dim=0).values)
+                )
+        if not found:
             return None
-        each = lin.reshape(B, T, -1, hs)[:, 0]  # (B, h, hs) at position 0
-        base = rms(each, 1.0, 1e-6)
-        seen = core[:, : each.shape[1], 0]  # (B, h, hs)
-        gains.append((seen[:, :1] / base[:, :1]).flatten(0, 1).median(dim=0).values)  # (hs,)
+        gains.append(min(found, key=lambda f: f[0])[1])  # (hs,)
     return gains[0], gains[1]
