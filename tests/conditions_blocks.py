@@ -261,6 +261,19 @@ class FrozenDeadBlock(Block):
         )
 
 
+class AttentionOnlyUnused(Block):
+    """Attention alone, no norm (no reference to compare with), and a parameter never used (the
+    s19 unseen set's ARENA block): the gradients check names the mistake."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.mask = nn.Parameter(torch.ones(block_size, block_size))
+        del self.ln1, self.ln2, self.ffwd
+
+    def forward(self, x):
+        return x + self.sa(x)
+
+
 # ----- a backward pass that fails only in float32 ------------------------------------------------
 
 

@@ -56,3 +56,18 @@ class Unmasked(Unscaled):
     """No mask and no scale: future_leak + no_scaling."""
 
     masked = False
+
+
+class NormedStream(OneNorm):
+    """The branches added to the normalised stream (s19 unseen set, a NeoX mutant): no_residual."""
+
+    def forward(self, x):
+        h = self.ln1(x)
+        return h + self.sa(h) + self.ffwd(h)
+
+
+class NoStream(Parallel):
+    """The stream dropped: x = sa(ln1(x)) + ffwd(ln2(x)) (no_residual)."""
+
+    def forward(self, x):
+        return self.sa(self.ln1(x)) + self.ffwd(self.ln2(x))

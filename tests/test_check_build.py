@@ -488,8 +488,8 @@ def test_the_argument_helpers_guess_fit_and_parse():
         "channels); give one of 1, 2, 4, 8, 16, 32"
     )
     # an MLP's width is not C; single letters; no number invented for a name or type that says none
-    names = ("d_ff", "dim_ff", "emb_size", "d", "H", "T")
-    assert [guess(n) for n in names] == [128, 128, 32, 32, 4, 16]
+    names = ("d_ff", "dim_ff", "emb_size", "d", "H", "T", "ffn_mult", "mlp_ratio")
+    assert [guess(n) for n in names] == [128, 128, 32, 32, 4, 16, 4, 4]
     assert (guess("rope"), guess("feed_forward"), guess("n", Path)) == (None, None, None)
 
 

@@ -63,6 +63,12 @@ def test_each_fails_naming_its_condition_in_process(name, check, said):
         assert said.split(" never")[0] in report.details["unused_parameters"]
 
 
+def test_a_parameter_no_gradient_reaches_is_named_where_nothing_else_is():
+    report = check_block(cb.AttentionOnlyUnused, isolate=False, **LESSON)
+    assert report.diagnosis == ["unused_parameters"], str(report)
+    assert "no gradient reaches mask" in report.details["unused_parameters"], str(report)
+
+
 def test_a_block_that_runs_only_at_its_longest_sequence_is_told_so():
     report = check_block(cb.FullLengthOnlyBlock, isolate=False, **LESSON)
     assert report.diagnosis == ["shape"], str(report)

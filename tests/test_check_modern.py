@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import zoo_modern
 from gptblock import check_block
@@ -276,3 +277,54 @@ def test_each_modern_mistake_is_a_deviation_the_attention_reads():
     for d in MODERN:
         wrong = attention(q, k, v, 4, rope, compose([d]))
         assert (wrong - right).abs().max() > 1e-3, d.mistake
+
+
+class WrittenRope(torch.nn.Module):
+    """A Llama-like block whose rotation (adjacent pairs, base 8e6: in no list) writes into
+    slices of an empty tensor, ``out[..., 0::2] = ...`` (``how="slices"``), or is a product with
+    one 2x2-block matrix a position (``how="matrices"``), as CS336 solutions and a GPT-NeoX port
+    in the s19 unseen set write it. Shapes: B batch, T time, C channels, nh heads, hs head size."""
+
+    def __init__(self, n_embd=32, n_head=4, how="slices", theta=8e6, block_size=16):
+        super().__init__()
+        self.n_head, self.how, hs = n_head, how, n_embd // n_head
+        self.g1, self.g2 = (torch.nn.Parameter(torch.ones(n_embd)) for _ in range(2))
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(n_embd, n_embd, False) for _ in range(4))
+        self.w1, self.w3 = (torch.nn.Linear(n_embd, 2 * n_embd, False) for _ in range(2))
+        self.w2 = torch.nn.Linear(2 * n_embd, n_embd, False)
+        angle = torch.outer(torch.arange(block_size), theta ** (-torch.arange(0, hs, 2) / hs))
+        self.register_buffer("cos", angle.cos())  # (T, hs / 2)
+        self.register_buffer("sin", angle.sin())
+        turn = torch.stack((angle.cos(), -angle.sin(), angle.sin(), angle.cos()), -1)
+        pairs = turn.view(block_size, -1, 2, 2)  # (T, hs / 2, 2, 2)
+        self.register_buffer("R", torch.stack([torch.block_diag(*p) for p in pairs]))  # (T, hs, hs)
+
+    def rotate(self, x):  # (B, nh, T, hs)
+        T = x.shape[2]
+        if self.how == "matrices":
+            return torch.einsum("bhtd,ted->bhte", x, self.R[:T])
+        out, cos, sin = torch.empty_like(x), self.cos[:T], self.sin[:T]
+        out[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+        out[..., 1::2] = x[..., 0::2] * sin + x[..., 1::2] * cos
+        return out
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g1
+        q, k, v = (
+            p(h).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q, self.k, self.v)
+        )
+        y = F.scaled_dot_product_attention(self.rotate(q), self.rotate(k), v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g2
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+@pytest.mark.parametrize("how", ["slices", "matrices"])
+def test_a_rotation_written_into_slices_or_as_matrices_is_measured(how):
+    """In-place writes into the slices of an empty tensor are replayed (before, the empty
+    tensor's recorded values were: the measured base was noise, the verdict flaky), and a product
+    with a matrix a position is a rotation, not q's projection (before: a false FAIL)."""
+    report = check_block(WrittenRope, how=how)
+    assert report.verdict == "PASS", str(report)
+    assert "rope (adjacent pairs (2i, 2i+1), theta 8e+06)" in str(report), str(report)

@@ -26,7 +26,12 @@ def test_a_parallel_residual_passes_as_the_references_parallel_wiring(name):
 
 @pytest.mark.parametrize(
     ("name", "diagnosis"),
-    [("Unscaled", ["no_scaling"]), ("Unmasked", ["future_leak", "no_scaling"])],
+    [
+        ("Unscaled", ["no_scaling"]),
+        ("Unmasked", ["future_leak", "no_scaling"]),
+        ("NormedStream", ["no_residual"]),
+        ("NoStream", ["no_residual"]),
+    ],
 )
 def test_mistakes_in_a_parallel_block_are_diagnosed(name, diagnosis):
     report = check_block(getattr(blocks, name), **SIZES)

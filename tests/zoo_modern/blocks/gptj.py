@@ -183,6 +183,12 @@ MISTAKES = {
         ("cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)", "cos = torch.cat((cos, cos), -1)[:, :, None, :]"),
     ],
     "no_scaling": [("        attn_weights = attn_weights / self.scale_attn\n", "")],
+    "no_residual": [  # the branches added to the normalised stream (s19 unseen set, NeoX)
+        (
+            "hidden_states = attn_output + feed_forward_hidden_states + residual",
+            "hidden_states = attn_output + feed_forward_hidden_states + hidden_states",
+        )
+    ],
     "future_leak": [
         ("attn_weights = torch.where(causal_mask, attn_weights, mask_value)", "attn_weights = attn_weights")
     ],

@@ -27,8 +27,9 @@ COMMON_ARGUMENTS: dict[str, object] = {
     **{n: k.value for k in KINDS.values() for n in k.names[: k.common]},
     DROPOUTS[0]: 0.1,
 }
-_GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width
-    (("drop",), 0.0),
+_GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width,
+    (("drop",), 0.0),  # ffn_mult a multiplier
+    (("mult", "ratio", "factor", "expansion"), 4),
     (("ff", "mlp", "intermediate", "inner"), 128),  # 4C
     *((k.guess, k) for k in KINDS.values() if k.guess),  # a size: the file's, else k.value
     (("emb",), 32),
@@ -37,7 +38,6 @@ _GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an
     (("idx", "index", "layer_id", "_id"), 0),
     (("layer",), 1),
     (("vocab",), 64),
-    (("mult", "ratio", "factor", "expansion"), 4),
 )
 _ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 

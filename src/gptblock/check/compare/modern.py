@@ -138,7 +138,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
     with torch.no_grad():
         wiring: Deviation | None = None
         error = _error(y, run())
-        for d in () if read.parallel else DEVIATIONS:  # a lessons' wiring mistake?
+        for d in DEVIATIONS:  # a lessons' wiring mistake (a parallel block's too)?
             if error > TOLERANCE and d.group == "wiring" and (d.mistake == "post_norm") == post:
                 off = _error(y, run(None, d.apply(steps)))
                 wiring, error = (d, off) if off < error else (wiring, error)

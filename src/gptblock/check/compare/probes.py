@@ -188,8 +188,8 @@ def gradients(s: Probed) -> ProbeResult:
     nonfinite = [n for n, g in pairs if g is not None and not g.isfinite().all()]
     problems = [f"no gradient reaches {listed(unreached)} (unused in forward?)"] * bool(unreached)
     problems += [f"non-finite gradients in {listed(nonfinite)}"] * bool(nonfinite)
-    if problems:
-        return ProbeResult(False, "; ".join(problems))
+    if problems:  # unreached alone: parameters that never act (``verdict`` names it uncompared)
+        return ProbeResult(False, "; ".join(problems), "" if nonfinite else "unused_parameters")
     return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients")
 
 

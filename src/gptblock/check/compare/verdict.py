@@ -103,7 +103,9 @@ def decide(
         progress.finding(done.finding)
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
-    details = {**implied, **done.details, "unused_parameters": unused}
+    if done.finding is not None and done.finding.passed:  # matched: it tells which parameters act
+        implied.pop("unused_parameters", None)
+    details = {**implied, **done.details, **({"unused_parameters": unused} if unused else {})}
     diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
     alternatives = [a for o in done.alternatives if (a := _diagnose(o, implied)) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}

@@ -181,6 +181,12 @@ _ENTRIES = (
             way("the MLP branch's stream is replaced by its normalised copy: x = x + sa(ln1(x)); "
                 "x = ln2(x); x = x + ffwd(x)",
                 wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2(x + sa(ln1(x)))) + ffwd(x)),
+            way("(a parallel block) the branches are added to the normalised stream: h = ln1(x); "
+                "x = h + sa(h) + ffwd(ln2(x)) instead of x + sa(h) + ffwd(ln2(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (h := ln1(x)) + sa(h) + ffwd(ln2(x))),
+            way("(a parallel block) the stream is dropped: x = sa(ln1(x)) + ffwd(ln2(x)) instead "
+                "of x + sa(ln1(x)) + ffwd(ln2(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: sa(ln1(x)) + ffwd(ln2(x))),
         )),
     Mistake("shared_norm", "one LayerNorm is used for both branches",
         "The attention branch and the MLP branch each normalise with their own learned gain and "

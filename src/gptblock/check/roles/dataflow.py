@@ -74,10 +74,15 @@ def data(trace: Trace, op: Op) -> list[int]:
 
 
 def weight_input(trace: Trace, op: Op) -> int | None:
-    """The data operand of a matrix product with a weight (a static operand of >= 2 dims)."""
+    """The data operand of a matrix product with a weight (a static operand of >= 2 dims, not
+    one matrix a position: a rotation's, ``x @ R[positions]``)."""
     if op.name not in WEIGHT_OPS:
         return None
-    static = [n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2]
+    T = trace.nodes[trace.input].shape[1]
+    static = [
+        n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2
+        and not (op.name in ("bmm", "baddbmm") and T > 1 and trace.nodes[n].shape[0] == T)
+    ]  # fmt: skip
     moved = data(trace, op)
     return moved[0] if len(moved) == 1 and static else None
 

@@ -38,6 +38,11 @@ class Ref:  # a node in an operator's recorded arguments
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+VIEWS = frozenset([  # operators whose output shares its input's memory: an in-place write shows
+    "view", "_unsafe_view", "alias", "slice", "select", "narrow", "transpose", "t", "permute",
+    "unsqueeze", "squeeze", "expand", "as_strided", "diagonal", "unfold", "detach", "view_as_real",
+    "view_as_complex", "split", "unbind",
+])  # fmt: skip
 
 
 def _operator(name: object) -> Any:
@@ -138,7 +143,27 @@ class Trace:
         return [self.ops[i] for i in sorted(made) if i > start]
 
     def ancestors(self, node: int) -> set[int]:
-        seen, todo = {node}, [node]
+        """The nodes ``node`` is made from, with the writes into their views before they are read
+        (``out = empty_like(x); out[..., 0::2] = ...``) and what those read."""
+        seen, written = self._behind({node}), True
+        while written:
+            written = False
+            for op in self._writes:
+                at = op.inputs[0]  # the tensor written, through its views to their base
+                while at not in seen and (view := self.producer(at)) and view.name in VIEWS:
+                    at = view.inputs[0]
+                fresh = at in seen and at != op.inputs[0] and op.outputs[0] not in seen
+                if fresh and op.index < read_at(self, at):  # written through a view, then read
+                    seen |= self._behind({*op.inputs, *op.outputs})
+                    written = True
+        return seen
+
+    @functools.cached_property
+    def _writes(self) -> list[Op]:  # the in-place operators (most blocks have none)
+        return [op for op in self.ops if op.name != op.base and op.inputs and op.outputs]
+
+    def _behind(self, nodes: set[int]) -> set[int]:
+        seen, todo = set(nodes), list(nodes)
         while todo:
             op = self.producer(todo.pop())
             for n in op.inputs if op else ():
@@ -146,6 +171,13 @@ class Trace:
                     seen.add(n)
                     todo.append(n)
         return seen
+
+
+def read_at(trace: Trace, node: int) -> int:
+    """The first operator that reads ``node`` other than through a view (a write through one
+    before it changes what it reads); past the last where none does."""
+    reads = (op.index for op in trace.consumers(node) if op.name not in VIEWS)
+    return min(reads, default=len(trace.ops))
 
 
 def _need(ok: object, what: str) -> None:
@@ -231,13 +263,15 @@ def rerun(
     got: dict[int, Tensor] = {}
     try:
         with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad():  # the CPU's restored
-            for op in ops:
+            for op in ops:  # each wanted node as read (not through a view), else as last
+                for n in (
+                    wanted.intersection(op.inputs) - got.keys() if op.name not in VIEWS else ()
+                ):
+                    got[n] = cast(Tensor, value(Ref(n))).detach().clone()
                 made, flat_in = op.call(value)
                 _need(len(made) == len(op.outputs), f"{op.name} made other tensors when replayed")
                 for t, node in zip(made, op.outputs, strict=True):
                     env[node] = _put(t, put[node], flat_in) if node in put else t
-                    if node in wanted:  # as made: a later in-place operator may change it
-                        got[node] = env[node].detach().clone()
     except TraceError:
         raise
     except CAUGHT as e:
