@@ -330,3 +330,26 @@ def SoftCapGPT2(n_embd=32, n_head=4):
 
 def TemperatureGPT2(n_embd=32, n_head=4):
     return GPT2Block(n_embd, n_head, temperature=True)
+
+
+class MoEGPT2(GPT2Block):
+    """A GPT-2 block whose MLP is a mixture of experts: the top 2 of 4 GELU MLPs, chosen per
+    token by a router (the s19 unseen set's gqa_moe): no reference models it."""
+
+    def __init__(self, n_embd=32, n_head=4, experts=4):
+        super().__init__(n_embd, n_head)
+        del self.c_fc, self.c_proj
+        self.router = nn.Linear(n_embd, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(n_embd, 2 * n_embd), nn.GELU(), nn.Linear(2 * n_embd, n_embd))
+            for _ in range(experts)
+        )
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        h = self.ln_2(x)
+        weight, chosen = self.router(h).softmax(-1).topk(2, dim=-1)  # (B, T, 2)
+        out = torch.zeros_like(h)
+        for i, expert in enumerate(self.experts):
+            out = out + (weight * (chosen == i)).sum(-1, keepdim=True) * expert(h)
+        return x + out

@@ -98,6 +98,11 @@ BLOCKS = textwrap.dedent(
             return False
 
 
+    class ByArgv(Block):
+        def watched(self):  # run as any script but this file
+            return os.path.basename(sys.argv[0]) != os.path.basename(__file__)
+
+
     class ByStack(Block):
         def watched(self):
             return any(
@@ -138,7 +143,7 @@ def test_the_block_that_always_scales_passes(blocks):
 
 @pytest.mark.parametrize(
     "name",
-    ["ByAncestors", "ByEnviron", "ByModules", "ByFrames", "ByStack"],
+    ["ByAncestors", "ByEnviron", "ByModules", "ByFrames", "ByStack", "ByArgv"],
 )
 def test_a_block_right_only_when_watched_fails(blocks, name):
     done = _check(f"{blocks}:{name}")

@@ -314,17 +314,22 @@ class WrittenRope(torch.nn.Module):
         q, k, v = (
             p(h).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q, self.k, self.v)
         )
-        y = F.scaled_dot_product_attention(self.rotate(q), self.rotate(k), v, is_causal=True)
+        # "finfo": lizh_llama's (s17 unseen set) mask, made without a dtype: float64's least
+        mask = torch.full((T, T), torch.finfo(q.dtype).min).triu(1) if self.how == "finfo" else None
+        y = F.scaled_dot_product_attention(
+            self.rotate(q), self.rotate(k), v, attn_mask=mask, is_causal=mask is None
+        )
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g2
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
-@pytest.mark.parametrize("how", ["slices", "matrices"])
+@pytest.mark.parametrize("how", ["slices", "matrices", "finfo"])
 def test_a_rotation_written_into_slices_or_as_matrices_is_measured(how):
     """In-place writes into the slices of an empty tensor are replayed (before, the empty
     tensor's recorded values were: the measured base was noise, the verdict flaky), and a product
-    with a matrix a position is a rotation, not q's projection (before: a false FAIL)."""
+    with a matrix a position is a rotation, not q's projection (before: a false FAIL); a float64
+    mask made without a dtype is replayed in float64, as traced (before: an overflow, FAIL)."""
     report = check_block(WrittenRope, how=how)
     assert report.verdict == "PASS", str(report)
     assert "rope (adjacent pairs (2i, 2i+1), theta 8e+06)" in str(report), str(report)

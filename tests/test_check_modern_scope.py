@@ -173,3 +173,9 @@ def test_nothing_measured_falls_back_to_the_common_bases():
     read = read_modern(record(blocks.Alibi().double(), x))  # nothing turns
     assert read is not None and not read.rotated and read.turn is None
     assert measure_turn(read.trace, read.ends[0], read.core.q, 5, 4, 1, 8) is None  # T = 1
+
+
+def test_a_mixture_of_experts_is_unverified_naming_it():
+    report = check_block(blocks.MoEGPT2)
+    assert report.verdict == "UNVERIFIED", report.format()
+    assert "a top-k routing: a mixture of experts" in " ".join(report.notes), report.format()

@@ -390,3 +390,14 @@ def test_public_ways_of_wrong_scale_and_no_residual_are_named(kwargs, diagnosis)
     torch.manual_seed(0)
     report = check_in_process(_PublicShapedBlock, kwargs, {})
     assert sorted(report.diagnosis) == diagnosis and report.confident, str(report)
+
+
+def test_a_transposed_mask_is_mask_reversed():
+    """The upper triangle where the lower belongs (``triu`` for ``tril``; ``src_mask=causal.T``
+    in the s19 unseen set): each position sees itself and the future, was read as future_leak."""
+    torch.manual_seed(0)
+    block = lesson.Block(32, 4, 16)
+    for head in block.sa.heads:
+        head.tril = head.tril.T.contiguous()
+    report = gptblock.check_block(block, isolate=False)
+    assert report.diagnosis == ["mask_reversed"], str(report)

@@ -61,7 +61,10 @@ _ENTRIES = (
         explains=("future_leak", "nonfinite"),
         ways=(way("the mask blocks the positions <= t (True on the allowed positions, read as True = "
                   "blocked): each position attends only to later ones",
-                  blocked=lambda T, device: ~CORRECT.blocked(T, device)),)),  # torch.tril
+                  blocked=lambda T, device: ~CORRECT.blocked(T, device)),  # torch.tril
+              way("the mask is transposed (the upper triangle where the lower belongs): each "
+                  "position attends to itself and the later ones, never the earlier",
+                  blocked=lambda T, device: CORRECT.blocked(T, device).T))),
     Mistake("mask_zero",
         "the future positions are masked with 0 instead of -inf before the softmax",
         "The softmax turns a score of 0 into weight exp(0) = 1 relative to the others, so a "

@@ -329,8 +329,10 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
         used.add(index)
     rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
     if len(rest) not in (2, 3) or rest[0].outputs[0] not in trace.ancestors(rest[-1].outputs[0]):
+        routed = any(op.name == "topk" for op in trace.ops)  # experts chosen per token
         raise Unread(
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
+            + " (a top-k routing: a mixture of experts, which no reference models)" * routed
         )
     for name, op in zip([*["fc1", "fc3"][: len(rest) - 1], "fc2"], rest, strict=True):
         roles[name] = _role(trace, op, B, T)

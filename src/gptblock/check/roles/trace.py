@@ -262,7 +262,9 @@ def rerun(
 
     got: dict[int, Tensor] = {}
     try:
-        with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad():  # the CPU's restored
+        x = trace.nodes[trace.input].value  # what the block made without a dtype: in x's, as traced
+        dtype = loop.default_dtype(x.dtype if x.is_floating_point() else torch.float32)
+        with _RNG, loop.fixed_seed(torch.device("cpu")), torch.no_grad(), dtype:  # CPU's restored
             for op in ops:  # each wanted node as read (not through a view), else as last
                 for n in (
                     wanted.intersection(op.inputs) - got.keys() if op.name not in VIEWS else ()

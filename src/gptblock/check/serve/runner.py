@@ -48,6 +48,8 @@ class Held:
         self.C, self.T, self.longest = 0, 0, 0
 
     def load(self, target: str | bytes) -> object:
+        if isinstance(target, str) and (where := target.rpartition(":")[0]).endswith(".py"):
+            sys.argv[:] = [where]  # as ``python FILE.py`` has it, not the supervisor's script
         return load(target)
 
     def build(self, args: Mapping[str, Any]) -> Message:
