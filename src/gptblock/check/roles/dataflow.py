@@ -75,13 +75,17 @@ def data(trace: Trace, op: Op) -> list[int]:
 
 def weight_input(trace: Trace, op: Op) -> int | None:
     """The data operand of a matrix product with a weight (a static operand of >= 2 dims, not
-    one matrix a position: a rotation's, ``x @ R[positions]``)."""
+    one square matrix a position: a rotation's, ``x @ R[positions]``)."""
     if op.name not in WEIGHT_OPS:
         return None
     T = trace.nodes[trace.input].shape[1]
+
+    def turn(shape: tuple[int, ...]) -> bool:  # (T, d, d)
+        return "bmm" in op.name and len(shape) == 3 and shape[0] == T > 1 and shape[1] == shape[2]
+
     static = [
         n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2
-        and not (op.name in ("bmm", "baddbmm") and T > 1 and trace.nodes[n].shape[0] == T)
+        and not turn(trace.nodes[n].shape)
     ]  # fmt: skip
     moved = data(trace, op)
     return moved[0] if len(moved) == 1 and static else None
