@@ -261,6 +261,18 @@ class FrozenDeadBlock(Block):
         )
 
 
+class AfterManyCalls(Block):
+    """Right for its first 20 calls, then the MLP reads the stream without its norm (the s20
+    trap set's counters: the checker read it UNVERIFIED or PASS)."""
+
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        x = x + self.sa(self.ln1(x))
+        return x + self.ffwd(self.ln2(x) if self.calls <= 20 else x)
+
+
 class AttentionOnlyUnused(Block):
     """Attention alone, no norm (no reference to compare with), and a parameter never used (the
     s19 unseen set's ARENA block): the gradients check names the mistake."""

@@ -63,6 +63,13 @@ def test_each_fails_naming_its_condition_in_process(name, check, said):
         assert said.split(" never")[0] in report.details["unused_parameters"]
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_block_that_changes_after_many_calls_fails(isolate):
+    report = check_block(cb.AfterManyCalls, isolate=isolate, **LESSON)
+    assert report.verdict == "FAIL", str(report)
+    assert "the block changes from call to call" in _failed(report, "same again")[0].message
+
+
 def test_a_parameter_no_gradient_reaches_is_named_where_nothing_else_is():
     report = check_block(cb.AttentionOnlyUnused, isolate=False, **LESSON)
     assert report.diagnosis == ["unused_parameters"], str(report)

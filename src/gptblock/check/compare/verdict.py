@@ -75,6 +75,7 @@ def decide(
     service.set_parameters(chosen)
     notes = [service.note] if service.note else []
     findings: list[Finding] = []
+    first = _first_call(service) if not again else None  # asked again last: the same block?
     implied: dict[str, str] = {}  # the mistakes the probes prove, with what was measured
     stop, dropout = False, ""
     for name, probe in list(PROBES.items())[: 1 if again else None]:
@@ -101,6 +102,8 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
+    if first is not None and not stop and "dropout_in_eval" not in implied:
+        findings += _same_again(service, *first)
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
     if done.finding is not None and done.finding.passed:  # matched: it tells which parameters act
@@ -113,6 +116,31 @@ def decide(
     return CheckReport(
         description, findings, diagnosis, details, notes, alternatives, compared, done.verify
     )
+
+
+def _first_call(service: Service) -> tuple[Tensor, Tensor] | None:
+    """An input of its own draw (the checker's inputs stay as they were) and the block's output."""
+    x = torch.randn(2, service.T, service.C, generator=torch.Generator().manual_seed(7))
+    x = x.to(device=service.device, dtype=service.dtype)
+    try:
+        return x, service(x)
+    except CAUGHT:  # the probes say why
+        return None
+
+
+def _same_again(service: Service, x: Tensor, y: Tensor) -> list[Finding]:
+    """The first call's input once more, after every other call: a block that turns wrong after
+    some number of calls (a counter, state kept between calls) fails here."""
+    try:
+        y2 = service(x)
+    except CAUGHT as e:
+        return [Finding("same again", False, f"the block raised {one_line(e)} when called again")]
+    if not service.moved(y, y2).any():
+        return []
+    off = float((y2 - y).abs().nan_to_num(0.0).max() / (1.0 + y.abs().nan_to_num(0.0).max()))
+    said = "the check's first input, given again after its other calls, gives another output "
+    said += f"(off by {off:.2g} of the output scale): the block changes from call to call"
+    return [Finding("same again", False, said)]
 
 
 def account(
