@@ -67,12 +67,13 @@ def measure_turn(
                 return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
 
         # less what zeros give: a bias added after the product (an einsum's) turns too
-        zero = response(torch.zeros_like(rows))
+        if (zero := response(torch.zeros_like(rows))) is None:
+            return None
         leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
         for c in range(rows.shape[-1]):
             lit = torch.zeros_like(rows)
             lit[:, c] = 1.0
-            if (out := response(lit)) is None or zero is None:
+            if (out := response(lit)) is None:
                 return None
             out = out - zero
             at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
