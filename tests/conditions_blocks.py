@@ -286,6 +286,33 @@ class AttentionOnlyUnused(Block):
         return x + self.sa(x)
 
 
+class PostNormUnused(Block):
+    """Post-norm, and a LayerNorm never used (the s21 unseen set's DeepMind port): both named."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.extra = nn.LayerNorm(n_embd)
+
+    def forward(self, x):
+        x = self.ln1(x + self.sa(x))
+        return self.ln2(x + self.ffwd(x))
+
+
+class HaltingBlock(Block):
+    """Right, returning (x, a halting probability) as adaptive-depth blocks do: the head's
+    weights act only on that second item (the s21 unseen set's was a false FAIL)."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.halt = nn.Sequential(
+            nn.Linear(n_embd, n_embd // 4), nn.GELU(), nn.Linear(n_embd // 4, 1)
+        )
+
+    def forward(self, x):
+        x = super().forward(x)
+        return x, torch.sigmoid(self.halt(x))
+
+
 # ----- a backward pass that fails only in float32 ------------------------------------------------
 
 

@@ -32,6 +32,19 @@ class RMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
+class WeightlessRMSNorm(nn.Module):
+    """nanochat's (Hugging Face's NanoChatRMSNorm): no weight, computed in float32."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return (
+            x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        ).type_as(x)
+
+
 class GemmaRMSNorm(nn.Module):
     """Gemma's: the weight is stored as gain - 1, initialised to 0."""
 
@@ -71,10 +84,13 @@ def causal(T, x, window=None):
 class Attention(nn.Module):
     """Llama's eager attention with the options the public layers add: a qk norm per head
     (Qwen3) or over the whole width (OLMo 2), partial rotary (Phi, StableLM), soft-capped logits
-    (Gemma 2), ALiBi (BLOOM) and a sliding window (Mistral)."""
+    (Gemma 2), ALiBi (BLOOM: added, or as ``baddbmm``'s input) and a sliding window (Mistral);
+    a qk norm the references do not model: a LayerNorm per head (Persimmon), an RMSNorm per head
+    after the rotation (HunYuan)."""
 
     def __init__(self, hidden_size, n_head, n_kv_head, rope_theta=10000.0, partial_rotary_factor=1.0,
-                 qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0):  # fmt: skip
+                 qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0,
+                 gate=False):  # fmt: skip
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = hidden_size // n_head
@@ -85,9 +101,17 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(n_head * self.head_dim, hidden_size, bias=False)
+        self.gate = nn.Linear(hidden_size, n_head * self.head_dim, bias=False) if gate else None
         self.qk_norm = qk_norm
-        if qk_norm == "head":
+        if qk_norm in ("head", "after"):
             self.q_norm, self.k_norm = RMSNorm(self.head_dim), RMSNorm(self.head_dim)
+        elif qk_norm == "weightless":
+            self.q_norm, self.k_norm = (
+                WeightlessRMSNorm(self.head_dim),
+                WeightlessRMSNorm(self.head_dim),
+            )
+        elif qk_norm == "layer":
+            self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
         elif qk_norm == "width":
             self.q_norm = RMSNorm(n_head * self.head_dim)
             self.k_norm = RMSNorm(n_kv_head * self.head_dim)
@@ -99,7 +123,7 @@ class Attention(nn.Module):
         if self.qk_norm == "width":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(hidden_shape), k.view(hidden_shape)
-        if self.qk_norm == "head":
+        if self.qk_norm in ("head", "layer", "weightless"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
@@ -110,20 +134,31 @@ class Attention(nn.Module):
             r = self.rotary_dim
             q = torch.cat((q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]), dim=-1)
             k = torch.cat((k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]), dim=-1)
+        if self.qk_norm == "after":
+            q, k = self.q_norm(q), self.k_norm(k)
         groups = self.n_head // self.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if self.alibi == "baddbmm":  # BLOOM: alibi.baddbmm(q, k^T, beta=1, alpha=1/sqrt(hs))
+            slopes = 2.0 ** (-8.0 * torch.arange(1, self.n_head + 1, device=q.device) / self.n_head)
+            bias = (slopes[:, None] * torch.arange(T, device=q.device)).to(q.dtype)  # (nh, T)
+            bias = bias[None, :, None, :].expand(B, -1, T, -1).reshape(B * self.n_head, T, T)
+            hs = self.head_dim
+            scores = bias.baddbmm(q.reshape(-1, T, hs), k.reshape(-1, T, hs).transpose(1, 2),
+                                  beta=1.0, alpha=1 / math.sqrt(hs)).view(B, -1, T, T)  # fmt: skip
         if self.softcap is not None:
             scores = scores / self.softcap
             scores = torch.tanh(scores)
             scores = scores * self.softcap
-        if self.alibi:
+        if self.alibi is True:
             slopes = 2.0 ** (-8.0 * torch.arange(1, self.n_head + 1, device=q.device) / self.n_head)
             i = torch.arange(T, device=q.device)
             scores = scores + slopes[:, None, None] * (i[None, :] - i[:, None]).to(q.dtype)
         scores = scores + causal(T, hidden_states, self.window)
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, -1)
+        if self.gate is not None:  # Qwen3-Next's gated attention (HRM's too)
+            out = torch.sigmoid(self.gate(hidden_states)) * out
         return self.o_proj(out)
 
 
@@ -257,6 +292,28 @@ def WidthQkNorm(hidden_size=32, num_attention_heads=4):
 
 def Alibi(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, alibi=True)
+
+
+def AlibiBaddbmm(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, alibi="baddbmm")
+
+
+def LayerQkNorm(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, qk_norm="layer")
+
+
+def QkNormAfterRope(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, qk_norm="after")
+
+
+def Weightless(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(
+        hidden_size, num_attention_heads, norm=WeightlessRMSNorm, qk_norm="weightless"
+    )
+
+
+def GatedAttention(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, gate=True)
 
 
 def ScaledRope(hidden_size=32, num_attention_heads=4):

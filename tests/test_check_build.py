@@ -491,6 +491,23 @@ def test_the_argument_helpers_guess_fit_and_parse():
     names = ("d_ff", "dim_ff", "emb_size", "d", "H", "T", "ffn_mult", "mlp_ratio")
     assert [guess(n) for n in names] == [128, 128, 32, 32, 4, 16, 4, 4]
     assert (guess("rope"), guess("feed_forward"), guess("n", Path)) == (None, None, None)
+    # (s21 unseen set) a rotary module is asked for, not given a number; a letter is the file's
+    assert (guess("rotary_embeddings"), guess("rope_theta"), guess("rotary_dim")) == (
+        None,
+        None,
+        32,
+    )
+    assert (guess("d", sizes={"n_embd": 64}), guess("T", sizes={"block_size": 8})) == (64, 8)
+
+
+def test_a_width_called_d_is_built_at_the_files_width(tmp_path):
+    # (s21 unseen set) ``__init__(self, d)``: d is a width, the file's n_embd = 64 (was d=32)
+    text = LECTURE.replace("def __init__(self, n_embd, n_head):", "def __init__(self, d, n_head):")
+    text = text.replace(
+        "head_size = n_embd // n_head", "n_embd = d\n        head_size = n_embd // n_head"
+    )
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False)
+    assert report.passed and "d=64" in report.target, str(report)
 
 
 def _refusal(block, **kwargs):

@@ -76,6 +76,20 @@ def test_a_parameter_no_gradient_reaches_is_named_where_nothing_else_is():
     assert "no gradient reaches mask" in report.details["unused_parameters"], str(report)
 
 
+def test_a_parameter_never_used_is_named_beside_a_mistake_the_comparison_found():
+    report = check_block(cb.PostNormUnused, isolate=False, **LESSON)
+    assert report.diagnosis == ["post_norm", "unused_parameters"], str(report)
+    assert "extra.weight" in report.details["unused_parameters"], str(report)
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_weights_only_the_other_returned_items_read_are_not_unused(isolate):
+    report = check_block(cb.HaltingBlock, isolate=isolate, **LESSON)
+    assert report.verdict == "PASS", str(report)
+    said = "halt.0.bias, halt.0.weight, halt.2.bias, halt.2.weight: only its other items read them"
+    assert said in " ".join(str(report).split()), str(report)
+
+
 def test_a_block_that_runs_only_at_its_longest_sequence_is_told_so():
     report = check_block(cb.FullLengthOnlyBlock, isolate=False, **LESSON)
     assert report.diagnosis == ["shape"], str(report)

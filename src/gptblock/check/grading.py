@@ -117,7 +117,12 @@ def grade(
                 i, sub = todo.popleft()
             except IndexError:
                 return
-            done.put((i, grade_one(sub, dict(kwargs or {}), name, timeout)))
+            try:
+                row = grade_one(sub, dict(kwargs or {}), name, timeout)
+            except BaseException as e:  # a row still, or the batch would wait for it forever
+                said = f"gptblock could not grade it ({one_line(e)}): a bug in gptblock"
+                row = Row(sub.student, str(sub.path), "", "ERROR", report=said)
+            done.put((i, row))
 
     rows: dict[int, Row] = {}
     # Once for the batch: both change process-wide state that each check would otherwise set

@@ -42,8 +42,10 @@ _GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an
 _ROLES = (*(k.names for k in KINDS.values()), DROPOUTS)
 
 
-_LETTERS = {"c": 32, "d": 32, "h": 4, "t": 16}  # C, d (the width), H (heads), T (the length)
+_LETTERS = {"c": "width", "d": "width", "h": "heads", "t": "length"}  # C, d, H, T
 _NUMBERS = (int, float, bool, inspect.Parameter.empty)  # annotations a number may have
+# a module's name (``rotary_embeddings``, ``rope``), unless a number's word says otherwise
+_MODULE, _NUMBER = ("rotary", "rope", "embeddings"), ("dim", "theta", "base", "pct", "fac", "scal")
 
 
 def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}) -> object:
@@ -52,10 +54,11 @@ def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}
     lower = name.lower()
     if isinstance(annotation, type) and annotation not in _NUMBERS:
         return None
+    if any(w in lower for w in _MODULE) and not any(w in lower for w in _NUMBER):
+        return None
     found = next((v for words, v in _GUESSES if any(w in lower for w in words)), None)
-    if isinstance(found, Kind):
-        return sizes.get(found.names[0], found.value)
-    return _LETTERS.get(lower) if found is None else found
+    found = KINDS[_LETTERS[lower]] if found is None and lower in _LETTERS else found
+    return sizes.get(found.names[0], found.value) if isinstance(found, Kind) else found
 
 
 def fill_common_arguments(

@@ -40,7 +40,7 @@ class Kind:
 # ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; ``kind_of``
 # knows no width: a width is found by value, its multiples too
 KINDS: dict[str, Kind] = {  # in a label's order
-    "width": Kind(("n_embd", "n_embed", "d_model", "embed_dim", "hidden_size", "dim"), 32, 3, "C",
+    "width": Kind(("n_embd", "n_embed", "d_model", "embed_dim", "hidden_size", "dim", "d"), 32, 3, "C",
                   ("embd", "d_model", "dim", "hidden", "width", "embed", "channels")),
     "heads": Kind(("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4,
                   4, "nh", ("head",), (("head",),)),

@@ -106,7 +106,7 @@ def decide(
         findings += _same_again(service, *first)
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
-    if done.finding is not None and done.finding.passed:  # matched: it tells which parameters act
+    if done.traced is not None:  # a PASS: ``account`` tells which parameters act
         implied.pop("unused_parameters", None)
     details = {**implied, **done.details, **({"unused_parameters": unused} if unused else {})}
     diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
@@ -218,6 +218,9 @@ def _compared(
     unpacked = unpack_readings(*subject.read(roles), subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
+        notes += (
+            [f"{OUT_OF_SCOPE}{'; '.join(modern)}"] if isinstance(modern, list) and modern else []
+        )
         if not again:
             progress.stage("suggesting a --map")
         return Compared(None, verify="" if again else subject.suggest())

@@ -198,6 +198,7 @@ _ENTRIES = (
         "Give each branch its own norm: self.ln1 = nn.LayerNorm(n_embd); self.ln2 = "
         "nn.LayerNorm(n_embd); x = x + self.ffwd(self.ln2(x)).",
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
+        explains=("unused_parameters",),  # ln2
         ways=(way("the MLP branch reuses the attention branch's LayerNorm: ffwd(ln1(x)) instead of "
                   "ffwd(ln2(x))", norms=lambda ln1, ln2: (ln1, ln1)),)),
     Mistake("dropout_in_eval", "dropout is still active in eval mode",

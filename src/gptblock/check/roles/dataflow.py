@@ -331,7 +331,11 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
         ((index, proj),) = ops.items()
         roles["proj"] = _role(trace, proj, B, T, heads=True)
         used.add(index)
-    rest = [op for op in trace.ops if weight_input(trace, op) is not None and op.index not in used]
+    acts = trace.ancestors(trace.output)  # not an auxiliary head's (a halting probability)
+    rest = [
+        op for op in trace.ops
+        if weight_input(trace, op) is not None and op.index not in used and op.outputs[0] in acts
+    ]  # fmt: skip
     if len(rest) not in (2, 3) or rest[0].outputs[0] not in trace.ancestors(rest[-1].outputs[0]):
         routed = any(op.name == "topk" for op in trace.ops)  # experts chosen per token
         raise Unread(

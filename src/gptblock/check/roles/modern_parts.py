@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
-from .dataflow import Core, cores
+from .dataflow import SHAPE_OPS, Core, cores, weight_input
 from .modern_read import Linear, ModernRead, Turn
 from .provenance import snap
 from .trace import Op, Trace
@@ -263,11 +263,27 @@ def _in_core(trace: Trace, core: Core) -> list[str]:
     found = [
         capped and f"the attention logits are soft-capped ({capped[0]} between the score product "
         "and the softmax, as Gemma 2's tanh(s / c) * c)",
-        any(_bias(trace, op) for op in path) and "a bias that varies with the positions is added "
+        any(_bias(trace, op) for op in [scores, *path] if op) and "a bias that varies with the positions is added "
         "to the attention scores (ALiBi or a relative position bias)",
         window and f"a sliding-window mask: each position attends to the last {window} only",
+        _gated(trace, core.y) and "the attention's output is gated per channel before its "
+        "projection (sigmoid(g(x)) * attention, as Qwen3-Next's gated attention)",
     ]  # fmt: skip
     return [f for f in found if f]
+
+
+def _gated(trace: Trace, y: int) -> bool:
+    """The attention's output ``y`` multiplied by values of another branch, before a weight."""
+    todo, seen = [y], {y}
+    while todo:
+        for op in trace.consumers(todo.pop()):
+            other = [n for n in op.inputs if n not in seen and trace.nodes[n].data]
+            if op.base == "mul" and any(trace.nodes[n].value.numel() > 1 for n in other):
+                return True
+            if op.base in SHAPE_OPS and weight_input(trace, op) is None:
+                todo += [n for n in op.outputs if n not in seen]
+                seen.update(op.outputs)
+    return False
 
 
 def unmodelled(read: ModernRead) -> list[str]:
@@ -277,9 +293,9 @@ def unmodelled(read: ModernRead) -> list[str]:
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)
     ]  # fmt: skip
-    if _width_norm(trace, q_out, read.core.q, read.n_head):
-        found.append("q and k normalised over the whole width (OLMo 2's qk norm), not per head")
-    if read.turn is not None and not read.turn.fits:
+    fits = read.turn is not None and read.turn.fits
+    found += [qk] if (qk := _qk_norm(trace, q_out, read.core.q, read.n_head, fits)) else []
+    if read.turn is not None and not read.turn.fits and not qk:  # (measured through a norm: no)
         found.append(
             "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
             "Llama 3.1's or YaRN's)"
@@ -289,9 +305,10 @@ def unmodelled(read: ModernRead) -> list[str]:
 
 def _bias(trace: Trace, op: Op) -> bool:
     static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
+    added = op.base in ("add", "sub") or (op.base == "baddbmm" and op.kwargs.get("beta", 1) != 0)
     kept = [  # a mask's entries are 0 or huge
         t[torch.isfinite(t) & (t.abs() < -MASKED)]
-        for t in static if op.base in ("add", "sub") and t.dim() >= 2 and t.is_floating_point()
+        for t in static if added and t.dim() >= 2 and t.is_floating_point()
     ]  # fmt: skip
     return any(k.numel() and bool((k != k.flatten()[0]).any()) for k in kept)
 
@@ -332,15 +349,30 @@ def _normed_branch(trace: Trace, end: int) -> bool:
     return False
 
 
-def _width_norm(trace: Trace, q_out: int, q_core: int, nh: int) -> bool:  # OLMo 2's qk norm
+def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, fits: bool) -> str:
+    """q normalised (the scores' q as q's product times 3 is), over the whole width (OLMo 2's:
+    head 0 alone times 3 moves it), or per head in a form not modelled: where a rotation
+    measured through it (``fits``) does not fit, as one after an RMSNorm does (a channel lit
+    alone stays one channel, times its gain, then turns)."""
     z = trace.nodes[q_out].value
     D = z.shape[-1]
     if D % nh or z.dim() < 2:
-        return False
+        return ""
     one = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
     one[0] = 3.0
     moved = rescaled(trace, q_out, q_core, z, [3.0, one.flatten()])
-    return moved is not None and moved[2][0] <= 1e-3 and moved[2][1] > 1e-2  # float32: 1e-5
+    if moved is None or moved[2][0] > 1e-3:  # float32 norms: 1e-5
+        return ""
+    if moved[2][1] > 1e-2:
+        return "q and k normalised over the whole width (OLMo 2's qk norm), not per head"
+    return (
+        ""
+        if fits
+        else (
+            "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
+            "a bias, or a norm after the rotation)"
+        )
+    )
 
 
 def measured(turn: Turn | None, hs: int) -> str:

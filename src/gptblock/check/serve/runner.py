@@ -91,7 +91,7 @@ class Held:
             found.update({"input": got.input} if got.input is not None else {})
             return {"names": got.names, "failed": got.failed, "message": got.message}, found
         if op == "parameters":
-            values = {n: p.detach() for n, p in s.module.named_parameters()}
+            values = {n: p.detach() for n, p in s.module.named_parameters() if n not in s.aside}
             return {"names": list(values)}, values
         if op == "set":
             own = dict(s.module.named_parameters())

@@ -90,6 +90,7 @@ class Subject(Probed):
         self.failure: BaseException | None = None  # the first call's, in both dtypes
         self.unpacked = ""  # how the output is taken from a tuple the block returns
         self._key: Any = None  # and which item of it
+        self.aside: set[str] = set()  # parameters only its other items reach: not checked
         failure: BaseException | None = None
         called: list[str] = []  # the original's modules a copy calls (none, for a true copy)
         for dtype in (torch.float64, torch.float32):
@@ -143,10 +144,13 @@ class Subject(Probed):
         if not isinstance(y, Tensor) and not self.unpacked:  # a tuple, list or dict: the
             found = first_tensor(y, tuple(x.shape))  # (B, T, C) tensor taken, from now on
             if found is not None and found[1]:
-                self._key = found[0]
+                self._key, self.aside = found[0], _aside(self.module, x, found[0])
                 _take(self.module, self._key)
                 self.unpacked = (f"the block returns a {type(y).__name__}: its {found[1]}, "
                                  "the (B, T, C) tensor, is taken as its output")  # fmt: skip
+                if self.aside:
+                    names = ", ".join(sorted(self.aside)[:4]) + ", ..." * (len(self.aside) > 4)
+                    self.unpacked += f" ({names}: only its other items read them, not checked)"
                 y = y[self._key]
         if not isinstance(y, Tensor):
             what = type(y).__name__
@@ -174,7 +178,7 @@ class Subject(Probed):
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
         """The gradients of ``sum(y * weights)``; an in-place change autograd needed: ``failed``."""
         own = self.module_in(x.dtype).named_parameters()
-        params = [(n, p) for n, p in own if p.requires_grad]
+        params = [(n, p) for n, p in own if p.requires_grad and n not in self.aside]
         names = [n for n, _ in params]
         if not params and not inputs:
             return Grads([], [])
@@ -247,6 +251,29 @@ def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
         if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
             return key, f"{key!r}" if isinstance(key, str) else f"element {key}"
     return None
+
+
+def _aside(module: nn.Module, x: Tensor, key: Any) -> set[str]:
+    """The parameters that only the items besides ``key`` of what ``module`` returns reach (an
+    auxiliary head's: a halting probability, a router's loss), by their gradients."""
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    try:
+        with torch.enable_grad():
+            out = module(x.clone())
+            items = list(out.items() if isinstance(out, Mapping) else enumerate(out))
+            mine, others = (_reached([v for k, v in items if (k == key) == m], params) for m in (True, False))  # fmt: skip
+    except CAUGHT:  # then every parameter is checked, as the output's
+        return set()
+    return others - mine
+
+
+def _reached(ys: list[Any], params: list[tuple[str, nn.Parameter]]) -> set[str]:
+    ys = [y for y in ys if isinstance(y, Tensor) and y.requires_grad and y.is_floating_point()]
+    if not ys or not params:
+        return set()
+    loss = torch.stack([torch.where(torch.isfinite(y), y, 0.0).sum().double() for y in ys]).sum()
+    found = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, retain_graph=True)
+    return {n for (n, _), g in zip(params, found, strict=True) if g is not None}
 
 
 def _take(module: nn.Module, key: Any) -> None:  # its forward returns the ``key`` item
