@@ -90,7 +90,7 @@ class Attention(nn.Module):
 
     def __init__(self, hidden_size, n_head, n_kv_head, rope_theta=10000.0, partial_rotary_factor=1.0,
                  qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0,
-                 gate=False):  # fmt: skip
+                 gate=False, subnorm=False):  # fmt: skip
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = hidden_size // n_head
@@ -102,6 +102,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(n_head * self.head_dim, hidden_size, bias=False)
         self.gate = nn.Linear(hidden_size, n_head * self.head_dim, bias=False) if gate else None
+        self.sub_norm = RMSNorm(n_head * self.head_dim) if subnorm else None
         self.qk_norm = qk_norm
         if qk_norm in ("head", "after"):
             self.q_norm, self.k_norm = RMSNorm(self.head_dim), RMSNorm(self.head_dim)
@@ -159,6 +160,8 @@ class Attention(nn.Module):
         out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, -1)
         if self.gate is not None:  # Qwen3-Next's gated attention (HRM's too)
             out = torch.sigmoid(self.gate(hidden_states)) * out
+        if self.sub_norm is not None:  # BitNet's attn_sub_norm: a norm, not a gate
+            out = self.sub_norm(out)
         return self.o_proj(out)
 
 
@@ -316,8 +319,16 @@ def GatedAttention(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, gate=True)
 
 
+def SubNorm(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, subnorm=True)
+
+
 def ScaledRope(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, rope_scaling=4.0)
+
+
+def ScaledRopeQkNorm(hidden_size=32, num_attention_heads=4):  # Apertus: Llama 3's scaling too
+    return DecoderLayer(hidden_size, num_attention_heads, rope_scaling=4.0, qk_norm="head")
 
 
 def Sliding(hidden_size=32, num_attention_heads=4):

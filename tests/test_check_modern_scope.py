@@ -49,6 +49,7 @@ OUT_OF_SCOPE = {
         "seen on sequences longer",
     ],
     "ScaledRope": ["frequencies are not theta^(-2i/r)"],
+    "ScaledRopeQkNorm": ["frequencies are not theta^(-2i/r)"],
     "SoftCapGPT2": ["soft-capped (tanh"],  # the lessons' path: a GPT-2 block
 }
 
@@ -92,8 +93,14 @@ def test_a_part_the_references_do_not_model_is_unverified_naming_it(name):
     assert "not compared, as the references do not model it: " in said
     for part in OUT_OF_SCOPE[name]:
         assert part in said, said
-    if not any("frequencies" in part for part in OUT_OF_SCOPE[name]):  # not a wrong part named
-        assert "frequencies are not" not in said, said
+    for part in ("frequencies are not", "normalised per head"):  # not a wrong part named
+        if not any(part in p for p in OUT_OF_SCOPE[name]):
+            assert part not in said, said
+
+
+def test_a_norm_on_the_attentions_output_is_not_named_a_gate():
+    report = check_block(blocks.SubNorm)  # BitNet's: its factor is made from the output itself
+    assert report.verdict != "PASS" and "gated" not in " ".join(report.notes), report.format()
 
 
 def test_a_window_the_files_lengths_do_not_reach_is_named_at_the_other_sizes():

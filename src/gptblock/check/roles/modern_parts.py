@@ -273,11 +273,15 @@ def _in_core(trace: Trace, core: Core) -> list[str]:
 
 
 def _gated(trace: Trace, y: int) -> bool:
-    """The attention's output ``y`` multiplied by values of another branch, before a weight."""
+    """The attention's output ``y`` multiplied by values of another branch (not a norm's
+    factor, made from ``y``: BitNet's sub-norm), before a weight."""
     todo, seen = [y], {y}
     while todo:
         for op in trace.consumers(todo.pop()):
-            other = [n for n in op.inputs if n not in seen and trace.nodes[n].data]
+            other = [
+                n for n in op.inputs
+                if n not in seen and trace.nodes[n].data and y not in trace.ancestors(n)
+            ]  # fmt: skip
             if op.base == "mul" and any(trace.nodes[n].value.numel() > 1 for n in other):
                 return True
             if op.base in SHAPE_OPS and weight_input(trace, op) is None:
@@ -293,8 +297,8 @@ def unmodelled(read: ModernRead) -> list[str]:
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)
     ]  # fmt: skip
-    fits = read.turn is not None and read.turn.fits
-    found += [qk] if (qk := _qk_norm(trace, q_out, read.core.q, read.n_head, fits)) else []
+    turned = read.turn is not None and read.turn.pairing != "other"  # a rotation, if scaled
+    found += [qk] if (qk := _qk_norm(trace, q_out, read.core.q, read.n_head, turned)) else []
     if read.turn is not None and not read.turn.fits and not qk:  # (measured through a norm: no)
         found.append(
             "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
@@ -349,11 +353,11 @@ def _normed_branch(trace: Trace, end: int) -> bool:
     return False
 
 
-def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, fits: bool) -> str:
+def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, turned: bool) -> str:
     """q normalised (the scores' q as q's product times 3 is), over the whole width (OLMo 2's:
-    head 0 alone times 3 moves it), or per head in a form not modelled: where a rotation
-    measured through it (``fits``) does not fit, as one after an RMSNorm does (a channel lit
-    alone stays one channel, times its gain, then turns)."""
+    head 0 alone times 3 moves it), or per head in a form not modelled: where no rotation was
+    measured through it (``turned``), as one is after an RMSNorm (a channel lit alone stays
+    one channel, times its gain, then turns)."""
     z = trace.nodes[q_out].value
     D = z.shape[-1]
     if D % nh or z.dim() < 2:
@@ -365,13 +369,11 @@ def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, fits: bool) -> str:
         return ""
     if moved[2][1] > 1e-2:
         return "q and k normalised over the whole width (OLMo 2's qk norm), not per head"
+    if turned:  # a rotation measured through it: an RMSNorm before it (its rotation scaled?)
+        return ""
     return (
-        ""
-        if fits
-        else (
-            "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
-            "a bias, or a norm after the rotation)"
-        )
+        "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
+        "a bias, or a norm after the rotation)"
     )
 
 

@@ -91,7 +91,9 @@ def measure_turn(
         return None
     halves = all(j == (i + r // 2) % r for i, (j, _) in turned.items())
     adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
-    pairing = "halves" if halves else "adjacent" if adjacent else "other"
+    # a rotation turns i into j as much as j into i; gains after it (HunYuan's qk norm) do not
+    even = all(abs(s - turned.get(j, (i, 0.0))[1]) <= 1e-4 * s for i, (j, s) in turned.items())
+    pairing = "halves" if halves and even else "adjacent" if adjacent and even else "other"
     theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
     return Turn(r, theta or 0.0, theta is not None, pairing)
 
