@@ -15,7 +15,7 @@ import torch
 from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, run_steps
 from ..serve.subject import Probed
-from .modern_parts import DENSE, GATED, NORM_KINDS, MlpRead, NormRead, norm_function, norm_of
+from .modern_parts import DENSE, GATED, NORM_KINDS, MlpRead, NormRead, norm_function, norm_of, ones
 from .modern_read import Linear, ModernRead
 from .provenance import Traced, trace
 from .readings import Readings
@@ -132,7 +132,7 @@ def send(
         meta[f"ln{i + 1}"] = {"kind": n.form, "eps": n.eps}
         roles[f"ln{i + 1}"] = (n.gain, n.bias)  # gains of 1 read as exactly 1 (``norm_of``)
     if qk_norm is not None:
-        roles.update({"lnq": (_ones(qk_norm[0]),), "lnk": (_ones(qk_norm[1]),)})
+        roles.update({"lnq": (ones(qk_norm[0]),), "lnk": (ones(qk_norm[1]),)})
     return meta, _tensors(KEY, roles)
 
 
@@ -143,12 +143,6 @@ def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
         for p, t in zip(("weight", "bias"), ts, strict=False)
         if t is not None
     }
-
-
-def _ones(t: Tensor) -> Tensor:
-    """Entries within 1e-6 of 1 as exactly 1 (as ``norm_of``'s gains; a weightless norm in
-    float32 reads 1 to 1e-7): the checker takes exact 1s as no weight."""
-    return torch.where((t - 1.0).abs() <= 1e-6, torch.ones_like(t), t)
 
 
 def _same(a: NormRead, b: NormRead) -> bool:
