@@ -473,9 +473,15 @@ def test_the_argument_helpers_guess_fit_and_parse():
     from gptblock.check.building.build import check_sizes
     from gptblock.check.building.target import check_spec, parse_role
 
-    assert (guess("n_layer"), guess("layer_idx"), guess("n_kv_heads"), guess("max_seq_len")) == (
-        1, 0, 4, 16,
-    )  # fmt: skip
+    assert (guess("n_layer"), guess("layer_idx"), guess("max_seq_len")) == (1, 0, 16)
+    # a head size is the width's share of a head; key/value heads a group of two, so that the
+    # grouping is checked (not as many as the heads: that is no grouping)
+    sizes = {"n_embd": 48, "n_head": 6}
+    assert [guess(n) for n in ("head_dim", "d_k", "n_kv_heads", "num_key_value_heads")] == [
+        8, 8, 2, 2,
+    ]  # fmt: skip
+    assert [guess(n, sizes=sizes) for n in ("head_dim", "n_kv_heads")] == [8, 3]
+    assert guess("n_kv_heads", sizes={"n_head": 3}) == 1
     given = {"d_model": 32, "nhead": 4, "bias": False}
     assert fit_arguments(lesson.Block, given)[0] == {"n_embd": 32, "n_head": 4}
     assert (_index("layer_idx"), _index("layer_number"), _index("n_layer")) == (0, 1, None)
@@ -495,8 +501,8 @@ def test_the_argument_helpers_guess_fit_and_parse():
     assert (guess("rotary_embeddings"), guess("rope_theta"), guess("rotary_dim")) == (
         None,
         None,
-        32,
-    )
+        8,
+    )  # a rotation as wide as a head, not the width
     assert (guess("d", sizes={"n_embd": 64}), guess("T", sizes={"block_size": 8})) == (64, 8)
 
 
@@ -589,3 +595,19 @@ def test_a_config_read_as_a_dict_is_built_as_one():
     ), said
     report = check_block(DictBlock, hidden_dropout_prob=0.0)
     assert "config={'bias': True, 'n_embd': 32" in report.target, str(report)
+
+
+def test_a_key_value_head_count_without_a_default_is_asked_for_grouped(tmp_path):
+    # ``--arg n_kv_head=4`` (as many as the heads) built an ungrouped block: a learner who took the
+    # suggested line got PASS for keys tiled in the wrong order. Half the heads shows it.
+    text = (Path(__file__).parent / "zoo_modern" / "blocks" / "gqa_lesson.py").read_text()
+    text = text.replace("k = k.repeat_interleave(group, dim=1)", "k = k.repeat(1, group, 1, 1)")
+    text = text.replace("v = v.repeat_interleave(group, dim=1)", "v = v.repeat(1, group, 1, 1)")
+    text = text.replace(
+        "def __init__(self, n_embd=32, n_head=4, n_kv_head=2, block_size=16):",
+        "def __init__(self, n_kv_head, n_embd=32, n_head=4, block_size=16):",
+    )
+    path = _file(tmp_path, "gqa", text)
+    with pytest.raises(UserValueError, match=r"this builds it: --arg n_kv_head=2$"):
+        check_block(f"{path}:Block", isolate=False)
+    assert check_block(f"{path}:Block", isolate=False, n_kv_head=2).diagnosis == ["gqa_order"]

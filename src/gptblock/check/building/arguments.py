@@ -14,6 +14,7 @@ import torch
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import learner_line
+from . import sizes as _sizes
 from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, Kind, config_class, parameters, signature
 
 __all__ = [
@@ -56,6 +57,15 @@ def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}
         return None
     if any(w in lower for w in _MODULE) and not any(w in lower for w in _NUMBER):
         return None
+    rotary = any(w in lower for w in _MODULE[:2]) and "dim" in lower  # as many as a head has
+    if (kind := "head_size" if rotary else _sizes.kind_of(name)) in ("head_size", "kv_heads"):
+        C, nh = (
+            _sizes.number(sizes.get(KINDS[k].names[0])) or KINDS[k].value or 1
+            for k in ("width", "heads")
+        )
+        # kv heads: a group of two (one where the heads are odd), so that the grouping is checked
+        own = _sizes.number(sizes.get(KINDS[kind].names[0]))
+        return own or (C // nh if kind == "head_size" else nh // 2 if nh % 2 == 0 else 1)
     found = next((v for words, v in _GUESSES if any(w in lower for w in words)), None)
     found = KINDS[_LETTERS[lower]] if found is None and lower in _LETTERS else found
     return sizes.get(found.names[0], found.value) if isinstance(found, Kind) else found
