@@ -611,3 +611,16 @@ def test_a_key_value_head_count_without_a_default_is_asked_for_grouped(tmp_path)
     with pytest.raises(UserValueError, match=r"this builds it: --arg n_kv_head=2$"):
         check_block(f"{path}:Block", isolate=False)
     assert check_block(f"{path}:Block", isolate=False, n_kv_head=2).diagnosis == ["gqa_order"]
+
+
+def test_a_block_ungrouped_at_its_files_sizes_is_checked_grouped_at_others(tmp_path):
+    # n_kv_head = n_head by default: keys tiled in the wrong order compute the right block there
+    # (one key/value head each); the other sizes group them, and the tiling shows
+    text = (Path(__file__).parent / "zoo_modern" / "blocks" / "gqa_lesson.py").read_text()
+    text = text.replace("n_head=4, n_kv_head=2,", "n_head=4, n_kv_head=4,")
+    right = check_block(f"{_file(tmp_path, 'right', text)}:Block", isolate=False)
+    assert right.passed and "n_head=6, n_kv_head=3," in " ".join(right.notes), str(right)
+    text = text.replace("k = k.repeat_interleave(group, dim=1)", "k = k.repeat(1, group, 1, 1)")
+    text = text.replace("v = v.repeat_interleave(group, dim=1)", "v = v.repeat(1, group, 1, 1)")
+    tiled = check_block(f"{_file(tmp_path, 'tiled', text)}:Block", isolate=False)
+    assert not tiled.passed and tiled.diagnosis == ["gqa_order"], str(tiled)

@@ -62,7 +62,7 @@ DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
-_OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8))  # (C, nh): hs 16, 8, 12, 16...
+_OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8), (24, 6))  # (C, nh): hs 16, 8...
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
 
 
@@ -188,9 +188,12 @@ def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]
             continue
         per_head = nh2 if nh is not None else C // v.get("head_size", C)
         length = 16 if v.get("length") != 16 else 24
-        every = {"width": C2, "heads": nh2, "kv_heads": nh2 // group, "head_size": C2 // per_head}
+        # ungrouped at the file's sizes: grouped here, where keys repeated wrongly show
+        kv2 = nh2 // group if group > 1 or hints else nh2 // 2 if nh2 % 2 == 0 else 1
+        every = {"width": C2, "heads": nh2, "kv_heads": kv2, "head_size": C2 // per_head}
         found.append({k: x for k, x in {**every, "length": length}.items() if k in v})
-    return found
+    # where the file's are ungrouped, first those with two key/value heads or more in groups
+    return sorted(found, key=lambda s: group == 1 and not 1 < s.get("kv_heads", 0) < s["heads"])
 
 
 def names(values: Mapping[str, int]) -> dict[str, int]:
