@@ -624,3 +624,19 @@ def test_a_block_ungrouped_at_its_files_sizes_is_checked_grouped_at_others(tmp_p
     text = text.replace("v = v.repeat_interleave(group, dim=1)", "v = v.repeat(1, group, 1, 1)")
     tiled = check_block(f"{_file(tmp_path, 'tiled', text)}:Block", isolate=False)
     assert not tiled.passed and tiled.diagnosis == ["gqa_order"], str(tiled)
+
+
+def test_a_mask_made_in_forward_is_compared_up_to_the_files_block_size(tmp_path):
+    # (s22 unseen set) no buffer and no argument says how long its sequences are, but the file's
+    # block_size = 32 does: a window of 21 positions (right up to T = 21) passed at T <= 16
+    text = LECTURE.replace(
+        "self.register_buffer('tril', torch.tril(torch.ones(block_size, block_size)))", "pass"
+    ).replace(
+        "wei = wei.masked_fill(self.tril[:T, :T] == 0, float('-inf'))",
+        "i = torch.arange(T)\n"
+        "        far = (i[:, None] < i[None, :]) | (i[:, None] - i[None, :] > 20)\n"
+        "        wei = wei.masked_fill(far, float('-inf'))",
+    )
+    report = check_block(f"{_file(tmp_path, 'window', text)}:Block", isolate=False)
+    said = {f.name: f.message for f in report.findings}["reference comparison"]
+    assert not report.passed and said.startswith("equal for T <= 21, off by"), str(report)

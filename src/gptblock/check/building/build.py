@@ -245,14 +245,19 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
     return first_tensor(y, (2, T, C)) is not None
 
 
-def max_length(module: nn.Module, kwargs: Mapping[str, object], default: int) -> int:
-    """The longest sequence the block accepts, by its arguments or a causal-mask buffer."""
+def max_length(
+    module: nn.Module, kwargs: Mapping[str, object], default: int, target: object = None
+) -> int:
+    """The longest sequence the block accepts, by its arguments, a causal-mask buffer or the
+    module settings of ``target``'s file (``BLOCK_SIZE = 128``, a mask made in forward)."""
     said = _said(module, kwargs, KINDS["length"].names)
     masks = [
         int(b.shape[-1])
         for b in module.buffers()
         if b.dim() >= 2 and b.shape[-1] == b.shape[-2] >= 1
     ]
+    named = settings(target)[1].items() if target is not None else ()
+    masks += [v for n, v in named if n.lower() in KINDS["length"].names]  # the block's own first
     return next(iter(said + masks), default)
 
 

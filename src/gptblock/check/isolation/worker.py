@@ -54,7 +54,7 @@ class Served(Held):
 
     def answer(self, op: str, args: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Message:
         if op == "width":  # the block's width and the probes' length; longest 0: unknown
-            self.longest = max_length(self.module, self.sized, 0)
+            self.longest = max_length(self.module, self.sized, 0, self.target)
             self.T = min(PROBE_T, self.longest or PROBE_T)
             self.C = width(self.module, self.sized, self.T)
             return {"C": self.C, "T": self.T, "longest": self.longest}, {}
@@ -93,7 +93,7 @@ class Served(Held):
 
     def read(self, roles: Mapping[str, str]) -> Message:  # as numbers, or "why" not
         notes: list[str] = []
-        longest = max_length(self.module, self.sized, readings.TRACE_T)
+        longest = max_length(self.module, self.sized, readings.TRACE_T, self.target)
         found = readings.read_parts(self.subject, self.traces, roles, longest, notes)
         if isinstance(found, str):
             return {"why": found, "notes": notes}, {}
