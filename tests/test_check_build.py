@@ -640,3 +640,15 @@ def test_a_mask_made_in_forward_is_compared_up_to_the_files_block_size(tmp_path)
     report = check_block(f"{_file(tmp_path, 'window', text)}:Block", isolate=False)
     said = {f.name: f.message for f in report.findings}["reference comparison"]
     assert not report.passed and said.startswith("equal for T <= 21, off by"), str(report)
+
+
+def test_a_plain_config_class_gives_its_values_as_defaults(tmp_path):
+    # (s22 unseen set) ``class Config: n_embd = 48`` (no dataclass): its values are the file's
+    # sizes, and the block is built from them (before: --arg asked for each, head_dim at the width)
+    plain = NANOGPT.replace("@dataclass\nclass GPTConfig:", "class GPTConfig:").replace(
+        ": int = ", " = "
+    ).replace(": float = ", " = ").replace(": bool = ", " = ")  # fmt: skip
+    report = check_block(f"{_file(tmp_path, 'plain', plain)}:Block", isolate=False)
+    said = " ".join(report.notes)
+    assert report.passed and "n_embd=48, n_head=6, block_size=64 from the config's defaults" in said
+    assert "checked again at n_embd=" in said and ": PASS" in said, str(report)

@@ -162,6 +162,9 @@ def complete(
     rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
+    own = {} if dataclasses.is_dataclass(cls) else _sizes.config_defaults(cls)
+    if own:  # a plain class's values (``class Config: n_embd = 64``), the file's sizes, --arg's
+        values = {**own, **{k: x for k, x in sizes.items() if k in own}, **given}
     fields = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)

@@ -16,9 +16,9 @@ from typing import Any
 from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
 
 __all__ = [
-    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "file_sizes", "kind_of",
-    "names", "not_other", "number", "parameters", "patch_globals", "plan", "settings", "signature",
-    "size_sets",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "config_defaults",
+    "file_sizes", "kind_of", "names", "not_other", "number", "parameters", "patch_globals", "plan",
+    "settings", "signature", "size_sets",
 ]  # fmt: skip
 
 
@@ -106,11 +106,21 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
     ):
         wanted = set(getattr(cls, "__annotations__", ()))  # a Protocol's fields
         found = [(sum(kind_of(n) not in (None, "other") for n in names), c) for c in own.values()
-                 if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == own["__name__"]
-                 and wanted <= (names := {f.name for f in dataclasses.fields(c)})]  # fmt: skip
+                 if isinstance(c, type) and c.__module__ == own["__name__"]
+                 and wanted <= (names := set(config_defaults(c)))]  # fmt: skip
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
     ours = isinstance(cls, type) and cls.__module__ == getattr(factory, "__module__", None)
     return cls if ours or (isinstance(cls, type) and dataclasses.is_dataclass(cls)) else None
+
+
+def config_defaults(cls: object) -> dict[str, object]:
+    """A config class's defaults: a dataclass's fields', else its own public plain values (the
+    learner's ``class Config: n_embd = 64``)."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+    plain = (int, float, str, bool, type(None))
+    public = vars(cls).items() if isinstance(cls, type) else ()
+    return {n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)}
 
 
 def signature(factory: object) -> dict[str, inspect.Parameter]:
@@ -133,9 +143,8 @@ def file_sizes(
     checker's, and the notes of where they came from."""
     params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    classes = [c for p in params if p.name not in given
-               and dataclasses.is_dataclass(c := config_class(factory, p))]  # fmt: skip
-    fields = {f.name: f.default for c in classes for f in dataclasses.fields(c)}
+    classes = [config_class(factory, p) for p in params if p.name not in given]
+    fields = {n: v for c in classes for n, v in config_defaults(c).items()}
     file, numbers, configs = settings(factory)  # model_config.n_embd: after the numbers
     module = ChainMap(dict[str, object](numbers), *(_fields(c) or {} for c in configs.values()))
     used = {n.lower() for n in [*(p.name for p in params), *fields, *module, *given]}
