@@ -215,7 +215,8 @@ def _compared(
     if dropout:
         notes.append(f"compared with every dropout of the block {dropout}")
     progress.stage("reading the weights from the forward pass")
-    unpacked = unpack_readings(*subject.read(roles), subject, chosen, notes)
+    meta, tensors = subject.read(roles)
+    unpacked = unpack_readings(meta, tensors, subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
         notes += (
@@ -225,6 +226,9 @@ def _compared(
             progress.stage("suggesting a --map")
         return Compared(None, verify="" if again else subject.suggest())
     readings, read = unpacked
+    # roles guessed by shape and order: one mistake at most (more would fit a wrong guess too)
+    guessed = meta.get("guessed") is True
+    depth = 1 if guessed else MAX_MISTAKES
     progress.stage("the reference comparison")
     try:
         # the traced input, then, where mistakes found on it fail on fresh inputs, one of those:
@@ -233,9 +237,9 @@ def _compared(
         for x in inputs:
             y = subject(x.to(subject.dtype)).to(torch.float64)
             with torch.no_grad():
-                tried, first = explain(readings.readings, x, y, readings.heads, MAX_MISTAKES), 0
+                tried, first = explain(readings.readings, x, y, readings.heads, depth), 0
                 if tried.match is None and readings.fallback:  # q, k, v in another order, then?
-                    swapped = explain(readings.fallback, x, y, readings.heads, MAX_MISTAKES)
+                    swapped = explain(readings.fallback, x, y, readings.heads, depth)
                     if swapped.match is not None:
                         tried, first = swapped, len(readings.readings)
             if len(inputs) > 1 and tried.match is None:
@@ -244,7 +248,7 @@ def _compared(
             match = result.match
             reading = first + match.reading if match else 0
             parts = [*readings.readings, *readings.fallback][reading]
-            found = _finding(result, parts.parallel)
+            found = _finding(result, parts.parallel, depth)
             if match is None:
                 break
             progress.stage("confirming the comparison on fresh inputs and conditions")
@@ -271,6 +275,11 @@ def _compared(
         return Compared(None)
     if again and match is None and result.match is not None and _beyond(subject, notes):
         return Compared(None)
+    if result.match is None and guessed:  # the roles may be wrong, not the block
+        notes.append(
+            f"not compared: the roles guessed by shape and order match nothing ({found.message})"
+        )
+        return Compared(None, verify="" if again else subject.suggest())
     if match is None:
         return Compared(found)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
@@ -291,11 +300,11 @@ def _beyond(subject: Service, notes: list[str]) -> bool:
     return bool(found)
 
 
-def _finding(result: Explanation, parallel: bool) -> Finding:
+def _finding(result: Explanation, parallel: bool, depth: int) -> Finding:
     name, match, closest = "reference comparison", result.match, result.closest
     lessons = "the lessons' block" + " with a parallel residual (GPT-J's)" * parallel
     if match is None:
-        msg = f"no variant with up to {MAX_MISTAKES} catalogued mistakes reproduces the block "
+        msg = f"no variant with up to {depth} catalogued mistakes reproduces the block "
         msg += f"within {TOLERANCE:g} of its output scale"
         if closest:
             msg += f"; the closest is {closest.describe()}, off by {closest.error:.2g}"

@@ -203,10 +203,12 @@ class Remote(Probed):
         return str(how)
 
     def read(self, roles: Mapping[str, str]) -> Message:
-        """From the traces' dataflow here, else as its process says (``receive`` checks it)."""
+        """From the traces' dataflow here, else as its process says (``receive`` checks it):
+        ``guessed`` there without ``roles`` (by the module tree's shapes and order)."""
         found = "" if roles else readings.dataflow(self.traces, self.longest or readings.TRACE_T)
         if isinstance(found, str):
-            return self.call("read", roles=dict(roles))
+            said, tensors = self.call("read", roles=dict(roles))
+            return {**said, "guessed": not roles}, tensors
         read, x = found
         parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
         return plain_readings(parts, list(self.parameters().values()), [])
