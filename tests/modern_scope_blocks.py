@@ -396,6 +396,22 @@ def SoftCapGPT2(n_embd=32, n_head=4):
     return GPT2Block(n_embd, n_head, softcap=5.0)
 
 
+class LeakyGPT2(GPT2Block):
+    """A GPT-2 block whose MLP's activation is a LeakyReLU (the s22 unseen set)."""
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.leaky_relu(self.c_fc(self.ln_2(x))))
+
+
+class EluLlama(DecoderLayer):
+    """A Llama layer whose MLP's gate is an ELU: the modern reading names it too."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4):
+        super().__init__(hidden_size, num_attention_heads)
+        self.mlp.act = F.elu
+
+
 def TemperatureGPT2(n_embd=32, n_head=4):
     return GPT2Block(n_embd, n_head, temperature=True)
 

@@ -245,10 +245,17 @@ SATURATING = {"tanh": "tanh", "atan": "atan", "sigmoid": "sigmoid", "erf": "erf"
               "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "hardtanh": "clamp"}  # fmt: skip
 MASKED = -1e4  # a score at or below this is masked (-inf, finfo.min, -1e9), not biased; an
 # additive mask's entries are 0 or at least this large (- 1e10 * (1 - b), as OpenAI's GPT-2)
+OTHER_ACTIVATIONS = ("leaky_relu", "elu", "softplus", "mish", "hardswish", "_prelu_kernel")
+
+
+def _activation(trace: Trace) -> list[str]:  # (at the dispatch level, SELU and CELU are elu's)
+    other = [op.base for op in trace.ops if op.base in OTHER_ACTIVATIONS]
+    return [f"the activation {other[0]} (not GELU, ReLU, SiLU or ReLU squared)"] if other else []
 
 
 def attention_scope(trace: Trace) -> list[str]:
-    found: list[str] = []
+    """What its attention computes that no reference models, and an activation none does."""
+    found = _activation(trace)
     try:
         for core in cores(trace):
             found += [p for p in _in_core(trace, core) if p not in found]
@@ -300,7 +307,7 @@ def _gated(trace: Trace, y: int) -> bool:
 
 def unmodelled(read: ModernRead) -> list[str]:
     trace, (q_out, proj_out, down_out) = read.trace, read.ends
-    found = _in_core(trace, read.core) + [
+    found = _activation(trace) + _in_core(trace, read.core) + [
         f"a norm after the {what} inside its residual branch (a sandwich norm, as Gemma 2's and "
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)
