@@ -652,3 +652,17 @@ def test_a_plain_config_class_gives_its_values_as_defaults(tmp_path):
     said = " ".join(report.notes)
     assert report.passed and "n_embd=48, n_head=6, block_size=64 from the config's defaults" in said
     assert "checked again at n_embd=" in said and ": PASS" in said, str(report)
+
+
+def test_a_size_error_in_forward_names_the_learners_line_through_the_command(tmp_path):
+    # (s22 unseen set) the shape mistake's evidence says where: a mask expanded to the wrong size
+    text = LECTURE.replace(
+        "wei = wei.masked_fill(self.tril[:T, :T] == 0, float('-inf'))",
+        "wei = wei.masked_fill(self.tril[:T, :T].expand(B, 1, 1) == 0, float('-inf'))",
+    )
+    report = check_block(f"{_file(tmp_path, 'expand', text)}:Block", isolate=True)
+    said = report.findings[0].message
+    assert report.diagnosis == ["shape"] and "expand.py:" in said, str(report)
+    assert said.endswith(
+        ": wei = wei.masked_fill(self.tril[:T, :T].expand(B, 1, 1) == 0, float('-inf')))"
+    )

@@ -241,7 +241,8 @@ def main(argv: list[str], start: Callable[[dict[str, Any]], Held] = Held) -> int
             reply.update(user_error=type(e).__name__, message=str(e))
         except CAUGHT as e:
             where = " ".join(w.strip() for w in traceback.format_exception(e)[-3:])
-            reply.update(raised=one_line(e), where=where)
+            at = learner_line(e, None) if header.get("op") == "forward" else ""  # its line
+            reply.update(raised=one_line(e) + at, where=where)
         loop.send(out_fd, reply, found)
 
 
