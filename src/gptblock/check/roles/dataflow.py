@@ -30,6 +30,7 @@ WEIGHT_OPS = frozenset(
 SLICING_OPS = frozenset(
     ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
 )
+PRODUCTS = ("bmm", "baddbmm", "mm")  # of two data operands (baddbmm's input: zeros, a constant)
 GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
 
 
@@ -241,7 +242,7 @@ def cores(trace: Trace) -> list[Core]:
         if "scaled_dot_product" in op.name and len(moved) >= 3:
             (q, k, v), A, scores = op.inputs[:3], None, None
             time = trace.nodes[q].shape[-2]
-        elif op.name in ("bmm", "mm") and len(moved) == 2 and (found := _weighted(trace, moved)):
+        elif op.name in PRODUCTS and len(moved) == 2 and (found := _weighted(trace, moved)):
             A, v, flipped, scores = found
             q, k = data(trace, scores)
             if _keys_first(trace, scores, A, flipped):
@@ -292,7 +293,7 @@ def _agreement(S: Tensor, P: Tensor) -> float:
 
 def _scores(trace: Trace, A: int) -> Op | None:
     made = filter(None, map(trace.producer, trace.ancestors(A)))
-    found = [op for op in made if op.name in ("bmm", "baddbmm", "mm") and len(data(trace, op)) == 2]
+    found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]
     return max(found, key=lambda op: op.index) if found else None
 
 
