@@ -16,6 +16,7 @@ from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, run_steps
+from ..roles.dataflow import cores
 from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
@@ -84,7 +85,9 @@ def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
             y = source.call(x)
         if isinstance(y, Tensor) and not torch.isfinite(y).all():  # a root of a negative mean?
             x = x.abs() + 1.0  # positive inputs leave more of such a block defined
-        read = read_modern(source.trace_of(x))
+        read = read_modern(trace := source.trace_of(x))
+        if read is None and len(cores(trace)) == len(x) > 1:  # a core per sequence: a loop
+            read = read_modern(source.trace_of(x[:1]))  # over them, one core at B = 1
         return None if read is None else _compare(source, read, x.dtype)
     except CAUGHT:  # Unread, TraceError among them
         return None

@@ -13,7 +13,7 @@ import torch
 from .trace import Op, Trace
 
 __all__ = [
-    "Core", "Role", "Unread", "as_rows", "cores", "find_roles", "layout", "static_names",
+    "Core", "Role", "Unread", "as_rows", "back", "cores", "find_roles", "layout", "static_names",
     "to_weight", "weight_input",
 ]  # fmt: skip
 
@@ -126,7 +126,8 @@ def gathered(trace: Trace, op: Op) -> int | None:
     return common[0] if common and trace.nodes[common[0]].value.numel() == size else None
 
 
-def _back(trace: Trace, node: int) -> tuple[int, float] | None:
+def back(trace: Trace, node: int) -> tuple[int, float] | None:
+    """One step back from ``node`` over a reshape, a scalar factor (its factor) or a bias."""
     op = trace.producer(node)
     if op is None:
         return None
@@ -145,7 +146,7 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
         stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
-        step = None if stop else _back(trace, node)
+        step = None if stop else back(trace, node)
         if step is None:  # or made by a product: (nh, B * T, hs) from a 3-D weight
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         node = step[0]
@@ -173,7 +174,7 @@ def static_names(trace: Trace, ops: list[Op]) -> list[str]:
 def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
     factor = 1.0
     while (op := trace.producer(node)) is None or weight_input(trace, op) is None:
-        step = _back(trace, node)
+        step = back(trace, node)
         if step is None:
             return None
         node, factor = step[0], factor * step[1]

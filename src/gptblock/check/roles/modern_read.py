@@ -15,7 +15,7 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope, rms
-from .dataflow import Core, Role, Unread, as_rows, cores, find_roles, static_names, to_weight
+from .dataflow import Core, Role, Unread, as_rows, back, cores, find_roles, static_names, to_weight
 from .trace import Trace, replay
 from .weights import find_norms, measure, order_norms
 
@@ -218,8 +218,10 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
     hs = q.shape[-1] // read.n_head
     gains = []
     for key, (lin, n) in enumerate(((q, read.core.q), (k, read.core.k))):  # as the scores read
-        value = read.trace.nodes[n].value.double()
-        base = rms(lin.reshape(B, T, -1, hs)[:, 0, 0], 1.0, 1e-6)  # (B, hs): head 0 at position 0
+        value, factor, m = read.trace.nodes[n].value.double(), 1.0, n
+        while (step := back(read.trace, m)) is not None:  # a scalar factor after the norm: the
+            m, factor = step[0], factor * step[1]  # scores' scale split onto q and k, not a gain
+        base = rms(lin.reshape(B, T, -1, hs)[:, 0, 0], factor, 1e-6)  # (B, hs): head 0, position 0
         found = []  # (spread over the batch, gains): (B * nh, T, hs) may be (nh * B, T, hs)
         for first in (False, True):
             if (core := heads(value, B, read.n_head, T, hs, key == 1, first)) is not None:

@@ -45,6 +45,7 @@ class Reading:
 
 
 NORM_OPS = frozenset(["native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"])
+MOMENTS = frozenset(["mean", "var", "var_mean", "std", "std_mean"])  # a norm written out starts
 
 
 @dataclass
@@ -122,7 +123,7 @@ def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
         if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
             continue
         source, out = op.inputs[0], op.outputs[0] if op.name in NORM_OPS else None
-        if op.name == "mean" and layout(trace.nodes[source].shape, B, T):  # a norm written out:
+        if op.name in MOMENTS and layout(trace.nodes[source].shape, B, T):  # a norm written out:
             for later in trace.ops[op.index + 1 :]:  # the last node normalising the source
                 if weight_input(trace, later) is not None or later.name in ("bmm", "_softmax"):
                     break  # before a matrix product
