@@ -194,13 +194,23 @@ def test_every_rewrite_keeps_the_verdict_and_diagnosis(case):
 
 @pytest.mark.parametrize(
     "block, name",
-    [("phi3", "conv1d"), ("phi3", "transposed"), ("qwen2", "einsum"), ("qwen3", "seq_first")],
-)
+    [("phi3", "conv1d"), ("phi3", "transposed"), ("qwen2", "einsum"), ("qwen3", "seq_first"),
+     ("qwen3", "split_scale"), ("hf_llama", "loop_batch"), ("gptj", "baddbmm")],
+)  # fmt: skip
 def test_modern_blocks_rewritten_keep_their_pass(block, name):
     """The rotation and the qk norm's gains read however the block is written: q's product
     channels first or flattened (B * T, F) (phi3 conv1d), the scores' q operand transposed
     (phi3 transposed), a bias added after the product (qwen2 einsum), heads before the batch
-    (qwen3 seq_first, with a qk norm). Each of these made a correct block FAIL or UNVERIFIED."""
+    (qwen3 seq_first, with a qk norm), the scores' scale split onto q and k after the qk norm
+    (qwen3 split_scale), one attention core per sequence (hf_llama loop_batch), att @ v as
+    baddbmm (gptj). Each of these made a correct block FAIL or UNVERIFIED."""
     module = zoo_modern.spec(block)
     report = check_block(rewrite_module(module.BLOCK(**module.ARGS), name))
+    assert report.verdict == "PASS", str(report)
+
+
+def test_a_layernorm_by_var_mean_is_read_as_a_norm():
+    # graykode's block builds nn.LayerNorm in forward (no module call to see): by var_mean, its
+    # norm was not found at all (UNVERIFIED), and the module tree cannot read its Conv1d MLP
+    report = check_block(rewrite_module(_public("graykode_nlp_tutorial")(), "var_mean"))
     assert report.verdict == "PASS", str(report)
