@@ -70,8 +70,9 @@ def as_rows(value: Tensor, B: int, T: int, shape: tuple[int, ...] = ()) -> Tenso
     return value.reshape(B, T, *rest).movedim((0, 1), axes).contiguous()
 
 
-def data(trace: Trace, op: Op) -> list[int]:
-    return [n for n in op.inputs if trace.nodes[n].data]
+def data(trace: Trace, op: Op) -> list[int]:  # (baddbmm's input, with beta 0, is not read)
+    first = 1 if op.name in ("baddbmm", "addmm") and op.kwargs.get("beta", 1) == 0 else 0
+    return [n for n in op.inputs[first:] if trace.nodes[n].data]
 
 
 def weight_input(trace: Trace, op: Op) -> int | None:

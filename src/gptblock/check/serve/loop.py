@@ -161,12 +161,6 @@ def decode(a: Any, other: Callable[[dict[str, Any]], Any], device: object = None
     return found if key in _ENUMS and isinstance(found, _ENUMS[key]) else other(a)
 
 
-# operators whose output depends on their input's shape only: new_zeros is no data, but a
-# constant (as torch.zeros(B, T, C) is), whatever tensor it was made from
-SHAPE_ONLY = frozenset(["new_zeros", "new_ones", "new_full", "new_empty", "zeros_like",
-                        "ones_like", "full_like", "empty_like"])  # fmt: skip
-
-
 class _Recorder(_Mode):  # type: ignore[no-untyped-call]
     def __init__(self, module: nn.Module, x: Tensor) -> None:
         super().__init__()
@@ -221,7 +215,7 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         said = [encode(a, ref) for a in args], {k: encode(v, ref) for k, v in kwargs.items()}
         out = func(*args, **kwargs)
         index = len(self.ops)
-        data = func._opname not in SHAPE_ONLY and any(self.nodes[n][1] for n in inputs)
+        data = any(self.nodes[n][1] for n in inputs)
         outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
         name = f"{func._schema.name}.{func._overloadname}"
         self.ops.append({"func": name, "args": said[0], "kwargs": said[1], "inputs": inputs,
