@@ -30,7 +30,7 @@ WEIGHT_OPS = frozenset(
 SLICING_OPS = frozenset(
     ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
 )
-PRODUCTS = ("bmm", "baddbmm", "mm")  # of two data operands (baddbmm's input: zeros, a constant)
+PRODUCTS = ("bmm", "baddbmm", "mm")  # of two data operands (baddbmm beta 0: ``data``)
 GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
 
 
