@@ -143,7 +143,7 @@ def norm_of(
             if (error := max(_off(same(t), out) for t, out in outputs)) <= CLOSE:
                 # a LayerNorm as the block computes it; a mistaken one too, its rounding not
                 # amplified in ours (mean(x)^2 near 0 turns float32's 1e-7 into 1e-4)
-                same = f if kind not in NORM_KINDS[1:] else same
+                same = same if kind in ("unbiased", "std", "rms") else f
                 fits.append((error, NormRead(kind, same, eps, params, gain, bias)))
                 break
     for error, n in fits if known is not None and len(known) else ():
