@@ -6,8 +6,8 @@ wired, then its KV cache's step. docs/checker.md, "The modern block". B batch, T
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -20,9 +20,10 @@ from ..roles.dataflow import cores
 from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send
+from ..roles.provenance import Traced
 from ..serve.loop import CACHE_APIS
 
-__all__ = ["CacheProbe", "ModernOutcome", "check_modern", "judge_cache"]
+__all__ = ["NAME", "CacheProbe", "Compared", "check_modern", "judge_cache", "matched"]
 
 Tensor = torch.Tensor
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
@@ -63,12 +64,27 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
 
 
 @dataclass(frozen=True)
-class ModernOutcome:
-    notes: list[str]  # what the block was recognised as, and where its weights were read
-    finding: Finding | None  # the reference comparison; None when the weights were not read
-    details: dict[str, str]  # each mistake found, with what exactly it does
-    alternatives: list[list[str]]
-    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a PASS's, plain.send
+class Compared:
+    """What the comparison with a reference (the modern one or the lessons') concluded."""
+
+    finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
+    alternatives: list[list[str]] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)  # each mistake found: what it does
+    traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
+    verify: str = ""  # the --map that would read the weights, when they could not be
+    notes: list[str] = field(default_factory=list)  # the modern block's: what it was read as
+    parts: tuple[dict[str, Any], dict[str, Tensor]] | None = None  # a modern PASS's, plain.send
+
+
+def matched(block: str, error: float, mistakes: str = "", others: Iterable[str] = ()) -> Finding:
+    """The comparison's line: ``block`` reproduced as it is (PASS), or only with ``mistakes``
+    (FOUND), and the ``others`` that match as well."""
+    within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
+    if not mistakes:
+        return Finding(NAME, True, f"computes {block}: {within}")
+    also = "; ".join(others)
+    also = f" (equally small and also matching: {also})" if also else ""
+    return Finding(NAME, True, f"matches {block} only with {mistakes}: {within}{also}", "FOUND")
 
 
 _PAIRS = {
@@ -78,7 +94,7 @@ _PAIRS = {
 }  # fmt: skip
 
 
-def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
+def check_modern(source: Source, x: Tensor) -> Compared | None:
     """``None`` where the lessons' reading takes over (not a modern block, or the checker fails)."""
     try:
         with torch.no_grad():
@@ -93,7 +109,7 @@ def check_modern(source: Source, x: Tensor) -> ModernOutcome | None:
         return None
 
 
-def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutcome | None:
+def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared | None:
     x, y = read.rows("x"), read.rows("y")
     like = x.to(dtype)
     norms = [
@@ -172,7 +188,6 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
                 f"{other} ({wrong} instead of {table}): each pair is turned by two different angles"
             )
         details.setdefault(c.mistake, label)
-    within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     others = [outside + sorted({c.mistake for c in m.deviations}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
         with torch.no_grad():
@@ -180,23 +195,19 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> ModernOutc
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
-    if not details:
-        sent = None if a.deviations else send(read, norms, mlp, a.rope, a.qk_norm, post)
-        found = Finding(NAME, True, f"computes the modern block: {within}")
-        return ModernOutcome(note, found, {}, [], sent)  # no change: each is a mistake, in details
-    msg = f"matches the modern block only with {' + '.join(details)}: {within}"
-    if others:
-        msg += f" (equally small and also matching: {'; '.join(' + '.join(o) for o in others)})"
-    return ModernOutcome(note, Finding(NAME, True, msg, "FOUND"), details, others)
+    if not details:  # no mistake (every change is one, in details): its parts, to confirm it
+        sent = send(read, norms, mlp, a.rope, a.qk_norm, post)
+        return Compared(matched("the modern block", error), notes=note, parts=sent)
+    found = matched("the modern block", error, " + ".join(details), map(" + ".join, others))
+    return Compared(found, others, details, notes=note)
 
 
-def _unexplained(read: ModernRead, note: list[str], failed: str) -> ModernOutcome:
+def _unexplained(read: ModernRead, note: list[str], failed: str) -> Compared:
     """Out of scope (UNVERIFIED) where a part is one no reference models, else FAIL."""
     parts = unmodelled(read)
     if not parts:
-        return ModernOutcome(note, Finding(NAME, False, failed), {}, [])
-    said = f"{OUT_OF_SCOPE}{'; '.join(parts)}"
-    return ModernOutcome([*note, said], None, {}, [])
+        return Compared(Finding(NAME, False, failed), notes=note)
+    return Compared(None, notes=[*note, f"{OUT_OF_SCOPE}{'; '.join(parts)}"])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ parameters (``account``). docs/checker.md, "How it decides" and "Every parameter
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -19,7 +18,7 @@ from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, trace, unread
 from ..serve.subject import Probed
 from .conditions import confirm
-from .modern import ModernOutcome
+from .modern import NAME, Compared, matched
 from .probes import PROBES, ProbeResult, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -48,19 +47,8 @@ class Service(Probed, Protocol):
     def dropout_off(self) -> str: ...
     def read(self, roles: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
     def suggest(self) -> str: ...
-    def modern(self) -> ModernOutcome | list[str]: ...
+    def modern(self) -> Compared | list[str]: ...
     def scope(self) -> list[str]: ...
-
-
-@dataclass(frozen=True)
-class Compared:
-    """What the comparison with a reference (the modern one or the lessons') concluded."""
-
-    finding: Finding | None  # None: nothing to report (out of scope, or not confirmed)
-    alternatives: list[list[str]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)  # each mistake found: what it does
-    traced: Traced | None = None  # a confirmed PASS's weights, traced to the values chosen
-    verify: str = ""  # the --map that would read the weights, when they could not be
 
 
 def decide(
@@ -181,15 +169,15 @@ def _compared(
 ) -> Compared:  # fmt: skip
     """The comparison with the modern reference or the lessons', a match confirmed (the modern
     one's PASS, read from the block's process's traces, is a claim until then)."""
-    modern: ModernOutcome | list[str] = []
+    modern: Compared | list[str] = []
     if not roles:
         progress.stage("the modern reference comparison")
         modern = subject.modern()  # [] for the lessons' block
-    if isinstance(modern, ModernOutcome):  # None: a part the references do not model
+    if isinstance(modern, Compared):  # None: a part the references do not model
         notes.extend(modern.notes)
         finding = modern.finding  # (None: no details, no alternatives)
         if finding is None or not finding.passed or finding.label == "FOUND":
-            return Compared(finding, modern.alternatives, modern.details)
+            return modern
         progress.stage("confirming the modern comparison on fresh inputs")
         sent = dict(zip(("parts", "tensors"), modern.parts or (), strict=False))
         received = unpack_modern(sent, subject.C, subject.dtype, chosen)
@@ -219,9 +207,7 @@ def _compared(
     unpacked = unpack_readings(meta, tensors, subject, chosen, notes)
     if isinstance(unpacked, str):
         notes.append(f"weights not read, black-box results only: {unpacked}")
-        notes += (
-            [f"{OUT_OF_SCOPE}{'; '.join(modern)}"] if isinstance(modern, list) and modern else []
-        )
+        notes += [f"{OUT_OF_SCOPE}{'; '.join(modern)}"] * bool(modern)
         if not again:
             progress.stage("suggesting a --map")
         return Compared(None, verify="" if again else subject.suggest())
@@ -293,30 +279,26 @@ def _beyond(subject: Service, notes: list[str]) -> bool:
     reference models there, noted: a sliding window wider than the traced length (the modern
     block's, at any sizes; the lessons' block's at the other sizes only, where it is as long as
     the file's sequences: else it is right only for short sequences, a FAIL)."""
-    found = subject.scope()
-    notes += [
-        f"{OUT_OF_SCOPE}{'; '.join(found)}, seen on sequences longer than the traced ones"
-    ] * bool(found)
+    if found := subject.scope():
+        notes.append(
+            f"{OUT_OF_SCOPE}{'; '.join(found)}, seen on sequences longer than the traced ones"
+        )
     return bool(found)
 
 
 def _finding(result: Explanation, parallel: bool, depth: int) -> Finding:
-    name, match, closest = "reference comparison", result.match, result.closest
+    match, closest = result.match, result.closest
     lessons = "the lessons' block" + " with a parallel residual (GPT-J's)" * parallel
     if match is None:
         msg = f"no variant with up to {depth} catalogued mistakes reproduces the block "
         msg += f"within {TOLERANCE:g} of its output scale"
         if closest:
             msg += f"; the closest is {closest.describe()}, off by {closest.error:.2g}"
-        return Finding(name, False, msg)
-    within = f"max error {match.error:.1e} of the output scale <= {TOLERANCE:g}"
-    if not match.deviations and not result.alternatives:
-        msg = f"computes {lessons} ({match.activation}, {match.n_head} heads): {within}"
-        return Finding(name, True, msg)
-    msg = f"matches {lessons} only with {match.describe()}: {within}"
-    others = "; ".join(m.describe() for m in result.alternatives)
-    msg += f" (equally small and also matching: {others})" if others else ""
-    return Finding(name, True, msg, "FOUND")
+        return Finding(NAME, False, msg)
+    if match.deviations or result.alternatives:
+        others = [m.describe() for m in result.alternatives]
+        return matched(lessons, match.error, match.describe(), others)
+    return matched(f"{lessons} ({match.activation}, {match.n_head} heads)", match.error)
 
 
 def _diagnose(found: list[str], implied: Mapping[str, str]) -> list[str]:

@@ -17,7 +17,7 @@ from ...errors import UserError, UserValueError
 from ..building.build import build_at, max_length, width
 from ..building.target import load_target
 from ..compare.conditions import MAX_T, UNKNOWN_T
-from ..compare.modern import ModernOutcome, check_modern
+from ..compare.modern import Compared, check_modern
 from ..mistakes.report import CAUGHT, one_line, text
 from ..roles import readings
 from ..roles.modern_parts import attention_scope
@@ -213,7 +213,7 @@ class Remote(Probed):
         parts = readings.Readings((read.parts,), (), (read.heads,), x, lambda _: read.describe())
         return plain_readings(parts, list(self.parameters().values()), [])
 
-    def modern(self) -> ModernOutcome | list[str]:
+    def modern(self) -> Compared | list[str]:
         """The modern comparison (``compare.modern``); else what the block's attention computes
         that the references do not model (its last forward pass)."""
         source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
