@@ -70,11 +70,11 @@ def test_device_arguments_are_moved_to_where_the_trace_is_replayed():
 
 def test_a_cache_answer_is_judged_as_data():
     x = torch.zeros(2, 4, 8)
-    said = judge_cache({"api": "start_pos", "raised": "TypeError: no"}, {}, x, None, 0.0, None)
+    said = judge_cache({"api": "start_pos", "raised": "TypeError: no"}, {}, x, None)
     assert "driving start_pos raised TypeError: no" in said.note
-    said = judge_cache({"api": "os.system"}, {}, x, None, 0.0, None)
+    said = judge_cache({"api": "os.system"}, {}, x, None)
     assert "no cache API the checker knows" in said.note
-    said = judge_cache({"api": "start_pos"}, {"whole": x}, x, None, 0.0, None)
+    said = judge_cache({"api": "start_pos"}, {"whole": x}, x, None)
     assert "gave no (B, 1, C) outputs" in said.note
 
 

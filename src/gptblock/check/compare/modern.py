@@ -87,13 +87,6 @@ def matched(block: str, error: float, mistakes: str = "", others: Iterable[str] 
     return Finding(NAME, True, f"matches {block} only with {mistakes}: {within}{also}", "FOUND")
 
 
-_PAIRS = {
-    "halves": ("halves (i, i + r/2), as Hugging Face's Llama (rotate_half)", "cat((freqs, freqs))"),
-    "adjacent": ("adjacent pairs (2i, 2i + 1), as RoFormer and Meta's Llama (complex numbers)",
-                 "repeat_interleave(freqs, 2)"),
-}  # fmt: skip
-
-
 def check_modern(source: Source, x: Tensor) -> Compared | None:
     """``None`` where the lessons' reading takes over (not a modern block, or the checker fails)."""
     try:
@@ -179,19 +172,11 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
         details[wiring.mistake] = wiring.label
     outside = list(details)  # the mistakes outside the attention, common to every alternative
     for c in a.deviations:
-        label = c.describe(x.shape[-1], read.n_head, hs)
-        if c.mistake == "rope_pairing" and a.rope:  # which pairing and table, in words
-            not_pairs = "adjacent" if a.rope.pairing == "halves" else "halves"
-            (pairs, table), (other, wrong) = _PAIRS[a.rope.pairing], _PAIRS[not_pairs]
-            label = (
-                f"the rotation pairs channels in {pairs}, but the cos/sin table is laid out for "
-                f"{other} ({wrong} instead of {table}): each pair is turned by two different angles"
-            )
-        details.setdefault(c.mistake, label)
+        details.setdefault(c.mistake, c.describe(x.shape[-1], read.n_head, hs, a.rope))
     others = [outside + sorted({c.mistake for c in m.deviations}) for m in attn[1:]]
     if not details:  # right on whole sequences: then is its cached step?
         with torch.no_grad():
-            cache = judge_cache(*source.cache(x), x, _error, TOLERANCE, run if a.rope else None)
+            cache = judge_cache(*source.cache(x), x, run if a.rope else None)
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
@@ -220,8 +205,6 @@ def judge_cache(
     said: dict[str, Any],
     tensors: dict[str, Tensor],
     x: Tensor,
-    error: Callable[[Tensor, Tensor], float],
-    tolerance: float,
     shifted: Callable[[Tensor], Tensor] | None,
 ) -> CacheProbe:
     """``loop.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step against
@@ -245,11 +228,11 @@ def judge_cache(
     ):  # fmt: skip
         return CacheProbe(f"cache: not probed: driving {api} gave no (B, 1, C) outputs")
     whole, step = whole.to(x.device), step.to(x.device)
-    far = error(step, whole)
-    if far <= tolerance:
+    far = _error(step, whole)
+    if far <= TOLERANCE:
         return CacheProbe(f"{step_at} equals the whole sequence's last position")
     at = torch.cat((torch.arange(T - 1), torch.zeros(1, dtype=torch.long)))  # the step at 0
-    if shifted is not None and error(step, shifted(at.to(x.device))[:, -1:]) <= tolerance:
+    if shifted is not None and _error(step, shifted(at.to(x.device))[:, -1:]) <= TOLERANCE:
         label = (
             f"a cached decoding step at position {T - 1} ({how}) is rotated as position 0: "
             "its q and k are turned by the angles of the first position, not by those of "

@@ -292,9 +292,9 @@ _ENTRIES = (
         "pairs with repeat_interleave(freqs, 2) (or complex freqs_cis). Load weights written for "
         "the pairing the code uses.",
         "modern block: rope_pairing='halves' | 'adjacent' (docs/modern-block.md)",
-        # the comparison says which pairing and table (``compare.modern``)
-        ways=(way("the cos/sin table is laid out for the other pairing of channels than the "
-                  "rotation: each pair is turned by two different angles", rope_table="other"),)),
+        ways=(way("the rotation pairs channels in {pairs[0]}, but the cos/sin table is laid out "
+                  "for {other[0]} ({other[1]} instead of {pairs[1]}): each pair is turned by two "
+                  "different angles", rope_table="other"),)),
     Mistake("rope_cache_offset",
         "a cached decoding step is rotated as position 0, not at its offset in the sequence",
         "With a KV cache, the tokens of a step sit at positions start_pos ... start_pos + "

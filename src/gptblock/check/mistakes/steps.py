@@ -121,6 +121,14 @@ def _laid(a: Tensor, b: Tensor, pairing: str) -> Tensor:
     return torch.cat((a, b), -1) if pairing == "halves" else torch.stack((a, b), -1).flatten(-2)
 
 
+# Each pairing of a head's rotated channels, in words, with the cos/sin table laid out for it
+_PAIRINGS = {
+    "halves": ("halves (i, i + r/2), as Hugging Face's Llama (rotate_half)", "cat((freqs, freqs))"),
+    "adjacent": ("adjacent pairs (2i, 2i + 1), as RoFormer and Meta's Llama (complex numbers)",
+                 "repeat_interleave(freqs, 2)"),
+}  # fmt: skip
+
+
 def repeat_heads(t: Tensor, groups: int, order: str = "interleave") -> Tensor:
     """(B, nkv, T, hs) -> (B, nkv * groups, T, hs): key/value head j serves query heads j*g ...
     (j+1)*g - 1 (``interleave``, right), or j, j + nkv, ... (``tile``, the catalogue's ``gqa_order``)."""
@@ -177,10 +185,13 @@ class Deviation:
     def apply(self, steps: Steps) -> Steps:
         return replace(steps, **dict(self.changes))
 
-    def describe(self, C: int, n_head: int, hs: int | None = None) -> str:
+    def describe(self, C: int, n_head: int, hs: int | None = None, rope: Rope | None = None) -> str:
         hs = C // n_head if hs is None else hs
         value = dict(self.changes).get("scale", lambda C, hs: None)(C, hs)
-        return self.label.format(C=C, hs=hs, nh=n_head, right=hs**-0.5, value=value)
+        ours = rope.pairing if rope else "halves"  # the rotation's, for a mistake of its table
+        pairs, other = _PAIRINGS[ours], next(p for k, p in _PAIRINGS.items() if k != ours)
+        said = {"C": C, "hs": hs, "nh": n_head, "right": hs**-0.5, "value": value}
+        return self.label.format(**said, pairs=pairs, other=other)
 
 
 # The group of a deviation that changes this field of ``Steps`` (else the field's name): the
@@ -191,7 +202,8 @@ _GROUPS = {"blocked": "mask", "masking": "mask", "time_axis": "axis", "softmax_d
 
 def way(label: str, **change: Any) -> Deviation:
     """A catalogue entry's way: ``label`` may hold ``{C}``, ``{hs}``, ``{nh}``, ``{right}``
-    (hs**-0.5) and ``{value}`` (the way's scale; ``Deviation.describe`` fills them in)."""
+    (hs**-0.5), ``{value}`` (the way's scale) and ``{pairs}``, ``{other}`` (the rotation's pairing
+    and the other one, each in words and with its table; ``Deviation.describe`` fills them in)."""
     field = next(iter(change))
     return Deviation("", _GROUPS.get(field, field), label, tuple(change.items()))
 
