@@ -115,7 +115,7 @@ def explain(
     memoised = [
         replace(p, qkv=remember(p.qkv), ln1=remember(p.ln1), ln2=remember(p.ln2)) for p in readings
     ]
-    closest: list[Match] = []  # the nearest miss so far
+    tried: list[Match] = []  # each reading's best under each variant: the nearest miss among them
 
     def unknowns(parts: Parts, deviations: tuple[Deviation, ...], reading: int) -> Match:
         # every activation compared: exact and tanh GELU differ by less than TOLERANCE
@@ -142,14 +142,12 @@ def explain(
 
     def attempt(deviations: tuple[Deviation, ...]) -> Match | None:
         for r, parts in enumerate(memoised):
-            match = unknowns(parts, deviations, r)
-            if not closest or match.error < closest[0].error:
-                closest[:] = [match]
-            if match.error <= TOLERANCE:
-                return match
+            tried.append(unknowns(parts, deviations, r))
+            if tried[-1].error <= TOLERANCE:
+                return tried[-1]
         return None
 
     found = smallest(variants(max_size, pool), attempt)
     if not found:
-        return Explanation(None, (), closest[0] if closest else None)
+        return Explanation(None, (), min(tried, key=lambda m: m.error, default=None))
     return Explanation(found[0], tuple(found[1:]), None)
