@@ -136,10 +136,9 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
     missing = [n.form == "unknown" for n in norms] + [mlp is None, a is None]
     if mlp is None or a is None or any(missing):
         which = " and ".join(w for w, bad in zip(_PARTS, missing, strict=True) if bad)
-        msg = f"{which} of this modern block computes neither the modern block's part nor any " + (
-            "catalogued mistake of it"
-        )
-        return _unexplained(read, note, msg + ("" if a else f" (the closest, {closest})"))
+        msg = f"{which} of this modern block computes neither the modern block's part nor any "
+        msg += "catalogued mistake of it" + ("" if a else f" (the closest, {closest})")
+        return _unexplained(read, note, msg)
     fc2, ln1, ln2 = affine(*read.mlp[-1]), norms[0].function, norms[1].function
     parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2, parallel=read.parallel)
     steps = compose(a.deviations)

@@ -230,8 +230,7 @@ def _compared(
                         tried, first = swapped, len(readings.readings)
             if len(inputs) > 1 and tried.match is None:
                 break  # the traced input's nearest match and its failure stand
-            result = tried
-            match = result.match
+            result, match = tried, tried.match
             reading = first + match.reading if match else 0
             parts = [*readings.readings, *readings.fallback][reading]
             found = _finding(result, parts.parallel, depth)
@@ -245,8 +244,7 @@ def _compared(
             held = confirm(subject, reference, x.shape[:2], fresh, backward, match.describe(),
                            "lessons" if full else "", full and not again, notes)  # fmt: skip
             if held is not None:  # a variant with mistakes fails already: its outputs only
-                found = held
-                match = None
+                found, match = held, None
                 if len(inputs) == 1 and not full:
                     shape = (subject.T, subject.T, subject.C)
                     x_fresh = torch.randn(shape, generator=fresh, dtype=torch.float64)
