@@ -175,10 +175,9 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         self.stack: list[str] = [""]
         self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
-        self.handles: list[Any] = []  # each submodule's call, as ``calls`` rows
-        for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
-            self.handles.append(m.register_forward_pre_hook(partial(self.pre, name)))
-            self.handles.append(m.register_forward_hook(partial(self.post, name)))
+        parts = list(module.named_modules())[1:]  # each call of one, a ``calls`` row
+        self.handles = [m.register_forward_pre_hook(partial(self.pre, n)) for n, m in parts]
+        self.handles += [m.register_forward_hook(partial(self.post, n)) for n, m in parts]
 
     def pre(self, name: str, m: nn.Module, args: Any) -> None:
         self.stack.append(name)
