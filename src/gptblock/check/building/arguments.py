@@ -13,9 +13,10 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
+from ..serve.loop import signature
 from ..serve.runner import learner_line
 from . import sizes as _sizes
-from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, Kind, config_class, parameters, signature
+from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, Kind, config_class, parameters
 
 __all__ = [
     "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
@@ -197,24 +198,17 @@ def complete(
             config = dict(values, **added) if as_dict else make({**values, **added})
             with torch.random.fork_rng(devices=[]):
                 factory(**rest, **{param.name: config})
-        except (AttributeError, KeyError) as e:
-            key = e.args[0] if isinstance(e, KeyError) and e.args else None
-            attribute = getattr(e, "name", None) if isinstance(e, AttributeError) else key
-            if (
-                isinstance(attribute, str)
-                and attribute not in added
-                and as_dict == (isinstance(e, KeyError))
-            ):
-                added[attribute] = guess(attribute, sizes=sizes)
-                if added[attribute] is None:  # named, with no value to suggest
-                    raise _needs(name, f"its {param.name}", added, "") from e
-                continue
-            raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"
-            break
         except UserValueError:
             raise
         except CAUGHT as e:
-            if fields is None and not as_dict and "subscriptable" in str(e):  # read as a dict
+            if isinstance(e, KeyError if as_dict else AttributeError):  # config["x"], config.x
+                attribute = e.args[0] if as_dict and e.args else getattr(e, "name", None)
+                if isinstance(attribute, str) and attribute not in added:
+                    added[attribute] = guess(attribute, sizes=sizes)
+                    if added[attribute] is None:  # named, with no value to suggest
+                        raise _needs(name, f"its {param.name}", added, "") from e
+                    continue
+            elif fields is None and not as_dict and "subscriptable" in str(e):  # read as a dict
                 as_dict = True
                 continue
             raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ...errors import UserError, UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
+from ..serve.loop import fixed_seed, signature
 from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
 from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
@@ -27,7 +28,6 @@ from .sizes import (
     patch_globals,
     plan,
     settings,
-    signature,
     size_sets,
 )
 
@@ -141,8 +141,7 @@ def _made(
     description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     set_, undo = patch_globals(target, sizes)
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with fixed_seed():
             try:
                 module = target(**args)
             except CAUGHT as e:
@@ -246,7 +245,7 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 
 
 def max_length(
-    module: nn.Module, kwargs: Mapping[str, object], default: int, target: object = None
+    module: nn.Module, kwargs: Mapping[str, object], default: int, target: object
 ) -> int:
     """The longest sequence the block accepts, by its arguments, a causal-mask buffer or the
     module settings of ``target``'s file (``BLOCK_SIZE = 128``, a mask made in forward)."""
@@ -256,7 +255,7 @@ def max_length(
         for b in module.buffers()
         if b.dim() >= 2 and b.shape[-1] == b.shape[-2] >= 1
     ]
-    named = settings(target)[1].items() if target is not None else ()
+    named = settings(target)[1].items()  # (none for a block given as a module)
     masks += [v for n, v in named if n.lower() in KINDS["length"].names]  # the block's own first
     return next(iter(said + masks), default)
 

@@ -14,11 +14,12 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
+from ..serve.loop import signature
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "config_defaults",
     "file_sizes", "kind_of", "names", "not_other", "number", "parameters", "patch_globals", "plan",
-    "settings", "signature", "size_sets",
+    "settings", "size_sets",
 ]  # fmt: skip
 
 
@@ -121,13 +122,6 @@ def config_defaults(cls: object) -> dict[str, object]:
     plain = (int, float, str, bool, type(None))
     public = vars(cls).items() if isinstance(cls, type) else ()
     return {n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)}
-
-
-def signature(factory: object) -> dict[str, inspect.Parameter]:
-    try:
-        return dict(inspect.signature(factory).parameters)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return {}
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import functools
 import importlib.util
 import inspect
 import linecache
 import pickle
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -95,20 +98,15 @@ def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
         if used in done or used not in scope or hasattr(builtins, used):
             continue
         value = scope[used]
-        ours = (
-            inspect.isclass(value) or inspect.isfunction(value)
-        ) and value.__module__ == "__main__"
         if inspect.ismodule(value):
             done[used] = f"import {value.__name__} as {used}"
-        elif ours:
+        elif isinstance(value, (type, types.FunctionType)) and value.__module__ == "__main__":
             _define(value, scope, done)
             if used != value.__name__:  # an alias: Attention = MultiHeadAttention
                 done[used] = f"{used} = {value.__name__}"
-        else:
-            try:
+        else:  # unpicklable: a NameError there, if the code really uses it
+            with contextlib.suppress(*CAUGHT):
                 done[used] = f"{used} = _pickle.loads(bytes.fromhex({pickle.dumps(value).hex()!r}))"
-            except CAUGHT:  # unpicklable: a NameError there, if the code really uses it
-                continue
     del done[name]
     done[name] = "".join(lines[first - 1 : found[-1].end_lineno])
 
@@ -131,9 +129,7 @@ def load_target(spec: str) -> Any:
     except CAUGHT as e:
         what = f"load {Path(where)}" if is_file else f"import {where}"
         raise UserValueError(f"cannot {what}: {one_line(e)}") from e
-    obj: Any = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise UserValueError(f"{where} has no {name!r}")
-        obj = getattr(obj, part)
-    return obj
+    try:
+        return functools.reduce(getattr, name.split("."), module)
+    except AttributeError as e:
+        raise UserValueError(f"{where} has no {name!r}") from e

@@ -14,8 +14,9 @@ import os
 import select
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -35,7 +36,7 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
     "Reader", "UserValueError", "cache_api", "cached_last", "decode", "default_dtype",
-    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send",
+    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -48,6 +49,7 @@ INPUT = -1  # a node's op: the block's input
 LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the forward pass
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
+_T = TypeVar("_T")
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
@@ -173,10 +175,9 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         self.stack: list[str] = [""]
         self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
-        self.handles: list[Any] = []  # each submodule's call, as ``calls`` rows
-        for name, m in list(module.named_modules())[1:]:  # (the first: the block itself)
-            self.handles.append(m.register_forward_pre_hook(partial(self.pre, name)))
-            self.handles.append(m.register_forward_hook(partial(self.post, name)))
+        parts = list(module.named_modules())[1:]  # each call of one, a ``calls`` row
+        self.handles = [m.register_forward_pre_hook(partial(self.pre, n)) for n, m in parts]
+        self.handles += [m.register_forward_hook(partial(self.post, n)) for n, m in parts]
 
     def pre(self, name: str, m: nn.Module, args: Any) -> None:
         self.stack.append(name)
@@ -243,16 +244,21 @@ def fixed_seed(device: torch.device | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """``dtype`` the default inside: what the block makes without a dtype (a mask from
-    ``torch.full``) is in its copy's dtype, as it would be run so; PyTorch's CPU attention
-    can compute a float32 mask with float64 q, k, v wrongly (4-D, from T = 16; 2.13, 2.14)."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+def setting(get: Callable[[], _T], put: Callable[[_T], object], value: _T) -> Iterator[None]:
+    """A torch setting ``put`` to ``value`` inside, what ``get`` said before restored after."""
+    before = get()
+    put(value)
     try:
         yield
     finally:
-        torch.set_default_dtype(before)
+        put(before)
+
+
+def default_dtype(dtype: torch.dtype) -> ContextManager[None]:
+    """``dtype`` the default inside: what the block makes without a dtype (a mask from
+    ``torch.full``) is in its copy's dtype, as it would be run so; PyTorch's CPU attention
+    can compute a float32 mask with float64 q, k, v wrongly (4-D, from T = 16; 2.13, 2.14)."""
+    return setting(torch.get_default_dtype, torch.set_default_dtype, dtype)
 
 
 class NoDropout(_Mode):  # type: ignore[no-untyped-call]
@@ -278,18 +284,22 @@ _PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
 CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forward, in this order
 
 
-def cache_api(module: nn.Module) -> str | None:
+def signature(f: object) -> dict[str, inspect.Parameter]:
+    """``f``'s parameters by name; none where Python cannot tell them."""
     try:
-        params = inspect.signature(module.forward).parameters
+        return dict(inspect.signature(f).parameters)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return None
-    return next((name for name in CACHE_APIS if name in params), None)
+        return {}
+
+
+def cache_api(module: nn.Module) -> str | None:
+    return next((name for name in CACHE_APIS if name in signature(module.forward)), None)
 
 
 def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
     B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
-    params = inspect.signature(module.forward).parameters
+    params = signature(module.forward)
     if api == "start_pos":
         module(x[:, :P], start_pos=0)
         y = module(x[:, P:], start_pos=P)

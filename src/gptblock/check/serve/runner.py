@@ -267,10 +267,7 @@ def _optional(annotation: object) -> bool:  # Optional[Tensor], Tensor | None, a
 def forward_arguments(module: nn.Module) -> list[str]:
     """Fill what ``forward`` requires besides its input where the name or annotation says what
     it holds, and say so. A mask is never made: a guess could turn a reversed mask into a pass."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
+    params = list(loop.signature(module.forward).values())
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     if not params or params[0].kind not in (*kinds, inspect.Parameter.POSITIONAL_ONLY):
         return []

@@ -7,16 +7,16 @@ from __future__ import annotations
 import copy
 import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager as ContextManager
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 
-from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line
+from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line, setting
 
 __all__ = ["Grads", "Probed", "Subject", "first_tensor", "one_thread"]
 
@@ -35,15 +35,9 @@ class Grads:
     input: Tensor | None = None  # the input's gradient, when asked for
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
+def one_thread() -> ContextManager[None]:
     """One intra-op thread inside: on tiny tensors extra threads only add synchronisation."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return setting(torch.get_num_threads, torch.set_num_threads, 1)
 
 
 class Probed(Protocol):
