@@ -36,18 +36,15 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 @dataclass
 class _State:
-    """A check's ``Progress``; at the other sizes, its stages told to ``outer`` (if any) too."""
+    """A check's ``Progress``, at the file's sizes and then at the other ones."""
 
     description: str = ""  # the target's name until it is built
     where: str = "starting"
     findings: list[Finding] = field(default_factory=list)
-    outer: Progress | None = None
     kept: CheckReport | None = None  # the file's sizes' report, while the other sizes run
 
     def stage(self, what: str) -> None:
         self.where = what
-        if self.outer is not None:
-            self.outer.stage(f"at other sizes: {what}")
 
     def built(self, description: str) -> None:
         self.description = description or self.description
@@ -90,11 +87,8 @@ def check_isolated(
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
         if s.kept is not None:  # cut short at the other sizes: the file's sizes decide
-            at = s.where.removeprefix("at other sizes: ")
-            said = (
-                f"checked at the file's sizes only: at other sizes its process {what} during {at}"
-            )
-            return combine(s.kept, said, "", "")
+            said = f"checked at the file's sizes only: at other sizes its process {what}"
+            return combine(s.kept, f"{said} during {s.where}", "", "")
         verb = {"loading": "load", "building": "build"}.get(s.where.split()[0])
         if verb:
             said = f"cannot {verb} {s.description}: its process {what} while {s.where}"
@@ -203,7 +197,7 @@ def two_sizes(call: Call, roles: Mapping[str, str], progress: _State) -> CheckRe
         return first[0]
     progress.kept = first[0]
     try:
-        second = _at(call, _State(outer=progress), roles, True)
+        second = _at(call, progress, roles, True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not
         second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
     report, other = (second, "") if isinstance(second, str) else second
