@@ -5,7 +5,6 @@ requests. Its rooms (``serve``, ``mistakes``, ``building``, ``roles``, ``compare
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 import torch.nn as nn
@@ -93,7 +92,7 @@ def check_block(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items())
     ):
         raise UserTypeError(f"roles must map role names to part names (str to str), got {roles!r}")
-    if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+    if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):  # NaN too
         raise UserValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     given = dict(roles or {})
     if isolate or (isolate is None and isinstance(target, str)):

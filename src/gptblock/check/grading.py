@@ -7,18 +7,17 @@ from __future__ import annotations
 import csv
 import io
 import os
-import queue
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..devices import busy_cores
+from ..devices import free_cores
 from ..errors import UserError, UserValueError
 from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
@@ -101,46 +100,30 @@ def grade(
         bob ERROR bob.py: SyntaxError at line 1: invalid syntax
     """
     subs = [s for p in paths for s in ([p] if isinstance(p, Submission) else submissions([p]))]
-    if jobs is None:  # the cores no other process keeps busy (``devices.busy_cores``)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        jobs = max(1, (cpus or 1) - round(busy_cores() or 0))
+    jobs = free_cores() if jobs is None else jobs
     if not isinstance(jobs, int) or jobs < 1:
         raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
         raise UserValueError(f"timeout must be a positive number <= 1e6, got {timeout!r}")
-    todo = deque(enumerate(subs))  # its popleft is thread-safe
-    done: queue.SimpleQueue[tuple[int, Row]] = queue.SimpleQueue()
 
-    def work() -> None:
-        while todo:  # (emptied when interrupted: then no new submission is started)
-            try:  # (the last one may be taken by another thread meanwhile)
-                i, sub = todo.popleft()
-            except IndexError:
-                return
-            try:
-                row = grade_one(sub, dict(kwargs or {}), name, timeout)
-            except BaseException as e:  # a row still, or the batch would wait for it forever
-                said = f"gptblock could not grade it ({one_line(e)}): a bug in gptblock"
-                row = Row(sub.student, str(sub.path), "", "ERROR", report=said)
-            done.put((i, row))
+    def one(todo: tuple[int, Submission]) -> tuple[int, Row]:
+        i, sub = todo
+        try:
+            return i, grade_one(sub, dict(kwargs or {}), name, timeout)
+        except BaseException as e:  # a row still, or the batch would wait for it forever
+            said = f"gptblock could not grade it ({one_line(e)}): a bug in gptblock"
+            return i, Row(sub.student, str(sub.path), "", "ERROR", report=said)
 
     rows: dict[int, Row] = {}
     # Once for the batch: both change process-wide state that each check would otherwise set
-    # and restore under the others' feet (the threads' checks then leave it as it is).
-    with undumpable(), one_thread():
-        for _ in range(min(jobs, len(subs))):  # daemons: an interrupted batch does not wait
-            threading.Thread(target=work, daemon=True).start()
-        try:
-            while len(rows) < len(subs):
-                try:
-                    i, row = done.get(timeout=0.2)  # a short wait, so that Ctrl-C is heard
-                except queue.Empty:
-                    continue
-                rows[i] = row
-                if on_row is not None:
-                    on_row(row)
-        finally:
-            todo.clear()
+    # and restore under the others' feet (the threads' checks then leave it as it is). The
+    # pool's threads are daemons: an interrupted batch does not wait, and leaving the pool
+    # (``terminate``) starts no new submission.
+    with undumpable(), one_thread(), ThreadPool(max(1, min(jobs, len(subs)))) as pool:
+        for i, row in pool.imap_unordered(one, enumerate(subs)):
+            rows[i] = row
+            if on_row is not None:
+                on_row(row)
     return [rows[i] for i in sorted(rows)]
 
 
@@ -150,13 +133,11 @@ def grade_one(
     """One submission's row; a block whose process the check ended (isolation's ``process``
     finding) is ``TIMEOUT`` or ``ERROR``, the findings before it kept in the report."""
     start = time.monotonic()
+    row = partial(Row, sub.student, str(sub.path))
     try:
         found = find_block(sub, name)
     except NotGraded as e:
-        seconds = time.monotonic() - start
-        return Row(
-            sub.student, str(sub.path), "", "ERROR", report=str(e), seconds=seconds, found=e.found
-        )
+        return row("", "ERROR", report=str(e), seconds=time.monotonic() - start, found=e.found)
     more: dict[str, Any] = {"found": found.found}
     with tempfile.TemporaryDirectory() as folder:
         file = found.file
@@ -183,7 +164,7 @@ def grade_one(
         verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
     said = said.replace(str(file), str(found.file))
     block, seconds = f"{found.file.name}:{found.name}", time.monotonic() - start
-    return Row(sub.student, str(sub.path), block, verdict, report=said, seconds=seconds, **more)
+    return row(block, verdict, report=said, seconds=seconds, **more)
 
 
 def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:

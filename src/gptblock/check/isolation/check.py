@@ -17,7 +17,7 @@ import torch
 from ... import errors
 from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
-from ..compare.verdict import Progress, decide
+from ..compare.verdict import decide
 from ..mistakes.report import CheckReport, Finding, Raised, text
 from ..serve.subject import one_thread
 from .child import Child, Gone, ProtocolBroken, pickled, undumpable
@@ -36,21 +36,15 @@ FRESH_SEED, WEIGHTS_SEED = 20260, 1
 
 @dataclass
 class _State:
-    """A check's ``Progress``; at the other sizes, its stages told to ``outer`` (if any) too."""
+    """A check's ``Progress``, at the file's sizes and then at the other ones."""
 
     description: str = ""  # the target's name until it is built
     where: str = "starting"
     findings: list[Finding] = field(default_factory=list)
-    outer: Progress | None = None
     kept: CheckReport | None = None  # the file's sizes' report, while the other sizes run
 
     def stage(self, what: str) -> None:
         self.where = what
-        if self.outer is not None:
-            self.outer.stage(f"at other sizes: {what}")
-
-    def built(self, description: str) -> None:
-        self.description = description or self.description
 
     def finding(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -90,11 +84,8 @@ def check_isolated(
     def cut(i: int, what: str) -> CheckReport:
         s = states[i]
         if s.kept is not None:  # cut short at the other sizes: the file's sizes decide
-            at = s.where.removeprefix("at other sizes: ")
-            said = (
-                f"checked at the file's sizes only: at other sizes its process {what} during {at}"
-            )
-            return combine(s.kept, said, "", "")
+            said = f"checked at the file's sizes only: at other sizes its process {what}"
+            return combine(s.kept, f"{said} during {s.where}", "", "")
         verb = {"loading": "load", "building": "build"}.get(s.where.split()[0])
         if verb:
             said = f"cannot {verb} {s.description}: its process {what} while {s.where}"
@@ -196,24 +187,23 @@ def check_in_process(
 def two_sizes(call: Call, roles: Mapping[str, str], progress: _State) -> CheckReport:
     """The check at the file's sizes, then (unless a mistake was diagnosed: it would stay the
     verdict) at the other sizes or why not, combined (``sizes.combine``: PASS needs both)."""
-    first = _at(call, progress, roles, False)
+    first, at = _at(call, progress, roles, False)
     if isinstance(first, str):  # the file's sizes are always built (in this process)
         raise ProtocolBroken("no block at the file's sizes")
-    if first[0].verdict == "FAIL" and first[0].diagnosis:
-        return first[0]
-    progress.kept = first[0]
+    if first.verdict == "FAIL" and first.diagnosis:
+        return first
+    progress.kept = first
     try:
-        second = _at(call, _State(outer=progress), roles, True)
+        second, other = _at(call, progress, roles, True)
     except (Raised, errors.UserError) as e:  # a block raising where the checker does not
-        second = not_other(f"the check stopped: {e}")  # expect it, a --map of a slice [0:32]
-    report, other = (second, "") if isinstance(second, str) else second
-    return combine(first[0], report, first[1], other)
+        second, other = not_other(f"the check stopped: {e}"), ""  # expect it, a --map of [0:32]
+    return combine(first, second, at, other)
 
 
 def _at(
-    call: Call, progress: Progress, roles: Mapping[str, str], other: bool
-) -> tuple[CheckReport, str] | str:
-    """The report at the file's sizes or the ``other`` ones and their label, else why not; what
+    call: Call, progress: _State, roles: Mapping[str, str], other: bool
+) -> tuple[CheckReport | str, str]:
+    """The report at the file's sizes or the ``other`` ones, else why not, and their label; what
     a child says is bounded (``text``) and checked for form."""
     trusted = isinstance(call, Served)
     bound = (lambda value, limit: str(value)) if trusted else text
@@ -223,11 +213,11 @@ def _at(
     except errors.UserError as e:
         if not other:
             raise
-        return not_other(bound(str(e), 400))
+        return not_other(bound(str(e), 400)), ""
     if said.get("none") is True:
-        return ""
+        return "", ""
     description = bound(said.get("description", ""), 400)
-    progress.built(description)
+    progress.description = description or progress.description
     notes = said["notes"] if isinstance(said.get("notes"), list) else []
     notes = [bound(n, 400) for n in notes][: None if trusted else 4]
     progress.stage("copying the block and calling it once to tell its width C")
@@ -238,12 +228,12 @@ def _at(
     if not isinstance(longest, int) or not 0 <= longest <= 1 << 30:
         raise ProtocolBroken("a longest sequence that is not one")
     if other and C != said.get("width"):
-        return not_other(f"it takes a width of {C}, not {bound(said.get('width'), 20)}")
+        return not_other(f"it takes a width of {C}, not {bound(said.get('width'), 20)}"), ""
     progress.stage("copying the block and calling it once")
     copy = call("copy", C=C, T=T, longest=longest)[0]
     raised = bound(copy.get("raised", ""), 600)
     if other and copy.get("failed"):
-        return not_other(f"calling it raised {bound(copy.get('failed'), 400)}")
+        return not_other(f"calling it raised {bound(copy.get('failed'), 400)}"), ""
     if raised:
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
