@@ -16,8 +16,8 @@ from .blocks.config import check_positive_int
 from .errors import UserTypeError, UserValueError
 
 __all__ = ["AUTOCAST_DTYPES", "DEVICE_TYPES", "DTYPES", "autocast_context", "available_memory"]
-__all__ += ["busy_cores", "choose_threads", "cpu_threads", "cpu_ticks", "free_cores"]
-__all__ += ["native_bfloat16", "resolve_device", "resolve_dtype", "set_threads"]
+__all__ += ["busy_cores", "choose_threads", "cpu_threads", "cpu_ticks", "native_bfloat16"]
+__all__ += ["resolve_device", "resolve_dtype", "set_threads"]
 
 AUTOCAST_DTYPES = ("float32", "bfloat16", "float16")  # what training runs in
 DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in (*AUTOCAST_DTYPES, "float64")}
@@ -162,12 +162,6 @@ def busy_cores(seconds: float = PROBE_SECONDS) -> float | None:
     return max(0.0, (busy - own) / wall)
 
 
-def free_cores() -> int:
-    """The CPUs this process may use that other processes do not keep busy now (at least one)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cpus or 1) - round(busy_cores() or 0))
-
-
 def choose_threads(threads: int | None = None) -> int:
     """Set and return torch's CPU threads: ``threads`` if given, else the free cores (at most
     torch's choice, at least one; ``OMP_NUM_THREADS`` kept where set). OpenMP threads spin
@@ -179,9 +173,12 @@ def choose_threads(threads: int | None = None) -> int:
         return threads
     if "OMP_NUM_THREADS" in os.environ:
         return torch.get_num_threads()
-    free = min(torch.get_num_threads(), free_cores())
-    torch.set_num_threads(free)
-    return free
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    most = min(torch.get_num_threads(), cpus or 1)
+    busy = busy_cores()
+    free = most if busy is None else min(most, (cpus or 1) - round(busy))
+    torch.set_num_threads(max(1, free))
+    return max(1, free)
 
 
 @contextlib.contextmanager

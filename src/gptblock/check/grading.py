@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..devices import free_cores
+from ..devices import busy_cores
 from ..errors import UserError, UserValueError
 from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
@@ -100,7 +100,9 @@ def grade(
         bob ERROR bob.py: SyntaxError at line 1: invalid syntax
     """
     subs = [s for p in paths for s in ([p] if isinstance(p, Submission) else submissions([p]))]
-    jobs = free_cores() if jobs is None else jobs
+    if jobs is None:  # the cores no other process keeps busy (``devices.busy_cores``)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        jobs = max(1, (cpus or 1) - round(busy_cores() or 0))
     if not isinstance(jobs, int) or jobs < 1:
         raise UserValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
