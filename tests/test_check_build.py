@@ -666,3 +666,17 @@ def test_a_size_error_in_forward_names_the_learners_line_through_the_command(tmp
     assert said.endswith(
         ": wei = wei.masked_fill(self.tril[:T, :T].expand(B, 1, 1) == 0, float('-inf')))"
     )
+
+
+def test_a_dataclass_configs_own_bias_default_builds_the_block(tmp_path):
+    # (s22 note) a dataclass's ``bias: bool = False`` was built as the checker's common True: a
+    # parameter made only with biases then never acted (FAIL unused_parameters on a right block)
+    text = NANOGPT.replace("bias: bool = True", "bias: bool = False").replace(
+        "self.mlp = MLP(config)\n",
+        "self.mlp = MLP(config)\n        if config.bias:\n"
+        "            self.gain = nn.Parameter(torch.ones(config.n_embd))  # never used\n",
+    )
+    report = check_block(f"{_file(tmp_path, 'nobias', text)}:Block", isolate=False)
+    assert report.passed, str(report)
+    given = check_block(f"{_file(tmp_path, 'bias', text)}:Block", isolate=False, bias=True)
+    assert given.diagnosis == ["unused_parameters"] and "gain" in str(given), str(given)

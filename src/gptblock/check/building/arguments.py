@@ -174,10 +174,12 @@ def complete(
             raise UserValueError(
                 f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
             )
+        empty = dataclasses.MISSING
         values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
+        if "bias" not in given and any(f.name == "bias" and f.default is not empty for f in fields):
+            values.pop("bias")  # the config's own default stands: bias=False builds no biases
         half = [f.name for f in fields if str(f.default) in ("torch.bfloat16", "torch.float16")]
         values = {**{n: torch.float32 for n in half if n not in given}, **values}  # checked on CPU
-        empty = dataclasses.MISSING
         lacking = {f.name: guess(f.name, sizes=sizes) for f in fields if f.default is empty
                    and f.default_factory is empty and f.name not in values}  # fmt: skip
         if lacking:
