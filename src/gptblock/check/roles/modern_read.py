@@ -62,9 +62,8 @@ def measure_turn(
         like = trace.nodes[source].value
         rows = as_rows(like, B, T)  # (B * T, F): the product may be channels first
 
-        def response(lit: Tensor) -> Tensor | None:
-            with torch.no_grad():
-                return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
+        def response(lit: Tensor) -> Tensor | None:  # (``replay`` runs without gradients)
+            return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
 
         # less what zeros give: a bias added after the product (an einsum's) turns too
         if (zero := response(torch.zeros_like(rows))) is None:
@@ -226,9 +225,8 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
         for first in (False, True):
             if (core := heads(value, B, read.n_head, T, hs, key == 1, first)) is not None:
                 ratio = core[:, 0, 0] / base  # (B, hs)
-                found.append(
-                    (float(ratio.std(dim=0, correction=0).sum()), ratio.median(dim=0).values)
-                )
+                spread = float(ratio.std(dim=0, correction=0).sum())
+                found.append((spread, ratio.median(dim=0).values))
         if not found:
             return None
         gains.append(min(found, key=lambda f: f[0])[1])  # (hs,)
