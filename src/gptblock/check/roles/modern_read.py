@@ -69,10 +69,8 @@ def measure_turn(
         if (zero := response(torch.zeros_like(rows))) is None:
             return None
         leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
-        for c in range(rows.shape[-1]):
-            lit = torch.zeros_like(rows)
-            lit[:, c] = 1.0
-            if (out := response(lit)) is None:
+        for unit in torch.eye(rows.shape[-1], dtype=rows.dtype, device=rows.device):  # each channel
+            if (out := response(unit.expand_as(rows))) is None:  # lit at every position
                 return None
             out = out - zero
             at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
@@ -166,8 +164,7 @@ class Source:
 def read_modern(trace: Trace) -> ModernRead | None:
     """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
-    found = cores(trace)
-    if len(found) != 1:
+    if len(found := cores(trace)) != 1:
         return None  # one core per head (or none): the lessons' reading
     core = found[0]
     roles, nh = find_roles(trace, B, T)

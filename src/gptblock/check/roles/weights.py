@@ -229,11 +229,9 @@ def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
     """Parameters by their modules (``heads.*.query``), ' (in, out)' where stored transposed."""
     if not params:
         return "none (the merged heads join the stream as they are: the identity)"
-    owners: dict[str, list[str]] = {}
-    for p in params:
-        owners.setdefault(p.rpartition(".")[0], []).append(p)
-    shown = []
-    for owner, held in owners.items():
+    shown: list[str] = []
+    for owner in dict.fromkeys(p.rpartition(".")[0] for p in params):
+        held = [p for p in params if p.rpartition(".")[0] == owner]
         own = {p for p in trace.parameters if p.rpartition(".")[0] == owner}
         shown += [owner] if owner and set(held) == own else held
     values = {n.name: n.value for n in trace.nodes if n.op == LEAF and n.name in params}
