@@ -259,8 +259,12 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
         value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
         probabilities = finite.numel() > 0 and 0 <= finite.min() and finite.max() <= 1 + 1e-6
-        if value.shape[-1] == value.shape[-2] and probabilities and (scores := _scores(trace, A)):
-            return A, v, flipped, scores
+        if value.shape[-1] != value.shape[-2] or not probabilities:
+            continue
+        made = filter(None, map(trace.producer, trace.ancestors(A)))  # the scores: the latest
+        found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]  # of these
+        if found:
+            return A, v, flipped, max(found, key=lambda op: op.index)
     return None
 
 
@@ -287,12 +291,6 @@ def _agreement(S: Tensor, P: Tensor) -> float:
         if live.any():
             best = max(best, float(((s > 0) == (p > 0))[live].double().mean()))
     return best
-
-
-def _scores(trace: Trace, A: int) -> Op | None:
-    made = filter(None, map(trace.producer, trace.ancestors(A)))
-    found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]
-    return max(found, key=lambda op: op.index) if found else None
 
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
-from .dataflow import SHAPE_OPS, Core, cores, weight_input
+from .dataflow import SHAPE_OPS, Core, cores
 from .modern_read import Linear, ModernRead, Turn
 from .provenance import snap
 from .trace import Op, Trace
@@ -297,7 +297,7 @@ def _gated(trace: Trace, y: int) -> bool:
             ]  # fmt: skip
             if op.base == "mul" and any(trace.nodes[n].value.numel() > 1 for n in other):
                 return True
-            if op.base in SHAPE_OPS and weight_input(trace, op) is None:
+            if op.base in SHAPE_OPS:  # (never a product with a weight)
                 todo += [n for n in op.outputs if n not in seen]
                 seen.update(op.outputs)
     return False
