@@ -80,17 +80,14 @@ def weight_input(trace: Trace, op: Op) -> int | None:
     one square matrix a position: a rotation's, ``x @ R[positions]``)."""
     if op.name not in WEIGHT_OPS:
         return None
-    T = trace.nodes[trace.input].shape[1]
-
-    def turn(shape: tuple[int, ...]) -> bool:  # (T, d, d)
-        return "bmm" in op.name and len(shape) == 3 and shape[0] == T > 1 and shape[1] == shape[2]
-
-    static = [
-        n for n in op.inputs if not trace.nodes[n].data and trace.nodes[n].value.dim() >= 2
-        and not turn(trace.nodes[n].shape)
-    ]  # fmt: skip
-    moved = data(trace, op)
-    return moved[0] if len(moved) == 1 and static else None
+    T, moved = trace.nodes[trace.input].shape[1], data(trace, op)
+    static = [trace.nodes[n].shape for n in op.inputs if not trace.nodes[n].data]
+    weights = [  # not (T, d, d), a rotation's
+        s
+        for s in static
+        if len(s) >= 2 and not ("bmm" in op.name and len(s) == 3 and s[0] == T > 1 and s[1] == s[2])
+    ]
+    return moved[0] if len(moved) == 1 and weights else None
 
 
 def _scalar(trace: Trace, op: Op, node: int) -> float | None:
@@ -154,8 +151,10 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     return node
 
 
-def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int | None:
-    """The earliest node laid out by position that ``node`` is a reshape of (``heads``: 3-D)."""
+def source(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> int | None:
+    """The earliest laid-out node that product ``op`` reads a reshape of (``heads``: 3-D)."""
+    if (node := weight_input(trace, op)) is None:
+        return None
     shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
     found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
     if heads and not found:
@@ -164,11 +163,8 @@ def source(trace: Trace, node: int, B: int, T: int, heads: bool = False) -> int 
 
 
 def static_names(trace: Trace, ops: list[Op]) -> list[str]:
-    names: list[str] = []
-    for op in ops:
-        for n in op.inputs:
-            if not trace.nodes[n].data:
-                names += [trace.nodes[a].name for a in sorted(trace.ancestors(n))]
+    static = [n for op in ops for n in op.inputs if not trace.nodes[n].data]
+    names = (trace.nodes[a].name for n in static for a in sorted(trace.ancestors(n)))
     return list(dict.fromkeys(n for n in names if n))
 
 
@@ -263,8 +259,12 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
         value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
         probabilities = finite.numel() > 0 and 0 <= finite.min() and finite.max() <= 1 + 1e-6
-        if value.shape[-1] == value.shape[-2] and probabilities and (scores := _scores(trace, A)):
-            return A, v, flipped, scores
+        if value.shape[-1] != value.shape[-2] or not probabilities:
+            continue
+        made = filter(None, map(trace.producer, trace.ancestors(A)))  # the scores: the latest
+        found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]  # of these
+        if found:
+            return A, v, flipped, max(found, key=lambda op: op.index)
     return None
 
 
@@ -291,12 +291,6 @@ def _agreement(S: Tensor, P: Tensor) -> float:
         if live.any():
             best = max(best, float(((s > 0) == (p > 0))[live].double().mean()))
     return best
-
-
-def _scores(trace: Trace, A: int) -> Op | None:
-    made = filter(None, map(trace.producer, trace.ancestors(A)))
-    found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]
-    return max(found, key=lambda op: op.index) if found else None
 
 
 def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
@@ -364,9 +358,7 @@ def _projection(
             raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
         found, out = (near[0], 1.0), _unrepeated(trace, near[0], node, core, B, T)
     op, factor = found
-    moved = weight_input(trace, op)
-    put = source(trace, moved, B, T) if moved is not None else None
-    if put is None or out is None:
+    if (put := source(trace, op, B, T)) is None or out is None:
         raise Unread("the attention's input is not laid out by position")
     return put, out, factor, static_names(trace, [op]), turned
 
@@ -389,9 +381,7 @@ def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> 
 
 
 def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
-    moved = weight_input(trace, op)
-    put = source(trace, moved, B, T, heads) if moved is not None else None
-    get = forward_end(trace, op, B, T)
+    put, get = source(trace, op, B, T, heads), forward_end(trace, op, B, T)
     if put is None or get is None:
         raise Unread(
             f"a matrix product ({op.name}) whose input or output is not laid out by position"

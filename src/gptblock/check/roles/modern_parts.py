@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
-from .dataflow import SHAPE_OPS, Core, cores, weight_input
+from .dataflow import SHAPE_OPS, Core, cores
 from .modern_read import Linear, ModernRead, Turn
 from .provenance import snap
 from .trace import Op, Trace
@@ -137,8 +137,7 @@ def norm_of(
         gain = _channels(moved / norm_function(kind, 1.0, None, 0.0)(big))
         solved = _solved(kind, *outputs[1], gain, bias) if kind in NORM_KINDS else ()
         for eps in (*EPS, *solved):
-            gain = _channels(moved / norm_function(kind, 1.0, None, eps)(big))
-            gain = ones(gain)
+            gain = ones(_channels(moved / norm_function(kind, 1.0, None, eps)(big)))
             same = norm_function(kind, gain, bias, eps)
             if (error := max(_off(same(t), out) for t, out in outputs)) <= CLOSE:
                 # a LayerNorm as the block computes it; a mistaken one too, its rounding not
@@ -223,8 +222,7 @@ def _gated_of(
                         "instead of act(gate(x)) * up(x)"
                     )
                 label = "swiglu" if name == "silu" else f"gated {name}"
-                g, p = f[gate], f[up]
-                hidden = lambda h, g=g, p=p, act=act: act(g(h)) * p(h)  # noqa: E731
+                hidden = lambda h, g=f[gate], p=f[up], act=act: act(g(h)) * p(h)  # noqa: E731
                 layers = m[gate], m[up]
                 return MlpRead(f"{label} d_ff={width}", hidden, mistakes, layers, name, True)
     for label, form in _WRONG.items():
@@ -299,7 +297,7 @@ def _gated(trace: Trace, y: int) -> bool:
             ]  # fmt: skip
             if op.base == "mul" and any(trace.nodes[n].value.numel() > 1 for n in other):
                 return True
-            if op.base in SHAPE_OPS and weight_input(trace, op) is None:
+            if op.base in SHAPE_OPS:  # (never a product with a weight)
                 todo += [n for n in op.outputs if n not in seen]
                 seen.update(op.outputs)
     return False
@@ -335,19 +333,17 @@ def _bias(trace: Trace, op: Op) -> bool:
 def _window(trace: Trace, made: Op, A: int | None) -> int:
     """w < T where exactly the keys t - w < s <= t are attended to at every query t (by ``A``,
     or a fused core's static ``attn_mask``); else 0."""
+    if A is None and (len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data):
+        return 0
     if A is None:
-        if len(made.inputs) < 4 or trace.nodes[made.inputs[3]].data:
-            return 0
         mask = trace.nodes[made.inputs[3]].value
         allowed = mask if mask.dtype == torch.bool else mask > MASKED
-        if allowed.dim() < 2:
-            return 0
-        allowed = allowed.reshape(-1, *allowed.shape[-2:]).all(0)
     else:
-        P = trace.nodes[A].value
-        if P.dim() < 2 or P.shape[-1] != P.shape[-2]:
-            return 0
-        allowed = (P.reshape(-1, *P.shape[-2:]) != 0).any(0)
+        allowed = trace.nodes[A].value != 0
+    if allowed.dim() < 2 or allowed.shape[-1] != allowed.shape[-2]:
+        return 0
+    allowed = allowed.reshape(-1, *allowed.shape[-2:])  # (heads, T, T)
+    allowed = allowed.all(0) if A is None else allowed.any(0)  # the mask: in all; A: in any
     t = torch.arange(allowed.shape[-1])
     back = t[:, None] - t[None, :]  # (T, T): how far key s is behind query t
     found = (w for w in range(1, len(t)) if torch.equal(allowed.cpu(), (back >= 0) & (back < w)))
@@ -380,12 +376,11 @@ def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, turned: bool) -> st
     one = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
     one[0] = 3.0
     moved = rescaled(trace, q_out, q_core, z, [3.0, one.flatten()])
-    if moved is None or moved[2][0] > 1e-3:  # float32 norms: 1e-5
+    # turned: a rotation measured through it, an RMSNorm before it (its rotation scaled?)
+    if moved is None or moved[2][0] > 1e-3 or (turned and moved[2][1] <= 1e-2):  # float32: 1e-5
         return ""
     if moved[2][1] > 1e-2:
         return "q and k normalised over the whole width (OLMo 2's qk norm), not per head"
-    if turned:  # a rotation measured through it: an RMSNorm before it (its rotation scaled?)
-        return ""
     return (
         "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
         "a bias, or a norm after the rotation)"

@@ -62,18 +62,15 @@ def measure_turn(
         like = trace.nodes[source].value
         rows = as_rows(like, B, T)  # (B * T, F): the product may be channels first
 
-        def response(lit: Tensor) -> Tensor | None:
-            with torch.no_grad():
-                return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
+        def response(lit: Tensor) -> Tensor | None:  # (``replay`` runs without gradients)
+            return heads(run(as_rows(lit, B, T, tuple(like.shape))), B, nh, T, hs)
 
         # less what zeros give: a bias added after the product (an einsum's) turns too
         if (zero := response(torch.zeros_like(rows))) is None:
             return None
         leaks: dict[int, tuple[int, float]] = {}  # channel of head 0 -> (partner, sin w)
-        for c in range(rows.shape[-1]):
-            lit = torch.zeros_like(rows)
-            lit[:, c] = 1.0
-            if (out := response(lit)) is None:
+        for unit in torch.eye(rows.shape[-1], dtype=rows.dtype, device=rows.device):  # each channel
+            if (out := response(unit.expand_as(rows))) is None:  # lit at every position
                 return None
             out = out - zero
             at0, at1 = out[0, :, 0].double(), out[0, :, 1].double()  # (nh, hs)
@@ -167,8 +164,7 @@ class Source:
 def read_modern(trace: Trace) -> ModernRead | None:
     """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
-    found = cores(trace)
-    if len(found) != 1:
+    if len(found := cores(trace)) != 1:
         return None  # one core per head (or none): the lessons' reading
     core = found[0]
     roles, nh = find_roles(trace, B, T)
@@ -226,9 +222,8 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
         for first in (False, True):
             if (core := heads(value, B, read.n_head, T, hs, key == 1, first)) is not None:
                 ratio = core[:, 0, 0] / base  # (B, hs)
-                found.append(
-                    (float(ratio.std(dim=0, correction=0).sum()), ratio.median(dim=0).values)
-                )
+                spread = float(ratio.std(dim=0, correction=0).sum())
+                found.append((spread, ratio.median(dim=0).values))
         if not found:
             return None
         gains.append(min(found, key=lambda f: f[0])[1])  # (hs,)

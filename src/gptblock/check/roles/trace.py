@@ -153,7 +153,9 @@ class Trace:
                 while at not in seen and (view := self.producer(at)) and view.name in VIEWS:
                     at = view.inputs[0]
                 fresh = at in seen and at != op.inputs[0] and op.outputs[0] not in seen
-                if fresh and op.index < read_at(self, at):  # written through a view, then read
+                # read (other than through a view) after it was written through one
+                reads = (o.index for o in self.consumers(at) if o.name not in VIEWS)
+                if fresh and op.index < min(reads, default=len(self.ops)):
                     seen |= self._behind({*op.inputs, *op.outputs})
                     written = True
         return seen
@@ -171,13 +173,6 @@ class Trace:
                     seen.add(n)
                     todo.append(n)
         return seen
-
-
-def read_at(trace: Trace, node: int) -> int:
-    """The first operator that reads ``node`` other than through a view (a write through one
-    before it changes what it reads); past the last where none does."""
-    reads = (op.index for op in trace.consumers(node) if op.name not in VIEWS)
-    return min(reads, default=len(trace.ops))
 
 
 def _need(ok: object, what: str) -> None:

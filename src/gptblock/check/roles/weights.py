@@ -77,8 +77,7 @@ def rescaled(
             got = run(h.to(like.dtype))
             return (got.reshape(shape) if got.numel() == math.prod(shape) else got).to(h.dtype)
 
-        with torch.no_grad():
-            a, *outs = [f(z)] + [f(z * by) for by in factors]
+        a, *outs = [f(z)] + [f(z * by) for by in factors]  # (``replay`` runs without gradients)
         if not isinstance(a, Tensor) or not torch.isfinite(a).all():
             return None
         scale = float(a.abs().max()) + 1e-12
@@ -101,23 +100,21 @@ def _normalising(
 
 def find_norms(trace: Trace, B: int, T: int) -> list[Norm]:
     found: list[Norm] = []
-    for name, first, end, ins, outs in trace.calls:
+    for name, first, end, ins, outs in trace.calls:  # an outer module's call first
         if name not in trace.modules or len(ins) != 1 or len(outs) != 1:
             continue
         held = [shape for p, shape in trace.parameters.items() if p.startswith(name + ".")]
+        # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
+        nested = any(n.first <= first < n.end and name.startswith(n.key + ".") for n in found)
         if (
             trace.nodes[ins[0]].data
+            and not nested
             and all(math.prod(shape) == max(shape, default=1) for shape in held)  # no matrix
             and all(weight_input(trace, op) is None for op in trace.ops[first:end])  # no sub-layer
             and layout(trace.nodes[ins[0]].shape, B, T)
             and (f := _normalising(trace, ins[0], outs[0], shaped=True)) is not None
         ):
             found.append(Norm(name, first, outs[0], f, end))
-    found = [  # not a norm module inside another (x-transformers' LayerNorm holds nn.LayerNorm)
-        n
-        for n in found
-        if not any(o.first <= n.first < o.end and n.key.startswith(o.key + ".") for o in found)
-    ]
     for op in trace.ops:
         inside = any(n.first <= op.index < n.end for n in found)
         if inside or not op.inputs or not trace.nodes[op.inputs[0]].data:
@@ -232,11 +229,9 @@ def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
     """Parameters by their modules (``heads.*.query``), ' (in, out)' where stored transposed."""
     if not params:
         return "none (the merged heads join the stream as they are: the identity)"
-    owners: dict[str, list[str]] = {}
-    for p in params:
-        owners.setdefault(p.rpartition(".")[0], []).append(p)
-    shown = []
-    for owner, held in owners.items():
+    shown: list[str] = []
+    for owner in dict.fromkeys(p.rpartition(".")[0] for p in params):
+        held = [p for p in params if p.rpartition(".")[0] == owner]
         own = {p for p in trace.parameters if p.rpartition(".")[0] == owner}
         shown += [owner] if owner and set(held) == own else held
     values = {n.name: n.value for n in trace.nodes if n.op == LEAF and n.name in params}
