@@ -253,15 +253,14 @@ def unpack_readings(
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return f"the block's process sent readings that do not check ({one_line(e)})"
     why = ""
-    read = [g.roles for g in got]  # each reading's weights by role
-    kept = [i for i, r in enumerate(read) if not (why := trace(r, chosen, subject.dtype).why)]
+    kept = [i for i, g in enumerate(got) if not (why := trace(g.roles, chosen, subject.dtype).why)]
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     order = main + [i for i in kept if i not in main]
     kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in order[len(main) :]))
     readings = Readings(*kept_parts, heads, x.double(), [shown[i] for i in order].__getitem__)
-    return readings, [read[i] for i in order]
+    return readings, [got[i].roles for i in order]  # each reading's weights by role
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:
