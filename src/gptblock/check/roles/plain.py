@@ -132,9 +132,10 @@ def send(
 def _plain(
     key: str, meta: dict[str, Any], roles: Roles, norms: dict[str, NormRead]
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``meta`` with each norm's kind and eps (ln2 None where not sent), and every tensor."""
+    """``meta`` with each norm's kind and eps (ln2 None where not sent), and every tensor (a
+    norm's gains of 1 read as exactly 1: ``norm_of``)."""
     meta = {**meta, "ln2": None} | {r: {"kind": n.form, "eps": n.eps} for r, n in norms.items()}
-    roles = {**roles} | {r: (n.gain, n.bias) for r, n in norms.items()}  # gains of 1 read as 1
+    roles = roles | {r: (n.gain, n.bias) for r, n in norms.items()}
     tensors = {
         f"{key}.{role}.{p}": t.detach().cpu().contiguous()
         for role, ts in roles.items()

@@ -16,7 +16,7 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
 from .given import check_claims, check_reading, fix_roles
-from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
+from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, fits, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
@@ -144,6 +144,5 @@ def _given(
         hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
         at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
         return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate(QKV)}
-    rows, cols = shape
-    stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
+    stored_in_out = fits(role, shape[::-1], C) and not fits(role, shape, C)
     return {role: f"{weight}:in_out" if laid and stored_in_out else name}
