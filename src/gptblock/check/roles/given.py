@@ -56,8 +56,7 @@ def _slice(text: str, bound: str) -> slice:
             f"--map value {text!r}: {bound.strip()!r} is not START:STOP (steps and single "
             "indices are not taken)"
         )
-    start, stop = (int(s) if s else None for s in found.groups())
-    return slice(start, stop)
+    return slice(*(int(s) if s else None for s in found.groups()))
 
 
 def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
