@@ -54,18 +54,18 @@ def test_a_norm_is_read_as_its_kind_with_the_blocks_own_gain(kind):
     m = _Norm(NORMS[kind])
     x = _randn(5, 7, C)
     known = torch.cat([p.detach().flatten() for p in m.parameters()]).sort().values
-    meta, w, b = _norm("ln1", m, x, known)
-    assert meta["kind"] == kind
-    assert torch.equal(w, m.w.detach())  # exactly the parameter, not a fit of it
+    n = _norm("ln1", m, x, known)
+    assert n.form == kind
+    assert torch.equal(n.gain, m.w.detach())  # exactly the parameter, not a fit of it
     with torch.no_grad():
-        ours, theirs = norm_function(kind, w, b, meta["eps"])(x), m(x)
+        ours, theirs = norm_function(kind, n.gain, n.bias, n.eps)(x), m(x)
     assert (ours - theirs).abs().max() <= 1e-12 * theirs.abs().max()
 
 
 def test_a_gain_stored_minus_one_is_read_as_the_blocks_own():
     m = _Norm(lambda m, h: F.layer_norm(h, (C,)) * (1 + m.w) + m.b)  # Gemma's RMSNorm does so
     known = torch.cat([p.detach().flatten() for p in m.parameters()]).sort().values
-    _, w, _ = _norm("ln1", m, _randn(5, 7, C), known)
+    w = _norm("ln1", m, _randn(5, 7, C), known).gain
     assert torch.allclose(w - 1, m.w.detach(), rtol=0, atol=1e-15)  # 1 + the parameter
 
 

@@ -18,10 +18,7 @@ from .mapping import QKV, ROLES, SHAPES, fits
 from .parts import Given, Matrix, Part, named_parts, paired_bias, tensor_ids
 from .weights import Reading
 
-__all__ = [
-    "Given", "Map", "check_claims", "check_reading", "fix_roles", "given_part",
-    "parse_given",
-]  # fmt: skip
+__all__ = ["Map", "check_claims", "check_reading", "fix_roles", "given_part", "parse_given"]
 
 Tensor = torch.Tensor
 
@@ -59,8 +56,7 @@ def _slice(text: str, bound: str) -> slice:
             f"--map value {text!r}: {bound.strip()!r} is not START:STOP (steps and single "
             "indices are not taken)"
         )
-    start, stop = (int(s) if s else None for s in found.groups())
-    return slice(start, stop)
+    return slice(*(int(s) if s else None for s in found.groups()))
 
 
 def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Part:
@@ -95,11 +91,10 @@ def given_part(module: nn.Module, C: int, role: str, g: Given, index: int) -> Pa
     reads = [Matrix(role, p, named[bias] if bias else None, replace(g, layout=x)) for x in layouts]
     m = next((m for m in reads if fits(role, tuple(m.canonical()[0].shape), C)), reads[-1])
     w, b = m.canonical()
-    n = w.shape[0] if b is None else b.numel()
     if not fits(role, tuple(w.shape), C):
         why = f"reads as (out, in) = {tuple(w.shape)}, but {role} is {SHAPES[role]} with C = {C}"
-    elif n != w.shape[0]:  # a slice or layout that misses the bias
-        why = f"its bias {bias} gives {n} values for {w.shape[0]} outputs"
+    elif b is not None and b.numel() != w.shape[0]:  # a slice or layout that misses the bias
+        why = f"its bias {bias} gives {b.numel()} values for {w.shape[0]} outputs"
     else:
         params = (g.path, bias) if bias else (g.path,)
         return Part(g.text, "linear", index, m, params, (int(w.shape[0]), int(w.shape[1])))

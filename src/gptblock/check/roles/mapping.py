@@ -140,16 +140,13 @@ def map_roles(
     given = [r for r in ROLES[2:] if r in fixed]
     by = f"{'/'.join(given)} by the caller (given); " if given else ""
     by += "qkv/proj by nn.MultiheadAttention; " if "mha" in first else ""
-    ran = [p for r, ps in first.items() if r != "mha" for p in ps]
-    order = "call" if any(p.name in called for p in ran) else "registration"
-    how = [chosen, f"{by}the others by shape and {order} order"]
+    ran = any(p.name in called for r, ps in first.items() if r != "mha" for p in ps)
+    how = [chosen, f"{by}the others by shape and {'call' if ran else 'registration'} order"]
     others = []  # q, k, v in their other orders: only order tells them apart
     if "q" in first and not fixed.keys() & set(QKV):
         how[-1] += "; q, k, v by registration order, the other orders tried too"
-        orders = list(itertools.permutations(QKV))[1:]
-        others = [
-            {**first, **{r: first[o] for r, o in zip(QKV, order, strict=True)}} for order in orders
-        ]
+        for swapped in list(itertools.permutations(QKV))[1:]:
+            others.append(first | dict(zip(QKV, map(first.__getitem__, swapped), strict=True)))
     if len(tied) > 1:
         how.append(f"{len(tied)} readings fit equally well and are all tried")
     readings = [_build(c, C, (n1, n2)) for c in [*tied, *others]]

@@ -106,8 +106,7 @@ class Part:
         if not (in_out and isinstance(m, Matrix) and self.kind == "matrix" and self.shape):
             return self
         m = Matrix(m.role, m.weight_of, m.bias_of, replace(m.given, layout="in_out"))
-        shape = (self.shape[1], self.shape[0])
-        return replace(self, name=f"{self.name} (in, out)", module=m, shape=shape)
+        return replace(self, name=f"{self.name} (in, out)", module=m, shape=self.shape[::-1])
 
     @property
     def mha(self) -> nn.MultiheadAttention:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.nn import functional as F
 
 from ..mistakes.report import one_line, text
 from ..mistakes.steps import CORRECT, Parts, Rope, SubLayer, affine, run_steps
@@ -48,11 +49,10 @@ def _linear(name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor) -> l
     g = torch.Generator().manual_seed(7)
     probe = torch.randn(B * T, n_in, generator=g, dtype=torch.float64)
     basis = torch.cat([torch.zeros(1, n_in, dtype=torch.float64), torch.eye(n_in).double()])
-    rows = torch.cat([basis, probe]).to(like.dtype)  # (1 + in + BT, in)
+    rows = torch.cat([basis, probe]).to(like.device, like.dtype)  # (1 + in + BT, in)
     chunks: list[list[Tensor]] = []  # each chunk's outputs
-    for start in range(0, rows.shape[0], B * T):
-        chunk = torch.zeros(B * T, n_in, dtype=like.dtype, device=like.device)
-        chunk[: len(rows) - start] = rows[start : start + B * T]  # the last one padded
+    for chunk in torch.split(rows, B * T):
+        chunk = F.pad(chunk, (0, 0, 0, B * T - len(chunk)))  # the last one padded with zeros
         with torch.no_grad():
             got = f(chunk.reshape(B, T, -1))  # (B, T, in) -> (B, T, out), or a tuple of them
         got = got if isinstance(got, tuple) else (got,)
@@ -68,9 +68,7 @@ def _linear(name: str, f: Callable[[Tensor], Any], n_in: int, like: Tensor) -> l
     return read
 
 
-def _norm(
-    name: str, f: SubLayer, like: Tensor, known: Tensor | None
-) -> tuple[dict[str, Any], Tensor, Tensor | None]:
+def _norm(name: str, f: SubLayer, like: Tensor, known: Tensor | None) -> NormRead:
     """``norm_of``'s reading of one of ``NORM_KINDS``, in the kind whose gain is known."""
     if like.shape[-1] < 2:
         raise NotPlain(f"{name}: a norm over {like.shape[-1]} channel cannot be read")
@@ -79,7 +77,7 @@ def _norm(
         raise NotPlain(f"{name} computes none of the norms {', '.join(NORM_KINDS)} (to {FIT:g})")
     if not bool(n.gain.any()):
         raise NotPlain(f"{name} does not depend on its input")
-    return {"kind": n.form, "eps": n.eps}, n.gain.contiguous(), n.bias
+    return n
 
 
 def to_plain(
@@ -91,13 +89,10 @@ def to_plain(
     (proj,) = _linear("proj", parts.proj, q[0].shape[0], like)
     (fc2,) = _linear("fc2", parts.fc2, fc1[0].shape[0], like)
     roles: Roles = {"q": q, "k": k, "v": v, "proj": proj, "fc1": fc1, "fc2": fc2}
-    meta: dict[str, Any] = {"C": parts.C, "D": parts.D, "H": fc1[0].shape[0], "ln2": None}
-    meta["parallel"] = parts.parallel
-    for role, f in (("ln1", parts.ln1), ("ln2", parts.ln2)):
-        if f is not None:
-            meta[role], w, b = _norm(role, f, like, known)
-            roles[role] = (w, b)
-    return meta, _tensors(key, roles)
+    meta = {"C": parts.C, "D": parts.D, "H": fc1[0].shape[0], "parallel": parts.parallel}
+    lns = (("ln1", parts.ln1), ("ln2", parts.ln2))
+    norms = {r: _norm(r, f, like, known) for r, f in lns if f is not None}
+    return _plain(key, meta, roles, norms)
 
 
 def send(
@@ -123,26 +118,31 @@ def send(
     (D, C), K, H = read.q[0].shape, read.k[0].shape[0], read.mlp[-1][0].shape[1]
     meta: dict[str, Any] = {
         "C": C, "D": D, "K": K, "H": H, "n_head": read.n_head, "activation": mlp.activation,
-        "gated": mlp.gated, "parallel": read.parallel, "ln2": None,
+        "gated": mlp.gated, "parallel": read.parallel,
         "rope": None if rope is None else [rope.theta, rope.dim, rope.pairing, rope.sign],
     }  # fmt: skip
-    # GPT-J's one norm read by both branches: sent once, as ln1 with no ln2 (the same values
-    # twice would be read as one parameter read for two roles)
-    for i, n in enumerate(norms[:1] if read.parallel and _same(*norms) else norms):
-        meta[f"ln{i + 1}"] = {"kind": n.form, "eps": n.eps}
-        roles[f"ln{i + 1}"] = (n.gain, n.bias)  # gains of 1 read as exactly 1 (``norm_of``)
     if qk_norm is not None:
         roles.update({"lnq": (ones(qk_norm[0]),), "lnk": (ones(qk_norm[1]),)})
-    return meta, _tensors(KEY, roles)
+    # GPT-J's one norm read by both branches: sent once, as ln1 with no ln2 (the same values
+    # twice would be read as one parameter read for two roles)
+    sent = norms[:1] if read.parallel and _same(*norms) else norms
+    return _plain(KEY, meta, roles, dict(zip(("ln1", "ln2"), sent, strict=False)))
 
 
-def _tensors(key: str, roles: Roles) -> dict[str, Tensor]:
-    return {
-        f"{key}.{role}.{p}": t.detach().cpu()
+def _plain(
+    key: str, meta: dict[str, Any], roles: Roles, norms: dict[str, NormRead]
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``meta`` with each norm's kind and eps (ln2 None where not sent), and every tensor (a
+    norm's gains of 1 read as exactly 1: ``norm_of``)."""
+    meta = {**meta, "ln2": None} | {r: {"kind": n.form, "eps": n.eps} for r, n in norms.items()}
+    roles = roles | {r: (n.gain, n.bias) for r, n in norms.items()}
+    tensors = {
+        f"{key}.{role}.{p}": t.detach().cpu().contiguous()
         for role, ts in roles.items()
         for p, t in zip(("weight", "bias"), ts, strict=False)
         if t is not None
     }
+    return meta, tensors
 
 
 def _same(a: NormRead, b: NormRead) -> bool:
@@ -254,15 +254,14 @@ def unpack_readings(
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return f"the block's process sent readings that do not check ({one_line(e)})"
     why = ""
-    read = [g.roles for g in got]  # each reading's weights by role
-    kept = [i for i, r in enumerate(read) if not (why := trace(r, chosen, subject.dtype).why)]
+    kept = [i for i, g in enumerate(got) if not (why := trace(g.roles, chosen, subject.dtype).why)]
     if not kept:
         return why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     order = main + [i for i in kept if i not in main]
     kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in order[len(main) :]))
     readings = Readings(*kept_parts, heads, x.double(), [shown[i] for i in order].__getitem__)
-    return readings, [read[i] for i in order]
+    return readings, [got[i].roles for i in order]  # each reading's weights by role
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:

@@ -16,7 +16,7 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.subject import Probed, Subject
 from .dataflow import Unread
 from .given import check_claims, check_reading, fix_roles
-from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, map_roles
+from .mapping import FORMS, QKV, READS_C, ROLES, MappedBlock, fits, map_roles
 from .parts import discover, observe, paired_bias
 from .trace import Trace, TraceError
 from .weights import Reading, read_trace
@@ -91,11 +91,10 @@ def read_parts(
         if roles:
             notes.append(f"the roles given ({', '.join(roles)}) agree with the forward pass")
         return Readings((reading.parts,), (), (reading.heads,), x, lambda _: reading.describe())
-    why = found if isinstance(found, str) else ""
+    why, seen = (found, "") if isinstance(found, str) else ("", found[0].describe())
     try:
         kept, fixed = fix_roles(parts, given, read)
     except ValueError as e:
-        seen = "" if isinstance(found, str) else found[0].describe()
         raise UserValueError(f"{e}" + (f"; the forward pass reads {seen}" if seen else "")) from e
     x = subject.input(subject.T, subject.T, C)
     called = observe(module, kept, lambda: subject(x))
@@ -114,13 +113,11 @@ def suggest_map(module: nn.Module, C: int) -> str:
     per-head weights need, or "" if none fits."""
     parts = discover(module)
     named = dict(module.named_parameters())
-    place = {n: i for i, n in enumerate(named)}
-    per_head = [n for n, p in named.items() if p.dim() == 3]
+    per_head = {n for n, p in named.items() if p.dim() == 3}
     biases = {paired_bias(named, n, named[n]) for n in per_head}  # b_Q (nh, hs): no matrix
+    linear = {p.params[0]: p.name for p in parts if p.kind in ("linear", "matrix")}
     # (what --map names: the part or the 3-D parameter, its weight), by the weight's registration
-    linear = [(p.name, p.params[0]) for p in parts if p.kind in ("linear", "matrix")]
-    matrices = [(n, n) for n in per_head] + [m for m in linear if m[1] not in biases]
-    matrices.sort(key=lambda m: place[m[1]])
+    matrices = [(linear.get(n, n), n) for n in named if n in per_head | (linear.keys() - biases)]
     order = next((FORMS[f] for f in ("packed", "separate") if len(FORMS[f]) == len(matrices)), ())
     norms = [p.name for p in parts if p.kind == "norm"]
     for laid in (False, True) if order else ():
@@ -147,6 +144,5 @@ def _given(
         hs = shape[2 if in_out else 1] // 3  # q, k, v packed per head: thirds of each head
         at = "[:,:,{}:{}]" if in_out else "[:,{}:{},:]"
         return {r: f"{name}{at.format(i * hs, (i + 1) * hs)}:{layout}" for i, r in enumerate(QKV)}
-    rows, cols = shape
-    stored_in_out = rows == C and cols != C if role in READS_C else cols == C and rows != C
+    stored_in_out = fits(role, shape[::-1], C) and not fits(role, shape, C)
     return {role: f"{weight}:in_out" if laid and stored_in_out else name}
