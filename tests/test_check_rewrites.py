@@ -214,3 +214,12 @@ def test_a_layernorm_by_var_mean_is_read_as_a_norm():
     # norm was not found at all (UNVERIFIED), and the module tree cannot read its Conv1d MLP
     report = check_block(rewrite_module(_public("graykode_nlp_tutorial")(), "var_mean"))
     assert report.verdict == "PASS", str(report)
+
+
+def test_transformerlens_run_one_sequence_at_a_time_passes():
+    # read at B = 1 only, where the (1, B * T, C) inside einsum is a (1, T, C): the merged heads
+    # are read at the earliest tensor laid out by position (W_O was read (hs, nh)-major:
+    # heads_mixed on a right block). Still wrong: realworld's transformerlens, whose heads stand
+    # before the positions, and einsum permutes them straight to (T, hs, nh)
+    report = check_block(rewrite_module(_public("transformerlens")(), "loop_batch"))
+    assert report.verdict == "PASS", str(report)
