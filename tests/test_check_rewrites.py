@@ -216,10 +216,14 @@ def test_a_layernorm_by_var_mean_is_read_as_a_norm():
     assert report.verdict == "PASS", str(report)
 
 
-def test_transformerlens_run_one_sequence_at_a_time_passes():
-    # read at B = 1 only, where the (1, B * T, C) inside einsum is a (1, T, C): the merged heads
-    # are read at the earliest tensor laid out by position (W_O was read (hs, nh)-major:
-    # heads_mixed on a right block). Still wrong: realworld's transformerlens, whose heads stand
-    # before the positions, and einsum permutes them straight to (T, hs, nh)
-    report = check_block(rewrite_module(_public("transformerlens")(), "loop_batch"))
+@pytest.mark.parametrize(
+    "build",
+    [_public("transformerlens"), _realworld("transformerlens/correct")],
+    ids=["public", "realworld"],
+)
+def test_transformerlens_run_one_sequence_at_a_time_passes(build):
+    # read at B = 1 only, where einsum flattens the heads (hs, nh)-major on both sides of its
+    # product with W_O (the public block's inside a (1, B * T, C), the realworld one's, heads
+    # before positions, straight from (T, hs, nh)): proj's columns are put in W_O's own order
+    report = check_block(rewrite_module(build(), "loop_batch"))
     assert report.verdict == "PASS", str(report)

@@ -156,9 +156,7 @@ def source(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> int | N
     if (node := weight_input(trace, op)) is None:
         return None
     shapes = {n: trace.nodes[n].shape for n in _reshaped(trace, node)}
-    # at B = 1 a (1, T, F) may be a library's (1, B * T, F) inside (an einsum's): of any rank then
-    three = heads and B > 1
-    found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not three)]
+    found = [n for n, s in shapes.items() if layout(s, B, T) and (len(s) == 3 or not heads)]
     if heads and not found:
         found = [n for n, s in shapes.items() if layout(s, B, T, strict=False)]
     return found[-1] if found else None

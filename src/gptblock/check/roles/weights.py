@@ -15,6 +15,7 @@ from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Parts, affine
 from .dataflow import Role, Unread, as_rows, find_roles, layout, static_names, weight_input
 from .parts import glob
+from .provenance import nearest
 from .trace import LEAF, Trace, replay, rerun
 
 __all__ = ["Reading", "find_norms", "measure", "order_norms", "read_trace", "rescaled"]
@@ -191,7 +192,7 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
                 f"{name} is not a linear map of its input alone (the weight read from the block "
                 f"misses its traced output by {error:.1e} of its scale)"
             )
-        out[name] = (weight, z[0], error)
+        out[name] = (_stored(trace, role, weight) if name == "proj" else weight, z[0], error)
     return out
 
 
@@ -223,6 +224,21 @@ def read_trace(trace: Trace, x: Tensor) -> Reading:
     held.update({f"ln{i + 1}": n.key.split(", ") for i, n in enumerate(norms)})
     error = max(e for _, _, e in read.values())
     return Reading(parts, nh, names, error, held)
+
+
+def _stored(trace: Trace, role: Role, weight: Tensor) -> Tensor:
+    """``weight``'s columns in the order its one parameter stores them: a library's product
+    (einsum's) may flatten the heads (hs, nh)-major on both sides, where the reference is nh-major."""
+    held = [n.value for n in trace.nodes if n.op == LEAF and n.name in role.params]
+    if len(held) != 1 or held[0].dim() < 2:
+        return weight
+    values, order = held[0].detach().double().flatten().sort()
+    first = weight[0].double()
+    at = nearest(values, first)  # each column's first entry: where it is stored
+    off = float((values[at] - first).abs().max()) > 1e-6 * float(first.abs().max())
+    if off or torch.unique(at).numel() < at.numel():
+        return weight
+    return weight[:, order[at].argsort()]
 
 
 def _shown(trace: Trace, params: list[str], weight: Tensor) -> str:
