@@ -227,3 +227,10 @@ def test_transformerlens_run_one_sequence_at_a_time_passes(build):
     # before positions, straight from (T, hs, nh)): proj's columns are put in W_O's own order
     report = check_block(rewrite_module(build(), "loop_batch"))
     assert report.verdict == "PASS", str(report)
+
+
+def test_a_square_weight_expanded_over_positions_is_a_weight_not_a_rotation():
+    # seq_first on Gemma's block: F.linear on (T, B, C) runs as a bmm with o_proj's (C, C) weight
+    # expanded to (T, C, C), which read as a rotation's matrix a position: proj was none (FAIL)
+    report = check_block(rewrite_module(_public("gemma")(), "seq_first"))
+    assert report.verdict == "PASS", str(report)

@@ -81,11 +81,17 @@ def weight_input(trace: Trace, op: Op) -> int | None:
     if op.name not in WEIGHT_OPS:
         return None
     T, moved = trace.nodes[trace.input].shape[1], data(trace, op)
-    static = [trace.nodes[n].shape for n in op.inputs if not trace.nodes[n].data]
-    weights = [  # not (T, d, d), a rotation's
-        s
-        for s in static
-        if len(s) >= 2 and not ("bmm" in op.name and len(s) == 3 and s[0] == T > 1 and s[1] == s[2])
+    static = [trace.nodes[n].value for n in op.inputs if not trace.nodes[n].data]
+    weights = [  # not (T, d, d) of a matrix a position, a rotation's (one expanded is a weight)
+        v
+        for v in static
+        if v.dim() >= 2
+        and not (
+            "bmm" in op.name
+            and v.shape[0] == T > 1
+            and v.shape[1:] == (v.shape[-1],) * 2
+            and bool((v != v[:1]).any())
+        )
     ]
     return moved[0] if len(moved) == 1 and weights else None
 
