@@ -61,7 +61,8 @@ def graded(tmp_path_factory):
     (subs / "bo.py").write_text(
         lesson(NO_SCALE, "TransformerBlock") + GPT.replace("NAME", "TransformerBlock")
     )
-    (subs / "cy.ipynb").write_text(notebook(lesson()))
+    train = "model = Block(32, 4, 16)\nwhile True:  # a training cell: not what the block needs\n    model.train()\n"
+    (subs / "cy.ipynb").write_text(notebook(lesson(), train))
     (subs / "di").mkdir()  # a student's folder: the notebook inside is theirs
     (subs / "di" / "work.ipynb").write_text(notebook(lesson(NO_MASK), "%%bash\nls\n"))
     # (at import, where the block needs it: a statement it does not need is not run)
