@@ -1,7 +1,7 @@
 """What of a learner's file runs when its block is loaded (``definitions``): the imports,
 definitions and settings, and whatever binds or changes a name they read, however indirectly;
 not the script around them (the lecture's gpt.py trains when it is imported). docs/checker.md,
-"Built and called like the learner's file"."""
+"Loading the file"."""
 
 from __future__ import annotations
 
