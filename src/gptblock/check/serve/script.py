@@ -1,6 +1,6 @@
-"""What of a learner's file runs when its block is loaded (``definitions``): the imports,
-definitions and settings, and whatever binds or changes a name they read, however indirectly;
-not the script around them (the lecture's gpt.py trains when it is imported). docs/checker.md,
+"""What of a learner's file runs when its block is loaded (``definitions``): its definitions and
+settings, and whatever binds or changes a name they read (imports too), however indirectly; not
+the script around them (the lecture's gpt.py trains when it is imported). docs/checker.md,
 "Loading the file"."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 __all__ = ["SKIPPED", "definitions"]
 
 SKIPPED: dict[str, str] = {}  # a file -> its top-level lines not run, "13, 21-43"
-DEFINES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 PLAIN = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List, ast.Dict,
          ast.expr_context, ast.operator, ast.unaryop)  # fmt: skip
 
@@ -45,9 +45,9 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     defines = {i for i, s in enumerate(body) if isinstance(s, DEFINES)}
     kept = defines | {i for i, b in enumerate(binds) if (b and b <= settings) or _inert(body[i])}
     wanted = {needs.split(".")[0]}.union(*(_uses(tables[i], whole=False) for i in defines))
-    changes = [set() if i in defines else _changes(s) for i, s in enumerate(body)]
-    done: set[int] = set()
-    while grow := {i for i in range(len(body)) if (binds[i] | changes[i]) & wanted & own} - done:
+    changes = [set() if i in defines else _changes(s) & own for i, s in enumerate(body)]
+    done: set[int] = set()  # an import too only where needed: a missing ``wandb`` is no matter
+    while grow := {i for i in range(len(body)) if (binds[i] | changes[i]) & wanted} - done:
         done |= grow
         kept |= grow
         wanted = wanted.union(*(_uses(tables[i], whole=True) for i in grow))
@@ -85,7 +85,10 @@ def _changes(node: ast.stmt) -> set[str]:
 
 
 def _inert(node: ast.stmt) -> bool:
-    """A docstring, ``pass``, or the ``if __name__ == "__main__":`` that an import never runs."""
+    """A docstring, ``pass``, a ``__future__`` or star import (what it binds is not known), or
+    the ``if __name__ == "__main__":`` that an import never runs."""
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "__future__" or node.names[0].name == "*"
     if isinstance(node, ast.If) and isinstance(test := node.test, ast.Compare):
         sides = [ast.unparse(test.left), *map(ast.unparse, test.comparators)]
         return isinstance(test.ops[0], ast.Eq) and sorted(sides) == ["'__main__'", "__name__"]
