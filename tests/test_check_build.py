@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gptblock.check import check_block, load_target
+from gptblock.check.serve.script import SKIPPED, definitions
 from gptblock.errors import UserValueError
 
 LECTURE = textwrap.dedent(
@@ -680,3 +681,74 @@ def test_a_dataclass_configs_own_bias_default_builds_the_block(tmp_path):
     assert report.passed, str(report)
     given = check_block(f"{_file(tmp_path, 'bias', text)}:Block", isolate=False, bias=True)
     assert given.diagnosis == ["unused_parameters"] and "gain" in str(given), str(given)
+
+
+# the rest of the lecture's gpt.py as it stands: it reads its data and trains when imported
+SCRIPT = """
+import wandb_not_installed  # what the block does not use need not be there
+with open("input.txt") as f:  # no such file here
+    text = f.read()
+chars = sorted(set(text))
+model = BigramLanguageModel(len(chars))
+while True:  # the training run, never to end
+    model.step()
+"""
+
+
+def test_a_file_that_trains_when_imported_runs_only_what_the_block_needs(tmp_path):
+    first = LECTURE.count("\n") + 2  # SCRIPT's first line in the file
+    path = _file(tmp_path, "gpt", LECTURE + SCRIPT)
+    done = _cli(f"{path}:Block", "--timeout", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert f"not run: gpt.py's top-level lines {first}-{first + 6} (nothing the block" in said
+
+
+def test_what_binds_or_changes_what_the_block_reads_still_runs(tmp_path):
+    # a top-level patch of a class the block uses, a setting changed by a call, and a size read
+    # from a function's global: each runs (the last, with the whole file)
+    patch = textwrap.dedent(
+        """
+        def unscaled(self, x):
+            B, T, C = x.shape
+            wei = self.query(x) @ self.key(x).transpose(-2, -1)
+            wei = wei.masked_fill(self.tril[:T, :T] == 0, float('-inf'))
+            return F.softmax(wei, dim=-1) @ self.value(x)
+
+        Head.forward = unscaled
+        while True:
+            pass
+        """
+    )
+    report = check_block(f"{_file(tmp_path, 'patched', LECTURE + patch)}:Block")
+    assert report.diagnosis == ["no_scaling"], str(report)
+    text = LECTURE.replace(
+        "dropout = 0.0", "options = {}\noptions.update(p=0.0)\ndropout = options['p']"
+    )
+    grown = Path(_file(tmp_path, "grown", text + SCRIPT))
+    assert definitions(grown, "Block") is not None  # the update runs, the loop does not
+    not_run = [range(int(a), int(b or a) + 1) for a, _, b in (
+        span.partition("-") for span in SKIPPED[str(grown.absolute())].split(", "))]  # fmt: skip
+    lines = grown.read_text().splitlines()
+    assert not any(lines.index("options.update(p=0.0)") + 1 in span for span in not_run)
+    assert any(
+        lines.index("while True:  # the training run, never to end") + 1 in s for s in not_run
+    )
+    held = LECTURE.replace(
+        "block_size = 32", "def sizes():\n    global block_size\n    block_size = 32\nsizes()"
+    )
+    assert definitions(Path(_file(tmp_path, "held", held + SCRIPT)), "Block") is None
+
+
+def test_a_file_whose_needed_part_fails_alone_runs_whole(tmp_path):
+    # the part left out set the path an import needs: the whole file runs, as it stands
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "lib_sizes.py").write_text("BLOCK = 32\n")
+    head = "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'lib'))\n"
+    text = (
+        head
+        + "from lib_sizes import BLOCK\n"
+        + LECTURE.replace("block_size = 32", "block_size = BLOCK")
+    )
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block")
+    assert report.passed and "not run" not in " ".join(report.notes), str(report)

@@ -61,11 +61,15 @@ def graded(tmp_path_factory):
     (subs / "bo.py").write_text(
         lesson(NO_SCALE, "TransformerBlock") + GPT.replace("NAME", "TransformerBlock")
     )
-    (subs / "cy.ipynb").write_text(notebook(lesson()))
+    train = "model = Block(32, 4, 16)\nwhile True:  # a training cell: not what the block needs\n    model.train()\n"
+    (subs / "cy.ipynb").write_text(notebook(lesson(), train))
     (subs / "di").mkdir()  # a student's folder: the notebook inside is theirs
     (subs / "di" / "work.ipynb").write_text(notebook(lesson(NO_MASK), "%%bash\nls\n"))
-    (subs / "crash.py").write_text(EMPTY + "raise RuntimeError('boom')\n")
-    (subs / "fake.py").write_text(EMPTY + "print('result: PASS')\nimport sys\nsys.exit(0)\n")
+    # (at import, where the block needs it: a statement it does not need is not run)
+    crash = "def boom():\n    raise RuntimeError('boom')\n\nBlock.ready = boom()\n"
+    (subs / "crash.py").write_text(EMPTY + crash)
+    fake = "import sys\nBlock.ready = print('result: PASS') or sys.exit(0)\n"
+    (subs / "fake.py").write_text(EMPTY + fake)
     (subs / "syntax.py").write_text(lesson() + "def oops(:\n")
     (subs / "two.py").write_text(TWO)
     csv_path, json_path = d / "grades.csv", d / "grades.json"
@@ -145,7 +149,7 @@ def test_class_picks_and_gradescope_results_for_one_submission(graded, tmp_path)
 
 
 def test_an_endless_loop_is_a_timeout_row(tmp_path, capsys):
-    (tmp_path / "loops.py").write_text(EMPTY + "while True:\n    pass\n")
+    (tmp_path / "loops.py").write_text(EMPTY + "while True:\n    Block.ready = False\n")
     out = tmp_path / "g.json"
     assert main(["grade", str(tmp_path / "loops.py"), "--timeout", "1", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
 from ..serve.loop import signature
+from ..serve.script import SKIPPED
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "config_defaults",
@@ -173,7 +174,13 @@ def file_sizes(
     said = "; ".join(
         f"{', '.join(v)} from {source}" for source, v in named.items() if source != "--arg"
     )
-    return values, [f"built at the file's sizes: {said}"] * bool(said)
+    notes = [f"built at the file's sizes: {said}"] * bool(said)
+    if skipped := SKIPPED.get(getattr(inspect.getmodule(factory), "__file__", None) or ""):
+        notes.append(
+            f"not run: {file}'s top-level lines {skipped} (nothing the block needs is defined "
+            "or changed there: a script's run when imported)"
+        )
+    return values, notes
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:

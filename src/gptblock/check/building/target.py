@@ -125,7 +125,7 @@ def load_target(spec: str) -> Any:
     if is_file and importlib.util.spec_from_file_location("", where) is None:
         raise UserValueError(f"cannot load {Path(where)} as a Python module")
     try:
-        module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "")
+        module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "", name)
     except CAUGHT as e:
         what = f"load {Path(where)}" if is_file else f"import {where}"
         raise UserValueError(f"cannot {what}: {one_line(e)}") from e

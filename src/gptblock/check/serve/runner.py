@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
+from .script import SKIPPED, definitions
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
@@ -164,11 +165,12 @@ def load(target: str | bytes) -> object:
     if isinstance(target, bytes):
         return pickle.loads(target)
     where, _, name = target.rpartition(":")
-    return functools.reduce(getattr, name.split("."), load_module(where))
+    return functools.reduce(getattr, name.split("."), load_module(where, needs=name))
 
 
-def load_module(where: str, name_as: str = "") -> Any:
-    """A file runs as the module ``name_as``, else of its own name where free, else "learner"."""
+def load_module(where: str, name_as: str = "", needs: str = "") -> Any:
+    """A file runs as the module ``name_as``, else of its own name where free, else "learner";
+    with ``needs`` (the target's name), only what it needs of the top level (``definitions``)."""
     if not (where.endswith(".py") or "/" in where or "\\" in where):
         return importlib.import_module(where)
     path = Path(where)
@@ -181,7 +183,17 @@ def load_module(where: str, name_as: str = "") -> Any:
     sys.modules[spec.name] = module  # dataclasses and pickling look the module up here
     sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
     try:
-        spec.loader.exec_module(module)
+        code = definitions(path, needs) if needs else None
+        try:
+            if code is None:
+                spec.loader.exec_module(module)
+            else:
+                exec(code, vars(module))
+        except Exception:  # what the statements left out did, after all (a sys.path.append)
+            if code is None:
+                raise
+            SKIPPED.pop(str(path.absolute()), None)
+            spec.loader.exec_module(module)  # the whole file, over what the part defined
     except BaseException:
         del sys.modules[spec.name]
         raise

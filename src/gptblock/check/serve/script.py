@@ -1,0 +1,97 @@
+"""What of a learner's file runs when its block is loaded (``definitions``): its definitions and
+settings, and whatever binds or changes a name they read (imports too), however indirectly; not
+the script around them (the lecture's gpt.py trains when it is imported). docs/checker.md,
+"Loading the file"."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import itertools
+import symtable
+import types
+from pathlib import Path
+
+__all__ = ["SKIPPED", "definitions"]
+
+SKIPPED: dict[str, str] = {}  # a file -> its top-level lines not run, "13, 21-43"
+DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+PLAIN = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List, ast.Dict,
+         ast.expr_context, ast.operator, ast.unaryop)  # fmt: skip
+
+
+def definitions(path: Path, needs: str) -> types.CodeType | None:
+    """The file less the top-level statements that neither bind nor change a name ``needs`` (the
+    block) or the definitions read; None where every statement runs, or where a name read is
+    bound in a way this cannot follow (a function's ``global``, a star import)."""
+    try:
+        body = ast.parse(path.read_bytes(), str(path)).body
+        tables = [symtable.symtable(ast.unparse(s), str(path), "exec") for s in body]
+    except (SyntaxError, ValueError):  # the whole file's run says where
+        return None
+    binds = [{n.get_name() for n in t.get_symbols() if n.is_assigned() or n.is_imported()} for t in tables]  # fmt: skip
+    imports = (ast.Import, ast.ImportFrom)
+    own = set().union(*(b for b, s in zip(binds, body, strict=True) if not isinstance(s, imports)))
+    settings: set[str] = set()  # ``n_embd = 64``: sizes the file implies, whoever reads them
+    for i, s in enumerate(body):
+        targets = getattr(s, "targets", [getattr(s, "target", None)])
+        value = getattr(s, "value", None) if isinstance(s, (ast.Assign, ast.AnnAssign)) else None
+        plain = value and all(
+            isinstance(n, PLAIN) and (not isinstance(n, ast.Name) or n.id in settings)
+            for n in ast.walk(value)
+        )  # of constants and earlier settings
+        if plain and all(isinstance(t, ast.Name) for t in targets):
+            settings |= binds[i]
+    defines = {i for i, s in enumerate(body) if isinstance(s, DEFINES)}
+    kept = defines | {i for i, b in enumerate(binds) if (b and b <= settings) or _inert(body[i])}
+    wanted = {needs.split(".")[0]}.union(*(_uses(tables[i], whole=False) for i in defines))
+    changes = [set() if i in defines else _changes(s) & own for i, s in enumerate(body)]
+    done: set[int] = set()  # an import too only where needed: a missing ``wandb`` is no matter
+    while grow := {i for i in range(len(body)) if (binds[i] | changes[i]) & wanted} - done:
+        done |= grow
+        kept |= grow
+        wanted = wanted.union(*(_uses(tables[i], whole=True) for i in grow))
+    if {n for n in wanted - set().union(*binds) - set(dir(builtins)) if n[:2] != "__"}:
+        return None
+    if len(kept) == len(body):
+        return None
+    runs = itertools.groupby(enumerate(body), key=lambda pair: pair[0] in kept)
+    spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
+    SKIPPED[str(path.absolute())] = ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
+    return compile(ast.Module([s for i, s in enumerate(body) if i in kept], []), str(path), "exec")
+
+
+def _uses(table: symtable.SymbolTable, whole: bool) -> set[str]:
+    """The module's names a statement reads as it runs and (``whole``) when its functions run."""
+    used, todo = set[str](), [table]
+    while todo:
+        t = todo.pop()
+        read = {n.get_name() for n in t.get_symbols() if n.is_referenced()}
+        used |= read if t is table else {n for n in read if t.lookup(n).is_global()}
+        todo += [c for c in t.get_children() if whole or c.get_type() == "class"]  # runs now
+    return used
+
+
+def _changes(node: ast.stmt) -> set[str]:
+    """The names whose objects ``node`` may change: ``X.a = ..``, ``X[k] = ..``, ``X.f(..)``."""
+    found = set()
+    for n in ast.walk(node):
+        changed = not isinstance(getattr(n, "ctx", ast.Load()), ast.Load)
+        at = n.func if isinstance(n, ast.Call) else n if changed else None
+        while isinstance(at, (ast.Attribute, ast.Subscript)):
+            at = at.value
+        found |= {at.id} if isinstance(at, ast.Name) else set()
+    return found
+
+
+def _inert(node: ast.stmt) -> bool:
+    """A docstring, ``pass``, a ``__future__`` or star import (what it binds is not known), or
+    the ``if __name__ == "__main__":`` that an import never runs."""
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "__future__" or node.names[0].name == "*"
+    if isinstance(node, ast.If) and isinstance(test := node.test, ast.Compare):
+        sides = [ast.unparse(test.left), *map(ast.unparse, test.comparators)]
+        return isinstance(test.ops[0], ast.Eq) and sorted(sides) == ["'__main__'", "__name__"]
+    return isinstance(node, ast.Pass) or (
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    )
