@@ -311,6 +311,8 @@ def test_a_mistake_outside_the_catalogue_is_not_forced_into_it():
     assert not comparison.passed and "no variant" in comparison.message
     assert "closest" in comparison.message
     assert not report.passed
+    stream = next(f for f in report.findings if f.name == "residual stream")  # its causes, all
+    assert not stream.passed and "a branch with no norm before it" in stream.message, stream
 
 
 def test_a_reports_one_line_repr_its_escaped_html_and_one_line_text():
