@@ -58,7 +58,8 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     runs = itertools.groupby(enumerate(body), key=lambda pair: pair[0] in kept)
     spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
     SKIPPED[str(path.absolute())] = ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
-    return compile(ast.Module([s for i, s in enumerate(body) if i in kept], []), str(path), "exec")
+    part = ast.Module([s for i, s in enumerate(body) if i in kept], [])
+    return compile(part, str(path.absolute()), "exec")  # the file's name as exec_module gives it
 
 
 def _uses(table: symtable.SymbolTable, whole: bool) -> set[str]:
