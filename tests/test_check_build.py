@@ -752,3 +752,10 @@ def test_a_file_whose_needed_part_fails_alone_runs_whole(tmp_path):
     )
     report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block")
     assert report.passed and "not run" not in " ".join(report.notes), str(report)
+
+
+def test_what_was_left_out_is_said_of_the_last_load_only(tmp_path):
+    path = Path(_file(tmp_path, "gpt", LECTURE + SCRIPT))
+    assert definitions(path, "Block") is not None and str(path.absolute()) in SKIPPED
+    assert definitions(path, "model") is None  # the script itself: every statement runs
+    assert str(path.absolute()) not in SKIPPED

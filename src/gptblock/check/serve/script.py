@@ -24,6 +24,7 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     """The file less the top-level statements that neither bind nor change a name ``needs`` (the
     block) or the definitions read; None where every statement runs, or where a name read is
     bound in a way this cannot follow (a function's ``global``, a star import)."""
+    SKIPPED.pop(str(path.absolute()), None)  # an earlier load's, of another target
     try:
         body = ast.parse(path.read_bytes(), str(path)).body
         tables = [symtable.symtable(ast.unparse(s), str(path), "exec") for s in body]
