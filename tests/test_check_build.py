@@ -4,6 +4,7 @@ sizes; a config with a layer index, through **kwargs or with missing fields; a t
 block that cannot be built or called, reported as what it raised, at the learner's line."""
 
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -728,7 +729,7 @@ def test_what_binds_or_changes_what_the_block_reads_still_runs(tmp_path):
     grown = Path(_file(tmp_path, "grown", text + SCRIPT))
     assert definitions(grown, "Block") is not None  # the update runs, the loop does not
     not_run = [range(int(a), int(b or a) + 1) for a, _, b in (
-        span.partition("-") for span in SKIPPED[str(grown.absolute())].split(", "))]  # fmt: skip
+        span.partition("-") for span in SKIPPED[str(grown.absolute())][6:].split(", "))]  # fmt: skip
     lines = grown.read_text().splitlines()
     assert not any(lines.index("options.update(p=0.0)") + 1 in span for span in not_run)
     assert any(
@@ -759,3 +760,35 @@ def test_what_was_left_out_is_said_of_the_last_load_only(tmp_path):
     assert definitions(path, "Block") is not None and str(path.absolute()) in SKIPPED
     assert definitions(path, "model") is None  # the script itself: every statement runs
     assert str(path.absolute()) not in SKIPPED
+
+
+def test_a_notebook_is_checked_as_its_code_cells(tmp_path):
+    # magics and a shell line, a markdown cell, the block (its scale wrong) and a print after
+    # it, then a cell that trains: the print and the training do not run
+    block = LECTURE.replace("k.shape[-1]**-0.5", "C**-0.5") + "print(Block)\n"
+    cells = [["%matplotlib inline\n", "!pip install torch\n"], None, block, SCRIPT]
+    path = tmp_path / "gpt.ipynb"
+    path.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": c} if c else {"cell_type": "markdown", "source": "# x"}
+        for c in cells
+    ]}))  # fmt: skip
+    done = _cli(f"{path}:Block", "--timeout", "60")
+    assert done.returncode == 1 and "wrong_scale" in done.stdout, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "not run: gpt.ipynb's top-level cells 3 in part, 4 (nothing the block" in said
+    path.write_text(path.read_text().replace("self.key(x)", "self.kee(x)"))
+    with pytest.raises(UserValueError, match=r"'kee' \(at .*gpt.ipynb:\d+: k = self.kee\(x\)\)"):
+        check_block(f"{path}:Block", isolate=False)  # the cell's line, not the file's JSON
+    path.write_text("{")
+    done = _cli(f"{path}:Block")
+    assert done.returncode == 2 and "gpt.ipynb: not a notebook" in done.stderr, done.stderr
+
+
+def test_the_part_that_runs_is_compiled_without_the_checkers_future_imports(tmp_path):
+    text = LECTURE.replace(
+        "def __init__(self, n_embd, n_head)", "def __init__(self, n_embd: int, n_head)"
+    )
+    code = definitions(Path(_file(tmp_path, "gpt", text + SCRIPT)), "Block")
+    scope: dict[str, object] = {}
+    exec(code, scope)
+    assert scope["Block"].__init__.__annotations__ == {"n_embd": int}  # not the text "int"

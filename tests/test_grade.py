@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gptblock.check.grading import CHECKS, Row, grade, gradescope
-from gptblock.check.submissions import NotGraded, Submission, find_block, notebook_code, submissions
+from gptblock.check.submissions import NotGraded, Submission, code_of, find_block, submissions
 from gptblock.cli import main
 
 # the lesson's code verbatim, its block's name to fill in
@@ -242,7 +242,7 @@ def test_the_block_is_found_by_the_lessons_name_then_by_what_uses_what(tmp_path)
 def test_a_notebook_is_its_code_cells_without_magics(tmp_path):
     path = tmp_path / "n.ipynb"
     path.write_text(notebook(lesson(), "for i in range(2):\n    !echo hi\n", "%%time\nx = 1\n"))
-    code = notebook_code(path)
+    code = code_of(path)
     assert "class Block" in code and "%" not in code and "!" not in code and "x = 1" not in code
     compile(code, "n.py", "exec")  # the indented shell line left a valid block
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.pool import ThreadPool
-from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -91,6 +89,7 @@ def grade(
 
     Example:
         >>> import tempfile
+        >>> from pathlib import Path
         >>> folder = Path(tempfile.mkdtemp())
         >>> _ = (folder / "ada.py").write_text("import torch\\n")
         >>> _ = (folder / "bob.py").write_text("def f(:\\n")
@@ -141,30 +140,24 @@ def grade_one(
     except NotGraded as e:
         return row("", "ERROR", report=str(e), seconds=time.monotonic() - start, found=e.found)
     more: dict[str, Any] = {"found": found.found}
-    with tempfile.TemporaryDirectory() as folder:
-        file = found.file
-        if file.suffix != ".py":  # a notebook's code, as a file the child can load
-            file = Path(folder) / f"{found.file.stem}.py"
-            file.write_text(found.code, encoding="utf-8")
-        try:
-            report = check_isolated(
-                [f"{file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout
-            )[0]
-            ended = [f.message for f in report.findings if f.name == "process" and not f.passed]
-            verdict, said = report.verdict, str(report)
-            more.update(
-                mistakes=tuple(report.diagnosis),
-                failed=tuple(f.name for f in report.findings if f.status != "PASS"),
-                checks=tuple(report.findings),
-            )
-        except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
-            ended, said = [str(e)], str(e)
-        except BaseException as e:  # one row, whatever failed (Gone too): the batch goes on
-            ended = [""]
-            said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
+    try:
+        report = check_isolated(
+            [f"{found.file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout
+        )[0]
+        ended = [f.message for f in report.findings if f.name == "process" and not f.passed]
+        verdict, said = report.verdict, str(report)
+        more.update(
+            mistakes=tuple(report.diagnosis),
+            failed=tuple(f.name for f in report.findings if f.status != "PASS"),
+            checks=tuple(report.findings),
+        )
+    except UserError as e:  # it cannot be loaded or built: its code exited, raised or hung
+        ended, said = [str(e)], str(e)
+    except BaseException as e:  # one row, whatever failed (Gone too): the batch goes on
+        ended = [""]
+        said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
     if ended:
         verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
-    said = said.replace(str(file), str(found.file))
     block, seconds = f"{found.file.name}:{found.name}", time.monotonic() - start
     return row(block, verdict, report=said, seconds=seconds, **more)
 

@@ -4,16 +4,15 @@ only: without running a line of them."""
 from __future__ import annotations
 
 import ast
-import json
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserFileNotFoundError, UserValueError
+from .serve import script
 
-__all__ = ["CODE", "Found", "NotGraded", "Submission", "find_block", "notebook_code", "submissions"]
+__all__ = ["CODE", "Found", "NotGraded", "Submission", "code_of", "find_block", "submissions"]
 
 CODE = (".py", ".ipynb")
 LESSON_NAME = "Block"  # the lessons' name for the block
@@ -35,7 +34,6 @@ class Found:
 
     name: str  # the class's
     file: Path  # the file defining it
-    code: str  # that file's (a notebook's as Python)
     found: tuple[str, ...]  # the classes that could be the block
 
 
@@ -94,29 +92,10 @@ def _one_program(files: Sequence[Path]) -> bool:
     return False
 
 
-def notebook_code(path: str | Path) -> str:
-    """A notebook's code cells, in order, as one Python file: outputs ignored, ``%`` magics and
-    ``!`` shell lines replaced by ``pass`` (so an indented one leaves its block valid), a cell
-    that starts with a ``%%`` cell magic (its body is the magic's, not Python) left out.
-
-    Raises:
-        ValueError: the file is not a notebook (JSON with a list of cells)."""
-    try:
-        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-        sources = ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a notebook ({type(e).__name__}: {e})") from e
-    magic = re.compile(r"^([^\S\n]*)[%!].*$", re.MULTILINE)  # its indent kept
-    return "\n".join(
-        magic.sub(r"\1pass", "\n".join(s.splitlines())) + "\n"
-        for s in sources
-        if not s.lstrip().startswith("%%")
-    )
-
-
 def code_of(path: Path) -> str:
-    is_notebook = path.suffix == ".ipynb"
-    return notebook_code(path) if is_notebook else path.read_text("utf-8", errors="replace")
+    """A file's code, a notebook's code cells (``serve.script.code_of``)."""
+    code = script.code_of(path)[0]
+    return code if isinstance(code, str) else code.decode("utf-8", errors="replace")
 
 
 def find_block(submission: Submission, name: str | None = None) -> Found:
@@ -124,13 +103,11 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
     instance), else by the lessons' name (``Block``, then a name with "block" in it), then one no
     other class uses, then the one that builds on the most others. A class that embeds tokens is
     a model, not a block. Raises ``NotGraded`` when none or several could be the block."""
-    codes: dict[Path, str] = {}
     trees: dict[Path, ast.Module] = {}
     broken: list[str] = []
     for f in submission.files:
         try:
-            codes[f] = code_of(f)
-            trees[f] = ast.parse(codes[f], filename=str(f))
+            trees[f] = ast.parse(code_of(f), filename=str(f))
         except SyntaxError as e:
             broken.append(f"{f.name}: SyntaxError at line {e.lineno}: {e.msg}")
         except (ValueError, OSError) as e:
@@ -163,7 +140,7 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         }  # fmt: skip
         if name not in defined:
             raise NotGraded(why or f"no class or function {name!r} in it", blocks)
-        return Found(name, defined[name], codes[defined[name]], tuple(blocks))
+        return Found(name, defined[name], tuple(blocks))
     if not blocks:
         raise NotGraded(why or "no nn.Module subclass in it that could be a block")
     uses = {m: {n for n in blocks if n != m and n in names[m]} for m in blocks}
@@ -180,4 +157,4 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
             blocks,
         )
     f = classes[chosen[0]][0]
-    return Found(chosen[0], f, codes[f], tuple(blocks))
+    return Found(chosen[0], f, tuple(blocks))

@@ -51,8 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "target",
         nargs="?",
         default=None,
-        help="the block: FILE.py:NAME or package.module:NAME, NAME a class, a factory function "
-        "or a module instance; without it, gptblock's own blocks are checked",
+        help="the block: FILE.py:NAME, FILE.ipynb:NAME (its code cells) or package.module:NAME, "
+        "NAME a class, a factory function or a module instance; without it, gptblock's own "
+        "blocks are checked",
     )
     p.add_argument(
         "--arg",

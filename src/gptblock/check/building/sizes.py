@@ -177,7 +177,7 @@ def file_sizes(
     notes = [f"built at the file's sizes: {said}"] * bool(said)
     if skipped := SKIPPED.get(getattr(inspect.getmodule(factory), "__file__", None) or ""):
         notes.append(
-            f"not run: {file}'s top-level lines {skipped} (nothing the block needs is defined "
+            f"not run: {file}'s top-level {skipped} (nothing the block needs is defined "
             "or changed there: a script's run when imported)"
         )
     return values, notes

@@ -53,8 +53,10 @@ def check_spec(spec: str) -> tuple[str, str, bool]:
     """``(where, name, is_file)`` of a well-formed target spec, without importing anything."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
-        raise UserValueError(f"TARGET must be FILE.py:NAME or package.module:NAME, got {spec!r}")
-    is_file = where.endswith(".py") or "/" in where or "\\" in where
+        raise UserValueError(
+            f"TARGET must be FILE.py:NAME, FILE.ipynb:NAME or package.module:NAME, got {spec!r}"
+        )
+    is_file = where.endswith((".py", ".ipynb")) or "/" in where or "\\" in where
     if is_file and not Path(where).is_file():
         raise UserFileNotFoundError(f"no such file: {where}")
     return where, name, is_file
@@ -112,17 +114,19 @@ def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
 
 
 def load_target(spec: str) -> Any:
-    """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted).
+    """The object ``FILE.py:NAME``, ``FILE.ipynb:NAME`` (its code cells) or
+    ``package.module:NAME`` names (NAME may be dotted).
 
     Example:
         >>> load_target("gptblock.lesson:Block")
         <class 'gptblock.lesson.Block'>
         >>> load_target("gptblock.lesson")
         Traceback (most recent call last):
-        gptblock.errors.UserValueError: TARGET must be FILE.py:NAME or package.module:NAME, got 'gptblock.lesson'
+        gptblock.errors.UserValueError: TARGET must be FILE.py:NAME, FILE.ipynb:NAME or package.module:NAME, got 'gptblock.lesson'
     """
     where, name, is_file = check_spec(spec)
-    if is_file and importlib.util.spec_from_file_location("", where) is None:
+    loads = where.endswith(".ipynb") or importlib.util.spec_from_file_location("", where)
+    if is_file and not loads:
         raise UserValueError(f"cannot load {Path(where)} as a Python module")
     try:
         module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "", name)

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
-from .script import SKIPPED, definitions
+from .script import SKIPPED, Cells, definitions
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
@@ -171,12 +171,13 @@ def load(target: str | bytes) -> object:
 def load_module(where: str, name_as: str = "", needs: str = "") -> Any:
     """A file runs as the module ``name_as``, else of its own name where free, else "learner";
     with ``needs`` (the target's name), only what it needs of the top level (``definitions``)."""
-    if not (where.endswith(".py") or "/" in where or "\\" in where):
+    if not (where.endswith((".py", ".ipynb")) or "/" in where or "\\" in where):
         return importlib.import_module(where)
     path = Path(where)
     free = path.stem.isidentifier() and path.stem not in {*sys.modules, *sys.stdlib_module_names}
     name = name_as or (path.stem if free else "learner")
-    spec = importlib.util.spec_from_file_location(name, path)
+    cells = Cells(path) if path.suffix == ".ipynb" else None
+    spec = importlib.util.spec_from_file_location(name, path.absolute(), loader=cells)
     if spec is None or spec.loader is None:
         raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)

@@ -7,17 +7,62 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib.abc
 import itertools
+import json
+import linecache
+import re
 import symtable
 import types
 from pathlib import Path
 
-__all__ = ["SKIPPED", "definitions"]
+__all__ = ["SKIPPED", "Cells", "code_of", "definitions"]
 
-SKIPPED: dict[str, str] = {}  # a file -> its top-level lines not run, "13, 21-43"
+SKIPPED: dict[str, str] = {}  # a file -> what of its top level did not run: "lines 13, 21-43"
 DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 PLAIN = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List, ast.Dict,
          ast.expr_context, ast.operator, ast.unaryop)  # fmt: skip
+
+
+def code_of(path: Path) -> tuple[str | bytes, list[tuple[int, int]]]:
+    """A file's code (a ``.py`` file's bytes, which may declare their encoding) and, for a
+    notebook, (its first line, the cell's number counting every cell) of each code cell in it:
+    its code cells in order, outputs ignored, ``%`` magics and ``!`` shell lines made ``pass`` (so
+    an indented one leaves its block valid), a cell that starts with a ``%%`` cell magic (its
+    body is the magic's, not Python) left out.
+
+    Raises:
+        ValueError: a ``.ipynb`` file that is not a notebook (JSON with a list of cells)."""
+    if path.suffix != ".ipynb":
+        return path.read_bytes(), []
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        sources = {
+            n: "".join(c["source"]) for n, c in enumerate(cells, 1) if c.get("cell_type") == "code"
+        }
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a notebook ({type(e).__name__}: {e})") from e
+    magic = re.compile(r"^([^\S\n]*)[%!].*$", re.MULTILINE)  # its indent kept
+    code = {
+        n: magic.sub(r"\1pass", "\n".join(s.splitlines())) + "\n"
+        for n, s in sources.items()
+        if not s.lstrip().startswith("%%")
+    }
+    starts = itertools.accumulate((c.count("\n") for c in code.values()), initial=1)
+    return "".join(code.values()), list(zip(starts, code, strict=False))
+
+
+class Cells(importlib.abc.Loader):
+    """A notebook's loader: its code cells run as one module, their text put in ``linecache``
+    where ``inspect`` and tracebacks read it (the file itself is JSON)."""
+
+    def __init__(self, path: Path) -> None:
+        self.code = code_of(path)[0]
+        file = str(path.absolute())
+        linecache.cache[file] = (len(self.code), None, str(self.code).splitlines(True), file)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        exec(compile(self.code, str(module.__file__), "exec", dont_inherit=True), vars(module))
 
 
 def definitions(path: Path, needs: str) -> types.CodeType | None:
@@ -26,7 +71,8 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     bound in a way this cannot follow (a function's ``global``, a star import)."""
     SKIPPED.pop(str(path.absolute()), None)  # an earlier load's, of another target
     try:
-        body = ast.parse(path.read_bytes(), str(path)).body
+        code, cells = code_of(path)
+        body = ast.parse(code, str(path)).body
         tables = [symtable.symtable(ast.unparse(s), str(path), "exec") for s in body]
     except (SyntaxError, ValueError):  # the whole file's run says where
         return None
@@ -58,9 +104,16 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
         return None
     runs = itertools.groupby(enumerate(body), key=lambda pair: pair[0] in kept)
     spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
-    SKIPPED[str(path.absolute())] = ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
+    said = "lines " + ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
+    if cells:  # a notebook's line numbers mean nothing to its reader: its cells
+        at = [next(n for first, n in reversed(cells) if first <= s.lineno) for s in body]
+        touched = {at[i] for i in kept}  # a cell of which some ran: in part
+        gone = sorted({at[i] for i in range(len(body)) if i not in kept})
+        said = "cells " + ", ".join(f"{n}{' in part' * (n in touched)}" for n in gone)
+    SKIPPED[str(path.absolute())] = said
     part = ast.Module([s for i, s in enumerate(body) if i in kept], [])
-    return compile(part, str(path.absolute()), "exec")  # the file's name as exec_module gives it
+    # the file's name as exec_module gives it; none of this module's ``__future__`` imports
+    return compile(part, str(path.absolute()), "exec", dont_inherit=True)
 
 
 def _uses(table: symtable.SymbolTable, whole: bool) -> set[str]:
