@@ -167,10 +167,11 @@ def _file(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # as the installed command runs: the working directory not on sys.path (``python -P``)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONSAFEPATH": "1"}
     cmd = [sys.executable, "-m", "gptblock", "check", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
 
 
 def test_the_lecture_file_is_built_at_its_module_settings_and_checked_at_other_sizes(tmp_path):
@@ -792,3 +793,23 @@ def test_the_part_that_runs_is_compiled_without_the_checkers_future_imports(tmp_
     scope: dict[str, object] = {}
     exec(code, scope)
     assert scope["Block"].__init__.__annotations__ == {"n_embd": int}  # not the text "int"
+
+
+def test_a_file_in_a_package_imports_the_package_relatively_and_by_name(tmp_path):
+    # mygpt/model.py: ``from .layers import ...`` and ``from mygpt.layers import ...``, checked
+    # from the project's root as a file and as a module, and from elsewhere as a file
+    (tmp_path / "mygpt").mkdir()
+    (tmp_path / "mygpt" / "__init__.py").write_text("")
+    at = LECTURE.index("class Block")
+    (tmp_path / "mygpt" / "layers.py").write_text(LECTURE[:at])
+    imports = "from .layers import *\nfrom mygpt.layers import MultiHeadAttention\n"
+    (tmp_path / "mygpt" / "model.py").write_text(LECTURE[:at] + imports + LECTURE[at:])
+    for target, cwd in (("mygpt/model.py", tmp_path), ("mygpt.model", tmp_path)):
+        done = _cli(f"{target}:Block", cwd=cwd)
+        assert done.returncode == 0, done.stdout + done.stderr
+    report = check_block(f"{tmp_path / 'mygpt' / 'model.py'}:Block", isolate=False)
+    assert report.passed, str(report)
+    (tmp_path / "mygpt" / "__init__.py").unlink()  # a namespace package: relative imports still
+    text = LECTURE[:at] + "from .layers import *\n" + LECTURE[at:]
+    (tmp_path / "mygpt" / "model.py").write_text(text)
+    assert check_block(f"{tmp_path / 'mygpt' / 'model.py'}:Block", isolate=False).passed

@@ -180,10 +180,11 @@ def neutral_scripts(folder: Path) -> Path:
 
 def environment() -> dict[str, str]:
     """The caller's environment without what names the checker (``GPTBLOCK_*``, ``_``,
-    ``PYTEST_*``, a value naming gptblock); ``PYTHONPATH`` this process's path."""
+    ``PYTEST_*``, a value naming gptblock) or keeps the supervisor from its ``serve`` beside it
+    (``PYTHONSAFEPATH``); ``PYTHONPATH`` this process's path."""
     env = {
         k: v for k, v in os.environ.items()
-        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k != "_"
+        if not k.upper().startswith(("GPTBLOCK", "PYTEST_")) and k not in ("_", "PYTHONSAFEPATH")
         and (k in _KEPT or "gptblock" not in v.lower())
     }  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(sys.path)

@@ -15,7 +15,7 @@ import pickle
 import sys
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
-from .script import SKIPPED, Cells, definitions
+from .script import SKIPPED, Cells, definitions, package_of
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
@@ -169,38 +169,57 @@ def load(target: str | bytes) -> object:
 
 
 def load_module(where: str, name_as: str = "", needs: str = "") -> Any:
-    """A file runs as the module ``name_as``, else of its own name where free, else "learner";
-    with ``needs`` (the target's name), only what it needs of the top level (``definitions``)."""
+    """A file runs as the module ``name_as``, else of its own name where free, else "learner",
+    inside its package (``mygpt/model.py`` as ``mygpt.model``: its relative imports work); with
+    ``needs`` (the target's name), only what it needs of the top level (``definitions``). Its
+    folder goes first on ``sys.path``; its package's and the working directory (as ``python -m``
+    gives it: ``from mygpt.layers import ...`` from the project's root) go last."""
     if not (where.endswith((".py", ".ipynb")) or "/" in where or "\\" in where):
-        return importlib.import_module(where)
+        with _on_path([], [os.getcwd()]):
+            return importlib.import_module(where)
     path = Path(where)
     free = path.stem.isidentifier() and path.stem not in {*sys.modules, *sys.stdlib_module_names}
-    name = name_as or (path.stem if free else "learner")
+    package = package_of(path)
+    own = name_as or (path.stem if free else "learner")
+    name = ".".join([*(f.name for f in reversed(package)), own])
     cells = Cells(path) if path.suffix == ".ipynb" else None
     spec = importlib.util.spec_from_file_location(name, path.absolute(), loader=cells)
     if spec is None or spec.loader is None:
         raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses and pickling look the module up here
-    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+    above = [str(package[-1].parent)] if package else []
     try:
-        code = definitions(path, needs) if needs else None
-        try:
-            if code is None:
-                spec.loader.exec_module(module)
-            else:
-                exec(code, vars(module))
-        except Exception:  # what the statements left out did, after all (a sys.path.append)
-            if code is None:
-                raise
-            SKIPPED.pop(str(path.absolute()), None)
-            spec.loader.exec_module(module)  # the whole file, over what the part defined
+        with _on_path([str(path.resolve().parent)], [*above, os.getcwd()]):
+            code = definitions(path, needs) if needs else None
+            try:
+                if code is None:
+                    spec.loader.exec_module(module)
+                else:
+                    exec(code, vars(module))
+            except Exception:  # what the statements left out did, after all (a sys.path.append)
+                if code is None:
+                    raise
+                SKIPPED.pop(str(path.absolute()), None)
+                spec.loader.exec_module(module)  # the whole file, over what the part defined
     except BaseException:
         del sys.modules[spec.name]
         raise
-    finally:
-        sys.path.remove(str(path.resolve().parent))
     return module
+
+
+@contextlib.contextmanager
+def _on_path(first: list[str], last: list[str]) -> Iterator[None]:
+    """``sys.path`` with ``first`` before and ``last`` after it while the learner's code runs."""
+    last = [entry for entry in dict.fromkeys(last) if entry not in sys.path + first]
+    sys.path[:0] = first
+    sys.path += last
+    try:
+        yield
+    finally:
+        for entry in first + last:
+            with contextlib.suppress(ValueError):  # the code took it out itself
+                sys.path.remove(entry)
 
 
 def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callable[[], None]]:

@@ -16,7 +16,7 @@ import symtable
 import types
 from pathlib import Path
 
-__all__ = ["SKIPPED", "Cells", "code_of", "definitions"]
+__all__ = ["SKIPPED", "Cells", "code_of", "definitions", "package_of"]
 
 SKIPPED: dict[str, str] = {}  # a file -> what of its top level did not run: "lines 13, 21-43"
 DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -50,6 +50,22 @@ def code_of(path: Path) -> tuple[str | bytes, list[tuple[int, int]]]:
     }
     starts = itertools.accumulate((c.count("\n") for c in code.values()), initial=1)
     return "".join(code.values()), list(zip(starts, code, strict=False))
+
+
+def package_of(path: Path) -> list[Path]:
+    """The folders of the package a ``.py`` file is in, innermost first: those with an
+    ``__init__.py``, else its own where the file imports relatively (a namespace package)."""
+    folder = path.resolve().parent
+    chain = [folder, *folder.parents]  # the root's name, "", ends it
+    package = chain[: next(i for i, f in enumerate(chain) if not _package_folder(f))]
+    relative = re.compile(rb"^[^\S\n]*from[^\S\n]+\.", re.MULTILINE)
+    if not package and path.suffix == ".py" and folder.name.isidentifier():
+        return [folder] if relative.search(path.read_bytes()) else []
+    return package
+
+
+def _package_folder(folder: Path) -> bool:
+    return (folder / "__init__.py").is_file() and folder.name.isidentifier()
 
 
 class Cells(importlib.abc.Loader):
