@@ -91,6 +91,8 @@ def test_json_of_a_passing_block(capsys):
     [
         (["check", "missing.py:Block"], "no such file"),
         (["check", "gptblock.lesson:NoSuchBlock"], "has no 'NoSuchBlock'"),
+        (["check", "gptblock.lesson:block"], "has no 'block' (did you mean 'Block'?)"),
+        (["check", "missing.py"], "no such file: missing.py"),
         (["check", "no_such_package_xyz:Block"], "cannot import no_such_package_xyz"),
         (["check", "gptblock.lesson"], "TARGET must be"),
         (["check", "gptblock.lesson:Block", "--arg", "n_head=3"], "not divisible"),
@@ -110,6 +112,16 @@ def test_targets_that_cannot_be_loaded_or_built_exit_2_with_one_line(argv, messa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_alone_is_checked_at_the_block_found_in_it(block_file, tmp_path, capsys):
+    assert main(["check", str(block_file)]) == 1  # MyBlock: the one class with "block" in it
+    assert "check MyBlock(" in capsys.readouterr().out
+    two = tmp_path / "two.py"
+    two.write_text("import torch.nn as nn\nclass A(nn.Module): pass\nclass B(nn.Module): pass\n")
+    assert main(["check", str(two)]) == 2
+    said = f"several classes could be the block: A, B; pick one as {two}:NAME"
+    assert said in capsys.readouterr().err
 
 
 def test_a_file_that_fails_to_import_exits_2(tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import difflib
 import functools
 import importlib.util
 import inspect
@@ -136,4 +137,7 @@ def load_target(spec: str) -> Any:
     try:
         return functools.reduce(getattr, name.split("."), module)
     except AttributeError as e:
-        raise UserValueError(f"{where} has no {name!r}") from e
+        near = difflib.get_close_matches(name, dir(module), n=1)
+        raise UserValueError(
+            f"{where} has no {name!r}" + f" (did you mean {near[0]!r}?)" * bool(near)
+        ) from e
