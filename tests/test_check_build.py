@@ -795,6 +795,20 @@ def test_the_part_that_runs_is_compiled_without_the_checkers_future_imports(tmp_
     assert scope["Block"].__init__.__annotations__ == {"n_embd": int}  # not the text "int"
 
 
+def test_a_postponed_annotation_is_not_read_as_a_name_the_block_needs(tmp_path):
+    # ``List`` is never imported: under the file's ``from __future__ import annotations`` that is
+    # no error, and no reason to run the training around it; in a notebook the import may come
+    # after a cell of shell lines, where a file could not have it
+    helper = "\ndef encode(s: str) -> List[int]:\n    return [ord(c) for c in s]\n"
+    text = "from __future__ import annotations\n" + LECTURE + helper + SCRIPT
+    assert definitions(Path(_file(tmp_path, "gpt", text)), "Block") is not None
+    cells = [["!pip install torch\n"], text]
+    path = tmp_path / "gpt.ipynb"
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
+    report = check_block(f"{path}:Block", isolate=False)
+    assert report.passed and "cells 2 in part" in " ".join(report.notes), str(report)
+
+
 def test_a_file_in_a_package_imports_the_package_relatively_and_by_name(tmp_path):
     # mygpt/model.py: ``from .layers import ...`` and ``from mygpt.layers import ...``, checked
     # from the project's root as a file and as a module, and from elsewhere as a file

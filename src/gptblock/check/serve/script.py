@@ -48,8 +48,14 @@ def code_of(path: Path) -> tuple[str | bytes, list[tuple[int, int]]]:
         for n, s in sources.items()
         if not s.lstrip().startswith("%%")
     }
-    starts = itertools.accumulate((c.count("\n") for c in code.values()), initial=1)
-    return "".join(code.values()), list(zip(starts, code, strict=False))
+    # a cell's ``from __future__`` import, first in the file as it must be (it was in its cell)
+    future = re.compile(r"^from __future__ import .*\n", re.MULTILINE)
+    head = "".join(f for c in code.values() for f in future.findall(c))
+    code = {n: future.sub("pass\n", c) for n, c in code.items()}
+    starts = itertools.accumulate(
+        (c.count("\n") for c in code.values()), initial=1 + head.count("\n")
+    )
+    return head + "".join(code.values()), list(zip(starts, code, strict=False))
 
 
 def package_of(path: Path) -> list[Path]:
@@ -89,10 +95,18 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     try:
         code, cells = code_of(path)
         body = ast.parse(code, str(path)).body
-        tables = [symtable.symtable(ast.unparse(s), str(path), "exec") for s in body]
+        # each statement read under the file's ``__future__`` imports: a postponed annotation
+        # (``-> List[int]`` with ``List`` never imported) is not read
+        lifted = [s for s in body if isinstance(s, ast.ImportFrom) and s.module == "__future__"]
+        future = {a.name for s in lifted for a in s.names}
+        head = f"from __future__ import {', '.join(future)}\n" * bool(future)
+        tables = [symtable.symtable(head + ast.unparse(s), str(path), "exec") for s in body]
     except (SyntaxError, ValueError):  # the whole file's run says where
         return None
-    binds = [{n.get_name() for n in t.get_symbols() if n.is_assigned() or n.is_imported()} for t in tables]  # fmt: skip
+    binds = [
+        {n.get_name() for n in t.get_symbols() if n.is_assigned() or n.is_imported()} - future
+        for t in tables
+    ]
     imports = (ast.Import, ast.ImportFrom)
     own = set().union(*(b for b, s in zip(binds, body, strict=True) if not isinstance(s, imports)))
     settings: set[str] = set()  # ``n_embd = 64``: sizes the file implies, whoever reads them
@@ -122,7 +136,7 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
     said = "lines " + ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
     if cells:  # a notebook's line numbers mean nothing to its reader: its cells
-        at = [next(n for first, n in reversed(cells) if first <= s.lineno) for s in body]
+        at = [next((n for line, n in reversed(cells) if line <= s.lineno), 0) for s in body]
         touched = {at[i] for i in kept}  # a cell of which some ran: in part
         gone = sorted({at[i] for i in range(len(body)) if i not in kept})
         said = "cells " + ", ".join(f"{n}{' in part' * (n in touched)}" for n in gone)
