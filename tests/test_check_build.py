@@ -190,18 +190,20 @@ def test_the_lecture_file_is_built_at_its_module_settings_and_checked_at_other_s
 
 def test_upper_case_settings_are_the_files_sizes_and_give_the_arg_line(tmp_path):
     # (s18 unseen set) the heads read EMBED_DIM = 64, the block takes emb_dim with no default:
-    # the line offers the file's 64, not a width of 32 that builds a 64-wide block it cannot run
+    # built at the file's 64, not at a width of 32 that builds a 64-wide block it cannot run;
+    # a width of another name with no default is asked for with the file's value
     text = LECTURE.replace("n_embd", "EMBED_DIM").replace("n_head = 4", "N_HEAD = 4")
     text = text.replace(
         "def __init__(self, EMBED_DIM, n_head):",
         "def __init__(self, emb_dim, n_head):\n        EMBED_DIM = emb_dim",
     )
-    path = _file(tmp_path, "gpt", text)
-    with pytest.raises(UserValueError, match=r"this builds it: --arg emb_dim=64$"):
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False)
+    assert report.passed and report.target == "Block(emb_dim=64, n_head=4)", str(report)
+    said = " ".join(report.notes)
+    assert "EMBED_DIM=64, N_HEAD=4, block_size=32 from gpt.py's module settings" in said
+    path = _file(tmp_path, "gpt", text.replace("emb_dim", "model_width"))
+    with pytest.raises(UserValueError, match=r"this builds it: --arg model_width=64$"):
         check_block(f"{path}:Block", isolate=False)
-    report = check_block(f"{path}:Block", isolate=False, emb_dim=64)
-    assert report.passed and report.target == "Block(n_head=4, emb_dim=64)", str(report)
-    assert "N_HEAD=4, block_size=32 from gpt.py's module settings" in " ".join(report.notes)
 
 
 def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
@@ -827,3 +829,52 @@ def test_a_file_in_a_package_imports_the_package_relatively_and_by_name(tmp_path
     text = LECTURE[:at] + "from .layers import *\n" + LECTURE[at:]
     (tmp_path / "mygpt" / "model.py").write_text(text)
     assert check_block(f"{tmp_path / 'mygpt' / 'model.py'}:Block", isolate=False).passed
+
+
+RASCHKA = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+    GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768,
+                       "n_heads": 12, "n_layers": 12, "drop_rate": 0.1, "qkv_bias": False}
+
+
+    class TransformerBlock(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            d, L = cfg["emb_dim"], cfg["context_length"]
+            self.heads, self.drop = cfg["n_heads"], nn.Dropout(cfg["drop_rate"])
+            self.qkv = nn.Linear(d, 3 * d, bias=cfg["qkv_bias"])
+            self.out_proj = nn.Linear(d, d)
+            self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.register_buffer("mask", torch.triu(torch.ones(L, L), diagonal=1).bool())
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            s = (q @ k.transpose(-2, -1)).masked_fill(self.mask[:t, :t], -torch.inf)
+            w = self.drop(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1))
+            x = x + self.drop(self.out_proj((w @ v).transpose(1, 2).reshape(b, t, d)))
+            return x + self.drop(self.ff(self.norm2(x)))
+
+
+    model = TransformerBlock(GPT_CONFIG_124M)
+    """
+)
+
+
+def test_a_config_the_file_builds_the_block_with_gives_its_values_and_sizes(tmp_path):
+    # ``TransformerBlock(cfg)`` and the file's ``GPT_CONFIG_124M`` (LLMs-from-scratch): built
+    # from that dict at its sizes (made smaller), its own keys and values, nothing asked for
+    report = check_block(f"{_file(tmp_path, 'ch04', RASCHKA)}:TransformerBlock", isolate=False)
+    assert report.passed, str(report)
+    assert report.target.startswith("TransformerBlock(cfg={'vocab_size': 50257, 'context_length'")
+    assert (
+        "'emb_dim': 192, 'n_heads': 12, 'n_layers': 12, 'drop_rate': 0.1, 'qkv_bias': False}"
+        in report.target
+    )
+    assert "emb_dim=768, n_heads=12, context_length=1024 from ch04.py's module" in " ".join(
+        report.notes
+    )

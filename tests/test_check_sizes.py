@@ -118,7 +118,7 @@ def test_a_config_the_caller_passes_is_varied():
     report = check_block(TransformerBlock, cfg=cfg)
     assert report.passed, str(report)
     said = " ".join(report.notes)
-    assert "checked again at emb_dim=48 (C), n_heads=3, context_length=24: PASS" in said, said
+    assert "checked again at emb_dim=48, n_heads=3, context_length=24: PASS" in said, said
     assert cfg["emb_dim"] == 32  # the caller's config is copied, not changed
 
 

@@ -193,6 +193,11 @@ def complete(
                 raise
             return types.SimpleNamespace(**v)
 
+    files = [
+        f for c in _sizes.settings(factory, given)[2].values() if (f := _sizes.config_fields(c))
+    ]
+    if files and not own and fields is None:  # the file's own cfg's keys, not the common ones
+        values = {**files[0], **{k: v for k, v in sizes.items() if k in files[0]}, **given}
     added: dict[str, object] = {}
     raised, as_dict = "", False  # what building it raised, at the learner's line; config["x"]
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
@@ -206,7 +211,11 @@ def complete(
             if isinstance(e, KeyError if as_dict else AttributeError):  # config["x"], config.x
                 attribute = e.args[0] if as_dict and e.args else getattr(e, "name", None)
                 if isinstance(attribute, str) and attribute not in added:
-                    added[attribute] = guess(attribute, sizes=sizes)
+                    held = [f[attribute] for f in files if attribute in f]  # the file's cfg's
+                    named = any(attribute in k.names for k in KINDS.values())
+                    if named or _sizes.kind_of(attribute) not in (None, "other") or not held:
+                        held = [guess(attribute, sizes=sizes)]  # a size: the file's, by kind
+                    added[attribute] = held[0]
                     if added[attribute] is None:  # named, with no value to suggest
                         raise _needs(name, f"its {param.name}", added, "") from e
                     continue
@@ -215,7 +224,7 @@ def complete(
                 continue
             raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"
             break
-        if added:
+        if not added.keys() <= {k for f in files for k in f}:  # a guess: said, never assumed
             raise _needs(name, f"its {param.name}", added, "this builds it")
         return {**rest, param.name: config}
     raise UserValueError(

@@ -19,6 +19,7 @@ from ..serve.script import SKIPPED
 
 __all__ = [
     "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "config_defaults",
+    "config_fields",
     "file_sizes", "kind_of", "names", "not_other", "number", "parameters", "patch_globals", "plan",
     "settings", "size_sets",
 ]  # fmt: skip
@@ -42,7 +43,8 @@ class Kind:
 # ``dim`` is a width only as an argument or a setting: ``nn.Softmax`` has a ``.dim``; ``kind_of``
 # knows no width: a width is found by value, its multiples too
 KINDS: dict[str, Kind] = {  # in a label's order
-    "width": Kind(("n_embd", "n_embed", "d_model", "embed_dim", "hidden_size", "dim", "d"), 32, 3, "C",
+    "width": Kind(("n_embd", "n_embed", "d_model", "embed_dim", "hidden_size", "dim", "d",
+                   "emb_dim"), 32, 3, "C",
                   ("embd", "d_model", "dim", "hidden", "width", "embed", "channels")),
     "heads": Kind(("n_head", "n_heads", "nhead", "num_heads", "num_attention_heads", "heads"), 4,
                   4, "nh", ("head",), (("head",),)),
@@ -72,10 +74,14 @@ def number(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def settings(factory: object) -> tuple[str, dict[str, int], dict[str, object]]:
+def settings(
+    factory: object, given: Collection[str] = ()
+) -> tuple[str, dict[str, int], dict[str, object]]:
     """The file name, the numbers (the lecture's ``n_embd = 64``) of ``factory``'s module, and its
     config objects (``model_config = SimpleNamespace(n_embd=384)``) that ``factory``'s code reads,
-    or the module's classes and functions it reads do."""
+    or the module's classes and functions it reads do; where ``factory`` takes a config nobody
+    gave (not in ``given``), any that holds a head count and another size too (``Block(cfg)``
+    and the file's ``GPT_CONFIG_124M``)."""
     module = inspect.getmodule(factory)
     if module is None:
         return "", {}, {}
@@ -93,6 +99,9 @@ def settings(factory: object) -> tuple[str, dict[str, int], dict[str, object]]:
     plain = (dict, types.SimpleNamespace)
     read &= {n for n, v in own.items() if isinstance(v, plain) or dataclasses.is_dataclass(type(v))}
     configs = {n: v for n, v in own.items() if n in read}
+    params = parameters(factory) if callable(factory) else []
+    if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
+        configs |= {n: v for n, v in own.items() if _sized(v)}
     file = getattr(module, "__file__", None)
     numbers = {n: v for n, x in own.items() if (v := number(x))}
     return (os.path.basename(file) if file else module.__name__), numbers, configs
@@ -140,8 +149,10 @@ def file_sizes(
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
     classes = [config_class(factory, p) for p in params if p.name not in given]
     fields = {n: v for c in classes for n, v in config_defaults(c).items()}
-    file, numbers, configs = settings(factory)  # model_config.n_embd: after the numbers
-    module = ChainMap(dict[str, object](numbers), *(_fields(c) or {} for c in configs.values()))
+    file, numbers, configs = settings(factory, given)  # model_config.n_embd: after the numbers
+    module = ChainMap(
+        dict[str, object](numbers), *(config_fields(c) or {} for c in configs.values())
+    )
     used = {n.lower() for n in [*(p.name for p in params), *fields, *module, *given]}
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
@@ -288,7 +299,13 @@ class Plan:
     label: str
 
 
-def _fields(value: object) -> dict[str, object] | None:
+def _sized(value: object) -> bool:
+    """Whether ``value`` is a config that gives a block's head count and another size."""
+    numbers = [n for n, v in (config_fields(value) or {}).items() if number(v)]
+    return len(numbers) > 1 and "heads" in map(kind_of, numbers)
+
+
+def config_fields(value: object) -> dict[str, object] | None:
     """A config object's fields, None for anything else (a module, a tensor, a number...)."""
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if isinstance(k, str)}
@@ -326,9 +343,9 @@ def plan(
     their names (of the numbers it was built with, C is the width, 2C..8C a hidden width, C / nh
     the head size; a name says what a value cannot); None when no number is a size."""
     top = {**{p.name: p.default for p in parameters(factory) if p.default is not p.empty}, **args}
-    configs = {n: f for n, v in top.items() if (f := _fields(v)) is not None}
-    _, globals_, objects = settings(factory)
-    held = {n: f for n, v in objects.items() if (f := _fields(v)) is not None}
+    configs = {n: f for n, v in top.items() if (f := config_fields(v)) is not None}
+    _, globals_, objects = settings(factory, args)
+    held = {n: f for n, v in objects.items() if (f := config_fields(v)) is not None}
     places = [top, globals_, *configs.values(), *held.values()]
     leaves = [(kind_of(n), v) for place in places for n, x in place.items() if (v := number(x))]
     nh = next((v for k, v in leaves if k == "heads" and C % v == 0), None)
