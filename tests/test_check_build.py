@@ -779,9 +779,13 @@ def test_a_notebook_is_checked_as_its_code_cells(tmp_path):
     assert done.returncode == 1 and "wrong_scale" in done.stdout, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert "not run: gpt.ipynb's top-level cells 3 in part, 4 (nothing the block" in said
+    assert "result: FAIL (1 mistake found by the comparison; the other 7 checks passed)" in said
     path.write_text(path.read_text().replace("self.key(x)", "self.kee(x)"))
-    with pytest.raises(UserValueError, match=r"'kee' \(at .*gpt.ipynb:\d+: k = self.kee\(x\)\)"):
+    with pytest.raises(UserValueError, match=r"'kee' \(at .*gpt.ipynb, cell 3: k = self.kee\(x"):
         check_block(f"{path}:Block", isolate=False)  # the cell's line, not the file's JSON
+    path.write_text(path.read_text().replace("import wandb_not_installed", "from grader import *"))
+    with pytest.raises(UserValueError, match=r"'grader' \(at .*gpt.ipynb, cell 4: from grader"):
+        check_block(f"{path}:Block", isolate=False)  # a star import runs: where it failed
     path.write_text("{")
     done = _cli(f"{path}:Block")
     assert done.returncode == 2 and "gpt.ipynb: not a notebook" in done.stderr, done.stderr

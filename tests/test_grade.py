@@ -154,7 +154,12 @@ def test_an_endless_loop_is_a_timeout_row(tmp_path, capsys):
     assert main(["grade", str(tmp_path / "loops.py"), "--timeout", "1", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["verdict"] == "TIMEOUT" and "did not finish within 1 s" in row["report"]
-    assert "TIMEOUT" in capsys.readouterr().out  # the table
+    table = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in table if x.startswith("loops ")]
+    # the reason whole and last, the file not said first: "loops.py:Block" is its column's
+    assert line.split()[:4] == ["loops", "loops.py:Block", "TIMEOUT", line.split()[3]]
+    assert line.split()[4:7] == ["its", "process", "did"], line
+    assert table[-1] == "1 submission: 1 TIMEOUT"
 
 
 def test_gradescope_scores_an_error_zero_with_the_reason():
@@ -237,6 +242,11 @@ def test_the_block_is_found_by_the_lessons_name_then_by_what_uses_what(tmp_path)
         found(lesson(), "Nope")
     with pytest.raises(NotGraded, match=r"no nn\.Module subclass"):
         found("x = 1\n")
+    nested = "import torch.nn as nn\nclass GPT(nn.Module):\n    class Block(nn.Module): pass\n"
+    nested += "    def __init__(self):\n        self.wte = nn.Embedding(5, 4)\n"
+    with pytest.raises(NotGraded, match=r"\(GPT: a model, embedding tokens\); name the block with"):
+        found(nested)
+    assert found(nested, "GPT.Block") == "GPT.Block"  # a class's own class, named
 
 
 def test_a_notebook_is_its_code_cells_without_magics(tmp_path):

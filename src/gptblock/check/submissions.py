@@ -138,11 +138,15 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
                 if isinstance(x, ast.Assign) else []
             )
         }  # fmt: skip
-        if name not in defined:
-            raise NotGraded(why or f"no class or function {name!r} in it", blocks)
-        return Found(name, defined[name], tuple(blocks))
+        if (top := name.partition(".")[0]) not in defined:  # GPT.Block: a class's own class
+            raise NotGraded(why or f"no class or function {top!r} in it", blocks)
+        return Found(name, defined[top], tuple(blocks))
     if not blocks:
-        raise NotGraded(why or "no nn.Module subclass in it that could be a block")
+        models = [n for n in classes if n in modules]  # each embeds tokens
+        said = f" ({', '.join(models)}: a model, embedding tokens); name the block with --class"
+        raise NotGraded(
+            why or "no nn.Module subclass in it that could be a block" + said * bool(models)
+        )
     uses = {m: {n for n in blocks if n != m and n in names[m]} for m in blocks}
     used = set().union(*uses.values())
     rank = {n: 0 if n == LESSON_NAME else 1 if "block" in n.lower() else 2 for n in blocks}

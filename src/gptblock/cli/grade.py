@@ -4,6 +4,7 @@ into a gradebook rewritten atomically after every row, so Ctrl-C keeps the rows 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from tqdm import tqdm
@@ -104,18 +105,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_LOADING = r"^cannot load .*?\.(py|ipynb)(:[\w.]+)?: "  # the file's name, said in its column
+
+
 def _table(rows: list[Row]) -> None:
     if not rows:
         return
-    cells = [("student", "file:class", "verdict", "mistakes (or why not checked)", "seconds")]
+    cells = [("student", "file:class", "verdict", "seconds", "mistakes (or why not checked)")]
     for r in rows:
         said = " ".join(r.mistakes) or ("; ".join(r.failed) if r.verdict == "FAIL" else "")
-        if r.verdict in ("ERROR", "TIMEOUT"):
-            said = r.report.splitlines()[0][:80] if r.report else ""
-        cells.append((r.student, r.block or "-", r.verdict, said or "-", f"{r.seconds:.1f}"))
+        if r.verdict in ("ERROR", "TIMEOUT"):  # whole, last: the file is the second column's
+            said = re.sub(_LOADING, "", r.report.splitlines()[0]) if r.report else ""
+        cells.append((r.student, r.block or "-", r.verdict, f"{r.seconds:.1f}", said or "-"))
     widths = [max(len(c[i]) for c in cells) for i in range(4)]
     for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=False)) + "  " + c[4].rjust(7))
+        row = [*(v.ljust(w) for v, w in zip(c[:3], widths, strict=False)), c[3].rjust(widths[3])]
+        print("  ".join([*row, c[4]]))
     counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
-    print(f"{len(rows)} submissions: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    said = f"{len(rows)} submission{'s' * (len(rows) != 1)}: "
+    print(said + ", ".join(f"{n} {v}" for v, n in counts.items()))
     sys.stdout.flush()

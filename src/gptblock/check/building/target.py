@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import UserFileNotFoundError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.runner import load_module
+from ..serve.runner import learner_line, load_module
 
 __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_role"]
 
@@ -133,7 +133,7 @@ def load_target(spec: str) -> Any:
         module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "", name)
     except CAUGHT as e:
         what = f"load {Path(where)}" if is_file else f"import {where}"
-        raise UserValueError(f"cannot {what}: {one_line(e)}") from e
+        raise UserValueError(f"cannot {what}: {one_line(e)}{learner_line(e, None)}") from e
     try:
         return functools.reduce(getattr, name.split("."), module)
     except AttributeError as e:

@@ -180,6 +180,9 @@ def _result(report: CheckReport) -> list[str]:
     if report.verdict == "FAIL":
         failed, found = sum(not f.passed for f in report.findings), len(report.diagnosis)
         plural = "" if found == 1 else "s"
+        if not failed:  # the comparison found it: every check that is no comparison passed
+            said = f"found by the comparison; the other {n - 1} checks passed"
+            return [f"result: FAIL ({found} mistake{plural} {said})"]
         return [f"result: FAIL ({failed} of {n} checks failed, {found} mistake{plural} diagnosed)"]
     unverified = (
         f"result: UNVERIFIED (the {n} black-box checks passed, but the block was not compared "

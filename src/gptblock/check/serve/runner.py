@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
-from .script import SKIPPED, Cells, definitions, package_of
+from .script import SKIPPED, Cells, cell_of, code_of, definitions, package_of
 from .subject import Subject
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
@@ -364,4 +364,8 @@ def learner_line(e: BaseException, target: object) -> str:
         return ""
     f, near = ours[-1], os.path.relpath(ours[-1].filename)
     where = f.filename if near.startswith("..") else near
-    return f" (at {where}:{f.lineno}: {(f.line or '').strip()})"
+    if where.endswith(".ipynb") and f.lineno:  # a notebook's line numbers are no one's: its cell
+        where += f", cell {cell_of(code_of(Path(f.filename))[1], f.lineno)}"
+    else:
+        where += f":{f.lineno}"
+    return f" (at {where}: {(f.line or '').strip()})"

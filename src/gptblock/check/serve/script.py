@@ -16,7 +16,7 @@ import symtable
 import types
 from pathlib import Path
 
-__all__ = ["SKIPPED", "Cells", "code_of", "definitions", "package_of"]
+__all__ = ["SKIPPED", "Cells", "cell_of", "code_of", "definitions", "package_of"]
 
 SKIPPED: dict[str, str] = {}  # a file -> what of its top level did not run: "lines 13, 21-43"
 DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -56,6 +56,11 @@ def code_of(path: Path) -> tuple[str | bytes, list[tuple[int, int]]]:
         (c.count("\n") for c in code.values()), initial=1 + head.count("\n")
     )
     return head + "".join(code.values()), list(zip(starts, code, strict=False))
+
+
+def cell_of(cells: list[tuple[int, int]], line: int) -> int:
+    """The number of the cell (``code_of``'s) that holds the notebook code's ``line``."""
+    return next((n for first, n in reversed(cells) if first <= line), 0)
 
 
 def package_of(path: Path) -> list[Path]:
@@ -136,7 +141,7 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
     said = "lines " + ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
     if cells:  # a notebook's line numbers mean nothing to its reader: its cells
-        at = [next((n for line, n in reversed(cells) if line <= s.lineno), 0) for s in body]
+        at = [cell_of(cells, s.lineno) for s in body]
         touched = {at[i] for i in kept}  # a cell of which some ran: in part
         gone = sorted({at[i] for i in range(len(body)) if i not in kept})
         said = "cells " + ", ".join(f"{n}{' in part' * (n in touched)}" for n in gone)
