@@ -596,7 +596,7 @@ def test_a_config_read_as_a_dict_is_built_as_one():
     said = _refusal(DictBlock)
     assert said.endswith(
         "its config needs hidden_dropout_prob, which --arg does not give; this builds it: "
-        "--arg hidden_dropout_prob=0.0"
+        "--arg hidden_dropout_prob=0.1"  # a dropout on: one left on in eval mode shows
     ), said
     report = check_block(DictBlock, hidden_dropout_prob=0.0)
     assert "config={'bias': True, 'n_embd': 32" in report.target, str(report)
@@ -816,10 +816,11 @@ def test_a_postponed_annotation_is_not_read_as_a_name_the_block_needs(tmp_path):
 
 
 def test_a_file_in_a_package_imports_the_package_relatively_and_by_name(tmp_path):
-    # mygpt/model.py: ``from .layers import ...`` and ``from mygpt.layers import ...``, checked
-    # from the project's root as a file and as a module, and from elsewhere as a file
+    # mygpt/model.py: ``from .layers import ...`` and ``from mygpt.layers import ...``, its
+    # package's __init__.py importing it back; checked from the project's root as a file and
+    # as a module, and from elsewhere as a file
     (tmp_path / "mygpt").mkdir()
-    (tmp_path / "mygpt" / "__init__.py").write_text("")
+    (tmp_path / "mygpt" / "__init__.py").write_text("from .model import Block\n")
     at = LECTURE.index("class Block")
     (tmp_path / "mygpt" / "layers.py").write_text(LECTURE[:at])
     imports = "from .layers import *\nfrom mygpt.layers import MultiHeadAttention\n"
@@ -829,10 +830,25 @@ def test_a_file_in_a_package_imports_the_package_relatively_and_by_name(tmp_path
         assert done.returncode == 0, done.stdout + done.stderr
     report = check_block(f"{tmp_path / 'mygpt' / 'model.py'}:Block", isolate=False)
     assert report.passed, str(report)
+    # a file named as its package (model/model.py) importing ``model.layers``: the package
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "__init__.py").write_text("")
+    (tmp_path / "model" / "layers.py").write_text(LECTURE[:at])
+    text = LECTURE[:at] + "from model.layers import *\n" + LECTURE[at:]
+    (tmp_path / "model" / "model.py").write_text(text)
+    assert check_block(f"{tmp_path / 'model' / 'model.py'}:Block", isolate=False).passed
     (tmp_path / "mygpt" / "__init__.py").unlink()  # a namespace package: relative imports still
     text = LECTURE[:at] + "from .layers import *\n" + LECTURE[at:]
     (tmp_path / "mygpt" / "model.py").write_text(text)
     assert check_block(f"{tmp_path / 'mygpt' / 'model.py'}:Block", isolate=False).passed
+
+
+def test_a_config_field_the_block_reads_and_its_dataclass_lacks_is_said(tmp_path):
+    text = NANOGPT.replace("config.n_head", "config.n_heads", 1)
+    with pytest.raises(
+        UserValueError, match=r"it reads config.n_heads, which its GPTConfig has no field for \(at "
+    ):
+        check_block(f"{_file(tmp_path, 'fields', text)}:Block", isolate=False)
 
 
 RASCHKA = textwrap.dedent(

@@ -30,7 +30,7 @@ COMMON_ARGUMENTS: dict[str, object] = {
     DROPOUTS[0]: 0.1,
 }
 _GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width,
-    (("drop",), 0.0),  # ffn_mult a multiplier
+    (("drop",), 0.1),  # ffn_mult a multiplier; a dropout on, so that one left on in eval shows
     (("mult", "ratio", "factor", "expansion"), 4),
     (("ff", "mlp", "intermediate", "inner"), 128),  # 4C
     *((k.guess, k) for k in KINDS.values() if k.guess),  # a size: the file's, else k.value
@@ -210,6 +210,11 @@ def complete(
         except CAUGHT as e:
             if isinstance(e, KeyError if as_dict else AttributeError):  # config["x"], config.x
                 attribute = e.args[0] if as_dict and e.args else getattr(e, "name", None)
+                if fields is not None and attribute not in {f.name for f in fields}:
+                    raise UserValueError(  # the learner's code and config disagree
+                        f"cannot build {name}: it reads {param.name}.{attribute}, which its "
+                        f"{type(config).__name__} has no field for{learner_line(e, None)}"
+                    ) from e
                 if isinstance(attribute, str) and attribute not in added:
                     held = [f[attribute] for f in files if attribute in f]  # the file's cfg's
                     named = any(attribute in k.names for k in KINDS.values())

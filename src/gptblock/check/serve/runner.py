@@ -170,27 +170,36 @@ def load(target: str | bytes) -> object:
 
 def load_module(where: str, name_as: str = "", needs: str = "") -> Any:
     """A file runs as the module ``name_as``, else of its own name where free, else "learner",
-    inside its package (``mygpt/model.py`` as ``mygpt.model``: its relative imports work); with
-    ``needs`` (the target's name), only what it needs of the top level (``definitions``). Its
-    folder goes first on ``sys.path``; its package's and the working directory (as ``python -m``
-    gives it: ``from mygpt.layers import ...`` from the project's root) go last."""
+    inside its package (``mygpt/model.py`` as ``mygpt.model``, after ``mygpt`` is imported, as
+    ``import mygpt.model`` would: its relative imports work); with ``needs`` (the target's
+    name), only what it needs of the top level (``definitions``). A script's folder goes first on
+    ``sys.path`` (as ``python gpt.py`` has it), a package's root (``mygpt``'s folder, where
+    ``import mygpt`` finds the package) before the file's own folder; the working directory goes
+    last (as ``python -m`` has it: ``gptblock check mygpt.model:Block`` from the project)."""
     if not (where.endswith((".py", ".ipynb")) or "/" in where or "\\" in where):
         with _on_path([], [os.getcwd()]):
             return importlib.import_module(where)
     path = Path(where)
     free = path.stem.isidentifier() and path.stem not in {*sys.modules, *sys.stdlib_module_names}
     package = package_of(path)
+    dotted = ".".join(f.name for f in reversed(package))
     own = name_as or (path.stem if free else "learner")
-    name = ".".join([*(f.name for f in reversed(package)), own])
+    name = f"{dotted}.{own}" if dotted else own
+    folder = str(path.resolve().parent)
+    first, last = ([str(package[-1].parent)], [folder]) if package else ([folder], [])
     cells = Cells(path) if path.suffix == ".ipynb" else None
     spec = importlib.util.spec_from_file_location(name, path.absolute(), loader=cells)
     if spec is None or spec.loader is None:
         raise UserValueError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling look the module up here
-    above = [str(package[-1].parent)] if package else []
     try:
-        with _on_path([str(path.resolve().parent)], [*above, os.getcwd()]):
+        with _on_path(first, [*last, os.getcwd()]):
+            if dotted:  # its ``__init__.py`` may import this very file: then that is the module
+                sys.modules.pop(name, None)  # an earlier load's: the file is read as it is now
+                importlib.import_module(dotted)
+                if name in sys.modules:
+                    return sys.modules[name]
+            sys.modules[spec.name] = module  # dataclasses and pickling look the module up here
             code = definitions(path, needs) if needs else None
             try:
                 if code is None:
@@ -203,7 +212,7 @@ def load_module(where: str, name_as: str = "", needs: str = "") -> Any:
                 SKIPPED.pop(str(path.absolute()), None)
                 spec.loader.exec_module(module)  # the whole file, over what the part defined
     except BaseException:
-        del sys.modules[spec.name]
+        sys.modules.pop(spec.name, None)
         raise
     return module
 
