@@ -208,10 +208,11 @@ def complete(
         except UserValueError:
             raise
         except CAUGHT as e:
-            if isinstance(e, KeyError if as_dict else AttributeError):  # config["x"], config.x
+            read = isinstance(e, KeyError if as_dict else AttributeError)  # config["x"], .x
+            if read and getattr(e, "obj", config) is config:  # not another object's attribute
                 attribute = e.args[0] if as_dict and e.args else getattr(e, "name", None)
-                if fields is not None and attribute not in {f.name for f in fields}:
-                    raise UserValueError(  # the learner's code and config disagree
+                if fields is not None:  # a dataclass has every field: the code and it disagree
+                    raise UserValueError(
                         f"cannot build {name}: it reads {param.name}.{attribute}, which its "
                         f"{type(config).__name__} has no field for{learner_line(e, None)}"
                     ) from e
