@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from gptblock.check import check_block
 from gptblock.cli import main
 
 POST_NORM_FILE = textwrap.dedent(
@@ -117,6 +118,7 @@ def test_targets_that_cannot_be_loaded_or_built_exit_2_with_one_line(argv, messa
 def test_a_file_alone_is_checked_at_the_block_found_in_it(block_file, tmp_path, capsys):
     assert main(["check", str(block_file)]) == 1  # MyBlock: the one class with "block" in it
     assert "check MyBlock(" in capsys.readouterr().out
+    assert check_block(str(block_file)).diagnosis == ["post_norm"]  # the same from Python
     two = tmp_path / "two.py"
     two.write_text("import torch.nn as nn\nclass A(nn.Module): pass\nclass B(nn.Module): pass\n")
     assert main(["check", str(two)]) == 2

@@ -19,6 +19,7 @@ from .isolation.check import DEFAULT_TIMEOUT, check_in_process, check_isolated
 from .mistakes.catalogue import MISTAKES
 from .mistakes.report import CheckReport, Finding
 from .roles.mapping import ROLES
+from .submissions import named
 
 __all__ = [
     "COMMON_ARGUMENTS", "DEFAULT_TIMEOUT", "MISTAKES", "ROLES", "CheckReport", "Finding",
@@ -48,7 +49,8 @@ def check_block(
         target: an ``nn.Module`` mapping (B, T, C) to (B, T, C), a class / factory that builds
             one (called with ``kwargs`` plus ``fill_common_arguments``'s defaults under
             ``torch.manual_seed(0)``, the caller's RNG state restored), or the text
-            ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one.
+            ``"FILE.py:NAME"`` / ``"package.module:NAME"`` naming one (``"FILE.py"`` alone: the
+            block ``gptblock grade`` would find in it).
         roles: parts of the block by role where the checker cannot tell them itself:
             ``{"q": "attn.wq", "ln1": "norm_a", ...}`` (roles ``ln1 ln2 q k v qkv proj fc1
             fc2``; a name may be a glob such as ``"heads.*.query"`` or a slice and layout of a
@@ -95,6 +97,7 @@ def check_block(
     if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):  # NaN too
         raise UserValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     given = dict(roles or {})
+    target = named(target) if isinstance(target, str) else target
     if isolate or (isolate is None and isinstance(target, str)):
         return check_isolated([target], kwargs=kwargs, roles=given, timeout=timeout)[0]
     return check_in_process(

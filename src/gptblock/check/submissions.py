@@ -12,7 +12,9 @@ from pathlib import Path
 from ..errors import UserFileNotFoundError, UserValueError
 from .serve import script
 
-__all__ = ["CODE", "Found", "NotGraded", "Submission", "code_of", "find_block", "submissions"]
+__all__ = [
+    "CODE", "Found", "NotGraded", "Submission", "code_of", "find_block", "named", "submissions",
+]  # fmt: skip
 
 CODE = (".py", ".ipynb")
 LESSON_NAME = "Block"  # the lessons' name for the block
@@ -162,3 +164,17 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         )
     f = classes[chosen[0]][0]
     return Found(chosen[0], f, tuple(blocks))
+
+
+def named(target: str) -> str:
+    """``FILE.py`` or ``FILE.ipynb`` without ``:NAME``: with the block ``find_block`` finds in it;
+    any other target as it is."""
+    if not target.endswith(CODE):
+        return target
+    path = Path(target)
+    if not path.is_file():
+        raise UserFileNotFoundError(f"no such file: {target}")
+    try:
+        return f"{target}:{find_block(Submission(path.stem, path, (path,))).name}"
+    except NotGraded as e:
+        raise UserValueError(f"{target}: {e}".replace("with --class", f"as {target}:NAME")) from e

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from ..check import (
     COMMON_ARGUMENTS,
@@ -18,8 +17,8 @@ from ..check import (
     parse_argument,
 )
 from ..check.building.target import parse_role
-from ..check.submissions import CODE, NotGraded, Submission, find_block
-from ..errors import UserError, UserFileNotFoundError, UserValueError
+from ..check.submissions import named
+from ..errors import UserError, UserValueError
 from .formatting import add_command, add_timeout_option, check_timeout
 
 EXIT_UNVERIFIED = 3  # every black-box check passed, but the block was not compared
@@ -53,10 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "target",
         nargs="?",
         default=None,
-        help="the block: FILE.py:NAME, FILE.ipynb:NAME (its code cells) or package.module:NAME, "
-        "NAME a class, a factory function or a module instance; a file alone: its class "
-        "named Block, else with 'block' in its name, else the one no other class uses "
-        "(as gptblock grade finds it); without it, gptblock's own blocks are checked",
+        help="the block: FILE.py:NAME, FILE.ipynb:NAME or package.module:NAME, NAME a class, a "
+        "factory or a module instance; a FILE alone: the block gptblock grade finds in it; "
+        "without it, gptblock's own blocks are checked",
     )
     p.add_argument(
         "--arg",
@@ -93,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             targets = [f"{b.__module__}:{b.__qualname__}" for b in own_blocks()]
         else:
-            targets = [_named(args.target)]
+            targets = [named(args.target)]
         reports = check_isolated(targets, kwargs=kwargs, roles=roles, timeout=args.timeout)
     except UserError as e:
         if args.json:  # valid JSON on stdout in every case; the one-line error goes to stderr
@@ -110,16 +108,3 @@ def run(args: argparse.Namespace) -> int:
     if "FAIL" in verdicts:
         return 1
     return EXIT_UNVERIFIED if "UNVERIFIED" in verdicts else 0
-
-
-def _named(target: str) -> str:
-    """A file without ``:NAME``: the block in it, found as ``gptblock grade`` finds it."""
-    if not target.endswith(CODE):
-        return target
-    path = Path(target)
-    if not path.is_file():
-        raise UserFileNotFoundError(f"no such file: {target}")
-    try:
-        return f"{target}:{find_block(Submission(path.stem, path, (path,))).name}"
-    except NotGraded as e:
-        raise UserValueError(f"{target}: {e}".replace("with --class", f"as {target}:NAME")) from e
