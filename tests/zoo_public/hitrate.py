@@ -131,6 +131,7 @@ def run_cli(case: Case) -> Outcome:
         tuple(report.get("diagnosis", ())),
         bool(report.get("confident")),
         done.stdout,
+        bool(report.get("compared")),
     )
 
 
