@@ -578,6 +578,18 @@ def test_a_config_block_that_raises_while_building_says_what_and_where():
     with pytest.raises(UserValueError, match="its config needs tril_plus_one, which --arg does"):
         check_block(Flagged)
 
+    class Bigcode(torch.nn.Module):  # s26, GPTBigCode: fields with a value to suggest, then not
+        def __init__(self, config):
+            super().__init__()
+            self.c_fc = torch.nn.Linear(config.hidden_size, config.n_inner)
+            self.scale = config.scale_attn_weights
+
+    said = _refusal(Bigcode)
+    assert said.endswith(
+        "give each with --arg NAME=VALUE, e.g. --arg hidden_size=32 --arg n_inner=128 and a value "
+        "for scale_attn_weights (or check a function that returns the block)"
+    ), said
+
 
 def test_a_config_read_as_a_dict_is_built_as_one():
     """``config["n_embd"]`` (s18 unseen set, einops_vit): a dict of the --arg values, not a

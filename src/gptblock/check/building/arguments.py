@@ -133,8 +133,11 @@ def _index(name: str) -> int | None:
 def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> UserValueError:
     """The error naming what ``whose`` needs, with the ``--arg`` line where each has a guess."""
     said = f"{then}: {arg_line(values)}"
-    if None in values.values():
-        said = "give each with --arg NAME=VALUE (or check a function that returns the block)"
+    if None in values.values():  # the values it can suggest, and which it cannot
+        known = {k: v for k, v in values.items() if v is not None}
+        rest = ", ".join(k for k in values if k not in known)
+        said = f", e.g. {arg_line(known)} and a value for {rest}" if known else ""
+        said = f"give each with --arg NAME=VALUE{said} (or check a function that returns the block)"
     return UserValueError(
         f"cannot build {name}: {whose} needs {', '.join(values)}, which --arg does not give; {said}"
     )
