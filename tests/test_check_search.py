@@ -401,3 +401,37 @@ def test_a_transposed_mask_is_mask_reversed():
         head.tril = head.tril.T.contiguous()
     report = gptblock.check_block(block, isolate=False)
     assert report.diagnosis == ["mask_reversed"], str(report)
+
+
+class _OneViewWrong(nn.Module):
+    """nanoGPT's attention with one of q, k, v viewed as (B, nh, T, hs) without the transpose
+    (torchtune's q in the s56 public set, read as future_leak alone)."""
+
+    def __init__(self, n_embd: int = 32, n_head: int = 4, wrong: str = "q"):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 64), nn.GELU(), nn.Linear(64, n_embd))
+        self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.n_head, self.wrong = n_head, wrong
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        split = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (
+            t.reshape(B, self.n_head, T, -1) if name == self.wrong
+            else t.reshape(B, T, self.n_head, -1).transpose(1, 2)
+            for name, t in zip("qkv", split, strict=True)
+        )  # fmt: skip
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln_2(x))
+
+
+@pytest.mark.parametrize("wrong", ["q", "k", "v"])
+def test_heads_mixed_in_one_projection_alone_is_heads_mixed(wrong):
+    from gptblock.check.isolation.check import check_in_process
+
+    torch.manual_seed(0)
+    report = check_in_process(_OneViewWrong, {"wrong": wrong}, {})
+    assert report.diagnosis == ["heads_mixed"] and report.confident, str(report)
+    assert f"{wrong} alone is reshaped" in str(report)

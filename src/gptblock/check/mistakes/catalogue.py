@@ -139,9 +139,11 @@ _ENTRIES = (
         "lesson 1: out = torch.cat([h(x) for h in self.heads], dim=-1)",
         explains=("future_leak", "batch_mixing"),
         ways=(
-            way("q, k and v are reshaped to (B, nh, T, hs) with view(B, nh, T, hs) instead of "
-                "view(B, T, nh, hs).transpose(1, 2): each 'head' holds pieces of several positions",
-                split=lambda t, nh: t.reshape(t.shape[0], nh, t.shape[1], -1)),
+            *(way(f"{who} reshaped to (B, nh, T, hs) with view(B, nh, T, hs) instead of "
+                  "view(B, T, nh, hs).transpose(1, 2): each 'head' holds pieces of several positions",
+                  split=lambda t, nh, name, one=one: t.reshape(t.shape[0], nh, t.shape[1], -1)
+                  if name in one else CORRECT.split(t, nh, name))  # torchtune's q alone
+              for one, who in (("qkv", "q, k and v are"), *((t, f"{t} alone is") for t in "qkv"))),
             way("the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
                 "each position's output holds pieces of other positions",
                 merge=lambda y: y.reshape(y.shape[0], y.shape[2], -1)),

@@ -141,7 +141,7 @@ class Steps:
     is ``CORRECT`` with some fields replaced, never a flag tested inside the forward."""
 
     norms: Callable[[SubLayer | None, SubLayer | None], tuple[SubLayer | None, SubLayer | None]]
-    split: Callable[[Tensor, int], Tensor]  # (B, T, D), nh -> (B, nh, T, hs)
+    split: Callable[[Tensor, int, str], Tensor]  # (B, T, D), nh, "q", "k" or "v" -> (B, nh, T, hs)
     blocked: Callable[[int, torch.device], Tensor]  # T -> bool (T, T) mask, True = blocked
     scale: Callable[[int, int], float]  # (C, hs) -> factor on the scores
     masking: Callable[[Tensor, Tensor, int], Tensor]  # (scores, blocked, dim) -> weights
@@ -158,7 +158,7 @@ class Steps:
 CORRECT = Steps(
     norms=lambda ln1, ln2: (ln1, ln2),  # each branch its own LayerNorm
     # (B, T, D) -> (B, nh, T, hs)
-    split=lambda t, nh: t.reshape(*t.shape[:2], nh, t.shape[2] // nh).transpose(1, 2),
+    split=lambda t, nh, _: t.reshape(*t.shape[:2], nh, t.shape[2] // nh).transpose(1, 2),
     # lesson 2's torch.triu(..., diagonal=1): True = blocked, key j > query i
     blocked=lambda T, device: torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), 1),
     scale=lambda C, hs: hs**-0.5,
@@ -261,7 +261,9 @@ def attention(
     hs = q.shape[-1] // n_head
     n_kv = k.shape[-1] // hs
     T = q.shape[1]
-    q, k, v = steps.split(q, n_head), steps.split(k, n_kv), steps.split(v, n_kv)  # (B, h, T, hs)
+    q, k, v = (  # (B, h, T, hs)
+        steps.split(t, h, n) for t, h, n in ((q, n_head, "q"), (k, n_kv, "k"), (v, n_kv, "v"))
+    )
     if qk_norm is not None:
         q, k = rms(q, qk_norm[0], 1e-6), rms(k, qk_norm[1], 1e-6)
     if rope is not None:
