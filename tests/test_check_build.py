@@ -509,6 +509,9 @@ def test_the_argument_helpers_guess_fit_and_parse():
         8,
     )  # a rotation as wide as a head, not the width
     assert (guess("d", sizes={"n_embd": 64}), guess("T", sizes={"block_size": 8})) == (64, 8)
+    # (s57) a flag is no multiplier, a fraction of a head no factor of 4, a position count a length
+    names = ("multi_query", "partial_rotary_factor", "rotary_emb_base", "max_position_embeddings")
+    assert [guess(n, sizes={"block_size": 8}) for n in names] == [None, None, None, 8]
 
 
 def test_a_width_called_d_is_built_at_the_files_width(tmp_path):
@@ -910,3 +913,26 @@ def test_a_config_the_file_builds_the_block_with_gives_its_values_and_sizes(tmp_
     assert "emb_dim=768, n_heads=12, context_length=1024 from ch04.py's module" in " ".join(
         report.notes
     )
+
+
+def test_a_flag_left_at_its_default_is_named_with_the_diagnosis_it_chose():
+    """(s56 public set, DETR) ``normalize_before=False`` by default builds a post-norm layer: the
+    report says which default built what it diagnosed, and the flag given builds the other."""
+    import torch.nn as nn
+
+    class Layer(nn.Module):
+        def __init__(self, d_model, nhead, normalize_before=False):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(
+                d_model, nhead, 4 * d_model, 0.0, batch_first=True, norm_first=normalize_before
+            )
+
+        def forward(self, x):
+            return self.layer(x, src_mask=nn.Transformer.generate_square_subsequent_mask(
+                x.shape[1]), is_causal=True)  # fmt: skip
+
+    report = check_block(Layer, d_model=16, nhead=2, isolate=False)
+    assert report.diagnosis == ["post_norm"]
+    assert "built with its flags' defaults: normalize_before=False" in report.notes
+    again = check_block(Layer, d_model=16, nhead=2, normalize_before=True, isolate=False)
+    assert again.passed and not any("flags' defaults" in n for n in again.notes)

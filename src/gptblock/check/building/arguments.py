@@ -31,7 +31,8 @@ COMMON_ARGUMENTS: dict[str, object] = {
 }
 _GUESSES = (  # the first that fits: hidden_dropout_prob is a dropout, dim_ff an MLP's width,
     (("drop",), 0.1),  # ffn_mult a multiplier; a dropout on, so that one left on in eval shows
-    (("mult", "ratio", "factor", "expansion"), 4),
+    (("partial", "theta", "base"), None),  # the block's own rotation: no value to suggest
+    (("_mult", "multip", "ratio", "factor", "expansion"), 4),  # (multi_query: a flag)
     (("ff", "mlp", "intermediate", "inner"), 128),  # 4C
     *((k.guess, k) for k in KINDS.values() if k.guess),  # a size: the file's, else k.value
     (("emb",), 32),
@@ -56,10 +57,14 @@ def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}
     lower = name.lower()
     if isinstance(annotation, type) and annotation not in _NUMBERS:
         return None
-    if any(w in lower for w in _MODULE) and not any(w in lower for w in _NUMBER):
-        return None
     rotary = any(w in lower for w in _MODULE[:2]) and "dim" in lower  # as many as a head has
-    if (kind := "head_size" if rotary else _sizes.kind_of(name)) in ("head_size", "kv_heads"):
+    kind = "head_size" if rotary else _sizes.kind_of(name)  # max_position_embeddings: a length
+    module = any(w in lower for w in _MODULE) and not any(w in lower for w in _NUMBER)
+    if module and kind in (None, "other"):
+        return None
+    if kind in ("heads", "length"):
+        return sizes.get(KINDS[kind].names[0], KINDS[kind].value)
+    if kind in ("head_size", "kv_heads"):
         C, nh = (
             _sizes.number(sizes.get(KINDS[k].names[0])) or KINDS[k].value or 1
             for k in ("width", "heads")

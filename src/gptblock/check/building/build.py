@@ -87,6 +87,10 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     first = (next((n for n in k.names if n in shown), None) for k in KINDS.values())
     built.label = ", ".join(f"{n}={shown[n]!r}" for n in first if n is not None) or "its own sizes"
     built.notes, built.width = fitted + origins + built.notes, sizes.get("width")
+    # a flag left at its default may choose the branch diagnosed (DETR's normalize_before=False)
+    flags = [f"{n}={p.default}" for n, p in signature(target).items()
+             if isinstance(p.default, bool) and n not in args]  # fmt: skip
+    built.notes += [f"built with its flags' defaults: {', '.join(flags)}"] * bool(flags)
     built = _smaller(target, built, kwargs)
     if not other:
         return built
