@@ -247,6 +247,20 @@ def test_the_block_is_found_by_the_lessons_name_then_by_what_uses_what(tmp_path)
     with pytest.raises(NotGraded, match=r"\(GPT: a model, embedding tokens\); name the block with"):
         found(nested)
     assert found(nested, "GPT.Block") == "GPT.Block"  # a class's own class, named
+    # (s57 public set: Falcon, StableLM, Cohere) a layer building its file's rotary embedding is a
+    # block; a model embedding tokens through its own class, or another file's, is not
+    rotary = "import torch.nn as nn\nclass LlamaRotaryEmbedding(nn.Module): pass\n"
+    rotary += "class DecoderLayer(nn.Module):\n    def __init__(self):\n"
+    rotary += "        self.rotary_emb = LlamaRotaryEmbedding()\n"
+    tokens = "class TokenEmbedding(nn.Module):\n    def __init__(self):\n        self.e = nn.Embedding(5, 4)\n"
+    model = (
+        "class Model(nn.Module):\n    def __init__(self):\n        self.layers = [DecoderLayer()]\n"
+    )
+    assert (
+        found(rotary + tokens + model + "        self.wte = TokenEmbedding()\n") == "DecoderLayer"
+    )
+    other = "from elsewhere import WordEmbedding\n" + model + "        self.wte = WordEmbedding()\n"
+    assert found(rotary + other) == "DecoderLayer"
 
 
 def test_a_notebook_is_its_code_cells_without_magics(tmp_path):

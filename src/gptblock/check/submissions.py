@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,13 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         n: {str(getattr(x, "id", "") or getattr(x, "attr", "")) for x in ast.walk(c)}
         for n, (_, c) in classes.items()
     }
-    blocks = [
-        n for n in classes if n in modules and not any(x.endswith("Embedding") for x in names[n])
-    ]
+    # nn.Embedding, or a class of another file named so; a rotary one embeds no tokens
+    embeds = {n for n in classes if any(x == "Embedding" or (
+        x.endswith("Embedding") and x not in classes and not re.search("(?i)rotary|rope", x)
+    ) for x in names[n])}  # fmt: skip
+    while more := {n for n in classes if n not in embeds and names[n] & embeds}:
+        embeds |= more  # a model whose own class embeds the tokens
+    blocks = [n for n in classes if n in modules and n not in embeds]
     why = "; ".join(broken)
     if name is not None:  # a factory function or an instance may be checked too
         defined = {  # a top-level class, function or assignment's name
