@@ -22,14 +22,14 @@ SHAPE_OPS = frozenset([
     "view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
     "squeeze", "contiguous", "clone", "slice", "select", "split", "split_with_sizes", "unbind",
     "chunk", "alias", "detach", "_to_copy", "unflatten", "flatten", "narrow", "as_strided",
-    "movedim", "_reshape_alias", "view_as", "expand_as", "lift_fresh", "repeat",
+    "movedim", "_reshape_alias", "view_as", "expand_as", "lift_fresh", "repeat", "index",
 ])  # fmt: skip
 WEIGHT_OPS = frozenset(
     ["mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "mv", "addmv", "linear"]
 )
 SLICING_OPS = frozenset(
-    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow"]
-)
+    ["select", "slice", "split", "split_with_sizes", "unbind", "chunk", "narrow", "index"]
+)  # (index: by constant positions, Falcon's qkv[..., [-2], :]; by data it moves no one tensor)
 PRODUCTS = ("bmm", "baddbmm", "mm")  # of two data operands (baddbmm beta 0: ``data``)
 GATHER_OPS = frozenset(["cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack"])
 
@@ -358,7 +358,10 @@ def _projection(
     out = to_layout(trace, node, B, T)
     found = to_weight(trace, out) if out is not None else None
     turned, size = found is None, trace.nodes[node].value.numel()
-    if found is None or size > trace.nodes[found[0].outputs[0]].value.numel():  # heads repeated
+    grows, at = False, out  # heads repeated: larger than the product, or grown on the way to it
+    while not grows and at is not None and (step := back(trace, at)) is not None:
+        grows, at = trace.nodes[step[0]].value.numel() < trace.nodes[at].value.numel(), step[0]
+    if found is None or grows or size > trace.nodes[found[0].outputs[0]].value.numel():
         near = reach(trace, node, forward=False)[1]
         if len(near) != 1:
             raise Unread("q, k or v is not a matrix product of the attention's input with a weight")
