@@ -19,7 +19,7 @@ import zoo_lesson
 import zoo_torch
 from forms import FORMS
 from gptblock import CheckReport, TransformerBlock, check_block, lesson
-from gptblock.check import fill_common_arguments
+from gptblock.check import Finding, fill_common_arguments
 from gptblock.check.mistakes.catalogue import MISTAKES
 from gptblock.check.roles.trace import record
 
@@ -254,6 +254,22 @@ def test_report_renders_as_text_and_json():
     assert data["mistakes"]["post_norm"]["fix"] == MISTAKES["post_norm"].fix
     assert {"name", "passed", "message", "label"} == set(data["findings"][0])
     assert data["verdict"] == "FAIL" and data["findings"][-1]["label"] == "FOUND"
+
+
+def test_a_probes_diagnosis_the_comparison_did_not_match_is_not_confident():
+    """(s57 public set, Falcon's heads mixed after its keys were repeated) the comparison ran and
+    matched no catalogued variant: the causality probe's future_leak is true, but not all."""
+    leak = Finding("causality", False, "position 0's output changes when position 1 changes")
+    found = Finding("reference comparison", True, "matches ... only with future_leak", "FOUND")
+    none = Finding("reference comparison", False, "computes neither the block nor any mistake")
+    confirmed = CheckReport("B()", [leak, found], ["future_leak"], compared=True)
+    unmatched = CheckReport("B()", [leak, none], ["future_leak"], compared=True)
+    assert (confirmed.confident, unmatched.confident) == (True, False)
+    assert "diagnosis: future_leak\n" in str(confirmed)
+    said = (
+        "diagnosis: future_leak (the comparison matched no catalogued mistake: there may be more)"
+    )
+    assert said in str(unmatched) and unmatched.to_dict()["confident"] is False
 
 
 def test_report_refuses_unknown_mistake_ids():

@@ -81,7 +81,9 @@ class CheckReport:
 
     @property
     def confident(self) -> bool:
-        return self.compared and not self.alternatives
+        # a comparison that failed matched no catalogued variant: it confirms no probe's diagnosis
+        failed = any(f.name == "reference comparison" and not f.passed for f in self.findings)
+        return self.compared and not self.alternatives and not failed
 
     @property
     def verdict(self) -> str:
@@ -165,7 +167,9 @@ def _diagnosis(report: CheckReport) -> str:
         others = " | ".join(", ".join(a) or "no mistake" for a in report.alternatives)
         return f"diagnosis (unsure): {named}; explained equally well by: {others}"
     if report.diagnosis:
-        more = "" if report.compared else " (black-box checks only: there may be more)"
+        more = "" if report.confident else " (black-box checks only: there may be more)"
+        if report.compared and not report.confident:
+            more = " (the comparison matched no catalogued mistake: there may be more)"
         return "diagnosis: " + ", ".join(report.diagnosis) + more
     if report.verdict != "FAIL":
         more = "" if report.compared else " found by the black-box checks (not compared)"
