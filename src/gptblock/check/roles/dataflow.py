@@ -199,9 +199,9 @@ def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
     return seen, [found[i] for i in sorted(found)]
 
 
-def forward_end(trace: Trace, op: Op, B: int, T: int) -> int | None:
-    """The last node laid out by position on the single-consumer chain after ``op``."""
-    node, last = op.outputs[0], None
+def forward_end(trace: Trace, node: int, B: int, T: int) -> int | None:
+    """The last node laid out by position on the single-consumer chain from ``node``."""
+    last = None
     while True:
         last = node if layout(trace.nodes[node].shape, B, T) is not None else last
         users = trace.consumers(node)
@@ -251,11 +251,12 @@ def cores(trace: Trace) -> list[Core]:
             q, k = data(trace, scores)
             if _keys_first(trace, scores, A, flipped):
                 q, k = k, q
-            time = trace.nodes[A].shape[-1]
+            time = trace.nodes[A].shape[-2 if flipped else -1]  # the keys: the product's inner axis
         else:
             continue
-        shape = trace.nodes[q].shape
-        out.append(Core(q, k, v, op.outputs[0], math.prod(shape[:-2]), time, A, scores))
+        per = time * (trace.nodes[q].shape[-1] if A is None else time)  # (T, hs) of q, (T, T) of A
+        groups = trace.nodes[q if A is None else A].value.numel() // per  # A (B, nh * T, T): nh
+        out.append(Core(q, k, v, op.outputs[0], groups, time, A, scores))
     return out
 
 
@@ -265,7 +266,8 @@ def _weighted(trace: Trace, moved: list[int]) -> tuple[int, int, bool, Op] | Non
         value = trace.nodes[A].value
         finite = value[torch.isfinite(value)]
         probabilities = finite.numel() > 0 and 0 <= finite.min() and finite.max() <= 1 + 1e-6
-        if value.shape[-1] != value.shape[-2] or not probabilities:
+        rows, keys = value.shape[-2:][::-1] if flipped else value.shape[-2:]
+        if rows % keys or not probabilities:  # rows: queries, or heads x queries (multi-query)
             continue
         made = filter(None, map(trace.producer, trace.ancestors(A)))  # the scores: the latest
         found = [op for op in made if op.name in PRODUCTS and len(data(trace, op)) == 2]  # of these
@@ -332,21 +334,29 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
         raise Unread("no single output projection reads the attention's output")
     else:
         ((index, proj),) = ops.items()
-        roles["proj"] = _role(trace, proj, B, T, heads=True)
+        roles["proj"] = _role(trace, proj, proj.outputs[0], B, T, heads=True)
         used.add(index)
     acts = trace.ancestors(trace.output)  # not an auxiliary head's (a halting probability)
-    rest = [
-        op for op in trace.ops
+    rest = {  # the MLP's outputs -> their products; its first layer packed with q, k, v (PaLM's)
+        op.outputs[0]: op for op in trace.ops
         if weight_input(trace, op) is not None and op.index not in used and op.outputs[0] in acts
-    ]  # fmt: skip
-    if len(rest) not in (2, 3) or rest[0].outputs[0] not in trace.ancestors(rest[-1].outputs[0]):
+    }  # fmt: skip
+    behind = set().union(*(trace.ancestors(n) for c in attention for n in (c.q, c.k, c.v)))
+    merged, later = trace.ancestors(roles["proj"].get[0]), set().union(*map(trace.ancestors, rest))
+    rest |= {  # a slice of their product that the attention does not read and the MLP does
+        n: made[0] for op in trace.ops if op.name in SLICING_OPS and op.inputs[0] in behind
+        for n in op.outputs if n not in merged and n in later
+        and (made := to_weight(trace, n)) and made[0].index in used
+    }  # fmt: skip
+    outs = sorted(rest, key=lambda n: rest[n].index)  # (the slice: where its product runs)
+    if len(rest) not in (2, 3) or outs[0] not in trace.ancestors(outs[-1]):
         routed = any(op.name == "topk" for op in trace.ops)  # experts chosen per token
         raise Unread(
             f"{len(rest)} matrix products with weights outside attention, expected the MLP's two"
             + " (a top-k routing: a mixture of experts, which no reference models)" * routed
         )
-    for name, op in zip([*["fc1", "fc3"][: len(rest) - 1], "fc2"], rest, strict=True):
-        roles[name] = _role(trace, op, B, T)
+    for name, n in zip([*["fc1", "fc3"][: len(outs) - 1], "fc2"], outs, strict=True):
+        roles[name] = _role(trace, rest[n], n, B, T)
     return roles, heads
 
 
@@ -375,7 +385,7 @@ def _projection(
 def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> int:
     """``op``'s output as ``forward_end`` reads it, but before a repeat of key/value heads (a
     change of size), and of a packed product the nodes behind ``node`` alone."""
-    end, at, size = forward_end(trace, op, B, T), op.outputs[0], trace.nodes[op.outputs[0]].shape
+    end, at, size = forward_end(trace, at := op.outputs[0], B, T), at, trace.nodes[at].shape
     while at != end:
         users = [u for u in trace.consumers(at) if u.outputs]
         if len(users) != 1 or math.prod(trace.nodes[users[0].outputs[0]].shape) != math.prod(size):
@@ -389,8 +399,8 @@ def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> 
     return min(own)
 
 
-def _role(trace: Trace, op: Op, B: int, T: int, heads: bool = False) -> Role:
-    put, get = source(trace, op, B, T, heads), forward_end(trace, op, B, T)
+def _role(trace: Trace, op: Op, out: int, B: int, T: int, heads: bool = False) -> Role:
+    put, get = source(trace, op, B, T, heads), forward_end(trace, out, B, T)  # out: op's, a slice
     if put is None or get is None:
         raise Unread(
             f"a matrix product ({op.name}) whose input or output is not laid out by position"

@@ -36,7 +36,7 @@ def heads(
     rows, last = core.shape[-2:]
     if (rows, last) == (hs, T) and (key or (rows, last) != (T, hs)):
         core = core.transpose(-2, -1)
-    elif (rows, last) != (T, hs):
+    elif (rows, last) not in ((T, hs), (nh * T, hs)):  # (B, nh * T, hs): multi-query's folded q
         return None
     if heads_first or (core.dim() == 4 and core.shape[:2] == (nh, B) != (B, nh)):
         return core.reshape(nh, B, T, hs).transpose(0, 1)
