@@ -3,6 +3,7 @@ each norm form apart, gptblock's own modern forms PASS, and the modern zoo (test
 diagnosed: every correct style PASS, every mistake named by its FOUND line.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -346,3 +347,50 @@ def test_a_mistaken_norm_that_amplifies_float32_rounding_is_still_named(monkeypa
     name = "hf_llama/rmsnorm_mean:square_of_mean"
     module = next(c for c in zoo_modern.cases(["hf_llama"]) if c.name == name).module()
     assert check_block(module.BLOCK, **module.ARGS).diagnosis == ["rmsnorm_mean"]
+
+
+class MultiQueryEinsum(torch.nn.Module):
+    """PaLM's parallel block as lucidrains writes it: one key/value head for all the query heads
+    through einsum (torch runs ``attn @ v`` as one bmm of the weights (B, nh * T, T) by the shared
+    value (B, T, hs)); ``fused``: q, k, v and the MLP's up and gate in one projection, split."""
+
+    def __init__(self, n_embd=32, n_head=4, fused=True, scale=True):
+        super().__init__()
+        Linear = functools.partial(torch.nn.Linear, bias=False)
+        self.nh, self.hs, self.scale = n_head, n_embd // n_head, scale
+        self.widths = (n_embd, self.hs, self.hs, 4 * n_embd)  # q, k, v, up and gate
+        self.norm = torch.nn.LayerNorm(n_embd)
+        self.fused = Linear(n_embd, sum(self.widths)) if fused else None
+        self.parts = torch.nn.ModuleList([] if fused else [Linear(n_embd, w) for w in self.widths])
+        self.out, self.down = Linear(n_embd, n_embd), Linear(2 * n_embd, n_embd)
+        self.rope = Rope(8e6, self.hs, "halves", "halves", 1.0)  # a base only a measurement finds
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.norm(x)
+        q, k, v, ff = (
+            self.fused(h).split(self.widths, -1) if self.fused else (p(h) for p in self.parts)
+        )
+        q = self.rope.apply(q.view(B, T, self.nh, self.hs).transpose(1, 2))  # (B, nh, T, hs)
+        k = self.rope.apply(k)  # (B, T, hs): one head
+        sim = torch.einsum("bhid,bjd->bhij", q, k) * (self.hs**-0.5 if self.scale else 1.0)
+        sim = sim.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.finfo(x.dtype).max)
+        attn = sim.softmax(dim=-1)
+        y = torch.einsum("bhij,bjd->bhid", attn, v).transpose(1, 2).reshape(B, T, C)
+        up, gate = ff.chunk(2, dim=-1)
+        return x + self.out(y) + self.down(F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["mlp-packed-with-qkv", "separate"])
+def test_multi_query_einsum_and_an_mlp_packed_with_q_k_v_are_read(fused):
+    """Before: no attention core (the weights (B, nh * T, T) are not square), UNVERIFIED; and
+    packed, the MLP's first layer, a slice of q, k and v's product, was not found."""
+    report = check_block(MultiQueryEinsum, fused=fused)
+    assert report.verdict == "PASS", str(report)
+    note = next(n for n in report.notes if n.startswith("modern block: "))
+    assert note == (
+        "modern block: norms: layernorm, rope (halves (i, i + r/2), theta 8e+06), swiglu d_ff=64, "
+        "n_kv_head=1 for 4 query heads, parallel residual"
+    )  # the base measured on q as the scores read it, (B, nh * T, hs)
+    report = check_block(MultiQueryEinsum, fused=fused, scale=False)
+    assert report.confident and report.diagnosis == ["no_scaling"], str(report)
