@@ -16,7 +16,7 @@ from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, run_steps
-from ..roles.dataflow import cores
+from ..roles.cores import cores
 from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
 from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
 from ..roles.plain import send

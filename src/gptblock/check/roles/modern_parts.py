@@ -18,7 +18,8 @@ from torch.nn import functional as F
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
-from .dataflow import SHAPE_OPS, Core, cores
+from .cores import Core, cores
+from .dataflow import SHAPE_OPS
 from .modern_read import Linear, ModernRead, Turn
 from .provenance import snap
 from .trace import Op, Trace

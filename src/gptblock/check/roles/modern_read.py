@@ -15,7 +15,8 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import Rope, rms
-from .dataflow import Core, Role, Unread, as_rows, back, cores, find_roles, static_names, to_weight
+from .cores import Core, cores
+from .dataflow import Role, Unread, as_rows, back, find_roles, static_names, to_weight
 from .trace import Trace, replay
 from .weights import find_norms, measure, order_norms
 
