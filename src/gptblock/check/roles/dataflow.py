@@ -307,7 +307,8 @@ def _projection(
 def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> int:
     """``op``'s output as ``forward_end`` reads it, but before a repeat of key/value heads (a
     change of size), and of a packed product the nodes behind ``node`` alone."""
-    end, at, size = forward_end(trace, at := op.outputs[0], B, T), at, trace.nodes[at].shape
+    at = op.outputs[0]
+    end, size = forward_end(trace, at, B, T), trace.nodes[at].shape
     while at != end:
         users = [u for u in trace.consumers(at) if u.outputs]
         if len(users) != 1 or math.prod(trace.nodes[users[0].outputs[0]].shape) != math.prod(size):
