@@ -21,13 +21,13 @@ from ..files import atomic_write_bytes, atomic_write_json
 from .compare.probes import PROBES
 from .isolation.check import DEFAULT_TIMEOUT, check_isolated
 from .isolation.child import undumpable
-from .mistakes.report import Finding, one_line
+from .mistakes.report import COMPARISON, Finding, one_line
 from .serve.subject import one_thread
 from .submissions import NotGraded, Submission, find_block, submissions
 
 __all__ = ["CHECKS", "Row", "grade", "gradescope", "write_csv", "write_json"]
 
-CHECKS = (*PROBES, "reference comparison")  # every report's checks: Gradescope's tests
+CHECKS = (*PROBES, COMPARISON)  # every report's checks: Gradescope's tests
 COLUMNS = ("student", "path", "class", "verdict", "mistakes", "failed_checks", "classes_found",
            "seconds", "gptblock", "report")  # fmt: skip
 _TIMED_OUT = "did not finish within"  # isolation's words for a child stopped at --timeout

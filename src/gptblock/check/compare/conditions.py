@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..mistakes.report import CAUGHT, Finding, one_line
+from ..mistakes.report import CAUGHT, COMPARISON, Finding, one_line
 from ..mistakes.search import TOLERANCE, distance
 from ..serve.subject import Probed
 
@@ -95,7 +95,7 @@ def input_gradient_error(
 
 
 def _off(message: str) -> Finding:
-    return Finding("reference comparison", False, message)
+    return Finding(COMPARISON, False, message)
 
 
 def _error(subject: Probed, reference: Reference, c: Condition, x: Tensor) -> float | str:

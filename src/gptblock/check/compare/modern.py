@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
-from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, Finding, text
+from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, run_steps
 from ..roles.cores import cores
@@ -23,12 +23,11 @@ from ..roles.plain import send
 from ..roles.provenance import Traced
 from ..serve.loop import CACHE_APIS
 
-__all__ = ["NAME", "CacheProbe", "Compared", "check_modern", "judge_cache", "matched"]
+__all__ = ["CacheProbe", "Compared", "check_modern", "judge_cache", "matched"]
 
 Tensor = torch.Tensor
 ROTARY = ("targets", "table")  # the groups that change a rotation: only where there is one
 LESSON = tuple(d for d in DEVIATIONS if d.group in ("mask", "scale", "softmax", "split", "merge"))
-NAME = "reference comparison"
 _PARTS = ("the norm before the attention", "the norm before the MLP", "the MLP", "the attention")
 
 
@@ -81,10 +80,11 @@ def matched(block: str, error: float, mistakes: str = "", others: Iterable[str] 
     (FOUND), and the ``others`` that match as well."""
     within = f"max error {error:.1e} of the output scale <= {TOLERANCE:g}"
     if not mistakes:
-        return Finding(NAME, True, f"computes {block}: {within}")
+        return Finding(COMPARISON, True, f"computes {block}: {within}")
     also = "; ".join(others)
     also = f" (equally small and also matching: {also})" if also else ""
-    return Finding(NAME, True, f"matches {block} only with {mistakes}: {within}{also}", "FOUND")
+    said = f"matches {block} only with {mistakes}: {within}{also}"
+    return Finding(COMPARISON, True, said, "FOUND")
 
 
 def check_modern(source: Source, x: Tensor) -> Compared | None:
@@ -190,7 +190,7 @@ def _unexplained(read: ModernRead, note: list[str], failed: str) -> Compared:
     """Out of scope (UNVERIFIED) where a part is one no reference models, else FAIL."""
     parts = unmodelled(read)
     if not parts:
-        return Compared(Finding(NAME, False, failed), notes=note)
+        return Compared(Finding(COMPARISON, False, failed), notes=note)
     return Compared(None, notes=[*note, f"{OUT_OF_SCOPE}{'; '.join(parts)}"])
 
 

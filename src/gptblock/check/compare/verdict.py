@@ -11,14 +11,14 @@ from typing import Any, Protocol
 import torch
 
 from ..mistakes.catalogue import MISTAKES, compose
-from ..mistakes.report import CAUGHT, OUT_OF_SCOPE, CheckReport, Finding, one_line
+from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
 from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, trace, unread
 from ..serve.subject import Probed
 from .conditions import confirm
-from .modern import NAME, Compared, matched
+from .modern import Compared, matched
 from .probes import PROBES, ProbeResult, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -291,7 +291,7 @@ def _finding(result: Explanation, parallel: bool, depth: int) -> Finding:
         msg += f"within {TOLERANCE:g} of its output scale"
         if closest:
             msg += f"; the closest is {closest.describe()}, off by {closest.error:.2g}"
-        return Finding(NAME, False, msg)
+        return Finding(COMPARISON, False, msg)
     if match.deviations or result.alternatives:
         others = [m.describe() for m in result.alternatives]
         return matched(lessons, match.error, match.describe(), others)

@@ -13,8 +13,11 @@ from ..serve.loop import CAUGHT
 from ..serve.loop import one_line as said
 from .catalogue import MISTAKES
 
-__all__ = ["CAUGHT", "OUT_OF_SCOPE", "CheckReport", "Finding", "Raised", "one_line", "text"]
+__all__ = [
+    "CAUGHT", "COMPARISON", "OUT_OF_SCOPE", "CheckReport", "Finding", "Raised", "one_line", "text",
+]  # fmt: skip
 
+COMPARISON = "reference comparison"  # the name of the comparison's finding
 OUT_OF_SCOPE = "not compared, as the references do not model it: "  # then the parts: UNVERIFIED
 
 
@@ -82,7 +85,7 @@ class CheckReport:
     @property
     def confident(self) -> bool:
         # a comparison that failed matched no catalogued variant: it confirms no probe's diagnosis
-        failed = any(f.name == "reference comparison" and not f.passed for f in self.findings)
+        failed = any(f.name == COMPARISON and not f.passed for f in self.findings)
         return self.compared and not self.alternatives and not failed
 
     @property
