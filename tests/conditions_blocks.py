@@ -243,6 +243,27 @@ class SharedKeyModuleBlock(Block):
     attention = SharedKeyModuleAttention
 
 
+class QueryFromValueHead(Head):
+    """q made by the value projection (a learner's typo, seen in public code): the query
+    projection never acts, and one weight serves as two."""
+
+    def forward(self, x, k=None):
+        B, T, C = x.shape
+        k, q, v = self.key(x), self.value(x), self.value(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5  # (B, T, T)
+        wei = wei.masked_fill(self.mask(T), float("-inf"))
+        return self.dropout(F.softmax(wei, dim=-1)) @ v  # (B, T, hs)
+
+
+class QueryFromValueAttention(MultiHeadAttention):
+    def __init__(self, n_head, n_embd, block_size, dropout):
+        super().__init__(n_head, n_embd, block_size, dropout, head=QueryFromValueHead)
+
+
+class QueryFromValueBlock(Block):
+    attention = QueryFromValueAttention
+
+
 class UnusedLinearBlock(Block):
     """A gate declared for a gated MLP, never called."""
 
@@ -348,6 +369,14 @@ class LlamaWithUnusedBias(LlamaDecoderLayer):
     def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
         super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
         self.out_bias = nn.Parameter(torch.zeros(hidden_size))
+
+
+class LlamaKeyIsValue(LlamaDecoderLayer):
+    """One module serves as the key and the value projection."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
+        super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
+        self.self_attn.k_proj = self.self_attn.v_proj
 
 
 class UngatedWhileTraining(LlamaMLP):

@@ -206,6 +206,24 @@ def test_upper_case_settings_are_the_files_sizes_and_give_the_arg_line(tmp_path)
         check_block(f"{path}:Block", isolate=False)
 
 
+def test_required_arguments_named_as_module_settings_are_built_with_them(tmp_path):
+    # (s58, a learner's file) Block(num_embeddings, head_count) as its script calls it, with
+    # the settings of those names: names no size kind knows, built at the file's values
+    text = LECTURE.replace("n_embd", "num_embeddings").replace("n_head", "head_count")
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False)
+    assert report.passed and report.target == "Block(num_embeddings=64, head_count=4)", str(report)
+    said = " ".join(report.notes)
+    assert "num_embeddings=64, head_count=4 from gpt.py's module settings of the same names" in said
+    assert "checked again at num_embeddings=48 (C), head_count=6 (nh), block_size=16: PASS" in said
+    # a setting named with num_ for the constructor's n_ (NUM_EMBD = 128 for n_embd)
+    text = LECTURE.replace("n_embd = 64", "NUM_EMBD = 64").replace(
+        "Linear(n_embd, head", "Linear(NUM_EMBD, head"
+    )
+    text = text.replace("num_heads, n_embd)", "num_heads, NUM_EMBD)")
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False)
+    assert report.passed and report.target == "Block(n_embd=64, n_head=4)", str(report)
+
+
 def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
     path = _file(tmp_path, "gpt", LECTURE)
     # the heads read n_embd from the module: built at 48 too, or the block would not fit

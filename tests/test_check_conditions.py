@@ -35,11 +35,13 @@ FAILING = [
     ("EvalOnlyBlock", "reference comparison", "equal in eval mode, off by"),
     ("SharedKeyBlock", "parameters", "sa.heads.1.key.weight, sa.heads.2.key.weight"),
     ("SharedKeyModuleBlock", "parameters", "k's heads 1, 2, 3 are its head 0's weights again"),
+    ("QueryFromValueBlock", "parameters", "q and v read the same weights (sa.heads.0.value.weight"),
     ("UnusedLinearBlock", "parameters", "gate.weight, gate.bias never act on the output"),
     ("FrozenDeadBlock", "parameters", "mix never acts on the output"),
     ("InplaceResidualBlock", "gradients", "the backward pass fails in float32"),
     ("LlamaWithUnusedBias", "parameters", "out_bias never acts on the output"),
     ("LlamaTrainPath", "reference comparison", "equal in eval mode, off by"),
+    ("LlamaKeyIsValue", "parameters", "k and v read the same weights (self_attn.k_proj.weight)"),
 ]
 DIAGNOSIS = {"parameters": ["unused_parameters"], "gradients": ["inplace"]}
 

@@ -87,6 +87,8 @@ def test_trace_repeats_used_and_refusals():
         trace({"ln1": [w[0]], "ln2": [w[0]]}, chosen, torch.float64).why
         == "ln1 and ln2 were read from the same parameters"
     )
+    shared = trace({"q": [w[:2]], "k": [w[:2]]}, chosen, torch.float64)  # the block's doing
+    assert (shared.why, shared.repeats) == ("", ("q and k read the same weights (w)",))
 
 
 def test_unread_masks_parameters_no_role_read():

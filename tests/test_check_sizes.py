@@ -236,6 +236,8 @@ def test_the_sizes_helpers_read_names_and_values():
     )
     kinds = [kind_of(n) for n in ("num_attention_heads", "attn_dim_head", "n_ctx", "layer_idx")]
     assert kinds == ["heads", "head_size", "length", "other"]
+    kinds = [kind_of(n) for n in ("head_count", "d_head", "attn_d_head")]
+    assert kinds == ["heads", "head_size", "head_size"]
     assert kind_of("hid_dim") is None
     found = plan(wide, {}, 32)
     assert found is not None

@@ -74,6 +74,12 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     filled = fill_common_arguments(
         target, {**{n: values[n] for n in sized if n in values}, **kwargs}
     )
+    file, numbers, _ = settings(target, kwargs)  # ``Block(num_embeddings)`` as its script calls it
+    same = {n: numbers[n] for n, p in signature(target).items()
+            if p.default is p.empty and n not in filled and n in numbers}  # fmt: skip
+    filled.update(same)
+    said = ", ".join(f"{n}={v}" for n, v in same.items())
+    origins += [f"built with {said} from {file}'s module settings of the same names"] * bool(same)
     check_sizes(filled, kwargs)
     args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import inspect
 import os
+import re
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
@@ -51,7 +52,7 @@ KINDS: dict[str, Kind] = {  # in a label's order
     "kv_heads": Kind(("n_kv_head", "n_kv_heads", "num_kv_heads", "num_key_value_heads"),
                      short="kv heads", parts=(("head", "group"), ("kv", "key", "query"))),
     "head_size": Kind(("head_size", "head_dim", "d_head", "d_k", "d_v", "dim_head"), short="hs",
-                      parts=(("head",), ("dim", "size", "d_")),
+                      parts=(("head",), ("dim", "size", "_d_")),
                       also=("d_kv", "dk", "dv", "kv_channels")),
     "length": Kind(("block_size", "max_len", "context_length", "max_seq_len", "n_ctx", "seq_len"),
                    16, 1, "T max", ("block", "ctx", "len", "seq", "position", "context", "window"),
@@ -153,7 +154,7 @@ def file_sizes(
     module = ChainMap(
         dict[str, object](numbers), *(config_fields(c) or {} for c in configs.values())
     )
-    used = {n.lower() for n in [*(p.name for p in params), *fields, *module, *given]}
+    used = {_key(n) for n in [*(p.name for p in params), *fields, *module, *given]}
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
@@ -168,7 +169,7 @@ def file_sizes(
         if not used & set(k.names):
             continue
         for source, where in places:
-            lower = {m.lower(): m for m in where}  # EMBED_DIM = 64 is an embed_dim too
+            lower = {_key(m): m for m in where}  # EMBED_DIM = 64 is an embed_dim too
             n, value = next(
                 ((m, v) for n in k.names if (m := lower.get(n)) and (v := number(where[m]))),
                 ("", None),
@@ -192,6 +193,10 @@ def file_sizes(
             "or changed there: a script's run when imported)"
         )
     return values, notes
+
+
+def _key(name: str) -> str:  # NUM_EMBD = 128 is an n_embd too
+    return re.sub(r"^(num|number_of)_", "n_", name.lower())
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
@@ -264,12 +269,12 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
 def kind_of(name: str) -> str | None:
     """What a name says its number is: a kind, ``other`` (not a size), None (the value says)."""
     lower = name.lower()
-    words = set(lower.split("_"))
+    words, padded = set(lower.split("_")), f"_{lower}_"  # _d_: d_head's, not head_count's
     for kind in ("other", "head_size", "kv_heads", "heads", "length"):  # the first that says
         k = KINDS.get(kind, _OTHER)
         if (
             lower in k.names + k.also
-            or (k.parts and all(any(w in lower for w in part) for part in k.parts))
+            or (k.parts and all(any(w in padded for w in part) for part in k.parts))
             or words & set(k.words)
         ):
             return kind

@@ -1,5 +1,5 @@
 """The weights the checker chooses (``choose``) and the weights read back traced to them
-(``trace``): each entry a chosen one (or exactly 0 or 1), no two roles made of the same entries.
+(``trace``): each entry a chosen one (or exactly 0 or 1), no two norms made of the same entries.
 docs/checker.md, "How it decides" ("The block cannot break the checker", provenance).
 """
 
@@ -56,7 +56,8 @@ def snap(
 
 @dataclass(frozen=True)
 class Traced:
-    """A role reading chosen values twice is the block's doing; two roles sharing them, refused."""
+    """A role reading chosen values twice, or two sharing them, is the block's doing (two norms
+    sharing them, refused: the reading's, as one norm is read once)."""
 
     why: str = ""  # why they are not the values chosen ("" when they are: only then the rest count)
     repeats: tuple[str, ...] = ()
@@ -110,10 +111,20 @@ def trace(
         if tensors[0].dim() == 2:
             repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
     for a, b in itertools.combinations(used, 2):
-        smaller = min(len(used[a]), len(used[b]))
-        if smaller and len(used[a] & used[b]) > SHARED * smaller:
-            return Traced(f"{a} and {b} were read from the same parameters")
+        smaller, both = min(len(used[a]), len(used[b])), used[a] & used[b]
+        if smaller and len(both) > SHARED * smaller:
+            if a.startswith("ln") or b.startswith("ln"):  # one norm: shared_norm's, not read so
+                return Traced(f"{a} and {b} were read from the same parameters")
+            repeats.append(f"{a} and {b} read the same weights ({_holding(chosen, both, dtype)})")
     return Traced("", tuple(repeats), frozenset(set().union(*used.values())), snapped)
+
+
+def _holding(chosen: Mapping[str, Tensor], at: set[int], dtype: torch.dtype) -> str:
+    """The parameters holding the values at positions ``at`` of ``sorted_values``."""
+    flat = sorted_values(chosen, dtype)[1][torch.tensor(sorted(at), dtype=torch.long)]
+    ends = torch.tensor([v.numel() for v in chosen.values()]).cumsum(0)
+    names = [[*chosen][i] for i in sorted(set(torch.searchsorted(ends, flat, right=True).tolist()))]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _repeats(role: str, at: Tensor, heads: int) -> list[str]:
