@@ -63,6 +63,7 @@ KINDS: dict[str, Kind] = {  # in a label's order
 _OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansion", "window",
               "seed", "batch", "rotary", "theta", "depth", "bucket", "stride", "kernel"),),
               words=("id", "idx", "index", "base"))  # fmt: skip
+_NUM = re.compile(r"^(num|number_of)_")  # NUM_EMBD = 128 is an n_embd too
 DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
@@ -154,7 +155,9 @@ def file_sizes(
     module = ChainMap(
         dict[str, object](numbers), *(config_fields(c) or {} for c in configs.values())
     )
-    used = {_key(n) for n in [*(p.name for p in params), *fields, *module, *given]}
+    used = {
+        _NUM.sub("n_", n.lower()) for n in [*(p.name for p in params), *fields, *module, *given]
+    }
     if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
@@ -169,7 +172,7 @@ def file_sizes(
         if not used & set(k.names):
             continue
         for source, where in places:
-            lower = {_key(m): m for m in where}  # EMBED_DIM = 64 is an embed_dim too
+            lower = {_NUM.sub("n_", m.lower()): m for m in where}  # EMBED_DIM = 64: embed_dim
             n, value = next(
                 ((m, v) for n in k.names if (m := lower.get(n)) and (v := number(where[m]))),
                 ("", None),
@@ -193,10 +196,6 @@ def file_sizes(
             "or changed there: a script's run when imported)"
         )
     return values, notes
-
-
-def _key(name: str) -> str:  # NUM_EMBD = 128 is an n_embd too
-    return re.sub(r"^(num|number_of)_", "n_", name.lower())
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:
