@@ -25,6 +25,7 @@ from .sizes import (
     kind_of,
     names,
     number,
+    parameters,
     patch_globals,
     plan,
     settings,
@@ -75,8 +76,8 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
         target, {**{n: values[n] for n in sized if n in values}, **kwargs}
     )
     file, numbers, _ = settings(target, kwargs)  # ``Block(num_embeddings)`` as its script calls it
-    same = {n: numbers[n] for n, p in signature(target).items()
-            if p.default is p.empty and n not in filled and n in numbers}  # fmt: skip
+    same = {p.name: numbers[p.name] for p in parameters(target)
+            if p.default is p.empty and p.name not in filled and p.name in numbers}  # fmt: skip
     filled.update(same)
     said = ", ".join(f"{n}={v}" for n, v in same.items())
     origins += [f"built with {said} from {file}'s module settings of the same names"] * bool(same)
