@@ -84,7 +84,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     check_sizes(filled, kwargs)
     args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}
-    shown.update({n: values[n] for n in settings(target)[1] if n in values})
+    shown.update({n: values[n] for n in numbers if n in values})
     plain = (type(None), int, float, str, bool)
     config = next(
         (v for n, v in args.items() if n not in filled and not isinstance(v, plain)), None

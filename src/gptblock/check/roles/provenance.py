@@ -123,7 +123,8 @@ def _holding(chosen: Mapping[str, Tensor], at: set[int], dtype: torch.dtype) -> 
     """The parameters holding the values at positions ``at`` of ``sorted_values``."""
     flat = sorted_values(chosen, dtype)[1][torch.tensor(sorted(at), dtype=torch.long)]
     ends = torch.tensor([v.numel() for v in chosen.values()]).cumsum(0)
-    names = [[*chosen][i] for i in sorted(set(torch.searchsorted(ends, flat, right=True).tolist()))]
+    held, at_ends = list(chosen), torch.searchsorted(ends, flat, right=True).tolist()
+    names = [held[i] for i in sorted(set(at_ends))]
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
