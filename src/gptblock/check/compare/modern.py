@@ -15,10 +15,10 @@ import torch
 from ..mistakes.catalogue import DEVIATIONS, MISTAKES, MODERN, compose
 from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
-from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Steps, affine, run_steps
+from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Rope, Steps, affine, run_steps
 from ..roles.cores import cores
-from ..roles.modern_parts import measured, mlp_of, norm_of, unmodelled
-from ..roles.modern_read import ModernRead, Source, qk_gains, read_modern, ropes
+from ..roles.modern_parts import mlp_of, norm_of, unmodelled
+from ..roles.modern_read import ModernRead, Source, Turn, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..roles.provenance import Traced
 from ..serve.loop import CACHE_APIS
@@ -122,7 +122,7 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
         "norms: " + ", ".join(dict.fromkeys(n.describe() for n in norms)),
         a.rope.describe(hs) if a and a.rope else "",
         "qk_norm" if a and a.qk_norm is not None else "",
-        measured(read.turn, hs) if read.rotated and not a else "",
+        _measured(read.turn, hs) if read.rotated and not a else "",
         mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
         f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
         f"{read.n_head} heads",
@@ -242,3 +242,10 @@ def judge_cache(
         f"{step_at} differs from the whole sequence's last position (by {far:.2g} of its scale) "
         "in a way not identified (not counted in the verdict)"
     )
+
+
+def _measured(turn: Turn | None, hs: int) -> str:
+    if turn is None or not turn.fits or turn.pairing == "other":
+        return "something between the projections and the scores (not identified)"
+    rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
+    return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"

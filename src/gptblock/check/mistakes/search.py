@@ -63,14 +63,18 @@ class Explanation:
 def distance(y: Tensor, y_ref: Tensor, least: float = MIN_DEFINED) -> float:
     """The checker's one measure, relative to ``y_ref``'s largest entry; rows where ``y_ref`` is
     not finite (masked entirely) are skipped, unless fewer than ``least`` of them are left."""
-    defined = torch.isfinite(y_ref).all(dim=-1)  # (...)
-    if y.shape != y_ref.shape or defined.double().mean().item() < least:
+    if y.shape != y_ref.shape:
         return float("inf")
-    ours, ref = y[defined].double(), y_ref[defined].double()  # (n, F)
+    defined = torch.isfinite(y_ref).all(dim=-1)  # (...)
+    if not defined.all():  # (most often all are: no rows to pick)
+        if defined.double().mean().item() < least:
+            return float("inf")
+        if not defined.any():  # (``least`` 0) nowhere defined: nothing differs
+            return 0.0
+        y, y_ref = y[defined], y_ref[defined]  # (n, F)
+    ours, ref = y.double(), y_ref.double()
     if not torch.isfinite(ours).all():
         return float("inf")
-    if not defined.any():  # (``least`` 0) nowhere defined: nothing differs
-        return 0.0
     scale = ref.abs().max().clamp_min(1e-12)
     return float((ours - ref).abs().max() / scale)
 

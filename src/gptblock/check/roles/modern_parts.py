@@ -17,16 +17,16 @@ from torch.nn import functional as F
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.search import distance
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, Rope, SubLayer, affine, rms
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, NORM_FORMS, SubLayer, affine, rms
 from .cores import Core, cores
 from .dataflow import SHAPE_OPS
-from .modern_read import Linear, ModernRead, Turn
+from .modern_read import Linear, ModernRead
 from .provenance import snap
 from .trace import Op, Trace
 from .weights import rescaled
 
 __all__ = [
-    "DENSE", "GATED", "NORM_KINDS", "MlpRead", "NormRead", "attention_scope", "close", "measured",
+    "DENSE", "GATED", "NORM_KINDS", "MlpRead", "NormRead", "attention_scope", "close",
     "mlp_of", "norm_function", "norm_of", "ones", "unmodelled",
 ]  # fmt: skip
 
@@ -131,29 +131,39 @@ def norm_of(
     except CAUGHT:
         return NormRead("layer" if centred else "unknown", f, params=params)
     odd = torch.where(odd.abs() <= 1e-9 * float(fz.abs().max()), 0.0, odd)
-    fits: list[tuple[float, NormRead]] = []
-    for kind in kinds:  # each kind's first eps that fits, with the gain read at it
+    fits: list[NormRead] = []  # the kinds that fit, none of them with a gain among ``known``
+    # only a LayerNorm's kinds subtract the mean (centred): the others cannot fit, nor are tried
+    for kind in (k for k in kinds if (k in NORM_KINDS[:3]) == centred):
         bias = odd if kind in NORM_KINDS and (kind != "rms" or odd.any()) else None
         moved = fb - (0.0 if bias is None else bias)
         gain = _channels(moved / norm_function(kind, 1.0, None, 0.0)(big))
         solved = _solved(kind, *outputs[1], gain, bias) if kind in NORM_KINDS else ()
-        for eps in (*EPS, *solved):
+        for eps in (*EPS, *solved):  # the kind's first eps that fits, with the gain read at it
             gain = ones(_channels(moved / norm_function(kind, 1.0, None, eps)(big)))
             same = norm_function(kind, gain, bias, eps)
             if (error := max(_off(same(t), out) for t, out in outputs)) <= CLOSE:
                 # a LayerNorm as the block computes it; a mistaken one too, its rounding not
                 # amplified in ours (mean(x)^2 near 0 turns float32's 1e-7 into 1e-4)
                 same = same if kind in ("unbiased", "std", "rms") else f
-                fits.append((error, NormRead(kind, same, eps, params, gain, bias)))
+                n = NormRead(kind, same, eps, params, gain, bias)
+                if (own := _own(n, known, error)) is not None:
+                    return own
+                fits.append(n)
                 break
-    for error, n in fits if known is not None and len(known) else ():
-        gain, values = cast(Tensor, n.gain), cast(Tensor, known)
-        tol = max(1e-9, 10 * error) * float(gain.abs().max())  # the fit's own precision
-        for offset in (0.0, 1.0):  # a gain stored as such, or as 1 + it (Gemma's RMSNorm)
-            if (own := snap(gain - offset, values, tol)) is not None:
-                b = None if n.bias is None else snap(n.bias, values, tol)
-                return replace(n, gain=own[0] + offset, bias=n.bias if b is None else b[0])
-    return fits[0][1] if fits else NormRead("layer" if centred else "unknown", f, params=params)
+    return fits[0] if fits else NormRead("layer" if centred else "unknown", f, params=params)
+
+
+def _own(n: NormRead, known: Tensor | None, error: float) -> NormRead | None:
+    """``n``, its gain (or 1 + it, Gemma's) and bias as among ``known``; else ``None``."""
+    if known is None or not len(known):
+        return n
+    gain = cast(Tensor, n.gain)
+    tol = max(1e-9, 10 * error) * float(gain.abs().max())  # the fit's own precision
+    for offset in (0.0, 1.0):
+        if (own := snap(gain - offset, known, tol)) is not None:
+            b = None if n.bias is None else snap(n.bias, known, tol)
+            return replace(n, gain=own[0] + offset, bias=n.bias if b is None else b[0])
+    return None
 
 
 def ones(t: Tensor) -> Tensor:
@@ -386,10 +396,3 @@ def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, turned: bool) -> st
         "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
         "a bias, or a norm after the rotation)"
     )
-
-
-def measured(turn: Turn | None, hs: int) -> str:
-    if turn is None or not turn.fits or turn.pairing == "other":
-        return "something between the projections and the scores (not identified)"
-    rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
-    return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"
