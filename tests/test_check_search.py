@@ -19,6 +19,7 @@ from gptblock.check.mistakes.catalogue import (
     MISTAKES,
     MODERN,
     compose,
+    fitted_scale,
     variants,
 )
 from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
@@ -275,6 +276,22 @@ def test_the_search_names_the_unknowns_and_ties():
     assert nothing.match is None and nothing.closest is not None
 
 
+def test_a_scale_none_of_the_ways_has_is_fitted_with_the_other_mistakes_kept():
+    w = _weights(16, seed=1)
+    x = torch.randn(5, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    post = [d for d in DEVIATIONS if d.mistake == "post_norm"]
+    for ratio, others in ((3.0, []), (0.3, post)):  # 3 x and 0.3 x hs ** -0.5 = 1.5 and 0.15
+        y = run_steps(_parts(w, 16), x, 4, F.relu, compose([*others, fitted_scale(ratio)]))
+        found = explain([_parts(w, 16)], x, y, (4,), max_size=3)
+        assert found.match is not None and found.match.error < 1e-8
+        assert sorted(found.match.mistakes) == sorted({"wrong_scale", *(d.mistake for d in others)})
+        said = found.match.deviations[-1].describe(16, 4)
+        assert said.startswith(f"scores scaled by {ratio * 0.5:.4g} = {ratio:.4g} x hs ** -0.5")
+    # a block the scale cannot reproduce keeps its nearest miss; no scale is fitted past max_size
+    y = run_steps(_parts(w, 16), x, 4, F.relu, compose([*post, fitted_scale(3.0)]))
+    assert explain([_parts(w, 16)], x, y, (4,), max_size=1).match is None
+
+
 def test_a_reading_that_raises_is_skipped_not_fatal():
     w = _weights(8, seed=0)
     good = _parts(w, 8)
@@ -383,6 +400,8 @@ class _PublicShapedBlock(nn.Module):
     ({"normed": "attn", "scale_power": -0.5}, ["no_residual", "wrong_scale"]),
     ({"normed": "attn"}, ["no_residual"]),
     ({"normed": "mlp"}, ["no_residual"]),
+    ({"scale_power": -1.0}, ["wrong_scale"]),  # C ** -1: none of wrong_scale's ways, fitted
+    ({"normed": "mlp", "scale_power": -0.75}, ["no_residual", "wrong_scale"]),
 ])  # fmt: skip
 def test_public_ways_of_wrong_scale_and_no_residual_are_named(kwargs, diagnosis):
     from gptblock.check.isolation.check import check_in_process

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from .steps import CORRECT, Deviation, Steps, way
 
-__all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "variants"]
+__all__ = [
+    "DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale", "variants",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -350,6 +352,14 @@ MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotat
 DEVIATIONS = tuple(replace(d, mistake=m.id) for m in MISTAKES.values() for d in m.ways)
 MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
 LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)  # ``search.explain``'s
+
+
+def fitted_scale(ratio: float) -> Deviation:
+    """``wrong_scale``'s way for a factor none of its ways has: ``ratio`` x hs ** -0.5, fitted to
+    a block's output by ``search.explain``."""
+    label = (f"scores scaled by {{value:.4g}} = {ratio:.4g} x hs ** -0.5 (hs={{hs}}), a factor "
+             "fitted to the block's output, instead of hs ** -0.5 = {right:.4g}")  # fmt: skip
+    return replace(way(label, scale=lambda C, hs: ratio * hs**-0.5), mistake="wrong_scale")
 
 
 def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
 
-from .catalogue import compose, variants
+from .catalogue import LESSONS, compose, fitted_scale, variants
 from .report import CAUGHT
 from .steps import CANDIDATE_ACTIVATIONS, Deviation, MissingPart, Parts, Rope, attention, run_steps
 
@@ -121,7 +122,12 @@ def explain(
     ]
     tried: list[Match] = []  # each reading's best under each variant: the nearest miss among them
 
-    def unknowns(parts: Parts, deviations: tuple[Deviation, ...], reading: int) -> Match:
+    def unknowns(
+        parts: Parts,
+        deviations: tuple[Deviation, ...],
+        reading: int,
+        heads: tuple[int, ...] = heads,
+    ) -> Match:
         # every activation compared: exact and tanh GELU differ by less than TOLERANCE
         steps = compose(deviations)
         best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
@@ -151,7 +157,36 @@ def explain(
                 return tried[-1]
         return None
 
+    pool = None if pool is None else tuple(pool)
     found = smallest(variants(max_size, pool), attempt)
+    near = min(tried, key=lambda m: m.error, default=None)
+    if (
+        not found
+        and near
+        and near.error < math.inf
+        and any(d.group == "scale" for d in pool or LESSONS)
+    ):
+        # a scale none of wrong_scale's ways has, fitted to the nearest variant: its other
+        # mistakes kept
+        kept = tuple(d for d in near.deviations if d.group != "scale")
+        parts, at = memoised[near.reading], (near.n_head,)
+        fit = lambda r: unknowns(parts, (*kept, fitted_scale(r)), 0, at).error  # noqa: E731
+        ratio = _fitted(fit) if len(kept) < max_size else 1.0
+        if abs(math.log(ratio)) > 1e-3:  # (not the right scale, less precisely found)
+            found = [m for m in [attempt((*kept, fitted_scale(ratio)))] if m is not None]
     if not found:
-        return Explanation(None, (), min(tried, key=lambda m: m.error, default=None))
+        return Explanation(None, (), near)
     return Explanation(found[0], tuple(found[1:]), None)
+
+
+def _fitted(error: Callable[[float], float]) -> float:
+    """The ratio r in 1e-3 ... 1e3 where ``error(r)`` is least: on a grid in log r, then refined
+    by golden-section search between the grid's neighbours of its least point."""
+    grid = [math.exp(i / 2) for i in range(-14, 15)]
+    least = min(range(len(grid)), key=lambda i: error(grid[i]))
+    lo, hi = math.log(grid[max(least - 1, 0)]), math.log(grid[min(least + 1, len(grid) - 1)])
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(40):  # the bracket shrinks to 0.62 ** 40 = 5e-9 of its width
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        lo, hi = (lo, b) if error(math.exp(a)) < error(math.exp(b)) else (a, hi)
+    return math.exp((lo + hi) / 2)
