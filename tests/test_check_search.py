@@ -283,7 +283,7 @@ def test_a_scale_none_of_the_ways_has_is_fitted_with_the_other_mistakes_kept():
     for ratio, others in ((3.0, []), (0.3, post)):  # 3 x and 0.3 x hs ** -0.5 = 1.5 and 0.15
         y = run_steps(_parts(w, 16), x, 4, F.relu, compose([*others, fitted_scale(ratio)]))
         found = explain([_parts(w, 16)], x, y, (4,), max_size=3)
-        assert found.match is not None and found.match.error < 1e-8
+        assert found.match is not None and found.match.error < 1e-6  # the fit: to ~1e-7 of r
         assert sorted(found.match.mistakes) == sorted({"wrong_scale", *(d.mistake for d in others)})
         said = found.match.deviations[-1].describe(16, 4)
         assert said.startswith(f"scores scaled by {ratio * 0.5:.4g} = {ratio:.4g} x hs ** -0.5")

@@ -123,17 +123,18 @@ def explain(
     tried: list[Match] = []  # each reading's best under each variant: the nearest miss among them
 
     def unknowns(
-        parts: Parts,
-        deviations: tuple[Deviation, ...],
-        reading: int,
-        heads: tuple[int, ...] = heads,
+        parts: Parts, deviations: tuple[Deviation, ...], reading: int, like: Match | None = None
     ) -> Match:
         # every activation compared: exact and tanh GELU differ by less than TOLERANCE
         steps = compose(deviations)
         best = Match(deviations, heads[0], next(iter(CANDIDATE_ACTIVATIONS)), float("inf"), reading)
         activations = list(CANDIDATE_ACTIVATIONS.items())[: 1 if alone else None]
-        for n_head in heads:
-            for (name, activation), (rope, qk) in itertools.product(activations, turns):
+        n_heads, rotations = heads, turns
+        if like is not None:  # ``like``'s unknowns only (a scale being fitted to it)
+            n_heads, rotations = (like.n_head,), [(like.rope, like.qk_norm)]
+            activations = [(like.activation, CANDIDATE_ACTIVATIONS[like.activation])]
+        for n_head in n_heads:
+            for (name, activation), (rope, qk) in itertools.product(activations, rotations):
                 try:
                     if alone:
                         y_ref = attention(*parts.qkv(x), n_head, rope, steps, qk, C=parts.C)
@@ -157,36 +158,45 @@ def explain(
                 return tried[-1]
         return None
 
+    def kept(m: Match) -> tuple[Deviation, ...]:  # its mistakes but the scale's
+        return tuple(d for d in m.deviations if d.group != "scale")
+
+    def fitted(near: Match) -> list[Match]:
+        """A scale none of wrong_scale's ways has, fitted to ``near``, its other mistakes kept."""
+        parts, others = memoised[near.reading], kept(near)
+        ratio = _fitted(lambda r: unknowns(parts, (*others, fitted_scale(r)), 0, near).error)
+        if abs(math.log(ratio)) <= 1e-3:  # the right scale, less precisely found
+            return []
+        return [m for m in [attempt((*others, fitted_scale(ratio)))] if m is not None]
+
     pool = None if pool is None else tuple(pool)
-    found = smallest(variants(max_size, pool), attempt)
-    near = min(tried, key=lambda m: m.error, default=None)
-    if (
-        not found
-        and near
-        and near.error < math.inf
-        and any(d.group == "scale" for d in pool or LESSONS)
-    ):
-        # a scale none of wrong_scale's ways has, fitted to the nearest variant: its other
-        # mistakes kept
-        kept = tuple(d for d in near.deviations if d.group != "scale")
-        parts, at = memoised[near.reading], (near.n_head,)
-        fit = lambda r: unknowns(parts, (*kept, fitted_scale(r)), 0, at).error  # noqa: E731
-        ratio = _fitted(fit) if len(kept) < max_size else 1.0
-        if abs(math.log(ratio)) > 1e-3:  # (not the right scale, less precisely found)
-            found = [m for m in [attempt((*kept, fitted_scale(ratio)))] if m is not None]
-    if not found:
-        return Explanation(None, (), near)
-    return Explanation(found[0], tuple(found[1:]), None)
+    scaled = any(d.group == "scale" for d in pool or LESSONS)  # a scale may be fitted
+    for size in range(max_size + 1):  # each size's catalogued variants, then a fitted scale
+        found = smallest((v for v in variants(size, pool) if len(v) == size), attempt)
+        fewer = [m for m in tried if len(kept(m)) == size - 1 and m.error < math.inf]
+        if not found and scaled and fewer:  # fitted to the nearest variant of one mistake fewer
+            found = fitted(min(fewer, key=lambda m: m.error))
+        if found:
+            return Explanation(found[0], tuple(found[1:]), None)
+    return Explanation(None, (), min(tried, key=lambda m: m.error, default=None))
 
 
 def _fitted(error: Callable[[float], float]) -> float:
     """The ratio r in 1e-3 ... 1e3 where ``error(r)`` is least: on a grid in log r, then refined
     by golden-section search between the grid's neighbours of its least point."""
-    grid = [math.exp(i / 2) for i in range(-14, 15)]
-    least = min(range(len(grid)), key=lambda i: error(grid[i]))
-    lo, hi = math.log(grid[max(least - 1, 0)]), math.log(grid[min(least + 1, len(grid) - 1)])
-    golden = (math.sqrt(5) - 1) / 2
-    for _ in range(40):  # the bracket shrinks to 0.62 ** 40 = 5e-9 of its width
-        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        lo, hi = (lo, b) if error(math.exp(a)) < error(math.exp(b)) else (a, hi)
+    grid = [i / 2 for i in range(-14, 15)]  # log r
+    least = min(range(len(grid)), key=lambda i: error(math.exp(grid[i])))
+    lo, hi = grid[max(least - 1, 0)], grid[min(least + 1, len(grid) - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = error(math.exp(a)), error(math.exp(b))
+    for _ in range(30):  # the bracket shrinks to 0.62 ** 30 = 6e-7 of its width
+        if fa < fb:  # the least is in [lo, b]
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = error(math.exp(a))
+        else:  # in [a, hi]
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = error(math.exp(b))
     return math.exp((lo + hi) / 2)
