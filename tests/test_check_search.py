@@ -20,6 +20,7 @@ from gptblock.check.mistakes.catalogue import (
     MODERN,
     compose,
     fitted_scale,
+    searched,
     variants,
 )
 from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
@@ -290,6 +291,29 @@ def test_a_scale_none_of_the_ways_has_is_fitted_with_the_other_mistakes_kept():
     # a block the scale cannot reproduce keeps its nearest miss; no scale is fitted past max_size
     y = run_steps(_parts(w, 16), x, 4, F.relu, compose([*post, fitted_scale(3.0)]))
     assert explain([_parts(w, 16)], x, y, (4,), max_size=1).match is None
+
+
+def test_the_probes_passed_rule_out_the_mistakes_every_way_of_which_fails_them():
+    def ruled_out(passed):
+        kept = searched(passed)
+        assert all(d in LESSONS for d in kept)
+        return {d.mistake for d in LESSONS} - {d.mistake for d in kept}
+
+    leaks = {"future_leak", "mask_reversed", "mask_zero", "mask_after_softmax", "softmax_dim"}
+    assert ruled_out(()) == set() and searched(()) == LESSONS
+    # attention along the batch (batch_mixing) leaks the future past the causality probe
+    assert ruled_out({"causality"}) == set()
+    assert ruled_out({"causality", "batch independence"}) == leaks | {"batch_mixing"}
+    assert ruled_out({"residual stream"}) == {"post_norm", "no_residual"}
+    # every way of a leak moves an earlier position (the causality probe fails on it)
+    w = _weights(16, seed=3)
+    x = torch.randn(3, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for d in LESSONS:
+        if d.mistake in leaks:
+            x2 = x.clone()
+            x2[:, 4] += torch.linspace(-1, 1, 16)  # a later position moves an earlier one
+            y, y2 = (run_steps(_parts(w, 16), t, 4, F.relu, compose([d])) for t in (x, x2))
+            assert not torch.allclose(y[:, :4], y2[:, :4], equal_nan=True), d.label
 
 
 def test_a_reading_that_raises_is_skipped_not_fatal():

@@ -10,10 +10,10 @@ from typing import Any, Protocol
 
 import torch
 
-from ..mistakes.catalogue import MISTAKES, compose
+from ..mistakes.catalogue import MISTAKES, compose, searched
 from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, CheckReport, Finding, one_line
 from ..mistakes.search import TOLERANCE, Explanation, explain
-from ..mistakes.steps import CANDIDATE_ACTIVATIONS, run_steps
+from ..mistakes.steps import CANDIDATE_ACTIVATIONS, Deviation, run_steps
 from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, trace, unread
 from ..serve.subject import Probed
@@ -85,7 +85,10 @@ def decide(
     backward = all(f.passed for f in findings if f.name == "gradients")  # its backward ran
     done = Compared(None)  # the comparison, with the modern or the lessons' reference
     if not stop:
-        done = _compared(service, roles, chosen, fresh, backward, again, dropout, notes, progress)
+        pool = searched({f.name for f in findings if f.passed})  # what the probes leave open
+        done = _compared(
+            service, roles, chosen, fresh, backward, again, dropout, notes, progress, pool
+        )
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
@@ -164,7 +167,7 @@ def account(
 def _compared(
     subject: Service, roles: Mapping[str, str], chosen: Mapping[str, Tensor],
     fresh: torch.Generator, backward: bool, again: bool, dropout: str, notes: list[str],
-    progress: Progress,
+    progress: Progress, pool: tuple[Deviation, ...],
 ) -> Compared:  # fmt: skip
     """The comparison with the modern reference or the lessons', a match confirmed (the modern
     one's PASS, read from the block's process's traces, is a claim until then)."""
@@ -222,9 +225,9 @@ def _compared(
         for x in inputs:
             y = subject(x.to(subject.dtype)).to(torch.float64)
             with torch.no_grad():
-                tried, first = explain(readings.readings, x, y, readings.heads, depth), 0
+                tried, first = explain(readings.readings, x, y, readings.heads, depth, pool), 0
                 if tried.match is None and readings.fallback:  # q, k, v in another order, then?
-                    swapped = explain(readings.fallback, x, y, readings.heads, depth)
+                    swapped = explain(readings.fallback, x, y, readings.heads, depth, pool)
                     if swapped.match is not None:
                         tried, first = swapped, len(readings.readings)
             if len(inputs) > 1 and tried.match is None:

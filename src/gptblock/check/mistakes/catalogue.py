@@ -6,7 +6,7 @@ as nn.Module". docs/checker.md, "The catalogue"."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from .steps import CORRECT, Deviation, Steps, way
 
 __all__ = [
-    "DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale", "variants",
+    "DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale", "searched",
+    "variants",
 ]  # fmt: skip
 
 
@@ -32,7 +33,14 @@ class Mistake:
     explains: tuple[str, ...] = ()  # probe failures it causes, then not diagnosed apart
     ways: tuple[Deviation, ...] = ()  # none: a probe proves it, or the modern comparison finds it
     forms: tuple[str, ...] = ()  # the norm forms (``steps.NORM_FORMS``' keys) that make it
+    # black-box probes that every way of it fails, whatever else is wrong: a block that passes
+    # all of them is not searched for it (``searched``)
+    ruled_out_by: tuple[str, ...] = ()
 
+
+# a leak of the future moves an earlier position (causality) where attention runs along time; along
+# the batch (batch_mixing, which batch independence rules out) it moves the other sequences instead
+_LEAKS = ("causality", "batch independence")
 
 # fmt: off
 _ENTRIES = (
@@ -47,7 +55,7 @@ _ENTRIES = (
         "tokens, training loss drops by copying the answer and generation breaks.",
         "Mask the scores above the diagonal with -inf before the softmax (or pass "
         "attn_mask=causal_mask(T) / is_causal=True).",
-        'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
+        'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))', ruled_out_by=_LEAKS,
         ways=(way("no causal mask: every position attends to every position, later ones included",
                   blocked=lambda T, device: torch.zeros(T, T, dtype=torch.bool, device=device)),)),
     Mistake("mask_reversed",
@@ -60,7 +68,7 @@ _ENTRIES = (
         "nn.MultiheadAttention (gptblock.causal_mask(T)), or its negation with "
         "F.scaled_dot_product_attention.",
         'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
-        explains=("future_leak", "nonfinite"),
+        explains=("future_leak", "nonfinite"), ruled_out_by=_LEAKS,
         ways=(way("the mask blocks the positions <= t (True on the allowed positions, read as True = "
                   "blocked): each position attends only to later ones",
                   blocked=lambda T, device: ~CORRECT.blocked(T, device)),  # torch.tril
@@ -74,7 +82,7 @@ _ENTRIES = (
         "sees the future. Only -inf (or a very negative number) becomes weight 0.",
         'Fill with float("-inf"): wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")).',
         'lesson 1: wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))',
-        explains=("future_leak",),
+        explains=("future_leak",), ruled_out_by=_LEAKS,
         ways=(way("the future scores are set to 0 instead of -inf before the softmax, so each position "
                   "still gives later positions weight exp(0)",
                   masking=lambda s, blocked, dim: F.softmax(s.masked_fill(blocked, 0.0), dim=dim)),)),
@@ -86,7 +94,7 @@ _ENTRIES = (
         'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); '
         "wei = F.softmax(wei, dim=-1).",
         "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
-        explains=("future_leak",),
+        explains=("future_leak",), ruled_out_by=_LEAKS,
         ways=(way("the causal mask zeroes the weights after the softmax: each row was normalised over "
                   "the future too and no longer sums to 1",
                   masking=lambda s, blocked, dim: F.softmax(s, dim=dim).masked_fill(blocked, 0.0)),)),
@@ -98,7 +106,7 @@ _ENTRIES = (
         "Pass batch_first=True to nn.MultiheadAttention / nn.TransformerEncoderLayer (or "
         "transpose to (T, B, C) and back).",
         "lesson 2: nn.MultiheadAttention(d_model, n_heads, batch_first=True)",
-        explains=("shape",),
+        explains=("shape",), ruled_out_by=("batch independence",),
         ways=(way("attention runs along the batch axis: the (B, T, C) input is read as (T, B, C)",
                   time_axis=0),)),
     Mistake("no_scaling", "attention scores are not scaled by 1/sqrt(head_size)",
@@ -126,7 +134,7 @@ _ENTRIES = (
         "position's weights depend on later queries.",
         "Use F.softmax(wei, dim=-1).",
         "lesson 1: wei = F.softmax(wei, dim=-1)",
-        explains=("future_leak",),
+        explains=("future_leak",), ruled_out_by=_LEAKS,
         ways=(way("softmax over the query axis (dim=-2) instead of over the keys (dim=-1)",
                   softmax_dim=-2),)),
     Mistake("heads_mixed",
@@ -164,6 +172,7 @@ _ENTRIES = (
         "Normalise the sub-layer's input and add its output: x = x + self.sa(self.ln1(x)); "
         "x = x + self.ffwd(self.ln2(x)) (norm_first=True for nn.TransformerEncoderLayer).",
         "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
+        ruled_out_by=("residual stream",),
         ways=(way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
                   wiring=lambda x, sa, ffwd, ln1, ln2: ln2((x := ln1(x + sa(x))) + ffwd(x))),)),
     Mistake("no_residual", "a sub-layer overwrites the residual stream instead of adding to it",
@@ -172,6 +181,7 @@ _ENTRIES = (
         "straight through deep stacks and the additive residual stream is gone.",
         "Add each branch to the stream: x = x + self.sa(self.ln1(x)); x = x + self.ffwd(self.ln2(x)).",
         "lesson 1: x = x + self.ffwd(self.ln2(x))   # residual branch 2: MLP",
+        ruled_out_by=("residual stream",),
         ways=(
             way("the attention branch overwrites the stream: x = sa(ln1(x)) instead of x = x + sa(ln1(x))",
                 wiring=lambda x, sa, ffwd, ln1, ln2: (x := sa(ln1(x))) + ffwd(ln2(x))),
@@ -352,6 +362,15 @@ MODERN_GROUPS = ("targets", "table", "order")  # the modern attention's: a rotat
 DEVIATIONS = tuple(replace(d, mistake=m.id) for m in MISTAKES.values() for d in m.ways)
 MODERN = tuple(d for d in DEVIATIONS if d.group in MODERN_GROUPS)
 LESSONS = tuple(d for d in DEVIATIONS if d.group not in MODERN_GROUPS)  # ``search.explain``'s
+
+
+def searched(passed: Collection[str]) -> tuple[Deviation, ...]:
+    """``LESSONS`` but the ways of the mistakes the probes ``passed`` rule out."""
+    return tuple(
+        d
+        for d in LESSONS
+        if not (r := MISTAKES[d.mistake].ruled_out_by) or not set(r) <= set(passed)
+    )
 
 
 def fitted_scale(ratio: float) -> Deviation:
