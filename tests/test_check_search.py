@@ -299,6 +299,9 @@ def test_the_probes_passed_rule_out_the_mistakes_every_way_of_which_fails_them()
         assert all(d in LESSONS for d in kept)
         return {d.mistake for d in LESSONS} - {d.mistake for d in kept}
 
+    from gptblock.check.compare.probes import PROBES
+
+    assert all(set(m.ruled_out_by) <= set(PROBES) for m in MISTAKES.values())  # names of probes
     leaks = {"future_leak", "mask_reversed", "mask_zero", "mask_after_softmax", "softmax_dim"}
     assert ruled_out(()) == set() and searched(()) == LESSONS
     # attention along the batch (batch_mixing) leaks the future past the causality probe
