@@ -131,7 +131,7 @@ def norm_of(
     except CAUGHT:
         return NormRead("layer" if centred else "unknown", f, params=params)
     odd = torch.where(odd.abs() <= 1e-9 * float(fz.abs().max()), 0.0, odd)
-    fits: list[NormRead] = []  # the kinds that fit, none of them with a gain among ``known``
+    first: NormRead | None = None  # the first kind that fits (none with a gain among ``known``)
     # only a LayerNorm's kinds subtract the mean (centred): the others cannot fit, nor are tried
     for kind in (k for k in kinds if (k in NORM_KINDS[:3]) == centred):
         bias = odd if kind in NORM_KINDS and (kind != "rms" or odd.any()) else None
@@ -148,9 +148,9 @@ def norm_of(
                 n = NormRead(kind, same, eps, params, gain, bias)
                 if (own := _own(n, known, error)) is not None:
                     return own
-                fits.append(n)
+                first = first or n
                 break
-    return fits[0] if fits else NormRead("layer" if centred else "unknown", f, params=params)
+    return first or NormRead("layer" if centred else "unknown", f, params=params)
 
 
 def _own(n: NormRead, known: Tensor | None, error: float) -> NormRead | None:
