@@ -358,6 +358,15 @@ class InplaceResidualBlock(Block):
         return h
 
 
+class Float32GradientBlock(Block):
+    """Right forward everywhere; in float32 its gradient is scaled (a hook a learner left in)."""
+
+    def forward(self, x):
+        if x.dtype == torch.float32 and x.requires_grad:
+            x.register_hook(lambda g: g * 1.05)
+        return super().forward(x)
+
+
 # ----- a modern block (Hugging Face's Llama layer) with the same kinds of faults -----------------
 
 from zoo_modern.blocks.hf_llama import LlamaDecoderLayer, LlamaMLP  # noqa: E402  (tests/ on sys.path)

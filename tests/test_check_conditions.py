@@ -39,6 +39,7 @@ FAILING = [
     ("UnusedLinearBlock", "parameters", "gate.weight, gate.bias never act on the output"),
     ("FrozenDeadBlock", "parameters", "mix never acts on the output"),
     ("InplaceResidualBlock", "gradients", "the backward pass fails in float32"),
+    ("Float32GradientBlock", "reference comparison", "in float32 its gradient with respect"),
     ("LlamaWithUnusedBias", "parameters", "out_bias never acts on the output"),
     ("LlamaTrainPath", "reference comparison", "equal in eval mode, off by"),
     ("LlamaKeyIsValue", "parameters", "k and v read the same weights (self_attn.k_proj.weight)"),
@@ -189,3 +190,23 @@ def test_the_conditions_and_the_input_gradient_error_of_an_identity():
     errors = input_gradient_error(s, lambda x: x, g), input_gradient_error(s, lambda x: 2 * x, g)
     assert errors == (0.0, 0.5)
     assert listed(["a", "b", "c"], 2) == "a, b and 1 more"
+
+
+@pytest.mark.parametrize(("errors", "verdict"), [((0.03, 1e-7), "PASS"), ((0.03, 0.03), "FAIL")])
+def test_a_float32_gradient_off_on_one_input_only_is_a_kink_not_a_fail(
+    monkeypatch, errors, verdict
+):
+    """A ReLU unit rounded to the other side of its kink in float32 (about once in 300 inputs of
+    nn.TransformerEncoderLayer's 2048-wide MLP): off on one input, right on a second."""
+    from gptblock.check.compare import conditions as conditions_module
+
+    real, left = conditions_module.input_gradient_error, list(errors)
+
+    def fake(subject, reference, fresh, dtype=None):
+        return left.pop(0) if dtype == torch.float32 else real(subject, reference, fresh, dtype)
+
+    monkeypatch.setattr(conditions_module, "input_gradient_error", fake)
+    report = check_block(cb.Block, isolate=False, **LESSON)
+    assert (report.verdict, left) == (verdict, []), str(report)
+    if verdict == "FAIL":
+        assert "in float32 its gradient with respect to its input is not (off by 3%)" in str(report)
