@@ -385,3 +385,22 @@ def test_a_block_that_signals_its_checker_gets_a_verdict_and_leaves_no_process(
     assert [p for p in pids if not _gone(p)] == []
     if not namespace:
         early._server.close()
+
+
+def test_the_timeout_counts_the_blocks_time_not_the_checkers_own_between_requests(tmp_path):
+    """A search at GPT-2's width takes the checker minutes between two requests; a block that
+    answers each at once is not stopped for it (a correct block got FAIL ``process`` so)."""
+    import time
+
+    from gptblock.check.isolation.check import ask_isolated
+
+    path = tmp_path / "quick.py"
+    path.write_text("import torch.nn as nn\nclass Block(nn.Linear):\n    def __init__(self):\n"
+                    "        super().__init__(4, 4)\n")  # fmt: skip
+
+    def slow_checker(call, i):
+        call("build")
+        time.sleep(2.5)  # the checker's own work, the child idle
+        return call("build")[0]["description"]
+
+    assert ask_isolated([f"{path}:Block"], slow_checker, timeout=2) == ["Block()"]

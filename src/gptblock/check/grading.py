@@ -79,7 +79,7 @@ def grade(
             or of the same role: ``d_model`` to ``n_embd``).
         name: the class (or factory) to check in each submission, instead of finding it.
         jobs: submissions checked at once; default: the cores no other process keeps busy.
-        timeout: seconds a submission may take to load, build and be checked.
+        timeout: seconds a submission may take to load, build and answer the checks.
         on_row: called with each row as it is done (in the order they finish).
 
     Raises:

@@ -61,10 +61,10 @@ def add_command(
 
 
 def add_timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
-    """``--timeout SECONDS``: how long ``what`` may take to load, build and be checked."""
+    """``--timeout SECONDS``: how long ``what``'s processes may take to answer the checker."""
     p.add_argument(
         "--timeout", type=float, default=default, metavar="SECONDS",
-        help=f"how long {what} may take to load, build and be checked",
+        help=f"how long {what} may take to load, build and answer the checks (not the checker's own time)",
     )  # fmt: skip
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -137,7 +136,7 @@ def _in_children(
             try:
                 child.ready()
                 for i in range(first, last):
-                    child.deadline = time.monotonic() + timeout
+                    child.left = timeout
                     try:
                         answers.append(ask(child.call, i - first, i))
                     except Gone as e:

@@ -91,6 +91,9 @@ class Child:
         self.said, self.eof = b"", False  # what the supervisor said
         self.id, self.dropout = 0, False
         self.deadline = time.monotonic() + STARTUP_LIMIT
+        # the seconds its processes may still take to answer (``--timeout``), else ``deadline``:
+        # the checker's own work between requests (a search at GPT-2's width) is not the block's
+        self.left: float | None = None
         for to_fd, _ in self.pipes.values():
             with contextlib.suppress(BrokenPipeError):
                 send(to_fd, {"init": request.hex()})
@@ -131,14 +134,20 @@ class Child:
         return self.answer(name, self.id)
 
     def answer(self, name: str, wanted: int) -> Message:
+        start = time.monotonic()
         try:
-            header, tensors = self.pipes[name][1].next(self.deadline)
+            header, tensors = self.pipes[name][1].next(
+                self.deadline if self.left is None else start + self.left
+            )
         except TimeoutError:
             raise Gone("timeout") from None
         except EOFError:
             raise Gone(self.ended(name)) from None
         except ValueError as e:
             raise ProtocolBroken(one_line(e)) from None
+        finally:
+            if self.left is not None:
+                self.left -= time.monotonic() - start
         if header.get("id") != wanted:
             raise ProtocolBroken("an answer to no request")
         if isinstance(header.get("ok"), dict):
