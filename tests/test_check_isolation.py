@@ -389,7 +389,8 @@ def test_a_block_that_signals_its_checker_gets_a_verdict_and_leaves_no_process(
 
 def test_the_timeout_counts_the_blocks_time_not_the_checkers_own_between_requests(tmp_path):
     """A search at GPT-2's width takes the checker minutes between two requests; a block that
-    answers each at once is not stopped for it (a correct block got FAIL ``process`` so)."""
+    answers each at once is not stopped for it (a 3-mistake block at width 768 lost its
+    diagnosis to FAIL ``process`` so)."""
     import time
 
     from gptblock.check.isolation.check import ask_isolated

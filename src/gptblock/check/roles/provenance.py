@@ -122,8 +122,9 @@ def trace(
         used[role] = edges.cumsum(0)[:-1] > 0  # in some [lo, hi)
         if tensors[0].dim() == 2:
             repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
+    counts = {role: int(mask.sum()) for role, mask in used.items()}  # once, not once a pair
     for a, b in itertools.combinations(used, 2):
-        smaller, both = min(int(used[a].sum()), int(used[b].sum())), used[a] & used[b]
+        smaller, both = min(counts[a], counts[b]), used[a] & used[b]
         if smaller and int(both.sum()) > SHARED * smaller:
             if a.startswith("ln") or b.startswith("ln"):  # one norm: shared_norm's, not read so
                 return Traced(f"{a} and {b} were read from the same parameters")
