@@ -73,6 +73,17 @@ def rotary(dim, T, base, device, factor=1.0):
     return emb.cos(), emb.sin()
 
 
+def truncated_rotary(x):
+    """modded-nanogpt's: pairs (i, i + hs/2), the frequencies of the last quarter's pairs 0."""
+    hs, T = x.shape[-1], x.shape[-2]
+    f = (1 / 1024) ** torch.linspace(0, 1, hs // 4, device=x.device)
+    at = torch.arange(T, device=x.device).float()
+    theta = torch.outer(at, torch.cat([f, f.new_zeros(hs // 4)]))  # (T, hs/2)
+    cos, sin = theta.cos(), theta.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), -1).type_as(x)
+
+
 def causal(T, x, window=None):
     i = torch.arange(T, device=x.device)
     blocked = i[None, :] > i[:, None]
@@ -90,13 +101,13 @@ class Attention(nn.Module):
 
     def __init__(self, hidden_size, n_head, n_kv_head, rope_theta=10000.0, partial_rotary_factor=1.0,
                  qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0,
-                 gate=False, subnorm=False):  # fmt: skip
+                 gate=False, subnorm=False, truncated=False):  # fmt: skip
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = hidden_size // n_head
         self.rotary_dim = int(self.head_dim * partial_rotary_factor)
         self.rope_theta, self.softcap, self.alibi, self.window = rope_theta, softcap, alibi, window
-        self.rope_scaling = rope_scaling
+        self.rope_scaling, self.truncated = rope_scaling, truncated
         self.q_proj = nn.Linear(hidden_size, n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
@@ -128,7 +139,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        if not self.alibi:
+        if self.truncated:
+            q, k = truncated_rotary(q), truncated_rotary(k)
+        elif not self.alibi:
             cos, sin = rotary(
                 self.rotary_dim, T, self.rope_theta, hidden_states.device, self.rope_scaling
             )
@@ -329,6 +342,14 @@ def ScaledRope(hidden_size=32, num_attention_heads=4):
 
 def ScaledRopeQkNorm(hidden_size=32, num_attention_heads=4):  # Apertus: Llama 3's scaling too
     return DecoderLayer(hidden_size, num_attention_heads, rope_scaling=4.0, qk_norm="head")
+
+
+def TruncatedRope(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, truncated=True)
+
+
+def TruncatedRopeQkNorm(hidden_size=32, num_attention_heads=4):
+    return DecoderLayer(hidden_size, num_attention_heads, truncated=True, qk_norm="head")
 
 
 def Sliding(hidden_size=32, num_attention_heads=4):

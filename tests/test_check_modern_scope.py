@@ -4,8 +4,8 @@ model (issue 28, items 4-6).
 A rotary base read from the block (8e6 on half of each head), gate and up packed in one matrix,
 a qk norm with the scores written ``q @ k.transpose(2, 3)``: PASS, in process and through
 ``gptblock check``. Soft-capped logits, sandwich norms, ALiBi, a sliding window, a qk norm over
-the whole width, a linearly scaled rotation, and soft-capped logits in a GPT-2 block (the
-lessons' reading): UNVERIFIED, naming the part. Mistakes in the same code are still diagnosed,
+the whole width, a linearly scaled rotation, modded-nanogpt's half-truncated rotation, and
+soft-capped logits in a GPT-2 block (the lessons' reading): UNVERIFIED, naming the part. Mistakes in the same code are still diagnosed,
 and a block no variant explains FAILs with the numbers of the closest one.
 """
 
@@ -50,6 +50,9 @@ OUT_OF_SCOPE = {
     ],
     "ScaledRope": ["frequencies are not theta^(-2i/r)"],
     "ScaledRopeQkNorm": ["frequencies are not theta^(-2i/r)"],
+    # s61: was FAIL ("the attention ... computes neither"); with a qk norm, named the qk norm
+    "TruncatedRope": ["a rotary embedding that turns the channel pairs (0, 4), (1, 5), ..."],
+    "TruncatedRopeQkNorm": ["a rotary embedding that turns the channel pairs (0, 4), (1, 5), ..."],
     "SoftCapGPT2": ["soft-capped (tanh"],  # the lessons' path: a GPT-2 block
     "LeakyGPT2": ["the activation leaky_relu (not GELU"],  # before: FAIL, off by 0.0065
     "EluLlama": ["the activation elu (not GELU"],

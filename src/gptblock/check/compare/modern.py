@@ -245,7 +245,7 @@ def judge_cache(
 
 
 def _measured(turn: Turn | None, hs: int) -> str:
-    if turn is None or not turn.fits or turn.pairing == "other":
+    if turn is None or not turn.fits or turn.pairing not in ("halves", "adjacent"):
         return "something between the projections and the scores (not identified)"
     rope = Rope(turn.theta, turn.dim, turn.pairing, turn.pairing, 1.0).describe(hs)
     return f"{rope.replace('rope (', 'rope as measured (', 1)}, the attention not identified"

@@ -321,9 +321,17 @@ def unmodelled(read: ModernRead) -> list[str]:
         "OLMo 2's)" for what, end in (("attention", proj_out), ("MLP", down_out))
         if _normed_branch(trace, end)
     ]  # fmt: skip
-    turned = read.turn is not None and read.turn.pairing != "other"  # a rotation, if scaled
+    turn = read.turn
+    turned = turn is not None and turn.pairing != "other"  # a rotation, if scaled or spread
     found += [qk] if (qk := _qk_norm(trace, q_out, read.core.q, read.n_head, turned)) else []
-    if read.turn is not None and not read.turn.fits and not qk:  # (measured through a norm: no)
+    if turn is not None and turn.pairing == "spread":
+        pairs = ", ".join(map(str, turn.pairs[:2]))
+        found.append(
+            f"a rotary embedding that turns the channel pairs {pairs}, ... of a head of "
+            f"{read.q[0].shape[0] // read.n_head}, not halves nor adjacent pairs of its first r "
+            "channels (as modded-nanogpt's half-truncated rotary)"
+        )
+    elif turn is not None and not turn.fits and not qk:  # (measured through a norm: no)
         found.append(
             "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
             "Llama 3.1's or YaRN's)"

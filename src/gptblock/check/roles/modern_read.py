@@ -49,7 +49,10 @@ class Turn:
     dim: int  # r
     theta: float
     fits: bool
-    pairing: str  # "halves", "adjacent" or "other": which channel each one leaks into
+    # "halves", "adjacent"; "spread": pairs turned alike laid out otherwise (modded-nanogpt's
+    # (i, i + hs/2) on a quarter of the head); "other": i turned into j unlike j into i
+    pairing: str
+    pairs: tuple[tuple[int, int], ...] = ()  # the turned channels of head 0, (i, j) with i < j
 
 
 def measure_turn(
@@ -91,9 +94,10 @@ def measure_turn(
     adjacent = all(j == i ^ 1 for i, (j, _) in turned.items())
     # a rotation turns i into j as much as j into i; gains after it (HunYuan's qk norm) do not
     even = all(abs(s - turned.get(j, (i, 0.0))[1]) <= 1e-4 * s for i, (j, s) in turned.items())
-    pairing = "halves" if halves and even else "adjacent" if adjacent and even else "other"
+    pairing = "halves" if halves else "adjacent" if adjacent else "spread"
     theta = _ladder(sorted({round(math.asin(min(s, 1.0)), 12) for _, s in turned.values()}), r)
-    return Turn(r, theta or 0.0, theta is not None, pairing)
+    pairs = tuple(sorted((i, j) for i, (j, _) in turned.items() if i < j))
+    return Turn(r, theta or 0.0, theta is not None, pairing if even else "other", pairs)
 
 
 def _ladder(w: list[float], r: int) -> float | None:  # theta where w are theta ** (-2p / r)
