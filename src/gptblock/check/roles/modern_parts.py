@@ -334,7 +334,8 @@ def unmodelled(read: ModernRead) -> list[str]:
     elif turn is not None and not turn.fits and not qk:  # (measured through a norm: no)
         found.append(
             "a rotary embedding whose frequencies are not theta^(-2i/r) (scaled positions, as "
-            "Llama 3.1's or YaRN's)"
+            "Llama 3.1's or YaRN's; or a rotation applied at other positions than each token's, "
+            "as a reshape of (B, T, nh, hs) to (B * nh, T, hs) without moving the heads first)"
         )
     return found
 
