@@ -417,6 +417,23 @@ def SoftCapGPT2(n_embd=32, n_head=4):
     return GPT2Block(n_embd, n_head, softcap=5.0)
 
 
+class LayerScaleGPT2(GPT2Block):
+    """CaiT's LayerScale: each branch's output times a learned per-channel gain."""
+
+    def __init__(self, n_embd=32, n_head=4, init=0.1):
+        super().__init__(n_embd, n_head)
+        self.gamma_1 = nn.Parameter(torch.full((n_embd,), init))
+        self.gamma_2 = nn.Parameter(torch.full((n_embd,), init))
+
+    def forward(self, x):
+        x = x + self.gamma_1 * self.attn(self.ln_1(x))
+        return x + self.gamma_2 * self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+def ReZeroGPT2(n_embd=32, n_head=4):  # ReZero's alpha: a gain of one value, 0 at first
+    return LayerScaleGPT2(n_embd, n_head, init=0.0)
+
+
 class LeakyGPT2(GPT2Block):
     """A GPT-2 block whose MLP's activation is a LeakyReLU (the s22 unseen set)."""
 

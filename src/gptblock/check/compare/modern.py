@@ -17,10 +17,11 @@ from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Rope, Steps, affine, run_steps
 from ..roles.cores import cores
-from ..roles.modern_parts import mlp_of, norm_of, unmodelled
+from ..roles.modern_parts import mlp_of, norm_of
 from ..roles.modern_read import ModernRead, Source, Turn, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..roles.provenance import Traced
+from ..roles.scope import unmodelled
 from ..serve.loop import CACHE_APIS
 
 __all__ = ["CacheProbe", "Compared", "check_modern", "judge_cache", "matched"]

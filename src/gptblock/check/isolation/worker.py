@@ -20,9 +20,9 @@ from ..compare.conditions import MAX_T, UNKNOWN_T
 from ..compare.modern import Compared, check_modern
 from ..mistakes.report import CAUGHT, one_line, text
 from ..roles import readings
-from ..roles.modern_parts import attention_scope
 from ..roles.modern_read import Source
 from ..roles.plain import NotPlain, to_plain
+from ..roles.scope import attention_scope
 from ..roles.trace import Trace, from_plain, record
 from ..serve import runner
 from ..serve.loop import Message
