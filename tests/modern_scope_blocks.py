@@ -400,8 +400,9 @@ class CausalSelfAttention(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, n_embd=32, n_head=4, temperature=False, softcap=None):
+    def __init__(self, n_embd=32, n_head=4, temperature=False, softcap=None, act=F.gelu):
         super().__init__()
+        self.act = act
         self.ln_1 = nn.LayerNorm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, temperature, softcap)
         self.ln_2 = nn.LayerNorm(n_embd)
@@ -410,7 +411,19 @@ class GPT2Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+        return x + self.c_proj(self.act(self.c_fc(self.ln_2(x))))
+
+
+def SiluGPT2(n_embd=32, n_head=4):  # a dense MLP: the lessons' reference tries GELU and ReLU
+    return GPT2Block(n_embd, n_head, act=F.silu)
+
+
+def Relu2GPT2(n_embd=32, n_head=4):  # the speedrun's relu(x)^2
+    return GPT2Block(n_embd, n_head, act=lambda u: F.relu(u).square())
+
+
+def QuickGeluGPT2(n_embd=32, n_head=4):  # OpenAI CLIP's x * sigmoid(1.702 x)
+    return GPT2Block(n_embd, n_head, act=lambda u: u * torch.sigmoid(1.702 * u))
 
 
 def SoftCapGPT2(n_embd=32, n_head=4):

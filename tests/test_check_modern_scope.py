@@ -31,6 +31,11 @@ CORRECT = {
     "W13": "swiglu d_ff=64",
     "Qwen3": "qk_norm",
     "Weightless": "qk_norm",
+    # GPT-2 blocks with a dense MLP of an activation the lessons' reference does not try: FAIL
+    # before (s62), now the modern reference's
+    "SiluGPT2": "dense silu d_ff=128",
+    "Relu2GPT2": "dense relu2 d_ff=128",
+    "QuickGeluGPT2": "dense quick_gelu d_ff=128",
 }
 OUT_OF_SCOPE = {
     "SoftCap": ["soft-capped (tanh"],
@@ -73,7 +78,7 @@ def test_gemmas_one_plus_w_gain_is_the_references_rmsnorm_with_that_gain():
     assert check_block(blocks.Gemma).verdict == "PASS"
 
 
-THROUGH_THE_CLI = ["PartialRope", "PackedGateUp", "Weightless", "Gemma2", "SoftCapGPT2"]
+THROUGH_THE_CLI = ["PartialRope", "PackedGateUp", "Weightless", "Gemma2", "SoftCapGPT2", "SiluGPT2"]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,7 @@ def isolated():
 
 
 # Weightless: nanochat's norms in float32, whose qk gains read 1 to 1e-7 (s21: from mlp0's values)
-@pytest.mark.parametrize("name", ["PartialRope", "PackedGateUp", "Weightless"])  # Qwen3: zoo_modern
+@pytest.mark.parametrize("name", ["PartialRope", "PackedGateUp", "Weightless", "SiluGPT2"])
 def test_correct_modern_blocks_pass_isolated_through_the_cli(name, isolated):
     out = isolated[name]
     assert "PASS  reference comparison" in out and "not confirmed" not in out, out
@@ -156,6 +161,18 @@ PACKED = "return self.down_proj(up_states * F.silu(gate))"
             "k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)",
             "k, v = k.repeat(1, groups, 1, 1), v.repeat(1, groups, 1, 1)",
             "gqa_order",
+        ),
+        (
+            "SiluGPT2",
+            "att = att * (1.0 / math.sqrt(k.size(-1)))",
+            "att = att * C**-0.5",
+            "wrong_scale",
+        ),
+        (
+            "Relu2GPT2",
+            "att = F.softmax(att, dim=-1)",
+            "att = F.softmax(att, dim=-2)",
+            "softmax_dim",
         ),
     ],
 )

@@ -21,7 +21,7 @@ from .modern_read import Linear, ModernRead
 from .provenance import snap
 
 __all__ = [
-    "DENSE", "GATED", "NORM_KINDS", "MlpRead", "NormRead", "close", "mlp_of", "norm_function",
+    "DENSE", "GATED", "MODERN_ONLY", "NORM_KINDS", "MlpRead", "NormRead", "close", "mlp_of", "norm_function",
     "norm_of", "ones",
 ]  # fmt: skip
 
@@ -173,8 +173,10 @@ def _channels(t: Tensor) -> Tensor:  # (..., C) -> (C,): the median of each chan
 
 DENSE: dict[str, Callable[[Tensor], Tensor]] = {
     **CANDIDATE_ACTIVATIONS, "relu2": lambda u: F.relu(u).square(), "silu": F.silu,
+    "quick_gelu": lambda u: u * torch.sigmoid(1.702 * u),
 }  # fmt: skip
-# relu2: nanochat's and the speedrun's relu(x)^2
+# relu2: nanochat's and the speedrun's relu(x)^2; quick_gelu: OpenAI CLIP's approximate GELU
+MODERN_ONLY = frozenset(DENSE) - frozenset(CANDIDATE_ACTIVATIONS)  # the lessons' has not
 
 GATED = {name: DENSE[name] for name in ("silu", "gelu", "gelu_tanh")}
 # a gate's: SiLU (SwiGLU, Llama), GELU (GeGLU, Gemma)
