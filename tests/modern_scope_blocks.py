@@ -264,6 +264,41 @@ class DecoderLayer(nn.Module):
         return residual + hidden_states
 
 
+class RopeHead(nn.Module):
+    """The lecture's ``Head`` with Llama's rotation: its own q, k, v (B, T, C) -> (B, T, hs)."""
+
+    def __init__(self, hidden_size, head_dim):
+        super().__init__()
+        self.q = nn.Linear(hidden_size, head_dim, bias=False)
+        self.k = nn.Linear(hidden_size, head_dim, bias=False)
+        self.v = nn.Linear(hidden_size, head_dim, bias=False)
+
+    def forward(self, x):
+        cos, sin = rotary(self.q.out_features, x.shape[1], 10000.0, x.device)  # (T, hs)
+        q, k = self.q(x), self.k(x)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return F.scaled_dot_product_attention(q, k, self.v(x), is_causal=True)
+
+
+class PerHeadLlama(nn.Module):
+    """A module a head, with Llama's rotation, RMSNorm and SwiGLU (s62: UNVERIFIED before)."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4):
+        super().__init__()
+        hs = hidden_size // num_attention_heads
+        self.heads = nn.ModuleList(RopeHead(hidden_size, hs) for _ in range(num_attention_heads))
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.mlp = MLP(hidden_size, 64)
+        self.input_layernorm = RMSNorm(hidden_size)
+        self.post_attention_layernorm = RMSNorm(hidden_size)
+
+    def forward(self, x):
+        h = self.input_layernorm(x)
+        x = x + self.o_proj(torch.cat([head(h) for head in self.heads], dim=-1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 def PartialRope(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, rope_theta=8e6, partial_rotary_factor=0.5)
 

@@ -36,6 +36,7 @@ CORRECT = {
     "SiluGPT2": "dense silu d_ff=128",
     "Relu2GPT2": "dense relu2 d_ff=128",
     "QuickGeluGPT2": "dense quick_gelu d_ff=128",
+    "PerHeadLlama": "rope (halves (i, i + r/2), theta 10000), swiglu d_ff=64",  # s62: UNVERIFIED
 }
 OUT_OF_SCOPE = {
     "SoftCap": ["soft-capped (tanh"],
@@ -162,6 +163,7 @@ PACKED = "return self.down_proj(up_states * F.silu(gate))"
             "k, v = k.repeat(1, groups, 1, 1), v.repeat(1, groups, 1, 1)",
             "gqa_order",
         ),
+        ("PerHeadLlama", "k = k * cos + rotate_half(k) * sin", "k = k", "rope_q_only"),
         (
             "SiluGPT2",
             "att = att * (1.0 / math.sqrt(k.size(-1)))",

@@ -61,6 +61,7 @@ def measure_turn(
     """The rotation from q's projection ``source`` to the scores' operand, on head 0."""
     if T < 2:
         return None
+    nh = min(nh, trace.nodes[core].value.numel() // (B * T * hs))  # 1: head 0's own core
     try:
         run = replay(trace, source, core)
         like = trace.nodes[source].value
@@ -167,12 +168,19 @@ class Source:
 
 
 def read_modern(trace: Trace) -> ModernRead | None:
-    """``None`` for one core per head (the lessons' reading); Unread: parts that cannot be read."""
+    """``None`` for no core, or one a sequence; Unread: parts that cannot be read."""
     B, T, _ = trace.nodes[trace.input].shape
-    if len(found := cores(trace)) != 1:
-        return None  # one core per head (or none): the lessons' reading
-    core = found[0]
-    roles, nh = find_roles(trace, B, T)
+    if not (found := cores(trace)):
+        return None
+    try:
+        roles, nh = find_roles(trace, B, T)
+    except Unread:
+        if len(found) > 1:
+            return None  # one a sequence (a loop over them): ``check_modern`` reads B = 1
+        raise
+    if len(found) not in (1, nh):
+        return None
+    core = found[0]  # head 0's where each head has its own (a module a head)
     if roles["proj"].put == roles["proj"].get[0]:
         raise Unread("no output projection reads the attention's output")
     h1, h2 = roles["q"].put, roles["fc1"].put
