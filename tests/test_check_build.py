@@ -429,6 +429,18 @@ def test_a_required_mask_is_refused_naming_it_and_the_wrapper():
         check_block(Masked, n_embd=16, n_head=2)
 
 
+def test_every_input_a_forward_needs_is_named_at_once():
+    from gptblock import lesson
+
+    class Meta(lesson.Block):  # Meta's Llama 2 layer: forward(x, start_pos, freqs_cis)
+        def forward(self, x, start_pos, freqs_complex):
+            return super().forward(x)
+
+    said = r"its forward needs start_pos, freqs_complex besides the input and the checker cannot "
+    with pytest.raises(UserValueError, match=said + "tell what they hold"):
+        check_block(Meta, n_embd=16, n_head=2)
+
+
 def test_forward_arguments_are_filled_alike_in_the_runner_process(tmp_path):
     # Isolated, the block is built twice (builder, runner): both must call it alike, or every
     # answer the verdict rests on is a TypeError.

@@ -313,20 +313,26 @@ def forward_arguments(module: nn.Module) -> list[str]:
     if not params or params[0].kind not in (*kinds, inspect.Parameter.POSITIONAL_ONLY):
         return []
     fill: dict[str, str] = {}
+    missing: list[str] = []  # each named at once: a learner fixes them in one go
     for p in params[1:]:
         if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         how = next((how for how, names in _FILLS.items() if p.name.lower() in names), None)
         how = how or ("none" if _optional(p.annotation) else None)
         if how is None or p.kind not in kinds:
-            what = "a mask's convention (kept or hidden, bool or added) is the block's own" if (
-                "mask" in p.name.lower()) else "the checker cannot tell what it holds"  # fmt: skip
-            raise UserValueError(
-                f"cannot check {type(module).__name__}: its forward needs {p.name} besides the "
-                f"input and {what}; check a module whose forward(x) calls it with the {p.name} "
-                "your model passes"
-            )
-        fill[p.name] = how
+            missing.append(p.name)
+        else:
+            fill[p.name] = how
+    if missing:
+        names, one = ", ".join(missing), len(missing) == 1
+        what = "a mask's convention (kept or hidden, bool or added) is the block's own" if any(
+            "mask" in n.lower() for n in missing
+        ) else f"the checker cannot tell what {'it holds' if one else 'they hold'}"  # fmt: skip
+        raise UserValueError(
+            f"cannot check {type(module).__name__}: its forward needs {names} besides the input "
+            f"and {what}; check a module whose forward(x) calls it with the {names} your model "
+            "passes"
+        )
     if not fill:
         return []
     module.register_forward_pre_hook(functools.partial(_filled, fill), with_kwargs=True)
