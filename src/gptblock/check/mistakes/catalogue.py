@@ -63,10 +63,11 @@ _ENTRIES = (
         "nn.MultiheadAttention reads a bool mask as True = may NOT attend. A mask with True on "
         "the allowed positions (torch.tril) makes every position attend to the future and not "
         "to itself; the last position has nothing left to attend to and becomes NaN. "
-        "(F.scaled_dot_product_attention reads a bool mask the other way round: True = allowed.)",
+        "(F.scaled_dot_product_attention reads a bool mask the other way round: True = allowed; "
+        "wei.masked_fill(mask, -inf) hides where the mask is True.)",
         "Use torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1) with "
         "nn.MultiheadAttention (gptblock.causal_mask(T)), or its negation with "
-        "F.scaled_dot_product_attention.",
+        "F.scaled_dot_product_attention; with masked_fill, hide where tril == 0, not == 1.",
         'lesson 2: torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1). True means "may not attend".',
         explains=("future_leak", "nonfinite"), ruled_out_by=_LEAKS,
         ways=(way("the mask blocks the positions <= t (True on the allowed positions, read as True = "

@@ -1,6 +1,6 @@
 """What a modern block's parts compute, told from their traced values: ``norm_of`` (any block's
-norms: ``plain`` sends the lessons' so) and ``mlp_of`` (the parts no reference models:
-``scope``). docs/checker.md, "The modern block". B batch, T time, C channels, H MLP width.
+norms: ``plain`` sends the lessons' so) and ``mlp_of``; ``scope`` finds the parts no reference
+models. docs/checker.md, "The modern block". B batch, T time, C channels, H MLP width.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from .modern_read import Linear, ModernRead
 from .provenance import snap
 
 __all__ = [
-    "DENSE", "GATED", "MODERN_ONLY", "NORM_KINDS", "MlpRead", "NormRead", "close", "mlp_of", "norm_function",
-    "norm_of", "ones",
+    "DENSE", "GATED", "MODERN_ONLY", "NORM_KINDS", "MlpRead", "NormRead", "close", "mlp_of",
+    "norm_function", "norm_of", "ones",
 ]  # fmt: skip
 
 Tensor = torch.Tensor

@@ -35,8 +35,8 @@ def _activation(trace: Trace) -> list[str]:  # (at the dispatch level, SELU and 
 
 def attention_scope(trace: Trace) -> list[str]:
     """What its attention computes that no reference models, and an activation or branch gain."""
-    found = _activation(trace) + _gained(trace)
     try:
+        found = _activation(trace) + _gained(trace)
         for core in cores(trace):
             found += [p for p in _in_core(trace, core) if p not in found]
     except CAUGHT:  # the checker's own limit: nothing found
