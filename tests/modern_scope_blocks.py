@@ -490,6 +490,21 @@ class LeakyGPT2(GPT2Block):
         return x + self.c_proj(F.leaky_relu(self.c_fc(self.ln_2(x))))
 
 
+class TanhGPT2(GPT2Block):
+    """A GPT-2 block whose MLP's activation is a tanh: named by its values, not its operator (a
+    tanh is also a piece of the tanh GELU), as is the hand-written sigmoid of ``SigmoidGPT2``."""
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(torch.tanh(self.c_fc(self.ln_2(x))))
+
+
+class SigmoidGPT2(GPT2Block):
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(1 / (1 + torch.exp(-self.c_fc(self.ln_2(x)))))
+
+
 class EluLlama(DecoderLayer):
     """A Llama layer whose MLP's gate is an ELU: the modern reading names it too."""
 

@@ -61,6 +61,8 @@ OUT_OF_SCOPE = {
     "TruncatedRopeQkNorm": ["a rotary embedding that turns the channel pairs (0, 4), (1, 5), ..."],
     "SoftCapGPT2": ["soft-capped (tanh"],  # the lessons' path: a GPT-2 block
     "LeakyGPT2": ["the activation leaky_relu (not GELU"],  # before: FAIL, off by 0.0065
+    "TanhGPT2": ["the activation tanh (not GELU"],  # before: FAIL, off by 0.46
+    "SigmoidGPT2": ["the activation sigmoid (not GELU"],  # before: FAIL, off by 0.4
     # before: FAIL, the closest "heads_mixed + heads_mixed + wrong_scale"
     "LayerScaleGPT2": ["a branch's output times a gain (gamma_1; gamma_2) before its residual"],
     "ReZeroGPT2": ["a branch's output times a gain (gamma_1; gamma_2) before its residual"],

@@ -17,7 +17,7 @@ from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, Finding, text
 from ..mistakes.search import TOLERANCE, Match, distance, explain
 from ..mistakes.steps import NORM_FORMS, Deviation, Parts, Rope, Steps, affine, run_steps
 from ..roles.cores import cores
-from ..roles.modern_parts import MODERN_ONLY, mlp_of, norm_of
+from ..roles.modern_parts import MODERN_ONLY, mlp_of, norm_of, other_activation
 from ..roles.modern_read import ModernRead, Source, Turn, qk_gains, read_modern, ropes
 from ..roles.plain import send
 from ..roles.provenance import Traced
@@ -115,6 +115,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
     hs = read.q[0].shape[0] // read.n_head
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     mlp = mlp_of(read)  # an activation the lessons' reference does not try: SiLU, ReLU^2...
+    if mlp is None and (odd := other_activation(read)):  # tanh, ELU...: no reference's
+        return Compared(None, notes=[f"{OUT_OF_SCOPE}{odd}"])
     other = mlp is not None and mlp.activation in MODERN_ONLY
     if not (read.rotated or grouped or other or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)

@@ -22,7 +22,7 @@ from .provenance import snap
 
 __all__ = [
     "DENSE", "GATED", "MODERN_ONLY", "NORM_KINDS", "MlpRead", "NormRead", "close", "mlp_of",
-    "norm_function", "norm_of", "ones",
+    "norm_function", "norm_of", "ones", "other_activation",
 ]  # fmt: skip
 
 Tensor = torch.Tensor
@@ -211,6 +211,31 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     halves = (slice(0, width), slice(width, None)), (slice(0, None, 2), slice(1, None, 2))
     found = (_gated_of(h, target, width, [(w[0][r], w[1][r]) for r in o], ["", ""]) for o in halves)
     return next((m for m in found if m is not None), None)
+
+
+_NAMED = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "elu": F.elu, "selu": F.selu,
+          "celu": F.celu, "leaky_relu": F.leaky_relu, "softplus": F.softplus, "mish": F.mish,
+          "hardswish": F.hardswish, "relu6": F.relu6, "softsign": F.softsign}  # fmt: skip
+
+
+def other_activation(read: ModernRead) -> str:
+    """The dense MLP's activation where it is one function of each first-layer output, neither
+    linear (no activation: a mistake) nor one of ``DENSE``; "" otherwise."""
+    if len(read.mlp) != 2:
+        return ""
+    u, t = affine(*read.mlp[0])(read.rows("fc1")).flatten(), read.rows("fc2").flatten()
+    order = u.argsort()
+    u, t = u[order], t[order]  # (N,): every other value, interpolated from its two neighbours
+    left, mid, right = slice(0, -2, 2), slice(1, -1, 2), slice(2, None, 2)
+    share = ((u[mid] - u[left]) / (u[right] - u[left]).clamp_min(1e-12)).clamp(0, 1)
+    scale = float(t.abs().max()) + 1e-12
+    if float((t[left] + share * (t[right] - t[left]) - t[mid]).abs().max()) > 1e-2 * scale:
+        return ""  # not one function of each value: a per-channel part, or mixed channels
+    line = torch.linalg.lstsq(torch.stack([u, torch.ones_like(u)], 1), t[:, None]).solution
+    if float((u * line[0] + line[1] - t).abs().max()) <= 1e-6 * scale:
+        return ""
+    name = next((n for n, f in _NAMED.items() if close(f(u), t)), "an elementwise function")
+    return f"the activation {name} (not GELU, ReLU, SiLU, ReLU squared or quick GELU)"
 
 
 def _gated_of(
