@@ -213,9 +213,11 @@ def mlp_of(read: ModernRead) -> MlpRead | None:
     return next((m for m in found if m is not None), None)
 
 
-_NAMED = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "elu": F.elu, "selu": F.selu,
-          "celu": F.celu, "leaky_relu": F.leaky_relu, "softplus": F.softplus, "mish": F.mish,
-          "hardswish": F.hardswish, "relu6": F.relu6, "softsign": F.softsign}  # fmt: skip
+_NAMED: dict[str, Callable[[Tensor], Tensor]] = {
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "elu": F.elu, "selu": F.selu, "celu": F.celu,
+    "leaky_relu": F.leaky_relu, "softplus": F.softplus, "mish": F.mish, "hardswish": F.hardswish,
+    "relu6": F.relu6, "softsign": F.softsign,
+}  # fmt: skip
 
 
 def other_activation(read: ModernRead) -> str:
