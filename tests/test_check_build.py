@@ -292,7 +292,27 @@ def test_a_config_whose_fields_come_through_kwargs(tmp_path):
         "class Unused:",
     ).replace("config: GPTConfig", "config: Config")
     report = check_block(f"{_file(tmp_path, 'kw', kwargs)}:Block", isolate=False)
-    assert report.passed and "config=<" in report.target and "Config object" in report.target
+    assert report.passed and "config=Config(bias=True, n_embd=32" in report.target, report.target
+
+
+def test_a_config_class_whose_fields_are_its_init_parameters(tmp_path):
+    # (s64 unseen set) minGPT's old GPTConfig: class values and ``__init__(self, vocab_size,
+    # block_size, **kwargs)``; before: a namespace was built and its fields asked for one by one
+    dataclass = NANOGPT[NANOGPT.index("@dataclass") : NANOGPT.index("class CausalSelfAttention")]
+    mingpt = NANOGPT.replace(
+        dataclass,
+        "class GPTConfig:\n    dropout = 0.0\n\n"
+        "    def __init__(self, vocab_size, block_size, bias=True, **kwargs):\n"
+        "        self.vocab_size, self.block_size, self.bias = vocab_size, block_size, bias\n"
+        "        self.__dict__.update(kwargs)\n\n\n",
+    ).replace("config: GPTConfig", "config")
+    path = _file(tmp_path, "mingpt", mingpt)
+    with pytest.raises(UserValueError, match="its GPTConfig config needs vocab_size, which"):
+        check_block(f"{path}:Block", isolate=False)
+    report = check_block(f"{path}:Block", isolate=False, vocab_size=65, n_embd=32, n_head=4)
+    assert report.passed and "config=GPTConfig(vocab_size=65, block_size=16" in report.target, str(
+        report
+    )
 
 
 def test_a_dataclass_config_missing_required_fields_is_refused_naming_them(tmp_path):

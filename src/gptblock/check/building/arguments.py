@@ -174,6 +174,9 @@ def complete(
     own = {} if dataclasses.is_dataclass(cls) else _sizes.config_defaults(cls)
     if own:  # a plain class's values (``class Config: n_embd = 64``), the file's sizes, --arg's
         values = {**own, **{k: x for k, x in sizes.items() if k in own}, **given}
+        required = inspect.Parameter.empty  # its __init__'s required parameters
+        if lacking := {k: guess(k, sizes=sizes) for k, x in values.items() if x is required}:
+            raise _needs(name, f"its {getattr(cls, '__name__', '')} config", lacking, "give them")
     fields = None
     if cls is not None and dataclasses.is_dataclass(cls):
         fields = dataclasses.fields(cls)

@@ -21,6 +21,7 @@ from ..serve.subject import first_tensor
 from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
 from .sizes import (
     KINDS,
+    config_fields,
     file_sizes,
     kind_of,
     names,
@@ -142,6 +143,12 @@ def _smaller(target: Callable[..., Any], built: Built, kwargs: Mapping[str, obje
     return small
 
 
+def _shown(value: object) -> str:  # a config of the file's own plain class: its fields
+    fields = config_fields(value) if type(value).__repr__ is object.__repr__ else None
+    said = ", ".join(f"{k}={v!r}" for k, v in (fields or {}).items())
+    return repr(value) if fields is None else f"{type(value).__name__}({said})"
+
+
 def _made(
     target: Callable[..., Any], args: Mapping[str, object], sizes: Mapping[str, object],
     hint: Callable[[], str] = lambda: "",
@@ -149,7 +156,7 @@ def _made(
     """``target(**args)`` under seed 0 and the module settings ``sizes`` (notes: its forward's
     arguments); a failure says ``hint`` if the sizes are to blame."""
     name = getattr(target, "__qualname__", repr(target))
-    description = f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+    description = f"{name}({', '.join(f'{k}={_shown(v)}' for k, v in args.items())})"
     set_, undo = patch_globals(target, sizes)
     try:
         with fixed_seed():

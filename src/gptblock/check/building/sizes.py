@@ -128,12 +128,18 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
 
 def config_defaults(cls: object) -> dict[str, object]:
     """A config class's defaults: a dataclass's fields', else its own public plain values (the
-    learner's ``class Config: n_embd = 64``)."""
+    learner's ``class Config: n_embd = 64``) and its own ``__init__``'s parameters, ``empty``
+    where required (minGPT's ``GPTConfig(vocab_size, block_size, **kwargs)``)."""
     if dataclasses.is_dataclass(cls):
         return {f.name: f.default for f in dataclasses.fields(cls)}
     plain = (int, float, str, bool, type(None))
     public = vars(cls).items() if isinstance(cls, type) else ()
-    return {n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)}
+    found: dict[str, object] = {
+        n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)
+    }
+    if isinstance(cls, type) and "__init__" in vars(cls) and not hasattr(cls, "forward"):
+        found |= {p.name: p.default for p in parameters(cls)}  # (not a module: a config)
+    return found
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
