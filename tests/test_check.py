@@ -346,3 +346,31 @@ def test_a_reports_one_line_repr_its_escaped_html_and_one_line_text():
         "ValueError: bad value",
         "SystemExit: 3 (sys.exit(3) was called)",
     )
+
+
+class _ReversedUnread(nn.Module):
+    """nn.MultiheadAttention given the tril as its bool mask (True = may not attend), then a
+    second Linear, so that its weights cannot be read: the black-box checks alone decide."""
+
+    def __init__(self, n_embd=32, n_head=4, mask=True):
+        super().__init__()
+        self.ln1, self.ln2, self.mask = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd), mask
+        self.mha = nn.MultiheadAttention(n_embd, n_head, batch_first=True)
+        self.extra = nn.Linear(n_embd, n_embd)
+        self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        T, h = x.shape[1], self.ln1(x)
+        keep = torch.ones(T, T, dtype=torch.bool).tril() if self.mask else None
+        x = x + self.extra(self.mha(h, h, h, attn_mask=keep, need_weights=False)[0])
+        return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+
+
+def test_a_reversed_mask_is_named_by_the_causality_check_alone():
+    # (s64 unseen set) was future_leak + nonfinite: no change moves a later output, so each
+    # position sees later ones and never earlier ones; no mask at all stays future_leak
+    report = check_block(_ReversedUnread)
+    said = {f.name: f.message for f in report.findings}["causality"]
+    assert not report.compared and report.diagnosis == ["mask_reversed"], str(report)
+    assert said.endswith("and no change moves a later output"), said
+    assert check_block(_ReversedUnread, mask=False).diagnosis == ["future_leak"]

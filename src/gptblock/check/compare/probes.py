@@ -94,17 +94,21 @@ def causality(s: Probed) -> ProbeResult:
     x = s.input(T, T, C)
     y = s(x)
     leaks: list[tuple[int, int]] = []  # (earlier position that moved, later position perturbed)
-    for t in range(1, T):
+    past = False  # whether a change moves any later output: a position sees its past
+    for t in range(T):
         x2 = x.clone()
         x2[:, t] += s.input(T, C)  # (B, C): a different change in every sequence
-        moved = s.moved(y, s(x2))[:, :t].any(dim=2).any(dim=0)  # (t,): earlier positions moved
-        leaks += [(int(p), t) for p in moved.nonzero().flatten()]
+        moved = s.moved(y, s(x2)).any(dim=2).any(dim=0)  # (T,): positions whose output moved
+        leaks += [(int(p), t) for p in moved[:t].nonzero().flatten()]
+        past |= bool(moved[t + 1 :].any())
     if not leaks:
         msg = f"perturbing position t moves no output before t (t = 1..{T - 1}, to {s.tol:g} of the output scale)"
         return ProbeResult(True, msg)
     p, t = min(leaks)
     msg = f"position {p}'s output changes when position {t} changes, so it sees the future "
     msg += f"({len(leaks)} (earlier, later) position pairs leak)"
+    if not past:  # the mask the wrong way round: each position sees later ones, never earlier
+        return ProbeResult(False, f"{msg}, and no change moves a later output", "mask_reversed")
     return ProbeResult(False, msg, "future_leak")
 
 
