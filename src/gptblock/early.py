@@ -111,10 +111,8 @@ def start(argv: Sequence[str]) -> None:
     global _started
     words = [a for a in argv if not a.startswith("-")]
     if _started is None and words[:1] == ["check"] and not {"-h", "--help"} & set(argv):
-        try:
+        with contextlib.suppress(OSError):  # then Child spawns it, or says why it cannot
             _started = spawn()
-        except OSError:  # then Child spawns it, or says why it cannot
-            _started = None
 
 
 def drop() -> None:
