@@ -12,7 +12,8 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from ... import errors
 from ...early import take
 from ..mistakes.report import CAUGHT, Raised, one_line, text
-from ..serve.loop import Message, Reader, send
+from ..serve.loop import Message, Reader, send, setting
 from .reaper import PR_GET_DUMPABLE, PR_SET_DUMPABLE, prctl
 
 __all__ = ["KEEP", "STARTUP_LIMIT", "Child", "Gone", "ProtocolBroken", "pickled", "undumpable"]
@@ -67,17 +68,11 @@ def pickled(value: object, what: str, instead: str = "") -> bytes:
         raise errors.UserValueError(said) from e
 
 
-@contextlib.contextmanager
-def undumpable() -> Iterator[None]:
+def undumpable() -> ContextManager[None]:
     """Not dumpable while the child runs: the child (without ``CAP_SYS_PTRACE``) cannot then
-    open its ``/proc/PID/fd`` (its stdout), even as the same user."""
-    before = prctl(PR_GET_DUMPABLE)
-    changed = before > 0 and prctl(PR_SET_DUMPABLE, 0) == 0
-    try:
-        yield
-    finally:
-        if changed:
-            prctl(PR_SET_DUMPABLE, before)
+    open its ``/proc/PID/fd`` (its stdout), even as the same user. (Where ``prctl`` is not
+    Linux's, each call is a no-op returning -1.)"""
+    return setting(lambda: prctl(PR_GET_DUMPABLE), lambda v: prctl(PR_SET_DUMPABLE, v), 0)
 
 
 class Child:
