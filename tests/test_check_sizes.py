@@ -211,14 +211,8 @@ def test_a_mistake_diagnosed_at_the_files_sizes_is_not_checked_again():
 
 
 def test_the_sizes_helpers_read_names_and_values():
-    from gptblock.check.building.sizes import (
-        file_sizes,
-        kind_of,
-        names,
-        not_other,
-        settings,
-        size_sets,
-    )
+    from gptblock.check.building.sizes import file_sizes, kind_of, names, settings, size_sets
+    from gptblock.check.isolation.check import not_other
 
     def make(n_embd=64, n_head=4): ...
 

@@ -1,6 +1,5 @@
 """The sizes a block is checked at (one table of their kinds, ``KINDS``): the file's own
-(``file_sizes``), other valid sets (``size_sets``) and the arguments that build it (``plan``),
-and one report of the two checks (``combine``)."""
+(``file_sizes``), other valid sets (``size_sets``) and the arguments that build it (``plan``)."""
 
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding
 from ..serve.loop import signature
 from ..serve.script import SKIPPED
 
 __all__ = [
-    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "combine", "config_class", "config_defaults",
-    "config_fields",
-    "file_sizes", "kind_of", "names", "not_other", "number", "parameters", "patch_globals", "plan",
-    "settings", "size_sets",
+    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "config_class", "config_defaults",
+    "config_fields", "file_sizes", "kind_of", "names", "number", "parameters", "patch_globals",
+    "plan", "settings", "size_sets",
 ]  # fmt: skip
 
 
@@ -245,30 +242,6 @@ def patch_globals(
     }  # fmt: skip
     vars(module).update(changed := {n: sizes[n] for n in before})
     return changed, lambda: vars(module).update(before)
-
-
-def not_other(why: str) -> str:
-    """The note of a block not checked at other sizes: not a failure."""
-    return f"checked at the file's sizes only: at other sizes {why} (a size fixed in the code?)"
-
-
-def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
-    """One report of the checks at the file's sizes (``at``) and others (``second``, or why it
-    did not run): the file's sizes decide, unless only the other sizes fail."""
-    if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
-        if not isinstance(second, str):
-            said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]
-            out = [n.removeprefix(OUT_OF_SCOPE) for n in second.notes if n.startswith(OUT_OF_SCOPE)]
-            second = f"checked again at {other}: {said}" + "".join(f" ({o})" for o in out[:1])
-        return dataclasses.replace(first, notes=[*first.notes, *([second] if second else [])])
-    failed = [f for f in second.findings if not f.passed]
-    why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2]) or ", ".join(second.diagnosis)
-    finding = Finding("other sizes", False, f"{first.verdict} at {at}; at {other}: FAIL ({why})")
-    notes = [*first.notes, *(n for n in second.notes if n not in first.notes)]
-    findings = [*first.findings, finding]  # the rest is the other sizes' report's
-    return dataclasses.replace(
-        second, target=first.target, findings=findings, notes=notes, verify=""
-    )
 
 
 def kind_of(name: str) -> str | None:

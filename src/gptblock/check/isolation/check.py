@@ -14,16 +14,15 @@ from typing import Any, TypeVar
 import torch
 
 from ... import errors
-from ..building.sizes import combine, not_other
 from ..building.target import check_spec, main_source
 from ..compare.verdict import decide
-from ..mistakes.report import CheckReport, Finding, Raised, text
+from ..mistakes.report import OUT_OF_SCOPE, CheckReport, Finding, Raised, text
 from ..serve.subject import one_thread
 from .child import Child, Gone, ProtocolBroken, pickled, undumpable
 from .worker import Call, Remote, Served
 
 __all__ = ["DEFAULT_TIMEOUT", "FRESH_SEED", "WEIGHTS_SEED", "ask_isolated", "check_in_process",
-           "check_isolated", "two_sizes"]  # fmt: skip
+           "check_isolated", "combine", "not_other", "two_sizes"]  # fmt: skip
 
 Answer = TypeVar("Answer")
 
@@ -185,7 +184,7 @@ def check_in_process(
 
 def two_sizes(call: Call, roles: Mapping[str, str], progress: _State) -> CheckReport:
     """The check at the file's sizes, then (unless a mistake was diagnosed: it would stay the
-    verdict) at the other sizes or why not, combined (``sizes.combine``: PASS needs both)."""
+    verdict) at the other sizes or why not, combined (``combine``: PASS needs both)."""
     first, at = _at(call, progress, roles, False)
     if isinstance(first, str):  # the file's sizes are always built (in this process)
         raise ProtocolBroken("no block at the file's sizes")
@@ -243,3 +242,25 @@ def _at(
     fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)
     report = decide(service, description, roles, progress, fresh, weights, again=other)
     return replace(report, notes=[*notes, *report.notes]), bound(said.get("label", ""), 200)
+
+
+def not_other(why: str) -> str:
+    """The note of a block not checked at other sizes: not a failure."""
+    return f"checked at the file's sizes only: at other sizes {why} (a size fixed in the code?)"
+
+
+def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) -> CheckReport:
+    """One report of the checks at the file's sizes (``at``) and others (``second``, or why it
+    did not run): the file's sizes decide, unless only the other sizes fail."""
+    if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
+        if not isinstance(second, str):
+            said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]
+            out = [n.removeprefix(OUT_OF_SCOPE) for n in second.notes if n.startswith(OUT_OF_SCOPE)]
+            second = f"checked again at {other}: {said}" + "".join(f" ({o})" for o in out[:1])
+        return replace(first, notes=[*first.notes, *([second] if second else [])])
+    failed = [f for f in second.findings if not f.passed]
+    why = "; ".join(f"{f.name}: {f.message}" for f in failed[:2]) or ", ".join(second.diagnosis)
+    finding = Finding("other sizes", False, f"{first.verdict} at {at}; at {other}: FAIL ({why})")
+    notes = [*first.notes, *(n for n in second.notes if n not in first.notes)]
+    findings = [*first.findings, finding]  # the rest is the other sizes' report's
+    return replace(second, target=first.target, findings=findings, notes=notes, verify="")
