@@ -15,7 +15,7 @@ from ..mistakes.report import CAUGHT, COMPARISON, OUT_OF_SCOPE, CheckReport, Fin
 from ..mistakes.search import TOLERANCE, Explanation, explain
 from ..mistakes.steps import CANDIDATE_ACTIVATIONS, Deviation, run_steps
 from ..roles.plain import unpack_modern, unpack_readings
-from ..roles.provenance import Traced, choose, trace, unread
+from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
 from .conditions import confirm
 from .modern import Compared, matched
@@ -270,7 +270,7 @@ def _compared(
         return Compared(found)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
-    traced = None if match.deviations else trace(read[reading], chosen, subject.dtype, heads)
+    traced = None if match.deviations else read[reading].with_heads(heads)
     return Compared(found, [m.mistakes for m in result.alternatives], details, traced)
 
 

@@ -234,7 +234,7 @@ def unpack_readings(
     subject: Probed,
     chosen: Mapping[str, Tensor],
     notes: list[str],
-) -> tuple[Readings, list[dict[str, list[Tensor]]]] | str:
+) -> tuple[Readings, list[Traced]] | str:
     C = subject.C
     try:
         notes += [text(n) for n in meta.get("notes", [])]
@@ -253,15 +253,15 @@ def unpack_readings(
             raise NotPlain("the readings do not fit together")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return f"the block's process sent readings that do not check ({one_line(e)})"
-    why = ""
-    kept = [i for i, g in enumerate(got) if not (why := trace(g.roles, chosen, subject.dtype).why)]
+    traced = [trace(g.roles, chosen, subject.dtype) for g in got]
+    kept = [i for i, t in enumerate(traced) if not t.why]
     if not kept:
-        return why
+        return traced[-1].why
     main = [i for i in kept if i < count] or kept  # no main reading left: the fallback's it is
     order = main + [i for i in kept if i not in main]
     kept_parts = (tuple(parts[i] for i in main), tuple(parts[i] for i in order[len(main) :]))
     readings = Readings(*kept_parts, heads, x.double(), [shown[i] for i in order].__getitem__)
-    return readings, [got[i].roles for i in order]  # each reading's weights by role
+    return readings, [traced[i] for i in order]  # each reading's weights, traced
 
 
 def receive(meta: Any, tensors: Mapping[str, Tensor], C: int) -> Received:

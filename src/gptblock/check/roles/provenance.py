@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -73,6 +73,13 @@ class Traced:
     used: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (N,): the
     # chosen values read, by their positions in sorted_values
     roles: dict[str, list[Tensor]] = field(default_factory=dict)  # the weights, snapped to them
+    at: dict[str, Tensor] = field(default_factory=dict)  # a matrix's: where each entry was read
+    shared: tuple[str, ...] = ()  # the repeats two roles make
+
+    def with_heads(self, heads: Mapping[str, int]) -> Traced:
+        """The repeats again, a head that reads another's named (``heads``: role -> count)."""
+        own = [r for role, at in self.at.items() for r in _repeats(role, at, heads.get(role, 0))]
+        return replace(self, repeats=(*own, *self.shared))
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -92,7 +99,8 @@ def trace(
     if not values.numel():
         return Traced("the block has no parameters to read weights from")
     used: dict[str, Tensor] = {}  # role -> (N,) bool
-    repeats: list[str] = []
+    shared: list[str] = []
+    where: dict[str, Tensor] = {}  # a matrix's indices
     snapped: dict[str, list[Tensor]] = {}
     for role, tensors in roles.items():
         gain = role.startswith("ln")  # (gain,) or a LayerNorm's (gain, bias): read as ratios
@@ -121,18 +129,18 @@ def trace(
         edges.index_add_(0, lo, torch.ones_like(lo)).index_add_(0, hi, -torch.ones_like(hi))
         used[role] = edges.cumsum(0)[:-1] > 0  # in some [lo, hi)
         if tensors[0].dim() == 2:
-            repeats += _repeats(role, got[0][1], (heads or {}).get(role, 0))
+            where[role] = got[0][1]
     counts = {role: int(mask.sum()) for role, mask in used.items()}  # once, not once a pair
     for a, b in itertools.combinations(used, 2):
         smaller, both = min(counts[a], counts[b]), used[a] & used[b]
         if smaller and int(both.sum()) > SHARED * smaller:
             if a.startswith("ln") or b.startswith("ln"):  # one norm: shared_norm's, not read so
                 return Traced(f"{a} and {b} were read from the same parameters")
-            repeats.append(f"{a} and {b} read the same weights ({_holding(chosen, both, dtype)})")
+            shared.append(f"{a} and {b} read the same weights ({_holding(chosen, both, dtype)})")
     read = torch.zeros(len(values), dtype=torch.bool)
     for mask in used.values():
         read |= mask
-    return Traced("", tuple(repeats), read, snapped)
+    return Traced("", (), read, snapped, where, tuple(shared)).with_heads(heads or {})
 
 
 def _holding(chosen: Mapping[str, Tensor], at: Tensor, dtype: torch.dtype) -> str:
