@@ -452,13 +452,28 @@ def test_a_required_mask_is_refused_naming_it_and_the_wrapper():
 def test_every_input_a_forward_needs_is_named_at_once():
     from gptblock import lesson
 
-    class Meta(lesson.Block):  # Meta's Llama 2 layer: forward(x, start_pos, freqs_cis)
-        def forward(self, x, start_pos, freqs_complex):
+    class Meta(lesson.Block):  # Meta's Llama 2 layer: forward(x, start_pos, freqs_cis), and more
+        def forward(self, x, start_pos, freqs_complex, alibi):
             return super().forward(x)
 
-    said = r"its forward needs start_pos, freqs_complex besides the input and the checker cannot "
+    said = r"its forward needs freqs_complex, alibi besides the input and the checker cannot "
     with pytest.raises(UserValueError, match=said + "tell what they hold"):
         check_block(Meta, n_embd=16, n_head=2)
+
+
+def test_a_forward_that_needs_start_pos_starts_the_sequence_at_0():
+    from gptblock import lesson
+
+    class Meta(lesson.Block):  # (s65 unseen set) Meta's forward(x, start_pos): was refused
+        def forward(self, x, start_pos):
+            if start_pos != 0:
+                raise ValueError(f"start_pos={start_pos!r}")
+            return super().forward(x)
+
+    report = check_block(Meta, n_embd=16, n_head=2)
+    assert report.passed and "forward(x, start_pos) called with start_pos=0" in report.notes, str(
+        report
+    )
 
 
 def test_forward_arguments_are_filled_alike_in_the_runner_process(tmp_path):

@@ -176,6 +176,11 @@ def gradients(s: Probed) -> ProbeResult:
     float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there)."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
     got, where = s.grads(x, w), ""
+    if not got.failed and (again := s.grads(x, w)).failed:  # a second training step
+        msg = "the backward pass fails on the block's second call, through the first call's "
+        msg += "graph a second time: it stays in the block, in a tensor written inplace into a "
+        msg += "buffer (a KV cache: store a detached copy; fine only under torch.no_grad)"
+        return ProbeResult(False, msg, "inplace")
     float32 = not got.failed and got.names and s.dtype != torch.float32
     if float32 and (again := s.grads(x.float(), w.float())).failed:
         got, where = again, " in float32"

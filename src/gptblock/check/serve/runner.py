@@ -291,9 +291,10 @@ _FILLS = {  # what a required parameter of these names is given
     "input": ("key", "value", "keys", "values", "k", "v", "kv"),  # not memory: cross-attention
     "positions": ("position_ids", "positions", "pos", "input_pos", "pos_ids"),
     "causal": ("is_causal", "causal"),
+    "start": ("start_pos", "start_position"),  # Meta's Llama: a whole sequence starts at 0
 }
 _SAID = {"input": "the input", "positions": "torch.arange(T) as (1, T)", "none": "None",
-         "causal": "True"}  # fmt: skip
+         "causal": "True", "start": "0"}  # fmt: skip
 _SIZE_WORDS = ("size", "shape", "dimension", "mat1", "must match", "broadcast", "divisible",
                "out of range", "unpack", "normalized_shape", "expected input")  # fmt: skip
 
@@ -350,7 +351,7 @@ def _filled(
         if n not in kwargs and how == "positions":
             kwargs[n] = torch.arange(x.shape[-2], device=x.device).unsqueeze(0)  # (1, T)
         elif n not in kwargs:
-            kwargs[n] = x if how == "input" else (how == "causal" or None)
+            kwargs[n] = x if how == "input" else 0 if how == "start" else (how == "causal" or None)
     return args, kwargs
 
 

@@ -170,7 +170,8 @@ class Subject(Probed):
         return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def grads(self, x: Tensor, weights: Tensor, *, inputs: bool = False) -> Grads:
-        """The gradients of ``sum(y * weights)``; an in-place change autograd needed: ``failed``."""
+        """The gradients of ``sum(y * weights)``; an in-place change autograd needed, or a graph an
+        earlier call left in the block: ``failed``."""
         own = self.module_in(x.dtype).named_parameters()
         params = [(n, p) for n, p in own if p.requires_grad and n not in self.aside]
         names = [n for n, _ in params]
@@ -185,9 +186,9 @@ class Subject(Probed):
                     return Grads(names, [None] * len(params))
                 stage, wrt = "backward", [p for _, p in params] + ([x] if inputs else [])
                 grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
-        except RuntimeError as e:
+        except RuntimeError as e:  # or a graph kept from the last call (a cache's buffer)
             said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
-            if "inplace" not in said:
+            if "inplace" not in said and "a second time" not in said:
                 raise
             return Grads(names, [], stage, one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
