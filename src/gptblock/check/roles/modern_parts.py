@@ -224,8 +224,8 @@ def other_activation(read: ModernRead) -> str:
     """The dense MLP's activation where it is one function of each first-layer output, neither
     linear (no activation: a mistake) nor one of ``DENSE``; "" otherwise."""
     u, t = affine(*read.mlp[0])(read.rows("fc1")).flatten(), read.rows("fc2").flatten()
-    if len(read.mlp) != 2 or u.shape != t.shape:  # (gate and up packed: twice as wide)
-        return ""
+    if len(read.mlp) != 2 or u.shape != t.shape or not torch.isfinite(torch.cat([u, t])).all():
+        return ""  # (gate and up packed: twice as wide; NaN rows: a mask the wrong way round)
     order = u.argsort()
     u, t = u[order], t[order]  # (N,): every other value, interpolated from its two neighbours
     left, mid, right = slice(0, -2, 2), slice(1, -1, 2), slice(2, None, 2)
