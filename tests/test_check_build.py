@@ -313,6 +313,16 @@ def test_a_config_class_whose_fields_are_its_init_parameters(tmp_path):
     assert report.passed and "config=GPTConfig(vocab_size=65, block_size=16" in report.target, str(
         report
     )
+    # a plain helper class whose __init__ takes sizes is not a config: the dataclass is
+    helper = (
+        "class KVCache:\n    def __init__(self, max_batch_size, max_seq_len, n_heads, head_dim):"
+    )
+    helper += "\n        self.k = None\n\n\n"
+    text = NANOGPT.replace("@dataclass", helper + "@dataclass", 1).replace(
+        "config: GPTConfig", "config"
+    )
+    report = check_block(f"{_file(tmp_path, 'helper', text)}:Block", isolate=False)
+    assert report.passed and "config=GPTConfig(" in report.target, str(report)
 
 
 def test_a_dataclass_config_missing_required_fields_is_refused_naming_them(tmp_path):

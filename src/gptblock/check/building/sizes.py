@@ -64,6 +64,7 @@ _NUM = re.compile(r"^(num|number_of)_")  # NUM_EMBD = 128 is an n_embd too
 DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
+_CONFIG_WORDS = ("config", "cfg", "conf", "args", "params", "settings", "options")  # a class's
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8), (24, 6))  # (C, nh): hs 16, 8...
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
@@ -134,8 +135,10 @@ def config_defaults(cls: object) -> dict[str, object]:
     found: dict[str, object] = {
         n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)
     }
-    if isinstance(cls, type) and "__init__" in vars(cls) and not hasattr(cls, "forward"):
-        found |= {p.name: p.default for p in parameters(cls)}  # (not a module: a config)
+    if not isinstance(cls, type) or not any(w in cls.__name__.lower() for w in _CONFIG_WORDS):
+        return found  # (its __init__: a config's, not a KVCache(max_seq_len, ...)'s)
+    if "__init__" in vars(cls) and not hasattr(cls, "forward"):
+        found |= {p.name: p.default for p in parameters(cls)}
     return found
 
 
