@@ -173,7 +173,8 @@ def finite(s: Probed) -> ProbeResult:
 
 def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
-    float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there)."""
+    float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there); a
+    second one works too (a graph kept in the block breaks only the second)."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
     got, where = s.grads(x, w), ""
     if not got.failed and s.grads(x[:1], w[:1]).failed:  # a second training step, one sequence
