@@ -197,6 +197,18 @@ class FullLengthOnlyBlock(Block):
     attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=FullMaskHead))
 
 
+class SixMaskHead(Head):
+    """The mask cut to 6 positions, the checker's probes' T, not to T (s67 unseen set: a rotary
+    table sized by n_head, 6, instead of T)."""
+
+    def mask(self, T):
+        return self.tril[:6, :6] == 0
+
+
+class SixOnlyBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=SixMaskHead))
+
+
 # ----- right only in eval mode -------------------------------------------------------------------
 
 

@@ -100,6 +100,13 @@ def test_a_block_that_runs_only_at_its_longest_sequence_is_told_so():
     assert "a (2, 16, 32) one runs: it runs only at its longest sequence, T = 16" in said, said
 
 
+def test_a_block_that_runs_only_at_the_probes_length_fails_shape():
+    report = check_block(cb.SixOnlyBlock, isolate=False, **LESSON)
+    assert report.diagnosis == ["shape"], str(report)
+    said = _failed(report, "shape")[0].message
+    assert "it works at T = 6 but a (2, 5, 32) input raised" in said, said
+
+
 def test_each_fails_in_the_child_process_too():
     """The train-mode calls, the float32 calls and the perturbed parameters cross the worker's
     protocol; every block of one file shares one child."""

@@ -54,7 +54,7 @@ BLOCKS = textwrap.dedent(
 
         def forward(self, x):
             type(self).calls += 1
-            if type(self).calls > 4:  # after the first call, the forward trace and the shape probe
+            if type(self).calls > 5:  # after the first call, the forward trace and the shape probe
                 os._exit(0)
             return super().forward(x)
 

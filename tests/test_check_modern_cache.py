@@ -8,6 +8,7 @@ with no cache argument is reported "not probed", and a ``past_key_value`` block 
 ``(y, cache)`` is driven too.
 """
 
+import inspect
 import pathlib
 
 import pytest
@@ -127,3 +128,83 @@ def test_a_past_key_value_cache_is_driven(offset):
     assert bool(found.offset) is (not offset)
     if offset:
         assert "equals the whole sequence" in found.note
+
+
+class _CachedLesson(nn.Module):
+    """The lessons' block whose attention writes k and v into registered buffers and reads them
+    back (Meta's Llama's KV cache, never detached): right under torch.no_grad, where it runs;
+    ``scale=False``: without 1/sqrt(hs); ``buffers=False``: plain float32 attributes, as Meta's,
+    copied to the input's dtype in the forward pass."""
+
+    def __init__(self, n_embd=32, n_head=4, scale=True, buffers=True):
+        super().__init__()
+        self.nh, self.hs, self.scale = n_head, n_embd // n_head, scale
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(n_embd, n_embd) for _ in range(4))
+        self.ffwd = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd)
+        )
+        for name in ("cache_k", "cache_v"):
+            cache = torch.zeros(64, n_head, 64, n_embd // n_head)
+            self.register_buffer(name, cache) if buffers else setattr(self, name, cache)
+
+    def attend(self, x, start_pos):
+        B, T, C = x.shape
+        # (B, T, C) -> (B, nh, T, hs) each
+        q, k, v = (
+            w(x).view(B, T, self.nh, self.hs).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
+        self.cache_k = self.cache_k.to(x.dtype)
+        self.cache_v = self.cache_v.to(x.dtype)
+        self.cache_k[:B, :, start_pos : start_pos + T] = k
+        self.cache_v[:B, :, start_pos : start_pos + T] = v
+        k, v = self.cache_k[:B, :, : start_pos + T], self.cache_v[:B, :, : start_pos + T]
+        att = q @ k.transpose(-2, -1) / (self.hs**0.5 if self.scale else 1.0)
+        later = torch.ones(T, start_pos + T, dtype=torch.bool).triu(start_pos + 1)
+        y = att.masked_fill(later, float("-inf")).softmax(-1) @ v  # (B, nh, T, hs)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x, start_pos=0):
+        x = x + self.attend(self.ln1(x), start_pos)
+        return x + self.ffwd(self.ln2(x))
+
+
+class _AttentionKept(_CachedLesson):
+    """Keeps its attention weights (with their graph) to plot them: a second call overwrites them."""
+
+    def attend(self, x, start_pos):
+        B, T, C = x.shape
+        q, k, v = (
+            w(x).view(B, T, self.nh, self.hs).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
+        later = torch.ones(T, T, dtype=torch.bool).triu(1)
+        self.att = (
+            (q @ k.transpose(-2, -1) / self.hs**0.5).masked_fill(later, float("-inf")).softmax(-1)
+        )
+        return self.wo((self.att @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_a_kv_cache_in_buffers_is_read_through_and_its_kept_graph_said():
+    # (s65 unseen set: Meta-style layers) was UNVERIFIED, roles unread through the buffers, then
+    # FAIL inplace for the graph the cache keeps between training steps
+    for buffers in (True, False):
+        report = check_block(_CachedLesson, buffers=buffers)
+        said = {f.name: f.message for f in report.findings}
+        assert report.verdict == "PASS", str(report)
+        assert "kept in cache_k, cache_v" in said["gradients"], said["gradients"]
+        assert any("read from the forward pass" in n for n in report.notes), report.notes
+        assert check_block(_CachedLesson, scale=False, buffers=buffers).diagnosis == ["no_scaling"]
+
+
+def test_a_kept_graph_is_said_isolated_too(tmp_path):
+    path = tmp_path / "cached_lesson.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n" + inspect.getsource(_CachedLesson))
+    (report,) = check_isolated([f"{path}:_CachedLesson"], kwargs={}, roles={})
+    said = {f.name: f.message for f in report.findings}
+    assert report.verdict == "PASS" and "kept in cache_k" in said["gradients"], str(report)
+
+
+def test_attention_weights_kept_to_plot_are_no_kept_graph():
+    report = check_block(_AttentionKept)
+    said = {f.name: f.message for f in report.findings}
+    assert report.verdict == "PASS" and "second call" not in said["gradients"], str(report)

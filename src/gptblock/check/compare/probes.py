@@ -44,7 +44,8 @@ def _runs(s: Probed, x: torch.Tensor) -> bool:
 
 
 def shape(s: Probed) -> ProbeResult:
-    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device."""
+    """(T, T, C) and (T + 1, T, C) inputs come back with their own shapes, dtype and device, and
+    a (2, T - 1, C) one with its shape (generation calls every length up to block_size)."""
     T, C = s.T, s.C
     for B in (T, T + 1):
         x = s.input(B, T, C)
@@ -71,6 +72,16 @@ def shape(s: Probed) -> ProbeResult:
         if y.dtype != x.dtype:
             msg = f"a {dtypes[0]} input gave a {dtypes[1]} output, expected {dtypes[0]}"
             return ProbeResult(False, msg, "dtype_device")
+    if T > 1:
+        x = s.input(2, T - 1, C)
+        try:
+            said = "" if (y := s(x)).shape == x.shape else f"gave a {tuple(y.shape)} output"
+        except CAUGHT as e:
+            said = f"raised {one_line(e)}"
+        if said:
+            msg = f"it works at T = {T} but a {tuple(x.shape)} input {said}: it runs only at "
+            msg += "some lengths (a mask or table sized for one length, not cut to T?)"
+            return ProbeResult(False, msg, "shape", stop=True)
     return ProbeResult(True, " and ".join(f"{(B, T, C)} -> {(B, T, C)}" for B in (T, T + 1)))
 
 
@@ -173,15 +184,15 @@ def finite(s: Probed) -> ProbeResult:
 
 def gradients(s: Probed) -> ProbeResult:
     """A backward pass reaches every parameter, with finite values, in the copy's dtype and in
-    float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there); a
-    second one works too (a graph kept in the block breaks only the second)."""
+    float32 (there ``x.float()`` is ``x`` itself, so an in-place change may break only there). A
+    second one breaks where a graph is kept in the block: said, not failed, since a KV cache
+    written so (Meta's Llama) is right under torch.no_grad, where it is meant to run."""
     x, w = s.input(s.T, s.T, s.C), s.input(s.T, s.T, s.C)
-    got, where = s.grads(x, w), ""
-    if not got.failed and s.grads(x[:1], w[:1]).failed:  # a second training step, one sequence
-        msg = "the backward pass fails on the block's second call, through the first call's "
-        msg += "graph a second time: it stays in the block, in a tensor written inplace into a "
-        msg += "buffer (a KV cache: store a detached copy; fine only under torch.no_grad)"
-        return ProbeResult(False, msg, "inplace")
+    got, where, kept = s.grads(x, w), "", ""
+    if got.kept:  # (``Subject.grads`` made a second call)
+        kept = " on a first call; a second call's backward pass runs through the first call's "
+        kept += f"graph, kept in {got.kept} (a KV cache written in place: right under "
+        kept += "torch.no_grad; to train it, store a detached copy)"
     float32 = not got.failed and got.names and s.dtype != torch.float32
     if float32 and (again := s.grads(x.float(), w.float())).failed:
         got, where = again, " in float32"
@@ -201,7 +212,7 @@ def gradients(s: Probed) -> ProbeResult:
     problems += [f"non-finite gradients in {listed(nonfinite)}"] * bool(nonfinite)
     if problems:  # unreached alone: parameters that never act (``verdict`` names it uncompared)
         return ProbeResult(False, "; ".join(problems), "" if nonfinite else "unused_parameters")
-    return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients")
+    return ProbeResult(True, f"all {len(pairs)} parameters get finite gradients{kept}")
 
 
 # The probes by the name their finding gets, in the order they run; ``shape`` first, since the

@@ -180,7 +180,8 @@ class Remote(Probed):
         got = tensors.get("input")
         if inputs and (got is None or got.shape != x.shape):
             raise ProtocolBroken("an input gradient of the wrong shape")
-        return Grads(shown, [tensors.get(f"g{i}") for i in range(len(names))], input=got)
+        kept = text(meta.get("kept", ""), 200)
+        return Grads(shown, [tensors.get(f"g{i}") for i in range(len(names))], input=got, kept=kept)
 
     def parameters(self) -> dict[str, Tensor]:
         meta, tensors = self.call("parameters")

@@ -134,7 +134,8 @@ def back(trace: Trace, node: int) -> tuple[int, float] | None:
     moved, pieces = gathered(trace, op), data(trace, op)
     if moved is not None or len(pieces) != 1:
         return None if moved is None else (moved, 1.0)
-    factor = 1.0 if op.base in SHAPE_OPS else _scalar(trace, op, pieces[0])
+    # (``copy_``: into a KV cache's buffer, read back from it: ``Trace.producer``)
+    factor = 1.0 if op.base in SHAPE_OPS or op.name == "copy_" else _scalar(trace, op, pieces[0])
     if factor is None and (op.base == "add" or (op.base == "sub" and op.inputs[0] == pieces[0])):
         factor = 1.0  # a bias
     return None if factor is None else (pieces[0], factor)

@@ -134,8 +134,28 @@ class Trace:
         return [op for op in self.ops if node in op.inputs]
 
     def producer(self, node: int) -> Op | None:
+        """The operator that made ``node``; of a tensor made without input data that input data
+        was then written into once (a KV cache's buffer), that write."""
+        if node in self.written:
+            writes = self.written[node]
+            return writes[0] if len(writes) == 1 else None
         index = self.nodes[node].op
         return self.ops[index] if index >= 0 else None
+
+    @functools.cached_property
+    def written(self) -> dict[int, list[Op]]:
+        """The tensors made without input data that input data was written into through a view
+        (``serve.loop`` marks them data), with those writes."""
+        found: dict[int, list[Op]] = {}
+        for op in self._writes:
+            at = op.inputs[0]
+            while (i := self.nodes[at].op) >= 0 and self.ops[i].name in VIEWS:
+                at = self.ops[i].inputs[0]
+            i = self.nodes[at].op
+            static = i < 0 or not any(self.nodes[n].data for n in self.ops[i].inputs)
+            if at != op.inputs[0] and self.nodes[at].data and static:
+                found.setdefault(at, []).append(op)
+        return found
 
     def between(self, source: int, target: int) -> list[Op]:
         start = self.nodes[source].op  # nothing made before the source can depend on it
@@ -287,7 +307,10 @@ def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:  # as ``mad
 
 def replay(trace: Trace, source: int, target: int) -> Callable[[Tensor], Tensor]:
     """A TraceError where ``target`` also reads input data not from ``source``."""
-    inside, chosen = {source}, []
+    # a tensor input data was written into (a KV cache's buffer) is replayed from its value
+    # before: the write is replayed into it
+    inside = {source, *trace.written}
+    chosen: list[Op] = []
     for op in trace.between(source, target):
         if any(n in inside for n in op.inputs):
             chosen.append(op)

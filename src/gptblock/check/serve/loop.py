@@ -35,8 +35,9 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
-    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "default_dtype",
-    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
+    "Reader", "UserValueError", "cache_api", "cached_last", "cut_graphs", "decode",
+    "default_dtype", "drive_cache", "encode", "fixed_seed", "one_line", "record", "send",
+    "setting", "signature",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -218,6 +219,13 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         index = len(self.ops)
         data = any(self.nodes[n][1] for n in inputs)
         outputs = [self.new(t, index, data) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        written = args[0] if args and isinstance(args[0], Tensor) else None
+        if data and written is not None and written._base is not None and func._schema.is_mutable:
+            # input data written into a view of a tensor made before (a KV cache's buffer): what
+            # is read from that tensor now holds it (``roles.trace.replay`` replays the write)
+            hit = self.latest.get(id(written._base))
+            if hit is not None and hit[0] is written._base:
+                self.nodes[hit[1]][1] = True
         name = f"{func._schema.name}.{func._overloadname}"
         self.ops.append({"func": name, "args": said[0], "kwargs": said[1], "inputs": inputs,
                          "outputs": outputs, "module": self.stack[-1]})  # fmt: skip
@@ -320,11 +328,26 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     return y
 
 
+def cut_graphs(module: nn.Module, *, keep: bool = False) -> list[str]:
+    """The names of the tensors ``module`` holds (buffers, plain attributes) that carry an
+    autograd graph (a KV cache written in place with grad on), each detached unless ``keep``."""
+    names = []
+    for prefix, m in module.named_modules():
+        for held in (m._buffers, vars(m)):
+            for name, t in list(held.items()):
+                if isinstance(t, Tensor) and t.grad_fn is not None:
+                    if not keep:
+                        held[name] = t.detach()
+                    names.append(f"{prefix}.{name}".lstrip("."))
+    return names
+
+
 def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """The last position's output (``whole``) and the cached step's (``step``), on a copy."""
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
+    cut_graphs(module)  # (a tensor with a graph cannot be deep-copied)
     try:
         with torch.no_grad(), NoDropout() if no_dropout else contextlib.nullcontext():
             whole = _first(module(x))
@@ -359,6 +382,7 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message
         finally:
             for h in rec.handles:
                 h.remove()
+            cut_graphs(module)
         made = isinstance(out, Tensor) and id(out) in rec.latest
         real = [torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in rec.values]
         meta = {"ops": rec.ops, "nodes": rec.nodes, "input": rec.input, "calls": rec.calls,

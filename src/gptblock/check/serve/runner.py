@@ -90,7 +90,8 @@ class Held:
             got = s.grads(x, tensors["weights"].to(s.device), inputs=bool(args["inputs"]))
             found = {f"g{i}": g for i, g in enumerate(got.grads) if g is not None}
             found.update({"input": got.input} if got.input is not None else {})
-            return {"names": got.names, "failed": got.failed, "message": got.message}, found
+            said = {"failed": got.failed, "message": got.message, "kept": got.kept}
+            return {"names": got.names, **said}, found
         if op == "parameters":
             values = {n: p.detach() for n, p in s.module.named_parameters() if n not in s.aside}
             return {"names": list(values)}, values
