@@ -93,23 +93,34 @@ class PastBlock(nn.Module):
 
     def forward(self, x, past_key_value=None, use_cache=False):
         P = 0 if past_key_value is None else past_key_value[0].shape[1]
-        start = P if self.offset else 0
+        y, cache = self.step(x, past_key_value, P if self.offset else 0)
+        return (y, cache) if use_cache else y
+
+    def step(self, x, past, start):
         q, k = self.rotate(self.q(x), start), self.rotate(self.k(x), start)
         v = x
-        if past_key_value is not None:
-            k, v = torch.cat((past_key_value[0], k), 1), torch.cat((past_key_value[1], v), 1)
+        if past is not None:
+            k, v = torch.cat((past[0], k), 1), torch.cat((past[1], v), 1)
         T, S = q.shape[1], k.shape[1]
         scores = q @ k.transpose(-2, -1) / self.C**0.5  # (B, T, S)
         blocked = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
-        y = x + scores.masked_fill(blocked, float("-inf")).softmax(-1) @ v
-        return (y, (k, v)) if use_cache else y
+        return x + scores.masked_fill(blocked, float("-inf")).softmax(-1) @ v, (k, v)
+
+
+class OffsetBlock(PastBlock):
+    """The cache returned only when asked, the step's first position given (s66 unseen set)."""
+
+    def forward(self, x, kv_cache=None, position_offset=0, return_cache=False):
+        y, cache = self.step(x, kv_cache, position_offset if self.offset else 0)
+        return (y, cache) if return_cache else y
 
 
 @pytest.mark.parametrize("offset", [True, False])
-def test_a_past_key_value_cache_is_driven(offset):
-    block = PastBlock(offset).double()
+@pytest.mark.parametrize("kind, api", [(PastBlock, "past_key_value"), (OffsetBlock, "kv_cache")])
+def test_a_past_key_value_cache_is_driven(offset, kind, api):
+    block = kind(offset).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    assert cache_api(block) == "past_key_value" and "past_key_value" in CACHE_APIS
+    assert cache_api(block) == api and api in CACHE_APIS
 
     def error(y, ref):
         return float((y - ref).abs().max() / ref.abs().max())

@@ -68,6 +68,28 @@ class LectureBlock(nn.Module):
         return x + self.ffwd(self.ln2(x))
 
 
+class SliceHeadsBlock(LectureBlock):
+    """Each head reads only its own slice of the channels (s66 unseen set): a block-diagonal q,
+    k, v where the lessons' heads each read all C; (the lecture's C ** -0.5 is hs's here)."""
+
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__(n_embd, n_head, block_size)
+        hs = n_embd // n_head
+        self.heads = nn.ModuleList([LectureHead(hs, hs, block_size) for _ in range(n_head)])
+
+    def forward(self, x):
+        h, hs = self.ln1(x), self.heads[0].key.in_features
+        heads = [head(h[..., i * hs : (i + 1) * hs]) for i, head in enumerate(self.heads)]
+        x = x + self.proj(torch.cat(heads, dim=-1))
+        return x + self.ffwd(self.ln2(x))
+
+
+def test_heads_reading_their_own_slices_of_the_channels_are_said_not_compared():
+    report = check_block(SliceHeadsBlock, n_embd=32, n_head=4, block_size=16)
+    assert report.verdict == "UNVERIFIED", str(report)
+    assert "the heads' q read different inputs (each its own slice" in " ".join(report.notes)
+
+
 def test_the_lecture_block_gets_the_lectures_scaling_bug_named():
     report = check_block(LectureBlock, n_embd=32, n_head=4, block_size=16)
     assert report.diagnosis == ["wrong_scale"] and report.confident, str(report)

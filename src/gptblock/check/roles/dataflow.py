@@ -239,6 +239,11 @@ def find_roles(trace: Trace, B: int, T: int) -> tuple[dict[str, Role], int]:
         for name, node in (("q", core.q), ("k", core.k), ("v", core.v)):
             put, get, factor, params, turned = _projection(trace, node, B, T, core)
             role = roles.setdefault(name, Role(put, [], [], factor if name != "v" else 1.0, turned))
+            if not torch.equal(trace.nodes[role.put].value, trace.nodes[put].value):
+                raise Unread(  # (``x[..., i * hs:(i + 1) * hs]`` a head: a block-diagonal weight)
+                    f"the heads' {name} read different inputs (each its own slice of the "
+                    "channels?), where the lessons' heads each read all C of them"
+                )
             if name != "v" and abs(role.factor - factor) > 1e-12 * abs(factor):
                 raise Unread(f"the heads' {name} are computed differently")
             role.get.append(get)

@@ -304,6 +304,19 @@ def cache_api(module: nn.Module) -> str | None:
     return next((name for name in CACHE_APIS if name in signature(module.forward)), None)
 
 
+def _cache_arguments(params: dict[str, inspect.Parameter], at: int) -> dict[str, object]:
+    """A past-key-value forward's flags that make it return its cache (``use_cache``,
+    ``return_cache``: True) and the position its tokens start at (``position_offset``: ``at``)."""
+    said: dict[str, object] = {}
+    for name, p in params.items():
+        low = name.lower()
+        if low == "use_cache" or (p.default is False and "cache" in low):
+            said[name] = True
+        elif type(p.default) is int and ("offset" in low or low in ("start", "past_length")):
+            said[name] = at
+    return said
+
+
 def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
     B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
@@ -315,10 +328,11 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
         module(x[:, :P], input_pos=torch.arange(P, device=x.device))
         y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device))
     else:
-        extra: dict[str, object] = {"use_cache": True} if "use_cache" in params else {}
+        extra = _cache_arguments(params, 0)
         out = module(x[:, :P], **extra)
         if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
             raise ValueError(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
+        extra = _cache_arguments(params, P)
         if "position_ids" in params:
             extra["position_ids"] = torch.full((B, 1), P, device=x.device)
         y = module(x[:, P:], **{api: out[1]}, **extra)
@@ -356,7 +370,9 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
             step = cached_last(copy.deepcopy(module), x, api)
     except Exception as e:
         return {"api": api, "raised": one_line(e)}, {}
-    return {"api": api}, {"whole": whole[:, -1:], "step": step}
+    given = _cache_arguments(signature(module.forward), x.shape[1] - 1) if api in _PAST else {}
+    said = ", ".join(f"{k}={v}" for k, v in given.items())
+    return {"api": api, "with": said}, {"whole": whole[:, -1:], "step": step}
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
