@@ -374,3 +374,24 @@ def test_a_reversed_mask_is_named_by_the_causality_check_alone():
     assert not report.compared and report.diagnosis == ["mask_reversed"], str(report)
     assert said.endswith("and no change moves a later output"), said
     assert check_block(_ReversedUnread, mask=False).diagnosis == ["future_leak"]
+
+
+class _NaNValueHead(lesson.Head):
+    """v is NaN where the input's first channel is over 1.5: with the mask right, the NaN reaches
+    earlier rows through their zero weights (0 * NaN)."""
+
+    def forward(self, x):
+        v = self.value(x) + torch.where(x[..., :1] > 1.5, float("nan"), 0.0)
+        return self.attention_weights(x) @ v
+
+
+class _NaNValueBlock(lesson.Block):
+    def __init__(self, n_embd=32, n_head=4, block_size=16):
+        super().__init__(n_embd, n_head, block_size, 0.0)
+        for head in self.sa.heads:
+            head.__class__ = _NaNValueHead
+
+
+def test_a_nan_reaching_earlier_rows_through_zero_weights_is_no_leak():
+    # (s69 unseen set: an RMSNorm of mean(x)) was future_leak beside the block's own mistake
+    assert check_block(_NaNValueBlock).diagnosis == ["nonfinite"]

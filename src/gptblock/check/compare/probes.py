@@ -104,12 +104,16 @@ def causality(s: Probed) -> ProbeResult:
     T, C = s.T, s.C
     x = s.input(T, T, C)
     y = s(x)
+    if not y.isfinite().any():
+        return ProbeResult(False, "not measured: the outputs are not finite for ordinary inputs")
     leaks: list[tuple[int, int]] = []  # (earlier position that moved, later position perturbed)
     past = False  # whether a change moves any later output: a position sees its past
     for t in range(T):
         x2 = x.clone()
         x2[:, t] += s.input(T, C)  # (B, C): a different change in every sequence
-        moved = s.moved(y, s(x2)).any(dim=2).any(dim=0)  # (T,): positions whose output moved
+        y2 = s(x2)  # (a NaN reaches earlier rows through zero weights, 0 * NaN: not a leak)
+        finite = y.isfinite() & y2.isfinite()
+        moved = (s.moved(y, y2) & finite).any(dim=2).any(dim=0)  # (T,): positions that moved
         leaks += [(int(p), t) for p in moved[:t].nonzero().flatten()]
         past |= bool(moved[t + 1 :].any())
     if not leaks:
