@@ -310,7 +310,8 @@ def _cache_arguments(params: dict[str, inspect.Parameter], at: int) -> dict[str,
     said: dict[str, object] = {}
     for name, p in params.items():
         low = name.lower()
-        if low == "use_cache" or (p.default is False and "cache" in low):
+        asks = low.startswith(("use_", "return_")) and "cache" in low  # (never clear_cache)
+        if low == "use_cache" or (p.default is False and asks):
             said[name] = True
         elif type(p.default) is int and ("offset" in low or low in ("start", "past_length")):
             said[name] = at

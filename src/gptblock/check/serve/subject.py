@@ -42,7 +42,7 @@ class Grads:
     failed: str = ""
     message: str = ""
     input: Tensor | None = None  # the input's gradient, when asked for
-    kept: str = ""  # the block's tensors that held an earlier call's graph (detached, then run)
+    kept: str = ""  # the block's tensors whose graph a second call's backward pass ran through
 
 
 def one_thread() -> ContextManager[None]:
