@@ -1011,3 +1011,67 @@ def test_a_flag_left_at_its_default_is_named_with_the_diagnosis_it_chose():
     assert "built with its flags' defaults: normalize_before=False" in report.notes
     again = check_block(Layer, d_model=16, nhead=2, normalize_before=True, isolate=False)
     assert again.passed and not any("flags' defaults" in n for n in again.notes)
+
+
+def test_a_config_parameter_named_with_a_config_word_is_built_as_one(tmp_path):
+    # (s70 unseen set) ``Block(gpt_params)``, the file's own zero-argument class: refused, "it
+    # needs gpt_params, which --arg does not give"; the same block taking ``config`` passed
+    i = NANOGPT.index("class Block")
+    block = NANOGPT[i:].replace("config: GPTConfig", "gpt_params", 1)
+    block = block.replace("(config.", "(gpt_params.").replace("(config,", "(gpt_params,")
+    block = block.replace("MLP(config)", "MLP(gpt_params)").replace(
+        "config.bias", "gpt_params.bias"
+    )
+    assert "config" not in block.split("def forward")[0], block
+    report = check_block(f"{_file(tmp_path, 'params', NANOGPT[:i] + block)}:Block", isolate=False)
+    assert report.passed and "gpt_params=GPTConfig(" in report.target, str(report)
+
+
+def test_sizes_the_file_chose_that_do_not_divide_run_and_fail_at_its_line(tmp_path):
+    # (s70 unseen set) n_embd = 64, n_head = 6 in the file: refused as "the checker's default";
+    # the file's own sizes build: the lecture's proj(head_size * num_heads -> n_embd) runs, and
+    # a proj(n_embd -> n_embd) fails at the learner's line (60 != 64)
+    text = LECTURE.replace("n_head = 4", "n_head = 6")
+    assert check_block(f"{_file(tmp_path, 'gpt6', text)}:Block", isolate=False).passed
+    text = text.replace("nn.Linear(head_size * num_heads, n_embd)", "nn.Linear(n_embd, n_embd)")
+    report = check_block(f"{_file(tmp_path, 'gpt6', text)}:Block", isolate=False)
+    said = {f.name: f.message for f in report.findings}.get("shape", "")
+    assert report.diagnosis == ["shape"] and "(36x60 and 64x64)" in said, str(report)
+    # sizes the checker chose still get the refusal, naming whose they are
+    with pytest.raises(UserValueError, match=r"n_head=6 \(the file's; --arg n_head=N changes it\)"):
+        check_block(f"{_file(tmp_path, 'gpt7', text)}:Block", isolate=False, n_embd=64 + 1)
+
+
+PRETRAINED = """
+import torch.nn as nn
+from transformers import PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny"
+
+    def __init__(self, n_embd=32, n_head=4, **kwargs):
+        super().__init__(**kwargs)
+        self.n_embd, self.n_head = n_embd, n_head
+
+
+class Block(nn.Module):
+    def __init__(self, config: TinyConfig):
+        super().__init__()
+        self.block = nn.TransformerEncoderLayer(
+            config.n_embd, config.n_head, 4 * config.n_embd, 0.0, batch_first=True, norm_first=True
+        )
+
+    def forward(self, x):
+        T = x.shape[1]
+        return self.block(x, nn.Transformer.generate_square_subsequent_mask(T), is_causal=True)
+"""
+
+
+def test_a_pretrained_config_subclass_is_built_by_its_own_init_and_sent_to_the_runner(tmp_path):
+    # (s71 unseen set: MiniMind) transformers 5's PretrainedConfig is a dataclass: its subclass
+    # was built from the base's fields ("has no field dropout"), and its int-keyed id2label could
+    # not be sent to the runner's process
+    pytest.importorskip("transformers")
+    report = check_block(f"{_file(tmp_path, 'tiny', PRETRAINED)}:Block", n_embd=48, n_head=4)
+    assert report.passed and '"n_embd": 48' in report.target, str(report)

@@ -403,3 +403,23 @@ def test_multi_query_einsum_and_an_mlp_packed_with_q_k_v_are_read(fused):
     )  # the base measured on q as the scores read it, (B, nh * T, hs)
     report = check_block(MultiQueryEinsum, fused=fused, scale=False)
     assert report.confident and report.diagnosis == ["no_scaling"], str(report)
+
+
+def test_grouped_heads_by_sdpa_enable_gqa_with_a_qk_norm_pass(tmp_path):
+    # (s71 unseen set: nanochat's layer) was a false FAIL off by 0.14: the qk norm's gains were
+    # read on k as if it had the query heads; SDPA's enable_gqa keeps its key/value heads
+    text = (zoo_modern.BLOCKS_DIR / "nanochat.py").read_text()
+    turned = "q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)\n"
+    text = text.replace(turned, turned + "        q, k = norm(q), norm(k)\n")
+    fused = text.replace(
+        "        k, v = k.repeat_interleave(nrep, dim=1), v.repeat_interleave(nrep, dim=1)\n"
+        "        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n",
+        "        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)\n",
+    )
+    assert fused.count("enable_gqa") == 1 and text.count("norm(q), norm(k)") == 1
+    for name, source in (("repeated", text), ("fused", fused)):
+        path = tmp_path / f"nanochat_{name}.py"
+        path.write_text(source)
+        module = zoo_modern._import(f"nanochat_qk_{name}", path)
+        report = check_block(module.Block, **module.ARGS)
+        assert report.verdict == "PASS", (name, str(report))

@@ -14,6 +14,7 @@ import pathlib
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import zoo_modern
 from gptblock import check_block
@@ -219,3 +220,42 @@ def test_attention_weights_kept_to_plot_are_no_kept_graph():
     report = check_block(_AttentionKept)
     said = {f.name: f.message for f in report.findings}
     assert report.verdict == "PASS" and "second call" not in said["gradients"], str(report)
+
+
+HF = zoo_modern.load("hf_llama")
+
+
+class _TupleCachedLlama(HF.LlamaDecoderLayer):
+    """Hugging Face's decoder layer as its older API has it: ``forward(hidden_states,
+    past_key_value, use_cache)`` returning ``(hidden_states, cache)``, the positions offset by
+    the cache's length (``offset=False``: from 0, ``rope_cache_offset``)."""
+
+    def __init__(self, offset=True, **kw):
+        super().__init__(**kw)
+        self.offset = offset
+
+    def forward(self, hidden_states, past_key_value=None, use_cache=False):
+        (B, T, _), a = hidden_states.shape, self.self_attn
+        P = 0 if past_key_value is None else past_key_value[0].shape[2]
+        at = torch.arange(P if self.offset else 0, (P if self.offset else 0) + T)
+        cos, sin = self.rotary_emb(hidden_states, at[None].expand(B, T))
+        h = self.input_layernorm(hidden_states)
+        q, k, v = (p(h).view(B, T, -1, a.head_dim).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))  # fmt: skip
+        q, k = HF.apply_rotary_pos_emb(q, k, cos, sin)
+        if past_key_value is not None:  # (B, nkv, P + T, hs)
+            k, v = torch.cat([past_key_value[0], k], 2), torch.cat([past_key_value[1], v], 2)
+        g, keep = a.num_key_value_groups, torch.ones(T, P + T, dtype=torch.bool).tril(P)
+        y = F.scaled_dot_product_attention(q, HF.repeat_kv(k, g), HF.repeat_kv(v, g), keep)
+        x = hidden_states + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, ((k, v) if use_cache else None)
+
+
+@pytest.mark.parametrize("offset", [True, False])
+def test_a_block_returning_a_tuple_has_its_cache_driven(offset):
+    # (s71 unseen set: MiniMind's layer) the tuple's first item taken as the output hid the
+    # forward's past_key_value: "cache: not probed", and a rope_cache_offset mutant PASSed
+    report = check_block(_TupleCachedLlama, offset=offset, **HF.ARGS)
+    cache = [n for n in report.notes if n.startswith("cache (past_key_value)")]
+    assert len(cache) == 1, str(report)
+    assert report.diagnosis == ([] if offset else ["rope_cache_offset"]), str(report)

@@ -16,7 +16,7 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.loop import signature
 from ..serve.runner import learner_line
 from . import sizes as _sizes
-from .sizes import CONFIG_NAMES, DROPOUTS, KINDS, Kind, config_class, parameters
+from .sizes import DROPOUTS, KINDS, Kind, config_class, config_name, parameters
 
 __all__ = [
     "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
@@ -101,7 +101,7 @@ def fit_arguments(
     """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
     ``n_embd``), else left out; with notes of what moved."""
     params = signature(factory)  # **kwargs included
-    if not params or any(p.kind is p.VAR_KEYWORD or n in CONFIG_NAMES for n, p in params.items()):
+    if not params or any(p.kind is p.VAR_KEYWORD or config_name(n) for n, p in params.items()):
         return dict(given), []  # **kwargs or a config object: they take what is given
     fitted: dict[str, object] = {n: v for n, v in given.items() if n in params}
     name = getattr(factory, "__qualname__", repr(factory))
@@ -164,26 +164,26 @@ def complete(
     if not missing:
         return args
     param, cls = missing[0], config_class(factory, missing[0])
-    if len(missing) != 1 or not (cls or param.name.lower() in CONFIG_NAMES):
+    if len(missing) != 1 or not (cls or config_name(param.name)):
         values = {p.name: guess(p.name, p.annotation, sizes) for p in missing}
         built = None not in values.values() and builds(factory, {**args, **values})
         raise _needs(name, "it", values if built else dict.fromkeys(values), "this builds it")
     rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
-    own = {} if dataclasses.is_dataclass(cls) else _sizes.config_defaults(cls)
+    own = {} if _sizes.dataclass_config(cls) else _sizes.config_defaults(cls)
     if own:  # a plain class's values (``class Config: n_embd = 64``), the file's sizes, --arg's
         values = {**own, **{k: x for k, x in sizes.items() if k in own}, **given}
         required = inspect.Parameter.empty  # its __init__'s required parameters
         if lacking := {k: guess(k, sizes=sizes) for k, x in values.items() if x is required}:
             raise _needs(name, f"its {getattr(cls, '__name__', '')} config", lacking, "give them")
-    fields = None
-    if cls is not None and dataclasses.is_dataclass(cls):
+    fields, called = None, getattr(cls, "__name__", "")
+    if cls is not None and _sizes.dataclass_config(cls):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
         if unknown := sorted(set(given) - known - {n for k in KINDS.values() for n in k.names}):
             raise UserValueError(
-                f"{name} takes a {cls.__name__} config, which has no field {', '.join(unknown)}"
+                f"{name} takes a {called} config, which has no field {', '.join(unknown)}"
             )
         empty = dataclasses.MISSING
         values = {k: x for k, x in {**values, **sizes, **given}.items() if k in known}
@@ -194,7 +194,7 @@ def complete(
         lacking = {f.name: guess(f.name, sizes=sizes) for f in fields if f.default is empty
                    and f.default_factory is empty and f.name not in values}  # fmt: skip
         if lacking:
-            raise _needs(name, f"its {cls.__name__} config", lacking, "give them")
+            raise _needs(name, f"its {called} config", lacking, "give them")
 
     def make(v: dict[str, object]) -> object:
         try:  # a dataclass (its own checks), or a class of the file's own, e.g. Config(**kw)

@@ -7,7 +7,7 @@ import contextlib
 import copy
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -82,7 +82,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     filled.update(same)
     said = ", ".join(f"{n}={v}" for n, v in same.items())
     origins += [f"built with {said} from {file}'s module settings of the same names"] * bool(same)
-    check_sizes(filled, kwargs)
+    check_sizes(filled, kwargs, {*values, *same} - set(kwargs))
     args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in numbers if n in values})
@@ -189,14 +189,18 @@ def _hint(target: Callable[..., Any], given: Mapping[str, object]) -> str:
     return ""
 
 
-def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None:
+def check_sizes(
+    args: Mapping[str, object], given: Mapping[str, object], file: Collection[str] = ()
+) -> None:
     """Refuse sizes no block can be built with: not a whole number in 1..``LARGEST``, or a head
-    count that does not divide the width or is not divided by the key/value head count."""
+    count that does not divide the width or is not divided by the key/value head count, unless
+    the ``file`` chose both (its block's own call tells what that does)."""
 
     def shown(name: str) -> str:
         if name in given:
             return f"--arg {name}={args[name]!r}"
-        return f"{name}={args[name]!r} (the checker's default; --arg {name}=N changes it)"
+        whose = "the file's" if name in file else "the checker's default"
+        return f"{name}={args[name]!r} ({whose}; --arg {name}=N changes it)"
 
     sizes: dict[str, int] = {}
     for name in (n for k in KINDS.values() for n in k.names if n in args):
@@ -211,7 +215,8 @@ def check_sizes(args: Mapping[str, object], given: Mapping[str, object]) -> None
         sizes[name] = size
     first = {kind: next((n for n in k.names if n in sizes), "") for kind, k in KINDS.items()}
     wide, heads, kv = first["width"], first["heads"], first["kv_heads"]
-    if wide and heads and not first["head_size"] and sizes[wide] % sizes[heads]:
+    mine = {wide, heads} - set(file)  # (the file's own: its call tells)
+    if wide and heads and not first["head_size"] and sizes[wide] % sizes[heads] and mine:
         C = sizes[wide]
         divisors = ", ".join(str(d) for d in range(1, C + 1) if C % d == 0)
         raise UserValueError(

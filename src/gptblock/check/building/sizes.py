@@ -11,15 +11,18 @@ import re
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..serve.loop import signature
 from ..serve.script import SKIPPED
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
-    "CONFIG_NAMES", "DROPOUTS", "KINDS", "Kind", "Plan", "config_class", "config_defaults",
-    "config_fields", "file_sizes", "kind_of", "names", "number", "parameters", "patch_globals",
-    "plan", "settings", "size_sets",
+    "DROPOUTS", "KINDS", "Kind", "Plan", "config_class", "config_defaults", "config_fields",
+    "config_name", "dataclass_config", "file_sizes", "kind_of", "names", "number", "parameters",
+    "patch_globals", "plan", "settings", "size_sets",
 ]  # fmt: skip
 
 
@@ -63,7 +66,7 @@ _OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansio
 _NUM = re.compile(r"^(num|number_of)_")  # NUM_EMBD = 128 is an n_embd too
 DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)
-CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
+_CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
 _CONFIG_WORDS = ("config", "cfg", "conf", "args", "params", "settings", "options")  # a class's
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8), (24, 6))  # (C, nh): hs 16, 8...
@@ -100,7 +103,7 @@ def settings(
     read &= {n for n, v in own.items() if isinstance(v, plain) or dataclasses.is_dataclass(type(v))}
     configs = {n: v for n, v in own.items() if n in read}
     params = parameters(factory) if callable(factory) else []
-    if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
+    if any(config_name(p.name) and p.name not in given for p in params):
         configs |= {n: v for n, v in own.items() if _sized(v)}
     file = getattr(module, "__file__", None)
     numbers = {n: v for n, x in own.items() if (v := number(x))}
@@ -112,23 +115,21 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
     parameter without one (or a Protocol), the file's dataclass with the most size fields."""
     own = vars(inspect.getmodule(factory) or types)
     cls = own.get(param.annotation) if isinstance(param.annotation, str) else param.annotation
-    if getattr(cls, "_is_protocol", False) or (
-        cls is param.empty and param.name.lower() in CONFIG_NAMES
-    ):
+    if getattr(cls, "_is_protocol", False) or (cls is param.empty and config_name(param.name)):
         wanted = set(getattr(cls, "__annotations__", ()))  # a Protocol's fields
         found = [(sum(kind_of(n) not in (None, "other") for n in names), c) for c in own.values()
                  if isinstance(c, type) and c.__module__ == own["__name__"]
                  and wanted <= (names := set(config_defaults(c)))]  # fmt: skip
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
     ours = isinstance(cls, type) and cls.__module__ == getattr(factory, "__module__", None)
-    return cls if ours or (isinstance(cls, type) and dataclasses.is_dataclass(cls)) else None
+    return cls if ours or (isinstance(cls, type) and dataclass_config(cls)) else None
 
 
 def config_defaults(cls: object) -> dict[str, object]:
     """A config class's defaults: a dataclass's fields', else its own public plain values (the
     learner's ``class Config: n_embd = 64``) and its own ``__init__``'s parameters, ``empty``
     where required (minGPT's ``GPTConfig(vocab_size, block_size, **kwargs)``)."""
-    if dataclasses.is_dataclass(cls):
+    if dataclass_config(cls):
         return {f.name: f.default for f in dataclasses.fields(cls)}
     plain = (int, float, str, bool, type(None))
     public = vars(cls).items() if isinstance(cls, type) else ()
@@ -140,6 +141,21 @@ def config_defaults(cls: object) -> dict[str, object]:
     if "__init__" in vars(cls) and not hasattr(cls, "forward"):
         found |= {p.name: p.default for p in parameters(cls)}
     return found
+
+
+def dataclass_config(obj: object) -> TypeGuard[DataclassInstance]:
+    """A dataclass (or one of them) whose ``__init__`` takes its fields: not one with its own (a
+    ``transformers.PretrainedConfig`` subclass, a dataclass from transformers 5: s71 unseen set)."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+    return fields is not None and {p.name for p in parameters(cls)} <= fields
+
+
+def config_name(name: str) -> bool:
+    """A parameter named as a config object: ``config``, ``cfg``, and such a word after another
+    (``model_config``, ``gpt_params``: s70 unseen set)."""
+    low = name.lower()
+    return low in _CONFIG_NAMES or low.rpartition("_")[2] in _CONFIG_NAMES
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
@@ -164,7 +180,7 @@ def file_sizes(
     used = {
         _NUM.sub("n_", n.lower()) for n in [*(p.name for p in params), *fields, *module, *given]
     }
-    if any(p.name.lower() in CONFIG_NAMES and p.name not in given for p in params):
+    if any(config_name(p.name) and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
         ("--arg", given),
@@ -295,7 +311,7 @@ def config_fields(value: object) -> dict[str, object] | None:
     """A config object's fields, None for anything else (a module, a tensor, a number...)."""
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if isinstance(k, str)}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if dataclass_config(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
     library = type(value).__module__.split(".")[0] in ("torch", "builtins", "numpy")
     if (library and not isinstance(value, types.SimpleNamespace)) or callable(value):
@@ -310,7 +326,7 @@ def _replaced(config: object, changes: Mapping[str, int]) -> object:
     """A copy of ``config`` with ``changes`` (a dataclass's ``__post_init__`` derives from them)."""
     if isinstance(config, dict):
         return {**config, **changes}
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+    if dataclass_config(config) and not isinstance(config, type):
         init = {f.name for f in dataclasses.fields(config) if f.init}
         new: object = dataclasses.replace(config, **{k: v for k, v in changes.items() if k in init})
     else:

@@ -231,9 +231,10 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
         while (step := back(read.trace, m)) is not None:  # a scalar factor after the norm: the
             m, factor = step[0], factor * step[1]  # scores' scale split onto q and k, not a gain
         base = rms(lin.reshape(B, T, -1, hs)[:, 0, 0], factor, 1e-6)  # (B, hs): head 0, position 0
+        nh = value.numel() // (B * T * hs)  # k's: the key/value heads (SDPA's enable_gqa)
         found = []  # (spread over the batch, gains): (B * nh, T, hs) may be (nh * B, T, hs)
         for first in (False, True):
-            if (core := heads(value, B, read.n_head, T, hs, key == 1, first)) is not None:
+            if (core := heads(value, B, nh, T, hs, key == 1, first)) is not None:
                 ratio = core[:, 0, 0] / base  # (B, hs)
                 spread = float(ratio.std(dim=0, correction=0).sum())
                 found.append((spread, ratio.median(dim=0).values))

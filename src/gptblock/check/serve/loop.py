@@ -35,9 +35,8 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 __all__ = [
     "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
-    "Reader", "UserValueError", "cache_api", "cached_last", "cut_graphs", "decode",
-    "default_dtype", "drive_cache", "encode", "fixed_seed", "one_line", "record", "send",
-    "setting", "signature",
+    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "default_dtype",
+    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -343,26 +342,11 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     return y
 
 
-def cut_graphs(module: nn.Module, *, keep: bool = False) -> list[str]:
-    """The names of the tensors ``module`` holds (buffers, plain attributes) that carry an
-    autograd graph (a KV cache written in place with grad on), each detached unless ``keep``."""
-    names = []
-    for prefix, m in module.named_modules():
-        for held in (m._buffers, vars(m)):
-            for name, t in list(held.items()):
-                if isinstance(t, Tensor) and t.grad_fn is not None:
-                    if not keep:
-                        held[name] = t.detach()
-                    names.append(f"{prefix}.{name}".lstrip("."))
-    return names
-
-
 def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
     """The last position's output (``whole``) and the cached step's (``step``), on a copy."""
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
-    cut_graphs(module)  # (a tensor with a graph cannot be deep-copied)
     try:
         with torch.no_grad(), NoDropout() if no_dropout else contextlib.nullcontext():
             whole = _first(module(x))
@@ -399,7 +383,6 @@ def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message
         finally:
             for h in rec.handles:
                 h.remove()
-            cut_graphs(module)
         made = isinstance(out, Tensor) and id(out) in rec.latest
         real = [torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in rec.values]
         meta = {"ops": rec.ops, "nodes": rec.nodes, "input": rec.input, "calls": rec.calls,

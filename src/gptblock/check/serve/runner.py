@@ -25,7 +25,7 @@ import torch.nn as nn
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
 from .script import SKIPPED, Cells, cell_of, code_of, definitions, package_of
-from .subject import Subject
+from .subject import Subject, cut_graphs
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
            "load_module", "main", "size_error", "to_data"]  # fmt: skip
@@ -121,8 +121,12 @@ class Held:
             return {"how": how}, {}
         if op == "record":  # (this module's ``record``: a forgery test swaps it)
             return record(s.module, x, no_dropout=s.no_dropout)
-        if op == "cache":
-            return drive_cache(s.module, x, no_dropout=s.no_dropout)
+        if op == "cache":  # by its own forward, whose (y, cache) tuple the drive reads
+            cut_graphs(s.module)  # (a tensor with a graph cannot be deep-copied)
+            taken = s.module.__dict__.pop("forward", None)  # (``subject._take``'s)
+            drove = drive_cache(s.module, x, no_dropout=s.no_dropout)  # (it catches the block's)
+            s.module.__dict__.update({"forward": taken} if taken is not None else {})
+            return drove
         raise RuntimeError(f"unknown request {op!r}")
 
 
@@ -136,8 +140,15 @@ def to_data(value: object, home: object) -> object:
                 return {"pickle": pickle.dumps(value).hex()}
         elif hasattr(value, "__dict__") and "<locals>" not in cls.__qualname__:
             where = "" if cls.__module__ == getattr(home, "__name__", None) else cls.__module__
-            fields = to_data(vars(value), home)
-            return {"object": cls.__qualname__, "module": where, "fields": fields}
+            kept = dict(vars(value))
+            for name, field in vars(value).items():
+                try:
+                    to_data(field, home)
+                except ValueError:  # (PretrainedConfig's id2label, int keys): its own default
+                    if not any(p.kind is p.VAR_KEYWORD for p in loop.signature(cls).values()):
+                        raise
+                    del kept[name]
+            return {"object": cls.__qualname__, "module": where, "fields": to_data(kept, home)}
         raise ValueError(f"a {cls.__name__}, which cannot be sent as data")
 
     return loop.encode(value, other)
@@ -150,7 +161,8 @@ def _made(home: object, data: dict[str, Any]) -> object:
     where = importlib.import_module(data["module"]) if data["module"] else home
     cls: Any = functools.reduce(getattr, data["object"].split("."), where)
     fields = loop.decode(data["fields"], functools.partial(_made, home))
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+    own = isinstance(cls, type) and dataclasses.is_dataclass(cls)  # (sizes.dataclass_config)
+    if own and set(loop.signature(cls)) <= {f.name for f in dataclasses.fields(cls)}:
         init = [f.name for f in dataclasses.fields(cls) if f.init and f.name in fields]
         return cls(**{n: fields[n] for n in init})
     try:

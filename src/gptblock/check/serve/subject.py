@@ -16,18 +16,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from .loop import (
-    CAUGHT,
-    NoDropout,
-    UserValueError,
-    cut_graphs,
-    default_dtype,
-    fixed_seed,
-    one_line,
-    setting,
-)
+from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line, setting
 
-__all__ = ["Grads", "Probed", "Subject", "first_tensor", "one_thread"]
+__all__ = ["Grads", "Probed", "Subject", "cut_graphs", "first_tensor", "one_thread"]
 
 Tensor = torch.Tensor
 
@@ -215,6 +206,20 @@ class Subject(Probed):
                 raise
             return Grads(names, [], stage, one_line(e))
         return Grads(names, grads[: len(params)], input=grads[-1] if inputs else None)
+
+
+def cut_graphs(module: nn.Module, *, keep: bool = False) -> list[str]:
+    """The names of the tensors ``module`` holds (buffers, plain attributes) that carry an
+    autograd graph (a KV cache written in place with grad on), each detached unless ``keep``."""
+    names = []
+    for prefix, m in module.named_modules():
+        for held in (m._buffers, vars(m)):
+            for name, t in list(held.items()):
+                if isinstance(t, Tensor) and t.grad_fn is not None:
+                    if not keep:
+                        held[name] = t.detach()
+                    names.append(f"{prefix}.{name}".lstrip("."))
+    return names
 
 
 def _copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
