@@ -395,3 +395,32 @@ class _NaNValueBlock(lesson.Block):
 def test_a_nan_reaching_earlier_rows_through_zero_weights_is_no_leak():
     # (s69 unseen set: an RMSNorm of mean(x)) was future_leak beside the block's own mistake
     assert check_block(_NaNValueBlock).diagnosis == ["nonfinite"]
+
+
+class _BookNorm(nn.Module):
+    """A hand-written LayerNorm: it saves its input only where the input needs a gradient."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.scale, self.shift = nn.Parameter(torch.ones(n)), nn.Parameter(torch.zeros(n))
+
+    def forward(self, x):
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+        return self.scale * (x - mean) / torch.sqrt(var + 1e-5) + self.shift
+
+
+class _InPlaceOnItsInput(lesson.Block):
+    def __init__(self, n_embd=32, n_head=4, block_size=16):
+        super().__init__(n_embd, n_head, block_size, 0.0)
+        self.ln1, self.ln2 = _BookNorm(n_embd), _BookNorm(n_embd)
+
+    def forward(self, x):
+        x += self.sa(self.ln1(x))  # the block's own input, which ln1 saved for its gradient
+        return x + self.ffwd(self.ln2(x))
+
+
+def test_an_inplace_residual_on_the_input_behind_a_hand_written_norm_is_inplace():
+    # (s73 unseen set) was FAIL "its gradient with respect to its input ... off by inf", no id:
+    # the gradients check's input needed no gradient, as an embedding's output does
+    report = check_block(_InPlaceOnItsInput)
+    assert report.diagnosis == ["inplace"], str(report)

@@ -67,7 +67,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
             f"target must be an nn.Module or a class / factory building one, got {target!r}"
         )
     kwargs, fitted = fit_arguments(target, kwargs)  # d_model=32 given to a block's n_embd
-    sizes, origins = file_sizes(target, kwargs)
+    sizes, origins, chosen = file_sizes(target, kwargs)
     values = names(sizes)
     sized = [  # a size argument without a default, or with a number: None may mean "none"
         n for n, p in signature(target).items()
@@ -82,7 +82,7 @@ def build_at(target: object, kwargs: Mapping[str, object], other: bool = False) 
     filled.update(same)
     said = ", ".join(f"{n}={v}" for n, v in same.items())
     origins += [f"built with {said} from {file}'s module settings of the same names"] * bool(same)
-    check_sizes(filled, kwargs, {*values, *same} - set(kwargs))
+    check_sizes(filled, kwargs, {*names({k: 0 for k in chosen}), *same} - set(kwargs))
     args = complete(target, filled, kwargs, values)
     shown = {n: v for n, v in filled.items() if n in values}
     shown.update({n: values[n] for n in numbers if n in values})

@@ -166,9 +166,9 @@ def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 
 def file_sizes(
     factory: Callable[..., Any], given: Mapping[str, object]
-) -> tuple[dict[str, int], list[str]]:
+) -> tuple[dict[str, int], list[str], set[str]]:
     """The sizes the file implies, by the first of ``places`` that names them, else the
-    checker's, and the notes of where they came from."""
+    checker's, the notes of where they came from, and the kinds the file chose."""
     params = parameters(factory)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
     classes = [config_class(factory, p) for p in params if p.name not in given]
@@ -190,6 +190,7 @@ def file_sizes(
     )
     values: dict[str, int] = {}
     named: dict[str, list[str]] = {}  # place -> the sizes it gives, n_embd=64
+    chosen: set[str] = set()
     for kind, k in KINDS.items():
         if not used & set(k.names):
             continue
@@ -202,6 +203,7 @@ def file_sizes(
             if value is not None and (kind != "width" or value >= 8 or source == "--arg"):
                 values[kind] = value  # (a width of 1 is a softmax's dim)
                 named.setdefault(source, []).append(f"{n}={value}")
+                chosen |= {kind} if source != "--arg" else set()
                 break
         else:  # the checker's; a head size C / nh
             C, nh = values.get("width"), values.get("heads")
@@ -217,7 +219,7 @@ def file_sizes(
             f"not run: {file}'s top-level {skipped} (nothing the block needs is defined "
             "or changed there: a script's run when imported)"
         )
-    return values, notes
+    return values, notes, chosen
 
 
 def size_sets(v: Mapping[str, int], hints: bool = False) -> list[dict[str, int]]:

@@ -190,15 +190,17 @@ class Subject(Probed):
         params = [(n, p) for n, p in own if p.requires_grad and n not in self.aside]
         names = [n for n, _ in params]
         if not params and not inputs:
-            return Grads([], [])
-        x, stage = x.detach().requires_grad_(inputs), "forward"
+            return Grads([], [])  # (nothing to train: an input changed in place harms nothing)
+        # the input needs its gradient, as an embedding's output does: a saved input changed in
+        # place (``x += attn(ln(x))`` behind a norm that saves only what it computes) fails then
+        x, stage = x.detach().requires_grad_(True), "forward"
         try:  # (in the forward pass: a view autograd needs, changed in place: only with grad)
             with torch.enable_grad():
                 y = self(x, grad=True)
                 loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
                 if not loss.requires_grad:  # the output depends on no parameter at all
                     return Grads(names, [None] * len(params))
-                stage, wrt = "backward", [p for _, p in params] + ([x] if inputs else [])
+                stage, wrt = "backward", [p for _, p in params] + [x]
                 grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
         except RuntimeError as e:  # or a graph kept from the last call (a cache's buffer)
             said = str(e).replace("in-place", "inplace").replace(" in place", " inplace")
