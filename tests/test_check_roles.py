@@ -4,12 +4,17 @@ else by shapes, the order the forward pass calls them and registration order
 settles it.
 """
 
+import inspect
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from gptblock import TransformerBlock, check_block
+from gptblock.check import check_isolated
 from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles
 from gptblock.check.roles.parts import discover, named_parts, observe
 from gptblock.check.serve.subject import one_thread
@@ -481,3 +486,82 @@ def test_suggest_map_offers_none_for_one_module_per_head():
     from gptblock.check.roles.readings import suggest_map
 
     assert suggest_map(lesson.Block(16, 2, 8), 16) == ""  # one module per head: no fixed order
+
+
+def _rope(t, T, hs):  # (B, nh, T, hs), adjacent pairs, theta 1e4
+    angle = torch.outer(
+        torch.arange(T, dtype=t.dtype), 1e4 ** (-torch.arange(0, hs, 2, dtype=t.dtype) / hs)
+    )
+    a, b = t[..., 0::2], t[..., 1::2]
+    return torch.stack([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], -1).flatten(-2)  # fmt: skip
+
+
+class HeadLayouts(nn.Module):
+    """A block whose heads are split ``contiguous``ly, ``strided`` (head h: channels h,
+    h + nh, ...: ``heads_mixed``, pretrained weights load wrongly), or contiguously and then
+    q and k permuted to (B, T, hs, nh) and back (``round trip``: the same tensors); ``modern``: RMSNorm,
+    rotary after the split, SwiGLU (s72 unseen set: a Qwen3 learner's RoPE module)."""
+
+    def __init__(self, n_embd=32, n_head=4, split="contiguous", modern=False):
+        super().__init__()
+        self.nh, self.split, self.modern = n_head, split, modern
+        norm = nn.RMSNorm if modern else nn.LayerNorm
+        self.ln1, self.ln2 = norm(n_embd), norm(n_embd)
+        self.q, self.k, self.v, self.proj = (
+            nn.Linear(n_embd, n_embd, not modern) for _ in range(4)
+        )
+        self.fc1, self.fc2 = (
+            nn.Linear(n_embd, 4 * n_embd, not modern),
+            nn.Linear(4 * n_embd, n_embd, not modern),
+        )
+        self.fc3 = nn.Linear(n_embd, 4 * n_embd, False) if modern else None
+
+    def heads(self, t):  # (B, T, C) -> (B, nh, T, hs)
+        B, T, C = t.shape
+        if self.split == "strided":
+            return t.view(B, T, C // self.nh, self.nh).permute(0, 3, 1, 2)
+        return t.view(B, T, self.nh, C // self.nh).transpose(1, 2)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.ln1(x)
+        q, k, v = (self.heads(f(h)) for f in (self.q, self.k, self.v))
+        if self.split == "round trip":  # (B, T, hs, nh) and back: the same tensors
+            q, k = (t.permute(0, 2, 3, 1).permute(0, 3, 1, 2) for t in (q, k))
+        if self.modern:
+            q, k = _rope(q, T, C // self.nh), _rope(k, T, C // self.nh)
+        att = (q @ k.transpose(-2, -1) / (C // self.nh) ** 0.5).masked_fill(
+            torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")
+        )
+        x = x + self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C))
+        h = self.ln2(x)
+        mlp = F.silu(self.fc1(h)) * self.fc3(h) if self.modern else F.gelu(self.fc1(h))
+        return x + self.fc2(mlp)
+
+
+def test_heads_are_read_however_their_channels_are_laid_out(tmp_path):
+    # (s72 unseen set) the round trip was FAIL heads_mixed (plain) and FAIL naming no mistake
+    # (modern, in its own process): the first tensor laid out by position behind q (and the
+    # last after its product) was (B, T, hs, nh)
+    path = tmp_path / "layouts.py"
+    text = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+    text += inspect.getsource(_rope) + "\n\n" + inspect.getsource(HeadLayouts)
+    cases = [(s, m) for m in (False, True) for s in ("contiguous", "round trip", "strided")]
+    for i, (split, modern) in enumerate(cases):
+        text += f"\n\nclass Case{i}(HeadLayouts):\n    def __init__(self):\n"
+        text += f"        super().__init__(split={split!r}, modern={modern})\n"
+    path.write_text(text)
+    reports = check_isolated([f"{path}:Case{i}" for i in range(len(cases))], kwargs={}, roles={})
+    for (split, modern), report in zip(cases, reports, strict=True):
+        expected = ["heads_mixed"] if split == "strided" else []
+        assert report.diagnosis == expected, (split, modern, str(report))
+    # from the command line, where the modern round trip's reading went wrong
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptblock",
+        "check",
+        f"{path}:Case{cases.index(('round trip', True))}",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "result: PASS" in done.stdout, done.stdout + done.stderr

@@ -15,10 +15,8 @@ import torch.nn.functional as F
 
 from .steps import CORRECT, Deviation, Steps, way
 
-__all__ = [
-    "DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale", "searched",
-    "variants",
-]  # fmt: skip
+__all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale",
+           "searched", "variants"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,8 +90,8 @@ _ENTRIES = (
         "Each row of weights was normalised over every position, later ones included, and the "
         "mask then zeroes the future: the rows no longer sum to 1 and each position's weights "
         "still depend on the scores of later positions (through the normaliser).",
-        'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); '
-        "wei = F.softmax(wei, dim=-1).",
+        'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); wei = '
+        "F.softmax(wei, dim=-1).",
         "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
         explains=("future_leak",), ruled_out_by=_LEAKS,
         ways=(way("the causal mask zeroes the weights after the softmax: each row was normalised over "
@@ -155,6 +153,8 @@ _ENTRIES = (
                   split=lambda t, nh, name, one=one: t.reshape(t.shape[0], nh, t.shape[1], -1)
                   if name in one else CORRECT.split(t, nh, name))  # torchtune's q alone
               for one, who in (("qkv", "q, k and v are"), *((t, f"{t} alone is") for t in "qkv"))),
+            way("q, k, v split by view(B, T, hs, nh): head h takes channels h, h + nh, ..., not h * hs "
+                "...", split=lambda t, nh, name: t.reshape(*t.shape[:2], -1, nh).permute(0, 3, 1, 2)),
             way("the heads' outputs (B, nh, T, hs) are reshaped to (B, T, C) without transpose(1, 2): "
                 "each position's output holds pieces of other positions",
                 merge=lambda y: y.reshape(y.shape[0], y.shape[2], -1)),

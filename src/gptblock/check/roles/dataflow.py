@@ -144,6 +144,7 @@ def back(trace: Trace, node: int) -> tuple[int, float] | None:
 def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     """``node`` or the nearest node behind it laid out by position; a slice (q of a packed qkv)
     or a bias (per head) stops it, read there along the axes of sizes B and T."""
+    start = node
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
         stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
@@ -151,6 +152,27 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
         if step is None:  # or made by a product: (nh, B * T, hs) from a 3-D weight
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         node = step[0]
+    return _in_order(trace, start, node, B, T)
+
+
+def _in_order(trace: Trace, start: int, node: int, B: int, T: int) -> int:
+    """``node``, or where its rows hold the channels as ``start`` (the attention's operand) does:
+    heads permuted to (B, T, hs, nh) and back read behind that view, in the product's order."""
+    value = trace.nodes[start].value  # (B, nh, T, hs), or (B * nh, T, hs) as matmul makes it
+    if value.dim() == 3 and value.shape[0] % B == 0 and value.shape[1] == T:
+        value = value.reshape(B, -1, *value.shape[1:])
+    try:
+        want = as_rows(value, B, T)
+    except Unread:
+        return node
+    at, size = node, trace.nodes[node].value.numel()
+    while (op := trace.producer(at)) is not None and op.base in SHAPE_OPS:
+        laid = layout(trace.nodes[at].shape, B, T) is not None
+        if laid and torch.equal(as_rows(trace.nodes[at].value, B, T), want):
+            return at
+        if len(pieces := data(trace, op)) != 1 or trace.nodes[pieces[0]].value.numel() != size:
+            break
+        at = pieces[0]
     return node
 
 
@@ -196,11 +218,15 @@ def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
     return seen, [found[i] for i in sorted(found)]
 
 
-def forward_end(trace: Trace, node: int, B: int, T: int) -> int | None:
-    """The last node laid out by position on the single-consumer chain from ``node``."""
+def forward_end(trace: Trace, node: int, B: int, T: int, in_order: bool = False) -> int | None:
+    """The last node laid out by position on the single-consumer chain from ``node``; with
+    ``in_order``, of those whose rows hold the channels in the first one's order (not heads
+    permuted to (B, T, hs, nh) on their way back)."""
     last = None
     while True:
-        last = node if layout(trace.nodes[node].shape, B, T) is not None else last
+        laid = layout(trace.nodes[node].shape, B, T) is not None
+        if laid and not (in_order and last is not None and _reordered(trace, last, node, B, T)):
+            last = node
         users = trace.consumers(node)
         if len(users) != 1 or len(users[0].outputs) != 1 or len(data(trace, users[0])) != 1:
             return last
@@ -209,6 +235,12 @@ def forward_end(trace: Trace, node: int, B: int, T: int) -> int | None:
         if not (moved or _scalar(trace, user, node)):
             return last
         node = user.outputs[0]
+
+
+def _reordered(trace: Trace, a: int, b: int, B: int, T: int) -> bool:
+    """Whether ``b`` holds ``a``'s channels of a position in another order."""
+    x, y = (as_rows(trace.nodes[n].value, B, T) for n in (a, b))
+    return x.shape == y.shape and not torch.equal(x, y)
 
 
 class Unread(Exception):
@@ -314,7 +346,7 @@ def _unrepeated(trace: Trace, op: Op, node: int, core: Core, B: int, T: int) -> 
     """``op``'s output as ``forward_end`` reads it, but before a repeat of key/value heads (a
     change of size), and of a packed product the nodes behind ``node`` alone."""
     at = op.outputs[0]
-    end, size = forward_end(trace, at, B, T), trace.nodes[at].shape
+    end, size = forward_end(trace, at, B, T, in_order=True), trace.nodes[at].shape
     while at != end:
         users = [u for u in trace.consumers(at) if u.outputs]
         if len(users) != 1 or math.prod(trace.nodes[users[0].outputs[0]].shape) != math.prod(size):
