@@ -90,8 +90,8 @@ _ENTRIES = (
         "Each row of weights was normalised over every position, later ones included, and the "
         "mask then zeroes the future: the rows no longer sum to 1 and each position's weights "
         "still depend on the scores of later positions (through the normaliser).",
-        'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); wei = '
-        "F.softmax(wei, dim=-1).",
+        'Mask the scores first, then normalise: wei = wei.masked_fill(mask, float("-inf")); '
+        "wei = F.softmax(wei, dim=-1).",
         "lesson 1: the masked_fill line comes before wei = F.softmax(wei, dim=-1)",
         explains=("future_leak",), ruled_out_by=_LEAKS,
         ways=(way("the causal mask zeroes the weights after the softmax: each row was normalised over "
