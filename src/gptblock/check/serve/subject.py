@@ -179,7 +179,7 @@ class Subject(Probed):
         cut_graphs(module)  # what an earlier call left (the trace's)
         got = self._grads(x, weights, inputs)
         if not got.failed and (held := cut_graphs(module, keep=True)):  # a second call
-            again = self._grads(x[:1], weights[:1], inputs)  # (one sequence: 5% of the zoo's time)
+            again = self._grads(x[:1], weights[:1], inputs)  # (one sequence is enough)
             if again.failed and "a second time" in again.message:
                 got = replace(got, kept=", ".join(held[:3]) + ", ..." * (len(held) > 3))
         cut_graphs(module)
@@ -198,7 +198,7 @@ class Subject(Probed):
             with torch.enable_grad():
                 y = self(x, grad=True)
                 loss = (torch.where(torch.isfinite(y), y, 0.0) * weights).sum()
-                if not loss.requires_grad:  # the output depends on no parameter at all
+                if not loss.requires_grad:  # the output depends on no parameter nor input
                     return Grads(names, [None] * len(params))
                 stage, wrt = "backward", [p for _, p in params] + [x]
                 grads: list[Tensor | None] = list(torch.autograd.grad(loss, wrt, allow_unused=True))
