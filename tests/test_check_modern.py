@@ -423,3 +423,61 @@ def test_grouped_heads_by_sdpa_enable_gqa_with_a_qk_norm_pass(tmp_path):
         module = zoo_modern._import(f"nanochat_qk_{name}", path)
         report = check_block(module.Block, **module.ARGS)
         assert report.verdict == "PASS", (name, str(report))
+
+
+class StridedQkNorm(torch.nn.Module):
+    """A Qwen3-like layer (the s72 unseen set's) with a per-head qk norm and two key/value heads,
+    its heads split strided (``view(B, T, hs, nh)``: head h reads channels h, h + nh, ...) or
+    contiguous, and Meta's MLP names capitalised (W1 gate, W3 up), ``swapped`` or not."""
+
+    def __init__(self, n_embd=32, n_head=4, strided=True, swapped=False):
+        super().__init__()
+        self.nh, self.nkv, self.strided, self.swapped = n_head, 2, strided, swapped
+        hs = n_embd // n_head
+        self.ln1, self.ln2 = torch.nn.RMSNorm(n_embd), torch.nn.RMSNorm(n_embd)
+        self.q_norm, self.k_norm = torch.nn.RMSNorm(hs), torch.nn.RMSNorm(hs)
+        self.q, self.o = (torch.nn.Linear(n_embd, n_embd, False) for _ in range(2))
+        self.k, self.v = (torch.nn.Linear(n_embd, 2 * hs, False) for _ in range(2))
+        self.W1, self.W3 = (torch.nn.Linear(n_embd, 2 * n_embd, False) for _ in range(2))
+        self.W2 = torch.nn.Linear(2 * n_embd, n_embd, False)
+
+    def split(self, t, n):  # (B, T, n * hs) -> (B, n, T, hs)
+        B, T, _ = t.shape
+        if self.strided:
+            return t.view(B, T, -1, n).permute(0, 3, 1, 2)
+        return t.view(B, T, n, -1).transpose(1, 2)
+
+    @staticmethod
+    def turn(x):  # (B, n, T, hs): adjacent pairs (2i, 2i + 1) rotated, theta 1e4
+        T, hs = x.shape[-2:]
+        angle = torch.outer(torch.arange(T), 1e4 ** (-torch.arange(0, hs, 2) / hs)).to(x)
+        cos, sin, even, odd = angle.cos(), angle.sin(), x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.ln1(x)
+        q = self.q_norm(self.split(self.q(h), self.nh))
+        k = self.k_norm(self.split(self.k(h), self.nkv))
+        v = self.split(self.v(h), self.nkv)
+        q, k = self.turn(q), self.turn(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))  # merged (nh, hs)
+        h = self.ln2(x)
+        gate, up = (self.W3, self.W1) if self.swapped else (self.W1, self.W3)
+        return x + self.W2(F.silu(gate(h)) * up(h))
+
+
+def test_strided_heads_with_a_qk_norm_are_heads_mixed_and_capitalised_names_are_read():
+    # (s72 unseen set: a Qwen3 layer) strided heads with a per-head qk norm were UNVERIFIED, "q
+    # and k normalised over the whole width": the norm's probe and its gains took head 0 as the
+    # first hs channels. Its swapped-MLP mutant (W3 gated) was not named: the names were read
+    # case by case.
+    for kwargs, diagnosis in (
+        ({"strided": False}, []),
+        ({"strided": True}, ["heads_mixed"]),
+        ({"strided": True, "swapped": True}, ["heads_mixed", "swiglu_swapped"]),
+    ):
+        report = check_block(StridedQkNorm, **kwargs)
+        assert sorted(report.diagnosis) == diagnosis, (kwargs, str(report))
+        assert report.verdict == ("FAIL" if diagnosis else "PASS"), (kwargs, str(report))

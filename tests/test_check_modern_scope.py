@@ -119,6 +119,38 @@ def test_a_norm_on_the_attentions_output_is_not_named_a_gate():
     assert report.verdict != "PASS" and "gated" not in " ".join(report.notes), report.format()
 
 
+class _TorchAttention(torch.nn.Module):
+    """RMSNorm, nn.MultiheadAttention with its biases (its output made as (T * B, C) and laid out
+    (B, T, C) by view and transpose) and a SiLU MLP."""
+
+    def __init__(self, n_embd=32, n_head=4):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.RMSNorm(n_embd), torch.nn.RMSNorm(n_embd)
+        self.attn = torch.nn.MultiheadAttention(n_embd, n_head, batch_first=True)
+        self.fc, self.proj = torch.nn.Linear(n_embd, 64), torch.nn.Linear(64, n_embd)
+
+    def forward(self, x):
+        h, T = self.ln1(x), x.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.proj(torch.nn.functional.silu(self.fc(self.ln2(x))))
+
+
+def test_a_branch_only_laid_out_again_is_not_times_a_gain():
+    # (s69 unseen set: a Mixtral layer, its MoE not compared) nn.MultiheadAttention's output was
+    # named "a branch's output times a gain (a constant)": a view and a transpose moved it
+    from gptblock.check.roles.scope import _gained
+
+    torch.manual_seed(0)
+    trace = record(_TorchAttention().double().eval(), torch.randn(2, 6, 32, dtype=torch.float64))
+    assert _gained(trace) == []
+    trace = record(blocks.LayerScaleGPT2().double(), torch.randn(2, 6, 32, dtype=torch.float64))
+    assert _gained(trace) == [
+        "a branch's output times a gain (gamma_1; gamma_2) before its residual sum (LayerScale, "
+        "ReZero)"
+    ]
+
+
 def test_a_window_the_files_lengths_do_not_reach_is_named_at_the_other_sizes():
     """Causal at every length the file gives it: PASS there (not FAIL at the checker's longer
     other sizes, as before), saying the other sizes were not compared and why."""

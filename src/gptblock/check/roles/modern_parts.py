@@ -245,7 +245,7 @@ def _gated_of(
 ) -> MlpRead | None:  # names: the parameters of m, "" where packed
     f = [affine(*w) for w in m]
     u = [layer(h) for layer in f]  # the two first-layer outputs, (B, T, H) each
-    said = [set(re.split(r"[._]", name)) for name in names]
+    said = [set(re.split(r"[._]", name.lower())) for name in names]  # (W1: w1)
     for gate, up in ((0, 1), (1, 0)):
         for name, act in GATED.items():
             if close(act(u[gate]) * u[up], target):

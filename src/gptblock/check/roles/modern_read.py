@@ -230,10 +230,11 @@ def qk_gains(read: ModernRead, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor] | 
         value, factor, m = read.trace.nodes[n].value.double(), 1.0, n
         while (step := back(read.trace, m)) is not None:  # a scalar factor after the norm: the
             m, factor = step[0], factor * step[1]  # scores' scale split onto q and k, not a gain
-        base = rms(lin.reshape(B, T, -1, hs)[:, 0, 0], factor, 1e-6)  # (B, hs): head 0, position 0
+        at0 = lin[:, 0]  # (B, D): position 0; head 0 its first hs channels, or split strided
+        bases = [rms(h0, factor, 1e-6) for h0 in (at0[:, :hs], at0.reshape(B, hs, -1)[..., 0])]
         nh = value.numel() // (B * T * hs)  # k's: the key/value heads (SDPA's enable_gqa)
         found = []  # (spread over the batch, gains): (B * nh, T, hs) may be (nh * B, T, hs)
-        for first in (False, True):
+        for first, base in itertools.product((False, True), bases):
             if (core := heads(value, B, nh, T, hs, key == 1, first)) is not None:
                 ratio = core[:, 0, 0] / base  # (B, hs)
                 spread = float(ratio.std(dim=0, correction=0).sum())

@@ -156,6 +156,9 @@ def _gained(trace: Trace) -> list[str]:
                 end, made = (ins[0], trace.producer(ins[0])) if len(ins) == 1 else (n, None)
             if made is None or end == n:
                 continue  # the stream, a sum, or a product's output as it is
+            between = trace.between(end, n)
+            if all(op.base in SHAPE_OPS for op in between):
+                continue  # moved, not scaled: (T * B, C) laid out as (B, T, C)
             z = torch.randn(trace.nodes[end].shape, generator=torch.Generator().manual_seed(3))
             try:
                 run, z = replay(trace, end, n), z.to(trace.nodes[end].value)
@@ -163,7 +166,7 @@ def _gained(trace: Trace) -> list[str]:
             except CAUGHT:
                 continue
             if close(b, 3.0 * a, 1e-6) and not close(a.flatten(), z.flatten(), 1e-6):
-                found.append(", ".join(static_names(trace, trace.between(end, n))) or "a constant")
+                found.append(", ".join(static_names(trace, between)) or "a constant")
     said = f"a branch's output times a gain ({'; '.join(found)}) before its residual sum"
     return [f"{said} (LayerScale, ReZero)"] if found else []
 
@@ -192,12 +195,13 @@ def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, turned: bool) -> st
     if D % nh or z.dim() < 2:
         return ""
     one = torch.ones(nh, D // nh, dtype=z.dtype, device=z.device)
-    one[0] = 3.0
-    moved = rescaled(trace, q_out, q_core, z, [3.0, one.flatten()])
+    one[0] = 3.0  # head 0 three times, its heads contiguous (nh, hs) or strided (hs, nh)
+    moved = rescaled(trace, q_out, q_core, z, [3.0, one.flatten(), one.T.flatten()])
+    per_head = moved is not None and min(moved[2][1:]) <= 1e-2
     # turned: a rotation measured through it, an RMSNorm before it (its rotation scaled?)
-    if moved is None or moved[2][0] > 1e-3 or (turned and moved[2][1] <= 1e-2):  # float32: 1e-5
+    if moved is None or moved[2][0] > 1e-3 or (turned and per_head):  # float32: 1e-5
         return ""
-    if moved[2][1] > 1e-2:
+    if not per_head:
         return "q and k normalised over the whole width (OLMo 2's qk norm), not per head"
     return (
         "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
