@@ -599,6 +599,53 @@ def test_a_width_called_d_is_built_at_the_files_width(tmp_path):
     assert report.passed and "d=64" in report.target, str(report)
 
 
+UNREPEATED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Rotary(nn.Module):  # its d_model is a head's size
+    def __init__(self, d_model):
+        super().__init__()
+        self.d_model = d_model
+
+
+class Block(nn.Module):
+    def __init__(self, k, n_head, n_kv_head):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.hs = n_head, n_kv_head, k // n_head
+        self.ln_1, self.ln_2 = nn.RMSNorm(k), nn.RMSNorm(k)
+        self.rope = Rotary(self.hs)
+        self.q, self.proj = nn.Linear(k, k, bias=False), nn.Linear(k, k)
+        self.kv = nn.Linear(k, 2 * n_kv_head * self.hs, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(k, 4 * k), nn.GELU(), nn.Linear(4 * k, k))
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_head, self.hs).transpose(1, 2)
+        k, v = self.kv(x).view(B, T, 2 * self.n_kv_head, self.hs).transpose(1, 2).chunk(2, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # kv heads never repeated
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+"""
+
+
+def test_a_block_failing_at_its_width_is_called_there_not_at_an_attributes(tmp_path):
+    # (s74 unseen set: a chess GPT) a width named k that no call takes (key/value heads never
+    # repeated) was called at a rotary's d_model = 16: its norm's error, not the learner's line.
+    # An unused ``import torch`` is no statement "not run" to tell of.
+    path = _file(tmp_path, "gqa", UNREPEATED)
+    report = check_block(f"{path}:Block", k=64, n_head=4, n_kv_head=2)
+    said = str(report)
+    assert "(6, 6, 64) input raised RuntimeError" in said and "is_causal=True)" in said, said
+    assert "top-level" not in " ".join(report.notes), said
+    assert check_block(f"{path}:Block", k=64, n_head=4, n_kv_head=4).passed
+
+
 def _refusal(block, **kwargs):
     """The one-line error ``check_block`` refuses ``block`` with."""
     with pytest.raises(UserValueError) as raised:

@@ -233,6 +233,8 @@ def test_the_sizes_helpers_read_names_and_values():
     kinds = [kind_of(n) for n in ("head_count", "d_head", "attn_d_head")]
     assert kinds == ["heads", "head_size", "head_size"]
     assert kind_of("hid_dim") is None
+    # (s69 unseen set: DeepSeek's layer) heads that predict tokens are no attention heads
+    assert [kind_of(n) for n in ("mtp_num_heads", "num_medusa_heads")] == ["other", "other"]
     found = plan(wide, {}, 32)
     assert found is not None
     assert found.args == {"hid_dim": 48, "n_heads": 3, "pf_dim": 192}

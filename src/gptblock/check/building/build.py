@@ -232,24 +232,27 @@ def check_sizes(
 
 def width(module: nn.Module, kwargs: Mapping[str, object], T: int = 2) -> int:
     """C: the first candidate (an argument, an attribute, a layer's width, its parameters'
-    sizes) for which the block maps (2, T, C) to (2, T, C), else the first."""
-    candidates = _said(module, kwargs, KINDS["width"].names)
+    sizes) for which the block maps (2, T, C) to (2, T, C), else the width most of its layers
+    take (a block that fails at its own width: its error is what to report)."""
+    said, layers = _said(module, kwargs, KINDS["width"].names), list[int]()
     for m in module.modules():
-        if isinstance(m, nn.LayerNorm) and m.normalized_shape:
-            candidates.append(int(m.normalized_shape[-1]))
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.normalized_shape:
+            layers.append(int(m.normalized_shape[-1]))
         elif isinstance(m, nn.Linear):
-            candidates.append(int(m.in_features))
+            layers.append(int(m.in_features))
         elif isinstance(m, nn.MultiheadAttention):
-            candidates.append(int(m.embed_dim))
+            layers.append(int(m.embed_dim))
     sizes = Counter(n for p in module.parameters() for n in p.shape if n > 1)  # the most first
-    candidates = [*dict.fromkeys(candidates + sorted(sizes, key=lambda n: (-sizes[n], n)))]
+    candidates = [*dict.fromkeys(said + layers + sorted(sizes, key=lambda n: (-sizes[n], n)))]
     if not candidates:
         raise UserValueError(
             f"cannot tell the width C of {type(module).__name__}: it has no parameters and no "
             "n_embd / d_model / embed_dim argument or attribute; pass --arg n_embd=C"
         )
     fits = (c for c in candidates if len(candidates) == 1 or _accepts(module, c, T))
-    return next(fits, candidates[0])
+    most = Counter(layers).most_common(1)  # not a submodule's attribute (a rotary's d_model)
+    return next(fits, candidates[0] if kwargs.keys() & set(KINDS["width"].names) or not most
+                else most[0][0])  # fmt: skip
 
 
 def _accepts(module: nn.Module, C: int, T: int) -> bool:

@@ -62,7 +62,7 @@ KINDS: dict[str, Kind] = {  # in a label's order
 # not a size, whatever else the name says
 _OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansion", "window",
               "seed", "batch", "rotary", "theta", "depth", "bucket", "stride", "kernel"),),
-              words=("id", "idx", "index", "base"))  # fmt: skip
+              words=("id", "idx", "index", "base", "mtp", "medusa"))  # fmt: skip
 _NUM = re.compile(r"^(num|number_of)_")  # NUM_EMBD = 128 is an n_embd too
 DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
 # the names of an argument that is a config object (``Block(config)``)

@@ -13,6 +13,7 @@ import json
 import linecache
 import re
 import symtable
+import sys
 import types
 from pathlib import Path
 
@@ -175,10 +176,15 @@ def _changes(node: ast.stmt) -> set[str]:
 
 
 def _inert(node: ast.stmt) -> bool:
-    """A docstring, ``pass``, a ``__future__`` or star import (what it binds is not known), or
-    the ``if __name__ == "__main__":`` that an import never runs."""
+    """A docstring, ``pass``, a ``__future__`` or star import (what it binds is not known), an
+    import of loaded modules (``import torch``: nothing to tell), or the ``if __name__ ==
+    "__main__":`` that an import never runs."""
     if isinstance(node, ast.ImportFrom):
-        return node.module == "__future__" or node.names[0].name == "*"
+        there = sys.modules.get(node.module or "") if node.level == 0 else None
+        loaded = there is not None and all(hasattr(there, a.name) for a in node.names)
+        return node.module == "__future__" or node.names[0].name == "*" or loaded
+    if isinstance(node, ast.Import):
+        return all(alias.name in sys.modules for alias in node.names)
     if isinstance(node, ast.If) and isinstance(test := node.test, ast.Compare):
         sides = [ast.unparse(test.left), *map(ast.unparse, test.comparators)]
         return isinstance(test.ops[0], ast.Eq) and sorted(sides) == ["'__main__'", "__name__"]
