@@ -210,6 +210,16 @@ PACKED = "return self.down_proj(up_states * F.silu(gate))"
             "att = F.softmax(att, dim=-2)",
             "softmax_dim",
         ),
+        # an activation no reference models (s69's Phi-2 GELU, s74's LeakyReLU): the rest of
+        # the block is compared with the block's own, as traced (were UNVERIFIED or unsure)
+        ("LeakyGPT2", "att = att * (1.0 / math.sqrt(k.size(-1)))", "att = att", "no_scaling"),
+        ("TanhGPT2", "att = F.softmax(att, dim=-1)", "att = F.softmax(att, dim=-2)", "softmax_dim"),
+        (
+            "TanhGPT2",
+            "x = x + self.attn(self.ln_1(x))\n        return x + self.c_proj(torch.tanh(",
+            "x = self.attn(self.ln_1(x))\n        return x + self.c_proj(torch.tanh(",
+            "no_residual",
+        ),
     ],
 )
 def test_mistakes_in_these_styles_are_still_diagnosed(tmp_path, name, old, new, mistake):

@@ -115,9 +115,9 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
     hs = read.q[0].shape[0] // read.n_head
     grouped = read.k[0].shape[0] < read.q[0].shape[0]
     mlp = mlp_of(read)  # an activation the lessons' reference does not try: SiLU, ReLU^2...
-    if mlp is None and (odd := other_activation(read)):  # tanh, ELU...: no reference's
-        return Compared(None, notes=[f"{OUT_OF_SCOPE}{odd}"])
-    other = mlp is not None and mlp.activation in MODERN_ONLY
+    odd, measured = other_activation(read) if mlp is None else ("", None)  # tanh, ELU...
+    mlp = mlp or measured  # no reference's: the block's own, for the rest's mistakes
+    other = mlp is not None and mlp.activation in (*MODERN_ONLY, "measured")
     if not (read.rotated or grouped or other or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     attn, closest, attention = _attention_of(read)
@@ -177,6 +177,10 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
     for c in a.deviations:
         details.setdefault(c.mistake, c.describe(x.shape[-1], read.n_head, hs, a.rope))
     others = [outside + sorted({c.mistake for c in m.deviations}) for m in attn[1:]]
+    if odd and not details:  # the rest of the block compared with its own activation
+        return Compared(None, notes=[*note, f"{OUT_OF_SCOPE}{odd}"])
+    if odd:  # its mistakes: found whatever the activation
+        note.append(f"{odd}: the rest of the block compared with the block's own, as traced")
     if not details:  # right on whole sequences: then is its cached step?
         with torch.no_grad():
             cache = judge_cache(*source.cache(x), x, run if a.rope else None)

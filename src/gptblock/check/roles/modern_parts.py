@@ -220,24 +220,37 @@ _NAMED: dict[str, Callable[[Tensor], Tensor]] = {
 }  # fmt: skip
 
 
-def other_activation(read: ModernRead) -> str:
+def _between(z: Tensor, u: Tensor, t: Tensor) -> Tensor:
+    """The function through the points (``u``, ``t``) (``u`` ascending) at ``z``, linear
+    between (and beyond) them."""
+    at = torch.searchsorted(u, z.contiguous()).clamp(1, len(u) - 1)
+    u0, u1, t0, t1 = u[at - 1], u[at], t[at - 1], t[at]
+    return t0 + (z - u0) / (u1 - u0).clamp_min(1e-12) * (t1 - t0)
+
+
+def other_activation(read: ModernRead) -> tuple[str, MlpRead | None]:
     """The dense MLP's activation where it is one function of each first-layer output, neither
-    linear (no activation: a mistake) nor one of ``DENSE``; "" otherwise."""
-    u, t = affine(*read.mlp[0])(read.rows("fc1")).flatten(), read.rows("fc2").flatten()
+    linear (no activation: a mistake) nor one of ``DENSE``, and the MLP with that function as
+    traced (the rest of the block is compared: its mistakes named, never a PASS); "" otherwise."""
+    first = affine(*read.mlp[0])
+    u, t = first(read.rows("fc1")).flatten(), read.rows("fc2").flatten()
     if len(read.mlp) != 2 or u.shape != t.shape or not torch.isfinite(torch.cat([u, t])).all():
-        return ""  # (gate and up packed: twice as wide; NaN rows: a mask the wrong way round)
+        return "", None  # (gate and up packed: twice as wide; NaN rows: a mask the wrong way)
     order = u.argsort()
     u, t = u[order], t[order]  # (N,): every other value, interpolated from its two neighbours
     left, mid, right = slice(0, -2, 2), slice(1, -1, 2), slice(2, None, 2)
     share = ((u[mid] - u[left]) / (u[right] - u[left]).clamp_min(1e-12)).clamp(0, 1)
     scale = float(t.abs().max()) + 1e-12
     if float((t[left] + share * (t[right] - t[left]) - t[mid]).abs().max()) > 1e-2 * scale:
-        return ""  # not one function of each value: a per-channel part, or mixed channels
+        return "", None  # not one function of each value: a per-channel part, mixed channels
     line = torch.linalg.lstsq(torch.stack([u, torch.ones_like(u)], 1), t[:, None]).solution
     if float((u * line[0] + line[1] - t).abs().max()) <= 1e-6 * scale:
-        return ""
+        return "", None
     name = next((n for n, f in _NAMED.items() if close(f(u), t)), "an elementwise function")
-    return f"the activation {name} (not GELU, ReLU, SiLU, ReLU squared or quick GELU)"
+    hidden = lambda h: _between(first(h), u, t)  # noqa: E731  (exact at the traced values)
+    width = read.mlp[-1][0].shape[1]
+    said = f"the activation {name} (not GELU, ReLU, SiLU, ReLU squared or quick GELU)"
+    return said, MlpRead(f"dense {name} d_ff={width}", hidden, {}, (read.mlp[0],), "measured")
 
 
 def _gated_of(
