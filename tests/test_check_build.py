@@ -295,6 +295,24 @@ def test_a_config_whose_fields_come_through_kwargs(tmp_path):
     assert report.passed and "config=Config(bias=True, n_embd=32" in report.target, report.target
 
 
+def test_a_class_of_sizes_read_as_globals_is_made_smaller(tmp_path):
+    # (s76 unseen set: a homework's ``class Config: n_embd = 768`` read as ``Config.n_embd``) the
+    # block was checked at 768 channels, not made smaller (67 s)
+    dataclass = NANOGPT[NANOGPT.index("@dataclass") : NANOGPT.index("class CausalSelfAttention")]
+    text = NANOGPT.replace(
+        dataclass,
+        "class Config:\n    n_embd = 768\n    n_head = 12\n    block_size = 32\n"
+        "    bias = True\n    dropout = 0.0\n\n\n",
+    ).replace(
+        "def __init__(self, config: GPTConfig, layer_idx: int):",
+        "def __init__(self, layer_idx: int = 0):\n        config = Config",
+    )
+    report = check_block(f"{_file(tmp_path, 'homework', text)}:Block", isolate=False)
+    said = " ".join(" ".join(report.notes).split())
+    assert report.passed and "n_embd=768, n_head=12, block_size=32 from homework.py" in said, said
+    assert "made smaller for the check: n_embd=192" in said, said
+
+
 def test_a_config_class_whose_fields_are_its_init_parameters(tmp_path):
     # (s64 unseen set) minGPT's old GPTConfig: class values and ``__init__(self, vocab_size,
     # block_size, **kwargs)``; before: a namespace was built and its fields asked for one by one
@@ -843,6 +861,16 @@ def test_a_file_that_trains_when_imported_runs_only_what_the_block_needs(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert f"not run: gpt.py's top-level lines {first}-{first + 6} (nothing the block" in said
+
+
+def test_a_setting_set_again_from_the_training_text_does_not_run(tmp_path):
+    # (s76 unseen set: a Colab copy of the lecture) ``vocab_size = len(chars)`` after the setting
+    # ``vocab_size = 65`` was kept without ``chars``; the part failed, the whole file ran, and its
+    # input.txt is not here: the block was refused
+    again = SCRIPT.replace("model = ", "vocab_size = len(chars)\nmodel = ")
+    path = _file(tmp_path, "gpt", LECTURE + "vocab_size = 65\n" + again)
+    report = check_block(f"{path}:Block", isolate=False)
+    assert report.passed and "not run: gpt.py's top-level lines" in " ".join(report.notes)
 
 
 def test_what_binds_or_changes_what_the_block_reads_still_runs(tmp_path):

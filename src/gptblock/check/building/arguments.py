@@ -16,7 +16,15 @@ from ..mistakes.report import CAUGHT, one_line
 from ..serve.loop import signature
 from ..serve.runner import learner_line
 from . import sizes as _sizes
-from .sizes import DROPOUTS, KINDS, Kind, config_class, config_name, parameters
+from .configs import (
+    config_defaults,
+    config_fields,
+    config_name,
+    dataclass_config,
+    number,
+    parameters,
+)
+from .sizes import DROPOUTS, KINDS, Kind, config_class
 
 __all__ = [
     "COMMON_ARGUMENTS", "arg_line", "builds", "complete", "fill_common_arguments", "fit_arguments",
@@ -66,11 +74,10 @@ def guess(name: str, annotation: object = None, sizes: Mapping[str, object] = {}
         return sizes.get(KINDS[kind].names[0], KINDS[kind].value)
     if kind in ("head_size", "kv_heads"):
         C, nh = (
-            _sizes.number(sizes.get(KINDS[k].names[0])) or KINDS[k].value or 1
-            for k in ("width", "heads")
+            number(sizes.get(KINDS[k].names[0])) or KINDS[k].value or 1 for k in ("width", "heads")
         )
         # kv heads: a group of two (one where the heads are odd), so that the grouping is checked
-        own = _sizes.number(sizes.get(KINDS[kind].names[0]))
+        own = number(sizes.get(KINDS[kind].names[0]))
         return own or (C // nh if kind == "head_size" else nh // 2 if nh % 2 == 0 else 1)
     found = next((v for words, v in _GUESSES if any(w in lower for w in words)), None)
     found = KINDS[_LETTERS[lower]] if found is None and lower in _LETTERS else found
@@ -171,14 +178,14 @@ def complete(
     rest = {k: v for k, v in args.items() if k in {p.name for p in params}}  # the rest: config
     common = {n: sizes.get(n, v) for n, v in COMMON_ARGUMENTS.items()}
     values = {"bias": True, **common, **given}  # bias: not a size, but in most configs
-    own = {} if _sizes.dataclass_config(cls) else _sizes.config_defaults(cls)
+    own = {} if dataclass_config(cls) else config_defaults(cls)
     if own:  # a plain class's values (``class Config: n_embd = 64``), the file's sizes, --arg's
         values = {**own, **{k: x for k, x in sizes.items() if k in own}, **given}
         required = inspect.Parameter.empty  # its __init__'s required parameters
         if lacking := {k: guess(k, sizes=sizes) for k, x in values.items() if x is required}:
             raise _needs(name, f"its {getattr(cls, '__name__', '')} config", lacking, "give them")
     fields, called = None, getattr(cls, "__name__", "")
-    if cls is not None and _sizes.dataclass_config(cls):
+    if cls is not None and dataclass_config(cls):
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
         if unknown := sorted(set(given) - known - {n for k in KINDS.values() for n in k.names}):
@@ -204,9 +211,7 @@ def complete(
                 raise
             return types.SimpleNamespace(**v)
 
-    files = [
-        f for c in _sizes.settings(factory, given)[2].values() if (f := _sizes.config_fields(c))
-    ]
+    files = [f for c in _sizes.settings(factory, given)[2].values() if (f := config_fields(c))]
     if files and not own and fields is None:  # the file's own cfg's keys, not the common ones
         values = {**files[0], **{k: v for k, v in sizes.items() if k in files[0]}, **given}
     added: dict[str, object] = {}

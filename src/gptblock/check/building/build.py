@@ -19,19 +19,8 @@ from ..serve.loop import fixed_seed, signature
 from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
 from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
-from .sizes import (
-    KINDS,
-    config_fields,
-    file_sizes,
-    kind_of,
-    names,
-    number,
-    parameters,
-    patch_globals,
-    plan,
-    settings,
-    size_sets,
-)
+from .configs import config_fields, number, parameters
+from .sizes import KINDS, file_sizes, kind_of, names, patch_globals, plan, settings, size_sets
 
 __all__ = ["Built", "build_at", "check_sizes", "max_length", "width"]
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import os
@@ -11,17 +10,22 @@ import re
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any
 
-from ..serve.loop import signature
 from ..serve.script import SKIPPED
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from .configs import (
+    config_defaults,
+    config_fields,
+    config_name,
+    dataclass_config,
+    namespace,
+    number,
+    parameters,
+    replaced,
+)  # fmt: skip
 
 __all__ = [
-    "DROPOUTS", "KINDS", "Kind", "Plan", "config_class", "config_defaults", "config_fields",
-    "config_name", "dataclass_config", "file_sizes", "kind_of", "names", "number", "parameters",
+    "DROPOUTS", "KINDS", "Kind", "Plan", "config_class", "file_sizes", "kind_of", "names",
     "patch_globals", "plan", "settings", "size_sets",
 ]  # fmt: skip
 
@@ -65,16 +69,9 @@ _OTHER = Kind((), parts=(("layer", "vocab", "ratio", "mult", "factor", "expansio
               words=("id", "idx", "index", "base", "mtp", "medusa"))  # fmt: skip
 _NUM = re.compile(r"^(num|number_of)_")  # NUM_EMBD = 128 is an n_embd too
 DROPOUTS = ("dropout", "p_drop", "drop", "dropout_rate", "attn_pdrop", "pdrop")
-# the names of an argument that is a config object (``Block(config)``)
-_CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
-_CONFIG_WORDS = ("config", "cfg", "conf", "args", "params", "settings", "options")  # a class's
 LARGEST_IMPLIED = {"width": 256, "length": 1024}  # above: built smaller, the same head count
 _OTHERS = ((48, 3), (48, 6), (24, 2), (32, 2), (40, 5), (64, 8), (24, 6))  # (C, nh): hs 16, 8...
 _HINTS = (*_OTHERS, (32, 4), (64, 4), (128, 4), (128, 8), (256, 8), (384, 6), (512, 8), (768, 12))
-
-
-def number(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def settings(
@@ -100,11 +97,12 @@ def settings(
         todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
                  and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
-    read &= {n for n, v in own.items() if isinstance(v, plain) or dataclasses.is_dataclass(type(v))}
+    read &= {n for n, v in own.items() if isinstance(v, plain) or namespace(v)
+             or dataclasses.is_dataclass(type(v))}  # fmt: skip
     configs = {n: v for n, v in own.items() if n in read}
     params = parameters(factory) if callable(factory) else []
     if any(config_name(p.name) and p.name not in given for p in params):
-        configs |= {n: v for n, v in own.items() if _sized(v)}
+        configs |= {n: v for n, v in own.items() if _sized(v) and not namespace(v)}
     file = getattr(module, "__file__", None)
     numbers = {n: v for n, x in own.items() if (v := number(x))}
     return (os.path.basename(file) if file else module.__name__), numbers, configs
@@ -123,45 +121,6 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
         return max((f for f in found if f[0] or wanted), key=lambda f: f[0], default=(0, None))[1]
     ours = isinstance(cls, type) and cls.__module__ == getattr(factory, "__module__", None)
     return cls if ours or (isinstance(cls, type) and dataclass_config(cls)) else None
-
-
-def config_defaults(cls: object) -> dict[str, object]:
-    """A config class's defaults: a dataclass's fields', else its own public plain values (the
-    learner's ``class Config: n_embd = 64``) and its own ``__init__``'s parameters, ``empty``
-    where required (minGPT's ``GPTConfig(vocab_size, block_size, **kwargs)``)."""
-    if dataclass_config(cls):
-        return {f.name: f.default for f in dataclasses.fields(cls)}
-    plain = (int, float, str, bool, type(None))
-    public = vars(cls).items() if isinstance(cls, type) else ()
-    found: dict[str, object] = {
-        n: v for n, v in public if not n.startswith("_") and isinstance(v, plain)
-    }
-    if not isinstance(cls, type) or not any(w in cls.__name__.lower() for w in _CONFIG_WORDS):
-        return found  # (its __init__: a config's, not a KVCache(max_seq_len, ...)'s)
-    if "__init__" in vars(cls) and not hasattr(cls, "forward"):
-        found |= {p.name: p.default for p in parameters(cls)}
-    return found
-
-
-def dataclass_config(obj: object) -> TypeGuard[DataclassInstance]:
-    """A dataclass (or one of them) whose ``__init__`` takes its fields: not one with its own (a
-    ``transformers.PretrainedConfig`` subclass, a dataclass from transformers 5: s71 unseen set)."""
-    cls = obj if isinstance(obj, type) else type(obj)
-    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
-    return fields is not None and {p.name for p in parameters(cls)} <= fields
-
-
-def config_name(name: str) -> bool:
-    """A parameter named as a config object: ``config``, ``cfg``, and such a word after another
-    (``model_config``, ``gpt_params``: s70 unseen set)."""
-    low = name.lower()
-    return low in _CONFIG_NAMES or low.rpartition("_")[2] in _CONFIG_NAMES
-
-
-def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    """The parameters that take one value each."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p for p in signature(factory).values() if p.kind in kinds]
 
 
 def file_sizes(
@@ -309,35 +268,6 @@ def _sized(value: object) -> bool:
     return len(numbers) > 1 and "heads" in map(kind_of, numbers)
 
 
-def config_fields(value: object) -> dict[str, object] | None:
-    """A config object's fields, None for anything else (a module, a tensor, a number...)."""
-    if isinstance(value, dict):
-        return {k: v for k, v in value.items() if isinstance(k, str)}
-    if dataclass_config(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-    library = type(value).__module__.split(".")[0] in ("torch", "builtins", "numpy")
-    if (library and not isinstance(value, types.SimpleNamespace)) or callable(value):
-        return None
-    try:
-        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
-    except TypeError:  # __slots__
-        return None
-
-
-def _replaced(config: object, changes: Mapping[str, int]) -> object:
-    """A copy of ``config`` with ``changes`` (a dataclass's ``__post_init__`` derives from them)."""
-    if isinstance(config, dict):
-        return {**config, **changes}
-    if dataclass_config(config) and not isinstance(config, type):
-        init = {f.name for f in dataclasses.fields(config) if f.init}
-        new: object = dataclasses.replace(config, **{k: v for k, v in changes.items() if k in init})
-    else:
-        new = copy.copy(config)
-    for k, v in changes.items():
-        object.__setattr__(new, k, v)  # also a frozen one: the value is the derived one
-    return new
-
-
 def plan(
     factory: Callable[..., Any], args: Mapping[str, object], C: int,
     keep: Collection[int] | None = None,
@@ -386,10 +316,10 @@ def plan(
     top_changes = changes(top)
     config_changes = {n: c for n, fields in configs.items() if (c := changes(fields))}
     patched: dict[str, object] = {**changes(globals_)}
-    patched.update({n: _replaced(objects[n], c) for n, f in held.items() if (c := changes(f))})
+    patched.update({n: replaced(objects[n], c) for n, f in held.items() if (c := changes(f))})
     if not said:
         return None
-    out = {**args, **top_changes, **{n: _replaced(top[n], c) for n, c in config_changes.items()}}
+    out = {**args, **top_changes, **{n: replaced(top[n], c) for n, c in config_changes.items()}}
     # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
     order = [*[*KINDS][:4], *many, "length"]  # a multiple of the width after the head size
     shown = []

@@ -116,17 +116,20 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     imports = (ast.Import, ast.ImportFrom)
     own = set().union(*(b for b, s in zip(binds, body, strict=True) if not isinstance(s, imports)))
     settings: set[str] = set()  # ``n_embd = 64``: sizes the file implies, whoever reads them
+    plain = set()  # those statements (not ``vocab_size = len(chars)`` after them: as any other)
     for i, s in enumerate(body):
         targets = getattr(s, "targets", [getattr(s, "target", None)])
         value = getattr(s, "value", None) if isinstance(s, (ast.Assign, ast.AnnAssign)) else None
-        plain = value and all(
+        if value is None or not all(isinstance(t, ast.Name) for t in targets):
+            continue
+        if all(  # of constants and earlier settings
             isinstance(n, PLAIN) and (not isinstance(n, ast.Name) or n.id in settings)
             for n in ast.walk(value)
-        )  # of constants and earlier settings
-        if plain and all(isinstance(t, ast.Name) for t in targets):
+        ):
             settings |= binds[i]
+            plain.add(i)
     defines = {i for i, s in enumerate(body) if isinstance(s, DEFINES)}
-    kept = defines | {i for i, b in enumerate(binds) if (b and b <= settings) or _inert(body[i])}
+    kept = defines | plain | {i for i in range(len(body)) if _inert(body[i])}
     wanted = {needs.split(".")[0]}.union(*(_uses(tables[i], whole=False) for i in defines))
     changes = [set() if i in defines else _changes(s) & own for i, s in enumerate(body)]
     done: set[int] = set()  # an import too only where needed: a missing ``wandb`` is no matter
