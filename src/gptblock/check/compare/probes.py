@@ -4,14 +4,14 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.subject import Probed
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "listed"]
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "in_train", "listed"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
@@ -230,3 +230,32 @@ PROBES: dict[str, Callable[[Probed], ProbeResult]] = {
     "finite outputs": finite,
     "gradients": gradients,
 }
+
+
+class _Training:
+    """``s`` called in train mode with every dropout an identity, as a learner trains it."""
+
+    def __init__(self, s: Probed) -> None:
+        self.s = s
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.s, name)
+
+    def __call__(
+        self, x: torch.Tensor, *, seeded: bool = True, train: bool = False
+    ) -> torch.Tensor:
+        return self.s(x, seeded=seeded, train=True)
+
+
+def in_train(s: Probed) -> dict[str, ProbeResult]:
+    """The causality and batch probes failed in train mode (a path the block takes only there),
+    where two train-mode calls agree (dropout off, nothing else random)."""
+    train = cast(Probed, _Training(s))
+    try:
+        x = s.input(s.T, s.T, s.C)
+        if s.moved(train(x), train(x)).any():
+            return {}
+        found = {name: PROBES[name](train) for name in ("causality", "batch independence")}
+    except CAUGHT:
+        return {}
+    return {name: r for name, r in found.items() if not r.passed}

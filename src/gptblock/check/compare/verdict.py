@@ -19,7 +19,7 @@ from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
 from .conditions import confirm
 from .modern import Compared, matched
-from .probes import PROBES, ProbeResult, listed
+from .probes import PROBES, ProbeResult, in_train, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
@@ -92,6 +92,14 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
+    if not (stop or again or done.details or (done.finding and done.finding.passed)):
+        progress.stage("the causality and batch probes in train mode")
+        for name, result in in_train(service).items():  # a path taken in train mode only
+            said = f"in train mode (dropout off): {result.message}"
+            findings.append(Finding(f"{name} (train)", False, said))
+            progress.finding(findings[-1])
+            implied.setdefault(result.implies or "", said)
+        implied.pop("", None)
     if first is not None and not stop and "dropout_in_eval" not in implied:
         findings += _same_again(service, *first)
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
