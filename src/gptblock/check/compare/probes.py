@@ -4,14 +4,15 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from contextlib import AbstractContextManager as ContextManager
+from typing import NamedTuple
 
 import torch
 
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.subject import Probed
+from ..serve.subject import Grads, Probed
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "in_train", "listed"]
+__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "elsewhere", "listed"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
@@ -232,30 +233,38 @@ PROBES: dict[str, Callable[[Probed], ProbeResult]] = {
 }
 
 
-class _Training:
-    """``s`` called in train mode with every dropout an identity, as a learner trains it."""
+class _Called(Probed):
+    """``s`` called as a learner runs it elsewhere: in train mode with every dropout an identity,
+    or on a copy in ``dtype`` (its weights and inputs, as after ``model.to(dtype)``)."""
 
-    def __init__(self, s: Probed) -> None:
-        self.s = s
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.s, name)
+    def __init__(self, s: Probed, train: bool = False, dtype: torch.dtype | None = None) -> None:
+        self.s, self.train, self.dtype = s, train, dtype or s.dtype
+        self.C, self.T, self.longest, self.device = s.C, s.T, s.longest, s.device
+        self.generator, self.tol = s.generator, s.tol
 
     def __call__(
         self, x: torch.Tensor, *, seeded: bool = True, train: bool = False
     ) -> torch.Tensor:
-        return self.s(x, seeded=seeded, train=True)
+        return self.s(x, seeded=seeded, train=self.train or train)
+
+    def own_rng(self) -> ContextManager[None]:
+        return self.s.own_rng()
+
+    def grads(self, x: torch.Tensor, weights: torch.Tensor, *, inputs: bool = False) -> Grads:
+        return self.s.grads(x, weights, inputs=inputs)
 
 
-def in_train(s: Probed) -> dict[str, ProbeResult]:
-    """The causality and batch probes failed in train mode (a path the block takes only there),
-    where two train-mode calls agree (dropout off, nothing else random)."""
-    train = cast(Probed, _Training(s))
+def elsewhere(
+    s: Probed, train: bool = False, dtype: torch.dtype | None = None
+) -> dict[str, ProbeResult]:
+    """The causality and batch probes failed where ``_Called`` calls the block (a path it takes
+    only while training, or in half precision), where two such calls agree (nothing random)."""
+    called = _Called(s, train, dtype)
     try:
-        x = s.input(s.T, s.T, s.C)
-        if s.moved(train(x), train(x)).any():
+        x = called.input(s.T, s.T, s.C)
+        if called.moved(called(x), called(x)).any():
             return {}
-        found = {name: PROBES[name](train) for name in ("causality", "batch independence")}
-    except CAUGHT:
+        found = {name: PROBES[name](called) for name in ("causality", "batch independence")}
+    except CAUGHT:  # (a block that cannot run in bfloat16: not probed there)
         return {}
     return {name: r for name, r in found.items() if not r.passed}

@@ -19,7 +19,7 @@ from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
 from .conditions import confirm
 from .modern import Compared, matched
-from .probes import PROBES, ProbeResult, in_train, listed
+from .probes import PROBES, ProbeResult, elsewhere, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
@@ -92,13 +92,17 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
-    if not (stop or again or done.details or (done.finding and done.finding.passed)):
-        progress.stage("the causality and batch probes in train mode")
-        for name, result in in_train(service).items():  # a path taken in train mode only
-            said = f"in train mode (dropout off): {result.message}"
-            findings.append(Finding(f"{name} (train)", False, said))
-            progress.finding(findings[-1])
-            implied.setdefault(result.implies or "", said)
+    if not (stop or again):  # a path taken only while training (where the comparison failed)
+        progress.stage("the causality and batch probes in train mode and in bfloat16")
+        failed = not (done.details or (done.finding and done.finding.passed))
+        train = elsewhere(service, train=True) if failed else {}
+        half = elsewhere(service, dtype=torch.bfloat16) if service.dtype == torch.float64 else {}
+        for where, found in (("train mode (dropout off)", train), ("bfloat16", half)):
+            for name, result in found.items():  # or in half precision
+                said = f"in {where}: {result.message}"
+                findings.append(Finding(f"{name} ({where.split()[0]})", False, said))
+                progress.finding(findings[-1])
+                implied.setdefault(result.implies or "", said)
         implied.pop("", None)
     if first is not None and not stop and "dropout_in_eval" not in implied:
         findings += _same_again(service, *first)

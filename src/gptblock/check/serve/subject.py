@@ -4,6 +4,7 @@ probe's re-seeded (dropout left on in eval gets one mask). docs/checker.md, "On 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 import warnings
@@ -73,6 +74,7 @@ class Subject(Probed):
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
         self.float32: nn.Module | None = None  # of a float64 copy: for float32 inputs
+        self.bfloat16: nn.Module | None = None  # and bfloat16 inputs (``probes.in_bfloat16``)
         self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if self.device.type == "meta":
             raise UserValueError(
@@ -115,8 +117,11 @@ class Subject(Probed):
             self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
         else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
             self.float32 = _copy(module, torch.float32)
-            if self.unpacked:
-                _take(self.float32, self._key)
+            with contextlib.suppress(UserValueError):  # (then bfloat16 is not probed)
+                self.bfloat16 = _copy(module, torch.bfloat16)
+            for other in (self.float32, self.bfloat16):
+                if self.unpacked and other is not None:
+                    _take(other, self._key)
         if self.unpacked:
             self.note = "; ".join(n for n in (self.note, self.unpacked) if n)
         self.tol = 1e-10 if self.dtype == torch.float64 else 1e-5
@@ -155,11 +160,12 @@ class Subject(Probed):
         return y.clone() if y.requires_grad else y.detach().clone()
 
     def module_in(self, dtype: torch.dtype) -> nn.Module:
-        """``module``, or a float32 copy of the user's block given its values as they are now."""
+        """``module``, or a float32 (bfloat16) copy of the user's block given its values as they
+        are now."""
         if dtype == self.dtype:
             return self.module
-        other = self.float32
-        if dtype != torch.float32 or other is None:
+        other = {torch.float32: self.float32, torch.bfloat16: self.bfloat16}.get(dtype)
+        if other is None:
             raise TypeError(f"the block is checked in {self.dtype} only, not {dtype}")
         own = dict(self.module.named_parameters())
         with torch.no_grad():
