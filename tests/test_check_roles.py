@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptblock import TransformerBlock, check_block
+from gptblock import TransformerBlock, check_block, lesson
 from gptblock.check import check_isolated
 from gptblock.check.roles.mapping import MappedBlock, Unmapped, map_roles
 from gptblock.check.roles.parts import discover, named_parts, observe
@@ -565,3 +565,45 @@ def test_heads_are_read_however_their_channels_are_laid_out(tmp_path):
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "result: PASS" in done.stdout, done.stdout + done.stderr
+
+
+class _WideScaleHead(lesson.Head):
+    """A lesson head scaling its scores by C ** -0.5, the learner's (s79), not hs ** -0.5."""
+
+    def attention_weights(self, x):
+        T, C = x.shape[1:]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1) * C**-0.5  # (B, T, T)
+        return F.softmax(wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), dim=-1)
+
+
+def _after_linear_block(activation: bool, wide: bool = False):
+    """The lessons' block whose MLP runs its two matrices in a row: Linear, Linear (then GELU);
+    ``wide``: its heads' scale C ** -0.5."""
+
+    class Block(lesson.Block):
+        def __init__(self, n_embd=32, n_head=4, block_size=16):
+            super().__init__(n_embd, n_head, block_size, dropout=0.0)
+            layers = [nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)]
+            self.ffwd.net = nn.Sequential(*layers, *[nn.GELU()] * activation)
+            hs = n_embd // n_head
+            heads = [_WideScaleHead(n_embd, hs, block_size, 0.0) for _ in range(n_head)] * wide
+            self.sa.heads = nn.ModuleList(heads) if wide else self.sa.heads
+
+    return Block
+
+
+@pytest.mark.parametrize("activation", [True, False])
+def test_two_matrices_in_a_row_are_read_and_fail_with_numbers(activation):
+    # (s79 unseen set: a learner's MLP Linear, Linear, GELU) the second matrix's input, the
+    # first's output, was overwritten while the first was read: roles unread, UNVERIFIED
+    report = check_block(_after_linear_block(activation))
+    failed = [f for f in report.findings if not f.passed]
+    assert report.verdict == "FAIL" and [f.name for f in failed] == ["reference comparison"]
+    assert "the MLP of this modern block computes neither" in failed[0].message, str(report)
+    assert "by shape and order" not in " ".join(report.notes), str(report)
+
+
+def test_the_attentions_mistake_is_named_where_the_mlp_is_not_identified():
+    # (s79 unseen set) that learner's scale C ** -0.5 too: the attention, compared alone, names it
+    report = check_block(_after_linear_block(True, wide=True))
+    assert report.verdict == "FAIL" and report.diagnosis == ["wrong_scale"], str(report)

@@ -117,7 +117,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
     mlp = mlp_of(read)  # an activation the lessons' reference does not try: SiLU, ReLU^2...
     odd, measured = other_activation(read) if mlp is None else ("", None)  # tanh, ELU...
     mlp = mlp or measured  # no reference's: the block's own, for the rest's mistakes
-    other = mlp is not None and mlp.activation in (*MODERN_ONLY, "measured")
+    # an MLP not identified: the attention compared alone still names its mistakes
+    other = mlp is None or mlp.activation in (*MODERN_ONLY, "measured")
     if not (read.rotated or grouped or other or len(read.mlp) == 3 or any(n.form in NORM_FORMS for n in norms)):  # fmt: skip
         return None  # nothing of the modern block (an RMSNorm, right or wrong; a rotation...)
     attn, closest, attention = _attention_of(read)
@@ -142,7 +143,11 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
         which = " and ".join(w for w, bad in zip(_PARTS, missing, strict=True) if bad)
         msg = f"{which} of this modern block computes neither the modern block's part nor any "
         msg += "catalogued mistake of it" + ("" if a else f" (the closest, {closest})")
-        return _unexplained(read, note, msg)
+        if a is None or not a.deviations:
+            return _unexplained(read, note, msg)
+        named = {c.mistake: c.describe(x.shape[-1], read.n_head, hs, a.rope) for c in a.deviations}
+        msg += f"; its attention is the modern attention with {' + '.join(named)}"
+        return Compared(Finding(COMPARISON, False, msg), [], named, notes=note)
     fc2, ln1, ln2 = affine(*read.mlp[-1]), norms[0].function, norms[1].function
     parts = replace(attention, fc1=mlp.hidden, fc2=fc2, ln1=ln1, ln2=ln2, parallel=read.parallel)
     steps = compose(a.deviations)

@@ -160,18 +160,28 @@ def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, t
     width = {n: as_rows(v, B, T).shape[1] for n, v in like.items()}
     gets = [g for r in roles.values() for g in r.get]
 
-    def run(r: int) -> dict[int, Tensor]:  # r < 0: zeros; else row p is channel r * BT + p's 1
-        put = {}
-        for n, v in like.items():
+    def run(r: int, nodes: set[int]) -> dict[int, Tensor]:  # r < 0: zeros; else row p is
+        put = {}  # channel r * BT + p's 1, at ``nodes``
+        for n in nodes:
+            v = like[n]
             rows = torch.zeros(BT, width[n], dtype=v.dtype, device=v.device)
             at = torch.arange(max(0, min(BT, width[n] - r * BT)) if r >= 0 else 0, device=v.device)
             rows[at, r * BT + at] = 1.0
             put[n] = as_rows(rows, B, T, tuple(v.shape))
         return rerun(trace, put, gets)
 
-    zero, runs = run(-1), [run(r) for r in range(math.ceil(max(width.values()) / BT))]
+    # a role's input that is another's output (two products in a row: an MLP with no activation
+    # between) is put in a run of its own, so that it does not overwrite what the other makes
+    made = set(like) & set(gets)
+    groups = [g for g in (set(like) - made, made) if g]
+    runs_of: dict[int, tuple[dict[int, Tensor], list[dict[int, Tensor]]]] = {}
+    for g in groups:
+        steps = range(math.ceil(max(width[n] for n in g) / BT))
+        ran = run(-1, g), [run(r, g) for r in steps]
+        runs_of.update(dict.fromkeys(g, ran))
     out = {}
     for name, role in roles.items():
+        zero, runs = runs_of[role.put]
 
         def rows(values: dict[int, Tensor], role: Role = role) -> Tensor:
             out = torch.cat([as_rows(values[g], B, T).double() for g in role.get], dim=1)
