@@ -683,8 +683,9 @@ def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
 
     said = _refusal(Takes)
     assert said.endswith(
-        "it needs attention, which --arg does not give; give each with --arg NAME=VALUE (or "
-        "check a function that returns the block)"
+        "it needs attention, which --arg does not give; give each with --arg NAME=VALUE (a Python "
+        "literal); a tensor or a module cannot be given so: check a function that builds the "
+        "block with it"
     ), said
 
 
@@ -729,8 +730,9 @@ def test_a_config_block_that_raises_while_building_says_what_and_where():
 
     said = _refusal(Bigcode)
     assert said.endswith(
-        "give each with --arg NAME=VALUE, e.g. --arg hidden_size=32 --arg n_inner=128 and a value "
-        "for scale_attn_weights (or check a function that returns the block)"
+        "give each with --arg NAME=VALUE (a Python literal), e.g. --arg hidden_size=32 --arg "
+        "n_inner=128 and a value for scale_attn_weights; a tensor or a module cannot be given so: "
+        "check a function that builds the block with it"
     ), said
 
 

@@ -149,7 +149,10 @@ def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> Us
         known = {k: v for k, v in values.items() if v is not None}
         rest = ", ".join(k for k in values if k not in known)
         said = f", e.g. {arg_line(known)} and a value for {rest}" if known else ""
-        said = f"give each with --arg NAME=VALUE{said} (or check a function that returns the block)"
+        said = (
+            f"give each with --arg NAME=VALUE (a Python literal){said}; a tensor or a module "
+            "cannot be given so: check a function that builds the block with it"
+        )
     return UserValueError(
         f"cannot build {name}: {whose} needs {', '.join(values)}, which --arg does not give; {said}"
     )
