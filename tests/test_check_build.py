@@ -875,6 +875,28 @@ def test_a_setting_set_again_from_the_training_text_does_not_run(tmp_path):
     assert report.passed and "not run: gpt.py's top-level lines" in " ".join(report.notes)
 
 
+def test_a_module_parsing_the_command_line_when_imported_is_loaded(tmp_path):
+    # (s81 unseen set) the block's sizes from a module calling parse_args() at import: the child
+    # still had the supervisor's arguments, argparse exited 2, and the block was refused
+    (tmp_path / "settings.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--n_embd', type=int, default=32)\nargs = parser.parse_args()\n"
+    )
+    text = LECTURE.replace("n_embd = 64\n", "from settings import args\nn_embd = args.n_embd\n")
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block")
+    assert report.passed and "n_embd=32" in " ".join(report.notes), str(report)
+
+
+def test_a_module_in_a_folder_above_the_file_is_said_where(tmp_path):
+    # (s81 unseen set) models/model.py importing the project root's config.py, as its root's
+    # scripts run it: the refusal says which folder holds it
+    (tmp_path / "config.py").write_text("n_embd = 32\n")
+    (tmp_path / "models").mkdir()
+    path = _file(tmp_path / "models", "model", "from config import n_embd\n" + LECTURE)
+    with pytest.raises(UserValueError, match=f"config is in {tmp_path}: PYTHONPATH={tmp_path}"):
+        check_block(f"{path}:Block", isolate=False)
+
+
 def test_what_binds_or_changes_what_the_block_reads_still_runs(tmp_path):
     # a top-level patch of a class the block uses, a setting changed by a call, and a size read
     # from a function's global: each runs (the last, with the whole file)

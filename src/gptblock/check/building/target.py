@@ -114,6 +114,18 @@ def _define(obj: Any, scope: dict[str, Any], done: dict[str, str]) -> None:
     done[name] = "".join(lines[first - 1 : found[-1].end_lineno])
 
 
+def _above(e: BaseException, where: str) -> str:
+    """Where a module the file imports, not found, is in a folder above the file's (a project
+    run from its root: s81 unseen set)."""
+    top = (getattr(e, "name", None) or "").partition(".")[0]
+    if not isinstance(e, ModuleNotFoundError) or not top:
+        return ""
+    for folder in list(Path(where).resolve().parents)[1:4]:
+        if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+            return f"; {top} is in {folder}: PYTHONPATH={folder} gptblock check ... finds it"
+    return ""
+
+
 def load_target(spec: str) -> Any:
     """The object ``FILE.py:NAME``, ``FILE.ipynb:NAME`` (its code cells) or
     ``package.module:NAME`` names (NAME may be dotted).
@@ -133,7 +145,8 @@ def load_target(spec: str) -> Any:
         module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "", name)
     except CAUGHT as e:
         what = f"load {Path(where)}" if is_file else f"import {where}"
-        raise UserValueError(f"cannot {what}: {one_line(e)}{learner_line(e, None)}") from e
+        said = f"cannot {what}: {one_line(e)}{learner_line(e, None)}{_above(e, where)}"
+        raise UserValueError(said) from e
     try:
         return functools.reduce(getattr, name.split("."), module)
     except AttributeError as e:

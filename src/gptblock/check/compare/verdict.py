@@ -92,13 +92,13 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
-    if not (stop or again):  # a path taken only while training (where the comparison failed)
+    if not (stop or again):  # paths taken only in half precision, or only while training
         progress.stage("the causality and batch probes in train mode and in bfloat16")
         failed = not (done.details or (done.finding and done.finding.passed))
-        train = elsewhere(service, train=True) if failed else {}
+        train = elsewhere(service, train=True) if failed else {}  # (else compared there)
         half = elsewhere(service, dtype=torch.bfloat16) if service.dtype == torch.float64 else {}
         for where, found in (("train mode (dropout off)", train), ("bfloat16", half)):
-            for name, result in found.items():  # or in half precision
+            for name, result in found.items():
                 said = f"in {where}: {result.message}"
                 findings.append(Finding(f"{name} ({where.split()[0]})", False, said))
                 progress.finding(findings[-1])

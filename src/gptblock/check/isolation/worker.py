@@ -27,6 +27,7 @@ from ..roles.trace import Trace, from_plain, record
 from ..serve import runner
 from ..serve.loop import Message
 from ..serve.runner import Held, load, to_data
+from ..serve.script import as_script
 from ..serve.subject import Grads, Probed
 from .child import ProtocolBroken
 
@@ -69,6 +70,7 @@ class Served(Held):
         return told
 
     def load(self, target: str | bytes) -> object:
+        as_script(target)
         return load_target(target) if isinstance(target, str) else load(target)
 
     def build(self, args: Mapping[str, Any]) -> Message:

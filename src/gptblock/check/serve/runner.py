@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from . import loop
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
-from .script import SKIPPED, Cells, cell_of, code_of, definitions, package_of
+from .script import SKIPPED, Cells, as_script, cell_of, code_of, definitions, package_of
 from .subject import Subject, cut_graphs
 
 __all__ = ["DROPOUT_NAMES", "Held", "build", "forward_arguments", "learner_line", "load",
@@ -49,8 +49,7 @@ class Held:
         self.C, self.T, self.longest = 0, 0, 0
 
     def load(self, target: str | bytes) -> object:
-        if isinstance(target, str) and (where := target.rpartition(":")[0]).endswith(".py"):
-            sys.argv[:] = [where]  # as ``python FILE.py`` has it, not the supervisor's script
+        as_script(target)
         return load(target)
 
     def build(self, args: Mapping[str, Any]) -> Message:

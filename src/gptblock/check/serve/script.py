@@ -17,7 +17,7 @@ import sys
 import types
 from pathlib import Path
 
-__all__ = ["SKIPPED", "Cells", "cell_of", "code_of", "definitions", "package_of"]
+__all__ = ["SKIPPED", "Cells", "as_script", "cell_of", "code_of", "definitions", "package_of"]
 
 SKIPPED: dict[str, str] = {}  # a file -> what of its top level did not run: "lines 13, 21-43"
 DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -91,6 +91,13 @@ class Cells(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         exec(compile(self.code, str(module.__file__), "exec", dont_inherit=True), vars(module))
+
+
+def as_script(target: str | bytes) -> None:
+    """``sys.argv`` as ``python FILE.py`` has it, not the supervisor's script's arguments: a
+    module the file imports may parse it when imported (``argparse``: s81 unseen set)."""
+    if isinstance(target, str) and (where := target.rpartition(":")[0]).endswith((".py", ".ipynb")):
+        sys.argv[:] = [where]
 
 
 def definitions(path: Path, needs: str) -> types.CodeType | None:
