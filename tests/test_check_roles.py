@@ -607,3 +607,43 @@ def test_the_attentions_mistake_is_named_where_the_mlp_is_not_identified():
     # (s79 unseen set) that learner's scale C ** -0.5 too: the attention, compared alone, names it
     report = check_block(_after_linear_block(True, wide=True))
     assert report.verdict == "FAIL" and report.diagnosis == ["wrong_scale"], str(report)
+
+
+class _LoopedAttention(nn.Module):
+    """The lessons' block whose attention runs one sequence and one head at a time, each head's
+    output written into a zeros tensor (an NYU course's block, the s68 unseen set); ``twice``:
+    its MLP adds its input again (that learner's bug, in no catalogue)."""
+
+    def __init__(self, n_embd=32, n_head=4, twice=False):
+        super().__init__()
+        self.n_head, self.twice = n_head, twice
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+        self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+    def attn(self, x):
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+        out = torch.zeros(B, T, C, dtype=x.dtype)
+        for b in range(B):
+            for h in range(self.n_head):
+                s = slice(h * hs, (h + 1) * hs)
+                w = (q[b, :, s] @ k[b, :, s].T / hs**0.5).masked_fill(mask, float("-inf"))
+                out[b, :, s] = F.softmax(w, dim=-1) @ v[b, :, s]
+        return self.proj(out)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        h = self.ln2(x)
+        return x + self.fc2(F.gelu(self.fc1(h))) + h * self.twice
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_attention_looped_over_sequences_into_a_zeros_tensor_is_read(twice):
+    # (s68 unseen set) the heads' outputs written into ``out[b, :, s]`` were not followed to the
+    # projection: roles guessed by shape and order, and the learner's bug UNVERIFIED
+    report = check_block(_LoopedAttention, twice=twice)
+    assert report.verdict == ("FAIL" if twice else "PASS"), str(report)
+    assert any("read from the forward pass" in n for n in report.notes), str(report)

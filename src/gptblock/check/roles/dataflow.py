@@ -206,13 +206,15 @@ def to_weight(trace: Trace, node: int) -> tuple[Op, float] | None:
 def reach(trace: Trace, node: int, forward: bool) -> tuple[set[int], list[Op]]:
     """The nearest matrix products with a weight on every path, and the nodes on the way."""
     todo, seen, found = [node], {node}, {}
+    into = {w.index: base for base, ops in trace.written.items() for w in ops}  # out[b] = y
     while todo:
         n = todo.pop()
         for op in trace.consumers(n) if forward else filter(None, [trace.producer(n)]):
             if weight_input(trace, op) is not None:
                 found[op.index] = op
-            elif not forward or op.name in SHAPE_OPS | GATHER_OPS:
-                new = [m for m in (op.outputs if forward else data(trace, op)) if m not in seen]
+            elif not forward or op.name in SHAPE_OPS | GATHER_OPS or op.index in into:
+                outs = [into[op.index]] if op.index in into else op.outputs
+                new = [m for m in (outs if forward else data(trace, op)) if m not in seen]
                 todo += new
                 seen.update(new)
     return seen, [found[i] for i in sorted(found)]

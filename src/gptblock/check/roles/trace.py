@@ -148,9 +148,10 @@ class Trace:
         (``serve.loop`` marks them data), with those writes."""
         found: dict[int, list[Op]] = {}
         for op in self._writes:
-            at = op.inputs[0]
-            while (i := self.nodes[at].op) >= 0 and self.ops[i].name in VIEWS:
-                at = self.ops[i].inputs[0]
+            path = [op.inputs[0]]  # to the base through its views; the farthest marked data
+            while (i := self.nodes[path[-1]].op) >= 0 and self.ops[i].name in VIEWS:
+                path.append(self.ops[i].inputs[0])  # (zeros().detach(): the detached one)
+            at = next((n for n in reversed(path) if self.nodes[n].data), path[-1])
             i = self.nodes[at].op
             static = i < 0 or not any(self.nodes[n].data for n in self.ops[i].inputs)
             if at != op.inputs[0] and self.nodes[at].data and static:
@@ -276,6 +277,8 @@ def rerun(
         return env[a.node]
 
     got: dict[int, Tensor] = {}
+    # the writes into a tensor given whole (``out[b, :, s] = y`` before ``proj(out)``): not run
+    given = {w.index for base, ws in trace.written.items() if base in put for w in ws}
     try:
         x = trace.nodes[trace.input].value  # what the block made without a dtype: in x's, as traced
         dtype = loop.default_dtype(x.dtype if x.is_floating_point() else torch.float32)
@@ -285,6 +288,9 @@ def rerun(
                     wanted.intersection(op.inputs) - got.keys() if op.name not in VIEWS else ()
                 ):
                     got[n] = cast(Tensor, value(Ref(n))).detach().clone()
+                if op.index in given:
+                    env.update(dict.fromkeys(op.outputs, cast(Tensor, value(Ref(op.inputs[0])))))
+                    continue
                 made, flat_in = op.call(value)
                 _need(len(made) == len(op.outputs), f"{op.name} made other tensors when replayed")
                 for t, node in zip(made, op.outputs, strict=True):

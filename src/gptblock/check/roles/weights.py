@@ -157,6 +157,7 @@ def order_norms(norms: list[Norm], attn_input: int, mlp_input: int) -> list[Norm
 def measure(trace: Trace, roles: dict[str, Role], B: int, T: int) -> dict[str, tuple[Tensor, Tensor, float]]:  # fmt: skip
     BT = B * T
     like = {r.put: trace.nodes[r.put].value for r in roles.values()}
+    like |= rerun(trace, {}, [n for n in like if n in trace.written], trace.ops)  # once written
     width = {n: as_rows(v, B, T).shape[1] for n, v in like.items()}
     gets = [g for r in roles.values() for g in r.get]
 
