@@ -291,3 +291,26 @@ def test_the_library_call_returns_the_rows_in_order(tmp_path):
         (tmp_path / f"{name}.py").write_text("x = 1\n")
     rows = grade([tmp_path / "b.py", tmp_path / "a.py"], jobs=2)
     assert [(r.student, r.verdict) for r in rows] == [("b", "ERROR"), ("a", "ERROR")]
+
+
+def test_a_submission_writing_into_anothers_files_changes_no_row(tmp_path):
+    # (s83 unseen set) ada's block, when built, took bob's scaling out of bob's file next to its
+    # own; bob was then checked from the changed file: FAIL no_scaling, where bob alone PASSes
+    write = (
+        "\n\nfrom pathlib import Path\n_init = Block.__init__\n\n\n"
+        "def _tamper(self, n_embd, n_head, block_size, dropout=0.2):\n"
+        "    _init(self, n_embd, n_head, block_size, dropout)\n"
+        "    bob = Path(__file__).resolve().parents[1] / 'bob' / 'model.py'\n"
+        "    try:\n"
+        "        bob.write_text(bob.read_text().replace(' * k.shape[-1] ** -0.5', ''))\n"
+        "    except OSError:\n"
+        "        pass\n\n\n"
+        "Block.__init__ = _tamper\n"
+    )
+    for student, code in (("ada", lesson() + write), ("bob", lesson())):
+        (tmp_path / student).mkdir()
+        (tmp_path / student / "model.py").write_text(code)
+    rows = {r.student: r for r in grade([tmp_path], jobs=1)}
+    assert rows["bob"].verdict == "PASS" and rows["bob"].block == "model.py:Block", rows["bob"]
+    assert "gptblock-grade-" not in rows["ada"].report + rows["bob"].report
+    assert rows["bob"].path == str(tmp_path / "bob")

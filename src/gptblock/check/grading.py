@@ -7,11 +7,14 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from multiprocessing.pool import ThreadPool
+from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -107,10 +110,10 @@ def grade(
     if not 0 < timeout <= 1e6:  # also NaN; inf overflows the system's clock
         raise UserValueError(f"timeout must be a positive number <= 1e6, got {timeout!r}")
 
-    def one(todo: tuple[int, Submission]) -> tuple[int, Row]:
-        i, sub = todo
+    def one(todo: tuple[int, tuple[Submission, Submission]]) -> tuple[int, Row]:
+        i, (sub, copy) = todo
         try:
-            return i, grade_one(sub, dict(kwargs or {}), name, timeout)
+            return i, grade_one(copy, dict(kwargs or {}), name, timeout, sub.path)
         except BaseException as e:  # a row still, or the batch would wait for it forever
             said = f"gptblock could not grade it ({one_line(e)}): a bug in gptblock"
             return i, Row(sub.student, str(sub.path), "", "ERROR", report=said)
@@ -119,22 +122,45 @@ def grade(
     # Once for the batch: both change process-wide state that each check would otherwise set
     # and restore under the others' feet (the threads' checks then leave it as it is). The
     # pool's threads are daemons: an interrupted batch does not wait, and leaving the pool
-    # (``terminate``) starts no new submission.
-    with undumpable(), one_thread(), ThreadPool(max(1, min(jobs, len(subs)))) as pool:
-        for i, row in pool.imap_unordered(one, enumerate(subs)):
+    # (``terminate``) starts no new submission. Each submission is checked from a copy made
+    # before any runs: one that writes into another's files (s83 unseen set) changes a copy
+    # checked already or none.
+    with (
+        tempfile.TemporaryDirectory(prefix="gptblock-grade-") as copies,
+        undumpable(),
+        one_thread(),
+        ThreadPool(max(1, min(jobs, len(subs)))) as pool,
+    ):
+        todo = [(i, _copied(sub, Path(copies) / str(i))) for i, sub in enumerate(subs)]
+        for i, row in pool.imap_unordered(one, todo):
             rows[i] = row
             if on_row is not None:
                 on_row(row)
     return [rows[i] for i in sorted(rows)]
 
 
+def _copied(sub: Submission, home: Path) -> tuple[Submission, Submission]:
+    """``sub`` and its copy in ``home`` (its folder whole, links kept as links)."""
+    home.mkdir()
+    to = home / sub.path.name
+    if sub.path.is_dir():
+        shutil.copytree(sub.path, to, symlinks=True)
+    else:
+        shutil.copy2(sub.path, to)
+    files = tuple(to / f.relative_to(sub.path) if sub.path.is_dir() else to for f in sub.files)
+    return sub, Submission(sub.student, to, files)
+
+
 def grade_one(
-    sub: Submission, kwargs: Mapping[str, object], name: str | None, timeout: float
-) -> Row:
-    """One submission's row; a block whose process the check ended (isolation's ``process``
-    finding) is ``TIMEOUT`` or ``ERROR``, the findings before it kept in the report."""
+    sub: Submission, kwargs: Mapping[str, object], name: str | None, timeout: float,
+    shown: Path | None = None,
+) -> Row:  # fmt: skip
+    """One submission's row (``shown``: its path as given, ``sub`` a copy of it); a block whose
+    process the check ended (isolation's ``process`` finding) is ``TIMEOUT`` or ``ERROR``, the
+    findings before it kept in the report."""
     start = time.monotonic()
-    row = partial(Row, sub.student, str(sub.path))
+    shown = shown or sub.path
+    row = partial(Row, sub.student, str(shown))
     try:
         found = find_block(sub, name)
     except NotGraded as e:
@@ -158,8 +184,14 @@ def grade_one(
         said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
     if ended:
         verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
-    block, seconds = f"{found.file.name}:{found.name}", time.monotonic() - start
-    return row(block, verdict, report=said, seconds=seconds, **more)
+
+    def own(text: str) -> str:  # the copy's paths as the submission's
+        return text.replace(str(sub.path), str(shown))
+
+    more["checks"] = tuple(replace(f, message=own(f.message)) for f in more.get("checks", ()))
+    root = sub.path if sub.path.is_dir() else sub.path.parent
+    block, seconds = f"{found.file.relative_to(root)}:{found.name}", time.monotonic() - start
+    return row(block, verdict, report=own(said), seconds=seconds, **more)
 
 
 def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
