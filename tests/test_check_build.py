@@ -313,6 +313,23 @@ def test_a_class_of_sizes_read_as_globals_is_made_smaller(tmp_path):
     assert "made smaller for the check: n_embd=192" in said, said
 
 
+def test_sizes_read_from_a_settings_module_the_file_imports(tmp_path):
+    # (s83 unseen set: the lecture split into files, ``import hyperparameters as hp``) the heads
+    # read hp.n_embd = 384 while the checker built Block(n_embd=32): a false FAIL shape
+    (tmp_path / "hparams.py").write_text("n_embd = 384\nn_head = 6\nblock_size = 32\n")
+    text = LECTURE[: LECTURE.index("# hyperparameters")] + "import hparams as hp\ndropout = 0.0\n"
+    text += LECTURE[LECTURE.index("\n\nclass Head") :]
+    for old in ("nn.Linear(n_embd, head_size", "head_size * num_heads, n_embd)"):
+        text = text.replace(old, old.replace("n_embd", "hp.n_embd"))
+    text = text.replace(
+        "torch.ones(block_size, block_size)", "torch.ones(hp.block_size, hp.block_size)"
+    )
+    report = check_block(f"{_file(tmp_path, 'model', text)}:Block")
+    said = " ".join(" ".join(report.notes).split())
+    assert report.passed and "n_embd=384, n_head=6" in said and "n_embd=96 " in said, str(report)
+    assert "checked again at" in said and ": PASS" in said, said
+
+
 def test_a_config_class_whose_fields_are_its_init_parameters(tmp_path):
     # (s64 unseen set) minGPT's old GPTConfig: class values and ``__init__(self, vocab_size,
     # block_size, **kwargs)``; before: a namespace was built and its fields asked for one by one

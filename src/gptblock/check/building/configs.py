@@ -6,9 +6,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import sys
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from ..serve.loop import signature
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "config_defaults", "config_fields", "config_name", "dataclass_config", "namespace", "number",
-    "parameters", "replaced",
+    "parameters", "replaced", "settings_module",
 ]  # fmt: skip
 
 # the names of an argument that is a config object (``Block(config)``)
@@ -76,12 +78,23 @@ def namespace(value: object) -> bool:
     )  # fmt: skip
 
 
+def settings_module(value: object) -> bool:
+    """A module of the learner's own, not installed (``import hyperparameters as hp`` read as
+    ``hp.n_embd``: s83 unseen set)."""
+    file = getattr(value, "__file__", None) if isinstance(value, types.ModuleType) else None
+    homes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return bool(file) and not any(Path(cast(str, file)).is_relative_to(h) for h in homes)
+
+
 def config_fields(value: object) -> dict[str, object] | None:
     """A config object's fields, None for anything else (a module, a tensor, a number...)."""
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if isinstance(k, str)}
     if namespace(value):
         return {k: v for k, v in vars(value).items() if k[0] != "_"}
+    if settings_module(value):
+        plain = (int, float, str, bool)
+        return {k: v for k, v in vars(value).items() if k[0] != "_" and isinstance(v, plain)}
     if dataclass_config(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
     library = type(value).__module__.split(".")[0] in ("torch", "builtins", "numpy")

@@ -12,7 +12,7 @@ from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ..serve.script import SKIPPED
+from ..serve.script import SKIPPED, set_settings
 from .configs import (
     config_defaults,
     config_fields,
@@ -22,6 +22,7 @@ from .configs import (
     number,
     parameters,
     replaced,
+    settings_module,
 )  # fmt: skip
 
 __all__ = [
@@ -98,7 +99,7 @@ def settings(
                  and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
     read &= {n for n, v in own.items() if isinstance(v, plain) or namespace(v)
-             or dataclasses.is_dataclass(type(v))}  # fmt: skip
+             or dataclasses.is_dataclass(type(v)) or (settings_module(v) and _sized(v))}  # fmt: skip
     configs = {n: v for n, v in own.items() if n in read}
     params = parameters(factory) if callable(factory) else []
     if any(config_name(p.name) and p.name not in given for p in params):
@@ -220,8 +221,13 @@ def patch_globals(
         n: v for n, v in vars(module).items()
         if n in sizes and sizes[n] != v and (number(v) or not isinstance(sizes[n], int))
     }  # fmt: skip
-    vars(module).update(changed := {n: sizes[n] for n in before})
-    return changed, lambda: vars(module).update(before)
+    inside = [  # "hp.n_embd": set in the settings module ``hp`` the file imported
+        key for key in sizes if "." in key
+        and settings_module(m := vars(module).get(key.partition(".")[0]))
+        and hasattr(m, key.partition(".")[2])
+    ]  # fmt: skip
+    changed = {n: sizes[n] for n in [*before, *inside]}
+    return changed, set_settings(vars(module), changed)
 
 
 def kind_of(name: str) -> str | None:
@@ -316,7 +322,12 @@ def plan(
     top_changes = changes(top)
     config_changes = {n: c for n, fields in configs.items() if (c := changes(fields))}
     patched: dict[str, object] = {**changes(globals_)}
-    patched.update({n: replaced(objects[n], c) for n, f in held.items() if (c := changes(f))})
+    for n, f in held.items():  # a module's settings changed in it: "hp.n_embd" (its readers')
+        if c := changes(f):
+            whole = not settings_module(objects[n])
+            patched.update(
+                {n: replaced(objects[n], c)} if whole else {f"{n}.{k}": v for k, v in c.items()}
+            )
     if not said:
         return None
     out = {**args, **top_changes, **{n: replaced(top[n], c) for n, c in config_changes.items()}}

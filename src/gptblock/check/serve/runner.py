@@ -22,7 +22,7 @@ from typing import Any, get_args
 import torch
 import torch.nn as nn
 
-from . import loop
+from . import loop, script
 from .loop import CAUGHT, Message, UserValueError, drive_cache, one_line, record
 from .script import SKIPPED, Cells, as_script, cell_of, code_of, definitions, package_of
 from .subject import Subject, cut_graphs
@@ -252,9 +252,7 @@ def build(target: object, recipe: Mapping[str, Any]) -> tuple[nn.Module, Callabl
     own: dict[str, Any] = vars(home) if home else {}
     made = functools.partial(_made, home)
     settings = {n: loop.decode(v, made) for n, v in recipe["settings"].items()} if home else {}
-    before = {n: own[n] for n in settings}
-    own.update(settings)
-    undo = functools.partial(own.update, before)
+    undo = script.set_settings(own, settings)
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
         with loop.fixed_seed():

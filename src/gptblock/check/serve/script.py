@@ -15,9 +15,14 @@ import re
 import symtable
 import sys
 import types
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SKIPPED", "Cells", "as_script", "cell_of", "code_of", "definitions", "package_of"]
+__all__ = [
+    "SKIPPED", "Cells", "as_script", "cell_of", "code_of", "definitions", "package_of",
+    "set_settings",
+]  # fmt: skip
 
 SKIPPED: dict[str, str] = {}  # a file -> what of its top level did not run: "lines 13, 21-43"
 DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -98,6 +103,24 @@ def as_script(target: str | bytes) -> None:
     module the file imports may parse it when imported (``argparse``: s81 unseen set)."""
     if isinstance(target, str) and (where := target.rpartition(":")[0]).endswith((".py", ".ipynb")):
         sys.argv[:] = [where]
+
+
+def set_settings(own: dict[str, Any], settings: Mapping[str, object]) -> Callable[[], None]:
+    """A module's variables ``own`` given ``settings`` (``"hp.n_embd"``: in the module ``hp`` it
+    imported, as every module importing it reads it); the undo."""
+    before = {n: own[n] for n in settings if "." not in n}
+    dotted = [(n, *n.partition(".")[::2]) for n in settings if "." in n]
+    inside = [(own[m], a, getattr(own[m], a)) for _, m, a in dotted]
+    own.update({n: settings[n] for n in before})
+    for (n, _, _), (m, a, _) in zip(dotted, inside, strict=True):
+        setattr(m, a, settings[n])
+
+    def undo() -> None:
+        own.update(before)
+        for m, a, old in inside:
+            setattr(m, a, old)
+
+    return undo
 
 
 def definitions(path: Path, needs: str) -> types.CodeType | None:
