@@ -324,10 +324,15 @@ def test_sizes_read_from_a_settings_module_the_file_imports(tmp_path):
     text = text.replace(
         "torch.ones(block_size, block_size)", "torch.ones(hp.block_size, hp.block_size)"
     )
-    report = check_block(f"{_file(tmp_path, 'model', text)}:Block")
-    said = " ".join(" ".join(report.notes).split())
-    assert report.passed and "n_embd=384, n_head=6" in said and "n_embd=96 " in said, str(report)
-    assert "checked again at" in said and ": PASS" in said, said
+    # the heads in a sibling file, as that learner's: only they import hparams
+    split = text.index("\n\nclass Block")
+    (tmp_path / "heads.py").write_text(text[:split])
+    block = "from heads import *\n" + text[split:]
+    for name, code in (("model", text), ("block", block)):
+        report = check_block(f"{_file(tmp_path, name, code)}:Block")
+        said = " ".join(" ".join(report.notes).split())
+        assert report.passed and "n_embd=384, n_head=6" in said and "n_embd=96 " in said, said
+        assert "checked again at" in said and ": PASS" in said, said
 
 
 def test_a_config_class_whose_fields_are_its_init_parameters(tmp_path):

@@ -126,7 +126,7 @@ def grade(
     # before any runs: one that writes into another's files (s83 unseen set) changes a copy
     # checked already or none.
     with (
-        tempfile.TemporaryDirectory(prefix="gptblock-grade-") as copies,
+        tempfile.TemporaryDirectory(prefix="gptblock-grade-", ignore_cleanup_errors=True) as copies,
         undumpable(),
         one_thread(),
         ThreadPool(max(1, min(jobs, len(subs)))) as pool,

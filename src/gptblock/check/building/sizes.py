@@ -7,10 +7,11 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ..serve.script import SKIPPED, set_settings
 from .configs import (
@@ -86,21 +87,28 @@ def settings(
     module = inspect.getmodule(factory)
     if module is None:
         return "", {}, {}
-    own, todo, done, read = vars(module), [factory], list[object](), set[str]()
+    # what the code reads, in each of the learner's files it reaches (a class imported from a
+    # sibling file that reads ``hp.n_embd``: s83 unseen set), by name: the first binding
+    own, done, seen = vars(module), list[object](), dict[str, Any]()
+    todo = [(factory, own)]
     while todo:
-        done.append(obj := todo.pop())
+        obj, where = todo.pop()
+        done.append(obj)
         members = vars(obj).values() if isinstance(obj, type) else [obj]
         codes = [getattr(getattr(f, "__func__", f), "__code__", 0) for f in members]
+        read = set[str]()
         while codes:
             if inspect.iscode(code := codes.pop()):
                 read |= set(code.co_names)
                 codes += code.co_consts
-        todo += [v for n in read if callable(v := own.get(n)) and v not in done + todo
-                 and getattr(v, "__module__", 0) == own["__name__"]]  # fmt: skip
+        seen |= {n: where[n] for n in read if n in where and n not in seen}
+        homes = {n: sys.modules.get(getattr(v, "__module__", None) or "") for n, v in seen.items()}
+        todo += [(v, vars(homes[n])) for n, v in seen.items() if callable(v)
+                 and v not in done + [t for t, _ in todo]
+                 and (homes[n] is module or settings_module(homes[n]))]  # fmt: skip
     plain = (dict, types.SimpleNamespace)
-    read &= {n for n, v in own.items() if isinstance(v, plain) or namespace(v)
-             or dataclasses.is_dataclass(type(v)) or (settings_module(v) and _sized(v))}  # fmt: skip
-    configs = {n: v for n, v in own.items() if n in read}
+    configs = {n: v for n, v in seen.items() if isinstance(v, plain) or namespace(v)
+               or dataclasses.is_dataclass(type(v)) or (settings_module(v) and _sized(v))}  # fmt: skip
     params = parameters(factory) if callable(factory) else []
     if any(config_name(p.name) and p.name not in given for p in params):
         configs |= {n: v for n, v in own.items() if _sized(v) and not namespace(v)}
@@ -221,9 +229,9 @@ def patch_globals(
         n: v for n, v in vars(module).items()
         if n in sizes and sizes[n] != v and (number(v) or not isinstance(sizes[n], int))
     }  # fmt: skip
-    inside = [  # "hp.n_embd": set in the settings module ``hp`` the file imported
+    inside = [  # "hyperparameters.n_embd": set in that settings module, imported by the files
         key for key in sizes if "." in key
-        and settings_module(m := vars(module).get(key.partition(".")[0]))
+        and settings_module(m := sys.modules.get(key.partition(".")[0]))
         and hasattr(m, key.partition(".")[2])
     ]  # fmt: skip
     changed = {n: sizes[n] for n in [*before, *inside]}
@@ -326,7 +334,9 @@ def plan(
         if c := changes(f):
             whole = not settings_module(objects[n])
             patched.update(
-                {n: replaced(objects[n], c)} if whole else {f"{n}.{k}": v for k, v in c.items()}
+                {n: replaced(objects[n], c)}
+                if whole
+                else {f"{cast(types.ModuleType, objects[n]).__name__}.{k}": v for k, v in c.items()}
             )
     if not said:
         return None

@@ -106,11 +106,11 @@ def as_script(target: str | bytes) -> None:
 
 
 def set_settings(own: dict[str, Any], settings: Mapping[str, object]) -> Callable[[], None]:
-    """A module's variables ``own`` given ``settings`` (``"hp.n_embd"``: in the module ``hp`` it
-    imported, as every module importing it reads it); the undo."""
+    """A module's variables ``own`` given ``settings`` (``"hyperparameters.n_embd"``: in that
+    module, as every file importing it reads it); the undo."""
     before = {n: own[n] for n in settings if "." not in n}
     dotted = [(n, *n.partition(".")[::2]) for n in settings if "." in n]
-    inside = [(own[m], a, getattr(own[m], a)) for _, m, a in dotted]
+    inside = [(sys.modules[m], a, getattr(sys.modules[m], a)) for _, m, a in dotted]
     own.update({n: settings[n] for n in before})
     for (n, _, _), (m, a, _) in zip(dotted, inside, strict=True):
         setattr(m, a, settings[n])
