@@ -79,10 +79,11 @@ def namespace(value: object) -> bool:
 
 
 def settings_module(value: object) -> bool:
-    """A module of the learner's own, not installed (``import hyperparameters as hp`` read as
-    ``hp.n_embd``: s83 unseen set)."""
-    file = getattr(value, "__file__", None) if isinstance(value, types.ModuleType) else None
-    homes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    """A module of the learner's own, not installed nor gptblock's (installed for editing)
+    (``import hyperparameters as hp`` read as ``hp.n_embd``: s83 unseen set)."""
+    if not isinstance(value, types.ModuleType) or value.__name__.split(".")[0] == "gptblock":
+        return False
+    file, homes = getattr(value, "__file__", None), {sys.prefix, sys.base_prefix, sys.exec_prefix}
     return bool(file) and not any(Path(cast(str, file)).is_relative_to(h) for h in homes)
 
 
