@@ -74,7 +74,7 @@ class Subject(Probed):
     def __init__(self, module: nn.Module, C: int, T: int, longest: int = 0) -> None:
         self.C, self.T, self.longest = C, T, longest
         self.float32: nn.Module | None = None  # of a float64 copy: for float32 inputs
-        self.bfloat16: nn.Module | None = None  # and bfloat16 inputs (``probes.in_bfloat16``)
+        self.bfloat16: nn.Module | None = None  # and bfloat16 inputs (``probes.elsewhere``)
         self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if self.device.type == "meta":
             raise UserValueError(
