@@ -482,6 +482,20 @@ def ReZeroGPT2(n_embd=32, n_head=4):  # ReZero's alpha: a gain of one value, 0 a
     return LayerScaleGPT2(n_embd, n_head, init=0.0)
 
 
+class PositionsGPT2(GPT2Block):
+    """A GPT-2 block adding a fixed sinusoid table to its input first (the s84 unseen set)."""
+
+    def __init__(self, n_embd=32, n_head=4, block_size=16):
+        super().__init__(n_embd, n_head)
+        at = torch.arange(block_size)[:, None] * torch.logspace(0, -4, n_embd // 2, base=10.0)
+        self.register_buffer("pe", torch.cat((at.sin(), at.cos()), dim=-1))  # (block_size, C)
+
+    def forward(self, x):
+        x = x + self.pe[: x.shape[1]]  # (T, C), broadcast over the batch
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
 class LeakyGPT2(GPT2Block):
     """A GPT-2 block whose MLP's activation is a LeakyReLU (the s22 unseen set)."""
 

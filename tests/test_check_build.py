@@ -838,6 +838,17 @@ def test_a_plain_config_class_gives_its_values_as_defaults(tmp_path):
     assert "checked again at n_embd=" in said and ": PASS" in said, str(report)
 
 
+def test_a_dataclass_without_fields_gives_its_class_values_as_defaults(tmp_path):
+    # (s84 unseen set) ``@dataclass class Config: n_embd = 48`` has no fields (no annotations):
+    # its values are read as a plain class's (before: refused, "its config needs n_embd")
+    plain = (
+        NANOGPT.replace(": int = ", " = ").replace(": float = ", " = ").replace(": bool = ", " = ")
+    )
+    report = check_block(f"{_file(tmp_path, 'fieldless', plain)}:Block", isolate=False)
+    said = " ".join(report.notes)
+    assert report.passed and "n_embd=48, n_head=6, block_size=64 from the config's defaults" in said
+
+
 def test_a_size_error_in_forward_names_the_learners_line_through_the_command(tmp_path):
     # (s22 unseen set) the shape mistake's evidence says where: a mask expanded to the wrong size
     text = LECTURE.replace(

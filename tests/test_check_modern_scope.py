@@ -67,6 +67,8 @@ OUT_OF_SCOPE = {
     "LayerScaleGPT2": ["a branch's output times a gain (gamma_1; gamma_2) before its residual"],
     "ReZeroGPT2": ["a branch's output times a gain (gamma_1; gamma_2) before its residual"],
     "EluLlama": ["the activation elu (not GELU"],
+    # s84: was FAIL, the closest "heads_mixed + heads_mixed + wrong_scale"
+    "PositionsGPT2": ["a tensor of the block's own (pe) is added to its input before its branches"],
 }
 
 

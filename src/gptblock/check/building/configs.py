@@ -51,10 +51,11 @@ def config_defaults(cls: object) -> dict[str, object]:
 
 def dataclass_config(obj: object) -> TypeGuard[DataclassInstance]:
     """A dataclass (or one of them) whose ``__init__`` takes its fields: not one with its own (a
-    ``transformers.PretrainedConfig`` subclass, a dataclass from transformers 5: s71 unseen set)."""
+    ``transformers.PretrainedConfig`` subclass, a dataclass from transformers 5: s71 unseen set)
+    nor one without fields, whose values are plain class values (s84 unseen set)."""
     cls = obj if isinstance(obj, type) else type(obj)
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
-    return fields is not None and {p.name for p in parameters(cls)} <= fields
+    return bool(fields) and {p.name for p in parameters(cls)} <= cast(set[str], fields)
 
 
 def config_name(name: str) -> bool:

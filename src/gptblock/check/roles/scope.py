@@ -36,12 +36,29 @@ def _activation(trace: Trace) -> list[str]:  # (at the dispatch level, SELU and 
 def attention_scope(trace: Trace) -> list[str]:
     """What its attention computes that no reference models, and an activation or branch gain."""
     try:
-        found = _activation(trace) + _gained(trace)
+        found = _activation(trace) + _gained(trace) + _shifted(trace)
         for core in cores(trace):
             found += [p for p in _in_core(trace, core) if p not in found]
     except CAUGHT:  # the checker's own limit: nothing found
         return []
     return found
+
+
+def _shifted(trace: Trace) -> list[str]:
+    """A tensor of the block's own added to its input before anything else reads it (a position
+    table: s84 unseen set), laid out again at most."""
+    todo = [trace.input]
+    while todo:
+        for op in trace.consumers(todo.pop()):
+            if op.base in SHAPE_OPS:
+                todo += op.outputs
+            elif op.base in ("add", "sub") and any(
+                not trace.nodes[n].data and bool(trace.nodes[n].value.ne(0).any()) for n in op.inputs
+            ):  # fmt: skip
+                names = ", ".join(static_names(trace, [op])) or "a constant"
+                return [f"a tensor of the block's own ({names}) is added to its input before its "
+                        "branches read it (an absolute position table)"]  # fmt: skip
+    return []
 
 
 def _in_core(trace: Trace, core: Core) -> list[str]:
