@@ -397,6 +397,30 @@ def test_a_nan_reaching_earlier_rows_through_zero_weights_is_no_leak():
     assert check_block(_NaNValueBlock).diagnosis == ["nonfinite"]
 
 
+class _ExpSumHead(lesson.Head):
+    """A lesson head whose softmax is exp(s) / sum(exp(s)): the row maximum not subtracted."""
+
+    def attention_weights(self, x):
+        T = x.shape[1]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1) * self.key.out_features**-0.5
+        e = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")).exp()  # (B, T, T)
+        return e / e.sum(-1, keepdim=True)
+
+
+class _ExpSumBlock(lesson.Block):
+    def __init__(self, n_embd=32, n_head=4, block_size=16):
+        super().__init__(n_embd, n_head, block_size, 0.0)
+        for head in self.sa.heads:
+            head.__class__ = _ExpSumHead
+
+
+def test_a_softmax_that_overflows_behind_the_norm_is_nonfinite():
+    # (s85 unseen set) behind ln1 the scores stay small whatever the input: it PASSed
+    report = check_block(_ExpSumBlock)
+    assert report.diagnosis == ["nonfinite"], str(report)
+    assert "finite outputs (large weights) with every weight times 30: inf/NaN" in str(report)
+
+
 class _BookNorm(nn.Module):
     """A hand-written LayerNorm: it saves its input only where the input needs a gradient."""
 

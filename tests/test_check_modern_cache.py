@@ -68,6 +68,20 @@ def test_a_cached_step_is_compared_isolated(tmp_path):
             assert "not confirmed outside it" not in str(report)
 
 
+@pytest.mark.parametrize("mistakes", [(), ("rope_cache_offset",)])
+def test_a_start_pos_cache_read_only_with_use_cache_is_driven_with_it(mistakes):
+    # (s85 unseen set) the step was driven without use_cache: it read no cache, and the mistake PASSed
+    module = zoo_modern.load("meta_llama", mistakes)
+
+    class UseCache(module.BLOCK):  # the cache written and read with use_cache=True only
+        def forward(self, x, start_pos: int = 0, use_cache: bool = False):
+            return super().forward(x, start_pos if use_cache else None)
+
+    report = check_block(UseCache, **module.ARGS)
+    assert report.diagnosis == list(mistakes), str(report)
+    assert "(start_pos=6, use_cache=True)" in str(report), str(report)
+
+
 def test_a_block_without_a_cache_api_is_not_probed():
     module = zoo_modern.load("hf_llama")
     report = check_block(module.BLOCK, **module.ARGS)

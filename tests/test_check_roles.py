@@ -498,7 +498,7 @@ def _rope(t, T, hs):  # (B, nh, T, hs), adjacent pairs, theta 1e4
 
 class HeadLayouts(nn.Module):
     """A block whose heads are split ``contiguous``ly, ``strided`` (head h: channels h,
-    h + nh, ...: ``heads_mixed``, pretrained weights load wrongly), or contiguously and then
+    h + nh, ...: ``heads_mixed``, pretrained weights load wrongly; ``in steps`` too), or contiguously and then
     q and k permuted to (B, T, hs, nh) and back (``round trip``: the same tensors); ``modern``: RMSNorm,
     rotary after the split, SwiGLU (s72 unseen set: a Qwen3 learner's RoPE module)."""
 
@@ -520,6 +520,8 @@ class HeadLayouts(nn.Module):
         B, T, C = t.shape
         if self.split == "strided":
             return t.view(B, T, C // self.nh, self.nh).permute(0, 3, 1, 2)
+        if self.split == "strided in steps":  # through (B, T, nh, hs), laid out by position
+            return t.view(B, T, C // self.nh, self.nh).transpose(2, 3).transpose(1, 2)
         return t.view(B, T, self.nh, C // self.nh).transpose(1, 2)
 
     def forward(self, x):
@@ -546,14 +548,17 @@ def test_heads_are_read_however_their_channels_are_laid_out(tmp_path):
     path = tmp_path / "layouts.py"
     text = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
     text += inspect.getsource(_rope) + "\n\n" + inspect.getsource(HeadLayouts)
-    cases = [(s, m) for m in (False, True) for s in ("contiguous", "round trip", "strided")]
+    # (s85) strided in steps: v (and the plain block's q and k) read at (B, T, nh, hs), as split:
+    # PASS (plain: its weights read permuted) or FAIL naming no mistake (modern: q, k read as made)
+    splits = ("contiguous", "round trip", "strided", "strided in steps")
+    cases = [(s, m) for m in (False, True) for s in splits]
     for i, (split, modern) in enumerate(cases):
         text += f"\n\nclass Case{i}(HeadLayouts):\n    def __init__(self):\n"
         text += f"        super().__init__(split={split!r}, modern={modern})\n"
     path.write_text(text)
     reports = check_isolated([f"{path}:Case{i}" for i in range(len(cases))], kwargs={}, roles={})
     for (split, modern), report in zip(cases, reports, strict=True):
-        expected = ["heads_mixed"] if split == "strided" else []
+        expected = ["heads_mixed"] if split.startswith("strided") else []
         assert report.diagnosis == expected, (split, modern, str(report))
     # from the command line, where the modern round trip's reading went wrong
     cmd = [

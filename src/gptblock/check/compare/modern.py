@@ -231,8 +231,8 @@ def judge_cache(
     T = x.shape[1]
     given = text(said.get("with", ""), 200)
     how = {"start_pos": f"start_pos={T - 1}", "input_pos": f"input_pos=[{T - 1}]"}.get(
-        api, f"{api} from the prefix's call" + f", {given}" * bool(given)
-    )
+        api, f"{api} from the prefix's call"
+    ) + f", {given}" * bool(given)
     step_at = f"cache ({api}): one step at position {T - 1} ({how}) after the prefix"
     whole, step = tensors.get("whole"), tensors.get("step")
     if not (

@@ -24,6 +24,7 @@ from .probes import PROBES, ProbeResult, elsewhere, listed
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
 Tensor = torch.Tensor
+LARGE = 30.0  # the large weights' factor: behind a norm's gain, scores 30^4 times as large
 MAX_MISTAKES = 3  # the comparison tries every combination of up to this many mistakes
 
 
@@ -110,6 +111,12 @@ def decide(
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
     if done.traced is not None:  # a PASS: ``account`` tells which parameters act
         implied.pop("unused_parameters", None)
+    if not (stop or again) and all(f.passed for f in findings if f.name == "finite outputs"):
+        progress.stage("the finite-outputs probe with large weights")
+        if large := _large_weights(service, chosen):
+            findings.append(large)
+            progress.finding(large)
+            implied.setdefault("nonfinite", large.message)
     details = {**implied, **done.details, **({"unused_parameters": unused} if unused else {})}
     diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
     alternatives = [a for o in done.alternatives if (a := _diagnose(o, implied)) != diagnosis]
@@ -284,6 +291,21 @@ def _compared(
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else read[reading].with_heads(heads)
     return Compared(found, [m.mistakes for m in result.alternatives], details, traced)
+
+
+def _large_weights(service: Service, chosen: Mapping[str, Tensor]) -> Finding | None:
+    """The finite-outputs probe again with every weight times ``LARGE``: a softmax written without
+    subtracting the row maximum overflows only for large scores, which the norm before the
+    attention keeps from large inputs (s85 unseen set); trained weights make them."""
+    service.set_parameters({n: v * LARGE for n, v in chosen.items()})
+    try:
+        result = PROBES["finite outputs"](service)
+    except CAUGHT:  # (what the block raises there: the probes' own business)
+        return None
+    finally:
+        service.set_parameters(chosen)
+    said = f"with every weight times {LARGE:g}: {result.message}"
+    return None if result.passed else Finding("finite outputs (large weights)", False, said)
 
 
 def _beyond(subject: Service, notes: list[str]) -> bool:

@@ -144,7 +144,6 @@ def back(trace: Trace, node: int) -> tuple[int, float] | None:
 def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
     """``node`` or the nearest node behind it laid out by position; a slice (q of a packed qkv)
     or a bias (per head) stops it, read there along the axes of sizes B and T."""
-    start = node
     while layout(trace.nodes[node].shape, B, T) is None:
         op = trace.producer(node)
         stop = op is not None and (op.name in SLICING_OPS or op.base in ("add", "sub"))
@@ -152,27 +151,19 @@ def to_layout(trace: Trace, node: int, B: int, T: int) -> int | None:
         if step is None:  # or made by a product: (nh, B * T, hs) from a 3-D weight
             return node if layout(trace.nodes[node].shape, B, T, strict=False) else None
         node = step[0]
-    return _in_order(trace, start, node, B, T)
+    return _in_order(trace, node, B, T)
 
 
-def _in_order(trace: Trace, start: int, node: int, B: int, T: int) -> int:
-    """``node``, or where its rows hold the channels as ``start`` (the attention's operand) does:
-    heads permuted to (B, T, hs, nh) and back read behind that view, in the product's order."""
-    value = trace.nodes[start].value  # (B, nh, T, hs), or (B * nh, T, hs) as matmul makes it
-    if value.dim() == 3 and value.shape[0] % B == 0 and value.shape[1] == T:
-        value = value.reshape(B, -1, *value.shape[1:])
-    try:
-        want = as_rows(value, B, T)
-    except Unread:
-        return node
+def _in_order(trace: Trace, node: int, B: int, T: int) -> int:
+    """``node``, or the first node laid out by position it is a reshape of: its rows hold the
+    channels in the product's order. Heads permuted to (B, T, hs, nh) and back (s72) are read
+    there, and heads split strided, view(B, T, hs, nh), too: as made, for the split to show (s85)."""
     at, size = node, trace.nodes[node].value.numel()
     while (op := trace.producer(at)) is not None and op.base in SHAPE_OPS:
-        laid = layout(trace.nodes[at].shape, B, T) is not None
-        if laid and torch.equal(as_rows(trace.nodes[at].value, B, T), want):
-            return at
         if len(pieces := data(trace, op)) != 1 or trace.nodes[pieces[0]].value.numel() != size:
             break
         at = pieces[0]
+        node = at if layout(trace.nodes[at].shape, B, T) is not None else node
     return node
 
 

@@ -321,12 +321,13 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
     """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
     B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
     params = signature(module.forward)
-    if api == "start_pos":
-        module(x[:, :P], start_pos=0)
-        y = module(x[:, P:], start_pos=P)
+    flags = {k: v for k, v in _cache_arguments(params, 0).items() if v is True}  # use_cache=True
+    if api == "start_pos":  # (s85 unseen set: a cache written and read only with use_cache)
+        module(x[:, :P], start_pos=0, **flags)
+        y = module(x[:, P:], start_pos=P, **flags)
     elif api == "input_pos":
-        module(x[:, :P], input_pos=torch.arange(P, device=x.device))
-        y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device))
+        module(x[:, :P], input_pos=torch.arange(P, device=x.device), **flags)
+        y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device), **flags)
     else:
         extra = _cache_arguments(params, 0)
         out = module(x[:, :P], **extra)
@@ -355,7 +356,8 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
             step = cached_last(copy.deepcopy(module), x, api)
     except Exception as e:
         return {"api": api, "raised": one_line(e)}, {}
-    given = _cache_arguments(signature(module.forward), x.shape[1] - 1) if api in _PAST else {}
+    given = _cache_arguments(signature(module.forward), x.shape[1] - 1)
+    given = given if api in _PAST else {k: v for k, v in given.items() if v is True}
     said = ", ".join(f"{k}={v}" for k, v in given.items())
     return {"api": api, "with": said}, {"whole": whole[:, -1:], "step": step}
 
