@@ -84,6 +84,12 @@ def truncated_rotary(x):
     return torch.cat((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), -1).type_as(x)
 
 
+def by_head(x):
+    """A learner's slip (s86 unseen set): (B, h, T, hs) turned by the table's row h, not t."""
+    cos, sin = rotary(x.shape[-1], x.shape[1], 10000.0, x.device)  # (h, hs), as if h were t
+    return x * cos[:, None].to(x) + rotate_half(x) * sin[:, None].to(x)
+
+
 def causal(T, x, window=None):
     i = torch.arange(T, device=x.device)
     blocked = i[None, :] > i[:, None]
@@ -101,13 +107,13 @@ class Attention(nn.Module):
 
     def __init__(self, hidden_size, n_head, n_kv_head, rope_theta=10000.0, partial_rotary_factor=1.0,
                  qk_norm=None, softcap=None, alibi=False, window=None, rope_scaling=1.0,
-                 gate=False, subnorm=False, truncated=False):  # fmt: skip
+                 gate=False, subnorm=False, truncated=False, by_head=False):  # fmt: skip
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_dim = hidden_size // n_head
         self.rotary_dim = int(self.head_dim * partial_rotary_factor)
         self.rope_theta, self.softcap, self.alibi, self.window = rope_theta, softcap, alibi, window
-        self.rope_scaling, self.truncated = rope_scaling, truncated
+        self.rope_scaling, self.truncated, self.by_head = rope_scaling, truncated, by_head
         self.q_proj = nn.Linear(hidden_size, n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, n_kv_head * self.head_dim, bias=False)
@@ -141,6 +147,8 @@ class Attention(nn.Module):
         v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         if self.truncated:
             q, k = truncated_rotary(q), truncated_rotary(k)
+        elif self.by_head:
+            q, k = by_head(q), by_head(k)
         elif not self.alibi:
             cos, sin = rotary(
                 self.rotary_dim, T, self.rope_theta, hidden_states.device, self.rope_scaling

@@ -231,6 +231,41 @@ def test_arg_wins_and_the_module_settings_follow_it(tmp_path):
     assert report.passed and report.target == "Block(n_embd=48, n_head=6)", str(report)
 
 
+def test_arg_changes_upper_case_module_settings_too(tmp_path):
+    # (s87 unseen set) the heads read N_EMBD = 64; --arg n_embd=32 left it at 64: FAIL shape
+    text = LECTURE.replace("Linear(n_embd, head_size", "Linear(N_EMBD, head_size")
+    text = text.replace("n_embd = 64", "N_EMBD = 64").replace(
+        "num_heads, n_embd)", "num_heads, N_EMBD)"
+    )
+    report = check_block(
+        f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False, n_embd=32, n_head=4
+    )
+    assert report.passed, str(report)
+
+
+def test_an_mlp_width_no_multiple_of_the_width_is_made_smaller_in_proportion(tmp_path):
+    # (s87 unseen set) Llama 2's 11008 kept at a width of 64: 45 s and 5 GB for one check
+    text = LECTURE.replace("4 * n_embd", "d_ff").replace(
+        "def __init__(self, n_embd):", "def __init__(self, n_embd, d_ff):"
+    )
+    text = text.replace(
+        "def __init__(self, n_embd, n_head):", "def __init__(self, n_embd, n_head, d_ff=11008):"
+    )
+    text = text.replace("FeedFoward(n_embd)", "FeedFoward(n_embd, d_ff)")
+    report = check_block(f"{_file(tmp_path, 'gpt', text)}:Block", isolate=False)
+    said = " ".join(report.notes)
+    assert report.passed and "made smaller for the check: d_ff=512 (hidden)" in said, str(report)
+
+
+def test_a_config_head_count_of_its_own_name_is_the_files(tmp_path):
+    # (s87 unseen set) num_attention_heads = 8, read as num -> n_attention_heads: built with 4
+    text = NANOGPT.replace("n_head: int = 6", "num_attention_heads: int = 8").replace(
+        "config.n_head", "config.num_attention_heads"
+    )
+    report = check_block(f"{_file(tmp_path, 'heads', text)}:Block", isolate=False)
+    assert "num_attention_heads=8" in report.target, str(report)
+
+
 def test_the_readmes_call_builds_a_lesson_named_block_by_its_own_names(tmp_path):
     # README: check_block(MyBlock, d_model=32, nhead=4), MyBlock taking n_embd and n_head
     Block = load_target(f"{_file(tmp_path, 'gpt', LECTURE)}:Block")

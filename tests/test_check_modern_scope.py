@@ -242,6 +242,16 @@ def test_an_unexplained_attention_fails_with_the_numbers_of_the_closest(tmp_path
     assert "is off by" in failed[-1].message
 
 
+def test_a_rotation_by_head_fails_and_its_qk_norm_is_not_named():
+    # (s86 unseen set: a learner's table indexed by head) with the references' qk norm, it was
+    # UNVERIFIED naming "q and k normalised per head other than by an RMSNorm": head 0 turns by
+    # nothing, so no rotation was measured through the norm (without the norm: FAIL already)
+    report = check_block(blocks.DecoderLayer, qk_norm="head", by_head=True)
+    failed = [f for f in report.findings if not f.passed]
+    assert report.verdict == "FAIL" and failed and not report.diagnosis, report.format()
+    assert "normalised per head" not in report.format()
+
+
 @pytest.mark.parametrize("theta, factor", [(8e6, 0.5), (5e5, 1.0), (12345.0, 0.75), (1e4, 0.25)])
 def test_the_rotary_base_and_channels_are_measured_from_the_block(theta, factor):
     block = blocks.DecoderLayer(rope_theta=theta, partial_rotary_factor=factor).double()

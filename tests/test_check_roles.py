@@ -572,6 +572,39 @@ def test_heads_are_read_however_their_channels_are_laid_out(tmp_path):
     assert done.returncode == 0 and "result: PASS" in done.stdout, done.stdout + done.stderr
 
 
+class _NoProjection(nn.Module):
+    """One head of the full width joining the stream as it is, the residual added in place to
+    the head's output (``y += x``, a learner's: s87); ``unscaled``: its ``no_scaling`` mutant."""
+
+    def __init__(self, n_embd=32, block_size=16, unscaled=False):
+        super().__init__()
+        head = _UnscaledHead if unscaled else lesson.Head
+        self.head = head(n_embd, n_embd, block_size, 0.0)  # one head of the full width
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        y = self.head(self.ln1(x))
+        y += x
+        return y + self.fc2(F.relu(self.fc1(self.ln2(y))))
+
+
+class _UnscaledHead(lesson.Head):
+    def attention_weights(self, x):
+        T = x.shape[1]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1)  # (B, T, T)
+        return F.softmax(wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")), dim=-1)
+
+
+@pytest.mark.parametrize("unscaled", [False, True])
+def test_a_block_without_an_output_projection_is_read_though_its_output_is_added_to(unscaled):
+    # (s87 unseen set) the replay returned the heads' output as the in-place ``+=`` left it
+    # (through matmul's view): "proj is not a linear map of its input alone", UNVERIFIED
+    report = check_block(_NoProjection, unscaled=unscaled)
+    assert report.diagnosis == (["no_scaling"] if unscaled else []), str(report)
+    assert report.compared and "the identity" in " ".join(report.notes), str(report)
+
+
 class _WideScaleHead(lesson.Head):
     """A lesson head scaling its scores by C ** -0.5, the learner's (s79), not hs ** -0.5."""
 

@@ -145,9 +145,10 @@ def file_sizes(
     module = ChainMap(
         dict[str, object](numbers), *(config_fields(c) or {} for c in configs.values())
     )
-    used = {
-        _NUM.sub("n_", n.lower()) for n in [*(p.name for p in params), *fields, *module, *given]
-    }
+    used = {  # NUM_EMBD = 64: an n_embd; num_attention_heads: a name of its own too (s87)
+        m for n in [*(p.name for p in params), *fields, *module, *given]
+        for m in (n.lower(), _NUM.sub("n_", n.lower()))
+    }  # fmt: skip
     if any(config_name(p.name) and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
@@ -163,7 +164,7 @@ def file_sizes(
         if not used & set(k.names):
             continue
         for source, where in places:
-            lower = {_NUM.sub("n_", m.lower()): m for m in where}  # EMBED_DIM = 64: embed_dim
+            lower = {k: m for m in where for k in (m.lower(), _NUM.sub("n_", m.lower()))}
             n, value = next(
                 ((m, v) for n in k.names if (m := lower.get(n)) and (v := number(where[m]))),
                 ("", None),
@@ -225,16 +226,20 @@ def patch_globals(
     module = inspect.getmodule(factory)
     if module is None:
         return {}, lambda: None
+
+    def key(n: str) -> str:  # N_EMBD = 64 is an n_embd, NUM_HEADS an n_heads (s87)
+        return next((k for k in (n, n.lower(), _NUM.sub("n_", n.lower())) if k in sizes), n)
+
     before = {
         n: v for n, v in vars(module).items()
-        if n in sizes and sizes[n] != v and (number(v) or not isinstance(sizes[n], int))
+        if (k := key(n)) in sizes and sizes[k] != v and (number(v) or not isinstance(sizes[k], int))
     }  # fmt: skip
     inside = [  # "hyperparameters.n_embd": set in that settings module, imported by the files
         key for key in sizes if "." in key
         and settings_module(m := sys.modules.get(key.partition(".")[0]))
         and hasattr(m, key.partition(".")[2])
     ]  # fmt: skip
-    changed = {n: sizes[n] for n in [*before, *inside]}
+    changed = {**{n: sizes[key(n)] for n in before}, **{k: sizes[k] for k in inside}}
     return changed, set_settings(vars(module), changed)
 
 
@@ -255,7 +260,8 @@ def kind_of(name: str) -> str | None:
 
 def _smaller(m: Mapping[str, int], keep: Collection[int]) -> dict[str, int] | None:
     """Sizes for a block over ``LARGEST_IMPLIED`` (its mistakes show at any size): 16 channels a
-    head (4 over 16 heads), the same head counts, a length of 256; --arg's (``keep``) kept."""
+    head (4 over 16 heads), the same head counts, a length of 256, an MLP's hidden width in
+    proportion, at most 8 times the width; --arg's (``keep``) kept."""
     out, C, L, hs = dict(m), m["width"], m.get("length", 0), m.get("head_size")
     nh = m.get("heads") or (C // hs if hs and C % hs == 0 else 0)
     if C > LARGEST_IMPLIED["width"] and C not in keep:
@@ -263,7 +269,21 @@ def _smaller(m: Mapping[str, int], keep: Collection[int]) -> dict[str, int] | No
         out.update({"width": nh * small, "head_size": small} if nh else {"width": 96})
     if L > LARGEST_IMPLIED["length"] and L not in keep:
         out["length"] = 256
+    if (H := m.get("hidden")) and H not in keep and (out["width"] != C or H > 8 * C):
+        out["hidden"] = _hidden(H, C, out["width"], 8)  # (s87: 11008 read at width 64: 5 GB)
     return out if out != m else None
+
+
+def _hidden(H: int, C: int, new: int, most: int = 0) -> int:
+    """An MLP's hidden width ``H`` at width ``new`` (``C`` before): in proportion (even)."""
+    scaled = max(2, 2 * round(H * new / C / 2))
+    return min(scaled, most * new) if most else scaled
+
+
+def _mlp_name(name: str) -> bool:  # d_ff, intermediate_size, hidden_dim, ffn_dim, n_inner
+    words = set(name.lower().split("_"))
+    return kind_of(name) is None and bool(words & {"ff", "ffn", "intermediate", "hidden", "inner",
+                                                   "mlp", "feedforward", "dff"})  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -302,11 +322,15 @@ def plan(
     )  # the fewer of two head counts: key/value heads
     hs = next((v for k, v in leaves if k == "head_size"), C // nh if nh else None)
     L = next((v for k, v in leaves if k == "length"), None)
-    measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L}
+    H = next((v for place in places for n, x in place.items() if (v := number(x)) and v > C
+              and (v % C or v > 8 * C) and _mlp_name(n)), None)  # fmt: skip # (2C..8C: by value)
+    measured = {"width": C, "heads": nh, "kv_heads": kv, "head_size": hs, "length": L, "hidden": H}
     sized = {k: v for k, v in measured.items() if v is not None}
     other = _smaller(sized, keep) if keep is not None else next(iter(size_sets(sized)), None)
     if other is None:
         return None
+    if H and "hidden" not in other:
+        other["hidden"] = _hidden(H, C, other["width"])
     many = [f"{m}C" for m in range(2, 9)]  # a hidden width, a multiple of the width
     measured.update({m: int(m[0]) * C for m in many})
     new = {**other, **{m: int(m[0]) * other["width"] for m in many}}
@@ -320,7 +344,7 @@ def plan(
             if kind in ("heads", "kv_heads"):  # gpt-fast's n_local_heads: kv heads by value
                 kind = "heads" if kind == "heads" and v == nh else "kv_heads"
             kind = kind or next(
-                (k for k in ("width", *many, "head_size") if measured[k] == v), None
+                (k for k in ("width", *many, "head_size", "hidden") if measured[k] == v), None
             )
             if kind is not None and v == measured[kind] and kind in new:
                 out[name] = new[kind]
@@ -342,7 +366,7 @@ def plan(
         return None
     out = {**args, **top_changes, **{n: replaced(top[n], c) for n, c in config_changes.items()}}
     # the label, hid_dim=48 (C), n_heads=3, pf_dim=192 (4C): the kind said where the name does not
-    order = [*[*KINDS][:4], *many, "length"]  # a multiple of the width after the head size
+    order = [*[*KINDS][:4], *many, "hidden", "length"]  # a multiple after the head size
     shown = []
     for n, (kind, value) in sorted(said.items(), key=lambda s: order.index(s[1][0])):
         k = KINDS.get(kind)

@@ -12,9 +12,9 @@ import torch
 
 from ..mistakes.report import CAUGHT
 from .cores import Core, cores
-from .dataflow import SHAPE_OPS, static_names, weight_input
+from .dataflow import SHAPE_OPS, as_rows, static_names, weight_input
 from .modern_parts import close
-from .modern_read import ModernRead
+from .modern_read import ModernRead, heads
 from .trace import Op, Trace, replay
 from .weights import rescaled
 
@@ -220,7 +220,27 @@ def _qk_norm(trace: Trace, q_out: int, q_core: int, nh: int, turned: bool) -> st
         return ""
     if not per_head:
         return "q and k normalised over the whole width (OLMo 2's qk norm), not per head"
+    if _rms_alone(trace, q_out, q_core, nh, strided=moved[2][2] < moved[2][1]):
+        return ""  # the references' qk norm: what fails is elsewhere (s86: a rotation by head)
     return (
         "q and k normalised per head other than by an RMSNorm before the rotation (a LayerNorm, "
         "a bias, or a norm after the rotation)"
     )
+
+
+def _rms_alone(trace: Trace, q_out: int, q_core: int, nh: int, strided: bool) -> bool:
+    """Head 0 of the scores' q is its channels of q's product through an RMSNorm times a gain
+    and nothing else (no rotation there, which turns head 0 too; no LayerNorm, no bias)."""
+    B, T = trace.nodes[trace.input].shape[:2]
+    try:
+        rows = as_rows(trace.nodes[q_out].value, B, T).double()  # (B * T, D)
+        core = heads(trace.nodes[q_core].value, B, nh, T, rows.shape[-1] // nh)  # (B, nh, T, hs)
+    except CAUGHT:  # (Unread: not laid out by position)
+        return False
+    if core is None:
+        return False
+    z = rows[:, 0::nh] if strided else rows[:, : core.shape[-1]]  # head 0's: (B * T, hs)
+    r = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)
+    y = core[:, 0].reshape(r.shape).double()
+    gain = (y * r).sum(0) / (r * r).sum(0).clamp_min(1e-30)  # least squares, per channel
+    return bool((y - r * gain).abs().max() <= 1e-3 * y.abs().max())

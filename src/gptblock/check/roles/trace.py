@@ -299,7 +299,10 @@ def rerun(
         raise
     except CAUGHT as e:
         raise TraceError(f"the replay raised {type(e).__name__}: {e}"[:300]) from e
-    return {n: got[n] if n in got else cast(Tensor, value(Ref(n))).detach().clone() for n in wanted}
+    last = {n: got[n] if n in got else cast(Tensor, value(Ref(n))).detach().clone() for n in wanted}
+    # a node given is what was given, not what an in-place operator made of it later through a
+    # view (the heads' output, no projection, then ``y += x``: s87)
+    return {**last, **{n: put[n].detach().clone() for n in wanted if n in put}}
 
 
 def _put(made: Tensor, new: Tensor, inputs: list[Tensor]) -> Tensor:  # as ``made`` was made
