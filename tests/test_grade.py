@@ -314,3 +314,20 @@ def test_a_submission_writing_into_anothers_files_changes_no_row(tmp_path):
     assert rows["bob"].verdict == "PASS" and rows["bob"].block == "model.py:Block", rows["bob"]
     assert "gptblock-grade-" not in rows["ada"].report + rows["bob"].report
     assert rows["bob"].path == str(tmp_path / "bob")
+
+
+def test_a_students_folder_is_where_their_imports_start_and_an_ended_process_says_why(tmp_path):
+    # (s88 unseen set) ``from parts.sizes import N`` in eve/parts/block.py: ERROR "No module named
+    # 'parts'", where checked from eve's folder it loads; kev's KeyboardInterrupt: an ERROR row
+    # whose report began "check Block(...)", the reason further down
+    (tmp_path / "eve" / "parts").mkdir(parents=True)
+    (tmp_path / "eve" / "parts" / "sizes.py").write_text("N = 32\n")
+    (tmp_path / "eve" / "parts" / "block.py").write_text("from parts.sizes import N\n" + lesson())
+    interrupt = "\n\ndef _stop(self, x):\n    raise KeyboardInterrupt\n\n\nBlock.forward = _stop\n"
+    (tmp_path / "kev.py").write_text(lesson() + interrupt)
+    rows = {r.student: r for r in grade([tmp_path], jobs=2)}
+    assert rows["eve"].verdict == "PASS" and rows["eve"].block == "parts/block.py:Block", rows[
+        "eve"
+    ]
+    assert rows["kev"].verdict == "ERROR", rows["kev"]
+    assert "KeyboardInterrupt" in rows["kev"].report.splitlines()[0], rows["kev"].report

@@ -167,8 +167,9 @@ def grade_one(
         return row("", "ERROR", report=str(e), seconds=time.monotonic() - start, found=e.found)
     more: dict[str, Any] = {"found": found.found}
     try:
+        roots = [str(sub.path)] if sub.path.is_dir() else []  # its own imports (s88 unseen set)
         report = check_isolated(
-            [f"{found.file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout
+            [f"{found.file}:{found.name}"], kwargs=kwargs, roles={}, timeout=timeout, roots=roots
         )[0]
         ended = [f.message for f in report.findings if f.name == "process" and not f.passed]
         verdict, said = report.verdict, str(report)
@@ -184,6 +185,7 @@ def grade_one(
         said = f"gptblock could not check it ({one_line(e)}); if the machine is fine, a bug"
     if ended:
         verdict = "TIMEOUT" if _TIMED_OUT in ended[0] else "ERROR"
+        said = said if said.startswith(ended[0]) else f"{ended[0]}\n{said}"  # why, first (s88)
 
     def own(text: str) -> str:  # the copy's paths as the submission's
         return text.replace(str(sub.path), str(shown))

@@ -58,10 +58,12 @@ def check_isolated(
     kwargs: Mapping[str, object],
     roles: Mapping[str, str],
     timeout: float = DEFAULT_TIMEOUT,
+    roots: Sequence[str] = (),
 ) -> list[CheckReport]:
     """Check each target (a ``FILE.py:NAME`` or ``package.module:NAME`` text, or a picklable
     object) in a child process, with ``kwargs`` and ``roles`` as ``check_block``'s, killed
-    after ``timeout`` seconds; one report per target, in order.
+    after ``timeout`` seconds, ``roots`` on its ``sys.path`` (a student's folder, as the
+    working directory the student ran it from); one report per target, in order.
 
     Raises:
         UserError: a target cannot be sent, loaded or built (the error the child raised).
@@ -93,7 +95,7 @@ def check_isolated(
 
     with tempfile.TemporaryDirectory() as folder:
         sent = [_sent(t, Path(folder, str(i))) for i, t in enumerate(targets)]
-        return _in_children(sent, kwargs, timeout, check, cut, noted=True)
+        return _in_children(sent, kwargs, timeout, check, cut, noted=True, roots=roots)
 
 
 def ask_isolated(
@@ -118,6 +120,7 @@ def _in_children(
     ask: Callable[[Call, int, int], Answer],
     cut: Callable[[int, str], Answer],
     noted: bool = False,
+    roots: Sequence[str] = (),
 ) -> list[Answer]:
     """``ask(call, j, i)`` for target i (the child's j-th), else ``cut(i, how)`` and the rest in a
     new child; ``noted``: a child per file (one's code cannot answer for another's), its output
@@ -131,7 +134,7 @@ def _in_children(
             first = last = len(answers)
             while last < len(sent) and (where[last] == where[first] or not noted):
                 last += 1
-            child = Child(sent[first:last], kwargs)
+            child = Child(sent[first:last], kwargs, roots)
             try:
                 child.ready()
                 for i in range(first, last):

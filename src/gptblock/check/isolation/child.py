@@ -78,8 +78,14 @@ def undumpable() -> ContextManager[None]:
 class Child:
     """The supervisor, and the builder and the runner below it given ``targets`` and ``kwargs``."""
 
-    def __init__(self, targets: Sequence[str | bytes], kwargs: Mapping[str, object]) -> None:
-        request = pickled({"targets": list(targets), "kwargs": dict(kwargs)}, "the arguments")
+    def __init__(
+        self,
+        targets: Sequence[str | bytes],
+        kwargs: Mapping[str, object],
+        roots: Sequence[str] = (),
+    ) -> None:
+        asked = {"targets": list(targets), "kwargs": dict(kwargs), "roots": list(roots)}
+        request = pickled(asked, "the arguments")  # roots: on sys.path (a student's folder)
         self.spawned = spawned = take()  # started early by ``gptblock check``, or now
         self.pipes = {name: (to, Reader(fro)) for name, (to, fro) in spawned.pipes.items()}
         self.outputs = [_Output("stdout", spawned.out_r), _Output("stderr", spawned.err_r)]
