@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import modern_scope_blocks as blocks
 from gptblock.check import check_block, check_isolated
 from gptblock.check.roles.modern_read import measure_turn, read_modern, ropes
+from gptblock.check.roles.scope import unmodelled
 from gptblock.check.roles.trace import record
 
 FILE = pathlib.Path(blocks.__file__)
@@ -242,14 +243,15 @@ def test_an_unexplained_attention_fails_with_the_numbers_of_the_closest(tmp_path
     assert "is off by" in failed[-1].message
 
 
-def test_a_rotation_by_head_fails_and_its_qk_norm_is_not_named():
-    # (s86 unseen set: a learner's table indexed by head) with the references' qk norm, it was
-    # UNVERIFIED naming "q and k normalised per head other than by an RMSNorm": head 0 turns by
-    # nothing, so no rotation was measured through the norm (without the norm: FAIL already)
-    report = check_block(blocks.DecoderLayer, qk_norm="head", by_head=True)
-    failed = [f for f in report.findings if not f.passed]
-    assert report.verdict == "FAIL" and failed and not report.diagnosis, report.format()
-    assert "normalised per head" not in report.format()
+@pytest.mark.parametrize("by_head, qk_norm", [(True, "head"), (False, "layer")])
+def test_a_qk_norm_is_named_only_where_it_is_not_the_references(by_head, qk_norm):
+    # (s86 unseen set: a learner's rotary table indexed by head) the references' qk norm was named
+    # "q and k normalised per head other than by an RMSNorm": head 0 turns by nothing, so no
+    # rotation was measured through the norm (the block is FAIL, naming none); a LayerNorm is named
+    layer = blocks.DecoderLayer(qk_norm=qk_norm, by_head=by_head).double()
+    trace = record(layer, torch.randn(2, 6, 32, dtype=torch.float64))
+    named = " ".join(unmodelled(read_modern(trace)))
+    assert ("normalised per head" in named) == (qk_norm == "layer"), named
 
 
 @pytest.mark.parametrize("theta, factor", [(8e6, 0.5), (5e5, 1.0), (12345.0, 0.75), (1e4, 0.25)])
