@@ -111,6 +111,25 @@ def test_a_block_holding_q_k_v_in_one_3d_parameter_is_read_from_its_dataflow():
     assert post.diagnosis == ["post_norm"] and post.confident, str(post)
 
 
+class _PostNormAttention(lesson.Block):
+    def forward(self, x):
+        x = self.ln1(x + self.sa(x))
+        return x + self.ffwd(self.ln2(x))
+
+
+class _PostNormMLP(lesson.Block):
+    def forward(self, x):
+        x = x + self.sa(self.ln1(x))
+        return self.ln2(x + self.ffwd(x))
+
+
+@pytest.mark.parametrize("block", [_PostNormAttention, _PostNormMLP])
+def test_post_norm_on_one_branch_is_post_norm(block):
+    # (s90 unseen set: a learner's block half moved to pre-norm) both forms FAILed naming none
+    report = check_block(block, n_embd=32, n_head=4, block_size=16)
+    assert report.diagnosis == ["post_norm"] and report.confident, str(report)
+
+
 def test_each_size_records_the_block_once_for_the_modern_and_the_lessons_reading(monkeypatch):
     from gptblock.check.isolation import worker
 

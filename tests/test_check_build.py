@@ -348,6 +348,25 @@ def test_a_class_of_sizes_read_as_globals_is_made_smaller(tmp_path):
     assert "made smaller for the check: n_embd=192" in said, said
 
 
+def test_a_class_of_sizes_the_code_calls_is_changed_as_a_class(tmp_path):
+    # (s90 unseen set: ``Block(GPTConfig())`` of ``class GPTConfig: n_embd = 32``) at other sizes the
+    # class was replaced by a namespace: "cannot build make(): ... object is not callable"
+    dataclass = NANOGPT[NANOGPT.index("@dataclass") : NANOGPT.index("class CausalSelfAttention")]
+    text = (
+        NANOGPT.replace(
+            dataclass,
+            "class GPTConfig:\n    n_embd = 32\n    n_head = 4\n    block_size = 16\n"
+            "    bias = True\n    dropout = 0.0\n\n\n",
+        )
+        + "\n\ndef make():\n    return Block(GPTConfig(), 0)\n"
+    )
+    report = check_block(f"{_file(tmp_path, 'made', text)}:make")
+    said = " ".join(" ".join(report.notes).split())
+    assert report.passed and "checked again at n_embd=48, n_head=3, block_size=24: PASS" in said, (
+        said
+    )
+
+
 def test_sizes_read_from_a_settings_module_the_file_imports(tmp_path):
     # (s83 unseen set: the lecture split into files, ``import hyperparameters as hp``) the heads
     # read hp.n_embd = 384 while the checker built Block(n_embd=32): a false FAIL shape

@@ -54,6 +54,16 @@ def test_each_norm_form_is_told_apart_with_its_eps(form):
     assert (read.form, read.eps) == (form, 1e-6)
 
 
+@pytest.mark.parametrize("eps", [1e-7, 1e-9])
+@pytest.mark.parametrize("form", ["time", "batch"])
+def test_a_norm_over_another_axis_is_read_at_an_eps_in_no_list(form, eps):
+    # (s92 unseen set) only the list's eps were tried for a mistaken form: at 1e-9 the norm over
+    # time was "unknown", its rmsnorm_dim unnamed
+    w = torch.linspace(0.5, 1.5, 16, dtype=torch.float64)
+    read = norm_of(lambda h: rms(h, w, eps, form), torch.zeros(5, 7, 16, dtype=torch.float64))
+    assert read.form == form and read.eps == pytest.approx(eps, rel=1e-6)
+
+
 def test_a_layernorm_is_not_an_rmsnorm():
     ln = torch.nn.LayerNorm(16).double()
     assert norm_of(ln, torch.zeros(5, 7, 16, dtype=torch.float64)).form == "layer"

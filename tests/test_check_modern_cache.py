@@ -130,8 +130,28 @@ class OffsetBlock(PastBlock):
         return (y, cache) if return_cache else y
 
 
+class StartPosBlock(PastBlock):
+    """``forward(x, start_pos, kv_cache)`` returning ``(y, cache)`` (s92 unseen set: the cache
+    was never passed back, ``start_pos`` driven alone: a false PASS)."""
+
+    def forward(self, x, start_pos=0, kv_cache=None):
+        return self.step(x, kv_cache, start_pos if self.offset else 0)
+
+
+class HeldBlock(PastBlock):
+    """The same arguments, the cache held by the block and ``kv_cache`` never used."""
+
+    def forward(self, x, start_pos=0, kv_cache=None):
+        y, self.held = self.step(x, self.held if start_pos else None, start_pos * self.offset)
+        return y
+
+
 @pytest.mark.parametrize("offset", [True, False])
-@pytest.mark.parametrize("kind, api", [(PastBlock, "past_key_value"), (OffsetBlock, "kv_cache")])
+@pytest.mark.parametrize(
+    "kind, api",
+    [(PastBlock, "past_key_value"), (OffsetBlock, "kv_cache"), (StartPosBlock, "kv_cache"),
+     (HeldBlock, "kv_cache")],
+)  # fmt: skip
 def test_a_past_key_value_cache_is_driven(offset, kind, api):
     block = kind(offset).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -148,7 +168,8 @@ def test_a_past_key_value_cache_is_driven(offset, kind, api):
         return x + scores.softmax(-1) @ x
 
     with torch.no_grad():
-        assert error(shifted(torch.arange(5)), block(x)) < 1e-12  # the reference is the block
+        whole = block(x)[0] if kind is StartPosBlock else block(x)
+        assert error(shifted(torch.arange(5)), whole) < 1e-12  # the reference is the block
         found = judge_cache(*drive_cache(block, x), x, shifted)
     assert ("rotated as position 0" in found.note) is (not offset), found.note
     assert bool(found.offset) is (not offset)

@@ -174,8 +174,14 @@ _ENTRIES = (
         "x = x + self.ffwd(self.ln2(x)) (norm_first=True for nn.TransformerEncoderLayer).",
         "lesson 1: x = x + self.sa(self.ln1(x))     # residual branch 1: attention",
         ruled_out_by=("residual stream",),
-        ways=(way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
-                  wiring=lambda x, sa, ffwd, ln1, ln2: ln2((x := ln1(x + sa(x))) + ffwd(x))),)),
+        ways=(
+            way("post-norm: x = ln1(x + sa(x)); x = ln2(x + ffwd(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: ln2((x := ln1(x + sa(x))) + ffwd(x))),
+            way("the attention branch is post-norm: x = ln1(x + sa(x)); x = x + ffwd(ln2(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln1(x + sa(x))) + ffwd(ln2(x))),
+            way("the MLP branch is post-norm: x = x + sa(ln1(x)); x = ln2(x + ffwd(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: ln2((x := x + sa(ln1(x))) + ffwd(x))),
+        )),
     Mistake("no_residual", "a sub-layer overwrites the residual stream instead of adding to it",
         "The block must return its input plus each branch's output. Writing x = branch(x) "
         "(or x = ln(x) before adding) throws the stream away: gradients no longer flow "

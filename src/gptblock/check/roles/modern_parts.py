@@ -55,9 +55,16 @@ def norm_function(kind: str, weight: Tensor | float, bias: Tensor | None, eps: f
 def _solved(
     kind: str, t: Tensor, out: Tensor, gain: Tensor, bias: Tensor | None
 ) -> tuple[float, ...]:
-    """The eps of a norm's output ``out`` on ``t`` (its 4 smallest rows), rounded and as solved
-    from its divisor d: ms(t) / d^2 = ms(out / gain), centred but for an RMSNorm."""
+    """The eps of a norm's output ``out`` on ``t`` (its 4 smallest rows; a mistaken form's, over
+    its entries), rounded and as solved from its divisor d: ms(t) / d^2 = ms(out / gain), centred
+    but for an RMSNorm."""
     r = (out if bias is None else out - bias) / gain
+    if kind not in NORM_KINDS:  # a mistaken form: its divisor over its own axes (s92: 1e-9)
+        d, d0 = t / r, t / rms(t, 1.0, 0.0, kind)  # its divisor, and without eps
+        est = (d - d0 if kind == "eps_outside" else d * d - d0 * d0).flatten()
+        est = est[torch.isfinite(est)]
+        eps = float(est.median()) if est.numel() else -1.0
+        return (float(f"{eps:.2g}"), eps) if 0 <= eps < 1 else ()
     if kind != "rms":
         t, r = t - t.mean(-1, keepdim=True), r - r.mean(-1, keepdim=True)
     ms, ms_r = t.pow(2).mean(-1).flatten(), r.pow(2).mean(-1).flatten()
@@ -132,7 +139,7 @@ def norm_of(
         bias = odd if kind in NORM_KINDS and (kind != "rms" or odd.any()) else None
         moved = fb - (0.0 if bias is None else bias)
         gain = _channels(moved / norm_function(kind, 1.0, None, 0.0)(big))
-        solved = _solved(kind, *outputs[1], gain, bias) if kind in NORM_KINDS else ()
+        solved = _solved(kind, *outputs[1], gain, bias)
         for eps in (*EPS, *solved):  # the kind's first eps that fits, with the gain read at it
             gain = ones(_channels(moved / norm_function(kind, 1.0, None, eps)(big)))
             same = norm_function(kind, gain, bias, eps)

@@ -288,7 +288,9 @@ def _first(out: object) -> object:  # of (output, cache or attention weights): t
 
 
 _PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
-CACHE_APIS = ("start_pos", "input_pos", *_PAST)  # recognised in a block's forward, in this order
+# recognised in a block's forward, in this order: a cache passed back before a position alone,
+# forward(x, start_pos, kv_cache) returns and reads its cache (s92 unseen set)
+CACHE_APIS = (*_PAST, "start_pos", "input_pos")
 
 
 def signature(f: object) -> dict[str, inspect.Parameter]:
@@ -312,7 +314,9 @@ def _cache_arguments(params: dict[str, inspect.Parameter], at: int) -> dict[str,
         asks = low.startswith(("use_", "return_")) and "cache" in low  # (never clear_cache)
         if low == "use_cache" or (p.default is False and asks):
             said[name] = True
-        elif type(p.default) is int and ("offset" in low or low in ("start", "past_length")):
+        elif type(p.default) is int and (
+            "offset" in low or low in ("start", "start_pos", "past_length")
+        ):
             said[name] = at
     return said
 
@@ -330,8 +334,11 @@ def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
         y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device), **flags)
     else:
         extra = _cache_arguments(params, 0)
+        held = copy.deepcopy(module) if "start_pos" in params else None
         out = module(x[:, :P], **extra)
         if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+            if held is not None:  # a cache it holds, its argument never used
+                return cached_last(held, x, "start_pos")
             raise ValueError(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
         extra = _cache_arguments(params, P)
         if "position_ids" in params:

@@ -111,7 +111,12 @@ def set_settings(own: dict[str, Any], settings: Mapping[str, object]) -> Callabl
     before = {n: own[n] for n in settings if "." not in n}
     dotted = [(n, *n.partition(".")[::2]) for n in settings if "." in n]
     inside = [(sys.modules[m], a, getattr(sys.modules[m], a)) for _, m, a in dotted]
-    own.update({n: settings[n] for n in before})
+    # a class of values changed stays a class: the learner's code may call it, Config() (s90)
+    own.update({
+        n: type(v.__name__, (v,), vars(new)) if isinstance(v, type) and
+        isinstance(new := settings[n], types.SimpleNamespace) else settings[n]
+        for n, v in before.items()
+    })  # fmt: skip
     for (n, _, _), (m, a, _) in zip(dotted, inside, strict=True):
         setattr(m, a, settings[n])
 
