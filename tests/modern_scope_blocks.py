@@ -357,6 +357,10 @@ def AlibiBaddbmm(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, alibi="baddbmm")
 
 
+def TurnedByHead(hidden_size=32, num_attention_heads=4):  # (s93) a turn that cancels
+    return DecoderLayer(hidden_size, num_attention_heads, num_attention_heads, by_head=True)
+
+
 def LayerQkNorm(hidden_size=32, num_attention_heads=4):
     return DecoderLayer(hidden_size, num_attention_heads, qk_norm="layer")
 

@@ -123,11 +123,29 @@ class _PostNormMLP(lesson.Block):
         return self.ln2(x + self.ffwd(x))
 
 
-@pytest.mark.parametrize("block", [_PostNormAttention, _PostNormMLP])
-def test_post_norm_on_one_branch_is_post_norm(block):
-    # (s90 unseen set: a learner's block half moved to pre-norm) both forms FAILed naming none
+class _NormedThenOverwritten(lesson.Block):
+    def forward(self, x):
+        x = self.ln1(x)
+        x = x + self.sa(x)
+        return self.ffwd(self.ln2(x))
+
+
+class _OverwrittenThenNormed(lesson.Block):
+    def forward(self, x):
+        x = self.ln2(self.sa(self.ln1(x)))
+        return x + self.ffwd(x)
+
+
+@pytest.mark.parametrize(
+    "block, mistake",
+    [(_PostNormAttention, "post_norm"), (_PostNormMLP, "post_norm"),
+     (_NormedThenOverwritten, "no_residual"), (_OverwrittenThenNormed, "no_residual")],
+)  # fmt: skip
+def test_each_branch_wired_its_own_wrong_way_is_named(block, mistake):
+    # (s90 unseen set: a learner's block half moved to pre-norm; s95: a CS224N layer's stream
+    # normalised before its attention, its MLP's output returned) each FAILed naming none
     report = check_block(block, n_embd=32, n_head=4, block_size=16)
-    assert report.diagnosis == ["post_norm"] and report.confident, str(report)
+    assert report.diagnosis == [mistake] and report.confident, str(report)
 
 
 def test_each_size_records_the_block_once_for_the_modern_and_the_lessons_reading(monkeypatch):

@@ -367,6 +367,27 @@ def test_a_class_of_sizes_the_code_calls_is_changed_as_a_class(tmp_path):
     )
 
 
+def test_a_setting_named_as_an_argument_given_follows_it(tmp_path):
+    # (s94 unseen set: a file's ``d_ff = 3072`` beside ``Block(d_model, nhead, d_ff)`` checked with
+    # --arg d_ff=256) the notes said "made smaller: d_ff=512" and "again at ... d_ff=384", never built
+    text = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Block(nn.Module):\n"
+        "    def __init__(self, d_model, nhead, d_ff):\n        super().__init__()\n"
+        "        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)\n"
+        "        self.attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)\n"
+        "        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))\n\n"
+        "    def forward(self, x):\n        T = x.size(1)\n"
+        "        hide = torch.ones(T, T, dtype=torch.bool).triu(1)\n        h = self.ln1(x)\n"
+        "        x = x + self.attn(h, h, h, attn_mask=hide, need_weights=False)[0]\n"
+        "        return x + self.mlp(self.ln2(x))\n\n\nd_ff = 3072\n"
+    )
+    args = {"d_model": 64, "nhead": 4, "d_ff": 256}
+    report = check_block(f"{_file(tmp_path, 'ff', text)}:Block", **args)
+    said = " ".join(" ".join(report.notes).split())
+    assert report.passed and "made smaller" not in said, said
+    assert "checked again at d_model=48, nhead=6, d_ff=192 (4C): PASS" in said, said
+
+
 def test_sizes_read_from_a_settings_module_the_file_imports(tmp_path):
     # (s83 unseen set: the lecture split into files, ``import hyperparameters as hp``) the heads
     # read hp.n_embd = 384 while the checker built Block(n_embd=32): a false FAIL shape

@@ -19,11 +19,16 @@ from gptblock.check.mistakes.catalogue import (
     MISTAKES,
     MODERN,
     compose,
-    fitted_scale,
     searched,
+)
+from gptblock.check.mistakes.search import (
+    TOLERANCE,
+    distance,
+    explain,
+    fitted_scale,
+    smallest,
     variants,
 )
-from gptblock.check.mistakes.search import TOLERANCE, distance, explain, smallest
 from gptblock.check.mistakes.steps import (
     CANDIDATE_ACTIVATIONS,
     CORRECT,

@@ -51,6 +51,10 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
         c for c in (*MODERN, *LESSON)
         if (k.shape[-1] < q.shape[-1] or c.group != "order") and (read.rotated or c.group not in ROTARY)
     ]  # fmt: skip
+    if read.rotated:  # each head's q and k turned alike at every position cancels in q . k (s93)
+        same = explain([parts], h, ctx, (read.n_head,), 0, (), [(None, None)], True, _error)
+        if same.match:
+            return [same.match], "", parts
     turned = [t for t in turns if t[0] or t[1] is not None or not read.rotated]  # one turns
     found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
     if found.match:
@@ -128,6 +132,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
         a.rope.describe(hs) if a and a.rope else "",
         "qk_norm" if a and a.qk_norm is not None else "",
         _measured(read.turn, hs) if read.rotated and not a else "",
+        "q and k turned alike at every position, which cancels in their product"
+        if read.rotated and a and not a.rope and a.qk_norm is None else "",
         mlp.describe if mlp else f"an MLP of {len(read.mlp)} matrices (not identified)",
         f"n_kv_head={read.k[0].shape[0] // hs} for {read.n_head} query heads" if grouped else
         f"{read.n_head} heads",

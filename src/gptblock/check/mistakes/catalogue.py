@@ -5,8 +5,7 @@ as nn.Module". docs/checker.md, "The catalogue"."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -15,8 +14,7 @@ import torch.nn.functional as F
 
 from .steps import CORRECT, Deviation, Steps, way
 
-__all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "fitted_scale",
-           "searched", "variants"]  # fmt: skip
+__all__ = ["DEVIATIONS", "LESSONS", "MISTAKES", "MODERN", "Mistake", "compose", "searched"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +203,12 @@ _ENTRIES = (
             way("the MLP branch's stream is replaced by its normalised copy: x = x + sa(ln1(x)); "
                 "x = ln2(x); x = x + ffwd(x)",
                 wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2(x + sa(ln1(x)))) + ffwd(x)),
+            way("the attention branch's stream is replaced by its normalised copy and the MLP "
+                "branch overwrites it: x = ln1(x); x = x + sa(x); x = ffwd(ln2(x))",
+                wiring=lambda x, sa, ffwd, ln1, ln2: ffwd(ln2((x := ln1(x)) + sa(x)))),
+            way("the attention branch overwrites the stream and the MLP branch's is its "
+                "normalised copy: x = sa(ln1(x)); x = ln2(x); x = x + ffwd(x)",
+                wiring=lambda x, sa, ffwd, ln1, ln2: (x := ln2(sa(ln1(x)))) + ffwd(x)),
             way("(a parallel block) the branches are added to the normalised stream: h = ln1(x); "
                 "x = h + sa(h) + ffwd(ln2(x)) instead of x + sa(h) + ffwd(ln2(x))",
                 wiring=lambda x, sa, ffwd, ln1, ln2: (h := ln1(x)) + sa(h) + ffwd(ln2(x))),
@@ -380,27 +384,6 @@ def searched(passed: Collection[str]) -> tuple[Deviation, ...]:
     )
 
 
-def fitted_scale(ratio: float) -> Deviation:
-    """``wrong_scale``'s way for a factor none of its ways has: ``ratio`` x hs ** -0.5, fitted to
-    a block's output by ``search.explain``."""
-    label = (f"scores scaled by {{value:.4g}} = {ratio:.4g} x hs ** -0.5 (hs={{hs}}), a factor "
-             "fitted to the block's output, instead of hs ** -0.5 = {right:.4g}")  # fmt: skip
-    return replace(way(label, scale=lambda C, hs: ratio * hs**-0.5), mistake="wrong_scale")
-
-
 def compose(deviations: tuple[Deviation, ...] | list[Deviation]) -> Steps:
     """``CORRECT`` with each deviation's change applied in turn."""
     return reduce(lambda steps, deviation: deviation.apply(steps), deviations, CORRECT)
-
-
-def variants(
-    max_size: int, pool: Iterable[Deviation] | None = None
-) -> Iterator[tuple[Deviation, ...]]:
-    """Every combination of at most ``max_size`` deviations of ``pool`` (``LESSONS``), one per
-    group, smallest first (the correct block first): the first size that matches is the smallest."""
-    groups: dict[str, list[Deviation]] = {}
-    for deviation in LESSONS if pool is None else pool:
-        groups.setdefault(deviation.group, []).append(deviation)
-    for size in range(max_size + 1):
-        for chosen in itertools.combinations(groups.values(), size):
-            yield from itertools.product(*chosen)

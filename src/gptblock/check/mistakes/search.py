@@ -6,15 +6,24 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
 
-from .catalogue import LESSONS, compose, fitted_scale, variants
+from .catalogue import LESSONS, compose
 from .report import CAUGHT
-from .steps import CANDIDATE_ACTIVATIONS, Deviation, MissingPart, Parts, Rope, attention, run_steps
+from .steps import (
+    CANDIDATE_ACTIVATIONS,
+    Deviation,
+    MissingPart,
+    Parts,
+    Rope,
+    attention,
+    run_steps,
+    way,
+)
 
 __all__ = ["MIN_DEFINED", "TOLERANCE", "Explanation", "Match", "distance", "explain", "smallest"]
 
@@ -28,6 +37,27 @@ diagnoses differ by more than 1e-2 (tests/test_check_search.py); exact and tanh 
 
 MIN_DEFINED = 0.5
 """A variant NaN at more than half of the positions (a mask blocking whole rows) is no evidence."""
+
+
+def fitted_scale(ratio: float) -> Deviation:
+    """``wrong_scale``'s way for a factor none of its ways has: ``ratio`` x hs ** -0.5, fitted to
+    a block's output by ``search.explain``."""
+    label = (f"scores scaled by {{value:.4g}} = {ratio:.4g} x hs ** -0.5 (hs={{hs}}), a factor "
+             "fitted to the block's output, instead of hs ** -0.5 = {right:.4g}")  # fmt: skip
+    return replace(way(label, scale=lambda C, hs: ratio * hs**-0.5), mistake="wrong_scale")
+
+
+def variants(
+    max_size: int, pool: Iterable[Deviation] | None = None
+) -> Iterator[tuple[Deviation, ...]]:
+    """Every combination of at most ``max_size`` deviations of ``pool`` (``LESSONS``), one per
+    group, smallest first (the correct block first): the first size that matches is the smallest."""
+    groups: dict[str, list[Deviation]] = {}
+    for deviation in LESSONS if pool is None else pool:
+        groups.setdefault(deviation.group, []).append(deviation)
+    for size in range(max_size + 1):
+        for chosen in itertools.combinations(groups.values(), size):
+            yield from itertools.product(*chosen)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,9 @@ def send(
         or any(n.form not in ("rms", "layer") or n.gain is None for n in norms)
         or any(n.form == "layer" and n.bias is None for n in norms)
         or (rope is not None and rope.table != rope.pairing)
-        or (read.rotated and rope is None)  # turned by something the forms do not name
+        # turned by something the forms do not name (q and k turned alike, which cancels, is
+        # sent as no turn: the parent confirms it on fresh inputs)
+        or (read.rotated and rope is None and qk_norm is not None)
     ):  # fmt: skip
         return None
     linear = (read.q, read.k, read.v, read.proj, *mlp.layers, read.mlp[-1])

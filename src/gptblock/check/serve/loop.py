@@ -288,9 +288,7 @@ def _first(out: object) -> object:  # of (output, cache or attention weights): t
 
 
 _PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
-# recognised in a block's forward, in this order: a cache passed back before a position alone,
-# forward(x, start_pos, kv_cache) returns and reads its cache (s92 unseen set)
-CACHE_APIS = (*_PAST, "start_pos", "input_pos")
+CACHE_APIS = (*_PAST, "start_pos", "input_pos")  # in this order: a cache passed back first (s92)
 
 
 def signature(f: object) -> dict[str, inspect.Parameter]:
@@ -314,9 +312,7 @@ def _cache_arguments(params: dict[str, inspect.Parameter], at: int) -> dict[str,
         asks = low.startswith(("use_", "return_")) and "cache" in low  # (never clear_cache)
         if low == "use_cache" or (p.default is False and asks):
             said[name] = True
-        elif type(p.default) is int and (
-            "offset" in low or low in ("start", "start_pos", "past_length")
-        ):
+        elif type(p.default) is int and ("offset" in low or low.startswith(("start", "past_len"))):
             said[name] = at
     return said
 
