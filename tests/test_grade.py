@@ -331,3 +331,39 @@ def test_a_students_folder_is_where_their_imports_start_and_an_ended_process_say
     ]
     assert rows["kev"].verdict == "ERROR", rows["kev"]
     assert "KeyboardInterrupt" in rows["kev"].report.splitlines()[0], rows["kev"].report
+
+
+def test_grades_threads_find_blocks_at_once(tmp_path):
+    # (stop 66's CI) grade --jobs 2 gave kev "could not grade it (SystemError: AST constructor
+    # recursion depth mismatch)": CPython 3.11 counts the depth of a tree being built once for all
+    # threads, and a thread switch inside a parse (a finaliser the collector runs) broke the count
+    import sys
+
+    class Finalised:
+        def __del__(self):
+            sum(range(50))  # Python code: the interpreter may switch threads here
+
+    path = tmp_path / "s.py"
+    path.write_text("x = " + "(" * 30 + "1" + ")" * 30 + "\n" + lesson() * 4)
+    sub, failed = Submission("s", path, (path,)), []
+
+    def work():
+        for _ in range(30):
+            for _ in range(50):
+                cycle = Finalised()
+                cycle.me = cycle  # freed by the collector, inside someone's parse
+            try:
+                find_block(sub)
+            except SystemError as e:
+                failed.append(e)
+                return
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        sys.setswitchinterval(before)
+    assert not failed, failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ __all__ = [
 CODE = (".py", ".ipynb")
 LESSON_NAME = "Block"  # the lessons' name for the block
 HIDDEN = (".", "__")  # the names of files and folders that are no code of the student's
+# CPython 3.11 keeps one depth counter for all threads while it builds an ``ast`` tree: two of
+# grade's threads parsing at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" when a thread switch (a finaliser run by the collector) falls inside a parse.
+_PARSING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def _one_program(files: Sequence[Path]) -> bool:
     stems = {f.stem for f in files}
     for f in files:
         try:
-            tree = ast.parse(code_of(f))
+            tree = _parse(code_of(f), str(f))
         except (SyntaxError, ValueError, OSError):
             continue
         for node in ast.walk(tree):
@@ -93,6 +98,11 @@ def _one_program(files: Sequence[Path]) -> bool:
             if {n.split(".")[0] for n in names} & (stems - {f.stem}):
                 return True
     return False
+
+
+def _parse(code: str, filename: str) -> ast.Module:
+    with _PARSING:
+        return ast.parse(code, filename)
 
 
 def code_of(path: Path) -> str:
@@ -110,7 +120,7 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
     broken: list[str] = []
     for f in submission.files:
         try:
-            trees[f] = ast.parse(code_of(f), filename=str(f))
+            trees[f] = _parse(code_of(f), str(f))
         except SyntaxError as e:
             broken.append(f"{f.name}: SyntaxError at line {e.lineno}: {e.msg}")
         except (ValueError, OSError) as e:

@@ -312,7 +312,8 @@ def plan(
     the head size; a name says what a value cannot); None when no number is a size."""
     top = {**{p.name: p.default for p in parameters(factory) if p.default is not p.empty}, **args}
     configs = {n: f for n, v in top.items() if (f := config_fields(v)) is not None}
-    _, found, objects = settings(factory, args)  # a setting named as an argument is its (s94)
+    _, found, objects = settings(factory, args)
+    # a module setting named like a constructor argument takes that argument's value (s94)
     globals_ = {n: top.get(n, top.get(n.lower(), v)) for n, v in found.items()}
     held = {n: f for n, v in objects.items() if (f := config_fields(v)) is not None}
     places = [top, globals_, *configs.values(), *held.values()]

@@ -45,16 +45,16 @@ def _attention_of(read: ModernRead) -> tuple[list[Match], str, Parts]:
     h, ctx = read.rows("q"), read.rows("proj")
     q, k, _ = parts.qkv(h)
     hs = q.shape[-1] // read.n_head
+    if read.rotated:  # each head's q and k turned alike at every position cancels in q . k (s93)
+        same = explain([parts], h, ctx, (read.n_head,), 0, (), [(None, None)], True, _error)
+        if same.match:
+            return [same.match], "", parts
     norms = [None, qk_gains(read, q, k)] if read.rotated else [None]
     turns = list(itertools.product(ropes(hs, read.rotated, read.turn), norms))
     pool = [
         c for c in (*MODERN, *LESSON)
         if (k.shape[-1] < q.shape[-1] or c.group != "order") and (read.rotated or c.group not in ROTARY)
     ]  # fmt: skip
-    if read.rotated:  # each head's q and k turned alike at every position cancels in q . k (s93)
-        same = explain([parts], h, ctx, (read.n_head,), 0, (), [(None, None)], True, _error)
-        if same.match:
-            return [same.match], "", parts
     turned = [t for t in turns if t[0] or t[1] is not None or not read.rotated]  # one turns
     found = explain([parts], h, ctx, (read.n_head,), 2, pool, turned, alone=True)
     if found.match:

@@ -41,7 +41,7 @@ MIN_DEFINED = 0.5
 
 def fitted_scale(ratio: float) -> Deviation:
     """``wrong_scale``'s way for a factor none of its ways has: ``ratio`` x hs ** -0.5, fitted to
-    a block's output by ``search.explain``."""
+    a block's output by ``explain`` below."""
     label = (f"scores scaled by {{value:.4g}} = {ratio:.4g} x hs ** -0.5 (hs={{hs}}), a factor "
              "fitted to the block's output, instead of hs ** -0.5 = {right:.4g}")  # fmt: skip
     return replace(way(label, scale=lambda C, hs: ratio * hs**-0.5), mistake="wrong_scale")
