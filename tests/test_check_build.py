@@ -1083,6 +1083,11 @@ def test_a_notebook_is_checked_as_its_code_cells(tmp_path):
     path.write_text(path.read_text().replace("import wandb_not_installed", "from grader import *"))
     with pytest.raises(UserValueError, match=r"'grader' \(at .*gpt.ipynb, cell 4: from grader"):
         check_block(f"{path}:Block", isolate=False)  # a star import runs: where it failed
+    broken = json.loads(path.read_text())
+    broken["cells"].append({"cell_type": "code", "source": "y = 1\nprint(y\n"})
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserValueError, match=r"never closed \(gpt.ipynb, cell 5, line 2\)"):
+        check_block(f"{path}:Block", isolate=False)  # the cell's line, not the joined cells' (s93)
     path.write_text("{")
     done = _cli(f"{path}:Block")
     assert done.returncode == 2 and "gpt.ipynb: not a notebook" in done.stderr, done.stderr

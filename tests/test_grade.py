@@ -269,6 +269,9 @@ def test_a_notebook_is_its_code_cells_without_magics(tmp_path):
     code = code_of(path)
     assert "class Block" in code and "%" not in code and "!" not in code and "x = 1" not in code
     compile(code, "n.py", "exec")  # the indented shell line left a valid block
+    path.write_text(notebook(lesson(), "y = 1\nprint(y\n"))
+    with pytest.raises(NotGraded, match=r"n.ipynb: SyntaxError at cell 8, line 2: '\(' was never"):
+        find_block(Submission("n", path, (path,)))  # the cell's line, not the joined cells' (s93)
 
 
 def test_folders_are_students_and_a_flat_folder_that_imports_itself_is_one(tmp_path):

@@ -122,7 +122,7 @@ def find_block(submission: Submission, name: str | None = None) -> Found:
         try:
             trees[f] = _parse(code_of(f), str(f))
         except SyntaxError as e:
-            broken.append(f"{f.name}: SyntaxError at line {e.lineno}: {e.msg}")
+            broken.append(f"{f.name}: SyntaxError at {script.line_of(f, e.lineno or 0)}: {e.msg}")
         except (ValueError, OSError) as e:
             broken.append(f"{f.name}: cannot read it: {e}")
     tops = [(f, x) for f, tree in trees.items() for x in tree.body]

@@ -20,6 +20,7 @@ from typing import Any
 from ...errors import UserFileNotFoundError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.runner import learner_line, load_module
+from ..serve.script import line_of
 
 __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_role"]
 
@@ -145,7 +146,10 @@ def load_target(spec: str) -> Any:
         module = load_module(where, f"_gptblock_check_{Path(where).stem}" if is_file else "", name)
     except CAUGHT as e:
         what = f"load {Path(where)}" if is_file else f"import {where}"
-        said = f"cannot {what}: {one_line(e)}{learner_line(e, None)}{_above(e, where)}"
+        wrong = one_line(e)
+        if isinstance(e, SyntaxError) and e.lineno and where.endswith(".ipynb"):
+            wrong = f"SyntaxError: {e.msg} ({Path(where).name}, {line_of(Path(where), e.lineno)})"
+        said = f"cannot {what}: {wrong}{learner_line(e, None)}{_above(e, where)}"
         raise UserValueError(said) from e
     try:
         return functools.reduce(getattr, name.split("."), module)

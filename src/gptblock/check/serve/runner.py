@@ -393,7 +393,7 @@ def learner_line(e: BaseException, target: object) -> str:
     f, near = ours[-1], os.path.relpath(ours[-1].filename)
     where = f.filename if near.startswith("..") else near
     if where.endswith(".ipynb") and f.lineno:  # a notebook's line numbers are no one's: its cell
-        where += f", cell {cell_of(code_of(Path(f.filename))[1], f.lineno)}"
+        where += f", cell {cell_of(code_of(Path(f.filename))[1], f.lineno)[0]}"
     else:
         where += f":{f.lineno}"
     return f" (at {where}: {(f.line or '').strip()})"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "SKIPPED", "Cells", "as_script", "cell_of", "code_of", "definitions", "package_of",
+    "SKIPPED", "Cells", "as_script", "cell_of", "code_of", "definitions", "line_of", "package_of",
     "set_settings",
 ]  # fmt: skip
 
@@ -64,9 +64,20 @@ def code_of(path: Path) -> tuple[str | bytes, list[tuple[int, int]]]:
     return head + "".join(code.values()), list(zip(starts, code, strict=False))
 
 
-def cell_of(cells: list[tuple[int, int]], line: int) -> int:
-    """The number of the cell (``code_of``'s) that holds the notebook code's ``line``."""
-    return next((n for first, n in reversed(cells) if first <= line), 0)
+def cell_of(cells: list[tuple[int, int]], line: int) -> tuple[int, int]:
+    """The number of the cell (``code_of``'s ``cells``) that holds the notebook code's ``line``,
+    and the line's number in it."""
+    first, n = next(((first, n) for first, n in reversed(cells) if first <= line), (1, 0))
+    return n, line - first + 1
+
+
+def line_of(path: Path, line: int) -> str:
+    """The code's ``line`` as its reader numbers it: "line 7", in a notebook "cell 3, line 2"
+    (the joined cells' numbers are no one's, s93)."""
+    if path.suffix != ".ipynb":
+        return f"line {line}"
+    cell, line = cell_of(code_of(path)[1], line)
+    return f"cell {cell}, line {line}"
 
 
 def package_of(path: Path) -> list[Path]:
@@ -180,7 +191,7 @@ def definitions(path: Path, needs: str) -> types.CodeType | None:
     spans = [(g[0][1].lineno, g[-1][1].end_lineno) for ran, run in runs if not ran for g in [list(run)]]  # fmt: skip
     said = "lines " + ", ".join(f"{a}-{b}" if b != a else str(a) for a, b in spans)
     if cells:  # a notebook's line numbers mean nothing to its reader: its cells
-        at = [cell_of(cells, s.lineno) for s in body]
+        at = [cell_of(cells, s.lineno)[0] for s in body]
         touched = {at[i] for i in kept}  # a cell of which some ran: in part
         gone = sorted({at[i] for i in range(len(body)) if i not in kept})
         said = "cells " + ", ".join(f"{n}{' in part' * (n in touched)}" for n in gone)
