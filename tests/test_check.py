@@ -458,6 +458,25 @@ def test_a_softmax_that_overflows_behind_the_norm_is_nonfinite():
     assert "finite outputs (large weights) with every weight times 30: inf/NaN" in str(report)
 
 
+class _NoDiagonalHead(lesson.Head):
+    def attention_weights(self, x):
+        T = x.shape[1]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1) * self.key.out_features**-0.5
+        blocked = torch.tril(self.tril[:T, :T], diagonal=-1) == 0  # its own position too
+        return wei.masked_fill(blocked, float("-inf")).softmax(-1)  # row 0: all -inf, NaN
+
+
+def test_a_mask_that_blocks_a_whole_row_is_nonfinite_and_the_advice_says_so():
+    # (s91 unseen set) the advice spoke of softmax's maximum and LayerNorm's eps only
+    block = lesson.Block(32, 4, 16, 0.0)
+    for head in block.sa.heads:
+        head.__class__ = _NoDiagonalHead
+    report = check_block(block)
+    assert report.diagnosis == ["nonfinite"], str(report)
+    said = " ".join(str(report).split())
+    assert "blocks a whole row (its diagonal too)" in said and "keeps the diagonal" in said, said
+
+
 class _BookNorm(nn.Module):
     """A hand-written LayerNorm: it saves its input only where the input needs a gradient."""
 

@@ -167,6 +167,8 @@ def test_a_window_the_files_lengths_do_not_reach_is_named_at_the_other_sizes():
 def test_out_of_scope_is_unverified_through_the_cli_too(name, isolated):
     out = isolated[name]
     assert "result: UNVERIFIED" in out and "soft-capped" in out, out
+    # the result line's reason is the part, not weights it could not read (s94)
+    assert "(it has a part no reference models, named in a note above)" in " ".join(out.split())
 
 
 def _edited(tmp_path, name, old, new):

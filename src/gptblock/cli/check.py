@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "check fails or a mistake is found (the block crashed, hung or exited included), 2 "
             "when the target cannot be loaded or built, or an --arg or --map cannot be what it "
             "claims (a norm for a projection, a role the forward pass shows is another), 3 (UNVERIFIED) when every black-box "
-            "check passed but the weights could not be read: the report says which --map reads "
-            "them."
+            "check passed but the weights could not be read (the report says which --map reads "
+            "them) or the block has a part no reference models (the report names it)."
         ),
         epilog=(
             "Constructor arguments the block takes but --arg does not give are filled with "

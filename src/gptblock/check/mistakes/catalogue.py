@@ -245,9 +245,10 @@ _ENTRIES = (
     Mistake("nonfinite", "the block produces inf or NaN for large or constant inputs",
         "A hand-written softmax without subtracting the row maximum overflows for large "
         "scores; a hand-written LayerNorm without eps divides by zero on a constant vector "
-        "(e.g. a zero padding embedding). One NaN then spreads to every later position.",
+        "(e.g. a zero padding embedding); a mask that blocks a whole row (its diagonal too) "
+        "leaves the softmax nothing but -inf, 0 / 0. One NaN then spreads to every later position.",
         "Use F.softmax (it subtracts the maximum) and nn.LayerNorm / F.layer_norm (it adds eps "
-        "to the variance).",
+        "to the variance), and keep each position's own score (torch.tril keeps the diagonal).",
         "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)"),
     Mistake("dtype_device", "the output's dtype or device differs from the input's",
         "A block is stacked on itself and on the embeddings: its output must have its input's "

@@ -191,10 +191,13 @@ def _result(report: CheckReport) -> list[str]:
             said = f"found by the comparison; the other {n - 1} checks passed"
             return [f"result: FAIL ({found} mistake{plural} {said})"]
         return [f"result: FAIL ({failed} of {n} checks failed, {found} mistake{plural} diagnosed)"]
+    why = "its weights could not be read, or only inside its own process"
+    if any(note.startswith(OUT_OF_SCOPE) for note in report.notes):  # s94: not its weights
+        why = "it has a part no reference models, named in a note above"
     unverified = (
         f"result: UNVERIFIED (the {n} black-box checks passed, but the block was not compared "
-        "with a reference it could be confirmed against (its weights could not be read, or only "
-        "inside its own process): a wrong scale, say, would not show)"
+        f"with a reference it could be confirmed against ({why}): a wrong scale, say, would not "
+        "show)"
     )
     return [unverified] + [f"to verify it, run again with: {report.verify}"] * bool(report.verify)
 
