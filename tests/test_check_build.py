@@ -786,6 +786,35 @@ def test_a_part_given_as_an_argument_is_asked_for_never_guessed():
     ), said
 
 
+def test_a_parameter_the_constructor_reads_as_a_config_is_one_whatever_its_name(tmp_path):
+    """(s96 unseen set) ``Block(c)`` reading ``c["d_model"]``: "it needs c, which --arg does not
+    give", the --arg values given dropped; a tensor the constructor reads ``.shape`` of is none."""
+    text = textwrap.dedent(
+        """
+        import torch.nn as nn
+        from gptblock import lesson
+
+        class Block(lesson.Block):
+            def __init__(self, c):
+                super().__init__(c["d_model"], c["n_heads"], c.get("block_size", 16))
+
+        class Named(lesson.Block):
+            def __init__(self, h):
+                super().__init__(h.n_embd, h.n_head, 16)
+
+        class Masked(lesson.Block):
+            def __init__(self, mask):
+                super().__init__(32, 4, mask.shape[0])
+        """
+    )
+    path = _file(tmp_path, "c", text)
+    report = check_block(f"{path}:Block", d_model=64, n_heads=4)
+    assert report.passed and "'d_model': 64, " in report.target, str(report)  # a dict of them
+    assert "'n_heads': 4, " in report.target, str(report)
+    assert check_block(f"{path}:Named").passed
+    assert "it needs mask, which --arg does not give" in _refusal(f"{path}:Masked")
+
+
 def test_a_config_block_that_raises_while_building_says_what_and_where():
     """Not only "give the config's fields": the exception and the learner's line (s17 unseen
     set, cy_llama: a 7-argument call to a 6-argument constructor)."""

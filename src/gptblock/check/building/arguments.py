@@ -108,7 +108,9 @@ def fit_arguments(
     """``given``, each to ``factory``'s parameter of its name, else of its role (``d_model`` to
     ``n_embd``), else left out; with notes of what moved."""
     params = signature(factory)  # **kwargs included
-    if not params or any(p.kind is p.VAR_KEYWORD or config_name(n) for n, p in params.items()):
+    if not params or any(
+        p.kind is p.VAR_KEYWORD or config_name(n, factory) for n, p in params.items()
+    ):
         return dict(given), []  # **kwargs or a config object: they take what is given
     fitted: dict[str, object] = {n: v for n, v in given.items() if n in params}
     name = getattr(factory, "__qualname__", repr(factory))
@@ -174,7 +176,7 @@ def complete(
     if not missing:
         return args
     param, cls = missing[0], config_class(factory, missing[0])
-    if len(missing) != 1 or not (cls or config_name(param.name)):
+    if len(missing) != 1 or not (cls or config_name(param.name, factory)):
         values = {p.name: guess(p.name, p.annotation, sizes) for p in missing}
         built = None not in values.values() and builds(factory, {**args, **values})
         raise _needs(name, "it", values if built else dict.fromkeys(values), "this builds it")

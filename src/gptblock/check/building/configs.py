@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import dis
 import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
+
+import torch
 
 from ..serve.loop import signature
 
@@ -58,11 +61,35 @@ def dataclass_config(obj: object) -> TypeGuard[DataclassInstance]:
     return bool(fields) and {p.name for p in parameters(cls)} <= cast(set[str], fields)
 
 
-def config_name(name: str) -> bool:
+def config_name(name: str, factory: Callable[..., Any] | None = None) -> bool:
     """A parameter named as a config object: ``config``, ``cfg``, and such a word after another
-    (``model_config``, ``gpt_params``: s70 unseen set)."""
+    (``model_config``, ``gpt_params``: s70 unseen set), or one ``factory`` reads as one."""
     low = name.lower()
-    return low in _CONFIG_NAMES or low.rpartition("_")[2] in _CONFIG_NAMES
+    named = low in _CONFIG_NAMES or low.rpartition("_")[2] in _CONFIG_NAMES
+    return named or (factory is not None and _read_as_config(factory, name))
+
+
+def _read_as_config(factory: Callable[..., Any], name: str) -> bool:
+    """Whether ``factory`` (a class: its ``__init__``) reads its parameter ``name`` as a config:
+    ``c["d_model"]``, ``c.get(...)`` or an attribute no tensor or module has (s96 unseen set:
+    ``Block(c)``, read as ``c["d_model"]``)."""
+    init = getattr(factory, "__init__", None) if isinstance(factory, type) else factory
+    codes = [getattr(inspect.unwrap(init), "__code__", None)] if callable(init) else []
+    others = {*dir(torch.Tensor), *dir(torch.nn.Module)}
+    while codes:
+        if not inspect.iscode(code := codes.pop()):
+            continue
+        codes += code.co_consts  # a comprehension's or a nested function's, reading it too
+        steps = list(dis.get_instructions(code))
+        for a, b, c in zip(steps[:-1], steps[1:], [*steps[2:], None], strict=True):
+            if a.opname not in ("LOAD_FAST", "LOAD_DEREF") or a.argval != name:
+                continue
+            key = b.opname == "LOAD_CONST" and isinstance(b.argval, str)
+            if key and c is not None and (c.opname == "BINARY_SUBSCR" or c.argrepr == "[]"):
+                return True
+            if b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval not in others - {"get"}:
+                return True
+    return False
 
 
 def parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:

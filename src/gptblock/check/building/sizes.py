@@ -110,7 +110,7 @@ def settings(
     configs = {n: v for n, v in seen.items() if isinstance(v, plain) or namespace(v)
                or dataclasses.is_dataclass(type(v)) or (settings_module(v) and _sized(v))}  # fmt: skip
     params = parameters(factory) if callable(factory) else []
-    if any(config_name(p.name) and p.name not in given for p in params):
+    if any(config_name(p.name, cast(Any, factory)) and p.name not in given for p in params):
         configs |= {n: v for n, v in own.items() if _sized(v) and not namespace(v)}
     file = getattr(module, "__file__", None)
     numbers = {n: v for n, x in own.items() if (v := number(x))}
@@ -122,7 +122,9 @@ def config_class(factory: Callable[..., Any], param: inspect.Parameter) -> type 
     parameter without one (or a Protocol), the file's dataclass with the most size fields."""
     own = vars(inspect.getmodule(factory) or types)
     cls = own.get(param.annotation) if isinstance(param.annotation, str) else param.annotation
-    if getattr(cls, "_is_protocol", False) or (cls is param.empty and config_name(param.name)):
+    if getattr(cls, "_is_protocol", False) or (
+        cls is param.empty and config_name(param.name, factory)
+    ):
         wanted = set(getattr(cls, "__annotations__", ()))  # a Protocol's fields
         found = [(sum(kind_of(n) not in (None, "other") for n in names), c) for c in own.values()
                  if isinstance(c, type) and c.__module__ == own["__name__"]
@@ -149,7 +151,7 @@ def file_sizes(
         m for n in [*(p.name for p in params), *fields, *module, *given]
         for m in (n.lower(), _NUM.sub("n_", n.lower()))
     }  # fmt: skip
-    if any(config_name(p.name) and p.name not in given for p in params):
+    if any(config_name(p.name, factory) and p.name not in given for p in params):
         used |= {"n_embd", "n_head", "block_size"}  # a config the checker builds has them all
     places = (
         ("--arg", given),
