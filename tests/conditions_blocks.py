@@ -133,6 +133,24 @@ class Float64BranchBlock(Block):
     attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=DoubleHead))
 
 
+class Float32AttentionBlock(Block):
+    """The attention's output cast to float32, a mixed-precision workaround (s97 unseen set): in
+    float64 the stream stays float64 (float64 + float32), in bfloat16 it turns float32 and then
+    ``ln2``'s bfloat16 weights fail; ``last``: the MLP's output, so a bfloat16 input gives float32."""
+
+    last = False
+
+    def forward(self, x):
+        a = self.sa(self.ln1(x))
+        x = x + (a if self.last else a.float())
+        m = self.ffwd(self.ln2(x))
+        return x + (m.float() if self.last else m)
+
+
+class Float32MlpBlock(Float32AttentionBlock):
+    last = True
+
+
 class DefaultMaskHead(Head):
     """The fused kernel with an additive mask in the default dtype, as ``torch.full`` and
     ``nn.Transformer.generate_square_subsequent_mask`` make it: float32 in a float64 run, which

@@ -3,6 +3,7 @@ returns a ``ProbeResult``, naming the catalogued mistake its failure proves, if 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import NamedTuple
@@ -260,13 +261,31 @@ def elsewhere(
     s: Probed, train: bool = False, dtype: torch.dtype | None = None
 ) -> dict[str, ProbeResult]:
     """The causality and batch probes failed where ``_Called`` calls the block (a path it takes
-    only while training, or in half precision), where two such calls agree (nothing random)."""
+    only while training, or in half precision), where two such calls agree (nothing random); in
+    ``dtype``, an output of another dtype, or a part of the block computing in one (s97 unseen
+    set: ``self.proj(y).float()``, which float64 hides: float64 + float32 is float64)."""
     called = _Called(s, train, dtype)
+    kind = str(dtype).removeprefix("torch.")
     try:
         x = called.input(s.T, s.T, s.C)
-        if called.moved(called(x), called(x)).any():
+        y = called(x)
+    except CAUGHT as e:  # (a block that cannot run in bfloat16: not probed there)
+        if dtype is None or not _MIXED.search(str(e)):
+            return {}
+        said = f"a {kind} input raised {one_line(e)}: a part of it computes in another dtype"
+        return {"dtype": ProbeResult(False, said, "dtype_device")}
+    if dtype is not None and y.dtype != dtype:
+        got = str(y.dtype).removeprefix("torch.")
+        said = f"a {kind} input gave a {got} output, expected {kind}"
+        return {"dtype": ProbeResult(False, said, "dtype_device")}
+    try:
+        if called.moved(y, called(x)).any():
             return {}
         found = {name: PROBES[name](called) for name in ("causality", "batch independence")}
-    except CAUGHT:  # (a block that cannot run in bfloat16: not probed there)
+    except CAUGHT:
         return {}
     return {name: r for name, r in found.items() if not r.passed}
+
+
+# what torch says of two dtypes meeting (a float32 stream reaching a bfloat16 norm or matmul)
+_MIXED = re.compile(r"mixed dtype|expected scalar type|same dtype|dtype.* but (got|found)")
