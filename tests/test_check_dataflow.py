@@ -114,3 +114,22 @@ def test_no_norm_is_read_as_none_in_the_blocks_dtype_too(dtype):
     """A post-norm block's place before the attention is the identity, also in float32 (a block
     checked in float32 had its post_norm unread: s17 unseen set, lizh_llama's mutant)."""
     assert norm_of(lambda h: h, torch.zeros(2, 3, 8, dtype=dtype)).form == "none"
+
+
+def test_trace_names_heads_that_take_a_parameters_rows_by_strides():
+    # (s96 unseen set) einops' "b t (three d h)" for "(three h d)": each head takes one row in nh
+    # of a packed qkv's third, among the other heads' rows; it PASSed, the packing read as weights
+    nh, hs, C = 4, 2, 8
+    chosen = choose({"qkv": torch.zeros(3 * C, C), "w": torch.zeros(C, 3 * C)}, C, torch.Generator())
+    rows = torch.arange(C).view(hs, nh).T.flatten()  # head h: rows h, h + nh, ... of q's third
+    for how, q in [("rows", chosen["qkv"][rows]), ("columns", chosen["w"][:, rows].T)]:
+        said = trace({"q": [q]}, chosen, torch.float64, {"q": nh}).strided
+        name = {"rows": "qkv", "columns": "w"}[how]  # a Linear's rows, x @ W's columns
+        assert said == (
+            f"q's heads each take one row in 4 of {name} (q's head 1: rows 1, 5, 9, ...), where the "
+            "lessons' head h takes a run of 2 rows: a split by view(B, T, hs, nh)",
+        ), said
+    # each head's rows its own, q, k, v interleaved in them ("(h d three)"), or a run each: none
+    interleaved = torch.arange(C) * 3  # head h: rows 6h, 6h + 3 of the whole (3C, C)
+    for q in (chosen["qkv"][interleaved], chosen["qkv"][:C]):
+        assert trace({"q": [q]}, chosen, torch.float64, {"q": nh}).strided == ()

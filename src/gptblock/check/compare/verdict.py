@@ -109,6 +109,9 @@ def decide(
         findings += _same_again(service, *first)
     unused = "" if done.traced is None or again else account(service, chosen, done.traced, fresh)
     findings += [Finding("parameters", False, unused)] * bool(unused)  # not all of a PASS's act
+    # a PASS read through a packed projection: its heads' rows as the lessons' heads take them
+    strided = "" if done.traced is None or again else "; ".join(done.traced.strided)
+    findings += [Finding("heads", False, strided)] * bool(strided)
     if done.traced is not None:  # a PASS: ``account`` tells which parameters act
         implied.pop("unused_parameters", None)
     if not (stop or again) and all(f.passed for f in findings if f.name == "finite outputs"):
@@ -117,8 +120,9 @@ def decide(
             findings.append(large)
             progress.finding(large)
             implied.setdefault("nonfinite", large.message)
-    details = {**implied, **done.details, **({"unused_parameters": unused} if unused else {})}
-    diagnosis = _diagnose(["unused_parameters"] if unused else list(done.details), implied)
+    own = {m: said for m, said in (("unused_parameters", unused), ("heads_mixed", strided)) if said}
+    details = {**implied, **done.details, **own}
+    diagnosis = _diagnose(list(own) or list(done.details), implied)
     alternatives = [a for o in done.alternatives if (a := _diagnose(o, implied)) != diagnosis]
     details = {m: details[m] for m in diagnosis if m in details}
     compared = done.finding is not None
@@ -167,7 +171,8 @@ def account(
         y = subject(x)
     for name, mask in masks.items():
         value = chosen[name]
-        spread = max(float(value.abs().max()), subject.C**-0.5)
+        finite = value[value.isfinite()]  # (a mask's -inf: s96)
+        spread = max(float(finite.abs().max()) if finite.numel() else 0.0, subject.C**-0.5)
         noise = torch.randn(value.shape, generator=fresh, dtype=torch.float64) * spread
         subject.set_parameters({name: torch.where(mask, value + noise, value)})
         try:

@@ -23,13 +23,30 @@ REPEATED = 0.05  # a role's entries repeated more than this: one weight read twi
 
 def choose(current: Mapping[str, Tensor], C: int, g: torch.Generator) -> dict[str, Tensor]:
     """Matrices N(0, 1/C), so that a scale mistake shows; vectors moved by ~0.1, so that a wrong
-    norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0)."""
+    norm or a dropped bias shows (a fresh LayerNorm is the identity, many biases 0); a mask kept
+    as it is."""
     chosen = {}
     for name, value in current.items():
+        if _mask(value):  # kept: no weight, and random values would unmask the future
+            chosen[name] = value.to(torch.float64, copy=True)  # (in process: the parameter's own)
+            continue
         noise = torch.randn(value.shape, generator=g, dtype=torch.float64) if value.dim() else 0.0
         matrix = sum(n > 1 for n in value.shape) >= 2
         chosen[name] = noise * C**-0.5 if matrix else value.to(torch.float64) + noise * 0.1
     return chosen
+
+
+def _mask(value: Tensor) -> bool:
+    """A causal mask held as a parameter (s96 unseen set: ``nn.Parameter(mask, requires_grad=
+    False)``): non-finite entries, or a triangle of one value and the rest another (not an
+    identity or a zero matrix, which a weight may start as)."""
+    if not bool(value.isfinite().all()):
+        return True
+    if value.dim() < 2 or value.shape[-1] != value.shape[-2] or value.shape[-1] < 2:
+        return False
+    same = value == value[..., :1, :1]
+    ones = torch.ones(value.shape[-2:], dtype=torch.bool, device=value.device)
+    return bool((same == ones.tril()).all() or (same == ones.triu()).all())
 
 
 def _search(values: Tensor, t: Tensor, right: bool = False) -> Tensor:
@@ -75,11 +92,27 @@ class Traced:
     roles: dict[str, list[Tensor]] = field(default_factory=dict)  # the weights, snapped to them
     at: dict[str, Tensor] = field(default_factory=dict)  # a matrix's: where each entry was read
     shared: tuple[str, ...] = ()  # the repeats two roles make
+    # a matrix's: each row's parameter and output index in it, (D, 2) (-1: read otherwise)
+    rows: dict[str, Tensor] = field(default_factory=dict)
+    names: tuple[str, ...] = ()  # the parameters, as ``rows`` numbers them
+    strided: tuple[str, ...] = ()  # q, k or v heads that take a parameter's rows by strides
 
     def with_heads(self, heads: Mapping[str, int]) -> Traced:
-        """The repeats again, a head that reads another's named (``heads``: role -> count)."""
+        """The repeats again, a head that reads another's named (``heads``: role -> count), and
+        the heads that take their rows of a parameter by strides."""
         own = [r for role, at in self.at.items() for r in _repeats(role, at, heads.get(role, 0))]
-        return replace(self, repeats=(*own, *self.shared))
+        found = {r: s for r, rows in self.rows.items() if (s := _strided(rows, heads.get(r, 0)))}
+        said = []
+        for (step, param, hs), roles in itertools.groupby(found, key=lambda r: found[r][:3]):
+            who = list(roles)
+            a = found[who[0]][3]
+            named = " and ".join([", ".join(who[:-1]), who[-1]] if len(who) > 1 else who)
+            said.append(
+                f"{named}'s heads each take one row in {step} of {self.names[param]} "
+                f"({who[0]}'s head 1: rows {a}, {a + step}, {a + 2 * step}, ...), where the lessons' "
+                f"head h takes a run of {hs} rows: a split by view(B, T, hs, nh)"
+            )
+        return replace(self, repeats=(*own, *self.shared), strided=tuple(said))
 
 
 def sorted_values(chosen: Mapping[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -140,7 +173,57 @@ def trace(
     read = torch.zeros(len(values), dtype=torch.bool)
     for mask in used.values():
         read |= mask
-    return Traced("", (), read, snapped, where, tuple(shared)).with_heads(heads or {})
+    rows = {role: _rows(at, chosen, dtype) for role, at in where.items() if role in ("q", "k", "v")}
+    traced = Traced("", (), read, snapped, where, tuple(shared), rows, tuple(chosen))
+    return traced.with_heads(heads or {})
+
+
+def _rows(at: Tensor, chosen: Mapping[str, Tensor], dtype: torch.dtype) -> Tensor:
+    """For each row of a matrix read at ``at`` (D, C) (positions in ``sorted_values``), the
+    parameter it was read from and its output index there, (D, 2): the index over the dims
+    that stay the same along the row (a Linear's row, a Conv1D's column); -1 where it mixes."""
+    order = sorted_values(chosen, dtype)[1]
+    ends = torch.tensor([v.numel() for v in chosen.values()]).cumsum(0)
+    known = at >= 0
+    flat = order[at.clamp(min=0)]
+    param = torch.searchsorted(ends, flat, right=True)  # (D, C)
+    local = flat - torch.cat([torch.zeros(1, dtype=ends.dtype), ends])[param]
+    out = torch.full((at.shape[0], 2), -1, dtype=torch.long)
+    shapes = [v.shape for v in chosen.values()]
+    for r in range(at.shape[0]):
+        p, f = param[r][known[r]], local[r][known[r]]
+        if not p.numel() or bool((p != p[0]).any()):
+            continue
+        shape = shapes[int(p[0])]
+        index = torch.stack(torch.unravel_index(f, shape))  # (dims, n)
+        fixed = [d for d in range(len(shape)) if bool((index[d] == index[d, 0]).all())]
+        if len(fixed) == len(shape) and f.numel() > 1:
+            continue  # one value read again and again: no row
+        sizes = [shape[d] for d in fixed]
+        position = 0
+        for d, size in zip(fixed, sizes, strict=True):
+            position = position * size + int(index[d, 0])
+        out[r] = torch.tensor([int(p[0]), position])
+    return out
+
+
+def _strided(rows: Tensor, heads: int) -> tuple[int, int, int, int] | None:
+    """(step, parameter, hs, head 1's first row) where each head takes every step-th row (step > 1)
+    of one parameter among the other heads' rows, where the lessons' head h takes rows h * hs to
+    (h + 1) * hs (s96 unseen set: einops' "b t (three d h)" for "(three h d)"); not where each
+    head's rows are its own, q, k and v interleaved in them ("(h d three)")."""
+    if heads < 2 or rows.shape[0] % heads or bool((rows < 0).any()):
+        return None
+    per = rows.reshape(heads, -1, 2)  # (nh, hs, 2): each head's rows
+    steps = per[:, 1:, 1] - per[:, :-1, 1]
+    if per.shape[1] < 2 or bool((per[:, :, 0] != per[0, 0, 0]).any()):
+        return None
+    step, spans = int(steps[0, 0]), per[:, :, 1].aminmax(dim=1)
+    if step <= 1 or bool((steps != step).any()):
+        return None
+    if bool((spans.min[1:] > spans.max[:-1]).all()):  # each head its own rows: q, k, v interleaved
+        return None
+    return step, int(per[0, 0, 0]), per.shape[1], int(per[1, 0, 1])
 
 
 def _holding(chosen: Mapping[str, Tensor], at: Tensor, dtype: torch.dtype) -> str:
