@@ -199,10 +199,9 @@ def _rows(at: Tensor, chosen: Mapping[str, Tensor], dtype: torch.dtype) -> Tenso
         fixed = [d for d in range(len(shape)) if bool((index[d] == index[d, 0]).all())]
         if len(fixed) == len(shape) and f.numel() > 1:
             continue  # one value read again and again: no row
-        sizes = [shape[d] for d in fixed]
         position = 0
-        for d, size in zip(fixed, sizes, strict=True):
-            position = position * size + int(index[d, 0])
+        for d in fixed:
+            position = position * shape[d] + int(index[d, 0])
         out[r] = torch.tensor([int(p[0]), position])
     return out
 
