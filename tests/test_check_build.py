@@ -569,8 +569,9 @@ def test_a_required_mask_is_refused_naming_it_and_the_wrapper():
         def forward(self, x, trg_mask):
             return super().forward(x)
 
-    with pytest.raises(UserValueError, match=r"its forward needs trg_mask besides the input .*"
-                       r"a mask's convention .* check a module whose forward\(x\) calls it"):  # fmt: skip
+    with pytest.raises(UserValueError, match=r"its forward needs trg_mask besides the input, which "
+                       r"the checker cannot make up \(a mask keeps or hides positions by the block's "
+                       r"own convention, bool or added\); check a module whose forward\(x\) calls it"):  # fmt: skip
         check_block(Masked, n_embd=16, n_head=2)
 
 
@@ -581,8 +582,8 @@ def test_every_input_a_forward_needs_is_named_at_once():
         def forward(self, x, start_pos, freqs_complex, alibi):
             return super().forward(x)
 
-    said = r"its forward needs freqs_complex, alibi besides the input and the checker cannot "
-    with pytest.raises(UserValueError, match=said + "tell what they hold"):
+    said = r"its forward needs freqs_complex, alibi besides the input, which the checker cannot "
+    with pytest.raises(UserValueError, match=said + r"make up \(it cannot tell what they hold\)"):
         check_block(Meta, n_embd=16, n_head=2)
 
 
@@ -813,6 +814,27 @@ def test_a_parameter_the_constructor_reads_as_a_config_is_one_whatever_its_name(
     assert "'n_heads': 4, " in report.target, str(report)
     assert check_block(f"{path}:Named").passed
     assert "it needs mask, which --arg does not give" in _refusal(f"{path}:Masked")
+
+
+def test_a_layer_index_given_to_the_constructor_stays_out_of_its_config(tmp_path):
+    """(s98 unseen set) ``Layer(layer_id, config: Config)`` with ``--arg layer_id=0``: the config
+    was a namespace holding layer_id too, as if the learner's class had been replaced."""
+    text = textwrap.dedent(
+        """
+        from gptblock import lesson
+
+        class Config:
+            def __init__(self, dim=32, n_heads=4):
+                self.dim, self.n_heads = dim, n_heads
+
+        class Layer(lesson.Block):
+            def __init__(self, layer_id, config: Config):
+                super().__init__(config.dim, config.n_heads, 16)
+        """
+    )
+    report = check_block(f"{_file(tmp_path, 'layer', text)}:Layer", layer_id=0)
+    assert report.passed and "layer_id=0, config=Config(" in report.target, report.target
+    assert "layer_id" not in report.target.split("config=")[1], report.target
 
 
 def test_a_config_block_that_raises_while_building_says_what_and_where():

@@ -50,7 +50,7 @@ FAILING = [
 DIAGNOSIS = {"parameters": ["unused_parameters"], "gradients": ["inplace"]}
 # their train-mode or bfloat16 paths leak the future: the probes run there too (s77 unseen set)
 DIAGNOSED = {"EvalOnlyBlock": ["future_leak"], "HalfOnlyBlock": ["future_leak"]}
-DIAGNOSED |= dict.fromkeys(("Float32AttentionBlock", "Float32MlpBlock"), ["dtype_device"])
+DIAGNOSED |= {name: ["dtype_device"] for name in ("Float32AttentionBlock", "Float32MlpBlock")}
 
 
 def _failed(report, check):

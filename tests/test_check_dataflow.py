@@ -120,7 +120,9 @@ def test_trace_names_heads_that_take_a_parameters_rows_by_strides():
     # (s96 unseen set) einops' "b t (three d h)" for "(three h d)": each head takes one row in nh
     # of a packed qkv's third, among the other heads' rows; it PASSed, the packing read as weights
     nh, hs, C = 4, 2, 8
-    chosen = choose({"qkv": torch.zeros(3 * C, C), "w": torch.zeros(C, 3 * C)}, C, torch.Generator())
+    chosen = choose(
+        {"qkv": torch.zeros(3 * C, C), "w": torch.zeros(C, 3 * C)}, C, torch.Generator()
+    )
     rows = torch.arange(C).view(hs, nh).T.flatten()  # head h: rows h, h + nh, ... of q's third
     for how, q in [("rows", chosen["qkv"][rows]), ("columns", chosen["w"][:, rows].T)]:
         said = trace({"q": [q]}, chosen, torch.float64, {"q": nh}).strided

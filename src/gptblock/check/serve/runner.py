@@ -338,13 +338,13 @@ def forward_arguments(module: nn.Module) -> list[str]:
             fill[p.name] = how
     if missing:
         names, one = ", ".join(missing), len(missing) == 1
-        what = "a mask's convention (kept or hidden, bool or added) is the block's own" if any(
+        why = "a mask keeps or hides positions by the block's own convention, bool or added" if any(
             "mask" in n.lower() for n in missing
-        ) else f"the checker cannot tell what {'it holds' if one else 'they hold'}"  # fmt: skip
+        ) else f"it cannot tell what {'it holds' if one else 'they hold'}"  # fmt: skip
         raise UserValueError(
-            f"cannot check {type(module).__name__}: its forward needs {names} besides the input "
-            f"and {what}; check a module whose forward(x) calls it with the {names} your model "
-            "passes"
+            f"cannot check {type(module).__name__}: its forward needs {names} besides the input, "
+            f"which the checker cannot make up ({why}); check a module whose forward(x) calls it "
+            f"with the {names} your model passes"
         )
     if not fill:
         return []
