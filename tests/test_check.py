@@ -317,14 +317,18 @@ def test_report_refuses_unknown_mistake_ids():
 # ----- edge cases --------------------------------------------------------------------------------
 
 
-def test_a_block_that_only_runs_in_float32_is_checked_in_float32():
+def test_a_block_that_only_runs_in_float32_is_checked_in_float32_and_is_dtype_device():
+    # (s99 unseen set) it PASSed: the catalogue's dtype_device, a hard-coded .float() that breaks
+    # float64 checks and mixed precision, said only in a note
     class Float32Only(zoo_lesson.LessonBlock):
         def forward(self, x):
             return super().forward(x.float())  # breaks when the weights are float64
 
     report = check_block(Float32Only, n_embd=16, n_head=2, block_size=8)
-    assert report.passed, str(report)
+    assert report.diagnosis == ["dtype_device"] and report.compared, str(report)
     assert any("checked in float32" in note for note in report.notes)
+    said = "in float64: the block raised RuntimeError: mixed dtype (CPU): expect parameter to have"
+    assert report.details["dtype_device"].startswith(said), str(report)
 
 
 def test_the_closer_gelu_is_named():

@@ -131,7 +131,10 @@ def test_trace_names_heads_that_take_a_parameters_rows_by_strides():
             f"q's heads each take one row in 4 of {name} (q's head 1: rows 1, 5, 9, ...), where the "
             "lessons' head h takes a run of 2 rows: a split by view(B, T, hs, nh)",
         ), said
-    # each head's rows its own, q, k, v interleaved in them ("(h d three)"), or a run each: none
+    # q's rows spread over the parameter, a packing of its own: "(h d three)", where each head's
+    # rows are its own, and "(d k h)" (the self-attention-cv zoo block), where they are not; or a
+    # run each: none
     interleaved = torch.arange(C) * 3  # head h: rows 6h, 6h + 3 of the whole (3C, C)
-    for q in (chosen["qkv"][interleaved], chosen["qkv"][:C]):
+    dkh = (torch.arange(nh)[:, None] + torch.arange(hs) * 3 * nh).flatten()  # h, h + 12
+    for q in (chosen["qkv"][interleaved], chosen["qkv"][dkh], chosen["qkv"][:C]):
         assert trace({"q": [q]}, chosen, torch.float64, {"q": nh}).strided == ()

@@ -705,14 +705,16 @@ class _PackedLayout(nn.Module):
             qkv = packed.view(B, T, 3, self.nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         elif self.layout == "three d h":  # head h: channels h, h + nh, ... of each third
             qkv = packed.view(B, T, 3, hs, self.nh).permute(2, 0, 4, 1, 3)
-        else:  # "h d three": q, k, v interleaved inside each head's own channels
+        elif self.layout == "h d three":  # q, k, v interleaved inside each head's own channels
             qkv = packed.view(B, T, self.nh, hs, 3).permute(4, 0, 2, 1, 3)
+        else:  # "d k h" (the self-attention-cv zoo block's): heads and q, k, v interleaved
+            qkv = packed.view(B, T, hs, 3, self.nh).permute(3, 0, 4, 1, 2)
         y = F.scaled_dot_product_attention(*qkv, is_causal=True)  # (B, nh, T, hs)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-@pytest.mark.parametrize("layout", ["three h d", "three d h", "h d three"])
+@pytest.mark.parametrize("layout", ["three h d", "three d h", "h d three", "d k h"])
 def test_a_packed_qkv_whose_heads_take_strided_rows_is_heads_mixed(layout):
     # (s96 unseen set) "three d h" PASSed: the strides were read as the packing of the weights
     report = check_block(_PackedLayout, layout=layout)

@@ -176,8 +176,8 @@ def complete(
     if not missing:
         return args
     param, cls = missing[0], config_class(factory, missing[0])
-    own = {p.name for p in params if _index(p.name) is not None}  # the constructor's layer index
-    given = {k: v for k, v in given.items() if k not in own}  # (s98: shown in the config too)
+    index = {p.name for p in params if _index(p.name) is not None}  # the constructor's own
+    given = {k: v for k, v in given.items() if k not in index}  # (s98: shown in the config too)
     if len(missing) != 1 or not (cls or config_name(param.name, factory)):
         values = {p.name: guess(p.name, p.annotation, sizes) for p in missing}
         built = None not in values.values() and builds(factory, {**args, **values})

@@ -13,7 +13,7 @@ import torch
 from ..mistakes.report import CAUGHT, one_line
 from ..serve.subject import Grads, Probed
 
-__all__ = ["PROBES", "RESIDUAL_LIMIT", "ProbeResult", "elsewhere", "listed"]
+__all__ = ["MIXED", "PROBES", "RESIDUAL_LIMIT", "ProbeResult", "elsewhere", "listed"]
 
 RESIDUAL_LIMIT = 0.05  # |dy - d| / |d| above which the input is not kept in the residual stream
 LARGE = {torch.float64: 1e4, torch.float32: 1e3}  # "large input" scale per dtype
@@ -270,7 +270,7 @@ def elsewhere(
         x = called.input(s.T, s.T, s.C)
         y = called(x)
     except CAUGHT as e:  # (a block that cannot run in bfloat16: not probed there)
-        if dtype is None or not _MIXED.search(str(e)):
+        if dtype is None or not MIXED.search(str(e)):
             return {}
         said = f"a {kind} input raised {one_line(e)}: a part of it computes in another dtype"
         return {"dtype": ProbeResult(False, said, "dtype_device")}
@@ -288,4 +288,4 @@ def elsewhere(
 
 
 # what torch says of two dtypes meeting (a float32 stream reaching a bfloat16 norm or matmul)
-_MIXED = re.compile(r"mixed dtype|expected scalar type|same dtype|dtype.* but (got|found)")
+MIXED = re.compile(r"mixed dtype|expected scalar type|same dtype|dtype.* but (got|found)")

@@ -19,7 +19,7 @@ from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
 from .conditions import confirm
 from .modern import Compared, matched
-from .probes import PROBES, ProbeResult, elsewhere, listed
+from .probes import MIXED, PROBES, ProbeResult, elsewhere, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
 
@@ -40,6 +40,7 @@ class Service(Probed, Protocol):
     in process, a local ``Served``."""
 
     note: str
+    failed: str  # what its first call raised in float64, if it did
     trusted: bool  # the answers come from this process, not the block's
 
     def parameters(self) -> dict[str, Tensor]: ...
@@ -65,6 +66,10 @@ def decide(
     findings: list[Finding] = []
     first = _first_call(service) if not again else None  # asked again last: the same block?
     implied: dict[str, str] = {}  # the mistakes the probes prove, with what was measured
+    if service.dtype != torch.float64 and MIXED.search(service.failed):  # (s99 unseen set)
+        said = f"in float64: the block raised {service.failed}: a part of it computes in float32"
+        findings.append(Finding("dtype (float64)", False, said))
+        implied["dtype_device"] = said
     stop, dropout = False, ""
     for name, probe in list(PROBES.items())[: 1 if again else None]:
         progress.stage(f"the {name} probe")
@@ -98,6 +103,9 @@ def decide(
         failed = not (done.details or (done.finding and done.finding.passed))
         train = elsewhere(service, train=True) if failed else {}  # (else compared there)
         half = elsewhere(service, dtype=torch.bfloat16) if service.dtype == torch.float64 else {}
+        if done.finding and done.finding.passed:  # the comparison explained it (equal, or a
+            # catalogued mistake): a float32 constant promoting bfloat16 is no mistake of its own
+            half.pop("dtype", None)  # (the public zoo's bentrevett scale, the modern gptj's table)
         for where, found in (("train mode (dropout off)", train), ("bfloat16", half)):
             for name, result in found.items():
                 said = f"in {where}: {result.message}"

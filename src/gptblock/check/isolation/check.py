@@ -239,7 +239,8 @@ def _at(
         raise errors.UserValueError(
             f"cannot check {description}: calling it on a {(T, T, C)} input raised {raised}"
         )
-    service = Remote(call, C, T, copy.get("dtype"), str(copy.get("note", "")), longest)
+    note, failed = (str(copy.get(k, "")) for k in ("note", "float64"))
+    service = Remote(call, C, T, copy.get("dtype"), note, longest, failed)
     # here, seeded: a report the same on every run; else from seeds the child never sees
     seeds = (FRESH_SEED, WEIGHTS_SEED) if trusted else (secrets.randbits(63), secrets.randbits(63))
     fresh, weights = (torch.Generator().manual_seed(s) for s in seeds)

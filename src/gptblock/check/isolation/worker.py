@@ -136,10 +136,14 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 class Remote(Probed):
     """``verdict``'s ``Service`` asked through ``call``: a process (claims), or a ``Served``."""
 
-    def __init__(self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0):
+    def __init__(
+        self, call: Call, C: int, T: int, name: object, note: str, longest: int = 0,
+        failed: str = "",
+    ) -> None:  # fmt: skip
         if str(name) not in DTYPES:
             raise ProtocolBroken(f"a copy in {text(name, 40)!r}, expected float64 or float32")
         self.call, self.C, self.T, self.note, self.longest = call, C, T, text(note), longest
+        self.failed = text(failed, 400)  # what its first call raised in float64, if it did
         self.dtype = DTYPES[str(name)]
         self.here = call.subject if isinstance(call, Served) else None  # the copy, if here
         self.trusted = self.here is not None  # then what it says is what the block did

@@ -207,21 +207,23 @@ def _rows(at: Tensor, chosen: Mapping[str, Tensor], dtype: torch.dtype) -> Tenso
 
 
 def _strided(rows: Tensor, heads: int) -> tuple[int, int, int, int] | None:
-    """(step, parameter, hs, head 1's first row) where each head takes every step-th row (step > 1)
-    of one parameter among the other heads' rows, where the lessons' head h takes rows h * hs to
-    (h + 1) * hs (s96 unseen set: einops' "b t (three d h)" for "(three h d)"); not where each
-    head's rows are its own, q, k and v interleaved in them ("(h d three)")."""
+    """(step, parameter, hs, head 1's first row) where the role takes a run of a parameter's rows
+    (q's third of a packed qkv, as ``split(C)`` takes it) and each head every step-th row of it
+    (step > 1), where the lessons' head h takes rows h * hs to (h + 1) * hs: the view(B, T, hs,
+    nh) split (s96 unseen set: einops' "b t (three d h)" for "(three h d)"). Not where the role's
+    rows are spread over the parameter: a packing of its own (NeoX's "(h three d)", the
+    self-attention-cv zoo block's "(d k h)", "(h d three)")."""
     if heads < 2 or rows.shape[0] % heads or bool((rows < 0).any()):
         return None
     per = rows.reshape(heads, -1, 2)  # (nh, hs, 2): each head's rows
     steps = per[:, 1:, 1] - per[:, :-1, 1]
     if per.shape[1] < 2 or bool((per[:, :, 0] != per[0, 0, 0]).any()):
         return None
-    step, spans = int(steps[0, 0]), per[:, :, 1].aminmax(dim=1)
+    step, taken = int(steps[0, 0]), per[:, :, 1].flatten().sort().values
     if step <= 1 or bool((steps != step).any()):
         return None
-    if bool((spans.min[1:] > spans.max[:-1]).all()):  # each head its own rows: q, k, v interleaved
-        return None
+    if not torch.equal(taken - taken[0], torch.arange(len(taken))):
+        return None  # not a run of the parameter's rows (q's third): a packing of its own
     return step, int(per[0, 0, 0]), per.shape[1], int(per[1, 0, 1])
 
 

@@ -77,6 +77,7 @@ class Held:
             failed = "" if e is None else one_line(e)
             raised = "" if e is None or size_error(e) else failed + learner_line(e, type(s.module))
             told = {"dtype": str(s.dtype).removeprefix("torch."), "note": s.note, "failed": failed}
+            told["float64"] = s.fell_back  # what made it check in float32
             return {**told, "raised": raised}, {}  # (a size error: the shape probe's to tell)
         s = self.subject
         x = tensors["x"].to(s.device) if "x" in tensors else torch.empty(0)

@@ -113,8 +113,9 @@ class Subject(Probed):
         else:
             self.dtype, self.module = torch.float64, _copy(module, torch.float64)
             self.failure = failure
+        self.fell_back = "" if self.dtype == torch.float64 else one_line(failure)  # float64's
         if self.dtype != torch.float64:
-            self.note = f"the block fails in float64 ({one_line(failure)}); checked in float32"
+            self.note = f"the block fails in float64 ({self.fell_back}); checked in float32"
         else:  # made now, from the user's block: a copy that ran may hold tensors with a graph
             self.float32 = _copy(module, torch.float32)
             with contextlib.suppress(UserValueError):  # (then bfloat16 is not probed)
