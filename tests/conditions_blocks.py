@@ -151,6 +151,22 @@ class Float32MlpBlock(Float32AttentionBlock):
     last = True
 
 
+class OneTokenFloatHead(Head):
+    """The softmax on ``wei.float()``, never cast back, on the one-token path only (a learner's
+    fast path for generation, s99 unseen set): float64 fails there alone, at T = 1."""
+
+    def forward(self, x, k=None):
+        if x.shape[1] > 1:
+            return super().forward(x, k)
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        wei = F.softmax((q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5).float(), dim=-1)
+        return wei @ v
+
+
+class OneTokenFloatBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=OneTokenFloatHead))
+
+
 class DefaultMaskHead(Head):
     """The fused kernel with an additive mask in the default dtype, as ``torch.full`` and
     ``nn.Transformer.generate_square_subsequent_mask`` make it: float32 in a float64 run, which

@@ -98,6 +98,8 @@ def decide(
     if done.finding is not None:
         findings.append(done.finding)
         progress.finding(done.finding)
+        if not done.finding.passed and MIXED.search(done.finding.message):  # a condition's
+            implied.setdefault("dtype_device", done.finding.message)  # dtypes met (s99: T = 1)
     if not (stop or again):  # paths taken only in half precision, or only while training
         progress.stage("the causality and batch probes in train mode and in bfloat16")
         failed = not (done.details or (done.finding and done.finding.passed))
