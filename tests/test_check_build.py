@@ -12,6 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from gptblock.check import check_block, load_target
 from gptblock.check.serve.script import SKIPPED, definitions
@@ -835,6 +838,45 @@ def test_a_layer_index_given_to_the_constructor_stays_out_of_its_config(tmp_path
     report = check_block(f"{_file(tmp_path, 'layer', text)}:Layer", layer_id=0)
     assert report.passed and "layer_id=0, config=Config(" in report.target, report.target
     assert "layer_id" not in report.target.split("config=")[1], report.target
+
+
+class _ShortTable(nn.Module):
+    """A correct modern block whose rotary table has ``block_size`` rows, a default of 8, and
+    nothing square to tell its longest sequence by."""
+
+    def __init__(self, n_embd=32, n_head=4, block_size=8):
+        super().__init__()
+        self.nh, hs = n_head, n_embd // n_head
+        self.n1, self.n2 = nn.RMSNorm(n_embd, eps=1e-5), nn.RMSNorm(n_embd, eps=1e-5)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(n_embd, n_embd, bias=False) for _ in "qkvo")
+        self.w1, self.w3 = nn.Linear(n_embd, 64, bias=False), nn.Linear(n_embd, 64, bias=False)
+        self.w2 = nn.Linear(64, n_embd, bias=False)
+        angle = torch.arange(block_size)[:, None] * 10000.0 ** (-torch.arange(0, hs, 2) / hs)
+        self.register_buffer("cos", angle.cos())  # (block_size, hs / 2)
+        self.register_buffer("sin", angle.sin())
+
+    def rope(self, x, T):
+        c, s, even, odd = self.cos[:T], self.sin[:T], x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.n1(x)
+        q, k, v = (
+            w(h).view(B, T, self.nh, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
+        y = F.scaled_dot_product_attention(self.rope(q, T), self.rope(k, T), v, is_causal=True)
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T, C))
+        h = self.n2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+def test_the_longest_sequence_is_the_constructors_default_too(tmp_path):
+    # (s99 unseen set) UNVERIFIED: the conditions called it at T = 16, beyond its 8-row table
+    head = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+    path = _file(tmp_path, "table", head + inspect.getsource(_ShortTable))
+    report = check_block(f"{path}:_ShortTable")
+    assert report.verdict == "PASS", str(report)
 
 
 def test_a_config_block_that_raises_while_building_says_what_and_where():

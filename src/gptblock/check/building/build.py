@@ -8,7 +8,7 @@ import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -262,9 +262,15 @@ def _accepts(module: nn.Module, C: int, T: int) -> bool:
 def max_length(
     module: nn.Module, kwargs: Mapping[str, object], default: int, target: object
 ) -> int:
-    """The longest sequence the block accepts, by its arguments, a causal-mask buffer or the
-    module settings of ``target``'s file (``BLOCK_SIZE = 128``, a mask made in forward)."""
-    said = _said(module, kwargs, KINDS["length"].names)
+    """The longest sequence the block accepts, by its arguments (given, or its constructor's
+    defaults: a rotary table of ``block_size`` rows, s99), a causal-mask buffer or the module
+    settings of ``target``'s file (``BLOCK_SIZE = 128``, a mask made in forward)."""
+    try:
+        factory = callable(target) and not isinstance(target, nn.Module)  # a class or function
+        defaults = {p.name: p.default for p in parameters(cast(Any, target))} if factory else {}
+    except (TypeError, ValueError):  # no signature to read
+        defaults = {}
+    said = _said(module, {**defaults, **kwargs}, KINDS["length"].names)
     masks = [
         int(b.shape[-1])
         for b in module.buffers()
