@@ -372,6 +372,20 @@ def test_a_mistake_outside_the_catalogue_is_not_forced_into_it():
     assert not stream.passed and "a branch with no norm before it" in stream.message, stream
 
 
+def test_a_stream_changed_before_the_branches_add_to_it_is_among_the_causes():
+    # (s97 unseen set) a block turning its own stream by position: the residual check's causes
+    # were three the block did not have
+    class TurnedStream(zoo_lesson.LessonBlock):
+        def forward(self, x):
+            return super().forward(
+                x.roll(1, dims=-1) * torch.linspace(0.5, 1.5, x.shape[1])[:, None]
+            )
+
+    report = check_block(TurnedStream, n_embd=16, n_head=2, block_size=8)
+    stream = next(f for f in report.findings if f.name == "residual stream")
+    assert not stream.passed and "or changed itself before the branches add" in stream.message
+
+
 def test_a_reports_one_line_repr_its_escaped_html_and_one_line_text():
     from gptblock.check.mistakes.report import Finding, one_line, text
 

@@ -163,8 +163,8 @@ def residual(s: Probed) -> ProbeResult:
         msg = f"{change} passes through (pre-norm): |dy - d| / |d| = {r:.2g} <= {RESIDUAL_LIMIT}"
         return ProbeResult(True, msg)
     msg = f"{change} does not pass through: |dy - d| / |d| = {r:.2g} > {RESIDUAL_LIMIT}; the "
-    msg += "stream is normalised after adding (post_norm), overwritten (no_residual), or read by a "
-    msg += "branch with no norm before it"
+    msg += "stream is normalised after adding (post_norm), overwritten (no_residual), read by a "
+    msg += "branch with no norm before it, or changed itself before the branches add to it"
     return ProbeResult(False, msg)
 
 
