@@ -687,15 +687,12 @@ def test_attention_looped_over_sequences_into_a_zeros_tensor_is_read(twice):
     assert any("read from the forward pass" in n for n in report.notes), str(report)
 
 
-class _PackedLayout(nn.Module):
-    """q, k, v packed in one Linear and taken apart in ``layout``'s order (einops' names)."""
+class _PackedLayout(_LoopedAttention):
+    """Its parts, q, k, v taken apart in ``layout``'s order (einops' names), heads batched."""
 
     def __init__(self, n_embd=32, n_head=4, layout="three h d"):
-        super().__init__()
+        super().__init__(n_embd, n_head)
         self.nh, self.layout = n_head, layout
-        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
-        self.fc1, self.fc2 = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
 
     def forward(self, x):
         B, T, C = x.shape
