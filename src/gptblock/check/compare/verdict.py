@@ -105,9 +105,11 @@ def decide(
         failed = not (done.details or (done.finding and done.finding.passed))
         train = elsewhere(service, train=True) if failed else {}  # (else compared there)
         half = elsewhere(service, dtype=torch.bfloat16) if service.dtype == torch.float64 else {}
-        if done.finding and done.finding.passed:  # the comparison explained it (equal, or a
-            # catalogued mistake): a float32 constant promoting bfloat16 is no mistake of its own
-            half.pop("dtype", None)  # (the public zoo's bentrevett scale, the modern gptj's table)
+        # only where the weights could not be read (s97): where the comparison ran, or a part no
+        # reference models was named, a float32 constant promoting bfloat16 (the public zoo's
+        # bentrevett scale, the modern zoo's gptj table, float32 rotary tables) is no mistake
+        if done.finding is not None or any(n.startswith(OUT_OF_SCOPE) for n in notes):
+            half.pop("dtype", None)
         for where, found in (("train mode (dropout off)", train), ("bfloat16", half)):
             for name, result in found.items():
                 said = f"in {where}: {result.message}"
