@@ -27,6 +27,8 @@ __all__ = [
 
 # the names of an argument that is a config object (``Block(config)``)
 _CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "settings", "opt", "opts")
+# attributes a parameter read as ``x.name`` may have without being a config (``get`` is a dict's)
+_TENSOR_OR_MODULE = frozenset({*dir(torch.Tensor), *dir(torch.nn.Module)} - {"get"})
 _CONFIG_WORDS = ("config", "cfg", "conf", "args", "params", "settings", "options")  # a class's
 
 
@@ -75,7 +77,6 @@ def _read_as_config(factory: Callable[..., Any], name: str) -> bool:
     ``Block(c)``, read as ``c["d_model"]``)."""
     init = getattr(factory, "__init__", None) if isinstance(factory, type) else factory
     codes = [getattr(inspect.unwrap(init), "__code__", None)] if callable(init) else []
-    others = {*dir(torch.Tensor), *dir(torch.nn.Module)}
     while codes:
         if not inspect.iscode(code := codes.pop()):
             continue
@@ -87,7 +88,7 @@ def _read_as_config(factory: Callable[..., Any], name: str) -> bool:
             key = b.opname == "LOAD_CONST" and isinstance(b.argval, str)
             if key and c is not None and (c.opname == "BINARY_SUBSCR" or c.argrepr == "[]"):
                 return True
-            if b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval not in others - {"get"}:
+            if b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval not in _TENSOR_OR_MODULE:
                 return True
     return False
 
