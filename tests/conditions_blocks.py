@@ -477,3 +477,42 @@ class LlamaTrainPath(LlamaDecoderLayer):
     def __init__(self, hidden_size=32, num_attention_heads=4, num_key_value_heads=2):
         super().__init__(hidden_size, num_attention_heads, num_key_value_heads)
         self.mlp = UngatedWhileTraining(hidden_size, 64)
+
+
+class DropPathBlock(Block):
+    """Correct: stochastic depth (timm's ``drop_path``, p = 0.1) on each branch, the identity in
+    eval mode. In train mode two calls on one sequence often drop alike (s100): random all the
+    same, not a block that is wrong in train mode."""
+
+    def forward(self, x):
+        x = x + self.drop_path(self.sa(self.ln1(x)))
+        return x + self.drop_path(self.ffwd(self.ln2(x)))
+
+    def drop_path(self, x, p=0.1):
+        if not self.training:
+            return x
+        keep = (1 - p + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype)).floor()
+        return x / (1 - p) * keep
+
+
+class ScriptableAttention(nn.Module):
+    def __init__(self, n_head: int, n_embd: int, block_size: int, dropout: float):
+        super().__init__()
+        self.nh = n_head
+        self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.nh, -1).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+        wei = (q @ k.transpose(-2, -1)) * k.shape[-1] ** -0.5
+        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf")).softmax(-1)
+        return self.proj((wei @ v).transpose(1, 2).reshape(B, T, C))
+
+
+class ScriptedAttentionBlock(Block):
+    """Correct: the attention under ``torch.jit.script``, which takes no hooks (s100: a crash)."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.2):
+        super().__init__(n_embd, n_head, block_size, dropout)
+        self.sa = torch.jit.script(ScriptableAttention(n_head, n_embd, block_size, dropout))

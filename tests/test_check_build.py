@@ -298,6 +298,17 @@ def test_a_typo_in_forward_is_an_error_at_the_learners_line_not_the_shape_mistak
     assert line.startswith("gptblock check: error: cannot check Block(") and "self.kee(x)" in line
 
 
+def test_a_view_of_memory_a_transpose_left_is_an_error_not_the_shape_mistake(tmp_path):
+    # heads merged by transpose(1, 2).view(...) without .contiguous(): torch names a size and a
+    # stride, but every size is right: the learner's line and torch's advice, exit 2 (s101)
+    text = NANOGPT.replace(
+        ".transpose(1, 2).contiguous().view(B, T, C)", ".transpose(1, 2).view(B, T, C)"
+    )
+    done = _cli(f"{_file(tmp_path, 'nocontig', text)}:Block")
+    assert done.returncode == 2 and "shape" not in done.stdout, done.stdout + done.stderr
+    assert "Use .reshape(...) instead (at " in done.stderr and "nocontig.py:31: y = " in done.stderr
+
+
 def test_a_config_with_a_layer_index_and_a_tuple_output(tmp_path):
     path = _file(tmp_path, "nanogpt", NANOGPT)
     report = check_block(f"{path}:Block", isolate=False)

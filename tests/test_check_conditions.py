@@ -15,6 +15,7 @@ import torch
 
 import conditions_blocks as cb
 from gptblock.check import check_block, check_isolated
+from gptblock.check.compare import conditions as conditions_module
 from gptblock.check.compare.conditions import conditions
 from gptblock.check.isolation import check as isolation_check
 from gptblock.check.roles.provenance import choose, sorted_values, trace, unread
@@ -165,11 +166,22 @@ def test_the_unused_gate_is_named_whole_with_the_seeds_the_child_drew(monkeypatc
         (NanoBlock, {"n_embd": 32, "n_head": 4, "bias": True}),  # c_attn's bias holds b_k
         (MhaBlock, {"d_model": 32, "n_heads": 4}),  # in_proj_bias holds b_k
         (cb.DefaultMaskBlock, LESSON),  # its float64 copy makes its mask in float64
+        (cb.DropPathBlock, LESSON),  # random in train mode (not compared there), right in eval
+        (cb.ScriptedAttentionBlock, LESSON),
     ],
 )
 def test_correct_blocks_still_pass(block, kwargs):
     report = check_block(block, isolate=False, **kwargs)
     assert report.verdict == "PASS", str(report)
+
+
+def test_train_mode_outputs_that_repeat_a_draw_are_still_found_random():
+    """Stochastic depth on one sequence drops both branches alike in ~2 calls in 3: two calls on
+    the failed condition's own input called it a fixed block wrong in train mode (s100)."""
+    s = Subject(cb.DropPathBlock(**LESSON), 32, 6, longest=16)
+    x = torch.randn(1, 16, 32, dtype=torch.float64)
+    assert all(conditions_module._random(s, x) for _ in range(20))
+    assert not conditions_module._random(Subject(cb.Block(**LESSON), 32, 6, longest=16), x)
 
 
 def test_the_command_line_says_the_condition_and_passes_the_lesson():

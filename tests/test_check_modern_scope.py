@@ -154,6 +154,31 @@ def test_a_branch_only_laid_out_again_is_not_times_a_gain():
     ]
 
 
+class _LoraLinear(torch.nn.Linear):
+    """W x + b + s * B A x (s100: benisalla/micro-tiny-gpt-from-scratch's LoraLinear)."""
+
+    def __init__(self, n_in, n_out, rank=4, scale=2.0):
+        super().__init__(n_in, n_out)
+        self.lora_A = torch.nn.Parameter(torch.randn(rank, n_in) / n_in**0.5)
+        self.lora_B = torch.nn.Parameter(torch.randn(n_out, rank) / rank**0.5)
+        self.scale = scale
+
+    def forward(self, x):
+        return super().forward(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+
+def test_two_branches_summed_inside_a_branch_are_no_gain_before_the_residual_sum():
+    # a LoRA projection's W x + s * B A x is a sum of (B, T, C) tensors, but not the stream's:
+    # it was named "a branch's output times a gain (a constant; a constant)" (s100)
+    from gptblock.check.roles.scope import _gained
+
+    torch.manual_seed(0)
+    block = _TorchAttention()
+    block.proj = _LoraLinear(64, 32)
+    trace = record(block.double().eval(), torch.randn(2, 6, 32, dtype=torch.float64))
+    assert _gained(trace) == []
+
+
 def test_a_window_the_files_lengths_do_not_reach_is_named_at_the_other_sizes():
     """Causal at every length the file gives it: PASS there (not FAIL at the checker's longer
     other sizes, as before), saying the other sizes were not compared and why."""

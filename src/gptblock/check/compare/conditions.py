@@ -123,11 +123,18 @@ def _error(subject: Probed, reference: Reference, c: Condition, x: Tensor) -> fl
     return distance(theirs - x64, ours - x64) if theirs.shape == ours.shape else float("inf")
 
 
-def _random(subject: Probed, x: Tensor) -> bool:
+def _random(subject: Probed, x: Tensor, calls: int = 5) -> bool:
+    """Whether train-mode calls differ, on ``x``'s sequences (up to T = 32) repeated to 32 or
+    more: a random block can repeat a draw, and stochastic depth on one sequence drops alike in
+    ~2 calls in 3 (s100)."""
+    x = x[:, :32].repeat(-(-32 // x.shape[0]), 1, 1)  # (>= 32, <= 32, C)
     try:
         with subject.own_rng():
             first = subject(x, seeded=False, train=True)
-            return not torch.equal(first, subject(x, seeded=False, train=True))
+            return any(
+                not torch.allclose(first, subject(x, seeded=False, train=True), 0, 0, True)
+                for _ in range(calls - 1)
+            )  # (equal_nan: a NaN is not a draw)
     except CAUGHT:
         return False
 

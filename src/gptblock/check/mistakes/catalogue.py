@@ -246,9 +246,14 @@ _ENTRIES = (
         "A hand-written softmax without subtracting the row maximum overflows for large "
         "scores; a hand-written LayerNorm without eps divides by zero on a constant vector "
         "(e.g. a zero padding embedding); a mask that blocks a whole row (its diagonal too) "
-        "leaves the softmax nothing but -inf, 0 / 0. One NaN then spreads to every later position.",
+        "leaves the softmax nothing but -inf, 0 / 0; a softmax over the whole row, the future "
+        "masked only afterwards (renormalised, or zeros multiplied into exp), lets a large future "
+        "score round every allowed weight to 0, 0 / 0 again. One NaN then spreads to every later "
+        "position.",
         "Use F.softmax (it subtracts the maximum) and nn.LayerNorm / F.layer_norm (it adds eps "
-        "to the variance), and keep each position's own score (torch.tril keeps the diagonal).",
+        "to the variance), keep each position's own score (torch.tril keeps the diagonal), and "
+        "mask with -inf before normalising, so that the maximum and the sum see the allowed "
+        "positions only.",
         "lesson 1: wei = F.softmax(wei, dim=-1) and self.ln1 = nn.LayerNorm(n_embd)"),
     Mistake("dtype_device", "the output's dtype or device differs from the input's",
         "A block is stacked on itself and on the embeddings: its output must have its input's "

@@ -253,7 +253,8 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
 
     with contextlib.ExitStack() as hooks:
         for p in parts:
-            hooks.callback(p.module.register_forward_pre_hook(partial(first, p.name)).remove)
+            if not isinstance(p.module, torch.jit.ScriptModule):  # (it takes no hooks)
+                hooks.callback(p.module.register_forward_pre_hook(partial(first, p.name)).remove)
         with contextlib.suppress(*CAUGHT):
             call()
     return order

@@ -162,10 +162,14 @@ def _gained(trace: Trace) -> list[str]:
     """A branch multiplied by a gain before its residual sum (LayerScale, ReZero): the map from
     its last matrix product to the sum is linear (3 z gives 3 times as much), not the identity."""
     shape, found = trace.nodes[trace.input].shape, list[str]()  # each gain's parameters
+    streams = {trace.input}  # and the residual sums' outputs
     for op in trace.ops:
         data = [n for n in op.inputs if trace.nodes[n].data]
         if op.base != "add" or len(data) != 2 or trace.nodes[op.outputs[0]].shape != shape:
             continue
+        if not any(_moved_from(trace, n) in streams for n in data):
+            continue  # two branches' sum, not a residual sum: LoRA's W x + s * B A x (s100)
+        streams.add(op.outputs[0])
         for n in data:
             end, made = n, trace.producer(n)
             while made is not None and weight_input(trace, made) is None:
@@ -186,6 +190,16 @@ def _gained(trace: Trace) -> list[str]:
                 found.append(", ".join(static_names(trace, between)) or "a constant")
     said = f"a branch's output times a gain ({'; '.join(found)}) before its residual sum"
     return [f"{said} (LayerScale, ReZero)"] if found else []
+
+
+def _moved_from(trace: Trace, n: int) -> int:
+    """The tensor ``n`` is, before data movement (a reshape, a copy)."""
+    while (made := trace.producer(n)) is not None and made.base in SHAPE_OPS:
+        ins = [m for m in made.inputs if trace.nodes[m].data]
+        if len(ins) != 1:
+            break
+        n = ins[0]
+    return n
 
 
 def _normed_branch(trace: Trace, end: int) -> bool:

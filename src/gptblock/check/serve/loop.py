@@ -50,6 +50,7 @@ LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 _T = TypeVar("_T")
+_SCRIPTED = torch.jit.ScriptModule  # takes no hooks (its operators still show: s100)
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
@@ -175,7 +176,7 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         self.stack: list[str] = [""]
         self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
-        parts = list(module.named_modules())[1:]  # each call of one, a ``calls`` row
+        parts = [(n, m) for n, m in module.named_modules() if not isinstance(m, _SCRIPTED)][1:]
         self.handles = [m.register_forward_pre_hook(partial(self.pre, n)) for n, m in parts]
         self.handles += [m.register_forward_hook(partial(self.post, n)) for n, m in parts]
 

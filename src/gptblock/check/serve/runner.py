@@ -368,12 +368,10 @@ def _filled(
     return args, kwargs
 
 
-def size_error(e: BaseException) -> bool:
+def size_error(e: BaseException) -> bool:  # (a view of non-contiguous memory is no size's: s101)
     said = str(e).lower()
-    return isinstance(e, AssertionError) or (
-        isinstance(e, (RuntimeError, ValueError, IndexError))
-        and any(w in said for w in _SIZE_WORDS)
-    )
+    sized = isinstance(e, (RuntimeError, ValueError, IndexError)) and "stride" not in said
+    return isinstance(e, AssertionError) or (sized and any(w in said for w in _SIZE_WORDS))
 
 
 def learner_line(e: BaseException, target: object) -> str:

@@ -95,6 +95,7 @@ class Subject(Probed):
             hooks = [
                 m.register_forward_pre_hook(lambda *_, n=name: called.append(n or "root"))
                 for name, m in module.named_modules()
+                if not isinstance(m, torch.jit.ScriptModule)  # (it takes no hooks)
             ]
             try:
                 self(self.input(T, T, C))
