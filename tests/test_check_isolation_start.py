@@ -183,7 +183,8 @@ def test_to_data_forward_arguments_and_served():
 
     from gptblock import lesson
     from gptblock.check.isolation.worker import Served
-    from gptblock.check.serve.runner import forward_arguments, to_data
+    from gptblock.check.serve.calls import forward_arguments
+    from gptblock.check.serve.runner import to_data
 
     assert to_data({"sizes": (1, 2), "cfg": types.SimpleNamespace(bias=True)}, None) == {
         "dict": {

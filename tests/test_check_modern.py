@@ -17,7 +17,7 @@ from gptblock.blocks.fused import FusedBlock
 from gptblock.check.mistakes.catalogue import MISTAKES
 from gptblock.check.mistakes.steps import NORM_FORMS, Rope, repeat_heads, rms
 from gptblock.check.roles.modern_parts import norm_of
-from gptblock.check.serve.loop import cache_api, cached_last
+from gptblock.check.serve.cache import cache_api, cached_last
 from gptblock.check.serve.subject import one_thread
 from gptblock.reference import modern as oracle
 from gptblock.reference.pieces import normalise

@@ -20,7 +20,7 @@ import zoo_modern
 from gptblock import check_block
 from gptblock.check import check_isolated
 from gptblock.check.compare.modern import judge_cache
-from gptblock.check.serve.loop import CACHE_APIS, cache_api, drive_cache
+from gptblock.check.serve.cache import CACHE_APIS, cache_api, drive_cache
 
 CACHED = ("meta_llama", "gpt_fast")
 
@@ -177,6 +177,22 @@ def test_a_past_key_value_cache_is_driven(offset, kind, api):
         assert "equals the whole sequence" in found.note
 
 
+class _WeightsFirst(PastBlock):
+    """``(y, attention weights, cache)``, the cache last (s103 unseen set: not driven, unsaid)."""
+
+    def forward(self, x, past_key_value=None, use_cache=False):
+        y, cache = self.step(
+            x, past_key_value, 0 if past_key_value is None else past_key_value[0].shape[1]
+        )
+        return (y, torch.ones(1), cache) if use_cache else y
+
+
+def test_the_cache_is_the_last_item_of_the_tuple_a_prefix_returns():
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    found = judge_cache(*drive_cache(_WeightsFirst().double(), x), x, None)
+    assert "equals the whole sequence" in found.note, found.note
+
+
 class _CachedLesson(nn.Module):
     """The lessons' block whose attention writes k and v into registered buffers and reads them
     back (Meta's Llama's KV cache, never detached): right under torch.no_grad, where it runs;
@@ -241,6 +257,36 @@ def test_a_kv_cache_in_buffers_is_read_through_and_its_kept_graph_said():
         assert "kept in cache_k, cache_v" in said["gradients"], said["gradients"]
         assert any("read from the forward pass" in n for n in report.notes), report.notes
         assert check_block(_CachedLesson, scale=False, buffers=buffers).diagnosis == ["no_scaling"]
+
+
+class _StepUnscaled(_CachedLesson):
+    """Right on whole sequences, its cached steps unscaled (s102 unseen set: a plain block's
+    cache was never driven, a false PASS)."""
+
+    def forward(self, x, start_pos=0):
+        self.scale = start_pos == 0
+        return super().forward(x, start_pos)
+
+
+class _NoCacheKept(_CachedLesson):
+    """``start_pos`` taken, no cache kept: a call sees only its own keys (the public zoo's
+    gpt-fast, reduced): not counted, since that is how the checker's drive would read a cache
+    API it drives otherwise than the block expects."""
+
+    def attend(self, x, start_pos):
+        return super().attend(x, 0)
+
+
+def test_a_plain_blocks_cached_step_is_compared_too():
+    report = check_block(_CachedLesson)
+    assert any("equals the whole sequence" in n for n in report.notes), str(report)
+    report = check_block(_StepUnscaled)
+    (failed,) = [f for f in report.findings if not f.passed]
+    assert report.verdict == "FAIL" and failed.name == "reference comparison", str(report)
+    assert failed.message.startswith("equal on whole sequences, but one cached step at position")
+    report = check_block(_NoCacheKept)
+    assert report.verdict == "PASS", str(report)
+    assert any("as without the prefix: no cache kept (not counted)" in n for n in report.notes)
 
 
 def test_a_kept_graph_is_said_isolated_too(tmp_path):

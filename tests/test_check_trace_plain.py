@@ -16,6 +16,7 @@ from gptblock import early, lesson
 from gptblock.check.compare.modern import judge_cache
 from gptblock.check.roles.trace import TraceError, from_plain, rerun
 from gptblock.check.serve import loop
+from gptblock.check.serve.cache import cache_api
 
 
 def _block():
@@ -101,7 +102,7 @@ def test_the_runner_helpers_one_line_encode_cache_api_and_record():
     class Meta(nn.Module):
         def forward(self, x, start_pos=None): ...
 
-    assert (loop.cache_api(Meta()), loop.cache_api(nn.Identity())) == ("start_pos", None)
+    assert (cache_api(Meta()), cache_api(nn.Identity())) == ("start_pos", None)
     meta, _ = loop.record(nn.Linear(4, 4), torch.zeros(2, 3, 4))
     assert [op["func"] for op in meta["ops"]] == [
         "aten::view.default",

@@ -32,7 +32,7 @@ __all__ = ["RUNNER", "Spawned", "environment", "neutral_scripts", "spawn", "star
 
 CHECK = Path(__file__).with_name("check")
 # The runner's files: none imports gptblock.
-RUNNER = ("loop", "runner", "script", "subject")
+RUNNER = ("cache", "calls", "loop", "runner", "script", "subject")
 JOBS = (("builder", "gptblock.check.isolation.worker"), ("runner", "serve.runner"))
 _KEPT = ("PATH", "HOME", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "TMPDIR")  # torch needs
 

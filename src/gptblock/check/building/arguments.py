@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,8 +14,8 @@ import torch
 
 from ...errors import UserValueError
 from ..mistakes.report import CAUGHT, one_line
+from ..serve.calls import learner_line
 from ..serve.loop import signature
-from ..serve.runner import learner_line
 from . import sizes as _sizes
 from .configs import (
     config_defaults,
@@ -160,6 +161,9 @@ def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> Us
     )
 
 
+_AS_DICT = ("subscriptable", "not iterable", "must be a mapping")  # cfg["x"], dict(cfg), **cfg
+
+
 def complete(
     factory: Callable[..., Any], args: dict[str, object], given: Mapping[str, object],
     sizes: Mapping[str, int],
@@ -222,7 +226,8 @@ def complete(
     if files and not own and fields is None:  # the file's own cfg's keys, not the common ones
         values = {**files[0], **{k: v for k, v in sizes.items() if k in files[0]}, **given}
     added: dict[str, object] = {}
-    raised, as_dict = "", False  # what building it raised, at the learner's line; config["x"]
+    # what building it raised, at the learner's line; config["x"], or ``cfg: dict`` (s103)
+    raised, as_dict = "", fields is None and "dict" in str(param.annotation).lower()
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:
             config = dict(values, **added) if as_dict else make({**values, **added})
@@ -248,7 +253,14 @@ def complete(
                     if added[attribute] is None:  # named, with no value to suggest
                         raise _needs(name, f"its {param.name}", added, "") from e
                     continue
-            elif fields is None and not as_dict and "subscriptable" in str(e):  # read as a dict
+            elif as_dict and isinstance(e, TypeError) and "required" in str(e):  # f(**config)
+                said = re.findall(r"'(\w+)'", str(e).partition("argument")[2])
+                if lacking := {n: guess(n, sizes=sizes) for n in said if n not in added}:
+                    if None in lacking.values():  # named, with no value to suggest
+                        raise _needs(name, f"its {param.name}", lacking, "") from e
+                    added.update(lacking)
+                    continue
+            elif fields is None and not as_dict and any(w in str(e) for w in _AS_DICT):
                 as_dict = True
                 continue
             raised = f": building it raised {one_line(e)}{learner_line(e, factory)}"

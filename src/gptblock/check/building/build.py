@@ -15,8 +15,8 @@ import torch.nn as nn
 
 from ...errors import UserError, UserTypeError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
+from ..serve.calls import forward_arguments, learner_line, size_error
 from ..serve.loop import fixed_seed, signature
-from ..serve.runner import forward_arguments, learner_line, size_error
 from ..serve.subject import first_tensor
 from .arguments import COMMON_ARGUMENTS, arg_line, complete, fill_common_arguments, fit_arguments
 from .configs import config_fields, number, parameters

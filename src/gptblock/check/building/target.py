@@ -19,7 +19,8 @@ from typing import Any
 
 from ...errors import UserFileNotFoundError, UserValueError
 from ..mistakes.report import CAUGHT, one_line
-from ..serve.runner import learner_line, load_module
+from ..serve.calls import learner_line
+from ..serve.runner import load_module
 from ..serve.script import line_of
 
 __all__ = ["check_spec", "load_target", "main_source", "parse_argument", "parse_role"]

@@ -22,7 +22,7 @@ from ..roles.modern_read import ModernRead, Source, Turn, qk_gains, read_modern,
 from ..roles.plain import send
 from ..roles.provenance import Traced
 from ..roles.scope import unmodelled
-from ..serve.loop import CACHE_APIS
+from ..serve.cache import CACHE_APIS
 
 __all__ = ["CacheProbe", "Compared", "check_modern", "judge_cache", "matched"]
 
@@ -198,6 +198,8 @@ def _compare(source: Source, read: ModernRead, dtype: torch.dtype) -> Compared |
         note.append(cache.note)
         if cache.offset:
             details["rope_cache_offset"] = cache.offset
+        elif cache.failed:
+            return Compared(Finding(COMPARISON, False, cache.failed), notes=note)
     if not details:  # no mistake (every change is one, in details): its parts, to confirm it
         sent = send(read, norms, mlp, a.rope, a.qk_norm, post)
         return Compared(matched("the modern block", error), notes=note, parts=sent)
@@ -217,6 +219,7 @@ def _unexplained(read: ModernRead, note: list[str], failed: str) -> Compared:
 class CacheProbe:
     note: str
     offset: str = ""
+    failed: str = ""  # a cached step that differs, its cache read (the prefix changes it)
 
 
 def judge_cache(
@@ -225,7 +228,7 @@ def judge_cache(
     x: Tensor,
     shifted: Callable[[Tensor], Tensor] | None,
 ) -> CacheProbe:
-    """``loop.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step against
+    """``serve.cache.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step against
     the whole sequence's last position, else ``shifted`` (tokens rotated at positions (T,))."""
     api = said.get("api")
     if api is None:
@@ -258,10 +261,17 @@ def judge_cache(
             "its offset in the sequence (whole sequences, at positions 0 ... T-1, are right)"
         )
         return CacheProbe(f"{step_at} is rotated as position 0", label)
-    return CacheProbe(
-        f"{step_at} differs from the whole sequence's last position (by {far:.2g} of its scale) "
-        "in a way not identified (not counted in the verdict)"
+    differs = (
+        f"{step_at} differs from the whole sequence's last position (by {far:.2g} of its scale)"
     )
+    alone = tensors.get("alone")
+    if not isinstance(alone, Tensor) or alone.shape != step.shape:
+        return CacheProbe(f"{differs} in a way not identified (not counted in the verdict)")
+    if _error(step, alone.to(x.device)) <= TOLERANCE:  # (gpt-fast's input_pos without its cache)
+        return CacheProbe(f"{differs}, as without the prefix: no cache kept (not counted)")
+    failed = f"equal on whole sequences, but one cached step at position {T - 1} ({how}) after "
+    failed += f"the prefix is off by {far:.2g} of its scale: generating with its cache computes "
+    return CacheProbe(differs, failed=failed + "another block (the step reads the prefix's cache)")
 
 
 def _measured(turn: Turn | None, hs: int) -> str:

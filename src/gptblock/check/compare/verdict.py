@@ -18,7 +18,7 @@ from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
 from .conditions import confirm
-from .modern import Compared, matched
+from .modern import Compared, judge_cache, matched
 from .probes import MIXED, PROBES, ProbeResult, elsewhere, listed
 
 __all__ = ["MAX_MISTAKES", "Progress", "Service", "decide"]
@@ -50,6 +50,7 @@ class Service(Probed, Protocol):
     def suggest(self) -> str: ...
     def modern(self) -> Compared | list[str]: ...
     def scope(self) -> list[str]: ...
+    def cache(self, x: Tensor) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
 
 
 def decide(
@@ -307,6 +308,11 @@ def _compared(
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else read[reading].with_heads(heads)
+    if traced is not None and not again:  # right on whole sequences: then is its cached step?
+        cache = judge_cache(*subject.cache(readings.x.to(subject.device)), readings.x, None)
+        notes.append(cache.note)
+        if cache.failed:
+            return Compared(Finding(COMPARISON, False, cache.failed))
     return Compared(found, [m.mistakes for m in result.alternatives], details, traced)
 
 

@@ -223,11 +223,14 @@ class Remote(Probed):
     def modern(self) -> Compared | list[str]:
         """The modern comparison (``compare.modern``); else what the block's attention computes
         that the references do not model (its last forward pass)."""
-        source = Source(self.traces, self, lambda x: self.call("cache", {"x": x}))
+        source = Source(self.traces, self, self.cache)
         B, T = readings.trace_shapes(self.longest or readings.TRACE_T)[0]
         outcome = check_modern(source, self.traces.input(B, T))
         last = self.traces.last
         return outcome or (attention_scope(last) if last is not None else [])
+
+    def cache(self, x: Tensor) -> Message:  # ``serve.cache.drive_cache``'s answer, as plain data
+        return self.call("cache", {"x": x})
 
     def scope(self) -> list[str]:
         """What its attention computes that no reference models, at the longest sequence compared

@@ -46,7 +46,7 @@ _ENTRIES = (
         "Return the residual stream x itself, shape (B, T, C); concatenate heads along the "
         "channel axis (dim=-1) and project back to C channels.",
         "lesson 2: With d_model = 16 and 2 heads, a (2, 5, 16) input gives a (2, 5, 16) output."),
-    Mistake("future_leak", "a position attends to later positions (no causal mask)",
+    Mistake("future_leak", "a position attends to later positions (no causal mask, or a wrong one)",
         "A language model predicts token t+1 from tokens <= t. If position t can read later "
         "tokens, training loss drops by copying the answer and generation breaks.",
         "Mask the scores above the diagonal with -inf before the softmax (or pass "

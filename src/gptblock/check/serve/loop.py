@@ -1,13 +1,12 @@
 """What every file where the block runs shares (``CAUGHT``, ``one_line``, ``UserValueError``),
 the messages between the checker and the block's process (``send``, ``Reader``: a JSON line, then
 its ``"bytes"`` of tensors, safetensors; nothing is pickled: reading a message runs no code it
-carries), the block's cache API driven, and ``record``: ``module(x)`` as ATen operators in JSON,
+carries), and ``record``: ``module(x)`` as ATen operators in JSON,
 which the checker (``roles.trace``) replays. docs/checker.md, "The roles, from the dataflow"."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import json
 import os
@@ -34,9 +33,9 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 
 __all__ = [
-    "CACHE_APIS", "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
-    "Reader", "UserValueError", "cache_api", "cached_last", "decode", "default_dtype",
-    "drive_cache", "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
+    "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
+    "Reader", "UserValueError", "decode", "default_dtype",
+    "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -116,7 +115,6 @@ class Reader:
 
 class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # without torch._dynamo's wrapper, which imports torch._dynamo (5 s) on first use
-
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
 
@@ -283,13 +281,7 @@ class NoDropout(_Mode):  # type: ignore[no-untyped-call]
 
 
 def _first(out: object) -> object:  # of (output, cache or attention weights): the output
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        return out[0]
-    return out
-
-
-_PAST = ("past_key_value", "past_key_values", "layer_past", "kv_cache")
-CACHE_APIS = (*_PAST, "start_pos", "input_pos")  # in this order: a cache passed back first (s92)
+    return out[0] if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor) else out
 
 
 def signature(f: object) -> dict[str, inspect.Parameter]:
@@ -298,72 +290,6 @@ def signature(f: object) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(f).parameters)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return {}
-
-
-def cache_api(module: nn.Module) -> str | None:
-    return next((name for name in CACHE_APIS if name in signature(module.forward)), None)
-
-
-def _cache_arguments(params: dict[str, inspect.Parameter], at: int) -> dict[str, object]:
-    """A past-key-value forward's flags that make it return its cache (``use_cache``,
-    ``return_cache``: True) and the position its tokens start at (``position_offset``: ``at``)."""
-    said: dict[str, object] = {}
-    for name, p in params.items():
-        low = name.lower()
-        asks = low.startswith(("use_", "return_")) and "cache" in low  # (never clear_cache)
-        if low == "use_cache" or (p.default is False and asks):
-            said[name] = True
-        elif type(p.default) is int and ("offset" in low or low.startswith(("start", "past_len"))):
-            said[name] = at
-    return said
-
-
-def cached_last(module: nn.Module, x: Tensor, api: str) -> Tensor:
-    """The last position's output (B, 1, C) as one cached step after the prefix ``x[:, :T-1]``."""
-    B, P = x.shape[0], x.shape[1] - 1  # the prefix's length
-    params = signature(module.forward)
-    flags = {k: v for k, v in _cache_arguments(params, 0).items() if v is True}  # use_cache=True
-    if api == "start_pos":  # (s85 unseen set: a cache written and read only with use_cache)
-        module(x[:, :P], start_pos=0, **flags)
-        y = module(x[:, P:], start_pos=P, **flags)
-    elif api == "input_pos":
-        module(x[:, :P], input_pos=torch.arange(P, device=x.device), **flags)
-        y = module(x[:, P:], input_pos=torch.tensor([P], device=x.device), **flags)
-    else:
-        extra = _cache_arguments(params, 0)
-        held = copy.deepcopy(module) if "start_pos" in params else None
-        out = module(x[:, :P], **extra)
-        if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
-            if held is not None:  # a cache it holds, its argument never used
-                return cached_last(held, x, "start_pos")
-            raise ValueError(f"forward(x, {', '.join(extra)}) returned no (y, cache) pair")
-        extra = _cache_arguments(params, P)
-        if "position_ids" in params:
-            extra["position_ids"] = torch.full((B, 1), P, device=x.device)
-        y = module(x[:, P:], **{api: out[1]}, **extra)
-    y = y[0] if isinstance(y, tuple) else y
-    if not isinstance(y, Tensor) or y.shape != (B, 1, x.shape[-1]):
-        raise ValueError("the cached step does not return the step's (B, 1, C) output")
-    return y
-
-
-def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:
-    """The last position's output (``whole``) and the cached step's (``step``), on a copy."""
-    api = cache_api(module)
-    if api is None:
-        return {"api": None}, {}
-    try:
-        with torch.no_grad(), NoDropout() if no_dropout else contextlib.nullcontext():
-            whole = _first(module(x))
-            if not isinstance(whole, Tensor):
-                raise TypeError(f"forward(x) returned a {type(whole).__name__}")
-            step = cached_last(copy.deepcopy(module), x, api)
-    except Exception as e:
-        return {"api": api, "raised": one_line(e)}, {}
-    given = _cache_arguments(signature(module.forward), x.shape[1] - 1)
-    given = given if api in _PAST else {k: v for k, v in given.items() if v is True}
-    said = ", ".join(f"{k}={v}" for k, v in given.items())
-    return {"api": api, "with": said}, {"whole": whole[:, -1:], "step": step}
 
 
 def record(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Message:

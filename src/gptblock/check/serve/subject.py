@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line, setting
 
-__all__ = ["Grads", "Probed", "Subject", "cut_graphs", "first_tensor", "one_thread"]
+__all__ = ["Grads", "Probed", "Subject", "cut_graphs", "first_tensor", "items_of", "one_thread"]
 
 Tensor = torch.Tensor
 
@@ -153,7 +153,7 @@ class Subject(Probed):
                 if self.aside:
                     names = ", ".join(sorted(self.aside)[:4]) + ", ..." * (len(self.aside) > 4)
                     self.unpacked += f" ({names}: only its other items read them, not checked)"
-                y = y[self._key]
+                y = _item(y, self._key)
         if not isinstance(y, Tensor):
             what = type(y).__name__
             if isinstance(y, (tuple, list)) and y and isinstance(y[0], Tensor):
@@ -277,13 +277,22 @@ def first_tensor(y: object, shape: tuple[int, ...]) -> tuple[Any, str] | None:
     """The key of the first ``shape`` tensor in a tuple, list or dict, and that key in words."""
     if isinstance(y, Tensor):
         return None, ""
-    items: Any = enumerate(y) if isinstance(y, (tuple, list)) else ()
-    if isinstance(y, Mapping):
-        items = y.items()
-    for key, value in items:
+    for key, value in items_of(y):
         if isinstance(value, Tensor) and tuple(value.shape) == tuple(shape):
             return key, f"{key!r}" if isinstance(key, str) else f"element {key}"
     return None
+
+
+def items_of(y: object) -> list[tuple[Any, Any]]:  # of a tuple, list, dict or dataclass (s103)
+    if is_dataclass(y) and not isinstance(y, type):
+        return [(f.name, getattr(y, f.name)) for f in fields(y)]
+    if isinstance(y, Mapping):
+        return list(y.items())
+    return list(enumerate(y)) if isinstance(y, (tuple, list)) else []
+
+
+def _item(y: Any, key: Any) -> Any:
+    return getattr(y, key) if is_dataclass(y) else y[key]
 
 
 def _aside(module: nn.Module, x: Tensor, key: Any) -> set[str]:
@@ -293,7 +302,7 @@ def _aside(module: nn.Module, x: Tensor, key: Any) -> set[str]:
     try:
         with torch.enable_grad():
             out = module(x.clone())
-            items = list(out.items() if isinstance(out, Mapping) else enumerate(out))
+            items = items_of(out)
             mine, others = (_reached([v for k, v in items if (k == key) == m], params) for m in (True, False))  # fmt: skip
     except CAUGHT:  # then every parameter is checked, as the output's
         return set()
@@ -311,4 +320,4 @@ def _reached(ys: list[Any], params: list[tuple[str, nn.Parameter]]) -> set[str]:
 
 def _take(module: nn.Module, key: Any) -> None:  # its forward returns the ``key`` item
     forward = type(module).forward
-    module.forward = types.MethodType(lambda m, *a, **k: forward(m, *a, **k)[key], module)
+    module.forward = types.MethodType(lambda m, *a, **k: _item(forward(m, *a, **k), key), module)
