@@ -204,6 +204,22 @@ class BatchLimitedBlock(Block):
     attention = ChunkedAttention
 
 
+class OneSequenceHead(Head):
+    """One sequence alone (generation's batch of 1) attends to every position (s102: reported
+    "equal for T <= 17", the longest length held at other batch sizes)."""
+
+    def forward(self, x, k=None):
+        self.alone = x.shape[0] == 1
+        return super().forward(x, k)
+
+    def mask(self, T):
+        return super().mask(T) & (not self.alone)
+
+
+class OneSequenceBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=OneSequenceHead))
+
+
 # ----- right only for short sequences ------------------------------------------------------------
 
 

@@ -145,6 +145,10 @@ def _size(error: float) -> str:
     return f"{error:.0%}" if error >= 0.01 else f"{error:.1e} of its scale"
 
 
+def _at(c: Condition, what: str, n: int) -> Condition:  # ``c`` at another length or batch size
+    return c._replace(T=n) if what == "T" else c._replace(B=n)
+
+
 def _mismatch(
     subject: Probed, reference: Reference, fresh: torch.Generator,
     measured: list[tuple[Condition, float]],
@@ -163,16 +167,21 @@ def _mismatch(
     ):
         if all(getattr(c, attr) == on for c in bad) and any(getattr(c, attr) != on for c in held):
             return f"equal in {right}, off by {_size(error)} in {wrong} ({worst.describe()})"
+
+    def holds(at: Condition) -> bool:
+        e = _error(subject, reference, at, at.input(subject.C, fresh))
+        return isinstance(e, float) and e <= at.tolerance
+
     for what in ("T", "B"):
-        fine = max((getattr(c, what) for c in held), default=0)
-        if fine and all(getattr(c, what) > fine for c in bad):
-            first = min(bad, key=lambda c: getattr(c, what))
+        fine = int(max((getattr(c, what) for c in held), default=0))
+        first = min(bad, key=lambda c: getattr(c, what))
+        # where the bad condition itself holds at the good size (s102: a path wrong at B = 1
+        # and any T > 1 was "equal for T <= 17", the longest held at other batch sizes)
+        if fine and all(getattr(c, what) > fine for c in bad) and holds(_at(first, what, fine)):
             lo, hi = fine, getattr(first, what)
             while hi - lo > 1:  # lo holds, hi does not
                 mid = (lo + hi) // 2
-                at = first._replace(**{what: mid})
-                e = _error(subject, reference, at, at.input(subject.C, fresh))
-                lo, hi = (mid, hi) if isinstance(e, float) and e <= at.tolerance else (lo, mid)
+                lo, hi = (mid, hi) if holds(_at(first, what, mid)) else (lo, mid)
             return f"equal for {what} <= {lo}, {by}"
     return (
         f"equal under the checker's conditions, but {by} (a dozen fresh inputs in a random order)"

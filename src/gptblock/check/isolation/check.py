@@ -259,6 +259,8 @@ def combine(first: CheckReport, second: CheckReport | str, at: str, other: str) 
     if isinstance(second, str) or first.verdict == "FAIL" or second.verdict != "FAIL":
         if not isinstance(second, str):
             said = {"PASS": "PASS", "FAIL": "FAIL", "UNVERIFIED": "not compared"}[second.verdict]
+            if said == "PASS" and first.verdict == "FAIL":  # (s102: read as "right there")
+                said += " in eval mode (the learner's conditions: at the file's sizes only)"
             out = [n.removeprefix(OUT_OF_SCOPE) for n in second.notes if n.startswith(OUT_OF_SCOPE)]
             second = f"checked again at {other}: {said}" + "".join(f" ({o})" for o in out[:1])
         return replace(first, notes=[*first.notes, *([second] if second else [])])
