@@ -204,6 +204,21 @@ class BatchLimitedBlock(Block):
     attention = ChunkedAttention
 
 
+class TrainUnscaledHead(Head):
+    """Unscaled in train mode only (s102: a fused path in training, ``scale=1.0``)."""
+
+    def forward(self, x, k=None):
+        if not self.training:
+            return super().forward(x, k)
+        T = x.shape[1]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1)
+        return F.softmax(wei.masked_fill(self.mask(T), float("-inf")), dim=-1) @ self.value(x)
+
+
+class TrainUnscaledBlock(Block):
+    attention = staticmethod(lambda *a: MultiHeadAttention(*a, head=TrainUnscaledHead))
+
+
 class OneSequenceHead(Head):
     """One sequence alone (generation's batch of 1) attends to every position (s102: reported
     "equal for T <= 17", the longest length held at other batch sizes)."""

@@ -35,6 +35,7 @@ FAILING = [
     ("OneSequenceBlock", "reference comparison", "equal under the checker's conditions, but off"),
     ("ShortOnlyBlock", "reference comparison", "equal for T <= 8, off by"),
     ("EvalOnlyBlock", "reference comparison", "equal in eval mode, off by"),
+    ("TrainUnscaledBlock", "reference comparison", "equal in eval mode, off by"),
     ("HalfOnlyBlock", "causality (bfloat16)", "in bfloat16: position 0's output changes"),
     ("Float32AttentionBlock", "dtype (bfloat16)", "in bfloat16: a bfloat16 input raised"),
     ("Float32MlpBlock", "dtype (bfloat16)", "a bfloat16 input gave a float32 output"),
@@ -53,6 +54,10 @@ FAILING = [
 DIAGNOSIS = {"parameters": ["unused_parameters"], "gradients": ["inplace"]}
 # their train-mode or bfloat16 paths leak the future: the probes run there too (s77 unseen set)
 DIAGNOSED = {"EvalOnlyBlock": ["future_leak"], "HalfOnlyBlock": ["future_leak"]}
+# their float32 (float64) path scales by C ** -0.5: named by the search in the condition they fail
+# in (s102: a train-mode path unscaled was a FAIL naming none)
+DIAGNOSED |= {"DtypeBranchBlock": ["wrong_scale"], "Float64BranchBlock": ["wrong_scale"]}
+DIAGNOSED |= {"TrainUnscaledBlock": ["no_scaling"]}
 DIAGNOSED |= {
     name: ["dtype_device"]
     for name in ("Float32AttentionBlock", "Float32MlpBlock", "OneTokenFloatBlock")
@@ -74,6 +79,10 @@ def test_each_fails_naming_its_condition_in_process(name, check, said):
     failed = _failed(report, check)
     assert failed and said in failed[0].message, str(report)
     assert report.diagnosis == DIAGNOSED.get(name, DIAGNOSIS.get(check, [])), str(report)
+    if name in ("DtypeBranchBlock", "Float64BranchBlock"):
+        assert (
+            "where the block is off (the lessons' block elsewhere)" in report.details["wrong_scale"]
+        )
     if name == "EvalOnlyBlock":
         assert "in train mode (dropout off): position 0's output changes" in str(report)
     if check == "parameters":

@@ -191,10 +191,12 @@ def _mismatch(
 def confirm(
     subject: Probed, reference: Reference, first: tuple[int, ...], fresh: torch.Generator,
     backward: bool, what: str, whose: str, learner: bool, notes: list[str],
+    off: list[Condition] | None = None,
 ) -> Finding | None:  # fmt: skip
     """A failed comparison when ``reference`` (``what``, float64) does not reproduce the block on
     fresh inputs or, for ``whose`` block, in its input gradient and, with ``learner``, where a
-    learner runs it; else None. ValueError or RuntimeError when ``reference`` cannot run."""
+    learner runs it (the worst condition it is off in added to ``off``); else None. ValueError
+    or RuntimeError when ``reference`` cannot run."""
     for shape in ((*first, subject.C), (subject.T, subject.T, subject.C)):
         x = torch.randn(*shape, generator=fresh, dtype=torch.float64)
         with torch.no_grad():
@@ -236,6 +238,8 @@ def confirm(
         else:
             measured.append((c, got))
     if not all(e <= c.tolerance for c, e in measured):
+        worst = max(measured, key=lambda ce: ce[1] if ce[1] == ce[1] else float("inf"))
+        (off if off is not None else []).append(worst[0])
         return _off(_mismatch(subject, reference, fresh, measured))
     if backward and subject.dtype == torch.float64:
         error = _gradient_error(

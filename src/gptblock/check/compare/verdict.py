@@ -17,7 +17,7 @@ from ..mistakes.steps import CANDIDATE_ACTIVATIONS, Deviation, run_steps
 from ..roles.plain import unpack_modern, unpack_readings
 from ..roles.provenance import Traced, choose, unread
 from ..serve.subject import Probed
-from .conditions import confirm
+from .conditions import Condition, confirm
 from .modern import Compared, judge_cache, matched
 from .probes import MIXED, PROBES, ProbeResult, elsewhere, listed
 
@@ -258,7 +258,7 @@ def _compared(
     try:
         # the traced input, then, where mistakes found on it fail on fresh inputs, one of those:
         # the traced input may not tell them apart (one sequence hides a mask over the batch)
-        inputs = [readings.x.to(subject.device)]
+        inputs, under = [readings.x.to(subject.device)], dict[str, str]()
         for x in inputs:
             y = subject(x.to(subject.dtype)).to(torch.float64)
             with torch.no_grad():
@@ -280,10 +280,12 @@ def _compared(
             activation = CANDIDATE_ACTIVATIONS[match.activation]
             reference = partial(run_steps, parts, n_head=match.n_head, activation=activation,
                                 steps=steps)  # fmt: skip
+            off: list[Condition] = []  # the condition it failed in, if one did
             held = confirm(subject, reference, x.shape[:2], fresh, backward, match.describe(),
-                           "lessons" if full else "", full and not again, notes)  # fmt: skip
+                           "lessons" if full else "", full and not again, notes, off)  # fmt: skip
             if held is not None:  # a variant with mistakes fails already: its outputs only
                 found, match = held, None
+                under = _under(subject, readings, off[0], fresh, depth, pool) if off else {}
                 if len(inputs) == 1 and not full:
                     shape = (subject.T, subject.T, subject.C)
                     x_fresh = torch.randn(shape, generator=fresh, dtype=torch.float64)
@@ -304,7 +306,7 @@ def _compared(
         )
         return Compared(None, verify="" if again else subject.suggest())
     if match is None:
-        return Compared(found)
+        return Compared(found, details=under)
     details = {d.mistake: d.describe(subject.C, match.n_head) for d in match.deviations}
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else read[reading].with_heads(heads)
@@ -314,6 +316,27 @@ def _compared(
         if cache.failed:
             return Compared(Finding(COMPARISON, False, cache.failed))
     return Compared(found, [m.mistakes for m in result.alternatives], details, traced)
+
+
+def _under(
+    subject: Service, readings: Any, c: Condition, fresh: torch.Generator, depth: int,
+    pool: tuple[Deviation, ...],
+) -> dict[str, str]:  # fmt: skip
+    """The catalogued mistakes that reproduce the block in the condition it failed in, with the
+    weights read (s102: a path unscaled only in train mode, or only for long sequences, was a
+    FAIL naming none)."""
+    x = c.input(subject.C, fresh)
+    try:
+        with subject.own_rng():
+            y = subject(x.to(subject.device), seeded=False, train=c.train).to(torch.float64).cpu()
+        with torch.no_grad():
+            tried = explain(readings.readings, x.to(torch.float64), y, readings.heads, depth, pool)
+    except CAUGHT:
+        return {}
+    if (match := tried.match) is None:
+        return {}
+    at = f" at {c.describe()}, where the block is off (the lessons' block elsewhere)"
+    return {d.mistake: d.describe(subject.C, match.n_head) + at for d in match.deviations}
 
 
 def _large_weights(service: Service, chosen: Mapping[str, Tensor]) -> Finding | None:
