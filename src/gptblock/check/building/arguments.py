@@ -162,6 +162,11 @@ def _needs(name: str, whose: str, values: Mapping[str, object], then: str) -> Us
 
 
 _AS_DICT = ("subscriptable", "not iterable", "must be a mapping")  # cfg["x"], dict(cfg), **cfg
+_DICT_TYPED = re.compile(r"['\"]?(typing\.|collections\.abc\.)?(dict|Dict|Mapping)\b")
+
+
+def _named(annotation: object) -> str:  # dict, dict[str, int], "dict", typing.Mapping[...]
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def complete(
@@ -227,7 +232,7 @@ def complete(
         values = {**files[0], **{k: v for k, v in sizes.items() if k in files[0]}, **given}
     added: dict[str, object] = {}
     # what building it raised, at the learner's line; config["x"], or ``cfg: dict`` (s103)
-    raised, as_dict = "", fields is None and "dict" in str(param.annotation).lower()
+    raised, as_dict = "", fields is None and _DICT_TYPED.match(_named(param.annotation)) is not None
     for _ in range(16):  # each round adds one attribute the block read and nobody gave
         try:
             config = dict(values, **added) if as_dict else make({**values, **added})

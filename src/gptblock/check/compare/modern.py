@@ -228,8 +228,9 @@ def judge_cache(
     x: Tensor,
     shifted: Callable[[Tensor], Tensor] | None,
 ) -> CacheProbe:
-    """``serve.cache.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step against
-    the whole sequence's last position, else ``shifted`` (tokens rotated at positions (T,))."""
+    """``serve.cache.drive_cache``'s answer on ``x`` (plain data, checked here): the cached step
+    against the whole sequence's last position, else ``shifted`` (tokens rotated at positions
+    (T,)), else the step without the prefix (a block keeping no cache)."""
     api = said.get("api")
     if api is None:
         return CacheProbe(f"cache: not probed: no cache API recognised ({', '.join(CACHE_APIS)})")

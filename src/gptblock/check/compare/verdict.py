@@ -311,7 +311,8 @@ def _compared(
     heads = dict.fromkeys(("q", "k", "v"), match.n_head)
     traced = None if match.deviations else read[reading].with_heads(heads)
     if traced is not None and not again:  # right on whole sequences: then is its cached step?
-        cache = judge_cache(*subject.cache(readings.x.to(subject.device)), readings.x, None)
+        x = readings.x.to(device=subject.device, dtype=subject.dtype)
+        cache = judge_cache(*subject.cache(x), x, None)
         notes.append(cache.note)
         if cache.failed:
             return Compared(Finding(COMPARISON, False, cache.failed))
