@@ -89,17 +89,20 @@ def drive_cache(module: nn.Module, x: Tensor, *, no_dropout: bool = False) -> Me
     api = cache_api(module)
     if api is None:
         return {"api": None}, {}
+    off = NoDropout() if no_dropout else contextlib.nullcontext()
     try:
-        with torch.no_grad(), NoDropout() if no_dropout else contextlib.nullcontext():
+        with torch.no_grad(), off:
             unused = copy.deepcopy(module)  # (before a whole call fills a cache it holds)
             whole = _output(module(x))
             if not isinstance(whole, Tensor):
                 raise TypeError(f"forward(x) returned a {type(whole).__name__}")
             step = cached_last(copy.deepcopy(unused), x, api)
-            alone = cached_last(unused, x, api, prefix=False)
     except Exception as e:
         return {"api": api, "raised": one_line(e)}, {}
+    found = {"whole": whole[:, -1:], "step": step}
+    with contextlib.suppress(Exception), torch.no_grad(), off:  # (without: not counted)
+        found["alone"] = cached_last(unused, x, api, prefix=False)
     given = _cache_arguments(signature(module.forward), x.shape[1] - 1)
     given = given if api in _PAST else {k: v for k, v in given.items() if v is True}
     said = ", ".join(f"{k}={v}" for k, v in given.items())
-    return {"api": api, "with": said}, {"whole": whole[:, -1:], "step": step, "alone": alone}
+    return {"api": api, "with": said}, found
