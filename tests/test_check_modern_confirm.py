@@ -57,7 +57,7 @@ FORGED = textwrap.dedent(
     def forge_traces(other):
         """The process's recorders (the request loop's) send traces of ``other(module)``
         instead of the block's."""
-        for loop in [m for m in list(sys.modules.values()) if "drive_cache" in vars(m)]:
+        for loop in [m for m in list(sys.modules.values()) if "drive_cache" in vars(m) and "record" in vars(m)]:
             honest = loop.record
             loop.record = lambda module, x, honest=honest, **kw: honest(other(module), x, **kw)
 
