@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ..mistakes.report import CAUGHT
 from ..mistakes.steps import SubLayer, affine
+from ..serve.loop import SCRIPTED
 
 __all__ = [
     "Given", "Matrix", "Part", "discover", "glob", "named_parts", "observe", "paired_bias",
@@ -253,7 +254,7 @@ def observe(module: nn.Module, parts: list[Part], call: Callable[[], object]) ->
 
     with contextlib.ExitStack() as hooks:
         for p in parts:
-            if not isinstance(p.module, torch.jit.ScriptModule):  # (it takes no hooks)
+            if not isinstance(p.module, SCRIPTED):
                 hooks.callback(p.module.register_forward_pre_hook(partial(first, p.name)).remove)
         with contextlib.suppress(*CAUGHT):
             call()

@@ -33,9 +33,9 @@ except ImportError:  # copied outside gptblock (the runner's process): the check
 
 
 __all__ = [
-    "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "Message", "NoDropout",
-    "Reader", "UserValueError", "decode", "default_dtype",
-    "encode", "fixed_seed", "one_line", "record", "send", "setting", "signature",
+    "CAUGHT", "INPUT", "LEAF", "MAX_HEADER", "MAX_TENSORS", "SCRIPTED", "Message", "NoDropout",
+    "Reader", "UserValueError", "decode", "default_dtype", "encode", "fixed_seed", "one_line",
+    "record", "send", "setting", "signature",
 ]  # fmt: skip
 
 # What the user's code may raise without stopping the check: any error, and sys.exit();
@@ -49,7 +49,7 @@ LEAF = -2  # a node's op: a parameter, buffer or constant tensor made before the
 MAX_HEADER = 1 << 20  # bytes: a longer JSON line is not a message of ours
 MAX_TENSORS = 1 << 31  # bytes of tensors in one message (a 768-wide block's weights: ~60 MB)
 _T = TypeVar("_T")
-_SCRIPTED = torch.jit.ScriptModule  # takes no hooks (its operators still show: s100)
+SCRIPTED = torch.jit.ScriptModule  # takes no module hooks (its operators still show: s100)
 _ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
@@ -174,7 +174,7 @@ class _Recorder(_Mode):  # type: ignore[no-untyped-call]
         self.stack: list[str] = [""]
         self.calls: list[list[Any]] = []  # [module, first op, end op, in nodes, out nodes]
         self.input = self.node_of(x, INPUT, data=True)
-        parts = [(n, m) for n, m in module.named_modules() if not isinstance(m, _SCRIPTED)][1:]
+        parts = [(n, m) for n, m in module.named_modules() if not isinstance(m, SCRIPTED)][1:]
         self.handles = [m.register_forward_pre_hook(partial(self.pre, n)) for n, m in parts]
         self.handles += [m.register_forward_hook(partial(self.post, n)) for n, m in parts]
 

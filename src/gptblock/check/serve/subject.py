@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
+from . import loop
 from .loop import CAUGHT, NoDropout, UserValueError, default_dtype, fixed_seed, one_line, setting
 
 __all__ = ["Grads", "Probed", "Subject", "cut_graphs", "first_tensor", "items_of", "one_thread"]
@@ -95,7 +96,7 @@ class Subject(Probed):
             hooks = [
                 m.register_forward_pre_hook(lambda *_, n=name: called.append(n or "root"))
                 for name, m in module.named_modules()
-                if not isinstance(m, torch.jit.ScriptModule)  # (it takes no hooks)
+                if not isinstance(m, loop.SCRIPTED)
             ]
             try:
                 self(self.input(T, T, C))
